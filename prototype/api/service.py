@@ -1,0 +1,248 @@
+"""The API service's work around inference: pre-inference stages, post-inference work, hydration.
+
+Each stage has a full form (over the whole conversation) and an incremental form (over the new
+items only, against state kept from before). The designs differ only in which form they call and
+how often (WORKLOAD.md §4's table):
+
+| design            | fixed pre-inference  | per-token pre-inference | post-inference          |
+| http              | every turn           | whole context           | inline, every turn      |
+| chained (v2)      | f_ws x per turn      | new items only          | overlapped with next    |
+| suspended (v1)    | once per rollout     | new items only          | once, at the end        |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import secrets
+import time
+from collections.abc import Hashable, Sequence
+
+import attrs
+import trio
+
+from .. import metrics
+from ..engine import Engine, LatencyModel, Prompt, ScriptedPolicy, decode_rate_for_model
+from ..protocol.events import CreateRequest
+from ..protocol.items import Item, WebSearchCall
+from ..protocol.response import Response
+from . import render
+from .checks import CallLedger, SafetyState
+from .costs import ApiCosts, StageCost
+from .hosted import HostedToolService
+from .store import ResponseStore
+from .workloads import WorkloadCatalog, decode_rate_override
+
+
+@attrs.frozen
+class Route:
+    """The outcome of model resolution and routing: which profile, which policy, which engine slot."""
+
+    key: tuple[str, tuple[tuple[str, str], ...]]  # what it was resolved from: model and metadata
+    latency: LatencyModel
+    policy: ScriptedPolicy
+
+
+@attrs.define(eq=False)
+class Context:
+    """A conversation as pre-inference work leaves it for the model: items, rendered prompt, and the
+    state the incremental checks need."""
+
+    items: list[Item]
+    prompt: Prompt
+    preamble: str
+    ledger: CallLedger
+    safety: SafetyState
+    route: Route
+    engine_key: Hashable
+
+    def copy(self) -> Context:
+        """An independent copy (a chained response that branches from a cached one)."""
+        return Context(
+            list(self.items), Prompt(list(self.prompt.ids)), self.preamble, self.ledger.copy(), self.safety.copy(),
+            self.route, self.engine_key,
+        )
+
+
+@attrs.frozen
+class StageModes:
+    """Which form each pre-inference stage takes on a turn that has earlier state."""
+
+    incremental_checks: bool = True
+    append_render: bool = True
+    reuse_route: bool = True
+    fixed_share: float = 1.0  # share of each stage's fixed cost paid (f_ws for chained, 0 for a v1 resume)
+
+
+FULL = StageModes(False, False, False, 1.0)
+
+
+def _route_key(request: CreateRequest) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return (request.model, tuple(sorted(request.metadata.items())))
+
+
+class IdFactory:
+    """Response and item ids: a random per-server prefix (ids stay unique across restarts sharing a
+    store) and a counter."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self._prefix = prefix if prefix is not None else secrets.token_hex(6)
+        self._counter = itertools.count(1)
+
+    def __call__(self, kind: str) -> str:
+        return f"{kind}_{self._prefix}{next(self._counter):06d}"
+
+
+@attrs.define(eq=False)
+class ApiService:
+    """Everything a design needs from the API layer, shared by all connections of a server."""
+
+    costs: ApiCosts = attrs.Factory(ApiCosts)
+    engine: Engine = attrs.Factory(Engine)
+    store: ResponseStore = attrs.Factory(ResponseStore)
+    hosted: HostedToolService = attrs.Factory(HostedToolService)
+    workloads: WorkloadCatalog = attrs.Factory(WorkloadCatalog)
+    new_id: IdFactory = attrs.Factory(IdFactory)
+    flush_interval: float = 0.0  # delta coalescing; 0 = one delta per token
+    measured_cpu: bool = False  # charge measured CPU time of the real stage work instead of the per-token model
+
+    # --- stages -----------------------------------------------------------------------------
+
+    async def _charge(self, log: metrics.PhaseLog, phase: str, cost: StageCost, tokens: int, share: float, cpu: float) -> None:
+        start = trio.current_time()
+        seconds = cost.fixed * share + (cpu if self.measured_cpu else cost.per_ktok * tokens / 1000.0)
+        if seconds > 0:
+            await trio.sleep(seconds)
+        log.record(phase, start, trio.current_time())
+
+    def resolve_route(self, request: CreateRequest) -> Route:
+        workload = self.workloads.resolve(request.metadata)
+        rate = decode_rate_override(request.metadata) or decode_rate_for_model(request.model)
+        return Route(_route_key(request), LatencyModel(decode_tokens_per_s=rate), ScriptedPolicy(workload))
+
+    def _with_hosted_results(self, items: Sequence[Item]) -> list[Item]:
+        """Client-sent web_search_call items carry no result: take it from the hosted service."""
+        return [
+            attrs.evolve(item, result=self.hosted.result_for(item.id))
+            if isinstance(item, WebSearchCall) and not item.result
+            else item
+            for item in items
+        ]
+
+    async def pre_inference(
+        self,
+        log: metrics.PhaseLog,
+        request: CreateRequest,
+        new_items: Sequence[Item],
+        *,
+        base: Context | None = None,
+        history: Sequence[Item] = (),
+        modes: StageModes = FULL,
+        engine_key: Hashable = None,
+    ) -> Context:
+        """Validate, render, classify and route; full where there is no `base` or a mode says so.
+
+        `base` is earlier state this turn extends (the chained cache, a suspended coroutine's
+        context): it is extended in place. `history` is a conversation rebuilt from the store.
+        Raises ProtocolError for invalid input before anything is mutated that could not be evicted.
+        """
+        new_items = self._with_hosted_results(new_items)
+        preamble = render.preamble_key(request.instructions, request.tools)
+        if base is None:
+            modes = FULL
+            items = list(history)
+            ledger = CallLedger()
+            ledger.absorb(items)
+            old_items_for_checks: Sequence[Item] = ()
+        else:
+            items = base.items
+            ledger = base.ledger
+            old_items_for_checks = items
+
+        # (1) validation: the new items against the ledger, or the whole conversation from scratch.
+        t0 = time.perf_counter()
+        if base is not None and not modes.incremental_checks:
+            ledger = CallLedger()
+            ledger.absorb(old_items_for_checks)
+        ledger.absorb(new_items)
+        validate_cpu = time.perf_counter() - t0
+
+        # (2) rendering: append the new items' ids, or re-tokenize everything.
+        t0 = time.perf_counter()
+        new_ids = render.render_items(new_items)
+        if base is not None and modes.append_render and base.preamble == preamble:
+            prompt = base.prompt
+            prompt.extend(new_ids)
+        else:
+            prompt = render.render_full(preamble, [*items, *new_items])
+        render_cpu = time.perf_counter() - t0
+        items.extend(new_items)
+        checked_tokens = len(new_ids) if base is not None and modes.incremental_checks else len(prompt)
+        rendered_tokens = len(new_ids) if prompt is (base.prompt if base else None) else len(prompt)
+
+        # (1) safety: classify the new tokens on top of running counts, or everything again.
+        t0 = time.perf_counter()
+        if base is not None and modes.incremental_checks:
+            safety = base.safety
+            safety.absorb(new_ids)
+        else:
+            safety = SafetyState()
+            safety.absorb(prompt.ids)
+        safety_cpu = time.perf_counter() - t0
+
+        # (3) model resolution and routing: reuse the cached decision if nothing it depends on changed.
+        t0 = time.perf_counter()
+        reuse = base is not None and modes.reuse_route and base.route.key == _route_key(request)
+        route = base.route if reuse else self.resolve_route(request)
+        route_cpu = time.perf_counter() - t0
+
+        costs, share = self.costs, modes.fixed_share
+        await self._charge(log, metrics.VALIDATE, costs.validate, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, validate_cpu)
+        await self._charge(log, metrics.RENDER, costs.render, rendered_tokens, 1.0 if base is None or not modes.append_render else share, render_cpu)
+        await self._charge(log, metrics.SAFETY, costs.safety, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, safety_cpu)
+        await self._charge(log, metrics.ROUTE, costs.route, 0, share if reuse else 1.0, route_cpu)
+
+        if base is None:
+            return Context(items, prompt, preamble, ledger, safety, route, engine_key)
+        base.prompt, base.preamble, base.ledger, base.safety, base.route = prompt, preamble, ledger, safety, route
+        return base
+
+    async def post_inference(self, log: metrics.PhaseLog, response: Response, added: Sequence[Item], *, phase: str = metrics.POST, owner: str | None = None) -> None:
+        """Billing and persistence. `added` is what this response adds to the stored conversation
+        after its input (outputs, and in v1 the appended items too)."""
+        start = trio.current_time()
+        if response.request.store:
+            self.store.put(
+                response.id,
+                previous_response_id=response.request.previous_response_id,
+                owner=owner,
+                created_at=response.created_at,
+                input=response.request.input,
+                output=list(added),
+                response=response.to_dict(),
+            )
+        if self.costs.post > 0:
+            await trio.sleep(self.costs.post)
+        log.record(phase, start, trio.current_time())
+
+    async def load_stored_history(self, log: metrics.PhaseLog, response_id: str, owner: str | None) -> list[Item] | None:
+        """Rebuild a stored conversation, one read per earlier turn; None if it is not stored."""
+        start = trio.current_time()
+        chain = self.store.chain(response_id, owner)
+        if chain is None:
+            return None
+        if self.costs.store_read_per_turn > 0:
+            await trio.sleep(self.costs.store_read_per_turn * len(chain))
+        log.record(metrics.STORE_READ, start, trio.current_time())
+        history: list[Item] = []
+        for turn in chain:
+            history.extend(turn.input)
+            history.extend(turn.output)
+        return history
+
+
+def owner_of(api_key: str | None) -> str | None:
+    """Stored responses are tagged with a digest of the key that created them, never the key."""
+    if not api_key:
+        return None
+    return hashlib.sha256(api_key.encode()).hexdigest()[:32]

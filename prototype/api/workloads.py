@@ -1,0 +1,83 @@
+"""Which workload a request runs: chosen by the request's metadata, or the server's defaults.
+
+Metadata keys (all values are strings, as the public API requires):
+
+* `testbed_workload`: a preset name (`coding`, `chat`, `long`), `fixed:<turns>`, or a key returned by
+  `WorkloadCatalog.register` (traces replayed in-process);
+* `testbed_seed`: the seed (default: the server's `--seed`);
+* `testbed_task`: which task of the seeded preset (default 0);
+* `testbed_decode_tps`: the decode rate, overriding the model name's profile.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from .. import workload as wl
+from ..protocol.errors import INVALID_VALUE, ProtocolError
+
+WORKLOAD_KEY = "testbed_workload"
+SEED_KEY = "testbed_seed"
+TASK_KEY = "testbed_task"
+DECODE_TPS_KEY = "testbed_decode_tps"
+
+
+def _int_value(metadata: dict[str, str], key: str, default: int) -> int:
+    raw = metadata.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ProtocolError(INVALID_VALUE, f"metadata.{key} must be a non-negative integer.", param=f"metadata.{key}")
+    return value
+
+
+def decode_rate_override(metadata: dict[str, str]) -> float | None:
+    raw = metadata.get(DECODE_TPS_KEY)
+    if raw is None:
+        return None
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = -1.0
+    if not 0 < rate < 1e7:
+        raise ProtocolError(INVALID_VALUE, f"metadata.{DECODE_TPS_KEY} must be a positive number.", param=f"metadata.{DECODE_TPS_KEY}")
+    return rate
+
+
+@functools.lru_cache(maxsize=1024)
+def _preset_task(preset: str, seed: int, task: int) -> wl.Workload:
+    return wl.generate_one(preset, seed=seed, index=task)
+
+
+@attrs.define(eq=False)
+class WorkloadCatalog:
+    default_workload: str = wl.DEFAULT_PRESET
+    default_seed: int = 0
+    registered: dict[str, wl.Workload] = attrs.Factory(dict)
+
+    def register(self, workload: wl.Workload) -> str:
+        key = f"trace:{len(self.registered)}:{workload.name}"
+        self.registered[key] = workload
+        return key
+
+    def resolve(self, metadata: dict[str, str]) -> wl.Workload:
+        name = metadata.get(WORKLOAD_KEY, self.default_workload)
+        seed = _int_value(metadata, SEED_KEY, self.default_seed)
+        task = _int_value(metadata, TASK_KEY, 0)
+        if name in self.registered:
+            return self.registered[name]
+        if name in wl.PRESETS:
+            return _preset_task(name, seed, task)
+        if name.startswith("fixed:") and name[6:].isdigit() and 0 < int(name[6:]) <= 1000:
+            return wl.fixed(int(name[6:]))
+        raise ProtocolError(
+            INVALID_VALUE,
+            f"Unknown metadata.{WORKLOAD_KEY} {name[:64]!r}: use a preset {sorted(wl.PRESETS)}, 'fixed:<turns>' or a registered key.",
+            param=f"metadata.{WORKLOAD_KEY}",
+        )

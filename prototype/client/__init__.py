@@ -1,0 +1,1 @@
+"""The client harness: connectors, transports and the rollout runner."""

@@ -1,0 +1,243 @@
+"""The agent harness: runs a workload's rollout against a design and records where time went.
+
+It plays the client side of the tool loop: send the task, wait for the model's tool calls, run the
+tools locally (simulated: wait the workload's tool time on the trio clock, return output of the
+workload's size), send the outputs back, until the final answer. Per turn it records the send
+time, the first token, the end of the turn and the bytes each way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+import trio_websocket
+
+from ..engine import tokenizer
+from ..protocol.events import TERMINAL_TYPES
+from ..workload import Workload
+from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
+
+SUSPENDED = "suspended"
+CHAINED = "chained"
+BETA = {SUSPENDED: "responses_websockets=2026-02-04", CHAINED: "responses_websockets=2026-02-06"}
+FIRST_TOKEN_TYPES = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+PAUSE_TYPES = TERMINAL_TYPES | {"response.done"}
+
+# The harness's own function tools: a file read and a command run, the two kinds of call that
+# dominate coding-agent traces (AgentCgroup: Read/Edit vs Bash).
+HARNESS_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file of the repository.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+    {
+        "type": "function",
+        "name": "run_command",
+        "description": "Run a shell command in the repository.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer", "minimum": 1}},
+            "required": ["command"],
+        },
+    },
+]
+WEB_SEARCH_TOOL = {"type": "web_search"}
+
+
+@attrs.define
+class TurnRecord:
+    turn: int
+    sent_at: float
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    tool_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    server_timing: dict[str, Any] | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+
+@attrs.define
+class RolloutRecord:
+    design: str
+    workload: str
+    started_at: float
+    ended_at: float = 0.0
+    status: str = ""
+    turns: list[TurnRecord] = attrs.Factory(list)
+    transcript: list[dict[str, Any]] = attrs.Factory(list)  # every conversation item, ids removed
+    usage: dict[str, int] = attrs.Factory(lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})
+    timeline: list[tuple[float, str, str]] = attrs.Factory(list)  # (time, "send"/"recv", event type)
+    response_ids: list[str] = attrs.Factory(list)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended_at - self.started_at
+
+
+def tool_output_text(workload: Workload, turn: int, index: int) -> str:
+    sizes = workload.tool_output_tokens(turn)
+    n_tokens = sizes[index] if index < len(sizes) else 1
+    return tokenizer.text_of(np.random.default_rng([workload.seed & 0xFFFFFFFF, turn, 1000 + index]), n_tokens)
+
+
+def task_prompt(workload: Workload) -> str:
+    return tokenizer.text_of(np.random.default_rng([workload.seed & 0xFFFFFFFF, 999_999]), workload.turns[0].appended_tokens)
+
+
+def _strip_ids(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in ("id", "status")}
+
+
+@attrs.define(eq=False)
+class Rollout:
+    """Shared bookkeeping of one rollout, whatever the transport."""
+
+    workload: Workload
+    record: RolloutRecord
+
+    def received(self, event: dict[str, Any], size: int) -> None:
+        now = trio.current_time()
+        turn = self.record.turns[-1]
+        turn.bytes_received += size
+        event_type = event.get("type", "")
+        self.record.timeline.append((now, "recv", event_type))
+        if event_type in FIRST_TOKEN_TYPES and turn.first_token_at is None:
+            turn.first_token_at = now
+        elif event_type == "response.output_item.done":
+            self.record.transcript.append(_strip_ids(event["item"]))
+        if event_type in PAUSE_TYPES:
+            turn.ended_at = now
+            response = event.get("response") or {}
+            turn.server_timing = response.get("testbed_timing")
+            usage = response.get("usage")
+            if event_type in TERMINAL_TYPES:
+                if response.get("id") not in self.record.response_ids:
+                    self.record.response_ids.append(response.get("id"))
+                if usage:
+                    self.record.usage["input_tokens"] += usage["input_tokens"]
+                    self.record.usage["cached_tokens"] += usage["input_tokens_details"]["cached_tokens"]
+                    self.record.usage["output_tokens"] += usage["output_tokens"]
+
+    def start_turn(self, sent_items: list[dict[str, Any]], size: int) -> None:
+        now = trio.current_time()
+        self.record.turns.append(TurnRecord(len(self.record.turns), now, bytes_sent=size))
+        self.record.transcript.extend(_strip_ids(item) for item in sent_items)
+
+    async def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run the turn's function calls concurrently; return their outputs in call order."""
+        turn = self.record.turns[-1].turn
+        seconds = self.workload.turns[min(turn, len(self.workload.turns) - 1)].tool_seconds
+        wait = max((seconds[i] if i < len(seconds) else 0.0) for i in range(len(calls)))
+        start = trio.current_time()
+        await trio.sleep(wait)
+        self.record.turns[-1].tool_seconds = trio.current_time() - start
+        return [
+            {"type": "function_call_output", "call_id": call["call_id"], "output": tool_output_text(self.workload, turn, i)}
+            for i, call in enumerate(calls)
+        ]
+
+
+def request_body(workload: Workload, *, model: str, metadata: dict[str, str], store: bool) -> dict[str, Any]:
+    tools = list(HARNESS_TOOLS)
+    if any(turn.hosted_calls for turn in workload.turns):
+        tools.append(WEB_SEARCH_TOOL)
+    return {"model": model, "tools": tools, "metadata": metadata, "store": store, "tool_choice": "auto"}
+
+
+@asynccontextmanager
+async def open_responses_websocket(
+    connector: Connector, design: str, *, api_key: str = "testbed", include_timing: bool = False
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    headers = [(b"authorization", f"Bearer {api_key}".encode()), (b"openai-beta", BETA[design].encode())]
+    if include_timing:
+        headers.append((b"x-responsesapi-include-timing-metrics", b"true"))
+    async with connector.open_stream() as stream, trio.open_nursery() as nursery:
+        ws = await trio_websocket.wrap_client_stream(
+            nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES
+        )
+        try:
+            yield ws
+        finally:
+            await ws.aclose()
+            nursery.cancel_scope.cancel()
+
+
+class WsChannel:
+    """JSON events over one WebSocket, counting payload bytes."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection, rollout: Rollout) -> None:
+        self.ws = ws
+        self.rollout = rollout
+
+    async def send(self, event: dict[str, Any]) -> int:
+        text = json.dumps(event, separators=(",", ":"))
+        self.rollout.record.timeline.append((trio.current_time(), "send", event["type"]))
+        await self.ws.send_message(text)
+        return len(text.encode())
+
+    async def until_pause(self) -> dict[str, Any]:
+        """Events until `response.done` or a terminal event; returns that event."""
+        while True:
+            message = await self.ws.get_message()
+            event = json.loads(message)
+            self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
+            if event.get("type") in PAUSE_TYPES or event.get("type") == "error":
+                return event
+
+
+def _calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [item for item in output if item.get("type") == "function_call"]
+
+
+async def run_websocket_rollout(
+    connector: Connector,
+    design: str,
+    workload: Workload,
+    *,
+    metadata: dict[str, str],
+    model: str = "gpt-5.4",
+    store: bool = False,
+    include_timing: bool = False,
+    api_key: str = "testbed",
+) -> RolloutRecord:
+    """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
+    (a create with previous_response_id per turn)."""
+    rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
+    base = request_body(workload, model=model, metadata=metadata, store=store)
+    first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
+    async with open_responses_websocket(connector, design, api_key=api_key, include_timing=include_timing) as ws:
+        channel = WsChannel(ws, rollout)
+        event: dict[str, Any] = {"type": "response.create", **base, "input": first_input}
+        sent_items = first_input
+        while True:
+            rollout.start_turn(sent_items, await channel.send(event))
+            pause = await channel.until_pause()
+            if pause["type"] == "error":
+                rollout.record.status = f"error:{pause['error']['code']}"
+                break
+            response = pause["response"]
+            calls = _calls(response["output"])
+            paused = pause["type"] == "response.done"
+            chained_turn_ended = design == CHAINED and pause["type"] == "response.completed" and calls
+            if not (paused or chained_turn_ended):
+                rollout.record.status = response["status"]
+                break
+            sent_items = await rollout.run_tools(calls)
+            if design == SUSPENDED:
+                event = {"type": "response.append", "input": sent_items}
+            else:
+                event = {"type": "response.create", **base, "previous_response_id": response["id"], "input": sent_items}
+    rollout.record.ended_at = trio.current_time()
+    return rollout.record

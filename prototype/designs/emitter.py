@@ -1,0 +1,145 @@
+"""Builds one response's server events in order, numbering them, and hands each to a sink.
+
+The sink is the transport (a WebSocket frame, an SSE block); the emitter does not know which.
+`sequence_number` is 0-based per response and runs on across v1 suspensions (PROTOCOL.md §5.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from .. import metrics
+from ..protocol import events as ev
+from ..protocol.items import FunctionCall, Item, Message, WebSearchCall
+from ..protocol.response import Response
+
+Sink = Callable[[Any], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class Emitter:
+    response: Response
+    sink: Sink
+    log: metrics.PhaseLog
+    include_timing: bool = False
+    sequence_number: int = 0
+    segment_start: int = 0  # index in response.output where the current v1 segment begins
+    segment_started_at: float = 0.0
+    terminal_sent: bool = False
+
+    async def emit(self, event_type: type, **fields: Any) -> None:
+        event = event_type(sequence_number=self.sequence_number, **fields)
+        self.sequence_number += 1
+        await self.sink(event)
+
+    def snapshot(self, output: list[Item] | None = None, since: float = -float("inf")) -> dict[str, Any]:
+        if self.include_timing:
+            self.response.timing = self.log.to_dict(since)
+        return self.response.to_dict(output=output)
+
+    async def created(self) -> None:
+        await self.emit(ev.ResponseCreated, response=self.snapshot())
+        await self.emit(ev.ResponseInProgress, response=self.snapshot())
+        self.segment_started_at = trio.current_time()
+
+    async def resumed(self) -> None:
+        """v1: the suspended rollout continues after `response.append`."""
+        self.segment_start = len(self.response.output)
+        self.segment_started_at = trio.current_time()
+        await self.emit(ev.ResponseInProgress, response=self.snapshot())
+
+    async def paused(self) -> None:
+        """v1: `response.done` with the same id, status in_progress, the segment's items."""
+        segment = self.response.output[self.segment_start :]
+        await self.emit(ev.ResponseDone, response=self.snapshot(segment, self.segment_started_at))
+
+    async def finished(self, status: str, *, error: dict[str, Any] | None = None, reason: str | None = None) -> None:
+        """Exactly one terminal event per response."""
+        if self.terminal_sent:
+            return
+        self.terminal_sent = True
+        response = self.response
+        response.status = status
+        if status == "failed":
+            response.error = error
+            await self.emit(ev.ResponseFailed, response=self.snapshot())
+        elif status == "incomplete":
+            response.incomplete_details = {"reason": reason}
+            await self.emit(ev.ResponseIncomplete, response=self.snapshot())
+        else:
+            await self.emit(ev.ResponseCompleted, response=self.snapshot())
+
+    # --- output items -------------------------------------------------------------------------
+
+    async def message(self, item_id: str, chunks: Any, *, incomplete: Callable[[], bool]) -> Message:
+        """Stream an assistant message from an async iterator of text chunks."""
+        index = len(self.response.output)
+        placeholder = Message("assistant", (), id=item_id, status="in_progress")
+        self.response.output.append(placeholder)
+        await self.emit(ev.OutputItemAdded, output_index=index, item=placeholder.to_dict())
+        empty_part = {"type": "output_text", "text": "", "annotations": []}
+        await self.emit(ev.ContentPartAdded, item_id=item_id, output_index=index, content_index=0, part=empty_part)
+        pieces = []
+        async for chunk in chunks:
+            pieces.append(chunk)
+            await self.emit(ev.OutputTextDelta, item_id=item_id, output_index=index, content_index=0, delta=chunk)
+        text = "".join(pieces)
+        await self.emit(ev.OutputTextDone, item_id=item_id, output_index=index, content_index=0, text=text)
+        part = {"type": "output_text", "text": text, "annotations": []}
+        await self.emit(ev.ContentPartDone, item_id=item_id, output_index=index, content_index=0, part=part)
+        item = Message("assistant", (("output_text", text),), id=item_id, status="incomplete" if incomplete() else "completed")
+        self.response.output[index] = item
+        await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
+        return item
+
+    async def function_call(self, item_id: str, call_id: str, name: str, chunks: Any) -> FunctionCall:
+        index = len(self.response.output)
+        placeholder = FunctionCall(call_id, name, "", id=item_id, status="in_progress")
+        self.response.output.append(placeholder)
+        await self.emit(ev.OutputItemAdded, output_index=index, item=placeholder.to_dict())
+        pieces = []
+        async for chunk in chunks:
+            pieces.append(chunk)
+            await self.emit(ev.FunctionCallArgumentsDelta, item_id=item_id, output_index=index, delta=chunk)
+        arguments = "".join(pieces)
+        await self.emit(ev.FunctionCallArgumentsDone, item_id=item_id, output_index=index, arguments=arguments)
+        item = FunctionCall(call_id, name, arguments, id=item_id, status="completed")
+        self.response.output[index] = item
+        await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
+        return item
+
+    async def web_search_started(self, item: WebSearchCall) -> int:
+        index = len(self.response.output)
+        self.response.output.append(item)
+        await self.emit(ev.OutputItemAdded, output_index=index, item=item.to_dict())
+        await self.emit(ev.WebSearchInProgress, item_id=item.id, output_index=index)
+        await self.emit(ev.WebSearchSearching, item_id=item.id, output_index=index)
+        return index
+
+    async def web_search_finished(self, index: int, item: WebSearchCall) -> None:
+        self.response.output[index] = item
+        await self.emit(ev.WebSearchCompleted, item_id=item.id, output_index=index)
+        await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
+
+
+class EngineFailure(Exception):
+    """The engine failed mid-response (a fault injected by an experiment or test)."""
+
+
+@asynccontextmanager
+async def failing_on_error(emitter: Emitter) -> AsyncIterator[None]:
+    """After `response.created`, any failure still ends the response with exactly one terminal
+    event: `response.failed` carrying the error, then the exception goes on to the connection."""
+    try:
+        yield
+    except EngineFailure as exc:
+        await emitter.finished("failed", error={"code": "engine_failure", "message": str(exc) or "The engine failed."})
+        raise
+    except Exception:
+        await emitter.finished("failed", error={"code": "server_error", "message": "The server had an error while processing the response."})
+        raise

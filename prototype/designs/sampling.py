@@ -1,0 +1,210 @@
+"""The sampling loop every design runs inside a response, and its one suspension point.
+
+The model samples a turn; when the turn ends in tool calls the loop reaches `tool_call_point` and
+blocks there until a backend answers. Which backend depends on who runs the tool:
+
+* a hosted tool (web_search): the server's hosted tool service, after its own latency;
+* a client function tool: the client, over the socket. In the suspended design (v1) the loop sends
+  `response.done` and waits for `response.append`; in the chained and http designs the response
+  ends at this point instead, and the next request starts a new loop on the cached or rebuilt state.
+
+This is the hosted-tool analogy of OpenAI's post, in code: one suspension point, two backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+import trio
+
+from .. import metrics
+from ..api.service import ApiService, Context, StageModes
+from ..api import render
+from ..engine import tokenizer
+from ..engine.policy import PlannedSearch
+from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
+from .emitter import Emitter
+
+COMPLETED = "completed"
+INCOMPLETE = "incomplete"
+ENDED_AT_CLIENT_CALLS = "ended_at_client_calls"
+
+# A resumed turn pays only per-token work on what is new: the fixed part was paid once, up front.
+RESUME = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=0.0)
+
+
+@attrs.frozen
+class ToolCall:
+    """A call the loop is blocked on; `search` is the plan of a hosted call."""
+
+    item: FunctionCall | WebSearchCall
+    search: PlannedSearch | None = None
+
+
+class ToolBackend(Protocol):
+    async def answer(self, calls: Sequence[ToolCall]) -> Sequence[Item] | None:
+        """The items that answer `calls`, or None when the response ends here instead."""
+
+
+@attrs.define(eq=False)
+class HostedTools:
+    """Backend 1: the server's hosted tool service answers inside the response."""
+
+    api: ApiService
+    log: metrics.PhaseLog
+    seed: int
+
+    async def answer(self, calls: Sequence[ToolCall]) -> Sequence[Item]:
+        start = trio.current_time()
+        answered = []
+        for call in calls:
+            assert isinstance(call.item, WebSearchCall) and call.search is not None
+            result = await self.api.hosted.search(call.item.id, call.search, self.seed)
+            answered.append(attrs.evolve(call.item, status="completed", result=result))
+        self.log.record(metrics.HOSTED_TOOL, start, trio.current_time())
+        return answered
+
+
+@attrs.define(eq=False)
+class EndResponseAtClientCalls:
+    """Backend 2 in the chained and http designs: the client answers in its next request."""
+
+    async def answer(self, calls: Sequence[ToolCall]) -> None:
+        return None
+
+
+def _token_pieces(text: str) -> list[str]:
+    """Text split at token boundaries, so arguments stream one token per piece."""
+    enc = tokenizer.encoding()
+    return [enc.decode([token]) for token in enc.encode_ordinary(text)]
+
+
+@attrs.define(eq=False)
+class SamplingLoop:
+    api: ApiService
+    emitter: Emitter
+    context: Context
+    hosted: ToolBackend
+    client: ToolBackend
+    pinned_kv: bool  # v1 keeps its KV resident across the pause; the others rely on the prefix cache
+
+    @property
+    def log(self) -> metrics.PhaseLog:
+        return self.emitter.log
+
+    async def tool_call_point(self, calls: Sequence[ToolCall]) -> Sequence[Item] | None:
+        """The suspension point: the loop blocks here for every tool call, hosted or client."""
+        backend = self.hosted if isinstance(calls[0].item, WebSearchCall) else self.client
+        return await backend.answer(calls)
+
+    async def run(self) -> str:
+        ctx, request = self.context, self.emitter.response.request
+        budget = request.max_output_tokens
+        while True:
+            plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
+            await self.model_call()
+            for search in plan.searches:
+                item = WebSearchCall(self.api.new_id("ws"), search.query, status="in_progress")
+                await self.decode_hidden(search.query)
+                index = await self.emitter.web_search_started(item)
+                (answered,) = await self.tool_call_point([ToolCall(item, search)])
+                await self.emitter.web_search_finished(index, answered)
+                await self.take_new_items([answered])
+                await self.model_call()
+
+            words = plan.words
+            truncated = budget is not None and len(words) > budget
+            if truncated:
+                words = words[:budget]
+            if budget is not None:
+                budget -= len(words)
+            start = trio.current_time()
+            outputs: list[Item] = [
+                await self.emitter.message(
+                    self.api.new_id("msg"),
+                    self.api.engine.stream(ctx.route.latency, words, flush_interval=self.api.flush_interval),
+                    incomplete=lambda: truncated,
+                )
+            ]
+            calls: list[FunctionCall] = []
+            for planned in () if truncated else plan.calls:
+                call_id = f"call_{len(ctx.items) + len(outputs)}"
+                pieces = _token_pieces(planned.arguments)
+                call = await self.emitter.function_call(
+                    self.api.new_id("fc"),
+                    call_id,
+                    planned.name,
+                    self.api.engine.stream(ctx.route.latency, pieces, flush_interval=self.api.flush_interval),
+                )
+                outputs.append(call)
+                calls.append(call)
+            self.emitter.response.usage.output_tokens += len(words) + sum(
+                len(_token_pieces(c.arguments)) for c in calls
+            )
+            self.log.record(metrics.DECODE, start, trio.current_time())
+            self.take_outputs(outputs)
+
+            if truncated:
+                return INCOMPLETE
+            if not calls:
+                return COMPLETED
+            answers = await self.tool_call_point([ToolCall(call) for call in calls])
+            if answers is None:
+                return ENDED_AT_CLIENT_CALLS
+            await self.take_new_items(answers)
+
+    async def model_call(self) -> None:
+        """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7)."""
+        ctx = self.context
+        now = trio.current_time()
+        cached = self.api.engine.cached_prefix(ctx.engine_key, ctx.prompt, now)
+        usage = self.emitter.response.usage
+        usage.input_tokens += len(ctx.prompt)
+        usage.cached_tokens += cached
+        await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        self.log.record(metrics.PREFILL, now, trio.current_time())
+
+    async def decode_hidden(self, text: str) -> None:
+        """Time to sample a hosted call's arguments, which are not streamed as deltas."""
+        start = trio.current_time()
+        await trio.sleep(self.context.route.latency.decode_seconds(len(_token_pieces(text))))
+        self.emitter.response.usage.output_tokens += len(_token_pieces(text))
+        self.log.record(metrics.DECODE, start, trio.current_time())
+
+    def take_outputs(self, outputs: Sequence[Item]) -> None:
+        """Sampled items join the context; the engine's KV now covers them."""
+        ctx = self.context
+        ctx.ledger.absorb(outputs)
+        ctx.items.extend(outputs)
+        ctx.prompt.extend(render.render_items(outputs))
+        self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
+
+    async def take_new_items(self, items: Sequence[Item]) -> None:
+        """Tool answers join the context: incremental checks and render over the new items only."""
+        await self.api.pre_inference(self.log, self.emitter.response.request, items, base=self.context, modes=RESUME)
+
+
+def pending_calls(items: Sequence[Item]) -> list[str]:
+    return [item.call_id for item in items if isinstance(item, FunctionCall)]
+
+
+def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | None:
+    """Why `items` do not answer exactly the `pending` calls, or None if they do (PROTOCOL.md §7)."""
+    outputs = [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
+    if len(outputs) != len(set(outputs)):
+        return "a call_id is answered twice"
+    unknown = sorted(set(outputs) - set(pending))
+    if unknown:
+        return f"call_id '{unknown[0]}' is not pending"
+    missing = [call_id for call_id in pending if call_id not in outputs]
+    if missing:
+        return f"no function_call_output for pending call_id '{missing[0]}'"
+    return None
+
+
+__all__ = [
+    "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
+    "ToolBackend", "ToolCall", "pending_calls", "unexpected_outputs",
+]

@@ -1,0 +1,136 @@
+"""The suspended design (v1, the overnight prototype): one Response for the whole rollout.
+
+Read top to bottom, `run_rollout` is the design's description (OpenAI blog; PROTOCOL.md §7):
+
+1. pre-inference work once: validate, classify, render, resolve the model and route;
+2. the sampling loop; when the model calls a client function tool, the loop streams the call,
+   sends `response.done` (same response id, status in_progress, the pending calls) and blocks in
+   the loop until `response.append` brings one output per pending call;
+3. the new items are validated, classified and rendered alone, their tokens appended to the
+   resident KV, and sampling resumes in the same coroutine;
+4. post-inference work (billing, storing) once, at the end, before `response.completed`.
+
+A suspension has a time-to-live; on expiry the rollout fails with `suspension_timeout` and its
+state is released. A disconnect cancels the coroutine (the connection's nursery) and the `finally`
+releases the engine's KV.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from .. import metrics
+from ..api.service import ApiService, owner_of
+from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, SUSPENSION_TIMEOUT, ProtocolError
+from ..protocol.events import CreateRequest
+from ..protocol.items import Item
+from ..protocol.response import Response
+from .emitter import Emitter, Sink, failing_on_error
+from .sampling import HostedTools, SamplingLoop, ToolCall, unexpected_outputs
+
+# PROTOCOL.md §7: 300 s, as vLLM RFC #52113's cache_control.ttl default; above TraceLab's p99 tool
+# latency of 3.6 min.
+SUSPENSION_TTL_SECONDS = 300.0
+
+
+class SuspensionExpired(Exception):
+    pass
+
+
+@attrs.define(eq=False)
+class Suspension:
+    """A paused rollout's mailbox: the calls it waits for and the append that answers them."""
+
+    pending: tuple[str, ...]
+    _answered: trio.Event = attrs.Factory(trio.Event)
+    _items: Sequence[Item] = ()
+
+    def check(self, items: Sequence[Item]) -> None:
+        """Refuse an append that does not answer exactly the pending calls; the rollout stays paused."""
+        problem = unexpected_outputs(self.pending, items)
+        if problem:
+            raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"response.append: {problem}.", param="input")
+
+    def deliver(self, items: Sequence[Item]) -> None:
+        self.check(items)
+        self._items = items
+        self._answered.set()
+
+    async def wait(self) -> Sequence[Item]:
+        await self._answered.wait()
+        return self._items
+
+
+@attrs.define(eq=False)
+class SuspensionSlot:
+    """Where the connection finds the rollout's current suspension (None while it runs)."""
+
+    current: Suspension | None = None
+
+
+@attrs.define(eq=False)
+class ClientOverSocket:
+    """Backend 2 in v1: pause with `response.done`, wait for `response.append`."""
+
+    emitter: Emitter
+    slot: SuspensionSlot
+    ttl: float
+
+    async def answer(self, calls: Sequence[ToolCall]) -> Sequence[Item]:
+        suspension = Suspension(tuple(call.item.call_id for call in calls))
+        self.slot.current = suspension
+        try:
+            await self.emitter.paused()
+            with trio.move_on_after(self.ttl):
+                items = await suspension.wait()
+                await self.emitter.resumed()
+                return items
+            raise SuspensionExpired
+        finally:
+            self.slot.current = None
+
+
+async def run_rollout(
+    api: ApiService,
+    request: CreateRequest,
+    sink: Sink,
+    slot: SuspensionSlot,
+    *,
+    ttl: float = SUSPENSION_TTL_SECONDS,
+    include_timing: bool = False,
+    api_key: str | None = None,
+    log: metrics.PhaseLog | None = None,
+) -> Response:
+    log = log if log is not None else metrics.PhaseLog()
+    response = Response(api.new_id("resp"), request, created_at=int(time.time()))
+    emitter = Emitter(response, sink, log, include_timing)
+    engine_key = ("suspended", response.id)
+    try:
+        context = await api.pre_inference(log, request, request.input, engine_key=engine_key)
+        await emitter.created()
+        loop = SamplingLoop(
+            api,
+            emitter,
+            context,
+            hosted=HostedTools(api, log, context.route.policy.workload.seed),
+            client=ClientOverSocket(emitter, slot, ttl),
+            pinned_kv=True,
+        )
+        async with failing_on_error(emitter):
+            try:
+                outcome = await loop.run()
+            except SuspensionExpired:
+                await emitter.finished(
+                    "failed",
+                    error={"code": SUSPENSION_TIMEOUT, "message": f"No response.append within {ttl:g} s; the rollout was released."},
+                )
+                return response
+            await api.post_inference(log, response, context.items[len(request.input) :], owner=owner_of(api_key))
+            await emitter.finished(outcome)
+        return response
+    finally:
+        api.engine.release(engine_key)

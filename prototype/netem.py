@@ -1,0 +1,652 @@
+"""WAN emulation over any trio Stream: one-way delay, jitter, bandwidth, handshake round trips.
+
+The testbed runs the same client and server over two kinds of link (ARCHITECTURE.md, "Two
+clocks"): in-process memory streams under trio's virtual clock, and real loopback sockets in real
+time. Neither has a wide-area network's latency, so this module adds it:
+
+* :class:`DelayedStream` wraps a Stream and delivers what is sent ``send_delay`` seconds later,
+  without blocking the sender, so a link carries many chunks at once like a real one (two sends 1 ms
+  apart arrive 1 ms apart). It can also hold back what it receives by ``receive_delay``, which is how
+  the client end of a real socket gets both directions of a round trip.
+* :func:`open_emulated_pair` joins a client and a server in memory with ``rtt / 2`` each way, for
+  virtual-time runs; :func:`open_emulated_tcp` connects a real socket and delays it on the client
+  side, for real-time runs.
+* :func:`connect_handshake` charges the round trips a new connection pays before its first request
+  (WORKLOAD.md §5): TCP's three-way handshake, 1 RTT (RFC 9293 §3.5), then the TLS handshake,
+  +1 RTT for TLS 1.3 (RFC 8446 §2) or +2 RTT for TLS 1.2 (RFC 5246 §7.3). A WebSocket upgrade
+  (RFC 6455 §4) is an ordinary request and response, so it costs its round trip through the delayed
+  stream and is not charged here. A kept-alive connection pays none of this again.
+
+Delays are measured on the trio clock (``trio.current_time()``), so under
+``trio.testing.MockClock(autojump_threshold=0)`` every arrival time is exact.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import random
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from types import MappingProxyType
+from typing import Final
+
+import attrs
+import trio
+import trio.testing
+
+__all__ = [
+    "CROSS_CONTINENT",
+    "INTERCONTINENTAL",
+    "LOOPBACK",
+    "PRESETS",
+    "SAME_DC",
+    "SAME_REGION",
+    "DelayedStream",
+    "NetworkProfile",
+    "connect_handshake",
+    "open_delayed_stream",
+    "open_emulated_pair",
+    "open_emulated_tcp",
+]
+
+# After a graceful aclose(), queued data is still delivered on schedule (as the kernel does after
+# close() on a TCP socket, RFC 9293 §3.6). If the inner stream is still blocked this long after the
+# last scheduled arrival (a peer that never reads), the rest is dropped so that no task outlives
+# its context manager for ever.
+_LINGER_GRACE_SECONDS: Final = 1.0
+
+
+def _non_negative_finite(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _positive_or_none(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be None or a finite number > 0, got {value!r}")
+
+
+@attrs.frozen
+class NetworkProfile:
+    """The network between one client and the server.
+
+    All times are in seconds on the trio clock.
+    """
+
+    rtt: float = attrs.field(default=0.0, validator=_non_negative_finite)
+    """Round-trip time; the one-way delay is ``rtt / 2`` in each direction."""
+
+    jitter: float = attrs.field(default=0.0, validator=_non_negative_finite)
+    """Standard deviation of an extra, non-negative delay drawn per chunk sent (exponential, so its
+    mean is ``jitter`` too). Delivery stays in order: a chunk never overtakes the one before it."""
+
+    tls_round_trips: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    """TLS handshake round trips: 0 (plain), 1 (TLS 1.3, RFC 8446 §2), 2 (TLS 1.2, RFC 5246 §7.3)."""
+
+    tcp_round_trips: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    """TCP handshake round trips: the three-way handshake costs 1 before data flows (RFC 9293 §3.5)."""
+
+    bandwidth_bytes_per_s: float | None = attrs.field(default=None, validator=_positive_or_none)
+    """Sender's link rate; each chunk first waits ``len(chunk) / bandwidth`` to be serialized. None: no
+    limit."""
+
+    seed: int = 0
+    """Seed of the jitter draws, so a run is repeatable."""
+
+    @property
+    def one_way_delay(self) -> float:
+        """Propagation delay of each direction, ``rtt / 2``."""
+        return self.rtt / 2
+
+    @property
+    def handshake_seconds(self) -> float:
+        """What opening a new connection costs before its first request: ``(tcp + tls) * rtt``."""
+        return (self.tcp_round_trips + self.tls_round_trips) * self.rtt
+
+
+# RTT priors: WORKLOAD.md §5 sweeps 1, 20, 80 and 150 ms [assumed, no measurement behind them].
+LOOPBACK: Final = NetworkProfile(rtt=0.0)
+"""Same host: no added delay."""
+SAME_DC: Final = NetworkProfile(rtt=0.001)
+"""Same datacenter, 1 ms RTT [assumed]."""
+SAME_REGION: Final = NetworkProfile(rtt=0.020)
+"""Same cloud region, 20 ms RTT [assumed]."""
+CROSS_CONTINENT: Final = NetworkProfile(rtt=0.080)
+"""Across a continent, 80 ms RTT [assumed]."""
+INTERCONTINENTAL: Final = NetworkProfile(rtt=0.150)
+"""Between continents, 150 ms RTT [assumed]."""
+
+PRESETS: Final[Mapping[str, NetworkProfile]] = MappingProxyType(
+    {
+        "loopback": LOOPBACK,
+        "same_dc": SAME_DC,
+        "same_region": SAME_REGION,
+        "cross_continent": CROSS_CONTINENT,
+        "intercontinental": INTERCONTINENTAL,
+    }
+)
+"""The named profiles, in order of distance, for sweeps."""
+
+
+@attrs.frozen
+class _Chunk:
+    """One item in flight: data, end of stream (``data is None``), or an error from the inner stream."""
+
+    arrival: float
+    data: bytes | None
+    error: BaseException | None = None
+
+
+class DelayedStream(trio.abc.HalfCloseableStream):
+    """A Stream whose traffic reaches the other end late, like a long link.
+
+    Everything sent is delivered to the inner stream ``send_delay`` seconds later (plus jitter), and
+    with ``receive_delay`` everything the inner stream receives is released to the reader that much
+    later. Neither blocks the sender: the link is pipelined, so two sends 1 ms apart arrive 1 ms apart
+    after the delay. Order is preserved in each direction, and ``send_eof`` arrives after the data
+    sent before it.
+
+    A direction with no delay and no jitter is passed straight through, with no task. A delayed
+    direction needs a background task, so build the stream with :func:`open_delayed_stream`,
+    :func:`open_emulated_pair` or :func:`open_emulated_tcp`, which run those tasks and close the stream
+    when they exit.
+
+    Closing: :meth:`aclose` returns at once; data already sent is still delivered on schedule, and
+    the inner stream is closed one ``send_delay`` later, when the close reaches the peer (what the
+    kernel does after ``close()`` on a TCP socket, RFC 9293 §3.6), unless the inner stream is still
+    blocked a second after that (a peer that never reads). A cancelled ``aclose``
+    (``trio.aclose_forcefully``) drops whatever is still in flight and closes the inner stream at
+    once. Data received but not yet released is dropped either way. The wrapper owns the inner
+    stream; the context manager that opened it waits for the delayed close on exit.
+
+    Attributes:
+        transport_stream: The wrapped stream.
+        send_delay: One-way delay added to what is sent, in seconds.
+        receive_delay: Delay added to what is received, in seconds.
+        bytes_sent: Bytes accepted by ``send_all`` so far.
+        bytes_received: Bytes returned by ``receive_some`` so far.
+    """
+
+    def __init__(
+        self,
+        transport_stream: trio.abc.Stream,
+        *,
+        send_delay: float = 0.0,
+        receive_delay: float = 0.0,
+        send_jitter: float = 0.0,
+        receive_jitter: float = 0.0,
+        bandwidth_bytes_per_s: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        """Wraps a stream; the background tasks start only through the ``open_*`` context managers.
+
+        Args:
+            transport_stream: The stream to wrap; closing the wrapper closes it.
+            send_delay: Seconds between ``send_all`` returning and the data reaching
+                ``transport_stream``.
+            receive_delay: Seconds between data arriving from ``transport_stream`` and
+                ``receive_some`` returning it.
+            send_jitter: Standard deviation (and mean) of an exponential extra delay per chunk sent.
+            receive_jitter: The same for each chunk received.
+            bandwidth_bytes_per_s: If set, ``send_all`` first waits ``len(data) / bandwidth``, the time
+                to serialize the chunk onto the link; it applies to the send direction only.
+            seed: Seed of the jitter draws.
+
+        Raises:
+            ValueError: If a delay or jitter is negative or not finite, or the bandwidth is not > 0.
+        """
+        for name, value in (
+            ("send_delay", send_delay),
+            ("receive_delay", receive_delay),
+            ("send_jitter", send_jitter),
+            ("receive_jitter", receive_jitter),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if bandwidth_bytes_per_s is not None and not (
+            math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s > 0
+        ):
+            raise ValueError(f"bandwidth_bytes_per_s must be None or > 0, got {bandwidth_bytes_per_s!r}")
+        self.transport_stream = transport_stream
+        self.send_delay = send_delay
+        self.receive_delay = receive_delay
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._send_jitter = send_jitter
+        self._receive_jitter = receive_jitter
+        self._bandwidth = bandwidth_bytes_per_s
+        # One generator per direction (string seeds hash the same in every process), so the
+        # draws of one direction don't depend on how the two interleave.
+        self._send_rng = random.Random(f"netem:{seed}:send")
+        self._receive_rng = random.Random(f"netem:{seed}:receive")
+        self._delays_send = send_delay > 0 or send_jitter > 0
+        self._delays_receive = receive_delay > 0 or receive_jitter > 0
+
+        self._started = False
+        self._closed = False
+        self._sending = False
+        self._receiving = False
+        self._eof_sent = False
+        self._send_error: BaseException | None = None
+        # Cancelled by aclose() to wake a task blocked in one of our methods.
+        self._wait_scopes: set[trio.CancelScope] = set()
+
+        # Send direction: send_all queues, _deliver forwards each chunk at its arrival time.
+        self._outgoing_in, self._outgoing_out = trio.open_memory_channel[_Chunk](math.inf)
+        self._last_send_arrival = -math.inf
+        self._deliver_scope = trio.CancelScope()
+        self._deliver_done = not self._delays_send
+        self._close_at = -math.inf
+
+        # Receive direction: _pump reads and time-stamps, receive_some waits for each timestamp.
+        self._incoming_in, self._incoming_out = trio.open_memory_channel[_Chunk](math.inf)
+        self._last_receive_arrival = -math.inf
+        self._pump_scope = trio.CancelScope()
+        self._receive_head: _Chunk | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def _start(self, nursery: trio.Nursery) -> None:
+        """Starts the tasks of the delayed directions in ``nursery``."""
+        if self._started:
+            raise RuntimeError("DelayedStream already started")
+        self._started = True
+        if self._delays_send:
+            nursery.start_soon(self._deliver)
+        if self._delays_receive:
+            nursery.start_soon(self._pump)
+
+    def _check_started(self) -> None:
+        if (self._delays_send or self._delays_receive) and not self._started:
+            raise RuntimeError("a delayed DelayedStream must be opened with open_delayed_stream()")
+
+    async def aclose(self) -> None:
+        """Closes the stream; data already sent is still delivered (see the class docstring).
+
+        Tasks blocked in this stream's methods get ``trio.ClosedResourceError``. If this call is
+        cancelled, data still in flight is dropped and the inner stream is closed at once.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        for scope in self._wait_scopes:
+            scope.cancel()
+        self._pump_scope.cancel()
+        if self._deliver_done or not self._started:
+            self._outgoing_in.close()
+            await self.transport_stream.aclose()
+            return
+        # The delivery task drains the queue, then closes the inner stream when the close would reach
+        # the peer: a FIN travels the same one-way delay as data, after the data (RFC 9293 §3.6).
+        self._close_at = self._send_arrival()
+        self._deliver_scope.deadline = self._close_at + _LINGER_GRACE_SECONDS
+        self._outgoing_in.close()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled:
+            self._deliver_scope.cancel()
+            raise
+
+    @contextmanager
+    def _closable_wait(self) -> Iterator[None]:
+        """Turns a wake-up by :meth:`aclose` into ``trio.ClosedResourceError``."""
+        scope = trio.CancelScope()
+        self._wait_scopes.add(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._wait_scopes.discard(scope)
+        if scope.cancelled_caught:
+            raise trio.ClosedResourceError("stream closed while a task was waiting on it")
+
+    # ---- send direction --------------------------------------------------------------------------
+
+    def _check_can_send(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("stream is closed")
+        if self._eof_sent:
+            raise trio.ClosedResourceError("send_eof() was called; can't send any more")
+        if self._send_error is not None:
+            raise trio.BrokenResourceError("the link failed") from self._send_error
+        self._check_started()
+
+    def _send_arrival(self) -> float:
+        """When a chunk sent now reaches the inner stream: never before the previous chunk."""
+        delay = self.send_delay
+        if self._send_jitter > 0:
+            delay += self._send_rng.expovariate(1.0 / self._send_jitter)
+        self._last_send_arrival = max(trio.current_time() + delay, self._last_send_arrival)
+        return self._last_send_arrival
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Queues ``data`` for delivery ``send_delay`` (plus jitter) from now.
+
+        Returns once the data is queued, after the serialization time ``len(data) / bandwidth`` if a
+        bandwidth is set; it never waits for the delivery.
+
+        Raises:
+            trio.BusyResourceError: If another task is sending on this stream.
+            trio.ClosedResourceError: If the stream was closed, or ``send_eof`` was called.
+            trio.BrokenResourceError: If delivering earlier data failed.
+        """
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            self._check_can_send()
+            payload = bytes(data)  # the caller may reuse its buffer once we return
+            with self._closable_wait():
+                await trio.lowlevel.checkpoint()
+                if self._bandwidth is not None and payload:
+                    # Serialization delay: the link carries one chunk at a time, in order.
+                    await trio.sleep(len(payload) / self._bandwidth)
+                if payload and not self._delays_send:
+                    await self.transport_stream.send_all(payload)
+            self._check_can_send()
+            if payload and self._delays_send:
+                self._outgoing_in.send_nowait(_Chunk(self._send_arrival(), payload))
+            self.bytes_sent += len(payload)
+        finally:
+            self._sending = False
+
+    async def send_eof(self) -> None:
+        """Ends the send direction; the peer reads everything sent before it, then ``b""``.
+
+        A second call does nothing.
+
+        Raises:
+            TypeError: If the inner stream has no ``send_eof``.
+            trio.BusyResourceError: If another task is sending on this stream.
+            trio.ClosedResourceError: If the stream was closed.
+        """
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("stream is closed")
+            send_eof = getattr(self.transport_stream, "send_eof", None)
+            if send_eof is None:
+                raise TypeError(f"{type(self.transport_stream).__name__} can't send_eof")
+            with self._closable_wait():
+                await trio.lowlevel.checkpoint()
+            if self._eof_sent:
+                return
+            self._check_can_send()
+            self._eof_sent = True
+            if self._delays_send:
+                self._outgoing_in.send_nowait(_Chunk(self._send_arrival(), None))
+            else:
+                with self._closable_wait():
+                    await send_eof()
+        finally:
+            self._sending = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """Waits until ``send_all`` might not block.
+
+        With a delayed send direction ``send_all`` only queues, so this returns at once; otherwise it
+        asks the inner stream.
+        """
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("stream is closed")
+            with self._closable_wait():
+                if self._delays_send:
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await self.transport_stream.wait_send_all_might_not_block()
+        finally:
+            self._sending = False
+
+    async def _deliver(self) -> None:
+        """Background task: forwards each queued chunk to the inner stream at its arrival time."""
+        try:
+            with self._deliver_scope:
+                async for chunk in self._outgoing_out:
+                    await trio.sleep_until(chunk.arrival)
+                    if chunk.data is None:
+                        await self.transport_stream.send_eof()  # type: ignore[attr-defined]
+                    else:
+                        await self.transport_stream.send_all(chunk.data)
+                # The queue ends only when aclose() closes it: wait until the close arrives.
+                await trio.sleep_until(self._close_at)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # The peer went away: later sends raise BrokenResourceError, the rest is dropped.
+            self._send_error = exc
+        finally:
+            self._deliver_done = True
+            if self._closed:
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + _LINGER_GRACE_SECONDS):
+                    await trio.aclose_forcefully(self.transport_stream)
+
+    # ---- receive direction -----------------------------------------------------------------------
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """Returns the next data the peer sent, once its delay has passed; ``b""`` at end of stream.
+
+        Raises:
+            ValueError: If ``max_bytes`` is less than 1.
+            trio.BusyResourceError: If another task is receiving on this stream.
+            trio.ClosedResourceError: If the stream was closed.
+            trio.BrokenResourceError: If the inner stream failed.
+        """
+        if max_bytes is not None:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is receiving on this stream")
+        self._receiving = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("stream is closed")
+            self._check_started()
+            with self._closable_wait():
+                if self._delays_receive:
+                    data = await self._receive_delayed(max_bytes)
+                else:
+                    data = await self.transport_stream.receive_some(max_bytes)
+        finally:
+            self._receiving = False
+        self.bytes_received += len(data)
+        return data
+
+    async def _receive_delayed(self, max_bytes: int | None) -> bytes:
+        # The head chunk stays put while we wait, so a cancelled receive loses nothing.
+        if self._receive_head is None:
+            self._receive_head = await self._incoming_out.receive()
+        head = self._receive_head
+        await trio.sleep_until(head.arrival)
+        if head.error is not None:
+            raise trio.BrokenResourceError("the link failed") from head.error
+        if head.data is None:
+            return b""
+        if max_bytes is None or len(head.data) <= max_bytes:
+            self._receive_head = None
+            return head.data
+        self._receive_head = _Chunk(head.arrival, head.data[max_bytes:])
+        return head.data[:max_bytes]
+
+    async def _pump(self) -> None:
+        """Background task: reads the inner stream as fast as it delivers and time-stamps each chunk.
+
+        Reading at once (not when the application asks) makes the delay run from the moment the data
+        reached this host, like a link whose far end is ``receive_delay`` away.
+        """
+        with self._pump_scope:
+            while True:
+                error: BaseException | None = None
+                data: bytes | None = None
+                try:
+                    data = bytes(await self.transport_stream.receive_some())
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    error = exc
+                delay = self.receive_delay
+                if self._receive_jitter > 0:
+                    delay += self._receive_rng.expovariate(1.0 / self._receive_jitter)
+                self._last_receive_arrival = max(trio.current_time() + delay, self._last_receive_arrival)
+                self._incoming_in.send_nowait(_Chunk(self._last_receive_arrival, data or None, error))
+                if not data:
+                    return
+
+
+# ---- opening emulated links --------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _running(*streams: DelayedStream) -> AsyncIterator[None]:
+    """Runs the background tasks of ``streams`` for the body, then closes them.
+
+    The body's own exception comes out as it is, not wrapped in an ExceptionGroup by the nursery.
+    A body that ends normally closes gracefully (in-flight data is delivered, bounded by
+    ``_LINGER_GRACE_SECONDS``); one that raises closes forcefully.
+    """
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        for stream in streams:
+            stream._start(nursery)
+        try:
+            yield
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            body_error = exc
+            with trio.CancelScope(shield=True):
+                for stream in streams:
+                    await trio.aclose_forcefully(stream)
+        else:
+            for stream in streams:
+                await stream.aclose()
+    if body_error is not None:
+        raise body_error
+
+
+@asynccontextmanager
+async def open_delayed_stream(
+    stream: trio.abc.Stream,
+    one_way_delay: float,
+    *,
+    jitter: float = 0.0,
+    bandwidth_bytes_per_s: float | None = None,
+    seed: int = 0,
+    receive_delay: float = 0.0,
+    receive_jitter: float = 0.0,
+) -> AsyncIterator[DelayedStream]:
+    """Wraps ``stream`` in a :class:`DelayedStream` and runs its delivery tasks.
+
+    With zero delays and no jitter the wrapper only counts bytes (and applies the bandwidth): it
+    forwards directly and starts no task. On exit the wrapper, and so ``stream``, is closed.
+
+    Args:
+        stream: The stream to wrap.
+        one_way_delay: Delay of the send direction, in seconds.
+        jitter: Standard deviation of the extra per-chunk delay of the send direction.
+        bandwidth_bytes_per_s: Serialization rate of the send direction; None for no limit.
+        seed: Seed of the jitter draws.
+        receive_delay: Delay of the receive direction, in seconds (0: not delayed).
+        receive_jitter: Standard deviation of the extra per-chunk delay of the receive direction.
+
+    Yields:
+        The wrapped stream.
+    """
+    delayed = DelayedStream(
+        stream,
+        send_delay=one_way_delay,
+        receive_delay=receive_delay,
+        send_jitter=jitter,
+        receive_jitter=receive_jitter,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        seed=seed,
+    )
+    async with _running(delayed):
+        yield delayed
+
+
+@asynccontextmanager
+async def open_emulated_pair(profile: NetworkProfile) -> AsyncIterator[tuple[DelayedStream, DelayedStream]]:
+    """An in-memory connection with ``profile``'s delays, for virtual-time runs.
+
+    Built on ``trio.testing.memory_stream_pair``, which buffers without limit (unlike
+    ``lockstep_stream_pair``), so a send never waits for the peer to read. Each end delays what it
+    sends by ``rtt / 2`` with the profile's jitter and bandwidth (jitter seeds ``seed`` for the
+    client's sends and ``seed + 1`` for the server's); a request and its response cost exactly one
+    RTT. The handshake is not charged here: call :func:`connect_handshake` when the
+    pair stands for a new connection.
+
+    Args:
+        profile: The network to emulate.
+
+    Yields:
+        ``(client_end, server_end)``.
+    """
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client, server = (
+        DelayedStream(
+            raw,
+            send_delay=profile.one_way_delay,
+            send_jitter=profile.jitter,
+            bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
+            seed=seed,
+        )
+        for raw, seed in ((client_raw, profile.seed), (server_raw, profile.seed + 1))
+    )
+    async with _running(client, server):
+        yield client, server
+
+
+async def connect_handshake(profile: NetworkProfile) -> None:
+    """Sleeps for what opening a new connection costs before the first request can go out.
+
+    TCP's three-way handshake takes 1 RTT before the client may send data (RFC 9293 §3.5); TLS then
+    takes 1 more RTT with TLS 1.3 (RFC 8446 §2) or 2 with TLS 1.2 (RFC 5246 §7.3), so
+    ``profile.handshake_seconds``. No jitter: the cost is exact. For clients that open a connection
+    per request; a kept-alive connection doesn't pay it again.
+
+    Args:
+        profile: The network, with its handshake round trips.
+    """
+    await trio.sleep(profile.handshake_seconds)
+
+
+@asynccontextmanager
+async def open_emulated_tcp(host: str | bytes, port: int, profile: NetworkProfile) -> AsyncIterator[DelayedStream]:
+    """Connects a real TCP socket and makes it behave like ``profile``'s network, for real-time runs.
+
+    Pays :func:`connect_handshake` after connecting (the socket is plain: TLS is charged in time
+    only). Only the client side is wrapped, so it carries both directions' delay: what it sends
+    reaches the socket ``rtt / 2`` later, and what the socket receives is released to the reader
+    ``rtt / 2`` after it arrived (a background task reads the socket as data comes). An unmodified
+    server then sees each request, and the client each response, one RTT apart, as over a real WAN.
+    Jitter applies to both directions; bandwidth to the upload only.
+
+    Args:
+        host: Server host name or address.
+        port: Server port.
+        profile: The network to emulate.
+
+    Yields:
+        The client end of the connection.
+    """
+    raw = await trio.open_tcp_stream(host, port)
+    try:
+        await connect_handshake(profile)
+    except BaseException:
+        await trio.aclose_forcefully(raw)
+        raise
+    async with open_delayed_stream(
+        raw,
+        profile.one_way_delay,
+        jitter=profile.jitter,
+        bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
+        seed=profile.seed,
+        receive_delay=profile.one_way_delay,
+        receive_jitter=profile.jitter,
+    ) as stream:
+        yield stream

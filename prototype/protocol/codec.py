@@ -1,0 +1,199 @@
+"""The JSON codec: text in gives a client event or a `ProtocolError`; a server event out gives text.
+
+Sans-IO: no trio, no sockets. Unknown fields are ignored, `stream` is ignored on WebSocket, and bad
+input never raises anything but `ProtocolError` (PROTOCOL.md §3, §4, §5.6).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import (
+    EMPTY_INPUT,
+    INVALID_JSON,
+    INVALID_VALUE,
+    MISSING_REQUIRED_PARAMETER,
+    UNKNOWN_EVENT_TYPE,
+    UNSUPPORTED_PARAMETER,
+    ProtocolError,
+)
+from .events import (
+    ClientEvent,
+    CreateRequest,
+    ResponseAppend,
+    ResponseCreate,
+    ResponseProcessed,
+    ResponseSteer,
+    ToolDef,
+)
+from .items import parse_input
+
+DEFAULT_MODEL = "gpt-5.4"  # echoed when a request names none [ours]
+
+# Keys of the POST body we act on; everything else is accepted and ignored (PROTOCOL.md §4.1).
+_KNOWN_KEYS = frozenset(
+    {
+        "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+        "previous_response_id", "store", "generate", "max_output_tokens", "metadata", "temperature",
+        "top_p", "stream", "background", "stream_id", "conversation",
+    }
+)
+# Metadata limits of the public API: 16 pairs, keys up to 64 characters, values up to 512.
+_METADATA_MAX_PAIRS = 16
+_METADATA_MAX_KEY = 64
+_METADATA_MAX_VALUE = 512
+
+
+def _type_error(param: str, expected: str) -> ProtocolError:
+    return ProtocolError(INVALID_VALUE, f"Invalid type for '{param}': expected {expected}.", param=param)
+
+
+def _optional(body: dict[str, Any], key: str, kinds: tuple[type, ...], expected: str) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    # bool is an int in Python; a number field must not take true/false.
+    if isinstance(value, bool) and bool not in kinds:
+        raise _type_error(key, expected)
+    if not isinstance(value, kinds):
+        raise _type_error(key, expected)
+    return value
+
+
+def _parse_tools(value: Any) -> tuple[ToolDef, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _type_error("tools", "an array")
+    tools = []
+    for i, raw in enumerate(value):
+        path = f"tools[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+            raise ProtocolError(INVALID_VALUE, f"Invalid tool at '{path}': expected an object with a 'type'.", param=path)
+        name = raw.get("name")
+        parameters = raw.get("parameters")
+        if raw["type"] == "function":
+            if not isinstance(name, str) or not name:
+                raise ProtocolError(INVALID_VALUE, f"Missing or invalid '{path}.name'.", param=f"{path}.name")
+            if parameters is not None and not isinstance(parameters, dict):
+                raise _type_error(f"{path}.parameters", "an object (a JSON schema)")
+        tools.append(ToolDef(raw["type"], name if isinstance(name, str) else None, parameters, raw))
+    return tuple(tools)
+
+
+def _parse_metadata(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _type_error("metadata", "an object of string values")
+    if len(value) > _METADATA_MAX_PAIRS:
+        raise ProtocolError(INVALID_VALUE, f"'metadata' has more than {_METADATA_MAX_PAIRS} pairs.", param="metadata")
+    for key, item in value.items():
+        if len(key) > _METADATA_MAX_KEY or not isinstance(item, str) or len(item) > _METADATA_MAX_VALUE:
+            raise ProtocolError(
+                INVALID_VALUE,
+                f"Invalid metadata entry {key!r}: keys up to {_METADATA_MAX_KEY} characters, "
+                f"string values up to {_METADATA_MAX_VALUE}.",
+                param=f"metadata.{key}",
+            )
+    return dict(value)
+
+
+def parse_create_body(body: Any) -> CreateRequest:
+    """Validate a `response.create` / POST body into a `CreateRequest`."""
+    if not isinstance(body, dict):
+        raise ProtocolError(INVALID_JSON, "The request body must be a JSON object.")
+    if body.get("background") is True:
+        raise ProtocolError(UNSUPPORTED_PARAMETER, "'background' is not supported in this mode.", param="background")
+    for key in ("stream_id", "conversation"):
+        if body.get(key) is not None:
+            raise ProtocolError(UNSUPPORTED_PARAMETER, f"'{key}' is not supported by this server.", param=key)
+    model = _optional(body, "model", (str,), "a string") or DEFAULT_MODEL
+    previous_response_id = _optional(body, "previous_response_id", (str,), "a string")
+    generate = _optional(body, "generate", (bool,), "a boolean")
+    generate = True if generate is None else generate
+    if "input" not in body or body["input"] is None:
+        if previous_response_id is None and generate:
+            raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", param="input")
+        items: tuple = ()
+    else:
+        items = parse_input(body["input"])
+    if not items and previous_response_id is None and generate:
+        raise ProtocolError(EMPTY_INPUT, "'input' must not be empty without 'previous_response_id'.", param="input")
+    max_output_tokens = _optional(body, "max_output_tokens", (int,), "an integer")
+    if max_output_tokens is not None and max_output_tokens < 1:
+        raise ProtocolError(INVALID_VALUE, "'max_output_tokens' must be at least 1.", param="max_output_tokens")
+    temperature = _optional(body, "temperature", (int, float), "a number")
+    top_p = _optional(body, "top_p", (int, float), "a number")
+    for key, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and not math.isfinite(value):
+            raise _type_error(key, "a finite number")
+    tool_choice = body.get("tool_choice", "auto")
+    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
+        raise _type_error("tool_choice", "a string or an object")
+    parallel = _optional(body, "parallel_tool_calls", (bool,), "a boolean")
+    store = _optional(body, "store", (bool,), "a boolean")
+    stream = _optional(body, "stream", (bool,), "a boolean")
+    instructions = _optional(body, "instructions", (str,), "a string")
+    return CreateRequest(
+        model=model,
+        input=items,
+        instructions=instructions,
+        tools=_parse_tools(body.get("tools")),
+        tool_choice=tool_choice if tool_choice is not None else "auto",
+        parallel_tool_calls=True if parallel is None else parallel,
+        previous_response_id=previous_response_id,
+        store=True if store is None else store,
+        generate=generate,
+        max_output_tokens=max_output_tokens,
+        metadata=_parse_metadata(body.get("metadata")),
+        temperature=temperature,
+        top_p=top_p,
+        stream=bool(stream),
+        extra_keys=tuple(sorted(key for key in body if key not in _KNOWN_KEYS)),
+    )
+
+
+def loads_object(text: str | bytes) -> dict[str, Any]:
+    """Parse one frame or body as a JSON object, or raise `ProtocolError(invalid_json)`."""
+    try:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")  # binary frames are decoded leniently [ours]
+        obj = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(INVALID_JSON, f"The frame is not valid JSON: {exc}.") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(INVALID_JSON, "The frame must be one JSON object.")
+    return obj
+
+
+def decode_client_event(text: str | bytes) -> ClientEvent:
+    """One WebSocket frame in, one client event out, or a `ProtocolError`."""
+    obj = loads_object(text)
+    event_type = obj.get("type")
+    if event_type == "response.create":
+        return ResponseCreate(parse_create_body(obj))
+    if event_type == "response.append":
+        if "input" not in obj:
+            raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", param="input")
+        return ResponseAppend(parse_input(obj["input"]))
+    if event_type == "response.steer":
+        previous = obj.get("previous_response_id")
+        return ResponseSteer(previous if isinstance(previous, str) else None, obj.get("input"))
+    if event_type == "response.processed":
+        response_id = obj.get("response_id")
+        return ResponseProcessed(response_id if isinstance(response_id, str) else None)
+    if event_type is None:
+        raise ProtocolError(UNKNOWN_EVENT_TYPE, "Missing event 'type'.", param="type")
+    raise ProtocolError(UNKNOWN_EVENT_TYPE, f"Unknown event type {str(event_type)[:64]!r}.", param="type")
+
+
+def encode(obj: dict[str, Any]) -> str:
+    """Compact JSON, as the API sends it."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_event(event: Any) -> str:
+    return encode(event.to_dict())

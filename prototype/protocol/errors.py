@@ -1,0 +1,93 @@
+"""Protocol errors: what a peer did wrong, as the wire reports it.
+
+Every bad input the sans-IO core sees becomes a `ProtocolError` carrying the HTTP-style status, the
+error type, a stable code, the offending parameter and a message (PROTOCOL.md §5.6). The same error
+renders in the three shapes the transports use: nested on WebSocket, flat inside an SSE stream, and
+as an `{"error": {...}}` body before an HTTP stream starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Stable error codes. The documented ones keep OpenAI's exact spelling (clients match on them:
+# Soju06/codex-lb#1529); the rest are ours, listed in PROTOCOL.md §5.6.
+INVALID_JSON = "invalid_json"
+UNKNOWN_EVENT_TYPE = "unknown_event_type"
+INVALID_VALUE = "invalid_value"
+MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+EMPTY_INPUT = "empty_input"
+UNSUPPORTED_PARAMETER = "unsupported_parameter"
+PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+TOO_MANY_QUEUED_REQUESTS = "too_many_queued_requests"
+NO_SUSPENDED_RESPONSE = "no_suspended_response"
+INVALID_FUNCTION_CALL_OUTPUT = "invalid_function_call_output"
+SUSPENSION_TIMEOUT = "suspension_timeout"
+CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
+STEERING_NOT_SUPPORTED = "steering_not_supported"
+SERVER_ERROR = "server_error"
+ENGINE_FAILURE = "engine_failure"
+
+INVALID_REQUEST_ERROR = "invalid_request_error"
+
+
+class ProtocolError(Exception):
+    """A request the server refuses, with everything the wire needs to say why."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        type: str = INVALID_REQUEST_ERROR,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.code!r}, {self.message!r}, param={self.param!r}, status={self.status})"
+
+    def error_object(self) -> dict[str, Any]:
+        return {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
+
+    def to_ws_event(self) -> dict[str, Any]:
+        """The nested WebSocket shape (WS guide; openai-python `ResponseWsError`)."""
+        return {"type": "error", "status": self.status, "error": self.error_object()}
+
+    def to_sse_event(self, sequence_number: int) -> dict[str, Any]:
+        """The flat in-stream SSE shape (openai-python `response_error_event.py`)."""
+        return {
+            "type": "error",
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+            "sequence_number": sequence_number,
+        }
+
+    def to_http_body(self) -> dict[str, Any]:
+        """The body of an HTTP error answered before any streaming."""
+        return {"error": self.error_object()}
+
+
+def previous_response_not_found(response_id: str) -> ProtocolError:
+    # WS guide: the documented code, param and message; keep the wording exact.
+    return ProtocolError(
+        PREVIOUS_RESPONSE_NOT_FOUND,
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+    )
+
+
+def connection_limit_reached(minutes: float) -> ProtocolError:
+    # WS guide: the message Codex and openai-python users see at the 60-minute limit.
+    return ProtocolError(
+        CONNECTION_LIMIT_REACHED,
+        f"Responses websocket connection limit reached ({minutes:g} minutes). "
+        "Create a new websocket connection to continue.",
+    )

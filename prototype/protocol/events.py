@@ -1,0 +1,342 @@
+"""Client and server events of the Responses API, as plain values.
+
+Client events are what a peer sends over WebSocket (PROTOCOL.md §4); server events are what the
+server streams, identical over WebSocket and SSE (openai-python
+`types/responses/responses_server_event.py`; PROTOCOL.md §5). A server event's `to_dict` is exactly
+the JSON object on the wire. Lifecycle events carry a snapshot of the Response taken when they were
+emitted, as a dict, because the Response keeps changing after them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Union
+
+import attrs
+
+from .items import Item
+
+# --- client events -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ToolDef:
+    """A tool offered in a request. Function tools have a name and a JSON schema; hosted tools
+    (`web_search`, ...) only a type. `raw` is the tool exactly as sent, echoed back in the Response."""
+
+    type: str
+    name: str | None
+    parameters: dict[str, Any] | None
+    raw: dict[str, Any] = attrs.field(eq=False, hash=False)
+
+
+@attrs.frozen
+class CreateRequest:
+    """The body of `response.create` (WebSocket) or `POST /v1/responses` (HTTP), validated."""
+
+    model: str
+    input: tuple[Item, ...]
+    instructions: str | None = None
+    tools: tuple[ToolDef, ...] = ()
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    store: bool = True  # the public POST API's default (Responses API reference)
+    generate: bool = True
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] = attrs.field(factory=dict, eq=False, hash=False)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False  # only meaningful over HTTP; ignored on WebSocket (PROTOCOL.md §4.1)
+    extra_keys: tuple[str, ...] = ()  # accepted and ignored keys, recorded for the timing records
+
+    @property
+    def function_tools(self) -> tuple[ToolDef, ...]:
+        return tuple(tool for tool in self.tools if tool.type == "function")
+
+    def offers_hosted(self, tool_type: str) -> bool:
+        return any(tool.type.startswith(tool_type) for tool in self.tools)
+
+
+@attrs.frozen
+class ResponseCreate:
+    """`{"type": "response.create", ...body}`: flat, no wrapper (WS events ref)."""
+
+    request: CreateRequest
+    type: ClassVar[str] = "response.create"
+
+
+@attrs.frozen
+class ResponseAppend:
+    """v1 only: `{"type": "response.append", "input": [...]}` resumes the suspended response (Codex
+    `ResponseAppendWsRequest`)."""
+
+    input: tuple[Item, ...]
+    type: ClassVar[str] = "response.append"
+
+
+@attrs.frozen
+class ResponseSteer:
+    """`response.steer` (openai-python `response_steer_event.py`): answered with steer.failed."""
+
+    previous_response_id: str | None
+    input: Any
+    type: ClassVar[str] = "response.steer"
+
+
+@attrs.frozen
+class ResponseProcessed:
+    """Codex's optional post-turn acknowledgement; ignored (PROTOCOL.md §4.5)."""
+
+    response_id: str | None
+    type: ClassVar[str] = "response.processed"
+
+
+ClientEvent = Union[ResponseCreate, ResponseAppend, ResponseSteer, ResponseProcessed]
+
+# --- server events -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _ResponseSnapshotEvent:
+    sequence_number: int
+    response: dict[str, Any]
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "sequence_number": self.sequence_number, "response": self.response}
+
+
+class ResponseCreated(_ResponseSnapshotEvent):
+    type = "response.created"
+
+
+class ResponseInProgress(_ResponseSnapshotEvent):
+    type = "response.in_progress"
+
+
+class ResponseDone(_ResponseSnapshotEvent):
+    """v1's pause signal: the rollout waits for `response.append` (PROTOCOL.md §7)."""
+
+    type = "response.done"
+
+
+class ResponseCompleted(_ResponseSnapshotEvent):
+    type = "response.completed"
+
+
+class ResponseFailed(_ResponseSnapshotEvent):
+    type = "response.failed"
+
+
+class ResponseIncomplete(_ResponseSnapshotEvent):
+    type = "response.incomplete"
+
+
+TERMINAL_TYPES = frozenset({ResponseCompleted.type, ResponseFailed.type, ResponseIncomplete.type})
+
+
+@attrs.frozen
+class _OutputItemEvent:
+    sequence_number: int
+    output_index: int
+    item: dict[str, Any]
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "output_index": self.output_index,
+            "item": self.item,
+        }
+
+
+class OutputItemAdded(_OutputItemEvent):
+    type = "response.output_item.added"
+
+
+class OutputItemDone(_OutputItemEvent):
+    type = "response.output_item.done"
+
+
+@attrs.frozen
+class _ContentPartEvent:
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: dict[str, Any]
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+            "content_index": self.content_index,
+            "part": self.part,
+        }
+
+
+class ContentPartAdded(_ContentPartEvent):
+    type = "response.content_part.added"
+
+
+class ContentPartDone(_ContentPartEvent):
+    type = "response.content_part.done"
+
+
+@attrs.frozen
+class OutputTextDelta:
+    """One streamed chunk of text: the tokens sampled since the last flush."""
+
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    type: ClassVar[str] = "response.output_text.delta"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+            "content_index": self.content_index,
+            "delta": self.delta,
+            "logprobs": [],
+        }
+
+
+@attrs.frozen
+class OutputTextDone:
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    type: ClassVar[str] = "response.output_text.done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+            "content_index": self.content_index,
+            "text": self.text,
+            "logprobs": [],
+        }
+
+
+@attrs.frozen
+class FunctionCallArgumentsDelta:
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+            "delta": self.delta,
+        }
+
+
+@attrs.frozen
+class FunctionCallArgumentsDone:
+    """No `name` here: clients read it from the item (openai-python
+    `response_function_call_arguments_done_event.py`)."""
+
+    sequence_number: int
+    item_id: str
+    output_index: int
+    arguments: str
+    type: ClassVar[str] = "response.function_call_arguments.done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+            "arguments": self.arguments,
+        }
+
+
+@attrs.frozen
+class _WebSearchProgress:
+    sequence_number: int
+    item_id: str
+    output_index: int
+    type: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "item_id": self.item_id,
+            "output_index": self.output_index,
+        }
+
+
+class WebSearchInProgress(_WebSearchProgress):
+    type = "response.web_search_call.in_progress"
+
+
+class WebSearchSearching(_WebSearchProgress):
+    type = "response.web_search_call.searching"
+
+
+class WebSearchCompleted(_WebSearchProgress):
+    type = "response.web_search_call.completed"
+
+
+@attrs.frozen
+class SteerFailed:
+    """The answer to every `response.steer` (openai-python `response_steer_failed_event.py`)."""
+
+    sequence_number: int
+    previous_response_id: str | None
+    input: Any
+    type: ClassVar[str] = "response.steer.failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "sequence_number": self.sequence_number,
+            "error": {
+                "type": "invalid_request_error",
+                "code": "steering_not_supported",
+                "message": "This server does not support response.steer.",
+            },
+            "steer": {"previous_response_id": self.previous_response_id, "input": self.input},
+        }
+
+
+ServerEvent = Union[
+    ResponseCreated,
+    ResponseInProgress,
+    ResponseDone,
+    ResponseCompleted,
+    ResponseFailed,
+    ResponseIncomplete,
+    OutputItemAdded,
+    OutputItemDone,
+    ContentPartAdded,
+    ContentPartDone,
+    OutputTextDelta,
+    OutputTextDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    WebSearchInProgress,
+    WebSearchSearching,
+    WebSearchCompleted,
+    SteerFailed,
+]

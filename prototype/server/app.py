@@ -1,0 +1,159 @@
+"""The listener: one port, `POST /v1/responses` (HTTP) and the WebSocket upgrade on
+`GET /v1/responses`, as the real API serves both (PROTOCOL.md §2).
+
+`ResponsesServer.handle_stream` reads the request head and dispatches on it before any WebSocket
+code runs; the same entry point serves real sockets (`serve_responses`) and in-memory streams under
+a virtual clock. A handler exception ends that connection only, never the server.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import h11
+import trio
+import trio_websocket
+
+from ..api.service import ApiService
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from . import http
+from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, ServerConfig
+from .streams import HeadTooLarge, ReplayStream, read_head
+from .websocket import CHAINED, SUSPENDED, ConnectionInfo, WebSocketSession
+
+log = logging.getLogger(__name__)
+
+RESPONSES_PATH = "/v1/responses"
+# OpenAI-Beta values that select the wire version (Codex `client.rs`; PROTOCOL.md §2).
+BETA_SUSPENDED = "2026-02-04"
+BETA_CHAINED = "2026-02-06"
+TIMING_HEADER = "x-responsesapi-include-timing-metrics"
+
+
+def path_of(target: str) -> str:
+    return target.split("?", 1)[0]
+
+
+def bearer_key(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, key = value.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def choose_design(headers: dict[str, str]) -> str:
+    """`responses_websockets=2026-02-04` selects v1; `2026-02-06` or none selects v2; other dates are
+    refused so a run is never filed under the wrong design (PROTOCOL.md §2)."""
+    for entry in headers.get("openai-beta", "").split(","):
+        name, _, value = entry.strip().partition("=")
+        if name == "responses_websockets":
+            if value == BETA_SUSPENDED:
+                return SUSPENDED
+            if value == BETA_CHAINED:
+                return CHAINED
+            raise ProtocolError("unsupported_beta", f"Unknown responses_websockets version {value[:32]!r}.", param="OpenAI-Beta")
+    return CHAINED
+
+
+@attrs.define(eq=False)
+class ResponsesServer:
+    api: ApiService = attrs.Factory(ApiService)
+    config: ServerConfig = attrs.Factory(ServerConfig)
+    connections: int = 0
+    sessions: set = attrs.Factory(set)  # live WebSocket sessions, for tests and load reports
+
+    def check_auth(self, headers: dict[str, str]) -> str:
+        key = bearer_key(headers)
+        if key is None or (self.config.api_keys is not None and key not in self.config.api_keys):
+            raise ProtocolError(
+                "invalid_api_key",
+                "Incorrect API key provided." if key else "Missing bearer authentication in header.",
+                status=401,
+            )
+        return key
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection to the end; never raises."""
+        self.connections += 1
+        try:
+            with trio.move_on_after(HEAD_TIMEOUT_SECONDS) as head_scope:
+                try:
+                    head = await read_head(stream, MAX_HEAD_BYTES)
+                except HeadTooLarge:
+                    await http.send_simple_error(stream, 431, ProtocolError("request_header_too_large", "The request head is too large.", status=431))
+                    return
+            if head_scope.cancelled_caught or not head:
+                return
+            if self.connections > self.config.max_connections:
+                await http.send_simple_error(stream, 503, ProtocolError("server_is_overloaded", "Too many connections.", status=503, type="server_error"))
+                return
+            request = http.parse_head(head)
+            if request is None:
+                await http.send_simple_error(stream, 400, ProtocolError("bad_request", "Malformed HTTP request head."))
+                return
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+            if "websocket" in headers.get("upgrade", "").lower():
+                await self.serve_websocket(ReplayStream(stream, head), request, headers)
+            else:
+                await http.serve_http(self, ReplayStream(stream, head))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio_websocket.ConnectionClosed):
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+        finally:
+            self.connections -= 1
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                try:
+                    await stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    async def serve_websocket(self, stream: trio.abc.Stream, request: h11.Request, headers: dict[str, str]) -> None:
+        async with trio.open_nursery() as nursery:
+            ws_request = await trio_websocket.wrap_server_stream(nursery, stream, max_message_size=self.config.max_message_bytes)
+            refusal: tuple[int, ProtocolError] | None = None
+            try:
+                if path_of(request.target.decode("latin-1")) != RESPONSES_PATH:
+                    raise ProtocolError("not_found", f"No WebSocket endpoint at {request.target[:64]!r}.", status=404)
+                if not self.config.websocket_enabled:
+                    raise ProtocolError("upgrade_required", "WebSocket mode is disabled on this server; use HTTP.", status=426)
+                api_key = self.check_auth(headers)
+                design = choose_design(headers)
+            except ProtocolError as error:
+                refusal = (error.status, error)
+            if refusal is not None:
+                status, error = refusal
+                body = codec.encode(error.to_http_body()).encode()
+                await ws_request.reject(status, extra_headers=[(b"content-type", b"application/json")], body=body)
+                nursery.cancel_scope.cancel()
+                return
+            ws = await ws_request.accept()
+            info = ConnectionInfo(
+                design,
+                api_key,
+                include_timing=headers.get(TIMING_HEADER, "").lower() == "true",
+                user_agent=headers.get("user-agent", ""),
+            )
+            session = WebSocketSession(self.api, self.config, ws, info)
+            self.sessions.add(session)
+            try:
+                await session.run()
+            finally:
+                self.sessions.discard(session)
+                with trio.move_on_after(1) as scope:
+                    scope.shield = True
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
+
+
+async def serve_responses(
+    server: ResponsesServer,
+    port: int = 0,
+    *,
+    host: str | None = "127.0.0.1",
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve on a TCP port; `await nursery.start(serve_responses, server)` returns the listeners."""
+    await trio.serve_tcp(server.handle_stream, port, host=host, task_status=task_status)

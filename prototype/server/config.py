@@ -1,0 +1,33 @@
+"""Server options: limits, auth and the cache switches, each with its reason."""
+
+from __future__ import annotations
+
+import attrs
+
+from ..api.costs import CacheSwitches
+from ..designs.suspended import SUSPENSION_TTL_SECONDS
+
+# PROTOCOL.md §3: the real limit is unpublished; OpenAI closed a ~20 MB create with 1009
+# (anomalyco/opencode#42572). 16 MiB [ours], configurable.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# PROTOCOL.md §5.6: creates waiting behind the one in flight [ours].
+MAX_QUEUED_CREATES = 32
+# WS guide and alpha doc: a WebSocket connection lives at most 60 minutes.
+CONNECTION_LIFETIME_SECONDS = 60 * 60
+# A request head larger than this is refused (431) before any parsing [ours].
+MAX_HEAD_BYTES = 64 * 1024
+# Seconds a client may take to send its request head [ours]: a stalled client cannot pin a handler.
+HEAD_TIMEOUT_SECONDS = 30.0
+MAX_CONNECTIONS = 10_000
+
+
+@attrs.frozen
+class ServerConfig:
+    api_keys: frozenset[str] | None = None  # None: any non-empty Bearer key is accepted (PROTOCOL.md §2)
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_queued_creates: int = MAX_QUEUED_CREATES
+    suspension_ttl: float = SUSPENSION_TTL_SECONDS
+    connection_lifetime: float = CONNECTION_LIFETIME_SECONDS
+    max_connections: int = MAX_CONNECTIONS
+    websocket_enabled: bool = True  # False: an http-only run answers upgrades with 426
+    switches: CacheSwitches = CacheSwitches()

@@ -1,0 +1,409 @@
+"""Agent-task workloads: sampled from the distributions of WORKLOAD.md §1-2, fixed, or read from a JSONL trace.
+
+A workload is one agent task: a sequence of model turns. Turn 0's appended tokens are the initial prompt (system +
+tools + task); the appended tokens of turn k > 0 are the outputs of turn k-1's client tool calls. Every turn except
+the last ends with one or more client function calls (several run concurrently); the last turn is the final answer.
+A turn may also make hosted (server-side web_search) calls that the server runs before the turn ends.
+
+Trace format (JSONL): one JSON object per line, one line per turn::
+
+    {"task": "coding-0", "seed": 7, "turn": 0, "appended_tokens": 8000, "output_tokens": 312,
+     "tool_calls": [{"seconds": 0.21}], "hosted_calls": [{"seconds": 1.0, "result_tokens": 1500}]}
+
+The lines of one task are consecutive with turn = 0, 1, 2, ...; a new task starts when "task" or "seed" changes or
+"turn" resets to 0. "hosted_calls" is optional (default []); blank lines are ignored. Tool output sizes are not
+stored: they are the next turn's appended_tokens split evenly between the calls (`Workload.tool_output_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from contextlib import nullcontext
+from os import PathLike
+from typing import IO, Any
+
+import attrs
+import numpy as np
+
+
+def _at_least(low: int):
+    def check(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+        if value < low:
+            raise ValueError(f"{attribute.name} must be >= {low}, got {value}")
+
+    return check
+
+
+def _seconds_ok(instance: Any, attribute: attrs.Attribute, value: float | tuple[float, ...]) -> None:
+    for s in value if isinstance(value, tuple) else (value,):
+        if not (math.isfinite(s) and s >= 0):
+            raise ValueError(f"{attribute.name} must be finite and >= 0, got {s}")
+
+
+def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+@attrs.frozen
+class HostedCall:
+    """A hosted (server-side web_search) call made inside a turn.
+
+    Attributes:
+        seconds: Latency of the hosted tool service.
+        result_tokens: Tokens of the result put into the model's context.
+    """
+
+    seconds: float = attrs.field(converter=float, validator=_seconds_ok)
+    result_tokens: int = attrs.field(validator=_at_least(0))
+
+
+@attrs.frozen
+class TurnSpec:
+    """One model call.
+
+    Attributes:
+        appended_tokens: Tokens appended to the context right before this call: the initial prompt on turn 0, the
+            outputs of the previous turn's tool calls otherwise.
+        output_tokens: Tokens the model samples in this turn (>= 1).
+        tool_seconds: Execution time of each client function call this turn ends with; empty on the final turn.
+        hosted_calls: Hosted web_search calls made inside this turn before it ends.
+    """
+
+    appended_tokens: int = attrs.field(validator=_at_least(0))
+    output_tokens: int = attrs.field(validator=_at_least(1))
+    tool_seconds: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_seconds_ok)
+    hosted_calls: tuple[HostedCall, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen
+class Workload:
+    """One agent task.
+
+    Attributes:
+        name: Task label (generated tasks are named "<preset>-<index>").
+        seed: The seed the task was generated from (task i of `generate(..., seed=s)` uses rng [s, i]).
+        turns: At least one turn; only the last has no tool calls.
+    """
+
+    name: str
+    seed: int = attrs.field(validator=_at_least(0))
+    turns: tuple[TurnSpec, ...] = attrs.field(converter=tuple)
+
+    @turns.validator
+    def _check_turns(self, attribute: attrs.Attribute, turns: tuple[TurnSpec, ...]) -> None:
+        if not turns:
+            raise ValueError("a workload needs at least one turn")
+        if turns[-1].tool_seconds:
+            raise ValueError(f"the last turn ({len(turns) - 1}) must not end with tool calls")
+        for k, turn in enumerate(turns[:-1]):
+            if not turn.tool_seconds:
+                raise ValueError(f"turn {k} has no tool calls but is not the last turn")
+
+    def tool_output_tokens(self, turn: int) -> tuple[int, ...]:
+        """Sizes of the outputs of `turn`'s tool calls: the next turn's appended tokens split evenly, the
+        remainder on the first call; () for the last turn."""
+        if not 0 <= turn < len(self.turns):
+            raise IndexError(f"turn {turn} out of range for {len(self.turns)} turns")
+        if turn == len(self.turns) - 1:
+            return ()
+        n_calls = len(self.turns[turn].tool_seconds)
+        base, rest = divmod(self.turns[turn + 1].appended_tokens, n_calls)
+        return (base + rest,) + (base,) * (n_calls - 1)
+
+    def context_before(self, turn: int) -> int:
+        """Tokens already in the context when `turn`'s appended tokens arrive: appended, output and hosted-result
+        tokens of turns 0..turn-1. `turn` may equal len(turns) (the final context)."""
+        if not 0 <= turn <= len(self.turns):
+            raise IndexError(f"turn {turn} out of range for {len(self.turns)} turns")
+        return sum(
+            t.appended_tokens + t.output_tokens + sum(h.result_tokens for h in t.hosted_calls)
+            for t in self.turns[:turn]
+        )
+
+    def prompt_tokens(self, turn: int) -> int:
+        """Length of `turn`'s prompt: `context_before(turn)` plus the turn's appended tokens."""
+        return self.context_before(turn) + self.turns[turn].appended_tokens
+
+    @property
+    def total_output_tokens(self) -> int:
+        """Output tokens summed over all turns."""
+        return sum(t.output_tokens for t in self.turns)
+
+    @property
+    def total_tool_seconds(self) -> float:
+        """Client tool time on the critical path: the sum over turns of the slowest call (calls run concurrently)."""
+        return float(sum(max(t.tool_seconds) for t in self.turns if t.tool_seconds))
+
+
+@attrs.frozen
+class WorkloadParams:
+    """Every distribution parameter of the generator. LN(m, sigma) is a lognormal with median m, log-sd sigma;
+    sampled values are rounded and clipped to [min, max]."""
+
+    # WORKLOAD.md §1: LN(15, 0.87) fit to Exgentic agent-llm-traces-v2 (mean 21.9, sd 23.4, max 300) with
+    # TraceLab's per-session p50 15.
+    turns_median: float = 15
+    turns_sigma: float = 0.87
+    turns_min: int = 1
+    turns_max: int = 300
+    fixed_turns: int | None = None  # sweeps: 5, 10, 20, 40, 80 (WORKLOAD.md §1)
+    # WORKLOAD.md §1: 8k [assumed], between inference-perf's 3k system prompt and TraceLab's ~30k first turns.
+    initial_prompt_tokens: int = 8000
+    # WORKLOAD.md §1: LN(800, 1.26) from TraceLab's appended-token medians ~0.7-0.95k and p90 3-6k.
+    appended_median: float = 800
+    appended_sigma: float = 1.26
+    appended_min: int = 50
+    appended_max: int = 32000
+    # WORKLOAD.md §1: LN(300, 1.0), mean ~493, against inference-perf mean 425, AgentX median 444, TraceLab ~523.
+    output_median: float = 300
+    output_sigma: float = 1.0
+    output_min: int = 1
+    output_max: int = 10000
+    # WORKLOAD.md §2: (weight, median s, sigma) fit to TraceLab's per-call p50 0.3 s / p90 13.6 s, component centres
+    # from AgentCgroup; capped at 600 s it gives p50 0.29 s, p90 14.1 s, mean 10.6 s.
+    tool_mixture: tuple[tuple[float, float, float], ...] = attrs.field(
+        default=((0.65, 0.15, 1.0), (0.31, 4.0, 1.5), (0.04, 100.0, 1.2)),
+        converter=lambda mixture: tuple(_float_tuple(component) for component in mixture),
+    )
+    tool_cap_seconds: float = 600.0
+    fixed_tool_seconds: float | None = None  # sweeps: 0.1, 1, 10, 60 s (WORKLOAD.md §2)
+    parallel_calls_p: float = 0.0  # [assumed] probability a turn ends with 2 calls instead of 1
+    hosted_call_p: float = 0.0  # [assumed] probability a non-final turn first makes one hosted web_search
+    hosted_seconds: float = 1.0  # [assumed]
+    hosted_result_tokens: int = 1500  # [assumed]
+
+    def __attrs_post_init__(self) -> None:
+        checks = {
+            "1 <= turns_min <= turns_max": 1 <= self.turns_min <= self.turns_max,
+            "fixed_turns >= 1": self.fixed_turns is None or self.fixed_turns >= 1,
+            "0 <= appended_min <= appended_max": 0 <= self.appended_min <= self.appended_max,
+            "1 <= output_min <= output_max": 1 <= self.output_min <= self.output_max,
+            "positive medians": min(self.turns_median, self.appended_median, self.output_median) > 0,
+            "initial_prompt_tokens >= 0": self.initial_prompt_tokens >= 0,
+            "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight": bool(self.tool_mixture)
+            and all(len(c) == 3 and c[0] >= 0 and c[1] > 0 and c[2] >= 0 for c in self.tool_mixture)
+            and sum(c[0] for c in self.tool_mixture) > 0,
+            "fixed_tool_seconds >= 0": self.fixed_tool_seconds is None or self.fixed_tool_seconds >= 0,
+            "probabilities in [0, 1]": 0 <= self.parallel_calls_p <= 1 and 0 <= self.hosted_call_p <= 1,
+            "hosted_seconds, hosted_result_tokens >= 0": self.hosted_seconds >= 0 and self.hosted_result_tokens >= 0,
+        }
+        failed = [rule for rule, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError(f"invalid WorkloadParams: {'; '.join(failed)}")
+
+
+PRESETS: dict[str, WorkloadParams] = {
+    # The default coding agent: every WORKLOAD.md default.
+    "coding": WorkloadParams(),
+    # [assumed] A short chat: 1-3 turns (TraceLab's per-user-request p50 is 1 turn, WORKLOAD.md §1), a ~500-token
+    # prompt, small tool results and a fixed quick tool.
+    "chat": WorkloadParams(
+        turns_median=2, turns_sigma=0.5, turns_max=3, initial_prompt_tokens=500,
+        appended_median=200, appended_sigma=0.8, appended_max=4000,
+        output_median=200, output_sigma=0.8, output_max=4000, fixed_tool_seconds=0.5,
+    ),
+    # WORKLOAD.md §1: reach TraceLab-size contexts (~154k input per step, AgentX median 142k) with a 30k initial
+    # prompt and 40-80 turns; LN(60, 0.5) is [assumed].
+    "long": WorkloadParams(turns_median=60, turns_sigma=0.5, initial_prompt_tokens=30000),
+}
+DEFAULT_PRESET = "coding"
+
+
+def sample_tool_seconds(rng: np.random.Generator, params: WorkloadParams, size: int) -> np.ndarray:
+    """Draws `size` tool-call durations: `params.fixed_tool_seconds` if set, else the lognormal mixture, capped."""
+    if params.fixed_tool_seconds is not None:
+        return np.full(size, float(params.fixed_tool_seconds))
+    weights, medians, sigmas = np.array(params.tool_mixture).T
+    component = rng.choice(len(weights), size=size, p=weights / weights.sum())
+    seconds = medians[component] * np.exp(sigmas[component] * rng.standard_normal(size))
+    return np.minimum(seconds, params.tool_cap_seconds)
+
+
+def _lognormal_ints(rng: np.random.Generator, median: float, sigma: float, low: int, high: int, size: int) -> list[int]:
+    return np.clip(np.rint(rng.lognormal(math.log(median), sigma, size)), low, high).astype(np.int64).tolist()
+
+
+def _resolve(params: WorkloadParams | str, overrides: dict[str, Any]) -> tuple[str, WorkloadParams]:
+    if isinstance(params, str):
+        if params not in PRESETS:
+            raise ValueError(f"unknown preset {params!r}; choose one of {sorted(PRESETS)}")
+        label, params = params, PRESETS[params]
+    else:
+        label = "custom"
+    return label, attrs.evolve(params, **overrides) if overrides else params
+
+
+def _generate_task(p: WorkloadParams, seed: int, index: int, name: str) -> Workload:
+    rng = np.random.default_rng([seed, index])
+    n = p.fixed_turns or _lognormal_ints(rng, p.turns_median, p.turns_sigma, p.turns_min, p.turns_max, 1)[0]
+    outputs = _lognormal_ints(rng, p.output_median, p.output_sigma, p.output_min, p.output_max, n)
+    appended = [p.initial_prompt_tokens]
+    appended += _lognormal_ints(rng, p.appended_median, p.appended_sigma, p.appended_min, p.appended_max, n - 1)
+    hosted = (rng.random(n - 1) < p.hosted_call_p).tolist() + [False]
+    n_calls = (1 + (rng.random(n - 1) < p.parallel_calls_p)).tolist() + [0]
+    seconds = sample_tool_seconds(rng, p, sum(n_calls)).tolist()  # drawn last: only its length varies
+    hosted_call = HostedCall(p.hosted_seconds, p.hosted_result_tokens)
+    turns, start = [], 0
+    for k in range(n):
+        calls = seconds[start : start + n_calls[k]]
+        start += n_calls[k]
+        turns.append(TurnSpec(appended[k], outputs[k], calls, (hosted_call,) if hosted[k] else ()))
+    return Workload(name, seed, turns)
+
+
+def generate(
+    params: WorkloadParams | str = DEFAULT_PRESET, *, seed: int, n_tasks: int = 1, **overrides: Any
+) -> list[Workload]:
+    """Samples `n_tasks` workloads.
+
+    Args:
+        params: A preset name from `PRESETS` or explicit parameters.
+        seed: Non-negative seed; task i uses `np.random.default_rng([seed, i])`, so it does not depend on n_tasks.
+        n_tasks: Number of tasks.
+        **overrides: `WorkloadParams` fields to replace, e.g. `fixed_turns=20`.
+
+    Returns:
+        Tasks named "<preset>-<i>" ("custom-<i>" for explicit params), each with `seed` set to `seed`.
+    """
+    label, p = _resolve(params, overrides)
+    return [_generate_task(p, seed, i, f"{label}-{i}") for i in range(n_tasks)]
+
+
+def generate_one(
+    params: WorkloadParams | str = DEFAULT_PRESET, *, seed: int, index: int = 0, **overrides: Any
+) -> Workload:
+    """Returns task `index` (default the first) of `generate(params, seed=seed, **overrides)`."""
+    label, p = _resolve(params, overrides)
+    return _generate_task(p, seed, index, f"{label}-{index}")
+
+
+def fixed(
+    n_turns: int, *, initial_prompt_tokens: int = 8000, appended_tokens: int = 800, output_tokens: int = 300,
+    tool_seconds: float = 0.3, name: str = "fixed",
+) -> Workload:
+    """A deterministic workload (seed 0): `n_turns` turns, each non-final one ending with a single tool call."""
+    if n_turns < 1:
+        raise ValueError(f"n_turns must be >= 1, got {n_turns}")
+    appended = [initial_prompt_tokens] + [appended_tokens] * (n_turns - 1)
+    calls = [(tool_seconds,)] * (n_turns - 1) + [()]
+    return Workload(name, 0, [TurnSpec(a, output_tokens, c) for a, c in zip(appended, calls, strict=True)])
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan}
+    a = np.asarray(values, dtype=float)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90))}
+
+
+def summary(workloads: Iterable[Workload]) -> dict[str, dict[str, float]]:
+    """Mean, p50 and p90 of turns per task, output tokens per turn, appended tokens per turn (turns > 0, i.e.
+    without the initial prompt) and seconds per tool call, to compare with WORKLOAD.md's derived moments."""
+    workloads = list(workloads)
+    turns = [t for w in workloads for t in w.turns]
+    return {
+        "turns": _stats([len(w.turns) for w in workloads]),
+        "output_tokens_per_turn": _stats([t.output_tokens for t in turns]),
+        "appended_tokens_per_turn": _stats([t.appended_tokens for w in workloads for t in w.turns[1:]]),
+        "tool_seconds": _stats([s for t in turns for s in t.tool_seconds]),
+    }
+
+
+def _open(path_or_file: str | PathLike[str] | IO[str], mode: str):
+    if isinstance(path_or_file, (str, PathLike)):
+        return open(path_or_file, mode, encoding="utf-8")
+    return nullcontext(path_or_file)
+
+
+def write_trace(workloads: Iterable[Workload], path_or_file: str | PathLike[str] | IO[str]) -> None:
+    """Writes workloads as a JSONL trace (format in the module docstring) to a path or an open text file."""
+    with _open(path_or_file, "w") as f:
+        for w in workloads:
+            for k, t in enumerate(w.turns):
+                record = {
+                    "task": w.name, "seed": w.seed, "turn": k,
+                    "appended_tokens": t.appended_tokens, "output_tokens": t.output_tokens,
+                    "tool_calls": [{"seconds": s} for s in t.tool_seconds],
+                    "hosted_calls": [{"seconds": h.seconds, "result_tokens": h.result_tokens} for h in t.hosted_calls],
+                }
+                f.write(json.dumps(record) + "\n")
+
+
+_TRACE_KEYS = {
+    "task": str, "seed": int, "turn": int, "appended_tokens": int, "output_tokens": int,
+    "tool_calls": list, "hosted_calls": list,
+}
+
+
+def _typed(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise ValueError(f"missing key {key!r}" if isinstance(obj, dict) else f"expected an object, got {obj!r}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{key!r} has the wrong type: {value!r}")
+    return value
+
+
+def _parse_line(line: str) -> tuple[str, int, int, TurnSpec]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("expected a JSON object")
+    unknown = obj.keys() - _TRACE_KEYS.keys()
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(unknown)}")
+    obj.setdefault("hosted_calls", [])
+    task, seed, turn, appended, output, tool_calls, hosted_calls = (_typed(obj, k, t) for k, t in _TRACE_KEYS.items())
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    tool_seconds = [_typed(c, "seconds", (int, float)) for c in tool_calls]
+    hosted = [HostedCall(_typed(h, "seconds", (int, float)), _typed(h, "result_tokens", int)) for h in hosted_calls]
+    return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted)
+
+
+def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int) -> Workload:
+    if turns[-1].tool_seconds:
+        raise ValueError(f"line {last_line}: last turn of task {name!r} has tool calls (truncated task?)")
+    return Workload(name, seed, turns)
+
+
+def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
+    """Reads a JSONL trace (format in the module docstring) from a path or an open text file.
+
+    Raises:
+        ValueError: naming the line, for invalid JSON, missing, unknown or mistyped keys, negative values, turns out
+            of order, a non-final turn without tool calls or a final turn with tool calls.
+    """
+    workloads: list[Workload] = []
+    key: tuple[str, int] | None = None
+    turns: list[TurnSpec] = []
+    last_line = 0
+    with _open(path_or_file, "r") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                name, seed, turn, spec = _parse_line(line)
+            except ValueError as e:
+                raise ValueError(f"line {lineno}: {e}") from None
+            if key == (name, seed) and turn != 0:
+                if turn != len(turns):
+                    raise ValueError(f"line {lineno}: turn {turn} of task {name!r} out of order, expected {len(turns)}")
+                if not turns[-1].tool_seconds:
+                    raise ValueError(f"line {last_line}: turn {turn - 1} of task {name!r} has no tool calls but is "
+                                     "not the task's last turn")
+            else:
+                if key is not None:
+                    workloads.append(_close_task(*key, turns, last_line))
+                if turn != 0:
+                    raise ValueError(f"line {lineno}: task {name!r} starts at turn {turn}, expected 0")
+                key, turns = (name, seed), []
+            turns.append(spec)
+            last_line = lineno
+    if key is not None:
+        workloads.append(_close_task(*key, turns, last_line))
+    return workloads

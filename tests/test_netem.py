@@ -1,0 +1,384 @@
+"""Tests of prototype.netem, the WAN emulator.
+
+Rules every test here follows:
+
+* Virtual time by default: the ``autojump_clock`` fixture, in-memory streams, and exact assertions
+  on ``trio.current_time()`` (``pytest.approx`` with rel=1e-9 only to absorb float rounding).
+* Real sockets in exactly one test, on 127.0.0.1 and port 0, with loose bounds; and trio's generic
+  stream conformance checks, run in real time with millisecond delays (they include a send loop
+  that never blocks, which a virtual clock would never advance past).
+* Every stream is opened through an ``open_*`` context manager, so no task outlives its test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from prototype import netem
+from prototype.netem import (
+    CROSS_CONTINENT,
+    INTERCONTINENTAL,
+    LOOPBACK,
+    PRESETS,
+    SAME_DC,
+    SAME_REGION,
+    DelayedStream,
+    NetworkProfile,
+    connect_handshake,
+    open_delayed_stream,
+    open_emulated_pair,
+    open_emulated_tcp,
+)
+
+RTT = 0.040  # a round number between the same-region and cross-continent priors
+
+
+def exactly(seconds: float) -> object:
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.receive_some(n - len(buf))
+        assert chunk, "unexpected end of stream"
+        buf += chunk
+    return bytes(buf)
+
+
+# ---- profiles ------------------------------------------------------------------------------------
+
+
+def test_presets_and_handshake_seconds() -> None:
+    assert [p.rtt for p in (LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL)] == [
+        0.0,
+        0.001,
+        0.020,
+        0.080,
+        0.150,
+    ]
+    assert list(PRESETS.values()) == [LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL]
+    # WORKLOAD.md §5: a fresh connection at 80 ms costs 160 ms with TLS 1.3, 240 ms with TLS 1.2.
+    assert CROSS_CONTINENT.handshake_seconds == exactly(0.160)
+    assert NetworkProfile(rtt=0.080, tls_round_trips=2).handshake_seconds == exactly(0.240)
+    assert NetworkProfile(rtt=0.080, tls_round_trips=0).handshake_seconds == exactly(0.080)
+    assert SAME_REGION.one_way_delay == exactly(0.010)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"rtt": -1.0}, {"rtt": math.inf}, {"jitter": -0.1}, {"tls_round_trips": -1}, {"bandwidth_bytes_per_s": 0}],
+)
+def test_profile_rejects_bad_values(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        NetworkProfile(**kwargs)
+
+
+# ---- delay and pipelining (virtual time) ---------------------------------------------------------
+
+
+async def test_chunk_arrives_after_one_way_delay_and_exchange_costs_one_rtt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        t0 = trio.current_time()
+        await client.send_all(b"request")
+        assert trio.current_time() == t0  # the sender is not held up by the delay
+        assert await server.receive_some() == b"request"
+        assert trio.current_time() - t0 == exactly(RTT / 2)
+        await server.send_all(b"response")
+        assert await client.receive_some() == b"response"
+        assert trio.current_time() - t0 == exactly(RTT)
+
+
+async def test_two_sends_10ms_apart_arrive_10ms_apart(autojump_clock: trio.testing.MockClock) -> None:
+    arrivals: list[tuple[float, bytes]] = []
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        t0 = trio.current_time()
+
+        async def sender() -> None:
+            await client.send_all(b"a")
+            await trio.sleep(0.010)
+            await client.send_all(b"b")
+            assert trio.current_time() - t0 == exactly(0.010)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            for _ in range(2):
+                data = await server.receive_some()
+                arrivals.append((trio.current_time() - t0, bytes(data)))
+    assert arrivals == [(exactly(0.020), b"a"), (exactly(0.030), b"b")]
+
+
+async def test_zero_delay_forwards_directly_and_counts_bytes(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(LOOPBACK) as (client, server):
+        t0 = trio.current_time()
+        await client.send_all(b"hello")
+        assert await server.receive_some() == b"hello"
+        assert trio.current_time() == t0
+        assert (client.bytes_sent, server.bytes_received) == (5, 5)
+
+
+async def test_one_stream_delays_both_directions(autojump_clock: trio.testing.MockClock) -> None:
+    """The real-socket arrangement, in memory: only the client end is wrapped, delaying both ways."""
+    client_raw, server = trio.testing.memory_stream_pair()
+    async with open_delayed_stream(client_raw, RTT / 2, receive_delay=RTT / 2) as client:
+        t0 = trio.current_time()
+        await client.send_all(b"ping")
+        assert await server.receive_some() == b"ping"
+        assert trio.current_time() - t0 == exactly(RTT / 2)
+        await server.send_all(b"pong")
+        assert await client.receive_some(2) == b"po"  # max_bytes is honoured; the rest waits
+        assert await client.receive_some(2) == b"ng"
+        assert trio.current_time() - t0 == exactly(RTT)
+        await server.send_eof()
+        assert await client.receive_some() == b""
+        assert trio.current_time() - t0 == exactly(RTT + RTT / 2)
+        assert await client.receive_some() == b""  # end of stream stays ended
+
+
+# ---- jitter --------------------------------------------------------------------------------------
+
+
+async def _jittered_run(seed: int) -> list[tuple[float, bytes]]:
+    """Sends 200 numbered chunks 1 ms apart through 10 ms +- 5 ms; returns (delay, data) as read."""
+    arrivals: list[tuple[float, bytes]] = []
+    chunks = [b"<%03d>" % i for i in range(200)]
+    profile = NetworkProfile(rtt=0.020, jitter=0.005, seed=seed)
+    async with open_emulated_pair(profile) as (client, server):
+        t0 = trio.current_time()
+
+        async def sender() -> None:
+            for i, chunk in enumerate(chunks):
+                await trio.sleep_until(t0 + i * 0.001)
+                await client.send_all(chunk)
+            await client.send_eof()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            while data := await server.receive_some():
+                # Rounded to the nanosecond: each run starts at a different virtual time.
+                arrivals.append((round(trio.current_time() - t0, 9), bytes(data)))
+    assert b"".join(data for _, data in arrivals) == b"".join(chunks)  # all of it, in order
+    return arrivals
+
+
+async def test_jitter_keeps_order_and_is_deterministic_per_seed(autojump_clock: trio.testing.MockClock) -> None:
+    first = await _jittered_run(seed=7)
+    assert await _jittered_run(seed=7) == first
+    assert await _jittered_run(seed=8) != first
+    # Every chunk is late by at least the one-way delay, and jitter made some of them later.
+    for i in range(200):
+        chunk = b"<%03d>" % i
+        arrived = next(t for t, data in first if chunk in data)
+        assert arrived >= i * 0.001 + 0.010 - 1e-9
+    assert first[-1][0] > 199 * 0.001 + 0.010
+
+
+# ---- handshake -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tls_round_trips", "round_trips"), [(0, 1), (1, 2), (2, 3)])
+async def test_connect_handshake_costs_tcp_plus_tls_round_trips(
+    autojump_clock: trio.testing.MockClock, tls_round_trips: int, round_trips: int
+) -> None:
+    profile = NetworkProfile(rtt=RTT, tls_round_trips=tls_round_trips)
+    t0 = trio.current_time()
+    await connect_handshake(profile)
+    assert trio.current_time() - t0 == exactly(round_trips * RTT)
+
+
+# ---- bandwidth -----------------------------------------------------------------------------------
+
+
+async def test_bandwidth_adds_serialization_time_per_chunk_in_order(autojump_clock: trio.testing.MockClock) -> None:
+    profile = NetworkProfile(rtt=0.020, bandwidth_bytes_per_s=1_000_000)
+    arrivals: list[tuple[float, int]] = []
+    async with open_emulated_pair(profile) as (client, server):
+        t0 = trio.current_time()
+        await client.send_all(b"x" * 10_000)  # 10 ms on the wire
+        assert trio.current_time() - t0 == exactly(0.010)
+        await client.send_all(b"y" * 5_000)  # 5 ms more, queued behind the first
+        assert trio.current_time() - t0 == exactly(0.015)
+        for _ in range(2):
+            size = len(await server.receive_some(65536))
+            arrivals.append((trio.current_time() - t0, size))
+    assert arrivals == [(exactly(0.020), 10_000), (exactly(0.025), 5_000)]
+
+
+# ---- end of stream and closing -------------------------------------------------------------------
+
+
+async def test_send_eof_after_data(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        t0 = trio.current_time()
+        await client.send_all(b"abc")
+        await trio.sleep(0.005)
+        await client.send_all(b"def")
+        await client.send_eof()
+        await client.send_eof()  # a second call is harmless
+        with pytest.raises(trio.ClosedResourceError):
+            await client.send_all(b"late")
+        assert await receive_exactly(server, 6) == b"abcdef"
+        assert await server.receive_some() == b""
+        assert trio.current_time() - t0 == exactly(0.005 + RTT / 2)
+        # The other direction still works.
+        await server.send_all(b"reply")
+        assert await client.receive_some() == b"reply"
+
+
+async def test_aclose_ends_tasks_and_counts_bytes(autojump_clock: trio.testing.MockClock) -> None:
+    nurseries_before = list(trio.lowlevel.current_task().child_nurseries)  # pytest-trio's own
+    async with trio.open_nursery() as nursery:
+        async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+            t0 = trio.current_time()
+            await client.send_all(b"12345")
+            await client.send_all(bytearray(b"678"))
+            assert await receive_exactly(server, 8) == b"12345678"
+            await server.send_all(memoryview(b"ok"))
+            assert await client.receive_some() == b"ok"
+            await client.aclose()
+            await client.aclose()  # idempotent
+            assert await server.receive_some() == b""
+            with pytest.raises(trio.ClosedResourceError):
+                await client.send_all(b"x")
+            with pytest.raises(trio.ClosedResourceError):
+                await client.receive_some()
+            assert trio.current_time() - t0 == exactly(RTT + RTT / 2)  # the close took rtt/2 too
+            await server.aclose()
+        # Leaving the context waited for the server's close to reach the (closed) client end.
+        assert trio.current_time() - t0 == exactly(2 * RTT)
+        assert (client.bytes_sent, client.bytes_received) == (8, 2)
+        assert (server.bytes_sent, server.bytes_received) == (2, 8)
+        # No task or nursery of the emulator is left behind.
+        assert nursery.child_tasks == frozenset()
+        assert trio.lowlevel.current_task().child_nurseries == [*nurseries_before, nursery]
+
+
+async def test_graceful_aclose_still_delivers_data_in_flight(autojump_clock: trio.testing.MockClock) -> None:
+    """Like close() on a TCP socket: a server may send its response and close at once."""
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        t0 = trio.current_time()
+        await server.send_all(b"response")
+        await server.aclose()
+        assert trio.current_time() == t0  # prompt
+        assert await client.receive_some() == b"response"
+        assert await client.receive_some() == b""
+        assert trio.current_time() - t0 == exactly(RTT / 2)
+
+
+async def test_forceful_close_drops_data_in_flight(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        t0 = trio.current_time()
+        await server.send_all(b"response")
+        await trio.aclose_forcefully(server)
+        assert await client.receive_some() == b""
+        assert trio.current_time() == t0
+        assert server.bytes_sent == 8
+
+
+async def test_aclose_wakes_a_blocked_reader(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+
+        async def reader() -> None:
+            with pytest.raises(trio.ClosedResourceError):
+                await server.receive_some()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            await server.aclose()
+
+
+async def test_peer_gone_breaks_later_sends(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        await trio.aclose_forcefully(server)
+        await client.send_all(b"into the void")  # queued: the sender can't know yet
+        await trio.sleep(RTT)
+        with pytest.raises(trio.BrokenResourceError):
+            await client.send_all(b"again")
+
+
+async def test_body_exception_is_not_wrapped(autojump_clock: trio.testing.MockClock) -> None:
+    with pytest.raises(KeyError):
+        async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, _server):
+            await client.send_all(b"x")
+            raise KeyError("boom")
+
+
+async def test_concurrent_receives_are_refused(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (_client, server):
+        with pytest.RaisesGroup(trio.BusyResourceError):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(server.receive_some)
+                nursery.start_soon(server.receive_some)
+
+
+async def test_delayed_stream_needs_its_context_manager() -> None:
+    left, _right = trio.testing.memory_stream_pair()
+    stream = DelayedStream(left, send_delay=0.010)
+    with pytest.raises(RuntimeError):
+        await stream.send_all(b"x")
+    await stream.aclose()
+    with pytest.raises(ValueError):
+        DelayedStream(left, receive_delay=-1.0)
+
+
+# ---- trio's generic stream contract (real time, millisecond delays) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "arrangement",
+    ["pair", "pair_jitter_bandwidth", "one_side_both_ways", "loopback"],
+)
+async def test_trio_half_closeable_stream_contract(arrangement: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def make() -> tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream]:
+            if arrangement == "pair":
+                return await stack.enter_async_context(open_emulated_pair(NetworkProfile(rtt=0.002)))
+            if arrangement == "pair_jitter_bandwidth":
+                profile = NetworkProfile(rtt=0.002, jitter=0.001, bandwidth_bytes_per_s=2e9, seed=3)
+                return await stack.enter_async_context(open_emulated_pair(profile))
+            if arrangement == "loopback":
+                return await stack.enter_async_context(open_emulated_pair(LOOPBACK))
+            left, right = trio.testing.memory_stream_pair()
+            delayed = await stack.enter_async_context(
+                open_delayed_stream(left, 0.001, jitter=0.0005, receive_delay=0.001, receive_jitter=0.0005)
+            )
+            return delayed, right
+
+        await trio.testing.check_half_closeable_stream(make, None)
+
+
+# ---- real sockets (real time) --------------------------------------------------------------------
+
+
+async def test_real_loopback_echo_takes_one_rtt(nursery: trio.Nursery) -> None:
+    async def echo(stream: trio.SocketStream) -> None:
+        async for data in stream:
+            await stream.send_all(data)
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    profile = NetworkProfile(rtt=RTT, tls_round_trips=0)
+    t_connect = trio.current_time()
+    async with open_emulated_tcp("127.0.0.1", port, profile) as stream:
+        assert trio.current_time() - t_connect >= profile.handshake_seconds
+        t0 = trio.current_time()
+        await stream.send_all(b"ping")
+        assert await receive_exactly(stream, 4) == b"ping"
+        elapsed = trio.current_time() - t0
+        assert (stream.bytes_sent, stream.bytes_received) == (4, 4)
+    assert RTT <= elapsed < 0.200
+    nursery.cancel_scope.cancel()
+
+
+def test_module_exports() -> None:
+    assert set(netem.__all__) <= set(dir(netem))

@@ -73,3 +73,84 @@ class CacheSwitches:
 
 
 ALL_SWITCHES_OFF = CacheSwitches(False, False, False, False)
+
+
+# --- API profiles "before" and "after" the single-request sprint ----------------------------------
+
+
+@attrs.frozen
+class SprintSwitches:
+    """The single-request speed-ups OpenAI made around November 2025, before WebSocket mode (OpenAI
+    blog, "step 1"; POST.md), each a switch so an experiment can show what it does to time to first
+    token. The post credits the three together with "nearly 45%" better TTFT; nothing here is tuned
+    to that figure. All on is the "after" profile, the default."""
+
+    cross_request_render_cache: bool = True
+    """Rendered tokens and model configuration kept in memory across requests: a multi-turn request
+    re-tokenizes only the items the server has not rendered before, and loads no configuration."""
+    direct_inference_hop: bool = True
+    """The API calls the inference service directly; off, each request first calls an intermediate
+    service (the post's example: image-processing resolution)."""
+    fast_safety: bool = True
+    """The faster safety stack; off, the classifiers take longer per request and per token."""
+
+
+AFTER_SPRINT = SprintSwitches()
+BEFORE_SPRINT = SprintSwitches(cross_request_render_cache=False, direct_inference_hop=False, fast_safety=False)
+# Names a server CLI can offer (`--api-profile before|after`).
+API_PROFILES = {"before": BEFORE_SPRINT, "after": AFTER_SPRINT}
+
+
+@attrs.frozen
+class SprintCosts:
+    """What each speed-up removed: the extra cost a request pays while its switch is off.
+
+    OpenAI publishes none of these, so each is an [assumed] knob, a round order of magnitude for the
+    kind of work it stands for, to be swept. They are not derived from, and must not be tuned to, the
+    post's "nearly 45%" TTFT figure: an experiment reports whatever TTFT change they give and says
+    how it compares.
+    """
+
+    config_load: float = 0.020
+    """[assumed] Seconds per request to load model configuration from a configuration service when
+    it is not cached in memory: one intra-datacenter RPC plus its lookup. Charged to the route stage."""
+    intermediate_hop: float = 0.030
+    """[assumed] Seconds per request for the intermediate service call the sprint removed (the post's
+    example: image-processing resolution): an intra-datacenter round trip plus that service's own
+    request handling, paid even when the request has no image. Charged to the route stage, on the
+    way to the inference service."""
+    slow_safety_fixed: float = 0.050
+    """[assumed] Extra seconds per request of the slower safety stack (classifier set-up and calls).
+    Charged to the safety stage."""
+    slow_safety_per_ktok: float = 0.0015
+    """[assumed] Extra seconds per 1k tokens classified by the slower stack: twice the default
+    `ApiCosts.safety.per_ktok`. Charged to the safety stage."""
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(knob, value, source) rows, printed with results of a "before" profile."""
+        return [
+            ("sprint: config load without cache", f"{self.config_load * 1000:.0f} ms", "[assumed]; OpenAI blog names the cache, no number"),
+            ("sprint: intermediate service hop", f"{self.intermediate_hop * 1000:.0f} ms", "[assumed]; OpenAI blog names the hop, no number"),
+            ("sprint: slower safety, fixed", f"{self.slow_safety_fixed * 1000:.0f} ms", "[assumed]; OpenAI blog, no number"),
+            ("sprint: slower safety, per token", f"{self.slow_safety_per_ktok * 1000:.2f} ms/1k tok", "[assumed]; OpenAI blog, no number"),
+        ]
+
+
+def sprint_costs(costs: ApiCosts, switches: SprintSwitches, extra: SprintCosts = SprintCosts()) -> ApiCosts:
+    """The stage costs a request pays under `switches`: `costs` is the "after" profile, and each
+    switch that is off adds its `extra` cost back. `sprint_costs(c, AFTER_SPRINT) is c`.
+
+    The render cache's effect on tokenization is not a cost here but a behaviour: with the switch
+    off the HTTP design re-tokenizes the whole conversation (designs/http.py); only its model
+    configuration load is charged here.
+    """
+    if switches == AFTER_SPRINT:
+        return costs
+    route, safety = costs.route, costs.safety
+    if not switches.cross_request_render_cache:
+        route = attrs.evolve(route, fixed=route.fixed + extra.config_load)
+    if not switches.direct_inference_hop:
+        route = attrs.evolve(route, fixed=route.fixed + extra.intermediate_hop)
+    if not switches.fast_safety:
+        safety = StageCost(fixed=safety.fixed + extra.slow_safety_fixed, per_ktok=safety.per_ktok + extra.slow_safety_per_ktok)
+    return attrs.evolve(costs, route=route, safety=safety)

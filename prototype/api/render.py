@@ -6,7 +6,9 @@ items' ids) equals the prompt rendered from scratch: the chained cache relies on
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from ..engine import tokenizer
@@ -50,3 +52,60 @@ def render_full(key: str, items: Iterable[Item]) -> Prompt:
     prompt = Prompt(render_preamble(key))
     prompt.extend(render_items(items))
     return prompt
+
+
+# Tokens the cross-request render cache holds before it drops its least recently used entries
+# [ours]: a few hundred MB of ids at most, room for a few hundred long conversations.
+RENDER_CACHE_MAX_TOKENS = 5_000_000
+
+
+class RenderCache:
+    """Rendered tokens kept in memory across requests: the HTTP path's cache from OpenAI's pre-WebSocket
+    sprint ("cache rendered tokens ... to skip repeated tokenization in multi-turn responses").
+
+    Keyed by a digest of what an item renders from, so a stateless client that resends the whole
+    conversation has only its new items tokenized. Since an item's rendering depends on the item
+    alone, a prompt assembled from cached pieces equals `render_full` of the same items. Unlike the
+    chained design's connection cache it still walks every item of every request (one digest each).
+    """
+
+    def __init__(self, max_tokens: int = RENDER_CACHE_MAX_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._entries: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _lookup(self, text: str) -> tuple[tuple[int, ...], bool]:
+        """The ids of `[separator] + text`, and whether they had to be tokenized now."""
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        ids = self._entries.get(digest)
+        if ids is not None:
+            self._entries.move_to_end(digest)
+            return ids, False
+        ids = (tokenizer.ITEM_SEPARATOR_ID, *tokenizer.encode(text))
+        self._entries[digest] = ids
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self.tokens -= len(dropped)
+        return ids, True
+
+    def render_full(self, key: str, items: Iterable[Item]) -> tuple[Prompt, int]:
+        """The prompt `render_full(key, items)` gives, and how many of its tokens were tokenized now
+        (the rest came from the cache)."""
+        ids, missed = self._lookup(key)
+        prompt = Prompt(list(ids))
+        tokenized = len(ids) if missed else 0
+        for item in items:
+            ids, missed = self._lookup(item_text(item))
+            prompt.extend(ids)
+            tokenized += len(ids) if missed else 0
+        return prompt, tokenized
+
+    def remember(self, items: Iterable[Item]) -> None:
+        """Cache the rendering of items the model produced, so the next request that resends them
+        finds them (the server rendered them already, when it appended them to the context)."""
+        for item in items:
+            self._lookup(item_text(item))

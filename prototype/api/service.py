@@ -28,7 +28,7 @@ from ..protocol.items import Item, WebSearchCall
 from ..protocol.response import Response
 from . import render
 from .checks import CallLedger, SafetyState
-from .costs import ApiCosts, StageCost
+from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, StageCost, sprint_costs
 from .hosted import HostedToolService
 from .store import ResponseStore
 from .workloads import WorkloadCatalog, decode_rate_override
@@ -105,6 +105,15 @@ class ApiService:
     new_id: IdFactory = attrs.Factory(IdFactory)
     flush_interval: float = 0.0  # delta coalescing; 0 = one delta per token
     measured_cpu: bool = False  # charge measured CPU time of the real stage work instead of the per-token model
+    sprint: SprintSwitches = AFTER_SPRINT  # API profile: the pre-WebSocket single-request speed-ups (costs.py)
+    sprint_extra: SprintCosts = attrs.Factory(SprintCosts)  # what each speed-up saves, paid while its switch is off
+    render_cache: render.RenderCache = attrs.Factory(render.RenderCache)  # the sprint's cross-request render cache
+
+    @property
+    def charged_costs(self) -> ApiCosts:
+        """The stage costs pre-inference work pays under the API profile: `costs` itself when every
+        sprint switch is on (the default), plus the removed work for each switch that is off."""
+        return sprint_costs(self.costs, self.sprint, self.sprint_extra)
 
     # --- stages -----------------------------------------------------------------------------
 
@@ -139,11 +148,14 @@ class ApiService:
         history: Sequence[Item] = (),
         modes: StageModes = FULL,
         engine_key: Hashable = None,
+        render_cache: render.RenderCache | None = None,
     ) -> Context:
         """Validate, render, classify and route; full where there is no `base` or a mode says so.
 
         `base` is earlier state this turn extends (the chained cache, a suspended coroutine's
         context): it is extended in place. `history` is a conversation rebuilt from the store.
+        A `render_cache` (the HTTP design's cross-request cache) makes a full render tokenize,
+        and charge, only the items it has not seen before.
         Raises ProtocolError for invalid input before anything is mutated that could not be evicted.
         """
         new_items = self._with_hosted_results(new_items)
@@ -169,16 +181,23 @@ class ApiService:
 
         # (2) rendering: append the new items' ids, or re-tokenize everything.
         t0 = time.perf_counter()
-        new_ids = render.render_items(new_items)
-        if base is not None and modes.append_render and base.preamble == preamble:
-            prompt = base.prompt
-            prompt.extend(new_ids)
+        tokenized: int | None = None
+        if base is None and render_cache is not None:
+            new_ids: list[int] = []  # unused on a full render: the checks below take the whole prompt
+            prompt, tokenized = render_cache.render_full(preamble, [*items, *new_items])
         else:
-            prompt = render.render_full(preamble, [*items, *new_items])
+            new_ids = render.render_items(new_items)
+            if base is not None and modes.append_render and base.preamble == preamble:
+                prompt = base.prompt
+                prompt.extend(new_ids)
+            else:
+                prompt = render.render_full(preamble, [*items, *new_items])
         render_cpu = time.perf_counter() - t0
         items.extend(new_items)
         checked_tokens = len(new_ids) if base is not None and modes.incremental_checks else len(prompt)
         rendered_tokens = len(new_ids) if prompt is (base.prompt if base else None) else len(prompt)
+        if tokenized is not None:
+            rendered_tokens = tokenized
 
         # (1) safety: classify the new tokens on top of running counts, or everything again.
         t0 = time.perf_counter()
@@ -196,7 +215,7 @@ class ApiService:
         route = base.route if reuse else self.resolve_route(request)
         route_cpu = time.perf_counter() - t0
 
-        costs, share = self.costs, modes.fixed_share
+        costs, share = self.charged_costs, modes.fixed_share
         await self._charge(log, metrics.VALIDATE, costs.validate, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, validate_cpu)
         await self._charge(log, metrics.RENDER, costs.render, rendered_tokens, 1.0 if base is None or not modes.append_render else share, render_cpu)
         await self._charge(log, metrics.SAFETY, costs.safety, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, safety_cpu)

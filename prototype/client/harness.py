@@ -80,6 +80,7 @@ class RolloutRecord:
     usage: dict[str, int] = attrs.Factory(lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})
     timeline: list[tuple[float, str, str]] = attrs.Factory(list)  # (time, "send"/"recv", event type)
     response_ids: list[str] = attrs.Factory(list)
+    sequence_numbers: list[tuple[str, int]] = attrs.Factory(list)  # (response id, sequence_number) per event
 
     @property
     def seconds(self) -> float:
@@ -106,6 +107,7 @@ class Rollout:
 
     workload: Workload
     record: RolloutRecord
+    _response_id: str = ""
 
     def received(self, event: dict[str, Any], size: int) -> None:
         now = trio.current_time()
@@ -113,6 +115,10 @@ class Rollout:
         turn.bytes_received += size
         event_type = event.get("type", "")
         self.record.timeline.append((now, "recv", event_type))
+        if event_type == "response.created":
+            self._response_id = event["response"]["id"]
+        if "sequence_number" in event:
+            self.record.sequence_numbers.append((self._response_id, event["sequence_number"]))
         if event_type in FIRST_TOKEN_TYPES and turn.first_token_at is None:
             turn.first_token_at = now
         elif event_type == "response.output_item.done":

@@ -164,6 +164,7 @@ class SamplingLoop:
         usage.input_tokens += len(ctx.prompt)
         usage.cached_tokens += cached
         await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
         self.log.record(metrics.PREFILL, now, trio.current_time())
 
     async def decode_hidden(self, text: str) -> None:

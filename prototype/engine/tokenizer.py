@@ -36,7 +36,7 @@ def count_tokens(text: str) -> int:
 
 
 @functools.cache
-def single_token_words() -> np.ndarray:
+def single_token_words() -> tuple[str, ...]:
     """Lower-case words with a leading space that are one token each and stay one token when
     concatenated (cl100k's pre-tokenizer splits before each space-led word)."""
     enc = encoding()
@@ -50,13 +50,13 @@ def single_token_words() -> np.ndarray:
             words.append(piece)
             if len(words) == _VOCABULARY_SIZE:
                 break
-    return np.array(words, dtype=object)
+    return tuple(words)
 
 
 def words(rng: np.random.Generator, n_tokens: int) -> list[str]:
     """`n_tokens` one-token words drawn from `rng`: their concatenation tokenizes to `n_tokens` ids."""
     vocabulary = single_token_words()
-    return list(vocabulary[rng.integers(0, len(vocabulary), size=n_tokens)])
+    return [vocabulary[i] for i in rng.integers(0, len(vocabulary), size=n_tokens).tolist()]
 
 
 def text_of(rng: np.random.Generator, n_tokens: int) -> str:

@@ -1,0 +1,21 @@
+"""Command line: `python -m prototype {serve,demo}`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cli import demo, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prototype", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve.add_arguments(commands.add_parser("serve", help="serve the Responses API (HTTP and WebSocket) on one port"))
+    demo.add_arguments(commands.add_parser("demo", help="run one rollout per design under virtual time and print its timeline"))
+    args = parser.parse_args(argv)
+    return {"serve": serve.run, "demo": demo.run}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

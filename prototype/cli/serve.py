@@ -1,0 +1,68 @@
+"""`python -m prototype serve`: the testbed server on one port, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import trio
+
+from .. import workload
+from ..api.costs import ZERO_COSTS, ApiCosts
+from ..api.service import ApiService
+from ..api.store import ResponseStore
+from ..api.workloads import WorkloadCatalog
+from ..server.app import ResponsesServer, serve_responses
+from ..server.config import ServerConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
+    parser.add_argument("--store", default=":memory:", help="SQLite file of the response store (default: in memory)")
+    parser.add_argument("--api-key", action="append", help="accept only this Bearer key (repeatable); default: any non-empty key")
+    parser.add_argument("--workload", default=workload.DEFAULT_PRESET, help="default workload when a request names none: a preset or fixed:<turns>")
+    parser.add_argument("--seed", type=int, default=0, help="default workload seed")
+    parser.add_argument("--costs", choices=["default", "zero"], default="default", help="modeled API stage costs (zero: real CPU work only)")
+    parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
+    parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
+    parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
+
+
+def build_server(args: argparse.Namespace) -> ResponsesServer:
+    api = ApiService(
+        costs=ZERO_COSTS if args.costs == "zero" else ApiCosts(),
+        store=ResponseStore(args.store),
+        workloads=WorkloadCatalog(default_workload=args.workload, default_seed=args.seed),
+        flush_interval=args.flush_interval,
+    )
+    config = ServerConfig(api_keys=frozenset(args.api_key) if args.api_key else None)
+    overrides = {}
+    if args.suspension_ttl is not None:
+        overrides["suspension_ttl"] = args.suspension_ttl
+    if args.connection_lifetime is not None:
+        overrides["connection_lifetime"] = args.connection_lifetime
+    if overrides:
+        import attrs
+
+        config = attrs.evolve(config, **overrides)
+    return ResponsesServer(api, config)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = build_server(args)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(serve_responses, server, args.port, host=args.host)
+            host, port = listeners[0].socket.getsockname()[:2]
+            print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses)", flush=True)
+
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        server.api.store.close()
+    return 0

@@ -1,0 +1,73 @@
+"""Helpers shared by the tests.
+
+Rules every test here follows (after trio-websocket's test suite):
+- servers run in-process; over memory streams under the `autojump_clock` (virtual time, exact
+  assertions), or on 127.0.0.1 port 0 in real time; never another address;
+- the client side closes first unless a test is about the server closing;
+- every wait is bounded on the trio clock (`trio.fail_after`), so a broken server fails a test
+  instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+
+from prototype.api.costs import ZERO_COSTS, ApiCosts
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket
+from prototype.server.app import ResponsesServer
+from prototype.server.config import ServerConfig
+
+TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
+
+
+def make_server(*, costs: ApiCosts = ZERO_COSTS, config: ServerConfig | None = None, **api_fields: Any) -> ResponsesServer:
+    return ResponsesServer(ApiService(costs=costs, **api_fields), config or ServerConfig())
+
+
+def create_event(input: Any = "fix the bug", *, metadata: dict[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "response.create",
+        "model": "sim-1000",
+        "input": input,
+        "tools": HARNESS_TOOLS,
+        "metadata": metadata or {"testbed_workload": "fixed:3"},
+        "store": False,
+        **fields,
+    }
+
+
+def ws(server: ResponsesServer, design: str = "chained", **kwargs: Any):
+    return open_responses_websocket(InMemoryConnector(server), design, **kwargs)
+
+
+async def send(conn, event: dict[str, Any] | str) -> None:
+    await conn.send_message(event if isinstance(event, str) else json.dumps(event))
+
+
+async def receive(conn, timeout: float = 600) -> dict[str, Any]:
+    with trio.fail_after(timeout):
+        return json.loads(await conn.get_message())
+
+
+async def until(conn, *types: str, timeout: float = 600) -> list[dict[str, Any]]:
+    """Every event up to and including the first whose type is in `types` (or an error)."""
+    events = []
+    with trio.fail_after(timeout):
+        while True:
+            event = json.loads(await conn.get_message())
+            events.append(event)
+            if event["type"] in types or event["type"] == "error":
+                return events
+
+
+def outputs_for(calls: list[dict[str, Any]], text: str = "ok") -> list[dict[str, Any]]:
+    return [{"type": "function_call_output", "call_id": c["call_id"], "output": text} for c in calls]
+
+
+def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item for item in response["output"] if item["type"] == "function_call"]

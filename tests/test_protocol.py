@@ -1,0 +1,176 @@
+"""The sans-IO protocol core: codec in and out, items, errors. No trio, no sockets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prototype.protocol import codec, errors
+from prototype.protocol.errors import ProtocolError
+from prototype.protocol.events import (
+    OutputTextDelta,
+    ResponseAppend,
+    ResponseCreate,
+    ResponseProcessed,
+    ResponseSteer,
+    SteerFailed,
+)
+from prototype.protocol.items import FunctionCall, FunctionCallOutput, Message, OpaqueItem
+
+
+def decode(obj) -> object:
+    return codec.decode_client_event(obj if isinstance(obj, (str, bytes)) else json.dumps(obj))
+
+
+def test_create_is_flat_and_takes_string_input():
+    event = decode({"type": "response.create", "model": "gpt-5.4", "input": "hello", "store": False})
+    assert isinstance(event, ResponseCreate)
+    request = event.request
+    assert request.model == "gpt-5.4"
+    assert request.input == (Message("user", (("input_text", "hello"),)),)
+    assert request.store is False
+
+
+def test_create_defaults_follow_the_public_api():
+    request = decode({"type": "response.create", "input": "x"}).request
+    assert request.store is True  # the POST API's default
+    assert request.generate is True
+    assert request.parallel_tool_calls is True
+    assert request.previous_response_id is None
+
+
+def test_shorthand_messages_stream_and_unknown_keys_are_accepted():
+    # openai-agents' frame (PROTOCOL.md §9): shorthand message, stream: true, include, empty tools.
+    frame = {
+        "type": "response.create", "instructions": "be brief", "model": "gpt-test",
+        "input": [{"content": "hello", "role": "user"}], "include": [], "tools": [], "stream": True,
+        "client_metadata": {"x": 1}, "prompt_cache_key": "k",
+    }
+    request = decode(frame).request
+    assert request.input == (Message("user", (("input_text", "hello"),)),)
+    assert request.extra_keys == ("client_metadata", "include", "prompt_cache_key")
+
+
+def test_items_parse_and_round_trip():
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}", "id": "fc_1", "status": "completed"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "done"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
+    ]
+    request = decode({"type": "response.create", "input": items}).request
+    message, call, output, parts_output, reasoning = request.input
+    assert call == FunctionCall("call_1", "f", "{}", id="fc_1", status="completed")
+    assert output == FunctionCallOutput("call_1", "done")
+    assert parts_output.output == "ab"
+    assert isinstance(reasoning, OpaqueItem) and reasoning.to_dict() == items[4]
+    assert message.to_dict() == items[0]
+    assert call.to_dict() == items[1]
+
+
+def test_append_steer_processed():
+    append = decode({"type": "response.append", "input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]})
+    assert append == ResponseAppend((FunctionCallOutput("c", "o"),))
+    steer = decode({"type": "response.steer", "previous_response_id": "resp_1", "input": "go"})
+    assert steer == ResponseSteer("resp_1", "go")
+    assert decode({"type": "response.processed", "response_id": "resp_1"}) == ResponseProcessed("resp_1")
+
+
+def test_binary_frames_are_decoded_as_utf8_json():
+    assert isinstance(decode(b'{"type":"response.create","input":"x"}'), ResponseCreate)
+
+
+# (frame, code, param): each bad input has its own code (PROTOCOL.md §5.6).
+BAD_FRAMES = [
+    ("not json", errors.INVALID_JSON, None),
+    (b"\xff\xfe", errors.INVALID_JSON, None),
+    ("[1, 2]", errors.INVALID_JSON, None),
+    ('"a string"', errors.INVALID_JSON, None),
+    ({"input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    ({"type": "response.cancel"}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    ({"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    ({"type": "response.create"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
+    ({"type": "response.create", "input": []}, errors.EMPTY_INPUT, "input"),
+    ({"type": "response.create", "input": 5}, errors.INVALID_VALUE, "input"),
+    ({"type": "response.create", "input": [5]}, errors.INVALID_VALUE, "input[0]"),
+    ({"type": "response.create", "input": [{"type": "nope"}]}, errors.INVALID_VALUE, "input[0].type"),
+    ({"type": "response.create", "input": [{"content": "x"}]}, errors.INVALID_VALUE, "input[0].type"),
+    ({"type": "response.create", "input": [{"role": "king", "content": "x"}]}, errors.INVALID_VALUE, "input[0].role"),
+    ({"type": "response.create", "input": [{"role": "user"}]}, errors.INVALID_VALUE, "input[0].content"),
+    ({"type": "response.create", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, errors.INVALID_VALUE, "input[0].content[0].type"),
+    ({"type": "response.create", "input": [{"type": "function_call_output", "output": "x"}]}, errors.INVALID_VALUE, "input[0].call_id"),
+    ({"type": "response.create", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.INVALID_VALUE, "input[0].output"),
+    ({"type": "response.create", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_VALUE, "input[0].arguments"),
+    ({"type": "response.create", "input": "x", "store": "yes"}, errors.INVALID_VALUE, "store"),
+    ({"type": "response.create", "input": "x", "model": 5}, errors.INVALID_VALUE, "model"),
+    ({"type": "response.create", "input": "x", "stream": "true"}, errors.INVALID_VALUE, "stream"),
+    ({"type": "response.create", "input": "x", "max_output_tokens": 0}, errors.INVALID_VALUE, "max_output_tokens"),
+    ({"type": "response.create", "input": "x", "max_output_tokens": True}, errors.INVALID_VALUE, "max_output_tokens"),
+    ({"type": "response.create", "input": "x", "temperature": "hot"}, errors.INVALID_VALUE, "temperature"),
+    ({"type": "response.create", "input": "x", "metadata": {"k": 1}}, errors.INVALID_VALUE, "metadata.k"),
+    ({"type": "response.create", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.INVALID_VALUE, "metadata"),
+    ({"type": "response.create", "input": "x", "metadata": "m"}, errors.INVALID_VALUE, "metadata"),
+    ({"type": "response.create", "input": "x", "tools": {}}, errors.INVALID_VALUE, "tools"),
+    ({"type": "response.create", "input": "x", "tools": [{"type": "function"}]}, errors.INVALID_VALUE, "tools[0].name"),
+    ({"type": "response.create", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
+    ({"type": "response.create", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
+    ({"type": "response.create", "input": "x", "stream_id": "s1"}, errors.UNSUPPORTED_PARAMETER, "stream_id"),
+    ({"type": "response.create", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
+    ({"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
+    ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_VALUE, "input"),
+]
+
+
+@pytest.mark.parametrize(("frame", "code", "param"), BAD_FRAMES)
+def test_bad_frames_get_their_own_code(frame, code, param):
+    with pytest.raises(ProtocolError) as caught:
+        decode(frame)
+    assert (caught.value.code, caught.value.param, caught.value.status) == (code, param, 400)
+    wire = caught.value.to_ws_event()
+    assert wire == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": caught.value.message, "param": param}}
+
+
+def test_error_shapes_per_transport():
+    error = errors.previous_response_not_found("resp_x")
+    assert error.to_ws_event()["error"]["message"] == "Previous response with id 'resp_x' not found."
+    assert error.to_sse_event(7) == {"type": "error", "code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id", "sequence_number": 7}
+    assert error.to_http_body() == {"error": {"type": "invalid_request_error", "code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id"}}
+
+
+def test_server_events_encode_to_the_wire_shape():
+    delta = OutputTextDelta(4, "msg_01", 0, 0, "Hel")
+    assert json.loads(codec.encode_event(delta)) == {
+        "type": "response.output_text.delta", "sequence_number": 4, "item_id": "msg_01", "output_index": 0,
+        "content_index": 0, "delta": "Hel", "logprobs": [],
+    }
+    steer = SteerFailed(0, "resp_1", "go").to_dict()
+    assert steer["error"]["code"] == "steering_not_supported"
+    assert steer["steer"] == {"previous_response_id": "resp_1", "input": "go"}
+    assert "id" not in steer["steer"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+event_like = st.fixed_dictionaries(
+    {"type": st.sampled_from(["response.create", "response.append", "response.steer", "response.processed", "x"])},
+    optional={
+        "input": json_values, "model": json_values, "tools": json_values, "metadata": json_values, "store": json_values,
+        "previous_response_id": json_values, "generate": json_values, "max_output_tokens": json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=50), st.binary(max_size=50), event_like.map(json.dumps), json_values.map(json.dumps)))
+def test_decoding_never_raises_anything_but_protocol_error(frame):
+    try:
+        codec.decode_client_event(frame)
+    except ProtocolError as error:
+        assert error.code and error.status == 400

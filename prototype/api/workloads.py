@@ -2,8 +2,10 @@
 
 Metadata keys (all values are strings, as the public API requires):
 
-* `testbed_workload`: a preset name (`coding`, `chat`, `long`), `fixed:<turns>`, or a key returned by
-  `WorkloadCatalog.register` (traces replayed in-process);
+* `testbed_workload`: a preset name (`coding`, `chat`, `long`), a fixed task
+  `fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<tool seconds>]]]]`
+  (defaults 8000, 800, 300, 0.3: `workload.fixed`), or a key returned by `WorkloadCatalog.register`
+  (traces replayed in-process);
 * `testbed_seed`: the seed (default: the server's `--seed`);
 * `testbed_task`: which task of the seeded preset (default 0);
 * `testbed_decode_tps`: the decode rate, overriding the model name's profile.
@@ -55,6 +57,27 @@ def _preset_task(preset: str, seed: int, task: int) -> wl.Workload:
     return wl.generate_one(preset, seed=seed, index=task)
 
 
+_FIXED_FIELDS = ("initial_prompt_tokens", "appended_tokens", "output_tokens", "tool_seconds")
+_FIXED_LIMITS = (1_000_000, 1_000_000, 100_000, 3600.0)
+
+
+def _fixed_task(name: str) -> wl.Workload | None:
+    """`fixed:<turns>[:<prompt>[:<appended>[:<output>[:<tool s>]]]]`, or None if malformed."""
+    parts = name.split(":")[1:]
+    if not 1 <= len(parts) <= 1 + len(_FIXED_FIELDS):
+        return None
+    try:
+        turns = int(parts[0])
+        values = {f: (float(p) if f == "tool_seconds" else int(p)) for f, p in zip(_FIXED_FIELDS, parts[1:])}
+    except ValueError:
+        return None
+    if not 0 < turns <= 1000 or any(not 0 <= values[f] <= limit for f, limit in zip(_FIXED_FIELDS, _FIXED_LIMITS) if f in values):
+        return None
+    if values.get("output_tokens", 1) < 1:
+        return None
+    return wl.fixed(turns, **values)
+
+
 @attrs.define(eq=False)
 class WorkloadCatalog:
     default_workload: str = wl.DEFAULT_PRESET
@@ -74,8 +97,10 @@ class WorkloadCatalog:
             return self.registered[name]
         if name in wl.PRESETS:
             return _preset_task(name, seed, task)
-        if name.startswith("fixed:") and name[6:].isdigit() and 0 < int(name[6:]) <= 1000:
-            return wl.fixed(int(name[6:]))
+        if name.startswith("fixed:"):
+            task = _fixed_task(name)
+            if task is not None:
+                return task
         raise ProtocolError(
             INVALID_VALUE,
             f"Unknown metadata.{WORKLOAD_KEY} {name[:64]!r}: use a preset {sorted(wl.PRESETS)}, 'fixed:<turns>' or a registered key.",

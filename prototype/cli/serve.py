@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 
 import trio
 
 from .. import workload
-from ..api.costs import ZERO_COSTS, ApiCosts
+from ..api.costs import ALL_SWITCHES_OFF, ZERO_COSTS, ApiCosts, CacheSwitches
 from ..api.service import ApiService
 from ..api.store import ResponseStore
 from ..api.workloads import WorkloadCatalog
@@ -24,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=workload.DEFAULT_PRESET, help="default workload when a request names none: a preset or fixed:<turns>")
     parser.add_argument("--seed", type=int, default=0, help="default workload seed")
     parser.add_argument("--costs", choices=["default", "zero"], default="default", help="modeled API stage costs (zero: real CPU work only)")
+    parser.add_argument("--switches", choices=["on", "all-off"], default="on", help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")
     parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
     parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
     parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
@@ -36,7 +38,10 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
         workloads=WorkloadCatalog(default_workload=args.workload, default_seed=args.seed),
         flush_interval=args.flush_interval,
     )
-    config = ServerConfig(api_keys=frozenset(args.api_key) if args.api_key else None)
+    config = ServerConfig(
+        api_keys=frozenset(args.api_key) if args.api_key else None,
+        switches=ALL_SWITCHES_OFF if args.switches == "all-off" else CacheSwitches(),
+    )
     overrides = {}
     if args.suspension_ttl is not None:
         overrides["suspension_ttl"] = args.suspension_ttl
@@ -55,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(serve_responses, server, args.port, host=args.host)
+            listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
             print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses)", flush=True)
 
     try:
         trio.run(main)
-    except KeyboardInterrupt:
+    except* KeyboardInterrupt:  # trio delivers Ctrl-C through the nursery, inside an exception group
         print("stopped", flush=True)
     finally:
         server.api.store.close()

@@ -9,7 +9,7 @@ time, the first token, the end of the turn and the bytes each way.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -217,6 +217,7 @@ async def run_websocket_rollout(
     store: bool = False,
     include_timing: bool = False,
     api_key: str = "testbed",
+    on_turn_end: Callable[[TurnRecord], None] | None = None,
 ) -> RolloutRecord:
     """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
     (a create with previous_response_id per turn)."""
@@ -234,6 +235,8 @@ async def run_websocket_rollout(
                 rollout.record.status = f"error:{pause['error']['code']}"
                 break
             response = pause["response"]
+            if on_turn_end is not None:
+                on_turn_end(rollout.record.turns[-1])
             calls = _calls(response["output"])
             paused = pause["type"] == "response.done"
             chained_turn_ended = design == CHAINED and pause["type"] == "response.completed" and calls

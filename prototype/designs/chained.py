@@ -93,7 +93,7 @@ async def run_turn(
     )
     response = Response(api.new_id("resp"), request, created_at=int(time.time()))
     emitter = Emitter(response, sink, log, include_timing)
-    await emitter.created()
+    await emitter.created(generating=request.generate)
 
     outcome = "completed"
     async with failing_on_error(emitter):

@@ -37,14 +37,17 @@ class Emitter:
         self.sequence_number += 1
         await self.sink(event)
 
-    def snapshot(self, output: list[Item] | None = None, since: float = -float("inf")) -> dict[str, Any]:
+    def snapshot(self, output: list[Item] | None = None, since: float = -float("inf"), *, usage_so_far: bool = False) -> dict[str, Any]:
         if self.include_timing:
             self.response.timing = self.log.to_dict(since)
-        return self.response.to_dict(output=output)
+        return self.response.to_dict(output=output, usage_so_far=usage_so_far)
 
-    async def created(self) -> None:
+    async def created(self, *, generating: bool = True) -> None:
+        """`response.created`, then `response.in_progress` unless this is a warm-up, which goes
+        straight to `response.completed` (PROTOCOL.md §4.3)."""
         await self.emit(ev.ResponseCreated, response=self.snapshot())
-        await self.emit(ev.ResponseInProgress, response=self.snapshot())
+        if generating:
+            await self.emit(ev.ResponseInProgress, response=self.snapshot())
         self.segment_started_at = trio.current_time()
 
     async def resumed(self) -> None:
@@ -56,7 +59,7 @@ class Emitter:
     async def paused(self) -> None:
         """v1: `response.done` with the same id, status in_progress, the segment's items."""
         segment = self.response.output[self.segment_start :]
-        await self.emit(ev.ResponseDone, response=self.snapshot(segment, self.segment_started_at))
+        await self.emit(ev.ResponseDone, response=self.snapshot(segment, self.segment_started_at, usage_so_far=True))
 
     async def finished(self, status: str, *, error: dict[str, Any] | None = None, reason: str | None = None) -> None:
         """Exactly one terminal event per response."""

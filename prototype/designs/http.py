@@ -130,9 +130,15 @@ async def run_http_turn(
             if render_cache is not None:
                 render_cache.remember(response.output)  # the server rendered them when it sampled them
 
-            # (5) post-inference work inline: the client waits for billing and the store write.
+            # (5) post-inference work inline: the client waits for billing and the store write. The
+            # stored record is the finished response, so it takes its outcome first (the terminal
+            # event sets the same again).
+            reason = "max_output_tokens" if outcome == "incomplete" else None
+            response.status = outcome
+            if reason is not None:
+                response.incomplete_details = {"reason": reason}
             await api.post_inference(log, response, response.output, owner=owner)
-            await emitter.finished(outcome)
+            await emitter.finished(outcome, reason=reason)
     finally:
         if elsewhere:
             # The engine that served this turn is not where the next turn is routed: its copy of the

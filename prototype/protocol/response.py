@@ -51,7 +51,9 @@ class Response:
     incomplete_details: dict[str, Any] | None = None
     timing: dict[str, Any] | None = None  # per-phase timings, sent only when the client asks
 
-    def to_dict(self, *, output: list[Item] | None = None, with_usage: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, output: list[Item] | None = None, usage_so_far: bool = False) -> dict[str, Any]:
+        """The wire object. Usage is sent once the response has ended, or with `usage_so_far` (v1's
+        `response.done` carries the rollout's cumulative usage, PROTOCOL.md §7)."""
         request = self.request
         items = self.output if output is None else output
         out: dict[str, Any] = {
@@ -73,7 +75,7 @@ class Response:
             "tool_choice": request.tool_choice,
             "tools": [tool.raw for tool in request.tools],
             "top_p": request.top_p if request.top_p is not None else 1.0,
-            "usage": self.usage.to_dict() if with_usage and self.status != "in_progress" else None,
+            "usage": self.usage.to_dict() if usage_so_far or self.status != "in_progress" else None,
         }
         if self.timing is not None:
             out["testbed_timing"] = self.timing  # name [ours]: PROTOCOL.md §9 "Timing header"

@@ -19,6 +19,13 @@ MAX_HEAD_BYTES = 64 * 1024
 # Seconds a client may take to send its request head [ours]: a stalled client cannot pin a handler.
 HEAD_TIMEOUT_SECONDS = 30.0
 MAX_CONNECTIONS = 10_000
+# Largest POST body [ours]: the same 16 MiB as a WebSocket message, so one create fits either way;
+# larger bodies get 413.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# Seconds a kept-alive HTTP connection may sit idle between requests before the server closes it
+# [ours]: longer than the v1 suspension TTL, so tool runs rarely cost an http client its
+# connection. (httpx, under openai-python, drops its own idle connections after 5 s.)
+HTTP_IDLE_TIMEOUT_SECONDS = 600.0
 
 
 @attrs.frozen
@@ -31,3 +38,5 @@ class ServerConfig:
     max_connections: int = MAX_CONNECTIONS
     websocket_enabled: bool = True  # False: an http-only run answers upgrades with 426
     switches: CacheSwitches = CacheSwitches()
+    max_body_bytes: int = MAX_BODY_BYTES  # POST /v1/responses body limit; 413 above
+    http_idle_timeout: float = HTTP_IDLE_TIMEOUT_SECONDS  # keep-alive idle limit between HTTP requests

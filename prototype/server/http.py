@@ -1,12 +1,58 @@
-"""HTTP on the WebSocket's port: `POST /v1/responses` (h11)."""
+"""HTTP on the WebSocket's port: `POST /v1/responses` (h11), as the real API serves both on one
+path (PROTOCOL.md §2, §8).
+
+`serve_http` runs a keep-alive loop over one connection: read a request with h11, answer it, and
+go on to the next request on the same connection until the client closes or asks to. A request the
+server refuses gets its HTTP status and the flat `{"error": {...}}` body; every refusal except an
+oversized or broken body leaves the connection open, because the body was read to its end first.
+
+| request                                           | answer                          |
+| path other than /v1/responses                     | 404                             |
+| method other than POST (GET without an Upgrade)   | 405, `Allow: POST`              |
+| no usable `Authorization: Bearer`, or a wrong key | 401 (shared with the WebSocket) |
+| a Content-Type that is not application/json       | 415                             |
+| a body over `max_body_bytes`                      | 413, then close                 |
+| a body cut short, or not HTTP/1.1                 | 400 `bad_request`, then close   |
+| not JSON, or not a valid create body              | 400 (codes of PROTOCOL.md §5.6) |
+| `stream: true`                                    | 200 `text/event-stream`         |
+| otherwise                                         | 200, the Response as JSON       |
+
+The status line and headers of a stream go out with its first event, so an error found before
+the first event (`previous_response_not_found`, a bad item) is still an HTTP error; one found
+after it is a flat SSE `error` event, unless the response already ended with its terminal event.
+"""
 
 from __future__ import annotations
+
+import http as _http
+import logging
+from typing import Any
 
 import h11
 import trio
 
+from .. import metrics
+from ..designs.emitter import EngineFailure
+from ..designs.http import run_http_turn
 from ..protocol import codec
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import SERVER_ERROR, ProtocolError
+from ..protocol.events import TERMINAL_TYPES
+from .config import MAX_HEAD_BYTES
+
+log = logging.getLogger(__name__)
+
+# Error codes of the HTTP shell, all [ours]: no public source names them.
+NOT_FOUND = "not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+REQUEST_TOO_LARGE = "request_too_large"
+BAD_REQUEST = "bad_request"
+
+JSON_MEDIA_TYPE = "application/json"
+SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
+JSON_CONTENT_TYPE = b"application/json"
+# Events that end an SSE stream: the three terminals, and a flat `error` sent in place of one.
+STREAM_END_TYPES = TERMINAL_TYPES | {"error"}
 
 
 def parse_head(head: bytes) -> h11.Request | None:
@@ -20,21 +66,296 @@ def parse_head(head: bytes) -> h11.Request | None:
     return event if isinstance(event, h11.Request) else None
 
 
+def _reason(status: int) -> bytes:
+    try:
+        return _http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
 def _response_bytes(status: int, body: bytes, content_type: bytes = b"application/json", extra: list | None = None) -> bytes:
     connection = h11.Connection(h11.SERVER)
     connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     connection.next_event()
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    data = connection.send(h11.Response(status_code=status, headers=headers + (extra or [])))
+    data = connection.send(h11.Response(status_code=status, headers=headers + (extra or []), reason=_reason(status)))
     return data + connection.send(h11.Data(data=body)) + connection.send(h11.EndOfMessage())
 
 
 async def send_simple_error(stream: trio.abc.Stream, status: int, error: ProtocolError) -> None:
+    """An error response on a connection no h11 state machine owns; the connection then closes."""
     await stream.send_all(_response_bytes(status, codec.encode(error.to_http_body()).encode()))
 
 
-async def serve_http(server, stream: trio.abc.Stream) -> None:
-    head = await stream.receive_some()
-    request = parse_head(head)
-    assert request is not None
-    await send_simple_error(stream, 501, ProtocolError("not_implemented", "HTTP is not served yet.", status=501))
+def sse_block(event: Any) -> bytes:
+    """One server event as SSE: `event: <type>`, `data: <json>`, a blank line (PROTOCOL.md §8.1)."""
+    return f"event: {event.type}\ndata: {codec.encode_event(event)}\n\n".encode()
+
+
+def sse_error_block(error: ProtocolError, sequence_number: int) -> bytes:
+    """A failure once streaming: the flat error event (openai-python `response_error_event.py`)."""
+    return f"event: error\ndata: {codec.encode(error.to_sse_event(sequence_number))}\n\n".encode()
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _Closed(Exception):
+    """The peer closed the connection between requests."""
+
+
+class HttpExchange:
+    """One connection's h11 state machine and the stream under it, with the few reads and writes
+    the handler needs."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+    async def next_event(self) -> Any:
+        """The next h11 event, reading from the stream as needed; raises h11.RemoteProtocolError."""
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.conn.receive_data(await self.stream.receive_some(65536))
+
+    async def send(self, *events: Any) -> None:
+        data = b"".join(self.conn.send(event) or b"" for event in events)
+        if data:
+            await self.stream.send_all(data)
+
+    async def read_body(self, limit: int) -> bytes:
+        """The request body, up to `limit` bytes; raises _BodyTooLarge or h11.RemoteProtocolError."""
+        body = bytearray()
+        while True:
+            event = await self.next_event()
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > limit:
+                    raise _BodyTooLarge
+            elif isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            else:  # ConnectionClosed before the end of the message
+                raise h11.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    async def send_json(self, status: int, obj: dict[str, Any], *, close: bool = False, extra: list | None = None) -> None:
+        body = codec.encode(obj).encode()
+        headers = [(b"content-type", JSON_CONTENT_TYPE), (b"content-length", str(len(body)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        response = h11.Response(status_code=status, headers=headers + (extra or []), reason=_reason(status))
+        await self.send(response, h11.Data(data=body), h11.EndOfMessage())
+
+    async def send_error(self, error: ProtocolError, *, close: bool = False, extra: list | None = None) -> None:
+        await self.send_json(error.status, error.to_http_body(), close=close, extra=extra)
+
+
+class SseSink:
+    """The design's sink for `stream: true`: the status line and headers go out with the first
+    event, then one chunk (chunked transfer encoding, so the connection can be reused) per event."""
+
+    def __init__(self, exchange: HttpExchange) -> None:
+        self.exchange = exchange
+        self.started = False
+        self.ended = False  # a terminal event (or a flat error) went out
+        self.next_sequence = 0
+
+    async def __call__(self, event: Any) -> None:
+        out: list[Any] = []
+        if not self.started:
+            headers = [(b"content-type", SSE_CONTENT_TYPE), (b"cache-control", b"no-cache")]
+            out.append(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+            self.started = True
+        out.append(h11.Data(data=sse_block(event)))
+        self.next_sequence = getattr(event, "sequence_number", self.next_sequence - 1) + 1
+        self.ended = self.ended or event.type in STREAM_END_TYPES
+        await self.exchange.send(*out)
+
+    async def fail(self, error: ProtocolError) -> None:
+        """End a started stream that has no terminal event with the flat error event."""
+        if not self.ended:
+            self.ended = True
+            await self.exchange.send(h11.Data(data=sse_error_block(error, self.next_sequence)))
+
+    async def end(self) -> None:
+        await self.exchange.send(h11.EndOfMessage())
+
+
+class CollectingSink:
+    """The design's sink for `stream: false`: keeps the events; the answer is the terminal one's
+    Response."""
+
+    def __init__(self) -> None:
+        self.terminal: dict[str, Any] | None = None
+
+    async def __call__(self, event: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        if event.type in TERMINAL_TYPES:
+            self.terminal = event.to_dict()
+
+
+def _internal_error(exc: BaseException) -> ProtocolError:
+    return ProtocolError(SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error")
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return True  # no Content-Type at all: read the body as JSON [ours, lenient]
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == JSON_MEDIA_TYPE
+
+
+async def serve_http(server: Any, stream: trio.abc.Stream) -> None:
+    """Serve HTTP requests on one connection until the client closes it, asks to, or idles out.
+
+    `server` is the ResponsesServer: its ApiService, its ServerConfig, and its `check_auth`.
+    """
+    exchange = HttpExchange(stream)
+    idle_timeout = server.config.http_idle_timeout
+    first = True
+    while True:
+        event: Any = None
+        # The first request's head is already here (the listener read it to dispatch); a later one
+        # may take up to the idle timeout to start.
+        with trio.move_on_after(float("inf") if first else idle_timeout):
+            try:
+                event = await exchange.next_event()
+            except h11.RemoteProtocolError as exc:
+                await _refuse_broken(exchange, str(exc))
+                return
+        first = False
+        if not isinstance(event, h11.Request):
+            return  # closed by the client, or idle too long
+        await serve_request(server, exchange, event)
+        if exchange.conn.our_state is not h11.DONE or exchange.conn.their_state is not h11.DONE:
+            return  # Connection: close, or a broken exchange
+        try:
+            exchange.conn.start_next_cycle()
+        except h11.LocalProtocolError:
+            return
+
+
+async def _refuse_broken(exchange: HttpExchange, detail: str) -> None:
+    """A request h11 cannot read (bad framing, a body cut short): 400, then the connection closes."""
+    if exchange.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        error = ProtocolError(BAD_REQUEST, f"Malformed HTTP request: {detail}.")
+        await exchange.send_error(error, close=True)
+
+
+async def serve_request(server: Any, exchange: HttpExchange, request: h11.Request) -> None:
+    """Answer one request whose head has been read."""
+    from .app import RESPONSES_PATH, TIMING_HEADER, path_of  # app imports this module
+
+    config = server.config
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+    target = request.target.decode("latin-1")
+
+    # The body first (bounded), so that every refusal but these two keeps the connection usable.
+    declared = headers.get("content-length")
+    too_large = ProtocolError(
+        REQUEST_TOO_LARGE, f"The request body is larger than {config.max_body_bytes} bytes.", status=413
+    )
+    if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
+        await exchange.send_error(too_large, close=True)
+        return
+    if exchange.conn.they_are_waiting_for_100_continue:
+        await exchange.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
+    try:
+        body = await exchange.read_body(config.max_body_bytes)
+    except _BodyTooLarge:
+        await exchange.send_error(too_large, close=True)
+        return
+    except h11.RemoteProtocolError as exc:
+        await _refuse_broken(exchange, str(exc))
+        return
+
+    try:
+        if path_of(target) != RESPONSES_PATH:
+            raise ProtocolError(NOT_FOUND, f"Invalid URL ({request.method.decode('latin-1')} {target[:128]}).", status=404)
+        if request.method != b"POST":
+            exchange_extra = [(b"allow", b"POST")]
+            error = ProtocolError(
+                METHOD_NOT_ALLOWED,
+                f"Method {request.method.decode('latin-1')[:16]} is not allowed on {RESPONSES_PATH}: "
+                "use POST, or GET with Upgrade: websocket.",
+                status=405,
+            )
+            await exchange.send_error(error, extra=exchange_extra)
+            return
+        api_key = server.check_auth(headers)
+        if not _is_json(headers.get("content-type")):
+            raise ProtocolError(
+                UNSUPPORTED_MEDIA_TYPE,
+                f"Content-Type {headers.get('content-type', '')[:64]!r} is not supported: send application/json.",
+                status=415,
+            )
+        create = codec.parse_create_body(codec.loads_object(body))
+    except ProtocolError as error:
+        extra = [(b"www-authenticate", b"Bearer")] if error.status == 401 else None
+        await exchange.send_error(error, extra=extra)
+        return
+
+    include_timing = headers.get(TIMING_HEADER, "").lower() == "true"
+    if create.stream:
+        await _answer_stream(server, exchange, create, include_timing, api_key)
+    else:
+        await _answer_json(server, exchange, create, include_timing, api_key)
+
+
+async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str) -> None:
+    sink = SseSink(exchange)
+    try:
+        await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=metrics.PhaseLog())
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise  # the client went away: nothing left to tell it
+    except EngineFailure:
+        pass  # the response already ended with response.failed
+    except ProtocolError as error:
+        if not sink.started:
+            await exchange.send_error(error)
+            return
+        await sink.fail(error)
+    except Exception as exc:
+        log.exception("http response handler failed")
+        if not sink.started:
+            await exchange.send_error(_internal_error(exc), close=True)
+            return
+        await sink.fail(_internal_error(exc))
+    await sink.end()
+
+
+async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str) -> None:
+    sink = CollectingSink()
+    failure: ProtocolError | None = None
+    try:
+        await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=metrics.PhaseLog())
+    except EngineFailure:
+        pass
+    except ProtocolError as error:
+        failure = error
+    except Exception as exc:
+        log.exception("http response handler failed")
+        failure = _internal_error(exc)
+    terminal = sink.terminal
+    if terminal is None:  # refused before the response started (or a fault before its terminal)
+        await exchange.send_error(failure or _internal_error(RuntimeError("no terminal event")))
+        return
+    response = terminal["response"]
+    if terminal["type"] == "response.failed":
+        # A response that failed while it ran [ours]: a 500 carrying the response's error, as an
+        # HTTP client expects for a server-side failure.
+        error = response.get("error") or {}
+        await exchange.send_json(
+            500,
+            {"error": {"type": "server_error", "code": error.get("code", SERVER_ERROR), "message": error.get("message", ""), "param": None}},
+        )
+        return
+    await exchange.send_json(200, response)
+
+
+__all__ = [
+    "CollectingSink", "HttpExchange", "SseSink", "parse_head", "send_simple_error", "serve_http", "serve_request",
+    "sse_block", "sse_error_block",
+]

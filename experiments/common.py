@@ -1,0 +1,68 @@
+"""What the experiments share: where results go, a server in a child process, table printing."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
+
+
+def results_dir(name: str = "") -> Path:
+    path = RESULTS / name if name else RESULTS
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
+    columns = list(columns or rows[0])
+    cells = [[_fmt(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for r in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+@contextmanager
+def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        line = process.stdout.readline()
+        if "listening on" not in line:
+            raise RuntimeError(f"server did not start: {line!r}")
+        port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
+        yield process, port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process's threads have run, in seconds, at nanosecond resolution (/proc schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9

@@ -1,0 +1,129 @@
+"""Fixtures for the real-socket tests: the server in-process on a port, or `python -m prototype serve`
+as a subprocess. Every wait is bounded, so a broken server fails a test instead of hanging it."""
+
+from __future__ import annotations
+
+import pathlib
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import ApiService
+from prototype.server.app import ResponsesServer, serve_responses
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
+START_TIMEOUT = 15.0  # seconds for the first stdout line (imports take about 1 s)
+STOP_TIMEOUT = 5.0
+
+
+@pytest.fixture
+async def live_server(nursery):
+    """(server, port): a ResponsesServer with zero API costs on 127.0.0.1, cancelled after the test."""
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS))
+    listeners = await nursery.start(serve_responses, server, 0)
+    return server, listeners[0].socket.getsockname()[1]
+
+
+class CliServer:
+    """`python -m prototype serve --port 0 …` in a subprocess; stdout and stderr are drained by
+    threads so no read can block the test."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr, None), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self.first_line = self._first_line()
+        match = LISTENING.match(self.first_line)
+        if match is None:
+            self.kill()
+            pytest.fail(f"server did not print its address: {self.first_line!r}\nstderr:\n{''.join(self.stderr)}")
+        self.port = int(match.group(1))
+
+    @staticmethod
+    def _drain(stream, sink: list[str], lines: queue.Queue | None) -> None:
+        for line in stream:
+            sink.append(line)
+            if lines is not None:
+                lines.put(line)
+        if lines is not None:
+            lines.put(None)
+
+    def _first_line(self) -> str:
+        try:
+            line = self.lines.get(timeout=START_TIMEOUT)
+        except queue.Empty:
+            self.kill()
+            pytest.fail(f"server printed nothing within {START_TIMEOUT} s\nstderr:\n{''.join(self.stderr)}")
+        if line is None:  # stdout closed: the process died
+            self.proc.wait(timeout=STOP_TIMEOUT)
+            self._join()
+            pytest.fail(f"server exited with {self.proc.returncode} before listening\nstderr:\n{''.join(self.stderr)}")
+        return line
+
+    def _join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=STOP_TIMEOUT)
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGINT, then (exit code, all stdout, all stderr); killed if it ignores the signal."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"server did not stop within {STOP_TIMEOUT} s of SIGINT\nstderr:\n{''.join(self.stderr)}")
+        self._join()
+        return self.proc.returncode, "".join(self.stdout), "".join(self.stderr)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=STOP_TIMEOUT)
+        self._join()
+
+    def close(self) -> None:
+        """Teardown: SIGINT, and SIGKILL if that is not enough; never fails."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+@pytest.fixture
+def cli_server():
+    """`start(*args)` runs `python -m prototype serve --port 0 <args>`; each is stopped at teardown."""
+    servers: list[CliServer] = []
+
+    def start(*args: str) -> CliServer:
+        server = CliServer(*args)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()

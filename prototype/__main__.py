@@ -1,20 +1,21 @@
-"""Command line: `python -m prototype {serve,demo}`."""
+"""Command line: `python -m prototype {compare,serve,demo}`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli import demo, serve
+from .cli import compare, demo, serve
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prototype", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve.add_arguments(commands.add_parser("serve", help="serve the Responses API (HTTP and WebSocket) on one port"))
+    compare.add_arguments(commands.add_parser("compare", help="the main job: all designs side by side at 65, 1000 and 4000 tokens/s"))
     demo.add_arguments(commands.add_parser("demo", help="run one rollout per design under virtual time and print its timeline"))
     args = parser.parse_args(argv)
-    return {"serve": serve.run, "demo": demo.run}[args.command](args)
+    return {"serve": serve.run, "demo": demo.run, "compare": compare.run}[args.command](args)
 
 
 if __name__ == "__main__":

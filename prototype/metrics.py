@@ -50,6 +50,7 @@ class PhaseLog:
         spans = [s for s in self.spans if s[1] >= since]
         origin = spans[0][1] if spans else 0.0
         return {
+            "origin_s": origin,  # the server's trio clock at the first span: places spans on a shared timeline
             "phases_ms": {k: round(v * 1000, 3) for k, v in self.totals(since).items()},
             "spans": [[p, round((s - origin) * 1000, 3), round((e - origin) * 1000, 3)] for p, s, e in spans],
         }

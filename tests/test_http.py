@@ -106,6 +106,10 @@ class RawClient:
 
     async def answer(self) -> Answer:
         response = await self._next()
+        self.informational = []
+        while isinstance(response, h11.InformationalResponse):
+            self.informational.append(response.status_code)
+            response = await self._next()
         assert isinstance(response, h11.Response), response
         body = bytearray()
         while True:
@@ -405,6 +409,11 @@ async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(a
     error_of(answer, 405, "method_not_allowed")
     assert answer.headers["allow"] == "POST"
     error_of(await client.request("PUT", body=create_body(), auth=auth), 405, "method_not_allowed")
+    answer = await client.request("HEAD", auth=auth)
+    assert answer.status == 405 and answer.body == b"" and answer.headers["allow"] == "POST"
+    answer = await client.request(body=create_body(stream=True), auth=auth, headers=[("expect", "100-continue")])
+    assert_completed_stream(answer)
+    assert client.informational == [100]
     error_of(await client.request("POST", "/v1/chat/completions", body=create_body(), auth=auth), 404, "not_found")
     error_of(await client.request(body=create_body(), auth=auth, content_type="text/plain"), 415, "unsupported_media_type")
     for bad in ("Bearer wrong", None, "Basic c2VjcmV0", "Bearer"):

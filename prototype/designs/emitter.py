@@ -29,7 +29,7 @@ class Emitter:
     include_timing: bool = False
     sequence_number: int = 0
     segment_start: int = 0  # index in response.output where the current v1 segment begins
-    segment_started_at: float = 0.0
+    segment_started_at: float = -float("inf")  # v1: when the current segment resumed; timings since then
     terminal_sent: bool = False
 
     async def emit(self, event_type: type, **fields: Any) -> None:
@@ -48,7 +48,6 @@ class Emitter:
         await self.emit(ev.ResponseCreated, response=self.snapshot())
         if generating:
             await self.emit(ev.ResponseInProgress, response=self.snapshot())
-        self.segment_started_at = trio.current_time()
 
     async def resumed(self) -> None:
         """v1: the suspended rollout continues after `response.append`."""
@@ -68,14 +67,15 @@ class Emitter:
         self.terminal_sent = True
         response = self.response
         response.status = status
+        since = self.segment_started_at  # the timing of the last segment (the whole response outside v1)
         if status == "failed":
             response.error = error
-            await self.emit(ev.ResponseFailed, response=self.snapshot())
+            await self.emit(ev.ResponseFailed, response=self.snapshot(since=since))
         elif status == "incomplete":
             response.incomplete_details = {"reason": reason}
-            await self.emit(ev.ResponseIncomplete, response=self.snapshot())
+            await self.emit(ev.ResponseIncomplete, response=self.snapshot(since=since))
         else:
-            await self.emit(ev.ResponseCompleted, response=self.snapshot())
+            await self.emit(ev.ResponseCompleted, response=self.snapshot(since=since))
 
     # --- output items -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ oversized or broken body leaves the connection open, because the body was read t
 | a Content-Type that is not application/json       | 415                             |
 | a body over `max_body_bytes`                      | 413, then close                 |
 | a body cut short, or not HTTP/1.1                 | 400 `bad_request`, then close   |
+| a body still incomplete after the idle timeout    | 408, then close                 |
 | not JSON, or not a valid create body              | 400 (codes of PROTOCOL.md §5.6) |
 | `stream: true`                                    | 200 `text/event-stream`         |
 | otherwise                                         | 200, the Response as JSON       |
@@ -46,6 +47,7 @@ NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 REQUEST_TOO_LARGE = "request_too_large"
+REQUEST_TIMEOUT = "request_timeout"
 BAD_REQUEST = "bad_request"
 
 JSON_MEDIA_TYPE = "application/json"
@@ -140,16 +142,22 @@ class HttpExchange:
             else:  # ConnectionClosed before the end of the message
                 raise h11.RemoteProtocolError("peer closed connection without sending complete message body")
 
-    async def send_json(self, status: int, obj: dict[str, Any], *, close: bool = False, extra: list | None = None) -> None:
+    async def send_json(
+        self, status: int, obj: dict[str, Any], *, close: bool = False, extra: list | None = None, head_only: bool = False
+    ) -> None:
+        """A whole JSON answer with its Content-Length; `head_only` for a HEAD request (no body)."""
         body = codec.encode(obj).encode()
         headers = [(b"content-type", JSON_CONTENT_TYPE), (b"content-length", str(len(body)).encode())]
         if close:
             headers.append((b"connection", b"close"))
         response = h11.Response(status_code=status, headers=headers + (extra or []), reason=_reason(status))
-        await self.send(response, h11.Data(data=body), h11.EndOfMessage())
+        if head_only:
+            await self.send(response, h11.EndOfMessage())
+        else:
+            await self.send(response, h11.Data(data=body), h11.EndOfMessage())
 
-    async def send_error(self, error: ProtocolError, *, close: bool = False, extra: list | None = None) -> None:
-        await self.send_json(error.status, error.to_http_body(), close=close, extra=extra)
+    async def send_error(self, error: ProtocolError, *, close: bool = False, extra: list | None = None, head_only: bool = False) -> None:
+        await self.send_json(error.status, error.to_http_body(), close=close, extra=extra, head_only=head_only)
 
 
 class SseSink:
@@ -263,7 +271,12 @@ async def serve_request(server: Any, exchange: HttpExchange, request: h11.Reques
     if exchange.conn.they_are_waiting_for_100_continue:
         await exchange.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
     try:
-        body = await exchange.read_body(config.max_body_bytes)
+        # A client that stalls mid-body is dropped after the idle timeout, like an idle connection.
+        with trio.move_on_after(config.http_idle_timeout) as body_scope:
+            body = await exchange.read_body(config.max_body_bytes)
+        if body_scope.cancelled_caught:
+            await exchange.send_error(ProtocolError(REQUEST_TIMEOUT, "The request body did not arrive in time.", status=408), close=True)
+            return
     except _BodyTooLarge:
         await exchange.send_error(too_large, close=True)
         return
@@ -282,7 +295,7 @@ async def serve_request(server: Any, exchange: HttpExchange, request: h11.Reques
                 "use POST, or GET with Upgrade: websocket.",
                 status=405,
             )
-            await exchange.send_error(error, extra=exchange_extra)
+            await exchange.send_error(error, extra=exchange_extra, head_only=request.method == b"HEAD")
             return
         api_key = server.check_auth(headers)
         if not _is_json(headers.get("content-type")):

@@ -1,0 +1,185 @@
+"""The side-by-side benchmark: every design on the same tasks, at several decode speeds.
+
+`run_design` drives one design over a set of tasks against an in-process server under virtual
+time; `task_row` turns a rollout into the per-task figures the table reports; `summarize` makes the
+table. The `compare` command (prototype/cli/compare.py) runs the grid, and notebooks and
+experiments import the same functions.
+
+Where a turn's time goes (per turn, from the client's records and the server's timing events):
+server pre-inference by stage (validate, safety, render, route, store_read), queueing, prefill,
+decode, hosted tools, blocking post-inference; the rest of the turn is network and client time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+import trio.testing
+
+from . import metrics, netem
+from . import workload as wl
+from .api.costs import ApiCosts
+from .api.service import ApiService
+from .client.connect import InMemoryConnector
+from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
+from .client.http import STATELESS, STORED, run_http_rollout
+from .engine import latency
+from .engine.engine import BLOCK_SIZE, HTTP_AFFINITY, KV_TTL_SECONDS
+from .server.app import ResponsesServer
+from .server.config import ServerConfig
+
+HTTP = "http"
+HTTP_STORED = "http-stored"
+DESIGNS = (HTTP, CHAINED, SUSPENDED)
+ALL_DESIGNS = (HTTP, HTTP_STORED, CHAINED, SUSPENDED)
+DECODE_SPEEDS = (latency.FLAGSHIP_TOKENS_PER_S, latency.SPARK_TOKENS_PER_S, latency.SPARK_BURST_TOKENS_PER_S)
+# Deltas are coalesced every 50 ms [ours]: the first token of an item still goes out at once, so
+# time to first token is unchanged, and a 65 tokens/s turn costs ~150 events instead of ~500.
+BENCH_FLUSH_INTERVAL = 0.05
+# WORKLOAD.md §5: RTT priors 1/20/80/150 ms [assumed]; a client in the same region as the API.
+DEFAULT_NETWORK = netem.SAME_REGION
+API_OVERHEAD_PHASES = metrics.PRE_INFERENCE + (metrics.POST,)
+# The default tool-time mixture is capped at 600 s and puts 0.78% of calls past v1's default 300 s
+# suspension TTL (WORKLOAD.md §6): a comparison of latency lets v1 wait as long as the slowest tool,
+# up to the 3600 s maximum of vLLM RFC #52113's cache_control.ttl; `ttl_expiries` counts the tasks
+# the default TTL would have failed.
+BENCH_SUSPENSION_TTL = 3600.0
+
+
+@attrs.frozen
+class BenchConfig:
+    preset: str = wl.DEFAULT_PRESET
+    n_tasks: int = 20
+    seed: int = 0
+    network: netem.NetworkProfile = DEFAULT_NETWORK
+    costs: ApiCosts = ApiCosts()
+    flush_interval: float = BENCH_FLUSH_INTERVAL
+    keep_alive: bool = True  # HTTP clients pool connections (openai-python uses httpx keep-alive)
+    fixed_turns: int | None = None
+
+    def tasks(self) -> list[wl.Workload]:
+        overrides = {} if self.fixed_turns is None else {"fixed_turns": self.fixed_turns}
+        return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
+
+
+async def run_design(
+    design: str, decode_tps: float, tasks: Sequence[wl.Workload], config: BenchConfig, connector_factory=None
+) -> list[RolloutRecord]:
+    """Run `tasks` one after another through `design` against a fresh in-process server."""
+    server = ResponsesServer(
+        ApiService(costs=config.costs, flush_interval=config.flush_interval),
+        ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
+    )
+    connector = connector_factory(server) if connector_factory else InMemoryConnector(server, config.network)
+    records = []
+    for task in tasks:
+        metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
+        if design in (SUSPENDED, CHAINED):
+            record = await run_websocket_rollout(connector, design, task, metadata=metadata, include_timing=True)
+        else:
+            variant = STORED if design == HTTP_STORED else STATELESS
+            record = await run_http_rollout(
+                connector, task, variant=variant, metadata=metadata, keep_alive=config.keep_alive, include_timing=True
+            )
+        if record.status != "completed":
+            raise RuntimeError(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
+        records.append(record)
+    return records
+
+
+def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
+    """`run_design` under a fresh virtual clock: deterministic, as fast as the CPU allows."""
+    return trio.run(run_design, design, decode_tps, config.tasks(), config, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def turn_phases(record: RolloutRecord) -> list[dict[str, float]]:
+    """Seconds per phase for each turn: the server's phases plus `network_client` (the rest of the
+    turn's wall time) and `tool` (client tool time after the turn)."""
+    out = []
+    for turn in record.turns:
+        server = {k: v / 1000 for k, v in ((turn.server_timing or {}).get("phases_ms") or {}).items()}
+        server.pop(metrics.POST_OVERLAPPED, None)  # after the terminal event: not in the turn
+        wall = turn.ended_at - turn.sent_at
+        phases = dict(server)
+        phases["network_client"] = max(0.0, wall - sum(server.values()))
+        phases["tool"] = turn.tool_seconds
+        out.append(phases)
+    return out
+
+
+def task_row(design: str, decode_tps: float, record: RolloutRecord) -> dict[str, Any]:
+    phases = turn_phases(record)
+    api_overhead = sum(p.get(k, 0.0) for p in phases for k in API_OVERHEAD_PHASES)
+    totals: dict[str, float] = {}
+    for p in phases:
+        for k, v in p.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return {
+        "design": design,
+        "decode_tps": decode_tps,
+        "task": record.workload,
+        "turns": len(record.turns),
+        "e2e_s": record.seconds,
+        "ttft_s": [t.ttft for t in record.turns if t.ttft is not None],
+        "api_overhead_s": api_overhead,
+        "bytes_sent_per_turn": statistics.fmean(t.bytes_sent for t in record.turns),
+        "bytes_received_per_turn": statistics.fmean(t.bytes_received for t in record.turns),
+        "input_tokens": record.usage["input_tokens"],
+        "cached_tokens": record.usage["cached_tokens"],
+        "phase_totals_s": totals,
+    }
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (design, speed): e2e p50/p90 per task, speed-up vs http (ratio of mean e2e over
+    the same tasks), per-turn TTFT p50, API overhead share of wall time, bytes sent per turn."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["design"], row["decode_tps"]), []).append(row)
+    table = []
+    for (design, tps), group in groups.items():
+        e2e = np.array([r["e2e_s"] for r in group])
+        ttft = np.concatenate([r["ttft_s"] for r in group])
+        http = groups.get((HTTP, tps))
+        table.append({
+            "design": design,
+            "decode_tps": tps,
+            "tasks": len(group),
+            "e2e_p50_s": float(np.percentile(e2e, 50)),
+            "e2e_p90_s": float(np.percentile(e2e, 90)),
+            "speedup_vs_http": float(sum(r["e2e_s"] for r in http) / e2e.sum()) if http else float("nan"),
+            "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
+            "api_overhead_share": float(sum(r["api_overhead_s"] for r in group) / e2e.sum()),
+            "bytes_sent_per_turn": float(np.mean([r["bytes_sent_per_turn"] for r in group])),
+        })
+    order = {d: i for i, d in enumerate(ALL_DESIGNS)}
+    table.sort(key=lambda r: (r["decode_tps"], order.get(r["design"], 99)))
+    return table
+
+
+def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
+    """Every modeled parameter of a run, with its source: printed with the results."""
+    params = wl.PRESETS[config.preset]
+    net = config.network
+    rows = [
+        ("workload preset", f"{config.preset}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
+        ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", "WORKLOAD.md §1: Exgentic moment fit, TraceLab p50"),
+        ("initial prompt", f"{params.initial_prompt_tokens} tokens", "WORKLOAD.md §1 [assumed]"),
+        ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "WORKLOAD.md §1: TraceLab"),
+        ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", "WORKLOAD.md §1: inference-perf, Exgentic, AgentX"),
+        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", "WORKLOAD.md §2: TraceLab quantiles, AgentCgroup centres"),
+        ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"),
+        ("prefill rate", f"{latency.PREFILL_TOKENS_PER_S:g} tokens/s + n*C/{latency.CACHE_ATTENTION_TOKENS2_PER_S:.2g}", "WORKLOAD.md §3 roofline [assumed R, derived Q]"),
+        ("engine request overhead", f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms", "[assumed]; vLLM PR #54628 bounds it (8-12 ms)"),
+        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; WORKLOAD.md §6 [assumed affinity]"),
+        ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "WORKLOAD.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
+        ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
+        ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; PROTOCOL.md §7"),
+        ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
+    ]
+    return rows + config.costs.describe()

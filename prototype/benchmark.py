@@ -23,7 +23,7 @@ import trio.testing
 
 from . import metrics, netem
 from . import workload as wl
-from .api.costs import ApiCosts
+from .api.costs import AFTER_SPRINT, ApiCosts, SprintSwitches
 from .api.service import ApiService
 from .client.connect import InMemoryConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
@@ -61,8 +61,12 @@ class BenchConfig:
     flush_interval: float = BENCH_FLUSH_INTERVAL
     keep_alive: bool = True  # HTTP clients pool connections (openai-python uses httpx keep-alive)
     fixed_turns: int | None = None
+    task_list: tuple[wl.Workload, ...] | None = None  # explicit tasks instead of the seeded preset
+    sprint: SprintSwitches = AFTER_SPRINT  # the API profile: after the pre-WebSocket speed-ups
 
     def tasks(self) -> list[wl.Workload]:
+        if self.task_list is not None:
+            return list(self.task_list)
         overrides = {} if self.fixed_turns is None else {"fixed_turns": self.fixed_turns}
         return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
 
@@ -72,7 +76,7 @@ async def run_design(
 ) -> list[RolloutRecord]:
     """Run `tasks` one after another through `design` against a fresh in-process server."""
     server = ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval),
+        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint),
         ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
     )
     connector = connector_factory(server) if connector_factory else InMemoryConnector(server, config.network)

@@ -12,6 +12,7 @@ decode, hosted tools, blocking post-inference; the rest of the turn is network a
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -25,12 +26,12 @@ from . import metrics, netem
 from . import workload as wl
 from .api.costs import AFTER_SPRINT, ApiCosts, SprintSwitches
 from .api.service import ApiService
-from .client.connect import InMemoryConnector
+from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from .client.http import STATELESS, STORED, run_http_rollout
 from .engine import latency
 from .engine.engine import BLOCK_SIZE, HTTP_AFFINITY, KV_TTL_SECONDS
-from .server.app import ResponsesServer
+from .server.app import ResponsesServer, serve_responses
 from .server.config import ServerConfig
 
 HTTP = "http"
@@ -71,15 +72,26 @@ class BenchConfig:
         return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
 
 
-async def run_design(
-    design: str, decode_tps: float, tasks: Sequence[wl.Workload], config: BenchConfig, connector_factory=None
-) -> list[RolloutRecord]:
-    """Run `tasks` one after another through `design` against a fresh in-process server."""
-    server = ResponsesServer(
+def bench_server(config: BenchConfig) -> ResponsesServer:
+    return ResponsesServer(
         ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint),
         ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
     )
-    connector = connector_factory(server) if connector_factory else InMemoryConnector(server, config.network)
+
+
+async def run_design(
+    design: str,
+    decode_tps: float,
+    tasks: Sequence[wl.Workload],
+    config: BenchConfig,
+    *,
+    server: ResponsesServer | None = None,
+    connector: Connector | None = None,
+) -> list[RolloutRecord]:
+    """Run `tasks` one after another through `design` against an in-process server (by default a
+    fresh one, reached over memory streams through the config's network profile)."""
+    server = server if server is not None else bench_server(config)
+    connector = connector if connector is not None else InMemoryConnector(server, config.network)
     records = []
     for task in tasks:
         metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
@@ -99,6 +111,23 @@ async def run_design(
 def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
     """`run_design` under a fresh virtual clock: deterministic, as fast as the CPU allows."""
     return trio.run(run_design, design, decode_tps, config.tasks(), config, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
+    """`run_design` in real time over loopback TCP: the server listens on 127.0.0.1, the client
+    connects through netem (the same network profile, delaying both directions on its side)."""
+
+    async def main() -> list[RolloutRecord]:
+        server = bench_server(config)
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(serve_responses, server, 0))
+            port = listeners[0].socket.getsockname()[1]
+            connector = TcpConnector("127.0.0.1", port, config.network)
+            records = await run_design(design, decode_tps, config.tasks(), config, server=server, connector=connector)
+            nursery.cancel_scope.cancel()
+        return records
+
+    return trio.run(main)
 
 
 def turn_phases(record: RolloutRecord) -> list[dict[str, float]]:

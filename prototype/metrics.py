@@ -34,6 +34,8 @@ class PhaseLog:
     """The spans of one response (one rollout in v1), in the order they happened."""
 
     spans: list[tuple[str, float, float]] = attrs.Factory(list)
+    # Who sent the request and how it used the protocol (`protocol_choices`); sent with the timings.
+    client: dict[str, Any] | None = None
 
     def record(self, phase: str, start: float, end: float) -> None:
         self.spans.append((phase, start, end))
@@ -53,4 +55,38 @@ class PhaseLog:
             "origin_s": origin,  # the server's trio clock at the first span: places spans on a shared timeline
             "phases_ms": {k: round(v * 1000, 3) for k, v in self.totals(since).items()},
             "spans": [[p, round((s - origin) * 1000, 3), round((e - origin) * 1000, 3)] for p, s, e in spans],
+            **({"client": dict(self.client)} if self.client is not None else {}),
         }
+
+
+# --- client records: which client spoke and how it used the protocol (issue 7) -------------------
+
+# Records a server keeps (`ResponsesServer.records`), oldest dropped first.
+MAX_CLIENT_RECORDS = 10_000
+
+
+def protocol_choices(request: Any, *, transport: str, design: str, user_agent: str, connection: int) -> dict[str, Any]:
+    """What a request tells about its client, known when it starts: chained (`previous_response_id`)
+    or full context, warm-up (`generate: false`), `stream`, `store`, the input it resent, and the
+    keys the server ignores (Codex's `client_metadata`, `prompt_cache_key`, ...). `stream_id` is
+    always False here: a create carrying one is refused (PROTOCOL.md §4.1) and recorded as such."""
+    kinds: dict[str, int] = defaultdict(int)
+    for item in request.input:
+        kinds[item.type] += 1
+    return {
+        "user_agent": user_agent,
+        "transport": transport,
+        "design": design,
+        "connection": connection,
+        "model": request.model,
+        "context": "chained" if request.previous_response_id is not None else "full",
+        "previous_response_id": request.previous_response_id,
+        "warmup": not request.generate,
+        "stream": request.stream,
+        "stream_id": False,
+        "store": request.store,
+        "input_items": len(request.input),
+        "input_types": dict(kinds),
+        "tools": len(request.tools),
+        "ignored_keys": list(request.extra_keys),
+    }

@@ -372,6 +372,9 @@ async def test_stream_false_returns_the_response_json(autojump_clock, nursery) -
     assert "testbed_timing" not in response
     timed = await client.request(body=create_body(stream=False), headers=[("x-responsesapi-include-timing-metrics", "true")])
     assert "prefill" in timed.json()["testbed_timing"]["phases_ms"]
+    capped = (await client.request(body=create_body(stream=False, max_output_tokens=5))).json()
+    assert capped["status"] == "incomplete" and capped["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert capped["usage"]["output_tokens"] == 5
 
 
 async def test_one_connection_serves_request_after_request(autojump_clock, nursery) -> None:

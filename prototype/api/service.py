@@ -117,12 +117,17 @@ class ApiService:
 
     # --- stages -----------------------------------------------------------------------------
 
-    async def _charge(self, log: metrics.PhaseLog, phase: str, cost: StageCost, tokens: int, share: float, cpu: float) -> None:
-        start = trio.current_time()
-        seconds = cost.fixed * share + (cpu if self.measured_cpu else cost.per_ktok * tokens / 1000.0)
-        if seconds > 0:
-            await trio.sleep(seconds)
-        log.record(phase, start, trio.current_time())
+    def _stage_seconds(self, cost: StageCost, tokens: int, share: float, cpu: float) -> float:
+        return cost.fixed * share + (cpu if self.measured_cpu else cost.per_ktok * tokens / 1000.0)
+
+    async def _charge_stages(self, log: metrics.PhaseLog, stages: Sequence[tuple[str, float]]) -> None:
+        """Record the stages back to back and wait once, until the last ends: one timer instead of
+        one per stage keeps real-time runs from accumulating timer overshoot."""
+        t = trio.current_time()
+        for phase, seconds in stages:
+            log.record(phase, t, t + seconds)
+            t += seconds
+        await trio.sleep_until(t)
 
     def resolve_route(self, request: CreateRequest) -> Route:
         workload = self.workloads.resolve(request.metadata)
@@ -216,10 +221,13 @@ class ApiService:
         route_cpu = time.perf_counter() - t0
 
         costs, share = self.charged_costs, modes.fixed_share
-        await self._charge(log, metrics.VALIDATE, costs.validate, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, validate_cpu)
-        await self._charge(log, metrics.RENDER, costs.render, rendered_tokens, 1.0 if base is None or not modes.append_render else share, render_cpu)
-        await self._charge(log, metrics.SAFETY, costs.safety, checked_tokens, 1.0 if base is None or not modes.incremental_checks else share, safety_cpu)
-        await self._charge(log, metrics.ROUTE, costs.route, 0, share if reuse else 1.0, route_cpu)
+        checks_share = 1.0 if base is None or not modes.incremental_checks else share
+        await self._charge_stages(log, (
+            (metrics.VALIDATE, self._stage_seconds(costs.validate, checked_tokens, checks_share, validate_cpu)),
+            (metrics.RENDER, self._stage_seconds(costs.render, rendered_tokens, 1.0 if base is None or not modes.append_render else share, render_cpu)),
+            (metrics.SAFETY, self._stage_seconds(costs.safety, checked_tokens, checks_share, safety_cpu)),
+            (metrics.ROUTE, self._stage_seconds(costs.route, 0, share if reuse else 1.0, route_cpu)),
+        ))
 
         if base is None:
             return Context(items, prompt, preamble, ledger, safety, route, engine_key)

@@ -9,7 +9,7 @@ import logging
 import trio
 
 from .. import workload
-from ..api.costs import ALL_SWITCHES_OFF, ZERO_COSTS, ApiCosts, CacheSwitches
+from ..api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, CacheSwitches
 from ..api.service import ApiService
 from ..api.store import ResponseStore
 from ..api.workloads import WorkloadCatalog
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=workload.DEFAULT_PRESET, help="default workload when a request names none: a preset or fixed:<turns>")
     parser.add_argument("--seed", type=int, default=0, help="default workload seed")
     parser.add_argument("--costs", choices=["default", "zero"], default="default", help="modeled API stage costs (zero: real CPU work only)")
+    parser.add_argument("--api-profile", choices=sorted(API_PROFILES), default="after", help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)")
     parser.add_argument("--switches", choices=["on", "all-off"], default="on", help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")
     parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
     parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
@@ -37,6 +38,7 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
         store=ResponseStore(args.store),
         workloads=WorkloadCatalog(default_workload=args.workload, default_seed=args.seed),
         flush_interval=args.flush_interval,
+        sprint=API_PROFILES[args.api_profile],
     )
     config = ServerConfig(
         api_keys=frozenset(args.api_key) if args.api_key else None,

@@ -248,5 +248,7 @@ async def run_websocket_rollout(
                 event = {"type": "response.append", "input": sent_items}
             else:
                 event = {"type": "response.create", **base, "previous_response_id": response["id"], "input": sent_items}
-    rollout.record.ended_at = trio.current_time()
+        # The task ends at its final event; closing the socket afterwards is not part of it (the
+        # HTTP harness likewise stops at the terminal event).
+        rollout.record.ended_at = trio.current_time()
     return rollout.record

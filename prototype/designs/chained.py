@@ -111,11 +111,12 @@ async def run_turn(
                 outcome = "completed"
 
         added = response.output
+        response.status = outcome  # the stored record is the finished response
         if switches.overlap_post:
             background.start_soon(_post, api, log, response, added, owner)
         else:
             await api.post_inference(log, response, added, owner=owner)
-        await emitter.finished(outcome)
+        await emitter.finished(outcome, reason="max_output_tokens" if outcome == "incomplete" else None)
     cache.put(response, context)
     return response
 

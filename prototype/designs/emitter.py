@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from .. import metrics
+from ..engine.engine import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
 from ..protocol import events as ev
 from ..protocol.items import FunctionCall, Item, Message, WebSearchCall
 from ..protocol.response import Response
@@ -128,10 +129,6 @@ class Emitter:
         self.response.output[index] = item
         await self.emit(ev.WebSearchCompleted, item_id=item.id, output_index=index)
         await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
-
-
-class EngineFailure(Exception):
-    """The engine failed mid-response (a fault injected by an experiment or test)."""
 
 
 @asynccontextmanager

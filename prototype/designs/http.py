@@ -127,8 +127,6 @@ async def run_http_turn(
                 outcome = await loop.run()
                 if outcome != "incomplete":
                     outcome = "completed"
-            if render_cache is not None:
-                render_cache.remember(response.output)  # the server rendered them when it sampled them
 
             # (5) post-inference work inline: the client waits for billing and the store write. The
             # stored record is the finished response, so it takes its outcome first (the terminal
@@ -139,6 +137,10 @@ async def run_http_turn(
                 response.incomplete_details = {"reason": reason}
             await api.post_inference(log, response, response.output, owner=owner)
             await emitter.finished(outcome, reason=reason)
+        if render_cache is not None:
+            # The sampled items were rendered when they joined the context; a client that resends
+            # them next turn finds them cached. Done once the terminal event has gone out.
+            render_cache.remember(response.output)
     finally:
         if elsewhere:
             # The engine that served this turn is not where the next turn is routed: its copy of the

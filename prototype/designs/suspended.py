@@ -129,8 +129,9 @@ async def run_rollout(
                     error={"code": SUSPENSION_TIMEOUT, "message": f"No response.append within {ttl:g} s; the rollout was released."},
                 )
                 return response
+            response.status = outcome  # the stored record is the finished response
             await api.post_inference(log, response, context.items[len(request.input) :], owner=owner_of(api_key))
-            await emitter.finished(outcome)
+            await emitter.finished(outcome, reason="max_output_tokens" if outcome == "incomplete" else None)
         return response
     finally:
         api.engine.release(engine_key)

@@ -46,6 +46,31 @@ class KVEntry:
     pinned: bool = False  # held by a live coroutine (v1): no idle expiry while pinned
 
 
+class EngineFailure(Exception):
+    """The engine failed mid-response (a fault injected by an experiment or test)."""
+
+
+@attrs.define(eq=False)
+class FaultPlan:
+    """Fault injection, for tests and experiments: the engine raises `EngineFailure` at a flush.
+
+    `Engine.stream` calls `on_flush` before it yields each chunk of sampled text; after
+    `flushes_before_failure` flushes (counted over every stream of the engine) the next `failures`
+    flushes raise. An engine without a plan (the default) pays one attribute check per flush.
+    """
+
+    flushes_before_failure: int = 0
+    failures: int = 1
+    flushes: int = 0  # flushes seen so far
+    raised: int = 0  # failures raised so far
+
+    def on_flush(self) -> None:
+        self.flushes += 1
+        if self.raised < self.failures and self.flushes > self.flushes_before_failure:
+            self.raised += 1
+            raise EngineFailure("injected engine failure")
+
+
 @attrs.define
 class EngineStats:
     prefill_tokens: int = 0
@@ -76,6 +101,7 @@ class Engine:
     block_size: int = BLOCK_SIZE
     kv: dict[Hashable, KVEntry] = attrs.Factory(dict)
     stats: EngineStats = attrs.Factory(EngineStats)
+    faults: FaultPlan | None = None  # fault injection (tests, experiments); None in normal runs
 
     def cached_prefix(self, key: Hashable, prompt: Prompt, now: float) -> int:
         """Tokens of `prompt` whose KV the session `key` still holds on this engine.
@@ -135,5 +161,7 @@ class Engine:
             # 1e-6 absorbs float error at exact token boundaries under a virtual clock.
             ready = min(total, max(sent + 1, int((now - start) * rate + 1e-6)))
             self.stats.decoded_tokens += ready - sent
+            if self.faults is not None:
+                self.faults.on_flush()
             yield "".join(pieces[sent:ready])
             sent = ready

@@ -9,12 +9,14 @@ a virtual clock. A handler exception ends that connection only, never the server
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import attrs
 import h11
 import trio
 import trio_websocket
 
+from .. import metrics
 from ..api.service import ApiService
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
@@ -62,6 +64,10 @@ class ResponsesServer:
     config: ServerConfig = attrs.Factory(ServerConfig)
     connections: int = 0
     sessions: set = attrs.Factory(set)  # live WebSocket sessions, for tests and load reports
+    # One record per response: which client spoke (user agent) and how it used the protocol
+    # (chained or full context, warm-up, stream, appends, ...) with the response's phase totals.
+    records: deque = attrs.Factory(lambda: deque(maxlen=metrics.MAX_CLIENT_RECORDS))
+    connections_opened: int = 0  # serial numbers for the records' `connection` field
 
     def check_auth(self, headers: dict[str, str]) -> str:
         key = bearer_key(headers)
@@ -72,6 +78,10 @@ class ResponsesServer:
                 status=401,
             )
         return key
+
+    def next_connection_number(self) -> int:
+        self.connections_opened += 1
+        return self.connections_opened
 
     async def handle_stream(self, stream: trio.abc.Stream) -> None:
         """Serve one connection to the end; never raises."""
@@ -135,8 +145,9 @@ class ResponsesServer:
                 api_key,
                 include_timing=headers.get(TIMING_HEADER, "").lower() == "true",
                 user_agent=headers.get("user-agent", ""),
+                connection=self.next_connection_number(),
             )
-            session = WebSocketSession(self.api, self.config, ws, info)
+            session = WebSocketSession(self.api, self.config, ws, info, records=self.records)
             self.sessions.add(session)
             try:
                 await session.run()

@@ -9,6 +9,7 @@ suspended rollout. Every task the connection starts lives in its nursery and end
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import attrs
 import trio
@@ -37,6 +38,7 @@ class ConnectionInfo:
     api_key: str | None
     include_timing: bool = False
     user_agent: str = ""
+    connection: int = 0  # the server's serial number for this connection, in the client records
 
 
 @attrs.define(eq=False)
@@ -52,6 +54,8 @@ class WebSocketSession:
     current: trio.CancelScope | None = None
     idle: trio.Event = attrs.Factory(trio.Event)
     responses: list = attrs.Factory(list)  # (response id, outcome) of each finished response, for records
+    records: Any = None  # the server's bounded log of client records (`ResponsesServer.records`), if any
+    appends: int = 0  # v1 `response.append` frames delivered on this connection
 
     async def send(self, event: object) -> None:
         await self.ws.send_message(codec.encode_event(event))
@@ -80,6 +84,7 @@ class WebSocketSession:
                 event = codec.decode_client_event(message)
                 await self.dispatch(event, queue)
             except ProtocolError as error:
+                self.record_refusal(error)
                 await self.send_error(error)
 
     async def dispatch(self, event: object, queue: trio.MemorySendChannel) -> None:
@@ -105,6 +110,7 @@ class WebSocketSession:
             if self.slot.current is None:
                 raise ProtocolError(errors.NO_SUSPENDED_RESPONSE, "response.append: no response is waiting for tool output on this connection.")
             self.slot.current.deliver(event.input)
+            self.appends += 1
         elif isinstance(event, ResponseSteer):
             await self.send(SteerFailed(0, event.previous_response_id, event.input))
         elif isinstance(event, ResponseProcessed):
@@ -118,17 +124,23 @@ class WebSocketSession:
             self.idle = trio.Event()
             phase_log = metrics.PhaseLog()
             phase_log.record(metrics.QUEUE, queued_at, trio.current_time())
+            phase_log.client = self.protocol_choices(event.request)
+            appends_before, response, outcome = self.appends, None, "cancelled"
             try:
                 with trio.CancelScope() as self.current:
                     response = await self.run_one(event.request, phase_log, nursery)
                     self.responses.append((response.id, response.status))
+                    outcome = response.status
             except ProtocolError as error:
+                outcome = f"error:{error.code}"
                 await self.send_error(error)
             except ConnectionClosed:
+                outcome = "closed"
                 return
             except EngineFailure:
-                pass  # already answered with response.failed; the cache slot was emptied when the turn began
+                outcome = "failed"  # already answered with response.failed; the cache slot was emptied when the turn began
             except Exception as exc:  # a handler bug: fail loudly on this connection only
+                outcome = "error:server_error"
                 log.exception("response handler failed")
                 await self.send_error(ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"))
                 await self.ws.aclose(1011, "internal error")
@@ -137,6 +149,42 @@ class WebSocketSession:
                 self.busy = False
                 self.current = None
                 self.idle.set()
+                self.keep_record(phase_log, response, outcome, self.appends - appends_before)
+
+    # --- client records (issue 7): who spoke and how it used the protocol ----------------------
+
+    def protocol_choices(self, request) -> dict[str, Any]:
+        info = self.info
+        return metrics.protocol_choices(
+            request, transport="websocket", design=info.design, user_agent=info.user_agent, connection=info.connection
+        )
+
+    def keep_record(self, phase_log: metrics.PhaseLog, response, outcome: str, appends: int) -> None:
+        """One record per `response.create` that reached the worker, whatever its outcome."""
+        if self.records is None:
+            return
+        record = dict(phase_log.client or {})
+        record.update(
+            at_s=trio.current_time(),
+            response_id=response.id if response is not None else None,
+            outcome=outcome,
+            appends=appends,
+            timing_requested=self.info.include_timing,
+            phases_ms={k: round(v * 1000, 3) for k, v in phase_log.totals().items()},
+            usage=response.usage.to_dict() if response is not None else None,
+        )
+        self.records.append(record)
+
+    def record_refusal(self, error: ProtocolError) -> None:
+        """A frame refused before it was queued (e.g. a create with `stream_id`)."""
+        if self.records is None:
+            return
+        info = self.info
+        self.records.append({
+            "user_agent": info.user_agent, "transport": "websocket", "design": info.design, "connection": info.connection,
+            "at_s": trio.current_time(), "response_id": None, "outcome": f"error:{error.code}", "param": error.param,
+            "stream_id": error.param == "stream_id",
+        })
 
     async def run_one(self, request, phase_log: metrics.PhaseLog, nursery: trio.Nursery):
         if self.info.design == SUSPENDED:

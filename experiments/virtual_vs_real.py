@@ -1,0 +1,55 @@
+"""The same small configuration under the virtual clock and in real time over loopback sockets.
+
+Virtual-time runs are what the benchmark reports; this checks that they hold in real time: same
+tasks, same modeled costs and network profile, real sockets and real sleeps. The ratio of
+end-to-end times (real / virtual) is above 1 by the testbed's own CPU work that the virtual clock
+does not charge.
+
+    python -m experiments.virtual_vs_real [--tasks 2] [--turns 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from prototype import benchmark
+from prototype import workload as wl
+
+from .common import print_table, results_dir, write_csv
+
+RATIO_BAND = (0.95, 1.05)
+
+
+def small_config(tasks: int, turns: int) -> benchmark.BenchConfig:
+    task_list = tuple(
+        wl.fixed(turns, initial_prompt_tokens=2000, appended_tokens=200, output_tokens=60, tool_seconds=0.2, name=f"small-{i}")
+        for i in range(tasks)
+    )
+    return benchmark.BenchConfig(task_list=task_list)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description="virtual vs real time on a small configuration")
+    parser.add_argument("--tasks", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tps", type=float, default=1000.0)
+    parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS))
+    args = parser.parse_args(argv)
+    config = small_config(args.tasks, args.turns)
+    rows = []
+    for design in args.designs:
+        virtual = statistics.fmean(r.seconds for r in benchmark.run_design_virtual(design, args.tps, config))
+        real = statistics.fmean(r.seconds for r in benchmark.run_design_real(design, args.tps, config))
+        rows.append({"design": design, "virtual_e2e_s": virtual, "real_e2e_s": real, "ratio_real_over_virtual": real / virtual,
+                     "within_band": RATIO_BAND[0] <= real / virtual <= RATIO_BAND[1]})
+    print(f"{args.tasks} tasks x {args.turns} turns at {args.tps:g} tokens/s, RTT {config.network.rtt * 1000:g} ms, default API costs\n")
+    print_table(rows)
+    path = results_dir() / "virtual_vs_real.csv"
+    write_csv(path, rows)
+    print(f"wrote {path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

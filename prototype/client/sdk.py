@@ -1,0 +1,274 @@
+"""The benchmark's rollout through openai-python, a client nobody here wrote (issue 7).
+
+`run_sdk_rollout` plays the same workload as `harness.run_websocket_rollout`: the same task prompt,
+the same tools (`HARNESS_TOOLS`), the same tool outputs and tool times, the same request fields,
+but over `OpenAI().responses.connect()`:
+
+* chained (v2): `conn.response.create(...)` per turn, with `previous_response_id` after the first;
+* suspended (v1): `connect(extra_headers={"OpenAI-Beta": "responses_websockets=2026-02-04"})`, one
+  `conn.response.create(...)`, then `response.append` frames through `conn.send_raw(...)` (the SDK
+  has no typed method for an event the public API lacks; PROTOCOL.md §9).
+
+It records the same `RolloutRecord`/`TurnRecord` fields as the harness. The SDK's client blocks,
+so times are real time from `time.perf_counter` (never the trio clock), and tools wait with
+`time.sleep`. Run it standalone, or from trio in a worker thread:
+`await trio.to_thread.run_sync(functools.partial(run_sdk_rollout, ...), abandon_on_cancel=True)`.
+Every rollout is bounded by `timeout`: past it the connection is closed and `TimeoutError` raised.
+
+Wire bytes differ from the harness's for the same events: the SDK serializes with `json.dumps`'
+default separators and sends only the fields given, in its own order. `bytes_sent` counts what the
+SDK actually wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..protocol.events import TERMINAL_TYPES
+from ..workload import Workload
+from .harness import (
+    BETA,
+    CHAINED,
+    FIRST_TOKEN_TYPES,
+    PAUSE_TYPES,
+    SUSPENDED,
+    RolloutRecord,
+    TurnRecord,
+    _calls,
+    _strip_ids,
+    request_body,
+    run_websocket_rollout,
+    task_prompt,
+    tool_output_text,
+)
+
+TIMING_HEADER = "x-responsesapi-include-timing-metrics"
+DEFAULT_TIMEOUT_S = 600.0
+MAX_EVENTS_PER_TURN = 1_000_000  # a runaway stream ends the rollout instead of looping forever
+
+
+class SdkRollout:
+    """The harness's per-rollout bookkeeping (`harness.Rollout`) on the `time.perf_counter` clock."""
+
+    def __init__(self, workload: Workload, record: RolloutRecord) -> None:
+        self.workload = workload
+        self.record = record
+        self._response_id = ""
+
+    def received(self, event: dict[str, Any], size: int) -> None:
+        now = time.perf_counter()
+        turn = self.record.turns[-1]
+        turn.bytes_received += size
+        event_type = event.get("type", "")
+        self.record.timeline.append((now, "recv", event_type))
+        if event_type == "response.created":
+            self._response_id = event["response"]["id"]
+        if "sequence_number" in event:
+            self.record.sequence_numbers.append((self._response_id, event["sequence_number"]))
+        if event_type in FIRST_TOKEN_TYPES and turn.first_token_at is None:
+            turn.first_token_at = now
+        elif event_type == "response.output_item.done":
+            self.record.transcript.append(_strip_ids(event["item"]))
+        if event_type in PAUSE_TYPES:
+            turn.ended_at = now
+            response = event.get("response") or {}
+            turn.server_timing = response.get("testbed_timing")
+            usage = response.get("usage")
+            if event_type in TERMINAL_TYPES:
+                if response.get("id") not in self.record.response_ids:
+                    self.record.response_ids.append(response.get("id"))
+                if usage:
+                    self.record.usage["input_tokens"] += usage["input_tokens"]
+                    self.record.usage["cached_tokens"] += usage["input_tokens_details"]["cached_tokens"]
+                    self.record.usage["output_tokens"] += usage["output_tokens"]
+
+    def start_turn(self, sent_items: list[dict[str, Any]], size: int) -> None:
+        self.record.turns.append(TurnRecord(len(self.record.turns), time.perf_counter(), bytes_sent=size))
+        self.record.transcript.extend(_strip_ids(item) for item in sent_items)
+
+    def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The harness's simulated tools: wait the workload's tool time, return its outputs."""
+        turn = self.record.turns[-1].turn
+        seconds = self.workload.turns[min(turn, len(self.workload.turns) - 1)].tool_seconds
+        wait = max((seconds[i] if i < len(seconds) else 0.0) for i in range(len(calls)))
+        start = time.perf_counter()
+        time.sleep(wait)
+        self.record.turns[-1].tool_seconds = time.perf_counter() - start
+        return [
+            {"type": "function_call_output", "call_id": call["call_id"], "output": tool_output_text(self.workload, turn, i)}
+            for i, call in enumerate(calls)
+        ]
+
+
+class _SentBytes:
+    """Counts the bytes the SDK writes to its socket. `conn.send` and `conn.send_raw` both end in
+    the connection's `_send(data)`; wrapping that one instance attribute sees the SDK's own
+    serialization. If a later SDK renames it, the count falls back to our own JSON encoding."""
+
+    def __init__(self, conn: Any) -> None:
+        self.total = 0
+        self.exact = callable(getattr(conn, "_send", None))
+        if self.exact:
+            inner = conn._send
+
+            def counting_send(data: bytes | str) -> None:
+                self.total += len(data.encode() if isinstance(data, str) else data)
+                inner(data)
+
+            conn._send = counting_send
+
+    def measure(self, send: Callable[[], None], fallback: dict[str, Any]) -> int:
+        before = self.total
+        send()
+        return self.total - before if self.exact else len(json.dumps(fallback).encode())
+
+
+def run_sdk_rollout(
+    base_url: str,
+    design: str,
+    workload: Workload,
+    *,
+    metadata: dict[str, str],
+    model: str = "gpt-5.4",
+    api_key: str = "testbed",
+    store: bool = False,
+    include_timing: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    on_turn_end: Callable[[TurnRecord], None] | None = None,
+) -> RolloutRecord:
+    """One task over one WebSocket opened by openai-python; `base_url` is the HTTP base
+    (`http://127.0.0.1:PORT/v1`), from which the SDK derives `ws://…/v1/responses`."""
+    from openai import OpenAI  # the test extra installs it; the package itself does not need it
+
+    if design not in (SUSPENDED, CHAINED):
+        raise ValueError(f"design must be {SUSPENDED!r} or {CHAINED!r}, not {design!r}")
+    rollout = SdkRollout(workload, RolloutRecord(design, workload.name, time.perf_counter()))
+    base = request_body(workload, model=model, metadata=metadata, store=store)
+    first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
+    headers = {"OpenAI-Beta": BETA[design]}
+    if include_timing:
+        headers[TIMING_HEADER] = "true"
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    timed_out = threading.Event()
+    try:
+        with client.responses.connect(extra_headers=headers) as conn:
+
+            def expire() -> None:
+                timed_out.set()
+                conn.close()
+
+            watchdog = threading.Timer(timeout, expire)
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                _drive(conn, rollout, design, base, first_input, on_turn_end)
+            except Exception as exc:
+                if timed_out.is_set():
+                    raise TimeoutError(f"SDK rollout did not finish within {timeout} s") from exc
+                raise
+            finally:
+                watchdog.cancel()
+    finally:
+        client.close()
+    rollout.record.ended_at = time.perf_counter()
+    return rollout.record
+
+
+def _drive(
+    conn: Any,
+    rollout: SdkRollout,
+    design: str,
+    base: dict[str, Any],
+    first_input: list[dict[str, Any]],
+    on_turn_end: Callable[[TurnRecord], None] | None,
+) -> None:
+    sent = _SentBytes(conn)
+
+    def timeline_send(event_type: str) -> None:
+        rollout.record.timeline.append((time.perf_counter(), "send", event_type))
+
+    def create(fields: dict[str, Any]) -> int:
+        timeline_send("response.create")
+        return sent.measure(lambda: conn.response.create(**fields), {"type": "response.create", **fields})
+
+    def append(items: list[dict[str, Any]]) -> int:
+        event = {"type": "response.append", "input": items}
+        timeline_send("response.append")
+        return sent.measure(lambda: conn.send_raw(json.dumps(event)), event)
+
+    def until_pause() -> dict[str, Any]:
+        for _ in range(MAX_EVENTS_PER_TURN):
+            data = conn.recv_bytes()
+            typed = conn.parse_event(data)  # the SDK's own model; `.type` is kept for unknown types
+            event = json.loads(data)
+            rollout.received(event, len(data))
+            if typed.type in PAUSE_TYPES or typed.type == "error":
+                return event
+        raise RuntimeError(f"more than {MAX_EVENTS_PER_TURN} events in one turn")
+
+    sent_items = first_input
+    size = create({**base, "input": first_input})
+    while True:
+        rollout.start_turn(sent_items, size)
+        pause = until_pause()
+        if pause["type"] == "error":
+            rollout.record.status = f"error:{pause['error']['code']}"
+            return
+        response = pause["response"]
+        if on_turn_end is not None:
+            on_turn_end(rollout.record.turns[-1])
+        calls = _calls(response["output"])
+        paused = pause["type"] == "response.done"
+        chained_turn_ended = design == CHAINED and pause["type"] == "response.completed" and calls
+        if not (paused or chained_turn_ended):
+            rollout.record.status = response["status"]
+            return
+        sent_items = rollout.run_tools(calls)
+        if design == SUSPENDED:
+            size = append(sent_items)
+        else:
+            size = create({**base, "previous_response_id": response["id"], "input": sent_items})
+
+
+async def run_sdk_websocket_rollout(
+    connector: Any,
+    design: str,
+    workload: Workload,
+    *,
+    metadata: dict[str, str],
+    model: str = "gpt-5.4",
+    store: bool = False,
+    include_timing: bool = False,
+    api_key: str = "testbed",
+    on_turn_end: Callable[[TurnRecord], None] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> RolloutRecord:
+    """A drop-in for `harness.run_websocket_rollout` in trio code (experiments): the same arguments,
+    the rollout driven by openai-python in a worker thread. `connector` must be a `TcpConnector`
+    without a network profile (the SDK opens its own socket, so the WAN emulator cannot sit under
+    it). Times in the record are `time.perf_counter` seconds: compare durations, not instants, with
+    records of the built-in harness. `on_turn_end` runs on the worker thread."""
+    host, port = getattr(connector, "host", None), getattr(connector, "port", None)
+    if host is None or port is None or getattr(connector, "network", None) is not None:
+        raise ValueError("the SDK client needs a TcpConnector(host, port) without a network profile")
+    run = functools.partial(
+        run_sdk_rollout, f"http://{host}:{port}/v1", design, workload, metadata=metadata, model=model, api_key=api_key,
+        store=store, include_timing=include_timing, timeout=timeout, on_turn_end=on_turn_end,
+    )
+    return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+
+
+def rollout_client(name: str) -> Callable[..., Any]:
+    """`"harness"`: the built-in trio client; `"sdk"`: openai-python. Both are awaited the same way."""
+    clients = {"harness": run_websocket_rollout, "sdk": run_sdk_websocket_rollout}
+    if name not in clients:
+        raise ValueError(f"unknown rollout client {name!r}; choose one of {sorted(clients)}")
+    return clients[name]

@@ -6,7 +6,7 @@ import csv
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,11 +43,12 @@ def _fmt(value: Any) -> str:
 
 
 @contextmanager
-def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port)."""
+def server_process(*args: str, preexec_fn: Callable[[], Any] | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port).
+    `preexec_fn` runs in the child before the server starts (e.g. `raise_fd_limit`)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent, preexec_fn=preexec_fn,
     )
     try:
         line = process.stdout.readline()
@@ -66,3 +67,24 @@ def cpu_seconds(pid: int) -> float:
     for task in Path(f"/proc/{pid}/task").iterdir():
         total += int((task / "schedstat").read_text().split()[0])
     return total / 1e9
+
+
+def raise_fd_limit(wanted: int = 65536) -> int:
+    """Raise this process's open-file limit towards `wanted` (at most the hard limit); returns it.
+    A thousand sessions need a thousand sockets on each side of loopback."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (/proc/<pid>/status VmRSS), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")

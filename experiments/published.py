@@ -122,9 +122,9 @@ def run_pair(row: Published, n_tasks: int) -> dict[str, Any]:
     }
 
 
-def trend_rows(n_tasks: int) -> list[dict[str, Any]]:
+def trend_rows(n_tasks: int, turns: int = 20) -> list[dict[str, Any]]:
     """Out-of-sample direction checks: the gain of chained over http grows with decode speed."""
-    tasks = coding_tasks(20, 0.3)(n_tasks)
+    tasks = coding_tasks(turns, 0.3)(n_tasks)
     rows = []
     for tps in benchmark.DECODE_SPEEDS:
         times = {}
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="Published results side by side with the testbed")
     parser.add_argument("--tasks", type=int, default=5, help="tasks per generated condition (default 5)")
     parser.add_argument("--rows", type=int, nargs="*", default=None, help="run only these rows (indices)")
+    parser.add_argument("--trend-turns", type=int, default=20, help="turns per task in the decode-speed direction check")
     args = parser.parse_args(argv)
     chosen = [row for i, row in enumerate(ROWS) if args.rows is None or i in args.rows]
     rows = [run_pair(row, args.tasks) for row in chosen]
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("Published results vs the testbed (gain = 1 - design/baseline; ms per turn = overhead the gain implies)\n")
     print_table(rows, ["result", "role", "compare", "tok_s", "turns", "published_gain", "measured_gain",
                        "testbed_ms_per_turn", "implied_ms_per_turn", "implied_vs_calibration"])
-    trends = trend_rows(args.tasks)
-    print("\nDirection check (out of sample): chained vs http gain by decode speed, 20 turns, 0.3 s tools")
+    trends = trend_rows(args.tasks, args.trend_turns)
+    print(f"\nDirection check (out of sample): chained vs http gain by decode speed, {args.trend_turns} turns, 0.3 s tools")
     print_table(trends)
     grows = all(a["gain_chained_vs_http"] < b["gain_chained_vs_http"] for a, b in zip(trends, trends[1:]))
     print(f"gain grows with decode speed: {'yes' if grows else 'NO'}")

@@ -23,7 +23,7 @@ RATIO_BAND = (0.95, 1.05)
 
 def small_config(tasks: int, turns: int) -> benchmark.BenchConfig:
     task_list = tuple(
-        wl.fixed(turns, initial_prompt_tokens=2000, appended_tokens=200, output_tokens=60, tool_seconds=0.2, name=f"small-{i}")
+        wl.fixed(turns, initial_prompt_tokens=2000, appended_tokens=200, output_tokens=60, tool_seconds=0.5, name=f"small-{i}")
         for i in range(tasks)
     )
     return benchmark.BenchConfig(task_list=task_list)

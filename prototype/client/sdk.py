@@ -170,6 +170,8 @@ def run_sdk_rollout(
             watchdog.start()
             try:
                 _drive(conn, rollout, design, base, first_input, on_turn_end)
+                # The task ends at its final event; closing the socket is not part of it (as in the harness).
+                rollout.record.ended_at = time.perf_counter()
             except Exception as exc:
                 if timed_out.is_set():
                     raise TimeoutError(f"SDK rollout did not finish within {timeout} s") from exc
@@ -178,7 +180,6 @@ def run_sdk_rollout(
                 watchdog.cancel()
     finally:
         client.close()
-    rollout.record.ended_at = time.perf_counter()
     return rollout.record
 
 

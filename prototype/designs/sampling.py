@@ -23,6 +23,7 @@ from .. import metrics
 from ..api.service import ApiService, Context, StageModes
 from ..api import render
 from ..engine import tokenizer
+from ..engine.engine import EngineCall
 from ..engine.policy import PlannedSearch
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
 from .emitter import Emitter
@@ -89,6 +90,7 @@ class SamplingLoop:
     hosted: ToolBackend
     client: ToolBackend
     pinned_kv: bool  # v1 keeps its KV resident across the pause; the others rely on the prefix cache
+    engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
 
     @property
     def log(self) -> metrics.PhaseLog:
@@ -96,10 +98,24 @@ class SamplingLoop:
 
     async def tool_call_point(self, calls: Sequence[ToolCall]) -> Sequence[Item] | None:
         """The suspension point: the loop blocks here for every tool call, hosted or client."""
+        self.end_model_call()
         backend = self.hosted if isinstance(calls[0].item, WebSearchCall) else self.client
         return await backend.answer(calls)
 
     async def run(self) -> str:
+        try:
+            return await self._sample()
+        finally:
+            self.end_model_call()
+
+    def end_model_call(self) -> None:
+        """The session goes idle on the engine: its batch slot is freed and its KV is kept,
+        swapped or dropped as the engine's retention policy says."""
+        if self.engine_call is not None:
+            self.api.engine.end_call(self.engine_call)
+            self.engine_call = None
+
+    async def _sample(self) -> str:
         ctx, request = self.context, self.emitter.response.request
         budget = request.max_output_tokens
         while True:
@@ -158,6 +174,11 @@ class SamplingLoop:
     async def model_call(self) -> None:
         """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7)."""
         ctx = self.context
+        asked = trio.current_time()
+        self.end_model_call()
+        self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
+        if self.engine_call.queued_s > 0:
+            self.log.record(metrics.QUEUE, asked, self.engine_call.admitted_at)
         now = trio.current_time()
         cached = self.api.engine.cached_prefix(ctx.engine_key, ctx.prompt, now)
         usage = self.emitter.response.usage
@@ -165,7 +186,7 @@ class SamplingLoop:
         usage.cached_tokens += cached
         await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
-        self.log.record(metrics.PREFILL, now, trio.current_time())
+        self.log.record(metrics.PREFILL, self.engine_call.admitted_at, trio.current_time())  # a swap-in counts as prefill
 
     async def decode_hidden(self, text: str) -> None:
         """Time to sample a hosted call's arguments, which are not streamed as deltas."""

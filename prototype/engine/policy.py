@@ -52,7 +52,7 @@ def _rng(*key: int) -> np.random.Generator:
 
 
 def arguments_for_schema(schema: dict[str, Any] | None, rng: np.random.Generator) -> Any:
-    """A value valid for a (simple) JSON schema: objects fill every property, required or not."""
+    """A value valid for a (simple) JSON schema: objects fill their required properties."""
     if not isinstance(schema, dict):
         return {}
     if "enum" in schema and schema["enum"]:
@@ -66,8 +66,11 @@ def arguments_for_schema(schema: dict[str, Any] | None, rng: np.random.Generator
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
+        # Required properties only, as a model mostly does: optional ones (timeouts, flags) keep
+        # their defaults on the client side, and real clients' tools then get sane calls.
         properties = schema.get("properties") or {}
-        return {name: arguments_for_schema(sub, rng) for name, sub in properties.items()}
+        required = set(schema.get("required") or ())
+        return {name: arguments_for_schema(sub, rng) for name, sub in properties.items() if name in required}
     if kind == "array":
         return [arguments_for_schema(schema.get("items"), rng)]
     if kind == "string":
@@ -76,7 +79,9 @@ def arguments_for_schema(schema: dict[str, Any] | None, rng: np.random.Generator
         low = int(schema.get("minimum", 0))
         return low + int(rng.integers(0, 10))
     if kind == "number":
-        return float(schema.get("minimum", 0)) + round(float(rng.random()), 3)
+        # Whole values: clients often parse "number" fields into integers (Codex reads yield_time_ms
+        # as usize and rejects 0.522).
+        return float(schema.get("minimum", 0)) + float(rng.integers(0, 10))
     if kind == "boolean":
         return bool(rng.integers(0, 2))
     return None

@@ -221,6 +221,10 @@ def parse_item(obj: Any, path: str = "input[0]") -> Item:
             status=_string(obj, "status", path, required=False),
         )
     if item_type == "function_call_output":
+        if obj.get("call_id") is None and isinstance(obj.get("name"), str):
+            # Codex's goal feature sends named outputs that answer no call ({"name": "goal_objective",
+            # "namespace": "agent", ...}): carried as context, never matched to a pending call.
+            return OpaqueItem(item_type, json.dumps(obj, sort_keys=True, separators=(",", ":")))
         if "output" not in obj:
             raise _bad(f"{path}.output", f"Missing required field 'output' in {path}.")
         return FunctionCallOutput(

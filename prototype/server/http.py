@@ -35,6 +35,7 @@ import trio
 from .. import metrics
 from ..designs.emitter import EngineFailure
 from ..designs.http import run_http_turn
+from ..protocol.response import Response
 from ..protocol import codec
 from ..protocol.errors import SERVER_ERROR, ProtocolError
 from ..protocol.events import TERMINAL_TYPES
@@ -111,8 +112,9 @@ class HttpExchange:
     """One connection's h11 state machine and the stream under it, with the few reads and writes
     the handler needs."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, number: int = 0) -> None:
         self.stream = stream
+        self.number = number  # the connection's serial number in the server's records
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
 
     async def next_event(self) -> Any:
@@ -220,7 +222,7 @@ async def serve_http(server: Any, stream: trio.abc.Stream) -> None:
 
     `server` is the ResponsesServer: its ApiService, its ServerConfig, and its `check_auth`.
     """
-    exchange = HttpExchange(stream)
+    exchange = HttpExchange(stream, server.next_connection_number())
     idle_timeout = server.config.http_idle_timeout
     first = True
     while True:
@@ -311,16 +313,30 @@ async def serve_request(server: Any, exchange: HttpExchange, request: h11.Reques
         return
 
     include_timing = headers.get(TIMING_HEADER, "").lower() == "true"
-    if create.stream:
-        await _answer_stream(server, exchange, create, include_timing, api_key)
-    else:
-        await _answer_json(server, exchange, create, include_timing, api_key)
+    phase_log = metrics.PhaseLog()
+    phase_log.client = metrics.protocol_choices(
+        create, transport="http", design="http-stored" if create.previous_response_id else "http-stateless",
+        user_agent=headers.get("user-agent", ""), connection=exchange.number,
+    )
+    answer = _answer_stream if create.stream else _answer_json
+    response = await answer(server, exchange, create, include_timing, api_key, phase_log)
+    server.records.append({
+        **phase_log.client,
+        "at_s": trio.current_time(),
+        "response_id": response.id if response is not None else None,
+        "outcome": response.status if response is not None else "error",
+        "usage": response.usage.to_dict() if response is not None else None,
+        "timing_requested": include_timing,
+        "phases_ms": {k: round(v * 1000, 3) for k, v in phase_log.totals().items()},
+    })
 
 
-async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str) -> None:
+async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
+    """Stream the response as SSE; returns it (None if refused before it started)."""
     sink = SseSink(exchange)
+    response = None
     try:
-        await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=metrics.PhaseLog())
+        response = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         raise  # the client went away: nothing left to tell it
     except EngineFailure:
@@ -328,22 +344,25 @@ async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, inclu
     except ProtocolError as error:
         if not sink.started:
             await exchange.send_error(error)
-            return
+            return None
         await sink.fail(error)
     except Exception as exc:
         log.exception("http response handler failed")
         if not sink.started:
             await exchange.send_error(_internal_error(exc), close=True)
-            return
+            return None
         await sink.fail(_internal_error(exc))
     await sink.end()
+    return response
 
 
-async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str) -> None:
+async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
+    """Answer with the finished Response as JSON; returns it (None if refused)."""
     sink = CollectingSink()
     failure: ProtocolError | None = None
+    finished = None
     try:
-        await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=metrics.PhaseLog())
+        finished = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
     except EngineFailure:
         pass
     except ProtocolError as error:
@@ -354,7 +373,7 @@ async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include
     terminal = sink.terminal
     if terminal is None:  # refused before the response started (or a fault before its terminal)
         await exchange.send_error(failure or _internal_error(RuntimeError("no terminal event")))
-        return
+        return None
     response = terminal["response"]
     if terminal["type"] == "response.failed":
         # A response that failed while it ran [ours]: a 500 carrying the response's error, as an
@@ -364,8 +383,9 @@ async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include
             500,
             {"error": {"type": "server_error", "code": error.get("code", SERVER_ERROR), "message": error.get("message", ""), "param": None}},
         )
-        return
+        return finished
     await exchange.send_json(200, response)
+    return finished
 
 
 __all__ = [

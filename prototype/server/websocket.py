@@ -71,8 +71,13 @@ class WebSocketSession:
                 nursery.start_soon(self.lifetime)
                 await self.reader(send_queue)
                 nursery.cancel_scope.cancel()  # overlapped post work is shielded and still finishes
-        except ConnectionClosed:
+        except* ConnectionClosed:  # from any task of the nursery, so it arrives inside a group
             pass
+        finally:
+            # Close drops all state (PROTOCOL.md §10.7): the v2 cache and the engine KV held under
+            # this connection's key, which no other connection can reach (the key is this session).
+            self.cache.evict()
+            self.api.engine.release(self.cache.engine_key)
 
     async def reader(self, queue: trio.MemorySendChannel) -> None:
         while True:
@@ -133,12 +138,14 @@ class WebSocketSession:
                     outcome = response.status
             except ProtocolError as error:
                 outcome = f"error:{error.code}"
+                self.cache.evict()  # a failed turn leaves the slot empty, chained or not (PROTOCOL.md §6.3)
                 await self.send_error(error)
             except ConnectionClosed:
                 outcome = "closed"
                 return
             except EngineFailure:
-                outcome = "failed"  # already answered with response.failed; the cache slot was emptied when the turn began
+                outcome = "failed"  # already answered with response.failed
+                self.cache.evict()  # as for any failed turn (PROTOCOL.md §6.3)
             except Exception as exc:  # a handler bug: fail loudly on this connection only
                 outcome = "error:server_error"
                 log.exception("response handler failed")

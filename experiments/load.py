@@ -1,0 +1,236 @@
+"""Load: N concurrent sessions of each WebSocket design over real loopback sockets (issue 6).
+
+For each design (suspended v1, chained v2) and each N, a fresh server runs in a child process
+(`python -m prototype serve --costs zero`: no modeled API-stage cost, so what it spends is its own
+work), and this process runs N rollouts at once against it with the harness over TCP. Every rollout
+is the same fixed task, `fixed:<turns>:<prompt>:<appended>:<output>:<tool s>`, at model
+`sim-100000` (100,000 tokens/s: decoding is modeled as almost nothing).
+
+Reported per design and N:
+
+* `turns_per_s`: turns completed per second of wall time, all sessions together;
+* `overhead_p50_ms`, `overhead_p99_ms`: each turn's time (request sent to pause or terminal event
+  received) minus the same turn's time in a virtual-clock run of the same task, which is exactly what
+  the engine model charges (request overhead, prefill, decode). What is left is real work and
+  queueing: in the server, and in this client process, which shares the machine with it;
+* `server_cpu_ms_per_turn` and `server_core_share` (/proc schedstat): the server's own CPU time;
+  `client_core_share` the same for this process, to show which side was the bottleneck;
+* `kb_per_session`: (peak server RSS while the sessions are open - RSS before them) / sessions open
+  at that peak (/proc/<pid>/status VmRSS, sampled every 10 ms);
+* `lost`, `duplicated`: conversation items and events missing or repeated. Every transcript must
+  equal the reference run's item for item, and every response's sequence numbers must run 0, 1, 2,
+  ... Both must be 0; the script exits 1 otherwise.
+
+    python -m experiments.load [--sessions 100 1000] [--turns 5] [--designs suspended chained]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import trio
+import trio.testing
+
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector, TcpConnector
+from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
+from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
+from prototype.server.app import ResponsesServer
+from prototype.workload import Workload, fixed
+
+from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, rss_bytes, server_process, write_csv
+
+MODEL = "sim-100000"
+DESIGNS = (SUSPENDED, CHAINED)
+RSS_SAMPLE_S = 0.010
+COLUMNS = (
+    "design", "sessions", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
+    "server_cpu_ms_per_turn", "server_core_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "open_at_peak", "kb_per_session",
+    "lost", "duplicated",
+)
+
+
+def task_of(args: argparse.Namespace) -> tuple[Workload, str]:
+    workload = fixed(
+        args.turns, initial_prompt_tokens=args.prompt, appended_tokens=args.appended, output_tokens=args.output,
+        tool_seconds=args.tool_seconds,
+    )
+    spec = f"fixed:{args.turns}:{args.prompt}:{args.appended}:{args.output}:{args.tool_seconds:g}"
+    return workload, spec
+
+
+def reference(design: str, workload: Workload, spec: str) -> RolloutRecord:
+    """The same rollout in-process on a virtual clock: its transcript, and each turn's modeled time."""
+
+    async def run() -> RolloutRecord:
+        server = ResponsesServer(ApiService(costs=ZERO_COSTS))
+        return await run_websocket_rollout(InMemoryConnector(server), design, workload, metadata={"testbed_workload": spec}, model=MODEL)
+
+    record = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert record.status == "completed", record.status
+    return record
+
+
+def _items(record: RolloutRecord) -> Counter:
+    return Counter(json.dumps(item, sort_keys=True) for item in record.transcript)
+
+
+def lost_and_duplicated(record: RolloutRecord | None, expected: RolloutRecord) -> tuple[int, int]:
+    """Items missing from / repeated in the transcript, plus events missing from / repeated in each
+    response's sequence numbers."""
+    want = _items(expected)
+    if record is None:
+        return sum(want.values()), 0
+    got = _items(record)
+    lost = sum((want - got).values())
+    duplicated = sum((got - want).values())
+    if lost == duplicated == 0 and record.transcript != expected.transcript:
+        lost = duplicated = 1  # same items, wrong order: counted as one of each
+    numbers: dict[str, list[int]] = {}
+    for response_id, number in record.sequence_numbers:
+        numbers.setdefault(response_id, []).append(number)
+    for seen in numbers.values():
+        counts = Counter(seen)
+        duplicated += sum(c - 1 for c in counts.values())
+        lost += (max(seen) + 1) - len(counts)
+    if record.status != "completed":
+        lost += 1
+    return lost, duplicated
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def run_sessions(port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int) -> dict[str, Any]:
+    """`sessions` rollouts at once; the server's RSS sampled all along."""
+    connector = TcpConnector("127.0.0.1", port)
+    metadata = {"testbed_workload": spec}
+    records: list[RolloutRecord | None] = []
+    state = {"open": 0, "peak_rss": 0, "open_at_peak": 0}
+
+    # One rollout first: imports, the tokenizer and the workload cache are loaded before "before".
+    await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL)
+    rss_before = rss_bytes(pid)
+    cpu_before = cpu_seconds(pid)
+    client_before = _own_cpu()
+
+    async def one() -> None:
+        state["open"] += 1
+        try:
+            records.append(await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL))
+        except (OSError, trio.BrokenResourceError, Exception) as exc:  # noqa: BLE001 - counted as lost, reported
+            print(f"  a session failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            records.append(None)
+        finally:
+            state["open"] -= 1
+
+    async def sample(cancel: trio.CancelScope) -> None:
+        with cancel:
+            while True:
+                rss = rss_bytes(pid)
+                if rss > state["peak_rss"]:
+                    state["peak_rss"], state["open_at_peak"] = rss, state["open"]
+                await trio.sleep(RSS_SAMPLE_S)
+
+    started = trio.current_time()
+    async with trio.open_nursery() as outer:
+        sampling = trio.CancelScope()
+        outer.start_soon(sample, sampling)
+        async with trio.open_nursery() as nursery:
+            for _ in range(sessions):
+                nursery.start_soon(one)
+        sampling.cancel()
+    wall = trio.current_time() - started
+    return {
+        "records": records, "wall": wall, "cpu": cpu_seconds(pid) - cpu_before, "client_cpu": _own_cpu() - client_before,
+        "rss_before": rss_before,
+        "peak_rss": max(state["peak_rss"], rss_before), "open_at_peak": state["open_at_peak"],
+    }
+
+
+def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[str, Any]:
+    expected = reference(design, workload, spec)
+    modeled = [turn.ended_at - turn.sent_at for turn in expected.turns]
+    with server_process("--costs", "zero", preexec_fn=raise_fd_limit) as (process, port):
+        out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions)
+    records = out["records"]
+    done = [r for r in records if r is not None and r.status == "completed"]
+    overheads = [
+        (turn.ended_at - turn.sent_at) - modeled[turn.turn]
+        for record in done for turn in record.turns if turn.ended_at is not None
+    ]
+    lost = duplicated = 0
+    for record in records:
+        lo, du = lost_and_duplicated(record, expected)
+        lost, duplicated = lost + lo, duplicated + du
+    turns = sum(len(r.turns) for r in done)
+    open_at_peak = max(out["open_at_peak"], 1)
+    return {
+        "design": design,
+        "sessions": sessions,
+        "turns": turns,
+        "completed": len(done),
+        "wall_s": out["wall"],
+        "turns_per_s": turns / out["wall"],
+        "overhead_p50_ms": 1000 * float(np.percentile(overheads, 50)) if overheads else float("nan"),
+        "overhead_p99_ms": 1000 * float(np.percentile(overheads, 99)) if overheads else float("nan"),
+        "server_cpu_ms_per_turn": 1000 * out["cpu"] / max(turns, 1),
+        "server_core_share": out["cpu"] / out["wall"],
+        "client_core_share": out["client_cpu"] / out["wall"],
+        "rss_before_mb": out["rss_before"] / 2**20,
+        "rss_peak_mb": out["peak_rss"] / 2**20,
+        "open_at_peak": out["open_at_peak"],
+        "kb_per_session": (out["peak_rss"] - out["rss_before"]) / 1024 / open_at_peak,
+        "lost": lost,
+        "duplicated": duplicated,
+        "modeled_turn_ms": 1000 * statistics.fmean(modeled),
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[100, 1000], help="concurrent sessions (default 100 1000)")
+    parser.add_argument("--turns", type=int, default=5, help="turns per rollout (default 5)")
+    parser.add_argument("--designs", nargs="+", choices=DESIGNS, default=list(DESIGNS))
+    parser.add_argument("--prompt", type=int, default=1000, help="initial prompt tokens (default 1000)")
+    parser.add_argument("--appended", type=int, default=200, help="tool output tokens per turn (default 200)")
+    parser.add_argument("--output", type=int, default=50, help="output tokens per turn (default 50)")
+    parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
+    parser.add_argument("--csv", default="load.csv", help="file name under results/ (default load.csv)")
+    args = parser.parse_args(argv)
+    raise_fd_limit()
+    workload, spec = task_of(args)
+    print(
+        f"task {spec} at {MODEL}; modeled engine time per call: {ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms + prompt/"
+        f"{PREFILL_TOKENS_PER_S:g} tokens/s prefill + output/100000 tokens/s decode; API stage costs zero",
+        flush=True,
+    )
+    rows = []
+    for sessions in args.sessions:
+        for design in args.designs:
+            t0 = time.perf_counter()
+            row = measure(design, sessions, workload, spec)
+            rows.append(row)
+            print(f"  {design} x {sessions}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print_table(rows, COLUMNS)
+    path = results_dir() / args.csv
+    write_csv(path, rows)
+    print(f"wrote {path}")
+    return rows
+
+
+if __name__ == "__main__":
+    rows = main()
+    if any(row["lost"] or row["duplicated"] for row in rows):
+        sys.exit(1)

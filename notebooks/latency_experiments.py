@@ -1,0 +1,269 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Latency experiments: where API overhead starts to dominate the agent loop
+#
+# OpenAI's post makes a simple argument. While inference was slow (about 65 tokens/s), the API's
+# own work per request (validation, safety, rendering, routing, billing) was hidden behind
+# decoding. At Codex-Spark speeds (1,000 tokens/s, bursts to 4,000) the same work became the
+# bottleneck of an agent's tool loop. This notebook sweeps the four quantities that decide when
+# that happens, on the same seeded coding tasks for every design:
+#
+# 1. **decode speed**, 65 to 4,000 tokens/s;
+# 2. **tool time**, the client's share of each turn;
+# 3. **history length**, the tokens in the conversation before the loop starts;
+# 4. **round-trip time** between the client and the API.
+#
+# For each sweep it plots every design's end-to-end time per task and its gain over stateless http.
+# All runs use virtual time (`prototype.benchmark.run_design_virtual`) and are deterministic. The
+# sweep runner and the plots live in `prototype/plots.py`. Set `TESTBED_NOTEBOOK_TEST=1` to shrink
+# the notebook to a smoke test.
+
+# %% tags=["parameters"]
+DESIGNS = ("http", "chained", "suspended")  # add "http-stored" to see previous_response_id over HTTP
+PRESET = "coding"  # workload preset (prototype/workload.py)
+SEED = 0
+N_TASKS = 2  # seeded tasks per point (the same tasks for every design)
+TURNS = 20  # turns per task (the post's "20+ tool calls")
+TOOL_SECONDS = 0.3  # client tool time per call outside the tool sweep: TraceLab's median
+DECODE_TPS = 1000.0  # decode speed outside the decode sweep: Codex-Spark
+RTT_MS = 20.0  # round trip outside the RTT sweep: same region
+DECODE_SPEEDS = (65, 125, 250, 500, 1000, 2000, 4000)  # tokens/s
+TOOL_TIMES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 60.0)  # seconds per call
+HISTORIES = (1000, 8000, 32000, 128000)  # tokens of the initial prompt
+RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # WORKLOAD.md §5 priors
+JOBS = 2  # worker processes per sweep
+KV_MEMORY_ARGV = ["--agents", "4", "16", "--configs", "suspended:hold", "chained:ttl-300", "chained:discard",
+                  "--turns", "8", "--budget", "150000"]
+SAVE_FIGURE = True
+
+# %%
+import importlib.util
+import time
+
+import attrs
+import matplotlib
+import matplotlib.pyplot as plt
+from IPython.display import Image, Markdown, display
+
+from prototype import benchmark, plots
+from prototype import workload as wl
+
+plots.add_repo_to_path()  # `experiments` imports from any working directory
+if plots.notebook_test_mode():  # a smoke test: short tasks, two or three points per sweep, no workers
+    N_TASKS, TURNS, JOBS = 1, 3, 1
+    DECODE_SPEEDS, TOOL_TIMES, HISTORIES, RTTS_MS = (65, 1000, 4000), (0.1, 10.0), (1000, 32000), (1.0, 80.0)
+    KV_MEMORY_ARGV = ["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3",
+                      "--budget", "30000"]
+print(f"test mode: {plots.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} turns per point, designs {DESIGNS}")
+
+
+def tasks(**overrides):
+    """The seeded tasks of every point: TURNS turns, TOOL_SECONDS per call, unless overridden."""
+    params = {"fixed_turns": TURNS, "fixed_tool_seconds": TOOL_SECONDS, **overrides}
+    return tuple(wl.generate(PRESET, seed=SEED, n_tasks=N_TASKS, **params))
+
+
+def config(task_list, rtt_ms=RTT_MS):
+    return benchmark.BenchConfig(task_list=task_list, network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=rtt_ms / 1000))
+
+
+def sweep(name, values, configure):
+    started = time.perf_counter()
+    rows = plots.run_sweep(name, values, configure, designs=DESIGNS, jobs=JOBS)
+    table = plots.sweep_table(rows, name)
+    print(f"{name}: {len(values)} points x {len(DESIGNS)} designs in {time.perf_counter() - started:.1f} s (real)")
+    return table
+
+
+def show(table, key, columns=("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "decode_s_per_turn", "ttft_p50_ms")):
+    display(Markdown(plots.markdown_table(table, [key, "design", *columns])))
+
+
+# %% [markdown]
+# ## 1. Decode speed: 65 to 4,000 tokens/s
+#
+# The left panel shows end-to-end time per task. The middle panel shows what a turn costs: decode
+# time is the same in every design (black), while API work per turn depends on the design. Where
+# the black line drops below a design's API line, that design's loop spends more time in the API
+# than in sampling tokens. The right panel shows each design's gain over stateless http.
+
+# %%
+decode = sweep("decode_tps", DECODE_SPEEDS, lambda tps: (tps, config(tasks())))
+fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
+plots.sweep_plot(left, decode, "decode_tps", "e2e_mean_s", logx=True, logy=True, xlabel="decode speed (tokens/s)",
+                 ylabel="end-to-end time per task, mean (s)", title="End to end")
+left.legend(fontsize=8)
+xs, decode_s = plots.series(decode, "decode_tps", "decode_s_per_turn", DESIGNS[0])
+middle.plot(xs, decode_s, color="black", marker=".", label="decode (every design)")
+plots.sweep_plot(middle, decode, "decode_tps", "api_s_per_turn", logx=True, logy=True, linestyle="--",
+                 label_suffix=": API work", xlabel="decode speed (tokens/s)", ylabel="seconds per turn",
+                 title="Per turn: decode vs API work")
+crossovers = {}
+for design in DESIGNS:
+    _, api_s = plots.series(decode, "decode_tps", "api_s_per_turn", design)
+    crossovers[design] = plots.crossover(xs, api_s, decode_s)
+    if crossovers[design] is not None:
+        middle.axvline(crossovers[design], color=plots.DESIGN_COLORS.get(design), linewidth=0.8, linestyle=":")
+middle.legend(fontsize=7)
+plots.sweep_plot(right, decode, "decode_tps", "gain_vs_http", logx=True, xlabel="decode speed (tokens/s)",
+                 ylabel="gain over http (1 - design / http)", title="Gain over stateless http")
+fig.tight_layout()
+plt.show()
+show(decode, "decode_tps")
+
+# %%
+for design, x in crossovers.items():
+    if x is None:
+        print(f"{design}: API work per turn stays below decode time per turn over {xs[0]:g}-{xs[-1]:g} tokens/s.")
+    elif x <= xs[0]:
+        print(f"{design}: API work per turn exceeds decode time per turn already at {xs[0]:g} tokens/s.")
+    else:
+        print(f"{design}: API work per turn overtakes decode time per turn at about {x:.0f} tokens/s.")
+for design in DESIGNS:
+    if design == "http":
+        continue
+    _, gains = plots.series(decode, "decode_tps", "gain_vs_http", design)
+    trend = "grows" if gains[-1] > gains[0] else "does not grow"
+    print(f"{design} vs http: gain {100 * gains[0]:.0f}% at {xs[0]:g} tokens/s and {100 * gains[-1]:.0f}% at "
+          f"{xs[-1]:g} tokens/s; the gain {trend} with decode speed.")
+
+# %% [markdown]
+# ## 2. Tool time
+#
+# Tool time is the client's own work, and no API design can shorten it. As it grows it takes a
+# larger share of the loop, so every design's gain over http shrinks (WORKLOAD.md §7: tool time
+# "limits any gain").
+
+# %%
+tools = sweep("tool_s", TOOL_TIMES, lambda s: (DECODE_TPS, config(tasks(fixed_tool_seconds=s))))
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+plots.sweep_plot(left, tools, "tool_s", "e2e_mean_s", logx=True, logy=True, xlabel="tool time per call (s)",
+                 ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
+left.legend(fontsize=8)
+plots.sweep_plot(right, tools, "tool_s", "gain_vs_http", logx=True, xlabel="tool time per call (s)",
+                 ylabel="gain over http", title="Gain over stateless http")
+fig.tight_layout()
+plt.show()
+show(tools, "tool_s", ("e2e_mean_s", "gain_vs_http", "tool_s_per_turn", "api_s_per_turn"))
+for design in DESIGNS:
+    if design != "http":
+        ts, gains = plots.series(tools, "tool_s", "gain_vs_http", design)
+        print(f"{design} vs http: gain {100 * gains[0]:.0f}% with {ts[0]:g} s tools, {100 * gains[-1]:.0f}% with "
+              f"{ts[-1]:g} s tools.")
+
+# %% [markdown]
+# ## 3. History length
+#
+# A stateless http request resends the whole conversation, and the API validates, classifies and
+# renders all of it again on every turn. The chained cache and the suspended Response process only
+# the new items. The x axis is the initial prompt; each turn adds its tool output and the model's
+# answer on top.
+
+# %%
+history = sweep("history_tokens", HISTORIES, lambda n: (DECODE_TPS, config(tasks(initial_prompt_tokens=n))))
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+plots.sweep_plot(left, history, "history_tokens", "e2e_mean_s", logx=True, xlabel="initial prompt (tokens)",
+                 ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
+left.legend(fontsize=8)
+plots.sweep_plot(right, history, "history_tokens", "api_s_per_turn", logx=True, logy=True,
+                 xlabel="initial prompt (tokens)", ylabel="API work per turn (s)", title="API work per turn")
+fig.tight_layout()
+plt.show()
+show(history, "history_tokens", ("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "model_s_per_turn"))
+for design in DESIGNS:
+    hs, api_s = plots.series(history, "history_tokens", "api_s_per_turn", design)
+    print(f"{design}: API work per turn {1000 * api_s[0]:.0f} ms at {hs[0]:,} tokens, {1000 * api_s[-1]:.0f} ms at "
+          f"{hs[-1]:,} tokens ({api_s[-1] / api_s[0]:.1f}x).")
+
+# %% [markdown]
+# ## 4. Round-trip time
+#
+# Every design pays one round trip per turn on an open connection: stateless http over a kept-alive
+# connection, a chained `response.create`, or a suspended `response.append`. A new connection
+# costs handshakes once per rollout. So RTT moves every design by about the same amount per turn,
+# and the differences between designs come from server work, not from the network.
+
+# %%
+rtt = sweep("rtt_ms", RTTS_MS, lambda ms: (DECODE_TPS, config(tasks(), rtt_ms=ms)))
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+plots.sweep_plot(left, rtt, "rtt_ms", "e2e_mean_s", xlabel="round-trip time (ms)",
+                 ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
+left.legend(fontsize=8)
+plots.sweep_plot(right, rtt, "rtt_ms", "gain_vs_http", xlabel="round-trip time (ms)", ylabel="gain over http",
+                 title="Gain over stateless http")
+fig.tight_layout()
+plt.show()
+show(rtt, "rtt_ms", ("e2e_mean_s", "gain_vs_http", "network_s_per_turn", "ttft_p50_ms"))
+for design in DESIGNS:
+    rs, e2e = plots.series(rtt, "rtt_ms", "e2e_mean_s", design)
+    round_trips = 1000 * (e2e[-1] - e2e[0]) / (rs[-1] - rs[0])  # seconds of e2e per second of RTT
+    extra = round_trips - TURNS
+    where = (f"one per turn plus {extra:.1f} once, for opening the connection" if extra >= -0.05
+             else f"{round_trips / TURNS:.2f} per turn")
+    print(f"{design}: from {rs[0]:g} to {rs[-1]:g} ms RTT a task of {TURNS} turns takes {round_trips:.1f} round trips "
+          f"longer: {where}.")
+
+# %% [markdown]
+# ## The four sweeps together
+#
+# End-to-end time per task for every design in each sweep. This is the figure
+# `docs/notebooks.md` shows.
+
+# %%
+fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+for ax, (table, key, label, logx) in zip(axes.flat, (
+    (decode, "decode_tps", "decode speed (tokens/s)", True),
+    (tools, "tool_s", "tool time per call (s)", True),
+    (history, "history_tokens", "initial prompt (tokens)", True),
+    (rtt, "rtt_ms", "round-trip time (ms)", False),
+)):
+    plots.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, xlabel=label, ylabel="end-to-end per task (s)")
+axes.flat[0].set_yscale("log")
+axes.flat[0].legend(fontsize=8)
+fig.suptitle(f"End-to-end time per task: {N_TASKS} {PRESET} task(s) of {TURNS} turns, virtual time "
+             f"(defaults: {DECODE_TPS:g} tokens/s, {TOOL_SECONDS:g} s tools, RTT {RTT_MS:g} ms)")
+fig.tight_layout()
+if SAVE_FIGURE:
+    path = plots.results_path("notebook_latency_sweeps.png")
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+plt.show()
+
+# %% [markdown]
+# ## Engine memory under concurrency
+#
+# The sweeps above run one agent at a time. Keeping state has a price when many agents share one
+# engine: a suspended Response holds its KV for the whole pause, while the chained design's prefix
+# cache can evict or expire it. `experiments/kv_memory.py` runs N concurrent agents against one
+# modeled H100 and reports throughput, queueing, recomputed prefill and resident KV per design and
+# retention policy. This section runs it at the size set by `KV_MEMORY_ARGV`, and skips it when
+# that experiment is not in this checkout.
+
+# %%
+if importlib.util.find_spec("experiments") is None or importlib.util.find_spec("experiments.kv_memory") is None:
+    print("experiments/kv_memory.py is not in this checkout: section skipped.")
+else:
+    from experiments import kv_memory
+
+    backend = matplotlib.get_backend()  # kv_memory draws with Agg; the notebook's backend is restored
+    started = time.perf_counter()
+    kv_rows = kv_memory.main(KV_MEMORY_ARGV)
+    matplotlib.use(backend)
+    print(f"kv_memory: {len(kv_rows)} configurations in {time.perf_counter() - started:.1f} s (real)")
+    columns = [c for c in getattr(kv_memory, "TABLE", kv_rows[0]) if c in kv_rows[0]]
+    display(Markdown(plots.markdown_table(kv_rows, columns)))
+    picture = plots.results_path("kv_memory.png")
+    if picture.exists():
+        display(Image(filename=str(picture)))

@@ -1,0 +1,636 @@
+"""Bad input (issue 6): a corpus of malformed frames and requests, kept as data, each answered with
+its own error code (PROTOCOL.md §5.6).
+
+Rules every test here follows (after tests/support.py):
+
+* The server runs in-process over memory streams under the `autojump_clock`, so a case costs
+  milliseconds and every time is exact.
+* While a case runs, a **bystander** rollout runs on another connection of the same server; its
+  timeline must equal the same rollout run alone, to the nanosecond: a bad input never touches
+  another connection.
+* After the error the same connection must still work, and keep its state, wherever the protocol
+  allows it: a v1 rollout suspended before the bad frame resumes with the right append; a v2 chain
+  continues from its cached response, unless the bad input was a *turn* (a create that reached the
+  worker), which empties the cache slot (WS guide; PROTOCOL.md §6.3).
+* At the end every connection is closed and the server holds nothing: no session, no KV entry.
+
+Unknown model *names* are not bad input: any name maps to a latency profile by design
+(PROTOCOL.md §4.1; `engine/latency.py`: unknown names get the flagship rate, `sim-<N>` asks for N
+tokens/s). The corpus uses a model of the wrong *type* instead, and
+`test_unknown_model_names_are_accepted_by_design` checks the other side.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import h11
+import pytest
+import trio
+import trio.testing
+import trio_websocket
+from trio_websocket import ConnectionClosed
+
+from prototype import workload as wl
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, HARNESS_TOOLS, SUSPENDED, open_responses_websocket, run_websocket_rollout
+from prototype.protocol import errors
+from prototype.server.config import ServerConfig
+from support import make_server, receive, send, until
+
+MODEL = "sim-1000"
+# A small fixed task (3 turns, 50-token prompt, 10 tokens per tool output, 5 output tokens, 0.3 s
+# tools) keeps each case to a few hundred events.
+SMALL = "fixed:3:50:10:5:0.3"
+ONE_TURN = "fixed:1:50:10:5:0.3"
+MAX_MESSAGE = 64 * 1024  # a small frame limit, so the oversized case stays cheap
+CONFIG = ServerConfig(max_message_bytes=MAX_MESSAGE, max_body_bytes=MAX_MESSAGE)
+BOTH = (SUSPENDED, CHAINED)
+TERMINALS = ("response.completed", "response.failed", "response.incomplete")
+
+# Placeholders a corpus frame may contain, filled in from the case's setup.
+PREV = "$prev"  # the response id the setup produced (v2: a completed turn; another connection's turn)
+CALL = "$call"  # the call id that response is waiting on
+
+
+def create(**fields: Any) -> dict[str, Any]:
+    """A valid `response.create`, with `fields` overriding; a field set to DROP is left out."""
+    body = {
+        "type": "response.create", "model": MODEL, "input": "fix the bug", "tools": HARNESS_TOOLS,
+        "metadata": {"testbed_workload": SMALL}, "store": False,
+    }
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not DROP}
+
+
+DROP = object()
+
+
+def output(call_id: str = CALL, text: str = "ok") -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+
+def meta(**pairs: str) -> dict[str, str]:
+    return {"testbed_workload": SMALL, **pairs}
+
+
+@attrs.frozen
+class Bad:
+    """One bad input over WebSocket.
+
+    `frame` is a dict (sent as JSON text), a str (a text frame) or bytes (a binary frame). `stage`
+    says where the server refuses it: `frame` (the reader: codec or dispatch, nothing changes) or
+    `turn` (the worker: a create that started and failed, which empties the v2 cache slot).
+    `setup`: `live` (v1: a rollout suspended at response.done; v2: one completed turn that the
+    frame may chain from), `fresh` (a new connection), `idle` (v1: nothing suspended),
+    `other_connection` / `other_key` (another connection, closed since, made a turn with
+    store=false / store=true under another API key).
+    """
+
+    name: str
+    frame: Any
+    code: str | None
+    param: str | None = None
+    designs: tuple[str, ...] = BOTH
+    stage: str = "frame"
+    setup: str = "live"
+    close: int | None = None  # a close code instead of an error frame
+
+
+LONG_KEY = "k" * 65
+CORPUS: list[Bad] = [
+    # --- malformed JSON ---------------------------------------------------------------------
+    Bad("not json", "not json", errors.INVALID_JSON),
+    Bad("unclosed object", "{not json", errors.INVALID_JSON),
+    Bad("truncated create", '{"type": "response.create", "input": "x"', errors.INVALID_JSON),
+    Bad("empty text frame", "", errors.INVALID_JSON),
+    Bad("whitespace only", "   \n", errors.INVALID_JSON),
+    Bad("trailing garbage", '{"type":"response.create","input":"x"} trailing', errors.INVALID_JSON),
+    Bad("single quotes", "{'type': 'response.create'}", errors.INVALID_JSON),
+    Bad("nesting past the recursion limit", "[" * 20_000, errors.INVALID_JSON),
+    # --- JSON that is not an object -----------------------------------------------------------
+    Bad("array", "[1, 2]", errors.INVALID_JSON),
+    Bad("string", '"response.create"', errors.INVALID_JSON),
+    Bad("number", "42", errors.INVALID_JSON),
+    Bad("null", "null", errors.INVALID_JSON),
+    Bad("boolean", "true", errors.INVALID_JSON),
+    Bad("NaN", "NaN", errors.INVALID_JSON),
+    # --- binary frames (decoded leniently as UTF-8 JSON, PROTOCOL.md §3) ----------------------
+    Bad("binary, not UTF-8", b"\xff\xfe\xfd", errors.INVALID_JSON),
+    Bad("binary, control bytes", b"\x00\x01\x02", errors.INVALID_JSON),
+    Bad("binary array", b"[]", errors.INVALID_JSON),
+    Bad("binary, unknown type", b'{"type": "response.fly"}', errors.UNKNOWN_EVENT_TYPE, "type"),
+    # --- unknown event types --------------------------------------------------------------------
+    Bad("no type", {"input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("type null", {"type": None}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("type is a number", {"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("response.cancel", {"type": "response.cancel"}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("upper case", {"type": "RESPONSE.CREATE", "input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("realtime event", {"type": "session.update", "session": {}}, errors.UNKNOWN_EVENT_TYPE, "type"),
+    Bad("append on v2", {"type": "response.append", "input": [output()]}, errors.UNKNOWN_EVENT_TYPE, "type", designs=(CHAINED,)),
+    # --- wrong field types ------------------------------------------------------------------------
+    Bad("input is a number", create(input=5), errors.INVALID_VALUE, "input"),
+    Bad("input is an object", create(input={"role": "user", "content": "x"}), errors.INVALID_VALUE, "input"),
+    Bad("item is a number", create(input=[5]), errors.INVALID_VALUE, "input[0]"),
+    Bad("unknown item type", create(input=[{"type": "nope"}]), errors.INVALID_VALUE, "input[0].type"),
+    Bad("item without type or role", create(input=[{"content": "x"}]), errors.INVALID_VALUE, "input[0].type"),
+    Bad("unknown role", create(input=[{"role": "king", "content": "x"}]), errors.INVALID_VALUE, "input[0].role"),
+    Bad("message without content", create(input=[{"role": "user"}]), errors.INVALID_VALUE, "input[0].content"),
+    Bad("image part", create(input=[{"role": "user", "content": [{"type": "input_image"}]}]), errors.INVALID_VALUE, "input[0].content[0].type"),
+    Bad("text part not a string", create(input=[{"role": "user", "content": [{"type": "input_text", "text": 5}]}]), errors.INVALID_VALUE, "input[0].content[0].text"),
+    Bad("tool output without call_id", create(input=[{"type": "function_call_output", "output": "x"}]), errors.INVALID_VALUE, "input[0].call_id"),
+    Bad("tool output without output", create(input=[{"type": "function_call_output", "call_id": "c"}]), errors.INVALID_VALUE, "input[0].output"),
+    Bad("call_id not a string", create(input=[{"type": "function_call_output", "call_id": 1, "output": "x"}]), errors.INVALID_VALUE, "input[0].call_id"),
+    Bad("arguments not a string", create(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]), errors.INVALID_VALUE, "input[0].arguments"),
+    Bad("store is a string", create(store="yes"), errors.INVALID_VALUE, "store"),
+    Bad("tools is an object", create(tools={}), errors.INVALID_VALUE, "tools"),
+    Bad("function tool without name", create(tools=[{"type": "function"}]), errors.INVALID_VALUE, "tools[0].name"),
+    Bad("tool without type", create(tools=[{"name": "f"}]), errors.INVALID_VALUE, "tools[0]"),
+    Bad("tool schema is a string", create(tools=[{"type": "function", "name": "f", "parameters": "schema"}]), errors.INVALID_VALUE, "tools[0].parameters"),
+    Bad("instructions is a number", create(instructions=5), errors.INVALID_VALUE, "instructions"),
+    Bad("max_output_tokens 0", create(max_output_tokens=0), errors.INVALID_VALUE, "max_output_tokens"),
+    Bad("max_output_tokens a string", create(max_output_tokens="10"), errors.INVALID_VALUE, "max_output_tokens"),
+    Bad("max_output_tokens true", create(max_output_tokens=True), errors.INVALID_VALUE, "max_output_tokens"),
+    Bad("temperature a string", create(temperature="hot"), errors.INVALID_VALUE, "temperature"),
+    Bad("top_p an array", create(top_p=[]), errors.INVALID_VALUE, "top_p"),
+    Bad("parallel_tool_calls a string", create(parallel_tool_calls="yes"), errors.INVALID_VALUE, "parallel_tool_calls"),
+    Bad("tool_choice a number", create(tool_choice=5), errors.INVALID_VALUE, "tool_choice"),
+    Bad("previous_response_id a number", create(previous_response_id=5), errors.INVALID_VALUE, "previous_response_id"),
+    Bad("generate a string", create(generate="no"), errors.INVALID_VALUE, "generate"),
+    # --- unknown model: names are accepted by design, a model of the wrong type is not -----------
+    Bad("model is a number", create(model=5), errors.INVALID_VALUE, "model"),
+    Bad("model is an array", create(model=["gpt-5.4"]), errors.INVALID_VALUE, "model"),
+    Bad("model is an object", create(model={"name": "gpt-5.4"}), errors.INVALID_VALUE, "model"),
+    # --- missing or empty input -----------------------------------------------------------------
+    Bad("create without input", create(input=DROP), errors.MISSING_REQUIRED_PARAMETER, "input"),
+    Bad("input null", create(input=None), errors.MISSING_REQUIRED_PARAMETER, "input"),
+    Bad("input empty", create(input=[]), errors.EMPTY_INPUT, "input"),
+    Bad("append without input", {"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
+    Bad("append input an object", {"type": "response.append", "input": {"a": 1}}, errors.INVALID_VALUE, "input"),
+    # --- parameters the server does not support -------------------------------------------------
+    Bad("background", create(background=True), errors.UNSUPPORTED_PARAMETER, "background"),
+    Bad("stream_id", create(stream_id="s1"), errors.UNSUPPORTED_PARAMETER, "stream_id"),
+    Bad("conversation", create(conversation="conv_1"), errors.UNSUPPORTED_PARAMETER, "conversation"),
+    Bad("previous_response_id on v1", create(previous_response_id="resp_1"), errors.UNSUPPORTED_PARAMETER, "previous_response_id", designs=(SUSPENDED,)),
+    Bad("warm-up on v1", create(generate=False), errors.UNSUPPORTED_PARAMETER, "generate", designs=(SUSPENDED,)),
+    # --- invalid stream and metadata values -------------------------------------------------------
+    Bad("stream a string", create(stream="true"), errors.INVALID_VALUE, "stream"),
+    Bad("stream a number", create(stream=1), errors.INVALID_VALUE, "stream"),
+    Bad("metadata a string", create(metadata="m"), errors.INVALID_VALUE, "metadata"),
+    Bad("metadata value a number", create(metadata={"k": 1}), errors.INVALID_VALUE, "metadata.k"),
+    Bad("metadata 17 pairs", create(metadata={f"k{i}": "v" for i in range(17)}), errors.INVALID_VALUE, "metadata"),
+    Bad("metadata key too long", create(metadata={LONG_KEY: "v"}), errors.INVALID_VALUE, f"metadata.{LONG_KEY}"),
+    Bad("metadata value too long", create(metadata={"k": "v" * 513}), errors.INVALID_VALUE, "metadata.k"),
+    Bad("unknown workload", create(metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    Bad("workload of 0 turns", create(metadata=meta(testbed_workload="fixed:0")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    Bad("workload not a number", create(metadata=meta(testbed_workload="fixed:abc")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    Bad("negative seed", create(metadata=meta(testbed_seed="-1")), errors.INVALID_VALUE, "metadata.testbed_seed", stage="turn", setup="fresh"),
+    Bad("task not a number", create(metadata=meta(testbed_task="x")), errors.INVALID_VALUE, "metadata.testbed_task", stage="turn", setup="fresh"),
+    Bad("decode rate zero", create(metadata=meta(testbed_decode_tps="0")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
+    Bad("decode rate not a number", create(metadata=meta(testbed_decode_tps="fast")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
+    # --- bad state on v2 (these are turns: they empty the cache slot) ---------------------------------
+    Bad("workload unknown mid-chain", create(previous_response_id=PREV, input=[output()], metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", designs=(CHAINED,), stage="turn"),
+    Bad("unknown previous_response_id", create(previous_response_id="resp_unknown", input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn"),
+    Bad("previous_response_id of another connection (store=false)", create(previous_response_id=PREV, input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_connection"),
+    Bad("previous_response_id of another key (store=true)", create(previous_response_id=PREV, input=[output()], store=True), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_key"),
+    Bad("unknown call_id on v2", create(previous_response_id=PREV, input=[output("call_unknown")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[0]", designs=(CHAINED,), stage="turn"),
+    Bad("repeated call_id on v2", create(previous_response_id=PREV, input=[output(), output()]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", designs=(CHAINED,), stage="turn"),
+    Bad("tool output with no call in a new conversation", create(input=[{"role": "user", "content": "x"}, output("call_1")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", stage="turn", setup="fresh"),
+    # --- bad state on v1 --------------------------------------------------------------------------
+    Bad("append with nothing suspended", {"type": "response.append", "input": [output("call_1")]}, errors.NO_SUSPENDED_RESPONSE, designs=(SUSPENDED,), setup="idle"),
+    Bad("append with an unknown call_id", {"type": "response.append", "input": [output("call_unknown")]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
+    Bad("append with a repeated call_id", {"type": "response.append", "input": [output(), output()]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
+    Bad("append with no output", {"type": "response.append", "input": []}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
+    Bad("append with only a user message", {"type": "response.append", "input": [{"role": "user", "content": "go on"}]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
+    # --- an oversized frame: the connection is closed with 1009 (PROTOCOL.md §3) -----------------
+    Bad("frame over the size limit", create(input="x" * (MAX_MESSAGE + 1)), None, close=1009),
+]
+
+WS_CASES = [pytest.param(case, design, id=f"{design}-{case.name}") for case in CORPUS for design in case.designs]
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def fill(value: Any, ctx: dict[str, str]) -> Any:
+    """The frame with its placeholders replaced by what the setup produced."""
+    if isinstance(value, str):
+        return ctx.get(value, value)
+    if isinstance(value, list):
+        return [fill(v, ctx) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, ctx) for k, v in value.items()}
+    return value
+
+
+async def send_frame(conn: trio_websocket.WebSocketConnection, frame: Any) -> None:
+    await conn.send_message(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+
+
+def calls_of(response: dict[str, Any]) -> list[str]:
+    return [item["call_id"] for item in response["output"] if item["type"] == "function_call"]
+
+
+async def turn(conn, event: dict[str, Any]) -> list[dict[str, Any]]:
+    await send(conn, event)
+    return await until(conn, "response.done", *TERMINALS)
+
+
+async def setup(server, conn, design: str, kind: str) -> dict[str, str]:
+    """Bring the connection (or another one) into the state a case needs; returns the placeholders."""
+    if kind == "live":
+        last = (await turn(conn, create()))[-1]
+        assert last["type"] == ("response.done" if design == SUSPENDED else "response.completed")
+        return {PREV: last["response"]["id"], CALL: calls_of(last["response"])[0]}
+    if kind in ("other_connection", "other_key"):
+        key, store = ("someone-else", True) if kind == "other_key" else ("testbed", False)
+        async with open_responses_websocket(InMemoryConnector(server), CHAINED, api_key=key) as other:
+            last = (await turn(other, create(store=store)))[-1]["response"]
+        await trio.sleep(1)  # the overlapped store write has finished
+        return {PREV: last["id"], CALL: calls_of(last)[0]}
+    return {}
+
+
+async def check_usable(conn, design: str, case: Bad, ctx: dict[str, str]) -> None:
+    """The connection still works after the error, with its state where the protocol keeps it."""
+    if design == SUSPENDED and case.setup == "live":
+        # The rollout is still suspended: the right append resumes it under the same id.
+        await send(conn, {"type": "response.append", "input": [output(ctx[CALL])]})
+        resumed = await receive(conn)
+        assert resumed["type"] == "response.in_progress" and resumed["response"]["id"] == ctx[PREV]
+        assert (await until(conn, "response.done", *TERMINALS))[-1]["type"] == "response.done"
+        return
+    if design == CHAINED and case.setup == "live":
+        follow = create(previous_response_id=ctx[PREV], input=[output(ctx[CALL])])
+        events = await turn(conn, follow)
+        if case.stage == "frame":  # nothing reached the worker: the cached response is still there
+            assert events[-1]["type"] == "response.completed"
+            assert events[-1]["response"]["previous_response_id"] == ctx[PREV]
+            return
+        assert events == [error_frame(errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", events[0])]
+    # Anything else: a new conversation on the same connection completes.
+    events = await turn(conn, create(metadata={"testbed_workload": ONE_TURN}))
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+
+
+def error_frame(code: str, param: str | None, seen: dict[str, Any]) -> dict[str, Any]:
+    """The nested WebSocket error shape (PROTOCOL.md §5.6); the message is checked to be present."""
+    assert isinstance(seen.get("error", {}).get("message"), str) and seen["error"]["message"]
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": seen["error"]["message"], "param": param}}
+
+
+BYSTANDER_TASK = wl.fixed(3, initial_prompt_tokens=50, appended_tokens=10, output_tokens=5, tool_seconds=0.3)
+_baseline: list[tuple[float, str, str]] = []
+
+
+async def bystander(server, *, design: str = CHAINED) -> list[tuple[float, str, str]]:
+    """A well-behaved rollout on its own connection; its timeline relative to its start."""
+    record = await run_websocket_rollout(
+        InMemoryConnector(server), design, BYSTANDER_TASK, metadata={"testbed_workload": SMALL}, model=MODEL
+    )
+    assert record.status == "completed" and len(record.turns) == 3
+    return [(round(t - record.started_at, 9), d, e) for t, d, e in record.timeline]
+
+
+async def bystander_baseline() -> list[tuple[float, str, str]]:
+    if not _baseline:
+        _baseline.extend(await bystander(make_server(config=CONFIG)))
+    return _baseline
+
+
+@attrs.define(eq=False)
+class Bystander:
+    """Runs `bystander` in the background; `timeline` once it has finished."""
+
+    server: Any
+    timeline: list | None = None
+    done: trio.Event = attrs.Factory(trio.Event)
+
+    async def run(self) -> None:
+        try:
+            self.timeline = await bystander(self.server)
+        finally:
+            self.done.set()
+
+    async def check(self) -> None:
+        with trio.fail_after(60):
+            await self.done.wait()
+        assert self.timeline == await bystander_baseline()
+
+
+def session_kv(server) -> dict:
+    """The engine's KV entries held for WebSocket sessions. (The http design's prefix-cache entries
+    are keyed by prompt, not by connection, and expire after the engine's KV time-to-live.)"""
+    return {key: entry for key, entry in server.api.engine.kv.items() if key[0] in ("chained", "suspended")}
+
+
+async def assert_released(server) -> None:
+    """Once every client has closed, the server holds nothing of theirs within a second."""
+    with trio.fail_after(1):
+        while server.sessions or server.connections:
+            await trio.sleep(0.01)
+    assert session_kv(server) == {}
+
+
+# --- the WebSocket corpus -----------------------------------------------------------------------------
+
+
+def test_the_corpus_is_large_and_every_code_is_documented() -> None:
+    inputs = len(CORPUS) + len(HANDSHAKE_CORPUS) + len(HTTP_CORPUS)
+    assert inputs >= 50
+    assert len({case.name for case in CORPUS}) == len(CORPUS)
+    documented = {value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)}
+    assert {case.code for case in CORPUS if case.code} <= documented
+
+
+@pytest.mark.parametrize(("case", "design"), WS_CASES)
+async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_clock, nursery, case: Bad, design: str) -> None:
+    server = make_server(config=CONFIG)
+    await bystander_baseline()
+    watcher = Bystander(server)
+    nursery.start_soon(watcher.run)
+    async with open_responses_websocket(InMemoryConnector(server), design) as conn:
+        ctx = await setup(server, conn, design, case.setup)
+        await send_frame(conn, fill(case.frame, ctx))
+        if case.close is not None:
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await receive(conn)
+            assert closed.value.reason.code == case.close
+        else:
+            answer = await receive(conn)
+            assert answer == error_frame(case.code, case.param, answer)
+            await check_usable(conn, design, case, ctx)
+    await watcher.check()
+    await assert_released(server)
+
+
+async def test_a_whole_corpus_on_one_connection_then_a_rollout(autojump_clock) -> None:
+    """Every frame-level bad input, one after another on one v2 connection, then a full rollout on it."""
+    server = make_server(config=CONFIG)
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        codes = []
+        for case in CORPUS:
+            if CHAINED in case.designs and case.stage == "frame" and case.setup == "live" and case.close is None:
+                await send_frame(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
+                codes.append((await receive(conn))["error"]["code"])
+        assert codes == [case.code for case in CORPUS if CHAINED in case.designs and case.stage == "frame" and case.setup == "live" and case.close is None]
+        first = (await turn(conn, create()))[-1]["response"]
+        second = (await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]
+        assert second["type"] == "response.completed"
+    await assert_released(server)
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design: str) -> None:
+    # Any name selects a latency profile (the flagship rate for names it does not know), as clients
+    # send model names this server cannot know in advance (PROTOCOL.md §4.1).
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), design) as conn:
+        start = trio.current_time()
+        events = await turn(conn, create(model="no-such-model-9000", metadata={"testbed_workload": ONE_TURN}))
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["model"] == "no-such-model-9000"
+    assert trio.current_time() - start > 5 / 65  # 5 tokens at the flagship's 65 tokens/s
+
+
+async def test_a_binary_frame_with_a_valid_create_is_served(autojump_clock) -> None:
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        await conn.send_message(json.dumps(create(metadata={"testbed_workload": ONE_TURN})).encode())
+        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+
+
+async def test_previous_response_id_of_another_connection_with_the_same_key_hydrates(autojump_clock) -> None:
+    # The control for the two "another connection" cases: stored, same key, it chains (§6.2 step 2).
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        first = (await turn(conn, create(store=True)))[-1]["response"]
+    await trio.sleep(1)
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        second = (await turn(conn, create(store=True, previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]
+    assert second["type"] == "response.completed" and second["response"]["previous_response_id"] == first["id"]
+
+
+# --- the handshake ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BadHandshake:
+    name: str
+    headers: tuple[tuple[bytes, bytes], ...]
+    status: int
+    code: str
+    resource: str = "/v1/responses"
+
+
+GOOD_AUTH = (b"authorization", b"Bearer secret")
+HANDSHAKE_CORPUS = [
+    BadHandshake("no authorization", (), 401, "invalid_api_key"),
+    BadHandshake("wrong key", ((b"authorization", b"Bearer wrong"),), 401, "invalid_api_key"),
+    BadHandshake("basic auth", ((b"authorization", b"Basic c2VjcmV0"),), 401, "invalid_api_key"),
+    BadHandshake("bearer without a key", ((b"authorization", b"Bearer"),), 401, "invalid_api_key"),
+    BadHandshake("unknown beta date", (GOOD_AUTH, (b"openai-beta", b"responses_websockets=2025-01-01")), 400, "unsupported_beta"),
+    BadHandshake("wrong path", (GOOD_AUTH,), 404, "not_found", resource="/v1/chat/completions"),
+]
+
+
+def first_leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
+
+
+async def handshake_refusal(stream: trio.abc.Stream, resource: str, headers: list) -> trio_websocket.ConnectionRejected:
+    """The server's refusal of a WebSocket handshake (the test fails if it accepts)."""
+    refused: list[BaseException] = []
+    try:
+        async with trio.open_nursery() as inner:
+            await trio_websocket.wrap_client_stream(inner, stream, "testbed", resource, extra_headers=headers)
+    except* trio_websocket.ConnectionRejected as group:
+        refused.append(first_leaf(group))
+    assert refused, "the handshake was accepted"
+    return refused[0]
+
+
+@pytest.mark.parametrize("case", HANDSHAKE_CORPUS, ids=lambda c: c.name)
+async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery, case: BadHandshake) -> None:
+    server = make_server(config=attrs.evolve(CONFIG, api_keys=frozenset({"secret", "testbed"})))
+    await bystander_baseline()
+    watcher = Bystander(server)
+    nursery.start_soon(watcher.run)
+    client, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    refused = await handshake_refusal(client, case.resource, list(case.headers))
+    assert refused.status_code == case.status
+    body = json.loads(refused.body)
+    assert body["error"]["code"] == case.code and body["error"]["message"]
+    # The server goes on serving: a good handshake on the same server.
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED, api_key="secret") as conn:
+        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await watcher.check()
+    await assert_released(server)
+
+
+# --- HTTP (PROTOCOL.md §2, §8; prototype/server/http.py) -------------------------------------------
+
+
+def good_body(**fields: Any) -> dict[str, Any]:
+    body = create(**{"metadata": {"testbed_workload": ONE_TURN}, **fields})
+    del body["type"]
+    return body
+
+
+@attrs.frozen
+class BadHttp:
+    """One bad HTTP request. `raw` bytes are sent as they are (and the client then half-closes when
+    `eof`); otherwise the request is built from `method`, `target`, `body` and headers. `closes`:
+    the server answers and closes; otherwise the same connection must serve a good request next."""
+
+    name: str
+    status: int
+    code: str
+    param: str | None = None
+    method: str = "POST"
+    target: str = "/v1/responses"
+    body: Any = attrs.field(factory=good_body)
+    auth: str | None = "Bearer secret"
+    content_type: str | None = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    raw: bytes | None = None
+    eof: bool = False
+    closes: bool = False
+
+
+def _raw_head(length: int, extra: str = "") -> bytes:
+    return (
+        f"POST /v1/responses HTTP/1.1\r\nhost: t\r\ncontent-length: {length}\r\nauthorization: Bearer secret\r\n"
+        f"content-type: application/json\r\n{extra}\r\n"
+    ).encode()
+
+
+HTTP_CORPUS = [
+    BadHttp("GET without upgrade", 405, "method_not_allowed", method="GET", body=b""),
+    BadHttp("PUT", 405, "method_not_allowed", method="PUT"),
+    BadHttp("DELETE", 405, "method_not_allowed", method="DELETE", body=b""),
+    BadHttp("PATCH", 405, "method_not_allowed", method="PATCH"),
+    BadHttp("OPTIONS", 405, "method_not_allowed", method="OPTIONS", body=b""),
+    BadHttp("chat completions path", 404, "not_found", target="/v1/chat/completions"),
+    BadHttp("root path", 404, "not_found", target="/"),
+    BadHttp("path below responses", 404, "not_found", target="/v1/responses/resp_1"),
+    BadHttp("GET a response by id", 404, "not_found", method="GET", target="/v1/responses/resp_1", body=b""),
+    BadHttp("text/plain", 415, "unsupported_media_type", content_type="text/plain"),
+    BadHttp("form encoded", 415, "unsupported_media_type", content_type="application/x-www-form-urlencoded"),
+    BadHttp("multipart", 415, "unsupported_media_type", content_type="multipart/form-data; boundary=x"),
+    BadHttp("wrong key", 401, "invalid_api_key", auth="Bearer wrong"),
+    BadHttp("no authorization", 401, "invalid_api_key", auth=None),
+    BadHttp("basic auth", 401, "invalid_api_key", auth="Basic c2VjcmV0"),
+    BadHttp("invalid JSON body", 400, "invalid_json", body=b'{"model": "x", "inp'),
+    BadHttp("empty body", 400, "invalid_json", body=b""),
+    BadHttp("JSON array body", 400, "invalid_json", body=b"[1, 2]"),
+    BadHttp("body not UTF-8", 400, "invalid_json", body=b"\xff\xfe"),
+    BadHttp("body without input", 400, "missing_required_parameter", "input", body={"model": MODEL}),
+    BadHttp("body with a wrong type", 400, "invalid_value", "input", body=good_body(input=5)),
+    BadHttp("body with background", 400, "unsupported_parameter", "background", body=good_body(background=True)),
+    BadHttp("body with unknown previous_response_id", 400, "previous_response_not_found", "previous_response_id", body=good_body(input=[], previous_response_id="resp_nope")),
+    BadHttp("stream a string", 400, "invalid_value", "stream", body=good_body(stream="yes")),
+    BadHttp("metadata value a number", 400, "invalid_value", "metadata.k", body=good_body(metadata={"k": 1})),
+    BadHttp("declared body over the limit", 413, "request_too_large", raw=_raw_head(MAX_MESSAGE + 1), closes=True),
+    BadHttp("sent body over the limit", 413, "request_too_large", body=b" " * (MAX_MESSAGE + 1), closes=True),
+    BadHttp("chunked body over the limit", 413, "request_too_large", raw=_raw_head(0, "").replace(b"content-length: 0\r\n", b"transfer-encoding: chunked\r\n") + b"".join(b"%x\r\n%s\r\n" % (4096, b" " * 4096) for _ in range(17)), closes=True),
+    BadHttp("truncated body", 400, "bad_request", raw=_raw_head(100) + b'{"model"', eof=True, closes=True),
+    BadHttp("garbage request line", 400, "bad_request", raw=b"NOT HTTP AT ALL\r\n\r\n", closes=True),
+]
+
+
+class RawHttp:
+    """An h11 client over one in-memory connection to the server."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def _next(self) -> Any:
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.conn.receive_data(await self.stream.receive_some(65536))
+
+    async def send_case(self, case: BadHttp) -> None:
+        if case.raw is not None:
+            # Put our h11 in the state a request leaves it in, then send the bytes as they are.
+            self.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "100")]))
+            await self.stream.send_all(case.raw)
+            if case.eof:
+                await self.stream.send_eof()
+            return
+        body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
+        headers = [("host", "testbed"), ("content-length", str(len(body)))]
+        if case.auth is not None:
+            headers.append(("authorization", case.auth))
+        if case.content_type is not None:
+            headers.append(("content-type", case.content_type))
+        data = self.conn.send(h11.Request(method=case.method, target=case.target, headers=headers + list(case.headers)))
+        data += self.conn.send(h11.Data(data=body)) if body else b""
+        data += self.conn.send(h11.EndOfMessage())
+        await self.stream.send_all(data)
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        response = await self._next()
+        while isinstance(response, h11.InformationalResponse):
+            response = await self._next()
+        assert isinstance(response, h11.Response), response
+        body = bytearray()
+        while not isinstance(event := await self._next(), h11.EndOfMessage):
+            if isinstance(event, h11.Data):
+                body += event.data
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+        return response.status_code, {k.decode().lower(): v.decode() for k, v in response.headers}, bytes(body)
+
+    async def closed_by_server(self) -> bool:
+        with trio.fail_after(5):
+            while True:
+                try:
+                    data = await self.stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return True
+                if not data:
+                    return True
+
+
+@pytest.mark.parametrize("case", HTTP_CORPUS, ids=lambda c: c.name)
+async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery, case: BadHttp) -> None:
+    server = make_server(config=attrs.evolve(CONFIG, api_keys=frozenset({"secret", "testbed"})))
+    await bystander_baseline()
+    watcher = Bystander(server)
+    nursery.start_soon(watcher.run)
+    client_end, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    client = RawHttp(client_end)
+    await client.send_case(case)
+    status, headers, body = await client.answer()
+    assert status == case.status, body
+    assert headers["content-type"] == "application/json"
+    if case.method == "HEAD":
+        assert body == b""
+    else:
+        error = json.loads(body)["error"]
+        assert (error["code"], error["param"]) == (case.code, case.param)
+        assert error["type"] == "invalid_request_error" and error["message"]
+    if status == 405:
+        assert headers["allow"] == "POST"
+    if status == 401:
+        assert headers["www-authenticate"] == "Bearer"
+    if case.closes:
+        assert await client.closed_by_server()
+    else:  # the same connection serves a good request next
+        await client.send_case(BadHttp("good", 200, "", body=good_body(stream=False)))
+        status, _, body = await client.answer()
+        assert status == 200 and json.loads(body)["status"] == "completed"
+        await client_end.aclose()
+    await watcher.check()
+    await assert_released(server)

@@ -1,0 +1,474 @@
+"""Faults (issue 6): disconnects, a server restart between turns, an engine failure mid-decode, and a
+client that stops reading.
+
+Rules every test here follows (after tests/support.py):
+
+* In-process tests run over memory streams under the `autojump_clock`. Where backpressure matters
+  they use `pipe_pair`, a bounded in-memory stream (trio's `memory_stream_pair` buffers without
+  limit, so a writer never blocks on it), and the server's side of every connection runs in a
+  nursery the test owns, so "no task left behind" is checked directly.
+* The promises made in real time ("within one second") are also checked over real sockets on
+  127.0.0.1 with the `live_server` fixture; a server restart is also checked with the real CLI.
+* Every wait is bounded (`trio.fail_after`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio_websocket
+from websockets.sync.client import connect as ws_connect
+
+from prototype.api.store import ResponseStore
+from prototype.client.connect import InMemoryConnector, TcpConnector
+from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
+from prototype.engine.engine import EngineFailure, FaultPlan
+from prototype.protocol import errors
+from support import make_server, receive, send, until
+from test_bad_input import (
+    BOTH, MODEL, ONE_TURN, SMALL, TERMINALS, Bystander, assert_released, bystander_baseline, calls_of, create, output,
+    session_kv, turn,
+)
+
+# --- a bounded in-memory stream ---------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Pipe:
+    """One direction of a bounded byte stream: a writer blocks while `capacity` bytes wait unread,
+    as a TCP sender does when the receiver's window and its own send buffer are full."""
+
+    capacity: int
+    buffer: bytearray = attrs.Factory(bytearray)
+    written: int = 0  # bytes ever accepted from the writer
+    writer_closed: bool = False
+    reader_closed: bool = False
+    _changed: trio.Event = attrs.Factory(trio.Event)
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(bytes(data))
+        while view:
+            if self.writer_closed:
+                raise trio.ClosedResourceError
+            if self.reader_closed:
+                raise trio.BrokenResourceError("the reader went away")
+            room = self.capacity - len(self.buffer)
+            if room <= 0:
+                await self._changed.wait()
+                continue
+            chunk = view[:room]
+            self.buffer += chunk
+            self.written += len(chunk)
+            view = view[len(chunk):]
+            self.notify()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def read(self, max_bytes: int | None) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self.buffer and not self.writer_closed:
+            if self.reader_closed:
+                raise trio.ClosedResourceError
+            await self._changed.wait()
+        if self.reader_closed:
+            raise trio.ClosedResourceError
+        n = len(self.buffer) if max_bytes is None else min(max_bytes, len(self.buffer))
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        self.notify()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
+
+
+class PipeStream(trio.abc.Stream):
+    def __init__(self, out: Pipe, into: Pipe) -> None:
+        self.out = out
+        self.into = into
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.out.write(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.into.read(max_bytes)
+
+    async def aclose(self) -> None:
+        self.out.writer_closed = True  # the peer reads what is left, then EOF
+        self.out.notify()
+        self.into.reader_closed = True  # the peer's writes now fail
+        self.into.buffer.clear()
+        self.into.notify()
+        await trio.lowlevel.checkpoint()
+
+
+def pipe_pair(capacity: int) -> tuple[PipeStream, PipeStream, Pipe]:
+    """(client end, server end, the server-to-client pipe)."""
+    up, down = Pipe(capacity), Pipe(capacity)
+    return PipeStream(up, down), PipeStream(down, up), down
+
+
+@attrs.define(eq=False)
+class PipeConnector:
+    """Opens bounded pipes to `server`; the server's side of each runs in `nursery`."""
+
+    server: Any
+    nursery: trio.Nursery
+    capacity: int = 16 * 1024
+    downs: list[Pipe] = attrs.Factory(list)  # the server-to-client pipe of each connection, in order
+    clients: list[PipeStream] = attrs.Factory(list)
+
+    @asynccontextmanager
+    async def open_stream(self) -> AsyncIterator[trio.abc.Stream]:
+        client, server_end, down = pipe_pair(self.capacity)
+        self.downs.append(down)
+        self.clients.append(client)
+        self.nursery.start_soon(self.server.handle_stream, server_end)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+
+async def server_tasks_end(nursery: trio.Nursery, server: Any, limit: float = 1.0) -> float:
+    """Seconds until every server-side task of the connections has ended (at most `limit`)."""
+    start = trio.current_time()
+    with trio.fail_after(limit):
+        while nursery.child_tasks or server.sessions or server.connections:
+            await trio.sleep(0.001)
+    return trio.current_time() - start
+
+
+@asynccontextmanager
+async def raw_ws(connector: Any, design: str) -> AsyncIterator[tuple[trio_websocket.WebSocketConnection, trio.abc.Stream]]:
+    """A client WebSocket and its byte stream, so a test can drop the stream without a close frame."""
+    async with connector.open_stream() as stream, trio.open_nursery() as nursery:
+        headers = [(b"authorization", b"Bearer testbed"), (b"openai-beta", BETA[design].encode())]
+        ws = await trio_websocket.wrap_client_stream(nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=1 << 30)
+        try:
+            yield ws, stream
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+LONG_TOKENS = 1000
+LONG = f"fixed:1:50:10:{LONG_TOKENS}:0"  # one turn of 1,000 output tokens: 20 s at sim-50, 1 s at sim-1000
+# Bad frames a non-reading client keeps sending: 800 of 100 bytes, more than twice what the pipe
+# and the server's read buffers hold.
+FLOOD = 800
+FLOOD_FRAME = json.dumps({"type": "response.fly", "pad": "x" * 70})
+
+
+# --- disconnects ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("abrupt", [True, False], ids=["dropped", "closed"])
+@pytest.mark.parametrize(("design", "moment"), [
+    (SUSPENDED, "mid-stream"), (SUSPENDED, "suspended"), (CHAINED, "mid-stream"), (CHAINED, "between turns"),
+])
+async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, nursery, design: str, moment: str, abrupt: bool) -> None:
+    server = make_server()
+    await bystander_baseline()
+    watcher = Bystander(server)
+    nursery.start_soon(watcher.run)
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, design) as (conn, stream):
+            if moment == "mid-stream":
+                await send(conn, create(metadata={"testbed_workload": LONG}))
+                await until(conn, "response.output_text.delta")
+            else:
+                await turn(conn, create())
+            (mine,) = [s for s in server.sessions if isinstance(s.ws._stream.inner, PipeStream)]
+            key = mine.cache.engine_key if design == CHAINED else next(k for k in session_kv(server) if k[0] == SUSPENDED)
+            assert key in session_kv(server)
+            if abrupt:
+                await stream.aclose()  # no close frame: what a crashed client or a dead network leaves
+            else:
+                await conn.aclose()
+            disconnected_at = trio.current_time()
+            released_in = await server_tasks_end(server_side, server)
+        assert released_in <= 1.0
+        assert trio.current_time() - disconnected_at <= 1.0
+        assert key not in session_kv(server) and mine not in server.sessions
+    # The bystander, running all along on another connection, saw nothing of it.
+    await watcher.check()
+    await assert_released(server)
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_disconnect_over_a_real_socket_releases_within_a_second(live_server, design: str) -> None:
+    server, port = live_server
+    connector = TcpConnector("127.0.0.1", port)
+    long_turn = create(model="sim-100", metadata={"testbed_workload": LONG})  # 10 s of decoding
+    with trio.fail_after(10):
+        async with open_responses_websocket(connector, design) as conn:
+            await send(conn, long_turn)
+            await until(conn, "response.output_text.delta")
+            assert len(server.sessions) == 1
+        closed_at = time.monotonic()
+        while server.sessions or server.connections or session_kv(server):
+            await trio.sleep(0.005)
+        assert time.monotonic() - closed_at < 1.0
+        # The server keeps serving.
+        async with open_responses_websocket(connector, design) as conn:
+            events = await turn(conn, create(model="sim-100000", metadata={"testbed_workload": ONE_TURN}))
+            assert events[-1]["type"] == "response.completed"
+
+
+# --- a server restart between turns ---------------------------------------------------------------
+
+
+def strip(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in item.items() if k not in ("id", "status")} for item in items]
+
+
+async def uninterrupted_chain(turns: int) -> list[dict[str, Any]]:
+    """The outputs of `turns` chained turns of SMALL on one connection of one server."""
+    server = make_server()
+    outputs = []
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        previous = None
+        for _ in range(turns):
+            fields = {"previous_response_id": previous["id"], "input": [output(calls_of(previous)[0])]} if previous else {}
+            previous = (await turn(conn, create(**fields)))[-1]["response"]
+            outputs.append(strip(previous["output"]))
+    return outputs
+
+
+async def test_restart_with_store_true_continues_the_chain_through_hydration(autojump_clock, tmp_path) -> None:
+    path = str(tmp_path / "responses.db")
+    before = make_server(store=ResponseStore(path))
+    async with open_responses_websocket(InMemoryConnector(before), CHAINED) as conn:
+        first = (await turn(conn, create(store=True)))[-1]["response"]
+    await trio.sleep(1)  # the overlapped post-inference work (the store write) has finished
+    before.api.store.close()  # the process is gone; only the file remains
+
+    after = make_server(store=ResponseStore(path))
+    async with open_responses_websocket(InMemoryConnector(after), CHAINED, include_timing=True) as conn:
+        second = (await turn(conn, create(store=True, previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]["response"]
+        assert second["status"] == "completed" and second["previous_response_id"] == first["id"]
+        assert "store_read" in second["testbed_timing"]["phases_ms"]  # rebuilt from the store
+        third = (await turn(conn, create(store=True, previous_response_id=second["id"], input=[output(calls_of(second)[0])])))[-1]["response"]
+        assert "store_read" not in third["testbed_timing"]["phases_ms"]  # the cache again
+    # The same conversation as without the restart.
+    assert [strip(r["output"]) for r in (first, second, third)] == await uninterrupted_chain(3)
+
+
+async def test_restart_with_store_false_is_not_found_then_the_full_context_works(autojump_clock, tmp_path) -> None:
+    path = str(tmp_path / "responses.db")
+    before = make_server(store=ResponseStore(path))
+    async with open_responses_websocket(InMemoryConnector(before), CHAINED) as conn:
+        first = (await turn(conn, create(store=False)))[-1]["response"]
+    await trio.sleep(1)
+    before.api.store.close()
+
+    after = make_server(store=ResponseStore(path))
+    answer = [output(calls_of(first)[0])]
+    async with open_responses_websocket(InMemoryConnector(after), CHAINED) as conn:
+        events = await turn(conn, create(previous_response_id=first["id"], input=answer))
+        assert [e["error"]["code"] for e in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
+        # Pattern (b) of the WS guide: the whole context again, without previous_response_id.
+        history = [{"type": "message", "role": "user", "content": "fix the bug"}, *first["output"], *answer]
+        second = (await turn(conn, create(input=history)))[-1]["response"]
+    assert second["status"] == "completed"
+    assert [strip(first["output"]), strip(second["output"])] == await uninterrupted_chain(2)
+
+
+def _ws_turn(ws: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
+    ws.send(json.dumps(event))
+    events = []
+    while True:
+        events.append(json.loads(ws.recv(timeout=10)))
+        if events[-1]["type"] in TERMINALS or events[-1]["type"] == "error":
+            return events
+
+
+@pytest.mark.slow
+def test_restart_of_the_real_server_process(cli_server, tmp_path) -> None:
+    """`python -m prototype serve --store FILE`, stopped and started again between two turns."""
+    store = str(tmp_path / "responses.db")
+    fast = {"model": "sim-100000"}
+
+    def connect(port: int):
+        return ws_connect(f"ws://127.0.0.1:{port}/v1/responses", additional_headers={"Authorization": "Bearer k"}, open_timeout=5, max_size=None)
+
+    server = cli_server("--costs", "zero", "--store", store)
+    with connect(server.port) as ws:
+        kept = _ws_turn(ws, create(store=True, **fast))[-1]["response"]
+        lost = _ws_turn(ws, create(store=False, **fast))[-1]["response"]
+    time.sleep(0.2)  # the overlapped store write
+    assert server.stop()[0] == 0
+
+    server = cli_server("--costs", "zero", "--store", store)
+    with connect(server.port) as ws:
+        events = _ws_turn(ws, create(store=True, previous_response_id=kept["id"], input=[output(calls_of(kept)[0])], **fast))
+        assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == kept["id"]
+        events = _ws_turn(ws, create(store=False, previous_response_id=lost["id"], input=[output(calls_of(lost)[0])], **fast))
+        assert events[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
+
+
+# --- an engine failure mid-decode ---------------------------------------------------------------------
+
+
+def only_session(server) -> Any:
+    (session,) = server.sessions
+    return session
+
+
+def assert_one_terminal_and_numbered(events: list[dict[str, Any]]) -> None:
+    numbered = [e["sequence_number"] for e in events if "sequence_number" in e]
+    assert numbered == list(range(numbered[0], numbered[0] + len(numbered)))
+    assert sum(e["type"] in TERMINALS for e in events) == 1 and events[-1]["type"] in TERMINALS
+
+
+async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_cache(autojump_clock) -> None:
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        first = (await turn(conn, create()))[-1]["response"]
+        assert only_session(server).cache.response_id == first["id"]
+        server.api.engine.faults = FaultPlan(flushes_before_failure=2)  # the third flush fails
+        events = await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])]))
+        assert [e["type"] for e in events] == [
+            "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+            "response.output_text.delta", "response.output_text.delta", "response.failed",
+        ]
+        assert_one_terminal_and_numbered(events)
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == errors.ENGINE_FAILURE
+        session = only_session(server)
+        assert (session.cache.response_id, session.cache.context, session.cache.response) == (None, None, None)
+        # The connection is usable; neither id can be chained from.
+        for stale in (first["id"], failed["id"]):
+            missing = await turn(conn, create(previous_response_id=stale, input=[output(calls_of(first)[0])]))
+            assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
+        again = (await turn(conn, create()))[-1]["response"]
+        assert again["status"] == "completed" and only_session(server).cache.response_id == again["id"]
+    await assert_released(server)
+
+
+async def test_a_failed_turn_without_previous_response_id_also_empties_the_cache(autojump_clock) -> None:
+    # PROTOCOL.md §6.3: a failed turn never leaves a response in the slot ("we empty the slot
+    # altogether"), whether or not it chained from one.
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        first = (await turn(conn, create()))[-1]["response"]
+        server.api.engine.faults = FaultPlan()
+        assert (await turn(conn, create()))[-1]["type"] == "response.failed"
+        assert only_session(server).cache.response_id is None
+        missing = await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])]))
+        assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
+        # A request refused at its start (a turn-level 400) empties it too.
+        second = (await turn(conn, create()))[-1]["response"]
+        refused = await turn(conn, create(metadata={"testbed_workload": "nope"}))
+        assert refused[-1]["error"]["code"] == errors.INVALID_VALUE
+        assert only_session(server).cache.response_id is None
+        missing = await turn(conn, create(previous_response_id=second["id"], input=[output(calls_of(second)[0])]))
+        assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
+
+
+async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_it(autojump_clock) -> None:
+    server = make_server()
+    async with open_responses_websocket(InMemoryConnector(server), SUSPENDED) as conn:
+        events = await turn(conn, create())
+        done = events[-1]["response"]
+        server.api.engine.faults = FaultPlan(flushes_before_failure=1)
+        await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+        rest = await until(conn, *TERMINALS)
+        assert_one_terminal_and_numbered(events + rest)
+        assert [e["type"] for e in rest][-3:] == ["response.content_part.added", "response.output_text.delta", "response.failed"]
+        failed = rest[-1]["response"]
+        assert failed["id"] == done["id"] and failed["error"]["code"] == errors.ENGINE_FAILURE
+        assert only_session(server).slot.current is None and session_kv(server) == {}
+        await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+        assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
+        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await assert_released(server)
+
+
+def test_engine_failure_is_importable_from_the_emitter_as_before() -> None:
+    from prototype.designs.emitter import EngineFailure as from_emitter
+
+    assert from_emitter is EngineFailure
+    plan = FaultPlan(flushes_before_failure=1, failures=2)
+    plan.on_flush()
+    for _ in range(2):
+        with pytest.raises(EngineFailure):
+            plan.on_flush()
+    plan.on_flush()
+    assert (plan.flushes, plan.raised) == (4, 2)
+
+
+# --- a client that stops reading ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_clock, nursery, design: str) -> None:
+    server = make_server()
+    baseline = await bystander_baseline()
+    capacity = 16 * 1024
+    connector = PipeConnector(server, nursery, capacity)
+    async with open_responses_websocket(connector, design) as stalled:
+        down = connector.downs[-1]
+        await send(stalled, create(model="sim-50", metadata={"testbed_workload": LONG}))  # 20 s of decoding
+        flood_sent = 0
+
+        async def flood() -> None:  # and it keeps sending bad frames it will not read the answers to
+            nonlocal flood_sent
+            for _ in range(FLOOD):
+                await stalled.send_message(FLOOD_FRAME)
+                flood_sent += 1
+
+        async with trio.open_nursery() as flooding:
+            flooding.start_soon(flood)
+            await trio.sleep(5)
+            tracemalloc.start()
+            try:
+                written, decoded = down.written, server.api.engine.stats.decoded_tokens
+                memory_before = tracemalloc.get_traced_memory()[0]
+                await trio.sleep(15)  # 15 s more of virtual time: decoding would have gone on
+                grown = tracemalloc.get_traced_memory()[0] - memory_before
+            finally:
+                tracemalloc.stop()
+            # The server stopped producing: nothing more written, nothing more decoded, no memory grown.
+            assert (down.written, server.api.engine.stats.decoded_tokens) == (written, decoded)
+            assert decoded < LONG_TOKENS // 2
+            assert written <= capacity + 64 * 1024  # the pipe, plus what the client's reader task holds
+            assert grown < 64 * 1024, grown
+            assert flood_sent < FLOOD // 2  # the server stopped reading too: the client's sends block
+
+            # Another client on the same server is not affected at all, to the nanosecond.
+            watcher = Bystander(server)
+            await watcher.run()
+            assert watcher.timeline == baseline
+
+            # The client reads again: everything arrives, in order, nothing lost or repeated.
+            events, refusals = [], 0
+            with trio.fail_after(120):
+                while not events or events[-1]["type"] not in TERMINALS or refusals < FLOOD:
+                    event = json.loads(await stalled.get_message())
+                    if event["type"] == "error":
+                        assert event["error"]["code"] == errors.UNKNOWN_EVENT_TYPE
+                        refusals += 1
+                    else:
+                        events.append(event)
+        assert flood_sent == FLOOD
+        assert_one_terminal_and_numbered(events)
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        done = next(e for e in events if e["type"] == "response.output_text.done")
+        assert text == done["text"] and len(text) > 0
+        assert events[-1]["type"] == "response.completed"
+        assert events[-1]["response"]["usage"]["output_tokens"] == LONG_TOKENS

@@ -1,0 +1,289 @@
+"""The engine's KV memory (issue 9): budget, batch limit, queue, retention policies; and the experiment.
+
+The engine tests drive `Engine` alone under the autojump clock and assert exact virtual times: a
+session's calls are `begin_call` (admission), `retain` (KV computed), `end_call` (idle), `release`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prototype.engine.engine import ContextExceedsBudget, Engine, Prompt
+from prototype.engine.latency import LatencyModel
+from prototype.engine.memory import (
+    DISCARD_POLICY, H100_8B_KV_BUDGET_TOKENS, HOLD_POLICY, KV_BYTES_PER_TOKEN_8B, PCIE_BYTES_PER_S, SWAP_POLICY,
+    RetentionPolicy, parse_policy, ttl,
+)
+
+
+def prompt(n: int) -> Prompt:
+    return Prompt(list(range(1000, 1000 + n)))
+
+
+async def call(engine: Engine, key: str, p: Prompt, *, pinned: bool = False, seconds: float = 0.0) -> float:
+    """One model call that computes all of `p` and takes `seconds`; returns its queueing delay."""
+    handle = await engine.begin_call(key, p, pinned=pinned)
+    await trio.sleep(seconds)
+    engine.retain(key, p, trio.current_time(), pinned=pinned)
+    engine.end_call(handle)
+    return handle.queued_s
+
+
+def assert_consistent(engine: Engine) -> None:
+    assert engine.resident_tokens == sum(e.gpu_tokens for e in engine.kv.values())
+    assert engine.host_tokens == sum(e.host_tokens for e in engine.kv.values())
+    assert engine.active_calls == sum(e.active for e in engine.kv.values())
+
+
+def test_derived_defaults_follow_their_arithmetic():
+    assert KV_BYTES_PER_TOKEN_8B == 128 * 1024
+    assert H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
+    assert parse_policy("ttl-60") == ttl(60) and parse_policy("pin-300").pin and parse_policy("hold") == HOLD_POLICY
+    assert [parse_policy(p).label for p in ("hold", "ttl-60", "pin-300", "swap")] == ["hold", "ttl-60s", "pin-300s", "swap"]
+    with pytest.raises(ValueError):
+        RetentionPolicy("hold", ttl=5.0)
+
+
+async def test_unlimited_engine_admits_at_once_and_keeps_todays_cache(autojump_clock):
+    engine = Engine()
+    p = prompt(100)
+    handle = await engine.begin_call("s", p)
+    assert handle.queued_s == 0 and trio.current_time() == 0
+    engine.retain("s", p, 0.0)
+    engine.end_call(handle)
+    p.extend([7] * 20)
+    assert engine.cached_prefix("s", p, 299.0) == 96  # whole blocks of 16
+    assert engine.cached_prefix("s", p, 300.0) == 0  # expired exactly kv_ttl after its last use
+    assert engine.stats.expired == 1 and engine.kv == {}
+
+
+async def test_a_full_budget_queues_a_new_session_until_the_holder_releases(autojump_clock):
+    engine = Engine(kv_budget_tokens=100)
+    holder = prompt(80)
+    await call(engine, "a", holder, pinned=True)
+
+    async def release_at_5():
+        await trio.sleep(5)
+        engine.release("a")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_at_5)
+        await trio.sleep(1)
+        queued = await call(engine, "b", prompt(50))
+    assert queued == 4.0 and trio.current_time() == 5.0
+    assert engine.stats.queue_delays == [0.0, 4.0]
+    assert engine.stats.peak_resident_tokens == 80
+    assert_consistent(engine)
+
+
+async def test_a_pinned_ttl_holds_until_exactly_its_end_and_a_cache_is_evicted_at_once(autojump_clock):
+    held = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
+    await call(held, "a", prompt(80))
+    await trio.sleep(1)
+    assert await call(held, "b", prompt(50)) == 9.0  # waits for the pin to expire at t = 0 + 10
+    assert held.stats.expired == 1 and trio.current_time() == 10.0
+
+    cache = Engine(kv_budget_tokens=100, retention=ttl(10))
+    start = trio.current_time()
+    await call(cache, "a", prompt(80))
+    await trio.sleep(1)
+    assert await call(cache, "b", prompt(50)) == 0.0
+    assert cache.stats.evicted == 1 and trio.current_time() == start + 1
+    assert cache.cached_prefix("a", prompt(81), trio.current_time()) == 0
+
+
+async def test_swap_out_frees_the_gpu_after_the_copy_and_swap_in_costs_tokens_times_bytes_over_bandwidth(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY)
+    p = prompt(1000)
+    seconds = 1000 * KV_BYTES_PER_TOKEN_8B / PCIE_BYTES_PER_S
+    await call(engine, "s", p, pinned=True)
+    assert engine.resident_tokens == 1000 and engine.host_tokens == 1000  # the copy is under way
+    await trio.sleep(seconds)
+    assert engine.cached_prefix("s", p, trio.current_time()) == 0 and engine.resident_tokens == 0
+    await trio.sleep(100 - seconds)
+    p.extend([5] * 10)
+    handle = await engine.begin_call("s", p, pinned=True)
+    assert trio.current_time() == pytest.approx(100 + seconds, abs=1e-12)
+    assert engine.cached_prefix("s", p, trio.current_time()) == 1000  # nothing recomputed
+    assert handle.recomputed == 0 and engine.stats.swap_in_bytes == engine.stats.swap_out_bytes == 1000 * KV_BYTES_PER_TOKEN_8B
+    assert engine.resident_tokens == 1010 and engine.host_tokens == 0
+    engine.end_call(handle)
+    assert_consistent(engine)
+
+
+async def test_discard_drops_kv_at_the_end_of_each_call_and_counts_the_recompute(autojump_clock):
+    engine = Engine(retention=DISCARD_POLICY)
+    p = prompt(100)
+    await call(engine, "s", p)
+    assert engine.kv == {} and engine.stats.discarded == 1
+    p.extend([5] * 50)
+    handle = await engine.begin_call("s", p)
+    assert engine.cached_prefix("s", p, 0.0) == 0 and handle.recomputed == 100
+    assert engine.stats.recomputed_tokens == 100
+    engine.end_call(handle)
+
+
+async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_cannot(autojump_clock):
+    engine = Engine(kv_budget_tokens=100)
+    a, b = prompt(40), prompt(40)
+    await call(engine, "a", a, pinned=True)  # older
+    await call(engine, "b", b, pinned=True)
+    a.extend([5] * 30)  # a resumes: 30 more tokens do not fit beside b
+    assert await call(engine, "a", a, pinned=True) == 0.0
+    assert engine.stats.preempted == 1 and "b" not in engine.kv and engine.resident_tokens == 70
+
+    async def release_a_at_3():
+        await trio.sleep(3)
+        engine.release("a")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_a_at_3)
+        assert await call(engine, "c", prompt(40), pinned=True) == 3.0  # younger than a: it waits
+    b.extend([5] * 5)
+    handle = await engine.begin_call("b", b, pinned=True)  # b lost its KV: 40 tokens computed again
+    assert handle.recomputed == 40 and engine.stats.recomputed_tokens == 40
+    engine.end_call(handle)
+    assert_consistent(engine)
+
+
+async def test_waiting_calls_are_served_oldest_session_first(autojump_clock):
+    engine = Engine(max_batch=1)
+    await call(engine, "old", prompt(10))
+    order = []
+
+    async def session(key: str, delay: float) -> None:
+        await trio.sleep(delay)
+        await call(engine, key, prompt(10), seconds=1.0)
+        order.append((key, trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session, "first", 0.0)  # holds the one slot from t=0 to 1
+        nursery.start_soon(session, "new", 0.1)
+        nursery.start_soon(session, "old", 0.2)  # asks later, but its session is older
+    assert order == [("first", 1.0), ("old", 2.0), ("new", 3.0)]
+    assert engine.stats.queue_delays[1:] == [0.0, pytest.approx(0.8), pytest.approx(1.9)]
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_the_next_call_is_admitted(autojump_clock):
+    engine = Engine(kv_budget_tokens=100, max_batch=4)
+    handle = await engine.begin_call("a", prompt(90))
+    with trio.move_on_after(2):
+        await engine.begin_call("b", prompt(50))  # blocks the queue until cancelled
+    assert await call(engine, "c", prompt(10)) == 0.0 and trio.current_time() == 2.0
+    assert engine.waiting_calls == 0
+    engine.end_call(handle)
+    assert_consistent(engine)
+
+
+async def test_serial_prefill_shares_the_gpu_compute_first_come_first_served(autojump_clock):
+    engine = Engine(serial_prefill=True)
+    latency = LatencyModel(prefill_tokens_per_s=1000.0, cache_attention=None, request_overhead=0.0)
+    ends = []
+
+    async def prefill() -> None:
+        await engine.prefill(latency, uncached=1000, cached=0)
+        ends.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prefill)
+        nursery.start_soon(prefill)
+    assert ends == [1.0, 2.0] and engine.stats.prefill_waits == [0.0, 1.0]
+
+
+async def test_resident_memory_is_integrated_over_time(autojump_clock):
+    engine = Engine(retention=ttl(5))
+    await call(engine, "a", prompt(100))
+    await trio.sleep(10)
+    engine.cached_prefix("a", prompt(100), trio.current_time())  # the expiry at t=5 is applied
+    assert engine.stats.resident_token_seconds == 500.0 and engine.resident_tokens == 0
+
+
+async def test_a_full_host_drops_the_least_recently_used_swapped_kv(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=150)
+    await call(engine, "a", prompt(100))
+    await trio.sleep(1)
+    await call(engine, "b", prompt(100))
+    assert "a" not in engine.kv and engine.host_tokens == 100 and engine.stats.swap_dropped == 1
+    assert_consistent(engine)
+
+
+async def test_a_prompt_larger_than_the_budget_is_refused(autojump_clock):
+    with pytest.raises(ContextExceedsBudget):
+        await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
+
+
+POLICIES = [HOLD_POLICY, ttl(3), ttl(3, pin=True), DISCARD_POLICY, SWAP_POLICY]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_every_session_finishes_and_the_books_balance(data):
+    """Random sessions on a small engine: no deadlock, the budget holds at admission, and the
+    memory counters always equal the entries' sums."""
+    policy = data.draw(st.sampled_from(POLICIES))
+    budget = data.draw(st.integers(60, 200))
+    max_batch = data.draw(st.one_of(st.none(), st.integers(1, 3)))
+    sessions = data.draw(st.lists(
+        st.tuples(
+            st.booleans(),  # pinned (v1) or not
+            st.floats(0, 5),  # start
+            st.lists(st.tuples(st.integers(1, 20), st.floats(0, 2), st.floats(0, 8)), min_size=1, max_size=5),
+        ),
+        min_size=1, max_size=6,
+    ))
+    engine = Engine(kv_budget_tokens=budget, max_batch=max_batch, retention=policy, host_budget_tokens=100)
+
+    async def session(index: int, pinned: bool, start: float, turns) -> None:
+        key = f"s{index}"
+        p = prompt(20)
+        await trio.sleep(start)
+        for appended, busy, idle in turns:
+            p.extend([index] * appended)
+            handle = await engine.begin_call(key, p, pinned=pinned)
+            assert engine.resident_tokens <= budget + 20 * 6  # overrun only by in-flight growth
+            await trio.sleep(busy)
+            p.extend([index] * 10)  # the call's output
+            engine.retain(key, p, trio.current_time(), pinned=pinned)
+            engine.end_call(handle)
+            assert_consistent(engine)
+            await trio.sleep(idle)
+        if pinned:
+            engine.release(key)
+
+    async def main() -> None:
+        with trio.fail_after(10_000):
+            async with trio.open_nursery() as nursery:
+                for i, (pinned, start, turns) in enumerate(sessions):
+                    if 20 + sum(a + 10 for a, _, _ in turns) <= budget:
+                        nursery.start_soon(session, i, pinned, start, turns)
+        await trio.sleep(100)
+        engine.cached_prefix("none", prompt(1), trio.current_time())  # apply due expiries
+        assert_consistent(engine)
+        assert engine.active_calls == 0 and engine.waiting_calls == 0
+        if policy.kind != "hold":
+            assert engine.resident_tokens == 0
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    from experiments import kv_memory
+
+    monkeypatch.setattr(kv_memory, "results_dir", lambda name="": tmp_path)
+    rows = kv_memory.main(["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000"])
+    assert [(r["design"], r["policy"], r["agents"]) for r in rows] == [("suspended", "hold", 3), ("chained", "ttl-300s", 3)]
+    assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
+    assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause
+    assert all(r["peak_kv_tokens"] <= 30000 + 3 * 10_000 for r in rows)
+    with open(tmp_path / "kv_memory.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert (tmp_path / "kv_memory.png").stat().st_size > 0
+    assert not math.isnan(rows[1]["mean_queue_s"])

@@ -34,7 +34,7 @@
 DESIGNS = ("http", "chained", "suspended")  # add "http-stored" to see previous_response_id over HTTP
 PRESET = "coding"  # workload preset (prototype/workload.py)
 SEED = 0
-N_TASKS = 2  # seeded tasks per point (the same tasks for every design)
+N_TASKS = 1  # seeded tasks per point (the same tasks for every design); 3 or more for smoother curves
 TURNS = 20  # turns per task (the post's "20+ tool calls")
 TOOL_SECONDS = 0.3  # client tool time per call outside the tool sweep: TraceLab's median
 DECODE_TPS = 1000.0  # decode speed outside the decode sweep: Codex-Spark
@@ -44,8 +44,9 @@ TOOL_TIMES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 60.0)  # seconds per call
 HISTORIES = (1000, 8000, 32000, 128000)  # tokens of the initial prompt
 RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # WORKLOAD.md §5 priors
 JOBS = 2  # worker processes per sweep
+# experiments/kv_memory.py at a small size: 4 and 16 agents on an engine with a 120k-token KV budget
 KV_MEMORY_ARGV = ["--agents", "4", "16", "--configs", "suspended:hold", "chained:ttl-300", "chained:discard",
-                  "--turns", "8", "--budget", "150000"]
+                  "--turns", "6", "--budget", "120000"]
 SAVE_FIGURE = True
 
 # %%

@@ -103,14 +103,16 @@ def _strip_ids(item: dict[str, Any]) -> dict[str, Any]:
 
 @attrs.define(eq=False)
 class Rollout:
-    """Shared bookkeeping of one rollout, whatever the transport."""
+    """Shared bookkeeping of one rollout, whatever the transport. `clock` is the trio clock for the
+    harness; a blocking client (prototype/client/sdk.py) passes `time.perf_counter`."""
 
     workload: Workload
     record: RolloutRecord
+    clock: Callable[[], float] = trio.current_time
     _response_id: str = ""
 
     def received(self, event: dict[str, Any], size: int) -> None:
-        now = trio.current_time()
+        now = self.clock()
         turn = self.record.turns[-1]
         turn.bytes_received += size
         event_type = event.get("type", "")
@@ -137,22 +139,27 @@ class Rollout:
                     self.record.usage["output_tokens"] += usage["output_tokens"]
 
     def start_turn(self, sent_items: list[dict[str, Any]], size: int) -> None:
-        now = trio.current_time()
-        self.record.turns.append(TurnRecord(len(self.record.turns), now, bytes_sent=size))
+        self.record.turns.append(TurnRecord(len(self.record.turns), self.clock(), bytes_sent=size))
         self.record.transcript.extend(_strip_ids(item) for item in sent_items)
 
-    async def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run the turn's function calls concurrently; return their outputs in call order."""
+    def tool_plan(self, calls: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
+        """How long the turn's calls run (concurrently: the longest) and the outputs they return."""
         turn = self.record.turns[-1].turn
         seconds = self.workload.turns[min(turn, len(self.workload.turns) - 1)].tool_seconds
         wait = max((seconds[i] if i < len(seconds) else 0.0) for i in range(len(calls)))
-        start = trio.current_time()
-        await trio.sleep(wait)
-        self.record.turns[-1].tool_seconds = trio.current_time() - start
-        return [
+        outputs = [
             {"type": "function_call_output", "call_id": call["call_id"], "output": tool_output_text(self.workload, turn, i)}
             for i, call in enumerate(calls)
         ]
+        return wait, outputs
+
+    async def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run the turn's function calls on the trio clock; return their outputs in call order."""
+        wait, outputs = self.tool_plan(calls)
+        start = self.clock()
+        await trio.sleep(wait)
+        self.record.turns[-1].tool_seconds = self.clock() - start
+        return outputs
 
 
 def request_body(workload: Workload, *, model: str, metadata: dict[str, str], store: bool) -> dict[str, Any]:

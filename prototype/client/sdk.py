@@ -31,22 +31,19 @@ from typing import Any
 
 import trio
 
-from ..protocol.events import TERMINAL_TYPES
 from ..workload import Workload
 from .harness import (
     BETA,
     CHAINED,
-    FIRST_TOKEN_TYPES,
     PAUSE_TYPES,
     SUSPENDED,
-    RolloutRecord,
+    Rollout,
     TurnRecord,
+    RolloutRecord,
     _calls,
-    _strip_ids,
     request_body,
     run_websocket_rollout,
     task_prompt,
-    tool_output_text,
 )
 
 TIMING_HEADER = "x-responsesapi-include-timing-metrics"
@@ -54,57 +51,18 @@ DEFAULT_TIMEOUT_S = 600.0
 MAX_EVENTS_PER_TURN = 1_000_000  # a runaway stream ends the rollout instead of looping forever
 
 
-class SdkRollout:
-    """The harness's per-rollout bookkeeping (`harness.Rollout`) on the `time.perf_counter` clock."""
+class SdkRollout(Rollout):
+    """The harness's bookkeeping on the `time.perf_counter` clock, with tools that block."""
 
     def __init__(self, workload: Workload, record: RolloutRecord) -> None:
-        self.workload = workload
-        self.record = record
-        self._response_id = ""
+        super().__init__(workload, record, clock=time.perf_counter)
 
-    def received(self, event: dict[str, Any], size: int) -> None:
-        now = time.perf_counter()
-        turn = self.record.turns[-1]
-        turn.bytes_received += size
-        event_type = event.get("type", "")
-        self.record.timeline.append((now, "recv", event_type))
-        if event_type == "response.created":
-            self._response_id = event["response"]["id"]
-        if "sequence_number" in event:
-            self.record.sequence_numbers.append((self._response_id, event["sequence_number"]))
-        if event_type in FIRST_TOKEN_TYPES and turn.first_token_at is None:
-            turn.first_token_at = now
-        elif event_type == "response.output_item.done":
-            self.record.transcript.append(_strip_ids(event["item"]))
-        if event_type in PAUSE_TYPES:
-            turn.ended_at = now
-            response = event.get("response") or {}
-            turn.server_timing = response.get("testbed_timing")
-            usage = response.get("usage")
-            if event_type in TERMINAL_TYPES:
-                if response.get("id") not in self.record.response_ids:
-                    self.record.response_ids.append(response.get("id"))
-                if usage:
-                    self.record.usage["input_tokens"] += usage["input_tokens"]
-                    self.record.usage["cached_tokens"] += usage["input_tokens_details"]["cached_tokens"]
-                    self.record.usage["output_tokens"] += usage["output_tokens"]
-
-    def start_turn(self, sent_items: list[dict[str, Any]], size: int) -> None:
-        self.record.turns.append(TurnRecord(len(self.record.turns), time.perf_counter(), bytes_sent=size))
-        self.record.transcript.extend(_strip_ids(item) for item in sent_items)
-
-    def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The harness's simulated tools: wait the workload's tool time, return its outputs."""
-        turn = self.record.turns[-1].turn
-        seconds = self.workload.turns[min(turn, len(self.workload.turns) - 1)].tool_seconds
-        wait = max((seconds[i] if i < len(seconds) else 0.0) for i in range(len(calls)))
+    def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:  # type: ignore[override]
+        wait, outputs = self.tool_plan(calls)
         start = time.perf_counter()
         time.sleep(wait)
         self.record.turns[-1].tool_seconds = time.perf_counter() - start
-        return [
-            {"type": "function_call_output", "call_id": call["call_id"], "output": tool_output_text(self.workload, turn, i)}
-            for i, call in enumerate(calls)
-        ]
+        return outputs
 
 
 class _SentBytes:

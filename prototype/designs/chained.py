@@ -31,7 +31,7 @@ from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import EndResponseAtClientCalls, HostedTools, SamplingLoop
+from .sampling import sample_until_client_calls
 
 
 @attrs.define(eq=False)
@@ -98,17 +98,7 @@ async def run_turn(
     outcome = "completed"
     async with failing_on_error(emitter):
         if request.generate:  # generate=false is a warm-up: state prepared, nothing sampled (WS guide)
-            loop = SamplingLoop(
-                api,
-                emitter,
-                context,
-                hosted=HostedTools(api, log, context.route.policy.workload.seed),
-                client=EndResponseAtClientCalls(),
-                pinned_kv=False,
-            )
-            outcome = await loop.run()
-            if outcome != "incomplete":
-                outcome = "completed"
+            outcome = await sample_until_client_calls(api, emitter, context)
 
         added = response.output
         response.status = outcome  # the stored record is the finished response

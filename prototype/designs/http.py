@@ -35,7 +35,7 @@ from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import EndResponseAtClientCalls, HostedTools, SamplingLoop
+from .sampling import sample_until_client_calls
 
 STATELESS = "stateless"
 STORED = "stored"
@@ -116,17 +116,7 @@ async def run_http_turn(
         async with failing_on_error(emitter):
             # (4) the sampling loop, ending at the first client function call.
             if request.generate:  # generate=false: a warm-up, as on WebSocket (PROTOCOL.md §4.3)
-                loop = SamplingLoop(
-                    api,
-                    emitter,
-                    context,
-                    hosted=HostedTools(api, log, context.route.policy.workload.seed),
-                    client=EndResponseAtClientCalls(),
-                    pinned_kv=False,
-                )
-                outcome = await loop.run()
-                if outcome != "incomplete":
-                    outcome = "completed"
+                outcome = await sample_until_client_calls(api, emitter, context)
 
             # (5) post-inference work inline: the client waits for billing and the store write. The
             # stored record is the finished response, so it takes its outcome first (the terminal

@@ -208,6 +208,21 @@ class SamplingLoop:
         await self.api.pre_inference(self.log, self.emitter.response.request, items, base=self.context, modes=RESUME)
 
 
+async def sample_until_client_calls(api: ApiService, emitter: Emitter, context: Context) -> str:
+    """The chained and http designs' loop: hosted tools are answered inside the response, a client
+    function call ends it. Returns the response's outcome, `completed` or `incomplete`."""
+    loop = SamplingLoop(
+        api,
+        emitter,
+        context,
+        hosted=HostedTools(api, emitter.log, context.route.policy.workload.seed),
+        client=EndResponseAtClientCalls(),
+        pinned_kv=False,
+    )
+    outcome = await loop.run()
+    return INCOMPLETE if outcome == INCOMPLETE else COMPLETED
+
+
 def pending_calls(items: Sequence[Item]) -> list[str]:
     return [item.call_id for item in items if isinstance(item, FunctionCall)]
 
@@ -228,5 +243,5 @@ def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | N
 
 __all__ = [
     "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
-    "ToolBackend", "ToolCall", "pending_calls", "unexpected_outputs",
+    "ToolBackend", "ToolCall", "pending_calls", "sample_until_client_calls", "unexpected_outputs",
 ]

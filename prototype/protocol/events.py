@@ -96,14 +96,24 @@ ClientEvent = Union[ResponseCreate, ResponseAppend, ResponseSteer, ResponseProce
 # --- server events -------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class _ResponseSnapshotEvent:
-    sequence_number: int
-    response: dict[str, Any]
+class _ServerEvent:
+    """`to_dict` is `type`, then the attrs fields in order, then the constant `_EXTRA` fields."""
+
     type: ClassVar[str] = ""
+    _EXTRA: ClassVar[dict[str, Any]] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "sequence_number": self.sequence_number, "response": self.response}
+        out: dict[str, Any] = {"type": self.type}
+        for field in attrs.fields(type(self)):
+            out[field.name] = getattr(self, field.name)
+        out.update(self._EXTRA)
+        return out
+
+
+@attrs.frozen
+class _ResponseSnapshotEvent(_ServerEvent):
+    sequence_number: int
+    response: dict[str, Any]
 
 
 class ResponseCreated(_ResponseSnapshotEvent):
@@ -136,19 +146,10 @@ TERMINAL_TYPES = frozenset({ResponseCompleted.type, ResponseFailed.type, Respons
 
 
 @attrs.frozen
-class _OutputItemEvent:
+class _OutputItemEvent(_ServerEvent):
     sequence_number: int
     output_index: int
     item: dict[str, Any]
-    type: ClassVar[str] = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "output_index": self.output_index,
-            "item": self.item,
-        }
 
 
 class OutputItemAdded(_OutputItemEvent):
@@ -160,23 +161,12 @@ class OutputItemDone(_OutputItemEvent):
 
 
 @attrs.frozen
-class _ContentPartEvent:
+class _ContentPartEvent(_ServerEvent):
     sequence_number: int
     item_id: str
     output_index: int
     content_index: int
     part: dict[str, Any]
-    type: ClassVar[str] = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "item_id": self.item_id,
-            "output_index": self.output_index,
-            "content_index": self.content_index,
-            "part": self.part,
-        }
 
 
 class ContentPartAdded(_ContentPartEvent):
@@ -188,7 +178,7 @@ class ContentPartDone(_ContentPartEvent):
 
 
 @attrs.frozen
-class OutputTextDelta:
+class OutputTextDelta(_ServerEvent):
     """One streamed chunk of text: the tokens sampled since the last flush."""
 
     sequence_number: int
@@ -198,7 +188,7 @@ class OutputTextDelta:
     delta: str
     type: ClassVar[str] = "response.output_text.delta"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # the hottest event: spelled out, no field walk
         return {
             "type": self.type,
             "sequence_number": self.sequence_number,
@@ -211,46 +201,27 @@ class OutputTextDelta:
 
 
 @attrs.frozen
-class OutputTextDone:
+class OutputTextDone(_ServerEvent):
     sequence_number: int
     item_id: str
     output_index: int
     content_index: int
     text: str
     type: ClassVar[str] = "response.output_text.done"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "item_id": self.item_id,
-            "output_index": self.output_index,
-            "content_index": self.content_index,
-            "text": self.text,
-            "logprobs": [],
-        }
+    _EXTRA: ClassVar[dict[str, Any]] = {"logprobs": []}
 
 
 @attrs.frozen
-class FunctionCallArgumentsDelta:
+class FunctionCallArgumentsDelta(_ServerEvent):
     sequence_number: int
     item_id: str
     output_index: int
     delta: str
     type: ClassVar[str] = "response.function_call_arguments.delta"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "item_id": self.item_id,
-            "output_index": self.output_index,
-            "delta": self.delta,
-        }
-
 
 @attrs.frozen
-class FunctionCallArgumentsDone:
+class FunctionCallArgumentsDone(_ServerEvent):
     """No `name` here: clients read it from the item (openai-python
     `response_function_call_arguments_done_event.py`)."""
 
@@ -260,30 +231,12 @@ class FunctionCallArgumentsDone:
     arguments: str
     type: ClassVar[str] = "response.function_call_arguments.done"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "item_id": self.item_id,
-            "output_index": self.output_index,
-            "arguments": self.arguments,
-        }
-
 
 @attrs.frozen
-class _WebSearchProgress:
+class _WebSearchProgress(_ServerEvent):
     sequence_number: int
     item_id: str
     output_index: int
-    type: ClassVar[str] = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "item_id": self.item_id,
-            "output_index": self.output_index,
-        }
 
 
 class WebSearchInProgress(_WebSearchProgress):

@@ -88,3 +88,12 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Time a process's threads spent runnable but waiting for a CPU, in seconds (/proc schedstat,
+    second field): how much a busy machine held the process back."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9

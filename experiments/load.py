@@ -14,12 +14,15 @@ Reported per design and N:
   the engine model charges (request overhead, prefill, decode). What is left is real work and
   queueing: in the server, and in this client process, which shares the machine with it;
 * `server_cpu_ms_per_turn` and `server_core_share` (/proc schedstat): the server's own CPU time;
-  `client_core_share` the same for this process, to show which side was the bottleneck;
+  `server_waiting_share` the time it was ready to run but waited for a CPU (schedstat's run
+  delay: other processes on the machine), and `client_core_share` this process's CPU time, to show
+  which side was the bottleneck;
 * `kb_per_session`: (peak server RSS while the sessions are open - RSS before them) / sessions open
   at that peak (/proc/<pid>/status VmRSS, sampled every 10 ms);
 * `lost`, `duplicated`: conversation items and events missing or repeated. Every transcript must
-  equal the reference run's item for item, and every response's sequence numbers must run 0, 1, 2,
-  ... Both must be 0; the script exits 1 otherwise.
+  equal, item for item, the transcript of one rollout run alone on the same server first (itself
+  checked against the virtual-clock reference), and every response's sequence numbers must run 0,
+  1, 2, ... Both must be 0; the script exits 1 otherwise.
 
     python -m experiments.load [--sessions 100 1000] [--turns 5] [--designs suspended chained]
 """
@@ -47,14 +50,14 @@ from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_P
 from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
 
-from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, rss_bytes, server_process, write_csv
+from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, rss_bytes, run_delay_seconds, server_process, write_csv
 
 MODEL = "sim-100000"
 DESIGNS = (SUSPENDED, CHAINED)
 RSS_SAMPLE_S = 0.010
 COLUMNS = (
     "design", "sessions", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
-    "server_cpu_ms_per_turn", "server_core_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "open_at_peak", "kb_per_session",
+    "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "open_at_peak", "kb_per_session",
     "lost", "duplicated",
 )
 
@@ -112,6 +115,24 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def describe_difference(record: RolloutRecord, expected: RolloutRecord) -> str:
+    """The first place where a transcript or a sequence of numbers departs from the reference."""
+    if record.status != "completed":
+        return f"status {record.status!r}"
+    for index, (got, want) in enumerate(zip(record.transcript, expected.transcript)):
+        if got != want:
+            return f"item {index}: {json.dumps(got)[:200]} instead of {json.dumps(want)[:200]}"
+    if len(record.transcript) != len(expected.transcript):
+        return f"{len(record.transcript)} items instead of {len(expected.transcript)}"
+    numbers: dict[str, list[int]] = {}
+    for response_id, number in record.sequence_numbers:
+        numbers.setdefault(response_id, []).append(number)
+    for response_id, seen in numbers.items():
+        if seen != list(range(len(seen))):
+            return f"response {response_id!r}: sequence numbers {seen[:50]}"
+    return "no difference found"
+
+
 async def run_sessions(port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int) -> dict[str, Any]:
     """`sessions` rollouts at once; the server's RSS sampled all along."""
     connector = TcpConnector("127.0.0.1", port)
@@ -119,10 +140,12 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
     records: list[RolloutRecord | None] = []
     state = {"open": 0, "peak_rss": 0, "open_at_peak": 0}
 
-    # One rollout first: imports, the tokenizer and the workload cache are loaded before "before".
-    await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL)
+    # One rollout first, alone: imports, the tokenizer and the workload cache are loaded before
+    # "before", and its transcript is what every concurrent rollout must reproduce.
+    alone = await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL)
     rss_before = rss_bytes(pid)
     cpu_before = cpu_seconds(pid)
+    delay_before = run_delay_seconds(pid)
     client_before = _own_cpu()
 
     async def one() -> None:
@@ -153,7 +176,8 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
         sampling.cancel()
     wall = trio.current_time() - started
     return {
-        "records": records, "wall": wall, "cpu": cpu_seconds(pid) - cpu_before, "client_cpu": _own_cpu() - client_before,
+        "alone": alone, "records": records, "wall": wall, "cpu": cpu_seconds(pid) - cpu_before, "client_cpu": _own_cpu() - client_before,
+        "run_delay": run_delay_seconds(pid) - delay_before,
         "rss_before": rss_before,
         "peak_rss": max(state["peak_rss"], rss_before), "open_at_peak": state["open_at_peak"],
     }
@@ -165,15 +189,22 @@ def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[s
     with server_process("--costs", "zero", preexec_fn=raise_fd_limit) as (process, port):
         out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions)
     records = out["records"]
+    if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
+        print(f"  {design}: the server's lone rollout differs from the virtual-clock reference: "
+              f"{describe_difference(out['alone'], expected)}; checking against the lone rollout", file=sys.stderr)
+        expected = out["alone"]
     done = [r for r in records if r is not None and r.status == "completed"]
     overheads = [
         (turn.ended_at - turn.sent_at) - modeled[turn.turn]
         for record in done for turn in record.turns if turn.ended_at is not None
     ]
-    lost = duplicated = 0
+    lost = duplicated = reported = 0
     for record in records:
         lo, du = lost_and_duplicated(record, expected)
         lost, duplicated = lost + lo, duplicated + du
+        if (lo or du) and record is not None and reported < 3:
+            reported += 1
+            print(f"  {design}: a rollout lost {lo} and repeated {du}: {describe_difference(record, expected)}", file=sys.stderr)
     turns = sum(len(r.turns) for r in done)
     open_at_peak = max(out["open_at_peak"], 1)
     return {
@@ -187,6 +218,7 @@ def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[s
         "overhead_p99_ms": 1000 * float(np.percentile(overheads, 99)) if overheads else float("nan"),
         "server_cpu_ms_per_turn": 1000 * out["cpu"] / max(turns, 1),
         "server_core_share": out["cpu"] / out["wall"],
+        "server_waiting_share": out["run_delay"] / out["wall"],
         "client_core_share": out["client_cpu"] / out["wall"],
         "rss_before_mb": out["rss_before"] / 2**20,
         "rss_peak_mb": out["peak_rss"] / 2**20,

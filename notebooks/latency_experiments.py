@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -224,14 +226,14 @@ for design in DESIGNS:
 
 # %%
 fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-for ax, (table, key, label, logx) in zip(axes.flat, (
-    (decode, "decode_tps", "decode speed (tokens/s)", True),
-    (tools, "tool_s", "tool time per call (s)", True),
-    (history, "history_tokens", "initial prompt (tokens)", True),
-    (rtt, "rtt_ms", "round-trip time (ms)", False),
+for ax, (table, key, label, logx, logy) in zip(axes.flat, (
+    (decode, "decode_tps", "decode speed (tokens/s)", True, True),
+    (tools, "tool_s", "tool time per call (s)", True, True),
+    (history, "history_tokens", "initial prompt (tokens)", True, False),
+    (rtt, "rtt_ms", "round-trip time (ms)", False, False),
 )):
-    plots.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, xlabel=label, ylabel="end-to-end per task (s)")
-axes.flat[0].set_yscale("log")
+    plots.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, logy=logy, xlabel=label,
+                     ylabel="end-to-end per task (s)")
 axes.flat[0].legend(fontsize=8)
 fig.suptitle(f"End-to-end time per task: {N_TASKS} {PRESET} task(s) of {TURNS} turns, virtual time "
              f"(defaults: {DECODE_TPS:g} tokens/s, {TOOL_SECONDS:g} s tools, RTT {RTT_MS:g} ms)")

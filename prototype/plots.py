@@ -12,7 +12,8 @@ show the result. Everything here runs under virtual time through `benchmark.run_
 * `run_sweep` / `sweep_table` / `sweep_plot`: a parameter sweep over designs, its summary by
   (value, design) and a line plot; `crossover` finds where one curve overtakes another.
 * `published_verdict`: the sentences of the published-results notebook, computed from the numbers.
-* `markdown_table`, `results_path`, `notebook_test_mode`, `add_repo_to_path`: notebook plumbing.
+* `markdown_table`, `results_path`, `notebook_test_mode`, `add_repo_to_path`: notebook plumbing;
+  `execute_notebook` and `python -m prototype.plots notebooks/*.py` run notebooks headless.
 
 Matplotlib is imported by the functions that draw, never at import time.
 """
@@ -86,26 +87,26 @@ DESIGN_MARKERS: dict[str, str] = {benchmark.HTTP: "o", benchmark.HTTP_STORED: "v
 PAUSE_STATE: dict[str, tuple[str, str, str]] = {
     SUSPENDED: (
         "Response suspended: coroutine + context + KV held",
-        "the Response itself stays alive, blocked in SamplingLoop.tool_call_point: its context, rendered "
-        "tokens and pinned KV wait for response.append; one response id for the whole rollout",
+        ("the Response itself stays alive, blocked in SamplingLoop.tool_call_point: its context, rendered "
+         "tokens and pinned KV wait for response.append; one response id for the whole rollout"),
         "#7b3294",
     ),
     CHAINED: (
         "response ended; connection cache holds it",
-        "the response ended at the client calls; the connection-local cache keeps the previous response, "
-        "its items, tools and rendered tokens for the next response.create with previous_response_id",
+        ("the response ended at the client calls; the connection-local cache keeps the previous response, "
+         "its items, tools and rendered tokens for the next response.create with previous_response_id"),
         "#5e9fd6",
     ),
     benchmark.HTTP: (
         "response ended; nothing kept",
-        "the response ended at the client calls and the server keeps nothing: the next POST resends the "
-        "whole conversation, which is validated, classified and rendered again",
+        ("the response ended at the client calls and the server keeps nothing: the next POST resends the "
+         "whole conversation, which is validated, classified and rendered again"),
         "#cccccc",
     ),
     benchmark.HTTP_STORED: (
         "response ended; store record",
-        "the response ended and was written to the response store; the next POST names it with "
-        "previous_response_id and the server rebuilds the chain from the store",
+        ("the response ended and was written to the response store; the next POST names it with "
+         "previous_response_id and the server rebuilds the chain from the store"),
         "#f4a582",
     ),
 }
@@ -151,6 +152,28 @@ def results_path(name: str = "") -> Path:
     return folder / name if name else folder
 
 
+def execute_notebook(path: str | Path, output: str | Path | None = None, *, timeout: float = 600.0) -> float:
+    """Run a jupytext notebook (py:percent) top to bottom in a fresh `python3` kernel of this
+    environment, with the repository as working directory, and write the executed notebook to
+    `output` (default: the results folder, <name>.ipynb). Returns the wall time in seconds. Needs
+    the test extra (jupytext, nbclient, ipykernel). Raises nbclient's CellExecutionError when a
+    cell fails."""
+    import time
+
+    import jupytext
+    import nbclient
+    import nbformat
+
+    path = Path(path)
+    nb = jupytext.read(path)
+    started = time.perf_counter()
+    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
+    seconds = time.perf_counter() - started
+    nbformat.write(nb, str(output or results_path(f"{path.stem}.ipynb")))
+    return seconds
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
@@ -182,9 +205,11 @@ def turn_spans(record: RolloutRecord) -> list[dict[str, Any]]:
     spans: list[dict[str, Any]] = []
     for i, turn in enumerate(record.turns):
         end = turn.ended_at if turn.ended_at is not None else turn.sent_at
-        spans.append({"lane": "client", "phase": NETWORK_CLIENT, "turn": turn.turn, "start": turn.sent_at - origin, "end": end - origin})
+        spans.append({"lane": "client", "phase": NETWORK_CLIENT, "turn": turn.turn,
+                      "start": turn.sent_at - origin, "end": end - origin})
         if turn.tool_seconds:
-            spans.append({"lane": "client", "phase": TOOL, "turn": turn.turn, "start": end - origin, "end": end - origin + turn.tool_seconds})
+            spans.append({"lane": "client", "phase": TOOL, "turn": turn.turn,
+                          "start": end - origin, "end": end - origin + turn.tool_seconds})
         timing = turn.server_timing or {}
         base = timing.get("origin_s", turn.sent_at)
         for phase, start_ms, end_ms in timing.get("spans", []):
@@ -462,14 +487,26 @@ def sweep_plot(
         ax.plot(xs, ys, marker=DESIGN_MARKERS.get(design, "o"), color=DESIGN_COLORS.get(design), linestyle=linestyle,
                 label=design + label_suffix, markersize=4)
     if logx:
-        ax.set_xscale("log")
+        log_axis(ax, "x")
     if logy:
-        ax.set_yscale("log")
+        log_axis(ax, "y")
     ax.set_xlabel(xlabel or key)
     ax.set_ylabel(ylabel or metric)
     if title:
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
+
+
+def log_axis(ax: Any, which: str = "x") -> None:
+    """Put axis `which` ("x" or "y") of `ax` on a log scale labelled in plain numbers (1, 2, 5, 10,
+    20, ...) rather than powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def crossover(xs: Sequence[float], a: Sequence[float], b: Sequence[float], *, logx: bool = True) -> float | None:
@@ -505,8 +542,8 @@ def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERAN
     metric = "end-to-end time" if row["metric"] == "e2e" else "time to first token (p50)"
     published, measured = row["published_gain"], row["measured_gain"]
     diff = measured - published
-    parts = [f"{row['compare']} at {row['tok_s']:g} tokens/s, {row['turns']:g} turns: the testbed cuts {metric} by "
-             f"{100 * measured:.0f}% against the published {100 * published:.0f}%"]
+    parts = [(f"{row['compare']} at {row['tok_s']:g} tokens/s, {row['turns']:g} turns: the testbed cuts {metric} by "
+              f"{100 * measured:.0f}% against the published {100 * published:.0f}%")]
     if abs(diff) <= tolerance:
         parts.append(f"within {100 * tolerance:.0f} points: the testbed matches")
     elif diff > 0:
@@ -518,10 +555,10 @@ def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERAN
         parts.append(f"{100 * -diff:.0f} points less than published: the testbed understates this gain")
     sentence = parts[0] + " (" + "; ".join(parts[1:]) + ")."
     testbed, implied = row["testbed_ms_per_turn"], row["implied_ms_per_turn"]
-    ratio = implied / testbed if testbed else math.inf
+    ratio = testbed / implied if implied else math.inf
     sentence += (f" Read through the testbed's model, the published gain implies {implied:.0f} ms of removable "
                  f"overhead per {'turn' if row['metric'] == 'e2e' else 'first token'}; the testbed removes "
-                 f"{testbed:.0f} ms ({ratio:.2f}x).")
+                 f"{testbed:.0f} ms, {ratio:.2f}x that.")
     verdict = str(row.get("implied_vs_calibration", "-"))
     if verdict == "calibration":
         sentence += (" This is the calibration row: the default cost knobs were chosen near it, so agreement here "
@@ -541,56 +578,84 @@ def published_plot(axes: Sequence[Any], rows: Sequence[Mapping[str, Any]], trend
     """Three panels: published vs measured gain per row; implied vs testbed ms per turn, with the
     calibration row's implied value and its agreement band; the chained-over-http gain by decode
     speed (the out-of-sample direction check). The calibration row is hatched."""
+    import textwrap
+
+    from matplotlib.patches import Patch
+
     left, middle, right = axes
-    names = [f"{i}: {r['result'][:38]}" for i, r in enumerate(rows)]
+    names = [textwrap.shorten(f"{i}: {r['result']}", 80) for i, r in enumerate(rows)]
+    names = ["\n".join(textwrap.wrap(n, 36)) for n in names]
     ys = np.arange(len(rows))[::-1]
     h = 0.38
-    for j, (column, colour, label) in enumerate((("published_gain", "#999999", "published"),
-                                                 ("measured_gain", "#1f77b4", "testbed"))):
-        bars = left.barh(ys + (h / 2 if j == 0 else -h / 2), [100 * r[column] for r in rows], h, color=colour, label=label)
-        for bar, r in zip(bars, rows, strict=True):
-            if r["role"] == "calibration":
-                bar.set_hatch("//")
-                bar.set_edgecolor("black")
+    grey, blue = "#999999", DESIGN_COLORS[CHAINED]
+    calibration_patch = Patch(facecolor="white", edgecolor="black", hatch="//", label="calibration row")
+
+    def bars(ax: Any, columns: Sequence[str], scale: float) -> None:
+        for j, (column, colour) in enumerate(zip(columns, (grey, blue), strict=True)):
+            drawn = ax.barh(ys + (h / 2 if j == 0 else -h / 2), [scale * r[column] for r in rows], h, color=colour,
+                            zorder=2)
+            for bar, r in zip(drawn, rows, strict=True):
+                if r["role"] == "calibration":
+                    bar.set_hatch("//")
+                    bar.set_edgecolor("black")
+
+    bars(left, ("published_gain", "measured_gain"), 100)
     left.set_yticks(ys, names, fontsize=7)
     left.set_xlabel("gain, % (1 - design / baseline)")
-    left.set_title("Published vs testbed gain (hatched: calibration)", fontsize=9)
-    left.legend(fontsize=7)
-    left.grid(True, axis="x", alpha=0.3)
+    left.set_title("Published vs testbed gain", fontsize=9)
+    left.legend(handles=[Patch(color=grey, label="published"), Patch(color=blue, label="testbed"), calibration_patch],
+                fontsize=7, loc="upper right")
+    left.grid(True, axis="x", alpha=0.3, zorder=0)
 
-    for j, (column, colour, label) in enumerate((("implied_ms_per_turn", "#999999", "implied by the published gain"),
-                                                 ("testbed_ms_per_turn", "#1f77b4", "removed in the testbed"))):
-        bars = middle.barh(ys + (h / 2 if j == 0 else -h / 2), [r[column] for r in rows], h, color=colour, label=label)
-        for bar, r in zip(bars, rows, strict=True):
-            if r["role"] == "calibration":
-                bar.set_hatch("//")
-                bar.set_edgecolor("black")
+    bars(middle, ("implied_ms_per_turn", "testbed_ms_per_turn"), 1)
+    handles = [Patch(color=grey, label="implied by the published gain"),
+               Patch(color=blue, label="removed in the testbed")]
     calibration = next((r for r in rows if r["role"] == "calibration"), None)
     if calibration is not None:
         c = calibration["implied_ms_per_turn"]
-        middle.axvspan(c / agreement_factor, c * agreement_factor, color="#2ca02c", alpha=0.12,
-                       label=f"calibration implied, x{agreement_factor:g} band")
-        middle.axvline(c, color="#2ca02c", linewidth=1)
-    middle.set_xscale("log")
+        middle.axvspan(c / agreement_factor, c * agreement_factor, color="#2ca02c", alpha=0.15, zorder=0)
+        middle.axvline(c, color="#2ca02c", linewidth=1, zorder=1)
+        handles.append(Patch(color="#2ca02c", alpha=0.3,
+                             label=f"calibration's implied value, x/÷{agreement_factor:g}"))
+    log_axis(middle, "x")
     middle.set_yticks(ys, [str(i) for i in range(len(rows))])
     middle.set_xlabel("ms per turn (per first token for TTFT rows)")
     middle.set_title("Overhead the published gain implies", fontsize=9)
-    middle.legend(fontsize=7, loc="lower right")
-    middle.grid(True, axis="x", which="both", alpha=0.3)
+    middle.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    middle.grid(True, axis="x", which="major", alpha=0.3, zorder=0)
 
     xs = [t["tok_s"] for t in trends]
-    right.plot(xs, [100 * t["gain_chained_vs_http"] for t in trends], marker="s", color=DESIGN_COLORS[CHAINED])
-    right.set_xscale("log")
+    right.plot(xs, [100 * t["gain_chained_vs_http"] for t in trends], marker="s", color=blue)
+    log_axis(right, "x")
     right.set_xlabel("decode speed (tokens/s)")
     right.set_ylabel("chained vs http gain, %")
+    right.set_ylim(bottom=0)
     right.set_title("Direction check: gain by decode speed", fontsize=9)
-    right.grid(True, which="both", alpha=0.3)
+    right.grid(True, which="major", alpha=0.3)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m prototype.plots notebooks/*.py`: execute each notebook at the size its parameters
+    cell sets (test mode if TESTBED_NOTEBOOK_TEST=1) into the results folder, with its wall time."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("notebooks", nargs="+", help="jupytext py:percent notebooks")
+    args = parser.parse_args(argv)
+    for notebook in args.notebooks:
+        seconds = execute_notebook(notebook)
+        print(f"{notebook}: executed in {seconds:.1f} s -> {results_path(Path(notebook).stem + '.ipynb')}", flush=True)
+    return 0
 
 
 __all__ = [
     "API_OVERHEAD_PHASES", "DESIGN_COLORS", "DESIGN_MARKERS", "EVENT_MARKS", "GAIN_TOLERANCE", "NETWORK_CLIENT",
     "PAUSE", "PAUSE_STATE", "PHASE_COLORS", "PHASE_LABELS", "PHASE_ORDER", "REPO", "TOOL", "add_repo_to_path",
-    "annotate_tool_call_point", "crossover", "design_of", "markdown_table", "notebook_test_mode", "phase_bars", "phase_totals",
-    "published_plot", "published_verdict", "results_path", "run_sweep", "series", "state_table", "sweep_plot",
-    "sweep_table", "timeline", "turn_spans",
+    "annotate_tool_call_point", "crossover", "design_of", "execute_notebook", "log_axis", "main", "markdown_table",
+    "notebook_test_mode", "phase_bars", "phase_totals", "published_plot", "published_verdict", "results_path",
+    "run_sweep", "series", "state_table", "sweep_plot", "sweep_table", "timeline", "turn_spans",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

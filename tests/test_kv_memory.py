@@ -118,6 +118,20 @@ async def test_swap_out_frees_the_gpu_after_the_copy_and_swap_in_costs_tokens_ti
     assert_consistent(engine)
 
 
+async def test_after_a_final_answer_swap_and_pin_leave_the_kv_as_plain_cache(autojump_clock):
+    swap = Engine(retention=SWAP_POLICY)
+    handle = await swap.begin_call("s", prompt(100))
+    swap.retain("s", prompt(100), 0.0)
+    swap.end_call(handle, paused=False)  # no tool call: the session is not expected back
+    assert swap.kv["s"].where == "gpu" and swap.stats.swap_out_bytes == 0
+
+    pin = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
+    handle = await pin.begin_call("a", prompt(80))
+    pin.retain("a", prompt(80), 0.0)
+    pin.end_call(handle, paused=False)
+    assert await call(pin, "b", prompt(50)) == 0.0 and pin.stats.evicted == 1
+
+
 async def test_discard_drops_kv_at_the_end_of_each_call_and_counts_the_recompute(autojump_clock):
     engine = Engine(retention=DISCARD_POLICY)
     p = prompt(100)
@@ -278,7 +292,7 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
     from experiments import kv_memory
 
     monkeypatch.setattr(kv_memory, "results_dir", lambda name="": tmp_path)
-    rows = kv_memory.main(["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000"])
+    rows = kv_memory.main(["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000", "--jobs", "1"])
     assert [(r["design"], r["policy"], r["agents"]) for r in rows] == [("suspended", "hold", 3), ("chained", "ttl-300s", 3)]
     assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
     assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause

@@ -98,7 +98,7 @@ class SamplingLoop:
 
     async def tool_call_point(self, calls: Sequence[ToolCall]) -> Sequence[Item] | None:
         """The suspension point: the loop blocks here for every tool call, hosted or client."""
-        self.end_model_call()
+        self.end_model_call(paused=True)
         backend = self.hosted if isinstance(calls[0].item, WebSearchCall) else self.client
         return await backend.answer(calls)
 
@@ -106,13 +106,13 @@ class SamplingLoop:
         try:
             return await self._sample()
         finally:
-            self.end_model_call()
+            self.end_model_call(paused=False)
 
-    def end_model_call(self) -> None:
+    def end_model_call(self, *, paused: bool) -> None:
         """The session goes idle on the engine: its batch slot is freed and its KV is kept,
-        swapped or dropped as the engine's retention policy says."""
+        swapped or dropped as the engine's retention policy says; `paused` at a tool call."""
         if self.engine_call is not None:
-            self.api.engine.end_call(self.engine_call)
+            self.api.engine.end_call(self.engine_call, paused=paused)
             self.engine_call = None
 
     async def _sample(self) -> str:
@@ -175,7 +175,7 @@ class SamplingLoop:
         """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7)."""
         ctx = self.context
         asked = trio.current_time()
-        self.end_model_call()
+        self.end_model_call(paused=True)
         self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
         if self.engine_call.queued_s > 0:
             self.log.record(metrics.QUEUE, asked, self.engine_call.admitted_at)

@@ -107,6 +107,8 @@ class KVEntry:
     host_tokens: int = 0
     active: int = 0
     """Model calls in flight on this entry."""
+    paused: bool = True
+    """Its last call ended at a tool call (the session will be back), not with a final answer."""
     version: int = 0  # bumped on every change, so a stale timer does nothing
 
 
@@ -300,9 +302,11 @@ class Engine:
         self.stats.recomputed_tokens += call.recomputed
         return call
 
-    def end_call(self, call: EngineCall) -> None:
-        """The model call is over (its session now waits for a tool or for its next request): free
-        its batch slot and apply the retention policy to the session's KV. Idempotent."""
+    def end_call(self, call: EngineCall, *, paused: bool = True) -> None:
+        """The model call is over: free its batch slot and apply the retention policy to the
+        session's KV. `paused`: the call ended at a tool call and the session will be back (the
+        interception InferCept and Continuum act on); False after a final answer, when SWAP and a
+        pinning TTL leave the KV as plain prefix cache. Idempotent."""
         if call.ended or call.admitted_at is None:
             return
         call.ended = True
@@ -313,7 +317,7 @@ class Engine:
         if entry is not None and entry.where == GPU and entry.active > 0:
             entry.active -= 1
             if entry.active == 0:
-                self._go_idle(call.key, entry, now)
+                self._go_idle(call.key, entry, now, paused=paused)
         self._schedule(now)
 
     def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False) -> None:
@@ -437,10 +441,11 @@ class Engine:
 
     def _holds(self, entry: KVEntry) -> bool:
         """Idle KV the policy holds: not evicted to make room (only preempted by an older session)."""
-        return entry.pinned or (self.retention.kind == memory.TTL and self.retention.pin)
+        return entry.pinned or (self.retention.kind == memory.TTL and self.retention.pin and entry.paused)
 
-    def _go_idle(self, key: Hashable, entry: KVEntry, now: float, *, apply_policy: bool = True) -> None:
+    def _go_idle(self, key: Hashable, entry: KVEntry, now: float, *, apply_policy: bool = True, paused: bool = True) -> None:
         entry.version += 1
+        entry.paused = paused
         if entry.tokens == 0:  # nothing computed (the call failed before its prefill)
             self._drop(key, now)
             return
@@ -451,7 +456,7 @@ class Engine:
         if apply_policy and kind == memory.DISCARD:
             self._drop(key, now)
             self.stats.discarded += 1
-        elif apply_policy and kind == memory.SWAP:
+        elif apply_policy and kind == memory.SWAP and paused:
             self._swap_out(key, entry, now)
         elif not entry.pinned:
             self._timer(max(now, entry.last_used + self.idle_ttl), key, entry)

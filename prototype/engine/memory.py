@@ -12,7 +12,9 @@ A session's KV is, at any time, in one place:
 * nowhere: discarded, evicted, expired or preempted; the next call prefills it again, and those
   tokens are counted as recomputed.
 
-What the policy does with a session's KV when a model call ends (the session goes idle):
+What the policy does with a session's KV when a model call ends at a tool call (the session
+pauses: InferCept's "interception"; a call that ends with the final answer leaves unpinned KV as
+plain cache under every policy but DISCARD):
 
 | policy           | pinned KV (v1's live coroutine)          | unpinned KV (v2 prefix cache)                   |
 | ---------------- | ---------------------------------------- | ----------------------------------------------- |

@@ -1,0 +1,346 @@
+"""Limits and auth (issue 6): API keys, stored responses readable only by their key, and every limit
+of `ServerConfig`, each set to a small value and hit: connections, frame and body size, queued
+creates per connection, suspension time-to-live, connection lifetime. Also the load script at a
+tiny size.
+
+Rules (after tests/support.py): in-process servers over memory streams under the `autojump_clock`,
+so every time is asserted exactly; while a limit is hit on one connection, a bystander rollout on
+another connection keeps its exact timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from trio_websocket import ConnectionClosed
+
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
+from prototype.protocol import errors
+from prototype.server.config import (
+    CONNECTION_LIFETIME_SECONDS, MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_MESSAGE_BYTES, MAX_QUEUED_CREATES, ServerConfig,
+)
+from support import make_server, receive, send, until
+from test_bad_input import (
+    BOTH, ONE_TURN, SMALL, TERMINALS, BadHttp, Bystander, RawHttp, assert_released, bystander_baseline, calls_of, create,
+    good_body, handshake_refusal, output, session_kv, turn,
+)
+
+
+def ws(server, design: str = CHAINED, key: str = "testbed"):
+    return open_responses_websocket(InMemoryConnector(server), design, api_key=key)
+
+
+async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str | None = "testbed") -> tuple[int, Any]:
+    """One POST /v1/responses on a new in-memory connection: (status, parsed JSON body)."""
+    client_end, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    client = RawHttp(client_end)
+    await client.send_case(BadHttp("request", 0, "", body=body, auth=None if key is None else f"Bearer {key}".strip()))
+    status, _, raw = await client.answer()
+    await client_end.aclose()
+    return status, json.loads(raw)
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    config = ServerConfig()
+    assert config.api_keys is None  # any non-empty Bearer key (PROTOCOL.md §2)
+    assert (config.max_message_bytes, config.max_body_bytes) == (MAX_MESSAGE_BYTES, MAX_BODY_BYTES) == (16 << 20, 16 << 20)
+    assert config.max_queued_creates == MAX_QUEUED_CREATES == 32
+    assert config.suspension_ttl == 300.0
+    assert config.connection_lifetime == CONNECTION_LIFETIME_SECONDS == 3600
+    assert config.max_connections == MAX_CONNECTIONS
+
+
+# --- API keys -------------------------------------------------------------------------------------------
+
+
+async def test_a_wrong_key_gets_401_on_http_and_on_the_websocket_handshake(autojump_clock, nursery) -> None:
+    server = make_server(config=ServerConfig(api_keys=frozenset({"alpha", "beta"})))
+    for key in ("wrong", "", None):
+        status, body = await http(server, nursery, good_body(stream=False), key=key)
+        assert (status, body["error"]["code"]) == (401, "invalid_api_key")
+        client_end, server_end = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.handle_stream, server_end)
+        headers = [] if key is None else [(b"authorization", f"Bearer {key}".strip().encode())]
+        refused = await handshake_refusal(client_end, "/v1/responses", headers)
+        assert refused.status_code == 401 and json.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    for key in ("alpha", "beta"):  # each configured key is accepted on both
+        status, body = await http(server, nursery, good_body(stream=False), key=key)
+        assert (status, body["status"]) == (200, "completed")
+        async with ws(server, key=key) as conn:
+            assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await assert_released(server)
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["configured keys", "any key"])
+async def test_a_stored_response_is_readable_only_with_the_key_that_created_it(autojump_clock, nursery, configured: bool) -> None:
+    server = make_server(config=ServerConfig(api_keys=frozenset({"alpha", "beta"}) if configured else None))
+    async with ws(server, key="alpha") as conn:
+        by_ws = (await turn(conn, create(store=True)))[-1]["response"]
+    status, by_http = await http(server, nursery, good_body(store=True, metadata={"testbed_workload": SMALL}), key="alpha")
+    assert status == 200
+    await trio.sleep(1)  # the overlapped store writes have finished
+    for stored in (by_ws, by_http):
+        answer = [output(calls_of(stored)[0])]
+        follow = create(store=True, previous_response_id=stored["id"], input=answer)
+        # Another key: not found, over either transport, exactly as if it did not exist.
+        async with ws(server, key="beta") as conn:
+            events = await turn(conn, follow)
+            assert [e["error"]["code"] for e in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
+        status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="beta")
+        assert (status, body["error"]["code"]) == (400, errors.PREVIOUS_RESPONSE_NOT_FOUND)
+        assert body["error"]["message"] == f"Previous response with id '{stored['id']}' not found."
+        # The creating key: the chain continues, over either transport.
+        async with ws(server, key="alpha") as conn:
+            events = await turn(conn, follow)
+            assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == stored["id"]
+        status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="alpha")
+        assert (status, body["previous_response_id"]) == (200, stored["id"])
+    # The store keeps a digest of the key, never the key.
+    row = server.api.store.get(by_ws["id"])
+    assert row.owner and "alpha" not in row.owner
+
+
+# --- maximum connections ----------------------------------------------------------------------------
+
+
+async def test_max_connections_refuses_the_next_with_503_and_admits_again_after_a_close(autojump_clock, nursery) -> None:
+    server = make_server(config=ServerConfig(max_connections=2))
+    async with ws(server) as first, ws(server, SUSPENDED) as second:
+        await send(first, create(metadata={"testbed_workload": ONE_TURN}))
+        await send(second, create())
+        assert server.connections == 2
+        client_end, server_end = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.handle_stream, server_end)
+        refused = await handshake_refusal(client_end, "/v1/responses", [(b"authorization", b"Bearer testbed")])
+        assert refused.status_code == 503
+        assert json.loads(refused.body)["error"] == {
+            "type": "server_error", "code": "server_is_overloaded", "message": "Too many connections.", "param": None,
+        }
+        status, body = await http(server, nursery, good_body(stream=False))
+        assert (status, body["error"]["code"]) == (503, "server_is_overloaded")
+        # The two admitted connections were not disturbed.
+        assert (await until(first, *TERMINALS))[-1]["type"] == "response.completed"
+        assert (await until(second, "response.done"))[-1]["type"] == "response.done"
+        assert server.connections == 2
+    with trio.fail_after(1):
+        while server.connections:
+            await trio.sleep(0.01)
+    async with ws(server) as again:
+        assert (await turn(again, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    status, body = await http(server, nursery, good_body(stream=False))
+    assert status == 200
+
+
+# --- frame and body size ------------------------------------------------------------------------------
+
+
+def padded(size: int) -> str:
+    """A valid create frame of exactly `size` bytes (ASCII, so characters = bytes)."""
+    frame = create(metadata={"testbed_workload": ONE_TURN}, pad="")
+    text = json.dumps(frame)
+    frame["pad"] = "x" * (size - len(text))
+    text = json.dumps(frame)
+    assert len(text.encode()) == size
+    return text
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above(autojump_clock, nursery, design: str) -> None:
+    limit = 8192
+    server = make_server(config=ServerConfig(max_message_bytes=limit))
+    await bystander_baseline()
+    watcher = Bystander(server)
+    nursery.start_soon(watcher.run)
+    async with ws(server, design) as conn:
+        await conn.send_message(padded(limit))
+        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+        await conn.send_message(padded(limit + 1))
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(conn)
+        assert closed.value.reason.code == 1009
+    await watcher.check()
+    await assert_released(server)
+
+
+async def test_body_size_limit_takes_a_body_at_the_limit_and_refuses_413_above(autojump_clock, nursery) -> None:
+    limit = 8192
+    server = make_server(config=ServerConfig(max_body_bytes=limit))
+    body = good_body(stream=False, pad="")
+    body["pad"] = "x" * (limit - len(json.dumps(body).encode()))
+    status, answer = await http(server, nursery, json.dumps(body).encode())
+    assert (status, answer["status"]) == (200, "completed")
+    body["pad"] += "x"
+    status, answer = await http(server, nursery, json.dumps(body).encode())
+    assert (status, answer["error"]["code"]) == (413, "request_too_large")
+
+
+# --- queued creates per connection ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+async def test_queued_creates_over_the_limit_are_refused_on_v2(autojump_clock, limit: int) -> None:
+    server = make_server(config=ServerConfig(max_queued_creates=limit))
+    async with ws(server) as conn:
+        for i in range(limit + 3):  # one runs, `limit` wait, two are refused
+            await send(conn, create(metadata={"testbed_workload": ONE_TURN}, input=f"task {i}"))
+        events = []
+        with trio.fail_after(60):
+            while sum(e["type"] == "response.completed" for e in events) < limit + 1:
+                events.append(await receive(conn))
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == [errors.TOO_MANY_QUEUED_REQUESTS] * 2
+        assert sum(e["type"] == "response.created" for e in events) == limit + 1
+        # The queue drained: the connection takes new work.
+        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+
+
+async def test_queued_creates_over_the_limit_are_refused_on_v1_while_a_rollout_is_suspended(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(max_queued_creates=1))
+    async with ws(server, SUSPENDED) as conn:
+        done = (await turn(conn, create()))[-1]["response"]
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # waits behind the whole rollout
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # refused
+        refusal = await receive(conn)
+        assert refusal["error"]["code"] == errors.TOO_MANY_QUEUED_REQUESTS
+        for _ in range(2):  # the rollout goes on: two more segments
+            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+            done = (await until(conn, "response.done", *TERMINALS))[-1]["response"]
+        assert done["status"] == "completed"
+        queued = await until(conn, *TERMINALS)
+        assert queued[0]["type"] == "response.created" and queued[-1]["type"] == "response.completed"
+
+
+# --- suspension time-to-live ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ttl", [2.5, 40.0])
+async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clock, nursery, ttl: float) -> None:
+    server = make_server(config=ServerConfig(suspension_ttl=ttl))
+    await bystander_baseline()
+    async with ws(server, SUSPENDED) as conn:
+        done = (await turn(conn, create()))[-1]
+        # An append just inside the TTL resumes; the TTL starts again at the next pause.
+        await trio.sleep(ttl - 0.001)
+        await send(conn, {"type": "response.append", "input": [output(calls_of(done["response"])[0])]})
+        done = (await until(conn, "response.done", *TERMINALS))[-1]
+        assert done["type"] == "response.done"
+        paused_at = trio.current_time()
+        watcher = Bystander(server)
+        nursery.start_soon(watcher.run)  # another connection, busy while this one expires
+        failed = await receive(conn)
+        assert trio.current_time() - paused_at == pytest.approx(ttl, rel=1e-9)
+        assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == errors.SUSPENSION_TIMEOUT
+        assert failed["sequence_number"] == done["sequence_number"] + 1
+        mine = [key for key in session_kv(server) if key[0] == SUSPENDED]
+        assert mine == []  # the rollout's KV was released; only the bystander's cache is held
+        await send(conn, {"type": "response.append", "input": [output(calls_of(done["response"])[0])]})
+        assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
+        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await watcher.check()
+    await assert_released(server)
+
+
+# --- connection lifetime -------------------------------------------------------------------------------
+
+
+async def closed_with_limit(conn) -> list[dict[str, Any]]:
+    """Events up to the close; asserts the last is the limit error and the close code is 1000."""
+    events = []
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            events.append(await receive(conn))
+    assert closed.value.reason.code == 1000
+    assert events[-1]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
+    return events
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_connection_lifetime_closes_an_idle_connection_at_the_limit(autojump_clock, design: str) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=12.0))
+    async with ws(server, design) as conn:
+        opened = trio.current_time()
+        events = await closed_with_limit(conn)
+        assert trio.current_time() - opened == pytest.approx(12.0, rel=1e-9)
+        assert events[-1]["error"]["message"] == (
+            "Responses websocket connection limit reached (0.2 minutes). Create a new websocket connection to continue."
+        )
+    await assert_released(server)
+
+
+async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drops_the_queue(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=10.0))
+    long_turn = create(model="sim-100", metadata={"testbed_workload": "fixed:1:50:10:400:0"})  # 4 s
+    async with ws(server) as conn:
+        await trio.sleep(8)
+        await send(conn, long_turn)
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # queued behind it: dropped
+        events = await closed_with_limit(conn)
+        types = [e["type"] for e in events]
+        assert types.count("response.created") == 1 and types[-2] == "response.completed"
+        assert trio.current_time() > 10.0 + 2  # the response ran past the limit
+    await assert_released(server)
+
+
+async def test_connection_lifetime_while_suspended_counts_as_a_disconnect(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=10.0))
+    async with ws(server, SUSPENDED) as conn:
+        await turn(conn, create())
+        assert len(session_kv(server)) == 1
+        events = await closed_with_limit(conn)
+        assert [e["type"] for e in events] == ["error"]  # no terminal event: the rollout is gone (PROTOCOL.md §7)
+        assert session_kv(server) == {}
+    await assert_released(server)
+
+
+# --- the CLI flags that set limits -------------------------------------------------------------------
+
+
+def test_serve_flags_set_the_suspension_ttl_and_connection_lifetime() -> None:
+    import argparse
+
+    from prototype.cli import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    server = serve.build_server(parser.parse_args(["--suspension-ttl", "7", "--connection-lifetime", "90", "--api-key", "k"]))
+    assert (server.config.suspension_ttl, server.config.connection_lifetime) == (7.0, 90.0)
+    assert server.config.api_keys == frozenset({"k"})
+    server.api.store.close()
+
+
+# --- the load script, at a tiny size --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_load_script_runs_and_loses_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path))
+    from experiments import common, load
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    rows = load.main(["--sessions", "3", "--turns", "2", "--csv", "load_test.csv"])
+    assert [(row["design"], row["sessions"]) for row in rows] == [(SUSPENDED, 3), (CHAINED, 3)]
+    for row in rows:
+        assert (row["completed"], row["turns"], row["lost"], row["duplicated"]) == (3, 6, 0, 0)
+        assert row["turns_per_s"] > 0 and row["overhead_p99_ms"] >= row["overhead_p50_ms"]
+        assert row["rss_peak_mb"] >= row["rss_before_mb"] > 0
+    assert (tmp_path / "load_test.csv").exists()
+
+
+def test_a_lost_or_repeated_item_is_counted() -> None:
+    from experiments.load import lost_and_duplicated
+    from prototype.client.harness import RolloutRecord
+
+    expected = RolloutRecord("chained", "w", 0.0, status="completed", transcript=[{"a": 1}, {"b": 2}], sequence_numbers=[("r", 0), ("r", 1)])
+    same = attrs.evolve(expected)
+    assert lost_and_duplicated(same, expected) == (0, 0)
+    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"a": 1}]), expected) == (1, 0)
+    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"a": 1}, {"b": 2}, {"b": 2}]), expected) == (0, 1)
+    assert lost_and_duplicated(attrs.evolve(expected, sequence_numbers=[("r", 0), ("r", 0), ("r", 2)]), expected) == (1, 1)
+    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"b": 2}, {"a": 1}]), expected) == (1, 1)
+    assert lost_and_duplicated(None, expected) == (2, 0)

@@ -370,17 +370,19 @@ class Engine:
 
         Token i is ready at start + (i+1)/rate. With `flush_interval` > 0 the first token goes out
         at once and later tokens are coalesced: each chunk carries every token ready at its flush,
-        flushes at least `flush_interval` apart.
+        flushes at least `flush_interval` apart, and the last chunk goes out when the last token
+        is ready, so coalescing never delays the end of an item.
         """
         rate = latency.decode_tokens_per_s
         start = trio.current_time()
         total = len(pieces)
+        end = start + total / rate  # the last token is never held back: coalescing costs no time
         sent = 0
         last_flush = -float("inf")
         while sent < total:
             due = start + (sent + 1) / rate
             if sent and flush_interval > 0:
-                due = max(due, last_flush + flush_interval)
+                due = min(max(due, last_flush + flush_interval), end)
             await trio.sleep_until(due)
             now = trio.current_time()
             last_flush = now

@@ -6,7 +6,7 @@ import csv
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,12 +43,11 @@ def _fmt(value: Any) -> str:
 
 
 @contextmanager
-def server_process(*args: str, preexec_fn: Callable[[], Any] | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port).
-    `preexec_fn` runs in the child before the server starts (e.g. `raise_fd_limit`)."""
+def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent, preexec_fn=preexec_fn,
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
     )
     try:
         line = process.stdout.readline()
@@ -71,7 +70,8 @@ def cpu_seconds(pid: int) -> float:
 
 def raise_fd_limit(wanted: int = 65536) -> int:
     """Raise this process's open-file limit towards `wanted` (at most the hard limit); returns it.
-    A thousand sessions need a thousand sockets on each side of loopback."""
+    A thousand sessions need a thousand sockets on each side of loopback; a server started
+    afterwards by `server_process` inherits the raised limit."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -17,8 +17,10 @@ Reported per design and N:
   `server_waiting_share` the time it was ready to run but waited for a CPU (schedstat's run
   delay: other processes on the machine), and `client_core_share` this process's CPU time, to show
   which side was the bottleneck;
-* `kb_per_session`: (peak server RSS while the sessions are open - RSS before them) / sessions open
-  at that peak (/proc/<pid>/status VmRSS, sampled every 10 ms);
+* `kb_per_session`: (peak server RSS while the sessions are open - RSS before them) / the most
+  sessions open at once (/proc/<pid>/status VmRSS, sampled every 10 ms). All sessions start
+  together, so that is N; the RSS of a Python process hardly falls when sessions end, so the peak
+  is the memory the N sessions needed;
 * `lost`, `duplicated`: conversation items and events missing or repeated. Every transcript must
   equal, item for item, the transcript of one rollout run alone on the same server first (itself
   checked against the virtual-clock reference), and every response's sequence numbers must run 0,
@@ -45,19 +47,33 @@ import trio.testing
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
-from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
+from prototype.client.harness import (
+    CHAINED,
+    SUSPENDED,
+    RolloutRecord,
+    run_websocket_rollout,
+)
 from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
 from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
 
-from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, rss_bytes, run_delay_seconds, server_process, write_csv
+from .common import (
+    cpu_seconds,
+    print_table,
+    raise_fd_limit,
+    results_dir,
+    rss_bytes,
+    run_delay_seconds,
+    server_process,
+    write_csv,
+)
 
 MODEL = "sim-100000"
 DESIGNS = (SUSPENDED, CHAINED)
 RSS_SAMPLE_S = 0.010
 COLUMNS = (
     "design", "sessions", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
-    "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "open_at_peak", "kb_per_session",
+    "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "max_open", "kb_per_session",
     "lost", "duplicated",
 )
 
@@ -138,7 +154,7 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
     connector = TcpConnector("127.0.0.1", port)
     metadata = {"testbed_workload": spec}
     records: list[RolloutRecord | None] = []
-    state = {"open": 0, "peak_rss": 0, "open_at_peak": 0}
+    state = {"open": 0, "max_open": 0, "peak_rss": 0}
 
     # One rollout first, alone: imports, the tokenizer and the workload cache are loaded before
     # "before", and its transcript is what every concurrent rollout must reproduce.
@@ -150,43 +166,45 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
 
     async def one() -> None:
         state["open"] += 1
+        state["max_open"] = max(state["max_open"], state["open"])
         try:
             records.append(await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL))
-        except (OSError, trio.BrokenResourceError, Exception) as exc:  # noqa: BLE001 - counted as lost, reported
+        except Exception as exc:  # noqa: BLE001 - a failed session is counted as lost and reported
             print(f"  a session failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             records.append(None)
         finally:
             state["open"] -= 1
 
-    async def sample(cancel: trio.CancelScope) -> None:
-        with cancel:
-            while True:
-                rss = rss_bytes(pid)
-                if rss > state["peak_rss"]:
-                    state["peak_rss"], state["open_at_peak"] = rss, state["open"]
-                await trio.sleep(RSS_SAMPLE_S)
+    async def sample() -> None:
+        while True:
+            state["peak_rss"] = max(state["peak_rss"], rss_bytes(pid))
+            await trio.sleep(RSS_SAMPLE_S)
 
     started = trio.current_time()
     async with trio.open_nursery() as outer:
-        sampling = trio.CancelScope()
-        outer.start_soon(sample, sampling)
+        outer.start_soon(sample)
         async with trio.open_nursery() as nursery:
             for _ in range(sessions):
                 nursery.start_soon(one)
-        sampling.cancel()
+        outer.cancel_scope.cancel()
     wall = trio.current_time() - started
     return {
-        "alone": alone, "records": records, "wall": wall, "cpu": cpu_seconds(pid) - cpu_before, "client_cpu": _own_cpu() - client_before,
+        "alone": alone,
+        "records": records,
+        "wall": wall,
+        "cpu": cpu_seconds(pid) - cpu_before,
         "run_delay": run_delay_seconds(pid) - delay_before,
+        "client_cpu": _own_cpu() - client_before,
         "rss_before": rss_before,
-        "peak_rss": max(state["peak_rss"], rss_before), "open_at_peak": state["open_at_peak"],
+        "peak_rss": max(state["peak_rss"], rss_before),
+        "max_open": state["max_open"],
     }
 
 
 def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[str, Any]:
     expected = reference(design, workload, spec)
     modeled = [turn.ended_at - turn.sent_at for turn in expected.turns]
-    with server_process("--costs", "zero", preexec_fn=raise_fd_limit) as (process, port):
+    with server_process("--costs", "zero") as (process, port):  # inherits main()'s raised fd limit
         out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions)
     records = out["records"]
     if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
@@ -206,7 +224,6 @@ def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[s
             reported += 1
             print(f"  {design}: a rollout lost {lo} and repeated {du}: {describe_difference(record, expected)}", file=sys.stderr)
     turns = sum(len(r.turns) for r in done)
-    open_at_peak = max(out["open_at_peak"], 1)
     return {
         "design": design,
         "sessions": sessions,
@@ -222,8 +239,8 @@ def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[s
         "client_core_share": out["client_cpu"] / out["wall"],
         "rss_before_mb": out["rss_before"] / 2**20,
         "rss_peak_mb": out["peak_rss"] / 2**20,
-        "open_at_peak": out["open_at_peak"],
-        "kb_per_session": (out["peak_rss"] - out["rss_before"]) / 1024 / open_at_peak,
+        "max_open": out["max_open"],
+        "kb_per_session": (out["peak_rss"] - out["rss_before"]) / 1024 / max(out["max_open"], 1),
         "lost": lost,
         "duplicated": duplicated,
         "modeled_turn_ms": 1000 * statistics.fmean(modeled),

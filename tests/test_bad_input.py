@@ -31,14 +31,20 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
+from support import make_server, receive, send, until
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, HARNESS_TOOLS, SUSPENDED, open_responses_websocket, run_websocket_rollout
+from prototype.client.harness import (
+    CHAINED,
+    HARNESS_TOOLS,
+    SUSPENDED,
+    open_responses_websocket,
+    run_websocket_rollout,
+)
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
-from support import make_server, receive, send, until
 
 MODEL = "sim-1000"
 # A small fixed task (3 turns, 50-token prompt, 10 tokens per tool output, 5 output tokens, 0.3 s

@@ -25,6 +25,20 @@ import attrs
 import pytest
 import trio
 import trio_websocket
+from support import make_server, receive, send, until
+from test_bad_input import (
+    BOTH,
+    ONE_TURN,
+    TERMINALS,
+    Bystander,
+    assert_released,
+    bystander_baseline,
+    calls_of,
+    create,
+    output,
+    session_kv,
+    turn,
+)
 from websockets.sync.client import connect as ws_connect
 
 from prototype.api.store import ResponseStore
@@ -32,11 +46,6 @@ from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.engine.engine import EngineFailure, FaultPlan
 from prototype.protocol import errors
-from support import make_server, receive, send, until
-from test_bad_input import (
-    BOTH, MODEL, ONE_TURN, SMALL, TERMINALS, Bystander, assert_released, bystander_baseline, calls_of, create, output,
-    session_kv, turn,
-)
 
 # --- a bounded in-memory stream ---------------------------------------------------------------------
 
@@ -200,10 +209,12 @@ async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, n
             else:
                 await conn.aclose()
             disconnected_at = trio.current_time()
-            released_in = await server_tasks_end(server_side, server)
-        assert released_in <= 1.0
+            with trio.fail_after(1):  # this connection's server tasks end; the bystander's go on
+                while server_side.child_tasks or mine in server.sessions:
+                    await trio.sleep(0.001)
         assert trio.current_time() - disconnected_at <= 1.0
-        assert key not in session_kv(server) and mine not in server.sessions
+        assert key not in session_kv(server)
+        assert not watcher.done.is_set()  # the bystander was still running all along
     # The bystander, running all along on another connection, saw nothing of it.
     await watcher.check()
     await assert_released(server)

@@ -17,18 +17,37 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from support import make_server, receive, send, until
+from test_bad_input import (
+    BOTH,
+    ONE_TURN,
+    SMALL,
+    TERMINALS,
+    BadHttp,
+    Bystander,
+    RawHttp,
+    assert_released,
+    bystander_baseline,
+    calls_of,
+    create,
+    good_body,
+    handshake_refusal,
+    output,
+    session_kv,
+    turn,
+)
 from trio_websocket import ConnectionClosed
 
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
 from prototype.protocol import errors
 from prototype.server.config import (
-    CONNECTION_LIFETIME_SECONDS, MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_MESSAGE_BYTES, MAX_QUEUED_CREATES, ServerConfig,
-)
-from support import make_server, receive, send, until
-from test_bad_input import (
-    BOTH, ONE_TURN, SMALL, TERMINALS, BadHttp, Bystander, RawHttp, assert_released, bystander_baseline, calls_of, create,
-    good_body, handshake_refusal, output, session_kv, turn,
+    CONNECTION_LIFETIME_SECONDS,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_MESSAGE_BYTES,
+    MAX_QUEUED_CREATES,
+    ServerConfig,
 )
 
 

@@ -29,7 +29,16 @@ import trio.testing
 import trio_websocket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from support import make_server
+from test_bad_input import CORPUS, ONE_TURN, SMALL, TERMINALS, create, session_kv
+from test_faults import PipeConnector, server_tasks_end
 from trio_websocket import ConnectionClosed
 
 from prototype import metrics
@@ -44,12 +53,9 @@ from prototype.protocol import codec, errors
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.events import CreateRequest, ResponseAppend, ResponseCreate
-from prototype.protocol.items import FunctionCall, Message
+from prototype.protocol.items import FunctionCall
 from prototype.protocol.response import Response
 from prototype.server.config import ServerConfig
-from support import make_server
-from test_bad_input import CORPUS, ONE_TURN, SMALL, TERMINALS, create, session_kv
-from test_faults import PipeConnector, server_tasks_end
 
 # --- 1. the sans-IO core, synchronously -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import argparse
 import functools
 import logging
 
+import attrs
 import trio
 
 from .. import workload
@@ -30,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
     parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
     parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
+    parser.add_argument("--max-connections", type=int, default=None, help="connections served at once; more get 503 (default 10000)")
+    parser.add_argument("--max-message-bytes", type=int, default=None, help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")
+    parser.add_argument("--max-body-bytes", type=int, default=None, help="largest HTTP request body; larger gets 413 (default 16 MiB)")
+    parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
 
 
 def build_server(args: argparse.Namespace) -> ResponsesServer:
@@ -44,16 +49,9 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
         api_keys=frozenset(args.api_key) if args.api_key else None,
         switches=ALL_SWITCHES_OFF if args.switches == "all-off" else CacheSwitches(),
     )
-    overrides = {}
-    if args.suspension_ttl is not None:
-        overrides["suspension_ttl"] = args.suspension_ttl
-    if args.connection_lifetime is not None:
-        overrides["connection_lifetime"] = args.connection_lifetime
-    if overrides:
-        import attrs
-
-        config = attrs.evolve(config, **overrides)
-    return ResponsesServer(api, config)
+    limits = ("suspension_ttl", "connection_lifetime", "max_connections", "max_message_bytes", "max_body_bytes", "max_queued_creates")
+    overrides = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
+    return ResponsesServer(api, attrs.evolve(config, **overrides))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,115 @@
+"""Implementation efficiency: how close the testbed's real-time runs come to the physical limit (issue 10).
+
+Each design runs the default (coding) workload in real time over loopback sockets with every modeled
+cost that is not inference or tool time set to zero: no RTT (netem.LOOPBACK), no modeled API stage
+(ZERO_COSTS); the real CPU work of validating, rendering, tokenizing, framing and parsing is still
+done. The limit of a task is the sum, over its turns, of the engine's modeled inference time
+(request overhead + prefill + decode, and hosted tool time if any) and the client's tool time: what
+a testbed with infinitely fast code would take. It is measured by running the same tasks on the
+virtual clock, where code costs no time (the sum of the server's modeled phases is printed next to
+it as a check). Efficiency = limit / measured real end-to-end time.
+
+The coding preset's tool calls average ~10 s, so a real-time run of its tasks takes minutes: tool
+times are multiplied by `--tool-scale` (default 0.01), which the output states.
+
+    python -m experiments.efficiency [--tasks 1] [--tool-scale 0.01] [--speeds 65 1000 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import attrs
+
+from prototype import benchmark, metrics, netem
+from prototype import workload as wl
+from prototype.api.costs import ZERO_COSTS
+
+from .common import print_table, results_dir, write_csv
+
+TARGETS = {1000.0: 0.98, 4000.0: 0.95}  # WebSocket designs
+LIMIT_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE, metrics.HOSTED_TOOL)
+COLUMNS = ("design", "decode_tps", "tasks", "turns", "limit_s", "phase_sum_s", "real_s", "efficiency", "target", "met")
+
+
+def scaled_tasks(n_tasks: int, seed: int, tool_scale: float, max_turns: int | None) -> tuple[wl.Workload, ...]:
+    tasks = []
+    for task in wl.generate("coding", seed=seed, n_tasks=n_tasks):
+        turns = list(task.turns)
+        if max_turns is not None and len(turns) > max_turns:
+            turns = turns[: max_turns - 1] + [attrs.evolve(turns[-1], tool_seconds=())]
+        turns = [attrs.evolve(t, tool_seconds=tuple(s * tool_scale for s in t.tool_seconds)) for t in turns]
+        tasks.append(attrs.evolve(task, turns=tuple(turns)))
+    return tuple(tasks)
+
+
+def modeled_seconds(records: list) -> float:
+    """Sum over every turn of the server's modeled inference phases plus the client's tool time."""
+    total = 0.0
+    for record in records:
+        for turn in record.turns:
+            phases = (turn.server_timing or {}).get("phases_ms") or {}
+            total += sum(phases.get(k, 0.0) for k in LIMIT_PHASES) / 1000 + turn.tool_seconds
+    return total
+
+
+def measure(design: str, tps: float, config: benchmark.BenchConfig) -> dict[str, Any]:
+    virtual = benchmark.run_design_virtual(design, tps, config)
+    real = benchmark.run_design_real(design, tps, config)
+    limit = sum(r.seconds for r in virtual)
+    real_s = sum(r.seconds for r in real)
+    target = TARGETS.get(tps) if design in (benchmark.CHAINED, benchmark.SUSPENDED) else None
+    return {
+        "design": design,
+        "decode_tps": tps,
+        "tasks": len(real),
+        "turns": sum(len(r.turns) for r in real),
+        "limit_s": limit,
+        "phase_sum_s": modeled_seconds(virtual),
+        "real_s": real_s,
+        "efficiency": limit / real_s,
+        "target": "" if target is None else target,
+        "met": "" if target is None else limit / real_s >= target,
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=1, help="coding tasks, seed 0 (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-scale", type=float, default=0.01, help="multiply every tool time by this (default 0.01)")
+    parser.add_argument("--max-turns", type=int, default=None, help="cut each task to this many turns (default: all)")
+    parser.add_argument("--speeds", type=float, nargs="+", default=list(benchmark.DECODE_SPEEDS))
+    parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS))
+    parser.add_argument("--flush-interval", type=float, default=benchmark.BENCH_FLUSH_INTERVAL)
+    parser.add_argument("--csv", default="efficiency.csv")
+    args = parser.parse_args(argv)
+    tasks = scaled_tasks(args.tasks, args.seed, args.tool_scale, args.max_turns)
+    config = benchmark.BenchConfig(
+        task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=args.flush_interval,
+    )
+    print(
+        f"coding workload, {len(tasks)} task(s) of seed {args.seed} ({sum(len(t.turns) for t in tasks)} turns"
+        f"{'' if args.max_turns is None else f', cut to {args.max_turns}'}), tool times x {args.tool_scale:g} "
+        f"(scaled: {sum(sum(s) for t in tasks for s in (x.tool_seconds for x in t.turns)):.2f} s in all); "
+        f"RTT 0, API stage costs zero, deltas coalesced every {args.flush_interval * 1000:g} ms; "
+        "limit = virtual-clock e2e (inference + tool time)",
+        flush=True,
+    )
+    rows = []
+    for tps in args.speeds:
+        for design in args.designs:
+            t0 = time.perf_counter()
+            rows.append(measure(design, tps, config))
+            print(f"  {design} at {tps:g} tokens/s: {time.perf_counter() - t0:.1f} s", flush=True)
+    print_table(rows, COLUMNS)
+    path = results_dir() / args.csv
+    write_csv(path, rows)
+    print(f"wrote {path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -104,6 +104,7 @@ class ApiService:
     workloads: WorkloadCatalog = attrs.Factory(WorkloadCatalog)
     new_id: IdFactory = attrs.Factory(IdFactory)
     flush_interval: float = 0.0  # delta coalescing; 0 = one delta per token
+    flush_tokens: int | None = None  # delta coalescing: at most this many tokens per delta (None: no bound)
     measured_cpu: bool = False  # charge measured CPU time of the real stage work instead of the per-token model
     sprint: SprintSwitches = AFTER_SPRINT  # API profile: the pre-WebSocket single-request speed-ups (costs.py)
     sprint_extra: SprintCosts = attrs.Factory(SprintCosts)  # what each speed-up saves, paid while its switch is off

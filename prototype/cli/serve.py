@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-profile", choices=sorted(API_PROFILES), default="after", help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)")
     parser.add_argument("--switches", choices=["on", "all-off"], default="on", help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")
     parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
+    parser.add_argument("--flush-tokens", type=int, default=None, help="with --flush-interval: at most this many tokens per delta (default: no bound)")
     parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
     parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
     parser.add_argument("--max-connections", type=int, default=None, help="connections served at once; more get 503 (default 10000)")
@@ -43,6 +44,7 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
         store=ResponseStore(args.store),
         workloads=WorkloadCatalog(default_workload=args.workload, default_seed=args.seed),
         flush_interval=args.flush_interval,
+        flush_tokens=args.flush_tokens,
         sprint=API_PROFILES[args.api_profile],
     )
     config = ServerConfig(

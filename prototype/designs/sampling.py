@@ -140,7 +140,7 @@ class SamplingLoop:
             outputs: list[Item] = [
                 await self.emitter.message(
                     self.api.new_id("msg"),
-                    self.api.engine.stream(ctx.route.latency, words, flush_interval=self.api.flush_interval),
+                    self.api.engine.stream(ctx.route.latency, words, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens),
                     incomplete=lambda: truncated,
                 )
             ]
@@ -152,7 +152,7 @@ class SamplingLoop:
                     self.api.new_id("fc"),
                     call_id,
                     planned.name,
-                    self.api.engine.stream(ctx.route.latency, pieces, flush_interval=self.api.flush_interval),
+                    self.api.engine.stream(ctx.route.latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens),
                 )
                 outputs.append(call)
                 calls.append(call)

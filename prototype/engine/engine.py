@@ -364,14 +364,15 @@ class Engine:
             await trio.sleep(seconds)
 
     async def stream(
-        self, latency: LatencyModel, pieces: Sequence[str], *, flush_interval: float = 0.0
+        self, latency: LatencyModel, pieces: Sequence[str], *, flush_interval: float = 0.0, flush_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield the text of `pieces` (one token each) as it is sampled.
 
         Token i is ready at start + (i+1)/rate. With `flush_interval` > 0 the first token goes out
         at once and later tokens are coalesced: each chunk carries every token ready at its flush,
         flushes at least `flush_interval` apart, and the last chunk goes out when the last token
-        is ready, so coalescing never delays the end of an item.
+        is ready, so coalescing never delays the end of an item. With `flush_tokens` a chunk carries
+        at most that many tokens: it goes out as soon as that many are ready, interval or not.
         """
         rate = latency.decode_tokens_per_s
         start = trio.current_time()
@@ -383,11 +384,15 @@ class Engine:
             due = start + (sent + 1) / rate
             if sent and flush_interval > 0:
                 due = min(max(due, last_flush + flush_interval), end)
+                if flush_tokens:
+                    due = min(due, start + (sent + flush_tokens) / rate)
             await trio.sleep_until(due)
             now = trio.current_time()
             last_flush = now
             # 1e-6 absorbs float error at exact token boundaries under a virtual clock.
             ready = min(total, max(sent + 1, int((now - start) * rate + 1e-6)))
+            if flush_tokens:
+                ready = min(ready, sent + flush_tokens)
             self.stats.decoded_tokens += ready - sent
             if self.faults is not None:
                 self.faults.on_flush()

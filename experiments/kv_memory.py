@@ -17,6 +17,7 @@ Per (design, policy, N) it reports throughput, end-to-end time, queueing for the
 recomputed, and GPU KV memory; prints a table, writes results/kv_memory.csv and kv_memory.png.
 
     python -m experiments.kv_memory [--agents 10 100 1000] [--configs suspended:hold chained:ttl-300 ...]
+    python -m experiments.kv_memory --replot        # redraw results/kv_memory.png from the CSV
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 
 import numpy as np
 import trio
+import trio._core._run
 import trio.testing
 
 from prototype.api.costs import ApiCosts
@@ -39,7 +41,11 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.memory import (
-    H100_8B_HOST_BUDGET_TOKENS, H100_8B_KV_BUDGET_TOKENS, KV_BYTES_PER_TOKEN_8B, PCIE_BYTES_PER_S, VLLM_MAX_NUM_SEQS,
+    H100_8B_HOST_BUDGET_TOKENS,
+    H100_8B_KV_BUDGET_TOKENS,
+    KV_BYTES_PER_TOKEN_8B,
+    PCIE_BYTES_PER_S,
+    VLLM_MAX_NUM_SEQS,
     parse_policy,
 )
 from prototype.server.app import ResponsesServer
@@ -61,9 +67,9 @@ DECODE_TPS = 165.0
 # turns) would also give 75 of 1,000 tasks a context over Llama-3.1's 128k window and one over the
 # whole KV budget; at 10 turns contexts end at 28.5k tokens on average, 72k at most (seed 0).
 TURNS = 10
-# Delta coalescing [ours]: one delta event per 0.25 s keeps the event count, and the real time, down.
-# Its cost in the model: a streamed item ends up to 0.25 s (0.125 s on average) after its last token.
-FLUSH_INTERVAL = 0.25
+# Delta coalescing [ours]: at most one delta event per second of decoding keeps the event count, and
+# the real time, down. It moves no time: an item's last chunk goes out when its last token is ready.
+FLUSH_INTERVAL = 1.0
 # v1's suspension TTL is 300 s (PROTOCOL.md §7); WORKLOAD.md §6 derives that ~15% of 20-turn tasks
 # then hit a tool call longer than it and fail. Raised to 3600 s (the §6 sweep's top) so that
 # "hold" holds for every pause and no task fails; tool calls are capped at 600 s (§2).
@@ -106,6 +112,13 @@ def run_config(design: str, policy: str, agents: int, args: argparse.Namespace) 
                 nursery.start_soon(agent, task)
         engine.advance(trio.current_time())
 
+    # Tasks that become runnable at the same virtual instant run in an order trio draws at random
+    # (to keep code from depending on it), and with hundreds of agents queueing for one engine
+    # that order changes who is admitted first. Seeding trio's draw makes a run reproducible;
+    # --scheduler-seed replicates it (docs/kv_memory.md gives the spread). Private in trio 0.35.
+    scheduler_random = getattr(trio._core._run, "_r", None)
+    if scheduler_random is not None:
+        scheduler_random.seed(args.scheduler_seed)
     wall = time.perf_counter()
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall = time.perf_counter() - wall
@@ -141,6 +154,7 @@ def run_config(design: str, policy: str, agents: int, args: argparse.Namespace) 
         "preempted": stats.preempted,
         "evicted": stats.evicted,
         "expired": stats.expired,
+        "swap_dropped": stats.swap_dropped,
         "peak_calls_in_flight": stats.peak_active_calls,
         "real_s": wall,
     }
@@ -170,6 +184,7 @@ def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         ("host link", f"{args.swap_gbps:g} GB/s each way", "PCIe Gen4 x16 effective [assumed]"),
         ("host budget", f"{args.host_budget:,} tokens", "DGX H100: 2 TB / 8 GPUs [derived]"),
         ("workload", f"coding, {args.turns} turns, seed {args.seed}", "WORKLOAD.md §1-2 defaults; turns a §1 sweep value"),
+        ("scheduler seed", f"{args.scheduler_seed}", "trio's tie-break order, seeded for reproducibility"),
         ("API costs", "ApiCosts() defaults", "WORKLOAD.md §4 [assumed]"),
         ("v1 suspension TTL", f"{SUSPENSION_TTL:g} s", "raised from 300 s so no rollout fails"),
     ]
@@ -238,7 +253,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--agents", type=int, nargs="+", default=list(AGENTS))
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="design:policy, e.g. chained:ttl-300")
     parser.add_argument("--turns", type=int, default=TURNS)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--scheduler-seed", type=int, default=0, help="seed of trio's order for tasks runnable at the same instant")
     parser.add_argument("--budget", type=int, default=H100_8B_KV_BUDGET_TOKENS, help="GPU KV budget in tokens")
     parser.add_argument("--host-budget", type=int, default=H100_8B_HOST_BUDGET_TOKENS, help="host KV budget in tokens")
     parser.add_argument("--max-batch", type=int, default=VLLM_MAX_NUM_SEQS)
@@ -246,11 +262,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--decode-tps", type=float, default=DECODE_TPS)
     parser.add_argument("--flush", type=float, default=FLUSH_INTERVAL)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel, one process each")
+    parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/ (a small run can keep the full one)")
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV")
     args = parser.parse_args(argv)
+    csv_path, png_path = results_dir() / f"{args.output}.csv", results_dir() / f"{args.output}.png"
     if args.replot:
-        rows = read_rows(results_dir() / "kv_memory.csv")
-        plot(rows, results_dir() / "kv_memory.png")
+        rows = read_rows(csv_path)
+        plot(rows, png_path)
         return rows
 
     for knob, value, source in parameters(args):
@@ -274,10 +292,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row["budget_tokens"] = args.budget
     print(f"  {len(runs)} runs in {time.perf_counter() - wall:.0f} s real ({args.jobs} processes)")
     print_table(rows, TABLE)
-    out = results_dir()
-    write_csv(out / "kv_memory.csv", rows)
-    plot(rows, out / "kv_memory.png")
-    print(f"wrote {out / 'kv_memory.csv'} and {out / 'kv_memory.png'}")
+    write_csv(csv_path, rows)
+    plot(rows, png_path)
+    print(f"wrote {csv_path} and {png_path}")
     return rows
 
 

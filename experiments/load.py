@@ -149,8 +149,11 @@ def describe_difference(record: RolloutRecord, expected: RolloutRecord) -> str:
     return "no difference found"
 
 
-async def run_sessions(port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int) -> dict[str, Any]:
-    """`sessions` rollouts at once; the server's RSS sampled all along."""
+async def run_sessions(
+    port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int, stagger: float = 0.0
+) -> dict[str, Any]:
+    """`sessions` rollouts at once (with `stagger` > 0, session i starts i * stagger / sessions
+    seconds in, spreading the starts evenly); the server's RSS sampled all along."""
     connector = TcpConnector("127.0.0.1", port)
     metadata = {"testbed_workload": spec}
     records: list[RolloutRecord | None] = []
@@ -164,7 +167,8 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
     delay_before = run_delay_seconds(pid)
     client_before = _own_cpu()
 
-    async def one() -> None:
+    async def one(delay: float) -> None:
+        await trio.sleep(delay)
         state["open"] += 1
         state["max_open"] = max(state["max_open"], state["open"])
         try:
@@ -184,8 +188,8 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
     async with trio.open_nursery() as outer:
         outer.start_soon(sample)
         async with trio.open_nursery() as nursery:
-            for _ in range(sessions):
-                nursery.start_soon(one)
+            for i in range(sessions):
+                nursery.start_soon(one, i * stagger / sessions)
         outer.cancel_scope.cancel()
     wall = trio.current_time() - started
     return {
@@ -201,11 +205,11 @@ async def run_sessions(port: int, pid: int, design: str, workload: Workload, spe
     }
 
 
-def measure(design: str, sessions: int, workload: Workload, spec: str) -> dict[str, Any]:
+def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: float = 0.0) -> dict[str, Any]:
     expected = reference(design, workload, spec)
     modeled = [turn.ended_at - turn.sent_at for turn in expected.turns]
     with server_process("--costs", "zero") as (process, port):  # inherits main()'s raised fd limit
-        out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions)
+        out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger)
     records = out["records"]
     if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
         print(f"  {design}: the server's lone rollout differs from the virtual-clock reference: "
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--appended", type=int, default=200, help="tool output tokens per turn (default 200)")
     parser.add_argument("--output", type=int, default=50, help="output tokens per turn (default 50)")
     parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
+    parser.add_argument("--stagger", type=float, default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
     parser.add_argument("--csv", default="load.csv", help="file name under results/ (default load.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()
@@ -269,7 +274,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for sessions in args.sessions:
         for design in args.designs:
             t0 = time.perf_counter()
-            row = measure(design, sessions, workload, spec)
+            row = measure(design, sessions, workload, spec, args.stagger)
             rows.append(row)
             print(f"  {design} x {sessions}: {time.perf_counter() - t0:.1f} s", flush=True)
     print_table(rows, COLUMNS)

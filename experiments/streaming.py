@@ -9,16 +9,20 @@ with K at most K tokens.
 
 Reported per flush setting:
 
-* `lag_1`: one session alone at `--single-tps` (default 4000): (real turn time - modeled turn time)
-  / modeled turn time, where the modeled time (engine request overhead + prefill + decode) is the
-  same request's time on the virtual clock: how far the stream falls behind the engine;
+* `lag_1`: one session alone at `--single-tps` (default 4000): how far the stream falls behind the
+  engine, (real stream time - modeled stream time) / modeled stream time, where the stream time is
+  from the first delta received to the terminal event received, and the modeled one is the same
+  request's on the virtual clock ((output - 1) / tps: the engine's decode after the first token);
+  `turn_lag_1` the same for the whole turn (request sent to terminal event), which adds the
+  server's fixed per-request work (validation, rendering, tokenizing) and the engine's modeled
+  request overhead and prefill to both sides;
 * `agg_tokens_per_s`: N sessions together at `--tps` each: output tokens delivered / wall time
   (first request sent to last terminal event received), against `offered_tokens_per_s` = N x tps;
-  `lag_n_p50`, `lag_n_p99`: the same lag per session under that load;
+  `lag_n_p50`, `lag_n_p99`: the stream lag per session under that load;
 * `events_per_s`: delta events the client received per second, all sessions together;
 * `server_core_share`: server CPU time / wall time (/proc schedstat).
 
-    python -m experiments.streaming [--sessions 50] [--tps 4000] [--output 8000] [--flush-intervals 0 0.01 0.05]
+    python -m experiments.streaming [--sessions 100] [--tps 4000] [--output 8000] [--flush-intervals 0.002 ... 0.1]
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from prototype.workload import fixed
 from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, server_process, write_csv
 
 COLUMNS = (
-    "flush_ms", "flush_tokens", "lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
+    "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
     "events_per_s", "server_core_share",
 )
 
@@ -50,8 +54,9 @@ def spec_of(prompt: int, output: int) -> str:
     return f"fixed:1:{prompt}:0:{output}:0"
 
 
-def modeled_turn_seconds(prompt: int, output: int, tps: float) -> float:
-    """The turn's time on the virtual clock: exactly what the engine model charges."""
+def modeled_turn_seconds(prompt: int, output: int, tps: float) -> tuple[float, float]:
+    """The turn's time and its stream's time (first delta to terminal event) on the virtual clock:
+    exactly what the engine model charges."""
     workload = fixed(1, initial_prompt_tokens=prompt, appended_tokens=0, output_tokens=output, tool_seconds=0.0)
 
     async def run() -> RolloutRecord:
@@ -63,7 +68,7 @@ def modeled_turn_seconds(prompt: int, output: int, tps: float) -> float:
     record = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     assert record.status == "completed", record.status
     turn = record.turns[0]
-    return turn.ended_at - turn.sent_at
+    return turn.ended_at - turn.sent_at, turn.ended_at - turn.first_token_at
 
 
 async def run_sessions(port: int, sessions: int, prompt: int, output: int, tps: float) -> list[RolloutRecord]:
@@ -101,15 +106,17 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     if bad:
         raise RuntimeError(f"sessions ended {bad[:3]}")
     turn = single.turns[0]
-    lag_1 = (turn.ended_at - turn.sent_at) / modeled_1 - 1
+    lag_1 = (turn.ended_at - turn.first_token_at) / modeled_1[1] - 1
+    turn_lag_1 = (turn.ended_at - turn.sent_at) / modeled_1[0] - 1
     wall = max(r.turns[0].ended_at for r in records) - min(r.turns[0].sent_at for r in records)
     tokens = sum(r.usage["output_tokens"] for r in records)
-    lags = [(r.turns[0].ended_at - r.turns[0].sent_at) / modeled_n - 1 for r in records]
+    lags = [(r.turns[0].ended_at - r.turns[0].first_token_at) / modeled_n[1] - 1 for r in records]
     deltas = sum(1 for r in records for _, kind, t in r.timeline if kind == "recv" and t == "response.output_text.delta")
     return {
         "flush_ms": flush * 1000,
         "flush_tokens": flush_tokens or "",
         "lag_1": lag_1,
+        "turn_lag_1": turn_lag_1,
         "sessions": args.sessions,
         "offered_tokens_per_s": args.sessions * args.tps,
         "agg_tokens_per_s": tokens / wall,
@@ -122,12 +129,12 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=50, help="concurrent sessions (default 50)")
+    parser.add_argument("--sessions", type=int, default=100, help="concurrent sessions (default 100)")
     parser.add_argument("--tps", type=float, default=4000.0, help="decode tokens/s of each concurrent session (default 4000)")
     parser.add_argument("--single-tps", type=float, default=4000.0, help="decode tokens/s of the lone session (default 4000)")
     parser.add_argument("--prompt", type=int, default=100, help="prompt tokens (default 100)")
     parser.add_argument("--output", type=int, default=8000, help="output tokens per session (default 8000)")
-    parser.add_argument("--flush-intervals", type=float, nargs="+", default=[0.0, 0.005, 0.01, 0.02, 0.05, 0.1])
+    parser.add_argument("--flush-intervals", type=float, nargs="+", default=[0.002, 0.005, 0.01, 0.02, 0.05, 0.1], help="seconds; 0: one delta per token")
     parser.add_argument("--flush-tokens", type=int, nargs="+", default=[0], help="max tokens per delta, 0: no bound (default 0)")
     parser.add_argument("--csv", default="streaming.csv")
     args = parser.parse_args(argv)

@@ -18,8 +18,15 @@ from hypothesis import strategies as st
 from prototype.engine.engine import ContextExceedsBudget, Engine, Prompt
 from prototype.engine.latency import LatencyModel
 from prototype.engine.memory import (
-    DISCARD_POLICY, H100_8B_KV_BUDGET_TOKENS, HOLD_POLICY, KV_BYTES_PER_TOKEN_8B, PCIE_BYTES_PER_S, SWAP_POLICY,
-    RetentionPolicy, parse_policy, ttl,
+    DISCARD_POLICY,
+    H100_8B_KV_BUDGET_TOKENS,
+    HOLD_POLICY,
+    KV_BYTES_PER_TOKEN_8B,
+    PCIE_BYTES_PER_S,
+    SWAP_POLICY,
+    RetentionPolicy,
+    parse_policy,
+    ttl,
 )
 
 
@@ -301,3 +308,6 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
         assert len(list(csv.DictReader(f))) == 2
     assert (tmp_path / "kv_memory.png").stat().st_size > 0
     assert not math.isnan(rows[1]["mean_queue_s"])
+    (tmp_path / "kv_memory.png").unlink()
+    assert kv_memory.main(["--replot"]) == rows  # the figure is redrawn from the CSV alone
+    assert (tmp_path / "kv_memory.png").exists()

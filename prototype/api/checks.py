@@ -77,7 +77,8 @@ def require_answered(ledger: CallLedger) -> None:
 class SafetyState:
     """Running feature counts of everything classified so far."""
 
-    counts: np.ndarray = attrs.Factory(lambda: np.zeros(SAFETY_FEATURES, dtype=np.int64))
+    # int32: 16 KB a session instead of 32 (a conversation would need 2^31 tokens to overflow it).
+    counts: np.ndarray = attrs.Factory(lambda: np.zeros(SAFETY_FEATURES, dtype=np.int32))
 
     def copy(self) -> SafetyState:
         return SafetyState(self.counts.copy())

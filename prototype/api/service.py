@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import secrets
 import time
+from array import array
 from collections.abc import Hashable, Sequence
 
 import attrs
@@ -59,7 +60,7 @@ class Context:
     def copy(self) -> Context:
         """An independent copy (a chained response that branches from a cached one)."""
         return Context(
-            list(self.items), Prompt(list(self.prompt.ids)), self.preamble, self.ledger.copy(), self.safety.copy(),
+            list(self.items), Prompt(array("q", self.prompt.ids)), self.preamble, self.ledger.copy(), self.safety.copy(),
             self.route, self.engine_key,
         )
 

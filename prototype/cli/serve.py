@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 
 import attrs
@@ -28,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", choices=["default", "zero"], default="default", help="modeled API stage costs (zero: real CPU work only)")
     parser.add_argument("--api-profile", choices=sorted(API_PROFILES), default="after", help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)")
     parser.add_argument("--switches", choices=["on", "all-off"], default="on", help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")
-    parser.add_argument("--flush-interval", type=float, default=0.0, help="coalesce text deltas at most this often, in seconds (0: one per token)")
+    # 50 ms by measurement (docs/speed.md, experiments/streaming.py): the lag behind the engine is
+    # the same from 2 to 100 ms (the first token goes out at once, the last when ready), and the
+    # server's CPU per streamed token falls ~14x from one delta per token.
+    parser.add_argument("--flush-interval", type=float, default=0.05, help="coalesce text deltas at most this often, in seconds (default 0.05; 0: one per token)")
     parser.add_argument("--flush-tokens", type=int, default=None, help="with --flush-interval: at most this many tokens per delta (default: no bound)")
     parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
     parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
@@ -64,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
+            # Startup objects (modules, the tokenizer's tables, the workload catalog) live for the
+            # whole process: keep them out of every later full collection, whose pauses are paid by
+            # whichever turns are in flight (docs/speed.md).
+            gc.collect()
+            gc.freeze()
             print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses)", flush=True)
 
     try:

@@ -119,8 +119,12 @@ class SamplingLoop:
         ctx, request = self.context, self.emitter.response.request
         budget = request.max_output_tokens
         while True:
+            # The scripted policy stands for the model: its CPU time (in real-time runs) counts
+            # towards the engine's modeled request overhead rather than adding to it. Under a
+            # virtual clock this changes nothing.
+            planned_at = trio.current_time()
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
-            await self.model_call()
+            await self.model_call(since=planned_at)
             for search in plan.searches:
                 item = WebSearchCall(self.api.new_id("ws"), search.query, status="in_progress")
                 await self.decode_hidden(search.query)
@@ -171,8 +175,11 @@ class SamplingLoop:
                 return ENDED_AT_CLIENT_CALLS
             await self.take_new_items(answers)
 
-    async def model_call(self) -> None:
-        """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7)."""
+    async def model_call(self, since: float | None = None) -> None:
+        """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7).
+        `since`: when the simulated model's own work for this call began; if the engine admits the
+        call at once, that CPU time counts towards the engine's modeled request overhead instead of
+        adding to it (real-time runs only)."""
         ctx = self.context
         asked = trio.current_time()
         self.end_model_call(paused=True)
@@ -184,7 +191,12 @@ class SamplingLoop:
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
         usage.cached_tokens += cached
-        await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        latency, call = ctx.route.latency, self.engine_call
+        if since is not None and call.queued_s == 0 and not call.swap_in_tokens:
+            spent = trio.current_time() - since  # 0 under a virtual clock: the same model, unchanged
+            if spent > 0:
+                latency = attrs.evolve(latency, request_overhead=max(0.0, latency.request_overhead - spent))
+        await self.api.engine.prefill(latency, uncached=len(ctx.prompt) - cached, cached=cached)
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
         self.log.record(metrics.PREFILL, self.engine_call.admitted_at, trio.current_time())  # a swap-in counts as prefill
 

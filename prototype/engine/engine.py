@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from array import array
 from collections.abc import AsyncIterator, Hashable, Sequence
 
 import attrs
@@ -83,9 +84,11 @@ class FaultPlan:
 @attrs.define(eq=False)
 class Prompt:
     """A rendered prompt: token ids, append-only, so a KV entry that points at this object and
-    covers its first n ids stays valid however long the prompt grows."""
+    covers its first n ids stays valid however long the prompt grows. The ids are a compact array
+    of 64-bit integers (8 bytes a token, not ~36 for a list of int objects): a held session's
+    prompt is most of its memory."""
 
-    ids: list[int] = attrs.Factory(list)
+    ids: array = attrs.field(factory=lambda: array("q"), converter=lambda ids: ids if isinstance(ids, array) else array("q", ids))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -554,7 +557,7 @@ class Engine:
                 held.append((-self._ranks[key], 0, key, entry.gpu_tokens))
         if sum(v[3] for v in cache) + sum(v[3] for v in held) < shortfall:
             return False
-        order = lambda v: (v[0], v[1])  # noqa: E731 (keys may not compare)
+        order = lambda v: (v[0], v[1])  # sort on age or recency only: session keys may not compare
         for victims, counter in ((sorted(cache, key=order), "evicted"), (sorted(held, key=order), "preempted")):
             for *_, key, tokens in victims:
                 if shortfall <= 0:

@@ -118,7 +118,20 @@ def parse_policy(text: str) -> RetentionPolicy:
 
 
 __all__ = [
-    "DISCARD", "DISCARD_POLICY", "H100_8B_HOST_BUDGET_TOKENS", "H100_8B_KV_BUDGET_TOKENS", "HOLD", "HOLD_POLICY",
-    "KV_BYTES_PER_TOKEN_70B", "KV_BYTES_PER_TOKEN_8B", "PCIE_BYTES_PER_S", "RetentionPolicy", "SWAP", "SWAP_POLICY",
-    "TTL", "VLLM_MAX_NUM_SEQS", "parse_policy", "ttl",
+    "DISCARD",
+    "DISCARD_POLICY",
+    "H100_8B_HOST_BUDGET_TOKENS",
+    "H100_8B_KV_BUDGET_TOKENS",
+    "HOLD",
+    "HOLD_POLICY",
+    "KV_BYTES_PER_TOKEN_8B",
+    "KV_BYTES_PER_TOKEN_70B",
+    "PCIE_BYTES_PER_S",
+    "SWAP",
+    "SWAP_POLICY",
+    "TTL",
+    "VLLM_MAX_NUM_SEQS",
+    "RetentionPolicy",
+    "parse_policy",
+    "ttl",
 ]

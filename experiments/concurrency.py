@@ -1,0 +1,54 @@
+"""Concurrency: 1,000 WebSocket sessions held by one server process (issue 10).
+
+A thin wrapper over experiments/load.py (same server child process, same harness, same loss
+checks) with the issue's question: can one process hold N sessions with a per-turn server overhead
+p99 under 20 ms and under 100 KB of server memory per session? Unlike load.py's default (every
+session starts at once and runs 0.2 s tools, which saturates the server: its overhead is queueing),
+sessions here start spread evenly over `--stagger` seconds and their tools take `--tool-seconds`
+(default 20 s; the coding preset's tool calls average ~10 s), so the offered load is N / tool
+time turns per second: a held-open population, not a stampede.
+
+    python -m experiments.concurrency [--sessions 1000] [--turns 3] [--tool-seconds 20] [--stagger 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import load
+from .common import print_table
+
+P99_TARGET_MS = 20.0
+KB_TARGET = 100.0
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1000])
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--tool-seconds", type=float, default=20.0)
+    parser.add_argument("--stagger", type=float, default=20.0)
+    parser.add_argument("--designs", nargs="+", choices=load.DESIGNS, default=list(load.DESIGNS))
+    parser.add_argument("--csv", default="concurrency.csv")
+    args = parser.parse_args(argv)
+    rows = load.main([
+        "--sessions", *map(str, args.sessions), "--turns", str(args.turns), "--tool-seconds", f"{args.tool_seconds:g}",
+        "--stagger", f"{args.stagger:g}", "--designs", *args.designs, "--csv", args.csv,
+    ])
+    summary = [
+        {
+            "design": r["design"], "sessions": r["sessions"], "overhead_p50_ms": r["overhead_p50_ms"], "overhead_p99_ms": r["overhead_p99_ms"],
+            "p99_under_20ms": r["overhead_p99_ms"] < P99_TARGET_MS, "kb_per_session": r["kb_per_session"],
+            "under_100kb": r["kb_per_session"] < KB_TARGET, "server_cpu_ms_per_turn": r["server_cpu_ms_per_turn"],
+            "lost": r["lost"], "duplicated": r["duplicated"],
+        }
+        for r in rows
+    ]
+    print(f"\ntargets: overhead p99 < {P99_TARGET_MS:g} ms, memory < {KB_TARGET:g} KB per session")
+    print_table(summary)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Issue 10's benchmarks at tiny sizes (structure and sanity, not timing targets), and the delta
+size bound of the engine's coalescing."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from experiments import concurrency, efficiency, streaming
+from prototype.engine.engine import Engine
+from prototype.engine.latency import LatencyModel
+
+
+@pytest.fixture(autouse=True)
+def results_in_tmp(tmp_path, monkeypatch):
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def test_efficiency_runs_at_a_tiny_size(results_in_tmp, capsys):
+    rows = efficiency.main(["--max-turns", "2", "--tool-scale", "0.001", "--speeds", "4000", "--designs", "chained", "suspended", "http"])
+    assert [r["design"] for r in rows] == ["chained", "suspended", "http"]
+    for row in rows:
+        assert row["turns"] == 2
+        assert row["limit_s"] == pytest.approx(row["phase_sum_s"], rel=1e-6)  # virtual e2e is inference + tool time
+        assert 0.3 < row["efficiency"] <= 1.02
+    assert "tool times x 0.001" in capsys.readouterr().out
+    assert (results_in_tmp / "efficiency.csv").exists()
+
+
+def test_streaming_runs_at_a_tiny_size(results_in_tmp):
+    rows = streaming.main(["--sessions", "2", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "0", "16"])
+    assert len(rows) == 4
+    for row in rows:
+        assert row["agg_tokens_per_s"] > 0
+        assert -0.5 < row["lag_1"] < 5
+    assert (results_in_tmp / "streaming.csv").exists()
+
+
+def test_concurrency_runs_at_a_tiny_size(results_in_tmp):
+    rows = concurrency.main(["--sessions", "3", "--turns", "2", "--tool-seconds", "0.05", "--stagger", "0.05"])
+    assert {r["design"] for r in rows} == {"suspended", "chained"}
+    assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["completed"] == 3 for r in rows)
+
+
+def _chunks(pieces, rate, flush_interval, flush_tokens):
+    engine = Engine()
+
+    async def run():
+        out = []
+        async for chunk in engine.stream(LatencyModel(decode_tokens_per_s=rate), pieces, flush_interval=flush_interval, flush_tokens=flush_tokens):
+            out.append((trio.current_time(), chunk))
+        return out
+
+    return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_flush_tokens_bounds_each_delta_and_keeps_the_end():
+    pieces = [f"t{i} " for i in range(100)]
+    unbounded = _chunks(pieces, 1000.0, 0.05, None)
+    bounded = _chunks(pieces, 1000.0, 0.05, 8)
+    assert "".join(c for _, c in bounded) == "".join(pieces)
+    assert all(len(c.split()) <= 8 for _, c in bounded)
+    assert len(bounded[0][1].split()) == 1  # the first token goes out at once
+    assert bounded[-1][0] == pytest.approx(unbounded[-1][0]) == pytest.approx(0.1)  # the end is not delayed
+    assert max(len(c.split()) for _, c in unbounded) > 8

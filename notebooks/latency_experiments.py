@@ -48,7 +48,7 @@ RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # WORKLOAD.md §5 priors
 JOBS = 2  # worker processes per sweep
 # experiments/kv_memory.py at a small size: 4 and 16 agents on an engine with a 120k-token KV budget
 KV_MEMORY_ARGV = ["--agents", "4", "16", "--configs", "suspended:hold", "chained:ttl-300", "chained:discard",
-                  "--turns", "6", "--budget", "120000"]
+                  "--turns", "6", "--budget", "120000", "--output", "kv_memory_small"]
 SAVE_FIGURE = True
 
 # %%
@@ -68,7 +68,7 @@ if plots.notebook_test_mode():  # a smoke test: short tasks, two or three points
     N_TASKS, TURNS, JOBS = 1, 3, 1
     DECODE_SPEEDS, TOOL_TIMES, HISTORIES, RTTS_MS = (65, 1000, 4000), (0.1, 10.0), (1000, 32000), (1.0, 80.0)
     KV_MEMORY_ARGV = ["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3",
-                      "--budget", "30000"]
+                      "--budget", "30000", "--output", "kv_memory_small"]
 print(f"test mode: {plots.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} turns per point, designs {DESIGNS}")
 
 
@@ -267,6 +267,7 @@ else:
     print(f"kv_memory: {len(kv_rows)} configurations in {time.perf_counter() - started:.1f} s (real)")
     columns = [c for c in getattr(kv_memory, "TABLE", kv_rows[0]) if c in kv_rows[0]]
     display(Markdown(plots.markdown_table(kv_rows, columns)))
-    picture = plots.results_path("kv_memory.png")
+    # The notebook's small run writes kv_memory_small.*, keeping the full run's kv_memory.* intact.
+    picture = plots.results_path(KV_MEMORY_ARGV[KV_MEMORY_ARGV.index("--output") + 1] + ".png")
     if picture.exists():
         display(Image(filename=str(picture)))

@@ -8,6 +8,7 @@ suspended rollout. Every task the connection starts lives in its nursery and end
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -25,6 +26,8 @@ from ..protocol.events import ResponseAppend, ResponseCreate, ResponseProcessed,
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
+
+_SESSION_SERIALS = itertools.count(1)
 
 SUSPENDED = "suspended"  # wire v1
 CHAINED = "chained"  # wire v2
@@ -48,7 +51,8 @@ class WebSocketSession:
     ws: WebSocketConnection
     info: ConnectionInfo
     slot: suspended.SuspensionSlot = attrs.Factory(suspended.SuspensionSlot)
-    cache: chained.ConnectionCache = attrs.Factory(lambda self: chained.ConnectionCache(("chained", id(self))), takes_self=True)
+    # The engine keys a connection's pinned KV by a serial number, never id(), which Python reuses.
+    cache: chained.ConnectionCache = attrs.Factory(lambda: chained.ConnectionCache(("chained", next(_SESSION_SERIALS))))
     busy: bool = False
     expired: bool = False
     current: trio.CancelScope | None = None

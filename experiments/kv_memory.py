@@ -9,7 +9,7 @@ for the KV of sessions that wait for a tool (prototype/engine/memory.py):
 * suspended + hold: v1 as built, the KV held for the whole pause (InferCept's "preserve");
 * suspended + swap / discard: InferCept's other two choices at each pause;
 * chained + ttl-<s>: v2's prefix cache, LRU-evicted under pressure, expiring after s idle
-  (WORKLOAD.md §6's sweep 60, 300, 3600 s);
+  (docs/parameters.md §6's sweep 60, 300, 3600 s);
 * chained + pin-<s>: held for s idle, then freed (Continuum / CacheTTL);
 * chained + discard / swap.
 
@@ -60,9 +60,9 @@ CONFIGS = (
 )
 AGENTS = (10, 100, 1000)
 # Llama-3.1-8B on one H100 at batch 1 and 32k context: (weights + KV read) / HBM bandwidth gives
-# 165 tokens/s [derived, WORKLOAD.md §3]; the engine's budget is that GPU's, so is its decode rate.
+# 165 tokens/s [derived, docs/parameters.md §3]; the engine's budget is that GPU's, so is its decode rate.
 DECODE_TPS = 165.0
-# 10 turns per task, a WORKLOAD.md §1 sweep value, below the mean of 21.9 to keep the real time of
+# 10 turns per task, a docs/parameters.md §1 sweep value, below the mean of 21.9 to keep the real time of
 # 1,000 agents to minutes (the cost is per turn: ~30 ms of real time). The sampled count (up to 300
 # turns) would also give 75 of 1,000 tasks a context over Llama-3.1's 128k window and one over the
 # whole KV budget; at 10 turns contexts end at 28.5k tokens on average, 72k at most (seed 0).
@@ -70,7 +70,7 @@ TURNS = 10
 # Delta coalescing [ours]: at most one delta event per second of decoding keeps the event count, and
 # the real time, down. It moves no time: an item's last chunk goes out when its last token is ready.
 FLUSH_INTERVAL = 1.0
-# v1's suspension TTL is 300 s (PROTOCOL.md §7); WORKLOAD.md §6 derives that ~15% of 20-turn tasks
+# v1's suspension TTL is 300 s (docs/protocol.md); docs/parameters.md §6 derives that ~15% of 20-turn tasks
 # then hit a tool call longer than it and fail. Raised to 3600 s (the §6 sweep's top) so that
 # "hold" holds for every pause and no task fails; tool calls are capped at 600 s (§2).
 SUSPENSION_TTL = 3600.0
@@ -177,15 +177,15 @@ def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     return [
         ("KV budget", f"{args.budget:,} tokens = {args.budget * KV_BYTES_PER_TOKEN_8B / GIB:.1f} GiB",
          "(0.9 x 80 GB - 16.06 GB) / 128 KiB [derived]: H100, vLLM default utilization, Llama-3.1-8B BF16"),
-        ("KV bytes per token", f"{KV_BYTES_PER_TOKEN_8B // 1024} KiB", "Llama-3.1-8B, WORKLOAD.md §3 [derived]"),
+        ("KV bytes per token", f"{KV_BYTES_PER_TOKEN_8B // 1024} KiB", "Llama-3.1-8B, docs/parameters.md §3 [derived]"),
         ("batch limit", f"{args.max_batch}", "vLLM max_num_seqs default [src]"),
-        ("prefill", "15k tok/s, one call at a time", "testbed default R [assumed, WORKLOAD.md §3 sweep middle]"),
+        ("prefill", "15k tok/s, one call at a time", "testbed default R [assumed, docs/parameters.md §3 sweep middle]"),
         ("decode", f"{args.decode_tps:g} tok/s per call, any batch", "8B on H100 at 32k, batch 1 [derived]; batch effect left out"),
         ("host link", f"{args.swap_gbps:g} GB/s each way", "PCIe Gen4 x16 effective [assumed]"),
         ("host budget", f"{args.host_budget:,} tokens", "DGX H100: 2 TB / 8 GPUs [derived]"),
-        ("workload", f"coding, {args.turns} turns, seed {args.seed}", "WORKLOAD.md §1-2 defaults; turns a §1 sweep value"),
+        ("workload", f"coding, {args.turns} turns, seed {args.seed}", "docs/parameters.md §1-2 defaults; turns a §1 sweep value"),
         ("scheduler seed", f"{args.scheduler_seed}", "trio's tie-break order, seeded for reproducibility"),
-        ("API costs", "ApiCosts() defaults", "WORKLOAD.md §4 [assumed]"),
+        ("API costs", "ApiCosts() defaults", "docs/parameters.md §4 [assumed]"),
         ("v1 suspension TTL", f"{SUSPENSION_TTL:g} s", "raised from 300 s so no rollout fails"),
     ]
 

@@ -1,7 +1,7 @@
-"""Published results, side by side with the testbed (issue 5, WORKLOAD.md §7).
+"""Published results, side by side with the testbed (issue 5, docs/parameters.md §7).
 
 For each published figure this sets up the conditions behind it, runs the two designs it compares,
-and prints the published and the measured gain. Honesty rules (WORKLOAD.md §4):
+and prints the published and the measured gain. Honesty rules (docs/parameters.md §4):
 
 * OpenAI publishes no per-stage API costs, so the default knobs (t_fixed_pre = 250 ms, f_ws = 0.2,
   ...) have no independent source. They were chosen to sit near the ~0.3 s per turn the alpha demo
@@ -56,7 +56,7 @@ class Published:
 def alpha_demo_tasks(n: int) -> tuple[wl.Workload, ...]:
     # Alpha doc (6 Feb 2026): websocket_demo.py, gpt-5.2, store=false, "start=20" read as 20 turns,
     # ~405 output tokens in all (~20 per turn), ~8.6k input tokens in all (a small context), tool
-    # time negligible. WORKLOAD.md §7.
+    # time negligible. docs/parameters.md §7.
     return (wl.fixed(20, initial_prompt_tokens=300, appended_tokens=20, output_tokens=20, tool_seconds=0.0, name="alpha-demo"),)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import trio
+import trio.lowlevel
 import trio.testing
 
 from prototype.api.costs import ZERO_COSTS
@@ -85,7 +86,7 @@ async def run_sessions(port: int, sessions: int, prompt: int, output: int, tps: 
     async with trio.open_nursery() as nursery:
         for _ in range(sessions):
             nursery.start_soon(one)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         go.set()
     return records
 

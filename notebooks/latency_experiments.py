@@ -44,7 +44,7 @@ RTT_MS = 20.0  # round trip outside the RTT sweep: same region
 DECODE_SPEEDS = (65, 125, 250, 500, 1000, 2000, 4000)  # tokens/s
 TOOL_TIMES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 60.0)  # seconds per call
 HISTORIES = (1000, 8000, 32000, 128000)  # tokens of the initial prompt
-RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # WORKLOAD.md §5 priors
+RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # docs/parameters.md §5 priors
 JOBS = 2  # worker processes per sweep
 # experiments/kv_memory.py at a small size: 4 and 16 agents on an engine with a 120k-token KV budget
 KV_MEMORY_ARGV = ["--agents", "4", "16", "--configs", "suspended:hold", "chained:ttl-300", "chained:discard",
@@ -146,7 +146,7 @@ for design in DESIGNS:
 # ## 2. Tool time
 #
 # Tool time is the client's own work, and no API design can shorten it. As it grows it takes a
-# larger share of the loop, so every design's gain over http shrinks (WORKLOAD.md §7: tool time
+# larger share of the loop, so every design's gain over http shrinks (docs/parameters.md §7: tool time
 # "limits any gain").
 
 # %%

@@ -17,11 +17,11 @@
 # # Reproducing the published figures
 #
 # OpenAI, its alpha users and others published a handful of figures for WebSocket mode
-# (WORKLOAD.md §7). `experiments/published.py` sets up the conditions behind each figure, runs the
+# (docs/parameters.md §7). `experiments/published.py` sets up the conditions behind each figure, runs the
 # two designs it compares on the same tasks under virtual time, and reports the published gain next
 # to the testbed's. This notebook runs that experiment, plots it and discusses each row.
 #
-# Two rules for reading the results (WORKLOAD.md §4):
+# Two rules for reading the results (docs/parameters.md §4):
 #
 # * **One calibration row.** OpenAI publishes no per-stage API costs, so the testbed's default cost
 #   knobs have no independent source. They were chosen to sit near the ~0.3 s per turn implied by
@@ -137,8 +137,8 @@ print(f"Direction check: the chained-over-http gain {'grows' if grows else 'does
 if len(gains) > 1:
     small = gains[0] < min(gains[1:]) / 2
     print(f"At {trends[0]['tok_s']:g} tokens/s the gain is "
-          + ("small next to the faster speeds, as WORKLOAD.md §7 expects: the 20-40% claims need Spark-class decoding."
-             if small else "not small next to the faster speeds, against WORKLOAD.md §7's expectation."))
+          + ("small next to the faster speeds, as docs/parameters.md §7 expects: the 20-40% claims need Spark-class decoding."
+             if small else "not small next to the faster speeds, against docs/parameters.md §7's expectation."))
 
 
 # %% [markdown]

@@ -42,11 +42,11 @@ DECODE_SPEEDS = (latency.FLAGSHIP_TOKENS_PER_S, latency.SPARK_TOKENS_PER_S, late
 # Deltas are coalesced every 50 ms [ours]: the first token of an item still goes out at once, so
 # time to first token is unchanged, and a 65 tokens/s turn costs ~150 events instead of ~500.
 BENCH_FLUSH_INTERVAL = 0.05
-# WORKLOAD.md §5: RTT priors 1/20/80/150 ms [assumed]; a client in the same region as the API.
+# docs/parameters.md §5: RTT priors 1/20/80/150 ms [assumed]; a client in the same region as the API.
 DEFAULT_NETWORK = netem.SAME_REGION
 API_OVERHEAD_PHASES = metrics.PRE_INFERENCE + (metrics.POST,)
 # The default tool-time mixture is capped at 600 s and puts 0.78% of calls past v1's default 300 s
-# suspension TTL (WORKLOAD.md §6): a comparison of latency lets v1 wait as long as the slowest tool,
+# suspension TTL (docs/parameters.md §6): a comparison of latency lets v1 wait as long as the slowest tool,
 # up to the 3600 s maximum of vLLM RFC #52113's cache_control.ttl; `ttl_expiries` counts the tasks
 # the default TTL would have failed.
 BENCH_SUSPENSION_TTL = 3600.0
@@ -201,18 +201,18 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     net = config.network
     rows = [
         ("workload preset", f"{config.preset}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
-        ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", "WORKLOAD.md §1: Exgentic moment fit, TraceLab p50"),
-        ("initial prompt", f"{params.initial_prompt_tokens} tokens", "WORKLOAD.md §1 [assumed]"),
-        ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "WORKLOAD.md §1: TraceLab"),
-        ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", "WORKLOAD.md §1: inference-perf, Exgentic, AgentX"),
-        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", "WORKLOAD.md §2: TraceLab quantiles, AgentCgroup centres"),
+        ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
+        ("initial prompt", f"{params.initial_prompt_tokens} tokens", "docs/parameters.md §1 [assumed]"),
+        ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "docs/parameters.md §1: TraceLab"),
+        ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", "docs/parameters.md §1: inference-perf, Exgentic, AgentX"),
+        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
         ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"),
-        ("prefill rate", f"{latency.PREFILL_TOKENS_PER_S:g} tokens/s + n*C/{latency.CACHE_ATTENTION_TOKENS2_PER_S:.2g}", "WORKLOAD.md §3 roofline [assumed R, derived Q]"),
+        ("prefill rate", f"{latency.PREFILL_TOKENS_PER_S:g} tokens/s + n*C/{latency.CACHE_ATTENTION_TOKENS2_PER_S:.2g}", "docs/parameters.md §3 roofline [assumed R, derived Q]"),
         ("engine request overhead", f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms", "[assumed]; vLLM PR #54628 bounds it (8-12 ms)"),
-        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; WORKLOAD.md §6 [assumed affinity]"),
-        ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "WORKLOAD.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
+        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
+        ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "docs/parameters.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
-        ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; PROTOCOL.md §7"),
+        ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
         ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
     ]
     return rows + config.costs.describe()

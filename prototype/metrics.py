@@ -2,7 +2,7 @@
 
 Spans are recorded on the trio clock (never mixed with `time.perf_counter`, whose origin differs).
 The server attaches a response's spans to its terminal event when the client asks for them with
-the `x-responsesapi-include-timing-metrics: true` header (PROTOCOL.md §9), so runs that do not ask
+the `x-responsesapi-include-timing-metrics: true` header (docs/protocol.md), so runs that do not ask
 carry the same bytes in every design.
 """
 
@@ -69,7 +69,7 @@ def protocol_choices(request: Any, *, transport: str, design: str, user_agent: s
     """What a request tells about its client, known when it starts: chained (`previous_response_id`)
     or full context, warm-up (`generate: false`), `stream`, `store`, the input it resent, and the
     keys the server ignores (Codex's `client_metadata`, `prompt_cache_key`, ...). `stream_id` is
-    always False here: a create carrying one is refused (PROTOCOL.md §4.1) and recorded as such."""
+    always False here: a create carrying one is refused (docs/protocol.md) and recorded as such."""
     kinds: dict[str, int] = defaultdict(int)
     for item in request.input:
         kinds[item.type] += 1

@@ -1,7 +1,6 @@
 """WAN emulation over any trio Stream: one-way delay, jitter, bandwidth, handshake round trips.
 
-The testbed runs the same client and server over two kinds of link (ARCHITECTURE.md, "Two
-clocks"): in-process memory streams under trio's virtual clock, and real loopback sockets in real
+The testbed runs the same client and server over two kinds of link: in-process memory streams under trio's virtual clock, and real loopback sockets in real
 time. Neither has a wide-area network's latency, so this module adds it:
 
 * :class:`DelayedStream` wraps a Stream and delivers what is sent ``send_delay`` seconds later,
@@ -12,7 +11,7 @@ time. Neither has a wide-area network's latency, so this module adds it:
   virtual-time runs; :func:`open_emulated_tcp` connects a real socket and delays it on the client
   side, for real-time runs.
 * :func:`connect_handshake` charges the round trips a new connection pays before its first request
-  (WORKLOAD.md §5): TCP's three-way handshake, 1 RTT (RFC 9293 §3.5), then the TLS handshake,
+  (docs/parameters.md §5): TCP's three-way handshake, 1 RTT (RFC 9293 §3.5), then the TLS handshake,
   +1 RTT for TLS 1.3 (RFC 8446 §2) or +2 RTT for TLS 1.2 (RFC 5246 §7.3). A WebSocket upgrade
   (RFC 6455 §4) is an ordinary request and response, so it costs its round trip through the delayed
   stream and is not charged here. A kept-alive connection pays none of this again.
@@ -105,7 +104,7 @@ class NetworkProfile:
         return (self.tcp_round_trips + self.tls_round_trips) * self.rtt
 
 
-# RTT priors: WORKLOAD.md §5 sweeps 1, 20, 80 and 150 ms [assumed, no measurement behind them].
+# RTT priors: docs/parameters.md §5 sweeps 1, 20, 80 and 150 ms [assumed, no measurement behind them].
 LOOPBACK: Final = NetworkProfile(rtt=0.0)
 """Same host: no added delay."""
 SAME_DC: Final = NetworkProfile(rtt=0.001)

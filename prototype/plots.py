@@ -82,7 +82,7 @@ DESIGN_COLORS: dict[str, str] = {
 }
 DESIGN_MARKERS: dict[str, str] = {benchmark.HTTP: "o", benchmark.HTTP_STORED: "v", CHAINED: "s", SUSPENDED: "^"}
 
-# What the server keeps while the client runs a tool (README table; WORKLOAD.md §4):
+# What the server keeps while the client runs a tool (README table; docs/parameters.md §4):
 # (short label for the figure, longer sentence, colour of the pause band).
 PAUSE_STATE: dict[str, tuple[str, str, str]] = {
     SUSPENDED: (

@@ -1,4 +1,4 @@
-"""Agent-task workloads: sampled from the distributions of WORKLOAD.md §1-2, fixed, or read from a JSONL trace.
+"""Agent-task workloads: sampled from the distributions of docs/parameters.md §1-2, fixed, or read from a JSONL trace.
 
 A workload is one agent task: a sequence of model turns. Turn 0's appended tokens are the initial prompt (system +
 tools + task); the appended tokens of turn k > 0 are the outputs of turn k-1's client tool calls. Every turn except
@@ -142,33 +142,33 @@ class WorkloadParams:
     """Every distribution parameter of the generator. LN(m, sigma) is a lognormal with median m, log-sd sigma;
     sampled values are rounded and clipped to [min, max]."""
 
-    # WORKLOAD.md §1: LN(15, 0.87) fit to Exgentic agent-llm-traces-v2 (mean 21.9, sd 23.4, max 300) with
+    # docs/parameters.md §1: LN(15, 0.87) fit to Exgentic agent-llm-traces-v2 (mean 21.9, sd 23.4, max 300) with
     # TraceLab's per-session p50 15.
     turns_median: float = 15
     turns_sigma: float = 0.87
     turns_min: int = 1
     turns_max: int = 300
-    fixed_turns: int | None = None  # sweeps: 5, 10, 20, 40, 80 (WORKLOAD.md §1)
-    # WORKLOAD.md §1: 8k [assumed], between inference-perf's 3k system prompt and TraceLab's ~30k first turns.
+    fixed_turns: int | None = None  # sweeps: 5, 10, 20, 40, 80 (docs/parameters.md §1)
+    # docs/parameters.md §1: 8k [assumed], between inference-perf's 3k system prompt and TraceLab's ~30k first turns.
     initial_prompt_tokens: int = 8000
-    # WORKLOAD.md §1: LN(800, 1.26) from TraceLab's appended-token medians ~0.7-0.95k and p90 3-6k.
+    # docs/parameters.md §1: LN(800, 1.26) from TraceLab's appended-token medians ~0.7-0.95k and p90 3-6k.
     appended_median: float = 800
     appended_sigma: float = 1.26
     appended_min: int = 50
     appended_max: int = 32000
-    # WORKLOAD.md §1: LN(300, 1.0), mean ~493, against inference-perf mean 425, AgentX median 444, TraceLab ~523.
+    # docs/parameters.md §1: LN(300, 1.0), mean ~493, against inference-perf mean 425, AgentX median 444, TraceLab ~523.
     output_median: float = 300
     output_sigma: float = 1.0
     output_min: int = 1
     output_max: int = 10000
-    # WORKLOAD.md §2: (weight, median s, sigma) fit to TraceLab's per-call p50 0.3 s / p90 13.6 s, component centres
+    # docs/parameters.md §2: (weight, median s, sigma) fit to TraceLab's per-call p50 0.3 s / p90 13.6 s, component centres
     # from AgentCgroup; capped at 600 s it gives p50 0.29 s, p90 14.1 s, mean 10.6 s.
     tool_mixture: tuple[tuple[float, float, float], ...] = attrs.field(
         default=((0.65, 0.15, 1.0), (0.31, 4.0, 1.5), (0.04, 100.0, 1.2)),
         converter=lambda mixture: tuple(_float_tuple(component) for component in mixture),
     )
     tool_cap_seconds: float = 600.0
-    fixed_tool_seconds: float | None = None  # sweeps: 0.1, 1, 10, 60 s (WORKLOAD.md §2)
+    fixed_tool_seconds: float | None = None  # sweeps: 0.1, 1, 10, 60 s (docs/parameters.md §2)
     parallel_calls_p: float = 0.0  # [assumed] probability a turn ends with 2 calls instead of 1
     hosted_call_p: float = 0.0  # [assumed] probability a non-final turn first makes one hosted web_search
     hosted_seconds: float = 1.0  # [assumed]
@@ -195,16 +195,16 @@ class WorkloadParams:
 
 
 PRESETS: dict[str, WorkloadParams] = {
-    # The default coding agent: every WORKLOAD.md default.
+    # The default coding agent: every docs/parameters.md default.
     "coding": WorkloadParams(),
-    # [assumed] A short chat: 1-3 turns (TraceLab's per-user-request p50 is 1 turn, WORKLOAD.md §1), a ~500-token
+    # [assumed] A short chat: 1-3 turns (TraceLab's per-user-request p50 is 1 turn, docs/parameters.md §1), a ~500-token
     # prompt, small tool results and a fixed quick tool.
     "chat": WorkloadParams(
         turns_median=2, turns_sigma=0.5, turns_max=3, initial_prompt_tokens=500,
         appended_median=200, appended_sigma=0.8, appended_max=4000,
         output_median=200, output_sigma=0.8, output_max=4000, fixed_tool_seconds=0.5,
     ),
-    # WORKLOAD.md §1: reach TraceLab-size contexts (~154k input per step, AgentX median 142k) with a 30k initial
+    # docs/parameters.md §1: reach TraceLab-size contexts (~154k input per step, AgentX median 142k) with a 30k initial
     # prompt and 40-80 turns; LN(60, 0.5) is [assumed].
     "long": WorkloadParams(turns_median=60, turns_sigma=0.5, initial_prompt_tokens=30000),
 }
@@ -300,7 +300,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def summary(workloads: Iterable[Workload]) -> dict[str, dict[str, float]]:
     """Mean, p50 and p90 of turns per task, output tokens per turn, appended tokens per turn (turns > 0, i.e.
-    without the initial prompt) and seconds per tool call, to compare with WORKLOAD.md's derived moments."""
+    without the initial prompt) and seconds per tool call, to compare with docs/parameters.md's derived moments."""
     workloads = list(workloads)
     turns = [t for w in workloads for t in w.turns]
     return {

@@ -1,4 +1,4 @@
-"""openai-agents, a client nobody here wrote, drives the testbed (issue 7; PROTOCOL.md §9).
+"""openai-agents, a client nobody here wrote, drives the testbed (issue 7; docs/protocol.md).
 
 An Agent with two `@function_tool` tools runs under `Runner` against the server on a real socket:
 

@@ -1,5 +1,5 @@
 """Bad input (issue 6): a corpus of malformed frames and requests, kept as data, each answered with
-its own error code (PROTOCOL.md §5.6).
+its own error code (docs/protocol.md).
 
 Rules every test here follows (after tests/support.py):
 
@@ -11,11 +11,11 @@ Rules every test here follows (after tests/support.py):
 * After the error the same connection must still work, and keep its state, wherever the protocol
   allows it: a v1 rollout suspended before the bad frame resumes with the right append; a v2 chain
   continues from its cached response, unless the bad input was a *turn* (a create that reached the
-  worker), which empties the cache slot (WS guide; PROTOCOL.md §6.3).
+  worker), which empties the cache slot (WS guide; docs/protocol.md).
 * At the end every connection is closed and the server holds nothing: no session, no KV entry.
 
 Unknown model *names* are not bad input: any name maps to a latency profile by design
-(PROTOCOL.md §4.1; `engine/latency.py`: unknown names get the flagship rate, `sim-<N>` asks for N
+(docs/protocol.md; `engine/latency.py`: unknown names get the flagship rate, `sim-<N>` asks for N
 tokens/s). The corpus uses a model of the wrong *type* instead, and
 `test_unknown_model_names_are_accepted_by_design` checks the other side.
 """
@@ -123,7 +123,7 @@ CORPUS: list[Bad] = [
     Bad("null", "null", errors.INVALID_JSON),
     Bad("boolean", "true", errors.INVALID_JSON),
     Bad("NaN", "NaN", errors.INVALID_JSON),
-    # --- binary frames (decoded leniently as UTF-8 JSON, PROTOCOL.md §3) ----------------------
+    # --- binary frames (decoded leniently as UTF-8 JSON, docs/protocol.md) ----------------------
     Bad("binary, not UTF-8", b"\xff\xfe\xfd", errors.INVALID_JSON),
     Bad("binary, control bytes", b"\x00\x01\x02", errors.INVALID_JSON),
     Bad("binary array", b"[]", errors.INVALID_JSON),
@@ -210,7 +210,7 @@ CORPUS: list[Bad] = [
     Bad("append with a repeated call_id", {"type": "response.append", "input": [output(), output()]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
     Bad("append with no output", {"type": "response.append", "input": []}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
     Bad("append with only a user message", {"type": "response.append", "input": [{"role": "user", "content": "go on"}]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
-    # --- an oversized frame: the connection is closed with 1009 (PROTOCOL.md §3) -----------------
+    # --- an oversized frame: the connection is closed with 1009 (docs/protocol.md) -----------------
     Bad("frame over the size limit", create(input="x" * (MAX_MESSAGE + 1)), None, close=1009),
 ]
 
@@ -282,7 +282,7 @@ async def check_usable(conn, design: str, case: Bad, ctx: dict[str, str]) -> Non
 
 
 def error_frame(code: str, param: str | None, seen: dict[str, Any]) -> dict[str, Any]:
-    """The nested WebSocket error shape (PROTOCOL.md §5.6); the message is checked to be present."""
+    """The nested WebSocket error shape (docs/protocol.md); the message is checked to be present."""
     assert isinstance(seen.get("error", {}).get("message"), str) and seen["error"]["message"]
     return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": seen["error"]["message"], "param": param}}
 
@@ -392,7 +392,7 @@ async def test_a_whole_corpus_on_one_connection_then_a_rollout(autojump_clock) -
 @pytest.mark.parametrize("design", BOTH)
 async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design: str) -> None:
     # Any name selects a latency profile (the flagship rate for names it does not know), as clients
-    # send model names this server cannot know in advance (PROTOCOL.md §4.1).
+    # send model names this server cannot know in advance (docs/protocol.md).
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), design) as conn:
         start = trio.current_time()
@@ -480,7 +480,7 @@ async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery,
     await assert_released(server)
 
 
-# --- HTTP (PROTOCOL.md §2, §8; prototype/server/http.py) -------------------------------------------
+# --- HTTP (docs/protocol.md, §8; prototype/server/http.py) -------------------------------------------
 
 
 def good_body(**fields: Any) -> dict[str, Any]:

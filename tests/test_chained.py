@@ -6,14 +6,14 @@ import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
+from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from test_suspended import workloads
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ApiCosts
 from prototype.api.store import ResponseStore
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.server.config import ServerConfig
-from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
-from test_suspended import workloads
 
 COSTS = ApiCosts()
 

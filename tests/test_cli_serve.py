@@ -1,5 +1,5 @@
 """`python -m prototype serve` as a user runs it: prints its address, answers, stops on Ctrl-C
-(exit 0, "stopped"), and refuses a wrong API key at the WebSocket handshake (PROTOCOL.md §2)."""
+(exit 0, "stopped"), and refuses a wrong API key at the WebSocket handshake (docs/protocol.md)."""
 
 from __future__ import annotations
 

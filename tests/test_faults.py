@@ -372,7 +372,7 @@ async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_ca
 
 
 async def test_a_failed_turn_without_previous_response_id_also_empties_the_cache(autojump_clock) -> None:
-    # PROTOCOL.md §6.3: a failed turn never leaves a response in the slot ("we empty the slot
+    # docs/protocol.md: a failed turn never leaves a response in the slot ("we empty the slot
     # altogether"), whether or not it chained from one.
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:

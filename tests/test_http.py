@@ -25,7 +25,16 @@ import trio.testing
 from prototype import netem
 from prototype import workload as wl
 from prototype.api import render
-from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT, ZERO_COSTS, ApiCosts, SprintCosts, SprintSwitches, StageCost, sprint_costs
+from prototype.api.costs import (
+    AFTER_SPRINT,
+    BEFORE_SPRINT,
+    ZERO_COSTS,
+    ApiCosts,
+    SprintCosts,
+    SprintSwitches,
+    StageCost,
+    sprint_costs,
+)
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket, run_websocket_rollout

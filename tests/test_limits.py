@@ -68,7 +68,7 @@ async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str | None
 
 def test_defaults_are_the_documented_ones() -> None:
     config = ServerConfig()
-    assert config.api_keys is None  # any non-empty Bearer key (PROTOCOL.md §2)
+    assert config.api_keys is None  # any non-empty Bearer key (docs/protocol.md)
     assert (config.max_message_bytes, config.max_body_bytes) == (MAX_MESSAGE_BYTES, MAX_BODY_BYTES) == (16 << 20, 16 << 20)
     assert config.max_queued_creates == MAX_QUEUED_CREATES == 32
     assert config.suspension_ttl == 300.0
@@ -312,7 +312,7 @@ async def test_connection_lifetime_while_suspended_counts_as_a_disconnect(autoju
         await turn(conn, create())
         assert len(session_kv(server)) == 1
         events = await closed_with_limit(conn)
-        assert [e["type"] for e in events] == ["error"]  # no terminal event: the rollout is gone (PROTOCOL.md §7)
+        assert [e["type"] for e in events] == ["error"]  # no terminal event: the rollout is gone (docs/protocol.md)
         assert session_kv(server) == {}
     await assert_released(server)
 

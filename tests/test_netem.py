@@ -64,7 +64,7 @@ def test_presets_and_handshake_seconds() -> None:
         0.150,
     ]
     assert list(PRESETS.values()) == [LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL]
-    # WORKLOAD.md §5: a fresh connection at 80 ms costs 160 ms with TLS 1.3, 240 ms with TLS 1.2.
+    # docs/parameters.md §5: a fresh connection at 80 ms costs 160 ms with TLS 1.3, 240 ms with TLS 1.2.
     assert CROSS_CONTINENT.handshake_seconds == exactly(0.160)
     assert NetworkProfile(rtt=0.080, tls_round_trips=2).handshake_seconds == exactly(0.240)
     assert NetworkProfile(rtt=0.080, tls_round_trips=0).handshake_seconds == exactly(0.080)

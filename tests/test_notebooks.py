@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pathlib
 
+import jupytext
+import nbclient
 import pytest
-
-jupytext = pytest.importorskip("jupytext")
-nbclient = pytest.importorskip("nbclient")
 from nbclient.exceptions import CellExecutionError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -43,7 +43,7 @@ def test_create_defaults_follow_the_public_api():
 
 
 def test_shorthand_messages_stream_and_unknown_keys_are_accepted():
-    # openai-agents' frame (PROTOCOL.md §9): shorthand message, stream: true, include, empty tools.
+    # openai-agents' frame (docs/protocol.md): shorthand message, stream: true, include, empty tools.
     frame = {
         "type": "response.create", "instructions": "be brief", "model": "gpt-test",
         "input": [{"content": "hello", "role": "user"}], "include": [], "tools": [], "stream": True,
@@ -84,7 +84,7 @@ def test_binary_frames_are_decoded_as_utf8_json():
     assert isinstance(decode(b'{"type":"response.create","input":"x"}'), ResponseCreate)
 
 
-# (frame, code, param): each bad input has its own code (PROTOCOL.md §5.6).
+# (frame, code, param): each bad input has its own code (docs/protocol.md).
 BAD_FRAMES = [
     ("not json", errors.INVALID_JSON, None),
     (b"\xff\xfe", errors.INVALID_JSON, None),

@@ -1,4 +1,4 @@
-"""Clients nobody here wrote, on a real socket (PROTOCOL.md §4, §5, §7, §9).
+"""Clients nobody here wrote, on a real socket (docs/protocol.md, §5, §7, §9).
 
 * openai-python's `client.responses.connect()` runs the chained (v2) function-call loop with
   `previous_response_id`, and every server event must parse into the SDK's own typed model (issue 3).
@@ -194,7 +194,7 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
             fields: dict[str, Any] = {
                 "model": MODEL,
                 "input": next_input,
-                "tools": SDK_TOOLS,  # not inherited through previous_response_id (PROTOCOL.md §4.1)
+                "tools": SDK_TOOLS,  # not inherited through previous_response_id (docs/protocol.md)
                 "metadata": {"testbed_workload": "fixed:3"},
                 "store": False,
             }
@@ -274,7 +274,7 @@ async def test_sdk_warm_up_then_chain_with_empty_input(live_server):
 
     warm_id, warm_response = assert_well_formed(warm)
     types = [event.type for event, _ in warm]
-    # PROTOCOL.md §4.3: created -> completed; nothing is sampled, so no item events in between.
+    # docs/protocol.md: created -> completed; nothing is sampled, so no item events in between.
     assert [t for t in types if t != "response.in_progress"] == ["response.created", "response.completed"], types
     assert warm_response.output == []
     assert warm_response.usage is not None and warm_response.usage.output_tokens == 0
@@ -295,7 +295,7 @@ def run_unknown_previous(port: int) -> dict[str, list]:
         results["warm"] = read_response(conn, tap)
         conn.response.create(input=[], previous_response_id="resp_does_not_exist_0001", **common)
         results["unknown"] = read_response(conn, tap)
-        # A 4xx turn empties the one-slot cache (PROTOCOL.md §6.3), and the warm-up was store=false.
+        # A 4xx turn empties the one-slot cache (docs/protocol.md), and the warm-up was store=false.
         conn.response.create(input=[], previous_response_id=results["warm"][-1][0].response.id, **common)
         results["evicted"] = read_response(conn, tap)
         conn.response.create(input="Start over with the full context.", **common)
@@ -384,7 +384,7 @@ def recv(ws: Any, timeout: float = RECV_TIMEOUT) -> dict[str, Any]:
 
 
 def assert_ws_error(frame: dict[str, Any], code: str, param: Any = ...) -> None:
-    """The nested WebSocket error shape (PROTOCOL.md §5.6), which the SDK also accepts."""
+    """The nested WebSocket error shape (docs/protocol.md), which the SDK also accepts."""
     assert frame.get("type") == "error", f"expected an error frame ({code}), got {frame}"
     assert set(frame) == {"type", "status", "error"}, frame
     assert frame["status"] == 400
@@ -463,7 +463,7 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
     # One response for the whole rollout: the id never changes.
     response_id = events[0]["response"]["id"]
     assert {event["response"]["id"] for event in events if "response" in event} == {response_id}
-    # Resuming announces itself with response.in_progress (PROTOCOL.md §7).
+    # Resuming announces itself with response.in_progress (docs/protocol.md).
     assert [event["type"] for event in resumed_after] == ["response.in_progress"] * 3
     # sequence_number runs on across suspensions: 0, 1, 2, ... over the whole rollout.
     numbers = [event["sequence_number"] for event in events]
@@ -491,7 +491,7 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
 
 
 def test_v1_response_done_carries_cumulative_usage(cli_server):
-    """PROTOCOL.md §7: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments."""
+    """docs/protocol.md: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments."""
     server = cli_server("--costs", "zero")
     with open_v1(server) as ws:
         events, dones, _ = drive_rollout(ws)

@@ -26,7 +26,7 @@ RESPONSE = {"id": "resp_1", "object": "response", "status": "completed", "output
 
 
 def text_turn(deltas: list[str] = ["Hel", "lo"]) -> list[object]:  # noqa: B006 - never mutated
-    """The events of PROTOCOL.md §5.2, numbered from 0."""
+    """The events of docs/protocol.md, numbered from 0."""
     events: list[object] = [ev.ResponseCreated(0, {**RESPONSE, "status": "in_progress"}), ev.ResponseInProgress(1, RESPONSE)]
     events.append(ev.OutputItemAdded(2, 0, {"id": "msg_1", "type": "message"}))
     for delta in deltas:

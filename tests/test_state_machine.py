@@ -130,7 +130,7 @@ class ConversationCore(RuleBasedStateMachine):
         return made
 
     def reset_conversation(self) -> None:
-        """A failed turn: the client starts over with a new conversation (PROTOCOL.md §6.4 (b))."""
+        """A failed turn: the client starts over with a new conversation (docs/protocol.md (b))."""
         self.ledger, self.items, self.pending, self.answered = CallLedger(), [], set(), set()
 
     @precondition(lambda self: self.open is None and not self.pending)
@@ -211,7 +211,7 @@ class ConversationCore(RuleBasedStateMachine):
             ledger.absorb(request.input)
         except ProtocolError as error:
             assert not expected_ok and error.code == errors.INVALID_FUNCTION_CALL_OUTPUT
-            self.cache.evict()  # as the connection does for any failed turn (PROTOCOL.md §6.3)
+            self.cache.evict()  # as the connection does for any failed turn (docs/protocol.md)
             self.reset_conversation()
             return
         assert expected_ok

@@ -7,6 +7,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
 
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
@@ -16,7 +17,6 @@ from prototype.designs.sampling import SamplingLoop
 from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
 from prototype.server.config import ServerConfig
 from prototype.workload import HostedCall, TurnSpec, Workload
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
 
 
 async def run_twenty_turns() -> list[tuple[float, str, str]]:

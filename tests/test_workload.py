@@ -1,4 +1,4 @@
-"""Tests for prototype.workload: the generator's shape and moments (WORKLOAD.md §1-2), fixed(), and the JSONL trace."""
+"""Tests for prototype.workload: the generator's shape and moments (docs/parameters.md §1-2), fixed(), and the JSONL trace."""
 
 import io
 import json
@@ -84,7 +84,7 @@ def test_clipping_bounds_hold_and_are_reached():
 
 def test_tool_mixture_quantiles_match_workload_md():
     seconds = sample_tool_seconds(np.random.default_rng(0), WorkloadParams(), 20_000)
-    assert 0.2 <= np.percentile(seconds, 50) <= 0.4  # WORKLOAD.md §2: p50 0.29 s
+    assert 0.2 <= np.percentile(seconds, 50) <= 0.4  # docs/parameters.md §2: p50 0.29 s
     assert 10 <= np.percentile(seconds, 90) <= 18  # p90 14.1 s
     assert seconds.max() <= 600.0
     fixed_seconds = sample_tool_seconds(np.random.default_rng(0), WorkloadParams(fixed_tool_seconds=2.5), 4)
@@ -93,7 +93,7 @@ def test_tool_mixture_quantiles_match_workload_md():
 
 def test_summary_reproduces_derived_moments(coding_sample):
     s = summary(coding_sample)
-    assert 18 <= s["turns"]["mean"] <= 26  # WORKLOAD.md §1: mean 21.9
+    assert 18 <= s["turns"]["mean"] <= 26  # docs/parameters.md §1: mean 21.9
     assert s["turns"]["p50"] == 15
     assert 450 <= s["output_tokens_per_turn"]["mean"] <= 540  # mean ~493
     assert 950 <= s["output_tokens_per_turn"]["p90"] <= 1200  # p90 ~1.08k

@@ -1,7 +1,7 @@
 """Modeled costs of the API's own work around inference, and the chained cache's four switches.
 
-OpenAI publishes no per-stage API costs (WORKLOAD.md §4), so every value here is an [assumed] knob
-with a starting value from WORKLOAD.md §4, printed with every result and meant to be swept. The
+OpenAI publishes no per-stage API costs (docs/parameters.md §4), so every value here is an [assumed] knob
+with a starting value from docs/parameters.md §4, printed with every result and meant to be swept. The
 stages also do their work for real (tokenizing, classifying, validating, storing); under a virtual
 clock the modeled cost is what moves time, so timelines stay identical run to run.
 """
@@ -24,7 +24,7 @@ class StageCost:
 
 @attrs.frozen
 class ApiCosts:
-    """Per-stage costs. WORKLOAD.md §4 [assumed]: t_fixed_pre = 250 ms in all, split here across the
+    """Per-stage costs. docs/parameters.md §4 [assumed]: t_fixed_pre = 250 ms in all, split here across the
     stages [assumed split]; t_pre_per_ktok = 3 ms per 1k tokens processed; t_post = 60 ms;
     t_store_read = 2 ms per earlier turn; f_ws = 0.2 of the fixed part still paid by a cached turn
     (suggested by the Codex-Spark launch's "-80% roundtrip overhead", secondary reports)."""
@@ -44,14 +44,14 @@ class ApiCosts:
     def describe(self) -> list[tuple[str, str, str]]:
         """(knob, value, source) rows, printed with results."""
         return [
-            ("t_fixed_pre (validate+safety+render+route)", f"{self.fixed_pre * 1000:.0f} ms", "WORKLOAD.md §4 [assumed]"),
+            ("t_fixed_pre (validate+safety+render+route)", f"{self.fixed_pre * 1000:.0f} ms", "docs/parameters.md §4 [assumed]"),
             ("  split validate/safety/render/route",
              f"{self.validate.fixed * 1000:.0f}/{self.safety.fixed * 1000:.0f}/{self.render.fixed * 1000:.0f}/{self.route.fixed * 1000:.0f} ms",
              "[assumed split]"),
             ("t_pre_per_ktok", f"{(self.validate.per_ktok + self.safety.per_ktok + self.render.per_ktok) * 1000:.2f} ms/1k tok",
-             "WORKLOAD.md §4 [assumed]"),
-            ("t_post (billing, persistence)", f"{self.post * 1000:.0f} ms", "WORKLOAD.md §4 [assumed]"),
-            ("t_store_read", f"{self.store_read_per_turn * 1000:.1f} ms/earlier turn", "WORKLOAD.md §4 [assumed]; smg PR #1770"),
+             "docs/parameters.md §4 [assumed]"),
+            ("t_post (billing, persistence)", f"{self.post * 1000:.0f} ms", "docs/parameters.md §4 [assumed]"),
+            ("t_store_read", f"{self.store_read_per_turn * 1000:.1f} ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
             ("f_ws (cached turn's share of fixed)", f"{self.cached_fixed_share:g}", "Codex-Spark launch -80% [assumed]"),
         ]
 
@@ -72,6 +72,7 @@ class CacheSwitches:
     overlap_post: bool = True  # (4) billing and storing overlap the next request
 
 
+ALL_SWITCHES_ON = CacheSwitches()
 ALL_SWITCHES_OFF = CacheSwitches(False, False, False, False)
 
 
@@ -81,7 +82,7 @@ ALL_SWITCHES_OFF = CacheSwitches(False, False, False, False)
 @attrs.frozen
 class SprintSwitches:
     """The single-request speed-ups OpenAI made around November 2025, before WebSocket mode (OpenAI
-    blog, "step 1"; POST.md), each a switch so an experiment can show what it does to time to first
+    blog, "step 1"), each a switch so an experiment can show what it does to time to first
     token. The post credits the three together with "nearly 45%" better TTFT; nothing here is tuned
     to that figure. All on is the "after" profile, the default."""
 

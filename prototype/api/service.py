@@ -2,7 +2,7 @@
 
 Each stage has a full form (over the whole conversation) and an incremental form (over the new
 items only, against state kept from before). The designs differ only in which form they call and
-how often (WORKLOAD.md §4's table):
+how often (docs/parameters.md §4's table):
 
 | design            | fixed pre-inference  | per-token pre-inference | post-inference          |
 | http              | every turn           | whole context           | inline, every turn      |

@@ -2,7 +2,7 @@
 
 One row per stored response holds only what that turn added (its input items and output items)
 and the id it chained from, so rebuilding a conversation walks the chain one read per earlier turn:
-the O(turns)-per-turn rehydration of gateway backends (smg-project/smg PR #1770; PROTOCOL.md §8.2).
+the O(turns)-per-turn rehydration of gateway backends (smg-project/smg PR #1770; docs/protocol.md).
 """
 
 from __future__ import annotations

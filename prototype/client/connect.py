@@ -14,7 +14,7 @@ import trio.testing
 from .. import netem
 
 # The harness must take multi-MB response.completed frames (openai-python and openai-agents use
-# max_size=None; PROTOCOL.md §3).
+# max_size=None; docs/protocol.md).
 CLIENT_MAX_MESSAGE_BYTES = 1 << 30
 
 

@@ -2,7 +2,7 @@
 
 It speaks HTTP/1.1 itself with h11 over the connector's byte stream (in memory under a virtual
 clock, or TCP), and reads the stream with the strict parser of `sse.py`, so every harness run also
-checks the server's framing. Two variants (PROTOCOL.md §8.2):
+checks the server's framing. Two variants (docs/protocol.md):
 
 * `stateless`: `store: false`, and every request resends the whole conversation so far: the task,
   every output item received and every tool output sent;

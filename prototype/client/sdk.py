@@ -7,7 +7,7 @@ but over `OpenAI().responses.connect()`:
 * chained (v2): `conn.response.create(...)` per turn, with `previous_response_id` after the first;
 * suspended (v1): `connect(extra_headers={"OpenAI-Beta": "responses_websockets=2026-02-04"})`, one
   `conn.response.create(...)`, then `response.append` frames through `conn.send_raw(...)` (the SDK
-  has no typed method for an event the public API lacks; PROTOCOL.md §9).
+  has no typed method for an event the public API lacks; docs/protocol.md).
 
 It records the same `RolloutRecord`/`TurnRecord` fields as the harness. The SDK's client blocks,
 so times are real time from `time.perf_counter` (never the trio clock), and tools wait with
@@ -38,8 +38,8 @@ from .harness import (
     PAUSE_TYPES,
     SUSPENDED,
     Rollout,
-    TurnRecord,
     RolloutRecord,
+    TurnRecord,
     _calls,
     request_body,
     run_websocket_rollout,
@@ -208,7 +208,7 @@ async def run_sdk_websocket_rollout(
     include_timing: bool = False,
     api_key: str = "testbed",
     on_turn_end: Callable[[TurnRecord], None] | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - bounds the blocking SDK rollout in its thread
 ) -> RolloutRecord:
     """A drop-in for `harness.run_websocket_rollout` in trio code (experiments): the same arguments,
     the rollout driven by openai-python in a worker thread. `connector` must be a `TcpConnector`

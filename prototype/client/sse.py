@@ -1,4 +1,4 @@
-"""A strict parser of the server's SSE streams (PROTOCOL.md §8.1), sans-IO: bytes in, events out.
+"""A strict parser of the server's SSE streams (docs/protocol.md), sans-IO: bytes in, events out.
 
 General SSE clients are lenient (comments, `id:`, `retry:`, multi-line data, a missing final blank
 line, `data: [DONE]`); this one accepts exactly what the server promises to send, so a test that

@@ -1,6 +1,6 @@
 """The chained design (v2, what shipped): a `response.create` per turn with `previous_response_id`.
 
-Read top to bottom, `run_turn` is the design's description (OpenAI blog; WS guide; PROTOCOL.md §6):
+Read top to bottom, `run_turn` is the design's description (OpenAI blog; WS guide; docs/protocol.md):
 
 1. resolve `previous_response_id` when the request starts: a hit in the connection's one-slot
    cache takes the cached state; otherwise a stored response (store=true) is rebuilt from the
@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from .. import metrics
-from ..api.costs import CacheSwitches
+from ..api.costs import ALL_SWITCHES_ON, CacheSwitches
 from ..api.service import ApiService, Context, StageModes, owner_of
 from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
@@ -64,7 +64,7 @@ async def run_turn(
     cache: ConnectionCache,
     background: trio.Nursery,
     *,
-    switches: CacheSwitches = CacheSwitches(),
+    switches: CacheSwitches = ALL_SWITCHES_ON,
     include_timing: bool = False,
     api_key: str | None = None,
     log: metrics.PhaseLog | None = None,

@@ -1,7 +1,7 @@
 """Builds one response's server events in order, numbering them, and hands each to a sink.
 
 The sink is the transport (a WebSocket frame, an SSE block); the emitter does not know which.
-`sequence_number` is 0-based per response and runs on across v1 suspensions (PROTOCOL.md §5.5).
+`sequence_number` is 0-based per response and runs on across v1 suspensions (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Emitter:
 
     async def created(self, *, generating: bool = True) -> None:
         """`response.created`, then `response.in_progress` unless this is a warm-up, which goes
-        straight to `response.completed` (PROTOCOL.md §4.3)."""
+        straight to `response.completed` (docs/protocol.md)."""
         await self.emit(ev.ResponseCreated, response=self.snapshot())
         if generating:
             await self.emit(ev.ResponseInProgress, response=self.snapshot())
@@ -80,7 +80,7 @@ class Emitter:
 
     # --- output items -------------------------------------------------------------------------
 
-    async def message(self, item_id: str, chunks: Any, *, incomplete: Callable[[], bool]) -> Message:
+    async def message(self, item_id: str, chunks: Any, *, incomplete: bool = False) -> Message:
         """Stream an assistant message from an async iterator of text chunks."""
         index = len(self.response.output)
         placeholder = Message("assistant", (), id=item_id, status="in_progress")
@@ -96,7 +96,7 @@ class Emitter:
         await self.emit(ev.OutputTextDone, item_id=item_id, output_index=index, content_index=0, text=text)
         part = {"type": "output_text", "text": text, "annotations": []}
         await self.emit(ev.ContentPartDone, item_id=item_id, output_index=index, content_index=0, part=part)
-        item = Message("assistant", (("output_text", text),), id=item_id, status="incomplete" if incomplete() else "completed")
+        item = Message("assistant", (("output_text", text),), id=item_id, status="incomplete" if incomplete else "completed")
         self.response.output[index] = item
         await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
         return item

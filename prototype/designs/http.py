@@ -1,6 +1,6 @@
 """The http design (the baseline): `POST /v1/responses` per turn, answered with an SSE stream.
 
-Read top to bottom, `run_http_turn` is the design's description (PROTOCOL.md §8; WORKLOAD.md §4):
+Read top to bottom, `run_http_turn` is the design's description (docs/protocol.md; docs/parameters.md §4):
 
 1. the conversation comes from scratch every turn: either the client resent all of it
    (**stateless**, `store:false`), or `previous_response_id` names a stored response and the chain
@@ -42,7 +42,7 @@ STORED = "stored"
 VARIANTS = (STATELESS, STORED)
 
 # OpenAI's prompt-caching guide: requests are routed by a hash of roughly the first 256 tokens of
-# the prompt (WORKLOAD.md §6), so one conversation keeps landing on the same engine.
+# the prompt (docs/parameters.md §6), so one conversation keeps landing on the same engine.
 ROUTING_PREFIX_TOKENS = 256
 
 
@@ -60,7 +60,7 @@ def routing_key(prompt: Prompt) -> str:
 
 def reaches_prefix_cache(items: Sequence[Item], affinity: float = HTTP_AFFINITY) -> bool:
     """Whether this turn is routed back to the engine holding its prefix ([assumed] probability
-    `affinity`, WORKLOAD.md §6). The draw is a hash of the conversation's first item and its length,
+    `affinity`, docs/parameters.md §6). The draw is a hash of the conversation's first item and its length,
     not a global generator, so every design and every run sees the same draw for the same turn."""
     first = render.item_text(items[0]) if items else ""
     digest = hashlib.blake2b(f"{len(items)}\x00{first}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
@@ -115,7 +115,7 @@ async def run_http_turn(
         outcome = "completed"
         async with failing_on_error(emitter):
             # (4) the sampling loop, ending at the first client function call.
-            if request.generate:  # generate=false: a warm-up, as on WebSocket (PROTOCOL.md §4.3)
+            if request.generate:  # generate=false: a warm-up, as on WebSocket (docs/protocol.md)
                 outcome = await sample_until_client_calls(api, emitter, context)
 
             # (5) post-inference work inline: the client waits for billing and the store write. The

@@ -20,8 +20,8 @@ import attrs
 import trio
 
 from .. import metrics
-from ..api.service import ApiService, Context, StageModes
 from ..api import render
+from ..api.service import ApiService, Context, StageModes
 from ..engine import tokenizer
 from ..engine.engine import EngineCall
 from ..engine.policy import PlannedSearch
@@ -145,7 +145,7 @@ class SamplingLoop:
                 await self.emitter.message(
                     self.api.new_id("msg"),
                     self.api.engine.stream(ctx.route.latency, words, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens),
-                    incomplete=lambda: truncated,
+                    incomplete=truncated,
                 )
             ]
             calls: list[FunctionCall] = []
@@ -176,7 +176,7 @@ class SamplingLoop:
             await self.take_new_items(answers)
 
     async def model_call(self, since: float | None = None) -> None:
-        """Prefill what the engine does not hold; usage counts each model call (PROTOCOL.md §7).
+        """Prefill what the engine does not hold; usage counts each model call (docs/protocol.md).
         `since`: when the simulated model's own work for this call began; if the engine admits the
         call at once, that CPU time counts towards the engine's modeled request overhead instead of
         adding to it (real-time runs only)."""
@@ -240,7 +240,7 @@ def pending_calls(items: Sequence[Item]) -> list[str]:
 
 
 def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | None:
-    """Why `items` do not answer exactly the `pending` calls, or None if they do (PROTOCOL.md §7)."""
+    """Why `items` do not answer exactly the `pending` calls, or None if they do (docs/protocol.md)."""
     outputs = [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
     if len(outputs) != len(set(outputs)):
         return "a call_id is answered twice"

@@ -1,6 +1,6 @@
 """The suspended design (v1, the overnight prototype): one Response for the whole rollout.
 
-Read top to bottom, `run_rollout` is the design's description (OpenAI blog; PROTOCOL.md §7):
+Read top to bottom, `run_rollout` is the design's description (OpenAI blog; docs/protocol.md):
 
 1. pre-inference work once: validate, classify, render, resolve the model and route;
 2. the sampling loop; when the model calls a client function tool, the loop streams the call,
@@ -32,7 +32,7 @@ from ..protocol.response import Response
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import HostedTools, SamplingLoop, ToolCall, unexpected_outputs
 
-# PROTOCOL.md §7: 300 s, as vLLM RFC #52113's cache_control.ttl default; above TraceLab's p99 tool
+# docs/protocol.md: 300 s, as vLLM RFC #52113's cache_control.ttl default; above TraceLab's p99 tool
 # latency of 3.6 min.
 SUSPENSION_TTL_SECONDS = 300.0
 

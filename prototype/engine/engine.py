@@ -19,7 +19,7 @@ first-come-first-serve, as Continuum schedules agent programs, arXiv 2511.02230)
 queue blocks the calls behind it, as vLLM's FCFS scheduler does. Decode speed per token does not
 depend on how many calls are in flight: a deliberate simplification (decode reads the weights once
 per step for the whole batch; the KV of the batch, which this model leaves out, slows it as the
-batch grows: WORKLOAD.md §3's roofline).
+batch grows: docs/parameters.md §3's roofline).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from array import array
 from collections.abc import AsyncIterator, Hashable, Sequence
 
@@ -38,12 +39,12 @@ from .latency import LatencyModel
 from .memory import RetentionPolicy
 
 # Prefix-cache retention: the vLLM session KV hint defaults to 300 s (vLLM RFC #52113); OpenAI's
-# prompt-caching guide says caches clear after 5-10 minutes idle (WORKLOAD.md §6).
+# prompt-caching guide says caches clear after 5-10 minutes idle (docs/parameters.md §6).
 KV_TTL_SECONDS = 300.0
 # vLLM automatic prefix caching matches only full blocks of 16 tokens, and always recomputes at
 # least the last token (vllm-project/agentic-api ADR-04).
 BLOCK_SIZE = 16
-# Share of http requests routed back to the engine holding their prefix [assumed], WORKLOAD.md §6.
+# Share of http requests routed back to the engine holding their prefix [assumed], docs/parameters.md §6.
 HTTP_AFFINITY = 0.9
 
 # Where a KV entry is.
@@ -203,7 +204,7 @@ class Engine:
     retention: RetentionPolicy = memory.HOLD_POLICY
     """What happens to a session's KV between its model calls (memory.py)."""
     serial_prefill: bool = False
-    """Prefill one call at a time, FIFO: the GPU's compute is shared (WORKLOAD.md §3's rate R is
+    """Prefill one call at a time, FIFO: the GPU's compute is shared (docs/parameters.md §3's rate R is
     the whole GPU's)."""
     kv_bytes_per_token: int = memory.KV_BYTES_PER_TOKEN_8B
     swap_bytes_per_s: float = memory.PCIE_BYTES_PER_S
@@ -557,7 +558,7 @@ class Engine:
                 held.append((-self._ranks[key], 0, key, entry.gpu_tokens))
         if sum(v[3] for v in cache) + sum(v[3] for v in held) < shortfall:
             return False
-        order = lambda v: (v[0], v[1])  # sort on age or recency only: session keys may not compare
+        order = operator.itemgetter(0, 1)  # sort on age or recency only: session keys may not compare
         for victims, counter in ((sorted(cache, key=order), "evicted"), (sorted(held, key=order), "preempted")):
             for *_, key, tokens in victims:
                 if shortfall <= 0:

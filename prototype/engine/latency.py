@@ -1,6 +1,6 @@
 """The simulated model's latency: per-request overhead, prefill over uncached tokens, decode rate.
 
-Every default is an input with a source (WORKLOAD.md §3); nothing here is tuned to a published
+Every default is an input with a source (docs/parameters.md §3); nothing here is tuned to a published
 end-to-end number. Model names that real clients send map to a profile (documented in the README):
 """
 
@@ -17,7 +17,7 @@ FLAGSHIP_TOKENS_PER_S = 65.0
 SPARK_TOKENS_PER_S = 1000.0
 SPARK_BURST_TOKENS_PER_S = 4000.0
 
-# Prefill: t = t0 + n/R + n*C/Q (WORKLOAD.md §3 roofline, kipply "Transformer Inference
+# Prefill: t = t0 + n/R + n*C/Q (docs/parameters.md §3 roofline, kipply "Transformer Inference
 # Arithmetic"). R: the sweep 5k/15k/30k tokens/s is [assumed]; 15k is its middle. Q: Llama-3.1-8B on
 # one H100 at MFU 0.5, 9.4e8 tokens^2/s [derived]. Hosted-model prefill rates are not published.
 PREFILL_TOKENS_PER_S = 15_000.0

@@ -1,6 +1,6 @@
 """The engine's KV memory: what one GPU holds, what the host holds, and what happens to idle KV.
 
-Every number is an input with a label (WORKLOAD.md's convention): [src] published, [derived] our
+Every number is an input with a label (docs/parameters.md's convention): [src] published, [derived] our
 arithmetic on published numbers, [assumed] our modelling choice. The engine (engine.py) reads them
 only when an experiment asks for a budget; with none, the engine has unlimited memory, as before.
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import attrs
 
-# --- KV geometry and the GPU (WORKLOAD.md §3) ----------------------------------------------------
+# --- KV geometry and the GPU (docs/parameters.md §3) ----------------------------------------------------
 
 # KV bytes per token, 2 (K and V) x layers x KV heads x head dim x 2 bytes (BF16) [derived from the
 # Llama-3.1 configs]: 8B has 32 layers, 8 KV heads of 128 -> 131,072 B; 70B has 80 layers -> 327,680 B.

@@ -1,6 +1,6 @@
 """The scripted policy: what the simulated model samples each turn, decided from a seed.
 
-A turn is one model call that ends in client function calls or in the final answer (WORKLOAD.md).
+A turn is one model call that ends in client function calls or in the final answer (docs/parameters.md).
 The policy reads the turn's spec from the workload and fills in content deterministically from
 `(seed, turn)`, so every design, given the same workload and seed, samples the same items:
 

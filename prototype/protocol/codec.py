@@ -1,7 +1,7 @@
 """The JSON codec: text in gives a client event or a `ProtocolError`; a server event out gives text.
 
 Sans-IO: no trio, no sockets. Unknown fields are ignored, `stream` is ignored on WebSocket, and bad
-input never raises anything but `ProtocolError` (PROTOCOL.md §3, §4, §5.6).
+input never raises anything but `ProtocolError` (docs/protocol.md, §4, §5.6).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .items import parse_input
 
 DEFAULT_MODEL = "gpt-5.4"  # echoed when a request names none [ours]
 
-# Keys of the POST body we act on; everything else is accepted and ignored (PROTOCOL.md §4.1).
+# Keys of the POST body we act on; everything else is accepted and ignored (docs/protocol.md).
 _KNOWN_KEYS = frozenset(
     {
         "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",

@@ -1,7 +1,7 @@
 """Protocol errors: what a peer did wrong, as the wire reports it.
 
 Every bad input the sans-IO core sees becomes a `ProtocolError` carrying the HTTP-style status, the
-error type, a stable code, the offending parameter and a message (PROTOCOL.md §5.6). The same error
+error type, a stable code, the offending parameter and a message (docs/protocol.md). The same error
 renders in the three shapes the transports use: nested on WebSocket, flat inside an SSE stream, and
 as an `{"error": {...}}` body before an HTTP stream starts.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 # Stable error codes. The documented ones keep OpenAI's exact spelling (clients match on them:
-# Soju06/codex-lb#1529); the rest are ours, listed in PROTOCOL.md §5.6.
+# Soju06/codex-lb#1529); the rest are ours, listed in docs/protocol.md
 INVALID_JSON = "invalid_json"
 UNKNOWN_EVENT_TYPE = "unknown_event_type"
 INVALID_VALUE = "invalid_value"

@@ -1,8 +1,8 @@
 """Client and server events of the Responses API, as plain values.
 
-Client events are what a peer sends over WebSocket (PROTOCOL.md §4); server events are what the
+Client events are what a peer sends over WebSocket (docs/protocol.md); server events are what the
 server streams, identical over WebSocket and SSE (openai-python
-`types/responses/responses_server_event.py`; PROTOCOL.md §5). A server event's `to_dict` is exactly
+`types/responses/responses_server_event.py`; docs/protocol.md). A server event's `to_dict` is exactly
 the JSON object on the wire. Lifecycle events carry a snapshot of the Response taken when they were
 emitted, as a dict, because the Response keeps changing after them.
 """
@@ -46,7 +46,7 @@ class CreateRequest:
     metadata: dict[str, str] = attrs.field(factory=dict, eq=False, hash=False)
     temperature: float | None = None
     top_p: float | None = None
-    stream: bool = False  # only meaningful over HTTP; ignored on WebSocket (PROTOCOL.md §4.1)
+    stream: bool = False  # only meaningful over HTTP; ignored on WebSocket (docs/protocol.md)
     extra_keys: tuple[str, ...] = ()  # accepted and ignored keys, recorded for the timing records
 
     @property
@@ -85,7 +85,7 @@ class ResponseSteer:
 
 @attrs.frozen
 class ResponseProcessed:
-    """Codex's optional post-turn acknowledgement; ignored (PROTOCOL.md §4.5)."""
+    """Codex's optional post-turn acknowledgement; ignored (docs/protocol.md)."""
 
     response_id: str | None
     type: ClassVar[str] = "response.processed"
@@ -125,7 +125,7 @@ class ResponseInProgress(_ResponseSnapshotEvent):
 
 
 class ResponseDone(_ResponseSnapshotEvent):
-    """v1's pause signal: the rollout waits for `response.append` (PROTOCOL.md §7)."""
+    """v1's pause signal: the rollout waits for `response.append` (docs/protocol.md)."""
 
     type = "response.done"
 

@@ -1,7 +1,7 @@
 """Conversation items: what goes into a Response's context and what comes out of it.
 
 Shapes follow openai-python `types/responses/response_input_item_param.py` and
-`response_output_item.py` (PROTOCOL.md §4.2, §5.3). `parse_item` turns one JSON object from a
+`response_output_item.py` (docs/protocol.md, §5.3). `parse_item` turns one JSON object from a
 request into an item or raises `ProtocolError(invalid_value)` naming the field path; `to_dict`
 gives the wire form back. Item types a client may send that the simulator does not act on
 (reasoning, custom tool calls, ...) travel as `OpaqueItem` so real clients are not refused.

@@ -1,4 +1,4 @@
-"""The Response object and its usage, as the wire carries them (PROTOCOL.md §5.4)."""
+"""The Response object and its usage, as the wire carries them (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Response:
 
     def to_dict(self, *, output: list[Item] | None = None, usage_so_far: bool = False) -> dict[str, Any]:
         """The wire object. Usage is sent once the response has ended, or with `usage_so_far` (v1's
-        `response.done` carries the rollout's cumulative usage, PROTOCOL.md §7)."""
+        `response.done` carries the rollout's cumulative usage, docs/protocol.md)."""
         request = self.request
         items = self.output if output is None else output
         out: dict[str, Any] = {
@@ -78,5 +78,5 @@ class Response:
             "usage": self.usage.to_dict() if usage_so_far or self.status != "in_progress" else None,
         }
         if self.timing is not None:
-            out["testbed_timing"] = self.timing  # name [ours]: PROTOCOL.md §9 "Timing header"
+            out["testbed_timing"] = self.timing  # name [ours]: docs/protocol.md "Timing header"
         return out

@@ -1,5 +1,5 @@
 """The listener: one port, `POST /v1/responses` (HTTP) and the WebSocket upgrade on
-`GET /v1/responses`, as the real API serves both (PROTOCOL.md §2).
+`GET /v1/responses`, as the real API serves both (docs/protocol.md).
 
 `ResponsesServer.handle_stream` reads the request head and dispatches on it before any WebSocket
 code runs; the same entry point serves real sockets (`serve_responses`) and in-memory streams under
@@ -28,7 +28,7 @@ from .websocket import CHAINED, SUSPENDED, ConnectionInfo, WebSocketSession
 log = logging.getLogger(__name__)
 
 RESPONSES_PATH = "/v1/responses"
-# OpenAI-Beta values that select the wire version (Codex `client.rs`; PROTOCOL.md §2).
+# OpenAI-Beta values that select the wire version (Codex `client.rs`; docs/protocol.md).
 BETA_SUSPENDED = "2026-02-04"
 BETA_CHAINED = "2026-02-06"
 TIMING_HEADER = "x-responsesapi-include-timing-metrics"
@@ -46,7 +46,7 @@ def bearer_key(headers: dict[str, str]) -> str | None:
 
 def choose_design(headers: dict[str, str]) -> str:
     """`responses_websockets=2026-02-04` selects v1; `2026-02-06` or none selects v2; other dates are
-    refused so a run is never filed under the wrong design (PROTOCOL.md §2)."""
+    refused so a run is never filed under the wrong design (docs/protocol.md)."""
     for entry in headers.get("openai-beta", "").split(","):
         name, _, value = entry.strip().partition("=")
         if name == "responses_websockets":

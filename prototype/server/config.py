@@ -7,10 +7,10 @@ import attrs
 from ..api.costs import CacheSwitches
 from ..designs.suspended import SUSPENSION_TTL_SECONDS
 
-# PROTOCOL.md §3: the real limit is unpublished; OpenAI closed a ~20 MB create with 1009
+# docs/protocol.md: the real limit is unpublished; OpenAI closed a ~20 MB create with 1009
 # (anomalyco/opencode#42572). 16 MiB [ours], configurable.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-# PROTOCOL.md §5.6: creates waiting behind the one in flight [ours].
+# docs/protocol.md: creates waiting behind the one in flight [ours].
 MAX_QUEUED_CREATES = 32
 # WS guide and alpha doc: a WebSocket connection lives at most 60 minutes.
 CONNECTION_LIFETIME_SECONDS = 60 * 60
@@ -30,7 +30,7 @@ HTTP_IDLE_TIMEOUT_SECONDS = 600.0
 
 @attrs.frozen
 class ServerConfig:
-    api_keys: frozenset[str] | None = None  # None: any non-empty Bearer key is accepted (PROTOCOL.md §2)
+    api_keys: frozenset[str] | None = None  # None: any non-empty Bearer key is accepted (docs/protocol.md)
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_queued_creates: int = MAX_QUEUED_CREATES
     suspension_ttl: float = SUSPENSION_TTL_SECONDS

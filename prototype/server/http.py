@@ -1,5 +1,5 @@
 """HTTP on the WebSocket's port: `POST /v1/responses` (h11), as the real API serves both on one
-path (PROTOCOL.md §2, §8).
+path (docs/protocol.md, §8).
 
 `serve_http` runs a keep-alive loop over one connection: read a request with h11, answer it, and
 go on to the next request on the same connection until the client closes or asks to. A request the
@@ -14,7 +14,7 @@ oversized or broken body leaves the connection open, because the body was read t
 | a body over `max_body_bytes`                      | 413, then close                 |
 | a body cut short, or not HTTP/1.1                 | 400 `bad_request`, then close   |
 | a body still incomplete after the idle timeout    | 408, then close                 |
-| not JSON, or not a valid create body              | 400 (codes of PROTOCOL.md §5.6) |
+| not JSON, or not a valid create body              | 400 (codes of docs/protocol.md) |
 | `stream: true`                                    | 200 `text/event-stream`         |
 | otherwise                                         | 200, the Response as JSON       |
 
@@ -35,10 +35,10 @@ import trio
 from .. import metrics
 from ..designs.emitter import EngineFailure
 from ..designs.http import run_http_turn
-from ..protocol.response import Response
 from ..protocol import codec
 from ..protocol.errors import SERVER_ERROR, ProtocolError
 from ..protocol.events import TERMINAL_TYPES
+from ..protocol.response import Response
 from .config import MAX_HEAD_BYTES
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ async def send_simple_error(stream: trio.abc.Stream, status: int, error: Protoco
 
 
 def sse_block(event: Any) -> bytes:
-    """One server event as SSE: `event: <type>`, `data: <json>`, a blank line (PROTOCOL.md §8.1)."""
+    """One server event as SSE: `event: <type>`, `data: <json>`, a blank line (docs/protocol.md)."""
     return f"event: {event.type}\ndata: {codec.encode_event(event)}\n\n".encode()
 
 

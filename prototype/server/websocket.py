@@ -78,7 +78,7 @@ class WebSocketSession:
         except* ConnectionClosed:  # from any task of the nursery, so it arrives inside a group
             pass
         finally:
-            # Close drops all state (PROTOCOL.md §10.7): the v2 cache and the engine KV held under
+            # Close drops all state (docs/protocol.md): the v2 cache and the engine KV held under
             # this connection's key, which no other connection can reach (the key is this session).
             self.cache.evict()
             self.api.engine.release(self.cache.engine_key)
@@ -123,7 +123,7 @@ class WebSocketSession:
         elif isinstance(event, ResponseSteer):
             await self.send(SteerFailed(0, event.previous_response_id, event.input))
         elif isinstance(event, ResponseProcessed):
-            pass  # Codex's optional acknowledgement (PROTOCOL.md §4.5)
+            pass  # Codex's optional acknowledgement (docs/protocol.md)
 
     async def worker(self, queue: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
         async for event, queued_at in queue:
@@ -142,14 +142,14 @@ class WebSocketSession:
                     outcome = response.status
             except ProtocolError as error:
                 outcome = f"error:{error.code}"
-                self.cache.evict()  # a failed turn leaves the slot empty, chained or not (PROTOCOL.md §6.3)
+                self.cache.evict()  # a failed turn leaves the slot empty, chained or not (docs/protocol.md)
                 await self.send_error(error)
             except ConnectionClosed:
                 outcome = "closed"
                 return
             except EngineFailure:
                 outcome = "failed"  # already answered with response.failed
-                self.cache.evict()  # as for any failed turn (PROTOCOL.md §6.3)
+                self.cache.evict()  # as for any failed turn (docs/protocol.md)
             except Exception as exc:  # a handler bug: fail loudly on this connection only
                 outcome = "error:server_error"
                 log.exception("response handler failed")

@@ -27,6 +27,15 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str] | None = None) -> Path:
+    """Print the table, write it as results/<filename> (CSV), and say where."""
+    print_table(rows, columns)
+    path = results_dir() / filename
+    write_csv(path, rows)
+    print(f"wrote {path}")
+    return path
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
     columns = list(columns or rows[0])
     cells = [[_fmt(row[c]) for c in columns] for row in rows]

@@ -27,7 +27,7 @@ from prototype import benchmark, metrics, netem
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
 
-from .common import print_table, results_dir, write_csv
+from .common import report
 
 TARGETS = {1000.0: 0.98, 4000.0: 0.95}  # WebSocket designs
 LIMIT_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE, metrics.HOSTED_TOOL)
@@ -104,10 +104,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             rows.append(measure(design, tps, config))
             print(f"  {design} at {tps:g} tokens/s: {time.perf_counter() - t0:.1f} s", flush=True)
-    print_table(rows, COLUMNS)
-    path = results_dir() / args.csv
-    write_csv(path, rows)
-    print(f"wrote {path}")
+    report(rows, args.csv, COLUMNS)
     return rows
 
 

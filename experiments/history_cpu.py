@@ -20,7 +20,7 @@ from prototype.client.connect import TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.workload import fixed
 
-from .common import cpu_seconds, print_table, results_dir, server_process, write_csv
+from .common import cpu_seconds, report, server_process
 
 CONFIGS = (("suspended", SUSPENDED, ()), ("chained", CHAINED, ()), ("chained, switches off", CHAINED, ("--switches", "all-off")))
 APPENDED_PER_TURN = 200  # tool output tokens per turn, small so history length dominates
@@ -77,10 +77,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mine = [r for r in rows if r["design"] == name]
         for r in mine:
             r["vs_shortest"] = r["cpu_ms_per_turn_median"] / mine[0]["cpu_ms_per_turn_median"]
-    print_table(rows)
-    path = results_dir() / "history_cpu.csv"
-    write_csv(path, rows)
-    print(f"wrote {path}")
+    report(rows, "history_cpu.csv")
     return rows
 
 

@@ -59,13 +59,11 @@ from prototype.workload import Workload, fixed
 
 from .common import (
     cpu_seconds,
-    print_table,
     raise_fd_limit,
-    results_dir,
+    report,
     rss_bytes,
     run_delay_seconds,
     server_process,
-    write_csv,
 )
 
 MODEL = "sim-100000"
@@ -277,10 +275,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             row = measure(design, sessions, workload, spec, args.stagger)
             rows.append(row)
             print(f"  {design} x {sessions}: {time.perf_counter() - t0:.1f} s", flush=True)
-    print_table(rows, COLUMNS)
-    path = results_dir() / args.csv
-    write_csv(path, rows)
-    print(f"wrote {path}")
+    report(rows, args.csv, COLUMNS)
     return rows
 
 

@@ -43,7 +43,7 @@ from prototype.client.harness import CHAINED, RolloutRecord, run_websocket_rollo
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import cpu_seconds, print_table, raise_fd_limit, results_dir, server_process, write_csv
+from .common import cpu_seconds, raise_fd_limit, report, server_process
 
 COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
@@ -151,10 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             rows.append(measure(flush, flush_tokens or None, args))
             print(f"  flush {flush * 1000:g} ms, {flush_tokens or 'any'} tokens: {time.perf_counter() - t0:.1f} s", flush=True)
-    print_table(rows, COLUMNS)
-    path = results_dir() / args.csv
-    write_csv(path, rows)
-    print(f"wrote {path}")
+    report(rows, args.csv, COLUMNS)
     return rows
 
 

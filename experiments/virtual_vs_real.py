@@ -16,7 +16,7 @@ import statistics
 from prototype import benchmark
 from prototype import workload as wl
 
-from .common import print_table, results_dir, write_csv
+from .common import report
 
 RATIO_BAND = (0.95, 1.05)
 
@@ -44,10 +44,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append({"design": design, "virtual_e2e_s": virtual, "real_e2e_s": real, "ratio_real_over_virtual": real / virtual,
                      "within_band": RATIO_BAND[0] <= real / virtual <= RATIO_BAND[1]})
     print(f"{args.tasks} tasks x {args.turns} turns at {args.tps:g} tokens/s, RTT {config.network.rtt * 1000:g} ms, default API costs\n")
-    print_table(rows)
-    path = results_dir() / "virtual_vs_real.csv"
-    write_csv(path, rows)
-    print(f"wrote {path}")
+    report(rows, "virtual_vs_real.csv")
     return rows
 
 

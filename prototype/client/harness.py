@@ -214,6 +214,19 @@ def _calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [item for item in output if item.get("type") == "function_call"]
 
 
+def turn_outcome(design: str, pause: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+    """What the event that ended a turn means for the rollout: `(status, [])` when the rollout is
+    over (an error, a final answer, a failure), or `(None, calls)` when the client runs tools next:
+    v1's `response.done`, or a chained turn that completed with function calls."""
+    if pause["type"] == "error":
+        return f"error:{pause['error']['code']}", []
+    response = pause["response"]
+    calls = _calls(response["output"])
+    if pause["type"] == "response.done" or (design == CHAINED and pause["type"] == "response.completed" and calls):
+        return None, calls
+    return response["status"], []
+
+
 async def run_websocket_rollout(
     connector: Connector,
     design: str,
@@ -238,18 +251,13 @@ async def run_websocket_rollout(
         while True:
             rollout.start_turn(sent_items, await channel.send(event))
             pause = await channel.until_pause()
-            if pause["type"] == "error":
-                rollout.record.status = f"error:{pause['error']['code']}"
+            if on_turn_end is not None and pause["type"] != "error":
+                on_turn_end(rollout.record.turns[-1])
+            final_status, calls = turn_outcome(design, pause)
+            if final_status is not None:
+                rollout.record.status = final_status
                 break
             response = pause["response"]
-            if on_turn_end is not None:
-                on_turn_end(rollout.record.turns[-1])
-            calls = _calls(response["output"])
-            paused = pause["type"] == "response.done"
-            chained_turn_ended = design == CHAINED and pause["type"] == "response.completed" and calls
-            if not (paused or chained_turn_ended):
-                rollout.record.status = response["status"]
-                break
             sent_items = await rollout.run_tools(calls)
             if design == SUSPENDED:
                 event = {"type": "response.append", "input": sent_items}

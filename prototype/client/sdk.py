@@ -40,10 +40,10 @@ from .harness import (
     Rollout,
     RolloutRecord,
     TurnRecord,
-    _calls,
     request_body,
     run_websocket_rollout,
     task_prompt,
+    turn_outcome,
 )
 
 TIMING_HEADER = "x-responsesapi-include-timing-metrics"
@@ -178,18 +178,13 @@ def _drive(
     while True:
         rollout.start_turn(sent_items, size)
         pause = until_pause()
-        if pause["type"] == "error":
-            rollout.record.status = f"error:{pause['error']['code']}"
+        if on_turn_end is not None and pause["type"] != "error":
+            on_turn_end(rollout.record.turns[-1])
+        final_status, calls = turn_outcome(design, pause)
+        if final_status is not None:
+            rollout.record.status = final_status
             return
         response = pause["response"]
-        if on_turn_end is not None:
-            on_turn_end(rollout.record.turns[-1])
-        calls = _calls(response["output"])
-        paused = pause["type"] == "response.done"
-        chained_turn_ended = design == CHAINED and pause["type"] == "response.completed" and calls
-        if not (paused or chained_turn_ended):
-            rollout.record.status = response["status"]
-            return
         sent_items = rollout.run_tools(calls)
         if design == SUSPENDED:
             size = append(sent_items)

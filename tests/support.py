@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import h11
 import trio
 
 from prototype.api.costs import ZERO_COSTS, ApiCosts
@@ -23,6 +24,21 @@ from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
+
+
+class H11Client:
+    """The client half of raw HTTP tests: h11 over one stream, reading as the state machine needs."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def _next(self) -> Any:
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.conn.receive_data(await self.stream.receive_some(65536))
 
 
 def make_server(*, costs: ApiCosts = ZERO_COSTS, config: ServerConfig | None = None, **api_fields: Any) -> ResponsesServer:

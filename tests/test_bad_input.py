@@ -31,7 +31,7 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from support import make_server, receive, send, until
+from support import H11Client, make_server, receive, send, until
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
@@ -551,19 +551,8 @@ HTTP_CORPUS = [
 ]
 
 
-class RawHttp:
-    """An h11 client over one in-memory connection to the server."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.conn = h11.Connection(h11.CLIENT)
-
-    async def _next(self) -> Any:
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self.conn.receive_data(await self.stream.receive_some(65536))
+class RawHttp(H11Client):
+    """An h11 client over one in-memory connection to the server, sending the corpus's requests."""
 
     async def send_case(self, case: BadHttp) -> None:
         if case.raw is not None:

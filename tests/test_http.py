@@ -21,6 +21,7 @@ import h11
 import pytest
 import trio
 import trio.testing
+from support import H11Client
 
 from prototype import netem
 from prototype import workload as wl
@@ -78,19 +79,8 @@ class Answer:
         return json.loads(self.body)
 
 
-class RawClient:
+class RawClient(H11Client):
     """An h11 client on one in-memory connection to the server."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.conn = h11.Connection(h11.CLIENT)
-
-    async def _next(self) -> Any:
-        while True:
-            event = self.conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self.conn.receive_data(await self.stream.receive_some(65536))
 
     async def request(
         self, method: str = "POST", target: str = "/v1/responses", *, body: bytes | dict | None = None,

@@ -9,39 +9,25 @@ a virtual clock. A handler exception ends that connection only, never the server
 from __future__ import annotations
 
 import logging
-from collections import deque
 
 import attrs
 import h11
 import trio
 import trio_websocket
 
-from .. import metrics
-from ..api.service import ApiService
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from . import http
-from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, ServerConfig
+from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
+from .endpoint import RESPONSES_PATH, TIMING_HEADER, Endpoint, path_of
 from .streams import HeadTooLarge, ReplayStream, read_head
 from .websocket import CHAINED, SUSPENDED, ConnectionInfo, WebSocketSession
 
 log = logging.getLogger(__name__)
 
-RESPONSES_PATH = "/v1/responses"
 # OpenAI-Beta values that select the wire version (Codex `client.rs`; docs/protocol.md).
 BETA_SUSPENDED = "2026-02-04"
 BETA_CHAINED = "2026-02-06"
-TIMING_HEADER = "x-responsesapi-include-timing-metrics"
-
-
-def path_of(target: str) -> str:
-    return target.split("?", 1)[0]
-
-
-def bearer_key(headers: dict[str, str]) -> str | None:
-    value = headers.get("authorization", "")
-    scheme, _, key = value.partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
 def choose_design(headers: dict[str, str]) -> str:
@@ -59,29 +45,11 @@ def choose_design(headers: dict[str, str]) -> str:
 
 
 @attrs.define(eq=False)
-class ResponsesServer:
-    api: ApiService = attrs.Factory(ApiService)
-    config: ServerConfig = attrs.Factory(ServerConfig)
+class ResponsesServer(Endpoint):
+    """The listener: the shared endpoint state, plus the live connections and sessions."""
+
     connections: int = 0
     sessions: set = attrs.Factory(set)  # live WebSocket sessions, for tests and load reports
-    # One record per response: which client spoke (user agent) and how it used the protocol
-    # (chained or full context, warm-up, stream, appends, ...) with the response's phase totals.
-    records: deque = attrs.Factory(lambda: deque(maxlen=metrics.MAX_CLIENT_RECORDS))
-    connections_opened: int = 0  # serial numbers for the records' `connection` field
-
-    def check_auth(self, headers: dict[str, str]) -> str:
-        key = bearer_key(headers)
-        if key is None or (self.config.api_keys is not None and key not in self.config.api_keys):
-            raise ProtocolError(
-                "invalid_api_key",
-                "Incorrect API key provided." if key else "Missing bearer authentication in header.",
-                status=401,
-            )
-        return key
-
-    def next_connection_number(self) -> int:
-        self.connections_opened += 1
-        return self.connections_opened
 
     async def handle_stream(self, stream: trio.abc.Stream) -> None:
         """Serve one connection to the end; never raises."""

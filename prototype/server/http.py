@@ -37,9 +37,10 @@ from ..designs.emitter import EngineFailure
 from ..designs.http import run_http_turn
 from ..protocol import codec
 from ..protocol.errors import SERVER_ERROR, ProtocolError
-from ..protocol.events import TERMINAL_TYPES
+from ..protocol.events import TERMINAL_TYPES, CreateRequest
 from ..protocol.response import Response
 from .config import MAX_HEAD_BYTES
+from .endpoint import RESPONSES_PATH, TIMING_HEADER, Endpoint, path_of
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +218,10 @@ def _is_json(content_type: str | None) -> bool:
     return media_type == JSON_MEDIA_TYPE
 
 
-async def serve_http(server: Any, stream: trio.abc.Stream) -> None:
+async def serve_http(server: Endpoint, stream: trio.abc.Stream) -> None:
     """Serve HTTP requests on one connection until the client closes it, asks to, or idles out.
 
-    `server` is the ResponsesServer: its ApiService, its ServerConfig, and its `check_auth`.
+    `server` gives the ApiService, the ServerConfig, `check_auth` and the records.
     """
     exchange = HttpExchange(stream, server.next_connection_number())
     idle_timeout = server.config.http_idle_timeout
@@ -254,10 +255,8 @@ async def _refuse_broken(exchange: HttpExchange, detail: str) -> None:
         await exchange.send_error(error, close=True)
 
 
-async def serve_request(server: Any, exchange: HttpExchange, request: h11.Request) -> None:
+async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.Request) -> None:
     """Answer one request whose head has been read."""
-    from .app import RESPONSES_PATH, TIMING_HEADER, path_of  # app imports this module
-
     config = server.config
     headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
     target = request.target.decode("latin-1")
@@ -331,7 +330,7 @@ async def serve_request(server: Any, exchange: HttpExchange, request: h11.Reques
     })
 
 
-async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
+async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
     """Stream the response as SSE; returns it (None if refused before it started)."""
     sink = SseSink(exchange)
     response = None
@@ -356,7 +355,7 @@ async def _answer_stream(server: Any, exchange: HttpExchange, create: Any, inclu
     return response
 
 
-async def _answer_json(server: Any, exchange: HttpExchange, create: Any, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
+async def _answer_json(server: Endpoint, exchange: HttpExchange, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
     """Answer with the finished Response as JSON; returns it (None if refused)."""
     sink = CollectingSink()
     failure: ProtocolError | None = None

@@ -1,0 +1,56 @@
+"""What both transports of `/v1/responses` share: the path, the headers they read, bearer auth,
+and the server state a connection of either kind uses (the API service, the options, the records).
+
+`app.py` (the listener) and `http.py` (the POST handler) both build on this module, so the
+dependency runs one way: app -> http -> endpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from .. import metrics
+from ..api.service import ApiService
+from ..protocol.errors import ProtocolError
+from .config import ServerConfig
+
+RESPONSES_PATH = "/v1/responses"
+TIMING_HEADER = "x-responsesapi-include-timing-metrics"
+
+
+def path_of(target: str) -> str:
+    return target.split("?", 1)[0]
+
+
+def bearer_key(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, key = value.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+@attrs.define(eq=False)
+class Endpoint:
+    """The state every connection of the server uses, whatever its transport."""
+
+    api: ApiService = attrs.Factory(ApiService)
+    config: ServerConfig = attrs.Factory(ServerConfig)
+    # One record per response: which client spoke (user agent) and how it used the protocol
+    # (chained or full context, warm-up, stream, appends, ...) with the response's phase totals.
+    records: deque = attrs.Factory(lambda: deque(maxlen=metrics.MAX_CLIENT_RECORDS))
+    connections_opened: int = 0  # serial numbers for the records' `connection` field
+
+    def check_auth(self, headers: dict[str, str]) -> str:
+        key = bearer_key(headers)
+        if key is None or (self.config.api_keys is not None and key not in self.config.api_keys):
+            raise ProtocolError(
+                "invalid_api_key",
+                "Incorrect API key provided." if key else "Missing bearer authentication in header.",
+                status=401,
+            )
+        return key
+
+    def next_connection_number(self) -> int:
+        self.connections_opened += 1
+        return self.connections_opened

@@ -1,20 +1,5 @@
-"""WAN emulation over any trio Stream: one-way delay, jitter, bandwidth, handshake round trips.
-
-The testbed runs the same client and server over two kinds of link: in-process memory streams under trio's virtual clock, and real loopback sockets in real
-time. Neither has a wide-area network's latency, so this module adds it:
-
-* :class:`DelayedStream` wraps a Stream and delivers what is sent ``send_delay`` seconds later,
-  without blocking the sender, so a link carries many chunks at once like a real one (two sends 1 ms
-  apart arrive 1 ms apart). It can also hold back what it receives by ``receive_delay``, which is how
-  the client end of a real socket gets both directions of a round trip.
-* :func:`open_emulated_pair` joins a client and a server in memory with ``rtt / 2`` each way, for
-  virtual-time runs; :func:`open_emulated_tcp` connects a real socket and delays it on the client
-  side, for real-time runs.
-* :func:`connect_handshake` charges the round trips a new connection pays before its first request
-  (docs/parameters.md §5): TCP's three-way handshake, 1 RTT (RFC 9293 §3.5), then the TLS handshake,
-  +1 RTT for TLS 1.3 (RFC 8446 §2) or +2 RTT for TLS 1.2 (RFC 5246 §7.3). A WebSocket upgrade
-  (RFC 6455 §4) is an ordinary request and response, so it costs its round trip through the delayed
-  stream and is not charged here. A kept-alive connection pays none of this again.
+"""A trio Stream whose traffic reaches the other end late, like a long link, and the context
+manager that runs its delivery tasks.
 
 Delays are measured on the trio clock (``trio.current_time()``), so under
 ``trio.testing.MockClock(autojump_threshold=0)`` every arrival time is exact.
@@ -25,107 +10,18 @@ from __future__ import annotations
 import math
 import operator
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from types import MappingProxyType
 from typing import Final
 
 import attrs
 import trio
-import trio.testing
-
-__all__ = [
-    "CROSS_CONTINENT",
-    "INTERCONTINENTAL",
-    "LOOPBACK",
-    "PRESETS",
-    "SAME_DC",
-    "SAME_REGION",
-    "DelayedStream",
-    "NetworkProfile",
-    "connect_handshake",
-    "open_delayed_stream",
-    "open_emulated_pair",
-    "open_emulated_tcp",
-]
 
 # After a graceful aclose(), queued data is still delivered on schedule (as the kernel does after
 # close() on a TCP socket, RFC 9293 §3.6). If the inner stream is still blocked this long after the
 # last scheduled arrival (a peer that never reads), the rest is dropped so that no task outlives
 # its context manager for ever.
 _LINGER_GRACE_SECONDS: Final = 1.0
-
-
-def _non_negative_finite(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
-def _positive_or_none(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{attribute.name} must be None or a finite number > 0, got {value!r}")
-
-
-@attrs.frozen
-class NetworkProfile:
-    """The network between one client and the server.
-
-    All times are in seconds on the trio clock.
-    """
-
-    rtt: float = attrs.field(default=0.0, validator=_non_negative_finite)
-    """Round-trip time; the one-way delay is ``rtt / 2`` in each direction."""
-
-    jitter: float = attrs.field(default=0.0, validator=_non_negative_finite)
-    """Standard deviation of an extra, non-negative delay drawn per chunk sent (exponential, so its
-    mean is ``jitter`` too). Delivery stays in order: a chunk never overtakes the one before it."""
-
-    tls_round_trips: int = attrs.field(default=1, validator=attrs.validators.ge(0))
-    """TLS handshake round trips: 0 (plain), 1 (TLS 1.3, RFC 8446 §2), 2 (TLS 1.2, RFC 5246 §7.3)."""
-
-    tcp_round_trips: int = attrs.field(default=1, validator=attrs.validators.ge(0))
-    """TCP handshake round trips: the three-way handshake costs 1 before data flows (RFC 9293 §3.5)."""
-
-    bandwidth_bytes_per_s: float | None = attrs.field(default=None, validator=_positive_or_none)
-    """Sender's link rate; each chunk first waits ``len(chunk) / bandwidth`` to be serialized. None: no
-    limit."""
-
-    seed: int = 0
-    """Seed of the jitter draws, so a run is repeatable."""
-
-    @property
-    def one_way_delay(self) -> float:
-        """Propagation delay of each direction, ``rtt / 2``."""
-        return self.rtt / 2
-
-    @property
-    def handshake_seconds(self) -> float:
-        """What opening a new connection costs before its first request: ``(tcp + tls) * rtt``."""
-        return (self.tcp_round_trips + self.tls_round_trips) * self.rtt
-
-
-# RTT priors: docs/parameters.md §5 sweeps 1, 20, 80 and 150 ms [assumed, no measurement behind them].
-LOOPBACK: Final = NetworkProfile(rtt=0.0)
-"""Same host: no added delay."""
-SAME_DC: Final = NetworkProfile(rtt=0.001)
-"""Same datacenter, 1 ms RTT [assumed]."""
-SAME_REGION: Final = NetworkProfile(rtt=0.020)
-"""Same cloud region, 20 ms RTT [assumed]."""
-CROSS_CONTINENT: Final = NetworkProfile(rtt=0.080)
-"""Across a continent, 80 ms RTT [assumed]."""
-INTERCONTINENTAL: Final = NetworkProfile(rtt=0.150)
-"""Between continents, 150 ms RTT [assumed]."""
-
-PRESETS: Final[Mapping[str, NetworkProfile]] = MappingProxyType(
-    {
-        "loopback": LOOPBACK,
-        "same_dc": SAME_DC,
-        "same_region": SAME_REGION,
-        "cross_continent": CROSS_CONTINENT,
-        "intercontinental": INTERCONTINENTAL,
-    }
-)
-"""The named profiles, in order of distance, for sweeps."""
 
 
 @attrs.frozen
@@ -495,12 +391,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
                 if not data:
                     return
 
-
-# ---- opening emulated links --------------------------------------------------------------------
-
-
 @asynccontextmanager
-async def _running(*streams: DelayedStream) -> AsyncIterator[None]:
+async def run_delivery(*streams: DelayedStream) -> AsyncIterator[None]:
     """Runs the background tasks of ``streams`` for the body, then closes them.
 
     The body's own exception comes out as it is, not wrapped in an ExceptionGroup by the nursery.
@@ -564,88 +456,5 @@ async def open_delayed_stream(
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         seed=seed,
     )
-    async with _running(delayed):
+    async with run_delivery(delayed):
         yield delayed
-
-
-@asynccontextmanager
-async def open_emulated_pair(profile: NetworkProfile) -> AsyncIterator[tuple[DelayedStream, DelayedStream]]:
-    """An in-memory connection with ``profile``'s delays, for virtual-time runs.
-
-    Built on ``trio.testing.memory_stream_pair``, which buffers without limit (unlike
-    ``lockstep_stream_pair``), so a send never waits for the peer to read. Each end delays what it
-    sends by ``rtt / 2`` with the profile's jitter and bandwidth (jitter seeds ``seed`` for the
-    client's sends and ``seed + 1`` for the server's); a request and its response cost exactly one
-    RTT. The handshake is not charged here: call :func:`connect_handshake` when the
-    pair stands for a new connection.
-
-    Args:
-        profile: The network to emulate.
-
-    Yields:
-        ``(client_end, server_end)``.
-    """
-    client_raw, server_raw = trio.testing.memory_stream_pair()
-    client, server = (
-        DelayedStream(
-            raw,
-            send_delay=profile.one_way_delay,
-            send_jitter=profile.jitter,
-            bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
-            seed=seed,
-        )
-        for raw, seed in ((client_raw, profile.seed), (server_raw, profile.seed + 1))
-    )
-    async with _running(client, server):
-        yield client, server
-
-
-async def connect_handshake(profile: NetworkProfile) -> None:
-    """Sleeps for what opening a new connection costs before the first request can go out.
-
-    TCP's three-way handshake takes 1 RTT before the client may send data (RFC 9293 §3.5); TLS then
-    takes 1 more RTT with TLS 1.3 (RFC 8446 §2) or 2 with TLS 1.2 (RFC 5246 §7.3), so
-    ``profile.handshake_seconds``. No jitter: the cost is exact. For clients that open a connection
-    per request; a kept-alive connection doesn't pay it again.
-
-    Args:
-        profile: The network, with its handshake round trips.
-    """
-    await trio.sleep(profile.handshake_seconds)
-
-
-@asynccontextmanager
-async def open_emulated_tcp(host: str | bytes, port: int, profile: NetworkProfile) -> AsyncIterator[DelayedStream]:
-    """Connects a real TCP socket and makes it behave like ``profile``'s network, for real-time runs.
-
-    Pays :func:`connect_handshake` after connecting (the socket is plain: TLS is charged in time
-    only). Only the client side is wrapped, so it carries both directions' delay: what it sends
-    reaches the socket ``rtt / 2`` later, and what the socket receives is released to the reader
-    ``rtt / 2`` after it arrived (a background task reads the socket as data comes). An unmodified
-    server then sees each request, and the client each response, one RTT apart, as over a real WAN.
-    Jitter applies to both directions; bandwidth to the upload only.
-
-    Args:
-        host: Server host name or address.
-        port: Server port.
-        profile: The network to emulate.
-
-    Yields:
-        The client end of the connection.
-    """
-    raw = await trio.open_tcp_stream(host, port)
-    try:
-        await connect_handshake(profile)
-    except BaseException:
-        await trio.aclose_forcefully(raw)
-        raise
-    async with open_delayed_stream(
-        raw,
-        profile.one_way_delay,
-        jitter=profile.jitter,
-        bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
-        seed=profile.seed,
-        receive_delay=profile.one_way_delay,
-        receive_jitter=profile.jitter,
-    ) as stream:
-        yield stream

@@ -1,0 +1,82 @@
+"""Emulated links: an in-memory client/server pair for virtual-time runs, and a real TCP socket
+delayed on the client side for real-time runs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+import trio.testing
+
+from .delayed import DelayedStream, open_delayed_stream, run_delivery
+from .profiles import NetworkProfile, connect_handshake
+
+
+@asynccontextmanager
+async def open_emulated_pair(profile: NetworkProfile) -> AsyncIterator[tuple[DelayedStream, DelayedStream]]:
+    """An in-memory connection with ``profile``'s delays, for virtual-time runs.
+
+    Built on ``trio.testing.memory_stream_pair``, which buffers without limit (unlike
+    ``lockstep_stream_pair``), so a send never waits for the peer to read. Each end delays what it
+    sends by ``rtt / 2`` with the profile's jitter and bandwidth (jitter seeds ``seed`` for the
+    client's sends and ``seed + 1`` for the server's); a request and its response cost exactly one
+    RTT. The handshake is not charged here: call :func:`connect_handshake` when the
+    pair stands for a new connection.
+
+    Args:
+        profile: The network to emulate.
+
+    Yields:
+        ``(client_end, server_end)``.
+    """
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client, server = (
+        DelayedStream(
+            raw,
+            send_delay=profile.one_way_delay,
+            send_jitter=profile.jitter,
+            bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
+            seed=seed,
+        )
+        for raw, seed in ((client_raw, profile.seed), (server_raw, profile.seed + 1))
+    )
+    async with run_delivery(client, server):
+        yield client, server
+
+
+@asynccontextmanager
+async def open_emulated_tcp(host: str | bytes, port: int, profile: NetworkProfile) -> AsyncIterator[DelayedStream]:
+    """Connects a real TCP socket and makes it behave like ``profile``'s network, for real-time runs.
+
+    Pays :func:`connect_handshake` after connecting (the socket is plain: TLS is charged in time
+    only). Only the client side is wrapped, so it carries both directions' delay: what it sends
+    reaches the socket ``rtt / 2`` later, and what the socket receives is released to the reader
+    ``rtt / 2`` after it arrived (a background task reads the socket as data comes). An unmodified
+    server then sees each request, and the client each response, one RTT apart, as over a real WAN.
+    Jitter applies to both directions; bandwidth to the upload only.
+
+    Args:
+        host: Server host name or address.
+        port: Server port.
+        profile: The network to emulate.
+
+    Yields:
+        The client end of the connection.
+    """
+    raw = await trio.open_tcp_stream(host, port)
+    try:
+        await connect_handshake(profile)
+    except BaseException:
+        await trio.aclose_forcefully(raw)
+        raise
+    async with open_delayed_stream(
+        raw,
+        profile.one_way_delay,
+        jitter=profile.jitter,
+        bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
+        seed=profile.seed,
+        receive_delay=profile.one_way_delay,
+        receive_jitter=profile.jitter,
+    ) as stream:
+        yield stream

@@ -30,7 +30,8 @@ from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from .client.http import STATELESS, STORED, run_http_rollout
 from .engine import latency
-from .engine.engine import BLOCK_SIZE, HTTP_AFFINITY, KV_TTL_SECONDS
+from .engine.engine import HTTP_AFFINITY
+from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
 from .server.app import ResponsesServer, serve_responses
 from .server.config import ServerConfig
 

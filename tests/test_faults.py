@@ -44,7 +44,7 @@ from websockets.sync.client import connect as ws_connect
 from prototype.api.store import ResponseStore
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
-from prototype.engine.engine import EngineFailure, FaultPlan
+from prototype.engine.streaming import EngineFailure, FaultPlan
 from prototype.protocol import errors
 
 # --- a bounded in-memory stream ---------------------------------------------------------------------

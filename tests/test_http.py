@@ -43,7 +43,8 @@ from prototype.client.http import run_http_rollout
 from prototype.client.sse import parse_stream
 from prototype.designs import http as http_design
 from prototype.designs.emitter import EngineFailure
-from prototype.engine.engine import HTTP_AFFINITY, Engine, Prompt
+from prototype.engine.engine import HTTP_AFFINITY, Engine
+from prototype.engine.kv import Prompt
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.items import FunctionCallOutput, Message, parse_input

@@ -15,7 +15,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prototype.engine.engine import ContextExceedsBudget, Engine, Prompt
+from prototype.engine.admission import ContextExceedsBudget
+from prototype.engine.engine import Engine
+from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
 from prototype.engine.memory import (
     DISCARD_POLICY,

@@ -48,7 +48,7 @@ from prototype.client.harness import BETA, CHAINED, SUSPENDED
 from prototype.designs.chained import ConnectionCache
 from prototype.designs.emitter import Emitter
 from prototype.designs.suspended import Suspension
-from prototype.engine.engine import Prompt
+from prototype.engine.kv import Prompt
 from prototype.protocol import codec, errors
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError

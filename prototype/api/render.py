@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from ..engine import tokenizer
-from ..engine.engine import Prompt
+from ..engine.kv import Prompt
 from ..protocol.events import ToolDef
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, OpaqueItem, WebSearchCall
 

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from .. import metrics
-from ..engine.engine import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
+from ..engine.streaming import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
 from ..protocol import events as ev
 from ..protocol.items import FunctionCall, Item, Message, WebSearchCall
 from ..protocol.response import Response

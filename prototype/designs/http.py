@@ -29,7 +29,8 @@ from .. import metrics
 from ..api import render
 from ..api.checks import require_answered
 from ..api.service import ApiService, owner_of
-from ..engine.engine import HTTP_AFFINITY, Prompt
+from ..engine.engine import HTTP_AFFINITY
+from ..engine.kv import Prompt
 from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item

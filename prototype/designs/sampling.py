@@ -23,7 +23,7 @@ from .. import metrics
 from ..api import render
 from ..api.service import ApiService, Context, StageModes
 from ..engine import tokenizer
-from ..engine.engine import EngineCall
+from ..engine.admission import EngineCall
 from ..engine.policy import PlannedSearch
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
 from .emitter import Emitter

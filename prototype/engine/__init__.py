@@ -1,6 +1,7 @@
 """The simulated inference engine: latency model, scripted policy, tokenizer, paced sampler."""
 
-from .engine import Engine, Prompt
+from .engine import Engine
+from .kv import Prompt
 from .latency import LatencyModel, decode_rate_for_model
 from .policy import ScriptedPolicy, TurnPlan
 

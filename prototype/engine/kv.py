@@ -1,0 +1,265 @@
+"""KV residency and swap: which prompt each session's KV covers, where that KV is (GPU, on its
+way to the host, host), what it costs in memory over time, and when it expires.
+
+A session's KV lives under its key as a `KVEntry` over an append-only `Prompt`. Between model
+calls the engine's `retention` policy (memory.py's table) decides what happens to it: held, kept as
+prefix cache until its idle TTL, swapped to the host over a one-way-at-a-time link, or discarded.
+Timers (expiries, finished swap-outs) are applied lazily, in time order, whenever the engine is
+asked about a time (`_advance`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from array import array
+from collections.abc import Hashable, Sequence
+
+import attrs
+import trio
+
+from . import memory
+from .memory import RetentionPolicy
+from .stats import EngineStats
+
+# Prefix-cache retention: the vLLM session KV hint defaults to 300 s (vLLM RFC #52113); OpenAI's
+# prompt-caching guide says caches clear after 5-10 minutes idle (docs/parameters.md §6).
+KV_TTL_SECONDS = 300.0
+# vLLM automatic prefix caching matches only full blocks of 16 tokens, and always recomputes at
+# least the last token (vllm-project/agentic-api ADR-04).
+BLOCK_SIZE = 16
+
+# Where a KV entry is.
+GPU = "gpu"
+SWAPPING_OUT = "swapping_out"  # still on the GPU until the copy to the host ends
+HOST = "host"
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """A rendered prompt: token ids, append-only, so a KV entry that points at this object and
+    covers its first n ids stays valid however long the prompt grows. The ids are a compact array
+    of 64-bit integers (8 bytes a token, not ~36 for a list of int objects): a held session's
+    prompt is most of its memory."""
+
+    ids: array = attrs.field(factory=lambda: array("q"), converter=lambda ids: ids if isinstance(ids, array) else array("q", ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+
+
+@attrs.define(eq=False)
+class KVEntry:
+    prompt: Prompt
+    tokens: int
+    """KV computed for the first `tokens` ids of `prompt`: what a later call can reuse."""
+    last_used: float
+    pinned: bool = False  # held by a live coroutine (v1): no idle expiry while pinned
+    where: str = GPU
+    gpu_tokens: int = 0
+    """GPU memory this entry takes, in tokens: `tokens`, or the whole prompt of a call in flight."""
+    host_tokens: int = 0
+    active: int = 0
+    """Model calls in flight on this entry."""
+    paused: bool = True
+    """Its last call ended at a tool call (the session will be back), not with a final answer."""
+    version: int = 0  # bumped on every change, so a stale timer does nothing
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # binary search on slice equality: C-speed comparisons
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+@attrs.define(eq=False)
+class KVResidency:
+    """Where each session's KV is, and what it costs; the admission queue (admission.py) builds on it."""
+
+    kv_ttl: float = KV_TTL_SECONDS
+    block_size: int = BLOCK_SIZE
+    kv: dict[Hashable, KVEntry] = attrs.Factory(dict)
+    stats: EngineStats = attrs.Factory(EngineStats)
+    retention: RetentionPolicy = memory.HOLD_POLICY
+    """What happens to a session's KV between its model calls (memory.py)."""
+    kv_bytes_per_token: int = memory.KV_BYTES_PER_TOKEN_8B
+    swap_bytes_per_s: float = memory.PCIE_BYTES_PER_S
+    """Host<->GPU copy rate, each direction; copies in one direction go one at a time."""
+    host_budget_tokens: int | None = None
+    """KV tokens the host holds for swapped-out sessions; None: unlimited."""
+
+    resident_tokens: int = attrs.field(default=0, init=False)
+    host_tokens: int = attrs.field(default=0, init=False)
+    _computed: dict[Hashable, int] = attrs.field(factory=dict, init=False)  # tokens each session has computed
+    _seq: itertools.count = attrs.field(factory=itertools.count, init=False)
+    _timers: list[tuple[float, int, Hashable, int]] = attrs.field(factory=list, init=False)
+    _last_t: float | None = attrs.field(default=None, init=False)
+    _to_host_free_at: float = attrs.field(default=-math.inf, init=False)
+    _to_gpu_free_at: float = attrs.field(default=-math.inf, init=False)
+
+    @property
+    def idle_ttl(self) -> float:
+        """Idle seconds an unpinned entry lives (on the GPU, or on the host after a swap)."""
+        policy = self.retention
+        return self.kv_ttl if policy.ttl is None else policy.ttl
+
+    def cached_prefix(self, key: Hashable, prompt: Prompt, now: float) -> int:
+        """Tokens of `prompt` whose KV the session `key` still holds on this engine's GPU.
+
+        A pinned entry (a live v1 coroutine) covers exactly what it computed. A prefix-cache entry
+        counts whole blocks only and never the last token, and expires after its idle TTL.
+        """
+        self._advance(now)
+        entry = self.kv.get(key)
+        if entry is None or entry.where == HOST:
+            return 0
+        if entry.prompt is prompt:
+            common = min(entry.tokens, len(prompt))
+        else:
+            common = min(entry.tokens, common_prefix(entry.prompt.ids, prompt.ids))
+        if entry.pinned:
+            return common
+        common = min(common, len(prompt) - 1)
+        return max(0, common - common % self.block_size)
+
+    def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False) -> None:
+        """Keep the KV of all of `prompt` under `key` (after a model call computed it)."""
+        self._advance(now)
+        entry = self.kv.get(key)
+        if entry is not None and entry.where != GPU:
+            self._drop(key, now)
+            entry = None
+        if entry is None:
+            entry = self.kv[key] = KVEntry(prompt, 0, now, pinned)
+        entry.prompt, entry.tokens, entry.last_used, entry.pinned = prompt, len(prompt), now, pinned
+        entry.version += 1
+        if entry.tokens > entry.gpu_tokens:
+            self._add_resident(entry.tokens - entry.gpu_tokens, now)
+            entry.gpu_tokens = entry.tokens
+        self._computed[key] = max(self._computed.get(key, 0), entry.tokens)
+        if entry.active == 0:  # kept outside a call (a direct use): idle from now on
+            self._go_idle(key, entry, now, apply_policy=False)
+
+    def advance(self, now: float) -> None:
+        """Apply the expiries and finished swap-outs due by `now`, and account memory up to `now`
+        (read the statistics after this at the end of a run)."""
+        self._advance(now)
+
+    def swap_seconds(self, tokens: int) -> float:
+        """Time to copy `tokens` of KV across the host link, one way."""
+        return tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def _account(self, now: float) -> None:
+        if self._last_t is not None and now > self._last_t:
+            self.stats.resident_token_seconds += self.resident_tokens * (now - self._last_t)
+        if self._last_t is None or now > self._last_t:
+            self._last_t = now
+
+    def _add_resident(self, tokens: int, now: float) -> None:
+        self._account(now)
+        self.resident_tokens += tokens
+        self.stats.peak_resident_tokens = max(self.stats.peak_resident_tokens, self.resident_tokens)
+
+    def _add_host(self, tokens: int) -> None:
+        self.host_tokens += tokens
+        self.stats.peak_host_tokens = max(self.stats.peak_host_tokens, self.host_tokens)
+
+    def _drop(self, key: Hashable, now: float) -> None:
+        entry = self.kv.pop(key)
+        entry.version += 1
+        self._add_resident(-entry.gpu_tokens, now)
+        self._add_host(-entry.host_tokens)
+
+    def _timer(self, at: float, key: Hashable, entry: KVEntry) -> None:
+        heapq.heappush(self._timers, (at, next(self._seq), key, entry.version))
+        self._timer_set(at)
+
+    def _timer_set(self, at: float) -> None:
+        """A new timer is due `at`: the admission queue's head may need to wake earlier."""
+
+    def _next_timer(self) -> float:
+        return self._timers[0][0] if self._timers else math.inf
+
+    def _holds(self, entry: KVEntry) -> bool:
+        """Idle KV the policy holds: not evicted to make room (only preempted by an older session)."""
+        return entry.pinned or (self.retention.kind == memory.TTL and self.retention.pin and entry.paused)
+
+    def _go_idle(self, key: Hashable, entry: KVEntry, now: float, *, apply_policy: bool = True, paused: bool = True) -> None:
+        entry.version += 1
+        entry.paused = paused
+        if entry.tokens == 0:  # nothing computed (the call failed before its prefill)
+            self._drop(key, now)
+            return
+        if entry.gpu_tokens > entry.tokens:  # a reservation the call did not use
+            self._add_resident(entry.tokens - entry.gpu_tokens, now)
+            entry.gpu_tokens = entry.tokens
+        kind = self.retention.kind
+        if apply_policy and kind == memory.DISCARD:
+            self._drop(key, now)
+            self.stats.discarded += 1
+        elif apply_policy and kind == memory.SWAP and paused:
+            self._swap_out(key, entry, now)
+        elif not entry.pinned:
+            self._timer(max(now, entry.last_used + self.idle_ttl), key, entry)
+
+    def _swap_out(self, key: Hashable, entry: KVEntry, now: float) -> None:
+        room = self.host_budget_tokens
+        if room is not None:
+            while self.host_tokens + entry.tokens > room:
+                victims = [(e.last_used, k) for k, e in self.kv.items() if e.where == HOST]
+                if not victims:
+                    break
+                self._drop(min(victims, key=lambda v: v[0])[1], now)
+                self.stats.swap_dropped += 1
+            if self.host_tokens + entry.tokens > room:
+                self._drop(key, now)
+                self.stats.swap_dropped += 1
+                return
+        start = max(now, self._to_host_free_at)
+        self._to_host_free_at = start + self.swap_seconds(entry.tokens)
+        entry.where = SWAPPING_OUT
+        entry.host_tokens = entry.tokens
+        self._add_host(entry.tokens)
+        self.stats.swap_out_bytes += entry.tokens * self.kv_bytes_per_token
+        self._timer(self._to_host_free_at, key, entry)
+
+    async def _swap_in(self, tokens: int) -> None:
+        """Wait for `tokens` of KV to come back from the host; copies to the GPU go one at a time."""
+        now = trio.current_time()
+        start = max(now, self._to_gpu_free_at)
+        self._to_gpu_free_at = start + self.swap_seconds(tokens)
+        self.stats.swap_in_bytes += tokens * self.kv_bytes_per_token
+        await trio.sleep_until(self._to_gpu_free_at)
+        self.stats.swap_in_seconds += trio.current_time() - now
+
+    def _advance(self, now: float) -> None:
+        """Apply the timers due by `now`, in time order: TTL expiries and finished swap-outs."""
+        while self._timers and self._timers[0][0] <= now:
+            at, _, key, version = heapq.heappop(self._timers)
+            entry = self.kv.get(key)
+            if entry is None or entry.version != version or entry.active:
+                continue
+            if entry.where == SWAPPING_OUT:  # the copy is done: the GPU copy is freed
+                entry.where = HOST
+                entry.version += 1
+                self._add_resident(-entry.gpu_tokens, at)
+                entry.gpu_tokens = 0
+                if not entry.pinned:
+                    self._timer(max(at, entry.last_used + self.idle_ttl), key, entry)
+            else:
+                self._drop(key, at)
+                self.stats.expired += 1
+        self._account(now)

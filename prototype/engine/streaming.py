@@ -1,0 +1,76 @@
+"""Paced token streaming: the sampled text of a model call comes out on the trio clock at the
+decode rate, optionally coalesced into fewer, larger chunks; and the fault plan that can make a
+flush fail (tests and experiments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import attrs
+import trio
+
+
+class EngineFailure(Exception):
+    """The engine failed mid-response (a fault injected by an experiment or test)."""
+
+
+@attrs.define(eq=False)
+class FaultPlan:
+    """Fault injection, for tests and experiments: the engine raises `EngineFailure` at a flush.
+
+    `Engine.stream` calls `on_flush` before it yields each chunk of sampled text; after
+    `flushes_before_failure` flushes (counted over every stream of the engine) the next `failures`
+    flushes raise. An engine without a plan (the default) pays one attribute check per flush.
+    """
+
+    flushes_before_failure: int = 0
+    failures: int = 1
+    flushes: int = 0  # flushes seen so far
+    raised: int = 0  # failures raised so far
+
+    def on_flush(self) -> None:
+        self.flushes += 1
+        if self.raised < self.failures and self.flushes > self.flushes_before_failure:
+            self.raised += 1
+            raise EngineFailure("injected engine failure")
+
+
+async def paced_tokens(
+    pieces: Sequence[str],
+    rate: float,
+    *,
+    flush_interval: float = 0.0,
+    flush_tokens: int | None = None,
+    on_flush: Callable[[int], None],
+) -> AsyncIterator[str]:
+    """Yield the text of `pieces` (one token each) as it is sampled at `rate` tokens a second;
+    `on_flush(n)` runs before each chunk of `n` tokens goes out (and may raise to fail it).
+
+    Token i is ready at start + (i+1)/rate. With `flush_interval` > 0 the first token goes out
+    at once and later tokens are coalesced: each chunk carries every token ready at its flush,
+    flushes at least `flush_interval` apart, and the last chunk goes out when the last token
+    is ready, so coalescing never delays the end of an item. With `flush_tokens` a chunk carries
+    at most that many tokens: it goes out as soon as that many are ready, interval or not.
+    """
+    start = trio.current_time()
+    total = len(pieces)
+    end = start + total / rate  # the last token is never held back: coalescing costs no time
+    sent = 0
+    last_flush = -float("inf")
+    while sent < total:
+        due = start + (sent + 1) / rate
+        if sent and flush_interval > 0:
+            due = min(max(due, last_flush + flush_interval), end)
+            if flush_tokens:
+                due = min(due, start + (sent + flush_tokens) / rate)
+        await trio.sleep_until(due)
+        now = trio.current_time()
+        last_flush = now
+        # 1e-6 absorbs float error at exact token boundaries under a virtual clock.
+        ready = min(total, max(sent + 1, int((now - start) * rate + 1e-6)))
+        if flush_tokens:
+            ready = min(ready, sent + flush_tokens)
+        on_flush(ready - sent)
+        yield "".join(pieces[sent:ready])
+        sent = ready

@@ -5,7 +5,7 @@ The engine keeps, per sampling session, which prompt its KV holds and how many t
 model call prefills only what is not resident, then streams tokens on the trio clock at the
 profile's decode rate, so under a MockClock a long rollout costs milliseconds of real time.
 
-By default the engine has unlimited memory and batch, and today's timings hold exactly. An
+By default the engine has unlimited memory and batch, so no call ever waits for admission. An
 experiment may give it (memory.py has the sourced values):
 
 * `kv_budget_tokens`: KV tokens the GPU holds, shared by all sessions; a model call is admitted
@@ -15,9 +15,7 @@ experiment may give it (memory.py has the sourced values):
 * `retention`: what happens to a session's KV between its model calls (memory.py's table);
 * `serial_prefill`: prefill is compute-bound, so one engine prefills one call at a time, FIFO.
 
-Calls that cannot be admitted wait in one queue, ordered by session age, then arrival (program-level
-first-come-first-serve, as Continuum schedules agent programs, arXiv 2511.02230). The head of the
-queue blocks the calls behind it, as vLLM's FCFS scheduler does. Decode speed per token does not
+Calls that cannot be admitted wait in one queue (admission.py has its order). Decode speed per token does not
 depend on how many calls are in flight: a deliberate simplification (decode reads the weights once
 per step for the whole batch; the KV of the batch, which this model leaves out, slows it as the
 batch grows: docs/parameters.md §3's roofline).

@@ -48,8 +48,7 @@ DEFAULT_NETWORK = netem.SAME_REGION
 API_OVERHEAD_PHASES = metrics.PRE_INFERENCE + (metrics.POST,)
 # The default tool-time mixture is capped at 600 s and puts 0.78% of calls past v1's default 300 s
 # suspension TTL (docs/parameters.md §6): a comparison of latency lets v1 wait as long as the slowest tool,
-# up to the 3600 s maximum of vLLM RFC #52113's cache_control.ttl; `ttl_expiries` counts the tasks
-# the default TTL would have failed.
+# up to the 3600 s maximum of vLLM RFC #52113's cache_control.ttl.
 BENCH_SUSPENSION_TTL = 3600.0
 
 

@@ -19,7 +19,6 @@ from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message
 # work scales with tokens, small enough to keep per connection.
 SAFETY_FEATURES = 4096
 _WEIGHTS = np.random.default_rng(20260422).normal(0.0, 1e-4, SAFETY_FEATURES)
-SAFETY_THRESHOLD = 1e6  # a stand-in: it never flags simulated text; the work is what matters
 
 
 @attrs.define(eq=False)
@@ -31,9 +30,6 @@ class CallLedger:
     answered: set[str] = attrs.Factory(set)
     turn: int = 0
     last_was_output: bool = False
-
-    def copy(self) -> CallLedger:
-        return CallLedger(dict(self.calls), set(self.answered), self.turn, self.last_was_output)
 
     def absorb(self, items: Sequence[Item], start: int = 0) -> None:
         """Check and take `items`; raise `invalid_function_call_output` for an output whose call is
@@ -79,9 +75,6 @@ class SafetyState:
 
     # int32: 16 KB a session instead of 32 (a conversation would need 2^31 tokens to overflow it).
     counts: np.ndarray = attrs.Factory(lambda: np.zeros(SAFETY_FEATURES, dtype=np.int32))
-
-    def copy(self) -> SafetyState:
-        return SafetyState(self.counts.copy())
 
     def absorb(self, ids: Sequence[int]) -> float:
         """Classify `ids` (added to what was seen before) and return the conversation's score."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import secrets
-import time
-from array import array
 from collections.abc import Hashable, Sequence
 
 import attrs
@@ -29,7 +27,7 @@ from ..protocol.items import Item, WebSearchCall
 from ..protocol.response import Response
 from . import render
 from .checks import CallLedger, SafetyState
-from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, StageCost, sprint_costs
+from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, sprint_costs
 from .hosted import HostedToolService
 from .store import ResponseStore
 from .workloads import WorkloadCatalog, decode_rate_override
@@ -56,13 +54,6 @@ class Context:
     safety: SafetyState
     route: Route
     engine_key: Hashable
-
-    def copy(self) -> Context:
-        """An independent copy (a chained response that branches from a cached one)."""
-        return Context(
-            list(self.items), Prompt(array("q", self.prompt.ids)), self.preamble, self.ledger.copy(), self.safety.copy(),
-            self.route, self.engine_key,
-        )
 
 
 @attrs.frozen
@@ -106,7 +97,6 @@ class ApiService:
     new_id: IdFactory = attrs.Factory(IdFactory)
     flush_interval: float = 0.0  # delta coalescing; 0 = one delta per token
     flush_tokens: int | None = None  # delta coalescing: at most this many tokens per delta (None: no bound)
-    measured_cpu: bool = False  # charge measured CPU time of the real stage work instead of the per-token model
     sprint: SprintSwitches = AFTER_SPRINT  # API profile: the pre-WebSocket single-request speed-ups (costs.py)
     sprint_extra: SprintCosts = attrs.Factory(SprintCosts)  # what each speed-up saves, paid while its switch is off
     render_cache: render.RenderCache = attrs.Factory(render.RenderCache)  # the sprint's cross-request render cache
@@ -118,9 +108,6 @@ class ApiService:
         return sprint_costs(self.costs, self.sprint, self.sprint_extra)
 
     # --- stages -----------------------------------------------------------------------------
-
-    def _stage_seconds(self, cost: StageCost, tokens: int, share: float, cpu: float) -> float:
-        return cost.fixed * share + (cpu if self.measured_cpu else cost.per_ktok * tokens / 1000.0)
 
     async def _charge_stages(self, log: metrics.PhaseLog, stages: Sequence[tuple[str, float]]) -> None:
         """Record the stages back to back and wait once, until the last ends: one timer instead of
@@ -179,15 +166,12 @@ class ApiService:
             old_items_for_checks = items
 
         # (1) validation: the new items against the ledger, or the whole conversation from scratch.
-        t0 = time.perf_counter()
         if base is not None and not modes.incremental_checks:
             ledger = CallLedger()
             ledger.absorb(old_items_for_checks)
         ledger.absorb(new_items)
-        validate_cpu = time.perf_counter() - t0
 
         # (2) rendering: append the new items' ids, or re-tokenize everything.
-        t0 = time.perf_counter()
         tokenized: int | None = None
         if base is None and render_cache is not None:
             new_ids: list[int] = []  # unused on a full render: the checks below take the whole prompt
@@ -199,7 +183,6 @@ class ApiService:
                 prompt.extend(new_ids)
             else:
                 prompt = render.render_full(preamble, [*items, *new_items])
-        render_cpu = time.perf_counter() - t0
         items.extend(new_items)
         checked_tokens = len(new_ids) if base is not None and modes.incremental_checks else len(prompt)
         rendered_tokens = len(new_ids) if prompt is (base.prompt if base else None) else len(prompt)
@@ -207,28 +190,24 @@ class ApiService:
             rendered_tokens = tokenized
 
         # (1) safety: classify the new tokens on top of running counts, or everything again.
-        t0 = time.perf_counter()
         if base is not None and modes.incremental_checks:
             safety = base.safety
             safety.absorb(new_ids)
         else:
             safety = SafetyState()
             safety.absorb(prompt.ids)
-        safety_cpu = time.perf_counter() - t0
 
         # (3) model resolution and routing: reuse the cached decision if nothing it depends on changed.
-        t0 = time.perf_counter()
         reuse = base is not None and modes.reuse_route and base.route.key == _route_key(request)
         route = base.route if reuse else self.resolve_route(request)
-        route_cpu = time.perf_counter() - t0
 
         costs, share = self.charged_costs, modes.fixed_share
         checks_share = 1.0 if base is None or not modes.incremental_checks else share
         await self._charge_stages(log, (
-            (metrics.VALIDATE, self._stage_seconds(costs.validate, checked_tokens, checks_share, validate_cpu)),
-            (metrics.RENDER, self._stage_seconds(costs.render, rendered_tokens, 1.0 if base is None or not modes.append_render else share, render_cpu)),
-            (metrics.SAFETY, self._stage_seconds(costs.safety, checked_tokens, checks_share, safety_cpu)),
-            (metrics.ROUTE, self._stage_seconds(costs.route, 0, share if reuse else 1.0, route_cpu)),
+            (metrics.VALIDATE, costs.validate.seconds(checked_tokens, checks_share)),
+            (metrics.RENDER, costs.render.seconds(rendered_tokens, 1.0 if base is None or not modes.append_render else share)),
+            (metrics.SAFETY, costs.safety.seconds(checked_tokens, checks_share)),
+            (metrics.ROUTE, costs.route.seconds(0, share if reuse else 1.0)),
         ))
 
         if base is None:

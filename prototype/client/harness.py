@@ -20,12 +20,12 @@ import trio_websocket
 
 from ..engine import tokenizer
 from ..protocol.events import TERMINAL_TYPES
+from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED
 from ..workload import Workload
 from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
 
-SUSPENDED = "suspended"
-CHAINED = "chained"
-BETA = {SUSPENDED: "responses_websockets=2026-02-04", CHAINED: "responses_websockets=2026-02-06"}
+# The OpenAI-Beta header value of each WebSocket design.
+BETA = {SUSPENDED: f"responses_websockets={BETA_SUSPENDED}", CHAINED: f"responses_websockets={BETA_CHAINED}"}
 FIRST_TOKEN_TYPES = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 PAUSE_TYPES = TERMINAL_TYPES | {"response.done"}
 
@@ -210,7 +210,7 @@ class WsChannel:
                 return event
 
 
-def _calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def function_calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [item for item in output if item.get("type") == "function_call"]
 
 
@@ -221,7 +221,7 @@ def turn_outcome(design: str, pause: dict[str, Any]) -> tuple[str | None, list[d
     if pause["type"] == "error":
         return f"error:{pause['error']['code']}", []
     response = pause["response"]
-    calls = _calls(response["output"])
+    calls = function_calls(response["output"])
     if pause["type"] == "response.done" or (design == CHAINED and pause["type"] == "response.completed" and calls):
         return None, calls
     return response["status"], []

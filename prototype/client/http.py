@@ -29,16 +29,13 @@ import attrs
 import h11
 import trio
 
+from ..protocol.wire import RESPONSES_PATH, STATELESS, STORED, VARIANTS
 from ..workload import Workload
 from .connect import Connector
-from .harness import Rollout, RolloutRecord, request_body, task_prompt
+from .harness import Rollout, RolloutRecord, function_calls, request_body, task_prompt
 from .sse import END_TYPES, StrictSseParser
 
-STATELESS = "stateless"
-STORED = "stored"
-VARIANTS = (STATELESS, STORED)
 DESIGN_NAMES = {STATELESS: "http-stateless", STORED: "http-stored"}
-RESPONSES_PATH = "/v1/responses"
 USER_AGENT = b"prototype-harness"
 
 
@@ -228,10 +225,6 @@ async def post_turn(pool: ConnectionPool, body: bytes, headers: list[tuple[bytes
     raise AssertionError("unreachable")
 
 
-def _calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [item for item in output if item.get("type") == "function_call"]
-
-
 async def run_http_rollout(
     connector: Connector,
     workload: Workload,
@@ -275,7 +268,7 @@ async def run_http_rollout(
                     rollout.record.status = f"error:{(error or {}).get('code')}"
                     break
                 response = end["response"]
-                calls = _calls(response["output"])
+                calls = function_calls(response["output"])
                 if end["type"] != "response.completed" or not calls:
                     rollout.record.status = response["status"]
                     break
@@ -290,6 +283,6 @@ async def run_http_rollout(
 
 
 __all__ = [
-    "DESIGN_NAMES", "STATELESS", "STORED", "VARIANTS", "ConnectionLost", "ConnectionPool", "HttpConnection",
+    "DESIGN_NAMES", "ConnectionLost", "ConnectionPool", "HttpConnection",
     "HttpProtocolError", "post_turn", "request_headers", "run_http_rollout",
 ]

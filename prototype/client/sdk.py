@@ -31,6 +31,7 @@ from typing import Any
 
 import trio
 
+from ..protocol.wire import TIMING_HEADER
 from ..workload import Workload
 from .harness import (
     BETA,
@@ -46,7 +47,6 @@ from .harness import (
     turn_outcome,
 )
 
-TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 DEFAULT_TIMEOUT_S = 600.0
 MAX_EVENTS_PER_TURN = 1_000_000  # a runaway stream ends the rollout instead of looping forever
 

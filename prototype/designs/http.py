@@ -35,12 +35,9 @@ from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
+from ..protocol.wire import STATELESS, STORED, VARIANTS
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import sample_until_client_calls
-
-STATELESS = "stateless"
-STORED = "stored"
-VARIANTS = (STATELESS, STORED)
 
 # OpenAI's prompt-caching guide: requests are routed by a hash of roughly the first 256 tokens of
 # the prompt (docs/parameters.md §6), so one conversation keeps landing on the same engine.
@@ -140,4 +137,4 @@ async def run_http_turn(
     return response
 
 
-__all__ = ["ROUTING_PREFIX_TOKENS", "STATELESS", "STORED", "VARIANTS", "reaches_prefix_cache", "routing_key", "run_http_turn", "variant_of"]
+__all__ = ["ROUTING_PREFIX_TOKENS", "reaches_prefix_cache", "routing_key", "run_http_turn", "variant_of"]

@@ -17,18 +17,14 @@ import trio_websocket
 
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
+from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER
 from . import http
 from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
-from .endpoint import RESPONSES_PATH, TIMING_HEADER, Endpoint, path_of
+from .endpoint import Endpoint, path_of
 from .streams import HeadTooLarge, ReplayStream, read_head
-from .websocket import CHAINED, SUSPENDED, ConnectionInfo, WebSocketSession
+from .websocket import ConnectionInfo, WebSocketSession
 
 log = logging.getLogger(__name__)
-
-# OpenAI-Beta values that select the wire version (Codex `client.rs`; docs/protocol.md).
-BETA_SUSPENDED = "2026-02-04"
-BETA_CHAINED = "2026-02-06"
-
 
 def choose_design(headers: dict[str, str]) -> str:
     """`responses_websockets=2026-02-04` selects v1; `2026-02-06` or none selects v2; other dates are

@@ -2,7 +2,8 @@
 and the server state a connection of either kind uses (the API service, the options, the records).
 
 `app.py` (the listener) and `http.py` (the POST handler) both build on this module, so the
-dependency runs one way: app -> http -> endpoint.
+dependency runs one way: app -> http -> endpoint. The wire's names (path, headers) are in
+protocol/wire.py, shared with the client.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from .. import metrics
 from ..api.service import ApiService
 from ..protocol.errors import ProtocolError
 from .config import ServerConfig
-
-RESPONSES_PATH = "/v1/responses"
-TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 
 
 def path_of(target: str) -> str:

@@ -39,8 +39,9 @@ from ..protocol import codec
 from ..protocol.errors import SERVER_ERROR, ProtocolError
 from ..protocol.events import TERMINAL_TYPES, CreateRequest
 from ..protocol.response import Response
+from ..protocol.wire import RESPONSES_PATH, TIMING_HEADER
 from .config import MAX_HEAD_BYTES
-from .endpoint import RESPONSES_PATH, TIMING_HEADER, Endpoint, path_of
+from .endpoint import Endpoint, path_of
 
 log = logging.getLogger(__name__)
 

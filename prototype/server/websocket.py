@@ -23,15 +23,12 @@ from ..designs.emitter import EngineFailure
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
 from ..protocol.events import ResponseAppend, ResponseCreate, ResponseProcessed, ResponseSteer, SteerFailed
+from ..protocol.wire import SUSPENDED
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
 
 _SESSION_SERIALS = itertools.count(1)
-
-SUSPENDED = "suspended"  # wire v1
-CHAINED = "chained"  # wire v2
-
 
 @attrs.define(eq=False)
 class ConnectionInfo:

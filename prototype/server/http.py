@@ -78,12 +78,14 @@ def _reason(status: int) -> bytes:
         return b""
 
 
-def _response_bytes(status: int, body: bytes, content_type: bytes = b"application/json", extra: list | None = None) -> bytes:
+def _response_bytes(status: int, body: bytes) -> bytes:
+    """A whole response, then close, from a fresh h11 server connection that has read no request:
+    h11's server state machine takes a Response in IDLE (IDLE -> SEND_BODY, h11 `_state.py`), for an
+    error answered before any request was parsed. Content-Length frames the body, as no request
+    said which HTTP version the client speaks."""
     connection = h11.Connection(h11.SERVER)
-    connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    connection.next_event()
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
-    data = connection.send(h11.Response(status_code=status, headers=headers + (extra or []), reason=_reason(status)))
+    headers = [(b"content-type", JSON_CONTENT_TYPE), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    data = connection.send(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
     return data + connection.send(h11.Data(data=body)) + connection.send(h11.EndOfMessage())
 
 

@@ -29,6 +29,7 @@ from . import render
 from .checks import CallLedger, SafetyState
 from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, sprint_costs
 from .hosted import HostedToolService
+from .live import LiveResponses
 from .store import ResponseStore
 from .workloads import WorkloadCatalog, decode_rate_override
 
@@ -100,6 +101,7 @@ class ApiService:
     sprint: SprintSwitches = AFTER_SPRINT  # API profile: the pre-WebSocket single-request speed-ups (costs.py)
     sprint_extra: SprintCosts = attrs.Factory(SprintCosts)  # what each speed-up saves, paid while its switch is off
     render_cache: render.RenderCache = attrs.Factory(render.RenderCache)  # the sprint's cross-request render cache
+    live: LiveResponses = attrs.Factory(LiveResponses)  # responses in flight, for cancel (api/live.py)
 
     @property
     def charged_costs(self) -> ApiCosts:

@@ -106,6 +106,11 @@ class ResponseStore:
             json.loads(row[5]),
         )
 
+    def delete(self, response_id: str) -> bool:
+        """Remove one stored response; False if there was none. Later responses that chained from
+        it keep their own rows, but their chain can no longer be rebuilt (docs/protocol.md)."""
+        return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
     def chain(self, response_id: str, owner: str | None = None) -> list[StoredTurn] | None:
         """The stored turns from the first to `response_id`, one read per turn; None if any link
         is missing or belongs to another owner (a stored response is readable only by its key)."""

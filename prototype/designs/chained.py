@@ -30,6 +30,7 @@ from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
+from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import sample_until_client_calls
 
@@ -96,7 +97,7 @@ async def run_turn(
     await emitter.created(generating=request.generate)
 
     outcome = "completed"
-    async with failing_on_error(emitter):
+    async with cancellable(api, emitter, owner), failing_on_error(emitter):
         if request.generate:  # generate=false is a warm-up: state prepared, nothing sampled (WS guide)
             outcome = await sample_until_client_calls(api, emitter, context)
 

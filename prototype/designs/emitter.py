@@ -75,6 +75,8 @@ class Emitter:
         elif status == "incomplete":
             response.incomplete_details = {"reason": reason}
             await self.emit(ev.ResponseIncomplete, response=self.snapshot(since=since))
+        elif status == "cancelled":
+            await self.emit(ev.ResponseCancelled, response=self.snapshot(since=since))
         else:
             await self.emit(ev.ResponseCompleted, response=self.snapshot(since=since))
 

@@ -36,6 +36,7 @@ from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
 from ..protocol.wire import STATELESS, STORED, VARIANTS
+from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import sample_until_client_calls
 
@@ -111,7 +112,7 @@ async def run_http_turn(
     try:
         await emitter.created()
         outcome = "completed"
-        async with failing_on_error(emitter):
+        async with cancellable(api, emitter, owner), failing_on_error(emitter):
             # (4) the sampling loop, ending at the first client function call.
             if request.generate:  # generate=false: a warm-up, as on WebSocket (docs/protocol.md)
                 outcome = await sample_until_client_calls(api, emitter, context)

@@ -29,6 +29,7 @@ from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, SUSPENSION_TIMEOUT, 
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
+from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import HostedTools, SamplingLoop, ToolCall, unexpected_outputs
 
@@ -120,7 +121,7 @@ async def run_rollout(
             client=ClientOverSocket(emitter, slot, ttl),
             pinned_kv=True,
         )
-        async with failing_on_error(emitter):
+        async with cancellable(api, emitter, owner_of(api_key)), failing_on_error(emitter):
             try:
                 outcome = await loop.run()
             except SuspensionExpired:

@@ -142,7 +142,15 @@ class ResponseIncomplete(_ResponseSnapshotEvent):
     type = "response.incomplete"
 
 
-TERMINAL_TYPES = frozenset({ResponseCompleted.type, ResponseFailed.type, ResponseIncomplete.type})
+class ResponseCancelled(_ResponseSnapshotEvent):
+    """The terminal of a response ended by `POST /v1/responses/{id}/cancel` (status `cancelled`).
+    The streaming reference names no such event; the name is the reference's webhook event for a
+    cancelled response (docs/protocol.md, "Cancel")."""
+
+    type = "response.cancelled"
+
+
+TERMINAL_TYPES = frozenset({ResponseCompleted.type, ResponseFailed.type, ResponseIncomplete.type, ResponseCancelled.type})
 
 
 @attrs.frozen

@@ -7,7 +7,9 @@ server refuses gets its HTTP status and the flat `{"error": {...}}` body; every 
 oversized or broken body leaves the connection open, because the body was read to its end first.
 
 | request                                           | answer                          |
-| path other than /v1/responses                     | 404                             |
+| a path of server/endpoints.py (retrieve, delete,  | that endpoint's answer; 405     |
+|   input_items, cancel, models)                    |   with its `Allow` otherwise    |
+| any other path than /v1/responses                 | 404                             |
 | method other than POST (GET without an Upgrade)   | 405, `Allow: POST`              |
 | no usable `Authorization: Bearer`, or a wrong key | 401 (shared with the WebSocket) |
 | a Content-Type that is not application/json       | 415                             |
@@ -33,6 +35,7 @@ import h11
 import trio
 
 from .. import metrics
+from ..designs.cancel import ResponseCancelled
 from ..designs.emitter import EngineFailure
 from ..designs.http import run_http_turn
 from ..protocol import codec
@@ -40,6 +43,7 @@ from ..protocol.errors import SERVER_ERROR, ProtocolError
 from ..protocol.events import TERMINAL_TYPES, CreateRequest
 from ..protocol.response import Response
 from ..protocol.wire import RESPONSES_PATH, TIMING_HEADER
+from . import endpoints
 from .config import MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
 
@@ -288,8 +292,13 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
         await _refuse_broken(exchange, str(exc))
         return
 
+    path = path_of(target)
+    found = endpoints.find(path)
+    if found is not None:
+        await _serve_endpoint(server, exchange, request, headers, target, path, *found)
+        return
     try:
-        if path_of(target) != RESPONSES_PATH:
+        if path != RESPONSES_PATH:
             raise ProtocolError(NOT_FOUND, f"Invalid URL ({request.method.decode('latin-1')} {target[:128]}).", status=404)
         if request.method != b"POST":
             exchange_extra = [(b"allow", b"POST")]
@@ -333,6 +342,34 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
     })
 
 
+async def _serve_endpoint(
+    server: Endpoint, exchange: HttpExchange, request: h11.Request, headers: dict[str, str], target: str, path: str,
+    endpoint: endpoints.Endpoint, ident: str,
+) -> None:
+    """A request to one of the other endpoints (server/endpoints.py): a JSON answer or an SSE replay."""
+    method = request.method.decode("latin-1")
+    handler = endpoint.methods.get(method)
+    if handler is None:
+        allow = ", ".join(endpoint.methods)
+        error = ProtocolError(METHOD_NOT_ALLOWED, f"Method {method[:16]} is not allowed on {path[:128]}: use {allow}.", status=405)
+        await exchange.send_error(error, extra=[(b"allow", allow.encode())], head_only=method == "HEAD")
+        return
+    try:
+        answer = await endpoints.answer(server, handler, ident, target, server.check_auth(headers))
+    except ProtocolError as error:
+        await exchange.send_error(error, extra=[(b"www-authenticate", b"Bearer")] if error.status == 401 else None)
+        return
+    except Exception as exc:
+        log.exception("endpoint handler failed")
+        await exchange.send_error(_internal_error(exc))
+        return
+    if answer.events is None:
+        await exchange.send_json(answer.status, answer.body or {})
+        return
+    head = h11.Response(status_code=200, headers=[(b"content-type", SSE_CONTENT_TYPE), (b"cache-control", b"no-cache")], reason=b"OK")
+    await exchange.send(head, *(h11.Data(data=sse_block(event)) for event in answer.events), h11.EndOfMessage())
+
+
 async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
     """Stream the response as SSE; returns it (None if refused before it started)."""
     sink = SseSink(exchange)
@@ -343,6 +380,8 @@ async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: Creat
         raise  # the client went away: nothing left to tell it
     except EngineFailure:
         pass  # the response already ended with response.failed
+    except ResponseCancelled as cancelled:
+        response = cancelled.response  # it already ended with response.cancelled
     except ProtocolError as error:
         if not sink.started:
             await exchange.send_error(error)
@@ -367,6 +406,8 @@ async def _answer_json(server: Endpoint, exchange: HttpExchange, create: CreateR
         finished = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
     except EngineFailure:
         pass
+    except ResponseCancelled as cancelled:
+        finished = cancelled.response  # answered below with its terminal snapshot, status cancelled
     except ProtocolError as error:
         failure = error
     except Exception as exc:

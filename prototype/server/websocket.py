@@ -19,6 +19,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from .. import metrics
 from ..api.service import ApiService
 from ..designs import chained, suspended
+from ..designs.cancel import ResponseCancelled
 from ..designs.emitter import EngineFailure
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
@@ -147,6 +148,9 @@ class WebSocketSession:
             except EngineFailure:
                 outcome = "failed"  # already answered with response.failed
                 self.cache.evict()  # as for any failed turn (docs/protocol.md)
+            except ResponseCancelled as cancelled:
+                response, outcome = cancelled.response, "cancelled"  # already answered with response.cancelled
+                self.cache.evict()  # a cancelled turn is not chained from (docs/protocol.md, "Cancel")
             except Exception as exc:  # a handler bug: fail loudly on this connection only
                 outcome = "error:server_error"
                 log.exception("response handler failed")

@@ -1,0 +1,135 @@
+"""The endpoints beside `POST /v1/responses`: read, delete and cancel a response, list its input
+items, and the model list (docs/protocol.md, "Stored responses" and "Models").
+
+| request                                   | answer                                            |
+| GET    /v1/responses/{id}                 | the stored Response; `stream=true`: its events     |
+| DELETE /v1/responses/{id}                 | `{id, object: "response", deleted: true}`          |
+| GET    /v1/responses/{id}/input_items     | a page of the items the response was given         |
+| POST   /v1/responses/{id}/cancel          | the response in flight, ended with status cancelled |
+| GET    /v1/models, /v1/models/{id}        | the simulated profiles as Model objects            |
+
+A handler returns an `Answer` (a JSON body, or the events of an SSE stream) or raises
+ProtocolError; server/http.py routes the request here and writes the answer. Every response id is
+looked up for the key that asks: another key's response is `response_not_found`, as an unknown id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+import attrs
+import trio
+
+from ..api import retrieval
+from ..api.service import owner_of
+
+# [ours] How long a cancel request waits for the response's terminal event to go out before it
+# answers with the response as it stands (a client that stopped reading can hold the write).
+CANCEL_WAIT_SECONDS = 10.0
+
+
+@attrs.frozen
+class Answer:
+    body: dict[str, Any] | None = None
+    events: list[Any] | None = None  # an SSE stream instead of a JSON body
+    status: int = 200
+
+
+@attrs.frozen
+class Call:
+    """What a handler is given: the server, the id in the path (if any), the query, the caller."""
+
+    server: Any
+    ident: str
+    query: dict[str, list[str]]
+    owner: str | None
+
+
+Handler = Callable[[Call], Awaitable[Answer]]
+
+
+async def retrieve(call: Call) -> Answer:
+    retrieval.parse_include(call.query)
+    stream = retrieval.parse_bool(call.query, "stream")
+    starting_after = retrieval.parse_int(call.query, "starting_after", minimum=0)
+    turn = retrieval.stored(call.server.api.store, call.ident, call.owner)
+    if stream:
+        return Answer(events=retrieval.replay_events(turn.response, starting_after))
+    return Answer(turn.response)
+
+
+async def delete(call: Call) -> Answer:
+    """Deletion removes the stored object and nothing else: a chained connection that caches the
+    response keeps chaining from it; a response still in flight (a v1 rollout suspended or not)
+    is refused, since it has no stored object yet (docs/protocol.md)."""
+    api = call.server.api
+    turn = api.store.get(call.ident)
+    if turn is not None and turn.owner == call.owner:
+        api.store.delete(call.ident)
+        return Answer(retrieval.deletion(call.ident))
+    if api.live.find(call.ident, call.owner) is not None:
+        raise retrieval.response_in_progress(call.ident)
+    raise retrieval.response_not_found(call.ident)
+
+
+async def list_input_items(call: Call) -> Answer:
+    query = retrieval.parse_list_query(call.query)
+    turns = retrieval.stored_context(call.server.api.store, call.ident, call.owner)
+    return Answer(retrieval.input_items_page(retrieval.input_items(turns), query))
+
+
+async def cancel(call: Call) -> Answer:
+    """End a response in flight with status cancelled; answer with it once its terminal event went
+    out. A finished response (stored) cannot be cancelled; a cancelled one is not stored."""
+    api = call.server.api
+    live = api.live.find(call.ident, call.owner)
+    if live is None:
+        raise retrieval.not_cancellable(call.ident, retrieval.stored(api.store, call.ident, call.owner).response["status"])
+    if not live.cancellable:
+        raise retrieval.not_cancellable(call.ident, live.response.status)
+    live.cancel()
+    with trio.move_on_after(CANCEL_WAIT_SECONDS):
+        await live.ended.wait()
+    return Answer(live.response.to_dict())
+
+
+async def list_models(call: Call) -> Answer:
+    return Answer(retrieval.model_list())
+
+
+async def retrieve_model(call: Call) -> Answer:
+    return Answer(retrieval.model_object(call.ident))
+
+
+@attrs.frozen
+class Endpoint:
+    pattern: re.Pattern[str]
+    methods: dict[str, Handler]  # method -> handler; the keys are the `Allow` header
+
+
+ENDPOINTS = (
+    Endpoint(re.compile(r"/v1/responses/([^/]+)"), {"GET": retrieve, "DELETE": delete}),
+    Endpoint(re.compile(r"/v1/responses/([^/]+)/input_items"), {"GET": list_input_items}),
+    Endpoint(re.compile(r"/v1/responses/([^/]+)/cancel"), {"POST": cancel}),
+    Endpoint(re.compile(r"/v1/models()"), {"GET": list_models}),
+    Endpoint(re.compile(r"/v1/models/(.+)"), {"GET": retrieve_model}),
+)
+
+
+def find(path: str) -> tuple[Endpoint, str] | None:
+    """The endpoint a path names and the (percent-decoded) id in it; None for any other path."""
+    for endpoint in ENDPOINTS:
+        match = endpoint.pattern.fullmatch(path)
+        if match:
+            return endpoint, unquote(match.group(1))
+    return None
+
+
+async def answer(server: Any, handler: Handler, ident: str, target: str, api_key: str) -> Answer:
+    return await handler(Call(server, ident, retrieval.parse_query(target), owner_of(api_key)))
+
+
+__all__ = ["CANCEL_WAIT_SECONDS", "ENDPOINTS", "Answer", "Call", "Endpoint", "answer", "find"]

@@ -1,0 +1,549 @@
+"""The endpoints beside `POST /v1/responses` (issue 21): retrieve, delete, input items, cancel, models.
+
+Rules every test here follows (tests/support.py): raw HTTP and WebSocket tests run in-process over
+memory streams under the `autojump_clock` and assert virtual times exactly; the openai-python tests
+run the SDK's sync client in a worker thread against a real socket on 127.0.0.1 (in-process, or
+`python -m prototype serve`), with a timeout on everything and no assertion on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import h11
+import pytest
+import trio
+import trio.testing
+from support import H11Client, create_event, function_calls, make_server, outputs_for, send, until, ws
+
+from prototype import metrics
+from prototype.api import retrieval
+from prototype.client.harness import HARNESS_TOOLS
+from prototype.client.sse import parse_stream
+from prototype.designs.cancel import ResponseCancelled, cancellable
+from prototype.designs.emitter import Emitter
+from prototype.protocol.events import CreateRequest
+from prototype.protocol.response import Response
+from prototype.server import endpoints
+from prototype.server.app import ResponsesServer
+from prototype.server.endpoints import CANCEL_WAIT_SECONDS
+
+SLOW = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 300 tokens a turn: 30 s of decode
+
+
+# --- a raw HTTP/1.1 client over a memory stream ----------------------------------------------------
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Raw(H11Client):
+    async def start(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None) -> h11.Response:
+        data = json.dumps(body).encode() if body is not None else b""
+        headers = [("host", "testbed"), ("content-length", str(len(data)))]
+        if key is not None:
+            headers.append(("authorization", f"Bearer {key}"))
+        if body is not None:
+            headers.append(("content-type", "application/json"))
+        out = self.conn.send(h11.Request(method=method, target=target, headers=headers))
+        out += self.conn.send(h11.Data(data=data)) if data else b""
+        out += self.conn.send(h11.EndOfMessage())
+        await self.stream.send_all(out)
+        head = await self._next()
+        assert isinstance(head, h11.Response), head
+        return head
+
+    async def rest(self) -> bytes:
+        body = bytearray()
+        while not isinstance(event := await self._next(), h11.EndOfMessage):
+            body += event.data
+        self.conn.start_next_cycle()
+        return bytes(body)
+
+    async def request(self, method: str, target: str, **kwargs: Any) -> Reply:
+        head = await self.start(method, target, **kwargs)
+        headers = {k.decode().lower(): v.decode() for k, v in head.headers}
+        return Reply(head.status_code, headers, await self.rest())
+
+    async def events_until(self, *types: str) -> list[dict[str, Any]]:
+        """SSE events of a started stream, up to the first of `types`."""
+        events: list[dict[str, Any]] = []
+        buffer = b""
+        while True:
+            event = await self._next()
+            assert isinstance(event, h11.Data), event
+            buffer += event.data
+            while b"\n\n" in buffer:
+                block, buffer = buffer.split(b"\n\n", 1)
+                events.append(json.loads(block.split(b"data: ", 1)[1]))
+                if events[-1]["type"] in types:
+                    assert buffer == b""
+                    return events
+
+
+def connect(nursery: trio.Nursery, server: ResponsesServer) -> Raw:
+    client, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    return Raw(client)
+
+
+def error_of(reply: Reply, status: int, code: str, param: str | None) -> str:
+    assert (reply.status, reply.headers["content-type"]) == (status, "application/json"), reply
+    error = reply.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
+    return error["message"]
+
+
+def body(input: Any = "fix the bug", **fields: Any) -> dict[str, Any]:
+    return {"model": "sim-1000", "input": input, "tools": HARNESS_TOOLS, "metadata": {"testbed_workload": "fixed:3"}, **fields}
+
+
+async def stored_chain(client: Raw, turns: int = 2) -> list[dict[str, Any]]:
+    """`turns` stored responses over HTTP, each chaining from the last with the call's output."""
+    responses = [(await client.request("POST", "/v1/responses", body=body())).json()]
+    for _ in range(turns - 1):
+        answer = outputs_for(function_calls(responses[-1]))
+        responses.append((await client.request("POST", "/v1/responses", body=body(answer, previous_response_id=responses[-1]["id"]))).json())
+    assert all(r["status"] == "completed" for r in responses)
+    return responses
+
+
+# --- error paths, raw HTTP --------------------------------------------------------------------------
+
+
+async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
+    (response,) = await stored_chain(client, 1)
+    rid = response["id"]
+
+    for method, target in (("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
+                           ("GET", "/v1/responses/resp_nope/input_items"), ("POST", "/v1/responses/resp_nope/cancel")):
+        message = error_of(await client.request(method, target), 404, "response_not_found", "response_id")
+        assert message == "Response with id 'resp_nope' not found."
+    # Another key's response is not found either, by every endpoint; it stays there for its owner.
+    for method, target in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
+                           ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
+        error_of(await client.request(method, target, key="bob"), 404, "response_not_found", "response_id")
+    assert (await client.request("GET", f"/v1/responses/{rid}")).json() == response
+
+    items = f"/v1/responses/{rid}/input_items"
+    assert error_of(await client.request("GET", items + "?limit=0"), 400, "integer_below_min_value", "limit") == (
+        "Invalid 'limit': integer below minimum value. Expected a value >= 1, but got 0 instead.")
+    assert error_of(await client.request("GET", items + "?limit=101"), 400, "integer_above_max_value", "limit") == (
+        "Invalid 'limit': integer above maximum value. Expected a value <= 100, but got 101 instead.")
+    for bad in ("abc", "2.5", ""):
+        error_of(await client.request("GET", items + f"?limit={bad}"), 400, "invalid_value", "limit")
+    error_of(await client.request("GET", items + "?order=sideways"), 400, "invalid_value", "order")
+    error_of(await client.request("GET", items + "?after=msg_unknown"), 400, "invalid_value", "after")
+    error_of(await client.request("GET", items + "?include[]=bogus"), 400, "invalid_value", "include")
+    error_of(await client.request("GET", f"/v1/responses/{rid}?include=bogus"), 400, "invalid_value", "include")
+    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=maybe"), 400, "invalid_value", "stream")
+    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value", "starting_after")
+    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x"), 400, "invalid_value", "starting_after")
+    # Bad values are refused before the id is looked up.
+    error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, "integer_below_min_value", "limit")
+
+    # A finished response cannot be cancelled (the reference's wording).
+    assert error_of(await client.request("POST", f"/v1/responses/{rid}/cancel"), 400, "response_not_cancellable", "response_id") == (
+        "Cannot cancel a completed response.")
+
+    reply = await client.request("PUT", f"/v1/responses/{rid}")
+    error_of(reply, 405, "method_not_allowed", None)
+    assert reply.headers["allow"] == "GET, DELETE"
+    reply = await client.request("GET", f"/v1/responses/{rid}/cancel")
+    error_of(reply, 405, "method_not_allowed", None)
+    assert reply.headers["allow"] == "POST"
+    assert (await client.request("POST", "/v1/models")).headers["allow"] == "GET"
+    for target in ("/v1/responses/", f"/v1/responses/{rid}/input_items/x", "/v1/models/"):
+        error_of(await client.request("GET", target), 404, "not_found", None)
+    for target in (f"/v1/responses/{rid}", "/v1/models", "/v1/models/spark"):
+        reply = await client.request("GET", target, key=None)
+        error_of(reply, 401, "invalid_api_key", None)
+        assert reply.headers["www-authenticate"] == "Bearer"
+
+    # The connection served every refusal and still answers.
+    assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200
+    assert server.connections == 1
+
+
+# --- retrieve, stream replay, input items, delete ---------------------------------------------------
+
+
+async def test_retrieve_answers_the_stored_response_and_replays_its_events(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
+    head = await client.start("POST", "/v1/responses", body=body(stream=True))
+    assert head.status_code == 200
+    original = parse_stream(await client.rest())
+    stored = original[-1].data["response"]
+    rid = stored["id"]
+    assert (await client.request("GET", f"/v1/responses/{rid}?include[]=reasoning.encrypted_content")).json() == stored
+
+    reply = await client.request("GET", f"/v1/responses/{rid}?stream=true")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    replay = parse_stream(reply.body)
+    # The same events in the same order, each run of deltas as one delta carrying the whole text.
+    collapsed = [e.type for i, e in enumerate(original) if not (e.type.endswith(".delta") and original[i + 1].type == e.type)]
+    assert [e.type for e in replay] == collapsed
+    assert [e.data["sequence_number"] for e in replay] == list(range(len(replay)))
+    assert replay[-1].data["response"] == stored
+    assert replay[0].data["response"]["status"] == "in_progress" and replay[0].data["response"]["output"] == []
+    original_text = "".join(e.data["delta"] for e in original if e.type == "response.output_text.delta")
+    assert [e.data["delta"] for e in replay if e.type == "response.output_text.delta"] == [original_text]
+    done = [e.data["item"] for e in original if e.type == "response.output_item.done"]
+    assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == done
+
+    later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body
+    # (not read with parse_stream, which checks that numbering starts at 0)
+    assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
+    after_all = await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={len(replay) + 3}")
+    assert after_all.status == 200 and after_all.body == b""
+
+
+async def test_input_items_are_the_context_paged_with_after_limit_and_order(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
+    first, second, third = await stored_chain(client, 3)
+    items = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=100")).json()
+    assert items["object"] == "list" and items["has_more"] is False
+    data = items["data"]
+    # The context the third turn was given: every earlier turn's input and output, then its input.
+    expected = ["message", *(i["type"] for i in first["output"]), "function_call_output",
+                *(i["type"] for i in second["output"]), "function_call_output"]
+    assert [i["type"] for i in data] == expected
+    assert data[1:3] == first["output"]
+    assert data[0]["content"] == [{"type": "input_text", "text": "fix the bug"}]
+    ids = [i["id"] for i in data]
+    assert len(set(ids)) == len(ids) and (items["first_id"], items["last_id"]) == (ids[0], ids[-1])
+    assert ids[0] == f"msg_{first['id'].partition('_')[2]}_in0"
+
+    # Default: newest first, 20 a page.
+    assert [i["id"] for i in (await client.request("GET", f"/v1/responses/{third['id']}/input_items")).json()["data"]] == ids[::-1]
+    # Pages of 2 walk the list with `after`, in either order, and say when there is more.
+    for order, want in (("asc", ids), ("desc", ids[::-1])):
+        seen, after = [], ""
+        while True:
+            page = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order={order}&limit=2{after}")).json()
+            seen += [i["id"] for i in page["data"]]
+            if not page["has_more"]:
+                break
+            after = f"&after={page['last_id']}"
+        assert seen == want
+    empty = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&after={ids[-1]}")).json()
+    assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+
+    # Deleting the middle response removes its items; the walk stops there.
+    assert (await client.request("DELETE", f"/v1/responses/{second['id']}")).json() == {
+        "id": second["id"], "object": "response", "deleted": True}
+    left = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc")).json()["data"]
+    assert [i["id"] for i in left] == ids[-1:]
+    error_of(await client.request("GET", f"/v1/responses/{second['id']}"), 404, "response_not_found", "response_id")
+    error_of(await client.request("DELETE", f"/v1/responses/{second['id']}"), 404, "response_not_found", "response_id")
+    # The chain can no longer be rebuilt from the store: chaining from the third fails.
+    refused = await client.request("POST", "/v1/responses", body=body(outputs_for(function_calls(third)), previous_response_id=third["id"]))
+    error_of(refused, 400, "previous_response_not_found", "previous_response_id")
+
+
+async def test_deleting_a_response_a_chained_connection_caches(autojump_clock, nursery) -> None:
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, "chained", api_key="alice") as conn, ws(server, "chained", api_key="alice") as other:
+        await send(conn, create_event(store=True))
+        first = (await until(conn, "response.completed"))[-1]["response"]
+        deleted = await http.request("DELETE", f"/v1/responses/{first['id']}")
+        assert deleted.json() == {"id": first["id"], "object": "response", "deleted": True}
+        error_of(await http.request("GET", f"/v1/responses/{first['id']}"), 404, "response_not_found", "response_id")
+        # The connection's cache is untouched: it chains from the deleted response, in memory.
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], store=True))
+        events = await until(conn, "response.completed")
+        assert events[-1]["type"] == "response.completed"
+        # Nothing else can: another connection, or HTTP, would need the stored object.
+        await send(other, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"]))
+        assert (await until(other, "response.completed"))[-1]["error"]["code"] == "previous_response_not_found"
+        refused = await http.request("POST", "/v1/responses", body=body(outputs_for(function_calls(first)), previous_response_id=first["id"]))
+        error_of(refused, 400, "previous_response_not_found", "previous_response_id")
+
+
+async def test_deleting_a_suspended_v1_response_is_refused_until_it_ends(autojump_clock, nursery) -> None:
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, "suspended", api_key="alice") as conn:
+        await send(conn, create_event(store=True))
+        paused = (await until(conn, "response.done"))[-1]["response"]
+        rid = paused["id"]
+        message = error_of(await http.request("DELETE", f"/v1/responses/{rid}"), 400, "response_in_progress", "response_id")
+        assert message == f"Response '{rid}' is still in progress: cancel it, or delete it once it has ended."
+        error_of(await http.request("DELETE", f"/v1/responses/{rid}", key="bob"), 404, "response_not_found", "response_id")
+        error_of(await http.request("GET", f"/v1/responses/{rid}"), 404, "response_not_found", "response_id")
+        while True:  # the rollout goes on to its end
+            await send(conn, {"type": "response.append", "input": outputs_for(function_calls(paused))})
+            last = (await until(conn, "response.done", "response.completed"))[-1]
+            if last["type"] == "response.completed":
+                break
+            paused = last["response"]
+        assert (await http.request("GET", f"/v1/responses/{rid}")).json()["status"] == "completed"
+        assert (await http.request("DELETE", f"/v1/responses/{rid}")).json()["deleted"] is True
+        error_of(await http.request("GET", f"/v1/responses/{rid}"), 404, "response_not_found", "response_id")
+
+
+# --- cancel ------------------------------------------------------------------------------------------
+
+
+async def cancel_at(http: Raw, rid: str, key: str = "alice") -> tuple[float, Reply]:
+    reply = await http.request("POST", f"/v1/responses/{rid}/cancel", key=key)
+    return trio.current_time(), reply
+
+
+async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock, nursery) -> None:
+    server = make_server()
+    streaming, http = connect(nursery, server), connect(nursery, server)
+    await streaming.start("POST", "/v1/responses", body=body(stream=True, metadata=SLOW))
+    rid = (await streaming.events_until("response.created"))[0]["response"]["id"]
+    await trio.sleep(1.5)
+    error_of((await cancel_at(http, rid, key="bob"))[1], 404, "response_not_found", "response_id")
+    cancelled_at, reply = await cancel_at(http, rid)
+    events = await streaming.events_until("response.cancelled")
+    assert trio.current_time() == cancelled_at  # nothing waited: the terminal went out at once
+    assert await streaming.rest() == b""
+    terminal = events[-1]
+    assert terminal["response"]["status"] == "cancelled" and terminal["response"]["id"] == rid
+    assert terminal["response"]["output"] == []  # the message was cut mid-way: only finished items stay
+    assert [e["type"] for e in events[-2:]] == ["response.output_text.delta", "response.cancelled"]
+    assert terminal["sequence_number"] == events[-2]["sequence_number"] + 1
+    assert reply.status == 200 and reply.json() == terminal["response"]
+    # Not stored; gone from the live set: a second cancel finds nothing.
+    for method, target in (("GET", f"/v1/responses/{rid}"), ("POST", f"/v1/responses/{rid}/cancel")):
+        error_of(await http.request(method, target), 404, "response_not_found", "response_id")
+    assert len(server.api.live) == 0
+    assert (await streaming.request("POST", "/v1/responses", body=body())).json()["status"] == "completed"
+
+
+async def test_cancel_ends_a_chained_turn_and_empties_the_cache_slot(autojump_clock, nursery) -> None:
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, "chained", api_key="alice") as conn:
+        await send(conn, create_event(store=True, metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "100"}))
+        first = (await until(conn, "response.completed"))[-1]["response"]
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], store=True, metadata=SLOW))
+        rid = (await until(conn, "response.created"))[-1]["response"]["id"]
+        await trio.sleep(2.0)
+        cancelled_at, reply = await cancel_at(http, rid)
+        events = await until(conn, "response.cancelled")
+        assert trio.current_time() == cancelled_at
+        assert events[-1]["response"]["status"] == "cancelled" and reply.json() == events[-1]["response"]
+        # The cancelled turn is neither cached nor stored: chaining from it is refused; from the
+        # turn before it works (rebuilt from the store).
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=rid))
+        assert (await until(conn, "response.completed"))[-1]["error"]["code"] == "previous_response_not_found"
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"]))
+        assert (await until(conn, "response.completed"))[-1]["type"] == "response.completed"
+
+
+async def test_cancel_ends_a_suspended_v1_rollout(autojump_clock, nursery) -> None:
+    server = make_server()
+    async with ws(server, "suspended", api_key="alice") as conn:
+        await send(conn, create_event(store=True, metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "100"}))
+        done = await until(conn, "response.done")
+        paused = done[-1]["response"]
+        await trio.sleep(60.0)  # the rollout waits for response.append
+        http = connect(nursery, server)
+        cancelled_at, reply = await cancel_at(http, paused["id"])
+        (terminal,) = await until(conn, "response.cancelled")
+        assert trio.current_time() == cancelled_at
+        assert terminal["sequence_number"] == done[-1]["sequence_number"] + 1  # numbering runs on
+        response = terminal["response"]
+        assert (response["id"], response["status"]) == (paused["id"], "cancelled")
+        assert response["output"] == paused["output"]  # the segment's finished items
+        assert reply.json() == response
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(paused))})
+        assert (await until(conn, "error"))[-1]["error"]["code"] == "no_suspended_response"
+        error_of(await http.request("GET", f"/v1/responses/{paused['id']}"), 404, "response_not_found", "response_id")
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
+        assert (await until(conn, "response.completed"))[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize(("opens_at", "answered_at", "status"), [(3.0, 3.0, "cancelled"), (20.0, 1.0 + CANCEL_WAIT_SECONDS, "in_progress")])
+async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump_clock, opens_at, answered_at, status) -> None:
+    """A client that stops reading holds the write of an event: the cancel never cuts it. It takes
+    effect when the write ends, or the cancel request answers after CANCEL_WAIT_SECONDS with the
+    response as it stands."""
+    server = make_server()
+    emitter = Emitter(Response("resp_t", CreateRequest("sim-1", ()), created_at=0), None, metrics.PhaseLog())
+    gate, written, outcome = trio.Event(), [], {}
+
+    async def sink(event: Any) -> None:
+        if event.type == "response.output_text.delta":
+            await gate.wait()
+        written.append((trio.current_time(), event.type))
+
+    async def chunks():
+        yield "a"
+        await trio.sleep(100)
+        yield "b"
+
+    async def design() -> None:
+        await emitter.created()
+        try:
+            async with cancellable(server.api, emitter, "o"):
+                await emitter.message("msg_t", chunks())
+        except ResponseCancelled as cancelled:
+            outcome["response"] = cancelled.response
+
+    async def ask_cancel() -> None:
+        await trio.sleep(1.0)
+        assert server.api.live.find("resp_t", "o").sending
+        outcome["answer"] = await endpoints.cancel(endpoints.Call(server, "resp_t", {}, "o"))
+        outcome["answered_at"] = trio.current_time()
+
+    async def open_gate() -> None:
+        await trio.sleep(opens_at)
+        gate.set()
+
+    emitter.sink = sink
+    async with trio.open_nursery() as nursery:
+        for task in (design, ask_cancel, open_gate):
+            nursery.start_soon(task)
+    assert written[-2:] == [(opens_at, "response.output_text.delta"), (opens_at, "response.cancelled")]
+    assert outcome["response"].status == "cancelled" and outcome["response"].output == []
+    assert (outcome["answered_at"], outcome["answer"].body["status"]) == (answered_at, status)
+    assert len(server.api.live) == 0
+
+
+# --- models -------------------------------------------------------------------------------------------
+
+
+def test_model_objects_name_the_profile_a_name_selects() -> None:
+    assert retrieval.model_list() == {"object": "list", "data": [
+        {"id": "flagship", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
+        {"id": "spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
+        {"id": "spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
+    ]}
+    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("gpt-5.3-codex-spark", 1000.0), ("gpt-5.4", 65.0)):
+        assert retrieval.model_object(name)["testbed_decode_tokens_per_s"] == rate
+
+
+# --- openai-python against a real socket ---------------------------------------------------------------
+
+SDK_TIMEOUT = 30.0
+SDK_MODEL = "sim-100000"
+
+
+def sdk_client(port: int):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-alice", max_retries=0, timeout=10.0)
+
+
+def exercise_every_endpoint(port: int) -> dict[str, Any]:
+    """create, retrieve (JSON and stream), input_items, models, delete and cancel, with openai-python."""
+    from openai import NotFoundError
+
+    client = sdk_client(port)
+    other = client.with_options(api_key="sk-bob")
+    out: dict[str, Any] = {}
+    meta = {"testbed_workload": "fixed:2"}
+    first = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata=meta)
+    call = next(item for item in first.output if item.type == "function_call")
+    second = client.responses.create(
+        model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, metadata=meta,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "2 tests failed"}],
+    )
+    out["first"], out["second"] = first, second
+    out["retrieved"] = client.responses.retrieve(second.id, include=["reasoning.encrypted_content"])
+    out["replay"] = list(client.responses.retrieve(second.id, stream=True))
+    out["replay_after"] = list(client.responses.retrieve(second.id, stream=True, starting_after=3))
+    out["items_desc"] = [item.id for item in client.responses.input_items.list(second.id)]
+    out["items_asc_pages"] = [item for item in client.responses.input_items.list(second.id, order="asc", limit=1)]
+    out["models"] = client.models.list().data
+    out["model"] = client.models.retrieve("sim-1234")
+    for name, call_it in (("other_retrieve", lambda: other.responses.retrieve(first.id)),
+                          ("other_delete", lambda: other.responses.delete(first.id))):
+        try:
+            call_it()
+        except NotFoundError as exc:
+            out[name] = exc
+    out["deleted"] = client.responses.delete(first.id)
+    try:
+        client.responses.retrieve(first.id)
+    except NotFoundError as exc:
+        out["after_delete"] = exc
+    try:
+        client.responses.cancel(second.id)
+    except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
+        out["cancel_finished"] = exc
+    events = []
+    with client.responses.create(model="sim-20", input="fix the bug", tools=HARNESS_TOOLS, metadata=meta, stream=True) as stream:
+        for event in stream:
+            events.append(event)
+            if event.type == "response.created":
+                out["cancelled"] = client.responses.cancel(event.response.id)
+    out["cancelled_events"] = events
+    client.close()
+    return out
+
+
+async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
+    from openai.types import Model
+    from openai.types.responses import Response
+
+    _, port = live_server
+    with trio.fail_after(SDK_TIMEOUT):
+        out = await trio.to_thread.run_sync(exercise_every_endpoint, port, abandon_on_cancel=True)
+    first, second = out["first"], out["second"]
+    retrieved = out["retrieved"]
+    assert isinstance(retrieved, Response) and retrieved.model_dump() == second.model_dump()
+    replay = out["replay"]
+    assert replay[0].type == "response.created" and replay[-1].type == "response.completed"
+    assert replay[-1].response.output_text == second.output_text
+    assert [e.sequence_number for e in out["replay_after"]] == [e.sequence_number for e in replay[4:]]
+    context = [*(["message"]), *(i.type for i in first.output), "function_call_output"]
+    asc = out["items_asc_pages"]  # one item a page: the SDK followed `after` to the end
+    assert [item.type for item in asc] == context
+    assert [item.id for item in first.output] == [item.id for item in asc[1:-1]]
+    assert out["items_desc"] == [item.id for item in asc][::-1]
+    assert [m.id for m in out["models"]] == ["flagship", "spark", "spark-burst"]
+    model = out["model"]
+    assert isinstance(model, Model) and (model.id, model.object, model.owned_by) == ("sim-1234", "model", "testbed")
+    assert model.model_dump()["testbed_decode_tokens_per_s"] == 1234.0
+    for name in ("other_retrieve", "other_delete", "after_delete"):
+        assert out[name].status_code == 404 and out[name].body["code"] == "response_not_found"
+    assert out["deleted"] is None  # openai-python returns nothing for a deletion
+    finished = out["cancel_finished"]
+    assert type(finished).__name__ == "BadRequestError" and finished.body["code"] == "response_not_cancellable"
+    cancelled = out["cancelled"]
+    assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
+    events = out["cancelled_events"]
+    assert events[0].type == "response.created" and events[-1].type == "response.cancelled"
+    # openai-python has no type for response.cancelled: it builds its union's first member, with the
+    # fields as sent.
+    assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)
+
+
+def test_openai_sdk_against_python_m_prototype_serve(cli_server) -> None:
+    """The same endpoints on `python -m prototype serve`, with its SQLite store in memory."""
+    from openai import NotFoundError
+
+    server = cli_server("--costs", "zero")
+    client = sdk_client(server.port)
+    response = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata={"testbed_workload": "fixed:2"})
+    assert client.responses.retrieve(response.id).output_text == response.output_text
+    assert [item.type for item in client.responses.input_items.list(response.id)] == ["message"]
+    assert client.models.retrieve("spark").model_dump()["testbed_decode_tokens_per_s"] == 1000.0
+    assert "flagship" in [m.id for m in client.models.list()]
+    client.responses.delete(response.id)
+    with pytest.raises(NotFoundError):
+        client.responses.input_items.list(response.id)
+    client.close()
+    code, _, _ = server.stop()
+    assert code == 0
+

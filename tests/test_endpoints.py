@@ -20,6 +20,7 @@ from support import H11Client, create_event, function_calls, make_server, output
 
 from prototype import metrics
 from prototype.api import retrieval
+from prototype.api.service import IdFactory
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.cancel import ResponseCancelled, cancellable
@@ -322,10 +323,32 @@ async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock
     assert terminal["sequence_number"] == events[-2]["sequence_number"] + 1
     assert reply.status == 200 and reply.json() == terminal["response"]
     # Not stored; gone from the live set: a second cancel finds nothing.
-    for method, target in (("GET", f"/v1/responses/{rid}"), ("POST", f"/v1/responses/{rid}/cancel")):
+    for method, target in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
+                           ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
         error_of(await http.request(method, target), 404, "response_not_found", "response_id")
     assert len(server.api.live) == 0
     assert (await streaming.request("POST", "/v1/responses", body=body())).json()["status"] == "completed"
+
+
+async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojump_clock, nursery) -> None:
+    server = make_server(new_id=IdFactory("t"))
+    waiting, http = connect(nursery, server), connect(nursery, server)
+    replies: list[tuple[float, Reply]] = []
+    answered = trio.Event()
+
+    async def post() -> None:
+        reply = await waiting.request("POST", "/v1/responses", body=body(stream=False, metadata=SLOW))
+        replies.append((trio.current_time(), reply))
+        answered.set()
+
+    nursery.start_soon(post)
+    await trio.sleep(1.0)
+    cancelled_at, reply = await cancel_at(http, "resp_t000001")
+    assert reply.json()["status"] == "cancelled"
+    await answered.wait()
+    ((answered_at, answer),) = replies
+    assert answered_at == cancelled_at
+    assert answer.status == 200 and answer.json() == reply.json()
 
 
 async def test_cancel_ends_a_chained_turn_and_empties_the_cache_slot(autojump_clock, nursery) -> None:

@@ -529,7 +529,7 @@ async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     assert replay[0].type == "response.created" and replay[-1].type == "response.completed"
     assert replay[-1].response.output_text == second.output_text
     assert [e.sequence_number for e in out["replay_after"]] == [e.sequence_number for e in replay[4:]]
-    context = [*(["message"]), *(i.type for i in first.output), "function_call_output"]
+    context = ["message", *(i.type for i in first.output), "function_call_output"]
     asc = out["items_asc_pages"]  # one item a page: the SDK followed `after` to the end
     assert [item.type for item in asc] == context
     assert [item.id for item in first.output] == [item.id for item in asc[1:-1]]

@@ -20,13 +20,14 @@ import trio
 
 from ..api.live import LiveResponse
 from ..api.service import ApiService
+from ..protocol.response import Response
 from .emitter import Emitter
 
 
 class ResponseCancelled(Exception):
     """The response ended with `response.cancelled`; `response` is the Response object."""
 
-    def __init__(self, response: Any) -> None:
+    def __init__(self, response: Response) -> None:
         super().__init__(response.id)
         self.response = response
 

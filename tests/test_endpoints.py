@@ -27,9 +27,9 @@ from prototype.designs.cancel import ResponseCancelled, cancellable
 from prototype.designs.emitter import Emitter
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.response import Response
-from prototype.server import endpoints
+from prototype.server import routes
 from prototype.server.app import ResponsesServer
-from prototype.server.endpoints import CANCEL_WAIT_SECONDS
+from prototype.server.routes import CANCEL_WAIT_SECONDS
 
 SLOW = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 300 tokens a turn: 30 s of decode
 
@@ -425,7 +425,7 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
     async def ask_cancel() -> None:
         await trio.sleep(1.0)
         assert server.api.live.find("resp_t", "o").sending
-        outcome["answer"] = await endpoints.cancel(endpoints.Call(server, "resp_t", {}, "o"))
+        outcome["answer"] = await routes.cancel(routes.Call(server, "resp_t", {}, "o"))
         outcome["answered_at"] = trio.current_time()
 
     async def open_gate() -> None:

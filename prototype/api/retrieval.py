@@ -4,7 +4,7 @@ parameters, the input-items page, the events of a stored response, the model obj
 Shapes follow the public API reference and openai-python (`resources/responses/responses.py`,
 `resources/responses/input_items.py`, `types/responses/response_item_list.py`, `types/model.py`);
 what the testbed does differently is marked **[ours]** in docs/protocol.md ("Stored responses").
-The HTTP shell (server/endpoints.py) calls these and writes the answers.
+The HTTP shell (server/routes.py) calls these and writes the answers.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ server refuses gets its HTTP status and the flat `{"error": {...}}` body; every 
 oversized or broken body leaves the connection open, because the body was read to its end first.
 
 | request                                           | answer                          |
-| a path of server/endpoints.py (retrieve, delete,  | that endpoint's answer; 405     |
-|   input_items, cancel, models)                    |   with its `Allow` otherwise    |
+| a path of server/routes.py (retrieve, delete,     | that route's answer; 405 with   |
+|   input_items, cancel, models)                    |   its `Allow` otherwise         |
 | any other path than /v1/responses                 | 404                             |
 | method other than POST (GET without an Upgrade)   | 405, `Allow: POST`              |
 | no usable `Authorization: Bearer`, or a wrong key | 401 (shared with the WebSocket) |
@@ -43,7 +43,7 @@ from ..protocol.errors import SERVER_ERROR, ProtocolError
 from ..protocol.events import TERMINAL_TYPES, CreateRequest
 from ..protocol.response import Response
 from ..protocol.wire import RESPONSES_PATH, TIMING_HEADER
-from . import endpoints
+from . import routes
 from .config import MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
 
@@ -293,7 +293,7 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
         return
 
     path = path_of(target)
-    found = endpoints.find(path)
+    found = routes.find(path)
     if found is not None:
         await _serve_endpoint(server, exchange, request, headers, target, path, *found)
         return
@@ -344,18 +344,19 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
 
 async def _serve_endpoint(
     server: Endpoint, exchange: HttpExchange, request: h11.Request, headers: dict[str, str], target: str, path: str,
-    endpoint: endpoints.Endpoint, ident: str,
+    route: routes.Route, ident: str,
 ) -> None:
-    """A request to one of the other endpoints (server/endpoints.py): a JSON answer or an SSE replay."""
+    """A request to one of the routes beside `POST /v1/responses` (server/routes.py): a JSON
+    answer or an SSE replay."""
     method = request.method.decode("latin-1")
-    handler = endpoint.methods.get(method)
+    handler = route.methods.get(method)
     if handler is None:
-        allow = ", ".join(endpoint.methods)
+        allow = ", ".join(route.methods)
         error = ProtocolError(METHOD_NOT_ALLOWED, f"Method {method[:16]} is not allowed on {path[:128]}: use {allow}.", status=405)
         await exchange.send_error(error, extra=[(b"allow", allow.encode())], head_only=method == "HEAD")
         return
     try:
-        answer = await endpoints.answer(server, handler, ident, target, server.check_auth(headers))
+        answer = await routes.answer(server, handler, ident, target, server.check_auth(headers))
     except ProtocolError as error:
         await exchange.send_error(error, extra=[(b"www-authenticate", b"Bearer")] if error.status == 401 else None)
         return

@@ -9,7 +9,8 @@ items, and the model list (docs/protocol.md, "Stored responses" and "Models").
 | GET    /v1/models, /v1/models/{id}        | the simulated profiles as Model objects            |
 
 A handler returns an `Answer` (a JSON body, or the events of an SSE stream) or raises
-ProtocolError; server/http.py routes the request here and writes the answer. Every response id is
+ProtocolError; server/http.py routes the request here and writes the answer. (server/endpoint.py
+is the state every connection shares; this module is the routes beside `POST /v1/responses`.) Every response id is
 looked up for the key that asks: another key's response is `response_not_found`, as an unknown id.
 """
 
@@ -25,6 +26,7 @@ import trio
 
 from ..api import retrieval
 from ..api.service import owner_of
+from .endpoint import Endpoint
 
 # [ours] How long a cancel request waits for the response's terminal event to go out before it
 # answers with the response as it stands (a client that stopped reading can hold the write).
@@ -42,7 +44,7 @@ class Answer:
 class Call:
     """What a handler is given: the server, the id in the path (if any), the query, the caller."""
 
-    server: Any
+    server: Endpoint
     ident: str
     query: dict[str, list[str]]
     owner: str | None
@@ -105,31 +107,31 @@ async def retrieve_model(call: Call) -> Answer:
 
 
 @attrs.frozen
-class Endpoint:
+class Route:
     pattern: re.Pattern[str]
     methods: dict[str, Handler]  # method -> handler; the keys are the `Allow` header
 
 
-ENDPOINTS = (
-    Endpoint(re.compile(r"/v1/responses/([^/]+)"), {"GET": retrieve, "DELETE": delete}),
-    Endpoint(re.compile(r"/v1/responses/([^/]+)/input_items"), {"GET": list_input_items}),
-    Endpoint(re.compile(r"/v1/responses/([^/]+)/cancel"), {"POST": cancel}),
-    Endpoint(re.compile(r"/v1/models()"), {"GET": list_models}),
-    Endpoint(re.compile(r"/v1/models/(.+)"), {"GET": retrieve_model}),
+ROUTES = (
+    Route(re.compile(r"/v1/responses/([^/]+)"), {"GET": retrieve, "DELETE": delete}),
+    Route(re.compile(r"/v1/responses/([^/]+)/input_items"), {"GET": list_input_items}),
+    Route(re.compile(r"/v1/responses/([^/]+)/cancel"), {"POST": cancel}),
+    Route(re.compile(r"/v1/models()"), {"GET": list_models}),
+    Route(re.compile(r"/v1/models/(.+)"), {"GET": retrieve_model}),
 )
 
 
-def find(path: str) -> tuple[Endpoint, str] | None:
-    """The endpoint a path names and the (percent-decoded) id in it; None for any other path."""
-    for endpoint in ENDPOINTS:
-        match = endpoint.pattern.fullmatch(path)
+def find(path: str) -> tuple[Route, str] | None:
+    """The route a path names and the (percent-decoded) id in it; None for any other path."""
+    for route in ROUTES:
+        match = route.pattern.fullmatch(path)
         if match:
-            return endpoint, unquote(match.group(1))
+            return route, unquote(match.group(1))
     return None
 
 
-async def answer(server: Any, handler: Handler, ident: str, target: str, api_key: str) -> Answer:
+async def answer(server: Endpoint, handler: Handler, ident: str, target: str, api_key: str) -> Answer:
     return await handler(Call(server, ident, retrieval.parse_query(target), owner_of(api_key)))
 
 
-__all__ = ["CANCEL_WAIT_SECONDS", "ENDPOINTS", "Answer", "Call", "Endpoint", "answer", "find"]
+__all__ = ["CANCEL_WAIT_SECONDS", "ROUTES", "Answer", "Call", "Route", "answer", "find"]

@@ -508,7 +508,7 @@ def exercise_every_endpoint(port: int) -> dict[str, Any]:
     with client.responses.create(model="sim-20", input="fix the bug", tools=HARNESS_TOOLS, metadata=meta, stream=True) as stream:
         for event in stream:
             events.append(event)
-            if event.type == "response.created":
+            if event.type == "response.in_progress":  # cancellable from here on (docs/protocol.md)
                 out["cancelled"] = client.responses.cancel(event.response.id)
     out["cancelled_events"] = events
     client.close()
@@ -546,7 +546,7 @@ async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     cancelled = out["cancelled"]
     assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
     events = out["cancelled_events"]
-    assert events[0].type == "response.created" and events[-1].type == "response.cancelled"
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1].type == "response.cancelled"
     # openai-python has no type for response.cancelled: it builds its union's first member, with the
     # fields as sent.
     assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -212,19 +213,27 @@ def _draw_string(schema: dict[str, Any], rng: np.random.Generator) -> str:
     return text if high is None else text[: int(high)]
 
 
+def _whole_bound(schema: dict[str, Any], inclusive: str, exclusive: str, *, lower: bool) -> int | None:
+    """The tightest whole-number bound from `minimum`/`exclusiveMinimum` (or the maximums)."""
+    bounds = []
+    value = schema.get(inclusive)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        bounds.append(math.ceil(value) if lower else math.floor(value))
+    value = schema.get(exclusive)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # draft 4's boolean form is ignored
+        bounds.append(math.floor(value) + 1 if lower else math.ceil(value) - 1)
+    if not bounds:
+        return None
+    return max(bounds) if lower else min(bounds)
+
+
 def _draw_number(schema: dict[str, Any], rng: np.random.Generator) -> int:
-    low = schema.get("minimum", 0)
-    if "exclusiveMinimum" in schema and not isinstance(schema["exclusiveMinimum"], bool):
-        low = max(low, int(schema["exclusiveMinimum"]) + 1) if "minimum" in schema else int(schema["exclusiveMinimum"]) + 1
-    high = schema.get("maximum")
-    if "exclusiveMaximum" in schema and not isinstance(schema["exclusiveMaximum"], bool):
-        ceiling = -int(-schema["exclusiveMaximum"] // 1) - 1  # the largest whole number below it
-        high = ceiling if high is None else min(high, ceiling)
-    low = int(-(-low // 1))  # whole numbers: the smallest at or above the minimum
+    low = _whole_bound(schema, "minimum", "exclusiveMinimum", lower=True)
+    high = _whole_bound(schema, "maximum", "exclusiveMaximum", lower=False)
+    if low is None:
+        low = 0 if high is None or high >= 0 else high - 9
     step = schema.get("multipleOf")
-    if isinstance(step, int) and step > 0:
-        low = -(-low // step) * step
-        value = low + step * int(rng.integers(0, 10))
-        return value if high is None or value <= high else low
-    value = low + int(rng.integers(0, 10))
-    return value if high is None or value <= high else max(low, int(high // 1))
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else 1
+    low = -(-low // step) * step  # the smallest multiple at or above the bound
+    value = low + step * int(rng.integers(0, 10))
+    return low if high is not None and value > high else value

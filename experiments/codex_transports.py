@@ -14,12 +14,14 @@ the scratch folder, prototype/engine/tool_calls.py). One run per transport:
   resent.
 
 The table comes from the server's records (`serve --records`, one JSON line per response):
-turns (model calls), the bytes Codex sent (WebSocket frames or POST bodies), the task's time on
-the server's clock (first request received to last response finished, tool runs included) and that
-time per turn. Times are wall-clock on a shared machine: compare them run against run, not as
+turns (model calls), the input items and bytes Codex sent (WebSocket frames or POST bodies), the
+tokens the engine prefilled (not served from its prefix cache, warm-up included), the task's time
+on the server's clock (first request received to last response finished, Codex's tool runs and
+its own work included) per turn, and the server's own phase time per turn (queue, pre-inference,
+prefill, decode, post). Times are wall-clock on a shared machine: compare them run against run, not as
 absolute figures.
 
-    python -m experiments.codex_transports [--versions 0.101.0 0.171.0] [--transports v1 v2 http]
+    python -m experiments.codex_transports [--versions 0.101.0 0.171.0] [--transports v1 v2 http] [--costs default|zero]
 
 Codex is installed with `npm install --prefix ~/.cache/prototype-codex/<version>` on first use
 (`PROTOTYPE_CODEX_CACHE` moves the cache) and reused afterwards.
@@ -200,15 +202,16 @@ def expected_final_text() -> str:
     return "".join(ScriptedPolicy(workload).plan(len(workload.turns) - 1, (), False).words)
 
 
-def run_codex(version: str, transport_name: str, workdir: Path, *, timeout: float = 300) -> CodexRun:
-    """One `codex exec` of TASK over one transport, against a fresh server; everything it writes
-    (CODEX_HOME, the scratch project, the server's records) goes under `workdir`."""
+def run_codex(version: str, transport_name: str, workdir: Path, *, costs: str = "zero", timeout: float = 300) -> CodexRun:
+    """One `codex exec` of TASK over one transport, against a fresh server (`serve --costs COSTS`);
+    everything it writes (CODEX_HOME, the scratch project, the server's records) goes under
+    `workdir`."""
     transport = transport_for(transport_name, version)
     binary = install_codex(version)
     home, scratch, records_path = workdir / "codex_home", workdir / "scratch", workdir / "records.jsonl"
     home.mkdir(parents=True, exist_ok=True)
     write_project(scratch)
-    with server_process("--costs", "zero", "--workload", WORKLOAD, "--records", str(records_path)) as (_, port):
+    with server_process("--costs", costs, "--workload", WORKLOAD, "--records", str(records_path)) as (_, port):
         (home / "config.toml").write_text(config_toml(port, transport))
         env = {**os.environ, "CODEX_HOME": str(home), "TESTBED_API_KEY": "testbed", "NO_COLOR": "1"}
         env.pop("OPENAI_API_KEY", None)
@@ -243,7 +246,7 @@ def summary(run: CodexRun) -> dict[str, Any]:
         "codex": run.version,
         "transport": run.transport,
         "design": ",".join(sorted({r["design"] for r in records})),
-        "connections": len({(r["transport"], r["connection"]) for r in records}) if run.transport != "http" else len(records),
+        "connections": len({r["connection"] for r in records}),
         "responses": len(records),
         "warmups": len(warmups),
         "turns": turns,
@@ -251,8 +254,11 @@ def summary(run: CodexRun) -> dict[str, Any]:
         "items_sent": sum(r.get("input_items", 0) for r in records),
         "bytes_sent": sent,
         "bytes_per_turn": round(sent / turns) if turns else 0,
+        "prefilled_tokens": sum(r["usage"]["input_tokens"] - r["usage"]["input_tokens_details"]["cached_tokens"] for r in records)
+        + sum(r.get("warmup_prefill_tokens", 0) for r in records),
         "task_s": round(ended - started, 3),
         "ms_per_turn": round(1000 * (ended - started) / turns, 1) if turns else 0.0,
+        "server_ms_per_turn": round(sum(sum(r["phases_ms"].values()) for r in records) / turns, 1) if turns else 0.0,
         "commands_ok": sum(1 for _, code in run.commands if code == 0),
         "exit": run.returncode,
     }
@@ -265,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", nargs="+", default=[V1_CODEX, CURRENT_CODEX])
     parser.add_argument("--transports", nargs="+", default=["v1", "v2", "http"], choices=["v1", "v2", "http"])
+    parser.add_argument("--costs", choices=["default", "zero"], default="default",
+                        help="the server's modeled API stage costs (default: modeled, as `compare` uses; zero: real CPU work only)")
     parser.add_argument("--keep", help="keep each run's CODEX_HOME, scratch folder and records under this folder")
     args = parser.parse_args(argv)
     rows = []
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             with tempfile.TemporaryDirectory(prefix="codex-run-") as tmp:
                 workdir = Path(args.keep) / f"{version}-{name}" if args.keep else Path(tmp)
-                rows.append(summary(run_codex(version, name, workdir)))
+                rows.append(summary(run_codex(version, name, workdir, costs=args.costs)))
     report(rows, "codex_transports.csv")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.codex_transports import CURRENT_CODEX, V1_CODEX, CodexRun, CodexUnavailable, install_codex, run_codex
+from experiments.codex_transports import CURRENT_CODEX, V1_CODEX, CodexRun, CodexUnavailable, install_codex, run_codex, summary
 from prototype.engine.engine import BLOCK_SIZE
 from prototype.engine.tool_calls import EXPLORE_COMMANDS
 
@@ -57,6 +57,11 @@ def assert_task_done(run: CodexRun) -> list[dict]:
 def test_v1_one_response_one_append_per_tool_round(codex_v1, tmp_path):
     run = run_codex(codex_v1, "v1", tmp_path)
     (record,) = assert_task_done(run)
+    row = summary(run)
+    assert {k: row[k] for k in ("design", "connections", "responses", "warmups", "turns", "appends", "commands_ok")} == {
+        "design": "suspended", "connections": 1, "responses": 1, "warmups": 0, "turns": TOOL_ROUNDS + 1, "appends": TOOL_ROUNDS,
+        "commands_ok": TOOL_ROUNDS,
+    }
     assert (record["transport"], record["design"], record["connection"]) == ("websocket", "suspended", 1)
     assert record["appends"] == TOOL_ROUNDS  # one response.append per tool round, one response id throughout
     assert record["context"] == "full" and record["warmup"] is False
@@ -83,8 +88,12 @@ def test_v2_on_codex_0_101_chains_turns_with_only_new_input(codex_v1, tmp_path):
 
 
 def test_v2_on_current_codex_warms_up_then_chains_turns(codex_current, tmp_path):
-    records = assert_task_done(run_codex(codex_current, "v2", tmp_path))
+    run = run_codex(codex_current, "v2", tmp_path)
+    records = assert_task_done(run)
     warm, first = records[0], records[1]
+    row = summary(run)
+    assert (row["connections"], row["responses"], row["warmups"], row["turns"], row["items_sent"]) == (1, TOOL_ROUNDS + 2, 1, TOOL_ROUNDS + 1, 1 + 3 + TOOL_ROUNDS)
+    assert row["bytes_sent"] == sum(r["request_bytes"] for r in records) > 0
     assert len(records) == TOOL_ROUNDS + 2
     assert warm["warmup"] is True and warm["usage"]["output_tokens"] == 0
     # The warm-up prefilled Codex's instructions and tools: the first real turn finds them cached.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.codex_transports import CURRENT_CODEX, V1_CODEX, CodexRun, CodexUnavailable, install_codex, run_codex, summary
-from prototype.engine.engine import BLOCK_SIZE
+from prototype.engine.kv import BLOCK_SIZE
 from prototype.engine.tool_calls import EXPLORE_COMMANDS
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from support import make_server, until, ws
 
 from prototype.api import render
 from prototype.client.harness import CHAINED
-from prototype.engine.engine import BLOCK_SIZE
+from prototype.engine.kv import BLOCK_SIZE
 from prototype.engine.latency import LatencyModel
 from prototype.protocol import codec
 

@@ -221,7 +221,7 @@ def run_codex(version: str, transport_name: str, workdir: Path, *, costs: str = 
             cwd=scratch, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
         )
         seconds = time.perf_counter() - start
-        time.sleep(0.2)  # the last record is written when the server's (overlapped) work ends
+        _settle(records_path)
     records = [json.loads(line) for line in records_path.read_text().splitlines()] if records_path.exists() else []
     rollouts = sorted((home / "sessions").rglob("rollout-*.jsonl"))
     rollout = [json.loads(line) for path in rollouts for line in path.read_text().splitlines() if line.strip()]
@@ -232,6 +232,20 @@ def run_codex(version: str, transport_name: str, workdir: Path, *, costs: str = 
         except ValueError:
             pass
     return CodexRun(version, transport_name, done.returncode, seconds, records, events, rollout, done.stderr, expected_final_text())
+
+
+def _settle(path: Path, quiet: float = 0.5, limit: float = 30.0) -> None:
+    """Wait until the server has written its last record: the file unchanged for `quiet` seconds.
+    The server writes a response's record right after its terminal event, which Codex may read
+    and exit on first; on a loaded machine the server process can be scheduled later."""
+    deadline = time.monotonic() + limit
+    last = None
+    while time.monotonic() < deadline:
+        size = path.stat().st_size if path.exists() else -1
+        if size == last:
+            return
+        last = size
+        time.sleep(quiet)
 
 
 def summary(run: CodexRun) -> dict[str, Any]:

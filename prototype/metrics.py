@@ -74,7 +74,7 @@ class ClientRecords(deque):
 
     def __init__(self, path: str | None = None, maxlen: int = MAX_CLIENT_RECORDS) -> None:
         super().__init__(maxlen=maxlen)
-        self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115 (closed by close())
+        self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # closed by close()
 
     def append(self, record: dict[str, Any]) -> None:
         super().append(record)

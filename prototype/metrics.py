@@ -8,7 +8,8 @@ carry the same bytes in every design.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
+from collections import defaultdict, deque
 from typing import Any
 
 import attrs
@@ -63,6 +64,27 @@ class PhaseLog:
 
 # Records a server keeps (`ResponsesServer.records`), oldest dropped first.
 MAX_CLIENT_RECORDS = 10_000
+
+
+class ClientRecords(deque):
+    """The server's client records, oldest dropped first; with `path` (`serve --records`), also
+    appended to that file as one JSON line per record when it is made, so an outside process (a
+    test, an experiment driving a real client) reads them while the server runs. One small
+    line-buffered write per response, not per token."""
+
+    def __init__(self, path: str | None = None, maxlen: int = MAX_CLIENT_RECORDS) -> None:
+        super().__init__(maxlen=maxlen)
+        self.file = open(path, "a", buffering=1, encoding="utf-8") if path else None  # closed by close()
+
+    def append(self, record: dict[str, Any]) -> None:
+        super().append(record)
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def protocol_choices(request: Any, *, transport: str, design: str, user_agent: str, connection: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import logging
 import attrs
 import trio
 
-from .. import workload
+from .. import metrics, workload
 from ..api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, CacheSwitches
 from ..api.service import ApiService
 from ..api.store import ResponseStore
@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=int, default=None, help="connections served at once; more get 503 (default 10000)")
     parser.add_argument("--max-message-bytes", type=int, default=None, help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")
     parser.add_argument("--max-body-bytes", type=int, default=None, help="largest HTTP request body; larger gets 413 (default 16 MiB)")
+    parser.add_argument("--records", default=None, help="also append the server's client records (one per response: transport, design, chaining, appends, bytes, usage) to this JSONL file as they are made")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
 
 
@@ -57,7 +58,10 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
     )
     limits = ("suspension_ttl", "connection_lifetime", "max_connections", "max_message_bytes", "max_body_bytes", "max_queued_creates")
     overrides = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
-    return ResponsesServer(api, attrs.evolve(config, **overrides))
+    server = ResponsesServer(api, attrs.evolve(config, **overrides))
+    if args.records:
+        server.records = metrics.ClientRecords(args.records)
+    return server
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,4 +85,5 @@ def run(args: argparse.Namespace) -> int:
         print("stopped", flush=True)
     finally:
         server.api.store.close()
+        server.records.close()
     return 0

@@ -7,7 +7,8 @@ Read top to bottom, `run_turn` is the design's description (OpenAI blog; WS guid
    store, paying the rebuild; otherwise `previous_response_not_found`;
 2. pre-inference work over the new input only (switch 1), appending to the cached rendered tokens
    (switch 2), reusing the routing decision (switch 3), paying f_ws of the fixed cost;
-3. the sampling loop; a client function call ends the response (`response.completed`);
+3. the sampling loop; a client function call ends the response (`response.completed`); a
+   warm-up (`generate: false`) only prefills the prompt into the engine's prefix cache;
 4. post-inference work overlaps the next request (switch 4) instead of running before the
    terminal event;
 5. the cache slot takes this response; a 4xx or 5xx turn evicts it.
@@ -32,7 +33,7 @@ from ..protocol.items import Item
 from ..protocol.response import Response
 from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import sample_until_client_calls
+from .sampling import prefill_warmup, sample_until_client_calls
 
 
 @attrs.define(eq=False)
@@ -98,8 +99,10 @@ async def run_turn(
 
     outcome = "completed"
     async with cancellable(api, emitter, owner), failing_on_error(emitter):
-        if request.generate:  # generate=false is a warm-up: state prepared, nothing sampled (WS guide)
+        if request.generate:
             outcome = await sample_until_client_calls(api, emitter, context)
+        else:  # a warm-up: the prefix is prefilled into the engine's cache, nothing sampled (WS guide)
+            await prefill_warmup(api, log, context)
 
         added = response.output
         response.status = outcome  # the stored record is the finished response

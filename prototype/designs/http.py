@@ -38,7 +38,7 @@ from ..protocol.response import Response
 from ..protocol.wire import STATELESS, STORED, VARIANTS
 from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import sample_until_client_calls
+from .sampling import prefill_warmup, sample_until_client_calls
 
 # OpenAI's prompt-caching guide: requests are routed by a hash of roughly the first 256 tokens of
 # the prompt (docs/parameters.md §6), so one conversation keeps landing on the same engine.
@@ -114,8 +114,10 @@ async def run_http_turn(
         outcome = "completed"
         async with cancellable(api, emitter, owner), failing_on_error(emitter):
             # (4) the sampling loop, ending at the first client function call.
-            if request.generate:  # generate=false: a warm-up, as on WebSocket (docs/protocol.md)
+            if request.generate:
                 outcome = await sample_until_client_calls(api, emitter, context)
+            else:  # a warm-up, as on WebSocket: prefill only (docs/protocol.md)
+                await prefill_warmup(api, log, context)
 
             # (5) post-inference work inline: the client waits for billing and the store write. The
             # stored record is the finished response, so it takes its outcome first (the terminal

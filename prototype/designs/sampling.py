@@ -235,6 +235,24 @@ async def sample_until_client_calls(api: ApiService, emitter: Emitter, context: 
     return INCOMPLETE if outcome == INCOMPLETE else COMPLETED
 
 
+async def prefill_warmup(api: ApiService, log: metrics.PhaseLog, context: Context) -> int:
+    """A warm-up (`generate: false`): the engine prefills the prompt (instructions, tools and any
+    input) into its prefix cache and samples nothing, so the next turn finds that prefix cached, as
+    the real API's warm-up prepares request state "to make the next turn faster" (WS guide).
+    Returns the tokens prefilled; the response's usage stays zero (nothing was sampled). The
+    record's `warmup_prefill_tokens` carries the count."""
+    call = await api.engine.begin_call(context.engine_key, context.prompt)
+    cached = api.engine.cached_prefix(context.engine_key, context.prompt, trio.current_time())
+    uncached = len(context.prompt) - cached
+    await api.engine.prefill(context.route.latency, uncached=uncached, cached=cached)
+    api.engine.retain(context.engine_key, context.prompt, trio.current_time())
+    api.engine.end_call(call, paused=False)
+    log.record(metrics.PREFILL, call.admitted_at, trio.current_time())
+    if log.client is not None:
+        log.client["warmup_prefill_tokens"] = uncached
+    return uncached
+
+
 def pending_calls(items: Sequence[Item]) -> list[str]:
     return [item.call_id for item in items if isinstance(item, FunctionCall)]
 
@@ -255,5 +273,5 @@ def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | N
 
 __all__ = [
     "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
-    "ToolBackend", "ToolCall", "pending_calls", "sample_until_client_calls", "unexpected_outputs",
+    "ToolBackend", "ToolCall", "pending_calls", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
 ]

@@ -8,8 +8,6 @@ protocol/wire.py, shared with the client.
 
 from __future__ import annotations
 
-from collections import deque
-
 import attrs
 
 from .. import metrics
@@ -36,7 +34,7 @@ class Endpoint:
     config: ServerConfig = attrs.Factory(ServerConfig)
     # One record per response: which client spoke (user agent) and how it used the protocol
     # (chained or full context, warm-up, stream, appends, ...) with the response's phase totals.
-    records: deque = attrs.Factory(lambda: deque(maxlen=metrics.MAX_CLIENT_RECORDS))
+    records: metrics.ClientRecords = attrs.Factory(metrics.ClientRecords)
     connections_opened: int = 0  # serial numbers for the records' `connection` field
 
     def check_auth(self, headers: dict[str, str]) -> str:

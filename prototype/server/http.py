@@ -330,10 +330,13 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
         user_agent=headers.get("user-agent", ""), connection=exchange.number,
     )
     answer = _answer_stream if create.stream else _answer_json
+    started_at = trio.current_time()
     response = await answer(server, exchange, create, include_timing, api_key, phase_log)
     server.records.append({
         **phase_log.client,
+        "started_at_s": started_at,
         "at_s": trio.current_time(),
+        "request_bytes": len(body),
         "response_id": response.id if response is not None else None,
         "outcome": response.status if response is not None else "error",
         "usage": response.usage.to_dict() if response is not None else None,

@@ -58,6 +58,7 @@ class WebSocketSession:
     responses: list = attrs.Factory(list)  # (response id, outcome) of each finished response, for records
     records: Any = None  # the server's bounded log of client records (`ResponsesServer.records`), if any
     appends: int = 0  # v1 `response.append` frames delivered on this connection
+    append_bytes: int = 0  # their total size, for the records' `request_bytes`
 
     async def send(self, event: object) -> None:
         await self.ws.send_message(codec.encode_event(event))
@@ -66,7 +67,7 @@ class WebSocketSession:
         await self.ws.send_message(codec.encode(error.to_ws_event()))
 
     async def run(self) -> None:
-        send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float]](self.config.max_queued_creates)
+        send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float, int]](self.config.max_queued_creates)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.worker, receive_queue, nursery)
@@ -89,12 +90,13 @@ class WebSocketSession:
                 return
             try:
                 event = codec.decode_client_event(message)
-                await self.dispatch(event, queue)
+                await self.dispatch(event, queue, len(message.encode()) if isinstance(message, str) else len(message))
             except ProtocolError as error:
                 self.record_refusal(error)
                 await self.send_error(error)
 
-    async def dispatch(self, event: object, queue: trio.MemorySendChannel) -> None:
+    async def dispatch(self, event: object, queue: trio.MemorySendChannel, size: int = 0) -> None:
+        """`size`: the frame's bytes, for the client records."""
         if isinstance(event, ResponseCreate):
             request = event.request
             if self.info.design == SUSPENDED:
@@ -102,7 +104,7 @@ class WebSocketSession:
                     if bad:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
             try:
-                queue.send_nowait((event, trio.current_time()))
+                queue.send_nowait((event, trio.current_time(), size))
             except trio.WouldBlock:
                 raise ProtocolError(
                     errors.TOO_MANY_QUEUED_REQUESTS, f"More than {self.config.max_queued_creates} response.create requests are waiting on this connection."
@@ -118,13 +120,14 @@ class WebSocketSession:
                 raise ProtocolError(errors.NO_SUSPENDED_RESPONSE, "response.append: no response is waiting for tool output on this connection.")
             self.slot.current.deliver(event.input)
             self.appends += 1
+            self.append_bytes += size
         elif isinstance(event, ResponseSteer):
             await self.send(SteerFailed(0, event.previous_response_id, event.input))
         elif isinstance(event, ResponseProcessed):
             pass  # Codex's optional acknowledgement (docs/protocol.md)
 
     async def worker(self, queue: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
-        async for event, queued_at in queue:
+        async for event, queued_at, size in queue:
             if self.expired:
                 return
             self.busy = True
@@ -132,7 +135,7 @@ class WebSocketSession:
             phase_log = metrics.PhaseLog()
             phase_log.record(metrics.QUEUE, queued_at, trio.current_time())
             phase_log.client = self.protocol_choices(event.request)
-            appends_before, response, outcome = self.appends, None, "cancelled"
+            appends_before, append_bytes_before, response, outcome = self.appends, self.append_bytes, None, "cancelled"
             try:
                 with trio.CancelScope() as self.current:
                     response = await self.run_one(event.request, phase_log, nursery)
@@ -161,7 +164,7 @@ class WebSocketSession:
                 self.busy = False
                 self.current = None
                 self.idle.set()
-                self.keep_record(phase_log, response, outcome, self.appends - appends_before)
+                self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before)
 
     # --- client records (issue 7): who spoke and how it used the protocol ----------------------
 
@@ -171,16 +174,19 @@ class WebSocketSession:
             request, transport="websocket", design=info.design, user_agent=info.user_agent, connection=info.connection
         )
 
-    def keep_record(self, phase_log: metrics.PhaseLog, response, outcome: str, appends: int) -> None:
-        """One record per `response.create` that reached the worker, whatever its outcome."""
+    def keep_record(self, phase_log: metrics.PhaseLog, response, outcome: str, appends: int, request_bytes: int = 0) -> None:
+        """One record per `response.create` that reached the worker, whatever its outcome.
+        `request_bytes`: the client's frames for it (the create and, in v1, its appends)."""
         if self.records is None:
             return
         record = dict(phase_log.client or {})
         record.update(
+            started_at_s=phase_log.spans[0][1] if phase_log.spans else None,  # the create's arrival (the queue span)
             at_s=trio.current_time(),
             response_id=response.id if response is not None else None,
             outcome=outcome,
             appends=appends,
+            request_bytes=request_bytes,
             timing_requested=self.info.include_timing,
             phases_ms={k: round(v * 1000, 3) for k, v in phase_log.totals().items()},
             usage=response.usage.to_dict() if response is not None else None,

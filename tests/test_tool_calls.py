@@ -1,0 +1,124 @@
+"""The simulated model's tool calls: real agent calls for known tools, schema-valid values for the rest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from prototype import workload as wl
+from prototype.client.harness import HARNESS_TOOLS
+from prototype.engine import tool_calls
+from prototype.engine.policy import ScriptedPolicy
+from prototype.protocol.codec import parse_create_body
+from prototype.protocol.events import ToolDef
+
+# Codex 0.101.0's function tools, trimmed to their schemas' shape (docs/codex.md).
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {
+        "cmd": {"type": "string"}, "login": {"type": "boolean"}, "yield_time_ms": {"type": "number"}}, "required": ["cmd"], "additionalProperties": False}},
+    {"type": "function", "name": "write_stdin", "parameters": {"type": "object", "properties": {
+        "session_id": {"type": "number"}, "chars": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False}},
+    {"type": "function", "name": "update_plan", "parameters": {"type": "object", "properties": {
+        "explanation": {"type": "string"},
+        "plan": {"type": "array", "items": {"type": "object", "properties": {"status": {"type": "string"}, "step": {"type": "string"}},
+                                            "required": ["step", "status"], "additionalProperties": False}}},
+        "required": ["plan"], "additionalProperties": False}},
+    {"type": "function", "name": "request_user_input", "parameters": {"type": "object", "properties": {
+        "questions": {"type": "array", "items": {"type": "string"}}}, "required": ["questions"]}},
+    {"type": "function", "name": "read_mcp_resource", "parameters": {"type": "object", "properties": {
+        "server": {"type": "string"}, "uri": {"type": "string"}}, "required": ["server", "uri"]}},
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+def tool_defs(raw: list[dict]) -> tuple[ToolDef, ...]:
+    return parse_create_body({"model": "sim-1000", "input": "x", "tools": raw}).tools
+
+
+def function_tools(raw: list[dict]) -> list[ToolDef]:
+    return [tool for tool in tool_defs(raw) if tool.type == "function"]
+
+
+def test_offered_a_shell_the_model_works_through_it():
+    assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(CODEX_TOOLS))] == ["exec_command"]
+    without_shell = [t for t in CODEX_TOOLS if t.get("name") != "exec_command"]
+    assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(without_shell))] == ["update_plan"]
+    # Tools this module does not know (the harness's own) are all candidates, as before.
+    assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(HARNESS_TOOLS))] == ["read_file", "run_command"]
+
+
+def test_codex_shell_tools_get_the_exploring_commands_in_order():
+    (exec_command,) = function_tools(CODEX_TOOLS[:1])
+    shell, shell_command = function_tools([
+        {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}}},
+        {"type": "function", "name": "shell_command", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+    ])
+    rng = np.random.default_rng(0)
+    assert [tool_calls.arguments_for(exec_command, n, rng) for n in range(5)] == [
+        {"cmd": command} for command in (*tool_calls.EXPLORE_COMMANDS, tool_calls.EXPLORE_COMMANDS[0])
+    ]
+    assert tool_calls.arguments_for(shell, 1, rng) == {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[1]]}
+    assert tool_calls.arguments_for(shell_command, 2, rng) == {"command": tool_calls.EXPLORE_COMMANDS[2]}
+
+
+def test_the_policy_calls_exec_command_with_a_command_on_every_tool_turn():
+    policy = ScriptedPolicy(wl.fixed(5))
+    tools = tool_defs(CODEX_TOOLS)
+    calls = [call for turn in range(4) for call in policy.plan(turn, tools, offers_web_search=True).calls]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("exec_command", {"cmd": cmd}) for cmd in tool_calls.EXPLORE_COMMANDS]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("project", ["empty", "python"])
+def test_every_exploring_command_exits_0_and_writes_nothing(tmp_path, project):
+    if project == "python":
+        (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+        (tmp_path / "test_calc.py").write_text("import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+                                               "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
+    before = snapshot(tmp_path)
+    for command in tool_calls.EXPLORE_COMMANDS:
+        done = subprocess.run(["bash", "-lc", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+    assert snapshot(tmp_path) == before
+    if project == "python":
+        assert "OK" in subprocess.run(["bash", "-lc", tool_calls.EXPLORE_COMMANDS[3]], cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout
+
+
+# Schemas with the keywords a naive generator ignores.
+SCHEMAS = [
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 4}}, "required": ["n"], "additionalProperties": False},
+    {"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}}, "required": ["x"]},
+    {"type": "object", "properties": {"k": {"type": "integer", "minimum": 7, "multipleOf": 5}}, "required": ["k"]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 40, "maxLength": 41}}, "required": ["s"]},
+    {"type": "object", "properties": {"s": {"type": "string", "maxLength": 1}}, "required": ["s"]},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}}, "required": ["id"]},
+    {"type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}, "flag": {"const": True}}, "required": ["mode", "flag"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 2}, "minItems": 3, "maxItems": 3, "uniqueItems": False}}, "required": ["tags"]},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "minProperties": 2},
+    {"type": "object", "required": ["free"], "additionalProperties": {"type": "integer", "maximum": -3}},
+    {"type": "object", "properties": {"v": {"type": ["null", "integer"], "minimum": 1}}, "required": ["v"]},
+    {"type": "object", "properties": {"u": {"anyOf": [{"type": "string", "pattern": "^x+$"}, {"type": "integer"}]}}, "required": ["u"]},
+    {"type": "object", "properties": {"deep": {"type": "object", "properties": {"z": {"type": "boolean"}}, "required": ["z"], "additionalProperties": False}}, "required": ["deep"]},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_unknown_tools_get_arguments_valid_for_their_schema(schema):
+    (tool,) = function_tools([{"type": "function", "name": "custom_tool", "parameters": schema}])
+    for seed in range(30):
+        value = tool_calls.arguments_for(tool, seed, np.random.default_rng(seed))
+        jsonschema.validate(value, schema)
+        assert value == tool_calls.arguments_for(tool, seed, np.random.default_rng(seed))  # seeded: runs repeat
+
+
+def test_a_tool_without_a_schema_gets_an_empty_object():
+    (tool,) = function_tools([{"type": "function", "name": "ping"}])
+    assert tool_calls.arguments_for(tool, 0, np.random.default_rng(0)) == {}

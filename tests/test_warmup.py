@@ -1,0 +1,69 @@
+"""The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached.
+
+Codex opens every v2 connection with such a warm-up: tools plus one developer message (its base
+instructions), then chains the real turn from it with only the new items (docs/codex.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+from support import make_server, until, ws
+
+from prototype.api import render
+from prototype.client.harness import CHAINED
+from prototype.engine.kv import BLOCK_SIZE
+from prototype.engine.latency import LatencyModel
+from prototype.protocol import codec
+
+TOOLS = [
+    {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+]
+INSTRUCTIONS = {"type": "message", "role": "developer", "content": "You are a coding agent. " * 40}
+TASK = {"type": "message", "role": "user", "content": "List the files."}
+
+
+def create(input: list, **fields) -> dict:
+    return {"type": "response.create", "model": "sim-1000", "input": input, "tools": TOOLS, "store": False,
+            "metadata": {"testbed_workload": "fixed:2"}, **fields}
+
+
+def prompt_tokens(*items: dict) -> int:
+    """The rendered prompt's length, computed from the items as the server parses them."""
+    request = codec.parse_create_body(create(list(items)))
+    return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
+
+
+async def first_turn(warm_up: bool):
+    server = make_server()
+    async with ws(server, CHAINED, include_timing=True) as conn:
+        previous = None
+        if warm_up:
+            await conn.send_message(codec.encode(create([INSTRUCTIONS], generate=False)))
+            previous = (await until(conn, "response.completed"))[-1]["response"]["id"]
+            await conn.send_message(codec.encode(create([TASK], previous_response_id=previous)))
+        else:
+            await conn.send_message(codec.encode(create([INSTRUCTIONS, TASK])))
+        response = (await until(conn, "response.completed"))[-1]["response"]
+    return server, response
+
+
+async def test_the_warm_up_prefills_instructions_and_tools_and_the_next_turn_finds_them_cached(autojump_clock):
+    server, response = await first_turn(warm_up=True)
+    warm, first = list(server.records)
+    prefix = prompt_tokens(INSTRUCTIONS)
+    assert warm["warmup"] is True and warm["warmup_prefill_tokens"] == prefix
+    assert warm["usage"]["input_tokens"] == 0 and warm["usage"]["output_tokens"] == 0  # nothing sampled
+    latency = LatencyModel(decode_tokens_per_s=1000.0)
+    assert warm["phases_ms"]["prefill"] == pytest.approx(1000 * latency.prefill_seconds(prefix, 0), abs=5e-4)  # records round to µs
+    # The first real turn prefills only its own items: the instructions and tools are cached, in
+    # whole blocks as the engine's prefix cache counts them.
+    assert response["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
+    assert response["usage"]["input_tokens_details"]["cached_tokens"] == prefix - prefix % BLOCK_SIZE > 0
+    assert first["context"] == "chained" and first["input_items"] == 1
+
+
+async def test_without_the_warm_up_the_first_turn_prefills_everything(autojump_clock):
+    server, response = await first_turn(warm_up=False)
+    assert response["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
+    assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    assert "warmup_prefill_tokens" not in server.records[0]

@@ -1,11 +1,11 @@
-"""Command line: `python -m prototype {compare,serve,demo}`."""
+"""Command line: `python -m prototype {compare,serve,demo,calibrate}`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli import compare, demo, serve
+from .cli import calibrate, compare, demo, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,8 +14,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_arguments(commands.add_parser("serve", help="serve the Responses API (HTTP and WebSocket) on one port"))
     compare.add_arguments(commands.add_parser("compare", help="the main job: all designs side by side at 65, 1000 and 4000 tokens/s"))
     demo.add_arguments(commands.add_parser("demo", help="run one rollout per design under virtual time and print its timeline"))
+    calibrate.add_arguments(commands.add_parser("calibrate", help="a trace's distributions and latency fit beside the testbed's defaults"))
     args = parser.parse_args(argv)
-    return {"serve": serve.run, "demo": demo.run, "compare": compare.run}[args.command](args)
+    return {"serve": serve.run, "demo": demo.run, "compare": compare.run, "calibrate": calibrate.run}[args.command](args)
 
 
 if __name__ == "__main__":

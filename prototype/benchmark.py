@@ -54,7 +54,7 @@ BENCH_SUSPENSION_TTL = 3600.0
 
 @attrs.frozen
 class BenchConfig:
-    preset: str = wl.DEFAULT_PRESET
+    preset: str | wl.WorkloadParams = wl.DEFAULT_PRESET  # a preset name, or parameters (a preset file)
     n_tasks: int = 20
     seed: int = 0
     network: netem.NetworkProfile = DEFAULT_NETWORK
@@ -64,6 +64,8 @@ class BenchConfig:
     fixed_turns: int | None = None
     task_list: tuple[wl.Workload, ...] | None = None  # explicit tasks instead of the seeded preset
     sprint: SprintSwitches = AFTER_SPRINT  # the API profile: after the pre-WebSocket speed-ups
+    latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
+    source: str | None = None  # where task_list came from (a trace), for the parameters table
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:
@@ -74,7 +76,7 @@ class BenchConfig:
 
 def bench_server(config: BenchConfig) -> ResponsesServer:
     return ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint),
+        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency),
         ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
     )
 
@@ -88,24 +90,44 @@ async def run_design(
     server: ResponsesServer | None = None,
     connector: Connector | None = None,
 ) -> list[RolloutRecord]:
-    """Run `tasks` one after another through `design` against an in-process server (by default a
-    fresh one, reached over memory streams through the config's network profile)."""
+    """Run `tasks` through `design` against an in-process server (by default a fresh one, reached over
+    memory streams through the config's network profile): one after another, or, when every task has an
+    arrival time (a trace's), open-loop: each starts at its arrival, whether or not earlier ones are done."""
     server = server if server is not None else bench_server(config)
     connector = connector if connector is not None else InMemoryConnector(server, config.network)
-    records = []
-    for task in tasks:
-        metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
-        if design in (SUSPENDED, CHAINED):
-            record = await run_websocket_rollout(connector, design, task, metadata=metadata, include_timing=True)
-        else:
-            variant = STORED if design == HTTP_STORED else STATELESS
-            record = await run_http_rollout(
-                connector, task, variant=variant, metadata=metadata, keep_alive=config.keep_alive, include_timing=True
-            )
-        if record.status != "completed":
-            raise RuntimeError(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
-        records.append(record)
+    if tasks and all(task.arrival_s is not None for task in tasks):
+        return await _run_open_loop(design, decode_tps, tasks, config, server, connector)
+    return [await _run_task(design, decode_tps, task, config, server, connector) for task in tasks]
+
+
+async def _run_open_loop(design: str, decode_tps: float, tasks: Sequence[wl.Workload], config: BenchConfig,
+                         server: ResponsesServer, connector: Connector) -> list[RolloutRecord]:
+    start = trio.current_time()
+    records: list[RolloutRecord | None] = [None] * len(tasks)
+
+    async def run_at(index: int, task: wl.Workload) -> None:
+        await trio.sleep_until(start + task.arrival_s)
+        records[index] = await _run_task(design, decode_tps, task, config, server, connector)
+
+    async with trio.open_nursery() as nursery:
+        for index, task in enumerate(tasks):
+            nursery.start_soon(run_at, index, task)
     return records
+
+
+async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: BenchConfig,
+                    server: ResponsesServer, connector: Connector) -> RolloutRecord:
+    metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
+    if design in (SUSPENDED, CHAINED):
+        record = await run_websocket_rollout(connector, design, task, metadata=metadata, include_timing=True)
+    else:
+        variant = STORED if design == HTTP_STORED else STATELESS
+        record = await run_http_rollout(
+            connector, task, variant=variant, metadata=metadata, keep_alive=config.keep_alive, include_timing=True
+        )
+    if record.status != "completed":
+        raise RuntimeError(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
+    return record
 
 
 def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
@@ -197,22 +219,30 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     """Every modeled parameter of a run, with its source: printed with the results."""
-    params = wl.PRESETS[config.preset]
+    params = config.preset if isinstance(config.preset, wl.WorkloadParams) else wl.PRESETS[config.preset]
+    name = "custom (preset file)" if isinstance(config.preset, wl.WorkloadParams) else config.preset
     net = config.network
+    model = config.latency
     rows = [
-        ("workload preset", f"{config.preset}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
+        ("workload preset", f"{name}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
         ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
         ("initial prompt", f"{params.initial_prompt_tokens} tokens", "docs/parameters.md §1 [assumed]"),
         ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "docs/parameters.md §1: TraceLab"),
         ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", "docs/parameters.md §1: inference-perf, Exgentic, AgentX"),
         ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
         ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"),
-        ("prefill rate", f"{latency.PREFILL_TOKENS_PER_S:g} tokens/s + n*C/{latency.CACHE_ATTENTION_TOKENS2_PER_S:.2g}", "docs/parameters.md §3 roofline [assumed R, derived Q]"),
-        ("engine request overhead", f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms", "[assumed]; vLLM PR #54628 bounds it (8-12 ms)"),
+        ("prefill rate", f"{model.prefill_tokens_per_s:g} tokens/s" + (f" + n*C/{model.cache_attention:.2g}" if model.cache_attention else ""),
+         "docs/parameters.md §3 roofline [assumed R, derived Q]" if model == latency.LatencyModel() else "latency profile (--latency)"),
+        ("engine request overhead", f"{model.request_overhead * 1000:g} ms",
+         "[assumed]; vLLM PR #54628 bounds it (8-12 ms)" if model == latency.LatencyModel() else "latency profile (--latency)"),
         ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
         ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "docs/parameters.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
         ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
     ]
+    if config.task_list is not None:  # explicit tasks (a trace): the generator's rows do not apply
+        open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)
+        rows = [("workload", f"{len(config.task_list)} tasks from {config.source or 'an explicit task list'}",
+                 "open-loop: each task starts at its arrival" if open_loop else "one task after another")] + rows[6:]
     return rows + config.costs.describe()

@@ -11,7 +11,8 @@ Trace format (JSONL): one JSON object per line, one line per turn::
      "tool_calls": [{"seconds": 0.21}], "hosted_calls": [{"seconds": 1.0, "result_tokens": 1500}]}
 
 The lines of one task are consecutive with turn = 0, 1, 2, ...; a new task starts when "task" or "seed" changes or
-"turn" resets to 0. "hosted_calls" is optional (default []); blank lines are ignored. Tool output sizes are not
+"turn" resets to 0. "hosted_calls" is optional (default []); so is "arrival_s" on a task's first line: when the task started, in
+seconds from the start of the trace (an open-loop replay starts it then). Blank lines are ignored. Tool output sizes are not
 stored: they are the next turn's appended_tokens split evenly between the calls (`Workload.tool_output_tokens`).
 """
 
@@ -85,11 +86,19 @@ class Workload:
         name: Task label (generated tasks are named "<preset>-<index>").
         seed: The seed the task was generated from (task i of `generate(..., seed=s)` uses rng [s, i]).
         turns: At least one turn; only the last has no tool calls.
+        arrival_s: When the task started, in seconds from the start of its trace; None for a generated task.
+            A replay with arrival times is open-loop: each task starts at its arrival, not after the previous one.
     """
 
     name: str
     seed: int = attrs.field(validator=_at_least(0))
     turns: tuple[TurnSpec, ...] = attrs.field(converter=tuple)
+    arrival_s: float | None = attrs.field(default=None, kw_only=True)
+
+    @arrival_s.validator
+    def _check_arrival(self, attribute: attrs.Attribute, value: float | None) -> None:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"arrival_s must be finite and >= 0, got {value}")
 
     @turns.validator
     def _check_turns(self, attribute: attrs.Attribute, turns: tuple[TurnSpec, ...]) -> None:
@@ -328,6 +337,8 @@ def write_trace(workloads: Iterable[Workload], path_or_file: str | PathLike[str]
                     "tool_calls": [{"seconds": s} for s in t.tool_seconds],
                     "hosted_calls": [{"seconds": h.seconds, "result_tokens": h.result_tokens} for h in t.hosted_calls],
                 }
+                if k == 0 and w.arrival_s is not None:
+                    record["arrival_s"] = w.arrival_s
                 f.write(json.dumps(record) + "\n")
 
 
@@ -335,6 +346,7 @@ _TRACE_KEYS = {
     "task": str, "seed": int, "turn": int, "appended_tokens": int, "output_tokens": int,
     "tool_calls": list, "hosted_calls": list,
 }
+_OPTIONAL_KEYS = {"arrival_s": (int, float)}
 
 
 def _typed(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -346,14 +358,14 @@ def _typed(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def _parse_line(line: str) -> tuple[str, int, int, TurnSpec]:
+def _parse_line(line: str) -> tuple[str, int, int, TurnSpec, float | None]:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
-    unknown = obj.keys() - _TRACE_KEYS.keys()
+    unknown = obj.keys() - _TRACE_KEYS.keys() - _OPTIONAL_KEYS.keys()
     if unknown:
         raise ValueError(f"unknown key(s) {sorted(unknown)}")
     obj.setdefault("hosted_calls", [])
@@ -362,13 +374,18 @@ def _parse_line(line: str) -> tuple[str, int, int, TurnSpec]:
         raise ValueError(f"seed must be >= 0, got {seed}")
     tool_seconds = [_typed(c, "seconds", (int, float)) for c in tool_calls]
     hosted = [HostedCall(_typed(h, "seconds", (int, float)), _typed(h, "result_tokens", int)) for h in hosted_calls]
-    return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted)
+    arrival = _typed(obj, "arrival_s", _OPTIONAL_KEYS["arrival_s"]) if "arrival_s" in obj else None
+    if arrival is not None and not (math.isfinite(arrival) and arrival >= 0):
+        raise ValueError(f"'arrival_s' must be finite and >= 0, got {arrival}")
+    if arrival is not None and turn != 0:
+        raise ValueError("'arrival_s' belongs on a task's first line (turn 0)")
+    return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted), arrival
 
 
-def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int) -> Workload:
+def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int, arrival: float | None) -> Workload:
     if turns[-1].tool_seconds:
         raise ValueError(f"line {last_line}: last turn of task {name!r} has tool calls (truncated task?)")
-    return Workload(name, seed, turns)
+    return Workload(name, seed, turns, arrival_s=arrival)
 
 
 def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
@@ -380,6 +397,7 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
     """
     workloads: list[Workload] = []
     key: tuple[str, int] | None = None
+    arrival: float | None = None
     turns: list[TurnSpec] = []
     last_line = 0
     with _open(path_or_file, "r") as f:
@@ -387,7 +405,7 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
             if not line.strip():
                 continue
             try:
-                name, seed, turn, spec = _parse_line(line)
+                name, seed, turn, spec, line_arrival = _parse_line(line)
             except ValueError as e:
                 raise ValueError(f"line {lineno}: {e}") from None
             if key == (name, seed) and turn != 0:
@@ -398,12 +416,12 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
                                      "not the task's last turn")
             else:
                 if key is not None:
-                    workloads.append(_close_task(*key, turns, last_line))
+                    workloads.append(_close_task(*key, turns, last_line, arrival))
                 if turn != 0:
                     raise ValueError(f"line {lineno}: task {name!r} starts at turn {turn}, expected 0")
-                key, turns = (name, seed), []
+                key, turns, arrival = (name, seed), [], line_arrival
             turns.append(spec)
             last_line = lineno
     if key is not None:
-        workloads.append(_close_task(*key, turns, last_line))
+        workloads.append(_close_task(*key, turns, last_line, arrival))
     return workloads

@@ -102,6 +102,7 @@ class ApiService:
     sprint_extra: SprintCosts = attrs.Factory(SprintCosts)  # what each speed-up saves, paid while its switch is off
     render_cache: render.RenderCache = attrs.Factory(render.RenderCache)  # the sprint's cross-request render cache
     live: LiveResponses = attrs.Factory(LiveResponses)  # responses in flight, for cancel (api/live.py)
+    latency: LatencyModel = attrs.Factory(LatencyModel)  # prefill and overhead of every call; decode rate per request
 
     @property
     def charged_costs(self) -> ApiCosts:
@@ -123,7 +124,7 @@ class ApiService:
     def resolve_route(self, request: CreateRequest) -> Route:
         workload = self.workloads.resolve(request.metadata)
         rate = decode_rate_override(request.metadata) or decode_rate_for_model(request.model)
-        return Route(_route_key(request), LatencyModel(decode_tokens_per_s=rate), ScriptedPolicy(workload))
+        return Route(_route_key(request), attrs.evolve(self.latency, decode_tokens_per_s=rate), ScriptedPolicy(workload))
 
     def _with_hosted_results(self, items: Sequence[Item]) -> list[Item]:
         """Client-sent web_search_call items carry no result: take it from the hosted service."""

@@ -1,6 +1,12 @@
 """`python -m prototype compare`: the three designs side by side, at 65, 1000 and 4000 tokens/s.
 
-Runs every (design, decode speed) pair on the same seeded tasks under virtual time, in parallel
+The tasks are a preset's seeded tasks (`--preset coding`, or a preset file that `calibrate` wrote) or a trace's
+(`--trace PATH`: a testbed JSONL, TraceLab JSONL or CSV, or Codex rollout file, or a folder of Codex rollouts;
+prototype/traces/). A trace with arrival times replays open-loop: each task starts when it started.
+`--latency FILE` replaces the engine's prefill rate and overhead with a fitted profile and, unless `--speeds` is
+given, runs at its decode rate only.
+
+Runs every (design, decode speed) pair on the same tasks under virtual time, in parallel
 worker processes, with a progress bar; prints the table and every modeled parameter with its
 source; writes results/compare.csv, compare.json, compare_tasks.json, compare.png and one Chrome
 trace per design (trace_<design>.json, first task at 1000 tokens/s). Columns (compare.csv):
@@ -27,7 +33,8 @@ from typing import Any
 
 import attrs
 
-from .. import benchmark, netem
+from .. import benchmark, netem, profiles, traces
+from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED
 from ..trace import write_trace
 
@@ -35,10 +42,13 @@ TRACE_SPEED = 1000.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=int, default=10, help="tasks per design and speed (default 10)")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per design and speed (default 10; with --trace, all)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long")
-    parser.add_argument("--speeds", type=float, nargs="+", default=list(benchmark.DECODE_SPEEDS))
+    parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)")
+    parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
+    parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
+    parser.add_argument("--speeds", type=float, nargs="+", default=None,
+                        help="decode speeds, tokens/s (default 65 1000 4000; with --latency, the profile's)")
     parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS), choices=list(benchmark.ALL_DESIGNS))
     parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000)
     parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task")
@@ -141,19 +151,49 @@ def print_table(table: list[dict[str, Any]]) -> None:
               f"{r['speedup_vs_http']:>7.2f}x {r['ttft_p50_ms']:>12.1f} {100 * r['api_overhead_share']:>9.1f}% {r['bytes_sent_per_turn']:>12.0f}")
 
 
+def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> tuple[benchmark.BenchConfig, str, list[float]]:
+    """The benchmark configuration, a description of its tasks and the decode speeds, from the command line.
+    Raises TraceError or ProfileError for a bad trace or file, ValueError for options that do not go together."""
+    model = profiles.load_latency(args.latency) if args.latency else benchmark.latency.LatencyModel()
+    speeds = args.speeds or ([model.decode_tokens_per_s] if args.latency else list(benchmark.DECODE_SPEEDS))
+    if args.trace:
+        if args.turns is not None:
+            raise ValueError("--turns applies to generated tasks, not to a trace")
+        trace = traces.load(args.trace)
+        for note in trace.notes:
+            print(f"trace note: {note}", file=sys.stderr)
+        tasks = trace.tasks[: args.tasks] if args.tasks else trace.tasks
+        source = f"trace {trace.path} ({trace.format})"
+        config = benchmark.BenchConfig(n_tasks=len(tasks), seed=args.seed, network=network, task_list=tasks,
+                                       latency=model, source=source)
+        return config, source, speeds
+    preset: str | wl.WorkloadParams = args.preset
+    if args.preset not in wl.PRESETS:
+        if not Path(args.preset).is_file():
+            raise ValueError(f"--preset {args.preset!r} is neither a preset ({', '.join(wl.PRESETS)}) nor a file")
+        preset = profiles.load_preset(args.preset)
+    config = benchmark.BenchConfig(preset=preset, n_tasks=args.tasks or 10, seed=args.seed, network=network,
+                                   fixed_turns=args.turns, latency=model)
+    return config, f"the '{args.preset}' workload", speeds
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=args.rtt_ms / 1000)
-    config = benchmark.BenchConfig(preset=args.preset, n_tasks=args.tasks, seed=args.seed, network=network, fixed_turns=args.turns)
+    try:
+        config, described, speeds = workload_config(args, network)
+    except (traces.TraceError, profiles.ProfileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
     # Real time runs one configuration at a time: parallel workers would share the two cores and
     # slow each other's clocks.
-    rows = run_grid(config, designs, args.speeds, 1 if args.real else args.jobs, out, args.real)
+    rows = run_grid(config, designs, speeds, 1 if args.real else args.jobs, out, args.real)
     table = benchmark.summarize(rows)
     clock = "real time over loopback sockets" if args.real else "virtual time"
-    print(f"\n{len(config.tasks())} tasks of the '{args.preset}' workload, {clock}; speed-up = http time / design time\n")
+    print(f"\n{len(config.tasks())} tasks of {described}, {clock}; speed-up = http time / design time\n")
     print_table(table)
     print("\nModeled parameters (value, source):")
     for name, value, source in benchmark.parameters(config):
@@ -170,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "compare_tasks.json").write_text(json.dumps(rows))
     draw(table, rows, out / "compare.png")
     print(f"\nwrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
-          f"{', '.join(f'trace_{d}.json' for d in designs if TRACE_SPEED in args.speeds)} in {time.perf_counter() - started:.1f} s")
+          f"{', '.join(f'trace_{d}.json' for d in designs if TRACE_SPEED in speeds)} in {time.perf_counter() - started:.1f} s")
     return 0
 
 

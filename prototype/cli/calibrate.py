@@ -1,0 +1,172 @@
+"""`python -m prototype calibrate PATH`: what a trace implies, beside what the testbed assumes.
+
+Prints, for the trace and for the testbed's generated tasks (`--baseline`, default the `coding` preset):
+
+* distributions per task and per round: turns per task, prefix (cached) tokens, appended (uncached) tokens after a
+  task's first round, output and reasoning tokens, seconds per client tool call, model seconds per round;
+* the tool-time tail: the share of calls over a minute and the share of tool time they hold;
+* the token-weighted prefix hit rate (cached / input tokens; for generated tasks, the rate a perfect cache gives);
+* where the trace has timestamps, the least-squares fit of a round's model time to
+  `fixed + uncached / prefill rate + output / decode rate` (prototype/engine/fit.py) and its residuals.
+
+`--preset-out FILE` writes the fitted workload preset and `--latency-out FILE` the fitted latency profile (small JSON
+files, prototype/profiles.py) that `compare --preset FILE --latency FILE` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import profiles, traces
+from .. import workload as wl
+from ..api.costs import ApiCosts
+from ..engine import fit, latency
+
+TOOL_TAIL_S = 60.0  # TraceLab: 4% of tool calls take over a minute and hold ~85% of tool time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout) or a folder of Codex rollouts")
+    parser.add_argument("--baseline", default=wl.DEFAULT_PRESET, help="preset (name or JSON file) to print beside the trace (default coding)")
+    parser.add_argument("--baseline-tasks", type=int, default=300, help="generated tasks for the baseline's figures (default 300)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
+    parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here")
+
+
+def figures(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) -> dict[str, Any]:
+    """Every figure `calibrate` prints for one set of tasks and its rounds."""
+    tool_seconds = [s for r in rounds for s in r.tool_seconds]
+    timed = [r for r in rounds if r.model_seconds is not None]
+    calls_over, time_over = fit.tool_tail(tool_seconds, TOOL_TAIL_S)
+    total_input = sum(r.input_tokens for r in rounds)
+    rates = [r.output_tokens / r.model_seconds for r in timed if r.model_seconds > 0]
+    return {
+        "turns per task": fit.distribution([len(t.turns) for t in tasks]),
+        "prefix (cached) tokens per round": fit.distribution([r.cached_tokens for r in rounds]),
+        "appended (uncached) tokens per round": fit.distribution([r.uncached_tokens for r in rounds if r.turn > 0]),
+        "output tokens per round": fit.distribution([r.output_tokens for r in rounds]),
+        "reasoning tokens per round": fit.distribution([r.reasoning_tokens for r in rounds]),
+        "seconds per client tool call": fit.distribution(tool_seconds),
+        "model seconds per round": fit.distribution([r.model_seconds for r in timed]),
+        "output tokens/s per round": fit.distribution(rates),
+        "calls_over_share": calls_over,
+        "time_over_share": time_over,
+        "prefix_hit_rate": sum(r.cached_tokens for r in rounds) / total_input if total_input else math.nan,
+        "first_prompt_tokens": fit.distribution([t.turns[0].appended_tokens for t in tasks]),
+    }
+
+
+def fitted_preset(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) -> wl.WorkloadParams:
+    """Generator parameters that reproduce a trace's distributions (lognormal fits; tool times by a mixture)."""
+    turns = [len(t.turns) for t in tasks]
+    turns_median, turns_sigma = fit.lognormal(turns)
+    appended = [r.uncached_tokens for r in rounds if r.turn > 0 and r.uncached_tokens > 0] or [1]
+    appended_median, appended_sigma = fit.lognormal(appended)
+    output_median, output_sigma = fit.lognormal([max(1, r.output_tokens) for r in rounds])
+    tools = [s for r in rounds for s in r.tool_seconds if s > 0]
+    non_final = [t for task in tasks for t in task.turns[:-1]]
+    params: dict[str, Any] = {
+        "turns_median": turns_median, "turns_sigma": turns_sigma, "turns_max": max(300, max(turns)),
+        "initial_prompt_tokens": int(np.median([t.turns[0].appended_tokens for t in tasks])),
+        "appended_median": appended_median, "appended_sigma": appended_sigma,
+        "appended_max": max(32000, max(appended)), "appended_min": min(50, min(appended)),
+        "output_median": output_median, "output_sigma": output_sigma,
+        "output_max": max(10000, max(r.output_tokens for r in rounds)),
+        "parallel_calls_p": sum(len(t.tool_seconds) > 1 for t in non_final) / len(non_final) if non_final else 0.0,
+        "hosted_call_p": sum(bool(t.hosted_calls) for t in non_final) / len(non_final) if non_final else 0.0,
+    }
+    if tools:
+        params["tool_mixture"] = fit.lognormal_mixture(tools)
+        params["tool_cap_seconds"] = max(600.0, max(tools))
+    return wl.WorkloadParams(**params)
+
+
+def _baseline(name: str, n_tasks: int, seed: int) -> tuple[str, list[wl.Workload]]:
+    params = name if name in wl.PRESETS else profiles.load_preset(name)
+    tasks = wl.generate(params, seed=seed, n_tasks=n_tasks)
+    return (name if name in wl.PRESETS else "custom"), tasks
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def print_figures(trace_figures: dict[str, Any], base_figures: dict[str, Any], label: str) -> None:
+    header = f"{'quantity':<38} {'n':>7} {'p10':>9} {'p50':>9} {'p90':>9} {'p99':>9} {'mean':>9}   {label + ' p50':>12} {label + ' p90':>12}"
+    print(header)
+    print("-" * len(header))
+    for key, stats in trace_figures.items():
+        if not isinstance(stats, dict):
+            continue
+        base = base_figures[key]
+        print(f"{key:<38} {stats['n']:>7.0f} " + " ".join(f"{_fmt(stats[q]):>9}" for q in ("p10", "p50", "p90", "p99", "mean"))
+              + f"   {_fmt(base['p50']):>12} {_fmt(base['p90']):>12}")
+    print(f"\n{'tool calls over 60 s':<38} {100 * trace_figures['calls_over_share']:>6.1f}% of calls, "
+          f"{100 * trace_figures['time_over_share']:.1f}% of tool time   ({label}: {100 * base_figures['calls_over_share']:.1f}%, "
+          f"{100 * base_figures['time_over_share']:.1f}%)")
+    print(f"{'prefix hit rate, token-weighted':<38} {100 * trace_figures['prefix_hit_rate']:>6.1f}%   "
+          f"({label}, perfect cache: {100 * base_figures['prefix_hit_rate']:.1f}%)")
+
+
+def print_fit(result: fit.RoundTimeFit) -> None:
+    costs = ApiCosts()
+    se_fixed, se_prefill, se_decode = result.stderr
+    print(f"\nFit of model seconds per round ({result.n} timed rounds): seconds = fixed + uncached / prefill + output / decode")
+    print(f"  fixed          {result.fixed_s * 1000:9.1f} ms  (+/- {se_fixed * 1000:.1f})   testbed: engine "
+          f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms + API pre {costs.fixed_pre * 1000:g} ms + post {costs.post * 1000:g} ms per http turn")
+    print(f"  prefill rate   {_fmt(result.prefill_tokens_per_s):>9} tokens/s (s/token +/- {se_prefill:.2g})   testbed: {latency.PREFILL_TOKENS_PER_S:g}")
+    print(f"  decode rate    {_fmt(result.decode_tokens_per_s):>9} tokens/s (s/token +/- {se_decode:.2g})   testbed: "
+          f"{latency.FLAGSHIP_TOKENS_PER_S:g} / {latency.SPARK_TOKENS_PER_S:g} / {latency.SPARK_BURST_TOKENS_PER_S:g}")
+    p10, p50, p90 = result.residual_quantiles
+    print(f"  residuals      rmse {result.rmse_s * 1000:.1f} ms, r2 {result.r2:.3f}, p10/p50/p90 "
+          f"{p10 * 1000:.1f} / {p50 * 1000:.1f} / {p90 * 1000:.1f} ms")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        trace = traces.load(args.trace)
+        label, base_tasks = _baseline(args.baseline, args.baseline_tasks, args.seed)
+    except (traces.TraceError, profiles.ProfileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    timed = [r for r in trace.rounds if r.model_seconds is not None]
+    print(f"{trace.path}: {trace.format}, {len(trace.tasks)} tasks, {len(trace.rounds)} rounds, {len(timed)} timed")
+    for note in trace.notes:
+        print(f"  note: {note}")
+    print(f"beside: {args.baseline_tasks} generated '{label}' tasks, seed {args.seed}\n")
+    print_figures(figures(trace.tasks, trace.rounds), figures(base_tasks, traces.rounds_from_workloads(base_tasks)), label)
+    result = None
+    if len(timed) >= 3:
+        result = fit.round_time_fit([r.uncached_tokens for r in timed], [r.output_tokens for r in timed],
+                                    [r.model_seconds for r in timed])
+        print_fit(result)
+    else:
+        print(f"\nno fit: {len(timed)} timed rounds (the trace has no model-call timestamps, or fewer than 3)")
+    if args.preset_out:
+        path = profiles.save_preset(fitted_preset(trace.tasks, trace.rounds), args.preset_out,
+                                    f"python -m prototype calibrate {args.trace}")
+        print(f"\nwrote workload preset {path}")
+    if args.latency_out:
+        if result is None:
+            print("error: no latency profile without a fit", file=sys.stderr)
+            return 2
+        model = latency.LatencyModel(
+            decode_tokens_per_s=result.decode_tokens_per_s if math.isfinite(result.decode_tokens_per_s) else 1e6,
+            prefill_tokens_per_s=result.prefill_tokens_per_s if math.isfinite(result.prefill_tokens_per_s) else 1e9,
+            cache_attention=None, request_overhead=result.fixed_s,
+        )
+        path = profiles.save_latency(model, args.latency_out, f"python -m prototype calibrate {args.trace} "
+                                     f"({result.n} rounds, rmse {result.rmse_s * 1000:.1f} ms)")
+        print(f"wrote latency profile {path}")
+    return 0

@@ -1,0 +1,159 @@
+"""Fitting the testbed's models to observed rounds: pure numpy, no I/O (`python -m prototype calibrate` reads and prints).
+
+* `round_time_fit`: least squares of a round's model time on the latency model's terms (prototype/engine/latency.py),
+  `seconds = fixed + uncached / prefill rate + output / decode rate`. The fit leaves out the model's cache-attention
+  term (n·C/Q), which matters only for long uncached appends on long prefixes; `fixed` takes in everything a round
+  pays regardless of size (API work, queueing, network, time to the first token). Coefficients are kept
+  non-negative (the best of the 2³ subsets of terms with non-negative least-squares coefficients), so a term the data
+  cannot see comes out 0 and its rate infinite rather than negative.
+* `distribution`: quantiles and mean of one quantity; `tool_tail`: the share of calls over a threshold and the share
+  of tool time they hold (TraceLab: 4% of calls over a minute hold ~85% of tool time).
+* `lognormal`: median and log-sd of positive values (the generator's LN(median, sigma) parameters);
+  `lognormal_mixture`: a 1-D Gaussian mixture on log values by EM (the generator's tool-time mixture).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
+
+
+@attrs.frozen
+class RoundTimeFit:
+    """`seconds = fixed_s + uncached / prefill_tokens_per_s + output / decode_tokens_per_s` fitted to `n` rounds.
+
+    Attributes:
+        fixed_s, prefill_tokens_per_s, decode_tokens_per_s: The fitted model (a rate is inf where its term is 0).
+        stderr: Standard errors of (fixed_s, seconds per uncached token, seconds per output token).
+        rmse_s: Root mean square of the residuals; r2: the share of variance explained.
+        residual_quantiles: (p10, p50, p90) of observed - fitted seconds.
+        n: Rounds fitted.
+    """
+
+    fixed_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    stderr: tuple[float, float, float]
+    rmse_s: float
+    r2: float
+    residual_quantiles: tuple[float, float, float]
+    n: int
+
+    def predict(self, uncached: np.ndarray | float, output: np.ndarray | float) -> np.ndarray | float:
+        return self.fixed_s + np.asarray(uncached) / self.prefill_tokens_per_s + np.asarray(output) / self.decode_tokens_per_s
+
+
+def _rate(seconds_per_token: float) -> float:
+    return math.inf if seconds_per_token <= 0 else 1.0 / seconds_per_token
+
+
+def round_time_fit(uncached: Sequence[float], output: Sequence[float], seconds: Sequence[float]) -> RoundTimeFit:
+    """Non-negative least squares of `seconds` on (1, uncached, output); needs at least 3 rounds."""
+    u, o, y = (np.asarray(v, dtype=float) for v in (uncached, output, seconds))
+    if not (u.shape == o.shape == y.shape) or u.ndim != 1:
+        raise ValueError("uncached, output and seconds must be 1-D and of one length")
+    n = len(y)
+    if n < 3:
+        raise ValueError(f"a fit of 3 coefficients needs at least 3 timed rounds, got {n}")
+    if not (np.isfinite(u).all() and np.isfinite(o).all() and np.isfinite(y).all()):
+        raise ValueError("non-finite values")
+    X = np.column_stack([np.ones(n), u, o])
+    best: tuple[float, np.ndarray] | None = None
+    for size in range(3, 0, -1):
+        for columns in itertools.combinations(range(3), size):
+            coef = np.zeros(3)
+            sub, *_ = np.linalg.lstsq(X[:, columns], y, rcond=None)
+            if (sub < 0).any():
+                continue
+            coef[list(columns)] = sub
+            sse = float(((y - X @ coef) ** 2).sum())
+            if best is None or sse < best[0] - 1e-12:
+                best = (sse, coef)
+    if best is None:  # every subset had a negative coefficient: the mean alone
+        best = (float(((y - y.mean()) ** 2).sum()), np.array([y.mean(), 0.0, 0.0]))
+    sse, coef = best
+    residuals = y - X @ coef
+    active = coef > 0
+    dof = max(1, n - int(active.sum()))
+    stderr = np.full(3, math.nan)
+    if active.any():
+        Xa = X[:, active]
+        try:
+            cov = np.linalg.inv(Xa.T @ Xa) * (sse / dof)
+            stderr[active] = np.sqrt(np.clip(np.diag(cov), 0, None))
+        except np.linalg.LinAlgError:
+            pass
+    variance = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - sse / variance if variance > 0 else math.nan
+    p10, p50, p90 = (float(q) for q in np.quantile(residuals, (0.1, 0.5, 0.9)))
+    return RoundTimeFit(
+        fixed_s=float(coef[0]), prefill_tokens_per_s=_rate(coef[1]), decode_tokens_per_s=_rate(coef[2]),
+        stderr=tuple(float(s) for s in stderr), rmse_s=math.sqrt(sse / n), r2=r2, residual_quantiles=(p10, p50, p90), n=n,
+    )
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    """n, mean and the `QUANTILES` (keys p10, p50, p90, p99); NaNs when empty."""
+    a = np.asarray(values, dtype=float)
+    out = {"n": float(len(a)), "mean": float(a.mean()) if len(a) else math.nan}
+    for q in QUANTILES:
+        out[f"p{round(q * 100)}"] = float(np.quantile(a, q)) if len(a) else math.nan
+    return out
+
+
+def tool_tail(seconds: Sequence[float], threshold_s: float = 60.0) -> tuple[float, float]:
+    """(share of calls over `threshold_s`, share of total tool time in those calls); NaNs when empty."""
+    a = np.asarray(seconds, dtype=float)
+    if not len(a) or a.sum() <= 0:
+        return math.nan, math.nan
+    over = a > threshold_s
+    return float(over.mean()), float(a[over].sum() / a.sum())
+
+
+def lognormal(values: Sequence[float]) -> tuple[float, float]:
+    """(median, log-sd) of the positive values: exp(mean log), sd of log."""
+    a = np.asarray(values, dtype=float)
+    a = a[a > 0]
+    if not len(a):
+        raise ValueError("no positive values")
+    logs = np.log(a)
+    return float(math.exp(logs.mean())), float(logs.std())
+
+
+def lognormal_mixture(values: Sequence[float], components: int = 3, *,
+                      iterations: int = 200) -> tuple[tuple[float, float, float], ...]:
+    """A mixture of lognormals fitted by EM on log values: ((weight, median, sigma), ...) by increasing median.
+
+    With fewer than 10 values per component it fits fewer components (a single lognormal at the least)."""
+    a = np.asarray(values, dtype=float)
+    a = a[a > 0]
+    if not len(a):
+        raise ValueError("no positive values")
+    k = max(1, min(components, len(a) // 10))
+    x = np.log(a)
+    if k == 1:
+        return ((1.0, float(math.exp(x.mean())), float(max(x.std(), 1e-3))),)
+    means = np.quantile(x, (np.arange(k) + 0.5) / k)
+    sigmas = np.full(k, max(x.std() / k, 1e-2))
+    weights = np.full(k, 1.0 / k)
+    for _ in range(iterations):
+        log_p = np.log(weights) - np.log(sigmas) - 0.5 * ((x[:, None] - means) / sigmas) ** 2
+        log_p -= log_p.max(axis=1, keepdims=True)
+        resp = np.exp(log_p)
+        resp /= resp.sum(axis=1, keepdims=True)
+        mass = resp.sum(axis=0) + 1e-12
+        new_means = (resp * x[:, None]).sum(axis=0) / mass
+        sigmas = np.sqrt((resp * (x[:, None] - new_means) ** 2).sum(axis=0) / mass).clip(1e-2)
+        weights = mass / mass.sum()
+        if np.allclose(new_means, means, atol=1e-7):
+            means = new_means
+            break
+        means = new_means
+    order = np.argsort(means)
+    return tuple((float(weights[i]), float(math.exp(means[i])), float(sigmas[i])) for i in order)

@@ -1,0 +1,273 @@
+"""What every trace reader returns: observed model calls (`Round`), the tasks they make (`Workload`), and errors.
+
+A reader turns its format into `Round`s, one per observed model call, in order within each session. `build` then
+cuts sessions into tasks and makes the testbed's `Workload`s from them, the same way for every format:
+
+* A task is one user request: it starts at a round that a user message began (or the session's first round) and
+  ends at a round that makes no client tool call. A request that ends on a round with client calls (the user
+  interrupted it) ends there: those calls are not replayed, and `Trace.notes` counts them.
+* A round whose only calls are hosted (web search) is part of the same Responses API turn as the next round: the
+  model keeps going after the hosted call. The two become one turn; the next round's new tokens are the hosted
+  call's result.
+* Turn 0 appends the whole prompt of the task's first round (nothing is cached in the testbed when a task starts);
+  turn k appends what the prompt grew by since round k-1, less round k-1's output, which the context already holds.
+  Where the prompt shrank (the agent compacted its context) the turn appends nothing, and `Trace.notes` says so.
+* `arrival_s` of a task is when its first round's input was complete, in seconds from the trace's first timestamp.
+
+Nothing is dropped or changed silently: every adjustment is counted in `Trace.notes`, which the commands print.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from os import PathLike
+
+import attrs
+
+from .. import workload as wl
+
+# Tools that run on the API side: the Responses API's hosted web search, and the names agents log for it
+# (Codex: web_search_call items; Claude Code: WebSearch). Everything else is a client tool.
+HOSTED_TOOL_NAMES = frozenset({"web_search", "web_search_call", "web_search_preview", "websearch"})
+# [assumed] ~4 characters per token, for hosted results a trace gives only in characters (TraceLab result_chars).
+CHARS_PER_TOKEN = 4
+
+
+def is_hosted(tool_name: str) -> bool:
+    return tool_name.lower() in HOSTED_TOOL_NAMES
+
+
+class TraceError(ValueError):
+    """A trace that cannot be loaded: names the file, the line (1-based) and the field."""
+
+    def __init__(self, path: str | PathLike[str], line: int, field: str | None, message: str) -> None:
+        self.path, self.line, self.field = str(path), line, field
+        where = f"{self.path}:{line}"
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+@attrs.frozen
+class Round:
+    """One observed model call.
+
+    Attributes:
+        session: The session (conversation) it belongs to.
+        line: Line of the trace file that holds its token counts (for error messages).
+        input_tokens: The whole prompt.
+        cached_tokens: The part of the prompt served from the prefix cache (TraceLab's `prefix_tokens`, Codex's
+            `cached_input_tokens`; for a generated task, everything before the turn's appended tokens).
+        output_tokens: Sampled tokens, reasoning included.
+        reasoning_tokens: The reasoning part of `output_tokens` (0 where the trace does not say).
+        tool_seconds: Client tool calls this round ends with: how long each took.
+        hosted: Hosted calls made in this round: (seconds, result tokens) each.
+        starts_request: A user message began this round (a new task starts here).
+        started_at: When the prompt was complete (the last user message or tool result before the model's first
+            output), in seconds: epoch seconds from a reader, seconds from the trace's first timestamp in a
+            `Trace`; None if the trace has no timestamps.
+        ended_at: When the model's last output item of the round arrived, same clock.
+        request_at: When the user message that began this round arrived (`starts_request` rounds), same clock.
+        task: The task `build` put it in; turn: its index among the task's rounds.
+    """
+
+    session: str
+    line: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    reasoning_tokens: int = 0
+    tool_seconds: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    hosted: tuple[tuple[float, int], ...] = attrs.field(default=(), converter=tuple)
+    starts_request: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
+    request_at: float | None = None
+    task: str = ""
+    turn: int = 0
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.input_tokens - self.cached_tokens
+
+    @property
+    def model_seconds(self) -> float | None:
+        """From a complete prompt to the last output item: queueing, API work, prefill and decode."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+
+@attrs.frozen
+class Trace:
+    """A loaded trace: the tasks to replay and the rounds they were observed as.
+
+    Attributes:
+        path: The file or folder read.
+        format: Which reader read it (`testbed`, `tracelab-jsonl`, `tracelab-csv`, `codex`).
+        tasks: The tasks, in order of arrival where the trace has arrival times.
+        rounds: Every observed model call, with `task` and `turn` set.
+        notes: What was adjusted to make tasks, one sentence each (empty when nothing was).
+    """
+
+    path: str
+    format: str
+    tasks: tuple[wl.Workload, ...] = attrs.field(converter=tuple)
+    rounds: tuple[Round, ...] = attrs.field(converter=tuple)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def timed(self) -> bool:
+        return any(r.model_seconds is not None for r in self.rounds)
+
+
+def parse_timestamp(value: object) -> float:
+    """ISO 8601 ("2026-03-21T10:06:13.380Z") to epoch seconds; ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected an ISO 8601 timestamp string, got {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 timestamp: {value!r}") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp without a time zone: {value!r}")
+    return moment.timestamp()
+
+
+def count(obj: dict, key: str, path: str | PathLike[str], line: int, *, prefix: str = "", nullable: bool = False) -> int:
+    """A non-negative whole number at obj[key] (a float with no fraction counts); TraceError naming the field."""
+    field = prefix + key
+    if key not in obj:
+        raise TraceError(path, line, field, "missing")
+    value = obj[key]
+    if value is None and nullable:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise TraceError(path, line, field, f"expected a whole number, got {value!r}")
+    if value < 0:
+        raise TraceError(path, line, field, f"must be >= 0, got {value!r}")
+    return int(value)
+
+
+def seconds(value: object, path: str | PathLike[str], line: int, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(path, line, field, f"expected a number, got {value!r}")
+    if value < 0:
+        raise TraceError(path, line, field, f"must be >= 0, got {value!r}")
+    return float(value)
+
+
+@attrs.define
+class _Notes:
+    interrupted: int = 0
+    interrupted_calls: int = 0
+    shrank: int = 0
+    shrank_tokens: int = 0
+    zero_output: int = 0
+    extra: list[str] = attrs.Factory(list)
+
+    def sentences(self) -> list[str]:
+        out = list(self.extra)
+        if self.interrupted:
+            out.append(f"{self.interrupted} request(s) ended on a round with client tool calls (interrupted): "
+                       f"their last {self.interrupted_calls} call(s) are not replayed")
+        if self.shrank:
+            out.append(f"the prompt shrank at {self.shrank} round(s) (context compaction): replayed as appending "
+                       f"nothing, so the replayed context exceeds the trace's by up to {self.shrank_tokens} tokens")
+        if self.zero_output:
+            out.append(f"{self.zero_output} round(s) report 0 output tokens: replayed as 1")
+        return out
+
+
+def _cut_requests(rounds: Sequence[Round]) -> list[list[Round]]:
+    """One session's rounds, cut into requests: a new one at a user message or after a round without client calls
+    (hosted-only rounds continue the turn)."""
+    requests: list[list[Round]] = []
+    for r in rounds:
+        if not requests or r.starts_request or not (requests[-1][-1].tool_seconds or requests[-1][-1].hosted):
+            requests.append([r])
+        else:
+            requests[-1].append(r)
+    return requests
+
+
+def _turns(rounds: Sequence[Round], notes: _Notes) -> list[wl.TurnSpec]:
+    """The turns of one task from its rounds (see the module docstring)."""
+    appended = [rounds[0].input_tokens]
+    for previous, r in zip(rounds, rounds[1:]):
+        growth = r.input_tokens - previous.input_tokens - previous.output_tokens
+        if growth < 0:
+            notes.shrank += 1
+            notes.shrank_tokens = max(notes.shrank_tokens, -growth)
+        appended.append(max(0, growth))
+    notes.zero_output += sum(1 for r in rounds if r.output_tokens < 1)
+    turns: list[wl.TurnSpec] = []
+    group: list[int] = []
+    for i, r in enumerate(rounds):
+        group.append(i)
+        if r.hosted and not r.tool_seconds and i < len(rounds) - 1:
+            continue  # hosted-only: the model goes on in the same turn
+        hosted: list[wl.HostedCall] = []
+        for j in group:
+            if j == i:  # the turn's last round: results as the trace gives them
+                hosted += [wl.HostedCall(s, tokens) for s, tokens in rounds[j].hosted]
+            else:  # results are what the next round appended
+                base, rest = divmod(appended[j + 1], len(rounds[j].hosted))
+                hosted += [wl.HostedCall(s, base + (rest if n == 0 else 0)) for n, (s, _) in enumerate(rounds[j].hosted)]
+        output = sum(max(1, rounds[j].output_tokens) for j in group)
+        turns.append(wl.TurnSpec(appended[group[0]], output, r.tool_seconds, hosted))
+        group = []
+    if turns[-1].tool_seconds:
+        notes.interrupted += 1
+        notes.interrupted_calls += len(turns[-1].tool_seconds)
+        turns[-1] = attrs.evolve(turns[-1], tool_seconds=())
+    return turns
+
+
+def build(path: str | PathLike[str], format: str, sessions: Iterable[Sequence[Round]],
+          extra_notes: Iterable[str] = ()) -> Trace:
+    """Tasks from each session's rounds (see the module docstring), timestamps made relative to the first one."""
+    sessions = [list(s) for s in sessions if s]
+    stamps = [t for s in sessions for r in s for t in (r.request_at, r.started_at, r.ended_at) if t is not None]
+    origin = min(stamps) if stamps else 0.0
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - origin, 6)  # microseconds: what the formats record
+
+    notes = _Notes(extra=list(extra_notes))
+    tasks: list[wl.Workload] = []
+    rounds: list[Round] = []
+    for session in sessions:
+        for index, request in enumerate(_cut_requests(session)):
+            name = request[0].session if index == 0 else f"{request[0].session}/{index}"
+            first = request[0]
+            arrival = rel(first.request_at if first.request_at is not None else first.started_at)
+            tasks.append(wl.Workload(name, 0, _turns(request, notes), arrival_s=arrival))
+            rounds += [attrs.evolve(r, task=name, turn=k, started_at=rel(r.started_at), ended_at=rel(r.ended_at),
+                                    request_at=rel(r.request_at)) for k, r in enumerate(request)]
+    if not tasks:
+        raise TraceError(path, 1, None, "the trace holds no model calls")
+    if all(t.arrival_s is not None for t in tasks):
+        order = sorted(range(len(tasks)), key=lambda i: tasks[i].arrival_s)
+        tasks = [tasks[i] for i in order]
+    elif any(t.arrival_s is not None for t in tasks):
+        notes.extra.append("some tasks have no arrival time: the replay runs tasks one after another")
+        tasks = [attrs.evolve(t, arrival_s=None) for t in tasks]
+    return Trace(str(path), format, tasks, rounds, notes.sentences())
+
+
+def rounds_from_workloads(workloads: Iterable[wl.Workload]) -> list[Round]:
+    """The rounds a set of tasks makes with a perfect prefix cache (everything before the appended tokens cached),
+    untimed: what the generator's presets imply, in the same terms as a trace."""
+    out = []
+    for w in workloads:
+        for k, t in enumerate(w.turns):
+            out.append(Round(
+                session=w.name, line=0, input_tokens=w.prompt_tokens(k), cached_tokens=w.context_before(k),
+                output_tokens=t.output_tokens, tool_seconds=t.tool_seconds,
+                hosted=tuple((h.seconds, h.result_tokens) for h in t.hosted_calls), task=w.name, turn=k,
+            ))
+    return out

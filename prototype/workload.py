@@ -203,19 +203,30 @@ class WorkloadParams:
             raise ValueError(f"invalid WorkloadParams: {'; '.join(failed)}")
 
 
+# The coding agent, calibrated to TraceLab (uw-syfi/TraceLab, CC BY 4.0: 357,161 rounds of real Claude Code and Codex
+# sessions; its paper's published medians per step), docs/parameters.md "Calibration": the per-step medians of
+# appended (~875) and output (~214) tokens; a 30k-token first prompt (TraceLab's Claude first turns are ~27-32k) and
+# LN(15, 1.4) turns (TraceLab's per-session p50 15) put the median cached prefix per step at ~119k; output log-sd 1.34
+# gives TraceLab's mean output per step (~523 = 186.9M / 357,161). Tool times: the three-component mixture refitted so
+# ~4% of calls take over a minute and hold ~85% of tool time (TraceLab), keeping p50 ~0.3 s and p90 ~13.6 s; that
+# tail needs a mean of ~390 s per long call, so the cap is 3600 s (vLLM RFC #52113's maximum KV TTL).
+CODING = WorkloadParams(
+    turns_median=15, turns_sigma=1.4, initial_prompt_tokens=30000,
+    appended_median=875, appended_sigma=1.26, output_median=214, output_sigma=1.34,
+    tool_mixture=((0.65, 0.15, 1.0), (0.315, 4.0, 1.5), (0.035, 200.0, 1.2)), tool_cap_seconds=3600.0,
+)
 PRESETS: dict[str, WorkloadParams] = {
-    # The default coding agent: every docs/parameters.md default.
-    "coding": WorkloadParams(),
-    # [assumed] A short chat: 1-3 turns (TraceLab's per-user-request p50 is 1 turn, docs/parameters.md §1), a ~500-token
-    # prompt, small tool results and a fixed quick tool.
+    "coding": CODING,
+    # [assumed] A short chat: one user request of 1-3 turns (TraceLab's per-user-request p50 is 1 turn,
+    # docs/parameters.md §1), a ~500-token prompt, small tool results and a fixed quick tool.
     "chat": WorkloadParams(
         turns_median=2, turns_sigma=0.5, turns_max=3, initial_prompt_tokens=500,
         appended_median=200, appended_sigma=0.8, appended_max=4000,
         output_median=200, output_sigma=0.8, output_max=4000, fixed_tool_seconds=0.5,
     ),
-    # docs/parameters.md §1: reach TraceLab-size contexts (~154k input per step, AgentX median 142k) with a 30k initial
-    # prompt and 40-80 turns; LN(60, 0.5) is [assumed].
-    "long": WorkloadParams(turns_median=60, turns_sigma=0.5, initial_prompt_tokens=30000),
+    # A long-horizon coding session: coding's per-turn sizes and tools over ~60 turns (AgentX median 43; TraceLab's
+    # per-session mean 73.6), reaching contexts of ~150-250k tokens; LN(60, 0.5) is [assumed].
+    "long": attrs.evolve(CODING, turns_median=60, turns_sigma=0.5),
 }
 DEFAULT_PRESET = "coding"
 

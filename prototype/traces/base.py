@@ -12,7 +12,8 @@ cuts sessions into tasks and makes the testbed's `Workload`s from them, the same
 * Turn 0 appends the whole prompt of the task's first round (nothing is cached in the testbed when a task starts);
   turn k appends what the prompt grew by since round k-1, less round k-1's output, which the context already holds.
   Where the prompt shrank (the agent compacted its context) the turn appends nothing, and `Trace.notes` says so.
-* `arrival_s` of a task is when its first round's input was complete, in seconds from the trace's first timestamp.
+* `arrival_s` of a task is when its request began (else when its first round's input was complete), in seconds from
+  the trace's first request or model call.
 
 Nothing is dropped or changed silently: every adjustment is counted in `Trace.notes`, which the commands print.
 """
@@ -64,8 +65,8 @@ class Round:
         hosted: Hosted calls made in this round: (seconds, result tokens) each.
         starts_request: A user message began this round (a new task starts here).
         started_at: When the prompt was complete (the last user message or tool result before the model's first
-            output), in seconds: epoch seconds from a reader, seconds from the trace's first timestamp in a
-            `Trace`; None if the trace has no timestamps.
+            output), in seconds: epoch seconds from a reader, seconds from the trace's first request or model call
+            in a `Trace`; None if the trace has no timestamps.
         ended_at: When the model's last output item of the round arrived, same clock.
         request_at: When the user message that began this round arrived (`starts_request` rounds), same clock.
         task: The task `build` put it in; turn: its index among the task's rounds.

@@ -26,7 +26,7 @@ SESSION_COLUMNS = ("session_id", "id")
 
 
 def looks_like(header: list[str]) -> bool:
-    return {"round_idx", "prefix_len", "input_len"} <= set(header)
+    return "round_idx" in header and bool({"prefix_len", "input_len", "output_len"} & set(header))
 
 
 def _number(row: dict[str, str], key: str, path: str | PathLike[str], line: int, *, whole: bool) -> float:

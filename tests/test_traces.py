@@ -1,0 +1,295 @@
+"""Trace readers (prototype/traces/): each format from a file the test writes, and the error for each bad trace."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from prototype import traces
+from prototype import workload as wl
+from prototype.__main__ import main
+from prototype.workload import HostedCall, TurnSpec, Workload
+
+FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
+T0 = 1_780_000_000.0  # an arbitrary epoch second
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(T0 + seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --- TraceLab round JSONL ----------------------------------------------------------------------------------------
+
+
+def tracelab_row(session: str, index: int, prefix: int, append: int, output: int, tools=(), *, reasoning=None,
+                 start: float | None = None, end: float | None = None, user: bool = False) -> dict:
+    """One normalized TraceLab round; tools are (name, wall ms); events at start (input) and end (output)."""
+    events = []
+    if start is not None:
+        events.append({"event_type": "user_message" if user else "tool_result", "timestamp": iso(start), "source": "x"})
+        events.append({"event_type": "text", "timestamp": iso(end), "source": "x"})
+    return {
+        "provider": "codex", "session_id": session, "round_index": index, "input_tokens_total": prefix + append,
+        "prefix_tokens": prefix, "newly_append_tokens": append, "output_tokens": output,
+        "reasoning_output_tokens": reasoning, "timing_events": events,
+        "tools": [{"tool_index": i, "tool_name": name, "tool_wall_latency_ms": ms, "tool_internal_latency_ms": None,
+                   "result_chars": 4000} for i, (name, ms) in enumerate(tools)],
+        "first_input_event_type": "user_message" if user else "tool_result",
+    }
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
+    rows = [
+        tracelab_row("s1", 0, 0, 1000, 100, [("exec_command", 250)], reasoning=40, start=0.0, end=2.0, user=True),
+        tracelab_row("s2", 0, 0, 500, 50, [], start=5.0, end=6.0, user=True),  # another session interleaves
+        tracelab_row("s1", 1, 1024, 300, 80, [("exec_command", 1500), ("apply_patch", 500)], start=2.25, end=3.0),
+        tracelab_row("s1", 2, 1408, 200, 60, [("web_search", 4000)], start=4.5, end=5.0),  # hosted only: same turn
+        tracelab_row("s1", 3, 1600, 900, 70, [], start=9.0, end=10.0),
+        tracelab_row("s1", 4, 2500, 50, 20, [], start=30.0, end=31.0, user=True),  # a second request
+    ]
+    trace = traces.load(write_jsonl(tmp_path / "round_trace.jsonl", rows))
+    assert trace.format == "tracelab-jsonl" and trace.notes == ()
+    assert [(t.name, t.arrival_s) for t in trace.tasks] == [("s1", 0.0), ("s2", 5.0), ("s1/1", 30.0)]
+    s1 = trace.tasks[0]
+    # turn 1 appends what the prompt grew by (1324 - 1000) less turn 0's 100 output tokens; the hosted-only round
+    # (1608 - 1324 - 80 = 204 new tokens) merges with the next: its result is what that round appended (2500 - 1608 - 60)
+    assert s1.turns == (
+        TurnSpec(1000, 100, (0.25,)),
+        TurnSpec(224, 80, (1.5, 0.5)),
+        TurnSpec(204, 130, (), (HostedCall(4.0, 832),)),
+    )
+    assert trace.tasks[2] == Workload("s1/1", 0, (TurnSpec(2550, 20, ()),), arrival_s=30.0)
+    first = trace.rounds[0]
+    assert (first.cached_tokens, first.uncached_tokens, first.reasoning_tokens, first.model_seconds) == (0, 1000, 40, 2.0)
+    assert [r.turn for r in trace.rounds if r.task == "s1"] == [0, 1, 2, 3]
+
+
+def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
+    row = tracelab_row("s", 0, 0, 10, 5, [])
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
+    assert len(trace.rounds) == 1
+    assert trace.notes == ("1 exact duplicate row(s) (same session_id, round_index and token counts) skipped",)
+
+
+def test_interrupted_requests_and_compaction_are_said(tmp_path):
+    rows = [tracelab_row("s", 0, 0, 5000, 10, [("exec", 100)]), tracelab_row("s", 1, 0, 800, 10, [("exec", 100)])]
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
+    assert trace.tasks[0].turns == (TurnSpec(5000, 10, (0.1,)), TurnSpec(0, 10, ()))
+    assert trace.notes == (
+        "1 request(s) ended on a round with client tool calls (interrupted): their last 1 call(s) are not replayed",
+        "the prompt shrank at 1 round(s) (context compaction): replayed as appending nothing, so the replayed "
+        "context exceeds the trace's by up to 4210 tokens",
+    )
+
+
+BAD_TRACELAB = [
+    ("missing field", lambda r: r.pop("prefix_tokens"), 2, "prefix_tokens", "missing"),
+    ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0"),
+    ("negative tool time", lambda r: r["tools"].append({"tool_name": "x", "tool_wall_latency_ms": -1}), 2,
+     "tools[0].tool_wall_latency_ms", "must be >= 0"),
+    ("tool without name", lambda r: r["tools"].append({"tool_wall_latency_ms": 5}), 2, "tools[0].tool_name", "missing"),
+    ("turns out of order", lambda r: r.update(round_index=0, prefix_tokens=7, input_tokens_total=17), 2, "round_index", "0 after 0"),
+    ("inconsistent total", lambda r: r.update(input_tokens_total=1), 2, "input_tokens_total", "is not prefix_tokens"),
+    ("bad timestamp", lambda r: r["timing_events"].append({"event_type": "text", "timestamp": "yesterday"}), 2,
+     "timing_events[0].timestamp", "not an ISO 8601"),
+]
+
+
+@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_TRACELAB, ids=[b[0] for b in BAD_TRACELAB])
+def test_bad_tracelab_rows_name_file_line_and_field(tmp_path, label, spoil, line, field, message):
+    second = tracelab_row("s", 1, 10, 10, 5, [])
+    spoil(second)
+    path = write_jsonl(tmp_path / "bad.jsonl", [tracelab_row("s", 0, 0, 10, 5, [("exec", 1)]), second])
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert str(caught.value).startswith(f"{path}:{line}: {field}: ") and message in str(caught.value)
+
+
+# --- TraceLab CSV ------------------------------------------------------------------------------------------------
+
+CSV_HEADER = ["id", "input_len", "output_len", "arrival_time", "round_idx", "tool_wait_after_ms", "prefix_len"]
+
+
+def write_csv(path: Path, rows, header=CSV_HEADER) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
+    path = write_csv(tmp_path / "coding_trace.csv", [
+        [0, 3000, 100, "0.000000", 0, "1500.000000", 0],
+        [0, 200, 50, "0.000000", 1, "0.000000", 3072],
+        [1, 800, 40, "2500.500000", 0, "0.000000", 0],
+    ])
+    trace = traces.load(path)
+    assert trace.format == "tracelab-csv" and trace.notes == () and not trace.timed
+    assert trace.tasks == (
+        Workload("0", 0, (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), arrival_s=0.0),
+        Workload("1", 0, (TurnSpec(800, 40, ()),), arrival_s=2.5005),
+    )
+
+
+BAD_CSV = [
+    ("missing column", CSV_HEADER[:-1], [[0, 1, 1, 0, 0, 0]], 1, "prefix_len", "missing column"),
+    ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0"),
+    ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number"),
+    ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx", "expected 1"),
+    ("session starts late", CSV_HEADER, [[0, 1, 1, 0, 1, 0, 0]], 2, "round_idx", "starts at 1"),
+    ("missing value", CSV_HEADER, [[0, 1, 1, "", 0, 0, 0]], 2, "arrival_time", "missing"),
+]
+
+
+@pytest.mark.parametrize(("label", "header", "rows", "line", "field", "message"), BAD_CSV, ids=[b[0] for b in BAD_CSV])
+def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, field, message):
+    path = write_csv(tmp_path / "bad.csv", rows, header)
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    assert (caught.value.line, caught.value.field) == (line, field) and message in str(caught.value)
+
+
+# --- Codex rollouts ----------------------------------------------------------------------------------------------
+
+
+def rollout_line(at: float, kind: str, **payload) -> dict:
+    return {"timestamp": iso(at), "type": kind, "payload": payload}
+
+
+def token_count(at: float, input_tokens: int, cached: int, output: int, reasoning: int = 0, total: int = 0) -> dict:
+    usage = {"input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output,
+             "reasoning_output_tokens": reasoning, "total_tokens": input_tokens + output}
+    return rollout_line(at, "event_msg", type="token_count",
+                        info={"total_token_usage": {**usage, "total_tokens": total}, "last_token_usage": usage})
+
+
+def codex_rollout() -> list[dict]:
+    return [
+        rollout_line(0.0, "session_meta", id="sess-1", timestamp=iso(0.0), cli_version="0.171.0"),
+        rollout_line(0.1, "event_msg", type="task_started", turn_id="t1"),
+        rollout_line(0.2, "response_item", type="message", role="user", content=[]),
+        rollout_line(0.3, "turn_context", cwd="/x"),
+        rollout_line(1.0, "response_item", type="reasoning", summary=[]),
+        rollout_line(1.5, "response_item", type="function_call", name="exec_command", arguments="{}", call_id="c1"),
+        rollout_line(1.6, "response_item", type="function_call", name="apply_patch", arguments="{}", call_id="c2"),
+        rollout_line(1.6, "event_msg", type="token_count", info=None),  # rate limits only
+        token_count(1.7, 9000, 0, 300, 120, total=1),
+        token_count(1.7, 9000, 0, 300, 120, total=1),  # the same call reported twice
+        rollout_line(2.0, "response_item", type="function_call_output", call_id="c1", output="ok"),
+        rollout_line(4.6, "response_item", type="function_call_output", call_id="c2", output="ok"),
+        rollout_line(5.0, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(5.8, "response_item", type="message", role="assistant", content=[]),
+        token_count(5.9, 9700, 9216, 150, 0, total=2),
+        rollout_line(6.0, "event_msg", type="task_complete", turn_id="t1"),
+    ]
+
+
+def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
+    folder = tmp_path / "sessions" / "2026" / "11" / "30"
+    folder.mkdir(parents=True)
+    path = write_jsonl(folder / "rollout-2026-11-30T00-00-00-sess-1.jsonl", codex_rollout())
+    trace = traces.load(path)
+    assert trace.format == "codex" and trace.notes == ()
+    # 9700 - 9000 - 300 = 400 tokens appended; the web search runs inside the second call
+    assert trace.tasks == (Workload("sess-1", 0, (TurnSpec(9000, 300, (0.5, 3.0)), TurnSpec(400, 150, (), (HostedCall(0.0, 0),))),
+                                    arrival_s=0.0),)
+    first, second = trace.rounds  # times from the first request (task_started at 0.1 s)
+    assert (first.started_at, first.ended_at, first.reasoning_tokens) == (0.1, 1.5, 120)
+    assert (second.started_at, second.ended_at, second.cached_tokens) == (4.5, 5.7, 9216)
+    assert traces.load(tmp_path / "sessions").tasks == trace.tasks  # a $CODEX_HOME/sessions folder
+
+
+BAD_CODEX = [
+    ("missing field", lambda lines: lines[4].pop("timestamp"), 5, "timestamp", "missing"),
+    ("non-monotonic", lambda lines: lines[5].update(timestamp=iso(0.5)), 6, "timestamp", "earlier than the line before"),
+    ("negative", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(output_tokens=-1), 9,
+     "payload.info.last_token_usage.output_tokens", "must be >= 0"),
+    ("missing usage", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
+     "payload.info.last_token_usage.input_tokens", "missing"),
+    ("call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
+    ("cached over input", lambda lines: lines[14]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6),
+     15, "payload.info.last_token_usage.cached_input_tokens", "exceeds input_tokens"),
+]
+
+
+@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_CODEX, ids=[b[0] for b in BAD_CODEX])
+def test_bad_codex_rollout_names_file_line_and_field(tmp_path, label, spoil, line, field, message):
+    lines = codex_rollout()
+    spoil(lines)
+    path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert message in str(caught.value)
+
+
+def test_the_project_made_codex_rollout_fixture_loads():
+    """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve` (docs/codex.md), contents removed."""
+    trace = traces.load(FIXTURE)
+    assert trace.format == "codex" and trace.notes == () and len(trace.tasks) == 1
+    task = trace.tasks[0]
+    assert len(task.turns) == 6 and task.turns[0].appended_tokens == 8036
+    assert all(len(t.tool_seconds) == 1 for t in task.turns[:-1])
+    assert [r.output_tokens for r in trace.rounds] == [127, 127, 129, 121, 127, 120]
+    assert all(r.model_seconds is not None and r.model_seconds > 0 for r in trace.rounds)
+
+
+# --- the testbed's own format, detection -------------------------------------------------------------------------
+
+
+def test_testbed_format_keeps_tasks_and_arrivals(tmp_path):
+    tasks = [attrs_evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
+    path = tmp_path / "own.jsonl"
+    wl.write_trace(tasks, path)
+    trace = traces.load(path)
+    assert trace.format == "testbed" and not trace.timed
+    assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
+
+
+def attrs_evolve(task, **changes):
+    import attrs
+
+    return attrs.evolve(task, **changes)
+
+
+def test_bad_testbed_trace_names_file_line_and_field(tmp_path):
+    path = tmp_path / "own.jsonl"
+    good = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
+    write_jsonl(path, [good, {**good, "turn": 1, "appended_tokens": -4, "tool_calls": []}])
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    assert (caught.value.line, caught.value.field) == (2, "appended_tokens")
+    write_jsonl(path, [good, {**good, "turn": 3, "tool_calls": []}])
+    with pytest.raises(traces.TraceError, match="out of order") as caught:
+        traces.load(path)
+    assert caught.value.line == 2
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"foo": 1}\n', "unknown trace format: a JSON object with keys foo"),
+    ("a,b,c\n1,2,3\n", "unknown trace format: first line 'a,b,c'"),
+    ("\n\n", "empty file"),
+    ("{not json\n", "invalid JSON"),
+])
+def test_unknown_formats_are_refused(tmp_path, content, message):
+    path = tmp_path / "x.txt"
+    path.write_text(content)
+    with pytest.raises(traces.TraceError, match=message):
+        traces.load(path)
+
+
+def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"foo": 1}])
+    assert main(["compare", "--trace", str(path), "--out", str(tmp_path)]) == 2
+    assert f"error: {path}:1: unknown trace format" in capsys.readouterr().err

@@ -9,7 +9,7 @@ a testbed with infinitely fast code would take. It is measured by running the sa
 virtual clock, where code costs no time (the sum of the server's modeled phases is printed next to
 it as a check). Efficiency = limit / measured real end-to-end time.
 
-The coding preset's tool calls average ~10 s, so a real-time run of its tasks takes minutes: tool
+The compact preset's tool calls average ~10 s, so a real-time run of its tasks takes minutes: tool
 times are multiplied by `--tool-scale` (default 0.01), which the output states.
 
     python -m experiments.efficiency [--tasks 1] [--tool-scale 0.01] [--speeds 65 1000 4000]
@@ -36,7 +36,7 @@ COLUMNS = ("design", "decode_tps", "tasks", "turns", "limit_s", "phase_sum_s", "
 
 def scaled_tasks(n_tasks: int, seed: int, tool_scale: float, max_turns: int | None) -> tuple[wl.Workload, ...]:
     tasks = []
-    for task in wl.generate("coding", seed=seed, n_tasks=n_tasks):
+    for task in wl.generate("compact", seed=seed, n_tasks=n_tasks):
         turns = list(task.turns)
         if max_turns is not None and len(turns) > max_turns:
             turns = turns[: max_turns - 1] + [attrs.evolve(turns[-1], tool_seconds=())]

@@ -1,7 +1,7 @@
 """The cost of holding state (issue 9): engine KV memory under N concurrent agents, per design and
 retention policy.
 
-N agents start together, each running one task of the default `coding` workload, over WebSocket
+N agents start together, each running one task of the `compact` workload, over WebSocket
 to one in-process server under virtual time. The server's one engine is an H100 serving
 Llama-3.1-8B: a fixed KV budget, vLLM's batch limit, one prefill at a time, and a retention policy
 for the KV of sessions that wait for a tool (prototype/engine/memory.py):
@@ -98,7 +98,7 @@ def run_config(design: str, policy: str, agents: int, args: argparse.Namespace) 
         # queueing for the engine, not reconnection, is what this measures.
         ServerConfig(suspension_ttl=SUSPENSION_TTL, connection_lifetime=math.inf, max_connections=agents + 10),
     )
-    tasks = generate("coding", seed=args.seed, n_tasks=agents, fixed_turns=args.turns)
+    tasks = generate("compact", seed=args.seed, n_tasks=agents, fixed_turns=args.turns)
     connector = InMemoryConnector(server)
     records = []
 
@@ -183,7 +183,7 @@ def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         ("decode", f"{args.decode_tps:g} tok/s per call, any batch", "8B on H100 at 32k, batch 1 [derived]; batch effect left out"),
         ("host link", f"{args.swap_gbps:g} GB/s each way", "PCIe Gen4 x16 effective [assumed]"),
         ("host budget", f"{args.host_budget:,} tokens", "DGX H100: 2 TB / 8 GPUs [derived]"),
-        ("workload", f"coding, {args.turns} turns, seed {args.seed}", "docs/parameters.md §1-2 defaults; turns a §1 sweep value"),
+        ("workload", f"compact, {args.turns} turns, seed {args.seed}", "docs/parameters.md §1-2 defaults; turns a §1 sweep value"),
         ("scheduler seed", f"{args.scheduler_seed}", "trio's tie-break order, seeded for reproducibility"),
         ("API costs", "ApiCosts() defaults", "docs/parameters.md §4 [assumed]"),
         ("v1 suspension TTL", f"{SUSPENSION_TTL:g} s", "raised from 300 s so no rollout fails"),
@@ -228,7 +228,7 @@ def plot(rows: list[dict], path) -> None:
     axes.flat[5].axhline(budget_gib, color="gray", linewidth=1, linestyle=":", label="KV budget")
     handles, labels = axes.flat[5].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=9)
-    fig.suptitle("Engine KV memory under concurrency: one H100, Llama-3.1-8B, coding workload (virtual time)")
+    fig.suptitle("Engine KV memory under concurrency: one H100, Llama-3.1-8B, compact workload (virtual time)")
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -65,7 +65,7 @@ def coding_tasks(turns: int, tool_seconds: float | None = None) -> Callable[[int
         overrides: dict[str, Any] = {"fixed_turns": turns}
         if tool_seconds is not None:
             overrides["fixed_tool_seconds"] = tool_seconds
-        return tuple(wl.generate("coding", seed=7, n_tasks=n, **overrides))
+        return tuple(wl.generate("compact", seed=7, n_tasks=n, **overrides))
     return make
 
 

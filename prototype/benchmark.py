@@ -223,14 +223,18 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     name = "custom (preset file)" if isinstance(config.preset, wl.WorkloadParams) else config.preset
     net = config.network
     model = config.latency
+    # The coding preset's task shape is calibrated to TraceLab's published medians (docs/parameters.md, Calibration).
+    calibrated = "docs/parameters.md Calibration: TraceLab" if config.preset == "coding" else None
     rows = [
         ("workload preset", f"{name}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
-        ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
-        ("initial prompt", f"{params.initial_prompt_tokens} tokens", "docs/parameters.md §1 [assumed]"),
+        ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", calibrated or "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
+        ("initial prompt", f"{params.initial_prompt_tokens} tokens", calibrated or "docs/parameters.md §1 [assumed]"),
         ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "docs/parameters.md §1: TraceLab"),
-        ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", "docs/parameters.md §1: inference-perf, Exgentic, AgentX"),
-        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
-        ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"),
+        ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", calibrated or "docs/parameters.md §1: inference-perf, Exgentic, AgentX"),
+        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", calibrated or "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
+        ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s" if model == latency.LatencyModel()
+         else f"{model.decode_tokens_per_s:g} tokens/s unless --speeds", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"
+         if model == latency.LatencyModel() else "latency profile (--latency)"),
         ("prefill rate", f"{model.prefill_tokens_per_s:g} tokens/s" + (f" + n*C/{model.cache_attention:.2g}" if model.cache_attention else ""),
          "docs/parameters.md §3 roofline [assumed R, derived Q]" if model == latency.LatencyModel() else "latency profile (--latency)"),
         ("engine request overhead", f"{model.request_overhead * 1000:g} ms",

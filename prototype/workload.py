@@ -217,6 +217,10 @@ CODING = WorkloadParams(
 )
 PRESETS: dict[str, WorkloadParams] = {
     "coding": CODING,
+    # The WorkloadParams defaults (docs/parameters.md §1: Exgentic moment fit, an 8k first prompt): a coding agent
+    # with contexts of ~30-75k tokens, shorter than TraceLab's. The experiments sized on it (a GPU's KV budget, the
+    # published-results conditions) keep using it.
+    "compact": WorkloadParams(),
     # [assumed] A short chat: one user request of 1-3 turns (TraceLab's per-user-request p50 is 1 turn,
     # docs/parameters.md §1), a ~500-token prompt, small tool results and a fixed quick tool.
     "chat": WorkloadParams(

@@ -2,7 +2,7 @@
 
 Metadata keys (all values are strings, as the public API requires):
 
-* `testbed_workload`: a preset name (`coding`, `chat`, `long`), a fixed task
+* `testbed_workload`: a preset name (`coding`, `compact`, `chat`, `long`), a fixed task
   `fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<tool seconds>]]]]`
   (defaults 8000, 800, 300, 0.3: `workload.fixed`), or a key returned by `WorkloadCatalog.register`
   (traces replayed in-process);

@@ -12,7 +12,7 @@ it as a check). Efficiency = limit / measured real end-to-end time.
 The compact preset's tool calls average ~10 s, so a real-time run of its tasks takes minutes: tool
 times are multiplied by `--tool-scale` (default 0.01), which the output states.
 
-    python -m experiments.efficiency [--tasks 1] [--tool-scale 0.01] [--speeds 65 1000 4000]
+    python -m experiments.efficiency [--tasks 1] [--trace PATH] [--tool-scale 0.01] [--speeds 65 1000 4000]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from prototype import benchmark, metrics, netem
+from prototype import benchmark, metrics, netem, traces
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
 
@@ -34,14 +34,16 @@ LIMIT_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE, metrics.HOSTED_T
 COLUMNS = ("design", "decode_tps", "tasks", "turns", "limit_s", "phase_sum_s", "real_s", "efficiency", "target", "met")
 
 
-def scaled_tasks(n_tasks: int, seed: int, tool_scale: float, max_turns: int | None) -> tuple[wl.Workload, ...]:
+def scaled_tasks(n_tasks: int, seed: int, tool_scale: float, max_turns: int | None,
+                 trace: str | None = None) -> tuple[wl.Workload, ...]:
     tasks = []
-    for task in wl.generate("compact", seed=seed, n_tasks=n_tasks):
+    source = traces.load(trace).tasks[:n_tasks] if trace else wl.generate("compact", seed=seed, n_tasks=n_tasks)
+    for task in source:
         turns = list(task.turns)
         if max_turns is not None and len(turns) > max_turns:
             turns = turns[: max_turns - 1] + [attrs.evolve(turns[-1], tool_seconds=())]
         turns = [attrs.evolve(t, tool_seconds=tuple(s * tool_scale for s in t.tool_seconds)) for t in turns]
-        tasks.append(attrs.evolve(task, turns=tuple(turns)))
+        tasks.append(attrs.evolve(task, turns=tuple(turns), arrival_s=None))  # one task after another
     return tuple(tasks)
 
 
@@ -77,7 +79,8 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig) -> dict[str,
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=1, help="coding tasks, seed 0 (default 1)")
+    parser.add_argument("--tasks", type=int, default=1, help="compact tasks, seed 0, or a trace's first tasks (default 1)")
+    parser.add_argument("--trace", help="run this trace's tasks (prototype/traces) instead of generated ones")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tool-scale", type=float, default=0.01, help="multiply every tool time by this (default 0.01)")
     parser.add_argument("--max-turns", type=int, default=None, help="cut each task to this many turns (default: all)")
@@ -86,12 +89,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--flush-interval", type=float, default=benchmark.BENCH_FLUSH_INTERVAL)
     parser.add_argument("--csv", default="efficiency.csv")
     args = parser.parse_args(argv)
-    tasks = scaled_tasks(args.tasks, args.seed, args.tool_scale, args.max_turns)
+    tasks = scaled_tasks(args.tasks, args.seed, args.tool_scale, args.max_turns, args.trace)
     config = benchmark.BenchConfig(
         task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=args.flush_interval,
     )
     print(
-        f"coding workload, {len(tasks)} task(s) of seed {args.seed} ({sum(len(t.turns) for t in tasks)} turns"
+        f"{f'trace {args.trace}' if args.trace else f'compact workload, seed {args.seed}'}: {len(tasks)} task(s) ({sum(len(t.turns) for t in tasks)} turns"
         f"{'' if args.max_turns is None else f', cut to {args.max_turns}'}), tool times x {args.tool_scale:g} "
         f"(scaled: {sum(sum(s) for t in tasks for s in (x.tool_seconds for x in t.turns)):.2f} s in all); "
         f"RTT 0, API stage costs zero, deltas coalesced every {args.flush_interval * 1000:g} ms; "

@@ -35,6 +35,7 @@
 # %% tags=["parameters"]
 DESIGNS = ("http", "chained", "suspended")  # add "http-stored" to see previous_response_id over HTTP
 PRESET = "coding"  # workload preset (prototype/workload.py)
+TRACE = None  # or a trace file to replay instead (prototype/traces: testbed, TraceLab or Codex); its first N_TASKS tasks
 SEED = 0
 N_TASKS = 1  # seeded tasks per point (the same tasks for every design); 3 or more for smoother curves
 TURNS = 20  # turns per task (the post's "20+ tool calls")
@@ -60,7 +61,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-from prototype import benchmark, plots
+from prototype import benchmark, plots, traces
 from prototype import workload as wl
 
 plots.add_repo_to_path()  # `experiments` imports from any working directory
@@ -73,8 +74,14 @@ print(f"test mode: {plots.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} tu
 
 
 def tasks(**overrides):
-    """The seeded tasks of every point: TURNS turns, TOOL_SECONDS per call, unless overridden."""
+    """The seeded tasks of every point: TURNS turns, TOOL_SECONDS per call, unless overridden. With TRACE, the trace's
+    tasks with their own turns, run one after another; the tool-time and history sweeps replace their tool times and
+    first prompts."""
     params = {"fixed_turns": TURNS, "fixed_tool_seconds": TOOL_SECONDS, **overrides}
+    if TRACE:
+        return tuple(traces.adjusted(t, tool_seconds=params["fixed_tool_seconds"], closed_loop=True,
+                                     initial_prompt_tokens=params.get("initial_prompt_tokens"))
+                     for t in traces.load(TRACE).tasks[:N_TASKS])
     return tuple(wl.generate(PRESET, seed=SEED, n_tasks=N_TASKS, **params))
 
 

@@ -293,3 +293,12 @@ def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"foo": 1}])
     assert main(["compare", "--trace", str(path), "--out", str(tmp_path)]) == 2
     assert f"error: {path}:1: unknown trace format" in capsys.readouterr().err
+
+
+def test_adjusted_replaces_what_a_sweep_sets():
+    task = traces.load(FIXTURE).tasks[0]
+    swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
+    assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
+    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 5 + [()]
+    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
+    assert traces.adjusted(task) == task

@@ -18,7 +18,7 @@ from os import PathLike
 from pathlib import Path
 
 from . import codex, native, tracelab, tracelab_csv
-from .base import HOSTED_TOOL_NAMES, Round, Trace, TraceError, build, is_hosted, rounds_from_workloads
+from .base import HOSTED_TOOL_NAMES, Round, Trace, TraceError, adjusted, build, is_hosted, rounds_from_workloads
 
 FORMATS = (native.FORMAT, tracelab.FORMAT, tracelab_csv.FORMAT, codex.FORMAT)
 
@@ -79,5 +79,5 @@ def load(path: str | PathLike[str]) -> Trace:
     return {native.FORMAT: native.read, tracelab.FORMAT: tracelab.read, tracelab_csv.FORMAT: tracelab_csv.read}[fmt](path)
 
 
-__all__ = ["FORMATS", "HOSTED_TOOL_NAMES", "Round", "Trace", "TraceError", "detect", "is_hosted", "load",
+__all__ = ["FORMATS", "HOSTED_TOOL_NAMES", "Round", "Trace", "TraceError", "adjusted", "detect", "is_hosted", "load",
            "rounds_from_workloads"]

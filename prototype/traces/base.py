@@ -260,6 +260,18 @@ def build(path: str | PathLike[str], format: str, sessions: Iterable[Sequence[Ro
     return Trace(str(path), format, tasks, rounds, notes.sentences())
 
 
+def adjusted(task: wl.Workload, *, tool_seconds: float | None = None, initial_prompt_tokens: int | None = None,
+             closed_loop: bool = False) -> wl.Workload:
+    """A trace's task with a swept quantity replaced, as a sweep over generated tasks would set it: every client tool
+    call takes `tool_seconds`, turn 0 appends `initial_prompt_tokens`; `closed_loop` drops the arrival time."""
+    turns = list(task.turns)
+    if tool_seconds is not None:
+        turns = [attrs.evolve(t, tool_seconds=(tool_seconds,) * len(t.tool_seconds)) for t in turns]
+    if initial_prompt_tokens is not None:
+        turns[0] = attrs.evolve(turns[0], appended_tokens=initial_prompt_tokens)
+    return attrs.evolve(task, turns=tuple(turns), arrival_s=None if closed_loop else task.arrival_s)
+
+
 def rounds_from_workloads(workloads: Iterable[wl.Workload]) -> list[Round]:
     """The rounds a set of tasks makes with a perfect prefix cache (everything before the appended tokens cached),
     untimed: what the generator's presets imply, in the same terms as a trace."""

@@ -153,3 +153,10 @@ def test_bad_preset_and_latency_files_are_named(tmp_path, capsys):
     assert main(["compare", "--latency", str(bad), "--out", str(tmp_path)]) == 2
     assert f"{bad}: decode_tokens_per_s: expected a finite number >= 0" in capsys.readouterr().err
     assert iso(0.0).endswith("Z")
+
+
+def test_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
+    assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "compare.json").read_text())["table"]
+    assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
+    assert "1 tasks of trace" in capsys.readouterr().out

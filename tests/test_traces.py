@@ -302,3 +302,16 @@ def test_adjusted_replaces_what_a_sweep_sets():
     assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 5 + [()]
     assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
     assert traces.adjusted(task) == task
+
+
+def test_codex_running_totals_without_last_usage(tmp_path):
+    lines = codex_rollout()
+    for index, total in ((8, (9000, 0, 300, 120)), (14, (18700, 9216, 450, 120))):
+        info = lines[index]["payload"]["info"]
+        info.pop("last_token_usage")
+        info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",
+                                              "reasoning_output_tokens"), total))
+    lines.pop(9)  # no repeated report
+    first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
+    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
+        9000, 300, 9700, 9216, 150)

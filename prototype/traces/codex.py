@@ -5,8 +5,9 @@ Each line is `{"timestamp": ISO 8601, "type": ..., "payload": {...}}` (codex-rs 
 call shows up as its output items (`response_item` of type `message` with role `assistant`, `reasoning`,
 `function_call`, `custom_tool_call`, `local_shell_call`, `web_search_call`) followed by an `event_msg` of type
 `token_count` whose `info.last_token_usage` holds that call's `input_tokens`, `cached_input_tokens`,
-`output_tokens` (reasoning included) and `reasoning_output_tokens`. A repeated token_count (same
-`info.total_token_usage`) is the same call reported twice and is skipped.
+`output_tokens` (reasoning included) and `reasoning_output_tokens` (where `last_token_usage` is absent, the
+difference of two `total_token_usage`s). A repeated token_count (same `info.total_token_usage`) is the same call
+reported twice and is skipped.
 
 * Tool time: from a call item to the `function_call_output` / `custom_tool_call_output` with its `call_id`.
   `web_search_call` is hosted: it runs inside the model call, so its time is part of the round's.
@@ -22,6 +23,8 @@ from __future__ import annotations
 import json
 from os import PathLike
 from pathlib import Path
+
+import attrs
 
 from .base import Round, TraceError, count, parse_timestamp
 
@@ -107,13 +110,17 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
                 info = payload.get("info")
                 if info is None:
                     continue  # a rate-limit report, no usage
-                if not isinstance(info, dict) or not isinstance(info.get("last_token_usage"), dict):
-                    raise TraceError(path, line, "payload.info.last_token_usage", "missing")
-                if info.get("total_token_usage") is not None and info.get("total_token_usage") == previous_total:
+                if not isinstance(info, dict):
+                    raise TraceError(path, line, "payload.info", f"expected an object, got {info!r}")
+                total = info.get("total_token_usage")
+                if total is not None and total == previous_total:
                     continue
-                previous_total = info.get("total_token_usage")
-                usage = info["last_token_usage"]
-                prefix = "payload.info.last_token_usage."
+                usage, prefix = info.get("last_token_usage"), "payload.info.last_token_usage."
+                if usage is None and isinstance(total, dict):  # versions that report running totals only
+                    usage, prefix = _difference(total, previous_total), "payload.info.total_token_usage."
+                if not isinstance(usage, dict):
+                    raise TraceError(path, line, "payload.info.last_token_usage", "missing")
+                previous_total = total
                 input_tokens = count(usage, "input_tokens", path, line, prefix=prefix)
                 cached = count(usage, "cached_input_tokens", path, line, prefix=prefix, nullable=True) if "cached_input_tokens" in usage else 0
                 output = count(usage, "output_tokens", path, line, prefix=prefix)
@@ -143,14 +150,15 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
             else:
                 notes["no_output"] += 1
                 seconds.append(0.0)
-        finished.append(Round(**{**_as_dict(r), "session": session, "tool_seconds": tuple(seconds)}))
+        finished.append(attrs.evolve(r, session=session, tool_seconds=tuple(seconds)))
     return finished, notes
 
 
-def _as_dict(r: Round) -> dict:
-    import attrs
-
-    return attrs.asdict(r, recurse=False)
+def _difference(total: dict, previous: object) -> dict:
+    """One call's usage from two running totals (missing keys stay missing, for the error)."""
+    before = previous if isinstance(previous, dict) else {}
+    return {key: value - before.get(key, 0) if isinstance(value, int) and isinstance(before.get(key, 0), int) else value
+            for key, value in total.items()}
 
 
 def notes_text(notes: dict[str, int]) -> list[str]:

@@ -182,6 +182,9 @@ class WorkloadParams:
     hosted_call_p: float = 0.0  # [assumed] probability a non-final turn first makes one hosted web_search
     hosted_seconds: float = 1.0  # [assumed]
     hosted_result_tokens: int = 1500  # [assumed]
+    # The model's context window: a task ends (its last turn answers) before a turn whose prompt (appended and output
+    # tokens so far) would exceed it, as an agent must stop or compact there. None: no limit.
+    context_window_tokens: int | None = None
 
     def __attrs_post_init__(self) -> None:
         checks = {
@@ -197,6 +200,8 @@ class WorkloadParams:
             "fixed_tool_seconds >= 0": self.fixed_tool_seconds is None or self.fixed_tool_seconds >= 0,
             "probabilities in [0, 1]": 0 <= self.parallel_calls_p <= 1 and 0 <= self.hosted_call_p <= 1,
             "hosted_seconds, hosted_result_tokens >= 0": self.hosted_seconds >= 0 and self.hosted_result_tokens >= 0,
+            "context_window_tokens > initial_prompt_tokens": self.context_window_tokens is None
+            or self.context_window_tokens > self.initial_prompt_tokens,
         }
         failed = [rule for rule, ok in checks.items() if not ok]
         if failed:
@@ -265,6 +270,10 @@ def _generate_task(p: WorkloadParams, seed: int, index: int, name: str) -> Workl
     outputs = _lognormal_ints(rng, p.output_median, p.output_sigma, p.output_min, p.output_max, n)
     appended = [p.initial_prompt_tokens]
     appended += _lognormal_ints(rng, p.appended_median, p.appended_sigma, p.appended_min, p.appended_max, n - 1)
+    if p.context_window_tokens is not None:
+        prompts = np.cumsum(appended) + np.concatenate([[0], np.cumsum(outputs[:-1])])
+        n = max(1, int(np.argmax(prompts > p.context_window_tokens)) if prompts[-1] > p.context_window_tokens else n)
+        outputs, appended = outputs[:n], appended[:n]
     hosted = (rng.random(n - 1) < p.hosted_call_p).tolist() + [False]
     n_calls = (1 + (rng.random(n - 1) < p.parallel_calls_p)).tolist() + [0]
     seconds = sample_tool_seconds(rng, p, sum(n_calls)).tolist()  # drawn last: only its length varies

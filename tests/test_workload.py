@@ -234,3 +234,18 @@ def test_read_trace_rejects_malformed_lines(lines, bad_line):
 def test_read_trace_accepts_missing_hosted_calls_and_blank_lines():
     (w,) = read_trace(io.StringIO(f"{_line()}\n\n{_END}\n"))
     assert w == Workload("t", 1, (TurnSpec(10, 5, (0.5,)), TurnSpec(10, 5, ())))
+
+
+def test_context_window_ends_tasks_before_an_overlong_prompt():
+    free = generate("coding", seed=0, n_tasks=60)
+    capped = generate("coding", seed=0, n_tasks=60, context_window_tokens=200_000)
+    assert all(w.prompt_tokens(k) <= 200_000 for w in capped for k in range(len(w.turns)))
+    for w, c in zip(free, capped):
+        if all(w.prompt_tokens(k) <= 200_000 for k in range(len(w.turns))):
+            assert c == w  # tasks within the window are drawn exactly as without one
+        else:
+            assert len(c.turns) < len(w.turns) and c.turns[-1].tool_seconds == ()
+            assert c.prompt_tokens(len(c.turns) - 1) + c.turns[-1].output_tokens + w.turns[len(c.turns)].appended_tokens > 200_000
+    assert any(len(c.turns) < len(w.turns) for w, c in zip(free, capped))
+    with pytest.raises(ValueError, match="context_window_tokens > initial_prompt_tokens"):
+        WorkloadParams(context_window_tokens=1000)

@@ -235,13 +235,16 @@ def test_bad_codex_rollout_names_file_line_and_field(tmp_path, label, spoil, lin
 
 
 def test_the_project_made_codex_rollout_fixture_loads():
-    """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve` (docs/codex.md), contents removed."""
+    """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve --workload compact --seed 4` with
+    model `sim-500` (docs/codex.md, docs/parameters.md "Traces and calibrate"), contents removed."""
     trace = traces.load(FIXTURE)
     assert trace.format == "codex" and trace.notes == () and len(trace.tasks) == 1
     task = trace.tasks[0]
-    assert len(task.turns) == 6 and task.turns[0].appended_tokens == 8036
+    assert len(task.turns) == 9 and task.turns[0].appended_tokens == 8039
     assert all(len(t.tool_seconds) == 1 for t in task.turns[:-1])
-    assert [r.output_tokens for r in trace.rounds] == [127, 127, 129, 121, 127, 120]
+    # the compact preset's task 0 of seed 4 samples 252, 1584, 580, 58, 298, 161, 348, 60, 382 tokens of text; Codex
+    # counts a few more per turn (the tool call's arguments)
+    assert [r.output_tokens for r in trace.rounds] == [295, 1590, 587, 65, 307, 168, 354, 61, 382]
     assert all(r.model_seconds is not None and r.model_seconds > 0 for r in trace.rounds)
 
 
@@ -299,7 +302,7 @@ def test_adjusted_replaces_what_a_sweep_sets():
     task = traces.load(FIXTURE).tasks[0]
     swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
     assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
-    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 5 + [()]
+    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
     assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
     assert traces.adjusted(task) == task
 

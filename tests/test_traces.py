@@ -189,6 +189,7 @@ def codex_rollout() -> list[dict]:
         rollout_line(2.0, "response_item", type="function_call_output", call_id="c1", output="ok"),
         rollout_line(4.6, "response_item", type="function_call_output", call_id="c2", output="ok"),
         rollout_line(5.0, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(5.1, "response_item", type="function_call", name="web_search", arguments="{}", call_id="c3"),
         rollout_line(5.8, "response_item", type="message", role="assistant", content=[]),
         token_count(5.9, 9700, 9216, 150, 0, total=2),
         rollout_line(6.0, "event_msg", type="task_complete", turn_id="t1"),
@@ -202,7 +203,7 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     trace = traces.load(path)
     assert trace.format == "codex" and trace.notes == ()
     # 9700 - 9000 - 300 = 400 tokens appended; the web search runs inside the second call
-    assert trace.tasks == (Workload("sess-1", 0, (TurnSpec(9000, 300, (0.5, 3.0)), TurnSpec(400, 150, (), (HostedCall(0.0, 0),))),
+    assert trace.tasks == (Workload("sess-1", 0, (TurnSpec(9000, 300, (0.5, 3.0)), TurnSpec(400, 150, (), (HostedCall(0.0, 0),) * 2)),
                                     arrival_s=0.0),)
     first, second = trace.rounds  # times from the first request (task_started at 0.1 s)
     assert (first.started_at, first.ended_at, first.reasoning_tokens) == (0.1, 1.5, 120)
@@ -218,8 +219,8 @@ BAD_CODEX = [
     ("missing usage", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
      "payload.info.last_token_usage.input_tokens", "missing"),
     ("call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
-    ("cached over input", lambda lines: lines[14]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6),
-     15, "payload.info.last_token_usage.cached_input_tokens", "exceeds input_tokens"),
+    ("cached over input", lambda lines: lines[15]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6),
+     16, "payload.info.last_token_usage.cached_input_tokens", "exceeds input_tokens"),
 ]
 
 
@@ -309,7 +310,7 @@ def test_adjusted_replaces_what_a_sweep_sets():
 
 def test_codex_running_totals_without_last_usage(tmp_path):
     lines = codex_rollout()
-    for index, total in ((8, (9000, 0, 300, 120)), (14, (18700, 9216, 450, 120))):
+    for index, total in ((8, (9000, 0, 300, 120)), (15, (18700, 9216, 450, 120))):
         info = lines[index]["payload"]["info"]
         info.pop("last_token_usage")
         info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",

@@ -27,24 +27,21 @@ def detect(path: str | PathLike[str]) -> str:
     """The format of a trace file, from its first non-blank line."""
     try:
         with open(path, encoding="utf-8") as f:
-            line, text = 0, ""
-            for line, text in enumerate(f, 1):  # noqa: B007 (the line number is used after the loop)
-                if text.strip():
-                    break
-            else:
-                raise TraceError(path, 1, None, "empty file")
+            first = next(((n, t.strip()) for n, t in enumerate(f, 1) if t.strip()), None)
     except UnicodeDecodeError:
         raise TraceError(path, 1, None, "not a UTF-8 text file") from None
-    text = text.strip()
+    if first is None:
+        raise TraceError(path, 1, None, "empty file")
+    line, text = first
     if text.startswith("{"):
         try:
-            first = json.loads(text)
+            obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise TraceError(path, line, None, f"invalid JSON ({e.msg})") from None
         for module in (codex, tracelab, native):
-            if module.looks_like(first):
+            if module.looks_like(obj):
                 return module.FORMAT
-        keys = ", ".join(sorted(first)[:8]) if isinstance(first, dict) else type(first).__name__
+        keys = ", ".join(sorted(obj)[:8]) if isinstance(obj, dict) else type(obj).__name__
         raise TraceError(path, line, None, f"unknown trace format: a JSON object with keys {keys}; expected a "
                          "testbed trace (task, turn, ...), a TraceLab round (session_id, round_index, ...) or a Codex "
                          "rollout line (timestamp, type, payload)")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from .base import Round, TraceError, count, parse_timestamp
+from .base import Round, TraceError, count, is_hosted, parse_timestamp
 
 FORMAT = "codex"
 LINE_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
@@ -96,6 +96,9 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
                 if not isinstance(call_id, str):
                     raise TraceError(path, line, "payload.call_id", "missing")
                 outputs.append(ts)
+                if is_hosted(str(payload.get("name", ""))):  # a hosted tool that a provider reports as a call
+                    hosted += 1
+                    continue
                 calls.append(call_id)
                 call_at[call_id] = ts
             elif kind == "response_item" and item in HOSTED_ITEMS:

@@ -1,8 +1,8 @@
-"""What the experiments share: where results go, a server in a child process, table printing."""
+"""What the experiments share: where results go, a server in a child process, /proc readings. Tables are
+prototype/analysis.py's (re-exported here), grids go through prototype/sweep.py."""
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -10,6 +10,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from prototype.analysis import print_table, write_csv  # noqa: F401 - the experiments' table helpers
 
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
@@ -20,13 +22,6 @@ def results_dir(name: str = "") -> Path:
     return path
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str] | None = None) -> Path:
     """Print the table, write it as results/<filename> (CSV), and say where."""
     print_table(rows, columns)
@@ -34,21 +29,6 @@ def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str]
     write_csv(path, rows)
     print(f"wrote {path}")
     return path
-
-
-def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
-    columns = list(columns or rows[0])
-    cells = [[_fmt(row[c]) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-    for r in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
 
 
 @contextmanager

@@ -18,23 +18,27 @@ recomputed, and GPU KV memory; prints a table, writes results/kv_memory.csv and 
 
     python -m experiments.kv_memory [--agents 10 100 1000] [--configs suspended:hold chained:ttl-300 ...]
     python -m experiments.kv_memory --replot        # redraw results/kv_memory.png from the CSV
+    python -m experiments.kv_memory --cluster local  # on a Dask LocalCluster (or --cluster tcp://host:8786)
+
+The grid goes through prototype/sweep.py: worker processes (one per core) by default, results
+cached on disk (--no-cache to recompute).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import csv
 import math
-import multiprocessing
 import os
 import time
 
+import attrs
 import numpy as np
 import trio
 import trio._core._run
 import trio.testing
 
+from prototype import sweep
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
@@ -77,33 +81,53 @@ SUSPENSION_TTL = 3600.0
 GIB = 2**30
 
 
-def engine_for(policy: str, args: argparse.Namespace) -> Engine:
+@attrs.frozen
+class KvRun:
+    """One point of the grid: a design and retention policy under `agents` concurrent agents, and
+    every knob the run depends on (prototype/sweep.py keys the results cache with all of them)."""
+
+    design: str
+    policy: str
+    agents: int
+    turns: int = TURNS
+    seed: int = 0
+    scheduler_seed: int = 0
+    budget: int = H100_8B_KV_BUDGET_TOKENS
+    host_budget: int = H100_8B_HOST_BUDGET_TOKENS
+    max_batch: int = VLLM_MAX_NUM_SEQS
+    swap_gbps: float = PCIE_BYTES_PER_S / 1e9
+    decode_tps: float = DECODE_TPS
+    flush: float = FLUSH_INTERVAL
+
+
+def engine_for(run: KvRun) -> Engine:
     return Engine(
-        kv_budget_tokens=args.budget,
-        max_batch=args.max_batch,
-        retention=parse_policy(policy),
+        kv_budget_tokens=run.budget,
+        max_batch=run.max_batch,
+        retention=parse_policy(run.policy),
         serial_prefill=True,
         kv_bytes_per_token=KV_BYTES_PER_TOKEN_8B,
-        swap_bytes_per_s=args.swap_gbps * 1e9,
-        host_budget_tokens=args.host_budget,
+        swap_bytes_per_s=run.swap_gbps * 1e9,
+        host_budget_tokens=run.host_budget,
     )
 
 
-def run_config(design: str, policy: str, agents: int, args: argparse.Namespace) -> dict:
-    """One server, `agents` concurrent rollouts, under virtual time; one row of results."""
-    engine = engine_for(policy, args)
+def run_config(run: KvRun) -> dict:
+    """One server, `run.agents` concurrent rollouts, under virtual time; one row of results."""
+    design, agents = run.design, run.agents
+    engine = engine_for(run)
     server = ResponsesServer(
-        ApiService(costs=ApiCosts(), engine=engine, flush_interval=args.flush),
+        ApiService(costs=ApiCosts(), engine=engine, flush_interval=run.flush),
         # The WS guide's 60-minute connection limit is lifted: the harness does not reconnect, and
         # queueing for the engine, not reconnection, is what this measures.
         ServerConfig(suspension_ttl=SUSPENSION_TTL, connection_lifetime=math.inf, max_connections=agents + 10),
     )
-    tasks = generate("compact", seed=args.seed, n_tasks=agents, fixed_turns=args.turns)
+    tasks = generate("compact", seed=run.seed, n_tasks=agents, fixed_turns=run.turns)
     connector = InMemoryConnector(server)
     records = []
 
     async def agent(task) -> None:
-        metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{args.decode_tps:g}"}
+        metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{run.decode_tps:g}"}
         records.append(await run_websocket_rollout(connector, design, task, metadata=metadata))
 
     async def main() -> None:
@@ -118,7 +142,7 @@ def run_config(design: str, policy: str, agents: int, args: argparse.Namespace) 
     # --scheduler-seed replicates it (docs/kv_memory.md gives the spread). Private in trio 0.35.
     scheduler_random = getattr(trio._core._run, "_r", None)
     if scheduler_random is not None:
-        scheduler_random.seed(args.scheduler_seed)
+        scheduler_random.seed(run.scheduler_seed)
     wall = time.perf_counter()
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall = time.perf_counter() - wall
@@ -164,12 +188,6 @@ TABLE = (
     "design", "policy", "agents", "tasks_per_hour", "e2e_p50_s", "e2e_p90_s", "mean_queue_s", "mean_prefill_wait_s",
     "recomputed_tokens", "recomputed_share", "peak_kv_gib", "mean_kv_gib", "swap_gib", "preempted", "evicted",
 )
-
-
-def _run_and_report(run: tuple[str, str, int], args: argparse.Namespace) -> dict:
-    row = run_config(*run, args)
-    print(f"  {run[0]}/{row['policy']} x {run[2]}: {row['real_s']:.1f} s real", flush=True)
-    return row
 
 
 def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -261,9 +279,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--swap-gbps", type=float, default=PCIE_BYTES_PER_S / 1e9)
     parser.add_argument("--decode-tps", type=float, default=DECODE_TPS)
     parser.add_argument("--flush", type=float, default=FLUSH_INTERVAL)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel, one process each")
     parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/ (a small run can keep the full one)")
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV")
+    sweep.add_arguments(parser)
     args = parser.parse_args(argv)
     csv_path, png_path = results_dir() / f"{args.output}.csv", results_dir() / f"{args.output}.png"
     if args.replot:
@@ -273,24 +291,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     for knob, value, source in parameters(args):
         print(f"  {knob:<20} {value:<40} {source}")
+    knobs = {name: getattr(args, name) for name in (
+        "turns", "seed", "scheduler_seed", "budget", "host_budget", "max_batch", "swap_gbps", "decode_tps", "flush")}
     runs = []
     for config in args.configs:
         design, _, policy = config.partition(":")
         if design not in (SUSPENDED, CHAINED):
             raise SystemExit(f"unknown design in {config!r}: use suspended or chained")
         parse_policy(policy)
-        runs += [(design, policy, agents) for agents in args.agents]
+        runs += [KvRun(design, policy, agents, **knobs) for agents in args.agents]
     wall = time.perf_counter()
-    if args.jobs <= 1 or len(runs) == 1:
-        rows = [_run_and_report(run, args) for run in runs]
-    else:  # the largest runs first, so that the processes finish together
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = {pool.submit(_run_and_report, run, args): run for run in sorted(runs, key=lambda r: -r[2])}
-            done = {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
-        rows = [done[run] for run in runs]
+    with sweep.runner_from_args(args) as runner:  # the largest runs first, so that the workers finish together
+        rows = runner.map(run_config, runs, desc="kv_memory", first=lambda run: -run.agents)
+        print(f"  {len(runs)} runs in {time.perf_counter() - wall:.0f} s real ({runner.executed} computed on "
+              f"{runner.executor.name}, {runner.cached} from the cache)")
     for row in rows:
         row["budget_tokens"] = args.budget
-    print(f"  {len(runs)} runs in {time.perf_counter() - wall:.0f} s real ({args.jobs} processes)")
     print_table(rows, TABLE)
     write_csv(csv_path, rows)
     plot(rows, png_path)

@@ -52,13 +52,13 @@ import attrs
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from prototype import benchmark, netem, plots
+from prototype import analysis, benchmark, figures, netem, notebook
 from prototype import workload as wl
 from prototype.designs.sampling import SamplingLoop
 
-if plots.notebook_test_mode():  # a smoke test: the smallest task that still has both kinds of call
+if notebook.notebook_test_mode():  # a smoke test: the smallest task that still has both kinds of call
     TURNS, OUTPUT_TOKENS, INITIAL_PROMPT_TOKENS = 2, 20, 1000
-print(f"test mode: {plots.notebook_test_mode()}")
+print(f"test mode: {notebook.notebook_test_mode()}")
 
 # %% [markdown]
 # ## The one suspension point
@@ -86,7 +86,7 @@ task = wl.Workload(base.name, base.seed, tuple(
     attrs.evolve(turn, hosted_calls=hosted) if k in HOSTED_TURNS and turn.tool_seconds else turn
     for k, turn in enumerate(base.turns)
 ))
-display(Markdown(plots.markdown_table([
+display(Markdown(analysis.markdown_table([
     {"turn": k, "appended tokens": t.appended_tokens, "output tokens": t.output_tokens,
      "hosted web_search s": sum(h.seconds for h in t.hosted_calls), "client tool s": sum(t.tool_seconds)}
     for k, t in enumerate(task.turns)
@@ -105,8 +105,8 @@ config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(netem.SAM
 # %%
 (suspended,) = benchmark.run_design_virtual("suspended", DECODE_TPS, config)
 fig, ax = plt.subplots(figsize=(12, 2.8))
-plots.timeline(ax, [suspended])
-plots.annotate_tool_call_point(ax, suspended)
+figures.timeline(ax, [suspended])
+figures.annotate_tool_call_point(ax, suspended)
 ax.set_title(f"suspended: one Response, {len(suspended.turns)} turns, {DECODE_TPS:g} tokens/s")
 fig.tight_layout()
 plt.show()
@@ -126,13 +126,13 @@ for t, direction, kind in suspended.timeline:
 # %%
 records = {design: benchmark.run_design_virtual(design, DECODE_TPS, config)[0] for design in DESIGNS}
 fig, ax = plt.subplots(figsize=(12, 1.2 + 1.5 * len(records)))
-plots.timeline(ax, list(records.values()))
+figures.timeline(ax, list(records.values()))
 if "suspended" in records:
-    plots.annotate_tool_call_point(ax, records["suspended"], row=list(records).index("suspended"), rows=len(records))
+    figures.annotate_tool_call_point(ax, records["suspended"], row=list(records).index("suspended"), rows=len(records))
 ax.set_title(f"The same task under {', '.join(records)} ({DECODE_TPS:g} tokens/s, RTT {RTT_MS:g} ms)")
 fig.tight_layout()
 if SAVE_FIGURE:
-    path = plots.results_path("notebook_hosted_tool_timeline.png")
+    path = notebook.results_path("notebook_hosted_tool_timeline.png")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     print(f"wrote {path}")
 plt.show()
@@ -142,21 +142,21 @@ plt.show()
 
 # %%
 fig, ax = plt.subplots(figsize=(10, 0.8 + 0.6 * len(records)))
-plots.phase_bars(ax, {design: plots.phase_totals(r) for design, r in records.items()},
+figures.phase_bars(ax, {design: analysis.phase_totals(r) for design, r in records.items()},
                  xlabel="seconds, summed over the rollout's turns")
 ax.set_title("End-to-end time by phase")
 fig.tight_layout()
 plt.show()
-display(Markdown(plots.markdown_table(plots.state_table(list(records.values())))))
+display(Markdown(analysis.markdown_table(analysis.state_table(list(records.values())))))
 for design, record in records.items():
-    print(f"- {design}: {plots.PAUSE_STATE[plots.design_of(record)][1]}.")
+    print(f"- {design}: {analysis.PAUSE_STATE[analysis.design_of(record)][1]}.")
 
 # %% [markdown]
 # What the numbers say (computed from this run):
 
 # %%
-api = {design: sum(plots.phase_totals(r).get(p, 0.0) for p in plots.API_OVERHEAD_PHASES) for design, r in records.items()}
-hosted_s = {design: plots.phase_totals(r).get("hosted_tool", 0.0) for design, r in records.items()}
+api = {design: sum(analysis.phase_totals(r).get(p, 0.0) for p in analysis.API_OVERHEAD_PHASES) for design, r in records.items()}
+hosted_s = {design: analysis.phase_totals(r).get("hosted_tool", 0.0) for design, r in records.items()}
 fastest = min(records, key=lambda d: records[d].seconds)
 slowest = max(records, key=lambda d: records[d].seconds)
 print(f"The fastest design here is {fastest} ({records[fastest].seconds:.2f} s) and the slowest is {slowest} "

@@ -28,9 +28,11 @@
 # 4. **round-trip time** between the client and the API.
 #
 # For each sweep it plots every design's end-to-end time per task and its gain over stateless http.
-# All runs use virtual time (`prototype.benchmark.run_design_virtual`) and are deterministic. The
-# sweep runner and the plots live in `prototype/plots.py`. Set `TESTBED_NOTEBOOK_TEST=1` to shrink
-# the notebook to a smoke test.
+# All runs use virtual time (`prototype.benchmark.run_design_virtual`) and are deterministic. Every
+# grid goes through the sweep runner (`prototype/sweep.py`): worker processes, or a Dask cluster with
+# `CLUSTER = "local"` or `"tcp://scheduler:8786"`; results are cached on disk, so re-running the
+# notebook or extending a sweep computes only what changed. Tables come from `prototype/analysis.py`,
+# figures from `prototype/figures.py`. Set `TESTBED_NOTEBOOK_TEST=1` to shrink the notebook to a smoke test.
 
 # %% tags=["parameters"]
 DESIGNS = ("http", "chained", "suspended")  # add "http-stored" to see previous_response_id over HTTP
@@ -46,7 +48,8 @@ DECODE_SPEEDS = (65, 125, 250, 500, 1000, 2000, 4000)  # tokens/s
 TOOL_TIMES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 60.0)  # seconds per call
 HISTORIES = (1000, 8000, 32000, 128000)  # tokens of the initial prompt
 RTTS_MS = (1.0, 20.0, 80.0, 150.0)  # docs/parameters.md §5 priors
-JOBS = 2  # worker processes per sweep
+JOBS = None  # worker processes (None: one per core; 1: in the kernel)
+CLUSTER = None  # a Dask scheduler address, or "local" for a LocalCluster
 # experiments/kv_memory.py at a small size: 4 and 16 agents on an engine with a 120k-token KV budget
 KV_MEMORY_ARGV = ["--agents", "4", "16", "--configs", "suspended:hold", "chained:ttl-300", "chained:discard",
                   "--turns", "6", "--budget", "120000", "--output", "kv_memory_small"]
@@ -61,16 +64,19 @@ import matplotlib
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-from prototype import benchmark, plots, traces
+from prototype import analysis, benchmark, figures, notebook, sweep, traces
 from prototype import workload as wl
 
-plots.add_repo_to_path()  # `experiments` imports from any working directory
-if plots.notebook_test_mode():  # a smoke test: short tasks, two or three points per sweep, no workers
+notebook.add_repo_to_path()  # `experiments` imports from any working directory
+if notebook.notebook_test_mode():  # a smoke test: short tasks, two or three points per sweep, no workers
     N_TASKS, TURNS, JOBS = 1, 3, 1
     DECODE_SPEEDS, TOOL_TIMES, HISTORIES, RTTS_MS = (65, 1000, 4000), (0.1, 10.0), (1000, 32000), (1.0, 80.0)
     KV_MEMORY_ARGV = ["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3",
                       "--budget", "30000", "--output", "kv_memory_small"]
-print(f"test mode: {plots.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} turns per point, designs {DESIGNS}")
+print(f"test mode: {notebook.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} turns per point, designs {DESIGNS}")
+
+
+runner = sweep.Runner(sweep.executor_for(CLUSTER, JOBS))
 
 
 def tasks(**overrides):
@@ -91,14 +97,16 @@ def config(task_list, rtt_ms=RTT_MS):
 
 def sweep(name, values, configure):
     started = time.perf_counter()
-    rows = plots.run_sweep(name, values, configure, designs=DESIGNS, jobs=JOBS)
-    table = plots.sweep_table(rows, name)
-    print(f"{name}: {len(values)} points x {len(DESIGNS)} designs in {time.perf_counter() - started:.1f} s (real)")
+    before = runner.executed
+    rows = benchmark.design_sweep(runner, name, values, configure, designs=DESIGNS)
+    table = analysis.sweep_table(rows, name)
+    print(f"{name}: {len(values)} points x {len(DESIGNS)} designs in {time.perf_counter() - started:.1f} s (real), "
+          f"{runner.executed - before} computed")
     return table
 
 
 def show(table, key, columns=("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "decode_s_per_turn", "ttft_p50_ms")):
-    display(Markdown(plots.markdown_table(table, [key, "design", *columns])))
+    display(Markdown(analysis.markdown_table(table, [key, "design", *columns])))
 
 
 # %% [markdown]
@@ -112,22 +120,22 @@ def show(table, key, columns=("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "d
 # %%
 decode = sweep("decode_tps", DECODE_SPEEDS, lambda tps: (tps, config(tasks())))
 fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
-plots.sweep_plot(left, decode, "decode_tps", "e2e_mean_s", logx=True, logy=True, xlabel="decode speed (tokens/s)",
+figures.sweep_plot(left, decode, "decode_tps", "e2e_mean_s", logx=True, logy=True, xlabel="decode speed (tokens/s)",
                  ylabel="end-to-end time per task, mean (s)", title="End to end")
 left.legend(fontsize=8)
-xs, decode_s = plots.series(decode, "decode_tps", "decode_s_per_turn", DESIGNS[0])
+xs, decode_s = analysis.series(decode, "decode_tps", "decode_s_per_turn", DESIGNS[0])
 middle.plot(xs, decode_s, color="black", marker=".", label="decode (every design)")
-plots.sweep_plot(middle, decode, "decode_tps", "api_s_per_turn", logx=True, logy=True, linestyle="--",
+figures.sweep_plot(middle, decode, "decode_tps", "api_s_per_turn", logx=True, logy=True, linestyle="--",
                  label_suffix=": API work", xlabel="decode speed (tokens/s)", ylabel="seconds per turn",
                  title="Per turn: decode vs API work")
 crossovers = {}
 for design in DESIGNS:
-    _, api_s = plots.series(decode, "decode_tps", "api_s_per_turn", design)
-    crossovers[design] = plots.crossover(xs, api_s, decode_s)
+    _, api_s = analysis.series(decode, "decode_tps", "api_s_per_turn", design)
+    crossovers[design] = analysis.crossover(xs, api_s, decode_s)
     if crossovers[design] is not None:
-        middle.axvline(crossovers[design], color=plots.DESIGN_COLORS.get(design), linewidth=0.8, linestyle=":")
+        middle.axvline(crossovers[design], color=figures.DESIGN_COLORS.get(design), linewidth=0.8, linestyle=":")
 middle.legend(fontsize=7)
-plots.sweep_plot(right, decode, "decode_tps", "gain_vs_http", logx=True, xlabel="decode speed (tokens/s)",
+figures.sweep_plot(right, decode, "decode_tps", "gain_vs_http", logx=True, xlabel="decode speed (tokens/s)",
                  ylabel="gain over http (1 - design / http)", title="Gain over stateless http")
 fig.tight_layout()
 plt.show()
@@ -144,7 +152,7 @@ for design, x in crossovers.items():
 for design in DESIGNS:
     if design == "http":
         continue
-    _, gains = plots.series(decode, "decode_tps", "gain_vs_http", design)
+    _, gains = analysis.series(decode, "decode_tps", "gain_vs_http", design)
     trend = "grows" if gains[-1] > gains[0] else "does not grow"
     print(f"{design} vs http: gain {100 * gains[0]:.0f}% at {xs[0]:g} tokens/s and {100 * gains[-1]:.0f}% at "
           f"{xs[-1]:g} tokens/s; the gain {trend} with decode speed.")
@@ -159,17 +167,17 @@ for design in DESIGNS:
 # %%
 tools = sweep("tool_s", TOOL_TIMES, lambda s: (DECODE_TPS, config(tasks(fixed_tool_seconds=s))))
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-plots.sweep_plot(left, tools, "tool_s", "e2e_mean_s", logx=True, logy=True, xlabel="tool time per call (s)",
+figures.sweep_plot(left, tools, "tool_s", "e2e_mean_s", logx=True, logy=True, xlabel="tool time per call (s)",
                  ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
 left.legend(fontsize=8)
-plots.sweep_plot(right, tools, "tool_s", "gain_vs_http", logx=True, xlabel="tool time per call (s)",
+figures.sweep_plot(right, tools, "tool_s", "gain_vs_http", logx=True, xlabel="tool time per call (s)",
                  ylabel="gain over http", title="Gain over stateless http")
 fig.tight_layout()
 plt.show()
 show(tools, "tool_s", ("e2e_mean_s", "gain_vs_http", "tool_s_per_turn", "api_s_per_turn"))
 for design in DESIGNS:
     if design != "http":
-        ts, gains = plots.series(tools, "tool_s", "gain_vs_http", design)
+        ts, gains = analysis.series(tools, "tool_s", "gain_vs_http", design)
         print(f"{design} vs http: gain {100 * gains[0]:.0f}% with {ts[0]:g} s tools, {100 * gains[-1]:.0f}% with "
               f"{ts[-1]:g} s tools.")
 
@@ -184,16 +192,16 @@ for design in DESIGNS:
 # %%
 history = sweep("history_tokens", HISTORIES, lambda n: (DECODE_TPS, config(tasks(initial_prompt_tokens=n))))
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-plots.sweep_plot(left, history, "history_tokens", "e2e_mean_s", logx=True, xlabel="initial prompt (tokens)",
+figures.sweep_plot(left, history, "history_tokens", "e2e_mean_s", logx=True, xlabel="initial prompt (tokens)",
                  ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
 left.legend(fontsize=8)
-plots.sweep_plot(right, history, "history_tokens", "api_s_per_turn", logx=True, logy=True,
+figures.sweep_plot(right, history, "history_tokens", "api_s_per_turn", logx=True, logy=True,
                  xlabel="initial prompt (tokens)", ylabel="API work per turn (s)", title="API work per turn")
 fig.tight_layout()
 plt.show()
 show(history, "history_tokens", ("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "model_s_per_turn"))
 for design in DESIGNS:
-    hs, api_s = plots.series(history, "history_tokens", "api_s_per_turn", design)
+    hs, api_s = analysis.series(history, "history_tokens", "api_s_per_turn", design)
     print(f"{design}: API work per turn {1000 * api_s[0]:.0f} ms at {hs[0]:,} tokens, {1000 * api_s[-1]:.0f} ms at "
           f"{hs[-1]:,} tokens ({api_s[-1] / api_s[0]:.1f}x).")
 
@@ -208,16 +216,16 @@ for design in DESIGNS:
 # %%
 rtt = sweep("rtt_ms", RTTS_MS, lambda ms: (DECODE_TPS, config(tasks(), rtt_ms=ms)))
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-plots.sweep_plot(left, rtt, "rtt_ms", "e2e_mean_s", xlabel="round-trip time (ms)",
+figures.sweep_plot(left, rtt, "rtt_ms", "e2e_mean_s", xlabel="round-trip time (ms)",
                  ylabel="end-to-end time per task, mean (s)", title=f"End to end at {DECODE_TPS:g} tokens/s")
 left.legend(fontsize=8)
-plots.sweep_plot(right, rtt, "rtt_ms", "gain_vs_http", xlabel="round-trip time (ms)", ylabel="gain over http",
+figures.sweep_plot(right, rtt, "rtt_ms", "gain_vs_http", xlabel="round-trip time (ms)", ylabel="gain over http",
                  title="Gain over stateless http")
 fig.tight_layout()
 plt.show()
 show(rtt, "rtt_ms", ("e2e_mean_s", "gain_vs_http", "network_s_per_turn", "ttft_p50_ms"))
 for design in DESIGNS:
-    rs, e2e = plots.series(rtt, "rtt_ms", "e2e_mean_s", design)
+    rs, e2e = analysis.series(rtt, "rtt_ms", "e2e_mean_s", design)
     round_trips = 1000 * (e2e[-1] - e2e[0]) / (rs[-1] - rs[0])  # seconds of e2e per second of RTT
     extra = round_trips - TURNS
     where = (f"one per turn plus {extra:.1f} once, for opening the connection" if extra >= -0.05
@@ -239,14 +247,14 @@ for ax, (table, key, label, logx, logy) in zip(axes.flat, (
     (history, "history_tokens", "initial prompt (tokens)", True, False),
     (rtt, "rtt_ms", "round-trip time (ms)", False, False),
 )):
-    plots.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, logy=logy, xlabel=label,
+    figures.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, logy=logy, xlabel=label,
                      ylabel="end-to-end per task (s)")
 axes.flat[0].legend(fontsize=8)
 fig.suptitle(f"End-to-end time per task: {N_TASKS} {PRESET} task(s) of {TURNS} turns, virtual time "
              f"(defaults: {DECODE_TPS:g} tokens/s, {TOOL_SECONDS:g} s tools, RTT {RTT_MS:g} ms)")
 fig.tight_layout()
 if SAVE_FIGURE:
-    path = plots.results_path("notebook_latency_sweeps.png")
+    path = notebook.results_path("notebook_latency_sweeps.png")
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 plt.show()
@@ -269,12 +277,12 @@ else:
 
     backend = matplotlib.get_backend()  # kv_memory draws with Agg; the notebook's backend is restored
     started = time.perf_counter()
-    kv_rows = kv_memory.main(KV_MEMORY_ARGV)
+    kv_rows = kv_memory.main(KV_MEMORY_ARGV + (["--cluster", CLUSTER] if CLUSTER else []) + (["--jobs", str(JOBS)] if JOBS else []))
     matplotlib.use(backend)
     print(f"kv_memory: {len(kv_rows)} configurations in {time.perf_counter() - started:.1f} s (real)")
     columns = [c for c in getattr(kv_memory, "TABLE", kv_rows[0]) if c in kv_rows[0]]
-    display(Markdown(plots.markdown_table(kv_rows, columns)))
+    display(Markdown(analysis.markdown_table(kv_rows, columns)))
     # The notebook's small run writes kv_memory_small.*, keeping the full run's kv_memory.* intact.
-    picture = plots.results_path(KV_MEMORY_ARGV[KV_MEMORY_ARGV.index("--output") + 1] + ".png")
+    picture = notebook.results_path(KV_MEMORY_ARGV[KV_MEMORY_ARGV.index("--output") + 1] + ".png")
     if picture.exists():
         display(Image(filename=str(picture)))

@@ -47,14 +47,14 @@ from itertools import pairwise
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from prototype import plots
+from prototype import analysis, figures, notebook
 
-plots.add_repo_to_path()  # `experiments` imports from any working directory
+notebook.add_repo_to_path()  # `experiments` imports from any working directory
 from experiments import published
 
-if plots.notebook_test_mode():  # a smoke test: the calibration row and one check, one short task each
+if notebook.notebook_test_mode():  # a smoke test: the calibration row and one check, one short task each
     N_TASKS, ROWS, TREND_TURNS = 1, [0, 4], 4
-print(f"test mode: {plots.notebook_test_mode()}")
+print(f"test mode: {notebook.notebook_test_mode()}")
 
 # %% [markdown]
 # ## The side-by-side table
@@ -87,7 +87,7 @@ table = [{
     "implied ms/turn": r["implied_ms_per_turn"],
     "vs calibration": r["implied_vs_calibration"],
 } for r in rows]
-display(Markdown(plots.markdown_table(table, formats={"tok/s": "{:g}".format, "turns": "{:g}".format,
+display(Markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format, "turns": "{:g}".format,
                                                       "testbed ms/turn": "{:.0f}".format,
                                                       "implied ms/turn": "{:.0f}".format})))
 
@@ -103,11 +103,11 @@ display(Markdown(plots.markdown_table(table, formats={"tok/s": "{:g}".format, "t
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(17, 0.9 + 0.55 * max(4, len(rows))), gridspec_kw={"width_ratios": [1.5, 1, 0.9]})
-plots.published_plot(axes, rows, trends, agreement_factor=published.AGREEMENT_FACTOR)
+figures.published_plot(axes, rows, trends, agreement_factor=published.AGREEMENT_FACTOR)
 fig.suptitle(f"Published figures vs the testbed ({N_TASKS} task(s) per condition, virtual time)")
 fig.tight_layout()
 if SAVE_FIGURE:
-    path = plots.results_path("notebook_published.png")
+    path = notebook.results_path("notebook_published.png")
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 plt.show()
@@ -157,7 +157,7 @@ def discuss(index: int) -> dict | None:
     if row is None:
         print("    not run in this configuration (see ROWS).")
         return None
-    print("    " + plots.published_verdict(row, tolerance=GAIN_TOLERANCE))
+    print("    " + analysis.published_verdict(row, tolerance=GAIN_TOLERANCE))
     return row
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -150,6 +150,43 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
         return records
 
     return trio.run(main)
+
+
+@attrs.frozen
+class DesignRun:
+    """One point of a grid (prototype/sweep.py): a design at a decode speed on a configuration's
+    tasks, under virtual time, or in real time over loopback with `real` (not a pure function:
+    the runner runs those one at a time and never caches them)."""
+
+    design: str
+    decode_tps: float
+    config: BenchConfig
+    real: bool = False
+
+    def records(self) -> list[RolloutRecord]:
+        return (run_design_real if self.real else run_design_virtual)(self.design, self.decode_tps, self.config)
+
+
+def design_rows(run: DesignRun) -> list[dict[str, Any]]:
+    """The task rows (`task_row`) of one grid point."""
+    return [task_row(run.design, run.decode_tps, record) for record in run.records()]
+
+
+def design_sweep(
+    runner: Any,
+    name: str,
+    values: Sequence[Any],
+    configure: Callable[[Any], tuple[float, BenchConfig]],
+    *,
+    designs: Sequence[str] = DESIGNS,
+) -> list[dict[str, Any]]:
+    """Every design at every value of a swept parameter, through `runner` (a sweep.Runner);
+    `configure(value)` gives the decode speed and the BenchConfig for that value. Returns the task
+    rows with the swept value under `name`."""
+    points = [(value, DesignRun(design, float(tps), config)) for value in values
+              for tps, config in [configure(value)] for design in designs]
+    results = runner.map(design_rows, [run for _, run in points], desc=name)
+    return [{name: value, **row} for (value, _), rows in zip(points, results) for row in rows]
 
 
 def turn_phases(record: RolloutRecord) -> list[dict[str, float]]:

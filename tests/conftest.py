@@ -3,6 +3,7 @@ as a subprocess. Every wait is bounded, so a broken server fails a test instead 
 
 from __future__ import annotations
 
+import os
 import pathlib
 import queue
 import re
@@ -21,6 +22,21 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
 START_TIMEOUT = 15.0  # seconds for the first stdout line (imports take about 1 s)
 STOP_TIMEOUT = 5.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sweep_cache(tmp_path_factory):
+    """The sweep runner's results cache (prototype/sweep.py) in a folder of this test session, never
+    the repository's results/cache: a test computes what it asserts."""
+    from prototype.sweep import CACHE_ENV
+
+    saved = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("sweep-cache"))
+    yield pathlib.Path(os.environ[CACHE_ENV])
+    if saved is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = saved
 
 
 @pytest.fixture

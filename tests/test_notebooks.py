@@ -42,37 +42,37 @@ def test_notebook_executes_in_test_mode(path, tmp_path, monkeypatch):
     assert any(tmp_path.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
 
 
-# --- the helpers the notebooks draw with (prototype/plots.py) -------------------------------------
+# --- the helpers the notebooks draw with (prototype/analysis.py, figures.py) ----------------------
 
 
 def test_every_phase_has_one_colour():
-    from prototype import metrics, plots
+    from prototype import analysis, figures, metrics
 
-    assert set(metrics.SERVER_PHASES) | {plots.NETWORK_CLIENT, plots.TOOL} == set(plots.PHASE_COLORS)
-    assert set(plots.PHASE_ORDER) == set(plots.PHASE_COLORS)
+    assert set(metrics.SERVER_PHASES) | {analysis.NETWORK_CLIENT, analysis.TOOL} == set(figures.PHASE_COLORS)
+    assert set(figures.PHASE_ORDER) == set(figures.PHASE_COLORS)
 
 
 def test_crossover_interpolates_in_log_x():
-    from prototype import plots
+    from prototype import analysis
 
     xs = [100, 1000, 10000]
-    assert plots.crossover(xs, [1, 1, 1], [4, 2, 0.5]) == pytest.approx(1000 * 10 ** (1 / 1.5))
-    assert plots.crossover(xs, [1, 1, 1], [4, 3, 2]) is None
-    assert plots.crossover(xs, [5, 5, 5], [4, 3, 2]) == 100
+    assert analysis.crossover(xs, [1, 1, 1], [4, 2, 0.5]) == pytest.approx(1000 * 10 ** (1 / 1.5))
+    assert analysis.crossover(xs, [1, 1, 1], [4, 3, 2]) is None
+    assert analysis.crossover(xs, [5, 5, 5], [4, 3, 2]) == 100
 
 
 def test_published_verdict_follows_the_numbers():
-    from prototype import plots
+    from prototype import analysis
 
     row = {"result": "up to 40% faster", "metric": "e2e", "compare": "chained vs http", "tok_s": 1000.0,
            "turns": 20.0, "published_gain": 0.40, "measured_gain": 0.25, "testbed_ms_per_turn": 500.0,
            "implied_ms_per_turn": 1000.0, "implied_vs_calibration": "4.00x DISAGREES"}
-    text = plots.published_verdict(row)
+    text = analysis.published_verdict(row)
     assert "'up to' figure allows" in text and "0.50x" in text and "cannot both hold" in text
-    text = plots.published_verdict({**row, "result": "p50 TTFT -28%", "metric": "ttft", "measured_gain": 0.60,
+    text = analysis.published_verdict({**row, "result": "p50 TTFT -28%", "metric": "ttft", "measured_gain": 0.60,
                                     "implied_vs_calibration": "1.10x agrees"})
     assert "overstates" in text and "first token" in text and "inside the agreement band" in text
-    assert "matches" in plots.published_verdict({**row, "measured_gain": 0.42, "implied_vs_calibration": "calibration"})
+    assert "matches" in analysis.published_verdict({**row, "measured_gain": 0.42, "implied_vs_calibration": "calibration"})
 
 
 def test_sweep_and_timeline_on_a_tiny_task(tmp_path):
@@ -81,22 +81,23 @@ def test_sweep_and_timeline_on_a_tiny_task(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from prototype import benchmark, plots
+    from prototype import analysis, benchmark, figures, sweep
     from prototype import workload as wl
 
     task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=10, tool_seconds=0.2)
-    rows = plots.run_sweep("tps", [1000.0, 4000.0], lambda tps: (tps, benchmark.BenchConfig(task_list=(task,))))
-    table = plots.sweep_table(rows, "tps")
+    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    rows = benchmark.design_sweep(runner, "tps", [1000.0, 4000.0], lambda tps: (tps, benchmark.BenchConfig(task_list=(task,))))
+    table = analysis.sweep_table(rows, "tps")
     assert {(r["tps"], r["design"]) for r in table} == {(t, d) for t in (1000.0, 4000.0) for d in benchmark.DESIGNS}
     assert all(r["gain_vs_http"] == 0 for r in table if r["design"] == benchmark.HTTP)
     records = [benchmark.run_design_virtual(d, 1000.0, benchmark.BenchConfig(task_list=(task,)))[0]
                for d in benchmark.DESIGNS]
-    spans = plots.turn_spans(records[-1])
-    assert {s["phase"] for s in spans} >= {"prefill", "decode", plots.TOOL, plots.PAUSE}
+    spans = figures.turn_spans(records[-1])
+    assert {s["phase"] for s in spans} >= {"prefill", "decode", analysis.TOOL, analysis.PAUSE}
     assert all(s["end"] >= s["start"] >= 0 for s in spans)
     fig, ax = plt.subplots()
-    plots.timeline(ax, records)
-    plots.sweep_plot(ax.twinx(), table, "tps", logx=True)
+    figures.timeline(ax, records)
+    figures.sweep_plot(ax.twinx(), table, "tps", logx=True)
     fig.savefig(tmp_path / "t.png")
     plt.close(fig)
-    assert [r["design"] for r in plots.state_table(records)] == list(benchmark.DESIGNS)
+    assert [r["design"] for r in analysis.state_table(records)] == list(benchmark.DESIGNS)

@@ -6,8 +6,8 @@ prototype/traces/). A trace with arrival times replays open-loop: each task star
 `--latency FILE` replaces the engine's prefill rate and overhead with a fitted profile and, unless `--speeds` is
 given, runs at its decode rate only.
 
-Runs every (design, decode speed) pair on the same tasks under virtual time, in parallel
-worker processes, with a progress bar; prints the table and every modeled parameter with its
+Runs every (design, decode speed) pair on the same tasks under virtual time through the sweep
+runner (prototype/sweep.py: worker processes or a Dask cluster, a results cache, a progress bar); prints the table and every modeled parameter with its
 source; writes results/compare.csv, compare.json, compare_tasks.json, compare.png and one Chrome
 trace per design (trace_<design>.json, first task at 1000 tokens/s). Columns (compare.csv):
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -33,9 +32,9 @@ from typing import Any
 
 import attrs
 
-from .. import benchmark, netem, profiles, traces
+from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
-from ..client.harness import CHAINED, SUSPENDED
+from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..trace import write_trace
 
 TRACE_SPEED = 1000.0
@@ -52,103 +51,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS), choices=list(benchmark.ALL_DESIGNS))
     parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000)
     parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--out", default="results", help="results folder (default results/)")
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
                         "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
+    sweep.add_arguments(parser)
 
 
-def _run_one(job: tuple[str, float, benchmark.BenchConfig, str, bool]) -> tuple[str, float, list[dict[str, Any]], float]:
-    design, tps, config, out, real = job
-    start = time.perf_counter()
-    records = (benchmark.run_design_real if real else benchmark.run_design_virtual)(design, tps, config)
-    if tps == TRACE_SPEED:
-        write_trace(records[:1], Path(out) / f"trace_{design}.json")
-    return design, tps, [benchmark.task_row(design, tps, r) for r in records], time.perf_counter() - start
+def compare_point(run: benchmark.DesignRun) -> tuple[list[dict[str, Any]], RolloutRecord | None]:
+    """One (design, speed) point: its task rows, and its first rollout at TRACE_SPEED (for the trace)."""
+    records = run.records()
+    return [benchmark.task_row(run.design, run.decode_tps, r) for r in records], records[0] if run.decode_tps == TRACE_SPEED else None
 
 
-def _progress(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = int(width * done / total)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} runs, {time.perf_counter() - started:5.1f} s")
-    sys.stderr.flush()
-
-
-def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], jobs: int, out: Path, real: bool = False) -> list[dict[str, Any]]:
-    grid = [(d, s, config, str(out), real) for s in speeds for d in designs]
-    # Slowest first (low decode speed, http) so two workers finish together.
-    grid.sort(key=lambda job: (job[1], job[0] != benchmark.HTTP))
+def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], runner: sweep.Runner, out: Path,
+             real: bool = False) -> list[dict[str, Any]]:
+    grid = [benchmark.DesignRun(d, s, config, real) for s in speeds for d in designs]
+    # Slowest first (low decode speed, http) so the workers finish together. Real time runs one
+    # configuration at a time in this process: parallel runs would share the cores and slow each
+    # other's clocks.
+    results = runner.map(compare_point, grid, desc="compare", first=lambda run: (run.decode_tps, run.design != benchmark.HTTP),
+                         measured=real)
     rows: list[dict[str, Any]] = []
-    started = time.perf_counter()
-    _progress(0, len(grid), started)
-    if jobs <= 1:
-        results = map(_run_one, grid)
-        pool = None
-    else:
-        pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(grid)))
-        results = pool.imap_unordered(_run_one, grid)
-    try:
-        for done, (_, _, task_rows, _) in enumerate(results, start=1):
-            rows += task_rows
-            _progress(done, len(grid), started)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-    sys.stderr.write("\n")
+    for run, (task_rows, traced) in zip(grid, results):
+        rows += task_rows
+        if traced is not None:
+            write_trace([traced], out / f"trace_{run.design}.json")
     return rows
-
-
-def draw(table: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    designs = list(dict.fromkeys(r["design"] for r in table))
-    speeds = sorted({r["decode_tps"] for r in table})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    width = 0.8 / len(designs)
-    for i, design in enumerate(designs):
-        p50 = [next(r["e2e_p50_s"] for r in table if r["design"] == design and r["decode_tps"] == s) for s in speeds]
-        left.bar([x + i * width for x in range(len(speeds))], p50, width, label=design)
-    left.set_xticks([x + width * (len(designs) - 1) / 2 for x in range(len(speeds))], [f"{s:g} tok/s" for s in speeds])
-    left.set_ylabel("end-to-end time per task, p50 (s)")
-    left.set_title("End to end")
-    left.legend()
-    phases = ["prefill", "decode", "tool", "network_client", "validate", "safety", "render", "route", "store_read", "post", "hosted_tool", "queue"]
-    labels, bottoms = [], None
-    shares = {}
-    for design in designs:
-        for s in speeds:
-            group = [r for r in rows if r["design"] == design and r["decode_tps"] == s]
-            total = sum(r["e2e_s"] for r in group)
-            shares[(design, s)] = {p: sum(r["phase_totals_s"].get(p, 0.0) for r in group) / total for p in phases}
-            labels.append(f"{design}\n{s:g}")
-    import numpy as np
-
-    bottoms = np.zeros(len(labels))
-    for phase in phases:
-        values = np.array([shares[(d, s)][phase] for d in designs for s in speeds])
-        if values.sum() > 0:
-            right.bar(range(len(labels)), values, 0.7, bottom=bottoms, label=phase)
-            bottoms += values
-    right.set_xticks(range(len(labels)), labels, fontsize=7)
-    right.set_ylabel("share of end-to-end time")
-    right.set_title("Where the time goes")
-    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def print_table(table: list[dict[str, Any]]) -> None:
-    header = f"{'design':>12} {'tok/s':>6} {'tasks':>5} {'e2e p50 s':>10} {'e2e p90 s':>10} {'vs http':>8} {'TTFT p50 ms':>12} {'API share':>10} {'B sent/turn':>12}"
-    print(header)
-    print("-" * len(header))
-    for r in table:
-        print(f"{r['design']:>12} {r['decode_tps']:>6g} {r['tasks']:>5} {r['e2e_p50_s']:>10.2f} {r['e2e_p90_s']:>10.2f} "
-              f"{r['speedup_vs_http']:>7.2f}x {r['ttft_p50_ms']:>12.1f} {100 * r['api_overhead_share']:>9.1f}% {r['bytes_sent_per_turn']:>12.0f}")
 
 
 def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> tuple[benchmark.BenchConfig, str, list[float]]:
@@ -188,27 +116,21 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
-    # Real time runs one configuration at a time: parallel workers would share the two cores and
-    # slow each other's clocks.
-    rows = run_grid(config, designs, speeds, 1 if args.real else args.jobs, out, args.real)
+    with sweep.runner_from_args(args) as runner:
+        rows = run_grid(config, designs, speeds, runner, out, args.real)
     table = benchmark.summarize(rows)
     clock = "real time over loopback sockets" if args.real else "virtual time"
     print(f"\n{len(config.tasks())} tasks of {described}, {clock}; speed-up = http time / design time\n")
-    print_table(table)
+    analysis.print_table(table)
     print("\nModeled parameters (value, source):")
     for name, value, source in benchmark.parameters(config):
         print(f"  {name:<44} {value:<44} {source}")
     expiries = sum(1 for task in config.tasks() if any(s > 300 for t in task.turns for s in t.tool_seconds))
     print(f"\n  tasks with a tool call over v1's default 300 s suspension TTL: {expiries} of {len(config.tasks())}")
-    import csv
-
-    with (out / "compare.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    analysis.write_csv(out / "compare.csv", table)
     (out / "compare.json").write_text(json.dumps({"table": table, "parameters": benchmark.parameters(config)}, indent=1))
     (out / "compare_tasks.json").write_text(json.dumps(rows))
-    draw(table, rows, out / "compare.png")
+    figures.compare_figure(table, rows, out / "compare.png")
     print(f"\nwrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
           f"{', '.join(f'trace_{d}.json' for d in designs if TRACE_SPEED in speeds)} in {time.perf_counter() - started:.1f} s")
     return 0

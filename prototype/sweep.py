@@ -1,0 +1,385 @@
+"""One runner for every grid: `compare`, the experiments and the notebooks map their runs through it.
+
+A run is a pure function of its configuration: `fn(config)` with `fn` a module-level function and
+`config` a frozen (hashable) attrs instance, returning a picklable value (a row, or a list of rows).
+`Runner.map(fn, grid)` maps it over the grid on an executor, shows progress (tqdm.auto: a bar in a
+terminal and a widget in a notebook) and returns the values in grid order.
+
+Executors:
+
+* `InProcess()`: one run after another in this process (tests, debugging, real-time measurements);
+* `Processes(jobs)`: local worker processes, one per core by default;
+* `Dask(address)`: a Dask distributed cluster, `"tcp://scheduler:8786"`, or `"local"` for a
+  `dask.distributed.LocalCluster` on this machine (one single-threaded worker process per core).
+  Every worker must import the same code as this process (same checkout, or the same installed
+  version): the runner compares the workers' code version with its own and refuses to run otherwise,
+  since the cache keys would then name code that did not compute the rows.
+
+Cache: each value is stored on disk under a key that hashes the function's name, the configuration
+(every field, recursively, with the class names) and the code version: a hash of every Python
+source file of the `prototype` package and of `experiments/` (and of the function's own file). So a
+second run of a grid is served from disk, extending a grid computes only the new points, and any
+change to a parameter (in the configuration, or a default in the code) computes afresh instead of
+returning a stale row. The folder is $TESTBED_CACHE, else results/cache (git-ignored). Runs that
+measure wall-clock time are not pure: `map(..., measured=True)` runs them one at a time in this
+process and never caches them.
+
+Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --no-cache) and
+`runner_from_args(args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+CACHE_ENV = "TESTBED_CACHE"
+REPO = Path(__file__).resolve().parent.parent
+# Bumped when the key or the stored format changes.
+CACHE_FORMAT = 1
+
+
+# --- what a run is -----------------------------------------------------------------------------
+
+
+def importable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` as imported under its module's real name. A function of a script run with `python -m
+    pkg.mod` lives in `__main__`, which worker processes and Dask workers cannot import by that name
+    (and which would give the cache a second key for the same function): take it from `pkg.mod`."""
+    if fn.__module__ != "__main__":
+        return fn
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None or not spec.name:
+        raise ValueError(f"{fn.__qualname__} is defined in a script: run it with `python -m` or move it to a module")
+    return getattr(importlib.import_module(spec.name), fn.__qualname__)
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able form of a configuration that equal configurations share and any change alters."""
+    if attrs.has(type(value)):
+        kind = type(value)
+        return {"__class__": f"{kind.__module__}.{kind.__qualname__}",
+                **{f.name: _canonical(getattr(value, f.name)) for f in attrs.fields(kind)}}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return repr(value)  # exact, and NaN/inf stay distinct
+    if isinstance(value, tuple | list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, frozenset | set):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, dict):
+        return {"__dict__": sorted(([_canonical(k), _canonical(v)] for k, v in value.items()),
+                                   key=lambda kv: json.dumps(kv[0], sort_keys=True))}
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return _canonical(value.tolist())
+    raise TypeError(f"cannot key a configuration holding a {type(value).__name__}: use attrs classes, tuples and numbers")
+
+
+def config_hash(config: Any) -> str:
+    return hashlib.sha256(json.dumps(_canonical(config), sort_keys=True).encode()).hexdigest()
+
+
+def _source_roots() -> list[Path]:
+    roots = [Path(__file__).resolve().parent]  # the prototype package as imported
+    try:
+        import experiments
+
+        roots.append(Path(experiments.__file__).resolve().parent)
+    except ImportError:  # an installed package without the repository around it
+        pass
+    return roots
+
+
+def code_version(roots: Sequence[Path] | None = None, extra_files: Iterable[Path] = ()) -> str:
+    """A hash of every *.py file under `roots` (default: the prototype package and experiments/)
+    and of `extra_files`: names relative to their root, and contents."""
+    digest = hashlib.sha256()
+    files: list[tuple[str, Path]] = []
+    for root in roots if roots is not None else _source_roots():
+        root = Path(root)
+        files += sorted((f"{root.name}/{p.relative_to(root).as_posix()}", p) for p in root.rglob("*.py"))
+    files += sorted((p.name, Path(p)) for p in extra_files)
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _default_code_version() -> str:
+    return code_version()
+
+
+def _function_version(fn: Callable[..., Any]) -> str:
+    """The code version, counting the function's own file when it lies outside the package roots."""
+    path = Path(inspect.getfile(fn)).resolve()
+    if any(path.is_relative_to(root) for root in _source_roots()):
+        return _default_code_version()
+    return _file_version(str(path))
+
+
+@functools.cache
+def _file_version(path: str) -> str:
+    return code_version(extra_files=[Path(path)])
+
+
+def _worker_code_version() -> str:
+    return _default_code_version()
+
+
+def run_key(fn: Callable[..., Any], config: Any, version: str) -> str:
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    return hashlib.sha256(f"{CACHE_FORMAT}\0{name}\0{version}\0{config_hash(config)}".encode()).hexdigest()
+
+
+# --- the cache ---------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or REPO / "results" / "cache")
+
+
+@attrs.define
+class Cache:
+    """Values on disk, one pickle per key, written atomically (a crash leaves no half-written row)."""
+
+    root: Path = attrs.field(factory=default_cache_dir, converter=Path)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.pickle"
+
+    def get(self, key: str) -> tuple[bool, Any]:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return False, None
+        try:
+            return True, pickle.loads(data)
+        except Exception:  # noqa: BLE001 - an unreadable entry is recomputed and overwritten
+            return False, None
+
+    def put(self, key: str, value: Any) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+
+# --- executors ---------------------------------------------------------------------------------
+
+Job = tuple[int, Any]  # (index in the grid, configuration)
+
+
+class InProcess:
+    """Runs one after another in this process."""
+
+    name = "in-process"
+
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+        for index, config in jobs:
+            yield index, fn(config)
+
+    def close(self) -> None:
+        pass
+
+
+def _call(fn: Callable[[Any], Any], index: int, config: Any) -> tuple[int, Any]:
+    return index, fn(config)
+
+
+class Processes:
+    """A pool of local worker processes (default: one per core), started per map. The "forkserver"
+    start method: workers never inherit this process's threads (a notebook kernel's, tqdm's)."""
+
+    def __init__(self, jobs: int | None = None) -> None:
+        self.jobs = jobs or os.cpu_count() or 1
+        self.name = f"{self.jobs} processes"
+
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+        context = multiprocessing.get_context("forkserver")
+        with concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(jobs)), mp_context=context) as pool:
+            futures = [pool.submit(_call, fn, index, config) for index, config in jobs]
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    yield future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    def close(self) -> None:
+        pass
+
+
+class Dask:
+    """A Dask distributed cluster: `address` of a running scheduler ("tcp://host:8786"), or
+    "local" for a LocalCluster of `jobs` single-threaded worker processes (default: one per core)
+    on 127.0.0.1. With `processes=False` the local workers are threads of this process."""
+
+    def __init__(self, address: str = "local", *, jobs: int | None = None, processes: bool = True) -> None:
+        self.address, self.jobs, self.processes = address, jobs, processes
+        self.name = f"dask {address}"
+        self.cluster: Any = None
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """Connected (and the LocalCluster started) on first use: a grid served from the cache starts nothing."""
+        if self._client is None:
+            import logging
+
+            from dask.distributed import Client, LocalCluster
+
+            if self.address == "local":
+                # Loopback only; worker processes, or threads of this process (in-process transport).
+                where = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"} if self.processes else {"dashboard_address": "127.0.0.1:0"}
+                self.cluster = LocalCluster(
+                    n_workers=self.jobs or os.cpu_count() or 1, threads_per_worker=1, processes=self.processes,
+                    silence_logs=logging.ERROR, **where,
+                )
+                self._client = Client(self.cluster)
+            else:
+                self._client = Client(self.address)
+            mine = _default_code_version()
+            theirs = set(self._client.run(_worker_code_version).values())
+            if theirs - {mine}:
+                self.close()
+                raise RuntimeError(f"Dask workers at {self.address} run other code (versions {sorted(theirs)}; this "
+                                   f"process {mine}): install the same checkout on every worker")
+        return self._client
+
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+        from dask.distributed import as_completed
+
+        # pure=False: the cache, not Dask, decides what is computed again.
+        futures = [self.client.submit(_call, fn, index, config, pure=False) for index, config in jobs]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            self.client.cancel(futures)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+
+Executor = InProcess | Processes | Dask
+
+
+# --- the runner --------------------------------------------------------------------------------
+
+
+@attrs.define
+class Runner:
+    """Maps runs over grids on `executor`, through `cache` (None: no cache). `executed` and
+    `cached` count the runs computed and the runs served from the cache, over the runner's life."""
+
+    executor: Executor = attrs.field(factory=Processes)
+    cache: Cache | None = attrs.field(factory=Cache)
+    progress: bool = True
+    executed: int = 0
+    cached: int = 0
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        grid: Iterable[Any],
+        *,
+        desc: str | None = None,
+        first: Callable[[Any], Any] | None = None,
+        measured: bool = False,
+    ) -> list[Any]:
+        """`[fn(config) for config in grid]`, computed on the executor, from the cache where it can.
+        `first(config)` orders the submissions (the longest runs first, so workers finish
+        together). `measured=True`: the runs measure wall-clock time, so they run one at a time in
+        this process and are never cached."""
+        from tqdm.auto import tqdm
+
+        fn = importable(fn)
+        grid = list(grid)
+        values: list[Any] = [None] * len(grid)
+        cache = None if measured else self.cache
+        keys: list[str | None] = [None] * len(grid)
+        pending: list[Job] = []
+        version = _function_version(fn) if cache is not None else ""
+        for index, config in enumerate(grid):
+            if cache is not None:
+                keys[index] = run_key(fn, config, version)
+                hit, value = cache.get(keys[index])
+                if hit:
+                    values[index] = value
+                    self.cached += 1
+                    continue
+            pending.append((index, config))
+        if first is not None:
+            pending.sort(key=lambda job: first(job[1]))
+        executor = InProcess() if measured or len(pending) <= 1 else self.executor
+        name = desc or fn.__name__
+        with tqdm(total=len(grid), initial=len(grid) - len(pending), desc=name, unit="run", disable=not self.progress,
+                  file=sys.stderr, dynamic_ncols=True) as bar:
+            if pending:
+                bar.set_postfix_str(f"{len(grid) - len(pending)} cached, {executor.name}")
+            for index, value in executor.map_unordered(fn, pending):
+                values[index] = value
+                self.executed += 1
+                if cache is not None:
+                    cache.put(keys[index], value)
+                bar.update(1)
+        return values
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def executor_for(cluster: str | None = None, jobs: int | None = None, in_process: bool = False) -> Executor:
+    if in_process or jobs == 1:
+        return InProcess()
+    if cluster:
+        return Dask(cluster, jobs=jobs)
+    return Processes(jobs)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sweep runner")
+    group.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core; 1: in this process)")
+    group.add_argument("--in-process", action="store_true", help="run the grid in this process, one run at a time")
+    group.add_argument("--cluster", default=None, metavar="ADDRESS",
+                       help="run on Dask: a scheduler address (tcp://host:8786) or 'local' for a LocalCluster")
+    group.add_argument("--no-cache", action="store_true", help="compute every run, ignoring and not writing the results cache")
+
+
+def runner_from_args(args: argparse.Namespace, *, progress: bool = True) -> Runner:
+    return Runner(executor_for(args.cluster, args.jobs, args.in_process), None if args.no_cache else Cache(), progress)
+
+
+__all__ = [
+    "CACHE_ENV", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "code_version", "config_hash",
+    "default_cache_dir", "executor_for", "importable", "run_key", "runner_from_args",
+]

@@ -1,0 +1,151 @@
+"""The sweep runner (prototype/sweep.py): every executor gives the same rows, the cache serves what
+was computed and recomputes exactly what a change affects, and never returns a stale row."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from prototype import benchmark, sweep
+from prototype import workload as wl
+from prototype.api.costs import ApiCosts
+
+CALLS: list[Toy] = []
+
+
+@attrs.frozen
+class Inner:
+    c: float = 0.5
+
+
+@attrs.frozen
+class Toy:
+    a: int
+    b: float = 1.0
+    inner: Inner = Inner()
+
+
+def toy_row(toy: Toy) -> dict:
+    CALLS.append(toy)
+    return {"a": toy.a, "value": toy.a * toy.b + toy.inner.c}
+
+
+def toy_runner(tmp_path, **kw) -> sweep.Runner:
+    return sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=False, **kw)
+
+
+def small_grid() -> list[benchmark.DesignRun]:
+    task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=10, tool_seconds=0.2)
+    config = benchmark.BenchConfig(task_list=(task,))
+    return [benchmark.DesignRun(design, tps, config) for design in (benchmark.HTTP, benchmark.SUSPENDED) for tps in (1000.0, 4000.0)]
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """One Dask LocalCluster of two worker processes for the module."""
+    executor = sweep.Dask("local", jobs=2)
+    yield executor
+    executor.close()
+
+
+@pytest.mark.slow
+def test_every_executor_gives_the_same_rows(local_cluster):
+    grid = small_grid()
+    expected = sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(benchmark.design_rows, grid)
+    assert [[row["design"] for row in rows] for rows in expected] == [["http"], ["http"], ["suspended"], ["suspended"]]
+    assert expected[0][0]["e2e_s"] > expected[1][0]["e2e_s"]  # 1,000 tokens/s is slower than 4,000
+    threads = sweep.Dask("local", jobs=2, processes=False)
+    try:
+        for executor in (sweep.Processes(2), local_cluster, threads):
+            runner = sweep.Runner(executor, cache=None, progress=False)
+            assert runner.map(benchmark.design_rows, grid, first=lambda run: -run.decode_tps) == expected, executor.name
+            assert runner.executed == len(grid) and runner.cached == 0
+    finally:
+        threads.close()
+
+
+def test_a_second_run_is_served_from_the_cache(tmp_path):
+    grid = [Toy(a) for a in range(4)]
+    first = toy_runner(tmp_path)
+    CALLS.clear()
+    rows = first.map(toy_row, grid)
+    assert rows == [{"a": a, "value": a + 0.5} for a in range(4)]
+    assert (first.executed, first.cached, len(CALLS)) == (4, 0, 4)
+    second = toy_runner(tmp_path)
+    assert second.map(toy_row, grid) == rows
+    assert (second.executed, second.cached, len(CALLS)) == (0, 4, 4)
+    extended = toy_runner(tmp_path)  # a grid extended by two points computes only those
+    assert extended.map(toy_row, [*grid, Toy(4), Toy(5)])[4:] == [{"a": 4, "value": 4.5}, {"a": 5, "value": 5.5}]
+    assert (extended.executed, extended.cached, CALLS[4:]) == (2, 4, [Toy(4), Toy(5)])
+
+
+@pytest.mark.parametrize("change", [
+    {"b": 2.0},
+    {"inner": Inner(0.25)},  # a field of a nested configuration
+])
+def test_changing_one_parameter_recomputes_exactly_the_affected_rows(tmp_path, change):
+    grid = [Toy(a) for a in range(4)]
+    toy_runner(tmp_path).map(toy_row, grid)
+    changed = [attrs.evolve(toy, **change) if toy.a in (1, 3) else toy for toy in grid]
+    CALLS.clear()
+    runner = toy_runner(tmp_path)
+    rows = runner.map(toy_row, changed)
+    assert CALLS == [changed[1], changed[3]] and (runner.executed, runner.cached) == (2, 2)
+    assert rows == [toy_row(toy) for toy in changed]  # fresh values, not the stale ones
+
+
+def test_a_changed_model_parameter_never_returns_a_stale_row(tmp_path):
+    grid = small_grid()[:1]
+    runner = toy_runner(tmp_path)
+    before = runner.map(benchmark.design_rows, grid)[0][0]
+    costs = ApiCosts()
+    slower_validate = attrs.evolve(costs, validate=attrs.evolve(costs.validate, fixed=costs.validate.fixed + 0.050))
+    slower = [attrs.evolve(run, config=attrs.evolve(run.config, costs=slower_validate)) for run in grid]
+    after = runner.map(benchmark.design_rows, slower)[0][0]
+    assert runner.executed == 2
+    # http validates once per turn: two turns, 50 ms more each
+    assert after["e2e_s"] == pytest.approx(before["e2e_s"] + 2 * 0.050)
+
+
+def test_the_code_version_keys_the_cache(tmp_path, monkeypatch):
+    grid = small_grid()[:1]
+    runner = toy_runner(tmp_path)
+    runner.map(benchmark.design_rows, grid)
+    runner.map(benchmark.design_rows, grid)
+    assert (runner.executed, runner.cached) == (1, 1)
+    # Any edit to the package's sources (a default of the model, say) is a new code version: nothing is served.
+    monkeypatch.setattr(sweep, "_default_code_version", lambda: "edited")
+    runner.map(benchmark.design_rows, grid)
+    assert (runner.executed, runner.cached) == (2, 1)
+
+
+def test_the_code_version_hashes_every_source_file(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("X = 1\n")
+    (package / "sub" / "b.py").write_text("Y = 2\n")
+    (package / "notes.txt").write_text("not code")
+    version = sweep.code_version([package])
+    (package / "notes.txt").write_text("still not code")
+    assert sweep.code_version([package]) == version
+    (package / "sub" / "b.py").write_text("Y = 3\n")
+    assert sweep.code_version([package]) != version
+
+
+def test_measured_runs_are_never_cached(tmp_path):
+    runner = toy_runner(tmp_path)
+    CALLS.clear()
+    runner.map(toy_row, [Toy(1)], measured=True)
+    runner.map(toy_row, [Toy(1)], measured=True)
+    assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_configuration_the_key_cannot_describe_is_refused():
+    @attrs.frozen
+    class WithFunction:
+        make: object
+
+    with pytest.raises(TypeError, match="cannot key a configuration holding a function"):
+        sweep.config_hash(WithFunction(make=lambda: 1))
+    assert sweep.config_hash(Toy(1, 2.0)) == sweep.config_hash(Toy(1, 2.0)) != sweep.config_hash(Toy(1, 2.0000001))

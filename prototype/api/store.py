@@ -59,6 +59,10 @@ class ResponseStore:
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         if path != ":memory:":
+            # `serve --workers N`: N processes open and write one file; a writer waits for another's
+            # transaction (milliseconds) instead of failing with "database is locked". Set first:
+            # switching to WAL takes a lock too.
+            self._db.execute("PRAGMA busy_timeout=5000")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)

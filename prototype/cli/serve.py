@@ -1,4 +1,13 @@
-"""`python -m prototype serve`: the testbed server on one port, until Ctrl-C."""
+"""`python -m prototype serve`: the testbed server on one port, until Ctrl-C.
+
+With `--workers N` (N > 1) the process forks N worker processes, each a whole server with its own
+listening socket on the same port (SO_REUSEPORT: the kernel spreads new connections over them by a
+hash of the client's address and port), so each connection is served entirely by one worker. The
+response store is one SQLite file in WAL mode that every worker opens (a temporary file when
+--store is left in memory), so a response stored through one worker can be continued with
+previous_response_id over a connection another worker serves: that worker rebuilds it from the
+store. Every WebSocket handshake answers with `x-testbed-worker: <worker id>`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,11 @@ import argparse
 import functools
 import gc
 import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
 
 import attrs
 import trio
@@ -40,10 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-message-bytes", type=int, default=None, help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")
     parser.add_argument("--max-body-bytes", type=int, default=None, help="largest HTTP request body; larger gets 413 (default 16 MiB)")
     parser.add_argument("--records", default=None, help="also append the server's client records (one per response: transport, design, chaining, appends, bytes, usage) to this JSONL file as they are made")
+    parser.add_argument("--workers", type=int, default=1, help="server processes on the one port (SO_REUSEPORT), "
+                        "sharing the SQLite response store (default 1)")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
 
 
-def build_server(args: argparse.Namespace) -> ResponsesServer:
+def build_server(args: argparse.Namespace, worker: int | None = None) -> ResponsesServer:
     api = ApiService(
         costs=ZERO_COSTS if args.costs == "zero" else ApiCosts(),
         store=ResponseStore(args.store),
@@ -55,6 +71,7 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
     config = ServerConfig(
         api_keys=frozenset(args.api_key) if args.api_key else None,
         switches=ALL_SWITCHES_OFF if args.switches == "all-off" else CacheSwitches(),
+        worker=worker,
     )
     limits = ("suspension_ttl", "connection_lifetime", "max_connections", "max_message_bytes", "max_body_bytes", "max_queued_creates")
     overrides = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
@@ -64,20 +81,23 @@ def build_server(args: argparse.Namespace) -> ResponsesServer:
     return server
 
 
+def _announce(host: str, port: int, workers: int) -> None:
+    suffix = f"  [{workers} workers]" if workers > 1 else ""
+    print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses){suffix}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.workers > 1:
+        return run_workers(args)
     server = build_server(args)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
-            # Startup objects (modules, the tokenizer's tables, the workload catalog) live for the
-            # whole process: keep them out of every later full collection, whose pauses are paid by
-            # whichever turns are in flight (docs/speed.md).
-            gc.collect()
-            gc.freeze()
-            print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses)", flush=True)
+            _freeze_startup_objects()
+            _announce(host, port, 1)
 
     try:
         trio.run(main)
@@ -87,3 +107,127 @@ def run(args: argparse.Namespace) -> int:
         server.api.store.close()
         server.records.close()
     return 0
+
+
+def _freeze_startup_objects() -> None:
+    # Startup objects (modules, the tokenizer's tables, the workload catalog) live for the whole
+    # process: keep them out of every later full collection, whose pauses are paid by whichever
+    # turns are in flight (docs/speed.md).
+    gc.collect()
+    gc.freeze()
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _die_with_parent() -> None:
+    """Linux prctl(PR_SET_PDEATHSIG, SIGTERM): a worker ends when the parent dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker(args: argparse.Namespace, worker: int, port: int, ready: int) -> int:
+    """One worker: its own server and SQLite connection (opened after the fork), its own listening
+    socket in the port's SO_REUSEPORT group. Writes one byte to `ready` once it listens."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    server = build_server(args, worker=worker)
+    sock = _reuse_port_socket(args.host, port)
+    sock.listen(socket.SOMAXCONN)
+
+    async def main() -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, server.handle_stream, [listener])
+            _freeze_startup_objects()
+            os.write(ready, b"1")
+            os.close(ready)
+
+    try:
+        trio.run(main)
+    except* KeyboardInterrupt:
+        pass
+    finally:
+        server.api.store.close()
+        server.records.close()
+    return 0
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """Fork `args.workers` workers on one port; forward SIGINT and SIGTERM to them; exit when they
+    have all ended (and end them all if one dies)."""
+    shared_store = None
+    if args.store == ":memory:":  # one store for every worker: a temporary file, removed at exit
+        shared_store = tempfile.TemporaryDirectory(prefix="testbed-store-")
+        args.store = os.path.join(shared_store.name, "responses.db")
+    # Bound, never listening: holds the port (and picks it for --port 0) while the workers bind it.
+    reservation = _reuse_port_socket(args.host, args.port)
+    port = reservation.getsockname()[1]
+    ready_read, ready_write = os.pipe()
+    pids = []
+    for worker in range(args.workers):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                reservation.close()
+                os.close(ready_read)
+                code = _worker(args, worker, port, ready_write)
+            except BaseException:  # noqa: BLE001 - reported, and the parent ends the others
+                logging.getLogger(__name__).exception("worker %d failed", worker)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    os.close(ready_write)
+    stopping = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    ready = 0
+    while ready < args.workers:
+        data = os.read(ready_read, args.workers)
+        if not data:  # every worker closed its end: at least one died before listening
+            break
+        ready += len(data)
+    os.close(ready_read)
+    if ready == args.workers:
+        _announce(args.host, port, args.workers)
+    else:
+        forward(signal.SIGTERM, None)
+    failed = ready < args.workers
+    alive = set(pids)
+    while alive:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        alive.discard(pid)
+        if os.waitstatus_to_exitcode(status) != 0 and not stopping:
+            failed = True
+            forward(signal.SIGTERM, None)
+    reservation.close()
+    if shared_store is not None:
+        shared_store.cleanup()
+    if stopping and not failed:
+        print("stopped", flush=True)
+    return 1 if failed else 0

@@ -103,7 +103,8 @@ class ResponsesServer(Endpoint):
                 await ws_request.reject(status, extra_headers=[(b"content-type", b"application/json")], body=body)
                 nursery.cancel_scope.cancel()
                 return
-            ws = await ws_request.accept()
+            worker = [] if self.config.worker is None else [(b"x-testbed-worker", str(self.config.worker).encode())]
+            ws = await ws_request.accept(extra_headers=worker)
             info = ConnectionInfo(
                 design,
                 api_key,

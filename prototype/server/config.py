@@ -40,3 +40,4 @@ class ServerConfig:
     switches: CacheSwitches = CacheSwitches()
     max_body_bytes: int = MAX_BODY_BYTES  # POST /v1/responses body limit; 413 above
     http_idle_timeout: float = HTTP_IDLE_TIMEOUT_SECONDS  # keep-alive idle limit between HTTP requests
+    worker: int | None = None  # `serve --workers N`: this process's worker id, sent as x-testbed-worker

@@ -49,6 +49,17 @@ def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
         process.wait(timeout=10)
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (/proc/<pid>/task/<tid>/children): a `serve --workers N` server
+    and its N workers."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        for task in Path(f"/proc/{pids[index]}/task").iterdir():
+            pids += [int(child) for child in (task / "children").read_text().split()]
+        index += 1
+    return pids
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time a process's threads have run, in seconds, at nanosecond resolution (/proc schedstat)."""
     total = 0

@@ -30,15 +30,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--tool-seconds", type=float, default=20.0)
     parser.add_argument("--stagger", type=float, default=20.0)
     parser.add_argument("--designs", nargs="+", choices=load.DESIGNS, default=list(load.DESIGNS))
+    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="server processes (serve --workers), each in turn")
     parser.add_argument("--csv", default="concurrency.csv")
     args = parser.parse_args(argv)
     rows = load.main([
         "--sessions", *map(str, args.sessions), "--turns", str(args.turns), "--tool-seconds", f"{args.tool_seconds:g}",
-        "--stagger", f"{args.stagger:g}", "--designs", *args.designs, "--csv", args.csv,
+        "--stagger", f"{args.stagger:g}", "--designs", *args.designs, "--workers", *map(str, args.workers), "--csv", args.csv,
     ])
     summary = [
         {
-            "design": r["design"], "sessions": r["sessions"], "overhead_p50_ms": r["overhead_p50_ms"], "overhead_p99_ms": r["overhead_p99_ms"],
+            "design": r["design"], "workers": r["workers"], "sessions": r["sessions"], "offered_turns_per_s": r["offered_turns_per_s"], "overhead_p50_ms": r["overhead_p50_ms"], "overhead_p99_ms": r["overhead_p99_ms"],
             "p99_under_20ms": r["overhead_p99_ms"] < P99_TARGET_MS, "kb_per_session": r["kb_per_session"],
             "under_100kb": r["kb_per_session"] < KB_TARGET, "server_cpu_ms_per_turn": r["server_cpu_ms_per_turn"],
             "lost": r["lost"], "duplicated": r["duplicated"],

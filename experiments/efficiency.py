@@ -18,12 +18,11 @@ times are multiplied by `--tool-scale` (default 0.01), which the output states.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import attrs
 
-from prototype import benchmark, metrics, netem, traces
+from prototype import benchmark, metrics, netem, sweep, traces
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
 
@@ -101,12 +100,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "limit = virtual-clock e2e (inference + tool time)",
         flush=True,
     )
-    rows = []
-    for tps in args.speeds:
-        for design in args.designs:
-            t0 = time.perf_counter()
-            rows.append(measure(design, tps, config))
-            print(f"  {design} at {tps:g} tokens/s: {time.perf_counter() - t0:.1f} s", flush=True)
+    grid = [benchmark.DesignRun(design, tps, config) for tps in args.speeds for design in args.designs]
+    rows = sweep.measured(lambda run: measure(run.design, run.decode_tps, run.config), grid, desc="efficiency")
     report(rows, args.csv, COLUMNS)
     return rows
 

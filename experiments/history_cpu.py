@@ -16,6 +16,7 @@ import statistics
 
 import trio
 
+from prototype import sweep
 from prototype.client.connect import TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.workload import fixed
@@ -63,8 +64,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     rows = []
-    for name, design, server_args in CONFIGS:
-        measured = measure(design, server_args, args.histories, args.turns, args.rounds)
+    results = sweep.measured(lambda config: measure(config[1], config[2], args.histories, args.turns, args.rounds), CONFIGS,
+                             desc="history_cpu")
+    for (name, _design, _server_args), measured in zip(CONFIGS, results):
         for history, per_turn in measured.items():
             rows.append({
                 "design": name,

@@ -26,7 +26,15 @@ Reported per design and N:
   checked against the virtual-clock reference), and every response's sequence numbers must run 0,
   1, 2, ... Both must be 0; the script exits 1 otherwise.
 
-    python -m experiments.load [--sessions 100 1000] [--turns 5] [--designs suspended chained]
+* `workers`: server processes (`serve --workers N`: one port, SO_REUSEPORT); the server's CPU and
+  RSS are summed over the parent and its workers;
+* `offered_turns_per_s`: the load the sessions offer, sessions x turns / (modeled turn times + think
+  times of one session): each session sends its next turn a think time (--tool-seconds) after the
+  last one ended. Below saturation `turns_per_s` comes close to it; at saturation it falls behind
+  and the overhead is queueing. --stagger spreads the starts so that a think time's worth of first
+  turns does not arrive at one instant.
+
+    python -m experiments.load [--sessions 100 1000] [--turns 5] [--designs suspended chained] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -40,10 +48,12 @@ import time
 from collections import Counter
 from typing import Any
 
+import attrs
 import numpy as np
 import trio
 import trio.testing
 
+from prototype import sweep
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
@@ -59,6 +69,7 @@ from prototype.workload import Workload, fixed
 
 from .common import (
     cpu_seconds,
+    process_tree,
     raise_fd_limit,
     report,
     rss_bytes,
@@ -70,13 +81,13 @@ MODEL = "sim-100000"
 DESIGNS = (SUSPENDED, CHAINED)
 RSS_SAMPLE_S = 0.010
 COLUMNS = (
-    "design", "sessions", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
+    "design", "workers", "sessions", "offered_turns_per_s", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
     "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "max_open", "kb_per_session",
     "lost", "duplicated",
 )
 
 
-def task_of(args: argparse.Namespace) -> tuple[Workload, str]:
+def task_of(args: argparse.Namespace | LoadRun) -> tuple[Workload, str]:
     workload = fixed(
         args.turns, initial_prompt_tokens=args.prompt, appended_tokens=args.appended, output_tokens=args.output,
         tool_seconds=args.tool_seconds,
@@ -160,9 +171,10 @@ async def run_sessions(
     # One rollout first, alone: imports, the tokenizer and the workload cache are loaded before
     # "before", and its transcript is what every concurrent rollout must reproduce.
     alone = await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL)
-    rss_before = rss_bytes(pid)
-    cpu_before = cpu_seconds(pid)
-    delay_before = run_delay_seconds(pid)
+    pids = process_tree(pid)  # the server and its workers (serve --workers N)
+    rss_before = sum(map(rss_bytes, pids))
+    cpu_before = sum(map(cpu_seconds, pids))
+    delay_before = sum(map(run_delay_seconds, pids))
     client_before = _own_cpu()
 
     async def one(delay: float) -> None:
@@ -179,7 +191,7 @@ async def run_sessions(
 
     async def sample() -> None:
         while True:
-            state["peak_rss"] = max(state["peak_rss"], rss_bytes(pid))
+            state["peak_rss"] = max(state["peak_rss"], sum(map(rss_bytes, pids)))
             await trio.sleep(RSS_SAMPLE_S)
 
     started = trio.current_time()
@@ -194,8 +206,8 @@ async def run_sessions(
         "alone": alone,
         "records": records,
         "wall": wall,
-        "cpu": cpu_seconds(pid) - cpu_before,
-        "run_delay": run_delay_seconds(pid) - delay_before,
+        "cpu": sum(map(cpu_seconds, pids)) - cpu_before,
+        "run_delay": sum(map(run_delay_seconds, pids)) - delay_before,
         "client_cpu": _own_cpu() - client_before,
         "rss_before": rss_before,
         "peak_rss": max(state["peak_rss"], rss_before),
@@ -203,10 +215,10 @@ async def run_sessions(
     }
 
 
-def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: float = 0.0) -> dict[str, Any]:
+def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: float = 0.0, workers: int = 1) -> dict[str, Any]:
     expected = reference(design, workload, spec)
     modeled = [turn.ended_at - turn.sent_at for turn in expected.turns]
-    with server_process("--costs", "zero") as (process, port):  # inherits main()'s raised fd limit
+    with server_process("--costs", "zero", "--workers", str(workers)) as (process, port):  # inherits main()'s raised fd limit
         out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger)
     records = out["records"]
     if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
@@ -226,9 +238,13 @@ def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: 
             reported += 1
             print(f"  {design}: a rollout lost {lo} and repeated {du}: {describe_difference(record, expected)}", file=sys.stderr)
     turns = sum(len(r.turns) for r in done)
+    # A session's turns over the time it takes when nothing queues: modeled turns plus think times.
+    session_seconds = sum(modeled) + workload.total_tool_seconds
     return {
         "design": design,
+        "workers": workers,
         "sessions": sessions,
+        "offered_turns_per_s": sessions * len(modeled) / session_seconds,
         "turns": turns,
         "completed": len(done),
         "wall_s": out["wall"],
@@ -249,6 +265,29 @@ def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: 
     }
 
 
+@attrs.frozen
+class LoadRun:
+    """One point of the load grid (the task's knobs under task_of's names)."""
+
+    design: str
+    sessions: int
+    workers: int
+    turns: int
+    prompt: int
+    appended: int
+    output: int
+    tool_seconds: float
+    stagger: float
+
+
+def measure_run(run: LoadRun) -> dict[str, Any]:
+    workload, spec = task_of(run)
+    started = time.perf_counter()
+    row = measure(run.design, run.sessions, workload, spec, run.stagger, run.workers)
+    print(f"  {run.design} x {run.sessions}, {run.workers} worker(s): {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[100, 1000], help="concurrent sessions (default 100 1000)")
@@ -259,6 +298,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--output", type=int, default=50, help="output tokens per turn (default 50)")
     parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
     parser.add_argument("--stagger", type=float, default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="server processes (serve --workers), each value in turn (default 1)")
     parser.add_argument("--csv", default="load.csv", help="file name under results/ (default load.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()
@@ -268,13 +308,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"{PREFILL_TOKENS_PER_S:g} tokens/s prefill + output/100000 tokens/s decode; API stage costs zero",
         flush=True,
     )
-    rows = []
-    for sessions in args.sessions:
-        for design in args.designs:
-            t0 = time.perf_counter()
-            row = measure(design, sessions, workload, spec, args.stagger)
-            rows.append(row)
-            print(f"  {design} x {sessions}: {time.perf_counter() - t0:.1f} s", flush=True)
+    grid = [LoadRun(design, sessions, workers, args.turns, args.prompt, args.appended, args.output, args.tool_seconds, args.stagger)
+            for sessions in args.sessions for workers in args.workers for design in args.designs]
+    # Real time on real sockets: one run at a time in this process, never cached (prototype/sweep.py).
+    rows = sweep.measured(measure_run, grid, desc="load")
     report(rows, args.csv, COLUMNS)
     return rows
 

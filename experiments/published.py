@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from prototype import benchmark
+from prototype import benchmark, sweep
 from prototype import workload as wl
 from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT
 
@@ -88,22 +88,24 @@ ROWS = (
 )
 
 
-def run_pair(row: Published, n_tasks: int) -> dict[str, Any]:
+def pair_runs(row: Published, n_tasks: int) -> tuple[benchmark.DesignRun, benchmark.DesignRun]:
+    """The baseline's and the design's runs of one published result, on the same tasks."""
     tasks = row.tasks(n_tasks)
-    measured = {}
-    for role, design, sprint in (("baseline", row.baseline, row.baseline_sprint), ("design", row.design, AFTER_SPRINT)):
-        config = benchmark.BenchConfig(task_list=tasks, sprint=sprint)
-        records = benchmark.run_design_virtual(design, row.decode_tps, config)
-        measured[role] = records
-    turns = statistics.fmean(len(r.turns) for r in measured["design"])
+    return (benchmark.DesignRun(row.baseline, row.decode_tps, benchmark.BenchConfig(task_list=tasks, sprint=row.baseline_sprint)),
+            benchmark.DesignRun(row.design, row.decode_tps, benchmark.BenchConfig(task_list=tasks, sprint=AFTER_SPRINT)))
+
+
+def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[str, Any]]) -> dict[str, Any]:
+    """One published result against the testbed, from the task rows (benchmark.task_row) of its two runs."""
+    turns = statistics.fmean(r["turns"] for r in design)
     if row.metric == E2E:
-        base = statistics.fmean(r.seconds for r in measured["baseline"])
-        mine = statistics.fmean(r.seconds for r in measured["design"])
+        base = statistics.fmean(r["e2e_s"] for r in baseline)
+        mine = statistics.fmean(r["e2e_s"] for r in design)
         per_turn_testbed = (base - mine) / turns
         implied = mine * row.published_gain / (1 - row.published_gain) / turns
     else:
-        base = float(np.median([t.ttft for r in measured["baseline"] for t in r.turns]))
-        mine = float(np.median([t.ttft for r in measured["design"] for t in r.turns]))
+        base = float(np.median([t for r in baseline for t in r["ttft_s"]]))
+        mine = float(np.median([t for r in design for t in r["ttft_s"]]))
         per_turn_testbed = base - mine
         implied = mine * row.published_gain / (1 - row.published_gain)
     return {
@@ -122,17 +124,17 @@ def run_pair(row: Published, n_tasks: int) -> dict[str, Any]:
     }
 
 
-def trend_rows(n_tasks: int, turns: int = 20) -> list[dict[str, Any]]:
-    """Out-of-sample direction checks: the gain of chained over http grows with decode speed."""
-    tasks = coding_tasks(turns, 0.3)(n_tasks)
-    rows = []
-    for tps in benchmark.DECODE_SPEEDS:
-        times = {}
-        for design in (benchmark.HTTP, benchmark.CHAINED):
-            records = benchmark.run_design_virtual(design, tps, benchmark.BenchConfig(task_list=tasks))
-            times[design] = statistics.fmean(r.seconds for r in records)
-        rows.append({"tok_s": tps, "gain_chained_vs_http": 1 - times[benchmark.CHAINED] / times[benchmark.HTTP]})
-    return rows
+def trend_runs(n_tasks: int, turns: int = 20) -> list[benchmark.DesignRun]:
+    """Out-of-sample direction checks: http and chained at every decode speed, on the same tasks."""
+    config = benchmark.BenchConfig(task_list=coding_tasks(turns, 0.3)(n_tasks))
+    return [benchmark.DesignRun(design, tps, config) for tps in benchmark.DECODE_SPEEDS for design in (benchmark.HTTP, benchmark.CHAINED)]
+
+
+def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The gain of chained over http at each decode speed (it should grow with the speed)."""
+    times = {(run.design, run.decode_tps): statistics.fmean(r["e2e_s"] for r in rows) for run, rows in zip(runs, results)}
+    return [{"tok_s": tps, "gain_chained_vs_http": 1 - times[(benchmark.CHAINED, tps)] / times[(benchmark.HTTP, tps)]}
+            for tps in dict.fromkeys(run.decode_tps for run in runs)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -140,9 +142,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", type=int, default=5, help="tasks per generated condition (default 5)")
     parser.add_argument("--rows", type=int, nargs="*", default=None, help="run only these rows (indices)")
     parser.add_argument("--trend-turns", type=int, default=20, help="turns per task in the decode-speed direction check")
+    sweep.add_arguments(parser)
     args = parser.parse_args(argv)
     chosen = [row for i, row in enumerate(ROWS) if args.rows is None or i in args.rows]
-    rows = [run_pair(row, args.tasks) for row in chosen]
+    pairs = [run for row in chosen for run in pair_runs(row, args.tasks)]
+    trends_grid = trend_runs(args.tasks, args.trend_turns)
+    with sweep.runner_from_args(args) as runner:  # one grid: every pair and every direction check
+        results = runner.map(benchmark.design_rows, pairs + trends_grid, desc="published")
+    rows = [pair_row(row, results[2 * i], results[2 * i + 1]) for i, row in enumerate(chosen)]
     calibration = next((r for r in rows if r["role"] == "calibration"), None)
     for r in rows:
         if calibration is None or r is calibration:
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("Published results vs the testbed (gain = 1 - design/baseline; ms per turn = overhead the gain implies)\n")
     print_table(rows, ["result", "role", "compare", "tok_s", "turns", "published_gain", "measured_gain",
                        "testbed_ms_per_turn", "implied_ms_per_turn", "implied_vs_calibration"])
-    trends = trend_rows(args.tasks, args.trend_turns)
+    trends = trend_rows(trends_grid, results[len(pairs):])
     print(f"\nDirection check (out of sample): chained vs http gain by decode speed, {args.trend_turns} turns, 0.3 s tools")
     print_table(trends)
     grows = all(a["gain_chained_vs_http"] < b["gain_chained_vs_http"] for a, b in zip(trends, trends[1:]))

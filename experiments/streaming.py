@@ -28,7 +28,6 @@ Reported per flush setting:
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from prototype import sweep
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
@@ -145,12 +145,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"{args.single_tps:g} tokens/s; prompt {args.prompt} tokens; API stage costs zero; server and client on this machine",
         flush=True,
     )
-    rows = []
-    for flush_tokens in args.flush_tokens:
-        for flush in args.flush_intervals:
-            t0 = time.perf_counter()
-            rows.append(measure(flush, flush_tokens or None, args))
-            print(f"  flush {flush * 1000:g} ms, {flush_tokens or 'any'} tokens: {time.perf_counter() - t0:.1f} s", flush=True)
+    grid = [(flush, flush_tokens or None) for flush_tokens in args.flush_tokens for flush in args.flush_intervals]
+    rows = sweep.measured(lambda point: measure(*point, args), grid, desc="streaming")
     report(rows, args.csv, COLUMNS)
     return rows
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from prototype import benchmark
+from prototype import benchmark, sweep
 from prototype import workload as wl
 
 from .common import report
@@ -29,6 +29,13 @@ def small_config(tasks: int, turns: int) -> benchmark.BenchConfig:
     return benchmark.BenchConfig(task_list=task_list)
 
 
+def both_clocks(run: benchmark.DesignRun) -> dict:
+    virtual = statistics.fmean(r.seconds for r in benchmark.run_design_virtual(run.design, run.decode_tps, run.config))
+    real = statistics.fmean(r.seconds for r in benchmark.run_design_real(run.design, run.decode_tps, run.config))
+    return {"design": run.design, "virtual_e2e_s": virtual, "real_e2e_s": real, "ratio_real_over_virtual": real / virtual,
+            "within_band": RATIO_BAND[0] <= real / virtual <= RATIO_BAND[1]}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description="virtual vs real time on a small configuration")
     parser.add_argument("--tasks", type=int, default=2)
@@ -37,12 +44,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS))
     args = parser.parse_args(argv)
     config = small_config(args.tasks, args.turns)
-    rows = []
-    for design in args.designs:
-        virtual = statistics.fmean(r.seconds for r in benchmark.run_design_virtual(design, args.tps, config))
-        real = statistics.fmean(r.seconds for r in benchmark.run_design_real(design, args.tps, config))
-        rows.append({"design": design, "virtual_e2e_s": virtual, "real_e2e_s": real, "ratio_real_over_virtual": real / virtual,
-                     "within_band": RATIO_BAND[0] <= real / virtual <= RATIO_BAND[1]})
+    grid = [benchmark.DesignRun(design, args.tps, config) for design in args.designs]
+    rows = sweep.measured(both_clocks, grid, desc="virtual_vs_real")
     print(f"{args.tasks} tasks x {args.turns} turns at {args.tps:g} tokens/s, RTT {config.network.rtt * 1000:g} ms, default API costs\n")
     report(rows, "virtual_vs_real.csv")
     return rows

@@ -52,7 +52,7 @@ import attrs
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from prototype import analysis, benchmark, figures, netem, notebook
+from prototype import analysis, benchmark, figures, netem, notebook, sweep
 from prototype import workload as wl
 from prototype.designs.sampling import SamplingLoop
 
@@ -124,7 +124,10 @@ for t, direction, kind in suspended.timeline:
 # keeps while the client's tool runs.
 
 # %%
-records = {design: benchmark.run_design_virtual(design, DECODE_TPS, config)[0] for design in DESIGNS}
+# Through the sweep runner (prototype/sweep.py), in this kernel (three short runs), cached on disk.
+grid = [benchmark.DesignRun(design, DECODE_TPS, config) for design in DESIGNS]
+runs = sweep.Runner(sweep.InProcess()).map(benchmark.design_records, grid, desc="designs")
+records = {run.design: rollouts[0] for run, rollouts in zip(grid, runs)}
 fig, ax = plt.subplots(figsize=(12, 1.2 + 1.5 * len(records)))
 figures.timeline(ax, list(records.values()))
 if "suspended" in records:

@@ -167,6 +167,11 @@ class DesignRun:
         return (run_design_real if self.real else run_design_virtual)(self.design, self.decode_tps, self.config)
 
 
+def design_records(run: DesignRun) -> list[RolloutRecord]:
+    """The rollouts of one grid point (for timelines; `design_rows` for tables)."""
+    return run.records()
+
+
 def design_rows(run: DesignRun) -> list[dict[str, Any]]:
     """The task rows (`task_row`) of one grid point."""
     return [task_row(run.design, run.decode_tps, record) for record in run.records()]

@@ -316,7 +316,7 @@ class Runner:
         this process and are never cached."""
         from tqdm.auto import tqdm
 
-        fn = importable(fn)
+        fn = fn if measured else importable(fn)
         grid = list(grid)
         values: list[Any] = [None] * len(grid)
         cache = None if measured else self.cache
@@ -335,7 +335,7 @@ class Runner:
         if first is not None:
             pending.sort(key=lambda job: first(job[1]))
         executor = InProcess() if measured or len(pending) <= 1 else self.executor
-        name = desc or fn.__name__
+        name = desc or getattr(fn, "__name__", "runs")
         with tqdm(total=len(grid), initial=len(grid) - len(pending), desc=name, unit="run", disable=not self.progress,
                   file=sys.stderr, dynamic_ncols=True) as bar:
             if pending:
@@ -356,6 +356,12 @@ class Runner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def measured(fn: Callable[[Any], Any], grid: Iterable[Any], *, desc: str | None = None, progress: bool = True) -> list[Any]:
+    """Runs that measure wall-clock time (real sockets, real CPU): one at a time in this process,
+    with progress, never cached. `fn` may be any callable here."""
+    return Runner(InProcess(), cache=None, progress=progress).map(fn, grid, desc=desc, measured=True)
 
 
 def executor_for(cluster: str | None = None, jobs: int | None = None, in_process: bool = False) -> Executor:
@@ -381,5 +387,5 @@ def runner_from_args(args: argparse.Namespace, *, progress: bool = True) -> Runn
 
 __all__ = [
     "CACHE_ENV", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "code_version", "config_hash",
-    "default_cache_dir", "executor_for", "importable", "run_key", "runner_from_args",
+    "default_cache_dir", "executor_for", "importable", "measured", "run_key", "runner_from_args",
 ]

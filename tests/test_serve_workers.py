@@ -53,3 +53,19 @@ def test_a_reconnect_to_another_worker_continues_from_the_shared_store(cli_serve
         assert events[-1]["response"]["previous_response_id"] == stored["id"]
     assert os.path.exists(str(store) + "-wal")  # WAL mode: writers append to the log beside the file
     assert_stopped(server)
+
+
+@pytest.mark.slow
+def test_the_load_experiment_runs_against_two_workers(tmp_path, monkeypatch):
+    import experiments.common as common
+    from experiments import load
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    rows = load.main(["--sessions", "4", "--turns", "2", "--tool-seconds", "0.05", "--designs", "chained", "--workers", "1", "2"])
+    assert [(r["workers"], r["completed"], r["turns"], r["lost"], r["duplicated"]) for r in rows] == [(1, 4, 8, 0, 0), (2, 4, 8, 0, 0)]
+    # 4 sessions x 2 turns over (2 modeled turns + one 0.05 s think time)
+    modeled = load.reference("chained", *load.task_of(load.LoadRun("chained", 4, 1, 2, 1000, 200, 50, 0.05, 0.0)))
+    session_s = sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05
+    assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / session_s)
+    assert all(r["server_cpu_ms_per_turn"] > 0 and r["max_open"] == 4 for r in rows)
+    assert (tmp_path / "load.csv").exists()

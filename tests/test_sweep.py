@@ -64,6 +64,16 @@ def test_every_executor_gives_the_same_rows(local_cluster):
         threads.close()
 
 
+@pytest.mark.slow
+def test_dask_workers_running_other_code_are_refused(monkeypatch):
+    # This process claims another code version than the one its worker processes compute.
+    monkeypatch.setattr(sweep, "_default_code_version", lambda: "edited-here")
+    executor = sweep.Dask("local", jobs=1)
+    with pytest.raises(RuntimeError, match="run other code"):
+        executor.client  # noqa: B018 - connecting is what checks
+    assert executor.cluster is None and executor._client is None  # closed again
+
+
 def test_a_second_run_is_served_from_the_cache(tmp_path):
     grid = [Toy(a) for a in range(4)]
     first = toy_runner(tmp_path)

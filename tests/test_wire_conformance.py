@@ -1,0 +1,182 @@
+"""Every event every design sends, checked against openai-python's typed models and against the
+invariants that tie a stream together: numbering, item ids and indexes, statuses, and token counts.
+
+A rollout here makes hosted web_search calls and parallel client calls, so each kind of output item
+and each lifecycle event appears in each design. The checks read only the wire: a change inside a
+design that alters what a client sees fails here whichever design it is in.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections import defaultdict
+from typing import Any
+
+import pydantic
+import pytest
+from openai.types.responses import Response as SdkResponse
+from openai.types.responses import ResponseStreamEvent
+
+from prototype.api.costs import ZERO_COSTS, ApiCosts
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import Rollout, run_websocket_rollout
+from prototype.client.http import run_http_rollout
+from prototype.engine import tokenizer
+from prototype.server.app import ResponsesServer
+from prototype.workload import HostedCall, TurnSpec, Workload
+
+STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+ITEM_PREFIX = {"message": "msg_", "function_call": "fc_", "web_search_call": "ws_"}
+TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
+# v1's pause: not an event type of the shipped API (openai-python has no model for it); its
+# `response` must still be a valid Response.
+V1_PAUSE = "response.done"
+
+# Two parallel client calls, hosted searches on the first and second turns, a final answer.
+TASK = Workload("conformance", 7, (
+    TurnSpec(1200, 30, (0.5, 1.5), (HostedCall(0.8, 120),)),
+    TurnSpec(300, 25, (0.4,), (HostedCall(0.2, 60), HostedCall(0.3, 40))),
+    TurnSpec(200, 40, ()),
+))
+DESIGNS = ["suspended", "chained", "http-stateless", "http-stored"]
+
+
+async def captured_rollout(design: str, costs: ApiCosts, monkeypatch) -> tuple[list[dict[str, Any]], Any]:
+    """(every server event the client received, in order; the rollout record)."""
+    events: list[dict[str, Any]] = []
+    original = Rollout.received
+
+    def spy(self, event: dict[str, Any], size: int) -> None:
+        events.append(event)
+        original(self, event, size)
+
+    monkeypatch.setattr(Rollout, "received", spy)
+    server = ResponsesServer(ApiService(costs=costs))
+    key = server.api.workloads.register(TASK)
+    metadata = {"testbed_workload": key, "testbed_decode_tps": "1000"}
+    connector = InMemoryConnector(server)
+    if design.startswith("http-"):
+        record = await run_http_rollout(connector, TASK, variant=design.removeprefix("http-"), metadata=metadata, model="sim-1000")
+    else:
+        record = await run_websocket_rollout(connector, design, TASK, metadata=metadata, model="sim-1000")
+    assert record.status == "completed", record.status
+    return events, record
+
+
+def by_response(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    current = None
+    for event in events:
+        if event["type"] == "response.created":
+            current = event["response"]["id"]
+        out[current].append(event)
+    return out
+
+
+def check_typed(event: dict[str, Any]) -> None:
+    if event["type"] == V1_PAUSE:
+        SdkResponse.model_validate(event["response"])
+        return
+    STREAM_EVENT.validate_python(event)
+    assert type(STREAM_EVENT.validate_python(event)).__name__ != "ResponseAudioDeltaEvent"
+
+
+def tokens(text: str) -> int:
+    return len(tokenizer.encoding().encode_ordinary(text))
+
+
+def check_response_stream(stream: list[dict[str, Any]]) -> None:
+    """The events of one response (one rollout in v1): numbering, items, statuses, usage."""
+    assert stream[0]["type"] == "response.created"
+    response_id = stream[0]["response"]["id"]
+    assert response_id.startswith("resp_")
+    assert [e["sequence_number"] for e in stream] == list(range(len(stream)))
+    terminals = [e for e in stream if e["type"] in TERMINAL]
+    assert len(terminals) == 1 and stream[-1] is terminals[0]
+
+    output: list[dict[str, Any]] = []  # done items, by output_index
+    open_items: dict[str, dict[str, Any]] = {}  # item id -> the added item
+    streamed_tokens = 0  # one delta per token (no coalescing): deltas count sampled tokens
+    hidden_tokens = 0  # a hosted call's query is sampled but not streamed
+    segment_start = 0
+    for event in stream:
+        check_typed(event)
+        kind = event["type"]
+        if "response" in event:
+            assert event["response"]["id"] == response_id
+        if kind == "response.output_item.added":
+            item = event["item"]
+            assert event["output_index"] == len(output) + len(open_items)
+            assert item["id"].startswith(ITEM_PREFIX[item["type"]])
+            assert item["status"] == "in_progress"
+            open_items[item["id"]] = {**item, "output_index": event["output_index"]}
+        elif kind == "response.output_item.done":
+            item = event["item"]
+            added = open_items.pop(item["id"])
+            assert event["output_index"] == added["output_index"] == len(output)
+            assert item["type"] == added["type"]
+            assert item["status"] == "completed"
+            if item["type"] == "web_search_call":
+                hidden_tokens += tokens(item["action"]["query"])
+            output.append(item)
+        elif kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            assert event["item_id"] in open_items
+            assert event["output_index"] == open_items[event["item_id"]]["output_index"]
+            streamed_tokens += 1
+        elif kind.startswith("response.web_search_call."):
+            assert open_items[event["item_id"]]["type"] == "web_search_call"
+            assert event["output_index"] == open_items[event["item_id"]]["output_index"]
+        elif kind == V1_PAUSE:
+            assert not open_items
+            assert event["response"]["status"] == "in_progress"
+            assert event["response"]["output"] == output[segment_start:]
+            segment_start = len(output)
+    final = stream[-1]["response"]
+    assert not open_items
+    assert final["status"] == "completed"
+    assert final["output"] == output
+    usage = final["usage"]
+    assert usage["output_tokens"] == streamed_tokens + hidden_tokens
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert 0 <= usage["input_tokens_details"]["cached_tokens"] < usage["input_tokens"]
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+async def test_every_event_is_typed_and_the_stream_holds_together(autojump_clock, monkeypatch, design: str) -> None:
+    events, record = await captured_rollout(design, ZERO_COSTS, monkeypatch)
+    streams = by_response(events)
+    assert None not in streams  # nothing before the first response.created
+    assert len(streams) == (1 if design == "suspended" else len(TASK.turns))
+    for stream in streams.values():
+        check_response_stream(stream)
+    kinds = [e["type"] for e in events]
+    # Each lifecycle of a hosted call, and the two parallel calls, appear.
+    assert kinds.count("response.web_search_call.completed") == 3
+    assert kinds.count("response.function_call_arguments.done") == 3
+    assert kinds.count(V1_PAUSE) == (2 if design == "suspended" else 0)
+    # Timings are sent only on request.
+    assert not any("testbed_timing" in (e.get("response") or {}) for e in events)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+async def test_transcripts_and_usage_agree_across_designs_with_hosted_and_parallel_calls(autojump_clock, monkeypatch, design: str) -> None:
+    _, reference = await captured_rollout("suspended", ApiCosts(), monkeypatch)
+    _, record = await captured_rollout(design, ApiCosts(), monkeypatch)
+    assert record.transcript == reference.transcript
+    assert record.usage["output_tokens"] == reference.usage["output_tokens"]
+
+
+def test_stream_event_union_knows_every_type_the_designs_send() -> None:
+    # A guard on the check above: the SDK's union must name each lifecycle event type we send, or
+    # `check_typed` would validate against the wrong model.
+    union = typing.get_args(ResponseStreamEvent)[0]
+    names = {value for variant in typing.get_args(union) for value in typing.get_args(variant.model_fields["type"].annotation)}
+    sent = {
+        "response.created", "response.in_progress", "response.completed", "response.output_item.added",
+        "response.output_item.done", "response.content_part.added", "response.content_part.done",
+        "response.output_text.delta", "response.output_text.done", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.web_search_call.in_progress",
+        "response.web_search_call.searching", "response.web_search_call.completed",
+    }
+    assert sent <= names

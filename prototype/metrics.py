@@ -90,8 +90,8 @@ class ClientRecords(deque):
 def protocol_choices(request: Any, *, transport: str, design: str, user_agent: str, connection: int) -> dict[str, Any]:
     """What a request tells about its client, known when it starts: chained (`previous_response_id`)
     or full context, warm-up (`generate: false`), `stream`, `store`, the input it resent, and the
-    keys the server ignores (Codex's `client_metadata`, `prompt_cache_key`, ...). `stream_id` is
-    always False here: a create carrying one is refused (docs/protocol.md) and recorded as such."""
+    keys the server ignores (Codex's `client_metadata`, `prompt_cache_key`, ...), and whether it named
+    a `stream_id` lane."""
     kinds: dict[str, int] = defaultdict(int)
     for item in request.input:
         kinds[item.type] += 1
@@ -105,7 +105,7 @@ def protocol_choices(request: Any, *, transport: str, design: str, user_agent: s
         "previous_response_id": request.previous_response_id,
         "warmup": not request.generate,
         "stream": request.stream,
-        "stream_id": False,
+        "stream_id": getattr(request, "stream_id", None) is not None,
         "store": request.store,
         "input_items": len(request.input),
         "input_types": dict(kinds),

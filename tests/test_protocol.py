@@ -76,7 +76,8 @@ def test_append_steer_processed():
     append = decode({"type": "response.append", "input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]})
     assert append == ResponseAppend((FunctionCallOutput("c", "o"),))
     steer = decode({"type": "response.steer", "previous_response_id": "resp_1", "input": "go"})
-    assert steer == ResponseSteer("resp_1", "go")
+    assert isinstance(steer, ResponseSteer) and steer.previous_response_id == "resp_1"
+    assert steer.frame == {"type": "response.steer", "previous_response_id": "resp_1", "input": "go"}
     assert decode({"type": "response.processed", "response_id": "resp_1"}) == ResponseProcessed("resp_1")
 
 
@@ -118,7 +119,9 @@ BAD_FRAMES = [
     ({"type": "response.create", "input": "x", "tools": [{"type": "function"}]}, errors.INVALID_VALUE, "tools[0].name"),
     ({"type": "response.create", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
     ({"type": "response.create", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
-    ({"type": "response.create", "input": "x", "stream_id": "s1"}, errors.UNSUPPORTED_PARAMETER, "stream_id"),
+    ({"type": "response.create", "input": "x", "stream_id": "a b"}, errors.INVALID_VALUE, "stream_id"),
+    ({"type": "response.create", "input": "x", "stream_id": "s" * 257}, errors.INVALID_VALUE, "stream_id"),
+    ({"type": "response.create", "input": "x", "stream_id": 7}, errors.INVALID_VALUE, "stream_id"),
     ({"type": "response.create", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
     ({"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
     ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_VALUE, "input"),
@@ -147,10 +150,9 @@ def test_server_events_encode_to_the_wire_shape():
         "type": "response.output_text.delta", "sequence_number": 4, "item_id": "msg_01", "output_index": 0,
         "content_index": 0, "delta": "Hel", "logprobs": [],
     }
-    steer = SteerFailed(0, "resp_1", "go").to_dict()
-    assert steer["error"]["code"] == "steering_not_supported"
-    assert steer["steer"] == {"previous_response_id": "resp_1", "input": "go"}
-    assert "id" not in steer["steer"]
+    error = {"type": "invalid_request_error", "code": "response_not_found", "message": "m"}
+    steer = SteerFailed(0, {"previous_response_id": "resp_1", "input": "go"}, error).to_dict()
+    assert steer == {"type": "response.steer.failed", "sequence_number": 0, "steer": {"previous_response_id": "resp_1", "input": "go"}, "error": error}
 
 
 json_values = st.recursive(

@@ -13,7 +13,7 @@ This is the hosted-tool analogy of OpenAI's post, in code: one suspension point,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -31,6 +31,7 @@ from .emitter import Emitter
 COMPLETED = "completed"
 INCOMPLETE = "incomplete"
 ENDED_AT_CLIENT_CALLS = "ended_at_client_calls"
+STEERED = "steered"  # stopped at a safe output boundary for queued steering input (steering guide)
 
 # A resumed turn pays only per-token work on what is new: the fixed part was paid once, up front.
 RESUME = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=0.0)
@@ -90,6 +91,10 @@ class SamplingLoop:
     hosted: ToolBackend
     client: ToolBackend
     pinned_kv: bool  # v1 keeps its KV resident across the pause; the others rely on the prefix cache
+    # Chained only: asked at each safe output boundary (before an item starts, after a hosted call
+    # finished); True stops the response there. The item being sampled always finishes, and a
+    # batch of client calls, once begun, is finished too (steering guide; docs/protocol.md).
+    stop_requested: Callable[[], bool] = attrs.field(default=lambda: False, kw_only=True)
     engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
 
     @property
@@ -132,8 +137,12 @@ class SamplingLoop:
                 (answered,) = await self.tool_call_point([ToolCall(item, search)])
                 await self.emitter.web_search_finished(index, answered)
                 await self.take_new_items([answered])
+                if self.stop_requested():
+                    return STEERED
                 await self.model_call()
 
+            if self.stop_requested():
+                return STEERED
             words = plan.words
             truncated = budget is not None and len(words) > budget
             if truncated:
@@ -149,7 +158,8 @@ class SamplingLoop:
                 )
             ]
             calls: list[FunctionCall] = []
-            for planned in () if truncated else plan.calls:
+            steered = not truncated and self.stop_requested()  # the message was the item in progress
+            for planned in () if truncated or steered else plan.calls:
                 call_id = f"call_{len(ctx.items) + len(outputs)}"
                 pieces = _token_pieces(planned.arguments)
                 call = await self.emitter.function_call(
@@ -168,6 +178,8 @@ class SamplingLoop:
 
             if truncated:
                 return INCOMPLETE
+            if steered:
+                return STEERED
             if not calls:
                 return COMPLETED
             answers = await self.tool_call_point([ToolCall(call) for call in calls])
@@ -220,9 +232,12 @@ class SamplingLoop:
         await self.api.pre_inference(self.log, self.emitter.response.request, items, base=self.context, modes=RESUME)
 
 
-async def sample_until_client_calls(api: ApiService, emitter: Emitter, context: Context) -> str:
+async def sample_until_client_calls(
+    api: ApiService, emitter: Emitter, context: Context, stop_requested: Callable[[], bool] | None = None
+) -> str:
     """The chained and http designs' loop: hosted tools are answered inside the response, a client
-    function call ends it. Returns the response's outcome, `completed` or `incomplete`."""
+    function call ends it. Returns the response's outcome: `completed`, `incomplete` (its output
+    budget ran out) or `steered` (stopped at a safe boundary for steering input)."""
     loop = SamplingLoop(
         api,
         emitter,
@@ -230,9 +245,10 @@ async def sample_until_client_calls(api: ApiService, emitter: Emitter, context: 
         hosted=HostedTools(api, emitter.log, context.route.policy.workload.seed),
         client=EndResponseAtClientCalls(),
         pinned_kv=False,
+        stop_requested=stop_requested or (lambda: False),
     )
     outcome = await loop.run()
-    return INCOMPLETE if outcome == INCOMPLETE else COMPLETED
+    return outcome if outcome in (INCOMPLETE, STEERED) else COMPLETED
 
 
 async def prefill_warmup(api: ApiService, log: metrics.PhaseLog, context: Context) -> int:
@@ -272,6 +288,6 @@ def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | N
 
 
 __all__ = [
-    "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
+    "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "STEERED", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
     "ToolBackend", "ToolCall", "pending_calls", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
 ]

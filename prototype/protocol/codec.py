@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from .errors import (
@@ -30,6 +31,7 @@ from .events import (
 )
 from .items import parse_input
 
+STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 DEFAULT_MODEL = "gpt-5.4"  # echoed when a request names none [ours]
 
 # Keys of the POST body we act on; everything else is accepted and ignored (docs/protocol.md).
@@ -101,15 +103,27 @@ def _parse_metadata(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def parse_create_body(body: Any) -> CreateRequest:
-    """Validate a `response.create` / POST body into a `CreateRequest`."""
+def _parse_stream_id(value: Any) -> str | None:
+    """A lane name: the characters and length openai-ruby's `Session#lane` accepts [ours: the
+    reference states no format]."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not STREAM_ID_PATTERN.fullmatch(value):
+        raise ProtocolError(INVALID_VALUE, "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", param="stream_id")
+    return value
+
+
+def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
+    """Validate a `response.create` / POST body into a `CreateRequest`. `stream_id` is WebSocket
+    only (openai-python `ResponsesClientEvent`: not part of POST /v1/responses)."""
     if not isinstance(body, dict):
         raise ProtocolError(INVALID_JSON, "The request body must be a JSON object.")
     if body.get("background") is True:
         raise ProtocolError(UNSUPPORTED_PARAMETER, "'background' is not supported in this mode.", param="background")
-    for key in ("stream_id", "conversation"):
+    for key in ("conversation",) if websocket else ("stream_id", "conversation"):
         if body.get(key) is not None:
             raise ProtocolError(UNSUPPORTED_PARAMETER, f"'{key}' is not supported by this server.", param=key)
+    stream_id = _parse_stream_id(body.get("stream_id")) if websocket else None
     model = _optional(body, "model", (str,), "a string") or DEFAULT_MODEL
     previous_response_id = _optional(body, "previous_response_id", (str,), "a string")
     generate = _optional(body, "generate", (bool,), "a boolean")
@@ -152,6 +166,7 @@ def parse_create_body(body: Any) -> CreateRequest:
         temperature=temperature,
         top_p=top_p,
         stream=bool(stream),
+        stream_id=stream_id,
         extra_keys=tuple(sorted(key for key in body if key not in _KNOWN_KEYS)),
     )
 
@@ -174,14 +189,13 @@ def decode_client_event(text: str | bytes) -> ClientEvent:
     obj = loads_object(text)
     event_type = obj.get("type")
     if event_type == "response.create":
-        return ResponseCreate(parse_create_body(obj))
+        return ResponseCreate(parse_create_body(obj, websocket=True))
     if event_type == "response.append":
         if "input" not in obj:
             raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", param="input")
         return ResponseAppend(parse_input(obj["input"]))
     if event_type == "response.steer":
-        previous = obj.get("previous_response_id")
-        return ResponseSteer(previous if isinstance(previous, str) else None, obj.get("input"))
+        return ResponseSteer(obj)
     if event_type == "response.processed":
         response_id = obj.get("response_id")
         return ResponseProcessed(response_id if isinstance(response_id, str) else None)

@@ -25,6 +25,7 @@ INVALID_FUNCTION_CALL_OUTPUT = "invalid_function_call_output"
 SUSPENSION_TIMEOUT = "suspension_timeout"
 CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 STEERING_NOT_SUPPORTED = "steering_not_supported"
+TOO_MANY_STREAMS = "too_many_streams"  # [ours]: the reference names no per-connection lane limit
 SERVER_ERROR = "server_error"
 ENGINE_FAILURE = "engine_failure"
 

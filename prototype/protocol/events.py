@@ -47,6 +47,7 @@ class CreateRequest:
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False  # only meaningful over HTTP; ignored on WebSocket (docs/protocol.md)
+    stream_id: str | None = None  # WebSocket only: the lane (openai-python `ResponsesClientEvent`)
     extra_keys: tuple[str, ...] = ()  # accepted and ignored keys, recorded for the timing records
 
     @property
@@ -76,11 +77,16 @@ class ResponseAppend:
 
 @attrs.frozen
 class ResponseSteer:
-    """`response.steer` (openai-python `response_steer_event.py`): answered with steer.failed."""
+    """`response.steer` (openai-python `response_steer_event.py`): the frame as sent, validated by
+    the steering book (protocol/steering.py), which returns bad input in `response.steer.failed`."""
 
-    previous_response_id: str | None
-    input: Any
+    frame: dict[str, Any] = attrs.field(eq=False, hash=False)
     type: ClassVar[str] = "response.steer"
+
+    @property
+    def previous_response_id(self) -> str | None:
+        value = self.frame.get("previous_response_id")
+        return value if isinstance(value, str) else None
 
 
 @attrs.frozen
@@ -260,25 +266,36 @@ class WebSearchCompleted(_WebSearchProgress):
 
 
 @attrs.frozen
-class SteerFailed:
-    """The answer to every `response.steer` (openai-python `response_steer_failed_event.py`)."""
+class SteerAccepted(_ServerEvent):
+    """The server owns the input; the successor's `response.created` is the commit point
+    (openai-python `response_steer_accepted_event.py`). `steer`: `{id, previous_response_id}`."""
 
     sequence_number: int
-    previous_response_id: str | None
-    input: Any
-    type: ClassVar[str] = "response.steer.failed"
+    steer: dict[str, Any]
+    type: ClassVar[str] = "response.steer.accepted"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "sequence_number": self.sequence_number,
-            "error": {
-                "type": "invalid_request_error",
-                "code": "steering_not_supported",
-                "message": "This server does not support response.steer.",
-            },
-            "steer": {"previous_response_id": self.previous_response_id, "input": self.input},
-        }
+
+@attrs.frozen
+class SteerPending(_ServerEvent):
+    """After `response.completed` of a response waiting for client tool output: the input stays
+    queued until the client's explicit continuation (openai-python `response_steer_pending_event.py`)."""
+
+    sequence_number: int
+    reason: str
+    required_input: list[dict[str, Any]]
+    steer: dict[str, Any]
+    type: ClassVar[str] = "response.steer.pending"
+
+
+@attrs.frozen
+class SteerFailed(_ServerEvent):
+    """Input refused or not committed, returned as sent; `steer.id` only once one was allocated
+    (openai-python `response_steer_failed_event.py`)."""
+
+    sequence_number: int
+    steer: dict[str, Any]
+    error: dict[str, Any]
+    type: ClassVar[str] = "response.steer.failed"
 
 
 ServerEvent = Union[
@@ -299,5 +316,7 @@ ServerEvent = Union[
     WebSearchInProgress,
     WebSearchSearching,
     WebSearchCompleted,
+    SteerAccepted,
+    SteerPending,
     SteerFailed,
 ]

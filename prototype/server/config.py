@@ -12,6 +12,9 @@ from ..designs.suspended import SUSPENSION_TTL_SECONDS
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # docs/protocol.md: creates waiting behind the one in flight [ours].
 MAX_QUEUED_CREATES = 32
+# docs/protocol.md: `stream_id` lanes a connection may open besides the default one [ours: the
+# reference states no limit; openai-ruby's SessionLimits makes max_lanes an application budget].
+MAX_STREAMS = 64
 # WS guide and alpha doc: a WebSocket connection lives at most 60 minutes.
 CONNECTION_LIFETIME_SECONDS = 60 * 60
 # A request head larger than this is refused (431) before any parsing [ours].
@@ -32,7 +35,8 @@ HTTP_IDLE_TIMEOUT_SECONDS = 600.0
 class ServerConfig:
     api_keys: frozenset[str] | None = None  # None: any non-empty Bearer key is accepted (docs/protocol.md)
     max_message_bytes: int = MAX_MESSAGE_BYTES
-    max_queued_creates: int = MAX_QUEUED_CREATES
+    max_queued_creates: int = MAX_QUEUED_CREATES  # per lane
+    max_streams: int = MAX_STREAMS
     suspension_ttl: float = SUSPENSION_TTL_SECONDS
     connection_lifetime: float = CONNECTION_LIFETIME_SECONDS
     max_connections: int = MAX_CONNECTIONS

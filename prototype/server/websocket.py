@@ -1,13 +1,19 @@
-"""One WebSocket connection: read frames, answer bad ones, run creates FIFO, one at a time.
+"""One WebSocket connection: read frames, answer bad ones, run each lane's creates FIFO.
 
-The reader task decodes frames and dispatches them; the worker task runs `response.create`s in
-arrival order (WS guide: one response in flight per connection, the rest queued, never rejected
-until the queue is full). A v1 `response.append` bypasses the queue and goes straight to the
-suspended rollout. Every task the connection starts lives in its nursery and ends with it.
+The reader task decodes frames and dispatches them; each lane (`stream_id`; no `stream_id` is the
+default lane) has a worker task that runs its `response.create`s in arrival order (WS guide: one
+response in flight per lane, the rest queued, never rejected until the queue is full); lanes run
+side by side. A v1 `response.append` bypasses the queue and goes straight to the suspended rollout.
+`response.steer` goes to the connection's steering book (protocol/steering.py), which this session
+drives: it answers with `response.steer.accepted` or `.failed`, stops the target at its next safe
+boundary, sends `.pending` after a response that waits for client tool output, and runs the
+automatic successor on the target's lane. Every task the connection starts lives in its nursery
+and ends with it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from typing import Any
@@ -20,11 +26,21 @@ from .. import metrics
 from ..api.service import ApiService
 from ..designs import chained, suspended
 from ..designs.cancel import ResponseCancelled
-from ..designs.emitter import EngineFailure
+from ..designs.emitter import Emitter, EngineFailure
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
-from ..protocol.events import ResponseAppend, ResponseCreate, ResponseProcessed, ResponseSteer, SteerFailed
-from ..protocol.wire import SUSPENDED
+from ..protocol.events import (
+    CreateRequest,
+    ResponseAppend,
+    ResponseCreate,
+    ResponseProcessed,
+    ResponseSteer,
+    SteerAccepted,
+    SteerFailed,
+    SteerPending,
+)
+from ..protocol.steering import WAITING_FOR_REQUIRED_INPUT, Refusal, SteeringBook, Submission, successor_input
+from ..protocol.wire import CHAINED, SUSPENDED
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -43,6 +59,15 @@ class ConnectionInfo:
 
 
 @attrs.define(eq=False)
+class Lane:
+    """One `stream_id` of a connection: its queue of creates and whether one is running."""
+
+    stream_id: str | None
+    queue: trio.MemorySendChannel
+    busy: bool = False
+
+
+@attrs.define(eq=False)
 class WebSocketSession:
     api: ApiService
     config: ServerConfig
@@ -51,63 +76,101 @@ class WebSocketSession:
     slot: suspended.SuspensionSlot = attrs.Factory(suspended.SuspensionSlot)
     # The engine keys a connection's pinned KV by a serial number, never id(), which Python reuses.
     cache: chained.ConnectionCache = attrs.Factory(lambda: chained.ConnectionCache(("chained", next(_SESSION_SERIALS))))
-    busy: bool = False
+    lanes: dict[str | None, Lane] = attrs.Factory(dict)
+    steering: SteeringBook = attrs.Factory(SteeringBook)
+    emitters: dict[str, Emitter] = attrs.Factory(dict)  # the steering book's responses: steer events number in theirs
+    busy_lanes: int = 0
     expired: bool = False
-    current: trio.CancelScope | None = None
+    current: trio.CancelScope | None = None  # v1: the running rollout (one lane)
     idle: trio.Event = attrs.Factory(trio.Event)
+    nursery: trio.Nursery | None = None
     responses: list = attrs.Factory(list)  # (response id, outcome) of each finished response, for records
     records: Any = None  # the server's bounded log of client records (`ResponsesServer.records`), if any
     appends: int = 0  # v1 `response.append` frames delivered on this connection
     append_bytes: int = 0  # their total size, for the records' `request_bytes`
+    closing: bool = False  # a lane saw the connection close or fail: the workers stop
 
-    async def send(self, event: object) -> None:
-        await self.ws.send_message(codec.encode_event(event))
+    @property
+    def busy(self) -> bool:
+        return self.busy_lanes > 0
 
-    async def send_error(self, error: ProtocolError) -> None:
-        await self.ws.send_message(codec.encode(error.to_ws_event()))
+    async def send(self, event: object, stream_id: str | None = None) -> None:
+        if stream_id is None:
+            await self.ws.send_message(codec.encode_event(event))
+        else:  # events of a lane echo its stream_id (openai-python `ResponsesServerEvent`)
+            await self.ws.send_message(codec.encode({**event.to_dict(), "stream_id": stream_id}))
+
+    async def send_error(self, error: ProtocolError, stream_id: str | None = None) -> None:
+        event = error.to_ws_event()
+        if stream_id is not None:
+            event["stream_id"] = stream_id
+        await self.ws.send_message(codec.encode(event))
 
     async def run(self) -> None:
-        send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float, int]](self.config.max_queued_creates)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.worker, receive_queue, nursery)
+                self.nursery = nursery
+                self.lane(None)
                 nursery.start_soon(self.lifetime)
-                await self.reader(send_queue)
+                await self.reader()
                 nursery.cancel_scope.cancel()  # overlapped post work is shielded and still finishes
         except* ConnectionClosed:  # from any task of the nursery, so it arrives inside a group
             pass
         finally:
             # Close drops all state (docs/protocol.md): the v2 cache and the engine KV held under
-            # this connection's key, which no other connection can reach (the key is this session).
-            self.cache.evict()
-            self.api.engine.release(self.cache.engine_key)
+            # this connection's keys, which no other connection can reach (the keys are this session's).
+            self.cache.evict(everything=True)
+            for stream_id in self.lanes:
+                self.api.engine.release(self.cache.lane_key(stream_id))
 
-    async def reader(self, queue: trio.MemorySendChannel) -> None:
+    def lane(self, stream_id: str | None) -> Lane:
+        """The lane of `stream_id`, opened (with its worker) on first use, up to `max_streams`."""
+        lane = self.lanes.get(stream_id)
+        if lane is None:
+            if len(self.lanes) > self.config.max_streams:  # the default lane is not counted
+                raise ProtocolError(
+                    errors.TOO_MANY_STREAMS, f"More than {self.config.max_streams} stream_id lanes on this connection.", param="stream_id"
+                )
+            send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float, int]](self.config.max_queued_creates)
+            lane = self.lanes[stream_id] = Lane(stream_id, send_queue)
+            self.nursery.start_soon(self.worker, lane, receive_queue)
+        return lane
+
+    async def reader(self) -> None:
         while True:
             try:
                 message = await self.ws.get_message()
             except ConnectionClosed:
                 return
+            event = None
             try:
                 event = codec.decode_client_event(message)
-                await self.dispatch(event, queue, len(message.encode()) if isinstance(message, str) else len(message))
+                await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message))
             except ProtocolError as error:
                 self.record_refusal(error)
-                await self.send_error(error)
+                # A refused create's error names its lane, unless the lane itself was refused.
+                request = getattr(event, "request", None)
+                await self.send_error(error, request.stream_id if request is not None and error.param != "stream_id" else None)
 
-    async def dispatch(self, event: object, queue: trio.MemorySendChannel, size: int = 0) -> None:
+    async def dispatch(self, event: object, size: int = 0) -> None:
         """`size`: the frame's bytes, for the client records."""
         if isinstance(event, ResponseCreate):
             request = event.request
             if self.info.design == SUSPENDED:
-                for field, bad in (("previous_response_id", request.previous_response_id is not None), ("generate", not request.generate)):
+                # v1 had one response per connection and no lanes (docs/protocol.md).
+                for field, bad in (
+                    ("previous_response_id", request.previous_response_id is not None),
+                    ("generate", not request.generate),
+                    ("stream_id", request.stream_id is not None),
+                ):
                     if bad:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
+            lane = self.lane(request.stream_id)
             try:
-                queue.send_nowait((event, trio.current_time(), size))
+                lane.queue.send_nowait((event, trio.current_time(), size))
             except trio.WouldBlock:
                 raise ProtocolError(
-                    errors.TOO_MANY_QUEUED_REQUESTS, f"More than {self.config.max_queued_creates} response.create requests are waiting on this connection."
+                    errors.TOO_MANY_QUEUED_REQUESTS, f"More than {self.config.max_queued_creates} response.create requests are waiting on this lane."
                 ) from None
         elif isinstance(event, ResponseAppend):
             if self.info.design != SUSPENDED:
@@ -122,49 +185,146 @@ class WebSocketSession:
             self.appends += 1
             self.append_bytes += size
         elif isinstance(event, ResponseSteer):
-            await self.send(SteerFailed(0, event.previous_response_id, event.input))
+            await self.steer(event)
         elif isinstance(event, ResponseProcessed):
             pass  # Codex's optional acknowledgement (docs/protocol.md)
 
-    async def worker(self, queue: trio.MemoryReceiveChannel, nursery: trio.Nursery) -> None:
+    # --- steering: the session drives the sans-IO book --------------------------------------------
+
+    async def steer(self, event: ResponseSteer) -> None:
+        """v1 refuses (`steering_not_supported`); v2 accepts while the target runs (docs/protocol.md)."""
+        outcome = self.steering.submit(event.frame, supported=self.info.design == CHAINED)
+        if isinstance(outcome, Refusal):
+            await self.send_refusals([outcome])
+        else:
+            await self.send_steer_event(outcome.previous_response_id, SteerAccepted, steer={"id": outcome.id, "previous_response_id": outcome.previous_response_id})
+
+    async def send_steer_event(self, response_id: str, event_type: type, **fields: Any) -> None:
+        """A steer event numbered in its target's sequence and tagged with its lane; 0 and no lane
+        when the target is not available [ours]."""
+        emitter = self.emitters.get(response_id)
+        if emitter is None:
+            await self.send(event_type(sequence_number=0, **fields))
+        else:
+            await emitter.emit(event_type, **fields)
+
+    async def send_refusals(self, refusals: list[Refusal]) -> None:
+        for refusal in refusals:
+            submission = refusal.submission
+            steer = {"previous_response_id": submission.previous_response_id, "input": submission.input}
+            if submission.id is not None:
+                steer = {"id": submission.id, **steer}
+            error = {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message}
+            await self.send_steer_event(submission.previous_response_id, SteerFailed, steer=steer, error=error)
+
+    def lane_view(self, lane: Lane, claimed: tuple[Submission, ...]) -> chained.LaneView:
+        refusals: list[Refusal] = []
+
+        async def on_created(emitter: Emitter) -> None:
+            response_id = emitter.response.id
+            self.steering.committed(claimed)  # the successor's response.created is the commit point
+            refusals.extend(self.steering.started(response_id, lane.stream_id))
+            self.emitters[response_id] = emitter
+            self.emitters = {rid: e for rid, e in self.emitters.items() if self.steering.is_known(rid)}
+            await self.send_refusals(refusals)
+
+        return attrs.evolve(self.cache.view(lane.stream_id), on_created=on_created, stop_requested=self.steering.stop_requested)
+
+    async def after_response(self, response, claimed_for_next: list) -> CreateRequest | None:
+        """The terminal event went out: pending notices, refusals, or the automatic successor that
+        inherits the response's settings and continues from it with the queued input."""
+        ended = self.steering.ended(response.id, response.status, response.output)
+        for submission in ended.pending:
+            await self.send_steer_event(
+                response.id, SteerPending, reason=WAITING_FOR_REQUIRED_INPUT,
+                required_input=[dict(stub) for stub in self.steering.targets[response.id].required_input],
+                steer={"id": submission.id, "previous_response_id": response.id},
+            )
+        await self.send_refusals(list(ended.refused))
+        if not ended.successor:
+            return None
+        claimed_for_next.extend(ended.successor)
+        return attrs.evolve(response.request, previous_response_id=response.id, input=successor_input(ended.successor), generate=True)
+
+    # --- the lanes' workers ------------------------------------------------------------------------
+
+    async def worker(self, lane: Lane, queue: trio.MemoryReceiveChannel) -> None:
         async for event, queued_at, size in queue:
-            if self.expired:
-                return
-            self.busy = True
-            self.idle = trio.Event()
-            phase_log = metrics.PhaseLog()
-            phase_log.record(metrics.QUEUE, queued_at, trio.current_time())
-            phase_log.client = self.protocol_choices(event.request)
-            appends_before, append_bytes_before, response, outcome = self.appends, self.append_bytes, None, "cancelled"
-            try:
-                with trio.CancelScope() as self.current:
-                    response = await self.run_one(event.request, phase_log, nursery)
-                    self.responses.append((response.id, response.status))
-                    outcome = response.status
-            except ProtocolError as error:
-                outcome = f"error:{error.code}"
-                self.cache.evict()  # a failed turn leaves the slot empty, chained or not (docs/protocol.md)
-                await self.send_error(error)
-            except ConnectionClosed:
-                outcome = "closed"
-                return
-            except EngineFailure:
-                outcome = "failed"  # already answered with response.failed
-                self.cache.evict()  # as for any failed turn (docs/protocol.md)
-            except ResponseCancelled as cancelled:
-                response, outcome = cancelled.response, "cancelled"  # already answered with response.cancelled
-                self.cache.evict()  # a cancelled turn is not chained from (docs/protocol.md, "Cancel")
-            except Exception as exc:  # a handler bug: fail loudly on this connection only
-                outcome = "error:server_error"
-                log.exception("response handler failed")
-                await self.send_error(ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"))
-                await self.ws.aclose(1011, "internal error")
-                return
-            finally:
-                self.busy = False
+            request: CreateRequest | None = event.request
+            claimed = self.steering.claim(lane.stream_id, request.previous_response_id)
+            if claimed:  # queued steering input is prepended, in submission order (reference)
+                request = attrs.evolve(request, input=successor_input(claimed) + request.input)
+            while request is not None:
+                if self.expired:
+                    await self.send_refusals(self.steering.successor_failed(claimed, "The connection reached its lifetime limit."))
+                    return
+                successor_claims: list[Submission] = []
+                request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size)
+                if self.closing:
+                    return
+                claimed, queued_at, size = tuple(successor_claims), trio.current_time(), 0
+
+    async def run_create(
+        self, lane: Lane, request: CreateRequest, queued_at: float, claimed: tuple, successor_claims: list, size: int = 0
+    ) -> CreateRequest | None:
+        """One response on `lane`; returns the automatic successor's request, if any. `size`: the
+        create frame's bytes (0 for an automatic successor), for the client records."""
+        lane.busy = True
+        self.busy_lanes += 1
+        self.idle = trio.Event() if self.busy_lanes == 1 else self.idle
+        phase_log = metrics.PhaseLog()
+        phase_log.record(metrics.QUEUE, queued_at, trio.current_time())
+        phase_log.client = self.protocol_choices(request)
+        appends_before, append_bytes_before = self.appends, self.append_bytes
+        response, outcome, successor = None, "cancelled", None
+        view = self.lane_view(lane, claimed)
+        try:
+            with trio.CancelScope() as scope:
+                if lane.stream_id is None:
+                    self.current = scope
+                response = await self.run_one(request, phase_log, view)
+                self.responses.append((response.id, response.status))
+                outcome = response.status
+            if response is not None and self.info.design == CHAINED:
+                successor = await self.after_response(response, successor_claims)
+        except ProtocolError as error:
+            outcome = f"error:{error.code}"
+            self.cache.evict(lane.stream_id)  # a failed turn leaves the lane's slot empty (docs/protocol.md)
+            await self.send_error(error, lane.stream_id)
+            await self.send_refusals(self.steering.successor_failed(claimed, f"The continuation failed: {error.code}."))
+        except ConnectionClosed:
+            outcome = "closed"
+            self.closing = True
+        except EngineFailure:
+            outcome = "failed"  # already answered with response.failed
+            self.cache.evict(lane.stream_id)  # as for any failed turn (docs/protocol.md)
+            await self.fail_steers_of_running(view)
+        except ResponseCancelled as cancelled:
+            response, outcome = cancelled.response, "cancelled"  # already answered with response.cancelled
+            self.cache.evict(lane.stream_id)  # a cancelled turn is not chained from (docs/protocol.md, "Cancel")
+            await self.fail_steers_of_running(view)
+        except Exception as exc:  # a handler bug: fail loudly on this connection only
+            outcome = "error:server_error"
+            log.exception("response handler failed")
+            self.closing = True
+            await self.send_error(ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"))
+            await self.ws.aclose(1011, "internal error")
+        finally:
+            lane.busy = False
+            self.busy_lanes -= 1
+            if lane.stream_id is None:
                 self.current = None
+            if self.busy_lanes == 0:
                 self.idle.set()
-                self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before)
+            self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before)
+        return successor
+
+    async def fail_steers_of_running(self, view: chained.LaneView) -> None:
+        """The lane's running response failed: its queued steering input is returned."""
+        recent = self.steering.lanes.get(view.lane) or []
+        if recent:
+            ended = self.steering.ended(recent[-1], "failed")
+            await self.send_refusals(list(ended.refused))
 
     # --- client records (issue 7): who spoke and how it used the protocol ----------------------
 
@@ -204,15 +364,16 @@ class WebSocketSession:
             "stream_id": error.param == "stream_id",
         })
 
-    async def run_one(self, request, phase_log: metrics.PhaseLog, nursery: trio.Nursery):
+    async def run_one(self, request, phase_log: metrics.PhaseLog, view: chained.LaneView):
         if self.info.design == SUSPENDED:
             return await suspended.run_rollout(
                 self.api, request, self.send, self.slot,
                 ttl=self.config.suspension_ttl, include_timing=self.info.include_timing,
                 api_key=self.info.api_key, log=phase_log,
             )
+        stream_id = view.lane
         return await chained.run_turn(
-            self.api, request, self.send, self.cache, nursery,
+            self.api, request, functools.partial(self.send, stream_id=stream_id), view, self.nursery,
             switches=self.config.switches, include_timing=self.info.include_timing,
             api_key=self.info.api_key, log=phase_log,
         )

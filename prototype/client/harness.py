@@ -245,25 +245,46 @@ async def run_websocket_rollout(
     base = request_body(workload, model=model, metadata=metadata, store=store)
     first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
     async with open_responses_websocket(connector, design, api_key=api_key, include_timing=include_timing) as ws:
-        channel = WsChannel(ws, rollout)
-        event: dict[str, Any] = {"type": "response.create", **base, "input": first_input}
-        sent_items = first_input
-        while True:
-            rollout.start_turn(sent_items, await channel.send(event))
-            pause = await channel.until_pause()
-            if on_turn_end is not None and pause["type"] != "error":
-                on_turn_end(rollout.record.turns[-1])
-            final_status, calls = turn_outcome(design, pause)
-            if final_status is not None:
-                rollout.record.status = final_status
-                break
-            response = pause["response"]
-            sent_items = await rollout.run_tools(calls)
-            if design == SUSPENDED:
-                event = {"type": "response.append", "input": sent_items}
-            else:
-                event = {"type": "response.create", **base, "previous_response_id": response["id"], "input": sent_items}
+        await drive_websocket_rollout(WsChannel(ws, rollout), rollout, design, base, first_input, on_turn_end)
         # The task ends at its final event; closing the socket afterwards is not part of it (the
         # HTTP harness likewise stops at the terminal event).
         rollout.record.ended_at = trio.current_time()
     return rollout.record
+
+
+def is_steered(pause: dict[str, Any]) -> bool:
+    """A response stopped for steering input: its automatic successor follows on the same lane."""
+    details = (pause.get("response") or {}).get("incomplete_details") or {}
+    return pause["type"] == "response.incomplete" and details.get("reason") == "steered"
+
+
+async def drive_websocket_rollout(
+    channel: Any,
+    rollout: Rollout,
+    design: str,
+    base: dict[str, Any],
+    first_input: list[dict[str, Any]],
+    on_turn_end: Callable[[TurnRecord], None] | None = None,
+) -> None:
+    """The tool loop over a channel (a whole WebSocket, or one lane of a multiplexed one). A
+    steered response is followed by its automatic successor: the loop reads on, sending nothing."""
+    event: dict[str, Any] | None = {"type": "response.create", **base, "input": first_input}
+    sent_items = first_input
+    while True:
+        rollout.start_turn(sent_items, await channel.send(event) if event is not None else 0)
+        pause = await channel.until_pause()
+        if on_turn_end is not None and pause["type"] != "error":
+            on_turn_end(rollout.record.turns[-1])
+        if is_steered(pause):
+            event, sent_items = None, []
+            continue
+        final_status, calls = turn_outcome(design, pause)
+        if final_status is not None:
+            rollout.record.status = final_status
+            return
+        response = pause["response"]
+        sent_items = await rollout.run_tools(calls)
+        if design == SUSPENDED:
+            event = {"type": "response.append", "input": sent_items}
+        else:
+            event = {"type": "response.create", **base, "previous_response_id": response["id"], "input": sent_items}

@@ -158,7 +158,9 @@ class SamplingLoop:
                 )
             ]
             calls: list[FunctionCall] = []
-            steered = not truncated and self.stop_requested()  # the message was the item in progress
+            # The message was the item in progress; a final answer has nothing left to stop, so it
+            # completes normally (and an automatic successor follows it: steering guide).
+            steered = not truncated and bool(plan.calls) and self.stop_requested()
             for planned in () if truncated or steered else plan.calls:
                 call_id = f"call_{len(ctx.items) + len(outputs)}"
                 pieces = _token_pieces(planned.arguments)

@@ -1,0 +1,161 @@
+"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by
+side, events tagged with their lane, forks across lanes, the per-lane cache and its limits."""
+
+from __future__ import annotations
+
+import trio
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
+
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, run_websocket_rollout
+from prototype.client.lanes import open_multiplexed, run_multiplexed_rollouts
+from prototype.server.config import ServerConfig
+from prototype.workload import fixed
+
+SHORT = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+
+
+async def collect(conn, count: int) -> list[tuple[float, dict]]:
+    """(virtual time, event) until `count` terminal events or errors have arrived."""
+    seen, done = [], 0
+    with trio.fail_after(600):
+        while done < count:
+            event = await until(conn, *TERMINALS)
+            now = trio.current_time()
+            seen.extend((now, e) for e in event)
+            done += 1  # a terminal event or an error
+    return seen
+
+
+async def test_each_lane_is_fifo_lanes_run_side_by_side_and_events_echo_their_lane(autojump_clock):
+    server = make_server()
+    async with open_multiplexed(InMemoryConnector(server)) as mux:
+        a, b, default = mux.lane("a"), mux.lane("b"), mux.lanes[None]
+        start = trio.current_time()
+        await a.send(create_event(metadata=SHORT))
+        await a.send(create_event(metadata=SHORT))
+        await b.send(create_event(metadata=SHORT))
+        await default.send(create_event(metadata=SHORT))
+        times: dict[str, list[tuple[str, float]]] = {"a": [], "b": [], None: []}
+
+        async def read(lane, name, responses):
+            while responses:
+                event = await lane.receive()
+                assert event.get("stream_id") == name  # absent on the default lane
+                if event["type"] == "response.created" or event["type"] in TERMINALS:
+                    times[name].append((event["type"], trio.current_time() - start))
+                responses -= event["type"] in TERMINALS
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, a, "a", 2)
+            nursery.start_soon(read, b, "b", 1)
+            nursery.start_soon(read, default, None, 1)
+    (_, a1_created), (_, a1_done), (_, a2_created), (_, a2_done) = times["a"]
+    (_, b_created), (_, b_done) = times["b"]
+    (_, d_created), (_, d_done) = times[None]
+    # Lanes start together and, the model's engine being shared but not saturated, take equally long.
+    assert a1_created == b_created == d_created
+    assert a1_done == b_done == d_done
+    # FIFO on a lane: the second create of lane a starts the instant the first one ends.
+    assert a2_created == a1_done
+    assert a2_done > a2_created
+
+
+async def test_a_new_lane_forks_from_another_lanes_response_and_both_continue(autojump_clock):
+    server = make_server()
+    async with ws(server, include_timing=True) as conn:
+        await send(conn, create_event(stream_id="main"))
+        first = (await until(conn, *TERMINALS))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        # A fork on lane "side" and the continuation on lane "main", both from `first`, store=false:
+        # the fork copies what lane main holds and leaves it there.
+        await send(conn, create_event(stream_id="side", previous_response_id=first["id"], input=outputs))
+        fork = (await until(conn, *TERMINALS))[-1]
+        await send(conn, create_event(stream_id="main", previous_response_id=first["id"], input=outputs))
+        main = (await until(conn, *TERMINALS))[-1]
+    assert fork["stream_id"] == "side" and main["stream_id"] == "main"
+    for event in (fork, main):
+        assert event["type"] == "response.completed"
+        assert event["response"]["previous_response_id"] == first["id"]
+        assert "store_read" not in event["response"]["testbed_timing"]["phases_ms"]  # from the cache
+    # The fork's KV is its own lane's: it prefilled the whole conversation; main kept its KV.
+    fork_usage, main_usage = fork["response"]["usage"], main["response"]["usage"]
+    assert fork_usage["input_tokens"] == main_usage["input_tokens"]
+    assert fork_usage["input_tokens_details"]["cached_tokens"] < main_usage["input_tokens_details"]["cached_tokens"]
+
+
+async def test_a_fork_from_an_evicted_response_is_rebuilt_from_the_store_or_not_found(autojump_clock):
+    server = make_server()
+    async with ws(server, include_timing=True) as conn:
+        for store in (False, True):
+            await send(conn, create_event(stream_id="main", store=store))
+            first = (await until(conn, *TERMINALS))[-1]["response"]
+            outputs = outputs_for(function_calls(first))
+            await send(conn, create_event(stream_id="main", store=store, previous_response_id=first["id"], input=outputs))
+            await until(conn, *TERMINALS)  # lane main moved on: `first` left the connection cache
+            await trio.sleep(1)  # the overlapped store write has finished
+            await send(conn, create_event(stream_id=f"fork{int(store)}", store=store, previous_response_id=first["id"], input=outputs))
+            answer = (await until(conn, *TERMINALS))[-1]
+            if store:
+                assert answer["type"] == "response.completed" and answer["stream_id"] == "fork1"
+                assert "store_read" in answer["response"]["testbed_timing"]["phases_ms"]
+            else:
+                assert answer == {
+                    "type": "error", "status": 400, "stream_id": "fork0",
+                    "error": {"type": "invalid_request_error", "code": "previous_response_not_found",
+                              "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"},
+                }
+
+
+async def test_lane_limit_and_bad_stream_ids_are_refused_and_the_connection_keeps_serving(autojump_clock):
+    server = make_server(config=ServerConfig(max_streams=2))
+    async with ws(server) as conn:
+        for name in ("one", "two"):
+            await send(conn, create_event(stream_id=name))
+            assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+        await send(conn, create_event(stream_id="three"))
+        refused = (await until(conn, *TERMINALS))[-1]
+        assert refused["type"] == "error" and "stream_id" not in refused
+        assert (refused["error"]["code"], refused["error"]["param"]) == ("too_many_streams", "stream_id")
+        await send(conn, create_event(stream_id="bad lane"))
+        assert (await until(conn, *TERMINALS))[-1]["error"]["code"] == "invalid_value"
+        await send(conn, create_event(stream_id="two"))  # an open lane still serves
+        done = (await until(conn, *TERMINALS))[-1]
+        assert (done["type"], done["stream_id"]) == ("response.completed", "two")
+
+
+async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
+    server = make_server(config=ServerConfig(max_queued_creates=1))
+    async with ws(server) as conn:
+        for _ in range(3):  # one runs, one waits, the third is refused
+            await send(conn, create_event(stream_id="busy"))
+        await send(conn, create_event(stream_id="quiet"))
+        events = await collect(conn, 4)
+    errors = [e for _, e in events if e["type"] == "error"]
+    assert [(e["stream_id"], e["error"]["code"]) for e in errors] == [("busy", "too_many_queued_requests")]
+    done = [e.get("stream_id") for _, e in events if e["type"] == "response.completed"]
+    assert sorted(done) == ["busy", "busy", "quiet"]
+
+
+async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each(autojump_clock):
+    """Without a network, one lane per task on one connection and one connection per task are the
+    same model: every task's events and times agree exactly (docs/protocol.md, Lanes)."""
+    workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=30, tool_seconds=0.5)] * 3
+    meta = lambda i: {"testbed_workload": "fixed:3:200:20:30:0.5"}  # noqa: E731
+    start = trio.current_time()
+    muxed = await run_multiplexed_rollouts(InMemoryConnector(make_server()), workloads, metadata_for=meta, model="sim-1000")
+    mux_seconds = [r.seconds for r in muxed]
+    separate_server = make_server()
+    separate: list = [None] * 3
+
+    async def one(i):
+        separate[i] = await run_websocket_rollout(InMemoryConnector(separate_server), CHAINED, workloads[i], metadata=meta(i), model="sim-1000")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(one, i)
+    assert [r.status for r in muxed] == ["completed"] * 3
+    assert mux_seconds == [r.seconds for r in separate]
+    assert [len(r.turns) for r in muxed] == [3, 3, 3]
+    assert [r.transcript for r in muxed] == [r.transcript for r in separate]
+    assert max(r.ended_at for r in muxed) - start == max(mux_seconds)

@@ -1,0 +1,217 @@
+"""`response.steer` on the chained design (docs/protocol.md, Steering): accepted, the steered stop
+and its automatic successor, the normal completion followed by one, pending at client tool calls,
+and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."""
+
+from __future__ import annotations
+
+import trio
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+
+from prototype.client.harness import SUSPENDED
+from prototype.protocol.steering import MAX_QUEUED_STEERS
+
+LONG_TEXT = {"testbed_workload": "fixed:3:100:10:300:0.5"}  # 300-token messages: 0.3 s at sim-1000
+FINAL_ONLY = {"testbed_workload": "fixed:1:100:10:300"}  # one turn: the final answer
+LANE = "agent"
+
+
+def steer(previous_response_id: str, text: str = "keep it small") -> dict:
+    return {"type": "response.steer", "previous_response_id": previous_response_id, "input": text}
+
+
+async def start(conn, metadata=LONG_TEXT, **fields) -> tuple[str, list[dict]]:
+    """Create on LANE and read up to the first text delta; returns (response id, events)."""
+    await send(conn, create_event(metadata=metadata, stream_id=LANE, **fields))
+    events = await until(conn, "response.output_text.delta")
+    return events[0]["response"]["id"], events
+
+
+async def timed_until(conn, *types: str) -> list[tuple[float, dict]]:
+    seen = []
+    with trio.fail_after(600):
+        while True:
+            event = await receive(conn)
+            seen.append((trio.current_time(), event))
+            if event["type"] in types or event["type"] == "error":
+                return seen
+
+
+async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_the_settings(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, before = await start(conn)
+        steered_at = trio.current_time()
+        await send(conn, steer(target))
+        events = await timed_until(conn, *TERMINALS)
+        successor_events = await timed_until(conn, *TERMINALS)
+    accepted_at, accepted = events[0]
+    assert accepted_at == steered_at
+    assert accepted == {
+        "type": "response.steer.accepted", "sequence_number": accepted["sequence_number"],
+        "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}, "stream_id": LANE,
+    }
+    assert accepted["steer"]["id"].startswith("steer_") and len(accepted["steer"]["id"]) == 6 + 32
+    # Numbered in the target's sequence: after what was sent before it, before what follows.
+    numbers = [e["sequence_number"] for e in before] + [e["sequence_number"] for _, e in events]
+    assert numbers == list(range(len(numbers)))
+    # The message in progress finished; the planned tool call was never started.
+    item_done_at, item_done = next((t, e) for t, e in events if e["type"] == "response.output_item.done")
+    ended_at, ended = events[-1]
+    assert ended["type"] == "response.incomplete" and ended_at == item_done_at
+    assert ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert [(i["type"], i["status"]) for i in ended["response"]["output"]] == [("message", "completed")]
+    # The automatic successor: created without a client request, continuing from the target.
+    created_at, created = successor_events[0]
+    assert created["type"] == "response.created" and created["sequence_number"] == 0 and created["stream_id"] == LANE
+    successor = created["response"]
+    assert successor["previous_response_id"] == target
+    for key in ("model", "tools", "metadata", "store", "tool_choice", "parallel_tool_calls"):
+        assert successor[key] == ended["response"][key]
+    assert created_at >= ended_at
+    assert successor_events[-1][1]["type"] == "response.completed"
+    # The server's record of the successor: its input is the steering message, nothing else.
+    record = [r for r in server.records if r["response_id"] == successor["id"]][0]
+    assert (record["input_items"], record["input_types"], record["stream_id"]) == (1, {"message": 1}, True)
+
+
+async def test_a_final_answer_completes_normally_and_an_automatic_successor_follows(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, _ = await start(conn, metadata=FINAL_ONLY)
+        await send(conn, steer(target))
+        events = await until(conn, *TERMINALS)
+        successor = await until(conn, *TERMINALS)
+    assert [e["type"] for e in events][0] == "response.steer.accepted"
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["incomplete_details"] is None
+    assert successor[0]["type"] == "response.created" and successor[0]["response"]["previous_response_id"] == target
+    assert successor[-1]["type"] == "response.completed"
+
+
+async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_explicit_continuation(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
+        events = await until(conn, "response.function_call_arguments.delta")
+        target = events[0]["response"]["id"]
+        await send(conn, steer(target))
+        events = await until(conn, *TERMINALS)
+        completed = events[-1]
+        pending = await receive(conn)
+        calls = function_calls(completed["response"])
+        accepted = events[0]
+        assert accepted["type"] == "response.steer.accepted"
+        assert completed["type"] == "response.completed" and len(calls) == 1
+        assert pending == {
+            "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
+            "reason": "waiting_for_required_input",
+            "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
+            "steer": accepted["steer"], "stream_id": LANE,
+        }
+        # Nothing more until the client answers the call, on the same lane.
+        with trio.move_on_after(30):
+            raise AssertionError(await receive(conn))
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
+        continuation = await until(conn, *TERMINALS)
+    assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
+    # The queued message was prepended to the client's tool output.
+    assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
+
+
+def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None) -> bool:
+    steer = {"previous_response_id": previous, "input": given}
+    if steer_id is not None:
+        steer = {"id": steer_id, **steer}
+    assert event["type"] == "response.steer.failed", event
+    assert event["steer"] == steer, event
+    assert event["error"]["code"] == code and event["error"]["type"] == "invalid_request_error" and event["error"]["message"]
+    return True
+
+
+async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        bad_inputs = [
+            "",
+            [],
+            [{"role": "assistant", "content": "no"}],
+            [{"type": "function_call_output", "call_id": "call_1", "output": "x"}],
+            [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}],
+            {"text": "an object"},
+        ]
+        for given in bad_inputs:
+            await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
+            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given)
+        # Only type, previous_response_id and input: the target decides the lane.
+        await send(conn, {**steer(target), "stream_id": LANE})
+        assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small")
+        end = await until(conn, *TERMINALS)
+    assert end[-1]["type"] == "response.completed"  # nothing was accepted: the response ran its course
+
+
+async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, steer("resp_unknown"))
+        unknown = await receive(conn)
+        assert failed(unknown, "response_not_found", "resp_unknown", "keep it small")
+        assert unknown["sequence_number"] == 0 and "stream_id" not in unknown
+        # A steered response is no longer active once its successor runs.
+        target, _ = await start(conn)
+        await send(conn, steer(target))
+        await until(conn, "response.incomplete")
+        successor = (await until(conn, "response.created"))[-1]["response"]["id"]
+        await send(conn, steer(target, "again"))
+        not_active = (await until(conn, "response.steer.failed"))[-1]
+        assert failed(not_active, "response_not_active", target, "again") and not_active["stream_id"] == LANE
+        completed = (await until(conn, *TERMINALS))[-1]
+        assert completed["response"]["id"] == successor
+        await send(conn, steer(successor, "late"))
+        late = await receive(conn)
+    assert failed(late, "response_already_completed", successor, "late")
+    assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
+
+
+async def test_too_many_pending_steers(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        for i in range(MAX_QUEUED_STEERS + 1):
+            await send(conn, steer(target, f"note {i}"))
+        answers = [e for e in await until(conn, "response.incomplete") if e["type"].startswith("response.steer")]
+        successor = (await until(conn, "response.created"))[-1]["response"]["id"]
+        await until(conn, *TERMINALS)
+    assert [a["type"] for a in answers] == ["response.steer.accepted"] * MAX_QUEUED_STEERS + ["response.steer.failed"]
+    assert failed(answers[-1], "too_many_pending_steers", target, f"note {MAX_QUEUED_STEERS}")
+    record = [r for r in server.records if r["response_id"] == successor][0]
+    assert record["input_types"] == {"message": MAX_QUEUED_STEERS}  # every accepted note, in one successor
+
+
+async def test_a_continuation_that_fails_returns_the_pending_input(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
+        target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
+        await send(conn, steer(target))
+        accepted = (await until(conn, "response.steer.accepted"))[-1]
+        await until(conn, "response.steer.pending")
+        wrong = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=wrong))
+        error = await receive(conn)
+        returned = await receive(conn)
+    assert (error["type"], error["error"]["code"], error["stream_id"]) == ("error", "invalid_function_call_output", LANE)
+    assert failed(returned, "successor_creation_failed", target, "keep it small", steer_id=accepted["steer"]["id"])
+
+
+async def test_v1_refuses_steering(autojump_clock):
+    server = make_server()
+    async with ws(server, SUSPENDED) as conn:
+        await send(conn, create_event(metadata=LONG_TEXT))
+        target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
+        await send(conn, steer(target))
+        refused = (await until(conn, "response.steer.failed"))[-1]
+        assert failed(refused, "steering_not_supported", target, "keep it small")
+        assert refused["sequence_number"] == 0
+        done = await until(conn, "response.done")
+    assert done[-1]["type"] == "response.done"  # the rollout went on, unsteered

@@ -36,6 +36,8 @@ from ..workload import Workload
 from .harness import (
     BETA,
     CHAINED,
+    FIRST_TOKEN_TYPES,
+    HARNESS_TOOLS,
     PAUSE_TYPES,
     SUSPENDED,
     Rollout,
@@ -226,3 +228,133 @@ def rollout_client(name: str) -> Callable[..., Any]:
     if name not in clients:
         raise ValueError(f"unknown rollout client {name!r}; choose one of {sorted(clients)}")
     return clients[name]
+
+
+# --- lanes and steering through openai-python (issue 17) -------------------------------------------
+
+
+def run_sdk_lanes(
+    base_url: str,
+    workloads: list[Workload],
+    *,
+    metadata_for: Callable[[int], dict[str, str]],
+    model: str = "gpt-5.4",
+    api_key: str = "testbed",
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[RolloutRecord]:
+    """N tasks at once over one openai-python connection, task i on `stream_id` `agent-i`
+    (`conn.response.create(stream_id=...)`). The SDK has one blocking receiver per connection: a
+    reader thread routes events by `stream_id` into a queue, and this thread runs each lane's tool
+    loop, waiting out tool times with a timer heap instead of `time.sleep`."""
+    import heapq
+    import queue
+
+    from openai import OpenAI
+
+    lanes = {f"agent-{i}": i for i in range(len(workloads))}
+    rollouts = [SdkRollout(w, RolloutRecord(CHAINED, w.name, time.perf_counter())) for w in workloads]
+    bases = [request_body(w, model=model, metadata=metadata_for(i), store=False) for i, w in enumerate(workloads)]
+    inbox: queue.Queue = queue.Queue()
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    deadline = time.perf_counter() + timeout
+    try:
+        with client.responses.connect(extra_headers={"OpenAI-Beta": BETA[CHAINED]}) as conn:
+
+            def read() -> None:
+                try:
+                    while True:
+                        data = conn.recv_bytes()
+                        inbox.put((json.loads(data), len(data)))
+                except Exception as exc:  # the connection closed: the loop below stops on it
+                    inbox.put((exc, 0))
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            timers: list[tuple[float, int, list[dict[str, Any]]]] = []
+            for stream_id, i in lanes.items():
+                first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workloads[i])}]}]
+                rollouts[i].start_turn(first, 0)
+                conn.response.create(**bases[i], input=first, stream_id=stream_id)
+            running = len(workloads)
+            while running:
+                now = time.perf_counter()
+                if now > deadline:
+                    raise TimeoutError(f"SDK lanes did not finish within {timeout} s")
+                while timers and timers[0][0] <= now:
+                    _, i, outputs = heapq.heappop(timers)
+                    rollouts[i].start_turn(outputs, 0)
+                    previous = rollouts[i].record.response_ids[-1]
+                    conn.response.create(**bases[i], previous_response_id=previous, input=outputs, stream_id=f"agent-{i}")
+                wait = (timers[0][0] - now) if timers else deadline - now
+                try:
+                    event, size = inbox.get(timeout=max(0.0, wait))
+                except queue.Empty:
+                    continue
+                if isinstance(event, Exception):
+                    raise event
+                i = lanes[event["stream_id"]]
+                rollouts[i].received(event, size)
+                if event["type"] not in PAUSE_TYPES and event["type"] != "error":
+                    continue
+                status, calls = turn_outcome(CHAINED, event)
+                if status is not None:
+                    rollouts[i].record.status = status
+                    rollouts[i].record.ended_at = time.perf_counter()
+                    running -= 1
+                    continue
+                wait_s, outputs = rollouts[i].tool_plan(calls)
+                rollouts[i].record.turns[-1].tool_seconds = wait_s
+                heapq.heappush(timers, (time.perf_counter() + wait_s, i, outputs))
+    finally:
+        client.close()
+    return [rollout.record for rollout in rollouts]
+
+
+def run_sdk_steer(
+    base_url: str,
+    *,
+    metadata: dict[str, str],
+    text: str,
+    after_deltas: int = 1,
+    model: str = "gpt-5.4",
+    api_key: str = "testbed",
+    stream_id: str | None = "main",
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Create, steer with `text` after `after_deltas` text deltas (`conn.response.steer`), and read
+    until the automatic successor's first token or the steer's failure. Returns the events seen (as
+    the SDK parsed them: `.type`) and the seconds from the steer to the successor's first token."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    seen: list[dict[str, Any]] = []
+    try:
+        with client.responses.connect(extra_headers={"OpenAI-Beta": BETA[CHAINED]}) as conn:
+            fields: dict[str, Any] = {"model": model, "metadata": metadata, "store": False, "tools": list(HARNESS_TOOLS)}
+            if stream_id is not None:
+                fields["stream_id"] = stream_id
+            conn.response.create(**fields, input="start the task")
+            deltas, steered_at, target, successor = 0, None, None, None
+            deadline = time.perf_counter() + timeout
+            while time.perf_counter() < deadline:
+                data = conn.recv_bytes()
+                typed = conn.parse_event(data)
+                event = json.loads(data)
+                seen.append(event)
+                if typed.type == "response.created":
+                    if target is None:
+                        target = event["response"]["id"]
+                    else:
+                        successor = event["response"]["id"]
+                elif typed.type in FIRST_TOKEN_TYPES and successor is not None:
+                    return {"events": seen, "steer_to_token_s": time.perf_counter() - steered_at}
+                elif typed.type == "response.output_text.delta" and steered_at is None:
+                    deltas += 1
+                    if deltas >= after_deltas:
+                        steered_at = time.perf_counter()
+                        conn.response.steer(input=text, previous_response_id=target)
+                elif typed.type in ("response.steer.failed", "error"):
+                    return {"events": seen, "steer_to_token_s": None}
+            raise TimeoutError(f"no successor token within {timeout} s")
+    finally:
+        client.close()

@@ -36,11 +36,11 @@ RTT_MS = 20.0
 import matplotlib.pyplot as plt
 
 from experiments import steering, subagents
-from prototype import plots
+from prototype import notebook
 
-if plots.notebook_test_mode():
+if notebook.notebook_test_mode():
     AGENTS, TURNS, AFTER_TOKENS = [2], 2, [50]
-print(f"test mode: {plots.notebook_test_mode()}")
+print(f"test mode: {notebook.notebook_test_mode()}")
 
 # %% [markdown]
 # ## Subagents over one socket, or one each
@@ -76,6 +76,6 @@ for k, after in enumerate(AFTER_TOKENS):
 ax.set_xticks([i + width * (len(AFTER_TOKENS) - 1) / 2 for i in range(len(steering.ALTERNATIVES))], steering.ALTERNATIVES, rotation=20)
 ax.set(ylabel="steer to next token (s)", title="steering latency")
 ax.legend()
-path = plots.results_path("notebook_lanes_and_steering.png")
+path = notebook.results_path("notebook_lanes_and_steering.png")
 fig2.savefig(path, dpi=110, bbox_inches="tight")
 print(f"wrote {path}")

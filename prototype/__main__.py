@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from .cli import calibrate, compare, demo, serve
+from .cli.common import Parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prototype", description=__doc__)
+    parser = Parser(prog="python -m prototype", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve.add_arguments(commands.add_parser("serve", help="serve the Responses API (HTTP and WebSocket) on one port"))
     compare.add_arguments(commands.add_parser("compare", help="the main job: all designs side by side at 65, 1000 and 4000 tokens/s"))

@@ -86,3 +86,96 @@ def test_wrong_api_key_gets_401_on_the_handshake(cli_server):
     with open_ws(server.port, "secret") as ws:  # the configured key is accepted
         ws.send(create(generate=False))
         assert until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+def post(port: int, body: bytes) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/responses", data=body, method="POST",
+        headers={"Authorization": "Bearer x", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def wait_for_lines(server, count: int) -> None:
+    """Wait (bounded) until the server has printed `count` lines: an access-log line is written
+    just after the response's last byte, so it may trail the client's read."""
+    import time
+
+    deadline = time.monotonic() + TIMEOUT
+    while len(server.stdout) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+HTTP_CREATE = json.dumps({"model": "sim-100000", "input": "hi", "metadata": {"testbed_workload": "fixed:1"}}).encode()
+
+
+def test_serve_prints_its_configuration_after_the_address(cli_server):
+    server = cli_server("--costs", "zero", "--workload", "chat", "--seed", "7", "--suspension-ttl", "900")
+    code, out, _ = server.stop()
+    lines = out.splitlines()
+    assert LISTENING.match(lines[0])
+    config = {line.split()[0]: line for line in lines[1:8]}
+    assert set(config) == {"workload", "speed", "costs", "TTLs", "limits", "auth", "store"}
+    assert "chat (seed 7)" in config["workload"]
+    assert "*spark* 1000" in config["speed"] and "any other name 65" in config["speed"]
+    assert config["costs"].split()[1] == "zero"
+    assert "v1 suspension 900 s" in config["TTLs"]
+    assert "10000 connections" in config["limits"]
+
+
+def test_serve_logs_one_line_per_response_and_refusal(cli_server):
+    server = cli_server("--costs", "zero")
+    assert post(server.port, HTTP_CREATE) == 200
+    assert post(server.port, b"{bad") == 400
+    with open_ws(server.port) as ws:
+        ws.send(create())
+        response_id = until_terminal(ws)[-1]["response"]["id"]
+    wait_for_lines(server, 8 + 3)
+    _, out, _ = server.stop()
+    log = [line for line in out.splitlines()[8:] if line != "stopped"]
+    assert len(log) == 3, log
+    assert log[0].split()[1:3] == ["http", "http-stateless"] and "turns=1 completed" in log[0]
+    assert log[1].split()[1:3] == ["http", "http"] and "error:invalid_json" in log[1]
+    assert log[2].split()[1:4] == ["websocket", "chained", response_id] and "turns=1 completed" in log[2]
+    assert log[2].split()[7] == "ms" and float(log[2].split()[6]) >= 0
+
+
+def test_serve_json_access_log_and_quiet(cli_server):
+    server = cli_server("--costs", "zero", "--log-format", "json")
+    assert post(server.port, HTTP_CREATE) == 200
+    wait_for_lines(server, 8 + 1)
+    _, out, _ = server.stop()
+    entry = json.loads(out.splitlines()[8])
+    assert entry["transport"] == "http" and entry["design"] == "http-stateless"
+    assert entry["status"] == "completed" and entry["turns"] == 1 and entry["ms"] >= 0
+    assert entry["response_id"].startswith("resp_")
+    quiet = cli_server("--costs", "zero", "--quiet")
+    assert post(quiet.port, HTTP_CREATE) == 200
+    _, out, _ = quiet.stop()
+    assert len(out.splitlines()) == 9 and out.splitlines()[-1] == "stopped"  # address, 7 lines of configuration
+
+
+def test_port_in_use_and_bad_flags_get_one_line_and_a_nonzero_exit(cli_server):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    busy = cli_server("--costs", "zero")
+    for args, code, says in (
+        (["--port", str(busy.port)], 1, f"cannot listen on 127.0.0.1:{busy.port}"),
+        (["--port", "0", "--prt", "3"], 2, "unrecognized arguments: --prt"),
+        (["--port", "0", "--cost", "zero"], 2, "unrecognized arguments: --cost"),  # no abbreviations
+        (["--port", "0", "--workload", "nope"], 2, "--workload"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "prototype", "serve", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert done.returncode == code, (args, done.stderr)
+        assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (args, done.stderr)
+        assert done.stdout == ""

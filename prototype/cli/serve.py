@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import logging
 import os
 import signal
 import socket
 import sys
 import tempfile
+import time
+from typing import Any, TextIO
 
 import attrs
 import trio
@@ -29,6 +32,8 @@ from ..api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, Ca
 from ..api.service import ApiService
 from ..api.store import ResponseStore
 from ..api.workloads import WorkloadCatalog
+from ..engine.latency import FLAGSHIP_TOKENS_PER_S, SPARK_BURST_TOKENS_PER_S, SPARK_TOKENS_PER_S
+from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, serve_responses
 from ..server.config import ServerConfig
 
@@ -57,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="server processes on the one port (SO_REUSEPORT), "
                         "sharing the SQLite response store (default 1)")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
+    parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")
 
 
 def build_server(args: argparse.Namespace, worker: int | None = None) -> ResponsesServer:
@@ -68,6 +75,14 @@ def build_server(args: argparse.Namespace, worker: int | None = None) -> Respons
         flush_tokens=args.flush_tokens,
         sprint=API_PROFILES[args.api_profile],
     )
+    server = ResponsesServer(api, server_config(args, worker))
+    access_log = None if getattr(args, "quiet", True) else sys.stdout
+    if args.records or access_log is not None:
+        server.records = AccessLog(args.records, access_log, getattr(args, "log_format", "text"))
+    return server
+
+
+def server_config(args: argparse.Namespace, worker: int | None = None) -> ServerConfig:
     config = ServerConfig(
         api_keys=frozenset(args.api_key) if args.api_key else None,
         switches=ALL_SWITCHES_OFF if args.switches == "all-off" else CacheSwitches(),
@@ -75,38 +90,123 @@ def build_server(args: argparse.Namespace, worker: int | None = None) -> Respons
     )
     limits = ("suspension_ttl", "connection_lifetime", "max_connections", "max_message_bytes", "max_body_bytes", "max_queued_creates")
     overrides = {name: getattr(args, name) for name in limits if getattr(args, name) is not None}
-    server = ResponsesServer(api, attrs.evolve(config, **overrides))
-    if args.records:
-        server.records = metrics.ClientRecords(args.records)
-    return server
+    return attrs.evolve(config, **overrides)
 
 
-def _announce(host: str, port: int, workers: int) -> None:
+def _announce(args: argparse.Namespace, host: str, port: int, workers: int) -> None:
     suffix = f"  [{workers} workers]" if workers > 1 else ""
-    print(f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses){suffix}", flush=True)
+    # Tests and scripts parse this first line: keep it first and unchanged. The configuration
+    # follows in the same write, so nothing can come between them.
+    address = f"listening on http://{host}:{port}  (POST /v1/responses, WebSocket ws://{host}:{port}/v1/responses){suffix}"
+    print("\n".join([address, *describe(args)]), flush=True)
+
+
+def describe(args: argparse.Namespace) -> list[str]:
+    """What a request runs unless it says otherwise, and the server's limits: printed at start."""
+    config = server_config(args)
+    return [
+        f"  workload  {args.workload} (seed {args.seed}) unless metadata.testbed_workload / testbed_seed say otherwise",
+        f"  speed     by model name: *spark*burst* {SPARK_BURST_TOKENS_PER_S:g} tok/s, *spark* {SPARK_TOKENS_PER_S:g}, "
+        f"sim-<N> N, any other name {FLAGSHIP_TOKENS_PER_S:g}; metadata.testbed_decode_tps overrides",
+        f"  costs     {args.costs} API stage costs, profile {args.api_profile}, chained cache switches {args.switches}; "
+        f"deltas every {args.flush_interval:g} s",
+        f"  TTLs      v1 suspension {config.suspension_ttl:g} s, WebSocket connection {config.connection_lifetime:g} s, "
+        f"HTTP keep-alive idle {config.http_idle_timeout:g} s",
+        f"  limits    {config.max_connections} connections, {config.max_message_bytes} B per WebSocket message, "
+        f"{config.max_body_bytes} B per HTTP body, {config.max_queued_creates} queued creates per connection",
+        f"  auth      {'any non-empty Bearer key' if config.api_keys is None else f'{len(config.api_keys)} configured key(s)'}",
+        f"  store     {args.store}",
+    ]
+
+
+class AccessLog(metrics.ClientRecords):
+    """The server's client records (`ResponsesServer.records`, also written to `--records` if
+    given), printing one line to `out` per record: a finished response (a v1 rollout, a v2 turn, an
+    HTTP request) or a refused request or frame."""
+
+    def __init__(self, path: str | None, out: TextIO | None, fmt: str = "text") -> None:
+        super().__init__(path)
+        self.out = out
+        self.fmt = fmt
+
+    def append(self, record: dict[str, Any]) -> None:
+        super().append(record)
+        if self.out is None:
+            return
+        try:
+            self.out.write(access_line(record, self.fmt) + "\n")
+            self.out.flush()
+        except (OSError, ValueError):  # a closed or broken stdout must not fail a response
+            pass
+
+
+def access_line(record: dict[str, Any], fmt: str = "text") -> str:
+    """`<time> <transport> <design> <response id> turns=<n> <status> <ms>` (or the same as JSON)."""
+    started = record.get("started_at_s")
+    elapsed_ms = round(1000 * (record["at_s"] - started), 1) if started is not None else None
+    entry = {
+        "time": time.strftime("%H:%M:%S"),
+        "transport": record.get("transport"),
+        "design": record.get("design"),
+        "response_id": record.get("response_id"),
+        # A v1 rollout is one response over many turns: one per response.append, plus the first.
+        "turns": record.get("appends", 0) + 1 if record.get("response_id") else 0,
+        "status": record.get("outcome"),
+        "ms": elapsed_ms,
+        "model": record.get("model"),
+    }
+    if fmt == "json":
+        return json.dumps(entry)
+    ms = f"{elapsed_ms:.1f} ms" if elapsed_ms is not None else "-"
+    return (f"{entry['time']} {entry['transport']} {entry['design']} {entry['response_id'] or '-'} "
+            f"turns={entry['turns']} {entry['status']} {ms} model={entry['model'] or '-'}")
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"python -m prototype serve: error: {message}\n")
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # a bad --workload fails here, not on the first request
+        WorkloadCatalog(default_workload=args.workload, default_seed=args.seed).resolve({})
+    except ProtocolError as error:
+        _error(f"--workload: {error.message}")
+        return 2
     if args.workers > 1:
-        return run_workers(args)
-    server = build_server(args)
+        try:
+            return run_workers(args)
+        except OSError as error:  # the port is taken, or the address is not this machine's
+            _error(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}")
+            return 1
+    try:
+        server = build_server(args)
+    except (OSError, ValueError) as error:  # e.g. a --store path that cannot be opened
+        _error(str(error))
+        return 2
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
             _freeze_startup_objects()
-            _announce(host, port, 1)
+            _announce(args, host, port, 1)
 
+    status = 0
     try:
         trio.run(main)
     except* KeyboardInterrupt:  # trio delivers Ctrl-C through the nursery, inside an exception group
         print("stopped", flush=True)
+    except* OSError as group:  # the port is taken, or the address is not this machine's
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        _error(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}")
+        status = 1
     finally:
         server.api.store.close()
         server.records.close()
-    return 0
+    return status
 
 
 def _freeze_startup_objects() -> None:
@@ -224,7 +324,7 @@ def run_workers(args: argparse.Namespace) -> int:
         ready += len(data)
     os.close(ready_read)
     if ready == args.workers:
-        _announce(args.host, port, args.workers)
+        _announce(args, args.host, port, args.workers)
     else:
         forward(signal.SIGTERM, None)
     failed = ready < args.workers

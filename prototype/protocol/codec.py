@@ -171,16 +171,17 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
     )
 
 
-def loads_object(text: str | bytes) -> dict[str, Any]:
-    """Parse one frame or body as a JSON object, or raise `ProtocolError(invalid_json)`."""
+def loads_object(text: str | bytes, what: str = "frame") -> dict[str, Any]:
+    """Parse one frame or body as a JSON object, or raise `ProtocolError(invalid_json)`; `what`
+    names it in the message ("frame" on a WebSocket, "request body" over HTTP)."""
     try:
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8")  # binary frames are decoded leniently [ours]
         obj = json.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(INVALID_JSON, f"The frame is not valid JSON: {exc}.") from None
+        raise ProtocolError(INVALID_JSON, f"The {what} is not valid JSON: {exc}.") from None
     if not isinstance(obj, dict):
-        raise ProtocolError(INVALID_JSON, "The frame must be one JSON object.")
+        raise ProtocolError(INVALID_JSON, f"The {what} must be one JSON object.")
     return obj
 
 

@@ -317,9 +317,14 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
                 f"Content-Type {headers.get('content-type', '')[:64]!r} is not supported: send application/json.",
                 status=415,
             )
-        create = codec.parse_create_body(codec.loads_object(body))
+        create = codec.parse_create_body(codec.loads_object(body, what="request body"))
     except ProtocolError as error:
         extra = [(b"www-authenticate", b"Bearer")] if error.status == 401 else None
+        server.records.append({  # a refused request, so the access log shows it too
+            "user_agent": headers.get("user-agent", ""), "transport": "http", "design": "http", "connection": exchange.number,
+            "at_s": trio.current_time(), "response_id": None, "outcome": f"error:{error.code}", "status": error.status,
+            "timing_requested": False,
+        })
         await exchange.send_error(error, extra=extra)
         return
 

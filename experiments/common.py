@@ -1,5 +1,8 @@
 """What the experiments share: where results go, a server in a child process, /proc readings. Tables are
-prototype/analysis.py's (re-exported here), grids go through prototype/sweep.py."""
+prototype/analysis.py's (re-exported here), grids go through prototype/sweep.py.
+
+Each run writes into a new folder results/<experiment>/<timestamp>/, and results/<experiment>/latest
+points at the newest, so a run never overwrites an earlier one."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prototype.analysis import print_table, write_csv  # noqa: F401 - the experiments' table helpers
+from prototype.cli.common import Parser, add_list, new_run_folder
 
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
@@ -22,10 +26,27 @@ def results_dir(name: str = "") -> Path:
     return path
 
 
+def run_dir(experiment: str) -> Path:
+    """A new folder results/<experiment>/<timestamp>/ for this run; results/<experiment>/latest
+    points at it."""
+    return new_run_folder(RESULTS / experiment)
+
+
+def latest_dir(experiment: str) -> Path:
+    """The newest run's folder of an experiment (for redrawing a figure from its CSV)."""
+    return RESULTS / experiment / "latest"
+
+
+def experiment_parser(doc: str | None) -> Parser:
+    """The experiments' argument parser: no abbreviations, one-line errors (prototype/cli/common.py)."""
+    return Parser(description=(doc or "").split("\n\n")[0])
+
+
 def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str] | None = None) -> Path:
-    """Print the table, write it as results/<filename> (CSV), and say where."""
+    """Print the table, write it as results/<experiment>/<timestamp>/<filename> (CSV; the
+    experiment is the file name's stem), and say where."""
     print_table(rows, columns)
-    path = results_dir() / filename
+    path = run_dir(Path(filename).stem) / filename
     write_csv(path, rows)
     print(f"wrote {path}")
     return path
@@ -97,3 +118,9 @@ def run_delay_seconds(pid: int) -> float:
     for task in Path(f"/proc/{pid}/task").iterdir():
         total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
+
+
+__all__ = [
+    "RESULTS", "Parser", "add_list", "cpu_seconds", "experiment_parser", "latest_dir", "new_run_folder", "print_table",
+    "raise_fd_limit", "report", "results_dir", "rss_bytes", "run_delay_seconds", "run_dir", "server_process", "write_csv",
+]

@@ -13,25 +13,24 @@ time turns per second: a held-open population, not a stampede.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from . import load
-from .common import print_table
+from .common import add_list, experiment_parser, print_table
 
 P99_TARGET_MS = 20.0
 KB_TARGET = 100.0
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1000])
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--tool-seconds", type=float, default=20.0)
-    parser.add_argument("--stagger", type=float, default=20.0)
-    parser.add_argument("--designs", nargs="+", choices=load.DESIGNS, default=list(load.DESIGNS))
-    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="server processes (serve --workers), each in turn")
-    parser.add_argument("--csv", default="concurrency.csv")
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--sessions", int, [1000], "concurrent sessions")
+    parser.add_argument("--turns", type=int, default=3, help="turns per rollout (default 3)")
+    parser.add_argument("--tool-seconds", type=float, default=20.0, help="client tool time per call in seconds (default 20)")
+    parser.add_argument("--stagger", type=float, default=20.0, help="spread the sessions' starts over this many seconds (default 20)")
+    add_list(parser, "--designs", str, load.DESIGNS, "WebSocket designs to run", choices=list(load.DESIGNS))
+    add_list(parser, "--workers", int, [1], "server processes (serve --workers), each in turn")
+    parser.add_argument("--csv", default="concurrency.csv", help="CSV file name in results/concurrency/<timestamp>/ (default concurrency.csv)")
     args = parser.parse_args(argv)
     rows = load.main([
         "--sessions", *map(str, args.sessions), "--turns", str(args.turns), "--tool-seconds", f"{args.tool_seconds:g}",

@@ -17,7 +17,6 @@ times are multiplied by `--tool-scale` (default 0.01), which the output states.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import attrs
@@ -26,7 +25,7 @@ from prototype import benchmark, metrics, netem, sweep, traces
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
 
-from .common import report
+from .common import add_list, experiment_parser, report
 
 TARGETS = {1000.0: 0.98, 4000.0: 0.95}  # WebSocket designs
 LIMIT_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE, metrics.HOSTED_TOOL)
@@ -77,16 +76,17 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = experiment_parser(__doc__)
     parser.add_argument("--tasks", type=int, default=1, help="compact tasks, seed 0, or a trace's first tasks (default 1)")
     parser.add_argument("--trace", help="run this trace's tasks (prototype/traces) instead of generated ones")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--tool-scale", type=float, default=0.01, help="multiply every tool time by this (default 0.01)")
     parser.add_argument("--max-turns", type=int, default=None, help="cut each task to this many turns (default: all)")
-    parser.add_argument("--speeds", type=float, nargs="+", default=list(benchmark.DECODE_SPEEDS))
-    parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS))
-    parser.add_argument("--flush-interval", type=float, default=benchmark.BENCH_FLUSH_INTERVAL)
-    parser.add_argument("--csv", default="efficiency.csv")
+    add_list(parser, "--speeds", float, benchmark.DECODE_SPEEDS, "decode speeds in tokens/s")
+    add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run", choices=list(benchmark.ALL_DESIGNS))
+    parser.add_argument("--flush-interval", type=float, default=benchmark.BENCH_FLUSH_INTERVAL,
+                        help=f"coalesce text deltas at most this often, in seconds (default {benchmark.BENCH_FLUSH_INTERVAL:g})")
+    parser.add_argument("--csv", default="efficiency.csv", help="CSV file name in results/efficiency/<timestamp>/ (default efficiency.csv)")
     args = parser.parse_args(argv)
     tasks = scaled_tasks(args.tasks, args.seed, args.tool_scale, args.max_turns, args.trace)
     config = benchmark.BenchConfig(

@@ -11,7 +11,6 @@ the whole history in every design and is left out. A benchmark, not a timed test
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import trio
@@ -21,7 +20,7 @@ from prototype.client.connect import TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.workload import fixed
 
-from .common import cpu_seconds, report, server_process
+from .common import add_list, cpu_seconds, experiment_parser, report, server_process
 
 CONFIGS = (("suspended", SUSPENDED, ()), ("chained", CHAINED, ()), ("chained, switches off", CHAINED, ("--switches", "all-off")))
 APPENDED_PER_TURN = 200  # tool output tokens per turn, small so history length dominates
@@ -58,10 +57,10 @@ def measure(design: str, server_args: tuple[str, ...], histories: list[int], tur
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--histories", type=int, nargs="+", default=[1000, 8000, 32000, 131072])
-    parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--histories", int, [1000, 8000, 32000, 131072], "history lengths in tokens")
+    parser.add_argument("--turns", type=int, default=20, help="turns per rollout (default 20)")
+    parser.add_argument("--rounds", type=int, default=3, help="rollouts per design and history length (default 3)")
     args = parser.parse_args(argv)
     rows = []
     results = sweep.measured(lambda config: measure(config[1], config[2], args.histories, args.turns, args.rounds), CONFIGS,

@@ -56,7 +56,7 @@ from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.workload import generate
 
-from .common import print_table, results_dir, write_csv
+from .common import add_list, experiment_parser, latest_dir, print_table, run_dir, write_csv
 
 CONFIGS = (
     "suspended:hold", "suspended:swap", "suspended:discard",
@@ -267,27 +267,29 @@ def read_rows(path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", type=int, nargs="+", default=list(AGENTS))
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="design:policy, e.g. chained:ttl-300")
-    parser.add_argument("--turns", type=int, default=TURNS)
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--agents", int, AGENTS, "concurrent agents")
+    add_list(parser, "--configs", str, CONFIGS, "design:policy runs, e.g. chained:ttl-300")
+    parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per agent (default {TURNS})")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--scheduler-seed", type=int, default=0, help="seed of trio's order for tasks runnable at the same instant")
     parser.add_argument("--budget", type=int, default=H100_8B_KV_BUDGET_TOKENS, help="GPU KV budget in tokens")
     parser.add_argument("--host-budget", type=int, default=H100_8B_HOST_BUDGET_TOKENS, help="host KV budget in tokens")
-    parser.add_argument("--max-batch", type=int, default=VLLM_MAX_NUM_SEQS)
-    parser.add_argument("--swap-gbps", type=float, default=PCIE_BYTES_PER_S / 1e9)
-    parser.add_argument("--decode-tps", type=float, default=DECODE_TPS)
-    parser.add_argument("--flush", type=float, default=FLUSH_INTERVAL)
-    parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/ (a small run can keep the full one)")
-    parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV")
+    parser.add_argument("--max-batch", type=int, default=VLLM_MAX_NUM_SEQS, help=f"sequences decoded at once (default {VLLM_MAX_NUM_SEQS}, vLLM's max_num_seqs)")
+    parser.add_argument("--swap-gbps", type=float, default=PCIE_BYTES_PER_S / 1e9, help=f"host link for KV swap in GB/s (default {PCIE_BYTES_PER_S / 1e9:g})")
+    parser.add_argument("--decode-tps", type=float, default=DECODE_TPS, help=f"decode tokens/s (default {DECODE_TPS:g})")
+    parser.add_argument("--flush", type=float, default=FLUSH_INTERVAL, help=f"delta coalescing interval in seconds (default {FLUSH_INTERVAL:g})")
+    parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/kv_memory/<timestamp>/ (default kv_memory)")
+    parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV of results/kv_memory/latest/")
     sweep.add_arguments(parser)
     args = parser.parse_args(argv)
-    csv_path, png_path = results_dir() / f"{args.output}.csv", results_dir() / f"{args.output}.png"
     if args.replot:
-        rows = read_rows(csv_path)
-        plot(rows, png_path)
+        folder = latest_dir("kv_memory")
+        rows = read_rows(folder / f"{args.output}.csv")
+        plot(rows, folder / f"{args.output}.png")
         return rows
+    folder = run_dir("kv_memory")
+    csv_path, png_path = folder / f"{args.output}.csv", folder / f"{args.output}.png"
 
     for knob, value, source in parameters(args):
         print(f"  {knob:<20} {value:<40} {source}")

@@ -68,7 +68,9 @@ from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
 
 from .common import (
+    add_list,
     cpu_seconds,
+    experiment_parser,
     process_tree,
     raise_fd_limit,
     report,
@@ -289,17 +291,17 @@ def measure_run(run: LoadRun) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, nargs="+", default=[100, 1000], help="concurrent sessions (default 100 1000)")
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--sessions", int, [100, 1000], "concurrent sessions")
     parser.add_argument("--turns", type=int, default=5, help="turns per rollout (default 5)")
-    parser.add_argument("--designs", nargs="+", choices=DESIGNS, default=list(DESIGNS))
+    add_list(parser, "--designs", str, DESIGNS, "WebSocket designs to run", choices=list(DESIGNS))
     parser.add_argument("--prompt", type=int, default=1000, help="initial prompt tokens (default 1000)")
     parser.add_argument("--appended", type=int, default=200, help="tool output tokens per turn (default 200)")
     parser.add_argument("--output", type=int, default=50, help="output tokens per turn (default 50)")
     parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
     parser.add_argument("--stagger", type=float, default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="server processes (serve --workers), each value in turn (default 1)")
-    parser.add_argument("--csv", default="load.csv", help="file name under results/ (default load.csv)")
+    add_list(parser, "--workers", int, [1], "server processes (serve --workers), each value in turn")
+    parser.add_argument("--csv", default="load.csv", help="CSV file name in results/<its stem>/<timestamp>/ (default load.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()
     workload, spec = task_of(args)

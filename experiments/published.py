@@ -19,7 +19,6 @@ and prints the published and the measured gain. Honesty rules (docs/parameters.m
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +30,7 @@ from prototype import benchmark, sweep
 from prototype import workload as wl
 from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT
 
-from .common import print_table, results_dir, write_csv
+from .common import add_list, experiment_parser, print_table, run_dir, write_csv
 
 E2E = "e2e"
 TTFT = "ttft"
@@ -138,10 +137,10 @@ def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description="Published results side by side with the testbed")
+    parser = experiment_parser("Published results side by side with the testbed")
     parser.add_argument("--tasks", type=int, default=5, help="tasks per generated condition (default 5)")
-    parser.add_argument("--rows", type=int, nargs="*", default=None, help="run only these rows (indices)")
-    parser.add_argument("--trend-turns", type=int, default=20, help="turns per task in the decode-speed direction check")
+    add_list(parser, "--rows", int, None, "run only these rows (indices; default all)")
+    parser.add_argument("--trend-turns", type=int, default=20, help="turns per task in the decode-speed direction check (default 20)")
     sweep.add_arguments(parser)
     args = parser.parse_args(argv)
     chosen = [row for i, row in enumerate(ROWS) if args.rows is None or i in args.rows]
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_table(trends)
     grows = all(a["gain_chained_vs_http"] < b["gain_chained_vs_http"] for a, b in zip(trends, trends[1:]))
     print(f"gain grows with decode speed: {'yes' if grows else 'NO'}")
-    path = results_dir() / "published.csv"
+    path = run_dir("published") / "published.csv"
     write_csv(path, rows)
     print(f"wrote {path}")
     return {"rows": rows, "trends": trends}

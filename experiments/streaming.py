@@ -43,7 +43,7 @@ from prototype.client.harness import CHAINED, RolloutRecord, run_websocket_rollo
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import cpu_seconds, raise_fd_limit, report, server_process
+from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, server_process
 
 COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
@@ -129,15 +129,15 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = experiment_parser(__doc__)
     parser.add_argument("--sessions", type=int, default=100, help="concurrent sessions (default 100)")
     parser.add_argument("--tps", type=float, default=4000.0, help="decode tokens/s of each concurrent session (default 4000)")
     parser.add_argument("--single-tps", type=float, default=4000.0, help="decode tokens/s of the lone session (default 4000)")
     parser.add_argument("--prompt", type=int, default=100, help="prompt tokens (default 100)")
     parser.add_argument("--output", type=int, default=8000, help="output tokens per session (default 8000)")
-    parser.add_argument("--flush-intervals", type=float, nargs="+", default=[0.002, 0.005, 0.01, 0.02, 0.05, 0.1], help="seconds; 0: one delta per token")
-    parser.add_argument("--flush-tokens", type=int, nargs="+", default=[0], help="max tokens per delta, 0: no bound (default 0)")
-    parser.add_argument("--csv", default="streaming.csv")
+    add_list(parser, "--flush-intervals", float, [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
+    add_list(parser, "--flush-tokens", int, [0], "most tokens per delta (0: no bound)")
+    parser.add_argument("--csv", default="streaming.csv", help="CSV file name in results/streaming/<timestamp>/ (default streaming.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()
     print(

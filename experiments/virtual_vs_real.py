@@ -10,13 +10,12 @@ does not charge.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 from prototype import benchmark, sweep
 from prototype import workload as wl
 
-from .common import report
+from .common import add_list, experiment_parser, report
 
 RATIO_BAND = (0.95, 1.05)
 
@@ -37,11 +36,11 @@ def both_clocks(run: benchmark.DesignRun) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description="virtual vs real time on a small configuration")
-    parser.add_argument("--tasks", type=int, default=2)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--tps", type=float, default=1000.0)
-    parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS))
+    parser = experiment_parser("virtual vs real time on a small configuration")
+    parser.add_argument("--tasks", type=int, default=2, help="tasks per design (default 2)")
+    parser.add_argument("--turns", type=int, default=3, help="turns per task (default 3)")
+    parser.add_argument("--tps", type=float, default=1000.0, help="decode tokens/s (default 1000)")
+    add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run", choices=list(benchmark.ALL_DESIGNS))
     args = parser.parse_args(argv)
     config = small_config(args.tasks, args.turns)
     grid = [benchmark.DesignRun(design, args.tps, config) for design in args.designs]

@@ -298,18 +298,20 @@ def test_every_session_finishes_and_the_books_balance(data):
 
 def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    import experiments.common as common
     from experiments import kv_memory
 
-    monkeypatch.setattr(kv_memory, "results_dir", lambda name="": tmp_path)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    run = tmp_path / "kv_memory" / "latest"  # each run writes a new folder; `latest` points at it
     rows = kv_memory.main(["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000", "--jobs", "1"])
     assert [(r["design"], r["policy"], r["agents"]) for r in rows] == [("suspended", "hold", 3), ("chained", "ttl-300s", 3)]
     assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
     assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause
     assert all(r["peak_kv_tokens"] <= 30000 + 3 * 10_000 for r in rows)
-    with open(tmp_path / "kv_memory.csv") as f:
+    with open(run / "kv_memory.csv") as f:
         assert len(list(csv.DictReader(f))) == 2
-    assert (tmp_path / "kv_memory.png").stat().st_size > 0
+    assert (run / "kv_memory.png").stat().st_size > 0
     assert not math.isnan(rows[1]["mean_queue_s"])
-    (tmp_path / "kv_memory.png").unlink()
+    (run / "kv_memory.png").unlink()
     assert kv_memory.main(["--replot"]) == rows  # the figure is redrawn from the CSV alone
-    assert (tmp_path / "kv_memory.png").exists()
+    assert (run / "kv_memory.png").exists()

@@ -28,7 +28,7 @@ def test_efficiency_runs_at_a_tiny_size(results_in_tmp, capsys):
         assert row["limit_s"] == pytest.approx(row["phase_sum_s"], rel=1e-6)  # virtual e2e is inference + tool time
         assert 0.3 < row["efficiency"] <= 1.02
     assert "tool times x 0.001" in capsys.readouterr().out
-    assert (results_in_tmp / "efficiency.csv").exists()
+    assert (results_in_tmp / "efficiency" / "latest" / "efficiency.csv").exists()
 
 
 def test_streaming_runs_at_a_tiny_size(results_in_tmp):
@@ -37,7 +37,7 @@ def test_streaming_runs_at_a_tiny_size(results_in_tmp):
     for row in rows:
         assert row["agg_tokens_per_s"] > 0
         assert -0.5 < row["lag_1"] < 5
-    assert (results_in_tmp / "streaming.csv").exists()
+    assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 
 def test_concurrency_runs_at_a_tiny_size(results_in_tmp):

@@ -7,9 +7,11 @@ prototype/traces/). A trace with arrival times replays open-loop: each task star
 given, runs at its decode rate only.
 
 Runs every (design, decode speed) pair on the same tasks under virtual time through the sweep
-runner (prototype/sweep.py: worker processes or a Dask cluster, a results cache, a progress bar); prints the table and every modeled parameter with its
-source; writes results/compare.csv, compare.json, compare_tasks.json, compare.png and one Chrome
-trace per design (trace_<design>.json, first task at 1000 tokens/s). Columns (compare.csv):
+runner (prototype/sweep.py: worker processes or a Dask cluster, a results cache, a progress bar);
+prints the table and every modeled parameter with its source; writes compare.csv, compare.json,
+compare_tasks.json, compare.png and one Chrome trace per design (trace_<design>.json, first task at
+1000 tokens/s) into a new folder results/compare/<timestamp>/, with results/compare/latest pointing
+at the newest. Columns (compare.csv):
 
   design, decode_tps         the design and the simulated decode speed (tokens/s)
   tasks                      tasks run (the same seeded tasks for every design)
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,22 +39,27 @@ from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..trace import write_trace
+from .common import add_list, new_run_folder
 
 TRACE_SPEED = 1000.0
+# The results folder: $TESTBED_RESULTS, else <repo>/results (git-ignored).
+RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parents[2] / "results"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=int, default=None, help="tasks per design and speed (default 10; with --trace, all)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed: the same seed gives the same tasks (default 0)")
     parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)")
     parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
     parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
-    parser.add_argument("--speeds", type=float, nargs="+", default=None,
-                        help="decode speeds, tokens/s (default 65 1000 4000; with --latency, the profile's)")
-    parser.add_argument("--designs", nargs="+", default=list(benchmark.DESIGNS), choices=list(benchmark.ALL_DESIGNS))
-    parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000)
-    parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task")
-    parser.add_argument("--out", default="results", help="results folder (default results/)")
+    add_list(parser, "--speeds", float, None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
+    add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run (http-stored: http that chains previous_response_id through the store)",
+             choices=list(benchmark.ALL_DESIGNS))
+    parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000,
+                        help=f"network round-trip time between client and server in ms (default {benchmark.DEFAULT_NETWORK.rtt * 1000:g})")
+    parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task (default: drawn from the preset)")
+    parser.add_argument("--out", default=None, help="write into this folder (default: a new results/compare/<timestamp>/, "
+                        "with results/compare/latest pointing at it)")
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
                         "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
     sweep.add_arguments(parser)
@@ -113,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except (traces.TraceError, profiles.ProfileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out) if args.out else new_run_folder(RESULTS / "compare")
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
     with sweep.runner_from_args(args) as runner:

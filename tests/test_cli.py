@@ -1,0 +1,115 @@
+"""The command lines as a user meets them (prototype/cli/common.py): abbreviations refused with a
+one-line error, help on every option, lists as `1000,4000` or `1000 4000`, and a new results
+folder per run with a `latest` link, never an overwrite."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+
+import pytest
+
+from prototype.__main__ import main as cli_main
+from prototype.cli import common, compare
+
+EXPERIMENTS = ["concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "streaming", "virtual_vs_real"]
+
+
+class Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+@pytest.fixture
+def capture_parser(monkeypatch):
+    """Stop every `Parser.parse_args` and hand back the parser, fully built."""
+
+    def capture(self, args=None, namespace=None):
+        raise Captured(self)
+
+    monkeypatch.setattr(common.Parser, "parse_args", capture)
+
+
+def options_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += [f"{name} {option}" for option in options_without_help(sub)]
+        elif not action.help:
+            missing.append("/".join(action.option_strings) or action.dest)
+    return missing
+
+
+def built_parser(main, argv) -> argparse.ArgumentParser:
+    with pytest.raises(Captured) as captured:
+        main(argv)
+    return captured.value.parser
+
+
+@pytest.mark.parametrize("name", ["prototype", *EXPERIMENTS])
+def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
+    main = cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main
+    parser = built_parser(main, [])
+    assert options_without_help(parser) == []
+    assert parser.allow_abbrev is False
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["compare", "--task", "3"], "unrecognized arguments: --task 3"),  # not read as --tasks 3
+    (["serve", "--por", "1"], "unrecognized arguments: --por 1"),
+    (["demo", "--turn", "2"], "unrecognized arguments: --turn 2"),
+    (["compare", "--speeds", "fast"], "argument --speeds: 'fast' is not a valid float"),
+    (["compare", "--designs", "http,carrier-pigeon"], "'carrier-pigeon' is not one of http, http-stored, chained, suspended"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and err.endswith("(see --help)\n"), err
+
+
+def test_experiment_abbreviation_is_refused(capsys):
+    from experiments import load
+
+    with pytest.raises(SystemExit) as exited:
+        load.main(["--sess", "3"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --sess 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words", [["65,1000", "4000"], ["65", "1000", "4000"], ["65,1000,4000"], ["65, 1000,4000,"]])
+def test_list_options_take_commas_or_spaces(words):
+    parser = common.Parser(prog="t")
+    compare.add_arguments(parser)
+    args = parser.parse_args(["--speeds", *words, "--designs", "http,chained", "suspended"])
+    assert args.speeds == [65.0, 1000.0, 4000.0]
+    assert args.designs == ["http", "chained", "suspended"]
+    assert parser.parse_args([]).speeds == [65.0, 1000.0, 4000.0]  # the default is untouched
+
+
+def test_a_new_run_folder_each_time_and_latest_points_at_the_newest(tmp_path):
+    now = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    first = common.new_run_folder(tmp_path / "x", now)
+    (first / "a.csv").write_text("first")
+    second = common.new_run_folder(tmp_path / "x", now)  # the same second: a suffix, not the same folder
+    assert (first.name, second.name) == ("20260102-030405", "20260102-030405-2")
+    assert (first / "a.csv").read_text() == "first"
+    assert (tmp_path / "x" / "latest").resolve() == second.resolve()
+    assert (tmp_path / "x" / "latest").readlink().name == second.name  # relative: the folder can move
+
+
+@pytest.mark.slow
+def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
+    assert cli_main(argv) == 0
+    assert cli_main([*argv[:2], "2", *argv[3:]]) == 0
+    runs = sorted(p for p in (tmp_path / "compare").iterdir() if p.name != "latest")
+    assert len(runs) == 2
+    assert [json.loads((r / "compare.json").read_text())["table"][0]["tasks"] for r in runs] == [1, 2]
+    assert (tmp_path / "compare" / "latest").resolve() == runs[1].resolve()
+    assert str(runs[1]) in capsys.readouterr().out

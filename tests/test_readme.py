@@ -1,0 +1,58 @@
+"""The README's quickstart, run as written: every ```python block under "## Quickstart" is taken
+from README.md itself and run against `python -m prototype serve`, so the two cannot drift."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+pytest.importorskip("websockets")  # client.responses.connect() needs openai[realtime]
+
+SECTION = re.compile(r"^## Quickstart\b.*?(?=^## )", re.S | re.M)
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+README_ADDRESS = "127.0.0.1:8000"
+
+
+def quickstart_snippets() -> list[str]:
+    section = SECTION.search((REPO / "README.md").read_text())
+    assert section is not None, "README.md has no '## Quickstart' section"
+    return PYTHON_BLOCK.findall(section.group(0))
+
+
+def test_the_quickstart_has_one_snippet_per_design():
+    snippets = quickstart_snippets()
+    assert len(snippets) == 3
+    assert "client.responses.create(" in snippets[0]
+    assert "client.responses.connect()" in snippets[1]
+    assert "v1.connect(client)" in snippets[2] and "v1.append(" in snippets[2]
+    assert all(README_ADDRESS in s for s in snippets)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index, design", [(0, "http-stored"), (1, "chained"), (2, "suspended")])
+def test_quickstart_snippet_runs_against_serve(index, design, cli_server, tmp_path):
+    server = cli_server()  # the default modeled costs, as a reader's `serve` has them
+    script = tmp_path / "snippet.py"  # not named after a module the snippet imports
+    script.write_text(quickstart_snippets()[index].replace(README_ADDRESS, f"127.0.0.1:{server.port}"))
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:2]] == [["tool", "call:"]] * 2, done.stdout  # fixed:3: two tool calls
+    assert lines[2].split()[0] in ("completed", "response.completed"), done.stdout
+    if design == "suspended":  # one response across the whole task
+        assert lines[0].split()[-1] == lines[1].split()[-1]
+    # The server's access log names the design; its line for the last response is written just
+    # after the response's last frame, so wait for it (bounded) before stopping the server.
+    deadline = time.monotonic() + 10
+    while f" {design} " not in "".join(server.stdout[8:]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, log, _ = server.stop()
+    designs = [line.split()[2] for line in log.splitlines()[8:] if line != "stopped"]
+    assert design in designs, log

@@ -29,7 +29,6 @@ Codex is installed with `npm install --prefix ~/.cache/prototype-codex/<version>
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -42,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from experiments.common import report, server_process
+from experiments.common import add_list, experiment_parser, report, server_process
 from prototype.api.workloads import WorkloadCatalog
 from prototype.engine.policy import ScriptedPolicy
 
@@ -282,9 +281,9 @@ PLAN = [(V1_CODEX, "v1"), (V1_CODEX, "v2"), (V1_CODEX, "http"), (CURRENT_CODEX, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", nargs="+", default=[V1_CODEX, CURRENT_CODEX])
-    parser.add_argument("--transports", nargs="+", default=["v1", "v2", "http"], choices=["v1", "v2", "http"])
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--versions", str, [V1_CODEX, CURRENT_CODEX], "Codex CLI releases to run (npm versions)")
+    add_list(parser, "--transports", str, ["v1", "v2", "http"], "transports to run (v1 only with the v1 release)", choices=["v1", "v2", "http"])
     parser.add_argument("--costs", choices=["default", "zero"], default="default",
                         help="the server's modeled API stage costs (default: modeled, as `compare` uses; zero: real CPU work only)")
     parser.add_argument("--keep", help="keep each run's CODEX_HOME, scratch folder and records under this folder")

@@ -1,10 +1,10 @@
-"""Command line: `python -m prototype {compare,serve,demo,calibrate}`."""
+"""Command line: `python -m prototype {compare,serve,demo,calibrate,figures}`."""
 
 from __future__ import annotations
 
 import sys
 
-from .cli import calibrate, compare, demo, serve
+from .cli import calibrate, compare, demo, figures, serve
 from .cli.common import Parser
 
 
@@ -15,8 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_arguments(commands.add_parser("compare", help="the main job: all designs side by side at 65, 1000 and 4000 tokens/s"))
     demo.add_arguments(commands.add_parser("demo", help="run one rollout per design under virtual time and print its timeline"))
     calibrate.add_arguments(commands.add_parser("calibrate", help="a trace's distributions and latency fit beside the testbed's defaults"))
+    figures.add_arguments(commands.add_parser("figures", help="regenerate the committed figures in docs/figures/ (README, docs/notebooks.md)"))
     args = parser.parse_args(argv)
-    return {"serve": serve.run, "demo": demo.run, "compare": compare.run, "calibrate": calibrate.run}[args.command](args)
+    runs = {"serve": serve.run, "demo": demo.run, "compare": compare.run, "calibrate": calibrate.run, "figures": figures.run}
+    return runs[args.command](args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ draw, never at import time.
 * `phase_bars(ax, totals_by_label)`: where each design's end-to-end time goes, stacked by phase.
 * `sweep_plot(ax, table, key, metric)`: one line per design over a swept parameter.
 * `published_plot(axes, rows, trends)`: the published-results notebook's three panels.
-* `compare_figure(table, rows, path)`: `python -m prototype compare`'s results/compare.png.
+* `compare_figure(table, rows, path)`: `python -m prototype compare`'s figure, around its question:
+  per design and decode speed, end-to-end time per task (p50, p90, every task), time to first
+  token and bytes sent per turn, and where a turn's API time goes, with the tool time, which dwarfs
+  it, in a panel of its own; one colour per design in every panel.
 """
 
 from __future__ import annotations
@@ -347,46 +350,165 @@ def published_plot(axes: Sequence[Any], rows: Sequence[Mapping[str, Any]], trend
     right.grid(True, which="major", alpha=0.3)
 
 
-def compare_figure(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """End-to-end p50 per design and speed (left), and the share of end-to-end time per phase (right)."""
+# The API's own work per turn, in the order a turn passes through it (metrics.PRE_INFERENCE, then
+# the post-inference work that blocks the terminal event), each drawn with its own hatch.
+API_PHASES = (*metrics.PRE_INFERENCE, metrics.POST)
+PHASE_HATCHES = {metrics.VALIDATE: "", metrics.SAFETY: "///", metrics.RENDER: "...", metrics.ROUTE: "xx",
+                 metrics.STORE_READ: "\\\\\\", metrics.POST: "oo"}
+# Where a turn's time goes, coarsely: the client's tool, the model (queue, prefill, decode, hosted
+# tools), the API's work, and the rest (network and client).
+TURN_PARTS = {
+    "tool (client)": ("tool",),
+    "model": (metrics.QUEUE, metrics.PREFILL, metrics.DECODE, metrics.HOSTED_TOOL),
+    "API": API_PHASES,
+    "network + client": ("network_client",),
+}
+PART_HATCHES = {"tool (client)": "", "model": "..", "API": "////", "network + client": "xx"}
+
+
+def _color(design: str) -> str:
+    return DESIGN_COLORS.get(design, "#937860")
+
+
+def _groups(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[float], dict[tuple[str, float], list[Mapping[str, Any]]]]:
+    order = list(benchmark.ALL_DESIGNS)
+    designs = sorted({r["design"] for r in rows}, key=lambda d: order.index(d) if d in order else len(order))
+    speeds = sorted({r["decode_tps"] for r in rows})
+    groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["design"], r["decode_tps"]), []).append(r)
+    return designs, speeds, groups
+
+
+def _per_turn(group: Sequence[Mapping[str, Any]], phases: Sequence[str]) -> float:
+    """Seconds per turn spent in `phases`, over every turn of the group's tasks."""
+    turns = sum(r["turns"] for r in group)
+    return sum(r["phase_totals_s"].get(p, 0.0) for r in group for p in phases) / max(turns, 1)
+
+
+def compare_figure(
+    table: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    path: str | Path,
+    *,
+    workload: str = "coding",
+    clock: str = "virtual time",
+) -> Path:
+    """compare's figure from its task rows (`benchmark.task_row`); `table` (`benchmark.summarize`)
+    gives the n per point. Writes `path` (PNG or SVG by its suffix) and returns it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    designs = list(dict.fromkeys(r["design"] for r in table))
-    speeds = sorted({r["decode_tps"] for r in table})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    designs, speeds, groups = _groups(rows)
+    n = sorted({r["tasks"] for r in table}) or [len(groups.get((designs[0], speeds[0]), []))]
+    x = np.arange(len(speeds))
     width = 0.8 / len(designs)
+
+    def offsets(i: int) -> np.ndarray:
+        return x - 0.4 + width * (i + 0.5)
+
+    def speed_axis(ax: Any) -> None:
+        ax.set_xticks(x, [f"{s:g} tok/s" for s in speeds])
+        ax.set_xlim(-0.5, len(speeds) - 0.5)
+        ax.grid(axis="y", alpha=0.3)
+
+    fig = plt.figure(figsize=(14, 8.5))
+    grid = fig.add_gridspec(2, 3, hspace=0.42, wspace=0.28)
+    e2e_ax, ttft_ax, bytes_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
+    api_ax = fig.add_subplot(grid[1, :2])
+    turn_ax = fig.add_subplot(grid[1, 2])
+
+    e2e_points: list[tuple[np.ndarray, list[np.ndarray]]] = []
     for i, design in enumerate(designs):
-        p50 = [next(r["e2e_p50_s"] for r in table if r["design"] == design and r["decode_tps"] == s) for s in speeds]
-        left.bar([x + i * width for x in range(len(speeds))], p50, width, label=design)
-    left.set_xticks([x + width * (len(designs) - 1) / 2 for x in range(len(speeds))], [f"{s:g} tok/s" for s in speeds])
-    left.set_ylabel("end-to-end time per task, p50 (s)")
-    left.set_title("End to end")
-    left.legend()
-    phases = ["prefill", "decode", "tool", "network_client", "validate", "safety", "render", "route", "store_read", "post", "hosted_tool", "queue"]
-    labels, bottoms = [], None
-    shares = {}
-    for design in designs:
+        color = _color(design)
+        e2e = [np.array([r["e2e_s"] for r in groups.get((design, s), [])]) for s in speeds]
+        p50 = np.array([np.percentile(v, 50) if v.size else np.nan for v in e2e])
+        p90 = np.array([np.percentile(v, 90) if v.size else np.nan for v in e2e])
+        e2e_ax.bar(offsets(i), p50, width, color=color)
+        e2e_ax.errorbar(offsets(i), p50, yerr=[np.zeros_like(p50), p90 - p50], fmt="none", ecolor="black", capsize=3, lw=1)
+        e2e_points.append((offsets(i), e2e))
+
+        ttft = [np.concatenate([r["ttft_s"] for r in groups.get((design, s), [])] or [np.array([])]) * 1000 for s in speeds]
+        t50 = np.array([np.percentile(v, 50) if v.size else np.nan for v in ttft])
+        t90 = np.array([np.percentile(v, 90) if v.size else np.nan for v in ttft])
+        ttft_ax.bar(offsets(i), t50, width, color=color)
+        ttft_ax.errorbar(offsets(i), t50, yerr=[np.zeros_like(t50), t90 - t50], fmt="none", ecolor="black", capsize=3, lw=1)
+
+        sent = []
         for s in speeds:
-            group = [r for r in rows if r["design"] == design and r["decode_tps"] == s]
-            total = sum(r["e2e_s"] for r in group)
-            shares[(design, s)] = {p: sum(r["phase_totals_s"].get(p, 0.0) for r in group) / total for p in phases}
-            labels.append(f"{design}\n{s:g}")
-    bottoms = np.zeros(len(labels))
-    for phase in phases:
-        values = np.array([shares[(d, s)][phase] for d in designs for s in speeds])
-        if values.sum() > 0:
-            right.bar(range(len(labels)), values, 0.7, bottom=bottoms, label=phase)
-            bottoms += values
-    right.set_xticks(range(len(labels)), labels, fontsize=7)
-    right.set_ylabel("share of end-to-end time")
-    right.set_title("Where the time goes")
-    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            group = groups.get((design, s), [])
+            turns = sum(r["turns"] for r in group)
+            sent.append(sum(r["bytes_sent_per_turn"] * r["turns"] for r in group) / max(turns, 1) / 1000)
+        bars = bytes_ax.bar(offsets(i), sent, width, color=color)
+        bytes_ax.bar_label(bars, [f"{v:,.0f}" for v in sent], fontsize=7, padding=1)
+
+        bottom = np.zeros(len(speeds))
+        for phase in API_PHASES:
+            ms = np.array([1000 * _per_turn(groups.get((design, s), []), (phase,)) for s in speeds])
+            api_ax.bar(offsets(i), ms, width, bottom=bottom, color=color, hatch=PHASE_HATCHES[phase], edgecolor="white", lw=0.5)
+            bottom += ms
+        api_ax.bar_label(api_ax.containers[-1], [f"{v:.0f}" for v in bottom], fontsize=7, padding=1)
+
+    # Every task as a dot; the scale stops above the highest p90 so the bars stay readable, and a
+    # task beyond it is drawn as a triangle on the top edge with its value.
+    top = max((np.percentile(v, 90) for _, e2e in e2e_points for v in e2e if v.size), default=1.0) * 1.3
+    for xs, e2e in e2e_points:
+        for xj, values in zip(xs, e2e):
+            inside, beyond = values[values <= top], values[values > top]
+            e2e_ax.scatter(np.full(inside.size, xj), inside, s=6, color="black", alpha=0.35, zorder=3, lw=0)
+            if beyond.size:
+                e2e_ax.scatter([xj], [top], marker="^", s=18, color="black", zorder=3, clip_on=False)
+                e2e_ax.annotate(f"{beyond.max():.0f}", (xj, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=6)
+    e2e_ax.set_ylim(0, top)
+    e2e_ax.set_ylabel("seconds per task")
+    e2e_ax.set_title("End to end per task: p50 bar, p90 whisker, dots = tasks", fontsize=10, pad=14)
+    ttft_ax.set_ylabel("ms per turn")
+    ttft_ax.set_title("Time to first token per turn: p50, p90 whisker", fontsize=10)
+    bytes_ax.set_ylabel("kB per turn")
+    bytes_ax.set_title("Bytes sent per turn (client to server)", fontsize=10)
+    api_ax.set_ylabel("ms per turn")
+    api_ax.set_title("Where the API's time goes per turn (total on top); tool time is on the right", fontsize=10)
+    api_ax.legend(
+        handles=[Patch(facecolor="#bbbbbb", hatch=PHASE_HATCHES[p], edgecolor="white", label=p) for p in API_PHASES],
+        fontsize=8, ncols=len(API_PHASES), loc="upper right",
+    )
+    for ax in (e2e_ax, ttft_ax, bytes_ax, api_ax):
+        speed_axis(ax)
+    api_ax.set_ylim(0, api_ax.get_ylim()[1] * 1.2)  # room for the phase legend
+
+    # A turn's time at the middle speed, split coarsely: the client's tools dominate, which is why
+    # the API panel is drawn on its own scale.
+    middle = speeds[len(speeds) // 2]
+    y = np.arange(len(designs))
+    left = np.zeros(len(designs))
+    for part, phases in TURN_PARTS.items():
+        seconds = np.array([_per_turn(groups.get((d, middle), []), phases) for d in designs])
+        turn_ax.barh(y, seconds, 0.6, left=left, color=[_color(d) for d in designs], hatch=PART_HATCHES[part], edgecolor="white", lw=0.5)
+        left += seconds
+    for yi, total in zip(y, left):
+        turn_ax.text(total, yi, f" {total:.2f} s", va="center", fontsize=8)
+    turn_ax.set_yticks(y, designs)
+    turn_ax.invert_yaxis()
+    turn_ax.set_xlim(0, left.max() * 1.3 if left.size and left.max() > 0 else 1)
+    turn_ax.set_xlabel("seconds per turn")
+    turn_ax.set_title(f"A turn's time at {middle:g} tok/s", fontsize=10)
+    turn_ax.legend(handles=[Patch(facecolor="#bbbbbb", hatch=PART_HATCHES[p], edgecolor="white", label=p) for p in TURN_PARTS],
+                   fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
+    turn_ax.grid(axis="x", alpha=0.3)
+
+    fig.legend(handles=[Patch(color=_color(d), label=d) for d in designs], loc="upper right", ncols=len(designs), fontsize=9,
+               bbox_to_anchor=(0.98, 0.985))
+    tasks = ", ".join(map(str, n))
+    noun = "task" if n == [1] else "tasks"
+    fig.suptitle(f"compare: '{workload}' workload, n = {tasks} {noun} per design and speed, {clock}", x=0.02, ha="left", fontsize=12)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90 if path.suffix == ".png" else None, bbox_inches="tight")
     plt.close(fig)
+    return path
 
 
 __all__ = [

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     analysis.write_csv(out / "compare.csv", table)
     (out / "compare.json").write_text(json.dumps({"table": table, "parameters": benchmark.parameters(config)}, indent=1))
     (out / "compare_tasks.json").write_text(json.dumps(rows))
-    figures.compare_figure(table, rows, out / "compare.png")
+    figures.compare_figure(table, rows, out / "compare.png", workload=described, clock=clock)
     print(f"\nwrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
           f"{', '.join(f'trace_{d}.json' for d in designs if TRACE_SPEED in speeds)} in {time.perf_counter() - started:.1f} s")
     return 0

@@ -391,11 +391,12 @@ def compare_figure(
     rows: Sequence[Mapping[str, Any]],
     path: str | Path,
     *,
-    workload: str = "coding",
+    workload: str = "the 'coding' workload",
     clock: str = "virtual time",
 ) -> Path:
     """compare's figure from its task rows (`benchmark.task_row`); `table` (`benchmark.summarize`)
-    gives the n per point. Writes `path` (PNG or SVG by its suffix) and returns it."""
+    gives the n per point; `workload` and `clock` go into the title ("the 'coding' workload",
+    "virtual time"). Writes `path` (PNG or SVG by its suffix) and returns it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -503,7 +504,7 @@ def compare_figure(
                bbox_to_anchor=(0.98, 0.985))
     tasks = ", ".join(map(str, n))
     noun = "task" if n == [1] else "tasks"
-    fig.suptitle(f"compare: '{workload}' workload, n = {tasks} {noun} per design and speed, {clock}", x=0.02, ha="left", fontsize=12)
+    fig.suptitle(f"compare: {workload}, n = {tasks} {noun} per design and speed, {clock}", x=0.02, ha="left", fontsize=12)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90 if path.suffix == ".png" else None, bbox_inches="tight")

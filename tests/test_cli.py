@@ -88,7 +88,7 @@ def test_list_options_take_commas_or_spaces(words):
     args = parser.parse_args(["--speeds", *words, "--designs", "http,chained", "suspended"])
     assert args.speeds == [65.0, 1000.0, 4000.0]
     assert args.designs == ["http", "chained", "suspended"]
-    assert parser.parse_args([]).speeds == [65.0, 1000.0, 4000.0]  # the default is untouched
+    assert parser.parse_args([]).designs == ["http", "chained", "suspended"]  # the default is untouched
 
 
 def test_a_new_run_folder_each_time_and_latest_points_at_the_newest(tmp_path):

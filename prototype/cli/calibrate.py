@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout) or a folder of Codex rollouts")
     parser.add_argument("--baseline", default=wl.DEFAULT_PRESET, help="preset (name or JSON file) to print beside the trace (default coding)")
     parser.add_argument("--baseline-tasks", type=int, default=300, help="generated tasks for the baseline's figures (default 300)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the baseline's generated tasks (default 0)")
     parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
     parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here")
 

@@ -14,10 +14,11 @@ for the KV of sessions that wait for a tool (prototype/engine/memory.py):
 * chained + discard / swap.
 
 Per (design, policy, N) it reports throughput, end-to-end time, queueing for the engine, prefill
-recomputed, and GPU KV memory; prints a table, writes results/kv_memory.csv and kv_memory.png.
+recomputed, and GPU KV memory; prints a table, writes kv_memory.csv and kv_memory.png
+into a new folder results/kv_memory/<timestamp>/ (results/kv_memory/latest points at the newest).
 
     python -m experiments.kv_memory [--agents 10 100 1000] [--configs suspended:hold chained:ttl-300 ...]
-    python -m experiments.kv_memory --replot        # redraw results/kv_memory.png from the CSV
+    python -m experiments.kv_memory --replot        # redraw the newest run's figure from its CSV
     python -m experiments.kv_memory --cluster local  # on a Dask LocalCluster (or --cluster tcp://host:8786)
 
 The grid goes through prototype/sweep.py: worker processes (one per core) by default, results

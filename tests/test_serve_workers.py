@@ -68,4 +68,4 @@ def test_the_load_experiment_runs_against_two_workers(tmp_path, monkeypatch):
     session_s = sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05
     assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / session_s)
     assert all(r["server_cpu_ms_per_turn"] > 0 and r["max_open"] == 4 for r in rows)
-    assert (tmp_path / "load.csv").exists()
+    assert (tmp_path / "load" / "latest" / "load.csv").exists()  # a new folder per run

@@ -39,7 +39,9 @@ def latest_dir(experiment: str) -> Path:
 
 def experiment_parser(doc: str | None) -> Parser:
     """The experiments' argument parser: no abbreviations, one-line errors (prototype/cli/common.py)."""
-    return Parser(description=(doc or "").split("\n\n")[0])
+    script = Path(sys.argv[0])
+    prog = f"python -m experiments.{script.stem}" if script.parent.name == "experiments" else None
+    return Parser(prog=prog, description=(doc or "").split("\n\n")[0])
 
 
 def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str] | None = None) -> Path:

@@ -28,7 +28,6 @@ item; restarts pay a full-context request (and a handshake on a new connection).
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -54,7 +53,7 @@ from prototype.client.http import ConnectionPool, post_turn, request_headers
 from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
 
-from .common import report
+from .common import add_list, experiment_parser, report
 
 ALTERNATIVES = ("chained+steer", "chained+wait", "v1+append", "v1+restart", "http+wait", "http+abort")
 CORRECTION = "Stop: only touch the tests, leave the source alone."
@@ -207,14 +206,14 @@ def run_one(alternative: str, *, after: int, tool_seconds: float, output_tokens:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--after", type=int, nargs="+", default=[50, 250], help="tokens of the message streamed before the steer")
-    parser.add_argument("--output-tokens", type=int, default=300, help="tokens of each message")
-    parser.add_argument("--tool-seconds", type=float, default=2.0)
-    parser.add_argument("--tps", type=int, default=1000, help="decode tokens/s")
-    parser.add_argument("--rtt-ms", type=float, default=20.0)
-    parser.add_argument("--alternatives", nargs="+", choices=ALTERNATIVES, default=list(ALTERNATIVES))
-    parser.add_argument("--csv", default="steering.csv")
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--after", int, [50, 250], "tokens of the message streamed before the steer")
+    parser.add_argument("--output-tokens", type=int, default=300, help="tokens of each message (default 300)")
+    parser.add_argument("--tool-seconds", type=float, default=2.0, help="client tool time per call in seconds (default 2)")
+    parser.add_argument("--tps", type=int, default=1000, help="decode tokens/s (default 1000)")
+    parser.add_argument("--rtt-ms", type=float, default=20.0, help="network round-trip time in ms (default 20)")
+    add_list(parser, "--alternatives", str, ALTERNATIVES, "alternatives to time", choices=list(ALTERNATIVES))
+    parser.add_argument("--csv", default="steering.csv", help="CSV file name in results/steering/<timestamp>/ (default steering.csv)")
     args = parser.parse_args(argv)
     rows = []
     for after in args.after:

@@ -25,7 +25,6 @@ each subagent's KV pinned through its tool calls, v2 lets the engine's retention
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
@@ -41,7 +40,7 @@ from prototype.client.lanes import run_multiplexed_rollouts
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import report, rss_bytes, server_process
+from .common import add_list, experiment_parser, report, rss_bytes, server_process
 
 ARRANGEMENTS = ("v2 lanes", "v2 socket each", "v1 socket each")
 RSS_SAMPLE_S = 0.01
@@ -115,16 +114,16 @@ def real_memory(arrangement: str, n: int, *, turns: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--output-tokens", type=int, default=300)
-    parser.add_argument("--tool-seconds", type=float, default=2.0)
-    parser.add_argument("--tps", type=int, default=1000)
-    parser.add_argument("--rtt-ms", type=float, default=20.0)
+    parser = experiment_parser(__doc__)
+    add_list(parser, "--agents", int, [2, 4, 8, 16, 32], "concurrent subagents")
+    parser.add_argument("--turns", type=int, default=6, help="turns per subagent task (default 6)")
+    parser.add_argument("--output-tokens", type=int, default=300, help="output tokens per response (default 300)")
+    parser.add_argument("--tool-seconds", type=float, default=2.0, help="client tool time per call in seconds (default 2)")
+    parser.add_argument("--tps", type=int, default=1000, help="decode tokens/s (default 1000)")
+    parser.add_argument("--rtt-ms", type=float, default=20.0, help="network round-trip time in ms (default 20)")
     parser.add_argument("--no-rss", dest="rss", action="store_false", help="skip the real-time memory part")
-    parser.add_argument("--arrangements", nargs="+", choices=ARRANGEMENTS, default=list(ARRANGEMENTS))
-    parser.add_argument("--csv", default="subagents.csv")
+    add_list(parser, "--arrangements", str, ARRANGEMENTS, "arrangements to run", choices=list(ARRANGEMENTS))
+    parser.add_argument("--csv", default="subagents.csv", help="CSV file name in results/subagents/<timestamp>/ (default subagents.csv)")
     args = parser.parse_args(argv)
     rows = []
     for n in args.agents:

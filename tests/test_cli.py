@@ -14,7 +14,10 @@ import pytest
 from prototype.__main__ import main as cli_main
 from prototype.cli import common, compare
 
-EXPERIMENTS = ["codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "streaming", "virtual_vs_real"]
+EXPERIMENTS = [
+    "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
+    "subagents", "virtual_vs_real",
+]
 
 
 class Captured(Exception):

@@ -20,7 +20,7 @@ def test_steering_main_tiny(tmp_path):
     # Waiting for the tool round pays at least the tool; steering pays only the rest of the item.
     for waiting in ("chained+wait", "v1+append", "http+wait"):
         assert seconds[waiting] > 0.5 > seconds["chained+steer"] > 0
-    assert (tmp_path / "steering.csv").exists()
+    assert (tmp_path / "steering" / "latest" / "steering.csv").exists()
 
 
 def test_subagents_main_tiny(tmp_path):
@@ -29,7 +29,7 @@ def test_subagents_main_tiny(tmp_path):
     assert [by[a]["connections"] for a in subagents.ARRANGEMENTS] == [1, 2, 2]
     # One handshake instead of one per subagent: lanes start their tasks sooner.
     assert by["v2 lanes"]["task_mean_s"] < by["v2 socket each"]["task_mean_s"]
-    assert (tmp_path / "subagents.csv").exists()
+    assert (tmp_path / "subagents" / "latest" / "subagents.csv").exists()
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ running anything. This command redraws them from fresh runs:
   notebook_hosted_tool_timeline.png    notebooks/hosted_tool_analogy.py (docs/notebooks.md)
   notebook_latency_sweeps.png          notebooks/latency_experiments.py (docs/notebooks.md)
   notebook_published.png               notebooks/published_results.py (docs/notebooks.md)
+  notebook_lanes_and_steering.png      notebooks/lanes_and_steering.py (docs/notebooks.md)
 
 The notebooks need the test extra (jupytext, nbclient, ipykernel); without it they are skipped,
 with a message. `--smoke` runs everything at the smallest size (what tests/test_figures.py runs).
@@ -23,8 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "figures"
-NOTEBOOKS = ("hosted_tool_analogy", "latency_experiments", "published_results")
-NOTEBOOK_PICTURES = ("notebook_hosted_tool_timeline.png", "notebook_latency_sweeps.png", "notebook_published.png")
+NOTEBOOKS = ("hosted_tool_analogy", "latency_experiments", "published_results", "lanes_and_steering")
+NOTEBOOK_PICTURES = (
+    "notebook_hosted_tool_timeline.png", "notebook_latency_sweeps.png", "notebook_published.png", "notebook_lanes_and_steering.png",
+)
 # The smallest compare that still has every design and speed: one short task each.
 SMOKE_COMPARE = ["--tasks", "1", "--turns", "2"]
 

@@ -13,7 +13,7 @@ This is the hosted-tool analogy of OpenAI's post, in code: one suspension point,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -96,6 +96,9 @@ class SamplingLoop:
     # batch of client calls, once begun, is finished too (steering guide; docs/protocol.md).
     stop_requested: Callable[[], bool] = attrs.field(default=lambda: False, kw_only=True)
     engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
+    # Where the engine's decoding stands on its own schedule: the end of the prefill, then of each
+    # sampled item. Items stream from it, so a late wake-up in real time is not added per item.
+    decode_from: float | None = attrs.field(default=None, init=False)
 
     @property
     def log(self) -> metrics.PhaseLog:
@@ -153,7 +156,7 @@ class SamplingLoop:
             outputs: list[Item] = [
                 await self.emitter.message(
                     self.api.new_id("msg"),
-                    self.api.engine.stream(ctx.route.latency, words, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens),
+                    self.stream(words),
                     incomplete=truncated,
                 )
             ]
@@ -168,7 +171,7 @@ class SamplingLoop:
                     self.api.new_id("fc"),
                     call_id,
                     planned.name,
-                    self.api.engine.stream(ctx.route.latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens),
+                    self.stream(pieces),
                 )
                 outputs.append(call)
                 calls.append(call)
@@ -210,9 +213,19 @@ class SamplingLoop:
             spent = trio.current_time() - since  # 0 under a virtual clock: the same model, unchanged
             if spent > 0:
                 latency = attrs.evolve(latency, request_overhead=max(0.0, latency.request_overhead - spent))
-        await self.api.engine.prefill(latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        self.decode_from = await self.api.engine.prefill(latency, uncached=len(ctx.prompt) - cached, cached=cached)
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
         self.log.record(metrics.PREFILL, self.engine_call.admitted_at, trio.current_time())  # a swap-in counts as prefill
+
+    def stream(self, pieces: Sequence[str]) -> AsyncIterator[str]:
+        """The engine samples `pieces` right after what it sampled before (its own schedule)."""
+        latency = self.context.route.latency
+        start = self.decode_from
+        if start is not None:
+            self.decode_from = start + len(pieces) / latency.decode_tokens_per_s
+        return self.api.engine.stream(
+            latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens, start=start
+        )
 
     async def decode_hidden(self, text: str) -> None:
         """Time to sample a hosted call's arguments, which are not streamed as deltas."""

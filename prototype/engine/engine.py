@@ -48,31 +48,46 @@ class Engine(Admission):
 
     _prefill_lock: trio.Lock | None = attrs.field(default=None, init=False)
 
-    async def prefill(self, latency: LatencyModel, *, uncached: int, cached: int) -> None:
+    async def prefill(self, latency: LatencyModel, *, uncached: int, cached: int) -> float:
+        """Sleep for the call's modeled prefill; returns when it ended on the engine's schedule (the
+        deadline, not the possibly later wake-up), where decoding starts."""
         self.stats.model_calls += 1
         self.stats.prefill_tokens += uncached
         self.stats.cached_tokens += cached
         seconds = latency.prefill_seconds(uncached, cached)
         if not self.serial_prefill:
-            await trio.sleep(seconds)
-            return
+            return await _sleep_for(seconds)
         if self._prefill_lock is None:
             self._prefill_lock = trio.Lock()  # fair: FIFO
         asked = trio.current_time()
         async with self._prefill_lock:
             self.stats.prefill_waits.append(trio.current_time() - asked)
-            await trio.sleep(seconds)
+            return await _sleep_for(seconds)
 
     def stream(
-        self, latency: LatencyModel, pieces: Sequence[str], *, flush_interval: float = 0.0, flush_tokens: int | None = None
+        self,
+        latency: LatencyModel,
+        pieces: Sequence[str],
+        *,
+        flush_interval: float = 0.0,
+        flush_tokens: int | None = None,
+        start: float | None = None,
     ) -> AsyncIterator[str]:
         """Yield the text of `pieces` (one token each) as it is sampled at the profile's decode rate
-        (streaming.paced_tokens), counting decoded tokens and applying the fault plan per flush."""
+        from `start` (default: now; streaming.paced_tokens), counting decoded tokens and applying
+        the fault plan per flush."""
         return paced_tokens(
-            pieces, latency.decode_tokens_per_s, flush_interval=flush_interval, flush_tokens=flush_tokens, on_flush=self._flushed
+            pieces, latency.decode_tokens_per_s, flush_interval=flush_interval, flush_tokens=flush_tokens,
+            on_flush=self._flushed, start=start,
         )
 
     def _flushed(self, tokens: int) -> None:
         self.stats.decoded_tokens += tokens
         if self.faults is not None:
             self.faults.on_flush()
+
+
+async def _sleep_for(seconds: float) -> float:
+    deadline = trio.current_time() + seconds
+    await trio.sleep_until(deadline)
+    return deadline

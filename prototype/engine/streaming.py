@@ -43,6 +43,7 @@ async def paced_tokens(
     flush_interval: float = 0.0,
     flush_tokens: int | None = None,
     on_flush: Callable[[int], None],
+    start: float | None = None,
 ) -> AsyncIterator[str]:
     """Yield the text of `pieces` (one token each) as it is sampled at `rate` tokens a second;
     `on_flush(n)` runs before each chunk of `n` tokens goes out (and may raise to fail it).
@@ -52,8 +53,13 @@ async def paced_tokens(
     flushes at least `flush_interval` apart, and the last chunk goes out when the last token
     is ready, so coalescing never delays the end of an item. With `flush_tokens` a chunk carries
     at most that many tokens: it goes out as soon as that many are ready, interval or not.
+
+    `start` (default: now) is when the engine began sampling these pieces on its own schedule,
+    e.g. the end of the previous item: every deadline is absolute from it, so in real time a late
+    wake-up (timer rounding, a busy CPU) never shifts the tokens after it, and tokens whose time
+    has passed go out together in the next chunk.
     """
-    start = trio.current_time()
+    start = trio.current_time() if start is None else start
     total = len(pieces)
     end = start + total / rate  # the last token is never held back: coalescing costs no time
     sent = 0

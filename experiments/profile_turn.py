@@ -1,0 +1,213 @@
+"""Where a turn's real time goes beyond the model: one coding task in real time, split by cause (issue 20).
+
+The same run as `experiments.efficiency` (coding task 0 of seed 0, tool times x 0.01, loopback,
+RTT 0, API stage costs zero, deltas every 50 ms; server and client in this one process), done
+twice per design:
+
+1. unprofiled: real time - the virtual-clock limit = the overhead per turn, split into the
+   process's CPU time (`time.process_time`), the time it was runnable but waited for a core
+   (/proc schedstat: other jobs on the machine) and the rest, time with nothing to run past a
+   deadline: timer rounding (epoll's timeout is whole milliseconds, rounded up by CPython) and
+   wake-up latency;
+2. under cProfile with a CPU-time timer: each function's own CPU time goes to a cause and a side.
+   A function in prototype/ has its own cause by module; library and built-in functions (json,
+   trio, wsproto, `isinstance`, ...) inherit the cause and the side of their callers in proportion
+   to the time each caller spent in them, except the few whose cause is their own (the
+   tokenizer's BPE, epoll, socket calls). The shares are applied to the unprofiled CPU time
+   (the profiler roughly doubles it).
+
+    python -m experiments.profile_turn [--speeds 1000] [--designs chained suspended] [--top 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+from collections import defaultdict
+from typing import Any
+
+from prototype import benchmark, netem
+from prototype.api.costs import ZERO_COSTS
+
+from .common import print_table, run_delay_seconds
+from .efficiency import scaled_tasks
+
+POLICY = "policy+tokenizer"
+JSON = "json"
+VALIDATION = "validation"
+FRAMING = "ws framing"
+SOCKET = "socket syscalls"
+TRIO = "trio scheduling"
+HARNESS = "harness"
+SERVER = "server logic"
+OTHER = "other"
+CAUSES = (POLICY, JSON, VALIDATION, FRAMING, SOCKET, TRIO, HARNESS, SERVER, OTHER)
+
+# (substring of the file name, cause), first match wins; "" = inherit from callers.
+_BY_FILE = (
+    ("prototype/engine/policy", POLICY), ("prototype/engine/tokenizer", POLICY), ("prototype/api/render", POLICY),
+    ("tiktoken", POLICY),
+    ("prototype/protocol/codec", JSON), ("/json/", JSON),
+    ("prototype/api/checks", VALIDATION), ("prototype/protocol/items", VALIDATION),
+    ("wsproto", FRAMING), ("trio_websocket", FRAMING), ("h11", FRAMING),
+    ("prototype/client/", HARNESS), ("prototype/workload", HARNESS), ("prototype/metrics", SERVER),
+    ("prototype/", SERVER),
+    ("/trio/", TRIO), ("outcome", TRIO), ("sniffio", TRIO), ("selectors", TRIO),
+    ("/attr/", ""), ("/attrs/", ""), ("/enum", ""), ("/typing", ""), ("/abc", ""), ("/contextlib", ""),
+    ("/socket.py", SOCKET),
+)
+# Built-ins (file "~") whose own cause is known by name; other built-ins inherit.
+_BY_NAME = (
+    ("epoll", TRIO), ("_socket.socket", SOCKET), ("CoreBPE", POLICY), ("_json", JSON), ("json.", JSON),
+    ("to_dict", JSON),
+)
+
+
+def own_cause(func: tuple[str, int, str]) -> str:
+    filename, _, name = func
+    if filename == "~":
+        for key, cause in _BY_NAME:
+            if key in name:
+                return cause
+        return ""
+    # The wire form of events and responses is JSON work however it is built (to_dict / as_dict).
+    if name in ("to_dict", "as_dict", "event_dict") and "prototype/" in filename:
+        return JSON
+    if "prototype/" in filename and ("parse_" in name or name.startswith("_parse") or name.startswith("check")):
+        return VALIDATION
+    for key, cause in _BY_FILE:
+        if key in filename:
+            return cause
+    return ""
+
+
+def own_side(func: tuple[str, int, str]) -> str:
+    filename = func[0]
+    if "prototype/client/" in filename or "prototype/workload" in filename:
+        return "client"
+    if "prototype/" in filename and "prototype/protocol/" not in filename:
+        return "server"
+    return ""
+
+
+def inherit(stats: dict, own: dict[Any, str], passes: int = 30) -> dict[Any, dict[str, float]]:
+    """Each function's distribution over labels: its own label if it has one, else the mix of its
+    callers' distributions weighted by the time spent in it from each caller."""
+    dist: dict[Any, dict[str, float]] = {f: ({own[f]: 1.0} if own[f] else {OTHER: 1.0}) for f in stats}
+    for _ in range(passes):
+        for func, (_, _, _, _, callers) in stats.items():
+            if own[func]:
+                continue
+            mix: dict[str, float] = defaultdict(float)
+            total = 0.0
+            for caller, entry in callers.items():
+                weight = entry[3] if len(entry) > 3 else 0.0  # cumulative time of func under this caller
+                if caller == func or weight <= 0:
+                    continue
+                for label, share in dist.get(caller, {OTHER: 1.0}).items():
+                    mix[label] += weight * share
+                total += weight
+            if total > 0:
+                dist[func] = {k: v / total for k, v in mix.items()}
+    return dist
+
+
+def split(profile: cProfile.Profile) -> tuple[dict[tuple[str, str], float], list[tuple[float, str, str, str]]]:
+    """CPU seconds by (side, cause), and the functions with the most own time."""
+    stats = pstats.Stats(profile).stats
+    causes = inherit(stats, {f: own_cause(f) for f in stats})
+    sides = inherit(stats, {f: own_side(f) for f in stats})
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    top = []
+    for func, (_, _, tottime, _, _) in stats.items():
+        for cause, c_share in causes[func].items():
+            for side, s_share in sides[func].items():
+                out[(side if side != OTHER else "shared", cause)] += tottime * c_share * s_share
+        top.append((tottime, f"{func[0].split('site-packages/')[-1]}:{func[1]}:{func[2]}", max(causes[func], key=causes[func].get), max(sides[func], key=sides[func].get)))
+    top.sort(reverse=True)
+    return out, top
+
+
+def phase_totals(records: list) -> dict[str, float]:
+    """Seconds per phase over every turn: the server's phases (queue, prefill, decode, ...),
+    `network_client` (the rest of each turn's wall time: framing, parsing, the client) and `tool`."""
+    totals: dict[str, float] = defaultdict(float)
+    for record in records:
+        for phases in benchmark.turn_phases(record):
+            for phase, seconds in phases.items():
+                totals[phase] += seconds
+    return totals
+
+
+def measure(design: str, tps: float, config: benchmark.BenchConfig, top_n: int) -> list[dict[str, Any]]:
+    virtual = benchmark.run_design_virtual(design, tps, config)
+    limit = sum(r.seconds for r in virtual)
+    turns = sum(len(r.turns) for r in virtual)
+    pid = os.getpid()
+    cpu0, wait0 = time.process_time(), run_delay_seconds(pid)
+    real = benchmark.run_design_real(design, tps, config)
+    cpu, wait = time.process_time() - cpu0, run_delay_seconds(pid) - wait0
+    real_s = sum(r.seconds for r in real)
+    overhead = real_s - limit
+    phase_excess = phase_totals(real)
+    for phase, seconds in phase_totals(virtual).items():
+        phase_excess[phase] = phase_excess.get(phase, 0.0) - seconds
+    profile = cProfile.Profile(time.process_time)
+    profile.enable()
+    benchmark.run_design_real(design, tps, config)
+    profile.disable()
+    by_cause, top = split(profile)
+    profiled_cpu = sum(by_cause.values())
+    ms = 1000 / turns
+    rows = [{
+        "design": design, "tps": tps, "side": "all", "cause": "overhead (real - limit)", "ms_per_turn": overhead * ms,
+        "efficiency": limit / real_s,
+    }, {
+        "design": design, "tps": tps, "side": "all", "cause": "cpu (process)", "ms_per_turn": cpu * ms, "efficiency": "",
+    }, {
+        "design": design, "tps": tps, "side": "all", "cause": "waiting for a core", "ms_per_turn": wait * ms, "efficiency": "",
+    }, {
+        "design": design, "tps": tps, "side": "all", "cause": "idle past deadlines (timers, wake-up)",
+        "ms_per_turn": (overhead - cpu - wait) * ms, "efficiency": "",
+    }]
+    for phase, seconds in sorted(phase_excess.items()):
+        if abs(seconds) * ms >= 0.005:
+            rows.append({"design": design, "tps": tps, "side": "wall", "cause": f"phase {phase}", "ms_per_turn": seconds * ms, "efficiency": ""})
+    for side in ("server", "client", "shared"):
+        for cause in CAUSES:
+            seconds = by_cause.get((side, cause), 0.0)
+            if seconds > 0.0005 * profiled_cpu:
+                rows.append({
+                    "design": design, "tps": tps, "side": side, "cause": cause,
+                    "ms_per_turn": seconds / profiled_cpu * cpu * ms, "efficiency": "",
+                })
+    if top_n:
+        print(f"\n{design} at {tps:g} tokens/s: top functions by own CPU (profiled, ms per turn)")
+        for tottime, name, cause, side in top[:top_n]:
+            print(f"  {tottime * ms:7.3f}  {side:6s} {cause:18s} {name}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--speeds", type=float, nargs="+", default=[1000.0])
+    parser.add_argument("--designs", nargs="+", default=[benchmark.CHAINED, benchmark.SUSPENDED])
+    parser.add_argument("--tool-scale", type=float, default=0.01)
+    parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--top", type=int, default=0, help="also print the N functions with the most own CPU")
+    args = parser.parse_args(argv)
+    tasks = scaled_tasks(1, 0, args.tool_scale, args.max_turns)
+    config = benchmark.BenchConfig(
+        task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=benchmark.BENCH_FLUSH_INTERVAL
+    )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    rows = [row for tps in args.speeds for design in args.designs for row in measure(design, tps, config, args.top)]
+    print_table(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,7 @@ from .api.service import ApiService
 from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from .client.http import STATELESS, STORED, run_http_rollout
+from .clock import PreciseClock
 from .engine import latency
 from .engine.engine import HTTP_AFFINITY
 from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
@@ -137,7 +138,8 @@ def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> l
 
 def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
     """`run_design` in real time over loopback TCP: the server listens on 127.0.0.1, the client
-    connects through netem (the same network profile, delaying both directions on its side)."""
+    connects through netem (the same network profile, delaying both directions on its side).
+    Timers fire at their deadlines (clock.PreciseClock), not up to 1 ms after them."""
 
     async def main() -> list[RolloutRecord]:
         server = bench_server(config)
@@ -149,7 +151,7 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
             nursery.cancel_scope.cancel()
         return records
 
-    return trio.run(main)
+    return trio.run(main, clock=PreciseClock())
 
 
 @attrs.frozen

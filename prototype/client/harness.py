@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import orjson
 import trio
 import trio_websocket
 
@@ -204,7 +205,7 @@ class WsChannel:
         """Events until `response.done` or a terminal event; returns that event."""
         while True:
             message = await self.ws.get_message()
-            event = json.loads(message)
+            event = orjson.loads(message)  # the standard library's reading of a well-formed event, faster
             self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
             if event.get("type") in PAUSE_TYPES or event.get("type") == "error":
                 return event

@@ -20,14 +20,24 @@ Reported per flush setting:
   (first request sent to last terminal event received), against `offered_tokens_per_s` = N x tps;
   `lag_n_p50`, `lag_n_p99`: the stream lag per session under that load;
 * `events_per_s`: delta events the client received per second, all sessions together;
-* `server_core_share`: server CPU time / wall time (/proc schedstat).
+* `server_core_share`: server CPU time / wall time (/proc schedstat); `server_cpu_us_per_token`
+  the server's CPU per streamed token; `client_core_share`: the client processes' CPU time / wall
+  time, all together; `load_avg`: the machine's 1-minute load average at the end of the run.
 
-    python -m experiments.streaming [--sessions 100] [--tps 4000] [--output 8000] [--flush-intervals 0.002 ... 0.1]
+The N sessions are spread over `--client-processes` processes (default 4), so the client is not
+one Python thread parsing every event of every session: the figure is the server's capacity as
+far as the machine's cores allow. Every process times with the same system-wide monotonic clock
+(clock.PreciseClock: `time.perf_counter`), so their times compare directly.
+
+    python -m experiments.streaming [--sessions 100] [--tps 4000] [--output 8000] [--flush-intervals 0.002 ... 0.1] [--client-processes 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -40,6 +50,7 @@ from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, RolloutRecord, run_websocket_rollout
+from prototype.clock import PreciseClock
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
@@ -47,7 +58,7 @@ from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, re
 
 COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
-    "events_per_s", "server_core_share",
+    "events_per_s", "server_core_share", "server_cpu_us_per_token", "client_processes", "client_core_share", "load_avg",
 )
 
 
@@ -91,6 +102,45 @@ async def run_sessions(port: int, sessions: int, prompt: int, output: int, tps: 
     return records
 
 
+def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, int, int]:
+    """What the parent needs of a session (small to send between processes): status, request
+    sent, first delta, terminal event, output tokens, delta events."""
+    turn = record.turns[0]
+    deltas = sum(1 for _, kind, t in record.timeline if kind == "recv" and t == "response.output_text.delta")
+    output = record.usage["output_tokens"] if record.status == "completed" else 0
+    return record.status, turn.sent_at, turn.first_token_at or turn.sent_at, turn.ended_at or turn.sent_at, output, deltas
+
+
+def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, results: Any) -> None:
+    """One client process: its share of the sessions, started together with the other processes'."""
+    start.wait()
+    cpu0 = time.process_time()
+    records = trio.run(run_sessions, port, sessions, prompt, output, tps, clock=PreciseClock())
+    results.put(([session_figures(r) for r in records], time.process_time() - cpu0))
+
+
+def run_client_processes(port: int, processes: int, sessions: int, prompt: int, output: int, tps: float) -> tuple[list, float]:
+    """`sessions` spread over `processes` client processes; returns every session's figures and
+    the client processes' CPU seconds."""
+    context = multiprocessing.get_context("spawn")  # no trio state inherited from this process
+    shares = [n for n in (sessions // processes + (i < sessions % processes) for i in range(processes)) if n]
+    start, results = context.Barrier(len(shares) + 1), context.Queue()
+    workers = [
+        context.Process(target=client_process, args=(port, n, prompt, output, tps, start, results), daemon=True) for n in shares
+    ]
+    for worker in workers:
+        worker.start()
+    start.wait()  # every process imported and ready: all sessions start together
+    figures, cpu = [], 0.0
+    for _ in workers:
+        part, seconds = results.get()
+        figures += part
+        cpu += seconds
+    for worker in workers:
+        worker.join()
+    return figures, cpu
+
+
 def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) -> dict[str, Any]:
     server_args = ["--costs", "zero", "--flush-interval", f"{flush:g}"]
     if flush_tokens:
@@ -99,20 +149,20 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     modeled_n = modeled_turn_seconds(args.prompt, args.output, args.tps)
     with server_process(*server_args) as (process, port):
         trio.run(run_sessions, port, 1, args.prompt, 50, args.single_tps)  # warm-up: imports, tokenizer, caches
-        single = trio.run(run_sessions, port, 1, args.prompt, args.output, args.single_tps)[0]
+        single = trio.run(run_sessions, port, 1, args.prompt, args.output, args.single_tps, clock=PreciseClock())[0]
         cpu0 = cpu_seconds(process.pid)
-        records = trio.run(run_sessions, port, args.sessions, args.prompt, args.output, args.tps)
+        figures, client_cpu = run_client_processes(port, args.client_processes, args.sessions, args.prompt, args.output, args.tps)
         cpu = cpu_seconds(process.pid) - cpu0
-    bad = [r.status for r in records + [single] if r.status != "completed"]
+    bad = [f[0] for f in figures if f[0] != "completed"] + ([single.status] if single.status != "completed" else [])
     if bad:
         raise RuntimeError(f"sessions ended {bad[:3]}")
     turn = single.turns[0]
     lag_1 = (turn.ended_at - turn.first_token_at) / modeled_1[1] - 1
     turn_lag_1 = (turn.ended_at - turn.sent_at) / modeled_1[0] - 1
-    wall = max(r.turns[0].ended_at for r in records) - min(r.turns[0].sent_at for r in records)
-    tokens = sum(r.usage["output_tokens"] for r in records)
-    lags = [(r.turns[0].ended_at - r.turns[0].first_token_at) / modeled_n[1] - 1 for r in records]
-    deltas = sum(1 for r in records for _, kind, t in r.timeline if kind == "recv" and t == "response.output_text.delta")
+    wall = max(f[3] for f in figures) - min(f[1] for f in figures)
+    tokens = sum(f[4] for f in figures)
+    lags = [(f[3] - f[2]) / modeled_n[1] - 1 for f in figures]
+    deltas = sum(f[5] for f in figures)
     return {
         "flush_ms": flush * 1000,
         "flush_tokens": flush_tokens or "",
@@ -125,6 +175,10 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "lag_n_p99": float(np.percentile(lags, 99)),
         "events_per_s": deltas / wall,
         "server_core_share": cpu / wall,
+        "server_cpu_us_per_token": cpu / tokens * 1e6,
+        "client_processes": args.client_processes,
+        "client_core_share": client_cpu / wall,
+        "load_avg": os.getloadavg()[0],
     }
 
 
@@ -137,6 +191,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--output", type=int, default=8000, help="output tokens per session (default 8000)")
     add_list(parser, "--flush-intervals", float, [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
     add_list(parser, "--flush-tokens", int, [0], "most tokens per delta (0: no bound)")
+    parser.add_argument("--client-processes", type=int, default=4, help="processes the N sessions are spread over (default 4)")
     parser.add_argument("--csv", default="streaming.csv", help="CSV file name in results/streaming/<timestamp>/ (default streaming.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()

@@ -32,10 +32,13 @@ def test_efficiency_runs_at_a_tiny_size(results_in_tmp, capsys):
 
 
 def test_streaming_runs_at_a_tiny_size(results_in_tmp):
-    rows = streaming.main(["--sessions", "2", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "0", "16"])
+    rows = streaming.main([
+        "--sessions", "3", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "0", "16", "--client-processes", "2",
+    ])
     assert len(rows) == 4
     for row in rows:
         assert row["agg_tokens_per_s"] > 0
+        assert row["client_processes"] == 2 and row["client_core_share"] > 0 and row["server_cpu_us_per_token"] > 0
         assert -0.5 < row["lag_1"] < 5
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 

@@ -15,8 +15,10 @@ Reported per design and N:
   queueing: in the server, and in this client process, which shares the machine with it;
 * `server_cpu_ms_per_turn` and `server_core_share` (/proc schedstat): the server's own CPU time;
   `server_waiting_share` the time it was ready to run but waited for a CPU (schedstat's run
-  delay: other processes on the machine), and `client_core_share` this process's CPU time, to show
-  which side was the bottleneck;
+  delay: other processes on the machine), and `client_core_share` the client processes' CPU time,
+  to show which side was the bottleneck. The N sessions run in `--client-processes` processes
+  (default 4), so that one Python thread parsing every session's events is not what limits the
+  figures; the processes time with one system-wide monotonic clock (clock.PreciseClock);
 * `kb_per_session`: (peak server RSS while the sessions are open - RSS before them) / the most
   sessions open at once (/proc/<pid>/status VmRSS, sampled every 10 ms). All sessions start
   together, so that is N; the RSS of a Python process hardly falls when sessions end, so the peak
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import resource
 import statistics
 import sys
@@ -63,6 +66,7 @@ from prototype.client.harness import (
     RolloutRecord,
     run_websocket_rollout,
 )
+from prototype.clock import PreciseClock
 from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
 from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
@@ -160,68 +164,122 @@ def describe_difference(record: RolloutRecord, expected: RolloutRecord) -> str:
     return "no difference found"
 
 
+def client_process(
+    port: int, design: str, workload: Workload, spec: str, delays: list[float], start: Any, results: Any
+) -> None:
+    """One client process: a rollout per delay, each starting that many seconds after every
+    process has passed the `start` barrier."""
+    start.wait()
+    cpu_before = _own_cpu()
+
+    async def main() -> list[RolloutRecord | None]:
+        connector = TcpConnector("127.0.0.1", port)
+        metadata = {"testbed_workload": spec}
+        records: list[RolloutRecord | None] = []
+        started = trio.current_time()
+
+        async def one(delay: float) -> None:
+            await trio.sleep_until(started + delay)
+            try:
+                records.append(await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL))
+            except Exception as exc:  # noqa: BLE001 - a failed session is counted as lost and reported
+                print(f"  a session failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                records.append(None)
+
+        async with trio.open_nursery() as nursery:
+            for delay in delays:
+                nursery.start_soon(one, delay)
+        return records
+
+    records = trio.run(main, clock=PreciseClock())
+    results.put((records, _own_cpu() - cpu_before))
+
+
+def most_open(records: list[RolloutRecord | None]) -> int:
+    """The most rollouts open at once, from their start and end times (one clock for all processes)."""
+    edges = []
+    for record in records:
+        if record is not None and record.turns and record.turns[-1].ended_at is not None:
+            edges += [(record.started_at, 1), (record.turns[-1].ended_at, -1)]
+    open_now = peak = 0
+    for _, step in sorted(edges):
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
 async def run_sessions(
-    port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int, stagger: float = 0.0
+    port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int, stagger: float = 0.0, processes: int = 1
 ) -> dict[str, Any]:
-    """`sessions` rollouts at once (with `stagger` > 0, session i starts i * stagger / sessions
-    seconds in, spreading the starts evenly); the server's RSS sampled all along."""
+    """`sessions` rollouts at once in `processes` client processes (with `stagger` > 0, session i
+    starts i * stagger / sessions seconds in, spreading the starts evenly); the server's RSS
+    sampled all along."""
     connector = TcpConnector("127.0.0.1", port)
     metadata = {"testbed_workload": spec}
-    records: list[RolloutRecord | None] = []
-    state = {"open": 0, "max_open": 0, "peak_rss": 0}
+    state = {"peak_rss": 0}
 
     # One rollout first, alone: imports, the tokenizer and the workload cache are loaded before
     # "before", and its transcript is what every concurrent rollout must reproduce.
     alone = await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL)
     pids = process_tree(pid)  # the server and its workers (serve --workers N)
+    context = multiprocessing.get_context("spawn")  # no trio state inherited from this process
+    delays = [i * stagger / sessions for i in range(sessions)]
+    shares = [delays[i::processes] for i in range(processes) if delays[i::processes]]
+    start, results = context.Barrier(len(shares) + 1), context.Queue()
+    workers = [
+        context.Process(target=client_process, args=(port, design, workload, spec, share, start, results), daemon=True)
+        for share in shares
+    ]
+    for worker in workers:
+        worker.start()
     rss_before = sum(map(rss_bytes, pids))
     cpu_before = sum(map(cpu_seconds, pids))
     delay_before = sum(map(run_delay_seconds, pids))
     client_before = _own_cpu()
-
-    async def one(delay: float) -> None:
-        await trio.sleep(delay)
-        state["open"] += 1
-        state["max_open"] = max(state["max_open"], state["open"])
-        try:
-            records.append(await run_websocket_rollout(connector, design, workload, metadata=metadata, model=MODEL))
-        except Exception as exc:  # noqa: BLE001 - a failed session is counted as lost and reported
-            print(f"  a session failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            records.append(None)
-        finally:
-            state["open"] -= 1
 
     async def sample() -> None:
         while True:
             state["peak_rss"] = max(state["peak_rss"], sum(map(rss_bytes, pids)))
             await trio.sleep(RSS_SAMPLE_S)
 
-    started = trio.current_time()
+    records: list[RolloutRecord | None] = []
+    client_cpu = 0.0
     async with trio.open_nursery() as outer:
         outer.start_soon(sample)
-        async with trio.open_nursery() as nursery:
-            for i in range(sessions):
-                nursery.start_soon(one, i * stagger / sessions)
+        await trio.to_thread.run_sync(start.wait)  # every client process imported and ready
+        started = trio.current_time()
+        for _ in workers:
+            part, cpu = await trio.to_thread.run_sync(results.get)
+            records += part
+            client_cpu += cpu
+        wall = trio.current_time() - started
         outer.cancel_scope.cancel()
-    wall = trio.current_time() - started
+    for worker in workers:
+        worker.join()
+    # The sessions' own span on the clients' shared clock: not the hand-over of the records.
+    spans = [(r.started_at, r.turns[-1].ended_at) for r in records if r is not None and r.turns and r.turns[-1].ended_at is not None]
+    if spans:
+        wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
     return {
         "alone": alone,
         "records": records,
         "wall": wall,
         "cpu": sum(map(cpu_seconds, pids)) - cpu_before,
         "run_delay": sum(map(run_delay_seconds, pids)) - delay_before,
-        "client_cpu": _own_cpu() - client_before,
+        "client_cpu": client_cpu + _own_cpu() - client_before,
         "rss_before": rss_before,
         "peak_rss": max(state["peak_rss"], rss_before),
-        "max_open": state["max_open"],
+        "max_open": most_open(records),
     }
 
 
-def measure(design: str, sessions: int, workload: Workload, spec: str, stagger: float = 0.0, workers: int = 1) -> dict[str, Any]:
+def measure(
+    design: str, sessions: int, workload: Workload, spec: str, stagger: float = 0.0, workers: int = 1, processes: int = 1
+) -> dict[str, Any]:
     expected = reference(design, workload, spec)
     modeled = [turn.ended_at - turn.sent_at for turn in expected.turns]
     with server_process("--costs", "zero", "--workers", str(workers)) as (process, port):  # inherits main()'s raised fd limit
-        out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger)
+        out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger, processes)
     records = out["records"]
     if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
         print(f"  {design}: the server's lone rollout differs from the virtual-clock reference: "
@@ -280,12 +338,13 @@ class LoadRun:
     output: int
     tool_seconds: float
     stagger: float
+    client_processes: int = 4
 
 
 def measure_run(run: LoadRun) -> dict[str, Any]:
     workload, spec = task_of(run)
     started = time.perf_counter()
-    row = measure(run.design, run.sessions, workload, spec, run.stagger, run.workers)
+    row = measure(run.design, run.sessions, workload, spec, run.stagger, run.workers, run.client_processes)
     print(f"  {run.design} x {run.sessions}, {run.workers} worker(s): {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return row
 
@@ -301,6 +360,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
     parser.add_argument("--stagger", type=float, default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
     add_list(parser, "--workers", int, [1], "server processes (serve --workers), each value in turn")
+    parser.add_argument("--client-processes", type=int, default=4, help="client processes the sessions are spread over (default 4)")
     parser.add_argument("--csv", default="load.csv", help="CSV file name in results/<its stem>/<timestamp>/ (default load.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()
@@ -310,7 +370,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"{PREFILL_TOKENS_PER_S:g} tokens/s prefill + output/100000 tokens/s decode; API stage costs zero",
         flush=True,
     )
-    grid = [LoadRun(design, sessions, workers, args.turns, args.prompt, args.appended, args.output, args.tool_seconds, args.stagger)
+    grid = [LoadRun(design, sessions, workers, args.turns, args.prompt, args.appended, args.output, args.tool_seconds, args.stagger,
+                    args.client_processes)
             for sessions in args.sessions for workers in args.workers for design in args.designs]
     # Real time on real sockets: one run at a time in this process, never cached (prototype/sweep.py).
     rows = sweep.measured(measure_run, grid, desc="load")

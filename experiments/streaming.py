@@ -22,7 +22,9 @@ Reported per flush setting:
 * `events_per_s`: delta events the client received per second, all sessions together;
 * `server_core_share`: server CPU time / wall time (/proc schedstat); `server_cpu_us_per_token`
   the server's CPU per streamed token; `client_core_share`: the client processes' CPU time / wall
-  time, all together; `load_avg`: the machine's 1-minute load average at the end of the run.
+  time, all together; `server_waiting_share` and `client_waiting_share`: the time they were ready
+  to run but waited for a core (schedstat's run delay: the machine's other jobs), over wall time;
+  `load_avg`: the machine's 1-minute load average at the end of the run.
 
 The N sessions are spread over `--client-processes` processes (default 4), so the client is not
 one Python thread parsing every event of every session: the figure is the server's capacity as
@@ -54,11 +56,12 @@ from prototype.clock import PreciseClock
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, server_process
+from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, run_delay_seconds, server_process
 
 COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
-    "events_per_s", "server_core_share", "server_cpu_us_per_token", "client_processes", "client_core_share", "load_avg",
+    "events_per_s", "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
+    "client_waiting_share", "load_avg",
 )
 
 
@@ -114,14 +117,16 @@ def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, in
 def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, results: Any) -> None:
     """One client process: its share of the sessions, started together with the other processes'."""
     start.wait()
-    cpu0 = time.process_time()
+    cpu0, wait0 = time.process_time(), run_delay_seconds(os.getpid())
     records = trio.run(run_sessions, port, sessions, prompt, output, tps, clock=PreciseClock())
-    results.put(([session_figures(r) for r in records], time.process_time() - cpu0))
+    results.put(([session_figures(r) for r in records], time.process_time() - cpu0, run_delay_seconds(os.getpid()) - wait0))
 
 
-def run_client_processes(port: int, processes: int, sessions: int, prompt: int, output: int, tps: float) -> tuple[list, float]:
+def run_client_processes(
+    port: int, processes: int, sessions: int, prompt: int, output: int, tps: float
+) -> tuple[list, float, float]:
     """`sessions` spread over `processes` client processes; returns every session's figures and
-    the client processes' CPU seconds."""
+    the client processes' CPU seconds and run-delay seconds."""
     context = multiprocessing.get_context("spawn")  # no trio state inherited from this process
     shares = [n for n in (sessions // processes + (i < sessions % processes) for i in range(processes)) if n]
     start, results = context.Barrier(len(shares) + 1), context.Queue()
@@ -131,14 +136,15 @@ def run_client_processes(port: int, processes: int, sessions: int, prompt: int, 
     for worker in workers:
         worker.start()
     start.wait()  # every process imported and ready: all sessions start together
-    figures, cpu = [], 0.0
+    figures, cpu, waited = [], 0.0, 0.0
     for _ in workers:
-        part, seconds = results.get()
+        part, seconds, delay = results.get()
         figures += part
         cpu += seconds
+        waited += delay
     for worker in workers:
         worker.join()
-    return figures, cpu
+    return figures, cpu, waited
 
 
 def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -150,9 +156,11 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     with server_process(*server_args) as (process, port):
         trio.run(run_sessions, port, 1, args.prompt, 50, args.single_tps)  # warm-up: imports, tokenizer, caches
         single = trio.run(run_sessions, port, 1, args.prompt, args.output, args.single_tps, clock=PreciseClock())[0]
-        cpu0 = cpu_seconds(process.pid)
-        figures, client_cpu = run_client_processes(port, args.client_processes, args.sessions, args.prompt, args.output, args.tps)
-        cpu = cpu_seconds(process.pid) - cpu0
+        cpu0, wait0 = cpu_seconds(process.pid), run_delay_seconds(process.pid)
+        figures, client_cpu, client_wait = run_client_processes(
+            port, args.client_processes, args.sessions, args.prompt, args.output, args.tps
+        )
+        cpu, wait = cpu_seconds(process.pid) - cpu0, run_delay_seconds(process.pid) - wait0
     bad = [f[0] for f in figures if f[0] != "completed"] + ([single.status] if single.status != "completed" else [])
     if bad:
         raise RuntimeError(f"sessions ended {bad[:3]}")
@@ -175,9 +183,11 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "lag_n_p99": float(np.percentile(lags, 99)),
         "events_per_s": deltas / wall,
         "server_core_share": cpu / wall,
+        "server_waiting_share": wait / wall,
         "server_cpu_us_per_token": cpu / tokens * 1e6,
         "client_processes": args.client_processes,
         "client_core_share": client_cpu / wall,
+        "client_waiting_share": client_wait / wall,
         "load_avg": os.getloadavg()[0],
     }
 

@@ -58,7 +58,7 @@ _BY_FILE = (
     ("prototype/protocol/codec", JSON), ("/json/", JSON),
     ("prototype/api/checks", VALIDATION), ("prototype/protocol/items", VALIDATION),
     ("wsproto", FRAMING), ("trio_websocket", FRAMING), ("h11", FRAMING),
-    ("prototype/client/", HARNESS), ("prototype/workload", HARNESS), ("prototype/metrics", SERVER),
+    ("prototype/clock", TRIO), ("prototype/client/", HARNESS), ("prototype/workload", HARNESS), ("prototype/metrics", SERVER),
     ("prototype/", SERVER),
     ("/trio/", TRIO), ("outcome", TRIO), ("sniffio", TRIO), ("selectors", TRIO),
     ("/attr/", ""), ("/attrs/", ""), ("/enum", ""), ("/typing", ""), ("/abc", ""), ("/contextlib", ""),
@@ -91,7 +91,7 @@ def own_cause(func: tuple[str, int, str]) -> str:
 
 def own_side(func: tuple[str, int, str]) -> str:
     filename = func[0]
-    if "trio/_core/_run.py" in filename or "prototype/benchmark" in filename:
+    if "trio/_core/_run.py" in filename or "prototype/benchmark" in filename or "prototype/clock" in filename:
         return "shared"  # the one run loop both sides' tasks take turns on
     if "prototype/client/" in filename or "prototype/workload" in filename:
         return "client"

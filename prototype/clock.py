@@ -10,8 +10,9 @@ adds to the turn: a few milliseconds per turn, against a testbed that studies ov
 `PreciseClock` asks epoll for the whole milliseconds below the deadline and polls without blocking
 for the remainder (at most 1 ms of CPU per timer that actually ends an idle wait; none while other
 tasks are runnable, since trio only sleeps when nothing is). Same time base as trio's default clock.
-Use it where the testbed runs the model in real time on a machine with CPU to spare: the in-process
-benchmarks (`benchmark.run_design_real`) and `serve --precise-timers`.
+Used where the testbed measures itself against the model in real time: the in-process benchmark
+runs (`benchmark.run_design_real`) and the load generators' client processes. `serve` keeps trio's
+default clock: with many sessions' timers its polling would take CPU from a shared machine.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from experiments import concurrency, efficiency, streaming
+from experiments import concurrency, efficiency, profile_turn, streaming
 from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
 
@@ -70,3 +70,26 @@ def test_flush_tokens_bounds_each_delta_and_keeps_the_end():
     assert len(bounded[0][1].split()) == 1  # the first token goes out at once
     assert bounded[-1][0] == pytest.approx(unbounded[-1][0]) == pytest.approx(0.1)  # the end is not delayed
     assert max(len(c.split()) for _, c in unbounded) > 8
+
+
+def test_profile_split_gives_library_time_to_its_callers():
+    json_caller = ("/x/prototype/protocol/codec.py", 1, "encode")
+    framing_caller = ("/x/site-packages/wsproto/frame_protocol.py", 2, "_serialize_frame")
+    builtin = ("~", 0, "<built-in method builtins.len>")
+    stats = {
+        json_caller: (1, 1, 0.0, 0.3, {}),
+        framing_caller: (1, 1, 0.0, 0.1, {}),
+        builtin: (4, 4, 0.4, 0.4, {json_caller: (3, 3, 0.3, 0.3), framing_caller: (1, 1, 0.1, 0.1)}),
+    }
+    causes = profile_turn.inherit(stats, {f: profile_turn.own_cause(f) for f in stats})
+    assert causes[builtin] == pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25})
+    assert causes[json_caller] == {profile_turn.JSON: 1.0}
+
+
+def test_profile_turn_runs_at_a_tiny_size(capsys):
+    rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
+    causes = {row["cause"] for row in rows}
+    assert {"overhead (real - limit)", "cpu (process)", "phase prefill", "phase decode", "json", "trio scheduling"} <= causes
+    cpu = next(row["ms_per_turn"] for row in rows if row["cause"] == "cpu (process)")
+    split = sum(row["ms_per_turn"] for row in rows if row["side"] in ("server", "client", "shared"))
+    assert 0 < split <= cpu * 1.0001  # the causes share out the process's CPU (minus rows under 0.05%)

@@ -93,3 +93,22 @@ def test_profile_turn_runs_at_a_tiny_size(capsys):
     cpu = next(row["ms_per_turn"] for row in rows if row["cause"] == "cpu (process)")
     split = sum(row["ms_per_turn"] for row in rows if row["side"] in ("server", "client", "shared"))
     assert 0 < split <= cpu * 1.0001  # the causes share out the process's CPU (minus rows under 0.05%)
+
+
+def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
+    """Tokens are due from `start` (the prefill's deadline), not from when the task got to them:
+    started 10 ms late at 1000 tokens/s, the first chunk carries the 10 tokens already due and the
+    last token still goes out at start + 20 ms."""
+    engine = Engine()
+
+    async def run():
+        await trio.sleep(0.010)
+        out = []
+        async for chunk in engine.stream(LatencyModel(decode_tokens_per_s=1000), ["t"] * 20, start=0.0):
+            out.append((round(trio.current_time(), 9), len(chunk)))
+        return out
+
+    out = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert out[0] == (0.010, 10)
+    assert out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
+    assert engine.stats.decoded_tokens == 20

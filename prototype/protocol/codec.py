@@ -8,7 +8,8 @@ ways; docs/speed.md) with the standard library's `json` as the reference: whatev
 (`NaN`, integers beyond 64 bits, non-string keys, lone surrogates, invalid UTF-8) is handed to
 `json`, so what is accepted, what is refused and the error text are the standard library's. orjson
 reads an integer beyond 64 bits as a float without complaint, so a frame with a run of 19 or more
-digits goes to `json` directly.
+digits goes to `json` directly. Encoding writes the standard library's JSON values, except that a
+non-finite float comes out as `null` rather than the non-JSON `NaN`/`Infinity`.
 """
 
 from __future__ import annotations

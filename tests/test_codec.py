@@ -73,3 +73,8 @@ def test_loads_edge_values(text: str, value: object) -> None:
 def test_encode_falls_back_for_what_orjson_refuses() -> None:
     assert codec.encode({"n": 2**70, "s": "é"}) == '{"n":1180591620717411303424,"s":"é"}'
     assert codec.encode({1: "x"}) == '{"1":"x"}'  # a non-string key, as the standard library writes it
+
+
+def test_encode_writes_non_finite_floats_as_null():
+    """The one documented difference from the standard library, which writes non-JSON NaN."""
+    assert codec.encode({"a": float("nan"), "b": float("inf")}) == '{"a":null,"b":null}'

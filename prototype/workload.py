@@ -3,16 +3,25 @@
 A workload is one agent task: a sequence of model turns. Turn 0's appended tokens are the initial prompt (system +
 tools + task); the appended tokens of turn k > 0 are the outputs of turn k-1's client tool calls. Every turn except
 the last ends with one or more client function calls (several run concurrently); the last turn is the final answer.
-A turn may also make hosted (server-side web_search) calls that the server runs before the turn ends.
+A turn may also make hosted (server-side web_search) calls that the server runs before the turn ends, and spends part
+of its output tokens on reasoning that the client never sees as text.
+
+What tasks share and what they do not (docs/parameters.md §1): the first `prefix_tokens` of turn 0 are the preset's
+system prompt and tool definitions, the same text for every task of the preset (its `prefix` names it), so a real
+prefix cache may share them across sessions. Everything after it (the task's prompt, the tool outputs, the model's
+text and arguments) is drawn from the task's own `content_seed`, so two tasks share nothing past the common prefix.
 
 Trace format (JSONL): one JSON object per line, one line per turn::
 
     {"task": "coding-0", "seed": 7, "turn": 0, "appended_tokens": 8000, "output_tokens": 312,
-     "tool_calls": [{"seconds": 0.21}], "hosted_calls": [{"seconds": 1.0, "result_tokens": 1500}]}
+     "tool_calls": [{"seconds": 0.21}], "hosted_calls": [{"seconds": 1.0, "result_tokens": 1500}],
+     "reasoning_tokens": 80, "content_seed": 12345, "prefix": "coding", "prefix_tokens": 7400}
 
 The lines of one task are consecutive with turn = 0, 1, 2, ...; a new task starts when "task" or "seed" changes or
-"turn" resets to 0. "hosted_calls" is optional (default []); so is "arrival_s" on a task's first line: when the task started, in
-seconds from the start of the trace (an open-loop replay starts it then). Blank lines are ignored. Tool output sizes are not
+"turn" resets to 0. "hosted_calls" (default []) and "reasoning_tokens" (default 0) are optional on every line;
+"content_seed" (default: the task's seed), "prefix" (default ""), "prefix_tokens" (default 0) and "arrival_s" are
+optional and read from a task's turn-0 line only; "arrival_s" is when the task started, in seconds from the start of the
+trace (an open-loop replay starts it then). Blank lines are ignored. Tool output sizes are not
 stored: they are the next turn's appended_tokens split evenly between the calls (`Workload.tool_output_tokens`).
 """
 
@@ -70,12 +79,25 @@ class TurnSpec:
         output_tokens: Tokens the model samples in this turn (>= 1).
         tool_seconds: Execution time of each client function call this turn ends with; empty on the final turn.
         hosted_calls: Hosted web_search calls made inside this turn before it ends.
+        reasoning_tokens: Of `output_tokens`, those the model spends on reasoning (a reasoning item, sampled before
+            the visible text; counted in usage's `reasoning_tokens`). Less than `output_tokens`.
     """
 
     appended_tokens: int = attrs.field(validator=_at_least(0))
     output_tokens: int = attrs.field(validator=_at_least(1))
     tool_seconds: tuple[float, ...] = attrs.field(converter=_float_tuple, validator=_seconds_ok)
     hosted_calls: tuple[HostedCall, ...] = attrs.field(default=(), converter=tuple)
+    reasoning_tokens: int = attrs.field(default=0, validator=_at_least(0))
+
+    @reasoning_tokens.validator
+    def _check_reasoning(self, attribute: attrs.Attribute, value: int) -> None:
+        if value >= self.output_tokens:
+            raise ValueError(f"reasoning_tokens ({value}) must be less than output_tokens ({self.output_tokens})")
+
+    @property
+    def text_tokens(self) -> int:
+        """Output tokens the client sees as text: `output_tokens` minus the reasoning."""
+        return self.output_tokens - self.reasoning_tokens
 
 
 @attrs.frozen
@@ -88,17 +110,29 @@ class Workload:
         turns: At least one turn; only the last has no tool calls.
         arrival_s: When the task started, in seconds from the start of its trace; None for a generated task.
             A replay with arrival times is open-loop: each task starts at its arrival, not after the previous one.
+        content_seed: Seed of the task's own content (prompt, tool outputs, model text); None: `seed`. Generated tasks
+            each draw their own, so no two tasks of a run share content past the common prefix.
+        prefix: Name of the common prefix (a preset's system prompt and tools); tasks with the same name share it.
+        prefix_tokens: Tokens of turn 0's appended tokens that are the common prefix (at most all of them).
     """
 
     name: str
     seed: int = attrs.field(validator=_at_least(0))
     turns: tuple[TurnSpec, ...] = attrs.field(converter=tuple)
     arrival_s: float | None = attrs.field(default=None, kw_only=True)
+    content_seed: int | None = attrs.field(default=None, kw_only=True)
+    prefix: str = attrs.field(default="", kw_only=True)
+    prefix_tokens: int = attrs.field(default=0, kw_only=True, validator=_at_least(0))
 
     @arrival_s.validator
     def _check_arrival(self, attribute: attrs.Attribute, value: float | None) -> None:
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"arrival_s must be finite and >= 0, got {value}")
+
+    @property
+    def text_seed(self) -> int:
+        """The seed every piece of this task's own content is drawn from."""
+        return self.seed if self.content_seed is None else self.content_seed
 
     @turns.validator
     def _check_turns(self, attribute: attrs.Attribute, turns: tuple[TurnSpec, ...]) -> None:
@@ -109,6 +143,10 @@ class Workload:
         for k, turn in enumerate(turns[:-1]):
             if not turn.tool_seconds:
                 raise ValueError(f"turn {k} has no tool calls but is not the last turn")
+
+    def __attrs_post_init__(self) -> None:
+        if self.prefix_tokens > self.turns[0].appended_tokens:
+            raise ValueError(f"prefix_tokens ({self.prefix_tokens}) exceeds turn 0's {self.turns[0].appended_tokens} tokens")
 
     def tool_output_tokens(self, turn: int) -> tuple[int, ...]:
         """Sizes of the outputs of `turn`'s tool calls: the next turn's appended tokens split evenly, the
@@ -160,6 +198,10 @@ class WorkloadParams:
     fixed_turns: int | None = None  # sweeps: 5, 10, 20, 40, 80 (docs/parameters.md §1)
     # docs/parameters.md §1: 8k [assumed], between inference-perf's 3k system prompt and TraceLab's ~30k first turns.
     initial_prompt_tokens: int = 8000
+    # docs/parameters.md §1: of the initial prompt, the system prompt and tool definitions every session of the preset
+    # sends: Codex's base instructions with its tools, ~7,400 tokens [derived] (openai/codex
+    # codex-rs/core/gpt_5_2_prompt.md, 26,087 characters, plus the tool schemas). Clipped to the initial prompt.
+    shared_prefix_tokens: int = 7400
     # docs/parameters.md §1: LN(800, 1.26) from TraceLab's appended-token medians ~0.7-0.95k and p90 3-6k.
     appended_median: float = 800
     appended_sigma: float = 1.26
@@ -178,13 +220,22 @@ class WorkloadParams:
     )
     tool_cap_seconds: float = 600.0
     fixed_tool_seconds: float | None = None  # sweeps: 0.1, 1, 10, 60 s (docs/parameters.md §2)
-    parallel_calls_p: float = 0.0  # [assumed] probability a turn ends with 2 calls instead of 1
-    hosted_call_p: float = 0.0  # [assumed] probability a non-final turn first makes one hosted web_search
+    # docs/parameters.md §1: yurukusa/cc-multi over 42,847 tool-using Claude Code turns: 35.8% call 2+ tools at once,
+    # split 21.3% two, 9.4% three, 5.2% four or more (taken as four) [src].
+    parallel_calls_p: float = 0.358
+    parallel_call_weights: tuple[float, ...] = attrs.field(default=(0.213, 0.094, 0.052), converter=_float_tuple)
+    """Relative weights of 2, 3, 4, ... calls on a turn that makes parallel calls."""
+    # docs/parameters.md §1: the same corpus counts 2,040 WebSearch calls over 42,847 tool-using turns, 4.8% [derived]:
+    # the probability a non-final turn first makes one hosted web_search.
+    hosted_call_p: float = 0.048
     hosted_seconds: float = 1.0  # [assumed]
     hosted_result_tokens: int = 1500  # [assumed]
     # The model's context window: a task ends (its last turn answers) before a turn whose prompt (appended and output
     # tokens so far) would exceed it, as an agent must stop or compact there. None: no limit.
     context_window_tokens: int | None = None
+    # docs/parameters.md §1: reasoning's share of a turn's output tokens, uniform over the range a public Codex trace of
+    # gpt-5.4 shows per round (11-45%) [src range, uniform assumed].
+    reasoning_share: tuple[float, float] = attrs.field(default=(0.11, 0.45), converter=_float_tuple)
 
     def __attrs_post_init__(self) -> None:
         checks = {
@@ -199,6 +250,11 @@ class WorkloadParams:
             and sum(c[0] for c in self.tool_mixture) > 0,
             "fixed_tool_seconds >= 0": self.fixed_tool_seconds is None or self.fixed_tool_seconds >= 0,
             "probabilities in [0, 1]": 0 <= self.parallel_calls_p <= 1 and 0 <= self.hosted_call_p <= 1,
+            "shared_prefix_tokens >= 0": self.shared_prefix_tokens >= 0,
+            "parallel_call_weights >= 0 with a positive total": bool(self.parallel_call_weights)
+            and min(self.parallel_call_weights) >= 0 and sum(self.parallel_call_weights) > 0,
+            "reasoning_share (low, high) within [0, 1)": len(self.reasoning_share) == 2
+            and 0 <= self.reasoning_share[0] <= self.reasoning_share[1] < 1,
             "hosted_seconds, hosted_result_tokens >= 0": self.hosted_seconds >= 0 and self.hosted_result_tokens >= 0,
             "context_window_tokens > initial_prompt_tokens": self.context_window_tokens is None
             or self.context_window_tokens > self.initial_prompt_tokens,
@@ -229,7 +285,7 @@ PRESETS: dict[str, WorkloadParams] = {
     # [assumed] A short chat: one user request of 1-3 turns (TraceLab's per-user-request p50 is 1 turn,
     # docs/parameters.md §1), a ~500-token prompt, small tool results and a fixed quick tool.
     "chat": WorkloadParams(
-        turns_median=2, turns_sigma=0.5, turns_max=3, initial_prompt_tokens=500,
+        turns_median=2, turns_sigma=0.5, turns_max=3, initial_prompt_tokens=500, shared_prefix_tokens=300,
         appended_median=200, appended_sigma=0.8, appended_max=4000,
         output_median=200, output_sigma=0.8, output_max=4000, fixed_tool_seconds=0.5,
     ),
@@ -264,26 +320,48 @@ def _resolve(params: WorkloadParams | str, overrides: dict[str, Any]) -> tuple[s
     return label, attrs.evolve(params, **overrides) if overrides else params
 
 
-def _generate_task(p: WorkloadParams, seed: int, index: int, name: str) -> Workload:
+# Stream keys under a task's [seed, index]: the shape draws use the plain pair, as they always have.
+_CALL_COUNTS, _REASONING, _CONTENT = 1, 2, 3
+
+
+def content_seed_of(seed: int, index: int) -> int:
+    """Task `index`'s own content seed: independent of the shape draws and of every other task's."""
+    return int(np.random.SeedSequence([seed, index, _CONTENT]).generate_state(1)[0])
+
+
+def _generate_task(p: WorkloadParams, seed: int, index: int, name: str, label: str) -> Workload:
     rng = np.random.default_rng([seed, index])
     n = p.fixed_turns or _lognormal_ints(rng, p.turns_median, p.turns_sigma, p.turns_min, p.turns_max, 1)[0]
     outputs = _lognormal_ints(rng, p.output_median, p.output_sigma, p.output_min, p.output_max, n)
     appended = [p.initial_prompt_tokens]
     appended += _lognormal_ints(rng, p.appended_median, p.appended_sigma, p.appended_min, p.appended_max, n - 1)
-    if p.context_window_tokens is not None:
-        prompts = np.cumsum(appended) + np.concatenate([[0], np.cumsum(outputs[:-1])])
-        n = max(1, int(np.argmax(prompts > p.context_window_tokens)) if prompts[-1] > p.context_window_tokens else n)
-        outputs, appended = outputs[:n], appended[:n]
     hosted = (rng.random(n - 1) < p.hosted_call_p).tolist() + [False]
-    n_calls = (1 + (rng.random(n - 1) < p.parallel_calls_p)).tolist() + [0]
+    if p.context_window_tokens is not None:
+        # Hosted results join the context too (`Workload.context_before`).
+        searched = [p.hosted_result_tokens * h for h in hosted[:-1]]
+        prompts = np.cumsum(appended) + np.concatenate([[0], np.cumsum(outputs[:-1]) + np.cumsum(searched)])
+        n = max(1, int(np.argmax(prompts > p.context_window_tokens)) if prompts[-1] > p.context_window_tokens else n)
+        outputs, appended, hosted = outputs[:n], appended[:n], hosted[: n - 1] + [False]
+    parallel = (rng.random(n - 1) < p.parallel_calls_p).tolist()
+    # How many calls a parallel turn makes, and the reasoning shares, come from their own streams so that they do not
+    # move the draws above or the tool times below.
+    weights = np.array(p.parallel_call_weights)
+    extra = np.random.default_rng([seed, index, _CALL_COUNTS]).choice(len(weights), size=n - 1, p=weights / weights.sum())
+    n_calls = [2 + int(e) if par else 1 for par, e in zip(parallel, extra.tolist())] + [0]
+    low, high = p.reasoning_share
+    shares = np.random.default_rng([seed, index, _REASONING]).uniform(low, high, n)
     seconds = sample_tool_seconds(rng, p, sum(n_calls)).tolist()  # drawn last: only its length varies
     hosted_call = HostedCall(p.hosted_seconds, p.hosted_result_tokens)
     turns, start = [], 0
     for k in range(n):
         calls = seconds[start : start + n_calls[k]]
         start += n_calls[k]
-        turns.append(TurnSpec(appended[k], outputs[k], calls, (hosted_call,) if hosted[k] else ()))
-    return Workload(name, seed, turns)
+        reasoning = min(outputs[k] - 1, int(round(shares[k] * outputs[k])))
+        turns.append(TurnSpec(appended[k], outputs[k], calls, (hosted_call,) if hosted[k] else (), reasoning))
+    return Workload(
+        name, seed, turns, content_seed=content_seed_of(seed, index), prefix=label,
+        prefix_tokens=min(p.shared_prefix_tokens, p.initial_prompt_tokens),
+    )
 
 
 def generate(
@@ -298,10 +376,11 @@ def generate(
         **overrides: `WorkloadParams` fields to replace, e.g. `fixed_turns=20`.
 
     Returns:
-        Tasks named "<preset>-<i>" ("custom-<i>" for explicit params), each with `seed` set to `seed`.
+        Tasks named "<preset>-<i>" ("custom-<i>" for explicit params), each with `seed` set to `seed`, its own
+        `content_seed`, and the preset's common prefix (`prefix` is the preset's name, or "custom").
     """
     label, p = _resolve(params, overrides)
-    return [_generate_task(p, seed, i, f"{label}-{i}") for i in range(n_tasks)]
+    return [_generate_task(p, seed, i, f"{label}-{i}", label) for i in range(n_tasks)]
 
 
 def generate_one(
@@ -309,19 +388,21 @@ def generate_one(
 ) -> Workload:
     """Returns task `index` (default the first) of `generate(params, seed=seed, **overrides)`."""
     label, p = _resolve(params, overrides)
-    return _generate_task(p, seed, index, f"{label}-{index}")
+    return _generate_task(p, seed, index, f"{label}-{index}", label)
 
 
 def fixed(
     n_turns: int, *, initial_prompt_tokens: int = 8000, appended_tokens: int = 800, output_tokens: int = 300,
-    tool_seconds: float = 0.3, name: str = "fixed",
+    tool_seconds: float = 0.3, name: str = "fixed", reasoning_tokens: int = 0, content_seed: int | None = None,
 ) -> Workload:
-    """A deterministic workload (seed 0): `n_turns` turns, each non-final one ending with a single tool call."""
+    """A deterministic workload (seed 0): `n_turns` turns, each non-final one ending with a single tool call, no
+    common prefix, and `reasoning_tokens` of each turn's output spent on reasoning."""
     if n_turns < 1:
         raise ValueError(f"n_turns must be >= 1, got {n_turns}")
     appended = [initial_prompt_tokens] + [appended_tokens] * (n_turns - 1)
     calls = [(tool_seconds,)] * (n_turns - 1) + [()]
-    return Workload(name, 0, [TurnSpec(a, output_tokens, c) for a, c in zip(appended, calls, strict=True)])
+    turns = [TurnSpec(a, output_tokens, c, (), reasoning_tokens) for a, c in zip(appended, calls, strict=True)]
+    return Workload(name, 0, turns, content_seed=content_seed)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -341,6 +422,9 @@ def summary(workloads: Iterable[Workload]) -> dict[str, dict[str, float]]:
         "output_tokens_per_turn": _stats([t.output_tokens for t in turns]),
         "appended_tokens_per_turn": _stats([t.appended_tokens for w in workloads for t in w.turns[1:]]),
         "tool_seconds": _stats([s for t in turns for s in t.tool_seconds]),
+        "calls_per_tool_turn": _stats([len(t.tool_seconds) for t in turns if t.tool_seconds]),
+        "hosted_calls_per_tool_turn": _stats([len(t.hosted_calls) for t in turns if t.tool_seconds]),
+        "reasoning_share": _stats([t.reasoning_tokens / t.output_tokens for t in turns]),
     }
 
 
@@ -361,16 +445,26 @@ def write_trace(workloads: Iterable[Workload], path_or_file: str | PathLike[str]
                     "tool_calls": [{"seconds": s} for s in t.tool_seconds],
                     "hosted_calls": [{"seconds": h.seconds, "result_tokens": h.result_tokens} for h in t.hosted_calls],
                 }
-                if k == 0 and w.arrival_s is not None:
-                    record["arrival_s"] = w.arrival_s
+                if t.reasoning_tokens:
+                    record["reasoning_tokens"] = t.reasoning_tokens
+                if k == 0:
+                    if w.arrival_s is not None:
+                        record["arrival_s"] = w.arrival_s
+                    if w.content_seed is not None:
+                        record["content_seed"] = w.content_seed
+                    if w.prefix:
+                        record["prefix"] = w.prefix
+                    if w.prefix_tokens:
+                        record["prefix_tokens"] = w.prefix_tokens
                 f.write(json.dumps(record) + "\n")
 
 
 _TRACE_KEYS = {
     "task": str, "seed": int, "turn": int, "appended_tokens": int, "output_tokens": int,
-    "tool_calls": list, "hosted_calls": list,
+    "tool_calls": list, "hosted_calls": list, "reasoning_tokens": int,
 }
-_OPTIONAL_KEYS = {"arrival_s": (int, float)}
+# Optional keys of a task's turn-0 line: when it started, what it shares with others, where its own content comes from.
+_TASK_KEYS = {"arrival_s": (int, float), "content_seed": int, "prefix": str, "prefix_tokens": int}
 
 
 def _typed(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -382,34 +476,40 @@ def _typed(obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def _parse_line(line: str) -> tuple[str, int, int, TurnSpec, float | None]:
+def _parse_line(line: str) -> tuple[str, int, int, TurnSpec, dict[str, Any]]:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
-    unknown = obj.keys() - _TRACE_KEYS.keys() - _OPTIONAL_KEYS.keys()
+    unknown = obj.keys() - _TRACE_KEYS.keys() - _TASK_KEYS.keys()
     if unknown:
         raise ValueError(f"unknown key(s) {sorted(unknown)}")
     obj.setdefault("hosted_calls", [])
-    task, seed, turn, appended, output, tool_calls, hosted_calls = (_typed(obj, k, t) for k, t in _TRACE_KEYS.items())
+    obj.setdefault("reasoning_tokens", 0)
+    task, seed, turn, appended, output, tool_calls, hosted_calls, reasoning = (
+        _typed(obj, k, t) for k, t in _TRACE_KEYS.items()
+    )
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     tool_seconds = [_typed(c, "seconds", (int, float)) for c in tool_calls]
     hosted = [HostedCall(_typed(h, "seconds", (int, float)), _typed(h, "result_tokens", int)) for h in hosted_calls]
-    arrival = _typed(obj, "arrival_s", _OPTIONAL_KEYS["arrival_s"]) if "arrival_s" in obj else None
+    task_fields = {key: _typed(obj, key, kind) for key, kind in _TASK_KEYS.items() if key in obj}
+    arrival = task_fields.get("arrival_s")
     if arrival is not None and not (math.isfinite(arrival) and arrival >= 0):
         raise ValueError(f"'arrival_s' must be finite and >= 0, got {arrival}")
-    if arrival is not None and turn != 0:
+    if "arrival_s" in task_fields and turn != 0:
         raise ValueError("'arrival_s' belongs on a task's first line (turn 0)")
-    return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted), arrival
+    if task_fields and turn != 0:
+        raise ValueError(f"{sorted(task_fields)} belong on a task's first line (turn 0)")
+    return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted, reasoning), task_fields
 
 
-def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int, arrival: float | None) -> Workload:
+def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int, task_fields: dict[str, Any]) -> Workload:
     if turns[-1].tool_seconds:
         raise ValueError(f"line {last_line}: last turn of task {name!r} has tool calls (truncated task?)")
-    return Workload(name, seed, turns, arrival_s=arrival)
+    return Workload(name, seed, turns, **task_fields)
 
 
 def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
@@ -421,15 +521,15 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
     """
     workloads: list[Workload] = []
     key: tuple[str, int] | None = None
-    arrival: float | None = None
     turns: list[TurnSpec] = []
+    task_fields: dict[str, Any] = {}
     last_line = 0
     with _open(path_or_file, "r") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                name, seed, turn, spec, line_arrival = _parse_line(line)
+                name, seed, turn, spec, fields = _parse_line(line)
             except ValueError as e:
                 raise ValueError(f"line {lineno}: {e}") from None
             if key == (name, seed) and turn != 0:
@@ -440,12 +540,12 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
                                      "not the task's last turn")
             else:
                 if key is not None:
-                    workloads.append(_close_task(*key, turns, last_line, arrival))
+                    workloads.append(_close_task(*key, turns, last_line, task_fields))
                 if turn != 0:
                     raise ValueError(f"line {lineno}: task {name!r} starts at turn {turn}, expected 0")
-                key, turns, arrival = (name, seed), [], line_arrival
+                key, turns, task_fields = (name, seed), [], fields
             turns.append(spec)
             last_line = lineno
     if key is not None:
-        workloads.append(_close_task(*key, turns, last_line, arrival))
+        workloads.append(_close_task(*key, turns, last_line, task_fields))
     return workloads

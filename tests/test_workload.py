@@ -53,14 +53,40 @@ def test_tool_calls_on_every_turn_but_the_last():
     for w in generate(seed=0, n_tasks=200, parallel_calls_p=0.5, hosted_call_p=0.5):
         assert w.turns[-1].tool_seconds == ()
         assert w.turns[-1].hosted_calls == ()
-        assert all(1 <= len(t.tool_seconds) <= 2 for t in w.turns[:-1])
+        assert all(1 <= len(t.tool_seconds) <= 4 for t in w.turns[:-1])
         assert w.turns[0].appended_tokens == PRESETS["coding"].initial_prompt_tokens
 
 
 def test_parallel_and_hosted_probabilities_one():
-    w = generate_one(seed=2, fixed_turns=6, parallel_calls_p=1.0, hosted_call_p=1.0, hosted_result_tokens=99)
+    w = generate_one(seed=2, fixed_turns=6, parallel_calls_p=1.0, hosted_call_p=1.0, hosted_result_tokens=99,
+                     parallel_call_weights=(1.0,))
     assert [len(t.tool_seconds) for t in w.turns] == [2, 2, 2, 2, 2, 0]
     assert [t.hosted_calls for t in w.turns] == [(HostedCall(1.0, 99),)] * 5 + [()]
+    three = generate_one(seed=2, fixed_turns=6, parallel_calls_p=1.0, parallel_call_weights=(0.0, 1.0))
+    assert [len(t.tool_seconds) for t in three.turns] == [3, 3, 3, 3, 3, 0]
+
+
+def test_default_rates_follow_their_sources(coding_sample):
+    """docs/parameters.md §1: cc-multi's 35.8% parallel turns (21.3/9.4/5.2% two/three/four calls) and 4.8% of
+    tool turns with a web search; reasoning 11-45% of each turn's output."""
+    tool_turns = [t for w in coding_sample for t in w.turns if t.tool_seconds]
+    counts = np.bincount([len(t.tool_seconds) for t in tool_turns], minlength=5) / len(tool_turns)
+    assert counts[1] == pytest.approx(0.642, abs=0.01)
+    assert counts[2:5] == pytest.approx([0.213, 0.094, 0.052], abs=0.01)
+    assert np.mean([bool(t.hosted_calls) for t in tool_turns]) == pytest.approx(0.048, abs=0.005)
+    shares = [t.reasoning_tokens / t.output_tokens for w in coding_sample for t in w.turns if t.output_tokens >= 100]
+    assert 0.10 <= min(shares) and max(shares) <= 0.46
+    assert np.mean(shares) == pytest.approx(0.28, abs=0.01)
+
+
+def test_tasks_draw_their_own_content_and_share_the_preset_prefix():
+    tasks = generate(seed=0, n_tasks=50)
+    assert len({w.content_seed for w in tasks}) == 50  # no two tasks share content
+    assert {(w.prefix, w.prefix_tokens) for w in tasks} == {("coding", 7400)}
+    assert generate(seed=1, n_tasks=1)[0].content_seed != tasks[0].content_seed
+    chat = generate_one("chat", seed=0)
+    assert (chat.prefix, chat.prefix_tokens) == ("chat", 300)
+    assert generate_one(seed=0, initial_prompt_tokens=64).prefix_tokens == 64  # clipped to the prompt
 
 
 def test_parallel_calls_do_not_shift_token_draws():
@@ -163,7 +189,7 @@ def test_presets_exist_and_differ(coding_sample):
 
 
 def test_trace_round_trip_through_a_file(tmp_path):
-    workloads = generate(seed=11, n_tasks=20, parallel_calls_p=0.3, hosted_call_p=0.3) + [fixed(3)]
+    workloads = generate(seed=11, n_tasks=20, parallel_calls_p=0.3, hosted_call_p=0.3) + [fixed(3, reasoning_tokens=7)]
     path = tmp_path / "trace.jsonl"
     write_trace(workloads, path)
     assert read_trace(path) == workloads
@@ -179,12 +205,19 @@ _hosted = st.builds(HostedCall, _seconds, st.integers(0, 10**6))
 
 def _turns(final: bool):
     calls = st.just(()) if final else st.lists(_seconds, min_size=1, max_size=3)
-    return st.builds(TurnSpec, st.integers(0, 10**6), st.integers(1, 10**6), calls, st.lists(_hosted, max_size=2))
+    return st.builds(
+        lambda appended, output, calls, hosted, share: TurnSpec(appended, output, calls, hosted, int(share * (output - 1))),
+        st.integers(0, 10**6), st.integers(1, 10**6), calls, st.lists(_hosted, max_size=2), st.floats(0, 1),
+    )
 
 
 _workloads = st.builds(
-    lambda name, seed, body, last: Workload(name, seed, [*body, last]),
+    lambda name, seed, body, last, content_seed, prefix: Workload(
+        name, seed, [*body, last], content_seed=content_seed, prefix=prefix,
+        prefix_tokens=min(5 if prefix else 0, (body or [last])[0].appended_tokens),
+    ),
     st.text(max_size=8), st.integers(0, 2**32), st.lists(_turns(False), max_size=4), _turns(True),
+    st.none() | st.integers(0, 2**32), st.sampled_from(["", "coding"]),
 )
 
 

@@ -2,9 +2,11 @@
 
 A turn is one model call that ends in client function calls or in the final answer (docs/parameters.md).
 The policy reads the turn's spec from the workload and fills in content deterministically from
-`(seed, turn)`, so every design, given the same workload and seed, samples the same items:
+`(content seed, turn)` (the task's own seed: no two generated tasks share content), so every design,
+given the same workload, samples the same items:
 
-* text of exactly `output_tokens` tokens (one-token words from the real tokenizer);
+* reasoning of exactly `reasoning_tokens` tokens, sampled first and never shown as text;
+* text of exactly `output_tokens - reasoning_tokens` tokens (one-token words from the real tokenizer);
 * one hosted web_search per spec'd hosted call, if the request offers a web_search tool;
 * one call per spec'd tool call to one of the request's own function tools: a well-known agent
   tool (a shell) gets the calls an agent exploring a repository makes, any other tool arguments
@@ -42,6 +44,7 @@ class TurnPlan:
     words: tuple[str, ...]  # the text, one token per word
     searches: tuple[PlannedSearch, ...]
     calls: tuple[PlannedCall, ...]
+    reasoning: tuple[str, ...] = ()  # the hidden reasoning, one token per word
 
     @property
     def is_final(self) -> bool:
@@ -60,10 +63,11 @@ class ScriptedPolicy:
         """The turn-th model call of a task (0-based), given what the request offers."""
         turns = self.workload.turns
         spec = turns[min(turn, len(turns) - 1)]
-        seed = self.workload.seed
+        seed = self.workload.text_seed
         function_tools = [tool for tool in tools if tool.type == "function"]
         final = turn >= len(turns) - 1 or not function_tools
-        text = tuple(tokenizer.words(_rng(seed, turn, 1), spec.output_tokens))
+        reasoning = tuple(tokenizer.words(_rng(seed, turn, 5), spec.reasoning_tokens))
+        text = tuple(tokenizer.words(_rng(seed, turn, 1), spec.text_tokens))
         searches = ()
         if offers_web_search and not final:
             searches = tuple(
@@ -82,4 +86,4 @@ class ScriptedPolicy:
                 )
                 for j, i in enumerate(chosen)
             )
-        return TurnPlan(text, searches, calls)
+        return TurnPlan(text, searches, calls, reasoning)

@@ -32,8 +32,9 @@ from prototype.engine.memory import (
 )
 
 
-def prompt(n: int) -> Prompt:
-    return Prompt(list(range(1000, 1000 + n)))
+def prompt(n: int, start: int = 1000) -> Prompt:
+    """`n` token ids; prompts with the same `start` share their prefix (the engine finds blocks by content)."""
+    return Prompt(list(range(start, start + n)))
 
 
 async def call(engine: Engine, key: str, p: Prompt, *, pinned: bool = False, seconds: float = 0.0) -> float:
@@ -103,7 +104,7 @@ async def test_a_pinned_ttl_holds_until_exactly_its_end_and_a_cache_is_evicted_a
     start = trio.current_time()
     await call(cache, "a", prompt(80))
     await trio.sleep(1)
-    assert await call(cache, "b", prompt(50)) == 0.0
+    assert await call(cache, "b", prompt(50, start=5000)) == 0.0
     assert cache.stats.evicted == 1 and trio.current_time() == start + 1
     assert cache.cached_prefix("a", prompt(81), trio.current_time()) == 0
 
@@ -168,7 +169,7 @@ async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_canno
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(release_a_at_3)
-        assert await call(engine, "c", prompt(40), pinned=True) == 3.0  # younger than a: it waits
+        assert await call(engine, "c", prompt(40, start=5000), pinned=True) == 3.0  # younger than a: it waits
     b.extend([5] * 5)
     handle = await engine.begin_call("b", b, pinned=True)  # b lost its KV: 40 tokens computed again
     assert handle.recomputed == 40 and engine.stats.recomputed_tokens == 40
@@ -315,3 +316,34 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
     (run / "kv_memory.png").unlink()
     assert kv_memory.main(["--replot"]) == rows  # the figure is redrawn from the CSV alone
     assert (run / "kv_memory.png").exists()
+
+
+# --- the prefix cache finds blocks by content (vLLM's hash chains) --------------------------------
+
+
+async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_divergence(autojump_clock):
+    engine = Engine()
+    shared = list(range(1000, 1000 + 100))  # a common prefix of 100 tokens: 6 full blocks
+    a = Prompt(shared + list(range(5000, 5040)))
+    await call(engine, "a", a)
+    b = Prompt(shared + list(range(7000, 7040)))
+    assert engine.cached_prefix("b", b, trio.current_time()) == 96  # the 6 common blocks, not the 7th (mixed)
+    assert engine.cached_prefix("b", Prompt(a.ids[:50]), trio.current_time()) == 48  # never the last token's block
+    engine.isolate("elsewhere")
+    assert engine.cached_prefix("elsewhere", b, trio.current_time()) == 0  # another engine: nothing
+    engine.release("a")  # unlimited memory: a finished session's blocks stay findable for the TTL
+    assert engine.cached_prefix("b", b, trio.current_time()) == 96
+    await trio.sleep(engine.kv_ttl + 1)
+    assert engine.cached_prefix("b", b, trio.current_time()) == 0
+    budget = Engine(kv_budget_tokens=1000)
+    await call(budget, "a", Prompt(list(a.ids)))
+    budget.release("a")  # with a budget only held entries count
+    assert budget.cached_prefix("b", b, trio.current_time()) == 0
+
+
+async def test_an_entry_that_branches_unlists_the_blocks_it_no_longer_holds(autojump_clock):
+    engine = Engine()
+    first = Prompt(list(range(64)))
+    await call(engine, "a", first)
+    engine.retain("a", Prompt(list(range(32)) + [9] * 40), trio.current_time())
+    assert engine.cached_prefix("b", Prompt(list(range(64)) + [1]), trio.current_time()) == 32

@@ -9,9 +9,12 @@ Read top to bottom, `run_http_turn` is the design's description (docs/protocol.m
 2. full pre-inference work over the whole conversation: validate it, classify all of it, render
    it (only the items never rendered before when the API profile has the cross-request render
    cache), resolve the model and route, every stage paying its full fixed cost;
-3. routing to an engine by a hash of the prompt's first 256 tokens, as OpenAI routes prompt-cache
-   traffic; the request reaches the engine holding its prefix with probability `HTTP_AFFINITY`,
-   otherwise it lands on one that holds nothing of it;
+3. routing: OpenAI routes prompt-cache traffic by a hash of the prompt's first ~256 tokens, so a
+   conversation keeps landing on the engine that holds its prefix, with probability
+   `HTTP_AFFINITY` (drawn independently per conversation and turn); otherwise it lands on an
+   engine that holds nothing of it. On its engine the request finds its prefix by content (the
+   engine's block directory), so a first turn reuses the preset's common prefix but nothing of
+   another conversation;
 4. the sampling loop; a client function call ends the response (`response.completed`);
 5. post-inference work (billing, storing) inline, before the terminal event, every turn.
 
@@ -30,7 +33,6 @@ from ..api import render
 from ..api.checks import require_answered
 from ..api.service import ApiService, owner_of
 from ..engine.engine import HTTP_AFFINITY
-from ..engine.kv import Prompt
 from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
@@ -40,27 +42,24 @@ from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
 from .sampling import prefill_warmup, sample_until_client_calls
 
-# OpenAI's prompt-caching guide: requests are routed by a hash of roughly the first 256 tokens of
-# the prompt (docs/parameters.md §6), so one conversation keeps landing on the same engine.
-ROUTING_PREFIX_TOKENS = 256
-
 
 def variant_of(request: CreateRequest) -> str:
     """`stored` when the request chains from a stored response, `stateless` otherwise."""
     return STORED if request.previous_response_id is not None else STATELESS
 
 
-def routing_key(prompt: Prompt) -> str:
-    """The engine a request is routed to: a digest of the prompt's first 256 tokens."""
-    head = prompt.ids[:ROUTING_PREFIX_TOKENS]
-    data = b"".join(token.to_bytes(4, "little") for token in head)
-    return hashlib.blake2b(data, digest_size=12).hexdigest()
+def conversation_key(items: Sequence[Item]) -> str:
+    """Which conversation a stateless request continues: a digest of its first item (a task's own prompt). The
+    engine keeps the conversation's KV under it; what a request reuses is found by content, not by this key."""
+    first = render.item_text(items[0]) if items else ""
+    return hashlib.blake2b(first.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 def reaches_prefix_cache(items: Sequence[Item], affinity: float = HTTP_AFFINITY) -> bool:
     """Whether this turn is routed back to the engine holding its prefix ([assumed] probability
     `affinity`, docs/parameters.md §6). The draw is a hash of the conversation's first item and its length,
-    not a global generator, so every design and every run sees the same draw for the same turn."""
+    not a global generator: every run sees the same draw for the same turn, and since every task has its own
+    content, the draws of different tasks and turns are independent."""
     first = render.item_text(items[0]) if items else ""
     digest = hashlib.blake2b(f"{len(items)}\x00{first}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64 < affinity
@@ -103,9 +102,11 @@ async def run_http_turn(
         require_answered(context.ledger)  # a full validation sees every call without its output
 
     # (3) routing: the prefix's engine, or (1 - affinity) of the time one that holds nothing of it.
-    home: Hashable = ("http", routing_key(context.prompt))
+    home: Hashable = ("http", conversation_key(context.items))
     elsewhere = not reaches_prefix_cache(context.items)
     context.engine_key = ("http-elsewhere", home, len(context.items)) if elsewhere else home
+    if elsewhere:
+        api.engine.isolate(context.engine_key)
 
     response = Response(api.new_id("resp"), request, created_at=int(time.time()))
     emitter = Emitter(response, sink, log, include_timing)
@@ -140,4 +141,4 @@ async def run_http_turn(
     return response
 
 
-__all__ = ["ROUTING_PREFIX_TOKENS", "reaches_prefix_cache", "routing_key", "run_http_turn", "variant_of"]
+__all__ = ["conversation_key", "reaches_prefix_cache", "run_http_turn", "variant_of"]

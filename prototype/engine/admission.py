@@ -19,6 +19,7 @@ from collections.abc import Hashable
 import attrs
 import trio
 
+from . import memory
 from .kv import GPU, HOST, SWAPPING_OUT, KVEntry, KVResidency, Prompt
 
 
@@ -141,11 +142,11 @@ class Admission(KVResidency):
         self._schedule(now)
 
     def release(self, key: Hashable) -> None:
-        """The session is over: drop its KV wherever it is, and forget it."""
+        """The session is over: drop its KV wherever it is, and forget it. With unlimited memory (and a
+        policy that keeps KV at all) its blocks stay findable by content until idle for the TTL (kv.py)."""
         now = _now_or(self._last_t or 0.0)
         self._advance(now)
-        if key in self.kv:
-            self._drop(key, now)
+        self._retire(key, now, keep_findable=self.kv_budget_tokens is None and self.retention.kind != memory.DISCARD)
         self._computed.pop(key, None)
         self._ranks.pop(key, None)
         self._schedule(now)

@@ -1,6 +1,17 @@
 """KV residency and swap: which prompt each session's KV covers, where that KV is (GPU, on its
 way to the host, host), what it costs in memory over time, and when it expires.
 
+What is resident is found by content, as vLLM's automatic prefix caching and SGLang's radix cache
+find it: every full block of 16 token ids has a hash chained from the block before it (a block's
+hash names the whole prefix up to its end), and the engine keeps a directory from block hash to the
+KV entry holding that block. A model call reuses its own session's KV, or the longest run of
+leading blocks any entry on this engine holds (so the system prompt and tools that every session of
+a preset sends are computed once). With unlimited memory a computed block stays findable until it
+has been idle for the TTL, whether or not its session has ended (vLLM keeps the blocks of finished
+requests as evictable cache); with a KV budget only blocks of entries the engine still holds count,
+so memory accounting stays exact. A session marked `isolate`d (an http request routed to another
+engine) neither finds nor leaves blocks.
+
 A session's KV lives under its key as a `KVEntry` over an append-only `Prompt`. Between model
 calls the engine's `retention` policy (memory.py's table) decides what happens to it: held, kept as
 prefix cache until its idle TTL, swapped to the host over a one-way-at-a-time link, or discarded.
@@ -44,12 +55,26 @@ class Prompt:
     prompt is most of its memory."""
 
     ids: array = attrs.field(factory=lambda: array("q"), converter=lambda ids: ids if isinstance(ids, array) else array("q", ids))
+    _hashes: list[int] = attrs.field(factory=list, init=False, repr=False)  # chain hash of each full block so far
+    _hash_block: int = attrs.field(default=0, init=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def extend(self, ids: Sequence[int]) -> None:
         self.ids.extend(ids)
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """The chain hash of every full block: block i's hash covers ids[0 : (i+1) * block_size]. Computed once per
+        block (the prompt only grows), so a long conversation pays for its new blocks only."""
+        if self._hash_block != block_size:
+            self._hashes, self._hash_block = [], block_size
+        hashes, ids = self._hashes, self.ids
+        parent = hashes[-1] if hashes else 0
+        for b in range(len(hashes), len(ids) // block_size):
+            parent = hash((parent, ids[b * block_size : (b + 1) * block_size].tobytes()))
+            hashes.append(parent)
+        return hashes
 
 
 @attrs.define(eq=False)
@@ -68,6 +93,10 @@ class KVEntry:
     paused: bool = True
     """Its last call ended at a tool call (the session will be back), not with a final answer."""
     version: int = 0  # bumped on every change, so a stale timer does nothing
+    registered: int = 0
+    """Leading full blocks of `prompt` listed in the engine's block directory under this entry."""
+    findable: bool = True
+    """Its blocks serve other sessions' lookups (False once dropped, or for an isolated session)."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -107,6 +136,9 @@ class KVResidency:
     _last_t: float | None = attrs.field(default=None, init=False)
     _to_host_free_at: float = attrs.field(default=-math.inf, init=False)
     _to_gpu_free_at: float = attrs.field(default=-math.inf, init=False)
+    _blocks: dict[int, KVEntry] = attrs.field(factory=dict, init=False)  # block hash -> the entry that holds it
+    _sweep_at: int = attrs.field(default=1 << 16, init=False)
+    _isolated: set = attrs.field(factory=set, init=False)
 
     @property
     def idle_ttl(self) -> float:
@@ -115,23 +147,89 @@ class KVResidency:
         return self.kv_ttl if policy.ttl is None else policy.ttl
 
     def cached_prefix(self, key: Hashable, prompt: Prompt, now: float) -> int:
-        """Tokens of `prompt` whose KV the session `key` still holds on this engine's GPU.
+        """Tokens of `prompt` whose KV this engine's GPU still holds for the session `key`'s call.
 
-        A pinned entry (a live v1 coroutine) covers exactly what it computed. A prefix-cache entry
-        counts whole blocks only and never the last token, and expires after its idle TTL.
+        A pinned entry (a live v1 coroutine) covers exactly what it computed. Otherwise hits count
+        whole blocks only and never the last token: the session's own entry, or the leading blocks
+        the block directory finds in any entry (the prefix cache shared across sessions).
         """
         self._advance(now)
+        own = 0
         entry = self.kv.get(key)
-        if entry is None or entry.where == HOST:
+        if entry is not None and entry.where != HOST:
+            if entry.prompt is prompt:
+                own = min(entry.tokens, len(prompt))
+            else:
+                own = min(entry.tokens, common_prefix(entry.prompt.ids, prompt.ids))
+            if entry.pinned:
+                return max(own, self._directory_hits(key, prompt, now))
+        limit = max(0, len(prompt) - 1)
+        own = min(own, limit)
+        own -= own % self.block_size
+        if own + self.block_size > limit:  # nothing more a lookup could add
+            return own
+        return max(own, self._directory_hits(key, prompt, now))
+
+    def isolate(self, key: Hashable) -> None:
+        """The session's KV is on an engine of its own (an http request routed away from its prefix): it finds
+        nothing in the block directory and adds nothing to it, until it is released."""
+        self._isolated.add(key)
+
+    def _directory_hits(self, key: Hashable, prompt: Prompt, now: float) -> int:
+        """Tokens of `prompt`'s leading full blocks (never its last token) found in the block directory."""
+        if key in self._isolated or not self._blocks:
             return 0
-        if entry.prompt is prompt:
-            common = min(entry.tokens, len(prompt))
-        else:
-            common = min(entry.tokens, common_prefix(entry.prompt.ids, prompt.ids))
-        if entry.pinned:
-            return common
-        common = min(common, len(prompt) - 1)
-        return max(0, common - common % self.block_size)
+        hashes = prompt.block_hashes(self.block_size)
+        usable = min(len(hashes), max(0, len(prompt) - 1) // self.block_size)
+        found = 0
+        while found < usable:
+            holder = self._blocks.get(hashes[found])
+            if holder is None or not self._serves(holder, now):
+                break
+            found += 1
+        return found * self.block_size
+
+    def _serves(self, entry: KVEntry, now: float) -> bool:
+        return entry.findable and entry.where != HOST and (entry.pinned or now - entry.last_used <= self.idle_ttl)
+
+    def _register(self, key: Hashable, entry: KVEntry) -> None:
+        """List the entry's newly computed full blocks in the block directory."""
+        if key in self._isolated:
+            entry.findable = False
+            return
+        full = entry.tokens // self.block_size
+        if full <= entry.registered:
+            return
+        hashes = entry.prompt.block_hashes(self.block_size)
+        blocks = self._blocks
+        for b in range(entry.registered, full):
+            blocks[hashes[b]] = entry
+        entry.registered = full
+        if len(blocks) > self._sweep_at:  # forget blocks nobody can find any more
+            now = self._last_t or 0.0
+            for h in [h for h, holder in blocks.items() if not self._serves(holder, now)]:
+                del blocks[h]
+            self._sweep_at = max(1 << 16, 2 * len(blocks))
+
+    def _unregister_after(self, entry: KVEntry, prompt: Prompt) -> None:
+        """The entry now holds `prompt`, which may branch from what it held: unlist its blocks past the branch."""
+        old = entry.prompt.block_hashes(self.block_size)[: entry.registered]
+        new = prompt.block_hashes(self.block_size)
+        keep = common_prefix(old, new[: len(old)])
+        for h in old[keep:]:
+            if self._blocks.get(h) is entry:
+                del self._blocks[h]
+        entry.registered = keep
+
+    def _retire(self, key: Hashable, now: float, *, keep_findable: bool) -> None:
+        """The session is over: its entry leaves the engine's accounting; with `keep_findable` (unlimited memory)
+        its blocks stay findable, unpinned, until idle for the TTL."""
+        entry = self.kv.get(key)
+        if entry is not None:
+            self._drop(key, now)
+            if keep_findable and key not in self._isolated and entry.registered and entry.where != HOST:
+                entry.findable, entry.pinned, entry.last_used = True, False, now
+        self._isolated.discard(key)
 
     def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False) -> None:
         """Keep the KV of all of `prompt` under `key` (after a model call computed it)."""
@@ -142,7 +240,10 @@ class KVResidency:
             entry = None
         if entry is None:
             entry = self.kv[key] = KVEntry(prompt, 0, now, pinned)
+        if entry.prompt is not prompt and entry.registered:
+            self._unregister_after(entry, prompt)
         entry.prompt, entry.tokens, entry.last_used, entry.pinned = prompt, len(prompt), now, pinned
+        self._register(key, entry)
         entry.version += 1
         if entry.tokens > entry.gpu_tokens:
             self._add_resident(entry.tokens - entry.gpu_tokens, now)
@@ -179,6 +280,7 @@ class KVResidency:
 
     def _drop(self, key: Hashable, now: float) -> None:
         entry = self.kv.pop(key)
+        entry.findable = False
         entry.version += 1
         self._add_resident(-entry.gpu_tokens, now)
         self._add_host(-entry.host_tokens)

@@ -51,7 +51,8 @@ def test_shorthand_messages_stream_and_unknown_keys_are_accepted():
     }
     request = decode(frame).request
     assert request.input == (Message("user", (("input_text", "hello"),)),)
-    assert request.extra_keys == ("client_metadata", "include", "prompt_cache_key")
+    assert request.extra_keys == ("client_metadata", "prompt_cache_key")  # `include` is acted on
+    assert request.include == () and not request.wants_encrypted_reasoning
 
 
 def test_items_parse_and_round_trip():

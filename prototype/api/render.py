@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from ..engine import tokenizer
 from ..engine.kv import Prompt
 from ..protocol.events import ToolDef
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, OpaqueItem, WebSearchCall
+from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, OpaqueItem, Reasoning, WebSearchCall
 
 
 def item_text(item: Item) -> str:
@@ -26,6 +26,10 @@ def item_text(item: Item) -> str:
         return f"function_call_output {item.call_id}\n{item.output}"
     if isinstance(item, WebSearchCall):
         return f"web_search_call {item.query}\n{item.result}"
+    if isinstance(item, Reasoning):
+        # The reasoning itself, whether it came from the server's own context or back from a client's
+        # encrypted_content: the same tokens either way, so a resent conversation renders identically.
+        return f"reasoning\n{item.text}"
     assert isinstance(item, OpaqueItem)
     return f"{item.type}\n{item.data}"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ..protocol.items import Item, WebSearchCall, parse_item
+from ..protocol.items import Item, Reasoning, WebSearchCall, parse_item
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS responses (
 
 
 def _item_record(item: Item) -> dict[str, Any]:
+    if isinstance(item, Reasoning):
+        return item.exported().to_dict()  # the store keeps the reasoning whatever the client asked to see
     record = item.to_dict()
     if isinstance(item, WebSearchCall):
         record["testbed_result"] = item.result  # the hosted result stays server-side, as the API keeps it

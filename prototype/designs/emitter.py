@@ -16,7 +16,7 @@ import trio
 from .. import metrics
 from ..engine.streaming import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
 from ..protocol import events as ev
-from ..protocol.items import FunctionCall, Item, Message, WebSearchCall
+from ..protocol.items import FunctionCall, Item, Message, Reasoning, WebSearchCall
 from ..protocol.response import Response
 
 Sink = Callable[[Any], Awaitable[None]]
@@ -115,6 +115,21 @@ class Emitter:
         arguments = "".join(pieces)
         await self.emit(ev.FunctionCallArgumentsDone, item_id=item_id, output_index=index, arguments=arguments)
         item = FunctionCall(call_id, name, arguments, id=item_id, status="completed")
+        self.response.output[index] = item
+        await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
+        return item
+
+    async def reasoning(self, item_id: str, sample: Callable[[], Awaitable[str]], *, export: bool) -> Reasoning:
+        """A reasoning item: announced, sampled hidden (`sample` returns its text once its tokens are
+        decoded), then done, with its `encrypted_content` when `export`. No deltas: the public API
+        streams only summaries, which the simulator does not produce."""
+        index = len(self.response.output)
+        placeholder = Reasoning(item_id, "", status="in_progress")
+        self.response.output.append(placeholder)
+        await self.emit(ev.OutputItemAdded, output_index=index, item=placeholder.to_dict())
+        item = Reasoning(item_id, await sample(), status="completed")
+        if export:
+            item = item.exported()
         self.response.output[index] = item
         await self.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
         return item

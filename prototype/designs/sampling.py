@@ -13,6 +13,7 @@ This is the hosted-tool analogy of OpenAI's post, in code: one suspension point,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
@@ -95,6 +96,7 @@ class SamplingLoop:
     # finished); True stops the response there. The item being sampled always finishes, and a
     # batch of client calls, once begun, is finished too (steering guide; docs/protocol.md).
     stop_requested: Callable[[], bool] = attrs.field(default=lambda: False, kw_only=True)
+    export_reasoning: bool = attrs.field(default=False, kw_only=True)  # reasoning items leave with their encrypted_content (the client asked for it)
     engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
     # Where the engine's decoding stands on its own schedule: the end of the prefill, then of each
     # sampled item. Items stream from it, so a late wake-up in real time is not added per item.
@@ -127,12 +129,8 @@ class SamplingLoop:
         ctx, request = self.context, self.emitter.response.request
         budget = request.max_output_tokens
         while True:
-            # The scripted policy stands for the model: its CPU time (in real-time runs) counts
-            # towards the engine's modeled request overhead rather than adding to it. Under a
-            # virtual clock this changes nothing.
-            planned_at = trio.current_time()
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
-            await self.model_call(since=planned_at)
+            await self.model_call()
             for search in plan.searches:
                 item = WebSearchCall(self.api.new_id("ws"), search.query, status="in_progress")
                 await self.decode_hidden(search.query)
@@ -146,20 +144,27 @@ class SamplingLoop:
 
             if self.stop_requested():
                 return STEERED
+            outputs: list[Item] = []
+            start = trio.current_time()
+            if plan.reasoning and (budget is None or budget > len(plan.reasoning)):
+                outputs.append(await self.emitter.reasoning(
+                    self.api.new_id("rs"), functools.partial(self.decode_reasoning, plan.reasoning), export=self.export_reasoning
+                ))
+                if budget is not None:
+                    budget -= len(plan.reasoning)
             words = plan.words
             truncated = budget is not None and len(words) > budget
             if truncated:
                 words = words[:budget]
             if budget is not None:
                 budget -= len(words)
-            start = trio.current_time()
-            outputs: list[Item] = [
+            outputs.append(
                 await self.emitter.message(
                     self.api.new_id("msg"),
                     self.stream(words),
                     incomplete=truncated,
                 )
-            ]
+            )
             calls: list[FunctionCall] = []
             # The message was the item in progress; a final answer has nothing left to stop, so it
             # completes normally (and an automatic successor follows it: steering guide).
@@ -192,11 +197,11 @@ class SamplingLoop:
                 return ENDED_AT_CLIENT_CALLS
             await self.take_new_items(answers)
 
-    async def model_call(self, since: float | None = None) -> None:
+    async def model_call(self) -> None:
         """Prefill what the engine does not hold; usage counts each model call (docs/protocol.md).
-        `since`: when the simulated model's own work for this call began; if the engine admits the
-        call at once, that CPU time counts towards the engine's modeled request overhead instead of
-        adding to it (real-time runs only)."""
+        The engine's modeled time is charged in full, in real time as under a virtual clock: the
+        testbed's own CPU work (the scripted policy included) comes on top, and efficiency
+        benchmarks divide by a limit that charges exactly the same model (experiments/efficiency.py)."""
         ctx = self.context
         asked = trio.current_time()
         self.end_model_call(paused=True)
@@ -208,12 +213,7 @@ class SamplingLoop:
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
         usage.cached_tokens += cached
-        latency, call = ctx.route.latency, self.engine_call
-        if since is not None and call.queued_s == 0 and not call.swap_in_tokens:
-            spent = trio.current_time() - since  # 0 under a virtual clock: the same model, unchanged
-            if spent > 0:
-                latency = attrs.evolve(latency, request_overhead=max(0.0, latency.request_overhead - spent))
-        self.decode_from = await self.api.engine.prefill(latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        self.decode_from = await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
         self.log.record(metrics.PREFILL, self.engine_call.admitted_at, trio.current_time())  # a swap-in counts as prefill
 
@@ -226,6 +226,19 @@ class SamplingLoop:
         return self.api.engine.stream(
             latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens, start=start
         )
+
+    async def decode_reasoning(self, words: Sequence[str]) -> str:
+        """Sample the reasoning tokens at the decode rate, on the engine's schedule, before the visible output; they
+        count as output and as reasoning."""
+        seconds = self.context.route.latency.decode_seconds(len(words))
+        start = self.decode_from if self.decode_from is not None else trio.current_time()
+        self.decode_from = start + seconds
+        await trio.sleep_until(self.decode_from)
+        self.api.engine.stats.decoded_tokens += len(words)
+        usage = self.emitter.response.usage
+        usage.output_tokens += len(words)
+        usage.reasoning_tokens += len(words)
+        return "".join(words)
 
     async def decode_hidden(self, text: str) -> None:
         """Time to sample a hosted call's arguments, which are not streamed as deltas."""
@@ -257,10 +270,11 @@ async def sample_until_client_calls(
         api,
         emitter,
         context,
-        hosted=HostedTools(api, emitter.log, context.route.policy.workload.seed),
+        hosted=HostedTools(api, emitter.log, context.route.policy.workload.text_seed),
         client=EndResponseAtClientCalls(),
         pinned_kv=False,
         stop_requested=stop_requested or (lambda: False),
+        export_reasoning=emitter.response.request.wants_encrypted_reasoning,
     )
     outcome = await loop.run()
     return outcome if outcome in (INCOMPLETE, STEERED) else COMPLETED

@@ -117,7 +117,7 @@ async def run_rollout(
             api,
             emitter,
             context,
-            hosted=HostedTools(api, log, context.route.policy.workload.seed),
+            hosted=HostedTools(api, log, context.route.policy.workload.text_seed),
             client=ClientOverSocket(emitter, slot, ttl),
             pinned_kv=True,
         )

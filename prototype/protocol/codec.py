@@ -52,7 +52,7 @@ _KNOWN_KEYS = frozenset(
     {
         "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
         "previous_response_id", "store", "generate", "max_output_tokens", "metadata", "temperature",
-        "top_p", "stream", "background", "stream_id", "conversation",
+        "top_p", "stream", "background", "stream_id", "conversation", "include", "reasoning",
     }
 )
 # Metadata limits of the public API: 16 pairs, keys up to 64 characters, values up to 512.
@@ -164,6 +164,10 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
     store = _optional(body, "store", (bool,), "a boolean")
     stream = _optional(body, "stream", (bool,), "a boolean")
     instructions = _optional(body, "instructions", (str,), "a string")
+    include = _optional(body, "include", (list,), "an array of strings")
+    if include is not None and not all(isinstance(value, str) for value in include):
+        raise _type_error("include", "an array of strings")
+    reasoning = _optional(body, "reasoning", (dict,), "an object")
     return CreateRequest(
         model=model,
         input=items,
@@ -181,6 +185,8 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         stream=bool(stream),
         stream_id=stream_id,
         extra_keys=tuple(sorted(key for key in body if key not in _KNOWN_KEYS)),
+        include=tuple(include or ()),
+        reasoning=reasoning,
     )
 
 

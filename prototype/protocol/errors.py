@@ -22,6 +22,7 @@ PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
 TOO_MANY_QUEUED_REQUESTS = "too_many_queued_requests"
 NO_SUSPENDED_RESPONSE = "no_suspended_response"
 INVALID_FUNCTION_CALL_OUTPUT = "invalid_function_call_output"
+INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"  # the real API's code (theopenco/llmgateway PR #3600)
 SUSPENSION_TIMEOUT = "suspension_timeout"
 CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 STEERING_NOT_SUPPORTED = "steering_not_supported"

@@ -49,6 +49,12 @@ class CreateRequest:
     stream: bool = False  # only meaningful over HTTP; ignored on WebSocket (docs/protocol.md)
     stream_id: str | None = None  # WebSocket only: the lane (openai-python `ResponsesClientEvent`)
     extra_keys: tuple[str, ...] = ()  # accepted and ignored keys, recorded for the timing records
+    include: tuple[str, ...] = ()  # e.g. "reasoning.encrypted_content": reasoning items carry their blob
+    reasoning: dict[str, Any] | None = attrs.field(default=None, eq=False, hash=False)  # echoed; effort is not modeled
+
+    @property
+    def wants_encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in self.include
 
     @property
     def function_tools(self) -> tuple[ToolDef, ...]:

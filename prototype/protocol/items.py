@@ -4,17 +4,20 @@ Shapes follow openai-python `types/responses/response_input_item_param.py` and
 `response_output_item.py` (docs/protocol.md, §5.3). `parse_item` turns one JSON object from a
 request into an item or raises `ProtocolError(invalid_value)` naming the field path; `to_dict`
 gives the wire form back. Item types a client may send that the simulator does not act on
-(reasoning, custom tool calls, ...) travel as `OpaqueItem` so real clients are not refused.
+(custom tool calls, reasoning from another server, ...) travel as `OpaqueItem` so real clients are
+not refused.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any, ClassVar, Union
 
 import attrs
 
-from .errors import INVALID_VALUE, ProtocolError
+from .errors import INVALID_ENCRYPTED_CONTENT, INVALID_VALUE, ProtocolError
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal")
@@ -138,6 +141,64 @@ class WebSearchCall:
         }
 
 
+# A reasoning item's `encrypted_content`: opaque to the client, and at least the size of the real API's ciphertext,
+# ~1,700 characters an item measured against a gpt-5.x model (LibreChat-AI/agents PR #422, docs/parameters.md §1)
+# [src]; longer reasoning makes it longer (base64 of the text, [ours]). Encoded, not encrypted, as vLLM's replay
+# blobs are (vllm-project/vllm PR #57323): the simulator only needs it to survive the client's round trip.
+ENCRYPTED_CONTENT_PREFIX = "tbr1."
+ENCRYPTED_CONTENT_MIN_CHARS = 1700
+
+
+def encode_reasoning(text: str) -> str:
+    """The `encrypted_content` carrying `text`: a length, the UTF-8 text, zero padding up to the minimum size."""
+    payload = len(text.encode("utf-8")).to_bytes(4, "big") + text.encode("utf-8")
+    room = (ENCRYPTED_CONTENT_MIN_CHARS - len(ENCRYPTED_CONTENT_PREFIX)) * 3 // 4
+    payload += bytes(max(0, room - len(payload)))
+    return ENCRYPTED_CONTENT_PREFIX + base64.urlsafe_b64encode(payload).decode("ascii")
+
+
+def decode_reasoning(blob: str) -> str | None:
+    """The text an `encrypted_content` of this server carries; None if the blob is not one of ours."""
+    if not blob.startswith(ENCRYPTED_CONTENT_PREFIX):
+        return None
+    try:
+        payload = base64.urlsafe_b64decode(blob[len(ENCRYPTED_CONTENT_PREFIX) :].encode("ascii"))
+        size = int.from_bytes(payload[:4], "big")
+        if len(payload) < 4 + size:
+            raise ValueError("truncated")
+        return payload[4 : 4 + size].decode("utf-8")
+    except (ValueError, binascii.Error, UnicodeError):
+        return ""  # ours by its prefix, but damaged
+
+
+@attrs.frozen
+class Reasoning:
+    """A reasoning item: the model's hidden reasoning tokens, sampled before its visible output.
+
+    `text` never goes on the wire. With `include: ["reasoning.encrypted_content"]` the item carries
+    `encrypted_content`, which a stateless client sends back so the server can restore the reasoning
+    (openai-python `response_reasoning_item.py`); otherwise only its id and an empty summary leave.
+    """
+
+    id: str
+    text: str
+    encrypted_content: str | None = None
+    status: str | None = None
+    type: ClassVar[str] = "reasoning"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "reasoning", "id": self.id, "summary": []}
+        if self.encrypted_content is not None:
+            out["encrypted_content"] = self.encrypted_content
+        if self.status is not None:
+            out["status"] = self.status
+        return out
+
+    def exported(self) -> Reasoning:
+        """The same item carrying its `encrypted_content`."""
+        return attrs.evolve(self, encrypted_content=encode_reasoning(self.text))
+
+
 @attrs.frozen
 class OpaqueItem:
     """An item type the simulator carries and renders but does not interpret."""
@@ -149,7 +210,7 @@ class OpaqueItem:
         return json.loads(self.data)
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, WebSearchCall, OpaqueItem]
+Item = Union[Message, FunctionCall, FunctionCallOutput, WebSearchCall, Reasoning, OpaqueItem]
 
 
 def _string(obj: dict[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
@@ -241,6 +302,21 @@ def parse_item(obj: Any, path: str = "input[0]") -> Item:
             query=query if isinstance(query, str) else "",
             status=_string(obj, "status", path, required=False) or "completed",
         )
+    if item_type == "reasoning" and isinstance(obj.get("encrypted_content"), str):
+        text = decode_reasoning(obj["encrypted_content"])
+        if text == "":
+            item_id = obj.get("id") if isinstance(obj.get("id"), str) else "?"
+            # The real API's answer to a blob it cannot read (code and wording: docs/protocol.md).
+            raise ProtocolError(
+                INVALID_ENCRYPTED_CONTENT, f"The encrypted content for item {item_id} could not be verified.",
+                param=f"{path}.encrypted_content",
+            )
+        if text is not None:
+            return Reasoning(
+                id=_string(obj, "id", path) or "", text=text, encrypted_content=obj["encrypted_content"],
+                status=_string(obj, "status", path, required=False),
+            )
+        # Another server's blob: carried and rendered as sent, not interpreted.
     if isinstance(item_type, str) and item_type in OPAQUE_ITEM_TYPES:
         return OpaqueItem(item_type, json.dumps(obj, sort_keys=True, separators=(",", ":")))
     if item_type is None:

@@ -21,18 +21,20 @@ class Usage:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    reasoning_tokens: int = 0  # of output_tokens
 
     def add(self, other: Usage) -> None:
         self.input_tokens += other.input_tokens
         self.cached_tokens += other.cached_tokens
         self.output_tokens += other.output_tokens
+        self.reasoning_tokens += other.reasoning_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.input_tokens + self.output_tokens,
         }
 
@@ -70,6 +72,7 @@ class Response:
             "output": [item.to_dict() for item in items],
             "parallel_tool_calls": request.parallel_tool_calls,
             "previous_response_id": request.previous_response_id,
+            "reasoning": request.reasoning,
             "store": request.store,
             "temperature": request.temperature if request.temperature is not None else 1.0,
             "tool_choice": request.tool_choice,

@@ -37,6 +37,7 @@ from prototype.api.costs import (
     sprint_costs,
 )
 from prototype.api.service import ApiService
+from prototype.client import harness
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket, run_websocket_rollout
 from prototype.client.http import run_http_rollout
@@ -44,7 +45,6 @@ from prototype.client.sse import parse_stream
 from prototype.designs import http as http_design
 from prototype.designs.emitter import EngineFailure
 from prototype.engine.engine import HTTP_AFFINITY, Engine
-from prototype.engine.kv import Prompt
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.items import FunctionCallOutput, Message, parse_input
@@ -351,10 +351,12 @@ def test_affinity_draw_is_deterministic_and_near_its_probability() -> None:
     assert not http_design.reaches_prefix_cache([first], affinity=0.0)
 
 
-def test_routing_key_reads_the_first_256_tokens_only() -> None:
-    head = list(range(256))
-    assert http_design.routing_key(Prompt(head + [1, 2, 3])) == http_design.routing_key(Prompt(head + [9]))
-    assert http_design.routing_key(Prompt([7] + head[1:])) != http_design.routing_key(Prompt(head))
+def test_affinity_misses_are_drawn_per_task_and_turn() -> None:
+    """Generated tasks have their own content, so which turns miss differs from task to task."""
+    prompts = [Message("user", (("input_text", harness.task_prompt(w)),)) for w in wl.generate(seed=0, n_tasks=20)]
+    misses = [tuple(n for n in range(1, 200) if not http_design.reaches_prefix_cache([first] * n)) for first in prompts]
+    assert len(set(misses)) == 20
+    assert abs(sum(map(len, misses)) / (20 * 199) - (1 - HTTP_AFFINITY)) < 0.03
 
 
 # --- the HTTP shell: answers, errors, keep-alive ----------------------------------------------------

@@ -53,7 +53,9 @@ async def test_sdk_client_reproduces_the_harness(live_server, design):
         assert all(t.bytes_sent > 0 and t.bytes_received > 0 for t in record.turns)
     assert theirs.transcript == ours.transcript
     assert len(ours.transcript) == 1 + 3 * (TURNS - 1) + 1  # prompt; (text, call, output) per tool turn; answer
-    assert theirs.usage == ours.usage
+    # The same task twice on one server: the second run also finds the first's blocks in the prefix cache.
+    assert {k: v for k, v in theirs.usage.items() if k != "cached_tokens"} == {k: v for k, v in ours.usage.items() if k != "cached_tokens"}
+    assert theirs.usage["cached_tokens"] >= ours.usage["cached_tokens"]
     assert len(theirs.response_ids) == len(ours.response_ids) == (TURNS if design == CHAINED else 1)
     assert [t.tool_seconds > 0 for t in theirs.turns] == [True] * (TURNS - 1) + [False]
 

@@ -22,7 +22,7 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 async def run_twenty_turns() -> list[tuple[float, str, str]]:
     # Deltas coalesced every 50 ms keep the test fast; the first token of each item still goes out at once.
     server = make_server(costs=ApiCosts(), flush_interval=0.05)
-    task = wl.generate_one("coding", seed=3, fixed_turns=20)
+    task = wl.generate_one("coding", seed=4, fixed_turns=20)  # no tool call past the 300 s TTL
     key = server.api.workloads.register(task)
     record = await run_websocket_rollout(InMemoryConnector(server), SUSPENDED, task, metadata={"testbed_workload": key, "testbed_decode_tps": "65"})
     assert record.status == "completed" and len(record.turns) == 20

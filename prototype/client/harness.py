@@ -2,12 +2,17 @@
 
 It plays the client side of the tool loop: send the task, wait for the model's tool calls, run the
 tools locally (simulated: wait the workload's tool time on the trio clock, return output of the
-workload's size), send the outputs back, until the final answer. Per turn it records the send
-time, the first token, the end of the turn and the bytes each way.
+workload's size), send the outputs back, until the final answer. Per turn it records the request
+start, the first token, the end of the turn and the bytes each way, by the definitions of
+docs/metrics.md, which every client (this harness, the HTTP transport, the openai-python client)
+stamps at the same points: a turn starts before any connection work its request needs (turn 0
+pays the TCP, TLS and WebSocket handshakes of the connection it opens), its first token is the
+first output delta received, it ends when the event that ends it has been received.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -91,15 +96,32 @@ class RolloutRecord:
 def tool_output_text(workload: Workload, turn: int, index: int) -> str:
     sizes = workload.tool_output_tokens(turn)
     n_tokens = sizes[index] if index < len(sizes) else 1
-    return tokenizer.text_of(np.random.default_rng([workload.seed & 0xFFFFFFFF, turn, 1000 + index]), n_tokens)
+    return tokenizer.text_of(np.random.default_rng([workload.text_seed & 0xFFFFFFFF, turn, 1000 + index]), n_tokens)
+
+
+def _prefix_seed(prefix: str) -> int:
+    return int.from_bytes(hashlib.blake2b(prefix.encode(), digest_size=4).digest(), "little")
+
+
+def shared_instructions(workload: Workload) -> str | None:
+    """The common prefix's text: the preset's system prompt, the same for every task with the same `prefix`
+    (`prefix_tokens` one-token words); None for a task without one. Sent as `instructions`, which the API renders
+    before the conversation together with the tool definitions (docs/parameters.md §1)."""
+    if not workload.prefix_tokens:
+        return None
+    return tokenizer.text_of(np.random.default_rng([_prefix_seed(workload.prefix), 999_998]), workload.prefix_tokens)
 
 
 def task_prompt(workload: Workload) -> str:
-    return tokenizer.text_of(np.random.default_rng([workload.seed & 0xFFFFFFFF, 999_999]), workload.turns[0].appended_tokens)
+    """The task's own prompt: the rest of turn 0's tokens after the common prefix, from the task's content seed."""
+    n_tokens = max(1, workload.turns[0].appended_tokens - workload.prefix_tokens)
+    return tokenizer.text_of(np.random.default_rng([workload.text_seed & 0xFFFFFFFF, 999_999]), n_tokens)
 
 
 def _strip_ids(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in item.items() if k not in ("id", "status")}
+    """An item as the conversation has it, whatever the design: without ids, status, or the reasoning blob that only
+    some designs ask for."""
+    return {k: v for k, v in item.items() if k not in ("id", "status", "encrypted_content")}
 
 
 @attrs.define(eq=False)
@@ -139,8 +161,10 @@ class Rollout:
                     self.record.usage["cached_tokens"] += usage["input_tokens_details"]["cached_tokens"]
                     self.record.usage["output_tokens"] += usage["output_tokens"]
 
-    def start_turn(self, sent_items: list[dict[str, Any]], size: int) -> None:
-        self.record.turns.append(TurnRecord(len(self.record.turns), self.clock(), bytes_sent=size))
+    def start_turn(self, sent_items: list[dict[str, Any]], size: int, *, at: float | None = None) -> None:
+        """A new turn whose request (`size` payload bytes) started at `at` (default now): the time the client set
+        out to send it, before any connection it had to open first (docs/metrics.md)."""
+        self.record.turns.append(TurnRecord(len(self.record.turns), self.clock() if at is None else at, bytes_sent=size))
         self.record.transcript.extend(_strip_ids(item) for item in sent_items)
 
     def tool_plan(self, calls: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
@@ -163,11 +187,30 @@ class Rollout:
         return outputs
 
 
-def request_body(workload: Workload, *, model: str, metadata: dict[str, str], store: bool) -> dict[str, Any]:
-    tools = list(HARNESS_TOOLS)
-    if any(turn.hosted_calls for turn in workload.turns):
-        tools.append(WEB_SEARCH_TOOL)
-    return {"model": model, "tools": tools, "metadata": metadata, "store": store, "tool_choice": "auto"}
+# What Codex asks for when it does not store responses (docs/codex.md): the reasoning comes back as an opaque blob the
+# client keeps, so the conversation can be resent in full.
+INCLUDE_REASONING = ["reasoning.encrypted_content"]
+REASONING = {"effort": "medium"}
+
+
+def request_body(
+    workload: Workload, *, model: str, metadata: dict[str, str], store: bool, include_reasoning: bool = False
+) -> dict[str, Any]:
+    """The fields every request of a rollout repeats (Codex resends instructions and tools every turn: they are not
+    inherited through previous_response_id). `include_reasoning`: ask for reasoning items' encrypted_content, which a
+    client that may have to resend the conversation needs (http stateless; chained, for a cache miss)."""
+    # The same tools on every task, as a real agent offers (web_search too: the model decides whether to search), so
+    # the tool definitions are part of the common prefix.
+    tools = [*HARNESS_TOOLS, WEB_SEARCH_TOOL]
+    body: dict[str, Any] = {
+        "model": model, "tools": tools, "metadata": metadata, "store": store, "tool_choice": "auto", "reasoning": REASONING,
+    }
+    if include_reasoning:
+        body["include"] = INCLUDE_REASONING
+    instructions = shared_instructions(workload)
+    if instructions is not None:
+        body["instructions"] = instructions
+    return body
 
 
 @asynccontextmanager
@@ -243,10 +286,14 @@ async def run_websocket_rollout(
     """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
     (a create with previous_response_id per turn)."""
     rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
-    base = request_body(workload, model=model, metadata=metadata, store=store)
+    # v1 never needs the blob: its reasoning stays in the coroutine. v2 asks for it as Codex does without a store.
+    base = request_body(workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store)
     first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
+    # Turn 0 starts before the connection is opened: its TCP, TLS and upgrade round trips are paid by the first
+    # request, as an HTTP client's first request pays its connection (docs/metrics.md).
+    started_at = rollout.record.started_at
     async with open_responses_websocket(connector, design, api_key=api_key, include_timing=include_timing) as ws:
-        await drive_websocket_rollout(WsChannel(ws, rollout), rollout, design, base, first_input, on_turn_end)
+        await drive_websocket_rollout(WsChannel(ws, rollout), rollout, design, base, first_input, on_turn_end, started_at=started_at)
         # The task ends at its final event; closing the socket afterwards is not part of it (the
         # HTTP harness likewise stops at the terminal event).
         rollout.record.ended_at = trio.current_time()
@@ -266,13 +313,19 @@ async def drive_websocket_rollout(
     base: dict[str, Any],
     first_input: list[dict[str, Any]],
     on_turn_end: Callable[[TurnRecord], None] | None = None,
+    *,
+    started_at: float | None = None,
 ) -> None:
     """The tool loop over a channel (a whole WebSocket, or one lane of a multiplexed one). A
-    steered response is followed by its automatic successor: the loop reads on, sending nothing."""
+    steered response is followed by its automatic successor: the loop reads on, sending nothing.
+    `started_at`: when turn 0 started, before the connection it needed was opened (docs/metrics.md);
+    later turns start when the previous turn's tools return, before the request is sent."""
     event: dict[str, Any] | None = {"type": "response.create", **base, "input": first_input}
     sent_items = first_input
+    at = started_at
     while True:
-        rollout.start_turn(sent_items, await channel.send(event) if event is not None else 0)
+        rollout.start_turn(sent_items, await channel.send(event) if event is not None else 0, at=at)
+        at = None
         pause = await channel.until_pause()
         if on_turn_end is not None and pause["type"] != "error":
             on_turn_end(rollout.record.turns[-1])
@@ -285,6 +338,7 @@ async def drive_websocket_rollout(
             return
         response = pause["response"]
         sent_items = await rollout.run_tools(calls)
+        at = rollout.clock()  # the next request starts now, on the open connection
         if design == SUSPENDED:
             event = {"type": "response.append", "input": sent_items}
         else:

@@ -12,12 +12,12 @@ checks the server's framing. Two variants (docs/protocol.md):
 Connections: with `keep_alive` one connection serves the whole rollout (reopened only if the
 server closes it); without, every request opens a new connection, paying the network profile's TCP
 and TLS handshake (`netem.connect_handshake`) before it goes out, and asks the server to close it
-after the answer. A turn's send time is taken before the connection is opened, so its time to
-first token includes the handshake. Closing a connection never delays the rollout: it finishes in
-the background.
+after the answer. A turn's start is taken before the connection is opened, so its time to first
+token includes the handshake, as a WebSocket client's first turn includes its connection
+(docs/metrics.md). Closing a connection never delays the rollout: it finishes in the background.
 
-Byte counts: `bytes_sent` is the request body, `bytes_received` the SSE blocks (event line, data
-line, blank line), i.e. the HTTP body without its chunked framing and headers.
+Byte counts (docs/metrics.md): `bytes_sent` is the request body, `bytes_received` the SSE blocks
+(event line, data line, blank line), i.e. the HTTP body without its chunked framing and headers.
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ async def run_http_rollout(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     rollout = Rollout(workload, RolloutRecord(DESIGN_NAMES[variant], workload.name, trio.current_time()))
-    base = {**request_body(workload, model=model, metadata=metadata, store=variant == STORED), "stream": True}
+    stored = variant == STORED
+    base = {**request_body(workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored), "stream": True}
     headers = request_headers(api_key=api_key, keep_alive=keep_alive, include_timing=include_timing)
     new_items: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}
@@ -259,8 +260,9 @@ async def run_http_rollout(
                     body = {**base, "input": new_items}
                     if previous_id is not None:
                         body["previous_response_id"] = previous_id
+                started_at = trio.current_time()  # before any connection the request needs (docs/metrics.md)
                 data = json.dumps(body, separators=(",", ":")).encode()
-                rollout.start_turn(new_items, len(data))
+                rollout.start_turn(new_items, len(data), at=started_at)
                 end = await post_turn(pool, data, headers, rollout)
                 if end["type"] == "error":
                     error = end.get("error") if "status" in end else end

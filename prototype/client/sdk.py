@@ -109,8 +109,8 @@ def run_sdk_rollout(
 
     if design not in (SUSPENDED, CHAINED):
         raise ValueError(f"design must be {SUSPENDED!r} or {CHAINED!r}, not {design!r}")
-    rollout = SdkRollout(workload, RolloutRecord(design, workload.name, time.perf_counter()))
-    base = request_body(workload, model=model, metadata=metadata, store=store)
+    rollout = SdkRollout(workload, RolloutRecord(design, workload.name, time.perf_counter()))  # before connect()
+    base = request_body(workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store)
     first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
     headers = {"OpenAI-Beta": BETA[design]}
     if include_timing:
@@ -176,9 +176,11 @@ def _drive(
         raise RuntimeError(f"more than {MAX_EVENTS_PER_TURN} events in one turn")
 
     sent_items = first_input
+    # Turn 0 started with the rollout, before `connect()` opened the socket (docs/metrics.md).
+    started_at = rollout.record.started_at
     size = create({**base, "input": first_input})
     while True:
-        rollout.start_turn(sent_items, size)
+        rollout.start_turn(sent_items, size, at=started_at)
         pause = until_pause()
         if on_turn_end is not None and pause["type"] != "error":
             on_turn_end(rollout.record.turns[-1])
@@ -188,6 +190,7 @@ def _drive(
             return
         response = pause["response"]
         sent_items = rollout.run_tools(calls)
+        started_at = time.perf_counter()
         if design == SUSPENDED:
             size = append(sent_items)
         else:

@@ -8,7 +8,9 @@ WS guide; docs/protocol.md):
    fork); otherwise a stored response (store=true) is rebuilt from the store, paying the rebuild;
    otherwise `previous_response_not_found`;
 2. pre-inference work over the new input only (switch 1), appending to the cached rendered tokens
-   (switch 2), reusing the routing decision (switch 3), paying f_ws of the fixed cost;
+   (switch 2), reusing the routing decision (switch 3), paying f_ws of the fixed cost; a
+   continuation must answer every function call still pending, or it is refused with the public
+   API's 400 (`No tool output found for function call <call_id>.`, param `input`);
 3. the sampling loop; a client function call ends the response (`response.completed`), and so
    does queued steering input, at the next safe output boundary (`response.incomplete`, reason
    `steered`); the session then starts the automatic successor (server/websocket.py); a warm-up
@@ -33,6 +35,7 @@ import attrs
 import trio
 
 from .. import metrics
+from ..api.checks import require_answered
 from ..api.costs import ALL_SWITCHES_ON, CacheSwitches
 from ..api.service import ApiService, Context, StageModes, owner_of
 from ..engine import Prompt
@@ -181,6 +184,8 @@ async def run_turn(
     context = await api.pre_inference(
         log, request, request.input, base=base, history=history, modes=modes, engine_key=lane.engine_key
     )
+    if request.generate:
+        require_answered(context.ledger)  # as http does: no model call while a call has no output
     response = Response(api.new_id("resp"), request, created_at=int(time.time()))
     emitter = Emitter(response, sink, log, include_timing)
     await lane.on_created(emitter)  # from here on the response can be steered

@@ -1,0 +1,204 @@
+"""A comparison a reviewer can trust: distinct tasks, one stopwatch, reasoning, and the same rules for every design.
+
+- generated tasks share the preset's common prefix (system prompt and tools) and nothing after it, and no design
+  finds more than that prefix in the engine's cache on a task's first turn;
+- every design's per-turn figures (docs/metrics.md) equal the exact virtual times of a known network and engine;
+- a chained continuation that leaves a call unanswered is refused as the public API refuses it, on WebSocket and HTTP;
+- reasoning: tokens counted in usage, an `encrypted_content` a stateless client must send back and the server
+  accepts, that a chained client need not resend and the suspended design never lets out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from support import create_event, function_calls, make_server, send, until, ws
+from test_http import Link, create_body, error_of
+
+from prototype import netem
+from prototype import workload as wl
+from prototype.api import render
+from prototype.client import harness
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
+from prototype.client.http import run_http_rollout
+from prototype.engine import tokenizer
+from prototype.engine.kv import BLOCK_SIZE
+from prototype.engine.kv import common_prefix as _common_prefix
+from prototype.protocol.codec import parse_create_body
+from prototype.protocol.items import ENCRYPTED_CONTENT_MIN_CHARS, Message, decode_reasoning, encode_reasoning
+
+DESIGNS = ("http-stateless", "http-stored", CHAINED, SUSPENDED)
+
+
+async def run(server, design: str, task: wl.Workload, *, decode_tps: float = 1000.0, network=None, **kwargs: Any):
+    metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
+    connector = InMemoryConnector(server, network)
+    if design in (CHAINED, SUSPENDED):
+        record = await run_websocket_rollout(connector, design, task, metadata=metadata, include_timing=True, **kwargs)
+    else:
+        variant = design.removeprefix("http-")
+        record = await run_http_rollout(connector, task, variant=variant, metadata=metadata, include_timing=True, **kwargs)
+    assert record.status == "completed", (design, record.status)
+    return record
+
+
+def first_prompt(task: wl.Workload) -> list[int]:
+    """The token ids of a task's first model call, as the server renders the harness's first request."""
+    body = harness.request_body(task, model="m", metadata={}, store=False)
+    body["input"] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": harness.task_prompt(task)}]}]
+    request = parse_create_body(body)
+    return list(render.render_full(render.preamble_key(request.instructions, request.tools), request.input).ids)
+
+
+def common_prefix_tokens(task: wl.Workload) -> int:
+    """The preset's common prefix as rendered: instructions and tools, then the user item's header (separator, role)."""
+    body = harness.request_body(task, model="m", metadata={}, store=False)
+    request = parse_create_body({**body, "input": "x"})
+    header = render.render_items([Message("user", (("input_text", ""),))])
+    return len(render.render_preamble(render.preamble_key(request.instructions, request.tools))) + len(header)
+
+
+# --- distinct tasks, one common prefix ------------------------------------------------------------------------------
+
+
+def test_two_generated_tasks_share_exactly_the_common_prefix() -> None:
+    tasks = wl.generate("coding", seed=0, n_tasks=3)
+    prompts = [first_prompt(t) for t in tasks]
+    shared = common_prefix_tokens(tasks[0])
+    assert shared > tasks[0].prefix_tokens == 7400  # the system prompt, the tools and the item header
+    for other in prompts[1:]:
+        assert _common_prefix(prompts[0], other) == shared  # ... and not one token of the task after it
+    # Everything else a task draws is its own: tool outputs and the model's text differ too.
+    assert harness.tool_output_text(tasks[0], 0, 0) != harness.tool_output_text(tasks[1], 0, 0)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+async def test_no_design_finds_more_than_the_common_prefix_on_a_first_turn(autojump_clock, design: str) -> None:
+    tasks = wl.generate("coding", seed=0, n_tasks=2, fixed_turns=1)  # one turn each: usage is the first turn's
+    server = make_server()
+    first, second = [await run(server, design, task) for task in tasks]
+    assert first.usage["cached_tokens"] == 0
+    shared = common_prefix_tokens(tasks[0])
+    assert second.usage["cached_tokens"] == shared - shared % BLOCK_SIZE  # whole blocks of the prefix, no more
+    assert second.usage["input_tokens"] > second.usage["cached_tokens"] + 500
+
+
+# --- one stopwatch -------------------------------------------------------------------------------------------------
+
+
+RTT = 0.020
+NETWORK = netem.NetworkProfile(rtt=RTT, tcp_round_trips=1, tls_round_trips=1)
+RATE = 1000.0  # tokens/s
+TASK = wl.fixed(3, initial_prompt_tokens=500, appended_tokens=100, output_tokens=40, tool_seconds=0.25, reasoning_tokens=10)
+# Round trips turn 0 pays before its request goes out: TCP and TLS for both transports, and the upgrade on WebSocket.
+CONNECT_RTTS = {"http-stateless": 2, "http-stored": 2, CHAINED: 3, SUSPENDED: 3}
+
+
+def exactly(seconds: float) -> Any:
+    return pytest.approx(seconds, abs=2e-6)  # the server reports phases in whole microseconds
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+async def test_per_turn_figures_are_the_exact_virtual_times(autojump_clock, design: str) -> None:
+    """docs/metrics.md: a turn starts before any connection its request needs, its first token is the first output
+    delta received, it ends when the event ending it arrives. With no API costs, each turn takes its connection's
+    handshakes (turn 0), one round trip, the prefill, and the decode of reasoning, text and call arguments."""
+    record = await run(make_server(), design, TASK, decode_tps=RATE, network=NETWORK)
+    calls = [item for item in record.transcript if item["type"] == "function_call"]
+    assert len(record.turns) == 3 and len(calls) == 2
+    for turn in record.turns:
+        connect = CONNECT_RTTS[design] * RTT if turn.turn == 0 else 0.0
+        prefill = turn.server_timing["phases_ms"]["prefill"] / 1000
+        spec = TASK.turns[turn.turn]
+        args = len(tokenizer.encode(calls[turn.turn]["arguments"])) if turn.turn < 2 else 0
+        assert turn.ttft == exactly(connect + RTT + prefill + (spec.reasoning_tokens + 1) / RATE), turn.turn
+        assert turn.ended_at - turn.sent_at == exactly(connect + RTT + prefill + (spec.output_tokens + args) / RATE)
+        assert turn.tool_seconds == (0.25 if turn.turn < 2 else 0.0)
+    # The task runs from the first request's start to the final event: turns, then tools, back to back.
+    assert record.started_at == record.turns[0].sent_at
+    assert record.ended_at == record.turns[-1].ended_at
+    gaps = [b.sent_at - a.ended_at for a, b in zip(record.turns, record.turns[1:])]
+    assert gaps == [exactly(0.25)] * 2
+
+
+# --- chained continuations answer every pending call ------------------------------------------------------------
+
+
+async def test_chained_continuation_with_a_pending_call_is_refused_like_the_api(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, CHAINED) as conn:
+        await send(conn, create_event())
+        first = (await until(conn, "response.completed"))[-1]["response"]
+        (call,) = function_calls(first)
+        await send(conn, create_event(previous_response_id=first["id"], input="and another thing"))
+        (error,) = await until(conn, "response.completed")
+    assert error == {
+        "type": "error", "status": 400,
+        "error": {
+            "type": "invalid_request_error", "code": "invalid_function_call_output",
+            "message": f"No tool output found for function call {call['call_id']}.", "param": "input",
+        },
+    }
+
+
+async def test_http_continuation_with_a_pending_call_is_refused_like_the_api(autojump_clock, nursery) -> None:
+    server = make_server()
+    record = await run(server, "http-stored", wl.fixed(2))
+    call_id = next(item["call_id"] for item in record.transcript if item["type"] == "function_call")
+    answer = await Link(nursery, server).open().request(
+        body=create_body(input="and another thing", previous_response_id=record.response_ids[0], store=True)
+    )
+    assert error_of(answer, 400, "invalid_function_call_output", "input")["message"] == (
+        f"No tool output found for function call {call_id}."
+    )
+
+
+# --- reasoning ---------------------------------------------------------------------------------------------------
+
+
+def test_encrypted_content_is_opaque_realistic_and_round_trips() -> None:
+    text = " alpha beta gamma"
+    blob = encode_reasoning(text)
+    assert len(blob) >= ENCRYPTED_CONTENT_MIN_CHARS and text.strip() not in blob
+    assert decode_reasoning(blob) == text
+    long = " word" * 2000
+    assert len(encode_reasoning(long)) > len(long)  # longer reasoning, a longer blob
+    assert decode_reasoning("gAAAAforeign") is None  # another server's blob: not ours to read
+
+
+async def test_reasoning_tokens_are_counted_and_the_blob_goes_where_the_design_needs_it(autojump_clock) -> None:
+    task = wl.fixed(3, initial_prompt_tokens=300, appended_tokens=50, output_tokens=40, reasoning_tokens=15)
+    server = make_server()
+    records = {design: await run(server, design, task) for design in DESIGNS}
+    for design, record in records.items():
+        assert record.usage["output_tokens"] == 3 * 40 + sum(
+            len(tokenizer.encode(i["arguments"])) for i in record.transcript if i["type"] == "function_call"
+        ), design
+        assert [i["type"] for i in record.transcript].count("reasoning") == 3
+    # Upload per turn: a stateless client resends every reasoning item with its blob; the others never do.
+    stateless, stored = records["http-stateless"].turns, records["http-stored"].turns
+    assert stateless[2].bytes_sent - stateless[1].bytes_sent > ENCRYPTED_CONTENT_MIN_CHARS
+    assert stored[2].bytes_sent < ENCRYPTED_CONTENT_MIN_CHARS
+    chained_sent = [t.bytes_sent for t in records[CHAINED].turns]
+    suspended_sent = [t.bytes_sent for t in records[SUSPENDED].turns]
+    assert max(suspended_sent[1:]) < ENCRYPTED_CONTENT_MIN_CHARS
+    assert chained_sent[2] - chained_sent[1] < ENCRYPTED_CONTENT_MIN_CHARS  # no blob resent
+    # Download: chained asks for the blob (as Codex does without a store), suspended never gets it.
+    assert records[CHAINED].turns[0].bytes_received - records[SUSPENDED].turns[0].bytes_received > ENCRYPTED_CONTENT_MIN_CHARS
+
+
+async def test_a_damaged_blob_is_refused_and_a_good_one_restores_the_context(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, CHAINED) as conn:
+        await send(conn, create_event(include=["reasoning.encrypted_content"], metadata={"testbed_workload": "fixed:2"}))
+        first = (await until(conn, "response.completed"))[-1]["response"]
+        reasoning = [item for item in first["output"] if item["type"] == "reasoning"]
+        assert reasoning == [] or len(reasoning[0]["encrypted_content"]) >= ENCRYPTED_CONTENT_MIN_CHARS
+        damaged = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "tbr1.%%%"}
+        await send(conn, json.dumps(create_event(input=[damaged, {"role": "user", "content": "go"}])))
+        (error,) = await until(conn, "response.completed")
+    assert error["error"]["code"] == "invalid_encrypted_content" and error["error"]["param"] == "input[0].encrypted_content"
+    assert error["error"]["message"] == "The encrypted content for item rs_1 could not be verified."

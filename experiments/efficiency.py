@@ -9,6 +9,11 @@ a testbed with infinitely fast code would take. It is measured by running the sa
 virtual clock, where code costs no time (the sum of the server's modeled phases is printed next to
 it as a check). Efficiency = limit / measured real end-to-end time.
 
+Both sides are charged exactly the same modeled costs: the engine's request overhead, prefill and
+decode, the network profile and the (zero) API stage costs. Nothing is subtracted from the real
+run to make room for the testbed's own CPU work (the scripted policy included), so everything the
+code costs shows up as lost efficiency.
+
 The compact preset's tool calls average ~10 s, so a real-time run of its tasks takes minutes: tool
 times are multiplied by `--tool-scale` (default 0.01), which the output states.
 

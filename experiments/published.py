@@ -1,18 +1,23 @@
 """Published results, side by side with the testbed (issue 5, docs/parameters.md §7).
 
 For each published figure this sets up the conditions behind it, runs the two designs it compares,
-and prints the published and the measured gain. Honesty rules (docs/parameters.md §4):
+and prints the published and the measured gain (gain = 1 - design/baseline, over the same tasks).
 
-* OpenAI publishes no per-stage API costs, so the default knobs (t_fixed_pre = 250 ms, f_ws = 0.2,
-  ...) have no independent source. They were chosen to sit near the ~0.3 s per turn the alpha demo
-  implies, so that row is marked **calibration**: it cannot also confirm the knobs. Every other row
-  is an out-of-sample check.
-* For every row the experiment also solves for the per-turn overhead the published gain implies
-  under the testbed's own model: if the design's time T is what the testbed measures, a gain g
-  means the baseline spent T*g/(1-g) more, i.e. `implied_ms_per_turn` for end-to-end rows and
-  TTFT*g/(1-g) for time-to-first-token rows. The testbed's own value is beside it. If the implied
-  values of the rows disagree with each other, the published figures cannot all hold under one
-  set of knobs, and the output says so.
+* **One verdict rule** for every check row (`VERDICT_RULE`): the row *agrees* when the published gain
+  lies within `TOLERANCE` (5 points of gain) of the measured gain or inside the measured gain's 90%
+  bootstrap interval over tasks, whichever is wider; otherwise it *disagrees*. An "up to" figure is
+  judged like any other: a smaller measured gain is not counted as consistent with it.
+* **Like with like.** End-to-end rows compare mean end-to-end time per task; TTFT rows compare the
+  median per-turn time to first token (docs/metrics.md). The overhead a gain implies under the
+  testbed's own model (a gain g on a design time T means the baseline spent T*g/(1-g) more) is
+  compared with the calibration row's only for end-to-end rows: the calibration is an end-to-end
+  figure, and no published TTFT figure calibrates the model.
+* **Calibration.** OpenAI publishes no per-stage API costs, so the default knobs (t_fixed_pre =
+  250 ms, f_ws = 0.2, ...) were set near the ~0.3 s per turn the alpha demo implies: that row is
+  **calibration**, and its residual (measured minus published gain) is reported, never a verdict.
+* **By construction.** "The gain of chained over http grows with decode speed" holds for any model
+  in which the designs differ by a fixed per-turn cost, as this one does: faster decoding shrinks
+  the time both designs share. The speed sweep is printed, labelled as such, and is not evidence.
 
     python -m experiments.published [--tasks 5]
 """
@@ -34,7 +39,15 @@ from .common import add_list, experiment_parser, print_table, run_dir, write_csv
 
 E2E = "e2e"
 TTFT = "ttft"
-AGREEMENT_FACTOR = 2.0  # implied overheads within 2x of the calibration row's count as agreeing [ours]
+TOLERANCE = 0.05  # [ours] 5 points of gain: below what the knobs' [assumed] values can claim to resolve
+BOOTSTRAP_SAMPLES = 2000
+VERDICT_RULE = (
+    "agrees when the published gain is within 5 points of the measured gain or inside its 90% bootstrap "
+    "interval over tasks, whichever is wider; 'up to' figures are judged the same way"
+)
+# The notebook's picture of implied overheads shades the calibration row's value times or divided by this factor; it
+# is a picture, not a verdict (the verdict is VERDICT_RULE on the gains).
+AGREEMENT_FACTOR = 2.0
 
 
 @attrs.frozen
@@ -94,6 +107,39 @@ def pair_runs(row: Published, n_tasks: int) -> tuple[benchmark.DesignRun, benchm
             benchmark.DesignRun(row.design, row.decode_tps, benchmark.BenchConfig(task_list=tasks, sprint=AFTER_SPRINT)))
 
 
+def _gain(metric: str, baseline: list[dict[str, Any]], design: list[dict[str, Any]]) -> float:
+    """1 - design/baseline: mean end-to-end time per task, or the median per-turn TTFT of all turns."""
+    if metric == E2E:
+        return 1 - statistics.fmean(r["e2e_s"] for r in design) / statistics.fmean(r["e2e_s"] for r in baseline)
+    return 1 - _median_ttft(design) / _median_ttft(baseline)
+
+
+def _median_ttft(rows: list[dict[str, Any]]) -> float:
+    return float(np.median([t for r in rows for t in r["ttft_s"]]))
+
+
+def _interval(metric: str, baseline: list[dict[str, Any]], design: list[dict[str, Any]], seed: int = 0) -> tuple[float, float]:
+    """90% bootstrap interval of the gain, resampling tasks (each task's baseline and design run together)."""
+    n = len(design)
+    if n < 2:
+        gain = _gain(metric, baseline, design)
+        return gain, gain
+    rng = np.random.default_rng(seed)
+    gains = []
+    for _ in range(BOOTSTRAP_SAMPLES):
+        pick = rng.integers(0, n, n)
+        gains.append(_gain(metric, [baseline[i] for i in pick], [design[i] for i in pick]))
+    low, high = np.percentile(gains, [5, 95])
+    return float(low), float(high)
+
+
+def verdict(published_gain: float, measured_gain: float, interval: tuple[float, float]) -> str:
+    """The one rule (VERDICT_RULE) for every check row: within TOLERANCE of the measured gain, or inside its interval."""
+    low, high = interval
+    close = abs(published_gain - measured_gain) <= TOLERANCE
+    return "agrees" if close or low <= published_gain <= high else "disagrees"
+
+
 def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[str, Any]]) -> dict[str, Any]:
     """One published result against the testbed, from the task rows (benchmark.task_row) of its two runs."""
     turns = statistics.fmean(r["turns"] for r in design)
@@ -103,19 +149,25 @@ def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[s
         per_turn_testbed = (base - mine) / turns
         implied = mine * row.published_gain / (1 - row.published_gain) / turns
     else:
-        base = float(np.median([t for r in baseline for t in r["ttft_s"]]))
-        mine = float(np.median([t for r in design for t in r["ttft_s"]]))
+        base, mine = _median_ttft(baseline), _median_ttft(design)
         per_turn_testbed = base - mine
         implied = mine * row.published_gain / (1 - row.published_gain)
+    gain = 1 - mine / base
+    low, high = _interval(row.metric, baseline, design)
     return {
         "result": row.name,
         "role": row.role,
         "metric": row.metric,
         "compare": f"{row.design} vs {row.baseline}" + (" (before sprint)" if row.baseline_sprint is BEFORE_SPRINT else ""),
         "tok_s": row.decode_tps,
+        "tasks": len(design),
         "turns": turns,
         "published_gain": row.published_gain,
-        "measured_gain": 1 - mine / base,
+        "measured_gain": gain,
+        "gain_90_low": low,
+        "gain_90_high": high,
+        "verdict": "calibration" if row.role == "calibration" else verdict(row.published_gain, gain, (low, high)),
+        "residual": gain - row.published_gain,
         "testbed_ms_per_turn": 1000 * per_turn_testbed,
         "implied_ms_per_turn": 1000 * implied,
         "source": row.source,
@@ -124,13 +176,14 @@ def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[s
 
 
 def trend_runs(n_tasks: int, turns: int = 20) -> list[benchmark.DesignRun]:
-    """Out-of-sample direction checks: http and chained at every decode speed, on the same tasks."""
+    """http and chained at every decode speed, on the same tasks: the gain grows with speed by construction (a fixed
+    per-turn cost against a shrinking shared time), so these runs show magnitudes, not evidence."""
     config = benchmark.BenchConfig(task_list=coding_tasks(turns, 0.3)(n_tasks))
     return [benchmark.DesignRun(design, tps, config) for tps in benchmark.DECODE_SPEEDS for design in (benchmark.HTTP, benchmark.CHAINED)]
 
 
 def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The gain of chained over http at each decode speed (it should grow with the speed)."""
+    """The gain of chained over http at each decode speed."""
     times = {(run.design, run.decode_tps): statistics.fmean(r["e2e_s"] for r in rows) for run, rows in zip(runs, results)}
     return [{"tok_s": tps, "gain_chained_vs_http": 1 - times[(benchmark.CHAINED, tps)] / times[(benchmark.HTTP, tps)]}
             for tps in dict.fromkeys(run.decode_tps for run in runs)]
@@ -151,19 +204,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [pair_row(row, results[2 * i], results[2 * i + 1]) for i, row in enumerate(chosen)]
     calibration = next((r for r in rows if r["role"] == "calibration"), None)
     for r in rows:
-        if calibration is None or r is calibration:
-            r["implied_vs_calibration"] = "calibration" if r is calibration else "-"
-            continue
-        ratio = r["implied_ms_per_turn"] / calibration["implied_ms_per_turn"]
-        r["implied_vs_calibration"] = f"{ratio:.2f}x " + ("agrees" if 1 / AGREEMENT_FACTOR <= ratio <= AGREEMENT_FACTOR else "DISAGREES")
-    print("Published results vs the testbed (gain = 1 - design/baseline; ms per turn = overhead the gain implies)\n")
-    print_table(rows, ["result", "role", "compare", "tok_s", "turns", "published_gain", "measured_gain",
-                       "testbed_ms_per_turn", "implied_ms_per_turn", "implied_vs_calibration"])
+        if r is calibration:
+            r["implied_vs_calibration"] = "calibration"
+        elif calibration is None or r["metric"] != calibration["metric"]:
+            r["implied_vs_calibration"] = "-"  # a TTFT figure against an end-to-end calibration: not like with like
+        else:
+            r["implied_vs_calibration"] = f"{r['implied_ms_per_turn'] / calibration['implied_ms_per_turn']:.2f}x"
+    print("Published results vs the testbed (gain = 1 - design/baseline over the same tasks; 90% bootstrap interval "
+          "over tasks)\n")
+    print(f"Verdict rule: {VERDICT_RULE}.\n")
+    print_table(rows, ["result", "role", "metric", "compare", "tok_s", "tasks", "published_gain", "measured_gain",
+                       "gain_90_low", "gain_90_high", "verdict", "testbed_ms_per_turn", "implied_ms_per_turn",
+                       "implied_vs_calibration"])
+    if calibration is not None:
+        print(f"\nCalibration residual (measured - published gain): {calibration['residual']:+.3f}; the knobs were set "
+              "near this figure, so it confirms nothing.")
+    checks = [r for r in rows if r["role"] == "check"]
+    if checks:
+        agreeing = sum(r["verdict"] == "agrees" for r in checks)
+        print(f"Checks: {agreeing} of {len(checks)} agree under the rule.")
     trends = trend_rows(trends_grid, results[len(pairs):])
-    print(f"\nDirection check (out of sample): chained vs http gain by decode speed, {args.trend_turns} turns, 0.3 s tools")
+    print(f"\nBy construction, not evidence: chained vs http gain by decode speed ({args.trend_turns} turns, 0.3 s tools). "
+          "Any model whose designs differ by a fixed per-turn cost shows a gain that grows with decode speed.")
     print_table(trends)
-    grows = all(a["gain_chained_vs_http"] < b["gain_chained_vs_http"] for a, b in zip(trends, trends[1:]))
-    print(f"gain grows with decode speed: {'yes' if grows else 'NO'}")
     path = run_dir("published") / "published.csv"
     write_csv(path, rows)
     print(f"wrote {path}")

@@ -33,6 +33,7 @@ from .clock import PreciseClock
 from .engine import latency
 from .engine.engine import HTTP_AFFINITY
 from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
+from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
 from .server.config import ServerConfig
 
@@ -230,13 +231,20 @@ def task_row(design: str, decode_tps: float, record: RolloutRecord) -> dict[str,
         "bytes_received_per_turn": statistics.fmean(t.bytes_received for t in record.turns),
         "input_tokens": record.usage["input_tokens"],
         "cached_tokens": record.usage["cached_tokens"],
+        "output_tokens": record.usage["output_tokens"],
+        "reasoning_tokens": record.usage.get("reasoning_tokens", 0),
+        "web_searches": sum(1 for item in record.transcript if item.get("type") == "web_search_call"),
+        "function_calls": sum(1 for item in record.transcript if item.get("type") == "function_call"),
         "phase_totals_s": totals,
     }
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (design, speed): e2e p50/p90 per task, speed-up vs http (ratio of mean e2e over
-    the same tasks), per-turn TTFT p50, API overhead share of wall time, bytes sent per turn."""
+    the same tasks), per-turn TTFT p50, API overhead share of wall time, bytes sent and received per
+    turn (docs/metrics.md), the share of input tokens found in the prefix cache, and what the tasks
+    did: reasoning's share of output tokens, hosted web searches per task, client calls per turn
+    that ended in calls (parallel calls push it above 1)."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["design"], row["decode_tps"]), []).append(row)
@@ -255,10 +263,20 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
             "api_overhead_share": float(sum(r["api_overhead_s"] for r in group) / e2e.sum()),
             "bytes_sent_per_turn": float(np.mean([r["bytes_sent_per_turn"] for r in group])),
+            "bytes_received_per_turn": float(np.mean([r["bytes_received_per_turn"] for r in group])),
+            "cached_share": _ratio(group, "cached_tokens", "input_tokens"),
+            "reasoning_share": _ratio(group, "reasoning_tokens", "output_tokens"),
+            "web_searches_per_task": float(np.mean([r.get("web_searches", 0) for r in group])),
+            "calls_per_tool_turn": float(sum(r.get("function_calls", 0) for r in group) / max(1, sum(r["turns"] - 1 for r in group))),
         })
     order = {d: i for i, d in enumerate(ALL_DESIGNS)}
     table.sort(key=lambda r: (r["decode_tps"], order.get(r["design"], 99)))
     return table
+
+
+def _ratio(group: Sequence[dict[str, Any]], part: str, whole: str) -> float:
+    total = sum(r.get(whole, 0) for r in group)
+    return float(sum(r.get(part, 0) for r in group) / total) if total else float("nan")
 
 
 def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
@@ -272,9 +290,13 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     rows = [
         ("workload preset", f"{name}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
         ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", calibrated or "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
-        ("initial prompt", f"{params.initial_prompt_tokens} tokens", calibrated or "docs/parameters.md §1 [assumed]"),
+        ("initial prompt", f"{params.initial_prompt_tokens} tokens, of which {min(params.shared_prefix_tokens, params.initial_prompt_tokens)} common to every task", calibrated or "docs/parameters.md §1 [assumed]"),
+        ("common prefix", "Codex's base instructions and tools; the rest of each task from its own content seed; affinity draws per task and turn", "docs/parameters.md §1"),
         ("tokens appended per turn", f"LN({params.appended_median:g}, {params.appended_sigma:g})", "docs/parameters.md §1: TraceLab"),
         ("output tokens per turn", f"LN({params.output_median:g}, {params.output_sigma:g})", calibrated or "docs/parameters.md §1: inference-perf, Exgentic, AgentX"),
+        ("parallel client calls", f"{params.parallel_calls_p:.1%} of tool turns, 2/3/4 calls weighted " + "/".join(f"{w:g}" for w in params.parallel_call_weights), "docs/parameters.md §1: yurukusa/cc-multi"),
+        ("hosted web_search", f"{params.hosted_call_p:.1%} of tool turns, {params.hosted_seconds:g} s, {params.hosted_result_tokens} tokens", "docs/parameters.md §1: yurukusa/cc-multi [rate]; [assumed latency, size]"),
+        ("reasoning share of output", f"uniform {params.reasoning_share[0]:.0%}-{params.reasoning_share[1]:.0%} per turn; encrypted_content >= {ENCRYPTED_CONTENT_MIN_CHARS} chars", "docs/parameters.md §1: public Codex gpt-5.4 trace; LibreChat-AI/agents PR #422"),
         ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", calibrated or "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
         ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s" if model == latency.LatencyModel()
          else f"{model.decode_tokens_per_s:g} tokens/s unless --speeds", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"

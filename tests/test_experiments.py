@@ -27,8 +27,9 @@ def test_compare_writes_table_figure_and_traces(tmp_path, capsys):
     assert "f_ws" in printed and "tokens/s" in printed  # the parameters, with sources
     table = json.loads((out / "compare.json").read_text())["table"]
     assert {(r["design"], r["decode_tps"]) for r in table} == {("http", 1000.0), ("chained", 1000.0), ("suspended", 1000.0)}
-    http = next(r for r in table if r["design"] == "http")
-    assert http["speedup_vs_http"] == 1.0
+    speedup = {r["design"]: r["speedup_vs_http"] for r in table}
+    assert speedup["http"] == 1.0 < speedup["chained"] < speedup["suspended"]  # the designs' order
+    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table)
     assert (out / "compare.png").stat().st_size > 10_000
     trace = json.loads((out / "trace_suspended.json").read_text())["traceEvents"]
     spans = {e["name"] for e in trace if e["ph"] == "X"}
@@ -40,12 +41,21 @@ def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys
     result = published.main(["--tasks", "1", "--rows", "0", "4", "--trend-turns", "4"])
     rows = result["rows"]
     assert [r["role"] for r in rows] == ["calibration", "check"]
-    assert rows[0]["implied_vs_calibration"] == "calibration"
-    assert rows[1]["implied_vs_calibration"].endswith(("agrees", "DISAGREES"))
+    assert rows[0]["implied_vs_calibration"] == rows[0]["verdict"] == "calibration"
+    assert rows[0]["residual"] == pytest.approx(rows[0]["measured_gain"] - rows[0]["published_gain"])
+    assert rows[1]["metric"] == "ttft" and rows[1]["implied_vs_calibration"] == "-"  # TTFT is not held to an e2e figure
+    assert rows[1]["verdict"] in ("agrees", "disagrees")
     for r in rows:
-        assert r["implied_ms_per_turn"] > 0
+        assert r["implied_ms_per_turn"] > 0 and r["gain_90_low"] <= r["measured_gain"] <= r["gain_90_high"]
     assert [t["tok_s"] for t in result["trends"]] == [65.0, 1000.0, 4000.0]
-    assert "calibration" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Verdict rule:" in printed and "By construction, not evidence" in printed and "Calibration residual" in printed
+
+
+def test_the_verdict_rule_is_one_band_for_every_row():
+    assert published.verdict(0.40, 0.36, (0.30, 0.38)) == "agrees"  # within 5 points
+    assert published.verdict(0.40, 0.30, (0.20, 0.41)) == "agrees"  # inside the interval
+    assert published.verdict(0.40, 0.30, (0.28, 0.33)) == "disagrees"  # "up to 40%" is not met by 30%
 
 
 def test_history_cpu_runs_at_a_tiny_size():

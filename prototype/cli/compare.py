@@ -21,6 +21,12 @@ at the newest. Columns (compare.csv):
   api_overhead_share         API work (validate, safety, render, route, store reads, blocking post)
                              as a share of end-to-end wall time
   bytes_sent_per_turn        client-to-server payload bytes per turn (request bodies / frames)
+  bytes_received_per_turn    server-to-client payload bytes per turn (SSE blocks / frames)
+  cached_share               share of input tokens found in the engine's prefix cache
+  reasoning_share            reasoning tokens as a share of output tokens
+  web_searches_per_task      hosted web_search calls per task
+  calls_per_tool_turn        client function calls per turn that ended in calls
+The per-turn figures follow one definition for every design (docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -83,7 +83,9 @@ class RolloutRecord:
     status: str = ""
     turns: list[TurnRecord] = attrs.Factory(list)
     transcript: list[dict[str, Any]] = attrs.Factory(list)  # every conversation item, ids removed
-    usage: dict[str, int] = attrs.Factory(lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0})
+    usage: dict[str, int] = attrs.Factory(
+        lambda: {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0}
+    )
     timeline: list[tuple[float, str, str]] = attrs.Factory(list)  # (time, "send"/"recv", event type)
     response_ids: list[str] = attrs.Factory(list)
     sequence_numbers: list[tuple[str, int]] = attrs.Factory(list)  # (response id, sequence_number) per event
@@ -160,6 +162,8 @@ class Rollout:
                     self.record.usage["input_tokens"] += usage["input_tokens"]
                     self.record.usage["cached_tokens"] += usage["input_tokens_details"]["cached_tokens"]
                     self.record.usage["output_tokens"] += usage["output_tokens"]
+                    details = usage.get("output_tokens_details") or {}
+                    self.record.usage["reasoning_tokens"] += details.get("reasoning_tokens", 0)
 
     def start_turn(self, sent_items: list[dict[str, Any]], size: int, *, at: float | None = None) -> None:
         """A new turn whose request (`size` payload bytes) started at `at` (default now): the time the client set

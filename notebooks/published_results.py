@@ -42,7 +42,6 @@ GAIN_TOLERANCE = 0.05  # a measured gain within this of the published one "match
 SAVE_FIGURE = True
 
 # %%
-from itertools import pairwise
 
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
@@ -61,9 +60,9 @@ print(f"test mode: {notebook.notebook_test_mode()}")
 #
 # `gain = 1 - design / baseline`, as published or as measured in the testbed. `testbed ms/turn` is
 # the overhead per turn (per first token for TTFT rows) that the testbed's design removes.
-# `implied ms/turn` is the overhead the published gain would imply. `vs calibration` compares each
-# row's implied overhead with the calibration row's (agreement within a factor of
-# `published.AGREEMENT_FACTOR`).
+# `implied ms/turn` is the overhead the published gain would imply. `vs calibration` compares an
+# end-to-end row's implied overhead with the calibration row's (TTFT rows are not held to an
+# end-to-end figure). `verdict` is `published.VERDICT_RULE`, the same rule for every row.
 
 # %%
 argv = ["--tasks", str(N_TASKS), "--trend-turns", str(TREND_TURNS)]
@@ -86,6 +85,7 @@ table = [{
     "testbed ms/turn": r["testbed_ms_per_turn"],
     "implied ms/turn": r["implied_ms_per_turn"],
     "vs calibration": r["implied_vs_calibration"],
+    "verdict": r["verdict"],
 } for r in rows]
 display(Markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format, "turns": "{:g}".format,
                                                       "testbed ms/turn": "{:.0f}".format,
@@ -98,8 +98,8 @@ display(Markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format,
 # per turn that each published gain implies, and what the testbed removes, on a log scale. The
 # green band is the calibration row's implied value times or divided by the agreement factor; a
 # published figure whose grey bar falls outside it cannot hold together with the calibration figure
-# under one set of knobs. Right: the out-of-sample direction check. The gain of chained over http
-# should grow with decode speed.
+# under one set of knobs. Right: the gain of chained over http by decode speed, which grows with
+# speed by construction (any fixed per-turn cost does): a picture of magnitudes, not evidence.
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(17, 0.9 + 0.55 * max(4, len(rows))), gridspec_kw={"width_ratios": [1.5, 1, 0.9]})
@@ -118,22 +118,16 @@ plt.show()
 # %%
 calibration = next((r for r in rows if r["role"] == "calibration"), None)
 checks = [r for r in rows if r["role"] == "check"]
-agree = [r for r in checks if str(r["implied_vs_calibration"]).endswith("agrees")]
-match = [r for r in rows if abs(r["measured_gain"] - r["published_gain"]) <= GAIN_TOLERANCE]
-print(f"{len(match)} of {len(rows)} rows measure a gain within {100 * GAIN_TOLERANCE:.0f} points of the published one.")
-if calibration is not None and checks:
-    print(f"{len(agree)} of {len(checks)} out-of-sample rows imply an overhead within a factor "
-          f"{published.AGREEMENT_FACTOR:g} of the calibration row's {calibration['implied_ms_per_turn']:.0f} ms per turn"
+agree = [r for r in checks if r["verdict"] == "agrees"]
+print(f"Verdict rule: {published.VERDICT_RULE}.")
+if calibration is not None:
+    print(f"Calibration residual: {100 * calibration['residual']:+.1f} points (the knobs were set near it).")
+if checks:
+    print(f"{len(agree)} of {len(checks)} out-of-sample rows agree"
           + (": " + "; ".join(r["result"] for r in agree) if agree else "") + ".")
-    if len(agree) < len(checks):
-        print("The rows outside that band cannot hold together with the calibration figure under one set of the testbed's knobs. "
-              "Either the testbed's cost model is missing a mechanism, or the published conditions differ "
-              "from the ones set up here.")
 gains = [t["gain_chained_vs_http"] for t in trends]
-grows = all(a < b for a, b in pairwise(gains))
 by_speed = ", ".join(f"{100 * g:.0f}% at {t['tok_s']:g}" for g, t in zip(gains, trends))
-print(f"Direction check: the chained-over-http gain {'grows' if grows else 'does NOT grow'} with decode speed "
-      f"({by_speed} tokens/s).")
+print(f"By construction, not evidence: the chained-over-http gain by decode speed ({by_speed} tokens/s).")
 if len(gains) > 1:
     small = gains[0] < min(gains[1:]) / 2
     print(f"At {trends[0]['tok_s']:g} tokens/s the gain is "

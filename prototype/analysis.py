@@ -213,7 +213,7 @@ def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERAN
     the testbed's own and with the calibration row's (its `implied_vs_calibration`). `ceiling`
     defaults to whether the result's name says "up to"."""
     if ceiling is None:
-        ceiling = "up to" in str(row["result"]).lower()
+        ceiling = False  # experiments.published judges "up to" figures like any other (its VERDICT_RULE)
     metric = "end-to-end time" if row["metric"] == "e2e" else "time to first token (p50)"
     published, measured = row["published_gain"], row["measured_gain"]
     diff = measured - published
@@ -235,6 +235,8 @@ def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERAN
                  f"overhead per {'turn' if row['metric'] == 'e2e' else 'first token'}; the testbed removes "
                  f"{testbed:.0f} ms, {ratio:.2f}x that.")
     verdict = str(row.get("implied_vs_calibration", "-"))
+    if row.get("verdict") in ("agrees", "disagrees"):
+        sentence += f" Under the experiment's one verdict rule the row {row['verdict']}."
     if verdict == "calibration":
         sentence += (" This is the calibration row: the default cost knobs were chosen near it, so agreement here "
                      "confirms nothing; it anchors the other rows.")

@@ -49,7 +49,7 @@ def trace_events(record: RolloutRecord, *, pid: int = 1, shared_clock: bool = Tr
     return events
 
 
-def write_trace(records: Iterable[RolloutRecord], path: str | Path, *, shared_clock: bool = True) -> Path:
+def write_chrome_trace(records: Iterable[RolloutRecord], path: str | Path, *, shared_clock: bool = True) -> Path:
     """One process (pid) per rollout, so designs line up one above the other in Perfetto."""
     events: list[dict[str, Any]] = []
     for pid, record in enumerate(records, start=1):

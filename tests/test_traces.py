@@ -12,6 +12,7 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
+from prototype.traces import native
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
@@ -255,7 +256,7 @@ def test_the_project_made_codex_rollout_fixture_loads():
 def test_testbed_format_keeps_tasks_and_arrivals(tmp_path):
     tasks = [attrs_evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
     path = tmp_path / "own.jsonl"
-    wl.write_trace(tasks, path)
+    native.write_trace(tasks, path)
     trace = traces.load(path)
     assert trace.format == "testbed" and not trace.timed
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival

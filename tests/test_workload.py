@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prototype.traces.native import read_trace, write_trace
 from prototype.workload import (
     DEFAULT_PRESET,
     PRESETS,
@@ -19,10 +20,8 @@ from prototype.workload import (
     fixed,
     generate,
     generate_one,
-    read_trace,
     sample_tool_seconds,
     summary,
-    write_trace,
 )
 
 

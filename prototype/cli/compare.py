@@ -44,7 +44,7 @@ import attrs
 from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
-from ..trace import write_trace
+from ..trace import write_chrome_trace
 from .common import add_list, new_run_folder
 
 TRACE_SPEED = 1000.0
@@ -89,7 +89,7 @@ def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[flo
     for run, (task_rows, traced) in zip(grid, results):
         rows += task_rows
         if traced is not None:
-            write_trace([traced], out / f"trace_{run.design}.json")
+            write_chrome_trace([traced], out / f"trace_{run.design}.json")
     return rows
 
 

@@ -2,7 +2,7 @@
 
 Formats (one module each, all returning a `Trace` of `Workload` tasks and observed `Round`s):
 
-* `native`: the testbed's own JSONL (prototype/workload.py `write_trace`);
+* `native`: the testbed's own JSONL (`native.write_trace` writes it);
 * `tracelab`: TraceLab's normalized per-round JSONL (`round_trace.jsonl`);
 * `tracelab_csv`: TraceLab's multi-round replay CSV;
 * `codex`: Codex CLI session rollouts (`rollout-*.jsonl`); a folder such as `$CODEX_HOME/sessions` loads every

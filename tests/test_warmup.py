@@ -7,12 +7,15 @@ instructions), then chains the real turn from it with only the new items (docs/c
 from __future__ import annotations
 
 import pytest
+import trio
 from support import make_server, until, ws
 
 from prototype.api import render
 from prototype.client.harness import CHAINED
+from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE
 from prototype.engine.latency import LatencyModel
+from prototype.engine.memory import SWAP_POLICY
 from prototype.protocol import codec
 
 TOOLS = [
@@ -67,3 +70,38 @@ async def test_without_the_warm_up_the_first_turn_prefills_everything(autojump_c
     assert response["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
     assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
     assert "warmup_prefill_tokens" not in server.records[0]
+
+
+MORE = {"type": "message", "role": "user", "content": "Then read the README."}
+
+
+async def test_a_warm_up_over_a_partly_cached_prefix_prefills_only_the_rest(autojump_clock):
+    # SWAP moves the KV of a session paused at a tool call to the host; a warm-up is not such a
+    # pause, so its KV stays on the GPU as prefix cache.
+    server = make_server(engine=Engine(retention=SWAP_POLICY))
+    engine = server.api.engine
+    latency = LatencyModel(decode_tokens_per_s=1000.0)
+    async with ws(server, CHAINED, include_timing=True) as conn:
+        await conn.send_message(codec.encode(create([INSTRUCTIONS], generate=False)))
+        first = (await until(conn, "response.completed"))[-1]["response"]["id"]
+        # A second warm-up adds the task: the instructions' whole blocks are cached, the rest is new.
+        start = trio.current_time()
+        await conn.send_message(codec.encode(create([TASK], generate=False, previous_response_id=first)))
+        second = (await until(conn, "response.completed"))[-1]["response"]
+        took = trio.current_time() - start
+        assert engine.active_calls == 0 and engine.stats.swap_out_bytes == 0
+        await conn.send_message(codec.encode(create([MORE], previous_response_id=second["id"])))
+        turn = (await until(conn, "response.completed"))[-1]["response"]
+    prefix, warmed = prompt_tokens(INSTRUCTIONS), prompt_tokens(INSTRUCTIONS, TASK)
+    cached = prefix - prefix % BLOCK_SIZE
+    uncached = warmed - cached
+    assert took == pytest.approx(latency.prefill_seconds(uncached, cached), rel=1e-12)
+    record = server.records[1]
+    assert record["warmup"] is True and record["warmup_prefill_tokens"] == uncached
+    for phases in (dict(record["phases_ms"]), dict(second["testbed_timing"]["phases_ms"])):
+        assert phases.pop("prefill") == pytest.approx(1000 * took, abs=5e-4)  # the whole warm-up is its prefill
+        assert set(phases.values()) <= {0.0}  # zero API costs
+    assert second["usage"]["input_tokens"] == 0 and second["usage"]["output_tokens"] == 0
+    # The real turn finds everything both warm-ups prefilled, in whole blocks.
+    assert turn["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK, MORE)
+    assert turn["usage"]["input_tokens_details"]["cached_tokens"] == warmed - warmed % BLOCK_SIZE

@@ -1,0 +1,85 @@
+"""A hosted web_search inside a response (designs/sampling.py, designs/emitter.py): the time it takes
+is reported as the `hosted_tool` phase, the hidden sampling of its query as `decode`, its query's
+tokens count as output, and the in-progress item is part of the response while the search runs.
+
+Zero API costs and 1000 tokens/s: every span is exact on the autojump clock (the wire rounds spans
+to the microsecond, hence `abs=5e-4` on milliseconds).
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+from support import create_event, make_server, send, until, ws
+
+from prototype.api.hosted import HostedToolService
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.engine import tokenizer
+from prototype.engine.latency import LatencyModel
+from prototype.engine.policy import PlannedSearch
+from prototype.engine.streaming import EngineFailure
+from prototype.workload import HostedCall, TurnSpec, Workload
+
+SEARCH_SECONDS = 2.5
+WORKLOAD = Workload("hosted", 1, (TurnSpec(500, 20, (0.3,), (HostedCall(SEARCH_SECONDS, 100),)), TurnSpec(50, 20, ())))
+DECODE = LatencyModel(decode_tokens_per_s=1000.0)
+
+
+def ms(seconds: float):
+    return pytest.approx(1000 * seconds, abs=5e-4)
+
+
+def tokens(text: str) -> int:
+    return len(tokenizer.encoding().encode_ordinary(text))
+
+
+def hosted_request(server, **fields) -> dict:
+    key = server.api.workloads.register(WORKLOAD)
+    tools = create_event()["tools"] + [{"type": "web_search"}]
+    return create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "1000"}, tools=tools, **fields)
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_a_hosted_search_is_timed_as_hosted_tool_after_its_hidden_decode(autojump_clock, design: str):
+    server = make_server()
+    async with ws(server, design, include_timing=True) as conn:
+        await send(conn, hosted_request(server))
+        response = (await until(conn, "response.completed", "response.done"))[-1]["response"]
+    search, message, call = response["output"]
+    assert search["type"] == "web_search_call" and search["status"] == "completed"
+    query = search["action"]["query"]
+    timing = response["testbed_timing"]
+    phases = timing["phases_ms"]
+    assert phases["hosted_tool"] == ms(SEARCH_SECONDS)
+    # The query is sampled, not streamed: one decode span of its tokens right before the search.
+    spans = timing["spans"]
+    hosted = next(i for i, span in enumerate(spans) if span[0] == "hosted_tool")
+    hidden = spans[hosted - 1]
+    assert hidden[0] == "decode" and hidden[2] - hidden[1] == ms(DECODE.decode_seconds(tokens(query)))
+    assert spans[hosted][1] == hidden[2] and spans[hosted][2] - spans[hosted][1] == ms(SEARCH_SECONDS)
+    # Every output token is counted once: the hidden query, the message's words, the call's arguments.
+    assert response["usage"]["output_tokens"] == tokens(query) + 20 + tokens(call["arguments"])
+    assert message["type"] == "message" and call["type"] == "function_call"
+
+
+@attrs.define(eq=False)
+class FailingSearch(HostedToolService):
+    """A hosted tool service whose backend fails after its latency."""
+
+    async def search(self, item_id: str, search: PlannedSearch, seed: int) -> str:
+        await trio.sleep(search.seconds)
+        raise EngineFailure("the search backend is down")
+
+
+async def test_a_search_that_fails_leaves_its_in_progress_item_in_the_failed_response(autojump_clock):
+    server = make_server(hosted=FailingSearch())
+    async with ws(server, CHAINED) as conn:
+        await send(conn, hosted_request(server))
+        events = await until(conn, "response.failed")
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    failed = events[-1]["response"]
+    assert failed["error"] == {"code": "engine_failure", "message": "the search backend is down"}
+    assert failed["output"] == [added["item"]]
+    assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress"
+    assert added["output_index"] == 0

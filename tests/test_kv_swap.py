@@ -1,0 +1,250 @@
+"""The SWAP retention policy's bookkeeping (engine/kv.py): the host budget, which swapped KV a full
+host drops, the one-way-at-a-time host link in both directions, and the swap counters.
+
+The engine is driven alone under the autojump clock, as in test_kv_memory.py: a session's call is
+`begin_call`, `retain`, `end_call`; a call that ends paused (at a tool call) swaps the session's KV
+out under SWAP. All times are exact (`pytest.approx(rel=1e-12)` absorbs float rounding only).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable
+
+import pytest
+import trio
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from prototype.engine.engine import Engine
+from prototype.engine.kv import BLOCK_SIZE, GPU, HOST, SWAPPING_OUT, Prompt, common_prefix
+from prototype.engine.memory import KV_BYTES_PER_TOKEN_8B, PCIE_BYTES_PER_S, SWAP_POLICY
+
+KV = KV_BYTES_PER_TOKEN_8B
+
+
+def copy_seconds(tokens: int) -> float:
+    """One-way host link time of `tokens` of KV: tokens x bytes per token / link rate."""
+    return tokens * KV_BYTES_PER_TOKEN_8B / PCIE_BYTES_PER_S
+
+
+def exactly(seconds: float):
+    return pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+def prompt(n: int, base: int = 1000) -> Prompt:
+    return Prompt(list(range(base, base + n)))
+
+
+async def paused_call(engine: Engine, key: Hashable, p: Prompt) -> None:
+    """A model call that computes all of `p` and ends at a tool call (the session will be back)."""
+    handle = await engine.begin_call(key, p)
+    engine.retain(key, p, trio.current_time())
+    engine.end_call(handle)
+
+
+def on_host(engine: Engine) -> set[Hashable]:
+    return {key for key, entry in engine.kv.items() if entry.where == HOST}
+
+
+def assert_books_balance(engine: Engine) -> None:
+    assert engine.resident_tokens == sum(e.gpu_tokens for e in engine.kv.values())
+    assert engine.host_tokens == sum(e.host_tokens for e in engine.kv.values())
+
+
+# --- the host budget ----------------------------------------------------------------------------------
+
+
+async def test_a_host_filled_exactly_to_its_budget_drops_nothing(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=200)
+    await paused_call(engine, "a", prompt(100))
+    await trio.sleep(1)
+    await paused_call(engine, "b", prompt(100))
+    await trio.sleep(1)
+    engine.advance(trio.current_time())
+    assert on_host(engine) == {"a", "b"} and engine.host_tokens == 200
+    assert engine.stats.swap_dropped == 0 and engine.stats.swap_out_bytes == 200 * KV
+    assert_books_balance(engine)
+
+
+async def test_a_full_host_drops_the_least_recently_used_swapped_kv_first(autojump_clock):
+    # Keys sort the other way from their age: the victim is chosen by last use, not by key.
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=250)
+    for key in ("c", "b", "a"):  # c is the oldest, a the newest
+        await paused_call(engine, key, prompt(100))
+        await trio.sleep(1)
+    engine.advance(trio.current_time())
+    assert on_host(engine) == {"b", "a"} and engine.host_tokens == 200
+    assert engine.stats.swap_dropped == 1
+    assert engine.stats.swap_out_bytes == 300 * KV  # c was copied out too, before a pushed it off
+    assert_books_balance(engine)
+
+
+async def test_every_swapped_session_a_large_one_pushes_off_is_counted(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=250)
+    await paused_call(engine, "a", prompt(100))
+    await trio.sleep(1)
+    await paused_call(engine, "b", prompt(100))
+    await trio.sleep(1)
+    await paused_call(engine, "c", prompt(200))  # 200 + 200 > 250, then 100 + 200 > 250: a and b go
+    assert set(engine.kv) == {"c"} and engine.kv["c"].where == SWAPPING_OUT
+    assert engine.host_tokens == 200 and engine.stats.swap_dropped == 2
+    assert_books_balance(engine)
+
+
+async def test_kv_larger_than_the_whole_host_budget_is_dropped_after_the_others(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=150)
+    await paused_call(engine, "a", prompt(100))
+    await trio.sleep(1)
+    await paused_call(engine, "b", prompt(200))  # pushes a off, and still does not fit: dropped too
+    assert engine.kv == {} and engine.host_tokens == 0 and engine.resident_tokens == 0
+    assert engine.stats.swap_dropped == 2
+    assert engine.stats.swap_out_bytes == 100 * KV  # only a was ever copied
+    handle = await engine.begin_call("b", prompt(200))  # b's next call computes its KV again
+    assert handle.recomputed == 200 and handle.swap_in_tokens == 0
+    engine.end_call(handle, paused=False)
+
+
+async def test_session_keys_that_do_not_compare_are_fine_when_last_uses_tie(autojump_clock):
+    # Session keys are any hashables (the http design uses tuples): a tie on last use must not
+    # fall back to comparing keys.
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=200)
+    await paused_call(engine, ("http", 1), prompt(100))
+    await paused_call(engine, "conn-2", prompt(100))
+    await trio.sleep(1)
+    await paused_call(engine, 3, prompt(100))
+    assert engine.stats.swap_dropped == 1 and engine.host_tokens == 200
+    assert 3 in engine.kv and len(engine.kv) == 2
+    assert_books_balance(engine)
+
+
+# --- the host link, one copy at a time each way -----------------------------------------------------
+
+
+async def test_swap_outs_queue_on_the_link_and_free_the_gpu_one_after_the_other(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY)
+    s = copy_seconds(1000)
+    await paused_call(engine, "a", prompt(1000))
+    await paused_call(engine, "b", prompt(1000, base=5000))  # same instant: waits for a's copy
+    assert engine.kv["a"].where == engine.kv["b"].where == SWAPPING_OUT
+    assert engine.resident_tokens == 2000 and engine.host_tokens == 2000
+    engine.advance(s)
+    assert engine.kv["a"].where == HOST and engine.kv["b"].where == SWAPPING_OUT and engine.resident_tokens == 1000
+    engine.advance(2 * s - 1e-9)
+    assert engine.kv["b"].where == SWAPPING_OUT
+    engine.advance(2 * s)
+    assert on_host(engine) == {"a", "b"} and engine.resident_tokens == 0
+    # 2000 tokens on the GPU for s, then 1000 for another s.
+    assert engine.stats.resident_token_seconds == exactly(3000 * s)
+    assert engine.stats.swap_out_bytes == 2000 * KV
+
+    # The link is idle again: a later copy starts at once, not after the old queue.
+    await trio.sleep(10)
+    await paused_call(engine, "c", prompt(500))
+    engine.advance(trio.current_time() + copy_seconds(500))
+    assert engine.kv["c"].where == HOST and engine.stats.swap_out_bytes == 2500 * KV
+    assert_books_balance(engine)
+
+
+async def test_swap_ins_queue_on_the_link_and_each_waits_for_its_own_copy(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY)
+    a, b = prompt(1000), prompt(500, base=5000)
+    await paused_call(engine, "a", a)
+    await paused_call(engine, "b", b)
+    await trio.sleep(100)  # both copies long done
+    a.extend([1] * 10)
+    b.extend([2] * 10)
+    back: dict[str, float] = {}
+
+    async def resume(key: str, p: Prompt) -> None:
+        handle = await engine.begin_call(key, p)
+        back[key] = trio.current_time()
+        # Prefix-cache KV counts in whole blocks: the partial last block is computed again.
+        assert handle.swap_in_tokens == len(p) - 10 and handle.recomputed == (len(p) - 10) % BLOCK_SIZE
+        engine.end_call(handle, paused=False)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(resume, "a", a)
+        await trio.lowlevel.checkpoint()  # a asks first: b starts in a later batch
+        nursery.start_soon(resume, "b", b)
+    sa, sb = copy_seconds(1000), copy_seconds(500)
+    assert back == {"a": exactly(100 + sa), "b": exactly(100 + sa + sb)}
+    assert engine.stats.swap_in_bytes == 1500 * KV
+    # Waiting time, link queue included: a waited sa, b waited sa + sb.
+    assert engine.stats.swap_in_seconds == exactly(sa + (sa + sb))
+    assert engine.kv["a"].where == engine.kv["b"].where == GPU and engine.host_tokens == 0
+
+
+async def test_a_session_back_before_its_copy_ended_keeps_its_gpu_kv_and_waits_for_nothing(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY)
+    p = prompt(1000)
+    await paused_call(engine, "a", p)
+    p.extend([1] * 10)
+    handle = await engine.begin_call("a", p)  # at t = 0, while the copy is under way
+    assert trio.current_time() == 0 and handle.swap_in_tokens == 0 and handle.recomputed == 1000 % BLOCK_SIZE
+    assert engine.host_tokens == 0 and engine.stats.swap_in_bytes == 0 and engine.stats.swap_in_seconds == 0
+    engine.end_call(handle, paused=False)
+    engine.advance(10)
+    assert engine.kv["a"].where == GPU and engine.resident_tokens == 1000  # the stale copy timer did nothing
+
+
+async def test_a_call_queued_for_gpu_room_is_admitted_the_moment_a_swap_out_frees_it(autojump_clock):
+    # The head of the queue sleeps until the engine's next timer, here the end of a's copy to the
+    # host; bounded on the trio clock, so an engine that never wakes it fails instead of hanging.
+    engine = Engine(retention=SWAP_POLICY, kv_budget_tokens=100)
+    with trio.fail_after(60):
+        await paused_call(engine, "a", prompt(80))
+        handle = await engine.begin_call("b", prompt(50, base=5000))
+    assert trio.current_time() == exactly(copy_seconds(80)) and handle.queued_s == exactly(copy_seconds(80))
+    assert engine.kv["a"].where == HOST and engine.resident_tokens == 50
+    engine.end_call(handle, paused=False)
+    assert_books_balance(engine)
+
+
+# --- the prefix comparison ----------------------------------------------------------------------------
+
+
+def naive_common_prefix(a, b) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([], [], 0),
+        ([], [1], 0),
+        ([1], [], 0),
+        ([1], [1], 1),
+        ([1], [2], 0),
+        ([1, 2, 3], [1, 2, 3], 3),
+        ([1, 2], [1, 2, 3, 4], 2),
+        ([1, 2, 3, 4], [1, 2], 2),
+        ([1, 2, 3, 4], [1, 2, 9, 4], 2),
+        ([9, 2, 3, 4], [1, 2, 3, 4], 0),
+        ([1, 2, 3, 4], [1, 2, 3, 9], 3),
+    ],
+)
+def test_common_prefix_of_small_cases(a, b, expected):
+    assert common_prefix(a, b) == expected == naive_common_prefix(a, b)
+    assert common_prefix(array("q", a), array("q", b)) == expected  # what the engine passes
+
+
+# A two-letter alphabet makes long shared prefixes common, so every split point is exercised.
+ids = st.lists(st.integers(0, 1), max_size=40)
+
+
+@given(ids, ids)
+@example([], [])
+@example([0], [0])
+@example([0] * 33, [0] * 32 + [1])
+def test_common_prefix_equals_the_naive_scan(a, b):
+    assert common_prefix(a, b) == naive_common_prefix(a, b)
+    assert common_prefix(array("q", a), array("q", b)) == naive_common_prefix(a, b)
+
+
+@given(ids, ids, ids)
+def test_common_prefix_of_a_shared_start_is_at_least_that_start(start, x, y):
+    assert common_prefix(start + x, start + y) == len(start) + naive_common_prefix(x, y)

@@ -90,6 +90,8 @@ async def test_a_warm_up_over_a_partly_cached_prefix_prefills_only_the_rest(auto
         second = (await until(conn, "response.completed"))[-1]["response"]
         took = trio.current_time() - start
         assert engine.active_calls == 0 and engine.stats.swap_out_bytes == 0
+        # The warm-ups' reservations were the session's own KV: the GPU never held the prompt twice.
+        assert engine.resident_tokens == engine.stats.peak_resident_tokens == prompt_tokens(INSTRUCTIONS, TASK)
         await conn.send_message(codec.encode(create([MORE], previous_response_id=second["id"])))
         turn = (await until(conn, "response.completed"))[-1]["response"]
     prefix, warmed = prompt_tokens(INSTRUCTIONS), prompt_tokens(INSTRUCTIONS, TASK)

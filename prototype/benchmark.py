@@ -24,7 +24,7 @@ import trio.testing
 
 from . import metrics, netem
 from . import workload as wl
-from .api.costs import AFTER_SPRINT, ApiCosts, SprintSwitches
+from .api.costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches
 from .api.service import ApiService
 from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
@@ -315,4 +315,6 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)
         rows = [("workload", f"{len(config.task_list)} tasks from {config.source or 'an explicit task list'}",
                  "open-loop: each task starts at its arrival" if open_loop else "one task after another")] + rows[6:]
-    return rows + config.costs.describe()
+    # A "before the sprint" profile pays the extra costs of each switch that is off (api/costs.py).
+    sprint_rows = [] if config.sprint == AFTER_SPRINT else SprintCosts().describe()
+    return rows + config.costs.describe() + sprint_rows

@@ -7,7 +7,7 @@ printed precision, so a value scaled by even 0.1% on its way to the table prints
 
 from __future__ import annotations
 
-from prototype.api.costs import ApiCosts, SprintCosts, StageCost
+from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts, StageCost
 from prototype.benchmark import BenchConfig, parameters
 
 COSTS = ApiCosts(
@@ -53,3 +53,9 @@ def test_a_benchmark_prints_the_costs_it_ran_with():
     rows = parameters(BenchConfig(costs=COSTS))
     assert rows[-len(COSTS.describe()):] == COSTS.describe()
     assert all(knob and value and source for knob, value, source in rows)
+
+
+def test_a_before_sprint_run_prints_the_sprint_costs_it_pays() -> None:
+    after = parameters(BenchConfig(costs=COSTS))
+    before = parameters(BenchConfig(costs=COSTS, sprint=BEFORE_SPRINT))
+    assert before == after + SprintCosts().describe()

@@ -9,6 +9,8 @@ rounding only).
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 from typing import Any
 
 import attrs
@@ -274,3 +276,42 @@ async def test_a_stored_v1_rollout_continues_with_its_tool_outputs_over_http_and
     chained_ws = completed["response"]["usage"]["input_tokens"]
     assert chained_http == full
     assert chained_ws == full
+
+
+def readme_model_table() -> list[tuple[str, str]]:
+    """(model name cell, decode speed cell) of the README's model-name table."""
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## What a request runs", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    header = lines.index("| model name | decode speed |")
+    rows = []
+    for line in lines[header + 2:]:
+        if not line.startswith("|"):
+            break  # the table ends at its first non-table line
+        first, second = (cell.strip() for cell in line.strip("|").split("|"))
+        rows.append((first, second))
+    return rows
+
+
+# Names a user would send for each row of the README's table, in the table's order.
+README_EXAMPLES = [
+    ["gpt-5.3-codex-spark-burst", "Spark-Burst", "burst"],
+    ["gpt-5.3-codex-spark", "codex-spark-mini"],
+    ["sim-100000", "sim-250"],
+    ["gpt-5.4", "gpt-5.2", "o3"],
+]
+
+
+def test_the_readme_model_table_is_what_the_server_does() -> None:
+    rows = readme_model_table()
+    assert len(rows) == len(README_EXAMPLES)
+    for (cell, speed), names in zip(rows, README_EXAMPLES):
+        for name in names:
+            if "<N>" in cell:  # sim-<N>: N tokens/s
+                assert speed.startswith("N tokens/s")
+                assert decode_rate_for_model(name) == float(name.removeprefix("sim-"))
+            else:
+                assert decode_rate_for_model(name) == float(re.match(r"(\d+) tokens/s", speed).group(1)), (cell, name)
+        for quoted in re.findall(r"`([^`<>]+)`", cell):
+            if quoted not in ("spark", "burst"):  # the e.g. names the row itself gives
+                assert quoted in names, (cell, quoted)

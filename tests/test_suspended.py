@@ -200,3 +200,39 @@ def test_every_rollout_ends_with_one_terminal_and_increasing_sequence_numbers(ta
     for response_id in record.response_ids:
         numbers = [n for r, n in record.sequence_numbers if r == response_id]
         assert numbers == list(range(len(numbers)))
+
+
+async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first_is_applied(autojump_clock, monkeypatch):
+    # The race: the rollout answers the suspension, then sends `response.in_progress`; a second
+    # append read before the rollout runs again must not replace the first one's items. A slow
+    # `resumed` (the send blocked for 0.1 s) holds the window open every time.
+    from prototype.designs import suspended
+    from prototype.designs.emitter import Emitter
+
+    original_resumed, original_answer = Emitter.resumed, suspended.ClientOverSocket.answer
+    applied = []
+
+    async def slow_resumed(self):
+        await trio.sleep(0.1)
+        await original_resumed(self)
+
+    async def spy_answer(self, calls):
+        items = await original_answer(self, calls)
+        applied.append([item.output for item in items])
+        return items
+
+    monkeypatch.setattr(Emitter, "resumed", slow_resumed)
+    monkeypatch.setattr(suspended.ClientOverSocket, "answer", spy_answer)
+    server = make_server()
+    async with ws(server, SUSPENDED) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
+        done = (await until(conn, "response.done"))[-1]["response"]
+        calls = function_calls(done)
+        await send(conn, {"type": "response.append", "input": outputs_for(calls, "first")})
+        await send(conn, {"type": "response.append", "input": outputs_for(calls, "second")})
+        events = []
+        while not any(e["type"] == "response.completed" for e in events) or not any(e["type"] == "error" for e in events):
+            events.append(await receive(conn, timeout=5))
+    assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["no_suspended_response"]
+    assert applied == [["first"] * len(calls)]
+    assert [e["type"] for e in events].count("response.in_progress") == 1

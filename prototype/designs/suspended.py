@@ -25,7 +25,7 @@ import trio
 
 from .. import metrics
 from ..api.service import ApiService, owner_of
-from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, SUSPENSION_TIMEOUT, ProtocolError
+from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, NO_SUSPENDED_RESPONSE, SUSPENSION_TIMEOUT, ProtocolError
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
@@ -49,6 +49,11 @@ class Suspension:
     pending: tuple[str, ...]
     _answered: trio.Event = attrs.Factory(trio.Event)
     _items: Sequence[Item] = ()
+    _ended: ProtocolError | None = None  # why the rollout will not resume (connection closing)
+
+    @property
+    def answered(self) -> bool:
+        return self._answered.is_set()
 
     def check(self, items: Sequence[Item]) -> None:
         """Refuse an append that does not answer exactly the pending calls; the rollout stays paused."""
@@ -57,20 +62,64 @@ class Suspension:
             raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"response.append: {problem}.", param="input")
 
     def deliver(self, items: Sequence[Item]) -> None:
+        """Take one append. Synchronous, so two appends read back to back cannot both be taken:
+        the second finds the suspension answered (issue 15)."""
+        if self.answered:
+            raise no_suspended_response()
         self.check(items)
         self._items = items
         self._answered.set()
 
+    def end(self, reason: ProtocolError) -> None:
+        """Wake the paused rollout to fail with `reason` instead of resuming."""
+        if not self.answered:
+            self._ended = reason
+            self._answered.set()
+
     async def wait(self) -> Sequence[Item]:
         await self._answered.wait()
+        if self._ended is not None:
+            raise RolloutEnded(self._ended)
         return self._items
+
+
+class RolloutEnded(Exception):
+    """The connection is closing (lifetime limit, server drain): the rollout ends with
+    `response.failed` carrying this error instead of pausing again."""
+
+    def __init__(self, reason: ProtocolError) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
+
+
+def no_suspended_response() -> ProtocolError:
+    return ProtocolError(NO_SUSPENDED_RESPONSE, "response.append: no response is waiting for tool output on this connection.")
 
 
 @attrs.define(eq=False)
 class SuspensionSlot:
-    """Where the connection finds the rollout's current suspension (None while it runs)."""
+    """Where the connection finds the rollout's current suspension (None while it runs).
+
+    An append is taken or refused here, synchronously: the slot is emptied in the same step that
+    answers it, so every append is either applied or answered with `no_suspended_response`. Once
+    the connection is closing (`end`), a rollout that is streaming fails at its next pause and a
+    paused one fails at once, each with one terminal event."""
 
     current: Suspension | None = None
+    ended: ProtocolError | None = None
+
+    def deliver(self, items: Sequence[Item]) -> None:
+        suspension = self.current
+        if suspension is None:
+            raise no_suspended_response()
+        suspension.deliver(items)
+        self.current = None
+
+    def end(self, reason: ProtocolError) -> None:
+        self.ended = reason
+        if self.current is not None:
+            self.current.end(reason)
+            self.current = None
 
 
 @attrs.define(eq=False)
@@ -82,17 +131,23 @@ class ClientOverSocket:
     ttl: float
 
     async def answer(self, calls: Sequence[ToolCall]) -> Sequence[Item]:
+        if self.slot.ended is not None:
+            raise RolloutEnded(self.slot.ended)
         suspension = Suspension(tuple(call.item.call_id for call in calls))
         self.slot.current = suspension
         try:
             await self.emitter.paused()
             with trio.move_on_after(self.ttl):
                 items = await suspension.wait()
-                await self.emitter.resumed()
-                return items
-            raise SuspensionExpired
+            if not suspension.answered:
+                raise SuspensionExpired
+            # An append taken in the same instant as the expiry is still applied: it was accepted.
+            items = await suspension.wait()
+            await self.emitter.resumed()
+            return items
         finally:
-            self.slot.current = None
+            if self.slot.current is suspension:
+                self.slot.current = None
 
 
 async def run_rollout(
@@ -129,6 +184,9 @@ async def run_rollout(
                     "failed",
                     error={"code": SUSPENSION_TIMEOUT, "message": f"No response.append within {ttl:g} s; the rollout was released."},
                 )
+                return response
+            except RolloutEnded as ended:
+                await emitter.finished("failed", error={"code": ended.reason.code, "message": ended.reason.message})
                 return response
             response.status = outcome  # the stored record is the finished response
             await api.post_inference(log, response, context.items[len(request.input) :], owner=owner_of(api_key))

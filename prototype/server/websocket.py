@@ -179,9 +179,7 @@ class WebSocketSession:
                     "response.append is not supported in ws v2; use response.create with previous_response_id",
                     param="type",
                 )
-            if self.slot.current is None:
-                raise ProtocolError(errors.NO_SUSPENDED_RESPONSE, "response.append: no response is waiting for tool output on this connection.")
-            self.slot.current.deliver(event.input)
+            self.slot.deliver(event.input)
             self.appends += 1
             self.append_bytes += size
         elif isinstance(event, ResponseSteer):

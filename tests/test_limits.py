@@ -306,14 +306,36 @@ async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drop
     await assert_released(server)
 
 
-async def test_connection_lifetime_while_suspended_counts_as_a_disconnect(autojump_clock) -> None:
+async def test_connection_lifetime_while_suspended_fails_the_rollout_with_a_terminal_event(autojump_clock) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=10.0))
     async with ws(server, SUSPENDED) as conn:
-        await turn(conn, create())
+        done = (await turn(conn, create()))[-1]
         assert len(session_kv(server)) == 1
         events = await closed_with_limit(conn)
-        assert [e["type"] for e in events] == ["error"]  # no terminal event: the rollout is gone (docs/protocol.md)
+        assert trio.current_time() == pytest.approx(10.0, rel=1e-9)
+        failed, limit = events
+        assert failed["type"] == "response.failed" and failed["response"]["id"] == done["response"]["id"]
+        assert failed["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
+        assert failed["sequence_number"] == done["sequence_number"] + 1
         assert session_kv(server) == {}
+    await assert_released(server)
+
+
+async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails_the_rollout(autojump_clock) -> None:
+    # The segment streams from 8 s to past the 10 s limit: it is not cut off; it streams to its end,
+    # and where it would pause, the rollout ends with response.failed instead (issue 15).
+    server = make_server(config=ServerConfig(connection_lifetime=10.0))
+    long_turns = create(model="sim-100", metadata={"testbed_workload": "fixed:2:50:10:400:0"})  # 4 s of decode each
+    async with ws(server, SUSPENDED) as conn:
+        await trio.sleep(8)
+        await send(conn, long_turns)
+        events = await closed_with_limit(conn)
+        types = [e["type"] for e in events]
+        assert trio.current_time() > 10.0 + 2  # the segment streamed past the limit
+    assert types[0] == "response.created" and types[-2:] == ["response.failed", "error"]
+    assert types.count("response.function_call_arguments.done") == 1 and "response.done" not in types
+    assert [e["sequence_number"] for e in events[:-1]] == list(range(len(events) - 1))
+    assert events[-2]["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
     await assert_released(server)
 
 

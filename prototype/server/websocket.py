@@ -377,17 +377,22 @@ class WebSocketSession:
         )
 
     async def lifetime(self) -> None:
-        """At the connection limit: let an in-flight v2 response finish (a suspended v1 rollout counts
-        as a disconnect), then send `websocket_connection_limit_reached` and close 1000 (WS guide)."""
+        """At the connection limit: the in-flight response ends with a terminal event, then
+        `websocket_connection_limit_reached` and close 1000 (WS guide)."""
         await trio.sleep(self.config.connection_lifetime)
-        self.expired = True
-        if self.busy:
-            if self.info.design == SUSPENDED and self.current is not None:
-                self.current.cancel()
-            await self.idle.wait()
         limit = errors.connection_limit_reached(self.config.connection_lifetime / 60)
+        await self.close_after_in_flight(limit, 1000, "connection limit reached")
+
+    async def close_after_in_flight(self, reason: ProtocolError, code: int, close_reason: str) -> None:
+        """Take no more creates (queued ones are dropped); let the response in flight end with
+        its terminal event: a v2 turn finishes, a v1 rollout fails with `reason` at once if paused
+        or at its next pause if streaming; then send `reason` as an error and close with `code`."""
+        self.expired = True
+        self.slot.end(reason)
+        if self.busy:
+            await self.idle.wait()
         try:
-            await self.send_error(limit)
-            await self.ws.aclose(1000, "connection limit reached")
+            await self.send_error(reason)
+            await self.ws.aclose(code, close_reason)
         except ConnectionClosed:
             pass

@@ -29,9 +29,11 @@ import trio
 
 from .. import metrics, workload
 from ..api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, CacheSwitches
+from ..api.render import RenderCache
 from ..api.service import ApiService
 from ..api.store import ResponseStore
 from ..api.workloads import WorkloadCatalog
+from ..engine.engine import Engine
 from ..engine.latency import FLAGSHIP_TOKENS_PER_S, SPARK_BURST_TOKENS_PER_S, SPARK_TOKENS_PER_S
 from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, serve_responses
@@ -61,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", default=None, help="also append the server's client records (one per response: transport, design, chaining, appends, bytes, usage) to this JSONL file as they are made")
     parser.add_argument("--workers", type=int, default=1, help="server processes on the one port (SO_REUSEPORT), "
                         "sharing the SQLite response store (default 1)")
+    parser.add_argument("--render-cache-tokens", type=int, default=None, help="tokens the http design's cross-request render cache holds, least recently used dropped first (default 5000000)")
+    parser.add_argument("--engine-sessions", type=int, default=None, help="sessions whose engine bookkeeping is kept after their KV is gone, least recently seen forgotten first (default 100000)")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
     parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")
@@ -68,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_server(args: argparse.Namespace, worker: int | None = None) -> ResponsesServer:
     api = ApiService(
+        engine=Engine() if args.engine_sessions is None else Engine(max_sessions=args.engine_sessions),
+        render_cache=RenderCache() if args.render_cache_tokens is None else RenderCache(args.render_cache_tokens),
         costs=ZERO_COSTS if args.costs == "zero" else ApiCosts(),
         store=ResponseStore(args.store),
         workloads=WorkloadCatalog(default_workload=args.workload, default_seed=args.seed),

@@ -21,6 +21,12 @@ import trio
 
 from . import memory
 from .kv import GPU, HOST, SWAPPING_OUT, KVEntry, KVResidency, Prompt
+from .stats import sample
+
+# Sessions whose bookkeeping (age rank, tokens computed) the engine remembers after their KV is
+# gone [ours]: a returning session's recompute is still counted, and a long-running server's
+# memory stays bounded (http conversations never get `release`). A few hundred bytes each.
+MAX_REMEMBERED_SESSIONS = 100_000
 
 
 class ContextExceedsBudget(Exception):
@@ -66,9 +72,11 @@ class Admission(KVResidency):
     is one H100 serving Llama-3.1-8B)."""
     max_batch: int | None = None
     """Model calls in flight at once; None: unlimited (memory.VLLM_MAX_NUM_SEQS is vLLM's default)."""
+    max_sessions: int = MAX_REMEMBERED_SESSIONS
+    """Sessions remembered at most; the least recently seen one without KV is forgotten first."""
 
     active_calls: int = attrs.field(default=0, init=False)
-    _ranks: dict[Hashable, int] = attrs.field(factory=dict, init=False)
+    _ranks: dict[Hashable, int] = attrs.field(factory=dict, init=False)  # in order of last call, oldest first
     _rank_counter: itertools.count = attrs.field(factory=itertools.count, init=False)
     _waiting: list[tuple[int, int, EngineCall]] = attrs.field(factory=list, init=False)
 
@@ -90,9 +98,13 @@ class Admission(KVResidency):
         if budget is not None and len(prompt) > budget:
             raise ContextExceedsBudget(f"a {len(prompt)}-token prompt does not fit a {budget}-token KV budget")
         self._advance(now)
-        if key not in self._ranks:
-            self._ranks[key] = next(self._rank_counter)
-        call = EngineCall(key, prompt, pinned, self._ranks[key], next(self._seq), now)
+        rank = self._ranks.pop(key, None)
+        if rank is None:
+            rank = next(self._rank_counter)
+            if len(self._ranks) >= self.max_sessions:
+                self._forget_idle_sessions(len(self._ranks) + 1 - self.max_sessions)
+        self._ranks[key] = rank  # now the most recently seen
+        call = EngineCall(key, prompt, pinned, rank, next(self._seq), now)
         heapq.heappush(self._waiting, (call.rank, call.seq, call))
         self._schedule(now)
         try:
@@ -107,7 +119,7 @@ class Admission(KVResidency):
                 if call.admitted_at is None and now >= call.armed_for:
                     self._advance(now)
                     self._schedule(now)
-            self.stats.queue_delays.append(call.queued_s)
+            sample(self.stats.queue_delays, call.queued_s)
             if call.swap_in_tokens:
                 await self._swap_in(call.swap_in_tokens)
         except BaseException:
@@ -140,6 +152,17 @@ class Admission(KVResidency):
             if entry.active == 0:
                 self._go_idle(call.key, entry, now, paused=paused)
         self._schedule(now)
+
+    def _forget_idle_sessions(self, excess: int) -> None:
+        """Forget `excess` of the least recently seen sessions that hold no KV (fewer if the oldest
+        ones all hold KV: those are bounded by their time-to-live or by `release`)."""
+        for key in list(itertools.islice(self._ranks, 4 * excess + 16)):  # oldest first
+            if excess <= 0:
+                return
+            if key not in self.kv:
+                del self._ranks[key]
+                self._computed.pop(key, None)
+                excess -= 1
 
     def release(self, key: Hashable) -> None:
         """The session is over: drop its KV wherever it is, and forget it. With unlimited memory (and a

@@ -30,6 +30,7 @@ import trio
 
 from .admission import Admission
 from .latency import LatencyModel
+from .stats import sample
 from .streaming import FaultPlan, paced_tokens
 
 # Share of http requests routed back to the engine holding their prefix [assumed], docs/parameters.md §6.
@@ -61,7 +62,7 @@ class Engine(Admission):
             self._prefill_lock = trio.Lock()  # fair: FIFO
         asked = trio.current_time()
         async with self._prefill_lock:
-            self.stats.prefill_waits.append(trio.current_time() - asked)
+            sample(self.stats.prefill_waits, trio.current_time() - asked)
             return await _sleep_for(seconds)
 
     def stream(

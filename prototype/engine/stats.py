@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import attrs
 
+# Per-call samples kept in the lists below (the most recent ones) [ours]: a long-running server's
+# memory stays bounded.
+MAX_STAT_SAMPLES = 100_000
+
+
+def sample(samples: list[float], value: float) -> None:
+    """Append, keeping the most recent MAX_STAT_SAMPLES (trimmed in batches: amortised O(1))."""
+    samples.append(value)
+    if len(samples) > 2 * MAX_STAT_SAMPLES:
+        del samples[:-MAX_STAT_SAMPLES]
+
 
 @attrs.define
 class EngineStats:

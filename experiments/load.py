@@ -23,10 +23,11 @@ Reported per design and N:
   sessions open at once (/proc/<pid>/status VmRSS, sampled every 10 ms). All sessions start
   together, so that is N; the RSS of a Python process hardly falls when sessions end, so the peak
   is the memory the N sessions needed;
-* `lost`, `duplicated`: conversation items and events missing or repeated. Every transcript must
-  equal, item for item, the transcript of one rollout run alone on the same server first (itself
-  checked against the virtual-clock reference), and every response's sequence numbers must run 0,
-  1, 2, ... Both must be 0; the script exits 1 otherwise.
+* `lost`, `duplicated`: conversation items and events missing or repeated. Every transcript (of
+  the rollout run alone on the server first, and of each concurrent one) must equal, item for
+  item, the virtual-clock reference's, which is never replaced, and each response must carry the
+  reference's events, numbered 0, 1, 2, ... to the last (a missing tail is lost). Both must be 0;
+  the script exits 1 otherwise.
 
 * `workers`: server processes (`serve --workers N`: one port, SO_REUSEPORT); the server's CPU and
   RSS are summed over the parent and its workers;
@@ -118,26 +119,61 @@ def _items(record: RolloutRecord) -> Counter:
     return Counter(json.dumps(item, sort_keys=True) for item in record.transcript)
 
 
+def _by_response(record: RolloutRecord) -> list[list[tuple[int, str]]]:
+    """Each response's events as (sequence number, type), responses in the order they began.
+    (Every received event but `error` carries a sequence number, in the timeline's order.)"""
+    types = [event_type for _, direction, event_type in record.timeline if direction == "recv" and event_type != "error"]
+    events: dict[str, list[tuple[int, str]]] = {}
+    for (response_id, number), event_type in zip(record.sequence_numbers, types):
+        events.setdefault(response_id, []).append((number, event_type))
+    return list(events.values())
+
+
+def _structure(events: list[tuple[int, str]]) -> Counter:
+    """The events that do not depend on timing: all but deltas, which the server may coalesce
+    differently run to run (`--flush-interval`); their text is checked through the transcript."""
+    return Counter(event_type for _, event_type in events if not event_type.endswith(".delta"))
+
+
 def lost_and_duplicated(record: RolloutRecord | None, expected: RolloutRecord) -> tuple[int, int]:
-    """Items missing from / repeated in the transcript, plus events missing from / repeated in each
-    response's sequence numbers."""
-    want = _items(expected)
+    """Items and events missing from / repeated in a session, against the reference. Strict: a
+    transcript that is not the reference's, item for item, is counted; the reference
+    says how many events each response has, so a missing tail (a terminal event never received)
+    and a missing response are lost too."""
+    want_events = _by_response(expected)
     if record is None:
-        return sum(want.values()), 0
-    got = _items(record)
+        return sum(_items(expected).values()) + sum(len(seen) for seen in want_events), 0
+    want, got = _items(expected), _items(record)
     lost = sum((want - got).values())
     duplicated = sum((got - want).values())
     if lost == duplicated == 0 and record.transcript != expected.transcript:
-        lost = duplicated = 1  # same items, wrong order: counted as one of each
-    numbers: dict[str, list[int]] = {}
-    for response_id, number in record.sequence_numbers:
-        numbers.setdefault(response_id, []).append(number)
-    for seen in numbers.values():
-        counts = Counter(seen)
-        duplicated += sum(c - 1 for c in counts.values())
-        lost += (max(seen) + 1) - len(counts)
+        lost = duplicated = 1  # same items in another order: counted as one of each
+    got_events = _by_response(record)
+    for index, seen in enumerate(got_events):
+        wanted = _structure(want_events[index]) if index < len(want_events) else Counter()
+        structure = _structure(seen)
+        lost += sum((wanted - structure).values())  # a missing tail: the pause or terminal event
+        duplicated += sum((structure - wanted).values())
+        numbers = Counter(number for number, _ in seen)
+        duplicated += sum(c - 1 for c in numbers.values())
+        lost += max(numbers) + 1 - len(numbers)  # gaps in the numbering
+    lost += sum(len(seen) for seen in want_events[len(got_events):])
     if record.status != "completed":
         lost += 1
+    return lost, duplicated
+
+
+def tally(alone: RolloutRecord, records: list[RolloutRecord | None], expected: RolloutRecord, design: str) -> tuple[int, int]:
+    """Losses of the lone rollout and of every concurrent session, each against the virtual-clock
+    reference (never replaced: a lone rollout that differs from it is itself a loss)."""
+    lost = duplicated = reported = 0
+    for record in [alone, *records]:
+        lo, du = lost_and_duplicated(record, expected)
+        lost, duplicated = lost + lo, duplicated + du
+        if (lo or du) and reported < 3:
+            reported += 1
+            where = describe_difference(record, expected) if record is not None else "the session failed"
+            print(f"  {design}: a rollout lost {lo} and repeated {du}: {where}", file=sys.stderr)
     return lost, duplicated
 
 
@@ -155,12 +191,15 @@ def describe_difference(record: RolloutRecord, expected: RolloutRecord) -> str:
             return f"item {index}: {json.dumps(got)[:200]} instead of {json.dumps(want)[:200]}"
     if len(record.transcript) != len(expected.transcript):
         return f"{len(record.transcript)} items instead of {len(expected.transcript)}"
-    numbers: dict[str, list[int]] = {}
-    for response_id, number in record.sequence_numbers:
-        numbers.setdefault(response_id, []).append(number)
-    for response_id, seen in numbers.items():
-        if seen != list(range(len(seen))):
-            return f"response {response_id!r}: sequence numbers {seen[:50]}"
+    got, want = _by_response(record), _by_response(expected)
+    if len(got) != len(want):
+        return f"{len(got)} responses instead of {len(want)}"
+    for index, (seen, wanted) in enumerate(zip(got, want)):
+        if _structure(seen) != _structure(wanted):
+            return f"response {index}: events {dict(_structure(seen))} instead of {dict(_structure(wanted))}"
+        numbers = [number for number, _ in seen]
+        if numbers != list(range(len(numbers))):
+            return f"response {index}: sequence numbers {numbers[:50]}"
     return "no difference found"
 
 
@@ -281,22 +320,12 @@ def measure(
     with server_process("--costs", "zero", "--workers", str(workers)) as (process, port):  # inherits main()'s raised fd limit
         out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger, processes)
     records = out["records"]
-    if out["alone"].transcript != expected.transcript:  # the child imported other code than this process
-        print(f"  {design}: the server's lone rollout differs from the virtual-clock reference: "
-              f"{describe_difference(out['alone'], expected)}; checking against the lone rollout", file=sys.stderr)
-        expected = out["alone"]
     done = [r for r in records if r is not None and r.status == "completed"]
     overheads = [
         (turn.ended_at - turn.sent_at) - modeled[turn.turn]
         for record in done for turn in record.turns if turn.ended_at is not None
     ]
-    lost = duplicated = reported = 0
-    for record in records:
-        lo, du = lost_and_duplicated(record, expected)
-        lost, duplicated = lost + lo, duplicated + du
-        if (lo or du) and record is not None and reported < 3:
-            reported += 1
-            print(f"  {design}: a rollout lost {lo} and repeated {du}: {describe_difference(record, expected)}", file=sys.stderr)
+    lost, duplicated = tally(out["alone"], records, expected, design)
     turns = sum(len(r.turns) for r in done)
     # A session's turns over the time it takes when nothing queues: modeled turns plus think times.
     session_seconds = sum(modeled) + workload.total_tool_seconds

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
@@ -373,15 +372,51 @@ def test_load_script_runs_and_loses_nothing(tmp_path, monkeypatch) -> None:
     assert (tmp_path / "load_test" / "latest" / "load_test.csv").exists()
 
 
-def test_a_lost_or_repeated_item_is_counted() -> None:
-    from experiments.load import lost_and_duplicated
+def load_record(transcript: list[dict[str, Any]], events: list[tuple[str, int, str]], status: str = "completed"):
+    """A harness record of a session that received `events`, (response id, sequence number, type)."""
     from prototype.client.harness import RolloutRecord
 
-    expected = RolloutRecord("chained", "w", 0.0, status="completed", transcript=[{"a": 1}, {"b": 2}], sequence_numbers=[("r", 0), ("r", 1)])
-    same = attrs.evolve(expected)
-    assert lost_and_duplicated(same, expected) == (0, 0)
-    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"a": 1}]), expected) == (1, 0)
-    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"a": 1}, {"b": 2}, {"b": 2}]), expected) == (0, 1)
-    assert lost_and_duplicated(attrs.evolve(expected, sequence_numbers=[("r", 0), ("r", 0), ("r", 2)]), expected) == (1, 1)
-    assert lost_and_duplicated(attrs.evolve(expected, transcript=[{"b": 2}, {"a": 1}]), expected) == (1, 1)
-    assert lost_and_duplicated(None, expected) == (2, 0)
+    return RolloutRecord(
+        "chained", "w", 0.0, status=status, transcript=transcript,
+        timeline=[(0.0, "recv", event_type) for _, _, event_type in events],
+        sequence_numbers=[(response_id, number) for response_id, number, _ in events],
+    )
+
+
+REFERENCE_EVENTS = [("r", 0, "response.created"), ("r", 1, "response.output_text.delta"), ("r", 2, "response.completed")]
+
+
+def test_a_lost_or_repeated_item_is_counted() -> None:
+    from experiments.load import lost_and_duplicated
+
+    expected = load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS)
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 0)
+    assert lost_and_duplicated(load_record([{"a": 1}], REFERENCE_EVENTS), expected) == (1, 0)
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 1)
+    assert lost_and_duplicated(load_record([{"b": 2}, {"a": 1}], REFERENCE_EVENTS), expected) == (1, 1)
+    # Same items, another item's text: the transcript is not the reference's.
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 3}], REFERENCE_EVENTS), expected) == (1, 1)
+    assert lost_and_duplicated(None, expected) == (2 + 3, 0)  # two items, three events
+    # Deltas coalesced differently are not a loss; a gap in the numbering is.
+    coalesced = [("r", 0, "response.created"), ("r", 1, "response.output_text.delta"), ("r", 2, "response.output_text.delta"), ("r", 3, "response.completed")]
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], coalesced), expected) == (0, 0)
+    gap = [("r", 0, "response.created"), ("r", 2, "response.completed")]
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], gap), expected) == (1, 0)
+    repeated = [*REFERENCE_EVENTS[:2], ("r", 1, "response.output_text.delta"), REFERENCE_EVENTS[2]]
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], repeated), expected) == (0, 1)
+    # A missing tail: numbered 0, 1 without a gap, but the terminal event never came.
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS[:2]), expected) == (1, 0)
+    # A whole response missing, and one response too many.
+    two_responses = [*REFERENCE_EVENTS, ("s", 0, "response.created")]
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), load_record([{"a": 1}, {"b": 2}], two_responses)) == (1, 0)
+    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], two_responses), expected) == (0, 1)
+
+
+def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_reference() -> None:
+    from experiments.load import tally
+
+    expected = load_record([{"a": 1}], REFERENCE_EVENTS)
+    alone_differs = load_record([{"a": 2}], REFERENCE_EVENTS)
+    # Were the lone rollout the reference, the two sessions equal to it would count as lost instead.
+    assert tally(alone_differs, [alone_differs, alone_differs], expected, "chained") == (3, 3)
+    assert tally(expected, [expected, None], expected, "chained") == (1 + 3, 0)

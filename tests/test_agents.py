@@ -148,7 +148,7 @@ async def test_agents_runner_over_http(live_server, streamed):
     assert [r for r in records_of(server) if r["transport"] != "http"] == []
     assert all(server.api.store.get(r.response_id) is not None for r in result.raw_responses)
     http_records = [r for r in records_of(server) if r["transport"] == "http"]
-    if http_records:  # once the HTTP path keeps client records too
-        assert [r["response_id"] for r in http_records] == [r.response_id for r in result.raw_responses]
-        assert all(r["stream"] is streamed and r["context"] == "full" for r in http_records)
+    assert len(http_records) == len(result.raw_responses) > 0
+    assert [r["response_id"] for r in http_records] == [r.response_id for r in result.raw_responses]
+    assert all(r["stream"] is streamed and r["context"] == "full" for r in http_records)
 

@@ -97,27 +97,27 @@ BAD_FRAMES = [
     ({"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
     ({"type": "response.create"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
     ({"type": "response.create", "input": []}, errors.EMPTY_INPUT, "input"),
-    ({"type": "response.create", "input": 5}, errors.INVALID_VALUE, "input"),
-    ({"type": "response.create", "input": [5]}, errors.INVALID_VALUE, "input[0]"),
+    ({"type": "response.create", "input": 5}, errors.INVALID_TYPE, "input"),
+    ({"type": "response.create", "input": [5]}, errors.INVALID_TYPE, "input[0]"),
     ({"type": "response.create", "input": [{"type": "nope"}]}, errors.INVALID_VALUE, "input[0].type"),
-    ({"type": "response.create", "input": [{"content": "x"}]}, errors.INVALID_VALUE, "input[0].type"),
+    ({"type": "response.create", "input": [{"content": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].type"),
     ({"type": "response.create", "input": [{"role": "king", "content": "x"}]}, errors.INVALID_VALUE, "input[0].role"),
-    ({"type": "response.create", "input": [{"role": "user"}]}, errors.INVALID_VALUE, "input[0].content"),
+    ({"type": "response.create", "input": [{"role": "user"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].content"),
     ({"type": "response.create", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, errors.INVALID_VALUE, "input[0].content[0].type"),
-    ({"type": "response.create", "input": [{"type": "function_call_output", "output": "x"}]}, errors.INVALID_VALUE, "input[0].call_id"),
-    ({"type": "response.create", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.INVALID_VALUE, "input[0].output"),
-    ({"type": "response.create", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_VALUE, "input[0].arguments"),
-    ({"type": "response.create", "input": "x", "store": "yes"}, errors.INVALID_VALUE, "store"),
-    ({"type": "response.create", "input": "x", "model": 5}, errors.INVALID_VALUE, "model"),
-    ({"type": "response.create", "input": "x", "stream": "true"}, errors.INVALID_VALUE, "stream"),
-    ({"type": "response.create", "input": "x", "max_output_tokens": 0}, errors.INVALID_VALUE, "max_output_tokens"),
-    ({"type": "response.create", "input": "x", "max_output_tokens": True}, errors.INVALID_VALUE, "max_output_tokens"),
-    ({"type": "response.create", "input": "x", "temperature": "hot"}, errors.INVALID_VALUE, "temperature"),
-    ({"type": "response.create", "input": "x", "metadata": {"k": 1}}, errors.INVALID_VALUE, "metadata.k"),
-    ({"type": "response.create", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.INVALID_VALUE, "metadata"),
-    ({"type": "response.create", "input": "x", "metadata": "m"}, errors.INVALID_VALUE, "metadata"),
-    ({"type": "response.create", "input": "x", "tools": {}}, errors.INVALID_VALUE, "tools"),
-    ({"type": "response.create", "input": "x", "tools": [{"type": "function"}]}, errors.INVALID_VALUE, "tools[0].name"),
+    ({"type": "response.create", "input": [{"type": "function_call_output", "output": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].call_id"),
+    ({"type": "response.create", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].output"),
+    ({"type": "response.create", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_TYPE, "input[0].arguments"),
+    ({"type": "response.create", "input": "x", "store": "yes"}, errors.INVALID_TYPE, "store"),
+    ({"type": "response.create", "input": "x", "model": 5}, errors.INVALID_TYPE, "model"),
+    ({"type": "response.create", "input": "x", "stream": "true"}, errors.INVALID_TYPE, "stream"),
+    ({"type": "response.create", "input": "x", "max_output_tokens": 0}, errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
+    ({"type": "response.create", "input": "x", "max_output_tokens": True}, errors.INVALID_TYPE, "max_output_tokens"),
+    ({"type": "response.create", "input": "x", "temperature": "hot"}, errors.INVALID_TYPE, "temperature"),
+    ({"type": "response.create", "input": "x", "metadata": {"k": 1}}, errors.INVALID_TYPE, "metadata.k"),
+    ({"type": "response.create", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.OBJECT_ABOVE_MAX_PROPERTIES, "metadata"),
+    ({"type": "response.create", "input": "x", "metadata": "m"}, errors.INVALID_TYPE, "metadata"),
+    ({"type": "response.create", "input": "x", "tools": {}}, errors.INVALID_TYPE, "tools"),
+    ({"type": "response.create", "input": "x", "tools": [{"type": "function"}]}, errors.MISSING_REQUIRED_PARAMETER, "tools[0].name"),
     ({"type": "response.create", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
     ({"type": "response.create", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
     ({"type": "response.create", "input": "x", "stream_id": "a b"}, errors.INVALID_VALUE, "stream_id"),
@@ -125,7 +125,7 @@ BAD_FRAMES = [
     ({"type": "response.create", "input": "x", "stream_id": 7}, errors.INVALID_VALUE, "stream_id"),
     ({"type": "response.create", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
     ({"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
-    ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_VALUE, "input"),
+    ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_TYPE, "input"),
 ]
 
 
@@ -136,6 +136,39 @@ def test_bad_frames_get_their_own_code(frame, code, param):
     assert (caught.value.code, caught.value.param, caught.value.status) == (code, param, 400)
     wire = caught.value.to_ws_event()
     assert wire == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": caught.value.message, "param": param}}
+
+
+ACCEPTED_AT_THE_LIMITS = [
+    {"temperature": 0}, {"temperature": 2}, {"temperature": 1.5}, {"top_p": 0}, {"top_p": 1},
+    {"max_output_tokens": 16}, {"top_logprobs": 0}, {"top_logprobs": 20}, {"max_tool_calls": 1},
+    {"tool_choice": "none"}, {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "name": "read_file"}},
+    {"tool_choice": {"type": "web_search"}, "tools": [{"type": "web_search_preview"}]},
+    {"tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "read_file"}]}},
+    {"truncation": "auto"}, {"truncation": "disabled"}, {"service_tier": "flex"},
+    {"reasoning": {"effort": "xhigh", "summary": "auto"}}, {"text": {"format": {"type": "json_object"}, "verbosity": "low"}},
+    {"include": ["reasoning.encrypted_content"]}, {"user": "u"}, {"safety_identifier": "s" * 64},
+    {"stream": True, "stream_options": {"include_obfuscation": False}}, {"metadata": {"k" * 64: "v" * 512}},
+]
+
+
+@pytest.mark.parametrize("fields", ACCEPTED_AT_THE_LIMITS)
+def test_values_at_the_limits_are_accepted(fields):
+    tools = [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}]
+    event = codec.decode_client_event(json.dumps({"type": "response.create", "input": "x", "tools": tools, **fields}))
+    assert isinstance(event, ResponseCreate)
+
+
+def test_a_surrogate_pair_is_valid_unicode_and_a_lone_surrogate_is_not():
+    pair = codec.decode_client_event('{"type": "response.create", "input": "smile \\ud83d\\ude00"}')
+    assert pair.request.input[0].content == (("input_text", "smile \U0001F600"),)
+    for text in ('"\\ud83d"', '"\\ude00\\ud83d"', '"x\\udfff"'):
+        with pytest.raises(ProtocolError) as caught:
+            codec.decode_client_event('{"type": "response.create", "input": ' + text + "}")
+        assert (caught.value.code, caught.value.status) == (errors.INVALID_JSON, 400)
+    # A literal backslash before "ud800" is text, not an escape.
+    literal = codec.decode_client_event('{"type": "response.create", "input": "\\\\ud800"}')
+    assert literal.request.input[0].content == (("input_text", "\\ud800"),)
 
 
 def test_error_shapes_per_transport():
@@ -166,6 +199,8 @@ event_like = st.fixed_dictionaries(
     optional={
         "input": json_values, "model": json_values, "tools": json_values, "metadata": json_values, "store": json_values,
         "previous_response_id": json_values, "generate": json_values, "max_output_tokens": json_values,
+        "temperature": json_values, "top_p": json_values, "tool_choice": json_values, "truncation": json_values,
+        "reasoning": json_values, "text": json_values, "include": json_values, "top_logprobs": json_values,
     },
 )
 

@@ -15,7 +15,6 @@ non-finite float comes out as `null` rather than the non-JSON `NaN`/`Infinity`.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
@@ -26,6 +25,8 @@ from .errors import (
     INVALID_JSON,
     INVALID_VALUE,
     MISSING_REQUIRED_PARAMETER,
+    OBJECT_ABOVE_MAX_PROPERTIES,
+    STRING_ABOVE_MAX_LENGTH,
     UNKNOWN_EVENT_TYPE,
     UNSUPPORTED_PARAMETER,
     ProtocolError,
@@ -40,6 +41,7 @@ from .events import (
     ToolDef,
 )
 from .items import parse_input
+from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_unicode, invalid_type
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _LONG_DIGITS = re.compile(rb"\d{19}")  # 2**63 has 19 digits: shorter integers are exact in orjson
@@ -52,7 +54,7 @@ _KNOWN_KEYS = frozenset(
     {
         "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
         "previous_response_id", "store", "generate", "max_output_tokens", "metadata", "temperature",
-        "top_p", "stream", "background", "stream_id", "conversation", "include", "reasoning",
+        "top_p", "stream", "background", "stream_id", "conversation", "include", "reasoning", "prompt",
     }
 )
 # Metadata limits of the public API: 16 pairs, keys up to 64 characters, values up to 512.
@@ -62,7 +64,7 @@ _METADATA_MAX_VALUE = 512
 
 
 def _type_error(param: str, expected: str) -> ProtocolError:
-    return ProtocolError(INVALID_VALUE, f"Invalid type for '{param}': expected {expected}.", param=param)
+    return invalid_type(param, expected)
 
 
 def _optional(body: dict[str, Any], key: str, kinds: tuple[type, ...], expected: str) -> Any:
@@ -90,8 +92,11 @@ def _parse_tools(value: Any) -> tuple[ToolDef, ...]:
         name = raw.get("name")
         parameters = raw.get("parameters")
         if raw["type"] == "function":
-            if not isinstance(name, str) or not name:
-                raise ProtocolError(INVALID_VALUE, f"Missing or invalid '{path}.name'.", param=f"{path}.name")
+            if name is None:
+                raise ProtocolError(MISSING_REQUIRED_PARAMETER, f"Missing required parameter: '{path}.name'.", param=f"{path}.name")
+            if not isinstance(name, str):
+                raise _type_error(f"{path}.name", "a string")
+            check_function_name(name, f"{path}.name")
             if parameters is not None and not isinstance(parameters, dict):
                 raise _type_error(f"{path}.parameters", "an object (a JSON schema)")
         tools.append(ToolDef(raw["type"], name if isinstance(name, str) else None, parameters, raw))
@@ -104,11 +109,17 @@ def _parse_metadata(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise _type_error("metadata", "an object of string values")
     if len(value) > _METADATA_MAX_PAIRS:
-        raise ProtocolError(INVALID_VALUE, f"'metadata' has more than {_METADATA_MAX_PAIRS} pairs.", param="metadata")
+        raise ProtocolError(
+            OBJECT_ABOVE_MAX_PROPERTIES,
+            f"Invalid 'metadata': too many properties. Expected an object with at most {_METADATA_MAX_PAIRS} properties, but got an object with {len(value)} properties instead.",
+            param="metadata",
+        )
     for key, item in value.items():
-        if len(key) > _METADATA_MAX_KEY or not isinstance(item, str) or len(item) > _METADATA_MAX_VALUE:
+        if not isinstance(item, str):
+            raise _type_error(f"metadata.{key}", "a string")
+        if len(key) > _METADATA_MAX_KEY or len(item) > _METADATA_MAX_VALUE:
             raise ProtocolError(
-                INVALID_VALUE,
+                STRING_ABOVE_MAX_LENGTH,
                 f"Invalid metadata entry {key!r}: keys up to {_METADATA_MAX_KEY} characters, "
                 f"string values up to {_METADATA_MAX_VALUE}.",
                 param=f"metadata.{key}",
@@ -133,7 +144,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         raise ProtocolError(INVALID_JSON, "The request body must be a JSON object.")
     if body.get("background") is True:
         raise ProtocolError(UNSUPPORTED_PARAMETER, "'background' is not supported in this mode.", param="background")
-    for key in ("conversation",) if websocket else ("stream_id", "conversation"):
+    for key in ("conversation", "prompt") if websocket else ("stream_id", "conversation", "prompt"):
         if body.get(key) is not None:
             raise ProtocolError(UNSUPPORTED_PARAMETER, f"'{key}' is not supported by this server.", param=key)
     stream_id = _parse_stream_id(body.get("stream_id")) if websocket else None
@@ -149,17 +160,14 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         items = parse_input(body["input"])
     if not items and previous_response_id is None and generate:
         raise ProtocolError(EMPTY_INPUT, "'input' must not be empty without 'previous_response_id'.", param="input")
-    max_output_tokens = _optional(body, "max_output_tokens", (int,), "an integer")
-    if max_output_tokens is not None and max_output_tokens < 1:
-        raise ProtocolError(INVALID_VALUE, "'max_output_tokens' must be at least 1.", param="max_output_tokens")
-    temperature = _optional(body, "temperature", (int, float), "a number")
-    top_p = _optional(body, "top_p", (int, float), "a number")
-    for key, value in (("temperature", temperature), ("top_p", top_p)):
-        if value is not None and not math.isfinite(value):
-            raise _type_error(key, "a finite number")
+    check_ranges(body)  # temperature, top_p, max_output_tokens, max_tool_calls, top_logprobs
+    max_output_tokens = body.get("max_output_tokens")
+    temperature, top_p = body.get("temperature"), body.get("top_p")
+    tools = _parse_tools(body.get("tools"))
     tool_choice = body.get("tool_choice", "auto")
-    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
-        raise _type_error("tool_choice", "a string or an object")
+    if tool_choice is not None:
+        check_tool_choice(tool_choice, [tool.raw for tool in tools])
+    check_enums(body)  # truncation, service_tier, reasoning, text, include, user, ...
     parallel = _optional(body, "parallel_tool_calls", (bool,), "a boolean")
     store = _optional(body, "store", (bool,), "a boolean")
     stream = _optional(body, "stream", (bool,), "a boolean")
@@ -172,7 +180,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         model=model,
         input=items,
         instructions=instructions,
-        tools=_parse_tools(body.get("tools")),
+        tools=tools,
         tool_choice=tool_choice if tool_choice is not None else "auto",
         parallel_tool_calls=True if parallel is None else parallel,
         previous_response_id=previous_response_id,
@@ -203,6 +211,7 @@ def loads_object(text: str | bytes, what: str = "frame") -> dict[str, Any]:
             obj = _loads_reference(text, what)
     if not isinstance(obj, dict):
         raise ProtocolError(INVALID_JSON, f"The {what} must be one JSON object.")
+    check_unicode(text, obj)
     return obj
 
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Union
 
 import attrs
 
-from .errors import INVALID_ENCRYPTED_CONTENT, INVALID_VALUE, ProtocolError
+from .errors import INVALID_ENCRYPTED_CONTENT, INVALID_TYPE, INVALID_VALUE, MISSING_REQUIRED_PARAMETER, ProtocolError
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal")
@@ -41,6 +41,11 @@ OPAQUE_ITEM_TYPES = frozenset(
 
 
 def _bad(path: str, message: str) -> ProtocolError:
+    """The real API's codes: a missing field, a wrong type, or a value out of its set."""
+    if message.startswith("Missing required"):
+        return ProtocolError(MISSING_REQUIRED_PARAMETER, message, param=path)
+    if message.startswith("Invalid type"):
+        return ProtocolError(INVALID_TYPE, message, param=path)
     return ProtocolError(INVALID_VALUE, message, param=path)
 
 

@@ -35,6 +35,7 @@ CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 STEERING_NOT_SUPPORTED = "steering_not_supported"
 TOO_MANY_STREAMS = "too_many_streams"  # [ours]: the reference names no per-connection lane limit
 SERVER_ERROR = "server_error"
+SERVER_SHUTTING_DOWN = "server_shutting_down"
 ENGINE_FAILURE = "engine_failure"
 
 INVALID_REQUEST_ERROR = "invalid_request_error"
@@ -100,3 +101,8 @@ def connection_limit_reached(minutes: float) -> ProtocolError:
         f"Responses websocket connection limit reached ({minutes:g} minutes). "
         "Create a new websocket connection to continue.",
     )
+
+
+def server_shutting_down() -> ProtocolError:
+    # [ours]: a drain (SIGTERM) refuses new connections and ends responses cut short with this.
+    return ProtocolError(SERVER_SHUTTING_DOWN, "The server is shutting down; retry on a new connection.", status=503, type="server_error")

@@ -16,7 +16,7 @@ import trio
 import trio_websocket
 
 from ..protocol import codec
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ProtocolError, server_shutting_down
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER
 from . import http
 from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
@@ -59,6 +59,9 @@ class ResponsesServer(Endpoint):
                     return
             if head_scope.cancelled_caught or not head:
                 return
+            if self.draining:
+                await http.send_simple_error(stream, 503, server_shutting_down())
+                return
             if self.connections > self.config.max_connections:
                 await http.send_simple_error(stream, 503, ProtocolError("server_is_overloaded", "Too many connections.", status=503, type="server_error"))
                 return
@@ -77,6 +80,7 @@ class ResponsesServer(Endpoint):
             log.exception("connection handler failed")
         finally:
             self.connections -= 1
+            self.notify()
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 try:
@@ -114,6 +118,8 @@ class ResponsesServer(Endpoint):
             )
             session = WebSocketSession(self.api, self.config, ws, info, records=self.records)
             self.sessions.add(session)
+            if self.draining:  # the handshake raced a drain: close it as the drain closes the rest
+                session.shut_down(server_shutting_down(), 1001, "server shutting down", 0.0)
             try:
                 await session.run()
             finally:
@@ -122,6 +128,25 @@ class ResponsesServer(Endpoint):
                     scope.shield = True
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
+
+
+async def drain(server: ResponsesServer, grace: float) -> None:
+    """Stop serving without losing an event (SIGTERM): refuse new connections with 503; let every
+    response in flight end with its terminal event within `grace` seconds (a paused v1 rollout
+    fails at once; past the grace a response is cut short with `response.failed`, or on HTTP the
+    flat SSE error / a 503); close each WebSocket with 1001 (going away) and each idle HTTP
+    keep-alive connection. Returns when every connection has closed."""
+    server.draining = True
+    for scope in list(server.http_idle):
+        scope.cancel()
+    reason = server_shutting_down()
+    for session in list(server.sessions):
+        session.shut_down(reason, 1001, "server shutting down", grace)
+    with trio.move_on_after(grace):
+        await server.until(lambda: not server.http_in_flight)
+    for scope in list(server.http_in_flight):
+        scope.cancel()
+    await server.until(lambda: not server.connections)
 
 
 async def serve_responses(

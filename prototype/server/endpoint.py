@@ -9,6 +9,7 @@ protocol/wire.py, shared with the client.
 from __future__ import annotations
 
 import attrs
+import trio
 
 from .. import metrics
 from ..api.service import ApiService
@@ -36,6 +37,21 @@ class Endpoint:
     # (chained or full context, warm-up, stream, appends, ...) with the response's phase totals.
     records: metrics.ClientRecords = attrs.Factory(metrics.ClientRecords)
     connections_opened: int = 0  # serial numbers for the records' `connection` field
+    # Shutdown (SIGTERM, app.drain): no new work; idle keep-alive waits and responses past the
+    # grace are cut.
+    draining: bool = False
+    http_idle: set = attrs.Factory(set)  # cancel scopes of HTTP connections waiting for a next request
+    http_in_flight: set = attrs.Factory(set)  # cancel scopes of HTTP responses being produced
+    _changed: trio.Event = attrs.Factory(trio.Event)  # set when a connection or an HTTP response ends
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def until(self, done) -> None:
+        """Wait until `done()` holds, re-checked whenever a connection or an HTTP response ends."""
+        while not done():
+            await self._changed.wait()
 
     def check_auth(self, headers: dict[str, str]) -> str:
         key = bearer_key(headers)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import http as _http
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import h11
@@ -39,7 +41,7 @@ from ..designs.cancel import ResponseCancelled
 from ..designs.emitter import EngineFailure
 from ..designs.http import run_http_turn
 from ..protocol import codec
-from ..protocol.errors import SERVER_ERROR, ProtocolError
+from ..protocol.errors import SERVER_ERROR, ProtocolError, server_shutting_down
 from ..protocol.events import TERMINAL_TYPES, CreateRequest
 from ..protocol.response import Response
 from ..protocol.wire import RESPONSES_PATH, TIMING_HEADER
@@ -214,6 +216,18 @@ class CollectingSink:
             self.terminal = event.to_dict()
 
 
+@contextmanager
+def _in_flight(server: Any) -> Iterator[trio.CancelScope]:
+    """A response being produced, which a drain may cut short after its grace."""
+    with trio.CancelScope() as scope:
+        server.http_in_flight.add(scope)
+        try:
+            yield scope
+        finally:
+            server.http_in_flight.discard(scope)
+            server.notify()
+
+
 def _internal_error(exc: BaseException) -> ProtocolError:
     return ProtocolError(SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error")
 
@@ -237,12 +251,18 @@ async def serve_http(server: Endpoint, stream: trio.abc.Stream) -> None:
         event: Any = None
         # The first request's head is already here (the listener read it to dispatch); a later one
         # may take up to the idle timeout to start.
-        with trio.move_on_after(float("inf") if first else idle_timeout):
+        if server.draining and not first:
+            return  # shutting down: no next request on this connection
+        with trio.move_on_after(float("inf") if first else idle_timeout) as idle_scope:
+            if not first:
+                server.http_idle.add(idle_scope)  # a drain ends the wait
             try:
                 event = await exchange.next_event()
             except h11.RemoteProtocolError as exc:
                 await _refuse_broken(exchange, str(exc))
                 return
+            finally:
+                server.http_idle.discard(idle_scope)
         first = False
         if not isinstance(event, h11.Request):
             return  # closed by the client, or idle too long
@@ -384,7 +404,10 @@ async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: Creat
     sink = SseSink(exchange)
     response = None
     try:
-        response = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
+        with _in_flight(server) as scope:
+            response = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
+        if scope.cancelled_caught:  # a drain past its grace
+            raise server_shutting_down()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         raise  # the client went away: nothing left to tell it
     except EngineFailure:
@@ -412,7 +435,10 @@ async def _answer_json(server: Endpoint, exchange: HttpExchange, create: CreateR
     failure: ProtocolError | None = None
     finished = None
     try:
-        finished = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
+        with _in_flight(server) as scope:
+            finished = await run_http_turn(server.api, create, sink, include_timing=include_timing, api_key=api_key, log=phase_log)
+        if scope.cancelled_caught:  # a drain past its grace
+            raise server_shutting_down()
     except EngineFailure:
         pass
     except ResponseCancelled as cancelled:

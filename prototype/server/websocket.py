@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 from typing import Any
 
 import attrs
@@ -30,9 +31,11 @@ from ..designs.emitter import Emitter, EngineFailure
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
 from ..protocol.events import (
+    TERMINAL_TYPES,
     CreateRequest,
     ResponseAppend,
     ResponseCreate,
+    ResponseFailed,
     ResponseProcessed,
     ResponseSteer,
     SteerAccepted,
@@ -65,6 +68,7 @@ class Lane:
     stream_id: str | None
     queue: trio.MemorySendChannel
     busy: bool = False
+    scope: trio.CancelScope | None = None  # the running response's, so a drain can cut it short
 
 
 @attrs.define(eq=False)
@@ -89,16 +93,34 @@ class WebSocketSession:
     appends: int = 0  # v1 `response.append` frames delivered on this connection
     append_bytes: int = 0  # their total size, for the records' `request_bytes`
     closing: bool = False  # a lane saw the connection close or fail: the workers stop
+    # Each lane's response whose terminal event has not gone out yet (its `response.created`
+    # snapshot and next sequence number), so a response cut short by a drain still gets one.
+    open_responses: dict = attrs.Factory(dict)
+    abort_reason: ProtocolError | None = None
+    shutdown: tuple | None = None  # a drain's request to close (see `shut_down`)
 
     @property
     def busy(self) -> bool:
         return self.busy_lanes > 0
 
-    async def send(self, event: object, stream_id: str | None = None) -> None:
+    async def send(self, event: Any, stream_id: str | None = None) -> None:
+        kind = event.type
+        if kind == "response.created":
+            self.open_responses[stream_id] = [event.response, 1]
+        elif kind in TERMINAL_TYPES:
+            self.open_responses.pop(stream_id, None)
+        elif stream_id in self.open_responses and hasattr(event, "sequence_number"):
+            self.open_responses[stream_id][1] = event.sequence_number + 1
         if stream_id is None:
             await self.ws.send_message(codec.encode_event(event))
         else:  # events of a lane echo its stream_id (openai-python `ResponsesServerEvent`)
             await self.ws.send_message(codec.encode({**event.to_dict(), "stream_id": stream_id}))
+
+    async def fail_open_response(self, stream_id: str | None, reason: ProtocolError) -> None:
+        """End a lane's response that was cancelled before its terminal event with `response.failed`."""
+        snapshot, next_sequence = self.open_responses.pop(stream_id)
+        response = dict(snapshot, status="failed", error={"code": reason.code, "message": reason.message})
+        await self.send(ResponseFailed(next_sequence, response=response), stream_id)
 
     async def send_error(self, error: ProtocolError, stream_id: str | None = None) -> None:
         event = error.to_ws_event()
@@ -112,6 +134,8 @@ class WebSocketSession:
                 self.nursery = nursery
                 self.lane(None)
                 nursery.start_soon(self.lifetime)
+                if self.shutdown is not None:
+                    nursery.start_soon(self.close_after_in_flight, *self.shutdown)
                 await self.reader()
                 nursery.cancel_scope.cancel()  # overlapped post work is shielded and still finishes
         except* ConnectionClosed:  # from any task of the nursery, so it arrives inside a group
@@ -278,11 +302,15 @@ class WebSocketSession:
         view = self.lane_view(lane, claimed)
         try:
             with trio.CancelScope() as scope:
+                lane.scope = scope
                 if lane.stream_id is None:
                     self.current = scope
                 response = await self.run_one(request, phase_log, view)
                 self.responses.append((response.id, response.status))
                 outcome = response.status
+            if scope.cancelled_caught and self.abort_reason is not None and lane.stream_id in self.open_responses:
+                outcome = "failed"  # cut short by a drain past its grace: it still gets its terminal event
+                await self.fail_open_response(lane.stream_id, self.abort_reason)
             if response is not None and self.info.design == CHAINED:
                 successor = await self.after_response(response, successor_claims)
         except ProtocolError as error:
@@ -309,6 +337,7 @@ class WebSocketSession:
             await self.ws.aclose(1011, "internal error")
         finally:
             lane.busy = False
+            lane.scope = None
             self.busy_lanes -= 1
             if lane.stream_id is None:
                 self.current = None
@@ -383,14 +412,29 @@ class WebSocketSession:
         limit = errors.connection_limit_reached(self.config.connection_lifetime / 60)
         await self.close_after_in_flight(limit, 1000, "connection limit reached")
 
-    async def close_after_in_flight(self, reason: ProtocolError, code: int, close_reason: str) -> None:
-        """Take no more creates (queued ones are dropped); let the response in flight end with
-        its terminal event: a v2 turn finishes, a v1 rollout fails with `reason` at once if paused
-        or at its next pause if streaming; then send `reason` as an error and close with `code`."""
+    def shut_down(self, reason: ProtocolError, code: int, close_reason: str, grace: float) -> None:
+        """A drain: close as `close_after_in_flight` does, in this connection's own nursery, so the
+        close ends with the connection whatever happens first."""
+        self.shutdown = (reason, code, close_reason, grace)
+        if self.nursery is not None:
+            self.nursery.start_soon(self.close_after_in_flight, *self.shutdown)
+
+    async def close_after_in_flight(self, reason: ProtocolError, code: int, close_reason: str, grace: float = math.inf) -> None:
+        """Take no more creates (queued ones are dropped); let the responses in flight end with
+        their terminal events: a v2 turn finishes, a v1 rollout fails with `reason` at once if
+        paused or at its next pause if streaming; one still running after `grace` seconds is
+        cancelled and fails with `reason`. Then send `reason` as an error and close with `code`."""
         self.expired = True
         self.slot.end(reason)
         if self.busy:
-            await self.idle.wait()
+            with trio.move_on_after(grace):
+                await self.idle.wait()
+            if self.busy:
+                self.abort_reason = reason
+                for lane in self.lanes.values():
+                    if lane.scope is not None:
+                        lane.scope.cancel()
+                await self.idle.wait()
         try:
             await self.send_error(reason)
             await self.ws.aclose(code, close_reason)

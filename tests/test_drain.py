@@ -1,0 +1,268 @@
+"""Faults around the v1 suspension and the server's drain on SIGTERM (issue 15).
+
+Each case ends with every server task released (the connections' tasks run in a nursery the test
+owns), no engine KV left for the sessions, and no event lost: every response the client saw start
+has exactly one terminal event, its sequence numbers run 0, 1, 2, ... without a gap, and nothing
+arrives after the close.
+
+Rules (after tests/support.py and tests/test_faults.py): memory streams under the `autojump_clock`,
+every wait bounded; the CLI's SIGTERM is checked once over a real socket.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from support import H11Client, make_server, receive, send, until
+from test_bad_input import ONE_TURN, TERMINALS, calls_of, create, output, session_kv, turn
+from test_faults import PipeConnector, raw_ws, server_tasks_end
+from trio_websocket import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from prototype.client.harness import BETA, CHAINED, SUSPENDED
+from prototype.designs.emitter import Emitter, EngineFailure
+from prototype.designs.sampling import SamplingLoop
+from prototype.protocol import errors
+from prototype.server.app import drain
+
+LONG = "fixed:1:50:10:400:0"  # one turn of 400 output tokens: 4 s at sim-100
+LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
+
+
+def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
+    """Per response: numbered 0, 1, 2, ... and exactly one terminal event, the last of its events."""
+    by_response: dict[str, list[dict[str, Any]]] = {}
+    current = None
+    for event in events:
+        if event["type"] == "response.created":
+            current = event["response"]["id"]
+        if "sequence_number" in event:
+            by_response.setdefault(current, []).append(event)
+    for response_id, seen in by_response.items():
+        assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
+        assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
+
+
+async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:
+    events = []
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            events.append(await receive(conn, timeout=60))
+    return events, closed.value.reason.code
+
+
+# --- disconnects around the suspension -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("moment", ["during response.done", "during an append", "with creates queued"])
+async def test_a_disconnect_around_the_suspension_releases_everything(autojump_clock, nursery, monkeypatch, moment: str) -> None:
+    server = make_server()
+    hold = trio.Event()  # the server is parked at the moment under test
+    drop = trio.Event()  # the client has dropped its end
+
+    def park(original):
+        async def parked(self, *args):
+            hold.set()
+            await drop.wait()
+            await trio.sleep(0.01)  # the server goes on after the drop, onto a dead stream
+            return await original(self, *args)
+        return parked
+
+    if moment == "during response.done":
+        monkeypatch.setattr(Emitter, "paused", park(Emitter.paused))
+    elif moment == "during an append":
+        monkeypatch.setattr(SamplingLoop, "take_new_items", park(SamplingLoop.take_new_items))
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, SUSPENDED) as (conn, stream):
+            await send(conn, create())
+            if moment == "during an append":
+                done = (await until(conn, "response.done"))[-1]["response"]
+                await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+            elif moment == "with creates queued":
+                await until(conn, "response.done")
+                for _ in range(3):
+                    await send(conn, create(metadata={"testbed_workload": ONE_TURN}))
+                hold.set()
+            with trio.fail_after(5):
+                await hold.wait()
+            (session,) = server.sessions
+            assert session.busy
+            await stream.aclose()  # abrupt: no close frame
+            drop.set()
+            await server_tasks_end(server_side, server, limit=1.0)
+    assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
+    assert session.slot.current is None
+    assert [r["outcome"] for r in server.records] == ["cancelled"]  # the queued creates never started
+
+
+async def test_an_engine_failure_while_an_append_is_taken_fails_the_rollout_once(autojump_clock, monkeypatch) -> None:
+    async def failing(self, items):
+        raise EngineFailure("the engine went away while the append was rendered")
+
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, SUSPENDED) as (conn, _):
+            events = await turn(conn, create())
+            done = events[-1]["response"]
+            monkeypatch.setattr(SamplingLoop, "take_new_items", failing)
+            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+            rest = await until(conn, *TERMINALS)
+            assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]
+            assert rest[-1]["response"]["error"]["code"] == errors.ENGINE_FAILURE
+            assert_no_event_lost(events + rest)
+            # The append was taken (it started the resume); a second one finds nothing suspended.
+            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+            assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
+            assert session_kv(server) == {}
+            monkeypatch.undo()
+            assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+            await conn.aclose()
+        await server_tasks_end(server_side, server)
+    assert session_kv(server) == {}
+
+
+# --- the drain (SIGTERM) ---------------------------------------------------------------------------
+
+
+async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(autojump_clock, nursery) -> None:
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, CHAINED) as (v2, _), raw_ws(connector, SUSPENDED) as (v1_paused, _), raw_ws(connector, SUSPENDED) as (v1_streaming, _), raw_ws(connector, CHAINED) as (idle, _):
+            await send(v2, create(model="sim-100", metadata={"testbed_workload": LONG}))
+            await send(v2, create(metadata={"testbed_workload": ONE_TURN}))  # queued: never starts
+            paused = await turn(v1_paused, create())
+            await send(v1_streaming, create(model="sim-100", metadata={"testbed_workload": LONG_V1}))
+            first = [await receive(v2), await receive(v1_streaming)]
+            assert [e["type"] for e in first] == ["response.created"] * 2
+            drained_at = trio.current_time()
+            async with trio.open_nursery() as draining:
+                draining.start_soon(drain, server, 30.0)
+                v2_events, v2_code = await events_until_close(v2)
+                v1p_events, v1p_code = await events_until_close(v1_paused)
+                v1s_events, v1s_code = await events_until_close(v1_streaming)
+                idle_events, idle_code = await events_until_close(idle)
+        assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
+        await server_tasks_end(server_side, server)
+    assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)
+    shutting = errors.SERVER_SHUTTING_DOWN
+    # v2: the turn in flight finishes; the queued create never starts.
+    assert v2_events[-2]["type"] == "response.completed" and [e["type"] for e in v2_events].count("response.created") == 0
+    assert_no_event_lost(first[:1] + v2_events[:-1])
+    # v1 paused: fails at once, with the drain's code.
+    assert [e["type"] for e in v1p_events] == ["response.failed", "error"]
+    assert v1p_events[0]["response"]["error"]["code"] == shutting
+    assert_no_event_lost(paused + v1p_events[:-1])
+    # v1 streaming: streams its segment to the end, then fails where it would pause.
+    assert v1s_events[-2]["type"] == "response.failed" and v1s_events[-2]["response"]["error"]["code"] == shutting
+    assert "response.function_call_arguments.done" in [e["type"] for e in v1s_events]
+    assert_no_event_lost(first[1:] + v1s_events[:-1])
+    for events in (v2_events, v1p_events, v1s_events, idle_events):
+        assert events[-1] == {"type": "error", "status": 503, "error": {
+            "type": "server_error", "code": shutting, "message": "The server is shutting down; retry on a new connection.", "param": None}}
+    assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
+
+
+async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock) -> None:
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, CHAINED) as (conn, _):
+            await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
+            created = await receive(conn)
+            drained_at = trio.current_time()
+            async with trio.open_nursery() as draining:
+                draining.start_soon(drain, server, 1.0)
+                events, code = await events_until_close(conn)
+            assert trio.current_time() - drained_at == pytest.approx(1.0, abs=1e-6)  # the grace, then the cut
+        await server_tasks_end(server_side, server)
+    assert code == 1001
+    failed = events[-2]
+    assert failed["type"] == "response.failed" and failed["response"]["id"] == created["response"]["id"]
+    assert failed["response"]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    assert_no_event_lost([created, *events[:-1]])
+    assert session_kv(server) == {}
+
+
+async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery) -> None:
+    server = make_server()
+
+    async def post(client: H11Client, body: dict[str, Any]) -> list[dict[str, Any]]:
+        import h11
+
+        data = json.dumps(body).encode()
+        headers = [("host", "t"), ("content-length", str(len(data))), ("authorization", "Bearer k"), ("content-type", "application/json")]
+        await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=headers)) + client.conn.send(h11.Data(data=data)) + client.conn.send(h11.EndOfMessage()))
+        response = await client._next()
+        assert response.status_code == 200
+        events = []
+        while True:
+            event = await client._next()
+            if isinstance(event, h11.EndOfMessage):
+                return events
+            for block in event.data.decode().split("\n\n"):
+                for line in block.splitlines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+
+    def connect() -> H11Client:
+        client_end, server_end = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.handle_stream, server_end)
+        return H11Client(client_end)
+
+    idle = connect()
+    body = {"model": "sim-1000", "input": "go", "stream": True, "store": False, "metadata": {"testbed_workload": ONE_TURN}}
+    assert (await post(idle, body))[-1]["type"] == "response.completed"
+    idle.conn.start_next_cycle()
+    streaming = connect()
+    results: dict[str, Any] = {}
+
+    async def stream_one() -> None:
+        results["events"] = await post(streaming, {**body, "model": "sim-100", "metadata": {"testbed_workload": LONG}})
+
+    async with trio.open_nursery() as clients:
+        clients.start_soon(stream_one)
+        await trio.sleep(1.0)  # mid-stream
+        assert server.http_in_flight
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, server, 30.0)
+            await trio.sleep(0.1)
+            refused = connect()
+            import h11
+
+            await refused.stream.send_all(refused.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "0")])) + refused.conn.send(h11.EndOfMessage()))
+            answer = await refused._next()
+            assert answer.status_code == 503
+            assert await idle.stream.receive_some(10) == b""  # the idle keep-alive connection was closed
+    events = results["events"]
+    assert events[-1]["type"] == "response.completed"
+    assert_no_event_lost(events)
+    assert server.connections == 0 and not server.http_in_flight
+
+
+def test_sigterm_drains_the_real_server(cli_server) -> None:
+    server = cli_server("--costs", "zero")
+    headers = {"Authorization": "Bearer k", "OpenAI-Beta": BETA[CHAINED]}
+    with ws_connect(f"ws://127.0.0.1:{server.port}/v1/responses", additional_headers=headers, open_timeout=10) as conn:
+        conn.send(json.dumps(create(model="sim-200", metadata={"testbed_workload": LONG})))  # 2 s of decode
+        assert json.loads(conn.recv(timeout=10))["type"] == "response.created"
+        server.proc.send_signal(signal.SIGTERM)
+        events = []
+        try:
+            while True:
+                events.append(json.loads(conn.recv(timeout=20)))
+        except Exception as exc:  # the close
+            close_code = getattr(getattr(exc, "rcvd", None), "code", None)
+    assert close_code == 1001
+    assert [e["type"] for e in events][-2:] == ["response.completed", "error"]
+    assert events[-1]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    server.proc.wait(timeout=20)
+    code, out, err = server.stop()
+    assert code == 0 and "drained" in out, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import trio
 from test_limits import http
 
@@ -32,3 +33,18 @@ async def test_http_conversations_leave_bounded_engine_bookkeeping_and_render_ca
     engine.advance(trio.current_time())
     assert len(engine.kv) <= 1 and 0 < len(engine._ranks) <= 8  # the KV expired, the bookkeeping is bounded
     server.api.store.close()
+
+
+@pytest.mark.slow
+def test_the_soak_experiment_runs_tiny_and_loses_nothing(tmp_path, monkeypatch) -> None:
+    from experiments import common, soak
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    verdict = soak.main(["--seconds", "3", "--concurrency", "3", "--sample", "1", "--csv", "soak_test.csv"])
+    assert verdict["conversations"] >= 3 and (verdict["lost"], verdict["duplicated"]) == (0, 0)
+    # The idle server is back to its baseline: no task, connection or descriptor left behind.
+    assert verdict["idle_tasks"] == verdict["baseline_tasks"] > 0
+    assert verdict["idle_connections"] == 0 and verdict["idle_fds"] <= verdict["baseline_fds"]
+    assert verdict["server_exit_code"] == 0  # SIGTERM drained it
+    assert verdict["rss_end_mb"] > 0  # memory is reported; its bound is the real soak's (README)
+    assert (tmp_path / "soak_test.csv").exists()

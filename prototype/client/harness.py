@@ -198,11 +198,13 @@ REASONING = {"effort": "medium"}
 
 
 def request_body(
-    workload: Workload, *, model: str, metadata: dict[str, str], store: bool, include_reasoning: bool = False
+    workload: Workload, *, model: str, metadata: dict[str, str], store: bool, include_reasoning: bool = False,
+    instructions: str | None = None,
 ) -> dict[str, Any]:
     """The fields every request of a rollout repeats (Codex resends instructions and tools every turn: they are not
     inherited through previous_response_id). `include_reasoning`: ask for reasoning items' encrypted_content, which a
-    client that may have to resend the conversation needs (http stateless; chained, for a cache miss)."""
+    client that may have to resend the conversation needs (http stateless; chained, for a cache miss). `instructions`
+    replaces the workload's shared ones (experiments/soak.py makes each conversation distinct with it)."""
     # The same tools on every task, as a real agent offers (web_search too: the model decides whether to search), so
     # the tool definitions are part of the common prefix.
     tools = [*HARNESS_TOOLS, WEB_SEARCH_TOOL]
@@ -211,7 +213,7 @@ def request_body(
     }
     if include_reasoning:
         body["include"] = INCLUDE_REASONING
-    instructions = shared_instructions(workload)
+    instructions = shared_instructions(workload) if instructions is None else instructions
     if instructions is not None:
         body["instructions"] = instructions
     return body
@@ -286,12 +288,15 @@ async def run_websocket_rollout(
     include_timing: bool = False,
     api_key: str = "testbed",
     on_turn_end: Callable[[TurnRecord], None] | None = None,
+    instructions: str | None = None,
 ) -> RolloutRecord:
     """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
     (a create with previous_response_id per turn)."""
     rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
     # v1 never needs the blob: its reasoning stays in the coroutine. v2 asks for it as Codex does without a store.
-    base = request_body(workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store)
+    base = request_body(
+        workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store, instructions=instructions
+    )
     first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
     # Turn 0 starts before the connection is opened: its TCP, TLS and upgrade round trips are paid by the first
     # request, as an HTTP client's first request pays its connection (docs/metrics.md).

@@ -235,6 +235,7 @@ async def run_http_rollout(
     keep_alive: bool = True,
     include_timing: bool = False,
     api_key: str = "testbed",
+    instructions: str | None = None,
 ) -> RolloutRecord:
     """One task over HTTP: a `POST /v1/responses` (stream: true) per turn, `stateless` (full history)
     or `stored` (`previous_response_id`)."""
@@ -242,7 +243,10 @@ async def run_http_rollout(
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     rollout = Rollout(workload, RolloutRecord(DESIGN_NAMES[variant], workload.name, trio.current_time()))
     stored = variant == STORED
-    base = {**request_body(workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored), "stream": True}
+    base = {
+        **request_body(workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions),
+        "stream": True,
+    }
     headers = request_headers(api_key=api_key, keep_alive=keep_alive, include_timing=include_timing)
     new_items: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}

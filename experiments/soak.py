@@ -1,7 +1,7 @@
 """Soak: a long-running `serve` stays flat (issue 15).
 
 `python -m prototype serve` runs in a child process with the bounds of its per-conversation
-structures set small (`--engine-sessions`, `--render-cache-tokens`, `--kv-ttl`), so that they are
+structures set small (`--engine-sessions`, `--render-cache-tokens`, `--kv-ttl`, `--max-records`), so that they are
 reached during the warm-up. This process runs `--concurrency` clients in a loop for `--seconds` of
 real time, each one short conversation after another, rotating over http (stateless), v1
 (suspended) and v2 (chained). Every conversation is distinct (its own `instructions`, so its own
@@ -53,7 +53,7 @@ TURNS, PROMPT, APPENDED, OUTPUT = 2, 300, 50, 20
 SPEC = f"fixed:{TURNS}:{PROMPT}:{APPENDED}:{OUTPUT}:0"
 DESIGNS = ("http", SUSPENDED, CHAINED)
 # The bounds under test, small enough to be reached in the warm-up [ours].
-SERVE_FLAGS = ("--costs", "zero", "--engine-sessions", "500", "--render-cache-tokens", "20000", "--kv-ttl", "5", "--stats-interval", "1")
+SERVE_FLAGS = ("--costs", "zero", "--engine-sessions", "500", "--render-cache-tokens", "20000", "--kv-ttl", "5", "--max-records", "1000", "--stats-interval", "1")
 COLUMNS = ("t_s", "conversations", "lost", "rss_mb", "fds", "tasks", "connections", "kv_entries", "engine_sessions", "render_cache_tokens")
 
 

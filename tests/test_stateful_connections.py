@@ -1,0 +1,282 @@
+"""A Hypothesis state machine over several WebSocket connections to one server at once (issue 15):
+creates, appends (one, or two back to back), disconnects, and waits that run into the suspension
+time-to-live and the connection lifetime, in any interleaving. After every step the model's
+invariants are checked on what the clients received and what the server applied:
+
+* per response, sequence numbers run 0, 1, 2, ... with no gap or repeat, at most one terminal
+  event, and nothing after it;
+* a connection the server closed (lifetime) saw exactly one terminal event for every response it
+  saw start;
+* every append the server applied appears in the rollout's transcript exactly once, and on a
+  connection still open every append sent was either applied or refused with its error.
+
+The server runs in a trio run on a thread with a MockClock that moves only when a rule says so
+(`wait`), so each step is deterministic; a rule settles with `wait_all_tasks_blocked` before the
+invariants are read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from support import create_event, make_server, ws
+from trio_websocket import ConnectionClosed
+
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.designs.emitter import Emitter
+from prototype.designs.sampling import SamplingLoop
+from prototype.designs.suspended import Suspension
+from prototype.protocol.events import TERMINAL_TYPES
+from prototype.server.config import ServerConfig
+
+CONNECTIONS = 2
+STEP_S = 0.05  # virtual time advances in steps this long, the server settling after each
+LIFETIME_S = 6.0
+SUSPENSION_TTL_S = 2.0
+REFUSED_APPENDS = {"no_suspended_response", "invalid_function_call_output"}
+
+
+class Conn:
+    def __init__(self, design: str) -> None:
+        self.design = design
+        self.events: list[dict[str, Any]] = []
+        self.appends_sent: list[str] = []
+        self.scope = trio.CancelScope()
+        self.closed = False
+        self.dropped = False  # the client disconnected (its close may still be under way)
+        self.closed_by_server: int | None = None  # the close code, when the server closed it
+        self.outbox_send, self.outbox = trio.open_memory_channel[str](64)
+
+    def response_ids(self) -> list[str]:
+        return [e["response"]["id"] for e in self.events if e["type"] == "response.created"]
+
+    def pending_calls(self) -> list[dict[str, Any]] | None:
+        """The calls of the v1 rollout paused at the last event, if it is a `response.done`."""
+        if self.events and self.events[-1]["type"] == "response.done":
+            return [i for i in self.events[-1]["response"]["output"] if i["type"] == "function_call"]
+        return None
+
+
+async def run_connection(server, conn: Conn, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    with conn.scope:
+        async with ws(server, conn.design) as client:
+            task_status.started()
+
+            async def writer() -> None:
+                async for frame in conn.outbox:
+                    await client.send_message(frame)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                try:
+                    while True:
+                        conn.events.append(json.loads(await client.get_message()))
+                except ConnectionClosed as closed:
+                    conn.closed_by_server = closed.reason.code
+                nursery.cancel_scope.cancel()
+    conn.closed = True
+
+
+class ServerThread:
+    """A trio run on a thread, driven one call at a time from the test's thread."""
+
+    def __init__(self) -> None:
+        self.clock = trio.testing.MockClock()  # moves only when `advance` jumps it
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as self.nursery:
+                self.stop = trio.Event()
+                self.ready.set()
+                await self.stop.wait()
+                self.nursery.cancel_scope.cancel()
+
+        trio.run(main, clock=self.clock)
+
+    def call(self, fn, *args):
+        return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+    def close(self) -> None:
+        trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
+        self.thread.join(10)
+
+
+class Connections(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.server = make_server(config=ServerConfig(connection_lifetime=LIFETIME_S, suspension_ttl=SUSPENSION_TTL_S))
+        self.applied: list[tuple[str, str]] = []  # (response id, output text) per item a rollout took in
+        self.accepted: list[str] = []  # output texts of the appends the server accepted (Suspension.deliver)
+        self.waited = False  # the last rule advanced the clock
+        take, deliver = SamplingLoop.take_new_items, Suspension.deliver
+        applied, accepted = self.applied, self.accepted
+
+        async def spy_take(loop, items):
+            applied.extend((loop.emitter.response.id, getattr(item, "output", None)) for item in items)
+            return await take(loop, items)
+
+        def spy_deliver(suspension, items):
+            deliver(suspension, items)
+            accepted.extend(getattr(item, "output", None) for item in items)
+
+        async def slow_resumed(emitter):
+            await trio.sleep(STEP_S)  # `response.in_progress` takes a step to send: a second append races it
+            await resumed(emitter)
+
+        resumed = Emitter.resumed
+        self._originals = (take, deliver, resumed)
+        SamplingLoop.take_new_items, Suspension.deliver, Emitter.resumed = spy_take, spy_deliver, slow_resumed
+        self.trio = ServerThread()
+        self.conns: list[Conn | None] = [None] * CONNECTIONS
+        self.serial = 0
+
+    def teardown(self) -> None:
+        for conn in self.conns:
+            if conn is not None and not conn.closed:
+                self.trio.call(self._disconnect, conn)
+        self.trio.close()
+        SamplingLoop.take_new_items, Suspension.deliver, Emitter.resumed = self._originals
+
+    async def _settle(self) -> None:
+        await trio.testing.wait_all_tasks_blocked()
+
+    def settle(self) -> None:
+        self.trio.call(self._settle)
+
+    def live(self, index: int) -> Conn | None:
+        conn = self.conns[index]
+        return conn if conn is not None and not conn.closed and not conn.dropped else None
+
+    # --- rules ---------------------------------------------------------------------------------------
+
+    @initialize(designs=st.lists(st.sampled_from([SUSPENDED, CHAINED]), min_size=CONNECTIONS, max_size=CONNECTIONS))
+    def open_all(self, designs: list[str]) -> None:
+        for index, design in enumerate(designs):
+            self.open(index, design)
+
+    @rule(index=st.integers(0, CONNECTIONS - 1), design=st.sampled_from([SUSPENDED, CHAINED]))
+    def open(self, index: int, design: str) -> None:
+        if self.live(index) is not None:
+            return
+        conn = Conn(design)
+        self.conns[index] = conn
+
+        async def start() -> None:
+            await self.trio.nursery.start(run_connection, self.server, conn)
+            await trio.testing.wait_all_tasks_blocked()
+
+        self.trio.call(start)
+
+    def _send(self, conn: Conn, *frames: dict[str, Any]) -> None:
+        """Send `frames` back to back (nothing runs in between), then let the server settle."""
+
+        async def send() -> None:
+            for frame in frames:
+                try:
+                    conn.outbox_send.send_nowait(json.dumps(frame))
+                except trio.BrokenResourceError:
+                    pass
+            await trio.testing.wait_all_tasks_blocked()
+
+        self.trio.call(send)
+
+    @rule(index=st.integers(0, CONNECTIONS - 1), turns=st.integers(1, 3))
+    def create(self, index: int, turns: int) -> None:
+        conn = self.live(index)
+        if conn is not None:
+            self._send(conn, create_event(model="sim-10000", metadata={"testbed_workload": f"fixed:{turns}:50:10:20:0"}))
+
+    @rule(index=st.integers(0, CONNECTIONS - 1), twice=st.booleans(), matching=st.booleans())
+    def append(self, index: int, twice: bool, matching: bool) -> None:
+        conn = self.live(index)
+        if conn is None or conn.design != SUSPENDED:
+            return
+        calls = conn.pending_calls() if matching else None
+        frames = []
+        for _ in range(2 if twice else 1):  # twice: the second races the first (issue 15)
+            self.serial += 1
+            frame = f"append {self.serial}"
+            call_ids = [c["call_id"] for c in calls] if calls else ["call_none"]
+            conn.appends_sent.append(frame)
+            frames.append({"type": "response.append", "input": [
+                {"type": "function_call_output", "call_id": call_id, "output": f"{frame}/{k}"} for k, call_id in enumerate(call_ids)]})
+        self._send(conn, *frames)
+
+    async def _disconnect(self, conn: Conn) -> None:
+        conn.dropped = True
+        conn.scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+
+    @rule(index=st.integers(0, CONNECTIONS - 1))
+    def disconnect(self, index: int) -> None:
+        conn = self.live(index)
+        if conn is not None:
+            self.trio.call(self._disconnect, conn)
+
+    @rule(seconds=st.sampled_from([STEP_S, 0.5, 2.5]))
+    def wait(self, seconds: float) -> None:
+        async def advance() -> None:
+            for _ in range(round(seconds / STEP_S)):
+                self.trio.clock.jump(STEP_S)
+                await trio.testing.wait_all_tasks_blocked()
+
+        self.trio.call(advance)
+        self.waited = True
+
+    # --- invariants ----------------------------------------------------------------------------------
+
+    @invariant()
+    def each_response_is_numbered_and_ends_once(self) -> None:
+        self.settle()
+        for conn in filter(None, self.conns):
+            by_response: dict[str, list[dict[str, Any]]] = {}
+            current = None
+            for event in conn.events:
+                if event["type"] == "response.created":
+                    current = event["response"]["id"]
+                if "sequence_number" in event:
+                    by_response.setdefault(current, []).append(event)
+            for response_id, seen in by_response.items():
+                assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
+                terminals = [i for i, e in enumerate(seen) if e["type"] in TERMINAL_TYPES]
+                assert len(terminals) <= 1 and (not terminals or terminals[0] == len(seen) - 1), response_id
+                if conn.closed_by_server is not None:
+                    assert len(terminals) == 1, f"{response_id} cut off by the server's close"
+
+    @invariant()
+    def every_accepted_append_appears_once_and_every_sent_one_is_answered(self) -> None:
+        applied = [text for _, text in self.applied]
+        assert len(applied) == len(set(applied)), "an append's item was applied twice"
+        assert len(self.accepted) == len(set(self.accepted)), "an append was accepted twice"
+        assert set(applied) <= set(self.accepted), "an item applied that no append delivered"
+        accepted_frames = {text.split("/")[0] for text in self.accepted}
+        applied_frames = {text.split("/")[0] for text in applied}
+        for conn in filter(None, self.conns):
+            mine = set(conn.appends_sent)
+            if conn.closed or conn.dropped:
+                continue
+            refused = sum(1 for e in conn.events if e["type"] == "error" and e["error"]["code"] in REFUSED_APPENDS)
+            assert len(accepted_frames & mine) + refused == len(mine), (accepted_frames & mine, refused, conn.appends_sent)
+            if self.waited:  # time moved on: every accepted append is in its rollout's transcript
+                assert accepted_frames & mine <= applied_frames, "an accepted append never reached the transcript"
+        self.waited = False
+
+
+Connections.TestCase.settings = settings(
+    max_examples=8, stateful_step_count=20, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestConnectionsUnderInterleavedAppendsCreatesDisconnectsAndExpiry = pytest.mark.slow(Connections.TestCase)

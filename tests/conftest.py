@@ -20,8 +20,8 @@ from prototype.server.app import ResponsesServer, serve_responses
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
-START_TIMEOUT = 15.0  # seconds for the first stdout line (imports take about 1 s)
-STOP_TIMEOUT = 5.0
+START_TIMEOUT = 60.0  # a hang guard for the first stdout line (imports take about 1 s idle, 15+ s on a loaded machine)
+STOP_TIMEOUT = 30.0  # a hang guard, generous for a loaded machine
 
 
 @pytest.fixture(scope="session", autouse=True)

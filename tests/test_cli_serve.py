@@ -12,7 +12,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
-TIMEOUT = 5.0
+TIMEOUT = 60.0  # a hang guard: on a loaded machine the first turn (tokenizer load) takes seconds
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
 
 

@@ -276,7 +276,7 @@ class Connections(RuleBasedStateMachine):
 
 
 Connections.TestCase.settings = settings(
-    max_examples=8, stateful_step_count=20, deadline=None,
+    max_examples=5, stateful_step_count=20, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestConnectionsUnderInterleavedAppendsCreatesDisconnectsAndExpiry = pytest.mark.slow(Connections.TestCase)

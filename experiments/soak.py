@@ -53,7 +53,7 @@ TURNS, PROMPT, APPENDED, OUTPUT = 2, 300, 50, 20
 SPEC = f"fixed:{TURNS}:{PROMPT}:{APPENDED}:{OUTPUT}:0"
 DESIGNS = ("http", SUSPENDED, CHAINED)
 # The bounds under test, small enough to be reached in the warm-up [ours].
-SERVE_FLAGS = ("--costs", "zero", "--engine-sessions", "500", "--render-cache-tokens", "20000", "--kv-ttl", "5", "--max-records", "1000", "--stats-interval", "1")
+SERVE_FLAGS = ("--costs", "zero", "--quiet", "--engine-sessions", "500", "--render-cache-tokens", "20000", "--kv-ttl", "5", "--max-records", "1000", "--stats-interval", "1")
 COLUMNS = ("t_s", "conversations", "lost", "rss_mb", "fds", "tasks", "connections", "kv_entries", "engine_sessions", "render_cache_tokens")
 
 

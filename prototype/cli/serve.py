@@ -36,7 +36,7 @@ from ..api.workloads import WorkloadCatalog
 from ..engine.engine import Engine
 from ..engine.latency import FLAGSHIP_TOKENS_PER_S, SPARK_BURST_TOKENS_PER_S, SPARK_TOKENS_PER_S
 from ..protocol.errors import ProtocolError
-from ..server.app import ResponsesServer, serve_responses
+from ..server.app import ResponsesServer, drain, serve_responses
 from ..server.config import ServerConfig
 
 
@@ -65,14 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sharing the SQLite response store (default 1)")
     parser.add_argument("--render-cache-tokens", type=int, default=None, help="tokens the http design's cross-request render cache holds, least recently used dropped first (default 5000000)")
     parser.add_argument("--engine-sessions", type=int, default=None, help="sessions whose engine bookkeeping is kept after their KV is gone, least recently seen forgotten first (default 100000)")
+    parser.add_argument("--max-records", type=int, default=None, help="client records kept in memory, oldest dropped first (default 10000)")
+    parser.add_argument("--kv-ttl", type=float, default=None, help="seconds an idle prefix-cache KV entry lives (default 300)")
+    parser.add_argument("--stats-interval", type=float, default=None, help="print a 'stats {json}' line this often, in seconds: trio tasks, connections, engine and cache sizes (default: never)")
+    parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
     parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")
 
 
 def build_server(args: argparse.Namespace, worker: int | None = None) -> ResponsesServer:
+    engine_options = {"max_sessions": getattr(args, "engine_sessions", None), "kv_ttl": getattr(args, "kv_ttl", None)}
     api = ApiService(
-        engine=Engine() if args.engine_sessions is None else Engine(max_sessions=args.engine_sessions),
+        engine=Engine(**{name: value for name, value in engine_options.items() if value is not None}),
         render_cache=RenderCache() if args.render_cache_tokens is None else RenderCache(args.render_cache_tokens),
         costs=ZERO_COSTS if args.costs == "zero" else ApiCosts(),
         store=ResponseStore(args.store),
@@ -83,8 +88,9 @@ def build_server(args: argparse.Namespace, worker: int | None = None) -> Respons
     )
     server = ResponsesServer(api, server_config(args, worker))
     access_log = None if getattr(args, "quiet", True) else sys.stdout
-    if args.records or access_log is not None:
-        server.records = AccessLog(args.records, access_log, getattr(args, "log_format", "text"))
+    max_records = getattr(args, "max_records", None)
+    if args.records or access_log is not None or max_records is not None:
+        server.records = AccessLog(args.records, access_log, getattr(args, "log_format", "text"), maxlen=max_records or metrics.MAX_CLIENT_RECORDS)
     return server
 
 
@@ -130,8 +136,8 @@ class AccessLog(metrics.ClientRecords):
     given), printing one line to `out` per record: a finished response (a v1 rollout, a v2 turn, an
     HTTP request) or a refused request or frame."""
 
-    def __init__(self, path: str | None, out: TextIO | None, fmt: str = "text") -> None:
-        super().__init__(path)
+    def __init__(self, path: str | None, out: TextIO | None, fmt: str = "text", maxlen: int = metrics.MAX_CLIENT_RECORDS) -> None:
+        super().__init__(path, maxlen=maxlen)
         self.out = out
         self.fmt = fmt
 
@@ -172,6 +178,43 @@ def _error(message: str) -> None:
     sys.stderr.write(f"python -m prototype serve: error: {message}\n")
 
 
+async def drain_on_sigterm(server: ResponsesServer, grace: float, scope: trio.CancelScope) -> None:
+    """SIGTERM (what a process manager sends first): drain, then stop (docs/protocol.md)."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            break
+    print(f"SIGTERM: draining ({len(server.sessions)} WebSocket connections, {len(server.http_in_flight)} HTTP responses in flight)", flush=True)
+    await drain(server, grace)
+    print("drained", flush=True)
+    scope.cancel()
+
+
+def count_tasks() -> int:
+    """Live trio tasks of this run, the root included."""
+    count, pending = 0, [trio.lowlevel.current_root_task()]
+    while pending:
+        task = pending.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            pending.extend(nursery.child_tasks)
+    return count
+
+
+def stats(server: ResponsesServer) -> dict[str, int]:
+    """What a long-running server holds, for experiments/soak.py."""
+    engine = server.api.engine
+    return {
+        "tasks": count_tasks(), "connections": server.connections, "sessions": len(server.sessions),
+        "kv_entries": len(engine.kv), "engine_sessions": len(engine._ranks), "render_cache_tokens": server.api.render_cache.tokens,
+    }
+
+
+async def print_stats(server: ResponsesServer, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        print("stats " + json.dumps(stats(server)), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad --workload fails here, not on the first request
@@ -195,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
+            nursery.start_soon(drain_on_sigterm, server, args.drain_seconds, nursery.cancel_scope)
+            if args.stats_interval:
+                nursery.start_soon(print_stats, server, args.stats_interval)
             _freeze_startup_objects()
             _announce(args, host, port, 1)
 
@@ -255,6 +301,7 @@ def _worker(args: argparse.Namespace, worker: int, port: int, ready: int) -> int
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, server.handle_stream, [listener])
+            nursery.start_soon(drain_on_sigterm, server, args.drain_seconds, nursery.cancel_scope)
             _freeze_startup_objects()
             os.write(ready, b"1")
             os.close(ready)

@@ -87,3 +87,16 @@ def outputs_for(calls: list[dict[str, Any]], text: str = "ok") -> list[dict[str,
 
 def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     return [item for item in response["output"] if item["type"] == "function_call"]
+
+
+def events_by_response(events: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+    """The numbered events (those with a `sequence_number`) grouped by the response they belong to: the
+    id of the latest `response.created` before them (None before the first)."""
+    grouped: dict[str | None, list[dict[str, Any]]] = {}
+    current = None
+    for event in events:
+        if event["type"] == "response.created":
+            current = event["response"]["id"]
+        if "sequence_number" in event:
+            grouped.setdefault(current, []).append(event)
+    return grouped

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support import H11Client, make_server, receive, send, until
+from support import H11Client, events_by_response, make_server, receive, send, until
 from test_bad_input import ONE_TURN, TERMINALS, calls_of, create, output, session_kv, turn
 from test_faults import PipeConnector, raw_ws, server_tasks_end
 from trio_websocket import ConnectionClosed
@@ -36,14 +36,7 @@ LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
 
 def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
     """Per response: numbered 0, 1, 2, ... and exactly one terminal event, the last of its events."""
-    by_response: dict[str, list[dict[str, Any]]] = {}
-    current = None
-    for event in events:
-        if event["type"] == "response.created":
-            current = event["response"]["id"]
-        if "sequence_number" in event:
-            by_response.setdefault(current, []).append(event)
-    for response_id, seen in by_response.items():
+    for response_id, seen in events_by_response(events).items():
         assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
         assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
 

@@ -27,7 +27,7 @@ import trio.testing
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from support import create_event, make_server, ws
+from support import create_event, events_by_response, make_server, ws
 from trio_websocket import ConnectionClosed
 
 from prototype.client.harness import CHAINED, SUSPENDED
@@ -242,14 +242,7 @@ class Connections(RuleBasedStateMachine):
     def each_response_is_numbered_and_ends_once(self) -> None:
         self.settle()
         for conn in filter(None, self.conns):
-            by_response: dict[str, list[dict[str, Any]]] = {}
-            current = None
-            for event in conn.events:
-                if event["type"] == "response.created":
-                    current = event["response"]["id"]
-                if "sequence_number" in event:
-                    by_response.setdefault(current, []).append(event)
-            for response_id, seen in by_response.items():
+            for response_id, seen in events_by_response(conn.events).items():
                 assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
                 terminals = [i for i, e in enumerate(seen) if e["type"] in TERMINAL_TYPES]
                 assert len(terminals) <= 1 and (not terminals or terminals[0] == len(seen) - 1), response_id

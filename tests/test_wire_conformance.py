@@ -9,13 +9,13 @@ design that alters what a client sees fails here whichever design it is in.
 from __future__ import annotations
 
 import typing
-from collections import defaultdict
 from typing import Any
 
 import pydantic
 import pytest
 from openai.types.responses import Response as SdkResponse
 from openai.types.responses import ResponseStreamEvent
+from support import events_by_response
 
 from prototype.api.costs import ZERO_COSTS, ApiCosts
 from prototype.api.service import ApiService
@@ -62,16 +62,6 @@ async def captured_rollout(design: str, costs: ApiCosts, monkeypatch) -> tuple[l
         record = await run_websocket_rollout(connector, design, TASK, metadata=metadata, model="sim-1000")
     assert record.status == "completed", record.status
     return events, record
-
-
-def by_response(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    current = None
-    for event in events:
-        if event["type"] == "response.created":
-            current = event["response"]["id"]
-        out[current].append(event)
-    return out
 
 
 def check_typed(event: dict[str, Any]) -> None:
@@ -145,7 +135,7 @@ def check_response_stream(stream: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("design", DESIGNS)
 async def test_every_event_is_typed_and_the_stream_holds_together(autojump_clock, monkeypatch, design: str) -> None:
     events, record = await captured_rollout(design, ZERO_COSTS, monkeypatch)
-    streams = by_response(events)
+    streams = events_by_response(events)
     assert None not in streams  # nothing before the first response.created
     assert len(streams) == (1 if design == "suspended" else len(TASK.turns))
     for stream in streams.values():

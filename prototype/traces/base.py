@@ -20,8 +20,9 @@ Nothing is dropped or changed silently: every adjustment is counted in `Trace.no
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from os import PathLike
 
@@ -120,6 +121,22 @@ class Trace:
     @property
     def timed(self) -> bool:
         return any(r.model_seconds is not None for r in self.rounds)
+
+
+def json_objects(path: str | PathLike[str]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is a
+    TraceError naming it."""
+    with open(path, encoding="utf-8") as f:
+        for line, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(path, line, None, f"invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise TraceError(path, line, None, "expected a JSON object")
+            yield line, obj
 
 
 def parse_timestamp(value: object) -> float:

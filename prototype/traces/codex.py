@@ -20,13 +20,12 @@ Timestamps must not go backwards.
 
 from __future__ import annotations
 
-import json
 from os import PathLike
 from pathlib import Path
 
 import attrs
 
-from .base import Round, TraceError, count, is_hosted, parse_timestamp
+from .base import Round, TraceError, count, is_hosted, json_objects, parse_timestamp
 
 FORMAT = "codex"
 LINE_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
@@ -59,89 +58,80 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
     previous_total: object = None
     last_ts = float("-inf")
     notes = {"no_output": 0, "unreported": 0}
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(path, line, None, f"invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(path, line, None, "expected a JSON object")
-            for key in ("timestamp", "type", "payload"):
-                if key not in obj:
-                    raise TraceError(path, line, key, "missing")
-            try:
-                ts = parse_timestamp(obj["timestamp"])
-            except ValueError as e:
-                raise TraceError(path, line, "timestamp", str(e)) from None
-            if ts < last_ts:
-                raise TraceError(path, line, "timestamp", f"{obj['timestamp']} is earlier than the line before: lines out of order")
-            last_ts = ts
-            kind, payload = obj["type"], obj["payload"]
-            if not isinstance(payload, dict):
-                continue
-            item = payload.get("type")
-            if kind == "session_meta":
-                session = str(payload.get("id") or payload.get("session_id") or session)
-            elif kind == "event_msg" and item in REQUEST_EVENTS or kind == "response_item" and item == "message" and payload.get("role") == "user":
-                inputs.append(ts)
-                if request_at is None:
-                    request_at = ts
-            elif kind == "response_item" and (item == "reasoning" or item == "message" and payload.get("role") == "assistant"):
-                outputs.append(ts)
-            elif kind == "response_item" and item in CALL_ITEMS:
-                call_id = payload.get("call_id") or payload.get("id")
-                if not isinstance(call_id, str):
-                    raise TraceError(path, line, "payload.call_id", "missing")
-                outputs.append(ts)
-                if is_hosted(str(payload.get("name", ""))):  # a hosted tool that a provider reports as a call
-                    hosted += 1
-                    continue
-                calls.append(call_id)
-                call_at[call_id] = ts
-            elif kind == "response_item" and item in HOSTED_ITEMS:
-                outputs.append(ts)
+    for line, obj in json_objects(path):
+        for key in ("timestamp", "type", "payload"):
+            if key not in obj:
+                raise TraceError(path, line, key, "missing")
+        try:
+            ts = parse_timestamp(obj["timestamp"])
+        except ValueError as e:
+            raise TraceError(path, line, "timestamp", str(e)) from None
+        if ts < last_ts:
+            raise TraceError(path, line, "timestamp", f"{obj['timestamp']} is earlier than the line before: lines out of order")
+        last_ts = ts
+        kind, payload = obj["type"], obj["payload"]
+        if not isinstance(payload, dict):
+            continue
+        item = payload.get("type")
+        if kind == "session_meta":
+            session = str(payload.get("id") or payload.get("session_id") or session)
+        elif kind == "event_msg" and item in REQUEST_EVENTS or kind == "response_item" and item == "message" and payload.get("role") == "user":
+            inputs.append(ts)
+            if request_at is None:
+                request_at = ts
+        elif kind == "response_item" and (item == "reasoning" or item == "message" and payload.get("role") == "assistant"):
+            outputs.append(ts)
+        elif kind == "response_item" and item in CALL_ITEMS:
+            call_id = payload.get("call_id") or payload.get("id")
+            if not isinstance(call_id, str):
+                raise TraceError(path, line, "payload.call_id", "missing")
+            outputs.append(ts)
+            if is_hosted(str(payload.get("name", ""))):  # a hosted tool that a provider reports as a call
                 hosted += 1
-            elif kind == "response_item" and item in CALL_OUTPUTS:
-                inputs.append(ts)
-                call_id = payload.get("call_id")
-                if isinstance(call_id, str) and call_id in call_at and call_id not in output_at:
-                    output_at[call_id] = ts
-            elif kind == "event_msg" and item == "token_count":
-                info = payload.get("info")
-                if info is None:
-                    continue  # a rate-limit report, no usage
-                if not isinstance(info, dict):
-                    raise TraceError(path, line, "payload.info", f"expected an object, got {info!r}")
-                total = info.get("total_token_usage")
-                if total is not None and total == previous_total:
-                    continue
-                usage, prefix = info.get("last_token_usage"), "payload.info.last_token_usage."
-                if usage is None and isinstance(total, dict):  # versions that report running totals only
-                    usage, prefix = _difference(total, previous_total), "payload.info.total_token_usage."
-                if not isinstance(usage, dict):
-                    raise TraceError(path, line, "payload.info.last_token_usage", "missing")
-                previous_total = total
-                input_tokens = count(usage, "input_tokens", path, line, prefix=prefix)
-                cached = count(usage, "cached_input_tokens", path, line, prefix=prefix, nullable=True) if "cached_input_tokens" in usage else 0
-                output = count(usage, "output_tokens", path, line, prefix=prefix)
-                reasoning = count(usage, "reasoning_output_tokens", path, line, prefix=prefix, nullable=True) if "reasoning_output_tokens" in usage else 0
-                if cached > input_tokens:
-                    raise TraceError(path, line, prefix + "cached_input_tokens", f"{cached} exceeds input_tokens {input_tokens}")
-                if not outputs:
-                    notes["unreported"] += 1
-                    continue
-                first_output = min(outputs)
-                started = max((t for t in inputs if t <= first_output), default=None)
-                rounds.append(Round(
-                    session=session, line=line, input_tokens=input_tokens, cached_tokens=cached, output_tokens=output,
-                    reasoning_tokens=reasoning, hosted=((0.0, 0),) * hosted, starts_request=request_at is not None,
-                    started_at=started, ended_at=max(outputs), request_at=request_at,
-                ))
-                round_calls.append(calls)
-                outputs, calls, hosted, request_at = [], [], 0, None
+                continue
+            calls.append(call_id)
+            call_at[call_id] = ts
+        elif kind == "response_item" and item in HOSTED_ITEMS:
+            outputs.append(ts)
+            hosted += 1
+        elif kind == "response_item" and item in CALL_OUTPUTS:
+            inputs.append(ts)
+            call_id = payload.get("call_id")
+            if isinstance(call_id, str) and call_id in call_at and call_id not in output_at:
+                output_at[call_id] = ts
+        elif kind == "event_msg" and item == "token_count":
+            info = payload.get("info")
+            if info is None:
+                continue  # a rate-limit report, no usage
+            if not isinstance(info, dict):
+                raise TraceError(path, line, "payload.info", f"expected an object, got {info!r}")
+            total = info.get("total_token_usage")
+            if total is not None and total == previous_total:
+                continue
+            usage, prefix = info.get("last_token_usage"), "payload.info.last_token_usage."
+            if usage is None and isinstance(total, dict):  # versions that report running totals only
+                usage, prefix = _difference(total, previous_total), "payload.info.total_token_usage."
+            if not isinstance(usage, dict):
+                raise TraceError(path, line, "payload.info.last_token_usage", "missing")
+            previous_total = total
+            input_tokens = count(usage, "input_tokens", path, line, prefix=prefix)
+            cached = count(usage, "cached_input_tokens", path, line, prefix=prefix, nullable=True) if "cached_input_tokens" in usage else 0
+            output = count(usage, "output_tokens", path, line, prefix=prefix)
+            reasoning = count(usage, "reasoning_output_tokens", path, line, prefix=prefix, nullable=True) if "reasoning_output_tokens" in usage else 0
+            if cached > input_tokens:
+                raise TraceError(path, line, prefix + "cached_input_tokens", f"{cached} exceeds input_tokens {input_tokens}")
+            if not outputs:
+                notes["unreported"] += 1
+                continue
+            first_output = min(outputs)
+            started = max((t for t in inputs if t <= first_output), default=None)
+            rounds.append(Round(
+                session=session, line=line, input_tokens=input_tokens, cached_tokens=cached, output_tokens=output,
+                reasoning_tokens=reasoning, hosted=((0.0, 0),) * hosted, starts_request=request_at is not None,
+                started_at=started, ended_at=max(outputs), request_at=request_at,
+            ))
+            round_calls.append(calls)
+            outputs, calls, hosted, request_at = [], [], 0, None
     if outputs:
         notes["unreported"] += 1  # a last model call without a token count: interrupted
     finished = []

@@ -15,11 +15,10 @@ is skipped and counted in the notes, a repeat that differs is an error.
 
 from __future__ import annotations
 
-import json
 import math
 from os import PathLike
 
-from .base import CHARS_PER_TOKEN, Round, Trace, TraceError, build, count, is_hosted, parse_timestamp
+from .base import CHARS_PER_TOKEN, Round, Trace, TraceError, build, count, is_hosted, json_objects, parse_timestamp
 
 FORMAT = "tracelab-jsonl"
 INPUT_EVENTS = frozenset({"user_message", "tool_result"})
@@ -79,64 +78,55 @@ def read(path: str | PathLike[str]) -> Trace:
     sessions: dict[str, list[Round]] = {}
     last_index: dict[str, tuple[int, tuple[int, ...], int]] = {}
     notes = {"duplicates": 0, "no_latency": 0}
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
+    for line, row in json_objects(path):
+        session = row.get("session_id")
+        if not isinstance(session, str) or not session:
+            raise TraceError(path, line, "session_id", "missing" if session is None else f"expected a string, got {session!r}")
+        index = count(row, "round_index", path, line)
+        prefix = count(row, "prefix_tokens", path, line)
+        appended = count(row, "newly_append_tokens", path, line)
+        output = count(row, "output_tokens", path, line)
+        reasoning = count(row, "reasoning_output_tokens", path, line, nullable=True) if "reasoning_output_tokens" in row else 0
+        total = prefix + appended
+        if row.get("input_tokens_total") is not None and count(row, "input_tokens_total", path, line) != total:
+            raise TraceError(path, line, "input_tokens_total",
+                             f"{row['input_tokens_total']} is not prefix_tokens + newly_append_tokens = {total}")
+        if "tools" not in row:
+            raise TraceError(path, line, "tools", "missing")
+        if not isinstance(row["tools"], list):
+            raise TraceError(path, line, "tools", f"expected a list, got {type(row['tools']).__name__}")
+        client, hosted = [], []
+        for i, tool in enumerate(row["tools"]):
+            if not isinstance(tool, dict):
+                raise TraceError(path, line, f"tools[{i}]", "expected an object")
+            name = tool.get("tool_name")
+            if not isinstance(name, str):
+                raise TraceError(path, line, f"tools[{i}].tool_name", "missing" if name is None else f"expected a string, got {name!r}")
+            seconds = _tool_seconds(tool, path, line, i, notes)
+            if is_hosted(name):
+                result_chars = tool.get("result_chars")
+                tokens = int(result_chars) // CHARS_PER_TOKEN if isinstance(result_chars, int) and result_chars > 0 else 0
+                hosted.append((seconds, tokens))
+            else:
+                client.append(seconds)
+        request_at, started, ended = _times(row, path, line)
+        fingerprint = (prefix, appended, output)
+        if session in last_index:
+            previous, previous_print, previous_line = last_index[session]
+            if index == previous and fingerprint == previous_print:
+                notes["duplicates"] += 1
                 continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(path, line, None, f"invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise TraceError(path, line, None, "expected a JSON object")
-            session = row.get("session_id")
-            if not isinstance(session, str) or not session:
-                raise TraceError(path, line, "session_id", "missing" if session is None else f"expected a string, got {session!r}")
-            index = count(row, "round_index", path, line)
-            prefix = count(row, "prefix_tokens", path, line)
-            appended = count(row, "newly_append_tokens", path, line)
-            output = count(row, "output_tokens", path, line)
-            reasoning = count(row, "reasoning_output_tokens", path, line, nullable=True) if "reasoning_output_tokens" in row else 0
-            total = prefix + appended
-            if row.get("input_tokens_total") is not None and count(row, "input_tokens_total", path, line) != total:
-                raise TraceError(path, line, "input_tokens_total",
-                                 f"{row['input_tokens_total']} is not prefix_tokens + newly_append_tokens = {total}")
-            if "tools" not in row:
-                raise TraceError(path, line, "tools", "missing")
-            if not isinstance(row["tools"], list):
-                raise TraceError(path, line, "tools", f"expected a list, got {type(row['tools']).__name__}")
-            client, hosted = [], []
-            for i, tool in enumerate(row["tools"]):
-                if not isinstance(tool, dict):
-                    raise TraceError(path, line, f"tools[{i}]", "expected an object")
-                name = tool.get("tool_name")
-                if not isinstance(name, str):
-                    raise TraceError(path, line, f"tools[{i}].tool_name", "missing" if name is None else f"expected a string, got {name!r}")
-                seconds = _tool_seconds(tool, path, line, i, notes)
-                if is_hosted(name):
-                    result_chars = tool.get("result_chars")
-                    tokens = int(result_chars) // CHARS_PER_TOKEN if isinstance(result_chars, int) and result_chars > 0 else 0
-                    hosted.append((seconds, tokens))
-                else:
-                    client.append(seconds)
-            request_at, started, ended = _times(row, path, line)
-            fingerprint = (prefix, appended, output)
-            if session in last_index:
-                previous, previous_print, previous_line = last_index[session]
-                if index == previous and fingerprint == previous_print:
-                    notes["duplicates"] += 1
-                    continue
-                if index <= previous:
-                    raise TraceError(path, line, "round_index",
-                                     f"{index} after {previous} (line {previous_line}) in session {session!r}: rounds out of order")
-            last_index[session] = (index, fingerprint, line)
-            first_input = row.get("first_input_event_type")
-            starts_request = first_input == "user_message" or request_at is not None
-            sessions.setdefault(session, []).append(Round(
-                session=session, line=line, input_tokens=total, cached_tokens=prefix, output_tokens=output,
-                reasoning_tokens=reasoning, tool_seconds=client, hosted=hosted, starts_request=starts_request,
-                started_at=started, ended_at=ended, request_at=request_at,
-            ))
+            if index <= previous:
+                raise TraceError(path, line, "round_index",
+                                 f"{index} after {previous} (line {previous_line}) in session {session!r}: rounds out of order")
+        last_index[session] = (index, fingerprint, line)
+        first_input = row.get("first_input_event_type")
+        starts_request = first_input == "user_message" or request_at is not None
+        sessions.setdefault(session, []).append(Round(
+            session=session, line=line, input_tokens=total, cached_tokens=prefix, output_tokens=output,
+            reasoning_tokens=reasoning, tool_seconds=client, hosted=hosted, starts_request=starts_request,
+            started_at=started, ended_at=ended, request_at=request_at,
+        ))
     extra = []
     if notes["duplicates"]:
         extra.append(f"{notes['duplicates']} exact duplicate row(s) (same session_id, round_index and token counts) skipped")

@@ -28,7 +28,7 @@ from ..engine import tokenizer
 from ..protocol.events import TERMINAL_TYPES
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED
 from ..workload import Workload
-from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
+from .connect import CLIENT_MAX_MESSAGE_BYTES, WS_RECEIVE_BYTES, Connector
 
 # The OpenAI-Beta header value of each WebSocket design.
 BETA = {SUSPENDED: f"responses_websockets={BETA_SUSPENDED}", CHAINED: f"responses_websockets={BETA_CHAINED}"}
@@ -228,7 +228,8 @@ async def open_responses_websocket(
         headers.append((b"x-responsesapi-include-timing-metrics", b"true"))
     async with connector.open_stream() as stream, trio.open_nursery() as nursery:
         ws = await trio_websocket.wrap_client_stream(
-            nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES
+            nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES,
+            receive_buffer_size=WS_RECEIVE_BYTES,
         )
         try:
             yield ws

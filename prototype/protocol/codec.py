@@ -44,8 +44,16 @@ from .items import parse_input
 from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_unicode, invalid_type
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-_LONG_DIGITS = re.compile(rb"\d{19}")  # 2**63 has 19 digits: shorter integers are exact in orjson
-_LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+# 2**63 has 19 digits: shorter integers are exact in orjson, longer ones it reads as floats. A run
+# of 19 ASCII digits is found at C speed by mapping every digit to "0" and everything else to a
+# space (a regex search for it cost ~1 ms on a 70 KB frame, 40 times orjson's parse).
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def _has_long_digit_run(text: str | bytes) -> bool:
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    return raw.translate(_DIGITS_AS_ZERO).find(_LONG_DIGIT_RUN) >= 0
 
 DEFAULT_MODEL = "gpt-5.4"  # echoed when a request names none [ours]
 
@@ -201,8 +209,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
 def loads_object(text: str | bytes, what: str = "frame") -> dict[str, Any]:
     """Parse one frame or body as a JSON object, or raise `ProtocolError(invalid_json)`; `what`
     names it in the message ("frame" on a WebSocket, "request body" over HTTP)."""
-    digits = _LONG_DIGITS_TEXT if isinstance(text, str) else _LONG_DIGITS
-    if digits.search(text) is not None:
+    if _has_long_digit_run(text):
         obj = _loads_reference(text, what)
     else:
         try:

@@ -19,7 +19,7 @@ from ..protocol import codec
 from ..protocol.errors import ProtocolError, server_shutting_down
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER
 from . import http
-from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
+from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, WS_RECEIVE_BYTES
 from .endpoint import Endpoint, path_of
 from .streams import HeadTooLarge, ReplayStream, read_head
 from .websocket import ConnectionInfo, WebSocketSession
@@ -90,7 +90,9 @@ class ResponsesServer(Endpoint):
 
     async def serve_websocket(self, stream: trio.abc.Stream, request: h11.Request, headers: dict[str, str]) -> None:
         async with trio.open_nursery() as nursery:
-            ws_request = await trio_websocket.wrap_server_stream(nursery, stream, max_message_size=self.config.max_message_bytes)
+            ws_request = await trio_websocket.wrap_server_stream(
+                nursery, stream, max_message_size=self.config.max_message_bytes, receive_buffer_size=WS_RECEIVE_BYTES
+            )
             refusal: tuple[int, ProtocolError] | None = None
             try:
                 if path_of(request.target.decode("latin-1")) != RESPONSES_PATH:

@@ -35,6 +35,13 @@ class PhaseLog:
     """The spans of one response (one rollout in v1), in the order they happened."""
 
     spans: list[tuple[str, float, float]] = attrs.Factory(list)
+    schedule: float | None = None
+    """Where the response's modeled work has got to on the trio clock (None: nowhere yet). The next
+    modeled wait (API stages, prefill) runs from here, not from whenever the task reached it, so the
+    testbed's own CPU work in between (parsing, rendering, planning, sending events) is absorbed by
+    the modeled time instead of added to it, as decoding follows the engine's schedule. Under a
+    virtual clock CPU work takes no time and this is always now. Set to now after every wait on
+    something outside the model (the response's start, the client, a hosted tool, a queue)."""
     # Who sent the request and how it used the protocol (`protocol_choices`); sent with the timings.
     client: dict[str, Any] | None = None
 

@@ -502,7 +502,7 @@ class FailingEngine(Engine):
 
     failures: int = 1
 
-    async def prefill(self, latency, *, uncached: int, cached: int) -> None:
+    async def prefill(self, latency, *, uncached: int, cached: int, start: float | None = None) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise EngineFailure("injected")

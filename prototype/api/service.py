@@ -115,10 +115,11 @@ class ApiService:
     async def _charge_stages(self, log: metrics.PhaseLog, stages: Sequence[tuple[str, float]]) -> None:
         """Record the stages back to back and wait once, until the last ends: one timer instead of
         one per stage keeps real-time runs from accumulating timer overshoot."""
-        t = trio.current_time()
+        t = trio.current_time() if log.schedule is None else log.schedule
         for phase, seconds in stages:
             log.record(phase, t, t + seconds)
             t += seconds
+        log.schedule = t
         await trio.sleep_until(t)
 
     def resolve_route(self, request: CreateRequest) -> Route:

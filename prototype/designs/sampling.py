@@ -110,7 +110,9 @@ class SamplingLoop:
         """The suspension point: the loop blocks here for every tool call, hosted or client."""
         self.end_model_call(paused=True)
         backend = self.hosted if isinstance(calls[0].item, WebSearchCall) else self.client
-        return await backend.answer(calls)
+        answers = await backend.answer(calls)
+        self.log.schedule = trio.current_time()  # the model waited for the tool, however long it took
+        return answers
 
     async def run(self) -> str:
         try:
@@ -206,16 +208,22 @@ class SamplingLoop:
         asked = trio.current_time()
         self.end_model_call(paused=True)
         self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
+        start = self.engine_call.admitted_at  # a call that queued starts when admitted
         if self.engine_call.queued_s > 0:
             self.log.record(metrics.QUEUE, asked, self.engine_call.admitted_at)
+        elif self.log.schedule is not None:
+            start = min(start, self.log.schedule)  # admitted at once: on the response's schedule
         now = trio.current_time()
         cached = self.api.engine.cached_prefix(ctx.engine_key, ctx.prompt, now)
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
         usage.cached_tokens += cached
-        self.decode_from = await self.api.engine.prefill(ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached)
+        self.decode_from = await self.api.engine.prefill(
+            ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached, start=start
+        )
+        self.log.schedule = self.decode_from
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
-        self.log.record(metrics.PREFILL, self.engine_call.admitted_at, trio.current_time())  # a swap-in counts as prefill
+        self.log.record(metrics.PREFILL, start, trio.current_time())  # a swap-in counts as prefill
 
     def stream(self, pieces: Sequence[str]) -> AsyncIterator[str]:
         """The engine samples `pieces` right after what it sampled before (its own schedule)."""

@@ -49,21 +49,23 @@ class Engine(Admission):
 
     _prefill_lock: trio.Lock | None = attrs.field(default=None, init=False)
 
-    async def prefill(self, latency: LatencyModel, *, uncached: int, cached: int) -> float:
-        """Sleep for the call's modeled prefill; returns when it ended on the engine's schedule (the
-        deadline, not the possibly later wake-up), where decoding starts."""
+    async def prefill(self, latency: LatencyModel, *, uncached: int, cached: int, start: float | None = None) -> float:
+        """Sleep for the call's modeled prefill, from `start` (the call's place on its response's
+        schedule; default: now); returns when it ended on the engine's schedule (the deadline, not
+        the possibly later wake-up), where decoding starts."""
         self.stats.model_calls += 1
         self.stats.prefill_tokens += uncached
         self.stats.cached_tokens += cached
         seconds = latency.prefill_seconds(uncached, cached)
         if not self.serial_prefill:
-            return await _sleep_for(seconds)
+            return await _sleep_for(seconds, start)
         if self._prefill_lock is None:
             self._prefill_lock = trio.Lock()  # fair: FIFO
         asked = trio.current_time()
+        waits = self._prefill_lock.locked()
         async with self._prefill_lock:
             sample(self.stats.prefill_waits, trio.current_time() - asked)
-            return await _sleep_for(seconds)
+            return await _sleep_for(seconds, None if waits else start)  # after a wait: from its end
 
     def stream(
         self,
@@ -88,7 +90,7 @@ class Engine(Admission):
             self.faults.on_flush()
 
 
-async def _sleep_for(seconds: float) -> float:
-    deadline = trio.current_time() + seconds
+async def _sleep_for(seconds: float, start: float | None = None) -> float:
+    deadline = (trio.current_time() if start is None else start) + seconds
     await trio.sleep_until(deadline)
     return deadline

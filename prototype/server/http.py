@@ -349,7 +349,7 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
         return
 
     include_timing = headers.get(TIMING_HEADER, "").lower() == "true"
-    phase_log = metrics.PhaseLog()
+    phase_log = metrics.PhaseLog(schedule=trio.current_time())
     phase_log.client = metrics.protocol_choices(
         create, transport="http", design="http-stored" if create.previous_response_id else "http-stateless",
         user_agent=headers.get("user-agent", ""), connection=exchange.number,

@@ -294,8 +294,8 @@ class WebSocketSession:
         lane.busy = True
         self.busy_lanes += 1
         self.idle = trio.Event() if self.busy_lanes == 1 else self.idle
-        phase_log = metrics.PhaseLog()
-        phase_log.record(metrics.QUEUE, queued_at, trio.current_time())
+        phase_log = metrics.PhaseLog(schedule=trio.current_time())
+        phase_log.record(metrics.QUEUE, queued_at, phase_log.schedule)
         phase_log.client = self.protocol_choices(request)
         appends_before, append_bytes_before = self.appends, self.append_bytes
         response, outcome, successor = None, "cancelled", None

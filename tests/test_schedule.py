@@ -1,0 +1,86 @@
+"""A response's modeled waits run on its own schedule (metrics.PhaseLog.schedule): the testbed's CPU
+work between them is absorbed by the modeled time, not added to it.
+
+CPU work is simulated by jumping the autojump clock inside the scripted policy's `plan` (a
+synchronous call, like real planning work): virtual time passes without any task sleeping. Under
+the schedule, a turn's first token comes at max(prefill + one decode step, the work), counted
+from when the server took the request; without it, at work + prefill + one decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+from support import create_event, function_calls, make_server, outputs_for, send, until, ws
+
+from prototype.engine.latency import LatencyModel
+from prototype.engine.policy import ScriptedPolicy
+
+METADATA = {"testbed_workload": "fixed:2", "testbed_decode_tps": "1000"}
+STEP = 1 / 1000  # one decode step at 1000 tokens/s
+
+
+def exactly(seconds: float) -> Any:
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
+
+
+@pytest.fixture
+def planning_takes(monkeypatch):
+    """`planning_takes(seconds)`: every plan from now on takes that long on the running clock (the
+    tests ask for `autojump_clock` themselves: pytest-trio runs a test under it only then)."""
+    plan = ScriptedPolicy.plan
+
+    def set_work(seconds: float) -> None:
+        def slow_plan(self, *args, **kwargs):
+            trio.lowlevel.current_clock().jump(seconds)
+            return plan(self, *args, **kwargs)
+
+        monkeypatch.setattr(ScriptedPolicy, "plan", slow_plan)
+
+    return set_work
+
+
+async def second_turn(design: str, work: float, planning_takes) -> tuple[float, float]:
+    """(time to the second turn's first token after its request or append was sent, its modeled prefill)."""
+    planning_takes(work)
+    server = make_server()
+    async with ws(server, design) as conn:
+        await send(conn, create_event(metadata=METADATA))
+        first = (await until(conn, "response.done" if design == "suspended" else "response.completed"))[-1]["response"]
+        answers = outputs_for(function_calls(first))
+        start = trio.current_time()
+        if design == "suspended":
+            await send(conn, {"type": "response.append", "input": answers})
+        else:
+            await send(conn, create_event(answers, previous_response_id=first["id"], metadata=METADATA))
+        await until(conn, "response.output_text.delta", "response.function_call_arguments.delta")
+        first_token = trio.current_time() - start
+        usage = (await until(conn, "response.completed"))[-1]["response"]["usage"]
+    if design == "suspended":  # usage covers both model calls of the rollout; the second's is the difference
+        return first_token, 0.0
+    cached = usage["input_tokens_details"]["cached_tokens"]
+    return first_token, LatencyModel(decode_tokens_per_s=1000).prefill_seconds(usage["input_tokens"] - cached, cached)
+
+
+@pytest.mark.parametrize("design", ["chained", "suspended"])
+async def test_work_shorter_than_the_prefill_costs_no_time(design: str, planning_takes, autojump_clock) -> None:
+    idle, _ = await second_turn(design, 0.0, planning_takes)
+    busy, _ = await second_turn(design, 0.004, planning_takes)
+    assert idle > 0.004 + STEP  # the prefill is longer than the work, so the work hides inside it
+    assert busy == exactly(idle)
+
+
+@pytest.mark.parametrize("design", ["chained", "suspended"])
+async def test_work_longer_than_the_prefill_costs_only_its_excess(design: str, planning_takes, autojump_clock) -> None:
+    idle, _ = await second_turn(design, 0.0, planning_takes)
+    # The schedule was set when the server took the request, so the prefill ran while the plan did:
+    # the first token, due at `idle`, goes out as soon as the work ends.
+    busy, _ = await second_turn(design, idle + 0.5, planning_takes)
+    assert busy == exactly(idle + 0.5)
+
+
+async def test_a_chained_turn_waits_for_its_prefill_from_when_the_server_took_it(planning_takes, autojump_clock) -> None:
+    first_token, prefill = await second_turn("chained", 0.004, planning_takes)
+    assert first_token == exactly(prefill + STEP)

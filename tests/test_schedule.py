@@ -1,5 +1,6 @@
-"""A response's modeled waits run on its own schedule (metrics.PhaseLog.schedule): the testbed's CPU
-work between them is absorbed by the modeled time, not added to it.
+"""A response's modeled waits run on its own schedule (metrics.PhaseLog.schedule), and the harness's
+tools from the end of the turn that handed them over: the testbed's CPU work between modeled waits is
+absorbed by the modeled time, not added to it.
 
 CPU work is simulated by jumping the autojump clock inside the scripted policy's `plan` (a
 synchronous call, like real planning work): virtual time passes without any task sleeping. Under
@@ -15,11 +16,15 @@ import pytest
 import trio
 from support import create_event, function_calls, make_server, outputs_for, send, until, ws
 
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import Rollout, run_websocket_rollout
 from prototype.engine.latency import LatencyModel
 from prototype.engine.policy import ScriptedPolicy
+from prototype.workload import TurnSpec, Workload
 
 METADATA = {"testbed_workload": "fixed:2", "testbed_decode_tps": "1000"}
 STEP = 1 / 1000  # one decode step at 1000 tokens/s
+TWO_TURNS = Workload("two-turns", 0, (TurnSpec(2000, 20, (1.0,)), TurnSpec(600, 20, ())))
 
 
 def exactly(seconds: float) -> Any:
@@ -84,3 +89,24 @@ async def test_work_longer_than_the_prefill_costs_only_its_excess(design: str, p
 async def test_a_chained_turn_waits_for_its_prefill_from_when_the_server_took_it(planning_takes, autojump_clock) -> None:
     first_token, prefill = await second_turn("chained", 0.004, planning_takes)
     assert first_token == exactly(prefill + STEP)
+
+
+@pytest.mark.parametrize("design", ["chained", "suspended"])
+async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkeypatch, autojump_clock) -> None:
+    # The client's own work after the turn ended (building the tool outputs: a clock jump here) runs
+    # inside the tool time: the next request goes out exactly the tool's seconds after the turn ended.
+    plan = Rollout.tool_plan
+
+    def slow_tool_plan(self, calls):
+        trio.lowlevel.current_clock().jump(0.25)
+        return plan(self, calls)
+
+    monkeypatch.setattr(Rollout, "tool_plan", slow_tool_plan)
+    server = make_server()
+    key = server.api.workloads.register(TWO_TURNS)
+    record = await run_websocket_rollout(
+        InMemoryConnector(server), design, TWO_TURNS, metadata={"testbed_workload": key, "testbed_decode_tps": "1000"}
+    )
+    first, second = record.turns
+    assert first.tool_seconds == exactly(1.0)
+    assert second.sent_at - first.ended_at == exactly(1.0)

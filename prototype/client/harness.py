@@ -183,11 +183,15 @@ class Rollout:
         return wait, outputs
 
     async def run_tools(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run the turn's function calls on the trio clock; return their outputs in call order."""
+        """Run the turn's function calls on the trio clock; return their outputs in call order. The
+        tools start when the event that handed them over arrived (the turn's end), so the harness's
+        own work since (reading the event, building the outputs) runs inside the tool time instead
+        of adding to it."""
+        turn = self.record.turns[-1]
+        start = self.clock() if turn.ended_at is None else turn.ended_at
         wait, outputs = self.tool_plan(calls)
-        start = self.clock()
-        await trio.sleep(wait)
-        self.record.turns[-1].tool_seconds = self.clock() - start
+        await trio.sleep_until(start + wait)
+        turn.tool_seconds = self.clock() - start
         return outputs
 
 
@@ -246,10 +250,12 @@ class WsChannel:
         self.rollout = rollout
 
     async def send(self, event: dict[str, Any]) -> int:
-        text = json.dumps(event, separators=(",", ":"))
+        raw = orjson.dumps(event)  # ~35 times faster than json on a 50 KB request
+        # Non-ASCII text is sent escaped, as json.dumps writes it (and its byte count with it).
+        text = raw.decode() if raw.isascii() else json.dumps(event, separators=(",", ":"))
         self.rollout.record.timeline.append((trio.current_time(), "send", event["type"]))
         await self.ws.send_message(text)
-        return len(text.encode())
+        return len(text)  # ASCII: one byte a character
 
     async def until_pause(self) -> dict[str, Any]:
         """Events until `response.done` or a terminal event; returns that event."""

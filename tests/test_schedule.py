@@ -20,6 +20,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import Rollout, run_websocket_rollout
 from prototype.engine.latency import LatencyModel
 from prototype.engine.policy import ScriptedPolicy
+from prototype.protocol import codec
 from prototype.workload import TurnSpec, Workload
 
 METADATA = {"testbed_workload": "fixed:2", "testbed_decode_tps": "1000"}
@@ -110,3 +111,19 @@ async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkey
     first, second = record.turns
     assert first.tool_seconds == exactly(1.0)
     assert second.sent_at - first.ended_at == exactly(1.0)
+
+
+async def test_a_chained_turn_is_scheduled_from_its_frames_arrival(monkeypatch, autojump_clock) -> None:
+    # Reading the frame (decoding and validating it: a clock jump here) happens before the response
+    # exists, and is absorbed all the same: the schedule starts when the frame arrived.
+    idle, prefill = await second_turn("chained", 0.0, lambda seconds: None)
+    decode = codec.decode_client_event
+
+    def slow_decode(message):
+        trio.lowlevel.current_clock().jump(0.004)
+        return decode(message)
+
+    monkeypatch.setattr(codec, "decode_client_event", slow_decode)
+    busy, _ = await second_turn("chained", 0.0, lambda seconds: None)
+    assert idle == exactly(prefill + STEP)
+    assert busy == exactly(idle)

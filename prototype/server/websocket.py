@@ -166,18 +166,19 @@ class WebSocketSession:
                 message = await self.ws.get_message()
             except ConnectionClosed:
                 return
+            arrived = trio.current_time()
             event = None
             try:
                 event = codec.decode_client_event(message)
-                await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message))
+                await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message), arrived)
             except ProtocolError as error:
                 self.record_refusal(error)
                 # A refused create's error names its lane, unless the lane itself was refused.
                 request = getattr(event, "request", None)
                 await self.send_error(error, request.stream_id if request is not None and error.param != "stream_id" else None)
 
-    async def dispatch(self, event: object, size: int = 0) -> None:
-        """`size`: the frame's bytes, for the client records."""
+    async def dispatch(self, event: object, size: int = 0, arrived: float | None = None) -> None:
+        """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read (default: now)."""
         if isinstance(event, ResponseCreate):
             request = event.request
             if self.info.design == SUSPENDED:
@@ -191,7 +192,7 @@ class WebSocketSession:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
             lane = self.lane(request.stream_id)
             try:
-                lane.queue.send_nowait((event, trio.current_time(), size))
+                lane.queue.send_nowait((event, trio.current_time() if arrived is None else arrived, size))
             except trio.WouldBlock:
                 raise ProtocolError(
                     errors.TOO_MANY_QUEUED_REQUESTS, f"More than {self.config.max_queued_creates} response.create requests are waiting on this lane."
@@ -271,6 +272,7 @@ class WebSocketSession:
     # --- the lanes' workers ------------------------------------------------------------------------
 
     async def worker(self, lane: Lane, queue: trio.MemoryReceiveChannel) -> None:
+        free_since = -math.inf  # when the lane last finished a response
         async for event, queued_at, size in queue:
             request: CreateRequest | None = event.request
             claimed = self.steering.claim(lane.stream_id, request.previous_response_id)
@@ -281,21 +283,26 @@ class WebSocketSession:
                     await self.send_refusals(self.steering.successor_failed(claimed, "The connection reached its lifetime limit."))
                     return
                 successor_claims: list[Submission] = []
-                request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size)
+                # The response's schedule starts when its frame arrived, or when the lane freed up if
+                # it had to wait for the one before (metrics.PhaseLog.schedule).
+                request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size, max(queued_at, free_since))
+                free_since = trio.current_time()
                 if self.closing:
                     return
-                claimed, queued_at, size = tuple(successor_claims), trio.current_time(), 0
+                claimed, queued_at, size = tuple(successor_claims), free_since, 0
 
     async def run_create(
-        self, lane: Lane, request: CreateRequest, queued_at: float, claimed: tuple, successor_claims: list, size: int = 0
+        self, lane: Lane, request: CreateRequest, queued_at: float, claimed: tuple, successor_claims: list, size: int = 0,
+        starts_at: float | None = None,
     ) -> CreateRequest | None:
         """One response on `lane`; returns the automatic successor's request, if any. `size`: the
         create frame's bytes (0 for an automatic successor), for the client records."""
         lane.busy = True
         self.busy_lanes += 1
         self.idle = trio.Event() if self.busy_lanes == 1 else self.idle
-        phase_log = metrics.PhaseLog(schedule=trio.current_time())
-        phase_log.record(metrics.QUEUE, queued_at, phase_log.schedule)
+        now = trio.current_time()
+        phase_log = metrics.PhaseLog(schedule=now if starts_at is None else min(starts_at, now))
+        phase_log.record(metrics.QUEUE, queued_at, max(phase_log.schedule, queued_at))
         phase_log.client = self.protocol_choices(request)
         appends_before, append_bytes_before = self.appends, self.append_bytes
         response, outcome, successor = None, "cancelled", None

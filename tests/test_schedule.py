@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from support import create_event, function_calls, make_server, outputs_for, send, until, ws
 
+from prototype.api.costs import ApiCosts, StageCost
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import Rollout, run_websocket_rollout
 from prototype.engine.latency import LatencyModel
+from prototype.engine.memory import SWAP_POLICY
 from prototype.engine.policy import ScriptedPolicy
 from prototype.protocol import codec
 from prototype.workload import TurnSpec, Workload
@@ -127,3 +130,51 @@ async def test_a_chained_turn_is_scheduled_from_its_frames_arrival(monkeypatch, 
     busy, _ = await second_turn("chained", 0.0, lambda seconds: None)
     assert idle == exactly(prefill + STEP)
     assert busy == exactly(idle)
+
+
+async def reconnected_first_token(costs: ApiCosts) -> tuple[float, dict[str, float]]:
+    """A stored chained response continued over a new connection (its history read back from the
+    store): the continuation's time to first token, and its phases in seconds."""
+    server = make_server(costs=costs)
+    async with ws(server, "chained") as conn:
+        await send(conn, create_event(store=True, metadata=METADATA))
+        first = (await until(conn, "response.completed"))[-1]["response"]
+    await trio.sleep(1)  # the overlapped store write is done
+    async with ws(server, "chained", include_timing=True) as conn:
+        start = trio.current_time()
+        await send(conn, create_event(outputs_for(function_calls(first)), store=True, previous_response_id=first["id"], metadata=METADATA))
+        await until(conn, "response.output_text.delta", "response.function_call_arguments.delta")
+        first_token = trio.current_time() - start
+        second = (await until(conn, "response.completed"))[-1]["response"]
+    return first_token, {k: v / 1000 for k, v in second["testbed_timing"]["phases_ms"].items()}
+
+
+async def test_a_store_read_comes_before_the_stages_on_the_schedule_not_beside_them(autojump_clock) -> None:
+    # The stored history is read (store_read_per_turn x 1 stored turn), then the stages run after it:
+    # the read adds its whole modeled time to the first token, whatever the stages cost.
+    stages = ApiCosts(validate=StageCost(fixed=0.2), safety=StageCost(), render=StageCost(), route=StageCost(), post=0.0)
+    without, _ = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.0))
+    with_read, phases = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.5))
+    assert phases["store_read"] == exactly(0.5) and phases["validate"] == exactly(0.2)
+    assert with_read - without == exactly(0.5)
+
+
+async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock) -> None:
+    # Between turns the session's KV went to the host (the swap policy); the next model call waits
+    # for it to come back, and only then prefills: first token = swap-in + prefill + one step.
+    server = make_server()
+    server.api.engine.retention = SWAP_POLICY
+    async with ws(server, "chained") as conn:
+        await send(conn, create_event(metadata=METADATA))
+        first = (await until(conn, "response.completed"))[-1]["response"]
+        await trio.sleep(1)  # the swap-out is done
+        start = trio.current_time()
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], metadata=METADATA))
+        await until(conn, "response.output_text.delta", "response.function_call_arguments.delta")
+        first_token = trio.current_time() - start
+        usage = (await until(conn, "response.completed"))[-1]["response"]["usage"]
+    swap_in = server.api.engine.stats.swap_in_seconds
+    cached = usage["input_tokens_details"]["cached_tokens"]
+    assert swap_in > 0
+    prefill = LatencyModel(decode_tokens_per_s=1000).prefill_seconds(usage["input_tokens"] - cached, cached)
+    assert first_token == exactly(swap_in + prefill + STEP)

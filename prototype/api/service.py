@@ -239,13 +239,10 @@ class ApiService:
 
     async def load_stored_history(self, log: metrics.PhaseLog, response_id: str, owner: str | None) -> list[Item] | None:
         """Rebuild a stored conversation, one read per earlier turn; None if it is not stored."""
-        start = trio.current_time()
         chain = self.store.chain(response_id, owner)
         if chain is None:
             return None
-        if self.costs.store_read_per_turn > 0:
-            await trio.sleep(self.costs.store_read_per_turn * len(chain))
-        log.record(metrics.STORE_READ, start, trio.current_time())
+        await self._charge_stages(log, ((metrics.STORE_READ, self.costs.store_read_per_turn * len(chain)),))
         history: list[Item] = []
         for turn in chain:
             history.extend(turn.input)

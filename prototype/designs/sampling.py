@@ -207,13 +207,14 @@ class SamplingLoop:
         ctx = self.context
         asked = trio.current_time()
         self.end_model_call(paused=True)
-        self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
-        start = self.engine_call.admitted_at  # a call that queued starts when admitted
-        if self.engine_call.queued_s > 0:
-            self.log.record(metrics.QUEUE, asked, self.engine_call.admitted_at)
-        elif self.log.schedule is not None:
-            start = min(start, self.log.schedule)  # admitted at once: on the response's schedule
+        call = self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
+        if call.queued_s > 0:
+            self.log.record(metrics.QUEUE, asked, call.admitted_at)
         now = trio.current_time()
+        # Admitted at once and nothing to bring back from the host: the prefill starts on the
+        # response's schedule. After a wait in the engine (the queue, a swap-in) it starts now.
+        waited = call.queued_s > 0 or call.swap_in_tokens > 0
+        start = now if waited or self.log.schedule is None else min(now, self.log.schedule)
         cached = self.api.engine.cached_prefix(ctx.engine_key, ctx.prompt, now)
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
@@ -223,7 +224,7 @@ class SamplingLoop:
         )
         self.log.schedule = self.decode_from
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
-        self.log.record(metrics.PREFILL, start, trio.current_time())  # a swap-in counts as prefill
+        self.log.record(metrics.PREFILL, min(start, call.admitted_at), trio.current_time())  # a swap-in counts as prefill
 
     def stream(self, pieces: Sequence[str]) -> AsyncIterator[str]:
         """The engine samples `pieces` right after what it sampled before (its own schedule)."""

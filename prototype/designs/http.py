@@ -111,7 +111,7 @@ async def run_http_turn(
     response = Response(api.new_id("resp"), request, created_at=int(time.time()))
     emitter = Emitter(response, sink, log, include_timing)
     try:
-        await emitter.created()
+        await emitter.created(generating=request.generate)  # a warm-up has no response.in_progress
         outcome = "completed"
         async with cancellable(api, emitter, owner), failing_on_error(emitter):
             # (4) the sampling loop, ending at the first client function call.

@@ -1,0 +1,211 @@
+"""The http design's turn (`run_http_turn`) called directly, under the autojump clock: the events it
+sends, the phases it records, what it stores and under which owner, where it routes and what the
+engine keeps afterwards (docs/protocol.md; docs/parameters.md §6). Written against the survivors of
+the mutation run (docs/mutation.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from prototype import metrics
+from prototype import workload as wl
+from prototype.api.costs import ApiCosts, StageCost
+from prototype.api.service import ApiService, owner_of
+from prototype.client.harness import HARNESS_TOOLS
+from prototype.designs import http as http_design
+from prototype.protocol import errors
+from prototype.protocol.codec import parse_create_body
+from prototype.protocol.errors import ProtocolError
+from prototype.protocol.events import CreateRequest
+from prototype.protocol.items import FunctionCall, FunctionCallOutput
+
+MODEL = "sim-1000"
+COSTS = ApiCosts(
+    validate=StageCost(fixed=0.010), safety=StageCost(fixed=0.020), render=StageCost(fixed=0.030),
+    route=StageCost(fixed=0.040), post=0.050, store_read_per_turn=0.004,
+)
+
+
+def exactly(seconds: float) -> Any:
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
+
+
+class Sink(list):
+    """Every event the turn sends, as the wire carries it, with the virtual time it was sent."""
+
+    async def __call__(self, event: Any) -> None:
+        self.append((trio.current_time(), event.to_dict()))
+
+    @property
+    def types(self) -> list[str]:
+        return [event["type"] for _, event in self]
+
+
+def first_request(api: ApiService, turns: int = 3, prompt: str = "fix the bug", **fields: Any) -> CreateRequest:
+    key = api.workloads.register(wl.fixed(turns))
+    body = {"model": MODEL, "input": prompt, "tools": HARNESS_TOOLS, "metadata": {"testbed_workload": key}, **fields}
+    return parse_create_body(body)
+
+
+def outputs_for(response) -> list[FunctionCallOutput]:
+    calls = [item for item in response.output if isinstance(item, FunctionCall)]
+    assert calls
+    return [FunctionCallOutput(call.call_id, "ok") for call in calls]
+
+
+def next_stored(first: CreateRequest, response, **fields: Any) -> CreateRequest:
+    return parse_create_body({
+        "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "previous_response_id": response.id,
+        "input": [item.to_dict() for item in outputs_for(response)], **fields,
+    })
+
+
+def next_stateless(first: CreateRequest, response) -> CreateRequest:
+    items = [*first.input, *response.output, *outputs_for(response)]
+    return parse_create_body({
+        "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "store": False,
+        "input": [item.to_dict() for item in items],
+    })
+
+
+async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_times(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    request = first_request(api, store=False)
+    log, sink = metrics.PhaseLog(), Sink()
+    start = trio.current_time()
+    response = await http_design.run_http_turn(api, request, sink, log=log)
+    assert sink.types[:2] == ["response.created", "response.in_progress"] and sink.types[-1] == "response.completed"
+    # Pre-inference (the four fixed stage costs) before response.created; post-inference before the terminal event.
+    assert sink[0][0] - start == exactly(0.100)
+    totals = log.totals()
+    assert {phase: totals[phase] for phase in ("validate", "safety", "render", "route", "post")} == {
+        "validate": exactly(0.010), "safety": exactly(0.020), "render": exactly(0.030), "route": exactly(0.040), "post": exactly(0.050)
+    }
+    post = [(s, e) for phase, s, e in log.spans if phase == "post"]
+    assert post == [(exactly(sink[-1][0] - 0.050), exactly(sink[-1][0]))]
+    # Timings go out only when asked for.
+    assert all("testbed_timing" not in event.get("response", {}) for _, event in sink)
+    assert response.status == "completed" and response.incomplete_details is None
+    assert response.id.startswith("resp_") and isinstance(sink[0][1]["response"]["created_at"], int)
+    snapshots = [event["response"]["id"] for _, event in sink if "response" in event]
+    assert snapshots == [response.id] * 3
+
+
+async def test_timings_ride_on_the_events_when_asked_for(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    await http_design.run_http_turn(api, first_request(api, store=False), sink, include_timing=True)
+    timing = sink[-1][1]["response"]["testbed_timing"]
+    assert {phase: timing["phases_ms"][phase] for phase in ("validate", "safety", "render", "route", "post")} == {
+        "validate": 10.0, "safety": 20.0, "render": 30.0, "route": 40.0, "post": 50.0
+    }
+
+
+async def test_a_turn_cut_at_max_output_tokens_ends_incomplete_and_is_stored_so(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    response = await http_design.run_http_turn(api, first_request(api, max_output_tokens=16), sink)
+    assert sink.types[-1] == "response.incomplete"
+    assert sink[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    stored = api.store.get(response.id).response
+    assert (stored["status"], stored["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    # A turn that runs to its end is stored completed, with no details.
+    done = await http_design.run_http_turn(api, first_request(api), Sink())
+    stored = api.store.get(done.id).response
+    assert (stored["status"], stored["incomplete_details"]) == ("completed", None)
+
+
+async def test_the_stored_chain_is_read_under_the_callers_key_only(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    first = first_request(api, store=True)
+    response = await http_design.run_http_turn(api, first, Sink(), api_key="key-a")
+    assert api.store.get(response.id).owner == owner_of("key-a")
+    second = next_stored(first, response)
+    for other in ("key-b", None):
+        sink = Sink()
+        with pytest.raises(ProtocolError) as caught:
+            await http_design.run_http_turn(api, second, sink, api_key=other)
+        error = caught.value
+        assert (error.code, error.message, error.param) == (
+            errors.PREVIOUS_RESPONSE_NOT_FOUND, f"Previous response with id '{response.id}' not found.", "previous_response_id"
+        )
+        assert sink == []  # refused before the first event
+    log, sink = metrics.PhaseLog(), Sink()
+    before = trio.current_time()
+    continued = await http_design.run_http_turn(api, second, sink, api_key="key-a", log=log)
+    assert sink.types[-1] == "response.completed"
+    # One store read (one earlier turn), before everything else.
+    assert [(phase, s - before, e - before) for phase, s, e in log.spans[:1]] == [("store_read", exactly(0.0), exactly(0.004))]
+    assert sink[0][0] - before == exactly(0.004 + 0.100)
+    # The rebuilt history is in the prompt: the continuation's input counts the first turn's prompt and output.
+    assert continued.usage.input_tokens > response.usage.input_tokens + response.usage.output_tokens
+    assert api.store.get(continued.id).owner == owner_of("key-a")
+
+
+async def test_the_variant_must_match_the_request(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    stateless = first_request(api, store=False)
+    message = "variant 'stored' does not match a request with previous_response_id=None"
+    with pytest.raises(ValueError, match=message):
+        await http_design.run_http_turn(api, stateless, Sink(), variant="stored")
+    with pytest.raises(ValueError, match="variant 'chained' does not match"):
+        await http_design.run_http_turn(api, stateless, Sink(), variant="chained")
+    response = await http_design.run_http_turn(api, first_request(api), Sink(), variant="stateless")
+    with pytest.raises(ValueError, match=f"variant 'stateless' does not match a request with previous_response_id='{response.id}'"):
+        await http_design.run_http_turn(api, next_stored(first_request(api), response), Sink(), variant="stateless")
+    assert len(api.live) == 0
+
+
+def engine_keys(api: ApiService) -> set:
+    return set(api.engine.kv)
+
+
+@pytest.mark.parametrize("routes", [(True, True), (True, False), (False, True), (False, False)], ids=["home-home", "home-away", "away-home", "away-away"])
+async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_clock, monkeypatch, routes: tuple[bool, bool]) -> None:
+    """Routed to its prefix's engine, a turn finds the earlier turn's prefix there; routed elsewhere, it
+    finds nothing, and the engine that served it keeps nothing of it."""
+    api = ApiService(costs=COSTS)
+    draws = iter(routes)
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items: next(draws))
+    first = first_request(api, store=False)
+    home = ("http", http_design.conversation_key(first.input))
+    one = await http_design.run_http_turn(api, first, Sink())
+    assert engine_keys(api) == ({home} if routes[0] else set())
+    two = await http_design.run_http_turn(api, next_stateless(first, one), Sink())
+    assert engine_keys(api) == ({home} if routes[0] or routes[1] else set())
+    cached = two.usage.cached_tokens
+    if not routes[1]:
+        assert cached == 0
+    elif routes[0]:
+        # More than the first turn's whole prompt: its output too, in whole blocks.
+        assert cached > one.usage.input_tokens and cached % api.engine.block_size == 0
+    else:
+        assert cached == one.usage.cached_tokens  # what any first turn finds: the preset's common prefix
+
+
+async def test_each_conversation_keeps_its_own_kv_on_its_engine(autojump_clock, monkeypatch) -> None:
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items: True)
+    api = ApiService(costs=COSTS)
+    firsts = [first_request(api, store=False), first_request(api, prompt="write the docs", store=False)]
+    responses = [await http_design.run_http_turn(api, first, Sink()) for first in firsts]
+    assert engine_keys(api) == {("http", http_design.conversation_key(first.input)) for first in firsts}
+    for first, response in zip(firsts, responses):
+        await http_design.run_http_turn(api, next_stateless(first, response), Sink())
+    assert len(engine_keys(api)) == 2
+
+
+async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    warm = first_request(api, generate=False, store=False)
+    sink = Sink()
+    response = await http_design.run_http_turn(api, warm, sink)
+    assert sink.types == ["response.created", "response.completed"]
+    assert response.output == [] and response.status == "completed"
+    # The prompt is now on the engine: the same turn with generation finds it.
+    cold = ApiService(costs=COSTS)
+    baseline = await http_design.run_http_turn(cold, first_request(cold, store=False), Sink())
+    real = await http_design.run_http_turn(api, first_request(api, store=False), Sink())
+    assert real.usage.cached_tokens > baseline.usage.cached_tokens

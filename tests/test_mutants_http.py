@@ -5,6 +5,8 @@ the mutation run (docs/mutation.md)."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import trio
 
 from prototype import metrics
 from prototype import workload as wl
+from prototype.api import render
 from prototype.api.costs import ApiCosts, StageCost
 from prototype.api.service import ApiService, owner_of
 from prototype.client.harness import HARNESS_TOOLS
@@ -20,7 +23,7 @@ from prototype.protocol import errors
 from prototype.protocol.codec import parse_create_body
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.events import CreateRequest
-from prototype.protocol.items import FunctionCall, FunctionCallOutput
+from prototype.protocol.items import FunctionCall, FunctionCallOutput, Message
 
 MODEL = "sim-1000"
 COSTS = ApiCosts(
@@ -81,6 +84,7 @@ async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_tim
     # Pre-inference (the four fixed stage costs) before response.created; post-inference before the terminal event.
     assert sink[0][0] - start == exactly(0.100)
     totals = log.totals()
+    assert "store_read" not in totals  # a stateless turn reads nothing from the store
     assert {phase: totals[phase] for phase in ("validate", "safety", "render", "route", "post")} == {
         "validate": exactly(0.010), "safety": exactly(0.020), "render": exactly(0.030), "route": exactly(0.040), "post": exactly(0.050)
     }
@@ -209,3 +213,60 @@ async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
     baseline = await http_design.run_http_turn(cold, first_request(cold, store=False), Sink())
     real = await http_design.run_http_turn(api, first_request(api, store=False), Sink())
     assert real.usage.cached_tokens > baseline.usage.cached_tokens
+
+
+# --- the routing draw and the conversation key ------------------------------------------------------
+
+
+def user(text: str) -> Message:
+    return Message("user", (("input_text", text),))
+
+
+def documented_draw(items: list) -> float:
+    """The draw as documented (docs/parameters.md §6, `reaches_prefix_cache`): a 64-bit blake2b of the
+    count of items and the first item's text, as a fraction of 2**64. Published runs replay only if
+    every turn draws exactly this."""
+    first = render.item_text(items[0]) if items else ""
+    digest = hashlib.blake2b(f"{len(items)}\x00{first}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+CONVERSATIONS = [
+    [],
+    [user("fix the bug")],
+    [user("fix the bug"), user("and the tests")],
+    [user("write the docs"), user("x"), user("y")],
+    [user("lone \ud800 surrogate")],
+]
+
+
+@pytest.mark.parametrize("items", CONVERSATIONS, ids=["empty", "one", "two", "three", "surrogate"])
+def test_a_turn_reaches_its_prefix_exactly_when_its_documented_draw_is_below_the_affinity(items: list) -> None:
+    draw = documented_draw(items)
+    assert 0.0 <= draw < 1.0
+    assert not http_design.reaches_prefix_cache(items, affinity=draw)
+    above = math.nextafter(draw, 1.0)  # the next float up
+    assert http_design.reaches_prefix_cache(items, affinity=above)
+
+
+def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
+    a = [user("fix the bug"), user("one"), user("two")]
+    b = [user("fix the bug"), user("three"), user("four")]
+    assert documented_draw(a) == documented_draw(b)
+    for affinity in (0.1, 0.5, 0.9):
+        hits_a = [http_design.reaches_prefix_cache(a[:1] + a[1:2] * n, affinity=affinity) for n in range(1, 200)]
+        hits_b = [http_design.reaches_prefix_cache(b[:1] + b[1:2] * n, affinity=affinity) for n in range(1, 200)]
+        assert hits_a == hits_b
+
+
+def test_a_conversation_is_keyed_by_its_first_item() -> None:
+    key = http_design.conversation_key
+    assert key([user("fix the bug")]) == key([user("fix the bug"), user("more")]) == key([user("fix the bug"), user("other")])
+    assert key([user("fix the bug")]) != key([user("write the docs")])
+    assert key([]) != key([user("fix the bug")])
+    assert key([user("a \ud800")]) != key([user("a \udc00")])  # any text has a key, even a lone surrogate
+
+
+def test_the_variant_follows_previous_response_id() -> None:
+    assert http_design.variant_of(parse_create_body({"input": "x"})) == "stateless"
+    assert http_design.variant_of(parse_create_body({"input": "x", "previous_response_id": "resp_1"})) == "stored"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
+import attrs
 import pytest
 
 from prototype.protocol import codec, errors
 from prototype.protocol.errors import ProtocolError
-from prototype.protocol.events import ResponseAppend, ResponseCreate, ResponseProcessed, ResponseSteer
+from prototype.protocol.events import ResponseAppend, ResponseCreate, ResponseProcessed, ResponseSteer, ToolDef
 from prototype.protocol.items import parse_input
 
 
@@ -128,3 +130,127 @@ def test_a_text_frame_with_a_raw_lone_surrogate_raises_only_protocol_errors() ->
             codec.decode_client_event(frame)
         except ProtocolError as exc:
             assert exc.code == errors.INVALID_JSON
+
+
+# --- the create body, field by field ----------------------------------------------------------------
+
+
+@attrs.frozen
+class Refused:
+    name: str
+    body: Any
+    error: tuple[str, str, str | None]
+    websocket: bool = False
+
+
+REFUSED = [
+    Refused('not an object', ['x'], ('invalid_json', 'The request body must be a JSON object.', None)),
+    Refused('background', {'input': 'x', 'background': True}, ('unsupported_parameter', "'background' is not supported in this mode.", 'background')),
+    Refused('conversation ws', {'input': 'x', 'conversation': 'c'}, ('unsupported_parameter', "'conversation' is not supported by this server.", 'conversation'), websocket=True),
+    Refused('prompt ws', {'input': 'x', 'prompt': {'id': 'p'}}, ('unsupported_parameter', "'prompt' is not supported by this server.", 'prompt'), websocket=True),
+    Refused('stream_id http', {'input': 'x', 'stream_id': 'lane'}, ('unsupported_parameter', "'stream_id' is not supported by this server.", 'stream_id')),
+    Refused('conversation http', {'input': 'x', 'conversation': 'c'}, ('unsupported_parameter', "'conversation' is not supported by this server.", 'conversation')),
+    Refused('prompt http', {'input': 'x', 'prompt': {'id': 'p'}}, ('unsupported_parameter', "'prompt' is not supported by this server.", 'prompt')),
+    Refused('bad stream_id ws', {'input': 'x', 'stream_id': 5}, ('invalid_value', "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", 'stream_id'), websocket=True),
+    Refused('model type', {'input': 'x', 'model': 5}, ('invalid_type', "Invalid type for 'model': expected a string.", 'model')),
+    Refused('model bool', {'input': 'x', 'model': True}, ('invalid_type', "Invalid type for 'model': expected a string.", 'model')),
+    Refused('previous type', {'input': 'x', 'previous_response_id': 5}, ('invalid_type', "Invalid type for 'previous_response_id': expected a string.", 'previous_response_id')),
+    Refused('generate type', {'input': 'x', 'generate': 'no'}, ('invalid_type', "Invalid type for 'generate': expected a boolean.", 'generate')),
+    Refused('generate number', {'input': 'x', 'generate': 0}, ('invalid_type', "Invalid type for 'generate': expected a boolean.", 'generate')),
+    Refused('no input', {}, ('missing_required_parameter', "Missing required parameter: 'input'.", 'input')),
+    Refused('null input', {'input': None}, ('missing_required_parameter', "Missing required parameter: 'input'.", 'input')),
+    Refused('empty input', {'input': []}, ('empty_input', "'input' must not be empty without 'previous_response_id'.", 'input')),
+    Refused('tools type', {'input': 'x', 'tools': {}}, ('invalid_type', "Invalid type for 'tools': expected an array.", 'tools')),
+    Refused('tool not object', {'input': 'x', 'tools': [{'type': 'function', 'name': 'read_file', 'parameters': {'type': 'object'}}, 5]}, ('invalid_value', "Invalid tool at 'tools[1]': expected an object with a 'type'.", 'tools[1]')),
+    Refused('tool no type', {'input': 'x', 'tools': [{'name': 'a'}]}, ('invalid_value', "Invalid tool at 'tools[0]': expected an object with a 'type'.", 'tools[0]')),
+    Refused('tool type not str', {'input': 'x', 'tools': [{'type': 1}]}, ('invalid_value', "Invalid tool at 'tools[0]': expected an object with a 'type'.", 'tools[0]')),
+    Refused('function no name', {'input': 'x', 'tools': [{'type': 'function', 'name': 'read_file', 'parameters': {'type': 'object'}}, {'type': 'function'}]}, ('missing_required_parameter', "Missing required parameter: 'tools[1].name'.", 'tools[1].name')),
+    Refused('function name type', {'input': 'x', 'tools': [{'type': 'function', 'name': 5}]}, ('invalid_type', "Invalid type for 'tools[0].name': expected a string.", 'tools[0].name')),
+    Refused('function bad name', {'input': 'x', 'tools': [{'type': 'function', 'name': 'a b'}]}, ('invalid_value', "Invalid 'tools[0].name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$' of at most 64 characters.", 'tools[0].name')),
+    Refused('function params type', {'input': 'x', 'tools': [{'type': 'function', 'name': 'a', 'parameters': []}]}, ('invalid_type', "Invalid type for 'tools[0].parameters': expected an object (a JSON schema).", 'tools[0].parameters')),
+    Refused('metadata type', {'input': 'x', 'metadata': []}, ('invalid_type', "Invalid type for 'metadata': expected an object of string values.", 'metadata')),
+    Refused('metadata too many', {'input': 'x', 'metadata': {'0': 'v', '1': 'v', '2': 'v', '3': 'v', '4': 'v', '5': 'v', '6': 'v', '7': 'v', '8': 'v', '9': 'v', '10': 'v', '11': 'v', '12': 'v', '13': 'v', '14': 'v', '15': 'v', '16': 'v'}}, ('object_above_max_properties', "Invalid 'metadata': too many properties. Expected an object with at most 16 properties, but got an object with 17 properties instead.", 'metadata')),
+    Refused('metadata value type', {'input': 'x', 'metadata': {'k': 1}}, ('invalid_type', "Invalid type for 'metadata.k': expected a string.", 'metadata.k')),
+    Refused('metadata key long', {'input': 'x', 'metadata': {'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk': 'v'}}, ('string_above_max_length', "Invalid metadata entry 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk': keys up to 64 characters, string values up to 512.", 'metadata.kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk')),
+    Refused('metadata value long', {'input': 'x', 'metadata': {'k': 'vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv'}}, ('string_above_max_length', "Invalid metadata entry 'k': keys up to 64 characters, string values up to 512.", 'metadata.k')),
+    Refused('parallel type', {'input': 'x', 'parallel_tool_calls': 1}, ('invalid_type', "Invalid type for 'parallel_tool_calls': expected a boolean.", 'parallel_tool_calls')),
+    Refused('store type', {'input': 'x', 'store': 'yes'}, ('invalid_type', "Invalid type for 'store': expected a boolean.", 'store')),
+    Refused('stream type', {'input': 'x', 'stream': 1}, ('invalid_type', "Invalid type for 'stream': expected a boolean.", 'stream')),
+    Refused('instructions type', {'input': 'x', 'instructions': 1}, ('invalid_type', "Invalid type for 'instructions': expected a string.", 'instructions')),
+    Refused('include type', {'input': 'x', 'include': 'a'}, ('invalid_type', "Invalid type for 'include': expected an array of strings.", 'include')),
+    Refused('include items', {'input': 'x', 'include': ['a', 1]}, ('invalid_type', "Invalid type for 'include': expected an array of strings.", 'include')),
+    Refused('reasoning type', {'input': 'x', 'reasoning': 'high'}, ('invalid_type', "Invalid type for 'reasoning': expected an object.", 'reasoning')),
+    Refused('tool_choice unknown', {'input': 'x', 'tool_choice': {'type': 'function', 'name': 'nope'}}, ('invalid_value', "Tool choice 'nope' not found in 'tools' parameter.", 'tool_choice')),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=lambda case: case.name)
+def test_a_refused_body_gets_its_code_message_and_param(case: Refused) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        codec.parse_create_body(case.body, websocket=case.websocket)
+    assert (caught.value.code, caught.value.message, caught.value.param) == case.error
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": "x", "background": False},
+        {"previous_response_id": "resp_1"},
+        {"previous_response_id": "resp_1", "input": []},
+        {"generate": False},
+        {"generate": False, "input": None},
+        {"input": "x", "metadata": {str(i): "v" for i in range(16)}},
+        {"input": "x", "metadata": {"k" * 64: "v" * 512}},
+        {"input": "x", "conversation": None, "prompt": None, "stream_id": None},
+    ],
+)
+def test_bodies_at_the_limits_are_accepted(body: dict[str, Any]) -> None:
+    request = codec.parse_create_body(body)
+    assert request.metadata == body.get("metadata", {})
+
+
+def test_defaults_of_a_minimal_body() -> None:
+    request = codec.parse_create_body({"input": "hi"})
+    assert (request.model, request.input, request.instructions, request.tools) == ("gpt-5.4", parse_input("hi"), None, ())
+    assert (request.tool_choice, request.parallel_tool_calls, request.previous_response_id) == ("auto", True, None)
+    assert (request.store, request.generate, request.max_output_tokens, request.metadata) == (True, True, None, {})
+    assert (request.temperature, request.top_p, request.stream, request.stream_id) == (None, None, False, None)
+    assert (request.extra_keys, request.include, request.reasoning) == ((), (), None)
+    # Explicit nulls are the defaults too.
+    nulls = {key: None for key in ("model", "tools", "tool_choice", "parallel_tool_calls", "store", "stream", "generate", "metadata", "include")}
+    assert codec.parse_create_body({"input": "hi", **nulls}) == request
+
+
+def test_every_field_of_a_full_body_is_kept() -> None:
+    function = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
+    hosted = {"type": "web_search"}
+    body = {
+        "model": "sim-100", "input": [{"type": "message", "role": "user", "content": "hi"}], "instructions": "be brief",
+        "tools": [function, hosted], "tool_choice": "required", "parallel_tool_calls": False,
+        "previous_response_id": "resp_1", "store": False, "generate": False, "max_output_tokens": 64,
+        "metadata": {"k": "v"}, "temperature": 0.5, "top_p": 0.25, "stream": True, "stream_id": "lane-2",
+        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "zeta": 1, "alpha": 2,
+    }
+    request = codec.parse_create_body(body, websocket=True)
+    assert request.model == "sim-100" and request.input == parse_input(body["input"]) and request.instructions == "be brief"
+    assert request.tools == (ToolDef("function", "read_file", {"type": "object"}, function), ToolDef("web_search", None, None, hosted))
+    assert (request.tool_choice, request.parallel_tool_calls, request.previous_response_id) == ("required", False, "resp_1")
+    assert (request.store, request.generate, request.max_output_tokens, request.metadata) == (False, False, 64, {"k": "v"})
+    assert (request.temperature, request.top_p, request.stream, request.stream_id) == (0.5, 0.25, True, "lane-2")
+    assert (request.extra_keys, request.include, request.reasoning) == (("alpha", "zeta"), ("reasoning.encrypted_content",), {"effort": "low"})
+    # Over HTTP the same body without the lane reads the same, with no stream_id.
+    http = codec.parse_create_body({key: value for key, value in body.items() if key != "stream_id"})
+    assert http == attrs.evolve(request, stream_id=None)
+
+
+def test_a_non_function_tool_keeps_a_name_only_if_it_is_a_string() -> None:
+    (tool,) = codec.parse_create_body({"input": "x", "tools": [{"type": "custom", "name": 5}]}).tools
+    assert (tool.type, tool.name, tool.parameters) == ("custom", None, None)
+    (tool,) = codec.parse_create_body({"input": "x", "tools": [{"type": "custom", "name": "grammar"}]}).tools
+    assert tool.name == "grammar"
+
+
+def test_encode_is_compact_and_keeps_non_ascii_and_big_integers() -> None:
+    assert codec.encode({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'
+    assert codec.encode({"n": 2**70}) == '{"n":1180591620717411303424}'
+    assert codec.encode({1: "x"}) == '{"1":"x"}'

@@ -19,6 +19,7 @@ from prototype.api.costs import ApiCosts, StageCost
 from prototype.api.service import ApiService, owner_of
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.designs import http as http_design
+from prototype.designs.cancel import ResponseCancelled
 from prototype.protocol import errors
 from prototype.protocol.codec import parse_create_body
 from prototype.protocol.errors import ProtocolError
@@ -270,3 +271,27 @@ def test_a_conversation_is_keyed_by_its_first_item() -> None:
 def test_the_variant_follows_previous_response_id() -> None:
     assert http_design.variant_of(parse_create_body({"input": "x"})) == "stateless"
     assert http_design.variant_of(parse_create_body({"input": "x", "previous_response_id": "resp_1"})) == "stored"
+
+
+async def test_only_the_key_that_created_a_running_turn_can_cancel_it(autojump_clock, nursery) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    done = trio.Event()
+
+    async def turn() -> None:
+        with pytest.raises(ResponseCancelled):
+            await http_design.run_http_turn(api, first_request(api), sink, api_key="key-a")
+        done.set()
+
+    nursery.start_soon(turn)
+    while len(sink) < 3:  # created, in_progress, and generation under way
+        await trio.sleep(0.001)
+    response_id = sink[0][1]["response"]["id"]
+    assert api.live.find(response_id, owner_of("key-b")) is None
+    assert api.live.find(response_id, None) is None
+    live = api.live.find(response_id, owner_of("key-a"))
+    assert live is not None
+    live.cancel()
+    await done.wait()
+    assert sink.types[-1] == "response.cancelled"
+    assert len(api.live) == 0

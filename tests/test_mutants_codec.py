@@ -207,6 +207,13 @@ def test_a_refused_body_gets_its_code_message_and_param(case: Refused) -> None:
 def test_bodies_at_the_limits_are_accepted(body: dict[str, Any]) -> None:
     request = codec.parse_create_body(body)
     assert request.metadata == body.get("metadata", {})
+    assert request.input == (parse_input(body["input"]) if body.get("input") is not None else ())
+
+
+def test_a_body_is_read_as_a_post_body_unless_told_otherwise() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        codec.parse_create_body({"input": "x", "stream_id": "lane-1"})
+    assert (caught.value.code, caught.value.param) == (errors.UNSUPPORTED_PARAMETER, "stream_id")
 
 
 def test_defaults_of_a_minimal_body() -> None:

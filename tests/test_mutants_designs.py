@@ -1,0 +1,490 @@
+"""Behaviour of the designs that mutation testing found unguarded (docs/mutation.md): the exact
+errors a v1 append or suspension ends with, the timings a pause carries, lanes and their forks,
+reasoning on the engine's schedule, and warm-ups. Times are exact under the autojump clock."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from test_endpoints import connect, error_of
+
+from prototype.api.checks import CallLedger, SafetyState
+from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS, ApiCosts
+from prototype.api.service import ApiService, Context
+from prototype.designs import chained
+from prototype.designs.chained import ConnectionCache
+from prototype.designs.suspended import RolloutEnded, Suspension, SuspensionSlot
+from prototype.engine import tokenizer
+from prototype.engine.kv import Prompt
+from prototype.protocol import codec
+from prototype.protocol.errors import ProtocolError
+from prototype.protocol.events import CreateRequest
+from prototype.protocol.items import FunctionCallOutput, Message, decode_reasoning
+from prototype.protocol.response import Response
+from prototype.server.config import ServerConfig
+from prototype.workload import TurnSpec, Workload
+
+TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+# One turn that makes two parallel client calls, then a final answer.
+TWO_CALLS = Workload("two-calls", 3, (TurnSpec(400, 20, (0.3, 0.3)), TurnSpec(50, 20, ())))
+LIMIT_MESSAGE = "Responses websocket connection limit reached (0.5 minutes). Create a new websocket connection to continue."
+
+
+def invalid(code: str, message: str, param: str | None) -> dict[str, Any]:
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+
+
+def output(call_id: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": "ok"}
+
+
+# --- v1: what an append is refused with ------------------------------------------------------------
+
+
+async def test_an_append_that_does_not_answer_exactly_the_pending_calls_is_refused_with_its_reason(autojump_clock) -> None:
+    server = make_server()
+    key = server.api.workloads.register(TWO_CALLS)
+    async with ws(server, "suspended") as conn:
+        await send(conn, {"type": "response.append", "input": [output("call_1")]})
+        assert await receive(conn) == invalid(
+            "no_suspended_response", "response.append: no response is waiting for tool output on this connection.", None
+        )
+        await send(conn, create_event(metadata={"testbed_workload": key}))
+        done = (await until(conn, "response.done"))[-1]["response"]
+        first, second = (call["call_id"] for call in function_calls(done))
+        refusals = [
+            ([output(first), output(first)], "a call_id is answered twice"),
+            ([output(first), output(second), output("call_zz"), output("call_aa")], "call_id 'call_aa' is not pending"),
+            ([output(second)], f"no function_call_output for pending call_id '{first}'"),
+            ([output(first)], f"no function_call_output for pending call_id '{second}'"),
+            ([], f"no function_call_output for pending call_id '{first}'"),
+        ]
+        for items, problem in refusals:
+            await send(conn, {"type": "response.append", "input": items})
+            assert await receive(conn) == invalid("invalid_function_call_output", f"response.append: {problem}.", "input")
+        # Every refusal left the rollout paused: the exact answer resumes it.
+        await send(conn, {"type": "response.append", "input": [output(second), output(first)]})
+        resumed = await receive(conn)
+        assert (resumed["type"], resumed["response"]["id"]) == ("response.in_progress", done["id"])
+        assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
+
+
+async def test_an_expired_suspension_fails_with_its_code_and_message(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(suspension_ttl=7.5))
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event())
+        done = (await until(conn, "response.done"))[-1]
+        paused_at = trio.current_time()
+        failed = await receive(conn)
+    assert trio.current_time() - paused_at == 7.5
+    assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
+    assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
+    assert failed["response"]["error"] == {"code": "suspension_timeout", "message": "No response.append within 7.5 s; the rollout was released."}
+
+
+# --- v1: the connection's lifetime ends a rollout ---------------------------------------------------
+
+
+async def test_a_paused_rollout_fails_at_once_when_the_connection_reaches_its_lifetime(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=30.0))
+    async with ws(server, "suspended") as conn:
+        opened = trio.current_time()
+        await send(conn, create_event())
+        done = (await until(conn, "response.done"))[-1]
+        assert trio.current_time() - opened < 30.0
+        failed, error = await receive(conn), await receive(conn)
+        assert trio.current_time() - opened == 30.0
+        with pytest.raises(Exception) as closed:
+            await receive(conn)
+    assert closed.value.reason.code == 1000
+    assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
+    assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
+    assert failed["response"]["error"] == {"code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE}
+    assert error["error"]["code"] == "websocket_connection_limit_reached"
+    assert server.api.engine.kv == {}
+
+
+async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_is_reached(autojump_clock) -> None:
+    # 300 tokens at 10 tokens/s: the first segment streams for 30 s, past the 30 s lifetime.
+    server = make_server(config=ServerConfig(connection_lifetime=30.0))
+    async with ws(server, "suspended") as conn:
+        opened = trio.current_time()
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}))
+        events = await until(conn, "response.failed", "response.done")
+        failed_at = trio.current_time() - opened
+        error = await receive(conn)
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["response.output_item.done", "response.failed"]
+    assert types[-3] == "response.function_call_arguments.done"  # the call streamed to its end
+    assert failed_at > 30.0
+    failed = events[-1]["response"]
+    assert (failed["status"], failed["error"]) == ("failed", {"code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE})
+    assert error["error"]["code"] == "websocket_connection_limit_reached"
+    assert server.api.engine.kv == {}
+
+
+
+async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_append_is_taken() -> None:
+    limit = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE)
+    slot = SuspensionSlot()
+    paused = slot.current = Suspension(("call_1",))
+    slot.end(limit)
+    assert (slot.current, slot.ended, paused.answered) == (None, limit, True)
+    with pytest.raises(ProtocolError) as refused:
+        slot.deliver([FunctionCallOutput("call_1", "ok")])
+    assert refused.value.code == "no_suspended_response"
+    with pytest.raises(RolloutEnded) as ended:
+        await paused.wait()
+    assert (ended.value.reason, str(ended.value)) == (limit, LIMIT_MESSAGE)
+    # An append taken before the end is still applied: the rollout resumes with it.
+    answered = Suspension(("call_2",))
+    items = [FunctionCallOutput("call_2", "ok")]
+    answered.deliver(items)
+    answered.end(limit)
+    assert await answered.wait() == items
+
+
+# --- v1: the timings a pause and the end carry -------------------------------------------------------
+
+
+async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_segment(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, "suspended", include_timing=True) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3"}))
+        first = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})
+        resumed = await receive(conn)
+        resumed_at = trio.current_time()
+        second = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(second))})
+        final = (await until(conn, "response.completed"))[-1]["response"]
+    assert resumed["type"] == "response.in_progress"
+    # Every event carries what the connection logged of the create (its client record); the first
+    # pause carries the rollout from its arrival, the queue included.
+    for response in (first, second, final):
+        assert response["testbed_timing"]["client"]["design"] == "suspended"
+    assert "queue" in first["testbed_timing"]["phases_ms"]
+    # A later pause carries its own segment only: from the resume on.
+    timing = second["testbed_timing"]
+    assert "queue" not in timing["phases_ms"]
+    assert timing["origin_s"] == resumed_at
+    assert timing["spans"][0][1] == 0.0
+
+
+
+# --- v1: the stored record and the terminal event ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("budget", "status", "details"), [(None, "completed", None), (25, "incomplete", {"reason": "max_output_tokens"})])
+async def test_a_v1_rollout_is_stored_and_ends_with_its_final_status(autojump_clock, budget, status, details) -> None:
+    # fixed:3 samples 100 tokens a turn: a budget of 25 runs out in the first turn's message.
+    server = make_server()
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event(store=True, max_output_tokens=budget))
+        while (last := (await until(conn, "response.done", *TERMINAL))[-1])["type"] == "response.done":
+            await send(conn, {"type": "response.append", "input": outputs_for(function_calls(last["response"]))})
+    response = last["response"]
+    assert (last["type"], response["status"], response["incomplete_details"]) == (f"response.{status}", status, details)
+    stored = server.api.store.get(response["id"]).response
+    assert (stored["status"], stored["incomplete_details"]) == (status, None)  # stored before the terminal event
+
+
+@pytest.mark.parametrize("design", ["suspended", "chained"])
+async def test_only_the_key_that_created_a_response_cancels_it(autojump_clock, nursery, design) -> None:
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, design, api_key="alice") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}))  # 30 s of decode
+        created = (await until(conn, "response.created"))[-1]
+        rid = created["response"]["id"]
+        await trio.sleep(2.0)
+        error_of(await http.request("POST", f"/v1/responses/{rid}/cancel", key="bob"), 404, "response_not_found", "response_id")
+        reply = await http.request("POST", f"/v1/responses/{rid}/cancel", key="alice")
+        cancelled_at = trio.current_time()
+        cancelled = (await until(conn, "response.cancelled"))[-1]
+        assert trio.current_time() == cancelled_at 
+    assert (cancelled["response"]["id"], cancelled["response"]["status"]) == (rid, "cancelled")
+    assert reply.status == 200 and reply.json() == cancelled["response"]
+
+
+# --- v2 lanes: each lane's slot, and forks across lanes ---------------------------------------------
+
+
+def not_found(response_id: str, stream_id: str) -> dict[str, Any]:
+    return {**invalid("previous_response_not_found", f"Previous response with id '{response_id}' not found.", "previous_response_id"),
+            "stream_id": stream_id}
+
+
+async def test_a_lane_continuing_its_own_response_empties_its_slot_while_the_turn_runs(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(stream_id="main"))
+        first = (await until(conn, *TERMINAL))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        slow = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 30 s of decode
+        await send(conn, create_event(outputs, stream_id="main", previous_response_id=first["id"], metadata=slow))
+        created = (await until(conn, "response.created"))[-1]
+        # While lane main's turn runs, the response it continues is in no slot: a fork finds nothing.
+        await send(conn, create_event(outputs, stream_id="side", previous_response_id=first["id"]))
+        refused = (await until(conn, "error"))[-1]
+        assert refused == not_found(first["id"], "side")
+        second = (await until(conn, *TERMINAL))[-1]
+        assert (second["type"], second["stream_id"], second["response"]["id"]) == ("response.completed", "main", created["response"]["id"])
+        # Once it succeeded, lane main holds its new response, and a fork from that one runs.
+        await send(conn, create_event(outputs_for(function_calls(second["response"])), stream_id="side", previous_response_id=second["response"]["id"]))
+        fork = (await until(conn, *TERMINAL))[-1]
+        assert (fork["type"], fork["stream_id"]) == ("response.completed", "side")
+
+
+async def test_a_lane_continuing_its_own_response_leaves_the_default_lanes_slot(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event())
+        default = (await until(conn, *TERMINAL))[-1]["response"]
+        await send(conn, create_event(stream_id="a"))
+        lane_a = (await until(conn, *TERMINAL))[-1]["response"]
+        await send(conn, create_event(outputs_for(function_calls(lane_a)), stream_id="a", previous_response_id=lane_a["id"]))
+        continued_a = (await until(conn, *TERMINAL))[-1]
+        await send(conn, create_event(outputs_for(function_calls(default)), previous_response_id=default["id"]))
+        continued_default = (await until(conn, *TERMINAL))[-1]
+    assert (continued_a["type"], continued_a["stream_id"]) == ("response.completed", "a")
+    assert continued_default["type"] == "response.completed" and "stream_id" not in continued_default
+    assert continued_default["response"]["previous_response_id"] == default["id"]
+
+
+async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_original_intact(autojump_clock) -> None:
+    server = make_server(costs=ApiCosts())
+    async with ws(server, include_timing=True) as conn:
+        await send(conn, create_event(stream_id="a"))
+        a1 = (await until(conn, *TERMINAL))[-1]["response"]
+        await send(conn, create_event(stream_id="b", metadata={"testbed_workload": "fixed:3:300:10:30"}))
+        b1 = (await until(conn, *TERMINAL))[-1]["response"]
+        outputs = outputs_for(function_calls(a1))
+        # Lane b, which holds a response of its own, forks from lane a's; then lane a continues it.
+        await send(conn, create_event(outputs, stream_id="b", previous_response_id=a1["id"]))
+        fork = (await until(conn, *TERMINAL))[-1]
+        await send(conn, create_event(outputs, stream_id="a", previous_response_id=a1["id"]))
+        main = (await until(conn, *TERMINAL))[-1]
+        # Lane b moved on from its own response b1: it left the cache.
+        await send(conn, create_event(outputs_for(function_calls(b1)), stream_id="c", previous_response_id=b1["id"]))
+        assert (await until(conn, *TERMINAL))[-1] == not_found(b1["id"], "c")
+    assert (fork["type"], fork["stream_id"], main["type"], main["stream_id"]) == ("response.completed", "b", "response.completed", "a")
+    # Both extended the same conversation by the same input: neither saw the other's turn.
+    assert fork["response"]["usage"]["input_tokens"] == main["response"]["usage"]["input_tokens"]
+    assert fork["response"]["output"][0]["content"] == main["response"]["output"][0]["content"]
+    # The fork appends its input to the copied rendering, as the continuation does to the original.
+    fork_phases, main_phases = fork["response"]["testbed_timing"]["phases_ms"], main["response"]["testbed_timing"]["phases_ms"]
+    for stage in ("validate", "render", "safety", "route"):
+        assert fork_phases[stage] == pytest.approx(main_phases[stage], abs=0.002), stage  # ms, rounded on the wire
+    # Every lane's KV, the fork's included, was released with the connection.
+    assert server.api.engine.kv == {}
+
+
+def test_the_default_lane_is_the_one_slot_a_connection_without_lanes_sees() -> None:
+    cache = ConnectionCache("conn")
+
+    def conversation(text: str, key: object) -> Context:
+        return Context([Message("user", (("input_text", text),))], Prompt([1, 2, 3]), "", CallLedger(), SafetyState(), None, key)
+
+    first, second = (Response(f"resp_{n}", CreateRequest("sim-1", ()), created_at=0) for n in (1, 2))
+    assert (cache.response, cache.response_id, cache.context) == (None, None, None)
+    context = conversation("one", "conn")
+    cache.put(first, context)
+    assert (cache.response, cache.response_id, cache.context) == (first, "resp_1", context)
+    # Taking its own response gives the context itself and empties the slot until the turn succeeds.
+    assert cache.take("resp_1") is context
+    assert (cache.response, cache.context, cache.slots) == (None, None, {})
+    # Whatever it continues, the default lane moves on: an unknown id also empties its slot.
+    cache.put(first, context)
+    assert cache.take("resp_9") is None
+    assert cache.slots == {}
+    # Another lane's response is copied for the default lane, under the connection's own engine key.
+    other = conversation("two", ("conn", "a"))
+    cache.view("a").put(second, other)
+    assert cache.engine_keys == ["conn", ("conn", "a")]
+    fork = cache.take("resp_2")
+    assert fork is not other and fork.items == other.items and list(fork.prompt.ids) == [1, 2, 3]
+    assert fork.engine_key == "conn"
+    assert cache.slots["a"].context is other
+
+
+# --- v2: the stored record, steering, and the overlapped post-inference work --------------------------
+
+
+@pytest.mark.parametrize(("budget", "status"), [(None, "completed"), (25, "incomplete")])
+async def test_a_chained_turn_is_stored_with_its_final_status_when_post_inference_runs_first(autojump_clock, budget, status) -> None:
+    # Switch 4 off: post-inference runs before the terminal event, as in v1.
+    server = make_server(config=ServerConfig(switches=ALL_SWITCHES_OFF))
+    async with ws(server) as conn:
+        await send(conn, create_event(store=True, max_output_tokens=budget))
+        last = (await until(conn, *TERMINAL))[-1]
+    assert (last["type"], last["response"]["status"]) == (f"response.{status}", status)
+    assert server.api.store.get(last["response"]["id"]).response["status"] == status
+
+
+async def test_steering_input_stops_a_chained_turn_at_the_end_of_its_message(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3:100:10:300:0.5"}))  # 300-token messages
+        target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": "keep it small"})
+        events = await until(conn, *TERMINAL)
+        successor = await until(conn, *TERMINAL)
+    types = [e["type"] for e in events]
+    assert types[0] == "response.steer.accepted" and types[-2:] == ["response.output_item.done", "response.incomplete"]
+    ended = events[-1]["response"]
+    assert (ended["status"], ended["incomplete_details"]) == ("incomplete", {"reason": "steered"})
+    assert [(i["type"], i["status"]) for i in ended["output"]] == [("message", "completed")]
+    assert successor[0]["response"]["previous_response_id"] == target and successor[-1]["type"] == "response.completed"
+
+
+async def test_a_closed_connection_ends_only_after_its_overlapped_post_inference_work(autojump_clock) -> None:
+    # The overlapped post work is shielded: a client that leaves right after the terminal event
+    # does not cut it short; the server ends the connection (and completes the close) once it has finished.
+    server = make_server(costs=ApiCosts(post=2.0))
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
+        await until(conn, "response.completed")
+        completed_at = trio.current_time()
+        assert server.connections == 1
+    assert trio.current_time() - completed_at == pytest.approx(2.0, abs=1e-9)
+    assert (server.connections, server.sessions) == (0, set())
+
+
+# --- reasoning, sampled on the engine's schedule ------------------------------------------------------
+
+# A first turn that reasons for 15 tokens before its message and call, then a final answer that reasons for 10.
+REASONING = Workload("reasoning", 2, (TurnSpec(300, 40, (0.3,), (), 15), TurnSpec(50, 30, (), (), 10)))
+
+
+def reasoning_item(item_id: str, status: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], **extra, "status": status}
+
+
+async def timed(conn, *types: str) -> list[tuple[float, dict[str, Any]]]:
+    seen = []
+    with trio.fail_after(600):
+        while True:
+            event = await receive(conn)
+            seen.append((trio.current_time(), event))
+            if event["type"] in types or event["type"] == "error":
+                return seen
+
+
+async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_exported(autojump_clock) -> None:
+    server = make_server()
+    key = server.api.workloads.register(REASONING)
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"}, include=["reasoning.encrypted_content"]))
+        events = await timed(conn, *TERMINAL)
+    (added_at, added), (done_at, done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 0)
+    item_id = added["item"]["id"]
+    assert item_id.startswith("rs_")
+    assert added == {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": reasoning_item(item_id, "in_progress")}
+    blob = done["item"]["encrypted_content"]
+    assert done == {"type": "response.output_item.done", "sequence_number": 3, "output_index": 0,
+                    "item": reasoning_item(item_id, "completed", encrypted_content=blob)}
+    assert done_at - added_at == pytest.approx(15 / 100, abs=1e-12)  # 15 tokens at 100 tokens/s
+    assert len(tokenizer.encode(decode_reasoning(blob))) == 15  # the text is the sampled tokens, nothing between them
+    final = events[-1][1]["response"]
+    assert final["output"][0] == reasoning_item(item_id, "completed", encrypted_content=blob)
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 15}
+
+
+async def test_a_v1_rollout_counts_every_turns_reasoning(autojump_clock) -> None:
+    server = make_server()
+    key = server.api.workloads.register(REASONING)
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key}))
+        done = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(done))})
+        final = (await until(conn, "response.completed"))[-1]["response"]
+    (call,) = function_calls(done)
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call", "reasoning", "message"]
+    usage = final["usage"]
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 15 + 10}
+    assert usage["output_tokens"] == 40 + 30 + len(tokenizer.encode(call["arguments"]))
+    assert server.api.engine.stats.decoded_tokens == usage["output_tokens"]  # the engine decoded each token once
+
+
+async def test_a_slow_write_is_not_added_to_the_reasoning_time(autojump_clock, nursery) -> None:
+    # The engine samples on its own schedule from the end of the prefill; a client slow to take the
+    # announcement of the reasoning item (0.5 s) delays only when its end can be sent.
+    api = ApiService(costs=ZERO_COSTS)
+    key = api.workloads.register(REASONING)
+    frame = create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"})
+    request = codec.decode_client_event(json.dumps(frame)).request
+    sent: list[tuple[float, Any]] = []
+
+    async def slow_sink(event: Any) -> None:
+        sent.append((trio.current_time(), event))
+        if event.type == "response.output_item.added" and event.output_index == 0:
+            await trio.sleep(0.5)
+
+    async def fast_sink(event: Any) -> None:
+        sent.append((trio.current_time(), event))
+
+    for sink, wrote in ((fast_sink, 0.0), (slow_sink, 0.5)):
+        sent.clear()
+        response = await chained.run_turn(api, request, sink, ConnectionCache(("slow", wrote)).view(None), nursery)
+        (added_at, _), (done_at, _) = ((t, e) for t, e in sent if e.type.startswith("response.output_item.") and e.output_index == 0)
+        assert done_at - added_at == pytest.approx(max(wrote, 15 / 100), abs=1e-12)
+        assert response.usage.reasoning_tokens == 15
+
+
+async def test_a_cancel_during_reasoning_leaves_no_unfinished_item(autojump_clock, nursery) -> None:
+    server = make_server()
+    key = server.api.workloads.register(Workload("long-reasoning", 4, (TurnSpec(300, 400, (0.3,), (), 300), TurnSpec(50, 30, ()))))
+    http = connect(nursery, server)
+    async with ws(server, api_key="alice") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"}))  # 3 s of reasoning
+        events = await until(conn, "response.output_item.added")
+        assert events[-1]["item"]["type"] == "reasoning"
+        rid = events[0]["response"]["id"]
+        await trio.sleep(1.0)
+        reply = await http.request("POST", f"/v1/responses/{rid}/cancel", key="alice")
+        (cancelled,) = await until(conn, "response.cancelled")
+    assert cancelled["sequence_number"] == events[-1]["sequence_number"] + 1
+    assert (cancelled["response"]["status"], cancelled["response"]["output"]) == ("cancelled", [])
+    assert reply.json() == cancelled["response"]
+
+
+# --- warm-ups ---------------------------------------------------------------------------------------
+
+
+async def warm_up_after_idle(fork_first: bool) -> tuple[int, float, int]:
+    """Lane a answers a turn at 0 s (lane b forking from it at once when `fork_first`, then idle past
+    the KV's 300 s idle TTL), continues it at 200 s, and warms up its next turn at 350 s. Returns
+    (tokens the warm-up prefilled, its duration, the continuation's input tokens)."""
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(stream_id="a"))
+        first = (await until(conn, *TERMINAL))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        if fork_first:
+            await send(conn, create_event(outputs, stream_id="b", previous_response_id=first["id"]))
+            assert (await until(conn, *TERMINAL))[-1]["type"] == "response.completed"
+        await trio.sleep(200)
+        await send(conn, create_event(outputs, stream_id="a", previous_response_id=first["id"]))
+        second = (await until(conn, *TERMINAL))[-1]["response"]
+        await trio.sleep(150)
+        start = trio.current_time()
+        await send(conn, create_event(outputs_for(function_calls(second)), stream_id="a", previous_response_id=second["id"], generate=False))
+        warm = (await until(conn, *TERMINAL))[-1]
+        took = trio.current_time() - start
+    assert warm["type"] == "response.completed" and warm["response"]["usage"]["input_tokens"] == 0
+    (record,) = [r for r in server.records if r["response_id"] == warm["response"]["id"]]
+    return record["warmup_prefill_tokens"], took, second["usage"]["input_tokens"]
+
+
+async def test_a_warm_up_prefills_only_what_its_own_lanes_kv_does_not_hold(autojump_clock) -> None:
+    # Lane b's fork listed the shared blocks under its own entry, which expired at 300 s; lane a's
+    # entry, used at 200 s, still holds them, and the warm-up finds them there.
+    alone, alone_took, before = await warm_up_after_idle(fork_first=False)
+    forked, forked_took, _ = await warm_up_after_idle(fork_first=True)
+    assert 0 < alone < before  # the new items and the last partial block only
+    assert (forked, forked_took) == (alone, alone_took)

@@ -12,9 +12,10 @@ import trio
 from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
 from test_endpoints import connect, error_of
 
+from prototype import metrics
 from prototype.api.checks import CallLedger, SafetyState
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS, ApiCosts
-from prototype.api.service import ApiService, Context
+from prototype.api.service import ApiService, Context, owner_of
 from prototype.designs import chained
 from prototype.designs.chained import ConnectionCache
 from prototype.designs.suspended import RolloutEnded, Suspension, SuspensionSlot
@@ -209,6 +210,8 @@ async def test_only_the_key_that_created_a_response_cancels_it(autojump_clock, n
         assert trio.current_time() == cancelled_at 
     assert (cancelled["response"]["id"], cancelled["response"]["status"]) == (rid, "cancelled")
     assert reply.status == 200 and reply.json() == cancelled["response"]
+    (record,) = [r for r in server.records if r["response_id"] == rid]
+    assert record["outcome"] == "cancelled"
 
 
 # --- v2 lanes: each lane's slot, and forks across lanes ---------------------------------------------
@@ -256,6 +259,26 @@ async def test_a_lane_continuing_its_own_response_leaves_the_default_lanes_slot(
     assert continued_default["response"]["previous_response_id"] == default["id"]
 
 
+async def test_a_failed_turn_empties_its_own_lanes_slot_only(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        held = {}
+        for lane in (None, "a", "b"):
+            await send(conn, create_event(**({} if lane is None else {"stream_id": lane})))
+            held[lane] = (await until(conn, *TERMINAL))[-1]["response"]
+        # A new conversation on lane a fails (an output for a call it never made): lane a's slot empties.
+        await send(conn, create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a"))
+        assert (await until(conn, *TERMINAL))[-1]["error"]["code"] == "invalid_function_call_output"
+        answers = {}
+        for lane in ("a", None, "b"):
+            response = held[lane]
+            await send(conn, create_event(outputs_for(function_calls(response)), previous_response_id=response["id"],
+                                          **({} if lane is None else {"stream_id": lane})))
+            answers[lane] = (await until(conn, *TERMINAL))[-1]
+    assert answers["a"] == not_found(held["a"]["id"], "a")
+    assert answers[None]["type"] == answers["b"]["type"] == "response.completed"
+
+
 async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_original_intact(autojump_clock) -> None:
     server = make_server(costs=ApiCosts())
     async with ws(server, include_timing=True) as conn:
@@ -274,7 +297,7 @@ async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_or
         assert (await until(conn, *TERMINAL))[-1] == not_found(b1["id"], "c")
     assert (fork["type"], fork["stream_id"], main["type"], main["stream_id"]) == ("response.completed", "b", "response.completed", "a")
     # Both extended the same conversation by the same input: neither saw the other's turn.
-    assert fork["response"]["usage"]["input_tokens"] == main["response"]["usage"]["input_tokens"]
+    assert fork["response"]["usage"] == main["response"]["usage"]
     assert fork["response"]["output"][0]["content"] == main["response"]["output"][0]["content"]
     # The fork appends its input to the copied rendering, as the continuation does to the original.
     fork_phases, main_phases = fork["response"]["testbed_timing"]["phases_ms"], main["response"]["testbed_timing"]["phases_ms"]
@@ -315,15 +338,17 @@ def test_the_default_lane_is_the_one_slot_a_connection_without_lanes_sees() -> N
 # --- v2: the stored record, steering, and the overlapped post-inference work --------------------------
 
 
-@pytest.mark.parametrize(("budget", "status"), [(None, "completed"), (25, "incomplete")])
-async def test_a_chained_turn_is_stored_with_its_final_status_when_post_inference_runs_first(autojump_clock, budget, status) -> None:
+@pytest.mark.parametrize(("budget", "status", "details"), [(None, "completed", None), (25, "incomplete", {"reason": "max_output_tokens"})])
+async def test_a_chained_turn_is_stored_with_its_final_status_when_post_inference_runs_first(autojump_clock, budget, status, details) -> None:
     # Switch 4 off: post-inference runs before the terminal event, as in v1.
     server = make_server(config=ServerConfig(switches=ALL_SWITCHES_OFF))
     async with ws(server) as conn:
         await send(conn, create_event(store=True, max_output_tokens=budget))
         last = (await until(conn, *TERMINAL))[-1]
-    assert (last["type"], last["response"]["status"]) == (f"response.{status}", status)
-    assert server.api.store.get(last["response"]["id"]).response["status"] == status
+    assert (last["type"], last["response"]["status"], last["response"]["incomplete_details"]) == (f"response.{status}", status, details)
+    stored = server.api.store.get(last["response"]["id"])
+    assert (stored.response["status"], stored.owner) == (status, owner_of("testbed"))
+    assert [item.to_dict() for item in stored.output] == last["response"]["output"]
 
 
 async def test_steering_input_stops_a_chained_turn_at_the_end_of_its_message(autojump_clock) -> None:
@@ -488,3 +513,17 @@ async def test_a_warm_up_prefills_only_what_its_own_lanes_kv_does_not_hold(autoj
     forked, forked_took, _ = await warm_up_after_idle(fork_first=True)
     assert 0 < alone < before  # the new items and the last partial block only
     assert (forked, forked_took) == (alone, alone_took)
+
+
+async def test_overlapped_post_work_is_logged_as_its_own_phase_and_survives_a_cancel(autojump_clock) -> None:
+    api = ApiService(costs=ApiCosts(post=2.0))
+    request = codec.decode_client_event(json.dumps(create_event(store=True))).request
+    response = Response("resp_post", request, created_at=0, status="completed")
+    log = metrics.PhaseLog()
+    start = trio.current_time()
+    with trio.CancelScope() as scope:
+        scope.cancel()  # the connection closed: the work goes on, shielded
+        await chained._post(api, log, response, [], owner_of("alice"))
+    assert log.spans == [("post_overlapped", start, start + 2.0)]
+    stored = api.store.get("resp_post")
+    assert (stored.owner, stored.response["status"]) == (owner_of("alice"), "completed")

@@ -109,23 +109,31 @@ async def test_a_paused_rollout_fails_at_once_when_the_connection_reaches_its_li
     assert server.api.engine.kv == {}
 
 
-async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_is_reached(autojump_clock) -> None:
-    # 300 tokens at 10 tokens/s: the first segment streams for 30 s, past the 30 s lifetime.
-    server = make_server(config=ServerConfig(connection_lifetime=30.0))
+async def first_segment(config: ServerConfig) -> tuple[float, list[dict[str, Any]], dict[str, Any] | None]:
+    """A v1 rollout whose first segment streams 300 tokens at 10 tokens/s (30 s): (seconds from the
+    create to the event ending the segment, the events up to it, the error after it if any)."""
+    server = make_server(config=config)
     async with ws(server, "suspended") as conn:
         opened = trio.current_time()
         await send(conn, create_event(metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}))
         events = await until(conn, "response.failed", "response.done")
-        failed_at = trio.current_time() - opened
-        error = await receive(conn)
-    types = [e["type"] for e in events]
-    assert types[-2:] == ["response.output_item.done", "response.failed"]
-    assert types[-3] == "response.function_call_arguments.done"  # the call streamed to its end
-    assert failed_at > 30.0
-    failed = events[-1]["response"]
-    assert (failed["status"], failed["error"]) == ("failed", {"code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE})
-    assert error["error"]["code"] == "websocket_connection_limit_reached"
+        ended = trio.current_time() - opened
+        error = await receive(conn) if events[-1]["type"] == "response.failed" else None
     assert server.api.engine.kv == {}
+    return ended, events, error
+
+
+async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_is_reached(autojump_clock) -> None:
+    paused_at, paused, _ = await first_segment(ServerConfig())
+    failed_at, events, error = await first_segment(ServerConfig(connection_lifetime=20.0))
+    # The segment streams to its end, past the 20 s lifetime, then fails where it would have paused.
+    assert failed_at == pytest.approx(paused_at, abs=1e-9) and paused_at > 20.0
+    assert [e["type"] for e in events] == [e["type"] for e in paused[:-1]] + ["response.failed"]
+    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["type"] == "function_call"
+    failed = events[-1]["response"]
+    message = "Responses websocket connection limit reached (0.333333 minutes). Create a new websocket connection to continue."
+    assert (failed["status"], failed["error"]) == ("failed", {"code": "websocket_connection_limit_reached", "message": message})
+    assert error["error"] == {"type": "invalid_request_error", "code": "websocket_connection_limit_reached", "message": message, "param": None}
 
 
 

@@ -18,9 +18,12 @@ from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS, ApiCosts
 from prototype.api.service import ApiService, Context, owner_of
 from prototype.designs import chained
 from prototype.designs.chained import ConnectionCache
+from prototype.designs.emitter import Emitter
 from prototype.designs.suspended import RolloutEnded, Suspension, SuspensionSlot
 from prototype.engine import tokenizer
+from prototype.engine.engine import Engine
 from prototype.engine.kv import Prompt
+from prototype.engine.memory import KV_BYTES_PER_TOKEN_8B, SWAP_POLICY
 from prototype.protocol import codec
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.events import CreateRequest
@@ -76,7 +79,7 @@ async def test_an_append_that_does_not_answer_exactly_the_pending_calls_is_refus
 
 async def test_an_expired_suspension_fails_with_its_code_and_message(autojump_clock) -> None:
     server = make_server(config=ServerConfig(suspension_ttl=7.5))
-    async with ws(server, "suspended") as conn:
+    async with ws(server, "suspended", include_timing=True) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
         paused_at = trio.current_time()
@@ -85,6 +88,7 @@ async def test_an_expired_suspension_fails_with_its_code_and_message(autojump_cl
     assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
     assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
     assert failed["response"]["error"] == {"code": "suspension_timeout", "message": "No response.append within 7.5 s; the rollout was released."}
+    assert failed["response"]["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the segment it ends
 
 
 # --- v1: the connection's lifetime ends a rollout ---------------------------------------------------
@@ -192,12 +196,13 @@ async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_seg
 async def test_a_v1_rollout_is_stored_and_ends_with_its_final_status(autojump_clock, budget, status, details) -> None:
     # fixed:3 samples 100 tokens a turn: a budget of 25 runs out in the first turn's message.
     server = make_server()
-    async with ws(server, "suspended") as conn:
+    async with ws(server, "suspended", include_timing=True) as conn:
         await send(conn, create_event(store=True, max_output_tokens=budget))
         while (last := (await until(conn, "response.done", *TERMINAL))[-1])["type"] == "response.done":
             await send(conn, {"type": "response.append", "input": outputs_for(function_calls(last["response"]))})
     response = last["response"]
     assert (last["type"], response["status"], response["incomplete_details"]) == (f"response.{status}", status, details)
+    assert response["testbed_timing"]["phases_ms"]["prefill"] > 0
     stored = server.api.store.get(response["id"]).response
     assert (stored["status"], stored["incomplete_details"]) == (status, None)  # stored before the terminal event
 
@@ -444,28 +449,30 @@ async def test_a_v1_rollout_counts_every_turns_reasoning(autojump_clock) -> None
     assert server.api.engine.stats.decoded_tokens == usage["output_tokens"]  # the engine decoded each token once
 
 
-async def test_a_slow_write_is_not_added_to_the_reasoning_time(autojump_clock, nursery) -> None:
+async def test_a_slow_write_is_not_added_to_the_sampling_time(autojump_clock, nursery) -> None:
     # The engine samples on its own schedule from the end of the prefill; a client slow to take the
-    # announcement of the reasoning item (0.5 s) delays only when its end can be sent.
+    # announcement of each item (0.5 s) delays only when the item's end can be sent.
     api = ApiService(costs=ZERO_COSTS)
     key = api.workloads.register(REASONING)
     frame = create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"})
     request = codec.decode_client_event(json.dumps(frame)).request
     sent: list[tuple[float, Any]] = []
 
-    async def slow_sink(event: Any) -> None:
-        sent.append((trio.current_time(), event))
-        if event.type == "response.output_item.added" and event.output_index == 0:
-            await trio.sleep(0.5)
+    def sink_writing_items_in(seconds: float):
+        async def sink(event: Any) -> None:
+            sent.append((trio.current_time(), event))
+            if event.type == "response.output_item.added":
+                await trio.sleep(seconds)
+        return sink
 
-    async def fast_sink(event: Any) -> None:
-        sent.append((trio.current_time(), event))
-
-    for sink, wrote in ((fast_sink, 0.0), (slow_sink, 0.5)):
+    for write in (0.0, 0.5):
         sent.clear()
-        response = await chained.run_turn(api, request, sink, ConnectionCache(("slow", wrote)).view(None), nursery)
-        (added_at, _), (done_at, _) = ((t, e) for t, e in sent if e.type.startswith("response.output_item.") and e.output_index == 0)
-        assert done_at - added_at == pytest.approx(max(wrote, 15 / 100), abs=1e-12)
+        response = await chained.run_turn(api, request, sink_writing_items_in(write), ConnectionCache(("slow", write)).view(None), nursery)
+        reasoning, message, call = response.output
+        tokens = [15, 25, len(tokenizer.encode(call.arguments))]  # sampled at 100 tokens/s
+        for index, count in enumerate(tokens):
+            (added_at, _), (done_at, _) = ((t, e) for t, e in sent if e.type.startswith("response.output_item.") and e.output_index == index)
+            assert done_at - added_at == pytest.approx(max(write, count / 100), abs=1e-12), index
         assert response.usage.reasoning_tokens == 15
 
 
@@ -535,3 +542,63 @@ async def test_overlapped_post_work_is_logged_as_its_own_phase_and_survives_a_ca
     assert log.spans == [("post_overlapped", start, start + 2.0)]
     stored = api.store.get("resp_post")
     assert (stored.owner, stored.response["status"]) == (owner_of("alice"), "completed")
+
+
+# --- the engine's side of a pause, delta coalescing, one terminal event --------------------------------
+
+
+async def test_under_swap_a_turn_that_ends_at_a_tool_call_swaps_its_kv_out_and_a_final_answer_does_not(autojump_clock) -> None:
+    server = make_server(engine=Engine(retention=SWAP_POLICY))
+    stats = server.api.engine.stats
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
+        first = (await until(conn, *TERMINAL))[-1]["response"]
+        (held,) = server.api.engine.kv.values()
+        paused_tokens = held.tokens
+        assert stats.swap_out_bytes == paused_tokens * KV_BYTES_PER_TOKEN_8B > 0  # paused at the call: copied to the host
+        await trio.sleep(1.0)  # the client runs its tool
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], metadata={"testbed_workload": "fixed:2"}))
+        assert (await until(conn, *TERMINAL))[-1]["type"] == "response.completed"
+    # The final answer is not a pause: nothing more was copied out; the first turn's KV came back once.
+    assert (stats.swap_out_bytes, stats.swap_in_bytes) == (paused_tokens * KV_BYTES_PER_TOKEN_8B,) * 2
+
+
+async def test_deltas_carry_at_most_the_configured_tokens(autojump_clock) -> None:
+    # A 1 s flush interval coalesces the whole 30-token message; `flush_tokens` caps each delta.
+    server = make_server(flush_interval=1.0, flush_tokens=5)
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:30"}))
+        events = await until(conn, *TERMINAL)
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert [len(tokenizer.encode(d)) for d in deltas] == [1, 5, 5, 5, 5, 5, 4]  # the first token goes out at once
+    assert "".join(deltas) == events[-1]["response"]["output"][0]["content"][0]["text"]
+
+
+async def test_a_response_ends_with_exactly_one_terminal_event() -> None:
+    sent: list[Any] = []
+
+    async def sink(event: Any) -> None:
+        sent.append(event)
+
+    emitter = Emitter(Response("resp_once", CreateRequest("sim-1", ()), created_at=0), sink, metrics.PhaseLog())
+    await emitter.finished("completed")
+    await emitter.finished("failed", error={"code": "server_error", "message": "late"})
+    assert [event.type for event in sent] == ["response.completed"]
+    assert (emitter.response.status, emitter.response.error) == ("completed", None)
+
+
+async def test_a_cancel_while_a_call_streams_keeps_only_the_finished_items(autojump_clock, nursery) -> None:
+    server = make_server()
+    async with ws(server, api_key="alice", include_timing=True) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_decode_tps": "10"}))
+        events = await until(conn, "response.function_call_arguments.delta")
+        rid = events[0]["response"]["id"]
+        added = [e for e in events if e["type"] == "response.output_item.added"][-1]
+        assert added["item"] == {"type": "function_call", "id": added["item"]["id"], "call_id": added["item"]["call_id"],
+                                 "name": added["item"]["name"], "arguments": "", "status": "in_progress"}
+        reply = await connect(nursery, server).request("POST", f"/v1/responses/{rid}/cancel", key="alice")
+        (cancelled,) = await until(conn, "response.cancelled")
+    response = cancelled["response"]
+    assert [(i["type"], i["status"]) for i in response["output"]] == [("message", "completed")]
+    assert response["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the whole response
+    assert reply.json() == response

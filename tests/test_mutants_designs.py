@@ -430,6 +430,15 @@ async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_expo
     assert len(tokenizer.encode(decode_reasoning(blob))) == 15  # the text is the sampled tokens, nothing between them
     final = events[-1][1]["response"]
     assert final["output"][0] == reasoning_item(item_id, "completed", encrypted_content=blob)
+    # The call after the message: announced empty, done with its streamed arguments.
+    (_, call_added), (_, call_done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 2)
+    call = final["output"][2]
+    assert call == {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
+                    "arguments": call["arguments"], "status": "completed"}
+    assert call_added["item"] == {**call, "arguments": "", "status": "in_progress"}
+    assert call_done["item"] == call
+    deltas = "".join(e["delta"] for _, e in events if e["type"] == "response.function_call_arguments.delta")
+    assert deltas == call["arguments"] and json.loads(call["arguments"])
     assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 15}
 
 

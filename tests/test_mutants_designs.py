@@ -30,7 +30,7 @@ from prototype.protocol.events import CreateRequest
 from prototype.protocol.items import FunctionCallOutput, Message, decode_reasoning
 from prototype.protocol.response import Response
 from prototype.server.config import ServerConfig
-from prototype.workload import TurnSpec, Workload
+from prototype.workload import HostedCall, TurnSpec, Workload
 
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 # One turn that makes two parallel client calls, then a final answer.
@@ -419,6 +419,8 @@ async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_expo
     async with ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"}, include=["reasoning.encrypted_content"]))
         events = await timed(conn, *TERMINAL)
+    # Usage is reported once the response has ended, not while it runs.
+    assert [(e["type"], e["response"]["usage"]) for _, e in events[:2]] == [("response.created", None), ("response.in_progress", None)]
     (added_at, added), (done_at, done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 0)
     item_id = added["item"]["id"]
     assert item_id.startswith("rs_")
@@ -611,3 +613,28 @@ async def test_a_cancel_while_a_call_streams_keeps_only_the_finished_items(autoj
     assert [(i["type"], i["status"]) for i in response["output"]] == [("message", "completed")]
     assert response["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the whole response
     assert reply.json() == response
+
+
+async def test_a_slow_write_after_a_hosted_search_is_not_added_to_the_next_model_call(autojump_clock, nursery) -> None:
+    # The model waited for the search until its answer; a client slow to take the search's end
+    # (0.5 s) does not push back the pre-inference work and prefill that follow it.
+    api = ApiService(costs=ZERO_COSTS)
+    key = api.workloads.register(Workload("hosted", 1, (TurnSpec(500, 20, (0.3,), (HostedCall(2.0, 100),)), TurnSpec(50, 20, ()))))
+    frame = create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"}, tools=[*create_event()["tools"], {"type": "web_search"}])
+    request = codec.decode_client_event(json.dumps(frame)).request
+    after: dict[float, float] = {}
+    for write in (0.0, 0.5):
+        sent: list[tuple[float, Any]] = []
+
+        async def sink(event: Any, sent: list[tuple[float, Any]] = sent, write: float = write) -> None:
+            sent.append((trio.current_time(), event))
+            if event.type == "response.web_search_call.completed":
+                await trio.sleep(write)
+
+        response = await chained.run_turn(api, request, sink, ConnectionCache(("search", write)).view(None), nursery)
+        assert [item.type for item in response.output] == ["web_search_call", "message", "function_call"]
+        (searched_at,) = [t for t, e in sent if e.type == "response.web_search_call.completed"]
+        (message_done_at,) = [t for t, e in sent if e.type == "response.output_item.done" and e.output_index == 1]
+        after[write] = message_done_at - searched_at
+    assert after[0.0] > 0.2  # the prefill, then 20 tokens at 100 tokens/s
+    assert after[0.5] == pytest.approx(max(0.5, after[0.0]), abs=1e-12)

@@ -507,10 +507,10 @@ async def test_a_cancel_during_reasoning_leaves_no_unfinished_item(autojump_cloc
 # --- warm-ups ---------------------------------------------------------------------------------------
 
 
-async def warm_up_after_idle(fork_first: bool) -> tuple[int, float, int]:
+async def warm_up_after_idle(fork_first: bool, generate: bool = False) -> tuple[int, float, int]:
     """Lane a answers a turn at 0 s (lane b forking from it at once when `fork_first`, then idle past
-    the KV's 300 s idle TTL), continues it at 200 s, and warms up its next turn at 350 s. Returns
-    (tokens the warm-up prefilled, its duration, the continuation's input tokens)."""
+    the KV's 300 s idle TTL), continues it at 200 s, and warms up its next turn at 350 s (or, without
+    `generate`, runs it). Returns (tokens that turn prefilled, its duration, the continuation's input tokens)."""
     server = make_server()
     async with ws(server) as conn:
         await send(conn, create_event(stream_id="a"))
@@ -524,10 +524,14 @@ async def warm_up_after_idle(fork_first: bool) -> tuple[int, float, int]:
         second = (await until(conn, *TERMINAL))[-1]["response"]
         await trio.sleep(150)
         start = trio.current_time()
-        await send(conn, create_event(outputs_for(function_calls(second)), stream_id="a", previous_response_id=second["id"], generate=False))
+        await send(conn, create_event(outputs_for(function_calls(second)), stream_id="a", previous_response_id=second["id"], generate=generate))
         warm = (await until(conn, *TERMINAL))[-1]
         took = trio.current_time() - start
-    assert warm["type"] == "response.completed" and warm["response"]["usage"]["input_tokens"] == 0
+    assert warm["type"] == "response.completed"
+    if generate:
+        usage = warm["response"]["usage"]
+        return usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"], took, second["usage"]["input_tokens"]
+    assert warm["response"]["usage"]["input_tokens"] == 0
     (record,) = [r for r in server.records if r["response_id"] == warm["response"]["id"]]
     return record["warmup_prefill_tokens"], took, second["usage"]["input_tokens"]
 
@@ -538,7 +542,14 @@ async def test_a_warm_up_prefills_only_what_its_own_lanes_kv_does_not_hold(autoj
     alone, alone_took, before = await warm_up_after_idle(fork_first=False)
     forked, forked_took, _ = await warm_up_after_idle(fork_first=True)
     assert 0 < alone < before  # the new items and the last partial block only
-    assert (forked, forked_took) == (alone, alone_took)
+    assert forked == alone and forked_took == pytest.approx(alone_took, abs=1e-9)  # clocks at different values round differently
+
+
+async def test_a_turn_prefills_only_what_its_own_lanes_kv_does_not_hold(autojump_clock) -> None:
+    alone, alone_took, before = await warm_up_after_idle(fork_first=False, generate=True)
+    forked, forked_took, _ = await warm_up_after_idle(fork_first=True, generate=True)
+    assert 0 < alone < before
+    assert forked == alone and forked_took == pytest.approx(alone_took, abs=1e-9)  # clocks at different values round differently
 
 
 async def test_overlapped_post_work_is_logged_as_its_own_phase_and_survives_a_cancel(autojump_clock) -> None:
@@ -638,3 +649,58 @@ async def test_a_slow_write_after_a_hosted_search_is_not_added_to_the_next_model
         after[write] = message_done_at - searched_at
     assert after[0.0] > 0.2  # the prefill, then 20 tokens at 100 tokens/s
     assert after[0.5] == pytest.approx(max(0.5, after[0.0]), abs=1e-12)
+
+
+# --- the model call: the engine's queue, cached tokens, the response's schedule ---------------------
+
+
+async def test_a_model_call_queued_behind_a_full_batch_logs_its_wait(autojump_clock) -> None:
+    server = make_server(engine=Engine(max_batch=1))
+    responses: dict[str, dict[str, Any]] = {}
+
+    async def one(name: str, delay: float) -> None:
+        await trio.sleep(delay)
+        async with ws(server, include_timing=True) as conn:
+            await send(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:30"}))
+            responses[name] = (await until(conn, *TERMINAL))[-1]["response"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", 0.0)
+        nursery.start_soon(one, "second", 0.001)
+    first, second = (responses[name]["testbed_timing"]["phases_ms"] for name in ("first", "second"))
+    assert first["queue"] == 0.0
+    # The second asked 1 ms after the first and waited for the first's whole model call.
+    assert second["queue"] == pytest.approx(first["prefill"] + first["decode"] - 1.0, abs=0.002)
+    assert [span[0] for span in responses["second"]["testbed_timing"]["spans"]].count("queue") == 2  # the lane's, then the engine's
+
+
+async def test_a_v1_rollouts_usage_sums_every_model_calls_cached_tokens(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3"}))
+        while (last := (await until(conn, "response.done", *TERMINAL))[-1])["type"] == "response.done":
+            await send(conn, {"type": "response.append", "input": outputs_for(function_calls(last["response"]))})
+    usage, stats = last["response"]["usage"], server.api.engine.stats
+    assert stats.model_calls == 3 and stats.cached_tokens > 0
+    assert usage["input_tokens_details"]["cached_tokens"] == stats.cached_tokens
+    assert usage["input_tokens"] == stats.prefill_tokens + stats.cached_tokens
+
+
+async def test_a_slow_write_of_response_created_is_not_added_to_the_prefill(autojump_clock, nursery) -> None:
+    # The prefill starts on the response's schedule, when pre-inference work ended; a client slow
+    # to take `response.created` (0.5 s) delays only what can be sent after it.
+    api = ApiService(costs=ZERO_COSTS)
+    request = codec.decode_client_event(json.dumps(create_event(metadata={"testbed_workload": "fixed:1:100:10:25", "testbed_decode_tps": "100"}))).request
+    ended: dict[float, float] = {}
+    for write in (0.0, 0.5):
+        sent: list[tuple[float, Any]] = []
+
+        async def sink(event: Any, sent: list[tuple[float, Any]] = sent, write: float = write) -> None:
+            sent.append((trio.current_time(), event))
+            if event.type == "response.created":
+                await trio.sleep(write)
+
+        await chained.run_turn(api, request, sink, ConnectionCache(("created", write)).view(None), nursery)
+        ended[write] = sent[-1][0] - sent[0][0]  # from response.created to the terminal event
+    assert 0.25 < ended[0.0] < 0.5  # the prefill, then 25 tokens at 100 tokens/s
+    assert ended[0.5] == pytest.approx(0.5, abs=1e-12)

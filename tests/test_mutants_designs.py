@@ -432,6 +432,20 @@ async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_expo
     assert len(tokenizer.encode(decode_reasoning(blob))) == 15  # the text is the sampled tokens, nothing between them
     final = events[-1][1]["response"]
     assert final["output"][0] == reasoning_item(item_id, "completed", encrypted_content=blob)
+    # The message: one output_text part, announced empty, streamed, then done with the whole text.
+    message = final["output"][1]
+    text = message["content"][0]["text"]
+    part_events = [e for _, e in events if e.get("output_index") == 1 and e["type"].startswith(("response.content_part.", "response.output_text."))]
+    msg_id = message["id"]
+    assert part_events[0] == {"type": "response.content_part.added", "sequence_number": part_events[0]["sequence_number"], "item_id": msg_id,
+                              "output_index": 1, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}
+    assert {(e["type"], e["content_index"]) for e in part_events[1:-2]} == {("response.output_text.delta", 0)}
+    assert "".join(e["delta"] for e in part_events[1:-2]) == text
+    assert [{k: v for k, v in e.items() if k != "sequence_number"} for e in part_events[-2:]] == [
+        {"type": "response.output_text.done", "item_id": msg_id, "output_index": 1, "content_index": 0, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", "item_id": msg_id, "output_index": 1, "content_index": 0,
+         "part": {"type": "output_text", "text": text, "annotations": []}},
+    ]
     # The call after the message: announced empty, done with its streamed arguments.
     (_, call_added), (_, call_done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 2)
     call = final["output"][2]
@@ -704,3 +718,39 @@ async def test_a_slow_write_of_response_created_is_not_added_to_the_prefill(auto
         ended[write] = sent[-1][0] - sent[0][0]  # from response.created to the terminal event
     assert 0.25 < ended[0.0] < 0.5  # the prefill, then 25 tokens at 100 tokens/s
     assert ended[0.5] == pytest.approx(0.5, abs=1e-12)
+
+
+# --- the output budget (max_output_tokens) across a v1 rollout ----------------------------------------
+
+
+# Turn 1: 16 reasoning tokens, 24 of text and a call; turn 2: 10 reasoning tokens and 20 of text.
+BUDGETED = Workload("budgeted", 2, (TurnSpec(300, 40, (0.3,), (), 16), TurnSpec(50, 30, (), (), 10)))
+
+
+def message_tokens(item: dict[str, Any]) -> int:
+    return len(tokenizer.encode(item["content"][0]["text"]))
+
+
+@pytest.mark.parametrize(("budget", "expected"), [
+    # Reasoning is sampled only if the budget leaves room after it; text fills what is left.
+    (16, [("message", 16, "incomplete")]),  # 16 is the API's least budget
+    (20, [("reasoning", 16, "completed"), ("message", 4, "incomplete")]),
+    # Exactly enough for the first turn: it completes and calls; the second turn has nothing left.
+    (40, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"), ("message", 0, "incomplete")]),
+    (60, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"),
+          ("reasoning", 10, "completed"), ("message", 10, "incomplete")]),
+])
+async def test_a_v1_rollouts_output_budget_runs_across_its_turns(autojump_clock, budget, expected) -> None:
+    server = make_server()
+    key = server.api.workloads.register(BUDGETED)
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key}, max_output_tokens=budget))
+        while (last := (await until(conn, "response.done", *TERMINAL))[-1])["type"] == "response.done":
+            await send(conn, {"type": "response.append", "input": outputs_for(function_calls(last["response"]))})
+    response = last["response"]
+    assert (last["type"], response["incomplete_details"]) == ("response.incomplete", {"reason": "max_output_tokens"})
+    reasoning = iter([16, 10])
+    shape = [(item["type"], message_tokens(item) if item["type"] == "message" else next(reasoning) if item["type"] == "reasoning" else None,
+              item["status"]) for item in response["output"]]
+    assert shape == expected
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == sum(n for kind, n, _ in expected if kind == "reasoning")

@@ -60,6 +60,7 @@ async def test_an_append_that_does_not_answer_exactly_the_pending_calls_is_refus
         await send(conn, create_event(metadata={"testbed_workload": key}))
         done = (await until(conn, "response.done"))[-1]["response"]
         first, second = (call["call_id"] for call in function_calls(done))
+        assert (first, second) == ("call_2", "call_3")  # named by their place in the conversation (input, message, calls)
         refusals = [
             ([output(first), output(first)], "a call_id is answered twice"),
             ([output(first), output(second), output("call_zz"), output("call_aa")], "call_id 'call_aa' is not pending"),

@@ -63,8 +63,9 @@ class ResponseStore:
         if path != ":memory:":
             # `serve --workers N`: N processes open and write one file; a writer waits for another's
             # transaction (milliseconds) instead of failing with "database is locked". Set first:
-            # switching to WAL takes a lock too.
-            self._db.execute("PRAGMA busy_timeout=5000")
+            # switching to WAL takes a lock too. The bound is generous because a lock holder on a
+            # loaded machine can wait seconds for a core.
+            self._db.execute("PRAGMA busy_timeout=30000")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)

@@ -110,8 +110,12 @@ class SamplingLoop:
         """The suspension point: the loop blocks here for every tool call, hosted or client."""
         self.end_model_call(paused=True)
         backend = self.hosted if isinstance(calls[0].item, WebSearchCall) else self.client
+        # The model waited for the tool, however long it took: its schedule resumes when the answer
+        # came (a backend that knows when sets it), or now.
+        self.log.schedule = None
         answers = await backend.answer(calls)
-        self.log.schedule = trio.current_time()  # the model waited for the tool, however long it took
+        if self.log.schedule is None:
+            self.log.schedule = trio.current_time()
         return answers
 
     async def run(self) -> str:
@@ -167,6 +171,10 @@ class SamplingLoop:
                     incomplete=truncated,
                 )
             )
+            # The items so far are rendered now, while the calls decode, rather than after the last
+            # token, where every turn would wait for it (docs/speed.md); rendering is per item, so
+            # the ids are the same.
+            rendered = render.render_items(outputs)
             calls: list[FunctionCall] = []
             # The message was the item in progress; a final answer has nothing left to stop, so it
             # completes normally (and an automatic successor follows it: steering guide).
@@ -186,7 +194,7 @@ class SamplingLoop:
                 len(_token_pieces(c.arguments)) for c in calls
             )
             self.log.record(metrics.DECODE, start, trio.current_time())
-            self.take_outputs(outputs)
+            self.take_outputs(outputs, [*rendered, *render.render_items(calls)])
 
             if truncated:
                 return INCOMPLETE
@@ -256,12 +264,12 @@ class SamplingLoop:
         self.emitter.response.usage.output_tokens += len(_token_pieces(text))
         self.log.record(metrics.DECODE, start, trio.current_time())
 
-    def take_outputs(self, outputs: Sequence[Item]) -> None:
-        """Sampled items join the context; the engine's KV now covers them."""
+    def take_outputs(self, outputs: Sequence[Item], ids: Sequence[int]) -> None:
+        """Sampled items join the context with their rendered `ids`; the engine's KV now covers them."""
         ctx = self.context
         ctx.ledger.absorb(outputs)
         ctx.items.extend(outputs)
-        ctx.prompt.extend(render.render_items(outputs))
+        ctx.prompt.extend(ids)
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
 
     async def take_new_items(self, items: Sequence[Item]) -> None:

@@ -50,6 +50,7 @@ class Suspension:
     _answered: trio.Event = attrs.Factory(trio.Event)
     _items: Sequence[Item] = ()
     _ended: ProtocolError | None = None  # why the rollout will not resume (connection closing)
+    answered_at: float | None = None  # when the append that answered it arrived
 
     @property
     def answered(self) -> bool:
@@ -61,13 +62,14 @@ class Suspension:
         if problem:
             raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"response.append: {problem}.", param="input")
 
-    def deliver(self, items: Sequence[Item]) -> None:
-        """Take one append. Synchronous, so two appends read back to back cannot both be taken:
-        the second finds the suspension answered (issue 15)."""
+    def deliver(self, items: Sequence[Item], arrived: float | None = None) -> None:
+        """Take one append (its frame read at `arrived`; default now). Synchronous, so two appends
+        read back to back cannot both be taken: the second finds the suspension answered (issue 15)."""
         if self.answered:
             raise no_suspended_response()
         self.check(items)
         self._items = items
+        self.answered_at = trio.current_time() if arrived is None else arrived
         self._answered.set()
 
     def end(self, reason: ProtocolError) -> None:
@@ -108,11 +110,11 @@ class SuspensionSlot:
     current: Suspension | None = None
     ended: ProtocolError | None = None
 
-    def deliver(self, items: Sequence[Item]) -> None:
+    def deliver(self, items: Sequence[Item], arrived: float | None = None) -> None:
         suspension = self.current
         if suspension is None:
             raise no_suspended_response()
-        suspension.deliver(items)
+        suspension.deliver(items, arrived)
         self.current = None
 
     def end(self, reason: ProtocolError) -> None:
@@ -143,6 +145,7 @@ class ClientOverSocket:
                 raise SuspensionExpired
             # An append taken in the same instant as the expiry is still applied: it was accepted.
             items = await suspension.wait()
+            self.emitter.log.schedule = suspension.answered_at  # the rollout resumes from the append's arrival
             await self.emitter.resumed()
             return items
         finally:

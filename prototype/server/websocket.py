@@ -204,7 +204,7 @@ class WebSocketSession:
                     "response.append is not supported in ws v2; use response.create with previous_response_id",
                     param="type",
                 )
-            self.slot.deliver(event.input)
+            self.slot.deliver(event.input, arrived)
             self.appends += 1
             self.append_bytes += size
         elif isinstance(event, ResponseSteer):

@@ -179,3 +179,25 @@ async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock
     assert swap_in > 0
     prefill = LatencyModel(decode_tokens_per_s=1000).prefill_seconds(usage["input_tokens"] - cached, cached)
     assert first_token == exactly(swap_in + prefill + STEP)
+
+
+async def test_a_resumed_segments_timings_start_when_its_append_arrived(monkeypatch, autojump_clock) -> None:
+    # The append's frame takes 4 ms to read (a clock jump); the resumed segment is timed from the
+    # append's arrival, so its timings still hold its whole prefill.
+    decode = codec.decode_client_event
+
+    def slow_decode(message):
+        trio.lowlevel.current_clock().jump(0.004)
+        return decode(message)
+
+    monkeypatch.setattr(codec, "decode_client_event", slow_decode)
+    server = make_server()
+    async with ws(server, "suspended", include_timing=True) as conn:
+        await send(conn, create_event(metadata=METADATA))
+        first = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})
+        final = (await until(conn, "response.completed"))[-1]["response"]
+    cached = final["usage"]["input_tokens_details"]["cached_tokens"] - first["usage"]["input_tokens_details"]["cached_tokens"]
+    uncached = final["usage"]["input_tokens"] - first["usage"]["input_tokens"] - cached
+    prefill = LatencyModel(decode_tokens_per_s=1000).prefill_seconds(uncached, cached)
+    assert final["testbed_timing"]["phases_ms"]["prefill"] == pytest.approx(1000 * prefill, abs=0.001)

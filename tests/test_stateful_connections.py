@@ -128,13 +128,13 @@ class Connections(RuleBasedStateMachine):
             applied.extend((loop.emitter.response.id, getattr(item, "output", None)) for item in items)
             return await take(loop, items)
 
-        def spy_deliver(suspension, items):
-            deliver(suspension, items)
+        def spy_deliver(suspension, items, arrived=None):
+            deliver(suspension, items, arrived)
             accepted.extend(getattr(item, "output", None) for item in items)
 
-        async def slow_resumed(emitter):
+        async def slow_resumed(emitter, at=None):
             await trio.sleep(STEP_S)  # `response.in_progress` takes a step to send: a second append races it
-            await resumed(emitter)
+            await resumed(emitter, at)
 
         resumed = Emitter.resumed
         self._originals = (take, deliver, resumed)

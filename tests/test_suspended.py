@@ -212,9 +212,9 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
     original_resumed, original_answer = Emitter.resumed, suspended.ClientOverSocket.answer
     applied = []
 
-    async def slow_resumed(self):
+    async def slow_resumed(self, at=None):
         await trio.sleep(0.1)
-        await original_resumed(self)
+        await original_resumed(self, at)
 
     async def spy_answer(self, calls):
         items = await original_answer(self, calls)

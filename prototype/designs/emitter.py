@@ -50,10 +50,11 @@ class Emitter:
         if generating:
             await self.emit(ev.ResponseInProgress, response=self.snapshot())
 
-    async def resumed(self) -> None:
-        """v1: the suspended rollout continues after `response.append`."""
+    async def resumed(self, at: float | None = None) -> None:
+        """v1: the suspended rollout continues after `response.append` (which arrived `at`; default
+        now): the new segment's timings are those from then on."""
         self.segment_start = len(self.response.output)
-        self.segment_started_at = trio.current_time()
+        self.segment_started_at = trio.current_time() if at is None else at
         await self.emit(ev.ResponseInProgress, response=self.snapshot())
 
     async def paused(self) -> None:

@@ -146,7 +146,7 @@ class ClientOverSocket:
             # An append taken in the same instant as the expiry is still applied: it was accepted.
             items = await suspension.wait()
             self.emitter.log.schedule = suspension.answered_at  # the rollout resumes from the append's arrival
-            await self.emitter.resumed()
+            await self.emitter.resumed(at=suspension.answered_at)
             return items
         finally:
             if self.slot.current is suspension:

@@ -81,6 +81,17 @@ async def until(conn, *types: str, timeout: float = 600) -> list[dict[str, Any]]
                 return events
 
 
+async def timed_until(conn, *types: str, timeout: float = 600) -> list[tuple[float, dict[str, Any]]]:
+    """`until`, with the virtual time each event arrived."""
+    seen = []
+    with trio.fail_after(timeout):
+        while True:
+            event = json.loads(await conn.get_message())
+            seen.append((trio.current_time(), event))
+            if event["type"] in types or event["type"] == "error":
+                return seen
+
+
 def outputs_for(calls: list[dict[str, Any]], text: str = "ok") -> list[dict[str, Any]]:
     return [{"type": "function_call_output", "call_id": c["call_id"], "output": text} for c in calls]
 

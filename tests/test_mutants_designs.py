@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import trio
-from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from support import create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import connect, error_of
 
 from prototype import metrics
@@ -404,22 +404,12 @@ def reasoning_item(item_id: str, status: str, **extra: Any) -> dict[str, Any]:
     return {"type": "reasoning", "id": item_id, "summary": [], **extra, "status": status}
 
 
-async def timed(conn, *types: str) -> list[tuple[float, dict[str, Any]]]:
-    seen = []
-    with trio.fail_after(600):
-        while True:
-            event = await receive(conn)
-            seen.append((trio.current_time(), event))
-            if event["type"] in types or event["type"] == "error":
-                return seen
-
-
 async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_exported(autojump_clock) -> None:
     server = make_server()
     key = server.api.workloads.register(REASONING)
     async with ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"}, include=["reasoning.encrypted_content"]))
-        events = await timed(conn, *TERMINAL)
+        events = await timed_until(conn, *TERMINAL)
     # Usage is reported once the response has ended, not while it runs.
     assert [(e["type"], e["response"]["usage"]) for _, e in events[:2]] == [("response.created", None), ("response.in_progress", None)]
     (added_at, added), (done_at, done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 0)

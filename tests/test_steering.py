@@ -5,7 +5,7 @@ and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."
 from __future__ import annotations
 
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 
 from prototype.client.harness import SUSPENDED
 from prototype.protocol.steering import MAX_QUEUED_STEERS
@@ -26,14 +26,6 @@ async def start(conn, metadata=LONG_TEXT, **fields) -> tuple[str, list[dict]]:
     return events[0]["response"]["id"], events
 
 
-async def timed_until(conn, *types: str) -> list[tuple[float, dict]]:
-    seen = []
-    with trio.fail_after(600):
-        while True:
-            event = await receive(conn)
-            seen.append((trio.current_time(), event))
-            if event["type"] in types or event["type"] == "error":
-                return seen
 
 
 async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_the_settings(autojump_clock):

@@ -40,8 +40,9 @@ class PhaseLog:
     modeled wait (API stages, prefill) runs from here, not from whenever the task reached it, so the
     testbed's own CPU work in between (parsing, rendering, planning, sending events) is absorbed by
     the modeled time instead of added to it, as decoding follows the engine's schedule. Under a
-    virtual clock CPU work takes no time and this is always now. Set to now after every wait on
-    something outside the model (the response's start, the client, a hosted tool, a queue)."""
+    virtual clock CPU work takes no time and this is always now. Set again after every wait on
+    something outside the model: to when the frame that ended it arrived (the request, a v1
+    append), or to now (a hosted tool, a queue, a swap-in)."""
     # Who sent the request and how it used the protocol (`protocol_choices`); sent with the timings.
     client: dict[str, Any] | None = None
 

@@ -16,10 +16,6 @@ from .. import netem
 # The harness must take multi-MB response.completed frames (openai-python and openai-agents use
 # max_size=None; docs/protocol.md).
 CLIENT_MAX_MESSAGE_BYTES = 1 << 30
-# Bytes per socket read on a WebSocket (trio's own default for a SocketStream). trio-websocket reads
-# 4 KiB at a time by default, so a 70 KB request or a long completed event took ~17 reads and as
-# many passes through wsproto's parser (docs/speed.md) [ours].
-WS_RECEIVE_BYTES = 64 * 1024
 
 
 class Connector(Protocol):

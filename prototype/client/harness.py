@@ -26,9 +26,9 @@ import trio_websocket
 
 from ..engine import tokenizer
 from ..protocol.events import TERMINAL_TYPES
-from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED
+from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED, WS_RECEIVE_BYTES
 from ..workload import Workload
-from .connect import CLIENT_MAX_MESSAGE_BYTES, WS_RECEIVE_BYTES, Connector
+from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
 
 # The OpenAI-Beta header value of each WebSocket design.
 BETA = {SUSPENDED: f"responses_websockets={BETA_SUSPENDED}", CHAINED: f"responses_websockets={BETA_CHAINED}"}

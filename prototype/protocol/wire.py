@@ -21,3 +21,8 @@ BETA_CHAINED = "2026-02-06"
 STATELESS = "stateless"
 STORED = "stored"
 VARIANTS = (STATELESS, STORED)
+
+# Bytes per socket read on a WebSocket, both ends (trio's own default for a SocketStream).
+# trio-websocket reads 4 KiB at a time by default, so a 70 KB chained request took ~17 reads and as
+# many passes through wsproto's parser (docs/speed.md) [ours].
+WS_RECEIVE_BYTES = 64 * 1024

@@ -17,9 +17,9 @@ import trio_websocket
 
 from ..protocol import codec
 from ..protocol.errors import ProtocolError, server_shutting_down
-from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER
+from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER, WS_RECEIVE_BYTES
 from . import http
-from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, WS_RECEIVE_BYTES
+from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
 from .streams import HeadTooLarge, ReplayStream, read_head
 from .websocket import ConnectionInfo, WebSocketSession

@@ -19,9 +19,6 @@ MAX_STREAMS = 64
 CONNECTION_LIFETIME_SECONDS = 60 * 60
 # A request head larger than this is refused (431) before any parsing [ours].
 MAX_HEAD_BYTES = 64 * 1024
-# Bytes per socket read on a WebSocket: trio's default for a SocketStream, not trio-websocket's
-# 4 KiB, which split a 70 KB request into ~17 reads and parser passes (docs/speed.md) [ours].
-WS_RECEIVE_BYTES = 64 * 1024
 # Seconds a client may take to send its request head [ours]: a stalled client cannot pin a handler.
 HEAD_TIMEOUT_SECONDS = 30.0
 MAX_CONNECTIONS = 10_000

@@ -745,3 +745,29 @@ async def test_a_v1_rollouts_output_budget_runs_across_its_turns(autojump_clock,
               item["status"]) for item in response["output"]]
     assert shape == expected
     assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == sum(n for kind, n, _ in expected if kind == "reasoning")
+
+
+@pytest.mark.parametrize(("design", "shared"), [("suspended", True), ("chained", False)])
+async def test_a_v1_rollouts_kv_serves_other_sessions_through_its_decode_past_the_idle_ttl(autojump_clock, design, shared) -> None:
+    # A v1 rollout's KV is held by its live coroutine from its prefill on: another session's lookup
+    # during the decode finds its blocks however long ago the prefill ended. An unpinned (chained)
+    # call's KV is idle-timed from its last use, so past the TTL the same lookup finds nothing.
+    server = make_server(engine=Engine(kv_ttl=0.05))
+    frame = create_event(metadata={"testbed_workload": "fixed:1:2000:10:30", "testbed_decode_tps": "10"})
+    cached: dict[str, int] = {}
+    prompt_tokens: dict[str, int] = {}
+
+    async def one(name: str, path: str, delay: float) -> None:
+        await trio.sleep(delay)
+        async with ws(server, path) as conn:
+            await send(conn, frame)
+            response = (await until(conn, "response.done", *TERMINAL))[-1]["response"]
+            usage = response["usage"]
+            cached[name], prompt_tokens[name] = usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", design, 0.0)
+        nursery.start_soon(one, "second", "chained", 1.0)  # 1 s into the first's 3 s decode
+    assert cached["first"] == 0 and prompt_tokens["first"] == prompt_tokens["second"] > 16
+    # The same prompt: its whole blocks, never its last token (`KVResidency.cached_prefix`).
+    assert cached["second"] == ((prompt_tokens["second"] - 1) // 16 * 16 if shared else 0)

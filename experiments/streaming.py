@@ -12,12 +12,17 @@ Reported per flush setting:
 * `lag_1`: one session alone at `--single-tps` (default 4000): how far the stream falls behind the
   engine, (real stream time - modeled stream time) / modeled stream time, where the stream time is
   from the first delta received to the terminal event received, and the modeled one is the same
-  request's on the virtual clock ((output - 1) / tps: the engine's decode after the first token);
-  `turn_lag_1` the same for the whole turn (request sent to terminal event), which adds the
+  request's on the virtual clock (the engine's decode after the first token); `turn_lag_1` the same
+  for the whole turn (request sent, on the open connection, to terminal event), which adds the
   server's fixed per-request work (validation, rendering, tokenizing) and the engine's modeled
   request overhead and prefill to both sides;
 * `agg_tokens_per_s`: N sessions together at `--tps` each: output tokens delivered / wall time
-  (first request sent to last terminal event received), against `offered_tokens_per_s` = N x tps;
+  (first request sent to last terminal event received), against `offered_tokens_per_s` = N x tps
+  and `limit_tokens_per_s`, the same count over the same sessions on the virtual clock (what a
+  server with no cost of its own would show: below the offered rate by construction, since the
+  engine's request overhead and prefill come before each stream's first token). The N WebSockets
+  are all opened first, then all requests go out together: the handshakes (`connect_s`, from the
+  processes' start to the last session connected) are not part of the streaming figures;
   `lag_n_p50`, `lag_n_p99`: the stream lag per session under that load;
 * `events_per_s`: delta events the client received per second, all sessions together;
 * `server_core_share`: server CPU time / wall time (/proc schedstat); `server_cpu_us_per_token`
@@ -40,6 +45,7 @@ import argparse
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +56,7 @@ import trio.testing
 from prototype import sweep
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
-from prototype.client.connect import InMemoryConnector, TcpConnector
+from prototype.client.connect import Connector, InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, RolloutRecord, run_websocket_rollout
 from prototype.clock import PreciseClock
 from prototype.server.app import ResponsesServer
@@ -59,9 +65,9 @@ from prototype.workload import fixed
 from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, run_delay_seconds, server_process
 
 COLUMNS = (
-    "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
+    "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "limit_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
     "events_per_s", "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
-    "client_waiting_share", "load_avg",
+    "client_waiting_share", "connect_s", "load_avg",
 )
 
 
@@ -69,39 +75,59 @@ def spec_of(prompt: int, output: int) -> str:
     return f"fixed:1:{prompt}:0:{output}:0"
 
 
-def modeled_turn_seconds(prompt: int, output: int, tps: float) -> tuple[float, float]:
-    """The turn's time and its stream's time (first delta to terminal event) on the virtual clock:
-    exactly what the engine model charges."""
-    workload = fixed(1, initial_prompt_tokens=prompt, appended_tokens=0, output_tokens=output, tool_seconds=0.0)
+def modeled_runs(
+    prompt: int, output: int, single_tps: float, tps: float, sessions: int, flush: float, flush_tokens: int | None
+) -> tuple[RolloutRecord, list[RolloutRecord]]:
+    """What the engine model charges for the measured sequence: the same warm-up, lone session and
+    N sessions, against an in-memory server with the same settings, on the virtual clock. The
+    sequence matters: the warm-up leaves the prompt's blocks in the prefix cache, so the measured
+    sessions prefill only their last block, here as on the real server."""
 
-    async def run() -> RolloutRecord:
-        server = ResponsesServer(ApiService(costs=ZERO_COSTS, flush_interval=0.05))
-        return await run_websocket_rollout(
-            InMemoryConnector(server), CHAINED, workload, metadata={"testbed_workload": spec_of(prompt, output)}, model=f"sim-{tps:g}"
-        )
+    async def run() -> tuple[RolloutRecord, list[RolloutRecord]]:
+        server = ResponsesServer(ApiService(costs=ZERO_COSTS, flush_interval=flush, flush_tokens=flush_tokens))
+        connector = InMemoryConnector(server)
+        await run_sessions(connector, 1, prompt, 50, single_tps)
+        (single,) = await run_sessions(connector, 1, prompt, output, single_tps)
+        return single, await run_sessions(connector, sessions, prompt, output, tps)
 
-    record = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert record.status == "completed", record.status
+    single, many = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert all(record.status == "completed" for record in (single, *many))
+    return single, many
+
+
+def turn_seconds(record: RolloutRecord) -> tuple[float, float, float]:
+    """The turn's request sent, first delta and terminal event."""
     turn = record.turns[0]
-    return turn.ended_at - turn.sent_at, turn.ended_at - turn.first_token_at
+    return turn.sent_at, turn.first_token_at or turn.sent_at, turn.ended_at or turn.sent_at
 
 
-async def run_sessions(port: int, sessions: int, prompt: int, output: int, tps: float) -> list[RolloutRecord]:
-    connector = TcpConnector("127.0.0.1", port)
+async def run_sessions(
+    connector: Connector, sessions: int, prompt: int, output: int, tps: float, all_connected: Callable[[], Any] | None = None
+) -> list[RolloutRecord]:
+    """`sessions` concurrent sessions: each opens its WebSocket, and once every one is open (and
+    `all_connected`, a blocking wait for the other processes' sessions, has returned) all send their
+    request together. The handshakes are not streaming: the turns start after them."""
     workload = fixed(1, initial_prompt_tokens=prompt, appended_tokens=0, output_tokens=output, tool_seconds=0.0)
     metadata = {"testbed_workload": spec_of(prompt, output)}
     records: list[RolloutRecord] = []
+    opened = 0
     go = trio.Event()
 
-    async def one() -> None:
+    async def connected() -> None:
+        nonlocal opened
+        opened += 1
+        if opened == sessions:
+            if all_connected is not None:
+                await trio.to_thread.run_sync(all_connected)
+            go.set()
         await go.wait()
-        records.append(await run_websocket_rollout(connector, CHAINED, workload, metadata=metadata, model=f"sim-{tps:g}"))
+
+    async def one() -> None:
+        records.append(await run_websocket_rollout(connector, CHAINED, workload, metadata=metadata, model=f"sim-{tps:g}", connected=connected))
 
     async with trio.open_nursery() as nursery:
         for _ in range(sessions):
             nursery.start_soon(one)
-        await trio.lowlevel.checkpoint()
-        go.set()
     return records
 
 
@@ -114,28 +140,35 @@ def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, in
     return record.status, turn.sent_at, turn.first_token_at or turn.sent_at, turn.ended_at or turn.sent_at, output, deltas
 
 
-def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, results: Any) -> None:
-    """One client process: its share of the sessions, started together with the other processes'."""
+def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, connected: Any, results: Any) -> None:
+    """One client process: its share of the sessions, connected together with the other processes',
+    then streamed together once every process's sessions are connected."""
     start.wait()
     cpu0, wait0 = time.process_time(), run_delay_seconds(os.getpid())
-    records = trio.run(run_sessions, port, sessions, prompt, output, tps, clock=PreciseClock())
+    connector = TcpConnector("127.0.0.1", port)
+    records = trio.run(run_sessions, connector, sessions, prompt, output, tps, connected.wait, clock=PreciseClock())
     results.put(([session_figures(r) for r in records], time.process_time() - cpu0, run_delay_seconds(os.getpid()) - wait0))
 
 
 def run_client_processes(
     port: int, processes: int, sessions: int, prompt: int, output: int, tps: float
-) -> tuple[list, float, float]:
-    """`sessions` spread over `processes` client processes; returns every session's figures and
-    the client processes' CPU seconds and run-delay seconds."""
+) -> tuple[list, float, float, float]:
+    """`sessions` spread over `processes` client processes; returns every session's figures, the
+    client processes' CPU seconds and run-delay seconds, and the seconds it took to open every
+    session's WebSocket (all opened at once)."""
     context = multiprocessing.get_context("spawn")  # no trio state inherited from this process
     shares = [n for n in (sessions // processes + (i < sessions % processes) for i in range(processes)) if n]
-    start, results = context.Barrier(len(shares) + 1), context.Queue()
+    start, connected, results = context.Barrier(len(shares) + 1), context.Barrier(len(shares) + 1), context.Queue()
     workers = [
-        context.Process(target=client_process, args=(port, n, prompt, output, tps, start, results), daemon=True) for n in shares
+        context.Process(target=client_process, args=(port, n, prompt, output, tps, start, connected, results), daemon=True)
+        for n in shares
     ]
     for worker in workers:
         worker.start()
-    start.wait()  # every process imported and ready: all sessions start together
+    start.wait()  # every process imported and ready: all sessions connect together
+    opening = time.perf_counter()
+    connected.wait()  # every session connected: all requests go out together
+    connect_s = time.perf_counter() - opening
     figures, cpu, waited = [], 0.0, 0.0
     for _ in workers:
         part, seconds, delay = results.get()
@@ -144,32 +177,36 @@ def run_client_processes(
         waited += delay
     for worker in workers:
         worker.join()
-    return figures, cpu, waited
+    return figures, cpu, waited, connect_s
 
 
 def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) -> dict[str, Any]:
     server_args = ["--costs", "zero", "--flush-interval", f"{flush:g}"]
     if flush_tokens:
         server_args += ["--flush-tokens", str(flush_tokens)]
-    modeled_1 = modeled_turn_seconds(args.prompt, args.output, args.single_tps)
-    modeled_n = modeled_turn_seconds(args.prompt, args.output, args.tps)
+    modeled_single, modeled_many = modeled_runs(args.prompt, args.output, args.single_tps, args.tps, args.sessions, flush, flush_tokens)
     with server_process(*server_args) as (process, port):
-        trio.run(run_sessions, port, 1, args.prompt, 50, args.single_tps)  # warm-up: imports, tokenizer, caches
-        single = trio.run(run_sessions, port, 1, args.prompt, args.output, args.single_tps, clock=PreciseClock())[0]
+        connector = TcpConnector("127.0.0.1", port)
+        trio.run(run_sessions, connector, 1, args.prompt, 50, args.single_tps)  # warm-up: imports, tokenizer, caches
+        single = trio.run(run_sessions, connector, 1, args.prompt, args.output, args.single_tps, clock=PreciseClock())[0]
         cpu0, wait0 = cpu_seconds(process.pid), run_delay_seconds(process.pid)
-        figures, client_cpu, client_wait = run_client_processes(
+        figures, client_cpu, client_wait, connect_s = run_client_processes(
             port, args.client_processes, args.sessions, args.prompt, args.output, args.tps
         )
         cpu, wait = cpu_seconds(process.pid) - cpu0, run_delay_seconds(process.pid) - wait0
     bad = [f[0] for f in figures if f[0] != "completed"] + ([single.status] if single.status != "completed" else [])
     if bad:
         raise RuntimeError(f"sessions ended {bad[:3]}")
-    turn = single.turns[0]
-    lag_1 = (turn.ended_at - turn.first_token_at) / modeled_1[1] - 1
-    turn_lag_1 = (turn.ended_at - turn.sent_at) / modeled_1[0] - 1
+    (sent, first, ended), (m_sent, m_first, m_ended) = turn_seconds(single), turn_seconds(modeled_single)
+    lag_1 = (ended - first) / (m_ended - m_first) - 1
+    turn_lag_1 = (ended - sent) / (m_ended - m_sent) - 1
     wall = max(f[3] for f in figures) - min(f[1] for f in figures)
+    modeled = [turn_seconds(record) for record in modeled_many]
+    modeled_wall = max(m[2] for m in modeled) - min(m[0] for m in modeled)
+    # The sessions are alike and start together: each stream is set against the modeled streams' median.
+    modeled_stream = float(np.median([m[2] - m[1] for m in modeled]))
     tokens = sum(f[4] for f in figures)
-    lags = [(f[3] - f[2]) / modeled_n[1] - 1 for f in figures]
+    lags = [(f[3] - f[2]) / modeled_stream - 1 for f in figures]
     deltas = sum(f[5] for f in figures)
     return {
         "flush_ms": flush * 1000,
@@ -178,6 +215,7 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "turn_lag_1": turn_lag_1,
         "sessions": args.sessions,
         "offered_tokens_per_s": args.sessions * args.tps,
+        "limit_tokens_per_s": sum(record.usage["output_tokens"] for record in modeled_many) / modeled_wall,
         "agg_tokens_per_s": tokens / wall,
         "lag_n_p50": float(np.percentile(lags, 50)),
         "lag_n_p99": float(np.percentile(lags, 99)),
@@ -188,6 +226,7 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "client_processes": args.client_processes,
         "client_core_share": client_cpu / wall,
         "client_waiting_share": client_wait / wall,
+        "connect_s": connect_s,
         "load_avg": os.getloadavg()[0],
     }
 

@@ -341,6 +341,18 @@ async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_dive
     assert budget.cached_prefix("b", b, trio.current_time()) == 0
 
 
+async def test_a_released_sessions_blocks_serve_others_until_exactly_the_ttl_after_its_last_use(autojump_clock):
+    # Late in the run, so that only the age (now - last use) can decide, and at the boundary an own
+    # entry expires at: exactly kv_ttl after its last use.
+    engine = Engine(kv_ttl=1.0)
+    await trio.sleep(10.0)
+    shared = list(range(1000, 1100))
+    await call(engine, "a", Prompt(shared + [1] * 40))  # last used at 10.0
+    engine.release("a")
+    b = Prompt(shared + [2] * 40)
+    assert [engine.cached_prefix("b", b, t) for t in (10.5, 10.999, 11.0)] == [96, 96, 0]
+
+
 async def test_an_entry_that_branches_unlists_the_blocks_it_no_longer_holds(autojump_clock):
     engine = Engine()
     first = Prompt(list(range(64)))

@@ -149,7 +149,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
     slot.end(limit)
     assert (slot.current, slot.ended, paused.answered) == (None, limit, True)
     with pytest.raises(ProtocolError) as refused:
-        slot.deliver([FunctionCallOutput("call_1", "ok")])
+        slot.deliver([FunctionCallOutput("call_1", "ok")], 0.0)
     assert refused.value.code == "no_suspended_response"
     with pytest.raises(RolloutEnded) as ended:
         await paused.wait()
@@ -157,7 +157,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
     # An append taken before the end is still applied: the rollout resumes with it.
     answered = Suspension(("call_2",))
     items = [FunctionCallOutput("call_2", "ok")]
-    answered.deliver(items)
+    answered.deliver(items, 0.0)
     answered.end(limit)
     assert await answered.wait() == items
 

@@ -8,8 +8,14 @@ import trio
 import trio.testing
 
 from experiments import concurrency, efficiency, profile_turn, streaming
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, run_websocket_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
+from prototype.server.app import ResponsesServer
+from prototype.workload import fixed
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +48,27 @@ def test_streaming_runs_at_a_tiny_size(results_in_tmp):
         assert row["agg_tokens_per_s"] > 0
         assert row["client_processes"] == 2 and row["client_core_share"] > 0 and row["server_cpu_us_per_token"] > 0
         assert "lag_1" in row  # real-time lag: reported, not bounded
+        # The virtual-clock reference: the same sessions with no cost of the server's own, whose
+        # request overhead and prefill come before each stream, so it is below the offered rate.
+        assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000
+        assert row["connect_s"] > 0
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
+
+
+async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_hook_returns(autojump_clock):
+    # experiments/streaming.py opens every session before any streams: the turns leave the handshakes out.
+    # Each rollout on a fresh server, so neither finds the other's prompt in the prefix cache.
+    workload = fixed(1, initial_prompt_tokens=100, appended_tokens=0, output_tokens=20, tool_seconds=0.0)
+    metadata = {"testbed_workload": streaming.spec_of(100, 20)}
+    plain = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata)
+    begun = trio.current_time()
+
+    async def connected() -> None:
+        await trio.sleep(1.5)
+
+    hooked = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata, connected=connected)
+    assert hooked.started_at == hooked.turns[0].sent_at == begun + 1.5
+    assert hooked.turns[0].ended_at - hooked.turns[0].sent_at == pytest.approx(plain.turns[0].ended_at - plain.turns[0].sent_at, abs=1e-12)
 
 
 def test_concurrency_runs_at_a_tiny_size(results_in_tmp):

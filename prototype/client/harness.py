@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -296,9 +296,12 @@ async def run_websocket_rollout(
     api_key: str = "testbed",
     on_turn_end: Callable[[TurnRecord], None] | None = None,
     instructions: str | None = None,
+    connected: Callable[[], Awaitable[None]] | None = None,
 ) -> RolloutRecord:
     """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
-    (a create with previous_response_id per turn)."""
+    (a create with previous_response_id per turn). `connected`, if given, is awaited once the
+    connection is open; the task then starts when it returns, so its turns leave the handshake out
+    (a benchmark of what follows it: experiments/streaming.py)."""
     rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
     # v1 never needs the blob: its reasoning stays in the coroutine. v2 asks for it as Codex does without a store.
     base = request_body(
@@ -309,6 +312,9 @@ async def run_websocket_rollout(
     # request, as an HTTP client's first request pays its connection (docs/metrics.md).
     started_at = rollout.record.started_at
     async with open_responses_websocket(connector, design, api_key=api_key, include_timing=include_timing) as ws:
+        if connected is not None:
+            await connected()
+            started_at = rollout.record.started_at = trio.current_time()
         await drive_websocket_rollout(WsChannel(ws, rollout), rollout, design, base, first_input, on_turn_end, started_at=started_at)
         # The task ends at its final event; closing the socket afterwards is not part of it (the
         # HTTP harness likewise stops at the terminal event).

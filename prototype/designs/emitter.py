@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import trio
 
 from .. import metrics
 from ..engine.streaming import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
@@ -50,11 +49,11 @@ class Emitter:
         if generating:
             await self.emit(ev.ResponseInProgress, response=self.snapshot())
 
-    async def resumed(self, at: float | None = None) -> None:
-        """v1: the suspended rollout continues after `response.append` (which arrived `at`; default
-        now): the new segment's timings are those from then on."""
+    async def resumed(self, at: float) -> None:
+        """v1: the suspended rollout continues after `response.append` (which arrived `at`): the new
+        segment's timings are those from then on."""
         self.segment_start = len(self.response.output)
-        self.segment_started_at = trio.current_time() if at is None else at
+        self.segment_started_at = at
         await self.emit(ev.ResponseInProgress, response=self.snapshot())
 
     async def paused(self) -> None:

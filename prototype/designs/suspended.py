@@ -62,14 +62,14 @@ class Suspension:
         if problem:
             raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"response.append: {problem}.", param="input")
 
-    def deliver(self, items: Sequence[Item], arrived: float | None = None) -> None:
-        """Take one append (its frame read at `arrived`; default now). Synchronous, so two appends
+    def deliver(self, items: Sequence[Item], arrived: float) -> None:
+        """Take one append (its frame read at `arrived`). Synchronous, so two appends
         read back to back cannot both be taken: the second finds the suspension answered (issue 15)."""
         if self.answered:
             raise no_suspended_response()
         self.check(items)
         self._items = items
-        self.answered_at = trio.current_time() if arrived is None else arrived
+        self.answered_at = arrived
         self._answered.set()
 
     def end(self, reason: ProtocolError) -> None:
@@ -110,7 +110,7 @@ class SuspensionSlot:
     current: Suspension | None = None
     ended: ProtocolError | None = None
 
-    def deliver(self, items: Sequence[Item], arrived: float | None = None) -> None:
+    def deliver(self, items: Sequence[Item], arrived: float) -> None:
         suspension = self.current
         if suspension is None:
             raise no_suspended_response()

@@ -190,7 +190,8 @@ class KVResidency:
         return found * self.block_size
 
     def _serves(self, entry: KVEntry, now: float) -> bool:
-        return entry.findable and entry.where != HOST and (entry.pinned or now - entry.last_used <= self.idle_ttl)
+        # Idle for the TTL or longer serves nobody: the age at which an entry's own timer drops it.
+        return entry.findable and entry.where != HOST and (entry.pinned or now - entry.last_used < self.idle_ttl)
 
     def _register(self, key: Hashable, entry: KVEntry) -> None:
         """List the entry's newly computed full blocks in the block directory."""

@@ -179,6 +179,7 @@ class WebSocketSession:
 
     async def dispatch(self, event: object, size: int = 0, arrived: float | None = None) -> None:
         """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read (default: now)."""
+        arrived = trio.current_time() if arrived is None else arrived
         if isinstance(event, ResponseCreate):
             request = event.request
             if self.info.design == SUSPENDED:
@@ -192,7 +193,7 @@ class WebSocketSession:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
             lane = self.lane(request.stream_id)
             try:
-                lane.queue.send_nowait((event, trio.current_time() if arrived is None else arrived, size))
+                lane.queue.send_nowait((event, arrived, size))
             except trio.WouldBlock:
                 raise ProtocolError(
                     errors.TOO_MANY_QUEUED_REQUESTS, f"More than {self.config.max_queued_creates} response.create requests are waiting on this lane."

@@ -23,7 +23,10 @@ Reported per flush setting:
   engine's request overhead and prefill come before each stream's first token). The N WebSockets
   are all opened first, then all requests go out together: the handshakes (`connect_s`, from the
   processes' start to the last session connected) are not part of the streaming figures;
-  `lag_n_p50`, `lag_n_p99`: the stream lag per session under that load;
+  `lag_n_p50`, `lag_n_p99`: the stream lag per session under that load; `first_late_ms_p50`,
+  `first_late_ms_p99`: how much later than modeled each session's first delta came (its time to
+  first token, real minus modeled); `tail_ms_p50`, `tail_ms_p99`: from each session's last delta to
+  its terminal event (the closing events, which carry the whole text again);
 * `events_per_s`: delta events the client received per second, all sessions together;
 * `server_core_share`: server CPU time / wall time (/proc schedstat); `server_cpu_us_per_token`
   the server's CPU per streamed token; `client_core_share`: the client processes' CPU time / wall
@@ -65,8 +68,9 @@ from prototype.workload import fixed
 from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, run_delay_seconds, server_process
 
 COLUMNS = (
-    "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "limit_tokens_per_s", "agg_tokens_per_s", "lag_n_p50", "lag_n_p99",
-    "events_per_s", "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
+    "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "limit_tokens_per_s", "agg_tokens_per_s",
+    "lag_n_p50", "lag_n_p99", "first_late_ms_p50", "first_late_ms_p99", "tail_ms_p50", "tail_ms_p99", "events_per_s",
+    "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
     "client_waiting_share", "connect_s", "load_avg",
 )
 
@@ -131,13 +135,14 @@ async def run_sessions(
     return records
 
 
-def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, int, int]:
+def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, int, int, float]:
     """What the parent needs of a session (small to send between processes): status, request
-    sent, first delta, terminal event, output tokens, delta events."""
+    sent, first delta, terminal event, output tokens, delta events, last delta."""
     turn = record.turns[0]
-    deltas = sum(1 for _, kind, t in record.timeline if kind == "recv" and t == "response.output_text.delta")
+    times = [at for at, kind, t in record.timeline if kind == "recv" and t == "response.output_text.delta"]
     output = record.usage["output_tokens"] if record.status == "completed" else 0
-    return record.status, turn.sent_at, turn.first_token_at or turn.sent_at, turn.ended_at or turn.sent_at, output, deltas
+    ended = turn.ended_at or turn.sent_at
+    return record.status, turn.sent_at, turn.first_token_at or turn.sent_at, ended, output, len(times), times[-1] if times else ended
 
 
 def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, connected: Any, results: Any) -> None:
@@ -207,6 +212,9 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     modeled_stream = float(np.median([m[2] - m[1] for m in modeled]))
     tokens = sum(f[4] for f in figures)
     lags = [(f[3] - f[2]) / modeled_stream - 1 for f in figures]
+    modeled_ttft = float(np.median([m[1] - m[0] for m in modeled]))
+    late_first = [(f[2] - f[1] - modeled_ttft) * 1000 for f in figures]
+    tails = [(f[3] - f[6]) * 1000 for f in figures]
     deltas = sum(f[5] for f in figures)
     return {
         "flush_ms": flush * 1000,
@@ -219,6 +227,10 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "agg_tokens_per_s": tokens / wall,
         "lag_n_p50": float(np.percentile(lags, 50)),
         "lag_n_p99": float(np.percentile(lags, 99)),
+        "first_late_ms_p50": float(np.percentile(late_first, 50)),
+        "first_late_ms_p99": float(np.percentile(late_first, 99)),
+        "tail_ms_p50": float(np.percentile(tails, 50)),
+        "tail_ms_p99": float(np.percentile(tails, 99)),
         "events_per_s": deltas / wall,
         "server_core_share": cpu / wall,
         "server_waiting_share": wait / wall,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..engine import tokenizer
 from ..engine.kv import Prompt
@@ -40,6 +40,22 @@ def render_items(items: Iterable[Item]) -> list[int]:
         ids.append(tokenizer.ITEM_SEPARATOR_ID)
         ids.extend(tokenizer.encode(item_text(item)))
     return ids
+
+
+def render_sampled(item: Item, words: Sequence[str]) -> list[int]:
+    """`render_items([item])` of an item the model sampled as one-token words (tokenizer.words) that end
+    its rendered text: the words' own ids after its header line, without tokenizing the text again.
+    The pre-tokenizer splits before each space-led word, so the ids are the same
+    (tests/test_render.py checks it); any other item is tokenized as usual."""
+    text = item_text(item)
+    body = "".join(words)
+    if not words or not text.endswith(body) or not words[0].startswith(" "):
+        return render_items([item])
+    try:
+        ids = tokenizer.word_ids(words)
+    except KeyError:  # not all one-token words
+        return render_items([item])
+    return [tokenizer.ITEM_SEPARATOR_ID, *tokenizer.encode(text[: len(text) - len(body)]), *ids]
 
 
 def preamble_key(instructions: str | None, tools: tuple[ToolDef, ...]) -> str:

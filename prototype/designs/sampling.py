@@ -151,11 +151,13 @@ class SamplingLoop:
             if self.stop_requested():
                 return STEERED
             outputs: list[Item] = []
+            rendered: list[int] = []
             start = trio.current_time()
             if plan.reasoning and (budget is None or budget > len(plan.reasoning)):
                 outputs.append(await self.emitter.reasoning(
                     self.api.new_id("rs"), functools.partial(self.decode_reasoning, plan.reasoning), export=self.export_reasoning
                 ))
+                rendered += render.render_sampled(outputs[-1], plan.reasoning)
                 if budget is not None:
                     budget -= len(plan.reasoning)
             words = plan.words
@@ -171,10 +173,9 @@ class SamplingLoop:
                     incomplete=truncated,
                 )
             )
-            # The items so far are rendered now, while the calls decode, rather than after the last
-            # token, where every turn would wait for it (docs/speed.md); rendering is per item, so
-            # the ids are the same.
-            rendered = render.render_items(outputs)
+            # The sampled text's ids are its words' own (render.render_sampled): the message is not
+            # tokenized again after its last token, where every response would wait for it (docs/speed.md).
+            rendered += render.render_sampled(outputs[-1], words)
             calls: list[FunctionCall] = []
             # The message was the item in progress; a final answer has nothing left to stop, so it
             # completes normally (and an automatic successor follows it: steering guide).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 
 import numpy as np
 import tiktoken
@@ -54,6 +55,17 @@ def single_token_words() -> tuple[str, ...]:
             if len(words) == _VOCABULARY_SIZE:
                 break
     return tuple(words)
+
+
+@functools.cache
+def _single_token_ids() -> dict[str, int]:
+    enc = encoding()
+    return {word: enc.encode_single_token(word) for word in single_token_words()}
+
+
+def word_ids(words: Sequence[str]) -> list[int]:
+    """The ids of one-token words (`words` draws them): one each, without running the tokenizer."""
+    return list(map(_single_token_ids().__getitem__, words))
 
 
 def words(rng: np.random.Generator, n_tokens: int) -> list[str]:

@@ -1,0 +1,39 @@
+"""Rendering the model's own sampled text from its words' ids gives exactly the ids that tokenizing
+the item again gives (api/render.py `render_sampled`), so a conversation resent by a client renders
+as the server's own context does."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prototype.api import render
+from prototype.engine import tokenizer
+from prototype.protocol.items import FunctionCall, Message, Reasoning
+
+WORDS = st.lists(st.sampled_from(tokenizer.single_token_words()), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=WORDS, role=st.sampled_from(["assistant", "user", "developer"]))
+def test_a_sampled_message_renders_as_tokenizing_it_again_does(words, role) -> None:
+    message = Message(role, (("output_text", "".join(words)),))
+    assert render.render_sampled(message, words) == render.render_items([message])
+
+
+@settings(max_examples=100, deadline=None)
+@given(words=WORDS)
+def test_sampled_reasoning_renders_as_tokenizing_it_again_does(words) -> None:
+    reasoning = Reasoning("rs_1", "".join(words))
+    assert render.render_sampled(reasoning, words) == render.render_items([reasoning])
+
+
+def test_the_words_ids_are_used_only_where_they_are_the_items_own_text() -> None:
+    words = list(tokenizer.single_token_words()[:5])
+    # Text that is not the words (another message), words that are not one token each, and an
+    # item that is not sampled text are all tokenized as usual.
+    other = Message("assistant", (("output_text", " something else entirely"),))
+    call = FunctionCall("call_1", "shell", '{"cmd": "ls"}', id="fc_1")
+    for item, pieces in ((other, words), (Message("assistant", (("output_text", " notaword1 x"),)), [" notaword1", " x"]), (call, words)):
+        assert render.render_sampled(item, pieces) == render.render_items([item])
+    assert tokenizer.word_ids(words) == tokenizer.encode("".join(words))

@@ -58,6 +58,11 @@ def single_token_words() -> tuple[str, ...]:
 
 
 @functools.cache
+def _vocabulary_array() -> np.ndarray:
+    return np.array(single_token_words(), dtype=object)
+
+
+@functools.cache
 def _single_token_ids() -> dict[str, int]:
     enc = encoding()
     return {word: enc.encode_single_token(word) for word in single_token_words()}
@@ -70,8 +75,8 @@ def word_ids(words: Sequence[str]) -> list[int]:
 
 def words(rng: np.random.Generator, n_tokens: int) -> list[str]:
     """`n_tokens` one-token words drawn from `rng`: their concatenation tokenizes to `n_tokens` ids."""
-    vocabulary = single_token_words()
-    return [vocabulary[i] for i in rng.integers(0, len(vocabulary), size=n_tokens).tolist()]
+    vocabulary = _vocabulary_array()
+    return vocabulary[rng.integers(0, len(vocabulary), size=n_tokens)].tolist()  # 3x a list comprehension at 8000 words
 
 
 def text_of(rng: np.random.Generator, n_tokens: int) -> str:

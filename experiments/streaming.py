@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,11 @@ COLUMNS = (
     "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
     "client_waiting_share", "connect_s", "load_avg",
 )
+
+
+# The processes meet at barriers: one that a failed client process never reaches (a refused
+# connection, say) breaks after this long instead of leaving the others waiting for ever.
+BARRIER_TIMEOUT_S = 300.0
 
 
 def spec_of(prompt: int, output: int) -> str:
@@ -148,11 +154,24 @@ def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, in
 def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, connected: Any, results: Any) -> None:
     """One client process: its share of the sessions, connected together with the other processes',
     then streamed together once every process's sessions are connected."""
-    start.wait()
+    start.wait(BARRIER_TIMEOUT_S)
     cpu0, wait0 = time.process_time(), run_delay_seconds(os.getpid())
     connector = TcpConnector("127.0.0.1", port)
-    records = trio.run(run_sessions, connector, sessions, prompt, output, tps, connected.wait, clock=PreciseClock())
+    records = trio.run(
+        run_sessions, connector, sessions, prompt, output, tps, lambda: connected.wait(BARRIER_TIMEOUT_S), clock=PreciseClock()
+    )
     results.put(([session_figures(r) for r in records], time.process_time() - cpu0, run_delay_seconds(os.getpid()) - wait0))
+
+
+def _next_result(results: Any, workers: list) -> Any:
+    """The next client process's figures; a client process that failed is an error, not a wait for ever."""
+    while True:
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            failed = [worker.exitcode for worker in workers if worker.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"a client process failed (exit code {failed[0]})") from None
 
 
 def run_client_processes(
@@ -170,13 +189,13 @@ def run_client_processes(
     ]
     for worker in workers:
         worker.start()
-    start.wait()  # every process imported and ready: all sessions connect together
+    start.wait(BARRIER_TIMEOUT_S)  # every process imported and ready: all sessions connect together
     opening = time.perf_counter()
-    connected.wait()  # every session connected: all requests go out together
+    connected.wait(BARRIER_TIMEOUT_S)  # every session connected: all requests go out together
     connect_s = time.perf_counter() - opening
     figures, cpu, waited = [], 0.0, 0.0
     for _ in workers:
-        part, seconds, delay = results.get()
+        part, seconds, delay = _next_result(results, workers)
         figures += part
         cpu += seconds
         waited += delay

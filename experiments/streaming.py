@@ -76,11 +76,6 @@ COLUMNS = (
 )
 
 
-# The processes meet at barriers: one that a failed client process never reaches (a refused
-# connection, say) breaks after this long instead of leaving the others waiting for ever.
-BARRIER_TIMEOUT_S = 300.0
-
-
 def spec_of(prompt: int, output: int) -> str:
     return f"fixed:1:{prompt}:0:{output}:0"
 
@@ -151,23 +146,30 @@ def session_figures(record: RolloutRecord) -> tuple[str, float, float, float, in
     return record.status, turn.sent_at, turn.first_token_at or turn.sent_at, ended, output, len(times), times[-1] if times else ended
 
 
-def client_process(port: int, sessions: int, prompt: int, output: int, tps: float, start: Any, connected: Any, results: Any) -> None:
-    """One client process: its share of the sessions, connected together with the other processes',
-    then streamed together once every process's sessions are connected."""
-    start.wait(BARRIER_TIMEOUT_S)
+def client_process(
+    port: int, sessions: int, prompt: int, output: int, tps: float, ready: Any, connect: Any, go: Any, results: Any
+) -> None:
+    """One client process: its share of the sessions. It reports `ready` once imported and again
+    once its sessions are connected; the parent sets `connect` when every process is ready, and
+    `go` when every session is connected, so all connect together and then stream together."""
+    ready.put("imported")
+    connect.wait()
     cpu0, wait0 = time.process_time(), run_delay_seconds(os.getpid())
     connector = TcpConnector("127.0.0.1", port)
-    records = trio.run(
-        run_sessions, connector, sessions, prompt, output, tps, lambda: connected.wait(BARRIER_TIMEOUT_S), clock=PreciseClock()
-    )
+
+    def all_connected() -> None:
+        ready.put("connected")
+        go.wait()
+
+    records = trio.run(run_sessions, connector, sessions, prompt, output, tps, all_connected, clock=PreciseClock())
     results.put(([session_figures(r) for r in records], time.process_time() - cpu0, run_delay_seconds(os.getpid()) - wait0))
 
 
-def _next_result(results: Any, workers: list) -> Any:
-    """The next client process's figures; a client process that failed is an error, not a wait for ever."""
+def _next(messages: Any, workers: list) -> Any:
+    """The next message from the client processes; one that failed is an error, not a wait for ever."""
     while True:
         try:
-            return results.get(timeout=1.0)
+            return messages.get(timeout=0.05)
         except queue.Empty:
             failed = [worker.exitcode for worker in workers if worker.exitcode not in (None, 0)]
             if failed:
@@ -182,25 +184,33 @@ def run_client_processes(
     session's WebSocket (all opened at once)."""
     context = multiprocessing.get_context("spawn")  # no trio state inherited from this process
     shares = [n for n in (sessions // processes + (i < sessions % processes) for i in range(processes)) if n]
-    start, connected, results = context.Barrier(len(shares) + 1), context.Barrier(len(shares) + 1), context.Queue()
+    ready, connect, go, results = context.Queue(), context.Event(), context.Event(), context.Queue()
     workers = [
-        context.Process(target=client_process, args=(port, n, prompt, output, tps, start, connected, results), daemon=True)
+        context.Process(target=client_process, args=(port, n, prompt, output, tps, ready, connect, go, results), daemon=True)
         for n in shares
     ]
     for worker in workers:
         worker.start()
-    start.wait(BARRIER_TIMEOUT_S)  # every process imported and ready: all sessions connect together
-    opening = time.perf_counter()
-    connected.wait(BARRIER_TIMEOUT_S)  # every session connected: all requests go out together
-    connect_s = time.perf_counter() - opening
-    figures, cpu, waited = [], 0.0, 0.0
-    for _ in workers:
-        part, seconds, delay = _next_result(results, workers)
-        figures += part
-        cpu += seconds
-        waited += delay
-    for worker in workers:
-        worker.join()
+    try:
+        for _ in workers:
+            _next(ready, workers)  # every process imported: all sessions connect together
+        opening = time.perf_counter()
+        connect.set()
+        for _ in workers:
+            _next(ready, workers)  # every session connected: all requests go out together
+        connect_s = time.perf_counter() - opening
+        go.set()
+        figures, cpu, waited = [], 0.0, 0.0
+        for _ in workers:
+            part, seconds, delay = _next(results, workers)
+            figures += part
+            cpu += seconds
+            waited += delay
+    finally:
+        for worker in workers:
+            if worker.exitcode is None and not go.is_set():
+                worker.terminate()  # the run failed before it started: nothing to wait for
+            worker.join()
     return figures, cpu, waited, connect_s
 
 

@@ -3,6 +3,8 @@ size bound of the engine's coalescing."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import trio
 import trio.testing
@@ -69,6 +71,14 @@ async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_h
     hooked = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata, connected=connected)
     assert hooked.started_at == hooked.turns[0].sent_at == begun + 1.5
     assert hooked.turns[0].ended_at - hooked.turns[0].sent_at == pytest.approx(plain.turns[0].ended_at - plain.turns[0].sent_at, abs=1e-12)
+
+
+def test_a_client_process_that_cannot_connect_fails_the_streaming_run_at_once():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # closed again: connections are refused
+    with pytest.raises(RuntimeError, match="a client process failed"):
+        streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
 
 
 def test_concurrency_runs_at_a_tiny_size(results_in_tmp):

@@ -359,3 +359,16 @@ async def test_an_entry_that_branches_unlists_the_blocks_it_no_longer_holds(auto
     await call(engine, "a", first)
     engine.retain("a", Prompt(list(range(32)) + [9] * 40), trio.current_time())
     assert engine.cached_prefix("b", Prompt(list(range(64)) + [1]), trio.current_time()) == 32
+
+
+async def test_a_released_sessions_old_timer_does_not_expire_its_next_entry(autojump_clock):
+    # The first entry's idle timer (due at 300) outlives it; the session's next entry, last used at
+    # 1.0, lives until 301 however its bookkeeping went.
+    engine = Engine()
+    p = prompt(100)
+    await call(engine, "s", p)
+    engine.release("s")
+    await trio.sleep(1.0)
+    await call(engine, "s", p)
+    assert engine.cached_prefix("s", p, 300.5) == 96
+    assert engine.cached_prefix("s", p, 301.0) == 0

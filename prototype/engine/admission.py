@@ -239,7 +239,7 @@ class Admission(KVResidency):
         need = self._need(call)
         entry = self.kv.get(call.key)
         if entry is None:
-            entry = self.kv[call.key] = KVEntry(call.prompt, 0, now, call.pinned)
+            entry = self.kv[call.key] = KVEntry(call.prompt, 0, now, call.pinned, serial=next(self._seq))
         elif entry.where == HOST:
             call.swap_in_tokens = entry.tokens
             self._add_host(-entry.host_tokens)

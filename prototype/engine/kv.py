@@ -93,6 +93,8 @@ class KVEntry:
     paused: bool = True
     """Its last call ended at a tool call (the session will be back), not with a final answer."""
     version: int = 0  # bumped on every change, so a stale timer does nothing
+    serial: int = 0
+    """Which of the session's entries this is (the engine numbers them): a timer set for an earlier one does nothing."""
     registered: int = 0
     """Leading full blocks of `prompt` listed in the engine's block directory under this entry."""
     findable: bool = True
@@ -132,7 +134,9 @@ class KVResidency:
     host_tokens: int = attrs.field(default=0, init=False)
     _computed: dict[Hashable, int] = attrs.field(factory=dict, init=False)  # tokens each session has computed
     _seq: itertools.count = attrs.field(factory=itertools.count, init=False)
-    _timers: list[tuple[float, int, Hashable, int]] = attrs.field(factory=list, init=False)
+    # (due, sequence, key, entry's serial, entry's version): a timer acts only on the entry it was set for,
+    # as it was then; a session's later entry starts its versions afresh, so the version alone could match it.
+    _timers: list[tuple[float, int, Hashable, int, int]] = attrs.field(factory=list, init=False)
     _last_t: float | None = attrs.field(default=None, init=False)
     _to_host_free_at: float = attrs.field(default=-math.inf, init=False)
     _to_gpu_free_at: float = attrs.field(default=-math.inf, init=False)
@@ -240,7 +244,7 @@ class KVResidency:
             self._drop(key, now)
             entry = None
         if entry is None:
-            entry = self.kv[key] = KVEntry(prompt, 0, now, pinned)
+            entry = self.kv[key] = KVEntry(prompt, 0, now, pinned, serial=next(self._seq))
         if entry.prompt is not prompt and entry.registered:
             self._unregister_after(entry, prompt)
         entry.prompt, entry.tokens, entry.last_used, entry.pinned = prompt, len(prompt), now, pinned
@@ -282,12 +286,11 @@ class KVResidency:
     def _drop(self, key: Hashable, now: float) -> None:
         entry = self.kv.pop(key)
         entry.findable = False
-        entry.version += 1
         self._add_resident(-entry.gpu_tokens, now)
         self._add_host(-entry.host_tokens)
 
     def _timer(self, at: float, key: Hashable, entry: KVEntry) -> None:
-        heapq.heappush(self._timers, (at, next(self._seq), key, entry.version))
+        heapq.heappush(self._timers, (at, next(self._seq), key, entry.serial, entry.version))
         self._timer_set(at)
 
     def _timer_set(self, at: float) -> None:
@@ -351,9 +354,9 @@ class KVResidency:
     def _advance(self, now: float) -> None:
         """Apply the timers due by `now`, in time order: TTL expiries and finished swap-outs."""
         while self._timers and self._timers[0][0] <= now:
-            at, _, key, version = heapq.heappop(self._timers)
+            at, _, key, serial, version = heapq.heappop(self._timers)
             entry = self.kv.get(key)
-            if entry is None or entry.version != version or entry.active:
+            if entry is None or entry.serial != serial or entry.version != version or entry.active:
                 continue
             if entry.where == SWAPPING_OUT:  # the copy is done: the GPU copy is freed
                 entry.where = HOST

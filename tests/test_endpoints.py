@@ -415,7 +415,7 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
         yield "b"
 
     async def design() -> None:
-        await emitter.created()
+        await emitter.created(generating=True)
         try:
             async with cancellable(server.api, emitter, "o"):
                 await emitter.message("msg_t", chunks())

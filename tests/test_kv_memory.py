@@ -372,3 +372,23 @@ async def test_a_released_sessions_old_timer_does_not_expire_its_next_entry(auto
     await call(engine, "s", p)
     assert engine.cached_prefix("s", p, 300.5) == 96
     assert engine.cached_prefix("s", p, 301.0) == 0
+
+
+async def test_a_released_session_is_no_longer_isolated(autojump_clock):
+    # An http turn routed away isolates its session's key; once released, the key's next session
+    # finds the shared blocks again.
+    engine = Engine()
+    shared = list(range(1000, 1100))
+    await call(engine, "other", Prompt(shared + [1] * 40))
+    engine.isolate("s")
+    assert engine.cached_prefix("s", Prompt(shared + [2] * 40), trio.current_time()) == 0
+    engine.release("s")
+    assert engine.cached_prefix("s", Prompt(shared + [2] * 40), trio.current_time()) == 96
+
+
+def test_block_hashes_follow_the_block_size_they_are_asked_for():
+    ids = list(range(1000, 1100))
+    mixed = Prompt(ids)
+    mixed.block_hashes(16)
+    assert mixed.block_hashes(32) == Prompt(ids).block_hashes(32)
+    assert len(mixed.block_hashes(16)) == 6 and mixed.block_hashes(16) == Prompt(ids).block_hashes(16)

@@ -771,3 +771,13 @@ async def test_a_v1_rollouts_kv_serves_other_sessions_through_its_decode_past_th
     assert cached["first"] == 0 and prompt_tokens["first"] == prompt_tokens["second"] > 16
     # The same prompt: its whole blocks, never its last token (`KVResidency.cached_prefix`).
     assert cached["second"] == ((prompt_tokens["second"] - 1) // 16 * 16 if shared else 0)
+
+
+@pytest.mark.parametrize("design", ["suspended", "chained"])
+async def test_a_response_opens_with_created_then_in_progress(autojump_clock, design) -> None:
+    server = make_server()
+    async with ws(server, design) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
+        events = await until(conn, *TERMINAL)
+    assert [e["type"] for e in events[:3]] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert events[0]["response"]["status"] == events[1]["response"]["status"] == "in_progress"

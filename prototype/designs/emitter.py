@@ -42,7 +42,7 @@ class Emitter:
             self.response.timing = self.log.to_dict(since)
         return self.response.to_dict(output=output, usage_so_far=usage_so_far)
 
-    async def created(self, *, generating: bool = True) -> None:
+    async def created(self, *, generating: bool) -> None:
         """`response.created`, then `response.in_progress` unless this is a warm-up, which goes
         straight to `response.completed` (docs/protocol.md)."""
         await self.emit(ev.ResponseCreated, response=self.snapshot())

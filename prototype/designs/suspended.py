@@ -170,7 +170,7 @@ async def run_rollout(
     engine_key = ("suspended", response.id)
     try:
         context = await api.pre_inference(log, request, request.input, engine_key=engine_key)
-        await emitter.created()
+        await emitter.created(generating=True)
         loop = SamplingLoop(
             api,
             emitter,

@@ -676,7 +676,12 @@ async def test_a_model_call_queued_behind_a_full_batch_logs_its_wait(autojump_cl
     assert first["queue"] == 0.0
     # The second asked 1 ms after the first and waited for the first's whole model call.
     assert second["queue"] == pytest.approx(first["prefill"] + first["decode"] - 1.0, abs=0.002)
-    assert [span[0] for span in responses["second"]["testbed_timing"]["spans"]].count("queue") == 2  # the lane's, then the engine's
+    spans = responses["second"]["testbed_timing"]["spans"]
+    assert [span[0] for span in spans].count("queue") == 2  # the lane's, then the engine's
+    # After a wait in the engine the prefill starts at admission, not back on the response's schedule.
+    engine_queue = [span for span in spans if span[0] == "queue"][-1]
+    (prefill,) = [span for span in spans if span[0] == "prefill"]
+    assert prefill[1] == engine_queue[2] and prefill[2] - prefill[1] == second["prefill"] > 0
 
 
 async def test_a_v1_rollouts_usage_sums_every_model_calls_cached_tokens(autojump_clock) -> None:

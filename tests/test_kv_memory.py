@@ -392,3 +392,19 @@ def test_block_hashes_follow_the_block_size_they_are_asked_for():
     mixed.block_hashes(16)
     assert mixed.block_hashes(32) == Prompt(ids).block_hashes(32)
     assert len(mixed.block_hashes(16)) == 6 and mixed.block_hashes(16) == Prompt(ids).block_hashes(16)
+
+
+async def test_shared_blocks_stay_findable_through_the_session_that_used_them_last(autojump_clock):
+    # Two sessions compute the same 96-token prefix; the one that used it last holds it longest
+    # (idle TTLs run from the last use), so the prefix outlives the other session's entry.
+    engine = Engine(kv_ttl=100.0)
+    shared = list(range(1000, 1096))
+    a = Prompt(shared + list(range(5000, 5040)))
+    await call(engine, "a", a)  # t=0
+    await trio.sleep(10.0)
+    await call(engine, "b", Prompt(shared + list(range(6000, 6040))))  # t=10: b registers the prefix too
+    await trio.sleep(40.0)
+    await call(engine, "a", Prompt(list(a.ids) + list(range(5040, 5056))))  # t=50: a used again
+    c = Prompt(shared + list(range(7000, 7040)))
+    assert engine.cached_prefix("c", c, 120.0) == 96  # b expired at 110; a lives until 150
+    assert engine.cached_prefix("c", c, 150.0) == 0

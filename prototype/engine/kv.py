@@ -198,17 +198,17 @@ class KVResidency:
         return entry.findable and entry.where != HOST and (entry.pinned or now - entry.last_used < self.idle_ttl)
 
     def _register(self, key: Hashable, entry: KVEntry) -> None:
-        """List the entry's newly computed full blocks in the block directory."""
+        """List the entry's full blocks in the block directory, as their holder. The directory keeps one
+        holder a block: the entry that used it last, which idle TTLs and LRU eviction keep longest, so
+        every use claims all of the entry's blocks, not only the new ones (a prefix another session
+        registered since stays findable through this entry after that session's is gone)."""
         if key in self._isolated:
             entry.findable = False
             return
         full = entry.tokens // self.block_size
-        if full <= entry.registered:
-            return
         hashes = entry.prompt.block_hashes(self.block_size)
         blocks = self._blocks
-        for b in range(entry.registered, full):
-            blocks[hashes[b]] = entry
+        blocks.update(zip(itertools.islice(hashes, full), itertools.repeat(entry)))  # C speed: ~0.1 ms at 8,000 blocks
         entry.registered = full
         if len(blocks) > self._sweep_at:  # forget blocks nobody can find any more
             now = self._last_t or 0.0

@@ -408,3 +408,35 @@ async def test_shared_blocks_stay_findable_through_the_session_that_used_them_la
     c = Prompt(shared + list(range(7000, 7040)))
     assert engine.cached_prefix("c", c, 120.0) == 96  # b expired at 110; a lives until 150
     assert engine.cached_prefix("c", c, 150.0) == 0
+
+
+SWEEP_BLOCKS = 1 << 16  # the directory forgets unfindable blocks once it lists more than this
+
+
+async def test_a_full_directory_forgets_the_blocks_nobody_can_find_and_keeps_the_rest(autojump_clock):
+    engine = Engine(kv_ttl=10.0)
+    old = Prompt(list(range(1, 1 + 62 * 16 + 1)))  # 62 full blocks
+    await call(engine, "old", old)
+    engine.release("old")  # findable until 10 s idle
+    await trio.sleep(20.0)
+    big = Prompt(list(range(10_000_000, 10_000_000 + (SWEEP_BLOCKS - 62) * 16)))
+    # (Figures are read into plain ints first: a failing assert would print the engine, a million ids.)
+    await call(engine, "big", big)  # exactly the threshold: nothing is forgotten yet
+    listed = len(engine._blocks)
+    assert listed == SWEEP_BLOCKS
+    await call(engine, "big", Prompt([*big.ids, *range(1, 1 + 100 * 16)]))  # 100 blocks more: past it
+    listed, next_sweep = len(engine._blocks), engine._sweep_at
+    assert listed == SWEEP_BLOCKS + 100 - 62  # old's expired blocks are gone, big's all kept
+    assert next_sweep == 2 * listed  # the next sweep waits until the directory has doubled
+    found = engine.cached_prefix("probe", Prompt([*big.ids[: 64 * 16], 5]), trio.current_time())
+    assert found == 64 * 16
+
+
+async def test_a_sweep_at_time_zero_keeps_the_blocks_that_still_serve(autojump_clock):
+    engine = Engine(kv_ttl=0.5)
+    old = Prompt(list(range(1, 1 + 62 * 16 + 1)))
+    await call(engine, "old", old)
+    engine.release("old")  # used at 0, findable until 0.5
+    await call(engine, "big", Prompt(list(range(10_000_000, 10_000_000 + SWEEP_BLOCKS * 16))))  # a sweep at 0
+    found = engine.cached_prefix("probe", Prompt([*old.ids[:-1], 7]), 0.0)
+    assert found == 62 * 16

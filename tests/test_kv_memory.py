@@ -440,3 +440,12 @@ async def test_a_sweep_at_time_zero_keeps_the_blocks_that_still_serve(autojump_c
     await call(engine, "big", Prompt(list(range(10_000_000, 10_000_000 + SWEEP_BLOCKS * 16))))  # a sweep at 0
     found = engine.cached_prefix("probe", Prompt([*old.ids[:-1], 7]), 0.0)
     assert found == 62 * 16
+
+
+async def test_a_sessions_own_kv_counts_only_what_matches_and_never_the_last_token(autojump_clock):
+    engine = Engine()
+    a = prompt(96)  # six whole blocks
+    await call(engine, "s", a)
+    assert engine.cached_prefix("s", a, 1.0) == 80  # the same prompt again: never its last token's block
+    branched = Prompt([*a.ids[:50], *range(9000, 9046)])  # the same length, diverging after 50 tokens
+    assert engine.cached_prefix("s", branched, 1.0) == 48

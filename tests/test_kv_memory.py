@@ -449,3 +449,19 @@ async def test_a_sessions_own_kv_counts_only_what_matches_and_never_the_last_tok
     assert engine.cached_prefix("s", a, 1.0) == 80  # the same prompt again: never its last token's block
     branched = Prompt([*a.ids[:50], *range(9000, 9046)])  # the same length, diverging after 50 tokens
     assert engine.cached_prefix("s", branched, 1.0) == 48
+
+
+async def test_kv_kept_outside_a_call_is_held_under_a_pinning_ttl_as_a_paused_sessions_is(autojump_clock):
+    # A direct retain (no model call) leaves the KV idle as a session paused at a tool call: a
+    # pinning TTL holds it against a newcomer, which waits for it to expire.
+    engine = Engine(kv_budget_tokens=150, retention=parse_policy("pin-300"))
+    engine.retain("a", prompt(100), 0.0)
+    handle = await engine.begin_call("b", prompt(100, start=50_000))
+    assert handle.queued_s == 300.0
+
+
+async def test_a_call_that_ends_before_its_prefill_leaves_no_kv(autojump_clock):
+    engine = Engine()
+    handle = await engine.begin_call("s", prompt(100))
+    engine.end_call(handle)  # failed before anything was computed
+    assert "s" not in engine.kv and engine.resident_tokens == 0

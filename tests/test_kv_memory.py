@@ -465,3 +465,17 @@ async def test_a_call_that_ends_before_its_prefill_leaves_no_kv(autojump_clock):
     handle = await engine.begin_call("s", prompt(100))
     engine.end_call(handle)  # failed before anything was computed
     assert "s" not in engine.kv and engine.resident_tokens == 0
+
+
+async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY)
+    handle = await engine.begin_call("s", prompt(100))
+    engine.retain("s", prompt(100), trio.current_time())
+    engine.end_call(handle, paused=True)  # paused at a tool call: copied out to the host
+    await trio.sleep(60.0)
+    engine.advance(trio.current_time())
+    assert (engine.kv["s"].where, engine.host_tokens) == ("host", 100)
+    longer = prompt(120)
+    engine.retain("s", longer, trio.current_time())  # computed again on the GPU: the host copy is dropped
+    entry = engine.kv["s"]
+    assert (entry.where, entry.tokens, engine.host_tokens, engine.resident_tokens) == ("gpu", 120, 0, 120)

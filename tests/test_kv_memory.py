@@ -479,3 +479,10 @@ async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock
     engine.retain("s", longer, trio.current_time())  # computed again on the GPU: the host copy is dropped
     entry = engine.kv["s"]
     assert (entry.where, entry.tokens, engine.host_tokens, engine.resident_tokens) == ("gpu", 120, 0, 120)
+
+
+async def test_every_discard_is_counted(autojump_clock):
+    engine = Engine(retention=DISCARD_POLICY)
+    for key in ("a", "b", "a"):
+        await call(engine, key, prompt(100, start={"a": 1000, "b": 50_000}[key]))
+    assert (engine.stats.discarded, engine.kv) == (3, {})

@@ -415,19 +415,19 @@ SWEEP_BLOCKS = 1 << 16  # the directory forgets unfindable blocks once it lists 
 
 async def test_a_full_directory_forgets_the_blocks_nobody_can_find_and_keeps_the_rest(autojump_clock):
     engine = Engine(kv_ttl=10.0)
-    old = Prompt(list(range(1, 1 + 62 * 16 + 1)))  # 62 full blocks
+    old = Prompt(list(range(1, 1 + 40_000 * 16 + 1)))  # 40,000 full blocks
     await call(engine, "old", old)
     engine.release("old")  # findable until 10 s idle
     await trio.sleep(20.0)
-    big = Prompt(list(range(10_000_000, 10_000_000 + (SWEEP_BLOCKS - 62) * 16)))
+    big = Prompt(list(range(10_000_000, 10_000_000 + (SWEEP_BLOCKS - 40_000) * 16)))
     # (Figures are read into plain ints first: a failing assert would print the engine, a million ids.)
     await call(engine, "big", big)  # exactly the threshold: nothing is forgotten yet
     listed = len(engine._blocks)
     assert listed == SWEEP_BLOCKS
     await call(engine, "big", Prompt([*big.ids, *range(1, 1 + 100 * 16)]))  # 100 blocks more: past it
     listed, next_sweep = len(engine._blocks), engine._sweep_at
-    assert listed == SWEEP_BLOCKS + 100 - 62  # old's expired blocks are gone, big's all kept
-    assert next_sweep == 2 * listed  # the next sweep waits until the directory has doubled
+    assert listed == SWEEP_BLOCKS + 100 - 40_000  # old's expired blocks are gone, big's all kept
+    assert next_sweep == SWEEP_BLOCKS  # the next sweep: at the threshold again, or when the directory has doubled
     found = engine.cached_prefix("probe", Prompt([*big.ids[: 64 * 16], 5]), trio.current_time())
     assert found == 64 * 16
 
@@ -440,6 +440,8 @@ async def test_a_sweep_at_time_zero_keeps_the_blocks_that_still_serve(autojump_c
     await call(engine, "big", Prompt(list(range(10_000_000, 10_000_000 + SWEEP_BLOCKS * 16))))  # a sweep at 0
     found = engine.cached_prefix("probe", Prompt([*old.ids[:-1], 7]), 0.0)
     assert found == 62 * 16
+    listed, next_sweep = len(engine._blocks), engine._sweep_at
+    assert (listed, next_sweep) == (SWEEP_BLOCKS + 62, 2 * (SWEEP_BLOCKS + 62))  # nothing forgotten: the next sweep at double
 
 
 async def test_a_sessions_own_kv_counts_only_what_matches_and_never_the_last_token(autojump_clock):

@@ -488,3 +488,58 @@ async def test_every_discard_is_counted(autojump_clock):
     for key in ("a", "b", "a"):
         await call(engine, key, prompt(100, start={"a": 1000, "b": 50_000}[key]))
     assert (engine.stats.discarded, engine.kv) == (3, {})
+
+
+async def test_kv_kept_outside_a_call_is_never_expired_by_a_timer_of_an_earlier_entry(autojump_clock):
+    engine = Engine()
+    p = prompt(100)
+    engine.retain("s", p, 0.0)  # no model call: the first entry the engine makes
+    engine.release("s")
+    await trio.sleep(1.0)
+    engine.retain("s", p, 1.0)
+    assert (engine.cached_prefix("s", p, 300.5), engine.cached_prefix("s", p, 301.0)) == (96, 0)
+
+
+async def test_an_isolated_sessions_blocks_are_not_found_by_others(autojump_clock):
+    engine = Engine()
+    engine.isolate("away")
+    p = prompt(100)
+    await call(engine, "away", p)
+    found = engine.cached_prefix("other", Prompt([*p.ids[:64], 1]), trio.current_time())
+    assert found == 0
+
+
+async def test_recomputation_is_counted_against_the_most_a_session_ever_computed(autojump_clock):
+    engine = Engine(kv_ttl=10.0)
+    long = prompt(200)
+    await call(engine, "s", long)
+    await call(engine, "s", prompt(100, start=50_000))  # a shorter branch of the same session
+    await trio.sleep(20.0)  # its KV expires
+    handle = await engine.begin_call("s", long)
+    assert handle.recomputed == 200  # the session had computed all 200 once
+
+
+async def test_under_swap_a_host_copy_expires_after_its_ttl_and_each_expiry_is_counted(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
+    for key, start in (("a", 1000), ("b", 50_000)):
+        handle = await engine.begin_call(key, prompt(100, start=start))
+        engine.retain(key, prompt(100, start=start), trio.current_time())
+        engine.end_call(handle, paused=True)  # copied to the host
+    await trio.sleep(50.0)
+    engine.advance(trio.current_time())
+    assert [entry.where for entry in engine.kv.values()] == ["host", "host"]
+    await trio.sleep(60.0)
+    engine.advance(trio.current_time())
+    assert (engine.kv, engine.stats.expired, engine.host_tokens) == ({}, 2, 0)
+
+
+async def test_under_swap_a_second_pause_is_not_expired_by_the_first_pauses_timer(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
+    p = prompt(100)
+    for _ in range(2):  # two pauses 60 s apart: each copy lives 100 s from its own last use
+        handle = await engine.begin_call("s", p)
+        engine.retain("s", p, trio.current_time())
+        engine.end_call(handle, paused=True)
+        await trio.sleep(60.0)
+    engine.advance(130.0)  # past the first pause's expiry (100 s), before the second's (160 s)
+    assert engine.kv["s"].where == "host" and engine.stats.expired == 0

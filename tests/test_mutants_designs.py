@@ -42,6 +42,18 @@ def invalid(code: str, message: str, param: str | None) -> dict[str, Any]:
     return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
 
 
+def slow_to_take(event_type: str, seconds: float) -> tuple[Any, list[tuple[float, Any]]]:
+    """A sink that records each event with its time and takes `seconds` to accept `event_type`."""
+    sent: list[tuple[float, Any]] = []
+
+    async def sink(event: Any) -> None:
+        sent.append((trio.current_time(), event))
+        if event.type == event_type:
+            await trio.sleep(seconds)
+
+    return sink, sent
+
+
 def output(call_id: str) -> dict[str, Any]:
     return {"type": "function_call_output", "call_id": call_id, "output": "ok"}
 
@@ -472,18 +484,9 @@ async def test_a_slow_write_is_not_added_to_the_sampling_time(autojump_clock, nu
     key = api.workloads.register(REASONING)
     frame = create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "100"})
     request = codec.decode_client_event(json.dumps(frame)).request
-    sent: list[tuple[float, Any]] = []
-
-    def sink_writing_items_in(seconds: float):
-        async def sink(event: Any) -> None:
-            sent.append((trio.current_time(), event))
-            if event.type == "response.output_item.added":
-                await trio.sleep(seconds)
-        return sink
-
     for write in (0.0, 0.5):
-        sent.clear()
-        response = await chained.run_turn(api, request, sink_writing_items_in(write), ConnectionCache(("slow", write)).view(None), nursery)
+        sink, sent = slow_to_take("response.output_item.added", write)
+        response = await chained.run_turn(api, request, sink, ConnectionCache(("slow", write)).view(None), nursery)
         reasoning, message, call = response.output
         tokens = [15, 25, len(tokenizer.encode(call.arguments))]  # sampled at 100 tokens/s
         for index, count in enumerate(tokens):
@@ -640,13 +643,7 @@ async def test_a_slow_write_after_a_hosted_search_is_not_added_to_the_next_model
     request = codec.decode_client_event(json.dumps(frame)).request
     after: dict[float, float] = {}
     for write in (0.0, 0.5):
-        sent: list[tuple[float, Any]] = []
-
-        async def sink(event: Any, sent: list[tuple[float, Any]] = sent, write: float = write) -> None:
-            sent.append((trio.current_time(), event))
-            if event.type == "response.web_search_call.completed":
-                await trio.sleep(write)
-
+        sink, sent = slow_to_take("response.web_search_call.completed", write)
         response = await chained.run_turn(api, request, sink, ConnectionCache(("search", write)).view(None), nursery)
         assert [item.type for item in response.output] == ["web_search_call", "message", "function_call"]
         (searched_at,) = [t for t, e in sent if e.type == "response.web_search_call.completed"]
@@ -703,13 +700,7 @@ async def test_a_slow_write_of_response_created_is_not_added_to_the_prefill(auto
     request = codec.decode_client_event(json.dumps(create_event(metadata={"testbed_workload": "fixed:1:100:10:25", "testbed_decode_tps": "100"}))).request
     ended: dict[float, float] = {}
     for write in (0.0, 0.5):
-        sent: list[tuple[float, Any]] = []
-
-        async def sink(event: Any, sent: list[tuple[float, Any]] = sent, write: float = write) -> None:
-            sent.append((trio.current_time(), event))
-            if event.type == "response.created":
-                await trio.sleep(write)
-
+        sink, sent = slow_to_take("response.created", write)
         await chained.run_turn(api, request, sink, ConnectionCache(("created", write)).view(None), nursery)
         ended[write] = sent[-1][0] - sent[0][0]  # from response.created to the terminal event
     assert 0.25 < ended[0.0] < 0.5  # the prefill, then 25 tokens at 100 tokens/s

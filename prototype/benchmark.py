@@ -68,6 +68,7 @@ class BenchConfig:
     sprint: SprintSwitches = AFTER_SPRINT  # the API profile: after the pre-WebSocket speed-ups
     latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
     source: str | None = None  # where task_list came from (a trace), for the parameters table
+    http_affinity: float = HTTP_AFFINITY  # docs/parameters.md §6 [assumed]: http turns routed back to their prefix
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:
@@ -78,7 +79,8 @@ class BenchConfig:
 
 def bench_server(config: BenchConfig) -> ResponsesServer:
     return ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency),
+        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
+                   http_affinity=config.http_affinity),
         ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
     )
 
@@ -305,7 +307,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
          "docs/parameters.md §3 roofline [assumed R, derived Q]" if model == latency.LatencyModel() else "latency profile (--latency)"),
         ("engine request overhead", f"{model.request_overhead * 1000:g} ms",
          "[assumed]; vLLM PR #54628 bounds it (8-12 ms)" if model == latency.LatencyModel() else "latency profile (--latency)"),
-        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
+        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {config.http_affinity:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
         ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "docs/parameters.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),

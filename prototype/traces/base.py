@@ -29,12 +29,15 @@ from os import PathLike
 import attrs
 
 from .. import workload as wl
+from ..ranges import Range
 
 # Tools that run on the API side: the Responses API's hosted web search, and the names agents log for it
 # (Codex: web_search_call items; Claude Code: WebSearch). Everything else is a client tool.
 HOSTED_TOOL_NAMES = frozenset({"web_search", "web_search_call", "web_search_preview", "websearch"})
 # [assumed] ~4 characters per token, for hosted results a trace gives only in characters (TraceLab result_chars).
 CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN_RANGE = Range(3, 5, "code and JSON tokenize densely (~3 characters a token), English prose at ~4-5 "
+                              "[assumed]")
 
 
 def is_hosted(tool_name: str) -> bool:

@@ -141,10 +141,10 @@ def indices(names: Sequence[str], method: str, samples: np.ndarray, outputs: np.
     if method == MORRIS:
         from SALib.analyze import morris
 
-        if len(samples) <= 2 * len(names) + 2:  # one trajectory: sigma has no degrees of freedom (NaN), mu* is still defined
+        with warnings.catch_warnings():  # one trajectory: sigma has no degrees of freedom (NaN); mu* is still defined
             warnings.filterwarnings("ignore", "Degrees of freedom", RuntimeWarning)
             warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
-        result = morris.analyze(problem(names), samples, outputs, num_levels=MORRIS_LEVELS, num_resamples=100, seed=0)
+            result = morris.analyze(problem(names), samples, outputs, num_levels=MORRIS_LEVELS, num_resamples=100, seed=0)
         return {"mu_star": np.asarray(result["mu_star"]), "sigma": np.asarray(result["sigma"])}
     from SALib.analyze import sobol
 

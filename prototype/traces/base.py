@@ -74,6 +74,8 @@ class Round:
         ended_at: When the model's last output item of the round arrived, same clock.
         request_at: When the user message that began this round arrived (`starts_request` rounds), same clock.
         task: The task `build` put it in; turn: its index among the task's rounds.
+        group: Who served it, "provider/model" where the trace says (TraceLab's `provider` and `model`, a Codex
+            rollout's `turn_context` model), "" where it does not: `calibrate` fits each group on its own.
     """
 
     session: str
@@ -90,6 +92,7 @@ class Round:
     request_at: float | None = None
     task: str = ""
     turn: int = 0
+    group: str = ""
 
     @property
     def uncached_tokens(self) -> int:

@@ -46,6 +46,12 @@ def _tool_seconds(tool: dict, path: str | PathLike[str], line: int, index: int, 
     return 0.0
 
 
+def group_of(row: dict) -> str:
+    """"provider/model" from a round's `provider` (claude, codex) and `model` fields; what is missing is left out."""
+    parts = [str(row[key]).strip() for key in ("provider", "model") if isinstance(row.get(key), str) and row[key].strip()]
+    return "/".join(parts)
+
+
 def _times(row: dict, path: str | PathLike[str], line: int) -> tuple[float | None, float | None, float | None]:
     """(request_at, started_at, ended_at) from timing_events; Nones if the round has no usable events."""
     events = row.get("timing_events")
@@ -125,7 +131,7 @@ def read(path: str | PathLike[str]) -> Trace:
         sessions.setdefault(session, []).append(Round(
             session=session, line=line, input_tokens=total, cached_tokens=prefix, output_tokens=output,
             reasoning_tokens=reasoning, tool_seconds=client, hosted=hosted, starts_request=starts_request,
-            started_at=started, ended_at=ended, request_at=request_at,
+            started_at=started, ended_at=ended, request_at=request_at, group=group_of(row),
         ))
     extra = []
     if notes["duplicates"]:

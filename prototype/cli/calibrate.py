@@ -96,7 +96,21 @@ def fitted_preset(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) 
     if tools:
         params["tool_mixture"] = fit.lognormal_mixture(tools)
         params["tool_cap_seconds"] = max(600.0, max(tools))
+    params["reasoning_share"] = reasoning_share(rounds)
+    params["shared_prefix_tokens"] = min(params["initial_prompt_tokens"], int(np.median([t.prefix_tokens for t in tasks])))
     return wl.WorkloadParams(**params)
+
+
+def reasoning_share(rounds: Sequence[traces.Round]) -> tuple[float, float]:
+    """The generator's uniform reasoning share (low, high) with the mean and standard deviation of the trace's per
+    round share (reasoning / output tokens): mean -/+ sqrt(3) sd, clipped to [0, 0.99]; (0, 0) for a trace that reports
+    no reasoning."""
+    shares = np.array([r.reasoning_tokens / r.output_tokens for r in rounds if r.output_tokens > 0])
+    if not len(shares) or not shares.any():
+        return 0.0, 0.0
+    half = math.sqrt(3) * float(shares.std())
+    low, high = (float(np.clip(v, 0.0, 0.99)) for v in (shares.mean() - half, shares.mean() + half))
+    return round(low, 4), round(max(low, high), 4)
 
 
 def _baseline(name: str, n_tasks: int, seed: int) -> tuple[str, list[wl.Workload]]:

@@ -15,7 +15,8 @@ reported twice and is skipped.
   last output item.
 * Requests: an `event_msg` `task_started` or `user_message`, or a user `message` item, begins one.
 
-Timestamps must not go backwards.
+Timestamps must not go backwards. The latest `turn_context`'s `model` names who served the rounds after it
+(`Round.group` "codex/<model>"; "codex" before any).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ TraceLab's README suggests for LLM-side latency. A round whose first input event
 Rows of different sessions may interleave; within a session `round_index` must increase. TraceLab's own data has
 exact duplicate rows (DB_SCHEMA.md: 514 repeated (session_id, round_index)); a repeat with the same token counts
 is skipped and counted in the notes, a repeat that differs is an error.
+
+`provider` (claude, codex) and `model`, where a row has them, name who served the round (`Round.group`): `calibrate`
+fits each on its own.
 """
 
 from __future__ import annotations

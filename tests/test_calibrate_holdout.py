@@ -110,3 +110,14 @@ def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp
     assert not out.exists()
     assert cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--holdout", "1.5"]) == 2
     assert "--holdout must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_a_codex_rollout_names_its_model_from_turn_context(tmp_path) -> None:
+    from test_traces import codex_rollout, rollout_line
+
+    lines = codex_rollout()
+    lines.insert(4, rollout_line(0.3, "turn_context", cwd="/x", model="gpt-5.4"))
+    path = tmp_path / "rollout-2026-11-30T00-00-00-sess-1.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [r.group for r in traces.load(path).rounds] == ["codex/gpt-5.4", "codex/gpt-5.4"]
+    assert [r.group for r in traces.load(tmp_path).rounds] == ["codex/gpt-5.4"] * 2  # a sessions folder too

@@ -152,14 +152,10 @@ def indices(names: Sequence[str], method: str, samples: np.ndarray, outputs: np.
     return {"S1": np.asarray(result["S1"]), "ST": np.asarray(result["ST"])}
 
 
-def config_for(base: benchmark.BenchConfig, values: Mapping[str, float]) -> benchmark.BenchConfig:
-    return assumptions.configure(base, values)
-
-
 def run_points(runner: sweep.Runner, base: benchmark.BenchConfig, points: Sequence[Mapping[str, float]],
                speeds: Sequence[float], heads: Sequence[Headline], desc: str) -> list[dict[str, float]]:
     """Every design at every speed for each point's configuration, through the runner: the headline values per point."""
-    configs = [config_for(base, values) for values in points]
+    configs = [assumptions.configure(base, values) for values in points]
     runs = [benchmark.DesignRun(d, float(s), c) for c in configs for s in speeds for d in DESIGNS]
     results = runner.map(benchmark.design_rows, runs, desc=desc)
     per_point = len(speeds) * len(DESIGNS)

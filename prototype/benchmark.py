@@ -68,6 +68,7 @@ class BenchConfig:
     sprint: SprintSwitches = AFTER_SPRINT  # the API profile: after the pre-WebSocket speed-ups
     latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
     source: str | None = None  # where task_list came from (a trace), for the parameters table
+    http_affinity: float = HTTP_AFFINITY  # docs/parameters.md §6 [assumed]: http turns routed back to their prefix
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:
@@ -78,7 +79,8 @@ class BenchConfig:
 
 def bench_server(config: BenchConfig) -> ResponsesServer:
     return ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency),
+        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
+                   http_affinity=config.http_affinity),
         ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
     )
 
@@ -279,6 +281,34 @@ def _ratio(group: Sequence[dict[str, Any]], part: str, whole: str) -> float:
     return float(sum(r.get(part, 0) for r in group) / total) if total else float("nan")
 
 
+def task_list_rows(tasks: Sequence[wl.Workload]) -> list[tuple[str, str, str]]:
+    """What an explicit task list (a trace's) replays, measured from the tasks: turns, common prefix, parallel calls,
+    hosted searches, reasoning and tool times, in place of a preset's distributions."""
+    turns = [t for task in tasks for t in task.turns]
+    tool_turns = [t for t in turns if t.tool_seconds]
+    calls = np.array([s for t in tool_turns for s in t.tool_seconds])
+    hosted = [h for t in turns for h in t.hosted_calls]
+    output = sum(t.output_tokens for t in turns)
+    prefixes = sorted({(task.prefix, task.prefix_tokens) for task in tasks if task.prefix_tokens})
+    source = "measured from the tasks"
+    return [
+        ("turns per task", f"median {statistics.median(len(task.turns) for task in tasks):g}, max "
+         f"{max(len(task.turns) for task in tasks)}" if tasks else "none", source),
+        ("common prefix", ", ".join(f"{n} tokens ({name or 'unnamed'})" for name, n in prefixes) + " shared by tasks of one "
+         "provider and model; the rest of each task its own content" if prefixes else "none: every task its own content",
+         "the trace's cached first prompts (prototype/traces/base.py)"),
+        ("parallel client calls", f"{sum(len(t.tool_seconds) > 1 for t in tool_turns) / len(tool_turns):.1%} of tool turns, "
+         f"{len(calls) / len(tool_turns):.2f} calls a tool turn" if tool_turns else "none", source),
+        ("hosted web_search", f"{len(hosted)} in {sum(bool(t.hosted_calls) for t in turns)} turns, median "
+         f"{statistics.median(h.seconds for h in hosted):g} s, {statistics.median(h.result_tokens for h in hosted):g} result tokens"
+         if hosted else "none", source),
+        ("reasoning share of output", f"{sum(t.reasoning_tokens for t in turns) / output:.1%} of {output:,} output tokens"
+         if output else "none", source),
+        ("tool time", f"{len(calls)} calls, p50 {np.percentile(calls, 50):.3g} s, p90 {np.percentile(calls, 90):.3g} s, "
+         f"max {calls.max():.4g} s" if len(calls) else "no client calls", source),
+    ]
+
+
 def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     """Every modeled parameter of a run, with its source: printed with the results."""
     params = config.preset if isinstance(config.preset, wl.WorkloadParams) else wl.PRESETS[config.preset]
@@ -305,7 +335,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
          "docs/parameters.md §3 roofline [assumed R, derived Q]" if model == latency.LatencyModel() else "latency profile (--latency)"),
         ("engine request overhead", f"{model.request_overhead * 1000:g} ms",
          "[assumed]; vLLM PR #54628 bounds it (8-12 ms)" if model == latency.LatencyModel() else "latency profile (--latency)"),
-        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {HTTP_AFFINITY:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
+        ("prefix cache", f"blocks of {BLOCK_SIZE}, idle TTL {KV_TTL_SECONDS:g} s, http affinity {config.http_affinity:g}", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
         ("network", f"RTT {net.rtt * 1000:g} ms, TCP {net.tcp_round_trips} + TLS {net.tls_round_trips} RTT per new connection", "docs/parameters.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
@@ -313,8 +343,11 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     ]
     if config.task_list is not None:  # explicit tasks (a trace): the generator's rows do not apply
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)
+        # The generator's first ten rows describe the task shape (turns to tool time); the rest, model, network and
+        # API, apply to any tasks. What the replay used is measured from the tasks themselves.
         rows = [("workload", f"{len(config.task_list)} tasks from {config.source or 'an explicit task list'}",
-                 "open-loop: each task starts at its arrival" if open_loop else "one task after another")] + rows[6:]
+                 "open-loop: each task starts at its arrival" if open_loop else "one task after another"),
+                *task_list_rows(config.task_list), *rows[10:]]
     # A "before the sprint" profile pays the extra costs of each switch that is off (api/costs.py).
     sprint_rows = [] if config.sprint == AFTER_SPRINT else SprintCosts().describe()
     return rows + config.costs.describe() + sprint_rows

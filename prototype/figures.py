@@ -14,6 +14,8 @@ draw, never at import time.
   per design and decode speed, end-to-end time per task (p50, p90, every task), time to first
   token and bytes sent per turn, and where a turn's API time goes, with the tool time, which dwarfs
   it, in a panel of its own; one colour per design in every panel.
+* `tornado_figure(panels, path)`: `experiments.sensitivity`'s tornados, one per conclusion: how far
+  each assumed parameter moves it from its low to its high end.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 from . import benchmark, metrics
@@ -512,8 +515,67 @@ def compare_figure(
     return path
 
 
+@attrs.frozen
+class TornadoPanel:
+    """One conclusion's tornado: its value with every parameter at its default, and each parameter's
+    (name, value at the parameter's low end, value at its high end), the others at their defaults."""
+
+    title: str
+    default: float
+    bars: tuple[tuple[str, float, float], ...]
+
+
+TORNADO_LOW, TORNADO_HIGH = "#4393c3", "#d6604d"  # a parameter at its low end, at its high end
+
+
+def tornado(ax: Any, panel: TornadoPanel, *, top: int = 6) -> None:
+    """Horizontal bars from the default to each parameter's low-end (blue) and high-end (red) value, the
+    widest span on top; parameters that move nothing are left out, and at most `top` are drawn."""
+    bars = sorted((b for b in panel.bars if b[1] != panel.default or b[2] != panel.default),
+                  key=lambda b: -abs(b[2] - b[1]))[:top]
+    y = np.arange(len(bars))
+    for yi, (_, low, high) in zip(y, bars):
+        ax.barh(yi, low - panel.default, left=panel.default, color=TORNADO_LOW, height=0.7)
+        ax.barh(yi, high - panel.default, left=panel.default, color=TORNADO_HIGH, height=0.7)
+    ax.axvline(panel.default, color="black", lw=0.8)
+    ax.set_yticks(y, [b[0] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(panel.title, fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    if not bars:
+        ax.text(0.5, 0.5, "no parameter moves it", transform=ax.transAxes, ha="center", va="center", fontsize=7)
+
+
+def tornado_figure(panels: Sequence[TornadoPanel], path: str | Path, *, title: str = "", columns: int = 3) -> Path:
+    """One tornado per conclusion (`experiments.sensitivity`), `columns` to a row. Writes `path` (PNG
+    or SVG by its suffix) and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = max(1, -(-len(panels) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 2.4 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        tornado(ax, panel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.legend(handles=[Patch(color=TORNADO_LOW, label="parameter at its low end"),
+                        Patch(color=TORNADO_HIGH, label="parameter at its high end")],
+               loc="upper right", ncols=2, fontsize=8)
+    fig.suptitle(title, x=0.02, ha="left", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90 if path.suffix == ".png" else None)
+    plt.close(fig)
+    return path
+
+
 __all__ = [
     "DESIGN_COLORS", "DESIGN_MARKERS", "EVENT_MARKS", "PHASE_COLORS", "PHASE_LABELS", "PHASE_ORDER",
-    "annotate_tool_call_point", "compare_figure", "log_axis", "phase_bars", "published_plot", "sweep_plot", "timeline",
-    "turn_spans",
+    "TornadoPanel", "annotate_tool_call_point", "compare_figure", "log_axis", "phase_bars", "published_plot", "sweep_plot",
+    "timeline", "tornado", "tornado_figure", "turn_spans",
 ]

@@ -23,6 +23,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .ranges import Range
+
 
 def _at_least(low: int):
     def check(instance: Any, attribute: attrs.Attribute, value: int) -> None:
@@ -280,6 +282,18 @@ PRESETS: dict[str, WorkloadParams] = {
     "long": attrs.evolve(CODING, turns_median=60, turns_sigma=0.5),
 }
 DEFAULT_PRESET = "coding"
+
+# Plausible ranges of the [assumed] generator values above, by field (and preset where one preset's value).
+WORKLOAD_RANGES: dict[str, Range] = {
+    "initial_prompt_tokens (compact)": Range(3000, 32000, "inference-perf code-generation's 3k system prompt to "
+                                             "TraceLab's 27-32k first turns"),
+    "hosted_seconds": Range(0.3, 5.0, "one search API call answered from its cache, to a search that fetches and "
+                            "reads several pages [assumed]"),
+    "hosted_result_tokens": Range(500, 5000, "a few result snippets to several fetched pages [assumed]"),
+    "fixed_tool_seconds (chat)": Range(0.1, 2.0, "a file read (TraceLab's quick tools, p50 0.3 s) to a short command "
+                                       "[assumed]"),
+    "turns_median (long)": Range(43, 74, "AgentX's median 43 turns to TraceLab's per-session mean 73.6"),
+}
 
 
 def sample_tool_seconds(rng: np.random.Generator, params: WorkloadParams, size: int) -> np.ndarray:

@@ -174,7 +174,7 @@ async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_cloc
     finds nothing, and the engine that served it keeps nothing of it."""
     api = ApiService(costs=COSTS)
     draws = iter(routes)
-    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items: next(draws))
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: next(draws))
     first = first_request(api, store=False)
     home = ("http", http_design.conversation_key(first.input))
     one = await http_design.run_http_turn(api, first, Sink())
@@ -192,7 +192,7 @@ async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_cloc
 
 
 async def test_each_conversation_keeps_its_own_kv_on_its_engine(autojump_clock, monkeypatch) -> None:
-    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items: True)
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: True)
     api = ApiService(costs=COSTS)
     firsts = [first_request(api, store=False), first_request(api, prompt="write the docs", store=False)]
     responses = [await http_design.run_http_turn(api, first, Sink()) for first in firsts]

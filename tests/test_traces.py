@@ -13,6 +13,7 @@ from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
 from prototype.traces import native
+from prototype.traces.base import content_seed_of_task
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
@@ -43,6 +44,12 @@ def tracelab_row(session: str, index: int, prefix: int, append: int, output: int
     }
 
 
+def replayed(name: str, turns, arrival: float, prefix: str, prefix_tokens: int = 0) -> Workload:
+    """A task as a trace replays it: its own content seed, the common prefix of its provider and model."""
+    return Workload(name, 0, turns, arrival_s=arrival, content_seed=content_seed_of_task(name), prefix=prefix,
+                    prefix_tokens=prefix_tokens)
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -58,17 +65,23 @@ def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
         tracelab_row("s1", 4, 2500, 50, 20, [], start=30.0, end=31.0, user=True),  # a second request
     ]
     trace = traces.load(write_jsonl(tmp_path / "round_trace.jsonl", rows))
-    assert trace.format == "tracelab-jsonl" and trace.notes == ()
+    assert trace.format == "tracelab-jsonl"
+    # The second request of s1 starts with s1's context, which the trace found cached: replayed as its own content.
+    assert trace.notes == ("1 request(s) continue a session whose earlier context the trace found cached (2500 tokens "
+                           "in all): replayed with their own content, sharing only the session's common prefix, so "
+                           "those tokens are prefilled",)
     assert [(t.name, t.arrival_s) for t in trace.tasks] == [("s1", 0.0), ("s2", 5.0), ("s1/1", 30.0)]
     s1 = trace.tasks[0]
     # turn 1 appends what the prompt grew by (1324 - 1000) less turn 0's 100 output tokens; the hosted-only round
     # (1608 - 1324 - 80 = 204 new tokens) merges with the next: its result is what that round appended (2500 - 1608 - 60)
     assert s1.turns == (
-        TurnSpec(1000, 100, (0.25,)),
+        TurnSpec(1000, 100, (0.25,), (), 40),  # the round's 40 reasoning tokens are replayed
         TurnSpec(224, 80, (1.5, 0.5)),
         TurnSpec(204, 130, (), (HostedCall(4.0, 832),)),
     )
-    assert trace.tasks[2] == Workload("s1/1", 0, (TurnSpec(2550, 20, ()),), arrival_s=30.0)
+    assert trace.tasks[2] == Workload("s1/1", 0, (TurnSpec(2550, 20, ()),), arrival_s=30.0,
+                                      content_seed=content_seed_of_task("s1/1"), prefix="trace:codex", prefix_tokens=0)
+    assert len({t.text_seed for t in trace.tasks}) == 3  # every task its own content
     first = trace.rounds[0]
     assert (first.cached_tokens, first.uncached_tokens, first.reasoning_tokens, first.model_seconds) == (0, 1000, 40, 2.0)
     assert [r.turn for r in trace.rounds if r.task == "s1"] == [0, 1, 2, 3]
@@ -138,8 +151,8 @@ def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
     trace = traces.load(path)
     assert trace.format == "tracelab-csv" and trace.notes == () and not trace.timed
     assert trace.tasks == (
-        Workload("0", 0, (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), arrival_s=0.0),
-        Workload("1", 0, (TurnSpec(800, 40, ()),), arrival_s=2.5005),
+        replayed("0", (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), 0.0, "trace"),
+        replayed("1", (TurnSpec(800, 40, ()),), 2.5005, "trace"),
     )
 
 
@@ -204,8 +217,8 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     trace = traces.load(path)
     assert trace.format == "codex" and trace.notes == ()
     # 9700 - 9000 - 300 = 400 tokens appended; the web search runs inside the second call
-    assert trace.tasks == (Workload("sess-1", 0, (TurnSpec(9000, 300, (0.5, 3.0)), TurnSpec(400, 150, (), (HostedCall(0.0, 0),) * 2)),
-                                    arrival_s=0.0),)
+    assert trace.tasks == (replayed("sess-1", (TurnSpec(9000, 300, (0.5, 3.0), (), 120),
+                                               TurnSpec(400, 150, (), (HostedCall(0.0, 0),) * 2)), 0.0, "trace:codex"),)
     first, second = trace.rounds  # times from the first request (task_started at 0.1 s)
     assert (first.started_at, first.ended_at, first.reasoning_tokens) == (0.1, 1.5, 120)
     assert (second.started_at, second.ended_at, second.cached_tokens) == (4.5, 5.7, 9216)

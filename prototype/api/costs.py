@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import attrs
 
+from ..ranges import Range
+
 
 @attrs.frozen
 class StageCost:
@@ -54,6 +56,33 @@ class ApiCosts:
             ("t_store_read", f"{self.store_read_per_turn * 1000:.1f} ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
             ("f_ws (cached turn's share of fixed)", f"{self.cached_fixed_share:g}", "Codex-Spark launch -80% [assumed]"),
         ]
+
+
+# Plausible ranges of the [assumed] knobs above, by the name docs/parameters.md §4 gives them (seconds, or a share).
+# `t_fixed_pre` and `t_pre_per_ktok` scale the stage split with them (assumptions.py).
+API_COST_RANGES: dict[str, Range] = {
+    "t_fixed_pre": Range(
+        0.100, 0.400,
+        "high: the alpha demo (20 turns, 20.24 s -> 14.30 s) saves ~0.3 s a turn, which bounds what a chained turn "
+        "removes, (1 - f_ws) x t_fixed_pre + t_post, near 0.4 s; low: below ~0.1 s the API's work would not be the "
+        "bottleneck at 1000 tokens/s that the post describes (a median 300-token turn decodes in 0.3 s)"),
+    "t_pre_per_ktok": Range(
+        0.0005, 0.010,
+        "low: tokenizing and validating alone (a BPE tokenizer handles 1k tokens in well under 1 ms on one core); "
+        "high: a safety classifier run over every token at ~100k tokens/s, 10 ms per 1k [assumed]"),
+    "t_post": Range(
+        0.010, 0.150,
+        "low: one billing event and one intra-datacenter write, a few ms each; high: a synchronous replicated "
+        "commit of the response and its usage across zones [assumed]"),
+    "t_store_read": Range(
+        0.0005, 0.005,
+        "one key-value read per earlier turn inside a datacenter, 0.5-5 ms; smg-project/smg PR #1770 shows the "
+        "O(turns) growth, not the constant"),
+    "f_ws": Range(
+        0.05, 0.5,
+        "0.2 from the Codex-Spark launch's '-80% roundtrip overhead' (secondary reports); low: the cache leaves only "
+        "authentication; high: half the fixed work (safety set-up, policy checks) still runs per request [assumed]"),
+}
 
 
 ZERO_COSTS = ApiCosts(
@@ -135,6 +164,17 @@ class SprintCosts:
             ("sprint: slower safety, fixed", f"{self.slow_safety_fixed * 1000:.0f} ms", "[assumed]; OpenAI blog, no number"),
             ("sprint: slower safety, per token", f"{self.slow_safety_per_ktok * 1000:.2f} ms/1k tok", "[assumed]; OpenAI blog, no number"),
         ]
+
+
+# Plausible ranges of SprintCosts' [assumed] extras, by field name (seconds).
+SPRINT_COST_RANGES: dict[str, Range] = {
+    "config_load": Range(0.005, 0.050, "one intra-datacenter RPC and lookup (a few ms) to a slow configuration "
+                         "service with a cold cache [assumed]"),
+    "intermediate_hop": Range(0.010, 0.080, "one intra-datacenter round trip and a light service's handling, to a "
+                              "service that does real work on every request [assumed]"),
+    "slow_safety_fixed": Range(0.020, 0.100, "one extra classifier call to several in sequence [assumed]"),
+    "slow_safety_per_ktok": Range(0.0005, 0.003, "a third of, to twice, the default safety per-token cost [assumed]"),
+}
 
 
 def sprint_costs(costs: ApiCosts, switches: SprintSwitches, extra: SprintCosts = SprintCosts()) -> ApiCosts:

@@ -22,6 +22,7 @@ import trio
 
 from .. import metrics
 from ..engine import Engine, LatencyModel, Prompt, ScriptedPolicy, decode_rate_for_model
+from ..engine.engine import HTTP_AFFINITY
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item, WebSearchCall
 from ..protocol.response import Response
@@ -103,6 +104,7 @@ class ApiService:
     render_cache: render.RenderCache = attrs.Factory(render.RenderCache)  # the sprint's cross-request render cache
     live: LiveResponses = attrs.Factory(LiveResponses)  # responses in flight, for cancel (api/live.py)
     latency: LatencyModel = attrs.Factory(LatencyModel)  # prefill and overhead of every call; decode rate per request
+    http_affinity: float = HTTP_AFFINITY  # share of http turns routed back to their prefix's engine [assumed]
 
     @property
     def charged_costs(self) -> ApiCosts:

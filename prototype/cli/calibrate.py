@@ -7,20 +7,27 @@ Prints, for the trace and for the testbed's generated tasks (`--baseline`, defau
 * the tool-time tail: the share of calls over a minute and the share of tool time they hold;
 * the token-weighted prefix hit rate (cached / input tokens; for generated tasks, the rate a perfect cache gives);
 * where the trace has timestamps, the least-squares fit of a round's model time to
-  `fixed + uncached / prefill rate + output / decode rate` (prototype/engine/fit.py) and its residuals.
+  `fixed + uncached / prefill rate + output / decode rate` (prototype/engine/fit.py) and its residuals, for each
+  provider and model the trace names on its own (a trace that mixes Claude and Codex rounds gets one fit each), and
+  the fit's error on rounds it was not fitted to: fitted on the first rounds of the group (in time order), scored on
+  the last `--holdout` share of them (median and p90 absolute percentage error per round).
 
 `--preset-out FILE` writes the fitted workload preset and `--latency-out FILE` the fitted latency profile (small JSON
-files, prototype/profiles.py) that `compare --preset FILE --latency FILE` reads.
+files, prototype/profiles.py) that `compare --preset FILE --latency FILE` reads; a trace with several groups gets one
+profile each, `FILE` with the group in its name (`profile.codex-gpt-5.4.json`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 from .. import profiles, traces
@@ -29,6 +36,8 @@ from ..api.costs import ApiCosts
 from ..engine import fit, latency
 
 TOOL_TAIL_S = 60.0  # TraceLab: 4% of tool calls take over a minute and hold ~85% of tool time
+HOLDOUT_SHARE = 0.3  # [ours] the last 30% of a group's timed rounds score a fit on the first 70%
+UNNAMED_GROUP = "all rounds"  # rounds whose trace names no provider or model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-tasks", type=int, default=300, help="generated tasks for the baseline's figures (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the baseline's generated tasks (default 0)")
     parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
-    parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here")
+    parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here; one per provider and model")
+    parser.add_argument("--holdout", type=float, default=HOLDOUT_SHARE,
+                        help=f"share of each group's timed rounds, the last in time, held out to score the fit (default {HOLDOUT_SHARE:g})")
 
 
 def figures(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) -> dict[str, Any]:
@@ -85,7 +96,21 @@ def fitted_preset(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) 
     if tools:
         params["tool_mixture"] = fit.lognormal_mixture(tools)
         params["tool_cap_seconds"] = max(600.0, max(tools))
+    params["reasoning_share"] = reasoning_share(rounds)
+    params["shared_prefix_tokens"] = min(params["initial_prompt_tokens"], int(np.median([t.prefix_tokens for t in tasks])))
     return wl.WorkloadParams(**params)
+
+
+def reasoning_share(rounds: Sequence[traces.Round]) -> tuple[float, float]:
+    """The generator's uniform reasoning share (low, high) with the mean and standard deviation of the trace's per
+    round share (reasoning / output tokens): mean -/+ sqrt(3) sd, clipped to [0, 0.99]; (0, 0) for a trace that reports
+    no reasoning."""
+    shares = np.array([r.reasoning_tokens / r.output_tokens for r in rounds if r.output_tokens > 0])
+    if not len(shares) or not shares.any():
+        return 0.0, 0.0
+    half = math.sqrt(3) * float(shares.std())
+    low, high = (float(np.clip(v, 0.0, 0.99)) for v in (shares.mean() - half, shares.mean() + half))
+    return round(low, 4), round(max(low, high), 4)
 
 
 def _baseline(name: str, n_tasks: int, seed: int) -> tuple[str, list[wl.Workload]]:
@@ -119,10 +144,11 @@ def print_figures(trace_figures: dict[str, Any], base_figures: dict[str, Any], l
           f"({label}, perfect cache: {100 * base_figures['prefix_hit_rate']:.1f}%)")
 
 
-def print_fit(result: fit.RoundTimeFit) -> None:
+def print_fit(result: fit.RoundTimeFit, group: str = "") -> None:
     costs = ApiCosts()
     se_fixed, se_prefill, se_decode = result.stderr
-    print(f"\nFit of model seconds per round ({result.n} timed rounds): seconds = fixed + uncached / prefill + output / decode")
+    print(f"\nFit of model seconds per round ({f'{group}, ' if group else ''}{result.n} timed rounds): "
+          "seconds = fixed + uncached / prefill + output / decode")
     print(f"  fixed          {result.fixed_s * 1000:9.1f} ms  (+/- {se_fixed * 1000:.1f})   testbed: engine "
           f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms + API pre {costs.fixed_pre * 1000:g} ms + post {costs.post * 1000:g} ms per http turn")
     print(f"  prefill rate   {_fmt(result.prefill_tokens_per_s):>9} tokens/s (s/token +/- {se_prefill:.2g})   testbed: {latency.PREFILL_TOKENS_PER_S:g}")
@@ -146,27 +172,106 @@ def run(args: argparse.Namespace) -> int:
         print(f"  note: {note}")
     print(f"beside: {args.baseline_tasks} generated '{label}' tasks, seed {args.seed}\n")
     print_figures(figures(trace.tasks, trace.rounds), figures(base_tasks, traces.rounds_from_workloads(base_tasks)), label)
-    result = None
-    if len(timed) >= 3:
-        result = fit.round_time_fit([r.uncached_tokens for r in timed], [r.output_tokens for r in timed],
-                                    [r.model_seconds for r in timed])
-        print_fit(result)
-    else:
-        print(f"\nno fit: {len(timed)} timed rounds (the trace has no model-call timestamps, or fewer than 3)")
+    if not 0 < args.holdout < 1:
+        print(f"error: --holdout must be in (0, 1), got {args.holdout:g}", file=sys.stderr)
+        return 2
+    fits: dict[str, fit.RoundTimeFit] = {}
+    scores: list[GroupScore] = []
+    groups = timed_groups(timed)
+    if len(groups) > 1:
+        print(f"\n{len(groups)} providers and models in the trace: each is fitted on its own rounds "
+              f"({', '.join(f'{g}: {len(r)}' for g, r in groups.items())})")
+    for group, rounds in groups.items():
+        if len(rounds) < 3:
+            print(f"\nno fit for {group}: {len(rounds)} timed round(s), fewer than 3")
+            continue
+        fits[group] = fit_rounds(rounds)
+        print_fit(fits[group], "" if len(groups) == 1 else group)
+        score = held_out_score(group, rounds, args.holdout)
+        if score is not None:
+            scores.append(score)
+            print_score(score)
+    if not timed:
+        print("\nno fit: 0 timed rounds (the trace has no model-call timestamps)")
+    if len(scores) > 1:
+        print_scores(scores)
+    result = fits[next(iter(fits))] if len(fits) == 1 else None
     if args.preset_out:
         path = profiles.save_preset(fitted_preset(trace.tasks, trace.rounds), args.preset_out,
                                     f"python -m prototype calibrate {args.trace}")
         print(f"\nwrote workload preset {path}")
     if args.latency_out:
-        if result is None:
+        if not fits:
             print("error: no latency profile without a fit", file=sys.stderr)
             return 2
-        model = latency.LatencyModel(
-            decode_tokens_per_s=result.decode_tokens_per_s if math.isfinite(result.decode_tokens_per_s) else 1e6,
-            prefill_tokens_per_s=result.prefill_tokens_per_s if math.isfinite(result.prefill_tokens_per_s) else 1e9,
-            cache_attention=None, request_overhead=result.fixed_s,
-        )
-        path = profiles.save_latency(model, args.latency_out, f"python -m prototype calibrate {args.trace} "
-                                     f"({result.n} rounds, rmse {result.rmse_s * 1000:.1f} ms)")
-        print(f"wrote latency profile {path}")
+        for group, group_fit in fits.items():
+            target = args.latency_out if result is not None else group_path(args.latency_out, group)
+            path = profiles.save_latency(latency_model(group_fit), target, f"python -m prototype calibrate {args.trace} "
+                                         f"({group}: {group_fit.n} rounds, rmse {group_fit.rmse_s * 1000:.1f} ms)")
+            print(f"wrote latency profile {path}" + ("" if result is not None else f" ({group})"))
     return 0
+
+
+# --- per group fits and their held-out error ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class GroupScore:
+    """A group's fit on its first rounds, scored on the rest: `errors` is `fit.percentage_errors` on the held-out rounds."""
+
+    group: str
+    fitted: fit.RoundTimeFit
+    held_out: int
+    errors: dict[str, float]
+
+
+def timed_groups(timed: Sequence[traces.Round]) -> dict[str, list[traces.Round]]:
+    """The timed rounds of each provider and model (`Round.group`), each in time order (by `started_at`)."""
+    groups: dict[str, list[traces.Round]] = {}
+    for r in sorted(timed, key=lambda r: r.started_at):
+        groups.setdefault(r.group or UNNAMED_GROUP, []).append(r)
+    return groups
+
+
+def fit_rounds(rounds: Sequence[traces.Round]) -> fit.RoundTimeFit:
+    return fit.round_time_fit([r.uncached_tokens for r in rounds], [r.output_tokens for r in rounds],
+                              [r.model_seconds for r in rounds])
+
+
+def held_out_score(group: str, rounds: Sequence[traces.Round], share: float) -> GroupScore | None:
+    """Fit on the first rounds, predict the last `share` of them: None when the group has fewer than 4."""
+    if len(rounds) < 4:
+        return None
+    fitted_part, held_part = fit.holdout_split(len(rounds), share)
+    fitted = fit_rounds([rounds[i] for i in fitted_part])
+    held = [rounds[i] for i in held_part]
+    predicted = [float(fitted.predict(r.uncached_tokens, r.output_tokens)) for r in held]
+    return GroupScore(group, fitted, len(held), fit.percentage_errors(predicted, [r.model_seconds for r in held]))
+
+
+def print_score(score: GroupScore) -> None:
+    e = score.errors
+    print(f"  held out       fitted on the first {score.fitted.n} rounds, scored on the last {score.held_out}: absolute error "
+          f"per round median {_fmt(e['median'])}%, p90 {_fmt(e['p90'])}%"
+          + (f" ({e['zero']:.0f} round(s) of 0 s left out)" if e["zero"] else ""))
+
+
+def print_scores(scores: Sequence[GroupScore]) -> None:
+    print(f"\n{'held-out error per round':<40} {'fitted':>7} {'scored':>7} {'median':>8} {'p90':>8}")
+    for s in scores:
+        print(f"  {s.group:<38} {s.fitted.n:>7} {s.held_out:>7} {_fmt(s.errors['median']):>7}% {_fmt(s.errors['p90']):>7}%")
+
+
+def latency_model(result: fit.RoundTimeFit) -> latency.LatencyModel:
+    return latency.LatencyModel(
+        decode_tokens_per_s=result.decode_tokens_per_s if math.isfinite(result.decode_tokens_per_s) else 1e6,
+        prefill_tokens_per_s=result.prefill_tokens_per_s if math.isfinite(result.prefill_tokens_per_s) else 1e9,
+        cache_attention=None, request_overhead=result.fixed_s,
+    )
+
+
+def group_path(path: str, group: str) -> Path:
+    """`profile.json` for group "codex/gpt-5.4": `profile.codex-gpt-5.4.json`."""
+    target = Path(path)
+    slug = re.sub(r"[^A-Za-z0-9._]+", "-", group).strip("-") or "group"
+    return target.with_name(f"{target.stem}.{slug}{target.suffix}")

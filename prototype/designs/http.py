@@ -103,7 +103,7 @@ async def run_http_turn(
 
     # (3) routing: the prefix's engine, or (1 - affinity) of the time one that holds nothing of it.
     home: Hashable = ("http", conversation_key(context.items))
-    elsewhere = not reaches_prefix_cache(context.items)
+    elsewhere = not reaches_prefix_cache(context.items, api.http_affinity)
     context.engine_key = ("http-elsewhere", home, len(context.items)) if elsewhere else home
     if elsewhere:
         api.engine.isolate(context.engine_key)

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
+from ..ranges import Range
 from .admission import Admission
 from .latency import LatencyModel
 from .stats import sample
@@ -35,6 +36,9 @@ from .streaming import FaultPlan, paced_tokens
 
 # Share of http requests routed back to the engine holding their prefix [assumed], docs/parameters.md §6.
 HTTP_AFFINITY = 0.9
+HTTP_AFFINITY_RANGE = Range(0.6, 1.0, "high: prefix-aware routing that always finds the holder (TraceLab's ~96% "
+                            "token-weighted hit rate over real sessions sits near it); low: session-sticky load balancing "
+                            "that loses the holder on scaling, failover and long idle gaps [assumed]")
 
 
 @attrs.define(eq=False)

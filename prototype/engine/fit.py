@@ -157,3 +157,32 @@ def lognormal_mixture(values: Sequence[float], components: int = 3, *,
         means = new_means
     order = np.argsort(means)
     return tuple((float(weights[i]), float(math.exp(means[i])), float(sigmas[i])) for i in order)
+
+
+# --- scoring a fit on rounds it was not fitted to ------------------------------------------------------------------
+
+
+def holdout_split(n: int, share: float) -> tuple[range, range]:
+    """(fitted, held out): the first rounds of `n` (in trace order) to fit, the last `share` of them to score, so a
+    fit is judged on rounds that come after everything it saw. At least 3 rounds are fitted and 1 held out; None
+    of either when `n` < 4."""
+    if not 0 < share < 1:
+        raise ValueError(f"the held-out share must be in (0, 1), got {share!r}")
+    if n < 4:
+        raise ValueError(f"a held-out score needs at least 4 timed rounds (3 to fit, 1 to score), got {n}")
+    held = min(n - 3, max(1, round(n * share)))
+    return range(0, n - held), range(n - held, n)
+
+
+def percentage_errors(predicted: Sequence[float], observed: Sequence[float]) -> dict[str, float]:
+    """Absolute percentage error per round, |predicted - observed| / observed x 100: n, median and p90. Rounds
+    observed at 0 s have no percentage error and are left out (counted in `zero`)."""
+    p, o = np.asarray(predicted, dtype=float), np.asarray(observed, dtype=float)
+    if p.shape != o.shape:
+        raise ValueError("predicted and observed must be of one length")
+    keep = o > 0
+    errors = 100 * np.abs(p[keep] - o[keep]) / o[keep]
+    if not len(errors):
+        return {"n": 0.0, "zero": float((~keep).sum()), "median": math.nan, "p90": math.nan}
+    return {"n": float(len(errors)), "zero": float((~keep).sum()), "median": float(np.median(errors)),
+            "p90": float(np.quantile(errors, 0.9))}

@@ -10,6 +10,8 @@ import re
 
 import attrs
 
+from ..ranges import Range
+
 # Decode rates (OpenAI blog, "Speeding up agentic workflows with WebSockets", Apr 2026):
 # GPT-5 / GPT-5.2 class about 65 tokens/s; GPT-5.3-Codex-Spark on Cerebras above 1,000 tokens/s,
 # with bursts up to 4,000.
@@ -25,6 +27,10 @@ CACHE_ATTENTION_TOKENS2_PER_S = 9.4e8
 # Scheduling and launch cost of one engine call [assumed]; vLLM PR #54628 measures 8-12 ms between
 # client and server TTFT on a local engine, which bounds it from above.
 ENGINE_REQUEST_OVERHEAD_S = 0.010
+PREFILL_RANGE = Range(5_000.0, 30_000.0, "docs/parameters.md §3's sweep: hosted prefill rates are unpublished; "
+                      "5k tokens/s is a busy shared GPU, 30k a large model's roofline on one H100 node [assumed]")
+ENGINE_OVERHEAD_RANGE = Range(0.002, 0.012, "vLLM PR #54628 measures 8-12 ms between client and server TTFT on a "
+                              "local engine, which bounds it from above; one scheduler step, ~2 ms, from below [assumed]")
 
 
 @attrs.frozen

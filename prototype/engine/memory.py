@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import attrs
 
+from ..ranges import Range
+
 # --- KV geometry and the GPU (docs/parameters.md §3) ----------------------------------------------------
 
 # KV bytes per token, 2 (K and V) x layers x KV heads x head dim x 2 bytes (BF16) [derived from the
@@ -59,6 +61,8 @@ H100_8B_HOST_BUDGET_TOKENS = int(DGX_H100_HOST_BYTES_PER_GPU // KV_BYTES_PER_TOK
 # raw). H100 SXM's Gen5 link doubles the raw rate; sweep it. Swap-in of 50k tokens of 8B KV:
 # 50,000 x 131,072 B / 25e9 B/s = 0.26 s [derived], against 3.3 s to prefill them at 15k tok/s.
 PCIE_BYTES_PER_S = 25e9
+PCIE_RANGE = Range(12e9, 55e9, "pageable-memory copies over Gen4 x16 (about half its raw rate) to pinned copies over "
+                   "Gen5 x16 (64 GB/s raw) [assumed]")
 
 # Concurrent sequences one engine batches: vLLM's `max_num_seqs` default, 256 [src: vLLM engine
 # arguments]. Per-token decode speed does not depend on the batch in this model (see engine.py).

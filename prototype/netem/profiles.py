@@ -11,6 +11,8 @@ from typing import Final
 import attrs
 import trio
 
+from ..ranges import Range
+
 
 def _non_negative_finite(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
@@ -61,6 +63,8 @@ class NetworkProfile:
 
 
 # RTT priors: docs/parameters.md §5 sweeps 1, 20, 80 and 150 ms [assumed, no measurement behind them].
+RTT_RANGE: Final = Range(0.001, 0.150, "docs/parameters.md §5's priors: same datacenter (1 ms) to between "
+                         "continents (150 ms)")
 LOOPBACK: Final = NetworkProfile(rtt=0.0)
 """Same host: no added delay."""
 SAME_DC: Final = NetworkProfile(rtt=0.001)

@@ -14,14 +14,25 @@ cuts sessions into tasks and makes the testbed's `Workload`s from them, the same
   Where the prompt shrank (the agent compacted its context) the turn appends nothing, and `Trace.notes` says so.
 * `arrival_s` of a task is when its request began (else when its first round's input was complete), in seconds from
   the trace's first request or model call.
+* Content: every task has its own content seed (a hash of the trace's name for it), so two tasks share nothing but
+  what the trace says they share. What a session's first prompt found cached (`Round.cached_tokens` of its first
+  round) can only have come from other sessions: the system prompt and tools of its provider and model. The median
+  of that, over the sessions of one provider and model that found any, is their common prefix
+  (`Workload.prefix_tokens`, at most a task's first prompt): every task of the group starts with the same text that
+  long, and nothing after it is shared. A later request of a session starts with its session's earlier context,
+  which the trace found cached; the replay cannot give it a previous task's content, so it shares the common prefix
+  only and prefills the rest (noted).
+* Reasoning: a turn's reasoning tokens are its rounds' `reasoning_tokens` (at most its output tokens less one).
 
 Nothing is dropped or changed silently: every adjustment is counted in `Trace.notes`, which the commands print.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from os import PathLike
@@ -29,12 +40,15 @@ from os import PathLike
 import attrs
 
 from .. import workload as wl
+from ..ranges import Range
 
 # Tools that run on the API side: the Responses API's hosted web search, and the names agents log for it
 # (Codex: web_search_call items; Claude Code: WebSearch). Everything else is a client tool.
 HOSTED_TOOL_NAMES = frozenset({"web_search", "web_search_call", "web_search_preview", "websearch"})
 # [assumed] ~4 characters per token, for hosted results a trace gives only in characters (TraceLab result_chars).
 CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN_RANGE = Range(3, 5, "code and JSON tokenize densely (~3 characters a token), English prose at ~4-5 "
+                              "[assumed]")
 
 
 def is_hosted(tool_name: str) -> bool:
@@ -71,6 +85,8 @@ class Round:
         ended_at: When the model's last output item of the round arrived, same clock.
         request_at: When the user message that began this round arrived (`starts_request` rounds), same clock.
         task: The task `build` put it in; turn: its index among the task's rounds.
+        group: Who served it, "provider/model" where the trace says (TraceLab's `provider` and `model`, a Codex
+            rollout's `turn_context` model), "" where it does not: `calibrate` fits each group on its own.
     """
 
     session: str
@@ -87,6 +103,7 @@ class Round:
     request_at: float | None = None
     task: str = ""
     turn: int = 0
+    group: str = ""
 
     @property
     def uncached_tokens(self) -> int:
@@ -185,6 +202,9 @@ class _Notes:
     shrank: int = 0
     shrank_tokens: int = 0
     zero_output: int = 0
+    continued: int = 0
+    continued_tokens: int = 0
+    reasoning_clipped: int = 0
     extra: list[str] = attrs.Factory(list)
 
     def sentences(self) -> list[str]:
@@ -197,6 +217,13 @@ class _Notes:
                        f"nothing, so the replayed context exceeds the trace's by up to {self.shrank_tokens} tokens")
         if self.zero_output:
             out.append(f"{self.zero_output} round(s) report 0 output tokens: replayed as 1")
+        if self.continued:
+            out.append(f"{self.continued} request(s) continue a session whose earlier context the trace found cached "
+                       f"({self.continued_tokens} tokens in all): replayed with their own content, sharing only the "
+                       "session's common prefix, so those tokens are prefilled")
+        if self.reasoning_clipped:
+            out.append(f"{self.reasoning_clipped} turn(s) report as many reasoning as output tokens: replayed with "
+                       "one visible token")
         return out
 
 
@@ -236,7 +263,11 @@ def _turns(rounds: Sequence[Round], notes: _Notes) -> list[wl.TurnSpec]:
                 base, rest = divmod(appended[j + 1], len(rounds[j].hosted))
                 hosted += [wl.HostedCall(s, base + (rest if n == 0 else 0)) for n, (s, _) in enumerate(rounds[j].hosted)]
         output = sum(max(1, rounds[j].output_tokens) for j in group)
-        turns.append(wl.TurnSpec(appended[group[0]], output, r.tool_seconds, hosted))
+        reasoning = sum(rounds[j].reasoning_tokens for j in group)
+        if reasoning >= output:
+            notes.reasoning_clipped += 1
+            reasoning = output - 1
+        turns.append(wl.TurnSpec(appended[group[0]], output, r.tool_seconds, hosted, reasoning))
         group = []
     if turns[-1].tool_seconds:
         notes.interrupted += 1
@@ -258,14 +289,21 @@ def build(path: str | PathLike[str], format: str, sessions: Iterable[Sequence[Ro
     notes = _Notes(extra=list(extra_notes))
     tasks: list[wl.Workload] = []
     rounds: list[Round] = []
-    for session in sessions:
-        for index, request in enumerate(_cut_requests(session)):
-            name = request[0].session if index == 0 else f"{request[0].session}/{index}"
-            first = request[0]
-            arrival = rel(first.request_at if first.request_at is not None else first.started_at)
-            tasks.append(wl.Workload(name, 0, _turns(request, notes), arrival_s=arrival))
-            rounds += [attrs.evolve(r, task=name, turn=k, started_at=rel(r.started_at), ended_at=rel(r.ended_at),
-                                    request_at=rel(r.request_at)) for k, r in enumerate(request)]
+    requests = [(index, request) for session in sessions for index, request in enumerate(_cut_requests(session))]
+    prefixes = common_prefix_tokens(requests)
+    for index, request in requests:
+        first = request[0]
+        name = first.session if index == 0 else f"{first.session}/{index}"
+        arrival = rel(first.request_at if first.request_at is not None else first.started_at)
+        turns = _turns(request, notes)
+        prefix = prefixes[common_prefix_name(first)]
+        if index > 0 and first.cached_tokens > prefix:
+            notes.continued += 1
+            notes.continued_tokens += first.cached_tokens - prefix
+        tasks.append(wl.Workload(name, 0, turns, arrival_s=arrival, content_seed=content_seed_of_task(name),
+                                 prefix=common_prefix_name(first), prefix_tokens=min(prefix, turns[0].appended_tokens)))
+        rounds += [attrs.evolve(r, task=name, turn=k, started_at=rel(r.started_at), ended_at=rel(r.ended_at),
+                                request_at=rel(r.request_at)) for k, r in enumerate(request)]
     if not tasks:
         raise TraceError(path, 1, None, "the trace holds no model calls")
     if all(t.arrival_s is not None for t in tasks):
@@ -275,6 +313,29 @@ def build(path: str | PathLike[str], format: str, sessions: Iterable[Sequence[Ro
         notes.extra.append("some tasks have no arrival time: the replay runs tasks one after another")
         tasks = [attrs.evolve(t, arrival_s=None) for t in tasks]
     return Trace(str(path), format, tasks, rounds, notes.sentences())
+
+
+def content_seed_of_task(name: str) -> int:
+    """A replayed task's own content seed: a hash of its name in the trace (session, or session/request), so
+    every task of a trace has its own content and a task replays the same content every run."""
+    return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") >> 1
+
+
+def common_prefix_tokens(requests: Sequence[tuple[int, Sequence[Round]]]) -> dict[str, int]:
+    """Each provider and model's common prefix: the median of what its sessions' first prompts found cached, over
+    the sessions that found any (0 where none did). `requests` are (index in its session, rounds)."""
+    found: dict[str, list[int]] = {}
+    for index, request in requests:
+        cached = found.setdefault(common_prefix_name(request[0]), [])
+        if index == 0 and request[0].cached_tokens > 0:
+            cached.append(request[0].cached_tokens)
+    return {name: int(statistics.median_low(cached)) if cached else 0 for name, cached in found.items()}
+
+
+def common_prefix_name(first: Round) -> str:
+    """The common prefix a task shares with the trace's other tasks: one per provider and model (its system
+    prompt and tools)."""
+    return f"trace:{first.group}" if first.group else "trace"
 
 
 def adjusted(task: wl.Workload, *, tool_seconds: float | None = None, initial_prompt_tokens: int | None = None,
@@ -297,7 +358,7 @@ def rounds_from_workloads(workloads: Iterable[wl.Workload]) -> list[Round]:
         for k, t in enumerate(w.turns):
             out.append(Round(
                 session=w.name, line=0, input_tokens=w.prompt_tokens(k), cached_tokens=w.context_before(k),
-                output_tokens=t.output_tokens, tool_seconds=t.tool_seconds,
+                output_tokens=t.output_tokens, reasoning_tokens=t.reasoning_tokens, tool_seconds=t.tool_seconds,
                 hosted=tuple((h.seconds, h.result_tokens) for h in t.hosted_calls), task=w.name, turn=k,
             ))
     return out

@@ -15,7 +15,8 @@ reported twice and is skipped.
   last output item.
 * Requests: an `event_msg` `task_started` or `user_message`, or a user `message` item, begins one.
 
-Timestamps must not go backwards.
+Timestamps must not go backwards. The latest `turn_context`'s `model` names who served the rounds after it
+(`Round.group` "codex/<model>"; "codex" before any).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
     calls: list[str] = []
     hosted = 0
     request_at: float | None = None
+    model = ""  # the latest turn_context's model: who serves the rounds after it
     previous_total: object = None
     last_ts = float("-inf")
     notes = {"no_output": 0, "unreported": 0}
@@ -75,6 +77,8 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
         item = payload.get("type")
         if kind == "session_meta":
             session = str(payload.get("id") or payload.get("session_id") or session)
+        elif kind == "turn_context":
+            model = payload["model"] if isinstance(payload.get("model"), str) else model
         elif kind == "event_msg" and item in REQUEST_EVENTS or kind == "response_item" and item == "message" and payload.get("role") == "user":
             inputs.append(ts)
             if request_at is None:
@@ -129,6 +133,7 @@ def read_sessions(path: str | PathLike[str]) -> tuple[list[Round], dict[str, int
                 session=session, line=line, input_tokens=input_tokens, cached_tokens=cached, output_tokens=output,
                 reasoning_tokens=reasoning, hosted=((0.0, 0),) * hosted, starts_request=request_at is not None,
                 started_at=started, ended_at=max(outputs), request_at=request_at,
+                group=f"codex/{model}" if model else "codex",
             ))
             round_calls.append(calls)
             outputs, calls, hosted, request_at = [], [], 0, None

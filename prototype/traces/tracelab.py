@@ -11,6 +11,9 @@ TraceLab's README suggests for LLM-side latency. A round whose first input event
 Rows of different sessions may interleave; within a session `round_index` must increase. TraceLab's own data has
 exact duplicate rows (DB_SCHEMA.md: 514 repeated (session_id, round_index)); a repeat with the same token counts
 is skipped and counted in the notes, a repeat that differs is an error.
+
+`provider` (claude, codex) and `model`, where a row has them, name who served the round (`Round.group`): `calibrate`
+fits each on its own.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ def _tool_seconds(tool: dict, path: str | PathLike[str], line: int, index: int, 
         return round(value / 1000.0, 6)
     notes["no_latency"] += 1
     return 0.0
+
+
+def group_of(row: dict) -> str:
+    """"provider/model" from a round's `provider` (claude, codex) and `model` fields; what is missing is left out."""
+    parts = [str(row[key]).strip() for key in ("provider", "model") if isinstance(row.get(key), str) and row[key].strip()]
+    return "/".join(parts)
 
 
 def _times(row: dict, path: str | PathLike[str], line: int) -> tuple[float | None, float | None, float | None]:
@@ -125,7 +134,7 @@ def read(path: str | PathLike[str]) -> Trace:
         sessions.setdefault(session, []).append(Round(
             session=session, line=line, input_tokens=total, cached_tokens=prefix, output_tokens=output,
             reasoning_tokens=reasoning, tool_seconds=client, hosted=hosted, starts_request=starts_request,
-            started_at=started, ended_at=ended, request_at=request_at,
+            started_at=started, ended_at=ended, request_at=request_at, group=group_of(row),
         ))
     extra = []
     if notes["duplicates"]:

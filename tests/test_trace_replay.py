@@ -1,0 +1,107 @@
+"""Fair trace replay: every task a trace makes has its own content, shares with the others only the common prefix
+the trace says they share, and carries the trace's reasoning tokens into the replay."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from support import make_server
+from test_fairness import DESIGNS, common_prefix_tokens, first_prompt, run
+
+from prototype import benchmark, traces
+from prototype.client import harness
+from prototype.engine.kv import BLOCK_SIZE
+from prototype.engine.kv import common_prefix as _common_prefix
+
+SYSTEM_PROMPT = 2000  # what the second and third sessions' first prompts found cached: the group's common prefix
+
+
+def _stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(1_780_000_000 + seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def round_row(session: str, prefix: int, append: int, output: int, reasoning: int, start: float) -> dict:
+    """A one-round request of a TraceLab round trace: a user message at `start`, the answer a second later."""
+    return {
+        "session_id": session, "round_index": 0, "provider": "codex", "model": "gpt-5.4",
+        "prefix_tokens": prefix, "newly_append_tokens": append, "output_tokens": output,
+        "reasoning_output_tokens": reasoning, "first_input_event_type": "user_message", "tools": [],
+        "timing_events": [{"event_type": "user_message", "timestamp": _stamp(start)},
+                          {"event_type": "text", "timestamp": _stamp(start + 1.0)}],
+    }
+
+
+@pytest.fixture
+def trace(tmp_path) -> traces.Trace:
+    rows = [round_row("s1", 0, 3000, 50, 20, 0.0),  # the first session finds nothing cached
+            round_row("s2", SYSTEM_PROMPT, 1500, 60, 25, 10.0),  # the next ones find the system prompt
+            round_row("s3", SYSTEM_PROMPT, 2500, 40, 0, 20.0)]
+    path = tmp_path / "round_trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return traces.load(path)
+
+
+def test_two_replayed_tasks_share_exactly_the_common_prefix_the_trace_names(trace) -> None:
+    s1, s2, s3 = trace.tasks
+    assert {t.prefix for t in trace.tasks} == {"trace:codex/gpt-5.4"}
+    assert [t.prefix_tokens for t in trace.tasks] == [SYSTEM_PROMPT] * 3
+    assert len({t.text_seed for t in trace.tasks}) == 3
+    shared = common_prefix_tokens(s1)
+    assert shared > SYSTEM_PROMPT  # the system prompt, the tools and the user item's header
+    prompts = [first_prompt(t) for t in trace.tasks]
+    for other in prompts[1:]:
+        assert _common_prefix(prompts[0], other) == shared  # and not one token of the task after it
+    assert harness.task_prompt(s2) != harness.task_prompt(s3)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+async def test_no_design_finds_more_of_a_replayed_task_than_the_common_prefix(autojump_clock, trace, design) -> None:
+    server = make_server()
+    records = [await run(server, design, task) for task in trace.tasks]  # one after another on one engine
+    shared = common_prefix_tokens(trace.tasks[0])
+    assert records[0].usage["cached_tokens"] == 0
+    for record in records[1:]:
+        assert record.usage["cached_tokens"] == shared - shared % BLOCK_SIZE  # whole blocks of the prefix, no more
+
+
+def test_a_rounds_reasoning_tokens_are_replayed_and_counted(trace) -> None:
+    assert [r.reasoning_tokens for r in trace.rounds] == [20, 25, 0]
+    assert [t.turns[0].reasoning_tokens for t in trace.tasks] == [20, 25, 0]
+    config = benchmark.BenchConfig(task_list=tuple(t for t in trace.tasks), source="fixture")
+    rows = benchmark.design_rows(benchmark.DesignRun(benchmark.CHAINED, 1000.0, config))
+    assert [r["reasoning_tokens"] for r in rows] == [20, 25, 0]
+    assert [r["output_tokens"] for r in rows] == [50, 60, 40]
+
+
+def test_the_parameter_block_shows_what_the_replay_used(trace) -> None:
+    config = benchmark.BenchConfig(task_list=trace.tasks, source="round_trace.jsonl")
+    rows = {name: value for name, value, _ in benchmark.parameters(config)}
+    assert rows["workload"] == "3 tasks from round_trace.jsonl"
+    assert rows["reasoning share of output"] == "30.0% of 150 output tokens"  # (20 + 25 + 0) / (50 + 60 + 40)
+    assert rows["common prefix"].startswith("2000 tokens (trace:codex/gpt-5.4) shared by tasks of one provider and model")
+    assert rows["tool time"] == "no client calls" and rows["parallel client calls"] == "none"
+    assert rows["hosted web_search"] == "none"
+    # Nothing of the preset's distributions (tool mixture, call and search rates) is printed as if it were used.
+    assert not any("LN(" in value or "of tool turns, 2/3/4" in value for value in rows.values())
+    assert "decode speeds" in rows and "t_fixed_pre (validate+safety+render+route)" in rows  # model and API rows stay
+
+
+def test_preset_out_takes_the_traces_reasoning_and_common_prefix(trace, tmp_path, capsys) -> None:
+    from prototype import profiles
+    from prototype.__main__ import main
+
+    out = tmp_path / "preset.json"
+    assert main(["calibrate", trace.path, "--baseline-tasks", "50", "--preset-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    preset = profiles.load_preset(out)
+    assert preset.shared_prefix_tokens == SYSTEM_PROMPT  # not the coding preset's 7,400
+    shares = np.array([20 / 50, 25 / 60, 0 / 40])
+    # A uniform share with the trace's mean and sd: mean -/+ sqrt(3) sd, the low end clipped at 0.
+    assert preset.reasoning_share == (0.0, pytest.approx(shares.mean() + np.sqrt(3) * shares.std(), abs=1e-4))
+    # The baseline column counts the coding preset's reasoning (11-45% of output), not 0.
+    line = next(line for line in printed.splitlines() if line.startswith("reasoning tokens per round"))
+    trace_p50, baseline_p50 = float(line.split()[6]), float(line.split()[-2])
+    assert trace_p50 == 20 and baseline_p50 > 10

@@ -61,8 +61,10 @@ def create_event(input: Any = "fix the bug", *, metadata: dict[str, str] | None 
     }
 
 
-def ws(server: ResponsesServer, design: str = "chained", **kwargs: Any):
-    return open_responses_websocket(InMemoryConnector(server), design, **kwargs)
+def ws(server: ResponsesServer, design: str = "chained", *, network: netem.NetworkProfile | None = None, **kwargs: Any):
+    """A harness WebSocket to `server` in memory; `network`: None for a zero-latency pipe, or a link
+    with delay (DELAYED_LINK)."""
+    return open_responses_websocket(InMemoryConnector(server, network), design, **kwargs)
 
 
 async def send(conn, event: dict[str, Any] | str) -> None:

@@ -455,16 +455,16 @@ class WebSocketSession:
                 await self.idle.wait()
         await self.send_error_and_close(reason, code, close_reason)
 
-    async def send_error_and_close(self, reason: ProtocolError | None, code: int, close_reason: str) -> None:
-        """Send `reason` (if any) as an `error`, then close with `code` and wait for the client's close
-        frame. Shielded and bounded: `aclose` ends the reader at once, and the reader's return cancels
-        the connection's nursery; unshielded, that cancel would cut the handshake short and drop the
+    async def send_error_and_close(self, reason: ProtocolError, code: int, close_reason: str) -> None:
+        """Send `reason` as an `error`, then close with `code` and wait for the client's close frame.
+
+        Shielded and bounded: `aclose` ends the reader at once, and the reader's return cancels the
+        connection's nursery; unshielded, that cancel would cut the handshake short and drop the
         frames still on a delayed link (the terminal event, the error, the close), which the client
         would see as 1006."""
         with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_HANDSHAKE_SECONDS):
             try:
-                if reason is not None:
-                    await self.send_error(reason)
+                await self.send_error(reason)
                 await self.ws.aclose(code, close_reason)
             except ConnectionClosed:
                 pass

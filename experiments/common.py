@@ -6,13 +6,18 @@ points at the newest, so a run never overwrites an earlier one."""
 
 from __future__ import annotations
 
+import collections
 import os
+import queue
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import attrs
 
 from prototype.analysis import print_table, write_csv  # noqa: F401 - the experiments' table helpers
 from prototype.cli.common import Parser, add_list, new_run_folder
@@ -54,22 +59,68 @@ def report(rows: Sequence[dict[str, Any]], filename: str, columns: Sequence[str]
     return path
 
 
+# How long `serve` may take to print its address: its imports and engine set-up take a few seconds
+# on 2 idle cores, several times that on a loaded machine [ours]; past this the run fails instead
+# of waiting for a server that will never come up.
+SERVER_START_SECONDS = 120.0
+# How long `serve` may take to drain and exit after SIGTERM before it is killed (its drain grace,
+# `--drain-seconds`, is 30 s by default) [ours].
+SERVER_STOP_SECONDS = 45.0
+
+
+@attrs.define(eq=False)
+class ServerOutput:
+    """What a `serve` child printed: read to the end by a thread, so the child never blocks on a full
+    pipe (a Linux pipe holds 64 KiB, pipe(7); serve prints an access-log line per response)."""
+
+    lines: int = 0
+    """Lines read so far, the address line included."""
+    bytes: int = 0
+    """Characters read so far."""
+    tail: collections.deque = attrs.Factory(lambda: collections.deque(maxlen=20))
+    """The last lines, for an error message."""
+
+    def drain(self, stream: IO[str], first_line: queue.Queue) -> None:
+        """Thread body: hand the first line over, then read and count the rest until end of file."""
+        for line in stream:
+            if self.lines == 0:
+                first_line.put(line)
+            self.lines += 1
+            self.bytes += len(line)
+            self.tail.append(line)
+        if self.lines == 0:
+            first_line.put("")  # exited before printing anything
+
+
 @contextmanager
-def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port)."""
+def server_process(*args: str, output: ServerOutput | None = None) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m prototype serve --port 0 ...` in a child process; yields (process, port). Its
+    output is read to the end by a thread (into `output`, if given), so a long run never blocks it."""
+    output = ServerOutput() if output is None else output
     process = subprocess.Popen(
         [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
     )
+    first_line: queue.Queue[str] = queue.Queue(maxsize=1)
+    reader = threading.Thread(target=output.drain, args=(process.stdout, first_line), name="serve-stdout", daemon=True)
+    reader.start()
     try:
-        line = process.stdout.readline()
+        try:
+            line = first_line.get(timeout=SERVER_START_SECONDS)
+        except queue.Empty:
+            raise RuntimeError(f"server printed nothing in {SERVER_START_SECONDS:g} s") from None
         if "listening on" not in line:
             raise RuntimeError(f"server did not start: {line!r}")
         port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
         yield process, port
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=SERVER_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        reader.join(timeout=SERVER_STOP_SECONDS)  # the pipe's end of file: the child has exited
 
 
 def process_tree(pid: int) -> list[int]:
@@ -123,6 +174,6 @@ def run_delay_seconds(pid: int) -> float:
 
 
 __all__ = [
-    "RESULTS", "Parser", "add_list", "cpu_seconds", "experiment_parser", "latest_dir", "new_run_folder", "print_table",
+    "RESULTS", "Parser", "ServerOutput", "add_list", "cpu_seconds", "experiment_parser", "latest_dir", "new_run_folder", "print_table",
     "raise_fd_limit", "report", "results_dir", "rss_bytes", "run_delay_seconds", "run_dir", "server_process", "write_csv",
 ]

@@ -11,11 +11,15 @@ Rules every test here follows (after trio-websocket's test suite):
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import h11
 import trio
 
+from prototype import netem
 from prototype.api.costs import ZERO_COSTS, ApiCosts
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
@@ -57,8 +61,10 @@ def create_event(input: Any = "fix the bug", *, metadata: dict[str, str] | None 
     }
 
 
-def ws(server: ResponsesServer, design: str = "chained", **kwargs: Any):
-    return open_responses_websocket(InMemoryConnector(server), design, **kwargs)
+def ws(server: ResponsesServer, design: str = "chained", *, network: netem.NetworkProfile | None = None, **kwargs: Any):
+    """A harness WebSocket to `server` in memory; `network`: None for a zero-latency pipe, or a link
+    with delay (DELAYED_LINK)."""
+    return open_responses_websocket(InMemoryConnector(server, network), design, **kwargs)
 
 
 async def send(conn, event: dict[str, Any] | str) -> None:
@@ -111,3 +117,25 @@ def events_by_response(events: list[dict[str, Any]]) -> dict[str | None, list[di
         if "sequence_number" in event:
             grouped.setdefault(current, []).append(event)
     return grouped
+
+
+# The link a transport test runs over besides a zero-latency pipe: the benchmark's default network
+# (prototype/benchmark.py DEFAULT_NETWORK, 20 ms RTT), with no handshake charged so a test's times
+# count from its first frame.
+DELAYED_LINK = netem.NetworkProfile(rtt=netem.SAME_REGION.rtt, tcp_round_trips=0, tls_round_trips=0)
+
+
+@attrs.define(eq=False)
+class DelayedConnector:
+    """Opens in-memory links with `network`'s delays (netem.open_emulated_pair), the server's side of
+    each run in `nursery`, so a test can wait for every server task to end."""
+
+    server: Any
+    nursery: trio.Nursery
+    network: netem.NetworkProfile = DELAYED_LINK
+
+    @asynccontextmanager
+    async def open_stream(self) -> AsyncIterator[trio.abc.Stream]:
+        async with netem.open_emulated_pair(self.network) as (client, server_end):
+            self.nursery.start_soon(self.server.handle_stream, server_end)
+            yield client

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
-from support import create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from support import DELAYED_LINK, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
 from test_suspended import workloads
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ApiCosts
@@ -23,13 +23,19 @@ async def turn(conn, event) -> list[dict]:
     return await until(conn, "response.completed", "response.failed", "response.incomplete")
 
 
+@pytest.fixture(params=[None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+def link(request):
+    """The link a WebSocket test runs over: a zero-latency pipe, or the 20 ms RTT link."""
+    return request.param
+
+
 def phases(response: dict) -> dict[str, float]:
     return response["testbed_timing"]["phases_ms"]
 
 
-async def test_cache_hit_processes_only_the_new_input(autojump_clock):
+async def test_cache_hit_processes_only_the_new_input(autojump_clock, link):
     server = make_server(costs=COSTS)
-    async with ws(server, CHAINED, include_timing=True) as conn:
+    async with ws(server, CHAINED, network=link, include_timing=True) as conn:
         first = (await turn(conn, create_event()))[-1]["response"]
         second = (await turn(conn, create_event(previous_response_id=first["id"], input=outputs_for(function_calls(first)))))[-1]["response"]
     assert second["previous_response_id"] == first["id"]
@@ -45,23 +51,23 @@ async def test_cache_hit_processes_only_the_new_input(autojump_clock):
     assert usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"] < 40
 
 
-async def test_store_true_hydrates_after_reconnect(autojump_clock):
+async def test_store_true_hydrates_after_reconnect(autojump_clock, link):
     server = make_server(costs=COSTS)
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         first = (await turn(conn, create_event(store=True)))[-1]["response"]
     await trio.sleep(1)  # the overlapped post-inference work (the store write) has finished
-    async with ws(server, CHAINED, include_timing=True) as conn:
+    async with ws(server, CHAINED, network=link, include_timing=True) as conn:
         second = (await turn(conn, create_event(store=True, previous_response_id=first["id"], input=outputs_for(function_calls(first)))))[-1]["response"]
     assert second["status"] == "completed"
     assert phases(second)["store_read"] == pytest.approx(1000 * COSTS.store_read_per_turn * 1)
     assert phases(second)["route"] == pytest.approx(1000 * COSTS.route.fixed)  # a rebuild pays in full
 
 
-async def test_store_false_is_previous_response_not_found_after_reconnect(autojump_clock):
+async def test_store_false_is_previous_response_not_found_after_reconnect(autojump_clock, link):
     server = make_server()
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         first = (await turn(conn, create_event(store=False)))[-1]["response"]
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         events = await turn(conn, create_event(previous_response_id=first["id"], input=outputs_for(function_calls(first))))
         assert events == [{
             "type": "error", "status": 400,
@@ -74,9 +80,9 @@ async def test_store_false_is_previous_response_not_found_after_reconnect(autoju
         assert (await turn(conn, create_event(metadata={"testbed_workload": "fixed:1"})))[-1]["type"] == "response.completed"
 
 
-async def test_a_failed_turn_evicts_the_id_it_referenced(autojump_clock):
+async def test_a_failed_turn_evicts_the_id_it_referenced(autojump_clock, link):
     server = make_server()
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         first = (await turn(conn, create_event()))[-1]["response"]
         bad = await turn(conn, create_event(previous_response_id=first["id"], input=outputs_for([{"call_id": "call_unknown"}])))
         assert bad[-1]["error"]["code"] == "invalid_function_call_output"
@@ -85,9 +91,9 @@ async def test_a_failed_turn_evicts_the_id_it_referenced(autojump_clock):
     assert server.sessions == set()
 
 
-async def test_two_creates_run_fifo_one_at_a_time(autojump_clock):
+async def test_two_creates_run_fifo_one_at_a_time(autojump_clock, link):
     server = make_server()
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, input="second"))
         first = await until(conn, "response.completed")
@@ -97,9 +103,9 @@ async def test_two_creates_run_fifo_one_at_a_time(autojump_clock):
     assert all(e["sequence_number"] == i for i, e in enumerate(second))
 
 
-async def test_queue_limit_is_too_many_queued_requests(autojump_clock):
+async def test_queue_limit_is_too_many_queued_requests(autojump_clock, link):
     server = make_server(config=ServerConfig(max_queued_creates=2))
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         for _ in range(4):  # one starts, two wait, the fourth is refused
             await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         errors = []
@@ -112,9 +118,9 @@ async def test_queue_limit_is_too_many_queued_requests(autojump_clock):
     assert errors == ["too_many_queued_requests"]
 
 
-async def test_warm_up_then_chained_turn(autojump_clock):
+async def test_warm_up_then_chained_turn(autojump_clock, link):
     server = make_server()
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         warm = await turn(conn, create_event(generate=False))
         assert [e["type"] for e in warm] == ["response.created", "response.completed"]
         assert warm[-1]["response"]["output"] == [] and warm[-1]["response"]["usage"]["output_tokens"] == 0
@@ -122,9 +128,9 @@ async def test_warm_up_then_chained_turn(autojump_clock):
         assert first["status"] == "completed" and function_calls(first)
 
 
-async def test_connection_lifetime_sends_the_limit_error_then_closes_1000(autojump_clock):
+async def test_connection_lifetime_sends_the_limit_error_then_closes_1000(autojump_clock, link):
     server = make_server(config=ServerConfig(connection_lifetime=30.0))
-    async with ws(server, CHAINED) as conn:
+    async with ws(server, CHAINED, network=link) as conn:
         opened = trio.current_time()
         await turn(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         error = await receive(conn)

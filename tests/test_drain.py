@@ -6,7 +6,10 @@ has exactly one terminal event, its sequence numbers run 0, 1, 2, ... without a 
 arrives after the close.
 
 Rules (after tests/support.py and tests/test_faults.py): memory streams under the `autojump_clock`,
-every wait bounded; the CLI's SIGTERM is checked once over a real socket.
+every wait bounded; the CLI's SIGTERM is checked once over a real socket. Every server-initiated
+close runs over a zero-latency pipe and over a link with the benchmark's 20 ms RTT (in process under
+the virtual clock, and on real TCP with the delay added by netem), where the close handshake takes a
+round trip that a zero-latency pipe hides.
 """
 
 from __future__ import annotations
@@ -18,20 +21,34 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support import H11Client, events_by_response, make_server, receive, send, until
+from support import DELAYED_LINK, DelayedConnector, H11Client, events_by_response, make_server, receive, send, until
 from test_bad_input import ONE_TURN, TERMINALS, calls_of, create, output, session_kv, turn
 from test_faults import PipeConnector, raw_ws, server_tasks_end
 from trio_websocket import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from prototype import netem
+from prototype.client.connect import TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED
 from prototype.designs.emitter import Emitter, EngineFailure
 from prototype.designs.sampling import SamplingLoop
 from prototype.protocol import errors
-from prototype.server.app import drain
+from prototype.server.app import drain, serve_responses
+from prototype.server.config import ServerConfig
 
 LONG = "fixed:1:50:10:400:0"  # one turn of 400 output tokens: 4 s at sim-100
 LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
+LINKS = ["pipe", "rtt-20ms"]
+
+
+def connector_for(link: str, server, nursery: trio.Nursery):
+    """A zero-latency pipe, or the in-process link with the benchmark's 20 ms RTT."""
+    return PipeConnector(server, nursery) if link == "pipe" else DelayedConnector(server, nursery)
+
+
+def one_way(link: str) -> float:
+    """How long a frame takes from one end to the other on `link`."""
+    return 0.0 if link == "pipe" else DELAYED_LINK.one_way_delay
 
 
 def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
@@ -124,10 +141,11 @@ async def test_an_engine_failure_while_an_append_is_taken_fails_the_rollout_once
 # --- the drain (SIGTERM) ---------------------------------------------------------------------------
 
 
-async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(autojump_clock, nursery) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(autojump_clock, nursery, link: str) -> None:
     server = make_server()
     async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
+        connector = connector_for(link, server, server_side)
         async with raw_ws(connector, CHAINED) as (v2, _), raw_ws(connector, SUSPENDED) as (v1_paused, _), raw_ws(connector, SUSPENDED) as (v1_streaming, _), raw_ws(connector, CHAINED) as (idle, _):
             await send(v2, create(model="sim-100", metadata={"testbed_workload": LONG}))
             await send(v2, create(metadata={"testbed_workload": ONE_TURN}))  # queued: never starts
@@ -163,10 +181,11 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
 
 
-async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str) -> None:
     server = make_server()
     async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
+        connector = connector_for(link, server, server_side)
         async with raw_ws(connector, CHAINED) as (conn, _):
             await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
             created = await receive(conn)
@@ -174,7 +193,11 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock)
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
                 events, code = await events_until_close(conn)
-            assert trio.current_time() - drained_at == pytest.approx(1.0, abs=1e-6)  # the grace, then the cut
+                closed_at = trio.current_time()
+            # The grace, then the cut, which reaches the client one way later; the drain ends when
+            # the client's close frame is back, a round trip after the cut.
+            assert closed_at - drained_at == pytest.approx(1.0 + one_way(link), abs=1e-6)
+            assert trio.current_time() - drained_at == pytest.approx(1.0 + 2 * one_way(link), abs=1e-6)
         await server_tasks_end(server_side, server)
     assert code == 1001
     failed = events[-2]
@@ -184,8 +207,15 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock)
     assert session_kv(server) == {}
 
 
-async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link: str) -> None:
     server = make_server()
+    finished = trio.Event()  # the delayed links close when the test is done with them
+
+    async def hold_link(task_status: trio.TaskStatus) -> None:
+        async with netem.open_emulated_pair(DELAYED_LINK) as pair:
+            task_status.started(pair)
+            await finished.wait()
 
     async def post(client: H11Client, body: dict[str, Any]) -> list[dict[str, Any]]:
         import h11
@@ -205,16 +235,19 @@ async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refu
                     if line.startswith("data: "):
                         events.append(json.loads(line[6:]))
 
-    def connect() -> H11Client:
-        client_end, server_end = trio.testing.memory_stream_pair()
+    async def connect() -> H11Client:
+        if link == "pipe":
+            client_end, server_end = trio.testing.memory_stream_pair()
+        else:
+            client_end, server_end = await nursery.start(hold_link)
         nursery.start_soon(server.handle_stream, server_end)
         return H11Client(client_end)
 
-    idle = connect()
+    idle = await connect()
     body = {"model": "sim-1000", "input": "go", "stream": True, "store": False, "metadata": {"testbed_workload": ONE_TURN}}
     assert (await post(idle, body))[-1]["type"] == "response.completed"
     idle.conn.start_next_cycle()
-    streaming = connect()
+    streaming = await connect()
     results: dict[str, Any] = {}
 
     async def stream_one() -> None:
@@ -227,7 +260,7 @@ async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refu
         async with trio.open_nursery() as draining:
             draining.start_soon(drain, server, 30.0)
             await trio.sleep(0.1)
-            refused = connect()
+            refused = await connect()
             import h11
 
             await refused.stream.send_all(refused.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "0")])) + refused.conn.send(h11.EndOfMessage()))
@@ -238,6 +271,80 @@ async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refu
     assert events[-1]["type"] == "response.completed"
     assert_no_event_lost(events)
     assert server.connections == 0 and not server.http_in_flight
+    finished.set()
+
+
+# --- a close started mid-response, over a link with delay ---------------------------------------------
+# The server's close waits a round trip for the client's close frame; the terminal event, the error
+# and the close frame are still on the link while it waits. Each case: a 0.4 s response (40 tokens
+# at sim-100), and the drain or the lifetime limit 0.1 s into it.
+
+def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
+    """The `error` event a close sends before its close frame."""
+    if close == "drain":
+        return {"type": "error", "status": 503, "error": {"type": "server_error", "code": errors.SERVER_SHUTTING_DOWN,
+                "message": "The server is shutting down; retry on a new connection.", "param": None}}
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": errors.CONNECTION_LIMIT_REACHED, "message":
+            f"Responses websocket connection limit reached ({lifetime_minutes:g} minutes). Create a new websocket connection to continue.", "param": None}}
+
+
+CLOSES = {"drain": 1001, "limit": 1000}  # the close code of each: going away; normal (WS guide names none)
+LIFETIME = 12.0  # seconds: the limit case's connection lifetime (0.2 minutes)
+SHORT = "fixed:1:50:10:40:0"  # one turn of 40 output tokens: 0.4 s at sim-100
+
+
+def assert_terminal_event_then_error(created: dict[str, Any], events: list[dict[str, Any]], code: int, close: str, minutes: float = 0.2) -> None:
+    assert code == CLOSES[close]
+    assert [e["type"] for e in events][-2:] == ["response.completed", "error"]
+    assert events[-2]["response"]["id"] == created["response"]["id"]
+    assert events[-1] == closing_error(close, minutes)
+    assert_no_event_lost([created, *events[:-1]])
+
+
+@pytest.mark.parametrize("close", list(CLOSES))
+@pytest.mark.parametrize("link", LINKS)
+async def test_a_close_mid_response_delivers_the_terminal_event_the_error_then_the_close_code(autojump_clock, link: str, close: str) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=LIFETIME))
+    async with trio.open_nursery() as server_side:
+        async with raw_ws(connector_for(link, server, server_side), CHAINED) as (conn, _):
+            if close == "limit":  # the lifetime counts from the server's accept, one way before `opened`
+                await trio.sleep(LIFETIME - 0.1 - 2 * one_way(link) - 0.01)
+            await send(conn, create(model="sim-100", metadata={"testbed_workload": SHORT}))
+            created = await receive(conn)
+            assert created["type"] == "response.created"
+            async with trio.open_nursery() as draining:
+                if close == "drain":
+                    await trio.sleep(0.1)
+                    draining.start_soon(drain, server, 30.0)
+                events, code = await events_until_close(conn)
+        await server_tasks_end(server_side, server)
+    assert_terminal_event_then_error(created, events, code, close)
+    assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("close", list(CLOSES))
+async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: str) -> None:
+    # Real time: a 4 s response (400 tokens at sim-100), so the limit (2 s after the accept) or the
+    # drain (0.1 s after response.created) comes in the middle of it on a busy machine too.
+    lifetime = 2.0 if close == "limit" else 3600.0
+    server = make_server(config=ServerConfig(connection_lifetime=lifetime))
+    listeners = await nursery.start(serve_responses, server, 0)
+    connector = TcpConnector("127.0.0.1", listeners[0].socket.getsockname()[1], network=DELAYED_LINK)
+    async with raw_ws(connector, CHAINED) as (conn, _):
+        await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))
+        created = await receive(conn, timeout=30)
+        assert created["type"] == "response.created"
+        async with trio.open_nursery() as draining:
+            if close == "drain":
+                await trio.sleep(0.1)
+                draining.start_soon(drain, server, 30.0)
+            events, code = await events_until_close(conn)
+    with trio.fail_after(10):  # a hang guard: the server's side of the connection ends with it
+        while server.sessions or server.connections:
+            await trio.sleep(0.01)
+    assert_terminal_event_then_error(created, events, code, close, lifetime / 60)
+    assert session_kv(server) == {}
 
 
 def test_sigterm_drains_the_real_server(cli_server) -> None:

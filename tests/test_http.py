@@ -21,7 +21,7 @@ import h11
 import pytest
 import trio
 import trio.testing
-from support import H11Client
+from support import DELAYED_LINK, H11Client
 
 from prototype import netem
 from prototype import workload as wl
@@ -130,13 +130,37 @@ class RawClient(H11Client):
 
 @attrs.define(eq=False)
 class Link:
+    """Connections to `server` whose server side runs in `nursery`: zero-latency pipes, or links with
+    `network`'s delay."""
+
     nursery: trio.Nursery
     server: ResponsesServer
+    network: netem.NetworkProfile | None = None
 
     def open(self) -> RawClient:
+        """A zero-latency pipe."""
         client, server_end = trio.testing.memory_stream_pair()
         self.nursery.start_soon(self.server.handle_stream, server_end)
         return RawClient(client)
+
+    async def connect(self) -> RawClient:
+        """A connection over `network` (a zero-latency pipe when it is None)."""
+        if self.network is None:
+            return self.open()
+        client, server_end = await self.nursery.start(self._hold_link)
+        self.nursery.start_soon(self.server.handle_stream, server_end)
+        return RawClient(client)
+
+    async def _hold_link(self, task_status: trio.TaskStatus) -> None:
+        async with netem.open_emulated_pair(self.network) as pair:
+            task_status.started(pair)
+            await trio.sleep_forever()  # until the test's nursery is cancelled
+
+
+@pytest.fixture(params=[None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+def network(request):
+    """The link an HTTP shell test runs over: a zero-latency pipe, or the 20 ms RTT link."""
+    return request.param
 
 
 def error_of(answer: Answer, status: int, code: str, param: str | None = None) -> dict[str, Any]:
@@ -362,9 +386,9 @@ def test_affinity_misses_are_drawn_per_task_and_turn() -> None:
 # --- the HTTP shell: answers, errors, keep-alive ----------------------------------------------------
 
 
-async def test_stream_false_returns_the_response_json(autojump_clock, nursery) -> None:
-    link = Link(nursery, make_server())
-    client = link.open()
+async def test_stream_false_returns_the_response_json(autojump_clock, nursery, network) -> None:
+    link = Link(nursery, make_server(), network)
+    client = await link.connect()
     answer = await client.request(body=create_body(stream=False))
     assert answer.status == 200 and answer.headers["content-type"] == "application/json"
     response = answer.json()
@@ -379,10 +403,10 @@ async def test_stream_false_returns_the_response_json(autojump_clock, nursery) -
     assert capped["usage"]["output_tokens"] == 16  # the API's smallest cap
 
 
-async def test_one_connection_serves_request_after_request(autojump_clock, nursery) -> None:
+async def test_one_connection_serves_request_after_request(autojump_clock, nursery, network) -> None:
     server = make_server()
-    link = Link(nursery, server)
-    client = link.open()
+    link = Link(nursery, server, network)
+    client = await link.connect()
     first = assert_completed_stream(await client.request(body=create_body(stream=True)))
     response = first[-1].data["response"]
     call = next(item for item in response["output"] if item["type"] == "function_call")
@@ -398,10 +422,10 @@ def parse_and_dump(text: str) -> list[dict[str, Any]]:
     return [item.to_dict() for item in parse_input(text)]
 
 
-async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(autojump_clock, nursery) -> None:
+async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(autojump_clock, nursery, network) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"secret"}), max_body_bytes=4096))
-    link = Link(nursery, server)
-    client = link.open()
+    link = Link(nursery, server, network)
+    client = await link.connect()
     auth = "Bearer secret"
 
     # Every refusal below keeps the connection open: a good request follows on the same one.
@@ -439,7 +463,7 @@ async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(a
     assert await client.server_closed()
 
     # A chunked body that grows past the limit: 413 too.
-    client = link.open()
+    client = await link.connect()
     data = client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[
         ("host", "t"), ("transfer-encoding", "chunked"), ("authorization", auth), ("content-type", "application/json")]))
     for _ in range(5):
@@ -449,7 +473,7 @@ async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(a
     assert await client.server_closed()
 
     # A body cut short by the client closing its side: 400, then close.
-    client = link.open()
+    client = await link.connect()
     head = b"POST /v1/responses HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\nauthorization: Bearer secret\r\n\r\n{\"model\""
     await client.stream.send_all(head)
     await client.stream.send_eof()
@@ -458,42 +482,42 @@ async def test_refusals_get_status_and_error_body_and_the_server_keeps_serving(a
     assert await client.server_closed()
 
     # Garbage instead of HTTP: 400 and close; the server still serves new connections.
-    client = link.open()
+    client = await link.connect()
     await client.stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
     raw = await client.stream.receive_some(65536)
     assert raw.startswith(b"HTTP/1.1 400 ")
-    client = link.open()
+    client = await link.connect()
     assert_completed_stream(await client.request(body=create_body(stream=True), auth=auth))
 
 
-async def test_auth_is_shared_with_the_websocket_path(autojump_clock, nursery) -> None:
+async def test_auth_is_shared_with_the_websocket_path(autojump_clock, nursery, network) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"secret"})))
-    link = Link(nursery, server)
+    link = Link(nursery, server, network)
     upgrade = [("upgrade", "websocket"), ("connection", "Upgrade"), ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
                ("sec-websocket-version", "13")]
-    client = link.open()
+    client = await link.connect()
     error_of(await client.request("GET", headers=upgrade, auth="Bearer wrong", content_type=None), 401, "invalid_api_key")
     async with open_responses_websocket(InMemoryConnector(server), "chained", api_key="secret") as ws:
         await ws.send_message(json.dumps({"type": "response.create", **create_body()}))
         while json.loads(await ws.get_message())["type"] != "response.completed":
             pass
-    client = link.open()
+    client = await link.connect()
     error_of(await client.request(body=create_body(), auth="Bearer wrong"), 401, "invalid_api_key")
     assert_completed_stream(await client.request(body=create_body(stream=True), auth="Bearer secret"))
 
 
-async def test_connection_close_is_honoured(autojump_clock, nursery) -> None:
-    client = Link(nursery, make_server()).open()
+async def test_connection_close_is_honoured(autojump_clock, nursery, network) -> None:
+    client = await Link(nursery, make_server(), network).connect()
     answer = await client.request(body=create_body(stream=True), headers=[("connection", "close")])
     assert_completed_stream(answer)
     assert await client.server_closed()
 
 
-async def test_idle_keep_alive_connection_is_closed_and_the_harness_reconnects(autojump_clock) -> None:
+async def test_idle_keep_alive_connection_is_closed_and_the_harness_reconnects(autojump_clock, network) -> None:
     server = make_server(config=ServerConfig(http_idle_timeout=1.0))
     workload = wl.fixed(3, tool_seconds=5.0)  # every tool run outlasts the idle timeout
     key = server.api.workloads.register(workload)
-    record = await run_http_rollout(InMemoryConnector(server), workload, metadata={"testbed_workload": key})
+    record = await run_http_rollout(InMemoryConnector(server, network), workload, metadata={"testbed_workload": key})
     assert record.status == "completed" and len(record.turns) == 3
 
 
@@ -509,10 +533,10 @@ class FailingEngine(Engine):
         await super().prefill(latency, uncached=uncached, cached=cached)
 
 
-async def test_engine_failure_ends_the_stream_with_response_failed(autojump_clock, nursery) -> None:
+async def test_engine_failure_ends_the_stream_with_response_failed(autojump_clock, nursery, network) -> None:
     engine = FailingEngine()
     engine.failures = 2
-    client = Link(nursery, make_server(engine=engine)).open()
+    client = await Link(nursery, make_server(engine=engine), network).connect()
     answer = await client.request(body=create_body(stream=True))
     events = parse_stream(answer.body)
     assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
@@ -523,13 +547,13 @@ async def test_engine_failure_ends_the_stream_with_response_failed(autojump_cloc
     assert_completed_stream(await client.request(body=create_body(stream=True)))  # same connection
 
 
-async def test_a_failure_after_streaming_started_is_a_flat_sse_error(autojump_clock, nursery, monkeypatch) -> None:
+async def test_a_failure_after_streaming_started_is_a_flat_sse_error(autojump_clock, nursery, network, monkeypatch) -> None:
     async def faulty(api, request, sink, **kwargs):
         await sink(ev.ResponseCreated(0, {"id": "resp_x", "object": "response", "status": "in_progress"}))
         raise ProtocolError("invalid_value", "A late refusal.", param="input")
 
     monkeypatch.setattr(server_http, "run_http_turn", faulty)
-    client = Link(nursery, make_server()).open()
+    client = await Link(nursery, make_server(), network).connect()
     events = parse_stream((await client.request(body=create_body(stream=True))).body)
     assert [e.type for e in events] == ["response.created", "error"]
     assert events[-1].data == {"type": "error", "code": "invalid_value", "message": "A late refusal.", "param": "input", "sequence_number": 1}

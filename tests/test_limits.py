@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support import make_server, receive, send, until
+from support import DELAYED_LINK, make_server, receive, send, until
 from test_bad_input import (
     BOTH,
     ONE_TURN,
@@ -50,8 +50,9 @@ from prototype.server.config import (
 )
 
 
-def ws(server, design: str = CHAINED, key: str = "testbed"):
-    return open_responses_websocket(InMemoryConnector(server), design, api_key=key)
+def ws(server, design: str = CHAINED, key: str = "testbed", network=None):
+    """`network`: None for a zero-latency pipe, or a link with delay (support.DELAYED_LINK)."""
+    return open_responses_websocket(InMemoryConnector(server, network), design, api_key=key)
 
 
 async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str | None = "testbed") -> tuple[int, Any]:
@@ -278,10 +279,19 @@ async def closed_with_limit(conn) -> list[dict[str, Any]]:
     return events
 
 
+# The lifetime limit's close over a zero-latency pipe and over the 20 ms RTT link.
+LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
+
+
+def one_way(link: str) -> float:
+    return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
+
+
+@pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", BOTH)
-async def test_connection_lifetime_closes_an_idle_connection_at_the_limit(autojump_clock, design: str) -> None:
+async def test_connection_lifetime_closes_an_idle_connection_at_the_limit(autojump_clock, design: str, link: str) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
-    async with ws(server, design) as conn:
+    async with ws(server, design, network=LINKS[link]) as conn:
         opened = trio.current_time()
         events = await closed_with_limit(conn)
         assert trio.current_time() - opened == pytest.approx(12.0, rel=1e-9)
@@ -291,10 +301,11 @@ async def test_connection_lifetime_closes_an_idle_connection_at_the_limit(autoju
     await assert_released(server)
 
 
-async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drops_the_queue(autojump_clock) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drops_the_queue(autojump_clock, link: str) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=10.0))
     long_turn = create(model="sim-100", metadata={"testbed_workload": "fixed:1:50:10:400:0"})  # 4 s
-    async with ws(server) as conn:
+    async with ws(server, network=LINKS[link]) as conn:
         await trio.sleep(8)
         await send(conn, long_turn)
         await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # queued behind it: dropped
@@ -305,13 +316,16 @@ async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drop
     await assert_released(server)
 
 
-async def test_connection_lifetime_while_suspended_fails_the_rollout_with_a_terminal_event(autojump_clock) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_connection_lifetime_while_suspended_fails_the_rollout_with_a_terminal_event(autojump_clock, link: str) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=10.0))
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
         done = (await turn(conn, create()))[-1]
         assert len(session_kv(server)) == 1
         events = await closed_with_limit(conn)
-        assert trio.current_time() == pytest.approx(10.0, rel=1e-9)
+        # The lifetime counts from the accept, one way after the upgrade went out at 0; the close
+        # comes back one way after the limit.
+        assert trio.current_time() == pytest.approx(10.0 + 2 * one_way(link), rel=1e-9)
         failed, limit = events
         assert failed["type"] == "response.failed" and failed["response"]["id"] == done["response"]["id"]
         assert failed["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
@@ -320,12 +334,13 @@ async def test_connection_lifetime_while_suspended_fails_the_rollout_with_a_term
     await assert_released(server)
 
 
-async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails_the_rollout(autojump_clock) -> None:
+@pytest.mark.parametrize("link", LINKS)
+async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails_the_rollout(autojump_clock, link: str) -> None:
     # The segment streams from 8 s to past the 10 s limit: it is not cut off; it streams to its end,
     # and where it would pause, the rollout ends with response.failed instead (issue 15).
     server = make_server(config=ServerConfig(connection_lifetime=10.0))
     long_turns = create(model="sim-100", metadata={"testbed_workload": "fixed:2:50:10:400:0"})  # 4 s of decode each
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
         await trio.sleep(8)
         await send(conn, long_turns)
         events = await closed_with_limit(conn)

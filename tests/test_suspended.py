@@ -7,7 +7,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from support import DELAYED_LINK, TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
 
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
@@ -35,6 +35,12 @@ def test_twenty_turn_rollout_timeline_is_identical_run_to_run():
     assert first == second
     assert sum(1 for _, _, e in first if e == "response.done") == 19
     assert [e for _, _, e in first if e in TERMINALS] == ["response.completed"]
+
+
+@pytest.fixture(params=[None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+def link(request):
+    """The link a WebSocket test runs over: a zero-latency pipe, or the 20 ms RTT link."""
+    return request.param
 
 
 async def test_first_token_time_is_exactly_the_modeled_cost(autojump_clock):
@@ -88,10 +94,10 @@ async def test_hosted_and_client_calls_block_at_the_same_suspension_point(autoju
     assert [i["type"] for i in final["output"]] == ["web_search_call", "message", "function_call", "message"]
 
 
-async def test_disconnect_while_suspended_releases_state_and_leaves_no_task(autojump_clock):
+async def test_disconnect_while_suspended_releases_state_and_leaves_no_task(autojump_clock, link):
     server = make_server()
     with trio.fail_after(5):  # the connection's tasks all end, or this nursery would never exit
-        async with ws(server, SUSPENDED) as conn:
+        async with ws(server, SUSPENDED, network=link) as conn:
             await send(conn, create_event())
             await until(conn, "response.done")
             assert len(server.api.engine.kv) == 1 and len(server.sessions) == 1
@@ -99,14 +105,14 @@ async def test_disconnect_while_suspended_releases_state_and_leaves_no_task(auto
     assert trio.current_time() - disconnected_at <= 1.0
     assert server.api.engine.kv == {} and server.sessions == set() and server.connections == 0
     # The server keeps serving.
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
 
 
-async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(autojump_clock):
+async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(autojump_clock, link):
     server = make_server(config=ServerConfig(suspension_ttl=7.0))
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=link) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
         paused_at = trio.current_time()
@@ -123,9 +129,9 @@ async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(
         assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
 
 
-async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(autojump_clock):
+async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(autojump_clock, link):
     server = make_server()
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=link) as conn:
         await send(conn, {"type": "response.append", "input": []})
         assert (await receive(conn))["error"]["code"] == "no_suspended_response"
         await send(conn, "{not json")
@@ -153,9 +159,9 @@ async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(au
         assert resumed["type"] == "response.in_progress" and resumed["response"]["id"] == done["id"]
 
 
-async def test_a_create_during_a_rollout_waits_fifo_behind_it(autojump_clock):
+async def test_a_create_during_a_rollout_waits_fifo_behind_it(autojump_clock, link):
     server = make_server()
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         first = (await until(conn, "response.done"))
@@ -202,7 +208,7 @@ def test_every_rollout_ends_with_one_terminal_and_increasing_sequence_numbers(ta
         assert numbers == list(range(len(numbers)))
 
 
-async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first_is_applied(autojump_clock, monkeypatch):
+async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first_is_applied(autojump_clock, link, monkeypatch):
     # The race: the rollout answers the suspension, then sends `response.in_progress`; a second
     # append read before the rollout runs again must not replace the first one's items. A slow
     # `resumed` (the send blocked for 0.1 s) holds the window open every time.
@@ -224,7 +230,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
     monkeypatch.setattr(Emitter, "resumed", slow_resumed)
     monkeypatch.setattr(suspended.ClientOverSocket, "answer", spy_answer)
     server = make_server()
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(server, SUSPENDED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
         done = (await until(conn, "response.done"))[-1]["response"]
         calls = function_calls(done)

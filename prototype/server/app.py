@@ -22,7 +22,7 @@ from . import http
 from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
 from .streams import HeadTooLarge, ReplayStream, read_head
-from .websocket import ConnectionInfo, WebSocketSession
+from .websocket import CLOSE_HANDSHAKE_SECONDS, ConnectionInfo, WebSocketSession
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,8 @@ class ResponsesServer(Endpoint):
                 await session.run()
             finally:
                 self.sessions.discard(session)
-                with trio.move_on_after(1) as scope:
-                    scope.shield = True
-                    await ws.aclose()
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_HANDSHAKE_SECONDS):
+                    await ws.aclose()  # a no-op when the session already closed it
                 nursery.cancel_scope.cancel()
 
 

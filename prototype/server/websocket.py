@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 
 _SESSION_SERIALS = itertools.count(1)
 
+# How long a server-initiated close may wait for the client's close frame (RFC 6455 §7.1.2: the
+# closing endpoint waits for the peer's reply before closing TCP). The reply takes one round trip:
+# 5 s is 33 of the 150 ms intercontinental preset's (netem.INTERCONTINENTAL), and bounds what a
+# client that never answers costs a drain [ours].
+CLOSE_HANDSHAKE_SECONDS = 5.0
+
 @attrs.define(eq=False)
 class ConnectionInfo:
     """What the handshake told us, recorded with the connection's timing records."""
@@ -341,8 +347,9 @@ class WebSocketSession:
             outcome = "error:server_error"
             log.exception("response handler failed")
             self.closing = True
-            await self.send_error(ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"))
-            await self.ws.aclose(1011, "internal error")
+            await self.send_error_and_close(
+                ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"), 1011, "internal error"
+            )
         finally:
             lane.busy = False
             lane.scope = None
@@ -414,8 +421,11 @@ class WebSocketSession:
         )
 
     async def lifetime(self) -> None:
-        """At the connection limit: the in-flight response ends with a terminal event, then
-        `websocket_connection_limit_reached` and close 1000 (WS guide)."""
+        """At the connection limit: the in-flight response ends with a terminal event, then the
+        `error` `websocket_connection_limit_reached` and close 1000. The WS guide
+        (https://developers.openai.com/api/docs/guides/websocket-mode) gives the 60-minute limit and
+        that error code, and says to open a new connection; it names no close code, so the close is
+        the normal one (RFC 6455 §7.4.1)."""
         await trio.sleep(self.config.connection_lifetime)
         limit = errors.connection_limit_reached(self.config.connection_lifetime / 60)
         await self.close_after_in_flight(limit, 1000, "connection limit reached")
@@ -443,8 +453,18 @@ class WebSocketSession:
                     if lane.scope is not None:
                         lane.scope.cancel()
                 await self.idle.wait()
-        try:
-            await self.send_error(reason)
-            await self.ws.aclose(code, close_reason)
-        except ConnectionClosed:
-            pass
+        await self.send_error_and_close(reason, code, close_reason)
+
+    async def send_error_and_close(self, reason: ProtocolError, code: int, close_reason: str) -> None:
+        """Send `reason` as an `error`, then close with `code` and wait for the client's close frame.
+
+        Shielded and bounded: `aclose` ends the reader at once, and the reader's return cancels the
+        connection's nursery; unshielded, that cancel would cut the handshake short and drop the
+        frames still on a delayed link (the terminal event, the error, the close), which the client
+        would see as 1006."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_HANDSHAKE_SECONDS):
+            try:
+                await self.send_error(reason)
+                await self.ws.aclose(code, close_reason)
+            except ConnectionClosed:
+                pass

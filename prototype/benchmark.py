@@ -31,7 +31,7 @@ from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rol
 from .client.http import STATELESS, STORED, run_http_rollout
 from .clock import PreciseClock
 from .engine import latency
-from .engine.engine import HTTP_AFFINITY
+from .engine.engine import HTTP_AFFINITY, Engine
 from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
 from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
@@ -76,11 +76,12 @@ class BenchConfig:
         return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
 
 
-def bench_server(config: BenchConfig) -> ResponsesServer:
-    return ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency),
-        ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
-    )
+def bench_server(config: BenchConfig, engine: Engine | None = None) -> ResponsesServer:
+    """A server for the benchmark, on `engine` (default: a fresh simulated one)."""
+    api = ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency)
+    if engine is not None:
+        api.engine = engine
+    return ResponsesServer(api, ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL))
 
 
 async def run_design(

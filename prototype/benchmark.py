@@ -33,6 +33,9 @@ from .clock import PreciseClock
 from .engine import latency
 from .engine.engine import HTTP_AFFINITY, Engine
 from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
+from .engine.vllm_client import VllmClient, WorkerProcess, open_vllm_process
+from .engine.vllm_engine import RealCall, open_vllm_engine
+from .engine.vllm_models import ModelSpec
 from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
 from .server.config import ServerConfig
@@ -152,6 +155,28 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
             records = await run_design(design, decode_tps, config.tasks(), config, server=server, connector=connector)
             nursery.cancel_scope.cancel()
         return records
+
+    return trio.run(main, clock=PreciseClock())
+
+
+def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: ModelSpec, *, python: str | None = None,
+                        decode_tps: float = latency.SPARK_TOKENS_PER_S,
+                        worker: WorkerProcess | None = None) -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
+    """Each design on the config's tasks over the real engine (vLLM, started once here), in real time
+    through the config's network profile: per design its rollouts and vLLM's record of each model call.
+    Every design gets an engine of its own over the one worker (its own cache salt and simulated
+    bookkeeping), so none finds another's prefixes. `decode_tps` only names the model profile: vLLM
+    decides when tokens are ready. `worker`: a worker already running (a test session's) instead of a new one."""
+
+    async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
+        results = {}
+        connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
+        async with connect as client:
+            for design in designs:
+                async with open_vllm_engine(spec, client=client, namespace=design) as engine:
+                    records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
+                    results[design] = (records, list(engine.records))
+        return results
 
     return trio.run(main, clock=PreciseClock())
 

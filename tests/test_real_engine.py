@@ -35,7 +35,7 @@ async def _call(engine, key, prompt: Prompt, *, held: bool, output_tokens: int):
 
 async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_recomputes(vllm_worker):
     block = vllm_worker.ready.block_size
-    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace="counters") as engine:
         # v1: one held request; its resume sends only the ids past what it holds, and vLLM computes exactly those.
         prompt = Prompt(range(10_000, 10_600))
         opened = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
@@ -68,7 +68,7 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
 @pytest.mark.parametrize("design", benchmark.DESIGNS)
 async def test_design_end_to_end_over_vllm(vllm_worker, design):
     config = benchmark.BenchConfig(preset="chat", n_tasks=1, fixed_turns=3, costs=ZERO_COSTS)
-    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace=design) as engine:
         server = benchmark.bench_server(config, engine=engine)
         (record,) = await benchmark.run_design(design, 1000.0, config.tasks(), config, server=server)
         calls = engine.records
@@ -83,10 +83,30 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
             assert call.prefill_tokens == call.sent_tokens < call.prompt_tokens
     else:
         assert not any(call.held for call in calls)
-        for before, call in zip(calls, calls[1:]):
-            if call.isolated:  # http routed away from its prefix
+        block = vllm_worker.ready.block_size
+        home = calls[0]  # the last turn served where the conversation's prefix lives
+        for call in calls[1:]:
+            if call.isolated:  # http routed away from its prefix: found nothing, computed everything
                 assert (call.prefix_hits, call.prefill_tokens) == (0, call.prompt_tokens)
-            else:  # the earlier turn's prompt, in whole blocks, is found in vLLM's prefix cache
-                block = vllm_worker.ready.block_size
-                assert call.prefix_hits >= before.prompt_tokens // block * block
-                assert call.prefill_tokens == call.prompt_tokens - call.prefix_hits
+                continue
+            # The last home turn's prompt, in whole blocks, is found in vLLM's prefix cache (its
+            # sampled tokens are not: the dummy model's ids are not the policy's text).
+            assert call.prefix_hits >= home.prompt_tokens // block * block
+            assert call.prefill_tokens == call.prompt_tokens - call.prefix_hits
+            home = call
+
+
+def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path):
+    from experiments import common, real_engine
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
+    summary = {row["design"]: row for row in result["summary"]}
+    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == 2 for row in summary.values())
+    for row in result["calls"]:
+        if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
+            assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
+    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False, True]
+    # Six calls fit the latency model's three terms, so the fitted error is reported.
+    assert all("ttft_fit_error" in row for row in result["summary"])
+    assert (tmp_path / "real_engine").is_dir()

@@ -124,6 +124,9 @@ class VllmEngine(Engine):
     client: VllmClient = attrs.field(kw_only=True)
     nursery: trio.Nursery = attrs.field(kw_only=True)
     spec: ModelSpec | None = attrs.field(default=None, kw_only=True)
+    namespace: str | None = attrs.field(default=None, kw_only=True)
+    """A cache_salt for every request: engines sharing one worker (one per design in a comparison, one
+    per test) find nothing of each other's in vLLM's prefix cache."""
     records: list[RealCall] = attrs.field(factory=list, init=False)
 
     real = True
@@ -151,7 +154,7 @@ class VllmEngine(Engine):
         else:
             rid = f"r{next(self._rids)}"
             sent = self._ids(call.prompt.ids)
-            salt = self._salt(call.key) if isolated else None
+            salt = self._salt(call.key) if isolated else self.namespace
             events = await self.client.generate(rid, sent, max_tokens, salt=salt, held=call.held)
             if call.held:
                 held = self._held[call.key] = _Held(rid, events)
@@ -170,7 +173,7 @@ class VllmEngine(Engine):
 
     def _salt(self, key: Hashable) -> str:
         if key not in self._salts:
-            self._salts[key] = f"isolated-{len(self._salts)}"
+            self._salts[key] = f"{self.namespace or ''}isolated-{len(self._salts)}"
         return self._salts[key]
 
     def _live_for(self, engine_call: EngineCall | None) -> _Live:

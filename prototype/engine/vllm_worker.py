@@ -181,8 +181,10 @@ class Worker:
                 async def chunks():
                     while (chunk := await queue.get()) is not None:
                         ids, max_tokens = chunk
+                        # The salt keys the request's first block; appended chunks extend its chain.
+                        chunk_salt = salt if not chunks_sent else None
                         chunks_sent.append((max_tokens, self.counters.as_dict()))
-                        yield StreamingInput(prompt_of(ids, salt), self.params(max_tokens))
+                        yield StreamingInput(prompt_of(ids, chunk_salt), self.params(max_tokens))
 
                 stream = self.engine.generate(chunks(), self.params(first_max), rid, session_id=rid)
             else:

@@ -26,6 +26,8 @@ from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any
 
+import attrs
+
 from experiments.common import experiment_parser, report
 from prototype import benchmark, profiles
 from prototype.api.costs import ZERO_COSTS
@@ -38,6 +40,21 @@ from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU
 
 # The decode speed whose model profile the tasks name; on the real engine it only labels the runs.
 PROFILE_TPS = SPARK_TOKENS_PER_S
+# The GPU run's comparison, sized for about 5 minutes on one H200 with the 8B-shaped model (an
+# estimate: ~12,000 sampled tokens per design at ~100 tokens/s for one sequence, plus tools).
+GPU_TASKS, GPU_TURNS, GPU_TOOL_SECONDS = 5, 8, 0.5
+
+
+def real_config(preset: str, tasks: int, turns: int, seed: int, tool_seconds: float | None) -> benchmark.BenchConfig:
+    """The tasks, with API stage costs zero (the question is the engine's: modeled API sleeps would
+    only add real time) and, with `tool_seconds`, every tool call that long (real time is spent
+    waiting for tools; the engine's figures do not depend on how long)."""
+    config = benchmark.BenchConfig(preset=preset, n_tasks=tasks, seed=seed, fixed_turns=turns, costs=ZERO_COSTS)
+    if tool_seconds is None:
+        return config
+    fixed = tuple(attrs.evolve(task, turns=tuple(attrs.evolve(turn, tool_seconds=tuple(tool_seconds for _ in turn.tool_seconds))
+                                                 for turn in task.turns)) for task in config.tasks())
+    return attrs.evolve(config, task_list=fixed)
 
 
 def _session(key: Hashable) -> Hashable:
@@ -116,16 +133,18 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
     parser.add_argument("--preset", default="chat", help="workload preset (default chat: short prompts, for a CPU)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--model", choices=sorted(MODELS), default=TINY_CPU.name, help=f"model config (default {TINY_CPU.name})")
-    parser.add_argument("--gpu", action="store_true", help=f"the GPU run: --model {LLAMA_8B_SHAPE.name}, the coding preset, 10 tasks x 10 turns")
+    parser.add_argument("--gpu", action="store_true", help=f"the GPU run: --model {LLAMA_8B_SHAPE.name}, the coding preset, "
+                        f"{GPU_TASKS} tasks x {GPU_TURNS} turns, tools of {GPU_TOOL_SECONDS:g} s")
+    parser.add_argument("--tool-seconds", type=float, default=None, help="every tool call takes this long (default: as the workload draws it)")
     parser.add_argument("--vllm-python", default=None, help="the interpreter that has vLLM (default: as `compare --engine vllm`)")
     parser.add_argument("--latency-out", default=None, help="save the latency model fitted to the real engine here (JSON)")
     add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run", choices=list(benchmark.DESIGNS))
     args = parser.parse_args(argv)
     spec = MODELS[args.model]
     if args.gpu:
-        spec, args.preset, args.tasks, args.turns = LLAMA_8B_SHAPE, "coding", max(args.tasks, 10), max(args.turns, 10)
-    # API stage costs are zero: the question is the engine's, and modeled API sleeps would only add real time.
-    config = benchmark.BenchConfig(preset=args.preset, n_tasks=args.tasks, seed=args.seed, fixed_turns=args.turns, costs=ZERO_COSTS)
+        spec, args.preset, args.tasks, args.turns = LLAMA_8B_SHAPE, "coding", GPU_TASKS, GPU_TURNS
+        args.tool_seconds = GPU_TOOL_SECONDS if args.tool_seconds is None else args.tool_seconds
+    config = real_config(args.preset, args.tasks, args.turns, args.seed, args.tool_seconds)
     results = benchmark.run_designs_on_vllm(args.designs, config, spec, python=args.vllm_python, decode_tps=PROFILE_TPS,
                                             worker=worker)
     every_call = [call for _, calls in results.values() for call in calls]

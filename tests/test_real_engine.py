@@ -110,3 +110,23 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path)
     # Six calls fit the latency model's three terms, so the fitted error is reported.
     assert all("ttft_fit_error" in row for row in result["summary"])
     assert (tmp_path / "real_engine").is_dir()
+
+
+def test_gpu_run_refuses_without_a_gpu(vllm_worker, capsys):
+    from experiments import gpu_run
+
+    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
+    assert gpu_run.main(["--agents", "2"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().out
+
+
+def test_gpu_run_agents_at_tiny_size(vllm_worker):
+    from experiments import gpu_run
+
+    rows = gpu_run.agents_rows([2], list(gpu_run.AGENT_DESIGNS), TINY_CPU, turns=2, worker=vllm_worker)
+    assert [(row["design"], row["agents"], row["completed"], row["model_calls"]) for row in rows] == [
+        ("suspended", 2, 2, 4), ("chained", 2, 2, 4)]
+    for row in rows:
+        # vLLM held KV for the agents at their peak: at least one block per agent.
+        assert row["peak_kv_blocks_vllm"] >= 2
+        assert row["peak_kv_tokens_vllm"] == row["peak_kv_blocks_vllm"] * vllm_worker.ready.block_size

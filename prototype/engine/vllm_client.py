@@ -178,12 +178,13 @@ class VllmClient:
     async def abort(self, rid: str) -> None:
         await self.send({"op": "abort", "rid": rid})
 
-    async def counters(self) -> dict[str, Any]:
+    async def counters(self, *, reset_peak: bool = False) -> dict[str, Any]:
+        """vLLM's cumulative counters (vllm_worker.Counters); `reset_peak` restarts the KV peak after reading it."""
         self._tags += 1
         tag = self._tags
         send, receive = trio.open_memory_channel(1)
         self._waiters[tag] = send
-        await self.send({"op": "counters", "tag": tag})
+        await self.send({"op": "counters", "tag": tag, "reset_peak": reset_peak})
         return (await receive.receive())["counters"]
 
     async def shutdown(self) -> None:

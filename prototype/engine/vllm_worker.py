@@ -17,7 +17,8 @@ Requests (one JSON object per line on stdin):
   only these ids are new to the engine.
 * `{"op": "close", "rid": R}`: held request R ends (its input stream returns).
 * `{"op": "abort", "rid": R}`: request R stops now.
-* `{"op": "counters", "tag": T}`: the engine's counters now.
+* `{"op": "counters", "tag": T, "reset_peak": bool}`: the engine's counters now; `reset_peak`
+  starts `kv_usage_max` again from the current usage.
 * `{"op": "shutdown"}`.
 
 Events (one JSON object per line on the original stdout; vLLM's own output goes to stderr):
@@ -37,7 +38,7 @@ Counters are cumulative over the engine's life, from vLLM's own stats (`Schedule
 Prometheus logger gets them): `prefill_tokens` (context tokens the scheduler computed: new
 requests' uncached prompt and resumed chunks' appended ids), `decode_tokens`, `prefix_queries` and
 `prefix_hits` (prefix-cache lookups, in tokens), `kv_usage` (share of the KV blocks in use at the
-last step) and `steps`.
+last step), `kv_usage_max` (the most since the start or the last reset) and `steps`.
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ class Worker:
                 self.tasks[rid].cancel()
         elif op == "counters":
             self.send({"type": "counters", "tag": message.get("tag"), "counters": self.counters.as_dict()})
+            if message.get("reset_peak"):
+                self.counters.kv_usage_max = self.counters.kv_usage
         elif op == "shutdown":
             return False
         else:

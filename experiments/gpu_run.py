@@ -18,6 +18,7 @@ results/gpu_run/<timestamp>/ (and real_engine's into results/real_engine*/).
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import time
 from typing import Any
@@ -64,6 +65,7 @@ def agents_rows(agent_counts: list[int], designs: list[str], spec: ModelSpec, *,
 
     async def main() -> list[dict[str, Any]]:
         rows = []
+        run = secrets.token_hex(4)  # prefixes of earlier runs on the same worker are not found
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             blocks, block_size = client.ready.kv_blocks, client.ready.block_size
@@ -73,7 +75,7 @@ def agents_rows(agent_counts: list[int], designs: list[str], spec: ModelSpec, *,
                 for design in designs:
                     await client.counters(reset_peak=True)
                     started = time.perf_counter()
-                    async with open_vllm_engine(spec, client=client, namespace=f"{design}-{agents}") as engine:
+                    async with open_vllm_engine(spec, client=client, namespace=f"{design}-{agents}-{run}") as engine:
                         records = await benchmark.run_design(design, real_engine.PROFILE_TPS, tasks, config,
                                                              server=benchmark.bench_server(config, engine))
                         counters = await client.counters()

@@ -13,6 +13,7 @@ decode, hosted tools, blocking post-inference; the rest of the turn is network a
 from __future__ import annotations
 
 import functools
+import secrets
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,10 +171,11 @@ def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: Model
 
     async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
         results = {}
+        run = secrets.token_hex(4)  # a worker that served earlier runs holds their prefixes: this run finds none
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             for design in designs:
-                async with open_vllm_engine(spec, client=client, namespace=design) as engine:
+                async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
                     records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
                     results[design] = (records, list(engine.records))
         return results

@@ -45,7 +45,8 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         # The request holds 600 + 8 - 1 tokens (vLLM never feeds back the last sample): 101 are new.
         assert (resumed.resumed, resumed.prompt_tokens, resumed.sent_tokens) == (True, 708, 101)
         assert resumed.prefill_tokens == 101
-        assert resumed.vllm_cached_tokens == 0  # the held KV is not counted as a cache hit
+        # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
+        assert resumed.prefix_hits == resumed.vllm_cached_tokens == 0
         engine.release(("suspended", "r1"))
 
         # chained: a new request per turn; the second finds the first's prompt in the prefix cache.
@@ -68,7 +69,7 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
 @pytest.mark.parametrize("design", benchmark.DESIGNS)
 async def test_design_end_to_end_over_vllm(vllm_worker, design):
     config = benchmark.BenchConfig(preset="chat", n_tasks=1, fixed_turns=3, costs=ZERO_COSTS)
-    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace=design) as engine:
+    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace=f"e2e-{design}") as engine:
         server = benchmark.bench_server(config, engine=engine)
         (record,) = await benchmark.run_design(design, 1000.0, config.tasks(), config, server=server)
         calls = engine.records
@@ -101,13 +102,16 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path)
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
+    (task,) = real_engine.real_config("chat", 1, 2, 0, None).tasks()
     summary = {row["design"]: row for row in result["summary"]}
-    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == 2 for row in summary.values())
+    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == len(task.turns) for row in summary.values())
+    # Each design's run finds nothing of earlier runs on the shared worker: its first call computes it all.
+    assert all(row["prefill_vllm"] == row["prompt_tokens"] for row in result["calls"] if row["turn"] == 1)
     for row in result["calls"]:
         if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
             assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
-    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False, True]
-    # Six calls fit the latency model's three terms, so the fitted error is reported.
+    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (len(task.turns) - 1)
+    # Enough calls to fit the latency model's three terms, so the fitted error is reported.
     assert all("ttft_fit_error" in row for row in result["summary"])
     assert (tmp_path / "real_engine").is_dir()
 

@@ -53,7 +53,7 @@ class RealCall:
     output_tokens: int
     prefill_tokens: int  # context tokens vLLM's scheduler computed between the request and its first token
     prefix_hits: int  # prefix-cache hits vLLM counted for it, in tokens
-    vllm_cached_tokens: int  # the request's num_cached_tokens (0 on a resumed chunk)
+    vllm_cached_tokens: int  # the request's num_cached_tokens (on a resumed chunk: still its first chunk's)
     predicted_prefill_tokens: int  # what the simulated engine would have prefilled
     ttft_s: float  # from the request to its first token
     decode_s: float  # from the first token to the last one taken

@@ -63,9 +63,10 @@ class ModelSpec:
 
 
 # A tiny Llama for CPU (tests, CI): 2 layers, 128 wide, Llama 3's 128,256-token vocabulary so the
-# testbed's cl100k ids (< 100,277) map to themselves. float32: the CPU build's bf16 kernels need
-# AVX-512 BF16, which these machines lack. Eager mode: torch.compile costs minutes of start-up on
-# 2 cores for no effect on what the tests count. Blocks of 32 tokens: the CPU attention backend
+# testbed's cl100k ids (< 100,277) map to themselves. float32: a dtype every x86 CPU computes
+# natively (these machines have no AVX-512, lscpu), and the tiny model's weights are ~140 MB at that
+# width. Eager mode: vLLM's default torch.compile warm-up took 2.5 minutes on 2 busy cores
+# (docs/real_engine.md) for no effect on what the tests count. Blocks of 32 tokens: the CPU attention backend
 # accepts multiples of 32 only (vLLM's CPU_ATTN), the nearest to the GPU default of 16.
 TINY_CPU = ModelSpec(
     name="tiny-llama-cpu", hidden_size=128, intermediate_size=512, layers=2, heads=4, kv_heads=2,

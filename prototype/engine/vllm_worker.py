@@ -26,7 +26,7 @@ Events (one JSON object per line on the original stdout; vLLM's own output goes 
 * `{"type": "ready", ...}`: the engine is up (vocabulary, block size, KV blocks, start-up seconds).
 * `{"type": "tokens", "rid": R, "n": k, "first": {...}}`: k more tokens of R's current chunk are
   sampled. The chunk's first carries `first`: the request's `num_cached_tokens` (`cached_tokens`;
-  0 on a resumed chunk: KV the live request holds is not a cache hit), the counters' growth since
+  a resumed chunk keeps the first chunk's figure: KV the live request holds is not a cache hit), the counters' growth since
   the chunk was sent (`prefill_tokens`, `prefix_hits`, `prefix_queries`: exact when one request is
   in flight, an upper bound otherwise), `kv_usage` and vLLM's `prompt_tokens`.
 * `{"type": "chunk_done", "rid": R, "tokens": N, "counters": {...}}`: R's current chunk produced its N tokens.

@@ -169,7 +169,8 @@ async def test_engine_streams_pieces_as_tokens_arrive_and_resumes_held_requests(
         engine.end_call(call)
         prompt.extend(range(7, 17))
         call = await engine.begin_call("s", prompt, pinned=True)
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=1), engine_call=call)
+        resumed = await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=1), engine_call=call)
+        assert resumed.cached == 54  # usage counts what the live request held as cached: all but the 6 sent
         await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
         engine.end_call(call)
         engine.release("s")

@@ -165,7 +165,10 @@ class VllmEngine(Engine):
         first = live.first or {}
         self.stats.model_calls += 1
         self.stats.prefill_tokens += first.get("prefill_tokens", 0)
-        cached = first.get("cached_tokens", 0)
+        # What the engine did not compute, as the API's cached_tokens counts it: a new request's own
+        # num_cached_tokens; for a resume, everything but what was sent (its KV is the live request's,
+        # which vLLM does not count as a cache hit, and it computed exactly the sent ids).
+        cached = max(0, len(call.prompt) - len(sent)) if resumed else first.get("cached_tokens", 0)
         self.stats.cached_tokens += cached
         live.first = {**first, "predicted": predicted, "resumed": resumed,
                       "isolated": isolated, "prompt_tokens": len(call.prompt), "sent_tokens": len(sent), "held": call.held}

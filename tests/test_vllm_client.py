@@ -5,6 +5,7 @@ scripted fake worker (a peer that answers like vllm_worker.py, named fake: it co
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -199,3 +200,25 @@ async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_session
             await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
     generate, abort = worker.received
     assert generate["salt"] == "isolated-0" and abort == {"op": "abort", "rid": generate["rid"]}
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--engine", "vllm", "--port", "0"],
+    ["compare", "--engine", "vllm", "--tasks", "1", "--turns", "1", "--out", "{tmp}"],
+])
+def test_cli_without_vllm_says_why(command, tmp_path):
+    import subprocess
+
+    env = dict(os.environ, **{PYTHON_ENV: str(tmp_path / "no-python")})
+    argv = [part.replace("{tmp}", str(tmp_path / "out")) for part in command]
+    done = subprocess.run([sys.executable, "-m", "prototype", *argv], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert f"--engine vllm: {tmp_path / 'no-python'} does not exist" in done.stderr
+
+
+def test_serve_on_vllm_refuses_several_workers():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--engine", "vllm", "--workers", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "one engine, one server" in done.stderr

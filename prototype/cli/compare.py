@@ -150,10 +150,13 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
     if args.engine == VLLM:
+        failure = None
         try:
             rows = run_on_vllm(args, config, designs, out)
-        except (VllmUnavailable, WorkerFailed) as e:
-            print(f"error: {e}", file=sys.stderr)
+        except* (VllmUnavailable, WorkerFailed) as group:
+            failure = group.exceptions[0]
+        if failure is not None:
+            print(f"error: --engine vllm: {failure}", file=sys.stderr)
             return 2
     else:
         with sweep.runner_from_args(args) as runner:

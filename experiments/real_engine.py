@@ -63,16 +63,16 @@ def _session(key: Hashable) -> Hashable:
 
 
 def call_rows(design: str, calls: list[RealCall], model: LatencyModel, fitted: LatencyModel | None) -> list[dict[str, Any]]:
-    turns: dict[Hashable, int] = defaultdict(int)
+    calls_so_far: dict[Hashable, int] = defaultdict(int)
     tasks: dict[Hashable, int] = {}
     rows = []
     for call in calls:
         session = _session(call.key)
         task = tasks.setdefault(session, len(tasks))
-        turns[session] += 1
+        calls_so_far[session] += 1
         predicted_cached = call.prompt_tokens - call.predicted_prefill_tokens
         row = {
-            "design": design, "task": task, "turn": turns[session], "resumed": call.resumed, "routed_away": call.isolated,
+            "design": design, "task": task, "call": calls_so_far[session], "resumed": call.resumed, "routed_away": call.isolated,
             "prompt_tokens": call.prompt_tokens, "sent_tokens": call.sent_tokens,
             "prefill_vllm": call.prefill_tokens, "prefill_sim": call.predicted_prefill_tokens,
             "prefix_hits_vllm": call.prefix_hits, "cached_vllm": call.vllm_cached_tokens,
@@ -88,13 +88,15 @@ def call_rows(design: str, calls: list[RealCall], model: LatencyModel, fitted: L
 
 
 def fit_latency(calls: list[RealCall]) -> tuple[LatencyModel, fit.RoundTimeFit] | None:
-    """The latency model fitted to the real engine's calls: time to first token on the tokens vLLM
-    prefilled, decode on the tokens after the first. None with too few calls to fit three terms."""
-    if len(calls) < 4:
+    """The latency model fitted to the real engine's calls: time to first token against the tokens
+    vLLM prefilled (fit.round_time_fit with no output term: overhead and prefill rate), and the decode
+    rate as every token after a call's first over the time they took. None with fewer than 4 calls."""
+    decode_s = sum(c.decode_s for c in calls)
+    if len(calls) < 4 or decode_s <= 0:
         return None
-    result = fit.round_time_fit([c.prefill_tokens for c in calls], [max(0, c.output_tokens - 1) for c in calls],
-                                [c.ttft_s + c.decode_s for c in calls])
-    model = LatencyModel(decode_tokens_per_s=result.decode_tokens_per_s, prefill_tokens_per_s=result.prefill_tokens_per_s,
+    result = fit.round_time_fit([c.prefill_tokens for c in calls], [0.0] * len(calls), [c.ttft_s for c in calls])
+    decode_rate = sum(max(0, c.output_tokens - 1) for c in calls) / decode_s
+    model = LatencyModel(decode_tokens_per_s=decode_rate, prefill_tokens_per_s=result.prefill_tokens_per_s,
                          cache_attention=None, request_overhead=result.fixed_s)
     return model, result
 
@@ -160,9 +162,9 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
     if fitted is not None:
         model_fit, result = fitted
         print(f"\nlatency model fitted to the real engine ({result.n} calls): overhead {result.fixed_s * 1000:.1f} ms, "
-              f"prefill {result.prefill_tokens_per_s:,.0f} tokens/s, decode {result.decode_tokens_per_s:,.1f} tokens/s, "
-              f"R² {result.r2:.3f}")
-        if args.latency_out and all(math.isfinite(v) for v in (result.prefill_tokens_per_s, result.decode_tokens_per_s)):
+              f"prefill {result.prefill_tokens_per_s:,.0f} tokens/s (time to first token: R² {result.r2:.3f}), "
+              f"decode {model_fit.decode_tokens_per_s:,.1f} tokens/s")
+        if args.latency_out and math.isfinite(result.prefill_tokens_per_s):
             path = profiles.save_latency(model_fit, args.latency_out, f"experiments.real_engine on {spec.name}")
             print(f"wrote {path}")
         elif args.latency_out:

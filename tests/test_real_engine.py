@@ -24,6 +24,11 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 LATENCY = LatencyModel()
 
 
+def model_calls(task) -> int:
+    """A turn is one model call, and one more after each hosted web_search it makes."""
+    return sum(1 + len(turn.hosted_calls) for turn in task.turns)
+
+
 async def _call(engine, key, prompt: Prompt, *, held: bool, output_tokens: int):
     """One model call as the sampling loop makes it; returns vLLM's record of it."""
     call = await engine.begin_call(key, prompt, pinned=held)
@@ -73,13 +78,14 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
         server = benchmark.bench_server(config, engine=engine)
         (record,) = await benchmark.run_design(design, 1000.0, config.tasks(), config, server=server)
         calls = engine.records
+    (task,) = config.tasks()
     assert record.status == "completed" and len(record.turns) == 3
     # Every token the client got was one vLLM sampled: the policy's count, no more, no fewer.
     assert sum(call.output_tokens for call in calls) == record.usage["output_tokens"]
-    assert len(calls) == 3
+    assert len(calls) == model_calls(task)
     if design == "suspended":
         # One live request: opened once, then resumed, each resume computing only what it sent.
-        assert [call.resumed for call in calls] == [False, True, True]
+        assert [call.resumed for call in calls] == [False] + [True] * (len(calls) - 1)
         for call in calls[1:]:
             assert call.prefill_tokens == call.sent_tokens < call.prompt_tokens
     else:
@@ -104,13 +110,13 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path)
     result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
     (task,) = real_engine.real_config("chat", 1, 2, 0, None).tasks()
     summary = {row["design"]: row for row in result["summary"]}
-    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == len(task.turns) for row in summary.values())
+    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == model_calls(task) for row in summary.values())
     # Each design's run finds nothing of earlier runs on the shared worker: its first call computes it all.
-    assert all(row["prefill_vllm"] == row["prompt_tokens"] for row in result["calls"] if row["turn"] == 1)
+    assert all(row["prefill_vllm"] == row["prompt_tokens"] for row in result["calls"] if row["call"] == 1)
     for row in result["calls"]:
         if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
             assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
-    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (len(task.turns) - 1)
+    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (model_calls(task) - 1)
     # Enough calls to fit the latency model's three terms, so the fitted error is reported.
     assert all("ttft_fit_error" in row for row in result["summary"])
     assert (tmp_path / "real_engine").is_dir()
@@ -128,8 +134,9 @@ def test_gpu_run_agents_at_tiny_size(vllm_worker):
     from experiments import gpu_run
 
     rows = gpu_run.agents_rows([2], list(gpu_run.AGENT_DESIGNS), TINY_CPU, turns=2, worker=vllm_worker)
+    calls = sum(model_calls(task) for task in gpu_run.agent_tasks(2, 2, 0))
     assert [(row["design"], row["agents"], row["completed"], row["model_calls"]) for row in rows] == [
-        ("suspended", 2, 2, 4), ("chained", 2, 2, 4)]
+        ("suspended", 2, 2, calls), ("chained", 2, 2, calls)]
     for row in rows:
         # vLLM held KV for the agents at their peak: at least one block per agent.
         assert row["peak_kv_blocks_vllm"] >= 2

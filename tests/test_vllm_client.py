@@ -195,11 +195,18 @@ async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_session
         call = await engine.begin_call("elsewhere", prompt)
         await engine.prefill_call(latency, ModelCall("elsewhere", prompt, held=False, output_tokens=4), engine_call=call)
         engine.end_call(call)  # stopped after the first token (steering, a failure)
+        engine.release("elsewhere")
+        engine.isolate("elsewhere-too")  # another routed-away session: a salt never used before
+        call = await engine.begin_call("elsewhere-too", prompt)
+        await engine.prefill_call(latency, ModelCall("elsewhere-too", prompt, held=False, output_tokens=1), engine_call=call)
+        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
+        engine.end_call(call)
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(RealEngineError, match="outside a model call"):
             await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-    generate, abort = worker.received
-    assert generate["salt"] == "isolated-0" and abort == {"op": "abort", "rid": generate["rid"]}
+    generate, again = (message for message in worker.received if message["op"] == "generate")
+    assert [message for message in worker.received if message["op"] == "abort"] == [{"op": "abort", "rid": generate["rid"]}]
+    assert (generate["salt"], again["salt"]) == ("isolated-0", "isolated-1")
 
 
 @pytest.mark.parametrize("command", [

@@ -135,6 +135,7 @@ class VllmEngine(Engine):
     _held: dict[Hashable, _Held] = attrs.field(factory=dict, init=False)
     _salts: dict[Hashable, str] = attrs.field(factory=dict, init=False)
     _rids: itertools.count = attrs.field(factory=itertools.count, init=False)
+    _salt_numbers: itertools.count = attrs.field(factory=itertools.count, init=False)
 
     def _ids(self, ids: Sequence[int]) -> list[int]:
         return to_model_ids(ids, self.client.ready.vocab_size)
@@ -176,7 +177,9 @@ class VllmEngine(Engine):
 
     def _salt(self, key: Hashable) -> str:
         if key not in self._salts:
-            self._salts[key] = f"{self.namespace or ''}isolated-{len(self._salts)}"
+            # Unique for the engine's life (never reused after a release): one routed-away request
+            # must not find another's blocks.
+            self._salts[key] = f"{self.namespace or ''}isolated-{next(self._salt_numbers)}"
         return self._salts[key]
 
     def _live_for(self, engine_call: EngineCall | None) -> _Live:

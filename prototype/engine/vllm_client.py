@@ -268,7 +268,7 @@ async def _read_ready(stream: trio.abc.ReceiveStream) -> tuple[Ready, bytes]:
 
 def _log_file(path: Path) -> BinaryIO:
     """The worker's stderr (vLLM's own log), appended to; opened once, before the process starts."""
-    return open(path, "ab")  # noqa: SIM115 - the caller's with-block closes it
+    return open(path, "ab")  # the caller's with-block closes it
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ decode, hosted tools, blocking post-inference; the rest of the turn is network a
 from __future__ import annotations
 
 import functools
+import secrets
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,8 +32,11 @@ from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rol
 from .client.http import STATELESS, STORED, run_http_rollout
 from .clock import PreciseClock
 from .engine import latency
-from .engine.engine import HTTP_AFFINITY
+from .engine.engine import HTTP_AFFINITY, Engine
 from .engine.kv import BLOCK_SIZE, KV_TTL_SECONDS
+from .engine.vllm_client import VllmClient, WorkerProcess, open_vllm_process
+from .engine.vllm_engine import RealCall, open_vllm_engine
+from .engine.vllm_models import ModelSpec
 from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
 from .server.config import ServerConfig
@@ -77,12 +81,13 @@ class BenchConfig:
         return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
 
 
-def bench_server(config: BenchConfig) -> ResponsesServer:
-    return ResponsesServer(
-        ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
-                   http_affinity=config.http_affinity),
-        ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL),
-    )
+def bench_server(config: BenchConfig, engine: Engine | None = None) -> ResponsesServer:
+    """A server for the benchmark, on `engine` (default: a fresh simulated one)."""
+    api = ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
+                     http_affinity=config.http_affinity)
+    if engine is not None:
+        api.engine = engine
+    return ResponsesServer(api, ServerConfig(suspension_ttl=BENCH_SUSPENSION_TTL))
 
 
 async def run_design(
@@ -153,6 +158,29 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
             records = await run_design(design, decode_tps, config.tasks(), config, server=server, connector=connector)
             nursery.cancel_scope.cancel()
         return records
+
+    return trio.run(main, clock=PreciseClock())
+
+
+def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: ModelSpec, *, python: str | None = None,
+                        decode_tps: float = latency.SPARK_TOKENS_PER_S,
+                        worker: WorkerProcess | None = None) -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
+    """Each design on the config's tasks over the real engine (vLLM, started once here), in real time
+    through the config's network profile: per design its rollouts and vLLM's record of each model call.
+    Every design gets an engine of its own over the one worker (its own cache salt and simulated
+    bookkeeping), so none finds another's prefixes. `decode_tps` only names the model profile: vLLM
+    decides when tokens are ready. `worker`: a worker already running (a test session's) instead of a new one."""
+
+    async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
+        results = {}
+        run = secrets.token_hex(4)  # a worker that served earlier runs holds their prefixes: this run finds none
+        connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
+        async with connect as client:
+            for design in designs:
+                async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
+                    records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
+                    results[design] = (records, list(engine.records))
+        return results
 
     return trio.run(main, clock=PreciseClock())
 

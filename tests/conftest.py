@@ -143,3 +143,20 @@ def cli_server():
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_worker():
+    """One vLLM worker (prototype/engine/vllm_worker.py, the tiny CPU model) for the whole test
+    session: its start-up takes minutes on 2 cores, so every real-engine test shares it. Skips,
+    saying why, where no interpreter can import vLLM (docs/real_engine.md installs one)."""
+    from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess, vllm_python
+    from prototype.engine.vllm_models import TINY_CPU
+
+    try:
+        vllm_python()
+    except VllmUnavailable as reason:
+        pytest.skip(f"real engine: {reason}")
+    worker = WorkerProcess.start(TINY_CPU)
+    yield worker
+    worker.stop()

@@ -44,8 +44,10 @@ import attrs
 from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
+from ..engine.vllm_client import VllmUnavailable, WorkerFailed
 from ..trace import write_chrome_trace
 from .common import add_list, new_run_folder
+from .engine_options import VLLM, add_engine_arguments, model_spec
 
 TRACE_SPEED = 1000.0
 # The results folder: $TESTBED_RESULTS, else <repo>/results (git-ignored).
@@ -68,7 +70,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "with results/compare/latest pointing at it)")
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
                         "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
+    add_engine_arguments(parser)
     sweep.add_arguments(parser)
+
+
+def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs: list[str], out: Path) -> list[dict[str, Any]]:
+    """Every design once over the real engine, in real time: task rows as for the simulated engine
+    (the decode speed column names the model profile only), and one trace per design."""
+    results = benchmark.run_designs_on_vllm(designs, config, model_spec(args), python=args.vllm_python,
+                                            decode_tps=TRACE_SPEED)
+    rows: list[dict[str, Any]] = []
+    for design, (records, calls) in results.items():
+        rows += [benchmark.task_row(design, TRACE_SPEED, record) for record in records]
+        write_chrome_trace(records[:1], out / f"trace_{design}.json")
+        computed = sum(call.prefill_tokens for call in calls)
+        prompt = sum(call.prompt_tokens for call in calls)
+        print(f"vllm {design:<12} model calls {len(calls):>4}  prompt tokens {prompt:>9,}  prefill computed {computed:>9,}"
+              f"  prefix-cache hits {sum(call.prefix_hits for call in calls):>9,}")
+    return rows
 
 
 def compare_point(run: benchmark.DesignRun) -> tuple[list[dict[str, Any]], RolloutRecord | None]:
@@ -130,10 +149,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else new_run_folder(RESULTS / "compare")
     out.mkdir(parents=True, exist_ok=True)
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
-    with sweep.runner_from_args(args) as runner:
-        rows = run_grid(config, designs, speeds, runner, out, args.real)
+    if args.engine == VLLM:
+        failure = None
+        try:
+            rows = run_on_vllm(args, config, designs, out)
+        except* (VllmUnavailable, WorkerFailed) as group:
+            failure = group.exceptions[0]
+        if failure is not None:
+            print(f"error: --engine vllm: {failure}", file=sys.stderr)
+            return 2
+    else:
+        with sweep.runner_from_args(args) as runner:
+            rows = run_grid(config, designs, speeds, runner, out, args.real)
     table = benchmark.summarize(rows)
     clock = "real time over loopback sockets" if args.real else "virtual time"
+    if args.engine == VLLM:
+        clock = f"real time on vLLM ({args.vllm_model}, dummy weights)"
     print(f"\n{len(config.tasks())} tasks of {described}, {clock}; speed-up = http time / design time\n")
     analysis.print_table(table)
     print("\nModeled parameters (value, source):")

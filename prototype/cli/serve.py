@@ -12,6 +12,7 @@ store. Every WebSocket handshake answers with `x-testbed-worker: <worker id>`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -35,9 +36,12 @@ from ..api.store import ResponseStore
 from ..api.workloads import WorkloadCatalog
 from ..engine.engine import Engine
 from ..engine.latency import FLAGSHIP_TOKENS_PER_S, SPARK_BURST_TOKENS_PER_S, SPARK_TOKENS_PER_S
+from ..engine.vllm_client import VllmUnavailable, WorkerFailed
+from ..engine.vllm_engine import open_vllm_engine
 from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, drain, serve_responses
 from ..server.config import ServerConfig
+from .engine_options import VLLM, add_engine_arguments, model_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")
     parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
     parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
+    add_engine_arguments(parser)
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")
 
 
@@ -222,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
     except ProtocolError as error:
         _error(f"--workload: {error.message}")
         return 2
+    if args.workers > 1 and args.engine == VLLM:
+        _error("--engine vllm serves from one process: one engine, one server (use --workers 1)")
+        return 2
     if args.workers > 1:
         try:
             return run_workers(args)
@@ -235,6 +243,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if args.engine == VLLM:
+                print(f"starting vLLM ({args.vllm_model}); this takes minutes on a CPU", flush=True)
+                server.api.engine = await stack.enter_async_context(open_vllm_engine(model_spec(args), python=args.vllm_python))
+                ready = server.api.engine.client.ready
+                print(f"vLLM {ready.vllm_version} ready on {ready.device} in {ready.startup_s:.0f} s", flush=True)
+            await serve_on()
+
+    async def serve_on() -> None:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
@@ -249,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
         trio.run(main)
     except* KeyboardInterrupt:  # trio delivers Ctrl-C through the nursery, inside an exception group
         print("stopped", flush=True)
+    except* (VllmUnavailable, WorkerFailed) as group:
+        _error(f"--engine vllm: {group.exceptions[0]}")
+        status = 2
     except* OSError as group:  # the port is taken, or the address is not this machine's
         error: BaseException = group
         while isinstance(error, BaseExceptionGroup):

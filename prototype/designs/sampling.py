@@ -25,7 +25,8 @@ from ..api import render
 from ..api.service import ApiService, Context, StageModes
 from ..engine import tokenizer
 from ..engine.admission import EngineCall
-from ..engine.policy import PlannedSearch
+from ..engine.engine import ModelCall
+from ..engine.policy import PlannedSearch, TurnPlan
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
 from .emitter import Emitter
 
@@ -136,8 +137,10 @@ class SamplingLoop:
         budget = request.max_output_tokens
         while True:
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
-            await self.model_call()
-            for search in plan.searches:
+            # What each model call of the turn will sample: a hosted call's arguments each, then the answer.
+            planned = [*(len(_token_pieces(search.query)) for search in plan.searches), _answer_tokens(plan, budget)]
+            await self.model_call(planned[0])
+            for searched, search in enumerate(plan.searches, start=1):
                 item = WebSearchCall(self.api.new_id("ws"), search.query, status="in_progress")
                 await self.decode_hidden(search.query)
                 index = await self.emitter.web_search_started(item)
@@ -146,7 +149,7 @@ class SamplingLoop:
                 await self.take_new_items([answered])
                 if self.stop_requested():
                     return STEERED
-                await self.model_call()
+                await self.model_call(planned[searched])
 
             if self.stop_requested():
                 return STEERED
@@ -208,7 +211,7 @@ class SamplingLoop:
                 return ENDED_AT_CLIENT_CALLS
             await self.take_new_items(answers)
 
-    async def model_call(self) -> None:
+    async def model_call(self, output_tokens: int) -> None:
         """Prefill what the engine does not hold; usage counts each model call (docs/protocol.md).
         The engine's modeled time is charged in full, in real time as under a virtual clock: the
         testbed's own CPU work (the scripted policy included) comes on top, and efficiency
@@ -224,13 +227,12 @@ class SamplingLoop:
         # response's schedule. After a wait in the engine (the queue, a swap-in) it starts now.
         waited = call.queued_s > 0 or call.swap_in_tokens > 0
         start = now if waited or self.log.schedule is None else min(now, self.log.schedule)
-        cached = self.api.engine.cached_prefix(ctx.engine_key, ctx.prompt, now)
+        ask = ModelCall(ctx.engine_key, ctx.prompt, held=self.pinned_kv, output_tokens=output_tokens)
+        prefilled = await self.api.engine.prefill_call(ctx.route.latency, ask, start=start, engine_call=call)
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
-        usage.cached_tokens += cached
-        self.decode_from = await self.api.engine.prefill(
-            ctx.route.latency, uncached=len(ctx.prompt) - cached, cached=cached, start=start
-        )
+        usage.cached_tokens += prefilled.cached
+        self.decode_from = prefilled.decode_from
         self.log.schedule = self.decode_from
         self.api.engine.retain(ctx.engine_key, ctx.prompt, trio.current_time(), pinned=self.pinned_kv)
         self.log.record(metrics.PREFILL, min(start, call.admitted_at), trio.current_time())  # a swap-in counts as prefill
@@ -242,16 +244,17 @@ class SamplingLoop:
         if start is not None:
             self.decode_from = start + len(pieces) / latency.decode_tokens_per_s
         return self.api.engine.stream(
-            latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens, start=start
+            latency, pieces, flush_interval=self.api.flush_interval, flush_tokens=self.api.flush_tokens, start=start,
+            engine_call=self.engine_call,
         )
 
     async def decode_reasoning(self, words: Sequence[str]) -> str:
         """Sample the reasoning tokens at the decode rate, on the engine's schedule, before the visible output; they
         count as output and as reasoning."""
-        seconds = self.context.route.latency.decode_seconds(len(words))
         start = self.decode_from if self.decode_from is not None else trio.current_time()
-        self.decode_from = start + seconds
-        await trio.sleep_until(self.decode_from)
+        self.decode_from = await self.api.engine.decode_unstreamed(
+            self.context.route.latency, len(words), start=start, engine_call=self.engine_call
+        )
         self.api.engine.stats.decoded_tokens += len(words)
         usage = self.emitter.response.usage
         usage.output_tokens += len(words)
@@ -261,7 +264,9 @@ class SamplingLoop:
     async def decode_hidden(self, text: str) -> None:
         """Time to sample a hosted call's arguments, which are not streamed as deltas."""
         start = trio.current_time()
-        await trio.sleep(self.context.route.latency.decode_seconds(len(_token_pieces(text))))
+        await self.api.engine.decode_unstreamed(
+            self.context.route.latency, len(_token_pieces(text)), start=start, engine_call=self.engine_call
+        )
         self.emitter.response.usage.output_tokens += len(_token_pieces(text))
         self.log.record(metrics.DECODE, start, trio.current_time())
 
@@ -305,15 +310,25 @@ async def prefill_warmup(api: ApiService, log: metrics.PhaseLog, context: Contex
     Returns the tokens prefilled; the response's usage stays zero (nothing was sampled). The
     record's `warmup_prefill_tokens` carries the count."""
     call = await api.engine.begin_call(context.engine_key, context.prompt)
-    cached = api.engine.cached_prefix(context.engine_key, context.prompt, trio.current_time())
-    uncached = len(context.prompt) - cached
-    await api.engine.prefill(context.route.latency, uncached=uncached, cached=cached)
+    ask = ModelCall(context.engine_key, context.prompt, held=False, output_tokens=0)
+    prefilled = await api.engine.prefill_call(context.route.latency, ask, engine_call=call)
+    uncached = len(context.prompt) - prefilled.cached
     api.engine.retain(context.engine_key, context.prompt, trio.current_time())
     api.engine.end_call(call, paused=False)
     log.record(metrics.PREFILL, call.admitted_at, trio.current_time())
     if log.client is not None:
         log.client["warmup_prefill_tokens"] = uncached
     return uncached
+
+
+def _answer_tokens(plan: TurnPlan, budget: int | None) -> int:
+    """Tokens the turn's last model call samples: reasoning, the message (cut at the output budget),
+    and the function calls' arguments (`SamplingLoop._sample` spends them in that order)."""
+    reasoning = len(plan.reasoning) if plan.reasoning and (budget is None or budget > len(plan.reasoning)) else 0
+    left = None if budget is None else budget - reasoning
+    if left is not None and len(plan.words) > left:
+        return reasoning + left
+    return reasoning + len(plan.words) + sum(len(_token_pieces(call.arguments)) for call in plan.calls)
 
 
 def pending_calls(items: Sequence[Item]) -> list[str]:

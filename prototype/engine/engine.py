@@ -23,13 +23,14 @@ batch grows: docs/parameters.md §3's roofline).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 
 import attrs
 import trio
 
 from ..ranges import Range
-from .admission import Admission
+from .admission import Admission, EngineCall
+from .kv import Prompt
 from .latency import LatencyModel
 from .stats import sample
 from .streaming import FaultPlan, paced_tokens
@@ -41,9 +42,40 @@ HTTP_AFFINITY_RANGE = Range(0.6, 1.0, "high: prefix-aware routing that always fi
                             "that loses the holder on scaling, failover and long idle gaps [assumed]")
 
 
+@attrs.frozen
+class ModelCall:
+    """What a design asks of the engine for one model call. The engine interface (this class's
+    methods, which vllm_engine.VllmEngine implements on a real engine) is the same for every design:
+
+    * `held`: continue the session's held sequence (v1: one live request per rollout, its KV kept
+      across the pause, so only what was appended since is prefilled);
+    * not held: a new request on the whole prompt, which may find a prefix in the cache (chained,
+      http); a session the design `isolate`d (http routed away from its prefix) finds nothing.
+    """
+
+    key: Hashable
+    """The session (a design's engine key)."""
+    prompt: Prompt
+    """The whole rendered prompt so far."""
+    held: bool
+    output_tokens: int
+    """Tokens the policy will sample in this call (the engine never stops at EOS)."""
+
+
+@attrs.frozen
+class Prefilled:
+    """The end of a model call's prefill: where decoding starts, and the prompt tokens found cached."""
+
+    decode_from: float
+    cached: int
+
+
 @attrs.define(eq=False)
 class Engine(Admission):
-    """One inference engine shared by every session of a server."""
+    """One inference engine shared by every session of a server: the simulated one (virtual time)."""
+
+    real = False
+    """Whether time is the engine's own (a real engine) rather than a model's."""
 
     serial_prefill: bool = False
     """Prefill one call at a time, FIFO: the GPU's compute is shared (docs/parameters.md §3's rate R is
@@ -71,6 +103,21 @@ class Engine(Admission):
             sample(self.stats.prefill_waits, trio.current_time() - asked)
             return await _sleep_for(seconds, None if waits else start)  # after a wait: from its end
 
+    async def prefill_call(self, latency: LatencyModel, call: ModelCall, *, start: float | None = None,
+                           engine_call: EngineCall | None = None) -> Prefilled:
+        """Prefill what the session does not hold and the prefix cache does not have (`prefill`)."""
+        cached = self.cached_prefix(call.key, call.prompt, trio.current_time())
+        deadline = await self.prefill(latency, uncached=len(call.prompt) - cached, cached=cached, start=start)
+        return Prefilled(deadline, cached)
+
+    async def decode_unstreamed(self, latency: LatencyModel, tokens: int, *, start: float,
+                                engine_call: EngineCall | None = None) -> float:
+        """Sample `tokens` that are not streamed as deltas (reasoning, a hosted call's arguments),
+        from `start` on the engine's schedule; returns when the last is ready."""
+        deadline = start + latency.decode_seconds(tokens)
+        await trio.sleep_until(deadline)
+        return deadline
+
     def stream(
         self,
         latency: LatencyModel,
@@ -79,6 +126,7 @@ class Engine(Admission):
         flush_interval: float = 0.0,
         flush_tokens: int | None = None,
         start: float | None = None,
+        engine_call: EngineCall | None = None,
     ) -> AsyncIterator[str]:
         """Yield the text of `pieces` (one token each) as it is sampled at the profile's decode rate
         from `start` (default: now; streaming.paced_tokens), counting decoded tokens and applying

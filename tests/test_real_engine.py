@@ -1,0 +1,143 @@
+"""The designs over a real engine: vLLM (its CPU build) running the tiny Llama-shaped model with
+dummy weights, in its own process, started once per test session (conftest.vllm_worker).
+
+What these tests read are vLLM's own counters (the scheduler's computed context tokens and
+prefix-cache hits, and each request's num_cached_tokens), never the simulated engine's. They skip,
+saying why, where no interpreter can import vLLM. Time is real: nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prototype import benchmark
+from prototype.api.costs import ZERO_COSTS
+from prototype.engine.engine import ModelCall
+from prototype.engine.kv import Prompt
+from prototype.engine.latency import LatencyModel
+from prototype.engine.vllm_client import VllmClient
+from prototype.engine.vllm_engine import open_vllm_engine
+from prototype.engine.vllm_models import TINY_CPU
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+
+LATENCY = LatencyModel()
+
+
+def model_calls(task) -> int:
+    """A turn is one model call, and one more after each hosted web_search it makes."""
+    return sum(1 + len(turn.hosted_calls) for turn in task.turns)
+
+
+async def _call(engine, key, prompt: Prompt, *, held: bool, output_tokens: int):
+    """One model call as the sampling loop makes it; returns vLLM's record of it."""
+    call = await engine.begin_call(key, prompt, pinned=held)
+    await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=output_tokens), engine_call=call)
+    await engine.decode_unstreamed(LATENCY, output_tokens, start=0.0, engine_call=call)
+    engine.end_call(call, paused=True)
+    return engine.records[-1]
+
+
+async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_recomputes(vllm_worker):
+    block = vllm_worker.ready.block_size
+    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace="counters") as engine:
+        # v1: one held request; its resume sends only the ids past what it holds, and vLLM computes exactly those.
+        prompt = Prompt(range(10_000, 10_600))
+        opened = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
+        assert (opened.resumed, opened.sent_tokens, opened.prefill_tokens) == (False, 600, 600)
+        prompt.extend(range(20_000, 20_108))  # the 8 sampled tokens rendered, then a 100-token tool output
+        resumed = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
+        # The request holds 600 + 8 - 1 tokens (vLLM never feeds back the last sample): 101 are new.
+        assert (resumed.resumed, resumed.prompt_tokens, resumed.sent_tokens) == (True, 708, 101)
+        assert resumed.prefill_tokens == 101
+        # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
+        assert resumed.prefix_hits == resumed.vllm_cached_tokens == 0
+        engine.release(("suspended", "r1"))
+
+        # chained: a new request per turn; the second finds the first's prompt in the prefix cache.
+        prompt = Prompt(range(30_000, 30_000 + 20 * block))
+        first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
+        assert (first.prefill_tokens, first.prefix_hits) == (20 * block, 0)
+        prompt.extend(range(40_000, 40_108))
+        second = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
+        assert second.prefix_hits == second.vllm_cached_tokens == 20 * block
+        assert second.prefill_tokens == len(prompt) - 20 * block
+
+        # http routed away from its prefix: the same prompt, isolated, finds nothing and is recomputed whole.
+        engine.isolate(("http-elsewhere", "h1"))
+        miss = await _call(engine, ("http-elsewhere", "h1"), Prompt(prompt.ids), held=False, output_tokens=8)
+        assert (miss.isolated, miss.prefix_hits, miss.vllm_cached_tokens) == (True, 0, 0)
+        assert miss.prefill_tokens == len(prompt)
+        engine.release(("http-elsewhere", "h1"))
+
+
+@pytest.mark.parametrize("design", benchmark.DESIGNS)
+async def test_design_end_to_end_over_vllm(vllm_worker, design):
+    config = benchmark.BenchConfig(preset="chat", n_tasks=1, fixed_turns=3, costs=ZERO_COSTS)
+    async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace=f"e2e-{design}") as engine:
+        server = benchmark.bench_server(config, engine=engine)
+        (record,) = await benchmark.run_design(design, 1000.0, config.tasks(), config, server=server)
+        calls = engine.records
+    (task,) = config.tasks()
+    assert record.status == "completed" and len(record.turns) == 3
+    # Every token the client got was one vLLM sampled: the policy's count, no more, no fewer.
+    assert sum(call.output_tokens for call in calls) == record.usage["output_tokens"]
+    assert len(calls) == model_calls(task)
+    if design == "suspended":
+        # One live request: opened once, then resumed, each resume computing only what it sent.
+        assert [call.resumed for call in calls] == [False] + [True] * (len(calls) - 1)
+        for call in calls[1:]:
+            assert call.prefill_tokens == call.sent_tokens < call.prompt_tokens
+    else:
+        assert not any(call.held for call in calls)
+        block = vllm_worker.ready.block_size
+        home = calls[0]  # the last turn served where the conversation's prefix lives
+        for call in calls[1:]:
+            if call.isolated:  # http routed away from its prefix: found nothing, computed everything
+                assert (call.prefix_hits, call.prefill_tokens) == (0, call.prompt_tokens)
+                continue
+            # The last home turn's prompt, in whole blocks, is found in vLLM's prefix cache (its
+            # sampled tokens are not: the dummy model's ids are not the policy's text).
+            assert call.prefix_hits >= home.prompt_tokens // block * block
+            assert call.prefill_tokens == call.prompt_tokens - call.prefix_hits
+            home = call
+
+
+def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path):
+    from experiments import common, real_engine
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
+    (task,) = real_engine.real_config("chat", 1, 2, 0, None).tasks()
+    summary = {row["design"]: row for row in result["summary"]}
+    assert list(summary) == list(benchmark.DESIGNS) and all(row["calls"] == model_calls(task) for row in summary.values())
+    # Each design's run finds nothing of earlier runs on the shared worker: its first call computes it all.
+    assert all(row["prefill_vllm"] == row["prompt_tokens"] for row in result["calls"] if row["call"] == 1)
+    for row in result["calls"]:
+        if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
+            assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
+    assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (model_calls(task) - 1)
+    # Enough calls to fit the latency model's three terms, so the fitted error is reported.
+    assert all("ttft_fit_error" in row for row in result["summary"])
+    assert (tmp_path / "real_engine").is_dir()
+
+
+def test_gpu_run_refuses_without_a_gpu(vllm_worker, capsys):
+    from experiments import gpu_run
+
+    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
+    assert gpu_run.main(["--agents", "2"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().out
+
+
+def test_gpu_run_agents_at_tiny_size(vllm_worker):
+    from experiments import gpu_run
+
+    rows = gpu_run.agents_rows([2], list(gpu_run.AGENT_DESIGNS), TINY_CPU, turns=2, worker=vllm_worker)
+    calls = sum(model_calls(task) for task in gpu_run.agent_tasks(2, 2, 0))
+    assert [(row["design"], row["agents"], row["completed"], row["model_calls"]) for row in rows] == [
+        ("suspended", 2, 2, calls), ("chained", 2, 2, calls)]
+    for row in rows:
+        # vLLM held KV for the agents at their peak: at least one block per agent.
+        assert row["peak_kv_blocks_vllm"] >= 2
+        assert row["peak_kv_tokens_vllm"] == row["peak_kv_blocks_vllm"] * vllm_worker.ready.block_size

@@ -30,6 +30,7 @@ from .errors import (
     UNKNOWN_EVENT_TYPE,
     UNSUPPORTED_PARAMETER,
     ProtocolError,
+    invalid_stream_id,
 )
 from .events import (
     ClientEvent,
@@ -136,12 +137,12 @@ def _parse_metadata(value: Any) -> dict[str, str]:
 
 
 def _parse_stream_id(value: Any) -> str | None:
-    """A lane name: the characters and length openai-ruby's `Session#lane` accepts [ours: the
-    reference states no format]."""
+    """A lane name: 1 to 256 characters of letters, digits, `_`, `-` and `.`; the empty string is not
+    one (omit the field for the default lane) (WS guide, "Run conversations in parallel")."""
     if value is None:
         return None
     if not isinstance(value, str) or not STREAM_ID_PATTERN.fullmatch(value):
-        raise ProtocolError(INVALID_VALUE, "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", param="stream_id")
+        raise invalid_stream_id()
     return value
 
 

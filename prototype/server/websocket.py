@@ -84,6 +84,9 @@ class WebSocketSession:
     steering: SteeringBook = attrs.Factory(SteeringBook)
     emitters: dict[str, Emitter] = attrs.Factory(dict)  # the steering book's responses: steer events number in theirs
     busy_lanes: int = 0
+    # WS guide: at most 16 responses in flight per connection across its lanes; a lane whose next
+    # create finds them all taken waits here, its create accepted and queued.
+    in_flight: trio.Semaphore | None = None
     expired: bool = False
     current: trio.CancelScope | None = None  # v1: the running rollout (one lane)
     idle: trio.Event = attrs.Factory(trio.Event)
@@ -132,6 +135,7 @@ class WebSocketSession:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
+                self.in_flight = trio.Semaphore(self.config.max_in_flight)
                 self.lane(None)
                 nursery.start_soon(self.lifetime)
                 if self.shutdown is not None:
@@ -151,10 +155,8 @@ class WebSocketSession:
         """The lane of `stream_id`, opened (with its worker) on first use, up to `max_streams`."""
         lane = self.lanes.get(stream_id)
         if lane is None:
-            if len(self.lanes) > self.config.max_streams:  # the default lane is not counted
-                raise ProtocolError(
-                    errors.TOO_MANY_STREAMS, f"More than {self.config.max_streams} stream_id lanes on this connection.", param="stream_id"
-                )
+            if stream_id is not None and len(self.lanes) - (None in self.lanes) >= self.config.max_streams:
+                raise errors.websocket_stream_limit_reached(self.config.max_streams)  # the default lane is not counted
             send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float, int]](self.config.max_queued_creates)
             lane = self.lanes[stream_id] = Lane(stream_id, send_queue)
             self.nursery.start_soon(self.worker, lane, receive_queue)
@@ -173,9 +175,12 @@ class WebSocketSession:
                 await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message), arrived)
             except ProtocolError as error:
                 self.record_refusal(error)
-                # A refused create's error names its lane, unless the lane itself was refused.
+                # A refused create's error names its lane (WS guide: `websocket_stream_limit_reached`
+                # carries the refused `stream_id`); a malformed `stream_id` never became a lane, and
+                # v1 has no lanes.
                 request = getattr(event, "request", None)
-                await self.send_error(error, request.stream_id if request is not None and error.param != "stream_id" else None)
+                tagged = request is not None and self.info.design == CHAINED
+                await self.send_error(error, request.stream_id if tagged else None)
 
     async def dispatch(self, event: object, size: int = 0, arrived: float | None = None) -> None:
         """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read (default: now)."""
@@ -285,8 +290,18 @@ class WebSocketSession:
                     return
                 successor_claims: list[Submission] = []
                 # The response's schedule starts when its frame arrived, or when the lane freed up if
-                # it had to wait for the one before (metrics.PhaseLog.schedule).
-                request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size, max(queued_at, free_since))
+                # it had to wait for the one before, or when an in-flight slot freed up if the
+                # connection had none (metrics.PhaseLog.schedule).
+                starts_at = max(queued_at, free_since)
+                try:
+                    self.in_flight.acquire_nowait()
+                except trio.WouldBlock:
+                    await self.in_flight.acquire()
+                    starts_at = trio.current_time()
+                try:
+                    request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size, starts_at)
+                finally:
+                    self.in_flight.release()
                 free_since = trio.current_time()
                 if self.closing:
                     return

@@ -39,13 +39,14 @@ from ..api.checks import require_answered
 from ..api.costs import ALL_SWITCHES_ON, CacheSwitches
 from ..api.service import ApiService, Context, StageModes, owner_of
 from ..engine import Prompt
-from ..protocol.errors import previous_response_not_found
+from ..protocol.errors import SUSPENSION_TIMEOUT, previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
 from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import COMPLETED, INCOMPLETE, STEERED, prefill_warmup, sample_until_client_calls
+from .sampling import COMPLETED, INCOMPLETE, STEERED, ToolBackend, prefill_warmup, sample_until_client_calls
+from .suspended import SuspensionExpired
 
 
 @attrs.define(eq=False)
@@ -128,6 +129,9 @@ class LaneView:
     lane: str | None
     on_created: Callable[[Emitter], Awaitable[None]] = attrs.field(default=_nothing, kw_only=True)
     stop_requested: Callable[[str], bool] = attrs.field(default=lambda response_id: False, kw_only=True)
+    # The backend that answers a response's client calls with injected outputs (designs/inject.py),
+    # for a response created with `multi_agent.enabled`; None: the response ends at its client calls.
+    injected_outputs: Callable[[Emitter], ToolBackend | None] = attrs.field(default=lambda emitter: None, kw_only=True)
 
     @property
     def engine_key(self) -> object:
@@ -194,7 +198,16 @@ async def run_turn(
     outcome = "completed"
     async with cancellable(api, emitter, owner), failing_on_error(emitter):
         if request.generate:
-            outcome = await sample_until_client_calls(api, emitter, context, lambda: lane.stop_requested(response.id))
+            injected = lane.injected_outputs(emitter) if request.takes_injected_input else None
+            try:
+                outcome = await sample_until_client_calls(
+                    api, emitter, context, lambda: lane.stop_requested(response.id), client=injected
+                )
+            except SuspensionExpired:  # waited longer than the suspension time-to-live for injected outputs
+                await emitter.finished("failed", error={
+                    "code": SUSPENSION_TIMEOUT, "message": "No response.inject answered the function calls in time; the response was released."
+                })
+                return response
         else:  # a warm-up: the prefix is prefilled into the engine's cache, nothing sampled (WS guide)
             await prefill_warmup(api, log, context)
 

@@ -5,10 +5,13 @@ blocks there until a backend answers. Which backend depends on who runs the tool
 
 * a hosted tool (web_search): the server's hosted tool service, after its own latency;
 * a client function tool: the client, over the socket. In the suspended design (v1) the loop sends
-  `response.done` and waits for `response.append`; in the chained and http designs the response
-  ends at this point instead, and the next request starts a new loop on the cached or rebuilt state.
+  `response.done` and waits for `response.append`; a chained response created with
+  `multi_agent.enabled` waits for `response.inject` (designs/inject.py); otherwise, in the chained
+  and http designs, the response ends at this point, and the next request starts a new loop on the
+  cached or rebuilt state.
 
-This is the hosted-tool analogy of OpenAI's post, in code: one suspension point, two backends.
+This is the hosted-tool analogy of OpenAI's post, in code: one suspension point, resumed three ways
+(the hosted tool service, v1's `response.append`, `response.inject`).
 """
 
 from __future__ import annotations
@@ -279,17 +282,19 @@ class SamplingLoop:
 
 
 async def sample_until_client_calls(
-    api: ApiService, emitter: Emitter, context: Context, stop_requested: Callable[[], bool] | None = None
+    api: ApiService, emitter: Emitter, context: Context, stop_requested: Callable[[], bool] | None = None,
+    client: ToolBackend | None = None,
 ) -> str:
     """The chained and http designs' loop: hosted tools are answered inside the response, a client
-    function call ends it. Returns the response's outcome: `completed`, `incomplete` (its output
-    budget ran out) or `steered` (stopped at a safe boundary for steering input)."""
+    function call ends it, unless `client` answers it (injected outputs). Returns the response's
+    outcome: `completed`, `incomplete` (its output budget ran out) or `steered` (stopped at a safe
+    boundary for steering input)."""
     loop = SamplingLoop(
         api,
         emitter,
         context,
         hosted=HostedTools(api, emitter.log, context.route.policy.workload.text_seed),
-        client=EndResponseAtClientCalls(),
+        client=client or EndResponseAtClientCalls(),
         pinned_kv=False,
         stop_requested=stop_requested or (lambda: False),
         export_reasoning=emitter.response.request.wants_encrypted_reasoning,

@@ -28,11 +28,14 @@ from ..api.service import ApiService
 from ..designs import chained, suspended
 from ..designs.cancel import ResponseCancelled
 from ..designs.emitter import Emitter, EngineFailure
+from ..designs.inject import InjectedOutputs
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
 from ..protocol.events import (
     TERMINAL_TYPES,
     CreateRequest,
+    InjectCreated,
+    InjectFailed,
     ResponseAppend,
     ResponseCreate,
     ResponseFailed,
@@ -42,6 +45,8 @@ from ..protocol.events import (
     SteerFailed,
     SteerPending,
 )
+from ..protocol.inject import BETA_MULTI_AGENT, InjectBook, InjectRefused, MalformedInject, ResponseInject
+from ..protocol.items import FunctionCall
 from ..protocol.steering import WAITING_FOR_REQUIRED_INPUT, Refusal, SteeringBook, Submission, successor_input
 from ..protocol.wire import CHAINED, SUSPENDED
 from .config import ServerConfig
@@ -59,6 +64,7 @@ class ConnectionInfo:
     include_timing: bool = False
     user_agent: str = ""
     connection: int = 0  # the server's serial number for this connection, in the client records
+    multi_agent: bool = False  # `OpenAI-Beta: responses_multi_agent=v1`: `multi_agent` and `response.inject`
 
 
 @attrs.define(eq=False)
@@ -100,6 +106,11 @@ class WebSocketSession:
     # snapshot and next sequence number), so a response cut short by a drain still gets one.
     open_responses: dict = attrs.Factory(dict)
     abort_reason: ProtocolError | None = None
+    # `response.inject`: the book decides (protocol/inject.py); the emitters of the active responses
+    # number its events; the waiting backends are woken when an injection answers their calls.
+    injects: InjectBook = attrs.Factory(InjectBook)
+    active: dict[str, Emitter] = attrs.Factory(dict)
+    waiting: dict[str, InjectedOutputs] = attrs.Factory(dict)
     shutdown: tuple | None = None  # a drain's request to close (see `shut_down`)
 
     @property
@@ -112,6 +123,10 @@ class WebSocketSession:
             self.open_responses[stream_id] = [event.response, 1]
         elif kind in TERMINAL_TYPES:
             self.open_responses.pop(stream_id, None)
+            response_id = event.response["id"]
+            self.injects.closed(response_id)  # from here on an injection is `response_already_completed`
+            self.active.pop(response_id, None)
+            self.waiting.pop(response_id, None)
         elif stream_id in self.open_responses and hasattr(event, "sequence_number"):
             self.open_responses[stream_id][1] = event.sequence_number + 1
         if stream_id is None:
@@ -173,6 +188,11 @@ class WebSocketSession:
             try:
                 event = codec.decode_client_event(message)
                 await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message), arrived)
+            except MalformedInject as error:  # multi-agent guide: a generic 400 error, then the connection closes
+                self.record_refusal(error)
+                await self.send_error(error)
+                await self.ws.aclose(1008, "malformed response.inject")  # close code [ours]
+                return
             except ProtocolError as error:
                 self.record_refusal(error)
                 # A refused create's error names its lane (WS guide: `websocket_stream_limit_reached`
@@ -193,9 +213,15 @@ class WebSocketSession:
                     ("previous_response_id", request.previous_response_id is not None),
                     ("generate", not request.generate),
                     ("stream_id", request.stream_id is not None),
+                    ("multi_agent", request.multi_agent is not None),
                 ):
                     if bad:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
+            elif request.multi_agent is not None and not self.info.multi_agent:
+                raise ProtocolError(
+                    errors.UNSUPPORTED_PARAMETER, f"'multi_agent' needs the 'OpenAI-Beta: {BETA_MULTI_AGENT}' header on the connection.",
+                    param="multi_agent",
+                )
             lane = self.lane(request.stream_id)
             try:
                 lane.queue.send_nowait((event, arrived, size))
@@ -215,8 +241,42 @@ class WebSocketSession:
             self.append_bytes += size
         elif isinstance(event, ResponseSteer):
             await self.steer(event)
+        elif isinstance(event, ResponseInject):
+            if self.info.design != CHAINED or not self.info.multi_agent:
+                raise ProtocolError(
+                    errors.UNKNOWN_EVENT_TYPE, f"response.inject needs the 'OpenAI-Beta: {BETA_MULTI_AGENT}' header on a v2 connection.",
+                    param="type",
+                )
+            await self.inject(event, arrived)
         elif isinstance(event, ResponseProcessed):
             pass  # Codex's optional acknowledgement (docs/protocol.md)
+
+    # --- injection: the session drives the sans-IO book -------------------------------------------
+
+    async def inject(self, event: ResponseInject, arrived: float) -> None:
+        """`response.inject.created`, numbered in the target's sequence, and the waiting response
+        resumes once every call it waits for is answered; else `response.inject.failed` with the
+        raw input (sequence number 0 and no lane when the target is not active [ours])."""
+        emitter = self.active.get(event.response_id)
+        streamed = [] if emitter is None else [
+            item.call_id for item in emitter.response.output if isinstance(item, FunctionCall) and item.status == "completed"
+        ]
+        outcome = self.injects.submit(event, streamed)
+        if isinstance(outcome, InjectRefused):
+            fields = {"response_id": event.response_id, "input": event.raw_input, "error": {"code": outcome.code, "message": outcome.message}}
+            if emitter is None:
+                await self.send(InjectFailed(sequence_number=0, **fields))
+            else:
+                await emitter.emit(InjectFailed, **fields)
+            return
+        await emitter.emit(InjectCreated, response_id=event.response_id)
+        if outcome.resumes:
+            self.waiting[event.response_id].wake(arrived)
+
+    def injected_outputs(self, emitter: Emitter) -> InjectedOutputs:
+        backend = InjectedOutputs(self.injects, emitter.response.id, self.config.suspension_ttl, emitter.log)
+        self.waiting[emitter.response.id] = backend
+        return backend
 
     # --- steering: the session drives the sans-IO book --------------------------------------------
 
@@ -251,13 +311,18 @@ class WebSocketSession:
 
         async def on_created(emitter: Emitter) -> None:
             response_id = emitter.response.id
+            self.active[response_id] = emitter
+            self.injects.opened(response_id, takes_input=emitter.response.request.takes_injected_input)
             self.steering.committed(claimed)  # the successor's response.created is the commit point
             refusals.extend(self.steering.started(response_id, lane.stream_id))
             self.emitters[response_id] = emitter
             self.emitters = {rid: e for rid, e in self.emitters.items() if self.steering.is_known(rid)}
             await self.send_refusals(refusals)
 
-        return attrs.evolve(self.cache.view(lane.stream_id), on_created=on_created, stop_requested=self.steering.stop_requested)
+        return attrs.evolve(
+            self.cache.view(lane.stream_id), on_created=on_created, stop_requested=self.steering.stop_requested,
+            injected_outputs=self.injected_outputs,
+        )
 
     async def after_response(self, response, claimed_for_next: list) -> CreateRequest | None:
         """The terminal event went out: pending notices, refusals, or the automatic successor that

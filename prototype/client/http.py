@@ -29,6 +29,7 @@ import attrs
 import h11
 import trio
 
+from ..protocol.compaction import window_of_dicts
 from ..protocol.wire import RESPONSES_PATH, STATELESS, STORED, VARIANTS
 from ..workload import Workload
 from .connect import Connector
@@ -280,6 +281,7 @@ async def run_http_rollout(
                     break
                 if variant == STATELESS:
                     history.extend(response["output"])
+                    history = window_of_dicts(history)  # after a compaction item, only its window is resent
                 previous_id = response["id"]
                 new_items = await rollout.run_tools(calls)
         finally:

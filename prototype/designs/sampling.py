@@ -30,6 +30,7 @@ from ..engine import tokenizer
 from ..engine.admission import EngineCall
 from ..engine.policy import PlannedSearch
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
+from .compaction import compact_if_due
 from .emitter import Emitter
 
 COMPLETED = "completed"
@@ -138,6 +139,7 @@ class SamplingLoop:
         ctx, request = self.context, self.emitter.response.request
         budget = request.max_output_tokens
         while True:
+            await compact_if_due(self)  # `context_management`: past its threshold the context is compacted first
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
             await self.model_call()
             for search in plan.searches:

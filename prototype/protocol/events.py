@@ -326,6 +326,17 @@ class SteerFailed(_ServerEvent):
 
 
 @attrs.frozen
+class CompactionCompacting(_ServerEvent):
+    """The model samples a compaction item's summary; the event carries none of it (openai-python
+    `ResponseCompactionCompactingEvent`)."""
+
+    sequence_number: int
+    item_id: str
+    output_index: int
+    type: ClassVar[str] = "response.compaction.compacting"
+
+
+@attrs.frozen
 class InjectCreated(_ServerEvent):
     """Every injected item was validated and committed to the active response (openai-python
     `BetaResponseInjectCreatedEvent`); numbered in that response's sequence."""
@@ -368,6 +379,7 @@ ServerEvent = Union[
     SteerAccepted,
     SteerPending,
     SteerFailed,
+    CompactionCompacting,
     InjectCreated,
     InjectFailed,
 ]

@@ -239,3 +239,32 @@ async def test_openai_python_injects_into_a_waiting_response_and_it_resumes(live
     assert [i["type"] for i in completed["response"]["output"]].count("function_call") == 2
     failed = events[-1]
     assert failed["error"]["code"] == "response_already_completed" and failed["response_id"] == completed["response"]["id"]
+
+
+async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while len(calls_done(events)) < 2:
+            events += await timed_until(conn, "response.output_item.done")
+        response_id = events[0][1]["response"]["id"]
+        calls = {e["item"]["call_id"]: e["item"] for _, e in calls_done(events)}
+        assert sorted(calls) == ["call_agent0_2", "call_agent1_2"]  # one call each, named after its agent
+        await trio.sleep(1.0)
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent0_2"]])})
+        # Only agent0 resumes: its final message streams while agent1 still waits.
+        resumed = await timed_until(conn, "response.output_item.done")
+        while not [e for _, e in resumed if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"]:
+            resumed += await timed_until(conn, "response.output_item.done")
+        quiet: list = []
+        with trio.move_on_after(100) as waited:
+            quiet = await timed_until(conn, *TERMINALS)
+        assert waited.cancelled_caught and quiet == []  # nothing more until agent1's output comes
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent1_2"]])})
+        rest = await timed_until(conn, *TERMINALS)
+    assert resumed[0][1]["type"] == "response.inject.created"
+    final = rest[-1][1]
+    assert rest[0][1]["type"] == "response.inject.created" and final["type"] == "response.completed"
+    kinds = [item["type"] for item in final["response"]["output"]]
+    assert kinds.count("function_call") == 2 and kinds.count("message") == 4  # two agents, two turns each

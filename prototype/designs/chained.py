@@ -41,10 +41,12 @@ from ..api.service import ApiService, Context, StageModes, owner_of
 from ..engine import Prompt
 from ..protocol.errors import SUSPENSION_TIMEOUT, previous_response_not_found
 from ..protocol.events import CreateRequest
+from ..protocol.inject import ROOT
 from ..protocol.items import Item
 from ..protocol.response import Response
 from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
+from .inject import sample_subagents
 from .sampling import COMPLETED, INCOMPLETE, STEERED, ToolBackend, prefill_warmup, sample_until_client_calls
 from .suspended import SuspensionExpired
 
@@ -131,7 +133,7 @@ class LaneView:
     stop_requested: Callable[[str], bool] = attrs.field(default=lambda response_id: False, kw_only=True)
     # The backend that answers a response's client calls with injected outputs (designs/inject.py),
     # for a response created with `multi_agent.enabled`; None: the response ends at its client calls.
-    injected_outputs: Callable[[Emitter], ToolBackend | None] = attrs.field(default=lambda emitter: None, kw_only=True)
+    injected_outputs: Callable[..., ToolBackend | None] = attrs.field(default=lambda emitter, agent=ROOT: None, kw_only=True)
 
     @property
     def engine_key(self) -> object:
@@ -200,9 +202,13 @@ async def run_turn(
         if request.generate:
             injected = lane.injected_outputs(emitter) if request.takes_injected_input else None
             try:
-                outcome = await sample_until_client_calls(
-                    api, emitter, context, lambda: lane.stop_requested(response.id), client=injected
-                )
+                if request.subagents:  # hosted subagents: not continued through previous_response_id [ours]
+                    outcome = await sample_subagents(api, emitter, context, request.subagents, lane.injected_outputs)
+                    context = None
+                else:
+                    outcome = await sample_until_client_calls(
+                        api, emitter, context, lambda: lane.stop_requested(response.id), client=injected
+                    )
             except SuspensionExpired:  # waited longer than the suspension time-to-live for injected outputs
                 await emitter.finished("failed", error={
                     "code": SUSPENSION_TIMEOUT, "message": "No response.inject answered the function calls in time; the response was released."
@@ -219,7 +225,8 @@ async def run_turn(
         else:
             await api.post_inference(log, response, added, owner=owner)
         await emitter.finished(status, reason=reason)
-    lane.put(response, context)
+    if context is not None:
+        lane.put(response, context)
     return response
 
 

@@ -101,6 +101,7 @@ class SamplingLoop:
     # batch of client calls, once begun, is finished too (steering guide; docs/protocol.md).
     stop_requested: Callable[[], bool] = attrs.field(default=lambda: False, kw_only=True)
     export_reasoning: bool = attrs.field(default=False, kw_only=True)  # reasoning items leave with their encrypted_content (the client asked for it)
+    agent: str | None = attrs.field(default=None, kw_only=True)  # a hosted subagent's name: its call ids carry it (designs/inject.py)
     engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
     # Where the engine's decoding stands on its own schedule: the end of the prefill, then of each
     # sampled item. Items stream from it, so a late wake-up in real time is not added per item.
@@ -186,7 +187,7 @@ class SamplingLoop:
             # completes normally (and an automatic successor follows it: steering guide).
             steered = not truncated and bool(plan.calls) and self.stop_requested()
             for planned in () if truncated or steered else plan.calls:
-                call_id = f"call_{len(ctx.items) + len(outputs)}"
+                call_id = f"call_{len(ctx.items) + len(outputs)}" if self.agent is None else f"call_{self.agent}_{len(ctx.items) + len(outputs)}"
                 pieces = _token_pieces(planned.arguments)
                 call = await self.emitter.function_call(
                     self.api.new_id("fc"),

@@ -74,6 +74,15 @@ class CreateRequest:
         return self.multi_agent is not None and self.multi_agent.enabled
 
     @property
+    def subagents(self) -> int:
+        """Hosted subagents the simulated root runs: `metadata.testbed_subagents`, at most
+        `multi_agent.max_concurrent_subagents`; 0 without multi_agent [ours]."""
+        if not self.takes_injected_input:
+            return 0
+        asked = self.metadata.get("testbed_subagents", "0")
+        return min(int(asked) if asked.isdigit() else 0, self.multi_agent.max_concurrent_subagents)
+
+    @property
     def wants_encrypted_reasoning(self) -> bool:
         return "reasoning.encrypted_content" in self.include
 

@@ -86,20 +86,23 @@ class InjectRefused:
 
 @attrs.frozen
 class InjectCommitted:
-    """`response.inject.created`; `resumes`: the response was waiting and every call it waits for is
-    now answered, so the session wakes it."""
+    """`response.inject.created`; `resumes`: the agents of the response that were waiting and whose
+    calls are now all answered, so the session wakes them."""
 
-    resumes: bool
+    resumes: tuple[str, ...]
+
+
+ROOT = "root"  # the response's own agent; hosted subagents wait under their own names
 
 
 @attrs.define(eq=False)
 class Target:
-    """A response that takes injected input: the outputs committed so far, by call id, and the
-    calls it is waiting for at its tool call point (None while it generates)."""
+    """A response that takes injected input: the outputs committed so far, by call id, and, for
+    each of its agents waiting at its tool call point, the calls it waits for."""
 
     answers: dict[str, Item] = attrs.Factory(dict)
-    consumed: set[str] = attrs.Factory(set)  # calls whose outputs the response already took
-    waiting_for: tuple[str, ...] | None = None
+    consumed: set[str] = attrs.Factory(set)  # calls whose outputs an agent already took
+    waiting: dict[str, tuple[str, ...]] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -148,32 +151,32 @@ class InjectBook:
             seen.add(call_id)
         for item in items:
             target.answers[item.call_id] = item
-        return InjectCommitted(resumes=self.answered(response_id) is not None)
+        return InjectCommitted(resumes=tuple(agent for agent in target.waiting if self.answered(response_id, agent) is not None))
 
-    def wait_for(self, response_id: str, call_ids: Sequence[str]) -> None:
-        """The response reached its tool call point and waits for these calls' outputs."""
-        self.targets[response_id].waiting_for = tuple(call_ids)
+    def wait_for(self, response_id: str, call_ids: Sequence[str], agent: str = ROOT) -> None:
+        """An agent of the response reached its tool call point and waits for these calls' outputs."""
+        self.targets[response_id].waiting[agent] = tuple(call_ids)
 
-    def answered(self, response_id: str) -> list[Item] | None:
-        """The outputs the waiting response resumes with, in its calls' order, once all are in."""
+    def answered(self, response_id: str, agent: str = ROOT) -> list[Item] | None:
+        """The outputs the waiting agent resumes with, in its calls' order, once all are in."""
         target = self.targets.get(response_id)
-        if target is None or target.waiting_for is None or any(c not in target.answers for c in target.waiting_for):
+        calls = None if target is None else target.waiting.get(agent)
+        if calls is None or any(call_id not in target.answers for call_id in calls):
             return None
-        return [target.answers[call_id] for call_id in target.waiting_for]
+        return [target.answers[call_id] for call_id in calls]
 
-    def resume(self, response_id: str) -> list[Item]:
-        """Take the outputs: the response resumes sampling and generates again."""
-        items = self.answered(response_id)
+    def resume(self, response_id: str, agent: str = ROOT) -> list[Item]:
+        """Take the outputs: the agent resumes sampling and generates again."""
+        items = self.answered(response_id, agent)
         assert items is not None
         target = self.targets[response_id]
-        for call_id in target.waiting_for or ():
+        for call_id in target.waiting.pop(agent):
             target.consumed.add(call_id)
             del target.answers[call_id]
-        target.waiting_for = None
         return items
 
 
 __all__ = [
     "BETA_MULTI_AGENT", "DEFAULT_MAX_CONCURRENT_SUBAGENTS", "InjectBook", "InjectCommitted", "InjectRefused",
-    "MalformedInject", "ResponseInject", "Target", "parse_inject",
+    "MalformedInject", "ROOT", "ResponseInject", "Target", "parse_inject",
 ]

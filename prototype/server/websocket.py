@@ -45,7 +45,7 @@ from ..protocol.events import (
     SteerFailed,
     SteerPending,
 )
-from ..protocol.inject import BETA_MULTI_AGENT, InjectBook, InjectRefused, MalformedInject, ResponseInject
+from ..protocol.inject import BETA_MULTI_AGENT, ROOT, InjectBook, InjectRefused, MalformedInject, ResponseInject
 from ..protocol.items import FunctionCall
 from ..protocol.steering import WAITING_FOR_REQUIRED_INPUT, Refusal, SteeringBook, Submission, successor_input
 from ..protocol.wire import CHAINED, SUSPENDED
@@ -110,7 +110,7 @@ class WebSocketSession:
     # number its events; the waiting backends are woken when an injection answers their calls.
     injects: InjectBook = attrs.Factory(InjectBook)
     active: dict[str, Emitter] = attrs.Factory(dict)
-    waiting: dict[str, InjectedOutputs] = attrs.Factory(dict)
+    waiting: dict[str, dict[str, InjectedOutputs]] = attrs.Factory(dict)  # response id -> agent -> backend
     shutdown: tuple | None = None  # a drain's request to close (see `shut_down`)
 
     @property
@@ -270,12 +270,12 @@ class WebSocketSession:
                 await emitter.emit(InjectFailed, **fields)
             return
         await emitter.emit(InjectCreated, response_id=event.response_id)
-        if outcome.resumes:
-            self.waiting[event.response_id].wake(arrived)
+        for agent in outcome.resumes:
+            self.waiting[event.response_id][agent].wake(arrived)
 
-    def injected_outputs(self, emitter: Emitter) -> InjectedOutputs:
-        backend = InjectedOutputs(self.injects, emitter.response.id, self.config.suspension_ttl, emitter.log)
-        self.waiting[emitter.response.id] = backend
+    def injected_outputs(self, emitter: Emitter, agent: str = ROOT) -> InjectedOutputs:
+        backend = InjectedOutputs(self.injects, emitter.response.id, self.config.suspension_ttl, emitter.log, agent)
+        self.waiting.setdefault(emitter.response.id, {})[agent] = backend
         return backend
 
     # --- steering: the session drives the sans-IO book --------------------------------------------

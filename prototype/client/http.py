@@ -237,15 +237,20 @@ async def run_http_rollout(
     include_timing: bool = False,
     api_key: str = "testbed",
     instructions: str | None = None,
+    compact_threshold: int | None = None,
 ) -> RolloutRecord:
     """One task over HTTP: a `POST /v1/responses` (stream: true) per turn, `stateless` (full history)
-    or `stored` (`previous_response_id`)."""
+    or `stored` (`previous_response_id`). `compact_threshold`: server-side compaction; a stateless
+    client then resends only the latest compacted window."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     rollout = Rollout(workload, RolloutRecord(DESIGN_NAMES[variant], workload.name, trio.current_time()))
     stored = variant == STORED
     base = {
-        **request_body(workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions),
+        **request_body(
+            workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions,
+            compact_threshold=compact_threshold,
+        ),
         "stream": True,
     }
     headers = request_headers(api_key=api_key, keep_alive=keep_alive, include_timing=include_timing)

@@ -70,11 +70,13 @@ async def compact_if_due(loop: SamplingLoop) -> None:
     await trio.sleep_until(loop.decode_from)
     api.engine.stats.decoded_tokens += n_tokens
     emitter.response.usage.output_tokens += n_tokens
-    item = Compaction(item_id, summary_text(n_tokens, len(ctx.prompt)))
+    kept = window([*ctx.items, Compaction(item_id, "")])[:-1]
+    ctx.ledger.offset += len(ctx.items) - len(kept)  # the items the window drops; call ids count on past them
+    item = Compaction(item_id, summary_text(n_tokens, len(ctx.prompt)), rounds=ctx.ledger.turn, offset=ctx.ledger.offset)
     emitter.response.output.append(item)
     await emitter.emit(ev.OutputItemDone, output_index=index, item=item.to_dict())
     loop.log.record(metrics.DECODE, start, trio.current_time())
-    ctx.items[:] = window([*ctx.items, item])
+    ctx.items[:] = [*kept, item]
     ctx.prompt = render.render_full(ctx.preamble, ctx.items)
 
 
@@ -103,7 +105,9 @@ async def compact_conversation(api: ApiService, request: CreateRequest, owner: s
         api.engine.end_call(call, paused=False)
     finally:
         api.engine.release(engine_key)
-    item = Compaction(api.new_id("cmp"), summary_text(n_tokens, len(context.prompt)))
+    kept = window([*context.items, Compaction("", "")])[:-1]
+    offset = context.ledger.offset + len(context.items) - len(kept)
+    item = Compaction(api.new_id("cmp"), summary_text(n_tokens, len(context.prompt)), rounds=context.ledger.turn, offset=offset)
     usage = Usage(input_tokens=len(context.prompt), cached_tokens=cached, output_tokens=n_tokens)
     return {
         "id": response_id,

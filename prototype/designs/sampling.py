@@ -187,7 +187,8 @@ class SamplingLoop:
             # completes normally (and an automatic successor follows it: steering guide).
             steered = not truncated and bool(plan.calls) and self.stop_requested()
             for planned in () if truncated or steered else plan.calls:
-                call_id = f"call_{len(ctx.items) + len(outputs)}" if self.agent is None else f"call_{self.agent}_{len(ctx.items) + len(outputs)}"
+                place = ctx.ledger.offset + len(ctx.items) + len(outputs)  # the call's place in the whole conversation
+                call_id = f"call_{place}" if self.agent is None else f"call_{self.agent}_{place}"
                 pieces = _token_pieces(planned.arguments)
                 call = await self.emitter.function_call(
                     self.api.new_id("fc"),

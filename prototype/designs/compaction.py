@@ -15,7 +15,7 @@ The summary's length is an assumption: `summary_tokens` (docs/protocol.md, "Comp
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import trio
@@ -30,9 +30,6 @@ from ..protocol.errors import previous_response_not_found
 from ..protocol.events import CreateRequest
 from ..protocol.items import Compaction, Item
 from ..protocol.response import Usage
-
-if TYPE_CHECKING:
-    from .sampling import SamplingLoop
 
 # [assumed]: the sources publish no size for a compaction summary. Codex's own compaction asks the
 # model for a handoff summary, taken here to be a tenth of the context it replaces and at most two
@@ -51,8 +48,9 @@ def summary_text(n_tokens: int, seed: int) -> str:
     return "".join(tokenizer.words(np.random.default_rng(seed), n_tokens))
 
 
-async def compact_if_due(loop: SamplingLoop) -> None:
-    """Compact the loop's context if it has crossed the request's threshold."""
+async def compact_if_due(loop: Any) -> None:
+    """Compact a `SamplingLoop`'s context if it has crossed the request's threshold (the loop is
+    not imported here: sampling.py imports this module)."""
     threshold = loop.emitter.response.request.compact_threshold
     if threshold is None or len(loop.context.prompt) <= threshold:
         return

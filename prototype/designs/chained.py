@@ -11,8 +11,9 @@ WS guide; docs/protocol.md):
    (switch 2), reusing the routing decision (switch 3), paying f_ws of the fixed cost; a
    continuation must answer every function call still pending, or it is refused with the public
    API's 400 (`No tool output found for function call <call_id>.`, param `input`);
-3. the sampling loop; a client function call ends the response (`response.completed`), and so
-   does queued steering input, at the next safe output boundary (`response.incomplete`, reason
+3. the sampling loop; a client function call ends the response (`response.completed`), unless
+   the response was created with `multi_agent` (it then waits there for `response.inject`:
+   designs/inject.py); queued steering input ends it too, at the next safe output boundary (`response.incomplete`, reason
    `steered`); the session then starts the automatic successor (server/websocket.py); a warm-up
    (`generate: false`) only prefills the prompt into the engine's prefix cache;
 4. post-inference work overlaps the next request (switch 4) instead of running before the

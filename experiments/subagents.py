@@ -2,12 +2,15 @@
 
 An orchestrator runs N subagents (`--agents`, 2 to 32) at the same time, each a task of `--turns`
 tool rounds (8,000-token prompt, 800 tokens appended per turn, `--output-tokens` per response,
-`--tool-seconds` per tool call) at `--tps` decode tokens/s. Three arrangements:
+`--tool-seconds` per tool call) at `--tps` decode tokens/s. Four arrangements:
 
 * `v2 lanes`: one chained (v2) WebSocket, subagent i on `stream_id` `agent-i`;
 * `v2 socket each`: one chained WebSocket per subagent;
 * `v1 socket each`: one suspended (v1) response per subagent, hence one connection each (v1 has
-  one response per connection and no lanes).
+  one response per connection and no lanes);
+* `v2 inject`: one chained WebSocket with the multi-agent beta and one parent response hosting the
+  N subagents; each tool output is injected into it (`response.inject`) when its tool ends, and
+  each subagent resumes inside the response. Its task time is the parent response's.
 
 Part 1, virtual time (in-process server, default API costs, a network of `--rtt-ms` with its
 handshakes): `task_mean_s` / `task_max_s` (end-to-end time per subagent task), `connections` (what
@@ -28,6 +31,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
@@ -36,18 +40,36 @@ from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
+from prototype.client.inject import run_injected_subagents
 from prototype.client.lanes import run_multiplexed_rollouts
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
 from .common import add_list, experiment_parser, report, rss_bytes, server_process
 
-ARRANGEMENTS = ("v2 lanes", "v2 socket each", "v1 socket each")
+ARRANGEMENTS = ("v2 lanes", "v2 socket each", "v1 socket each", "v2 inject")
 RSS_SAMPLE_S = 0.01
 
 
-async def run_arrangement(connector, arrangement: str, n: int, workload, spec: str, model: str) -> list[RolloutRecord]:
+@attrs.frozen
+class Outcome:
+    """What an arrangement's N subagents took: each task's seconds, status and client bytes."""
+
+    seconds: list[float]
+    statuses: list[str]
+    sent_bytes: int
+
+
+async def run_arrangement(connector, arrangement: str, n: int, workload, spec: str, model: str) -> Outcome:
     metadata = {"testbed_workload": spec}
+    if arrangement == "v2 inject":
+        run = await run_injected_subagents(connector, workload, n, metadata=metadata, model=model)
+        return Outcome([run.seconds] * n, [run.status] * n, run.bytes_sent)
+    records = await run_rollouts(connector, arrangement, n, workload, metadata, model)
+    return Outcome([r.seconds for r in records], [r.status for r in records], sum(t.bytes_sent for r in records for t in r.turns))
+
+
+async def run_rollouts(connector, arrangement: str, n: int, workload, metadata: dict[str, str], model: str) -> list[RolloutRecord]:
     if arrangement == "v2 lanes":
         return await run_multiplexed_rollouts(connector, [workload] * n, metadata_for=lambda i: metadata, model=model)
     design = CHAINED if arrangement.startswith("v2") else SUSPENDED
@@ -69,16 +91,15 @@ def virtual(arrangement: str, n: int, *, turns: int, output_tokens: int, tool_se
     async def main() -> dict[str, Any]:
         server = ResponsesServer(ApiService(costs=ApiCosts()))
         connector = InMemoryConnector(server, netem.NetworkProfile(rtt=rtt))
-        records = await run_arrangement(connector, arrangement, n, workload, spec, f"sim-{tps}")
+        outcome = await run_arrangement(connector, arrangement, n, workload, spec, f"sim-{tps}")
         engine = server.api.engine
-        seconds = [r.seconds for r in records]
-        assert [r.status for r in records] == ["completed"] * n, [r.status for r in records]
+        assert outcome.statuses == ["completed"] * n, outcome.statuses
         return {
-            "task_mean_s": statistics.fmean(seconds),
-            "task_max_s": max(seconds),
+            "task_mean_s": statistics.fmean(outcome.seconds),
+            "task_max_s": max(outcome.seconds),
             "connections": server.connections_opened,
             "kv_peak_mb": engine.stats.peak_resident_tokens * engine.kv_bytes_per_token / 2**20,
-            "sent_kb": sum(t.bytes_sent for r in records for t in r.turns) / 1024,
+            "sent_kb": outcome.sent_bytes / 1024,
         }
 
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -105,9 +126,9 @@ def real_memory(arrangement: str, n: int, *, turns: int) -> float:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
-                records = await run_arrangement(connector, arrangement, n, workload, spec, "sim-100000")
+                outcome = await run_arrangement(connector, arrangement, n, workload, spec, "sim-100000")
                 done.set()
-            assert [r.status for r in records] == ["completed"] * n
+            assert outcome.statuses == ["completed"] * n
             return (peak - before) / 1024 / n
 
         return trio.run(main)

@@ -178,8 +178,8 @@ CORPUS: list[Bad] = [
     # --- parameters the server does not support -------------------------------------------------
     Bad("background", create(background=True), errors.UNSUPPORTED_PARAMETER, "background"),
     Bad("stream_id on v1", create(stream_id="s1"), errors.UNSUPPORTED_PARAMETER, "stream_id", designs=(SUSPENDED,)),
-    Bad("stream_id with a space", create(stream_id="a b"), errors.INVALID_VALUE, "stream_id"),
-    Bad("stream_id a number", create(stream_id=7), errors.INVALID_VALUE, "stream_id"),
+    Bad("stream_id with a space", create(stream_id="a b"), errors.INVALID_STREAM_ID, "stream_id"),
+    Bad("stream_id a number", create(stream_id=7), errors.INVALID_STREAM_ID, "stream_id"),
     Bad("conversation", create(conversation="conv_1"), errors.UNSUPPORTED_PARAMETER, "conversation"),
     Bad("previous_response_id on v1", create(previous_response_id="resp_1"), errors.UNSUPPORTED_PARAMETER, "previous_response_id", designs=(SUSPENDED,)),
     Bad("warm-up on v1", create(generate=False), errors.UNSUPPORTED_PARAMETER, "generate", designs=(SUSPENDED,)),

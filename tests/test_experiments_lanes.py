@@ -26,12 +26,16 @@ def test_steering_main_tiny(tmp_path):
 def test_subagents_main_tiny(tmp_path):
     rows = subagents.main(["--agents", "2", "--turns", "2", "--output-tokens", "20", "--tool-seconds", "0.2", "--no-rss"])
     by = {row["arrangement"]: row for row in rows}
-    assert [by[a]["connections"] for a in subagents.ARRANGEMENTS] == [1, 2, 2]
+    assert [by[a]["connections"] for a in subagents.ARRANGEMENTS] == [1, 2, 2, 1]
     # One handshake instead of one per subagent: lanes start their tasks sooner.
     assert by["v2 lanes"]["task_mean_s"] < by["v2 socket each"]["task_mean_s"]
+    # Injected outputs resume the parent response in place: no new response per tool round, so the
+    # client sends less than the lanes' creates do.
+    assert by["v2 inject"]["sent_kb"] < by["v2 lanes"]["sent_kb"]
     assert (tmp_path / "subagents" / "latest" / "subagents.csv").exists()
 
 
 @pytest.mark.slow
 def test_subagents_real_memory_tiny():
     assert subagents.real_memory("v2 lanes", 2, turns=2) >= 0
+    assert subagents.real_memory("v2 inject", 2, turns=2) >= 0

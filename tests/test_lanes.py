@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
 
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, run_websocket_rollout
@@ -109,21 +109,53 @@ async def test_a_fork_from_an_evicted_response_is_rebuilt_from_the_store_or_not_
                 }
 
 
-async def test_lane_limit_and_bad_stream_ids_are_refused_and_the_connection_keeps_serving(autojump_clock):
-    server = make_server(config=ServerConfig(max_streams=2))
+async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_and_the_connection_keeps_serving(autojump_clock):
+    server = make_server()
+    names = [f"agent_{n}" for n in range(1, 34)]
     async with ws(server) as conn:
-        for name in ("one", "two"):
-            await send(conn, create_event(stream_id=name))
-            assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
-        await send(conn, create_event(stream_id="three"))
+        for name in names[:32]:  # the WS guide's 32 named lanes; the default lane is not counted
+            await send(conn, create_event(stream_id=name, metadata=SHORT))
+        await send(conn, create_event(metadata=SHORT))
+        events = await collect(conn, 33)
+        assert sorted(e.get("stream_id") or "" for _, e in events if e["type"] == "response.completed") == sorted(["", *names[:32]])
+        await send(conn, create_event(stream_id=names[32]))
         refused = (await until(conn, *TERMINALS))[-1]
-        assert refused["type"] == "error" and "stream_id" not in refused
-        assert (refused["error"]["code"], refused["error"]["param"]) == ("too_many_streams", "stream_id")
-        await send(conn, create_event(stream_id="bad lane"))
-        assert (await until(conn, *TERMINALS))[-1]["error"]["code"] == "invalid_value"
-        await send(conn, create_event(stream_id="two"))  # an open lane still serves
+        # The WS guide's example error, word for word, tagged with the refused lane.
+        assert refused == {
+            "type": "error", "status": 400, "stream_id": "agent_33",
+            "error": {"type": "invalid_request_error", "code": "websocket_stream_limit_reached", "param": "stream_id",
+                      "message": "This WebSocket connection has reached its maximum number of distinct stream IDs (32). "
+                                 "Reuse an existing stream_id or open a new WebSocket connection."},
+        }
+        for bad in ("bad lane", "", "x" * 257, 7):
+            await send(conn, create_event(stream_id=bad))
+            malformed = (await until(conn, *TERMINALS))[-1]
+            assert "stream_id" not in malformed and malformed["status"] == 400
+            assert (malformed["error"]["code"], malformed["error"]["param"]) == ("invalid_stream_id", "stream_id")
+        await send(conn, create_event(stream_id="agent_2", metadata=SHORT))  # an open lane still serves
         done = (await until(conn, *TERMINALS))[-1]
-        assert (done["type"], done["stream_id"]) == ("response.completed", "two")
+        assert (done["type"], done["stream_id"]) == ("response.completed", "agent_2")
+
+
+async def test_the_17th_response_in_flight_is_queued_until_one_of_the_16_ends(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        start = trio.current_time()
+        for n in range(17):  # 17 lanes, one create each, all sent at once
+            await send(conn, create_event(stream_id=f"lane{n}", metadata=SHORT))
+        events = []
+        while sum(e["type"] in TERMINALS or e["type"] == "error" for _, e in events) < 17:
+            events += await timed_until(conn, *TERMINALS)
+    created = {e["stream_id"]: t - start for t, e in events if e["type"] == "response.created"}
+    completed = {e["stream_id"]: t - start for t, e in events if e["type"] == "response.completed"}
+    assert len(completed) == 17 and not [e for _, e in events if e["type"] == "error"]  # queued, never refused
+    first_sixteen = [f"lane{n}" for n in range(16)]
+    (pre_inference,) = {created[name] for name in first_sixteen}  # the 16 start together
+    # The 17th starts the instant the first of the 16 ends, not before: its pre-inference work
+    # follows that terminal event.
+    first_end = min(completed[name] for name in first_sixteen)
+    assert created["lane16"] == pytest.approx(first_end + pre_inference, abs=1e-9)
+    assert first_end > pre_inference
 
 
 async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, ProtocolError
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message
+from ..protocol.items import Compaction, FunctionCall, FunctionCallOutput, Item, Message
 
 # Hashed bag-of-tokens features for the stand-in safety classifier: large enough that the numpy
 # work scales with tokens, small enough to keep per connection.
@@ -30,6 +30,7 @@ class CallLedger:
     answered: set[str] = attrs.Factory(set)
     turn: int = 0
     last_was_output: bool = False
+    offset: int = 0  # items before the latest compaction's window, which call ids still count (protocol/compaction.py)
 
     def absorb(self, items: Sequence[Item], start: int = 0) -> None:
         """Check and take `items`; raise `invalid_function_call_output` for an output whose call is
@@ -50,6 +51,9 @@ class CallLedger:
                 if not self.last_was_output:
                     self.turn += 1
                 self.last_was_output = True
+            elif isinstance(item, Compaction):  # the rounds it summarizes still count (protocol/compaction.py)
+                self.turn, self.offset = item.rounds, item.offset
+                self.last_was_output = False
             else:
                 if isinstance(item, Message) and item.role == "user":
                     self.turn = 0

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from ..engine import tokenizer
 from ..engine.kv import Prompt
 from ..protocol.events import ToolDef
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, OpaqueItem, Reasoning, WebSearchCall
+from ..protocol.items import Compaction, FunctionCall, FunctionCallOutput, Item, Message, OpaqueItem, Reasoning, WebSearchCall
 
 
 def item_text(item: Item) -> str:
@@ -30,6 +30,8 @@ def item_text(item: Item) -> str:
         # The reasoning itself, whether it came from the server's own context or back from a client's
         # encrypted_content: the same tokens either way, so a resent conversation renders identically.
         return f"reasoning\n{item.text}"
+    if isinstance(item, Compaction):
+        return f"compaction\n{item.summary}"
     assert isinstance(item, OpaqueItem)
     return f"{item.type}\n{item.data}"
 

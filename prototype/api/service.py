@@ -23,6 +23,7 @@ import trio
 from .. import metrics
 from ..engine import Engine, LatencyModel, Prompt, ScriptedPolicy, decode_rate_for_model
 from ..engine.engine import HTTP_AFFINITY
+from ..protocol.compaction import window
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item, WebSearchCall
 from ..protocol.response import Response
@@ -249,7 +250,7 @@ class ApiService:
         for turn in chain:
             history.extend(turn.input)
             history.extend(turn.output)
-        return history
+        return window(history)  # from the latest compaction item on (protocol/compaction.py)
 
 
 def owner_of(api_key: str | None) -> str | None:

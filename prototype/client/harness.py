@@ -203,7 +203,7 @@ REASONING = {"effort": "medium"}
 
 def request_body(
     workload: Workload, *, model: str, metadata: dict[str, str], store: bool, include_reasoning: bool = False,
-    instructions: str | None = None,
+    instructions: str | None = None, compact_threshold: int | None = None,
 ) -> dict[str, Any]:
     """The fields every request of a rollout repeats (Codex resends instructions and tools every turn: they are not
     inherited through previous_response_id). `include_reasoning`: ask for reasoning items' encrypted_content, which a
@@ -220,6 +220,8 @@ def request_body(
     instructions = shared_instructions(workload) if instructions is None else instructions
     if instructions is not None:
         body["instructions"] = instructions
+    if compact_threshold is not None:  # server-side compaction (experiments/compaction.py)
+        body["context_management"] = [{"type": "compaction", "compact_threshold": compact_threshold}]
     return body
 
 
@@ -297,6 +299,7 @@ async def run_websocket_rollout(
     on_turn_end: Callable[[TurnRecord], None] | None = None,
     instructions: str | None = None,
     connected: Callable[[], Awaitable[None]] | None = None,
+    compact_threshold: int | None = None,
 ) -> RolloutRecord:
     """One task over one WebSocket: `suspended` (create once, append per tool round) or `chained`
     (a create with previous_response_id per turn). `connected`, if given, is awaited once the
@@ -305,7 +308,8 @@ async def run_websocket_rollout(
     rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
     # v1 never needs the blob: its reasoning stays in the coroutine. v2 asks for it as Codex does without a store.
     base = request_body(
-        workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store, instructions=instructions
+        workload, model=model, metadata=metadata, store=store, include_reasoning=design == CHAINED and not store, instructions=instructions,
+        compact_threshold=compact_threshold,
     )
     first_input = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
     # Turn 0 starts before the connection is opened: its TCP, TLS and upgrade round trips are paid by the first

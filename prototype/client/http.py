@@ -29,6 +29,7 @@ import attrs
 import h11
 import trio
 
+from ..protocol.compaction import window_of_dicts
 from ..protocol.wire import RESPONSES_PATH, STATELESS, STORED, VARIANTS
 from ..workload import Workload
 from .connect import Connector
@@ -236,15 +237,20 @@ async def run_http_rollout(
     include_timing: bool = False,
     api_key: str = "testbed",
     instructions: str | None = None,
+    compact_threshold: int | None = None,
 ) -> RolloutRecord:
     """One task over HTTP: a `POST /v1/responses` (stream: true) per turn, `stateless` (full history)
-    or `stored` (`previous_response_id`)."""
+    or `stored` (`previous_response_id`). `compact_threshold`: server-side compaction; a stateless
+    client then resends only the latest compacted window."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     rollout = Rollout(workload, RolloutRecord(DESIGN_NAMES[variant], workload.name, trio.current_time()))
     stored = variant == STORED
     base = {
-        **request_body(workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions),
+        **request_body(
+            workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions,
+            compact_threshold=compact_threshold,
+        ),
         "stream": True,
     }
     headers = request_headers(api_key=api_key, keep_alive=keep_alive, include_timing=include_timing)
@@ -280,6 +286,7 @@ async def run_http_rollout(
                     break
                 if variant == STATELESS:
                     history.extend(response["output"])
+                    history = window_of_dicts(history)  # after a compaction item, only its window is resent
                 previous_id = response["id"]
                 new_items = await rollout.run_tools(calls)
         finally:

@@ -11,8 +11,9 @@ WS guide; docs/protocol.md):
    (switch 2), reusing the routing decision (switch 3), paying f_ws of the fixed cost; a
    continuation must answer every function call still pending, or it is refused with the public
    API's 400 (`No tool output found for function call <call_id>.`, param `input`);
-3. the sampling loop; a client function call ends the response (`response.completed`), and so
-   does queued steering input, at the next safe output boundary (`response.incomplete`, reason
+3. the sampling loop; a client function call ends the response (`response.completed`), unless
+   the response was created with `multi_agent` (it then waits there for `response.inject`:
+   designs/inject.py); queued steering input ends it too, at the next safe output boundary (`response.incomplete`, reason
    `steered`); the session then starts the automatic successor (server/websocket.py); a warm-up
    (`generate: false`) only prefills the prompt into the engine's prefix cache;
 4. post-inference work overlaps the next request (switch 4) instead of running before the
@@ -39,13 +40,16 @@ from ..api.checks import require_answered
 from ..api.costs import ALL_SWITCHES_ON, CacheSwitches
 from ..api.service import ApiService, Context, StageModes, owner_of
 from ..engine import Prompt
-from ..protocol.errors import previous_response_not_found
+from ..protocol.errors import SUSPENSION_TIMEOUT, previous_response_not_found
 from ..protocol.events import CreateRequest
+from ..protocol.inject import ROOT
 from ..protocol.items import Item
 from ..protocol.response import Response
 from .cancel import cancellable
 from .emitter import Emitter, Sink, failing_on_error
-from .sampling import COMPLETED, INCOMPLETE, STEERED, prefill_warmup, sample_until_client_calls
+from .inject import sample_subagents
+from .sampling import COMPLETED, INCOMPLETE, STEERED, ToolBackend, prefill_warmup, sample_until_client_calls
+from .suspended import SuspensionExpired
 
 
 @attrs.define(eq=False)
@@ -128,6 +132,9 @@ class LaneView:
     lane: str | None
     on_created: Callable[[Emitter], Awaitable[None]] = attrs.field(default=_nothing, kw_only=True)
     stop_requested: Callable[[str], bool] = attrs.field(default=lambda response_id: False, kw_only=True)
+    # The backend that answers a response's client calls with injected outputs (designs/inject.py),
+    # for a response created with `multi_agent.enabled`; None: the response ends at its client calls.
+    injected_outputs: Callable[..., ToolBackend | None] = attrs.field(default=lambda emitter, agent=ROOT: None, kw_only=True)
 
     @property
     def engine_key(self) -> object:
@@ -194,7 +201,20 @@ async def run_turn(
     outcome = "completed"
     async with cancellable(api, emitter, owner), failing_on_error(emitter):
         if request.generate:
-            outcome = await sample_until_client_calls(api, emitter, context, lambda: lane.stop_requested(response.id))
+            injected = lane.injected_outputs(emitter) if request.takes_injected_input else None
+            try:
+                if request.subagents:  # hosted subagents: not continued through previous_response_id [ours]
+                    outcome = await sample_subagents(api, emitter, context, request.subagents, lane.injected_outputs)
+                    context = None
+                else:
+                    outcome = await sample_until_client_calls(
+                        api, emitter, context, lambda: lane.stop_requested(response.id), client=injected
+                    )
+            except SuspensionExpired:  # waited longer than the suspension time-to-live for injected outputs
+                await emitter.finished("failed", error={
+                    "code": SUSPENSION_TIMEOUT, "message": "No response.inject answered the function calls in time; the response was released."
+                })
+                return response
         else:  # a warm-up: the prefix is prefilled into the engine's cache, nothing sampled (WS guide)
             await prefill_warmup(api, log, context)
 
@@ -206,7 +226,8 @@ async def run_turn(
         else:
             await api.post_inference(log, response, added, owner=owner)
         await emitter.finished(status, reason=reason)
-    lane.put(response, context)
+    if context is not None:
+        lane.put(response, context)
     return response
 
 

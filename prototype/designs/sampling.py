@@ -5,10 +5,13 @@ blocks there until a backend answers. Which backend depends on who runs the tool
 
 * a hosted tool (web_search): the server's hosted tool service, after its own latency;
 * a client function tool: the client, over the socket. In the suspended design (v1) the loop sends
-  `response.done` and waits for `response.append`; in the chained and http designs the response
-  ends at this point instead, and the next request starts a new loop on the cached or rebuilt state.
+  `response.done` and waits for `response.append`; a chained response created with
+  `multi_agent.enabled` waits for `response.inject` (designs/inject.py); otherwise, in the chained
+  and http designs, the response ends at this point, and the next request starts a new loop on the
+  cached or rebuilt state.
 
-This is the hosted-tool analogy of OpenAI's post, in code: one suspension point, two backends.
+This is the hosted-tool analogy of OpenAI's post, in code: one suspension point, resumed three ways
+(the hosted tool service, v1's `response.append`, `response.inject`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..engine.admission import EngineCall
 from ..engine.engine import ModelCall
 from ..engine.policy import PlannedSearch, TurnPlan
 from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
+from .compaction import compact_if_due
 from .emitter import Emitter
 
 COMPLETED = "completed"
@@ -98,6 +102,7 @@ class SamplingLoop:
     # batch of client calls, once begun, is finished too (steering guide; docs/protocol.md).
     stop_requested: Callable[[], bool] = attrs.field(default=lambda: False, kw_only=True)
     export_reasoning: bool = attrs.field(default=False, kw_only=True)  # reasoning items leave with their encrypted_content (the client asked for it)
+    agent: str | None = attrs.field(default=None, kw_only=True)  # a hosted subagent's name: its call ids carry it (designs/inject.py)
     engine_call: EngineCall | None = attrs.field(default=None, init=False)  # the model call the engine has admitted
     # Where the engine's decoding stands on its own schedule: the end of the prefill, then of each
     # sampled item. Items stream from it, so a late wake-up in real time is not added per item.
@@ -136,6 +141,7 @@ class SamplingLoop:
         ctx, request = self.context, self.emitter.response.request
         budget = request.max_output_tokens
         while True:
+            await compact_if_due(self)  # `context_management`: past its threshold the context is compacted first
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
             # What each model call of the turn will sample: a hosted call's arguments each, then the answer.
             planned = [*(len(_token_pieces(search.query)) for search in plan.searches), _answer_tokens(plan, budget)]
@@ -184,7 +190,8 @@ class SamplingLoop:
             # completes normally (and an automatic successor follows it: steering guide).
             steered = not truncated and bool(plan.calls) and self.stop_requested()
             for planned in () if truncated or steered else plan.calls:
-                call_id = f"call_{len(ctx.items) + len(outputs)}"
+                place = ctx.ledger.offset + len(ctx.items) + len(outputs)  # the call's place in the whole conversation
+                call_id = f"call_{place}" if self.agent is None else f"call_{self.agent}_{place}"
                 pieces = _token_pieces(planned.arguments)
                 call = await self.emitter.function_call(
                     self.api.new_id("fc"),
@@ -284,17 +291,19 @@ class SamplingLoop:
 
 
 async def sample_until_client_calls(
-    api: ApiService, emitter: Emitter, context: Context, stop_requested: Callable[[], bool] | None = None
+    api: ApiService, emitter: Emitter, context: Context, stop_requested: Callable[[], bool] | None = None,
+    client: ToolBackend | None = None,
 ) -> str:
     """The chained and http designs' loop: hosted tools are answered inside the response, a client
-    function call ends it. Returns the response's outcome: `completed`, `incomplete` (its output
-    budget ran out) or `steered` (stopped at a safe boundary for steering input)."""
+    function call ends it, unless `client` answers it (injected outputs). Returns the response's
+    outcome: `completed`, `incomplete` (its output budget ran out) or `steered` (stopped at a safe
+    boundary for steering input)."""
     loop = SamplingLoop(
         api,
         emitter,
         context,
         hosted=HostedTools(api, emitter.log, context.route.policy.workload.text_seed),
-        client=EndResponseAtClientCalls(),
+        client=client or EndResponseAtClientCalls(),
         pinned_kv=False,
         stop_requested=stop_requested or (lambda: False),
         export_reasoning=emitter.response.request.wants_encrypted_reasoning,

@@ -22,6 +22,7 @@ import orjson
 
 from .errors import (
     EMPTY_INPUT,
+    INTEGER_BELOW_MIN_VALUE,
     INVALID_JSON,
     INVALID_VALUE,
     MISSING_REQUIRED_PARAMETER,
@@ -30,16 +31,19 @@ from .errors import (
     UNKNOWN_EVENT_TYPE,
     UNSUPPORTED_PARAMETER,
     ProtocolError,
+    invalid_stream_id,
 )
 from .events import (
     ClientEvent,
     CreateRequest,
+    MultiAgent,
     ResponseAppend,
     ResponseCreate,
     ResponseProcessed,
     ResponseSteer,
     ToolDef,
 )
+from .inject import DEFAULT_MAX_CONCURRENT_SUBAGENTS, parse_inject
 from .items import parse_input
 from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_unicode, invalid_type
 
@@ -63,6 +67,7 @@ _KNOWN_KEYS = frozenset(
         "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
         "previous_response_id", "store", "generate", "max_output_tokens", "metadata", "temperature",
         "top_p", "stream", "background", "stream_id", "conversation", "include", "reasoning", "prompt",
+        "multi_agent", "context_management",
     }
 )
 # Metadata limits of the public API: 16 pairs, keys up to 64 characters, values up to 512.
@@ -136,13 +141,70 @@ def _parse_metadata(value: Any) -> dict[str, str]:
 
 
 def _parse_stream_id(value: Any) -> str | None:
-    """A lane name: the characters and length openai-ruby's `Session#lane` accepts [ours: the
-    reference states no format]."""
+    """A lane name: 1 to 256 characters of letters, digits, `_`, `-` and `.`; the empty string is not
+    one (omit the field for the default lane) (WS guide, "Run conversations in parallel")."""
     if value is None:
         return None
     if not isinstance(value, str) or not STREAM_ID_PATTERN.fullmatch(value):
-        raise ProtocolError(INVALID_VALUE, "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", param="stream_id")
+        raise invalid_stream_id()
     return value
+
+
+# API reference (`context_management[].compact_threshold`): "minimum: 1000".
+COMPACT_THRESHOLD_MIN = 1000
+# The threshold when an entry names none [ours: the reference leaves it to the server].
+DEFAULT_COMPACT_THRESHOLD = 200_000
+
+
+def _parse_multi_agent(value: Any) -> MultiAgent | None:
+    """`{enabled, max_concurrent_subagents}` (openai-python `ResponseCreateMultiAgent`: `enabled`
+    required; the reference sets no upper bound on the subagents)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error("multi_agent", "an object")
+    if "enabled" not in value:
+        raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'multi_agent.enabled'.", param="multi_agent.enabled")
+    if not isinstance(value["enabled"], bool):
+        raise _type_error("multi_agent.enabled", "a boolean")
+    most = value.get("max_concurrent_subagents", DEFAULT_MAX_CONCURRENT_SUBAGENTS)
+    if isinstance(most, bool) or not isinstance(most, int):
+        raise _type_error("multi_agent.max_concurrent_subagents", "an integer")
+    if most < 1:
+        raise ProtocolError(
+            INTEGER_BELOW_MIN_VALUE, "Invalid 'multi_agent.max_concurrent_subagents': integer below minimum value 1.",
+            param="multi_agent.max_concurrent_subagents",
+        )
+    return MultiAgent(value["enabled"], most)
+
+
+def _parse_compact_threshold(value: Any) -> int | None:
+    """`context_management`: null, or an array of at least one `{"type": "compaction",
+    "compact_threshold": N}` with N >= 1000 or null (API reference; "Currently only 'compaction' is
+    supported"). Returns the threshold, or None without compaction."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise _type_error("context_management", "a non-empty array of objects")
+    threshold = None
+    for index, entry in enumerate(value):
+        param = f"context_management[{index}]"
+        if not isinstance(entry, dict):
+            raise _type_error(param, "an object")
+        if entry.get("type") != "compaction":
+            raise ProtocolError(INVALID_VALUE, f"Invalid '{param}.type': only 'compaction' is supported.", param=f"{param}.type")
+        given = entry.get("compact_threshold")
+        if given is None:
+            given = DEFAULT_COMPACT_THRESHOLD
+        elif isinstance(given, bool) or not isinstance(given, int):
+            raise _type_error(f"{param}.compact_threshold", "an integer")
+        elif given < COMPACT_THRESHOLD_MIN:
+            raise ProtocolError(
+                INTEGER_BELOW_MIN_VALUE, f"Invalid '{param}.compact_threshold': integer below minimum value {COMPACT_THRESHOLD_MIN}.",
+                param=f"{param}.compact_threshold",
+            )
+        threshold = given if threshold is None else min(threshold, given)
+    return threshold
 
 
 def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
@@ -203,6 +265,8 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         extra_keys=tuple(sorted(key for key in body if key not in _KNOWN_KEYS)),
         include=tuple(include or ()),
         reasoning=reasoning,
+        multi_agent=_parse_multi_agent(body.get("multi_agent")),
+        compact_threshold=_parse_compact_threshold(body.get("context_management")),
     )
 
 
@@ -245,6 +309,8 @@ def decode_client_event(text: str | bytes) -> ClientEvent:
         return ResponseAppend(parse_input(obj["input"]))
     if event_type == "response.steer":
         return ResponseSteer(obj)
+    if event_type == "response.inject":
+        return parse_inject(obj)
     if event_type == "response.processed":
         response_id = obj.get("response_id")
         return ResponseProcessed(response_id if isinstance(response_id, str) else None)

@@ -33,7 +33,12 @@ INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"  # the real API's code (
 SUSPENSION_TIMEOUT = "suspension_timeout"
 CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 STEERING_NOT_SUPPORTED = "steering_not_supported"
-TOO_MANY_STREAMS = "too_many_streams"  # [ours]: the reference names no per-connection lane limit
+# WS guide, "Errors to handle": a malformed `stream_id`, and a 33rd named lane on one connection.
+INVALID_STREAM_ID = "invalid_stream_id"
+WEBSOCKET_STREAM_LIMIT_REACHED = "websocket_stream_limit_reached"
+# Multi-agent guide, "Inject tool outputs over WebSocket": why a `response.inject` was not committed.
+RESPONSE_ALREADY_COMPLETED = "response_already_completed"
+RESPONSE_NOT_FOUND = "response_not_found"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
 ENGINE_FAILURE = "engine_failure"
@@ -100,6 +105,26 @@ def connection_limit_reached(minutes: float) -> ProtocolError:
         CONNECTION_LIMIT_REACHED,
         f"Responses websocket connection limit reached ({minutes:g} minutes). "
         "Create a new websocket connection to continue.",
+    )
+
+
+def invalid_stream_id() -> ProtocolError:
+    # WS guide: the documented code, param and message; the error carries no `stream_id`.
+    return ProtocolError(
+        INVALID_STREAM_ID,
+        "The 'stream_id' field must be a non-empty string with at most 256 characters and may only contain "
+        "letters, numbers, underscores, hyphens, and periods.",
+        param="stream_id",
+    )
+
+
+def websocket_stream_limit_reached(limit: int) -> ProtocolError:
+    # WS guide: the documented code, param and message; the error carries the refused `stream_id`.
+    return ProtocolError(
+        WEBSOCKET_STREAM_LIMIT_REACHED,
+        f"This WebSocket connection has reached its maximum number of distinct stream IDs ({limit}). "
+        "Reuse an existing stream_id or open a new WebSocket connection.",
+        param="stream_id",
     )
 
 

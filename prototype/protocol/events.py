@@ -30,6 +30,17 @@ class ToolDef:
 
 
 @attrs.frozen
+class MultiAgent:
+    """`multi_agent` as sent, validated (openai-python `ResponseCreateMultiAgent`)."""
+
+    enabled: bool
+    max_concurrent_subagents: int = 3  # the SDK's documented default
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "max_concurrent_subagents": self.max_concurrent_subagents}
+
+
+@attrs.frozen
 class CreateRequest:
     """The body of `response.create` (WebSocket) or `POST /v1/responses` (HTTP), validated."""
 
@@ -51,6 +62,25 @@ class CreateRequest:
     extra_keys: tuple[str, ...] = ()  # accepted and ignored keys, recorded for the timing records
     include: tuple[str, ...] = ()  # e.g. "reasoning.encrypted_content": reasoning items carry their blob
     reasoning: dict[str, Any] | None = attrs.field(default=None, eq=False, hash=False)  # echoed; effort is not modeled
+    # `multi_agent` (openai-python `ResponseCreateMultiAgent`): enabled, the response waits at a
+    # client function call for `response.inject` instead of ending there (protocol/inject.py).
+    multi_agent: MultiAgent | None = None
+    # `context_management: [{"type": "compaction", "compact_threshold": N}]`: the context is
+    # compacted when it crosses N tokens (api/compaction.py).
+    compact_threshold: int | None = None
+
+    @property
+    def takes_injected_input(self) -> bool:
+        return self.multi_agent is not None and self.multi_agent.enabled
+
+    @property
+    def subagents(self) -> int:
+        """Hosted subagents the simulated root runs: `metadata.testbed_subagents`, at most
+        `multi_agent.max_concurrent_subagents`; 0 without multi_agent [ours]."""
+        if not self.takes_injected_input:
+            return 0
+        asked = self.metadata.get("testbed_subagents", "0")
+        return min(int(asked) if asked.isdigit() else 0, self.multi_agent.max_concurrent_subagents)
 
     @property
     def wants_encrypted_reasoning(self) -> bool:
@@ -304,6 +334,39 @@ class SteerFailed(_ServerEvent):
     type: ClassVar[str] = "response.steer.failed"
 
 
+@attrs.frozen
+class CompactionCompacting(_ServerEvent):
+    """The model samples a compaction item's summary; the event carries none of it (openai-python
+    `ResponseCompactionCompactingEvent`)."""
+
+    sequence_number: int
+    item_id: str
+    output_index: int
+    type: ClassVar[str] = "response.compaction.compacting"
+
+
+@attrs.frozen
+class InjectCreated(_ServerEvent):
+    """Every injected item was validated and committed to the active response (openai-python
+    `BetaResponseInjectCreatedEvent`); numbered in that response's sequence."""
+
+    sequence_number: int
+    response_id: str
+    type: ClassVar[str] = "response.inject.created"
+
+
+@attrs.frozen
+class InjectFailed(_ServerEvent):
+    """Nothing was committed; the raw input comes back for a new `response.create` (openai-python
+    `BetaResponseInjectFailedEvent`). `error`: `{code, message}`."""
+
+    sequence_number: int
+    response_id: str
+    input: list[Any]
+    error: dict[str, Any]
+    type: ClassVar[str] = "response.inject.failed"
+
+
 ServerEvent = Union[
     ResponseCreated,
     ResponseInProgress,
@@ -325,4 +388,7 @@ ServerEvent = Union[
     SteerAccepted,
     SteerPending,
     SteerFailed,
+    CompactionCompacting,
+    InjectCreated,
+    InjectFailed,
 ]

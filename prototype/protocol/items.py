@@ -215,7 +215,44 @@ class OpaqueItem:
         return json.loads(self.data)
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, WebSearchCall, Reasoning, OpaqueItem]
+# A compaction item's `encrypted_content` carries its summary the way a reasoning item's does, under
+# its own prefix (encoded, not encrypted: the simulator only needs it to survive the client's trip).
+COMPACTION_PREFIX = "tbc1."
+
+
+@attrs.frozen
+class Compaction:
+    """A compaction item (openai-python `ResponseCompactionItem`): the model's summary of the
+    context it replaced. `summary` never goes on the wire; `encrypted_content` carries it, so a
+    client that sends the item back restores the same context."""
+
+    id: str
+    summary: str
+    rounds: int = 0  # client tool rounds since the last user message that the summary covers (the policy's turn index)
+    offset: int = 0  # items of the conversation the window no longer holds, so call ids go on counting from there
+    type: ClassVar[str] = "compaction"
+
+    @property
+    def encrypted_content(self) -> str:
+        payload = self.rounds.to_bytes(4, "big") + self.offset.to_bytes(4, "big") + self.summary.encode("utf-8")
+        return COMPACTION_PREFIX + base64.urlsafe_b64encode(payload).decode("ascii")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "compaction", "id": self.id, "encrypted_content": self.encrypted_content}
+
+
+def _decode_compaction(blob: str) -> tuple[int, int, str] | None:
+    """The rounds, offset and summary a compaction item of this server carries; None if the blob is not one of ours."""
+    if not blob.startswith(COMPACTION_PREFIX):
+        return None
+    try:
+        payload = base64.urlsafe_b64decode(blob[len(COMPACTION_PREFIX) :].encode("ascii"))
+        return int.from_bytes(payload[:4], "big"), int.from_bytes(payload[4:8], "big"), payload[8:].decode("utf-8")
+    except (ValueError, binascii.Error, UnicodeError):
+        return None
+
+
+Item = Union[Message, FunctionCall, FunctionCallOutput, WebSearchCall, Reasoning, OpaqueItem, Compaction]
 
 
 def _string(obj: dict[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
@@ -322,6 +359,12 @@ def parse_item(obj: Any, path: str = "input[0]") -> Item:
                 status=_string(obj, "status", path, required=False),
             )
         # Another server's blob: carried and rendered as sent, not interpreted.
+    if item_type == "compaction" and isinstance(obj.get("encrypted_content"), str):
+        decoded = _decode_compaction(obj["encrypted_content"])
+        if decoded is not None:
+            rounds, offset, summary = decoded
+            return Compaction(id=_string(obj, "id", path, required=False) or "", summary=summary, rounds=rounds, offset=offset)
+        # Another server's compaction: carried and rendered as sent, not interpreted.
     if isinstance(item_type, str) and item_type in OPAQUE_ITEM_TYPES:
         return OpaqueItem(item_type, json.dumps(obj, sort_keys=True, separators=(",", ":")))
     if item_type is None:

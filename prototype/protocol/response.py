@@ -80,6 +80,10 @@ class Response:
             "top_p": request.top_p if request.top_p is not None else 1.0,
             "usage": self.usage.to_dict() if usage_so_far or self.status != "in_progress" else None,
         }
+        if request.multi_agent is not None:  # echoed only when sent, so other runs carry the same bytes
+            out["multi_agent"] = request.multi_agent.to_dict()
+        if request.compact_threshold is not None:
+            out["context_management"] = [{"type": "compaction", "compact_threshold": request.compact_threshold}]
         if self.timing is not None:
             out["testbed_timing"] = self.timing  # name [ours]: docs/protocol.md "Timing header"
         return out

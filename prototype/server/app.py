@@ -17,6 +17,7 @@ import trio_websocket
 
 from ..protocol import codec
 from ..protocol.errors import ProtocolError, server_shutting_down
+from ..protocol.inject import BETA_MULTI_AGENT
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER, WS_RECEIVE_BYTES
 from . import http
 from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
@@ -38,6 +39,12 @@ def choose_design(headers: dict[str, str]) -> str:
                 return CHAINED
             raise ProtocolError("unsupported_beta", f"Unknown responses_websockets version {value[:32]!r}.", param="OpenAI-Beta")
     return CHAINED
+
+
+def wants_multi_agent(headers: dict[str, str]) -> bool:
+    """`OpenAI-Beta: responses_multi_agent=v1` on the handshake enables `multi_agent` and
+    `response.inject` (multi-agent guide: pass it in the connection headers)."""
+    return any(entry.strip() == BETA_MULTI_AGENT for entry in headers.get("openai-beta", "").split(","))
 
 
 @attrs.define(eq=False)
@@ -117,6 +124,7 @@ class ResponsesServer(Endpoint):
                 include_timing=headers.get(TIMING_HEADER, "").lower() == "true",
                 user_agent=headers.get("user-agent", ""),
                 connection=self.next_connection_number(),
+                multi_agent=wants_multi_agent(headers),
             )
             session = WebSocketSession(self.api, self.config, ws, info, records=self.records)
             self.sessions.add(session)

@@ -12,9 +12,11 @@ from ..designs.suspended import SUSPENSION_TTL_SECONDS
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # docs/protocol.md: creates waiting behind the one in flight [ours].
 MAX_QUEUED_CREATES = 32
-# docs/protocol.md: `stream_id` lanes a connection may open besides the default one [ours: the
-# reference states no limit; openai-ruby's SessionLimits makes max_lanes an application budget].
-MAX_STREAMS = 64
+# WS guide, "Per-connection limits": at most 32 distinct named `stream_id`s per connection (the
+# default lane is not counted), and at most 16 responses in flight across all lanes, further
+# creates being accepted and queued until one ends.
+MAX_STREAMS = 32
+MAX_IN_FLIGHT = 16
 # WS guide and alpha doc: a WebSocket connection lives at most 60 minutes.
 CONNECTION_LIFETIME_SECONDS = 60 * 60
 # A request head larger than this is refused (431) before any parsing [ours].
@@ -37,6 +39,7 @@ class ServerConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_queued_creates: int = MAX_QUEUED_CREATES  # per lane
     max_streams: int = MAX_STREAMS
+    max_in_flight: int = MAX_IN_FLIGHT  # responses in flight per connection, all lanes together
     suspension_ttl: float = SUSPENSION_TTL_SECONDS
     connection_lifetime: float = CONNECTION_LIFETIME_SECONDS
     max_connections: int = MAX_CONNECTIONS

@@ -315,7 +315,7 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
     path = path_of(target)
     found = routes.find(path)
     if found is not None:
-        await _serve_endpoint(server, exchange, request, headers, target, path, *found)
+        await _serve_endpoint(server, exchange, request, headers, target, path, *found, body=body)
         return
     try:
         if path != RESPONSES_PATH:
@@ -372,7 +372,7 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
 
 async def _serve_endpoint(
     server: Endpoint, exchange: HttpExchange, request: h11.Request, headers: dict[str, str], target: str, path: str,
-    route: routes.Route, ident: str,
+    route: routes.Route, ident: str, body: bytes = b"",
 ) -> None:
     """A request to one of the routes beside `POST /v1/responses` (server/routes.py): a JSON
     answer or an SSE replay."""
@@ -384,7 +384,7 @@ async def _serve_endpoint(
         await exchange.send_error(error, extra=[(b"allow", allow.encode())], head_only=method == "HEAD")
         return
     try:
-        answer = await routes.answer(server, handler, ident, target, server.check_auth(headers))
+        answer = await routes.answer(server, handler, ident, target, server.check_auth(headers), body)
     except ProtocolError as error:
         await exchange.send_error(error, extra=[(b"www-authenticate", b"Bearer")] if error.status == 401 else None)
         return

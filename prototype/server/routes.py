@@ -6,6 +6,7 @@ items, and the model list (docs/protocol.md, "Stored responses" and "Models").
 | DELETE /v1/responses/{id}                 | `{id, object: "response", deleted: true}`          |
 | GET    /v1/responses/{id}/input_items     | a page of the items the response was given         |
 | POST   /v1/responses/{id}/cancel          | the response in flight, ended with status cancelled |
+| POST   /v1/responses/compact              | a compacted window of the conversation (a new chain) |
 | GET    /v1/models, /v1/models/{id}        | the simulated profiles as Model objects            |
 
 A handler returns an `Answer` (a JSON body, or the events of an SSE stream) or raises
@@ -26,6 +27,9 @@ import trio
 
 from ..api import retrieval
 from ..api.service import owner_of
+from ..designs import compaction
+from ..protocol import codec
+from ..protocol.errors import MISSING_REQUIRED_PARAMETER, ProtocolError
 from .endpoint import Endpoint
 
 # [ours] How long a cancel request waits for the response's terminal event to go out before it
@@ -48,6 +52,7 @@ class Call:
     ident: str
     query: dict[str, list[str]]
     owner: str | None
+    body: bytes = b""  # the request body, for the one route that takes one (compact)
 
 
 Handler = Callable[[Call], Awaitable[Answer]]
@@ -98,6 +103,18 @@ async def cancel(call: Call) -> Answer:
     return Answer(live.response.to_dict())
 
 
+async def compact(call: Call) -> Answer:
+    """`POST /v1/responses/compact`: the conversation (its `input`, after a stored
+    `previous_response_id`'s) compacted into a window that a new response takes as its `input`
+    (WS guide, "Standalone /responses/compact"); nothing is stored."""
+    body = codec.loads_object(call.body, what="request body")
+    fields = {key: body[key] for key in ("model", "input", "instructions", "previous_response_id") if key in body}
+    if "input" not in fields and "previous_response_id" not in fields:
+        raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", param="input")
+    request = codec.parse_create_body({"input": [], **fields, "store": False})
+    return Answer(await compaction.compact_conversation(call.server.api, request, call.owner))
+
+
 async def list_models(call: Call) -> Answer:
     return Answer(retrieval.model_list())
 
@@ -113,6 +130,7 @@ class Route:
 
 
 ROUTES = (
+    Route(re.compile(r"/v1/responses/(compact)"), {"POST": compact}),  # before the id route, which would take "compact"
     Route(re.compile(r"/v1/responses/([^/]+)"), {"GET": retrieve, "DELETE": delete}),
     Route(re.compile(r"/v1/responses/([^/]+)/input_items"), {"GET": list_input_items}),
     Route(re.compile(r"/v1/responses/([^/]+)/cancel"), {"POST": cancel}),
@@ -130,8 +148,8 @@ def find(path: str) -> tuple[Route, str] | None:
     return None
 
 
-async def answer(server: Endpoint, handler: Handler, ident: str, target: str, api_key: str) -> Answer:
-    return await handler(Call(server, ident, retrieval.parse_query(target), owner_of(api_key)))
+async def answer(server: Endpoint, handler: Handler, ident: str, target: str, api_key: str, body: bytes = b"") -> Answer:
+    return await handler(Call(server, ident, retrieval.parse_query(target), owner_of(api_key), body))
 
 
 __all__ = ["CANCEL_WAIT_SECONDS", "ROUTES", "Answer", "Call", "Route", "answer", "find"]

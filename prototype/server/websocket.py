@@ -28,11 +28,14 @@ from ..api.service import ApiService
 from ..designs import chained, suspended
 from ..designs.cancel import ResponseCancelled
 from ..designs.emitter import Emitter, EngineFailure
+from ..designs.inject import InjectedOutputs
 from ..protocol import codec, errors
 from ..protocol.errors import ProtocolError
 from ..protocol.events import (
     TERMINAL_TYPES,
     CreateRequest,
+    InjectCreated,
+    InjectFailed,
     ResponseAppend,
     ResponseCreate,
     ResponseFailed,
@@ -42,6 +45,8 @@ from ..protocol.events import (
     SteerFailed,
     SteerPending,
 )
+from ..protocol.inject import BETA_MULTI_AGENT, ROOT, InjectBook, InjectRefused, MalformedInject, ResponseInject
+from ..protocol.items import FunctionCall
 from ..protocol.steering import WAITING_FOR_REQUIRED_INPUT, Refusal, SteeringBook, Submission, successor_input
 from ..protocol.wire import CHAINED, SUSPENDED
 from .config import ServerConfig
@@ -65,6 +70,7 @@ class ConnectionInfo:
     include_timing: bool = False
     user_agent: str = ""
     connection: int = 0  # the server's serial number for this connection, in the client records
+    multi_agent: bool = False  # `OpenAI-Beta: responses_multi_agent=v1`: `multi_agent` and `response.inject`
 
 
 @attrs.define(eq=False)
@@ -90,6 +96,9 @@ class WebSocketSession:
     steering: SteeringBook = attrs.Factory(SteeringBook)
     emitters: dict[str, Emitter] = attrs.Factory(dict)  # the steering book's responses: steer events number in theirs
     busy_lanes: int = 0
+    # WS guide: at most 16 responses in flight per connection across its lanes; a lane whose next
+    # create finds them all taken waits here, its create accepted and queued.
+    in_flight: trio.Semaphore | None = None
     expired: bool = False
     current: trio.CancelScope | None = None  # v1: the running rollout (one lane)
     idle: trio.Event = attrs.Factory(trio.Event)
@@ -103,6 +112,11 @@ class WebSocketSession:
     # snapshot and next sequence number), so a response cut short by a drain still gets one.
     open_responses: dict = attrs.Factory(dict)
     abort_reason: ProtocolError | None = None
+    # `response.inject`: the book decides (protocol/inject.py); the emitters of the active responses
+    # number its events; the waiting backends are woken when an injection answers their calls.
+    injects: InjectBook = attrs.Factory(InjectBook)
+    active: dict[str, Emitter] = attrs.Factory(dict)
+    waiting: dict[str, dict[str, InjectedOutputs]] = attrs.Factory(dict)  # response id -> agent -> backend
     shutdown: tuple | None = None  # a drain's request to close (see `shut_down`)
 
     @property
@@ -115,6 +129,10 @@ class WebSocketSession:
             self.open_responses[stream_id] = [event.response, 1]
         elif kind in TERMINAL_TYPES:
             self.open_responses.pop(stream_id, None)
+            response_id = event.response["id"]
+            self.injects.closed(response_id)  # from here on an injection is `response_already_completed`
+            self.active.pop(response_id, None)
+            self.waiting.pop(response_id, None)
         elif stream_id in self.open_responses and hasattr(event, "sequence_number"):
             self.open_responses[stream_id][1] = event.sequence_number + 1
         if stream_id is None:
@@ -138,6 +156,7 @@ class WebSocketSession:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
+                self.in_flight = trio.Semaphore(self.config.max_in_flight)
                 self.lane(None)
                 nursery.start_soon(self.lifetime)
                 if self.shutdown is not None:
@@ -157,10 +176,8 @@ class WebSocketSession:
         """The lane of `stream_id`, opened (with its worker) on first use, up to `max_streams`."""
         lane = self.lanes.get(stream_id)
         if lane is None:
-            if len(self.lanes) > self.config.max_streams:  # the default lane is not counted
-                raise ProtocolError(
-                    errors.TOO_MANY_STREAMS, f"More than {self.config.max_streams} stream_id lanes on this connection.", param="stream_id"
-                )
+            if stream_id is not None and len(self.lanes) - (None in self.lanes) >= self.config.max_streams:
+                raise errors.websocket_stream_limit_reached(self.config.max_streams)  # the default lane is not counted
             send_queue, receive_queue = trio.open_memory_channel[tuple[ResponseCreate, float, int]](self.config.max_queued_creates)
             lane = self.lanes[stream_id] = Lane(stream_id, send_queue)
             self.nursery.start_soon(self.worker, lane, receive_queue)
@@ -177,11 +194,19 @@ class WebSocketSession:
             try:
                 event = codec.decode_client_event(message)
                 await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message), arrived)
+            except MalformedInject as error:  # multi-agent guide: a generic 400 error, then the connection closes
+                self.record_refusal(error)
+                await self.send_error(error)
+                await self.ws.aclose(1008, "malformed response.inject")  # close code [ours]
+                return
             except ProtocolError as error:
                 self.record_refusal(error)
-                # A refused create's error names its lane, unless the lane itself was refused.
+                # A refused create's error names its lane (WS guide: `websocket_stream_limit_reached`
+                # carries the refused `stream_id`); a malformed `stream_id` never became a lane, and
+                # v1 has no lanes.
                 request = getattr(event, "request", None)
-                await self.send_error(error, request.stream_id if request is not None and error.param != "stream_id" else None)
+                tagged = request is not None and self.info.design == CHAINED
+                await self.send_error(error, request.stream_id if tagged else None)
 
     async def dispatch(self, event: object, size: int = 0, arrived: float | None = None) -> None:
         """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read (default: now)."""
@@ -194,9 +219,15 @@ class WebSocketSession:
                     ("previous_response_id", request.previous_response_id is not None),
                     ("generate", not request.generate),
                     ("stream_id", request.stream_id is not None),
+                    ("multi_agent", request.multi_agent is not None),
                 ):
                     if bad:
                         raise ProtocolError(errors.UNSUPPORTED_PARAMETER, f"'{field}' is not supported on the suspended (v1) protocol.", param=field)
+            elif request.multi_agent is not None and not self.info.multi_agent:
+                raise ProtocolError(
+                    errors.UNSUPPORTED_PARAMETER, f"'multi_agent' needs the 'OpenAI-Beta: {BETA_MULTI_AGENT}' header on the connection.",
+                    param="multi_agent",
+                )
             lane = self.lane(request.stream_id)
             try:
                 lane.queue.send_nowait((event, arrived, size))
@@ -216,8 +247,42 @@ class WebSocketSession:
             self.append_bytes += size
         elif isinstance(event, ResponseSteer):
             await self.steer(event)
+        elif isinstance(event, ResponseInject):
+            if self.info.design != CHAINED or not self.info.multi_agent:
+                raise ProtocolError(
+                    errors.UNKNOWN_EVENT_TYPE, f"response.inject needs the 'OpenAI-Beta: {BETA_MULTI_AGENT}' header on a v2 connection.",
+                    param="type",
+                )
+            await self.inject(event, arrived)
         elif isinstance(event, ResponseProcessed):
             pass  # Codex's optional acknowledgement (docs/protocol.md)
+
+    # --- injection: the session drives the sans-IO book -------------------------------------------
+
+    async def inject(self, event: ResponseInject, arrived: float) -> None:
+        """`response.inject.created`, numbered in the target's sequence, and the waiting response
+        resumes once every call it waits for is answered; else `response.inject.failed` with the
+        raw input (sequence number 0 and no lane when the target is not active [ours])."""
+        emitter = self.active.get(event.response_id)
+        streamed = [] if emitter is None else [
+            item.call_id for item in emitter.response.output if isinstance(item, FunctionCall) and item.status == "completed"
+        ]
+        outcome = self.injects.submit(event, streamed)
+        if isinstance(outcome, InjectRefused):
+            fields = {"response_id": event.response_id, "input": event.raw_input, "error": {"code": outcome.code, "message": outcome.message}}
+            if emitter is None:
+                await self.send(InjectFailed(sequence_number=0, **fields))
+            else:
+                await emitter.emit(InjectFailed, **fields)
+            return
+        await emitter.emit(InjectCreated, response_id=event.response_id)
+        for agent in outcome.resumes:
+            self.waiting[event.response_id][agent].wake(arrived)
+
+    def injected_outputs(self, emitter: Emitter, agent: str = ROOT) -> InjectedOutputs:
+        backend = InjectedOutputs(self.injects, emitter.response.id, self.config.suspension_ttl, emitter.log, agent)
+        self.waiting.setdefault(emitter.response.id, {})[agent] = backend
+        return backend
 
     # --- steering: the session drives the sans-IO book --------------------------------------------
 
@@ -252,13 +317,18 @@ class WebSocketSession:
 
         async def on_created(emitter: Emitter) -> None:
             response_id = emitter.response.id
+            self.active[response_id] = emitter
+            self.injects.opened(response_id, takes_input=emitter.response.request.takes_injected_input)
             self.steering.committed(claimed)  # the successor's response.created is the commit point
             refusals.extend(self.steering.started(response_id, lane.stream_id))
             self.emitters[response_id] = emitter
             self.emitters = {rid: e for rid, e in self.emitters.items() if self.steering.is_known(rid)}
             await self.send_refusals(refusals)
 
-        return attrs.evolve(self.cache.view(lane.stream_id), on_created=on_created, stop_requested=self.steering.stop_requested)
+        return attrs.evolve(
+            self.cache.view(lane.stream_id), on_created=on_created, stop_requested=self.steering.stop_requested,
+            injected_outputs=self.injected_outputs,
+        )
 
     async def after_response(self, response, claimed_for_next: list) -> CreateRequest | None:
         """The terminal event went out: pending notices, refusals, or the automatic successor that
@@ -291,8 +361,18 @@ class WebSocketSession:
                     return
                 successor_claims: list[Submission] = []
                 # The response's schedule starts when its frame arrived, or when the lane freed up if
-                # it had to wait for the one before (metrics.PhaseLog.schedule).
-                request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size, max(queued_at, free_since))
+                # it had to wait for the one before, or when an in-flight slot freed up if the
+                # connection had none (metrics.PhaseLog.schedule).
+                starts_at = max(queued_at, free_since)
+                try:
+                    self.in_flight.acquire_nowait()
+                except trio.WouldBlock:
+                    await self.in_flight.acquire()
+                    starts_at = trio.current_time()
+                try:
+                    request = await self.run_create(lane, request, queued_at, claimed, successor_claims, size, starts_at)
+                finally:
+                    self.in_flight.release()
                 free_since = trio.current_time()
                 if self.closing:
                     return

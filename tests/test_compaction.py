@@ -1,0 +1,144 @@
+"""Compaction (docs/protocol.md, "Compaction"): `context_management` on `response.create` compacts
+the context when it crosses the threshold and the chain continues; `POST /v1/responses/compact`
+answers a window that starts a new chain; a client that resends its history keeps only the window.
+
+Virtual-clock tests over raw frames (exact events and times), then openai-python's own
+`client.responses.compact(...)` followed by a new chain on a real socket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from openai import OpenAI
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
+from test_sdk_lanes import in_thread
+from test_sdk_websocket import CLIENT_TIMEOUT
+
+from prototype.api.render import preamble_key, render_full
+from prototype.client.harness import HARNESS_TOOLS
+from prototype.designs.compaction import summary_tokens
+from prototype.protocol.compaction import window, window_of_dicts
+from prototype.protocol.events import ToolDef
+from prototype.protocol.items import Compaction, Message, parse_item
+
+THRESHOLD = 1000  # the API reference's minimum
+COMPACTING = [{"type": "compaction", "compact_threshold": THRESHOLD}]
+FOUR_TURNS = {"testbed_workload": "fixed:4:100:10:20:0"}
+BIG_OUTPUT = " alpha" * 400  # 400 tokens a tool output: the context crosses 1000 tokens at the fourth turn
+
+
+async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
+    """A chained rollout answering every call with BIG_OUTPUT; each turn's timed events."""
+    turns, previous, new_input = [], None, "fix the bug"
+    while True:
+        extra = {"previous_response_id": previous} if previous else {}
+        await send(conn, create_event(new_input, metadata=FOUR_TURNS, **extra, **fields))
+        events = await timed_until(conn, *TERMINALS)
+        turns.append(events)
+        response = events[-1][1]["response"]
+        calls = function_calls(response)
+        if not calls:
+            return turns
+        previous, new_input = response["id"], outputs_for(calls, BIG_OUTPUT)
+
+
+async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continues(autojump_clock):
+    async with ws(make_server()) as conn:
+        plain = await run_chain(conn)
+    async with ws(make_server()) as conn:
+        compacted = await run_chain(conn, context_management=COMPACTING)
+    assert len(plain) == len(compacted) == 4  # the same rollout, to the end, through previous_response_id
+    usage = lambda turn: turn[-1][1]["response"]["usage"]  # noqa: E731
+    # The first three turns are identical: the context has not crossed the threshold yet.
+    assert [usage(t) for t in plain[:3]] == [usage(t) for t in compacted[:3]]
+    assert usage(plain[2])["input_tokens"] < THRESHOLD < usage(plain[3])["input_tokens"]
+    # The fourth turn: the model reads the whole context once more, streams a compaction item, then
+    # samples from the compacted window.
+    fourth = compacted[3]
+    kinds = [e["type"] for _, e in fourth]
+    added = kinds.index("response.output_item.added")
+    assert kinds[added : added + 3] == ["response.output_item.added", "response.compaction.compacting", "response.output_item.done"]
+    (added_at, added_event), (compacting_at, compacting), (done_at, done) = fourth[added : added + 3]
+    assert added_event["item"]["type"] == done["item"]["type"] == "compaction" and compacting["item_id"] == done["item"]["id"]
+    assert compacting["output_index"] == 0 and done["item"]["encrypted_content"].startswith("tbc1.")
+    context_before = usage(plain[3])["input_tokens"]  # what the model would have read without compaction
+    # The summary is sampled at the model's decode rate (sim-1000: 1000 tokens/s).
+    assert done_at - compacting_at == pytest.approx(summary_tokens(context_before) / 1000, abs=1e-9)
+    response = fourth[-1][1]["response"]
+    assert [item["type"] for item in response["output"]] == ["compaction", "message"]
+    # input_tokens counts both model calls: the compaction read (the old context) and the turn.
+    turn_context = usage(compacted[3])["input_tokens"] - context_before
+    assert 0 < turn_context < context_before / 2
+    assert usage(compacted[3])["output_tokens"] == usage(plain[3])["output_tokens"] + summary_tokens(context_before)
+    # What the prefix cache keeps of the compacted prompt: its head (instructions, tools, the user
+    # message), equal to the old prompt's; the summary and what follows are prefilled anew.
+    head_cached = usage(compacted[3])["input_tokens_details"]["cached_tokens"] - usage(plain[3])["input_tokens_details"]["cached_tokens"]
+    head = len(render_full(preamble_key(None, tuple(ToolDef(t["type"], t.get("name"), t.get("parameters"), t) for t in HARNESS_TOOLS)),
+                           [Message("user", (("input_text", "fix the bug"),))]))
+    assert 0 < head_cached <= head < turn_context
+
+
+async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
+    async with ws(make_server(), design="suspended") as conn:
+        await send(conn, create_event(metadata=FOUR_TURNS, context_management=COMPACTING))
+        kinds = []
+        while True:
+            events = await until(conn, "response.done", *TERMINALS)
+            kinds += [e["type"] for e in events]
+            if events[-1]["type"] != "response.done":
+                break
+            await send(conn, {"type": "response.append", "input": outputs_for(function_calls(events[-1]["response"]), BIG_OUTPUT)})
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert kinds.count("response.compaction.compacting") == 1
+    assert [item["type"] for item in final["response"]["output"]].count("compaction") == 1
+
+
+def test_the_window_keeps_the_user_messages_and_everything_from_the_latest_compaction_on():
+    user1, user2 = Message("user", (("input_text", "a"),)), Message("user", (("input_text", "b"),))
+    said = Message("assistant", (("output_text", "x"),))
+    first, second = Compaction("cmp_1", "s1"), Compaction("cmp_2", "s2")
+    assert window([user1, said, first, user2, said, second, said]) == [user1, user2, second, said]
+    assert window([user1, said]) == [user1, said]
+    wire = [item.to_dict() for item in (user1, said, first, said)]
+    assert window_of_dicts(wire) == [wire[0], *wire[2:]]
+    # The item survives the client's round trip with its summary, so a resent window renders the same.
+    assert parse_item(first.to_dict()) == first
+    assert len(render_full("p", [first])) == len(render_full("p", [parse_item(first.to_dict())]))
+
+
+def compact_then_new_chain(port: int) -> tuple[Any, list[dict[str, Any]]]:
+    """The WS guide's standalone flow: compact over HTTP, then a new response on the WebSocket whose
+    input is the compacted window and a new message, with no previous_response_id."""
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
+    try:
+        history = [{"role": "user", "content": "Find the failing test."},
+                   {"type": "message", "role": "assistant", "content": "I looked at" + BIG_OUTPUT}]
+        compacted = client.responses.compact(model="sim-100000", input=history)
+        next_input = [item.to_dict(warnings=False) for item in compacted.output]  # user messages are typed as output messages
+        next_input.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Continue from here."}]})
+        seen = []
+        with client.responses.connect() as conn:
+            conn.response.create(model="sim-100000", input=next_input, store=False, metadata={"testbed_workload": "fixed:1"}, stream_id="main")
+            for event in conn:
+                seen.append(event.to_dict())
+                if event.type in TERMINALS or event.type == "error":
+                    break
+        return compacted, seen
+    finally:
+        client.close()
+
+
+async def test_openai_python_compacts_and_the_window_starts_a_new_chain(live_server):
+    _, port = live_server
+    compacted, events = await in_thread(compact_then_new_chain, port)
+    assert compacted.object == "response.compaction"
+    assert [item.type for item in compacted.output] == ["message", "compaction"]  # the user messages, then the item
+    assert compacted.usage.output_tokens == summary_tokens(compacted.usage.input_tokens)
+    completed = events[-1]
+    assert completed["type"] == "response.completed" and completed["stream_id"] == "main"
+    assert completed["response"]["previous_response_id"] is None
+    # The new chain's context is the window: far smaller than the history it replaced.
+    assert completed["response"]["usage"]["input_tokens"] < compacted.usage.input_tokens / 2

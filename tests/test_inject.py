@@ -1,0 +1,270 @@
+"""`response.inject` (docs/protocol.md, "Inject"): a v2 response created with `multi_agent.enabled`
+waits at its client function calls for injected outputs and resumes; the documented answers and
+codes; the beta header; a malformed frame closes the connection.
+
+Virtual-clock tests over raw frames (exact times and events), then openai-python's beta
+`client.beta.responses.connect()` and its own `conn.response.inject(...)` on a real socket.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio_websocket
+from openai import OpenAI
+from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
+from support import TERMINALS, create_event, make_server, outputs_for, send, timed_until, until
+from test_sdk_lanes import in_thread
+from test_sdk_websocket import CLIENT_TIMEOUT
+
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import HARNESS_TOOLS
+
+MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
+BETA_HEADER = "responses_multi_agent=v1"
+# Three turns, each ending in client calls but the last; 0.5 s tools in the workload are the
+# client's own time, which these tests replace with their own waits.
+THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+
+
+@asynccontextmanager
+async def beta_ws(server, beta: str | None = BETA_HEADER):
+    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide)."""
+    headers = [(b"authorization", b"Bearer k")]
+    if beta is not None:
+        headers.append((b"openai-beta", beta.encode()))
+    async with InMemoryConnector(server).open_stream() as stream, trio.open_nursery() as nursery:
+        conn = await trio_websocket.wrap_client_stream(nursery, stream, "testbed", "/v1/responses", extra_headers=headers)
+        try:
+            yield conn
+        finally:
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def calls_done(events: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+    return [(t, e) for t, e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
+
+
+async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
+        first = await timed_until(conn, "response.output_item.done")
+        while not calls_done(first):
+            first += await timed_until(conn, "response.output_item.done")
+        created = first[0][1]
+        response_id = created["response"]["id"]
+        assert created["response"]["multi_agent"] == MULTI_AGENT
+        (called_at, call), = calls_done(first)
+        await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        injected_at = trio.current_time()
+        rest = await timed_until(conn, "response.output_item.done")
+        while not calls_done(rest):
+            rest += await timed_until(conn, "response.output_item.done")
+        # The acknowledgement comes first, numbered in the response's own sequence.
+        (ack_at, ack) = rest[0]
+        assert ack == {"type": "response.inject.created", "sequence_number": call["sequence_number"] + 1, "response_id": response_id}
+        assert ack_at == injected_at
+        # The same response goes on sampling: its next call, which the test answers again.
+        (_, second_call), = calls_done(rest)
+        assert second_call["sequence_number"] > ack["sequence_number"]
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second_call["item"]])})
+        final = await timed_until(conn, *TERMINALS)
+    terminal = final[-1][1]
+    assert terminal["type"] == "response.completed" and terminal["response"]["id"] == response_id
+    # One response for the whole rollout: its three turns' items, both calls answered in place.
+    kinds = [item["type"] for item in terminal["response"]["output"]]
+    assert kinds.count("function_call") == 2 and kinds.count("message") == 3
+    assert [e["type"] for _, e in final].count("response.created") == 0
+    assert called_at < injected_at
+
+
+async def test_outputs_injected_while_the_response_generates_are_held_until_it_waits(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        response_id = events[0][1]["response"]["id"]
+        (_, call), = calls_done(events)
+        # Injected at once: the response still has its call's turn to finish, and takes it then.
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        rest = await timed_until(conn, *TERMINALS)
+    kinds = [e["type"] for _, e in rest]
+    assert kinds[0] == "response.inject.created"
+    assert rest[-1][1]["type"] == "response.completed" and rest[-1][1]["response"]["id"] == response_id
+
+
+async def test_inject_into_a_completed_unknown_or_plain_response_fails_with_the_documented_code(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent=MULTI_AGENT, stream_id="sub"))
+        done = (await until(conn, *TERMINALS))[-1]
+        response_id = done["response"]["id"]
+        late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": late})
+        refused = await until(conn, "response.inject.failed")
+        # The guide's answer: nothing committed, the raw input back for a new response.create.
+        assert refused == [{
+            "type": "response.inject.failed", "sequence_number": 0, "response_id": response_id, "input": late,
+            "error": {"code": "response_already_completed", "message": f"Response '{response_id}' has already completed."},
+        }]
+        await send(conn, {"type": "response.inject", "response_id": "resp_nope", "input": late})
+        (unknown,) = await until(conn, "response.inject.failed")
+        assert (unknown["error"]["code"], unknown["response_id"], unknown["sequence_number"]) == ("response_not_found", "resp_nope", 0)
+        # A response the connection runs without multi_agent takes no injected input.
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))
+        created = (await until(conn, "response.created"))[-1]
+        await send(conn, {"type": "response.inject", "response_id": created["response"]["id"], "input": late})
+        plain = [e for e in await until(conn, "response.inject.failed", *TERMINALS) if e["type"] == "response.inject.failed"]
+        assert plain[0]["error"]["code"] == "response_not_found" and plain[0]["sequence_number"] > 0
+
+
+async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_waiting(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
+        events = await until(conn, "response.output_item.done")
+        while not [e for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]:
+            events += await until(conn, "response.output_item.done")
+        response_id = events[0]["response"]["id"]
+        call = [e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"][0]
+        wrong = [{"type": "function_call_output", "call_id": "call_404", "output": "x"}]
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": wrong + outputs_for([call])})
+        (failed,) = await until(conn, "response.inject.failed")
+        assert failed["error"]["code"] == "invalid_function_call_output"  # atomic: the good output was not committed either
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        rest = await until(conn, *TERMINALS)
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        (again,) = await until(conn, "response.inject.failed")
+    assert rest[0]["type"] == "response.inject.created" and rest[-1]["type"] == "response.completed"
+    assert again["error"]["code"] == "response_already_completed"
+
+
+async def test_inject_and_multi_agent_need_the_beta_header(autojump_clock):
+    server = make_server()
+    async with beta_ws(server, beta=None) as conn:
+        await send(conn, create_event(multi_agent=MULTI_AGENT))
+        (refused,) = await until(conn, *TERMINALS)
+        assert (refused["error"]["code"], refused["error"]["param"]) == ("unsupported_parameter", "multi_agent")
+        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]})
+        (unknown,) = await until(conn, *TERMINALS)
+        assert unknown["error"]["code"] == "unknown_event_type"
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))  # the connection keeps serving
+        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+
+
+async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, {"type": "response.inject", "response_id": "resp_1"})  # no input
+        (error,) = await until(conn, *TERMINALS)
+        assert (error["status"], error["error"]["param"]) == (400, "input")
+        with trio.fail_after(5):
+            try:
+                await conn.get_message()
+                raise AssertionError("the connection stayed open")
+            except trio_websocket.ConnectionClosed as closed:
+                assert closed.reason.code == 1008
+
+
+async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, *TERMINALS)
+    (last_call_at, _), = calls_done(events)
+    failed_at, failed = events[-1]
+    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "suspension_timeout"
+    assert failed_at - last_call_at == 300.0
+
+
+# --- openai-python's beta connection, on a real socket -------------------------------------------
+
+
+def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
+    """The multi-agent guide's WebSocket loop: every function call's output is injected with the
+    SDK's `conn.response.inject`; a late one is retried in a new response.create."""
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
+    seen: list[dict[str, Any]] = []
+    try:
+        with client.beta.responses.connect(extra_headers={"OpenAI-Beta": BETA_HEADER}) as conn:
+
+            def read() -> dict[str, Any]:
+                data = conn.recv_bytes()
+                raw = json.loads(data)
+                typed = conn.parse_event(data)
+                assert typed.type == raw["type"]
+                if raw["type"] == "response.inject.created":
+                    assert isinstance(typed, BetaResponseInjectCreatedEvent)
+                    BetaResponseInjectCreatedEvent.model_validate(raw)
+                if raw["type"] == "response.inject.failed":
+                    assert isinstance(typed, BetaResponseInjectFailedEvent)
+                    BetaResponseInjectFailedEvent.model_validate(raw)
+                seen.append(raw)
+                return raw
+
+            conn.response.create(model="sim-100000", input="go", tools=HARNESS_TOOLS, store=False,
+                                 metadata={"testbed_workload": "fixed:3"}, multi_agent=MULTI_AGENT)
+            response_id = None
+            while True:
+                event = read()
+                if event["type"] == "response.created":
+                    response_id = event["response"]["id"]
+                elif event["type"] == "response.output_item.done" and event["item"]["type"] == "function_call":
+                    conn.response.inject(response_id=response_id, input=outputs_for([event["item"]]))
+                elif event["type"] in TERMINALS:
+                    break
+            conn.response.inject(response_id=response_id, input=[{"type": "function_call_output", "call_id": "call_1", "output": "late"}])
+            while read()["type"] != "response.inject.failed":
+                pass
+    finally:
+        client.close()
+    return seen
+
+
+async def test_openai_python_injects_into_a_waiting_response_and_it_resumes(live_server):
+    _, port = live_server
+    events = await in_thread(sdk_inject_rollout, port)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.created") == 1 and kinds.count("response.completed") == 1
+    assert kinds.count("response.inject.created") == 2  # one per call of the three-turn rollout
+    completed = events[kinds.index("response.completed")]
+    assert [i["type"] for i in completed["response"]["output"]].count("function_call") == 2
+    failed = events[-1]
+    assert failed["error"]["code"] == "response_already_completed" and failed["response_id"] == completed["response"]["id"]
+
+
+async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while len(calls_done(events)) < 2:
+            events += await timed_until(conn, "response.output_item.done")
+        response_id = events[0][1]["response"]["id"]
+        calls = {e["item"]["call_id"]: e["item"] for _, e in calls_done(events)}
+        assert sorted(calls) == ["call_agent0_2", "call_agent1_2"]  # one call each, named after its agent
+        await trio.sleep(1.0)
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent0_2"]])})
+        # Only agent0 resumes: its final message streams while agent1 still waits.
+        resumed = await timed_until(conn, "response.output_item.done")
+        while not [e for _, e in resumed if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"]:
+            resumed += await timed_until(conn, "response.output_item.done")
+        quiet: list = []
+        with trio.move_on_after(100) as waited:
+            quiet = await timed_until(conn, *TERMINALS)
+        assert waited.cancelled_caught and quiet == []  # nothing more until agent1's output comes
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent1_2"]])})
+        rest = await timed_until(conn, *TERMINALS)
+    assert resumed[0][1]["type"] == "response.inject.created"
+    final = rest[-1][1]
+    assert rest[0][1]["type"] == "response.inject.created" and final["type"] == "response.completed"
+    kinds = [item["type"] for item in final["response"]["output"]]
+    assert kinds.count("function_call") == 2 and kinds.count("message") == 4  # two agents, two turns each

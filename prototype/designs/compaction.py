@@ -24,6 +24,7 @@ from .. import metrics
 from ..api import render
 from ..api.service import ApiService
 from ..engine import tokenizer
+from ..engine.engine import ModelCall
 from ..protocol import events as ev
 from ..protocol.compaction import window
 from ..protocol.errors import previous_response_not_found
@@ -55,7 +56,8 @@ async def compact_if_due(loop: Any) -> None:
     if threshold is None or len(loop.context.prompt) <= threshold:
         return
     ctx, emitter, api = loop.context, loop.emitter, loop.api
-    await loop.model_call()  # the model reads the whole context to summarize it
+    n_tokens = summary_tokens(len(ctx.prompt))
+    await loop.model_call(n_tokens)  # the model reads the whole context to summarize it
     start = trio.current_time()
     item_id = api.new_id("cmp")
     index = len(emitter.response.output)
@@ -63,9 +65,7 @@ async def compact_if_due(loop: Any) -> None:
     await emitter.emit(ev.CompactionCompacting, item_id=item_id, output_index=index)
     latency = ctx.route.latency
     begin = loop.decode_from if loop.decode_from is not None else trio.current_time()
-    n_tokens = summary_tokens(len(ctx.prompt))
-    loop.decode_from = begin + latency.decode_seconds(n_tokens)
-    await trio.sleep_until(loop.decode_from)
+    loop.decode_from = await api.engine.decode_unstreamed(latency, n_tokens, start=begin, engine_call=loop.engine_call)
     api.engine.stats.decoded_tokens += n_tokens
     emitter.response.usage.output_tokens += n_tokens
     kept = window([*ctx.items, Compaction(item_id, "")])[:-1]
@@ -95,10 +95,11 @@ async def compact_conversation(api: ApiService, request: CreateRequest, owner: s
     n_tokens = summary_tokens(len(context.prompt))
     try:
         call = await api.engine.begin_call(engine_key, context.prompt)
-        cached = api.engine.cached_prefix(engine_key, context.prompt, trio.current_time())
         latency = context.route.latency
-        decode_from = await api.engine.prefill(latency, uncached=len(context.prompt) - cached, cached=cached)
-        await trio.sleep_until(decode_from + latency.decode_seconds(n_tokens))
+        ask = ModelCall(engine_key, context.prompt, held=False, output_tokens=n_tokens)
+        prefilled = await api.engine.prefill_call(latency, ask, engine_call=call)
+        cached = prefilled.cached
+        await api.engine.decode_unstreamed(latency, n_tokens, start=prefilled.decode_from, engine_call=call)
         api.engine.stats.decoded_tokens += n_tokens
         api.engine.end_call(call, paused=False)
     finally:

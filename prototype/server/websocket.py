@@ -166,6 +166,7 @@ class WebSocketSession:
         except* ConnectionClosed:  # from any task of the nursery, so it arrives inside a group
             pass
         finally:
+            self.nursery = None  # a drain that reaches a session already over has nothing to close
             # Close drops all state (docs/protocol.md): the v2 cache and the engine KV held under
             # this connection's keys, which no other connection can reach (the keys are this session's).
             self.cache.evict(everything=True)

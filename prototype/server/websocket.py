@@ -515,8 +515,12 @@ class WebSocketSession:
         """A drain: close as `close_after_in_flight` does, in this connection's own nursery, so the
         close ends with the connection whatever happens first."""
         self.shutdown = (reason, code, close_reason, grace)
-        if self.nursery is not None:
+        if self.nursery is None:
+            return
+        try:
             self.nursery.start_soon(self.close_after_in_flight, *self.shutdown)
+        except RuntimeError:  # its last task has ended and its nursery has closed: the session is over
+            pass
 
     async def close_after_in_flight(self, reason: ProtocolError, code: int, close_reason: str, grace: float = math.inf) -> None:
         """Take no more creates (queued ones are dropped); let the responses in flight end with

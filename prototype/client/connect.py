@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from .. import netem
+from ..netem.faults import LinkFaults, LinkRegistry, open_faulty_pair
 
 # The harness must take multi-MB response.completed frames (openai-python and openai-agents use
 # max_size=None; docs/protocol.md).
@@ -23,32 +24,58 @@ class Connector(Protocol):
         """An async context manager giving a fresh byte stream to the server."""
 
 
+class ConnectionRefused(OSError):
+    """Nothing accepts connections (the in-process server is down: a restart in progress)."""
+
+
 @attrs.define(eq=False)
 class InMemoryConnector:
     """Memory streams to a server in this process; with a network profile, through netem and
-    paying its handshake round trips on every new connection."""
+    paying its handshake round trips on every new connection; with `faults`, over links that break
+    (prototype/netem/faults.py). `server` may be replaced between connections (a restart), and
+    while `refusing` is set a new connection fails after its TCP round trip, as a port with no
+    listener answers a SYN with a reset."""
 
     server: object  # ResponsesServer; typed loosely to keep client below server in the layering
     network: netem.NetworkProfile | None = None
+    faults: LinkFaults | None = None
+    links: LinkRegistry = attrs.Factory(LinkRegistry)
+    refusing: bool = False
 
     @asynccontextmanager
     async def open_stream(self) -> AsyncIterator[trio.abc.Stream]:
+        if self.refusing:
+            await trio.sleep(self.network.rtt if self.network is not None else 0)
+            raise ConnectionRefused("connection refused")
+        server = self.server
         async with trio.open_nursery() as nursery:
             if self.network is None:
                 client, server_end = trio.testing.memory_stream_pair()
-                nursery.start_soon(self.server.handle_stream, server_end)
-                try:
-                    yield client
-                finally:
-                    await client.aclose()
-            else:
-                await netem.connect_handshake(self.network)
-                async with netem.open_emulated_pair(self.network) as (client, server_end):
-                    nursery.start_soon(self.server.handle_stream, server_end)
+                async with self._faulty(client, server_end) as (client, server_end):
+                    nursery.start_soon(server.handle_stream, server_end)
                     try:
                         yield client
                     finally:
                         await client.aclose()
+            else:
+                await netem.connect_handshake(self.network)
+                async with netem.open_emulated_pair(self.network) as (client, server_end), self._faulty(client, server_end) as (client, server_end):
+                    nursery.start_soon(server.handle_stream, server_end)
+                    try:
+                        yield client
+                    finally:
+                        await client.aclose()
+
+    @asynccontextmanager
+    async def _faulty(self, client: trio.abc.Stream, server_end: trio.abc.Stream) -> AsyncIterator[tuple[trio.abc.Stream, trio.abc.Stream]]:
+        """With `faults` (even `NO_FAULTS`), each connection is registered (a restart cuts them all) and may
+        break; without, the plain streams (no wrapper on the hot path)."""
+        if self.faults is None:
+            yield client, server_end
+            return
+        link = self.links.new(self.faults)
+        async with open_faulty_pair(client, server_end, link, self.links) as pair:
+            yield pair
 
 
 @attrs.define(eq=False)

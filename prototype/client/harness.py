@@ -96,6 +96,7 @@ class RolloutRecord:
     retried_responses: int = 0  # responses that failed on a live connection and were asked for again
     recovery_seconds: list[float] = attrs.Factory(list)  # from each failure to the retried response's first event
     fell_back_to_http: bool = False
+    outcomes: dict[str, str] = attrs.Factory(dict)  # response id -> status of its terminal event, as received
 
     @property
     def seconds(self) -> float:
@@ -163,6 +164,7 @@ class Rollout:
             turn.server_timing = response.get("testbed_timing")
             usage = response.get("usage")
             if event_type in TERMINAL_TYPES:
+                self.record.outcomes[response.get("id")] = response.get("status", "")
                 if response.get("id") not in self.record.response_ids:
                     self.record.response_ids.append(response.get("id"))
                 if usage:

@@ -80,10 +80,14 @@ class FaultyStream(trio.abc.HalfCloseableStream):
     ``trio.BrokenResourceError`` (a read in progress is woken). What arrives after the break is never
     read: the data in flight is lost."""
 
-    def __init__(self, inner: trio.abc.HalfCloseableStream, link: Link, *, server_side: bool) -> None:
+    def __init__(self, inner: trio.abc.HalfCloseableStream, link: Link, *, server_side: bool, client_counts: bool = False) -> None:
+        """`server_side`: this end is the server's, so its sends are the server's chunks. `client_counts`: this
+        client end counts the server's chunks as it receives them instead (a link faulted on the client's
+        side only, over a real socket)."""
         self.inner = inner
         self.link = link
         self.server_side = server_side
+        self.client_counts = client_counts
 
     def _check(self) -> None:
         if self.link.broken:
@@ -115,6 +119,9 @@ class FaultyStream(trio.abc.HalfCloseableStream):
             finally:
                 waits.discard(scope)
         self._check()
+        if self.client_counts and data:
+            self.link.server_chunk_sent()
+            self._check()
         return data
 
     async def aclose(self) -> None:

@@ -52,6 +52,9 @@ from .reconnect import ReconnectPolicy
 
 # What ends a connection under the client: a close (any code), a broken link, a refused connect.
 LOST = (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+# How long opening a connection (TCP, TLS, upgrade) may take: the `websockets` library's `open_timeout`
+# default, 10 s, which openai-python's connect() uses.
+OPEN_TIMEOUT_SECONDS = 10.0
 # How long closing a connection that broke may take before the client walks away from it.
 CLOSE_GRACE_SECONDS = 5.0
 
@@ -129,10 +132,12 @@ class ReconnectingRollout:
     async def run(self) -> RolloutRecord:
         at = self.record.started_at
         while self.record.status == "":
+            opened = False
             try:
-                with trio.CancelScope() as scope:
+                with trio.CancelScope(deadline=trio.current_time() + OPEN_TIMEOUT_SECONDS) as scope:
                     async with open_responses_websocket(self.connector, self.design, api_key=self.api_key,
                                                         include_timing=self.include_timing) as ws:
+                        opened, scope.deadline = True, float("inf")
                         try:
                             await self.converse(WsChannel(ws, self.rollout), ws, at)
                         except _Lost:
@@ -142,6 +147,8 @@ class ReconnectingRollout:
                             scope.deadline = trio.current_time() + CLOSE_GRACE_SECONDS
                             raise _Lost(_close_code(exc, ws), mid_response=self.waiting) from exc
                         self.record.ended_at = trio.current_time()
+                if not opened:  # the handshake did not finish in time (its answer was lost with the link)
+                    raise _Lost(None, mid_response=True)
             except* _Lost as group:
                 await self.recover(_first(group))
             except* LOST as group:  # the connection could not be opened (refused, handshake cut)

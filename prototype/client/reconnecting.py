@@ -107,7 +107,7 @@ class ReconnectingRollout:
         self.store, self.include_timing, self.api_key = store, include_timing, api_key
         self.rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
         # As the harness asks (harness.run_websocket_rollout): chained without a store keeps the reasoning blob, as
-        # Codex does; v1 never needed it, and a v1 restart resends the conversation without its reasoning items.
+        # Codex does; v1 never needed it (a v1 restart resends its reasoning items as received: `resendable`).
         self.base = request_body(workload, model=model, metadata=metadata, store=store,
                                  include_reasoning=design == CHAINED and not store, instructions=instructions)
         self.http_args = {"model": model, "metadata": metadata, "instructions": instructions}
@@ -124,13 +124,15 @@ class ReconnectingRollout:
         self.turn_open = False  # a turn record exists for `pending` (a retry reuses it)
         self._transcript_mark = 0  # the transcript's length when the open turn's request went out
         self.waiting = False  # a request is out and its pause or terminal event has not arrived
+        # When the next turn started: the task's start for turn 0, else when its tools returned; a request that
+        # could not go out (the connection was gone) keeps it, so the turn counts the reconnect (docs/metrics.md).
+        self.next_turn_at = self.rollout.record.started_at
 
     @property
     def record(self) -> RolloutRecord:
         return self.rollout.record
 
     async def run(self) -> RolloutRecord:
-        at = self.record.started_at
         while self.record.status == "":
             opened = False
             try:
@@ -139,7 +141,7 @@ class ReconnectingRollout:
                                                         include_timing=self.include_timing) as ws:
                         opened, scope.deadline = True, float("inf")
                         try:
-                            await self.converse(WsChannel(ws, self.rollout), ws, at)
+                            await self.converse(WsChannel(ws, self.rollout))
                         except _Lost:
                             scope.deadline = trio.current_time() + CLOSE_GRACE_SECONDS
                             raise
@@ -153,7 +155,6 @@ class ReconnectingRollout:
                 await self.recover(_first(group))
             except* LOST as group:  # the connection could not be opened (refused, handshake cut)
                 await self.recover(_Lost(_close_code(_first(group), None), mid_response=True))
-            at = None
         if not self.record.ended_at:
             self.record.ended_at = trio.current_time()
         return self.record
@@ -202,14 +203,14 @@ class ReconnectingRollout:
             return {"type": "response.create", **self.base, "previous_response_id": self.last_id, "input": self.pending}, False
         return {"type": "response.create", **self.base, "input": resendable(self.history) + self.pending}, bool(self.history)
 
-    async def send(self, channel: WsChannel, at: float | None) -> None:
+    async def send(self, channel: WsChannel) -> None:
         event, resend = self.request()
         record = self.record
         self.waiting = True
         size = await channel.send(event)
         retry = self.turn_open
         if not self.turn_open:
-            self.rollout.start_turn(self.pending, size, at=at)
+            self.rollout.start_turn(self.pending, size, at=self.next_turn_at)
             self._transcript_mark = len(record.transcript)
             self.turn_open = True
         else:
@@ -220,11 +221,10 @@ class ReconnectingRollout:
             if not retry:  # a new turn's request carrying the conversation again: all but its new items is resent
                 record.resent_bytes += max(0, size - len(orjson.dumps(self.pending)))
 
-    async def converse(self, channel: WsChannel, ws: trio_websocket.WebSocketConnection, at: float | None) -> None:
+    async def converse(self, channel: WsChannel) -> None:
         """Requests on one connection until the task ends or the connection does."""
         while True:
-            await self.send(channel, at)
-            at = None
+            await self.send(channel)
             items: list[dict[str, Any]] = []
             pause = await self.until_pause(channel, items)
             self.waiting = False
@@ -263,6 +263,7 @@ class ReconnectingRollout:
                 self.alive = kind == "response.done"
                 self.last_id, self.full_context = response["id"], False
                 self.pending = await self.rollout.run_tools(calls)
+                self.next_turn_at = trio.current_time()
                 continue
             self.record.status = response["status"]
             return

@@ -103,9 +103,9 @@ class FaultRun:
 
 
 def new_server(config: benchmark.BenchConfig, fault: FaultModel, before: ResponsesServer | None = None) -> ResponsesServer:
-    """A server for the benchmark; `before`: the server it replaces after a restart, whose store, workload
-    catalog and id sequence it keeps (a database and the ids it holds outlive the process); the rest
-    (caches, suspended rollouts, engine KV) starts empty."""
+    """A server for the benchmark; `before`: a server whose store, workload catalog and id sequence it shares
+    (another worker of the same `serve --workers`, or the process it replaces after a restart: a database and
+    the ids it holds outlive the process); the rest (caches, suspended rollouts, engine KV) is its own."""
     kept = {} if before is None else {"store": before.api.store, "workloads": before.api.workloads, "new_id": before.api.new_id}
     engine = Engine(faults=FaultPlan(failure_p=fault.engine_failure_p) if fault.engine_failure_p else None)
     api = ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
@@ -133,7 +133,10 @@ async def restarts(workers: list[InMemoryConnector], config: benchmark.BenchConf
 
 async def run_tasks(run: FaultRun) -> list[RolloutRecord]:
     fault, config = run.fault, run.config
-    workers = [InMemoryConnector(new_server(config, fault), fault.network, faults=fault.links) for _ in range(fault.workers)]
+    # The workers share one store and one catalog, as `serve --workers N --store FILE` shares its file.
+    first = new_server(config, fault)
+    workers = [InMemoryConnector(first if i == 0 else new_server(config, fault, first), fault.network, faults=fault.links)
+               for i in range(fault.workers)]
     connector = workers[0] if len(workers) == 1 else RoundRobinConnector(workers)
     records = []
     async with trio.open_nursery() as nursery:
@@ -146,9 +149,7 @@ async def run_tasks(run: FaultRun) -> list[RolloutRecord]:
 
 
 async def run_task(run: FaultRun, connector: Any, workers: list[InMemoryConnector], task: wl.Workload) -> RolloutRecord:
-    # Every worker knows every task (a catalog shared by the processes, as `serve --workers` loads one file).
-    keys = {worker.server.api.workloads.register(task) for worker in workers}
-    metadata = {"testbed_workload": keys.pop(), "testbed_decode_tps": f"{run.decode_tps:g}"}
+    metadata = {"testbed_workload": workers[0].server.api.workloads.register(task), "testbed_decode_tps": f"{run.decode_tps:g}"}
     stored = run.design.endswith("-stored")
     if run.design.startswith("http"):
         return await run_http_rollout(connector, task, variant=STORED if stored else STATELESS, metadata=metadata,

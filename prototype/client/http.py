@@ -218,6 +218,7 @@ async def post_turn(pool: ConnectionPool, body: bytes, headers: list[tuple[bytes
             pool.discard(connection)
             if lost.answered or attempt or connection.requests == 1:
                 raise  # only a reused connection may have gone stale while idle
+            rollout.record.reconnects += 1  # a new connection, because the kept-alive one had ended
             continue
         except BaseException:
             pool.discard(connection)

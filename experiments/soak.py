@@ -14,11 +14,21 @@ Reported every `--sample` seconds: the server's RSS (/proc/<pid>/status), its op
 KV entries and remembered sessions, render-cache tokens. At the end, after the clients stop: the
 same, idle.
 
+With `--faults`, the clients' connections break under them (prototype/netem/faults.py, on the
+client's side of each socket: drops at `--drops-per-hour` per connection, and at `--drop-per-chunk`
+of the chunks the server sends, so in the middle of responses), and the clients reconnect under
+`--policy` (prototype/client/reconnect.py). The check is then the one the faults promise: for every
+fault, each event of a response the client saw complete reached it exactly once (its sequence
+numbers from 0, none missing, none repeated), and the conversation is the reference's item for item;
+or the client learned that the conversation failed (its retries were spent): counted `failed`, not
+lost. The server must still end idle with nothing left behind.
+
 Exits 1 if any conversation was lost, if RSS grew by more than `--rss-growth-mb` from the end of the
 warm-up (the first `--warmup` share of the run) to the end, or if the idle server still holds
 tasks, connections or descriptors beyond its baseline.
 
     nice -n 10 python -m experiments.soak [--seconds 240] [--concurrency 12]
+    nice -n 10 python -m experiments.soak --faults --seconds 90
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +53,9 @@ from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from prototype.client.http import STATELESS, run_http_rollout
+from prototype.client.reconnect import POLICIES, ReconnectPolicy
+from prototype.client.reconnecting import run_reconnecting_rollout
+from prototype.netem.faults import LinkFaults
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
@@ -61,11 +75,38 @@ def workload():
     return fixed(TURNS, initial_prompt_tokens=PROMPT, appended_tokens=APPENDED, output_tokens=OUTPUT, tool_seconds=0.0)
 
 
-async def converse(connector: Any, design: str, instructions: str | None) -> RolloutRecord:
+async def converse(connector: Any, design: str, instructions: str | None, policy: ReconnectPolicy | None = None) -> RolloutRecord:
+    """One conversation; with `policy`, by a client that reconnects."""
     metadata = {"testbed_workload": SPEC}
     if design == "http":
-        return await run_http_rollout(connector, workload(), variant=STATELESS, metadata=metadata, model=MODEL, instructions=instructions)
+        return await run_http_rollout(connector, workload(), variant=STATELESS, metadata=metadata, model=MODEL, instructions=instructions,
+                                      policy=policy)
+    if policy is not None:
+        return await run_reconnecting_rollout(connector, design, workload(), policy, metadata=metadata, model=MODEL, instructions=instructions)
     return await run_websocket_rollout(connector, design, workload(), metadata=metadata, model=MODEL, instructions=instructions)
+
+
+def faulted_lost_and_duplicated(record: RolloutRecord, expected: RolloutRecord) -> tuple[int, int]:
+    """Under faults: events of the responses the client saw complete that are missing or repeated
+    (each one's sequence numbers must run from 0 without a gap or a repeat), and conversation items
+    missing or repeated against the reference. A conversation that ended otherwise than completed is
+    not counted here: the client learned that it failed."""
+    if record.status != "completed":
+        return 0, 0
+    lost = duplicated = 0
+    want = Counter(json.dumps(item, sort_keys=True) for item in expected.transcript)
+    got = Counter(json.dumps(item, sort_keys=True) for item in record.transcript)
+    lost, duplicated = sum((want - got).values()), sum((got - want).values())
+    if lost == duplicated == 0 and record.transcript != expected.transcript:
+        lost = duplicated = 1  # the same items in another order
+    completed = {rid for rid, status in record.outcomes.items() if status == "completed"}
+    if not completed:
+        lost += 1  # completed, but no response's terminal event arrived
+    for rid in completed:
+        numbers = Counter(n for r, n in record.sequence_numbers if r == rid)
+        duplicated += sum(c - 1 for c in numbers.values())
+        lost += max(numbers) + 1 - len(numbers)
+    return lost, duplicated
 
 
 def references() -> dict[str, RolloutRecord]:
@@ -118,8 +159,10 @@ class Server:
 
 
 async def soak(server: Server, refs: dict[str, RolloutRecord], args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    connector = TcpConnector("127.0.0.1", server.port)
-    state = {"conversations": 0, "lost": 0, "duplicated": 0, "serial": 0}
+    faults = LinkFaults(drops_per_hour=args.drops_per_hour, drop_per_server_chunk=args.drop_per_chunk) if args.faults else None
+    policy = POLICIES[args.policy] if args.faults else None
+    connector = TcpConnector("127.0.0.1", server.port, faults=faults)
+    state = {"conversations": 0, "lost": 0, "duplicated": 0, "serial": 0, "failed": 0, "reconnects": 0, "retried": 0}
     samples: list[dict[str, Any]] = []
     started = trio.current_time()
     deadline = started + args.seconds
@@ -132,11 +175,17 @@ async def soak(server: Server, refs: dict[str, RolloutRecord], args: argparse.Na
             state["serial"] += 1
             instructions = f"conversation {state['serial']}"
             try:
-                record = await converse(connector, design, instructions)
+                record = await converse(connector, design, instructions, policy)
             except Exception as exc:  # noqa: BLE001 - a failed conversation is counted lost and reported
                 print(f"  a {design} conversation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 record = None
-            lost, duplicated = lost_and_duplicated(record, refs[design])
+            if record is not None and args.faults:
+                lost, duplicated = faulted_lost_and_duplicated(record, refs[design])
+                state["failed"] += record.status != "completed"
+                state["reconnects"] += record.reconnects
+                state["retried"] += record.retried_responses
+            else:
+                lost, duplicated = lost_and_duplicated(record, refs[design])
             state["conversations"] += 1
             state["lost"] += lost
             state["duplicated"] += duplicated
@@ -164,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=float, default=0.25, help="share of the run counted as warm-up (default 0.25)")
     parser.add_argument("--rss-growth-mb", type=float, default=16.0, help="most RSS may grow after the warm-up, MB (default 16)")
     parser.add_argument("--csv", default="soak.csv", help="file name under results/ (default soak.csv)")
+    parser.add_argument("--faults", action="store_true", help="break the clients' connections; the clients reconnect")
+    parser.add_argument("--drops-per-hour", type=float, default=3600.0,
+                        help="with --faults: connection drops per connection-hour (default 3600: one a second)")
+    parser.add_argument("--drop-per-chunk", type=float, default=0.005,
+                        help="with --faults: share of the server's chunks at which the link breaks (default 0.005)")
+    parser.add_argument("--policy", default="openai-python", choices=list(POLICIES), help="with --faults: the clients' reconnect policy")
     args = parser.parse_args(argv)
     raise_fd_limit()
     refs = references()
@@ -175,6 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         time.sleep(0.1)
     baseline_tasks = server.stats.get("tasks", -1)
     print(f"soak: {args.concurrency} clients for {args.seconds:g} s, task {SPEC} at {MODEL}, designs {', '.join(DESIGNS)}; serve {' '.join(SERVE_FLAGS)}", flush=True)
+    if args.faults:
+        print(f"faults: {args.drops_per_hour:g} drops per connection-hour, the link breaks at {args.drop_per_chunk:.2%} of the server's "
+              f"chunks; clients reconnect as {args.policy}", flush=True)
     try:
         samples, state = trio.run(soak, server, refs, args)
         time.sleep(2.5)  # a stats line after the clients closed
@@ -188,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "conversations": state["conversations"],
         "lost": state["lost"],
         "duplicated": state["duplicated"],
+        **({"failed_known": state["failed"], "reconnects": state["reconnects"], "retried_responses": state["retried"]} if args.faults else {}),
         "rss_after_warmup_mb": after_warmup,
         "rss_end_mb": idle["rss_mb"],
         "rss_growth_after_warmup_mb": growth,

@@ -28,8 +28,10 @@ from . import workload as wl
 from .api.costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches
 from .api.service import ApiService
 from .client.connect import Connector, InMemoryConnector, TcpConnector
-from .client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
+from .client.harness import CHAINED, SUSPENDED, RolloutRecord
 from .client.http import STATELESS, STORED, run_http_rollout
+from .client.reconnect import OPENAI_PYTHON, ReconnectPolicy
+from .client.reconnecting import run_reconnecting_rollout
 from .clock import PreciseClock
 from .engine import latency
 from .engine.engine import HTTP_AFFINITY, Engine
@@ -39,7 +41,7 @@ from .engine.vllm_engine import RealCall, open_vllm_engine
 from .engine.vllm_models import ModelSpec
 from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
-from .server.config import ServerConfig
+from .server.config import CONNECTION_LIFETIME_SECONDS, ServerConfig  # noqa: F401 - compare prints it
 
 HTTP = "http"
 HTTP_STORED = "http-stored"
@@ -73,6 +75,7 @@ class BenchConfig:
     latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
     source: str | None = None  # where task_list came from (a trace), for the parameters table
     http_affinity: float = HTTP_AFFINITY  # docs/parameters.md §6 [assumed]: http turns routed back to their prefix
+    reconnect: ReconnectPolicy = OPENAI_PYTHON  # how the clients recover from a lost connection (client/reconnect.py)
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:
@@ -128,11 +131,12 @@ async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: B
                     server: ResponsesServer, connector: Connector) -> RolloutRecord:
     metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
     if design in (SUSPENDED, CHAINED):
-        record = await run_websocket_rollout(connector, design, task, metadata=metadata, include_timing=True)
+        record = await run_reconnecting_rollout(connector, design, task, config.reconnect, metadata=metadata, include_timing=True)
     else:
         variant = STORED if design == HTTP_STORED else STATELESS
         record = await run_http_rollout(
-            connector, task, variant=variant, metadata=metadata, keep_alive=config.keep_alive, include_timing=True
+            connector, task, variant=variant, metadata=metadata, keep_alive=config.keep_alive, include_timing=True,
+            policy=config.reconnect,
         )
     if record.status != "completed":
         raise RuntimeError(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
@@ -266,6 +270,10 @@ def task_row(design: str, decode_tps: float, record: RolloutRecord) -> dict[str,
         "web_searches": sum(1 for item in record.transcript if item.get("type") == "web_search_call"),
         "function_calls": sum(1 for item in record.transcript if item.get("type") == "function_call"),
         "phase_totals_s": totals,
+        "reconnects": record.reconnects,
+        "resent_bytes": record.resent_bytes,
+        "recovery_s": list(record.recovery_seconds),
+        "fell_back_to_http": record.fell_back_to_http,
     }
 
 
@@ -298,10 +306,18 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "reasoning_share": _ratio(group, "reasoning_tokens", "output_tokens"),
             "web_searches_per_task": float(np.mean([r.get("web_searches", 0) for r in group])),
             "calls_per_tool_turn": float(sum(r.get("function_calls", 0) for r in group) / max(1, sum(r["turns"] - 1 for r in group))),
+            "reconnects": int(sum(r.get("reconnects", 0) for r in group)),
         })
     order = {d: i for i, d in enumerate(ALL_DESIGNS)}
     table.sort(key=lambda r: (r["decode_tps"], order.get(r["design"], 99)))
     return table
+
+
+def _describe_policy(policy: ReconnectPolicy) -> str:
+    if policy.max_retries == 0:
+        return f"{policy.name}: never"
+    return (f"{policy.name}: {policy.max_retries} retries, backoff {policy.initial_delay:g} s x{policy.backoff_factor:g}"
+            + (" then HTTP" if policy.fallback_to_http else ""))
 
 
 def _ratio(group: Sequence[dict[str, Any]], part: str, whole: str) -> float:
@@ -368,6 +384,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
         ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
+        ("client reconnects", _describe_policy(config.reconnect), "prototype/client/reconnect.py: openai-python 3.57, Codex CLI"),
     ]
     if config.task_list is not None:  # explicit tasks (a trace): the generator's rows do not apply
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)

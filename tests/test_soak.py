@@ -48,3 +48,16 @@ def test_the_soak_experiment_runs_tiny_and_loses_nothing(tmp_path, monkeypatch) 
     assert verdict["server_exit_code"] == 0  # SIGTERM drained it
     assert verdict["rss_end_mb"] > 0  # memory is reported; its bound is the real soak's (README)
     assert list(tmp_path.rglob("soak_test.csv"))  # results/<experiment>/<run>/, wherever the layout puts it
+
+
+@pytest.mark.slow
+def test_the_faulted_soak_breaks_connections_and_still_loses_nothing(tmp_path, monkeypatch) -> None:
+    from experiments import common, soak
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    # Codex's short backoff, so that a few seconds hold several reconnects.
+    verdict = soak.main(["--seconds", "4", "--concurrency", "3", "--sample", "1", "--csv", "soak_faults_test.csv", "--faults",
+                         "--drop-per-chunk", "0.03", "--policy", "codex"])
+    assert verdict["reconnects"] >= 1
+    assert (verdict["lost"], verdict["duplicated"]) == (0, 0)
+    assert verdict["idle_connections"] == 0 and verdict["idle_tasks"] == verdict["baseline_tasks"]

@@ -26,6 +26,8 @@ at the newest. Columns (compare.csv):
   reasoning_share            reasoning tokens as a share of output tokens
   web_searches_per_task      hosted web_search calls per task
   calls_per_tool_turn        client function calls per turn that ended in calls
+  reconnects                 new connections the clients opened because one ended before the task did
+                             (the 60-minute connection limit, or a fault); --reconnect picks the policy
 The per-turn figures follow one definition for every design (docs/metrics.md).
 """
 
@@ -44,6 +46,7 @@ import attrs
 from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
+from ..client.reconnect import OPENAI_PYTHON, POLICIES
 from ..engine.vllm_client import VllmUnavailable, WorkerFailed
 from ..trace import write_chrome_trace
 from .common import add_list, new_run_folder
@@ -71,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
                         "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
     add_engine_arguments(parser)
+    parser.add_argument("--reconnect", default=OPENAI_PYTHON.name, choices=list(POLICIES),
+                        help="how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)")
     sweep.add_arguments(parser)
 
 
@@ -126,7 +131,7 @@ def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> 
         tasks = trace.tasks[: args.tasks] if args.tasks else trace.tasks
         source = f"trace {trace.path} ({trace.format})"
         config = benchmark.BenchConfig(n_tasks=len(tasks), seed=args.seed, network=network, task_list=tasks,
-                                       latency=model, source=source)
+                                       latency=model, source=source, reconnect=POLICIES[args.reconnect])
         return config, source, speeds
     preset: str | wl.WorkloadParams = args.preset
     if args.preset not in wl.PRESETS:
@@ -134,7 +139,7 @@ def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> 
             raise ValueError(f"--preset {args.preset!r} is neither a preset ({', '.join(wl.PRESETS)}) nor a file")
         preset = profiles.load_preset(args.preset)
     config = benchmark.BenchConfig(preset=preset, n_tasks=args.tasks or 10, seed=args.seed, network=network,
-                                   fixed_turns=args.turns, latency=model)
+                                   fixed_turns=args.turns, latency=model, reconnect=POLICIES[args.reconnect])
     return config, f"the '{args.preset}' workload", speeds
 
 
@@ -175,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
           f"compare runs v1 with a {benchmark.BENCH_SUSPENSION_TTL:g} s TTL so that every task finishes and the designs "
           "are timed on the same tasks;\n  under `serve`'s default 300 s, v1 would end those tasks with response.failed "
           "(suspension_timeout) and the client would have to start them again.")
+    reconnects = {f"{row['design']} at {row['decode_tps']:g}": row["reconnects"] for row in table if row["reconnects"]}
+    print(f"\n  reconnects ({config.reconnect.name} policy): "
+          + (", ".join(f"{k}: {v}" for k, v in reconnects.items()) if reconnects else "none")
+          + f"; WebSocket connections close after {benchmark.CONNECTION_LIFETIME_SECONDS / 60:g} minutes (WS guide), and a task "
+          "longer than that continues on a new connection")
     analysis.write_csv(out / "compare.csv", table)
     (out / "compare.json").write_text(json.dumps({"table": table, "parameters": benchmark.parameters(config)}, indent=1))
     (out / "compare_tasks.json").write_text(json.dumps(rows))

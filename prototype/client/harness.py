@@ -89,6 +89,14 @@ class RolloutRecord:
     timeline: list[tuple[float, str, str]] = attrs.Factory(list)  # (time, "send"/"recv", event type)
     response_ids: list[str] = attrs.Factory(list)
     sequence_numbers: list[tuple[str, int]] = attrs.Factory(list)  # (response id, sequence_number) per event
+    # What recovering from lost connections cost (prototype/client/reconnecting.py); zero without faults.
+    reconnects: int = 0  # new connections opened because one ended before the task did
+    resent_bytes: int = 0  # request bytes sent again: retried requests and full-context resends
+    full_resends: int = 0  # requests that carried the whole conversation again
+    retried_responses: int = 0  # responses that failed on a live connection and were asked for again
+    recovery_seconds: list[float] = attrs.Factory(list)  # from each failure to the retried response's first event
+    fell_back_to_http: bool = False
+    outcomes: dict[str, str] = attrs.Factory(dict)  # response id -> status of its terminal event, as received
 
     @property
     def seconds(self) -> float:
@@ -156,6 +164,7 @@ class Rollout:
             turn.server_timing = response.get("testbed_timing")
             usage = response.get("usage")
             if event_type in TERMINAL_TYPES:
+                self.record.outcomes[response.get("id")] = response.get("status", "")
                 if response.get("id") not in self.record.response_ids:
                     self.record.response_ids.append(response.get("id"))
                 if usage:

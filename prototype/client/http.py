@@ -23,6 +23,7 @@ Byte counts (docs/metrics.md): `bytes_sent` is the request body, `bytes_received
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import attrs
@@ -34,6 +35,7 @@ from ..protocol.wire import RESPONSES_PATH, STATELESS, STORED, VARIANTS
 from ..workload import Workload
 from .connect import Connector
 from .harness import Rollout, RolloutRecord, function_calls, request_body, task_prompt
+from .reconnect import ReconnectPolicy
 from .sse import END_TYPES, StrictSseParser
 
 DESIGN_NAMES = {STATELESS: "http-stateless", STORED: "http-stored"}
@@ -217,6 +219,7 @@ async def post_turn(pool: ConnectionPool, body: bytes, headers: list[tuple[bytes
             pool.discard(connection)
             if lost.answered or attempt or connection.requests == 1:
                 raise  # only a reused connection may have gone stale while idle
+            rollout.record.reconnects += 1  # a new connection, because the kept-alive one had ended
             continue
         except BaseException:
             pool.discard(connection)
@@ -238,42 +241,73 @@ async def run_http_rollout(
     api_key: str = "testbed",
     instructions: str | None = None,
     compact_threshold: int | None = None,
+    policy: ReconnectPolicy | None = None,
 ) -> RolloutRecord:
     """One task over HTTP: a `POST /v1/responses` (stream: true) per turn, `stateless` (full history)
     or `stored` (`previous_response_id`). `compact_threshold`: server-side compaction; a stateless
-    client then resends only the latest compacted window."""
+    client then resends only the latest compacted window. With `policy`, a request whose connection is
+    lost (or whose response fails on the server) is sent again on a new connection, with the policy's
+    backoff (prototype/client/reconnecting.py)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     rollout = Rollout(workload, RolloutRecord(DESIGN_NAMES[variant], workload.name, trio.current_time()))
     stored = variant == STORED
+    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}]
+    await _http_tool_loop(connector, rollout, [], first, stored=stored, policy=policy, keep_alive=keep_alive, api_key=api_key,
+                          include_timing=include_timing, model=model, metadata=metadata, instructions=instructions,
+                          compact_threshold=compact_threshold)
+    return rollout.record
+
+
+async def continue_http_rollout(
+    connector: Connector, rollout: Rollout, history: list[dict[str, Any]], pending: list[dict[str, Any]], *,
+    policy: ReconnectPolicy | None, model: str, metadata: dict[str, str], instructions: str | None, api_key: str,
+    include_timing: bool, turn_open: bool = False,
+) -> None:
+    """Go on with a conversation over HTTP, stateless (the whole conversation every turn): Codex's
+    fallback once its WebSocket retries are spent. `history` is the conversation so far, `pending` the
+    items of the request in progress; `turn_open`: that request's turn is already recorded."""
+    await _http_tool_loop(connector, rollout, list(history), pending, stored=False, policy=policy, keep_alive=True,
+                          api_key=api_key, include_timing=include_timing, model=model, metadata=metadata,
+                          instructions=instructions, turn_open=turn_open)
+
+
+async def _http_tool_loop(
+    connector: Connector, rollout: Rollout, history: list[dict[str, Any]], new_items: list[dict[str, Any]], *, stored: bool,
+    policy: ReconnectPolicy | None, keep_alive: bool, api_key: str, include_timing: bool, model: str,
+    metadata: dict[str, str], instructions: str | None, turn_open: bool = False, compact_threshold: int | None = None,
+) -> None:
     base = {
-        **request_body(
-            workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored, instructions=instructions,
-            compact_threshold=compact_threshold,
-        ),
+        **request_body(rollout.workload, model=model, metadata=metadata, store=stored, include_reasoning=not stored,
+                       instructions=instructions, compact_threshold=compact_threshold),
         "stream": True,
     }
     headers = request_headers(api_key=api_key, keep_alive=keep_alive, include_timing=include_timing)
-    new_items: list[dict[str, Any]] = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(workload)}]}
-    ]
-    history: list[dict[str, Any]] = []
     previous_id: str | None = None
+    rng = random.Random(f"reconnect:http:{rollout.workload.name}")
     async with trio.open_nursery() as nursery:
         pool = ConnectionPool(nursery, connector, keep_alive)
         try:
             while True:
-                if variant == STATELESS:
-                    history.extend(new_items)
-                    body = {**base, "input": history}
+                if not stored:
+                    body = {**base, "input": history + new_items}
                 else:
                     body = {**base, "input": new_items}
                     if previous_id is not None:
                         body["previous_response_id"] = previous_id
                 started_at = trio.current_time()  # before any connection the request needs (docs/metrics.md)
                 data = json.dumps(body, separators=(",", ":")).encode()
-                rollout.start_turn(new_items, len(data), at=started_at)
-                end = await post_turn(pool, data, headers, rollout)
+                if turn_open:
+                    rollout.record.turns[-1].bytes_sent += len(data)
+                    rollout.record.resent_bytes += len(data)
+                    rollout.record.full_resends += 1
+                    turn_open = False
+                else:
+                    rollout.start_turn(new_items, len(data), at=started_at)
+                end = await _post_with_retries(pool, data, headers, rollout, policy, rng)
+                if end is None:
+                    rollout.record.status = "error:gave_up"
+                    break
                 if end["type"] == "error":
                     error = end.get("error") if "status" in end else end
                     rollout.record.turns[-1].ended_at = trio.current_time()
@@ -284,7 +318,8 @@ async def run_http_rollout(
                 if end["type"] != "response.completed" or not calls:
                     rollout.record.status = response["status"]
                     break
-                if variant == STATELESS:
+                if not stored:
+                    history.extend(new_items)
                     history.extend(response["output"])
                     history = window_of_dicts(history)  # after a compaction item, only its window is resent
                 previous_id = response["id"]
@@ -292,10 +327,47 @@ async def run_http_rollout(
         finally:
             rollout.record.ended_at = trio.current_time()
             pool.close()
-    return rollout.record
+
+
+async def _post_with_retries(pool: ConnectionPool, data: bytes, headers: list[tuple[bytes, bytes]], rollout: Rollout,
+                             policy: ReconnectPolicy | None, rng: random.Random) -> dict[str, Any] | None:
+    """`post_turn`, sent again under `policy` when the connection is lost or the response fails on the
+    server; None once the policy's retries are spent. Without a policy, a lost connection raises."""
+    record = rollout.record
+    turn = record.turns[-1]
+    mark = len(record.transcript)
+    failed_at: float | None = None
+    attempt = 0
+    while True:
+        seen = len(record.timeline)
+        try:
+            end = await post_turn(pool, data, headers, rollout)
+        except (ConnectionLost, OSError):
+            if policy is None:
+                raise
+            end = None
+        failed = end is None or (end["type"] == "response.failed" and policy is not None and policy.retry_failed_responses)
+        if not failed or policy is None:
+            if failed_at is not None:
+                answered = [t for t, direction, _ in record.timeline[seen:] if direction == "recv"]
+                record.recovery_seconds.append((answered[0] if answered else trio.current_time()) - failed_at)
+            return end
+        failed_at = trio.current_time() if failed_at is None else failed_at
+        if end is not None:
+            record.retried_responses += 1
+        attempt += 1
+        if attempt > policy.max_retries:
+            return None
+        # What the failed attempt delivered is dropped; the turn goes on with the retry.
+        del record.transcript[mark:]
+        turn.first_token_at = turn.ended_at = None
+        record.reconnects += end is None
+        await trio.sleep(policy.delay(attempt, rng))
+        turn.bytes_sent += len(data)
+        record.resent_bytes += len(data)
 
 
 __all__ = [
     "DESIGN_NAMES", "ConnectionLost", "ConnectionPool", "HttpConnection",
-    "HttpProtocolError", "post_turn", "request_headers", "run_http_rollout",
+    "HttpProtocolError", "continue_http_rollout", "post_turn", "request_headers", "run_http_rollout",
 ]

@@ -5,6 +5,7 @@ flush fail (tests and experiments).
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
@@ -21,16 +22,28 @@ class FaultPlan:
 
     `Engine.stream` calls `on_flush` before it yields each chunk of sampled text; after
     `flushes_before_failure` flushes (counted over every stream of the engine) the next `failures`
-    flushes raise. An engine without a plan (the default) pays one attribute check per flush.
+    flushes raise. With `failure_p` > 0 instead, each flush fails with that probability (seeded by
+    `seed`), without limit: failures at a rate, for experiments. An engine without a plan (the
+    default) pays one attribute check per flush.
     """
 
     flushes_before_failure: int = 0
     failures: int = 1
+    failure_p: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    seed: int = 0
     flushes: int = 0  # flushes seen so far
     raised: int = 0  # failures raised so far
+    _rng: random.Random | None = attrs.field(default=None, init=False)
 
     def on_flush(self) -> None:
         self.flushes += 1
+        if self.failure_p:
+            if self._rng is None:
+                self._rng = random.Random(f"faultplan:{self.seed}")
+            if self._rng.random() < self.failure_p:
+                self.raised += 1
+                raise EngineFailure("injected engine failure")
+            return
         if self.raised < self.failures and self.flushes > self.flushes_before_failure:
             self.raised += 1
             raise EngineFailure("injected engine failure")

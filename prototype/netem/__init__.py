@@ -14,6 +14,10 @@ latency, so this package adds it:
   later, without blocking the sender, so a link carries many chunks at once like a real one (two
   sends 1 ms apart arrive 1 ms apart). It can also hold back what it receives by ``receive_delay``,
   which is how the client end of a real socket gets both directions of a round trip.
+* `faults.py`: links that break, for experiments and tests: :class:`LinkFaults` (drops at a rate per
+  connection, drops as the server sends), :class:`LinkRegistry` (cut every open link: a restart). A
+  chunk lost once is :class:`NetworkProfile`'s ``loss``: TCP resends it after its retransmission
+  timeout, and the chunks behind it wait.
 * `links.py`: :func:`open_emulated_pair` joins a client and a server in memory with ``rtt / 2`` each
   way, for virtual-time runs; :func:`open_emulated_tcp` connects a real socket and delays it on the
   client side, for real-time runs.

@@ -22,6 +22,10 @@ import trio
 # last scheduled arrival (a peer that never reads), the rest is dropped so that no task outlives
 # its context manager for ever.
 _LINGER_GRACE_SECONDS: Final = 1.0
+# A lost segment is resent when the sender's retransmission timer fires: Linux's minimum RTO is
+# 200 ms (TCP_RTO_MIN, include/net/tcp.h), and the timer runs from the send, so the resent copy
+# arrives one RTO plus the one-way delay after the original would have.
+RETRANSMIT_TIMEOUT_SECONDS: Final = 0.2
 
 
 @attrs.frozen
@@ -73,6 +77,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         receive_jitter: float = 0.0,
         bandwidth_bytes_per_s: float | None = None,
         seed: int = 0,
+        loss: float = 0.0,
     ) -> None:
         """Wraps a stream; the background tasks start only through the ``open_*`` context managers.
 
@@ -87,9 +92,13 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             bandwidth_bytes_per_s: If set, ``send_all`` first waits ``len(data) / bandwidth``, the time
                 to serialize the chunk onto the link; it applies to the send direction only.
             seed: Seed of the jitter draws.
+            loss: Probability that a chunk sent is lost once on the link: it arrives
+                ``RETRANSMIT_TIMEOUT_SECONDS`` late (TCP resends it), and the chunks after it wait for
+                it (in-order delivery: head-of-line blocking). A TCP stream never loses data for good.
 
         Raises:
-            ValueError: If a delay or jitter is negative or not finite, or the bandwidth is not > 0.
+            ValueError: If a delay or jitter is negative or not finite, the bandwidth is not > 0, or
+                the loss is not in [0, 1).
         """
         for name, value in (
             ("send_delay", send_delay),
@@ -103,6 +112,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s > 0
         ):
             raise ValueError(f"bandwidth_bytes_per_s must be None or > 0, got {bandwidth_bytes_per_s!r}")
+        if not 0 <= loss < 1:
+            raise ValueError(f"loss must be in [0, 1), got {loss!r}")
         self.transport_stream = transport_stream
         self.send_delay = send_delay
         self.receive_delay = receive_delay
@@ -115,7 +126,9 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         # draws of one direction don't depend on how the two interleave.
         self._send_rng = random.Random(f"netem:{seed}:send")
         self._receive_rng = random.Random(f"netem:{seed}:receive")
-        self._delays_send = send_delay > 0 or send_jitter > 0
+        self._loss = loss
+        self._loss_rng = random.Random(f"netem:{seed}:loss")
+        self._delays_send = send_delay > 0 or send_jitter > 0 or loss > 0
         self._delays_receive = receive_delay > 0 or receive_jitter > 0
 
         self._started = False
@@ -213,6 +226,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         delay = self.send_delay
         if self._send_jitter > 0:
             delay += self._send_rng.expovariate(1.0 / self._send_jitter)
+        if self._loss > 0 and self._loss_rng.random() < self._loss:
+            delay += RETRANSMIT_TIMEOUT_SECONDS
         self._last_send_arrival = max(trio.current_time() + delay, self._last_send_arrival)
         return self._last_send_arrival
 

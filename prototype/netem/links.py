@@ -38,6 +38,7 @@ async def open_emulated_pair(profile: NetworkProfile) -> AsyncIterator[tuple[Del
             send_jitter=profile.jitter,
             bandwidth_bytes_per_s=profile.bandwidth_bytes_per_s,
             seed=seed,
+            loss=profile.loss,
         )
         for raw, seed in ((client_raw, profile.seed), (server_raw, profile.seed + 1))
     )

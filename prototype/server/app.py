@@ -117,7 +117,11 @@ class ResponsesServer(Endpoint):
                 nursery.cancel_scope.cancel()
                 return
             worker = [] if self.config.worker is None else [(b"x-testbed-worker", str(self.config.worker).encode())]
-            ws = await ws_request.accept(extra_headers=worker)
+            try:
+                ws = await ws_request.accept(extra_headers=worker)
+            except trio_websocket.ConnectionClosed:  # the client went away during the handshake: nothing to serve
+                nursery.cancel_scope.cancel()
+                return
             info = ConnectionInfo(
                 design,
                 api_key,

@@ -1,0 +1,332 @@
+"""Clients that reconnect (prototype/client/reconnect.py, reconnecting.py) and the faults that make
+them (prototype/netem/faults.py, the engine's FaultPlan).
+
+Rules every test here follows (after tests/support.py): an in-process server over memory streams
+under the `autojump_clock`, over a zero-latency pipe and over a 20 ms RTT link; every fault is
+seeded, so each run gives the same timeline; every wait is bounded (`trio.fail_after`). A retried
+conversation is checked against the same task run without faults, item for item.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from prototype import benchmark, netem
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector, RoundRobinConnector
+from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord
+from prototype.client.http import STATELESS, STORED, run_http_rollout
+from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON, ReconnectPolicy
+from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, run_reconnecting_rollout
+from prototype.engine.engine import Engine
+from prototype.engine.streaming import FaultPlan
+from prototype.netem.delayed import RETRANSMIT_TIMEOUT_SECONDS, DelayedStream, run_delivery
+from prototype.netem.faults import Link, LinkFaults, LinkRegistry, open_faulty_pair
+from prototype.server.app import ResponsesServer
+from prototype.server.config import ServerConfig
+from prototype.workload import fixed
+
+TASK = fixed(4, initial_prompt_tokens=200, appended_tokens=50, output_tokens=40, tool_seconds=10.0)
+DELAYED = netem.NetworkProfile(rtt=0.020)
+LINKS = [None, DELAYED]
+LINK_IDS = ["pipe", "20ms"]
+# No jitter: every wait of the backoff is exact.
+STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=5)
+
+
+def server_with(lifetime: float = 3600.0, **api: Any) -> ResponsesServer:
+    return ResponsesServer(ApiService(costs=ZERO_COSTS, **api), ServerConfig(connection_lifetime=lifetime))
+
+
+async def converse(server: ResponsesServer, design: str, *, network: netem.NetworkProfile | None = None,
+                   faults: LinkFaults | None = None, policy: ReconnectPolicy = OPENAI_PYTHON, store: bool = False,
+                   connector: Any = None) -> RolloutRecord:
+    metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
+    connector = connector or InMemoryConnector(server, network, faults=faults)
+    with trio.fail_after(600):
+        if design.startswith("http"):
+            return await run_http_rollout(connector, TASK, variant=STORED if store else STATELESS, metadata=metadata, policy=policy)
+        return await run_reconnecting_rollout(connector, design, TASK, policy, metadata=metadata, store=store)
+
+
+def plain(record: RolloutRecord) -> list[str]:
+    """The timeline without deltas and per-item events: requests, pauses, ends, errors."""
+    keep = {"response.create", "response.append", "response.created", "response.done", "response.completed", "response.failed", "error"}
+    return [f"{direction} {kind}" for _, direction, kind in record.timeline if kind in keep]
+
+
+def assert_each_completed_event_once(record: RolloutRecord) -> None:
+    """Every response the client saw complete has each sequence number once, from 0, without a gap."""
+    completed = {rid for rid, status in record.outcomes.items() if status == "completed"}
+    assert completed
+    for rid in completed:
+        numbers = Counter(n for r, n in record.sequence_numbers if r == rid)
+        assert max(numbers.values()) == 1
+        assert sorted(numbers) == list(range(len(numbers)))
+
+
+# --- the policies -------------------------------------------------------------------------------------
+
+
+def test_openai_python_backoff_doubles_from_half_a_second_to_eight_within_its_jitter() -> None:
+    rng = random.Random(0)
+    for attempt, base in enumerate([0.5, 1, 2, 4, 8, 8], start=1):
+        assert 0.75 * base <= OPENAI_PYTHON.delay(attempt, rng) < base
+    assert OPENAI_PYTHON.retries_after_close(1006) and OPENAI_PYTHON.retries_after_close(None)
+    assert OPENAI_PYTHON.retries_after_close(1012) and not OPENAI_PYTHON.retries_after_close(1000)
+    assert not OPENAI_PYTHON.retries_after_close(1008) and not OPENAI_PYTHON.fallback_to_http
+
+
+def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
+    rng = random.Random(0)
+    for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
+        assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
+    assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
+    assert CODEX.max_retries == 5 and CODEX.fallback_to_http
+    assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+
+
+# --- netem: loss and links that break --------------------------------------------------------------
+
+
+async def test_a_lost_chunk_arrives_one_retransmission_timeout_late_and_holds_the_next(autojump_clock) -> None:
+    a, b = trio.testing.memory_stream_pair()
+    sender = DelayedStream(a, send_delay=0.010, loss=0.5, seed=3)
+    arrivals = []
+    async with run_delivery(sender):
+        start = trio.current_time()
+        for i in range(8):
+            await sender.send_all(bytes([i]))
+        while len(arrivals) < 8:
+            data = await b.receive_some()
+            arrivals += [(trio.current_time() - start, byte) for byte in data]
+    # Seed 3 loses chunk 1 (and others); every chunk after a lost one waits for it: order is kept.
+    assert [byte for _, byte in arrivals] == list(range(8))
+    assert arrivals[0][0] == pytest.approx(0.010)
+    assert {round(t, 6) for t, _ in arrivals} <= {0.010, round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)}
+    assert round(arrivals[-1][0], 6) == round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)
+
+
+async def test_a_cut_link_breaks_both_ends_and_wakes_a_waiting_read(autojump_clock) -> None:
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    registry = LinkRegistry()
+    link = registry.new(LinkFaults())
+    async with open_faulty_pair(client_raw, server_raw, link, registry) as (client, server):
+        await client.send_all(b"ping")
+        assert await server.receive_some() == b"ping"
+
+        async def cut_later() -> None:
+            await trio.sleep(1.5)
+            assert registry.cut_all("restart") == 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cut_later)
+            with pytest.raises(trio.BrokenResourceError):
+                await client.receive_some()
+        assert trio.current_time() == 1.5
+        with pytest.raises(trio.BrokenResourceError):
+            await server.send_all(b"late")
+    assert registry.links == set()
+
+
+async def test_timed_drops_are_a_seeded_poisson_process(autojump_clock) -> None:
+    times = []
+    for serial in range(3):
+        link = Link(LinkFaults(drops_per_hour=3600, seed=7), serial)
+        start = trio.current_time()
+        await link.run_timed_drop()
+        times.append(trio.current_time() - start)
+        assert link.broken and link.reason == "timed drop"
+    expected = [random.Random(f"linkfaults:7:{s}").expovariate(1.0) for s in range(3)]
+    assert times == pytest.approx(expected)
+
+
+# --- the 60-minute limit (seconds here) --------------------------------------------------------------
+
+
+async def test_chained_past_the_limit_on_a_pipe_reconnects_at_once_and_resends_the_context(autojump_clock) -> None:
+    reference = await converse(server_with(), CHAINED)
+    record = await converse(server_with(lifetime=15), CHAINED)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert record.seconds == pytest.approx(reference.seconds)  # a clean close costs no backoff and no handshake here
+    assert (record.reconnects, record.full_resends, record.recovery_seconds) == (1, 1, [])
+    # Turn 2's create fails on the closed socket (close 1000), goes again on a new connection with
+    # previous_response_id, is told the chain is gone, and goes a third time with the whole conversation.
+    assert plain(record)[6:12] == [
+        "send response.create", "send response.create", "recv error", "send response.create", "recv response.created",
+        "recv response.completed",
+    ]
+    assert_each_completed_event_once(record)
+
+
+@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_a_task_longer_than_the_limit_completes_with_the_same_conversation(autojump_clock, design: str, network) -> None:
+    reference = await converse(server_with(), design, network=network)
+    record = await converse(server_with(lifetime=15), design, network=network)
+    assert record.status == "completed"
+    assert record.transcript == reference.transcript
+    assert record.reconnects == 1 and record.full_resends == 1 and record.resent_bytes > 0
+    assert_each_completed_event_once(record)
+
+
+@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
+async def test_chained_with_a_store_hydrates_after_the_limit_instead_of_resending(autojump_clock, network) -> None:
+    reference = await converse(server_with(), CHAINED, network=network, store=True)
+    record = await converse(server_with(lifetime=15), CHAINED, network=network, store=True)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert record.reconnects == 1 and record.full_resends == 0
+    assert "recv error" not in plain(record)
+
+
+async def test_v1_at_the_limit_starts_a_new_response_with_the_whole_conversation(autojump_clock) -> None:
+    record = await converse(server_with(lifetime=15), SUSPENDED)
+    # The rollout paused at 10.98 s (its second response.done); the limit at 15 s ends it while the
+    # tools run; the append at 20.98 s finds the connection gone, and a new response starts.
+    creates = [kind for kind in plain(record) if kind == "send response.create"]
+    assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
+    assert record.status == "completed"
+
+
+# --- drops in the middle of responses ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
+@pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False), ("http", False), ("http", True)])
+async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design: str, store: bool, network) -> None:
+    reference = await converse(server_with(), design, network=network, store=store)
+    faults = LinkFaults(drop_per_server_chunk=0.01, seed=1)
+    record = await converse(server_with(), design, network=network, faults=faults, store=store)
+    assert record.status == "completed"
+    assert record.transcript == reference.transcript
+    assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
+    assert record.seconds > reference.seconds
+    assert_each_completed_event_once(record)
+
+
+async def test_without_reconnects_a_drop_fails_the_task_with_its_close_code(autojump_clock) -> None:
+    record = await converse(server_with(), CHAINED, faults=LinkFaults(drop_per_server_chunk=0.01, seed=1), policy=NEVER)
+    assert record.status == "error:closed_1006" and record.reconnects == 0
+
+
+async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly(autojump_clock) -> None:
+    # The link breaks at every connection's first server chunk (the upgrade's answer): each attempt waits out
+    # the open timeout.
+    server = server_with()
+    connector = InMemoryConnector(server, faults=LinkFaults(drop_per_server_chunk=0.999999, seed=0))
+    record = await converse(server, CHAINED, connector=connector, policy=STEADY)
+    assert record.status == "error:gave_up"
+    assert record.reconnects == 5
+    # Six open timeouts, and 0.5 + 1 + 2 + 4 + 8 s of backoff between them.
+    assert trio.current_time() == pytest.approx(6 * OPEN_TIMEOUT_SECONDS + STEADY.worst_case_wait)
+
+
+# --- restarts and fallbacks ----------------------------------------------------------------------------
+
+
+async def restart_after(connector: InMemoryConnector, delay: float, downtime: float) -> None:
+    """Restart the connector's server `delay` seconds from now: links cut, `downtime` refusing, then a fresh server
+    with the same store, workload catalog and ids."""
+    await trio.sleep(delay)
+    connector.refusing = True
+    connector.links.cut_all("restart")
+    await trio.sleep(downtime)
+    api = connector.server.api
+    connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id))
+    connector.refusing = False
+
+
+@pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False), ("http", True)])
+async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str, store: bool) -> None:
+    reference = await converse(server_with(), design, store=store)
+    server = server_with()
+    connector = InMemoryConnector(server, faults=LinkFaults())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
+        record = await converse(server, design, connector=connector, store=store)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert record.reconnects >= 2  # refused at least once while down
+    assert record.recovery_seconds[0] > 2.0
+
+
+async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:
+    reference = await converse(server_with(), CHAINED)
+    server = server_with()
+    connector = InMemoryConnector(server, faults=LinkFaults())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart_after, connector, 10.7, 8.0)  # longer than Codex's ~6.2 s of backoff
+        record = await converse(server, CHAINED, connector=connector, policy=CODEX)
+    assert record.fell_back_to_http and record.status == "completed"
+    assert record.transcript == reference.transcript
+
+
+async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_up(autojump_clock) -> None:
+    workers = [InMemoryConnector(server_with(), faults=LinkFaults()) for _ in range(2)]
+    for worker in workers[1:]:
+        worker.server.api.workloads = workers[0].server.api.workloads
+    pool = RoundRobinConnector(workers)
+    reference = await converse(server_with(), CHAINED)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart_after, workers[0], 10.7, 60.0)
+        record = await converse(workers[0].server, CHAINED, connector=pool)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert record.reconnects == 1  # the next connection went to the worker that was up: no refusal
+
+
+# --- engine failures -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED, "http"])
+async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(autojump_clock, design: str) -> None:
+    reference = await converse(server_with(), design)
+    server = server_with(engine=Engine(faults=FaultPlan(failure_p=0.01, seed=2)))
+    record = await converse(server, design)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert record.retried_responses >= 1 and record.reconnects == 0
+    assert "failed" in record.outcomes.values()
+
+
+# --- compare and the experiment ------------------------------------------------------------------------
+
+
+async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(autojump_clock) -> None:
+    config = benchmark.BenchConfig(task_list=(TASK,), network=DELAYED)
+    server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
+    records = await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server)
+    row = benchmark.task_row(CHAINED, 100.0, records[0])
+    assert row["reconnects"] == 1
+    assert benchmark.summarize([row])[0]["reconnects"] == 1
+
+
+def test_faults_experiment_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path))
+    from experiments import common, faults
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    table = faults.main(["--tasks", "1", "--turns", "3", "--faults", "mid-response", "engine", "--designs", "chained", "suspended",
+                         "--policies", "codex", "--in-process", "--no-cache"])
+    assert {(r["fault"], r["design"]) for r in table} == {(f, d) for f in ("none", "mid-response", "engine") for d in ("chained", "suspended")}
+    assert all(r["failed"] == 0 and r["same_conversation"] == 1 for r in table)
+    out = capsys.readouterr().out
+    assert "time_lost_per_task_s" in out and "policy codex: 5 retries" in out
+
+
+def test_faults_rows_show_what_a_harsh_fault_costs() -> None:
+    from experiments import faults
+
+    config = benchmark.BenchConfig(task_list=(TASK,))
+    harsh = faults.FaultModel("harsh", links=LinkFaults(drop_per_server_chunk=0.01, seed=1))
+    rows = [row for fault in (faults.FAULT_MODELS["none"], harsh) for design in (CHAINED, SUSPENDED)
+            for row in faults.fault_records(faults.FaultRun(design, fault, OPENAI_PYTHON, 100.0, config))]
+    table = {(r["design"], r["fault"]): r for r in faults.summarize(rows)}
+    for design in (CHAINED, SUSPENDED):
+        assert table[(design, "none")]["reconnects_per_task"] == 0 and table[(design, "none")]["time_lost_per_task_s"] == 0
+        assert table[(design, "harsh")]["reconnects_per_task"] >= 1 and table[(design, "harsh")]["time_lost_per_task_s"] > 0
+        assert table[(design, "harsh")]["same_conversation"] == 1

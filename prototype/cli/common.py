@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -49,9 +50,13 @@ class Parser(argparse.ArgumentParser):
         return parsed, extras
 
 
-def _checked(kind: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
+def checked(kind: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
+    """An argparse `type`: `kind(word)`, refused with `must be <requirement>, not <word>` unless `accept` takes it."""
+
     def parse(word: str) -> Any:
         value = kind(word)  # a ValueError here is argparse's own "invalid int value: 'x'"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, not {word}")
         if not accept(value):
             raise argparse.ArgumentTypeError(f"must be {requirement}, not {word}")
         return value
@@ -62,17 +67,20 @@ def _checked(kind: Callable[[str], Any], accept: Callable[[Any], bool], requirem
 
 def positive(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
     """An argparse `type`: a number greater than 0 (a speed, a duration, a size)."""
-    return _checked(kind, lambda value: value > 0, "greater than 0")
+    return checked(kind, lambda value: value > 0, "greater than 0")
 
 
 def non_negative(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
     """An argparse `type`: a number of at least 0 (a delay, a seed, a port where 0 picks one)."""
-    return _checked(kind, lambda value: value >= 0, "at least 0")
+    return checked(kind, lambda value: value >= 0, "at least 0")
 
 
-def at_least(minimum: int, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
-    """An argparse `type`: a whole number of at least `minimum` (a count of tasks, turns, workers)."""
-    return _checked(kind, lambda value: value >= minimum, f"at least {minimum}")
+def at_least(minimum: int, at_most: int | None = None) -> Callable[[str], Any]:
+    """An argparse `type`: a whole number of at least `minimum` (a count of tasks, turns, workers), and at most
+    `at_most` if given."""
+    if at_most is None:
+        return checked(int, lambda value: value >= minimum, f"at least {minimum}")
+    return checked(int, lambda value: minimum <= value <= at_most, f"from {minimum} to {at_most}")
 
 
 def list_of(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) -> Callable[[str], list[Any]]:

@@ -45,7 +45,7 @@ from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..trace import write_chrome_trace
-from .common import add_list, new_run_folder
+from .common import add_list, at_least, new_run_folder, non_negative, positive
 
 TRACE_SPEED = 1000.0
 # The results folder: $TESTBED_RESULTS, else <repo>/results (git-ignored).
@@ -53,17 +53,17 @@ RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=int, default=None, help="tasks per design and speed (default 10; with --trace, all)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed: the same seed gives the same tasks (default 0)")
+    parser.add_argument("--tasks", type=at_least(1), default=None, help="tasks per design and speed (default 10; with --trace, all)")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed: the same seed gives the same tasks (default 0)")
     parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)")
     parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
     parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
-    add_list(parser, "--speeds", float, None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
+    add_list(parser, "--speeds", positive(float), None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
     add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run (http-stored: http that chains previous_response_id through the store)",
              choices=list(benchmark.ALL_DESIGNS))
-    parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000,
+    parser.add_argument("--rtt-ms", type=non_negative(float), default=benchmark.DEFAULT_NETWORK.rtt * 1000,
                         help=f"network round-trip time between client and server in ms (default {benchmark.DEFAULT_NETWORK.rtt * 1000:g})")
-    parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task (default: drawn from the preset)")
+    parser.add_argument("--turns", type=at_least(1), default=None, help="fix the number of turns per task (default: drawn from the preset)")
     parser.add_argument("--out", default=None, help="write into this folder (default: a new results/compare/<timestamp>/, "
                         "with results/compare/latest pointing at it)")
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config, described, speeds = workload_config(args, network)
     except (traces.TraceError, profiles.ProfileError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m prototype compare: error: {e} (see --help)", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else new_run_folder(RESULTS / "compare")
     out.mkdir(parents=True, exist_ok=True)

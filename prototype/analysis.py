@@ -88,12 +88,16 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
-    """A plain-text table of `rows` on stdout, right-aligned columns."""
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+                formats: Mapping[str, Callable[[Any], str]] | None = None, headers: Mapping[str, str] | None = None) -> None:
+    """A plain-text table of `rows` on stdout, right-aligned columns; `formats` and `headers` per column
+    (default: `format_value` and the column's name)."""
     columns = list(columns or rows[0])
-    cells = [[format_value(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    formats, headers = formats or {}, headers or {}
+    titles = [headers.get(c, c) for c in columns]
+    cells = [[formats.get(c, format_value)(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(t), *(len(r[i]) for r in cells)) for i, t in enumerate(titles)]
+    print("  ".join(t.rjust(w) for t, w in zip(titles, widths)))
     for r in cells:
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
 

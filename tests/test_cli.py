@@ -210,3 +210,36 @@ def test_demo_says_what_the_sampling_loop_does(capsys):
     for block in (suspended, chained):
         assert block.count("answered by the hosted tool service: the loop resumes") == 2
         assert block.count("the model answered: the sampling loop ends") == 1
+
+
+def compare_printout(capsys, tmp_path, *options: str) -> str:
+    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
+    return capsys.readouterr().out
+
+
+def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    lines = printed.splitlines()
+    header = next(line for line in lines if "design" in line and "tok/s" in line)
+    assert header.split("  ") == [" design", "tok/s", "e2e p50 (s)", "vs http (x)", "TTFT p50 (ms)", "API (%)", "sent/turn (kB)"]
+    table = lines[lines.index(header): lines.index(header) + 3]
+    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
+    assert max(len(line) for line in table) <= 80
+    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
+    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
+    assert "suspension TTL" not in printed  # v1 did not run
+    assert "results cache" not in printed
+    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
+    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
+
+
+def test_compare_wide_prints_every_column_and_the_cached_share_legend(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "suspended", "--wide")
+    header = next(line for line in printed.splitlines() if "design" in line and "tok/s" in line)
+    assert header.split("  ")[-3:] == ["reasoning (%)", "searches/task", "calls/tool turn"]
+    assert "cached (%)" in header and "recv/turn (kB)" in header and "e2e p90 (s)" in header
+    assert "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache" in printed
+    assert "v1's default 300 s suspension TTL" in printed and "v1 suspension TTL" in printed

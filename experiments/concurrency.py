@@ -1,7 +1,7 @@
-"""Concurrency: 1,000 WebSocket sessions held by one server process (issue 10).
+"""Concurrency: 1,000 WebSocket sessions held by one server process.
 
 A thin wrapper over experiments/load.py (same server child process, same harness, same loss
-checks) with the issue's question: can one process hold N sessions with a per-turn server overhead
+checks) asking: can one process hold N sessions with a per-turn server overhead
 p99 under 20 ms and under 100 KB of server memory per session? Unlike load.py's default (every
 session starts at once and runs 0.2 s tools, which saturates the server: its overhead is queueing),
 sessions here start spread evenly over `--stagger` seconds and their tools take `--tool-seconds`

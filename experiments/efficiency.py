@@ -1,4 +1,4 @@
-"""Implementation efficiency: how close the testbed's real-time runs come to the physical limit (issue 10).
+"""Implementation efficiency: how close the testbed's real-time runs come to the physical limit.
 
 Each design runs the default (coding) workload in real time over loopback sockets with every modeled
 cost that is not inference or tool time set to zero: no RTT (netem.LOOPBACK), no modeled API stage

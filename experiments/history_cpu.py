@@ -1,5 +1,5 @@
 """Server CPU time per turn against history length: suspended, chained, chained with the cache's
-four switches off (issue 3, "Measure it").
+four switches off.
 
 The server runs in a child process with every modeled cost at zero and a decode rate high enough
 that real time is CPU time; the harness drives a fixed task whose history starts at H tokens, and

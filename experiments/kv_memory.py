@@ -1,4 +1,4 @@
-"""The cost of holding state (issue 9): engine KV memory under N concurrent agents, per design and
+"""The cost of holding state: engine KV memory under N concurrent agents, per design and
 retention policy.
 
 N agents start together, each running one task of the `compact` workload, over WebSocket

@@ -1,4 +1,4 @@
-"""Load: N concurrent sessions of each WebSocket design over real loopback sockets (issue 6).
+"""Load: N concurrent sessions of each WebSocket design over real loopback sockets.
 
 For each design (suspended v1, chained v2) and each N, a fresh server runs in a child process
 (`python -m prototype serve --costs zero`: no modeled API-stage cost, so what it spends is its own

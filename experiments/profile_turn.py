@@ -1,4 +1,4 @@
-"""Where a turn's real time goes beyond the model: one coding task in real time, split by cause (issue 20).
+"""Where a turn's real time goes beyond the model: one coding task in real time, split by cause.
 
 The same run as `experiments.efficiency` (task 0 of seed 0 of its preset, tool times x 0.01, loopback,
 RTT 0, API stage costs zero, deltas every 50 ms; server and client in this one process), done

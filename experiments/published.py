@@ -1,4 +1,4 @@
-"""Published results, side by side with the testbed (issue 5, docs/parameters.md §7).
+"""Published results, side by side with the testbed (docs/parameters.md §7).
 
 For each published figure this sets up the conditions behind it, runs the two designs it compares,
 and prints the published and the measured gain (gain = 1 - design/baseline, over the same tasks).

@@ -1,4 +1,4 @@
-"""Soak: a long-running `serve` stays flat (issue 15).
+"""Soak: a long-running `serve` stays flat.
 
 `python -m prototype serve` runs in a child process with the bounds of its per-conversation
 structures set small (`--engine-sessions`, `--render-cache-tokens`, `--kv-ttl`, `--max-records`), so that they are

@@ -1,4 +1,4 @@
-"""Streaming capacity: one server process streaming text deltas to N concurrent sessions (issue 10).
+"""Streaming capacity: one server process streaming text deltas to N concurrent sessions.
 
 A server runs in a child process (`serve --costs zero --flush-interval F [--flush-tokens K]`); this
 process opens N WebSocket sessions to it at once, and each sends one `response.create` whose answer

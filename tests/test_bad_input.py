@@ -35,6 +35,7 @@ from support import H11Client, make_server, receive, send, until
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
+from prototype.cli.serve import access_line
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import (
     CHAINED,
@@ -681,6 +682,11 @@ async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery
         assert headers["allow"] == "POST"
     if status == 401:
         assert headers["www-authenticate"] == "Bearer"
+    if case.method == "POST" and case.target == "/v1/responses" and case.raw is None and not case.closes:
+        # Every refused create is in the access log with its code, whether refused as it parsed or after.
+        refusal = server.records[-1]
+        assert refusal["outcome"] == f"error:{case.code}" and refusal["response_id"] is None
+        assert f" error:{case.code} " in access_line(refusal)
     if case.closes:
         assert await client.closed_by_server()
     else:  # the same connection serves a good request next

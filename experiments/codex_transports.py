@@ -1,4 +1,4 @@
-"""The real Codex CLI drives the testbed over v1 (suspended), v2 (chained) and HTTP (issue 16).
+"""The real Codex CLI drives the testbed over v1 (suspended), v2 (chained) and HTTP.
 
 `codex exec` (the `@openai/codex` npm package, pinned versions) runs one small task in a scratch
 Python project against `python -m prototype serve`, configured as a custom model provider in a

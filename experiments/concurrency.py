@@ -1,7 +1,7 @@
-"""Concurrency: 1,000 WebSocket sessions held by one server process (issue 10).
+"""Concurrency: 1,000 WebSocket sessions held by one server process.
 
 A thin wrapper over experiments/load.py (same server child process, same harness, same loss
-checks) with the issue's question: can one process hold N sessions with a per-turn server overhead
+checks) asking: can one process hold N sessions with a per-turn server overhead
 p99 under 20 ms and under 100 KB of server memory per session? Unlike load.py's default (every
 session starts at once and runs 0.2 s tools, which saturates the server: its overhead is queueing),
 sessions here start spread evenly over `--stagger` seconds and their tools take `--tool-seconds`
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prototype.cli.common import at_least, non_negative
+
 from . import load
 from .common import add_list, experiment_parser, print_table
 
@@ -24,12 +26,12 @@ KB_TARGET = 100.0
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--sessions", int, [1000], "concurrent sessions")
-    parser.add_argument("--turns", type=int, default=3, help="turns per rollout (default 3)")
-    parser.add_argument("--tool-seconds", type=float, default=20.0, help="client tool time per call in seconds (default 20)")
-    parser.add_argument("--stagger", type=float, default=20.0, help="spread the sessions' starts over this many seconds (default 20)")
+    add_list(parser, "--sessions", at_least(1), [1000], "concurrent sessions")
+    parser.add_argument("--turns", type=at_least(1), default=3, help="turns per rollout (default 3)")
+    parser.add_argument("--tool-seconds", type=non_negative(float), default=20.0, help="client tool time per call in seconds (default 20)")
+    parser.add_argument("--stagger", type=non_negative(float), default=20.0, help="spread the sessions' starts over this many seconds (default 20)")
     add_list(parser, "--designs", str, load.DESIGNS, "WebSocket designs to run", choices=list(load.DESIGNS))
-    add_list(parser, "--workers", int, [1], "server processes (serve --workers), each in turn")
+    add_list(parser, "--workers", at_least(1), [1], "server processes (serve --workers), each in turn")
     parser.add_argument("--csv", default="concurrency.csv", help="CSV file name in results/concurrency/<timestamp>/ (default concurrency.csv)")
     args = parser.parse_args(argv)
     rows = load.main([

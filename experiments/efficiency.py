@@ -1,4 +1,4 @@
-"""Implementation efficiency: how close the testbed's real-time runs come to the physical limit (issue 10).
+"""Implementation efficiency: how close the testbed's real-time runs come to the physical limit.
 
 Each design runs the default (coding) workload in real time over loopback sockets with every modeled
 cost that is not inference or tool time set to zero: no RTT (netem.LOOPBACK), no modeled API stage
@@ -29,6 +29,7 @@ import attrs
 from prototype import benchmark, metrics, netem, sweep, traces
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
+from prototype.cli.common import at_least, non_negative, positive
 
 from .common import add_list, experiment_parser, report
 
@@ -82,14 +83,14 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig) -> dict[str,
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    parser.add_argument("--tasks", type=int, default=1, help="compact tasks, seed 0, or a trace's first tasks (default 1)")
+    parser.add_argument("--tasks", type=at_least(1), default=1, help="compact tasks, seed 0, or a trace's first tasks (default 1)")
     parser.add_argument("--trace", help="run this trace's tasks (prototype/traces) instead of generated ones")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--tool-scale", type=float, default=0.01, help="multiply every tool time by this (default 0.01)")
-    parser.add_argument("--max-turns", type=int, default=None, help="cut each task to this many turns (default: all)")
-    add_list(parser, "--speeds", float, benchmark.DECODE_SPEEDS, "decode speeds in tokens/s")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed (default 0)")
+    parser.add_argument("--tool-scale", type=non_negative(float), default=0.01, help="multiply every tool time by this (default 0.01)")
+    parser.add_argument("--max-turns", type=at_least(1), default=None, help="cut each task to this many turns (default: all)")
+    add_list(parser, "--speeds", positive(float), benchmark.DECODE_SPEEDS, "decode speeds in tokens/s")
     add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run", choices=list(benchmark.ALL_DESIGNS))
-    parser.add_argument("--flush-interval", type=float, default=benchmark.BENCH_FLUSH_INTERVAL,
+    parser.add_argument("--flush-interval", type=non_negative(float), default=benchmark.BENCH_FLUSH_INTERVAL,
                         help=f"coalesce text deltas at most this often, in seconds (default {benchmark.BENCH_FLUSH_INTERVAL:g})")
     parser.add_argument("--csv", default="efficiency.csv", help="CSV file name in results/efficiency/<timestamp>/ (default efficiency.csv)")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Server CPU time per turn against history length: suspended, chained, chained with the cache's
-four switches off (issue 3, "Measure it").
+four switches off.
 
 The server runs in a child process with every modeled cost at zero and a decode rate high enough
 that real time is CPU time; the harness drives a fixed task whose history starts at H tokens, and
@@ -16,6 +16,7 @@ import statistics
 import trio
 
 from prototype import sweep
+from prototype.cli.common import at_least
 from prototype.client.connect import TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.workload import fixed
@@ -58,9 +59,9 @@ def measure(design: str, server_args: tuple[str, ...], histories: list[int], tur
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--histories", int, [1000, 8000, 32000, 131072], "history lengths in tokens")
-    parser.add_argument("--turns", type=int, default=20, help="turns per rollout (default 20)")
-    parser.add_argument("--rounds", type=int, default=3, help="rollouts per design and history length (default 3)")
+    add_list(parser, "--histories", at_least(1), [1000, 8000, 32000, 131072], "history lengths in tokens")
+    parser.add_argument("--turns", type=at_least(1), default=20, help="turns per rollout (default 20)")
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="rollouts per design and history length (default 3)")
     args = parser.parse_args(argv)
     rows = []
     results = sweep.measured(lambda config: measure(config[1], config[2], args.histories, args.turns, args.rounds), CONFIGS,

@@ -1,4 +1,4 @@
-"""The cost of holding state (issue 9): engine KV memory under N concurrent agents, per design and
+"""The cost of holding state: engine KV memory under N concurrent agents, per design and
 retention policy.
 
 N agents start together, each running one task of the `compact` workload, over WebSocket
@@ -42,6 +42,7 @@ import trio.testing
 from prototype import sweep
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, non_negative, positive
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.engine.engine import Engine
@@ -269,17 +270,17 @@ def read_rows(path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--agents", int, AGENTS, "concurrent agents")
+    add_list(parser, "--agents", at_least(1), AGENTS, "concurrent agents")
     add_list(parser, "--configs", str, CONFIGS, "design:policy runs, e.g. chained:ttl-300")
-    parser.add_argument("--turns", type=int, default=TURNS, help=f"turns per agent (default {TURNS})")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--scheduler-seed", type=int, default=0, help="seed of trio's order for tasks runnable at the same instant")
-    parser.add_argument("--budget", type=int, default=H100_8B_KV_BUDGET_TOKENS, help="GPU KV budget in tokens")
-    parser.add_argument("--host-budget", type=int, default=H100_8B_HOST_BUDGET_TOKENS, help="host KV budget in tokens")
-    parser.add_argument("--max-batch", type=int, default=VLLM_MAX_NUM_SEQS, help=f"sequences decoded at once (default {VLLM_MAX_NUM_SEQS}, vLLM's max_num_seqs)")
-    parser.add_argument("--swap-gbps", type=float, default=PCIE_BYTES_PER_S / 1e9, help=f"host link for KV swap in GB/s (default {PCIE_BYTES_PER_S / 1e9:g})")
-    parser.add_argument("--decode-tps", type=float, default=DECODE_TPS, help=f"decode tokens/s (default {DECODE_TPS:g})")
-    parser.add_argument("--flush", type=float, default=FLUSH_INTERVAL, help=f"delta coalescing interval in seconds (default {FLUSH_INTERVAL:g})")
+    parser.add_argument("--turns", type=at_least(1), default=TURNS, help=f"turns per agent (default {TURNS})")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed")
+    parser.add_argument("--scheduler-seed", type=non_negative(int), default=0, help="seed of trio's order for tasks runnable at the same instant")
+    parser.add_argument("--budget", type=at_least(1), default=H100_8B_KV_BUDGET_TOKENS, help="GPU KV budget in tokens")
+    parser.add_argument("--host-budget", type=non_negative(int), default=H100_8B_HOST_BUDGET_TOKENS, help="host KV budget in tokens")
+    parser.add_argument("--max-batch", type=at_least(1), default=VLLM_MAX_NUM_SEQS, help=f"sequences decoded at once (default {VLLM_MAX_NUM_SEQS}, vLLM's max_num_seqs)")
+    parser.add_argument("--swap-gbps", type=positive(float), default=PCIE_BYTES_PER_S / 1e9, help=f"host link for KV swap in GB/s (default {PCIE_BYTES_PER_S / 1e9:g})")
+    parser.add_argument("--decode-tps", type=positive(float), default=DECODE_TPS, help=f"decode tokens/s (default {DECODE_TPS:g})")
+    parser.add_argument("--flush", type=non_negative(float), default=FLUSH_INTERVAL, help=f"delta coalescing interval in seconds (default {FLUSH_INTERVAL:g})")
     parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/kv_memory/<timestamp>/ (default kv_memory)")
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV of results/kv_memory/latest/")
     sweep.add_arguments(parser)

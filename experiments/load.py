@@ -1,4 +1,4 @@
-"""Load: N concurrent sessions of each WebSocket design over real loopback sockets (issue 6).
+"""Load: N concurrent sessions of each WebSocket design over real loopback sockets.
 
 For each design (suspended v1, chained v2) and each N, a fresh server runs in a child process
 (`python -m prototype serve --costs zero`: no modeled API-stage cost, so what it spends is its own
@@ -60,6 +60,7 @@ import trio.testing
 from prototype import sweep
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, non_negative
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import (
     CHAINED,
@@ -380,16 +381,16 @@ def measure_run(run: LoadRun) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--sessions", int, [100, 1000], "concurrent sessions")
-    parser.add_argument("--turns", type=int, default=5, help="turns per rollout (default 5)")
+    add_list(parser, "--sessions", at_least(1), [100, 1000], "concurrent sessions")
+    parser.add_argument("--turns", type=at_least(1), default=5, help="turns per rollout (default 5)")
     add_list(parser, "--designs", str, DESIGNS, "WebSocket designs to run", choices=list(DESIGNS))
-    parser.add_argument("--prompt", type=int, default=1000, help="initial prompt tokens (default 1000)")
-    parser.add_argument("--appended", type=int, default=200, help="tool output tokens per turn (default 200)")
-    parser.add_argument("--output", type=int, default=50, help="output tokens per turn (default 50)")
-    parser.add_argument("--tool-seconds", type=float, default=0.2, help="client tool time per call (default 0.2)")
-    parser.add_argument("--stagger", type=float, default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
-    add_list(parser, "--workers", int, [1], "server processes (serve --workers), each value in turn")
-    parser.add_argument("--client-processes", type=int, default=4, help="client processes the sessions are spread over (default 4)")
+    parser.add_argument("--prompt", type=at_least(1), default=1000, help="initial prompt tokens (default 1000)")
+    parser.add_argument("--appended", type=non_negative(int), default=200, help="tool output tokens per turn (default 200)")
+    parser.add_argument("--output", type=at_least(1), default=50, help="output tokens per turn (default 50)")
+    parser.add_argument("--tool-seconds", type=non_negative(float), default=0.2, help="client tool time per call (default 0.2)")
+    parser.add_argument("--stagger", type=non_negative(float), default=0.0, help="spread the sessions' starts evenly over this many seconds (default 0: all at once)")
+    add_list(parser, "--workers", at_least(1), [1], "server processes (serve --workers), each value in turn")
+    parser.add_argument("--client-processes", type=at_least(1), default=4, help="client processes the sessions are spread over (default 4)")
     parser.add_argument("--csv", default="load.csv", help="CSV file name in results/<its stem>/<timestamp>/ (default load.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()

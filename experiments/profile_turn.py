@@ -1,4 +1,4 @@
-"""Where a turn's real time goes beyond the model: one coding task in real time, split by cause (issue 20).
+"""Where a turn's real time goes beyond the model: one coding task in real time, split by cause.
 
 The same run as `experiments.efficiency` (task 0 of seed 0 of its preset, tool times x 0.01, loopback,
 RTT 0, API stage costs zero, deltas every 50 ms; server and client in this one process), done
@@ -26,7 +26,6 @@ twice per design:
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -36,8 +35,9 @@ from typing import Any
 
 from prototype import benchmark, netem
 from prototype.api.costs import ZERO_COSTS
+from prototype.cli.common import at_least, non_negative, positive
 
-from .common import print_table, run_delay_seconds
+from .common import experiment_parser, print_table, run_delay_seconds
 from .efficiency import scaled_tasks
 
 POLICY = "policy+tokenizer"
@@ -206,12 +206,12 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig, top_n: int) 
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--speeds", type=float, nargs="+", default=[1000.0])
-    parser.add_argument("--designs", nargs="+", default=[benchmark.CHAINED, benchmark.SUSPENDED])
-    parser.add_argument("--tool-scale", type=float, default=0.01)
-    parser.add_argument("--max-turns", type=int, default=None)
-    parser.add_argument("--top", type=int, default=0, help="also print the N functions with the most own CPU")
+    parser = experiment_parser(__doc__)
+    parser.add_argument("--speeds", type=positive(float), nargs="+", default=[1000.0], help="decode speeds in tokens/s (default 1000)")
+    parser.add_argument("--designs", nargs="+", default=[benchmark.CHAINED, benchmark.SUSPENDED], help="designs to profile (default chained suspended)")
+    parser.add_argument("--tool-scale", type=non_negative(float), default=0.01, help="multiply every tool time by this (default 0.01)")
+    parser.add_argument("--max-turns", type=at_least(1), default=None, help="cut the task to this many turns (default: all)")
+    parser.add_argument("--top", type=non_negative(int), default=0, help="also print the N functions with the most own CPU")
     args = parser.parse_args(argv)
     tasks = scaled_tasks(1, 0, args.tool_scale, args.max_turns)
     config = benchmark.BenchConfig(

@@ -1,4 +1,4 @@
-"""Published results, side by side with the testbed (issue 5, docs/parameters.md §7).
+"""Published results, side by side with the testbed (docs/parameters.md §7).
 
 For each published figure this sets up the conditions behind it, runs the two designs it compares,
 and prints the published and the measured gain (gain = 1 - design/baseline, over the same tasks).
@@ -34,6 +34,7 @@ import numpy as np
 from prototype import benchmark, sweep
 from prototype import workload as wl
 from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT
+from prototype.cli.common import at_least, non_negative
 
 from .common import add_list, experiment_parser, print_table, run_dir, write_csv
 
@@ -194,9 +195,9 @@ def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = experiment_parser("Published results side by side with the testbed")
-    parser.add_argument("--tasks", type=int, default=5, help="tasks per generated condition (default 5)")
-    add_list(parser, "--rows", int, None, "run only these rows (indices; default all)")
-    parser.add_argument("--trend-turns", type=int, default=20, help="turns per task in the decode-speed direction check (default 20)")
+    parser.add_argument("--tasks", type=at_least(1), default=5, help="tasks per generated condition (default 5)")
+    add_list(parser, "--rows", non_negative(int), None, "run only these rows (indices; default all)")
+    parser.add_argument("--trend-turns", type=at_least(2), default=20, help="turns per task in the decode-speed direction check (default 20)")
     sweep.add_arguments(parser)
     args = parser.parse_args(argv)
     chosen = [row for i, row in enumerate(ROWS) if args.rows is None or i in args.rows]

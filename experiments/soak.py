@@ -1,4 +1,4 @@
-"""Soak: a long-running `serve` stays flat (issue 15).
+"""Soak: a long-running `serve` stays flat.
 
 `python -m prototype serve` runs in a child process with the bounds of its per-conversation
 structures set small (`--engine-sessions`, `--render-cache-tokens`, `--kv-ttl`, `--max-records`), so that they are
@@ -50,6 +50,7 @@ import trio.testing
 
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, checked, non_negative, positive
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from prototype.client.http import STATELESS, run_http_rollout
@@ -59,7 +60,7 @@ from prototype.netem.faults import LinkFaults
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import raise_fd_limit, report, rss_bytes
+from .common import experiment_parser, raise_fd_limit, report, rss_bytes
 from .load import lost_and_duplicated
 
 MODEL = "sim-100000"  # decoding is modeled as almost nothing: the server's own work dominates
@@ -206,12 +207,12 @@ async def soak(server: Server, refs: dict[str, RolloutRecord], args: argparse.Na
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=240.0, help="real time the clients run (default 240)")
-    parser.add_argument("--concurrency", type=int, default=12, help="clients at once (default 12)")
-    parser.add_argument("--sample", type=float, default=10.0, help="seconds between samples (default 10)")
-    parser.add_argument("--warmup", type=float, default=0.25, help="share of the run counted as warm-up (default 0.25)")
-    parser.add_argument("--rss-growth-mb", type=float, default=16.0, help="most RSS may grow after the warm-up, MB (default 16)")
+    parser = experiment_parser(__doc__)
+    parser.add_argument("--seconds", type=positive(float), default=240.0, help="real time the clients run (default 240)")
+    parser.add_argument("--concurrency", type=at_least(1), default=12, help="clients at once (default 12)")
+    parser.add_argument("--sample", type=positive(float), default=10.0, help="seconds between samples (default 10)")
+    parser.add_argument("--warmup", type=checked(float, lambda share: 0 <= share < 1, "at least 0 and below 1"), default=0.25, help="share of the run counted as warm-up (default 0.25)")
+    parser.add_argument("--rss-growth-mb", type=non_negative(float), default=16.0, help="most RSS may grow after the warm-up, MB (default 16)")
     parser.add_argument("--csv", default="soak.csv", help="file name under results/ (default soak.csv)")
     parser.add_argument("--faults", action="store_true", help="break the clients' connections; the clients reconnect")
     parser.add_argument("--drops-per-hour", type=float, default=3600.0,

@@ -37,6 +37,7 @@ import trio.testing
 from prototype import netem
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, non_negative, positive
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import (
     CHAINED,
@@ -207,11 +208,11 @@ def run_one(alternative: str, *, after: int, tool_seconds: float, output_tokens:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--after", int, [50, 250], "tokens of the message streamed before the steer")
-    parser.add_argument("--output-tokens", type=int, default=300, help="tokens of each message (default 300)")
-    parser.add_argument("--tool-seconds", type=float, default=2.0, help="client tool time per call in seconds (default 2)")
-    parser.add_argument("--tps", type=int, default=1000, help="decode tokens/s (default 1000)")
-    parser.add_argument("--rtt-ms", type=float, default=20.0, help="network round-trip time in ms (default 20)")
+    add_list(parser, "--after", non_negative(int), [50, 250], "tokens of the message streamed before the steer")
+    parser.add_argument("--output-tokens", type=at_least(1), default=300, help="tokens of each message (default 300)")
+    parser.add_argument("--tool-seconds", type=non_negative(float), default=2.0, help="client tool time per call in seconds (default 2)")
+    parser.add_argument("--tps", type=positive(int), default=1000, help="decode tokens/s (default 1000)")
+    parser.add_argument("--rtt-ms", type=non_negative(float), default=20.0, help="network round-trip time in ms (default 20)")
     add_list(parser, "--alternatives", str, ALTERNATIVES, "alternatives to time", choices=list(ALTERNATIVES))
     parser.add_argument("--csv", default="steering.csv", help="CSV file name in results/steering/<timestamp>/ (default steering.csv)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Streaming capacity: one server process streaming text deltas to N concurrent sessions (issue 10).
+"""Streaming capacity: one server process streaming text deltas to N concurrent sessions.
 
 A server runs in a child process (`serve --costs zero --flush-interval F [--flush-tokens K]`); this
 process opens N WebSocket sessions to it at once, and each sends one `response.create` whose answer
@@ -60,6 +60,7 @@ import trio.testing
 from prototype import sweep
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, non_negative, positive
 from prototype.client.connect import Connector, InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, RolloutRecord, run_websocket_rollout
 from prototype.clock import PreciseClock
@@ -274,14 +275,14 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    parser.add_argument("--sessions", type=int, default=100, help="concurrent sessions (default 100)")
-    parser.add_argument("--tps", type=float, default=4000.0, help="decode tokens/s of each concurrent session (default 4000)")
-    parser.add_argument("--single-tps", type=float, default=4000.0, help="decode tokens/s of the lone session (default 4000)")
-    parser.add_argument("--prompt", type=int, default=100, help="prompt tokens (default 100)")
-    parser.add_argument("--output", type=int, default=8000, help="output tokens per session (default 8000)")
-    add_list(parser, "--flush-intervals", float, [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
-    add_list(parser, "--flush-tokens", int, [0], "most tokens per delta (0: no bound)")
-    parser.add_argument("--client-processes", type=int, default=4, help="processes the N sessions are spread over (default 4)")
+    parser.add_argument("--sessions", type=at_least(1), default=100, help="concurrent sessions (default 100)")
+    parser.add_argument("--tps", type=positive(float), default=4000.0, help="decode tokens/s of each concurrent session (default 4000)")
+    parser.add_argument("--single-tps", type=positive(float), default=4000.0, help="decode tokens/s of the lone session (default 4000)")
+    parser.add_argument("--prompt", type=at_least(1), default=100, help="prompt tokens (default 100)")
+    parser.add_argument("--output", type=at_least(1), default=8000, help="output tokens per session (default 8000)")
+    add_list(parser, "--flush-intervals", non_negative(float), [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
+    add_list(parser, "--flush-tokens", non_negative(int), [0], "most tokens per delta (0: no bound)")
+    parser.add_argument("--client-processes", type=at_least(1), default=4, help="processes the N sessions are spread over (default 4)")
     parser.add_argument("--csv", default="streaming.csv", help="CSV file name in results/streaming/<timestamp>/ (default streaming.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()

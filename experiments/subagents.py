@@ -38,6 +38,7 @@ import trio.testing
 from prototype import netem
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
+from prototype.cli.common import at_least, non_negative, positive
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from prototype.client.inject import run_injected_subagents
@@ -136,12 +137,12 @@ def real_memory(arrangement: str, n: int, *, turns: int) -> float:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    add_list(parser, "--agents", int, [2, 4, 8, 16, 32], "concurrent subagents")
-    parser.add_argument("--turns", type=int, default=6, help="turns per subagent task (default 6)")
-    parser.add_argument("--output-tokens", type=int, default=300, help="output tokens per response (default 300)")
-    parser.add_argument("--tool-seconds", type=float, default=2.0, help="client tool time per call in seconds (default 2)")
-    parser.add_argument("--tps", type=int, default=1000, help="decode tokens/s (default 1000)")
-    parser.add_argument("--rtt-ms", type=float, default=20.0, help="network round-trip time in ms (default 20)")
+    add_list(parser, "--agents", at_least(1), [2, 4, 8, 16, 32], "concurrent subagents")
+    parser.add_argument("--turns", type=at_least(1), default=6, help="turns per subagent task (default 6)")
+    parser.add_argument("--output-tokens", type=at_least(1), default=300, help="output tokens per response (default 300)")
+    parser.add_argument("--tool-seconds", type=non_negative(float), default=2.0, help="client tool time per call in seconds (default 2)")
+    parser.add_argument("--tps", type=positive(int), default=1000, help="decode tokens/s (default 1000)")
+    parser.add_argument("--rtt-ms", type=non_negative(float), default=20.0, help="network round-trip time in ms (default 20)")
     parser.add_argument("--no-rss", dest="rss", action="store_false", help="skip the real-time memory part")
     add_list(parser, "--arrangements", str, ARRANGEMENTS, "arrangements to run", choices=list(ARRANGEMENTS))
     parser.add_argument("--csv", default="subagents.csv", help="CSV file name in results/subagents/<timestamp>/ (default subagents.csv)")

@@ -14,6 +14,7 @@ import statistics
 
 from prototype import benchmark, sweep
 from prototype import workload as wl
+from prototype.cli.common import at_least, positive
 
 from .common import add_list, experiment_parser, report
 
@@ -37,9 +38,9 @@ def both_clocks(run: benchmark.DesignRun) -> dict:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = experiment_parser("virtual vs real time on a small configuration")
-    parser.add_argument("--tasks", type=int, default=2, help="tasks per design (default 2)")
-    parser.add_argument("--turns", type=int, default=3, help="turns per task (default 3)")
-    parser.add_argument("--tps", type=float, default=1000.0, help="decode tokens/s (default 1000)")
+    parser.add_argument("--tasks", type=at_least(1), default=2, help="tasks per design (default 2)")
+    parser.add_argument("--turns", type=at_least(1), default=3, help="turns per task (default 3)")
+    parser.add_argument("--tps", type=positive(float), default=1000.0, help="decode tokens/s (default 1000)")
     add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run", choices=list(benchmark.ALL_DESIGNS))
     args = parser.parse_args(argv)
     config = small_config(args.tasks, args.turns)

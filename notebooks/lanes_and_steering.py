@@ -35,8 +35,10 @@ RTT_MS = 20.0
 # %%
 import matplotlib.pyplot as plt
 
-from experiments import steering, subagents
 from prototype import notebook
+
+notebook.add_repo_to_path()  # `experiments` imports from any working directory
+from experiments import steering, subagents
 
 if notebook.notebook_test_mode():
     AGENTS, TURNS, AFTER_TOKENS = [2], 2, [50]

@@ -88,12 +88,16 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
-    """A plain-text table of `rows` on stdout, right-aligned columns."""
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+                formats: Mapping[str, Callable[[Any], str]] | None = None, headers: Mapping[str, str] | None = None) -> None:
+    """A plain-text table of `rows` on stdout, right-aligned columns; `formats` and `headers` per column
+    (default: `format_value` and the column's name)."""
     columns = list(columns or rows[0])
-    cells = [[format_value(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    formats, headers = formats or {}, headers or {}
+    titles = [headers.get(c, c) for c in columns]
+    cells = [[formats.get(c, format_value)(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(t), *(len(r[i]) for r in cells)) for i, t in enumerate(titles)]
+    print("  ".join(t.rjust(w) for t, w in zip(titles, widths)))
     for r in cells:
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
 
@@ -143,7 +147,8 @@ def state_table(records: Sequence[RolloutRecord]) -> list[dict[str, Any]]:
 def sweep_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
     """One row per (swept value, design): mean and p50 end-to-end time per task, speed-up over http
     at the same value (ratio of total times), per-turn TTFT p50, and per turn: API work, model time
-    (queue, prefill, decode), hosted and client tool time, network + client time."""
+    (queue, prefill, decode), prefill alone, hosted and client tool time, network + client time; the share of
+    input tokens found in the prefix cache."""
     groups: dict[tuple[Any, str], list[Mapping[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row[key], row["design"]), []).append(row)
@@ -168,6 +173,8 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, A
             "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
             "api_s_per_turn": per_turn(API_OVERHEAD_PHASES),
             "model_s_per_turn": per_turn((metrics.QUEUE, metrics.PREFILL, metrics.DECODE)),
+            "prefill_s_per_turn": per_turn((metrics.PREFILL,)),
+            "cached_share": benchmark._ratio(group, "cached_tokens", "input_tokens"),
             "decode_s_per_turn": per_turn((metrics.DECODE,)),
             "tool_s_per_turn": per_turn((TOOL, metrics.HOSTED_TOOL)),
             "network_s_per_turn": per_turn((NETWORK_CLIENT,)),

@@ -280,7 +280,7 @@ def task_row(design: str, decode_tps: float, record: RolloutRecord) -> dict[str,
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (design, speed): e2e p50/p90 per task, speed-up vs http (ratio of mean e2e over
     the same tasks), per-turn TTFT p50, API overhead share of wall time, bytes sent and received per
-    turn (docs/metrics.md), the share of input tokens found in the prefix cache, and what the tasks
+    turn over all the tasks' turns (docs/metrics.md), the share of input tokens found in the prefix cache, and what the tasks
     did: reasoning's share of output tokens, hosted web searches per task, client calls per turn
     that ended in calls (parallel calls push it above 1)."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -300,8 +300,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "speedup_vs_http": float(sum(r["e2e_s"] for r in http) / e2e.sum()) if http else float("nan"),
             "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
             "api_overhead_share": float(sum(r["api_overhead_s"] for r in group) / e2e.sum()),
-            "bytes_sent_per_turn": float(np.mean([r["bytes_sent_per_turn"] for r in group])),
-            "bytes_received_per_turn": float(np.mean([r["bytes_received_per_turn"] for r in group])),
+            # Every turn weighs the same (all the tasks' bytes over all their turns), as in the compare figure.
+            "bytes_sent_per_turn": _per_turn(group, "bytes_sent_per_turn"),
+            "bytes_received_per_turn": _per_turn(group, "bytes_received_per_turn"),
             "cached_share": _ratio(group, "cached_tokens", "input_tokens"),
             "reasoning_share": _ratio(group, "reasoning_tokens", "output_tokens"),
             "web_searches_per_task": float(np.mean([r.get("web_searches", 0) for r in group])),
@@ -318,6 +319,10 @@ def _describe_policy(policy: ReconnectPolicy) -> str:
         return f"{policy.name}: never"
     return (f"{policy.name}: {policy.max_retries} retries, backoff {policy.initial_delay:g} s x{policy.backoff_factor:g}"
             + (" then HTTP" if policy.fallback_to_http else ""))
+def _per_turn(group: Sequence[dict[str, Any]], key: str) -> float:
+    """A per-task per-turn mean, over all the group's turns: sum(mean * turns) / sum(turns)."""
+    turns = sum(r["turns"] for r in group)
+    return float(sum(r[key] * r["turns"] for r in group) / turns) if turns else float("nan")
 
 
 def _ratio(group: Sequence[dict[str, Any]], part: str, whole: str) -> float:

@@ -68,7 +68,7 @@ class PhaseLog:
         }
 
 
-# --- client records: which client spoke and how it used the protocol (issue 7) -------------------
+# --- client records: which client spoke and how it used the protocol -------------------
 
 # Records a server keeps (`ResponsesServer.records`), oldest dropped first.
 MAX_CLIENT_RECORDS = 10_000

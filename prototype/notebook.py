@@ -3,7 +3,8 @@
 * `notebook_test_mode()`: TESTBED_NOTEBOOK_TEST shrinks every notebook to a smoke test;
 * `add_repo_to_path()`: `experiments` imports from any working directory;
 * `results_path(name)`: the results folder, as experiments/common.py;
-* `execute_notebook(path)` and `python -m prototype.notebook notebooks/*.py`: run notebooks headless.
+* `execute_notebook(path)` and `python -m prototype.notebook notebooks/*.py`: run notebooks headless, each in its
+  own folder as Jupyter does (`run_notebook(nb, folder)`: in any folder).
 
 The notebooks' grids go through the sweep runner (prototype/sweep.py), their tables and sentences
 come from prototype/analysis.py and their figures from prototype/figures.py.
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,23 +46,38 @@ def results_path(name: str = "") -> Path:
     return folder / name if name else folder
 
 
+def run_notebook(nb: Any, folder: str | Path, *, timeout: float = 600.0) -> None:
+    """Execute the notebook `nb` (nbformat) in a fresh `python3` kernel of this environment, with `folder` as its
+    working directory. The kernel talks over Unix sockets in a private temporary folder (ZeroMQ's IPC transport)
+    rather than TCP on localhost: nothing leaves the machine's file system, and ipykernel has no reason for its
+    "running over TCP without encryption" warning. Raises nbclient's CellExecutionError when a cell fails."""
+    import tempfile
+
+    import nbclient
+    from traitlets.config import Config
+
+    with tempfile.TemporaryDirectory(prefix="kernel-") as sockets:
+        # Applies to the AsyncKernelManager nbclient creates (and shuts down) for this run.
+        config = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "ipc")}})
+        nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", config=config,
+                                resources={"metadata": {"path": str(folder)}}).execute()
+
+
 def execute_notebook(path: str | Path, output: str | Path | None = None, *, timeout: float = 600.0) -> float:
     """Run a jupytext notebook (py:percent) top to bottom in a fresh `python3` kernel of this
-    environment, with the repository as working directory, and write the executed notebook to
-    `output` (default: the results folder, <name>.ipynb). Returns the wall time in seconds. Needs
-    the test extra (jupytext, nbclient, ipykernel). Raises nbclient's CellExecutionError when a
-    cell fails."""
+    environment, with the notebook's own folder as working directory (as Jupyter runs it), and write
+    the executed notebook to `output` (default: the results folder, <name>.ipynb). Returns the wall
+    time in seconds. Needs the test extra (jupytext, nbclient, ipykernel). Raises nbclient's
+    CellExecutionError when a cell fails."""
     import time
 
     import jupytext
-    import nbclient
     import nbformat
 
     path = Path(path)
     nb = jupytext.read(path)
     started = time.perf_counter()
-    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO)}}).execute()
+    run_notebook(nb, path.resolve().parent, timeout=timeout)
     seconds = time.perf_counter() - started
     nbformat.write(nb, str(output or results_path(f"{path.stem}.ipynb")))
     return seconds
@@ -80,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["REPO", "add_repo_to_path", "execute_notebook", "main", "notebook_test_mode", "results_path"]
+__all__ = ["REPO", "add_repo_to_path", "execute_notebook", "main", "notebook_test_mode", "results_path", "run_notebook"]
 
 
 if __name__ == "__main__":

@@ -48,11 +48,12 @@ from typing import Any
 
 import attrs
 
+from .cli.common import at_least
+
 CACHE_ENV = "TESTBED_CACHE"
 REPO = Path(__file__).resolve().parent.parent
 # Bumped when the key or the stored format changes.
 CACHE_FORMAT = 1
-
 
 # --- what a run is -----------------------------------------------------------------------------
 
@@ -374,7 +375,7 @@ def executor_for(cluster: str | None = None, jobs: int | None = None, in_process
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sweep runner")
-    group.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core; 1: in this process)")
+    group.add_argument("--jobs", type=at_least(1), default=None, help="parallel runs (default: one per core; 1: in this process)")
     group.add_argument("--in-process", action="store_true", help="run the grid in this process, one run at a time")
     group.add_argument("--cluster", default=None, metavar="ADDRESS",
                        help="run on Dask: a scheduler address (tcp://host:8786) or 'local' for a LocalCluster")

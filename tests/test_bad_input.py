@@ -35,6 +35,7 @@ from support import H11Client, make_server, receive, send, until
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
+from prototype.cli.serve import access_line
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import (
     CHAINED,
@@ -232,6 +233,15 @@ CORPUS: list[Bad] = [
     Bad("task not a number", create(metadata=meta(testbed_task="x")), errors.INVALID_VALUE, "metadata.testbed_task", stage="turn", setup="fresh"),
     Bad("decode rate zero", create(metadata=meta(testbed_decode_tps="0")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
     Bad("decode rate not a number", create(metadata=meta(testbed_decode_tps="fast")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
+    # What the API requires or restricts: a model; a tool type and a tool_choice type it knows, matched exactly; a
+    # sim-<N> name with a usable rate (a 400, never a 500).
+    Bad("no model", create(model=DROP), errors.MISSING_REQUIRED_PARAMETER, "model"),
+    Bad("tool type misspelled", create(tools=[{"type": "functon", "name": "run_tests"}]), errors.INVALID_VALUE, "tools[0].type"),
+    Bad("tool_choice type a prefix of a tool's", create(tools=[{"type": "web_search"}], tool_choice={"type": "web"}), errors.INVALID_VALUE, "tool_choice.type"),
+    Bad("tool_choice type empty", create(tools=[{"type": "web_search"}], tool_choice={"type": ""}), errors.INVALID_VALUE, "tool_choice.type"),
+    Bad("model sim-0", create(model="sim-0"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
+    Bad("model sim-0.0", create(model="sim-0.0"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
+    Bad("model sim-N above the fastest rate", create(model="sim-10000000"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
     # --- bad state on v2 (these are turns: they empty the cache slot) ---------------------------------
     Bad("workload unknown mid-chain", create(previous_response_id=PREV, input=[output()], metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", designs=(CHAINED,), stage="turn"),
     Bad("unknown previous_response_id", create(previous_response_id="resp_unknown", input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn"),
@@ -588,6 +598,13 @@ HTTP_CORPUS = [
     BadHttp("body with unknown previous_response_id", 400, "previous_response_not_found", "previous_response_id", body=good_body(input=[], previous_response_id="resp_nope")),
     BadHttp("stream a string", 400, "invalid_type", "stream", body=good_body(stream="yes")),
     BadHttp("metadata value a number", 400, "invalid_type", "metadata.k", body=good_body(metadata={"k": 1})),
+    BadHttp("body without model", 400, "missing_required_parameter", "model", body=good_body(model=DROP)),
+    BadHttp("tool type misspelled", 400, "invalid_value", "tools[0].type", body=good_body(tools=[{"type": "functon", "name": "f"}])),
+    BadHttp("tool_choice type a prefix", 400, "invalid_value", "tool_choice.type", body=good_body(tools=[{"type": "web_search_preview"}], tool_choice={"type": "web"})),
+    BadHttp("tool_choice type empty", 400, "invalid_value", "tool_choice.type", body=good_body(tools=[{"type": "web_search"}], tool_choice={"type": ""})),
+    BadHttp("model sim-0", 400, "invalid_value", "model", body=good_body(model="sim-0")),
+    BadHttp("model sim-0 streamed", 400, "invalid_value", "model", body=good_body(model="sim-0", stream=True)),
+    BadHttp("GET a sim-<N> model with no usable rate", 404, "model_not_found", "model", method="GET", target="/v1/models/sim-0", body=b""),
     BadHttp("declared body over the limit", 413, "request_too_large", raw=_raw_head(MAX_MESSAGE + 1), closes=True),
     BadHttp("sent body over the limit", 413, "request_too_large", body=b" " * (MAX_MESSAGE + 1), closes=True),
     BadHttp("chunked body over the limit", 413, "request_too_large", raw=_raw_head(0, "").replace(b"content-length: 0\r\n", b"transfer-encoding: chunked\r\n") + b"".join(b"%x\r\n%s\r\n" % (4096, b" " * 4096) for _ in range(17)), closes=True),
@@ -665,6 +682,11 @@ async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery
         assert headers["allow"] == "POST"
     if status == 401:
         assert headers["www-authenticate"] == "Bearer"
+    if case.method == "POST" and case.target == "/v1/responses" and case.raw is None and not case.closes:
+        # Every refused create is in the access log with its code, whether refused as it parsed or after.
+        refusal = server.records[-1]
+        assert refusal["outcome"] == f"error:{case.code}" and refusal["response_id"] is None
+        assert f" error:{case.code} " in access_line(refusal)
     if case.closes:
         assert await client.closed_by_server()
     else:  # the same connection serves a good request next

@@ -25,6 +25,7 @@ from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.cancel import ResponseCancelled, cancellable
 from prototype.designs.emitter import Emitter
+from prototype.protocol import errors
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.response import Response
 from prototype.server import routes
@@ -447,12 +448,16 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
 
 def test_model_objects_name_the_profile_a_name_selects() -> None:
     assert retrieval.model_list() == {"object": "list", "data": [
-        {"id": "flagship", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
-        {"id": "spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
-        {"id": "spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
+        {"id": "gpt-5.4", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
+        {"id": "gpt-5.3-codex-spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
+        {"id": "gpt-5.3-codex-spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
     ]}
-    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("gpt-5.3-codex-spark", 1000.0), ("gpt-5.4", 65.0)):
+    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("spark", 1000.0), ("flagship", 65.0), ("sim-0.5", 0.5)):
         assert retrieval.model_object(name)["testbed_decode_tokens_per_s"] == rate
+    for name in ("sim-0", "sim-0.0", "sim-10000000"):  # no usable rate: what response.create refuses is not found
+        with pytest.raises(errors.ProtocolError) as caught:
+            retrieval.model_object(name)
+        assert (caught.value.status, caught.value.code, caught.value.param) == (404, "model_not_found", "model")
 
 
 # --- openai-python against a real socket ---------------------------------------------------------------
@@ -534,7 +539,7 @@ async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     assert [item.type for item in asc] == context
     assert [item.id for item in first.output] == [item.id for item in asc[1:-1]]
     assert out["items_desc"] == [item.id for item in asc][::-1]
-    assert [m.id for m in out["models"]] == ["flagship", "spark", "spark-burst"]
+    assert [m.id for m in out["models"]] == ["gpt-5.4", "gpt-5.3-codex-spark", "gpt-5.3-codex-spark-burst"]
     model = out["model"]
     assert isinstance(model, Model) and (model.id, model.object, model.owned_by) == ("sim-1234", "model", "testbed")
     assert model.model_dump()["testbed_decode_tokens_per_s"] == 1234.0
@@ -562,7 +567,7 @@ def test_openai_sdk_against_python_m_prototype_serve(cli_server) -> None:
     assert client.responses.retrieve(response.id).output_text == response.output_text
     assert [item.type for item in client.responses.input_items.list(response.id)] == ["message"]
     assert client.models.retrieve("spark").model_dump()["testbed_decode_tokens_per_s"] == 1000.0
-    assert "flagship" in [m.id for m in client.models.list()]
+    assert "gpt-5.4" in [m.id for m in client.models.list()]
     client.responses.delete(response.id)
     with pytest.raises(NotFoundError):
         client.responses.input_items.list(response.id)

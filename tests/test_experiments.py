@@ -79,3 +79,15 @@ def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
         assert row["ratio_real_over_virtual"] == row["real_e2e_s"] / row["virtual_e2e_s"]
     printed = capsys.readouterr().out
     assert all(f"{row['ratio_real_over_virtual']:.3f}" in printed for row in rows), printed
+
+
+def test_the_table_weighs_bytes_per_turn_by_turn_as_the_figure_does():
+    from prototype import benchmark
+
+    def row(turns: int, sent: float) -> dict:
+        return {"design": "http", "decode_tps": 1000.0, "e2e_s": 1.0, "ttft_s": [0.1], "api_overhead_s": 0.0, "turns": turns,
+                "bytes_sent_per_turn": sent, "bytes_received_per_turn": 2 * sent}
+
+    (summary,) = benchmark.summarize([row(1, 1000.0), row(3, 5000.0)])
+    # (1 x 1000 + 3 x 5000) / 4 turns, not the mean of the two tasks' means (3000).
+    assert (summary["bytes_sent_per_turn"], summary["bytes_received_per_turn"]) == (4000.0, 8000.0)

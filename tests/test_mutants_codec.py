@@ -25,11 +25,11 @@ def refusal(frame: str | bytes) -> tuple[str, str, str | None]:
 
 def test_create_is_parsed_as_a_websocket_body() -> None:
     """`stream_id` (a lane) is accepted on WebSocket only, so the create body is read as one."""
-    event = codec.decode_client_event('{"type": "response.create", "input": "hi", "stream_id": "lane-1.a"}')
+    event = codec.decode_client_event('{"type": "response.create", "model": "m", "input": "hi", "stream_id": "lane-1.a"}')
     assert isinstance(event, ResponseCreate)
     assert event.request.stream_id == "lane-1.a"
     assert event.request.input == parse_input("hi")
-    assert refusal('{"type": "response.create", "input": "hi", "stream_id": "bad lane"}') == (
+    assert refusal('{"type": "response.create", "model": "m", "input": "hi", "stream_id": "bad lane"}') == (
         errors.INVALID_VALUE, "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", "stream_id"
     )
 
@@ -125,7 +125,7 @@ def test_a_long_digit_run_still_gets_the_unicode_check() -> None:
 def test_a_text_frame_with_a_raw_lone_surrogate_raises_only_protocol_errors() -> None:
     """A WebSocket text frame is valid UTF-8, so a raw lone surrogate cannot arrive that way; called
     directly, the decoder still raises nothing but ProtocolError (docs/protocol.md §5.6)."""
-    for frame in ('{"type": "response.create", "input": "a\ud800b"}', '{"type": "response.create", "input": "a\ud800b", "n": 12345678901234567890}'):
+    for frame in ('{"type": "response.create", "model": "m", "input": "a\ud800b"}', '{"type": "response.create", "model": "m", "input": "a\ud800b", "n": 12345678901234567890}'):
         try:
             codec.decode_client_event(frame)
         except ProtocolError as exc:
@@ -194,14 +194,14 @@ def test_a_refused_body_gets_its_code_message_and_param(case: Refused) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"input": "x", "background": False},
-        {"previous_response_id": "resp_1"},
-        {"previous_response_id": "resp_1", "input": []},
-        {"generate": False},
-        {"generate": False, "input": None},
-        {"input": "x", "metadata": {str(i): "v" for i in range(16)}},
-        {"input": "x", "metadata": {"k" * 64: "v" * 512}},
-        {"input": "x", "conversation": None, "prompt": None, "stream_id": None},
+        {"model": "m", "input": "x", "background": False},
+        {"model": "m", "previous_response_id": "resp_1"},
+        {"model": "m", "previous_response_id": "resp_1", "input": []},
+        {"model": "m", "generate": False},
+        {"model": "m", "generate": False, "input": None},
+        {"model": "m", "input": "x", "metadata": {str(i): "v" for i in range(16)}},
+        {"model": "m", "input": "x", "metadata": {"k" * 64: "v" * 512}},
+        {"model": "m", "input": "x", "conversation": None, "prompt": None, "stream_id": None},
     ],
 )
 def test_bodies_at_the_limits_are_accepted(body: dict[str, Any]) -> None:
@@ -217,15 +217,27 @@ def test_a_body_is_read_as_a_post_body_unless_told_otherwise() -> None:
 
 
 def test_defaults_of_a_minimal_body() -> None:
-    request = codec.parse_create_body({"input": "hi"})
-    assert (request.model, request.input, request.instructions, request.tools) == ("gpt-5.4", parse_input("hi"), None, ())
+    request = codec.parse_create_body({"model": "m", "input": "hi"})
+    assert (request.model, request.input, request.instructions, request.tools) == ("m", parse_input("hi"), None, ())
     assert (request.tool_choice, request.parallel_tool_calls, request.previous_response_id) == ("auto", True, None)
     assert (request.store, request.generate, request.max_output_tokens, request.metadata) == (True, True, None, {})
     assert (request.temperature, request.top_p, request.stream, request.stream_id) == (None, None, False, None)
     assert (request.extra_keys, request.include, request.reasoning) == ((), (), None)
     # Explicit nulls are the defaults too.
-    nulls = {key: None for key in ("model", "tools", "tool_choice", "parallel_tool_calls", "store", "stream", "generate", "metadata", "include")}
-    assert codec.parse_create_body({"input": "hi", **nulls}) == request
+    nulls = {key: None for key in ("tools", "tool_choice", "parallel_tool_calls", "store", "stream", "generate", "metadata", "include")}
+    assert codec.parse_create_body({"model": "m", "input": "hi", **nulls}) == request
+
+
+@pytest.mark.parametrize("model", [None, ""])
+def test_a_body_without_a_model_is_refused_after_its_other_faults(model: str | None) -> None:
+    body = {"input": "hi", **({} if model is None else {"model": model})}
+    with pytest.raises(ProtocolError) as caught:
+        codec.parse_create_body(body)
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'model'.", "model")
+    with pytest.raises(ProtocolError) as caught:  # every other check comes first, the metadata's included
+        codec.parse_create_body({**body, "metadata": {"k": 1}})
+    assert caught.value.param == "metadata.k"
 
 
 def test_every_field_of_a_full_body_is_kept() -> None:
@@ -251,9 +263,9 @@ def test_every_field_of_a_full_body_is_kept() -> None:
 
 
 def test_a_non_function_tool_keeps_a_name_only_if_it_is_a_string() -> None:
-    (tool,) = codec.parse_create_body({"input": "x", "tools": [{"type": "custom", "name": 5}]}).tools
+    (tool,) = codec.parse_create_body({"model": "m", "input": "x", "tools": [{"type": "custom", "name": 5}]}).tools
     assert (tool.type, tool.name, tool.parameters) == ("custom", None, None)
-    (tool,) = codec.parse_create_body({"input": "x", "tools": [{"type": "custom", "name": "grammar"}]}).tools
+    (tool,) = codec.parse_create_body({"model": "m", "input": "x", "tools": [{"type": "custom", "name": "grammar"}]}).tools
     assert tool.name == "grammar"
 
 

@@ -269,8 +269,8 @@ def test_a_conversation_is_keyed_by_its_first_item() -> None:
 
 
 def test_the_variant_follows_previous_response_id() -> None:
-    assert http_design.variant_of(parse_create_body({"input": "x"})) == "stateless"
-    assert http_design.variant_of(parse_create_body({"input": "x", "previous_response_id": "resp_1"})) == "stored"
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x"})) == "stateless"
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})) == "stored"
 
 
 async def test_only_the_key_that_created_a_running_turn_can_cancel_it(autojump_clock, nursery) -> None:

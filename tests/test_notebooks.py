@@ -1,9 +1,13 @@
 """The notebooks (notebooks/*.py, jupytext py:percent) execute top to bottom in test mode.
 
 Each is converted with jupytext and run cell by cell in a fresh `python3` kernel (ipykernel from
-this environment) by nbclient, with TESTBED_NOTEBOOK_TEST=1 so it shrinks to a smoke test and
-TESTBED_RESULTS pointing at a temporary folder so nothing is written into the repository. Any cell
-that raises fails the test, with the cell's traceback in the message.
+this environment) by nbclient (prototype/notebook.py `run_notebook`), with TESTBED_NOTEBOOK_TEST=1
+so it shrinks to a smoke test and TESTBED_RESULTS pointing at a temporary folder so nothing is
+written into the repository. Each runs twice: in its own folder, as Jupyter starts it, and in the
+repository root. The kernel finds `prototype` as an installed package would be found (a folder on
+PYTHONPATH holding only `prototype`), so a notebook that imports `experiments` before putting the
+repository on the path fails here as it fails for a user. Any cell that raises fails the test, with
+the cell's traceback in the message.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import pathlib
 
 import jupytext
-import nbclient
 import pytest
 from nbclient.exceptions import CellExecutionError
 
@@ -24,22 +27,27 @@ def test_the_three_notebooks_are_there():
     assert {p.stem for p in NOTEBOOKS} >= {"hosted_tool_analogy", "latency_experiments", "published_results"}
 
 
+@pytest.mark.parametrize("folder", ["own folder", "repository root"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_test_mode(path, tmp_path, monkeypatch):
+def test_notebook_executes_in_test_mode(path, folder, tmp_path, monkeypatch):
+    from prototype.notebook import run_notebook
+
     monkeypatch.setenv("TESTBED_NOTEBOOK_TEST", "1")  # the kernel inherits os.environ
-    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path))
+    results = tmp_path / "results"
+    monkeypatch.setenv("TESTBED_RESULTS", str(results))
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    (installed / "prototype").symlink_to(REPO / "prototype", target_is_directory=True)
+    monkeypatch.setenv("PYTHONPATH", str(installed))  # `prototype` importable, `experiments` not by itself
     nb = jupytext.read(path)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and "parameters" in code[0].metadata.get("tags", []), "the first code cell is the parameters cell"
-    client = nbclient.NotebookClient(
-        nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
-    )
     try:
-        client.execute()
+        run_notebook(nb, path.parent if folder == "own folder" else REPO, timeout=CELL_TIMEOUT)
     except CellExecutionError as error:
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
     assert all(not any(o.get("output_type") == "error" for o in cell.get("outputs", [])) for cell in code)
-    assert any(tmp_path.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
+    assert any(results.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
 
 
 # --- the helpers the notebooks draw with (prototype/analysis.py, figures.py) ----------------------

@@ -35,7 +35,7 @@ def test_create_is_flat_and_takes_string_input():
 
 
 def test_create_defaults_follow_the_public_api():
-    request = decode({"type": "response.create", "input": "x"}).request
+    request = decode({"type": "response.create", "model": "gpt-5.4", "input": "x"}).request
     assert request.store is True  # the POST API's default
     assert request.generate is True
     assert request.parallel_tool_calls is True
@@ -63,7 +63,7 @@ def test_items_parse_and_round_trip():
         {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
     ]
-    request = decode({"type": "response.create", "input": items}).request
+    request = decode({"type": "response.create", "model": "gpt-5.4", "input": items}).request
     message, call, output, parts_output, reasoning = request.input
     assert call == FunctionCall("call_1", "f", "{}", id="fc_1", status="completed")
     assert output == FunctionCallOutput("call_1", "done")
@@ -83,7 +83,7 @@ def test_append_steer_processed():
 
 
 def test_binary_frames_are_decoded_as_utf8_json():
-    assert isinstance(decode(b'{"type":"response.create","input":"x"}'), ResponseCreate)
+    assert isinstance(decode(b'{"type":"response.create","model":"gpt-5.4","input":"x"}'), ResponseCreate)
 
 
 # (frame, code, param): each bad input has its own code (docs/protocol.md).
@@ -96,44 +96,60 @@ BAD_FRAMES = [
     ({"type": "response.cancel"}, errors.UNKNOWN_EVENT_TYPE, "type"),
     ({"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
     ({"type": "response.create"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
-    ({"type": "response.create", "input": []}, errors.EMPTY_INPUT, "input"),
-    ({"type": "response.create", "input": 5}, errors.INVALID_TYPE, "input"),
-    ({"type": "response.create", "input": [5]}, errors.INVALID_TYPE, "input[0]"),
-    ({"type": "response.create", "input": [{"type": "nope"}]}, errors.INVALID_VALUE, "input[0].type"),
-    ({"type": "response.create", "input": [{"content": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].type"),
-    ({"type": "response.create", "input": [{"role": "king", "content": "x"}]}, errors.INVALID_VALUE, "input[0].role"),
-    ({"type": "response.create", "input": [{"role": "user"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].content"),
-    ({"type": "response.create", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, errors.INVALID_VALUE, "input[0].content[0].type"),
-    ({"type": "response.create", "input": [{"type": "function_call_output", "output": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].call_id"),
-    ({"type": "response.create", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].output"),
-    ({"type": "response.create", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_TYPE, "input[0].arguments"),
-    ({"type": "response.create", "input": "x", "store": "yes"}, errors.INVALID_TYPE, "store"),
-    ({"type": "response.create", "input": "x", "model": 5}, errors.INVALID_TYPE, "model"),
-    ({"type": "response.create", "input": "x", "stream": "true"}, errors.INVALID_TYPE, "stream"),
-    ({"type": "response.create", "input": "x", "max_output_tokens": 0}, errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
-    ({"type": "response.create", "input": "x", "max_output_tokens": True}, errors.INVALID_TYPE, "max_output_tokens"),
-    ({"type": "response.create", "input": "x", "temperature": "hot"}, errors.INVALID_TYPE, "temperature"),
-    ({"type": "response.create", "input": "x", "metadata": {"k": 1}}, errors.INVALID_TYPE, "metadata.k"),
-    ({"type": "response.create", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.OBJECT_ABOVE_MAX_PROPERTIES, "metadata"),
-    ({"type": "response.create", "input": "x", "metadata": "m"}, errors.INVALID_TYPE, "metadata"),
-    ({"type": "response.create", "input": "x", "tools": {}}, errors.INVALID_TYPE, "tools"),
-    ({"type": "response.create", "input": "x", "tools": [{"type": "function"}]}, errors.MISSING_REQUIRED_PARAMETER, "tools[0].name"),
-    ({"type": "response.create", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
-    ({"type": "response.create", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
-    ({"type": "response.create", "input": "x", "stream_id": "a b"}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "input": "x", "stream_id": "s" * 257}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "input": "x", "stream_id": 7}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "input": "x", "stream_id": ""}, errors.INVALID_STREAM_ID, "stream_id"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": []}, errors.EMPTY_INPUT, "input"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": 5}, errors.INVALID_TYPE, "input"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [5]}, errors.INVALID_TYPE, "input[0]"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "nope"}]}, errors.INVALID_VALUE, "input[0].type"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"content": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].type"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "king", "content": "x"}]}, errors.INVALID_VALUE, "input[0].role"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "user"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].content"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, errors.INVALID_VALUE, "input[0].content[0].type"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call_output", "output": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].call_id"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].output"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_TYPE, "input[0].arguments"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "store": "yes"}, errors.INVALID_TYPE, "store"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream": "true"}, errors.INVALID_TYPE, "stream"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "max_output_tokens": 0}, errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "max_output_tokens": True}, errors.INVALID_TYPE, "max_output_tokens"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "temperature": "hot"}, errors.INVALID_TYPE, "temperature"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": {"k": 1}}, errors.INVALID_TYPE, "metadata.k"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.OBJECT_ABOVE_MAX_PROPERTIES, "metadata"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": "m"}, errors.INVALID_TYPE, "metadata"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": {}}, errors.INVALID_TYPE, "tools"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": [{"type": "function"}]}, errors.MISSING_REQUIRED_PARAMETER, "tools[0].name"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": "a b"}, errors.INVALID_STREAM_ID, "stream_id"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": "s" * 257}, errors.INVALID_STREAM_ID, "stream_id"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": 7}, errors.INVALID_STREAM_ID, "stream_id"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": ""}, errors.INVALID_STREAM_ID, "stream_id"),
     ({"type": "response.inject", "response_id": "r"}, "missing_required_parameter", "input"),
     ({"type": "response.inject", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "missing_required_parameter", "response_id"),
-    ({"type": "response.create", "input": "x", "multi_agent": {"max_concurrent_subagents": 2}}, errors.MISSING_REQUIRED_PARAMETER, "multi_agent.enabled"),
-    ({"type": "response.create", "input": "x", "multi_agent": {"enabled": True, "max_concurrent_subagents": 0}}, errors.INTEGER_BELOW_MIN_VALUE, "multi_agent.max_concurrent_subagents"),
-    ({"type": "response.create", "input": "x", "context_management": [{"type": "compaction", "compact_threshold": 999}]}, errors.INTEGER_BELOW_MIN_VALUE, "context_management[0].compact_threshold"),
-    ({"type": "response.create", "input": "x", "context_management": [{"type": "truncation"}]}, errors.INVALID_VALUE, "context_management[0].type"),
-    ({"type": "response.create", "input": "x", "context_management": []}, errors.INVALID_TYPE, "context_management"),
-    ({"type": "response.create", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "multi_agent": {"max_concurrent_subagents": 2}}, errors.MISSING_REQUIRED_PARAMETER, "multi_agent.enabled"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "multi_agent": {"enabled": True, "max_concurrent_subagents": 0}}, errors.INTEGER_BELOW_MIN_VALUE, "multi_agent.max_concurrent_subagents"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": [{"type": "compaction", "compact_threshold": 999}]}, errors.INTEGER_BELOW_MIN_VALUE, "context_management[0].compact_threshold"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": [{"type": "truncation"}]}, errors.INVALID_VALUE, "context_management[0].type"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": []}, errors.INVALID_TYPE, "context_management"),
+    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
     ({"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
     ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_TYPE, "input"),
+    # What the API requires or restricts: a model, a tool type it knows, a tool_choice type it knows (exactly).
+    ({"type": "response.create", "input": "x"}, errors.MISSING_REQUIRED_PARAMETER, "model"),
+    ({"type": "response.create", "model": "", "input": "x"}, errors.MISSING_REQUIRED_PARAMETER, "model"),
+    ({"type": "response.create", "model": 5, "input": "x"}, errors.INVALID_TYPE, "model"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "functon", "name": "f"}]}, errors.INVALID_VALUE, "tools[0].type"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search_previe"}]}, errors.INVALID_VALUE, "tools[0].type"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search_preview"}], "tool_choice": {"type": "web"}},
+     errors.INVALID_VALUE, "tool_choice.type"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": ""}},
+     errors.INVALID_VALUE, "tool_choice.type"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": 3}},
+     errors.INVALID_TYPE, "tool_choice.type"),
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}],
+      "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_searc"}]}}, errors.INVALID_VALUE, "tool_choice.tools[0].type"),
+    # A known type whose tool is not declared: the API's "not found" message.
+    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "file_search"}},
+     errors.INVALID_VALUE, "tool_choice"),
 ]
 
 
@@ -152,6 +168,9 @@ ACCEPTED_AT_THE_LIMITS = [
     {"tool_choice": "none"}, {"tool_choice": "required"},
     {"tool_choice": {"type": "function", "name": "read_file"}},
     {"tool_choice": {"type": "web_search"}, "tools": [{"type": "web_search_preview"}]},
+    {"tool_choice": {"type": "web_search_preview"}, "tools": [{"type": "web_search"}]},
+    {"tool_choice": {"type": "computer_use_preview"}, "tools": [{"type": "computer_use_preview"}]},
+    {"tools": [{"type": "mcp", "server_label": "s"}], "tool_choice": {"type": "mcp", "server_label": "s"}},
     {"tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "read_file"}]}},
     {"truncation": "auto"}, {"truncation": "disabled"}, {"service_tier": "flex"},
     {"reasoning": {"effort": "xhigh", "summary": "auto"}}, {"text": {"format": {"type": "json_object"}, "verbosity": "low"}},
@@ -160,22 +179,34 @@ ACCEPTED_AT_THE_LIMITS = [
 ]
 
 
+def test_refusals_say_what_the_api_expects():
+    with pytest.raises(ProtocolError) as caught:
+        decode({"type": "response.create", "input": "x"})
+    assert caught.value.message == "Missing required parameter: 'model'."
+    with pytest.raises(ProtocolError) as caught:
+        decode({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "functon", "name": "f"}]})
+    assert caught.value.message.startswith("Invalid value: 'functon'. Supported values are: 'function', 'file_search', ")
+    with pytest.raises(ProtocolError) as caught:
+        decode({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web"}})
+    assert caught.value.message.startswith("Invalid value: 'web'. Supported values are: 'function', 'custom', ")
+
+
 @pytest.mark.parametrize("fields", ACCEPTED_AT_THE_LIMITS)
 def test_values_at_the_limits_are_accepted(fields):
     tools = [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}]
-    event = codec.decode_client_event(json.dumps({"type": "response.create", "input": "x", "tools": tools, **fields}))
+    event = codec.decode_client_event(json.dumps({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": tools, **fields}))
     assert isinstance(event, ResponseCreate)
 
 
 def test_a_surrogate_pair_is_valid_unicode_and_a_lone_surrogate_is_not():
-    pair = codec.decode_client_event('{"type": "response.create", "input": "smile \\ud83d\\ude00"}')
+    pair = codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": "smile \\ud83d\\ude00"}')
     assert pair.request.input[0].content == (("input_text", "smile \U0001F600"),)
     for text in ('"\\ud83d"', '"\\ude00\\ud83d"', '"x\\udfff"'):
         with pytest.raises(ProtocolError) as caught:
-            codec.decode_client_event('{"type": "response.create", "input": ' + text + "}")
+            codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": ' + text + "}")
         assert (caught.value.code, caught.value.status) == (errors.INVALID_JSON, 400)
     # A literal backslash before "ud800" is text, not an escape.
-    literal = codec.decode_client_event('{"type": "response.create", "input": "\\\\ud800"}')
+    literal = codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": "\\\\ud800"}')
     assert literal.request.input[0].content == (("input_text", "\\ud800"),)
 
 

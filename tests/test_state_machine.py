@@ -82,7 +82,8 @@ DOCUMENTED = {value for name, value in vars(errors).items() if name.isupper() an
 
 
 def output_frame(kind: str, call_ids: list[str]) -> str:
-    return json.dumps({"type": kind, "input": [{"type": "function_call_output", "call_id": c, "output": "ok"} for c in call_ids]})
+    frame = {"type": kind, "input": [{"type": "function_call_output", "call_id": c, "output": "ok"} for c in call_ids]}
+    return json.dumps({**frame, "model": "sim"} if kind == "response.create" else frame)
 
 
 class ConversationCore(RuleBasedStateMachine):
@@ -137,7 +138,7 @@ class ConversationCore(RuleBasedStateMachine):
     @rule(calls=st.integers(0, 3), suspend=st.booleans())
     def respond(self, calls: int, suspend: bool) -> None:
         """A response samples a turn; with calls it either pauses (v1) or completes (v2)."""
-        frame = json.dumps({"type": "response.create", "input": "go"})
+        frame = json.dumps({"type": "response.create", "model": "sim", "input": "go"})
         request = codec.decode_client_event(frame)
         assert isinstance(request, ResponseCreate)
         self.ledger.absorb(request.request.input)

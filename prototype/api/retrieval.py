@@ -21,10 +21,12 @@ from ..engine.latency import decode_rate_for_model
 from ..protocol import events as ev
 from ..protocol.errors import INVALID_VALUE, ProtocolError
 from .store import ResponseStore, StoredTurn
+from .workloads import MAX_DECODE_TPS
 
 # Error codes. The two integer-range codes are the public API's spelling for an out-of-range
 # integer parameter; the others are [ours] (the reference answers these with `code: null`).
 RESPONSE_NOT_FOUND = "response_not_found"
+MODEL_NOT_FOUND = "model_not_found"  # the API's code for a model it does not serve
 RESPONSE_IN_PROGRESS = "response_in_progress"
 RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
 INTEGER_BELOW_MIN_VALUE = "integer_below_min_value"
@@ -270,9 +272,10 @@ def _item_events(numbers: Iterator[int], index: int, item: dict[str, Any]) -> It
 
 # --- models -------------------------------------------------------------------------------------
 
-# The profiles of the README's model table, by the names that select them; any other name is
-# accepted too and selects by the same rules (engine/latency.py), so every id is retrievable.
-LISTED_MODELS = ("flagship", "spark", "spark-burst")
+# The three profiles of the README's model table, by the names the README uses for them (GPT-5.4 at the
+# flagship's 65 tokens/s, GPT-5.3-Codex-Spark at 1000, its bursts at 4000); any other name is accepted too and
+# selects by the same rules (engine/latency.py), so every id is retrievable.
+LISTED_MODELS = ("gpt-5.4", "gpt-5.3-codex-spark", "gpt-5.3-codex-spark-burst")
 # [ours] A fixed date so answers are identical across runs: 2026-04-01 UTC, the month of the OpenAI
 # post the profiles' decode rates come from.
 MODELS_CREATED = 1775001600
@@ -280,13 +283,18 @@ OWNED_BY = "testbed"
 
 
 def model_object(model_id: str) -> dict[str, Any]:
-    """The reference's Model (`types/model.py`), with the decode rate the name selects [ours]."""
+    """The reference's Model (`types/model.py`), with the decode rate the name selects [ours]. A `sim-<N>` name
+    whose N is not a usable rate (one `response.create` refuses) is not found, as the API answers for a model
+    it does not serve (404 `model_not_found`)."""
+    rate = decode_rate_for_model(model_id)
+    if not 0 < rate < MAX_DECODE_TPS:
+        raise ProtocolError(MODEL_NOT_FOUND, f"The model '{model_id[:64]}' does not exist.", param="model", status=404)
     return {
         "id": model_id,
         "object": "model",
         "created": MODELS_CREATED,
         "owned_by": OWNED_BY,
-        "testbed_decode_tokens_per_s": decode_rate_for_model(model_id),
+        "testbed_decode_tokens_per_s": rate,
     }
 
 

@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from .. import metrics
-from ..engine import Engine, LatencyModel, Prompt, ScriptedPolicy, decode_rate_for_model
+from ..engine import Engine, LatencyModel, Prompt, ScriptedPolicy
 from ..engine.engine import HTTP_AFFINITY
 from ..protocol.compaction import window
 from ..protocol.events import CreateRequest
@@ -33,7 +33,7 @@ from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, sprint_c
 from .hosted import HostedToolService
 from .live import LiveResponses
 from .store import ResponseStore
-from .workloads import WorkloadCatalog, decode_rate_override
+from .workloads import WorkloadCatalog, decode_rate
 
 
 @attrs.frozen
@@ -127,7 +127,7 @@ class ApiService:
 
     def resolve_route(self, request: CreateRequest) -> Route:
         workload = self.workloads.resolve(request.metadata)
-        rate = decode_rate_override(request.metadata) or decode_rate_for_model(request.model)
+        rate = decode_rate(request.model, request.metadata)
         return Route(_route_key(request), attrs.evolve(self.latency, decode_tokens_per_s=rate), ScriptedPolicy(workload))
 
     def _with_hosted_results(self, items: Sequence[Item]) -> list[Item]:

@@ -34,6 +34,7 @@ from .. import profiles, traces
 from .. import workload as wl
 from ..api.costs import ApiCosts
 from ..engine import fit, latency
+from .common import at_least, non_negative
 
 TOOL_TAIL_S = 60.0  # TraceLab: 4% of tool calls take over a minute and hold ~85% of tool time
 HOLDOUT_SHARE = 0.3  # [ours] the last 30% of a group's timed rounds score a fit on the first 70%
@@ -43,8 +44,8 @@ UNNAMED_GROUP = "all rounds"  # rounds whose trace names no provider or model
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout) or a folder of Codex rollouts")
     parser.add_argument("--baseline", default=wl.DEFAULT_PRESET, help="preset (name or JSON file) to print beside the trace (default coding)")
-    parser.add_argument("--baseline-tasks", type=int, default=300, help="generated tasks for the baseline's figures (default 300)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the baseline's generated tasks (default 0)")
+    parser.add_argument("--baseline-tasks", type=at_least(1), default=300, help="generated tasks for the baseline's figures (default 300)")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="seed of the baseline's generated tasks (default 0)")
     parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
     parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here; one per provider and model")
     parser.add_argument("--holdout", type=float, default=HOLDOUT_SHARE,
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         trace = traces.load(args.trace)
         label, base_tasks = _baseline(args.baseline, args.baseline_tasks, args.seed)
     except (traces.TraceError, profiles.ProfileError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m prototype calibrate: error: {e}", file=sys.stderr)
         return 2
     timed = [r for r in trace.rounds if r.model_seconds is not None]
     print(f"{trace.path}: {trace.format}, {len(trace.tasks)} tasks, {len(trace.rounds)} rounds, {len(timed)} timed")

@@ -2,6 +2,8 @@
 
 * `Parser`: argparse without abbreviations (`--task 3` is refused rather than read as `--tasks 3`)
   and with a one-line error: `<prog>: error: <what> (see --help)`, exit status 2.
+* `positive(kind)`, `at_least(minimum)`, `non_negative(kind)`: argparse `type`s that refuse a value out of range
+  before any work starts, with the same one-line error (`argument --tasks: must be at least 1, not 0`).
 * `list_of(kind)`: a list option that takes `1000,4000` as well as `1000 4000` (with `nargs="+"`
   and `action=FlatList`, or through `add_list`).
 * `new_run_folder(base)`: each run writes into a new folder `base/<timestamp>/` and points
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +35,53 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
         sys.exit(2)
 
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> Any:
+        """As argparse's, but an unknown option after a subcommand is refused by that subcommand's parser, so
+        the error names it (`python -m prototype compare: error: unrecognized arguments: --task 3`)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and getattr(parsed, action.dest, None) in action.choices:
+                    sub = action.choices[getattr(parsed, action.dest)]
+                    if not isinstance(sub, Parser):
+                        break
+                    # The subcommand's own parser leaves unknown words to its parent; refuse them here.
+                    sub.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+def checked(kind: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str) -> Callable[[str], Any]:
+    """An argparse `type`: `kind(word)`, refused with `must be <requirement>, not <word>` unless `accept` takes it."""
+
+    def parse(word: str) -> Any:
+        value = kind(word)  # a ValueError here is argparse's own "invalid int value: 'x'"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, not {word}")
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, not {word}")
+        return value
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
+def positive(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
+    """An argparse `type`: a number greater than 0 (a speed, a duration, a size)."""
+    return checked(kind, lambda value: value > 0, "greater than 0")
+
+
+def non_negative(kind: Callable[[str], Any] = float) -> Callable[[str], Any]:
+    """An argparse `type`: a number of at least 0 (a delay, a seed, a port where 0 picks one)."""
+    return checked(kind, lambda value: value >= 0, "at least 0")
+
+
+def at_least(minimum: int, at_most: int | None = None) -> Callable[[str], Any]:
+    """An argparse `type`: a whole number of at least `minimum` (a count of tasks, turns, workers), and at most
+    `at_most` if given."""
+    if at_most is None:
+        return checked(int, lambda value: value >= minimum, f"at least {minimum}")
+    return checked(int, lambda value: minimum <= value <= at_most, f"from {minimum} to {at_most}")
+
 
 def list_of(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) -> Callable[[str], list[Any]]:
     """An argparse `type` reading one command-line word as a comma-separated list of `kind`."""
@@ -44,7 +94,7 @@ def list_of(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) ->
                 continue
             try:
                 value = kind(part)
-            except ValueError:
+            except ValueError:  # an ArgumentTypeError (a value out of range) passes through as it is
                 raise argparse.ArgumentTypeError(f"{part!r} is not a valid {getattr(kind, '__name__', 'value')}") from None
             if choices is not None and value not in choices:
                 raise argparse.ArgumentTypeError(f"{part!r} is not one of {', '.join(map(str, choices))}")

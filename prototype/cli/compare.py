@@ -20,15 +20,17 @@ at the newest. Columns (compare.csv):
   ttft_p50_ms                per-turn time to first token (request sent to first delta), median
   api_overhead_share         API work (validate, safety, render, route, store reads, blocking post)
                              as a share of end-to-end wall time
-  bytes_sent_per_turn        client-to-server payload bytes per turn (request bodies / frames)
-  bytes_received_per_turn    server-to-client payload bytes per turn (SSE blocks / frames)
+  bytes_sent_per_turn        client-to-server payload bytes per turn (request bodies / frames), all
+                             the tasks' bytes over all their turns (the figure's statistic)
+  bytes_received_per_turn    server-to-client payload bytes per turn (SSE blocks / frames), the same way
   cached_share               share of input tokens found in the engine's prefix cache
   reasoning_share            reasoning tokens as a share of output tokens
   web_searches_per_task      hosted web_search calls per task
   calls_per_tool_turn        client function calls per turn that ended in calls
   reconnects                 new connections the clients opened because one ended before the task did
                              (the 60-minute connection limit, or a fault); --reconnect picks the policy
-The per-turn figures follow one definition for every design (docs/metrics.md).
+The per-turn figures follow one definition for every design (docs/metrics.md). The printed table shows
+the columns of TABLE (units in the headers, a legend under it); `--wide` prints every column.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,26 +53,84 @@ from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..client.reconnect import OPENAI_PYTHON, POLICIES
 from ..engine.vllm_client import VllmUnavailable, WorkerFailed
 from ..trace import write_chrome_trace
-from .common import add_list, new_run_folder
+from .common import add_list, at_least, new_run_folder, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
 
 TRACE_SPEED = 1000.0
+
+
+@attrs.frozen
+class Column:
+    """A column of the printed table: the CSV field, its header with the unit, how a cell prints, and what the
+    legend under the table says of it (empty: the header says enough)."""
+
+    field: str
+    header: str
+    cell: Callable[[Any], str]
+    legend: str = ""
+
+
+def _number(template: str, scale: float = 1.0) -> Callable[[Any], str]:
+    return lambda value: "-" if value is None or value != value else template.format(value * scale)
+
+
+# The table a reader needs first: what ran, how long a task took, the gain over http, time to first
+# token, the API's share of the time and the upload per turn; `--wide` adds the rest.
+TABLE = (
+    Column("design", "design", str),
+    Column("decode_tps", "tok/s", _number("{:,.0f}")),
+    Column("e2e_p50_s", "e2e p50 (s)", _number("{:,.1f}"), "end-to-end time per task, first request to final answer"),
+    Column("speedup_vs_http", "vs http (x)", _number("{:.2f}"), "total http time / total time of this design, same tasks"),
+    Column("ttft_p50_ms", "TTFT p50 (ms)", _number("{:,.0f}"), "per turn, request sent to first output delta"),
+    Column("api_overhead_share", "API (%)", _number("{:.1f}", 100),
+           "api_overhead_share, the API's own work (validate, safety, render, route, store reads, blocking "
+           "post-inference) as a share of end-to-end time"),
+    Column("bytes_sent_per_turn", "sent/turn (kB)", _number("{:,.1f}", 1e-3),
+           "client-to-server payload per turn, all the tasks' bytes over all their turns (as in compare.png)"),
+)
+WIDE = (
+    *TABLE[:2],
+    Column("tasks", "tasks", str),
+    *TABLE[2:3],
+    Column("e2e_p90_s", "e2e p90 (s)", _number("{:,.1f}")),
+    *TABLE[3:],
+    Column("bytes_received_per_turn", "recv/turn (kB)", _number("{:,.1f}", 1e-3), "server-to-client payload per turn, the same way"),
+    Column("cached_share", "cached (%)", _number("{:.1f}", 100),
+           "cached_share, the share of input tokens found in the engine's prefix cache (not prefilled again)"),
+    Column("reasoning_share", "reasoning (%)", _number("{:.1f}", 100), "reasoning tokens as a share of output tokens"),
+    Column("web_searches_per_task", "searches/task", _number("{:.2f}"), "hosted web_search calls per task"),
+    Column("calls_per_tool_turn", "calls/tool turn", _number("{:.2f}"), "client function calls per turn that ended in calls"),
+)
+
+
+def print_compare_table(table: list[dict[str, Any]], wide: bool = False) -> None:
+    """The table with units in the headers and one number format per column, then its legend. `wide`: every
+    column of compare.csv (one this module does not know prints under its CSV name)."""
+    columns = list(WIDE if wide else TABLE)
+    if wide:
+        known = {c.field for c in columns}
+        columns += [Column(field, field, analysis.format_value) for field in table[0] if field not in known]
+    analysis.print_table(table, [c.field for c in columns], formats={c.field: c.cell for c in columns},
+                         headers={c.field: c.header for c in columns})
+    for column in columns:
+        if column.legend:
+            print(textwrap.fill(f"{column.header}: {column.legend}", 100, initial_indent="  ", subsequent_indent="      "))
 # The results folder: $TESTBED_RESULTS, else <repo>/results (git-ignored).
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parents[2] / "results"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=int, default=None, help="tasks per design and speed (default 10; with --trace, all)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed: the same seed gives the same tasks (default 0)")
+    parser.add_argument("--tasks", type=at_least(1), default=None, help="tasks per design and speed (default 10; with --trace, all)")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed: the same seed gives the same tasks (default 0)")
     parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)")
     parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
     parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
-    add_list(parser, "--speeds", float, None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
+    add_list(parser, "--speeds", positive(float), None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
     add_list(parser, "--designs", str, benchmark.DESIGNS, "designs to run (http-stored: http that chains previous_response_id through the store)",
              choices=list(benchmark.ALL_DESIGNS))
-    parser.add_argument("--rtt-ms", type=float, default=benchmark.DEFAULT_NETWORK.rtt * 1000,
+    parser.add_argument("--rtt-ms", type=non_negative(float), default=benchmark.DEFAULT_NETWORK.rtt * 1000,
                         help=f"network round-trip time between client and server in ms (default {benchmark.DEFAULT_NETWORK.rtt * 1000:g})")
-    parser.add_argument("--turns", type=int, default=None, help="fix the number of turns per task (default: drawn from the preset)")
+    parser.add_argument("--turns", type=at_least(1), default=None, help="fix the number of turns per task (default: drawn from the preset)")
     parser.add_argument("--out", default=None, help="write into this folder (default: a new results/compare/<timestamp>/, "
                         "with results/compare/latest pointing at it)")
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
@@ -76,6 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--reconnect", default=OPENAI_PYTHON.name, choices=list(POLICIES),
                         help="how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)")
+    parser.add_argument("--wide", action="store_true", help="print every column of compare.csv (default: the first seven)")
     sweep.add_arguments(parser)
 
 
@@ -143,13 +206,25 @@ def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> 
     return config, f"the '{args.preset}' workload", speeds
 
 
+def run_parameters(config: benchmark.BenchConfig, designs: list[str], speeds: list[float]) -> list[tuple[str, str, str]]:
+    """The modeled parameters with their sources, as this run used them: its decode speeds, not the defaults, and
+    a design's own settings only when it runs."""
+    unused = set()
+    if benchmark.SUSPENDED not in designs:
+        unused.add("v1 suspension TTL")
+    if not {benchmark.HTTP, benchmark.HTTP_STORED} & set(designs):
+        unused.add("http connections")
+    return [(name, ", ".join(f"{s:g}" for s in speeds) + " tokens/s" if name == "decode speeds" else value, source)
+            for name, value, source in benchmark.parameters(config) if name not in unused]
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=args.rtt_ms / 1000)
     try:
         config, described, speeds = workload_config(args, network)
     except (traces.TraceError, profiles.ProfileError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m prototype compare: error: {e} (see --help)", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else new_run_folder(RESULTS / "compare")
     out.mkdir(parents=True, exist_ok=True)
@@ -161,32 +236,40 @@ def run(args: argparse.Namespace) -> int:
         except* (VllmUnavailable, WorkerFailed) as group:
             failure = group.exceptions[0]
         if failure is not None:
-            print(f"error: --engine vllm: {failure}", file=sys.stderr)
+            print(f"python -m prototype compare: error: --engine vllm: {failure}", file=sys.stderr)
             return 2
+        cached, points, cache_root = 0, 0, None
     else:
         with sweep.runner_from_args(args) as runner:
             rows = run_grid(config, designs, speeds, runner, out, args.real)
+            cached, points = runner.cached, runner.cached + runner.executed
+            cache_root = runner.cache.root if runner.cache is not None else None
     table = benchmark.summarize(rows)
     clock = "real time over loopback sockets" if args.real else "virtual time"
     if args.engine == VLLM:
         clock = f"real time on vLLM ({args.vllm_model}, dummy weights)"
-    print(f"\n{len(config.tasks())} tasks of {described}, {clock}; speed-up = http time / design time\n")
-    analysis.print_table(table)
+    print(f"\n{len(config.tasks())} tasks of {described}, {clock}\n")
+    print_compare_table(table, args.wide)
+    if cached:
+        print(f"\n{cached} of {points} (design, speed) points came from the results cache ({cache_root}): "
+              "computed before with the same configuration and code; --no-cache computes them again.")
+    parameters = run_parameters(config, designs, speeds)
     print("\nModeled parameters (value, source):")
-    for name, value, source in benchmark.parameters(config):
+    for name, value, source in parameters:
         print(f"  {name:<44} {value:<44} {source}")
-    expiries = sum(1 for task in config.tasks() if any(s > 300 for t in task.turns for s in t.tool_seconds))
-    print(f"\n  tasks with a tool call longer than v1's default 300 s suspension TTL: {expiries} of {len(config.tasks())}. "
-          f"compare runs v1 with a {benchmark.BENCH_SUSPENSION_TTL:g} s TTL so that every task finishes and the designs "
-          "are timed on the same tasks;\n  under `serve`'s default 300 s, v1 would end those tasks with response.failed "
-          "(suspension_timeout) and the client would have to start them again.")
+    if benchmark.SUSPENDED in designs:
+        expiries = sum(1 for task in config.tasks() if any(s > 300 for t in task.turns for s in t.tool_seconds))
+        print(f"\n  tasks with a tool call longer than v1's default 300 s suspension TTL: {expiries} of {len(config.tasks())}. "
+              f"compare runs v1 with a {benchmark.BENCH_SUSPENSION_TTL:g} s TTL so that every task finishes and the designs "
+              "are timed on the same tasks;\n  under `serve`'s default 300 s, v1 would end those tasks with response.failed "
+              "(suspension_timeout) and the client would have to start them again.")
     reconnects = {f"{row['design']} at {row['decode_tps']:g}": row["reconnects"] for row in table if row["reconnects"]}
     print(f"\n  reconnects ({config.reconnect.name} policy): "
           + (", ".join(f"{k}: {v}" for k, v in reconnects.items()) if reconnects else "none")
           + f"; WebSocket connections close after {benchmark.CONNECTION_LIFETIME_SECONDS / 60:g} minutes (WS guide), and a task "
           "longer than that continues on a new connection")
     analysis.write_csv(out / "compare.csv", table)
-    (out / "compare.json").write_text(json.dumps({"table": table, "parameters": benchmark.parameters(config)}, indent=1))
+    (out / "compare.json").write_text(json.dumps({"table": table, "parameters": parameters}, indent=1))
     (out / "compare_tasks.json").write_text(json.dumps(rows))
     figures.compare_figure(table, rows, out / "compare.png", workload=described, clock=clock)
     print(f"\nwrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "

@@ -41,39 +41,40 @@ from ..engine.vllm_engine import open_vllm_engine
 from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, drain, serve_responses
 from ..server.config import ServerConfig
+from .common import at_least, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
+    parser.add_argument("--port", type=at_least(0, at_most=65535), default=8000, help="port to bind; 0 picks a free one (default 8000)")
     parser.add_argument("--store", default=":memory:", help="SQLite file of the response store (default: in memory)")
     parser.add_argument("--api-key", action="append", help="accept only this Bearer key (repeatable); default: any non-empty key")
     parser.add_argument("--workload", default=workload.DEFAULT_PRESET, help="default workload when a request names none: a preset or fixed:<turns>")
-    parser.add_argument("--seed", type=int, default=0, help="default workload seed")
+    parser.add_argument("--seed", type=non_negative(int), default=0, help="default workload seed")
     parser.add_argument("--costs", choices=["default", "zero"], default="default", help="modeled API stage costs (zero: real CPU work only)")
     parser.add_argument("--api-profile", choices=sorted(API_PROFILES), default="after", help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)")
     parser.add_argument("--switches", choices=["on", "all-off"], default="on", help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")
     # 50 ms by measurement (docs/speed.md, experiments/streaming.py): the lag behind the engine is
     # the same from 2 to 100 ms (the first token goes out at once, the last when ready), and the
     # server's CPU per streamed token falls ~14x from one delta per token.
-    parser.add_argument("--flush-interval", type=float, default=0.05, help="coalesce text deltas at most this often, in seconds (default 0.05; 0: one per token)")
-    parser.add_argument("--flush-tokens", type=int, default=None, help="with --flush-interval: at most this many tokens per delta (default: no bound)")
-    parser.add_argument("--suspension-ttl", type=float, default=None, help="v1 suspension time-to-live in seconds (default 300)")
-    parser.add_argument("--connection-lifetime", type=float, default=None, help="WebSocket connection limit in seconds (default 3600)")
-    parser.add_argument("--max-connections", type=int, default=None, help="connections served at once; more get 503 (default 10000)")
-    parser.add_argument("--max-message-bytes", type=int, default=None, help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")
-    parser.add_argument("--max-body-bytes", type=int, default=None, help="largest HTTP request body; larger gets 413 (default 16 MiB)")
+    parser.add_argument("--flush-interval", type=non_negative(float), default=0.05, help="coalesce text deltas at most this often, in seconds (default 0.05; 0: one per token)")
+    parser.add_argument("--flush-tokens", type=at_least(1), default=None, help="with --flush-interval: at most this many tokens per delta (default: no bound)")
+    parser.add_argument("--suspension-ttl", type=positive(float), default=None, help="v1 suspension time-to-live in seconds (default 300)")
+    parser.add_argument("--connection-lifetime", type=positive(float), default=None, help="WebSocket connection limit in seconds (default 3600)")
+    parser.add_argument("--max-connections", type=at_least(1), default=None, help="connections served at once; more get 503 (default 10000)")
+    parser.add_argument("--max-message-bytes", type=at_least(1), default=None, help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")
+    parser.add_argument("--max-body-bytes", type=at_least(1), default=None, help="largest HTTP request body; larger gets 413 (default 16 MiB)")
     parser.add_argument("--records", default=None, help="also append the server's client records (one per response: transport, design, chaining, appends, bytes, usage) to this JSONL file as they are made")
-    parser.add_argument("--workers", type=int, default=1, help="server processes on the one port (SO_REUSEPORT), "
+    parser.add_argument("--workers", type=at_least(1), default=1, help="server processes on the one port (SO_REUSEPORT), "
                         "sharing the SQLite response store (default 1)")
-    parser.add_argument("--render-cache-tokens", type=int, default=None, help="tokens the http design's cross-request render cache holds, least recently used dropped first (default 5000000)")
-    parser.add_argument("--engine-sessions", type=int, default=None, help="sessions whose engine bookkeeping is kept after their KV is gone, least recently seen forgotten first (default 100000)")
-    parser.add_argument("--max-records", type=int, default=None, help="client records kept in memory, oldest dropped first (default 10000)")
-    parser.add_argument("--kv-ttl", type=float, default=None, help="seconds an idle prefix-cache KV entry lives (default 300)")
-    parser.add_argument("--stats-interval", type=float, default=None, help="print a 'stats {json}' line this often, in seconds: trio tasks, connections, engine and cache sizes (default: never)")
-    parser.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")
-    parser.add_argument("--max-queued-creates", type=int, default=None, help="response.create frames waiting per connection (default 32)")
+    parser.add_argument("--render-cache-tokens", type=non_negative(int), default=None, help="tokens the http design's cross-request render cache holds, least recently used dropped first (default 5000000)")
+    parser.add_argument("--engine-sessions", type=at_least(1), default=None, help="sessions whose engine bookkeeping is kept after their KV is gone, least recently seen forgotten first (default 100000)")
+    parser.add_argument("--max-records", type=non_negative(int), default=None, help="client records kept in memory, oldest dropped first (default 10000)")
+    parser.add_argument("--kv-ttl", type=non_negative(float), default=None, help="seconds an idle prefix-cache KV entry lives (default 300)")
+    parser.add_argument("--stats-interval", type=positive(float), default=None, help="print a 'stats {json}' line this often, in seconds: trio tasks, connections, engine and cache sizes (default: never)")
+    parser.add_argument("--drain-seconds", type=non_negative(float), default=30.0, help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")
+    parser.add_argument("--max-queued-creates", type=at_least(1), default=None, help="response.create frames waiting per connection (default 32)")
     parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
     add_engine_arguments(parser)
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")

@@ -1,4 +1,4 @@
-"""The benchmark's rollout through openai-python, a client nobody here wrote (issue 7).
+"""The benchmark's rollout through openai-python, a client nobody here wrote.
 
 `run_sdk_rollout` plays the same workload as `harness.run_websocket_rollout`: the same task prompt,
 the same tools (`HARNESS_TOOLS`), the same tool outputs and tool times, the same request fields,
@@ -233,7 +233,7 @@ def rollout_client(name: str) -> Callable[..., Any]:
     return clients[name]
 
 
-# --- lanes and steering through openai-python (issue 17) -------------------------------------------
+# --- lanes and steering through openai-python -------------------------------------------
 
 
 def run_sdk_lanes(

@@ -64,7 +64,7 @@ class Suspension:
 
     def deliver(self, items: Sequence[Item], arrived: float) -> None:
         """Take one append (its frame read at `arrived`). Synchronous, so two appends
-        read back to back cannot both be taken: the second finds the suspension answered (issue 15)."""
+        read back to back cannot both be taken: the second finds the suspension answered."""
         if self.answered:
             raise no_suspended_response()
         self.check(items)

@@ -45,7 +45,7 @@ from .events import (
 )
 from .inject import DEFAULT_MAX_CONCURRENT_SUBAGENTS, parse_inject
 from .items import parse_input
-from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_unicode, invalid_type
+from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_tool_type, check_unicode, invalid_type
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 # 2**63 has 19 digits: shorter integers are exact in orjson, longer ones it reads as floats. A run
@@ -58,8 +58,6 @@ _LONG_DIGIT_RUN = b"0" * 19
 def _has_long_digit_run(text: str | bytes) -> bool:
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
     return raw.translate(_DIGITS_AS_ZERO).find(_LONG_DIGIT_RUN) >= 0
-
-DEFAULT_MODEL = "gpt-5.4"  # echoed when a request names none [ours]
 
 # Keys of the POST body we act on; everything else is accepted and ignored (docs/protocol.md).
 _KNOWN_KEYS = frozenset(
@@ -102,6 +100,7 @@ def _parse_tools(value: Any) -> tuple[ToolDef, ...]:
         path = f"tools[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             raise ProtocolError(INVALID_VALUE, f"Invalid tool at '{path}': expected an object with a 'type'.", param=path)
+        check_tool_type(raw["type"], f"{path}.type")
         name = raw.get("name")
         parameters = raw.get("parameters")
         if raw["type"] == "function":
@@ -218,7 +217,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         if body.get(key) is not None:
             raise ProtocolError(UNSUPPORTED_PARAMETER, f"'{key}' is not supported by this server.", param=key)
     stream_id = _parse_stream_id(body.get("stream_id")) if websocket else None
-    model = _optional(body, "model", (str,), "a string") or DEFAULT_MODEL
+    model = _optional(body, "model", (str,), "a string")
     previous_response_id = _optional(body, "previous_response_id", (str,), "a string")
     generate = _optional(body, "generate", (bool,), "a boolean")
     generate = True if generate is None else generate
@@ -246,6 +245,11 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
     if include is not None and not all(isinstance(value, str) for value in include):
         raise _type_error("include", "an array of strings")
     reasoning = _optional(body, "reasoning", (dict,), "an object")
+    metadata = _parse_metadata(body.get("metadata"))
+    if not model:
+        # The API requires `model` (it could come from a stored `prompt`, which this server does not support);
+        # checked last, so a body with other faults is refused for those first.
+        raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'model'.", param="model")
     return CreateRequest(
         model=model,
         input=items,
@@ -257,7 +261,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         store=True if store is None else store,
         generate=generate,
         max_output_tokens=max_output_tokens,
-        metadata=_parse_metadata(body.get("metadata")),
+        metadata=metadata,
         temperature=temperature,
         top_p=top_p,
         stream=bool(stream),

@@ -43,6 +43,25 @@ NESTED_ENUMS = {
 }
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICE_MODES = ("none", "auto", "required")
+# The tool types of the API reference (openai-python 3.57 `ToolParam`): any other `tools[i].type` is refused.
+TOOL_TYPES = (
+    "function", "file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26", "mcp",
+    "code_interpreter", "programmatic_tool_calling", "image_generation", "local_shell", "shell", "custom", "namespace",
+    "tool_search", "web_search_preview", "web_search_preview_2025_03_11", "apply_patch",
+)
+# The types a `tool_choice` object may name (openai-python 3.57 `ToolChoice`: `ToolChoiceTypesParam`'s hosted tools,
+# function, custom, mcp, shell, apply_patch, programmatic_tool_calling; `allowed_tools` is checked on its own), plus
+# `web_search`, which the testbed accepts for the web_search tool it answers (docs/protocol.md).
+TOOL_CHOICE_TYPES = (
+    "function", "custom", "mcp", "shell", "apply_patch", "programmatic_tool_calling", "file_search", "web_search",
+    "web_search_preview", "web_search_preview_2025_03_11", "computer", "computer_use", "computer_use_preview",
+    "image_generation", "code_interpreter",
+)
+# A hosted tool choice matches a declared tool of its family (`web_search_preview` forces a `web_search` tool).
+TOOL_FAMILIES = {
+    **dict.fromkeys(("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"), "web_search"),
+    **dict.fromkeys(("computer", "computer_use", "computer_use_preview"), "computer"),
+}
 STRING_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
 # The API reference: a safety_identifier is at most 64 characters.
 STRING_MAX_LENGTHS = {"safety_identifier": 64}
@@ -127,6 +146,10 @@ def check_enums(body: dict[str, Any]) -> None:
         raise ProtocolError(INVALID_VALUE, "The 'stream_options' parameter is only allowed when 'stream' is true.", param="stream_options")
 
 
+def check_tool_type(kind: str, param: str) -> None:
+    _enum(kind, param, TOOL_TYPES)
+
+
 def check_function_name(name: str, param: str) -> None:
     if not FUNCTION_NAME.match(name):
         raise ProtocolError(INVALID_VALUE, f"Invalid '{param}': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$' of at most 64 characters.", param=param)
@@ -139,10 +162,9 @@ def _tool_not_found(name: str) -> ProtocolError:
 
 def _declared(tool_choice: dict[str, Any], tools: list[dict[str, Any]], param: str) -> None:
     """A forced or allowed tool must be one that `tools` declares: a function by name, a hosted
-    tool by type (`web_search` also matches `web_search_preview`), an MCP server by label."""
+    tool by type or its family's (`web_search` also matches `web_search_preview`), an MCP server by label."""
     kind = tool_choice.get("type")
-    if not isinstance(kind, str):
-        raise invalid_type(f"{param}.type", "a string")
+    _enum(kind, f"{param}.type", TOOL_CHOICE_TYPES)
     if kind in ("function", "custom"):
         name = tool_choice.get("name")
         if not isinstance(name, str):
@@ -153,7 +175,7 @@ def _declared(tool_choice: dict[str, Any], tools: list[dict[str, Any]], param: s
         label = tool_choice.get("server_label")
         if not any(tool.get("type") == "mcp" and tool.get("server_label") == label for tool in tools):
             raise _tool_not_found(str(label))
-    elif not any(isinstance(tool.get("type"), str) and tool["type"].startswith(kind) for tool in tools):
+    elif not any(TOOL_FAMILIES.get(tool.get("type"), tool.get("type")) == TOOL_FAMILIES.get(kind, kind) for tool in tools):
         raise _tool_not_found(kind)
 
 

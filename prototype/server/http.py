@@ -126,6 +126,7 @@ class HttpExchange:
         self.stream = stream
         self.number = number  # the connection's serial number in the server's records
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.refused: ProtocolError | None = None  # the last error this exchange answered with, for the access log
 
     async def next_event(self) -> Any:
         """The next h11 event, reading from the stream as needed; raises h11.RemoteProtocolError."""
@@ -169,6 +170,7 @@ class HttpExchange:
             await self.send(response, h11.Data(data=body), h11.EndOfMessage())
 
     async def send_error(self, error: ProtocolError, *, close: bool = False, extra: list | None = None, head_only: bool = False) -> None:
+        self.refused = error
         await self.send_json(error.status, error.to_http_body(), close=close, extra=extra, head_only=head_only)
 
 
@@ -356,14 +358,17 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
     )
     answer = _answer_stream if create.stream else _answer_json
     started_at = trio.current_time()
+    exchange.refused = None
     response = await answer(server, exchange, create, include_timing, api_key, phase_log)
+    refused = exchange.refused
     server.records.append({
         **phase_log.client,
         "started_at_s": started_at,
         "at_s": trio.current_time(),
         "request_bytes": len(body),
         "response_id": response.id if response is not None else None,
-        "outcome": response.status if response is not None else "error",
+        # A refusal after the body parsed (an unusable model, a previous_response_id not found) names its code.
+        "outcome": response.status if response is not None else f"error:{refused.code if refused else SERVER_ERROR}",
         "usage": response.usage.to_dict() if response is not None else None,
         "timing_requested": include_timing,
         "phases_ms": {k: round(v * 1000, 3) for k, v in phase_log.totals().items()},

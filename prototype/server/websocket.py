@@ -449,7 +449,7 @@ class WebSocketSession:
             ended = self.steering.ended(recent[-1], "failed")
             await self.send_refusals(list(ended.refused))
 
-    # --- client records (issue 7): who spoke and how it used the protocol ----------------------
+    # --- client records: who spoke and how it used the protocol ----------------------
 
     def protocol_choices(self, request) -> dict[str, Any]:
         info = self.info

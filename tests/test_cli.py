@@ -239,7 +239,7 @@ def test_compare_wide_prints_every_column_and_the_cached_share_legend(tmp_path, 
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
     printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "suspended", "--wide")
     header = next(line for line in printed.splitlines() if "design" in line and "tok/s" in line)
-    assert header.split("  ")[-3:] == ["reasoning (%)", "searches/task", "calls/tool turn"]
+    assert header.split("  ")[-4:] == ["reasoning (%)", "searches/task", "calls/tool turn", "reconnects"]
     assert "cached (%)" in header and "recv/turn (kB)" in header and "e2e p90 (s)" in header
     assert "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache" in printed
     assert "v1's default 300 s suspension TTL" in printed and "v1 suspension TTL" in printed

@@ -100,6 +100,8 @@ WIDE = (
     Column("reasoning_share", "reasoning (%)", _number("{:.1f}", 100), "reasoning tokens as a share of output tokens"),
     Column("web_searches_per_task", "searches/task", _number("{:.2f}"), "hosted web_search calls per task"),
     Column("calls_per_tool_turn", "calls/tool turn", _number("{:.2f}"), "client function calls per turn that ended in calls"),
+    Column("reconnects", "reconnects", str, "new connections the clients opened because one ended before the task did "
+           "(the 60-minute connection limit, or a fault); --reconnect picks the policy"),
 )
 
 

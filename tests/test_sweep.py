@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from experiments import kv_memory, published
-from prototype import benchmark, sweep
+from prototype import benchmark, sweep, virtual
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
 from prototype.cli.compare import compare_point
@@ -82,6 +82,30 @@ def test_a_configuration_gives_the_same_row_alone_and_after_another(grid, monkey
     assert without_wall_time(after[0]) != without_wall_time(alone)  # the two configurations do differ
     if grid == "kv_memory":
         assert alone["preempted"] > 0 and alone["evicted"] > 0  # under memory pressure, where order matters
+
+
+def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkeypatch):
+    run_module = trio._core._run
+    monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    before = run_module._r.getstate()
+
+    async def order() -> list[int]:
+        seen: list[int] = []
+
+        async def task(i: int) -> None:
+            await trio.sleep(1.0)  # every task wakes at the same virtual instant
+            seen.append(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(task, i)
+        assert run_module._ALLOW_DETERMINISTIC_SCHEDULING
+        return seen
+
+    orders = {seed: virtual.run(order, scheduler_seed=seed) for seed in range(4)}
+    assert virtual.run(order, scheduler_seed=2) == orders[2]
+    assert len({tuple(seen) for seen in orders.values()}) > 1  # the seed does choose the order
+    assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import trio
-import trio.testing
-
-from prototype import netem
+from prototype import netem, virtual
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
@@ -85,7 +82,7 @@ def run(design: str, threshold: int | None, *, turns: int, initial_tokens: int, 
             "task_s": record.seconds,
         }
 
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return virtual.run(main)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -40,9 +40,8 @@ from typing import Any
 import attrs
 import numpy as np
 import trio
-import trio.testing
 
-from prototype import benchmark, netem, sweep
+from prototype import benchmark, netem, sweep, virtual
 from prototype import workload as wl
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
@@ -160,7 +159,7 @@ async def run_task(run: FaultRun, connector: Any, workers: list[InMemoryConnecto
 
 def fault_records(run: FaultRun) -> list[dict[str, Any]]:
     """The grid's pure function: one row per task."""
-    records = trio.run(run_tasks, run, clock=trio.testing.MockClock(autojump_threshold=0))
+    records = virtual.run(run_tasks, run)
     return [{
         "design": run.design, "fault": run.fault.name, "policy": run.policy.name, "task": r.workload, "status": r.status,
         "e2e_s": r.seconds, "reconnects": r.reconnects, "resent_bytes": r.resent_bytes, "recovery_s": list(r.recovery_seconds),

@@ -36,10 +36,8 @@ import time
 import attrs
 import numpy as np
 import trio
-import trio._core._run
-import trio.testing
 
-from prototype import sweep
+from prototype import sweep, virtual
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -138,15 +136,12 @@ def run_config(run: KvRun) -> dict:
                 nursery.start_soon(agent, task)
         engine.advance(trio.current_time())
 
-    # Tasks that become runnable at the same virtual instant run in an order trio draws at random
-    # (to keep code from depending on it), and with hundreds of agents queueing for one engine
-    # that order changes who is admitted first. Seeding trio's draw makes a run reproducible;
-    # --scheduler-seed replicates it (docs/kv_memory.md gives the spread). Private in trio 0.35.
-    scheduler_random = getattr(trio._core._run, "_r", None)
-    if scheduler_random is not None:
-        scheduler_random.seed(run.scheduler_seed)
+    # Tasks that become runnable at the same virtual instant run in an order trio chooses, and with
+    # hundreds of agents queueing for one engine that order changes who is admitted first.
+    # prototype/virtual.py makes it a function of the run and its scheduler seed alone;
+    # --scheduler-seed replicates it (docs/kv_memory.md gives the spread).
     wall = time.perf_counter()
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    virtual.run(main, scheduler_seed=run.scheduler_seed)
     wall = time.perf_counter() - wall
 
     done = [r for r in records if r.status == "completed"]

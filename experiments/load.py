@@ -55,9 +55,8 @@ from typing import Any
 import attrs
 import numpy as np
 import trio
-import trio.testing
 
-from prototype import sweep
+from prototype import sweep, virtual
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative
@@ -111,7 +110,7 @@ def reference(design: str, workload: Workload, spec: str) -> RolloutRecord:
         server = ResponsesServer(ApiService(costs=ZERO_COSTS))
         return await run_websocket_rollout(InMemoryConnector(server), design, workload, metadata={"testbed_workload": spec}, model=MODEL)
 
-    record = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    record = virtual.run(run)
     assert record.status == "completed", record.status
     return record
 

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-import trio.testing
 
+from prototype import virtual
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, checked, non_negative, positive
@@ -119,7 +119,7 @@ def references() -> dict[str, RolloutRecord]:
 
     out = {}
     for design in DESIGNS:
-        out[design] = trio.run(run, design, clock=trio.testing.MockClock(autojump_threshold=0))
+        out[design] = virtual.run(run, design)
         assert out[design].status == "completed", (design, out[design].status)
     return out
 

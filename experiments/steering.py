@@ -32,9 +32,8 @@ import json
 from typing import Any
 
 import trio
-import trio.testing
 
-from prototype import netem
+from prototype import netem, virtual
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -203,7 +202,7 @@ def run_one(alternative: str, *, after: int, tool_seconds: float, output_tokens:
         design = SUSPENDED if alternative.startswith("v1") else CHAINED
         return await ws_scenario(connector, design, workload, watch, base, alternative)
 
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return virtual.run(main)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

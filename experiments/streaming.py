@@ -55,9 +55,8 @@ from typing import Any
 import numpy as np
 import trio
 import trio.lowlevel
-import trio.testing
 
-from prototype import sweep
+from prototype import sweep, virtual
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -96,7 +95,7 @@ def modeled_runs(
         (single,) = await run_sessions(connector, 1, prompt, output, single_tps)
         return single, await run_sessions(connector, sessions, prompt, output, tps)
 
-    single, many = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    single, many = virtual.run(run)
     assert all(record.status == "completed" for record in (single, *many))
     return single, many
 

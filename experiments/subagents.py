@@ -33,9 +33,9 @@ from typing import Any
 
 import attrs
 import trio
-import trio.testing
 
 from prototype import netem
+from prototype import virtual as virtual_time
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -103,7 +103,7 @@ def virtual(arrangement: str, n: int, *, turns: int, output_tokens: int, tool_se
             "sent_kb": outcome.sent_bytes / 1024,
         }
 
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return virtual_time.run(main)
 
 
 def real_memory(arrangement: str, n: int, *, turns: int) -> float:

@@ -21,9 +21,8 @@ from typing import Any
 import attrs
 import numpy as np
 import trio
-import trio.testing
 
-from . import metrics, netem
+from . import metrics, netem, virtual
 from . import workload as wl
 from .api.costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches
 from .api.service import ApiService
@@ -144,8 +143,9 @@ async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: B
 
 
 def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
-    """`run_design` under a fresh virtual clock: deterministic, as fast as the CPU allows."""
-    return trio.run(run_design, design, decode_tps, config.tasks(), config, clock=trio.testing.MockClock(autojump_threshold=0))
+    """`run_design` under a fresh virtual clock, the scheduler seeded (prototype/virtual.py): the same
+    records for the same arguments, whatever ran before in the process; as fast as the CPU allows."""
+    return virtual.run(run_design, design, decode_tps, config.tasks(), config)
 
 
 def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:

@@ -1,14 +1,18 @@
-"""The sweep runner (prototype/sweep.py): every executor gives the same rows, the cache serves what
-was computed and recomputes exactly what a change affects, and never returns a stale row."""
+"""The sweep runner (prototype/sweep.py): every executor gives the same rows, a configuration gives the
+same row alone and after any other in the same process, the cache serves what was computed and
+recomputes exactly what a change affects, and never returns a stale row."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
+import trio
 
-from prototype import benchmark, sweep
+from experiments import kv_memory, published
+from prototype import benchmark, sweep, virtual
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
+from prototype.cli.compare import compare_point
 
 CALLS: list[Toy] = []
 
@@ -40,6 +44,70 @@ def small_grid() -> list[benchmark.DesignRun]:
     return [benchmark.DesignRun(design, tps, config) for design in (benchmark.HTTP, benchmark.SUSPENDED) for tps in (1000.0, 4000.0)]
 
 
+# 20 agents of 3 turns queueing for a 100k-token KV budget: admissions, preemptions and evictions fall
+# at the same virtual instants, so the order trio runs simultaneous tasks in decides the row.
+KV_PRESSURE = {"agents": 20, "turns": 3, "budget": 100_000}
+COMPARE_CONFIG = benchmark.BenchConfig(n_tasks=2, fixed_turns=3)
+# Per grid: its run function, a configuration, and another configuration of the same grid.
+GRIDS = {
+    "compare": (compare_point, benchmark.DesignRun(benchmark.CHAINED, 1000.0, COMPARE_CONFIG),
+                benchmark.DesignRun(benchmark.HTTP, 65.0, COMPARE_CONFIG)),
+    "published": (benchmark.design_rows, *reversed(published.pair_runs(published.ROWS[4], 2))),
+    "kv_memory": (kv_memory.run_config, kv_memory.KvRun("chained", "pin-300", **KV_PRESSURE),
+                  kv_memory.KvRun("suspended", "hold", **KV_PRESSURE)),
+}
+
+
+def without_wall_time(value):
+    """A run's rows less what no run repeats: the real seconds it took (kv_memory's `real_s`), and
+    compare's traced rollout (its response ids carry a random per-server prefix, api/service.py)."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "real_s"}
+    if isinstance(value, tuple):  # compare_point: (task rows, the rollout it traces)
+        return value[0]
+    return value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", GRIDS)
+def test_a_configuration_gives_the_same_row_alone_and_after_another(grid, monkeypatch):
+    fn, point, other = GRIDS[grid]
+    # Importing Hypothesis (as this test session does) switches trio's scheduler to its deterministic
+    # mode, which a command line never imports: run as a command line does.
+    monkeypatch.setattr(trio._core._run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    # Alone: the only run of a fresh worker process. After: in this process, after the other configuration.
+    (alone,) = sweep.Runner(sweep.Processes(1), cache=None, progress=False).map(fn, [point])
+    after = sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(fn, [other, point, point])
+    assert without_wall_time(after[1]) == without_wall_time(alone) == without_wall_time(after[2])
+    assert without_wall_time(after[0]) != without_wall_time(alone)  # the two configurations do differ
+    if grid == "kv_memory":
+        assert alone["preempted"] > 0 and alone["evicted"] > 0  # under memory pressure, where order matters
+
+
+def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkeypatch):
+    run_module = trio._core._run
+    monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    before = run_module._r.getstate()
+
+    async def order() -> list[int]:
+        seen: list[int] = []
+
+        async def task(i: int) -> None:
+            await trio.sleep(1.0)  # every task wakes at the same virtual instant
+            seen.append(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(task, i)
+        assert run_module._ALLOW_DETERMINISTIC_SCHEDULING
+        return seen
+
+    orders = {seed: virtual.run(order, scheduler_seed=seed) for seed in range(4)}
+    assert virtual.run(order, scheduler_seed=2) == orders[2]
+    assert len({tuple(seen) for seen in orders.values()}) > 1  # the seed does choose the order
+    assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
+
+
 @pytest.fixture(scope="module")
 def local_cluster():
     """One Dask LocalCluster of two worker processes for the module."""
@@ -60,6 +128,23 @@ def test_every_executor_gives_the_same_rows(local_cluster):
             runner = sweep.Runner(executor, cache=None, progress=False)
             assert runner.map(benchmark.design_rows, grid, first=lambda run: -run.decode_tps) == expected, executor.name
             assert runner.executed == len(grid) and runner.cached == 0
+    finally:
+        threads.close()
+
+
+@pytest.mark.slow
+def test_every_executor_gives_the_same_kv_rows(local_cluster):
+    """Under memory pressure, where trio's order for simultaneous tasks decides the row: worker processes
+    (each with its own hash seed and allocations) and threads of one process (which share trio's
+    scheduler state) give the rows of one process."""
+    _, point, other = GRIDS["kv_memory"]
+    grid = [other, point]
+    expected = [without_wall_time(row) for row in sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(kv_memory.run_config, grid)]
+    threads = sweep.Dask("local", jobs=2, processes=False)
+    try:
+        for executor in (sweep.Processes(2), local_cluster, threads):
+            rows = sweep.Runner(executor, cache=None, progress=False).map(kv_memory.run_config, grid)
+            assert [without_wall_time(row) for row in rows] == expected, executor.name
     finally:
         threads.close()
 

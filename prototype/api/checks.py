@@ -19,6 +19,7 @@ from ..protocol.items import Compaction, FunctionCall, FunctionCallOutput, Item,
 # work scales with tokens, small enough to keep per connection.
 SAFETY_FEATURES = 4096
 _WEIGHTS = np.random.default_rng(20260422).normal(0.0, 1e-4, SAFETY_FEATURES)
+_WEIGHTS.setflags(write=False)  # shared by every run in the process: read-only
 
 
 @attrs.define(eq=False)

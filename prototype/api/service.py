@@ -106,6 +106,12 @@ class ApiService:
     live: LiveResponses = attrs.Factory(LiveResponses)  # responses in flight, for cancel (api/live.py)
     latency: LatencyModel = attrs.Factory(LatencyModel)  # prefill and overhead of every call; decode rate per request
     http_affinity: float = HTTP_AFFINITY  # share of http turns routed back to their prefix's engine [assumed]
+    # Numbers the engine keys of WebSocket connections by: one sequence per service (per engine), so a
+    # run's keys do not depend on how many servers the process built before it.
+    _session_serials: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def new_session_serial(self) -> int:
+        return next(self._session_serials)
 
     @property
     def charged_costs(self) -> ApiCosts:

@@ -12,10 +12,7 @@ import argparse
 from collections import Counter
 from collections.abc import Iterator
 
-import trio
-import trio.testing
-
-from .. import workload
+from .. import virtual, workload
 from ..client.connect import InMemoryConnector
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord, run_websocket_rollout
 from ..server.app import ResponsesServer
@@ -121,5 +118,5 @@ def run(args: argparse.Namespace) -> int:
             record = await run_websocket_rollout(InMemoryConnector(server), design, task, metadata=metadata)
             print_timeline(record)
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    virtual.run(main)
     return 0

@@ -57,9 +57,14 @@ def single_token_words() -> tuple[str, ...]:
     return tuple(words)
 
 
+# The tables below are built once per process and shared by every run in it: read-only, so no run
+# can leave a trace in them for the next (the dict is left a plain dict, since a read-only view of it
+# doubles the cost of the per-token lookup in `word_ids`; nothing writes to it).
 @functools.cache
 def _vocabulary_array() -> np.ndarray:
-    return np.array(single_token_words(), dtype=object)
+    vocabulary = np.array(single_token_words(), dtype=object)
+    vocabulary.setflags(write=False)
+    return vocabulary
 
 
 @functools.cache

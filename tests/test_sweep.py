@@ -193,6 +193,20 @@ def write_module(folder, name: str, value: int) -> None:
     (folder / f"{name}.py").write_text(f"def row(config):\n    return {{'value': {value}, 'config': config}}\n")
 
 
+def import_fresh(monkeypatch, folder, name: str):
+    """`name` imported from `folder` afresh, read from its source on every (re)load (no bytecode cache,
+    whose timestamps have a resolution of a second), and forgotten after the test."""
+    import importlib
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # removed again when the test ends
+    return module
+
+
 def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
     # A notebook's or a user's script's run function: its file is not under prototype/ or experiments/.
     import importlib
@@ -200,8 +214,7 @@ def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_v
     folder = tmp_path / "outside"
     folder.mkdir()
     write_module(folder, "outside_runs", 1)
-    monkeypatch.syspath_prepend(str(folder))
-    module = importlib.import_module("outside_runs")
+    module = import_fresh(monkeypatch, folder, "outside_runs")
     runner = toy_runner(tmp_path)
     assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
     assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
@@ -215,15 +228,12 @@ def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_v
 def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
     # The package's sources edited between two grids of one process: the second grid's rows are computed
     # afresh, never served from the first's.
-    import importlib
-
     package = tmp_path / "package"
     package.mkdir()
     write_module(package, "inside_runs", 1)
     (package / "model.py").write_text("DEFAULT = 1\n")
     monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
-    monkeypatch.syspath_prepend(str(package))
-    module = importlib.import_module("inside_runs")
+    module = import_fresh(monkeypatch, package, "inside_runs")
     runner = toy_runner(tmp_path)
     runner.map(module.row, [Toy(1)])
     runner.map(module.row, [Toy(1)])

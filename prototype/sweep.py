@@ -86,7 +86,9 @@ def _canonical(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
-        return {"__float__": repr(value)}  # exact, NaN/inf stay distinct, and never the string that spells it
+        # Exact, NaN/inf distinct, never the string that spells it; float() so that numpy's float64 (a
+        # float subclass, whose repr is `np.float64(1.5)`) keys as the number it holds.
+        return {"__float__": repr(float(value))}
     if isinstance(value, tuple | list):
         return [_canonical(v) for v in value]
     if isinstance(value, frozenset | set):

@@ -266,3 +266,81 @@ def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "dependency_versions", lambda: dict(versions))
     runner.map(toy_row, [Toy(1)])
     assert (runner.executed, runner.cached) == (6, 1)
+
+
+@attrs.frozen
+class WithSet:
+    items: frozenset
+
+
+def test_equal_sets_and_dicts_key_alike_whatever_their_order_and_any_element_change_counts():
+    # -1 and -2 share one hash in CPython, so these two equal sets iterate in different orders.
+    assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
+    assert sweep.config_hash(WithSet(frozenset([-1, -2]))) == sweep.config_hash(WithSet(frozenset([-2, -1])))
+    nested = sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.25)])))  # elements that are configurations
+    assert nested == sweep.config_hash(WithSet(frozenset([Inner(0.25), Inner(0.5)])))
+    assert nested != sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.75)])))
+    assert sweep.config_hash(WithSet(frozenset([1, 2]))) != sweep.config_hash(WithSet(frozenset([1, 3])))
+    # Dicts: insertion order never counts (equal values included), keys of mixed types are fine.
+    assert sweep.config_hash(WithTable({"a": 1, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 1}))
+    assert sweep.config_hash(WithTable({"a": 2, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 2}))
+    assert sweep.config_hash(WithTable({1: "x", "y": 2})) == sweep.config_hash(WithTable({"y": 2, 1: "x"}))
+    assert sweep.config_hash(WithTable({1: "x", "y": 2})) != sweep.config_hash(WithTable({1: "x", "y": 3}))
+
+
+def test_numpy_values_key_as_the_numbers_they_hold():
+    import numpy as np
+
+    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) == sweep.config_hash(WithTable({"a": 1.5}))
+    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) != sweep.config_hash(WithTable({"a": np.float64(2.5)}))
+    assert sweep.config_hash(WithTable({}, (np.arange(3),))) == sweep.config_hash(WithTable({}, ((0, 1, 2),)))
+    assert sweep.config_hash(WithTable({}, (np.arange(3),))) != sweep.config_hash(WithTable({}, (np.arange(1, 4),)))
+
+
+def doubled_row(toy: Toy) -> dict:
+    return {"a": toy.a, "value": 2 * toy.a}
+
+
+def test_two_run_functions_never_share_a_row(tmp_path):
+    runner = toy_runner(tmp_path)
+    assert runner.map(toy_row, [Toy(3)]) == [{"a": 3, "value": 3.5}]
+    assert runner.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}]
+    assert (runner.executed, runner.cached) == (2, 0)
+
+
+def test_the_code_version_hashes_every_root(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        root.mkdir()
+        (root / "m.py").write_text("X = 1\n")
+    version = sweep.code_version([first, second])
+    (first / "m.py").write_text("X = 2\n")  # the first of two roots
+    assert sweep.code_version([first, second]) != version
+
+
+def test_a_dependency_that_is_not_installed_is_named_absent(monkeypatch):
+    import hashlib
+    import sys
+
+    monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
+    monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
+    versions = sweep.dependency_versions()
+    assert versions == {"python": sys.version, "trio": versions["trio"], "no-such-distribution": "absent",
+                        "tokenizer data": hashlib.sha256().hexdigest()}
+
+
+def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
+    runner = toy_runner(tmp_path)
+    runner.map(toy_row, [Toy(1)])
+    (entry,) = (tmp_path / "cache").rglob("*.pickle")
+    entry.write_bytes(b"not a pickle")
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}]
+    assert (runner.executed, runner.cached) == (2, 0)
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
+
+
+def test_values_whose_keys_share_a_folder_are_all_kept(tmp_path):
+    cache = sweep.Cache(tmp_path / "cache")
+    cache.put("ab" + "0" * 62, 1)
+    cache.put("ab" + "1" * 62, 2)
+    assert (cache.get("ab" + "0" * 62), cache.get("ab" + "1" * 62), cache.get("ab" + "2" * 62)) == ((True, 1), (True, 2), (False, None))

@@ -110,36 +110,74 @@ async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_exp
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
 
 
-def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None) -> bool:
+def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None, message: str | None = None) -> bool:
     steer = {"previous_response_id": previous, "input": given}
     if steer_id is not None:
         steer = {"id": steer_id, **steer}
     assert event["type"] == "response.steer.failed", event
     assert event["steer"] == steer, event
     assert event["error"]["code"] == code and event["error"]["type"] == "invalid_request_error" and event["error"]["message"]
+    assert message is None or event["error"]["message"] == message, event
     return True
+
+
+NOT_EMPTY = "'input' must not be empty."
+NOT_MESSAGES = "'input' must be a string or a non-empty array of user messages."
+ONLY_USER = "input[0]: steering accepts only messages with the user role."
+ONLY_KEYS = "input[0]: a message may carry only type, role and content."
+PARTS = "input[0].content: parts must be input_text, input_image or input_file."
+BAD_INPUTS = [  # (input, the message of its invalid_input)
+    ("", NOT_EMPTY),
+    ([], NOT_MESSAGES),
+    ({"text": "an object"}, NOT_MESSAGES),
+    ([{"role": "assistant", "content": "no"}], ONLY_USER),
+    ([{"type": "item_reference", "role": "user", "content": "x"}], ONLY_USER),
+    ([{"type": "function_call_output", "call_id": "call_1", "output": "x"}], ONLY_KEYS),
+    ([{"role": "user", "content": "x", "name": "n"}], ONLY_KEYS),
+    (["a bare string"], ONLY_KEYS),
+    ([{"role": "user", "content": [{"type": "output_text", "text": "x"}]}], PARTS),
+    ([{"role": "user", "content": []}], PARTS),
+    ([{"role": "user", "content": ["x"]}], PARTS),
+    ([{"role": "user", "content": 5}], "input[0].content: expected a string or an array of parts."),
+]
 
 
 async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         target, _ = await start(conn)
-        bad_inputs = [
-            "",
-            [],
-            [{"role": "assistant", "content": "no"}],
-            [{"type": "function_call_output", "call_id": "call_1", "output": "x"}],
-            [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}],
-            {"text": "an object"},
-        ]
-        for given in bad_inputs:
+        for given, message in BAD_INPUTS:
             await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
-            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given)
+            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given, message=message)
         # Only type, previous_response_id and input: the target decides the lane.
         await send(conn, {**steer(target), "stream_id": LANE})
-        assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small")
+        assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small",
+                      message="response.steer accepts only type, previous_response_id and input; got 'stream_id'.")
+        # The target must be named by a non-empty string; anything else is echoed as "".
+        for previous in (123, "", None):
+            await send(conn, {"type": "response.steer", "previous_response_id": previous, "input": "x"})
+            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", "", "x",
+                          message="response.steer needs 'previous_response_id', a response id.")
         end = await until(conn, *TERMINALS)
     assert end[-1]["type"] == "response.completed"  # nothing was accepted: the response ran its course
+
+
+async def test_user_messages_as_an_array_are_accepted_with_or_without_type_and_as_parts(autojump_clock):
+    server = make_server()
+    given = [
+        {"role": "user", "content": "keep it small"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and fast"}]},
+    ]
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
+        accepted = (await until(conn, "response.steer.accepted"))[-1]
+        await until(conn, "response.incomplete")
+        successor = (await until(conn, *TERMINALS))
+    assert accepted["steer"]["previous_response_id"] == target
+    assert successor[0]["type"] == "response.created" and successor[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == successor[0]["response"]["id"]][0]
+    assert (record["input_items"], record["input_types"]) == (2, {"message": 2})
 
 
 async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
@@ -203,7 +241,8 @@ async def test_v1_refuses_steering(autojump_clock):
         target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
         await send(conn, steer(target))
         refused = (await until(conn, "response.steer.failed"))[-1]
-        assert failed(refused, "steering_not_supported", target, "keep it small")
+        assert failed(refused, "steering_not_supported", target, "keep it small",
+                      message="Steering is not supported by this protocol version.")
         assert refused["sequence_number"] == 0
         done = await until(conn, "response.done")
     assert done[-1]["type"] == "response.done"  # the rollout went on, unsteered

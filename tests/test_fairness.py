@@ -192,13 +192,32 @@ async def test_reasoning_tokens_are_counted_and_the_blob_goes_where_the_design_n
 
 async def test_a_damaged_blob_is_refused_and_a_good_one_restores_the_context(autojump_clock) -> None:
     server = make_server()
+    task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=40, reasoning_tokens=15)
+    metadata = {"testbed_workload": server.api.workloads.register(task)}
+    user = {"type": "message", "role": "user", "content": "fix the bug"}
     async with ws(server, CHAINED) as conn:
-        await send(conn, create_event(include=["reasoning.encrypted_content"], metadata={"testbed_workload": "fixed:2"}))
+        await send(conn, create_event(input=[user], include=["reasoning.encrypted_content"], metadata=metadata))
         first = (await until(conn, "response.completed"))[-1]["response"]
-        reasoning = [item for item in first["output"] if item["type"] == "reasoning"]
-        assert reasoning == [] or len(reasoning[0]["encrypted_content"]) >= ENCRYPTED_CONTENT_MIN_CHARS
+        (reasoning,) = [item for item in first["output"] if item["type"] == "reasoning"]
+        assert len(reasoning["encrypted_content"]) >= ENCRYPTED_CONTENT_MIN_CHARS
+        answers = [{"type": "function_call_output", "call_id": c["call_id"], "output": "ok"} for c in function_calls(first)]
+        # The chained continuation: the server's own context, reasoning included.
+        await send(conn, create_event(input=answers, previous_response_id=first["id"], metadata=metadata))
+        chained = (await until(conn, "response.completed"))[-1]["response"]
+        # A stateless client resends the whole conversation; the blob brings the reasoning back.
+        history = [user, *first["output"], *answers]
+        await send(conn, create_event(input=history, metadata=metadata))
+        stateless = (await until(conn, "response.completed"))[-1]["response"]
+        # Another server's blob is carried as sent, not read: that context lacks the reasoning's text.
+        foreign = [dict(item, encrypted_content="gAAAA" + item["encrypted_content"][5:]) if item["type"] == "reasoning" else item
+                   for item in history]
+        await send(conn, create_event(input=foreign, metadata=metadata))
+        carried = (await until(conn, "response.completed"))[-1]["response"]
         damaged = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "tbr1.%%%"}
         await send(conn, json.dumps(create_event(input=[damaged, {"role": "user", "content": "go"}])))
         (error,) = await until(conn, "response.completed")
+    # The good blob restores the context token for token: the same prompt as the chained continuation's.
+    assert stateless["usage"]["input_tokens"] == chained["usage"]["input_tokens"]
+    assert carried["usage"]["input_tokens"] != chained["usage"]["input_tokens"]
     assert error["error"]["code"] == "invalid_encrypted_content" and error["error"]["param"] == "input[0].encrypted_content"
     assert error["error"]["message"] == "The encrypted content for item rs_1 could not be verified."

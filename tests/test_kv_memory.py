@@ -341,6 +341,19 @@ async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_dive
     assert budget.cached_prefix("b", b, trio.current_time()) == 0
 
 
+async def test_a_block_is_never_found_out_of_its_context(autojump_clock):
+    # Block hashes chain (vLLM's prefix caching): a block's KV depends on every token before it, so
+    # a block whose 16 tokens match but whose preceding context differs is never reused.
+    engine = Engine()
+    first, second, third = (list(range(start, start + 16)) for start in (1000, 2000, 3000))
+    await call(engine, "a", Prompt(first + second + third + [1]))
+    now = trio.current_time()
+    assert engine.cached_prefix("b", Prompt(first + second + [7] * 20), now) == 32  # in context: found
+    assert engine.cached_prefix("b", Prompt(second + third + [7] * 20), now) == 0  # a's blocks 2 and 3, shifted
+    assert engine.cached_prefix("b", Prompt(second + second + [7] * 20), now) == 0
+    assert engine.cached_prefix("b", Prompt(first + third + [7] * 20), now) == 16  # the first block only
+
+
 async def test_a_released_sessions_blocks_serve_others_until_exactly_the_ttl_after_its_last_use(autojump_clock):
     # Late in the run, so that only the age (now - last use) can decide, and at the boundary an own
     # entry expires at: exactly kv_ttl after its last use.

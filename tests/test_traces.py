@@ -105,6 +105,18 @@ def test_interrupted_requests_and_compaction_are_said(tmp_path):
     )
 
 
+def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fallback(tmp_path):
+    # TraceLab (README "Data format", DB_SCHEMA.md): tool_wall_latency_ms is result_at - emitted_at, the
+    # time the agent waited; the reader takes tool_internal_latency_ms only where the wall time is null.
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec_command", 2500), ("exec_command", None), ("exec_command", None)])
+    row["tools"][0]["tool_internal_latency_ms"] = 400
+    row["tools"][1]["tool_internal_latency_ms"] = 700
+    rows = [row, tracelab_row("s", 1, 110, 50, 10, [])]
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
+    assert trace.tasks[0].turns[0] == TurnSpec(100, 10, (2.5, 0.7, 0.0))
+    assert trace.notes == ("1 tool call(s) with null wall and internal latency: replayed as 0 s",)
+
+
 BAD_TRACELAB = [
     ("missing field", lambda r: r.pop("prefix_tokens"), 2, "prefix_tokens", "missing"),
     ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0"),

@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import compare
+from .common import Parser
+
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "figures"
 NOTEBOOKS = ("hosted_tool_analogy", "latency_experiments", "published_results", "lanes_and_steering")
@@ -39,14 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..__main__ import main as cli_main
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="figures-") as scratch:
         work = Path(scratch)
-        if cli_main(["compare", "--out", str(work / "compare"), *(SMOKE_COMPARE if args.smoke else [])]) != 0:
+        if _compare(["--out", str(work / "compare"), *(SMOKE_COMPARE if args.smoke else [])]) != 0:
             return 1
         shutil.copyfile(work / "compare" / "compare.png", out / "compare.png")
         written = [out / "compare.png"]
@@ -54,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
             written += _notebook_pictures(work, out, args.smoke)
     print(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _compare(argv: list[str]) -> int:
+    """`python -m prototype compare ARGV`, called through the compare command itself (the package's
+    `__main__` imports this module, so this module does not import it back)."""
+    parser = Parser(prog="python -m prototype compare")
+    compare.add_arguments(parser)
+    return compare.run(parser.parse_args(argv))
 
 
 def _notebook_pictures(work: Path, out: Path, smoke: bool) -> list[Path]:

@@ -340,10 +340,6 @@ def _answer_tokens(plan: TurnPlan, budget: int | None) -> int:
     return reasoning + len(plan.words) + sum(len(_token_pieces(call.arguments)) for call in plan.calls)
 
 
-def pending_calls(items: Sequence[Item]) -> list[str]:
-    return [item.call_id for item in items if isinstance(item, FunctionCall)]
-
-
 def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | None:
     """Why `items` do not answer exactly the `pending` calls, or None if they do (docs/protocol.md)."""
     outputs = [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
@@ -360,5 +356,5 @@ def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | N
 
 __all__ = [
     "COMPLETED", "ENDED_AT_CLIENT_CALLS", "INCOMPLETE", "STEERED", "EndResponseAtClientCalls", "HostedTools", "SamplingLoop",
-    "ToolBackend", "ToolCall", "pending_calls", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
+    "ToolBackend", "ToolCall", "prefill_warmup", "sample_until_client_calls", "unexpected_outputs",
 ]

@@ -256,10 +256,6 @@ class SteeringBook:
                 refused.append(Refusal(submission, SUCCESSOR_CREATION_FAILED, reason))
         return refused
 
-    def lane_of(self, response_id: str) -> str | None:
-        target = self.targets.get(response_id)
-        return target.lane if target is not None else None
-
     def is_known(self, response_id: str) -> bool:
         return response_id in self.targets
 

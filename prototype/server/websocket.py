@@ -102,7 +102,6 @@ class WebSocketSession:
     current: trio.CancelScope | None = None  # v1: the running rollout (one lane)
     idle: trio.Event = attrs.Factory(trio.Event)
     nursery: trio.Nursery | None = None
-    responses: list = attrs.Factory(list)  # (response id, outcome) of each finished response, for records
     records: Any = None  # the server's bounded log of client records (`ResponsesServer.records`), if any
     appends: int = 0  # v1 `response.append` frames delivered on this connection
     append_bytes: int = 0  # their total size, for the records' `request_bytes`
@@ -400,7 +399,6 @@ class WebSocketSession:
                 if lane.stream_id is None:
                     self.current = scope
                 response = await self.run_one(request, phase_log, view)
-                self.responses.append((response.id, response.status))
                 outcome = response.status
             if scope.cancelled_caught and self.abort_reason is not None and lane.stream_id in self.open_responses:
                 outcome = "failed"  # cut short by a drain past its grace: it still gets its terminal event

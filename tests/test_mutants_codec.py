@@ -154,7 +154,7 @@ REFUSED = [
     Refused('stream_id http', {'input': 'x', 'stream_id': 'lane'}, ('unsupported_parameter', "'stream_id' is not supported by this server.", 'stream_id')),
     Refused('conversation http', {'input': 'x', 'conversation': 'c'}, ('unsupported_parameter', "'conversation' is not supported by this server.", 'conversation')),
     Refused('prompt http', {'input': 'x', 'prompt': {'id': 'p'}}, ('unsupported_parameter', "'prompt' is not supported by this server.", 'prompt')),
-    Refused('bad stream_id ws', {'input': 'x', 'stream_id': 5}, ('invalid_value', "Invalid 'stream_id': 1 to 256 characters of A-Z, a-z, 0-9, '_', '.', '-'.", 'stream_id'), websocket=True),
+    Refused('bad stream_id ws', {'input': 'x', 'stream_id': 5}, ('invalid_stream_id', "The 'stream_id' field must be a non-empty string with at most 256 characters and may only contain letters, numbers, underscores, hyphens, and periods.", 'stream_id'), websocket=True),
     Refused('model type', {'input': 'x', 'model': 5}, ('invalid_type', "Invalid type for 'model': expected a string.", 'model')),
     Refused('model bool', {'input': 'x', 'model': True}, ('invalid_type', "Invalid type for 'model': expected a string.", 'model')),
     Refused('previous type', {'input': 'x', 'previous_response_id': 5}, ('invalid_type', "Invalid type for 'previous_response_id': expected a string.", 'previous_response_id')),

@@ -65,7 +65,7 @@ def agents_rows(agent_counts: list[int], designs: list[str], spec: ModelSpec, *,
 
     async def main() -> list[dict[str, Any]]:
         rows = []
-        run = secrets.token_hex(4)  # prefixes of earlier runs on the same worker are not found
+        run = secrets.token_hex(4)  # prefixes that other runs left on the same worker are not found
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             blocks, block_size = client.ready.kv_blocks, client.ready.block_size

@@ -177,7 +177,7 @@ def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: Model
 
     async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
         results = {}
-        run = secrets.token_hex(4)  # a worker that served earlier runs holds their prefixes: this run finds none
+        run = secrets.token_hex(4)  # a worker that served other runs holds their prefixes: this run finds none
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             for design in designs:

@@ -400,3 +400,18 @@ def test_sigterm_drains_the_real_server(cli_server) -> None:
     server.proc.wait(timeout=20)
     code, out, err = server.stop()
     assert code == 0 and "drained" in out, err
+
+
+async def test_a_drain_that_reaches_a_session_whose_nursery_has_closed_does_nothing(autojump_clock) -> None:
+    # Between a session's last task ending (its nursery closed) and its run returning, a drain can
+    # still find it in the server's sessions: shut_down must not start a task there (trio raises
+    # "Nursery is closed to new arrivals", which took serve's SIGTERM path down).
+    from prototype.server.websocket import WebSocketSession
+
+    async with trio.open_nursery() as ended:
+        pass
+    session = WebSocketSession.__new__(WebSocketSession)
+    session.nursery, session.shutdown = ended, None
+    reason = errors.server_shutting_down()
+    session.shut_down(reason, 1001, "server shutting down", 0.0)
+    assert session.shutdown == (reason, 1001, "server shutting down", 0.0)

@@ -10,9 +10,13 @@ Reported per design and N:
 
 * `turns_per_s`: turns completed per second of wall time, all sessions together;
 * `overhead_p50_ms`, `overhead_p99_ms`: each turn's time (request sent to pause or terminal event
-  received) minus the same turn's time in a virtual-clock run of the same task, which is exactly what
-  the engine model charges (request overhead, prefill, decode). What is left is real work and
-  queueing: in the server, and in this client process, which shares the machine with it;
+  received) minus what the engine model charged that very turn (request overhead, prefill of the
+  tokens it did not find cached, decode), computed from the usage its pause or terminal event
+  carried (`modeled_turn_seconds`): the same cache state as the real turn, which a shared prompt
+  found in the prefix cache makes warmer than a lone cold run. The server starts every modeled
+  wait at the request's arrival at the earliest and never ends one before its deadline, so the
+  figure is never negative. What is left is real work and queueing: in the server, and in the
+  client process, which shares the machine with it;
 * `server_cpu_ms_per_turn` and `server_core_share` (/proc schedstat): the server's own CPU time;
   `server_waiting_share` the time it was ready to run but waited for a CPU (schedstat's run
   delay: other processes on the machine), and `client_core_share` the client processes' CPU time,
@@ -68,7 +72,12 @@ from prototype.client.harness import (
     run_websocket_rollout,
 )
 from prototype.clock import PreciseClock
-from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
+from prototype.engine.latency import (
+    ENGINE_REQUEST_OVERHEAD_S,
+    PREFILL_TOKENS_PER_S,
+    LatencyModel,
+    decode_rate_for_model,
+)
 from prototype.server.app import ResponsesServer
 from prototype.workload import Workload, fixed
 
@@ -113,6 +122,43 @@ def reference(design: str, workload: Workload, spec: str) -> RolloutRecord:
     record = virtual.run(run)
     assert record.status == "completed", record.status
     return record
+
+
+def turn_tokens(record: RolloutRecord) -> list[tuple[int, int, int] | None]:
+    """Each turn's own (input, cached, output) tokens, from the usage its pause or terminal event
+    carried: a v1 rollout's usage is cumulative over its segments (docs/protocol.md), so a turn of
+    the same response as the one before is the difference. None: the turn carried no usage."""
+    out: list[tuple[int, int, int] | None] = []
+    before: dict[str, tuple[int, int, int]] = {}
+    for turn in record.turns:
+        usage = turn.usage
+        if not usage:
+            out.append(None)
+            continue
+        total = (usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"])
+        last = before.get(turn.response_id, (0, 0, 0))
+        out.append((total[0] - last[0], total[1] - last[1], total[2] - last[2]))
+        before[turn.response_id] = total
+    return out
+
+
+def modeled_turn_seconds(record: RolloutRecord, latency: LatencyModel) -> list[float | None]:
+    """What the engine model charged each turn, from its own tokens (`turn_tokens`): one model call
+    (the load task's turns are one function call each) prefilling what it did not find cached,
+    then decoding its output. None where the turn carried no usage."""
+    return [
+        None if tokens is None else latency.prefill_seconds(tokens[0] - tokens[1], tokens[1]) + latency.decode_seconds(tokens[2])
+        for tokens in turn_tokens(record)
+    ]
+
+
+def turn_overheads(record: RolloutRecord, latency: LatencyModel) -> list[float]:
+    """Each ended turn's time beyond what the engine model charged it (`modeled_turn_seconds`)."""
+    return [
+        (turn.ended_at - turn.sent_at) - modeled
+        for turn, modeled in zip(record.turns, modeled_turn_seconds(record, latency))
+        if turn.ended_at is not None and modeled is not None
+    ]
 
 
 def _items(record: RolloutRecord) -> Counter:
@@ -321,10 +367,8 @@ def measure(
         out = trio.run(run_sessions, port, process.pid, design, workload, spec, sessions, stagger, processes)
     records = out["records"]
     done = [r for r in records if r is not None and r.status == "completed"]
-    overheads = [
-        (turn.ended_at - turn.sent_at) - modeled[turn.turn]
-        for record in done for turn in record.turns if turn.ended_at is not None
-    ]
+    latency = LatencyModel(decode_tokens_per_s=decode_rate_for_model(MODEL))  # what `serve` charges MODEL
+    overheads = [overhead for record in done for overhead in turn_overheads(record, latency)]
     lost, duplicated = tally(out["alone"], records, expected, design)
     turns = sum(len(r.turns) for r in done)
     # A session's turns over the time it takes when nothing queues: modeled turns plus think times.

@@ -382,7 +382,7 @@ def test_load_script_runs_and_loses_nothing(tmp_path, monkeypatch) -> None:
     assert [(row["design"], row["sessions"]) for row in rows] == [(SUSPENDED, 3), (CHAINED, 3)]
     for row in rows:
         assert (row["completed"], row["turns"], row["lost"], row["duplicated"]) == (3, 6, 0, 0)
-        assert row["turns_per_s"] > 0 and row["overhead_p99_ms"] >= row["overhead_p50_ms"]
+        assert row["turns_per_s"] > 0 and row["overhead_p99_ms"] >= row["overhead_p50_ms"] > 0  # real time beyond the model
         assert row["rss_peak_mb"] >= row["rss_before_mb"] > 0
     assert (tmp_path / "load_test" / "latest" / "load_test.csv").exists()
 
@@ -435,3 +435,40 @@ def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_re
     # Were the lone rollout the reference, the two sessions equal to it would count as lost instead.
     assert tally(alone_differs, [alone_differs, alone_differs], expected, "chained") == (3, 3)
     assert tally(expected, [expected, None], expected, "chained") == (1 + 3, 0)
+
+
+@pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
+async def test_load_overhead_is_what_the_server_added_beyond_the_model_whatever_the_cache_held(autojump_clock, design: str) -> None:
+    """The load experiment's per-turn overhead, on the virtual clock where the only time beyond the
+    engine model is the API stages the server charges: exactly those stages (their phase log), turn
+    by turn, for a cold rollout and for a second one that finds the whole conversation cached. Under
+    zero stage costs it is zero, never the cold prefill a warm turn skipped."""
+    from experiments import load
+    from prototype.api.costs import ZERO_COSTS, ApiCosts
+    from prototype.api.service import ApiService
+    from prototype.client.harness import run_websocket_rollout
+    from prototype.engine.latency import LatencyModel, decode_rate_for_model
+    from prototype.metrics import DECODE, PREFILL
+    from prototype.server.app import ResponsesServer
+
+    workload, spec = load.task_of(load.LoadRun(design, 1, 1, 3, 1000, 200, 50, 0.5, 0.0))
+    latency = LatencyModel(decode_tokens_per_s=decode_rate_for_model(load.MODEL))
+    for costs in (ApiCosts(), ZERO_COSTS):
+        server = ResponsesServer(ApiService(costs=costs))
+        cold, warm = [
+            await run_websocket_rollout(
+                InMemoryConnector(server), design, workload, metadata={"testbed_workload": spec}, model=load.MODEL, include_timing=True
+            )
+            for _ in range(2)
+        ]
+        assert [tokens[1] for tokens in load.turn_tokens(warm)] > [tokens[1] for tokens in load.turn_tokens(cold)]  # more cached
+        for record in (cold, warm):
+            stages = [
+                sum(ms for phase, ms in turn.server_timing["phases_ms"].items() if phase not in (PREFILL, DECODE)) / 1000
+                for turn in record.turns
+            ]
+            assert load.turn_overheads(record, latency) == pytest.approx(stages, abs=1e-9)
+            if costs is ZERO_COSTS:
+                assert stages == [0.0, 0.0, 0.0]
+            else:
+                assert min(stages) > 0

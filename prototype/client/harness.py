@@ -68,6 +68,10 @@ class TurnRecord:
     bytes_sent: int = 0
     bytes_received: int = 0
     server_timing: dict[str, Any] | None = None
+    response_id: str = ""
+    usage: dict[str, Any] | None = None
+    """The usage the turn's pause or terminal event carried: the response's so far (cumulative over a v1
+    rollout's segments), None where the event carried none."""
 
     @property
     def ttft(self) -> float | None:
@@ -163,6 +167,7 @@ class Rollout:
             response = event.get("response") or {}
             turn.server_timing = response.get("testbed_timing")
             usage = response.get("usage")
+            turn.response_id, turn.usage = self._response_id, usage
             if event_type in TERMINAL_TYPES:
                 self.record.outcomes[response.get("id")] = response.get("status", "")
                 if response.get("id") not in self.record.response_ids:

@@ -12,11 +12,12 @@ import json
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 import trio_websocket
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import TERMINALS, create_event, make_server, outputs_for, send, timed_until, until
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, send, timed_until, until
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 
@@ -31,12 +32,13 @@ THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 
 
 @asynccontextmanager
-async def beta_ws(server, beta: str | None = BETA_HEADER):
-    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide)."""
+async def beta_ws(server, beta: str | None = BETA_HEADER, network=None):
+    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide); `network`:
+    None for a zero-latency pipe, or a link with delay."""
     headers = [(b"authorization", b"Bearer k")]
     if beta is not None:
         headers.append((b"openai-beta", beta.encode()))
-    async with InMemoryConnector(server).open_stream() as stream, trio.open_nursery() as nursery:
+    async with InMemoryConnector(server, network).open_stream() as stream, trio.open_nursery() as nursery:
         conn = await trio_websocket.wrap_client_stream(nursery, stream, "testbed", "/v1/responses", extra_headers=headers)
         try:
             yield conn
@@ -160,9 +162,10 @@ async def test_inject_and_multi_agent_need_the_beta_header(autojump_clock):
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
-async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_clock):
+@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "20ms"])
+async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_clock, network):
     server = make_server()
-    async with beta_ws(server) as conn:
+    async with beta_ws(server, network=network) as conn:
         await send(conn, {"type": "response.inject", "response_id": "resp_1"})  # no input
         (error,) = await until(conn, *TERMINALS)
         assert (error["status"], error["error"]["param"]) == (400, "input")

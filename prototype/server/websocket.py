@@ -195,8 +195,7 @@ class WebSocketSession:
                 await self.dispatch(event, len(message.encode()) if isinstance(message, str) else len(message), arrived)
             except MalformedInject as error:  # multi-agent guide: a generic 400 error, then the connection closes
                 self.record_refusal(error)
-                await self.send_error(error)
-                await self.ws.aclose(1008, "malformed response.inject")  # close code [ours]
+                await self.send_error_and_close(error, 1008, "malformed response.inject")  # close code [ours]
                 return
             except ProtocolError as error:
                 self.record_refusal(error)

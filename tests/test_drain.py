@@ -335,6 +335,21 @@ def assert_terminal_event_then_error(created: dict[str, Any], events: list[dict[
     assert_no_event_lost([created, *events[:-1]])
 
 
+async def close_mid_response(conn, server, close: str, workload: str, timeout: float | None = None):
+    """Start a response of `workload`; with `close` "drain", drain the server 0.1 s after its
+    `response.created` (a "limit" case has timed its lifetime to strike in the middle). Returns the
+    `response.created`, every event after it and the close code."""
+    await send(conn, create(model="sim-100", metadata={"testbed_workload": workload}))
+    created = await receive(conn) if timeout is None else await receive(conn, timeout=timeout)
+    assert created["type"] == "response.created"
+    async with trio.open_nursery() as draining:
+        if close == "drain":
+            await trio.sleep(0.1)
+            draining.start_soon(drain, server, 30.0)
+        events, code = await events_until_close(conn)
+    return created, events, code
+
+
 @pytest.mark.parametrize("close", list(CLOSES))
 @pytest.mark.parametrize("link", LINKS)
 async def test_a_close_mid_response_delivers_the_terminal_event_the_error_then_the_close_code(autojump_clock, link: str, close: str) -> None:
@@ -343,14 +358,7 @@ async def test_a_close_mid_response_delivers_the_terminal_event_the_error_then_t
         async with raw_ws(connector_for(link, server, server_side), CHAINED) as (conn, _):
             if close == "limit":  # the lifetime counts from the server's accept, one way before `opened`
                 await trio.sleep(LIFETIME - 0.1 - 2 * one_way(link) - 0.01)
-            await send(conn, create(model="sim-100", metadata={"testbed_workload": SHORT}))
-            created = await receive(conn)
-            assert created["type"] == "response.created"
-            async with trio.open_nursery() as draining:
-                if close == "drain":
-                    await trio.sleep(0.1)
-                    draining.start_soon(drain, server, 30.0)
-                events, code = await events_until_close(conn)
+            created, events, code = await close_mid_response(conn, server, close, SHORT)
         await server_tasks_end(server_side, server)
     assert_terminal_event_then_error(created, events, code, close)
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
@@ -366,14 +374,7 @@ async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: 
     listeners = await nursery.start(serve_responses, server, 0)
     connector = TcpConnector("127.0.0.1", listeners[0].socket.getsockname()[1], network=DELAYED_LINK)
     async with raw_ws(connector, CHAINED) as (conn, _):
-        await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))
-        created = await receive(conn, timeout=30)
-        assert created["type"] == "response.created"
-        async with trio.open_nursery() as draining:
-            if close == "drain":
-                await trio.sleep(0.1)
-                draining.start_soon(drain, server, 30.0)
-            events, code = await events_until_close(conn)
+        created, events, code = await close_mid_response(conn, server, close, LONG, timeout=30)
     with trio.fail_after(10):  # a hang guard: the server's side of the connection ends with it
         while server.sessions or server.connections:
             await trio.sleep(0.01)

@@ -7,9 +7,10 @@ hits it counted, the request's num_cached_tokens; from the client side, the time
 and the decode rate; the KV blocks in use at the first token. Beside each, the simulated engine's
 prediction for the same call: its prefill tokens (its residency and prefix-cache model, run beside
 vLLM on the same calls) and its time to first token (the latency model). The latency model is then
-fitted to the real engine's timings (prototype/engine/fit.py, as `calibrate` fits it to traces),
-and the fitted model's error is reported too; `--latency-out` saves the fit as a profile that
-`compare --latency` and `serve` load.
+fitted to the real engine's timings (prototype/engine/fit.py), and the fitted model's error is
+reported too; `--latency-out` saves the fit as a profile that `compare --latency` and `serve` load.
+`python -m prototype calibrate <the calls CSV>` makes the same fit from the written file and scores
+it on the calls it was not fitted to.
 
     python -m experiments.real_engine                      # tiny model on CPU, 2 chat tasks x 3 turns
     python -m experiments.real_engine --gpu                # Llama-3.1-8B-shaped model on one GPU (docs/real_engine.md)
@@ -31,6 +32,7 @@ import attrs
 from experiments.common import experiment_parser, report
 from prototype import benchmark, profiles
 from prototype.api.costs import ZERO_COSTS
+from prototype.cli import calibrate
 from prototype.cli.common import add_list
 from prototype.engine import fit
 from prototype.engine.latency import SPARK_TOKENS_PER_S, LatencyModel
@@ -76,7 +78,7 @@ def call_rows(design: str, calls: list[RealCall], model: LatencyModel, fitted: L
             "prompt_tokens": call.prompt_tokens, "sent_tokens": call.sent_tokens,
             "prefill_vllm": call.prefill_tokens, "prefill_sim": call.predicted_prefill_tokens,
             "prefix_hits_vllm": call.prefix_hits, "cached_vllm": call.vllm_cached_tokens,
-            "ttft_ms": call.ttft_s * 1000,
+            "output_tokens": call.output_tokens, "ttft_ms": call.ttft_s * 1000, "decode_ms": call.decode_s * 1000,
             "ttft_sim_ms": model.prefill_seconds(call.predicted_prefill_tokens, predicted_cached) * 1000,
             "decode_tps": (call.output_tokens - 1) / call.decode_s if call.decode_s > 0 else float("nan"),
             "kv_blocks": call.kv_blocks_used,
@@ -88,17 +90,17 @@ def call_rows(design: str, calls: list[RealCall], model: LatencyModel, fitted: L
 
 
 def fit_latency(calls: list[RealCall]) -> tuple[LatencyModel, fit.RoundTimeFit] | None:
-    """The latency model fitted to the real engine's calls: time to first token against the tokens
-    vLLM prefilled (fit.round_time_fit with no output term: overhead and prefill rate), and the decode
-    rate as every token after a call's first over the time they took. None with fewer than 4 calls."""
-    decode_s = sum(c.decode_s for c in calls)
-    if len(calls) < 4 or decode_s <= 0:
+    """The latency model fitted to the real engine's calls, as `calibrate` fits it to this experiment's
+    real_engine_calls.csv (fit.engine_timing_fit): time to first token against the tokens vLLM prefilled
+    (overhead and prefill rate), and the decode rate. None with fewer than 4 calls or no decode time."""
+    if len(calls) < 4:
         return None
-    result = fit.round_time_fit([c.prefill_tokens for c in calls], [0.0] * len(calls), [c.ttft_s for c in calls])
-    decode_rate = sum(max(0, c.output_tokens - 1) for c in calls) / decode_s
-    model = LatencyModel(decode_tokens_per_s=decode_rate, prefill_tokens_per_s=result.prefill_tokens_per_s,
-                         cache_attention=None, request_overhead=result.fixed_s)
-    return model, result
+    try:
+        result = fit.engine_timing_fit([c.prefill_tokens for c in calls], [c.ttft_s for c in calls],
+                                       [c.output_tokens for c in calls], [c.decode_s for c in calls])
+    except ValueError:
+        return None
+    return calibrate.engine_latency_model(result), result.first_token
 
 
 def _error(predicted: float, measured: float) -> float:
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
             for row in call_rows(design, calls, model, fitted[0] if fitted else None)]
     summary = summary_rows(rows)
     print(f"{args.tasks} {args.preset} tasks x {args.turns} turns per design on vLLM ({spec.name}, dummy weights), real time\n")
-    report(rows, "real_engine_calls.csv")
+    calls_path = report(rows, "real_engine_calls.csv")
     print()
     report(summary, "real_engine.csv")
     if fitted is not None:
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
             print(f"wrote {path}")
         elif args.latency_out:
             print("not saved: a rate the calls cannot determine came out infinite (more calls, or longer ones, fit it)")
+        print(f"the same fit, scored on held-out calls: python -m prototype calibrate {calls_path}")
     return {"calls": rows, "summary": summary}
 
 

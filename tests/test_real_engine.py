@@ -52,6 +52,14 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         assert resumed.prefill_tokens == 101
         # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
         assert resumed.prefix_hits == resumed.vllm_cached_tokens == 0
+        # A compacted context is rendered anew: it does not extend what the request holds, so the request is
+        # closed and a new one computes the whole compacted prompt (nothing of it was ever computed).
+        compacted = Prompt(range(50_000, 50_300))
+        reopened = await _call(engine, ("suspended", "r1"), compacted, held=True, output_tokens=8)
+        assert (reopened.resumed, reopened.sent_tokens, reopened.prefill_tokens, reopened.prefix_hits) == (False, 300, 300, 0)
+        compacted.extend(range(60_000, 60_050))  # and the new request is the one held from then on
+        after = await _call(engine, ("suspended", "r1"), compacted, held=True, output_tokens=8)
+        assert (after.resumed, after.sent_tokens, after.prefill_tokens) == (True, 43, 43)
         engine.release(("suspended", "r1"))
 
         # chained: a new request per turn; the second finds the first's prompt in the prefix cache.
@@ -103,7 +111,7 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
             home = call
 
 
-def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path):
+def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path, capsys):
     from experiments import common, real_engine
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
@@ -120,6 +128,14 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path)
     # Enough calls to fit the latency model's three terms, so the fitted error is reported.
     assert all("ttft_fit_error" in row for row in result["summary"])
     assert (tmp_path / "real_engine").is_dir()
+    # calibrate makes the same fit from the calls file the experiment wrote, and scores it on held-out calls.
+    from prototype.__main__ import main as cli_main
+
+    calls_csv = tmp_path / "real_engine_calls" / "latest" / "real_engine_calls.csv"
+    assert cli_main(["calibrate", str(calls_csv), "--latency-out", str(tmp_path / "vllm.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"real-engine calls, {len(result['calls'])} calls" in printed and "scored on the last" in printed
+    assert (tmp_path / "vllm.json").is_file()
 
 
 def test_gpu_run_refuses_without_a_gpu(vllm_worker, capsys):

@@ -186,6 +186,35 @@ async def test_engine_streams_pieces_as_tokens_arrive_and_resumes_held_requests(
         (False, 50, 5, 16), (True, 6, 1, 16)]
 
 
+async def test_a_compacted_prompt_closes_the_held_request_and_opens_one_on_the_whole_prompt(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+
+        async def held_call(prompt: Prompt, tokens: int) -> None:
+            call = await engine.begin_call("s", prompt, pinned=True)
+            await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=tokens), engine_call=call)
+            await engine.decode_unstreamed(latency, tokens, start=0.0, engine_call=call)
+            engine.end_call(call)
+
+        await held_call(Prompt(range(100, 140)), 3)
+        # The same ids in a new object (a context rendered anew with nothing dropped) still extend the request.
+        await held_call(Prompt([*range(100, 140), *range(500, 510)]), 2)
+        # A compacted context starts otherwise: the request is closed, a new one takes the whole prompt.
+        compacted = Prompt(range(700, 720))
+        await held_call(compacted, 2)
+        compacted.extend(range(800, 805))
+        await held_call(compacted, 1)
+        engine.release("s")
+        await trio.testing.wait_all_tasks_blocked()
+    ops = [(m["op"], m.get("rid"), len(m.get("prompt", ()))) for m in worker.received]
+    first, second = (m["rid"] for m in worker.received if m["op"] == "generate")
+    # 40 + 3 - 1 = 42 held, 50-token prompt: 8 appended; the new request holds 20 + 2 - 1 = 21 of 25: 4 appended.
+    assert ops == [("generate", first, 40), ("append", first, 8), ("close", first, 0), ("generate", second, 20),
+                   ("append", second, 4), ("close", second, 0)]
+    assert [(r.resumed, r.sent_tokens) for r in engine.records] == [(False, 40), (True, 8), (False, 20), (True, 4)]
+
+
 async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_sessions(autojump_clock, nursery):
     stream, worker = await _engine_on_fake(nursery)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:

@@ -12,6 +12,11 @@ Prints, for the trace and for the testbed's generated tasks (`--baseline`, defau
   the fit's error on rounds it was not fitted to: fitted on the first rounds of the group (in time order), scored on
   the last `--holdout` share of them (median and p90 absolute percentage error per round).
 
+Given the per-call file of a real engine the testbed ran (`experiments.real_engine`'s `real_engine_calls.csv`,
+prototype/traces/engine_calls.py), it fits the latency model's engine terms to that engine's own timings instead: time
+to the first token on the prefill the engine computed (request overhead, prefill rate) and the decode rate, scored on
+the last `--holdout` share of the calls, and `--latency-out` writes that profile.
+
 `--preset-out FILE` writes the fitted workload preset and `--latency-out FILE` the fitted latency profile (small JSON
 files, prototype/profiles.py) that `compare --preset FILE --latency FILE` reads; a trace with several groups gets one
 profile each, `FILE` with the group in its name (`profile.codex-gpt-5.4.json`).
@@ -34,6 +39,7 @@ from .. import profiles, traces
 from .. import workload as wl
 from ..api.costs import ApiCosts
 from ..engine import fit, latency
+from ..traces import engine_calls
 from .common import at_least, non_negative
 
 TOOL_TAIL_S = 60.0  # TraceLab: 4% of tool calls take over a minute and hold ~85% of tool time
@@ -42,7 +48,8 @@ UNNAMED_GROUP = "all rounds"  # rounds whose trace names no provider or model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout) or a folder of Codex rollouts")
+    parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout), a folder of Codex rollouts, "
+                        "or a real engine's calls (experiments.real_engine's real_engine_calls.csv)")
     parser.add_argument("--baseline", default=wl.DEFAULT_PRESET, help="preset (name or JSON file) to print beside the trace (default coding)")
     parser.add_argument("--baseline-tasks", type=at_least(1), default=300, help="generated tasks for the baseline's figures (default 300)")
     parser.add_argument("--seed", type=non_negative(int), default=0, help="seed of the baseline's generated tasks (default 0)")
@@ -161,6 +168,8 @@ def print_fit(result: fit.RoundTimeFit, group: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if engine_calls.looks_like(args.trace):
+        return run_engine_calls(args)
     try:
         trace = traces.load(args.trace)
         label, base_tasks = _baseline(args.baseline, args.baseline_tasks, args.seed)
@@ -276,3 +285,80 @@ def group_path(path: str, group: str) -> Path:
     target = Path(path)
     slug = re.sub(r"[^A-Za-z0-9._]+", "-", group).strip("-") or "group"
     return target.with_name(f"{target.stem}.{slug}{target.suffix}")
+
+
+# --- a real engine's calls -----------------------------------------------------------------------------------------
+
+
+def engine_latency_model(result: fit.EngineTimingFit) -> latency.LatencyModel:
+    first = result.first_token
+    return latency.LatencyModel(
+        decode_tokens_per_s=result.decode_tokens_per_s,
+        prefill_tokens_per_s=first.prefill_tokens_per_s if math.isfinite(first.prefill_tokens_per_s) else 1e9,
+        cache_attention=None, request_overhead=first.fixed_s,
+    )
+
+
+def fit_engine_calls(calls: Sequence[engine_calls.EngineCall]) -> fit.EngineTimingFit:
+    return fit.engine_timing_fit([c.prefill_tokens for c in calls], [c.ttft_s for c in calls],
+                                 [c.output_tokens for c in calls], [c.decode_s for c in calls])
+
+
+def engine_calls_score(calls: Sequence[engine_calls.EngineCall], share: float) -> tuple[fit.EngineTimingFit, int, dict, dict]:
+    """Fit on the first calls, score on the last `share` of them: (fit, calls scored, errors of the time to first
+    token, errors of the whole call), each `fit.percentage_errors`."""
+    fitted_part, held_part = fit.holdout_split(len(calls), share)
+    fitted = fit_engine_calls([calls[i] for i in fitted_part])
+    held = [calls[i] for i in held_part]
+    ttft = fit.percentage_errors([float(fitted.first_token.predict(c.prefill_tokens, 0.0)) for c in held],
+                                 [c.ttft_s for c in held])
+    whole = fit.percentage_errors([float(fitted.call_seconds(c.prefill_tokens, c.output_tokens)) for c in held],
+                                  [c.ttft_s + c.decode_s for c in held])
+    return fitted, len(held), ttft, whole
+
+
+def run_engine_calls(args: argparse.Namespace) -> int:
+    try:
+        calls = engine_calls.read(args.trace)
+    except traces.TraceError as e:
+        print(f"python -m prototype calibrate: error: {e}", file=sys.stderr)
+        return 2
+    if not 0 < args.holdout < 1:
+        print(f"error: --holdout must be in (0, 1), got {args.holdout:g}", file=sys.stderr)
+        return 2
+    if args.preset_out:
+        print("python -m prototype calibrate: error: --preset-out: a real engine's calls hold no tasks (no tool times, "
+              "no requests) to fit a workload preset to", file=sys.stderr)
+        return 2
+    designs = {d: sum(c.design == d for c in calls) for d in dict.fromkeys(c.design for c in calls)}
+    print(f"{args.trace}: {engine_calls.FORMAT}, {len(calls)} calls ({', '.join(f'{d}: {n}' for d, n in designs.items())})")
+    try:
+        result = fit_engine_calls(calls)
+    except ValueError as e:
+        print(f"\nno fit: {e}")
+        return 2 if args.latency_out else 0
+    first = result.first_token
+    print(f"\nFit of the engine's timings ({first.n} calls): time to first token = overhead + prefill computed / prefill rate; "
+          "decode rate = tokens after the first / their time")
+    print(f"  overhead       {first.fixed_s * 1000:9.1f} ms  (+/- {first.stderr[0] * 1000:.1f})   testbed: "
+          f"{latency.ENGINE_REQUEST_OVERHEAD_S * 1000:g} ms")
+    print(f"  prefill rate   {_fmt(first.prefill_tokens_per_s):>9} tokens/s (s/token +/- {first.stderr[1]:.2g})   testbed: "
+          f"{latency.PREFILL_TOKENS_PER_S:g}")
+    print(f"  decode rate    {_fmt(result.decode_tokens_per_s):>9} tokens/s   testbed: {latency.FLAGSHIP_TOKENS_PER_S:g} / "
+          f"{latency.SPARK_TOKENS_PER_S:g} / {latency.SPARK_BURST_TOKENS_PER_S:g}")
+    print(f"  residuals      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f}")
+    if len(calls) >= 4:
+        try:
+            fitted, scored, ttft, whole = engine_calls_score(calls, args.holdout)
+        except ValueError as e:  # the fitted part alone has no decode time
+            print(f"  held out       not scored: {e}")
+        else:
+            print(f"  held out       fitted on the first {fitted.first_token.n} calls, scored on the last {scored}: absolute "
+                  f"error per call, time to first token median {_fmt(ttft['median'])}%, p90 {_fmt(ttft['p90'])}%; "
+                  f"whole call median {_fmt(whole['median'])}%, p90 {_fmt(whole['p90'])}%")
+    if args.latency_out:
+        path = profiles.save_latency(engine_latency_model(result), args.latency_out,
+                                     f"python -m prototype calibrate {args.trace} ({first.n} real-engine calls, "
+                                     f"time to first token rmse {first.rmse_s * 1000:.1f} ms)")
+        print(f"wrote latency profile {path}")
+    return 0

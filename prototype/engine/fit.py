@@ -6,6 +6,8 @@
   pays regardless of size (API work, queueing, network, time to the first token). Coefficients are kept
   non-negative (the best of the 2³ subsets of terms with non-negative least-squares coefficients), so a term the data
   cannot see comes out 0 and its rate infinite rather than negative.
+* `engine_timing_fit`: the same model's engine terms fitted to a real engine's own calls (`experiments.real_engine`):
+  time to the first token on the prefill the engine computed (overhead and prefill rate), and the decode rate.
 * `distribution`: quantiles and mean of one quantity; `tool_tail`: the share of calls over a threshold and the share
   of tool time they hold (TraceLab: 4% of calls over a minute hold ~85% of tool time).
 * `lognormal`: median and log-sd of positive values (the generator's LN(median, sigma) parameters);
@@ -97,6 +99,36 @@ def round_time_fit(uncached: Sequence[float], output: Sequence[float], seconds: 
         stderr=tuple(float(s) for s in stderr), rmse_s=math.sqrt(sse / n), r2=r2, residual_quantiles=(p10, p50, p90), n=n,
     )
 
+
+@attrs.frozen
+class EngineTimingFit:
+    """The latency model's engine terms fitted to a real engine's calls.
+
+    Attributes:
+        first_token: `ttft = fixed_s + prefill computed / prefill_tokens_per_s` (a `RoundTimeFit` with no output term:
+            its decode rate is inf): the request overhead and the prefill rate.
+        decode_tokens_per_s: Every token after a call's first over the time they took, all calls pooled.
+    """
+
+    first_token: RoundTimeFit
+    decode_tokens_per_s: float
+
+    def call_seconds(self, prefill_tokens: np.ndarray | float, output_tokens: np.ndarray | float) -> np.ndarray | float:
+        """A call's predicted time from request to last token: its first token, then one decode step per later token."""
+        later = np.maximum(np.asarray(output_tokens, dtype=float) - 1, 0)
+        return self.first_token.predict(prefill_tokens, 0.0) + later / self.decode_tokens_per_s
+
+
+def engine_timing_fit(prefill_tokens: Sequence[float], ttft_s: Sequence[float], output_tokens: Sequence[float],
+                      decode_s: Sequence[float]) -> EngineTimingFit:
+    """Fits `EngineTimingFit` to calls: per call the prefill the engine computed (its own counters, not the prompt:
+    a cache hit or a held sequence is not prefilled), the time to its first token, its sampled tokens and the time from
+    its first token to its last. Needs at least 3 calls and some decode time."""
+    later = float(np.maximum(np.asarray(output_tokens, dtype=float) - 1, 0).sum())
+    decoding = float(np.asarray(decode_s, dtype=float).sum())
+    if decoding <= 0 or later <= 0:
+        raise ValueError("a decode rate needs calls that sampled more than one token, over some time")
+    return EngineTimingFit(round_time_fit(prefill_tokens, [0.0] * len(ttft_s), ttft_s), later / decoding)
 
 def distribution(values: Sequence[float]) -> dict[str, float]:
     """n, mean and the `QUANTILES` (keys p10, p50, p90, p99); NaNs when empty."""

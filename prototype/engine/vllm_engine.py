@@ -6,7 +6,10 @@ What a design asks becomes an engine request:
 * a held call (v1) is one resumable request per session, vLLM's session-based streaming input: the
   first call opens it on the whole prompt; each later call appends only the prompt's ids past what
   the request already holds (its prompts plus the tokens it sampled, less the last, which vLLM
-  never feeds back), so vLLM prefills only those; `release` closes it;
+  never feeds back), so vLLM prefills only those; `release` closes it. A prompt that no longer
+  extends the one the request was last given (a compacted context, rendered anew) cannot be
+  appended: the request is closed and a new one opened on the whole prompt, as a real deployment
+  would have to;
 * any other call is a new request on the whole prompt, which finds what vLLM's automatic prefix
   cache holds; a session the design isolated (http routed away from its prefix) gets a `cache_salt`
   of its own, so it finds nothing.
@@ -31,6 +34,7 @@ import trio
 
 from .admission import EngineCall
 from .engine import Engine, ModelCall, Prefilled
+from .kv import Prompt
 from .latency import LatencyModel
 from .vllm_client import VllmClient, WorkerFailed, open_vllm_process
 from .vllm_models import ModelSpec, to_model_ids
@@ -115,6 +119,17 @@ class _Held:
     rid: str
     events: trio.MemoryReceiveChannel
     length: int = 0  # tokens in vLLM's sequence: its prompts and its kept samples
+    prompt: Prompt | None = None  # the testbed's prompt at the last call, and how long it was then
+    prompt_length: int = 0
+
+    def extended_by(self, prompt: Prompt) -> bool:
+        """Whether `prompt` continues the prompt of the request's last call. Prompts grow in place
+        (kv.Prompt is append-only), so the same object always does; a context rendered anew (compaction)
+        is another object, which does only if it starts with the same ids."""
+        if self.prompt is None or prompt is self.prompt:
+            return True
+        n = self.prompt_length
+        return len(prompt) >= n and prompt.ids[:n] == self.prompt.ids[:n]
 
 
 @attrs.define(eq=False)
@@ -146,6 +161,10 @@ class VllmEngine(Engine):
         predicted = len(call.prompt) - self.cached_prefix(call.key, call.prompt, now)
         max_tokens = max(1, call.output_tokens)  # vLLM samples at least one token; a warm-up drops it
         held = self._held.get(call.key) if call.held else None
+        if held is not None and not held.extended_by(call.prompt):
+            del self._held[call.key]  # its sequence is not this prompt's start: a new request takes over,
+            await self._quietly(self.client.close(held.rid))  # once the old one's KV is given back
+            held = None
         resumed = held is not None
         isolated = call.key in self._isolated
         if held is not None:
@@ -162,6 +181,7 @@ class VllmEngine(Engine):
         live = self._live[call.key] = _Live(rid, events, max_tokens, now)
         if held is not None:
             held.length += len(sent) + max_tokens - 1  # vLLM keeps every sample but the last
+            held.prompt, held.prompt_length = call.prompt, len(call.prompt)
         await live.first_token()
         first = live.first or {}
         self.stats.model_calls += 1

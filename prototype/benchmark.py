@@ -126,6 +126,10 @@ async def _run_open_loop(design: str, decode_tps: float, tasks: Sequence[wl.Work
     return records
 
 
+class TaskFailed(RuntimeError):
+    """A benchmark task that did not complete: the designs are compared on tasks that all finish."""
+
+
 async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: BenchConfig,
                     server: ResponsesServer, connector: Connector) -> RolloutRecord:
     metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": f"{decode_tps:g}"}
@@ -138,7 +142,7 @@ async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: B
             policy=config.reconnect,
         )
     if record.status != "completed":
-        raise RuntimeError(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
+        raise TaskFailed(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
     return record
 
 
@@ -168,16 +172,30 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
 
 def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: ModelSpec, *, python: str | None = None,
                         decode_tps: float = latency.SPARK_TOKENS_PER_S,
-                        worker: WorkerProcess | None = None) -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
+                        worker: WorkerProcess | None = None,
+                        parallel: bool = False) -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
     """Each design on the config's tasks over the real engine (vLLM, started once here), in real time
     through the config's network profile: per design its rollouts and vLLM's record of each model call.
     Every design gets an engine of its own over the one worker (its own cache salt and simulated
     bookkeeping), so none finds another's prefixes. `decode_tps` only names the model profile: vLLM
-    decides when tokens are ready. `worker`: a worker already running (a test session's) instead of a new one."""
+    decides when tokens are ready. `worker`: a worker already running (a test session's) instead of a new one.
+    `parallel`: the designs at once, each on a worker of its own (a third of the wall time for three designs; each
+    worker still has one request in flight, so its counters stay exact, but the designs share the CPU)."""
+
+    async def on_own_worker(design: str, run: str, results: dict) -> None:
+        async with open_vllm_process(spec, python=python) as client:
+            async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
+                records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
+                results[design] = (records, list(engine.records))
 
     async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
-        results = {}
+        results: dict[str, tuple[list[RolloutRecord], list[RealCall]]] = {}
         run = secrets.token_hex(4)  # a worker that served other runs holds their prefixes: this run finds none
+        if parallel and worker is None:
+            async with trio.open_nursery() as nursery:
+                for design in designs:
+                    nursery.start_soon(on_own_worker, design, run, results)
+            return {design: results[design] for design in designs}
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             for design in designs:

@@ -44,7 +44,7 @@ from websockets.sync.client import connect as ws_connect
 from prototype.api.store import ResponseStore
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
-from prototype.engine.streaming import EngineFailure, FaultPlan
+from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
 from prototype.protocol import errors
 
 # --- a bounded in-memory stream ---------------------------------------------------------------------
@@ -408,6 +408,35 @@ async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_i
         assert only_session(server).slot.current is None and session_kv(server) == {}
         await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
         assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
+        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await assert_released(server)
+
+
+async def test_a_resume_past_the_context_window_fails_the_rollout_with_context_length_exceeded(autojump_clock, monkeypatch) -> None:
+    # A real engine's window (VllmEngine raises it before sending vLLM a request it would refuse); here the
+    # simulated engine is made to refuse any prompt longer than the rollout's first, so the resume is refused.
+    server = make_server()
+    engine_class = type(server.api.engine)
+    prefill_call = engine_class.prefill_call
+    window: list[int] = []
+
+    async def refusing(self, latency, call, **kwargs):
+        window.append(window[0] if window else len(call.prompt))
+        if len(call.prompt) > window[0]:
+            raise ContextWindowExceeded(len(call.prompt), window[0])
+        return await prefill_call(self, latency, call, **kwargs)
+
+    monkeypatch.setattr(engine_class, "prefill_call", refusing)
+    async with open_responses_websocket(InMemoryConnector(server), SUSPENDED) as conn:
+        done = (await turn(conn, create()))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+        rest = await until(conn, *TERMINALS)
+        assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]  # the resume, refused
+        assert_one_terminal_and_numbered(rest)
+        assert rest[-1]["response"]["id"] == done["id"] and rest[-1]["response"]["error"] == {
+            "code": errors.CONTEXT_LENGTH_EXCEEDED, "message": CONTEXT_WINDOW_MESSAGE}
+        assert only_session(server).slot.current is None and session_kv(server) == {}
+        monkeypatch.setattr(engine_class, "prefill_call", prefill_call)  # the connection goes on serving
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await assert_released(server)
 

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -15,6 +16,7 @@ import trio.testing
 from prototype.engine.engine import ModelCall
 from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
+from prototype.engine.streaming import ContextWindowExceeded
 from prototype.engine.vllm_client import (
     DEFAULT_VENV,
     PYTHON_ENV,
@@ -213,6 +215,27 @@ async def test_a_compacted_prompt_closes_the_held_request_and_opens_one_on_the_w
     assert ops == [("generate", first, 40), ("append", first, 8), ("close", first, 0), ("generate", second, 20),
                    ("append", second, 4), ("close", second, 0)]
     assert [(r.resumed, r.sent_tokens) for r in engine.records] == [(False, 40), (True, 8), (False, 20), (True, 4)]
+
+
+async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees_it(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery)
+    small = attrs.evolve(TINY_CPU, max_model_len=64)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(small, client=client) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 150))
+        call = await engine.begin_call("s", prompt, pinned=True)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=14), engine_call=call)  # 64: fits
+        await engine.decode_unstreamed(latency, 14, start=0.0, engine_call=call)
+        engine.end_call(call)
+        prompt.extend(range(200, 210))  # the request holds 63; one id more and 5 tokens out is 69 > 64
+        call = await engine.begin_call("s", prompt, pinned=True)
+        with pytest.raises(ContextWindowExceeded) as refused:
+            await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=5), engine_call=call)
+        assert (refused.value.tokens, refused.value.window, refused.value.code) == (69, 64, "context_length_exceeded")
+        engine.end_call(call)
+        engine.release("s")
+        await trio.testing.wait_all_tasks_blocked()
+    assert [m["op"] for m in worker.received] == ["generate", "close"]
 
 
 async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_sessions(autojump_clock, nursery):

@@ -138,17 +138,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--real", action="store_true", help="real time over loopback sockets instead of virtual time "
                         "(use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)")
     add_engine_arguments(parser)
+    parser.add_argument("--vllm-parallel", action="store_true",
+                        help="with --engine vllm: run the designs at once, each on a vLLM worker of its own "
+                        "(a third of the wall time; the engine's counters stay exact per design, but the designs share "
+                        "the CPU, so their times are not each design's alone)")
     parser.add_argument("--reconnect", default=OPENAI_PYTHON.name, choices=list(POLICIES),
                         help="how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)")
     parser.add_argument("--wide", action="store_true", help="print every column of compare.csv (default: the first seven)")
     sweep.add_arguments(parser)
 
 
+class ContextTooLong(ValueError):
+    """A task whose context cannot fit the real engine's model."""
+
+
 def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs: list[str], out: Path) -> list[dict[str, Any]]:
     """Every design once over the real engine, in real time: task rows as for the simulated engine
     (the decode speed column names the model profile only), and one trace per design."""
-    results = benchmark.run_designs_on_vllm(designs, config, model_spec(args), python=args.vllm_python,
-                                            decode_tps=TRACE_SPEED)
+    spec = model_spec(args)
+    for task in config.tasks():
+        # The rendered prompt is longer still (item framing): this catches what cannot fit before vLLM starts.
+        if (context := task.context_before(len(task.turns))) >= spec.max_model_len:
+            raise ContextTooLong(f"task {task.name} reaches {context:,} tokens of context, more than {spec.name}'s "
+                                 f"context window of {spec.max_model_len:,} (fewer --turns, or another --vllm-model)")
+    results = benchmark.run_designs_on_vllm(designs, config, spec, python=args.vllm_python, decode_tps=TRACE_SPEED,
+                                            parallel=args.vllm_parallel)
     rows: list[dict[str, Any]] = []
     for design, (records, calls) in results.items():
         rows += [benchmark.task_row(design, TRACE_SPEED, record) for record in records]
@@ -235,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         failure = None
         try:
             rows = run_on_vllm(args, config, designs, out)
-        except* (VllmUnavailable, WorkerFailed) as group:
+        except* (VllmUnavailable, WorkerFailed, ContextTooLong, benchmark.TaskFailed) as group:
             failure = group.exceptions[0]
         if failure is not None:
             print(f"python -m prototype compare: error: --engine vllm: {failure}", file=sys.stderr)

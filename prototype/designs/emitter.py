@@ -155,7 +155,7 @@ async def failing_on_error(emitter: Emitter) -> AsyncIterator[None]:
     try:
         yield
     except EngineFailure as exc:
-        await emitter.finished("failed", error={"code": "engine_failure", "message": str(exc) or "The engine failed."})
+        await emitter.finished("failed", error={"code": exc.code, "message": str(exc) or "The engine failed."})
         raise
     except Exception:
         await emitter.finished("failed", error={"code": "server_error", "message": "The server had an error while processing the response."})

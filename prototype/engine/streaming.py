@@ -13,7 +13,26 @@ import trio
 
 
 class EngineFailure(Exception):
-    """The engine failed mid-response (a fault injected by an experiment or test)."""
+    """The engine failed mid-response (a fault injected by an experiment or test). `code` is the
+    error code the response fails with."""
+
+    code = "engine_failure"
+
+
+class ContextWindowExceeded(EngineFailure):
+    """A model call whose prompt and planned output do not fit the model's context window (a real
+    engine's `max_model_len`). The Responses API's answer to it: code `context_length_exceeded`,
+    message `CONTEXT_WINDOW_MESSAGE`, param `input` (its `error` event, seen in a public report:
+    dyad-sh/dyad issue 1672)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, window: int) -> None:
+        super().__init__(CONTEXT_WINDOW_MESSAGE)
+        self.tokens, self.window = tokens, window
+
+
+CONTEXT_WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
 
 
 @attrs.define(eq=False)

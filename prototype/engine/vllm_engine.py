@@ -36,6 +36,7 @@ from .admission import EngineCall
 from .engine import Engine, ModelCall, Prefilled
 from .kv import Prompt
 from .latency import LatencyModel
+from .streaming import ContextWindowExceeded
 from .vllm_client import VllmClient, WorkerFailed, open_vllm_process
 from .vllm_models import ModelSpec, to_model_ids
 
@@ -167,6 +168,12 @@ class VllmEngine(Engine):
             held = None
         resumed = held is not None
         isolated = call.key in self._isolated
+        window = self.spec.max_model_len if self.spec is not None else None
+        # vLLM's sequence once this call is sent: the prompt, or what a held request holds and at least one id more.
+        sequence = max(len(call.prompt), held.length + 1 if held is not None else 0) + max_tokens
+        if window is not None and sequence > window:
+            # vLLM would refuse it (VLLMValidationError) after the request was sent; the API refuses it as its own.
+            raise ContextWindowExceeded(sequence, window)
         if held is not None:
             sent = self._ids(call.prompt.ids[held.length:]) or self._ids(call.prompt.ids[-1:])
             await self.client.append(held.rid, sent, max_tokens)

@@ -42,6 +42,9 @@ RESPONSE_NOT_FOUND = "response_not_found"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
 ENGINE_FAILURE = "engine_failure"
+# A model call that does not fit the model's context window (a real engine's limit), as the API names it in a
+# stream's error (public report: dyad-sh/dyad issue 1672; prototype/engine/streaming.py).
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 INVALID_REQUEST_ERROR = "invalid_request_error"
 

@@ -275,6 +275,16 @@ def test_cli_without_vllm_says_why(command, tmp_path):
     assert f"--engine vllm: {tmp_path / 'no-python'} does not exist" in done.stderr
 
 
+def test_compare_refuses_tasks_longer_than_the_models_window_before_starting_vllm(tmp_path, capsys, monkeypatch):
+    from prototype.__main__ import main as cli_main
+
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
+    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "python -m prototype compare: error: --engine vllm: task long-0 reaches 180,116 tokens of context, more than "
+        "tiny-llama-cpu's context window of 131,072 (fewer --turns, or another --vllm-model)\n")
+
+
 def test_serve_on_vllm_refuses_several_workers():
     import subprocess
 

@@ -34,6 +34,11 @@ from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
 BETA = {SUSPENDED: f"responses_websockets={BETA_SUSPENDED}", CHAINED: f"responses_websockets={BETA_CHAINED}"}
 FIRST_TOKEN_TYPES = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 PAUSE_TYPES = TERMINAL_TYPES | {"response.done"}
+# Messages trio-websocket's reader task may hold for the harness. Its default, 1, parks the reader
+# after every message until the harness takes it: a task switch per event. 16 lets it parse a
+# turn's closing events from one read in one go while a client that stops reading still holds
+# little (tests/test_faults.py bounds it).
+WS_MESSAGE_QUEUE = 16
 
 # The harness's own function tools: a file read and a command run, the two kinds of call that
 # dominate coding-agent traces (AgentCgroup: Read/Edit vs Bash).
@@ -249,7 +254,7 @@ async def open_responses_websocket(
     async with connector.open_stream() as stream, trio.open_nursery() as nursery:
         ws = await trio_websocket.wrap_client_stream(
             nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES,
-            receive_buffer_size=WS_RECEIVE_BYTES,
+            receive_buffer_size=WS_RECEIVE_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
         )
         try:
             yield ws
@@ -276,11 +281,27 @@ class WsChannel:
     async def until_pause(self) -> dict[str, Any]:
         """Events until `response.done` or a terminal event; returns that event."""
         while True:
-            message = await self.ws.get_message()
+            message = received_message_nowait(self.ws)
+            if message is None:
+                message = await self.ws.get_message()
             event = orjson.loads(message)  # the standard library's reading of a well-formed event, faster
             self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
             if event.get("type") in PAUSE_TYPES or event.get("type") == "error":
                 return event
+
+
+def received_message_nowait(ws: trio_websocket.WebSocketConnection) -> str | bytes | None:
+    """A message the connection's reader task has already received, without a trip through the
+    scheduler; None when there is none (then `get_message` waits, or raises ConnectionClosed).
+    trio-websocket (0.12) has no public non-blocking read: `get_message` is `_recv_channel.receive()`,
+    whose ready path is this `receive_nowait()` plus two checkpoints."""
+    channel = getattr(ws, "_recv_channel", None)
+    if channel is None:
+        return None
+    try:
+        return channel.receive_nowait()
+    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+        return None
 
 
 def function_calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -36,9 +36,19 @@ FIRST_TOKEN_TYPES = frozenset({"response.output_text.delta", "response.function_
 PAUSE_TYPES = TERMINAL_TYPES | {"response.done"}
 # Messages trio-websocket's reader task may hold for the harness. Its default, 1, parks the reader
 # after every message until the harness takes it: a task switch per event. 16 lets it parse a
-# turn's closing events from one read in one go while a client that stops reading still holds
-# little (tests/test_faults.py bounds it).
+# turn's closing events from one read in one go. The reader keeps reading the socket until this
+# queue is full, so what it holds is what the server has written and is no longer held back by: a
+# client that stops reading pushes back on the server only once the queue is full. In
+# tests/test_faults.py's client that stops reading while it floods the server with bad frames, the
+# server read 277-336 of the 800 frames before it stopped with a queue of 1, 329 with 16, 431 with
+# 64 and 570 with 256: past 64 the server goes on reading (and answering) a client that reads
+# nothing for more than half the flood.
 WS_MESSAGE_QUEUE = 16
+# How long the harness waits for the server's reply to its close frame before it drops the
+# connection: the `websockets` library's `close_timeout` default, 10 s. A server that is blocked
+# writing to this client (which stopped reading) never reads the close frame; unbounded, the close
+# would wait forever.
+CLOSE_TIMEOUT_SECONDS = 10.0
 
 # The harness's own function tools: a file read and a command run, the two kinds of call that
 # dominate coding-agent traces (AgentCgroup: Read/Edit vs Bash).
@@ -259,7 +269,8 @@ async def open_responses_websocket(
         try:
             yield ws
         finally:
-            await ws.aclose()
+            with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
+                await ws.aclose()
             nursery.cancel_scope.cancel()
 
 

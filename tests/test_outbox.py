@@ -1,8 +1,9 @@
 """The server's outbox: several WebSocket messages per socket write, and nothing else changed.
 
 A client must see exactly the messages, in exactly the order, that one `send_message` per event
-gave it: checked here over a zero-latency pipe and over a delayed link with jitter and a bandwidth
-limit, for both WebSocket designs, against the same server writing each message on its own.
+gave it: checked here over a zero-latency pipe, over the benchmark's 20 ms link, and over a slower
+link with jitter and a bandwidth limit, for both WebSocket designs, against the same server writing
+each message on its own.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support import DELAYED_LINK
 from trio_websocket import ConnectionClosed
 
 from prototype import netem
@@ -25,7 +27,8 @@ from prototype.server.outbox import Outbox
 from prototype.workload import fixed
 
 TASK = fixed(3, initial_prompt_tokens=300, appended_tokens=80, output_tokens=40, tool_seconds=0.5)
-DELAYED = netem.NetworkProfile(rtt=0.030, jitter=0.004, bandwidth_bytes_per_s=2_000_000, seed=3)
+JITTERY = netem.NetworkProfile(rtt=0.030, jitter=0.004, bandwidth_bytes_per_s=2_000_000, seed=3)
+LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK, "jitter-2MB/s": JITTERY}
 
 
 async def received(design: str, network: netem.NetworkProfile | None, monkeypatch) -> list[tuple[dict[str, Any], int]]:
@@ -47,9 +50,10 @@ async def received(design: str, network: netem.NetworkProfile | None, monkeypatc
     return events
 
 
-@pytest.mark.parametrize("network", [None, DELAYED], ids=["pipe", "delayed"])
+@pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
-async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(autojump_clock, monkeypatch, design: str, network) -> None:
+async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(autojump_clock, monkeypatch, design: str, link: str) -> None:
+    network = LINKS[link]
     batches: list[int] = []
     batched_send = outbox_module.send_messages
 

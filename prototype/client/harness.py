@@ -28,6 +28,7 @@ from ..engine import tokenizer
 from ..protocol.events import TERMINAL_TYPES
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED, WS_RECEIVE_BYTES
 from ..workload import Workload
+from ..ws_internals import received_message_nowait
 from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
 
 # The OpenAI-Beta header value of each WebSocket design.
@@ -299,20 +300,6 @@ class WsChannel:
             self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
             if event.get("type") in PAUSE_TYPES or event.get("type") == "error":
                 return event
-
-
-def received_message_nowait(ws: trio_websocket.WebSocketConnection) -> str | bytes | None:
-    """A message the connection's reader task has already received, without a trip through the
-    scheduler; None when there is none (then `get_message` waits, or raises ConnectionClosed).
-    trio-websocket (0.12) has no public non-blocking read: `get_message` is `_recv_channel.receive()`,
-    whose ready path is this `receive_nowait()` plus two checkpoints."""
-    channel = getattr(ws, "_recv_channel", None)
-    if channel is None:
-        return None
-    try:
-        return channel.receive_nowait()
-    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-        return None
 
 
 def function_calls(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

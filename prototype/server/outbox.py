@@ -7,9 +7,8 @@ per `send_message`, each costs a socket write and a trio checkpoint (a trip thro
 Here the producer only queues its messages; the connection's writer task runs once the producer
 waits for something (the next token, the client's tool output) and writes every message queued
 since its last write as one buffer. Each message is still its own WebSocket frame, framed by the
-connection's own wsproto state exactly as `send_message` frames it (an SSE event its own chunk,
-encoded by h11 as before): a client sees the same messages in the same order, only more of them
-per TCP segment.
+connection's own wsproto state exactly as `send_message` frames it (prototype/ws_internals.py): a
+client sees the same messages in the same order, only more of them per TCP segment.
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ from typing import Any
 import attrs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
-from wsproto.events import BytesMessage, TextMessage
+
+from ..ws_internals import can_batch, send_messages
 
 # Queued bytes past which a producer waits for the writer, as it would wait on a full socket send
 # buffer with direct writes: a client that stops reading holds its responses back (the model stops
@@ -31,30 +31,10 @@ from wsproto.events import BytesMessage, TextMessage
 OUTBOX_LIMIT_BYTES = 16 * 1024
 
 
-async def send_messages(ws: WebSocketConnection, messages: list[str | bytes]) -> None:
-    """Send `messages`, each one WebSocket message, in one write to the connection's stream.
-
-    trio-websocket (0.12) sends one message per `send_message`: its `_send` frames the message
-    with the connection's wsproto state and writes it under the stream lock. This does the same
-    for several messages at once, with the same framing, lock and error handling; a version
-    without those internals gets one `send_message` per message.
-    """
-    if not all(hasattr(ws, name) for name in ("_wsproto", "_stream_lock", "_stream", "_abort_web_socket")):
-        for message in messages:
-            await ws.send_message(message)
-        return
-    if ws._close_reason:
-        raise ConnectionClosed(ws._close_reason)
-    frames = ws._wsproto
-    data = b"".join(
-        frames.send(TextMessage(data=message) if isinstance(message, str) else BytesMessage(data=message)) for message in messages
-    )
-    async with ws._stream_lock:
-        try:
-            await ws._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await ws._abort_web_socket()
-            raise ConnectionClosed(ws._close_reason) from None
+async def send_one_by_one(ws: WebSocketConnection, messages: list[str | bytes]) -> None:
+    """One `send_message` per message: where trio-websocket lacks what `send_messages` uses."""
+    for message in messages:
+        await ws.send_message(message)
 
 
 # What a failed write raises: the WebSocket closed, or the HTTP client's stream broke or closed.
@@ -80,7 +60,7 @@ class Outbox:
 
     @classmethod
     def for_websocket(cls, ws: WebSocketConnection) -> Outbox:
-        return cls(functools.partial(send_messages, ws))
+        return cls(functools.partial(send_messages if can_batch(ws) else send_one_by_one, ws))
 
     async def send(self, message: Any) -> None:
         """Queue one message. Returns at once, without a checkpoint, unless more than `limit`

@@ -139,3 +139,85 @@ async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(au
     assert ws.sent == [] and box.writes == 0
 
 
+
+
+class RecordingClientStream(trio.abc.Stream):
+    """The client's end of an HTTP connection, keeping every byte the server sent, in order."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.received = bytearray()
+
+    async def send_all(self, data) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        self.received += data
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
+    """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
+    how many socket writes the server made for them."""
+    from test_http import Link, RawClient, assert_completed_stream, create_body
+
+    from prototype.server import http
+
+    writes = 0
+    original_send, original_write = http.HttpExchange.send, http.HttpExchange.write
+
+    async def counted_send(self, *events) -> None:
+        nonlocal writes
+        writes += 1
+        await original_send(self, *events)
+
+    async def counted_write(self, chunks) -> None:
+        nonlocal writes
+        writes += 1
+        await original_write(self, chunks)
+
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
+    client = await Link(nursery, server, network).connect()
+    recording = RecordingClientStream(client.stream)
+    client = RawClient(recording)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(http.HttpExchange, "send", counted_send)
+        patch.setattr(http.HttpExchange, "write", counted_write)
+        first = assert_completed_stream(await client.request(body=create_body(stream=True)))
+        assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
+    assert len(first) > 10
+    return bytes(recording.received), writes
+
+
+@pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])
+async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(autojump_clock, nursery, monkeypatch, link: str) -> None:
+    """Over links that never push back. (Over a bandwidth-limited link a server that writes one
+    event at a time waits for the link between events, and the tokens that became ready meanwhile
+    go out together in its next delta (engine/streaming.py): the same text, grouped otherwise.)"""
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_770_000_000.0)  # the responses' created_at, whole seconds of wall time
+    batched, batched_writes = await sse_bytes(nursery, LINKS[link])
+
+    async def one_write_each(self: Outbox, message: bytes) -> None:
+        await self.write([message])
+
+    async def nothing_queued(self: Outbox) -> None:
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(Outbox, "send", one_write_each)
+    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    one_each, one_each_writes = await sse_bytes(nursery, LINKS[link])
+
+    assert batched == one_each
+    assert batched.count(b"event: response.completed\n") == 2
+    # One write per event before (the head with the first, the last chunk on its own); several
+    # events per write now: at least a turn's closing events together.
+    assert batched_writes < one_each_writes - 4

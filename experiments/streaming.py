@@ -32,7 +32,9 @@ Reported per flush setting:
   the server's CPU per streamed token; `client_core_share`: the client processes' CPU time / wall
   time, all together; `server_waiting_share` and `client_waiting_share`: the time they were ready
   to run but waited for a core (schedstat's run delay: the machine's other jobs), over wall time;
-  `load_avg`: the machine's 1-minute load average at the end of the run.
+  `load_avg`: the machine's 1-minute load average at the end of the run;
+* `limit_share`: `agg_tokens_per_s` / `limit_tokens_per_s`; `met`: whether the run meets the target
+  for an idle machine, `limit_share` >= 0.97 with `lag_n_p50` <= 1%.
 
 The N sessions are spread over `--client-processes` processes (default 4), so the client is not
 one Python thread parsing every event of every session: the figure is the server's capacity as
@@ -72,8 +74,12 @@ COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "limit_tokens_per_s", "agg_tokens_per_s",
     "lag_n_p50", "lag_n_p99", "first_late_ms_p50", "first_late_ms_p99", "tail_ms_p50", "tail_ms_p99", "events_per_s",
     "server_core_share", "server_waiting_share", "server_cpu_us_per_token", "client_processes", "client_core_share",
-    "client_waiting_share", "connect_s", "load_avg",
+    "client_waiting_share", "connect_s", "load_avg", "limit_share", "met",
 )
+# The target on an idle machine (docs/speed.md): the aggregate at least 0.97 of the virtual-clock
+# limit, with the sessions' stream lag p50 at most 1%.
+TARGET_LIMIT_SHARE = 0.97
+TARGET_LAG_P50 = 0.01
 
 
 def spec_of(prompt: int, output: int) -> str:
@@ -245,7 +251,7 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     late_first = [(f[2] - f[1] - modeled_ttft) * 1000 for f in figures]
     tails = [(f[3] - f[6]) * 1000 for f in figures]
     deltas = sum(f[5] for f in figures)
-    return {
+    row = {
         "flush_ms": flush * 1000,
         "flush_tokens": flush_tokens or "",
         "lag_1": lag_1,
@@ -270,6 +276,9 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "connect_s": connect_s,
         "load_avg": os.getloadavg()[0],
     }
+    row["limit_share"] = row["agg_tokens_per_s"] / row["limit_tokens_per_s"]
+    row["met"] = row["limit_share"] >= TARGET_LIMIT_SHARE and row["lag_n_p50"] <= TARGET_LAG_P50
+    return row
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from test_bad_input import (
 from websockets.sync.client import connect as ws_connect
 
 from prototype.api.store import ResponseStore
+from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
@@ -514,3 +515,25 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
         assert text == done["text"] and len(text) > 0
         assert events[-1]["type"] == "response.completed"
         assert events[-1]["response"]["usage"]["output_tokens"] == LONG_TOKENS
+
+
+@pytest.mark.parametrize("design", BOTH)
+async def test_a_client_that_stopped_reading_closes_within_its_close_timeout(autojump_clock, nursery, design: str) -> None:
+    """The server is blocked writing to a client that stopped reading, so it never reads the
+    client's close frame: the harness gives up on the close handshake after CLOSE_TIMEOUT_SECONDS and
+    drops the connection (a failing test there fails instead of hanging), and the server's side of
+    the connection ends once the connection is gone."""
+    server = make_server()
+    connector = PipeConnector(server, nursery, 16 * 1024)
+    with trio.fail_after(60):  # the close without a bound waits forever
+        async with open_responses_websocket(connector, design) as stalled:
+            await send(stalled, create(model="sim-50", metadata={"testbed_workload": LONG}))  # 20 s of decoding
+            with trio.move_on_after(5):
+                for _ in range(FLOOD):  # blocks once the server stopped reading
+                    await stalled.send_message(FLOOD_FRAME)
+            down = connector.downs[-1]
+            assert len(down.buffer) >= down.capacity - 1024  # the server's writes wait on the full pipe
+            closing = trio.current_time()
+    assert trio.current_time() - closing == pytest.approx(harness.CLOSE_TIMEOUT_SECONDS)
+    assert await server_tasks_end(nursery, server) < 0.01
+    assert server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2

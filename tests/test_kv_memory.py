@@ -399,6 +399,20 @@ async def test_a_released_session_is_no_longer_isolated(autojump_clock):
     assert engine.cached_prefix("s", Prompt(shared + [2] * 40), trio.current_time()) == 96
 
 
+def test_each_block_hash_chains_the_previous_one_with_the_blocks_own_ids() -> None:
+    from array import array
+
+    ids = list(range(1000, 1000 + 16 * 7 + 5))
+    prompt = Prompt(ids[:40])
+    prompt.block_hashes(16)  # two blocks first, then the rest: a prompt that grew
+    prompt.extend(ids[40:])
+    parent, expected = 0, []
+    for b in range(7):
+        parent = hash((parent, array("q", ids[b * 16 : (b + 1) * 16]).tobytes()))
+        expected.append(parent)
+    assert prompt.block_hashes(16) == expected == Prompt(ids).block_hashes(16)
+
+
 def test_block_hashes_follow_the_block_size_they_are_asked_for():
     ids = list(range(1000, 1100))
     mixed = Prompt(ids)

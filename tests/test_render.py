@@ -37,3 +37,19 @@ def test_the_words_ids_are_used_only_where_they_are_the_items_own_text() -> None
     for item, pieces in ((other, words), (Message("assistant", (("output_text", " notaword1 x"),)), [" notaword1", " x"]), (call, words)):
         assert render.render_sampled(item, pieces) == render.render_items([item])
     assert tokenizer.word_ids(words) == tokenizer.encode("".join(words))
+
+
+def test_a_streamed_messages_word_ids_looked_up_a_slice_at_a_time_are_the_words_ids() -> None:
+    from prototype.designs.sampling import WordIds
+
+    words = list(tokenizer.single_token_words()[:700])
+    looked_up = WordIds(words)
+    looked_up.advance(256)
+    assert looked_up.ids == tokenizer.word_ids(words[:256])  # the first chunk's slice, before the end
+    looked_up.advance(256)
+    assert looked_up.all() == tokenizer.word_ids(words)
+    message = Message("assistant", (("output_text", "".join(words)),))
+    assert render.render_sampled(message, words, looked_up.all()) == render.render_items([message])
+    # A word that is not one token: no ids, and the item is tokenized as usual.
+    mixed = WordIds([*words[:3], " notaword1"])
+    assert mixed.all() is None and not mixed.one_token_words

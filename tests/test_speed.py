@@ -37,6 +37,10 @@ def test_efficiency_runs_at_a_tiny_size(results_in_tmp, capsys):
         # Efficiency (limit / real time) depends on the machine's load: printed by the benchmark,
         # not bounded here; the virtual limit is exact.
         assert row["efficiency"] == pytest.approx(row["limit_s"] / row["real_s"], rel=1e-9)
+        if row["design"] == "http":
+            assert (row["target"], row["met"]) == ("", "")
+        else:
+            assert (row["target"], row["met"]) == (0.997, row["efficiency"] >= 0.997)
     assert "tool times x 0.001" in capsys.readouterr().out
     assert (results_in_tmp / "efficiency" / "latest" / "efficiency.csv").exists()
 
@@ -54,6 +58,8 @@ def test_streaming_runs_at_a_tiny_size(results_in_tmp):
         # request overhead and prefill come before each stream, so it is below the offered rate.
         assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000
         assert row["connect_s"] > 0
+        assert row["limit_share"] == pytest.approx(row["agg_tokens_per_s"] / row["limit_tokens_per_s"], rel=1e-12)
+        assert row["met"] == (row["limit_share"] >= 0.97 and row["lag_n_p50"] <= 0.01)
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 

@@ -44,19 +44,21 @@ def render_items(items: Iterable[Item]) -> list[int]:
     return ids
 
 
-def render_sampled(item: Item, words: Sequence[str]) -> list[int]:
+def render_sampled(item: Item, words: Sequence[str], ids: Sequence[int] | None = None) -> list[int]:
     """`render_items([item])` of an item the model sampled as one-token words (tokenizer.words) that end
     its rendered text: the words' own ids after its header line, without tokenizing the text again.
     The pre-tokenizer splits before each space-led word, so the ids are the same
-    (tests/test_render.py checks it); any other item is tokenized as usual."""
+    (tests/test_render.py checks it); any other item is tokenized as usual. `ids`: the words' ids
+    (`tokenizer.word_ids(words)`) if the caller worked them out already."""
     text = item_text(item)
     body = "".join(words)
     if not words or not text.endswith(body) or not words[0].startswith(" "):
         return render_items([item])
-    try:
-        ids = tokenizer.word_ids(words)
-    except KeyError:  # not all one-token words
-        return render_items([item])
+    if ids is None:
+        try:
+            ids = tokenizer.word_ids(words)
+        except KeyError:  # not all one-token words
+            return render_items([item])
     return [tokenizer.ITEM_SEPARATOR_ID, *tokenizer.encode(text[: len(text) - len(body)]), *ids]
 
 

@@ -28,12 +28,28 @@ from ..engine import tokenizer
 from ..protocol.events import TERMINAL_TYPES
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, SUSPENDED, WS_RECEIVE_BYTES
 from ..workload import Workload
+from ..ws_internals import received_message_nowait
 from .connect import CLIENT_MAX_MESSAGE_BYTES, Connector
 
 # The OpenAI-Beta header value of each WebSocket design.
 BETA = {SUSPENDED: f"responses_websockets={BETA_SUSPENDED}", CHAINED: f"responses_websockets={BETA_CHAINED}"}
 FIRST_TOKEN_TYPES = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 PAUSE_TYPES = TERMINAL_TYPES | {"response.done"}
+# Messages trio-websocket's reader task may hold for the harness. Its default, 1, parks the reader
+# after every message until the harness takes it: a task switch per event. 16 lets it parse a
+# turn's closing events from one read in one go. The reader keeps reading the socket until this
+# queue is full, so what it holds is what the server has written and is no longer held back by: a
+# client that stops reading pushes back on the server only once the queue is full. In
+# tests/test_faults.py's client that stops reading while it floods the server with bad frames, the
+# server read 277-336 of the 800 frames before it stopped with a queue of 1, 329 with 16, 431 with
+# 64 and 570 with 256: past 64 the server goes on reading (and answering) a client that reads
+# nothing for more than half the flood.
+WS_MESSAGE_QUEUE = 16
+# How long the harness waits for the server's reply to its close frame before it drops the
+# connection: the `websockets` library's `close_timeout` default, 10 s. A server that is blocked
+# writing to this client (which stopped reading) never reads the close frame; unbounded, the close
+# would wait forever.
+CLOSE_TIMEOUT_SECONDS = 10.0
 
 # The harness's own function tools: a file read and a command run, the two kinds of call that
 # dominate coding-agent traces (AgentCgroup: Read/Edit vs Bash).
@@ -249,12 +265,13 @@ async def open_responses_websocket(
     async with connector.open_stream() as stream, trio.open_nursery() as nursery:
         ws = await trio_websocket.wrap_client_stream(
             nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES,
-            receive_buffer_size=WS_RECEIVE_BYTES,
+            receive_buffer_size=WS_RECEIVE_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
         )
         try:
             yield ws
         finally:
-            await ws.aclose()
+            with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
+                await ws.aclose()
             nursery.cancel_scope.cancel()
 
 
@@ -276,7 +293,9 @@ class WsChannel:
     async def until_pause(self) -> dict[str, Any]:
         """Events until `response.done` or a terminal event; returns that event."""
         while True:
-            message = await self.ws.get_message()
+            message = received_message_nowait(self.ws)
+            if message is None:
+                message = await self.ws.get_message()
             event = orjson.loads(message)  # the standard library's reading of a well-formed event, faster
             self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
             if event.get("type") in PAUSE_TYPES or event.get("type") == "error":

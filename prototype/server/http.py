@@ -48,6 +48,7 @@ from ..protocol.wire import RESPONSES_PATH, TIMING_HEADER
 from . import routes
 from .config import MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
+from .outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +137,18 @@ class HttpExchange:
                 return event
             self.conn.receive_data(await self.stream.receive_some(65536))
 
+    def encode(self, *events: Any) -> bytes:
+        """`events` as h11 writes them, in order (a Data event its own chunk), advancing its state."""
+        return b"".join(self.conn.send(event) or b"" for event in events)
+
     async def send(self, *events: Any) -> None:
-        data = b"".join(self.conn.send(event) or b"" for event in events)
+        data = self.encode(*events)
         if data:
             await self.stream.send_all(data)
+
+    async def write(self, chunks: list[bytes]) -> None:
+        """Bytes `encode` gave, several at once, in one write (an outbox's batch)."""
+        await self.stream.send_all(b"".join(chunks))
 
     async def read_body(self, limit: int) -> bytes:
         """The request body, up to `limit` bytes; raises _BodyTooLarge or h11.RemoteProtocolError."""
@@ -176,10 +185,16 @@ class HttpExchange:
 
 class SseSink:
     """The design's sink for `stream: true`: the status line and headers go out with the first
-    event, then one chunk (chunked transfer encoding, so the connection can be reused) per event."""
+    event, then one chunk (chunked transfer encoding, so the connection can be reused) per event.
+
+    The chunks go through an outbox (server/outbox.py) whose writer `_answer_stream` runs: the
+    events that are ready together (a turn's closing events, an item's opening ones) go out in one
+    socket write, each still its own chunk, encoded by h11 in order as it is queued, so the bytes
+    on the wire are the same as with one write per event."""
 
     def __init__(self, exchange: HttpExchange) -> None:
         self.exchange = exchange
+        self.outbox = Outbox(exchange.write)
         self.started = False
         self.ended = False  # a terminal event (or a flat error) went out
         self.next_sequence = 0
@@ -193,16 +208,18 @@ class SseSink:
         out.append(h11.Data(data=sse_block(event)))
         self.next_sequence = getattr(event, "sequence_number", self.next_sequence - 1) + 1
         self.ended = self.ended or event.type in STREAM_END_TYPES
-        await self.exchange.send(*out)
+        await self.outbox.send(self.exchange.encode(*out))
 
     async def fail(self, error: ProtocolError) -> None:
         """End a started stream that has no terminal event with the flat error event."""
         if not self.ended:
             self.ended = True
-            await self.exchange.send(h11.Data(data=sse_error_block(error, self.next_sequence)))
+            await self.outbox.send(self.exchange.encode(h11.Data(data=sse_error_block(error, self.next_sequence))))
 
     async def end(self) -> None:
-        await self.exchange.send(h11.EndOfMessage())
+        """The stream's last chunk; returns once everything queued is written."""
+        await self.outbox.send(self.exchange.encode(h11.EndOfMessage()))
+        await self.outbox.flush()
 
 
 class CollectingSink:
@@ -405,8 +422,31 @@ async def _serve_endpoint(
 
 
 async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:
-    """Stream the response as SSE; returns it (None if refused before it started)."""
+    """Stream the response as SSE, the sink's writer beside it; returns it (None if refused before
+    it started). Raises trio.BrokenResourceError or ClosedResourceError if the client went away."""
     sink = SseSink(exchange)
+    gone: trio.BrokenResourceError | trio.ClosedResourceError | None = None
+    response, refusal = None, None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sink.outbox.run)
+        try:
+            response, refusal = await _stream_response(server, sink, create, include_timing, api_key, phase_log)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:  # raised below, outside the nursery's group
+            gone = error
+        nursery.cancel_scope.cancel()  # the writer, idle once the sink's end flushed
+    if gone is not None:
+        raise gone
+    if refusal is not None:  # nothing was queued: the refusal is the whole answer
+        error, close = refusal
+        await exchange.send_error(error, close=close)
+    return response
+
+
+async def _stream_response(
+    server: Endpoint, sink: SseSink, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog,
+) -> tuple[Response | None, tuple[ProtocolError, bool] | None]:
+    """(the response, None), or (None, (the error, whether to close)) for a refusal before the
+    stream started, which `_answer_stream` sends once the sink's writer is gone."""
     response = None
     try:
         with _in_flight(server) as scope:
@@ -421,17 +461,15 @@ async def _answer_stream(server: Endpoint, exchange: HttpExchange, create: Creat
         response = cancelled.response  # it already ended with response.cancelled
     except ProtocolError as error:
         if not sink.started:
-            await exchange.send_error(error)
-            return None
+            return None, (error, False)
         await sink.fail(error)
     except Exception as exc:
         log.exception("http response handler failed")
         if not sink.started:
-            await exchange.send_error(_internal_error(exc), close=True)
-            return None
+            return None, (_internal_error(exc), True)
         await sink.fail(_internal_error(exc))
     await sink.end()
-    return response
+    return response, None
 
 
 async def _answer_json(server: Endpoint, exchange: HttpExchange, create: CreateRequest, include_timing: bool, api_key: str, phase_log: metrics.PhaseLog) -> Response | None:

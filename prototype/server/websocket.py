@@ -49,6 +49,7 @@ from ..protocol.items import FunctionCall
 from ..protocol.steering import WAITING_FOR_REQUIRED_INPUT, Refusal, SteeringBook, Submission, successor_input
 from ..protocol.wire import CHAINED, SUSPENDED
 from .config import ServerConfig
+from .outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class WebSocketSession:
     active: dict[str, Emitter] = attrs.Factory(dict)
     waiting: dict[str, dict[str, InjectedOutputs]] = attrs.Factory(dict)  # response id -> agent -> backend
     shutdown: tuple | None = None  # a drain's request to close (see `shut_down`)
+    # Outgoing messages: queued by the lanes, written several per socket write by `run`'s writer.
+    outbox: Outbox = attrs.Factory(lambda self: Outbox.for_websocket(self.ws), takes_self=True)
 
     @property
     def busy(self) -> bool:
@@ -134,9 +137,9 @@ class WebSocketSession:
         elif stream_id in self.open_responses and hasattr(event, "sequence_number"):
             self.open_responses[stream_id][1] = event.sequence_number + 1
         if stream_id is None:
-            await self.ws.send_message(codec.encode_event(event))
+            await self.outbox.send(codec.encode_event(event))
         else:  # events of a lane echo its stream_id (openai-python `ResponsesServerEvent`)
-            await self.ws.send_message(codec.encode({**event.to_dict(), "stream_id": stream_id}))
+            await self.outbox.send(codec.encode({**event.to_dict(), "stream_id": stream_id}))
 
     async def fail_open_response(self, stream_id: str | None, reason: ProtocolError) -> None:
         """End a lane's response that was cancelled before its terminal event with `response.failed`."""
@@ -148,7 +151,10 @@ class WebSocketSession:
         event = error.to_ws_event()
         if stream_id is not None:
             event["stream_id"] = stream_id
-        await self.ws.send_message(codec.encode(event))
+        # Written before this returns: a close that follows (a drain, the lifetime limit, an
+        # internal error) must not overtake it or the events queued before it.
+        await self.outbox.send(codec.encode(event))
+        await self.outbox.flush()
 
     async def run(self) -> None:
         try:
@@ -157,6 +163,7 @@ class WebSocketSession:
                 self.in_flight = trio.Semaphore(self.config.max_in_flight)
                 self.lane(None)
                 nursery.start_soon(self.lifetime)
+                nursery.start_soon(self.outbox.run)
                 if self.shutdown is not None:
                     nursery.start_soon(self.close_after_in_flight, *self.shutdown)
                 await self.reader()

@@ -1,0 +1,223 @@
+"""The server's outbox: several WebSocket messages per socket write, and nothing else changed.
+
+A client must see exactly the messages, in exactly the order, that one `send_message` per event
+gave it: checked here over a zero-latency pipe, over the benchmark's 20 ms link, and over a slower
+link with jitter and a bandwidth limit, for both WebSocket designs, against the same server writing
+each message on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from support import DELAYED_LINK
+from trio_websocket import ConnectionClosed
+
+from prototype import netem
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import ApiService, IdFactory
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import CHAINED, SUSPENDED, Rollout, run_websocket_rollout
+from prototype.server import outbox as outbox_module
+from prototype.server.app import ResponsesServer
+from prototype.server.outbox import Outbox
+from prototype.workload import fixed
+
+TASK = fixed(3, initial_prompt_tokens=300, appended_tokens=80, output_tokens=40, tool_seconds=0.5)
+JITTERY = netem.NetworkProfile(rtt=0.030, jitter=0.004, bandwidth_bytes_per_s=2_000_000, seed=3)
+LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK, "jitter-2MB/s": JITTERY}
+
+
+async def received(design: str, network: netem.NetworkProfile | None, monkeypatch) -> list[tuple[dict[str, Any], int]]:
+    """Every event the client received, with its message's size, in order (`created_at`, wall-clock seconds, left out)."""
+    events: list[tuple[dict[str, Any], int]] = []
+    original = Rollout.received
+
+    def spy(self, event: dict[str, Any], size: int) -> None:
+        response = event.get("response")
+        events.append(({**event, "response": {k: v for k, v in response.items() if k != "created_at"}} if response else event, size))
+        original(self, event, size)
+
+    monkeypatch.setattr(Rollout, "received", spy)
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
+    key = server.api.workloads.register(TASK)
+    record = await run_websocket_rollout(InMemoryConnector(server, network), design, TASK, metadata={"testbed_workload": key}, model="sim-1000")
+    assert record.status == "completed"
+    monkeypatch.setattr(Rollout, "received", original)
+    return events
+
+
+@pytest.mark.parametrize("link", LINKS)
+@pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
+async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(autojump_clock, monkeypatch, design: str, link: str) -> None:
+    network = LINKS[link]
+    batches: list[int] = []
+    batched_send = outbox_module.send_messages
+
+    async def counting(ws, messages):
+        batches.append(len(messages))
+        await batched_send(ws, messages)
+
+    monkeypatch.setattr(outbox_module, "send_messages", counting)
+    batched = await received(design, network, monkeypatch)
+    monkeypatch.setattr(outbox_module, "send_messages", batched_send)
+
+    async def one_write_each(self: Outbox, message: str | bytes) -> None:
+        await self.write([message])
+
+    async def nothing_queued(self: Outbox) -> None:
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(Outbox, "send", one_write_each)
+    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    one_each = await received(design, network, monkeypatch)
+
+    assert batched == one_each
+    assert sum(batches) == len(batched)
+    # The ends of turns go out together: each turn's closing events (text/arguments done, item
+    # done, then the pause or terminal event) in one write at least.
+    assert len(batches) < len(batched) and max(batches) >= 3
+
+
+class FakeWebSocket:
+    """Records what is sent; each send waits until `open` is set, or fails once `broken`."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.open = trio.Event()
+        self.broken = False
+
+    async def send_message(self, message: str) -> None:
+        await self.open.wait()
+        if self.broken:
+            raise ConnectionClosed(None)
+        self.sent.append(message)
+
+
+async def test_a_sender_waits_once_the_queued_bytes_pass_the_limit_and_order_holds(autojump_clock) -> None:
+    ws = FakeWebSocket()
+    box = Outbox.for_websocket(ws)
+    box.limit = 10
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(box.run)
+        await box.send("aaaa")
+        await box.send("bbbb")
+        await trio.sleep(1)  # the writer took both and is stuck in the socket write
+        done = []
+
+        async def sender() -> None:
+            for message in ("cccc", "dddd", "eeee"):  # the third passes 10 bytes queued
+                await box.send(message)
+                done.append(message)
+
+        nursery.start_soon(sender)
+        await trio.sleep(1)
+        assert done == ["cccc", "dddd"]
+        ws.open.set()
+        await box.flush()
+        await trio.testing.wait_all_tasks_blocked()  # the sender resumes after its batch was written
+        assert done == ["cccc", "dddd", "eeee"]
+        assert ws.sent == ["aaaa", "bbbb", "cccc", "dddd", "eeee"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(autojump_clock) -> None:
+    ws = FakeWebSocket()
+    ws.broken = True
+    ws.open.set()
+    box = Outbox.for_websocket(ws)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(box.run)
+        await box.send("aaaa")
+        with pytest.raises(ConnectionClosed):
+            await box.flush()
+        with pytest.raises(ConnectionClosed):
+            await box.send("bbbb")
+    assert ws.sent == [] and box.writes == 0
+
+
+
+
+class RecordingClientStream(trio.abc.Stream):
+    """The client's end of an HTTP connection, keeping every byte the server sent, in order."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.received = bytearray()
+
+    async def send_all(self, data) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        self.received += data
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
+    """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
+    how many socket writes the server made for them."""
+    from test_http import Link, RawClient, assert_completed_stream, create_body
+
+    from prototype.server import http
+
+    writes = 0
+    original_send, original_write = http.HttpExchange.send, http.HttpExchange.write
+
+    async def counted_send(self, *events) -> None:
+        nonlocal writes
+        writes += 1
+        await original_send(self, *events)
+
+    async def counted_write(self, chunks) -> None:
+        nonlocal writes
+        writes += 1
+        await original_write(self, chunks)
+
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
+    client = await Link(nursery, server, network).connect()
+    recording = RecordingClientStream(client.stream)
+    client = RawClient(recording)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(http.HttpExchange, "send", counted_send)
+        patch.setattr(http.HttpExchange, "write", counted_write)
+        first = assert_completed_stream(await client.request(body=create_body(stream=True)))
+        assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
+    assert len(first) > 10
+    return bytes(recording.received), writes
+
+
+@pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])
+async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(autojump_clock, nursery, monkeypatch, link: str) -> None:
+    """Over links that never push back. (Over a bandwidth-limited link a server that writes one
+    event at a time waits for the link between events, and the tokens that became ready meanwhile
+    go out together in its next delta (engine/streaming.py): the same text, grouped otherwise.)"""
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_770_000_000.0)  # the responses' created_at, whole seconds of wall time
+    batched, batched_writes = await sse_bytes(nursery, LINKS[link])
+
+    async def one_write_each(self: Outbox, message: bytes) -> None:
+        await self.write([message])
+
+    async def nothing_queued(self: Outbox) -> None:
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(Outbox, "send", one_write_each)
+    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    one_each, one_each_writes = await sse_bytes(nursery, LINKS[link])
+
+    assert batched == one_each
+    assert batched.count(b"event: response.completed\n") == 2
+    # One write per event before (the head with the first, the last chunk on its own); several
+    # events per write now: at least a turn's closing events together.
+    assert batched_writes < one_each_writes - 4

@@ -47,6 +47,8 @@ from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
 from prototype.protocol import errors
+from prototype.server.config import ServerConfig
+from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
 
 # --- a bounded in-memory stream ---------------------------------------------------------------------
 
@@ -456,6 +458,24 @@ def test_engine_failure_is_importable_from_the_emitter_as_before() -> None:
 
 
 # --- a client that stops reading ----------------------------------------------------------------------
+
+
+async def test_a_response_whose_client_stopped_reading_ends_after_the_lifetime_grace(autojump_clock, nursery) -> None:
+    # At the connection limit a response in flight may finish; one that cannot (its client reads nothing, so it is
+    # blocked writing) is cancelled `lifetime_grace` later and the connection closes: it is not held for ever.
+    server = make_server(config=ServerConfig(connection_lifetime=60, lifetime_grace=30))
+    connector = PipeConnector(server, nursery, 16 * 1024)
+    async with open_responses_websocket(connector, CHAINED) as stalled:
+        await send(stalled, create(model="sim-5", metadata={"testbed_workload": LONG}))  # 200 s of decoding
+        start = trio.current_time()
+        with trio.fail_after(600):  # virtual seconds: without the grace the session is held for ever
+            while server.sessions:
+                await trio.sleep(0.5)
+        closed_after = trio.current_time() - start
+        # The limit, the grace, then three bounded writes no one reads: the response's failure, the limit's
+        # error and close (send_error_and_close), and the server's last close (app.serve_websocket).
+        assert 60 + 30 < closed_after <= 60 + 30 + 3 * CLOSE_HANDSHAKE_SECONDS + 0.5
+        assert server.api.engine.stats.decoded_tokens < LONG_TOKENS
 
 
 @pytest.mark.parametrize("design", BOTH)

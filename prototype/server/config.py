@@ -19,6 +19,10 @@ MAX_STREAMS = 32
 MAX_IN_FLIGHT = 16
 # WS guide and alpha doc: a WebSocket connection lives at most 60 minutes.
 CONNECTION_LIFETIME_SECONDS = 60 * 60
+# How long a response in flight at the connection limit may still run before it is cancelled and
+# fails with the limit's error [ours]: enough for a long answer to finish, and a bound on a response
+# that cannot finish because its client stopped reading (it would hold the connection for ever).
+LIFETIME_GRACE_SECONDS = 300.0
 # A request head larger than this is refused (431) before any parsing [ours].
 MAX_HEAD_BYTES = 64 * 1024
 # Seconds a client may take to send its request head [ours]: a stalled client cannot pin a handler.
@@ -42,6 +46,7 @@ class ServerConfig:
     max_in_flight: int = MAX_IN_FLIGHT  # responses in flight per connection, all lanes together
     suspension_ttl: float = SUSPENSION_TTL_SECONDS
     connection_lifetime: float = CONNECTION_LIFETIME_SECONDS
+    lifetime_grace: float = LIFETIME_GRACE_SECONDS  # a response in flight at the limit runs at most this much longer
     max_connections: int = MAX_CONNECTIONS
     websocket_enabled: bool = True  # False: an http-only run answers upgrades with 426
     switches: CacheSwitches = CacheSwitches()

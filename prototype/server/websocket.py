@@ -407,8 +407,9 @@ class WebSocketSession:
                 response = await self.run_one(request, phase_log, view)
                 outcome = response.status
             if scope.cancelled_caught and self.abort_reason is not None and lane.stream_id in self.open_responses:
-                outcome = "failed"  # cut short by a drain past its grace: it still gets its terminal event
-                await self.fail_open_response(lane.stream_id, self.abort_reason)
+                outcome = "failed"  # cut short by a drain past its grace: it still gets its terminal event,
+                with trio.move_on_after(CLOSE_HANDSHAKE_SECONDS):  # unless its client stopped reading
+                    await self.fail_open_response(lane.stream_id, self.abort_reason)
             if response is not None and self.info.design == CHAINED:
                 successor = await self.after_response(response, successor_claims)
         except ProtocolError as error:
@@ -509,10 +510,11 @@ class WebSocketSession:
         `error` `websocket_connection_limit_reached` and close 1000. The WS guide
         (https://developers.openai.com/api/docs/guides/websocket-mode) gives the 60-minute limit and
         that error code, and says to open a new connection; it names no close code, so the close is
-        the normal one (RFC 6455 §7.4.1)."""
+        the normal one (RFC 6455 §7.4.1). A response still running `lifetime_grace` seconds after
+        the limit (one whose client stopped reading cannot end) is cancelled and fails with it."""
         await trio.sleep(self.config.connection_lifetime)
         limit = errors.connection_limit_reached(self.config.connection_lifetime / 60)
-        await self.close_after_in_flight(limit, 1000, "connection limit reached")
+        await self.close_after_in_flight(limit, 1000, "connection limit reached", self.config.lifetime_grace)
 
     def shut_down(self, reason: ProtocolError, code: int, close_reason: str, grace: float) -> None:
         """A drain: close as `close_after_in_flight` does, in this connection's own nursery, so the
@@ -550,9 +552,13 @@ class WebSocketSession:
         connection's nursery; unshielded, that cancel would cut the handshake short and drop the
         frames still on a delayed link (the terminal event, the error, the close), which the client
         would see as 1006."""
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_HANDSHAKE_SECONDS):
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_HANDSHAKE_SECONDS) as handshake:
             try:
                 await self.send_error(reason)
                 await self.ws.aclose(code, close_reason)
             except ConnectionClosed:
                 pass
+        if handshake.cancelled_caught and self.nursery is not None:
+            # A client that reads nothing never gets the error or the close frame: the session ends
+            # without them, and the server drops the connection (app.serve_websocket).
+            self.nursery.cancel_scope.cancel()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
+from test_endpoints import cancel_at, connect
+from test_inject import MULTI_AGENT, beta_ws, calls_done
 
 from prototype.client.harness import SUSPENDED
 from prototype.protocol.steering import MAX_QUEUED_STEERS
@@ -325,3 +327,60 @@ async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
     assert accepted["previous_response_id"] == target
+
+
+# --- a target that fails, and one that answers its calls in place --------------------------------
+
+
+async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_follows(autojump_clock, nursery):
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, api_key="alice") as conn:
+        target, _ = await start(conn)
+        await send(conn, steer(target))
+        accepted = (await until(conn, "response.steer.accepted"))[-1]
+        cancelled_at, reply = await cancel_at(http, target)
+        events = await timed_until(conn, "response.steer.failed")
+        with trio.move_on_after(30):
+            raise AssertionError(await receive(conn))  # nothing more: the steer rode no successor
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert ended["type"] == "response.cancelled" and reply.json() == ended["response"]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message=f"Response '{target}' failed.")
+    assert refused["stream_id"] == LANE and refused["sequence_number"] == ended["sequence_number"] + 1
+    assert ended_at == refused_at == cancelled_at
+    assert [r["outcome"] for r in server.records] == ["cancelled"]
+
+
+async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_automatic_successor(autojump_clock):
+    # A multi-agent response waits at its client call for the injected output and goes on: when it
+    # completes, the call is answered, so the steer rides the automatic successor; it is never
+    # pending on input the client already gave.
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        target = events[0][1]["response"]["id"]
+        ((_, call),) = calls_done(events)
+        await send(conn, {"type": "response.inject", "response_id": target, "input": outputs_for([call["item"]])})
+        await until(conn, "response.output_text.delta")  # the final answer
+        await send(conn, steer(target))
+        events = await until(conn, *TERMINALS)
+        # The successor inherits `multi_agent` and waits at its own call: the test answers it.
+        successor = await timed_until(conn, "response.output_item.done")
+        while not calls_done(successor):
+            successor += await timed_until(conn, "response.output_item.done")
+        ((_, next_call),) = calls_done(successor)
+        created = successor[0][1]
+        await send(conn, {"type": "response.inject", "response_id": created["response"]["id"],
+                          "input": outputs_for([next_call["item"]])})
+        successor = [e for _, e in successor] + await until(conn, *TERMINALS)
+    assert events[0]["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call", "message"]
+    assert created["type"] == "response.created" and created["response"]["previous_response_id"] == target
+    assert "response.steer.pending" not in [e["type"] for e in successor]
+    assert successor[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
+    assert record["input_types"] == {"message": 1}  # the steering message, nothing else

@@ -211,6 +211,27 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
     assert session_kv(server) == {}
 
 
+async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_clock) -> None:
+    # A warm-up (`generate: false`) sends `response.created` and nothing more until its prefill ends:
+    # the failure a drain sends for it comes right after, numbered 1.
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, CHAINED) as (conn, _):
+            await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))  # a long prefill
+            created = await receive(conn)
+            drained_at = trio.current_time()
+            async with trio.open_nursery() as draining:
+                draining.start_soon(drain, server, 1.0)
+                events, code = await events_until_close(conn)
+            assert trio.current_time() - drained_at == 1.0
+        await server_tasks_end(server_side, server)
+    assert code == 1001 and created["type"] == "response.created"
+    failed, error = events
+    assert (failed["type"], failed["sequence_number"], error["type"]) == ("response.failed", 1, "error")
+    assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
+
+
 async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:
     # A multiplexing client routes events by their `stream_id`: the failure a drain sends for a cut
     # response must name the lane, as every other event of that response did.

@@ -4,13 +4,16 @@ and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."
 
 from __future__ import annotations
 
+import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import cancel_at, connect
 from test_inject import MULTI_AGENT, beta_ws, calls_done
+from trio_websocket import ConnectionClosed
 
 from prototype.client.harness import SUSPENDED
 from prototype.protocol.steering import MAX_QUEUED_STEERS
+from prototype.server.config import ServerConfig
 
 LONG_TEXT = {"testbed_workload": "fixed:3:100:10:300:0.5"}  # 300-token messages: 0.3 s at sim-1000
 FINAL_ONLY = {"testbed_workload": "fixed:1:100:10:300"}  # one turn: the final answer
@@ -384,3 +387,26 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
     assert successor[-1]["type"] == "response.completed"
     record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
     assert record["input_types"] == {"message": 1}  # the steering message, nothing else
+
+
+async def test_a_steer_whose_successor_would_outlive_the_connection_fails_and_the_connection_closes(autojump_clock):
+    # The lifetime limit strikes while the steered response finishes its message: the automatic
+    # successor is never created, its queued input comes back, then the limit's error and the close.
+    server = make_server(config=ServerConfig(connection_lifetime=0.2))
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        await send(conn, steer(target))
+        events = await timed_until(conn, "response.steer.failed")
+        accepted = events[0][1]
+        limit = await receive(conn)
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(conn)
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert ended["type"] == "response.incomplete" and ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert failed(refused, "successor_creation_failed", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message="The connection reached its lifetime limit.")
+    assert refused["sequence_number"] == ended["sequence_number"] + 1 and refused["stream_id"] == LANE
+    assert refused_at == ended_at
+    assert "response.created" not in [e["type"] for _, e in events]
+    assert (limit["type"], limit["error"]["code"]) == ("error", "websocket_connection_limit_reached")
+    assert closed.value.reason.code == 1000

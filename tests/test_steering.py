@@ -4,6 +4,8 @@ and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
@@ -69,6 +71,10 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     # The server's record of the successor: its input is the steering message, nothing else.
     record = [r for r in server.records if r["response_id"] == successor["id"]][0]
     assert (record["input_items"], record["input_types"], record["stream_id"]) == (1, {"message": 1}, True)
+    # The client's bytes: the create frame for the target, none for the automatic successor.
+    assert record["request_bytes"] == 0
+    (target_record,) = [r for r in server.records if r["response_id"] == target]
+    assert target_record["request_bytes"] == len(json.dumps(create_event(metadata=LONG_TEXT, stream_id=LANE)).encode())
 
 
 async def test_a_final_answer_completes_normally_and_an_automatic_successor_follows(autojump_clock):

@@ -111,6 +111,8 @@ def test_the_tool_tail_counts_calls_strictly_over_the_threshold() -> None:
     assert fit.tool_tail([30, 60, 90, 120]) == (0.5, 210 / 300)  # 60 s is not over the default minute
     assert fit.tool_tail([30, 60, 90, 120], 89.0) == (0.5, 210 / 300)
     assert fit.tool_tail([30, 60, 90, 120], 90.0) == (0.25, 120 / 300)
+    assert fit.tool_tail([60.0, 60.5]) == (0.5, 60.5 / 120.5)  # the default threshold is 60 s exactly
+    assert fit.tool_tail([0.25, 0.5]) == (0.0, 0.0)  # short calls: no tail, but a share all the same
     for nothing in ([], [0.0, 0.0]):
         share, time_share = fit.tool_tail(nothing)
         assert math.isnan(share) and math.isnan(time_share)
@@ -120,7 +122,7 @@ def test_a_lognormal_is_the_geometric_mean_and_the_population_sd_of_logs_of_posi
     median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
     assert median == pytest.approx(math.e**2, rel=1e-12)
     assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
-    with pytest.raises(ValueError, match="no positive values"):
+    with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal([0.0, -1.0])
 
 
@@ -143,8 +145,12 @@ def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_f
     assert (weight, median, sigma) == (1.0, pytest.approx(2.0), 1e-3)
     ((weight, median, sigma),) = fit.lognormal_mixture([1.0, math.e**2] * 4, 3)
     assert (weight, median, sigma) == (1.0, pytest.approx(math.e), pytest.approx(1.0))
-    with pytest.raises(ValueError, match="no positive values"):
+    with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal_mixture([0.0], 2)
+    # Three components unless asked otherwise, even where the data has four clusters.
+    four = np.exp(np.repeat([0.0, 3.0, 6.0, 9.0], 10) + np.tile([-0.1, 0.1], 20))
+    assert [round(math.log(median)) for _, median, _ in fit.lognormal_mixture(four, 4)] == [0, 3, 6, 9]
+    assert len(fit.lognormal_mixture(four)) == 3
 
 
 def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -> None:
@@ -179,5 +185,5 @@ def test_percentage_errors_with_no_scorable_round_or_mismatched_lengths() -> Non
     assert (nothing["n"], nothing["zero"]) == (0.0, 2.0)
     assert math.isnan(nothing["median"]) and math.isnan(nothing["p90"])
     assert fit.percentage_errors([3.0], [2.0]) == {"n": 1.0, "zero": 0.0, "median": 50.0, "p90": 50.0}
-    with pytest.raises(ValueError, match="one length"):
+    with pytest.raises(ValueError, match="^predicted and observed must be of one length$"):
         fit.percentage_errors([1.0], [1.0, 2.0])

@@ -6,6 +6,7 @@ lognormal mixture on separated clusters. Written against the survivors of the mu
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -187,3 +188,24 @@ def test_percentage_errors_with_no_scorable_round_or_mismatched_lengths() -> Non
     assert fit.percentage_errors([3.0], [2.0]) == {"n": 1.0, "zero": 0.0, "median": 50.0, "p90": 50.0}
     with pytest.raises(ValueError, match="^predicted and observed must be of one length$"):
         fit.percentage_errors([1.0], [1.0, 2.0])
+
+
+def test_a_mixture_keeps_a_far_outlier_finite_as_its_own_component() -> None:
+    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
+    # underflow unless each row is scaled by its own best before exponentiating.
+    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
+    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
+    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
+    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
+
+
+def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
+    # `python -m prototype calibrate` prints these: an unseen term or an empty sample must not print
+    # numpy's division or empty-slice warnings beside them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fit.round_time_fit(np.zeros(7), OUTPUT, 0.2 + OUTPUT / 40)
+        assert result.prefill_tokens_per_s == math.inf
+        assert fit.distribution([])["n"] == 0.0
+        assert math.isnan(fit.tool_tail([])[0])

@@ -87,16 +87,16 @@ def test_constant_seconds_have_no_r2_and_exactly_fitted_ones_no_error() -> None:
 
 
 def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
-    with pytest.raises(ValueError, match="1-D and of one length"):
+    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
         fit.round_time_fit([1, 2, 3], [1, 2, 3], [1, 2])
-    with pytest.raises(ValueError, match="1-D and of one length"):
+    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
         fit.round_time_fit([[1, 2, 3]], [[1, 2, 3]], [[1, 2, 3]])
     with pytest.raises(ValueError, match="at least 3 timed rounds, got 2"):
         fit.round_time_fit([1, 2], [1, 2], [1, 2])
     for bad in range(3):
         columns = [[1.0, 2.0, 3.0], [4.0, 5.0, 7.0], [1.0, 2.0, 3.0]]
         columns[bad][1] = math.nan if bad != 1 else math.inf
-        with pytest.raises(ValueError, match="non-finite values"):
+        with pytest.raises(ValueError, match="^non-finite values$"):
             fit.round_time_fit(*columns)
 
 
@@ -209,3 +209,18 @@ def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
         assert result.prefill_tokens_per_s == math.inf
         assert fit.distribution([])["n"] == 0.0
         assert math.isnan(fit.tool_tail([])[0])
+
+
+def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_are_small() -> None:
+    # Rounds of tens of milliseconds whose unconstrained fit has a negative rate per uncached token:
+    # two two-term subsets are non-negative, the first tried (intercept and uncached) is worse than
+    # the second (intercept and output) by far less than 1 s², and the fit must be the best
+    # (the optimality conditions of non-negative least squares).
+    seconds = 0.05 - UNCACHED / 50_000 + OUTPUT / 1000 + NOISE / 10
+    result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
+    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
+    coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
+    gradient = X.T @ (X @ coef - seconds)
+    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    assert coef[1] == 0 and coef[0] > 0 and coef[2] > 0
+    assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)

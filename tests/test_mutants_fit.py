@@ -224,3 +224,11 @@ def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_a
     scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
     assert coef[1] == 0 and coef[0] > 0 and coef[2] > 0
     assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
+
+
+def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
+    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
+    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
+    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
+    assert (coef > 0).all()
+    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)

@@ -12,7 +12,7 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
-from prototype.traces import native
+from prototype.traces import native, tracelab_csv
 from prototype.traces.base import content_seed_of_task
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -168,13 +168,24 @@ def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
     )
 
 
-BAD_CSV = [
+BAD_CSV = [  # (label, header, rows, line, field, the whole message after the field)
     ("missing column", CSV_HEADER[:-1], [[0, 1, 1, 0, 0, 0]], 1, "prefix_len", "missing column"),
-    ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0"),
-    ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number"),
-    ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx", "expected 1"),
-    ("session starts late", CSV_HEADER, [[0, 1, 1, 0, 1, 0, 0]], 2, "round_idx", "starts at 1"),
+    ("missing session column", CSV_HEADER[1:], [[1, 1, 0, 0, 0, 0]], 1, "session_id", "missing column"),
+    ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0, got '-5'"),
+    ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number, got 'x'"),
+    ("not whole", CSV_HEADER, [[0, 1, 1, 0, 0.5, 0, 0]], 2, "round_idx", "expected a whole number, got '0.5'"),
+    ("not finite", CSV_HEADER, [[0, 1, 1, "inf", 0, 0, 0]], 2, "arrival_time", "expected a number, got 'inf'"),
+    ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx",
+     "2 in session '0', expected 1: rounds out of order"),
+    ("session starts late", CSV_HEADER, [[0, 1, 1, 0, 1, 0, 0]], 2, "round_idx", "session '0' starts at 1, expected 0"),
+    ("session resumes", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 1, 0, 0]], 4, "id",
+     "session '0' resumes after other sessions: rows out of order"),
+    ("arrival differs", CSV_HEADER, [[0, 1, 1, "5.0", 0, 0, 0], [0, 1, 1, "6.0", 1, 0, 0]], 3, "arrival_time",
+     "6.0 differs from the session's first row"),
     ("missing value", CSV_HEADER, [[0, 1, 1, "", 0, 0, 0]], 2, "arrival_time", "missing"),
+    ("blank session", CSV_HEADER, [[" ", 1, 1, 0, 0, 0, 0]], 2, "id", "missing"),
+    ("short row", CSV_HEADER, [[0, 1, 1, 0, 0, 0]], 2, None, "expected 7 columns"),
+    ("long row", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0, 9]], 2, None, "expected 7 columns"),
 ]
 
 
@@ -182,8 +193,22 @@ BAD_CSV = [
 def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, field, message):
     path = write_csv(tmp_path / "bad.csv", rows, header)
     with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.line, caught.value.field) == (line, field) and message in str(caught.value)
+        tracelab_csv.read(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert str(caught.value) == (f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}")
+
+
+def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name_sessions_session_id(tmp_path):
+    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
+    assert tracelab_csv.looks_like(["output_len", "round_idx"])
+    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
+    path = write_csv(tmp_path / "named.csv", [["s1", 10, 2, "0", 0, "250", 0], ["s1", 4, 2, "0", 1, "0", 12]],
+                     ["session_id", *CSV_HEADER[1:]])
+    assert traces.detect(path) == "tracelab-csv"
+    trace = traces.load(path)
+    assert trace.tasks == (replayed("s1", (TurnSpec(10, 2, (0.25,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
+        ("s1", 2, 10, 0, True), ("s1", 3, 16, 12, False)]
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -117,16 +118,45 @@ def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fall
     assert trace.notes == ("1 tool call(s) with null wall and internal latency: replayed as 0 s",)
 
 
-BAD_TRACELAB = [
+def tool(**fields) -> dict:
+    return {"tool_name": "exec", "tool_wall_latency_ms": 5, **fields}
+
+
+BAD_TRACELAB = [  # (label, spoil the second row, line, field, the whole message after the field)
     ("missing field", lambda r: r.pop("prefix_tokens"), 2, "prefix_tokens", "missing"),
-    ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0"),
-    ("negative tool time", lambda r: r["tools"].append({"tool_name": "x", "tool_wall_latency_ms": -1}), 2,
-     "tools[0].tool_wall_latency_ms", "must be >= 0"),
+    ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0, got -3"),
+    ("no session", lambda r: r.pop("session_id"), 2, "session_id", "missing"),
+    ("empty session", lambda r: r.update(session_id=""), 2, "session_id", "expected a string, got ''"),
+    ("session not a string", lambda r: r.update(session_id=7), 2, "session_id", "expected a string, got 7"),
+    ("negative tool time", lambda r: r["tools"].append(tool(tool_wall_latency_ms=-1)), 2,
+     "tools[0].tool_wall_latency_ms", "must be >= 0, got -1"),
+    ("negative internal time", lambda r: r["tools"].append(tool(tool_wall_latency_ms=None, tool_internal_latency_ms=-2.5)), 2,
+     "tools[0].tool_internal_latency_ms", "must be >= 0, got -2.5"),
+    ("tool time a bool", lambda r: r["tools"].append(tool(tool_wall_latency_ms=True)), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got True"),
+    ("tool time a string", lambda r: r["tools"].append(tool(tool_wall_latency_ms="5")), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got '5'"),
+    ("tool time not finite", lambda r: r["tools"].append(tool(tool_wall_latency_ms=math.inf)), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got inf"),
+    ("internal time not a number", lambda r: r["tools"].append(tool(tool_wall_latency_ms=None, tool_internal_latency_ms=[])), 2,
+     "tools[0].tool_internal_latency_ms", "expected a number, got []"),
+    ("no wall time", lambda r: r["tools"].extend([tool(), {"tool_name": "exec", "tool_internal_latency_ms": 5}]), 2,
+     "tools[1].tool_wall_latency_ms", "missing"),
     ("tool without name", lambda r: r["tools"].append({"tool_wall_latency_ms": 5}), 2, "tools[0].tool_name", "missing"),
-    ("turns out of order", lambda r: r.update(round_index=0, prefix_tokens=7, input_tokens_total=17), 2, "round_index", "0 after 0"),
-    ("inconsistent total", lambda r: r.update(input_tokens_total=1), 2, "input_tokens_total", "is not prefix_tokens"),
+    ("tool name not a string", lambda r: r["tools"].append(tool(tool_name=3)), 2, "tools[0].tool_name", "expected a string, got 3"),
+    ("tool not an object", lambda r: r["tools"].append("exec"), 2, "tools[0]", "expected an object"),
+    ("no tools", lambda r: r.pop("tools"), 2, "tools", "missing"),
+    ("tools not a list", lambda r: r.update(tools={}), 2, "tools", "expected a list, got dict"),
+    ("turns out of order", lambda r: r.update(round_index=0, prefix_tokens=7, input_tokens_total=17), 2, "round_index",
+     "0 after 0 (line 1) in session 's': rounds out of order"),
+    ("inconsistent total", lambda r: r.update(input_tokens_total=1), 2, "input_tokens_total",
+     "1 is not prefix_tokens + newly_append_tokens = 20"),
     ("bad timestamp", lambda r: r["timing_events"].append({"event_type": "text", "timestamp": "yesterday"}), 2,
-     "timing_events[0].timestamp", "not an ISO 8601"),
+     "timing_events[0].timestamp", "not an ISO 8601 timestamp: 'yesterday'"),
+    ("events not a list", lambda r: r.update(timing_events="text"), 2, "timing_events", "expected a list, got str"),
+    ("event not an object", lambda r: r["timing_events"].append(["text"]), 2, "timing_events[0]", "expected an object"),
+    ("event without type", lambda r: r["timing_events"].append({"timestamp": iso(1)}), 2, "timing_events[0].event_type", "missing"),
+    ("event without time", lambda r: r["timing_events"].append({"event_type": "text"}), 2, "timing_events[0].timestamp", "missing"),
 ]
 
 
@@ -138,7 +168,7 @@ def test_bad_tracelab_rows_name_file_line_and_field(tmp_path, label, spoil, line
     with pytest.raises(traces.TraceError) as caught:
         traces.load(path)
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert str(caught.value).startswith(f"{path}:{line}: {field}: ") and message in str(caught.value)
+    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
 
 
 # --- TraceLab CSV ------------------------------------------------------------------------------------------------
@@ -370,3 +400,34 @@ def test_codex_running_totals_without_last_usage(tmp_path):
     first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
     assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
         9000, 300, 9700, 9216, 150)
+
+
+def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250)])
+    row.update(provider=" claude ", model="claude-sonnet-4")
+    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
+    row["timing_events"] = [
+        {"event_type": "user_message", "timestamp": iso(1.0)},
+        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
+        {"event_type": "reasoning", "timestamp": iso(3.0)},
+        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
+        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
+        {"event_type": "tool_call", "timestamp": iso(4.5)},
+        {"event_type": "other", "timestamp": iso(9.0)},
+    ]
+    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
+    second.pop("reasoning_output_tokens")
+    second["tools"][0]["result_chars"] = "many"
+    second.update(first_input_event_type="user_message", provider="codex")
+    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
+    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
+    third.update(provider=None, model=" ")
+    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
+    first, then, last = trace.rounds
+    assert first.tool_seconds == (1.234568,) and first.hosted == ((0.25, 10),)
+    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 1.0, 3.5)  # from the first request
+    assert first.model_seconds == 2.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
+    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
+    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
+    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""

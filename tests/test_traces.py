@@ -204,6 +204,11 @@ BAD_CSV = [  # (label, header, rows, line, field, the whole message after the fi
     ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0, got '-5'"),
     ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number, got 'x'"),
     ("not whole", CSV_HEADER, [[0, 1, 1, 0, 0.5, 0, 0]], 2, "round_idx", "expected a whole number, got '0.5'"),
+    ("prefix not whole", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 2.5]], 2, "prefix_len", "expected a whole number, got '2.5'"),
+    ("input not whole", CSV_HEADER, [[0, 1.5, 1, 0, 0, 0, 0]], 2, "input_len", "expected a whole number, got '1.5'"),
+    ("output not whole", CSV_HEADER, [[0, 1, 1.5, 0, 0, 0, 0]], 2, "output_len", "expected a whole number, got '1.5'"),
+    ("prefix not a number", CSV_HEADER, [[0, 1, 1, 0, 0, 0, "a"]], 2, "prefix_len", "expected a number, got 'a'"),
+    ("negative wait", CSV_HEADER, [[0, 1, 1, 0, 0, -1, 0]], 2, "tool_wait_after_ms", "must be >= 0, got '-1'"),
     ("not finite", CSV_HEADER, [[0, 1, 1, "inf", 0, 0, 0]], 2, "arrival_time", "expected a number, got 'inf'"),
     ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx",
      "2 in session '0', expected 1: rounds out of order"),
@@ -232,13 +237,15 @@ def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name
     assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
     assert tracelab_csv.looks_like(["output_len", "round_idx"])
     assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
-    path = write_csv(tmp_path / "named.csv", [["s1", 10, 2, "0", 0, "250", 0], ["s1", 4, 2, "0", 1, "0", 12]],
+    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
+    # with newline="").
+    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
                      ["session_id", *CSV_HEADER[1:]])
     assert traces.detect(path) == "tracelab-csv"
     trace = traces.load(path)
-    assert trace.tasks == (replayed("s1", (TurnSpec(10, 2, (0.25,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
+    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
     assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
-        ("s1", 2, 10, 0, True), ("s1", 3, 16, 12, False)]
+        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------

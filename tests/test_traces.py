@@ -157,6 +157,10 @@ BAD_TRACELAB = [  # (label, spoil the second row, line, field, the whole message
     ("event not an object", lambda r: r["timing_events"].append(["text"]), 2, "timing_events[0]", "expected an object"),
     ("event without type", lambda r: r["timing_events"].append({"timestamp": iso(1)}), 2, "timing_events[0].event_type", "missing"),
     ("event without time", lambda r: r["timing_events"].append({"event_type": "text"}), 2, "timing_events[0].timestamp", "missing"),
+    ("index not a number", lambda r: r.update(round_index="1"), 2, "round_index", "expected a whole number, got '1'"),
+    ("negative append", lambda r: r.update(newly_append_tokens=-1), 2, "newly_append_tokens", "must be >= 0, got -1"),
+    ("fractional reasoning", lambda r: r.update(reasoning_output_tokens=1.5), 2, "reasoning_output_tokens",
+     "expected a whole number, got 1.5"),
 ]
 
 
@@ -221,6 +225,7 @@ BAD_CSV = [  # (label, header, rows, line, field, the whole message after the fi
     ("blank session", CSV_HEADER, [[" ", 1, 1, 0, 0, 0, 0]], 2, "id", "missing"),
     ("short row", CSV_HEADER, [[0, 1, 1, 0, 0, 0]], 2, None, "expected 7 columns"),
     ("long row", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0, 9]], 2, None, "expected 7 columns"),
+    ("no rows", CSV_HEADER, [], 1, None, "the trace holds no model calls"),
 ]
 
 
@@ -243,6 +248,7 @@ def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name
                      ["session_id", *CSV_HEADER[1:]])
     assert traces.detect(path) == "tracelab-csv"
     trace = traces.load(path)
+    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
     assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
     assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
         ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
@@ -410,13 +416,14 @@ def test_codex_running_totals_without_last_usage(tmp_path):
 
 
 def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
-    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250)])
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
     row.update(provider=" claude ", model="claude-sonnet-4")
     row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
     row["timing_events"] = [
         {"event_type": "user_message", "timestamp": iso(1.0)},
         {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
         {"event_type": "reasoning", "timestamp": iso(3.0)},
+        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
         {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
         {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
         {"event_type": "tool_call", "timestamp": iso(4.5)},
@@ -427,14 +434,19 @@ def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_pa
     second["tools"][0]["result_chars"] = "many"
     second.update(first_input_event_type="user_message", provider="codex")
     second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
+    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
     third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
     third.update(provider=None, model=" ")
     third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
+    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
     first, then, last = trace.rounds
-    assert first.tool_seconds == (1.234568,) and first.hosted == ((0.25, 10),)
-    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 1.0, 3.5)  # from the first request
-    assert first.model_seconds == 2.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
+    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
+    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
+    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
     assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
     assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
+    assert then.tool_seconds == (0.0, 0.0)
+    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
+    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
     assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""

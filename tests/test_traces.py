@@ -13,7 +13,7 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
-from prototype.traces import native, tracelab_csv
+from prototype.traces import native, tracelab, tracelab_csv
 from prototype.traces.base import content_seed_of_task
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -93,6 +93,13 @@ def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
     assert len(trace.rounds) == 1
     assert trace.notes == ("1 exact duplicate row(s) (same session_id, round_index and token counts) skipped",)
+    # Each repeat is counted, and the rows after a repeat are read.
+    rows = [row, row, row, tracelab_row("s", 1, 15, 5, 5, [])]
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
+    assert [(r.line, r.cached_tokens) for r in trace.rounds] == [(1, 0), (4, 15)]
+    assert trace.notes[0] == "2 exact duplicate row(s) (same session_id, round_index and token counts) skipped"
+    assert not tracelab.looks_like({"round_index": 0}) and not tracelab.looks_like({"session_id": "s"})
+    assert not tracelab.looks_like([{"session_id": "s", "round_index": 0}]) and tracelab.looks_like(row)
 
 
 def test_interrupted_requests_and_compaction_are_said(tmp_path):
@@ -157,6 +164,7 @@ BAD_TRACELAB = [  # (label, spoil the second row, line, field, the whole message
     ("event not an object", lambda r: r["timing_events"].append(["text"]), 2, "timing_events[0]", "expected an object"),
     ("event without type", lambda r: r["timing_events"].append({"timestamp": iso(1)}), 2, "timing_events[0].event_type", "missing"),
     ("event without time", lambda r: r["timing_events"].append({"event_type": "text"}), 2, "timing_events[0].timestamp", "missing"),
+    ("negative total", lambda r: r.update(input_tokens_total=-1), 2, "input_tokens_total", "must be >= 0, got -1"),
     ("index not a number", lambda r: r.update(round_index="1"), 2, "round_index", "expected a whole number, got '1'"),
     ("negative append", lambda r: r.update(newly_append_tokens=-1), 2, "newly_append_tokens", "must be >= 0, got -1"),
     ("fractional reasoning", lambda r: r.update(reasoning_output_tokens=1.5), 2, "reasoning_output_tokens",

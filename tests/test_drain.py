@@ -181,6 +181,9 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
 
 
+SHUTTING_DOWN = {"code": errors.SERVER_SHUTTING_DOWN, "message": "The server is shutting down; retry on a new connection."}
+
+
 @pytest.mark.parametrize("link", LINKS)
 async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str) -> None:
     server = make_server()
@@ -201,10 +204,32 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
         await server_tasks_end(server_side, server)
     assert code == 1001
     failed = events[-2]
-    assert failed["type"] == "response.failed" and failed["response"]["id"] == created["response"]["id"]
-    assert failed["response"]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    assert failed["type"] == "response.failed"
+    # The response as it was created, failed with the drain's reason (the snapshot the server kept).
+    assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
     assert_no_event_lost([created, *events[:-1]])
     assert session_kv(server) == {}
+
+
+async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_clock) -> None:
+    # A warm-up (`generate: false`) sends `response.created` and nothing more until its prefill ends:
+    # the failure a drain sends for it comes right after, numbered 1.
+    server = make_server()
+    async with trio.open_nursery() as server_side:
+        connector = PipeConnector(server, server_side)
+        async with raw_ws(connector, CHAINED) as (conn, _):
+            await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))  # a long prefill
+            created = await receive(conn)
+            drained_at = trio.current_time()
+            async with trio.open_nursery() as draining:
+                draining.start_soon(drain, server, 1.0)
+                events, code = await events_until_close(conn)
+            assert trio.current_time() - drained_at == 1.0
+        await server_tasks_end(server_side, server)
+    assert code == 1001 and created["type"] == "response.created"
+    failed, error = events
+    assert (failed["type"], failed["sequence_number"], error["type"]) == ("response.failed", 1, "error")
+    assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
 
 
 async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:
@@ -232,7 +257,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
     assert sorted(e["response"]["id"] for e in failures) == sorted(lane_of)
     for event in failures:
         assert event.get("stream_id") == lane_of[event["response"]["id"]], event
-        assert event["response"]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+        assert event["response"]["status"] == "failed" and event["response"]["error"] == SHUTTING_DOWN
     # Per lane, the cut response's events run on without a gap and end with its failure.
     for lane in lane_of.values():
         on_lane = [e for e in before + events[:-1] if e.get("stream_id") == lane]

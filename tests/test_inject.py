@@ -77,6 +77,9 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         assert second_call["sequence_number"] > ack["sequence_number"]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second_call["item"]])})
         final = await timed_until(conn, *TERMINALS)
+        # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
+        ((session,),) = [server.sessions]
+        assert (session.active, session.waiting) == ({}, {})
     terminal = final[-1][1]
     assert terminal["type"] == "response.completed" and terminal["response"]["id"] == response_id
     # One response for the whole rollout: its three turns' items, both calls answered in place.
@@ -271,3 +274,97 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
     assert rest[0][1]["type"] == "response.inject.created" and final["type"] == "response.completed"
     kinds = [item["type"] for item in final["response"]["output"]]
     assert kinds.count("function_call") == 2 and kinds.count("message") == 4  # two agents, two turns each
+
+
+OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
+MALFORMED = [  # (label, frame without its type, code, message, param)
+    ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
+     f"Unknown parameter: '{'k' * 64}'.", "k" * 64),
+    ("no response_id", {"input": [OUTPUT]}, "missing_required_parameter", "response.inject needs 'response_id', a string.", "response_id"),
+    ("empty response_id", {"response_id": "", "input": [OUTPUT]}, "missing_required_parameter",
+     "response.inject needs 'response_id', a string.", "response_id"),
+    ("response_id not a string", {"response_id": 7, "input": [OUTPUT]}, "missing_required_parameter",
+     "response.inject needs 'response_id', a string.", "response_id"),
+    ("no input", {"response_id": "r"}, "missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input"),
+    ("empty input", {"response_id": "r", "input": []}, "missing_required_parameter",
+     "response.inject needs 'input', a non-empty array of items.", "input"),
+    ("an item without output", {"response_id": "r", "input": [{"type": "function_call_output", "call_id": "c"}]},
+     "missing_required_parameter", "Missing required field 'output' in input[0].", "input[0].output"),
+    ("an item not an object", {"response_id": "r", "input": ["x"]}, "invalid_type", "Invalid type for 'input[0]': expected an object.", "input[0]"),
+]
+
+
+@pytest.mark.parametrize(("label", "frame", "code", "message", "param"), MALFORMED, ids=[m[0] for m in MALFORMED])
+async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connection(autojump_clock, label, frame, code, message, param):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, {"type": "response.inject", **frame})
+        (error,) = await until(conn, *TERMINALS)
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await conn.get_message()
+    assert error == {"type": "error", "status": 400,
+                     "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+    assert closed.value.reason.code == 1008
+
+
+async def test_each_refused_inject_names_its_reason(autojump_clock):
+    server = make_server()
+
+    async def refused(conn, response_id: str, items: list) -> dict:
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
+        (failed,) = [e for e in await until(conn, "response.inject.failed") if e["type"] == "response.inject.failed"]
+        assert failed["response_id"] == response_id and failed["input"] == items and failed["error"]["code"] != ""
+        return failed["error"]
+
+    def invalid(message: str) -> dict:
+        return {"code": "invalid_function_call_output", "message": message}
+
+    async with beta_ws(server) as conn:
+        assert await refused(conn, "resp_nope", [OUTPUT]) == {"code": "response_not_found", "message": "Response 'resp_nope' not found."}
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))
+        plain = (await until(conn, "response.created"))[-1]["response"]["id"]
+        assert await refused(conn, plain, [OUTPUT]) == {
+            "code": "response_not_found",
+            "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
+        await until(conn, *TERMINALS)
+        await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        response_id = events[0][1]["response"]["id"]
+        ((_, first),) = calls_done(events)
+        answer = outputs_for([first["item"]])
+        call_id = first["item"]["call_id"]
+        message = [{"type": "message", "role": "user", "content": "x"}]
+        assert await refused(conn, response_id, message) == invalid("Only function_call_output items can be injected, not 'message'.")
+        assert await refused(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == invalid(
+            f"No function call with call_id 'call_404' in response '{response_id}'.")
+        assert await refused(conn, response_id, answer + answer) == invalid(f"The function call '{call_id}' already has an output.")
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        # The response took the output and went on to its next call: the output is not taken again.
+        assert events[0][1]["type"] == "response.inject.created"
+        assert await refused(conn, response_id, answer) == invalid(f"The function call '{call_id}' already has an output.")
+        ((_, second),) = calls_done(events)
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second["item"]])})
+        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+
+
+async def test_an_output_injected_before_the_response_waits_is_held_and_not_taken_twice(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
+        events = await until(conn, "response.function_call_arguments.delta")  # the call is still streaming
+        response_id = events[0]["response"]["id"]
+        events += await until(conn, "response.output_item.done")
+        call = [e["item"] for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"][0]
+        answer = outputs_for([{**call, "status": "completed"}])
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})  # held, not yet taken
+        rest = await until(conn, *TERMINALS)
+    (failed,) = [e for e in rest if e["type"] == "response.inject.failed"]
+    assert failed["error"] == {"code": "invalid_function_call_output",
+                               "message": f"The function call '{call['call_id']}' already has an output."}
+    assert rest[-1]["type"] == "response.completed"

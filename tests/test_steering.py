@@ -4,11 +4,18 @@ and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
+from test_endpoints import cancel_at, connect
+from test_inject import MULTI_AGENT, beta_ws, calls_done
+from trio_websocket import ConnectionClosed
 
 from prototype.client.harness import SUSPENDED
 from prototype.protocol.steering import MAX_QUEUED_STEERS
+from prototype.server.config import ServerConfig
 
 LONG_TEXT = {"testbed_workload": "fixed:3:100:10:300:0.5"}  # 300-token messages: 0.3 s at sim-1000
 FINAL_ONLY = {"testbed_workload": "fixed:1:100:10:300"}  # one turn: the final answer
@@ -64,6 +71,10 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     # The server's record of the successor: its input is the steering message, nothing else.
     record = [r for r in server.records if r["response_id"] == successor["id"]][0]
     assert (record["input_items"], record["input_types"], record["stream_id"]) == (1, {"message": 1}, True)
+    # The client's bytes: the create frame for the target, none for the automatic successor.
+    assert record["request_bytes"] == 0
+    (target_record,) = [r for r in server.records if r["response_id"] == target]
+    assert target_record["request_bytes"] == len(json.dumps(create_event(metadata=LONG_TEXT, stream_id=LANE)).encode())
 
 
 async def test_a_final_answer_completes_normally_and_an_automatic_successor_follows(autojump_clock):
@@ -325,3 +336,83 @@ async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
     assert accepted["previous_response_id"] == target
+
+
+# --- a target that fails, and one that answers its calls in place --------------------------------
+
+
+async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_follows(autojump_clock, nursery):
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, api_key="alice") as conn:
+        target, _ = await start(conn)
+        await send(conn, steer(target))
+        accepted = (await until(conn, "response.steer.accepted"))[-1]
+        cancelled_at, reply = await cancel_at(http, target)
+        events = await timed_until(conn, "response.steer.failed")
+        with trio.move_on_after(30):
+            raise AssertionError(await receive(conn))  # nothing more: the steer rode no successor
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert ended["type"] == "response.cancelled" and reply.json() == ended["response"]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message=f"Response '{target}' failed.")
+    assert refused["stream_id"] == LANE and refused["sequence_number"] == ended["sequence_number"] + 1
+    assert ended_at == refused_at == cancelled_at
+    assert [r["outcome"] for r in server.records] == ["cancelled"]
+
+
+async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_automatic_successor(autojump_clock):
+    # A multi-agent response waits at its client call for the injected output and goes on: when it
+    # completes, the call is answered, so the steer rides the automatic successor; it is never
+    # pending on input the client already gave.
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        target = events[0][1]["response"]["id"]
+        ((_, call),) = calls_done(events)
+        await send(conn, {"type": "response.inject", "response_id": target, "input": outputs_for([call["item"]])})
+        await until(conn, "response.output_text.delta")  # the final answer
+        await send(conn, steer(target))
+        events = await until(conn, *TERMINALS)
+        # The successor inherits `multi_agent` and waits at its own call: the test answers it.
+        successor = await timed_until(conn, "response.output_item.done")
+        while not calls_done(successor):
+            successor += await timed_until(conn, "response.output_item.done")
+        ((_, next_call),) = calls_done(successor)
+        created = successor[0][1]
+        await send(conn, {"type": "response.inject", "response_id": created["response"]["id"],
+                          "input": outputs_for([next_call["item"]])})
+        successor = [e for _, e in successor] + await until(conn, *TERMINALS)
+    assert events[0]["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call", "message"]
+    assert created["type"] == "response.created" and created["response"]["previous_response_id"] == target
+    assert "response.steer.pending" not in [e["type"] for e in successor]
+    assert successor[-1]["type"] == "response.completed"
+    record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
+    assert record["input_types"] == {"message": 1}  # the steering message, nothing else
+
+
+async def test_a_steer_whose_successor_would_outlive_the_connection_fails_and_the_connection_closes(autojump_clock):
+    # The lifetime limit strikes while the steered response finishes its message: the automatic
+    # successor is never created, its queued input comes back, then the limit's error and the close.
+    server = make_server(config=ServerConfig(connection_lifetime=0.2))
+    async with ws(server) as conn:
+        target, _ = await start(conn)
+        await send(conn, steer(target))
+        events = await timed_until(conn, "response.steer.failed")
+        accepted = events[0][1]
+        limit = await receive(conn)
+        with pytest.raises(ConnectionClosed) as closed:
+            await receive(conn)
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert ended["type"] == "response.incomplete" and ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert failed(refused, "successor_creation_failed", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message="The connection reached its lifetime limit.")
+    assert refused["sequence_number"] == ended["sequence_number"] + 1 and refused["stream_id"] == LANE
+    assert refused_at == ended_at
+    assert "response.created" not in [e["type"] for _, e in events]
+    assert (limit["type"], limit["error"]["code"]) == ("error", "websocket_connection_limit_reached")
+    assert closed.value.reason.code == 1000

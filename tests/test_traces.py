@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
-from prototype.traces import native
+from prototype.traces import native, tracelab, tracelab_csv
 from prototype.traces.base import content_seed_of_task
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -92,6 +93,13 @@ def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
     assert len(trace.rounds) == 1
     assert trace.notes == ("1 exact duplicate row(s) (same session_id, round_index and token counts) skipped",)
+    # Each repeat is counted, and the rows after a repeat are read.
+    rows = [row, row, row, tracelab_row("s", 1, 15, 5, 5, [])]
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
+    assert [(r.line, r.cached_tokens) for r in trace.rounds] == [(1, 0), (4, 15)]
+    assert trace.notes[0] == "2 exact duplicate row(s) (same session_id, round_index and token counts) skipped"
+    assert not tracelab.looks_like({"round_index": 0}) and not tracelab.looks_like({"session_id": "s"})
+    assert not tracelab.looks_like([{"session_id": "s", "round_index": 0}]) and tracelab.looks_like(row)
 
 
 def test_interrupted_requests_and_compaction_are_said(tmp_path):
@@ -117,16 +125,50 @@ def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fall
     assert trace.notes == ("1 tool call(s) with null wall and internal latency: replayed as 0 s",)
 
 
-BAD_TRACELAB = [
+def tool(**fields) -> dict:
+    return {"tool_name": "exec", "tool_wall_latency_ms": 5, **fields}
+
+
+BAD_TRACELAB = [  # (label, spoil the second row, line, field, the whole message after the field)
     ("missing field", lambda r: r.pop("prefix_tokens"), 2, "prefix_tokens", "missing"),
-    ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0"),
-    ("negative tool time", lambda r: r["tools"].append({"tool_name": "x", "tool_wall_latency_ms": -1}), 2,
-     "tools[0].tool_wall_latency_ms", "must be >= 0"),
+    ("negative", lambda r: r.update(output_tokens=-3), 2, "output_tokens", "must be >= 0, got -3"),
+    ("no session", lambda r: r.pop("session_id"), 2, "session_id", "missing"),
+    ("empty session", lambda r: r.update(session_id=""), 2, "session_id", "expected a string, got ''"),
+    ("session not a string", lambda r: r.update(session_id=7), 2, "session_id", "expected a string, got 7"),
+    ("negative tool time", lambda r: r["tools"].append(tool(tool_wall_latency_ms=-1)), 2,
+     "tools[0].tool_wall_latency_ms", "must be >= 0, got -1"),
+    ("negative internal time", lambda r: r["tools"].append(tool(tool_wall_latency_ms=None, tool_internal_latency_ms=-2.5)), 2,
+     "tools[0].tool_internal_latency_ms", "must be >= 0, got -2.5"),
+    ("tool time a bool", lambda r: r["tools"].append(tool(tool_wall_latency_ms=True)), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got True"),
+    ("tool time a string", lambda r: r["tools"].append(tool(tool_wall_latency_ms="5")), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got '5'"),
+    ("tool time not finite", lambda r: r["tools"].append(tool(tool_wall_latency_ms=math.inf)), 2,
+     "tools[0].tool_wall_latency_ms", "expected a number, got inf"),
+    ("internal time not a number", lambda r: r["tools"].append(tool(tool_wall_latency_ms=None, tool_internal_latency_ms=[])), 2,
+     "tools[0].tool_internal_latency_ms", "expected a number, got []"),
+    ("no wall time", lambda r: r["tools"].extend([tool(), {"tool_name": "exec", "tool_internal_latency_ms": 5}]), 2,
+     "tools[1].tool_wall_latency_ms", "missing"),
     ("tool without name", lambda r: r["tools"].append({"tool_wall_latency_ms": 5}), 2, "tools[0].tool_name", "missing"),
-    ("turns out of order", lambda r: r.update(round_index=0, prefix_tokens=7, input_tokens_total=17), 2, "round_index", "0 after 0"),
-    ("inconsistent total", lambda r: r.update(input_tokens_total=1), 2, "input_tokens_total", "is not prefix_tokens"),
+    ("tool name not a string", lambda r: r["tools"].append(tool(tool_name=3)), 2, "tools[0].tool_name", "expected a string, got 3"),
+    ("tool not an object", lambda r: r["tools"].append("exec"), 2, "tools[0]", "expected an object"),
+    ("no tools", lambda r: r.pop("tools"), 2, "tools", "missing"),
+    ("tools not a list", lambda r: r.update(tools={}), 2, "tools", "expected a list, got dict"),
+    ("turns out of order", lambda r: r.update(round_index=0, prefix_tokens=7, input_tokens_total=17), 2, "round_index",
+     "0 after 0 (line 1) in session 's': rounds out of order"),
+    ("inconsistent total", lambda r: r.update(input_tokens_total=1), 2, "input_tokens_total",
+     "1 is not prefix_tokens + newly_append_tokens = 20"),
     ("bad timestamp", lambda r: r["timing_events"].append({"event_type": "text", "timestamp": "yesterday"}), 2,
-     "timing_events[0].timestamp", "not an ISO 8601"),
+     "timing_events[0].timestamp", "not an ISO 8601 timestamp: 'yesterday'"),
+    ("events not a list", lambda r: r.update(timing_events="text"), 2, "timing_events", "expected a list, got str"),
+    ("event not an object", lambda r: r["timing_events"].append(["text"]), 2, "timing_events[0]", "expected an object"),
+    ("event without type", lambda r: r["timing_events"].append({"timestamp": iso(1)}), 2, "timing_events[0].event_type", "missing"),
+    ("event without time", lambda r: r["timing_events"].append({"event_type": "text"}), 2, "timing_events[0].timestamp", "missing"),
+    ("negative total", lambda r: r.update(input_tokens_total=-1), 2, "input_tokens_total", "must be >= 0, got -1"),
+    ("index not a number", lambda r: r.update(round_index="1"), 2, "round_index", "expected a whole number, got '1'"),
+    ("negative append", lambda r: r.update(newly_append_tokens=-1), 2, "newly_append_tokens", "must be >= 0, got -1"),
+    ("fractional reasoning", lambda r: r.update(reasoning_output_tokens=1.5), 2, "reasoning_output_tokens",
+     "expected a whole number, got 1.5"),
 ]
 
 
@@ -138,7 +180,7 @@ def test_bad_tracelab_rows_name_file_line_and_field(tmp_path, label, spoil, line
     with pytest.raises(traces.TraceError) as caught:
         traces.load(path)
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert str(caught.value).startswith(f"{path}:{line}: {field}: ") and message in str(caught.value)
+    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
 
 
 # --- TraceLab CSV ------------------------------------------------------------------------------------------------
@@ -168,13 +210,30 @@ def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
     )
 
 
-BAD_CSV = [
+BAD_CSV = [  # (label, header, rows, line, field, the whole message after the field)
     ("missing column", CSV_HEADER[:-1], [[0, 1, 1, 0, 0, 0]], 1, "prefix_len", "missing column"),
-    ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0"),
-    ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number"),
-    ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx", "expected 1"),
-    ("session starts late", CSV_HEADER, [[0, 1, 1, 0, 1, 0, 0]], 2, "round_idx", "starts at 1"),
+    ("missing session column", CSV_HEADER[1:], [[1, 1, 0, 0, 0, 0]], 1, "session_id", "missing column"),
+    ("negative", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, -5, 1, 0, 1, 0, 0]], 3, "input_len", "must be >= 0, got '-5'"),
+    ("not a number", CSV_HEADER, [[0, 1, "x", 0, 0, 0, 0]], 2, "output_len", "expected a number, got 'x'"),
+    ("not whole", CSV_HEADER, [[0, 1, 1, 0, 0.5, 0, 0]], 2, "round_idx", "expected a whole number, got '0.5'"),
+    ("prefix not whole", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 2.5]], 2, "prefix_len", "expected a whole number, got '2.5'"),
+    ("input not whole", CSV_HEADER, [[0, 1.5, 1, 0, 0, 0, 0]], 2, "input_len", "expected a whole number, got '1.5'"),
+    ("output not whole", CSV_HEADER, [[0, 1, 1.5, 0, 0, 0, 0]], 2, "output_len", "expected a whole number, got '1.5'"),
+    ("prefix not a number", CSV_HEADER, [[0, 1, 1, 0, 0, 0, "a"]], 2, "prefix_len", "expected a number, got 'a'"),
+    ("negative wait", CSV_HEADER, [[0, 1, 1, 0, 0, -1, 0]], 2, "tool_wait_after_ms", "must be >= 0, got '-1'"),
+    ("not finite", CSV_HEADER, [[0, 1, 1, "inf", 0, 0, 0]], 2, "arrival_time", "expected a number, got 'inf'"),
+    ("turns out of order", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 2, 0, 0]], 3, "round_idx",
+     "2 in session '0', expected 1: rounds out of order"),
+    ("session starts late", CSV_HEADER, [[0, 1, 1, 0, 1, 0, 0]], 2, "round_idx", "session '0' starts at 1, expected 0"),
+    ("session resumes", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 1, 0, 0]], 4, "id",
+     "session '0' resumes after other sessions: rows out of order"),
+    ("arrival differs", CSV_HEADER, [[0, 1, 1, "5.0", 0, 0, 0], [0, 1, 1, "6.0", 1, 0, 0]], 3, "arrival_time",
+     "6.0 differs from the session's first row"),
     ("missing value", CSV_HEADER, [[0, 1, 1, "", 0, 0, 0]], 2, "arrival_time", "missing"),
+    ("blank session", CSV_HEADER, [[" ", 1, 1, 0, 0, 0, 0]], 2, "id", "missing"),
+    ("short row", CSV_HEADER, [[0, 1, 1, 0, 0, 0]], 2, None, "expected 7 columns"),
+    ("long row", CSV_HEADER, [[0, 1, 1, 0, 0, 0, 0, 9]], 2, None, "expected 7 columns"),
+    ("no rows", CSV_HEADER, [], 1, None, "the trace holds no model calls"),
 ]
 
 
@@ -182,8 +241,25 @@ BAD_CSV = [
 def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, field, message):
     path = write_csv(tmp_path / "bad.csv", rows, header)
     with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.line, caught.value.field) == (line, field) and message in str(caught.value)
+        tracelab_csv.read(path)
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert str(caught.value) == (f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}")
+
+
+def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name_sessions_session_id(tmp_path):
+    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
+    assert tracelab_csv.looks_like(["output_len", "round_idx"])
+    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
+    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
+    # with newline="").
+    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
+                     ["session_id", *CSV_HEADER[1:]])
+    assert traces.detect(path) == "tracelab-csv"
+    trace = traces.load(path)
+    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
+    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
+        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------
@@ -345,3 +421,40 @@ def test_codex_running_totals_without_last_usage(tmp_path):
     first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
     assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
         9000, 300, 9700, 9216, 150)
+
+
+def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
+    row.update(provider=" claude ", model="claude-sonnet-4")
+    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
+    row["timing_events"] = [
+        {"event_type": "user_message", "timestamp": iso(1.0)},
+        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
+        {"event_type": "reasoning", "timestamp": iso(3.0)},
+        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
+        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
+        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
+        {"event_type": "tool_call", "timestamp": iso(4.5)},
+        {"event_type": "other", "timestamp": iso(9.0)},
+    ]
+    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
+    second.pop("reasoning_output_tokens")
+    second["tools"][0]["result_chars"] = "many"
+    second.update(first_input_event_type="user_message", provider="codex")
+    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
+    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
+    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
+    third.update(provider=None, model=" ")
+    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
+    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
+    first, then, last = trace.rounds
+    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
+    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
+    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
+    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
+    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
+    assert then.tool_seconds == (0.0, 0.0)
+    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
+    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
+    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""

@@ -214,7 +214,9 @@ class SteeringBook:
 
     def ended(self, response_id: str, status: str, output: Sequence[Item] = ()) -> Ended:
         """The target sent its terminal event. Queued submissions ride an automatic successor,
-        wait for the client's tool output (pending), or are refused if the target failed."""
+        wait for the client's tool output (pending), or are refused if the target failed.
+        `output`: the items whose client function calls wait for the client's output (none for a
+        response that answered its calls in place)."""
         target = self.targets.get(response_id)
         if target is None:
             return Ended()

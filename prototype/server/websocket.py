@@ -338,7 +338,10 @@ class WebSocketSession:
     async def after_response(self, response, claimed_for_next: list) -> CreateRequest | None:
         """The terminal event went out: pending notices, refusals, or the automatic successor that
         inherits the response's settings and continues from it with the queued input."""
-        ended = self.steering.ended(response.id, response.status, response.output)
+        # A response that takes injected outputs answered its calls in place (designs/inject.py): it
+        # never ends waiting for the client's tool output, so a steer on it has nothing to wait for.
+        awaiting = () if response.request.takes_injected_input else response.output
+        ended = self.steering.ended(response.id, response.status, awaiting)
         for submission in ended.pending:
             await self.send_steer_event(
                 response.id, SteerPending, reason=WAITING_FOR_REQUIRED_INPUT,

@@ -1,0 +1,234 @@
+"""The latency fit and the distribution summaries (prototype/engine/fit.py) to exact values: the fit's
+standard errors, r², residual quantiles and subset choice, each summary's empty and edge cases, the
+lognormal mixture on separated clusters. Written against the survivors of the mutation run
+(docs/mutation.md)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from prototype.engine import fit
+
+UNCACHED = np.array([0.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0])
+OUTPUT = np.array([10.0, 50.0, 20.0, 80.0, 30.0, 60.0, 40.0])
+NOISE = np.array([0.01, -0.02, 0.0, 0.015, -0.005, 0.0, 0.004])
+
+
+def ordinary_least_squares(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(coefficients, their standard errors, sum of squared residuals) by the textbook formulas."""
+    coef = np.linalg.solve(X.T @ X, X.T @ y)
+    sse = float(((y - X @ coef) ** 2).sum())
+    cov = np.linalg.inv(X.T @ X) * sse / (len(y) - X.shape[1])
+    return coef, np.sqrt(np.diag(cov)), sse
+
+
+def test_a_fit_with_every_term_positive_reports_its_errors_r2_and_residuals_exactly() -> None:
+    seconds = 0.2 + UNCACHED / 1000 + OUTPUT / 40 + NOISE
+    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
+    coef, stderr, sse = ordinary_least_squares(X, seconds)
+    result = fit.round_time_fit(list(UNCACHED), list(OUTPUT), list(seconds))
+    assert result.n == 7
+    assert result.fixed_s == pytest.approx(coef[0], rel=1e-9)
+    assert result.prefill_tokens_per_s == pytest.approx(1 / coef[1], rel=1e-9)
+    assert result.decode_tokens_per_s == pytest.approx(1 / coef[2], rel=1e-9)
+    assert result.stderr == pytest.approx(tuple(stderr), rel=1e-6)
+    assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
+    assert result.r2 == pytest.approx(1 - sse / float(((seconds - seconds.mean()) ** 2).sum()), rel=1e-9)
+    residuals = seconds - X @ coef
+    assert result.residual_quantiles == pytest.approx(tuple(np.quantile(residuals, (0.1, 0.5, 0.9))), abs=1e-12)
+    assert float(result.predict(250.0, 30.0)) == pytest.approx(coef[0] + 250 * coef[1] + 30 * coef[2], rel=1e-9)
+    assert result.predict(UNCACHED, OUTPUT) == pytest.approx(X @ coef, rel=1e-9)
+
+
+def test_a_term_fitted_at_zero_has_no_standard_error_and_the_others_are_fitted_without_it() -> None:
+    # The data asks for a negative rate per uncached token: the best fit drops that term, and the
+    # intercept and decode rate are the least squares of the two remaining columns.
+    seconds = 0.5 - UNCACHED / 4000 + OUTPUT / 40 + NOISE
+    result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
+    X = np.column_stack([np.ones(7), OUTPUT])
+    coef, stderr, sse = ordinary_least_squares(X, seconds)
+    assert result.prefill_tokens_per_s == math.inf
+    assert (result.fixed_s, result.decode_tokens_per_s) == (pytest.approx(coef[0], rel=1e-9), pytest.approx(1 / coef[1], rel=1e-9))
+    assert math.isnan(result.stderr[1])
+    assert (result.stderr[0], result.stderr[2]) == (pytest.approx(stderr[0], rel=1e-6), pytest.approx(stderr[1], rel=1e-6))
+    assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
+
+
+def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative() -> None:
+    # Seconds fall with both token counts: only the intercept alone stays non-negative.
+    seconds = 5.0 - UNCACHED / 200 - OUTPUT / 50 + NOISE
+    result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
+    assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
+    assert result.prefill_tokens_per_s == result.decode_tokens_per_s == math.inf
+    assert result.r2 == pytest.approx(0.0, abs=1e-12)
+    assert result.stderr[0] == pytest.approx(float(seconds.std(ddof=1)) / math.sqrt(7), rel=1e-9)
+    assert math.isnan(result.stderr[1]) and math.isnan(result.stderr[2])
+
+
+def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
+    seconds = -1.0 - UNCACHED / 1000 - OUTPUT / 100
+    result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
+    assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
+    assert result.prefill_tokens_per_s == result.decode_tokens_per_s == math.inf
+    assert result.rmse_s == pytest.approx(float(seconds.std()), rel=1e-12)
+    assert all(math.isnan(s) for s in result.stderr)  # no positive term
+
+
+def test_constant_seconds_have_no_r2_and_exactly_fitted_ones_no_error() -> None:
+    result = fit.round_time_fit(UNCACHED, OUTPUT, np.full(7, 1.5))
+    assert result.fixed_s == pytest.approx(1.5) and math.isnan(result.r2)
+    exact = fit.round_time_fit(UNCACHED[:3], OUTPUT[:3], 0.2 + UNCACHED[:3] / 1000 + OUTPUT[:3] / 40)
+    assert exact.n == 3 and exact.r2 == pytest.approx(1.0, abs=1e-9)
+    assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 3 rounds, 3 terms: one degree of freedom kept
+
+
+def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
+    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
+        fit.round_time_fit([1, 2, 3], [1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
+        fit.round_time_fit([[1, 2, 3]], [[1, 2, 3]], [[1, 2, 3]])
+    with pytest.raises(ValueError, match="at least 3 timed rounds, got 2"):
+        fit.round_time_fit([1, 2], [1, 2], [1, 2])
+    for bad in range(3):
+        columns = [[1.0, 2.0, 3.0], [4.0, 5.0, 7.0], [1.0, 2.0, 3.0]]
+        columns[bad][1] = math.nan if bad != 1 else math.inf
+        with pytest.raises(ValueError, match="^non-finite values$"):
+            fit.round_time_fit(*columns)
+
+
+def test_a_distribution_gives_its_count_mean_and_quantiles() -> None:
+    values = list(range(1, 102))  # 1..101: the quantiles fall on values
+    assert fit.distribution(values) == {"n": 101.0, "mean": 51.0, "p10": 11.0, "p50": 51.0, "p90": 91.0, "p99": 100.0}
+    empty = fit.distribution([])
+    assert list(empty) == ["n", "mean", "p10", "p50", "p90", "p99"]
+    assert empty["n"] == 0.0 and all(math.isnan(empty[key]) for key in ("mean", "p10", "p50", "p90", "p99"))
+
+
+def test_the_tool_tail_counts_calls_strictly_over_the_threshold() -> None:
+    assert fit.tool_tail([30, 60, 90, 120]) == (0.5, 210 / 300)  # 60 s is not over the default minute
+    assert fit.tool_tail([30, 60, 90, 120], 89.0) == (0.5, 210 / 300)
+    assert fit.tool_tail([30, 60, 90, 120], 90.0) == (0.25, 120 / 300)
+    assert fit.tool_tail([60.0, 60.5]) == (0.5, 60.5 / 120.5)  # the default threshold is 60 s exactly
+    assert fit.tool_tail([0.25, 0.5]) == (0.0, 0.0)  # short calls: no tail, but a share all the same
+    for nothing in ([], [0.0, 0.0]):
+        share, time_share = fit.tool_tail(nothing)
+        assert math.isnan(share) and math.isnan(time_share)
+
+
+def test_a_lognormal_is_the_geometric_mean_and_the_population_sd_of_logs_of_positive_values() -> None:
+    median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
+    assert median == pytest.approx(math.e**2, rel=1e-12)
+    assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
+    with pytest.raises(ValueError, match="^no positive values$"):
+        fit.lognormal([0.0, -1.0])
+
+
+def test_a_mixture_separates_distant_clusters_exactly() -> None:
+    low = np.exp(np.array([-0.1, 0.1] * 10))  # 20 values: log mean 0, log-sd 0.1
+    high = np.exp(5 + np.array([-0.2, 0.2] * 5))  # 10 values: log mean 5, log-sd 0.2
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(np.concatenate([high, low]), 2)
+    assert (w1, w2) == (pytest.approx(2 / 3, rel=1e-9), pytest.approx(1 / 3, rel=1e-9))
+    assert (m1, m2) == (pytest.approx(1.0, rel=1e-9), pytest.approx(math.exp(5), rel=1e-9))
+    assert (s1, s2) == (pytest.approx(0.1, rel=1e-9), pytest.approx(0.2, rel=1e-9))
+
+
+def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_few_values() -> None:
+    twins = [1.0] * 10 + [math.exp(3)] * 10
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(twins, 3)  # 20 values: 2 components at most
+    assert (w1, w2) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert (m1, m2) == (pytest.approx(1.0), pytest.approx(math.exp(3)))
+    assert (s1, s2) == (0.01, 0.01)
+    ((weight, median, sigma),) = fit.lognormal_mixture([2.0] * 19 + [0.0, -1.0], 3)  # 19 positive: one
+    assert (weight, median, sigma) == (1.0, pytest.approx(2.0), 1e-3)
+    ((weight, median, sigma),) = fit.lognormal_mixture([1.0, math.e**2] * 4, 3)
+    assert (weight, median, sigma) == (1.0, pytest.approx(math.e), pytest.approx(1.0))
+    with pytest.raises(ValueError, match="^no positive values$"):
+        fit.lognormal_mixture([0.0], 2)
+    # Three components unless asked otherwise, even where the data has four clusters.
+    four = np.exp(np.repeat([0.0, 3.0, 6.0, 9.0], 10) + np.tile([-0.1, 0.1], 20))
+    assert [round(math.log(median)) for _, median, _ in fit.lognormal_mixture(four, 4)] == [0, 3, 6, 9]
+    assert len(fit.lognormal_mixture(four)) == 3
+
+
+def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -> None:
+    rng = np.random.default_rng(3)
+    values = np.exp(np.concatenate([rng.normal(0, 1, 200), rng.normal(2.5, 0.5, 100)]))
+    components = fit.lognormal_mixture(values, 2)
+    (w1, m1, s1), (w2, m2, s2) = components
+    assert w1 + w2 == pytest.approx(1.0) and m1 < m2
+    # At the fixed point one more EM step changes nothing: each mean is its responsibility-weighted
+    # mean of the logs.
+    x = np.log(values)
+    means, sigmas, weights = np.log([m1, m2]), np.array([s1, s2]), np.array([w1, w2])
+    log_p = np.log(weights) - np.log(sigmas) - 0.5 * ((x[:, None] - means) / sigmas) ** 2
+    resp = np.exp(log_p - log_p.max(axis=1, keepdims=True))
+    resp /= resp.sum(axis=1, keepdims=True)
+    assert (resp * x[:, None]).sum(axis=0) / resp.sum(axis=0) == pytest.approx(means, abs=1e-5)
+    assert resp.sum(axis=0) / len(x) == pytest.approx(weights, abs=1e-5)
+
+
+def test_a_held_out_split_refuses_shares_outside_zero_and_one() -> None:
+    for share in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match=rf"in \(0, 1\), got {share!r}"):
+            fit.holdout_split(10, share)
+    with pytest.raises(ValueError, match="3 to fit, 1 to score\\), got 3"):
+        fit.holdout_split(3, 0.5)
+    assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
+    assert fit.holdout_split(10, 0.01) == (range(0, 9), range(9, 10))  # at least one held out
+
+
+def test_percentage_errors_with_no_scorable_round_or_mismatched_lengths() -> None:
+    nothing = fit.percentage_errors([1.0, 2.0], [0.0, 0.0])
+    assert (nothing["n"], nothing["zero"]) == (0.0, 2.0)
+    assert math.isnan(nothing["median"]) and math.isnan(nothing["p90"])
+    assert fit.percentage_errors([3.0], [2.0]) == {"n": 1.0, "zero": 0.0, "median": 50.0, "p90": 50.0}
+    with pytest.raises(ValueError, match="^predicted and observed must be of one length$"):
+        fit.percentage_errors([1.0], [1.0, 2.0])
+
+
+def test_a_mixture_keeps_a_far_outlier_finite_as_its_own_component() -> None:
+    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
+    # underflow unless each row is scaled by its own best before exponentiating.
+    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
+    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
+    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
+    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
+
+
+def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
+    # `python -m prototype calibrate` prints these: an unseen term or an empty sample must not print
+    # numpy's division or empty-slice warnings beside them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fit.round_time_fit(np.zeros(7), OUTPUT, 0.2 + OUTPUT / 40)
+        assert result.prefill_tokens_per_s == math.inf
+        assert fit.distribution([])["n"] == 0.0
+        assert math.isnan(fit.tool_tail([])[0])
+
+
+def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_are_small() -> None:
+    # Rounds of tens of milliseconds whose unconstrained fit has a negative rate per uncached token:
+    # two two-term subsets are non-negative, the first tried (intercept and uncached) is worse than
+    # the second (intercept and output) by far less than 1 s², and the fit must be the best
+    # (the optimality conditions of non-negative least squares).
+    seconds = 0.05 - UNCACHED / 50_000 + OUTPUT / 1000 + NOISE / 10
+    result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
+    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
+    coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
+    gradient = X.T @ (X @ coef - seconds)
+    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    assert coef[1] == 0 and coef[0] > 0 and coef[2] > 0
+    assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
+
+
+def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
+    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
+    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
+    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
+    assert (coef > 0).all()
+    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)

@@ -179,3 +179,28 @@ def test_port_in_use_and_bad_flags_get_one_line_and_a_nonzero_exit(cli_server):
         assert done.returncode == code, (args, done.stderr)
         assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (args, done.stderr)
         assert done.stdout == ""
+
+
+def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
+    # A non-interactive shell starts a background command (`serve &`) with SIGINT ignored (POSIX);
+    # serve still stops on it, as its help says.
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prototype", "serve", "--port", "0"], cwd=Path(__file__).resolve().parents[1],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert LISTENING.match(proc.stdout.readline())  # an exit instead gives '' and fails here
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1] == "stopped"

@@ -263,6 +263,10 @@ def run(args: argparse.Namespace) -> int:
             _announce(args, host, port, 1)
 
     status = 0
+    # A command started in the background by a non-interactive shell inherits SIGINT ignored (POSIX,
+    # "Signals and Error Handling" of the Shell Command Language), and trio then leaves it ignored:
+    # serve stops on SIGINT however it was started, as its help says.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         trio.run(main)
     except* KeyboardInterrupt:  # trio delivers Ctrl-C through the nursery, inside an exception group

@@ -182,14 +182,19 @@ def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: Model
     `parallel`: the designs at once, each on a worker of its own (a third of the wall time for three designs; each
     worker still has one request in flight, so its counters stay exact, but the designs share the CPU)."""
 
-    async def on_own_worker(design: str, run: str, results: dict) -> None:
-        async with open_vllm_process(spec, python=python) as client:
-            async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
-                records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
-                results[design] = (records, list(engine.records))
+    Results = dict[str, tuple[list[RolloutRecord], list[RealCall]]]
 
-    async def main() -> dict[str, tuple[list[RolloutRecord], list[RealCall]]]:
-        results: dict[str, tuple[list[RolloutRecord], list[RealCall]]] = {}
+    async def run_on(client: VllmClient, design: str, run: str, results: Results) -> None:
+        async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
+            records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
+            results[design] = (records, list(engine.records))
+
+    async def on_own_worker(design: str, run: str, results: Results) -> None:
+        async with open_vllm_process(spec, python=python) as client:
+            await run_on(client, design, run, results)
+
+    async def main() -> Results:
+        results: Results = {}
         run = secrets.token_hex(4)  # a worker that served other runs holds their prefixes: this run finds none
         if parallel and worker is None:
             async with trio.open_nursery() as nursery:
@@ -199,9 +204,7 @@ def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: Model
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=python)
         async with connect as client:
             for design in designs:
-                async with open_vllm_engine(spec, client=client, namespace=f"{design}-{run}") as engine:
-                    records = await run_design(design, decode_tps, config.tasks(), config, server=bench_server(config, engine))
-                    results[design] = (records, list(engine.records))
+                await run_on(client, design, run, results)
         return results
 
     return trio.run(main, clock=PreciseClock())

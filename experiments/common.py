@@ -7,6 +7,7 @@ points at the newest, so a run never overwrites an earlier one."""
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import queue
 import subprocess
@@ -21,6 +22,7 @@ import attrs
 
 from prototype.analysis import print_table, write_csv  # noqa: F401 - the experiments' table helpers
 from prototype.cli.common import Parser, add_list, new_run_folder
+from prototype.server.collector import FullCollectionPolicy
 
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
@@ -140,6 +142,15 @@ def cpu_seconds(pid: int) -> float:
     for task in Path(f"/proc/{pid}/task").iterdir():
         total += int((task / "schedstat").read_text().split()[0])
     return total / 1e9
+
+
+def settle_client_process() -> None:
+    """In a load generator's client process, once everything it needs is loaded: its full garbage
+    collections, which pause every session it runs, are kept as short as the server's
+    (prototype/server/collector.py), so the figures measure the server and not the generator."""
+    gc.collect()
+    gc.freeze()
+    FullCollectionPolicy().install()
 
 
 def raise_fd_limit(wanted: int = 65536) -> int:

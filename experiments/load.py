@@ -69,7 +69,9 @@ from prototype.client.harness import (
     CHAINED,
     SUSPENDED,
     RolloutRecord,
+    request_body,
     run_websocket_rollout,
+    tool_output_text,
 )
 from prototype.clock import PreciseClock
 from prototype.engine.latency import (
@@ -91,6 +93,7 @@ from .common import (
     rss_bytes,
     run_delay_seconds,
     server_process,
+    settle_client_process,
 )
 
 MODEL = "sim-100000"
@@ -249,11 +252,21 @@ def describe_difference(record: RolloutRecord, expected: RolloutRecord) -> str:
     return "no difference found"
 
 
+def prepare_client_process(workload: Workload) -> None:
+    """Before the start: what a spawned client process loads on first use (the tokenizer's tables,
+    for the request's instructions and the tools' outputs) is loaded, so that no session's turn waits
+    while another session of the process loads it."""
+    request_body(workload, model=MODEL, metadata={}, store=False)
+    tool_output_text(workload, 0, 0)
+    settle_client_process()
+
+
 def client_process(
     port: int, design: str, workload: Workload, spec: str, delays: list[float], start: Any, results: Any
 ) -> None:
     """One client process: a rollout per delay, each starting that many seconds after every
     process has passed the `start` barrier."""
+    prepare_client_process(workload)
     start.wait()
     cpu_before = _own_cpu()
 

@@ -68,7 +68,16 @@ from prototype.clock import PreciseClock
 from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
-from .common import add_list, cpu_seconds, experiment_parser, raise_fd_limit, report, run_delay_seconds, server_process
+from .common import (
+    add_list,
+    cpu_seconds,
+    experiment_parser,
+    raise_fd_limit,
+    report,
+    run_delay_seconds,
+    server_process,
+    settle_client_process,
+)
 
 COLUMNS = (
     "flush_ms", "flush_tokens", "lag_1", "turn_lag_1", "sessions", "offered_tokens_per_s", "limit_tokens_per_s", "agg_tokens_per_s",
@@ -158,6 +167,7 @@ def client_process(
     """One client process: its share of the sessions. It reports `ready` once imported and again
     once its sessions are connected; the parent sets `connect` when every process is ready, and
     `go` when every session is connected, so all connect together and then stream together."""
+    settle_client_process()
     ready.put("imported")
     connect.wait()
     cpu0, wait0 = time.process_time(), run_delay_seconds(os.getpid())

@@ -40,6 +40,7 @@ from .engine.vllm_engine import RealCall, open_vllm_engine
 from .engine.vllm_models import ModelSpec
 from .protocol.items import ENCRYPTED_CONTENT_MIN_CHARS
 from .server.app import ResponsesServer, serve_responses
+from .server.collector import short_full_collections
 from .server.config import CONNECTION_LIFETIME_SECONDS, ServerConfig  # noqa: F401 - compare prints it
 
 HTTP = "http"
@@ -167,7 +168,8 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
             nursery.cancel_scope.cancel()
         return records
 
-    return trio.run(main, clock=PreciseClock())
+    with short_full_collections():  # as `serve` does (server/collector.py)
+        return trio.run(main, clock=PreciseClock())
 
 
 def run_designs_on_vllm(designs: Sequence[str], config: BenchConfig, spec: ModelSpec, *, python: str | None = None,

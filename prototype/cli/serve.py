@@ -40,6 +40,7 @@ from ..engine.vllm_client import VllmUnavailable, WorkerFailed
 from ..engine.vllm_engine import open_vllm_engine
 from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, drain, serve_responses
+from ..server.collector import DEFAULT_UNFREEZE_EVERY, FullCollectionPolicy
 from ..server.config import ServerConfig
 from .common import at_least, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
@@ -75,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stats-interval", type=positive(float), default=None, help="print a 'stats {json}' line this often, in seconds: trio tasks, connections, engine and cache sizes (default: never)")
     parser.add_argument("--drain-seconds", type=non_negative(float), default=30.0, help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")
     parser.add_argument("--max-queued-creates", type=at_least(1), default=None, help="response.create frames waiting per connection (default 32)")
+    parser.add_argument("--gc-unfreeze-every", type=non_negative(float), default=DEFAULT_UNFREEZE_EVERY,
+                        help="freeze the survivors of each full garbage collection and walk everything again this often, in seconds, "
+                             f"so a pause does not grow with the sessions held open (default {DEFAULT_UNFREEZE_EVERY:g}; 0: the collector's own schedule)")
     parser.add_argument("--quiet", action="store_true", help="no access log: print only the address and the configuration")
     add_engine_arguments(parser)
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="access log: one text line (default) or one JSON object per response")
@@ -212,6 +216,7 @@ def stats(server: ResponsesServer) -> dict[str, int]:
     return {
         "tasks": count_tasks(), "connections": server.connections, "sessions": len(server.sessions),
         "kv_entries": len(engine.kv), "engine_sessions": len(engine._ranks), "render_cache_tokens": server.api.render_cache.tokens,
+        "gc_frozen_objects": gc.get_freeze_count(),  # kept out of full collections (server/collector.py)
     }
 
 
@@ -259,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             nursery.start_soon(drain_on_sigterm, server, args.drain_seconds, nursery.cancel_scope)
             if args.stats_interval:
                 nursery.start_soon(print_stats, server, args.stats_interval)
-            _freeze_startup_objects()
+            _settle_collector(args)
             _announce(args, host, port, 1)
 
     status = 0
@@ -286,12 +291,15 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _freeze_startup_objects() -> None:
+def _settle_collector(args: argparse.Namespace) -> None:
     # Startup objects (modules, the tokenizer's tables, the workload catalog) live for the whole
     # process: keep them out of every later full collection, whose pauses are paid by whichever
-    # turns are in flight (docs/speed.md).
+    # turns are in flight (docs/speed.md); then keep later full collections to what survived since
+    # the last one (prototype/server/collector.py).
     gc.collect()
     gc.freeze()
+    if args.gc_unfreeze_every > 0:
+        FullCollectionPolicy(unfreeze_every=args.gc_unfreeze_every).install()
 
 
 def _reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -327,7 +335,7 @@ def _worker(args: argparse.Namespace, worker: int, port: int, ready: int) -> int
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, server.handle_stream, [listener])
             nursery.start_soon(drain_on_sigterm, server, args.drain_seconds, nursery.cancel_scope)
-            _freeze_startup_objects()
+            _settle_collector(args)
             os.write(ready, b"1")
             os.close(ready)
 

@@ -1,0 +1,79 @@
+"""The server's full-collection policy (prototype/server/collector.py): survivors of a full
+collection are frozen, so later ones walk only what is newer, and the frozen objects are handed
+back once per interval, so cyclic garbage that died while frozen is collected then."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from prototype.server.collector import FullCollectionPolicy
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def policy():
+    policy = FullCollectionPolicy(unfreeze_every=300.0, clock=Clock())
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # the test process freezes nothing of its own
+    policy.install()
+    try:
+        yield policy
+    finally:
+        policy.uninstall()
+        gc.unfreeze()
+
+
+def test_a_full_collection_freezes_its_survivors_and_young_collections_leave_them_alone(policy):
+    survivor = Node()
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    assert policy.full_collections == 1 and policy.unfreezes == 0 and frozen > 0
+    newer = Node()
+    gc.collect(0)
+    gc.collect(1)
+    assert policy.full_collections == 1 and gc.get_freeze_count() == frozen  # only a full collection freezes
+    gc.collect()
+    assert policy.full_collections == 2 and gc.get_freeze_count() > frozen  # the newer survivor joins them
+    del survivor, newer
+
+
+def test_garbage_that_died_frozen_is_collected_after_the_interval_and_not_before(policy):
+    cycle = Node()
+    dead = weakref.ref(cycle)
+    gc.collect()  # the cycle survives this full collection and is frozen with the other survivors
+    del cycle
+    policy.clock.now = 299.0
+    gc.collect()
+    assert dead() is not None and policy.unfreezes == 0  # frozen: no collection walks it
+    policy.clock.now = 300.0
+    gc.collect()  # the interval has passed: after this collection everything is handed back
+    assert policy.unfreezes == 1 and gc.get_freeze_count() == 0 and dead() is not None
+    gc.collect()  # walks everything once
+    assert dead() is None
+    assert gc.get_freeze_count() > 0  # and freezes the survivors again; the next interval counts from 300
+    policy.clock.now = 599.0
+    gc.collect()
+    assert policy.unfreezes == 1
+
+
+def test_full_collections_follow_each_middle_one_and_uninstall_restores_the_collector(policy):
+    young, middle, _ = gc.get_threshold()
+    assert gc.get_threshold() == (young, middle, 1)
+    policy.uninstall()
+    assert gc.get_threshold() == (young, middle, 10)
+    gc.collect()
+    assert policy.full_collections == 0 and gc.get_freeze_count() == 0

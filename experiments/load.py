@@ -9,7 +9,7 @@ is the same fixed task, `fixed:<turns>:<prompt>:<appended>:<output>:<tool s>`, a
 Reported per design and N:
 
 * `turns_per_s`: turns completed per second of wall time, all sessions together;
-* `overhead_p50_ms`, `overhead_p99_ms`: each turn's time (request sent to pause or terminal event
+* `overhead_p50_ms`, `overhead_p99_ms`, `overhead_max_ms`: each turn's time (request sent to pause or terminal event
   received) minus what the engine model charged that very turn (request overhead, prefill of the
   tokens it did not find cached, decode), computed from the usage its pause or terminal event
   carried (`modeled_turn_seconds`): the same cache state as the real turn, which a shared prompt
@@ -100,7 +100,7 @@ MODEL = "sim-100000"
 DESIGNS = (SUSPENDED, CHAINED)
 RSS_SAMPLE_S = 0.010
 COLUMNS = (
-    "design", "workers", "sessions", "offered_turns_per_s", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms",
+    "design", "workers", "sessions", "offered_turns_per_s", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms", "overhead_max_ms",
     "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "max_open", "kb_per_session",
     "lost", "duplicated",
 )
@@ -397,6 +397,7 @@ def measure(
         "turns_per_s": turns / out["wall"],
         "overhead_p50_ms": 1000 * float(np.percentile(overheads, 50)) if overheads else float("nan"),
         "overhead_p99_ms": 1000 * float(np.percentile(overheads, 99)) if overheads else float("nan"),
+        "overhead_max_ms": 1000 * max(overheads) if overheads else float("nan"),
         "server_cpu_ms_per_turn": 1000 * out["cpu"] / max(turns, 1),
         "server_core_share": out["cpu"] / out["wall"],
         "server_waiting_share": out["run_delay"] / out["wall"],

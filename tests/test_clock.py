@@ -1,0 +1,48 @@
+"""PreciseClock (prototype/clock.py): the sleep it asks epoll for, once CPython rounds it up to
+whole milliseconds, never passes the deadline, and falls short of it by less than a millisecond
+and a half, so the rest is polled; no timer armed means the longest sleep."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prototype import clock
+from prototype.clock import PreciseClock
+
+NOW = 1000.0
+
+
+@pytest.fixture
+def frozen_time(monkeypatch):
+    monkeypatch.setattr(clock.time, "perf_counter", lambda: NOW)
+
+
+def epoll_rounding(seconds: float) -> float:
+    """What CPython hands epoll: whole milliseconds, rounded up (selectmodule.c)."""
+    return math.ceil(seconds * 1000) / 1000
+
+
+@given(remaining=st.floats(min_value=0.0, max_value=3600.0))
+def test_the_rounded_sleep_never_passes_the_deadline_and_leaves_under_1_5_ms(remaining):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(clock.time, "perf_counter", lambda: NOW)
+        asked = PreciseClock().deadline_to_sleep_time(NOW + remaining)
+    assert asked >= 0.0
+    assert epoll_rounding(asked) <= remaining + 1e-9
+    assert remaining - epoll_rounding(asked) < 0.0015 + 1e-9
+
+
+@pytest.mark.parametrize(("remaining", "asked"), [(0.0053, 0.0045), (0.0008, 0.0), (-0.002, 0.0), (0.0105, 0.0095)])
+def test_exact_sleeps(frozen_time, remaining, asked):
+    assert PreciseClock().deadline_to_sleep_time(NOW + remaining) == pytest.approx(asked, abs=1e-12)
+
+
+def test_no_timer_armed_sleeps_the_longest_and_the_time_is_perf_counter(frozen_time):
+    precise = PreciseClock()
+    assert precise.deadline_to_sleep_time(math.inf) == 86400.0
+    assert precise.deadline_to_sleep_time(NOW + 86400.0) == 86400.0
+    assert precise.current_time() == NOW

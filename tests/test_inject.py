@@ -21,8 +21,13 @@ from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 
+from prototype import metrics
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS
+from prototype.designs.inject import InjectedOutputs
+from prototype.designs.sampling import ToolCall
+from prototype.protocol.inject import ROOT, InjectBook, ResponseInject, parse_inject
+from prototype.protocol.items import FunctionCall, FunctionCallOutput
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
@@ -437,3 +442,45 @@ async def test_an_output_injected_before_the_response_waits_is_held_and_not_take
     assert failed["error"] == {"code": "invalid_function_call_output",
                                "message": f"The function call '{call['call_id']}' already has an output."}
     assert rest[-1]["type"] == "response.completed"
+
+
+# --- the waiting agent's backend (designs/inject.py), driven by the book as the session drives it ---------------------
+
+
+def waiting_agent(book: InjectBook, agent: str = ROOT) -> tuple[InjectedOutputs, list[ToolCall]]:
+    book.opened("resp_1", takes_input=True)
+    backend = InjectedOutputs(book, "resp_1", ttl=300.0, log=metrics.PhaseLog(schedule=0.0), agent=agent)
+    return backend, [ToolCall(FunctionCall("call_1", "shell", "{}")), ToolCall(FunctionCall("call_2", "shell", "{}"))]
+
+
+def outputs(*call_ids: str) -> ResponseInject:
+    return parse_inject({"type": "response.inject", "response_id": "resp_1",
+                         "input": [{"type": "function_call_output", "call_id": c, "output": c.upper()} for c in call_ids]})
+
+
+@pytest.mark.parametrize("agent", [ROOT, "agent1"])
+async def test_outputs_committed_before_the_agent_waits_resume_it_at_once(autojump_clock, agent):
+    book = InjectBook()
+    backend, calls = waiting_agent(book, agent)
+    assert book.submit(outputs("call_2", "call_1"), ["call_1", "call_2"]).resumes == ()  # nobody waits yet: held
+    answers = await backend.answer(calls)
+    # No wake-up comes (the outputs arrived before the agent waited): it resumes at once, in its calls' order.
+    assert trio.current_time() == 0.0
+    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
+
+
+async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_clock):
+    book = InjectBook()
+    backend, calls = waiting_agent(book)
+    async with trio.open_nursery() as nursery:
+        answers: list = []
+        nursery.start_soon(_answer_into, backend, calls, answers)
+        await trio.sleep(5.0)
+        assert book.submit(outputs("call_1", "call_2"), ["call_1", "call_2"]).resumes == (ROOT,)
+        backend.wake(arrived=4.5)  # the frame was read at 4.5 s, the session commits it at 5 s
+    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
+    assert backend.log.schedule == 4.5  # the model's schedule resumes when the injection arrived
+
+
+async def _answer_into(backend: InjectedOutputs, calls: list[ToolCall], answers: list) -> None:
+    answers.extend(await backend.answer(calls))

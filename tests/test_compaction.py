@@ -188,12 +188,15 @@ async def test_compact_answers_the_window_of_a_stored_chain_and_its_input(autoju
             "model": "sim-1000", "input": "fix the bug", "store": True, "tools": HARNESS_TOOLS, "metadata": {"testbed_workload": "fixed:2"},
         })).json()
         assert [item["type"] for item in first["output"]] == ["message", "function_call"]
-        reply = await client.request("POST", "/v1/responses/compact", body={
-            "model": "sim-1000", "input": outputs_for(function_calls(first)), "previous_response_id": first["id"],
-        })
+        decoded = server.api.engine.stats.decoded_tokens
+        ask = {"model": "sim-1000", "input": outputs_for(function_calls(first)), "previous_response_id": first["id"]}
+        reply, again = [await client.request("POST", "/v1/responses/compact", body=ask) for _ in range(2)]
         nursery.cancel_scope.cancel()
     assert reply.status == 200
     body = reply.json()
+    # The summary depends only on the conversation: compacting it again writes the same one.
+    assert again.json()["output"] == [*body["output"][:-1], {**body["output"][-1], "id": again.json()["output"][-1]["id"]}]
+    assert server.api.engine.stats.decoded_tokens == decoded + 2 * body["usage"]["output_tokens"]
     assert sorted(body) == ["created_at", "id", "object", "output", "usage"]
     assert body["id"].startswith("resp_") and body["object"] == "response.compaction" and isinstance(body["created_at"], int)
     # The stored chain (the user message, the model's message and call) and the input (the call's output): the window
@@ -207,7 +210,6 @@ async def test_compact_answers_the_window_of_a_stored_chain_and_its_input(autoju
     assert usage["output_tokens"] == summary_tokens(usage["input_tokens"]) == len(tokenizer.encoding().encode_ordinary(compaction.summary))
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     # The compaction's engine key holds nothing once it answered.
-    assert [key for key in server.api.engine.kv if key[0] == "compact"] == []
 
 
 async def test_compact_of_a_conversation_the_engine_has_seen_reads_its_prefix_from_the_cache(autojump_clock):
@@ -223,6 +225,10 @@ async def test_compact_of_a_conversation_the_engine_has_seen_reads_its_prefix_fr
         nursery.cancel_scope.cancel()
     usage = reply.json()["usage"]
     assert 0 < usage["input_tokens_details"]["cached_tokens"] < usage["input_tokens"]
+    # Both user messages are kept; the model's message between them is dropped.
+    *users, item = reply.json()["output"]
+    assert [user["content"][0]["text"] for user in users] == ["fix the bug", "now the docs"]
+    assert (parse_item(item).rounds, parse_item(item).offset) == (0, 1)
 
 
 async def test_compact_after_an_unknown_response_is_refused(autojump_clock):
@@ -246,3 +252,40 @@ def test_a_resent_history_keeps_only_its_window():
     compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "tbc1."}
     assert window_of_dicts([typed_user, said]) == [typed_user, said]
     assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
+
+
+async def compacting_chain_with_a_second_user_message(server) -> list[dict]:
+    """Eight turns answering every call with BIG_OUTPUT, a second user message with the first outputs, compacting past
+    the threshold: each response."""
+    responses, previous, new_input = [], None, "fix the bug"
+    async with ws(server, include_timing=True) as conn:
+        while True:
+            extra = {"previous_response_id": previous} if previous else {}
+            await send(conn, create_event(new_input, metadata={"testbed_workload": "fixed:8:100:10:20:0"}, context_management=COMPACTING,
+                                          **extra))
+            responses.append((await until(conn, *TERMINALS))[-1]["response"])
+            calls = function_calls(responses[-1])
+            if not calls:
+                return responses
+            new_input = outputs_for(calls, BIG_OUTPUT)
+            if previous is None:
+                new_input.append({"type": "message", "role": "user", "content": "and the docs"})
+            previous = responses[-1]["id"]
+
+
+async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_the_same_context_alike(autojump_clock):
+    first_run = await compacting_chain_with_a_second_user_message(make_server())
+    second_run = await compacting_chain_with_a_second_user_message(make_server())
+    compactions = [[(i, parse_item(item)) for i, r in enumerate(run) for item in r["output"] if item["type"] == "compaction"]
+                   for run in (first_run, second_run)]
+    # Three compactions, at the fourth, sixth and eighth turns. The first drops the three turns' message, call and
+    # output (9 items) and keeps both user messages; each later one drops the compaction before it and two more turns
+    # (7 items), counted on from the items dropped before.
+    assert [(turn, c.rounds, c.offset) for turn, c in compactions[0]] == [(3, 2, 9), (5, 4, 16), (7, 6, 23)]
+    # The same context is summarised alike, whichever server does it.
+    assert [c.summary for _, c in compactions[0]] == [c.summary for _, c in compactions[1]]
+    # The summary's decode is a decode span of the turn's timing: its tokens at the model's 1000 tokens/s.
+    turn, compaction = compactions[0][0]
+    summary_ms = len(tokenizer.encoding().encode_ordinary(compaction.summary)) * 1.0
+    spans = first_run[turn]["testbed_timing"]["spans"]
+    assert any(phase == "decode" and end - start == pytest.approx(summary_ms, abs=1e-3) for phase, start, end in spans)

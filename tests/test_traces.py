@@ -382,6 +382,56 @@ def test_bad_testbed_trace_names_file_line_and_field(tmp_path):
     assert caught.value.line == 2
 
 
+FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
+LAST = {**FIRST, "turn": 1, "tool_calls": []}
+BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "line", its message)
+    ("not an object", [FIRST, [1, 2]], "2", "expected a JSON object"),
+    ("invalid JSON", [FIRST, "{not json"], "2", "invalid JSON (Expecting property name enclosed in double quotes)"),
+    ("unknown key", [FIRST, {**LAST, "zeta": 1}], "2: zeta", "unknown key(s) ['zeta']"),
+    ("missing key", [FIRST, {k: v for k, v in LAST.items() if k != "output_tokens"}], "2: output_tokens",
+     "missing key 'output_tokens'"),
+    ("a call not an object", [{**FIRST, "tool_calls": [5]}, LAST], "1", "expected an object, got 5"),
+    ("wrong type", [FIRST, {**LAST, "output_tokens": "2"}], "2: output_tokens", "'output_tokens' has the wrong type: '2'"),
+    ("a boolean count", [FIRST, {**LAST, "output_tokens": True}], "2: output_tokens", "'output_tokens' has the wrong type: True"),
+    ("negative seed", [{**FIRST, "seed": -1}, {**LAST, "seed": -1}], "1: seed", "seed must be >= 0, got -1"),
+    ("negative arrival", [{**FIRST, "arrival_s": -1.0}, LAST], "1: arrival_s", "'arrival_s' must be finite and >= 0, got -1.0"),
+    ("infinite arrival", [{**FIRST, "arrival_s": math.inf}, LAST], "1: arrival_s", "'arrival_s' must be finite and >= 0, got inf"),
+    ("arrival after turn 0", [FIRST, {**LAST, "arrival_s": 1.0}], "2: arrival_s", "'arrival_s' belongs on a task's first line (turn 0)"),
+    ("a task field after turn 0", [FIRST, {**LAST, "prefix": "p"}], "2: prefix", "['prefix'] belong on a task's first line (turn 0)"),
+    # The task's name in a message is no field.
+    ("no tool calls before the end", [{**FIRST, "tool_calls": []}, LAST], "1",
+     "turn 0 of task 'a' has no tool calls but is not the task's last turn"),
+    ("out of order", [FIRST, {**LAST, "turn": 3}], "2", "turn 3 of task 'a' out of order, expected 1"),
+    ("starts late", [{**FIRST, "turn": 1}], "1", "task 'a' starts at turn 1, expected 0"),
+    ("truncated", [FIRST], "1", "last turn of task 'a' has tool calls (truncated task?)"),
+    ("a prefix longer than the prompt", [{**FIRST, "prefix_tokens": 20}, LAST], "1", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
+    ("arrivals of some tasks", [{**FIRST, "arrival_s": 1.0}, LAST, {**FIRST, "task": "b"}, {**LAST, "task": "b"}], "1: arrival_s",
+     "task 'b' has none while others do: give all or none"),
+    # The first line has exactly the keys that make a testbed trace.
+    ("only the keys that tell the format", [{"task": "a", "turn": 0, "appended_tokens": 10}], "1: seed", "missing key 'seed'"),
+]
+
+
+@pytest.mark.parametrize(("label", "lines", "where", "message"), BAD_TESTBED, ids=[b[0] for b in BAD_TESTBED])
+def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(tmp_path, label, lines, where, message):
+    path = tmp_path / "own.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    with pytest.raises(traces.TraceError) as refused:
+        traces.load(path)
+    assert str(refused.value) == f"{path}:{where}: {message}"
+
+
+def test_a_testbed_trace_with_no_turns_is_refused_and_one_task_with_an_arrival_is_read(tmp_path):
+    path = tmp_path / "own.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(traces.TraceError) as refused:
+        native.read(path)
+    assert str(refused.value) == f"{path}:1: the trace holds no turns"
+    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
+    trace = native.read(path)
+    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ('{"foo": 1}\n', "unknown trace format: a JSON object with keys foo"),
     ("a,b,c\n1,2,3\n", "unknown trace format: first line 'a,b,c'"),

@@ -421,7 +421,7 @@ def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(t
     assert str(refused.value) == f"{path}:{where}: {message}"
 
 
-def test_a_testbed_trace_with_no_turns_is_refused_and_one_task_with_an_arrival_is_read(tmp_path):
+def test_a_testbed_trace_with_no_turns_is_refused_and_one_with_one_or_no_arrivals_is_read(tmp_path):
     path = tmp_path / "own.jsonl"
     path.write_text("\n\n")
     with pytest.raises(traces.TraceError) as refused:
@@ -430,6 +430,9 @@ def test_a_testbed_trace_with_no_turns_is_refused_and_one_task_with_an_arrival_i
     write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
     trace = native.read(path)
     assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
+    # No task with an arrival: a closed-loop trace, its tasks in file order.
+    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
+    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
 
 
 @pytest.mark.parametrize(("content", "message"), [

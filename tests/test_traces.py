@@ -13,8 +13,8 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
-from prototype.traces import native, tracelab, tracelab_csv
-from prototype.traces.base import content_seed_of_task
+from prototype.traces import codex, native, tracelab, tracelab_csv
+from prototype.traces.base import content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
@@ -511,3 +511,105 @@ def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_pa
     assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
     assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
     assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
+
+
+def codex_edge_rollout() -> list[dict]:
+    """A rollout at the reader's edges: the session named by `session_id`, a line whose payload is no object, an
+    unknown item, two hosted searches in a round, a shell call known by its `id`, answered twice, two calls never
+    answered, usage without `cached_input_tokens` or with nulls, a model named by `turn_context`, an input at the
+    instant of the round's first output, two token counts after no output and an output with no count after it."""
+    return [
+        rollout_line(0.0, "session_meta", session_id="s-2"),
+        {"timestamp": iso(0.05), "type": "event_msg", "payload": "not an object"},
+        rollout_line(0.1, "response_item", type="message", role="user", content=[]),
+        rollout_line(0.2, "response_item", type="ghost_snapshot"),
+        rollout_line(1.0, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(1.1, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(1.2, "response_item", type="local_shell_call", id="ls1", action={}),
+        rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c9"),
+        rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c8"),
+        rollout_line(1.4, "event_msg", type="token_count", info={"last_token_usage": {
+            "input_tokens": 500, "output_tokens": 50, "reasoning_output_tokens": None}}),
+        rollout_line(2.0, "response_item", type="function_call_output", call_id="ls1", output="ok"),
+        rollout_line(2.5, "response_item", type="function_call_output", call_id="ls1", output="again"),
+        rollout_line(3.0, "turn_context", model="gpt-5"),
+        rollout_line(3.0, "response_item", type="message", role="user", content=[]),
+        rollout_line(3.0, "response_item", type="reasoning", summary=[]),
+        rollout_line(3.2, "event_msg", type="token_count", info={"last_token_usage": {
+            "input_tokens": 800, "cached_input_tokens": None, "output_tokens": 20, "reasoning_output_tokens": 5}}),
+        rollout_line(3.3, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 1, "output_tokens": 1}}),
+        rollout_line(3.4, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 2, "output_tokens": 1}}),
+        rollout_line(4.0, "response_item", type="message", role="assistant", content=[]),
+    ]
+
+
+def test_a_codex_rollout_at_the_readers_edges(tmp_path):
+    path = write_jsonl(tmp_path / "rollout-edges.jsonl", codex_edge_rollout())
+    rounds, notes = codex.read_sessions(path)
+    at = lambda t: None if t is None else round(t - T0, 3)  # noqa: E731
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.output_tokens, r.reasoning_tokens, r.hosted, r.starts_request,
+             at(r.started_at), at(r.ended_at), at(r.request_at), r.group, r.tool_seconds) for r in rounds] == [
+        ("s-2", 10, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.3, 0.1, "codex", (0.8, 0.0, 0.0)),
+        ("s-2", 16, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
+    ]
+    assert notes == {"no_output": 2, "unreported": 3}
+    assert codex.notes_text(notes) == ["2 tool call(s) have no output item: timed as 0 s",
+                                       "3 model output(s) have no token_count after them (interrupted): not replayed"]
+    assert codex.notes_text({"no_output": 0, "unreported": 0}) == []
+    # Without a session_meta line, the file names the session.
+    write_jsonl(path, codex_edge_rollout()[1:])
+    assert {r.session for r in codex.read_sessions(path)[0]} == {"rollout-edges"}
+
+
+def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tmp_path):
+    lines = codex_rollout()
+    lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=9000)
+    assert traces.load(write_jsonl(tmp_path / "rollout-cached.jsonl", lines)).rounds[0].cached_tokens == 9000
+    totals = [rollout_line(0.1, "response_item", type="message", role="user", content=[]),
+              rollout_line(1.0, "response_item", type="message", role="assistant", content=[])]
+    for at, total in ((1.1, 100), (2.1, 250)):
+        totals.append(rollout_line(at, "event_msg", type="token_count", info={"total_token_usage": {
+            "input_tokens": total, "output_tokens": 10, "reasoning_output_tokens": None}}))
+        totals.append(rollout_line(at + 0.5, "response_item", type="message", role="assistant", content=[]))
+    rounds, _ = codex.read_sessions(write_jsonl(tmp_path / "rollout-totals.jsonl", totals[:-1]))
+    assert [(r.input_tokens, r.output_tokens, r.reasoning_tokens) for r in rounds] == [(100, 10, 0), (150, 0, 0)]
+
+
+def test_a_codex_rollout_is_told_by_its_type_payload_and_timestamp():
+    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
+    assert codex.looks_like(line)
+    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
+    assert not codex.looks_like({**line, "type": "something_else"})
+
+
+def spoil_info(value):
+    return lambda lines: lines[8]["payload"].update(info=value)
+
+
+BAD_CODEX_WHOLE = [  # (label, spoil, where, message): the refusal's whole text after the file's path
+    ("no timestamp", lambda lines: lines[4].pop("timestamp"), "5: timestamp", "missing"),
+    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), "6: payload.call_id", "missing"),
+    ("info not an object", spoil_info(5), "9: payload.info", "expected an object, got 5"),
+    ("no usage", spoil_info({"total_token_usage": None}), "9: payload.info.last_token_usage", "missing"),
+    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}),
+     "9: payload.info.total_token_usage.input_tokens", "missing"),
+    ("negative cached", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=-1),
+     "9: payload.info.last_token_usage.cached_input_tokens", "must be >= 0, got -1"),
+    ("negative reasoning", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(reasoning_output_tokens=-2),
+     "9: payload.info.last_token_usage.reasoning_output_tokens", "must be >= 0, got -2"),
+    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), "5: timestamp", None),
+]
+
+
+@pytest.mark.parametrize(("label", "spoil", "where", "message"), BAD_CODEX_WHOLE, ids=[b[0] for b in BAD_CODEX_WHOLE])
+def test_each_bad_codex_rollout_is_refused_with_its_whole_message(tmp_path, label, spoil, where, message):
+    lines = codex_rollout()
+    spoil(lines)
+    path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    if message is None:  # the timestamp parser's own reason
+        with pytest.raises(ValueError) as reason:
+            parse_timestamp("yesterday")
+        message = str(reason.value)
+    assert str(caught.value) == f"{path}:{where}: {message}"

@@ -515,9 +515,11 @@ def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_pa
 
 def codex_edge_rollout() -> list[dict]:
     """A rollout at the reader's edges: the session named by `session_id`, a line whose payload is no object, an
-    unknown item, two hosted searches in a round, a shell call known by its `id`, answered twice, two calls never
-    answered, usage without `cached_input_tokens` or with nulls, a model named by `turn_context`, an input at the
-    instant of the round's first output, two token counts after no output and an output with no count after it."""
+    unknown item, two hosted searches in a round, two calls never answered, a shell call known by its `id`, answered
+    twice (its time a difference of two epoch timestamps that floats do not hold exactly), a developer message, usage
+    without `cached_input_tokens` or `reasoning_output_tokens` or with a null, a model named by `turn_context`, an
+    input at the instant of the round's first output, two token counts after no output and an output with no count
+    after it."""
     return [
         rollout_line(0.0, "session_meta", session_id="s-2"),
         {"timestamp": iso(0.05), "type": "event_msg", "payload": "not an object"},
@@ -525,11 +527,11 @@ def codex_edge_rollout() -> list[dict]:
         rollout_line(0.2, "response_item", type="ghost_snapshot"),
         rollout_line(1.0, "response_item", type="web_search_call", status="completed", action={}),
         rollout_line(1.1, "response_item", type="web_search_call", status="completed", action={}),
-        rollout_line(1.2, "response_item", type="local_shell_call", id="ls1", action={}),
         rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c9"),
         rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c8"),
-        rollout_line(1.4, "event_msg", type="token_count", info={"last_token_usage": {
-            "input_tokens": 500, "output_tokens": 50, "reasoning_output_tokens": None}}),
+        rollout_line(1.33, "response_item", type="local_shell_call", id="ls1", action={}),
+        rollout_line(1.35, "response_item", type="message", role="developer", content=[]),  # neither input nor output
+        rollout_line(1.4, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 500, "output_tokens": 50}}),
         rollout_line(2.0, "response_item", type="function_call_output", call_id="ls1", output="ok"),
         rollout_line(2.5, "response_item", type="function_call_output", call_id="ls1", output="again"),
         rollout_line(3.0, "turn_context", model="gpt-5"),
@@ -549,16 +551,23 @@ def test_a_codex_rollout_at_the_readers_edges(tmp_path):
     at = lambda t: None if t is None else round(t - T0, 3)  # noqa: E731
     assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.output_tokens, r.reasoning_tokens, r.hosted, r.starts_request,
              at(r.started_at), at(r.ended_at), at(r.request_at), r.group, r.tool_seconds) for r in rounds] == [
-        ("s-2", 10, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.3, 0.1, "codex", (0.8, 0.0, 0.0)),
-        ("s-2", 16, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
+        ("s-2", 11, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
+        ("s-2", 17, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
     ]
     assert notes == {"no_output": 2, "unreported": 3}
     assert codex.notes_text(notes) == ["2 tool call(s) have no output item: timed as 0 s",
                                        "3 model output(s) have no token_count after them (interrupted): not replayed"]
     assert codex.notes_text({"no_output": 0, "unreported": 0}) == []
-    # Without a session_meta line, the file names the session.
+    # Without a session_meta line, the file names the session; one that comes late names every round of the file.
     write_jsonl(path, codex_edge_rollout()[1:])
     assert {r.session for r in codex.read_sessions(path)[0]} == {"rollout-edges"}
+    write_jsonl(path, [*codex_edge_rollout()[1:], rollout_line(4.1, "session_meta", id="late")])
+    assert [r.session for r in codex.read_sessions(path)[0]] == ["late", "late"]
+    # A round whose output no input precedes has no start.
+    write_jsonl(path, [rollout_line(1.0, "response_item", type="message", role="assistant", content=[]),
+                       rollout_line(1.1, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 5, "output_tokens": 1}})])
+    ((only,), _) = codex.read_sessions(path)
+    assert (only.started_at, only.starts_request, at(only.ended_at)) == (None, False, 1.0)
 
 
 def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tmp_path):

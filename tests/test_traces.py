@@ -14,7 +14,7 @@ from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
 from prototype.traces import codex, native, tracelab, tracelab_csv
-from prototype.traces.base import content_seed_of_task, parse_timestamp
+from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
@@ -622,3 +622,73 @@ def test_each_bad_codex_rollout_is_refused_with_its_whole_message(tmp_path, labe
             parse_timestamp("yesterday")
         message = str(reason.value)
     assert str(caught.value) == f"{path}:{where}: {message}"
+
+
+# --- building tasks from rounds (traces/base.py), as every reader does ----------------------------------------------
+
+
+def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(tmp_path):
+    r = lambda session, input_tokens, cached, output, reasoning=0, tools=(), hosted=(), start=None, at=None, request=None: Round(  # noqa: E731
+        session, 0, input_tokens, cached, output, reasoning, tools, hosted, start, at, None, request)
+    sessions = [
+        [r("s", 100, 0, 0, tools=(1.0,), start=True, at=0.0),  # no output: replayed as 1
+         r("s", 90, 0, 5, 5, hosted=((2.0, 7), (3.0, 7)), at=1.0),  # the prompt shrank by 10; hosted only: the turn goes on
+         r("s", 104, 0, 3, 3, tools=(0.5, 0.5), at=2.0),  # 9 appended: the two searches' results; then interrupted
+         r("s", 300, 80, 4, start=True, at=3.0),  # a new request finding 60 tokens more than the common prefix cached
+         r("s", 310, 20, 4, start=True, at=4.0),  # only the common prefix
+         r("s", 320, 50, 4, start=True, at=5.0)],  # 30 more
+        [r("t", 50, 20, 1, 1, tools=(0.2,), start=True, at=5.5, request=5.0),  # as much reasoning as output
+         r("t", 40, 0, 0, tools=(0.3,), at=6.0)],  # shrank by 11, no output, interrupted
+        [r("u", 60, 40, 2, start=True, at=7.0)],
+        [r("v", 60, 0, 2, start=True, at=8.0)],
+    ]
+    trace = build(tmp_path / "t.jsonl", "test", sessions)
+    # The common prefix is the median (low) of what the sessions' first requests found cached, where they found any:
+    # 20 and 40 give 20.
+    by_name = {task.name: task for task in trace.tasks}
+    assert [(t.name, t.arrival_s, t.prefix_tokens) for t in trace.tasks] == [
+        ("s", 0.0, 20), ("s/1", 3.0, 20), ("s/2", 4.0, 20), ("s/3", 5.0, 20), ("t", 5.0, 20), ("u", 7.0, 20), ("v", 8.0, 20)]
+    assert by_name["s"].turns == (
+        TurnSpec(100, 1, (1.0,)),
+        # The searches' results split the next round's 9 appended tokens, the remainder on the first.
+        TurnSpec(0, 8, (), (HostedCall(2.0, 5), HostedCall(3.0, 4)), 7),
+    )
+    assert by_name["t"].turns == (TurnSpec(50, 1, (0.2,), (), 0), TurnSpec(0, 1, ()))
+    assert list(trace.notes) == [
+        "2 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) are not replayed",
+        "the prompt shrank at 2 round(s) (context compaction): replayed as appending nothing, so the replayed context "
+        "exceeds the trace's by up to 11 tokens",
+        "2 round(s) report 0 output tokens: replayed as 1",
+        "2 request(s) continue a session whose earlier context the trace found cached (90 tokens in all): replayed with "
+        "their own content, sharing only the session's common prefix, so those tokens are prefilled",
+        "2 turn(s) report as many reasoning as output tokens: replayed with one visible token",
+    ]
+    # Some tasks without an arrival: none keeps one, and the note says why.
+    mixed = build(tmp_path / "t.jsonl", "test", [[r("a", 10, 0, 1, start=True, at=1.0)], [r("b", 10, 0, 1, start=True)]])
+    assert [t.arrival_s for t in mixed.tasks] == [None, None]
+    assert list(mixed.notes) == ["some tasks have no arrival time: the replay runs tasks one after another"]
+
+
+def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tmp_path):
+    lines = [json.dumps(line) for line in codex_rollout()]
+    spaced = tmp_path / "rollout-spaced.jsonl"
+    spaced.write_text("\n".join([*lines[:3], "", "   ", *lines[3:]]) + "\n")
+    assert traces.load(spaced).tasks == traces.load(write_jsonl(tmp_path / "rollout-plain.jsonl", codex_rollout())).tasks
+    for bad, message in (("{oops", "invalid JSON (Expecting property name enclosed in double quotes)"),
+                         ("[1, 2]", "expected a JSON object")):
+        path = tmp_path / "rollout-bad.jsonl"
+        path.write_text("\n".join([*lines[:2], bad, *lines[2:]]) + "\n")
+        with pytest.raises(traces.TraceError) as refused:
+            traces.load(path)
+        assert str(refused.value) == f"{path}:3: {message}"
+
+
+def test_timestamps_are_iso_8601_with_a_time_zone():
+    assert parse_timestamp("2026-03-21T10:06:13.380z") == parse_timestamp("2026-03-21T10:06:13.380Z") == parse_timestamp(
+        "2026-03-21T10:06:13.380+00:00") == 1774087573.38
+    for value, message in ((5, "expected an ISO 8601 timestamp string, got 5"),
+                           ("2026-03-21T10:06:13", "timestamp without a time zone: '2026-03-21T10:06:13'"),
+                           ("yesterday", "not an ISO 8601 timestamp: 'yesterday'")):
+        with pytest.raises(ValueError) as refused:
+            parse_timestamp(value)
+        assert str(refused.value) == message

@@ -692,3 +692,18 @@ def test_timestamps_are_iso_8601_with_a_time_zone():
         with pytest.raises(ValueError) as refused:
             parse_timestamp(value)
         assert str(refused.value) == message
+
+
+def test_a_testbed_traces_rounds_are_its_turns_on_a_perfect_prefix_cache(tmp_path):
+    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
+                                                LAST])
+    assert list(native.read(path).rounds) == [
+        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
+        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
+        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
+    ]
+
+
+def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
+    # JSON may escape a lone surrogate into a session id; its task's content seed is made all the same.
+    assert content_seed_of_task("s\udc80") != content_seed_of_task("s\udc81")

@@ -606,6 +606,8 @@ BAD_CODEX_WHOLE = [  # (label, spoil, where, message): the refusal's whole text 
      "9: payload.info.last_token_usage.cached_input_tokens", "must be >= 0, got -1"),
     ("negative reasoning", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(reasoning_output_tokens=-2),
      "9: payload.info.last_token_usage.reasoning_output_tokens", "must be >= 0, got -2"),
+    ("null input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(input_tokens=None),
+     "9: payload.info.last_token_usage.input_tokens", "expected a whole number, got None"),
     ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), "5: timestamp", None),
 ]
 
@@ -663,6 +665,9 @@ def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(
         "their own content, sharing only the session's common prefix, so those tokens are prefilled",
         "2 turn(s) report as many reasoning as output tokens: replayed with one visible token",
     ]
+    # A prompt that grew by exactly the previous output appended nothing: it did not shrink.
+    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)]])
+    assert steady.tasks[0].turns == (TurnSpec(10, 2, (1.0,)), TurnSpec(0, 2, ())) and list(steady.notes) == []
     # Some tasks without an arrival: none keeps one, and the note says why.
     mixed = build(tmp_path / "t.jsonl", "test", [[r("a", 10, 0, 1, start=True, at=1.0)], [r("b", 10, 0, 1, start=True)]])
     assert [t.arrival_s for t in mixed.tasks] == [None, None]

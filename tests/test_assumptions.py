@@ -31,6 +31,15 @@ def test_a_range_refuses_low_above_high_and_a_default_outside_it() -> None:
     assert 1.0 in Range(0.0, 1.0, "x") and 1.5 not in Range(0.0, 1.0, "x")
 
 
+def test_a_range_holds_both_its_bounds_and_nothing_outside_them() -> None:
+    plausible = Range(0.5, 2.0, "x")
+    assert [v in plausible for v in (0.4999, 0.5, 1.0, 2.0, 2.0001)] == [False, True, True, True, False]
+    assert 3.0 in Range(3.0, 3.0, "a single plausible value")  # low == high is a range
+    with pytest.raises(ValueError) as refused:
+        Range(2.0, 1.0, "x")
+    assert str(refused.value) == "a range needs low <= high, got 2.0 > 1.0"
+
+
 def test_swept_parameters_are_assumed_ones() -> None:
     assert set(assumptions.SWEPT) <= set(assumptions.BY_NAME)
 

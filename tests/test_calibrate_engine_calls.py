@@ -89,3 +89,76 @@ def test_the_decode_rate_pools_every_token_after_a_calls_first() -> None:
     assert float(result.call_seconds(100, 21)) == pytest.approx(0.11 + 20 / 7.5)
     with pytest.raises(ValueError, match="decode rate"):
         fit.engine_timing_fit([100, 200, 300], [0.1, 0.2, 0.3], [1, 1, 1], [0.0, 0.0, 0.0])
+
+
+HEADER = "design,prompt_tokens,prefill_vllm,output_tokens,ttft_ms,decode_ms\r\n"
+GOOD_ROW = "http,600,600,40,360,1950\r\n"
+
+
+def test_the_reader_gives_each_call_as_written_in_seconds(tmp_path) -> None:
+    path = tmp_path / "calls.csv"
+    # One sampled token and no decode time, nothing prefilled in no time, a design name holding a quoted line break:
+    # each is a call as the engine made it.
+    path.write_bytes((HEADER + "http,600,600,1,360,0\r\n chained ,760,0,25,0,1200\r\n"
+                      '"two\r\nlines",5,2,3,7.5,40\r\n').encode())
+    assert engine_calls.read(path) == [
+        engine_calls.EngineCall("http", 600, 600, 1, 0.36, 0.0),
+        engine_calls.EngineCall("chained", 760, 0, 25, 0.0, 1.2),
+        engine_calls.EngineCall("two\r\nlines", 5, 2, 3, 0.0075, 0.04),
+    ]
+
+
+@pytest.mark.parametrize(("text", "where", "message"), [
+    ("design,prompt_tokens,output_tokens,ttft_ms\r\n" + GOOD_ROW, "1: prefill_vllm",
+     "missing column(s) prefill_vllm, decode_ms: expected design, prompt_tokens, prefill_vllm, output_tokens, ttft_ms, decode_ms"),
+    (HEADER, "1", "the file holds no calls"),
+    (HEADER + GOOD_ROW + "http,600.5,600,40,360,1950\r\n", "3: prompt_tokens", "expected an integer, got '600.5'"),
+    (HEADER + GOOD_ROW + "http,600,600,,360,1950\r\n", "3: output_tokens", "expected an integer, got ''"),
+    (HEADER + "http,600,600,40\r\n", "2: ttft_ms", "expected a number, got ''"),
+    (HEADER + "http,600,600,40,fast,1950\r\n", "2: ttft_ms", "expected a number, got 'fast'"),
+    (HEADER + "http,600,600,40,inf,1950\r\n", "2: ttft_ms", "must be a finite number >= 0, got 'inf'"),
+    (HEADER + "http,600,600,40,360,-1\r\n", "2: decode_ms", "must be a finite number >= 0, got '-1'"),
+    (HEADER + "http,600,600,0,360,0\r\n", "2: output_tokens", "a call samples at least one token"),
+    # The line is the file's, not the record's: the first record spans two lines.
+    (HEADER + '"two\r\nlines",600,600,40,360,1950\r\n' + "http,100,180,5,360,1950\r\n", "4: prefill_vllm",
+     "180 prefilled of a 100-token prompt"),
+])
+def test_each_bad_call_is_refused_with_its_file_line_column_and_reason(tmp_path, text, where, message) -> None:
+    path = tmp_path / "calls.csv"
+    path.write_bytes(text.encode())
+    with pytest.raises(traces.TraceError) as refused:
+        engine_calls.read(path)
+    assert str(refused.value) == f"{path}:{where}: {message}"
+
+
+def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every_column(tmp_path) -> None:
+    exact, empty, binary = tmp_path / "exact.csv", tmp_path / "empty.csv", tmp_path / "binary.csv"
+    exact.write_text(HEADER)  # exactly the columns read, none more
+    empty.write_text("")
+    binary.write_bytes(b"\xff\xfe" + HEADER.encode())
+    assert engine_calls.looks_like(exact)
+    assert not engine_calls.looks_like(empty)
+    assert not engine_calls.looks_like(binary)
+    assert not engine_calls.looks_like(tmp_path / "absent.csv")
+    exact.write_text(HEADER.replace(",decode_ms", ""))
+    assert not engine_calls.looks_like(exact)
+
+
+def test_a_call_with_one_token_adds_no_decode_time() -> None:
+    result = fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], [1, 11, 21], [0.0, 1.0, 3.0])
+    first_token = float(result.first_token.predict(100, 0.0))
+    assert first_token == pytest.approx(0.11)
+    assert float(result.call_seconds(100, 1)) == first_token
+    assert float(result.call_seconds(100, 0)) == first_token
+
+
+def test_one_token_after_a_first_over_half_a_second_is_a_decode_rate() -> None:
+    result = fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], [1, 1, 2], [0.0, 0.0, 0.5])
+    assert result.decode_tokens_per_s == 2.0
+
+
+@pytest.mark.parametrize(("output_tokens", "decode_s"), [([1, 1, 1], [0.5, 0.0, 0.0]), ([1, 2, 5], [0.0, 0.0, 0.0])])
+def test_no_decode_rate_without_both_later_tokens_and_decode_time(output_tokens, decode_s) -> None:
+    message = "a decode rate needs calls that sampled more than one token, over some time"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], output_tokens, decode_s)

@@ -11,14 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 from openai import OpenAI
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
+from test_endpoints import connect
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 
 from prototype.api.render import preamble_key, render_full
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.designs.compaction import summary_tokens
+from prototype.engine import tokenizer
 from prototype.protocol.compaction import window, window_of_dicts
 from prototype.protocol.events import ToolDef
 from prototype.protocol.items import Compaction, Message, parse_item
@@ -45,9 +48,10 @@ async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
 
 
 async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continues(autojump_clock):
-    async with ws(make_server()) as conn:
+    plain_server, compacting_server = make_server(), make_server()
+    async with ws(plain_server) as conn:
         plain = await run_chain(conn)
-    async with ws(make_server()) as conn:
+    async with ws(compacting_server) as conn:
         compacted = await run_chain(conn, context_management=COMPACTING)
     assert len(plain) == len(compacted) == 4  # the same rollout, to the end, through previous_response_id
     usage = lambda turn: turn[-1][1]["response"]["usage"]  # noqa: E731
@@ -63,6 +67,16 @@ async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continu
     (added_at, added_event), (compacting_at, compacting), (done_at, done) = fourth[added : added + 3]
     assert added_event["item"]["type"] == done["item"]["type"] == "compaction" and compacting["item_id"] == done["item"]["id"]
     assert compacting["output_index"] == 0 and done["item"]["encrypted_content"].startswith("tbc1.")
+    # The item is announced empty, under the id and index it is done with.
+    assert added_event["item"] == {"type": "compaction", "id": done["item"]["id"], "encrypted_content": ""}
+    assert done["item"]["id"].startswith("cmp_") and added_event["output_index"] == done["output_index"] == 0
+    # It covers the three rounds of calls before it and drops the nine items they made (three turns of a message, a
+    # call and its output); the summary is as long as the usage says.
+    summary = parse_item(done["item"])
+    assert (summary.rounds, summary.offset) == (3, 9)
+    assert len(tokenizer.encoding().encode_ordinary(summary.summary)) == summary_tokens(usage(plain[3])["input_tokens"])
+    assert compacting_server.api.engine.stats.decoded_tokens == plain_server.api.engine.stats.decoded_tokens + len(
+        tokenizer.encoding().encode_ordinary(summary.summary))
     context_before = usage(plain[3])["input_tokens"]  # what the model would have read without compaction
     # The summary is sampled at the model's decode rate (sim-1000: 1000 tokens/s).
     assert done_at - compacting_at == pytest.approx(summary_tokens(context_before) / 1000, abs=1e-9)
@@ -80,20 +94,39 @@ async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continu
     assert 0 < head_cached <= head < turn_context
 
 
-async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
+async def v1_rollout(**fields: Any) -> tuple[list[str], dict]:
+    """A v1 rollout answering every call with BIG_OUTPUT: its event types and its terminal event."""
     async with ws(make_server(), design="suspended") as conn:
-        await send(conn, create_event(metadata=FOUR_TURNS, context_management=COMPACTING))
+        await send(conn, create_event(metadata=FOUR_TURNS, **fields))
         kinds = []
         while True:
             events = await until(conn, "response.done", *TERMINALS)
             kinds += [e["type"] for e in events]
             if events[-1]["type"] != "response.done":
-                break
+                return kinds, events[-1]
             await send(conn, {"type": "response.append", "input": outputs_for(function_calls(events[-1]["response"]), BIG_OUTPUT)})
-    final = events[-1]
+
+
+async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
+    _, plain = await v1_rollout()
+    kinds, final = await v1_rollout(context_management=COMPACTING)
     assert final["type"] == "response.completed"
     assert kinds.count("response.compaction.compacting") == 1
-    assert [item["type"] for item in final["response"]["output"]].count("compaction") == 1
+    (summary,) = [parse_item(item) for item in final["response"]["output"] if item["type"] == "compaction"]
+    # The one response's usage adds the summary to the tokens its turns sampled before and after it.
+    assert final["response"]["usage"]["output_tokens"] == plain["response"]["usage"]["output_tokens"] + len(
+        tokenizer.encoding().encode_ordinary(summary.summary))
+
+
+async def test_a_context_of_exactly_the_threshold_is_not_compacted(autojump_clock):
+    async with ws(make_server()) as conn:
+        plain = await run_chain(conn)
+    fourth_context = plain[3][-1][1]["response"]["usage"]["input_tokens"]  # the largest context of the rollout
+    for threshold, compactions in ((fourth_context, 0), (fourth_context - 1, 1)):
+        async with ws(make_server()) as conn:
+            turns = await run_chain(conn, context_management=[{"type": "compaction", "compact_threshold": threshold}])
+        kinds = [e["type"] for turn in turns for _, e in turn]
+        assert kinds.count("response.compaction.compacting") == compactions
 
 
 def test_the_window_keeps_the_user_messages_and_everything_from_the_latest_compaction_on():
@@ -142,3 +175,117 @@ async def test_openai_python_compacts_and_the_window_starts_a_new_chain(live_ser
     assert completed["response"]["previous_response_id"] is None
     # The new chain's context is the window: far smaller than the history it replaced.
     assert completed["response"]["usage"]["input_tokens"] < compacted.usage.input_tokens / 2
+
+
+# --- POST /v1/responses/compact in process, over raw HTTP/1.1 -------------------------------------------------------
+
+
+async def test_compact_answers_the_window_of_a_stored_chain_and_its_input(autojump_clock):
+    server = make_server()
+    async with trio.open_nursery() as nursery:
+        client = connect(nursery, server)
+        first = (await client.request("POST", "/v1/responses", body={
+            "model": "sim-1000", "input": "fix the bug", "store": True, "tools": HARNESS_TOOLS, "metadata": {"testbed_workload": "fixed:2"},
+        })).json()
+        assert [item["type"] for item in first["output"]] == ["message", "function_call"]
+        decoded = server.api.engine.stats.decoded_tokens
+        ask = {"model": "sim-1000", "input": outputs_for(function_calls(first)), "previous_response_id": first["id"]}
+        reply, again = [await client.request("POST", "/v1/responses/compact", body=ask) for _ in range(2)]
+        nursery.cancel_scope.cancel()
+    assert reply.status == 200
+    body = reply.json()
+    # The summary depends only on the conversation: compacting it again writes the same one.
+    assert again.json()["output"] == [*body["output"][:-1], {**body["output"][-1], "id": again.json()["output"][-1]["id"]}]
+    assert server.api.engine.stats.decoded_tokens == decoded + 2 * body["usage"]["output_tokens"]
+    assert sorted(body) == ["created_at", "id", "object", "output", "usage"]
+    assert body["id"].startswith("resp_") and body["object"] == "response.compaction" and isinstance(body["created_at"], int)
+    # The stored chain (the user message, the model's message and call) and the input (the call's output): the window
+    # is the user message and the compaction item, which says how many rounds it covers (one call) and how many items
+    # it dropped (the message, the call and its output), so call ids count on past them in the new chain.
+    *users, item = body["output"]
+    assert users == [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the bug"}]}]
+    compaction = parse_item(item)
+    assert item["id"].startswith("cmp_") and (compaction.rounds, compaction.offset) == (1, 3)
+    usage = body["usage"]
+    assert usage["output_tokens"] == summary_tokens(usage["input_tokens"]) == len(tokenizer.encoding().encode_ordinary(compaction.summary))
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    # The compaction's engine key holds nothing once it answered.
+
+
+async def test_compact_of_a_conversation_the_engine_has_seen_reads_its_prefix_from_the_cache(autojump_clock):
+    server = make_server()
+    async with trio.open_nursery() as nursery:
+        client = connect(nursery, server)
+        first = (await client.request("POST", "/v1/responses", body={
+            "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"},
+        })).json()
+        reply = await client.request("POST", "/v1/responses/compact", body={
+            "model": "sim-1000", "input": "now the docs", "previous_response_id": first["id"],
+        })
+        nursery.cancel_scope.cancel()
+    usage = reply.json()["usage"]
+    assert 0 < usage["input_tokens_details"]["cached_tokens"] < usage["input_tokens"]
+    # Both user messages are kept; the model's message between them is dropped.
+    *users, item = reply.json()["output"]
+    assert [user["content"][0]["text"] for user in users] == ["fix the bug", "now the docs"]
+    assert (parse_item(item).rounds, parse_item(item).offset) == (0, 1)
+
+
+async def test_compact_after_an_unknown_response_is_refused(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        client = connect(nursery, make_server())
+        reply = await client.request("POST", "/v1/responses/compact", body={
+            "model": "sim-1000", "input": "x", "previous_response_id": "resp_nope",
+        })
+        nursery.cancel_scope.cancel()
+    assert (reply.status, reply.json()) == (400, {"error": {
+        "type": "invalid_request_error", "code": "previous_response_not_found",
+        "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id",
+    }})
+
+
+def test_a_resent_history_keeps_only_its_window():
+    said = {"type": "message", "role": "assistant", "content": "x"}
+    typed_user = {"type": "message", "role": "user", "content": "a"}
+    easy_user = {"role": "user", "content": "b"}  # an easy input message: no type
+    output = {"type": "function_call_output", "role": "user", "call_id": "c", "output": "y"}  # not a message, whatever its role
+    compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "tbc1."}
+    assert window_of_dicts([typed_user, said]) == [typed_user, said]
+    assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
+
+
+async def compacting_chain_with_a_second_user_message(server) -> list[dict]:
+    """Eight turns answering every call with BIG_OUTPUT, a second user message with the first outputs, compacting past
+    the threshold: each response."""
+    responses, previous, new_input = [], None, "fix the bug"
+    async with ws(server, include_timing=True) as conn:
+        while True:
+            extra = {"previous_response_id": previous} if previous else {}
+            await send(conn, create_event(new_input, metadata={"testbed_workload": "fixed:8:100:10:20:0"}, context_management=COMPACTING,
+                                          **extra))
+            responses.append((await until(conn, *TERMINALS))[-1]["response"])
+            calls = function_calls(responses[-1])
+            if not calls:
+                return responses
+            new_input = outputs_for(calls, BIG_OUTPUT)
+            if previous is None:
+                new_input.append({"type": "message", "role": "user", "content": "and the docs"})
+            previous = responses[-1]["id"]
+
+
+async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_the_same_context_alike(autojump_clock):
+    first_run = await compacting_chain_with_a_second_user_message(make_server())
+    second_run = await compacting_chain_with_a_second_user_message(make_server())
+    compactions = [[(i, parse_item(item)) for i, r in enumerate(run) for item in r["output"] if item["type"] == "compaction"]
+                   for run in (first_run, second_run)]
+    # Three compactions, at the fourth, sixth and eighth turns. The first drops the three turns' message, call and
+    # output (9 items) and keeps both user messages; each later one drops the compaction before it and two more turns
+    # (7 items), counted on from the items dropped before.
+    assert [(turn, c.rounds, c.offset) for turn, c in compactions[0]] == [(3, 2, 9), (5, 4, 16), (7, 6, 23)]
+    # The same context is summarised alike, whichever server does it.
+    assert [c.summary for _, c in compactions[0]] == [c.summary for _, c in compactions[1]]
+    # The summary's decode is a decode span of the turn's timing: its tokens at the model's 1000 tokens/s.
+    turn, compaction = compactions[0][0]
+    summary_ms = len(tokenizer.encoding().encode_ordinary(compaction.summary)) * 1.0
+    spans = first_run[turn]["testbed_timing"]["spans"]
+    assert any(phase == "decode" and end - start == pytest.approx(summary_ms, abs=1e-3) for phase, start, end in spans)

@@ -21,8 +21,14 @@ from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 
+from prototype import metrics
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS
+from prototype.designs.inject import InjectedOutputs
+from prototype.designs.sampling import ToolCall
+from prototype.protocol.inject import ROOT, InjectBook, ResponseInject, parse_inject
+from prototype.protocol.items import FunctionCall, FunctionCallOutput
+from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
@@ -276,6 +282,74 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
     assert kinds.count("function_call") == 2 and kinds.count("message") == 4  # two agents, two turns each
 
 
+# Each agent searches (hosted), reasons, calls the client, then answers: every tool of an agent's own loop.
+SEARCHING_AGENT = Workload("searching agent", 1, (
+    TurnSpec(200, 30, (0.5,), (HostedCall(2.0, 40),), reasoning_tokens=10), TurnSpec(50, 20, ()),
+))
+
+
+async def subagents_run(server, subagents: int, **fields) -> tuple[float, dict]:
+    """A response of `subagents` hosted agents, each call injected as soon as all are made: how long it took and its
+    terminal event."""
+    started_at = trio.current_time()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": server.api.workloads.register(SEARCHING_AGENT),
+                                                "testbed_subagents": str(subagents)},
+                                      multi_agent={"enabled": True, "max_concurrent_subagents": subagents},
+                                      tools=[*HARNESS_TOOLS, {"type": "web_search"}], **fields))
+        events = await timed_until(conn, "response.output_item.done")
+        while len(calls_done(events)) < subagents:
+            events += await timed_until(conn, "response.output_item.done")
+        calls = [e["item"] for _, e in calls_done(events)]
+        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"], "input": outputs_for(calls)})
+        ended_at, terminal = (await timed_until(conn, *TERMINALS))[-1]
+    return ended_at - started_at, terminal
+
+
+async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_and_engine_key(autojump_clock):
+    alone_took, alone = await subagents_run(make_server(), 1, include=["reasoning.encrypted_content"])
+    three_took, three = await subagents_run(make_server(), 3, include=["reasoning.encrypted_content"])
+    # Each of the three agents searches, reasons (the encrypted reasoning the request asked for), calls and answers
+    # on its own engine key: side by side they end when one alone does, and each is billed as one alone is.
+    assert three_took == pytest.approx(alone_took, abs=1e-9)
+    kinds = [(item["type"], item["status"], "encrypted_content" in item) for item in alone["response"]["output"]]
+    assert kinds == [("web_search_call", "completed", False), ("reasoning", "completed", True), ("message", "completed", False),
+                     ("function_call", "completed", False), ("message", "completed", False)]
+    assert sorted(
+        (item["type"], item["status"], "encrypted_content" in item) for item in three["response"]["output"]
+    ) == sorted(kinds * 3)
+    usage, usage_alone = three["response"]["usage"], alone["response"]["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == 3 * usage_alone["input_tokens_details"]["cached_tokens"] > 0
+    assert [usage[k] for k in ("input_tokens", "output_tokens", "total_tokens")] == [
+        3 * usage_alone[k] for k in ("input_tokens", "output_tokens", "total_tokens")]
+    assert usage["output_tokens_details"]["reasoning_tokens"] == 3 * 10
+
+
+async def test_the_first_subagent_continues_the_conversation_and_the_others_start_from_the_request(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
+        first = (await until(conn, *TERMINALS))[-1]["response"]
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
+                                      previous_response_id=first["id"]))
+        events = await timed_until(conn, "response.output_item.done")
+        while len(calls_done(events)) < 2:
+            events += await timed_until(conn, "response.output_item.done")
+    # Calls are named after their agent and the turn of its conversation: agent0's is the conversation's fourth item's
+    # turn (after the first response's input and message), agent1's the second of a conversation of its own.
+    assert sorted(e["item"]["call_id"] for _, e in calls_done(events)) == ["call_agent0_4", "call_agent1_2"]
+
+
+async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_incomplete(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
+                                      max_output_tokens=16))
+        terminal = (await until(conn, *TERMINALS))[-1]
+    assert terminal["type"] == "response.incomplete"
+    assert terminal["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 MALFORMED = [  # (label, frame without its type, code, message, param)
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
@@ -368,3 +442,45 @@ async def test_an_output_injected_before_the_response_waits_is_held_and_not_take
     assert failed["error"] == {"code": "invalid_function_call_output",
                                "message": f"The function call '{call['call_id']}' already has an output."}
     assert rest[-1]["type"] == "response.completed"
+
+
+# --- the waiting agent's backend (designs/inject.py), driven by the book as the session drives it ---------------------
+
+
+def waiting_agent(book: InjectBook, agent: str = ROOT) -> tuple[InjectedOutputs, list[ToolCall]]:
+    book.opened("resp_1", takes_input=True)
+    backend = InjectedOutputs(book, "resp_1", ttl=300.0, log=metrics.PhaseLog(schedule=0.0), agent=agent)
+    return backend, [ToolCall(FunctionCall("call_1", "shell", "{}")), ToolCall(FunctionCall("call_2", "shell", "{}"))]
+
+
+def outputs(*call_ids: str) -> ResponseInject:
+    return parse_inject({"type": "response.inject", "response_id": "resp_1",
+                         "input": [{"type": "function_call_output", "call_id": c, "output": c.upper()} for c in call_ids]})
+
+
+@pytest.mark.parametrize("agent", [ROOT, "agent1"])
+async def test_outputs_committed_before_the_agent_waits_resume_it_at_once(autojump_clock, agent):
+    book = InjectBook()
+    backend, calls = waiting_agent(book, agent)
+    assert book.submit(outputs("call_2", "call_1"), ["call_1", "call_2"]).resumes == ()  # nobody waits yet: held
+    answers = await backend.answer(calls)
+    # No wake-up comes (the outputs arrived before the agent waited): it resumes at once, in its calls' order.
+    assert trio.current_time() == 0.0
+    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
+
+
+async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_clock):
+    book = InjectBook()
+    backend, calls = waiting_agent(book)
+    async with trio.open_nursery() as nursery:
+        answers: list = []
+        nursery.start_soon(_answer_into, backend, calls, answers)
+        await trio.sleep(5.0)
+        assert book.submit(outputs("call_1", "call_2"), ["call_1", "call_2"]).resumes == (ROOT,)
+        backend.wake(arrived=4.5)  # the frame was read at 4.5 s, the session commits it at 5 s
+    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
+    assert backend.log.schedule == 4.5  # the model's schedule resumes when the injection arrived
+
+
+async def _answer_into(backend: InjectedOutputs, calls: list[ToolCall], answers: list) -> None:
+    answers.extend(await backend.answer(calls))

@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -91,6 +92,18 @@ def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
     assert CODEX.max_retries == 5 and CODEX.fallback_to_http
     assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+
+
+def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_worst_case_sums_them_at_the_top() -> None:
+    policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
+    rng, same = random.Random(7), random.Random(7)
+    bases = [0.5, 1.5, 4.5, 10.0, 10.0, 10.0]  # tripling from half a second, capped at 10 s
+    assert [policy.delay(attempt, rng) for attempt in range(1, 7)] == [base * same.uniform(0.5, 2.0) for base in bases]
+    assert policy.worst_case_wait == sum(bases) * 2.0
+    # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
+    steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
+    assert [steady.delay(attempt, rng) for attempt in range(1, 7)] == [base * 1.5 for base in bases]
+    assert rng.getstate() == state
 
 
 # --- netem: loss and links that break --------------------------------------------------------------

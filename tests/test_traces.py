@@ -13,8 +13,8 @@ import pytest
 from prototype import traces
 from prototype import workload as wl
 from prototype.__main__ import main
-from prototype.traces import native, tracelab, tracelab_csv
-from prototype.traces.base import content_seed_of_task
+from prototype.traces import codex, native, tracelab, tracelab_csv
+from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 FIXTURE = Path(__file__).parent / "fixtures" / "codex-rollout-serve.jsonl"
@@ -382,6 +382,59 @@ def test_bad_testbed_trace_names_file_line_and_field(tmp_path):
     assert caught.value.line == 2
 
 
+FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
+LAST = {**FIRST, "turn": 1, "tool_calls": []}
+BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "line", its message)
+    ("not an object", [FIRST, [1, 2]], "2", "expected a JSON object"),
+    ("invalid JSON", [FIRST, "{not json"], "2", "invalid JSON (Expecting property name enclosed in double quotes)"),
+    ("unknown key", [FIRST, {**LAST, "zeta": 1}], "2: zeta", "unknown key(s) ['zeta']"),
+    ("missing key", [FIRST, {k: v for k, v in LAST.items() if k != "output_tokens"}], "2: output_tokens",
+     "missing key 'output_tokens'"),
+    ("a call not an object", [{**FIRST, "tool_calls": [5]}, LAST], "1", "expected an object, got 5"),
+    ("wrong type", [FIRST, {**LAST, "output_tokens": "2"}], "2: output_tokens", "'output_tokens' has the wrong type: '2'"),
+    ("a boolean count", [FIRST, {**LAST, "output_tokens": True}], "2: output_tokens", "'output_tokens' has the wrong type: True"),
+    ("negative seed", [{**FIRST, "seed": -1}, {**LAST, "seed": -1}], "1: seed", "seed must be >= 0, got -1"),
+    ("negative arrival", [{**FIRST, "arrival_s": -1.0}, LAST], "1: arrival_s", "'arrival_s' must be finite and >= 0, got -1.0"),
+    ("infinite arrival", [{**FIRST, "arrival_s": math.inf}, LAST], "1: arrival_s", "'arrival_s' must be finite and >= 0, got inf"),
+    ("arrival after turn 0", [FIRST, {**LAST, "arrival_s": 1.0}], "2: arrival_s", "'arrival_s' belongs on a task's first line (turn 0)"),
+    ("a task field after turn 0", [FIRST, {**LAST, "prefix": "p"}], "2: prefix", "['prefix'] belong on a task's first line (turn 0)"),
+    # The task's name in a message is no field.
+    ("no tool calls before the end", [{**FIRST, "tool_calls": []}, LAST], "1",
+     "turn 0 of task 'a' has no tool calls but is not the task's last turn"),
+    ("out of order", [FIRST, {**LAST, "turn": 3}], "2", "turn 3 of task 'a' out of order, expected 1"),
+    ("starts late", [{**FIRST, "turn": 1}], "1", "task 'a' starts at turn 1, expected 0"),
+    ("truncated", [FIRST], "1", "last turn of task 'a' has tool calls (truncated task?)"),
+    ("a prefix longer than the prompt", [{**FIRST, "prefix_tokens": 20}, LAST], "1", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
+    ("arrivals of some tasks", [{**FIRST, "arrival_s": 1.0}, LAST, {**FIRST, "task": "b"}, {**LAST, "task": "b"}], "1: arrival_s",
+     "task 'b' has none while others do: give all or none"),
+    # The first line has exactly the keys that make a testbed trace.
+    ("only the keys that tell the format", [{"task": "a", "turn": 0, "appended_tokens": 10}], "1: seed", "missing key 'seed'"),
+]
+
+
+@pytest.mark.parametrize(("label", "lines", "where", "message"), BAD_TESTBED, ids=[b[0] for b in BAD_TESTBED])
+def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(tmp_path, label, lines, where, message):
+    path = tmp_path / "own.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    with pytest.raises(traces.TraceError) as refused:
+        traces.load(path)
+    assert str(refused.value) == f"{path}:{where}: {message}"
+
+
+def test_a_testbed_trace_with_no_turns_is_refused_and_one_with_one_or_no_arrivals_is_read(tmp_path):
+    path = tmp_path / "own.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(traces.TraceError) as refused:
+        native.read(path)
+    assert str(refused.value) == f"{path}:1: the trace holds no turns"
+    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
+    trace = native.read(path)
+    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
+    # No task with an arrival: a closed-loop trace, its tasks in file order.
+    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
+    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ('{"foo": 1}\n', "unknown trace format: a JSON object with keys foo"),
     ("a,b,c\n1,2,3\n", "unknown trace format: first line 'a,b,c'"),
@@ -458,3 +511,204 @@ def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_pa
     assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
     assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
     assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
+
+
+def codex_edge_rollout() -> list[dict]:
+    """A rollout at the reader's edges: the session named by `session_id`, a line whose payload is no object, an
+    unknown item, two hosted searches in a round, two calls never answered, a shell call known by its `id`, answered
+    twice (its time a difference of two epoch timestamps that floats do not hold exactly), a developer message, usage
+    without `cached_input_tokens` or `reasoning_output_tokens` or with a null, a model named by `turn_context`, an
+    input at the instant of the round's first output, two token counts after no output and an output with no count
+    after it."""
+    return [
+        rollout_line(0.0, "session_meta", session_id="s-2"),
+        {"timestamp": iso(0.05), "type": "event_msg", "payload": "not an object"},
+        rollout_line(0.1, "response_item", type="message", role="user", content=[]),
+        rollout_line(0.2, "response_item", type="ghost_snapshot"),
+        rollout_line(1.0, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(1.1, "response_item", type="web_search_call", status="completed", action={}),
+        rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c9"),
+        rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c8"),
+        rollout_line(1.33, "response_item", type="local_shell_call", id="ls1", action={}),
+        rollout_line(1.35, "response_item", type="message", role="developer", content=[]),  # neither input nor output
+        rollout_line(1.4, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 500, "output_tokens": 50}}),
+        rollout_line(2.0, "response_item", type="function_call_output", call_id="ls1", output="ok"),
+        rollout_line(2.5, "response_item", type="function_call_output", call_id="ls1", output="again"),
+        rollout_line(3.0, "turn_context", model="gpt-5"),
+        rollout_line(3.0, "response_item", type="message", role="user", content=[]),
+        rollout_line(3.0, "response_item", type="reasoning", summary=[]),
+        rollout_line(3.2, "event_msg", type="token_count", info={"last_token_usage": {
+            "input_tokens": 800, "cached_input_tokens": None, "output_tokens": 20, "reasoning_output_tokens": 5}}),
+        rollout_line(3.3, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 1, "output_tokens": 1}}),
+        rollout_line(3.4, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 2, "output_tokens": 1}}),
+        rollout_line(4.0, "response_item", type="message", role="assistant", content=[]),
+    ]
+
+
+def test_a_codex_rollout_at_the_readers_edges(tmp_path):
+    path = write_jsonl(tmp_path / "rollout-edges.jsonl", codex_edge_rollout())
+    rounds, notes = codex.read_sessions(path)
+    at = lambda t: None if t is None else round(t - T0, 3)  # noqa: E731
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.output_tokens, r.reasoning_tokens, r.hosted, r.starts_request,
+             at(r.started_at), at(r.ended_at), at(r.request_at), r.group, r.tool_seconds) for r in rounds] == [
+        ("s-2", 11, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
+        ("s-2", 17, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
+    ]
+    assert notes == {"no_output": 2, "unreported": 3}
+    assert codex.notes_text(notes) == ["2 tool call(s) have no output item: timed as 0 s",
+                                       "3 model output(s) have no token_count after them (interrupted): not replayed"]
+    assert codex.notes_text({"no_output": 0, "unreported": 0}) == []
+    # Without a session_meta line, the file names the session; one that comes late names every round of the file.
+    write_jsonl(path, codex_edge_rollout()[1:])
+    assert {r.session for r in codex.read_sessions(path)[0]} == {"rollout-edges"}
+    write_jsonl(path, [*codex_edge_rollout()[1:], rollout_line(4.1, "session_meta", id="late")])
+    assert [r.session for r in codex.read_sessions(path)[0]] == ["late", "late"]
+    # A round whose output no input precedes has no start.
+    write_jsonl(path, [rollout_line(1.0, "response_item", type="message", role="assistant", content=[]),
+                       rollout_line(1.1, "event_msg", type="token_count", info={"last_token_usage": {"input_tokens": 5, "output_tokens": 1}})])
+    ((only,), _) = codex.read_sessions(path)
+    assert (only.started_at, only.starts_request, at(only.ended_at)) == (None, False, 1.0)
+
+
+def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tmp_path):
+    lines = codex_rollout()
+    lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=9000)
+    assert traces.load(write_jsonl(tmp_path / "rollout-cached.jsonl", lines)).rounds[0].cached_tokens == 9000
+    totals = [rollout_line(0.1, "response_item", type="message", role="user", content=[]),
+              rollout_line(1.0, "response_item", type="message", role="assistant", content=[])]
+    for at, total in ((1.1, 100), (2.1, 250)):
+        totals.append(rollout_line(at, "event_msg", type="token_count", info={"total_token_usage": {
+            "input_tokens": total, "output_tokens": 10, "reasoning_output_tokens": None}}))
+        totals.append(rollout_line(at + 0.5, "response_item", type="message", role="assistant", content=[]))
+    rounds, _ = codex.read_sessions(write_jsonl(tmp_path / "rollout-totals.jsonl", totals[:-1]))
+    assert [(r.input_tokens, r.output_tokens, r.reasoning_tokens) for r in rounds] == [(100, 10, 0), (150, 0, 0)]
+
+
+def test_a_codex_rollout_is_told_by_its_type_payload_and_timestamp():
+    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
+    assert codex.looks_like(line)
+    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
+    assert not codex.looks_like({**line, "type": "something_else"})
+
+
+def spoil_info(value):
+    return lambda lines: lines[8]["payload"].update(info=value)
+
+
+BAD_CODEX_WHOLE = [  # (label, spoil, where, message): the refusal's whole text after the file's path
+    ("no timestamp", lambda lines: lines[4].pop("timestamp"), "5: timestamp", "missing"),
+    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), "6: payload.call_id", "missing"),
+    ("info not an object", spoil_info(5), "9: payload.info", "expected an object, got 5"),
+    ("no usage", spoil_info({"total_token_usage": None}), "9: payload.info.last_token_usage", "missing"),
+    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}),
+     "9: payload.info.total_token_usage.input_tokens", "missing"),
+    ("negative cached", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=-1),
+     "9: payload.info.last_token_usage.cached_input_tokens", "must be >= 0, got -1"),
+    ("negative reasoning", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(reasoning_output_tokens=-2),
+     "9: payload.info.last_token_usage.reasoning_output_tokens", "must be >= 0, got -2"),
+    ("null input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(input_tokens=None),
+     "9: payload.info.last_token_usage.input_tokens", "expected a whole number, got None"),
+    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), "5: timestamp", None),
+]
+
+
+@pytest.mark.parametrize(("label", "spoil", "where", "message"), BAD_CODEX_WHOLE, ids=[b[0] for b in BAD_CODEX_WHOLE])
+def test_each_bad_codex_rollout_is_refused_with_its_whole_message(tmp_path, label, spoil, where, message):
+    lines = codex_rollout()
+    spoil(lines)
+    path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
+    with pytest.raises(traces.TraceError) as caught:
+        traces.load(path)
+    if message is None:  # the timestamp parser's own reason
+        with pytest.raises(ValueError) as reason:
+            parse_timestamp("yesterday")
+        message = str(reason.value)
+    assert str(caught.value) == f"{path}:{where}: {message}"
+
+
+# --- building tasks from rounds (traces/base.py), as every reader does ----------------------------------------------
+
+
+def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(tmp_path):
+    r = lambda session, input_tokens, cached, output, reasoning=0, tools=(), hosted=(), start=None, at=None, request=None: Round(  # noqa: E731
+        session, 0, input_tokens, cached, output, reasoning, tools, hosted, start, at, None, request)
+    sessions = [
+        [r("s", 100, 0, 0, tools=(1.0,), start=True, at=0.0),  # no output: replayed as 1
+         r("s", 90, 0, 5, 5, hosted=((2.0, 7), (3.0, 7)), at=1.0),  # the prompt shrank by 10; hosted only: the turn goes on
+         r("s", 104, 0, 3, 3, tools=(0.5, 0.5), at=2.0),  # 9 appended: the two searches' results; then interrupted
+         r("s", 300, 80, 4, start=True, at=3.0),  # a new request finding 60 tokens more than the common prefix cached
+         r("s", 310, 20, 4, start=True, at=4.0),  # only the common prefix
+         r("s", 320, 50, 4, start=True, at=5.0)],  # 30 more
+        [r("t", 50, 20, 1, 1, tools=(0.2,), start=True, at=5.5, request=5.0),  # as much reasoning as output
+         r("t", 40, 0, 0, tools=(0.3,), at=6.0)],  # shrank by 11, no output, interrupted
+        [r("u", 60, 40, 2, start=True, at=7.0)],
+        [r("v", 60, 0, 2, start=True, at=8.0)],
+    ]
+    trace = build(tmp_path / "t.jsonl", "test", sessions)
+    # The common prefix is the median (low) of what the sessions' first requests found cached, where they found any:
+    # 20 and 40 give 20.
+    by_name = {task.name: task for task in trace.tasks}
+    assert [(t.name, t.arrival_s, t.prefix_tokens) for t in trace.tasks] == [
+        ("s", 0.0, 20), ("s/1", 3.0, 20), ("s/2", 4.0, 20), ("s/3", 5.0, 20), ("t", 5.0, 20), ("u", 7.0, 20), ("v", 8.0, 20)]
+    assert by_name["s"].turns == (
+        TurnSpec(100, 1, (1.0,)),
+        # The searches' results split the next round's 9 appended tokens, the remainder on the first.
+        TurnSpec(0, 8, (), (HostedCall(2.0, 5), HostedCall(3.0, 4)), 7),
+    )
+    assert by_name["t"].turns == (TurnSpec(50, 1, (0.2,), (), 0), TurnSpec(0, 1, ()))
+    assert list(trace.notes) == [
+        "2 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) are not replayed",
+        "the prompt shrank at 2 round(s) (context compaction): replayed as appending nothing, so the replayed context "
+        "exceeds the trace's by up to 11 tokens",
+        "2 round(s) report 0 output tokens: replayed as 1",
+        "2 request(s) continue a session whose earlier context the trace found cached (90 tokens in all): replayed with "
+        "their own content, sharing only the session's common prefix, so those tokens are prefilled",
+        "2 turn(s) report as many reasoning as output tokens: replayed with one visible token",
+    ]
+    # A prompt that grew by exactly the previous output appended nothing: it did not shrink.
+    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)]])
+    assert steady.tasks[0].turns == (TurnSpec(10, 2, (1.0,)), TurnSpec(0, 2, ())) and list(steady.notes) == []
+    # Some tasks without an arrival: none keeps one, and the note says why.
+    mixed = build(tmp_path / "t.jsonl", "test", [[r("a", 10, 0, 1, start=True, at=1.0)], [r("b", 10, 0, 1, start=True)]])
+    assert [t.arrival_s for t in mixed.tasks] == [None, None]
+    assert list(mixed.notes) == ["some tasks have no arrival time: the replay runs tasks one after another"]
+
+
+def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tmp_path):
+    lines = [json.dumps(line) for line in codex_rollout()]
+    spaced = tmp_path / "rollout-spaced.jsonl"
+    spaced.write_text("\n".join([*lines[:3], "", "   ", *lines[3:]]) + "\n")
+    assert traces.load(spaced).tasks == traces.load(write_jsonl(tmp_path / "rollout-plain.jsonl", codex_rollout())).tasks
+    for bad, message in (("{oops", "invalid JSON (Expecting property name enclosed in double quotes)"),
+                         ("[1, 2]", "expected a JSON object")):
+        path = tmp_path / "rollout-bad.jsonl"
+        path.write_text("\n".join([*lines[:2], bad, *lines[2:]]) + "\n")
+        with pytest.raises(traces.TraceError) as refused:
+            traces.load(path)
+        assert str(refused.value) == f"{path}:3: {message}"
+
+
+def test_timestamps_are_iso_8601_with_a_time_zone():
+    assert parse_timestamp("2026-03-21T10:06:13.380z") == parse_timestamp("2026-03-21T10:06:13.380Z") == parse_timestamp(
+        "2026-03-21T10:06:13.380+00:00") == 1774087573.38
+    for value, message in ((5, "expected an ISO 8601 timestamp string, got 5"),
+                           ("2026-03-21T10:06:13", "timestamp without a time zone: '2026-03-21T10:06:13'"),
+                           ("yesterday", "not an ISO 8601 timestamp: 'yesterday'")):
+        with pytest.raises(ValueError) as refused:
+            parse_timestamp(value)
+        assert str(refused.value) == message
+
+
+def test_a_testbed_traces_rounds_are_its_turns_on_a_perfect_prefix_cache(tmp_path):
+    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
+                                                LAST])
+    assert list(native.read(path).rounds) == [
+        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
+        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
+        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
+    ]
+
+
+def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
+    # JSON may escape a lone surrogate into a session id; its task's content seed is made all the same.
+    assert content_seed_of_task("s\udc80") != content_seed_of_task("s\udc81")

@@ -187,14 +187,6 @@ def count(obj: dict, key: str, path: str | PathLike[str], line: int, *, prefix: 
     return int(value)
 
 
-def seconds(value: object, path: str | PathLike[str], line: int, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TraceError(path, line, field, f"expected a number, got {value!r}")
-    if value < 0:
-        raise TraceError(path, line, field, f"must be >= 0, got {value!r}")
-    return float(value)
-
-
 @attrs.define
 class _Notes:
     interrupted: int = 0

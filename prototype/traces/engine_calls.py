@@ -72,7 +72,8 @@ def read(path: str | PathLike[str]) -> list[EngineCall]:
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
             raise TraceError(path, 1, missing[0], f"missing column(s) {', '.join(missing)}: expected {', '.join(COLUMNS)}")
-        for line, row in enumerate(reader, 2):
+        for row in reader:
+            line = reader.line_num  # the record's last physical line: a quoted field may hold a line break
             prompt, prefill, output = (int(_number(row, c, path, line, int)) for c in _INTEGERS)
             ttft_ms, decode_ms = (_number(row, c, path, line, float) for c in _MILLISECONDS)
             if prefill > prompt:

@@ -35,7 +35,7 @@ from .base import Trace, TraceError, rounds_from_workloads
 FORMAT = "testbed"
 KEYS = frozenset({"task", "turn", "appended_tokens"})
 _LINE = re.compile(r"^line (\d+): (.*)$", re.S)
-_FIELD = re.compile(r"'(\w+)'|^(\w+) must")
+_FIELD = re.compile(r"(?<!task )'(\w+)'|^(\w+) must")  # a quoted key, or the key a range check names; not a task's name
 
 
 def looks_like(first: object) -> bool:

@@ -1,8 +1,9 @@
 """Short full collections for a server that holds many sessions open.
 
-CPython's cyclic garbage collector runs a full (oldest-generation) collection whenever the objects
+CPython's cyclic garbage collector runs a full (oldest-generation) collection once the objects
 that survived younger collections since the last one exceed a quarter of those the last one left
-(the gc module's documentation, `gc.set_threshold`). A full collection walks every tracked object,
+(CPython 3.11, Modules/gcmodule.c: `long_lived_pending` against `long_lived_total / 4`), and after
+every tenth middle-generation collection at most (the third threshold of `gc.set_threshold`). A full collection walks every tracked object,
 so its pause grows with the sessions held open, and every turn in flight waits for it: on the
 2-core machine of docs/load.md, 1,000 open chained sessions made full collections of 70k, 141k,
 211k and 276k objects that took 88, 178, 254 and 327 ms of CPU, which set the per-turn p99.
@@ -17,8 +18,8 @@ closed session holds is therefore kept at most about that long; the long pause c
 interval instead of at every quarter's growth.
 
 With the survivors frozen, a full collection walks little more than a middle-generation one does,
-so they are allowed after every `oldest_threshold` middle-generation collections (the third
-threshold of `gc.set_threshold`, 10 by default): each then walks what survived in the last few
+so they are allowed after every `oldest_threshold` middle-generation collections instead of every
+tenth: each then walks what survived in the last few
 seconds, not in the last ten collections' worth of new sessions.
 """
 

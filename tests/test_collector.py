@@ -29,12 +29,8 @@ def policy():
     policy = FullCollectionPolicy(unfreeze_every=300.0, clock=Clock())
     gc.collect()
     assert gc.get_freeze_count() == 0  # the test process freezes nothing of its own
-    policy.install()
-    try:
+    with policy.installed():
         yield policy
-    finally:
-        policy.uninstall()
-        gc.unfreeze()
 
 
 def test_a_full_collection_freezes_its_survivors_and_young_collections_leave_them_alone(policy):
@@ -77,3 +73,13 @@ def test_full_collections_follow_each_middle_one_and_uninstall_restores_the_coll
     assert gc.get_threshold() == (young, middle, 10)
     gc.collect()
     assert policy.full_collections == 0 and gc.get_freeze_count() == 0
+
+
+def test_after_an_installed_block_nothing_stays_frozen_and_the_collector_is_as_it_was():
+    before = gc.get_threshold()
+    policy = FullCollectionPolicy(clock=Clock())
+    with policy.installed():
+        gc.collect()
+        assert gc.get_freeze_count() > 0 and gc.get_threshold()[2] == 1
+    gc.collect()
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before and policy.full_collections == 1

@@ -3,8 +3,9 @@
 CPython's cyclic garbage collector runs a full (oldest-generation) collection once the objects
 that survived younger collections since the last one exceed a quarter of those the last one left
 (CPython 3.11, Modules/gcmodule.c: `long_lived_pending` against `long_lived_total / 4`), and after
-every tenth middle-generation collection at most (the third threshold of `gc.set_threshold`). A full collection walks every tracked object,
-so its pause grows with the sessions held open, and every turn in flight waits for it: on the
+every tenth middle-generation collection at most (the third threshold of `gc.set_threshold`). A
+full collection walks every tracked object, so its pause grows with the sessions held open, and
+every turn in flight waits for it: on the
 2-core machine of docs/load.md, 1,000 open chained sessions made full collections of 70k, 141k,
 211k and 276k objects that took 88, 178, 254 and 327 ms of CPU, which set the per-turn p99.
 
@@ -19,8 +20,8 @@ interval instead of at every quarter's growth.
 
 With the survivors frozen, a full collection walks little more than a middle-generation one does,
 so they are allowed after every `oldest_threshold` middle-generation collections instead of every
-tenth: each then walks what survived in the last few
-seconds, not in the last ten collections' worth of new sessions.
+tenth: each then walks what survived in the last few seconds, not in the last ten collections'
+worth of new sessions.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ OLDEST_GENERATION = 2  # CPython's generations are 0, 1 and 2
 
 @attrs.define(eq=False)
 class FullCollectionPolicy:
-    """Installed once per server process (`install`); `uninstall` restores the collector as it was."""
+    """Installed once per server process (`install`); `uninstall` takes the callback and the threshold
+    back (what it froze stays frozen); `installed()` does both around a block and unfreezes after it."""
 
     unfreeze_every: float = DEFAULT_UNFREEZE_EVERY
     oldest_threshold: int = 1
@@ -62,6 +64,15 @@ class FullCollectionPolicy:
         if self._after_collection in gc.callbacks:
             gc.callbacks.remove(self._after_collection)
             gc.set_threshold(*self._thresholds)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FullCollectionPolicy]:
+        self.install()
+        try:
+            yield self
+        finally:
+            self.uninstall()
+            gc.unfreeze()
 
     def _after_collection(self, phase: str, info: dict[str, Any]) -> None:
         if phase != "stop" or info["generation"] != OLDEST_GENERATION:
@@ -87,10 +98,5 @@ def short_full_collections(unfreeze_every: float = DEFAULT_UNFREEZE_EVERY) -> It
     on the 2-core machine) lands inside a 17-turn efficiency run."""
     gc.collect()
     gc.freeze()
-    policy = FullCollectionPolicy(unfreeze_every=unfreeze_every)
-    policy.install()
-    try:
+    with FullCollectionPolicy(unfreeze_every=unfreeze_every).installed() as policy:
         yield policy
-    finally:
-        policy.uninstall()
-        gc.unfreeze()

@@ -405,6 +405,11 @@ BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "li
     ("starts late", [{**FIRST, "turn": 1}], "1", "task 'a' starts at turn 1, expected 0"),
     ("truncated", [FIRST], "1", "last turn of task 'a' has tool calls (truncated task?)"),
     ("a prefix longer than the prompt", [{**FIRST, "prefix_tokens": 20}, LAST], "1", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
+    # A task's own values are checked when the task is complete: the refusal names that task's first line.
+    ("a later task's prefix longer than its prompt", [FIRST, LAST, "", {**FIRST, "task": "b", "prefix_tokens": 20}, {**LAST, "task": "b"}],
+     "4", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
+    ("a later task's negative prefix", [FIRST, LAST, {**FIRST, "task": "b", "prefix_tokens": -3}, {**LAST, "task": "b"}],
+     "3: prefix_tokens", "prefix_tokens must be >= 0, got -3"),
     ("arrivals of some tasks", [{**FIRST, "arrival_s": 1.0}, LAST, {**FIRST, "task": "b"}, {**LAST, "task": "b"}], "1: arrival_s",
      "task 'b' has none while others do: give all or none"),
     # The first line has exactly the keys that make a testbed trace.

@@ -138,10 +138,14 @@ def _parse_line(line: str) -> tuple[str, int, int, TurnSpec, dict[str, Any]]:
     return task, seed, turn, TurnSpec(appended, output, tool_seconds, hosted, reasoning), task_fields
 
 
-def _close_task(name: str, seed: int, turns: list[TurnSpec], last_line: int, task_fields: dict[str, Any]) -> Workload:
+def _close_task(name: str, seed: int, turns: list[TurnSpec], first_line: int, last_line: int,
+                task_fields: dict[str, Any]) -> Workload:
     if turns[-1].tool_seconds:
         raise ValueError(f"line {last_line}: last turn of task {name!r} has tool calls (truncated task?)")
-    return Workload(name, seed, turns, **task_fields)
+    try:
+        return Workload(name, seed, turns, **task_fields)
+    except ValueError as e:  # a task-level value (they are all on its turn-0 line)
+        raise ValueError(f"line {first_line}: {e}") from None
 
 
 def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
@@ -155,7 +159,7 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
     key: tuple[str, int] | None = None
     turns: list[TurnSpec] = []
     task_fields: dict[str, Any] = {}
-    last_line = 0
+    first_line = last_line = 0
     with _open(path_or_file, "r") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -172,12 +176,12 @@ def read_trace(path_or_file: str | PathLike[str] | IO[str]) -> list[Workload]:
                                      "not the task's last turn")
             else:
                 if key is not None:
-                    workloads.append(_close_task(*key, turns, last_line, task_fields))
+                    workloads.append(_close_task(*key, turns, first_line, last_line, task_fields))
                 if turn != 0:
                     raise ValueError(f"line {lineno}: task {name!r} starts at turn {turn}, expected 0")
-                key, turns, task_fields = (name, seed), [], fields
+                key, turns, task_fields, first_line = (name, seed), [], fields, lineno
             turns.append(spec)
             last_line = lineno
     if key is not None:
-        workloads.append(_close_task(*key, turns, last_line, task_fields))
+        workloads.append(_close_task(*key, turns, first_line, last_line, task_fields))
     return workloads

@@ -97,6 +97,8 @@ def test_a_chrome_trace_file_holds_one_process_per_rollout(tmp_path) -> None:
         "displayTimeUnit": "ms",
     }
     assert written["traceEvents"][0]["args"] == {"name": "suspended / fixed"}
+    trace.write_chrome_trace([a_rollout()], path)  # on the server's clock unless told otherwise
+    assert json.loads(path.read_text())["traceEvents"] == trace.trace_events(a_rollout())
 
 
 def test_a_phase_log_totals_its_spans_by_phase_from_an_instant_on() -> None:
@@ -127,6 +129,8 @@ def test_a_phase_logs_wire_form_is_in_milliseconds_from_its_first_span() -> None
         "spans": [["prefill", 0.0, 500.0], ["decode", 1000.0, 1125.0]],
         "client": {"transport": "websocket"},
     }
+    # A span belongs to the part it starts in: one that starts before the instant is left out.
+    assert log.to_dict(since=2.25)["spans"] == [["decode", 0.0, 125.0]]
     assert log.to_dict(since=5.0) == {"origin_s": 0.0, "phases_ms": {}, "spans": [], "client": {"transport": "websocket"}}
     assert metrics.PhaseLog().to_dict() == {"origin_s": 0.0, "phases_ms": {}, "spans": []}
 
@@ -245,6 +249,8 @@ def test_a_latency_value_that_cannot_time_a_call_is_refused(tmp_path, field: str
 
 def test_a_latency_profile_may_have_no_overhead_and_no_cache_attention_term(tmp_path) -> None:
     path = tmp_path / "latency.json"
+    assert refusal(profiles.load_latency, path, '{"cache_attention": null, "decode_tokens_per_s": -1}') == (
+        f"{path}: decode_tokens_per_s: expected a finite number >= 0, got -1")  # the fields after a null are checked too
     path.write_text('{"request_overhead": 0, "cache_attention": null, "decode_tokens_per_s": 1e-3}')
     assert profiles.load_latency(path) == LatencyModel(decode_tokens_per_s=1e-3, cache_attention=None, request_overhead=0)
 
@@ -264,6 +270,24 @@ def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:
         return a, b
 
     assert virtual.run(echo, 1, "two", scheduler_seed=5) == (1, "two")
+
+
+def test_a_virtual_runs_scheduler_seed_is_0_unless_given() -> None:
+    async def order() -> list[int]:
+        seen: list[int] = []
+
+        async def task(i: int) -> None:
+            await trio.sleep(1.0)  # every task wakes at the same virtual instant
+            seen.append(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(task, i)
+        return seen
+
+    seeded = [virtual.run(order, scheduler_seed=seed) for seed in (0, 1)]
+    assert seeded[0] != seeded[1]  # these two seeds order the eight tasks differently
+    assert virtual.run(order) == seeded[0]
 
 
 @pytest.mark.parametrize("missing", ["_r", "_ALLOW_DETERMINISTIC_SCHEDULING"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import random
 
 import attrs
 import pytest
@@ -22,7 +23,6 @@ import trio
 import trio.testing
 
 from prototype import netem
-from prototype.netem import faults
 from prototype.netem import (
     CROSS_CONTINENT,
     INTERCONTINENTAL,
@@ -33,6 +33,7 @@ from prototype.netem import (
     DelayedStream,
     NetworkProfile,
     connect_handshake,
+    faults,
     open_delayed_stream,
     open_emulated_pair,
     open_emulated_tcp,
@@ -550,8 +551,6 @@ def test_a_link_breaks_on_a_server_chunk_drawn_from_its_seed_and_serial() -> Non
 
 
 async def test_a_timed_drop_cuts_the_link_at_its_poisson_draw(autojump_clock: trio.testing.MockClock) -> None:
-    import random
-
     timed = faults.LinkFaults(drops_per_hour=7200.0, drop_per_server_chunk=0.0, seed=9)
     link = faults.Link(timed, 2)
     for _ in range(5):
@@ -561,6 +560,11 @@ async def test_a_timed_drop_cuts_the_link_at_its_poisson_draw(autojump_clock: tr
     # Connection n of seed s draws from its own generator (see Link); 7200 drops an hour is 2 a second.
     assert trio.current_time() - t0 == exactly(random.Random("linkfaults:9:2").expovariate(2.0))
     assert (link.broken, link.reason) == (True, "timed drop")
+    slow = faults.Link(faults.LinkFaults(drops_per_hour=0.5, seed=9), 2)  # under one drop an hour still drops
+    t1 = trio.current_time()
+    await slow.run_timed_drop()
+    assert trio.current_time() - t1 == exactly(random.Random("linkfaults:9:2").expovariate(0.5 / 3600)) and slow.broken
+    t0 = trio.current_time() - random.Random("linkfaults:9:2").expovariate(2.0)
     never = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.5))
     await never.run_timed_drop()
     assert trio.current_time() - t0 == exactly(random.Random("linkfaults:9:2").expovariate(2.0)) and not never.broken

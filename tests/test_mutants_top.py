@@ -131,6 +131,9 @@ def test_a_phase_logs_wire_form_is_in_milliseconds_from_its_first_span() -> None
     }
     # A span belongs to the part it starts in: one that starts before the instant is left out.
     assert log.to_dict(since=2.25)["spans"] == [["decode", 0.0, 125.0]]
+    log.record("post", 3.0001234567, 3.5)
+    assert log.to_dict(since=2.25)["spans"] == [["decode", 0.0, 125.0], ["post", 0.123, 500.0]]  # each instant to the microsecond
+    log.spans.pop()
     assert log.to_dict(since=5.0) == {"origin_s": 0.0, "phases_ms": {}, "spans": [], "client": {"transport": "websocket"}}
     assert metrics.PhaseLog().to_dict() == {"origin_s": 0.0, "phases_ms": {}, "spans": []}
 

@@ -433,6 +433,13 @@ def test_a_task_ends_before_the_first_prompt_past_the_context_window(window, n_t
     assert [w.prompt_tokens(k) for k in range(n_turns)] == [1000, 1680, 2360, 3040][:n_turns]
 
 
+def test_each_tool_call_of_a_task_has_its_own_draw():
+    w = generate_one(EXACT, seed=2, fixed_turns=12, parallel_calls_p=0.5, tool_mixture=((1.0, 2.5, 1.0),))
+    seconds = [s for t in w.turns for s in t.tool_seconds]
+    assert len(seconds) > 11 and len(set(seconds)) == len(seconds)  # a continuous draw repeats no value
+    assert len(generate(EXACT, seed=2)) == 1  # one task unless asked for more
+
+
 def test_parallel_turns_make_the_weighted_number_of_calls():
     four = generate_one(EXACT, seed=1, parallel_calls_p=1.0, parallel_call_weights=(0.0, 0.0, 5.0))
     assert [t.tool_seconds for t in four.turns] == [(2.5,) * 4] * 3 + [()]

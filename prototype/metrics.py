@@ -113,7 +113,7 @@ def protocol_choices(request: Any, *, transport: str, design: str, user_agent: s
         "previous_response_id": request.previous_response_id,
         "warmup": not request.generate,
         "stream": request.stream,
-        "stream_id": getattr(request, "stream_id", None) is not None,
+        "stream_id": request.stream_id is not None,
         "store": request.store,
         "input_items": len(request.input),
         "input_types": dict(kinds),

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import random
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -31,10 +33,13 @@ from prototype.netem import (
     DelayedStream,
     NetworkProfile,
     connect_handshake,
+    faults,
     open_delayed_stream,
     open_emulated_pair,
     open_emulated_tcp,
 )
+from prototype.netem.delayed import run_delivery
+from prototype.netem.profiles import RTT_RANGE
 
 RTT = 0.040  # a round number between the same-region and cross-continent priors
 
@@ -385,3 +390,286 @@ async def test_real_loopback_echo_takes_one_rtt(nursery: trio.Nursery) -> None:
 
 def test_module_exports() -> None:
     assert set(netem.__all__) <= set(dir(netem))
+
+
+# ---- the profiles' fields and their refusals ------------------------------------------------------
+
+
+def test_a_profile_is_loopback_with_one_tcp_and_one_tls_round_trip_by_default() -> None:
+    profile = NetworkProfile()
+    assert (profile.rtt, profile.jitter, profile.tls_round_trips, profile.tcp_round_trips, profile.bandwidth_bytes_per_s,
+            profile.seed, profile.loss) == (0.0, 0.0, 1, 1, None, 0, 0.0)
+    assert NetworkProfile(rtt=0.050, tcp_round_trips=2, tls_round_trips=0).handshake_seconds == exactly(0.100)
+    assert NetworkProfile(rtt=0.050, tcp_round_trips=0, tls_round_trips=0).handshake_seconds == 0.0
+    assert (RTT_RANGE.low, RTT_RANGE.high) == (0.001, 0.150)
+    NetworkProfile(jitter=0.0, bandwidth_bytes_per_s=1e-9, loss=0.999)  # the edges that are allowed
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"rtt": -0.001}, "rtt must be a finite number >= 0, got -0.001"),
+    ({"jitter": math.inf}, "jitter must be a finite number >= 0, got inf"),
+    ({"jitter": math.nan}, "jitter must be a finite number >= 0, got nan"),
+    ({"bandwidth_bytes_per_s": 0.0}, "bandwidth_bytes_per_s must be None or a finite number > 0, got 0.0"),
+    ({"bandwidth_bytes_per_s": math.inf}, "bandwidth_bytes_per_s must be None or a finite number > 0, got inf"),
+    ({"bandwidth_bytes_per_s": -5.0}, "bandwidth_bytes_per_s must be None or a finite number > 0, got -5.0"),
+])
+def test_a_profile_names_the_value_it_refuses(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        NetworkProfile(**kwargs)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("kwargs", [{"tcp_round_trips": -1}, {"loss": -0.1}, {"loss": 1.0}])
+def test_a_profile_refuses_negative_round_trips_and_a_loss_outside_0_to_1(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        NetworkProfile(**kwargs)
+
+
+# ---- the emulated links' seeds and parameters ----------------------------------------------------
+
+LOSSY = NetworkProfile(rtt=0.020, jitter=0.003, bandwidth_bytes_per_s=100_000.0, seed=5, loss=0.3)
+
+
+async def arrivals(send_end: trio.abc.SendStream, receive_end: trio.abc.ReceiveStream, n: int = 30) -> list[tuple[float, bytes]]:
+    """Sends n small chunks 1 ms apart; when each read returned, and what."""
+    t0, seen = trio.current_time(), []
+    async with trio.open_nursery() as nursery:
+
+        async def sender() -> None:
+            for i in range(n):
+                await send_end.send_all(b"<%02d>" % i)
+                await trio.sleep(0.001)
+
+        nursery.start_soon(sender)
+        total = 0
+        while total < 4 * n:
+            data = await receive_end.receive_some()
+            total += len(data)
+            seen.append((round(trio.current_time() - t0, 9), bytes(data)))
+    return seen
+
+
+async def reference_arrivals(seed: int, **delays: float) -> list[tuple[float, bytes]]:
+    """The same chunks through one DelayedStream with `seed` and `delays` on its sending end."""
+    raw_send, raw_receive = trio.testing.memory_stream_pair()
+    stream = DelayedStream(raw_send, seed=seed, **delays)
+    async with run_delivery(stream):
+        return await arrivals(stream, raw_receive)
+
+
+async def test_an_emulated_pair_delays_each_direction_with_its_own_seed(autojump_clock: trio.testing.MockClock) -> None:
+    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0, "loss": 0.3}
+    async with open_emulated_pair(LOSSY) as (client, server):
+        upload = await arrivals(client, server)
+        download = await arrivals(server, client)
+    assert upload == await reference_arrivals(5, **delays)  # the client's sends: the profile's seed
+    assert download == await reference_arrivals(6, **delays)  # the server's: the next seed
+    assert upload != download
+    assert max(t - 0.001 * int(data[1:3]) for t, data in upload) > 0.2  # a lost chunk waited for its resend
+
+
+async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_both_directions(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The socket replaced by a memory stream: what the wrapper adds is the profile's, on the virtual clock."""
+    opened: list[tuple[str, int, trio.abc.Stream]] = []
+
+    async def open_tcp_stream(host: str, port: int) -> trio.abc.Stream:
+        client_end, server_end = trio.testing.memory_stream_pair()
+        opened.append((host, port, server_end))
+        return client_end
+
+    monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
+    profile = attrs.evolve(LOSSY, loss=0.0, tls_round_trips=2)
+    t0 = trio.current_time()
+    async with open_emulated_tcp("server.example", 443, profile) as stream:
+        assert trio.current_time() - t0 == exactly(3 * 0.020)
+        ((host, port, server_end),) = opened
+        assert (host, port) == ("server.example", 443)
+        upload = await arrivals(stream, server_end)
+        download = await arrivals(server_end, stream)
+    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0}
+    assert upload == await reference_arrivals(5, **delays)
+    raw_send, raw_receive = trio.testing.memory_stream_pair()
+    async with open_delayed_stream(raw_receive, 0.0, seed=5, receive_delay=0.010, receive_jitter=0.003) as receiving:
+        assert download == await arrivals(raw_send, receiving)
+    assert not any(t == exactly(0.010 + 0.001 * int(data[1:3])) for t, data in download[1:])  # jittered
+
+
+async def test_an_emulated_tcp_connection_cut_short_in_its_handshake_closes_the_socket(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server_ends: list[trio.abc.Stream] = []
+
+    async def open_tcp_stream(host: str, port: int) -> trio.abc.Stream:
+        client_end, server_end = trio.testing.memory_stream_pair()
+        server_ends.append(server_end)
+        return client_end
+
+    monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
+    entered = False
+    with trio.move_on_after(0.050) as scope:
+        async with open_emulated_tcp("h", 1, NetworkProfile(rtt=0.040)):
+            entered = True
+    assert scope.cancelled_caught and not entered
+    assert await server_ends[0].receive_some() == b""  # the socket was closed at once
+    assert trio.current_time() == exactly(0.050)
+
+
+# ---- links that break (prototype/netem/faults.py) ------------------------------------------------
+
+
+def test_link_faults_are_none_by_default_and_refuse_impossible_rates() -> None:
+    assert faults.NO_FAULTS == faults.LinkFaults(0.0, 0.0, 0)
+    assert not faults.NO_FAULTS.any
+    assert faults.LinkFaults(drops_per_hour=0.5).any and faults.LinkFaults(drop_per_server_chunk=0.5).any
+    faults.LinkFaults(drop_per_server_chunk=0.0, drops_per_hour=0.0)
+    for kwargs in ({"drops_per_hour": -1.0}, {"drop_per_server_chunk": -0.1}, {"drop_per_server_chunk": 1.0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            faults.LinkFaults(**kwargs)
+
+
+def chunks_until_broken(link: faults.Link, limit: int = 10_000) -> int:
+    for sent in range(1, limit + 1):
+        link.server_chunk_sent()
+        if link.broken:
+            return sent
+    return 0
+
+
+def test_a_link_breaks_on_a_server_chunk_drawn_from_its_seed_and_serial() -> None:
+    chunky = faults.LinkFaults(drop_per_server_chunk=0.05, seed=3)
+    counts = [chunks_until_broken(faults.Link(chunky, serial)) for serial in range(40)]
+    assert counts == [chunks_until_broken(faults.Link(chunky, serial)) for serial in range(40)]  # repeatable
+    assert counts != [chunks_until_broken(faults.Link(attrs.evolve(chunky, seed=4), serial)) for serial in range(40)]
+    assert len(set(counts)) > 10 and min(counts) >= 1
+    assert 10 < sum(counts) / len(counts) < 40  # a geometric count of mean 1 / 0.05
+    link = faults.Link(chunky, 0)
+    chunks_until_broken(link)
+    assert (link.broken, link.reason) == (True, "mid-response drop")
+    assert chunks_until_broken(faults.Link(faults.NO_FAULTS)) == 0
+
+
+async def test_a_timed_drop_cuts_the_link_at_its_poisson_draw(autojump_clock: trio.testing.MockClock) -> None:
+    timed = faults.LinkFaults(drops_per_hour=7200.0, drop_per_server_chunk=0.0, seed=9)
+    link = faults.Link(timed, 2)
+    for _ in range(5):
+        link.server_chunk_sent()  # a rate of 0 draws nothing: the drop's draw is the generator's first
+    t0 = trio.current_time()
+    await link.run_timed_drop()
+    # Connection n of seed s draws from its own generator (see Link); 7200 drops an hour is 2 a second.
+    assert trio.current_time() - t0 == exactly(random.Random("linkfaults:9:2").expovariate(2.0))
+    assert (link.broken, link.reason) == (True, "timed drop")
+    slow = faults.Link(faults.LinkFaults(drops_per_hour=0.5, seed=9), 2)  # under one drop an hour still drops
+    t1 = trio.current_time()
+    await slow.run_timed_drop()
+    assert trio.current_time() - t1 == exactly(random.Random("linkfaults:9:2").expovariate(0.5 / 3600)) and slow.broken
+    t0 = trio.current_time() - random.Random("linkfaults:9:2").expovariate(2.0)
+    never = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.5))
+    await never.run_timed_drop()
+    assert trio.current_time() - t0 == exactly(random.Random("linkfaults:9:2").expovariate(2.0)) and not never.broken
+
+
+async def test_a_cut_is_final_and_wakes_reads_and_waiters(autojump_clock: trio.testing.MockClock) -> None:
+    link = faults.Link()
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = faults.FaultyStream(client_raw, link, server_side=False)
+    woken: list[str] = []
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            with pytest.raises(trio.BrokenResourceError) as broke:
+                await client.receive_some()
+            woken.append(str(broke.value))
+
+        async def wait() -> None:
+            await link.wait_broken()
+            woken.append("waiter")
+
+        nursery.start_soon(read)
+        nursery.start_soon(wait)
+        await trio.sleep(1.0)
+        assert woken == [] and len(link.reads) == 1
+        link.cut("restart")
+        link.cut("later")  # a second cut changes nothing
+    assert sorted(woken) == ["the link broke (restart)", "waiter"] and link.reads == set()
+    assert (link.broken, link.reason, trio.current_time()) == (True, "restart", exactly(1.0))
+    for call in (client.send_all(b"x"), client.send_eof(), client.wait_send_all_might_not_block(), client.receive_some()):
+        with pytest.raises(trio.BrokenResourceError, match=r"^the link broke \(restart\)$"):
+            await call
+    await client.aclose()  # closing a broken end still closes what it wraps
+    with pytest.raises(trio.ClosedResourceError):
+        await client_raw.send_all(b"x")
+
+
+async def test_a_faulty_stream_passes_everything_through_until_the_link_breaks(autojump_clock: trio.testing.MockClock) -> None:
+    link = faults.Link()
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = faults.FaultyStream(client_raw, link, server_side=False)
+    server = faults.FaultyStream(server_raw, link, server_side=True)
+    await client.send_all(b"request")
+    assert await server.receive_some(3) == b"req"
+    await server.wait_send_all_might_not_block()
+    await server.send_all(b"response")
+    await server.send_eof()
+    assert await client.receive_some() == b"response"
+    assert await client.receive_some() == b""
+
+
+async def test_a_server_chunk_that_breaks_the_link_is_never_delivered(autojump_clock: trio.testing.MockClock) -> None:
+    link = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.999))
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = faults.FaultyStream(client_raw, link, server_side=False)
+    server = faults.FaultyStream(server_raw, link, server_side=True)
+    await client.send_all(b"")
+    await client.send_all(b"request")  # the client's chunks never break it
+    assert not link.broken
+    await server.send_all(b"")  # nor does an empty send
+    assert not link.broken
+    with pytest.raises(trio.BrokenResourceError, match="mid-response drop"):
+        await server.send_all(b"response")
+    with trio.move_on_after(1.0):
+        assert await client_raw.receive_some() != b"response"
+    assert trio.current_time() == exactly(1.0)  # nothing was sent
+
+
+async def test_a_client_end_that_counts_breaks_as_the_servers_chunks_arrive(autojump_clock: trio.testing.MockClock) -> None:
+    link = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.999))
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = faults.FaultyStream(client_raw, link, server_side=False, client_counts=True)
+    await client.send_all(b"request")
+    assert not link.broken
+    await server_raw.send_all(b"response")
+    with pytest.raises(trio.BrokenResourceError, match="mid-response drop"):
+        await client.receive_some()
+    uncounted = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.999))
+    plain = faults.FaultyStream(server_raw, uncounted, server_side=False)
+    assert await plain.receive_some() == b"request" and not uncounted.broken
+
+
+async def test_a_registry_numbers_its_links_and_a_restart_cuts_the_open_ones(autojump_clock: trio.testing.MockClock) -> None:
+    registry = faults.LinkRegistry()
+    seeded = faults.LinkFaults(seed=1)
+    first, second, third = (registry.new(seeded) for _ in range(3))
+    assert [link.serial for link in (first, second, third)] == [0, 1, 2] and registry.opened == 3
+    assert registry.links == {first, second, third} and first.faults is seeded
+    second.cut("timed drop")
+    assert registry.cut_all("restart") == 2
+    assert [link.reason for link in (first, second, third)] == ["restart", "timed drop", "restart"]
+    assert registry.cut_all("restart") == 0
+
+
+async def test_a_faulty_pair_runs_its_timed_drop_and_leaves_the_registry_on_exit(autojump_clock: trio.testing.MockClock) -> None:
+    registry = faults.LinkRegistry()
+    link = registry.new(faults.LinkFaults(drops_per_hour=3600.0, seed=2))
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    async with faults.open_faulty_pair(client_raw, server_raw, link, registry) as (client, server):
+        assert (client.server_side, server.server_side) == (False, True)
+        assert (client.client_counts, server.client_counts, client.link, server.link) == (False, False, link, link)
+        await link.wait_broken()
+        assert link.reason == "timed drop" and registry.links == {link}
+    assert registry.links == set()
+    quiet = registry.new(faults.NO_FAULTS)
+    async with faults.open_faulty_pair(client_raw, server_raw, quiet):
+        await trio.sleep(3600.0)
+    assert not quiet.broken and registry.links == {quiet}  # no registry given: left as it was

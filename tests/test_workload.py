@@ -17,6 +17,7 @@ from prototype.workload import (
     TurnSpec,
     Workload,
     WorkloadParams,
+    content_seed_of,
     fixed,
     generate,
     generate_one,
@@ -281,3 +282,211 @@ def test_context_window_ends_tasks_before_an_overlong_prompt():
     assert any(len(c.turns) < len(w.turns) for w, c in zip(free, capped))
     with pytest.raises(ValueError, match="context_window_tokens > initial_prompt_tokens"):
         WorkloadParams(context_window_tokens=1000)
+
+
+def refused(make) -> str:
+    with pytest.raises(ValueError) as error:
+        make()
+    return str(error.value)
+
+
+def test_a_turn_and_a_hosted_call_name_the_value_they_refuse():
+    assert refused(lambda: HostedCall(-1.0, 5)) == "seconds must be finite and >= 0, got -1.0"
+    assert refused(lambda: HostedCall(float("inf"), 5)) == "seconds must be finite and >= 0, got inf"
+    assert refused(lambda: HostedCall(1.0, -1)) == "result_tokens must be >= 0, got -1"
+    assert HostedCall("2", 0) == HostedCall(2.0, 0) and isinstance(HostedCall(2, 0).seconds, float)
+    assert refused(lambda: TurnSpec(-1, 1, ())) == "appended_tokens must be >= 0, got -1"
+    assert refused(lambda: TurnSpec(0, 0, ())) == "output_tokens must be >= 1, got 0"
+    assert refused(lambda: TurnSpec(0, 1, (0.5, -0.1))) == "tool_seconds must be finite and >= 0, got -0.1"
+    assert refused(lambda: TurnSpec(0, 1, (float("nan"),))) == "tool_seconds must be finite and >= 0, got nan"
+    assert refused(lambda: TurnSpec(0, 5, (), (), -1)) == "reasoning_tokens must be >= 0, got -1"
+    assert refused(lambda: TurnSpec(0, 5, (), (), 5)) == "reasoning_tokens (5) must be less than output_tokens (5)"
+    turn = TurnSpec(0, 5, [1, 0], [HostedCall(0, 0)], 4)
+    assert (turn.tool_seconds, turn.hosted_calls, turn.text_tokens) == ((1.0, 0.0), (HostedCall(0.0, 0),), 1)
+    assert all(isinstance(s, float) for s in turn.tool_seconds)
+    assert (TurnSpec(0, 1, ()).hosted_calls, TurnSpec(0, 1, ()).reasoning_tokens) == ((), 0)
+
+
+def test_a_workload_names_what_it_refuses():
+    last = TurnSpec(100, 1, ())
+    assert refused(lambda: Workload("w", -1, [last])) == "seed must be >= 0, got -1"
+    assert refused(lambda: Workload("w", 0, [last], arrival_s=-1.0)) == "arrival_s must be finite and >= 0, got -1.0"
+    assert refused(lambda: Workload("w", 0, [last], arrival_s=float("inf"))) == "arrival_s must be finite and >= 0, got inf"
+    assert refused(lambda: Workload("w", 0, [])) == "a workload needs at least one turn"
+    assert refused(lambda: Workload("w", 0, [TurnSpec(1, 1, (1.0,)), TurnSpec(1, 1, (1.0,))])) == (
+        "the last turn (1) must not end with tool calls")
+    assert refused(lambda: Workload("w", 0, [TurnSpec(1, 1, (1.0,)), TurnSpec(1, 1, ()), last])) == (
+        "turn 1 has no tool calls but is not the last turn")
+    assert refused(lambda: Workload("w", 0, [last], prefix_tokens=101)) == "prefix_tokens (101) exceeds turn 0's 100 tokens"
+    assert refused(lambda: Workload("w", 0, [last], prefix_tokens=-1)) == "prefix_tokens must be >= 0, got -1"
+    edge = Workload("w", 0, [last], arrival_s=0.0, prefix_tokens=100)
+    assert (edge.turns, edge.arrival_s, edge.content_seed, edge.prefix, edge.prefix_tokens) == ((last,), 0.0, None, "", 100)
+    assert Workload("w", 0, [last]).prefix_tokens == 0 and Workload("w", 0, [last]).arrival_s is None
+    assert [Workload("w", 7, [last], content_seed=c).text_seed for c in (None, 0, 9)] == [7, 0, 9]
+
+
+def test_a_workloads_turn_out_of_range_is_named():
+    w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0, 2.0)), TurnSpec(101, 20, (0.5,)), TurnSpec(7, 30, ())])
+    assert w.tool_output_tokens(0) == (35, 33, 33)  # the remainder on the first call
+    for turn in (-1, 3):
+        with pytest.raises(IndexError) as error:
+            w.tool_output_tokens(turn)
+        assert str(error.value) == f"turn {turn} out of range for 3 turns"
+    for turn in (-1, 4):
+        with pytest.raises(IndexError) as error:
+            w.context_before(turn)
+        assert str(error.value) == f"turn {turn} out of range for 3 turns"
+    assert w.context_before(3) == 1000 + 10 + 101 + 20 + 7 + 30
+    assert Workload("w", 0, [TurnSpec(1, 1, ())]).total_tool_seconds == 0.0
+    assert isinstance(fixed(2, tool_seconds=1).total_tool_seconds, float)
+
+
+@pytest.mark.parametrize(("fields", "rule"), [
+    ({"turns_min": 0}, "1 <= turns_min <= turns_max"),
+    ({"turns_min": 5, "turns_max": 4}, "1 <= turns_min <= turns_max"),
+    ({"fixed_turns": 0}, "fixed_turns >= 1"),
+    ({"appended_min": -1}, "0 <= appended_min <= appended_max"),
+    ({"appended_min": 11, "appended_max": 10}, "0 <= appended_min <= appended_max"),
+    ({"output_min": 0}, "1 <= output_min <= output_max"),
+    ({"output_min": 11, "output_max": 10}, "1 <= output_min <= output_max"),
+    ({"turns_median": 0}, "positive medians"),
+    ({"appended_median": -1}, "positive medians"),
+    ({"output_median": 0}, "positive medians"),
+    ({"initial_prompt_tokens": -1, "shared_prefix_tokens": 0}, "initial_prompt_tokens >= 0"),
+    ({"tool_mixture": ()}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"tool_mixture": ((1.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"tool_mixture": ((-0.5, 1.0, 1.0), (1.0, 1.0, 1.0))}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"tool_mixture": ((1.0, 0.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"tool_mixture": ((1.0, 1.0, -0.1),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"tool_mixture": ((0.0, 1.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
+    ({"fixed_tool_seconds": -0.5}, "fixed_tool_seconds >= 0"),
+    ({"parallel_calls_p": -0.1}, "probabilities in [0, 1]"),
+    ({"parallel_calls_p": 1.1}, "probabilities in [0, 1]"),
+    ({"hosted_call_p": -0.1}, "probabilities in [0, 1]"),
+    ({"hosted_call_p": 1.1}, "probabilities in [0, 1]"),
+    ({"shared_prefix_tokens": -1}, "shared_prefix_tokens >= 0"),
+    ({"parallel_call_weights": ()}, "parallel_call_weights >= 0 with a positive total"),
+    ({"parallel_call_weights": (-1.0, 2.0)}, "parallel_call_weights >= 0 with a positive total"),
+    ({"parallel_call_weights": (0.0, 0.0)}, "parallel_call_weights >= 0 with a positive total"),
+    ({"reasoning_share": (0.1,)}, "reasoning_share (low, high) within [0, 1)"),
+    ({"reasoning_share": (-0.1, 0.5)}, "reasoning_share (low, high) within [0, 1)"),
+    ({"reasoning_share": (0.6, 0.5)}, "reasoning_share (low, high) within [0, 1)"),
+    ({"reasoning_share": (0.5, 1.0)}, "reasoning_share (low, high) within [0, 1)"),
+    ({"hosted_seconds": -1.0}, "hosted_seconds, hosted_result_tokens >= 0"),
+    ({"hosted_result_tokens": -1}, "hosted_seconds, hosted_result_tokens >= 0"),
+    ({"context_window_tokens": 8000}, "context_window_tokens > initial_prompt_tokens"),
+])
+def test_workload_params_name_the_rule_a_value_breaks(fields, rule):
+    assert refused(lambda: WorkloadParams(**fields)) == f"invalid WorkloadParams: {rule}"
+
+
+def test_workload_params_accept_every_rules_edges_and_name_each_rule_broken():
+    WorkloadParams(
+        turns_min=1, turns_max=1, fixed_turns=1, appended_min=0, appended_max=0, output_min=1, output_max=1,
+        initial_prompt_tokens=0, shared_prefix_tokens=0, tool_mixture=((0.0, 1.0, 0.0), (1.0, 1e-9, 0.0)),
+        fixed_tool_seconds=0.0, parallel_calls_p=0.0, hosted_call_p=1.0, parallel_call_weights=(0.0, 1.0),
+        reasoning_share=(0.0, 0.0), hosted_seconds=0.0, hosted_result_tokens=0, context_window_tokens=1,
+    )
+    WorkloadParams(parallel_calls_p=1.0, hosted_call_p=0.0, reasoning_share=(0.5, 0.5))
+    assert refused(lambda: WorkloadParams(turns_min=0, hosted_seconds=-1.0)) == (
+        "invalid WorkloadParams: 1 <= turns_min <= turns_max; hosted_seconds, hosted_result_tokens >= 0")
+    params = WorkloadParams(tool_mixture=[[1, 2, 3]], parallel_call_weights=[1], reasoning_share=[0, 0.5])
+    assert (params.tool_mixture, params.parallel_call_weights, params.reasoning_share) == (((1.0, 2.0, 3.0),), (1.0,), (0.0, 0.5))
+    assert all(isinstance(v, float) for v in params.tool_mixture[0] + params.parallel_call_weights + params.reasoning_share)
+
+
+# Every draw of zero spread: the generator's arithmetic, exactly.
+EXACT = WorkloadParams(
+    turns_median=4, turns_sigma=0.0, initial_prompt_tokens=1000, shared_prefix_tokens=600, appended_median=123,
+    appended_sigma=0.0, output_median=57, output_sigma=0.0, tool_mixture=((1.0, 2.5, 0.0),), reasoning_share=(0.25, 0.25),
+    parallel_calls_p=0.0, hosted_call_p=0.0,
+)
+
+
+def test_a_task_of_zero_spread_is_the_medians_exactly():
+    # 0.25 of 57 output tokens is 14.25: 14 of them reasoning.
+    turns = [TurnSpec(1000, 57, (2.5,), (), 14)] + [TurnSpec(123, 57, (2.5,), (), 14)] * 2 + [TurnSpec(123, 57, (), (), 14)]
+    assert generate(EXACT, seed=3, n_tasks=2) == [
+        Workload(f"custom-{i}", 3, turns, content_seed=content_seed_of(3, i), prefix="custom", prefix_tokens=600) for i in (0, 1)
+    ]
+    assert generate_one(EXACT, seed=3, index=1) == generate(EXACT, seed=3, n_tasks=2)[1]
+    assert len(generate_one(EXACT, seed=3, fixed_turns=7).turns) == 7
+    assert len(generate_one(EXACT, seed=3, turns_median=40, turns_max=9).turns) == 9  # clipped to the bounds
+    assert len(generate_one(EXACT, seed=3, turns_median=0.4).turns) == 1
+    assert [t.appended_tokens for t in generate_one(EXACT, seed=3, appended_min=200).turns] == [1000, 200, 200, 200]
+    assert [t.output_tokens for t in generate_one(EXACT, seed=3, output_max=50).turns] == [50] * 4
+    # The reasoning never takes the whole output: 0.9 of 1 token rounds to 1, and 1 token is left as text.
+    assert {t.reasoning_tokens for t in generate_one(EXACT, seed=3, output_median=1, reasoning_share=(0.9, 0.9)).turns} == {0}
+    assert {t.reasoning_tokens for t in generate_one(EXACT, seed=3, output_median=2, reasoning_share=(0.9, 0.9)).turns} == {1}
+
+
+@pytest.mark.parametrize(("window", "n_turns"), [(1001, 1), (1679, 1), (1680, 2), (2359, 2), (2360, 3), (3039, 3), (3040, 4), (10**6, 4)])
+def test_a_task_ends_before_the_first_prompt_past_the_context_window(window, n_turns):
+    """Prompts of 1000, 1000 + 123 + 57 + 500 = 1680, 2360 and 3040 tokens (each turn searches, 500 tokens of results)."""
+    params = attrs.evolve(EXACT, hosted_call_p=1.0, hosted_result_tokens=500, hosted_seconds=0.5, context_window_tokens=window)
+    w = generate_one(params, seed=0)
+    searched = (HostedCall(0.5, 500),)
+    assert w.turns == tuple(
+        TurnSpec(1000 if k == 0 else 123, 57, (2.5,) if k < n_turns - 1 else (), searched if k < n_turns - 1 else (), 14)
+        for k in range(n_turns)
+    )
+    assert [w.prompt_tokens(k) for k in range(n_turns)] == [1000, 1680, 2360, 3040][:n_turns]
+
+
+def test_each_tool_call_of_a_task_has_its_own_draw():
+    w = generate_one(EXACT, seed=2, fixed_turns=12, parallel_calls_p=0.5, tool_mixture=((1.0, 2.5, 1.0),))
+    seconds = [s for t in w.turns for s in t.tool_seconds]
+    assert len(seconds) > 11 and len(set(seconds)) == len(seconds)  # a continuous draw repeats no value
+    assert len(generate(EXACT, seed=2)) == 1  # one task unless asked for more
+
+
+def test_parallel_turns_make_the_weighted_number_of_calls():
+    four = generate_one(EXACT, seed=1, parallel_calls_p=1.0, parallel_call_weights=(0.0, 0.0, 5.0))
+    assert [t.tool_seconds for t in four.turns] == [(2.5,) * 4] * 3 + [()]
+    mixed = generate(EXACT, seed=1, n_tasks=300, parallel_calls_p=1.0, parallel_call_weights=(3.0, 1.0))
+    calls = np.bincount([len(t.tool_seconds) for w in mixed for t in w.turns[:-1]], minlength=4)
+    assert calls[:2].tolist() == [0, 0] and calls[2] / calls.sum() == pytest.approx(0.75, abs=0.04)
+
+
+def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
+    params = WorkloadParams(tool_mixture=((3.0, 1.0, 0.0), (1.0, 50.0, 0.0)), tool_cap_seconds=10.0)
+    seconds = sample_tool_seconds(np.random.default_rng(0), params, 4000)
+    assert set(seconds.tolist()) == {1.0, 10.0}
+    assert np.mean(seconds == 1.0) == pytest.approx(0.75, abs=0.03)
+    assert sample_tool_seconds(np.random.default_rng(0), attrs.evolve(params, fixed_tool_seconds=0), 3).tolist() == [0.0] * 3
+
+
+def test_presets_are_named_and_an_unknown_one_lists_them():
+    assert refused(lambda: generate("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
+    assert refused(lambda: generate_one("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
+    assert [(w.name, w.prefix) for w in generate("chat", seed=0, n_tasks=2)] == [("chat-0", "chat"), ("chat-1", "chat")]
+    assert generate_one("chat", seed=0, index=1).name == "chat-1"
+    assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
+    assert generate(seed=0, n_tasks=0) == []
+    assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
+
+
+def test_a_fixed_workload_has_the_documented_defaults():
+    assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
+    assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
+        "fixed", 0, (TurnSpec(8000, 300, (0.3,), (), 5), TurnSpec(800, 300, (), (), 5)), content_seed=9)
+    assert refused(lambda: fixed(0)) == "n_turns must be >= 1, got 0"
+
+
+def test_summary_gives_mean_p50_and_p90_of_each_measure():
+    tasks = [
+        Workload("a", 0, [TurnSpec(100, 10, (1.0, 3.0), (HostedCall(1.0, 5),), 5), TurnSpec(20, 30, (2.0,), (), 3), TurnSpec(40, 20, ())]),
+        Workload("b", 0, [TurnSpec(100, 40, ())]),
+    ]
+    assert summary(tasks) == {
+        "turns": {"mean": 2.0, "p50": 2.0, "p90": pytest.approx(2.8)},
+        "output_tokens_per_turn": {"mean": 25.0, "p50": 25.0, "p90": pytest.approx(37.0)},
+        "appended_tokens_per_turn": {"mean": 30.0, "p50": 30.0, "p90": pytest.approx(38.0)},
+        "tool_seconds": {"mean": 2.0, "p50": 2.0, "p90": pytest.approx(2.8)},
+        "calls_per_tool_turn": {"mean": 1.5, "p50": 1.5, "p90": pytest.approx(1.9)},
+        "hosted_calls_per_tool_turn": {"mean": 0.5, "p50": 0.5, "p90": pytest.approx(0.9)},
+        "reasoning_share": {"mean": pytest.approx((0.5 + 0.1) / 4), "p50": 0.05, "p90": pytest.approx(0.38)},
+    }
+    empty = summary([])
+    assert list(empty) == list(summary(tasks)) and all(np.isnan(v) for s in empty.values() for v in s.values())
+    assert all(list(s) == ["mean", "p50", "p90"] for s in empty.values())

@@ -38,7 +38,7 @@ from prototype.netem import (
     open_emulated_pair,
     open_emulated_tcp,
 )
-from prototype.netem.delayed import run_delivery
+from prototype.netem.delayed import RETRANSMIT_TIMEOUT_SECONDS, run_delivery
 from prototype.netem.profiles import RTT_RANGE
 
 RTT = 0.040  # a round number between the same-region and cross-continent priors
@@ -468,10 +468,11 @@ async def test_an_emulated_pair_delays_each_direction_with_its_own_seed(autojump
     assert max(t - 0.001 * int(data[1:3]) for t, data in upload) > 0.2  # a lost chunk waited for its resend
 
 
-async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_both_directions(
+async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_and_loses_in_both_directions(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The socket replaced by a memory stream: what the wrapper adds is the profile's, on the virtual clock."""
+    """The socket replaced by a memory stream: what the wrapper adds is the profile's, on the virtual clock.
+    Only the client end is wrapped, so it carries the download's delay, jitter and loss as well."""
     opened: list[tuple[str, int, trio.abc.Stream]] = []
 
     async def open_tcp_stream(host: str, port: int) -> trio.abc.Stream:
@@ -480,7 +481,7 @@ async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_both_dir
         return client_end
 
     monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
-    profile = attrs.evolve(LOSSY, loss=0.0, tls_round_trips=2)
+    profile = attrs.evolve(LOSSY, tls_round_trips=2)
     t0 = trio.current_time()
     async with open_emulated_tcp("server.example", 443, profile) as stream:
         assert trio.current_time() - t0 == exactly(3 * 0.020)
@@ -488,12 +489,28 @@ async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_both_dir
         assert (host, port) == ("server.example", 443)
         upload = await arrivals(stream, server_end)
         download = await arrivals(server_end, stream)
-    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0}
+    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0, "loss": 0.3}
     assert upload == await reference_arrivals(5, **delays)
     raw_send, raw_receive = trio.testing.memory_stream_pair()
-    async with open_delayed_stream(raw_receive, 0.0, seed=5, receive_delay=0.010, receive_jitter=0.003) as receiving:
+    async with open_delayed_stream(
+        raw_receive, 0.0, seed=5, receive_delay=0.010, receive_jitter=0.003, receive_loss=0.3
+    ) as receiving:
         assert download == await arrivals(raw_send, receiving)
     assert not any(t == exactly(0.010 + 0.001 * int(data[1:3])) for t, data in download[1:])  # jittered
+    for direction in (upload, download):  # in each, a lost chunk waited for its resend
+        assert max(t - 0.001 * int(data[1:3]) for t, data in direction) > 0.2
+
+
+async def test_a_chunk_lost_on_the_way_in_is_resent_and_holds_back_the_chunks_behind_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    raw_send, raw_receive = trio.testing.memory_stream_pair()
+    async with open_delayed_stream(raw_receive, 0.0, seed=1, receive_loss=0.999) as receiving:
+        await raw_send.send_all(b"a")
+        assert await receiving.receive_some() == b"a"
+        assert trio.current_time() == exactly(RETRANSMIT_TIMEOUT_SECONDS)
+    with pytest.raises(ValueError, match=r"^receive_loss must be in \[0, 1\), got 1.0$"):
+        DelayedStream(raw_receive, receive_loss=1.0)
 
 
 async def test_an_emulated_tcp_connection_cut_short_in_its_handshake_closes_the_socket(

@@ -78,6 +78,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         bandwidth_bytes_per_s: float | None = None,
         seed: int = 0,
         loss: float = 0.0,
+        receive_loss: float = 0.0,
     ) -> None:
         """Wraps a stream; the background tasks start only through the ``open_*`` context managers.
 
@@ -95,6 +96,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             loss: Probability that a chunk sent is lost once on the link: it arrives
                 ``RETRANSMIT_TIMEOUT_SECONDS`` late (TCP resends it), and the chunks after it wait for
                 it (in-order delivery: head-of-line blocking). A TCP stream never loses data for good.
+            receive_loss: The same for each chunk received (the far end's sends, on a link of which
+                only this end is wrapped: a real socket's client side).
 
         Raises:
             ValueError: If a delay or jitter is negative or not finite, the bandwidth is not > 0, or
@@ -112,8 +115,9 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s > 0
         ):
             raise ValueError(f"bandwidth_bytes_per_s must be None or > 0, got {bandwidth_bytes_per_s!r}")
-        if not 0 <= loss < 1:
-            raise ValueError(f"loss must be in [0, 1), got {loss!r}")
+        for name, value in (("loss", loss), ("receive_loss", receive_loss)):
+            if not 0 <= value < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         self.transport_stream = transport_stream
         self.send_delay = send_delay
         self.receive_delay = receive_delay
@@ -128,8 +132,10 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         self._receive_rng = random.Random(f"netem:{seed}:receive")
         self._loss = loss
         self._loss_rng = random.Random(f"netem:{seed}:loss")
+        self._receive_loss = receive_loss
+        self._receive_loss_rng = random.Random(f"netem:{seed}:receive-loss")
         self._delays_send = send_delay > 0 or send_jitter > 0 or loss > 0
-        self._delays_receive = receive_delay > 0 or receive_jitter > 0
+        self._delays_receive = receive_delay > 0 or receive_jitter > 0 or receive_loss > 0
 
         self._started = False
         self._closed = False
@@ -401,6 +407,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
                 delay = self.receive_delay
                 if self._receive_jitter > 0:
                     delay += self._receive_rng.expovariate(1.0 / self._receive_jitter)
+                if data and self._receive_loss > 0 and self._receive_loss_rng.random() < self._receive_loss:
+                    delay += RETRANSMIT_TIMEOUT_SECONDS
                 self._last_receive_arrival = max(trio.current_time() + delay, self._last_receive_arrival)
                 self._incoming_in.send_nowait(_Chunk(self._last_receive_arrival, data or None, error))
                 if not data:
@@ -444,10 +452,12 @@ async def open_delayed_stream(
     seed: int = 0,
     receive_delay: float = 0.0,
     receive_jitter: float = 0.0,
+    loss: float = 0.0,
+    receive_loss: float = 0.0,
 ) -> AsyncIterator[DelayedStream]:
     """Wraps ``stream`` in a :class:`DelayedStream` and runs its delivery tasks.
 
-    With zero delays and no jitter the wrapper only counts bytes (and applies the bandwidth): it
+    With zero delays, no jitter and no loss the wrapper only counts bytes (and applies the bandwidth): it
     forwards directly and starts no task. On exit the wrapper, and so ``stream``, is closed.
 
     Args:
@@ -458,6 +468,8 @@ async def open_delayed_stream(
         seed: Seed of the jitter draws.
         receive_delay: Delay of the receive direction, in seconds (0: not delayed).
         receive_jitter: Standard deviation of the extra per-chunk delay of the receive direction.
+        loss: Probability that a chunk sent is lost once and resent (:class:`DelayedStream`).
+        receive_loss: The same for each chunk received.
 
     Yields:
         The wrapped stream.
@@ -470,6 +482,8 @@ async def open_delayed_stream(
         receive_jitter=receive_jitter,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         seed=seed,
+        loss=loss,
+        receive_loss=receive_loss,
     )
     async with run_delivery(delayed):
         yield delayed

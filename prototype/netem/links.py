@@ -55,7 +55,7 @@ async def open_emulated_tcp(host: str | bytes, port: int, profile: NetworkProfil
     reaches the socket ``rtt / 2`` later, and what the socket receives is released to the reader
     ``rtt / 2`` after it arrived (a background task reads the socket as data comes). An unmodified
     server then sees each request, and the client each response, one RTT apart, as over a real WAN.
-    Jitter applies to both directions; bandwidth to the upload only.
+    Jitter and loss apply to both directions; bandwidth to the upload only.
 
     Args:
         host: Server host name or address.
@@ -79,5 +79,7 @@ async def open_emulated_tcp(host: str | bytes, port: int, profile: NetworkProfil
         seed=profile.seed,
         receive_delay=profile.one_way_delay,
         receive_jitter=profile.jitter,
+        loss=profile.loss,
+        receive_loss=profile.loss,
     ) as stream:
         yield stream

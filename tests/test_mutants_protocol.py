@@ -392,3 +392,144 @@ def test_a_string_input_is_one_user_message_and_a_bad_input_is_named() -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_input([{"role": "user", "content": "a"}, {"role": "user"}])
     assert caught.value.param == "input[1].content"
+
+
+# --- the create request's derived values ---------------------------------------------------------
+
+
+def create(**body: Any):
+    return codec.parse_create_body({"model": "m", "input": "x", **body})
+
+
+@pytest.mark.parametrize(
+    ("body", "subagents"),
+    [
+        ({}, 0),
+        ({"metadata": {"testbed_subagents": "2"}}, 0),  # without multi_agent: no hosted subagents
+        ({"multi_agent": {"enabled": False}, "metadata": {"testbed_subagents": "2"}}, 0),
+        ({"multi_agent": {"enabled": True}}, 0),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "2"}}, 2),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "5"}}, 3),  # the SDK's default cap of 3
+        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 8}, "metadata": {"testbed_subagents": "5"}}, 5),
+        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 1}, "metadata": {"testbed_subagents": "5"}}, 1),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "two"}}, 0),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "-1"}}, 0),
+    ],
+)
+def test_hosted_subagents_are_asked_in_metadata_and_capped_by_multi_agent(body: dict[str, Any], subagents: int) -> None:
+    request = create(**body)
+    assert request.subagents == subagents
+    assert request.takes_injected_input is bool(body.get("multi_agent", {}).get("enabled"))
+
+
+def test_what_a_request_offers_and_asks_for() -> None:
+    function = {"type": "function", "name": "read_file", "parameters": {"type": "object"}}
+    request = create(tools=[{"type": "web_search_preview"}, function, {"type": "custom", "name": "patch"}], include=["reasoning.encrypted_content"])
+    assert [tool.name for tool in request.function_tools] == ["read_file"]
+    assert request.offers_hosted("web_search") and request.offers_hosted("web_search_preview")
+    assert not request.offers_hosted("file_search") and not request.offers_hosted("web_search_preview_2025")
+    assert request.wants_encrypted_reasoning
+    plain = create(include=["message.output_text.logprobs"])
+    assert not plain.wants_encrypted_reasoning and plain.function_tools == () and not plain.offers_hosted("web_search")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("resp_1", "resp_1"), (5, None), (None, None)])
+def test_a_steer_names_its_target_only_by_a_string(value: Any, expected: str | None) -> None:
+    from prototype.protocol.events import ResponseSteer
+
+    assert ResponseSteer({"type": "response.steer", "previous_response_id": value}).previous_response_id == expected
+    assert ResponseSteer({"type": "response.steer"}).previous_response_id is None
+
+
+# --- server events on the wire -------------------------------------------------------------------
+
+
+def test_server_events_carry_their_type_first_then_their_fields_in_order() -> None:
+    from prototype.protocol import events as ev
+
+    snapshot = {"id": "resp_1", "status": "in_progress"}
+    cases = [
+        (ev.ResponseCreated(0, snapshot), {"type": "response.created", "sequence_number": 0, "response": snapshot}),
+        (ev.ResponseInProgress(1, snapshot), {"type": "response.in_progress", "sequence_number": 1, "response": snapshot}),
+        (ev.ResponseDone(2, snapshot), {"type": "response.done", "sequence_number": 2, "response": snapshot}),
+        (ev.ResponseCompleted(3, snapshot), {"type": "response.completed", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseFailed(3, snapshot), {"type": "response.failed", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseIncomplete(3, snapshot), {"type": "response.incomplete", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseCancelled(3, snapshot), {"type": "response.cancelled", "sequence_number": 3, "response": snapshot}),
+        (ev.OutputItemAdded(4, 0, {"id": "m"}), {"type": "response.output_item.added", "sequence_number": 4, "output_index": 0, "item": {"id": "m"}}),
+        (ev.OutputItemDone(5, 1, {"id": "m"}), {"type": "response.output_item.done", "sequence_number": 5, "output_index": 1, "item": {"id": "m"}}),
+        (ev.ContentPartAdded(6, "m", 0, 0, {"type": "output_text"}), {"type": "response.content_part.added", "sequence_number": 6, "item_id": "m", "output_index": 0, "content_index": 0, "part": {"type": "output_text"}}),
+        (ev.ContentPartDone(7, "m", 0, 1, {"type": "output_text"}), {"type": "response.content_part.done", "sequence_number": 7, "item_id": "m", "output_index": 0, "content_index": 1, "part": {"type": "output_text"}}),
+        (ev.OutputTextDelta(8, "m", 2, 0, "Hel"), {"type": "response.output_text.delta", "sequence_number": 8, "item_id": "m", "output_index": 2, "content_index": 0, "delta": "Hel", "logprobs": []}),
+        (ev.OutputTextDone(9, "m", 2, 0, "Hello"), {"type": "response.output_text.done", "sequence_number": 9, "item_id": "m", "output_index": 2, "content_index": 0, "text": "Hello", "logprobs": []}),
+        (ev.FunctionCallArgumentsDelta(10, "fc", 1, "{"), {"type": "response.function_call_arguments.delta", "sequence_number": 10, "item_id": "fc", "output_index": 1, "delta": "{"}),
+        (ev.FunctionCallArgumentsDone(11, "fc", 1, "{}"), {"type": "response.function_call_arguments.done", "sequence_number": 11, "item_id": "fc", "output_index": 1, "arguments": "{}"}),
+        (ev.WebSearchInProgress(12, "ws", 0), {"type": "response.web_search_call.in_progress", "sequence_number": 12, "item_id": "ws", "output_index": 0}),
+        (ev.WebSearchSearching(13, "ws", 0), {"type": "response.web_search_call.searching", "sequence_number": 13, "item_id": "ws", "output_index": 0}),
+        (ev.WebSearchCompleted(14, "ws", 0), {"type": "response.web_search_call.completed", "sequence_number": 14, "item_id": "ws", "output_index": 0}),
+        (ev.SteerAccepted(15, {"id": "st"}), {"type": "response.steer.accepted", "sequence_number": 15, "steer": {"id": "st"}}),
+        (ev.SteerPending(16, "r", [{"call_id": "c"}], {"id": "st"}), {"type": "response.steer.pending", "sequence_number": 16, "reason": "r", "required_input": [{"call_id": "c"}], "steer": {"id": "st"}}),
+        (ev.CompactionCompacting(17, "cmp", 0), {"type": "response.compaction.compacting", "sequence_number": 17, "item_id": "cmp", "output_index": 0}),
+        (ev.InjectCreated(18, "resp_1"), {"type": "response.inject.created", "sequence_number": 18, "response_id": "resp_1"}),
+        (ev.InjectFailed(19, "resp_1", ["x"], {"code": "c"}), {"type": "response.inject.failed", "sequence_number": 19, "response_id": "resp_1", "input": ["x"], "error": {"code": "c"}}),
+    ]
+    for event, wire in cases:
+        assert event.to_dict() == wire
+        assert list(event.to_dict()) == list(wire)
+    assert ev.TERMINAL_TYPES == {"response.completed", "response.failed", "response.incomplete", "response.cancelled"}
+
+
+# --- the Response object -------------------------------------------------------------------------
+
+
+def test_usage_adds_every_count_and_reports_the_total() -> None:
+    from prototype.protocol.response import Usage
+
+    usage = Usage(10, 4, 3, 1)
+    usage.add(Usage(20, 8, 5, 2))
+    assert usage == Usage(30, 12, 8, 3)
+    assert usage.to_dict() == {
+        "input_tokens": 30, "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
+        "output_tokens": 8, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 38,
+    }
+
+
+def test_a_response_echoes_its_request_and_sends_usage_once_it_has_ended() -> None:
+    from prototype.protocol.items import Message
+    from prototype.protocol.response import Response, Usage
+
+    request = create(
+        instructions="be brief", max_output_tokens=64, metadata={"k": "v"}, parallel_tool_calls=False, previous_response_id="resp_0",
+        reasoning={"effort": "low"}, store=False, temperature=0.5, top_p=0.9, tool_choice="required",
+        tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}],
+    )
+    answer = Message("assistant", (("output_text", "ok"),), id="msg_1", status="completed")
+    response = Response("resp_1", request, 1700000000, output=[answer], usage=Usage(5, 1, 2, 0))
+    running = response.to_dict()
+    assert running == {
+        "id": "resp_1", "object": "response", "created_at": 1700000000, "status": "in_progress", "error": None,
+        "incomplete_details": None, "instructions": "be brief", "max_output_tokens": 64, "metadata": {"k": "v"}, "model": "m",
+        "output": [answer.to_dict()], "parallel_tool_calls": False, "previous_response_id": "resp_0", "reasoning": {"effort": "low"},
+        "store": False, "temperature": 0.5, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}], "top_p": 0.9, "usage": None,
+    }
+    assert response.to_dict(usage_so_far=True)["usage"] == Usage(5, 1, 2, 0).to_dict()
+    assert response.to_dict(output=[])["output"] == []
+    response.status = "completed"
+    assert response.to_dict()["usage"] == Usage(5, 1, 2, 0).to_dict()
+    response.timing = {"queued_ms": 1.5}
+    assert response.to_dict()["testbed_timing"] == {"queued_ms": 1.5}
+
+
+def test_a_response_sends_the_sampling_defaults_and_echoes_multi_agent_and_compaction_only_when_sent() -> None:
+    from prototype.protocol.response import Response
+
+    plain = Response("resp_1", create(), 1).to_dict()
+    assert (plain["temperature"], plain["top_p"]) == (1.0, 1.0)
+    assert "multi_agent" not in plain and "context_management" not in plain and "testbed_timing" not in plain
+    sent = create(multi_agent={"enabled": True, "max_concurrent_subagents": 2}, context_management=[{"type": "compaction", "compact_threshold": 20000}])
+    wire = Response("resp_2", sent, 1).to_dict()
+    assert wire["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 2}
+    assert wire["context_management"] == [{"type": "compaction", "compact_threshold": 20000}]
+    zero = Response("resp_3", create(temperature=0, top_p=0), 1).to_dict()
+    assert (zero["temperature"], zero["top_p"]) == (0, 0)

@@ -533,3 +533,39 @@ def test_a_response_sends_the_sampling_defaults_and_echoes_multi_agent_and_compa
     assert wire["context_management"] == [{"type": "compaction", "compact_threshold": 20000}]
     zero = Response("resp_3", create(temperature=0, top_p=0), 1).to_dict()
     assert (zero["temperature"], zero["top_p"]) == (0, 0)
+
+
+def test_a_lone_item_is_named_as_the_first_of_the_input_by_default() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"role": "user"})
+    assert (caught.value.message, caught.value.param) == ("Missing required field 'content' in input[0].", "input[0].content")
+
+
+def test_a_named_function_call_output_with_a_call_id_answers_that_call() -> None:
+    """Only an output that answers no call (Codex's goal outputs) is carried as opaque context."""
+    from prototype.protocol.items import FunctionCallOutput
+
+    sent = {"type": "function_call_output", "call_id": "call_1", "name": "read_file", "output": "done"}
+    assert parse_item(sent) == FunctionCallOutput("call_1", "done")
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "function_call_output", "name": 5, "output": "done"}, "input[1]")
+    assert (caught.value.code, caught.value.param) == (errors.MISSING_REQUIRED_PARAMETER, "input[1].call_id")
+
+
+def test_reasoning_and_compaction_items_without_a_blob_are_carried_as_sent() -> None:
+    from prototype.protocol.items import OpaqueItem
+
+    assert parse_item({"type": "reasoning", "id": "rs_1", "summary": []}) == OpaqueItem("reasoning", '{"id":"rs_1","summary":[],"type":"reasoning"}')
+    assert parse_item({"type": "compaction", "id": "cmp_1"}) == OpaqueItem("compaction", '{"id":"cmp_1","type":"compaction"}')
+    assert parse_item({"type": "compaction", "id": "cmp_1", "encrypted_content": 5}) == OpaqueItem(
+        "compaction", '{"encrypted_content":5,"id":"cmp_1","type":"compaction"}'
+    )
+
+
+def test_a_compaction_item_of_ours_with_an_id_that_is_not_a_string_is_named_by_its_path() -> None:
+    blob = Compaction("cmp_1", "s").encrypted_content
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "compaction", "id": 5, "encrypted_content": blob}, "input[1]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.INVALID_TYPE, "Invalid type for 'input[1].id': expected a string.", "input[1].id"
+    )

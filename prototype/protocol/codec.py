@@ -236,7 +236,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
     tool_choice = body.get("tool_choice", "auto")
     if tool_choice is not None:
         check_tool_choice(tool_choice, [tool.raw for tool in tools])
-    check_enums(body)  # truncation, service_tier, reasoning, text, include, user, ...
+    check_enums(body)  # truncation, service_tier, reasoning, text, user, ...
     parallel = _optional(body, "parallel_tool_calls", (bool,), "a boolean")
     store = _optional(body, "store", (bool,), "a boolean")
     stream = _optional(body, "stream", (bool,), "a boolean")

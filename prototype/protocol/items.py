@@ -163,17 +163,16 @@ def encode_reasoning(text: str) -> str:
 
 
 def decode_reasoning(blob: str) -> str | None:
-    """The text an `encrypted_content` of this server carries; None if the blob is not one of ours."""
+    """The text an `encrypted_content` of this server carries; None if the blob is not one of ours.
+    A blob that is ours by its prefix but damaged raises ValueError (empty reasoning is a valid text)."""
     if not blob.startswith(ENCRYPTED_CONTENT_PREFIX):
         return None
-    try:
-        payload = base64.urlsafe_b64decode(blob[len(ENCRYPTED_CONTENT_PREFIX) :].encode("ascii"))
-        size = int.from_bytes(payload[:4], "big")
-        if len(payload) < 4 + size:
-            raise ValueError("truncated")
-        return payload[4 : 4 + size].decode("utf-8")
-    except (ValueError, binascii.Error, UnicodeError):
-        return ""  # ours by its prefix, but damaged
+    # Each step's failure is a ValueError: non-ASCII text, bad base64 (binascii.Error), bad UTF-8 (UnicodeError).
+    payload = base64.urlsafe_b64decode(blob[len(ENCRYPTED_CONTENT_PREFIX) :].encode("ascii"))
+    size = int.from_bytes(payload[:4], "big")
+    if len(payload) < 4 + size:
+        raise ValueError("the blob is shorter than the text it announces")
+    return payload[4 : 4 + size].decode("utf-8")
 
 
 @attrs.frozen
@@ -345,14 +344,15 @@ def parse_item(obj: Any, path: str = "input[0]") -> Item:
             status=_string(obj, "status", path, required=False) or "completed",
         )
     if item_type == "reasoning" and isinstance(obj.get("encrypted_content"), str):
-        text = decode_reasoning(obj["encrypted_content"])
-        if text == "":
+        try:
+            text = decode_reasoning(obj["encrypted_content"])
+        except ValueError:
             item_id = obj.get("id") if isinstance(obj.get("id"), str) else "?"
             # The real API's answer to a blob it cannot read (code and wording: docs/protocol.md).
             raise ProtocolError(
                 INVALID_ENCRYPTED_CONTENT, f"The encrypted content for item {item_id} could not be verified.",
                 param=f"{path}.encrypted_content",
-            )
+            ) from None
         if text is not None:
             return Reasoning(
                 id=_string(obj, "id", path) or "", text=text, encrypted_content=obj["encrypted_content"],

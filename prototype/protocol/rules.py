@@ -137,10 +137,6 @@ def check_enums(body: dict[str, Any]) -> None:
         limit = STRING_MAX_LENGTHS.get(key)
         if limit is not None and len(value) > limit:
             raise ProtocolError(STRING_ABOVE_MAX_LENGTH, f"Invalid '{key}': string too long. Expected a string with maximum length {limit}, but got a string with length {len(value)} instead.", param=key)
-    include = body.get("include")
-    if include is not None:
-        if not isinstance(include, list) or not all(isinstance(entry, str) for entry in include):
-            raise invalid_type("include", "an array of strings")
     if body.get("stream_options") is not None and body.get("stream") is not True:
         # Chat Completions' rule, carried over by the Responses API.
         raise ProtocolError(INVALID_VALUE, "The 'stream_options' parameter is only allowed when 'stream' is true.", param="stream_options")

@@ -83,3 +83,43 @@ async def test_a_search_that_fails_leaves_its_in_progress_item_in_the_failed_res
     assert failed["output"] == [added["item"]]
     assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress"
     assert added["output_index"] == 0
+
+
+async def test_a_search_takes_its_latency_and_keeps_a_result_of_its_token_count(autojump_clock):
+    service = HostedToolService()
+    start = trio.current_time()
+    result = await service.search("ws_1", PlannedSearch("trio docs", 1.5, 40), seed=7)
+    assert trio.current_time() - start == pytest.approx(1.5)
+    assert isinstance(result, str) and tokens(result) == 40
+    assert service.result_for("ws_1") == result
+
+
+async def test_a_searchs_result_is_drawn_from_its_seed_query_length_and_size(autojump_clock):
+    """The same seed, query length and size give the same text in any service (a stateless client's resent
+    item rebuilds the same context); any of them changed gives another text. A seed is taken modulo 2**32,
+    so any integer, negative too, is usable."""
+
+    async def result(seed: int, query: str = "trio docs", size: int = 40) -> str:
+        return await HostedToolService().search("ws_1", PlannedSearch(query, 0.0, size), seed=seed)
+
+    assert await result(7) == await result(7)
+    assert await result(-1) == await result(2**32 - 1)
+    assert await result(2**32 + 7) == await result(7)
+    others = {await result(6), await result(7, query="trio doc"), await result(7, size=41), await result(8)}
+    assert await result(7) not in others and len(others) == 4
+
+
+async def test_the_service_keeps_the_newest_results_up_to_its_bound(autojump_clock, monkeypatch):
+    monkeypatch.setattr("prototype.api.hosted.MAX_KEPT_RESULTS", 3)
+    service = HostedToolService()
+    results = {}
+    for n in range(3):
+        results[n] = await service.search(f"ws_{n}", PlannedSearch("q", 0.0, 5), seed=n)
+    assert [service.result_for(f"ws_{n}") for n in range(3)] == [results[0], results[1], results[2]]
+    results[3] = await service.search("ws_3", PlannedSearch("q", 0.0, 5), seed=3)
+    assert list(service.results) == ["ws_1", "ws_2", "ws_3"]
+    assert service.result_for("ws_0") == "" and service.result_for("ws_3") == results[3]
+
+
+def test_an_item_the_service_never_ran_has_an_empty_result():
+    assert HostedToolService().result_for("ws_unknown") == ""

@@ -26,8 +26,11 @@ class RecordingStream(trio.abc.Stream):
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
         self.writes: list[bytes] = []
+        self.broken = False  # True: every write fails as a reset TCP connection's does
 
     async def send_all(self, data: Any) -> None:
+        if self.broken:
+            raise trio.BrokenResourceError("connection reset")
         self.writes.append(bytes(data))
         await self.inner.send_all(data)
 
@@ -100,11 +103,54 @@ async def test_after_the_connection_closed_a_batch_raises_connection_closed_as_s
     await client.aclose()
     await trio.testing.wait_all_tasks_blocked()
     writes = len(recording.writes)
-    with pytest.raises(trio_websocket.ConnectionClosed):
+    with pytest.raises(trio_websocket.ConnectionClosed) as batched:
         await ws_internals.send_messages(server, MESSAGES)
-    with pytest.raises(trio_websocket.ConnectionClosed):
+    with pytest.raises(trio_websocket.ConnectionClosed) as one:
         await server.send_message(MESSAGES[0])
     assert len(recording.writes) == writes
+    assert batched.value.reason is one.value.reason and one.value.reason.code == 1000  # the client's normal close
+
+
+async def test_a_batch_on_a_broken_stream_aborts_and_raises_the_abnormal_closure_as_send_message_does(autojump_clock, nursery) -> None:
+    reasons = []
+    for send in (ws_internals.send_messages, lambda ws, messages: ws.send_message(messages[0])):
+        server, _, recording = await connected(nursery)
+        recording.broken = True
+        with pytest.raises(trio_websocket.ConnectionClosed) as caught:
+            await send(server, MESSAGES)
+        assert caught.value.reason is server.closed
+        reasons.append((caught.value.reason.code, caught.value.reason.reason))
+    assert reasons[0] == reasons[1] and reasons[0][0] == 1006  # abnormal closure: the stream broke
+
+
+class OnlyEnter:
+    async def __aenter__(self) -> None: ...
+
+
+class OnlyExit:
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+def not_a_coroutine_function() -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("_wsproto", object()),
+        ("_stream", object()),
+        ("_stream_lock", OnlyEnter()),
+        ("_stream_lock", OnlyExit()),
+        ("_close_reason", "closed"),
+        ("_abort_web_socket", not_a_coroutine_function),
+        ("_recv_channel", object()),
+    ],
+)
+async def test_an_internal_of_another_kind_is_named_as_missing_and_stops_batching(autojump_clock, nursery, name: str, value: object) -> None:
+    server, _, _ = await connected(nursery)
+    setattr(server, name, value)
+    assert ws_internals.missing_internals(server) == [f"{name} ({ws_internals.INTERNALS[name]})"]
+    assert not ws_internals.can_batch(server)
 
 
 class PublicOnly:

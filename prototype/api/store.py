@@ -40,7 +40,7 @@ def _item_record(item: Item) -> dict[str, Any]:
 def _item_from_record(record: dict[str, Any]) -> Item:
     item = parse_item(record, "store")
     if isinstance(item, WebSearchCall):
-        item = attrs.evolve(item, result=record.get("testbed_result", ""))
+        item = attrs.evolve(item, result=record["testbed_result"])  # `_item_record` always writes it
     return item
 
 
@@ -58,7 +58,6 @@ class ResponseStore:
     """Stored responses in one SQLite file (":memory:" for a throwaway store)."""
 
     def __init__(self, path: str = ":memory:") -> None:
-        self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         if path != ":memory:":
             # `serve --workers N`: N processes open and write one file; a writer waits for another's

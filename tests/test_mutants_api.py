@@ -1,0 +1,205 @@
+"""prototype/api/workloads.py and prototype/api/store.py held to exact values: which workload and decode rate
+a request's metadata and model select, each refusal's code, message and parameter at the edges of its
+range, and what the SQLite store gives back.
+
+Rules: the functions are called directly (the wire tests of tests/test_bad_input.py show the same refusals
+reach a client as 400s); every refusal is compared whole.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from prototype import workload as wl
+from prototype.api import workloads
+from prototype.api.store import ResponseStore, StoredTurn
+from prototype.api.workloads import WorkloadCatalog, decode_rate, decode_rate_override
+from prototype.protocol.errors import INVALID_VALUE, ProtocolError
+from prototype.protocol.items import Message, Reasoning, WebSearchCall
+
+
+def refusal(call, *args) -> tuple[str, str, str | None, int]:
+    with pytest.raises(ProtocolError) as caught:
+        call(*args)
+    return caught.value.code, caught.value.message, caught.value.param, caught.value.status
+
+
+def bad_workload(name: str) -> tuple[str, str, str, int]:
+    presets = sorted(wl.PRESETS)
+    return (
+        INVALID_VALUE,
+        f"Unknown metadata.testbed_workload {name[:64]!r}: use a preset {presets}, 'fixed:<turns>' or a registered key.",
+        "metadata.testbed_workload",
+        400,
+    )
+
+
+# -- the workload --------------------------------------------------------------------------------------
+
+
+def test_without_metadata_the_catalogs_default_preset_and_seed_give_task_0():
+    assert WorkloadCatalog().resolve({}) == wl.generate_one(wl.DEFAULT_PRESET, seed=0, index=0)
+    catalog = WorkloadCatalog(default_workload="chat", default_seed=5)
+    assert catalog.resolve({}) == wl.generate_one("chat", seed=5, index=0)
+    assert catalog.resolve({}) != wl.generate_one("chat", seed=0, index=0)
+
+
+def test_the_metadata_picks_the_preset_its_seed_and_its_task():
+    catalog = WorkloadCatalog(default_seed=5)
+    chosen = catalog.resolve({"testbed_workload": "compact", "testbed_seed": "3", "testbed_task": "2"})
+    assert chosen == wl.generate_one("compact", seed=3, index=2)
+    assert catalog.resolve({"testbed_workload": "compact", "testbed_task": "1"}) == wl.generate_one("compact", seed=5, index=1)
+    assert catalog.resolve({"testbed_workload": "compact", "testbed_seed": "0"}) == wl.generate_one("compact", seed=0, index=0)
+
+
+@pytest.mark.parametrize("key", ["testbed_seed", "testbed_task"])
+@pytest.mark.parametrize("raw", ["-1", "x", "1.5", ""])
+def test_a_seed_or_task_that_is_not_a_non_negative_integer_is_refused_whatever_the_workload(key: str, raw: str):
+    expected = (INVALID_VALUE, f"metadata.{key} must be a non-negative integer.", f"metadata.{key}", 400)
+    for name in ("coding", "fixed:2"):
+        assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name, key: raw}) == expected
+
+
+def test_registered_workloads_get_numbered_keys_and_are_returned_as_registered():
+    catalog = WorkloadCatalog()
+    first, second = wl.fixed(2, name="a"), wl.fixed(3, name="b")
+    assert catalog.register(first) == "trace:0:a"
+    assert catalog.register(second) == "trace:1:b"
+    assert catalog.resolve({"testbed_workload": "trace:0:a"}) is first
+    assert catalog.resolve({"testbed_workload": "trace:1:b", "testbed_seed": "9"}) is second
+    assert refusal(WorkloadCatalog().resolve, {"testbed_workload": "trace:0:a"}) == bad_workload("trace:0:a")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("fixed:2", wl.fixed(2)),
+        ("fixed:1", wl.fixed(1)),
+        ("fixed:1000", wl.fixed(1000)),
+        ("fixed:2:0", wl.fixed(2, initial_prompt_tokens=0)),
+        ("fixed:2:1000000:1000000:100000:3600", wl.fixed(2, initial_prompt_tokens=1_000_000, appended_tokens=1_000_000, output_tokens=100_000, tool_seconds=3600.0)),
+        ("fixed:3:50:10:1:0", wl.fixed(3, initial_prompt_tokens=50, appended_tokens=10, output_tokens=1, tool_seconds=0.0)),
+        ("fixed:3:50:10:5:0.25", wl.fixed(3, initial_prompt_tokens=50, appended_tokens=10, output_tokens=5, tool_seconds=0.25)),
+        ("fixed:3:50:0", wl.fixed(3, initial_prompt_tokens=50, appended_tokens=0)),
+    ],
+)
+def test_a_fixed_task_takes_each_field_given_and_the_defaults_after(name: str, expected: wl.Workload):
+    assert WorkloadCatalog().resolve({"testbed_workload": name}) == expected
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fixed:", "fixed:0", "fixed:-1", "fixed:1001", "fixed:x", "fixed:2.0", "fixed:2:1.5",
+        "fixed:2:-1", "fixed:2:1000001", "fixed:2:5:-1", "fixed:2:5:1000001", "fixed:2:5:5:0", "fixed:2:5:5:100001",
+        "fixed:2:5:5:-1", "fixed:2:5:5:5:-0.1", "fixed:2:5:5:5:3600.5", "fixed:2:5:5:5:x", "fixed:2:5:5:5:1:1",
+        "fixed", "nope", "x" * 100,
+    ],
+)
+def test_a_malformed_or_out_of_range_workload_is_refused_with_its_name(name: str):
+    assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name}) == bad_workload(name)
+
+
+# -- the decode rate -----------------------------------------------------------------------------------
+
+
+def test_the_decode_rate_is_the_override_else_the_models():
+    assert decode_rate_override({}) is None
+    assert decode_rate("sim-7", {}) == 7.0
+    assert decode_rate("sim-7", {"testbed_decode_tps": "0.5"}) == 0.5
+    assert decode_rate("sim-0", {"testbed_decode_tps": "9999999"}) == 9_999_999.0
+    assert decode_rate("sim-9999999.5", {}) == 9_999_999.5
+    assert decode_rate("sim-0.5", {}) == 0.5 and decode_rate("sim-1", {}) == 1.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "1e7", "10000001", "fast", "nan", "inf"])
+def test_a_decode_rate_override_outside_0_to_10_million_is_refused(raw: str):
+    expected = (INVALID_VALUE, "metadata.testbed_decode_tps must be a positive number.", "metadata.testbed_decode_tps", 400)
+    assert refusal(decode_rate, "sim-7", {"testbed_decode_tps": raw}) == expected
+
+
+@pytest.mark.parametrize(("model", "shown"), [("sim-0", "'sim-0'"), ("sim-10000000", "'sim-10000000'"), ("sim-" + "0" * 80, repr("sim-" + "0" * 60))])
+def test_a_sim_model_without_a_usable_rate_is_refused_naming_the_model(model: str, shown: str):
+    rate = float(model[4:])
+    expected = (
+        INVALID_VALUE,
+        f"Invalid 'model': {shown} asks for {rate:g} tokens/s; a sim-<N> model needs 0 < N < 10000000.",
+        "model",
+        400,
+    )
+    assert refusal(decode_rate, model, {}) == expected
+    assert workloads.MAX_DECODE_TPS == 1e7
+
+
+# -- the response store --------------------------------------------------------------------------------
+
+USER = Message("user", (("input_text", "fix the bug"),))
+REASONING = Reasoning("rs_1", "the test fails on an empty list")
+SEARCH = WebSearchCall("ws_1", "python list index", result="IndexError: list index out of range")
+ANSWER = Message("assistant", (("output_text", "done"),), id="msg_1", status="completed")
+
+
+def put(store: ResponseStore, response_id: str, previous: str | None, owner: str | None = "key-a", **fields) -> None:
+    store.put(
+        response_id, previous_response_id=previous, owner=owner, created_at=fields.pop("created_at", 1.0),
+        input=fields.pop("input", [USER]), output=fields.pop("output", [ANSWER]), response={"id": response_id, **fields},
+    )
+
+
+def test_a_stored_turn_comes_back_as_it_was_put_with_its_reasoning_and_hosted_result():
+    store = ResponseStore()
+    put(store, "resp_1", None, input=(USER,), output=[REASONING, SEARCH, ANSWER], status="completed")
+    turn = store.get("resp_1")
+    assert turn == StoredTurn("resp_1", None, "key-a", (USER,), (REASONING.exported(), SEARCH, ANSWER), {"id": "resp_1", "status": "completed"})
+    assert turn.output[0].text == REASONING.text and turn.output[1].result == SEARCH.result
+    put(store, "resp_2", "resp_1", owner=None, input=[WebSearchCall("ws_2", "q")])
+    assert store.get("resp_2") == StoredTurn("resp_2", "resp_1", None, (WebSearchCall("ws_2", "q"),), (ANSWER,), {"id": "resp_2"})
+    assert store.get("resp_3") is None
+
+
+def test_a_put_with_a_stored_id_replaces_the_row_and_a_delete_says_whether_there_was_one():
+    store = ResponseStore()
+    put(store, "resp_1", None, status="in_progress")
+    put(store, "resp_1", None, status="completed")
+    assert store.get("resp_1").response == {"id": "resp_1", "status": "completed"}
+    assert store.delete("resp_1") is True
+    assert store.get("resp_1") is None
+    assert store.delete("resp_1") is False
+
+
+def test_a_chain_runs_from_the_first_turn_to_the_one_asked_and_only_for_its_owner():
+    store = ResponseStore()
+    put(store, "resp_1", None)
+    put(store, "resp_2", "resp_1")
+    put(store, "resp_3", "resp_2")
+    assert [turn.id for turn in store.chain("resp_3", "key-a")] == ["resp_1", "resp_2", "resp_3"]
+    assert [turn.id for turn in store.chain("resp_1", "key-a")] == ["resp_1"]
+    assert store.chain("resp_3", "key-b") is None
+    assert store.chain("resp_3") is None  # the owner defaults to none, and these have one
+    assert store.chain("resp_9", "key-a") is None
+    put(store, "resp_4", "resp_3", owner="key-b")
+    assert store.chain("resp_4", "key-b") is None  # an earlier turn belongs to another key
+    store.delete("resp_2")
+    assert store.chain("resp_3", "key-a") is None  # a missing link
+    put(store, "anon_1", None, owner=None)
+    put(store, "anon_2", "anon_1", owner=None)
+    assert [turn.id for turn in store.chain("anon_2")] == ["anon_1", "anon_2"]
+
+
+def test_a_file_store_is_shared_by_processes_in_wal_mode_and_each_write_is_committed_at_once(tmp_path):
+    path = str(tmp_path / "responses.sqlite")
+    store = ResponseStore(path)
+    pragma = {name: store._db.execute(f"PRAGMA {name}").fetchone()[0] for name in ("journal_mode", "busy_timeout", "synchronous")}
+    assert pragma == {"journal_mode": "wal", "busy_timeout": 30000, "synchronous": 1}  # 1: NORMAL
+    put(store, "resp_1", None)
+    other = ResponseStore(path)  # another worker's connection sees the row without any commit call
+    assert other.get("resp_1").id == "resp_1"
+    with ThreadPoolExecutor(1) as pool:  # a store is used from the server's threads too
+        assert pool.submit(store.get, "resp_1").result().id == "resp_1"
+    store.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.get("resp_1")
+    assert ResponseStore()._db.execute("PRAGMA journal_mode").fetchone()[0] == "memory"

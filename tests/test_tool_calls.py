@@ -6,16 +6,18 @@ import json
 import subprocess
 from pathlib import Path
 
+import attrs
 import jsonschema
 import numpy as np
 import pytest
 
 from prototype import workload as wl
 from prototype.client.harness import HARNESS_TOOLS
-from prototype.engine import tool_calls
+from prototype.engine import tokenizer, tool_calls
 from prototype.engine.policy import ScriptedPolicy
 from prototype.protocol.codec import parse_create_body
 from prototype.protocol.events import ToolDef
+from prototype.workload import HostedCall, TurnSpec, Workload
 
 # Codex 0.101.0's function tools, trimmed to their schemas' shape (docs/codex.md).
 CODEX_TOOLS = [
@@ -71,6 +73,79 @@ def test_the_policy_calls_exec_command_with_a_command_on_every_tool_turn():
     tools = tool_defs(CODEX_TOOLS)
     calls = [call for turn in range(4) for call in policy.plan(turn, tools, offers_web_search=True).calls]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("exec_command", {"cmd": cmd}) for cmd in tool_calls.EXPLORE_COMMANDS]
+
+
+# A task whose first turn searches twice and ends in two parallel calls; its last turn is shorter.
+SEARCHING_TASK = Workload("searching", 3, (
+    TurnSpec(100, 9, (0.3, 0.4), (HostedCall(1.5, 70), HostedCall(2.5, 90)), reasoning_tokens=3),
+    TurnSpec(50, 7, (), reasoning_tokens=2),
+))
+LOOKUP_TOOL = [{"type": "function", "name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}]
+
+
+def test_a_turn_plans_its_specs_tokens_searches_and_parallel_calls():
+    plan = ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs(CODEX_TOOLS), offers_web_search=True)
+    assert (len(plan.reasoning), len(plan.words), plan.is_final) == (3, 6, False)
+    assert [(s.seconds, s.result_tokens) for s in plan.searches] == [(1.5, 70), (2.5, 90)]
+    for search in plan.searches:  # four one-token words, without the first word's leading space
+        assert search.query == search.query.strip() and tokenizer.count_tokens(" " + search.query) == 4
+    assert plan.searches[0].query != plan.searches[1].query
+    # The task's call numbers go on across a turn's parallel calls: the first two exploring commands.
+    assert [(c.name, json.loads(c.arguments)) for c in plan.calls] == [
+        ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[0]}), ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[1]}),
+    ]
+    # Without a web_search tool on offer the same turn plans no search, and nothing else changes.
+    assert ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs(CODEX_TOOLS), offers_web_search=False) == attrs.evolve(plan, searches=())
+
+
+def test_a_turn_past_the_tasks_last_is_its_final_answer():
+    # A client can keep a conversation going past the task's turns (its own tools, a resent history):
+    # each further turn is a final answer of the last turn's size.
+    policy = ScriptedPolicy(SEARCHING_TASK)
+    for turn in (1, 2, 5):
+        plan = policy.plan(turn, tool_defs(CODEX_TOOLS), offers_web_search=True)
+        assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls, plan.is_final) == (2, 5, (), (), True), turn
+
+
+def test_a_request_without_function_tools_gets_the_final_answer_at_once():
+    for tools in ((), tool_defs([{"type": "web_search"}])):
+        plan = ScriptedPolicy(SEARCHING_TASK).plan(0, tools, offers_web_search=bool(tools))
+        assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls) == (3, 6, (), ())
+
+
+def test_each_task_turn_and_item_draws_its_own_content_the_same_every_run():
+    tools = tool_defs([*CODEX_TOOLS[-1:], *LOOKUP_TOOL])
+    plans = {
+        (seed, turn): ScriptedPolicy(attrs.evolve(SEARCHING_TASK, content_seed=seed)).plan(turn, tools, offers_web_search=True)
+        for seed in (1, 2) for turn in (0, 1)
+    }
+    assert ScriptedPolicy(attrs.evolve(SEARCHING_TASK, content_seed=1)).plan(0, tools, offers_web_search=True) == plans[1, 0]
+    texts = [plan.words for plan in plans.values()] + [plan.reasoning for plan in plans.values()]
+    # No two tasks or turns, and no reasoning and text, share words: not even their first two.
+    assert len({text[:2] for text in texts}) == len(texts)
+    first, other = plans[1, 0], plans[2, 0]
+    assert {s.query for s in first.searches}.isdisjoint(s.query for s in other.searches)
+    assert "".join(first.words[:4]).strip() not in {s.query for s in first.searches}
+    arguments = [json.loads(call.arguments)["q"] for plan in (first, other) for call in plan.calls]
+    assert len(set(arguments)) == 4  # each call of a turn draws its own arguments
+    # ... from draws of their own, which neither the turn's text nor its reasoning repeats.
+    assert {"".join(first.words[:2]).strip(), "".join(first.reasoning[:2]).strip()}.isdisjoint(arguments)
+
+
+def test_each_turn_searches_for_its_own_query_and_chooses_its_own_tool():
+    # Offered two tools of its harness, the model does not call the same one on every turn of every task.
+    tools = tool_defs([{"type": "web_search"}, *LOOKUP_TOOL, {**LOOKUP_TOOL[0], "name": "fetch"}])
+    searching = TurnSpec(10, 5, (0.1,), (HostedCall(1.0, 20),))
+    chosen, queries, arguments = [], [], []
+    for seed in (1, 2):
+        policy = ScriptedPolicy(Workload("long", seed, (searching,) * 6 + (TurnSpec(10, 5, ()),)))
+        plans = [policy.plan(turn, tools, offers_web_search=True) for turn in range(6)]
+        chosen.append([plan.calls[0].name for plan in plans])
+        queries += [plan.searches[0].query for plan in plans]
+        arguments += [plan.calls[0].arguments for plan in plans]
+    assert chosen[0] != chosen[1] and all(set(names) == {"lookup", "fetch"} for names in chosen), chosen
+    assert len(set(queries)) == len(queries) and len(set(arguments)) == len(arguments)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

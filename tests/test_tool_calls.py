@@ -10,6 +10,7 @@ import attrs
 import jsonschema
 import numpy as np
 import pytest
+from support import create_event, function_calls, make_server, send, until, ws
 
 from prototype import workload as wl
 from prototype.client.harness import HARNESS_TOOLS
@@ -66,6 +67,52 @@ def test_codex_shell_tools_get_the_exploring_commands_in_order():
     ]
     assert tool_calls.arguments_for(shell, 1, rng) == {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[1]]}
     assert tool_calls.arguments_for(shell_command, 2, rng) == {"command": tool_calls.EXPLORE_COMMANDS[2]}
+
+
+# Codex's other built-in tools, each with the property this module recognises it by (docs/codex.md).
+KNOWN_TOOLS = [
+    {"type": "function", "name": name, "parameters": {"type": "object", "properties": {prop: {"type": kind}}}}
+    for name, prop, kind in (
+        ("write_stdin", "session_id", "number"), ("apply_patch", "input", "string"), ("read_file", "file_path", "string"),
+        ("list_dir", "dir_path", "string"), ("grep_files", "pattern", "string"), ("view_image", "path", "string"),
+        ("local_shell", "command", "array"),
+    )
+]
+
+
+def test_codex_built_in_tools_get_the_calls_an_exploring_agent_makes():
+    rng = np.random.default_rng(0)
+    assert [tool_calls.arguments_for(tool, 3, rng) for tool in function_tools(KNOWN_TOOLS)] == [
+        {"session_id": 1, "chars": ""},
+        {"input": "*** Begin Patch\n*** End Patch\n"},
+        {"file_path": "README.md", "offset": 1, "limit": 40},
+        {"dir_path": ".", "offset": 1, "limit": 50, "depth": 2},
+        {"pattern": "def test_", "limit": 20},
+        {"path": "screenshot.png"},
+        {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[3]]},
+    ]
+    (update_plan,) = function_tools([CODEX_TOOLS[2]])
+    statuses = [[step["status"] for step in tool_calls.arguments_for(update_plan, n, rng)["plan"]] for n in range(4)]
+    assert statuses == [
+        ["in_progress", "pending", "pending"], ["completed", "in_progress", "pending"],
+        ["completed", "completed", "in_progress"], ["completed", "completed", "in_progress"],
+    ]
+    assert tool_calls.arguments_for(update_plan, 0, rng) == {"explanation": "Exploring before any change.", "plan": [
+        {"step": "List the repository", "status": "in_progress"}, {"step": "Read the sources", "status": "pending"},
+        {"step": "Run the tests", "status": "pending"},
+    ]}
+
+
+def test_a_known_name_without_its_schema_is_an_unknown_tool():
+    # Known by name and by the property the agent fills: a tool of the same name with other
+    # parameters gets schema-valid arguments instead, and a shell without a command is not chosen.
+    renamed = [{**tool, "parameters": {"type": "object", "properties": {"other": {"type": "boolean"}}, "required": ["other"]}}
+               for tool in [*KNOWN_TOOLS, CODEX_TOOLS[0], CODEX_TOOLS[2]]]
+    for tool in function_tools(renamed):
+        assert tool_calls.known_arguments(tool, 0) is None, tool.name
+        assert set(tool_calls.arguments_for(tool, 0, np.random.default_rng(0))) == {"other"}, tool.name
+    shells = function_tools([*renamed[-2:], LOOKUP_TOOL[0]])
+    assert tool_calls.tools_an_agent_would_call(shells) == shells
 
 
 def test_the_policy_calls_exec_command_with_a_command_on_every_tool_turn():
@@ -192,6 +239,21 @@ def test_unknown_tools_get_arguments_valid_for_their_schema(schema):
         value = tool_calls.arguments_for(tool, seed, np.random.default_rng(seed))
         jsonschema.validate(value, schema)
         assert value == tool_calls.arguments_for(tool, seed, np.random.default_rng(seed))  # seeded: runs repeat
+
+
+async def test_a_tool_whose_schema_is_broken_still_gets_a_call(autojump_clock):
+    # The API takes a function tool's parameters as the client sends them; a schema that breaks its
+    # metaschema (a `multipleOf` of 0) gets arguments drawn as for any other, unchecked, and the
+    # response completes with its call.
+    tool = {"type": "function", "name": "count", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 0}}, "required": ["n"]}}
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(tools=[tool]))
+        done = (await until(conn, "response.completed", "response.failed"))[-1]
+    assert done["type"] == "response.completed"
+    (call,) = function_calls(done["response"])
+    assert call["name"] == "count" and set(json.loads(call["arguments"])) == {"n"}
 
 
 def test_a_tool_without_a_schema_gets_an_empty_object():

@@ -130,7 +130,8 @@ def test_counted_faults_start_after_the_flushes_before_them() -> None:
         try:
             plan.on_flush()
             raised.append(False)
-        except EngineFailure:
+        except EngineFailure as failure:  # its message is the one `response.failed` carries
+            assert (str(failure), failure.code) == ("injected engine failure", "engine_failure")
             raised.append(True)
     assert raised == [False, False, True, True, False, False] and (plan.flushes, plan.raised) == (6, 2)
     default = FaultPlan()  # the first flush fails, once

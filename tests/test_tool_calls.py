@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from pathlib import Path
 
@@ -254,6 +255,87 @@ async def test_a_tool_whose_schema_is_broken_still_gets_a_call(autojump_clock):
     assert done["type"] == "response.completed"
     (call,) = function_calls(done["response"])
     assert call["name"] == "count" and set(json.loads(call["arguments"])) == {"n"}
+
+
+# Schemas and every value 200 seeds draw for them: whole numbers from the tightest bound up in ten
+# steps of `multipleOf` (the lower bound itself when a step passes the upper one); the first branch
+# of a choice; required properties only, then declared ones up to `minProperties`.
+EXACT_DRAWS = [
+    ({"type": "integer", "maximum": -3}, set(range(-12, -2))),
+    ({"type": "integer", "maximum": 5}, set(range(6))),
+    ({"type": "integer", "minimum": 15, "maximum": 20}, set(range(15, 21))),
+    ({"type": "integer", "exclusiveMinimum": 3}, set(range(4, 14))),
+    ({"type": "integer", "minimum": 2.5}, set(range(3, 13))),
+    ({"type": "integer", "minimum": -2.5, "maximum": -2}, {-2}),
+    ({"type": "integer", "exclusiveMinimum": 2.5, "exclusiveMaximum": 4}, {3}),
+    ({"type": "integer", "minimum": 3, "exclusiveMaximum": 5}, {3, 4}),
+    ({"type": "integer", "minimum": 4, "exclusiveMaximum": 4.5}, {4}),
+    ({"type": "integer", "exclusiveMinimum": 4.5, "maximum": 5}, {5}),
+    ({"type": "integer", "minimum": 1, "exclusiveMinimum": 2, "maximum": 3}, {3}),
+    ({"type": "integer", "minimum": 1, "maximum": 3, "exclusiveMaximum": 2}, {1}),
+    ({"type": "integer", "minimum": True}, set(range(10))),  # draft 4's boolean forms are no bounds
+    ({"type": "integer", "minimum": 7, "multipleOf": 5}, set(range(10, 60, 5))),
+    ({"type": "integer", "minimum": -7, "multipleOf": 3}, set(range(-6, 24, 3))),
+    ({"type": "integer", "maximum": -5, "multipleOf": 4}, {-12, -8}),
+    ({"type": "integer", "multipleOf": 2.5}, set(range(10))),  # whole numbers only: no step
+    ({"type": "integer", "multipleOf": True}, set(range(10))),
+    ({"type": "integer", "multipleOf": 0}, set(range(10))),
+    ({"type": "boolean"}, {False, True}),
+    ({"type": "null"}, {None}),
+    ({"type": ["null"]}, {None}),
+    ({"anyOf": [{"const": 1}, {"const": 2}]}, {1}),
+    ({"oneOf": [{"const": 3}]}, {3}),
+    ({"allOf": [{"const": 4}]}, {4}),
+    ({"type": "array", "maxItems": 0}, {()}),
+    ({"type": "array", "minItems": 4, "items": {"type": "integer", "minimum": 5, "maximum": 5}}, {(5, 5, 5, 5)}),
+    ({"type": "object", "required": ["x"], "additionalProperties": {"const": 9}}, {(("x", 9),)}),
+    ({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}}, "minProperties": 2}, {(("a", 1), ("b", 2))}),
+    ({"properties": {"a": {"const": 1}}, "required": [1, "a"]}, {(("a", 1),)}),
+    ({"type": "object", "properties": {"a": True}, "required": ["a"]}, {(("a", ()),)}),
+]
+
+
+def hashable(value):
+    if isinstance(value, dict):
+        return tuple((key, hashable(v)) for key, v in value.items())
+    return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize(("schema", "values"), EXACT_DRAWS, ids=range(len(EXACT_DRAWS)))
+def test_schema_values_are_drawn_at_their_keywords_edges(schema, values):
+    drawn = [tool_calls.schema_valid_value(schema, np.random.default_rng(seed)) for seed in range(200)]
+    assert {hashable(value) for value in drawn} == values
+    assert all(type(value) is type(next(iter(drawn))) for value in drawn)  # ints stay ints, never floats
+
+
+def test_strings_and_untyped_values_are_words_cut_or_padded_to_their_bounds():
+    def draw(schema, seed):
+        return tool_calls.schema_valid_value(schema, np.random.default_rng(seed))
+
+    for seed in range(50):
+        two_words = tokenizer.text_of(np.random.default_rng(seed), 2).strip()
+        assert draw({"type": "string"}, seed) == draw({}, seed) == two_words  # no type: any JSON value
+        assert draw({"type": "string", "maxLength": 3}, seed) == two_words[:3]
+        assert draw({"type": "array"}, seed) == [two_words]  # one item; a string where `items` is no schema
+        assert draw({"type": "array", "items": [{"type": "integer"}]}, seed) == [two_words]
+        padded = draw({"type": "string", "minLength": 30}, seed)
+        assert len(padded) >= 30 and padded.startswith(two_words) and len(padded.split()) % 2 == 0
+        both = draw({"type": "string", "pattern": "^[ab]{1,8}$", "minLength": 6}, seed)
+        assert 6 <= len(both) <= 8 and set(both) <= {"a", "b"}
+        assert draw({"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["b", "zz"]}, seed) == {
+            "b": 2, "zz": two_words}
+    # Bounds no draw of the pattern meets: the last draw, logged as invalid.
+    assert draw({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, 0) == "aaaaa"
+    assert tool_calls.schema_valid_value(None, np.random.default_rng(0)) == {}
+
+
+def test_a_value_that_breaks_its_schema_is_logged(caplog):
+    with caplog.at_level(logging.WARNING, logger=tool_calls.__name__):
+        assert tool_calls.schema_valid_value({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, np.random.default_rng(0)) == "aaaaa"
+        assert tool_calls.schema_valid_value({"type": "integer", "multipleOf": 0}, np.random.default_rng(0)) in range(10)
+    assert [record.getMessage() for record in caplog.records] == [
+        "generated arguments do not satisfy the tool schema: 'aaaaa' is too long",
+    ]
 
 
 def test_a_tool_without_a_schema_gets_an_empty_object():

@@ -95,3 +95,16 @@ def test_the_render_cache_keeps_text_with_a_lone_surrogate() -> None:
     prompt, tokenized = cache.render_full("k", [item])
     assert prompt.ids == render.render_full("k", [item]).ids and tokenized == len(prompt)
     assert cache.render_full("k", [item])[1] == 0
+
+
+def test_sampled_text_is_not_tokenized_again(monkeypatch) -> None:
+    # The hot path of every sampled item: only its header line goes through the tokenizer.
+    words = list(tokenizer.single_token_words()[:40])
+    message = Message("assistant", (("output_text", "".join(words)),))
+    expected = render.render_items([message])
+    encoded: list[str] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text: encoded.append(text) or encode(text))
+    assert render.render_sampled(message, words) == expected
+    assert render.render_sampled(message, words, tokenizer.word_ids(words)) == expected
+    assert encoded == ["assistant\n", "assistant\n"]

@@ -341,3 +341,21 @@ def test_a_value_that_breaks_its_schema_is_logged(caplog):
 def test_a_tool_without_a_schema_gets_an_empty_object():
     (tool,) = function_tools([{"type": "function", "name": "ping"}])
     assert tool_calls.arguments_for(tool, 0, np.random.default_rng(0)) == {}
+
+
+def test_strings_meet_their_length_bounds_exactly_when_a_draw_can():
+    def draws(schema):
+        return [tool_calls.schema_valid_value(schema, np.random.default_rng(seed)) for seed in range(50)]
+
+    # A pattern whose draws vary in length: drawn again until the bounds hold, the bounds included.
+    assert set(draws({"type": "string", "pattern": "^a{3,5}$", "minLength": 5})) == {"aaaaa"}
+    assert set(draws({"type": "string", "pattern": "^a{3,5}$", "maxLength": 3})) == {"aaa"}
+    # Without `minLength` the empty string is a string like any other.
+    assert set(draws({"type": "string", "pattern": "^(ab)?$"})) == {"", "ab"}
+    # Each call draws the pattern from its own seed: many values, not a handful.
+    assert len(set(draws({"type": "string", "pattern": "^[a-z]{8}$"}))) == 50
+    # Words padded only while shorter than `minLength`: a minimum the words meet adds none.
+    for seed in range(50):
+        two_words = tokenizer.text_of(np.random.default_rng(seed), 2).strip()
+        schema = {"type": "string", "minLength": len(two_words)}
+        assert tool_calls.schema_valid_value(schema, np.random.default_rng(seed)) == two_words

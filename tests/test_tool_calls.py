@@ -112,6 +112,9 @@ def test_a_known_name_without_its_schema_is_an_unknown_tool():
     for tool in function_tools(renamed):
         assert tool_calls.known_arguments(tool, 0) is None, tool.name
         assert set(tool_calls.arguments_for(tool, 0, np.random.default_rng(0))) == {"other"}, tool.name
+    # Properties that are not an object (a broken schema) make no tool known either.
+    listed = function_tools([{**CODEX_TOOLS[0], "parameters": {"type": "object", "properties": ["cmd"]}}])
+    assert tool_calls.known_arguments(listed[0], 0) is None
     shells = function_tools([*renamed[-2:], LOOKUP_TOOL[0]])
     assert tool_calls.tools_an_agent_would_call(shells) == shells
 
@@ -263,6 +266,8 @@ async def test_a_tool_whose_schema_is_broken_still_gets_a_call(autojump_clock):
 EXACT_DRAWS = [
     ({"type": "integer", "maximum": -3}, set(range(-12, -2))),
     ({"type": "integer", "maximum": 5}, set(range(6))),
+    ({"type": "integer", "maximum": 0}, {0}),
+    ({"type": "integer", "minimum": 7, "maximum": 7.5}, {7}),
     ({"type": "integer", "minimum": 15, "maximum": 20}, set(range(15, 21))),
     ({"type": "integer", "exclusiveMinimum": 3}, set(range(4, 14))),
     ({"type": "integer", "minimum": 2.5}, set(range(3, 13))),
@@ -282,15 +287,18 @@ EXACT_DRAWS = [
     ({"type": "integer", "multipleOf": 0}, set(range(10))),
     ({"type": "boolean"}, {False, True}),
     ({"type": "null"}, {None}),
+    ({"type": ["null", "integer"], "minimum": 2, "maximum": 2}, {2}),  # the first type that is not null
     ({"type": ["null"]}, {None}),
     ({"anyOf": [{"const": 1}, {"const": 2}]}, {1}),
     ({"oneOf": [{"const": 3}]}, {3}),
     ({"allOf": [{"const": 4}]}, {4}),
     ({"type": "array", "maxItems": 0}, {()}),
+    ({"type": "array", "maxItems": 3, "items": {"const": 1}}, {(1,)}),  # one item unless more are required
     ({"type": "array", "minItems": 4, "items": {"type": "integer", "minimum": 5, "maximum": 5}}, {(5, 5, 5, 5)}),
     ({"type": "object", "required": ["x"], "additionalProperties": {"const": 9}}, {(("x", 9),)}),
     ({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}}, "minProperties": 2}, {(("a", 1), ("b", 2))}),
     ({"properties": {"a": {"const": 1}}, "required": [1, "a"]}, {(("a", 1),)}),
+    ({"type": "object", "properties": {"a": {"const": 1}}}, {()}),  # optional properties only: none
     ({"type": "object", "properties": {"a": True}, "required": ["a"]}, {(("a", ()),)}),
 ]
 

@@ -177,6 +177,31 @@ async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_canno
     assert_consistent(engine)
 
 
+async def test_room_is_made_from_the_least_recently_used_cache_then_the_youngest_held_kv_and_no_more(autojump_clock):
+    async def cached_then(n: int, *, pinned: bool) -> tuple[list[str], int, int]:
+        """a, b, c hold 30 tokens each (a used last); then d needs `n` more: what is left, and what went."""
+        engine = Engine(kv_budget_tokens=100)
+        for key, start in (("a", 1000), ("b", 2000), ("c", 3000)):
+            await call(engine, key, prompt(30, start), pinned=pinned)
+            await trio.sleep(1)
+        await call(engine, "a", prompt(30, 1000), pinned=pinned)  # a, the oldest session, used again
+        if pinned:  # held KV gives way only to an older session: a, resuming with n more tokens
+            assert await call(engine, "a", prompt(30 + n, 1000), pinned=True) == 0.0  # admitted at once
+        else:
+            assert await call(engine, "d", prompt(n, 4000)) == 0.0
+        assert_consistent(engine)
+        return sorted(engine.kv), engine.stats.evicted, engine.stats.preempted
+
+    # Cache: least recently used first (b, then c, then a), exactly as much as the new call needs.
+    assert await cached_then(40, pinned=False) == (["a", "c", "d"], 1, 0)
+    assert await cached_then(41, pinned=False) == (["a", "d"], 2, 0)
+    assert await cached_then(100, pinned=False) == (["d"], 3, 0)
+    # Held KV of younger sessions: the youngest first (c, then b).
+    assert await cached_then(10, pinned=True) == (["a", "b", "c"], 0, 0)  # 100 tokens: it fits
+    assert await cached_then(40, pinned=True) == (["a", "b"], 0, 1)
+    assert await cached_then(41, pinned=True) == (["a"], 0, 2)
+
+
 async def test_waiting_calls_are_served_oldest_session_first(autojump_clock):
     engine = Engine(max_batch=1)
     await call(engine, "old", prompt(10))

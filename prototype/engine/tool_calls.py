@@ -129,6 +129,9 @@ def arguments_for(tool: ToolDef, call_number: int, rng: np.random.Generator) -> 
 def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # A client's schema is checked against its metaschema first: the validator trusts it, and a
+    # broken keyword (`multipleOf: 0`) fails inside validation with an error of its own (ZeroDivisionError).
+    cls.check_schema(schema)
     return cls(schema)
 
 

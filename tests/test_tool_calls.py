@@ -159,10 +159,21 @@ def test_a_turn_past_the_tasks_last_is_its_final_answer():
         assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls, plan.is_final) == (2, 5, (), (), True), turn
 
 
-def test_a_request_without_function_tools_gets_the_final_answer_at_once():
-    for tools in ((), tool_defs([{"type": "web_search"}])):
-        plan = ScriptedPolicy(SEARCHING_TASK).plan(0, tools, offers_web_search=bool(tools))
-        assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls) == (3, 6, (), ())
+def test_a_request_without_function_tools_gets_the_final_answer_after_the_searches_it_offers():
+    plan = ScriptedPolicy(SEARCHING_TASK).plan(0, (), offers_web_search=False)
+    assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls) == (3, 6, (), ())
+    # Hosted searches do not end the turn: with web_search alone the final answer still searches first.
+    searched = ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs([{"type": "web_search"}]), offers_web_search=True)
+    assert (len(searched.reasoning), len(searched.words), searched.calls) == (3, 6, ())
+    assert [(s.seconds, s.result_tokens) for s in searched.searches] == [(1.5, 70), (2.5, 90)]
+
+
+def test_a_final_turn_with_searches_in_its_spec_plans_them():
+    # A trace's hosted-only round is joined to the final round after it (traces/base.py): the
+    # replayed final answer searches as the trace did.
+    task = Workload("final-search", 3, (TurnSpec(100, 9, (0.3,)), TurnSpec(50, 7, (), (HostedCall(1.0, 40),))))
+    plan = ScriptedPolicy(task).plan(1, tool_defs(CODEX_TOOLS), offers_web_search=True)
+    assert plan.is_final and [(s.seconds, s.result_tokens) for s in plan.searches] == [(1.0, 40)]
 
 
 def test_each_task_turn_and_item_draws_its_own_content_the_same_every_run():

@@ -69,7 +69,7 @@ class ScriptedPolicy:
         reasoning = tuple(tokenizer.words(_rng(seed, turn, 5), spec.reasoning_tokens))
         text = tuple(tokenizer.words(_rng(seed, turn, 1), spec.text_tokens))
         searches = ()
-        if offers_web_search and not final:
+        if offers_web_search:  # a final answer may search first too (a replayed trace's last round can)
             searches = tuple(
                 PlannedSearch(tokenizer.text_of(_rng(seed, turn, 2, i), 4).strip(), h.seconds, h.result_tokens)
                 for i, h in enumerate(spec.hosted_calls)

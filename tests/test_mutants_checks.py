@@ -55,11 +55,12 @@ def test_a_compaction_carries_the_rounds_and_offset_it_summarized() -> None:
     assert (ledger.turn, ledger.offset) == (6, 11)
 
 
-def test_an_output_whose_call_is_unknown_or_answered_is_refused_with_its_place() -> None:
+def test_an_output_whose_call_is_unknown_or_answered_is_refused_as_the_public_api_or_with_its_place() -> None:
     ledger = CallLedger()
     ledger.absorb([user(), call("a"), FunctionCallOutput("a", "x")])
     cases = [
-        ([user(), FunctionCallOutput("zz", "x")], "function_call_output for call_id 'zz' matches no function call.", "input[4]"),
+        # The public API's message and param (400 bodies quoted in microsoft/vscode#320060, continuedev/continue#10092).
+        ([user(), FunctionCallOutput("zz", "x")], "No tool call found for function call output with call_id zz.", "input"),
         ([FunctionCallOutput("a", "again")], "function_call_output for call_id 'a' answered twice.", "input[3]"),
     ]
     for items, message, param in cases:

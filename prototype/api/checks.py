@@ -41,12 +41,19 @@ class CallLedger:
                 self.calls[item.call_id] = item.name
                 self.last_was_output = False
             elif isinstance(item, FunctionCallOutput):
-                if item.call_id not in self.calls or item.call_id in self.answered:
-                    reason = "answered twice" if item.call_id in self.answered else "matches no function call"
+                if item.call_id in self.answered:
                     raise ProtocolError(
                         INVALID_FUNCTION_CALL_OUTPUT,
-                        f"function_call_output for call_id '{item.call_id}' {reason}.",
+                        f"function_call_output for call_id '{item.call_id}' answered twice.",
                         param=f"input[{start + offset}]",
+                    )
+                if item.call_id not in self.calls:
+                    # The public API's message and param for an output whose call it cannot find (seen in
+                    # 400 bodies quoted in microsoft/vscode#320060 and continuedev/continue#10092; it sends `code: null`).
+                    raise ProtocolError(
+                        INVALID_FUNCTION_CALL_OUTPUT,
+                        f"No tool call found for function call output with call_id {item.call_id}.",
+                        param="input",
                     )
                 self.answered.add(item.call_id)
                 if not self.last_was_output:

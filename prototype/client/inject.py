@@ -60,8 +60,8 @@ async def run_injected_subagents(
         async def answer(response_id: str, call: dict[str, Any]) -> None:
             agent = call["call_id"].rsplit("_", 1)[0]
             turn = calls_per_agent[agent] = calls_per_agent.get(agent, -1) + 1
-            spec = workload.turns[min(turn, len(workload.turns) - 1)]
-            await trio.sleep(spec.tool_seconds[0] if spec.tool_seconds else 0.0)
+            # Every agent runs the workload's turns, and only a turn with a client call asks for an output.
+            await trio.sleep(workload.turns[turn].tool_seconds[0])
             output = tool_output_text(workload, turn, 0)
             await send({"type": "response.inject", "response_id": response_id,
                         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": output}]})

@@ -1,0 +1,89 @@
+"""The notebook runner's helpers (`prototype/notebook.py`): test mode's switch, the repository on the
+path, the results folder, and a notebook executed in its own folder into the results folder, through
+`execute_notebook` and the command line. Written against the survivors of the mutation run
+(docs/mutation.md)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from prototype import notebook
+
+# A py:percent notebook that prints where it ran and the transport its kernel talks over.
+NOTEBOOK = ('# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
+            'print("ran in", os.getcwd())\nprint("transport", IPKernelApp.instance().transport)\n')
+
+
+@pytest.mark.parametrize(("value", "on"), [
+    (None, False), ("", False), ("0", False), ("false", False), (" FALSE ", False), ("no", False), ("No", False),
+    ("1", True), ("true", True), ("yes", True), ("on", True),
+])
+def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str | None, on: bool) -> None:
+    if value is None:
+        monkeypatch.delenv(notebook.TEST_MODE_ENV, raising=False)
+    else:
+        monkeypatch.setenv("TESTBED_NOTEBOOK_TEST", value)
+    assert notebook.notebook_test_mode() is on
+
+
+def test_the_repository_goes_first_on_the_path_once(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "path", ["/elsewhere", "/other"])
+    assert notebook.add_repo_to_path() == notebook.REPO
+    assert sys.path == [str(notebook.REPO), "/elsewhere", "/other"]
+    assert notebook.add_repo_to_path() == notebook.REPO and sys.path.count(str(notebook.REPO)) == 1
+    assert (notebook.REPO / "prototype" / "notebook.py").is_file() and (notebook.REPO / "experiments").is_dir()
+
+
+def test_the_results_folder_is_the_environments_or_the_repositorys_and_is_created(monkeypatch, tmp_path) -> None:
+    folder = tmp_path / "a" / "b"
+    monkeypatch.setenv("TESTBED_RESULTS", str(folder))
+    assert notebook.results_path() == folder and folder.is_dir()
+    assert notebook.results_path("x.csv") == folder / "x.csv"
+    monkeypatch.delenv("TESTBED_RESULTS")
+    assert notebook.results_path() == notebook.REPO / "results" and (notebook.REPO / "results").is_dir()
+    assert notebook.results_path("y.png") == notebook.REPO / "results" / "y.png"
+
+
+def executed_output(path: Path) -> str:
+    nb = nbformat.read(str(path), as_version=4)
+    return "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+
+
+def test_a_notebook_runs_in_its_own_folder_into_the_given_output(tmp_path) -> None:
+    source = tmp_path / "books" / "tiny.py"
+    source.parent.mkdir()
+    source.write_text(NOTEBOOK)
+    output = tmp_path / "out.ipynb"
+    before = time.perf_counter()
+    seconds = notebook.execute_notebook(source, output, timeout=60.0)
+    elapsed = time.perf_counter() - before
+    assert 0 < seconds <= elapsed
+    assert executed_output(output) == f"ran in {source.parent}\ntransport ipc\n"  # Unix sockets, not TCP
+
+
+def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch, tmp_path, capsys) -> None:
+    results = tmp_path / "results"
+    monkeypatch.setenv("TESTBED_RESULTS", str(results))
+    source = tmp_path / "tiny.py"
+    source.write_text(NOTEBOOK)
+    assert notebook.main([str(source)]) == 0
+    assert executed_output(results / "tiny.ipynb") == f"ran in {tmp_path}\ntransport ipc\n"
+    line = capsys.readouterr().out
+    assert line.startswith(f"{source}: executed in ") and line.endswith(f" s -> {results / 'tiny.ipynb'}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        notebook.main([])
+    assert exit_info.value.code == 2
+
+
+def test_the_command_lines_help_says_what_it_runs(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        notebook.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "execute each notebook at the size its parameters cell sets" in text
+    assert "notebooks jupytext py:percent notebooks" in text

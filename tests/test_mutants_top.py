@@ -275,24 +275,6 @@ def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:
     assert virtual.run(echo, 1, "two", scheduler_seed=5) == (1, "two")
 
 
-def test_a_virtual_runs_scheduler_seed_is_0_unless_given() -> None:
-    async def order() -> list[int]:
-        seen: list[int] = []
-
-        async def task(i: int) -> None:
-            await trio.sleep(1.0)  # every task wakes at the same virtual instant
-            seen.append(i)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(8):
-                nursery.start_soon(task, i)
-        return seen
-
-    seeded = [virtual.run(order, scheduler_seed=seed) for seed in (0, 1)]
-    assert seeded[0] != seeded[1]  # these two seeds order the eight tasks differently
-    assert virtual.run(order) == seeded[0]
-
-
 @pytest.mark.parametrize("missing", ["_r", "_ALLOW_DETERMINISTIC_SCHEDULING"])
 def test_a_trio_without_the_private_scheduler_runs_unseeded(monkeypatch, missing: str) -> None:
     run_module = trio._core._run

@@ -105,6 +105,7 @@ def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkey
     orders = {seed: virtual.run(order, scheduler_seed=seed) for seed in range(4)}
     assert virtual.run(order, scheduler_seed=2) == orders[2]
     assert len({tuple(seen) for seen in orders.values()}) > 1  # the seed does choose the order
+    assert orders[0] != orders[1] and virtual.run(order) == orders[0]  # unless given, the seed is 0
     assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
 
 

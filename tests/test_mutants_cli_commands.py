@@ -9,6 +9,7 @@ import argparse
 import io
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -234,7 +235,7 @@ def test_figures_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, sta
     stdout = Stdout()
     monkeypatch.setattr(sys, "stdout", stdout)
     clock = iter([100.0, 102.6])
-    monkeypatch.setattr(figures.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(figures, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     assert cli_main(["figures", "--out", str(tmp_path)]) == 0
     lines = [f"notebooks/{name}.py: executed in 1.2 s\n" for name in figures.NOTEBOOKS]
     assert [text for text in stdout.flushed if text.endswith(".py: executed in 1.2 s\n")] == [

@@ -5,6 +5,7 @@ from the command line, measured runs, and the executor a single pending run take
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pickle
 import sys
@@ -145,6 +146,12 @@ def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
     assert runner.cache is None and runner.progress is False
     runner = sweep.runner_from_args(argparse.Namespace(cluster="tcp://x:1", jobs=None, in_process=False, no_cache=False))
     assert type(runner.executor) is sweep.Dask
+    assert type(sweep.runner_from_args(runner_parser().parse_args(["--in-process"])).executor) is sweep.InProcess
+
+
+def test_a_measured_run_may_be_any_callable_even_a_scripts(monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+    assert sweep.measured(a_script_function(), [1.5, 2.5], progress=False) == [1.5, 2.5]
 
 
 def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
@@ -180,3 +187,14 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
     assert "1 cached, in-process" in capsys.readouterr().err
     with pytest.raises(AssertionError, match="the executor ran"):
         runner.map(double, [1, 2])
+
+
+def test_a_grid_of_a_python_m_scripts_function_runs_its_modules_function(monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
+    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    assert runner.map(a_script_function(), [1.5]) == ["1.500"]  # analysis.format_value, not the script's copy
+
+
+def test_a_callable_without_a_name_and_no_description_is_shown_as_runs(capsys):
+    assert sweep.measured(functools.partial(double), [1]) == [2]
+    assert "runs: 100%" in capsys.readouterr().err

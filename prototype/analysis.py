@@ -213,29 +213,26 @@ def crossover(xs: Sequence[float], a: Sequence[float], b: Sequence[float], *, lo
 GAIN_TOLERANCE = 0.05  # a measured gain within 5 points of the published one "matches" [ours]
 
 
-def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERANCE, ceiling: bool | None = None) -> str:
+def published_verdict(row: Mapping[str, Any], *, tolerance: float = GAIN_TOLERANCE, ceiling: bool = False) -> str:
     """Sentences for one row of experiments.published, computed from its numbers: how the measured
     gain compares with the published one (for an "up to" figure, `ceiling`, a smaller measured gain
     is consistent with it) and how the per-turn overhead the published gain implies compares with
-    the testbed's own and with the calibration row's (its `implied_vs_calibration`). `ceiling`
-    defaults to whether the result's name says "up to"."""
-    if ceiling is None:
-        ceiling = False  # experiments.published judges "up to" figures like any other (its VERDICT_RULE)
+    the testbed's own and with the calibration row's (its `implied_vs_calibration`). `ceiling` is false
+    unless asked for: experiments.published judges "up to" figures like any other (its VERDICT_RULE)."""
     metric = "end-to-end time" if row["metric"] == "e2e" else "time to first token (p50)"
     published, measured = row["published_gain"], row["measured_gain"]
     diff = measured - published
-    parts = [(f"{row['compare']} at {row['tok_s']:g} tokens/s, {row['turns']:g} turns: the testbed cuts {metric} by "
-              f"{100 * measured:.0f}% against the published {100 * published:.0f}%")]
     if abs(diff) <= tolerance:
-        parts.append(f"within {100 * tolerance:.0f} points: the testbed matches")
+        judgement = f"within {100 * tolerance:.0f} points: the testbed matches"
     elif diff > 0:
-        parts.append(f"{100 * diff:.0f} points more than published: the testbed overstates this gain")
+        judgement = f"{100 * diff:.0f} points more than published: the testbed overstates this gain"
     elif ceiling:
-        parts.append(f"{100 * -diff:.0f} points less, which an 'up to' figure allows: the published value is a "
+        judgement = (f"{100 * -diff:.0f} points less, which an 'up to' figure allows: the published value is a "
                      "ceiling, not a typical value")
     else:
-        parts.append(f"{100 * -diff:.0f} points less than published: the testbed understates this gain")
-    sentence = parts[0] + " (" + "; ".join(parts[1:]) + ")."
+        judgement = f"{100 * -diff:.0f} points less than published: the testbed understates this gain"
+    sentence = (f"{row['compare']} at {row['tok_s']:g} tokens/s, {row['turns']:g} turns: the testbed cuts {metric} by "
+                f"{100 * measured:.0f}% against the published {100 * published:.0f}% ({judgement}).")
     testbed, implied = row["testbed_ms_per_turn"], row["implied_ms_per_turn"]
     ratio = testbed / implied if implied else math.inf
     sentence += (f" Read through the testbed's model, the published gain implies {implied:.0f} ms of removable "

@@ -1,0 +1,470 @@
+"""The side-by-side benchmark held to exact values (prototype/benchmark.py): a rollout's per-turn phases and task
+row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
+what a trace's task list replays, and the runs themselves under virtual time (one after another, open-loop at
+the tasks' arrivals, a task that does not complete)."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+
+from prototype import benchmark, sweep, virtual, workload
+from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts
+from prototype.api.workloads import WorkloadCatalog
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import RolloutRecord, TurnRecord
+from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON
+from prototype.engine.engine import Engine
+from prototype.engine.latency import LatencyModel
+from prototype.engine.vllm_models import TINY_CPU
+
+
+def a_record() -> RolloutRecord:
+    return RolloutRecord(
+        design="suspended", workload="task-7", started_at=1.0, ended_at=4.5, reconnects=2, resent_bytes=30,
+        recovery_seconds=[0.25], fell_back_to_http=True,
+        turns=[
+            TurnRecord(0, 1.0, first_token_at=1.5, ended_at=2.0, tool_seconds=0.5, bytes_sent=100, bytes_received=1000,
+                       server_timing={"phases_ms": {"validate": 100.0, "post": 50.0, "prefill": 200.0, "post_overlapped": 40.0}}),
+            TurnRecord(1, 2.5, ended_at=2.6, bytes_sent=301, bytes_received=10,
+                       server_timing={"phases_ms": {"route": 300.0}}),
+            TurnRecord(2, 3.0, first_token_at=3.25, ended_at=4.5),
+        ],
+        usage={"input_tokens": 500, "cached_tokens": 100, "output_tokens": 40},
+        transcript=[{"type": "web_search_call"}, {"type": "function_call"}, {"type": "function_call"}, {"role": "user"},
+                    {"type": "function_call"}],
+    )
+
+
+def test_turn_phases_are_the_servers_phases_the_rest_as_network_and_the_tool_time():
+    phases = benchmark.turn_phases(a_record())
+    assert phases == [
+        pytest.approx({"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 0.65, "tool": 0.5}),
+        {"route": 0.3, "network_client": 0.0, "tool": 0.0},
+        {"network_client": 1.5, "tool": 0.0},
+    ]
+
+
+def test_a_task_row_holds_the_rollouts_figures():
+    row = benchmark.task_row("suspended", 65.0, a_record())
+    assert row.pop("ttft_s") == [0.5, 0.25] and row.pop("recovery_s") == [0.25]
+    assert row.pop("phase_totals_s") == pytest.approx(
+        {"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 2.15, "tool": 0.5, "route": 0.3})
+    assert row == pytest.approx({
+        "design": "suspended", "decode_tps": 65.0, "task": "task-7", "turns": 3, "e2e_s": 3.5,
+        "api_overhead_s": 0.1 + 0.05 + 0.3, "bytes_sent_per_turn": 401 / 3, "bytes_received_per_turn": 1010 / 3,
+        "input_tokens": 500, "cached_tokens": 100, "output_tokens": 40, "reasoning_tokens": 0, "web_searches": 1,
+        "function_calls": 3, "reconnects": 2, "resent_bytes": 30, "fell_back_to_http": True,
+    })
+    record = a_record()
+    record.usage["reasoning_tokens"] = 9
+    assert benchmark.task_row("x", 1.0, record)["reasoning_tokens"] == 9
+
+
+def a_row(design, tps, e2e, turns=2, **changes):
+    row = {"design": design, "decode_tps": tps, "e2e_s": e2e, "turns": turns, "ttft_s": [e2e / 10], "api_overhead_s": e2e / 4,
+           "bytes_sent_per_turn": 100.0, "bytes_received_per_turn": 10.0, "input_tokens": 100, "cached_tokens": 25,
+           "output_tokens": 10, "reasoning_tokens": 2, "web_searches": 1, "function_calls": 1, "reconnects": 1}
+    row.update(changes)
+    return row
+
+
+def test_the_summary_has_one_row_per_design_and_speed_in_order():
+    rows = [
+        a_row("suspended", 1000.0, 2.0, turns=3, bytes_sent_per_turn=50.0, ttft_s=[0.1, 0.3], function_calls=4, reconnects=2),
+        a_row("http", 1000.0, 8.0), a_row("suspended", 1000.0, 6.0, turns=1, ttft_s=[0.5], web_searches=2, reasoning_tokens=0),
+        a_row("other", 65.0, 1.0), a_row("chained", 65.0, 1.0, cached_tokens=0, input_tokens=0, output_tokens=0),
+        a_row("http-stored", 65.0, 3.0),
+    ]
+    table = benchmark.summarize(rows)
+    assert [(r["design"], r["decode_tps"]) for r in table] == [
+        ("http-stored", 65.0), ("chained", 65.0), ("other", 65.0), ("http", 1000.0), ("suspended", 1000.0)]
+    suspended = table[-1]
+    assert suspended == pytest.approx({
+        "design": "suspended", "decode_tps": 1000.0, "tasks": 2, "e2e_p50_s": 4.0, "e2e_p90_s": 5.6, "speedup_vs_http": 1.0,
+        "ttft_p50_ms": 300.0, "api_overhead_share": 0.25, "bytes_sent_per_turn": (50.0 * 3 + 100.0) / 4,
+        "bytes_received_per_turn": 10.0, "cached_share": 0.25, "reasoning_share": 0.1, "web_searches_per_task": 1.5,
+        "calls_per_tool_turn": 5 / 2, "reconnects": 3,
+    })
+    assert isinstance(suspended["reconnects"], int)
+    assert math.isnan(table[1]["speedup_vs_http"])  # no http at 65 tokens/s (only http-stored)
+    assert math.isnan(table[1]["cached_share"]) and math.isnan(table[1]["reasoning_share"])
+
+
+def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_tool_turn():
+    row = a_row("http", 65.0, 1.0, turns=1)
+    for key in ("web_searches", "function_calls", "reconnects", "reasoning_tokens"):
+        del row[key]
+    [summary] = benchmark.summarize([row])
+    assert (summary["web_searches_per_task"], summary["calls_per_tool_turn"], summary["reconnects"], summary["reasoning_share"]) == (
+        0.0, 0.0, 0, 0.0)
+    [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=1, function_calls=3)])
+    assert summary["calls_per_tool_turn"] == 3.0
+
+
+def test_per_turn_and_ratio_of_nothing_are_nan():
+    assert math.isnan(benchmark._per_turn([{"turns": 0, "x": 1.0}], "x"))
+    assert benchmark._per_turn([{"turns": 1, "x": 2.0}, {"turns": 3, "x": 6.0}], "x") == 5.0
+    assert math.isnan(benchmark._ratio([{}], "a", "b"))
+    assert benchmark._ratio([{"a": 1, "b": 4}, {"b": 4}], "a", "b") == 0.125
+
+
+def test_a_reconnect_policy_is_described_by_its_retries_backoff_and_fallback():
+    assert benchmark._describe_policy(OPENAI_PYTHON) == "openai-python: 5 retries, backoff 0.5 s x2"
+    assert benchmark._describe_policy(CODEX) == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
+    assert benchmark._describe_policy(NEVER) == "never: never"
+
+
+DEFAULT_ROWS = [
+    ("workload preset", "coding, 20 tasks, seed 0", "prototype/workload.py"),
+    ("turns per task", "LN(15, 1.4) in [1, 300]", "docs/parameters.md Calibration: TraceLab"),
+    ("initial prompt", "30000 tokens, of which 7400 common to every task", "docs/parameters.md Calibration: TraceLab"),
+    ("common prefix", "Codex's base instructions and tools; the rest of each task from its own content seed; affinity draws "
+     "per task and turn", "docs/parameters.md §1"),
+    ("tokens appended per turn", "LN(875, 1.26)", "docs/parameters.md §1: TraceLab"),
+    ("output tokens per turn", "LN(214, 1.34)", "docs/parameters.md Calibration: TraceLab"),
+    ("parallel client calls", "35.8% of tool turns, 2/3/4 calls weighted 0.213/0.094/0.052", "docs/parameters.md §1: yurukusa/cc-multi"),
+    ("hosted web_search", "4.8% of tool turns, 1 s, 1500 tokens", "docs/parameters.md §1: yurukusa/cc-multi [rate]; [assumed latency, size]"),
+    ("reasoning share of output", "uniform 11%-45% per turn; encrypted_content >= 1700 chars",
+     "docs/parameters.md §1: public Codex gpt-5.4 trace; LibreChat-AI/agents PR #422"),
+    ("tool time", "mixture 0.65xLN(0.15 s, 1), 0.315xLN(4 s, 1.5), 0.035xLN(200 s, 1.2), cap 3600 s",
+     "docs/parameters.md Calibration: TraceLab"),
+    ("decode speeds", "65, 1000, 4000 tokens/s", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"),
+    ("prefill rate", "15000 tokens/s + n*C/9.4e+08", "docs/parameters.md §3 roofline [assumed R, derived Q]"),
+    ("engine request overhead", "10 ms", "[assumed]; vLLM PR #54628 bounds it (8-12 ms)"),
+    ("prefix cache", "blocks of 16, idle TTL 300 s, http affinity 0.9", "vLLM APC; vLLM RFC #52113; docs/parameters.md §6 [assumed affinity]"),
+    ("network", "RTT 20 ms, TCP 1 + TLS 1 RTT per new connection", "docs/parameters.md §5: RFC 9293, RFC 8446 [assumed RTT]"),
+    ("http connections", "kept alive", "[ours]"),
+    ("v1 suspension TTL", "3600 s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
+    ("delta coalescing", "50 ms", "[ours]: first token immediate"),
+    ("client reconnects", "openai-python: 5 retries, backoff 0.5 s x2", "prototype/client/reconnect.py: openai-python 3.57, Codex CLI"),
+]
+
+
+def test_the_parameters_of_the_default_configuration():
+    assert benchmark.parameters(benchmark.BenchConfig()) == DEFAULT_ROWS + ApiCosts().describe()
+
+
+def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latency_profile():
+    rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(benchmark.BenchConfig(preset="chat")))
+    chat = workload.PRESETS["chat"]
+    assert rows["workload preset"][0] == "chat, 20 tasks, seed 0"
+    assert rows["turns per task"] == (f"LN({chat.turns_median:g}, {chat.turns_sigma:g}) in [{chat.turns_min}, {chat.turns_max}]",
+                                      "docs/parameters.md §1: Exgentic moment fit, TraceLab p50")
+    assert rows["initial prompt"][1] == "docs/parameters.md §1 [assumed]"
+    assert rows["output tokens per turn"][1] == "docs/parameters.md §1: inference-perf, Exgentic, AgentX"
+    assert rows["tool time"][1] == "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"
+    model = LatencyModel(decode_tokens_per_s=321.0, prefill_tokens_per_s=5000.0, cache_attention=None, request_overhead=0.0125)
+    config = benchmark.BenchConfig(preset=workload.PRESETS["coding"], fixed_turns=4, n_tasks=3, seed=9, latency=model,
+                                   keep_alive=False, flush_interval=0.025, http_affinity=0.5, reconnect=CODEX)
+    rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(config))
+    assert rows["workload preset"][0] == "custom (preset file), 3 tasks, seed 9"
+    assert rows["turns per task"] == ("fixed 4", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50")
+    assert rows["decode speeds"] == ("321 tokens/s unless --speeds", "latency profile (--latency)")
+    assert rows["prefill rate"] == ("5000 tokens/s", "latency profile (--latency)")
+    assert rows["engine request overhead"] == ("12.5 ms", "latency profile (--latency)")
+    assert rows["prefix cache"][0] == "blocks of 16, idle TTL 300 s, http affinity 0.5"
+    assert rows["http connections"][0] == "new per request"
+    assert rows["delta coalescing"][0] == "25 ms"
+    assert rows["client reconnects"][0] == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
+
+
+def test_the_parameters_of_a_before_the_sprint_profile_add_its_costs():
+    rows = benchmark.parameters(benchmark.BenchConfig(sprint=BEFORE_SPRINT))
+    assert rows == DEFAULT_ROWS + ApiCosts().describe() + SprintCosts().describe()
+
+
+def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
+    return workload.Workload(name, 0, tuple(turns), arrival_s=arrival_s, prefix=prefix, prefix_tokens=prefix_tokens)
+
+
+def test_a_task_lists_parameters_are_measured_from_its_tasks():
+    search = workload.HostedCall(seconds=2.0, result_tokens=300)
+    tasks = (
+        a_task("a", [workload.TurnSpec(100, 10, (1.0, 3.0), (search,), 4), workload.TurnSpec(10, 30, (9.0,)),
+                     workload.TurnSpec(10, 60, ())], prefix="codex", prefix_tokens=64),
+        a_task("b", [workload.TurnSpec(100, 100, (), (), 0)], prefix="", prefix_tokens=32),
+    )
+    config = benchmark.BenchConfig(task_list=tasks, source="trace t.jsonl (codex)")
+    rows = benchmark.parameters(config)
+    assert rows[:7] == [
+        ("workload", "2 tasks from trace t.jsonl (codex)", "one task after another"),
+        ("turns per task", "median 2, max 3", "measured from the tasks"),
+        ("common prefix", "32 tokens (unnamed), 64 tokens (codex) shared by tasks of one provider and model; the rest of each "
+         "task its own content", "the trace's cached first prompts (prototype/traces/base.py)"),
+        ("parallel client calls", "50.0% of tool turns, 1.50 calls a tool turn", "measured from the tasks"),
+        ("hosted web_search", "1 in 1 turns, median 2 s, 300 result tokens", "measured from the tasks"),
+        ("reasoning share of output", "2.0% of 200 output tokens", "measured from the tasks"),
+        ("tool time", "3 calls, p50 3 s, p90 7.8 s, max 9 s", "measured from the tasks"),
+    ]
+    assert rows[7:] == DEFAULT_ROWS[10:] + ApiCosts().describe()
+
+
+def test_an_open_loop_task_list_and_one_with_nothing_in_it():
+    tasks = (a_task("a", [workload.TurnSpec(100, 1, ())], arrival_s=0.0), a_task("b", [workload.TurnSpec(100, 1, ())], arrival_s=5.0))
+    rows = benchmark.parameters(benchmark.BenchConfig(task_list=tasks))
+    assert rows[:7] == [
+        ("workload", "2 tasks from an explicit task list", "open-loop: each task starts at its arrival"),
+        ("turns per task", "median 1, max 1", "measured from the tasks"),
+        ("common prefix", "none: every task its own content", "the trace's cached first prompts (prototype/traces/base.py)"),
+        ("parallel client calls", "none", "measured from the tasks"),
+        ("hosted web_search", "none", "measured from the tasks"),
+        ("reasoning share of output", "0.0% of 2 output tokens", "measured from the tasks"),
+        ("tool time", "no client calls", "measured from the tasks"),
+    ]
+    mixed = (tasks[0], a_task("c", [workload.TurnSpec(100, 1, ())]))
+    assert benchmark.parameters(benchmark.BenchConfig(task_list=mixed))[0][2] == "one task after another"
+    empty = benchmark.parameters(benchmark.BenchConfig(task_list=()))
+    assert empty[:7] == [
+        ("workload", "0 tasks from an explicit task list", "one task after another"),
+        ("turns per task", "none", "measured from the tasks"),
+        ("common prefix", "none: every task its own content", "the trace's cached first prompts (prototype/traces/base.py)"),
+        ("parallel client calls", "none", "measured from the tasks"),
+        ("hosted web_search", "none", "measured from the tasks"),
+        ("reasoning share of output", "none", "measured from the tasks"),
+        ("tool time", "no client calls", "measured from the tasks"),
+    ]
+
+
+def test_a_configurations_tasks_are_its_list_or_the_seeded_preset():
+    tasks = (a_task("a", [workload.TurnSpec(100, 5, ())]),)
+    assert benchmark.BenchConfig(task_list=tasks).tasks() == list(tasks)
+    assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
+    fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
+    assert fixed == workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3)
+    assert [len(t.turns) for t in fixed] == [3, 3]
+
+
+def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_ttl():
+    config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
+                                   sprint=BEFORE_SPRINT)
+    server = benchmark.bench_server(config)
+    assert server.config.suspension_ttl == 3600.0
+    assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, config.costs)
+    assert server.api.latency.prefill_tokens_per_s == 1234.0
+    assert server.api.http_affinity == 0.5
+    engine = server.api.engine
+    assert benchmark.bench_server(config, engine).api.engine is engine
+
+
+def fixed_tasks(n, arrivals=None):
+    return [workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=5, tool_seconds=1.0, name=f"t{i}",
+                           content_seed=i) if arrivals is None else
+            workload.Workload(f"t{i}", 0, workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=5,
+                                                           tool_seconds=1.0, content_seed=i).turns, arrival_s=arrivals[i],
+                              content_seed=i)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("design", ["http", "http-stored", "chained", "suspended"])
+def test_tasks_run_one_after_another_and_each_design_is_its_own(design):
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(2)))
+    records = benchmark.run_design_virtual(design, 1000.0, config)
+    assert [r.workload for r in records] == ["t0", "t1"]
+    assert records[1].started_at >= records[0].ended_at
+    assert records[0].design == {"http": "http-stateless"}.get(design, design)
+    assert all(r.status == "completed" for r in records)
+    assert [len(r.turns) for r in records] == [2, 2]
+    assert all(turn.server_timing is not None for r in records for turn in r.turns)  # the server's phases, asked for
+
+
+def test_a_task_runs_at_the_decode_speed_asked_for_through_the_configurations_network():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+    fast, slow = (benchmark.run_design_virtual("chained", tps, config)[0] for tps in (4000.0, 65.0))
+    decode = [benchmark.task_row("chained", 1.0, r)["phase_totals_s"].get("decode", 0.0) for r in (fast, slow)]
+    assert decode[1] > 5 * decode[0] > 0  # 10 tokens at 65 tokens/s against 4000
+    far = attrs.evolve(config, network=attrs.evolve(config.network, rtt=1.0))
+    [record] = benchmark.run_design_virtual("chained", 4000.0, far)
+    assert record.seconds - fast.seconds > 2.0  # a handshake and two turns, each a round trip longer
+
+
+def test_http_without_keep_alive_pays_a_new_connection_per_request():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.1))
+    kept = benchmark.run_design_virtual("http", 4000.0, config)[0]
+    new = benchmark.run_design_virtual("http", 4000.0, attrs.evolve(config, keep_alive=False))[0]
+    assert new.seconds - kept.seconds >= 0.19  # the second request's TCP and TLS round trips
+
+
+def test_a_given_connector_is_the_one_used():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+
+    async def main(rtt):
+        server = benchmark.bench_server(config)
+        connector = InMemoryConnector(server, attrs.evolve(config.network, rtt=rtt))
+        [record] = await benchmark.run_design("suspended", 4000.0, config.tasks(), config, server=server, connector=connector)
+        return record.seconds
+
+    assert virtual.run(main, 1.0) - virtual.run(main, 0.02) > 2.0
+
+
+def test_tasks_with_arrivals_start_at_their_arrivals_whether_or_not_earlier_ones_are_done():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(2, arrivals=[0.0, 0.5])))
+    records = benchmark.run_design_virtual("chained", 1000.0, config)
+    assert [r.workload for r in records] == ["t0", "t1"]
+    assert [r.design for r in records] == ["chained", "chained"]
+    start = records[0].started_at
+    assert records[1].started_at - start == pytest.approx(0.5)
+    assert records[1].started_at < records[0].ended_at  # the first task takes over a second (its tool)
+
+
+def test_a_task_that_does_not_complete_fails_the_run():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+
+    class Catalog(WorkloadCatalog):
+        def register(self, task):
+            return "no-such-workload"  # the server refuses the request with an error event
+
+    async def main():
+        server = benchmark.bench_server(config)
+        server.api.workloads = Catalog()
+        await benchmark.run_design("suspended", 1000.0, config.tasks(), config, server=server)
+
+    with pytest.raises(benchmark.TaskFailed) as failed:
+        virtual.run(main)
+    assert str(failed.value) == "suspended at 1000 tokens/s: task t0 ended 'error:invalid_value'"
+
+
+def test_a_design_run_and_a_sweep_give_the_rows_of_each_design_at_each_value():
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+    run = benchmark.DesignRun("chained", 1000.0, config)
+    assert [(r.workload, r.design) for r in benchmark.design_records(run)] == [("t0", "chained")]
+    assert benchmark.design_rows(run) == [benchmark.task_row("chained", 1000.0, r) for r in run.records()]
+    descs = []
+
+    class Runner(sweep.Runner):
+        def map(self, fn, grid, **kwargs):
+            descs.append(kwargs["desc"])
+            return super().map(fn, grid, **kwargs)
+
+    with Runner(sweep.InProcess(), cache=None, progress=False) as runner:
+        rows = benchmark.design_sweep(runner, "rtt", [1, 2], lambda value: (500 * value, config), designs=["chained", "http"])
+    assert descs == ["rtt"]
+    assert [(r["rtt"], r["design"], r["decode_tps"]) for r in rows] == [
+        (1, "chained", 500.0), (1, "http", 500.0), (2, "chained", 1000.0), (2, "http", 1000.0)]
+    assert isinstance(rows[0]["decode_tps"], float)
+
+
+def test_a_design_run_in_real_time_runs_over_loopback_and_one_in_virtual_time_does_not(monkeypatch):
+    calls = []
+    monkeypatch.setattr(benchmark, "run_design_real", lambda *args: calls.append(("real", *args)) or [])
+    monkeypatch.setattr(benchmark, "run_design_virtual", lambda *args: calls.append(("virtual", *args)) or [])
+    config = benchmark.BenchConfig()
+    benchmark.DesignRun("chained", 65.0, config, real=True).records()
+    benchmark.DesignRun("http", 4000.0, config).records()
+    assert calls == [("real", "chained", 65.0, config), ("virtual", "http", 4000.0, config)]
+
+
+def test_the_benchmarks_server_charges_the_configurations_costs():
+    costs = ApiCosts(post=0.125)
+    assert benchmark.bench_server(benchmark.BenchConfig(costs=costs)).api.costs is costs
+
+
+def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
+    task = workload.fixed(2, initial_prompt_tokens=50, appended_tokens=10, output_tokens=3, tool_seconds=0.01, name="r")
+    config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.0))
+    connectors, ports = [], []
+    tcp, serve = benchmark.TcpConnector, benchmark.serve_responses
+
+    opened = []
+
+    class Counting(tcp):
+        def open_stream(self):
+            opened.append(self.port)
+            return super().open_stream()
+
+    def connector(host, port, network):
+        connectors.append((host, network))
+        return Counting(host, port, network)
+
+    async def serving(server, port=0, **kwargs):
+        ports.append(port)
+        return await serve(server, port, **kwargs)
+
+    monkeypatch.setattr(benchmark, "TcpConnector", connector)
+    monkeypatch.setattr(benchmark, "serve_responses", serving)
+    [record] = benchmark.run_design_real("chained", 4000.0, config)
+    assert connectors == [("127.0.0.1", config.network)] and ports == [0]  # a port the system picks
+    assert len(opened) == 1 and opened[0] > 0  # the rollout's connection went over loopback TCP
+    assert (record.design, record.workload, record.status, len(record.turns)) == ("chained", "r", "completed", 2)
+    assert len(record.response_ids) == 2 and all(turn.server_timing is not None for turn in record.turns)
+
+
+@attrs.define(eq=False)
+class StandInEngine(Engine):
+    """The simulated engine, with the record of calls a real engine keeps."""
+
+    records: list = attrs.field(factory=list)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_each_design_on_the_real_engine_gets_an_engine_of_its_own_with_its_own_namespace(parallel, monkeypatch):
+    """vLLM replaced by stand-ins: one worker process (or one per design when parallel), an engine per design."""
+    from contextlib import asynccontextmanager
+
+    events = []
+
+    @asynccontextmanager
+    async def worker(spec, *, python=None):
+        events.append(("worker", spec.name, python))
+        yield f"client-{len(events)}"
+
+    engines = []
+
+    @asynccontextmanager
+    async def engine(spec, *, client, namespace):
+        events.append(("engine", client, namespace.split("-")[0], len(namespace.split("-")[-1])))
+        standin = StandInEngine()
+        standin.records.append(namespace)
+        engines.append((spec, standin))
+        yield standin
+
+    monkeypatch.setattr(benchmark, "open_vllm_process", worker)
+    monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+    options = {"parallel": True} if parallel else {}  # one worker by default
+    results = benchmark.run_designs_on_vllm(["chained", "http"], config, TINY_CPU, python="/p/python", decode_tps=4000.0,
+                                            **options)
+    assert [spec for spec, _ in engines] == [TINY_CPU, TINY_CPU]
+    assert all(standin.stats.model_calls == 2 for _, standin in engines)  # each design's calls on its own engine
+    assert list(results) == ["chained", "http"]
+    for design, (records, calls) in results.items():
+        assert [(r.design, r.status) for r in records] == [({"http": "http-stateless"}.get(design, design), "completed")]
+        [namespace] = calls
+        assert namespace.startswith(f"{design}-")
+    namespaces = {calls[0].split("-", 1)[1] for _, calls in results.values()}
+    assert len(namespaces) == 1  # one run: the same suffix for both designs
+    workers = [e for e in events if e[0] == "worker"]
+    engines = sorted((e[2], e[3]) for e in events if e[0] == "engine")
+    assert engines == [("chained", 8), ("http", 8)]
+    if parallel:  # a worker of its own per design
+        assert workers == [("worker", "tiny-llama-cpu", "/p/python")] * 2
+        assert len({e[1] for e in events if e[0] == "engine"}) == 2
+    else:
+        assert events == [("worker", "tiny-llama-cpu", "/p/python"), ("engine", "client-1", "chained", 8),
+                          ("engine", "client-1", "http", 8)]
+
+
+def test_the_real_engine_over_a_running_worker_uses_its_pipes(monkeypatch):
+    from contextlib import asynccontextmanager
+
+    seen = []
+
+    @asynccontextmanager
+    async def over_fds(process):
+        seen.append(process)
+        yield "piped"
+
+    @asynccontextmanager
+    async def engine(spec, *, client, namespace):
+        seen.append(client)
+        yield StandInEngine()
+
+    monkeypatch.setattr(benchmark.VllmClient, "over_fds", over_fds)
+    monkeypatch.setattr(benchmark, "open_vllm_process", lambda *a, **k: pytest.fail("a new worker started"))
+    monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
+    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
+    results = benchmark.run_designs_on_vllm(["suspended"], config, TINY_CPU, worker="the-worker", parallel=True)
+    assert seen == ["the-worker", "piped"]
+    assert [r.status for r in results["suspended"][0]] == ["completed"] and results["suspended"][1] == []

@@ -1,0 +1,455 @@
+"""`python -m prototype compare` held to exact values, in-process (prototype/cli/compare.py): the printed table
+and its legend, the options, the configuration each option gives, the parameters printed, the files written,
+the results cache's line, the refusals, and the real engine's path with its engine replaced by a stand-in.
+The figure is drawn by a stand-in that records its arguments (matplotlib takes seconds; tests/test_figures.py
+draws it)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import types
+from pathlib import Path
+
+import attrs
+import pytest
+
+from prototype import benchmark, figures, profiles, workload
+from prototype.__main__ import main as cli_main
+from prototype.cli import common, compare
+from prototype.client.reconnect import POLICIES
+from prototype.engine.latency import LatencyModel
+from prototype.engine.vllm_client import VllmUnavailable
+from prototype.engine.vllm_models import TINY_CPU
+from tests.conftest import REPO
+
+CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    calls = []
+    monkeypatch.setattr(figures, "compare_figure", lambda *args, **kwargs: calls.append((args, kwargs)))
+    return calls
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = common.Parser(prog="python -m prototype compare")
+    compare.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+# --- the printed table -------------------------------------------------------------------------------------
+
+
+def a_table_row(**changes):
+    row = {"design": "suspended", "decode_tps": 4000.0, "tasks": 3, "e2e_p50_s": 12.345, "e2e_p90_s": 1234.5,
+           "speedup_vs_http": 1.235, "ttft_p50_ms": 1234.5, "api_overhead_share": 0.0125, "bytes_sent_per_turn": 1550.0,
+           "bytes_received_per_turn": 2050.0, "cached_share": 0.5, "reasoning_share": float("nan"),
+           "web_searches_per_task": 0.125, "calls_per_tool_turn": 1.5, "reconnects": 2, "extra": 0.5}
+    row.update(changes)
+    return row
+
+
+def test_the_table_prints_units_in_its_headers_and_a_legend(capsys):
+    compare.print_compare_table([a_table_row(), a_table_row(design="http", speedup_vs_http=None)])
+    assert capsys.readouterr().out == (
+        "   design  tok/s  e2e p50 (s)  vs http (x)  TTFT p50 (ms)  API (%)  sent/turn (kB)\n"
+        "suspended  4,000         12.3         1.24          1,234      1.2             1.6\n"
+        "     http  4,000         12.3            -          1,234      1.2             1.6\n"
+        "  e2e p50 (s): end-to-end time per task, first request to final answer\n"
+        "  vs http (x): total http time / total time of this design, same tasks\n"
+        "  TTFT p50 (ms): per turn, request sent to first output delta\n"
+        "  API (%): api_overhead_share, the API's own work (validate, safety, render, route, store reads,\n"
+        "      blocking post-inference) as a share of end-to-end time\n"
+        "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as\n"
+        "      in compare.png)\n"
+    )
+
+
+def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(capsys):
+    compare.print_compare_table([a_table_row()], wide=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert [h.strip() for h in lines[0].split("  ") if h] == [
+        "design", "tok/s", "tasks", "e2e p50 (s)", "e2e p90 (s)", "vs http (x)", "TTFT p50 (ms)", "API (%)",
+        "sent/turn (kB)", "recv/turn (kB)", "cached (%)", "reasoning (%)", "searches/task", "calls/tool turn", "reconnects",
+        "extra"]
+    assert lines[1].split() == ["suspended", "4,000", "3", "12.3", "1,234.5", "1.24", "1,234", "1.2", "1.6", "2.0", "50.0",
+                                "-", "0.12", "1.50", "2", "0.500"]
+    assert lines[2:] == [
+        "  e2e p50 (s): end-to-end time per task, first request to final answer",
+        "  vs http (x): total http time / total time of this design, same tasks",
+        "  TTFT p50 (ms): per turn, request sent to first output delta",
+        "  API (%): api_overhead_share, the API's own work (validate, safety, render, route, store reads,",
+        "      blocking post-inference) as a share of end-to-end time",
+        "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as",
+        "      in compare.png)",
+        "  recv/turn (kB): server-to-client payload per turn, the same way",
+        "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache (not",
+        "      prefilled again)",
+        "  reasoning (%): reasoning tokens as a share of output tokens",
+        "  searches/task: hosted web_search calls per task",
+        "  calls/tool turn: client function calls per turn that ended in calls",
+        "  reconnects: new connections the clients opened because one ended before the task did (the",
+        "      60-minute connection limit, or a fault); --reconnect picks the policy",
+    ]
+
+
+def test_a_number_cell_is_a_dash_for_none_or_nan():
+    cell = compare._number("{:.1f}", 100)
+    assert (cell(0.125), cell(None), cell(math.nan), compare._number("{:.2f}")(2)) == ("12.5", "-", "-", "2.00")
+
+
+# --- the options and the configuration ---------------------------------------------------------------------
+
+
+def test_the_options_defaults():
+    args = parsed()
+    assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
+            args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
+        None, 0, "coding", None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
+        "openai-python", False)
+    assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
+    assert parsed("--turns", "1", "--tasks", "1").turns == 1
+
+
+def test_each_option_says_what_it_does():
+    parser = common.Parser(prog="c")
+    compare.add_arguments(parser)
+    helps = {a.dest: a.help for a in parser._actions}
+    assert {dest: helps[dest] for dest in (
+        "tasks", "seed", "preset", "trace", "latency", "speeds", "designs", "rtt_ms", "turns", "out", "real", "vllm_parallel",
+        "reconnect", "wide")} == {
+        "tasks": "tasks per design and speed (default 10; with --trace, all)",
+        "seed": "workload seed: the same seed gives the same tasks (default 0)",
+        "preset": "workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)",
+        "trace": "replay a trace's tasks instead of a preset (file or folder of Codex rollouts)",
+        "latency": "latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate",
+        "speeds": "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's), separated by commas or spaces",
+        "designs": ("designs to run (http-stored: http that chains previous_response_id through the store), separated by "
+                    "commas or spaces (default http chained suspended); choices: http, http-stored, chained, suspended"),
+        "rtt_ms": "network round-trip time between client and server in ms (default 20)",
+        "turns": "fix the number of turns per task (default: drawn from the preset)",
+        "out": "write into this folder (default: a new results/compare/<timestamp>/, with results/compare/latest pointing at it)",
+        "real": ("real time over loopback sockets instead of virtual time (use a small configuration: e.g. --tasks 1 "
+                 "--turns 3 --speeds 1000)"),
+        "vllm_parallel": ("with --engine vllm: run the designs at once, each on a vLLM worker of its own (a third of the wall "
+                          "time; the engine's counters stay exact per design, but the designs share the CPU, so their times "
+                          "are not each design's alone)"),
+        "reconnect": "how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)",
+        "wide": "print every column of compare.csv (default: the first seven)",
+    }
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--designs", "http,v3"], "argument --designs: 'v3' is not one of http, http-stored, chained, suspended"),
+    (["--reconnect", "carrier-pigeon"], "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from "),
+])
+def test_an_unknown_design_or_policy_is_refused(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        parsed(*argv)
+    assert says in capsys.readouterr().err
+
+
+def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given():
+    network = benchmark.DEFAULT_NETWORK
+    config, described, speeds = compare.workload_config(parsed(), network)
+    assert (described, speeds) == ("the 'coding' workload", [65.0, 1000.0, 4000.0])
+    assert (config.preset, config.n_tasks, config.seed, config.network, config.fixed_turns, config.latency, config.reconnect) == (
+        "coding", 10, 0, network, None, LatencyModel(), POLICIES["openai-python"])
+    args = parsed("--preset", "chat", "--tasks", "2", "--seed", "5", "--turns", "3", "--speeds", "100", "--reconnect", "codex")
+    config, described, speeds = compare.workload_config(args, network)
+    assert (described, speeds) == ("the 'chat' workload", [100.0])
+    assert (config.preset, config.n_tasks, config.seed, config.fixed_turns, config.reconnect) == ("chat", 2, 5, 3, POLICIES["codex"])
+
+
+def test_a_preset_file_and_a_latency_profile(tmp_path):
+    preset = profiles.save_preset(workload.PRESETS["chat"], tmp_path / "preset.json", "test")
+    model = LatencyModel(decode_tokens_per_s=321.0, prefill_tokens_per_s=5000.0)
+    latency = profiles.save_latency(model, tmp_path / "latency.json", "test")
+    config, described, speeds = compare.workload_config(parsed("--preset", str(preset), "--latency", str(latency)),
+                                                        benchmark.DEFAULT_NETWORK)
+    assert (config.preset, config.latency, described, speeds) == (workload.PRESETS["chat"], model, f"the '{preset}' workload", [321.0])
+    config, _, speeds = compare.workload_config(parsed("--latency", str(latency), "--speeds", "7"), benchmark.DEFAULT_NETWORK)
+    assert speeds == [7.0]
+
+
+def test_a_trace_run_replays_the_traces_tasks(capsys, tmp_path):
+    model = LatencyModel(decode_tokens_per_s=321.0)
+    latency = profiles.save_latency(model, tmp_path / "latency.json", "test")
+    network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.125)
+    config, _, speeds = compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--latency", str(latency)), network)
+    assert (config.network, config.latency, speeds) == (network, model, [321.0])
+    config, described, speeds = compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--seed", "4", "--reconnect", "codex"),
+                                                        benchmark.DEFAULT_NETWORK)
+    assert described == f"trace {CODEX_TRACE} (codex)"
+    assert (config.n_tasks, config.seed, config.source, config.reconnect, speeds) == (1, 4, described, POLICIES["codex"],
+                                                                                       [65.0, 1000.0, 4000.0])
+    assert [len(task.turns) for task in config.task_list] == [9]
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="^--turns applies to generated tasks, not to a trace$"):
+        compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--turns", "2"), benchmark.DEFAULT_NETWORK)
+
+
+def test_a_trace_run_takes_its_first_tasks_and_prints_the_readers_notes(tmp_path, capsys, monkeypatch):
+    lines = CODEX_TRACE.read_text().splitlines()
+    folder = tmp_path / "rollouts"
+    folder.mkdir()
+    for name in ("a", "b"):
+        (folder / f"rollout-{name}.jsonl").write_text("\n".join(lines) + "\n")
+    config, *_ = compare.workload_config(parsed("--trace", str(folder)), benchmark.DEFAULT_NETWORK)
+    assert config.n_tasks == 2 and len(config.task_list) == 2
+    load = compare.traces.load
+    monkeypatch.setattr(compare.traces, "load", lambda path: attrs.evolve(load(path), notes=("one", "two")))
+    config, *_ = compare.workload_config(parsed("--trace", str(folder), "--tasks", "1"), benchmark.DEFAULT_NETWORK)
+    assert config.n_tasks == 1 and config.task_list == (load(folder).tasks[0],)
+    assert capsys.readouterr().err == "trace note: one\ntrace note: two\n"
+
+
+def test_a_preset_neither_known_nor_a_file_is_refused_with_the_presets_named():
+    with pytest.raises(ValueError) as refused:
+        compare.workload_config(parsed("--preset", "nonsense"), benchmark.DEFAULT_NETWORK)
+    assert str(refused.value) == "--preset 'nonsense' is neither a preset (coding, compact, chat, long) nor a file"
+
+
+def test_the_parameters_printed_leave_out_what_did_not_run():
+    config, *_ = compare.workload_config(parsed(), benchmark.DEFAULT_NETWORK)
+    everything = benchmark.parameters(config)
+    names = [name for name, *_ in everything]
+    assert "v1 suspension TTL" in names and "http connections" in names
+    rows = compare.run_parameters(config, ["http", "chained", "suspended"], [65.0, 1000.5])
+    assert [name for name, *_ in rows] == names
+    assert dict((n, v) for n, v, _ in rows)["decode speeds"] == "65, 1000.5 tokens/s"
+    assert [r for r in rows if r[0] != "decode speeds"] == [r for r in everything if r[0] != "decode speeds"]
+    assert [n for n, *_ in compare.run_parameters(config, ["chained"], [1.0])] == [
+        n for n in names if n not in ("v1 suspension TTL", "http connections")]
+    assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http-stored"], [1.0])]
+    assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http"], [1.0])]
+
+
+# --- a run -------------------------------------------------------------------------------------------------
+
+
+def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_path, drawn, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "new" / "out"
+    clock = iter([10.0, 12.25])
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
+            "--rtt-ms", "40", "--out", str(out)]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "compare.json").read_text())
+    table, rows = saved["table"], json.loads((out / "compare_tasks.json").read_text())
+    assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [("http", 1000.0, 1), ("suspended", 1000.0, 1)]
+    assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("suspended", 1000.0)]
+    assert (out / "compare.json").read_text() == json.dumps({"table": table, "parameters": saved["parameters"]}, indent=1)
+    with (out / "compare.csv").open() as f:
+        assert [row["design"] for row in csv.DictReader(f)] == ["http", "suspended"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare.csv", "compare.json", "compare_tasks.json", "trace_http.json", "trace_suspended.json"]
+    assert json.loads((out / "trace_http.json").read_text())
+    [(args, kwargs)] = drawn
+    assert (args[0], args[1], args[2], kwargs) == (table, rows, out / "compare.png",
+                                                   {"workload": "the 'coding' workload", "clock": "virtual time"})
+    assert printed.startswith("\n1 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e p50 (s)")
+    parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
+    assert parameters["decode speeds"][0] == "1000 tokens/s"
+    assert parameters["network"][0].startswith("RTT 40 ms")
+    network_line = "  " + "network".ljust(44) + " " + parameters["network"][0].ljust(44) + " " + parameters["network"][1] + "\n"
+    assert "\nModeled parameters (value, source):\n  workload preset " in printed and network_line in printed
+    assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 1. compare runs v1 with a "
+            "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "
+            "300 s, v1 would end those tasks with response.failed (suspension_timeout) and the client would have to start "
+            "them again.\n") in printed
+    assert ("\n\n  reconnects (openai-python policy): none; WebSocket connections close after 60 minutes (WS guide), and a "
+            "task longer than that continues on a new connection\n") in printed
+    assert "results cache" not in printed
+    wrote = printed.splitlines()[-1]
+    assert wrote == (f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, trace_http.json, "
+                     "trace_suspended.json in 2.2 s")
+    # The same run again, with one more design, takes the two points it ran from the results cache, and says so.
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    argv[argv.index("suspended,http")] = "suspended,http,chained"
+    assert cli_main(argv) == 0
+    again = capsys.readouterr().out
+    assert (f"\n\n2 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
+            "the same configuration and code; --no-cache computes them again.\n") in again
+
+
+def test_a_run_without_v1_or_the_trace_speed_says_nothing_of_them(tmp_path, drawn, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "chained", "--jobs", "1",
+                     "--no-cache", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "suspension TTL" not in printed and "results cache" not in printed
+    assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):
+    slow = workload.Workload("slow", 0, (workload.TurnSpec(100, 5, (301.0,)), workload.TurnSpec(10, 5, ())))
+    quick = workload.Workload("quick", 0, (workload.TurnSpec(100, 5, (300.0,)), workload.TurnSpec(10, 5, ())))
+    monkeypatch.setattr(benchmark.BenchConfig, "tasks", lambda self: [slow, quick])
+    monkeypatch.setattr(benchmark, "summarize", lambda rows: [
+        {"design": "suspended", "decode_tps": 65.0, "reconnects": 2}, {"design": "http", "decode_tps": 1000.5, "reconnects": 0},
+        {"design": "chained", "decode_tps": 4000.0, "reconnects": 1}])
+    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: print(f"TABLE wide={wide}"))
+    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
+    assert cli_main(["compare", "--no-cache", "--wide", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\nTABLE wide=True\n")
+    assert "longer than v1's default 300 s suspension TTL: 1 of 2. " in printed
+    assert "\n  reconnects (openai-python policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
+
+
+def test_a_real_time_run_says_so_and_runs_its_grid_in_real_time(tmp_path, drawn, capsys, monkeypatch):
+    seen = []
+    monkeypatch.setattr(compare, "run_grid", lambda config, designs, speeds, runner, out, real: seen.append(real) or [])
+    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
+    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
+    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
+    assert seen == [True]
+    assert capsys.readouterr().out.startswith("\n1 tasks of the 'coding' workload, real time over loopback sockets\n")
+    assert drawn[0][1]["clock"] == "real time over loopback sockets"
+    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
+    assert seen == [True, False]
+
+
+def test_a_new_run_folder_under_the_results_folder_by_default(tmp_path, drawn, capsys, monkeypatch):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
+    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
+    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
+    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
+    [folder] = [p for p in (tmp_path / "compare").iterdir() if p.name != "latest"]
+    assert (tmp_path / "compare" / "latest").resolve() == folder.resolve()
+    assert (folder / "compare.csv").read_bytes() == b"design,decode_tps,reconnects\r\nhttp,65.0,0\r\n"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--trace", "/nonexistent/trace.jsonl"], "python -m prototype compare: error: "),
+    (["--latency", "/nonexistent/latency.json"], "python -m prototype compare: error: "),
+    (["--trace", str(CODEX_TRACE), "--turns", "2"],
+     "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
+])
+def test_a_bad_trace_profile_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
+    assert cli_main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(says) and err.endswith(" (see --help)\n") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_grid_runs_slowest_first_and_writes_one_trace_per_design_at_the_trace_speed(tmp_path):
+    calls = []
+
+    class Runner:
+        def map(self, function, grid, *, desc, first, measured):
+            calls.append((desc, [first(run) for run in grid], measured))
+            return [function(run) for run in grid]
+
+    class Planned:
+        def map(self, function, grid, *, desc, first, measured):
+            calls.append((measured, [run.real for run in grid]))
+            return [([], None) for _ in grid]
+
+    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
+    assert compare.run_grid(config, ["http"], [65.0], Planned(), tmp_path, real=True) == []
+    assert compare.run_grid(config, ["http"], [65.0], Planned(), tmp_path) == []
+    assert calls == [(True, [True]), (False, [False])]
+    calls.clear()
+    rows = compare.run_grid(config, ["http", "chained"], [1000.0, 4000.0], Runner(), tmp_path)
+    assert calls == [("compare", [(1000.0, False), (1000.0, True), (4000.0, False), (4000.0, True)], False)]
+    assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("chained", 1000.0), ("http", 4000.0),
+                                                              ("chained", 4000.0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace_chained.json", "trace_http.json"]
+    rows, traced = compare.compare_point(benchmark.DesignRun("http", 4000.0, config))
+    assert traced is None and len(rows) == 1
+    rows, traced = compare.compare_point(benchmark.DesignRun("http", 1000.0, config))
+    assert traced is not None and traced.design == "http-stateless"
+
+
+# --- the real engine's path, with a stand-in engine -------------------------------------------------------
+
+
+def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, drawn, capsys, monkeypatch):
+    seen = []
+
+    class Call:
+        def __init__(self, prompt, computed, hits):
+            self.prompt_tokens, self.prefill_tokens, self.prefix_hits = prompt, computed, hits
+
+    def designs_on_vllm(designs, config, spec, *, python, decode_tps, parallel):
+        seen.append((designs, spec.name, python, decode_tps, parallel))
+        records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs}
+        return {d: (records[d], [Call(1000, 400, 600), Call(2500, 100, 2400)]) for d in designs}
+
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", designs_on_vllm)
+    out = tmp_path / "out"
+    assert cli_main(["compare", "--engine", "vllm", "--vllm-python", "/p/python", "--vllm-parallel", "--tasks", "1",
+                     "--turns", "2", "--preset", "chat", "--designs", "chained", "--out", str(out)]) == 0
+    assert seen == [(["chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
+    printed = capsys.readouterr().out
+    assert printed.startswith("vllm chained      model calls    2  prompt tokens     3,500  prefill computed       500"
+                              "  prefix-cache hits     3,000\n\n1 tasks of the 'chat' workload, real time on vLLM "
+                              "(tiny-llama-cpu, dummy weights)\n")
+    assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
+                                               "trace_chained.json in ")
+    assert "results cache" not in printed
+    assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
+    assert [r["decode_tps"] for r in json.loads((out / "compare_tasks.json").read_text())] == [1000.0]
+
+
+def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=2048))
+    assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
+    [task] = benchmark.BenchConfig(n_tasks=1, fixed_turns=2).tasks()
+    assert capsys.readouterr().err == (
+        f"python -m prototype compare: error: --engine vllm: task coding-0 reaches {task.context_before(2):,} tokens of "
+        "context, more than tiny-llama-cpu's context window of 2,048 (fewer --turns, or another --vllm-model)\n")
+
+
+def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, monkeypatch):
+    def unavailable(*args, **kwargs):
+        raise VllmUnavailable("no vllm here")
+
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", unavailable)
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=10**9))
+    assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "python -m prototype compare: error: --engine vllm: no vllm here\n"
+
+
+def test_a_context_exactly_at_the_window_is_refused(tmp_path, monkeypatch):
+    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
+    [task] = config.tasks()
+    context = task.context_before(len(task.turns))
+    args = parsed("--engine", "vllm")
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
+    with pytest.raises(compare.ContextTooLong):
+        compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
+    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path)) == []
+
+
+def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):
+    from prototype.trace import write_chrome_trace
+
+    config = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=2)
+    records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in ("http", "chained")}
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda designs, *a, **k: {d: (records[d], []) for d in designs})
+    rows = compare.run_on_vllm(parsed("--engine", "vllm"), config, ["http", "chained"], tmp_path)
+    assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
+        ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
+    write_chrome_trace(records["http"][:1], tmp_path / "first.json")
+    assert (tmp_path / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
+    assert capsys.readouterr().out.splitlines() == [
+        "vllm http         model calls    0  prompt tokens         0  prefill computed         0  prefix-cache hits         0",
+        "vllm chained      model calls    0  prompt tokens         0  prefill computed         0  prefix-cache hits         0",
+    ]

@@ -1,0 +1,200 @@
+"""The sweep runner outside its cache key, held to exact values (prototype/sweep.py): a script's function taken
+from its module, the cache's folder and files, the executor each command-line choice gives, the runner built
+from the command line, measured runs, and the executor a single pending run takes."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import pickle
+import sys
+import types
+
+import pytest
+
+from prototype import analysis, sweep
+from prototype.cli import common
+
+
+def test_a_function_of_a_module_is_itself():
+    assert sweep.importable(analysis.format_value) is analysis.format_value
+
+
+def a_script_function():
+    def format_value(value):
+        return value
+
+    format_value.__module__ = "__main__"
+    format_value.__qualname__ = "format_value"
+    return format_value
+
+
+def test_a_function_of_a_script_run_with_python_m_is_taken_from_its_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
+    assert sweep.importable(a_script_function()) is analysis.format_value
+
+
+@pytest.mark.parametrize("spec", [None, types.SimpleNamespace(name="")])
+def test_a_function_of_a_plain_script_is_refused(spec, monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=spec))
+    with pytest.raises(ValueError) as refused:
+        sweep.importable(a_script_function())
+    assert str(refused.value) == "format_value is defined in a script: run it with `python -m` or move it to a module"
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace())
+    with pytest.raises(ValueError):
+        sweep.importable(a_script_function())
+
+
+def test_the_cache_folder_is_the_environments_else_results_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "c"))
+    assert sweep.default_cache_dir() == tmp_path / "c"
+    assert sweep.Cache().root == tmp_path / "c"
+    monkeypatch.setenv("TESTBED_CACHE", "")
+    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache"
+    monkeypatch.delenv("TESTBED_CACHE")
+    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache"
+    assert sweep.REPO == sweep.Path(sweep.__file__).resolve().parent.parent
+    assert sweep.Cache(str(tmp_path)).root == tmp_path
+
+
+def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path, monkeypatch):
+    made = []
+    mkstemp = sweep.tempfile.mkstemp
+
+    def recording(**kwargs):
+        fd, path = mkstemp(**kwargs)
+        made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(sweep.tempfile, "mkstemp", recording)
+    cache = sweep.Cache(tmp_path)
+    cache.put("abcdef", {"row": 1})
+    path = tmp_path / "ab" / "abcdef.pickle"
+    assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == ["abcdef.pickle"]  # the temporary file was renamed
+    [temporary] = made
+    assert os.path.dirname(temporary) == str(tmp_path / "ab") and temporary.endswith(".tmp")
+    data = path.read_bytes()
+    assert data[:2] == b"\x80" + bytes([pickle.HIGHEST_PROTOCOL])
+    assert cache.get("abcdef") == (True, {"row": 1})
+    cache.put("abcdef", [2])  # overwritten in place
+    assert cache.get("abcdef") == (True, [2])
+    cache.put("ab0", None)
+    assert cache.get("ab0") == (True, None)
+    assert cache.get("zz") == (False, None)
+
+
+@pytest.mark.parametrize("cluster, jobs, in_process, kind, name", [
+    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"),
+    (None, 3, False, sweep.Processes, "3 processes"),
+    (None, 1, False, sweep.InProcess, "in-process"),
+    (None, 3, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
+    ("local", None, True, sweep.InProcess, "in-process"),
+])
+def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
+    executor = sweep.executor_for(cluster, jobs, in_process)
+    assert type(executor) is kind and executor.name == name
+
+
+def test_a_cluster_gives_dask_at_its_address_with_the_jobs_asked_for():
+    executor = sweep.executor_for("tcp://h:8786", 4)
+    assert type(executor) is sweep.Dask
+    assert (executor.address, executor.jobs) == ("tcp://h:8786", 4)
+    assert type(sweep.executor_for("local")) is sweep.Dask
+    assert type(sweep.executor_for()) is sweep.Processes and sweep.executor_for().jobs == (os.cpu_count() or 1)
+
+
+def test_processes_default_to_one_per_core(monkeypatch):
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: None)
+    assert (sweep.Processes().jobs, sweep.Processes().name) == (1, "1 processes")
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 6)
+    assert (sweep.Processes().jobs, sweep.Processes(2).jobs) == (6, 2)
+
+
+def runner_parser():
+    parser = common.Parser(prog="t")
+    sweep.add_arguments(parser)
+    return parser
+
+
+def test_the_runner_options_their_defaults_and_help():
+    parser = runner_parser()
+    args = parser.parse_args([])
+    assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (None, False, None, False)
+    [group] = [g for g in parser._action_groups if g.title == "sweep runner"]
+    helps = {a.dest: a.help for a in group._group_actions}
+    assert helps == {
+        "jobs": "parallel runs (default: one per core; 1: in this process)",
+        "in_process": "run the grid in this process, one run at a time",
+        "cluster": "run on Dask: a scheduler address (tcp://host:8786) or 'local' for a LocalCluster",
+        "no_cache": "compute every run, ignoring and not writing the results cache",
+    }
+    assert [a.metavar for a in group._group_actions if a.dest == "cluster"] == ["ADDRESS"]
+    args = parser.parse_args(["--jobs", "2", "--in-process", "--cluster", "local", "--no-cache"])
+    assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (2, True, "local", True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--jobs", "0"])
+
+
+def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    runner = sweep.runner_from_args(runner_parser().parse_args(["--jobs", "1"]))
+    assert type(runner.executor) is sweep.InProcess and runner.cache.root == tmp_path and runner.progress is True
+    runner = sweep.runner_from_args(runner_parser().parse_args(["--no-cache", "--jobs", "5"]), progress=False)
+    assert type(runner.executor) is sweep.Processes and runner.executor.jobs == 5
+    assert runner.cache is None and runner.progress is False
+    runner = sweep.runner_from_args(argparse.Namespace(cluster="tcp://x:1", jobs=None, in_process=False, no_cache=False))
+    assert type(runner.executor) is sweep.Dask
+    assert type(sweep.runner_from_args(runner_parser().parse_args(["--in-process"])).executor) is sweep.InProcess
+
+
+def test_a_measured_run_may_be_any_callable_even_a_scripts(monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+    assert sweep.measured(a_script_function(), [1.5, 2.5], progress=False) == [1.5, 2.5]
+
+
+def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    seen = []
+    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]
+    assert seen == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "timing: 100%" in err and "3/3" in err and "0 cached, in-process" in err
+    assert sweep.measured(lambda x: x, [1], progress=False) == [1]
+    assert capsys.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def double(x):
+    return 2 * x
+
+
+def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys, tmp_path):
+    class Refusing:
+        name = "refusing"
+
+        def map_unordered(self, fn, jobs):
+            raise AssertionError("the executor ran")
+
+    runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
+    assert runner.map(double, [21]) == [42]
+    assert (runner.cached, runner.executed) == (0, 1)
+    err = capsys.readouterr().err
+    assert "double: 100%" in err and "0 cached, in-process" in err
+    assert runner.map(double, [21, 4]) == [42, 8]  # one cached, the other still in this process
+    assert (runner.cached, runner.executed) == (1, 2)
+    assert "1 cached, in-process" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="the executor ran"):
+        runner.map(double, [1, 2])
+
+
+def test_a_grid_of_a_python_m_scripts_function_runs_its_modules_function(monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
+    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    assert runner.map(a_script_function(), [1.5]) == ["1.500"]  # analysis.format_value, not the script's copy
+
+
+def test_a_callable_without_a_name_and_no_description_is_shown_as_runs(capsys):
+    assert sweep.measured(functools.partial(double), [1]) == [2]
+    assert "runs: 100%" in capsys.readouterr().err

@@ -11,11 +11,14 @@ import pytest
 import trio
 import trio.lowlevel
 import trio_websocket
+from support import make_server
 
+from prototype.api.service import owner_of
 from prototype.client import v1
-from prototype.client.connect import RoundRobinConnector
-from prototype.client.harness import CHAINED, Rollout, RolloutRecord
-from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed
+from prototype.client.connect import InMemoryConnector, RoundRobinConnector
+from prototype.client.harness import CHAINED, Rollout, RolloutRecord, TurnRecord
+from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_multiplexed_rollouts
+from prototype.client.reconnecting import _close_code
 from prototype.client.sse import END_TYPES, SseEvent, SseProtocolError, StrictSseParser, parse_stream
 from prototype.protocol import events as ev
 from prototype.server.http import sse_block
@@ -240,6 +243,17 @@ def created(sequence: int) -> bytes:
          "SSE line 3: sequence_number 1, expected 0"),
         (b"event: x\ndata: " + json.dumps({"type": "x"}).encode() + b"\n\n", "SSE line 3: sequence_number None, expected 0"),
         (created(0) + created(2), "SSE line 6: sequence_number 2, expected 1"),
+        (COMPLETED_BLOCK.replace(b"\n", b"\r\n"), "SSE line 1: a carriage return; lines must end with \\n only"),
+        (b"event: x\nevent: x\n", "SSE line 2: an event: line inside a block (missing blank line?)"),
+        (b"data: {}\n", "SSE line 1: a data: line before the block's event: line"),
+        (COMPLETED_BLOCK.replace(b"\n\n", b"\ndata: {}\n\n"), "SSE line 3: a second data: line in one block"),
+        (b"event: x\ndata: {not json}\n\n",
+         "SSE line 2: data is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (b"event: x\ndata: [1, 2]\n\n", "SSE line 2: data is not a JSON object"),
+        (b"\n", "SSE line 1: a blank line outside a block"),
+        (b"event: x\n\n", "SSE line 2: event 'x' has no data: line"),
+        (b"event: x\ndata: \xff\n\n", "SSE line 2: invalid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        (b"event: \xfe\n", "SSE line 1: invalid UTF-8: 'utf-8' codec can't decode byte 0xfe in position 0: invalid start byte"),
         (b"event: response.completed\ndata: {\"type\": \"response.completed\", \"sequence_number\": 0}\n\n\n",
          "SSE line 4: data after the end event: b''"),
     ],
@@ -320,9 +334,18 @@ async def test_a_lane_stamps_only_its_creates_and_counts_the_compact_bytes_it_se
     assert LANE_BUFFER == 100_000 and agent.events.statistics().max_buffer_size == LANE_BUFFER
 
 
+async def read_all_lanes(mux: Multiplexed, agent: LaneChannel, default: LaneChannel, events: list[dict[str, Any]]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mux.read)
+        assert await agent.until("response.output_text.delta") == events[:2]
+        assert await agent.until_pause() == events[4]
+        assert await default.until("never") == [events[2]]  # an error ends a wait
+        assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
+
+
 async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane_at_the_end(autojump_clock) -> None:
     events = [
-        {"type": "response.created", "stream_id": "agent-1", "response": {"id": "resp_a"}, "sequence_number": 0},
+        {"type": "response.created", "stream_id": "agent-1", "response": {"id": "resp_a", "instructions": "é"}, "sequence_number": 0},
         {"type": "response.output_text.delta", "stream_id": "agent-1", "sequence_number": 1, "delta": "é"},
         {"type": "error", "error": {"code": "x"}},
         {"type": "response.created", "stream_id": "agent-9", "response": {"id": "resp_z"}},
@@ -334,12 +357,9 @@ async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane
     default, rollout = mux.lane(None), lane_rollout()
     rollout.start_turn([], 0)
     agent = mux.lane("agent-1", rollout)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(mux.read)
-        assert await agent.until("response.output_text.delta") == events[:2]
-        assert await agent.until_pause() == events[4]
-        assert await default.until("never") == [events[2]]  # an error ends a wait
-        assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
+    # On the virtual clock, a lane that waits for ever fails at once rather than hanging the test.
+    with trio.fail_after(60):
+        await read_all_lanes(mux, agent, default, events)
     sizes = [len(text.encode()) for text in texts]
     assert rollout.record.turns[0].bytes_received == sizes[0] + sizes[1] + sizes[4]
     assert rollout.record.timeline[-1] == (0.0, "recv", "response.completed")
@@ -354,5 +374,59 @@ async def test_a_lanes_wait_ends_at_a_pause_or_at_an_error() -> None:
         lane = LaneChannel(None, "a", receive_channel)  # type: ignore[arg-type]
         for event in [{"type": "response.in_progress"}, {"type": end}, {"type": "after"}]:
             await send_channel.send((event, 1))
+        await send_channel.aclose()  # a wait that read past its end fails at once
         assert await lane.until_pause() == {"type": end}
         assert await lane.receive() == {"type": "after"}
+
+
+async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+    server = make_server()
+    workloads = [fixed(2, initial_prompt_tokens=50, appended_tokens=5, output_tokens=5, name=f"task-{i}") for i in range(2)]
+    asked: list[object] = []
+    ended: list[TurnRecord] = []
+
+    def metadata_for(index: int) -> dict[str, str]:
+        asked.append(index)
+        return {"testbed_workload": "fixed:2:50:5:5:0", "lane": f"agent-{index}"}
+
+    records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads, metadata_for=metadata_for, on_turn_end=ended.append)
+    assert sorted(asked) == [0, 1]  # type: ignore[type-var]
+    assert [(r.design, r.workload, r.status, len(r.turns)) for r in records] == [("chained", "task-0", "completed", 2),
+                                                                                  ("chained", "task-1", "completed", 2)]
+    assert sorted(id(turn) for turn in ended) == sorted(id(turn) for r in records for turn in r.turns)
+    assert all(turn.server_timing is None for r in records for turn in r.turns)  # no timings unless asked
+    assert all(server.api.store.get(response_id) is None for r in records for response_id in r.response_ids)  # store: false
+
+    stored_records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads[:1], metadata_for=metadata_for,
+                                                    store=True, include_timing=True)
+    [record] = stored_records
+    assert all(turn.server_timing is not None for turn in record.turns)
+    stored = server.api.store.get(record.response_ids[-1])
+    assert stored is not None and stored.owner == owner_of("testbed")
+    assert (stored.response["model"], stored.response["metadata"]) == ("gpt-5.4", {"testbed_workload": "fixed:2:50:5:5:0", "lane": "agent-0"})
+
+
+# ---------------------------------------------------------------- the reconnecting client's close codes
+
+
+class ClosedSocket:
+    """A connection as `_close_code` reads one: the reason it closed with, if it did."""
+
+    def __init__(self, code: int | None) -> None:
+        self.closed = None if code is None else trio_websocket.CloseReason(code, None)
+
+
+class LinkErrorWithReason(OSError):
+    """An error that carries a `reason` of its own (as `ssl.SSLError` does), not a close reason."""
+
+    reason = "WRONG_VERSION_NUMBER"
+
+
+def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
+    closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
+    assert _close_code(closed, None) == 1011
+    assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
+    assert _close_code(trio_websocket.ConnectionClosed(None), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]
+    assert _close_code(OSError("refused"), None) is None

@@ -222,11 +222,17 @@ async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design
     assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
     assert record.seconds > reference.seconds
     assert_each_completed_event_once(record)
+    # A retried turn's first token and end are the retried response's: numbers, in order.
+    for turn in record.turns:
+        assert isinstance(turn.first_token_at, float) and isinstance(turn.ended_at, float)
+        assert turn.sent_at <= turn.first_token_at <= turn.ended_at
 
 
 async def test_without_reconnects_a_drop_fails_the_task_with_its_close_code(autojump_clock) -> None:
     record = await converse(server_with(), CHAINED, faults=LinkFaults(drop_per_server_chunk=0.01, seed=1), policy=NEVER)
     assert record.status == "error:closed_1006" and record.reconnects == 0
+    # The cut turn never ended: what its lost response delivered is forgotten.
+    assert (record.turns[-1].first_token_at, record.turns[-1].ended_at) == (None, None)
 
 
 async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly(autojump_clock) -> None:
@@ -278,6 +284,28 @@ async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(au
         record = await converse(server, CHAINED, connector=connector, policy=CODEX)
     assert record.fell_back_to_http and record.status == "completed"
     assert record.transcript == reference.transcript
+
+
+async def test_the_fallback_to_https_keeps_the_api_key_and_the_timing_header(autojump_clock) -> None:
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS), ServerConfig(api_keys=frozenset({"key-1"})))
+    metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
+    connector = InMemoryConnector(server, faults=LinkFaults())
+
+    async def restart() -> None:
+        await trio.sleep(10.7)
+        connector.refusing = True
+        connector.links.cut_all("restart")
+        await trio.sleep(8.0)
+        api = server.api
+        connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
+                                           ServerConfig(api_keys=frozenset({"key-1"})))
+        connector.refusing = False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart)
+        record = await run_reconnecting_rollout(connector, CHAINED, TASK, CODEX, metadata=metadata, api_key="key-1", include_timing=True)
+    assert record.fell_back_to_http and record.status == "completed"
+    assert all(turn.server_timing is not None for turn in record.turns)  # over HTTP as over the WebSocket
 
 
 async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_up(autojump_clock) -> None:

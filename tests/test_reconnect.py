@@ -275,6 +275,32 @@ async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str
     assert record.recovery_seconds[0] > 2.0
 
 
+async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_as_resent(autojump_clock) -> None:
+    reference = await converse(server_with(), CHAINED)
+    server = server_with()
+    connector = InMemoryConnector(server, faults=LinkFaults())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
+        record = await converse(server, CHAINED, connector=connector)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with
+    # the whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
+    extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
+    assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
+    assert record.resent_bytes == extra[1] and record.full_resends == 1
+
+
+@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
+async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network) -> None:
+    record = await converse(server_with(lifetime=8), CHAINED, network=network, store=True)
+    assert record.status == "completed"
+    # With a store, each clean close costs one create that found the socket closed, sent again on a new connection.
+    creates = [kind for kind in plain(record) if kind == "send response.create"]
+    assert record.reconnects >= 2 and record.reconnects == len(creates) - len(record.turns)
+    # Turn 0 starts with the task, before the handshakes of the connection it opens (docs/metrics.md).
+    assert record.turns[0].sent_at == record.started_at
+
+
 async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:
     reference = await converse(server_with(), CHAINED)
     server = server_with()

@@ -291,14 +291,30 @@ async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_
 
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
-async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network) -> None:
-    record = await converse(server_with(lifetime=8), CHAINED, network=network, store=True)
+@pytest.mark.parametrize("store", [True, False])
+async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network, store: bool) -> None:
+    record = await converse(server_with(lifetime=8), CHAINED, network=network, store=store)
     assert record.status == "completed"
-    # With a store, each clean close costs one create that found the socket closed, sent again on a new connection.
+    # Each clean close costs one create that found the socket closed, sent again on a new connection; without a
+    # store, that one is told the chain is gone, and a third goes with the whole conversation.
     creates = [kind for kind in plain(record) if kind == "send response.create"]
-    assert record.reconnects >= 2 and record.reconnects == len(creates) - len(record.turns)
+    assert record.reconnects >= 2 and record.reconnects * (1 if store else 2) == len(creates) - len(record.turns)
+    assert record.full_resends == (0 if store else record.reconnects)
     # Turn 0 starts with the task, before the handshakes of the connection it opens (docs/metrics.md).
     assert record.turns[0].sent_at == record.started_at
+
+
+async def test_a_v1_restart_counts_all_but_the_tool_outputs_it_owed_as_resent(autojump_clock) -> None:
+    reference = await converse(server_with(), SUSPENDED)
+    record = await converse(server_with(lifetime=8), SUSPENDED)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    # Each limit ends the connection while the tools run; the append then finds it gone, and the turn goes as a
+    # new response carrying the whole conversation. Of that request, only the tool outputs were owed: the
+    # reference's append of the same turn is `{"type":"response.append","input":<outputs>}`.
+    append_frame = len('{"type":"response.append","input":}')
+    restarted = [i for i, (turn, ref) in enumerate(zip(record.turns, reference.turns, strict=True)) if turn.bytes_sent != ref.bytes_sent]
+    assert len(restarted) >= 2 and record.full_resends == len(restarted) == record.reconnects
+    assert record.resent_bytes == sum(record.turns[i].bytes_sent - (reference.turns[i].bytes_sent - append_frame) for i in restarted)
 
 
 async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:

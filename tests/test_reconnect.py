@@ -293,8 +293,11 @@ async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 @pytest.mark.parametrize("store", [True, False])
 async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network, store: bool) -> None:
-    record = await converse(server_with(lifetime=8), CHAINED, network=network, store=store)
+    server = server_with(lifetime=8)
+    connector = InMemoryConnector(server, network, faults=LinkFaults())
+    record = await converse(server, CHAINED, connector=connector, store=store)
     assert record.status == "completed"
+    assert connector.links.opened == record.reconnects + 1  # one new connection per reconnect, no other
     # Each clean close costs one create that found the socket closed, sent again on a new connection; without a
     # store, that one is told the chain is gone, and a third goes with the whole conversation.
     creates = [kind for kind in plain(record) if kind == "send response.create"]
@@ -315,6 +318,15 @@ async def test_a_v1_restart_counts_all_but_the_tool_outputs_it_owed_as_resent(au
     restarted = [i for i, (turn, ref) in enumerate(zip(record.turns, reference.turns, strict=True)) if turn.bytes_sent != ref.bytes_sent]
     assert len(restarted) >= 2 and record.full_resends == len(restarted) == record.reconnects
     assert record.resent_bytes == sum(record.turns[i].bytes_sent - (reference.turns[i].bytes_sent - append_frame) for i in restarted)
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_a_refused_request_ends_the_task_with_its_code_and_no_reconnect(autojump_clock, design: str) -> None:
+    record = await run_reconnecting_rollout(InMemoryConnector(server_with(), faults=LinkFaults()), design, TASK, CODEX,
+                                            metadata={"testbed_workload": "bogus:1"})
+    assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:invalid_value", 0, False)
+    assert [(turn.sent_at, turn.ended_at) for turn in record.turns] == [(0.0, 0.0)]
+    assert plain(record) == ["send response.create", "recv error"]  # asked once: the refusal is not retried
 
 
 async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:

@@ -236,6 +236,8 @@ def created(sequence: int) -> bytes:
         (b"event: response.completed\n", "SSE line 1: the body ends without the blank line that terminates the last event"),
         (created(0), "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)"),
         (b"event: response.created\ndata: {}\n\n", "SSE line 2: event: 'response.created' differs from data.type None"),
+        (b'event: response.created\ndata: {"type":"response.completed"}\n\n',
+         "SSE line 2: event: 'response.created' differs from data.type 'response.completed'"),
         (b"event:  response.completed\n", "SSE line 1: bad event name ' response.completed'"),
         (b"event: response.completed \n", "SSE line 1: bad event name 'response.completed '"),
         (b'event: response.completed\ndata:  [DONE] \n\n', "SSE line 2: a [DONE] sentinel; the stream must end after its end event"),

@@ -222,11 +222,17 @@ async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design
     assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
     assert record.seconds > reference.seconds
     assert_each_completed_event_once(record)
+    # A retried turn's first token and end are the retried response's: numbers, in order.
+    for turn in record.turns:
+        assert isinstance(turn.first_token_at, float) and isinstance(turn.ended_at, float)
+        assert turn.sent_at <= turn.first_token_at <= turn.ended_at
 
 
 async def test_without_reconnects_a_drop_fails_the_task_with_its_close_code(autojump_clock) -> None:
     record = await converse(server_with(), CHAINED, faults=LinkFaults(drop_per_server_chunk=0.01, seed=1), policy=NEVER)
     assert record.status == "error:closed_1006" and record.reconnects == 0
+    # The cut turn never ended: what its lost response delivered is forgotten.
+    assert (record.turns[-1].first_token_at, record.turns[-1].ended_at) == (None, None)
 
 
 async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly(autojump_clock) -> None:
@@ -269,6 +275,60 @@ async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str
     assert record.recovery_seconds[0] > 2.0
 
 
+async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_as_resent(autojump_clock) -> None:
+    reference = await converse(server_with(), CHAINED)
+    server = server_with()
+    connector = InMemoryConnector(server, faults=LinkFaults())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
+        record = await converse(server, CHAINED, connector=connector)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with
+    # the whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
+    extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
+    assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
+    assert record.resent_bytes == extra[1] and record.full_resends == 1
+
+
+@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
+@pytest.mark.parametrize("store", [True, False])
+async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network, store: bool) -> None:
+    server = server_with(lifetime=8)
+    connector = InMemoryConnector(server, network, faults=LinkFaults())
+    record = await converse(server, CHAINED, connector=connector, store=store)
+    assert record.status == "completed"
+    assert connector.links.opened == record.reconnects + 1  # one new connection per reconnect, no other
+    # Each clean close costs one create that found the socket closed, sent again on a new connection; without a
+    # store, that one is told the chain is gone, and a third goes with the whole conversation.
+    creates = [kind for kind in plain(record) if kind == "send response.create"]
+    assert record.reconnects >= 2 and record.reconnects * (1 if store else 2) == len(creates) - len(record.turns)
+    assert record.full_resends == (0 if store else record.reconnects)
+    # Turn 0 starts with the task, before the handshakes of the connection it opens (docs/metrics.md).
+    assert record.turns[0].sent_at == record.started_at
+
+
+async def test_a_v1_restart_counts_all_but_the_tool_outputs_it_owed_as_resent(autojump_clock) -> None:
+    reference = await converse(server_with(), SUSPENDED)
+    record = await converse(server_with(lifetime=8), SUSPENDED)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    # Each limit ends the connection while the tools run; the append then finds it gone, and the turn goes as a
+    # new response carrying the whole conversation. Of that request, only the tool outputs were owed: the
+    # reference's append of the same turn is `{"type":"response.append","input":<outputs>}`.
+    append_frame = len('{"type":"response.append","input":}')
+    restarted = [i for i, (turn, ref) in enumerate(zip(record.turns, reference.turns, strict=True)) if turn.bytes_sent != ref.bytes_sent]
+    assert len(restarted) >= 2 and record.full_resends == len(restarted) == record.reconnects
+    assert record.resent_bytes == sum(record.turns[i].bytes_sent - (reference.turns[i].bytes_sent - append_frame) for i in restarted)
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_a_refused_request_ends_the_task_with_its_code_and_no_reconnect(autojump_clock, design: str) -> None:
+    record = await run_reconnecting_rollout(InMemoryConnector(server_with(), faults=LinkFaults()), design, TASK, CODEX,
+                                            metadata={"testbed_workload": "bogus:1"})
+    assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:invalid_value", 0, False)
+    assert [(turn.sent_at, turn.ended_at) for turn in record.turns] == [(0.0, 0.0)]
+    assert plain(record) == ["send response.create", "recv error"]  # asked once: the refusal is not retried
+
+
 async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:
     reference = await converse(server_with(), CHAINED)
     server = server_with()
@@ -278,6 +338,28 @@ async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(au
         record = await converse(server, CHAINED, connector=connector, policy=CODEX)
     assert record.fell_back_to_http and record.status == "completed"
     assert record.transcript == reference.transcript
+
+
+async def test_the_fallback_to_https_keeps_the_api_key_and_the_timing_header(autojump_clock) -> None:
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS), ServerConfig(api_keys=frozenset({"key-1"})))
+    metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
+    connector = InMemoryConnector(server, faults=LinkFaults())
+
+    async def restart() -> None:
+        await trio.sleep(10.7)
+        connector.refusing = True
+        connector.links.cut_all("restart")
+        await trio.sleep(8.0)
+        api = server.api
+        connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
+                                           ServerConfig(api_keys=frozenset({"key-1"})))
+        connector.refusing = False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(restart)
+        record = await run_reconnecting_rollout(connector, CHAINED, TASK, CODEX, metadata=metadata, api_key="key-1", include_timing=True)
+    assert record.fell_back_to_http and record.status == "completed"
+    assert all(turn.server_timing is not None for turn in record.turns)  # over HTTP as over the WebSocket
 
 
 async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_up(autojump_clock) -> None:

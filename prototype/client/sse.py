@@ -131,6 +131,7 @@ class StrictSseParser:
         """The body ended: refuse a partial line, a block without its blank line, and (unless
         `require_end` is false) a stream without an end event."""
         if self._buffer:
+            self._line += 1  # the unfinished line is the one after the last whole line
             raise self._fail(f"the body ends inside a line: {bytes(self._buffer[:80])!r}")
         if self._event is not None or self._data is not None:
             raise self._fail("the body ends without the blank line that terminates the last event")

@@ -1,0 +1,434 @@
+"""The clients' helpers held to exact values: the v1 helpers over openai-python's connection (with a stand-in
+connection that records what it is sent), the strict SSE parser's bookkeeping, the connectors and the lanes.
+Written against the survivors of the mutation run (docs/mutation.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+import trio_websocket
+from support import make_server
+
+from prototype.api.service import owner_of
+from prototype.client import v1
+from prototype.client.connect import InMemoryConnector, RoundRobinConnector
+from prototype.client.harness import CHAINED, Rollout, RolloutRecord, TurnRecord
+from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_multiplexed_rollouts
+from prototype.client.reconnecting import _close_code
+from prototype.client.sse import END_TYPES, SseEvent, SseProtocolError, StrictSseParser, parse_stream
+from prototype.protocol import events as ev
+from prototype.server.http import sse_block
+from prototype.workload import fixed
+
+# ---------------------------------------------------------------- v1 helpers (sans-IO stand-ins)
+
+
+class FakeConnection:
+    """What the v1 helpers use of openai-python's connection: `recv_bytes`, `send_raw`, `close`."""
+
+    def __init__(self, frames: list[dict[str, Any]] | None = None) -> None:
+        self.frames = [json.dumps(frame).encode() for frame in frames or []]
+        self.sent: list[str] = []
+        self.closed = 0
+
+    def recv_bytes(self) -> bytes:
+        return self.frames.pop(0)
+
+    def send_raw(self, text: str) -> None:
+        self.sent.append(text)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeManager:
+    def __init__(self, conn: FakeConnection | None, error: BaseException | None) -> None:
+        self.conn, self.error = conn, error
+
+    def __enter__(self) -> FakeConnection:
+        if self.error is not None:
+            raise self.error
+        assert self.conn is not None
+        return self.conn
+
+
+class FakeResponses:
+    def __init__(self, conn: FakeConnection | None = None, error: BaseException | None = None) -> None:
+        self.conn, self.error = conn, error
+        self.calls: list[dict[str, Any]] = []
+
+    def connect(self, **options: Any) -> FakeManager:
+        self.calls.append(options)
+        return FakeManager(self.conn, self.error)
+
+
+class FakeClient:
+    def __init__(self, conn: FakeConnection | None = None, error: BaseException | None = None) -> None:
+        self.responses = FakeResponses(conn, error)
+
+
+class FakeHttpResponse:
+    def __init__(self, status_code: int, body: object) -> None:
+        self.status_code, self.body = status_code, body
+
+
+class InvalidStatus(Exception):
+    """Shaped as the `websockets` library's: the refused handshake's response on `.response`."""
+
+    def __init__(self, response: FakeHttpResponse) -> None:
+        super().__init__("server rejected WebSocket connection")
+        self.response = response
+
+
+def test_v1_connect_adds_the_beta_header_over_the_callers_and_keeps_the_other_options() -> None:
+    conn = FakeConnection()
+    client = FakeClient(conn)
+    headers = {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}
+    with v1.connect(client, extra_headers=headers, websocket_connection_options={"max_size": None}) as opened:
+        assert opened is conn and conn.closed == 0
+    assert conn.closed == 1
+    assert client.responses.calls == [{
+        "extra_headers": {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-04"},
+        "websocket_connection_options": {"max_size": None},
+    }]
+    assert headers == {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}  # the caller's dict is left as it was
+    with v1.connect(FakeClient(FakeConnection())) as _:
+        pass
+    assert v1.BETA_HEADER == {"OpenAI-Beta": "responses_websockets=2026-02-04"}
+
+
+def test_v1_connect_closes_the_connection_when_the_body_raises() -> None:
+    conn = FakeConnection()
+    with pytest.raises(KeyError), v1.connect(FakeClient(conn)):
+        raise KeyError("boom")
+    assert conn.closed == 1
+
+
+def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_cause() -> None:
+    refusal = InvalidStatus(FakeHttpResponse(400, b'{"error":{"code":"unsupported_beta"}}'))
+    wrapped = RuntimeError("openai wrapped it")
+    wrapped.__cause__ = refusal
+    with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(FakeClient(error=wrapped)):
+        pass
+    assert (refused.value.status, refused.value.body) == (400, '{"error":{"code":"unsupported_beta"}}')
+    assert str(refused.value) == 'WebSocket handshake refused with HTTP 400: {"error":{"code":"unsupported_beta"}}'
+    assert refused.value.__cause__ is wrapped
+
+
+def test_a_refused_v1_handshake_is_found_through_the_context_and_decodes_bad_bytes_with_replacement() -> None:
+    try:
+        try:
+            raise InvalidStatus(FakeHttpResponse(403, b"no \xff"))
+        except InvalidStatus:
+            raise OSError("handshake failed") from None
+    except OSError as exc:
+        error = exc
+    error.__suppress_context__ = False
+    refused = v1._refusal(error)
+    assert refused is not None and (refused.status, refused.body) == (403, "no \ufffd")
+
+
+@pytest.mark.parametrize(("body", "text"), [(None, ""), (b"", ""), ("already text", "already text")])
+def test_a_refusal_body_that_is_missing_or_text(body: object, text: str) -> None:
+    refused = v1._refusal(InvalidStatus(FakeHttpResponse(401, body)))
+    assert refused is not None and (refused.status, refused.body) == (401, text)
+
+
+def test_a_refusal_whose_response_has_no_body_keeps_an_empty_one() -> None:
+    class StatusOnly:
+        status_code = 502
+
+    refused = v1._refusal(InvalidStatus(StatusOnly()))  # type: ignore[arg-type]
+    assert refused is not None and (refused.status, refused.body) == (502, "")
+
+
+def test_a_failure_that_is_not_a_refusal_is_raised_as_it_is() -> None:
+    error = ConnectionResetError("reset")
+    assert v1._refusal(error) is None
+    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=error)):
+        pass
+    assert raised.value is error
+
+
+@pytest.mark.parametrize("end", ["response.done", "response.completed", "response.failed", "response.incomplete",
+                                 "response.cancelled", "error"])
+def test_until_pause_stops_at_each_pause_end_or_error_and_keeps_every_event(end: str) -> None:
+    frames = [{"type": "response.created"}, {"type": "response.output_text.delta"}, {"type": end, "n": 1}, {"type": "later"}]
+    conn = FakeConnection(frames)
+    events: list[dict[str, Any]] = []
+    assert v1.until_pause(conn, events) == {"type": end, "n": 1}
+    assert events == frames[:3]
+    assert [json.loads(frame) for frame in conn.frames] == [{"type": "later"}]
+    assert v1.until_pause(FakeConnection(frames)) == {"type": end, "n": 1}  # without a list
+
+
+def test_until_pause_gives_up_after_its_most_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(v1, "MAX_EVENTS", 3)
+    conn = FakeConnection([{"type": "response.output_text.delta"}] * 3 + [{"type": "response.completed"}])
+    with pytest.raises(RuntimeError, match=r"^more than 3 events without a pause or an end$"):
+        v1.until_pause(conn)
+    assert v1.until_pause(FakeConnection([{"type": "x"}] * 2 + [{"type": "response.done"}])) == {"type": "response.done"}
+
+
+def test_v1_function_calls_tool_outputs_append_and_output_text() -> None:
+    call = {"type": "function_call", "call_id": "call_1", "name": "run_tests", "arguments": "{}"}
+    event = {"type": "response.done", "response": {"output": [
+        {"type": "reasoning"}, call,
+        {"type": "message", "content": [{"type": "output_text", "text": "Hel"}, {"type": "refusal"}, {"type": "output_text", "text": "lo"}]},
+        {"type": "message"}, {"type": "function_call", "call_id": "call_2"},
+    ]}}
+    assert v1.function_calls(event) == [call, {"type": "function_call", "call_id": "call_2"}]
+    assert v1.function_calls({"type": "error"}) == [] and v1.function_calls({"response": {}}) == []
+    assert v1.output_text(event) == "Hello"
+    assert v1.output_text({"type": "error"}) == "" and v1.output_text({"response": {}}) == ""
+    assert v1.tool_output(call, "1 passed") == {"type": "function_call_output", "call_id": "call_1", "output": "1 passed"}
+    conn = FakeConnection()
+    v1.append(conn, [v1.tool_output(call, "ok")])
+    assert [json.loads(text) for text in conn.sent] == [
+        {"type": "response.append", "input": [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}]
+
+
+# ---------------------------------------------------------------- connectors
+
+
+class FakeWorker:
+    """A worker as RoundRobinConnector sees one: `refusing` and `open_stream`, which here names the worker."""
+
+    def __init__(self, name: str, refusing: bool = False) -> None:
+        self.name, self.refusing = name, refusing
+
+    def open_stream(self) -> str:
+        return self.name
+
+
+def test_new_connections_go_to_the_workers_in_turn_skipping_those_that_are_down() -> None:
+    workers = [FakeWorker("w0"), FakeWorker("w1"), FakeWorker("w2")]
+    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
+    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    workers[2].refusing = True
+    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
+    workers[0].refusing = workers[1].refusing = True
+    # All down: the first worker is asked, and its refusal is the answer.
+    assert pool.open_stream() == "w0"
+
+
+# ---------------------------------------------------------------- the strict SSE parser
+
+COMPLETED_BLOCK = sse_block(ev.ResponseCompleted(0, {"id": "resp_1", "object": "response", "status": "completed", "output": []}))
+LONG_NAME = "x" * 100
+
+
+def created(sequence: int) -> bytes:
+    return sse_block(ev.ResponseCreated(sequence, {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b": " + LONG_NAME.encode() + b"\n", "SSE line 1: not an event:, data: or blank line: b': " + "x" * 78 + "'"),
+        (COMPLETED_BLOCK + b"data: " + LONG_NAME.encode() + b"\n", "SSE line 4: data after the end event: b'data: " + "x" * 74 + "'"),
+        (COMPLETED_BLOCK[:-2] + LONG_NAME.encode(),
+         "SSE line 2: the body ends inside a line: " + repr(COMPLETED_BLOCK.split(b"\n")[1][:80])),
+        (b"event: response.completed\n", "SSE line 1: the body ends without the blank line that terminates the last event"),
+        (created(0), "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)"),
+        (b"event: response.created\ndata: {}\n\n", "SSE line 2: event: 'response.created' differs from data.type None"),
+        (b'event: response.created\ndata: {"type":"response.completed"}\n\n',
+         "SSE line 2: event: 'response.created' differs from data.type 'response.completed'"),
+        (b"event:  response.completed\n", "SSE line 1: bad event name ' response.completed'"),
+        (b"event: response.completed \n", "SSE line 1: bad event name 'response.completed '"),
+        (b'event: response.completed\ndata:  [DONE] \n\n', "SSE line 2: a [DONE] sentinel; the stream must end after its end event"),
+        (b"event: x\ndata: " + json.dumps({"type": "x", "sequence_number": 1}).encode() + b"\n\n",
+         "SSE line 3: sequence_number 1, expected 0"),
+        (b"event: x\ndata: " + json.dumps({"type": "x"}).encode() + b"\n\n", "SSE line 3: sequence_number None, expected 0"),
+        (created(0) + created(2), "SSE line 6: sequence_number 2, expected 1"),
+        (COMPLETED_BLOCK.replace(b"\n", b"\r\n"), "SSE line 1: a carriage return; lines must end with \\n only"),
+        (b"event: x\nevent: x\n", "SSE line 2: an event: line inside a block (missing blank line?)"),
+        (b"data: {}\n", "SSE line 1: a data: line before the block's event: line"),
+        (COMPLETED_BLOCK.replace(b"\n\n", b"\ndata: {}\n\n"), "SSE line 3: a second data: line in one block"),
+        (b"event: x\ndata: {not json}\n\n",
+         "SSE line 2: data is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (b"event: x\ndata: [1, 2]\n\n", "SSE line 2: data is not a JSON object"),
+        (b"\n", "SSE line 1: a blank line outside a block"),
+        (b"event: x\n\n", "SSE line 2: event 'x' has no data: line"),
+        (b"event: x\ndata: \xff\n\n", "SSE line 2: invalid UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        (b"event: \xfe\n", "SSE line 1: invalid UTF-8: 'utf-8' codec can't decode byte 0xfe in position 0: invalid start byte"),
+        (b"event: response.completed\ndata: {\"type\": \"response.completed\", \"sequence_number\": 0}\n\n\n",
+         "SSE line 4: data after the end event: b''"),
+    ],
+)
+def test_each_refusal_names_its_line_and_what_it_saw(body: bytes, message: str) -> None:
+    with pytest.raises(SseProtocolError) as refused:
+        parse_stream(body)
+    assert str(refused.value) == message
+
+
+def test_the_parser_counts_sequence_numbers_sizes_and_the_end_across_feeds() -> None:
+    parser = StrictSseParser()
+    first, second = created(0), created(1)
+    assert parser.feed(first[:5]) == [] and parser.feed(first[5:] + second[:-1]) == [
+        SseEvent("response.created", json.loads(first.split(b"\n")[1][len(b"data: "):]), len(first))]
+    assert (parser.next_sequence, parser.ended) == (1, False)
+    with pytest.raises(SseProtocolError, match="^SSE line 5: the body ends without the blank line"):
+        parser.close()
+    [event] = parser.feed(b"\n")
+    assert (event.type, event.size, parser.next_sequence, parser.ended) == ("response.created", len(second), 2, False)
+    parser.close(require_end=False)
+    with pytest.raises(SseProtocolError, match=r"^SSE line 6: the body ends before an end event"):
+        parser.close()
+    end = sse_block(ev.ResponseCompleted(2, {"id": "resp_1", "object": "response", "status": "completed", "output": []}))
+    [event] = parser.feed(end)
+    assert (event.type, event.size, parser.next_sequence, parser.ended) == ("response.completed", len(end), 3, True)
+    parser.close()
+
+
+@pytest.mark.parametrize("end_type", sorted(END_TYPES))
+def test_every_end_type_ends_the_stream(end_type: str) -> None:
+    block = b"event: " + end_type.encode() + b"\ndata: " + json.dumps({"type": end_type, "sequence_number": 0}).encode() + b"\n\n"
+    [event] = parse_stream(block)
+    assert event.type == end_type
+    assert END_TYPES == {"response.completed", "response.failed", "response.incomplete", "response.cancelled", "error"}
+
+
+# ---------------------------------------------------------------- lanes over a stand-in WebSocket
+
+
+class FakeWebSocket:
+    """What `Multiplexed` uses of a trio-websocket connection: messages to read (then a close), and what it is sent."""
+
+    def __init__(self, messages: list[str | bytes]) -> None:
+        self.messages = list(messages)
+        self.sent: list[str] = []
+
+    async def send_message(self, text: str) -> None:
+        self.sent.append(text)
+
+    async def get_message(self) -> str | bytes:
+        await trio.lowlevel.checkpoint()
+        if not self.messages:
+            raise trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1000, None))
+        return self.messages.pop(0)
+
+
+def lane_rollout() -> Rollout:
+    return Rollout(fixed(1, initial_prompt_tokens=10, appended_tokens=1, output_tokens=1), RolloutRecord(CHAINED, "w", 0.0))
+
+
+async def test_a_lane_stamps_only_its_creates_and_counts_the_compact_bytes_it_sent(autojump_clock) -> None:
+    socket = FakeWebSocket([])
+    mux = Multiplexed(socket)  # type: ignore[arg-type]
+    default, rollout = mux.lane(None), lane_rollout()
+    agent = mux.lane("agent-1", rollout)
+    await trio.sleep(1.5)
+    assert await agent.send({"type": "response.create", "input": "é"}) == len('{"type":"response.create","input":"\\u00e9","stream_id":"agent-1"}')
+    assert await agent.send({"type": "response.cancel", "response_id": "r"}) == len('{"type":"response.cancel","response_id":"r"}')
+    assert await default.send({"type": "response.create"}) == len('{"type":"response.create"}')
+    assert socket.sent == ['{"type":"response.create","input":"\\u00e9","stream_id":"agent-1"}',
+                           '{"type":"response.cancel","response_id":"r"}', '{"type":"response.create"}']
+    assert rollout.record.timeline == [(1.5, "send", "response.create"), (1.5, "send", "response.cancel")]
+    with pytest.raises(ValueError, match=r"^lane 'agent-1' is already registered$"):
+        mux.lane("agent-1")
+    with pytest.raises(ValueError, match=r"^lane None is already registered$"):
+        mux.lane(None)
+    assert LANE_BUFFER == 100_000 and agent.events.statistics().max_buffer_size == LANE_BUFFER
+
+
+async def read_all_lanes(mux: Multiplexed, agent: LaneChannel, default: LaneChannel, events: list[dict[str, Any]]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mux.read)
+        assert await agent.until("response.output_text.delta") == events[:2]
+        assert await agent.until_pause() == events[4]
+        assert await default.until("never") == [events[2]]  # an error ends a wait
+        assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
+
+
+async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane_at_the_end(autojump_clock) -> None:
+    events = [
+        {"type": "response.created", "stream_id": "agent-1", "response": {"id": "resp_a", "instructions": "é"}, "sequence_number": 0},
+        {"type": "response.output_text.delta", "stream_id": "agent-1", "sequence_number": 1, "delta": "é"},
+        {"type": "error", "error": {"code": "x"}},
+        {"type": "response.created", "stream_id": "agent-9", "response": {"id": "resp_z"}},
+        {"type": "response.completed", "stream_id": "agent-1", "response": {"id": "resp_a", "status": "completed"}},
+    ]
+    texts = [json.dumps(event, ensure_ascii=False) for event in events]
+    socket = FakeWebSocket([texts[0], texts[1].encode(), *texts[2:]])
+    mux = Multiplexed(socket)  # type: ignore[arg-type]
+    default, rollout = mux.lane(None), lane_rollout()
+    rollout.start_turn([], 0)
+    agent = mux.lane("agent-1", rollout)
+    # On the virtual clock, a lane that waits for ever fails at once rather than hanging the test.
+    with trio.fail_after(60):
+        await read_all_lanes(mux, agent, default, events)
+    sizes = [len(text.encode()) for text in texts]
+    assert rollout.record.turns[0].bytes_received == sizes[0] + sizes[1] + sizes[4]
+    assert rollout.record.timeline[-1] == (0.0, "recv", "response.completed")
+    for lane in (agent, default):
+        with pytest.raises(trio.EndOfChannel):
+            await lane.receive()
+
+
+async def test_a_lanes_wait_ends_at_a_pause_or_at_an_error() -> None:
+    for end in ["response.done", "response.failed", "error"]:
+        send_channel, receive_channel = trio.open_memory_channel[tuple[dict[str, Any], int]](10)
+        lane = LaneChannel(None, "a", receive_channel)  # type: ignore[arg-type]
+        for event in [{"type": "response.in_progress"}, {"type": end}, {"type": "after"}]:
+            await send_channel.send((event, 1))
+        await send_channel.aclose()  # a wait that read past its end fails at once
+        assert await lane.until_pause() == {"type": end}
+        assert await lane.receive() == {"type": "after"}
+
+
+async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+    server = make_server()
+    workloads = [fixed(2, initial_prompt_tokens=50, appended_tokens=5, output_tokens=5, name=f"task-{i}") for i in range(2)]
+    asked: list[object] = []
+    ended: list[TurnRecord] = []
+
+    def metadata_for(index: int) -> dict[str, str]:
+        asked.append(index)
+        return {"testbed_workload": "fixed:2:50:5:5:0", "lane": f"agent-{index}"}
+
+    records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads, metadata_for=metadata_for, on_turn_end=ended.append)
+    assert sorted(asked) == [0, 1]  # type: ignore[type-var]
+    assert [(r.design, r.workload, r.status, len(r.turns)) for r in records] == [("chained", "task-0", "completed", 2),
+                                                                                  ("chained", "task-1", "completed", 2)]
+    assert sorted(id(turn) for turn in ended) == sorted(id(turn) for r in records for turn in r.turns)
+    assert all(turn.server_timing is None for r in records for turn in r.turns)  # no timings unless asked
+    assert all(server.api.store.get(response_id) is None for r in records for response_id in r.response_ids)  # store: false
+
+    stored_records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads[:1], metadata_for=metadata_for,
+                                                    store=True, include_timing=True)
+    [record] = stored_records
+    assert all(turn.server_timing is not None for turn in record.turns)
+    stored = server.api.store.get(record.response_ids[-1])
+    assert stored is not None and stored.owner == owner_of("testbed")
+    assert (stored.response["model"], stored.response["metadata"]) == ("gpt-5.4", {"testbed_workload": "fixed:2:50:5:5:0", "lane": "agent-0"})
+
+
+# ---------------------------------------------------------------- the reconnecting client's close codes
+
+
+class ClosedSocket:
+    """A connection as `_close_code` reads one: the reason it closed with, if it did."""
+
+    def __init__(self, code: int | None) -> None:
+        self.closed = None if code is None else trio_websocket.CloseReason(code, None)
+
+
+class LinkErrorWithReason(OSError):
+    """An error that carries a `reason` of its own (as `ssl.SSLError` does), not a close reason."""
+
+    reason = "WRONG_VERSION_NUMBER"
+
+
+def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
+    closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
+    assert _close_code(closed, None) == 1011
+    assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
+    assert _close_code(trio_websocket.ConnectionClosed(None), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]
+    assert _close_code(OSError("refused"), None) is None

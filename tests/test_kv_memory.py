@@ -595,3 +595,44 @@ async def test_under_swap_a_second_pause_is_not_expired_by_the_first_pauses_time
         await trio.sleep(60.0)
     engine.advance(130.0)  # past the first pause's expiry (100 s), before the second's (160 s)
     assert engine.kv["s"].where == "host" and engine.stats.expired == 0
+
+
+async def test_a_server_remembers_at_most_max_sessions_forgetting_the_least_recently_seen_without_kv(autojump_clock):
+    # Each session computes 100 tokens and loses its KV at the end of the call: a remembered session
+    # that comes back recomputes them (counted), a forgotten one is new again (nothing counted).
+    engine = Engine(retention=DISCARD_POLICY, max_sessions=2)
+    starts = {"a": 1000, "b": 20_000, "c": 40_000}
+    for key in ("a", "b", "c"):  # c is the third: a, the least recently seen, is forgotten
+        await call(engine, key, prompt(100, starts[key]))
+    assert list(engine._ranks) == ["b", "c"] and sorted(engine._computed) == ["b", "c"]
+    handle = await engine.begin_call("b", prompt(100, starts["b"]))  # remembered: seen again, no one forgotten
+    assert handle.recomputed == 100
+    engine.end_call(handle)
+    handle = await engine.begin_call("a", prompt(100, starts["a"]))  # forgotten: c goes now
+    assert handle.recomputed == 0 and list(engine._ranks) == ["b", "a"]
+    engine.end_call(handle)
+    assert engine.stats.recomputed_tokens == 100
+
+
+async def test_sessions_that_hold_kv_are_not_forgotten_and_those_past_their_ttl_are(autojump_clock):
+    engine = Engine(kv_ttl=10.0, max_sessions=2)
+    for key, start in (("a", 1000), ("b", 20_000), ("c", 40_000)):
+        await call(engine, key, prompt(100, start))
+    assert list(engine._ranks) == ["a", "b", "c"]  # a and b still hold their KV
+    await trio.sleep(10.0)  # all three expire; a fourth session forgets the two least recently seen
+    await call(engine, "d", prompt(100, 60_000))
+    assert list(engine._ranks) == ["c", "d"] and sorted(engine._computed) == ["c", "d"]
+
+
+@pytest.mark.parametrize(("holders", "forgotten"), [(19, True), (20, False)])
+async def test_forgetting_looks_at_most_sixteen_plus_four_per_excess_sessions(autojump_clock, holders, forgotten):
+    # The scan for sessions to forget is bounded (a new session costs the same however many hold
+    # KV): forgetting one session looks at the 20 least recently seen only.
+    engine = Engine(max_sessions=holders + 1)
+    for i in range(holders):
+        await call(engine, f"s{i}", prompt(20, 1000 * (i + 1)))
+    handle = await engine.begin_call("idle", prompt(20, 500_000))
+    engine.end_call(handle)  # ended before its prefill: no KV
+    await call(engine, "new", prompt(20, 600_000))
+    assert ("idle" in engine._ranks) is not forgotten
+    assert len(engine._ranks) == holders + 1 + (not forgotten)

@@ -147,10 +147,11 @@ async def test_rendering_is_charged_for_the_tokens_a_turn_renders(autojump_clock
     from prototype.protocol.events import CreateRequest
     from prototype.protocol.items import FunctionCall
 
-    api = ApiService(costs=attrs.evolve(ZERO_COSTS, render=StageCost(per_ktok=1.0)))  # 1 ms a token rendered
+    # 1 ms a token rendered, 2 ms a token checked
+    api = ApiService(costs=attrs.evolve(ZERO_COSTS, render=StageCost(per_ktok=1.0), validate=StageCost(per_ktok=2.0)))
 
-    def rendered(log: metrics.PhaseLog) -> float:
-        (span,) = [span for span in log.spans if span[0] == metrics.RENDER]
+    def rendered(log: metrics.PhaseLog, phase: str = metrics.RENDER) -> float:
+        (span,) = [span for span in log.spans if span[0] == phase]
         return span[2] - span[1]
 
     user = Message("user", (("input_text", "fix the failing test in the parser " * 8),))
@@ -159,11 +160,13 @@ async def test_rendering_is_charged_for_the_tokens_a_turn_renders(autojump_clock
     log = metrics.PhaseLog()
     first = await api.pre_inference(log, CreateRequest("sim-10", (user,)), [user])
     assert rendered(log) == pytest.approx(len(first.prompt) / 1000)  # a first turn renders everything
+    assert rendered(log, metrics.VALIDATE) == pytest.approx(2 * len(first.prompt) / 1000)  # and checks everything
     first.items.append(call)
     first.ledger.absorb([call])
     appended = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=1.0)
     log = metrics.PhaseLog()
     await api.pre_inference(log, CreateRequest("sim-10", (answer,)), [answer], base=first, modes=appended)
+    assert rendered(log, metrics.VALIDATE) == pytest.approx(2 * len(render.render_items([answer])) / 1000)
     assert rendered(log) == pytest.approx(len(render.render_items([answer])) / 1000)  # only the new item's tokens
 
     # The http design's render cache: a rebuilt conversation tokenizes only what the cache has not seen.

@@ -384,3 +384,29 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
         with pytest.raises(RealEngineError, match="^VLLMValidationError: no$"):
             await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=call)
         engine.end_call(call)
+
+
+async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):
+    async def chunks(per_event: int, **flush) -> list[tuple[float, str]]:
+        stream, _ = await _fake(nursery, gap=0.125, per_event=per_event)
+        async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+            latency = LatencyModel()
+            prompt = Prompt(range(100, 110))
+            call = await engine.begin_call("s", prompt)
+            await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
+            start = trio.current_time()
+            out = [(trio.current_time() - start, text)
+                   async for text in engine.stream(latency, list("abcdef"), engine_call=call, **flush)]
+            engine.retain("s", prompt, trio.current_time())  # as a design keeps the call's KV
+            engine.end_call(call)
+            assert "s" in engine.kv
+            engine.release("s")
+            assert "s" not in engine.kv  # the simulated engine's bookkeeping forgets it too
+            return out
+
+    # One token every 1/8 s: a chunk is due when a quarter second has passed since the last, to the tick.
+    assert await chunks(1, flush_interval=0.25) == [(0.0, "a"), (0.25, "bc"), (0.5, "de"), (0.625, "f")]
+    # Three tokens an event, two at most a chunk.
+    bounded = await chunks(3, flush_tokens=2)
+    assert bounded[0] == (0.0, "ab") and "".join(text for _, text in bounded) == "abcdef"
+    assert max(len(text) for _, text in bounded) == 2

@@ -264,7 +264,7 @@ async def test_a_full_host_drops_the_least_recently_used_swapped_kv(autojump_clo
 
 
 async def test_a_prompt_larger_than_the_budget_is_refused(autojump_clock):
-    with pytest.raises(ContextExceedsBudget):
+    with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
         await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
 
 
@@ -595,3 +595,246 @@ async def test_under_swap_a_second_pause_is_not_expired_by_the_first_pauses_time
         await trio.sleep(60.0)
     engine.advance(130.0)  # past the first pause's expiry (100 s), before the second's (160 s)
     assert engine.kv["s"].where == "host" and engine.stats.expired == 0
+
+
+async def test_a_server_remembers_at_most_max_sessions_forgetting_the_least_recently_seen_without_kv(autojump_clock):
+    # Each session computes 100 tokens and loses its KV at the end of the call: a remembered session
+    # that comes back recomputes them (counted), a forgotten one is new again (nothing counted).
+    engine = Engine(retention=DISCARD_POLICY, max_sessions=2)
+    starts = {"a": 1000, "b": 20_000, "c": 40_000}
+    for key in ("a", "b", "c"):  # c is the third: a, the least recently seen, is forgotten
+        await call(engine, key, prompt(100, starts[key]))
+    assert list(engine._ranks) == ["b", "c"] and sorted(engine._computed) == ["b", "c"]
+    handle = await engine.begin_call("b", prompt(100, starts["b"]))  # remembered: seen again, no one forgotten
+    assert handle.recomputed == 100
+    engine.end_call(handle)
+    handle = await engine.begin_call("a", prompt(100, starts["a"]))  # forgotten: c goes now
+    assert handle.recomputed == 0 and list(engine._ranks) == ["b", "a"]
+    engine.end_call(handle)
+    assert engine.stats.recomputed_tokens == 100
+
+
+async def test_sessions_that_hold_kv_are_not_forgotten_and_those_past_their_ttl_are(autojump_clock):
+    engine = Engine(kv_ttl=10.0, max_sessions=2)
+    for key, start in (("a", 1000), ("b", 20_000), ("c", 40_000)):
+        await call(engine, key, prompt(100, start))
+    assert list(engine._ranks) == ["a", "b", "c"]  # a and b still hold their KV
+    await trio.sleep(10.0)  # all three expire; a fourth session forgets the two least recently seen
+    await call(engine, "d", prompt(100, 60_000))
+    assert list(engine._ranks) == ["c", "d"] and sorted(engine._computed) == ["c", "d"]
+
+
+@pytest.mark.parametrize(("holders", "forgotten"), [(19, True), (20, False)])
+async def test_forgetting_looks_at_most_sixteen_plus_four_per_excess_sessions(autojump_clock, holders, forgotten):
+    # The scan for sessions to forget is bounded (a new session costs the same however many hold
+    # KV): forgetting one session looks at the 20 least recently seen only.
+    engine = Engine(max_sessions=holders + 1)
+    for i in range(holders):
+        await call(engine, f"s{i}", prompt(20, 1000 * (i + 1)))
+    handle = await engine.begin_call("idle", prompt(20, 500_000))
+    engine.end_call(handle)  # ended before its prefill: no KV
+    await call(engine, "new", prompt(20, 600_000))
+    assert ("idle" in engine._ranks) is not forgotten
+    assert len(engine._ranks) == holders + 1 + (not forgotten)
+
+
+async def test_two_calls_of_one_session_wait_in_arrival_order(autojump_clock):
+    engine = Engine(max_batch=1)
+    holder = await engine.begin_call("x", prompt(10, 90_000))
+    admitted = []
+
+    async def one(name: str) -> None:
+        handle = await engine.begin_call("s", prompt(60))
+        admitted.append((name, trio.current_time()))
+        await trio.sleep(5.0)
+        engine.end_call(handle)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first")
+        await trio.sleep(0.5)
+        nursery.start_soon(one, "second")  # the same session, so the same age: arrival decides
+        await trio.sleep(0.5)
+        engine.end_call(holder)
+    assert admitted == [("first", 1.0), ("second", 6.0)]
+
+
+async def test_a_sessions_kv_stays_in_use_until_all_its_calls_end(autojump_clock):
+    engine = Engine(kv_budget_tokens=100, retention=ttl(300))
+    p = prompt(60)
+    first = await engine.begin_call("s", p)
+    second = await engine.begin_call("s", p)  # two calls of one session in flight (lanes)
+    engine.retain("s", p, 0.0)
+    engine.end_call(first)
+    # The second call still runs on the KV: a newcomer waits rather than evict it.
+    with trio.move_on_after(1.0):
+        await engine.begin_call("n", prompt(50, 50_000))
+    assert ("s" in engine.kv, engine.stats.evicted, engine.waiting_calls) == (True, 0, 0)
+    engine.end_call(second)
+    assert await call(engine, "n", prompt(50, 50_000)) == 0.0 and engine.stats.evicted == 1
+
+
+async def test_when_the_head_of_the_queue_leaves_the_next_call_is_admitted_at_once_or_at_its_timer(autojump_clock):
+    engine = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
+    holder = await engine.begin_call("a", prompt(60))
+    got = {}
+
+    async def waiter(key: str, n: int, start: int) -> None:
+        handle = await engine.begin_call(key, prompt(n, start))
+        got[key] = trio.current_time()
+        engine.end_call(handle)
+
+    async with trio.open_nursery() as nursery:
+        b_scope = trio.CancelScope()
+
+        async def b() -> None:
+            with b_scope:
+                await waiter("b", 50, 20_000)
+
+        nursery.start_soon(b)
+        await trio.sleep(1.0)
+        nursery.start_soon(waiter, "c", 40, 40_000)  # younger: behind b, though it would fit
+        await trio.sleep(1.0)
+        assert engine.waiting_calls == 2
+        b_scope.cancel()  # b leaves: c fits beside a at once
+    assert got == {"c": 2.0}
+    engine.end_call(holder)
+
+    # The same with a held entry in the way: the new head wakes at its expiry.
+    engine = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
+    await call(engine, "a", prompt(60))  # held until t = 12 (a pinning TTL from its last use)
+    got.clear()
+    with trio.fail_after(100):  # (a head left asleep without its timer would wait for ever)
+        async with trio.open_nursery() as nursery:
+            b_scope = trio.CancelScope()
+
+            async def b2() -> None:
+                with b_scope:
+                    await waiter("b", 50, 20_000)
+
+            nursery.start_soon(b2)
+            await trio.sleep(1.0)
+            nursery.start_soon(waiter, "c", 50, 40_000)
+            await trio.sleep(1.0)
+            b_scope.cancel()
+    assert got == {"c": 12.0}
+
+
+async def test_a_call_cancelled_while_its_kv_comes_back_from_the_host_frees_its_slot(autojump_clock):
+    engine = Engine(retention=SWAP_POLICY, max_batch=1)
+    p = prompt(100_000)
+    await call(engine, "s", p)  # paused: copied out to the host
+    await trio.sleep(60.0)
+    engine.advance(trio.current_time())
+    assert engine.kv["s"].where == "host"
+    with trio.move_on_after(engine.swap_seconds(100_000) / 2) as scope:
+        await engine.begin_call("s", p)
+    assert scope.cancelled_caught and engine.active_calls == 0
+    assert await call(engine, "t", prompt(10, 90_000)) == 0.0  # the one slot is free
+
+
+async def test_ending_a_call_twice_or_a_call_never_admitted_changes_nothing(autojump_clock):
+    engine = Engine(max_batch=1)
+    handle = await engine.begin_call("s", prompt(100))
+    engine.retain("s", prompt(100), 0.0)
+    engine.end_call(handle)
+    engine.end_call(handle)
+    assert (engine.active_calls, engine.kv["s"].active) == (0, 0)
+    other = await engine.begin_call("t", prompt(10, 50_000))
+    with trio.move_on_after(1.0):
+        await engine.begin_call("u", prompt(10, 60_000))
+    (withdrawn,) = [c for *_, c in engine._waiting] or [None]
+    if withdrawn is not None:
+        engine.end_call(withdrawn)
+    assert engine.active_calls == 1
+    engine.end_call(other)
+    assert engine.active_calls == 0
+
+
+async def test_a_session_released_during_its_call_ends_cleanly_and_its_kv_kept_after_expires(autojump_clock):
+    engine = Engine(kv_ttl=10.0)
+    p = prompt(100)
+    handle = await engine.begin_call("s", p)
+    engine.release("s")  # the connection closed while the call ran
+    engine.retain("s", p, 0.0)  # the call's prefill ends after: kept outside a call
+    engine.end_call(handle)
+    assert engine.active_calls == 0 and engine.kv["s"].active == 0
+    await trio.sleep(10.0)
+    assert engine.cached_prefix("s", p, trio.current_time()) == 0 and "s" not in engine.kv
+
+
+async def test_a_released_session_that_comes_back_is_new_youngest_and_with_nothing_to_recompute(autojump_clock):
+    engine = Engine(retention=DISCARD_POLICY, max_batch=1)
+    await call(engine, "a", prompt(100))
+    await call(engine, "b", prompt(100, 20_000))
+    engine.release("a")
+    holder = await engine.begin_call("x", prompt(10, 90_000))
+    order = []
+
+    async def session(key: str, start: int) -> None:
+        handle = await engine.begin_call(key, prompt(100, start))
+        order.append((key, handle.recomputed))
+        engine.end_call(handle)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session, "a", 1000)
+        await trio.sleep(0.5)
+        nursery.start_soon(session, "b", 20_000)
+        await trio.sleep(0.5)
+        engine.end_call(holder)
+    assert order == [("b", 100), ("a", 0)]  # b is now the older session; a computed nothing it remembers
+
+
+def test_outside_trio_a_release_happens_at_the_last_time_the_engine_saw():
+    engine = Engine(kv_ttl=300.0)
+    p = prompt(100)
+    engine.retain("s", p, 50.0)
+    engine.release("s")  # outside trio: at t = 50, so its blocks serve others until 350
+    other = prompt(120)
+    assert (engine.cached_prefix("o", other, 349.0), engine.cached_prefix("o", other, 350.0)) == (96, 0)
+    engine = Engine(kv_ttl=300.0)
+    engine.retain("s", p, 0.0)
+    engine.release("s")
+    assert engine.cached_prefix("o", other, 300.0) == 0
+
+
+def test_outside_trio_a_call_ends_at_the_last_time_the_engine_saw():
+    engine = Engine(kv_ttl=300.0)
+    p = prompt(100)
+    handle = trio.run(engine.begin_call, "s", p, clock=trio.testing.MockClock())  # at t = 0, 100 tokens reserved
+    engine.retain("s", prompt(60), 0.0)  # the call computed 60 of them
+    engine.end_call(handle)  # outside trio: at t = 0, the unused 40 are given back then
+    engine.advance(10.0)
+    assert engine.stats.resident_token_seconds == 600.0
+
+
+async def test_a_call_waiting_on_held_kv_wakes_when_that_kv_is_kept_as_cache_outside_a_call(autojump_clock):
+    # Held KV has no timer; kept again unpinned outside a call (a direct `retain`), it gets one, and
+    # the call waiting on it wakes to be admitted at its expiry.
+    engine = Engine(kv_budget_tokens=100, kv_ttl=30.0)
+    await call(engine, "a", prompt(80), pinned=True)
+
+    async def unpin_at_1() -> None:
+        await trio.sleep(1.0)
+        engine.retain("a", prompt(80), trio.current_time())
+
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(unpin_at_1)
+            assert await call(engine, "b", prompt(50, 20_000)) == 31.0
+
+
+async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_ones_first_then_oldest_session_first(autojump_clock):
+    async def evicted_for(n: int) -> list[str]:
+        engine = Engine(kv_budget_tokens=100, retention=ttl(300))
+        handle = await engine.begin_call("old", prompt(20, 1000))
+        engine.end_call(handle)  # the oldest session, with no KV yet
+        await call(engine, "new", prompt(20, 2000))  # a younger session; its KV is listed first
+        await call(engine, "old", prompt(20, 1000))
+        engine.retain("direct", prompt(20, 3000), trio.current_time())  # kept outside any call: no session age
+        assert list(engine.kv) == ["new", "old", "direct"]
+        await call(engine, "newcomer", prompt(n, 4000))
+        return sorted({"new", "old", "direct"} - set(engine.kv))
+
+    assert await evicted_for(60) == ["direct"]
+    assert await evicted_for(80) == ["direct", "old"]
+    assert await evicted_for(100) == ["direct", "new", "old"]

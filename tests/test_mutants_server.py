@@ -233,6 +233,8 @@ async def test_the_handshake_fills_the_connection_info(autojump_clock) -> None:
         workers = [dict(ws.handshake_headers).get(b"x-testbed-worker") for ws in (first, second)]
         assert workers == [b"3", b"3"]
         infos = sorted((session.info for session in server.sessions), key=lambda info: info.connection)
+    async with handshake(make_server(), [AUTH]) as unnumbered:  # a server that is no worker of several sends none
+        assert b"x-testbed-worker" not in dict(unnumbered.handshake_headers)
     assert [(i.design, i.api_key, i.include_timing, i.user_agent, i.connection) for i in infos] == [
         ("suspended", "testbed", True, "codex/1", 1), ("chained", "testbed", False, "", 2)]
 
@@ -278,8 +280,6 @@ async def test_each_write_takes_every_message_queued_since_the_last_and_is_count
     await box.send("a")
     await box.send("b")
     await trio.testing.wait_all_tasks_blocked()  # the writer took "a" and "b" and waits in its write
-    await box.send("c")
-    await box.send("d")
     flushed_at = []
 
     async def flush() -> None:
@@ -287,6 +287,9 @@ async def test_each_write_takes_every_message_queued_since_the_last_and_is_count
         flushed_at.append(trio.current_time())
 
     nursery.start_soon(flush)
+    await trio.testing.wait_all_tasks_blocked()  # nothing queued, a write in progress: the flush waits
+    await box.send("c")
+    await box.send("d")
     await trio.sleep(2.0)
     assert (writer.batches, box.writes, flushed_at) == ([], 0, [])  # a write in progress holds the flush
     writer.open.set()

@@ -20,10 +20,10 @@ from test_bad_input import first_leaf
 from test_endpoints import Raw, Reply, body, connect, error_of
 
 from prototype.api.costs import ZERO_COSTS
-from prototype.api.service import owner_of
+from prototype.api.service import ApiService, owner_of
 from prototype.client.sse import parse_stream
 from prototype.protocol.wire import TIMING_HEADER
-from prototype.server.app import drain, serve_responses
+from prototype.server.app import ResponsesServer, drain, serve_responses
 from prototype.server.config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, ServerConfig
 from prototype.server.outbox import Outbox, send_one_by_one
 
@@ -248,6 +248,22 @@ async def test_a_drain_closes_an_idle_websocket_with_1001_and_its_reason(autojum
             with pytest.raises(trio_websocket.ConnectionClosed) as closed:
                 while True:
                     await ws.get_message()
+    assert (closed.value.reason.code, closed.value.reason.reason) == (1001, "server shutting down")
+
+
+async def test_a_handshake_that_races_a_drain_is_closed_as_the_drain_closes_the_rest(autojump_clock) -> None:
+    class DrainDuringHandshake(ResponsesServer):
+        def check_auth(self, headers):  # the drain starts while this handshake is being read
+            self.draining = True
+            return super().check_auth(headers)
+
+    server = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
+    async with handshake(server, [AUTH]) as ws:
+        error = json.loads(await ws.get_message())
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await ws.get_message()
+    assert error == {"type": "error", "status": 503, "error": {
+        "type": "server_error", "code": "server_shutting_down", "message": "The server is shutting down; retry on a new connection.", "param": None}}
     assert (closed.value.reason.code, closed.value.reason.reason) == (1001, "server shutting down")
 
 

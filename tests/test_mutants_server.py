@@ -146,6 +146,30 @@ async def test_a_head_h11_cannot_parse_is_a_bad_request(autojump_clock, nursery)
         "type": "invalid_request_error", "code": "bad_request", "message": "Malformed HTTP request head.", "param": None}})
 
 
+async def test_a_draining_server_refuses_a_new_connection_with_503(autojump_clock, nursery) -> None:
+    server = make_server()
+    server.draining = True
+    client, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    await client.send_all(b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\n\r\n")
+    assert await raw_reply(client) == (503, {"error": {
+        "type": "server_error", "code": "server_shutting_down", "message": "The server is shutting down; retry on a new connection.",
+        "param": None}})
+
+
+async def test_a_connection_past_the_limit_gets_503_and_the_count_goes_back(autojump_clock, nursery) -> None:
+    server = make_server(config=ServerConfig(max_connections=1))
+    first = connect(nursery, server)
+    assert (await first.request("GET", "/v1/models")).status == 200  # the one connection allowed is served
+    client, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    await client.send_all(b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\n\r\n")
+    assert await raw_reply(client) == (503, {"error": {
+        "type": "server_error", "code": "server_is_overloaded", "message": "Too many connections.", "param": None}})
+    await trio.testing.wait_all_tasks_blocked()
+    assert server.connections == 1
+
+
 @asynccontextmanager
 async def handshake(server, headers: list, resource: str = "/v1/responses"):
     """A client WebSocket to `server` with exactly `headers` (no others added)."""

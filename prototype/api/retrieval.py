@@ -69,7 +69,7 @@ def response_in_progress(response_id: str) -> ProtocolError:
     )
 
 
-def not_cancellable(response_id: str, status: str) -> ProtocolError:
+def not_cancellable(status: str) -> ProtocolError:
     # The reference's wording for a finished response ("Cannot cancel a completed response.").
     return ProtocolError(RESPONSE_NOT_CANCELLABLE, f"Cannot cancel a {status} response.", param="response_id")
 

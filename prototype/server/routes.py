@@ -94,9 +94,9 @@ async def cancel(call: Call) -> Answer:
     api = call.server.api
     live = api.live.find(call.ident, call.owner)
     if live is None:
-        raise retrieval.not_cancellable(call.ident, retrieval.stored(api.store, call.ident, call.owner).response["status"])
+        raise retrieval.not_cancellable(retrieval.stored(api.store, call.ident, call.owner).response["status"])
     if not live.cancellable:
-        raise retrieval.not_cancellable(call.ident, live.response.status)
+        raise retrieval.not_cancellable(live.response.status)
     live.cancel()
     with trio.move_on_after(CANCEL_WAIT_SECONDS):
         await live.ended.wait()
@@ -111,7 +111,7 @@ async def compact(call: Call) -> Answer:
     fields = {key: body[key] for key in ("model", "input", "instructions", "previous_response_id") if key in body}
     if "input" not in fields and "previous_response_id" not in fields:
         raise ProtocolError(MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", param="input")
-    request = codec.parse_create_body({"input": [], **fields, "store": False})
+    request = codec.parse_create_body(fields)
     return Answer(await compaction.compact_conversation(call.server.api, request, call.owner))
 
 
@@ -148,7 +148,7 @@ def find(path: str) -> tuple[Route, str] | None:
     return None
 
 
-async def answer(server: Endpoint, handler: Handler, ident: str, target: str, api_key: str, body: bytes = b"") -> Answer:
+async def answer(server: Endpoint, handler: Handler, ident: str, target: str, api_key: str, body: bytes) -> Answer:
     return await handler(Call(server, ident, retrieval.parse_query(target), owner_of(api_key), body))
 
 

@@ -103,7 +103,7 @@ def test_the_lookup_errors_name_the_response():
     assert (error.status, error.code, error.param, error.message) == (
         400, "response_in_progress", "response_id",
         "Response 'resp_1' is still in progress: cancel it, or delete it once it has ended.")
-    error = retrieval.not_cancellable("resp_1", "failed")
+    error = retrieval.not_cancellable("failed")
     assert (error.status, error.code, error.param, error.message) == (
         400, "response_not_cancellable", "response_id", "Cannot cancel a failed response.")
     error = retrieval.response_not_found("resp_1")

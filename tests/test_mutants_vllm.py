@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from test_vllm_client import READY, FakeWorker
+from test_vllm_client import READY, _engine_on_fake
 
 from prototype.engine import vllm_client
 from prototype.engine.engine import ModelCall
@@ -247,15 +247,8 @@ async def test_an_error_for_no_open_request_fails_the_client_and_every_open_requ
 # --- the real engine against the fake worker -----------------------------------------------------
 
 
-async def _fake(nursery, **options):
-    client_end, worker_end = trio.testing.memory_stream_pair()
-    worker = FakeWorker(worker_end, **options)
-    nursery.start_soon(worker.serve)
-    return client_end, worker
-
-
 async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_predicted(autojump_clock, nursery):
-    stream, worker = await _fake(nursery, gap=0.25, per_event=2, prefill=7)
+    stream, worker = await _engine_on_fake(nursery, gap=0.25, per_event=2, prefill=7)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client, namespace="ns-") as engine:
         latency = LatencyModel()
         prompt = Prompt(range(1000, 1040))
@@ -279,7 +272,7 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
 
 
 async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autojump_clock, nursery):
-    stream, worker = await _fake(nursery)
+    stream, worker = await _engine_on_fake(nursery)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client, namespace="ns-") as engine:
         latency = LatencyModel()
         for key in ("a", "a", "b"):
@@ -303,7 +296,7 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
 
 
 async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, nursery):
-    stream, _ = await _fake(nursery, gap=0.1, per_event=1)
+    stream, _ = await _engine_on_fake(nursery, gap=0.1, per_event=1)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
         latency = LatencyModel()
 
@@ -325,7 +318,7 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, n
 
 
 async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held(autojump_clock, nursery):
-    stream, worker = await _fake(nursery)
+    stream, worker = await _engine_on_fake(nursery)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
         latency = LatencyModel()
         for key, held in (("held", True), ("plain", False)):
@@ -399,7 +392,7 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
 
 async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):
     async def chunks(per_event: int, **flush) -> list[tuple[float, str]]:
-        stream, _ = await _fake(nursery, gap=0.125, per_event=per_event)
+        stream, _ = await _engine_on_fake(nursery, gap=0.125, per_event=per_event)
         async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
             latency = LatencyModel()
             prompt = Prompt(range(100, 110))

@@ -312,7 +312,8 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, n
 
         # One token every 0.1 s; the first one is already there.
         assert await chunks() == [(0.0, "a"), (0.1, "b"), (0.2, "c"), (0.3, "d"), (0.4, "e"), (0.5, "f")]
-        assert await chunks(flush_interval=0.25) == [(0.0, "a"), (0.3, "bcd"), (0.5, "ef")]
+        # A chunk goes out when its interval ends, between vLLM's events; the last one when it is ready.
+        assert await chunks(flush_interval=0.22) == [(0.0, "a"), (0.22, "bc"), (0.44, "de"), (0.5, "f")]
         assert await chunks(flush_interval=10.0, flush_tokens=2) == [(0.0, "a"), (0.2, "bc"), (0.4, "de"), (0.5, "f")]
         assert engine.stats.decoded_tokens == 18  # every chunk counted once
 
@@ -408,9 +409,7 @@ async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_m
             assert "s" not in engine.kv  # the simulated engine's bookkeeping forgets it too
             return out
 
-    # One token every 1/8 s: a chunk is due when a quarter second has passed since the last, to the tick.
-    assert await chunks(1, flush_interval=0.25) == [(0.0, "a"), (0.25, "bc"), (0.5, "de"), (0.625, "f")]
-    # Three tokens an event, two at most a chunk.
-    bounded = await chunks(3, flush_tokens=2)
-    assert bounded[0] == (0.0, "ab") and "".join(text for _, text in bounded) == "abcdef"
-    assert max(len(text) for _, text in bounded) == 2
+    # One token every 1/8 s: a chunk is due when 0.3 s have passed since the last, to the tick, between events.
+    assert await chunks(1, flush_interval=0.3) == [(0.0, "a"), (0.3, "bc"), (0.6, "de"), (0.625, "f")]
+    # Three tokens an event, two at most a chunk: what is left of an event goes out at once, not with the next event.
+    assert await chunks(3, flush_tokens=2) == [(0.0, "ab"), (0.0, "c"), (0.125, "de"), (0.125, "f")]

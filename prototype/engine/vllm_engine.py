@@ -81,7 +81,7 @@ class _Live:
     first: dict[str, Any] | None = None
     finished: bool = False
 
-    async def _next(self) -> None:
+    async def next_event(self) -> None:
         try:
             event = await self.events.receive()
         except trio.EndOfChannel:
@@ -101,18 +101,22 @@ class _Live:
 
     async def first_token(self) -> None:
         while self.first is None:
-            await self._next()
+            await self.next_event()
+
+    def take_banked(self, limit: int) -> int:
+        """Take what has arrived, `limit` tokens at most; how many were taken."""
+        n = min(self.banked, limit)
+        self.banked -= n
+        self.taken += n
+        return n
 
     async def take(self, tokens: int) -> AsyncIterator[int]:
         """Yield counts of newly arrived tokens until `tokens` are taken."""
         wanted = self.taken + tokens
         while self.taken < wanted:
             while self.banked == 0:
-                await self._next()
-            n = min(self.banked, wanted - self.taken)
-            self.banked -= n
-            self.taken += n
-            yield n
+                await self.next_event()
+            yield self.take_banked(wanted - self.taken)
 
 
 @attrs.define(eq=False)
@@ -229,20 +233,26 @@ class VllmEngine(Engine):
                       flush_tokens: int | None) -> AsyncIterator[str]:
         """The pieces as vLLM samples their tokens; with `flush_interval`, coalesced as the
         simulated engine coalesces them (the first at once, then at most one chunk per interval,
-        the last when it is ready)."""
+        the last when it is ready); with `flush_tokens`, at most that many a chunk, the next
+        chunk going out as soon as that many are ready, whether or not vLLM sends more."""
         sent = ready = 0
         last_flush = -float("inf")
         total = len(pieces)
-        tokens = live.take(total)
         while sent < total:
-            async for n in tokens:
-                ready += n
-                now = trio.current_time()
-                due = ready == total or not sent or now - last_flush >= flush_interval
-                if flush_tokens and ready - sent >= flush_tokens:
-                    due = True
-                if due:
+            while True:
+                ready += live.take_banked(total - ready)
+                # The same sum as the deadline below, so that a wait ended by the deadline finds the chunk due.
+                next_flush = last_flush + flush_interval
+                if ready > sent and (ready == total or not sent or trio.current_time() >= next_flush
+                                     or (flush_tokens and ready - sent >= flush_tokens)):
                     break
+                if ready > sent:
+                    # Tokens wait for the interval: they go out at its end unless vLLM's next tokens come first.
+                    # A receive cancelled by the deadline loses nothing (trio's channels are cancel-safe).
+                    with trio.move_on_at(next_flush):
+                        await live.next_event()
+                else:
+                    await live.next_event()
             upto = ready if not flush_tokens else min(ready, sent + flush_tokens)
             last_flush = trio.current_time()
             self._flushed(upto - sent)

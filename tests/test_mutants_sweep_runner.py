@@ -84,6 +84,14 @@ def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_cha
     assert cache.get("zz") == (False, None)
 
 
+def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
+    cache = sweep.Cache(tmp_path)
+    with pytest.raises(pickle.PicklingError):
+        cache.put("abcdef", lambda: None)  # a lambda has no importable name
+    assert list((tmp_path / "ab").iterdir()) == []
+    assert cache.get("abcdef") == (False, None)
+
+
 @pytest.mark.parametrize("cluster, jobs, in_process, kind, name", [
     (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"),
     (None, 3, False, sweep.Processes, "3 processes"),

@@ -213,9 +213,8 @@ class WebSocketSession:
                 tagged = request is not None and self.info.design == CHAINED
                 await self.send_error(error, request.stream_id if tagged else None)
 
-    async def dispatch(self, event: object, size: int = 0, arrived: float | None = None) -> None:
-        """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read (default: now)."""
-        arrived = trio.current_time() if arrived is None else arrived
+    async def dispatch(self, event: object, size: int, arrived: float) -> None:
+        """`size`: the frame's bytes, for the client records; `arrived`: when the frame was read."""
         if isinstance(event, ResponseCreate):
             request = event.request
             if self.info.design == SUSPENDED:

@@ -941,3 +941,201 @@ def test_a_real_engines_calls_refuse_a_preset_a_bad_holdout_and_a_bad_file(tmp_p
     path.write_text("\n".join([text[0], text[1].replace(",600,", ",-600,", 1)]) + "\n")
     status, out, err = run_calibrate(capsys, path)
     assert (status, out) == (2, "") and err.startswith(f"python -m prototype calibrate: error: {path}")
+
+
+# --- serve --workers: the parent and a worker, without forking -------------------------------------------------------
+
+
+class Exited(Exception):
+    pass
+
+
+class FakeOs:
+    """`os` for run_workers: fork gives the next pid from 101 (or 0, the child, when asked), read gives the scripted
+    ready bytes, wait the scripted (pid, status) pairs, kill records; the rest is the real `os`."""
+
+    def __init__(self, ready, waits, *, child=False, gone=()):
+        self.ready, self.waits, self.child, self.gone = list(ready), list(waits), child, set(gone)
+        self.forked, self.killed, self.reads, self.on_wait = [], [], [], None
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fork(self):
+        self.forked.append(101 + len(self.forked))
+        return 0 if self.child else self.forked[-1]
+
+    def read(self, fd, n):
+        self.reads.append(n)
+        return self.ready.pop(0) if self.ready else b""
+
+    def wait(self):
+        if self.on_wait is not None:
+            self.on_wait()
+        if not self.waits:
+            raise ChildProcessError
+        return self.waits.pop(0)
+
+    def kill(self, pid, signum):
+        if pid in self.gone:
+            raise ProcessLookupError
+        self.killed.append((pid, signum))
+
+    def _exit(self, code):
+        raise Exited(code)
+
+
+@pytest.fixture
+def workers(monkeypatch):
+    """run_workers with the warm-up skipped and its signal handlers recorded, not installed."""
+    handlers = {}
+    monkeypatch.setattr(serve, "_warm_up", lambda: None)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: handlers.__setitem__(signum, handler))
+
+    def with_os(fake):
+        monkeypatch.setattr(serve, "os", fake)
+        return fake
+
+    return handlers, with_os
+
+
+EXIT_1 = 256  # os.wait's status of a child that exited with 1
+
+
+def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers, capsys, tmp_path):
+    handlers, with_os = workers
+    fake = with_os(FakeOs([b"1", b"11"], [(102, 0), (101, 0), (103, 0)], gone={103}))
+    fake.on_wait = lambda: handlers[signal.SIGINT](signal.SIGINT, None) if not fake.killed else None
+    args = serve_args("--workers", "3", "--port", "0", "--quiet")
+    assert serve.run_workers(args) == 0
+    assert fake.forked == [101, 102, 103]
+    assert fake.reads == [3, 3]
+    assert set(handlers) == {signal.SIGINT, signal.SIGTERM}
+    assert fake.killed == [(101, signal.SIGINT), (102, signal.SIGINT)]
+    out = capsys.readouterr().out.split("\n")
+    assert out[0].startswith("listening on http://127.0.0.1:") and out[0].endswith("/v1/responses)  [3 workers]")
+    port = int(out[0].split(":")[2].split()[0])
+    assert port > 0
+    assert out[-2:] == ["stopped", ""]
+    # One store for every worker: a temporary file, removed at exit.
+    store = args.store
+    assert store.endswith("/responses.db") and os.path.basename(os.path.dirname(store)).startswith("testbed-store-")
+    assert not os.path.exists(os.path.dirname(store))
+    handlers[signal.SIGTERM](signal.SIGTERM, None)
+    assert fake.killed[2:] == [(101, signal.SIGTERM), (102, signal.SIGTERM)]  # 103 is gone: skipped
+    given = serve_args("--workers", "2", "--store", str(tmp_path / "s.db"), "--quiet")
+    with_os(FakeOs([b"11"], [(101, 0), (102, 0)]))
+    assert serve.run_workers(given) == 0
+    assert given.store == str(tmp_path / "s.db")
+    assert capsys.readouterr().out.split("\n")[-2] != "stopped"  # ended by themselves: nothing stopped them
+
+
+def test_a_worker_that_dies_before_listening_stops_the_others(workers, capsys):
+    _, with_os = workers
+    fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
+    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    assert capsys.readouterr().out == ""
+
+
+def test_a_worker_that_fails_while_serving_stops_the_others(workers, capsys):
+    _, with_os = workers
+    fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
+    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    out = capsys.readouterr().out
+    assert out.startswith("listening on ") and "stopped" not in out
+    fake = with_os(FakeOs([b"11"], [(101, EXIT_1)]))  # the other already gone: no child left to wait for
+    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+
+
+def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, capsys):
+    handlers, with_os = workers
+    fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
+    fake.on_wait = lambda: handlers[signal.SIGTERM](signal.SIGTERM, None) if not fake.killed else None
+    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 0
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    assert capsys.readouterr().out.endswith("stopped\n")
+
+
+def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch):
+    _, with_os = workers
+    with_os(FakeOs([], [], child=True))
+    ran = []
+
+    def worker(args, index, port, ready):
+        ran.append((index, port, ready))
+        return 5
+
+    monkeypatch.setattr(serve, "_worker", worker)
+    with pytest.raises(Exited) as exited:
+        serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet"))
+    assert exited.value.args == (5,)
+    ((index, port, ready),) = ran
+    assert index == 0 and port > 0 and ready > 2
+
+    def failing(args, index, port, ready):
+        raise RuntimeError("worker broke")
+
+    monkeypatch.setattr(serve, "_worker", failing)
+    with pytest.raises(Exited) as exited:
+        serve.run_workers(serve_args("--workers", "2", "--quiet"))
+    assert exited.value.args == (1,)
+
+
+def test_a_worker_listens_on_its_own_socket_says_it_is_ready_and_stops_on_ctrl_c(monkeypatch):
+    died, settled, served = [], [], []
+    monkeypatch.setattr(serve, "_die_with_parent", lambda: died.append(True))
+    monkeypatch.setattr(serve, "_settle_collector", lambda args: settled.append(args.gc_unfreeze_every))
+
+    async def serve_listeners(handler, listeners, *, task_status):
+        (listener,) = listeners
+        served.append((handler.__self__, listener.socket.getsockname()))
+        task_status.started()
+        await trio.testing.wait_all_tasks_blocked()
+        siblings = trio.lowlevel.current_task().parent_nursery.child_tasks
+        served.append(sorted(task.name.rsplit(".", 1)[-1] for task in siblings))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trio, "serve_listeners", serve_listeners)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    read, write = os.pipe()
+    try:
+        args = serve_args("--quiet", "--gc-unfreeze-every", "9")
+        assert serve._worker(args, 4, 0, write) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert os.read(read, 10) == b"1"
+    os.close(read)
+    with pytest.raises(OSError):
+        os.close(write)  # the worker closed its end
+    (server, address), tasks = served
+    assert server.config.worker == 4 and address[0] == "127.0.0.1"
+    assert tasks == ["drain_on_sigterm", "serve_listeners"]
+    assert died == [True] and settled == [9.0]
+    with pytest.raises(Exception, match="closed database"):
+        server.api.store._db.execute("select 1")
+
+
+def test_a_worker_asks_the_kernel_to_end_it_with_its_parent(monkeypatch):
+    import ctypes
+
+    calls = []
+
+    class Libc:
+        def __init__(self, name, use_errno):
+            calls.append((name, use_errno))
+
+        def prctl(self, option, signum):
+            calls.append((option, signum))
+
+    monkeypatch.setattr(ctypes, "CDLL", Libc)
+    serve._die_with_parent()
+    assert calls == [(None, True), (1, signal.SIGTERM)]
+
+    def no_libc(name, use_errno):
+        raise OSError("no libc")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    serve._die_with_parent()  # not Linux: nothing to ask, and no error

@@ -244,6 +244,8 @@ def test_the_announcement_is_the_address_first_then_the_configuration(capsys):
     serve._announce(serve_args(), "::1", 9, 4)
     assert capsys.readouterr().out.splitlines()[0] == (
         "listening on http://::1:9  (POST /v1/responses, WebSocket ws://::1:9/v1/responses)  [4 workers]")
+    serve._announce(serve_args(), "h", 9, 2)
+    assert capsys.readouterr().out.splitlines()[0].endswith("/v1/responses)  [2 workers]")
 
 
 # --- serve: the access log ---------------------------------------------------------------------------------------
@@ -264,6 +266,7 @@ def test_an_access_line_names_the_response_its_turns_status_and_time(fixed_time)
     # One turn without appends; a refused frame has no response, no start and no model.
     assert serve.access_line({**record, "appends": 0, "at_s": 10.00004}) == (
         "<%H:%M:%S> websocket suspended resp_1 turns=1 completed 0.0 ms model=gpt-x")
+    assert json.loads(serve.access_line({**record, "at_s": 10.01234}, "json"))["ms"] == 12.3
     assert serve.access_line({"at_s": 3.0, "transport": "http", "design": "http", "outcome": "refused"}) == (
         "<%H:%M:%S> http http - turns=0 refused - model=-")
     assert json.loads(serve.access_line({"at_s": 3.0, "started_at_s": 1.0, "response_id": "r", "outcome": "failed"}, "json")) == {
@@ -327,6 +330,36 @@ async def test_count_tasks_counts_every_live_task_the_root_included():
         outer.cancel_scope.cancel()
 
 
+def test_a_bare_run_has_three_tasks_the_root_included():
+    async def main(children):
+        async with trio.open_nursery() as nursery:
+            for _ in range(children):
+                nursery.start_soon(trio.sleep_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            count = serve.count_tasks()
+            nursery.cancel_scope.cancel()
+        return count
+
+    # trio's init task (the root), its run_sync_soon task, and main.
+    assert trio.run(main, 0) == 3
+    assert trio.run(main, 2) == 5
+
+
+class Flushed(io.StringIO):
+    flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def test_every_line_serve_prints_is_flushed_at_once(monkeypatch):
+    """A script or a test reads serve's stdout through a pipe, which Python buffers by the block."""
+    out = Flushed()
+    monkeypatch.setattr(sys, "stdout", out)
+    serve._announce(serve_args(), "h", 1, 1)
+    assert out.flushes == 1
+
+
 async def test_stats_say_what_the_server_holds(monkeypatch):
     server = serve.build_server(serve_args("--quiet"))
     server.connections = 2
@@ -342,13 +375,16 @@ async def test_stats_say_what_the_server_holds(monkeypatch):
 
 
 async def test_stats_are_printed_every_interval(autojump_clock, monkeypatch, capsys):
-    monkeypatch.setattr(serve, "stats", lambda server: {"at": trio.current_time()})
+    monkeypatch.setattr(serve, "stats", lambda server: {"at": trio.current_time(), "of": server})
+    flushed = Flushed()
+    monkeypatch.setattr(sys, "stdout", flushed)
     with trio.move_on_after(5.5):
-        await serve.print_stats(None, 2.0)
-    assert capsys.readouterr().out == 'stats {"at": 2.0}\nstats {"at": 4.0}\n'
+        await serve.print_stats("the server", 2.0)
+    assert flushed.getvalue() == 'stats {"at": 2.0, "of": "the server"}\nstats {"at": 4.0, "of": "the server"}\n'
+    assert flushed.flushes == 2
 
 
-async def test_sigterm_drains_the_server_then_stops_it(monkeypatch, capsys):
+async def test_sigterm_drains_the_server_then_stops_it(monkeypatch):
     server = serve.build_server(serve_args("--quiet"))
     server.sessions.add(object())
     drained = []
@@ -357,15 +393,17 @@ async def test_sigterm_drains_the_server_then_stops_it(monkeypatch, capsys):
         drained.append((server_, grace))
 
     monkeypatch.setattr(serve, "drain", drain)
+    out = Flushed()
+    monkeypatch.setattr(sys, "stdout", out)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve.drain_on_sigterm, server, 2.5, nursery.cancel_scope)
         nursery.start_soon(trio.sleep_forever)
         await trio.testing.wait_all_tasks_blocked()
-        assert capsys.readouterr().out == ""
+        assert out.getvalue() == ""
         os.kill(os.getpid(), signal.SIGTERM)
     assert drained == [(server, 2.5)]
-    assert capsys.readouterr().out == ("SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\n"
-                                       "drained\n")
+    assert out.getvalue() == "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n"
+    assert out.flushes == 2
     server.api.store.close()
 
 
@@ -376,6 +414,9 @@ def test_the_collector_freezes_the_startup_objects_and_installs_the_policy(monke
     monkeypatch.setattr(serve.FullCollectionPolicy, "install", lambda self: calls.append(("install", self.unfreeze_every)))
     serve._settle_collector(serve_args("--gc-unfreeze-every", "7"))
     assert calls == ["collect", "freeze", ("install", 7.0)]
+    calls.clear()
+    serve._settle_collector(serve_args("--gc-unfreeze-every", "0.5"))
+    assert calls == ["collect", "freeze", ("install", 0.5)]
     calls.clear()
     serve._settle_collector(serve_args("--gc-unfreeze-every", "0"))
     assert calls == ["collect", "freeze"]
@@ -634,7 +675,13 @@ def test_the_fitted_preset_reproduces_the_traces_distributions():
         0.0, 0.0, 40, 30)
     assert (params.tool_mixture, params.tool_cap_seconds) == (default.tool_mixture, default.tool_cap_seconds)
     many = [task_of("m", (10,) * 400, tools=((1.0,),) * 399 + ((),), hosted=(0,) * 400)]
-    assert calibrate.fitted_preset(many, [rnd("m", 1, 0, 5, 1)]).turns_max == 400
+    params = calibrate.fitted_preset(many, [rnd("m", 1, 0, 5, 1, tools=(0.5, 0.0))])
+    assert (params.turns_max, params.output_max, params.tool_cap_seconds) == (400, 10000, 600.0)
+    assert params.tool_mixture == fit.lognormal_mixture([0.5])
+    # A later round of one uncached token counts; tool calls of no time are left out (no log of 0).
+    params = calibrate.fitted_preset(lone, [rnd("z", 0, 0, 40, 5), rnd("z", 1, 40, 1, 5, tools=(0.0,)), rnd("z", 2, 50, 100, 5)])
+    assert (params.appended_median, params.appended_min) == (fit.lognormal([1, 100])[0], 1)
+    assert params.tool_mixture == default.tool_mixture
 
 
 def test_the_reasoning_share_spans_the_traces_per_round_share():
@@ -708,6 +755,7 @@ def test_a_groups_file_takes_the_group_in_its_name():
     assert calibrate.group_path("out/profile.json", "codex/gpt-5.4") == Path("out/profile.codex-gpt-5.4.json")
     assert calibrate.group_path("p.json", "//") == Path("p.group.json")
     assert calibrate.group_path("p.json", "a b__c") == Path("p.a-b__c.json")
+    assert calibrate.group_path("p.json", "X/Codex GPT-5") == Path("p.X-Codex-GPT-5.json")
 
 
 def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
@@ -870,7 +918,7 @@ def test_calibrate_names_a_custom_baseline_and_prints_the_traces_notes(tmp_path,
 
 def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsys):
     path = tmp_path / "real_engine_calls.csv"
-    write_calls(path)
+    write_calls(path, slowdown_last=2, factor=1.5)  # a fit that leaves residuals
     latency_file = tmp_path / "vllm.json"
     status, out, err = run_calibrate(capsys, path, "--latency-out", latency_file)
     assert (status, err) == (0, "")
@@ -895,6 +943,7 @@ def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsy
         "",
     ]
     assert (fitted.first_token.n, scored) == (7, 3)
+    assert first.rmse_s * 1000 > 0.1 and first.stderr[0] * 1000 > 0.1
     assert profiles.load_latency(latency_file) == calibrate.engine_latency_model(result)
     assert json.loads(latency_file.read_text())["source"] == (
         f"python -m prototype calibrate {path} ({first.n} real-engine calls, time to first token rmse "

@@ -119,8 +119,12 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
     record = rollout(SUSPENDED)
     record.turns[0].server_timing["spans"].append(["mystery", 0, 250])
     figures.timeline(ax, [record], labels=["mine"], events=False, pauses=False, legend=False, xmax=9.0)
-    assert [b for b in boxes(ax) if b[6] == "///"] == []
-    assert (0.5, 0.75, 0.65, 1.35, "#999999", None, None) in boxes(ax)  # a phase without a colour: grey
+    colour = figures.PHASE_COLORS
+    assert boxes(ax) == [  # no pause band, every other span; a phase without a colour in grey
+        (0.0, 1.0, -0.35, 0.35, colour[NETWORK_CLIENT], None, None), (1.0, 1.5, -0.35, 0.35, colour[TOOL], None, None),
+        (0.5, 0.75, 0.65, 1.35, colour["validate"], None, None), (0.75, 1.0, 0.65, 1.35, colour["prefill"], None, None),
+        (0.5, 0.75, 0.65, 1.35, "#999999", None, None), (2.0, 2.0, -0.35, 0.35, colour[NETWORK_CLIENT], None, None),
+        (2.0, 2.5, 0.65, 1.35, colour["decode"], None, None)]
     assert list(ax.lines) == [] and ax.get_legend() is None
     assert [t.get_text() for t in ax.get_yticklabels()] == ["mine: server", "mine: client"]
     assert ax.get_xlim() == (0.0, 9.0) and ax.get_ylim() == (-0.8, 1.8)
@@ -157,6 +161,12 @@ def test_the_tool_call_point_is_named_where_each_tool_answers(ax):
          (1.25, 2.65), (1.25, 1.95), "left")]
     assert other.get_ylim() == (-5.0, 9.0)
     plt.close(fig)
+    # The second of three rows; a note exactly at the middle grows to the right.
+    fig, other = plt.subplots()
+    other.set_xlim(0, 2.5)
+    figures.annotate_tool_call_point(other, rollout(CHAINED), row=1, rows=3)
+    assert annotations(other)[0][1:] == ((1.25, 2.65), (1.25, 1.95), "right")
+    plt.close(fig)
     fig, bare = plt.subplots()
     figures.annotate_tool_call_point(bare, RolloutRecord("x", "w", 0.0, turns=[TurnRecord(0, 0.0, ended_at=1.0)]))
     assert list(bare.texts) == [] and bare.get_ylim() == (0.0, 1.0)
@@ -169,15 +179,17 @@ def rectangles(ax):
 
 
 def test_phase_bars_stack_each_designs_phases_in_phase_order(ax):
-    figures.phase_bars(ax, {"a": {"decode": 2.0, "validate": 1.0, "tool": 0.0}, "b": {"decode": 3.0, "unused": 9.0}})
+    figures.phase_bars(ax, {"a": {"decode": 2.0, "validate": 1.0, "tool": 0.0, "post": 0.5},
+                            "b": {"decode": 3.0, "unused": 9.0}})
     c = figures.PHASE_COLORS
     assert rectangles(ax) == [
         (0.0, 1.0, 0.7, 0.6, c["validate"], None), (0.0, 0.0, -0.3, 0.6, c["validate"], None),
-        (1.0, 2.0, 0.7, 0.6, c["decode"], None), (0.0, 3.0, -0.3, 0.6, c["decode"], None)]
+        (1.0, 2.0, 0.7, 0.6, c["decode"], None), (0.0, 3.0, -0.3, 0.6, c["decode"], None),
+        (3.0, 0.5, 0.7, 0.6, c["post"], None), (3.0, 0.0, -0.3, 0.6, c["post"], None)]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"] and list(ax.get_yticks()) == [1, 0]
     assert ax.get_xlabel() == "seconds"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["validate", "decode"]
-    assert ax.xaxis._major_tick_kw["gridOn"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["validate", "decode", "post"]
+    assert ax.xaxis._major_tick_kw["gridOn"] and not ax.yaxis._major_tick_kw.get("gridOn", False)
     fig, other = plt.subplots()
     figures.phase_bars(other, {"a": {"tool": 1.0, "network_client": 0.5}}, legend=False, xlabel="ms")
     assert other.get_legend() is None and other.get_xlabel() == "ms"

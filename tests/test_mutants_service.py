@@ -177,3 +177,51 @@ async def test_rendering_is_charged_for_the_tokens_a_turn_renders(autojump_clock
     log = metrics.PhaseLog()
     again = await api.pre_inference(log, CreateRequest("sim-10", (answer,)), [answer], history=[user, call], render_cache=cache)
     assert 0 < rendered(log) < len(again.prompt) / 1000
+
+
+async def test_each_stage_pays_its_whole_fixed_cost_unless_the_turn_reuses_its_earlier_form(autojump_clock):
+    """A stage's fixed cost is paid at the turn's share only where the turn extends earlier state in that stage's
+    cheap form: checks run incrementally, the prompt is appended to, the route is reused (same model and workload);
+    routing is charged on no tokens."""
+    from prototype.api.costs import StageCost
+    from prototype.api.service import StageModes
+    from prototype.protocol.events import CreateRequest
+    from prototype.protocol.items import FunctionCall
+
+    api = ApiService(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=2.0), render=StageCost(fixed=4.0),
+                                        safety=StageCost(fixed=8.0), route=StageCost(fixed=1.0, per_ktok=1000.0)))
+
+    def charged(log: metrics.PhaseLog) -> dict[str, float]:
+        return {phase: end - start for phase, start, end in log.spans}
+
+    user = Message("user", (("input_text", "fix the failing test in the parser"),))
+    log = metrics.PhaseLog()
+    context = await api.pre_inference(log, CreateRequest("sim-10", (user,)), [user])
+    assert charged(log) == {metrics.VALIDATE: 2.0, metrics.RENDER: 4.0, metrics.SAFETY: 8.0, metrics.ROUTE: 1.0}
+    first_route = context.route
+
+    async def turn(n: int, modes: StageModes, model: str = "sim-10") -> dict[str, float]:
+        call = FunctionCall(f"call_{n}", "shell", "{}")
+        context.items.append(call)
+        context.ledger.absorb([call])
+        answer = FunctionCallOutput(f"call_{n}", "ok")
+        log = metrics.PhaseLog()
+        await api.pre_inference(log, CreateRequest(model, (answer,)), [answer], base=context, modes=modes)
+        return charged(log)
+
+    cheap = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=0.25)
+    assert await turn(1, cheap) == {metrics.VALIDATE: 0.5, metrics.RENDER: 1.0, metrics.SAFETY: 2.0, metrics.ROUTE: 0.25}
+    assert context.route is first_route  # the cached decision, not a new one
+    # Another model: routed again, at the whole fixed cost.
+    assert (await turn(2, cheap, model="sim-20"))[metrics.ROUTE] == 1.0
+    assert context.route is not first_route and context.route.latency.decode_tokens_per_s == 20.0
+    rerouted = context.route
+    # Reuse switched off: routed again though nothing changed.
+    assert (await turn(3, attrs.evolve(cheap, reuse_route=False), model="sim-20"))[metrics.ROUTE] == 1.0
+    assert context.route is not rerouted and context.route.key == rerouted.key
+    # Full checks and a full render: their whole fixed costs, the route still at the share.
+    full_forms = attrs.evolve(cheap, incremental_checks=False, append_render=False)
+    assert await turn(4, full_forms, model="sim-20") == {
+        metrics.VALIDATE: 2.0, metrics.RENDER: 4.0, metrics.SAFETY: 8.0, metrics.ROUTE: 0.25}
+    assert (await turn(5, attrs.evolve(cheap, append_render=False), model="sim-20"))[metrics.RENDER] == 4.0
+    assert (await turn(6, attrs.evolve(cheap, incremental_checks=False), model="sim-20"))[metrics.VALIDATE] == 2.0

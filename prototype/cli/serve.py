@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import tempfile
 import time
@@ -244,7 +245,10 @@ def run(args: argparse.Namespace) -> int:
             return 1
     try:
         server = build_server(args)
-    except (OSError, ValueError) as error:  # e.g. a --store path that cannot be opened
+    except sqlite3.Error as error:  # a --store path that cannot be opened (its folder is missing, say)
+        _error(f"--store {args.store}: {error}")
+        return 2
+    except (OSError, ValueError) as error:  # e.g. a --records path that cannot be opened
         _error(str(error))
         return 2
 

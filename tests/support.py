@@ -152,12 +152,19 @@ class Close:
         self.code = code
 
 
+class Pause:
+    """In a script: the server waits this many seconds before its next frame."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
 class ScriptedServer:
     """A WebSocket server that answers each frame it receives (on whichever connection) with the next reply of its
-    script: events to send, then optionally a `Close`. It records every frame as `(connection, event)`. A frame
+    script: events to send (a `bytes` one as a binary frame), `Pause`s, then optionally a `Close`. It records every frame as `(connection, event)`. A frame
     past the end of the script is answered with close 1011, so a client that asks once too often fails its test."""
 
-    def __init__(self, replies: list[list[dict[str, Any] | Close]]) -> None:
+    def __init__(self, replies: list[list[dict[str, Any] | bytes | Close | Pause]]) -> None:
         self.replies = list(replies)
         self.received: list[tuple[int, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []  # each connection's handshake headers
@@ -177,7 +184,10 @@ class ScriptedServer:
                         if isinstance(frame, Close):
                             await socket.aclose(frame.code)
                             return
-                        await socket.send_message(json.dumps(frame))
+                        if isinstance(frame, Pause):
+                            await trio.sleep(frame.seconds)
+                            continue
+                        await socket.send_message(frame if isinstance(frame, bytes) else json.dumps(frame, ensure_ascii=False))
             except trio_websocket.ConnectionClosed:
                 pass
             finally:

@@ -5,6 +5,7 @@ Written against the survivors of the mutation run (docs/mutation.md)."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import attrs
@@ -12,15 +13,15 @@ import pytest
 import trio
 import trio.lowlevel
 import trio_websocket
-from support import Close, ScriptedServer, make_server
+from support import Close, Pause, ScriptedServer, make_server
 
 from prototype.api.service import owner_of
 from prototype.client import v1
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
-from prototype.client.harness import CHAINED, SUSPENDED, Rollout, RolloutRecord, TurnRecord
+from prototype.client.harness import BETA, CHAINED, SUSPENDED, Rollout, RolloutRecord, TurnRecord, request_body, task_prompt
 from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_multiplexed_rollouts
 from prototype.client.reconnect import OPENAI_PYTHON, ReconnectPolicy
-from prototype.client.reconnecting import _close_code, run_reconnecting_rollout
+from prototype.client.reconnecting import ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.client.sse import END_TYPES, SseEvent, SseProtocolError, StrictSseParser, parse_stream
 from prototype.protocol import events as ev
 from prototype.server.http import sse_block
@@ -573,3 +574,70 @@ async def test_a_close_in_the_middle_of_a_response_is_retried_only_for_the_codes
     record = await reconnecting(server, CHAINED, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
     assert (record.status, record.reconnects) == (status, reconnects)
     assert trio.current_time() == 0.5 * reconnects
+
+
+async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:
+    server = ScriptedServer([
+        [*first_turn(CHAINED), Close(1011)],  # the server goes away while the tool runs
+        # The retried request, its answer 1 s after its first event; one event comes as a binary frame.
+        [created_event("resp_1"), Pause(1.0), json.dumps({"type": "response.output_item.done", "item": ANSWER}).encode(),
+         {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [ANSWER], "note": "é"}}],
+    ])
+    record = await reconnecting(server, CHAINED)
+    assert (record.status, record.reconnects) == ("completed", 1)
+    # The create found the connection closed (1011: retried), waited 0.5 s and went on a new connection, where the chain
+    # was asked for as the client last knew it.
+    assert frame_kinds(server) == [(0, "response.create", None), (1, "response.create", "resp_0")]
+    assert (record.turns[1].sent_at, record.turns[1].ended_at, record.ended_at) == (2.0, 3.5, 3.5)
+    assert record.recovery_seconds == [0.5]  # from the failure to the retried response's first event
+    received = [json.dumps(created_event("resp_1")), json.dumps({"type": "response.output_item.done", "item": ANSWER}),
+                json.dumps({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [ANSWER],
+                                                                      "note": "é"}}, ensure_ascii=False)]
+    assert record.turns[1].bytes_received == sum(len(text.encode()) for text in received)
+
+
+def answer_only() -> list[list[Any]]:
+    return [[created_event("resp_0"), *paused_or_ended("response.completed", "resp_0", ANSWER)]]
+
+
+async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    await trio.sleep(1.0)
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, STEADY, metadata={"k": "v"})
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (CHAINED, "scripted", "completed", 1.0, 1.0)
+    assert server.headers[0]["authorization"] == "Bearer testbed" and "x-responsesapi-include-timing-metrics" not in server.headers[0]
+    prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
+    # Without a store, chained asks for the reasoning blob it would need to resend the conversation.
+    assert server.received[0][1] == {"type": "response.create", **request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"},
+                                                                               store=False, include_reasoning=True), "input": prompt}
+
+
+@pytest.mark.parametrize(("design", "store"), [(SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
+async def test_the_reconnecting_client_passes_the_callers_options(autojump_clock, design: str, store: bool) -> None:
+    server = ScriptedServer(answer_only())
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), design, TWO_TURNS, STEADY, metadata={}, model="m", store=store,
+                                                include_timing=True, api_key="key-1", instructions="mine")
+    assert (record.design, record.status) == (design, "completed")
+    assert (server.headers[0]["authorization"], server.headers[0]["x-responsesapi-include-timing-metrics"]) == ("Bearer key-1", "true")
+    assert server.headers[0]["openai-beta"] == BETA[design]
+    first = server.received[0][1]
+    assert first == {"type": "response.create", **request_body(TWO_TURNS, model="m", metadata={}, store=store, instructions="mine"),
+                     "input": first["input"]}  # no reasoning blob: v1 never needs it, and a stored chain is hydrated
+
+
+def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+        ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, STEADY, metadata={})
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+async def test_the_backoffs_jitter_is_drawn_from_the_seed_and_the_task(autojump_clock, seed: int) -> None:
+    policy = ReconnectPolicy("jittered", initial_delay=1.0, max_retries=2, jitter=(0.5, 1.5))
+    server = ScriptedServer([[created_event("resp_0"), Close(1011)], *answer_only()])
+    with trio.fail_after(60):
+        options = {} if seed == 0 else {"seed": seed}
+        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, policy, metadata={}, **options)
+    assert (record.status, record.reconnects) == ("completed", 1)
+    assert trio.current_time() == policy.delay(1, random.Random(f"reconnect:{seed}:scripted"))

@@ -23,6 +23,7 @@ from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_mu
 from prototype.client.reconnect import OPENAI_PYTHON, ReconnectPolicy
 from prototype.client.reconnecting import ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.client.sse import END_TYPES, SseEvent, SseProtocolError, StrictSseParser, parse_stream
+from prototype.netem import NetworkProfile
 from prototype.protocol import events as ev
 from prototype.server.http import sse_block
 from prototype.workload import fixed
@@ -641,3 +642,36 @@ async def test_the_backoffs_jitter_is_drawn_from_the_seed_and_the_task(autojump_
         record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, policy, metadata={}, **options)
     assert (record.status, record.reconnects) == ("completed", 1)
     assert trio.current_time() == policy.delay(1, random.Random(f"reconnect:{seed}:scripted"))
+
+
+async def accept_after(connector: InMemoryConnector, seconds: float) -> None:
+    await trio.sleep(seconds)
+    connector.refusing = False
+
+
+async def test_a_refused_connection_is_retried_with_the_policys_backoff(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    connector = InMemoryConnector(server, refusing=True)  # nothing listens until 0.7 s
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_after, connector, 0.7)
+        with trio.fail_after(60):
+            record = await run_reconnecting_rollout(connector, CHAINED, TWO_TURNS, STEADY, metadata={})
+    # Refused at 0 and at 0.5 s; the third attempt, after 1 s more, connects.
+    assert (record.status, record.reconnects, record.recovery_seconds, record.ended_at) == ("completed", 2, [1.5], 1.5)
+    assert (record.turns[0].sent_at, server.connections) == (0.0, 1)
+
+
+async def test_a_client_that_gives_up_ends_the_task_when_it_does(autojump_clock) -> None:
+    connector = InMemoryConnector(ScriptedServer([]), refusing=True)
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(connector, CHAINED, TWO_TURNS, STEADY, metadata={})
+    assert (record.status, record.reconnects, record.ended_at, record.turns) == ("error:gave_up", 2, 1.5, [])
+
+
+async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, TWO_TURNS, STEADY, metadata={})
+    # Three round trips of handshakes, then the create and its answer; the close handshake after it is not the task's.
+    assert (record.status, record.turns[0].sent_at) == ("completed", 0.0)
+    assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at

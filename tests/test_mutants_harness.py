@@ -105,6 +105,8 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     assert record.usage == {"input_tokens": 300, "cached_tokens": 180, "output_tokens": 21, "reasoning_tokens": 6}
     rollout.received({"type": "error", "error": {"code": "x"}}, 7)
     assert (record.turns[1].ended_at, record.turns[1].bytes_received, record.timeline[-1]) == (4.0, 27, (4.0, "recv", "error"))
+    rollout.received({"note": "no type"}, 1)  # an event without a type is recorded with an empty one
+    assert record.timeline[-1] == (4.0, "recv", "")
 
 
 def two_call_task() -> Workload:

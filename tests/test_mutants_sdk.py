@@ -206,10 +206,13 @@ def test_only_the_two_websocket_designs_are_accepted(fake_openai) -> None:
 
 async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address(fake_openai) -> None:
     fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
+    ended: list[int] = []
     with trio.fail_after(10):
-        record = await sdk.run_sdk_websocket_rollout(TcpConnector("10.0.0.9", 8123), CHAINED, TASK, metadata={}, model="m",
-                                                     store=True, include_timing=True, api_key="k", timeout=9.0)
-    assert record.status == "completed"
+        record = await sdk.run_sdk_websocket_rollout(TcpConnector("10.0.0.9", 8123), CHAINED, TASK, metadata={"k": "v"}, model="m",
+                                                     store=True, include_timing=True, api_key="k", timeout=9.0,
+                                                     on_turn_end=lambda t: ended.append(t.turn))
+    assert (record.status, ended) == ("completed", [0])
+    assert json.loads(fake_openai.conn.frames[0])["metadata"] == {"k": "v"}
     [client] = fake_openai.made
     assert client.options == {"base_url": "http://10.0.0.9:8123/v1", "api_key": "k", "max_retries": 0, "timeout": 9.0}
     assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
@@ -270,6 +273,7 @@ def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
          "previous_response_id": "resp_a0", "input": outputs, "stream_id": "agent-0"},
     ]
     assert records[0].turns[0].tool_seconds == 0.01 and records[0].turns[1].tool_seconds == 0.0
+    assert [t.bytes_sent for r in records for t in r.turns] == [0, 0, 0]  # the SDK's lanes do not count what they send
     assert records[0].turns[1].sent_at - records[0].turns[0].ended_at >= 0.01  # the tool ran before the next create
     assert all(r.started_at <= r.ended_at for r in records)
 
@@ -334,3 +338,35 @@ def test_a_steer_without_a_successor_token_times_out(fake_openai) -> None:
     fake_openai.conn = FakeConnection([[{"type": "response.created", "response": {"id": "resp_0"}}, delta], []], idle=delta)
     with pytest.raises(TimeoutError, match=r"^no successor token within 0.3 s$"):
         sdk.run_sdk_steer("http://h:4/v1", metadata={}, text="t", timeout=0.3)
+
+
+async def test_from_trio_the_defaults_are_the_harnesses_and_any_object_with_an_address_will_do(fake_openai) -> None:
+    fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
+    with trio.fail_after(10):
+        record = await sdk.run_sdk_websocket_rollout(types.SimpleNamespace(host="h", port=5), SUSPENDED, TASK, metadata={})
+    assert record.status == "completed"
+    [client] = fake_openai.made
+    assert client.options == {"base_url": "http://h:5/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
+    assert client.headers == {"OpenAI-Beta": BETA[SUSPENDED]}
+    first = json.loads(fake_openai.conn.frames[0])
+    assert (first["model"], first["store"]) == ("gpt-5.4", False)
+
+
+class StuckConnection(FakeConnection):
+    """A connection whose server never answers; `finished` is set when the blocked read gives up."""
+
+    finished = False
+
+    def recv_bytes(self) -> bytes:
+        try:
+            return super().recv_bytes()
+        finally:
+            self.finished = True
+
+
+async def test_a_cancelled_sdk_rollout_leaves_its_blocked_thread_behind(fake_openai) -> None:
+    conn = fake_openai.conn = StuckConnection([])
+    with trio.move_on_after(0.1):
+        await sdk.run_sdk_websocket_rollout(TcpConnector("h", 1), CHAINED, TASK, metadata={}, timeout=30)
+    assert not conn.finished  # trio returned at once: the thread is still blocked in the SDK's read
+    conn.close()

@@ -39,7 +39,8 @@ class FakeResource:
         self.conn = conn
 
     def create(self, **fields: Any) -> None:
-        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.create", **fields}))
+        # Compact, as openai-python writes a model's JSON: a count by our own encoding would differ from it.
+        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.create", **fields}, separators=(",", ":")))
 
     def steer(self, **fields: Any) -> None:
         getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.steer", **fields}))
@@ -53,6 +54,8 @@ class FakeConnection:
     def __init__(self, replies: list[list[dict[str, Any]]], *, counted: bool = True, idle: dict[str, Any] | None = None) -> None:
         self.replies, self.idle = list(replies), idle
         self.frames: list[str] = []
+        self.reads_before: list[int] = []  # for each frame written, how many events had been read
+        self.reads = 0
         self.inbox: queue.Queue = queue.Queue()
         self.closed = False
         self.response = FakeResource(self)
@@ -61,6 +64,7 @@ class FakeConnection:
 
     def _write(self, data: str) -> None:
         self.frames.append(data)
+        self.reads_before.append(self.reads)
         for event in self.replies.pop(0) if self.replies else []:
             self.inbox.put(json.dumps(event).encode())
 
@@ -74,6 +78,7 @@ class FakeConnection:
         data = self.inbox.get(timeout=5)
         if data is None:
             raise ConnectionError("closed")
+        self.reads += 1
         return data
 
     def parse_event(self, data: bytes) -> Any:
@@ -147,7 +152,9 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     assert [kind for _, direction, kind in record.timeline if direction == "send"] == [
         "response.create", "response.append" if design == SUSPENDED else "response.create"]
     assert record.turns[0].sent_at == record.started_at <= record.turns[0].ended_at <= record.turns[1].sent_at <= record.ended_at
-    assert record.turns[0].tool_seconds >= 0.01 and record.turns[1].tool_seconds == 0.0
+    # The tool's wait, measured: at least its 0.01 s, and inside the gap between turn 0's end and turn 1's start.
+    assert 0.01 <= record.turns[0].tool_seconds <= record.turns[1].sent_at - record.turns[0].ended_at
+    assert record.turns[1].tool_seconds == 0.0
     assert record.transcript[-1] == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
 
 
@@ -282,6 +289,8 @@ def test_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
     fake_openai.conn = LaneConnection({"agent-0": [[{"type": "error", "stream_id": "agent-0", "error": {"code": "invalid_value"}}]]})
     [record] = sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {})
     assert record.status == "error:invalid_value"
+    assert fake_openai.made[0].options == {"base_url": "http://h:3/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
+    assert json.loads(fake_openai.conn.frames[0])["model"] == "gpt-5.4"
 
 
 def test_lanes_past_their_timeout_say_so(fake_openai) -> None:
@@ -313,6 +322,7 @@ def test_a_steer_is_sent_after_its_deltas_and_timed_to_the_successors_first_toke
         "response.created", "response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
         "response.created", "response.in_progress", "response.function_call_arguments.delta"]
     assert result["steer_to_token_s"] >= 0
+    assert conn.reads_before == [0, 3]  # the steer went after the created event and two deltas
     assert sent(conn) == [
         {"type": "response.create", "model": "m", "metadata": {"k": "v"}, "store": False, "tools": sdk.HARNESS_TOOLS,
          "stream_id": "main", "input": "start the task"},

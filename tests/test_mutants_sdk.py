@@ -152,6 +152,8 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     assert [kind for _, direction, kind in record.timeline if direction == "send"] == [
         "response.create", "response.append" if design == SUSPENDED else "response.create"]
     assert record.turns[0].sent_at == record.started_at <= record.turns[0].ended_at <= record.turns[1].sent_at <= record.ended_at
+    sends = [at for at, direction, _ in record.timeline if direction == "send"]
+    assert record.turns[1].sent_at <= sends[1]  # turn 1 starts when the tool returns, before its request is written
     # The tool's wait, measured: at least its 0.01 s, and inside the gap between turn 0's end and turn 1's start.
     assert 0.01 <= record.turns[0].tool_seconds <= record.turns[1].sent_at - record.turns[0].ended_at
     assert record.turns[1].tool_seconds == 0.0

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import h11
 import trio
+import trio_websocket
 
 from prototype import netem
 from prototype.api.costs import ZERO_COSTS, ApiCosts
@@ -139,3 +140,55 @@ class DelayedConnector:
         async with netem.open_emulated_pair(self.network) as (client, server_end):
             self.nursery.start_soon(self.server.handle_stream, server_end)
             yield client
+
+
+# --- a scripted WebSocket server, for clients held to exact frames -------------------------------------
+
+
+class Close:
+    """In a script: the server closes the connection with this code."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class Pause:
+    """In a script: the server waits this many seconds before its next frame."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class ScriptedServer:
+    """A WebSocket server that answers each frame it receives (on whichever connection) with the next reply of its
+    script: events to send (a `bytes` one as a binary frame), `Pause`s, then optionally a `Close`. It records every frame as `(connection, event)`. A frame
+    past the end of the script is answered with close 1011, so a client that asks once too often fails its test."""
+
+    def __init__(self, replies: list[list[dict[str, Any] | bytes | Close | Pause]]) -> None:
+        self.replies = list(replies)
+        self.received: list[tuple[int, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []  # each connection's handshake headers
+        self.connections = 0
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        connection = self.connections
+        self.connections += 1
+        async with trio.open_nursery() as nursery:
+            request = await trio_websocket.wrap_server_stream(nursery, stream)
+            self.headers.append({name.decode(): value.decode() for name, value in request.headers})
+            socket = await request.accept()
+            try:
+                while True:
+                    self.received.append((connection, json.loads(await socket.get_message())))
+                    for frame in self.replies.pop(0) if self.replies else [Close(1011)]:
+                        if isinstance(frame, Close):
+                            await socket.aclose(frame.code)
+                            return
+                        if isinstance(frame, Pause):
+                            await trio.sleep(frame.seconds)
+                            continue
+                        await socket.send_message(frame if isinstance(frame, bytes) else json.dumps(frame, ensure_ascii=False))
+            except trio_websocket.ConnectionClosed:
+                pass
+            finally:
+                nursery.cancel_scope.cancel()

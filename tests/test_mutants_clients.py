@@ -5,21 +5,25 @@ Written against the survivors of the mutation run (docs/mutation.md)."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.lowlevel
 import trio_websocket
-from support import make_server
+from support import Close, Pause, ScriptedServer, make_server
 
 from prototype.api.service import owner_of
 from prototype.client import v1
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
-from prototype.client.harness import CHAINED, Rollout, RolloutRecord, TurnRecord
+from prototype.client.harness import BETA, CHAINED, SUSPENDED, Rollout, RolloutRecord, TurnRecord, request_body, task_prompt
 from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_multiplexed_rollouts
-from prototype.client.reconnecting import _close_code
+from prototype.client.reconnect import OPENAI_PYTHON, ReconnectPolicy
+from prototype.client.reconnecting import ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.client.sse import END_TYPES, SseEvent, SseProtocolError, StrictSseParser, parse_stream
+from prototype.netem import NetworkProfile
 from prototype.protocol import events as ev
 from prototype.server.http import sse_block
 from prototype.workload import fixed
@@ -432,3 +436,242 @@ def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
     assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
     assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]
     assert _close_code(OSError("refused"), None) is None
+
+
+# ---------------------------------------------------------------- the reconnecting client against a scripted server
+
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
+ANSWER = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}
+LOST_ITEM = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "cut"}]}
+LIMIT = "websocket_connection_limit_reached"
+# Two turns: the call, whose tool runs 2 s, then the answer.
+TWO_TURNS = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
+STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+
+
+def created_event(response_id: str) -> dict[str, Any]:
+    return {"type": "response.created", "response": {"id": response_id, "status": "in_progress", "output": []}}
+
+
+def paused_or_ended(kind: str, response_id: str, *output: dict[str, Any], status: str = "completed") -> list[dict[str, Any]]:
+    items = [{"type": "response.output_item.done", "item": item} for item in output]
+    return [*items, {"type": kind, "response": {"id": response_id, "status": status, "output": list(output)}}]
+
+
+def failed(response_id: str, code: str) -> dict[str, Any]:
+    return {"type": "response.failed",
+            "response": {"id": response_id, "status": "failed", "output": [], "error": {"code": code, "message": code}}}
+
+
+def error(code: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "invalid_request_error", "code": code, "message": code}}
+
+
+def first_turn(design: str) -> list[dict[str, Any] | Close]:
+    kind = "response.done" if design == SUSPENDED else "response.completed"
+    return [created_event("resp_0"), *paused_or_ended(kind, "resp_0", CALL, status="in_progress" if design == SUSPENDED else "completed")]
+
+
+async def reconnecting(server: ScriptedServer, design: str, policy: ReconnectPolicy = STEADY) -> RolloutRecord:
+    with trio.fail_after(60):
+        return await run_reconnecting_rollout(InMemoryConnector(server), design, TWO_TURNS, policy, metadata={})
+
+
+def frame_kinds(server: ScriptedServer) -> list[tuple[int, str, str | None]]:
+    return [(connection, event["type"], event.get("previous_response_id")) for connection, event in server.received]
+
+
+async def test_a_request_answered_by_the_connection_limit_goes_again_at_once_on_a_new_connection(autojump_clock) -> None:
+    server = ScriptedServer([
+        first_turn(CHAINED),
+        [error(LIMIT), Close(1000)],
+        [created_event("resp_1"), *paused_or_ended("response.completed", "resp_1", ANSWER)],
+    ])
+    record = await reconnecting(server, CHAINED)
+    assert record.status == "completed"
+    # The refused create goes again on a new connection, at once, still continuing the chain.
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0"), (1, "response.create", "resp_0")]
+    assert server.received[1][1] == server.received[2][1]
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 0, 0, [])
+    assert trio.current_time() == record.ended_at == 2.0  # the tool's 2 s, no backoff
+    size = len(json.dumps(server.received[1][1], separators=(",", ":")))
+    assert (record.turns[1].bytes_sent, record.resent_bytes) == (2 * size, size)
+    assert record.transcript[-1] == ANSWER and len(record.turns) == 2
+
+
+async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the_whole_conversation(autojump_clock) -> None:
+    server = ScriptedServer([
+        first_turn(SUSPENDED),
+        # The limit came while the resumed segment streamed: it fails at its next pause, then the error and the close.
+        [{"type": "response.in_progress", "response": {"id": "resp_0", "status": "in_progress", "output": []}},
+         {"type": "response.output_item.done", "item": LOST_ITEM}, failed("resp_0", LIMIT), error(LIMIT), Close(1000)],
+        [created_event("resp_1"), *paused_or_ended("response.completed", "resp_1", ANSWER)],
+    ])
+    record = await reconnecting(server, SUSPENDED)
+    assert record.status == "completed"
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.append", None), (1, "response.create", None)]
+    outputs = server.received[1][1]["input"]
+    assert [item["type"] for item in outputs] == ["function_call_output"]
+    first_input = server.received[0][1]["input"]
+    assert server.received[2][1]["input"] == [*first_input, CALL, *outputs]  # the whole conversation, the outputs it owed
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 1, 0, [])
+    assert trio.current_time() == record.ended_at == 2.0
+    assert LOST_ITEM not in record.transcript and record.transcript[-1] == ANSWER
+    assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
+
+
+async def test_a_request_refused_on_a_later_turn_ends_the_task_with_its_code(autojump_clock) -> None:
+    server = ScriptedServer([first_turn(CHAINED), [error("invalid_value")]])
+    record = await reconnecting(server, CHAINED)
+    assert record.status == "error:invalid_value"
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0")]  # asked once
+    assert (record.reconnects, record.full_resends, record.turns[1].ended_at) == (0, 0, 2.0)
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str) -> None:
+    kind = "response.done" if design == SUSPENDED else "response.completed"
+    server = ScriptedServer([
+        [created_event("resp_0"), failed("resp_0", "server_error")],
+        [created_event("resp_1"), *paused_or_ended(kind, "resp_1", CALL, status="in_progress" if design == SUSPENDED else "completed")],
+        # Turn 1 fails three times: the policy retries it twice (0.5 s, then 1 s), then the task fails.
+        [created_event("resp_2"), failed("resp_2", "server_error")],
+        [created_event("resp_3"), failed("resp_3", "server_error")],
+        [created_event("resp_4"), failed("resp_4", "server_error")],
+    ])
+    record = await reconnecting(server, design)
+    assert record.status == "failed"
+    follow = "response.append" if design == SUSPENDED else "response.create"
+    previous = None if design == SUSPENDED else "resp_1"
+    # Each retry asks again for what the failed response was asked: a turn that failed is sent as it was, from its
+    # last completed turn; the turn after a success starts with its attempts counted from one again.
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", None), (0, follow, previous),
+                                   (0, "response.create" if design == SUSPENDED else follow, previous),
+                                   (0, "response.create" if design == SUSPENDED else follow, previous)]
+    assert (record.retried_responses, record.reconnects) == (3, 0)
+    assert record.recovery_seconds == [0.5, 0.5, 1.0]
+    assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0
+    assert len(record.turns) == 2
+    assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
+        json.dumps(server.received[2][1], separators=(",", ":")))
+
+
+async def test_a_policy_that_does_not_retry_failed_responses_fails_the_task_at_once(autojump_clock) -> None:
+    server = ScriptedServer([[created_event("resp_0"), failed("resp_0", "server_error")]])
+    record = await reconnecting(server, CHAINED, attrs.evolve(STEADY, retry_failed_responses=False))
+    assert (record.status, record.retried_responses, record.recovery_seconds, trio.current_time()) == ("failed", 0, [], 0.0)
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize(("code", "status", "reconnects"), [(1008, "error:closed_1008", 0), (1011, "completed", 1)])
+async def test_a_close_in_the_middle_of_a_response_is_retried_only_for_the_codes_the_policy_lists(
+        autojump_clock, code: int, status: str, reconnects: int) -> None:
+    server = ScriptedServer([
+        [created_event("resp_0"), Close(code)],
+        [created_event("resp_1"), *paused_or_ended("response.completed", "resp_1", ANSWER)],
+    ])
+    # openai-python's codes (1011 among them, 1008 not) with its backoff but no jitter.
+    record = await reconnecting(server, CHAINED, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
+    assert (record.status, record.reconnects) == (status, reconnects)
+    assert trio.current_time() == 0.5 * reconnects
+
+
+async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:
+    server = ScriptedServer([
+        [*first_turn(CHAINED), Close(1011)],  # the server goes away while the tool runs
+        # The retried request, its answer 1 s after its first event; one event comes as a binary frame.
+        [created_event("resp_1"), Pause(1.0), json.dumps({"type": "response.output_item.done", "item": ANSWER}).encode(),
+         {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [ANSWER], "note": "é"}}],
+    ])
+    record = await reconnecting(server, CHAINED)
+    assert (record.status, record.reconnects) == ("completed", 1)
+    # The create found the connection closed (1011: retried), waited 0.5 s and went on a new connection, where the chain
+    # was asked for as the client last knew it.
+    assert frame_kinds(server) == [(0, "response.create", None), (1, "response.create", "resp_0")]
+    assert (record.turns[1].sent_at, record.turns[1].ended_at, record.ended_at) == (2.0, 3.5, 3.5)
+    assert record.recovery_seconds == [0.5]  # from the failure to the retried response's first event
+    received = [json.dumps(created_event("resp_1")), json.dumps({"type": "response.output_item.done", "item": ANSWER}),
+                json.dumps({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [ANSWER],
+                                                                      "note": "é"}}, ensure_ascii=False)]
+    assert record.turns[1].bytes_received == sum(len(text.encode()) for text in received)
+
+
+def answer_only() -> list[list[Any]]:
+    return [[created_event("resp_0"), *paused_or_ended("response.completed", "resp_0", ANSWER)]]
+
+
+async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    await trio.sleep(1.0)
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, STEADY, metadata={"k": "v"})
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (CHAINED, "scripted", "completed", 1.0, 1.0)
+    assert server.headers[0]["authorization"] == "Bearer testbed" and "x-responsesapi-include-timing-metrics" not in server.headers[0]
+    prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
+    # Without a store, chained asks for the reasoning blob it would need to resend the conversation.
+    assert server.received[0][1] == {"type": "response.create", **request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"},
+                                                                               store=False, include_reasoning=True), "input": prompt}
+
+
+@pytest.mark.parametrize(("design", "store"), [(SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
+async def test_the_reconnecting_client_passes_the_callers_options(autojump_clock, design: str, store: bool) -> None:
+    server = ScriptedServer(answer_only())
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), design, TWO_TURNS, STEADY, metadata={}, model="m", store=store,
+                                                include_timing=True, api_key="key-1", instructions="mine")
+    assert (record.design, record.status) == (design, "completed")
+    assert (server.headers[0]["authorization"], server.headers[0]["x-responsesapi-include-timing-metrics"]) == ("Bearer key-1", "true")
+    assert server.headers[0]["openai-beta"] == BETA[design]
+    first = server.received[0][1]
+    assert first == {"type": "response.create", **request_body(TWO_TURNS, model="m", metadata={}, store=store, instructions="mine"),
+                     "input": first["input"]}  # no reasoning blob: v1 never needs it, and a stored chain is hydrated
+
+
+def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+        ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, STEADY, metadata={})
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+async def test_the_backoffs_jitter_is_drawn_from_the_seed_and_the_task(autojump_clock, seed: int) -> None:
+    policy = ReconnectPolicy("jittered", initial_delay=1.0, max_retries=2, jitter=(0.5, 1.5))
+    server = ScriptedServer([[created_event("resp_0"), Close(1011)], *answer_only()])
+    with trio.fail_after(60):
+        options = {} if seed == 0 else {"seed": seed}
+        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, policy, metadata={}, **options)
+    assert (record.status, record.reconnects) == ("completed", 1)
+    assert trio.current_time() == policy.delay(1, random.Random(f"reconnect:{seed}:scripted"))
+
+
+async def accept_after(connector: InMemoryConnector, seconds: float) -> None:
+    await trio.sleep(seconds)
+    connector.refusing = False
+
+
+async def test_a_refused_connection_is_retried_with_the_policys_backoff(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    connector = InMemoryConnector(server, refusing=True)  # nothing listens until 0.7 s
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_after, connector, 0.7)
+        with trio.fail_after(60):
+            record = await run_reconnecting_rollout(connector, CHAINED, TWO_TURNS, STEADY, metadata={})
+    # Refused at 0 and at 0.5 s; the third attempt, after 1 s more, connects.
+    assert (record.status, record.reconnects, record.recovery_seconds, record.ended_at) == ("completed", 2, [1.5], 1.5)
+    assert (record.turns[0].sent_at, server.connections) == (0.0, 1)
+
+
+async def test_a_client_that_gives_up_ends_the_task_when_it_does(autojump_clock) -> None:
+    connector = InMemoryConnector(ScriptedServer([]), refusing=True)
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(connector, CHAINED, TWO_TURNS, STEADY, metadata={})
+    assert (record.status, record.reconnects, record.ended_at, record.turns) == ("error:gave_up", 2, 1.5, [])
+
+
+async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(autojump_clock) -> None:
+    server = ScriptedServer(answer_only())
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, TWO_TURNS, STEADY, metadata={})
+    # Three round trips of handshakes, then the create and its answer; the close handshake after it is not the task's.
+    assert (record.status, record.turns[0].sent_at) == ("completed", 0.0)
+    assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at

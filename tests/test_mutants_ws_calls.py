@@ -19,6 +19,7 @@ from trio_websocket import ConnectionClosed
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.engine.streaming import FaultPlan
+from prototype.server.app import drain
 from prototype.server.config import ServerConfig
 
 WAIT = 60.0  # virtual seconds: every wait below ends far sooner, and a hang fails at once
@@ -108,10 +109,17 @@ async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
     target = (await until(conn, "response.function_call_arguments.delta", timeout=WAIT))[0]["response"]["id"]
     await send(conn, steer(target))
     events = await until(conn, *TERMINALS, timeout=WAIT)
-    accepted = events[0]
-    assert accepted["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
-    assert (await receive(conn, timeout=WAIT))["type"] == "response.steer.pending"
-    return target, accepted["steer"], function_calls(events[-1]["response"])
+    accepted, completed = events[0], events[-1]
+    assert accepted == {"type": "response.steer.accepted", "sequence_number": accepted["sequence_number"], "stream_id": LANE,
+                        "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}}
+    calls = function_calls(completed["response"])
+    assert completed["type"] == "response.completed" and len(calls) == 1
+    assert await receive(conn, timeout=WAIT) == {
+        "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1, "stream_id": LANE,
+        "reason": "waiting_for_required_input", "steer": accepted["steer"],
+        "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
+    }
+    return target, accepted["steer"], calls
 
 
 async def test_a_continuation_refused_returns_its_claimed_steers_naming_the_code(autojump_clock):
@@ -159,7 +167,7 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
     assert [r["outcome"] for r in server.records] == ["completed", "failed", "error:previous_response_not_found"]
 
 
-async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(autojump_clock, monkeypatch):
+async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(autojump_clock, monkeypatch, caplog):
     from prototype.designs import chained
 
     async def broken(*args, **kwargs):
@@ -177,7 +185,28 @@ async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(aut
     assert error == {"type": "error", "status": 500, "error": {
         "type": "server_error", "code": "server_error", "message": "Internal error: KeyError.", "param": None}}
     assert (reason.code, reason.reason) == (1011, "internal error")
+    # The operator's log names the failure, with its traceback.
+    (logged,) = [r for r in caplog.records if r.name == "prototype.server.websocket"]
+    assert (logged.getMessage(), logged.levelname, logged.exc_info[0]) == ("response handler failed", "ERROR", KeyError)
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [("error:server_error", None)]
+
+
+async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, api_key="alice") as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        assert (await http.request("POST", f"/v1/responses/{target}/cancel", key="alice")).status == 200
+        cancelled = (await until(conn, "response.cancelled", timeout=WAIT))[-1]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
+        not_found = await receive(conn, timeout=WAIT)
+    assert cancelled["response"]["id"] == target
+    assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [
+        ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
 
 
 # --- run_one: what each design is handed ------------------------------------------------------------------
@@ -201,6 +230,23 @@ async def test_a_v1_rollout_is_recorded_with_its_appends_and_their_bytes(autojum
     segments = [done["response"]["testbed_timing"]["phases_ms"], end["response"]["testbed_timing"]["phases_ms"]]
     assert record["phases_ms"]["decode"] == sum(s["decode"] for s in segments) == 607.0
     assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in segments), 3)
+
+
+async def test_each_v1_rollout_of_a_connection_counts_only_its_own_appends(autojump_clock):
+    server = make_server()
+    async with ws(server, SUSPENDED) as conn:
+        sizes = []
+        for text in ("fix the bug", "and the next one"):
+            event = create_event(text, metadata=TWO_TURNS)
+            await send(conn, event)
+            done = (await until(conn, "response.done", timeout=WAIT))[-1]
+            append = {"type": "response.append", "input": outputs_for(function_calls(done["response"]), text * 3)}
+            await send(conn, append)
+            await until(conn, *TERMINALS, timeout=WAIT)
+            sizes.append(frame_bytes(event) + frame_bytes(append))
+    assert [(r["outcome"], r["appends"], r["request_bytes"]) for r in server.records] == [
+        ("completed", 1, sizes[0]), ("completed", 1, sizes[1])]
+    assert sizes[0] != sizes[1]
 
 
 async def test_a_v1_rollout_waits_for_its_append_as_long_as_the_servers_suspension_ttl(autojump_clock):
@@ -260,3 +306,131 @@ async def test_the_servers_cache_switches_reach_a_websocket_turn(autojump_clock)
         (last_item_at, _), (ended_at, _) = events[-2], events[-1]
         ends.append(ended_at - last_item_at)
     assert ends == [1.0, 0.0]
+
+
+# --- keep_record, record_refusal, protocol_choices: the records ------------------------------------------
+
+
+async def test_a_create_that_waited_for_its_lane_is_recorded_from_its_arrival_with_its_queue_time(autojump_clock):
+    server = make_server()
+    first, second = create_event(metadata=ONE_TURN, stream_id=LANE), create_event(metadata=ONE_TURN, stream_id=LANE, input="and again")
+    async with ws(server) as conn:
+        await trio.sleep(2.0)
+        sent_at = trio.current_time()
+        await send(conn, first)
+        await send(conn, second)  # queued behind the first on its lane
+        ends = [(await timed_until(conn, *TERMINALS, timeout=WAIT))[-1] for _ in range(2)]
+    (first_end, _), (second_end, _) = ends
+    assert [(r["started_at_s"], r["at_s"], r["phases_ms"]["queue"], r["request_bytes"]) for r in server.records] == [
+        (sent_at, first_end, 0.0, frame_bytes(first)),
+        (sent_at, second_end, round((first_end - sent_at) * 1000, 3), frame_bytes(second)),
+    ]
+    assert first_end > sent_at
+
+
+async def test_a_refused_frame_is_recorded_with_its_code_and_param(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await trio.sleep(3.0)
+        await send(conn, create_event(stream_id="bad lane"))
+        assert (await receive(conn, timeout=WAIT))["error"]["code"] == "invalid_stream_id"
+        await trio.sleep(1.0)
+        await send(conn, {"type": "response.append", "input": []})
+        assert (await receive(conn, timeout=WAIT))["error"]["code"] == "unknown_event_type"
+    common = {"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "response_id": None}
+    assert list(server.records) == [
+        {**common, "at_s": 3.0, "outcome": "error:invalid_stream_id", "param": "stream_id", "stream_id": True},
+        {**common, "at_s": 4.0, "outcome": "error:unknown_event_type", "param": "type", "stream_id": False},
+    ]
+
+
+# --- steer, send_steer_event, send_refusals: the answers to response.steer ---------------------------------
+
+
+def steer_failed(sequence_number: int, steer: dict, code: str, message: str, **lane: str) -> dict:
+    return {"type": "response.steer.failed", "sequence_number": sequence_number, **lane, "steer": steer,
+            "error": {"type": "invalid_request_error", "code": code, "message": message}}
+
+
+async def test_a_steer_refused_at_once_has_no_id_and_is_numbered_in_its_targets_sequence_if_known(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, steer("resp_unknown"))
+        unknown = await receive(conn, timeout=WAIT)
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        before = await until(conn, "response.output_text.delta", timeout=WAIT)
+        target = before[0]["response"]["id"]
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": ""})
+        invalid = await receive(conn, timeout=WAIT)
+    assert unknown == steer_failed(0, {"previous_response_id": "resp_unknown", "input": "keep it small"}, "response_not_found",
+                                   "Response 'resp_unknown' is not available on this connection.")
+    assert invalid == steer_failed(before[-1]["sequence_number"] + 1, {"previous_response_id": target, "input": ""},
+                                   "invalid_input", "'input' must not be empty.", stream_id=LANE)
+
+
+async def test_v1_refuses_a_steer_on_its_running_rollout_outside_its_sequence(autojump_clock):
+    server = make_server()
+    async with ws(server, SUSPENDED) as conn:
+        await send(conn, create_event(metadata=TWO_TURNS))
+        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        await send(conn, steer(target))
+        refused = (await until(conn, "response.steer.failed", timeout=WAIT))[-1]
+        done = (await until(conn, "response.done", timeout=WAIT))[-1]
+    assert refused == steer_failed(0, {"previous_response_id": target, "input": "keep it small"}, "steering_not_supported",
+                                   "Steering is not supported by this protocol version.")
+    assert done["response"]["status"] == "in_progress"  # the rollout went on, unsteered
+
+
+# --- run_create under a drain: the session's busy count and the records of cut responses ------------------
+
+
+async def drained(server, conn, grace: float) -> tuple[list[tuple[float, dict]], int]:
+    """Drain `server` with `grace`: every event `conn` gets until the close, timed, and the close code."""
+    seen = []
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, server, grace)
+            try:
+                while True:
+                    seen.append((trio.current_time(), await receive(conn)))
+            except ConnectionClosed as closed:
+                return seen, closed.reason.code
+
+
+async def test_a_drain_waits_for_the_connections_later_responses_on_every_lane(autojump_clock):
+    # A connection whose first response ended: the drain waits for the one in flight now.
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN))
+        await until(conn, *TERMINALS, timeout=WAIT)
+        await send(conn, create_event(metadata=ONE_TURN))
+        started_at = (await timed_until(conn, "response.created", timeout=WAIT))[-1][0]
+        events, code = await drained(server, conn, 30.0)
+    (ended_at, ended), (error_at, error) = events[-2], events[-1]
+    assert (ended["type"], error["error"]["code"], code) == ("response.completed", "server_shutting_down", 1001)
+    assert ended_at == error_at > started_at + 0.3  # the turn's 300 tokens decoded, then the drain's error at once
+    # Two lanes in flight: the drain waits for the later one to end, not for the first.
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id="short"))
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:900"}, stream_id="long"))
+        started_at = (await timed_until(conn, "response.created", timeout=WAIT))[-1][0]
+        events, code = await drained(server, conn, 30.0)
+    ends = [(at, e["stream_id"]) for at, e in events if e["type"] == "response.completed"]
+    assert [lane for _, lane in ends] == ["short", "long"] and ends[1][0] - ends[0][0] > 0.5
+    assert (events[-1][0], events[-1][1]["type"], code) == (ends[1][0], "error", 1001)
+    assert [r["outcome"] for r in server.records] == ["completed", "completed"]
+
+
+async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN))  # a lane whose response ended before the drain
+        await until(conn, *TERMINALS, timeout=WAIT)
+        await trio.sleep(1.0)
+        drained_at = trio.current_time()
+        await send(conn, create_event(model="sim-100", metadata={"testbed_workload": "fixed:1:100:10:400"}, stream_id=LANE))  # 4 s
+        await until(conn, "response.created", timeout=WAIT)
+        events, code = await drained(server, conn, 1.0)
+    assert ([e["type"] for _, e in events][-2:], code) == (["response.failed", "error"], 1001)
+    assert [(r["outcome"], r["at_s"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0)]

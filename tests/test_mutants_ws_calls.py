@@ -171,12 +171,14 @@ async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(aut
     from prototype.designs import chained
 
     async def broken(*args, **kwargs):
+        await trio.sleep(1.0)
         raise KeyError("a bug")
 
     server = make_server()
     async with ws(server) as conn:
         monkeypatch.setattr(chained, "run_turn", broken)
         await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))  # queued: never started, the connection fails
         error = await receive(conn, timeout=WAIT)
         try:
             raise AssertionError(await receive(conn, timeout=WAIT))

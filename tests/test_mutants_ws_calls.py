@@ -436,3 +436,17 @@ async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(auto
         events, code = await drained(server, conn, 1.0)
     assert ([e["type"] for _, e in events][-2:], code) == (["response.failed", "error"], 1001)
     assert [(r["outcome"], r["at_s"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0)]
+
+
+async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_terminal_event(autojump_clock):
+    # Cut during its pre-inference work: the client never saw the response, so it gets no event of it,
+    # only the drain's error and close.
+    from prototype.api.costs import StageCost
+
+    server = make_server(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=5.0)))
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await trio.sleep(0.5)
+        events, code = await drained(server, conn, 1.0)
+    assert ([(e["type"], e["error"]["code"]) for _, e in events], code) == ([("error", "server_shutting_down")], 1001)
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [("cancelled", None)]

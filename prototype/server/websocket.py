@@ -73,11 +73,10 @@ class ConnectionInfo:
 
 @attrs.define(eq=False)
 class Lane:
-    """One `stream_id` of a connection: its queue of creates and whether one is running."""
+    """One `stream_id` of a connection: its queue of creates and its running response's scope."""
 
     stream_id: str | None
     queue: trio.MemorySendChannel
-    busy: bool = False
     scope: trio.CancelScope | None = None  # the running response's, so a drain can cut it short
 
 
@@ -100,7 +99,6 @@ class WebSocketSession:
     # create finds them all taken waits here, its create accepted and queued.
     in_flight: trio.Semaphore | None = None
     expired: bool = False
-    current: trio.CancelScope | None = None  # v1: the running rollout (one lane)
     idle: trio.Event = attrs.Factory(trio.Event)
     nursery: trio.Nursery | None = None
     records: Any = None  # the server's bounded log of client records (`ResponsesServer.records`), if any
@@ -391,7 +389,6 @@ class WebSocketSession:
     ) -> CreateRequest | None:
         """One response on `lane`; returns the automatic successor's request, if any. `size`: the
         create frame's bytes (0 for an automatic successor), for the client records."""
-        lane.busy = True
         self.busy_lanes += 1
         self.idle = trio.Event() if self.busy_lanes == 1 else self.idle
         now = trio.current_time()
@@ -404,8 +401,6 @@ class WebSocketSession:
         try:
             with trio.CancelScope() as scope:
                 lane.scope = scope
-                if lane.stream_id is None:
-                    self.current = scope
                 response = await self.run_one(request, phase_log, view)
                 outcome = response.status
             if scope.cancelled_caught and self.abort_reason is not None and lane.stream_id in self.open_responses:
@@ -438,11 +433,8 @@ class WebSocketSession:
                 ProtocolError(errors.SERVER_ERROR, f"Internal error: {type(exc).__name__}.", status=500, type="server_error"), 1011, "internal error"
             )
         finally:
-            lane.busy = False
             lane.scope = None
             self.busy_lanes -= 1
-            if lane.stream_id is None:
-                self.current = None
             if self.busy_lanes == 0:
                 self.idle.set()
             self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before)

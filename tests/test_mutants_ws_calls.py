@@ -164,7 +164,9 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
     }
     assert refused_at == failed_at
     assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
-    assert [r["outcome"] for r in server.records] == ["completed", "failed", "error:previous_response_not_found"]
+    # The failed turn's record names the response its client saw created, though the turn returned none.
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [
+        ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
 
 
 async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(autojump_clock, monkeypatch, caplog):
@@ -432,10 +434,10 @@ async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(auto
         await trio.sleep(1.0)
         drained_at = trio.current_time()
         await send(conn, create_event(model="sim-100", metadata={"testbed_workload": "fixed:1:100:10:400"}, stream_id=LANE))  # 4 s
-        await until(conn, "response.created", timeout=WAIT)
+        cut = (await until(conn, "response.created", timeout=WAIT))[-1]["response"]["id"]
         events, code = await drained(server, conn, 1.0)
     assert ([e["type"] for _, e in events][-2:], code) == (["response.failed", "error"], 1001)
-    assert [(r["outcome"], r["at_s"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0)]
+    assert [(r["outcome"], r["at_s"], r["response_id"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0, cut)]
 
 
 async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_terminal_event(autojump_clock):

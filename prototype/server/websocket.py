@@ -78,6 +78,9 @@ class Lane:
     stream_id: str | None
     queue: trio.MemorySendChannel
     scope: trio.CancelScope | None = None  # the running response's, so a drain can cut it short
+    # The id its running response announced in `response.created`: the record of a response that ends
+    # without returning one (cut by a drain, failed by the engine) still names what the client saw.
+    response_id: str | None = None
 
 
 @attrs.define(eq=False)
@@ -126,6 +129,8 @@ class WebSocketSession:
         kind = event.type
         if kind == "response.created":
             self.open_responses[stream_id] = [event.response, 1]
+            if (lane := self.lanes.get(stream_id)) is not None:
+                lane.response_id = event.response["id"]
         elif kind in TERMINAL_TYPES:
             self.open_responses.pop(stream_id, None)
             response_id = event.response["id"]
@@ -398,6 +403,7 @@ class WebSocketSession:
         appends_before, append_bytes_before = self.appends, self.append_bytes
         response, outcome, successor = None, "cancelled", None
         view = self.lane_view(lane, claimed)
+        lane.response_id = None
         try:
             with trio.CancelScope() as scope:
                 lane.scope = scope
@@ -437,7 +443,8 @@ class WebSocketSession:
             self.busy_lanes -= 1
             if self.busy_lanes == 0:
                 self.idle.set()
-            self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before)
+            self.keep_record(phase_log, response, outcome, self.appends - appends_before, size + self.append_bytes - append_bytes_before,
+                             announced_id=lane.response_id)
         return successor
 
     async def fail_steers_of_running(self, view: chained.LaneView) -> None:
@@ -455,16 +462,18 @@ class WebSocketSession:
             request, transport="websocket", design=info.design, user_agent=info.user_agent, connection=info.connection
         )
 
-    def keep_record(self, phase_log: metrics.PhaseLog, response, outcome: str, appends: int, request_bytes: int = 0) -> None:
+    def keep_record(self, phase_log: metrics.PhaseLog, response, outcome: str, appends: int, request_bytes: int = 0,
+                    announced_id: str | None = None) -> None:
         """One record per `response.create` that reached the worker, whatever its outcome.
-        `request_bytes`: the client's frames for it (the create and, in v1, its appends)."""
+        `request_bytes`: the client's frames for it (the create and, in v1, its appends);
+        `announced_id`: the id its `response.created` gave, for a response that did not return."""
         if self.records is None:
             return
         record = dict(phase_log.client or {})
         record.update(
             started_at_s=phase_log.spans[0][1] if phase_log.spans else None,  # the create's arrival (the queue span)
             at_s=trio.current_time(),
-            response_id=response.id if response is not None else None,
+            response_id=response.id if response is not None else announced_id,
             outcome=outcome,
             appends=appends,
             request_bytes=request_bytes,

@@ -128,6 +128,9 @@ def test_a_turns_tools_run_as_long_as_the_longest_and_return_outputs_of_the_work
     rollout.start_turn([], 0)
     wait, outputs = rollout.tool_plan([{"call_id": "d"}])  # turn 2 has no spec of its own: the last turn's, no time
     assert (wait, [tokenizer.count_tokens(o["output"]) for o in outputs]) == (0.0, [1])
+    rollout.start_turn([], 0)  # a turn past the workload's last (a steered successor's): as the last turn, no time
+    wait, outputs = rollout.tool_plan([{"call_id": "e"}])
+    assert (wait, [tokenizer.count_tokens(o["output"]) for o in outputs]) == (0.0, [1])
 
 
 async def test_tools_start_when_the_turn_ended_and_their_time_is_recorded(autojump_clock) -> None:

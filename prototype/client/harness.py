@@ -124,7 +124,8 @@ class RolloutRecord:
 
 
 def tool_output_text(workload: Workload, turn: int, index: int) -> str:
-    sizes = workload.tool_output_tokens(turn)
+    # A turn past the workload's last (steering can add turns) is sized as the last: one token a call.
+    sizes = workload.tool_output_tokens(min(turn, len(workload.turns) - 1))
     n_tokens = sizes[index] if index < len(sizes) else 1
     return tokenizer.text_of(np.random.default_rng([workload.text_seed & 0xFFFFFFFF, turn, 1000 + index]), n_tokens)
 

@@ -8,15 +8,27 @@ so a hung mutant fails at once. Written against the survivors of the mutation ru
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import h11
 import pytest
 import trio
 import trio.testing
 from support import make_server
+from test_bad_input import first_leaf
 from test_endpoints import Raw, Reply, connect
 
+from prototype import workload as wl
+from prototype.client.connect import InMemoryConnector
+from prototype.client.http import ConnectionLost, HttpProtocolError, run_http_rollout
+from prototype.client.reconnect import ReconnectPolicy
+from prototype.designs.emitter import EngineFailure
+from prototype.protocol import events as ev
+from prototype.protocol.errors import ProtocolError
+from prototype.server import http as server_http
+from prototype.server import routes
 from prototype.server.app import drain
 from prototype.server.config import ServerConfig
 from prototype.server.streams import HeadTooLarge, ReplayStream, read_head
@@ -449,3 +461,460 @@ async def test_connection_close_is_honoured_after_the_answer(autojump_clock, nur
     assert reply.status == 200
     with trio.fail_after(WAIT):
         assert await client.stream.receive_some(10) == b""
+
+
+async def test_a_stream_is_one_chunk_per_event_after_its_headers(autojump_clock, nursery) -> None:
+    client = connect(nursery, make_server())
+    data = create(stream=True)
+    await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[
+        ("host", "t"), ("content-length", str(len(data))), AUTH, JSON])) + client.conn.send(h11.Data(data=data)) + client.conn.send(h11.EndOfMessage()))
+    chunks = []
+    with trio.fail_after(WAIT):
+        head = await client._next()
+        while not isinstance(event := await client._next(), h11.EndOfMessage):
+            assert (event.chunk_start, event.chunk_end) == (True, True)
+            chunks.append(event.data)
+    assert (head.status_code, head.reason) == (200, b"OK")
+    assert dict(head.headers) == {b"content-type": b"text/event-stream; charset=utf-8", b"cache-control": b"no-cache",
+                                  b"transfer-encoding": b"chunked"}
+    types = []
+    for number, chunk in enumerate(chunks):
+        event_line, data_line, end = chunk.decode().split("\n", 2)
+        event = json.loads(data_line.removeprefix("data: "))
+        assert (event_line, end, event["sequence_number"], data_line) == (
+            f"event: {event['type']}", "\n", number, "data: " + json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+        types.append(event["type"])
+    assert (types[:2], types[-1]) == (["response.created", "response.in_progress"], "response.completed")
+
+
+def snapshot(status: str, **fields: Any) -> dict[str, Any]:
+    return {"id": "resp_x", "object": "response", "status": status, **fields}
+
+
+def faulty_turn(*steps: Any):
+    """A stand-in for the http design's turn: sends the events of `steps` in order and raises the
+    exception among them when it comes to it."""
+
+    async def turn(api, request, sink, **kwargs):
+        for step in steps:
+            if isinstance(step, BaseException):
+                raise step
+            await sink(step)
+
+    return turn
+
+
+async def post_once(client: Raw, *, stream: bool) -> Reply:
+    return await send_raw(client, "POST", "/v1/responses", [AUTH, JSON], create(stream=stream))
+
+
+def sse_events(reply: Reply) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in reply.body.split(b"\n") if line.startswith(b"data: ")]
+
+
+INTERNAL = {"error": {"type": "server_error", "code": "server_error", "message": "Internal error: RuntimeError.", "param": None}}
+
+
+async def test_a_refusal_before_the_stream_starts_is_an_http_error_and_the_connection_serves_on(autojump_clock, nursery, monkeypatch) -> None:
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(ProtocolError("invalid_value", "Refused.", param="input")))
+    server = make_server()
+    client = connect(nursery, server)
+    for stream in (True, False):
+        reply = await post_once(client, stream=stream)
+        assert refusal(reply, 400, "invalid_value", param="input") == "Refused." and "connection" not in reply.headers
+    assert [r["outcome"] for r in server.records] == ["error:invalid_value"] * 2
+    monkeypatch.undo()
+    assert (await post_once(client, stream=False)).json()["status"] == "completed"
+
+
+async def test_a_fault_before_the_stream_starts_is_a_500_and_the_connection_closes(autojump_clock, nursery, monkeypatch) -> None:
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(RuntimeError("boom")))
+    server = make_server()
+    streaming, collecting = connect(nursery, server), connect(nursery, server)
+    reply = await post_once(streaming, stream=True)
+    assert (reply.status, reply.json(), reply.headers["connection"]) == (500, INTERNAL, "close")
+    with trio.fail_after(WAIT):
+        assert await streaming.stream.receive_some(10) == b""
+    reply = await post_once(collecting, stream=False)  # the whole answer was read: the connection stays open
+    assert (reply.status, reply.json(), "connection" in reply.headers) == (500, INTERNAL, False)
+    assert [r["outcome"] for r in server.records] == ["error:server_error"] * 2
+
+
+async def test_a_fault_after_the_stream_started_is_a_flat_error_with_the_next_sequence_number(autojump_clock, nursery, monkeypatch) -> None:
+    created = ev.ResponseCreated(0, snapshot("in_progress"))
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(created, ev.ResponseInProgress(1, snapshot("in_progress")),
+                                                                  RuntimeError("boom")))
+    client = connect(nursery, make_server())
+    events = sse_events(await post_once(client, stream=True))
+    assert events == [created.to_dict(), ev.ResponseInProgress(1, snapshot("in_progress")).to_dict(),
+                      {"type": "error", "code": "server_error", "message": "Internal error: RuntimeError.", "param": None, "sequence_number": 2}]
+    # Without a terminal event the collected answer is the error itself.
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(created, ProtocolError("invalid_value", "Late.", param="input")))
+    assert refusal(await post_once(client, stream=False), 400, "invalid_value", param="input") == "Late."
+    monkeypatch.undo()
+    assert (await post_once(client, stream=False)).json()["status"] == "completed"  # the same connection
+
+
+async def test_a_fault_after_the_terminal_event_adds_nothing_to_the_stream(autojump_clock, nursery, monkeypatch) -> None:
+    created, completed = ev.ResponseCreated(0, snapshot("in_progress")), ev.ResponseCompleted(1, snapshot("completed"))
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(created, completed, ProtocolError("invalid_value", "Late.")))
+    client = connect(nursery, make_server())
+    assert sse_events(await post_once(client, stream=True)) == [created.to_dict(), completed.to_dict()]
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(created, completed, RuntimeError("boom")))
+    assert sse_events(await post_once(client, stream=True)) == [created.to_dict(), completed.to_dict()]
+    reply = await post_once(client, stream=False)  # the terminal snapshot is the answer
+    assert (reply.status, reply.json()) == (200, snapshot("completed"))
+
+
+async def test_a_failed_response_is_a_500_with_its_error_and_the_records_say_so(autojump_clock, nursery, monkeypatch) -> None:
+    failed = ev.ResponseFailed(1, snapshot("failed", error={"code": "engine_failure", "message": "The engine failed."}))
+    monkeypatch.setattr(server_http, "run_http_turn", faulty_turn(ev.ResponseCreated(0, snapshot("in_progress")), failed,
+                                                                  EngineFailure("injected")))
+    server = make_server()
+    client = connect(nursery, server)
+    # A refusal first, so that the failure's record cannot take its code.
+    await send_raw(client, "POST", "/v1/responses", [AUTH, ("content-type", "text/plain")], create())
+    events = sse_events(await post_once(client, stream=True))
+    assert [e["type"] for e in events] == ["response.created", "response.failed"]
+    reply = await post_once(client, stream=False)
+    assert (reply.status, reply.json()) == (500, {"error": {"type": "server_error", "code": "engine_failure", "message": "The engine failed.",
+                                                            "param": None}})
+    assert [r["outcome"] for r in server.records] == ["error:unsupported_media_type", "error:server_error", "error:server_error"]
+    assert (await post_once(client, stream=True)).status == 200  # the connection serves on
+
+
+async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery, monkeypatch) -> None:
+    server = make_server()
+    client = connect(nursery, server)
+    post = await send_raw(client, "POST", "/v1/models", [AUTH])
+    assert refusal(post, 405, "method_not_allowed") == "Method POST is not allowed on /v1/models: use GET."
+    assert post.headers["allow"] == "GET" and "www-authenticate" not in post.headers
+    put = await send_raw(client, "PUT", "/v1/responses/resp_1", [AUTH])
+    assert refusal(put, 405, "method_not_allowed") == "Method PUT is not allowed on /v1/responses/resp_1: use GET, DELETE."
+    assert put.headers["allow"] == "GET, DELETE"
+    long_path = "/v1/models/" + "m" * 200  # the method named up to 16 characters, the path up to 128
+    long = await send_raw(client, "PROPFINDEXTENDEDLONG", long_path, [AUTH])
+    assert refusal(long, 405, "method_not_allowed") == f"Method PROPFINDEXTENDED is not allowed on {long_path[:128]}: use GET."
+    head = await send_raw(client, "HEAD", "/v1/models", [AUTH])
+    assert (head.status, head.body, head.headers["allow"]) == (405, b"", "GET")
+    missing = await send_raw(client, "GET", "/v1/responses/resp_nope", [AUTH])
+    assert missing.status == 404 and "www-authenticate" not in missing.headers
+
+    async def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(routes, "answer", broken)
+    reply = await send_raw(client, "GET", "/v1/models", [AUTH])
+    assert (reply.status, reply.json(), "connection" in reply.headers) == (500, INTERNAL, False)
+    monkeypatch.undo()
+    assert (await send_raw(client, "GET", "/v1/models", [AUTH])).status == 200
+
+
+async def test_an_answer_written_before_any_request_is_framed_and_closes(autojump_clock, nursery) -> None:
+    server = make_server()
+    server.draining = True
+    client, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    await client.send_all(b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n")
+    data = b""
+    with trio.fail_after(WAIT):
+        while chunk := await client.receive_some(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [b"HTTP/1.1 503 Service Unavailable", b"content-type: application/json",
+                                   f"content-length: {len(payload)}".encode(), b"connection: close"]
+    assert json.loads(payload)["error"]["code"] == "server_shutting_down"
+
+
+# --- client/http.py --------------------------------------------------------------------------------
+
+TASK = wl.fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=30, tool_seconds=2.0)
+
+
+class Tapped(trio.abc.Stream):
+    """The server's end of a connection, keeping every byte the server read."""
+
+    def __init__(self, inner: trio.abc.Stream, tap: bytearray) -> None:
+        self.inner, self.tap = inner, tap
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        self.tap += data
+        return data
+
+    async def send_all(self, data) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@attrs.define(eq=False)
+class TapConnector:
+    """Memory streams to `server`, each connection's bytes as the server read them kept in `taps`."""
+
+    server: Any
+    taps: list[bytearray] = attrs.Factory(list)
+
+    @asynccontextmanager
+    async def open_stream(self):
+        client, server_end = trio.testing.memory_stream_pair()
+        tap = bytearray()
+        self.taps.append(tap)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.server.handle_stream, Tapped(server_end, tap))
+            try:
+                yield client
+            finally:
+                await client.aclose()
+
+    def requests(self) -> list[list[tuple[dict[str, str], dict[str, Any]]]]:
+        """Per connection: each request's headers and JSON body."""
+        out = []
+        for tap in self.taps:
+            conn, requests = h11.Connection(h11.SERVER), []
+            conn.receive_data(bytes(tap))
+            while True:
+                event = conn.next_event()
+                if isinstance(event, h11.Request):
+                    headers, body = {k.decode(): v.decode() for k, v in event.headers}, b""
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    requests.append((headers, json.loads(body)))
+                    # The server's side of the exchange is not replayed: pretend it answered.
+                    conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+                    conn.send(h11.EndOfMessage())
+                    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                        break
+                    conn.start_next_cycle()
+                else:
+                    break
+            out.append(requests)
+        return out
+
+
+async def rollout(server, connector=None, **kwargs: Any):
+    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+    with trio.fail_after(WAIT):
+        return await run_http_rollout(connector or InMemoryConnector(server), TASK, metadata=metadata, **kwargs)
+
+
+def function_call_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [item for item in items if item["type"] == "function_call_output"]
+
+
+async def test_a_stateless_rollout_resends_the_whole_conversation_on_one_connection(autojump_clock) -> None:
+    server = make_server()
+    connector = TapConnector(server)
+    record = await rollout(server, connector)
+    (requests,) = connector.requests()
+    assert (record.design, record.status, len(record.turns), record.reconnects) == ("http-stateless", "completed", 3, 0)
+    headers = [h for h, _ in requests]
+    assert headers[0] == {"host": "testbed", "content-length": headers[0]["content-length"], "authorization": "Bearer testbed",
+                          "content-type": "application/json", "accept": "text/event-stream", "user-agent": "prototype-harness"}
+    bodies = [b for _, b in requests]
+    assert [(b["store"], b["stream"], "previous_response_id" in b, b["include"]) for b in bodies] == [
+        (False, True, False, ["reasoning.encrypted_content"])] * 3
+    # Each request holds the one before it, the answer's output and the tool outputs.
+    for before, after in zip(bodies, bodies[1:]):
+        assert after["input"][:len(before["input"])] == before["input"]
+        assert function_call_outputs(after["input"][len(before["input"]):])
+    assert [turn.bytes_sent for turn in record.turns] == [int(h["content-length"]) for h in headers]
+    assert [len(json.dumps(b, separators=(",", ":"))) for b in bodies] == [turn.bytes_sent for turn in record.turns]
+    assert record.ended_at == trio.current_time() and record.started_at == 0.0
+
+
+async def test_a_stored_rollout_sends_only_the_tool_outputs_after_the_last_response(autojump_clock) -> None:
+    server = make_server()
+    connector = TapConnector(server)
+    record = await rollout(server, connector, variant="stored", api_key="key-2", include_timing=True)
+    (requests,) = connector.requests()
+    assert (record.design, record.status, len(requests)) == ("http-stored", "completed", 3)
+    headers, bodies = [h for h, _ in requests], [b for _, b in requests]
+    assert [(h["authorization"], h["x-responsesapi-include-timing-metrics"], "connection" in h) for h in headers] == [
+        ("Bearer key-2", "true", False)] * 3
+    assert [(b["store"], "include" in b) for b in bodies] == [(True, False)] * 3
+    assert "previous_response_id" not in bodies[0]
+    assert [b["previous_response_id"] for b in bodies[1:]] == record.response_ids[:2]
+    assert all(item["type"] == "function_call_output" for b in bodies[1:] for item in b["input"])
+    assert all(turn.server_timing for turn in record.turns)
+
+
+async def test_without_keep_alive_every_request_asks_to_close_and_opens_its_own_connection(autojump_clock) -> None:
+    server = make_server()
+    connector = TapConnector(server)
+    record = await rollout(server, connector, keep_alive=False)
+    per_connection = connector.requests()
+    assert [len(requests) for requests in per_connection] == [1, 1, 1]
+    assert [requests[0][0]["connection"] for requests in per_connection] == ["close"] * 3
+    assert (record.status, record.reconnects) == ("completed", 0)
+
+
+async def test_an_unknown_variant_is_refused(autojump_clock) -> None:
+    with pytest.raises(ValueError, match=r"^variant must be one of \('stateless', 'stored'\), not 'chained'$"):
+        await rollout(make_server(), variant="chained")
+
+
+async def test_a_refused_request_ends_the_rollout_with_its_code(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(api_keys=frozenset({"right"})))
+    await trio.sleep(1.0)
+    record = await rollout(server, api_key="wrong")
+    assert (record.status, len(record.turns), record.turns[0].ended_at, record.ended_at) == ("error:invalid_api_key", 1, 1.0, 1.0)
+    assert record.timeline == [(1.0, "send", "POST /v1/responses"), (1.0, "recv", "http 401")]
+
+
+async def test_a_capped_response_ends_the_rollout_with_its_status(autojump_clock) -> None:
+    server = make_server()
+    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(InMemoryConnector(server), TASK, metadata=metadata, model="sim-1000")
+    assert record.status == "completed"
+
+
+CLOSE = object()  # in a scripted answer: close the connection there
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def completed_answer(status: str = "completed", *, content_type: bytes = b"text/event-stream; charset=utf-8") -> list:
+    """A stream whose one event ends the response without calls (the rollout ends with it)."""
+    event = {"type": f"response.{status}", "sequence_number": 0, "response": {"id": "resp_1", "status": status, "output": []}}
+    return [h11.Response(status_code=200, headers=[(b"content-type", content_type), (b"transfer-encoding", b"chunked")]),
+            h11.Data(data=sse(event)), h11.EndOfMessage()]
+
+
+def json_answer(status: int, body: bytes) -> list:
+    return [h11.Response(status_code=status, headers=[(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]),
+            h11.Data(data=body), h11.EndOfMessage()]
+
+
+@attrs.define(eq=False)
+class Scripted:
+    """A server that answers each request with the next answer of `answers` (h11 events, or CLOSE),
+    whatever the connection it comes on."""
+
+    answers: list
+    connections: int = 0
+    requests: list = attrs.Factory(list)  # (connection number, time) of each request read
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        self.connections += 1
+        number, conn = self.connections, h11.Connection(h11.SERVER)
+        try:
+            while self.answers:
+                while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+                    if isinstance(event, h11.ConnectionClosed):
+                        return
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(65536))
+                self.requests.append((number, trio.current_time()))
+                for item in self.answers.pop(0):
+                    if item is CLOSE:
+                        return
+                    await stream.send_all(conn.send(item))
+                conn.start_next_cycle()
+            while await stream.receive_some(65536):  # until the client closes
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+
+ONE_TURN = wl.fixed(1, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5)
+
+
+async def scripted_rollout(*answers: list, **kwargs: Any):
+    server = Scripted(list(answers))
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(InMemoryConnector(server), ONE_TURN, metadata={}, **kwargs)
+    return server, record
+
+
+async def scripted_failure(*answers: list, **kwargs: Any) -> BaseException:
+    with pytest.raises(BaseExceptionGroup) as raised:
+        await scripted_rollout(*answers, **kwargs)
+    return first_leaf(raised.value)
+
+
+async def test_the_client_reads_past_an_informational_answer(autojump_clock) -> None:
+    continue_ = h11.InformationalResponse(status_code=100, headers=[])
+    _, record = await scripted_rollout([continue_, continue_, *completed_answer()])
+    assert (record.status, record.turns[0].ended_at) == ("completed", 0.0)
+
+
+async def test_a_stream_in_plain_text_event_stream_is_read(autojump_clock) -> None:
+    _, record = await scripted_rollout(completed_answer("incomplete", content_type=b"text/event-stream"))
+    assert record.status == "incomplete"
+
+
+async def test_an_answer_that_breaks_the_promised_framing_is_a_protocol_error(autojump_clock) -> None:
+    failure = await scripted_failure(json_answer(500, b"oops, not JSON"))
+    assert (type(failure), str(failure)) == (HttpProtocolError, "HTTP 500 without an error body: b'oops, not JSON'")
+    failure = await scripted_failure(json_answer(502, b'{"no": "error"}'))
+    assert str(failure) == "HTTP 502 without an error body: b'{\"no\": \"error\"}'"
+    failure = await scripted_failure(json_answer(500, b"x" * 300))
+    assert str(failure) == f"HTTP 500 without an error body: {b'x' * 200!r}"
+    failure = await scripted_failure(completed_answer(content_type=b"application/json"))
+    assert (type(failure), str(failure)) == (HttpProtocolError, "a stream was asked for, got Content-Type 'application/json'")
+
+
+async def test_an_error_answer_or_event_ends_the_rollout_with_its_code(autojump_clock) -> None:
+    refusal_body = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+    _, record = await scripted_rollout(json_answer(429, refusal_body))
+    assert (record.status, record.timeline[-1][1:]) == ("error:rate_limit_exceeded", ("recv", "http 429"))
+    flat = {"type": "error", "code": "server_error", "message": "x", "param": None, "sequence_number": 0}
+    _, record = await scripted_rollout([h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]),
+                                        h11.Data(data=sse(flat)), h11.EndOfMessage()])
+    assert record.status == "error:server_error"
+
+
+async def test_a_connection_closed_before_the_answer_is_lost(autojump_clock) -> None:
+    failure = await scripted_failure([CLOSE])
+    assert (type(failure), str(failure), failure.answered) == (
+        ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
+    head = h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")])
+    failure = await scripted_failure([head, CLOSE])
+    assert (type(failure), failure.answered) == (ConnectionLost, True)
+
+
+async def test_a_lost_request_is_sent_again_under_the_policy_and_gives_up_after_its_retries(autojump_clock) -> None:
+    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+    server, record = await scripted_rollout([CLOSE], [CLOSE], [CLOSE], policy=policy)
+    assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 2, 3)
+    assert [at for _, at in server.requests] == [0.0, 0.5, 1.5]  # 0.5 s, then 1 s of backoff
+    sent = record.turns[0].bytes_sent // 3
+    assert (record.resent_bytes, record.turns[0].bytes_sent) == (2 * sent, 3 * sent)
+    server, record = await scripted_rollout([CLOSE], completed_answer(), policy=policy)
+    assert (record.status, record.reconnects, record.recovery_seconds, record.retried_responses) == ("completed", 1, [0.5], 0)
+
+
+async def test_a_failed_response_is_asked_for_again_only_if_the_policy_says_so(autojump_clock) -> None:
+    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+    server, record = await scripted_rollout(completed_answer("failed"), completed_answer(), policy=policy)
+    assert (record.status, record.retried_responses, record.reconnects, server.connections) == ("completed", 1, 0, 1)
+    assert (record.recovery_seconds, record.transcript[-1]["role"]) == ([0.5], "user")
+    keep = ReconnectPolicy("keep", initial_delay=0.5, max_retries=2, retry_failed_responses=False)
+    _, record = await scripted_rollout(completed_answer("failed"), completed_answer(), policy=keep)
+    assert (record.status, record.retried_responses) == ("failed", 0)
+    _, record = await scripted_rollout(completed_answer("failed"))
+    assert record.status == "failed"
+
+
+async def test_a_kept_alive_connection_found_closed_is_replaced_once(autojump_clock) -> None:
+    """The server closed the idle connection while the tools ran: the request goes again on a new one."""
+    two_turns = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
+    server = make_server(config=ServerConfig(http_idle_timeout=1.0))
+    metadata = {"testbed_workload": server.api.workloads.register(two_turns)}
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(InMemoryConnector(server), two_turns, metadata=metadata)
+    assert (record.status, record.reconnects, server.connections_opened) == ("completed", 1, 2)
+    # Not on a first request: there the connection was new.
+    failure = await scripted_failure([CLOSE], [CLOSE])
+    assert type(failure) is ConnectionLost

@@ -1070,3 +1070,20 @@ async def test_the_requests_carry_the_instructions_and_the_compaction_threshold(
     assert record.status == "completed"
     assert [(b["instructions"], b["context_management"]) for b in bodies] == [
         ("be brief", [{"type": "compaction", "compact_threshold": 5000}])] * len(bodies)
+
+
+async def test_a_declared_body_past_the_limit_is_refused_before_any_100_continue(autojump_clock, nursery) -> None:
+    client = connect(nursery, make_server(config=ServerConfig(max_body_bytes=200)))
+    await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[
+        ("host", "t"), ("content-length", "201"), ("expect", "100-continue"), AUTH, JSON])))
+    with trio.fail_after(WAIT):
+        first = await client._next()
+    assert (type(first), first.status_code) == (h11.Response, 413)
+
+
+async def test_only_an_auth_refusal_asks_for_bearer_auth(autojump_clock, nursery) -> None:
+    client = connect(nursery, make_server())
+    for reply in (await send_raw(client, "POST", "/v1/responses", [AUTH, ("content-type", "text/plain")], create()),
+                  await send_raw(client, "POST", "/v1/nope", [AUTH, JSON], create()),
+                  await send_raw(client, "POST", "/v1/responses", [AUTH, JSON], b"[1]")):
+        assert reply.status in (415, 404, 400) and "www-authenticate" not in reply.headers

@@ -166,7 +166,6 @@ class ConnectionPool:
     connector: Connector
     keep_alive: bool
     idle: HttpConnection | None = None
-    opened: int = 0
 
     async def acquire(self) -> HttpConnection:
         if self.idle is not None:
@@ -176,7 +175,6 @@ class ConnectionPool:
             connection.close()
         release = trio.Event()
         stream = await self.nursery.start(_hold_stream, self.connector, release)
-        self.opened += 1
         return HttpConnection(stream, release)
 
     def release(self, connection: HttpConnection) -> None:

@@ -206,7 +206,7 @@ class SseSink:
             out.append(h11.Response(status_code=200, headers=headers, reason=b"OK"))
             self.started = True
         out.append(h11.Data(data=sse_block(event)))
-        self.next_sequence = getattr(event, "sequence_number", self.next_sequence - 1) + 1
+        self.next_sequence = event.sequence_number + 1  # every server event is numbered (protocol/events.py)
         self.ended = self.ended or event.type in STREAM_END_TYPES
         await self.outbox.send(self.exchange.encode(*out))
 

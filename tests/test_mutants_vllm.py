@@ -318,6 +318,25 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, n
         assert engine.stats.decoded_tokens == 18  # every chunk counted once
 
 
+@pytest.mark.parametrize("per_event, chunks", [
+    (7, (["abc"], ["de"])),  # the call's seven tokens in one event
+    (2, (["ab", "c"], ["d", "e"])),  # an event's second token is the next item's (or the unstreamed ones')
+])
+async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_events_bring(autojump_clock, nursery, per_event, chunks):
+    stream, _ = await _engine_on_fake(nursery, gap=0.1, per_event=per_event)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 110))
+        call = await engine.begin_call("s", prompt)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=7), engine_call=call)
+        first = [text async for text in engine.stream(latency, list("abc"), engine_call=call)]
+        await engine.decode_unstreamed(latency, 2, start=0.0, engine_call=call)  # reasoning, say
+        second = [text async for text in engine.stream(latency, list("de"), engine_call=call)]
+        engine.end_call(call)
+    assert (first, second) == chunks
+    assert engine.records[-1].output_tokens == 7 and engine.stats.decoded_tokens == 5  # the streamed ones
+
+
 async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held(autojump_clock, nursery):
     stream, worker = await _engine_on_fake(nursery)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:

@@ -79,7 +79,6 @@ class _Live:
     banked: int = 0  # arrived, not yet taken
     taken: int = 0
     first: dict[str, Any] | None = None
-    finished: bool = False
 
     async def next_event(self) -> None:
         try:
@@ -96,8 +95,8 @@ class _Live:
             self.last_at = now
         elif kind == "error":
             raise RealEngineError(event["message"])
-        elif kind == "finished":
-            self.finished = True
+        # A "finished" event needs nothing: a call takes the tokens it planned, and a request that ends
+        # short of them ends its channel (the EndOfChannel above).
 
     async def first_token(self) -> None:
         while self.first is None:

@@ -360,6 +360,9 @@ async def test_the_fallback_to_https_keeps_the_api_key_and_the_timing_header(aut
         record = await run_reconnecting_rollout(connector, CHAINED, TASK, CODEX, metadata=metadata, api_key="key-1", include_timing=True)
     assert record.fell_back_to_http and record.status == "completed"
     assert all(turn.server_timing is not None for turn in record.turns)  # over HTTP as over the WebSocket
+    # Stateless (`store: false`, the whole conversation every turn) over one kept-alive connection, as Codex's fallback.
+    fallback = [r for r in connector.server.records if r["transport"] == "http"]
+    assert len(fallback) >= 2 and {(r["store"], r["context"], r["connection"]) for r in fallback} == {(False, "full", 1)}
 
 
 async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_up(autojump_clock) -> None:

@@ -8,6 +8,7 @@ so a hung mutant fails at once. Written against the survivors of the mutation ru
 from __future__ import annotations
 
 import json
+import random
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -739,6 +740,7 @@ async def test_a_stateless_rollout_resends_the_whole_conversation_on_one_connect
     assert [turn.bytes_sent for turn in record.turns] == [int(h["content-length"]) for h in headers]
     assert [len(json.dumps(b, separators=(",", ":"))) for b in bodies] == [turn.bytes_sent for turn in record.turns]
     assert record.ended_at == trio.current_time() and record.started_at == 0.0
+    assert ({b["model"] for b in bodies}, record.workload) == ({"gpt-5.4"}, TASK.name)  # the default model
 
 
 async def test_a_stored_rollout_sends_only_the_tool_outputs_after_the_last_response(autojump_clock) -> None:
@@ -830,6 +832,9 @@ class Scripted:
                 for item in self.answers.pop(0):
                     if item is CLOSE:
                         return
+                    if isinstance(item, float):  # a pause of that many seconds inside the answer
+                        await trio.sleep(item)
+                        continue
                     await stream.send_all(conn.send(item))
                 conn.start_next_cycle()
             while await stream.receive_some(65536):  # until the client closes
@@ -918,6 +923,30 @@ async def test_a_failed_response_is_asked_for_again_only_if_the_policy_says_so(a
     assert (record.status, record.retried_responses) == ("failed", 0)
     _, record = await scripted_rollout(completed_answer("failed"))
     assert record.status == "failed"
+
+
+async def test_recovery_is_timed_from_the_first_loss_to_the_first_answer_and_each_retry_counted(autojump_clock) -> None:
+    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+    head, event, end = completed_answer()
+    # Lost at 0 and again at 0.5 (after 0.5 s of backoff); answered at 1.5 (after 1 s more), its end 2 s later.
+    server, record = await scripted_rollout([CLOSE], [CLOSE], [head, event, 2.0, end], policy=policy)
+    assert (record.status, record.reconnects, record.recovery_seconds) == ("completed", 2, [1.5])
+    assert (record.turns[0].ended_at, trio.current_time()) == (1.5, 3.5)
+    failed_head, failed_event, failed_end = completed_answer("failed")
+    server, record = await scripted_rollout([failed_head, failed_event, failed_end], completed_answer("failed"),
+                                            [head, 1.0, event, end], policy=policy)
+    # Two failed responses asked for again; the turn ends with the third answer, at 0.5 + 1 + 1 (its event after a 1 s pause),
+    # and a retried turn forgets what the failed answers set (none of them had a token).
+    assert (record.status, record.retried_responses, record.recovery_seconds) == ("completed", 2, [2.5])
+    assert (record.turns[0].first_token_at, record.turns[0].ended_at - record.started_at) == (None, 2.5)
+
+
+async def test_the_backoffs_jitter_is_drawn_from_the_tasks_own_seed(autojump_clock) -> None:
+    policy = ReconnectPolicy("jittered", initial_delay=0.5, max_retries=2, jitter=(0.5, 1.5))
+    server, record = await scripted_rollout([CLOSE], [CLOSE], completed_answer(), policy=policy)
+    rng = random.Random(f"reconnect:http:{ONE_TURN.name}")
+    first, second = policy.delay(1, rng), policy.delay(2, rng)
+    assert [at for _, at in server.requests] == [0.0, first, first + second]
 
 
 async def test_a_kept_alive_connection_found_closed_is_replaced_once(autojump_clock) -> None:

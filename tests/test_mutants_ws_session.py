@@ -20,6 +20,7 @@ import trio_websocket
 import wsproto
 import wsproto.events
 from support import DELAYED_LINK, create_event, make_server
+from test_inject import beta_ws
 
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
@@ -42,15 +43,9 @@ async def opened(server, design: str = CHAINED, *, multi_agent: bool = False, ne
     """A client WebSocket to `server` for `design` (with the multi-agent beta if asked) over `network`
     (None: a zero-latency pipe)."""
     beta = BETA[design] + (", responses_multi_agent=v1" if multi_agent else "")
-    headers = [(b"authorization", b"Bearer k"), (b"openai-beta", beta.encode())]
     with trio.fail_after(WAIT):
-        async with InMemoryConnector(server, network).open_stream() as stream, trio.open_nursery() as nursery:
-            conn = await trio_websocket.wrap_client_stream(nursery, stream, "testbed", "/v1/responses", extra_headers=headers)
-            try:
-                yield conn
-            finally:
-                await conn.aclose()
-                nursery.cancel_scope.cancel()
+        async with beta_ws(server, beta, network) as conn:
+            yield conn
 
 
 async def send(conn, frame: dict | str | bytes) -> None:

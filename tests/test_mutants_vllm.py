@@ -271,6 +271,31 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
     assert not [m for m in worker.received if m["op"] == "abort"]  # every token taken: nothing to abort
 
 
+async def test_a_held_requests_calls_add_up_and_each_sends_only_what_vllm_does_not_hold(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery, gap=0.25)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(1000, 1040))
+        seen = []
+        for turn in range(3):
+            call = await engine.begin_call("s", prompt)
+            prefilled = await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=3), engine_call=call)
+            await engine.decode_unstreamed(latency, 3, start=0.0, engine_call=call)
+            engine.retain("s", prompt, trio.current_time())  # as a design keeps the call's KV
+            engine.end_call(call)
+            seen.append((prefilled.cached, engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens))
+            prompt.extend(range(2000 + 10 * turn, 2010 + 10 * turn))  # the next turn's ten new ids
+        await trio.testing.wait_all_tasks_blocked()
+    # vLLM holds the prompt and every sample but the last: 40 + 3 - 1 = 42 ids, then 42 + 8 + 3 - 1 = 52. Each
+    # resume sends the rest (8 ids) and counts the held ones as cached; the engine's counters add up over calls.
+    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 40), ("append", 8), ("append", 8)]
+    assert seen == [(0, 1, 40, 0), (42, 2, 48, 42), (52, 3, 56, 94)]
+    assert [(r.held, r.resumed, r.prompt_tokens, r.sent_tokens) for r in engine.records] == [
+        (True, False, 40, 40), (True, True, 50, 8), (True, True, 60, 8)]
+    # The simulator's prediction for the same key: the retained prompt's whole 16-token blocks are cached.
+    assert [r.predicted_prefill_tokens for r in engine.records] == [40, 50 - 32, 60 - 48]
+
+
 async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autojump_clock, nursery):
     stream, worker = await _engine_on_fake(nursery)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client, namespace="ns-") as engine:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from typing import Any
 
 import pytest
+import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
+
+from prototype.cli.serve import run_until_interrupted
 
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
 TIMEOUT = 60.0  # a hang guard: on a loaded machine the first turn (tokenizer load) takes seconds
@@ -204,3 +208,34 @@ def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
             proc.wait()
     assert proc.returncode == 0, err
     assert out.splitlines()[-1] == "stopped"
+
+
+def test_ctrl_c_that_lands_in_a_task_whose_way_out_is_cancelled_still_stops_serve():
+    """SIGINT arriving while a connection's task runs (trio-websocket's reader, as the connection
+    closes) must still end the run. `reader` below does what that task does on its way out: it
+    cancels its nursery and passes a checkpoint. Raised inside it, as trio's default does, the
+    KeyboardInterrupt is replaced by that checkpoint's Cancelled and the run ends as if nothing
+    happened; `serve` raises it in the main task instead, so it reaches `serve`'s handler."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def reader() -> None:
+                try:
+                    signal.raise_signal(signal.SIGINT)  # its Python handler runs before this returns
+                    await trio.sleep_forever()
+                finally:
+                    nursery.cancel_scope.cancel()
+                    await trio.lowlevel.checkpoint()
+
+            nursery.start_soon(reader)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupted = False
+    try:
+        run_until_interrupted(main)
+    except* KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted

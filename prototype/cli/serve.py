@@ -24,6 +24,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 import attrs
@@ -200,6 +201,20 @@ async def drain_on_sigterm(server: ResponsesServer, grace: float, scope: trio.Ca
     scope.cancel()
 
 
+def run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
+    """`trio.run(main)`, with Ctrl-C (SIGINT) raised in the main task only, at its next checkpoint.
+
+    By default trio raises KeyboardInterrupt in whatever task is running when the signal arrives.
+    In a connection's task it can be lost: trio-websocket's reader task, interrupted in its read as
+    the connection closes, closes its channel on the way out with a checkpoint; the connection's
+    nursery has been cancelled by then, so that checkpoint raises Cancelled, which replaces the
+    KeyboardInterrupt and is absorbed by the nursery, and the server keeps serving
+    (trio's documentation of `trio.run`'s `restrict_keyboard_interrupt_to_checkpoints`; the
+    hazard is trio issue 1559, which trio-websocket's `_preserve_current_exception` cites). Raised
+    in the main task, the interrupt cancels the whole run and reaches the caller."""
+    trio.run(main, restrict_keyboard_interrupt_to_checkpoints=True)
+
+
 def count_tasks() -> int:
     """Live trio tasks of this run, the root included."""
     count, pending = 0, [trio.lowlevel.current_root_task()]
@@ -277,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     # serve stops on SIGINT however it was started, as its help says.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        trio.run(main)
+        run_until_interrupted(main)
     except* KeyboardInterrupt:  # trio delivers Ctrl-C through the nursery, inside an exception group
         print("stopped", flush=True)
     except* (VllmUnavailable, WorkerFailed) as group:
@@ -344,7 +359,7 @@ def _worker(args: argparse.Namespace, worker: int, port: int, ready: int) -> int
             os.close(ready)
 
     try:
-        trio.run(main)
+        run_until_interrupted(main)
     except* KeyboardInterrupt:
         pass
     finally:

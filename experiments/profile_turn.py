@@ -26,11 +26,13 @@ twice per design:
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import pstats
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from prototype import benchmark, netem
@@ -154,18 +156,23 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig, top_n: int) 
     limit = sum(r.seconds for r in virtual)
     turns = sum(len(r.turns) for r in virtual)
     pid = os.getpid()
-    cpu0, wait0 = time.process_time(), run_delay_seconds(pid)
-    real = benchmark.run_design_real(design, tps, config)
-    cpu, wait = time.process_time() - cpu0, run_delay_seconds(pid) - wait0
+    spent: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed() -> Iterator[None]:
+        cpu0, wait0 = time.process_time(), run_delay_seconds(pid)
+        yield
+        spent["cpu"], spent["wait"] = time.process_time() - cpu0, run_delay_seconds(pid) - wait0
+
+    real = benchmark.run_design_real(design, tps, config, measured=timed)
+    cpu, wait = spent["cpu"], spent["wait"]
     real_s = sum(r.seconds for r in real)
     overhead = real_s - limit
     phase_excess = phase_totals(real)
     for phase, seconds in phase_totals(virtual).items():
         phase_excess[phase] = phase_excess.get(phase, 0.0) - seconds
     profile = cProfile.Profile(time.process_time)
-    profile.enable()
-    benchmark.run_design_real(design, tps, config)
-    profile.disable()
+    benchmark.run_design_real(design, tps, config, measured=lambda: profile)  # a Profile is a context manager that enables it
     by_cause, top = split(profile)
     profiled_cpu = sum(by_cause.values())
     ms = 1000 / turns

@@ -12,6 +12,7 @@ decode, hosted tools, blocking post-inference; the rest of the turn is network a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import statistics
@@ -153,10 +154,15 @@ def run_design_virtual(design: str, decode_tps: float, config: BenchConfig) -> l
     return virtual.run(run_design, design, decode_tps, config.tasks(), config)
 
 
-def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list[RolloutRecord]:
+def run_design_real(
+    design: str, decode_tps: float, config: BenchConfig, *, measured: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> list[RolloutRecord]:
     """`run_design` in real time over loopback TCP: the server listens on 127.0.0.1, the client
     connects through netem (the same network profile, delaying both directions on its side).
-    Timers fire at their deadlines (clock.PreciseClock), not up to 1 ms after them."""
+    Timers fire at their deadlines (clock.PreciseClock), not up to 1 ms after them. `measured()` is
+    entered around the run alone, after the collector's settling (a full collection of all the
+    process holds, tens of milliseconds), so a CPU clock or a profiler started there sees the run's
+    cost only (experiments/profile_turn.py)."""
 
     async def main() -> list[RolloutRecord]:
         server = bench_server(config)
@@ -168,7 +174,7 @@ def run_design_real(design: str, decode_tps: float, config: BenchConfig) -> list
             nursery.cancel_scope.cancel()
         return records
 
-    with short_full_collections():  # as `serve` does (server/collector.py)
+    with short_full_collections(), measured():  # the collector settled as `serve` settles it (server/collector.py)
         return trio.run(main, clock=PreciseClock())
 
 

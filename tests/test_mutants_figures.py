@@ -51,6 +51,10 @@ def test_the_spans_of_a_rollout_are_placed_from_its_start():
         {"lane": "client", "phase": NETWORK_CLIENT, "turn": 1, "start": 2.0, "end": 2.0},
         {"lane": "server", "phase": "decode", "turn": 1, "start": 2.0, "end": 2.5},
     ]
+    # Each pause ends when the next turn is sent.
+    three = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=t, sent_at=3.0 * t, ended_at=3.0 * t + 1) for t in range(3)])
+    assert [(s["turn"], s["start"], s["end"]) for s in figures.turn_spans(three) if s["phase"] == PAUSE] == [
+        (0, 1.0, 3.0), (1, 4.0, 6.0)]
     bare = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=0, sent_at=1.0, ended_at=2.0)])
     assert figures.turn_spans(bare) == [{"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 1.0, "end": 2.0}]
 
@@ -315,10 +319,11 @@ def test_the_published_results_panels():
 
 
 def test_the_published_results_panels_are_lettered_layered_and_gridded():
-    fig, axes = plt.subplots(1, 3)
-    left, middle, right = axes
     cut = {**PUBLISHED[0], "result": "r" * 78}  # "0: " and 78 characters: one past the 80 a row's name is cut to
-    figures.published_plot(axes, [cut, PUBLISHED[1]], TRENDS)  # the default agreement factor, 2
+    with matplotlib.rc_context({"axes.prop_cycle": matplotlib.cycler(color=["#123456"])}):  # colours named, not cycled
+        fig, axes = plt.subplots(1, 3)
+        figures.published_plot(axes, [cut, PUBLISHED[1]], TRENDS)  # the default agreement factor, 2
+    left, middle, right = axes
     grey, blue, green = "#999999", figures.DESIGN_COLORS[CHAINED], "#2ca02c"
     assert left.get_yticklabels()[0].get_text() == "0: [...]"
     assert {t.get_fontsize() for t in left.get_yticklabels()} == {7.0}
@@ -328,8 +333,8 @@ def test_the_published_results_panels_are_lettered_layered_and_gridded():
     assert [to_hex(p.get_edgecolor(), keep_alpha=True) for p in left.patches if p.get_hatch()] == ["#000000ff"] * 2
     legend = left.get_legend()
     assert placement(legend)[:4] == (1, None, 1, {7.0})
-    assert [(to_hex(h.get_facecolor()), to_hex(h.get_edgecolor()), h.get_hatch()) for h in legend.legend_handles] == [
-        (grey, grey, None), (blue, blue, None), ("#ffffff", "#000000", "//")]
+    assert [(to_hex(h.get_facecolor()), to_hex(h.get_edgecolor(), keep_alpha=True), h.get_hatch())
+            for h in legend.legend_handles] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
     (band,) = middle.patches[4:]
     assert (to_hex(band.get_facecolor(), keep_alpha=True), band.get_alpha(), band.get_zorder()) == (green + "26", 0.15, 0)
     assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))

@@ -51,6 +51,10 @@ def test_the_spans_of_a_rollout_are_placed_from_its_start():
         {"lane": "client", "phase": NETWORK_CLIENT, "turn": 1, "start": 2.0, "end": 2.0},
         {"lane": "server", "phase": "decode", "turn": 1, "start": 2.0, "end": 2.5},
     ]
+    # Each pause ends when the next turn is sent.
+    three = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=t, sent_at=3.0 * t, ended_at=3.0 * t + 1) for t in range(3)])
+    assert [(s["turn"], s["start"], s["end"]) for s in figures.turn_spans(three) if s["phase"] == PAUSE] == [
+        (0, 1.0, 3.0), (1, 4.0, 6.0)]
     bare = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=0, sent_at=1.0, ended_at=2.0)])
     assert figures.turn_spans(bare) == [{"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 1.0, "end": 2.0}]
 
@@ -134,6 +138,31 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
     assert (1.0, 2.0, 0.65, 1.35, "#ffffff", "#cccccc", "///") in boxes(other)
     assert [t.get_text() for t in other.get_legend().get_texts()] == ["network + client", "other: pause"]
     plt.close(fig)
+
+
+def placement(legend):
+    """Where a legend sits and how it is lettered: (loc code, anchor point or None, columns, its entries' font sizes,
+    title, title's font size)."""
+    anchor = legend._bbox_to_anchor
+    return (legend._loc, None if anchor is None else tuple(float(v) for v in anchor._bbox.bounds[:2]), legend._ncols,
+            {t.get_fontsize() for t in legend.get_texts()}, legend.get_title().get_text(), legend.get_title().get_fontsize())
+
+
+def grids(ax):
+    """Each axis's grid, x then y: (major lines on, their alpha, their zorder, minor lines on)."""
+    return tuple((kw.get("gridOn", False), kw.get("grid_alpha"), kw.get("grid_zorder"), minor.get("gridOn", False))
+                 for kw, minor in ((ax.xaxis._major_tick_kw, ax.xaxis._minor_tick_kw),
+                                   (ax.yaxis._major_tick_kw, ax.yaxis._minor_tick_kw)))
+
+
+def test_a_timelines_legend_sits_beside_it_and_shows_each_mark_as_drawn(ax):
+    figures.timeline(ax, [rollout(SUSPENDED)])
+    legend = ax.get_legend()
+    assert placement(legend) == (2, (1.01, 1.0), 1, {7.0}, "phase", 8.0)
+    drawn = [(h.get_marker(), h.get_linestyle(), to_hex(h.get_color(), keep_alpha=True), h.get_markersize())
+             for h in legend.legend_handles[-3:]]
+    assert drawn == [("v", "None", "#000000ff", 4), ("^", "None", "#000000ff", 4), ("o", "None", "#000000ff", 2.5)]
+    assert grids(ax) == ((True, 0.3, None, False), (False, None, None, False))
 
 
 def annotations(ax):
@@ -289,6 +318,42 @@ def test_the_published_results_panels():
     plt.close(fig)
 
 
+def test_the_published_results_panels_are_lettered_layered_and_gridded():
+    cut = {**PUBLISHED[0], "result": "r" * 78}  # "0: " and 78 characters: one past the 80 a row's name is cut to
+    with matplotlib.rc_context({"axes.prop_cycle": matplotlib.cycler(color=["#123456"])}):  # colours named, not cycled
+        fig, axes = plt.subplots(1, 3)
+        figures.published_plot(axes, [cut, PUBLISHED[1]], TRENDS)  # the default agreement factor, 2
+    left, middle, right = axes
+    grey, blue, green = "#999999", figures.DESIGN_COLORS[CHAINED], "#2ca02c"
+    assert left.get_yticklabels()[0].get_text() == "0: [...]"
+    assert {t.get_fontsize() for t in left.get_yticklabels()} == {7.0}
+    assert [a.title.get_fontsize() for a in axes] == [9.0, 9.0, 9.0]
+    # The bars above the band (zorder 0) and the calibration line (1); the calibration row's bars outlined in black.
+    assert {p.get_zorder() for p in left.patches} == {2} and {p.get_zorder() for p in middle.patches[:4]} == {2}
+    assert [to_hex(p.get_edgecolor(), keep_alpha=True) for p in left.patches if p.get_hatch()] == ["#000000ff"] * 2
+    legend = left.get_legend()
+    assert placement(legend)[:4] == (1, None, 1, {7.0})
+    assert [(to_hex(h.get_facecolor()), to_hex(h.get_edgecolor(), keep_alpha=True), h.get_hatch())
+            for h in legend.legend_handles] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
+    (band,) = middle.patches[4:]
+    assert (to_hex(band.get_facecolor(), keep_alpha=True), band.get_alpha(), band.get_zorder()) == (green + "26", 0.15, 0)
+    assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))
+    (line,) = middle.lines
+    assert (list(line.get_xdata()), to_hex(line.get_color()), line.get_linewidth(), line.get_zorder()) == (
+        [100.0, 100.0], green, 1.0, 1)
+    legend = middle.get_legend()
+    assert placement(legend)[:4] == (9, (0.5, -0.2), 2, {7.0})
+    assert [t.get_text() for t in legend.get_texts()][2] == "calibration's implied value, x/÷2"
+    assert [(to_hex(h.get_facecolor(), keep_alpha=True), h.get_alpha()) for h in legend.legend_handles] == [
+        (grey + "ff", None), (blue + "ff", None), (green + "4c", 0.3)]
+    (trend,) = right.lines
+    assert to_hex(trend.get_color()) == blue
+    assert grids(left) == ((True, 0.3, 0, False), (False, None, None, False))
+    assert grids(middle) == ((True, 0.3, 0, False), (False, None, None, False))
+    assert grids(right) == ((True, 0.3, None, False), (True, 0.3, None, False))
+    plt.close(fig)
+
+
 def task_row(design, tps, e2e, *, ttft=(0.1,), turns=2, sent=1000.0, phases=None):
     return {"design": design, "decode_tps": tps, "e2e_s": e2e, "ttft_s": np.array(ttft), "turns": turns,
             "bytes_sent_per_turn": sent, "phase_totals_s": phases or {}}
@@ -305,6 +370,7 @@ def test_rows_are_grouped_by_design_in_the_benchmarks_order_and_speed():
     assert figures._per_turn(group, ("render",)) == 1.0
     assert figures._per_turn(group, ("render", "route", "missing")) == 7.0 / 5
     assert figures._per_turn([], ("render",)) == 0.0
+    assert figures._per_turn([task_row("http", 65, 1.0, turns=1, phases={"render": 3.0})], ("render",)) == 3.0
 
 
 @pytest.fixture

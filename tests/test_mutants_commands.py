@@ -449,7 +449,8 @@ def test_a_reuse_port_socket_is_bound_with_both_reuse_options():
 # --- serve: run ----------------------------------------------------------------------------------------------------
 
 
-def test_a_bad_workload_is_refused_before_anything_starts(capsys):
+def test_a_bad_workload_is_refused_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(serve, "build_server", lambda args: pytest.fail("a server was built"))
     assert serve.run(serve_args("--workload", "nonsense")) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m prototype serve: error: --workload: ") and "nonsense" in err
@@ -464,6 +465,7 @@ def test_the_real_engine_is_refused_with_several_workers(capsys, monkeypatch):
 
 def test_several_workers_are_forked_and_a_port_taken_is_named(capsys, monkeypatch):
     monkeypatch.setattr(serve, "run_workers", lambda args: 7 if args.workers == 2 else 0)
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served from this process"))
     assert serve.run(serve_args("--workers", "2")) == 7
 
     def taken(args):
@@ -517,6 +519,7 @@ def serving(monkeypatch):
         raise state["then"]()
 
     monkeypatch.setattr(serve, "serve_responses", serve_responses)
+    monkeypatch.setattr(serve, "run_workers", lambda args: pytest.fail("one worker is served from this process, not forked"))
     monkeypatch.setattr(serve, "_settle_collector", state["settled"].append)
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: state["logging"].append(kwargs))
 

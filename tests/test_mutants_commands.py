@@ -483,7 +483,8 @@ def test_several_workers_are_forked_and_a_port_taken_is_named(capsys, monkeypatc
     assert capsys.readouterr().err == "python -m prototype serve: error: cannot listen on 127.0.0.1:8000: no such address\n"
 
 
-def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys):
+def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served"))
     store = tmp_path / "missing" / "store.db"
     assert serve.run(serve_args("--store", str(store))) == 2
     assert capsys.readouterr().err == f"python -m prototype serve: error: --store {store}: unable to open database file\n"

@@ -449,7 +449,8 @@ def test_a_reuse_port_socket_is_bound_with_both_reuse_options():
 # --- serve: run ----------------------------------------------------------------------------------------------------
 
 
-def test_a_bad_workload_is_refused_before_anything_starts(capsys):
+def test_a_bad_workload_is_refused_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(serve, "build_server", lambda args: pytest.fail("a server was built"))
     assert serve.run(serve_args("--workload", "nonsense")) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m prototype serve: error: --workload: ") and "nonsense" in err
@@ -464,6 +465,7 @@ def test_the_real_engine_is_refused_with_several_workers(capsys, monkeypatch):
 
 def test_several_workers_are_forked_and_a_port_taken_is_named(capsys, monkeypatch):
     monkeypatch.setattr(serve, "run_workers", lambda args: 7 if args.workers == 2 else 0)
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served from this process"))
     assert serve.run(serve_args("--workers", "2")) == 7
 
     def taken(args):
@@ -481,7 +483,8 @@ def test_several_workers_are_forked_and_a_port_taken_is_named(capsys, monkeypatc
     assert capsys.readouterr().err == "python -m prototype serve: error: cannot listen on 127.0.0.1:8000: no such address\n"
 
 
-def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys):
+def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served"))
     store = tmp_path / "missing" / "store.db"
     assert serve.run(serve_args("--store", str(store))) == 2
     assert capsys.readouterr().err == f"python -m prototype serve: error: --store {store}: unable to open database file\n"
@@ -517,6 +520,7 @@ def serving(monkeypatch):
         raise state["then"]()
 
     monkeypatch.setattr(serve, "serve_responses", serve_responses)
+    monkeypatch.setattr(serve, "run_workers", lambda args: pytest.fail("one worker is served from this process, not forked"))
     monkeypatch.setattr(serve, "_settle_collector", state["settled"].append)
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: state["logging"].append(kwargs))
 
@@ -1028,16 +1032,21 @@ class FakeOs:
 
     def __init__(self, ready, waits, *, child=False, gone=()):
         self.ready, self.waits, self.child, self.gone = list(ready), list(waits), child, set(gone)
-        self.forked, self.killed, self.reads, self.on_wait = [], [], [], None
+        self.forked, self.killed, self.reads, self.on_wait, self.ready_pipe = [], [], [], None, None
 
     def __getattr__(self, name):
         return getattr(os, name)
+
+    def pipe(self):
+        self.ready_pipe = os.pipe()
+        return self.ready_pipe
 
     def fork(self):
         self.forked.append(101 + len(self.forked))
         return 0 if self.child else self.forked[-1]
 
     def read(self, fd, n):
+        assert fd == self.ready_pipe[0]  # the ready pipe's read end
         self.reads.append(n)
         return self.ready.pop(0) if self.ready else b""
 
@@ -1121,30 +1130,34 @@ def test_a_worker_that_fails_while_serving_stops_the_others(workers, capsys):
     assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
 
 
-def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, capsys):
+def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, monkeypatch):
     handlers, with_os = workers
+    out = Flushed()
+    monkeypatch.setattr(sys, "stdout", out)
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     fake.on_wait = lambda: handlers[signal.SIGTERM](signal.SIGTERM, None) if not fake.killed else None
     assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 0
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert capsys.readouterr().out.endswith("stopped\n")
+    assert out.getvalue().endswith("stopped\n")
+    assert out.flushes == 2  # the announcement, then "stopped": a script reading through a pipe sees each at once
 
 
-def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch):
+def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch, caplog):
     _, with_os = workers
-    with_os(FakeOs([], [], child=True))
+    fake = with_os(FakeOs([], [], child=True))
     ran = []
 
     def worker(args, index, port, ready):
-        ran.append((index, port, ready))
+        ran.append((args, index, port, ready))
         return 5
 
     monkeypatch.setattr(serve, "_worker", worker)
+    given = serve_args("--workers", "2", "--port", "0", "--quiet")
     with pytest.raises(Exited) as exited:
-        serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet"))
+        serve.run_workers(given)
     assert exited.value.args == (5,)
-    ((index, port, ready),) = ran
-    assert index == 0 and port > 0 and ready > 2
+    ((args, index, port, ready),) = ran
+    assert args is given and index == 0 and port > 0 and ready == fake.ready_pipe[1]
 
     def failing(args, index, port, ready):
         raise RuntimeError("worker broke")
@@ -1153,6 +1166,10 @@ def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monke
     with pytest.raises(Exited) as exited:
         serve.run_workers(serve_args("--workers", "2", "--quiet"))
     assert exited.value.args == (1,)
+    # The failure is logged with its traceback, naming the worker, by serve's logger.
+    (record,) = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert (record.name, record.getMessage()) == ("prototype.cli.serve", "worker 0 failed")
+    assert record.exc_info[0] is RuntimeError
 
 
 def test_a_worker_listens_on_its_own_socket_says_it_is_ready_and_stops_on_ctrl_c(monkeypatch):
@@ -1188,6 +1205,34 @@ def test_a_worker_listens_on_its_own_socket_says_it_is_ready_and_stops_on_ctrl_c
     assert died == [True] and settled == [9.0]
     with pytest.raises(Exception, match="closed database"):
         server.api.store._db.execute("select 1")
+
+
+def test_a_worker_drains_its_own_server_on_sigterm(monkeypatch):
+    """The drain task of a worker gets the worker's server, the --drain-seconds grace and the scope it cancels."""
+    drained, served = [], []
+    monkeypatch.setattr(serve, "_die_with_parent", lambda: None)
+    monkeypatch.setattr(serve, "_settle_collector", lambda args: None)
+
+    async def serve_listeners(handler, listeners, *, task_status):
+        served.append(handler.__self__)
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def drain_on_sigterm(server, grace, scope):
+        drained.append((server, grace))
+        scope.cancel()  # what the drain does once SIGTERM's responses have ended
+
+    monkeypatch.setattr(trio, "serve_listeners", serve_listeners)
+    monkeypatch.setattr(serve, "drain_on_sigterm", drain_on_sigterm)
+    previous = signal.getsignal(signal.SIGINT)
+    read, write = os.pipe()
+    try:
+        assert serve._worker(serve_args("--quiet", "--drain-seconds", "7"), 2, 0, write) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.close(read)
+    ((server, grace),) = drained
+    assert served == [server] and server.config.worker == 2 and grace == 7.0
 
 
 def test_a_worker_asks_the_kernel_to_end_it_with_its_parent(monkeypatch):

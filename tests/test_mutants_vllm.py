@@ -15,7 +15,7 @@ import trio
 import trio.testing
 from test_vllm_client import READY, _engine_on_fake
 
-from prototype.engine import vllm_client
+from prototype.engine import memory, vllm_client
 from prototype.engine.engine import ModelCall
 from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
@@ -31,7 +31,7 @@ from prototype.engine.vllm_client import (
     worker_environment,
     worker_settings,
 )
-from prototype.engine.vllm_engine import RealCall, RealEngineError, _Held, open_vllm_engine
+from prototype.engine.vllm_engine import RealCall, RealEngineError, VllmEngine, _Held, open_vllm_engine
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU, write_model
 
 # --- the models ----------------------------------------------------------------------------------
@@ -139,6 +139,9 @@ def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
     monkeypatch.setattr(vllm_client, "MAX_LINE_BYTES", 8)
     splitter = LineSplitter()
     assert splitter.feed(b'{"a":1}') == []  # 7 bytes: waiting for the rest
+    full = LineSplitter()
+    assert full.feed(b'{"a":12}') == []  # exactly the limit without its newline: still waiting
+    assert full.feed(b"\n") == [{"a": 12}]
     with pytest.raises(WorkerFailed, match="^a line from the worker exceeds 8 bytes$"):
         splitter.feed(b"23")
     assert LineSplitter().feed(b'{"a":1234}\n') == [{"a": 1234}]  # long, but a whole line
@@ -248,10 +251,11 @@ async def test_an_error_for_no_open_request_fails_the_client_and_every_open_requ
 
 
 async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_predicted(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery, gap=0.25, per_event=2, prefill=7)
+    stream, worker = await _engine_on_fake(nursery, gap=0.25, per_event=2, prefill=7, prefix_hits=32)
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client, namespace="ns-") as engine:
         latency = LatencyModel()
         prompt = Prompt(range(1000, 1040))
+        await trio.sleep(1)  # times are the call's own, not the clock's
         call = await engine.begin_call("s", prompt)
         start = trio.current_time()
         prefilled = await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=5), engine_call=call)
@@ -264,7 +268,7 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
     (record,) = engine.records
     assert record == RealCall(
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=40, sent_tokens=40, output_tokens=5,
-        prefill_tokens=7, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=40, ttft_s=0.25,
+        prefill_tokens=7, prefix_hits=32, vllm_cached_tokens=0, predicted_prefill_tokens=40, ttft_s=0.25,
         decode_s=0.5, kv_usage=0.25, kv_blocks_used=16)
     (generate,) = [m for m in worker.received if m["op"] == "generate"]
     assert (generate["rid"], generate["salt"], generate["held"], generate["max_tokens"]) == ("r0", "ns-", False, 5)
@@ -457,3 +461,127 @@ async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_m
     assert await chunks(1, flush_interval=0.3) == [(0.0, "a"), (0.3, "bc"), (0.6, "de"), (0.625, "f")]
     # Three tokens an event, two at most a chunk: what is left of an event goes out at once, not with the next event.
     assert await chunks(3, flush_tokens=2) == [(0.0, "ab"), (0.0, "c"), (0.125, "de"), (0.125, "f")]
+
+
+async def test_a_first_event_that_says_nothing_counts_nothing_cached_or_computed(autojump_clock, nursery):
+    client_end, worker_end = trio.testing.memory_stream_pair()
+    await worker_end.send_all(encode(READY))
+    async with VllmClient.over_streams(client_end, client_end) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 120))
+        call = await engine.begin_call("s", prompt)
+
+        async def worker() -> None:  # a worker whose tokens carry no `first` report at all
+            await trio.sleep(0.5)
+            await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 2}))
+            await trio.sleep(0.25)
+            await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 1}) + encode({"type": "finished", "rid": "r0"}))
+
+        nursery.start_soon(worker)
+        prefilled = await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=call)
+        assert (prefilled.decode_from, prefilled.cached) == (0.5, 0)
+        assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (1, 0, 0)
+        assert await engine.decode_unstreamed(latency, 3, start=0.0, engine_call=call) == 0.75
+        engine.end_call(call)
+    (record,) = engine.records
+    assert record == RealCall(
+        key="s", held=False, resumed=False, isolated=False, prompt_tokens=20, sent_tokens=20, output_tokens=3,
+        prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=20, ttft_s=0.5, decode_s=0.25,
+        kv_usage=0.0, kv_blocks_used=0)
+
+
+async def test_a_resume_with_no_new_ids_sends_the_last_one_and_a_plain_call_opens_its_own_request(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+
+        async def model_call(prompt: Prompt, tokens: int, held: bool) -> int:
+            call = await engine.begin_call("s", prompt, pinned=held)
+            prefilled = await engine.prefill_call(latency, ModelCall("s", prompt, held=held, output_tokens=tokens), engine_call=call)
+            await engine.decode_unstreamed(latency, tokens, start=0.0, engine_call=call)
+            engine.end_call(call)
+            return prefilled.cached
+
+        prompt = Prompt(range(100, 140))
+        assert await model_call(prompt, 3, held=True) == 0
+        prompt.extend([140, 141])  # two of the three samples: vLLM holds 40 + 3 - 1 = 42 ids, all of them
+        assert await model_call(prompt, 2, held=True) == 41  # the last id sent again, to sample from
+        # A call that is not held (a side request of the same session) is a request of its own on the whole prompt.
+        assert await model_call(prompt, 1, held=False) == 0
+        engine.release("s")
+        await trio.testing.wait_all_tasks_blocked()
+    assert [(m["op"], m["rid"], m.get("prompt"), m.get("held")) for m in worker.received] == [
+        ("generate", "r0", list(range(100, 140)), True), ("append", "r0", [141], None),
+        ("generate", "r1", list(range(100, 142)), False), ("close", "r0", None, None)]
+    assert [(r.held, r.resumed, r.prompt_tokens, r.sent_tokens) for r in engine.records] == [
+        (True, False, 40, 40), (True, True, 42, 1), (False, False, 42, 42)]
+
+
+async def test_an_engine_without_a_model_spec_sends_any_length(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, trio.open_nursery() as engine_nursery:
+        engine = VllmEngine(client=client, nursery=engine_nursery)
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 300))
+        call = await engine.begin_call("s", prompt)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=2), engine_call=call)
+        await engine.decode_unstreamed(latency, 2, start=0.0, engine_call=call)
+        engine.end_call(call)
+        engine_nursery.cancel_scope.cancel()
+    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 200)]
+
+
+@pytest.mark.parametrize("paused, where", [(None, "swapping_out"), (True, "swapping_out"), (False, "gpu")])
+async def test_a_calls_end_tells_the_simulated_bookkeeping_whether_the_session_will_be_back(
+        autojump_clock, nursery, paused, where):
+    stream, _ = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(
+            TINY_CPU, client=client, retention=memory.SWAP_POLICY) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 140))
+        call = await engine.begin_call("s", prompt)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=call)
+        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
+        engine.retain("s", prompt, trio.current_time())
+        # Paused at a tool call (the default) the swap policy copies the KV out; after a final answer it stays.
+        engine.end_call(call) if paused is None else engine.end_call(call, paused=paused)
+        assert engine.kv["s"].where == where
+
+
+async def test_the_prediction_is_the_sessions_own_a_pinned_one_exact_an_isolated_one_by_whole_blocks(autojump_clock, nursery):
+    stream, _ = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+        engine.isolate("isolated")
+        for key, pinned in (("pinned", True), ("isolated", False)):
+            prompt = Prompt(range(100, 140))
+            for _ in range(2):
+                call = await engine.begin_call(key, prompt, pinned=pinned)
+                await engine.prefill_call(latency, ModelCall(key, prompt, held=pinned, output_tokens=1), engine_call=call)
+                await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
+                engine.retain(key, prompt, trio.current_time(), pinned=pinned)
+                engine.end_call(call)
+                prompt.extend(range(200, 210))
+    # A pinned session (a live v1 coroutine) holds all 40 tokens it computed; an isolated one finds its own
+    # two whole 16-token blocks only, since it shares nothing through the block directory.
+    assert [(r.key, r.predicted_prefill_tokens) for r in engine.records] == [
+        ("pinned", 40), ("pinned", 10), ("isolated", 40), ("isolated", 50 - 32)]
+
+
+async def test_a_calls_second_end_leaves_the_sessions_next_call_alone(autojump_clock, nursery):
+    stream, worker = await _engine_on_fake(nursery)
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+        latency = LatencyModel()
+        prompt = Prompt(range(100, 120))
+        first = await engine.begin_call("s", prompt)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=first)
+        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=first)
+        engine.end_call(first)
+        second = await engine.begin_call("s", prompt)
+        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=second)
+        engine.end_call(first)  # late, from a cleanup path: the first call is over already
+        assert await engine.decode_unstreamed(latency, 3, start=0.0, engine_call=second) > 0
+        engine.end_call(second)
+        await trio.testing.wait_all_tasks_blocked()
+    assert [(r.key, r.output_tokens) for r in engine.records] == [("s", 1), ("s", 3)]
+    assert not [m for m in worker.received if m["op"] == "abort"]

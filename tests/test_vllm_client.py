@@ -79,10 +79,13 @@ def test_model_configs_written_once(tmp_path):
 
 class FakeWorker:
     """Answers like vllm_worker.py: every request gets its tokens `per_event` at a time, `gap`
-    seconds apart on the trio clock, and its first event reports `prefill` computed tokens."""
+    seconds apart on the trio clock, and its first event reports `prefill` computed tokens (the
+    whole prompt unless given) and `prefix_hits` tokens found in the prefix cache."""
 
-    def __init__(self, stream: trio.abc.Stream, *, gap: float = 0.01, per_event: int = 1, prefill: int = 0):
+    def __init__(self, stream: trio.abc.Stream, *, gap: float = 0.01, per_event: int = 1, prefill: int = 0,
+                 prefix_hits: int = 0):
         self.stream, self.gap, self.per_event, self.prefill = stream, gap, per_event, prefill
+        self.prefix_hits = prefix_hits
         self.received: list[dict] = []
         self.lock = trio.Lock()  # one writer at a time, as the worker's single stdout
 
@@ -113,7 +116,7 @@ class FakeWorker:
             event = {"type": "tokens", "rid": message["rid"], "n": n}
             if first:
                 event["first"] = {"cached_tokens": 0, "prefill_tokens": self.prefill or len(message["prompt"]),
-                                  "prefix_hits": 0, "kv_usage": 0.25}
+                                  "prefix_hits": self.prefix_hits, "kv_usage": 0.25}
                 first = False
             await self.send(event)
             left -= n

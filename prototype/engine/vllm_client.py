@@ -198,7 +198,7 @@ class VllmClient:
                 waiter.send_nowait(event)
             return
         rid = event.get("rid")
-        channel = self._requests.get(rid) if rid is not None else None
+        channel = self._requests.get(rid)  # None for an event of no open request, or of none (rid null)
         if channel is None:
             if event.get("type") == "error":
                 self._fail(event.get("message", "worker error"))

@@ -173,7 +173,7 @@ class VllmEngine(Engine):
         isolated = call.key in self._isolated
         window = self.spec.max_model_len if self.spec is not None else None
         # vLLM's sequence once this call is sent: the prompt, or what a held request holds and at least one id more.
-        sequence = max(len(call.prompt), held.length + 1 if held is not None else 0) + max_tokens
+        sequence = (max(len(call.prompt), held.length + 1) if held is not None else len(call.prompt)) + max_tokens
         if window is not None and sequence > window:
             # vLLM would refuse it (VLLMValidationError) after the request was sent; the API refuses it as its own.
             raise ContextWindowExceeded(sequence, window)
@@ -199,7 +199,7 @@ class VllmEngine(Engine):
         # What the engine did not compute, as the API's cached_tokens counts it: a new request's own
         # num_cached_tokens; for a resume, everything but what was sent (its KV is the live request's,
         # which vLLM does not count as a cache hit, and it computed exactly the sent ids).
-        cached = max(0, len(call.prompt) - len(sent)) if resumed else first.get("cached_tokens", 0)
+        cached = len(call.prompt) - len(sent) if resumed else first.get("cached_tokens", 0)
         self.stats.cached_tokens += cached
         live.first = {**first, "predicted": predicted, "resumed": resumed,
                       "isolated": isolated, "prompt_tokens": len(call.prompt), "sent_tokens": len(sent), "held": call.held}
@@ -261,8 +261,10 @@ class VllmEngine(Engine):
     def end_call(self, call: EngineCall, *, paused: bool = True) -> None:
         was_open = not call.ended and call.admitted_at is not None
         super().end_call(call, paused=paused)
+        if not was_open:
+            return  # ended before (end_call is idempotent): the session's live request may be a later call's
         live = self._live.pop(call.key, None)
-        if not was_open or live is None:
+        if live is None:
             return
         self._record(call.key, live)
         if live.taken < live.planned and call.key not in self._held:
@@ -294,7 +296,8 @@ class VllmEngine(Engine):
             prefill_tokens=first.get("prefill_tokens", 0), prefix_hits=first.get("prefix_hits", 0),
             vllm_cached_tokens=first.get("cached_tokens", 0), predicted_prefill_tokens=first.get("predicted", 0),
             ttft_s=(live.first_at or live.asked_at) - live.asked_at,
-            decode_s=(live.last_at or 0.0) - (live.first_at or 0.0) if live.first_at is not None else 0.0,
+            # The first tokens set both times: a request with no tokens has neither.
+            decode_s=live.last_at - live.first_at if live.first_at is not None else 0.0,
             kv_usage=usage, kv_blocks_used=round(usage * blocks),
         ))
 

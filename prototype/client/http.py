@@ -73,14 +73,15 @@ class HttpConnection:
         self._release.set()
 
     async def _next_event(self, answered: bool) -> Any:
+        """The server's next event of the answer in progress. A close before the answer's end is h11's
+        `RemoteProtocolError` (a close is a `ConnectionClosed` event only between answers, where this
+        is never called; a body delimited by the close ends with `EndOfMessage`)."""
         while True:
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
                 raise ConnectionLost(str(exc), answered=answered) from None
             if event is not h11.NEED_DATA:
-                if isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionLost("the server closed the connection", answered=answered)
                 return event
             try:
                 data = await self.stream.receive_some(65536)
@@ -135,7 +136,7 @@ class HttpConnection:
                 break
         if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
             self.conn.start_next_cycle()
-        assert end is not None
+        assert end is not None  # the parser refuses a body that ends before an end event
         return end
 
     async def _read_body(self) -> bytes:

@@ -1257,3 +1257,38 @@ async def test_the_fallback_sends_the_whole_conversation_with_the_instructions_o
     assert bodies[0]["input"] == first
     for before, after in zip(bodies, bodies[1:]):
         assert after["input"][:len(before["input"])] == before["input"]
+
+
+async def test_a_fallback_inside_a_turn_adds_its_resend_to_that_turn(autojump_clock) -> None:
+    """`turn_open`: the turn was recorded on the WebSocket (300 bytes sent there, and sent again once in full); the
+    fallback's first request belongs to it, a resend of the whole conversation, and the later turns are its own."""
+    server = make_server()
+    connector = TapConnector(server)
+    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+    rollout_ = Rollout(TASK, RolloutRecord("chained", TASK.name, 0.0))
+    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
+    rollout_.start_turn(first, 300)
+    rollout_.record.resent_bytes, rollout_.record.full_resends = 300, 1
+    with trio.fail_after(WAIT):
+        await continue_http_rollout(connector, rollout_, [], first, policy=None, model="gpt-5.4", metadata=metadata,
+                                    instructions=None, api_key="testbed", include_timing=False, turn_open=True)
+    sizes = [int(headers["content-length"]) for headers, _ in connector.requests()[0]]
+    record = rollout_.record
+    assert (record.status, len(sizes), [turn.bytes_sent for turn in record.turns]) == ("completed", 3, [300 + sizes[0], *sizes[1:]])
+    assert (record.resent_bytes, record.full_resends) == (300 + sizes[0], 2)
+
+
+async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, monkeypatch) -> None:
+    """The client's own work on a request (here 0.25 s to serialize it) is part of its turn, as a
+    connection it has to open first is (docs/metrics.md)."""
+    from types import SimpleNamespace
+
+    from prototype.client import http as client_http
+
+    def slow_dumps(*args: Any, **kwargs: Any) -> str:
+        autojump_clock.jump(0.25)
+        return json.dumps(*args, **kwargs)
+
+    monkeypatch.setattr(client_http, "json", SimpleNamespace(dumps=slow_dumps, loads=json.loads))
+    _, record = await scripted_rollout(completed_answer())
+    assert (record.turns[0].sent_at, record.timeline[0]) == (0.0, (0.25, "send", "POST /v1/responses"))

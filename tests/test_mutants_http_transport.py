@@ -1292,3 +1292,13 @@ async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, mo
     monkeypatch.setattr(client_http, "json", SimpleNamespace(dumps=slow_dumps, loads=json.loads))
     _, record = await scripted_rollout(completed_answer())
     assert (record.turns[0].sent_at, record.timeline[0]) == (0.0, (0.25, "send", "POST /v1/responses"))
+
+
+async def test_a_close_after_an_informational_answer_is_a_close_before_any_answer(autojump_clock) -> None:
+    """A `100 Continue` is not the answer: a connection closed after it is lost unanswered, so a reused one is replaced."""
+    continue_ = h11.InformationalResponse(status_code=100, headers=[])
+    failure = await scripted_failure([continue_, CLOSE])
+    assert (type(failure), str(failure), failure.answered) == (
+        ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
+    server, record = await scripted_rollout(calling_answer(), [continue_, CLOSE], completed_answer())
+    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)

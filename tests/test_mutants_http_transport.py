@@ -1302,3 +1302,10 @@ async def test_a_close_after_an_informational_answer_is_a_close_before_any_answe
         ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
     server, record = await scripted_rollout(calling_answer(), [continue_, CLOSE], completed_answer())
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
+
+
+async def test_a_refusal_after_a_lost_request_ends_the_recovery_at_its_status(autojump_clock) -> None:
+    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+    refusal = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+    _, record = await scripted_rollout([CLOSE], json_answer(429, refusal), policy=policy)
+    assert (record.status, record.reconnects, record.recovery_seconds) == ("error:rate_limit_exceeded", 1, [0.5])

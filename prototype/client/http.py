@@ -348,8 +348,9 @@ async def _post_with_retries(pool: ConnectionPool, data: bytes, headers: list[tu
         failed = end is None or (end["type"] == "response.failed" and policy is not None and policy.retry_failed_responses)
         if not failed or policy is None:
             if failed_at is not None:
-                answered = [t for t, direction, _ in record.timeline[seen:] if direction == "recv"]
-                record.recovery_seconds.append((answered[0] if answered else trio.current_time()) - failed_at)
+                # An answer is on the timeline: its events, or the refusal's status (`HttpConnection.post`).
+                answered_at = next(t for t, direction, _ in record.timeline[seen:] if direction == "recv")
+                record.recovery_seconds.append(answered_at - failed_at)
             return end
         failed_at = trio.current_time() if failed_at is None else failed_at
         if end is not None:

@@ -24,9 +24,21 @@ from test_endpoints import Raw, Reply, connect
 from prototype import workload as wl
 from prototype.api.service import IdFactory
 from prototype.client.connect import InMemoryConnector
-from prototype.client.http import ConnectionLost, HttpProtocolError, run_http_rollout
+from prototype.client.harness import Rollout, RolloutRecord, task_prompt
+from prototype.client.http import (
+    ConnectionLost,
+    ConnectionPool,
+    HttpConnection,
+    HttpProtocolError,
+    continue_http_rollout,
+    post_turn,
+    request_headers,
+    run_http_rollout,
+)
 from prototype.client.reconnect import ReconnectPolicy
+from prototype.client.sse import SseProtocolError
 from prototype.designs.emitter import EngineFailure
+from prototype.netem.faults import FaultyStream, Link, LinkFaults
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.server import http as server_http
@@ -835,6 +847,9 @@ class Scripted:
                     if isinstance(item, float):  # a pause of that many seconds inside the answer
                         await trio.sleep(item)
                         continue
+                    if callable(item):  # an action on the link there (a reset: `faulty_rollout`)
+                        item()
+                        continue
                     await stream.send_all(conn.send(item))
                 conn.start_next_cycle()
             while await stream.receive_some(65536):  # until the client closes
@@ -1116,3 +1131,181 @@ async def test_only_an_auth_refusal_asks_for_bearer_auth(autojump_clock, nursery
                   await send_raw(client, "POST", "/v1/nope", [AUTH, JSON], create()),
                   await send_raw(client, "POST", "/v1/responses", [AUTH, JSON], b"[1]")):
         assert reply.status in (415, 404, 400) and "www-authenticate" not in reply.headers
+
+
+RESET = object()  # in a scripted answer of `faulty_rollout`: the link is reset there (a TCP RST)
+
+
+async def faulty_rollout(*answers: list, workload: wl.Workload = ONE_TURN, **kwargs: Any):
+    """`scripted_rollout` over links that break: at each RESET of an answer, every open link is cut."""
+    server = Scripted([])
+    connector = InMemoryConnector(server, faults=LinkFaults())
+
+    def reset() -> None:
+        connector.links.cut_all("reset by peer")
+
+    server.answers = [[reset if item is RESET else item for item in answer] for answer in answers]
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(connector, workload, metadata={}, **kwargs)
+    return server, record
+
+
+async def faulty_failure(*answers: list, **kwargs: Any) -> BaseException:
+    with pytest.raises(BaseExceptionGroup) as raised:
+        await faulty_rollout(*answers, **kwargs)
+    return first_leaf(raised.value)
+
+
+async def test_a_connection_reset_while_the_answer_is_read_is_lost_with_why_and_whether_any_came(autojump_clock) -> None:
+    broke = "the connection broke: the link broke (reset by peer)"
+    failure = await faulty_failure([RESET])
+    assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, False)
+    head, event, end = completed_answer()
+    failure = await faulty_failure([head, 0.5, RESET])  # cut once the head has arrived
+    assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
+    # An error answer cut in its body was answered: the request is not sent again, even on a reused connection.
+    error_head = h11.Response(status_code=429, headers=[(b"content-type", b"application/json"), (b"content-length", b"100")])
+    failure = await faulty_failure([error_head, h11.Data(data=b'{"error": '), 0.5, RESET])
+    assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
+    failure = await faulty_failure(calling_answer(), [error_head, h11.Data(data=b'{"error": '), 0.5, RESET], completed_answer())
+    assert (type(failure), failure.answered) == (ConnectionLost, True)
+
+
+async def test_a_kept_alive_connection_reset_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
+    """The link is reset while the tool runs (2 s): the next request's send finds it broken."""
+    with_a_tool = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
+    server, record = await faulty_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
+    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
+    assert server.requests == [(1, 0.0), (2, 2.0)]
+
+
+async def test_a_request_sent_on_a_broken_or_closed_connection_is_lost_unanswered(autojump_clock) -> None:
+    rollout_ = Rollout(ONE_TURN, RolloutRecord("http-stateless", ONE_TURN.name, 0.0))
+    client, _ = trio.testing.memory_stream_pair()
+    link = Link()
+    link.cut("reset by peer")
+    with pytest.raises(ConnectionLost) as lost:
+        await HttpConnection(FaultyStream(client, link, server_side=False), trio.Event()).post(b"{}", [], rollout_)
+    assert (str(lost.value), lost.value.answered) == ("the connection broke: the link broke (reset by peer)", False)
+    client, _ = trio.testing.memory_stream_pair()
+    await client.aclose()
+    with pytest.raises(ConnectionLost) as lost:
+        await HttpConnection(client, trio.Event()).post(b"{}", [], rollout_)
+    assert (str(lost.value), lost.value.answered) == ("the connection broke: virtual connection closed", False)
+    assert rollout_.record.timeline == [(0.0, "send", "POST /v1/responses")] * 2
+
+
+async def test_an_error_body_in_several_chunks_is_read_whole(autojump_clock) -> None:
+    body = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+    head, _, end = json_answer(429, body)
+    _, record = await scripted_rollout([head, h11.Data(data=body[:20]), 1.0, h11.Data(data=body[20:]), end])
+    assert (record.status, record.timeline[-1]) == ("error:rate_limit_exceeded", (1.0, "recv", "http 429"))
+
+
+async def test_a_pooled_connection_serves_on_after_an_error_answer_and_closing_the_pool_drops_it(autojump_clock) -> None:
+    """The pool as a caller of `post_turn` uses it (experiments/steering.py): a refusal leaves the connection
+    reusable; once the pool is closed, the next request opens a new connection."""
+    refusal = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+    server = Scripted([json_answer(429, refusal), completed_answer(), completed_answer()])
+    rollout_ = Rollout(ONE_TURN, RolloutRecord("http-stateless", ONE_TURN.name, 0.0))
+    rollout_.start_turn([], 2)
+    headers = request_headers(api_key="k", keep_alive=True, include_timing=False)
+    with trio.fail_after(WAIT):
+        async with trio.open_nursery() as nursery:
+            pool = ConnectionPool(nursery, InMemoryConnector(server), keep_alive=True)
+            refused = await post_turn(pool, b"{}", headers, rollout_)
+            answered = await post_turn(pool, b"{}", headers, rollout_)
+            pool.close()
+            assert pool.idle is None
+            again = await post_turn(pool, b"{}", headers, rollout_)
+            pool.close()
+    assert (refused["status"], refused["error"]["code"], answered["type"], again["type"]) == (
+        429, "rate_limit_exceeded", "response.completed", "response.completed")
+    assert [number for number, _ in server.requests] == [1, 1, 2]
+
+
+async def test_a_stream_that_ends_without_a_terminal_event_is_refused(autojump_clock) -> None:
+    head, _, end = completed_answer()
+    created = {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "output": []}}
+    failure = await scripted_failure([head, h11.Data(data=sse(created)), end])
+    assert (type(failure), str(failure)) == (
+        SseProtocolError, "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)")
+
+
+async def test_the_first_request_carries_the_task_as_one_user_message(autojump_clock) -> None:
+    server = make_server()
+    connector = TapConnector(server)
+    await rollout(server, connector)
+    (_, first), *_ = connector.requests()[0]
+    assert first["input"] == [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
+
+
+async def test_the_fallback_sends_the_whole_conversation_with_the_instructions_on_one_connection(autojump_clock) -> None:
+    """`continue_http_rollout` (Codex's fallback once its WebSocket retries are spent) with the conversation so far."""
+    server = make_server()
+    connector = TapConnector(server)
+    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+    rollout_ = Rollout(TASK, RolloutRecord("chained", TASK.name, 0.0))
+    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
+    with trio.fail_after(WAIT):
+        await continue_http_rollout(connector, rollout_, [], first, policy=None, model="gpt-5.4", metadata=metadata,
+                                    instructions="be brief", api_key="testbed", include_timing=False)
+    (requests,) = connector.requests()
+    bodies = [b for _, b in requests]
+    assert (rollout_.record.status, len(bodies), len(rollout_.record.turns)) == ("completed", 3, 3)
+    assert [(b["instructions"], b["store"], b["stream"]) for b in bodies] == [("be brief", False, True)] * 3
+    assert bodies[0]["input"] == first
+    for before, after in zip(bodies, bodies[1:]):
+        assert after["input"][:len(before["input"])] == before["input"]
+
+
+async def test_a_fallback_inside_a_turn_adds_its_resend_to_that_turn(autojump_clock) -> None:
+    """`turn_open`: the turn was recorded on the WebSocket (300 bytes sent there, and sent again once in full); the
+    fallback's first request belongs to it, a resend of the whole conversation, and the later turns are its own."""
+    server = make_server()
+    connector = TapConnector(server)
+    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+    rollout_ = Rollout(TASK, RolloutRecord("chained", TASK.name, 0.0))
+    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
+    rollout_.start_turn(first, 300)
+    rollout_.record.resent_bytes, rollout_.record.full_resends = 300, 1
+    with trio.fail_after(WAIT):
+        await continue_http_rollout(connector, rollout_, [], first, policy=None, model="gpt-5.4", metadata=metadata,
+                                    instructions=None, api_key="testbed", include_timing=False, turn_open=True)
+    sizes = [int(headers["content-length"]) for headers, _ in connector.requests()[0]]
+    record = rollout_.record
+    assert (record.status, len(sizes), [turn.bytes_sent for turn in record.turns]) == ("completed", 3, [300 + sizes[0], *sizes[1:]])
+    assert (record.resent_bytes, record.full_resends) == (300 + sizes[0], 2)
+
+
+async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, monkeypatch) -> None:
+    """The client's own work on a request (here 0.25 s to serialize it) is part of its turn, as a
+    connection it has to open first is (docs/metrics.md)."""
+    from types import SimpleNamespace
+
+    from prototype.client import http as client_http
+
+    def slow_dumps(*args: Any, **kwargs: Any) -> str:
+        autojump_clock.jump(0.25)
+        return json.dumps(*args, **kwargs)
+
+    monkeypatch.setattr(client_http, "json", SimpleNamespace(dumps=slow_dumps, loads=json.loads))
+    _, record = await scripted_rollout(completed_answer())
+    assert (record.turns[0].sent_at, record.timeline[0]) == (0.0, (0.25, "send", "POST /v1/responses"))
+
+
+async def test_a_close_after_an_informational_answer_is_a_close_before_any_answer(autojump_clock) -> None:
+    """A `100 Continue` is not the answer: a connection closed after it is lost unanswered, so a reused one is replaced."""
+    continue_ = h11.InformationalResponse(status_code=100, headers=[])
+    failure = await scripted_failure([continue_, CLOSE])
+    assert (type(failure), str(failure), failure.answered) == (
+        ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
+    server, record = await scripted_rollout(calling_answer(), [continue_, CLOSE], completed_answer())
+    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
+
+
+async def test_a_refusal_after_a_lost_request_ends_the_recovery_at_its_status(autojump_clock) -> None:
+    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+    refusal = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+    _, record = await scripted_rollout([CLOSE], json_answer(429, refusal), policy=policy)
+    assert (record.status, record.reconnects, record.recovery_seconds) == ("error:rate_limit_exceeded", 1, [0.5])

@@ -73,14 +73,15 @@ class HttpConnection:
         self._release.set()
 
     async def _next_event(self, answered: bool) -> Any:
+        """The server's next event of the answer in progress. A close before the answer's end is h11's
+        `RemoteProtocolError` (a close is a `ConnectionClosed` event only between answers, where this
+        is never called; a body delimited by the close ends with `EndOfMessage`)."""
         while True:
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
                 raise ConnectionLost(str(exc), answered=answered) from None
             if event is not h11.NEED_DATA:
-                if isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionLost("the server closed the connection", answered=answered)
                 return event
             try:
                 data = await self.stream.receive_some(65536)
@@ -135,7 +136,7 @@ class HttpConnection:
                 break
         if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
             self.conn.start_next_cycle()
-        assert end is not None
+        assert end is not None  # the parser refuses a body that ends before an end event
         return end
 
     async def _read_body(self) -> bytes:
@@ -347,8 +348,9 @@ async def _post_with_retries(pool: ConnectionPool, data: bytes, headers: list[tu
         failed = end is None or (end["type"] == "response.failed" and policy is not None and policy.retry_failed_responses)
         if not failed or policy is None:
             if failed_at is not None:
-                answered = [t for t, direction, _ in record.timeline[seen:] if direction == "recv"]
-                record.recovery_seconds.append((answered[0] if answered else trio.current_time()) - failed_at)
+                # An answer is on the timeline: its events, or the refusal's status (`HttpConnection.post`).
+                answered_at = next(t for t, direction, _ in record.timeline[seen:] if direction == "recv")
+                record.recovery_seconds.append(answered_at - failed_at)
             return end
         failed_at = trio.current_time() if failed_at is None else failed_at
         if end is not None:

@@ -9,6 +9,7 @@ so a regression fails the test instead of hanging it.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from websockets.sync.client import connect as ws_connect
@@ -40,6 +41,9 @@ def test_a_server_process_prints_more_than_a_pipe_holds_and_keeps_serving() -> N
     # SIGTERM drained it and it exited by itself; its output was read to the end: the address and
     # configuration, one access-log line per refused frame, then the drain's two lines.
     assert process.returncode == 0
-    assert list(output.tail)[-2:] == ["SIGTERM: draining (0 WebSocket connections, 0 HTTP responses in flight)\n", "drained\n"]
+    draining, drained = list(output.tail)[-2:]
+    # The client's close handshake can end before the server's session has: the drain may still count it.
+    assert re.fullmatch(r"SIGTERM: draining \([01] WebSocket connections, 0 HTTP responses in flight\)\n", draining), draining
+    assert drained == "drained\n"
     assert output.lines > REFUSED_FRAMES and output.bytes > 2 * PIPE_BYTES
     assert sum("error:unknown_event_type" in line for line in output.tail) == len(output.tail) - 2

@@ -278,3 +278,21 @@ def test_a_tornado_figures_legend_title_and_margins(tmp_path, drawn):
     assert all(0 < b.x0 and b.x1 < 1 and 0 < b.y0 and b.y1 <= 0.96 for b in boxes)
     assert boxes[1].x1 < boxes[2].x0 and boxes[2].x1 > 0.9
     assert to_rgba(lg.legend_handles[0].get_facecolor()) == to_rgba(figures.TORNADO_LOW)
+
+
+def test_a_tornado_draws_six_parameters_unless_told_otherwise():
+    fig, ax = plt.subplots()
+    bars = tuple((f"p{k}", 10.0 - k - 1, 10.0 + k + 1) for k in range(8))
+    figures.tornado(ax, figures.TornadoPanel("T", 10.0, bars))
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["p7", "p6", "p5", "p4", "p3", "p2"]
+    plt.close(fig)
+
+
+def test_a_tornado_figure_of_many_rows_leaves_the_top_to_its_title_and_legend(tmp_path, drawn):
+    figs, _ = drawn
+    path = figures.tornado_figure([PANEL] * 12, tmp_path / "a" / "b" / "t.svg", title="Twelve conclusions")
+    assert path.read_text() == "t.svg"  # every missing folder made
+    (fig,) = figs
+    assert tuple(fig.get_size_inches()) == (15.0, 9.6)
+    tops = [a.get_position().y1 for a in fig.axes]
+    assert max(tops) <= 0.96 and min(a.get_position().y0 for a in fig.axes) > 0

@@ -122,6 +122,9 @@ def test_compares_bars_whiskers_and_dots_are_each_designs_colour_and_black(tmp_p
          [("_", 6.0, [200.0, 50.0], BLACK), ("_", 6.0, [200.0, 50.0], BLACK)]),
         ([((xs[5], 50.0), (xs[5], 58.0))], [BLACK], [1.0], [("_", 6.0, [None, 50.0], BLACK), ("_", 6.0, [None, 58.0], BLACK)])]
     assert nan_free(p.get_height() for p in ttft_ax.patches) == [200.0, None, 200.0, 50.0, None, 50.0]
+    # Whiskers only: no line joins a design's p50s across speeds.
+    for ax in (e2e_ax, ttft_ax):
+        assert [c.lines[0] for c in ax.containers if type(c).__name__ == "ErrorbarContainer"] == [None, None, None]
     # Every task a small translucent black dot above the bars; the task beyond the scale a triangle on the top edge,
     # drawn whole (not clipped), with its value 4 points above it.
     dot = (0.0, 0.0, 0.0, 0.35)

@@ -299,3 +299,8 @@ def test_a_tornado_figure_of_many_rows_leaves_the_top_to_its_title_and_legend(tm
     assert tuple(fig.get_size_inches()) == (15.0, 9.6)
     tops = [a.get_position().y1 for a in fig.axes]
     assert max(tops) <= 0.96 and min(a.get_position().y0 for a in fig.axes) > 0
+
+
+def test_compares_figure_is_written_under_folders_that_do_not_exist_yet(tmp_path, drawn):
+    path = figures.compare_figure([], [task_row(SUSPENDED, 65, 3.0)], tmp_path / "a" / "b" / "c.svg")
+    assert path.read_text() == "c.svg"

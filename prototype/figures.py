@@ -458,7 +458,7 @@ def compare_figure(
 
     # Every task as a dot; the scale stops above the highest p90 so the bars stay readable, and a
     # task beyond it is drawn as a triangle on the top edge with its value.
-    top = max((np.percentile(v, 90) for _, e2e in e2e_points for v in e2e if v.size), default=1.0) * 1.3
+    top = max(np.percentile(v, 90) for _, e2e in e2e_points for v in e2e if v.size) * 1.3
     for xs, e2e in e2e_points:
         for xj, values in zip(xs, e2e):
             inside, beyond = values[values <= top], values[values > top]

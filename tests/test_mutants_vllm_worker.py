@@ -14,6 +14,7 @@ import io
 import json
 import os
 import sys
+import threading
 import types
 from types import SimpleNamespace
 
@@ -464,6 +465,14 @@ def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new
         await worker.handle({"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
         await settle()
         assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
+        script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
+        await settle()
+        assert out.take() == [
+            {"type": "tokens", "rid": "h", "n": 1, "first": {
+                "cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,
+                "prompt_tokens": 10}},
+            {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
+        ]
         assert engine.inputs_ended["h"] is False
         assert await worker.handle({"op": "close", "rid": "h"}) is True
         await settle()
@@ -607,3 +616,25 @@ def test_an_engine_that_cannot_start_is_said_on_the_protocol_stream(fake_vllm, t
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert fds.out_path.read_text() == (
         '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n')
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_stdin_reader_does_not_keep_the_worker_process_alive_after_shutdown(fake_vllm, tmp_path, monkeypatch):
+    """The client may keep the worker's stdin open after `shutdown`: the thread blocked reading it must
+    be a daemon, or the interpreter would wait for it at exit and the process would not end."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'{"op": "shutdown"}\n')
+    stdin = os.fdopen(read_end, "r")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    before = set(threading.enumerate())
+    try:
+        with RedirectedFds(tmp_path, monkeypatch) as fds:
+            asyncio.run(vllm_worker._main(dict(SETTINGS)))
+        readers = [thread for thread in threading.enumerate() if thread not in before]
+        assert len(readers) == 1 and readers[0].is_alive() and readers[0].daemon
+        assert [json.loads(line)["type"] for line in fds.out_path.read_text().splitlines()] == ["ready"]
+    finally:
+        os.close(write_end)  # the reader sees the end of its stdin and stops
+        for thread in set(threading.enumerate()) - before:
+            thread.join(10)
+        stdin.close()

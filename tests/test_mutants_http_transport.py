@@ -146,19 +146,26 @@ async def post_stream(client: Raw, metadata: dict[str, str]) -> list[dict[str, A
     return [json.loads(line[6:]) for line in reply.body.split(b"\n") if line.startswith(b"data: ")]
 
 
+def stream_in_background(nursery: trio.Nursery, client: Raw) -> dict[str, Any]:
+    """POST the long streamed response on `client` in a task of its own; the returned dict gets its
+    `events` and the virtual time it `ended_at`."""
+    seen: dict[str, Any] = {}
+
+    async def stream() -> None:
+        seen["events"] = await post_stream(client, LONG)
+        seen["ended_at"] = trio.current_time()
+
+    nursery.start_soon(stream)
+    return seen
+
+
 async def test_a_drain_returns_when_the_last_http_response_ends(autojump_clock, nursery) -> None:
     """A drain waits for the response in flight (4 s) within its grace, closes the idle
     keep-alive connection at once, and returns as soon as the last connection closed."""
     server = make_server()
     idle, streaming = connect(nursery, server), connect(nursery, server)
     assert (await send_raw(idle, "GET", "/v1/models", [("authorization", "Bearer k")])).status == 200
-    seen: dict[str, Any] = {}
-
-    async def stream() -> None:
-        seen["events"] = await post_stream(streaming, LONG)
-        seen["ended_at"] = trio.current_time()
-
-    nursery.start_soon(stream)
+    seen = stream_in_background(nursery, streaming)
     await trio.sleep(1.0)
     with trio.fail_after(WAIT):
         await drain(server, 30.0)
@@ -173,13 +180,7 @@ async def test_a_drain_returns_when_the_last_http_response_ends(autojump_clock, 
 async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(autojump_clock, nursery) -> None:
     server = make_server()
     streaming = connect(nursery, server)
-    seen: dict[str, Any] = {}
-
-    async def stream() -> None:
-        seen["events"] = await post_stream(streaming, LONG)
-        seen["ended_at"] = trio.current_time()
-
-    nursery.start_soon(stream)
+    seen = stream_in_background(nursery, streaming)
     await trio.sleep(1.0)
     with trio.fail_after(WAIT):
         await drain(server, 0.5)

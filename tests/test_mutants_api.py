@@ -8,12 +8,14 @@ reach a client as 400s); every refusal is compared whole.
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from prototype import workload as wl
+from prototype.api import store as store_module
 from prototype.api import workloads
 from prototype.api.store import ResponseStore, StoredTurn
 from prototype.api.workloads import WorkloadCatalog, decode_rate, decode_rate_override
@@ -203,3 +205,83 @@ def test_a_file_store_is_shared_by_processes_in_wal_mode_and_each_write_is_commi
     with pytest.raises(sqlite3.ProgrammingError):
         store.get("resp_1")
     assert ResponseStore()._db.execute("PRAGMA journal_mode").fetchone()[0] == "memory"
+
+
+def _open_store_at_once(path: str, start: multiprocessing.synchronize.Barrier, outcome: multiprocessing.Queue) -> None:
+    start.wait()
+    try:
+        ResponseStore(path).close()
+        outcome.put("opened")
+    except sqlite3.Error as error:
+        outcome.put(repr(error))
+
+
+def test_processes_that_open_one_new_file_store_at_the_same_moment_all_open_it(tmp_path):
+    # `serve --workers 4` on a new file: without the retried switch to WAL, one trial in ten here
+    # had a worker fail with "database is locked" (SQLite's deadlock answer skips the busy handler).
+    context = multiprocessing.get_context("fork")
+    for trial in range(20):
+        path = str(tmp_path / f"responses-{trial}.sqlite")
+        start, outcome = context.Barrier(4), context.Queue()
+        openers = [context.Process(target=_open_store_at_once, args=(path, start, outcome)) for _ in range(4)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(timeout=60)
+        assert sorted(outcome.get(timeout=10) for _ in openers) == ["opened"] * 4, f"trial {trial}"
+
+
+class RefusingConnection:
+    """A connection whose `PRAGMA journal_mode=WAL` is refused with `errors` first, then done."""
+
+    def __init__(self, errors: list[sqlite3.OperationalError]) -> None:
+        self.errors = errors
+        self.statements: list[str] = []
+
+    def execute(self, statement: str) -> None:
+        self.statements.append(statement)
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def sqlite_error(message: str, code: int) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = code
+    return error
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_switch_to_wal_is_retried_while_busy_and_gives_up_at_the_busy_timeout(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(store_module.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(store_module.time, "sleep", clock.sleep)
+    busy = sqlite3.SQLITE_BUSY
+    db = RefusingConnection([sqlite_error("database is locked", busy) for _ in range(3)])
+    store_module._switch_to_write_ahead_log(db)
+    assert db.statements == ["PRAGMA journal_mode=WAL"] * 4
+    assert clock.now == pytest.approx(100.015)  # three waits of 5 ms
+    # Any other error is the caller's at once: a read-only file, say.
+    other = sqlite_error("attempt to write a readonly database", sqlite3.SQLITE_READONLY)
+    db = RefusingConnection([other])
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        store_module._switch_to_write_ahead_log(db)
+    assert caught.value is other and len(db.statements) == 1
+    # Busy for longer than the 30 s busy timeout: the last refusal is raised.
+    clock.now = 100.0
+    refusals = [sqlite_error("database is locked", busy) for _ in range(7000)]
+    db = RefusingConnection(list(refusals))
+    with pytest.raises(sqlite3.OperationalError) as caught:
+        store_module._switch_to_write_ahead_log(db)
+    tries = len(db.statements)
+    assert tries in (6001, 6002)  # every 5 ms from 0 to 30 s; a float sum of 5 ms steps lands either side of 30 s
+    assert caught.value is refusals[tries - 1] and clock.now - 100.0 == pytest.approx(30.0, abs=0.005)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from typing import Any
 
 import attrs
@@ -44,6 +45,30 @@ def _item_from_record(record: dict[str, Any]) -> Item:
     return item
 
 
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _switch_to_write_ahead_log(db: sqlite3.Connection) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while another connection holds the lock it needs.
+
+    The switch reads the file under a shared lock and then asks for an exclusive one. When several
+    processes open one new file at once (the workers of `serve --workers N`), two can each hold the
+    shared lock and want the exclusive one; SQLite then answers SQLITE_BUSY at once, without calling
+    the busy handler, to avoid the deadlock (https://www.sqlite.org/c3ref/busy_handler.html). The
+    other opener finishes within milliseconds, so trying again succeeds; the file stays in WAL mode
+    from then on, and later opens find it there.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
+
+
 @attrs.frozen
 class StoredTurn:
     id: str
@@ -64,8 +89,8 @@ class ResponseStore:
             # transaction (milliseconds) instead of failing with "database is locked". Set first:
             # switching to WAL takes a lock too. The bound is generous because a lock holder on a
             # loaded machine can wait seconds for a core.
-            self._db.execute("PRAGMA busy_timeout=30000")
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            _switch_to_write_ahead_log(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
 

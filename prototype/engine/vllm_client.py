@@ -39,6 +39,11 @@ START_TIMEOUT_S = 900.0
 # Events waiting per request before the reader blocks: one per sampled token at most.
 EVENT_BUFFER = 100_000
 MAX_LINE_BYTES = 64 * 1024 * 1024  # the largest event or request: a long prompt's ids as JSON
+# On stopping, how long the worker has to exit after the shutdown request, then after SIGTERM
+# before it is killed; named so that the tests of stopping (tests/test_mutants_vllm_process.py)
+# can shorten them.
+SHUTDOWN_WAIT_S = 30.0
+TERMINATE_WAIT_S = 10.0
 
 
 class VllmUnavailable(Exception):
@@ -295,7 +300,7 @@ async def open_vllm_process(spec: ModelSpec, *, python: str | os.PathLike | None
                 try:
                     yield client
                 finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(30):
+                    with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_WAIT_S):
                         try:
                             await client.shutdown()
                         except (WorkerFailed, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -304,7 +309,7 @@ async def open_vllm_process(spec: ModelSpec, *, python: str | os.PathLike | None
         finally:
             if process.returncode is None:
                 process.terminate()
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                with trio.CancelScope(shield=True), trio.move_on_after(TERMINATE_WAIT_S):
                     await process.wait()
                 if process.returncode is None:
                     process.kill()
@@ -341,10 +346,10 @@ class WorkerProcess:
         try:
             self.popen.stdin.write(encode({"op": "shutdown"}))
             self.popen.stdin.flush()
-            self.popen.wait(timeout=30)
+            self.popen.wait(timeout=SHUTDOWN_WAIT_S)
         except (BrokenPipeError, subprocess.TimeoutExpired):
             self.popen.terminate()
             try:
-                self.popen.wait(timeout=10)
+                self.popen.wait(timeout=TERMINATE_WAIT_S)
             except subprocess.TimeoutExpired:
                 self.popen.kill()

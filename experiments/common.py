@@ -111,6 +111,12 @@ def server_process(*args: str, output: ServerOutput | None = None) -> Iterator[t
             line = first_line.get(timeout=SERVER_START_SECONDS)
         except queue.Empty:
             raise RuntimeError(f"server printed nothing in {SERVER_START_SECONDS:g} s") from None
+        if not line:  # end of file before the address: the server exited (a worker that failed, a bad option)
+            try:
+                code = process.wait(timeout=SERVER_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise RuntimeError(f"server exited (exit code {code}) before it listened; its error output (stderr) says why")
         if "listening on" not in line:
             raise RuntimeError(f"server did not start: {line!r}")
         port = int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])

@@ -47,3 +47,12 @@ def test_a_server_process_prints_more_than_a_pipe_holds_and_keeps_serving() -> N
     assert drained == "drained\n"
     assert output.lines > REFUSED_FRAMES and output.bytes > 2 * PIPE_BYTES
     assert sum("error:unknown_event_type" in line for line in output.tail) == len(output.tail) - 2
+
+
+def test_a_server_that_exits_before_it_listens_is_reported_with_its_exit_code(tmp_path) -> None:
+    # serve refuses a --store whose folder does not exist (exit code 2) and prints nothing on stdout.
+    missing = tmp_path / "no-such-folder" / "responses.sqlite"
+    with pytest.raises(RuntimeError) as caught:
+        with server_process("--costs", "zero", "--store", str(missing)):
+            pass
+    assert str(caught.value) == "server exited (exit code 2) before it listened; its error output (stderr) says why"

@@ -3,6 +3,7 @@ as a subprocess. Every wait is bounded, so a broken server fails a test instead 
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pathlib
 import queue
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from multiprocessing import forkserver
 
 import pytest
 
@@ -37,6 +39,24 @@ def sweep_cache(tmp_path_factory):
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = saved
+
+
+def _forget_the_parents_fork_server_and_dask_thread() -> None:
+    """In a forked child: mutmut runs the tests once in its own process, then each mutant's tests in a
+    fork of it, which inherits two things that only the parent can use. multiprocessing's fork server
+    (started by the sweep runner's `Processes`) is not the fork's child: `os.waitpid` on it raises
+    ChildProcessError, so every pool fails, and its workers would carry the first run's environment, not
+    the mutant's. Dask's offload executor (`distributed.utils._offload_executor`, one thread that
+    (de)serialises messages) believes its thread runs, but a fork has none, so every Dask map waits
+    forever. The child starts its own of each on first use."""
+    server = forkserver._forkserver
+    server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+    utils = sys.modules.get("distributed.utils")
+    if utils is not None:
+        utils._offload_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="Dask-Offload")
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_fork_server_and_dask_thread)
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
 """The sweep runner outside its cache key, held to exact values (prototype/sweep.py): a script's function taken
 from its module, the cache's folder and files, the executor each command-line choice gives, the runner built
-from the command line, measured runs, and the executor a single pending run takes."""
+from the command line, measured runs, the executor a single pending run takes, and the worker-process and
+Dask executors (Dask's workers as threads of this process, which mutmut's runs reach)."""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import os
 import pickle
@@ -208,3 +210,107 @@ def test_a_grid_of_a_python_m_scripts_function_runs_its_modules_function(monkeyp
 def test_a_callable_without_a_name_and_no_description_is_shown_as_runs(capsys):
     assert sweep.measured(functools.partial(double), [1]) == [2]
     assert "runs: 100%" in capsys.readouterr().err
+
+
+# --- the worker-process and Dask executors ------------------------------------------------------
+
+
+def parent_pid(config):
+    """A run that answers with its configuration and the process that started its worker."""
+    return config, os.getppid()
+
+
+def fail_on_two(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    return 2 * config
+
+
+def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypatch):
+    made = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, mp_context=None, **kwargs):
+            made.append((max_workers, mp_context and mp_context.get_start_method()))
+            super().__init__(max_workers, mp_context=mp_context, **kwargs)
+
+    monkeypatch.setattr(sweep.concurrent.futures, "ProcessPoolExecutor", Recording)
+    pairs = sorted(sweep.Processes(5).map_unordered(parent_pid, [(0, "a"), (1, "b")]))
+    assert [(index, config) for index, (config, _) in pairs] == [(0, "a"), (1, "b")]
+    # Started by the fork server, not forked from this process (they inherit none of its threads).
+    assert all(ppid != os.getpid() for _, (_, ppid) in pairs)
+    assert made == [(2, "forkserver")]  # no more workers than runs
+    assert sorted(sweep.Processes(2).map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+    assert made[1:] == [(2, "forkserver")]  # no more workers than asked for
+
+
+def test_a_failing_run_in_a_worker_process_reaches_the_caller():
+    with pytest.raises(ValueError, match="^run 2 failed$"):
+        list(sweep.Processes(2).map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
+
+
+def test_dask_defaults_and_closing_what_never_started():
+    executor = sweep.Dask()
+    assert (executor.address, executor.jobs, executor.processes, executor.name) == ("local", None, True, "dask local")
+    assert (executor.cluster, executor._client) == (None, None)
+    executor.close()  # a grid served from the cache started nothing, and closes nothing
+    executor.close()
+    assert (executor.cluster, executor._client) == (None, None)
+    assert sweep.Dask("tcp://h:8786", jobs=3, processes=False).name == "dask tcp://h:8786"
+
+
+def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monkeypatch):
+    executor = sweep.Dask(jobs=2, processes=False)  # workers are threads of this process
+    try:
+        client, cluster = executor.client, executor.cluster
+        assert executor.client is client  # connected once
+        submitted = []
+        submit = client.submit
+
+        def recording(*args, **kwargs):
+            submitted.append(submit(*args, **kwargs))
+            return submitted[-1]
+
+        monkeypatch.setattr(client, "submit", recording)
+        jobs = [(0, 1), (1, 2), (2, 3)]
+        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        first = {future.key for future in submitted}
+        assert len(first) == 3 and all(key.startswith("_call-") for key in first)
+        submitted.clear()
+        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        # pure=False: each map's runs are new tasks; the cache, not Dask's memory, decides what is computed again.
+        assert not first & {future.key for future in submitted}
+        with pytest.raises(ValueError, match="^run 2 failed$"):
+            list(executor.map_unordered(fail_on_two, jobs))
+        submitted.clear()
+        runs = executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])
+        index, value = next(runs)
+        assert value == 2 * [0, 1, 3][index]
+        runs.close()  # the consumer stops early: every future of the map is cancelled
+        assert [future.status for future in submitted] == ["cancelled"] * 3
+    finally:
+        executor.close()
+    assert (executor.cluster, executor._client) == (None, None)
+    assert client.status == "closed" and cluster.status.name == "closed"
+    executor.close()
+    assert (executor.cluster, executor._client) == (None, None)
+
+
+def other_code():
+    return "other"
+
+
+def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
+    monkeypatch.setattr(sweep, "_worker_code_version", other_code)  # what every worker answers
+    mine = sweep._default_code_version()
+    executor = sweep.Dask(jobs=1, processes=False)
+    closed = []
+    close = executor.close
+    monkeypatch.setattr(executor, "close", lambda: closed.append((executor._client, executor.cluster)) or close())
+    with pytest.raises(RuntimeError) as refused:
+        executor.client  # noqa: B018 - connecting is what checks
+    assert str(refused.value) == (f"Dask workers at local run other code (versions ['other']; this process {mine}): "
+                                  "install the same checkout on every worker")
+    [(client, cluster)] = closed
+    assert client.status == "closed" and cluster.status.name == "closed"
+    assert (executor.cluster, executor._client) == (None, None)

@@ -210,7 +210,9 @@ def test_the_code_version_keys_the_cache(tmp_path, monkeypatch):
     runner.map(benchmark.design_rows, grid)
     assert (runner.executed, runner.cached) == (1, 1)
     # Any edit to the package's sources (a default of the model, say) is a new code version: nothing is served.
-    monkeypatch.setattr(sweep, "_default_code_version", lambda: "edited")
+    # (Patched in `code_version`, which every run function's version is computed from: also a function
+    # wrapped by mutmut's trampoline, whose file lies outside the package.)
+    monkeypatch.setattr(sweep, "code_version", lambda roots=None, extra_files=(): "edited")
     runner.map(benchmark.design_rows, grid)
     assert (runner.executed, runner.cached) == (2, 1)
 
@@ -309,6 +311,46 @@ def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_v
     module = importlib.reload(module)
     assert runner.map(module.row, [Toy(1)]) == [{"value": 2, "config": Toy(1)}]
     assert (runner.executed, runner.cached) == (2, 1)
+
+
+DECORATORS = """import functools
+
+def logged(fn):
+    @functools.wraps(fn)
+    def wrapper(config):
+        return fn(config)
+    return wrapper
+"""
+
+
+def test_an_edit_to_a_decorated_run_functions_own_file_is_a_new_code_version(tmp_path, monkeypatch):
+    # A script's run function wrapped by a decorator of the package (functools.wraps): the wrapper's code is
+    # the package's, the function's own file lies outside it, and an edit to that file is a new code version.
+    import importlib
+
+    package, outside = tmp_path / "package", tmp_path / "outside"
+    package.mkdir()
+    outside.mkdir()
+    (package / "decorators.py").write_text(DECORATORS)
+    monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
+    import_fresh(monkeypatch, package, "decorators")
+
+    def write_script(value: int) -> None:
+        (outside / "decorated_runs.py").write_text(
+            f"from decorators import logged\n\n@logged\ndef row(config):\n    return {{'value': {value}}}\n")
+
+    write_script(1)
+    module = import_fresh(monkeypatch, outside, "decorated_runs")
+    runner = toy_runner(tmp_path)
+    assert runner.map(module.row, [Toy(1)]) == runner.map(module.row, [Toy(1)]) == [{"value": 1}]
+    assert (runner.executed, runner.cached) == (1, 1)
+    write_script(2)
+    module = importlib.reload(module)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
+    assert (runner.executed, runner.cached) == (2, 1)
+    (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
+    assert (runner.executed, runner.cached) == (3, 1)
 
 
 def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):

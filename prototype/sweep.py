@@ -152,10 +152,6 @@ def dependency_versions() -> dict[str, str]:
     return versions
 
 
-# A `__wrapped__` chain is followed this far at most (one that loops back on itself ends here).
-_MOST_WRAPPERS = 100
-
-
 def _with_dependencies(code: str) -> str:
     return hashlib.sha256(json.dumps([code, dependency_versions()], sort_keys=True).encode()).hexdigest()[:16]
 
@@ -170,9 +166,10 @@ def _function_version(fn: Callable[..., Any]) -> str:
     """The code version, counting the function's own file when it lies outside the package roots, and
     the files of the functions a decorator wrapped it around (`functools.wraps`' `__wrapped__`): a
     script's run function decorated with the package's decorator is code of the script's file."""
-    chain = [fn]
-    while hasattr(chain[-1], "__wrapped__") and len(chain) < _MOST_WRAPPERS:
-        chain.append(chain[-1].__wrapped__)
+    chain, seen = [fn], {id(fn)}
+    while (inner := getattr(chain[-1], "__wrapped__", None)) is not None and id(inner) not in seen:  # a loop ends
+        seen.add(id(inner))
+        chain.append(inner)
     roots = _source_roots()
     outside = {path for path in (Path(inspect.getfile(f)).resolve() for f in chain)
                if not any(path.is_relative_to(root) for root in roots)}

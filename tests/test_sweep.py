@@ -353,6 +353,21 @@ def test_an_edit_to_a_decorated_run_functions_own_file_is_a_new_code_version(tmp
     assert (runner.executed, runner.cached) == (3, 1)
 
 
+def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
+    def row(config):
+        return config
+
+    def inner(config):
+        return row(config)
+
+    def outer(config):
+        return inner(config)
+
+    # A decorator's mistake: a loop, and one that does not come back to the first function. The version still comes back.
+    outer.__wrapped__, inner.__wrapped__, row.__wrapped__ = inner, row, inner
+    assert sweep._function_version(outer) == sweep._function_version(row) == sweep._function_version(described)
+
+
 def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
     # The package's sources edited between two grids of one process: the second grid's rows are computed
     # afresh, never served from the first's.

@@ -255,7 +255,7 @@ class FakeClock:
         self.now = 100.0
 
     def monotonic(self) -> float:
-        return self.now
+        return round(self.now, 9)  # 6,000 steps of 5 ms land on 30 s exactly, not a float's sum either side of it
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -282,6 +282,5 @@ def test_the_switch_to_wal_is_retried_while_busy_and_gives_up_at_the_busy_timeou
     db = RefusingConnection(list(refusals))
     with pytest.raises(sqlite3.OperationalError) as caught:
         store_module._switch_to_write_ahead_log(db)
-    tries = len(db.statements)
-    assert tries in (6001, 6002)  # every 5 ms from 0 to 30 s; a float sum of 5 ms steps lands either side of 30 s
-    assert caught.value is refusals[tries - 1] and clock.now - 100.0 == pytest.approx(30.0, abs=0.005)
+    assert len(db.statements) == 6001  # every 5 ms from 0 to 30 s, that last one included
+    assert caught.value is refusals[6000] and clock.monotonic() == 130.0

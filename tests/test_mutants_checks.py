@@ -67,3 +67,14 @@ def test_an_output_whose_call_is_unknown_or_answered_is_refused_as_the_public_ap
         with pytest.raises(ProtocolError) as refused:
             ledger.absorb(items, start=3)  # the items' first index in the request's input
         assert (refused.value.code, refused.value.message, refused.value.param) == (INVALID_FUNCTION_CALL_OUTPUT, message, param)
+
+
+def test_an_answered_twice_output_is_placed_by_its_offset_after_start_which_defaults_to_0() -> None:
+    ledger = CallLedger()
+    ledger.absorb([user(), call("a"), FunctionCallOutput("a", "x")])
+    with pytest.raises(ProtocolError) as refused:
+        ledger.absorb([user(), Message("developer", (("input_text", "again"),)), FunctionCallOutput("a", "again")], start=3)
+    assert refused.value.param == "input[5]"
+    with pytest.raises(ProtocolError) as refused:
+        ledger.absorb([FunctionCallOutput("a", "again")])  # no start: the items begin the input
+    assert refused.value.param == "input[0]"

@@ -184,6 +184,19 @@ REFUSED = [
     Refused('include items', {'input': 'x', 'include': ['a', 1]}, ('invalid_type', "Invalid type for 'include': expected an array of strings.", 'include')),
     Refused('reasoning type', {'input': 'x', 'reasoning': 'high'}, ('invalid_type', "Invalid type for 'reasoning': expected an object.", 'reasoning')),
     Refused('tool_choice unknown', {'input': 'x', 'tool_choice': {'type': 'function', 'name': 'nope'}}, ('invalid_value', "Tool choice 'nope' not found in 'tools' parameter.", 'tool_choice')),
+    Refused('multi_agent type', {'model': 'm', 'input': 'x', 'multi_agent': 'x'}, ('invalid_type', "Invalid type for 'multi_agent': expected an object.", 'multi_agent')),
+    Refused('multi_agent no enabled', {'model': 'm', 'input': 'x', 'multi_agent': {}}, ('missing_required_parameter', "Missing required parameter: 'multi_agent.enabled'.", 'multi_agent.enabled')),
+    Refused('multi_agent enabled type', {'model': 'm', 'input': 'x', 'multi_agent': {'enabled': 1}}, ('invalid_type', "Invalid type for 'multi_agent.enabled': expected a boolean.", 'multi_agent.enabled')),
+    Refused('subagents bool', {'model': 'm', 'input': 'x', 'multi_agent': {'enabled': True, 'max_concurrent_subagents': True}}, ('invalid_type', "Invalid type for 'multi_agent.max_concurrent_subagents': expected an integer.", 'multi_agent.max_concurrent_subagents')),
+    Refused('subagents float', {'model': 'm', 'input': 'x', 'multi_agent': {'enabled': True, 'max_concurrent_subagents': 2.0}}, ('invalid_type', "Invalid type for 'multi_agent.max_concurrent_subagents': expected an integer.", 'multi_agent.max_concurrent_subagents')),
+    Refused('subagents low', {'model': 'm', 'input': 'x', 'multi_agent': {'enabled': True, 'max_concurrent_subagents': 0}}, ('integer_below_min_value', "Invalid 'multi_agent.max_concurrent_subagents': integer below minimum value 1.", 'multi_agent.max_concurrent_subagents')),
+    Refused('context_management type', {'model': 'm', 'input': 'x', 'context_management': {}}, ('invalid_type', "Invalid type for 'context_management': expected a non-empty array of objects.", 'context_management')),
+    Refused('context_management empty', {'model': 'm', 'input': 'x', 'context_management': []}, ('invalid_type', "Invalid type for 'context_management': expected a non-empty array of objects.", 'context_management')),
+    Refused('context_management entry type', {'model': 'm', 'input': 'x', 'context_management': [{'type': 'compaction'}, 5]}, ('invalid_type', "Invalid type for 'context_management[1]': expected an object.", 'context_management[1]')),
+    Refused('context_management entry kind', {'model': 'm', 'input': 'x', 'context_management': [{}]}, ('invalid_value', "Invalid 'context_management[0].type': only 'compaction' is supported.", 'context_management[0].type')),
+    Refused('compact_threshold string', {'model': 'm', 'input': 'x', 'context_management': [{'type': 'compaction', 'compact_threshold': '1000'}]}, ('invalid_type', "Invalid type for 'context_management[0].compact_threshold': expected an integer.", 'context_management[0].compact_threshold')),
+    Refused('compact_threshold bool', {'model': 'm', 'input': 'x', 'context_management': [{'type': 'compaction', 'compact_threshold': True}]}, ('invalid_type', "Invalid type for 'context_management[0].compact_threshold': expected an integer.", 'context_management[0].compact_threshold')),
+    Refused('compact_threshold low', {'model': 'm', 'input': 'x', 'context_management': [{'type': 'compaction'}, {'type': 'compaction', 'compact_threshold': 999}]}, ('integer_below_min_value', "Invalid 'context_management[1].compact_threshold': integer below minimum value 1000.", 'context_management[1].compact_threshold')),
 ]
 
 
@@ -241,6 +254,14 @@ def test_a_body_without_a_model_is_refused_after_its_other_faults(model: str | N
     with pytest.raises(ProtocolError) as caught:  # every other check comes first, the metadata's included
         codec.parse_create_body({**body, "metadata": {"k": 1}})
     assert caught.value.param == "metadata.k"
+    # multi_agent and context_management too (they were read after the model's check, so a body without a
+    # model was refused for it whatever else was wrong).
+    with pytest.raises(ProtocolError) as caught:
+        codec.parse_create_body({**body, "multi_agent": {}})
+    assert caught.value.param == "multi_agent.enabled"
+    with pytest.raises(ProtocolError) as caught:
+        codec.parse_create_body({**body, "context_management": []})
+    assert caught.value.param == "context_management"
 
 
 def test_every_field_of_a_full_body_is_kept() -> None:
@@ -276,3 +297,18 @@ def test_encode_is_compact_and_keeps_non_ascii_and_big_integers() -> None:
     assert codec.encode({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'
     assert codec.encode({"n": 2**70}) == '{"n":1180591620717411303424}'
     assert codec.encode({1: "x"}) == '{"1":"x"}'
+
+
+@pytest.mark.parametrize(
+    ("entries", "threshold"),
+    [
+        (None, None),
+        ([{"type": "compaction"}], codec.DEFAULT_COMPACT_THRESHOLD),
+        ([{"type": "compaction", "compact_threshold": None}], codec.DEFAULT_COMPACT_THRESHOLD),
+        ([{"type": "compaction", "compact_threshold": 1000}], 1000),
+        ([{"type": "compaction", "compact_threshold": 5000}, {"type": "compaction", "compact_threshold": 2000}, {"type": "compaction"}], 2000),
+    ],
+)
+def test_the_compact_threshold_is_the_least_of_the_entries(entries: list[dict[str, Any]] | None, threshold: int | None) -> None:
+    """`context_management`: each entry's threshold, the default where it names none; the least wins."""
+    assert codec.parse_create_body({"model": "m", "input": "x", "context_management": entries}).compact_threshold == threshold

@@ -246,6 +246,8 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         raise _type_error("include", "an array of strings")
     reasoning = _optional(body, "reasoning", (dict,), "an object")
     metadata = _parse_metadata(body.get("metadata"))
+    multi_agent = _parse_multi_agent(body.get("multi_agent"))
+    compact_threshold = _parse_compact_threshold(body.get("context_management"))
     if not model:
         # The API requires `model` (it could come from a stored `prompt`, which this server does not support);
         # checked last, so a body with other faults is refused for those first.
@@ -269,8 +271,8 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
         extra_keys=tuple(sorted(key for key in body if key not in _KNOWN_KEYS)),
         include=tuple(include or ()),
         reasoning=reasoning,
-        multi_agent=_parse_multi_agent(body.get("multi_agent")),
-        compact_threshold=_parse_compact_threshold(body.get("context_management")),
+        multi_agent=multi_agent,
+        compact_threshold=compact_threshold,
     )
 
 

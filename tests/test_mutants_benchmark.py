@@ -9,6 +9,7 @@ import math
 
 import attrs
 import pytest
+import trio
 
 from prototype import benchmark, sweep, virtual, workload
 from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts
@@ -16,6 +17,7 @@ from prototype.api.workloads import WorkloadCatalog
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import RolloutRecord, TurnRecord
 from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON
+from prototype.clock import PreciseClock
 from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
 from prototype.engine.vllm_models import TINY_CPU
@@ -378,14 +380,18 @@ def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
         connectors.append((host, network))
         return Counting(host, port, network)
 
+    clocks = []
+
     async def serving(server, port=0, **kwargs):
         ports.append(port)
+        clocks.append(type(trio.lowlevel.current_clock()))  # timers fire at their deadlines, not up to 1 ms after
         return await serve(server, port, **kwargs)
 
     monkeypatch.setattr(benchmark, "TcpConnector", connector)
     monkeypatch.setattr(benchmark, "serve_responses", serving)
     [record] = benchmark.run_design_real("chained", 4000.0, config)
     assert connectors == [("127.0.0.1", config.network)] and ports == [0]  # a port the system picks
+    assert clocks == [PreciseClock]
     assert len(opened) == 1 and opened[0] > 0  # the rollout's connection went over loopback TCP
     assert (record.design, record.workload, record.status, len(record.turns)) == ("chained", "r", "completed", 2)
     assert len(record.response_ids) == 2 and all(turn.server_timing is not None for turn in record.turns)

@@ -86,6 +86,13 @@ def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_cha
     assert cache.get("zz") == (False, None)
 
 
+def test_a_cache_whose_folder_does_not_exist_yet_makes_every_folder_above_the_entry(tmp_path):
+    cache = sweep.Cache(tmp_path / "new" / "cache")
+    cache.put("abcdef", 7)
+    assert (tmp_path / "new" / "cache" / "ab" / "abcdef.pickle").is_file()
+    assert cache.get("abcdef") == (True, 7)
+
+
 def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
     cache = sweep.Cache(tmp_path)
     with pytest.raises(AttributeError, match="Can't pickle local object"):

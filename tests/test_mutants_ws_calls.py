@@ -14,11 +14,12 @@ import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import connect
-from trio_websocket import ConnectionClosed
+from trio_websocket import CloseReason, ConnectionClosed
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.engine.streaming import FaultPlan
+from prototype.server import websocket
 from prototype.server.app import drain
 from prototype.server.config import ServerConfig
 
@@ -211,6 +212,25 @@ async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
     assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
+
+
+async def test_a_write_that_fails_under_a_running_response_records_it_closed_and_stops_the_lanes_worker(autojump_clock, monkeypatch):
+    """A connection whose write fails while the reader still waits (the peer vanished): the running
+    response's record says `closed`, and its lane's worker stops, so the create queued behind it never runs."""
+    original = websocket.WebSocketSession.send
+
+    async def failing(self, event, stream_id=None):
+        if event.type == "response.created":
+            raise ConnectionClosed(CloseReason(1006, None))
+        await original(self, event, stream_id)
+
+    monkeypatch.setattr(websocket.WebSocketSession, "send", failing)
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await quiet(conn)
+    assert [(r["stream_id"], r["outcome"]) for r in server.records] == [(True, "closed")]
 
 
 # --- run_one: what each design is handed ------------------------------------------------------------------

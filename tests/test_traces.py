@@ -408,6 +408,9 @@ BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "li
     # A task's own values are checked when the task is complete: the refusal names that task's first line.
     ("a later task's prefix longer than its prompt", [FIRST, LAST, "", {**FIRST, "task": "b", "prefix_tokens": 20}, {**LAST, "task": "b"}],
      "4", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
+    # A task closed by the next task's first line, not by the end of the file, names its own first line too.
+    ("an earlier task's prefix longer than its prompt", ["", {**FIRST, "prefix_tokens": 20}, LAST, {**FIRST, "task": "b"},
+                                                          {**LAST, "task": "b"}], "2", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
     ("a later task's negative prefix", [FIRST, LAST, {**FIRST, "task": "b", "prefix_tokens": -3}, {**LAST, "task": "b"}],
      "3: prefix_tokens", "prefix_tokens must be >= 0, got -3"),
     ("arrivals of some tasks", [{**FIRST, "arrival_s": 1.0}, LAST, {**FIRST, "task": "b"}, {**LAST, "task": "b"}], "1: arrival_s",
@@ -717,3 +720,74 @@ def test_a_testbed_traces_rounds_are_its_turns_on_a_perfect_prefix_cache(tmp_pat
 def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
     # JSON may escape a lone surrogate into a session id; its task's content seed is made all the same.
     assert content_seed_of_task("s\udc80") != content_seed_of_task("s\udc81")
+
+
+# --- detect and load: which reader, and the refusals before any reader ----------------------------------------------
+
+
+def test_detect_refuses_with_the_file_the_line_and_exactly_why(tmp_path):
+    path = tmp_path / "t.txt"
+
+    def refusal() -> tuple[str, str, int, str | None]:
+        with pytest.raises(traces.TraceError) as refused:
+            traces.detect(path)
+        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
+
+    path.write_bytes(b'{"task": "\xff"}\n')
+    assert refusal() == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
+    path.write_text(" \n\t\n")
+    assert refusal() == (f"{path}:1: empty file", str(path), 1, None)
+    path.write_text("\n\n{not json\n")
+    assert refusal() == (f"{path}:3: invalid JSON (Expecting property name enclosed in double quotes)", str(path), 3, None)
+    path.write_text("\n" + json.dumps({k: 1 for k in "jihgfedcba"}) + "\n")
+    assert refusal() == (f"{path}:2: unknown trace format: a JSON object with keys a, b, c, d, e, f, g, h; expected a "
+                         "testbed trace (task, turn, ...), a TraceLab round (session_id, round_index, ...) or a Codex "
+                         "rollout line (timestamp, type, payload)", str(path), 2, None)
+    path.write_text("\n\n" + "x" * 70 + "\n")
+    assert refusal() == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
+                         "header (input_len,output_len,arrival_time,round_idx,tool_wait_after_ms,prefix_len)",
+                         str(path), 3, None)
+
+
+def test_load_refuses_a_missing_file_an_empty_folder_and_a_folder_rollout_of_another_format(tmp_path):
+    def refusal(path) -> tuple[str, str, int, str | None]:
+        with pytest.raises(traces.TraceError) as refused:
+            traces.load(path)
+        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
+
+    missing = tmp_path / "missing.jsonl"
+    assert refusal(str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
+    folder = tmp_path / "sessions"
+    (folder / "sub").mkdir(parents=True)
+    write_jsonl(folder / "sub" / "other.jsonl", codex_rollout())  # not named rollout-*.jsonl
+    assert refusal(folder) == (f"{folder}:0: folder without rollout-*.jsonl files", str(folder), 0, None)
+    write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
+    bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
+    assert refusal(folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+
+
+def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):
+    folder = tmp_path / "sessions"
+    (folder / "2026").mkdir(parents=True)
+    write_jsonl(folder / "2026" / "rollout-b.jsonl", codex_edge_rollout())
+    write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
+    write_jsonl(folder / "rollout-c.jsonl", [{**line, "payload": {**line["payload"], "id": "s-3"}}
+                                             if line["type"] == "session_meta" else line for line in codex_edge_rollout()])
+    trace = traces.load(str(folder))
+    alone = traces.load(folder / "rollout-a.jsonl")
+    assert (trace.path, trace.format) == (str(folder), "codex")
+    assert (alone.path, alone.format, alone.notes) == (str(folder / "rollout-a.jsonl"), "codex", ())
+    # The files in sorted path order (the subfolder's first), each its own session; the two edge files' notes added up.
+    assert [t.name for t in trace.tasks] == ["s-2", "sess-1", "s-3", "s-2/1", "s-3/1"]
+    assert [r.session for r in trace.rounds] == ["s-2", "s-2", "sess-1", "sess-1", "s-3", "s-3"]
+    assert trace.notes == ("4 tool call(s) have no output item: timed as 0 s",
+                           "6 model output(s) have no token_count after them (interrupted): not replayed",
+                           "2 request(s) ended on a round with client tool calls (interrupted): their last 6 call(s) "
+                           "are not replayed")
+    edge = traces.load(folder / "2026" / "rollout-b.jsonl")
+    assert (edge.path, edge.format) == (str(folder / "2026" / "rollout-b.jsonl"), "codex")
+    assert edge.notes == ("2 tool call(s) have no output item: timed as 0 s",
+                          "3 model output(s) have no token_count after them (interrupted): not replayed",
+                          "1 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) "
+                          "are not replayed")
+    assert [t.name for t in edge.tasks] == ["s-2", "s-2/1"]

@@ -193,7 +193,8 @@ async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock)
         events = await timed_until(conn, *TERMINALS)
     (last_call_at, _), = calls_done(events)
     failed_at, failed = events[-1]
-    assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == "suspension_timeout"
+    assert failed["type"] == "response.failed" and failed["response"]["error"] == {
+        "code": "suspension_timeout", "message": "No response.inject answered the function calls in time; the response was released."}
     assert failed_at - last_call_at == 300.0
 
 
@@ -484,3 +485,17 @@ async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_cloc
 
 async def _answer_into(backend: InjectedOutputs, calls: list[ToolCall], answers: list) -> None:
     answers.extend(await backend.answer(calls))
+
+
+async def test_a_hosted_subagents_response_is_not_continued_from_the_connection_cache(autojump_clock):
+    # Its context is not cached on the lane (hosted subagents are not continued through previous_response_id):
+    # a turn naming it, not stored, is previous_response_not_found.
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+        first = (await until(conn, *TERMINALS))[-1]
+        rid = first["response"]["id"]
+        await send(conn, create_event("go on", previous_response_id=rid))
+        answer = (await until(conn, "error", *TERMINALS))[-1]
+    assert first["type"] == "response.completed"
+    assert (answer["type"], answer["error"]["code"]) == ("error", "previous_response_not_found")

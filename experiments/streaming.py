@@ -36,12 +36,16 @@ Reported per flush setting:
 * `limit_share`: `agg_tokens_per_s` / `limit_tokens_per_s`; `met`: whether the run meets the target
   for an idle machine, `limit_share` >= 0.97 with `lag_n_p50` <= 1%.
 
-The N sessions are spread over `--client-processes` processes (default 4), so the client is not
-one Python thread parsing every event of every session: the figure is the server's capacity as
-far as the machine's cores allow. Every process times with the same system-wide monotonic clock
-(clock.PreciseClock: `time.perf_counter`), so their times compare directly.
+The N sessions are spread over `--client-processes` processes, so the client is not one Python
+thread parsing every event of every session. The default is one process per core the server's one
+process leaves free (the cores this process may run on, less one; at least one): more client
+processes than free cores compete with the server for a core, and the figure would measure that
+competition rather than the server (docs/speed.md: on 2 cores, four client processes used twice
+the CPU of one and waited for a core most of the run). Every process times with the same
+system-wide monotonic clock (clock.PreciseClock: `time.perf_counter`), so their times compare
+directly.
 
-    python -m experiments.streaming [--sessions 100] [--tps 4000] [--output 8000] [--flush-intervals 0.002 ... 0.1] [--client-processes 4]
+    python -m experiments.streaming [--sessions 100] [--tps 4000] [--output 8000] [--flush-intervals 0.002 ... 0.1] [--client-processes N]
 """
 
 from __future__ import annotations
@@ -89,6 +93,11 @@ COLUMNS = (
 # limit, with the sessions' stream lag p50 at most 1%.
 TARGET_LIMIT_SHARE = 0.97
 TARGET_LAG_P50 = 0.01
+
+
+def free_cores() -> int:
+    """The cores this process may run on, less the one the server's process takes; at least one."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def spec_of(prompt: int, output: int) -> str:
@@ -300,7 +309,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--output", type=at_least(1), default=8000, help="output tokens per session (default 8000)")
     add_list(parser, "--flush-intervals", non_negative(float), [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
     add_list(parser, "--flush-tokens", non_negative(int), [0], "most tokens per delta (0: no bound)")
-    parser.add_argument("--client-processes", type=at_least(1), default=4, help="processes the N sessions are spread over (default 4)")
+    parser.add_argument("--client-processes", type=at_least(1), default=free_cores(),
+                        help=f"processes the N sessions are spread over (default {free_cores()}: the cores the server's process leaves free)")
     parser.add_argument("--csv", default="streaming.csv", help="CSV file name in results/streaming/<timestamp>/ (default streaming.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 
 import pytest
 import trio
@@ -436,6 +437,28 @@ def test_each_block_hash_chains_the_previous_one_with_the_blocks_own_ids() -> No
         parent = hash((parent, array("q", ids[b * 16 : (b + 1) * 16]).tobytes()))
         expected.append(parent)
     assert prompt.block_hashes(16) == expected == Prompt(ids).block_hashes(16)
+
+
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    st.sampled_from([list, tuple, lambda ids: array("q", ids), iter]),
+)
+def test_a_prompt_holds_the_same_ids_however_they_are_passed(first, more, kind):
+    # Lists take a faster path (array.fromlist) than other sequences: the ids must not depend on it.
+    prompt = Prompt(kind(first))
+    prompt.extend(kind(more))
+    assert prompt.ids == array("q", first + more) and prompt.ids.typecode == "q"
+    assert prompt.block_hashes(4) == Prompt(array("q", first + more)).block_hashes(4)
+
+
+@pytest.mark.parametrize("kind", [list, tuple, iter])
+@pytest.mark.parametrize("bad", [[1, 2**63], [1, "2"], [1.5]])
+def test_an_id_outside_64_bits_or_not_an_integer_is_refused_and_the_prompt_keeps_its_ids(bad, kind):
+    prompt = Prompt([7, 8])
+    with pytest.raises((OverflowError, TypeError)):
+        prompt.extend(kind(bad))
+    assert prompt.ids == array("q", [7, 8])
 
 
 def test_block_hashes_follow_the_block_size_they_are_asked_for():

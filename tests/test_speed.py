@@ -63,6 +63,18 @@ def test_streaming_runs_at_a_tiny_size(results_in_tmp):
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 
+@pytest.mark.parametrize(("cores", "expected"), [({0}, 1), ({0, 1}, 1), ({0, 3, 5}, 2), (set(range(16)), 15)])
+def test_streaming_spreads_its_sessions_over_the_cores_the_server_leaves_free(monkeypatch, cores, expected):
+    seen = []
+    monkeypatch.setattr(streaming.os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setattr(streaming, "measure", lambda flush, flush_tokens, args: seen.append(args.client_processes) or {"client_processes": args.client_processes})
+    monkeypatch.setattr(streaming, "report", lambda rows, csv, columns: None)
+    streaming.main(["--flush-intervals", "0.05"])
+    assert seen == [expected] and streaming.free_cores() == expected
+    streaming.main(["--flush-intervals", "0.05", "--client-processes", "3"])  # the option still decides
+    assert seen == [expected, 3]
+
+
 async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_hook_returns(autojump_clock):
     # experiments/streaming.py opens every session before any streams: the turns leave the handshakes out.
     # Each rollout on a fresh server, so neither finds the other's prompt in the prefix cache.

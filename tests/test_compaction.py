@@ -22,6 +22,8 @@ from prototype.api.render import preamble_key, render_full
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.designs.compaction import summary_tokens
 from prototype.engine import tokenizer
+from prototype.engine.engine import Engine
+from prototype.engine.memory import SWAP_POLICY
 from prototype.protocol.compaction import window, window_of_dicts
 from prototype.protocol.events import ToolDef
 from prototype.protocol.items import Compaction, Message, parse_item
@@ -45,6 +47,22 @@ async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
         if not calls:
             return turns
         previous, new_input = response["id"], outputs_for(calls, BIG_OUTPUT)
+
+
+async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_instead_of_swapping_it_out(autojump_clock):
+    # SWAP moves a session's KV to the host when its call pauses at a tool call. The summary call of a
+    # compaction is followed at once by the call on the compacted prompt: nothing is swapped out there,
+    # so the chain moves exactly the bytes the same chain moves without compaction (its three pauses).
+    plain_server, compacting_server = (make_server(engine=Engine(retention=SWAP_POLICY)) for _ in range(2))
+    async with ws(plain_server) as conn:
+        plain = await run_chain(conn)
+    async with ws(compacting_server) as conn:
+        compacted = await run_chain(conn, context_management=COMPACTING)
+    assert [e["type"] for _, e in compacted[3]].count("response.compaction.compacting") == 1
+    plain_stats, compacting_stats = plain_server.api.engine.stats, compacting_server.api.engine.stats
+    assert compacting_stats.swap_out_bytes == plain_stats.swap_out_bytes > 0
+    assert compacting_stats.swap_in_bytes == plain_stats.swap_in_bytes
+    assert [t[-1][0] - t[0][0] for t in compacted[:3]] == pytest.approx([t[-1][0] - t[0][0] for t in plain[:3]], rel=1e-12)
 
 
 async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continues(autojump_clock):

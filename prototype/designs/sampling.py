@@ -257,7 +257,10 @@ class SamplingLoop:
         benchmarks divide by a limit that charges exactly the same model (experiments/efficiency.py)."""
         ctx = self.context
         asked = trio.current_time()
-        self.end_model_call(paused=True)
+        # A call still open here is a compaction's summary call (designs/compaction.py): the session
+        # goes on at once with the compacted prompt, not after a tool call, so that call's KV is left
+        # as plain prefix cache, as after a final answer, not swapped out or pinned for a return.
+        self.end_model_call(paused=False)
         call = self.engine_call = await self.api.engine.begin_call(ctx.engine_key, ctx.prompt, pinned=self.pinned_kv)
         if call.queued_s > 0:
             self.log.record(metrics.QUEUE, asked, call.admitted_at)

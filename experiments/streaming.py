@@ -309,8 +309,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--output", type=at_least(1), default=8000, help="output tokens per session (default 8000)")
     add_list(parser, "--flush-intervals", non_negative(float), [0.002, 0.005, 0.01, 0.02, 0.05, 0.1], "delta coalescing intervals in seconds (0: one delta per token)")
     add_list(parser, "--flush-tokens", non_negative(int), [0], "most tokens per delta (0: no bound)")
-    parser.add_argument("--client-processes", type=at_least(1), default=free_cores(),
-                        help=f"processes the N sessions are spread over (default {free_cores()}: the cores the server's process leaves free)")
+    cores = free_cores()
+    parser.add_argument("--client-processes", type=at_least(1), default=cores,
+                        help=f"processes the N sessions are spread over (default {cores}: the cores the server's process leaves free)")
     parser.add_argument("--csv", default="streaming.csv", help="CSV file name in results/streaming/<timestamp>/ (default streaming.csv)")
     args = parser.parse_args(argv)
     raise_fd_limit()

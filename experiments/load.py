@@ -35,11 +35,16 @@ Reported per design and N:
 
 * `workers`: server processes (`serve --workers N`: one port, SO_REUSEPORT); the server's CPU and
   RSS are summed over the parent and its workers;
-* `offered_turns_per_s`: the load the sessions offer, sessions x turns / (modeled turn times + think
-  times of one session): each session sends its next turn a think time (--tool-seconds) after the
-  last one ended. Below saturation `turns_per_s` comes close to it; at saturation it falls behind
-  and the overhead is queueing. --stagger spreads the starts so that a think time's worth of first
-  turns does not arrive at one instant.
+* `offered_turns_per_s`: the load the sessions offer when nothing queues. Session i sends its first
+  request i x --stagger / N seconds in and each next one a modeled turn and a think time
+  (--tool-seconds) after the last ended; `offered_turns_per_s` divides all their turns by the span
+  from the first request to the last turn's modeled end, as `turns_per_s` divides the turns
+  carried by the run's span, so the two agree when nothing queues; below saturation `turns_per_s`
+  comes close to it, at saturation it falls behind and the overhead is queueing.
+  `peak_turns_per_s` is the most requests sent within one second: with a stagger equal to the think
+  time, N / think time, as many as the mean while all sessions are open; with a shorter stagger the
+  turns arrive in waves, N / stagger a second; with none, all N in one instant. --stagger spreads
+  the starts so that a think time's worth of first turns does not arrive at one instant.
 
     python -m experiments.load [--sessions 100 1000] [--turns 5] [--designs suspended chained] [--workers 1 2]
 """
@@ -54,6 +59,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -100,7 +106,7 @@ MODEL = "sim-100000"
 DESIGNS = (SUSPENDED, CHAINED)
 RSS_SAMPLE_S = 0.010
 COLUMNS = (
-    "design", "workers", "sessions", "offered_turns_per_s", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms", "overhead_max_ms",
+    "design", "workers", "sessions", "offered_turns_per_s", "peak_turns_per_s", "turns", "completed", "wall_s", "turns_per_s", "overhead_p50_ms", "overhead_p99_ms", "overhead_max_ms",
     "server_cpu_ms_per_turn", "server_core_share", "server_waiting_share", "client_core_share", "rss_before_mb", "rss_peak_mb", "max_open", "kb_per_session",
     "lost", "duplicated",
 )
@@ -306,6 +312,23 @@ def most_open(records: list[RolloutRecord | None]) -> int:
     return peak
 
 
+def offered_load(modeled: Sequence[float], thinks: Sequence[float], sessions: int, stagger: float) -> tuple[float, float]:
+    """(offered_turns_per_s, peak_turns_per_s) of the module docstring: when each request goes out
+    if nothing queues, session i starting i * stagger / sessions seconds in and sending each next
+    request `modeled[k] + thinks[k]` after turn k's. `modeled`: each turn's modeled seconds;
+    `thinks`: the think time after each turn (after the last: none)."""
+    offsets = [0.0]
+    for turn_seconds, think in zip(modeled[:-1], thinks):
+        offsets.append(offsets[-1] + turn_seconds + think)
+    starts = np.arange(sessions) * stagger / sessions
+    sends = np.sort(np.add.outer(starts, offsets).ravel())
+    span = starts[-1] + offsets[-1] + modeled[-1]
+    # The most sends in a one-second window: the windows that start at a send hold the most;
+    # 1e-9 keeps a send one float step short of a whole second after another out of its window.
+    within = np.searchsorted(sends, sends + 1.0 - 1e-9, side="left") - np.arange(sends.size)
+    return float(sends.size / span), float(within.max())
+
+
 async def run_sessions(
     port: int, pid: int, design: str, workload: Workload, spec: str, sessions: int, stagger: float = 0.0, processes: int = 1
 ) -> dict[str, Any]:
@@ -384,13 +407,14 @@ def measure(
     overheads = [overhead for record in done for overhead in turn_overheads(record, latency)]
     lost, duplicated = tally(out["alone"], records, expected, design)
     turns = sum(len(r.turns) for r in done)
-    # A session's turns over the time it takes when nothing queues: modeled turns plus think times.
-    session_seconds = sum(modeled) + workload.total_tool_seconds
+    thinks = [max(turn.tool_seconds, default=0.0) for turn in workload.turns]
+    offered, peak = offered_load(modeled, thinks, sessions, stagger)
     return {
         "design": design,
         "workers": workers,
         "sessions": sessions,
-        "offered_turns_per_s": sessions * len(modeled) / session_seconds,
+        "offered_turns_per_s": offered,
+        "peak_turns_per_s": peak,
         "turns": turns,
         "completed": len(done),
         "wall_s": out["wall"],

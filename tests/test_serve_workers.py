@@ -67,5 +67,6 @@ def test_the_load_experiment_runs_against_two_workers(tmp_path, monkeypatch):
     modeled = load.reference("chained", *load.task_of(load.LoadRun("chained", 4, 1, 2, 1000, 200, 50, 0.05, 0.0)))
     session_s = sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05
     assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / session_s)
+    assert rows[0]["peak_turns_per_s"] == 8  # all 8 requests within one second (no stagger, 0.05 s think)
     assert all(r["server_cpu_ms_per_turn"] > 0 and r["max_open"] == 4 for r in rows)
     assert (tmp_path / "load" / "latest" / "load.csv").exists()  # a new folder per run

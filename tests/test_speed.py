@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 
+import orjson
 import pytest
 import trio
 import trio.testing
 
-from experiments import concurrency, efficiency, profile_turn, streaming
+from experiments import concurrency, efficiency, idle_cost, profile_turn, streaming
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
@@ -97,6 +98,20 @@ def test_a_client_process_that_cannot_connect_fails_the_streaming_run_at_once():
         port = unused.getsockname()[1]  # closed again: connections are refused
     with pytest.raises(RuntimeError, match="a client process failed"):
         streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
+
+
+def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(results_in_tmp):
+    event = idle_cost.request_event()
+    assert 49_000 <= len(orjson.dumps(event)) <= 51_000
+    step = idle_cost.way_in(event)
+    assert step() == event and step() == event  # one frame after another on the same connection pair
+    rows = idle_cost.main(["--waits-ms", "0.5", "--repeats", "2"])
+    assert [(r["condition"], r["wait_ms"], r["repeats"]) for r in rows] == [
+        ("back to back", 0.0, 2), ("after sleep", 0.5, 2), ("after busy wait", 0.5, 2)
+    ]
+    assert rows[0]["x_back_to_back"] == 1.0
+    assert all(r["median_us"] > 0 and r["x_back_to_back"] == r["median_us"] / rows[0]["median_us"] for r in rows)
+    assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
 
 
 def test_concurrency_runs_at_a_tiny_size(results_in_tmp):

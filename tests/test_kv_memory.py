@@ -861,3 +861,60 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
     assert await evicted_for(60) == ["direct"]
     assert await evicted_for(80) == ["direct", "old"]
     assert await evicted_for(100) == ["direct", "new", "old"]
+
+
+def full_claim(engine: Engine, key: str) -> None:
+    """What `_register` did before it claimed new blocks only: list every full block of the key's
+    entry as held by it (a test-side oracle, independent of who changed the directory last)."""
+    entry = engine.kv.get(key)
+    if entry is not None and key not in engine._isolated:
+        hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]
+        engine._blocks.update(dict.fromkeys(hashes, entry))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from("abc"), st.sampled_from(["grow", "grow", "branch", "release", "isolate"]), st.integers(1, 60), st.floats(0, 400)),
+        max_size=30,
+    ),
+)
+def test_claiming_only_its_new_blocks_lists_the_directory_that_claiming_all_of_them_lists(ops):
+    """An entry that changed the block directory last claims only its new blocks (kv.py `_register`);
+    the directory must be the one a claim of all of them gives, whoever else claimed, branched,
+    was released or isolated in between."""
+    engine = Engine()
+    prompts = {key: prompt(20) for key in "abc"}  # a shared first block: sessions claim it from each other
+    now = 0.0
+    for key, action, size, wait in ops:
+        now += wait
+        if action == "release":
+            engine.release(key)
+        elif action == "isolate":
+            engine.isolate(key)
+        else:
+            if action == "grow":
+                prompts[key].extend(range(size * 7, size * 8))
+            else:  # a new prompt that shares the first `size` ids of the old one
+                prompts[key] = Prompt(list(prompts[key].ids[:size]) + [size] * 30)
+            engine.retain(key, prompts[key], now)
+            listed = dict(engine._blocks)
+            full_claim(engine, key)
+            assert {block: holder.serial for block, holder in listed.items()} == {
+                block: holder.serial for block, holder in engine._blocks.items()
+            }
+
+
+async def test_after_a_sweep_took_its_blocks_an_entry_claims_them_all_again(autojump_clock):
+    # With a TTL of 0 an entry serves nobody even while its call runs, so the sweep that follows
+    # its registration takes its own blocks; its next claim in the same call must list them again.
+    engine = Engine(kv_ttl=0.0)
+    engine._sweep_at = 0  # sweep at the next registration (then back to its usual threshold)
+    p = prompt(40)  # 2 full blocks
+    handle = await engine.begin_call("a", p)
+    engine.retain("a", p, trio.current_time())
+    assert engine._blocks == {}
+    p.extend(range(5000, 5020))  # a 3rd full block
+    engine.retain("a", p, trio.current_time())
+    assert list(engine._blocks) == p.block_hashes(engine.block_size)[:3]
+    engine.end_call(handle)

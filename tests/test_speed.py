@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from experiments import concurrency, efficiency, idle_cost, profile_turn, streaming
+from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
@@ -112,6 +112,23 @@ def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(res
     assert rows[0]["x_back_to_back"] == 1.0
     assert all(r["median_us"] > 0 and r["x_back_to_back"] == r["median_us"] / rows[0]["median_us"] for r in rows)
     assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
+
+
+def test_stack_floor_times_each_segment_of_a_logic_free_turn_and_bounds_the_efficiency(results_in_tmp):
+    rows = stack_floor.main(["--turns", "3", "--wait-s", "0.01"])
+    assert [r["segment"] for r in rows] == [*stack_floor.SEGMENTS, "floor (median turn's sum)"]
+    assert all(r["turns"] == 3 and r["median_ms"] > 0 for r in rows)
+    bounds = [float(rows[-1][column]) for column in stack_floor.BOUND_COLUMNS.values()]
+    assert all(0 < bound < 1 for bound in bounds) and bounds[0] > bounds[1]  # the shorter limit loses more to the same floor
+    assert all(r[column] == "" for r in rows[:-1] for column in stack_floor.BOUND_COLUMNS.values())
+    assert (results_in_tmp / "stack_floor" / "latest" / "stack_floor.csv").exists()
+
+
+def test_the_efficiency_bound_is_the_limit_over_the_limit_plus_the_floor_every_turn():
+    assert stack_floor.efficiency_bound(0.002, 17, 7.384) == pytest.approx(7.384 / 7.418)
+    assert stack_floor.efficiency_bound(0.0, 17, 7.384) == 1.0
+    turns, limit = stack_floor.compact_limit(4000.0)
+    assert (turns, limit) == (17, pytest.approx(7.384, abs=0.0005))  # what experiments.efficiency prints as limit_s
 
 
 def test_concurrency_runs_at_a_tiny_size(results_in_tmp):

@@ -221,10 +221,12 @@ class SamplingLoop:
             # The message was the item in progress; a final answer has nothing left to stop, so it
             # completes normally (and an automatic successor follows it: steering guide).
             steered = not truncated and bool(plan.calls) and self.stop_requested()
+            call_tokens = 0  # counted as streamed, not by tokenizing the arguments again after the last token
             for planned in () if truncated or steered else plan.calls:
                 place = ctx.ledger.offset + len(ctx.items) + len(outputs)  # the call's place in the whole conversation
                 call_id = f"call_{place}" if self.agent is None else f"call_{self.agent}_{place}"
                 pieces = _token_pieces(planned.arguments)
+                call_tokens += len(pieces)
                 call = await self.emitter.function_call(
                     self.api.new_id("fc"),
                     call_id,
@@ -233,9 +235,7 @@ class SamplingLoop:
                 )
                 outputs.append(call)
                 calls.append(call)
-            self.emitter.response.usage.output_tokens += len(words) + sum(
-                len(_token_pieces(c.arguments)) for c in calls
-            )
+            self.emitter.response.usage.output_tokens += len(words) + call_tokens
             self.log.record(metrics.DECODE, start, trio.current_time())
             self.take_outputs(outputs, [*rendered, *render.render_items(calls)])
 

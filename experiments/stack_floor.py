@@ -1,0 +1,161 @@
+"""The least a chained turn's critical path costs on the testbed's stack, with none of its logic.
+
+`experiments.efficiency` sets the testbed against a limit that charges only the model, so its
+figure folds in what any code on the same stack pays per turn: one WebSocket message each way
+through trio, trio-websocket, wsproto and orjson, a timer waking the task at the end of a modeled
+wait, over loopback on this machine. This experiment times that alone. A client and a server
+(trio-websocket over TCP on 127.0.0.1, the testbed's receive buffer, the closing events in one
+write as the testbed's outbox writes them, PreciseClock) play the turns of a chained rollout with
+nothing else to do:
+
+1. the client waits out its tool (`--wait-s`), sends a ~50 KB `response.create` (the size of the
+   efficiency task's chained requests: 48-74 KB) and reads events until `response.completed`;
+2. the server reads and parses the request, waits out the model (`--wait-s` from the arrival)
+   and sends two small closing events and a ~47 KB `response.completed` (the finished response
+   echoes the request's instructions and tools).
+
+Per turn (medians, the first two turns left out as warm-up): `next_request` (tool deadline to the
+request's send), `way_in` (send to the server's parse), `timer_wake` (the model's deadline to the
+server task running), `way_out` (that to the client holding the parsed `response.completed`).
+Their sum is a floor for the testbed's real time per turn beyond the model, and
+`efficiency_bound` turns it into the highest figure `experiments.efficiency` could print on this
+machine for its default task (compact, seed 0, tool times x 0.01: 17 turns, its limit computed
+here on the virtual clock as that experiment computes it) at each speed it has a target for:
+limit / (limit + turns x floor).
+
+    python -m experiments.stack_floor [--turns 20] [--wait-s 0.2]
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from typing import Any
+
+import orjson
+import trio
+import trio_websocket
+
+from prototype import benchmark, netem
+from prototype.api.costs import ZERO_COSTS
+from prototype.cli.common import at_least, positive
+from prototype.clock import PreciseClock
+from prototype.protocol.wire import WS_RECEIVE_BYTES
+from prototype.ws_internals import received_message_nowait, send_messages
+
+from . import efficiency
+from .common import experiment_parser, report
+from .idle_cost import request_event
+
+SEGMENTS = ("next_request", "way_in", "timer_wake", "way_out")
+BOUND_COLUMNS = {tps: f"efficiency_bound_{tps:g}_tps" for tps in efficiency.TARGETS}
+COLUMNS = ("segment", "median_ms", "turns", *BOUND_COLUMNS.values())
+WARM_UP_TURNS = 2
+MAX_MESSAGE_BYTES = 16 * 2**20
+CLOSING_TYPES = ("response.function_call_arguments.done", "response.output_item.done")
+
+
+def turn_messages() -> tuple[str, list[str]]:
+    """The request and the server's closing events, encoded as the testbed sends them."""
+    request = orjson.dumps(request_event()).decode()
+    closing = [orjson.dumps({"type": kind, "sequence_number": i}).decode() for i, kind in enumerate(CLOSING_TYPES)]
+    completed = {"type": "response.completed", "sequence_number": len(closing), "response": request_event(47_000)}
+    return request, [*closing, orjson.dumps(completed).decode()]
+
+
+async def play(turns: int, wait_s: float) -> list[dict[str, float]]:
+    """`turns` chained turns between a client and a server in this process; each turn's segments in seconds."""
+    request, closing = turn_messages()
+    served: list[dict[str, float]] = []
+
+    async def serve(ws_request: trio_websocket.WebSocketRequest) -> None:
+        ws = await ws_request.accept()
+        while True:
+            try:
+                message = await ws.get_message()
+            except trio_websocket.ConnectionClosed:
+                return
+            orjson.loads(message)
+            arrived = trio.current_time()
+            deadline = arrived + wait_s
+            await trio.sleep_until(deadline)
+            woke = trio.current_time()
+            await send_messages(ws, closing)
+            served.append({"arrived": arrived, "deadline": deadline, "woke": woke})
+
+    async def next_event(ws: trio_websocket.WebSocketConnection) -> dict[str, Any]:
+        message = received_message_nowait(ws)
+        return orjson.loads(message if message is not None else await ws.get_message())
+
+    rows = []
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(functools.partial(
+            trio_websocket.serve_websocket, serve, "127.0.0.1", 0, ssl_context=None,
+            max_message_size=MAX_MESSAGE_BYTES, receive_buffer_size=WS_RECEIVE_BYTES,
+        ))
+        url = f"ws://127.0.0.1:{server.port}/v1/responses"
+        async with trio_websocket.open_websocket_url(url, max_message_size=MAX_MESSAGE_BYTES, receive_buffer_size=WS_RECEIVE_BYTES) as ws:
+            tool_end = trio.current_time() + wait_s
+            for _ in range(turns):
+                await trio.sleep_until(tool_end)
+                sent = trio.current_time()
+                await ws.send_message(request)
+                while (await next_event(ws))["type"] != "response.completed":
+                    pass
+                received = trio.current_time()
+                turn = served[-1]
+                rows.append({
+                    "next_request": sent - tool_end,
+                    "way_in": turn["arrived"] - sent,
+                    "timer_wake": turn["woke"] - turn["deadline"],
+                    "way_out": received - turn["woke"],
+                })
+                tool_end = received + wait_s
+        nursery.cancel_scope.cancel()
+    return rows
+
+
+def compact_limit(tps: float) -> tuple[int, float]:
+    """experiments.efficiency's default task (compact, seed 0, tool times x 0.01) at `tps`: its
+    turns and its limit (chained, on the virtual clock), as that experiment computes them."""
+    tasks = efficiency.scaled_tasks(1, 0, 0.01, None)
+    config = benchmark.BenchConfig(task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=benchmark.BENCH_FLUSH_INTERVAL)
+    limit = sum(record.seconds for record in benchmark.run_design_virtual(benchmark.CHAINED, tps, config))
+    return sum(len(task.turns) for task in tasks), limit
+
+
+def measure(turns: int, wait_s: float) -> list[dict[str, Any]]:
+    played = trio.run(play, turns + WARM_UP_TURNS, wait_s, clock=PreciseClock())[WARM_UP_TURNS:]
+    rows: list[dict[str, Any]] = [
+        {"segment": name, "median_ms": 1000 * statistics.median(turn[name] for turn in played), "turns": len(played)}
+        | dict.fromkeys(BOUND_COLUMNS.values(), "")
+        for name in SEGMENTS
+    ]
+    floor = statistics.median(sum(turn[name] for name in SEGMENTS) for turn in played)
+    rows.append({"segment": "floor (median turn's sum)", "median_ms": 1000 * floor, "turns": len(played)} | {
+        column: f"{efficiency_bound(floor, *compact_limit(tps)):.4f}" for tps, column in BOUND_COLUMNS.items()
+    })
+    return rows
+
+
+def efficiency_bound(floor_s: float, turns: int, limit_s: float) -> float:
+    """The highest efficiency a task of `turns` turns and limit `limit_s` could show if every turn
+    cost `floor_s` beyond the model: limit / (limit + turns x floor)."""
+    return limit_s / (limit_s + turns * floor_s)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = experiment_parser(__doc__)
+    parser.add_argument("--turns", type=at_least(1), default=20, help="turns timed, after two of warm-up (default 20)")
+    parser.add_argument("--wait-s", type=positive(float), default=0.2, help="the modeled wait at each end, in seconds (default 0.2)")
+    parser.add_argument("--csv", default="stack_floor.csv", help="CSV file name in results/stack_floor/<timestamp>/ (default stack_floor.csv)")
+    args = parser.parse_args(argv)
+    print(f"{args.turns} chained turns over loopback, {args.wait_s:g} s of tool and of model each, no testbed logic; "
+          f"efficiency_bound: the highest efficiency this floor leaves experiments.efficiency's default task")
+    rows = measure(args.turns, args.wait_s)
+    report(rows, args.csv, COLUMNS)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -6,11 +6,11 @@ a step back to back, with the caches and the branch predictors holding what the 
 shared machine the core's other work evicts that during a wait. This experiment times one fixed
 step of the testbed's own, a chained request's way into the server without the socket and the
 scheduler (the client's wsproto frames and masks a ~50 KB `response.create`, the server's wsproto
-parses and unmasks it, orjson reads the event), in four conditions:
+parses and unmasks it, orjson reads the event), in three conditions:
 
 * `back to back`: right after the same step (the microbenchmark's figure);
-* `after sleep` of W ms: the process blocked in the kernel (`time.sleep`), as trio's run loop is
-  between a turn's events;
+* `after sleep` of W ms (each of `--waits-ms`): the process blocked in the kernel (`time.sleep`),
+  as trio's run loop is between a turn's events;
 * `after busy wait` of W ms: the process kept its core, spinning on the clock; if this is as slow
   as after a sleep, it is the time passing (other work on the core and its caches), not the core
   idling (its frequency, its sleep states), that costs.

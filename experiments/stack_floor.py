@@ -10,12 +10,12 @@ nothing else to do:
 
 1. the client waits out its tool (`--wait-s`), sends a ~50 KB `response.create` (the size of the
    efficiency task's chained requests: 48-74 KB) and reads events until `response.completed`;
-2. the server reads and parses the request, waits out the model (`--wait-s` from the arrival)
-   and sends two small closing events and a ~47 KB `response.completed` (the finished response
+2. the server reads the request, parses it, waits out the model (`--wait-s` from the frame's
+   arrival, as the testbed's response schedule starts there) and sends two small closing events and a ~47 KB `response.completed` (the finished response
    echoes the request's instructions and tools).
 
 Per turn (medians, the first two turns left out as warm-up): `next_request` (tool deadline to the
-request's send), `way_in` (send to the server's parse), `timer_wake` (the model's deadline to the
+request's send), `way_in` (send to the server holding the frame), `timer_wake` (the model's deadline to the
 server task running), `way_out` (that to the client holding the parsed `response.completed`).
 Their sum is a floor for the testbed's real time per turn beyond the model, and
 `efficiency_bound` turns it into the highest figure `experiments.efficiency` could print on this
@@ -75,8 +75,8 @@ async def play(turns: int, wait_s: float) -> list[dict[str, float]]:
                 message = await ws.get_message()
             except trio_websocket.ConnectionClosed:
                 return
-            orjson.loads(message)
-            arrived = trio.current_time()
+            arrived = trio.current_time()  # the frame read: the testbed's response schedule starts here
+            orjson.loads(message)  # within the modeled wait, as the testbed's preparation is
             deadline = arrived + wait_s
             await trio.sleep_until(deadline)
             woke = trio.current_time()

@@ -53,6 +53,11 @@ def scaled_tasks(n_tasks: int, seed: int, tool_scale: float, max_turns: int | No
     return tuple(tasks)
 
 
+def bench_config(tasks: tuple[wl.Workload, ...], flush_interval: float = benchmark.BENCH_FLUSH_INTERVAL) -> benchmark.BenchConfig:
+    """The runs' configuration: loopback with RTT 0, API stage costs zero, deltas coalesced every `flush_interval`."""
+    return benchmark.BenchConfig(task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=flush_interval)
+
+
 def modeled_seconds(records: list) -> float:
     """Sum over every turn of the server's modeled inference phases plus the client's tool time."""
     total = 0.0
@@ -97,9 +102,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--csv", default="efficiency.csv", help="CSV file name in results/efficiency/<timestamp>/ (default efficiency.csv)")
     args = parser.parse_args(argv)
     tasks = scaled_tasks(args.tasks, args.seed, args.tool_scale, args.max_turns, args.trace)
-    config = benchmark.BenchConfig(
-        task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=args.flush_interval,
-    )
+    config = bench_config(tasks, args.flush_interval)
     print(
         f"{f'trace {args.trace}' if args.trace else f'compact workload, seed {args.seed}'}: {len(tasks)} task(s) ({sum(len(t.turns) for t in tasks)} turns"
         f"{'' if args.max_turns is None else f', cut to {args.max_turns}'}), tool times x {args.tool_scale:g} "

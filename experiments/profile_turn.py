@@ -35,12 +35,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from prototype import benchmark, netem
-from prototype.api.costs import ZERO_COSTS
+from prototype import benchmark
 from prototype.cli.common import at_least, non_negative, positive
 
 from .common import experiment_parser, print_table, run_delay_seconds
-from .efficiency import scaled_tasks
+from .efficiency import bench_config, scaled_tasks
 
 POLICY = "policy+tokenizer"
 JSON = "json"
@@ -221,9 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--top", type=non_negative(int), default=0, help="also print the N functions with the most own CPU")
     args = parser.parse_args(argv)
     tasks = scaled_tasks(1, 0, args.tool_scale, args.max_turns)
-    config = benchmark.BenchConfig(
-        task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=benchmark.BENCH_FLUSH_INTERVAL
-    )
+    config = bench_config(tasks)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     rows = [row for tps in args.speeds for design in args.designs for row in measure(design, tps, config, args.top)]
     print_table(rows)

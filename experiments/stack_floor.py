@@ -36,8 +36,7 @@ import orjson
 import trio
 import trio_websocket
 
-from prototype import benchmark, netem
-from prototype.api.costs import ZERO_COSTS
+from prototype import benchmark
 from prototype.cli.common import at_least, positive
 from prototype.clock import PreciseClock
 from prototype.protocol.wire import WS_RECEIVE_BYTES
@@ -119,8 +118,7 @@ def compact_limit(tps: float) -> tuple[int, float]:
     """experiments.efficiency's default task (compact, seed 0, tool times x 0.01) at `tps`: its
     turns and its limit (chained, on the virtual clock), as that experiment computes them."""
     tasks = efficiency.scaled_tasks(1, 0, 0.01, None)
-    config = benchmark.BenchConfig(task_list=tasks, network=netem.LOOPBACK, costs=ZERO_COSTS, flush_interval=benchmark.BENCH_FLUSH_INTERVAL)
-    limit = sum(record.seconds for record in benchmark.run_design_virtual(benchmark.CHAINED, tps, config))
+    limit = sum(record.seconds for record in benchmark.run_design_virtual(benchmark.CHAINED, tps, efficiency.bench_config(tasks)))
     return sum(len(task.turns) for task in tasks), limit
 
 

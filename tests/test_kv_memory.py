@@ -864,8 +864,8 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
 
 
 def full_claim(engine: Engine, key: str) -> None:
-    """What `_register` did before it claimed new blocks only: list every full block of the key's
-    entry as held by it (a test-side oracle, independent of who changed the directory last)."""
+    """A claim of all of the key's entry's full blocks: list each as held by it (a test-side oracle,
+    independent of who changed the directory last)."""
     entry = engine.kv.get(key)
     if entry is not None and key not in engine._isolated:
         hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]

@@ -1,0 +1,117 @@
+"""Figures with their uncertainty (prototype/uncertainty.py): intervals that cover what they should, n carried
+with every figure, and orderings and rankings claimed only where the intervals separate."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from prototype import uncertainty as u
+
+
+def test_a_bootstrap_interval_holds_the_statistic_and_counts_its_samples():
+    samples = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
+    estimate = u.bootstrap(samples, np.median)
+    assert estimate.value == 4.25
+    assert estimate.n == 10 and estimate.of == "tasks"
+    assert estimate.low < 4.25 < estimate.high
+    assert min(samples) <= estimate.low and estimate.high <= max(samples)
+
+
+def test_a_bootstrap_is_the_same_every_run_and_its_ends_move_little_with_the_seed():
+    rng = np.random.default_rng(3)
+    samples = rng.lognormal(0.0, 0.5, 40)
+    assert u.bootstrap(samples) == u.bootstrap(samples)
+    other = u.bootstrap(samples, seed=1)
+    base = u.bootstrap(samples)
+    width = base.high - base.low
+    assert abs(other.low - base.low) < 0.1 * width and abs(other.high - base.high) < 0.1 * width
+
+
+def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
+    rng = np.random.default_rng(7)
+    covered = sum(
+        (e := u.bootstrap(rng.normal(10.0, 2.0, 30))).low <= 10.0 <= e.high for _ in range(100)
+    )
+    # Binomial(100, 0.95) lies in [88, 100] with probability > 0.999; a broken interval (a point, or the sample's
+    # range) falls outside.
+    assert 88 <= covered <= 100
+    narrow = u.bootstrap(rng.normal(10.0, 2.0, 30))
+    assert narrow.high - narrow.low < 2.5
+
+
+def test_too_few_samples_have_no_interval_and_equal_samples_an_exact_one():
+    one = u.bootstrap([3.0])
+    assert one.value == 3.0 and one.n == 1 and not one.has_interval
+    assert one.format("{:.1f}") == "3.0"
+    same = u.bootstrap([2.0, 2.0, 2.0])
+    assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
+    assert math.isnan(u.bootstrap([]).value)
+
+
+def test_a_paired_ratio_resamples_tasks_together():
+    http = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    chained = http / 2  # twice as fast on every task: every paired resample gives exactly 2
+    ratio = u.paired_bootstrap(http, chained, lambda a, b: a.sum() / b.sum())
+    assert (ratio.low, ratio.value, ratio.high) == (2.0, 2.0, 2.0)
+    rng = np.random.default_rng(0)
+    noisy = chained * rng.uniform(0.9, 1.1, 6)
+    unpaired_spread = u.bootstrap(http).high / u.bootstrap(noisy).low  # what ignoring the pairing would allow
+    paired = u.paired_bootstrap(http, noisy, lambda a, b: a.sum() / b.sum())
+    assert paired.low < paired.value < paired.high < unpaired_spread
+    with pytest.raises(ValueError):
+        u.paired_bootstrap([1.0, 2.0], [1.0], lambda a, b: 0.0)
+
+
+def test_a_rate_has_the_exact_binomial_interval():
+    estimate = u.rate(2, 40)
+    exact = stats.binomtest(2, 40).proportion_ci(method="exact")
+    assert estimate.value == 0.05 and estimate.n == 40
+    assert (estimate.low, estimate.high) == (exact.low, exact.high)
+    assert u.rate(0, 10).low == 0.0 and u.rate(10, 10).high == 1.0
+
+
+def test_events_per_exposure_have_the_exact_poisson_interval():
+    # Two events in four tasks: 0.5 a task, and the Garwood interval for 2 events is [0.242, 7.225] events.
+    estimate = u.events_per(2, 4.0)
+    assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"
+    assert estimate.low == pytest.approx(0.2422 / 4, rel=1e-3)
+    assert estimate.high == pytest.approx(7.2247 / 4, rel=1e-3)
+    assert u.events_per(0, 10.0).low == 0.0
+    assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
+
+
+def test_an_ordering_is_claimed_only_where_intervals_separate():
+    a = u.Estimate(1.0, 0.9, 1.1, 10)
+    b = u.Estimate(2.0, 1.8, 2.2, 10)
+    c = u.Estimate(2.1, 1.9, 2.3, 10)
+    assert u.order({"b": b, "a": a, "c": c}) == "a < b ~ c"
+    assert u.order({"b": b, "a": a, "c": c}, ascending=False) == "c ~ b > a"
+    assert u.holds(a, b) == "yes"
+    assert u.holds(b, a) == "no"
+    assert u.holds(b, c) == "not separated"
+    assert not u.separated(a, u.Estimate(5.0, math.nan, math.nan, 1))
+
+
+def test_a_ranking_ties_drivers_whose_intervals_overlap():
+    indices = {
+        "rtt": u.from_half_width(50.0, 5.0, 20),
+        "tools": u.from_half_width(30.0, 4.0, 20),
+        "store": u.from_half_width(27.0, 4.0, 20),
+        "auth": u.from_half_width(1.0, 0.5, 20),
+    }
+    ranks = u.ranking(indices)
+    assert ranks == [["rtt"], ["tools", "store"], ["auth"]]
+    assert u.format_ranking(ranks) == "rtt > tools ~ store"
+    assert u.format_ranking(u.ranking({"x": u.from_half_width(3.0, 2.0, 20), "y": u.from_half_width(2.0, 2.0, 20)})) == "x ~ y"
+
+
+def test_an_estimate_formats_compactly_and_scales_with_its_unit():
+    estimate = u.Estimate(0.5, 0.25, 0.75, 12, "seeds")
+    assert estimate.format("{:.2f}") == "0.50 [0.25, 0.75]"
+    assert estimate.format("{:.0f}", with_n=False) == "0 [0, 1]"
+    assert estimate.scaled(100).format("{:.0f}", with_n=True) == "50 [25, 75] n=12"
+    assert estimate.scaled(-1).low == -0.75
+    assert estimate.error_bar() == (0.25, 0.25)
+    assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}

@@ -19,12 +19,12 @@ version named here:
   nothing of its own: the `error` event (`websocket_connection_limit_reached`) reaches the application
   like any event, and the close 1000 that follows ends the iteration.
 * `CODEX`: Codex CLI (codex-rs, as stored: `codex-api/src/endpoint/responses_websocket.rs`,
-  `core/src/api_bridge.rs`, `core/src/responses_retry.rs`). A stream that ends before
-  `response.completed` (a close with any code: "websocket closed by server before
-  response.completed") and an `error` or `response.failed` carrying `websocket_connection_limit_reached`
-  (mapped to `ApiError::Retryable` without a delay) are the same retryable stream error: the sampling
-  request is retried up to `stream_max_retries` (default 5, `DEFAULT_STREAM_MAX_RETRIES` in codex-rs
-  `model-provider-info`), waiting `200 ms * 2**(attempt-1)` times a jitter in [0.9, 1.1) (codex-rs
+  `codex-api/src/sse/responses.rs`, `core/src/api_bridge.rs`, `core/src/responses_retry.rs`). A
+  stream that ends before `response.completed` (a close with any code: "websocket closed by server
+  before response.completed"), an `error` carrying `websocket_connection_limit_reached` (mapped to
+  `ApiError::Retryable` without a delay) and a `response.failed` (also `ApiError::Retryable`) are
+  the same retryable stream error: the sampling request is retried up to `stream_max_retries`
+  (default 5, `DEFAULT_STREAM_MAX_RETRIES` in codex-rs `model-provider-info`), waiting `200 ms * 2**(attempt-1)` times a jitter in [0.9, 1.1) (codex-rs
   `backoff`: `INITIAL_DELAY_MS = 200`, `BACKOFF_FACTOR = 2.0`) on a new connection with the full
   context (docs/codex.md); once the WebSocket retries are spent it switches the session to HTTPS
   (`try_switch_fallback_transport`) with the count reset. The count belongs to one sampling request

@@ -24,10 +24,11 @@ version named here:
   before response.completed"), an `error` carrying `websocket_connection_limit_reached` (mapped to
   `ApiError::Retryable` without a delay) and a `response.failed` (also `ApiError::Retryable`) are
   the same retryable stream error: the sampling request is retried up to `stream_max_retries`
-  (default 5, `DEFAULT_STREAM_MAX_RETRIES` in codex-rs `model-provider-info`), waiting `200 ms * 2**(attempt-1)` times a jitter in [0.9, 1.1) (codex-rs
-  `backoff`: `INITIAL_DELAY_MS = 200`, `BACKOFF_FACTOR = 2.0`) on a new connection with the full
-  context (docs/codex.md); once the WebSocket retries are spent it switches the session to HTTPS
-  (`try_switch_fallback_transport`) with the count reset. The count belongs to one sampling request
+  (default 5, `DEFAULT_STREAM_MAX_RETRIES` in codex-rs `model-provider-info`), waiting
+  `200 ms * 2**(attempt-1)` times a jitter in [0.9, 1.1) (codex-rs `backoff`: `INITIAL_DELAY_MS =
+  200`, `BACKOFF_FACTOR = 2.0`) on a new connection with the full context (docs/codex.md); once the
+  WebSocket retries are spent it switches the session to HTTPS (`try_switch_fallback_transport`)
+  with the count reset. The count belongs to one sampling request
   (`handle_retryable_response_stream_error`'s `retries`): the next request, after a response that
   completed, starts from zero.
 

@@ -418,7 +418,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
         ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
-        ("client reconnects", _describe_policy(config.reconnect), "prototype/client/reconnect.py: openai-python 3.57, Codex CLI"),
+        ("client reconnects", _describe_policy(config.reconnect), "prototype/client/reconnect.py: openai-python 3.63, Codex CLI"),
     ]
     if config.task_list is not None:  # explicit tasks (a trace): the generator's rows do not apply
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)

@@ -30,7 +30,7 @@ from .api.service import ApiService
 from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord
 from .client.http import STATELESS, STORED, run_http_rollout
-from .client.reconnect import OPENAI_PYTHON, ReconnectPolicy
+from .client.reconnect import CODEX, ReconnectPolicy
 from .client.reconnecting import run_reconnecting_rollout
 from .clock import PreciseClock
 from .engine import latency
@@ -76,7 +76,10 @@ class BenchConfig:
     latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
     source: str | None = None  # where task_list came from (a trace), for the parameters table
     http_affinity: float = HTTP_AFFINITY  # docs/parameters.md §6 [assumed]: http turns routed back to their prefix
-    reconnect: ReconnectPolicy = OPENAI_PYTHON  # how the clients recover from a lost connection (client/reconnect.py)
+    # How the clients recover from a lost connection (client/reconnect.py). The workloads are a coding agent's, and
+    # Codex is the agent client: past the 60-minute limit it opens a new connection and resends the context. The
+    # openai-python SDK alone ends the task there (it reconnects only after its recoverable close codes).
+    reconnect: ReconnectPolicy = CODEX
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:

@@ -313,7 +313,7 @@ TEXTS = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(texts=st.lists(TEXTS, min_size=1, max_size=3))
 def test_the_bound_never_exceeds_the_rendered_count(texts: list[str]) -> None:
     items = [Message("user", (("input_text", text),)) for text in texts]

@@ -141,7 +141,7 @@ def _longest_runs() -> np.ndarray:
             pieces.append(encoding.decode_single_token_bytes(token))
         except KeyError:
             continue
-    starts, lengths, values = _runs(np.frombuffer(b"\0".join(pieces), dtype=np.uint8))
+    _, lengths, values = _runs(np.frombuffer(b"\0".join(pieces), dtype=np.uint8))
     longest = np.ones(256, dtype=np.int64)
     np.maximum.at(longest, values, lengths)
     longest.setflags(write=False)

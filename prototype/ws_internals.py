@@ -1,6 +1,7 @@
-"""The one place the testbed reaches into trio-websocket's internals, for two things its public API
-cannot do: write several messages in one socket write, and take a message its reader task already
-holds without a trip through the scheduler.
+"""The one place the testbed reaches into trio-websocket's internals, for three things its public API
+cannot do: write several messages in one socket write, take a message its reader task already
+holds without a trip through the scheduler, and leave unanswered a ping that arrives after the
+server's own close frame (`wrap_server_stream`).
 
 trio-websocket (0.12) frames one message per `send_message` and writes it under the connection's
 stream lock (a checkpoint for the lock, one for the write); `get_message` is its message channel's
@@ -23,8 +24,10 @@ import logging
 import trio
 import trio_websocket
 import wsproto
-from trio_websocket import ConnectionClosed, WebSocketConnection
-from wsproto.events import BytesMessage, TextMessage
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from wsproto import ConnectionType
+from wsproto.connection import ConnectionState
+from wsproto.events import BytesMessage, Ping, TextMessage
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +100,38 @@ def received_message_nowait(ws: WebSocketConnection) -> str | bytes | None:
         return channel.receive_nowait()
     except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError, AttributeError):
         return None
+
+
+# --- a server connection that does not answer pings once it is closing ---------------------------------
+
+# What `wrap_server_stream` relies on: the connection's ping handler and reader task, and the request
+# reader that `trio_websocket.wrap_server_stream` awaits (trio-websocket 0.12).
+SERVER_INTERNALS = ("_handle_ping_event", "_reader_task", "_get_request", "_wsproto")
+
+
+class ClosingAwareWebSocket(WebSocketConnection):
+    """trio-websocket's connection, answering a ping only while the connection is open.
+
+    trio-websocket (0.12) answers every ping its reader task reads. Once this side has sent its close
+    frame, wsproto refuses to frame a pong (`LocalProtocolError: Event Pong ... cannot be sent in state
+    LOCAL_CLOSING`), and the error ends the reader task, so a client that pings while the server closes
+    (after a malformed `response.inject`, a drain, the lifetime limit) made the connection's nursery fail
+    with a traceback (trio-websocket issue 184, fix proposed in PR 198). A ping is left unanswered from our
+    close frame on: the close handshake under way ends the connection, and RFC 6455 §5.5.2 asks for a pong
+    only before a close frame was received."""
+
+    async def _handle_ping_event(self, event: Ping) -> None:
+        if self._wsproto.state is ConnectionState.OPEN:  # no checkpoint between this and the pong's framing
+            await super()._handle_ping_event(event)
+
+
+async def wrap_server_stream(nursery: trio.Nursery, stream: trio.abc.Stream, **options) -> WebSocketRequest:
+    """`trio_websocket.wrap_server_stream` (same options), on a `ClosingAwareWebSocket`: the same three
+    steps, the connection, its reader task in `nursery`, the handshake's request. A trio-websocket that
+    lacks what this relies on gets its own function (and pings after a close fail as before)."""
+    if not all(hasattr(WebSocketConnection, name) for name in SERVER_INTERNALS[:3]):
+        _warn_missing(tuple(name for name in SERVER_INTERNALS[:3] if not hasattr(WebSocketConnection, name)))
+        return await trio_websocket.wrap_server_stream(nursery, stream, **options)
+    connection = ClosingAwareWebSocket(stream, wsproto.WSConnection(ConnectionType.SERVER), **options)
+    nursery.start_soon(connection._reader_task)
+    return await connection._get_request()

@@ -176,6 +176,10 @@ CORPUS: list[Bad] = [
     Bad("input empty", create(input=[]), errors.EMPTY_INPUT, "input"),
     Bad("append without input", {"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
     Bad("append input an object", {"type": "response.append", "input": {"a": 1}}, errors.INVALID_TYPE, "input"),
+    # --- parameters the API does not define: refused as it refuses them (docs/protocol.md) ---------
+    Bad("a misspelled parameter", create(temprature=0.5), errors.UNKNOWN_PARAMETER, "temprature"),
+    Bad("a Chat Completions parameter", create(messages=[{"role": "user", "content": "x"}]), errors.UNKNOWN_PARAMETER, "messages"),
+    Bad("an unknown parameter set to null", create(max_tokens=None), errors.UNKNOWN_PARAMETER, "max_tokens"),
     # --- parameters the server does not support -------------------------------------------------
     Bad("background", create(background=True), errors.UNSUPPORTED_PARAMETER, "background"),
     Bad("stream_id on v1", create(stream_id="s1"), errors.UNSUPPORTED_PARAMETER, "stream_id", designs=(SUSPENDED,)),
@@ -227,11 +231,15 @@ CORPUS: list[Bad] = [
     Bad("lone surrogate in a metadata key", '{"type": "response.create", "input": "x", "metadata": {"\\udbff": "v"}}', errors.INVALID_JSON),
     Bad("lone surrogate in an append", '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "c", "output": "\\ud83d"}]}', errors.INVALID_JSON),
     Bad("unknown workload", create(metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
-    Bad("workload of 0 turns", create(metadata=meta(testbed_workload="fixed:0")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    # A number out of its range is a range error, with the API's range codes; a name that names nothing is a value error.
+    Bad("workload of 0 turns", create(metadata=meta(testbed_workload="fixed:0")), errors.INTEGER_BELOW_MIN_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    Bad("workload of 100000 turns", create(metadata=meta(testbed_workload="fixed:100000")), errors.INTEGER_ABOVE_MAX_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
+    Bad("workload tool time above an hour", create(metadata=meta(testbed_workload="fixed:2:50:10:5:3601")), errors.DECIMAL_ABOVE_MAX_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
     Bad("workload not a number", create(metadata=meta(testbed_workload="fixed:abc")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
-    Bad("negative seed", create(metadata=meta(testbed_seed="-1")), errors.INVALID_VALUE, "metadata.testbed_seed", stage="turn", setup="fresh"),
+    Bad("negative seed", create(metadata=meta(testbed_seed="-1")), errors.INTEGER_BELOW_MIN_VALUE, "metadata.testbed_seed", stage="turn", setup="fresh"),
     Bad("task not a number", create(metadata=meta(testbed_task="x")), errors.INVALID_VALUE, "metadata.testbed_task", stage="turn", setup="fresh"),
-    Bad("decode rate zero", create(metadata=meta(testbed_decode_tps="0")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
+    Bad("decode rate zero", create(metadata=meta(testbed_decode_tps="0")), errors.DECIMAL_BELOW_MIN_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
+    Bad("decode rate of 10 million", create(metadata=meta(testbed_decode_tps="1e7")), errors.DECIMAL_ABOVE_MAX_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
     Bad("decode rate not a number", create(metadata=meta(testbed_decode_tps="fast")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
     # What the API requires or restricts: a model; a tool type and a tool_choice type it knows, matched exactly; a
     # sim-<N> name with a usable rate (a 400, never a 500).
@@ -454,6 +462,38 @@ async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design
     assert trio.current_time() - start > 5 / 65  # 5 tokens at the flagship's 65 tokens/s
 
 
+EMPTY_MESSAGES = [
+    "",
+    [{"role": "user", "content": ""}],
+    [{"type": "message", "role": "user", "content": ""}],
+    [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]}],
+]
+
+
+async def test_an_empty_message_is_an_input_item_in_every_spelling_and_no_item_is_refused(autojump_clock, nursery) -> None:
+    # One rule, the API's: a request needs at least one input item (or a previous_response_id); an item whose text
+    # is empty is one. The API accepts an empty user message (pydantic-ai sends `{"role": "user", "content": ""}`
+    # to the API for a run with instructions only), and a string input is one user message (API reference).
+    server = make_server(config=CONFIG)
+    client_end, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    client = RawHttp(client_end)
+
+    async def post(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        await client.send_case(BadHttp("case", 0, "", body=body))
+        status, _, raw = await client.answer()
+        return status, json.loads(raw)
+
+    served = [await post(good_body(input=empty, stream=False)) for empty in EMPTY_MESSAGES]
+    assert {(status, answer["status"]) for status, answer in served} == {(200, "completed")}
+    assert len({answer["usage"]["input_tokens"] for _, answer in served}) == 1  # the same prompt every way
+    for body, code in ((good_body(input=[]), errors.EMPTY_INPUT), (good_body(input=None), errors.MISSING_REQUIRED_PARAMETER),
+                       (good_body(input=DROP), errors.MISSING_REQUIRED_PARAMETER)):
+        status, answer = await post(body)
+        assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, code, "input")
+    await client_end.aclose()
+
+
 async def test_a_binary_frame_with_a_valid_create_is_served(autojump_clock) -> None:
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
@@ -596,6 +636,9 @@ HTTP_CORPUS = [
     BadHttp("tool_choice naming a missing tool", 400, "invalid_value", "tool_choice", body=good_body(tool_choice={"type": "function", "name": "nope"})),
     BadHttp("max_output_tokens below 16", 400, "integer_below_min_value", "max_output_tokens", body=good_body(max_output_tokens=8)),
     BadHttp("body with background", 400, "unsupported_parameter", "background", body=good_body(background=True)),
+    BadHttp("body with an unknown parameter", 400, "unknown_parameter", "temprature", body=good_body(temprature=0.5)),
+    BadHttp("body with the WebSocket event's type", 400, "unknown_parameter", "type", body={"type": "response.create", **good_body()}),
+    BadHttp("workload out of range", 400, "integer_above_max_value", "metadata.testbed_workload", body=good_body(metadata={"testbed_workload": "fixed:100000"})),
     BadHttp("body with unknown previous_response_id", 400, "previous_response_not_found", "previous_response_id", body=good_body(input=[], previous_response_id="resp_nope")),
     BadHttp("stream a string", 400, "invalid_type", "stream", body=good_body(stream="yes")),
     BadHttp("metadata value a number", 400, "invalid_type", "metadata.k", body=good_body(metadata={"k": 1})),

@@ -185,6 +185,68 @@ def test_port_in_use_and_bad_flags_get_one_line_and_a_nonzero_exit(cli_server):
         assert done.stdout == ""
 
 
+@pytest.mark.parametrize(("workload", "says"), [("nosuch", "names no workload"), ("fixed:100000", "1 to 1000")])
+def test_a_bad_workload_option_is_named_as_the_option_and_a_range_error_gives_the_range(workload: str, says: str):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--port", "0", "--workload", workload], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (2, "", 1), done.stderr
+    assert "--workload" in done.stderr and says in done.stderr, done.stderr
+    assert "metadata." not in done.stderr, done.stderr  # a request's field, not this option
+
+
+# A stand-in for vLLM's worker (tests/test_mutants_vllm_process.py shows the technique): it says it is ready, then
+# exits 9 once the test creates the file `trigger`; it ends itself after a minute whatever happens (a hang guard).
+DYING_WORKER = """#!{python} -IS
+import json, os, signal, sys, time
+signal.alarm(60)
+os.write(1, json.dumps({{"type": "ready", "vocab_size": 128256, "block_size": 32, "kv_blocks": 2048, "startup_s": 0.25,
+                        "vllm_version": "0.32.0", "device": "cpu"}}).encode() + b"\\n")
+while not os.path.exists({trigger!r}):
+    time.sleep(0.05)
+sys.exit(9)
+"""
+
+
+def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    trigger = tmp_path / "die"
+    worker = tmp_path / "python"
+    worker.write_text(DYING_WORKER.format(python=sys.executable, trigger=str(trigger)))
+    worker.chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path)}  # the model's config.json goes under $HOME/.cache
+    proc = subprocess.Popen([sys.executable, "-m", "prototype", "serve", "--port", "0", "--quiet", "--engine", "vllm",
+                             "--vllm-python", str(worker)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert LISTENING.match(lines[2]), (lines, proc.stderr.read() if proc.poll() is not None else "")
+        with open_ws(int(LISTENING.match(lines[2]).group(1))) as conn:  # a client connected when the engine dies
+            trigger.touch()
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    conn.recv(timeout=TIMEOUT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001  # closed as a drain closes: going away
+    assert proc.returncode == 1, err
+    (line,) = err.splitlines()  # one line, no traceback: the option, and the worker's reason
+    assert "--engine vllm" in line and "the vLLM worker exited" in line, err
+    assert "stopped\n" not in out
+
+
 def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
     # A non-interactive shell starts a background command (`serve &`) with SIGINT ignored (POSIX);
     # serve still stops on it, as its help says.

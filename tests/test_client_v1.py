@@ -41,10 +41,13 @@ def test_a_v1_rollout_is_one_response_paused_at_each_tool_call(cli_server):
     assert v1.output_text(event)
 
 
-def test_a_refused_handshake_keeps_the_servers_reason(cli_server):
+def test_a_refused_handshake_is_decoded_into_the_servers_status_code_and_message(cli_server):
     server = cli_server("--costs", "zero", "--quiet", "--api-key", "secret")
     with pytest.raises(v1.HandshakeRefused) as refused:
         with v1.connect(client_for(server, "wrong")):
             pass
     assert refused.value.status == 401
-    assert '"invalid_api_key"' in refused.value.body
+    # The body decoded (websockets hands it over as a bytearray) and the API error it carries.
+    assert isinstance(refused.value.body, str) and refused.value.body.startswith('{"error":')
+    assert (refused.value.code, refused.value.message) == ("invalid_api_key", "Incorrect API key provided.")
+    assert str(refused.value) == "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided."

@@ -9,17 +9,21 @@ Virtual-clock tests over raw frames (exact times and events), then openai-python
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trio_websocket
+import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, send, timed_until, until
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, send, timed_until, until, ws
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
+from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics
 from prototype.client.connect import InMemoryConnector
@@ -188,6 +192,49 @@ async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_
                 raise AssertionError("the connection stayed open")
             except trio_websocket.ConnectionClosed as closed:
                 assert closed.reason.code == 1008
+
+
+async def frames_until(stream: trio.abc.Stream, conn: wsproto.WSConnection, last: type) -> list:
+    """The client's wsproto events up to and including the first of type `last`."""
+    events: list = []
+    with trio.fail_after(10):
+        while not any(isinstance(event, last) for event in events):
+            conn.receive_data(await stream.receive_some(65536))
+            events.extend(conn.events())
+    return events
+
+
+def masked_ping(payload: bytes) -> bytes:
+    """A client's ping frame (RFC 6455 §5.2: FIN, opcode 9, masked; a zero key leaves the payload as it is), built
+    by hand: a client's wsproto refuses to send one once it has read the server's close frame."""
+    return bytes([0x89, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+
+
+async def test_a_ping_after_the_servers_close_frame_is_left_unanswered_and_nothing_is_logged(autojump_clock, nursery, caplog):
+    # A malformed inject makes the server close; a ping that reaches it after its close frame cannot be answered
+    # (a pong after a close frame is refused by wsproto). The ping is sent only once the close frame has arrived,
+    # so the order is the same on every run.
+    server = make_server()
+    client_end, server_end = trio.testing.memory_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    with caplog.at_level(logging.DEBUG):
+        await client_end.send_all(conn.send(Request(host="testbed", target="/v1/responses", extra_headers=[(b"authorization", b"Bearer x")])))
+        await frames_until(client_end, conn, AcceptConnection)
+        await client_end.send_all(conn.send(TextMessage(data=json.dumps({"type": "response.inject", "response_id": "resp_1"}))))
+        events = await frames_until(client_end, conn, CloseConnection)
+        assert [type(event) for event in events] == [TextMessage, CloseConnection] and events[-1].code == 1008
+        await client_end.send_all(masked_ping(b"late"))
+        await client_end.send_all(conn.send(events[-1].response()))
+        with trio.fail_after(10):
+            while await client_end.receive_some(65536):  # no pong: the server closes the stream
+                raise AssertionError("the server sent something after its close frame")
+            while server.connections:
+                await trio.sleep(0.01)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+    async with ws(server) as fresh:  # the server goes on serving
+        await send(fresh, create_event(metadata={"testbed_workload": "fixed:1"}))
+        assert (await until(fresh, *TERMINALS))[-1]["type"] == "response.completed"
 
 
 async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock):

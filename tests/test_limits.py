@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import DELAYED_LINK, make_server, receive, send, until
 from test_bad_input import (
     BOTH,
@@ -37,9 +40,16 @@ from test_bad_input import (
 )
 from trio_websocket import ConnectionClosed
 
+from prototype import workload as wl
+from prototype.api import render
+from prototype.api.checks import FLAGSHIP_CONTEXT_WINDOW, MAX_TOKEN_BYTES, SPARK_CONTEXT_WINDOW, context_window, fewest_tokens
+from prototype.api.costs import ApiCosts
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
-from prototype.protocol import errors
+from prototype.engine import tokenizer
+from prototype.engine.streaming import ContextWindowExceeded
+from prototype.protocol import codec, errors
+from prototype.protocol.items import Message
 from prototype.server.config import (
     CONNECTION_LIFETIME_SECONDS,
     MAX_BODY_BYTES,
@@ -161,10 +171,11 @@ async def test_max_connections_refuses_the_next_with_503_and_admits_again_after_
 
 
 def padded(size: int) -> str:
-    """A valid create frame of exactly `size` bytes (ASCII, so characters = bytes)."""
-    frame = create(metadata={"testbed_workload": ONE_TURN}, pad="")
+    """A valid create frame of exactly `size` bytes (ASCII, so characters = bytes), padded in `user`, a field the
+    API accepts and the model never reads."""
+    frame = create(metadata={"testbed_workload": ONE_TURN}, user="")
     text = json.dumps(frame)
-    frame["pad"] = "x" * (size - len(text))
+    frame["user"] = "x" * (size - len(text))
     text = json.dumps(frame)
     assert len(text.encode()) == size
     return text
@@ -191,13 +202,131 @@ async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above
 async def test_body_size_limit_takes_a_body_at_the_limit_and_refuses_413_above(autojump_clock, nursery) -> None:
     limit = 8192
     server = make_server(config=ServerConfig(max_body_bytes=limit))
-    body = good_body(stream=False, pad="")
-    body["pad"] = "x" * (limit - len(json.dumps(body).encode()))
+    body = good_body(stream=False, user="")
+    body["user"] = "x" * (limit - len(json.dumps(body).encode()))
     status, answer = await http(server, nursery, json.dumps(body).encode())
     assert (status, answer["status"]) == (200, "completed")
-    body["pad"] += "x"
+    body["user"] += "x"
     status, answer = await http(server, nursery, json.dumps(body).encode())
     assert (status, answer["error"]["code"]) == (413, "request_too_large")
+
+
+# --- the context window -----------------------------------------------------------------------------
+
+SPARK = "gpt-5.3-codex-spark"
+# The API's answer to an input longer than the model's window (docs/protocol.md, "Errors").
+WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
+
+
+def test_each_model_name_has_its_models_context_window() -> None:
+    assert [context_window(name) for name in (SPARK, "gpt-5.3-codex-spark-burst", "Codex-Spark-mini")] == [SPARK_CONTEXT_WINDOW] * 3 == [128_000] * 3
+    assert [context_window(name) for name in ("gpt-5.4", "sim-1000", "no-such-model")] == [FLAGSHIP_CONTEXT_WINDOW] * 3 == [1_050_000] * 3
+    # The message the engine fails a response with is the API's, as the 400 is.
+    assert str(ContextWindowExceeded(2, 1)) == WINDOW_MESSAGE
+
+
+def sized_input(body: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """`body` with an `input` of one-token words whose rendered prompt (instructions, tools, the message) is
+    exactly `tokens` long, as the server renders it."""
+    def rendered(text: str) -> int:
+        request = codec.parse_create_body({**body, "input": text})
+        return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
+
+    words = tokenizer.text_of(np.random.default_rng(7), tokens - rendered(""))
+    assert rendered(words) == tokens
+    return {**body, "input": words}
+
+
+@pytest.mark.parametrize("transport", ["http", CHAINED, SUSPENDED])
+async def test_an_input_one_token_over_the_window_is_refused_at_once_and_one_at_it_is_served(autojump_clock, nursery, transport: str) -> None:
+    # Modeled costs: a request that is served pays validation, rendering and safety per token; the refused one pays
+    # nothing, so its answer comes at the instant it was sent.
+    server = make_server(costs=ApiCosts())
+    at_window = sized_input(good_body(model=SPARK, stream=False), SPARK_CONTEXT_WINDOW)
+    over = {**at_window, "input": at_window["input"] + tokenizer.single_token_words()[0]}
+    if transport == "http":
+        start = trio.current_time()
+        status, answer = await http(server, nursery, json.dumps(over).encode())
+        assert (status, answer) == (400, {"error": {"type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}})
+        assert trio.current_time() == start
+        status, answer = await http(server, nursery, json.dumps(at_window).encode())
+        assert (status, answer["status"], answer["usage"]["input_tokens"]) == (200, "completed", SPARK_CONTEXT_WINDOW)
+        return
+    async with ws(server, transport) as conn:
+        start = trio.current_time()
+        await send(conn, {"type": "response.create", **over})
+        assert await receive(conn) == {"type": "error", "status": 400, "error": {
+            "type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}}
+        assert trio.current_time() == start
+        await send(conn, {"type": "response.create", **at_window})
+        events = await until(conn, *TERMINALS)
+        assert events[-1]["type"] == "response.completed" and events[-1]["response"]["usage"]["input_tokens"] == SPARK_CONTEXT_WINDOW
+    await assert_released(server)
+
+
+async def test_an_append_that_takes_a_rollout_past_the_window_fails_it_with_the_apis_code(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, SUSPENDED) as conn:
+        paused = (await turn(conn, create(model=SPARK)))[-1]["response"]
+        room = SPARK_CONTEXT_WINDOW - paused["usage"]["input_tokens"] - paused["usage"]["output_tokens"]
+        too_long = tokenizer.text_of(np.random.default_rng(3), room + 1000)
+        await send(conn, {"type": "response.append", "input": [output(calls_of(paused)[0], too_long)]})
+        failed = (await until(conn, *TERMINALS))[-1]
+        assert failed["type"] == "response.failed" and failed["response"]["id"] == paused["id"]
+        assert failed["response"]["error"] == {"code": "context_length_exceeded", "message": WINDOW_MESSAGE}
+        # The connection goes on serving.
+        assert (await turn(conn, create(model=SPARK, metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+    await assert_released(server)
+
+
+async def test_a_10_mib_input_of_one_letter_is_refused_without_being_tokenized(autojump_clock, nursery) -> None:
+    # The issue's input: 10 MiB of "x", 1,310,720 tokens (cl100k's longest run of "x" in one token is 8). Its runs
+    # prove it too long for the flagship's window before the tokenizer runs (seconds for one 10 MiB word).
+    text = "x" * (10 << 20)
+    assert fewest_tokens([text], FLAGSHIP_CONTEXT_WINDOW) > FLAGSHIP_CONTEXT_WINDOW
+    server = make_server(costs=ApiCosts())
+    start = trio.current_time()
+    status, answer = await http(server, nursery, json.dumps(good_body(model="gpt-5.4", input=text)).encode())
+    assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, "context_length_exceeded", "input")
+    assert trio.current_time() == start
+    status, answer = await http(server, nursery, json.dumps(good_body(stream=False)).encode())  # still serving
+    assert (status, answer["status"]) == (200, "completed")
+
+
+def test_the_longest_token_is_the_bounds_figure() -> None:
+    encoding = tokenizer.encoding()
+    longest = 0
+    for token in range(encoding.n_vocab):
+        try:
+            longest = max(longest, len(encoding.decode_single_token_bytes(token)))
+        except KeyError:
+            continue
+    assert longest == MAX_TOKEN_BYTES == 128
+
+
+TEXTS = st.lists(
+    st.one_of(
+        st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
+        st.builds(lambda char, n: char * n, st.sampled_from(["x", " ", "1", "-", "\n", "é", "a", "=", "\t", "ab"]), st.integers(1, 3000)),
+    ),
+    min_size=1, max_size=6,
+).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(TEXTS, min_size=1, max_size=3))
+def test_the_bound_never_exceeds_the_rendered_count(texts: list[str]) -> None:
+    items = [Message("user", (("input_text", text),)) for text in texts]
+    # limit 0: every text is also bounded by its runs
+    assert fewest_tokens([render.item_text(item) for item in items], 0) <= len(render.render_items(items))
+
+
+@pytest.mark.parametrize("preset", sorted(wl.PRESETS))
+def test_the_presets_prompts_stay_inside_the_flagship_window(preset: str) -> None:
+    # The simulated workloads run under the flagship's window (any name without "spark"): their longest prompt, with
+    # room for the rendering's item headers, stays inside it (coding: 830k tokens over these 400 tasks).
+    longest = max(task.prompt_tokens(len(task.turns) - 1) for task in (wl.generate_one(preset, seed=0, index=i) for i in range(400)))
+    assert longest < 0.9 * FLAGSHIP_CONTEXT_WINDOW
 
 
 # --- queued creates per connection ------------------------------------------------------------------

@@ -19,7 +19,14 @@ from prototype.api import store as store_module
 from prototype.api import workloads
 from prototype.api.store import ResponseStore, StoredTurn
 from prototype.api.workloads import WorkloadCatalog, decode_rate, decode_rate_override
-from prototype.protocol.errors import INVALID_VALUE, ProtocolError
+from prototype.protocol.errors import (
+    DECIMAL_ABOVE_MAX_VALUE,
+    DECIMAL_BELOW_MIN_VALUE,
+    INTEGER_ABOVE_MAX_VALUE,
+    INTEGER_BELOW_MIN_VALUE,
+    INVALID_VALUE,
+    ProtocolError,
+)
 from prototype.protocol.items import Message, Reasoning, WebSearchCall
 
 
@@ -29,14 +36,12 @@ def refusal(call, *args) -> tuple[str, str, str | None, int]:
     return caught.value.code, caught.value.message, caught.value.param, caught.value.status
 
 
-def bad_workload(name: str) -> tuple[str, str, str, int]:
-    presets = sorted(wl.PRESETS)
-    return (
-        INVALID_VALUE,
-        f"Unknown metadata.testbed_workload {name[:64]!r}: use a preset {presets}, 'fixed:<turns>' or a registered key.",
-        "metadata.testbed_workload",
-        400,
-    )
+def bad_workload(name: str, code: str = INVALID_VALUE, message: str | None = None) -> tuple[str, str, str, int]:
+    """A workload refusal: by default a name that names no workload."""
+    if message is None:
+        message = (f"{name[:64]!r} names no workload: use a preset (chat, coding, compact, long), "
+                   f"fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<tool seconds>]]]] or a registered trace key.")
+    return code, f"Invalid 'metadata.testbed_workload': {message}", "metadata.testbed_workload", 400
 
 
 # -- the workload --------------------------------------------------------------------------------------
@@ -58,11 +63,17 @@ def test_the_metadata_picks_the_preset_its_seed_and_its_task():
 
 
 @pytest.mark.parametrize("key", ["testbed_seed", "testbed_task"])
-@pytest.mark.parametrize("raw", ["-1", "x", "1.5", ""])
-def test_a_seed_or_task_that_is_not_a_non_negative_integer_is_refused_whatever_the_workload(key: str, raw: str):
-    expected = (INVALID_VALUE, f"metadata.{key} must be a non-negative integer.", f"metadata.{key}", 400)
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("-1", (INTEGER_BELOW_MIN_VALUE, "-1 is out of range: expected an integer >= 0.")),
+    ("x", (INVALID_VALUE, "'x' is not an integer.")),
+    ("1.5", (INVALID_VALUE, "'1.5' is not an integer.")),
+    ("", (INVALID_VALUE, "'' is not an integer.")),
+])
+def test_a_seed_or_task_below_0_is_out_of_range_and_one_that_is_not_an_integer_invalid(key: str, raw: str, expected: tuple[str, str]):
+    code, message = expected
     for name in ("coding", "fixed:2"):
-        assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name, key: raw}) == expected
+        assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name, key: raw}) == (
+            code, f"Invalid 'metadata.{key}': {message}", f"metadata.{key}", 400)
 
 
 def test_registered_workloads_get_numbered_keys_and_are_returned_as_registered():
@@ -92,17 +103,46 @@ def test_a_fixed_task_takes_each_field_given_and_the_defaults_after(name: str, e
     assert WorkloadCatalog().resolve({"testbed_workload": name}) == expected
 
 
+FORM = "fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<tool seconds>]]]]"
+
+
 @pytest.mark.parametrize(
-    "name",
+    ("name", "message"),
     [
-        "fixed:", "fixed:0", "fixed:-1", "fixed:1001", "fixed:x", "fixed:2.0", "fixed:2:1.5",
-        "fixed:2:-1", "fixed:2:1000001", "fixed:2:5:-1", "fixed:2:5:1000001", "fixed:2:5:5:0", "fixed:2:5:5:100001",
-        "fixed:2:5:5:-1", "fixed:2:5:5:5:-0.1", "fixed:2:5:5:5:3600.5", "fixed:2:5:5:5:x", "fixed:2:5:5:5:1:1",
-        "fixed", "nope", "x" * 100,
+        ("fixed:", "'fixed:' is not a fixed task: its turns '' is not an integer."),
+        ("fixed:x", "'fixed:x' is not a fixed task: its turns 'x' is not an integer."),
+        ("fixed:2.0", "'fixed:2.0' is not a fixed task: its turns '2.0' is not an integer."),
+        ("fixed:2:1.5", "'fixed:2:1.5' is not a fixed task: its initial_prompt_tokens '1.5' is not an integer."),
+        ("fixed:2:5:5:5:x", "'fixed:2:5:5:5:x' is not a fixed task: its tool_seconds 'x' is not a number."),
+        ("fixed:2:5:5:5:nan", "'fixed:2:5:5:5:nan' is not a fixed task: its tool_seconds 'nan' is not a number."),
+        ("fixed:2:5:5:5:1:1", f"'fixed:2:5:5:5:1:1' is not a fixed task: {FORM} takes 1 to 5 numbers."),
+        ("fixed", None), ("nope", None), ("x" * 100, None),
     ],
 )
-def test_a_malformed_or_out_of_range_workload_is_refused_with_its_name(name: str):
-    assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name}) == bad_workload(name)
+def test_a_malformed_workload_is_an_invalid_value_naming_it(name: str, message: str | None):
+    assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name}) == bad_workload(name, INVALID_VALUE, message)
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "message"),
+    [
+        ("fixed:0", INTEGER_BELOW_MIN_VALUE, "turns 0 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:0')."),
+        ("fixed:-1", INTEGER_BELOW_MIN_VALUE, "turns -1 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:-1')."),
+        ("fixed:1001", INTEGER_ABOVE_MAX_VALUE, "turns 1001 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:1001')."),
+        ("fixed:100000", INTEGER_ABOVE_MAX_VALUE, "turns 100000 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:100000')."),
+        ("fixed:2:-1", INTEGER_BELOW_MIN_VALUE, "initial_prompt_tokens -1 is out of range: a fixed task's initial_prompt_tokens is 0 to 1000000 (in 'fixed:2:-1')."),
+        ("fixed:2:1000001", INTEGER_ABOVE_MAX_VALUE, "initial_prompt_tokens 1000001 is out of range: a fixed task's initial_prompt_tokens is 0 to 1000000 (in 'fixed:2:1000001')."),
+        ("fixed:2:5:-1", INTEGER_BELOW_MIN_VALUE, "appended_tokens -1 is out of range: a fixed task's appended_tokens is 0 to 1000000 (in 'fixed:2:5:-1')."),
+        ("fixed:2:5:1000001", INTEGER_ABOVE_MAX_VALUE, "appended_tokens 1000001 is out of range: a fixed task's appended_tokens is 0 to 1000000 (in 'fixed:2:5:1000001')."),
+        ("fixed:2:5:5:0", INTEGER_BELOW_MIN_VALUE, "output_tokens 0 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:0')."),
+        ("fixed:2:5:5:100001", INTEGER_ABOVE_MAX_VALUE, "output_tokens 100001 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:100001')."),
+        ("fixed:2:5:5:-1", INTEGER_BELOW_MIN_VALUE, "output_tokens -1 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:-1')."),
+        ("fixed:2:5:5:5:-0.1", DECIMAL_BELOW_MIN_VALUE, "tool_seconds -0.1 is out of range: a fixed task's tool_seconds is 0 to 3600 (in 'fixed:2:5:5:5:-0.1')."),
+        ("fixed:2:5:5:5:3600.5", DECIMAL_ABOVE_MAX_VALUE, "tool_seconds 3600.5 is out of range: a fixed task's tool_seconds is 0 to 3600 (in 'fixed:2:5:5:5:3600.5')."),
+    ],
+)
+def test_a_fixed_task_number_out_of_its_range_is_a_range_error_naming_the_range(name: str, code: str, message: str):
+    assert refusal(WorkloadCatalog().resolve, {"testbed_workload": name}) == bad_workload(name, code, message)
 
 
 # -- the decode rate -----------------------------------------------------------------------------------
@@ -117,9 +157,20 @@ def test_the_decode_rate_is_the_override_else_the_models():
     assert decode_rate("sim-0.5", {}) == 0.5 and decode_rate("sim-1", {}) == 1.0
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "1e7", "10000001", "fast", "nan", "inf"])
-def test_a_decode_rate_override_outside_0_to_10_million_is_refused(raw: str):
-    expected = (INVALID_VALUE, "metadata.testbed_decode_tps must be a positive number.", "metadata.testbed_decode_tps", 400)
+@pytest.mark.parametrize(
+    ("raw", "code", "message"),
+    [
+        ("0", DECIMAL_BELOW_MIN_VALUE, "0 tokens/s is out of range: expected more than 0 and less than 10000000."),
+        ("-1", DECIMAL_BELOW_MIN_VALUE, "-1 tokens/s is out of range: expected more than 0 and less than 10000000."),
+        ("1e7", DECIMAL_ABOVE_MAX_VALUE, "1e+07 tokens/s is out of range: expected more than 0 and less than 10000000."),
+        ("10000001", DECIMAL_ABOVE_MAX_VALUE, "1e+07 tokens/s is out of range: expected more than 0 and less than 10000000."),
+        ("inf", DECIMAL_ABOVE_MAX_VALUE, "inf tokens/s is out of range: expected more than 0 and less than 10000000."),
+        ("fast", INVALID_VALUE, "'fast' is not a number."),
+        ("nan", INVALID_VALUE, "'nan' is not a number."),
+    ],
+)
+def test_a_decode_rate_override_outside_0_to_10_million_is_a_range_error(raw: str, code: str, message: str):
+    expected = (code, f"Invalid 'metadata.testbed_decode_tps': {message}", "metadata.testbed_decode_tps", 400)
     assert refusal(decode_rate, "sim-7", {"testbed_decode_tps": raw}) == expected
 
 

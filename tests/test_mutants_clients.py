@@ -119,7 +119,8 @@ def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_
     with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(FakeClient(error=wrapped)):
         pass
     assert (refused.value.status, refused.value.body) == (400, '{"error":{"code":"unsupported_beta"}}')
-    assert str(refused.value) == 'WebSocket handshake refused with HTTP 400: {"error":{"code":"unsupported_beta"}}'
+    assert (refused.value.code, refused.value.message) == ("unsupported_beta", None)
+    assert str(refused.value) == "WebSocket handshake refused with HTTP 400: unsupported_beta"
     assert refused.value.__cause__ is wrapped
 
 

@@ -128,7 +128,7 @@ def test_a_long_digit_run_still_gets_the_unicode_check() -> None:
 def test_a_text_frame_with_a_raw_lone_surrogate_raises_only_protocol_errors() -> None:
     """A WebSocket text frame is valid UTF-8, so a raw lone surrogate cannot arrive that way; called
     directly, the decoder still raises nothing but ProtocolError (docs/protocol.md §5.6)."""
-    for frame in ('{"type": "response.create", "model": "m", "input": "a\ud800b"}', '{"type": "response.create", "model": "m", "input": "a\ud800b", "n": 12345678901234567890}'):
+    for frame in ('{"type": "response.create", "model": "m", "input": "a\ud800b"}', '{"type": "response.create", "model": "m", "input": "a\ud800b", "max_output_tokens": 12345678901234567890}'):
         try:
             codec.decode_client_event(frame)
         except ProtocolError as exc:
@@ -272,7 +272,7 @@ def test_every_field_of_a_full_body_is_kept() -> None:
         "tools": [function, hosted], "tool_choice": "required", "parallel_tool_calls": False,
         "previous_response_id": "resp_1", "store": False, "generate": False, "max_output_tokens": 64,
         "metadata": {"k": "v"}, "temperature": 0.5, "top_p": 0.25, "stream": True, "stream_id": "lane-2",
-        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "zeta": 1, "alpha": 2,
+        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "user": "u", "truncation": "auto",
     }
     request = codec.parse_create_body(body, websocket=True)
     assert request.model == "sim-100" and request.input == parse_input(body["input"]) and request.instructions == "be brief"
@@ -280,7 +280,7 @@ def test_every_field_of_a_full_body_is_kept() -> None:
     assert (request.tool_choice, request.parallel_tool_calls, request.previous_response_id) == ("required", False, "resp_1")
     assert (request.store, request.generate, request.max_output_tokens, request.metadata) == (False, False, 64, {"k": "v"})
     assert (request.temperature, request.top_p, request.stream, request.stream_id) == (0.5, 0.25, True, "lane-2")
-    assert (request.extra_keys, request.include, request.reasoning) == (("alpha", "zeta"), ("reasoning.encrypted_content",), {"effort": "low"})
+    assert (request.extra_keys, request.include, request.reasoning) == (("truncation", "user"), ("reasoning.encrypted_content",), {"effort": "low"})
     # Over HTTP the same body without the lane reads the same, with no stream_id.
     http = codec.parse_create_body({key: value for key, value in body.items() if key != "stream_id"})
     assert http == attrs.evolve(request, stream_id=None)

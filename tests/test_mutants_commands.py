@@ -1264,8 +1264,8 @@ def test_serve_on_a_real_engine_serves_from_it_once_ready(serving, monkeypatch):
 
     from prototype.cli.engine_options import model_spec
 
-    engine = types.SimpleNamespace(client=types.SimpleNamespace(
-        ready=types.SimpleNamespace(vllm_version="0.9.1", device="cpu", startup_s=61.6)))
+    engine = types.SimpleNamespace(client=types.SimpleNamespace(  # an engine that lives on (`died` is never set)
+        ready=types.SimpleNamespace(vllm_version="0.9.1", device="cpu", startup_s=61.6), died=trio.Event()))
     opened = []
 
     @contextlib.asynccontextmanager

@@ -3,16 +3,24 @@
 Both do real work proportional to what they look at: the full form walks the whole conversation,
 the incremental form only the new items, against state kept from earlier turns. That difference is
 what the chained cache's switch (1) turns on and off.
+
+The context window check is here too: an input longer than its model's window is refused before any
+modeled cost is paid, with the API's `context_length_exceeded`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 
-from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, ProtocolError
+from ..engine import tokenizer
+from ..engine.streaming import ContextWindowExceeded
+from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, ProtocolError, context_length_exceeded
 from ..protocol.items import Compaction, FunctionCall, FunctionCallOutput, Item, Message
 
 # Hashed bag-of-tokens features for the stand-in safety classifier: large enough that the numpy
@@ -93,3 +101,98 @@ class SafetyState:
         if len(ids):
             self.counts += np.bincount(np.asarray(ids, dtype=np.int64) % SAFETY_FEATURES, minlength=SAFETY_FEATURES)
         return float(self.counts @ _WEIGHTS)
+
+
+# --- the context window ----------------------------------------------------------------------------
+
+# The context windows of the model names the testbed serves, matched as the decode rate is (engine/latency.py):
+# a name with "spark" in it is GPT-5.3-Codex-Spark, "128k context window" at launch (OpenAI, "Introducing
+# GPT-5.3-Codex-Spark", openai.com/index/introducing-gpt-5-3-codex-spark), taken as 128,000 tokens; every
+# other name, `sim-<N>` included, gets the flagship's, gpt-5.4's 1,050,000-token window (OpenAI's model page,
+# as quoted by Vercel's AI Gateway and OpenRouter: 1,050,000 context, 128,000 max output tokens).
+SPARK_CONTEXT_WINDOW = 128_000
+FLAGSHIP_CONTEXT_WINDOW = 1_050_000
+_WINDOW_RULES: tuple[tuple[re.Pattern[str], int], ...] = ((re.compile(r"spark"), SPARK_CONTEXT_WINDOW),)
+# The longest token of the tokenizer (cl100k_base) is 128 bytes: a text of B UTF-8 bytes is at least B/128
+# tokens, and a string of C characters has at least C bytes. tests/test_limits.py checks the figure.
+MAX_TOKEN_BYTES = 128
+# Runs of one repeated byte are read in blocks of this many bytes, so the arrays stay small [ours].
+RUN_BLOCK_BYTES = 1 << 20
+
+
+def context_window(model: str) -> int:
+    """The context window, in tokens, of the model a name selects."""
+    name = model.lower()
+    for pattern, window in _WINDOW_RULES:
+        if pattern.search(name):
+            return window
+    return FLAGSHIP_CONTEXT_WINDOW
+
+
+@functools.cache
+def _longest_runs() -> np.ndarray:
+    """For each byte value, the longest run of it inside one token of the vocabulary (`x`: 8, a space: 128).
+    Read from the tokens joined by a zero byte: a run of zeros may then span two tokens, which can only make
+    the figure for the zero byte larger, and a larger figure keeps `_run_floor` a lower bound."""
+    encoding = tokenizer.encoding()
+    pieces = []
+    for token in range(encoding.n_vocab):
+        try:
+            pieces.append(encoding.decode_single_token_bytes(token))
+        except KeyError:
+            continue
+    _, lengths, values = _runs(np.frombuffer(b"\0".join(pieces), dtype=np.uint8))
+    longest = np.ones(256, dtype=np.int64)
+    np.maximum.at(longest, values, lengths)
+    longest.setflags(write=False)
+    return longest
+
+
+def _runs(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The maximal runs of one repeated byte in `data`: their starts, lengths and byte values."""
+    starts = np.concatenate(([0], np.flatnonzero(data[1:] != data[:-1]) + 1))
+    return starts, np.diff(np.append(starts, data.size)), data[starts]
+
+
+def _run_floor(data: bytes) -> int:
+    """A lower bound on the tokens of `data` from its runs of one repeated byte: a token covers at most R(b)
+    bytes of a run of byte b (R: `_longest_runs`), so a run of n needs ceil(n / R(b)) tokens; runs that
+    share a token are counted once by taking one off per run after the first (a token covers at most one
+    gap between runs, as tokens do not overlap). Any set of disjoint runs gives a bound, so a run cut by a
+    block boundary counts as two."""
+    longest = _longest_runs()
+    extra, runs = 0, 0
+    for begin in range(0, len(data), RUN_BLOCK_BYTES):
+        block = np.frombuffer(data, dtype=np.uint8, count=min(RUN_BLOCK_BYTES, len(data) - begin), offset=begin)
+        _, lengths, values = _runs(block)
+        needed = -(-lengths // longest[values])  # ceil(n / R(b)) for every run
+        long = needed > 1  # only the runs a single token cannot cover
+        extra += int((needed[long] - 1).sum())
+        runs += int(long.any())
+    return 1 + extra if runs else 0
+
+
+def fewest_tokens(texts: Sequence[str], limit: int) -> int:
+    """A lower bound on the rendered tokens of items with these texts, without tokenizing: each item's
+    separator, at least one token per MAX_TOKEN_BYTES bytes of its text (len() counts characters, never
+    more than its UTF-8 bytes: O(1)), and, for a text that could pass `limit` on its own (more than
+    `limit` bytes: no text has more tokens than bytes), the bound of its runs of a repeated byte."""
+    total = 0
+    for text in texts:
+        floor = math.ceil(len(text) / MAX_TOKEN_BYTES)
+        if 4 * len(text) > limit:  # a character is at most 4 UTF-8 bytes
+            floor = max(floor, _run_floor(text.encode("utf-8", "surrogatepass")))
+        total += 1 + floor
+    return total
+
+
+def require_fits(input_tokens: int, model: str, *, within_response: bool = False) -> None:
+    """Refuse an input of `input_tokens` (exact, or a lower bound) longer than `model`'s window: a request's
+    own input with the API's 400; input that joins a response already streaming (a v1 append, tool
+    outputs) fails that response with the same code, as an engine does."""
+    window = context_window(model)
+    if input_tokens <= window:
+        return
+    if within_response:
+        raise ContextWindowExceeded(input_tokens, window)
+    raise context_length_exceeded()

@@ -28,7 +28,7 @@ from ..protocol.events import CreateRequest
 from ..protocol.items import Item, WebSearchCall
 from ..protocol.response import Response
 from . import render
-from .checks import CallLedger, SafetyState
+from .checks import CallLedger, SafetyState, context_window, fewest_tokens, require_fits
 from .costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches, sprint_costs
 from .hosted import HostedToolService
 from .live import LiveResponses
@@ -156,6 +156,7 @@ class ApiService:
         modes: StageModes = FULL,
         engine_key: Hashable = None,
         render_cache: render.RenderCache | None = None,
+        within_response: bool = False,
     ) -> Context:
         """Validate, render, classify and route; full where there is no `base` or a mode says so.
 
@@ -164,6 +165,9 @@ class ApiService:
         A `render_cache` (the HTTP design's cross-request cache) makes a full render tokenize,
         and charge, only the items it has not seen before.
         Raises ProtocolError for invalid input before anything is mutated that could not be evicted.
+        A prompt longer than the model's context window is refused before any stage is charged:
+        `context_length_exceeded` (a ProtocolError), or, for input joining a response already under way
+        (`within_response`: tool outputs, a v1 append), ContextWindowExceeded, which fails that response.
         """
         new_items = self._with_hosted_results(new_items)
         preamble = render.preamble_key(request.instructions, request.tools)
@@ -184,6 +188,14 @@ class ApiService:
             ledger.absorb(old_items_for_checks)
         ledger.absorb(new_items)
 
+        # The context window, by a bound first: new items that cannot fit however they tokenize are refused
+        # without tokenizing them; the rendered length below decides exactly.
+        appending = base is not None and modes.append_render and base.preamble == preamble
+        known_tokens = len(base.prompt) if appending else 0  # a prompt these items extend, as rendered
+        window = context_window(request.model)
+        require_fits(known_tokens + fewest_tokens([render.item_text(item) for item in new_items], window - known_tokens),
+                     request.model, within_response=within_response)
+
         # (2) rendering: append the new items' ids, or re-tokenize everything.
         tokenized: int | None = None
         if base is None and render_cache is not None:
@@ -191,7 +203,7 @@ class ApiService:
             prompt, tokenized = render_cache.render_full(preamble, [*items, *new_items])
         else:
             new_ids = render.render_items(new_items)
-            if base is not None and modes.append_render and base.preamble == preamble:
+            if appending:
                 prompt = base.prompt
                 prompt.extend(new_ids)
             else:
@@ -201,6 +213,7 @@ class ApiService:
         rendered_tokens = len(new_ids) if prompt is (base.prompt if base else None) else len(prompt)
         if tokenized is not None:
             rendered_tokens = tokenized
+        require_fits(len(prompt), request.model, within_response=within_response)
 
         # (1) safety: classify the new tokens on top of running counts, or everything again.
         if base is not None and modes.incremental_checks:

@@ -35,15 +35,15 @@ from ..api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, Ca
 from ..api.render import RenderCache
 from ..api.service import ApiService
 from ..api.store import ResponseStore
-from ..api.workloads import WorkloadCatalog
+from ..api.workloads import WorkloadCatalog, WorkloadNameError
 from ..engine.engine import Engine
 from ..engine.latency import FLAGSHIP_TOKENS_PER_S, SPARK_BURST_TOKENS_PER_S, SPARK_TOKENS_PER_S
-from ..engine.vllm_client import VllmUnavailable, WorkerFailed
+from ..engine.vllm_client import VllmClient, VllmUnavailable, WorkerFailed
 from ..engine.vllm_engine import open_vllm_engine
-from ..protocol.errors import ProtocolError
 from ..server.app import ResponsesServer, drain, serve_responses
 from ..server.collector import DEFAULT_UNFREEZE_EVERY, FullCollectionPolicy
 from ..server.config import ServerConfig
+from ..server.websocket import CLOSE_HANDSHAKE_SECONDS
 from .common import at_least, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
 
@@ -201,6 +201,20 @@ async def drain_on_sigterm(server: ResponsesServer, grace: float, scope: trio.Ca
     scope.cancel()
 
 
+class EngineDied(Exception):
+    """`--engine vllm`: the engine's worker failed or exited; every request would fail from here on."""
+
+
+async def stop_when_engine_dies(server: ResponsesServer, client: VllmClient) -> None:
+    """A server whose engine is gone stops rather than failing every request: once the worker has died
+    (the client's `died`), the connections are closed as a drain closes them (no grace: the responses in
+    flight have already failed with the engine), then EngineDied ends the run with the worker's reason."""
+    await client.died.wait()
+    with trio.move_on_after(CLOSE_HANDSHAKE_SECONDS):  # a client that never answers the close cannot hold the exit
+        await drain(server, 0.0)
+    raise EngineDied(client.failure or "the vLLM worker failed")
+
+
 def run_until_interrupted(main: Callable[[], Awaitable[None]]) -> None:
     """`trio.run(main)`, with Ctrl-C (SIGINT) raised in the main task only, at its next checkpoint.
 
@@ -245,9 +259,9 @@ async def print_stats(server: ResponsesServer, interval: float) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad --workload fails here, not on the first request
-        WorkloadCatalog(default_workload=args.workload, default_seed=args.seed).resolve({})
-    except ProtocolError as error:
-        _error(f"--workload: {error.message}")
+        WorkloadCatalog(default_workload=args.workload, default_seed=args.seed).named(args.workload)
+    except WorkloadNameError as error:
+        _error(f"--workload: {error}")
         return 2
     if args.workers > 1 and args.engine == VLLM:
         _error("--engine vllm serves from one process: one engine, one server (use --workers 1)")
@@ -281,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
             listeners = await nursery.start(functools.partial(serve_responses, server, args.port, host=args.host))
             host, port = listeners[0].socket.getsockname()[:2]
             nursery.start_soon(drain_on_sigterm, server, args.drain_seconds, nursery.cancel_scope)
+            if args.engine == VLLM:
+                nursery.start_soon(stop_when_engine_dies, server, server.api.engine.client)
             if args.stats_interval:
                 nursery.start_soon(print_stats, server, args.stats_interval)
             _settle_collector(args)
@@ -298,16 +314,24 @@ def run(args: argparse.Namespace) -> int:
     except* (VllmUnavailable, WorkerFailed) as group:
         _error(f"--engine vllm: {group.exceptions[0]}")
         status = 2
+    except* EngineDied as group:
+        _error(f"--engine vllm: the engine died ({_first_leaf(group)}); the server stopped with it")
+        status = 1
     except* OSError as group:  # the port is taken, or the address is not this machine's
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
+        error = _first_leaf(group)
         _error(f"cannot listen on {args.host}:{args.port}: {getattr(error, 'strerror', None) or error}")
         status = 1
     finally:
         server.api.store.close()
         server.records.close()
     return status
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    """The first exception of a (nested) exception group: the one the run ended with."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
 
 
 def _settle_collector(args: argparse.Namespace) -> None:

@@ -45,12 +45,29 @@ MAX_EVENTS = 1_000_000  # a runaway stream raises instead of looping forever
 
 class HandshakeRefused(Exception):
     """The server refused the WebSocket upgrade. openai-python shows only the status (e.g. "HTTP
-    400"); this keeps the JSON error body, which says why (e.g. `unsupported_beta`)."""
+    400"); this keeps the body, decoded as text, and the API error it carries (`{"error": {"code",
+    "message", ...}}`, the shape of every refusal of this server and of the API): `code` and
+    `message`, None when the body is not such an error."""
 
-    def __init__(self, status: int | None, body: str) -> None:
+    def __init__(self, status: int | None, body: str | bytes | bytearray | memoryview) -> None:
         self.status = status
-        self.body = body
-        super().__init__(f"WebSocket handshake refused with HTTP {status}: {body}")
+        self.body = bytes(body).decode("utf-8", "replace") if isinstance(body, (bytes, bytearray, memoryview)) else str(body)
+        error = _api_error(self.body)
+        self.code: str | None = error.get("code")
+        self.message: str | None = error.get("message")
+        reason = ": ".join(part for part in (self.code, self.message) if part) or self.body
+        super().__init__(f"WebSocket handshake refused with HTTP {status}: {reason}")
+
+
+def _api_error(body: str) -> dict[str, str | None]:
+    """`{"code", "message"}` of an `{"error": {...}}` body, each a string or None; {} for any other body."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(error, dict):
+        return {}
+    return {key: value if isinstance(value, str) else None for key, value in error.items() if key in ("code", "message")}
 
 
 @contextlib.contextmanager
@@ -79,8 +96,7 @@ def _refusal(exc: BaseException) -> HandshakeRefused | None:
         response = getattr(seen, "response", None)
         status = getattr(response, "status_code", None)
         if status is not None:
-            body = getattr(response, "body", b"") or b""
-            return HandshakeRefused(status, body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body))
+            return HandshakeRefused(status, getattr(response, "body", b"") or b"")  # websockets gives a bytearray
         seen = seen.__cause__ or seen.__context__
     return None
 

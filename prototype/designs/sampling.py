@@ -329,7 +329,8 @@ class SamplingLoop:
 
     async def take_new_items(self, items: Sequence[Item]) -> None:
         """Tool answers join the context: incremental checks and render over the new items only."""
-        await self.api.pre_inference(self.log, self.emitter.response.request, items, base=self.context, modes=RESUME)
+        await self.api.pre_inference(self.log, self.emitter.response.request, items, base=self.context, modes=RESUME,
+                                     within_response=True)
 
 
 async def sample_until_client_calls(

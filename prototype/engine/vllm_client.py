@@ -152,6 +152,12 @@ class VllmClient:
     _tags: int = 0
     _send_lock: trio.Lock = attrs.Factory(trio.Lock)
     _failure: str | None = None
+    died: trio.Event = attrs.Factory(trio.Event)  # set when the worker has failed or exited: every request fails from then on
+
+    @property
+    def failure(self) -> str | None:
+        """Why the worker is gone (None while it serves)."""
+        return self._failure
 
     async def send(self, message: dict[str, Any]) -> None:
         if self._failure is not None:
@@ -215,6 +221,7 @@ class VllmClient:
 
     def _fail(self, reason: str) -> None:
         self._failure = reason
+        self.died.set()
         for rid, channel in list(self._requests.items()):
             channel.send_nowait({"type": "error", "rid": rid, "message": reason})
             channel.send_nowait({"type": "finished", "rid": rid})

@@ -1,7 +1,8 @@
 """The JSON codec: text in gives a client event or a `ProtocolError`; a server event out gives text.
 
-Sans-IO: no trio, no sockets. Unknown fields are ignored, `stream` is ignored on WebSocket, and bad
-input never raises anything but `ProtocolError` (docs/protocol.md, §4, §5.6).
+Sans-IO: no trio, no sockets. A create's unknown top-level fields are refused (`unknown_parameter`), as
+the API refuses them; known fields it does not act on are accepted and recorded; `stream` is ignored on
+WebSocket; bad input never raises anything but `ProtocolError` (docs/protocol.md, "Errors").
 
 JSON goes through orjson (several times faster than the standard library on these events, both
 ways; docs/speed.md) with the standard library's `json` as the reference: whatever orjson refuses
@@ -45,7 +46,16 @@ from .events import (
 )
 from .inject import DEFAULT_MAX_CONCURRENT_SUBAGENTS, parse_inject
 from .items import parse_input
-from .rules import check_enums, check_function_name, check_ranges, check_tool_choice, check_tool_type, check_unicode, invalid_type
+from .rules import (
+    check_enums,
+    check_function_name,
+    check_known_parameters,
+    check_ranges,
+    check_tool_choice,
+    check_tool_type,
+    check_unicode,
+    invalid_type,
+)
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 # 2**63 has 19 digits: shorter integers are exact in orjson, longer ones it reads as floats. A run
@@ -59,7 +69,8 @@ def _has_long_digit_run(text: str | bytes) -> bool:
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
     return raw.translate(_DIGITS_AS_ZERO).find(_LONG_DIGIT_RUN) >= 0
 
-# Keys of the POST body we act on; everything else is accepted and ignored (docs/protocol.md).
+# Keys of the POST body we act on; the API's other fields are accepted and ignored (recorded as `extra_keys`),
+# any other field is refused (rules.check_known_parameters).
 _KNOWN_KEYS = frozenset(
     {
         "type", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
@@ -211,6 +222,7 @@ def parse_create_body(body: Any, *, websocket: bool = False) -> CreateRequest:
     only (openai-python `ResponsesClientEvent`: not part of POST /v1/responses)."""
     if not isinstance(body, dict):
         raise ProtocolError(INVALID_JSON, "The request body must be a JSON object.")
+    check_known_parameters(body, websocket=websocket)
     if body.get("background") is True:
         raise ProtocolError(UNSUPPORTED_PARAMETER, "'background' is not supported in this mode.", param="background")
     for key in ("conversation", "prompt") if websocket else ("stream_id", "conversation", "prompt"):

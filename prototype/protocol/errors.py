@@ -25,6 +25,9 @@ OBJECT_ABOVE_MAX_PROPERTIES = "object_above_max_properties"
 MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
 EMPTY_INPUT = "empty_input"
 UNSUPPORTED_PARAMETER = "unsupported_parameter"
+# A top-level field the API does not define: "Unknown parameter: 'x'.", param `x` (the API's 400, quoted in
+# openai/codex issue 10834 and teabranch/open-responses-server issue 41).
+UNKNOWN_PARAMETER = "unknown_parameter"
 PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
 TOO_MANY_QUEUED_REQUESTS = "too_many_queued_requests"
 NO_SUSPENDED_RESPONSE = "no_suspended_response"
@@ -42,9 +45,11 @@ RESPONSE_NOT_FOUND = "response_not_found"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
 ENGINE_FAILURE = "engine_failure"
-# A model call that does not fit the model's context window (a real engine's limit), as the API names it in a
-# stream's error (public report: dyad-sh/dyad issue 1672; prototype/engine/streaming.py).
+# An input longer than the model's context window, and a model call that does not fit it (a real engine's
+# limit), with the API's code and message (public reports: dyad-sh/dyad issue 1672, james-6-23/codex2api
+# issue 415, the-open-agent/openagent issue 2344: type invalid_request_error, param `input`).
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+CONTEXT_WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
 
 INVALID_REQUEST_ERROR = "invalid_request_error"
 
@@ -129,6 +134,16 @@ def websocket_stream_limit_reached(limit: int) -> ProtocolError:
         "Reuse an existing stream_id or open a new WebSocket connection.",
         param="stream_id",
     )
+
+
+def context_length_exceeded() -> ProtocolError:
+    # The API's 400 for an input longer than the model's window: its code, message and param, word for word.
+    return ProtocolError(CONTEXT_LENGTH_EXCEEDED, CONTEXT_WINDOW_MESSAGE, param="input")
+
+
+def unknown_parameter(name: str) -> ProtocolError:
+    # The API's 400 for a field it does not define: its code, message and param.
+    return ProtocolError(UNKNOWN_PARAMETER, f"Unknown parameter: '{name[:64]}'.", param=name[:64])
 
 
 def server_shutting_down() -> ProtocolError:

@@ -23,6 +23,7 @@ from .errors import (
     INVALID_VALUE,
     STRING_ABOVE_MAX_LENGTH,
     ProtocolError,
+    unknown_parameter,
 )
 
 # The API reference's ranges: temperature "between 0 and 2", top_p a probability mass in [0, 1],
@@ -62,6 +63,23 @@ TOOL_FAMILIES = {
     **dict.fromkeys(("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"), "web_search"),
     **dict.fromkeys(("computer", "computer_use", "computer_use_preview"), "computer"),
 }
+# The top-level fields of a create body: openai-python 3.63's `ResponseCreateParams` (every field of
+# `POST /v1/responses`) and its WebSocket `ResponseCreate` event (`type`, `generate`, `stream_id`), plus
+# `multi_agent` (the multi-agent guide's field, which that release does not type yet) and
+# `client_metadata`, which Codex CLI sends in its WebSocket creates (openai/codex `ResponseCreateWsRequest`) to
+# the real API. Any other field is refused as the API refuses it: 400 `unknown_parameter`.
+CREATE_PARAMETERS = frozenset({
+    "access_programs", "background", "background_options", "context_management", "conversation", "image", "include",
+    "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model", "moderation",
+    "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
+    "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "store", "stream", "stream_options",
+    "temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
+    "multi_agent", "client_metadata",
+})
+# Over HTTP the testbed also takes `generate: false` (a warm-up, as on WebSocket [ours]); a `stream_id` there is
+# known but refused as `unsupported_parameter` (codec.parse_create_body). The WebSocket event adds its `type`.
+HTTP_CREATE_PARAMETERS = CREATE_PARAMETERS | {"generate", "stream_id"}
+WEBSOCKET_CREATE_PARAMETERS = HTTP_CREATE_PARAMETERS | {"type"}
 STRING_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
 # The API reference: a safety_identifier is at most 64 characters.
 STRING_MAX_LENGTHS = {"safety_identifier": 64}
@@ -78,6 +96,15 @@ def invalid_type(param: str, expected: str) -> ProtocolError:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_known_parameters(body: dict[str, Any], *, websocket: bool) -> None:
+    """Refuse the first field (in the body's order) that the API does not define, with the API's
+    `unknown_parameter`."""
+    known = WEBSOCKET_CREATE_PARAMETERS if websocket else HTTP_CREATE_PARAMETERS
+    for key in body:
+        if key not in known:
+            raise unknown_parameter(str(key))
 
 
 def check_ranges(body: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from ..protocol import codec
 from ..protocol.errors import ProtocolError, server_shutting_down
 from ..protocol.inject import BETA_MULTI_AGENT
 from ..protocol.wire import BETA_CHAINED, BETA_SUSPENDED, CHAINED, RESPONSES_PATH, SUSPENDED, TIMING_HEADER, WS_RECEIVE_BYTES
+from ..ws_internals import wrap_server_stream
 from . import http
 from .config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES
 from .endpoint import Endpoint, path_of
@@ -97,7 +98,7 @@ class ResponsesServer(Endpoint):
 
     async def serve_websocket(self, stream: trio.abc.Stream, request: h11.Request, headers: dict[str, str]) -> None:
         async with trio.open_nursery() as nursery:
-            ws_request = await trio_websocket.wrap_server_stream(
+            ws_request = await wrap_server_stream(
                 nursery, stream, max_message_size=self.config.max_message_bytes, receive_buffer_size=WS_RECEIVE_BYTES
             )
             refusal: tuple[int, ProtocolError] | None = None

@@ -414,6 +414,14 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
     assert "results cache" not in printed
     assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
     assert [r["decode_tps"] for r in json.loads((out / "compare_tasks.json").read_text())] == [1000.0]
+    # The time split: the engine's phases (measured on vLLM) apart from the modeled API work, network and tools.
+    (row,) = json.loads((out / "compare_tasks.json").read_text())
+
+    def spent(*phases: str) -> float:
+        return sum(row["phase_totals_s"].get(phase, 0.0) for phase in phases)
+
+    assert (f"  chained      {spent('queue', 'prefill', 'decode'):>16.1f} {spent(*benchmark.API_OVERHEAD_PHASES):>14.1f} "
+            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
 
 
 def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):

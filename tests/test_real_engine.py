@@ -162,8 +162,10 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
         if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
             assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
     assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (model_calls(task) - 1)
-    # Enough calls to fit the latency model's three terms, so the fitted error is reported.
-    assert all("ttft_fit_error" in row for row in result["summary"])
+    # Enough calls to fit the latency model and hold some out: the error in-sample per design, and held out with the
+    # number of held-out calls behind it (the last 30% of the calls in the order made, 2 of 6).
+    assert all("ttft_fit_error_in_sample" in row for row in result["summary"])
+    assert sum(row["held_out_calls"] for row in result["summary"]) == 2
     assert (tmp_path / "real_engine").is_dir()
     # calibrate makes the same fit from the calls file the experiment wrote, and scores it on held-out calls.
     from prototype.__main__ import main as cli_main
@@ -171,7 +173,7 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     calls_csv = tmp_path / "real_engine_calls" / "latest" / "real_engine_calls.csv"
     assert cli_main(["calibrate", str(calls_csv), "--latency-out", str(tmp_path / "vllm.json")]) == 0
     printed = capsys.readouterr().out
-    assert f"real-engine calls, {len(result['calls'])} calls" in printed and "scored on the last" in printed
+    assert f"real-engine calls, {len(result['calls'])} calls" in printed and "refitted on the first 4 calls, scored on the last 2" in printed
     assert (tmp_path / "vllm.json").is_file()
 
 

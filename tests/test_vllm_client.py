@@ -5,6 +5,7 @@ scripted fake worker (a peer that answers like vllm_worker.py, named fake: it co
 from __future__ import annotations
 
 import enum
+import importlib.util
 import json
 import os
 import sys
@@ -476,3 +477,29 @@ async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_l
     assert engine.records[-1].predicted_prefill_tokens == predicted
     if held:
         assert engine.records[-1].sent_tokens == predicted
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM: it would start it")
+def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
+    import subprocess
+
+    # This interpreter lacks vLLM: the worker it runs cannot start an engine.
+    done = subprocess.run([sys.executable, "-m", "experiments.real_engine", "--vllm-python", sys.executable],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TESTBED_RESULTS=str(tmp_path)))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("python -m experiments.real_engine: error: engine start failed: ModuleNotFoundError: "
+                           "No module named 'vllm'\n")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM")
+def test_the_gpu_run_refuses_up_front_saying_what_is_missing(tmp_path, capsys):
+    from experiments import gpu_run
+
+    # An interpreter that does not exist, then one without vLLM: each refused before anything starts, with its reason.
+    assert gpu_run.main(["--vllm-python", str(tmp_path / "python")]) == 2
+    assert capsys.readouterr().out == f"gpu_run: {tmp_path / 'python'} does not exist\n"
+    assert gpu_run.main(["--vllm-python", sys.executable]) == 2
+    assert capsys.readouterr().out == (
+        f"gpu_run: {sys.executable} cannot import vLLM and torch (ModuleNotFoundError: No module named 'vllm'); "
+        "install vLLM's CUDA build there (docs/real_engine.md)\n")

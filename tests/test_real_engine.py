@@ -150,6 +150,7 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
 
 def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path, capsys):
     from experiments import common, real_engine
+    from prototype.engine import fit
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
@@ -163,9 +164,10 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
             assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
     assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (model_calls(task) - 1)
     # Enough calls to fit the latency model and hold some out: the error in-sample per design, and held out with the
-    # number of held-out calls behind it (the last 30% of the calls in the order made, 2 of 6).
+    # number of held-out calls behind it (the last 30% of the calls in the order made).
+    fitted, held = fit.holdout_split(len(result["calls"]), real_engine.HOLDOUT_SHARE)
     assert all("ttft_fit_error_in_sample" in row for row in result["summary"])
-    assert sum(row["held_out_calls"] for row in result["summary"]) == 2
+    assert sum(row["held_out_calls"] for row in result["summary"]) == len(held) > 0
     assert (tmp_path / "real_engine").is_dir()
     # calibrate makes the same fit from the calls file the experiment wrote, and scores it on held-out calls.
     from prototype.__main__ import main as cli_main
@@ -173,7 +175,8 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     calls_csv = tmp_path / "real_engine_calls" / "latest" / "real_engine_calls.csv"
     assert cli_main(["calibrate", str(calls_csv), "--latency-out", str(tmp_path / "vllm.json")]) == 0
     printed = capsys.readouterr().out
-    assert f"real-engine calls, {len(result['calls'])} calls" in printed and "refitted on the first 4 calls, scored on the last 2" in printed
+    assert f"real-engine calls, {len(result['calls'])} calls" in printed
+    assert f"refitted on the first {len(fitted)} calls, scored on the last {len(held)}" in printed
     assert (tmp_path / "vllm.json").is_file()
 
 

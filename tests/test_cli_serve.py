@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from prototype.cli.serve import run_until_interrupted
+from prototype.engine.vllm_engine import RealEngineError
 
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
 TIMEOUT = 60.0  # a hang guard: on a loaded machine the first turn (tokenizer load) takes seconds
@@ -199,20 +200,24 @@ def test_a_bad_workload_option_is_named_as_the_option_and_a_range_error_gives_th
     assert "metadata." not in done.stderr, done.stderr  # a request's field, not this option
 
 
-# A stand-in for vLLM's worker (tests/test_mutants_vllm_process.py shows the technique): it says it is ready, then
-# exits 9 once the test creates the file `trigger`; it ends itself after a minute whatever happens (a hang guard).
+# A stand-in for vLLM's worker: it says it is ready, then exits 9 once the test creates the file `trigger`, or at the
+# first request it reads (`on_request`: the engine dies under a response); it ends itself after a minute whatever
+# happens (a hang guard).
 DYING_WORKER = """#!{python} -IS
-import json, os, signal, sys, time
+import json, os, select, signal, sys, time
 signal.alarm(60)
 os.write(1, json.dumps({{"type": "ready", "vocab_size": 128256, "block_size": 32, "kv_blocks": 2048, "startup_s": 0.25,
                         "vllm_version": "0.32.0", "device": "cpu"}}).encode() + b"\\n")
 while not os.path.exists({trigger!r}):
+    if {on_request!r} and select.select([0], [], [], 0.05)[0]:
+        break
     time.sleep(0.05)
 sys.exit(9)
 """
 
 
-def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
+@pytest.mark.parametrize("under_a_response", [False, True], ids=["idle", "under-a-response"])
+def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path, under_a_response: bool):
     import os
     import subprocess
     import sys
@@ -221,20 +226,25 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
 
     trigger = tmp_path / "die"
     worker = tmp_path / "python"
-    worker.write_text(DYING_WORKER.format(python=sys.executable, trigger=str(trigger)))
+    worker.write_text(DYING_WORKER.format(python=sys.executable, trigger=str(trigger), on_request=under_a_response))
     worker.chmod(0o755)
     env = {**os.environ, "HOME": str(tmp_path)}  # the model's config.json goes under $HOME/.cache
     proc = subprocess.Popen([sys.executable, "-m", "prototype", "serve", "--port", "0", "--quiet", "--engine", "vllm",
                              "--vllm-python", str(worker)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    received: list[dict[str, Any]] = []
     try:
         lines = [proc.stdout.readline() for _ in range(3)]
         assert LISTENING.match(lines[2]), (lines, proc.stderr.read() if proc.poll() is not None else "")
         with open_ws(int(LISTENING.match(lines[2]).group(1))) as conn:  # a client connected when the engine dies
-            trigger.touch()
+            if under_a_response:
+                conn.send(json.dumps({"type": "response.create", "model": "sim-1000", "input": "hi", "store": False,
+                                      "metadata": {"testbed_workload": "fixed:1"}}))
+            else:
+                trigger.touch()
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
-                    conn.recv(timeout=TIMEOUT)
+                    received.append(json.loads(conn.recv(timeout=TIMEOUT)))
         out, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
@@ -245,6 +255,12 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
     (line,) = err.splitlines()  # one line, no traceback: the option, and the worker's reason
     assert "--engine vllm" in line and "the vLLM worker exited" in line, err
     assert "stopped\n" not in out
+    if under_a_response:
+        # The response under way gets an answer before the close: failed as on any engine failure, or, when the
+        # server's shutdown reaches it first, the drain's `server_shutting_down` (retry on a new connection).
+        last = received[-1]
+        assert (last["type"], last.get("response", last).get("error", {}).get("code")) in {
+            ("response.failed", RealEngineError.code), ("error", "server_shutting_down")}, received
 
 
 def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():

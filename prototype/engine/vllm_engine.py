@@ -48,13 +48,14 @@ from .admission import EngineCall
 from .engine import Engine, ModelCall, Prefilled
 from .kv import Prompt
 from .latency import LatencyModel
-from .streaming import ContextWindowExceeded
+from .streaming import ContextWindowExceeded, EngineFailure
 from .vllm_client import VllmClient, WorkerFailed, open_vllm_process
 from .vllm_models import ModelSpec, to_model_ids
 
 
-class RealEngineError(Exception):
-    """The real engine failed a request."""
+class RealEngineError(EngineFailure):
+    """The real engine failed a request (its worker died, or vLLM refused it): the response fails as on any
+    engine failure, and the connection goes on serving."""
 
 
 @attrs.frozen

@@ -202,8 +202,10 @@ def params_of(max_tokens: int) -> dict:
     }
 
 
+# The counters a binding KV budget moves; 0 in every test that preempts nothing.
+UNPREEMPTED = {"preemptions": 0, "recompute_queries": 0, "recompute_hits": 0, "running": 0, "waiting": 0}
 ZERO = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.0,
-        "kv_usage_max": 0.0, "steps": 0}
+        "kv_usage_max": 0.0, "steps": 0, **UNPREEMPTED}
 
 
 # --- start-up ------------------------------------------------------------------------------------
@@ -262,7 +264,7 @@ def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
             logger.record(None, None)  # a step without scheduler stats changes nothing
         assert worker.counters.as_dict() == {
             "prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-            "kv_usage_max": 0.5, "steps": 2,
+            "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED,
         }
         assert await worker.handle({"op": "counters", "tag": "t1", "reset_peak": False}) is True
         assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
@@ -270,7 +272,7 @@ def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
         assert await worker.handle({"op": "counters"}) is True
         events = out.take()
         after = {"prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-                 "kv_usage_max": 0.5, "steps": 2}
+                 "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
         assert events == [
             {"type": "counters", "tag": "t1", "counters": after},
             {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
@@ -326,7 +328,7 @@ def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vll
         script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
         await settle()
         counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
-                    "kv_usage_max": 0.375, "steps": 4}
+                    "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
         assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1},
                               {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
         assert "r1" in worker.tasks
@@ -450,7 +452,7 @@ def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new
         script.put_nowait(output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
         await settle()
         done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
-                      "kv_usage_max": 0.5, "steps": 3}
+                      "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
         assert out.take() == [
             {"type": "tokens", "rid": "h", "n": 1},
             {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
@@ -510,7 +512,7 @@ def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         script.put_nowait(output([6, 6]))
         await settle()
         done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
-                "kv_usage_max": 0.5, "steps": 2}
+                "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
         assert out.take() == [
             {"type": "tokens", "rid": "h", "n": 1, "first": {
                 "cached_tokens": 1, "prefill_tokens": 1, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,

@@ -13,8 +13,10 @@ is scored here; experiments.real_engine_agents scores the KV under a budget):
    batch terms.
 3. **Predict** configurations the profile never ran: each design on `--agents` agents at once (default 1, 4,
    16) and two workloads (`WORKLOADS`: the agents workload of real_engine_agents, and a longer one), on vLLM
-   and on the simulated engine two ways: as experiments.kv_memory runs it (`kv_memory`: decode and prefill
-   take as long whatever else is in flight) and with the profile's batch terms (`batched`).
+   and on the simulated engine three ways: as experiments.kv_memory runs it (`kv_memory`: decode and prefill
+   take as long whatever else is in flight, and a call looks up the prefix cache when it is admitted), with
+   the profile's batch terms (`batched`), and with those and the prefix-cache lookup when the call's prefill
+   starts, as vLLM looks a request up when it schedules it (`batched+lookup`).
 4. **Score**, per metric, pooled over every configuration, each a value with its n and 95% interval:
    per-call time to first token (absolute percentage error per call, paired by task and call: median and
    p90; targets 10% and 25%), per-task end-to-end time (median absolute percentage error), prefill computed
@@ -67,7 +69,9 @@ WORKLOADS: dict[str, wl.WorkloadParams] = {
 # agents' longest contexts together; the window is the longest sequence either workload reaches, with room.
 KV_BLOCKS = 2049
 WINDOW = 8192
-VARIANTS = ("kv_memory", "batched")
+# The simulated engine three ways: as kv_memory runs it; with the profile's batch terms; and with those and the
+# prefix-cache lookup when a prefill starts rather than when the call is admitted (TracedEngine).
+VARIANTS = ("kv_memory", "batched", "batched+lookup")
 # The targets (the published simulators' scores against vLLM put TTFT within ~10%): per-call TTFT median and
 # p90 absolute error, prefill computed.
 TTFT_MEDIAN_TARGET, TTFT_P90_TARGET, PREFILL_TARGET = 10.0, 25.0, 2.0
@@ -197,11 +201,12 @@ def score(results: Mapping[tuple[Config, str], AgentsRun], sims: Mapping[tuple[C
 
 def simulate(config: Config, design: str, variant: str, calibration: Calibration, tasks: Sequence[wl.Workload],
              budget: int) -> AgentsRun:
-    batched = variant == "batched"
+    batched = variant.startswith("batched")
     return agents_experiment.run_simulated(
         design, tasks, budget=budget, latency=calibration.latency, decode_tps=calibration.decode_tps,
         decode_batch_s=calibration.decode_batch_s if batched else 0.0,
         prefill_batch_s=calibration.prefill_batch_s if batched else 0.0,
+        lookup_when_scheduled=variant.endswith("+lookup"),
     )
 
 

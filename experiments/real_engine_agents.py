@@ -27,9 +27,8 @@ under virtual time, its latency calibrated from a profile of this worker taken f
 session (`profile_engine`, `calibrate`: prefill time against uncached and cached tokens, decode
 time against batch size).
 
-    python -m experiments.real_engine_agents                       # N = 4, 16, 64, the three designs
-    python -m experiments.real_engine_agents --agents 4 16 --designs suspended chained
-    python -m experiments.real_engine_agents --v1-admission-cap    # and v1 on a worker whose admission is capped
+    python -m experiments.real_engine_agents            # N = 4, 16, 64, the three designs, then v1 with admission capped
+    python -m experiments.real_engine_agents --agents 4 16 --designs suspended chained --no-v1-admission-cap
 
 Token counts are the engine's behaviour and hold on any machine; times and tasks per hour are a
 tiny model's on a shared CPU (the load average is printed with them). Writes
@@ -38,6 +37,7 @@ results/real_engine_agents/<timestamp>/ (the side-by-side rows, every call, the 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
 import os
@@ -68,6 +68,7 @@ from prototype.engine.engine import Engine, ModelCall, Prefilled
 from prototype.engine.kv import GPU, Prompt
 from prototype.engine.latency import LatencyModel
 from prototype.engine.memory import VLLM_MAX_NUM_SEQS
+from prototype.engine.stats import sample
 from prototype.engine.vllm_client import VllmClient, WorkerProcess, open_vllm_process
 from prototype.engine.vllm_engine import VllmEngine
 from prototype.engine.vllm_models import TINY_CPU, ModelSpec
@@ -211,16 +212,19 @@ def figures(run: AgentsRun) -> dict[str, Estimate]:
     first_pass = per_task(run, "computed")
     prompts = per_task(run, "prompt_tokens")
     first_total = sum(first_pass.values())
-    extra = (run.prefill_tokens - first_total) / n if run.engine == "vllm" else 0.0
+    extra = (run.prefill_tokens - first_total) / n if run.engine != "sim" else 0.0
     prefill = [first_pass[task] + extra for task in first_pass]
     if run.engine == "sim":  # exact per task: each call's uncached tokens, its recompute included
         prefill = list(first_pass.values())
     served = [prompts[task] - first_pass[task] for task in first_pass]
-    ttft = [call.ttft_s for call in run.calls]
+    ttft = [call.ttft_s for call in run.calls if not math.isnan(call.ttft_s)]
     queued = [call.queued_s for call in run.calls if call.queued_s is not None]
     e2e = [record.seconds for record in run.records if record.status == "completed"]
     peak, mean_kv, waiting = kv_summary(run.kv_series)
-    hours = run.makespan_s / 3600 if math.isfinite(run.makespan_s) and run.makespan_s > 0 else 0.0
+    # A stalled run's throughput and end-to-end times are not the engine's: it stopped before its tasks did.
+    hours = run.makespan_s / 3600 if math.isfinite(run.makespan_s) and run.makespan_s > 0 and not run.stalled else 0.0
+    if run.stalled:
+        e2e = []
     exact = uncertainty.Estimate
     out = {
         "prefill_per_task": uncertainty.bootstrap(prefill, of="tasks"),
@@ -228,6 +232,8 @@ def figures(run: AgentsRun) -> dict[str, Estimate]:
                                      "tasks", "exact"),
         "served_per_task": uncertainty.bootstrap(served, of="tasks"),
         "preemptions_per_task": uncertainty.events_per(run.preemptions, n, of="events"),
+        "evictions_per_task": uncertainty.events_per(run.evictions, n, of="events") if run.engine == "sim" else exact(
+            math.nan, math.nan, math.nan, 0, "events", "exact Poisson"),
         "ttft_p50_ms": uncertainty.bootstrap(ttft, np.median, of="calls").scaled(1000),
         "queued_mean_ms": uncertainty.bootstrap(queued, of="calls").scaled(1000),
         "e2e_p50_s": uncertainty.bootstrap(e2e, np.median, of="tasks"),
@@ -267,7 +273,9 @@ def vllm_calls(engine: TracedVllmEngine) -> list[CallFigures]:
         index = counts[session]
         counts[session] += 1
         computed = record.sent_tokens if record.resumed else record.sent_tokens - record.vllm_cached_tokens
-        out.append(CallFigures(engine.sessions.get(session, "?"), index, record.prompt_tokens, computed, record.ttft_s,
+        # A request aborted before its first token (a stalled run's) has no time to first token.
+        ttft = math.nan if record.ttft_s == 0.0 and record.output_tokens == 0 else record.ttft_s
+        out.append(CallFigures(engine.sessions.get(session, "?"), index, record.prompt_tokens, computed, ttft,
                                record.queued_s))
     return out
 
@@ -356,6 +364,10 @@ class TracedEngine(Engine):
 
     decode_batch_s: float = 0.0
     prefill_batch_s: float = 0.0
+    lookup_when_scheduled: bool = False
+    """Look the prompt up in the prefix cache when its prefill starts (after waiting for the one before it, whose
+    blocks are then kept), as vLLM looks a request up when it schedules it; False: when the call is admitted, as
+    the simulated engine does (calls admitted together then all miss what the first of them computes)."""
     calls: list[CallFigures] = attrs.field(factory=list, init=False)
     sessions: dict[Hashable, str] = attrs.field(factory=dict, init=False)
     _counts: dict[Hashable, int] = attrs.field(factory=lambda: defaultdict(int), init=False)
@@ -375,13 +387,36 @@ class TracedEngine(Engine):
         if self.prefill_batch_s and self.active_calls > 1:
             latency = attrs.evolve(latency, request_overhead=latency.request_overhead
                                    + self.prefill_batch_s * (self.active_calls - 1))
-        prefilled = await super().prefill_call(latency, call, start=start, engine_call=engine_call)
+        if self.lookup_when_scheduled and self.serial_prefill:
+            prefilled = await self._prefill_when_scheduled(latency, call, start)
+        else:
+            prefilled = await super().prefill_call(latency, call, start=start, engine_call=engine_call)
         index = self._counts[session]
         self._counts[session] += 1
         queued = engine_call.queued_s if engine_call is not None else 0.0
         self.calls.append(CallFigures(task, index, len(call.prompt), len(call.prompt) - prefilled.cached,
                                       prefilled.decode_from - asked, queued))
         return prefilled
+
+    async def _prefill_when_scheduled(self, latency: LatencyModel, call: ModelCall, start: float | None) -> Prefilled:
+        """Engine.prefill with the cache lookup moved after the wait for the serial prefill, and the prompt's KV
+        kept (its blocks findable) before the next prefill starts."""
+        if self._prefill_lock is None:
+            self._prefill_lock = trio.Lock()
+        asked = trio.current_time()
+        waits = self._prefill_lock.locked()
+        async with self._prefill_lock:
+            now = trio.current_time()
+            sample(self.stats.prefill_waits, now - asked)
+            cached = self.cached_prefix(call.key, call.prompt, now)
+            uncached = len(call.prompt) - cached
+            self.stats.model_calls += 1
+            self.stats.prefill_tokens += uncached
+            self.stats.cached_tokens += cached
+            deadline = (now if waits or start is None else start) + latency.prefill_seconds(uncached, cached)
+            await trio.sleep_until(deadline)
+            self.retain(call.key, call.prompt, trio.current_time(), pinned=call.held)
+        return Prefilled(deadline, cached)
 
     def _at_batch(self, latency: LatencyModel) -> LatencyModel:
         if not self.decode_batch_s or self.active_calls <= 1:
@@ -404,19 +439,21 @@ class TracedEngine(Engine):
 
 
 def simulated_engine(design: str, agents: int, budget: int, *, max_batch: int = VLLM_MAX_NUM_SEQS,
-                     decode_batch_s: float = 0.0, prefill_batch_s: float = 0.0) -> TracedEngine:
+                     decode_batch_s: float = 0.0, prefill_batch_s: float = 0.0,
+                     lookup_when_scheduled: bool = False) -> TracedEngine:
     """kv_memory's engine (`kv_memory.engine_for`) for this design at this budget, traced."""
     base = kv_memory.engine_for(kv_memory.KvRun(design, SIM_POLICY[design], agents, budget=budget, max_batch=max_batch))
     settings = {field.alias: getattr(base, field.name) for field in attrs.fields(Engine) if field.init}
-    return TracedEngine(**settings, decode_batch_s=decode_batch_s, prefill_batch_s=prefill_batch_s)
+    return TracedEngine(**settings, decode_batch_s=decode_batch_s, prefill_batch_s=prefill_batch_s,
+                        lookup_when_scheduled=lookup_when_scheduled)
 
 
 def run_simulated(design: str, tasks: Sequence[wl.Workload], *, budget: int, latency: LatencyModel, decode_tps: float,
-                  decode_batch_s: float = 0.0, prefill_batch_s: float = 0.0, max_batch: int = VLLM_MAX_NUM_SEQS,
-                  scheduler_seed: int = 0) -> AgentsRun:
+                  decode_batch_s: float = 0.0, prefill_batch_s: float = 0.0, lookup_when_scheduled: bool = False,
+                  max_batch: int = VLLM_MAX_NUM_SEQS, scheduler_seed: int = 0) -> AgentsRun:
     """The same agents on the simulated engine, under virtual time."""
     engine = simulated_engine(design, len(tasks), budget, max_batch=max_batch, decode_batch_s=decode_batch_s,
-                              prefill_batch_s=prefill_batch_s)
+                              prefill_batch_s=prefill_batch_s, lookup_when_scheduled=lookup_when_scheduled)
     config = bench_config(tasks, latency)
     records: list[RolloutRecord] = []
     series: list[tuple[float, int, int, int]] = []
@@ -616,7 +653,7 @@ def calibration_rows(calibration: Calibration) -> list[dict[str, Any]]:
 
 KV_COLUMNS = (
     ("completed", "completed"), ("prefill_per_task", "prefill/task"), ("recomputed_per_task", "recomputed/task"),
-    ("preemptions_per_task", "preempted/task"), ("served_per_task", "not computed/task"),
+    ("preemptions_per_task", "preempted/task"), ("evictions_per_task", "evicted/task"), ("served_per_task", "not computed/task"),
     ("kv_peak_tokens", "KV peak (tok)"), ("kv_mean_tokens", "KV mean (tok)"),
 )
 TIME_COLUMNS = (
@@ -726,8 +763,9 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
     parser.add_argument("--profile-reps", type=at_least(1), default=3, help="repetitions of each profile point (default 3)")
     parser.add_argument("--stall-seconds", type=positive(float), default=STALL_S, help=f"no engine step for this long "
                         f"while agents are left: the run has stalled (default {STALL_S:g})")
-    parser.add_argument("--v1-admission-cap", action="store_true", help="also v1 on a second worker whose active requests "
-                        "are capped so that paused ones cannot hold the whole budget")
+    parser.add_argument("--v1-admission-cap", action=argparse.BooleanOptionalAction, default=True,
+                        help="then v1 again on a second worker whose active requests are capped so that paused ones "
+                        "cannot hold the whole budget (default: on)")
     parser.add_argument("--vllm-python", default=None, help="the interpreter that has vLLM (default: as `compare --engine vllm`)")
     args = parser.parse_args(argv)
     spec = budget_spec(args.kv_blocks)
@@ -737,31 +775,28 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
     pairs: list[tuple[AgentsRun, AgentsRun | None]] = []
     started = time.perf_counter()
 
-    async def on_worker(client: VllmClient, spec: ModelSpec, designs: Sequence[str], capped: bool) -> Calibration | None:
+    calibrations: list[Calibration] = []
+
+    async def calibrate_on(client: VllmClient) -> None:
+        profile = await profile_engine(client, reps=args.profile_reps, window=spec.max_model_len)
+        calibrations.append(calibrate(profile))
+        print(f"calibrated on {len(profile.prefill)} prefill, {len(profile.decode)} decode and {len(profile.busy_prefill)} "
+              f"busy-prefill profile points (load average {profile.load[0]:.1f} to {profile.load[1]:.1f}):")
+        print_table(calibration_rows(calibrations[0]))
+
+    async def agents_on(client: VllmClient, spec: ModelSpec, designs: Sequence[str], engine: str) -> None:
         run_id = secrets.token_hex(4)
-        calibration = None
-        if not capped:
-            profile = await profile_engine(client, reps=args.profile_reps, window=spec.max_model_len)
-            calibration = calibrate(profile)
-            print(f"calibrated on {len(profile.prefill)} prefill and {len(profile.decode)} decode profile points "
-                  f"(load average {profile.load[0]:.1f} to {profile.load[1]:.1f}):")
-            print_table(calibration_rows(calibration))
-            nonlocal_calibration.append(calibration)
         for agents in args.agents:
             tasks = agent_tasks(agents, args.seed)
             for design in designs:
                 real = await run_on_vllm(client, spec, design, tasks, namespace=f"{design}-{agents}-{run_id}",
                                          stall_s=args.stall_seconds)
-                if capped:
-                    real.engine = "vllm-capped"
+                real.engine = engine
                 runs.append(real)
-                print(f"  {real.engine} {design} N={agents}: {real.completed}/{agents} completed"
+                pairs.append((real, None))
+                print(f"  {engine} {design} N={agents}: {real.completed}/{agents} completed"
                       f"{' (stalled)' if real.stalled else ''} in {real.wall_s:.1f} s (load average {real.load[0]:.1f}"
                       f" to {real.load[1]:.1f})", flush=True)
-                pairs.append((real, None))
-        return calibration
-
-    nonlocal_calibration: list[Calibration] = []
 
     async def main_async() -> None:
         connect = VllmClient.over_fds(worker) if worker is not None else open_vllm_process(spec, python=args.vllm_python)
@@ -770,16 +805,17 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
                 raise SystemExit(f"the worker given has {client.ready.kv_blocks} KV blocks, not {spec.kv_blocks}")
             print(f"vLLM {client.ready.vllm_version} ({spec.name}, dummy weights) on {client.ready.device}: KV budget "
                   f"{spec.kv_blocks - 1} blocks of {spec.block_size} = {budget:,} tokens\n", flush=True)
-            await on_worker(client, spec, args.designs, capped=False)
+            await calibrate_on(client)
+            await agents_on(client, spec, args.designs, "vllm")
         if args.v1_admission_cap and SUSPENDED in args.designs:
             cap = admission_cap(spec, agent_tasks(max(args.agents), args.seed))
             capped_spec = budget_spec(args.kv_blocks, max_num_seqs=cap)
             print(f"\nv1 on a worker capped at {cap} active requests (max_num_seqs)", flush=True)
             async with open_vllm_process(capped_spec, python=args.vllm_python) as client:
-                await on_worker(client, capped_spec, [SUSPENDED], capped=True)
+                await agents_on(client, capped_spec, [SUSPENDED], "vllm-capped")
 
     trio.run(main_async, clock=PreciseClock())
-    calibration = nonlocal_calibration[0]
+    (calibration,) = calibrations
     for index, (real, _) in enumerate(pairs):
         if real.engine != "vllm":
             continue

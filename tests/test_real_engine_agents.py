@@ -144,6 +144,31 @@ async def test_the_simulated_engines_batch_terms_slow_each_call_by_the_others_in
     engine.end_call(second)
 
 
+@pytest.mark.parametrize("when_scheduled", [False, True])
+async def test_agents_that_start_together_find_the_first_ones_prefix_only_when_looked_up_as_their_prefill_starts(
+        autojump_clock, when_scheduled):
+    engine = agents.simulated_engine(CHAINED, 2, 100_000, lookup_when_scheduled=when_scheduled)
+    shared = list(range(512))
+    prompts = {"a": Prompt(shared + list(range(1000, 1100))), "b": Prompt(shared + list(range(2000, 2100)))}
+
+    async def call(key: str) -> None:
+        engine_call = await engine.begin_call(key, prompts[key])
+        await engine.prefill_call(LATENCY, ModelCall(key, prompts[key], held=False, output_tokens=1), engine_call=engine_call)
+        engine.retain(key, prompts[key], trio.current_time())
+        engine.end_call(engine_call)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call, "a")
+        nursery.start_soon(call, "b")
+    first, second = engine.calls
+    assert first.computed == 612
+    # Admitted together: the second is looked up before the first has computed anything, unless the lookup
+    # waits for its prefill's turn (the one before it then holds the shared 512 tokens: 32 blocks of 16).
+    assert second.computed == (100 if when_scheduled else 612)
+    # Serial prefill either way: the second's first token comes after the first's prefill and its own.
+    assert second.ttft_s == pytest.approx(2 * 0.01 + (612 + second.computed) / 10_000)
+
+
 def test_the_simulated_engine_preempts_a_held_session_where_vllm_would_stall():
     # Two v1 agents whose contexts together outgrow a 1,536-token budget: the simulated engine's hold policy
     # preempts the younger session's idle KV for the older one, so both finish, the younger computing again.

@@ -250,7 +250,50 @@ def test_the_engine_takes_every_setting_given(fake_vllm):
     asyncio.run(scenario())
 
 
+def test_a_kv_budget_in_blocks_reaches_vllm_only_when_given(fake_vllm):
+    async def scenario():
+        await Worker({**SETTINGS, "num_gpu_blocks_override": 97}, Out()).start()
+        assert FakeAsyncLLM.instances[-1].args.kwargs["num_gpu_blocks_override"] == 97
+        await Worker(dict(SETTINGS), Out()).start()
+        assert "num_gpu_blocks_override" not in FakeAsyncLLM.instances[-1].args.kwargs
+
+    asyncio.run(scenario())
+
+
 # --- the counters --------------------------------------------------------------------------------
+
+
+def test_preemptions_and_what_preempted_requests_recompute_add_up_and_the_queue_is_the_last_steps(fake_vllm):
+    async def scenario():
+        worker, out, engine = await started()
+
+        def step(preempted: int, queries: int, hits: int, running: int, waiting: int) -> None:
+            stats = _scheduler_stats(ctx=10, queries=0, usage=0.5)
+            stats.prefix_cache_stats.preempted_queries, stats.prefix_cache_stats.preempted_hits = queries, hits
+            stats.num_running_reqs, stats.num_waiting_reqs = running, waiting
+            for logger in engine.loggers:
+                logger.record(scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=preempted))
+
+        step(preempted=2, queries=0, hits=0, running=3, waiting=4)  # two preempted: they come back later
+        step(preempted=0, queries=640, hits=576, running=5, waiting=1)  # both back: 64 of their 640 tokens recomputed
+        for logger in engine.loggers:  # preemptions with no scheduler stats still count
+            logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace(num_preempted_reqs=1))
+        counters = worker.counters.as_dict()
+        assert {k: counters[k] for k in UNPREEMPTED} == {"preemptions": 3, "recompute_queries": 640, "recompute_hits": 576,
+                                                         "running": 5, "waiting": 1}
+
+    asyncio.run(scenario())
+
+
+def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk_its_queueing(fake_vllm):
+    first = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0, prompt_token_ids=[1],
+                            metrics=SimpleNamespace(num_preemptions=1, queued_ts=10.0, scheduled_ts=10.25))
+    assert vllm_worker._request_stats(first, first_chunk=True) == {"preemptions": 1, "queued_s": 0.25}
+    # A resumed chunk: vLLM keeps the request's first scheduling time, so its queueing is not said.
+    assert vllm_worker._request_stats(first, first_chunk=False) == {"preemptions": 1}
+    never_scheduled = SimpleNamespace(metrics=SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=0.0))
+    assert vllm_worker._request_stats(never_scheduled, first_chunk=True) == {"preemptions": 0}
+    assert vllm_worker._request_stats(output([7]), first_chunk=True) == {}  # vLLM gave no metrics
 
 
 def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):

@@ -201,8 +201,9 @@ def per_task(run: AgentsRun, value: str) -> dict[str, float]:
 def figures(run: AgentsRun) -> dict[str, Estimate]:
     """A run's figures, each a value with its n and 95% interval (prototype/uncertainty.py):
 
-    * per task (bootstrap over tasks): prefill computed (its first pass per task, plus the engine's
-      recomputed tokens shared equally: vLLM does not say which request recomputed them), prompt tokens the
+    * per task (bootstrap over tasks): prefill computed (on vLLM its calls' own figures, which hold what a
+      request computed up to its first token, a recompute after a preemption before it included, plus what the
+      scheduler computed beyond them, shared equally: vLLM does not say which request did), prompt tokens the
       engine did not compute (held or found cached);
     * per call (bootstrap over calls): time to first token (median), admission wait (mean);
     * per completed task: end-to-end time (median);
@@ -263,9 +264,10 @@ class TracedVllmEngine(VllmEngine):
 
 
 def vllm_calls(engine: TracedVllmEngine) -> list[CallFigures]:
-    """The engine's records in `CallFigures` terms. A call's first-pass prefill is exact per request even with
-    many in flight: a resumed chunk computes the ids it sent; a new request its prompt less the prefix vLLM
-    found (its num_cached_tokens)."""
+    """The engine's records in `CallFigures` terms. A call's prefill is exact per request even with many in
+    flight: a resumed chunk computes the ids it sent; a new request its prompt less the prefix vLLM found when it
+    first admitted it (its num_cached_tokens), which covers a recompute after a preemption before its first
+    token. Only a preemption after a request's first token makes vLLM compute more than its calls say."""
     counts: dict[Hashable, int] = defaultdict(int)
     out = []
     for record in engine.records:

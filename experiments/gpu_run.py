@@ -1,7 +1,7 @@
 """The GPU run, in one command: the real-engine comparison and the KV memory of N concurrent agents
 on vLLM with the Llama-3.1-8B-shaped model (dummy weights), on one GPU.
 
-    python -m experiments.gpu_run                   # about 10 minutes on one H200 (an estimate)
+    python -m experiments.gpu_run
     python -m experiments.gpu_run --agents 10 100   # fewer agents
 
 1. `experiments.real_engine --gpu`: the designs on the same coding tasks; per call the prefill vLLM
@@ -12,7 +12,10 @@ on vLLM with the Llama-3.1-8B-shaped model (dummy weights), on one GPU.
    are free, though still findable, once it ends), against the simulated engine's peak resident
    tokens for the same calls. `experiments.kv_memory` asks the same question under a modeled H100.
 
-Refuses to start, saying why, where the vLLM interpreter sees no CUDA GPU. Writes its tables into
+Checks first, with the interpreter that will run vLLM, that it imports vLLM and that torch sees a CUDA
+GPU, and refuses to start, saying which is missing: it installs nothing (a GPU machine without vLLM,
+or without network access, gets the reason, not a plan that cannot run). How long it takes has not
+been measured (no GPU was available where it was written). Writes its tables into
 results/gpu_run/<timestamp>/ (and real_engine's into results/real_engine*/).
 """
 
@@ -42,15 +45,32 @@ AGENTS = (10, 100, 1000)
 AGENT_TURNS = 5
 AGENT_TOOL_SECONDS = 2.0  # each tool call [ours]: long enough that v1's held KV is seen while agents wait
 AGENT_DESIGNS = (SUSPENDED, CHAINED)
-GPU_PROBE = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+# Run by the vLLM interpreter: vLLM importable (its version), and the CUDA GPU torch sees (empty: none).
+GPU_PROBE = ("import vllm, torch; print(vllm.__version__); "
+             "print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
 
 
-def gpu_name(python: str | None = None) -> str | None:
-    """The GPU the vLLM interpreter sees, or None (no CUDA device, or a CPU build of torch)."""
-    interpreter = vllm_python(python)
+class NotRunnable(Exception):
+    """What this machine lacks for the GPU run."""
+
+
+def gpu_name(python: str | None = None) -> str:
+    """The GPU the vLLM interpreter sees. Raises NotRunnable, saying why, where that interpreter is missing, cannot
+    import vLLM, or sees no CUDA GPU (no device, or a CPU build of torch)."""
+    try:
+        interpreter = vllm_python(python)
+    except VllmUnavailable as reason:
+        raise NotRunnable(str(reason)) from None
     probe = subprocess.run([str(interpreter), "-c", GPU_PROBE], capture_output=True, text=True, timeout=600)
-    name = probe.stdout.strip()
-    return name or None
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or [f"it exited with status {probe.returncode}"])[-1]
+        raise NotRunnable(f"{interpreter} cannot import vLLM and torch ({last}); install vLLM's CUDA build there "
+                          "(docs/real_engine.md)")
+    version, _, name = probe.stdout.strip().partition("\n")
+    if not name.strip():
+        raise NotRunnable(f"the vLLM interpreter ({interpreter}, vLLM {version}) sees no CUDA GPU; this run needs one "
+                          "(docs/real_engine.md)")
+    return name.strip()
 
 
 def agent_tasks(agents: int, turns: int, seed: int) -> tuple[wl.Workload, ...]:
@@ -102,11 +122,8 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None, 
     args = parser.parse_args(argv)
     try:
         gpu = gpu_name(args.vllm_python)
-    except VllmUnavailable as reason:
+    except NotRunnable as reason:
         print(f"gpu_run: {reason}")
-        return 2
-    if gpu is None:
-        print("gpu_run: the vLLM interpreter sees no CUDA GPU; this run needs one (docs/real_engine.md)")
         return 2
     print(f"gpu_run on {gpu}")
     if not args.skip_comparison:

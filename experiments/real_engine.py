@@ -4,13 +4,16 @@ engine computed per design and turn, and how far the simulated engine's predicti
 For every model call, from vLLM's own counters (vllm_worker.Counters; one call in flight at a
 time, so each call's share is exact): the prefill tokens its scheduler computed, the prefix-cache
 hits it counted, the request's num_cached_tokens; from the client side, the time to the first token
-and the decode rate; the KV blocks in use at the first token. Beside each, the simulated engine's
+and the decode rate; the KV blocks in use at the first token. vLLM samples each call's planned ids
+(forced decoding), so its KV holds the transcript's tokens. Beside each, the simulated engine's
 prediction for the same call: its prefill tokens (its residency and prefix-cache model, run beside
 vLLM on the same calls) and its time to first token (the latency model). The latency model is then
-fitted to the real engine's timings (prototype/engine/fit.py), and the fitted model's error is
-reported too; `--latency-out` saves the fit as a profile that `compare --latency` and `serve` load.
-`python -m prototype calibrate <the calls CSV>` makes the same fit from the written file and scores
-it on the calls it was not fitted to.
+fitted to the real engine's timings (`calibrate`'s fit, prototype/engine/fit.py) and its error
+reported twice, labelled: in-sample (the fit on every call, scored on the same calls) and held out
+(the model refitted on the first calls in the order made, scored on the last 30%, with their
+number). `--latency-out` saves the fit on every call as a profile that `compare --latency` and
+`serve` load; `python -m prototype calibrate <the calls CSV>` makes the same fit and score from the
+written file.
 
     python -m experiments.real_engine                      # tiny model on CPU, 2 chat tasks x 3 turns
     python -m experiments.real_engine --gpu                # Llama-3.1-8B-shaped model on one GPU (docs/real_engine.md)
@@ -23,8 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
-from collections.abc import Hashable
+import sys
 from typing import Any
 
 import attrs
@@ -34,16 +36,16 @@ from prototype import benchmark, profiles
 from prototype.api.costs import ZERO_COSTS
 from prototype.cli import calibrate
 from prototype.cli.common import add_list
-from prototype.engine import fit
 from prototype.engine.latency import SPARK_TOKENS_PER_S, LatencyModel
-from prototype.engine.vllm_client import WorkerProcess
-from prototype.engine.vllm_engine import RealCall
+from prototype.engine.vllm_client import VllmUnavailable, WorkerFailed, WorkerProcess
+from prototype.engine.vllm_engine import RealCall, call_records
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU
+from prototype.traces.engine_calls import EngineCall
 
 # The decode speed whose model profile the tasks name; on the real engine it only labels the runs.
 PROFILE_TPS = SPARK_TOKENS_PER_S
-# The GPU run's comparison, sized for about 5 minutes on one H200 with the 8B-shaped model (an
-# estimate: ~12,000 sampled tokens per design at ~100 tokens/s for one sequence, plus tools).
+# The GPU run's comparison with the 8B-shaped model: ~12,000 sampled tokens per design, short tools
+# (its time on a GPU has not been measured: no GPU was available where it was written).
 GPU_TASKS, GPU_TURNS, GPU_TOOL_SECONDS = 5, 8, 0.5
 
 
@@ -59,55 +61,35 @@ def real_config(preset: str, tasks: int, turns: int, seed: int, tool_seconds: fl
     return attrs.evolve(config, task_list=fixed)
 
 
-def _session(key: Hashable) -> Hashable:
-    """The conversation a call belongs to: an http turn routed elsewhere keys on its home's key."""
-    return key[1] if isinstance(key, tuple) and key and key[0] == "http-elsewhere" else key
+HOLDOUT_SHARE = calibrate.HOLDOUT_SHARE  # the last 30% of the calls, in the order made, score a fit on the rest
 
 
 def call_rows(design: str, calls: list[RealCall], model: LatencyModel, fitted: LatencyModel | None) -> list[dict[str, Any]]:
-    calls_so_far: dict[Hashable, int] = defaultdict(int)
-    tasks: dict[Hashable, int] = {}
-    rows = []
-    for call in calls:
-        session = _session(call.key)
-        task = tasks.setdefault(session, len(tasks))
-        calls_so_far[session] += 1
+    """vLLM's record of each call (vllm_engine.call_records) with the time to first token the simulated engine's
+    latency model predicts for it (`ttft_sim_ms`) and, given a fit, the fitted model's (`ttft_fit_ms`)."""
+    rows = call_records(design, calls)
+    for row, call in zip(rows, calls):
         predicted_cached = call.prompt_tokens - call.predicted_prefill_tokens
-        row = {
-            "design": design, "task": task, "call": calls_so_far[session], "resumed": call.resumed, "routed_away": call.isolated,
-            "prompt_tokens": call.prompt_tokens, "sent_tokens": call.sent_tokens,
-            "prefill_vllm": call.prefill_tokens, "prefill_sim": call.predicted_prefill_tokens,
-            "prefix_hits_vllm": call.prefix_hits, "cached_vllm": call.vllm_cached_tokens,
-            "output_tokens": call.output_tokens, "ttft_ms": call.ttft_s * 1000, "decode_ms": call.decode_s * 1000,
-            "ttft_sim_ms": model.prefill_seconds(call.predicted_prefill_tokens, predicted_cached) * 1000,
-            "decode_tps": (call.output_tokens - 1) / call.decode_s if call.decode_s > 0 else float("nan"),
-            "kv_blocks": call.kv_blocks_used,
-        }
+        row["ttft_sim_ms"] = model.prefill_seconds(call.predicted_prefill_tokens, predicted_cached) * 1000
         if fitted is not None:
             row["ttft_fit_ms"] = fitted.prefill_seconds(call.prefill_tokens, call.prompt_tokens - call.prefill_tokens) * 1000
-        rows.append(row)
     return rows
 
 
-def fit_latency(calls: list[RealCall]) -> tuple[LatencyModel, fit.RoundTimeFit] | None:
-    """The latency model fitted to the real engine's calls, as `calibrate` fits it to this experiment's
-    real_engine_calls.csv (fit.engine_timing_fit): time to first token against the tokens vLLM prefilled
-    (overhead and prefill rate), and the decode rate. None with fewer than 4 calls or no decode time."""
-    if len(calls) < 4:
-        return None
-    try:
-        result = fit.engine_timing_fit([c.prefill_tokens for c in calls], [c.ttft_s for c in calls],
-                                       [c.output_tokens for c in calls], [c.decode_s for c in calls])
-    except ValueError:
-        return None
-    return calibrate.engine_latency_model(result), result.first_token
+def engine_calls(rows: list[dict[str, Any]]) -> list[EngineCall]:
+    """The calls as `calibrate` reads them from the written file: the tokens vLLM sampled are those its decode time covers."""
+    return [EngineCall(row["design"], row["prompt_tokens"], row["prefill_vllm"], row["sampled_tokens"], row["ttft_ms"] / 1000,
+                       row["decode_ms"] / 1000) for row in rows]
 
 
 def _error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary_rows(rows: list[dict[str, Any]], held_out: calibrate.EngineScore | None = None) -> list[dict[str, Any]]:
+    """Per design: the prefill vLLM computed against the simulated prediction, the mean time to first token against
+    the latency model's and (given a fit) the fitted model's, in-sample, and the held-out error of the refitted model
+    on this design's calls among the held-out ones (median absolute error per call, and how many calls)."""
     out = []
     for design in dict.fromkeys(row["design"] for row in rows):
         mine = [row for row in rows if row["design"] == design]
@@ -125,7 +107,10 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         if "ttft_fit_ms" in mine[0]:
             ttft_fit = statistics.fmean(row["ttft_fit_ms"] for row in mine)
-            summary |= {"ttft_fit_ms": ttft_fit, "ttft_fit_error": _error(ttft_fit, ttft)}
+            summary |= {"ttft_fit_ms": ttft_fit, "ttft_fit_error_in_sample": _error(ttft_fit, ttft)}
+        if held_out is not None:
+            errors = held_out.ttft_errors([call for call in held_out.held if call.design == design])
+            summary |= {"ttft_fit_held_out_median_pct": errors["median"], "held_out_calls": int(errors["n"])}
         out.append(summary)
     return out
 
@@ -149,29 +134,49 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
         spec, args.preset, args.tasks, args.turns = LLAMA_8B_SHAPE, "coding", GPU_TASKS, GPU_TURNS
         args.tool_seconds = GPU_TOOL_SECONDS if args.tool_seconds is None else args.tool_seconds
     config = real_config(args.preset, args.tasks, args.turns, args.seed, args.tool_seconds)
-    results = benchmark.run_designs_on_vllm(args.designs, config, spec, python=args.vllm_python, decode_tps=PROFILE_TPS,
-                                            worker=worker)
-    every_call = [call for _, calls in results.values() for call in calls]
-    fitted = fit_latency(every_call)
+    failure = None
+    try:
+        results = benchmark.run_designs_on_vllm(args.designs, config, spec, python=args.vllm_python, decode_tps=PROFILE_TPS,
+                                                worker=worker)
+    except* (VllmUnavailable, WorkerFailed) as group:
+        failure = group.exceptions[0]
+    if failure is not None:  # no vLLM, or an engine that would not start: one line, the reason
+        print(f"python -m experiments.real_engine: error: {failure}", file=sys.stderr)
+        raise SystemExit(2)
     model = LatencyModel(decode_tokens_per_s=PROFILE_TPS)
-    rows = [row for design, (_, calls) in results.items()
-            for row in call_rows(design, calls, model, fitted[0] if fitted else None)]
-    summary = summary_rows(rows)
+    rows = [row for design, (_, calls) in results.items() for row in call_rows(design, calls, model, None)]
+    calls = engine_calls(rows)
+    fitted = held_out = None
+    try:
+        fitted = calibrate.fit_engine_calls(calls)
+        held_out = calibrate.engine_calls_score(calls, HOLDOUT_SHARE)
+    except ValueError as reason:  # too few calls (or no decode time) for a fit, or to hold any out
+        print(f"{'no fit' if fitted is None else 'no held-out score'}: {reason}\n")
+    if fitted is not None:
+        rows = [row for design, (_, design_calls) in results.items()
+                for row in call_rows(design, design_calls, model, calibrate.engine_latency_model(fitted))]
+    summary = summary_rows(rows, held_out)
     print(f"{args.tasks} {args.preset} tasks x {args.turns} turns per design on vLLM ({spec.name}, dummy weights), real time\n")
     calls_path = report(rows, "real_engine_calls.csv")
     print()
     report(summary, "real_engine.csv")
     if fitted is not None:
-        model_fit, result = fitted
-        print(f"\nlatency model fitted to the real engine ({result.n} calls): overhead {result.fixed_s * 1000:.1f} ms, "
-              f"prefill {result.prefill_tokens_per_s:,.0f} tokens/s (time to first token: R² {result.r2:.3f}), "
-              f"decode {model_fit.decode_tokens_per_s:,.1f} tokens/s")
-        if args.latency_out and math.isfinite(result.prefill_tokens_per_s):
-            path = profiles.save_latency(model_fit, args.latency_out, f"experiments.real_engine on {spec.name}")
+        first = fitted.first_token
+        print(f"\nlatency model fitted to the real engine on all {first.n} calls: overhead {first.fixed_s * 1000:.1f} ms, "
+              f"prefill {first.prefill_tokens_per_s:,.0f} tokens/s (time to first token, in-sample R² {first.r2:.3f}), "
+              f"decode {fitted.decode_tokens_per_s:,.1f} tokens/s")
+        print("  ttft_fit_error_in_sample: that fit's mean against the measured mean, on the calls it was fitted to")
+        if held_out is not None:
+            print(f"  ttft_fit_held_out_median_pct: the model refitted on the first {held_out.fitted.first_token.n} calls, "
+                  f"scored on the last {len(held_out.held)} (held_out_calls of them per design): median absolute error per "
+                  f"call, all held out {held_out.ttft['median']:.1f}%, p90 {held_out.ttft['p90']:.1f}%")
+        if args.latency_out and math.isfinite(first.prefill_tokens_per_s):
+            path = profiles.save_latency(calibrate.engine_latency_model(fitted), args.latency_out,
+                                         f"experiments.real_engine on {spec.name}: fitted on all {first.n} calls")
             print(f"wrote {path}")
         elif args.latency_out:
             print("not saved: a rate the calls cannot determine came out infinite (more calls, or longer ones, fit it)")
-        print(f"the same fit, scored on held-out calls: python -m prototype calibrate {calls_path}")
+        print(f"the same fit and score from the file: python -m prototype calibrate {calls_path}")
     return {"calls": rows, "summary": summary}
 
 

@@ -499,7 +499,7 @@ PROFILE_UNCACHED = (32, 128, 512, 1024)  # prefill sizes [ours]: a resumed chunk
 PROFILE_BATCHES = (1, 2, 4, 8, 16)  # decode batch sizes [ours]: up to what the budget holds of these small requests
 PROFILE_DECODE_TOKENS = 48  # tokens each decode-profile request samples (this workload's median turn)
 PROFILE_DECODE_PROMPT = 16
-PROFILE_BUSY_BATCHES = (0, 4, 8, 16)  # requests decoding while a prefill is timed [ours]
+PROFILE_BUSY_BATCHES = (0, 2, 4, 8, 16)  # requests decoding while a prefill is timed [ours]
 PROFILE_BUSY_UNCACHED = 256  # that prefill's size [ours]
 
 
@@ -528,7 +528,7 @@ class Calibration:
     prefill_batch_s: float
     prefill_fit: fit.RoundTimeFit
     decode_fit: fit.RoundTimeFit
-    busy_fit: fit.RoundTimeFit
+    busy_fit: fit.RoundTimeFit | None  # None: too few busy-prefill points to fit (the term is then 0)
 
     @property
     def decode_tps(self) -> float:
@@ -631,9 +631,11 @@ def calibrate(profile: EngineProfile) -> Calibration:
         cache_attention=cache_q if math.isfinite(cache_q) else None,
         request_overhead=prefill_fit.fixed_s,
     )
-    busy_fit = fit.round_time_fit([b[0] for b in profile.busy_prefill], [0.0] * len(profile.busy_prefill),
-                                  [b[2] - latency.prefill_seconds(b[1], 0) for b in profile.busy_prefill])
-    busy_per_call = 0.0 if math.isinf(busy_fit.prefill_tokens_per_s) else 1 / busy_fit.prefill_tokens_per_s
+    busy_fit, busy_per_call = None, 0.0
+    if len(profile.busy_prefill) >= fit.MIN_FIT_ROUNDS:  # else no batch term for the prefill
+        busy_fit = fit.round_time_fit([b[0] for b in profile.busy_prefill], [0.0] * len(profile.busy_prefill),
+                                      [b[2] - latency.prefill_seconds(b[1], 0) for b in profile.busy_prefill])
+        busy_per_call = 0.0 if math.isinf(busy_fit.prefill_tokens_per_s) else 1 / busy_fit.prefill_tokens_per_s
     return Calibration(latency, per_call, busy_per_call, prefill_fit, decode_fit, busy_fit)
 
 
@@ -646,7 +648,7 @@ def calibration_rows(calibration: Calibration) -> list[dict[str, Any]]:
         {"term": "decode, one call", "value": f"{1000 / latency.decode_tokens_per_s:.2f} ms/token", "fit": f"n={decode.n}, R² {decode.r2:.2f}"},
         {"term": "decode, per call in the batch", "value": f"+{calibration.decode_batch_s * 1000:.3f} ms/token", "fit": ""},
         {"term": "prefill, per call decoding meanwhile", "value": f"+{calibration.prefill_batch_s * 1000:.2f} ms",
-         "fit": f"n={calibration.busy_fit.n}, R² {calibration.busy_fit.r2:.2f}"},
+         "fit": "not fitted" if calibration.busy_fit is None else f"n={calibration.busy_fit.n}, R² {calibration.busy_fit.r2:.2f}"},
     ]
 
 

@@ -405,7 +405,10 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         ("parallel client calls", f"{params.parallel_calls_p:.1%} of tool turns, 2/3/4 calls weighted " + "/".join(f"{w:g}" for w in params.parallel_call_weights), "docs/parameters.md §1: yurukusa/cc-multi"),
         ("hosted web_search", f"{params.hosted_call_p:.1%} of tool turns, {params.hosted_seconds:g} s, {params.hosted_result_tokens} tokens", "docs/parameters.md §1: yurukusa/cc-multi [rate]; [assumed latency, size]"),
         ("reasoning share of output", f"uniform {params.reasoning_share[0]:.0%}-{params.reasoning_share[1]:.0%} per turn; encrypted_content >= {ENCRYPTED_CONTENT_MIN_CHARS} chars", "docs/parameters.md §1: public Codex gpt-5.4 trace; LibreChat-AI/agents PR #422"),
-        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s", calibrated or "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"),
+        ("tool time", "mixture " + ", ".join(f"{w:g}xLN({m:g} s, {s:g})" for w, m, s in params.tool_mixture) + f", cap {params.tool_cap_seconds:g} s"
+         if params.fixed_tool_seconds is None else f"fixed {params.fixed_tool_seconds:g} s a call",
+         calibrated or ("docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres" if params.fixed_tool_seconds is None
+                        else "prototype/workload.py [assumed]")),
         ("decode speeds", ", ".join(f"{s:g}" for s in DECODE_SPEEDS) + " tokens/s" if model == latency.LatencyModel()
          else f"{model.decode_tokens_per_s:g} tokens/s unless --speeds", "OpenAI blog: ~65 (GPT-5/5.2), >1000 and bursts to 4000 (Codex-Spark)"
          if model == latency.LatencyModel() else "latency profile (--latency)"),

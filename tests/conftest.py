@@ -169,13 +169,16 @@ def cli_server():
 def vllm_worker():
     """One vLLM worker (prototype/engine/vllm_worker.py, the tiny CPU model) for the whole test
     session: its start-up takes minutes on 2 cores, so every real-engine test shares it. Skips,
-    saying why, where no interpreter can import vLLM (docs/real_engine.md installs one)."""
+    saying why, where no interpreter can import vLLM (docs/real_engine.md installs one), unless
+    $TESTBED_REQUIRE_VLLM is set (CI sets it once vLLM is installed): then it fails."""
     from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess, vllm_python
     from prototype.engine.vllm_models import TINY_CPU
 
     try:
         vllm_python()
     except VllmUnavailable as reason:
+        if os.environ.get("TESTBED_REQUIRE_VLLM"):
+            pytest.fail(f"real engine required ($TESTBED_REQUIRE_VLLM) but: {reason}")
         pytest.skip(f"real engine: {reason}")
     worker = WorkerProcess.start(TINY_CPU)
     yield worker

@@ -43,7 +43,8 @@ def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path, capsys) ->
     assert cli_main(["calibrate", str(path), "--latency-out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "real-engine calls, 10 calls (http: 3, chained: 3, suspended: 4)" in printed
-    assert "fitted on the first 7 calls, scored on the last 3" in printed
+    assert "refitted on the first 7 calls, scored on the last 3" in printed
+    assert "wrote latency profile" in printed and "the fit on all 10 calls" in printed
     model = profiles.load_latency(out)
     assert model.request_overhead == pytest.approx(OVERHEAD_S, abs=1e-9)
     assert model.prefill_tokens_per_s == pytest.approx(PREFILL_TPS, rel=1e-9)
@@ -56,8 +57,9 @@ def test_the_held_out_calls_are_scored_by_a_fit_that_never_saw_them(tmp_path) ->
     write_calls(path, slowdown_last=3, factor=1.25)  # the last three calls, the held-out ones, run 25% slower
     from prototype.cli import calibrate
 
-    fitted, scored, ttft, whole = calibrate.engine_calls_score(engine_calls.read(path), 0.3)
-    assert (fitted.first_token.n, scored) == (7, 3)
+    score = calibrate.engine_calls_score(engine_calls.read(path), 0.3)
+    fitted, ttft, whole = score.fitted, score.ttft, score.whole
+    assert (fitted.first_token.n, len(score.held)) == (7, 3)
     # Fitted on the first seven (exact), each held-out call is predicted at 1/1.25 of its time: 20% under.
     assert ttft["median"] == pytest.approx(20.0) and ttft["p90"] == pytest.approx(20.0)
     assert whole["median"] == pytest.approx(20.0)
@@ -83,12 +85,12 @@ def test_a_workload_preset_is_refused_for_calls_that_hold_no_tasks(tmp_path, cap
 
 
 def test_the_decode_rate_pools_every_token_after_a_calls_first() -> None:
-    result = fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], [1, 11, 21], [0.0, 1.0, 3.0])
-    assert result.decode_tokens_per_s == pytest.approx(30 / 4.0)  # 0 + 10 + 20 tokens over 4 s
+    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 11, 21, 1], [0.0, 1.0, 3.0, 0.0])
+    assert result.decode_tokens_per_s == pytest.approx(30 / 4.0)  # 0 + 10 + 20 + 0 tokens over 4 s
     assert result.first_token.fixed_s == pytest.approx(0.06) and result.first_token.prefill_tokens_per_s == pytest.approx(2000)
     assert float(result.call_seconds(100, 21)) == pytest.approx(0.11 + 20 / 7.5)
     with pytest.raises(ValueError, match="decode rate"):
-        fit.engine_timing_fit([100, 200, 300], [0.1, 0.2, 0.3], [1, 1, 1], [0.0, 0.0, 0.0])
+        fit.engine_timing_fit([100, 200, 300, 400], [0.1, 0.2, 0.3, 0.4], [1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0])
 
 
 HEADER = "design,prompt_tokens,prefill_vllm,output_tokens,ttft_ms,decode_ms\r\n"
@@ -145,7 +147,7 @@ def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every
 
 
 def test_a_call_with_one_token_adds_no_decode_time() -> None:
-    result = fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], [1, 11, 21], [0.0, 1.0, 3.0])
+    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 11, 21, 1], [0.0, 1.0, 3.0, 0.0])
     first_token = float(result.first_token.predict(100, 0.0))
     assert first_token == pytest.approx(0.11)
     assert float(result.call_seconds(100, 1)) == first_token
@@ -153,7 +155,7 @@ def test_a_call_with_one_token_adds_no_decode_time() -> None:
 
 
 def test_one_token_after_a_first_over_half_a_second_is_a_decode_rate() -> None:
-    result = fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], [1, 1, 2], [0.0, 0.0, 0.5])
+    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 1, 2, 1], [0.0, 0.0, 0.5, 0.0])
     assert result.decode_tokens_per_s == 2.0
 
 
@@ -162,3 +164,11 @@ def test_no_decode_rate_without_both_later_tokens_and_decode_time(output_tokens,
     message = "a decode rate needs calls that sampled more than one token, over some time"
     with pytest.raises(ValueError, match=f"^{message}$"):
         fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], output_tokens, decode_s)
+
+
+def test_the_tokens_the_engine_sampled_are_the_ones_its_decode_time_covers(tmp_path) -> None:
+    # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
+    path = tmp_path / "calls.csv"
+    path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
+                     b"chained,600,600,40,47,360,1950\r\n")
+    assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]

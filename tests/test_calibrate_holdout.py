@@ -52,10 +52,11 @@ def mixed_trace(path) -> None:
 
 def test_holdout_split_fits_the_first_rounds_and_scores_the_last() -> None:
     assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
-    assert fit.holdout_split(4, 0.3) == (range(0, 3), range(3, 4))
-    assert fit.holdout_split(5, 0.9) == (range(0, 3), range(3, 5))  # at least 3 fitted
-    with pytest.raises(ValueError, match="at least 4 timed rounds"):
-        fit.holdout_split(3, 0.3)
+    assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
+    # At least 4 fitted: one more than the fit's 3 coefficients, so the fit scored is no exact interpolation.
+    assert fit.holdout_split(6, 0.9) == (range(0, 4), range(4, 6))
+    with pytest.raises(ValueError, match=r"at least 5 timed rounds \(4 to fit, 1 to score\), got 4"):
+        fit.holdout_split(4, 0.3)
     with pytest.raises(ValueError, match=r"in \(0, 1\)"):
         fit.holdout_split(10, 1.0)
 
@@ -100,7 +101,7 @@ def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp
     assert "2 providers and models in the trace" in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 20 timed rounds)" not in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 10 timed rounds)" in printed
-    assert printed.count("fitted on the first 7 rounds, scored on the last 3") == 2
+    assert printed.count("refitted on the first 7 rounds, scored on the last 3") == 2
     assert "held-out error per round" in printed
     claude = profiles.load_latency(tmp_path / "profile.claude-claude-sonnet-4.json")
     codex = profiles.load_latency(tmp_path / "profile.codex-gpt-5.4.json")
@@ -108,8 +109,9 @@ def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp
     assert claude.decode_tokens_per_s == pytest.approx(50.0, rel=0.15)
     assert codex.decode_tokens_per_s == pytest.approx(100.0, rel=0.15)
     assert not out.exists()
-    assert cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--holdout", "1.5"]) == 2
-    assert "--holdout must be in (0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--holdout", "1.5"])
+    assert "argument --holdout: the held-out share must be in (0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_a_codex_rollout_names_its_model_from_turn_context(tmp_path) -> None:

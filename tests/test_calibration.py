@@ -67,8 +67,8 @@ def test_fit_keeps_coefficients_non_negative_and_checks_its_input():
     result = fit.round_time_fit(np.zeros(40), output, 0.2 + output / 50)  # no uncached tokens: prefill unseen
     assert result.prefill_tokens_per_s == math.inf
     assert result.decode_tokens_per_s == pytest.approx(50) and result.fixed_s == pytest.approx(0.2)
-    with pytest.raises(ValueError, match="at least 3"):
-        fit.round_time_fit([1, 2], [1, 2], [1, 2])
+    with pytest.raises(ValueError, match="at least 4"):
+        fit.round_time_fit([1, 2, 3], [1, 2, 3], [1, 2, 3])
 
 
 def assert_best_non_negative_fit(result, uncached, output, seconds) -> None:

@@ -157,7 +157,8 @@ def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latenc
                                       "docs/parameters.md §1: Exgentic moment fit, TraceLab p50")
     assert rows["initial prompt"][1] == "docs/parameters.md §1 [assumed]"
     assert rows["output tokens per turn"][1] == "docs/parameters.md §1: inference-perf, Exgentic, AgentX"
-    assert rows["tool time"][1] == "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"
+    # The chat preset's tools take a fixed time: that is the parameter in effect, not the mixture.
+    assert rows["tool time"] == (f"fixed {chat.fixed_tool_seconds:g} s a call", "prototype/workload.py [assumed]")
     model = LatencyModel(decode_tokens_per_s=321.0, prefill_tokens_per_s=5000.0, cache_attention=None, request_overhead=0.0125)
     config = benchmark.BenchConfig(preset=workload.PRESETS["coding"], fixed_turns=4, n_tasks=3, seed=9, latency=model,
                                    keep_alive=False, flush_interval=0.025, http_affinity=0.5, reconnect=CODEX)

@@ -757,7 +757,8 @@ def test_a_round_time_fit_prints_beside_the_testbeds_terms(capsys):
         "  fixed              250.0 ms  (+/- 500.0)   testbed: engine 10 ms + API pre 250 ms + post 60 ms per http turn",
         "  prefill rate      12,345 tokens/s (s/token +/- 2e-06)   testbed: 15000",
         "  decode rate         55.5 tokens/s (s/token +/- 0.0003)   testbed: 65 / 1000 / 4000",
-        "  residuals      rmse 500.0 ms, r2 0.988, p10/p50/p90 -500.0 / 250.0 / 1500.0 ms",
+        "  in-sample      rmse 500.0 ms, r2 0.988, residuals p10/p50/p90 -500.0 / 250.0 / 1500.0 ms (on the 12 rounds it "
+        "was fitted to)",
         "",
     ]
     calibrate.print_fit(FIT)
@@ -794,13 +795,13 @@ def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
 
 def test_a_group_is_scored_on_its_last_rounds_by_a_fit_on_its_first():
     rounds = [rnd("a", i, 0, u, o, start=float(i), seconds=0.5 + u / 1000 + o / 50)
-              for i, (u, o) in enumerate([(100, 10), (500, 40), (900, 20), (300, 80), (700, 30)])]
-    assert calibrate.held_out_score("g", rounds[:3], 0.3) is None
+              for i, (u, o) in enumerate([(100, 10), (500, 40), (900, 20), (300, 80), (700, 30), (200, 60)])]
+    assert calibrate.held_out_score("g", rounds[:4], 0.3) is None  # 4 fit the 3 coefficients, none left to score
     score = calibrate.held_out_score("g", rounds, 0.4)
-    assert (score.group, score.held_out, score.fitted.n) == ("g", 2, 3)
-    assert score.fitted == calibrate.fit_rounds(rounds[:3])
-    predicted = [float(score.fitted.predict(r.uncached_tokens, r.output_tokens)) for r in rounds[3:]]
-    assert score.errors == fit.percentage_errors(predicted, [r.model_seconds for r in rounds[3:]])
+    assert (score.group, score.held_out, score.fitted.n) == ("g", 2, 4)
+    assert score.fitted == calibrate.fit_rounds(rounds[:4])
+    predicted = [float(score.fitted.predict(r.uncached_tokens, r.output_tokens)) for r in rounds[4:]]
+    assert score.errors == fit.percentage_errors(predicted, [r.model_seconds for r in rounds[4:]])
 
 
 def test_held_out_scores_print_per_group(capsys):
@@ -809,9 +810,10 @@ def test_held_out_scores_print_per_group(capsys):
     calibrate.print_score(attrs.evolve(score, errors={"median": 1.0, "p90": 2.0, "zero": 2}))
     calibrate.print_scores([score, attrs.evolve(score, group="all rounds", held_out=1)])
     assert capsys.readouterr().out.split("\n") == [
-        "  held out       fitted on the first 12 rounds, scored on the last 4: absolute error per round median 1.23%, p90 150%",
-        "  held out       fitted on the first 12 rounds, scored on the last 4: absolute error per round median 1%, p90 2% "
-        "(2 round(s) of 0 s left out)",
+        "  held out       the model refitted on the first 12 rounds, scored on the last 4: absolute error per round "
+        "median 1.23%, p90 150%",
+        "  held out       the model refitted on the first 12 rounds, scored on the last 4: absolute error per round "
+        "median 1%, p90 2% (2 round(s) of 0 s left out)",
         "",
         f"{'held-out error per round':<40} {'fitted':>7} {'scored':>7} {'median':>8} {'p90':>8}",
         f"  {'codex/gpt-5.4':<38} {12:>7} {4:>7} {'1.23':>7}% {'150':>7}%",
@@ -874,32 +876,37 @@ def test_calibrate_prints_the_trace_beside_the_baseline_and_fits_one_group(tmp_p
     assert "\n".join(lines[3:]).startswith(expected)
     rest = "\n".join(lines[3:])[len(expected):]
     assert rest == (f"\nwrote workload preset {preset}\n"
-                    f"wrote latency profile {latency_file}\n")
+                    f"wrote latency profile {latency_file}: the fit on all 5 rounds\n")
     assert "providers and models" not in out
     assert profiles.load_preset(preset) == calibrate.fitted_preset(trace.tasks, trace.rounds)
     assert profiles.load_latency(latency_file) == calibrate.latency_model(calibrate.fit_rounds(timed))
     assert json.loads(latency_file.read_text())["source"] == (
-        f"python -m prototype calibrate {path} (codex/gpt-5.4: 5 rounds, rmse "
+        f"python -m prototype calibrate {path} (codex/gpt-5.4: fitted on all 5 rounds, in-sample rmse "
         f"{calibrate.fit_rounds(timed).rmse_s * 1000:.1f} ms)")
     assert json.loads(preset.read_text())["source"] == f"python -m prototype calibrate {path}"
 
 
 def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):
-    path = tracelab(tmp_path / "t.jsonl", [("claude", "sonnet", 4), ("codex", "gpt", 3), ("codex", "mini", 2)])
+    path = tracelab(tmp_path / "t.jsonl", [("claude", "sonnet", 5), ("codex", "gpt", 4), ("codex", "mini", 3)])
     status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "p.json")
     assert (status, err) == (0, "")
     assert ("\n3 providers and models in the trace: each is fitted on its own rounds "
-            "(claude/sonnet: 4, codex/gpt: 3, codex/mini: 2)\n") in out
-    assert "Fit of model seconds per round (claude/sonnet, 4 timed rounds)" in out
-    assert "Fit of model seconds per round (codex/gpt, 3 timed rounds)" in out
-    assert "\nno fit for codex/mini: 2 timed round(s), fewer than 3\n" in out
-    assert out.count("  held out ") == 1  # three rounds are fitted but not scored
+            "(claude/sonnet: 5, codex/gpt: 4, codex/mini: 3)\n") in out
+    assert "Fit of model seconds per round (claude/sonnet, 5 timed rounds)" in out
+    assert "Fit of model seconds per round (codex/gpt, 4 timed rounds)" in out
+    # Three rounds would give the three coefficients exactly (rmse 0): no fit, saying why.
+    assert ("\nno fit for codex/mini: 3 timed round(s), fewer than 4 (a fit of 3 coefficients on fewer would interpolate "
+            "them, its residuals zero)\n") in out
+    assert out.count("  held out       the model refitted") == 1
+    # Four rounds are fitted, but too few to hold any out besides: flagged, not scored.
+    assert ("  held out       not scored: 4 timed rounds, fewer than 5 (4 to fit, 1 to score): the fit's in-sample "
+            "residuals say little of new rounds\n") in out
     assert "held-out error per round" not in out  # one score: no table
-    assert out.endswith(f"wrote latency profile {tmp_path / 'p.claude-sonnet.json'} (claude/sonnet)\n"
-                        f"wrote latency profile {tmp_path / 'p.codex-gpt.json'} (codex/gpt)\n")
+    assert out.endswith(f"wrote latency profile {tmp_path / 'p.claude-sonnet.json'}: the fit on all 5 rounds (claude/sonnet)\n"
+                        f"wrote latency profile {tmp_path / 'p.codex-gpt.json'}: the fit on all 4 rounds (codex/gpt)\n")
     assert not (tmp_path / "p.json").exists()
-    status, out, _ = run_calibrate(capsys, tracelab(tmp_path / "u.jsonl", [("a", "b", 4), ("c", "d", 4)]), "--baseline-tasks", 2)
-    assert status == 0 and "\nheld-out error per round" in out and out.count("  held out ") == 2
+    status, out, _ = run_calibrate(capsys, tracelab(tmp_path / "u.jsonl", [("a", "b", 5), ("c", "d", 5)]), "--baseline-tasks", 2)
+    assert status == 0 and "\nheld-out error per round" in out and out.count("  held out       the model refitted") == 2
 
 
 def test_calibrate_without_timed_rounds_fits_nothing_and_refuses_a_latency_profile(tmp_path, capsys):
@@ -918,10 +925,10 @@ def test_calibrate_refuses_a_bad_trace_baseline_or_holdout(tmp_path, capsys):
     status, out, err = run_calibrate(capsys, path, "--baseline", tmp_path / "nope.json")
     assert (status, out) == (2, "")
     assert err.startswith("python -m prototype calibrate: error: ") and "nope.json" in err
-    status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--holdout", 1)
-    assert status == 2 and err == "error: --holdout must be in (0, 1), got 1\n"
-    assert "Fit of" not in out and "prefix hit rate" in out
-    assert run_calibrate(capsys, path, "--baseline-tasks", 2, "--holdout", 0)[0] == 2
+    for share in ("1", "0", "half"):  # refused as the command line is read, before anything is printed
+        with pytest.raises(SystemExit):
+            run_calibrate(capsys, path, "--baseline-tasks", 2, "--holdout", share)
+        assert "argument --holdout: " in capsys.readouterr().err
 
 
 def test_calibrate_names_a_custom_baseline_and_prints_the_traces_notes(tmp_path, capsys):
@@ -952,7 +959,8 @@ def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsy
     calls = engine_calls.read(str(path))
     result = calibrate.fit_engine_calls(calls)
     first = result.first_token
-    fitted, scored, ttft, whole = calibrate.engine_calls_score(calls, 0.3)
+    score = calibrate.engine_calls_score(calls, 0.3)
+    fitted, scored, ttft, whole = score.fitted, len(score.held), score.ttft, score.whole
     f = calibrate._fmt
     assert out.split("\n") == [
         f"{path}: {engine_calls.FORMAT}, 10 calls (http: 3, chained: 3, suspended: 4)",
@@ -962,43 +970,45 @@ def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsy
         f"  overhead       {first.fixed_s * 1000:9.1f} ms  (+/- {first.stderr[0] * 1000:.1f})   testbed: 10 ms",
         f"  prefill rate   {f(first.prefill_tokens_per_s):>9} tokens/s (s/token +/- {first.stderr[1]:.2g})   testbed: 15000",
         f"  decode rate    {f(result.decode_tokens_per_s):>9} tokens/s   testbed: 65 / 1000 / 4000",
-        f"  residuals      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f}",
-        f"  held out       fitted on the first {fitted.first_token.n} calls, scored on the last {scored}: absolute "
-        f"error per call, time to first token median {f(ttft['median'])}%, p90 {f(ttft['p90'])}%; "
+        f"  in-sample      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f} (on the {first.n} calls "
+        "it was fitted to)",
+        f"  held out       the model refitted on the first {fitted.first_token.n} calls, scored on the last {scored}: "
+        f"absolute error per call, time to first token median {f(ttft['median'])}%, p90 {f(ttft['p90'])}%; "
         f"whole call median {f(whole['median'])}%, p90 {f(whole['p90'])}%",
-        f"wrote latency profile {latency_file}",
+        f"wrote latency profile {latency_file}: the fit on all 10 calls",
         "",
     ]
     assert (fitted.first_token.n, scored) == (7, 3)
     assert first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
     assert profiles.load_latency(latency_file) == calibrate.engine_latency_model(result)
     assert json.loads(latency_file.read_text())["source"] == (
-        f"python -m prototype calibrate {path} ({first.n} real-engine calls, time to first token rmse "
-        f"{first.rmse_s * 1000:.1f} ms)")
+        f"python -m prototype calibrate {path} (fitted on all {first.n} real-engine calls, time to first token in-sample "
+        f"rmse {first.rmse_s * 1000:.1f} ms)")
     score = calibrate.engine_calls_score(calls, 0.5)
-    assert score[1] == 5
     held = calls[5:]
-    assert score[2] == fit.percentage_errors([float(score[0].first_token.predict(c.prefill_tokens, 0.0)) for c in held],
-                                             [c.ttft_s for c in held])
-    assert score[3] == fit.percentage_errors([float(score[0].call_seconds(c.prefill_tokens, c.output_tokens)) for c in held],
-                                             [c.ttft_s + c.decode_s for c in held])
+    assert score.held == tuple(held)
+    assert score.ttft == fit.percentage_errors([float(score.fitted.first_token.predict(c.prefill_tokens, 0.0)) for c in held],
+                                               [c.ttft_s for c in held])
+    assert score.whole == fit.percentage_errors([float(score.fitted.call_seconds(c.prefill_tokens, c.output_tokens)) for c in held],
+                                                [c.ttft_s + c.decode_s for c in held])
 
 
 def test_a_real_engines_calls_too_few_or_without_decode_time(tmp_path, capsys):
     path = tmp_path / "real_engine_calls.csv"
-    write_calls(path, CALLS[:3])
-    status, out, _ = run_calibrate(capsys, path)
-    assert status == 0 and "held out" not in out and "  residuals " in out
     write_calls(path, CALLS[:4])
-    assert "  held out       fitted on the first 3 calls, scored on the last 1: " in run_calibrate(capsys, path)[1]
+    status, out, _ = run_calibrate(capsys, path)
+    assert status == 0 and "  in-sample " in out
+    assert "  held out       not scored: a held-out score needs at least 5 timed rounds (4 to fit, 1 to score), got 4" in out
+    write_calls(path, CALLS[:5])
+    assert "  held out       the model refitted on the first 4 calls, scored on the last 1: " in run_calibrate(capsys, path)[1]
     # One token a call: no decode time to fit a rate to.
-    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:3]])
+    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:4]])
     status, out, _ = run_calibrate(capsys, path)
     assert status == 0 and out.endswith("\nno fit: ") is False and "\nno fit: " in out
     assert run_calibrate(capsys, path, "--latency-out", tmp_path / "l.json")[0] == 2
     assert not (tmp_path / "l.json").exists()
     # Only the held-out calls have decode time: the fit on the first ones cannot be made.
-    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:4]] + [CALLS[4]])
+    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:5]] + [CALLS[5]])
     status, out, _ = run_calibrate(capsys, path, "--holdout", 0.2)
     assert status == 0 and "\n  held out       not scored: " in out
 
@@ -1010,9 +1020,9 @@ def test_a_real_engines_calls_refuse_a_preset_a_bad_holdout_and_a_bad_file(tmp_p
     assert (status, out) == (2, "")
     assert err == ("python -m prototype calibrate: error: --preset-out: a real engine's calls hold no tasks (no tool times, "
                    "no requests) to fit a workload preset to\n")
-    status, out, err = run_calibrate(capsys, path, "--holdout", 1)
-    assert (status, out, err) == (2, "", "error: --holdout must be in (0, 1), got 1\n")
-    assert run_calibrate(capsys, path, "--holdout", 0)[0] == 2
+    with pytest.raises(SystemExit):
+        run_calibrate(capsys, path, "--holdout", 1)
+    assert "argument --holdout: the held-out share must be in (0, 1), got 1.0" in capsys.readouterr().err
     text = path.read_text().splitlines()
     path.write_text("\n".join([text[0], text[1].replace(",600,", ",-600,", 1)]) + "\n")
     status, out, err = run_calibrate(capsys, path)

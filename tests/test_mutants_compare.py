@@ -22,6 +22,7 @@ from prototype.cli import common, compare
 from prototype.client.reconnect import POLICIES
 from prototype.engine.latency import LatencyModel
 from prototype.engine.vllm_client import VllmUnavailable
+from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
 
@@ -109,7 +110,7 @@ def test_the_options_defaults():
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
-        None, 0, "coding", None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
+        None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
         "openai-python", False)
     assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
@@ -122,9 +123,10 @@ def test_each_option_says_what_it_does():
     assert {dest: helps[dest] for dest in (
         "tasks", "seed", "preset", "trace", "latency", "speeds", "designs", "rtt_ms", "turns", "out", "real", "vllm_parallel",
         "reconnect", "wide")} == {
-        "tasks": "tasks per design and speed (default 10; with --trace, all)",
+        "tasks": "tasks per design and speed (default 10; with --trace, all; with --engine vllm, 3)",
         "seed": "workload seed: the same seed gives the same tasks (default 0)",
-        "preset": "workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)",
+        "preset": ("workload preset: coding (the default), chat, long, or a preset JSON file (calibrate --preset-out); with "
+                   "--engine vllm the default is chat with 3 turns a task (minutes on a CPU), --preset coding on request"),
         "trace": "replay a trace's tasks instead of a preset (file or folder of Codex rollouts)",
         "latency": "latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate",
         "speeds": "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's), separated by commas or spaces",
@@ -376,17 +378,22 @@ def test_the_grid_runs_slowest_first_and_writes_one_trace_per_design_at_the_trac
 # --- the real engine's path, with a stand-in engine -------------------------------------------------------
 
 
+def real_call(prompt: int, computed: int, hits: int, predicted: int) -> RealCall:
+    """vLLM's record of one chained call: its prompt, the prefill vLLM computed, its prefix-cache hits, and the
+    simulated engine's prediction of the prefill."""
+    return RealCall(key=("chained", "c"), held=False, resumed=False, isolated=False, prompt_tokens=prompt,
+                    sent_tokens=prompt, output_tokens=10, sampled_tokens=13, forced=True, off_plan_tokens=0,
+                    prefill_tokens=computed, prefix_hits=hits, vllm_cached_tokens=hits, predicted_prefill_tokens=predicted,
+                    ttft_s=0.1, decode_s=0.2, kv_usage=0.0, kv_blocks_used=0)
+
+
 def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, drawn, capsys, monkeypatch):
     seen = []
-
-    class Call:
-        def __init__(self, prompt, computed, hits):
-            self.prompt_tokens, self.prefill_tokens, self.prefix_hits = prompt, computed, hits
 
     def designs_on_vllm(designs, config, spec, *, python, decode_tps, parallel):
         seen.append((designs, spec.name, python, decode_tps, parallel))
         records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs}
-        return {d: (records[d], [Call(1000, 400, 600), Call(2500, 100, 2400)]) for d in designs}
+        return {d: (records[d], [real_call(1000, 400, 600, 432), real_call(2500, 100, 2400, 60)]) for d in designs}
 
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", designs_on_vllm)
     out = tmp_path / "out"
@@ -394,20 +401,34 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
                      "--turns", "2", "--preset", "chat", "--designs", "chained", "--out", str(out)]) == 0
     assert seen == [(["chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
     printed = capsys.readouterr().out
-    assert printed.startswith("vllm chained      model calls    2  prompt tokens     3,500  prefill computed       500"
-                              "  prefix-cache hits     3,000\n\n1 tasks of the 'chat' workload, real time on vLLM "
-                              "(tiny-llama-cpu, dummy weights)\n")
+    assert printed.startswith("\n1 tasks of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
+    assert ("  chained      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
+            "  prefix-cache hits     3,000\n") in printed
+    assert "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens" in printed
+    assert "Modeled parameters" not in printed and "prefill rate" not in printed and "decode speeds" not in printed
+    assert "  KV cache" in printed
     assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
-                                               "trace_chained.json in ")
+                                               "trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
+    assert [(r["design"], r["call"], r["prefill_vllm"], r["prefill_sim"]) for r in json.loads((out / "vllm_calls.json").read_text())] == [
+        ("chained", 1, 400, 432), ("chained", 2, 100, 60)]
     assert "results cache" not in printed
     assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
     assert [r["decode_tps"] for r in json.loads((out / "compare_tasks.json").read_text())] == [1000.0]
+    # The time split: the engine's phases (measured on vLLM) apart from the modeled API work, network and tools.
+    (row,) = json.loads((out / "compare_tasks.json").read_text())
+
+    def spent(*phases: str) -> float:
+        return sum(row["phase_totals_s"].get(phase, 0.0) for phase in phases)
+
+    assert (f"  chained      {spent('queue', 'prefill', 'decode'):>16.1f} {spent(*benchmark.API_OVERHEAD_PHASES):>14.1f} "
+            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
 
 
 def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=2048))
-    assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
+    assert cli_main(["compare", "--engine", "vllm", "--preset", "coding", "--tasks", "1", "--turns", "2",
+                     "--out", str(tmp_path)]) == 2
     [task] = benchmark.BenchConfig(n_tasks=1, fixed_turns=2).tasks()
     assert capsys.readouterr().err == (
         f"python -m prototype compare: error: --engine vllm: task coding-0 reaches {task.context_before(2):,} tokens of "
@@ -435,7 +456,7 @@ def test_a_context_exactly_at_the_window_is_refused(tmp_path, monkeypatch):
         compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
-    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path)) == []
+    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
 
 
 def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):
@@ -444,12 +465,25 @@ def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_
     config = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=2)
     records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in ("http", "chained")}
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda designs, *a, **k: {d: (records[d], []) for d in designs})
-    rows = compare.run_on_vllm(parsed("--engine", "vllm"), config, ["http", "chained"], tmp_path)
+    rows, lines = compare.run_on_vllm(parsed("--engine", "vllm"), config, ["http", "chained"], tmp_path)
     assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
         ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
     write_chrome_trace(records["http"][:1], tmp_path / "first.json")
     assert (tmp_path / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
-    assert capsys.readouterr().out.splitlines() == [
-        "vllm http         model calls    0  prompt tokens         0  prefill computed         0  prefix-cache hits         0",
-        "vllm chained      model calls    0  prompt tokens         0  prefill computed         0  prefix-cache hits         0",
+    assert lines[1:3] == [
+        "  http         model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
+        "  chained      model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
     ]
+
+
+def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
+    def defaults(*argv: str) -> tuple:
+        args = parsed(*argv)
+        compare.apply_engine_defaults(args)
+        return args.preset, args.tasks, args.turns
+
+    assert defaults() == (None, None, None)  # the simulated engine: the coding preset's 10 tasks (workload_config)
+    assert defaults("--engine", "vllm") == ("chat", 3, 3)
+    assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
+    assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
+    assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are

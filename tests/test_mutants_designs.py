@@ -866,13 +866,16 @@ async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autoj
     assert [item["type"] for item in response["output"]] == ["web_search_call", "reasoning", "message"]
     usage = response["usage"]
     assert usage["output_tokens_details"]["reasoning_tokens"] == 15
-    generates = [(m["max_tokens"], m["held"]) for m in worker.received if m["op"] == "generate"]
-    # The warm-up samples nothing (vLLM samples one token, dropped); the search's arguments, then the rest.
-    assert generates == [(1, False), (usage["output_tokens"] - 40, False), (40, False)]
+    generates = [(m["max_tokens"], m["forced"], m["held"]) for m in worker.received if m["op"] == "generate"]
+    # The warm-up samples nothing (vLLM samples one token, free, dropped); the search's arguments, then the rest,
+    # each call its plan: its items' text and framing.
+    assert generates[0] == (1, None, False)
+    assert all(tokens == len(forced) and not held for tokens, forced, held in generates[1:])
     # Each call is recorded under the session's own key, the warm-up's as well, with what it took.
     keys = {r.key for r in engine.records}
     assert len(keys) == 1 and None not in keys
     assert [(r.output_tokens, r.prompt_tokens > 0) for r in engine.records] == [(0, True), (usage["output_tokens"] - 40, True), (40, True)]
+    assert [r.sampled_tokens for r in engine.records] == [1, *(tokens for tokens, _, _ in generates[1:])]
 
 
 async def test_a_budgeted_turn_asks_a_real_engine_for_what_the_budget_leaves(autojump_clock, nursery) -> None:
@@ -889,5 +892,7 @@ async def test_a_budgeted_turn_asks_a_real_engine_for_what_the_budget_leaves(aut
             await send(conn, create_event(metadata={"testbed_workload": key}, max_output_tokens=20))
             turn = await until(conn, *TERMINAL)
     assert turn[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    # 15 tokens of reasoning and the first 5 of the text's 25: the call asks for 20, not the plan's 40.
-    assert [m["max_tokens"] for m in worker.received if m["op"] == "generate"] == [20]
+    # 15 tokens of reasoning and the first 5 of the text's 25: the call takes 20, not the plan's 40, and vLLM
+    # samples those with the two items' framing.
+    (generate,) = [m for m in worker.received if m["op"] == "generate"]
+    assert [r.output_tokens for r in engine.records] == [20] and generate["max_tokens"] == len(generate["forced"]) > 20

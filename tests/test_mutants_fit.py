@@ -81,9 +81,9 @@ def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
 def test_constant_seconds_have_no_r2_and_exactly_fitted_ones_no_error() -> None:
     result = fit.round_time_fit(UNCACHED, OUTPUT, np.full(7, 1.5))
     assert result.fixed_s == pytest.approx(1.5) and math.isnan(result.r2)
-    exact = fit.round_time_fit(UNCACHED[:3], OUTPUT[:3], 0.2 + UNCACHED[:3] / 1000 + OUTPUT[:3] / 40)
-    assert exact.n == 3 and exact.r2 == pytest.approx(1.0, abs=1e-9)
-    assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 3 rounds, 3 terms: one degree of freedom kept
+    exact = fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40)
+    assert exact.n == 4 and exact.r2 == pytest.approx(1.0, abs=1e-9)
+    assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 4 rounds that fit exactly: no error left
 
 
 def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
@@ -91,10 +91,11 @@ def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
         fit.round_time_fit([1, 2, 3], [1, 2, 3], [1, 2])
     with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
         fit.round_time_fit([[1, 2, 3]], [[1, 2, 3]], [[1, 2, 3]])
-    with pytest.raises(ValueError, match="at least 3 timed rounds, got 2"):
-        fit.round_time_fit([1, 2], [1, 2], [1, 2])
+    # 3 rounds would give 3 coefficients exactly, residuals zero: "rmse 0.0" that says nothing.
+    with pytest.raises(ValueError, match=r"needs at least 4 timed rounds \(one more than its coefficients, or it interpolates them\), got 3"):
+        fit.round_time_fit([1, 2, 3], [1, 2, 4], [1, 2, 3])
     for bad in range(3):
-        columns = [[1.0, 2.0, 3.0], [4.0, 5.0, 7.0], [1.0, 2.0, 3.0]]
+        columns = [[1.0, 2.0, 3.0, 4.0], [4.0, 5.0, 7.0, 8.0], [1.0, 2.0, 3.0, 5.0]]
         columns[bad][1] = math.nan if bad != 1 else math.inf
         with pytest.raises(ValueError, match="^non-finite values$"):
             fit.round_time_fit(*columns)
@@ -175,8 +176,8 @@ def test_a_held_out_split_refuses_shares_outside_zero_and_one() -> None:
     for share in (0.0, 1.0, -0.5):
         with pytest.raises(ValueError, match=rf"in \(0, 1\), got {share!r}"):
             fit.holdout_split(10, share)
-    with pytest.raises(ValueError, match="3 to fit, 1 to score\\), got 3"):
-        fit.holdout_split(3, 0.5)
+    with pytest.raises(ValueError, match="4 to fit, 1 to score\\), got 4"):
+        fit.holdout_split(4, 0.5)
     assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
     assert fit.holdout_split(10, 0.01) == (range(0, 9), range(9, 10))  # at least one held out
 

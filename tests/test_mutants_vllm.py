@@ -205,9 +205,9 @@ async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
     await client.abort("r1")
     await client.shutdown()
     assert sent.lines == [
-        {"op": "generate", "rid": "r1", "prompt": [1, 2], "max_tokens": 3, "salt": None, "held": False},
-        {"op": "generate", "rid": "r2", "prompt": [4], "max_tokens": 1, "salt": "s", "held": True},
-        {"op": "append", "rid": "r2", "prompt": [5], "max_tokens": 2},
+        {"op": "generate", "rid": "r1", "prompt": [1, 2], "max_tokens": 3, "forced": None, "salt": None, "held": False},
+        {"op": "generate", "rid": "r2", "prompt": [4], "max_tokens": 1, "forced": None, "salt": "s", "held": True},
+        {"op": "append", "rid": "r2", "prompt": [5], "max_tokens": 2, "forced": None},
         {"op": "close", "rid": "r2"},
         {"op": "abort", "rid": "r1"},
         {"op": "shutdown"},
@@ -268,7 +268,7 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
     (record,) = engine.records
     assert record == RealCall(
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=40, sent_tokens=40, output_tokens=5,
-        prefill_tokens=7, prefix_hits=32, vllm_cached_tokens=0, predicted_prefill_tokens=40, ttft_s=0.25,
+        sampled_tokens=5, forced=False, off_plan_tokens=0, prefill_tokens=7, prefix_hits=32, vllm_cached_tokens=0, predicted_prefill_tokens=40, ttft_s=0.25,
         decode_s=0.5, kv_usage=0.25, kv_blocks_used=16)
     (generate,) = [m for m in worker.received if m["op"] == "generate"]
     assert (generate["rid"], generate["salt"], generate["held"], generate["max_tokens"]) == ("r0", "ns-", False, 5)
@@ -296,8 +296,9 @@ async def test_a_held_requests_calls_add_up_and_each_sends_only_what_vllm_does_n
     assert seen == [(0, 1, 40, 0), (42, 2, 48, 42), (52, 3, 56, 94)]
     assert [(r.held, r.resumed, r.prompt_tokens, r.sent_tokens) for r in engine.records] == [
         (True, False, 40, 40), (True, True, 50, 8), (True, True, 60, 8)]
-    # The simulator's prediction for the same key: the retained prompt's whole 16-token blocks are cached.
-    assert [r.predicted_prefill_tokens for r in engine.records] == [40, 50 - 32, 60 - 48]
+    # The simulator's prediction for the same key: the retained prompt's whole blocks are cached, in vLLM's
+    # blocks (32 tokens, from the worker's ready event).
+    assert [r.predicted_prefill_tokens for r in engine.records] == [40, 50 - 32, 60 - 32]
 
 
 async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autojump_clock, nursery):
@@ -430,13 +431,13 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
     said_little, failed = engine.records
     assert said_little == RealCall(
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=3, sent_tokens=3, output_tokens=1,
-        prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=2, predicted_prefill_tokens=3, ttft_s=0.0, decode_s=0.0,
+        sampled_tokens=1, forced=False, off_plan_tokens=0, prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=2, predicted_prefill_tokens=3, ttft_s=0.0, decode_s=0.0,
         kv_usage=0.0, kv_blocks_used=0)
     assert failed == RealCall(
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=0, sent_tokens=0, output_tokens=0,
-        prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=0, ttft_s=0.0, decode_s=0.0,
+        sampled_tokens=0, forced=False, off_plan_tokens=0, prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=0, ttft_s=0.0, decode_s=0.0,
         kv_usage=0.0, kv_blocks_used=0)
-    assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 7 + [float] * 3 + [int] * 2 + [type(None)]
+    assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int] * 2 + [type(None)]
 
 
 async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):
@@ -486,7 +487,7 @@ async def test_a_first_event_that_says_nothing_counts_nothing_cached_or_computed
     (record,) = engine.records
     assert record == RealCall(
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=20, sent_tokens=20, output_tokens=3,
-        prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=20, ttft_s=0.5, decode_s=0.25,
+        sampled_tokens=3, forced=False, off_plan_tokens=0, prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=20, ttft_s=0.5, decode_s=0.25,
         kv_usage=0.0, kv_blocks_used=0)
 
 

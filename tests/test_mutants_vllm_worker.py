@@ -195,10 +195,11 @@ async def started(settings=SETTINGS) -> tuple[Worker, Out, FakeAsyncLLM]:
     return worker, out, FakeAsyncLLM.instances[-1]
 
 
-def params_of(max_tokens: int) -> dict:
+def params_of(max_tokens: int, forced: list[int] | None = None) -> dict:
     return {
         "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
         "output_kind": FakeRequestOutputKind.DELTA, "detokenize": False,
+        "extra_args": {"testbed_forced_ids": forced} if forced else None,
     }
 
 
@@ -223,6 +224,7 @@ def test_the_engine_starts_with_the_settings_defaults_and_says_ready(fake_vllm):
             "model": "/models/tiny", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
             "max_model_len": 2048, "block_size": 16, "dtype": "auto", "seed": 0, "enable_logging_iteration_details": True,
             "max_num_seqs": 256, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+            "logits_processors": ["vllm_forced:ForcedDecoding"],
         }
         assert len(engine.loggers) == 1 and isinstance(engine.loggers[0], FakeStatLoggerBase)
         assert out.lines == [
@@ -244,6 +246,7 @@ def test_the_engine_takes_every_setting_given(fake_vllm):
             "model": "m", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
             "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "enable_logging_iteration_details": True,
             "max_num_seqs": 8, "gpu_memory_utilization": 0.5, "enforce_eager": True,
+            "logits_processors": ["vllm_forced:ForcedDecoding"],
         }
         assert out.take()[0]["block_size"] == 32
 
@@ -348,18 +351,19 @@ def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vll
         worker, out, engine = await started()
         engine.stats(ctx=50, gen=1, queries=64, hits=32, usage=0.125)  # before the request: not its own
         assert await worker.handle(
-            {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "salt": "s1", "held": False}) is True
+            {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "forced": [7, 8, 9, 10], "salt": "s1",
+             "held": False}) is True
         await settle()
         assert engine.calls == [{"prompt": {"prompt_token_ids": [1, 2, 3], "cache_salt": "s1"},
                                  "params": engine.calls[0]["params"], "rid": "r1"}]
         assert type(engine.calls[0]["prompt"]) is FakeTokensPrompt
-        assert engine.calls[0]["params"].kwargs == params_of(4)
+        assert engine.calls[0]["params"].kwargs == params_of(4, [7, 8, 9, 10])
         assert out.take() == []
         engine.stats(ctx=3, gen=1, queries=3, hits=0, usage=0.25)
         script = engine.script("r1")
         script.put_nowait(output([7, 8], cached=16, prompt=[1, 2, 3]))
         await settle()
-        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 2, "first": {
+        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 2, "ids": [7, 8], "first": {
             "cached_tokens": 16, "prefill_tokens": 3, "prefix_hits": 0, "prefix_queries": 3, "kv_usage": 0.25,
             "prompt_tokens": 3}}]
         engine.stats(gen=1, usage=0.25)
@@ -367,12 +371,12 @@ def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vll
         script.put_nowait(output([9]))
         engine.stats(gen=1, usage=0.375)
         await settle()
-        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1}]
+        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1, "ids": [9]}]
         script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
         await settle()
         counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
                     "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
-        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1},
+        assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1, "ids": [10]},
                               {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
         assert "r1" in worker.tasks
         script.put_nowait(END)
@@ -397,7 +401,7 @@ def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
         first = {"cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.0,
                  "prompt_tokens": 0}
         assert out.take() == [
-            {"type": "tokens", "rid": "a", "n": 1, "first": first},
+            {"type": "tokens", "rid": "a", "n": 1, "ids": [1], "first": first},
             {"type": "chunk_done", "rid": "a", "tokens": 1, "counters": ZERO},
             {"type": "finished", "rid": "a"},
         ]
@@ -482,30 +486,30 @@ def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new
         script = engine.script("h")
         script.put_nowait(output([9, 9], cached=0, prompt=[1, 2]))
         await settle()
-        assert out.take() == [{"type": "tokens", "rid": "h", "n": 2, "first": {
+        assert out.take() == [{"type": "tokens", "rid": "h", "n": 2, "ids": [9, 9], "first": {
             "cached_tokens": 0, "prefill_tokens": 2, "prefix_hits": 0, "prefix_queries": 2, "kv_usage": 0.25,
             "prompt_tokens": 2}}]
         # The second chunk is sent before the first is done: one output then spans both.
-        assert await worker.handle({"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2}) is True
+        assert await worker.handle({"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
         await settle()
         second = engine.inputs["h"][1]
         assert second.prompt == {"prompt_token_ids": [4, 5, 6]}  # the salt keys only the first block
-        assert second.sampling_params.kwargs == params_of(2)
+        assert second.sampling_params.kwargs == params_of(2, [8, 7])  # each chunk with its own plan
         engine.stats(ctx=3, gen=1, queries=5, hits=2, usage=0.5)
         script.put_nowait(output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
         await settle()
         done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
                       "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
         assert out.take() == [
-            {"type": "tokens", "rid": "h", "n": 1},
+            {"type": "tokens", "rid": "h", "n": 1, "ids": [9]},
             {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
-            {"type": "tokens", "rid": "h", "n": 1, "first": {
+            {"type": "tokens", "rid": "h", "n": 1, "ids": [8], "first": {
                 "cached_tokens": 0, "prefill_tokens": 3, "prefix_hits": 2, "prefix_queries": 5, "kv_usage": 0.5,
                 "prompt_tokens": 7}},
         ]
         script.put_nowait(output([7]))
         await settle()
-        assert out.take() == [{"type": "tokens", "rid": "h", "n": 1},
+        assert out.take() == [{"type": "tokens", "rid": "h", "n": 1, "ids": [7]},
                               {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
         await worker.handle({"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
         await settle()
@@ -513,7 +517,7 @@ def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new
         script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
         await settle()
         assert out.take() == [
-            {"type": "tokens", "rid": "h", "n": 1, "first": {
+            {"type": "tokens", "rid": "h", "n": 1, "ids": [3], "first": {
                 "cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,
                 "prompt_tokens": 10}},
             {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
@@ -542,7 +546,7 @@ def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         script.put_nowait(output([5, 5, 5], cached=1, prompt=[1]))  # more than the chunk: only its own
         await settle()
         assert out.take() == [
-            {"type": "tokens", "rid": "h", "n": 2, "first": {
+            {"type": "tokens", "rid": "h", "n": 2, "ids": [5, 5], "first": {
                 "cached_tokens": 1, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.0,
                 "prompt_tokens": 1}},
             {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": ZERO},
@@ -557,10 +561,10 @@ def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
                 "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
         assert out.take() == [
-            {"type": "tokens", "rid": "h", "n": 1, "first": {
+            {"type": "tokens", "rid": "h", "n": 1, "ids": [6], "first": {
                 "cached_tokens": 1, "prefill_tokens": 1, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,
                 "prompt_tokens": 4}},
-            {"type": "tokens", "rid": "h", "n": 2},
+            {"type": "tokens", "rid": "h", "n": 2, "ids": [6, 6]},
             {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done},
         ]
         await worker.handle({"op": "close", "rid": "h"})

@@ -2,8 +2,9 @@
 dummy weights, in its own process, started once per test session (conftest.vllm_worker).
 
 What these tests read are vLLM's own counters (the scheduler's computed context tokens and
-prefix-cache hits, and each request's num_cached_tokens), never the simulated engine's. They skip,
-saying why, where no interpreter can import vLLM. Time is real: nothing asserts a duration.
+prefix-cache hits, and each request's num_cached_tokens) and the ids it sampled, never the
+simulated engine's. They skip, saying why, where no interpreter can import vLLM (CI installs it and
+fails without it). Time is real: nothing asserts a duration.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from prototype import benchmark
 from prototype.api.costs import ZERO_COSTS
-from prototype.engine.engine import ModelCall
+from prototype.engine.engine import ModelCall, PlannedOutput
 from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
 from prototype.engine.vllm_client import VllmClient
@@ -29,13 +30,41 @@ def model_calls(task) -> int:
     return sum(1 + len(turn.hosted_calls) for turn in task.turns)
 
 
-async def _call(engine, key, prompt: Prompt, *, held: bool, output_tokens: int):
-    """One model call as the sampling loop makes it; returns vLLM's record of it."""
+async def _call(engine, key, prompt: Prompt, *, held: bool, output_tokens: int, plan: list[int] | None = None):
+    """One model call as the sampling loop makes it (sampling `plan`, all of it text, if given); returns vLLM's record of it."""
+    planned = (lambda: PlannedOutput.of([(plan, len(plan))])) if plan else None
     call = await engine.begin_call(key, prompt, pinned=held)
-    await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=output_tokens), engine_call=call)
+    await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=output_tokens, planned=planned),
+                              engine_call=call)
     await engine.decode_unstreamed(LATENCY, output_tokens, start=0.0, engine_call=call)
     engine.end_call(call, paused=True)
     return engine.records[-1]
+
+
+async def _sampled(events) -> list[int]:
+    """The ids a request's chunk sampled, up to its chunk_done (or the request's end)."""
+    ids = []
+    async for event in events:
+        if event["type"] == "error":
+            raise AssertionError(event["message"])
+        ids += event.get("ids", [])
+        if event["type"] == "chunk_done":
+            break
+    return ids
+
+
+async def test_vllm_samples_exactly_the_planned_ids_in_plain_and_held_requests(vllm_worker):
+    plan = list(range(60_000, 60_040))
+    async with VllmClient.over_fds(vllm_worker) as client:
+        # A plain request, and each chunk of a held (streaming-input) request with a plan of its own.
+        assert await _sampled(await client.generate("forced-plain", list(range(100, 400)), 40, forced=plan, salt="ids")) == plan
+        held = await client.generate("forced-held", list(range(500, 800)), 10, forced=plan[:10], salt="ids", held=True)
+        assert await _sampled(held) == plan[:10]
+        await client.append("forced-held", [plan[9], 7, 8, 9], 5, forced=plan[20:25])
+        assert await _sampled(held) == plan[20:25]
+        await client.close("forced-held")
+        # Without a plan vLLM samples as its dummy weights say: not the plan.
+        assert await _sampled(await client.generate("free", list(range(100, 400)), 40, salt="ids")) != plan
 
 
 async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_recomputes(vllm_worker):
@@ -62,14 +91,19 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         assert (after.resumed, after.sent_tokens, after.prefill_tokens) == (True, 43, 43)
         engine.release(("suspended", "r1"))
 
-        # chained: a new request per turn; the second finds the first's prompt in the prefix cache.
-        prompt = Prompt(range(30_000, 30_000 + 20 * block))
-        first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
-        assert (first.prefill_tokens, first.prefix_hits) == (20 * block, 0)
-        prompt.extend(range(40_000, 40_108))
+        # chained: a new request per turn; the second finds the first's prompt and its output, which it sampled
+        # to the plan (the transcript's ids), in the prefix cache: every whole block of the 19.5 blocks of prompt
+        # and the 60 output tokens (the last sampled one never computed): 21 blocks of 32, where the prompt alone has 19.
+        prompt = Prompt(range(30_000, 30_000 + 20 * block - block // 2))
+        output = list(range(40_000, 40_060))
+        first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=60, plan=output)
+        assert (first.prefill_tokens, first.prefix_hits, first.off_plan_tokens) == (len(prompt), 0, 0)
+        prompt.extend([*output, *range(41_000, 41_100)])  # the output as rendered, then a tool's output
         second = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
-        assert second.prefix_hits == second.vllm_cached_tokens == 20 * block
-        assert second.prefill_tokens == len(prompt) - 20 * block
+        found = (first.prompt_tokens + len(output) - 1) // block * block
+        assert found > first.prompt_tokens // block * block  # part of the output is found, not the prompt alone
+        assert second.prefix_hits == second.vllm_cached_tokens == found
+        assert second.prefill_tokens == len(prompt) - found
 
         # http routed away from its prefix: the same prompt, isolated, finds nothing and is recomputed whole.
         engine.isolate(("http-elsewhere", "h1"))
@@ -88,14 +122,17 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
         calls = engine.records
     (task,) = config.tasks()
     assert record.status == "completed" and len(record.turns) == 3
-    # Every token the client got was one vLLM sampled: the policy's count, no more, no fewer.
+    # Every token the client got was one vLLM sampled: the policy's count, no more, no fewer; and vLLM sampled
+    # each call's planned ids (its items' framing besides), not one off the plan.
     assert sum(call.output_tokens for call in calls) == record.usage["output_tokens"]
     assert len(calls) == model_calls(task)
+    assert all(call.forced and call.off_plan_tokens == 0 and call.sampled_tokens > call.output_tokens for call in calls)
     if design == "suspended":
-        # One live request: opened once, then resumed, each resume computing only what it sent.
+        # One live request: opened once, then resumed, each resume computing only what it sent: the ids past
+        # the previous call's prompt and its samples but the last.
         assert [call.resumed for call in calls] == [False] + [True] * (len(calls) - 1)
-        for call in calls[1:]:
-            assert call.prefill_tokens == call.sent_tokens < call.prompt_tokens
+        for previous, call in zip(calls, calls[1:]):
+            assert call.prefill_tokens == call.sent_tokens == call.prompt_tokens - (previous.prompt_tokens + previous.sampled_tokens - 1)
     else:
         assert not any(call.held for call in calls)
         block = vllm_worker.ready.block_size
@@ -104,15 +141,16 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
             if call.isolated:  # http routed away from its prefix: found nothing, computed everything
                 assert (call.prefix_hits, call.prefill_tokens) == (0, call.prompt_tokens)
                 continue
-            # The last home turn's prompt, in whole blocks, is found in vLLM's prefix cache (its
-            # sampled tokens are not: the dummy model's ids are not the policy's text).
-            assert call.prefix_hits >= home.prompt_tokens // block * block
+            # The last home turn's prompt and what it sampled (the transcript's ids, the last one never
+            # computed) are found in vLLM's prefix cache, in whole blocks.
+            assert call.prefix_hits == (home.prompt_tokens + home.sampled_tokens - 1) // block * block
             assert call.prefill_tokens == call.prompt_tokens - call.prefix_hits
             home = call
 
 
 def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path, capsys):
     from experiments import common, real_engine
+    from prototype.engine import fit
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     result = real_engine.main(["--tasks", "1", "--turns", "2"], worker=vllm_worker)
@@ -125,8 +163,11 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
         if row["resumed"]:  # v1's second turn: vLLM computed exactly the appended ids
             assert row["prefill_vllm"] == row["sent_tokens"] < row["prompt_tokens"]
     assert [row["resumed"] for row in result["calls"] if row["design"] == "suspended"] == [False] + [True] * (model_calls(task) - 1)
-    # Enough calls to fit the latency model's three terms, so the fitted error is reported.
-    assert all("ttft_fit_error" in row for row in result["summary"])
+    # Enough calls to fit the latency model and hold some out: the error in-sample per design, and held out with the
+    # number of held-out calls behind it (the last 30% of the calls in the order made).
+    fitted, held = fit.holdout_split(len(result["calls"]), real_engine.HOLDOUT_SHARE)
+    assert all("ttft_fit_error_in_sample" in row for row in result["summary"])
+    assert sum(row["held_out_calls"] for row in result["summary"]) == len(held) > 0
     assert (tmp_path / "real_engine").is_dir()
     # calibrate makes the same fit from the calls file the experiment wrote, and scores it on held-out calls.
     from prototype.__main__ import main as cli_main
@@ -134,7 +175,8 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     calls_csv = tmp_path / "real_engine_calls" / "latest" / "real_engine_calls.csv"
     assert cli_main(["calibrate", str(calls_csv), "--latency-out", str(tmp_path / "vllm.json")]) == 0
     printed = capsys.readouterr().out
-    assert f"real-engine calls, {len(result['calls'])} calls" in printed and "scored on the last" in printed
+    assert f"real-engine calls, {len(result['calls'])} calls" in printed
+    assert f"refitted on the first {len(fitted)} calls, scored on the last {len(held)}" in printed
     assert (tmp_path / "vllm.json").is_file()
 
 

@@ -110,7 +110,7 @@ def test_the_calibration_recovers_the_terms_a_noiseless_profile_was_made_with():
     model = LatencyModel(prefill_tokens_per_s=rate, cache_attention=q, request_overhead=overhead)
     prefill = tuple((n, c, model.prefill_seconds(n, c)) for n in (32, 128, 512, 1024) for c in (0, 1024))
     decode = tuple((b, base + per_call * b) for b in (1, 2, 4, 8, 16))
-    busy = tuple((b, 256, model.prefill_seconds(256, 0) + busy_per_call * b) for b in (0, 4, 8))
+    busy = tuple((b, 256, model.prefill_seconds(256, 0) + busy_per_call * b) for b in (0, 2, 4, 8))
     calibration = agents.calibrate(EngineProfile(prefill, decode, busy, (0.0, 0.0)))
     latency = calibration.latency
     assert latency.request_overhead == pytest.approx(overhead)
@@ -119,6 +119,9 @@ def test_the_calibration_recovers_the_terms_a_noiseless_profile_was_made_with():
     assert 1 / latency.decode_tokens_per_s == pytest.approx(base + per_call)  # one call decoding alone
     assert calibration.decode_batch_s == pytest.approx(per_call)
     assert calibration.prefill_batch_s == pytest.approx(busy_per_call)
+    # Too few busy-prefill points to fit a line with one round to spare: no batch term for the prefill.
+    few = agents.calibrate(EngineProfile(prefill, decode, busy[:3], (0.0, 0.0)))
+    assert (few.prefill_batch_s, few.busy_fit) == (0.0, None)
 
 
 # --- the simulated twin --------------------------------------------------------------------------------------------

@@ -10,7 +10,11 @@ Prints, for the trace and for the testbed's generated tasks (`--baseline`, defau
   `fixed + uncached / prefill rate + output / decode rate` (prototype/engine/fit.py) and its residuals, for each
   provider and model the trace names on its own (a trace that mixes Claude and Codex rounds gets one fit each), and
   the fit's error on rounds it was not fitted to: fitted on the first rounds of the group (in time order), scored on
-  the last `--holdout` share of them (median and p90 absolute percentage error per round).
+  the last `--holdout` share of them (median and p90 absolute percentage error per round). The fit printed with its
+  (in-sample) residuals and written with `--latency-out` is the one on all the group's rounds; the held-out score
+  is that of the same model refitted without the held-out rounds, the estimate of how the written fit does on
+  rounds it has not seen. A group too small for a fit with a residual left (4 rounds for 3 coefficients) gets no
+  fit, and one too small to hold rounds out besides (5) gets no score, each saying so.
 
 Given the per-call file of a real engine the testbed ran (`experiments.real_engine`'s `real_engine_calls.csv`,
 prototype/traces/engine_calls.py), it fits the latency model's engine terms to that engine's own timings instead: time
@@ -55,8 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative(int), default=0, help="seed of the baseline's generated tasks (default 0)")
     parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
     parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here; one per provider and model")
-    parser.add_argument("--holdout", type=float, default=HOLDOUT_SHARE,
+    parser.add_argument("--holdout", type=_holdout_share, default=HOLDOUT_SHARE,
                         help=f"share of each group's timed rounds, the last in time, held out to score the fit (default {HOLDOUT_SHARE:g})")
+
+
+def _holdout_share(text: str) -> float:
+    try:
+        return fit.holdout_share(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def figures(tasks: Sequence[wl.Workload], rounds: Sequence[traces.Round]) -> dict[str, Any]:
@@ -163,8 +174,8 @@ def print_fit(result: fit.RoundTimeFit, group: str = "") -> None:
     print(f"  decode rate    {_fmt(result.decode_tokens_per_s):>9} tokens/s (s/token +/- {se_decode:.2g})   testbed: "
           f"{latency.FLAGSHIP_TOKENS_PER_S:g} / {latency.SPARK_TOKENS_PER_S:g} / {latency.SPARK_BURST_TOKENS_PER_S:g}")
     p10, p50, p90 = result.residual_quantiles
-    print(f"  residuals      rmse {result.rmse_s * 1000:.1f} ms, r2 {result.r2:.3f}, p10/p50/p90 "
-          f"{p10 * 1000:.1f} / {p50 * 1000:.1f} / {p90 * 1000:.1f} ms")
+    print(f"  in-sample      rmse {result.rmse_s * 1000:.1f} ms, r2 {result.r2:.3f}, residuals p10/p50/p90 "
+          f"{p10 * 1000:.1f} / {p50 * 1000:.1f} / {p90 * 1000:.1f} ms (on the {result.n} rounds it was fitted to)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,9 +193,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  note: {note}")
     print(f"beside: {args.baseline_tasks} generated '{label}' tasks, seed {args.seed}\n")
     print_figures(figures(trace.tasks, trace.rounds), figures(base_tasks, traces.rounds_from_workloads(base_tasks)), label)
-    if not 0 < args.holdout < 1:
-        print(f"error: --holdout must be in (0, 1), got {args.holdout:g}", file=sys.stderr)
-        return 2
     fits: dict[str, fit.RoundTimeFit] = {}
     scores: list[GroupScore] = []
     groups = timed_groups(timed)
@@ -192,8 +200,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{len(groups)} providers and models in the trace: each is fitted on its own rounds "
               f"({', '.join(f'{g}: {len(r)}' for g, r in groups.items())})")
     for group, rounds in groups.items():
-        if len(rounds) < 3:
-            print(f"\nno fit for {group}: {len(rounds)} timed round(s), fewer than 3")
+        if len(rounds) < fit.MIN_FIT_ROUNDS:
+            print(f"\nno fit for {group}: {len(rounds)} timed round(s), fewer than {fit.MIN_FIT_ROUNDS} (a fit of "
+                  f"{fit.COEFFICIENTS} coefficients on fewer would interpolate them, its residuals zero)")
             continue
         fits[group] = fit_rounds(rounds)
         print_fit(fits[group], "" if len(groups) == 1 else group)
@@ -201,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
         if score is not None:
             scores.append(score)
             print_score(score)
+        else:
+            print(f"  held out       not scored: {len(rounds)} timed rounds, fewer than {fit.MIN_SCORED_ROUNDS} "
+                  f"({fit.MIN_FIT_ROUNDS} to fit, 1 to score): the fit's in-sample residuals say little of new rounds")
     if not timed:
         print("\nno fit: 0 timed rounds (the trace has no model-call timestamps)")
     if len(scores) > 1:
@@ -217,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
         for group, group_fit in fits.items():
             target = args.latency_out if result is not None else group_path(args.latency_out, group)
             path = profiles.save_latency(latency_model(group_fit), target, f"python -m prototype calibrate {args.trace} "
-                                         f"({group}: {group_fit.n} rounds, rmse {group_fit.rmse_s * 1000:.1f} ms)")
-            print(f"wrote latency profile {path}" + ("" if result is not None else f" ({group})"))
+                                         f"({group}: fitted on all {group_fit.n} rounds, in-sample rmse {group_fit.rmse_s * 1000:.1f} ms)")
+            print(f"wrote latency profile {path}: the fit on all {group_fit.n} rounds" + ("" if result is not None else f" ({group})"))
     return 0
 
 
@@ -249,8 +261,8 @@ def fit_rounds(rounds: Sequence[traces.Round]) -> fit.RoundTimeFit:
 
 
 def held_out_score(group: str, rounds: Sequence[traces.Round], share: float) -> GroupScore | None:
-    """Fit on the first rounds, predict the last `share` of them: None when the group has fewer than 4."""
-    if len(rounds) < 4:
+    """Fit on the first rounds, predict the last `share` of them: None when the group has too few to hold any out."""
+    if len(rounds) < fit.MIN_SCORED_ROUNDS:
         return None
     fitted_part, held_part = fit.holdout_split(len(rounds), share)
     fitted = fit_rounds([rounds[i] for i in fitted_part])
@@ -261,8 +273,8 @@ def held_out_score(group: str, rounds: Sequence[traces.Round], share: float) -> 
 
 def print_score(score: GroupScore) -> None:
     e = score.errors
-    print(f"  held out       fitted on the first {score.fitted.n} rounds, scored on the last {score.held_out}: absolute error "
-          f"per round median {_fmt(e['median'])}%, p90 {_fmt(e['p90'])}%"
+    print(f"  held out       the model refitted on the first {score.fitted.n} rounds, scored on the last {score.held_out}: "
+          f"absolute error per round median {_fmt(e['median'])}%, p90 {_fmt(e['p90'])}%"
           + (f" ({e['zero']:.0f} round(s) of 0 s left out)" if e["zero"] else ""))
 
 
@@ -300,21 +312,37 @@ def engine_latency_model(result: fit.EngineTimingFit) -> latency.LatencyModel:
 
 
 def fit_engine_calls(calls: Sequence[engine_calls.EngineCall]) -> fit.EngineTimingFit:
+    """The latency model's engine terms fitted to a real engine's calls (fit.engine_timing_fit): `calibrate` on a
+    calls file and `experiments.real_engine` on the calls it just made both fit here."""
     return fit.engine_timing_fit([c.prefill_tokens for c in calls], [c.ttft_s for c in calls],
                                  [c.output_tokens for c in calls], [c.decode_s for c in calls])
 
 
-def engine_calls_score(calls: Sequence[engine_calls.EngineCall], share: float) -> tuple[fit.EngineTimingFit, int, dict, dict]:
-    """Fit on the first calls, score on the last `share` of them: (fit, calls scored, errors of the time to first
-    token, errors of the whole call), each `fit.percentage_errors`."""
+@attrs.frozen
+class EngineScore:
+    """The engine fit refitted on the first calls and scored on the rest: `held` are the calls scored, `ttft` and
+    `whole` the `fit.percentage_errors` of their time to first token and of the whole call."""
+
+    fitted: fit.EngineTimingFit
+    held: tuple[engine_calls.EngineCall, ...]
+    ttft: dict[str, float]
+    whole: dict[str, float]
+
+    def ttft_errors(self, calls: Sequence[engine_calls.EngineCall]) -> dict[str, float]:
+        """`fit.percentage_errors` of the time to first token on `calls` (some of `held`)."""
+        return fit.percentage_errors([float(self.fitted.first_token.predict(c.prefill_tokens, 0.0)) for c in calls],
+                                     [c.ttft_s for c in calls])
+
+
+def engine_calls_score(calls: Sequence[engine_calls.EngineCall], share: float) -> EngineScore:
+    """Fit on the first calls (in the order made), score on the last `share` of them."""
     fitted_part, held_part = fit.holdout_split(len(calls), share)
     fitted = fit_engine_calls([calls[i] for i in fitted_part])
-    held = [calls[i] for i in held_part]
-    ttft = fit.percentage_errors([float(fitted.first_token.predict(c.prefill_tokens, 0.0)) for c in held],
-                                 [c.ttft_s for c in held])
+    held = tuple(calls[i] for i in held_part)
     whole = fit.percentage_errors([float(fitted.call_seconds(c.prefill_tokens, c.output_tokens)) for c in held],
                                   [c.ttft_s + c.decode_s for c in held])
-    return fitted, len(held), ttft, whole
+    score = EngineScore(fitted, held, {}, whole)
+    return attrs.evolve(score, ttft=score.ttft_errors(held))
 
 
 def run_engine_calls(args: argparse.Namespace) -> int:
@@ -322,9 +350,6 @@ def run_engine_calls(args: argparse.Namespace) -> int:
         calls = engine_calls.read(args.trace)
     except traces.TraceError as e:
         print(f"python -m prototype calibrate: error: {e}", file=sys.stderr)
-        return 2
-    if not 0 < args.holdout < 1:
-        print(f"error: --holdout must be in (0, 1), got {args.holdout:g}", file=sys.stderr)
         return 2
     if args.preset_out:
         print("python -m prototype calibrate: error: --preset-out: a real engine's calls hold no tasks (no tool times, "
@@ -346,19 +371,20 @@ def run_engine_calls(args: argparse.Namespace) -> int:
           f"{latency.PREFILL_TOKENS_PER_S:g}")
     print(f"  decode rate    {_fmt(result.decode_tokens_per_s):>9} tokens/s   testbed: {latency.FLAGSHIP_TOKENS_PER_S:g} / "
           f"{latency.SPARK_TOKENS_PER_S:g} / {latency.SPARK_BURST_TOKENS_PER_S:g}")
-    print(f"  residuals      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f}")
-    if len(calls) >= 4:
-        try:
-            fitted, scored, ttft, whole = engine_calls_score(calls, args.holdout)
-        except ValueError as e:  # the fitted part alone has no decode time
-            print(f"  held out       not scored: {e}")
-        else:
-            print(f"  held out       fitted on the first {fitted.first_token.n} calls, scored on the last {scored}: absolute "
-                  f"error per call, time to first token median {_fmt(ttft['median'])}%, p90 {_fmt(ttft['p90'])}%; "
-                  f"whole call median {_fmt(whole['median'])}%, p90 {_fmt(whole['p90'])}%")
+    print(f"  in-sample      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f} (on the {first.n} "
+          "calls it was fitted to)")
+    try:
+        score = engine_calls_score(calls, args.holdout)
+    except ValueError as e:  # too few calls to hold any out, or the fitted part alone has no decode time
+        print(f"  held out       not scored: {e}")
+    else:
+        ttft, whole = score.ttft, score.whole
+        print(f"  held out       the model refitted on the first {score.fitted.first_token.n} calls, scored on the last "
+              f"{len(score.held)}: absolute error per call, time to first token median {_fmt(ttft['median'])}%, "
+              f"p90 {_fmt(ttft['p90'])}%; whole call median {_fmt(whole['median'])}%, p90 {_fmt(whole['p90'])}%")
     if args.latency_out:
         path = profiles.save_latency(engine_latency_model(result), args.latency_out,
-                                     f"python -m prototype calibrate {args.trace} ({first.n} real-engine calls, "
-                                     f"time to first token rmse {first.rmse_s * 1000:.1f} ms)")
-        print(f"wrote latency profile {path}")
+                                     f"python -m prototype calibrate {args.trace} (fitted on all {first.n} real-engine calls, "
+                                     f"time to first token in-sample rmse {first.rmse_s * 1000:.1f} ms)")
+        print(f"wrote latency profile {path}: the fit on all {first.n} calls")
     return 0

@@ -47,11 +47,13 @@ from typing import Any
 
 import attrs
 
-from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
+from .. import analysis, benchmark, figures, metrics, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..client.reconnect import OPENAI_PYTHON, POLICIES
 from ..engine.vllm_client import VllmUnavailable, WorkerFailed
+from ..engine.vllm_engine import RealCall, call_records
+from ..engine.vllm_models import ModelSpec
 from ..trace import write_chrome_trace
 from .common import add_list, at_least, new_run_folder, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
@@ -122,9 +124,12 @@ RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", type=at_least(1), default=None, help="tasks per design and speed (default 10; with --trace, all)")
+    parser.add_argument("--tasks", type=at_least(1), default=None, help="tasks per design and speed (default 10; with --trace, all; "
+                        f"with --engine vllm, {VLLM_DEFAULTS['tasks']})")
     parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed: the same seed gives the same tasks (default 0)")
-    parser.add_argument("--preset", default="coding", help="workload preset: coding, chat, long, or a preset JSON file (calibrate --preset-out)")
+    parser.add_argument("--preset", default=None, help="workload preset: coding (the default), chat, long, or a preset JSON file "
+                        f"(calibrate --preset-out); with --engine vllm the default is {VLLM_DEFAULTS['preset']} with "
+                        f"{VLLM_DEFAULTS['turns']} turns a task (minutes on a CPU), --preset coding on request")
     parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
     parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
     add_list(parser, "--speeds", positive(float), None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
@@ -152,9 +157,33 @@ class ContextTooLong(ValueError):
     """A task whose context cannot fit the real engine's model."""
 
 
-def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs: list[str], out: Path) -> list[dict[str, Any]]:
+# `--engine vllm`'s default workload: 3 chat tasks of 3 turns (a ~500-token first prompt, ~200 tokens out a turn,
+# tools of 0.5 s), sized to finish in minutes on a 2-core CPU (docs/real_engine.md gives the time measured);
+# `--preset coding` runs the coding tasks instead (a 30,000-token first prompt, tools of up to minutes).
+VLLM_DEFAULTS = {"preset": "chat", "tasks": 3, "turns": 3}
+VLLM_CALLS = "vllm_calls"  # the per-call records: vllm_calls.csv and vllm_calls.json
+# The simulated engine's own parameters: on vLLM none of them applies (the engine's are printed instead).
+SIMULATED_ENGINE_PARAMETERS = ("decode speeds", "prefill rate", "engine request overhead", "prefix cache")
+ENGINE_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE)
+TOOL_PHASES = ("tool", metrics.HOSTED_TOOL)
+
+
+def apply_engine_defaults(args: argparse.Namespace) -> None:
+    """On vLLM, the workload options left unset (no --trace) take VLLM_DEFAULTS."""
+    if args.engine != VLLM or args.trace is not None:
+        return
+    if args.preset is None:
+        args.preset = VLLM_DEFAULTS["preset"]
+        args.turns = VLLM_DEFAULTS["turns"] if args.turns is None else args.turns
+    if args.tasks is None:
+        args.tasks = VLLM_DEFAULTS["tasks"]
+
+
+def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs: list[str], out: Path,
+                ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every design once over the real engine, in real time: task rows as for the simulated engine
-    (the decode speed column names the model profile only), and one trace per design."""
+    (the decode speed column names the model profile only), one trace per design, the per-call records
+    (vllm_calls.csv, .json), and the lines that say what vLLM computed and where the time went."""
     spec = model_spec(args)
     for task in config.tasks():
         # The rendered prompt is longer still (item framing): this catches what cannot fit before vLLM starts.
@@ -164,14 +193,58 @@ def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs
     results = benchmark.run_designs_on_vllm(designs, config, spec, python=args.vllm_python, decode_tps=TRACE_SPEED,
                                             parallel=args.vllm_parallel)
     rows: list[dict[str, Any]] = []
-    for design, (records, calls) in results.items():
+    calls: dict[str, list[RealCall]] = {}
+    for design, (records, design_calls) in results.items():
         rows += [benchmark.task_row(design, TRACE_SPEED, record) for record in records]
         write_chrome_trace(records[:1], out / f"trace_{design}.json")
-        computed = sum(call.prefill_tokens for call in calls)
-        prompt = sum(call.prompt_tokens for call in calls)
-        print(f"vllm {design:<12} model calls {len(calls):>4}  prompt tokens {prompt:>9,}  prefill computed {computed:>9,}"
-              f"  prefix-cache hits {sum(call.prefix_hits for call in calls):>9,}")
-    return rows
+        calls[design] = list(design_calls)
+    records = [row for design, design_calls in calls.items() for row in call_records(design, design_calls)]
+    if records:
+        analysis.write_csv(out / f"{VLLM_CALLS}.csv", records)
+        (out / f"{VLLM_CALLS}.json").write_text(json.dumps(records))
+    return rows, vllm_report(calls, rows, spec.block_size)
+
+
+def vllm_report(calls: dict[str, list[RealCall]], rows: list[dict[str, Any]], block: int) -> list[str]:
+    """What vLLM computed per design beside the simulated engine's prediction for the same calls, and where the
+    designs' time went: the engine's (measured) apart from the API's, the network's and the tools' (modeled)."""
+    lines = ["vLLM's counters per design (prefill computed and prefix-cache hits: vLLM's own; predicted: the simulated "
+             "engine's bookkeeping on the same calls):"]
+    for design, design_calls in calls.items():
+        prompt = sum(c.prompt_tokens for c in design_calls)
+        computed = sum(c.prefill_tokens for c in design_calls)
+        predicted = sum(c.predicted_prefill_tokens for c in design_calls)
+        line = (f"  {design:<12} model calls {len(design_calls):>4}  prompt tokens {prompt:>9,}  prefill computed "
+                f"{computed:>9,}  predicted {predicted:>9,}  prefix-cache hits {sum(c.prefix_hits for c in design_calls):>9,}")
+        if any(c.resumed for c in design_calls):
+            # A held request's KV is no cache hit to vLLM: the API's cached_tokens is worked out from what was sent.
+            line += f"  cached (derived: prompt less ids sent) {sum(c.prompt_tokens - c.sent_tokens for c in design_calls if c.resumed):>9,}"
+        off_plan = sum(c.off_plan_tokens for c in design_calls)
+        lines.append(line + (f"  SAMPLED OFF THE PLAN {off_plan:,} tokens" if off_plan else ""))
+    if CHAINED in calls:
+        gaps = [abs(c.prefill_tokens - c.predicted_prefill_tokens) for c in calls[CHAINED]]
+        within = sum(gap <= block for gap in gaps)
+        lines.append(f"  chained per call, vLLM against the prediction: {within} of {len(gaps)} calls within one KV block "
+                     f"({block} tokens); largest gap {max(gaps, default=0)} tokens")
+    if CHAINED in calls and SUSPENDED in calls:
+        def lead(field: str) -> int:
+            return sum(getattr(c, field) for c in calls[CHAINED]) - sum(getattr(c, field) for c in calls[SUSPENDED])
+
+        real, predicted = lead("prefill_tokens"), lead("predicted_prefill_tokens")
+        share = f"{(real - predicted) / predicted:+.1%}" if predicted else "-"
+        lines.append(f"  v1's lead over chained in prefill computed: vLLM {real:,} tokens, predicted {predicted:,} ({share})")
+    lines += ["", "Where the time went, per design, all tasks (seconds): the engine's is measured on vLLM; the API's work, the "
+              "network and the tools are modeled waits"]
+    header = f"  {'design':<12} {'vLLM (measured)':>16} {'API (modeled)':>14} {'network+client':>15} {'tools (modeled)':>16} {'end to end':>11}"
+    lines.append(header)
+    for design in calls:
+        mine = [row for row in rows if row["design"] == design]
+        spent = [sum(row["phase_totals_s"].get(phase, 0.0) for row in mine for phase in phases)
+                 for phases in (ENGINE_PHASES, benchmark.API_OVERHEAD_PHASES, ("network_client",), TOOL_PHASES)]
+        lines.append(f"  {design:<12} {spent[0]:>16.1f} {spent[1]:>14.1f} {spent[2]:>15.1f} {spent[3]:>16.1f} "
+                     f"{sum(row['e2e_s'] for row in mine):>11.1f}")
+    lines.append("  network+client: the modeled round trips and the testbed's own client and server work between them")
+    return lines
 
 
 def compare_point(run: benchmark.DesignRun) -> tuple[list[dict[str, Any]], RolloutRecord | None]:
@@ -212,14 +285,15 @@ def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> 
         config = benchmark.BenchConfig(n_tasks=len(tasks), seed=args.seed, network=network, task_list=tasks,
                                        latency=model, source=source, reconnect=POLICIES[args.reconnect])
         return config, source, speeds
-    preset: str | wl.WorkloadParams = args.preset
-    if args.preset not in wl.PRESETS:
-        if not Path(args.preset).is_file():
-            raise ValueError(f"--preset {args.preset!r} is neither a preset ({', '.join(wl.PRESETS)}) nor a file")
-        preset = profiles.load_preset(args.preset)
+    name = args.preset or wl.DEFAULT_PRESET  # unset: the default (apply_engine_defaults gives vLLM its own)
+    preset: str | wl.WorkloadParams = name
+    if name not in wl.PRESETS:
+        if not Path(name).is_file():
+            raise ValueError(f"--preset {name!r} is neither a preset ({', '.join(wl.PRESETS)}) nor a file")
+        preset = profiles.load_preset(name)
     config = benchmark.BenchConfig(preset=preset, n_tasks=args.tasks or 10, seed=args.seed, network=network,
                                    fixed_turns=args.turns, latency=model, reconnect=POLICIES[args.reconnect])
-    return config, f"the '{args.preset}' workload", speeds
+    return config, f"the '{name}' workload", speeds
 
 
 def run_parameters(config: benchmark.BenchConfig, designs: list[str], speeds: list[float]) -> list[tuple[str, str, str]]:
@@ -234,8 +308,21 @@ def run_parameters(config: benchmark.BenchConfig, designs: list[str], speeds: li
             for name, value, source in benchmark.parameters(config) if name not in unused]
 
 
+def vllm_parameters(parameters: list[tuple[str, str, str]], spec: ModelSpec) -> list[tuple[str, str, str]]:
+    """The parameters in effect on vLLM: the engine's own in place of the simulated engine's."""
+    kv = f"blocks of {spec.block_size} tokens, prefix caching on" + (
+        f", {spec.cpu_kv_cache_gib} GiB (VLLM_CPU_KVCACHE_SPACE)" if spec.cpu_kv_cache_gib is not None else "")
+    engine = [
+        ("engine", f"vLLM, {spec.name}: {spec.layers} layers, {spec.hidden_size} wide, {spec.dtype}, dummy weights; "
+         "forced decoding; real time", "docs/real_engine.md"),
+        ("KV cache", kv, "vLLM engine arguments (prototype/engine/vllm_models.py)"),
+    ]
+    return engine + [row for row in parameters if row[0] not in SIMULATED_ENGINE_PARAMETERS]
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    apply_engine_defaults(args)
     network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=args.rtt_ms / 1000)
     try:
         config, described, speeds = workload_config(args, network)
@@ -248,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == VLLM:
         failure = None
         try:
-            rows = run_on_vllm(args, config, designs, out)
+            rows, vllm_lines = run_on_vllm(args, config, designs, out)
         except* (VllmUnavailable, WorkerFailed, ContextTooLong, benchmark.TaskFailed) as group:
             failure = group.exceptions[0]
         if failure is not None:
@@ -266,11 +353,18 @@ def run(args: argparse.Namespace) -> int:
         clock = f"real time on vLLM ({args.vllm_model}, dummy weights)"
     print(f"\n{len(config.tasks())} tasks of {described}, {clock}\n")
     print_compare_table(table, args.wide)
+    if args.engine == VLLM:
+        print("  tok/s: on vLLM only the name of the model profile the tasks ask for; vLLM decides when each token is ready")
+        print("\n" + "\n".join(vllm_lines))
     if cached:
         print(f"\n{cached} of {points} (design, speed) points came from the results cache ({cache_root}): "
               "computed before with the same configuration and code; --no-cache computes them again.")
     parameters = run_parameters(config, designs, speeds)
-    print("\nModeled parameters (value, source):")
+    if args.engine == VLLM:
+        parameters = vllm_parameters(parameters, model_spec(args))
+        print("\nParameters in effect (value, source): the engine is vLLM; everything else is modeled")
+    else:
+        print("\nModeled parameters (value, source):")
     for name, value, source in parameters:
         print(f"  {name:<44} {value:<44} {source}")
     if benchmark.SUSPENDED in designs:
@@ -291,6 +385,8 @@ def run(args: argparse.Namespace) -> int:
     # A trace per design: the real engine writes one always, the grid only when it ran at TRACE_SPEED.
     traced = args.engine == VLLM or TRACE_SPEED in speeds
     written = ["compare.csv", "compare.json", "compare_tasks.json", "compare.png", *(f"trace_{d}.json" for d in designs if traced)]
+    if args.engine == VLLM and (out / f"{VLLM_CALLS}.csv").exists():
+        written += [f"{VLLM_CALLS}.csv", f"{VLLM_CALLS}.json"]
     print(f"\nwrote {out}/{', '.join(written)} in {time.perf_counter() - started:.1f} s")
     return 0
 

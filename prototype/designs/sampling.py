@@ -28,9 +28,9 @@ from ..api import render
 from ..api.service import ApiService, Context, StageModes
 from ..engine import tokenizer
 from ..engine.admission import EngineCall
-from ..engine.engine import ModelCall
+from ..engine.engine import ModelCall, PlannedOutput
 from ..engine.policy import PlannedSearch, TurnPlan
-from ..protocol.items import FunctionCall, FunctionCallOutput, Item, WebSearchCall
+from ..protocol.items import FunctionCall, FunctionCallOutput, Item, Message, Reasoning, WebSearchCall
 from .compaction import compact_if_due
 from .emitter import Emitter
 
@@ -173,9 +173,12 @@ class SamplingLoop:
         while True:
             await compact_if_due(self)  # `context_management`: past its threshold the context is compacted first
             plan = ctx.route.policy.plan(ctx.ledger.turn, request.tools, request.offers_hosted("web_search"))
-            # What each model call of the turn will sample: a hosted call's arguments each, then the answer.
+            # What each model call of the turn will sample: a hosted call's arguments each, then the answer;
+            # and, for an engine that samples exactly the transcript's ids, what each renders.
             planned = [*(len(_token_pieces(search.query)) for search in plan.searches), _answer_tokens(plan, budget)]
-            await self.model_call(planned[0])
+            outputs_planned = [*(functools.partial(_search_output, search) for search in plan.searches),
+                               functools.partial(self._answer_output, plan, budget)]
+            await self.model_call(planned[0], outputs_planned[0])
             for searched, search in enumerate(plan.searches, start=1):
                 item = WebSearchCall(self.api.new_id("ws"), search.query, status="in_progress")
                 await self.decode_hidden(search.query)
@@ -185,26 +188,21 @@ class SamplingLoop:
                 await self.take_new_items([answered])
                 if self.stop_requested():
                     return STEERED
-                await self.model_call(planned[searched])
+                await self.model_call(planned[searched], outputs_planned[searched])
 
             if self.stop_requested():
                 return STEERED
             outputs: list[Item] = []
             rendered: list[int] = []
             start = trio.current_time()
-            if plan.reasoning and (budget is None or budget > len(plan.reasoning)):
+            reasoning, words, truncated = _answer_parts(plan, budget)
+            if reasoning:
                 outputs.append(await self.emitter.reasoning(
-                    self.api.new_id("rs"), functools.partial(self.decode_reasoning, plan.reasoning), export=self.export_reasoning
+                    self.api.new_id("rs"), functools.partial(self.decode_reasoning, reasoning), export=self.export_reasoning
                 ))
-                rendered += render.render_sampled(outputs[-1], plan.reasoning)
-                if budget is not None:
-                    budget -= len(plan.reasoning)
-            words = plan.words
-            truncated = budget is not None and len(words) > budget
-            if truncated:
-                words = words[:budget]
+                rendered += render.render_sampled(outputs[-1], reasoning)
             if budget is not None:
-                budget -= len(words)
+                budget -= len(reasoning) + len(words)
             word_ids = WordIds(words)
             outputs.append(
                 await self.emitter.message(
@@ -223,13 +221,11 @@ class SamplingLoop:
             steered = not truncated and bool(plan.calls) and self.stop_requested()
             call_tokens = 0  # counted as streamed, not by tokenizing the arguments again after the last token
             for planned in () if truncated or steered else plan.calls:
-                place = ctx.ledger.offset + len(ctx.items) + len(outputs)  # the call's place in the whole conversation
-                call_id = f"call_{place}" if self.agent is None else f"call_{self.agent}_{place}"
                 pieces = _token_pieces(planned.arguments)
                 call_tokens += len(pieces)
                 call = await self.emitter.function_call(
                     self.api.new_id("fc"),
-                    call_id,
+                    self._call_id(len(outputs)),
                     planned.name,
                     self.stream(pieces),
                 )
@@ -250,7 +246,26 @@ class SamplingLoop:
                 return ENDED_AT_CLIENT_CALLS
             await self.take_new_items(answers)
 
-    async def model_call(self, output_tokens: int) -> None:
+    def _call_id(self, outputs_before: int) -> str:
+        """A function call's id: its place in the whole conversation, after `outputs_before` items of its turn."""
+        place = self.context.ledger.offset + len(self.context.items) + outputs_before
+        return f"call_{place}" if self.agent is None else f"call_{self.agent}_{place}"
+
+    def _answer_output(self, plan: TurnPlan, budget: int | None) -> PlannedOutput:
+        """The answer call's output as `_sample` renders it into the context: the reasoning, the
+        message, then (unless the budget cut the message) the function calls."""
+        reasoning, words, truncated = _answer_parts(plan, budget)
+        rendered: list[tuple[list[int], int]] = []
+        if reasoning:
+            rendered.append((render.render_sampled(Reasoning("", "".join(reasoning)), reasoning), len(reasoning)))
+        message = Message("assistant", (("output_text", "".join(words)),))
+        rendered.append((render.render_sampled(message, words), len(words)))
+        for planned in () if truncated else plan.calls:
+            call = FunctionCall(self._call_id(len(rendered)), planned.name, planned.arguments)
+            rendered.append((render.render_items([call]), len(_token_pieces(planned.arguments))))
+        return PlannedOutput.of(rendered)
+
+    async def model_call(self, output_tokens: int, planned: Callable[[], PlannedOutput] | None = None) -> None:
         """Prefill what the engine does not hold; usage counts each model call (docs/protocol.md).
         The engine's modeled time is charged in full, in real time as under a virtual clock: the
         testbed's own CPU work (the scripted policy included) comes on top, and efficiency
@@ -269,7 +284,7 @@ class SamplingLoop:
         # response's schedule. After a wait in the engine (the queue, a swap-in) it starts now.
         waited = call.queued_s > 0 or call.swap_in_tokens > 0
         start = now if waited or self.log.schedule is None else min(now, self.log.schedule)
-        ask = ModelCall(ctx.engine_key, ctx.prompt, held=self.pinned_kv, output_tokens=output_tokens)
+        ask = ModelCall(ctx.engine_key, ctx.prompt, held=self.pinned_kv, output_tokens=output_tokens, planned=planned)
         prefilled = await self.api.engine.prefill_call(ctx.route.latency, ask, start=start, engine_call=call)
         usage = self.emitter.response.usage
         usage.input_tokens += len(ctx.prompt)
@@ -372,14 +387,29 @@ async def prefill_warmup(api: ApiService, log: metrics.PhaseLog, context: Contex
     return uncached
 
 
+def _answer_parts(plan: TurnPlan, budget: int | None) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """What the turn's last model call samples within the output budget left: the reasoning (all of it
+    or none), the message's words (cut at the budget), and whether they were cut (then no function
+    call follows)."""
+    reasoning = plan.reasoning if plan.reasoning and (budget is None or budget > len(plan.reasoning)) else ()
+    left = None if budget is None else budget - len(reasoning)
+    truncated = left is not None and len(plan.words) > left
+    return reasoning, plan.words[:left] if truncated else plan.words, truncated
+
+
 def _answer_tokens(plan: TurnPlan, budget: int | None) -> int:
     """Tokens the turn's last model call samples: reasoning, the message (cut at the output budget),
     and the function calls' arguments (`SamplingLoop._sample` spends them in that order)."""
-    reasoning = len(plan.reasoning) if plan.reasoning and (budget is None or budget > len(plan.reasoning)) else 0
-    left = None if budget is None else budget - reasoning
-    if left is not None and len(plan.words) > left:
-        return reasoning + left
-    return reasoning + len(plan.words) + sum(len(_token_pieces(call.arguments)) for call in plan.calls)
+    reasoning, words, truncated = _answer_parts(plan, budget)
+    calls = 0 if truncated else sum(len(_token_pieces(call.arguments)) for call in plan.calls)
+    return len(reasoning) + len(words) + calls
+
+
+def _search_output(search: PlannedSearch) -> PlannedOutput:
+    """A hosted call's model call samples its query: the item renders as far as that, its result
+    comes from the hosted service after (the plan renders it empty; only the last id, which the
+    engine never feeds back, can change with the result)."""
+    return PlannedOutput.of([(render.render_items([WebSearchCall("", search.query)]), len(_token_pieces(search.query)))])
 
 
 def unexpected_outputs(pending: Sequence[str], items: Sequence[Item]) -> str | None:

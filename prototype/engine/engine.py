@@ -23,7 +23,7 @@ batch grows: docs/parameters.md §3's roofline).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 
 import attrs
 import trio
@@ -40,6 +40,35 @@ HTTP_AFFINITY = 0.9
 HTTP_AFFINITY_RANGE = Range(0.6, 1.0, "high: prefix-aware routing that always finds the holder (TraceLab's ~96% "
                             "token-weighted hit rate over real sessions sits near it); low: session-sticky load balancing "
                             "that loses the holder on scaling, failover and long idle gaps [assumed]")
+
+
+@attrs.frozen
+class PlannedOutput:
+    """What a model call's output renders in the transcript, for an engine that samples exactly that
+    (vLLM with forced decoding, vllm_engine.py): the ids in order, and per output item how many of
+    its ids are framing (the separator and header the transcript renders before the item's text)
+    followed by how many are its text, the tokens the policy counts as sampled."""
+
+    ids: tuple[int, ...]
+    items: tuple[tuple[int, int], ...]
+    """(framing, text) per item, in the order of `ids`."""
+
+    @classmethod
+    def of(cls, rendered: Iterable[tuple[Sequence[int], int]]) -> PlannedOutput:
+        """From each item's rendered ids and its text's token count. An item whose rendering is
+        shorter than its text (a text that tokenizes into fewer tokens once rendered whole) is
+        padded with its last id: the call still samples as many tokens as its text has."""
+        ids: list[int] = []
+        items = []
+        for item_ids, text in rendered:
+            padded = list(item_ids) + [item_ids[-1]] * (text - len(item_ids)) if item_ids else [0] * text
+            ids += padded
+            items.append((len(padded) - text, text))
+        return cls(tuple(ids), tuple(items))
+
+    @property
+    def text_tokens(self) -> int:
+        return sum(text for _, text in self.items)
 
 
 @attrs.frozen
@@ -60,6 +89,9 @@ class ModelCall:
     held: bool
     output_tokens: int
     """Tokens the policy will sample in this call (the engine never stops at EOS)."""
+    planned: Callable[[], PlannedOutput] | None = None
+    """The call's output as the transcript will render it, built on demand: only an engine that
+    samples exactly those ids (vLLM) asks; None where no plan exists (a compaction's summary)."""
 
 
 @attrs.frozen

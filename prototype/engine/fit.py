@@ -8,6 +8,9 @@
   cannot see comes out 0 and its rate infinite rather than negative.
 * `engine_timing_fit`: the same model's engine terms fitted to a real engine's own calls (`experiments.real_engine`):
   time to the first token on the prefill the engine computed (overhead and prefill rate), and the decode rate.
+* `holdout_split`, `percentage_errors`: a fit scored on the rounds after those it was fitted to; a fit needs one
+  round more than its coefficients and a score one more (MIN_FIT_ROUNDS, MIN_SCORED_ROUNDS), so that neither is an
+  exact interpolation reported as a perfect fit.
 * `distribution`: quantiles and mean of one quantity; `tool_tail`: the share of calls over a threshold and the share
   of tool time they hold (TraceLab: 4% of calls over a minute hold ~85% of tool time).
 * `lognormal`: median and log-sd of positive values (the generator's LN(median, sigma) parameters);
@@ -24,6 +27,11 @@ import attrs
 import numpy as np
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+COEFFICIENTS = 3  # of a round-time fit: fixed, per uncached token, per output token
+# A fit needs one round more than its coefficients, or it interpolates them exactly and its residuals (rmse 0)
+# say nothing; a held-out score needs one round more than that, to score.
+MIN_FIT_ROUNDS = COEFFICIENTS + 1
+MIN_SCORED_ROUNDS = MIN_FIT_ROUNDS + 1
 
 
 @attrs.frozen
@@ -56,13 +64,14 @@ def _rate(seconds_per_token: float) -> float:
 
 
 def round_time_fit(uncached: Sequence[float], output: Sequence[float], seconds: Sequence[float]) -> RoundTimeFit:
-    """Non-negative least squares of `seconds` on (1, uncached, output); needs at least 3 rounds."""
+    """Non-negative least squares of `seconds` on (1, uncached, output); needs MIN_FIT_ROUNDS rounds."""
     u, o, y = (np.asarray(v, dtype=float) for v in (uncached, output, seconds))
     if not (u.shape == o.shape == y.shape) or u.ndim != 1:
         raise ValueError("uncached, output and seconds must be 1-D and of one length")
     n = len(y)
-    if n < 3:
-        raise ValueError(f"a fit of 3 coefficients needs at least 3 timed rounds, got {n}")
+    if n < MIN_FIT_ROUNDS:
+        raise ValueError(f"a fit of {COEFFICIENTS} coefficients needs at least {MIN_FIT_ROUNDS} timed rounds (one more than "
+                         f"its coefficients, or it interpolates them), got {n}")
     if not (np.isfinite(u).all() and np.isfinite(o).all() and np.isfinite(y).all()):
         raise ValueError("non-finite values")
     X = np.column_stack([np.ones(n), u, o])
@@ -123,7 +132,7 @@ def engine_timing_fit(prefill_tokens: Sequence[float], ttft_s: Sequence[float], 
                       decode_s: Sequence[float]) -> EngineTimingFit:
     """Fits `EngineTimingFit` to calls: per call the prefill the engine computed (its own counters, not the prompt:
     a cache hit or a held sequence is not prefilled), the time to its first token, its sampled tokens and the time from
-    its first token to its last. Needs at least 3 calls and some decode time."""
+    its first token to its last. Needs MIN_FIT_ROUNDS calls and some decode time."""
     later = float(np.maximum(np.asarray(output_tokens, dtype=float) - 1, 0).sum())
     decoding = float(np.asarray(decode_s, dtype=float).sum())
     if decoding <= 0 or later <= 0:
@@ -194,15 +203,22 @@ def lognormal_mixture(values: Sequence[float], components: int = 3, *,
 # --- scoring a fit on rounds it was not fitted to ------------------------------------------------------------------
 
 
-def holdout_split(n: int, share: float) -> tuple[range, range]:
-    """(fitted, held out): the first rounds of `n` (in trace order) to fit, the last `share` of them to score, so a
-    fit is judged on rounds that come after everything it saw. At least 3 rounds are fitted and 1 held out; None
-    of either when `n` < 4."""
+def holdout_share(share: float) -> float:
+    """`share` if it can be a held-out share (in (0, 1)); else ValueError."""
     if not 0 < share < 1:
         raise ValueError(f"the held-out share must be in (0, 1), got {share!r}")
-    if n < 4:
-        raise ValueError(f"a held-out score needs at least 4 timed rounds (3 to fit, 1 to score), got {n}")
-    held = min(n - 3, max(1, round(n * share)))
+    return share
+
+
+def holdout_split(n: int, share: float) -> tuple[range, range]:
+    """(fitted, held out): the first rounds of `n` (in trace order) to fit, the last `share` of them to score, so a
+    fit is judged on rounds that come after everything it saw. At least MIN_FIT_ROUNDS rounds are fitted and 1 held
+    out: ValueError when `n` < MIN_SCORED_ROUNDS."""
+    holdout_share(share)
+    if n < MIN_SCORED_ROUNDS:
+        raise ValueError(f"a held-out score needs at least {MIN_SCORED_ROUNDS} timed rounds ({MIN_FIT_ROUNDS} to fit, "
+                         f"1 to score), got {n}")
+    held = min(n - MIN_FIT_ROUNDS, max(1, round(n * share)))
     return range(0, n - held), range(n - held, n)
 
 

@@ -263,8 +263,9 @@ class KVResidency:
                 entry.findable, entry.pinned, entry.last_used = True, False, now
         self._isolated.discard(key)
 
-    def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False) -> None:
-        """Keep the KV of all of `prompt` under `key` (after a model call computed it)."""
+    def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False, tokens: int | None = None) -> None:
+        """Keep the KV of all of `prompt` under `key` (after a model call computed it); with `tokens`, of its
+        first `tokens` ids only."""
         self._advance(now)
         entry = self.kv.get(key)
         if entry is not None and entry.where != GPU:
@@ -274,7 +275,7 @@ class KVResidency:
             entry = self.kv[key] = KVEntry(prompt, 0, now, pinned, serial=next(self._seq))
         if entry.prompt is not prompt and entry.registered:
             self._unregister_after(entry, prompt)
-        entry.prompt, entry.tokens, entry.last_used, entry.pinned = prompt, len(prompt), now, pinned
+        entry.prompt, entry.tokens, entry.last_used, entry.pinned = prompt, len(prompt) if tokens is None else tokens, now, pinned
         self._register(key, entry)
         entry.version += 1
         if entry.tokens > entry.gpu_tokens:

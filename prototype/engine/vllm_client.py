@@ -86,6 +86,10 @@ def worker_environment(spec: ModelSpec) -> dict[str, str]:
         # vLLM's CPU backend sizes its KV cache from this variable (GiB), not from a memory share.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # Forced decoding's logits processor (vllm_forced.py) implements the logits-processor interface of
+    # vLLM's V1 model runner, the one its CPU backend runs; on a GPU with Triton vLLM 0.32 would pick
+    # Model Runner V2, whose processors have an interface of their own and which refuses V1's.
+    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -166,16 +170,17 @@ class VllmClient:
         self._requests[rid] = send
         return receive
 
-    async def generate(self, rid: str, prompt: list[int], max_tokens: int, *, salt: str | None = None,
-                       held: bool = False) -> trio.MemoryReceiveChannel:
+    async def generate(self, rid: str, prompt: list[int], max_tokens: int, *, forced: list[int] | None = None,
+                       salt: str | None = None, held: bool = False) -> trio.MemoryReceiveChannel:
         """A new engine request; its events (tokens, chunk_done, error, finished) arrive on the
-        returned channel, which closes after `finished`."""
+        returned channel, which closes after `finished`. `forced`: the ids it samples (its plan)."""
         events = self._open(rid)
-        await self.send({"op": "generate", "rid": rid, "prompt": prompt, "max_tokens": max_tokens, "salt": salt, "held": held})
+        await self.send({"op": "generate", "rid": rid, "prompt": prompt, "max_tokens": max_tokens, "forced": forced,
+                         "salt": salt, "held": held})
         return events
 
-    async def append(self, rid: str, ids: list[int], max_tokens: int) -> None:
-        await self.send({"op": "append", "rid": rid, "prompt": ids, "max_tokens": max_tokens})
+    async def append(self, rid: str, ids: list[int], max_tokens: int, *, forced: list[int] | None = None) -> None:
+        await self.send({"op": "append", "rid": rid, "prompt": ids, "max_tokens": max_tokens, "forced": forced})
 
     async def close(self, rid: str) -> None:
         await self.send({"op": "close", "rid": rid})

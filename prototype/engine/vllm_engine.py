@@ -14,17 +14,29 @@ What a design asks becomes an engine request:
   cache holds; a session the design isolated (http routed away from its prefix) gets a `cache_salt`
   of its own, so it finds nothing.
 
-The scripted policy still writes the text; vLLM decides when each token is ready: the request
-asks for exactly the tokens the policy planned (`ignore_eos`, `min_tokens` = `max_tokens`), with
-the testbed's token ids mapped into the model's vocabulary. Its own sampled ids are not used.
+The scripted policy still writes the text; vLLM samples it and decides when each token is ready.
+A call that comes with its plan (`ModelCall.planned`: the ids its output renders in the transcript)
+is forced to sample exactly those ids (vllm_forced.py): the items' framing (separator, header) and
+their text, in the transcript's order, so vLLM's KV, its prefix cache and a held request's
+sequence hold the very ids the next prompt carries. The call's text tokens are those the policy
+counts and streams; a framing token is sampled (it takes vLLM a decode step) but streams nothing.
+A call without a plan (a compaction's summary, a warm-up) samples freely. Either way it asks for
+exactly its tokens (`ignore_eos`, `min_tokens` = `max_tokens`), and every id crosses into the model's
+vocabulary modulo its size (Llama 3's 128,256 holds cl100k's ids as they are).
 
 The simulated engine's bookkeeping (residency, prefix cache, admission with unlimited memory) runs
-beside it unchanged, as the prediction each real call is compared with (`RealCall`).
+beside it, as the prediction each real call is compared with (`RealCall`), with two of vLLM's
+parameters in place of its defaults, neither a part of the model under test: vLLM's KV blocks (32
+tokens on the CPU backend, where the simulated engine's default is 16), and a call's last sampled
+token left out of the KV it keeps (vLLM computes a sample's KV when it feeds it back as the next
+step's input, which it never does for the last one; the simulated engine's default counts the
+whole output as computed).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -55,7 +67,10 @@ class RealCall:
     isolated: bool
     prompt_tokens: int  # the testbed's prompt
     sent_tokens: int  # ids sent to vLLM (the whole prompt, or the appended ones)
-    output_tokens: int
+    output_tokens: int  # text tokens the call took (the policy's count)
+    sampled_tokens: int  # tokens vLLM sampled for it: its text and its items' framing
+    forced: bool  # sampled to a plan (forced decoding)
+    off_plan_tokens: int  # sampled ids that were not the plan's (0 where forced decoding held)
     prefill_tokens: int  # context tokens vLLM's scheduler computed between the request and its first token
     prefix_hits: int  # prefix-cache hits vLLM counted for it, in tokens
     vllm_cached_tokens: int  # the request's num_cached_tokens (on a resumed chunk: still its first chunk's)
@@ -68,19 +83,67 @@ class RealCall:
     queued_s: float | None = None  # a new request's wait from queued to scheduled, vLLM's clock; None on a resumed chunk
 
 
+def conversation_of(key: Hashable) -> Hashable:
+    """The conversation a call belongs to: an http turn routed away from its prefix keys on its home's key."""
+    return key[1] if isinstance(key, tuple) and key and key[0] == "http-elsewhere" else key
+
+
+def call_records(design: str, calls: Sequence[RealCall]) -> list[dict[str, Any]]:
+    """One row per model call, in the order made: the design, the conversation (numbered in order of first
+    call) and the call's number in it, then what vLLM computed and sampled (`*_vllm`: its own counters) beside
+    the simulated engine's prediction for the same call (`prefill_sim`). The CSV `calibrate` reads
+    (prototype/traces/engine_calls.py) has these columns."""
+    numbers: dict[Hashable, int] = {}
+    so_far: dict[Hashable, int] = defaultdict(int)
+    rows = []
+    for call in calls:
+        conversation = conversation_of(call.key)
+        so_far[conversation] += 1
+        rows.append({
+            "design": design, "task": numbers.setdefault(conversation, len(numbers)), "call": so_far[conversation],
+            "resumed": call.resumed, "routed_away": call.isolated,
+            "prompt_tokens": call.prompt_tokens, "sent_tokens": call.sent_tokens,
+            "prefill_vllm": call.prefill_tokens, "prefill_sim": call.predicted_prefill_tokens,
+            "prefix_hits_vllm": call.prefix_hits, "cached_vllm": call.vllm_cached_tokens,
+            "output_tokens": call.output_tokens, "sampled_tokens": call.sampled_tokens,
+            "forced": call.forced, "off_plan_tokens": call.off_plan_tokens,
+            "ttft_ms": call.ttft_s * 1000, "decode_ms": call.decode_s * 1000,
+            # vLLM's own rate: every token it sampled after the first (framing included) over their time.
+            "decode_tps": (call.sampled_tokens - 1) / call.decode_s if call.decode_s > 0 else float("nan"),
+            "kv_blocks": call.kv_blocks_used,
+        })
+    return rows
+
+
 @attrs.define(eq=False)
 class _Live:
-    """The request a model call is reading tokens from."""
+    """The request a model call is reading tokens from: vLLM samples `sampled` tokens, the call takes
+    the `planned` text tokens among them (`items`: framing then text, per output item)."""
 
     rid: str
     events: trio.MemoryReceiveChannel
     planned: int
     asked_at: float
+    prompt_tokens: int
+    items: tuple[tuple[int, int], ...]
+    forced: list[int] | None = None  # the plan in the model's ids
     first_at: float | None = None
     last_at: float | None = None
-    banked: int = 0  # arrived, not yet taken
+    received: int = 0  # tokens vLLM sampled so far
+    off_plan: int = 0  # of them, ids that were not the plan's
+    banked: int = 0  # text tokens arrived, not yet taken
     taken: int = 0
     first: dict[str, Any] | None = None
+
+    def text_within(self, sampled: int) -> int:
+        """Text tokens among the first `sampled` tokens."""
+        count = 0
+        for framing, text in self.items:
+            if sampled <= framing:
+                break
+            count += min(sampled - framing, text)
+            sampled -= framing + text
+        return count
 
     async def next_event(self) -> None:
         try:
@@ -93,7 +156,11 @@ class _Live:
             if self.first is None:
                 self.first = event.get("first", {})
                 self.first_at = now
-            self.banked += event["n"]
+            before, self.received = self.received, self.received + event["n"]
+            if self.forced is not None:
+                expected = self.forced[before : self.received]
+                self.off_plan += sum(got != want for got, want in zip(event.get("ids", expected), expected))
+            self.banked += self.text_within(self.received) - self.text_within(before)
             self.last_at = now
         elif kind == "error":
             raise RealEngineError(event["message"])
@@ -165,7 +232,13 @@ class VllmEngine(Engine):
                            engine_call: EngineCall | None = None) -> Prefilled:
         now = trio.current_time()
         predicted = len(call.prompt) - self.cached_prefix(call.key, call.prompt, now)
-        max_tokens = max(1, call.output_tokens)  # vLLM samples at least one token; a warm-up drops it
+        planned = call.planned() if call.planned is not None else None
+        if planned is not None and planned.text_tokens != call.output_tokens:
+            raise RealEngineError(f"a plan of {planned.text_tokens} text tokens for a call of {call.output_tokens}")
+        forced = self._ids(planned.ids) if planned is not None and planned.ids else None
+        # What vLLM samples: the plan, or as many free tokens as the call takes (at least one: a warm-up drops it).
+        items = planned.items if forced is not None else ((0, max(1, call.output_tokens)),)
+        max_tokens = len(forced) if forced is not None else max(1, call.output_tokens)
         held = self._held.get(call.key) if call.held else None
         if held is not None and not held.extended_by(call.prompt):
             del self._held[call.key]  # its sequence is not this prompt's start: a new request takes over,
@@ -181,16 +254,16 @@ class VllmEngine(Engine):
             raise ContextWindowExceeded(sequence, window)
         if held is not None:
             sent = self._ids(call.prompt.ids[held.length:]) or self._ids(call.prompt.ids[-1:])
-            await self.client.append(held.rid, sent, max_tokens)
+            await self.client.append(held.rid, sent, max_tokens, forced=forced)
             rid, events = held.rid, held.events
         else:
             rid = f"r{next(self._rids)}"
             sent = self._ids(call.prompt.ids)
             salt = self._salt(call.key) if isolated else self.namespace
-            events = await self.client.generate(rid, sent, max_tokens, salt=salt, held=call.held)
+            events = await self.client.generate(rid, sent, max_tokens, forced=forced, salt=salt, held=call.held)
             if call.held:
                 held = self._held[call.key] = _Held(rid, events)
-        live = self._live[call.key] = _Live(rid, events, max_tokens, now)
+        live = self._live[call.key] = _Live(rid, events, sum(text for _, text in items), now, len(call.prompt), items, forced)
         if held is not None:
             held.length += len(sent) + max_tokens - 1  # vLLM keeps every sample but the last
             held.prompt, held.prompt_length = call.prompt, len(call.prompt)
@@ -206,6 +279,14 @@ class VllmEngine(Engine):
         live.first = {**first, "predicted": predicted, "resumed": resumed,
                       "isolated": isolated, "prompt_tokens": len(call.prompt), "sent_tokens": len(sent), "held": call.held}
         return Prefilled(trio.current_time(), cached)
+
+    def retain(self, key: Hashable, prompt: Prompt, now: float, *, pinned: bool = False, tokens: int | None = None) -> None:
+        live = self._live.get(key)
+        if tokens is None and live is not None and len(prompt) > live.prompt_tokens:
+            # The call's output joins the context: vLLM computed the KV of all of it but the last sample,
+            # which the next request (or a held request's next chunk) computes.
+            tokens = len(prompt) - 1
+        super().retain(key, prompt, now, pinned=pinned, tokens=tokens)
 
     def _salt(self, key: Hashable) -> str:
         if key not in self._salts:
@@ -294,7 +375,8 @@ class VllmEngine(Engine):
         self.records.append(RealCall(
             key=key, held=first.get("held", False), resumed=first.get("resumed", False),
             isolated=first.get("isolated", False), prompt_tokens=first.get("prompt_tokens", 0),
-            sent_tokens=first.get("sent_tokens", 0), output_tokens=live.taken,
+            sent_tokens=first.get("sent_tokens", 0), output_tokens=live.taken, sampled_tokens=live.received,
+            forced=live.forced is not None, off_plan_tokens=live.off_plan,
             prefill_tokens=first.get("prefill_tokens", 0), prefix_hits=first.get("prefix_hits", 0),
             vllm_cached_tokens=first.get("cached_tokens", 0), predicted_prefill_tokens=first.get("predicted", 0),
             ttft_s=(live.first_at or live.asked_at) - live.asked_at,
@@ -315,8 +397,9 @@ async def open_vllm_engine(spec: ModelSpec, *, python: str | None = None,
     """A VllmEngine on a worker started here (or on `client`, a worker already running)."""
     async with trio.open_nursery() as nursery:
         if client is not None:
-            yield VllmEngine(client=client, nursery=nursery, spec=spec, **engine_options)
+            yield VllmEngine(client=client, nursery=nursery, spec=spec, block_size=client.ready.block_size, **engine_options)
         else:
             async with open_vllm_process(spec, python=python) as started:
-                yield VllmEngine(client=started, nursery=nursery, spec=spec, **engine_options)
+                yield VllmEngine(client=started, nursery=nursery, spec=spec, block_size=started.ready.block_size,
+                                 **engine_options)
         nursery.cancel_scope.cancel()

@@ -2,19 +2,21 @@
 
 Run as a script by the vLLM client (prototype/engine/vllm_client.py) with the interpreter that has
 vLLM installed: `python vllm_worker.py '<settings JSON>'`. It imports only the standard library and
-vLLM (never the testbed's package), so that interpreter needs nothing else. Token ids go in and
-token counts come out: the testbed's scripted policy writes the text, vLLM decides when each token
-is ready.
+vLLM (never the testbed's package; vllm_forced.py, beside it, is standard library until vLLM
+loads its processor), so that interpreter needs nothing else. Token ids go in and come out: the
+testbed's scripted policy writes the text and plans each call's ids, vLLM samples exactly those
+(forced decoding, vllm_forced.py) and decides when each token is ready.
 
 Requests (one JSON object per line on stdin):
 
-* `{"op": "generate", "rid": R, "prompt": [ids], "max_tokens": N, "salt": S | null, "held": bool}`
-  a new engine request. `held`: a resumable request (vLLM's session-based streaming input,
+* `{"op": "generate", "rid": R, "prompt": [ids], "max_tokens": N, "forced": [ids] | null, "salt": S | null,
+  "held": bool}`: a new engine request. `forced`: the ids it samples, in order (its plan; null: vLLM
+  samples freely). `held`: a resumable request (vLLM's session-based streaming input,
   `AsyncLLM.generate` over an async generator of `StreamingInput`) whose first chunk is `prompt`;
   it stays alive, with its KV, after its N tokens, until `close`. `salt`: vLLM's `cache_salt`, so
   the request finds nothing another salt cached (a request routed to an engine that holds nothing).
-* `{"op": "append", "rid": R, "prompt": [ids], "max_tokens": N}`: the next chunk of held request R:
-  only these ids are new to the engine.
+* `{"op": "append", "rid": R, "prompt": [ids], "max_tokens": N, "forced": [ids] | null}`: the next
+  chunk of held request R, with a plan of its own: only these ids are new to the engine.
 * `{"op": "close", "rid": R}`: held request R ends (its input stream returns).
 * `{"op": "abort", "rid": R}`: request R stops now.
 * `{"op": "counters", "tag": T, "reset_peak": bool}`: the engine's counters now; `reset_peak`
@@ -24,11 +26,12 @@ Requests (one JSON object per line on stdin):
 Events (one JSON object per line on the original stdout; vLLM's own output goes to stderr):
 
 * `{"type": "ready", ...}`: the engine is up (vocabulary, block size, KV blocks, start-up seconds).
-* `{"type": "tokens", "rid": R, "n": k, "first": {...}}`: k more tokens of R's current chunk are
-  sampled. The chunk's first carries `first`: the request's `num_cached_tokens` (`cached_tokens`;
-  a resumed chunk keeps the first chunk's figure: KV the live request holds is not a cache hit), the counters' growth since
-  the chunk was sent (`prefill_tokens`, `prefix_hits`, `prefix_queries`: exact when one request is
-  in flight, an upper bound otherwise), `kv_usage` and vLLM's `prompt_tokens`.
+* `{"type": "tokens", "rid": R, "n": k, "ids": [ids], "first": {...}}`: k more tokens of R's current
+  chunk are sampled, these ids. The chunk's first carries `first`: the request's
+  `num_cached_tokens` (`cached_tokens`; a resumed chunk keeps the first chunk's figure: KV the live
+  request holds is not a cache hit), the counters' growth since the chunk was sent
+  (`prefill_tokens`, `prefix_hits`, `prefix_queries`: exact when one request is in flight, an upper
+  bound otherwise), `kv_usage` and vLLM's `prompt_tokens`.
 * `{"type": "chunk_done", "rid": R, "tokens": N, "counters": {...}}`: R's current chunk produced its N tokens.
 * `{"type": "finished", "rid": R}`: request R is over (closed, aborted or done).
 * `{"type": "error", "rid": R | null, "message": M}`.
@@ -55,6 +58,11 @@ import os
 import sys
 import threading
 import time
+
+try:
+    from . import vllm_forced  # imported as the testbed's module (its tests)
+except ImportError:
+    import vllm_forced  # run as a script: this folder is on the path, as vLLM's processes find it
 
 
 def _protocol_stream():
@@ -152,6 +160,7 @@ class Worker:
             max_num_seqs=s.get("max_num_seqs", 256),
             gpu_memory_utilization=s.get("gpu_memory_utilization", 0.9),
             enforce_eager=s.get("enforce_eager", False),
+            logits_processors=[vllm_forced.PROCESSOR],  # a plan in a request's extra_args is what it samples
             # A KV budget in blocks (one of them vLLM's null block), for experiments where memory binds.
             **({"num_gpu_blocks_override": s["num_gpu_blocks_override"]} if "num_gpu_blocks_override" in s else {}),
         )
@@ -167,14 +176,16 @@ class Worker:
             "device": config.device_config.device_type,
         })
 
-    def params(self, max_tokens: int):
+    def params(self, max_tokens: int, forced: list[int] | None = None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        # The policy decides how many tokens a call samples: the engine never stops early (EOS) or late.
+        # The policy decides how many tokens a call samples, and which: the engine never stops early
+        # (EOS) or late, and a plan's ids are the only ones its logits allow.
         return SamplingParams(
             max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True, temperature=0.0,
             output_kind=RequestOutputKind.DELTA, detokenize=False,
+            extra_args={vllm_forced.FORCED_IDS: forced} if forced else None,
         )
 
     async def run_request(self, message: dict) -> None:
@@ -191,33 +202,35 @@ class Worker:
 
         salt = message.get("salt")
         first_max = message["max_tokens"]
+        first_params = self.params(first_max, message.get("forced"))
         chunks_sent: list[tuple[int, dict]] = []  # per chunk: its tokens, the counters when it was sent
         try:
             if message.get("held"):
                 queue: asyncio.Queue = asyncio.Queue()
                 self.inputs[rid] = queue
-                queue.put_nowait((message["prompt"], first_max))
+                queue.put_nowait((message["prompt"], first_max, first_params))
 
                 async def chunks():
                     while (chunk := await queue.get()) is not None:
-                        ids, max_tokens = chunk
+                        ids, max_tokens, params = chunk
                         # The salt keys the request's first block; appended chunks extend its chain.
                         chunk_salt = salt if not chunks_sent else None
                         chunks_sent.append((max_tokens, self.counters.as_dict()))
-                        yield StreamingInput(prompt_of(ids, chunk_salt), self.params(max_tokens))
+                        yield StreamingInput(prompt_of(ids, chunk_salt), params)
 
-                stream = self.engine.generate(chunks(), self.params(first_max), rid, session_id=rid)
+                stream = self.engine.generate(chunks(), first_params, rid, session_id=rid)
             else:
                 chunks_sent.append((first_max, self.counters.as_dict()))
-                stream = self.engine.generate(prompt_of(message["prompt"], salt), self.params(first_max), rid)
+                stream = self.engine.generate(prompt_of(message["prompt"], salt), first_params, rid)
             chunk = 0
             produced = 0  # tokens of the current chunk so far
             async for output in stream:
-                n = len(output.outputs[0].token_ids) if output.outputs else 0
-                while n and chunk < len(chunks_sent):
+                ids = list(output.outputs[0].token_ids) if output.outputs else []
+                done = 0  # of these ids, those reported so far
+                while done < len(ids) and chunk < len(chunks_sent):
                     planned, before = chunks_sent[chunk]
-                    take = min(n, planned - produced)
-                    event = {"type": "tokens", "rid": rid, "n": take}
+                    take = min(len(ids) - done, planned - produced)
+                    event = {"type": "tokens", "rid": rid, "n": take, "ids": ids[done : done + take]}
                     if produced == 0:  # the chunk's first token: its prefill is over
                         now = self.counters
                         event["first"] = {
@@ -231,7 +244,7 @@ class Worker:
                         }
                     self.send(event)
                     produced += take
-                    n -= take
+                    done += take
                     if produced == planned:
                         self.send({"type": "chunk_done", "rid": rid, "tokens": planned, "counters": self.counters.as_dict()})
                         chunk += 1
@@ -258,7 +271,7 @@ class Worker:
             if queue is None:
                 self.send({"type": "error", "rid": rid, "message": f"no held request {rid!r}"})
             else:
-                queue.put_nowait((message["prompt"], message["max_tokens"]))
+                queue.put_nowait((message["prompt"], message["max_tokens"], self.params(message["max_tokens"], message.get("forced"))))
         elif op == "close":
             queue = self.inputs.get(rid)
             if queue is not None:
@@ -329,4 +342,8 @@ async def _main(settings: dict) -> None:
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core, which imports this module again
+    # vLLM loads the logits processor by name (vllm_forced.PROCESSOR) in each of its processes: they
+    # find this folder on their path however they are started.
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     asyncio.run(_main(json.loads(sys.argv[1])))

@@ -10,6 +10,9 @@ One CSV row per model call, in the order the calls were made; the columns read (
     output_tokens  tokens sampled
     ttft_ms        from the request to its first token, milliseconds
     decode_ms      from its first token to its last, milliseconds
+    sampled_tokens (optional) tokens the engine sampled, where it sampled more than the call's text (vLLM with
+                   forced decoding samples each output item's framing too): read as the call's output tokens, the
+                   ones its decode time covers
 
 Unlike an agent's trace it holds no tasks (no tool times, no user requests): `calibrate` fits and scores the latency
 model on it and nothing else. A bad file raises `TraceError` naming the file, the line and the column.
@@ -28,6 +31,7 @@ from .base import TraceError
 FORMAT = "real-engine calls"
 COLUMNS = ("design", "prompt_tokens", "prefill_vllm", "output_tokens", "ttft_ms", "decode_ms")
 _INTEGERS = ("prompt_tokens", "prefill_vllm", "output_tokens")
+SAMPLED = "sampled_tokens"
 _MILLISECONDS = ("ttft_ms", "decode_ms")
 
 
@@ -75,6 +79,8 @@ def read(path: str | PathLike[str]) -> list[EngineCall]:
         for row in reader:
             line = reader.line_num  # the record's last physical line: a quoted field may hold a line break
             prompt, prefill, output = (int(_number(row, c, path, line, int)) for c in _INTEGERS)
+            if SAMPLED in row:
+                output = int(_number(row, SAMPLED, path, line, int))
             ttft_ms, decode_ms = (_number(row, c, path, line, float) for c in _MILLISECONDS)
             if prefill > prompt:
                 raise TraceError(path, line, "prefill_vllm", f"{prefill} prefilled of a {prompt}-token prompt")

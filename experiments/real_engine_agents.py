@@ -32,7 +32,8 @@ time against batch size).
 
 Token counts are the engine's behaviour and hold on any machine; times and tasks per hour are a
 tiny model's on a shared CPU (the load average is printed with them). Writes
-results/real_engine_agents/<timestamp>/ (the side-by-side rows, every call, the KV series, a figure).
+results/real_engine_agents/<timestamp>/ (the side-by-side rows, the calibration, every call, the KV series,
+a figure).
 """
 
 from __future__ import annotations
@@ -833,12 +834,13 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
     print("\ntime (vLLM | simulated engine, calibrated on this session's profile): a tiny model on a shared CPU")
     print_table(comparison_rows(pairs, TIME_COLUMNS))
     write_csv(folder / "real_engine_agents.csv", figure_rows(runs))
+    write_csv(folder / "real_engine_agents_calibration.csv", calibration_rows(calibration))
     write_csv(folder / "real_engine_agents_calls.csv", call_rows(runs))
     series = series_rows(runs)
     if series:
         write_csv(folder / "real_engine_agents_kv.csv", series)
     plot_series([run for run in runs if run.engine in ("vllm", "sim")], budget, folder / "real_engine_agents_kv.png")
-    print(f"wrote {folder}/real_engine_agents.csv, _calls.csv, _kv.csv and _kv.png")
+    print(f"wrote {folder}/real_engine_agents.csv, _calibration.csv, _calls.csv, _kv.csv and _kv.png")
     return {"runs": runs, "pairs": pairs, "calibration": calibration}
 
 

@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
             run_id = secrets.token_hex(4)
             profile = await agents_experiment.profile_engine(client, reps=args.profile_reps, window=spec.max_model_len)
             calibrations.append(agents_experiment.calibrate(profile))
+            for name in args.workloads:
+                print(f"workload {name}: {agents_experiment.workload_line(WORKLOADS[name])}")
+            print(f"agents {', '.join(map(str, args.agents))}, seed {args.seed}; KV budget {budget:,} tokens (does not bind)")
             print(f"vLLM {client.ready.vllm_version} ({spec.name}, dummy weights): profile of {len(profile.prefill)} prefill, "
                   f"{len(profile.decode)} decode and {len(profile.busy_prefill)} busy-prefill points "
                   f"(load average {profile.load[0]:.1f} to {profile.load[1]:.1f})")

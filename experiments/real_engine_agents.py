@@ -749,6 +749,14 @@ def plot_series(runs: Sequence[AgentsRun], budget: int, path) -> None:
     plt.close(fig)
 
 
+def workload_line(params: wl.WorkloadParams) -> str:
+    """The workload's knobs in one line, printed with the results."""
+    return (f"{params.fixed_turns} turns, a {params.initial_prompt_tokens}-token first prompt ({params.shared_prefix_tokens} "
+            f"shared), tool outputs LN({params.appended_median:g}, {params.appended_sigma:g}), outputs "
+            f"LN({params.output_median:g}, {params.output_sigma:g}), tools {params.fixed_tool_seconds:g} s, "
+            f"hosted search p {params.hosted_call_p:g}")
+
+
 def admission_cap(spec: ModelSpec, tasks: Sequence[wl.Workload]) -> int:
     """The most v1 sessions whose final contexts all fit the budget at once (each context's turns and outputs,
     in whole blocks, plus a block for the rendering's framing): with at most that many requests active, paused
@@ -809,7 +817,9 @@ def main(argv: list[str] | None = None, *, worker: WorkerProcess | None = None) 
             if worker is not None and client.ready.kv_blocks != spec.kv_blocks:
                 raise SystemExit(f"the worker given has {client.ready.kv_blocks} KV blocks, not {spec.kv_blocks}")
             print(f"vLLM {client.ready.vllm_version} ({spec.name}, dummy weights) on {client.ready.device}: KV budget "
-                  f"{spec.kv_blocks - 1} blocks of {spec.block_size} = {budget:,} tokens\n", flush=True)
+                  f"{spec.kv_blocks - 1} blocks of {spec.block_size} = {budget:,} tokens; agents {', '.join(map(str, args.agents))}; "
+                  f"workload seed {args.seed}: {workload_line(WORKLOAD)}; a stall is {args.stall_seconds:g} s without "
+                  f"an engine step\n", flush=True)
             await calibrate_on(client)
             await agents_on(client, spec, args.designs, "vllm")
         if args.v1_admission_cap and SUSPENDED in args.designs:

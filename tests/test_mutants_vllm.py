@@ -437,7 +437,7 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
         key="s", held=False, resumed=False, isolated=False, prompt_tokens=0, sent_tokens=0, output_tokens=0,
         sampled_tokens=0, forced=False, off_plan_tokens=0, prefill_tokens=0, prefix_hits=0, vllm_cached_tokens=0, predicted_prefill_tokens=0, ttft_s=0.0, decode_s=0.0,
         kv_usage=0.0, kv_blocks_used=0)
-    assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int]
+    assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int] * 2 + [type(None)]
 
 
 async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):

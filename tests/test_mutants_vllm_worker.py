@@ -203,8 +203,10 @@ def params_of(max_tokens: int, forced: list[int] | None = None) -> dict:
     }
 
 
+# The counters a binding KV budget moves; 0 in every test that preempts nothing.
+UNPREEMPTED = {"preemptions": 0, "recompute_queries": 0, "recompute_hits": 0, "running": 0, "waiting": 0}
 ZERO = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.0,
-        "kv_usage_max": 0.0, "steps": 0}
+        "kv_usage_max": 0.0, "steps": 0, **UNPREEMPTED}
 
 
 # --- start-up ------------------------------------------------------------------------------------
@@ -251,7 +253,50 @@ def test_the_engine_takes_every_setting_given(fake_vllm):
     asyncio.run(scenario())
 
 
+def test_a_kv_budget_in_blocks_reaches_vllm_only_when_given(fake_vllm):
+    async def scenario():
+        await Worker({**SETTINGS, "num_gpu_blocks_override": 97}, Out()).start()
+        assert FakeAsyncLLM.instances[-1].args.kwargs["num_gpu_blocks_override"] == 97
+        await Worker(dict(SETTINGS), Out()).start()
+        assert "num_gpu_blocks_override" not in FakeAsyncLLM.instances[-1].args.kwargs
+
+    asyncio.run(scenario())
+
+
 # --- the counters --------------------------------------------------------------------------------
+
+
+def test_preemptions_and_what_preempted_requests_recompute_add_up_and_the_queue_is_the_last_steps(fake_vllm):
+    async def scenario():
+        worker, out, engine = await started()
+
+        def step(preempted: int, queries: int, hits: int, running: int, waiting: int) -> None:
+            stats = _scheduler_stats(ctx=10, queries=0, usage=0.5)
+            stats.prefix_cache_stats.preempted_queries, stats.prefix_cache_stats.preempted_hits = queries, hits
+            stats.num_running_reqs, stats.num_waiting_reqs = running, waiting
+            for logger in engine.loggers:
+                logger.record(scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=preempted))
+
+        step(preempted=2, queries=0, hits=0, running=3, waiting=4)  # two preempted: they come back later
+        step(preempted=0, queries=640, hits=576, running=5, waiting=1)  # both back: 64 of their 640 tokens recomputed
+        for logger in engine.loggers:  # preemptions with no scheduler stats still count
+            logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace(num_preempted_reqs=1))
+        counters = worker.counters.as_dict()
+        assert {k: counters[k] for k in UNPREEMPTED} == {"preemptions": 3, "recompute_queries": 640, "recompute_hits": 576,
+                                                         "running": 5, "waiting": 1}
+
+    asyncio.run(scenario())
+
+
+def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk_its_queueing(fake_vllm):
+    first = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0, prompt_token_ids=[1],
+                            metrics=SimpleNamespace(num_preemptions=1, queued_ts=10.0, scheduled_ts=10.25))
+    assert vllm_worker._request_stats(first, first_chunk=True) == {"preemptions": 1, "queued_s": 0.25}
+    # A resumed chunk: vLLM keeps the request's first scheduling time, so its queueing is not said.
+    assert vllm_worker._request_stats(first, first_chunk=False) == {"preemptions": 1}
+    never_scheduled = SimpleNamespace(metrics=SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=0.0))
+    assert vllm_worker._request_stats(never_scheduled, first_chunk=True) == {"preemptions": 0}
+    assert vllm_worker._request_stats(output([7]), first_chunk=True) == {}  # vLLM gave no metrics
 
 
 def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
@@ -265,7 +310,7 @@ def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
             logger.record(None, None)  # a step without scheduler stats changes nothing
         assert worker.counters.as_dict() == {
             "prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-            "kv_usage_max": 0.5, "steps": 2,
+            "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED,
         }
         assert await worker.handle({"op": "counters", "tag": "t1", "reset_peak": False}) is True
         assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
@@ -273,7 +318,7 @@ def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
         assert await worker.handle({"op": "counters"}) is True
         events = out.take()
         after = {"prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-                 "kv_usage_max": 0.5, "steps": 2}
+                 "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
         assert events == [
             {"type": "counters", "tag": "t1", "counters": after},
             {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
@@ -330,7 +375,7 @@ def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vll
         script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
         await settle()
         counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
-                    "kv_usage_max": 0.375, "steps": 4}
+                    "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
         assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1, "ids": [10]},
                               {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
         assert "r1" in worker.tasks
@@ -454,7 +499,7 @@ def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new
         script.put_nowait(output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
         await settle()
         done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
-                      "kv_usage_max": 0.5, "steps": 3}
+                      "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
         assert out.take() == [
             {"type": "tokens", "rid": "h", "n": 1, "ids": [9]},
             {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
@@ -514,7 +559,7 @@ def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         script.put_nowait(output([6, 6]))
         await settle()
         done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
-                "kv_usage_max": 0.5, "steps": 2}
+                "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
         assert out.take() == [
             {"type": "tokens", "rid": "h", "n": 1, "ids": [6], "first": {
                 "cached_tokens": 1, "prefill_tokens": 1, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,

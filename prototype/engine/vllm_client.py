@@ -206,6 +206,10 @@ class VllmClient:
     async def shutdown(self) -> None:
         await self.send({"op": "shutdown"})
 
+    def open_requests(self) -> list[str]:
+        """The ids of the requests not yet finished (an experiment aborts them after stopping a run)."""
+        return list(self._requests)
+
     def dispatch(self, event: dict[str, Any]) -> None:
         """Route one event from the worker."""
         if event.get("type") == "counters":

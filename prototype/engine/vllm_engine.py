@@ -80,6 +80,8 @@ class RealCall:
     decode_s: float  # from the first token to the last one taken
     kv_usage: float  # share of vLLM's KV blocks in use at the first token
     kv_blocks_used: int
+    preemptions: int = 0  # vLLM's preemptions of the request before this call's first token (all its calls so far)
+    queued_s: float | None = None  # a new request's wait from queued to scheduled, vLLM's clock; None on a resumed chunk
 
 
 def conversation_of(key: Hashable) -> Hashable:
@@ -382,6 +384,7 @@ class VllmEngine(Engine):
             # The first tokens set both times: a request with no tokens has neither.
             decode_s=live.last_at - live.first_at if live.first_at is not None else 0.0,
             kv_usage=usage, kv_blocks_used=round(usage * blocks),
+            preemptions=first.get("preemptions", 0), queued_s=first.get("queued_s"),
         ))
 
     async def counters(self) -> dict[str, Any]:

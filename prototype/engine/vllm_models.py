@@ -36,6 +36,11 @@ class ModelSpec:
     cpu_kv_cache_gib: int | None = None
     """KV cache for vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE); None on a GPU."""
     gpu_memory_utilization: float = 0.9
+    kv_blocks: int | None = None
+    """The KV budget in blocks (vLLM's num_gpu_blocks_override, one of them its null block); None: sized
+    from memory (cpu_kv_cache_gib, gpu_memory_utilization)."""
+    max_num_seqs: int | None = None
+    """Requests vLLM keeps active at once (a held request paused between chunks counts); None: vLLM's 256."""
 
     @property
     def head_dim(self) -> int:
@@ -53,8 +58,13 @@ class ModelSpec:
         }
 
     def engine_settings(self) -> dict[str, Any]:
-        return {"max_model_len": self.max_model_len, "block_size": self.block_size, "dtype": self.dtype,
-                "enforce_eager": self.enforce_eager, "gpu_memory_utilization": self.gpu_memory_utilization}
+        settings = {"max_model_len": self.max_model_len, "block_size": self.block_size, "dtype": self.dtype,
+                    "enforce_eager": self.enforce_eager, "gpu_memory_utilization": self.gpu_memory_utilization}
+        if self.kv_blocks is not None:
+            settings["num_gpu_blocks_override"] = self.kv_blocks
+        if self.max_num_seqs is not None:
+            settings["max_num_seqs"] = self.max_num_seqs
+        return settings
 
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer, at the dtype's width."""

@@ -41,7 +41,13 @@ Counters are cumulative over the engine's life, from vLLM's own stats (`Schedule
 Prometheus logger gets them): `prefill_tokens` (context tokens the scheduler computed: new
 requests' uncached prompt and resumed chunks' appended ids), `decode_tokens`, `prefix_queries` and
 `prefix_hits` (prefix-cache lookups, in tokens), `kv_usage` (share of the KV blocks in use at the
-last step), `kv_usage_max` (the most since the start or the last reset) and `steps`.
+last step), `kv_usage_max` (the most since the start or the last reset) and `steps`; under a KV budget
+that binds, `preemptions` (running requests vLLM preempted, recompute mode), `recompute_queries` and
+`recompute_hits` (the prefix-cache lookups of preempted requests coming back, in tokens: what they
+had less what they found is what they computed again) and, at the last step, `running` and `waiting`
+(requests waiting for admission; a held request paused between chunks is neither). A chunk's
+`first` also carries the request's `preemptions` so far and, for a request's first chunk, vLLM's
+`queued_s` (from queued to first scheduled, engine-core clock).
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ class Counters:
         self.kv_usage = 0.0
         self.kv_usage_max = 0.0
         self.steps = 0
+        self.preemptions = 0
+        self.recompute_queries = 0
+        self.recompute_hits = 0
+        self.running = 0
+        self.waiting = 0
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -92,6 +103,8 @@ def _stat_logger_factory(counters: Counters):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0, **_: object) -> None:
+            if iteration_stats is not None:
+                counters.preemptions += getattr(iteration_stats, "num_preempted_reqs", 0)
             if scheduler_stats is None:
                 return
             details = scheduler_stats.iteration_details
@@ -103,6 +116,10 @@ def _stat_logger_factory(counters: Counters):
             if cache is not None:
                 counters.prefix_queries += cache.queries
                 counters.prefix_hits += cache.hits
+                counters.recompute_queries += getattr(cache, "preempted_queries", 0)
+                counters.recompute_hits += getattr(cache, "preempted_hits", 0)
+            counters.running = getattr(scheduler_stats, "num_running_reqs", 0)
+            counters.waiting = getattr(scheduler_stats, "num_waiting_reqs", 0)
             counters.kv_usage = scheduler_stats.kv_cache_usage
             counters.kv_usage_max = max(counters.kv_usage_max, scheduler_stats.kv_cache_usage)
 
@@ -144,6 +161,8 @@ class Worker:
             gpu_memory_utilization=s.get("gpu_memory_utilization", 0.9),
             enforce_eager=s.get("enforce_eager", False),
             logits_processors=[vllm_forced.PROCESSOR],  # a plan in a request's extra_args is what it samples
+            # A KV budget in blocks (one of them vLLM's null block), for experiments where memory binds.
+            **({"num_gpu_blocks_override": s["num_gpu_blocks_override"]} if "num_gpu_blocks_override" in s else {}),
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.counters)])
         config = self.engine.vllm_config
@@ -221,6 +240,7 @@ class Worker:
                             "prefix_queries": now.prefix_queries - before["prefix_queries"],
                             "kv_usage": now.kv_usage,
                             "prompt_tokens": len(output.prompt_token_ids or ()),
+                            **_request_stats(output, first_chunk=chunk == 0),
                         }
                     self.send(event)
                     produced += take
@@ -269,6 +289,18 @@ class Worker:
         else:
             self.send({"type": "error", "rid": rid, "message": f"unknown op {op!r}"})
         return True
+
+
+def _request_stats(output, *, first_chunk: bool) -> dict:
+    """vLLM's own figures for one request (RequestOutput.metrics, a RequestStateStats): its preemptions so
+    far and, on its first chunk, its wait from queued to scheduled; {} where vLLM gives no metrics."""
+    metrics = getattr(output, "metrics", None)
+    if metrics is None:
+        return {}
+    stats = {"preemptions": metrics.num_preemptions}
+    if first_chunk and metrics.scheduled_ts and metrics.queued_ts:
+        stats["queued_s"] = max(0.0, metrics.scheduled_ts - metrics.queued_ts)
+    return stats
 
 
 def _vllm_version() -> str:

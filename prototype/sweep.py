@@ -387,11 +387,9 @@ class Processes:
         before = set(multiprocessing.active_children())
         with concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(jobs)), mp_context=context,
                                                     initializer=_start_worker, initargs=(reports,)) as pool:
-            futures: list[concurrent.futures.Future[tuple[int, Any]]] = []
             finished = False
             try:
-                futures += [pool.submit(_call, fn, index, config) for index, config in jobs]
-                waiting: set[concurrent.futures.Future[tuple[int, Any]]] = set(futures)
+                waiting = {pool.submit(_call, fn, index, config) for index, config in jobs}  # submitted in the jobs' order
                 while waiting:
                     done, waiting = concurrent.futures.wait(waiting, timeout=REPORT_EVERY if reports is not None else None,
                                                             return_when=concurrent.futures.FIRST_COMPLETED)
@@ -401,13 +399,15 @@ class Processes:
                         yield future.result()
                 finished = True
             finally:
-                for future in futures:
-                    future.cancel()
                 if not finished:
-                    # The pool's workers are this map's new children (started by the fork server at the submissions).
+                    # The pool's workers are this map's new children (the fork server started them at the submissions).
+                    # Not cancelling the futures first: Python 3.11's pool then fails to mark a cancelled one broken
+                    # and its manager thread prints a traceback (InvalidStateError).
                     for worker in set(multiprocessing.active_children()) - before:
                         worker.terminate()
         if reports is not None:
+            if progress is not None:
+                _drain(reports, progress)
             reports.close()
 
     def close(self) -> None:

@@ -242,8 +242,8 @@ def estimate(grid: Sequence[benchmark.DesignRun], workers: int | None) -> str:
         seconds.append(time.process_time() - before)
     points = [cost * tasks_of(run) for cost, run in zip(seconds, grid)]
     task_runs = sum(tasks_of(run) for run in grid)
-    measured = (f"a {len(task.turns)}-turn task (the workload's mean) took {min(seconds):.2f}-{max(seconds):.2f} s of CPU "
-                f"per point here")
+    measured = (f"one task of {len(task.turns)} turns, the workload's mean, took {min(seconds):.2f}-{max(seconds):.2f} s "
+                "of CPU per point here")
     if workers is None:
         return f"compare: {plural(task_runs, 'task run')}, roughly {_duration(sum(points))} of CPU ({measured})"
     wall = max(sum(points) / workers, max(points))  # a point runs on one worker

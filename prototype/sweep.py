@@ -36,7 +36,8 @@ with no `if __name__ == "__main__":` guard (a notebook run as `python notebooks/
 all of itself again in every worker. For such a script the runner runs the grid in this process, one
 run at a time, and says so once: the same rows, one core.
 
-Ctrl-C: worker processes ignore SIGINT; the runner stops them and raises KeyboardInterrupt in this process.
+Ctrl-C: a terminal sends SIGINT to the whole process group; `Processes`' workers ignore it, and the runner
+terminates them as the KeyboardInterrupt leaves its map (as it does for a failed run).
 
 Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --no-cache) and
 `runner_from_args(args)`.
@@ -263,8 +264,8 @@ def advance(units: int = 1) -> None:
 
 
 class _Batched:
-    """A worker's reporter: units sum up and go to the runner at most every REPORT_EVERY seconds (a run's last
-    ones go with its value)."""
+    """A worker's reporter: units sum up and go to the runner at most every REPORT_EVERY seconds (the runner counts
+    a run's unsent ones when its value arrives)."""
 
     def __init__(self, reports: Any, index: int) -> None:
         self.reports, self.index, self.units, self.sent = reports, index, 0, time.monotonic()

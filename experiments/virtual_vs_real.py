@@ -14,7 +14,7 @@ import statistics
 
 from prototype import benchmark, sweep
 from prototype import workload as wl
-from prototype.cli.common import at_least, positive
+from prototype.cli.common import at_least, plural, positive
 
 from .common import add_list, experiment_parser, report
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config = small_config(args.tasks, args.turns)
     grid = [benchmark.DesignRun(design, args.tps, config) for design in args.designs]
     rows = sweep.measured(both_clocks, grid, desc="virtual_vs_real")
-    print(f"{args.tasks} tasks x {args.turns} turns at {args.tps:g} tokens/s, RTT {config.network.rtt * 1000:g} ms, default API costs\n")
+    print(f"{plural(args.tasks, 'task')} x {args.turns} turns at {args.tps:g} tokens/s, RTT {config.network.rtt * 1000:g} ms, default API costs\n")
     report(rows, "virtual_vs_real.csv")
     return rows
 

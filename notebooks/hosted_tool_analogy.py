@@ -50,7 +50,6 @@ import inspect
 
 import attrs
 import matplotlib.pyplot as plt
-from IPython.display import Markdown, display
 
 from prototype import analysis, benchmark, figures, netem, notebook, sweep
 from prototype import workload as wl
@@ -86,11 +85,11 @@ task = wl.Workload(base.name, base.seed, tuple(
     attrs.evolve(turn, hosted_calls=hosted) if k in HOSTED_TURNS and turn.tool_seconds else turn
     for k, turn in enumerate(base.turns)
 ))
-display(Markdown(analysis.markdown_table([
+notebook.show_markdown(analysis.markdown_table([
     {"turn": k, "appended tokens": t.appended_tokens, "output tokens": t.output_tokens,
      "hosted web_search s": sum(h.seconds for h in t.hosted_calls), "client tool s": sum(t.tool_seconds)}
     for k, t in enumerate(task.turns)
-])))
+]))
 config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(netem.SAME_REGION, rtt=RTT_MS / 1000))
 
 # %% [markdown]
@@ -150,7 +149,7 @@ figures.phase_bars(ax, {design: analysis.phase_totals(r) for design, r in record
 ax.set_title("End-to-end time by phase")
 fig.tight_layout()
 plt.show()
-display(Markdown(analysis.markdown_table(analysis.state_table(list(records.values())))))
+notebook.show_markdown(analysis.markdown_table(analysis.state_table(list(records.values()))))
 for design, record in records.items():
     print(f"- {design}: {analysis.PAUSE_STATE[analysis.design_of(record)][1]}.")
 

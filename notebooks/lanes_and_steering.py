@@ -53,31 +53,47 @@ print(f"test mode: {notebook.notebook_test_mode()}")
 # %%
 rows = subagents.main(["--agents", *map(str, AGENTS), "--turns", str(TURNS), "--rtt-ms", f"{RTT_MS:g}", "--no-rss", "--csv", "notebook_subagents.csv"])
 
-# %%
-fig, (ax_time, ax_conn) = plt.subplots(1, 2, figsize=(11, 4))
-for arrangement in subagents.ARRANGEMENTS:
-    mine = [r for r in rows if r["arrangement"] == arrangement]
-    ax_time.plot([r["agents"] for r in mine], [r["task_mean_s"] for r in mine], marker="o", label=arrangement)
-    ax_conn.plot([r["agents"] for r in mine], [r["connections"] for r in mine], marker="o", label=arrangement)
-ax_time.set(xlabel="subagents at once", ylabel="time per task (s)", xscale="log", title="time per subagent task")
-ax_conn.set(xlabel="subagents at once", ylabel="connections", xscale="log", yscale="log", title="connections the server holds")
-ax_time.legend()
-
 # %% [markdown]
 # ## Steering: from the correction to the next token
 
 # %%
 steer_rows = steering.main(["--after", *map(str, AFTER_TOKENS), "--rtt-ms", f"{RTT_MS:g}", "--csv", "notebook_steering.csv"])
 
+# %% [markdown]
+# ## Both in one figure
+#
+# Left: time per subagent task for each arrangement (mean over the subagents; a lane waits for a slot when
+# more subagents start together than a connection's 16 responses in flight). Middle: the connections the
+# server holds for them. Right: from the steer to the next token, per alternative and steer point. This is
+# the figure `docs/notebooks.md` shows.
+
 # %%
-fig2, ax = plt.subplots(figsize=(8, 4))
+fig, (ax_time, ax_conn, ax_steer) = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1, 1, 1.3]})
+# Two arrangements share each connection count: markers and dashes tell them apart where their lines coincide.
+for arrangement, marker, line in zip(subagents.ARRANGEMENTS, "osD^", ("-", "--", ":", "-.")):
+    mine = [r for r in rows if r["arrangement"] == arrangement]
+    for ax, column in ((ax_time, "task_mean_s"), (ax_conn, "connections")):
+        ax.plot([r["agents"] for r in mine], [r[column] for r in mine], marker=marker, linestyle=line, label=arrangement)
+ax_time.set(xlabel="subagents at once", ylabel="time per subagent task, mean (s)", xscale="log", title="Lanes: time per task")
+ax_conn.set(xlabel="subagents at once", ylabel="connections", xscale="log", yscale="log", title="Lanes: connections the server holds")
+for ax in (ax_time, ax_conn):
+    ax.set_xticks(AGENTS, [str(n) for n in AGENTS], minor=False)
+    ax.minorticks_off()
+ax_conn.set_yticks(sorted({1, *AGENTS}), [str(n) for n in sorted({1, *AGENTS})])
+ax_time.legend(fontsize=8)
 width = 0.8 / len(AFTER_TOKENS)
 for k, after in enumerate(AFTER_TOKENS):
-    values = [next(r["steer_to_token_s"] for r in steer_rows if r["alternative"] == a and r["after_tokens"] == after) for a in steering.ALTERNATIVES]
-    ax.bar([i + k * width for i in range(len(values))], values, width, label=f"steer after {after} tokens")
-ax.set_xticks([i + width * (len(AFTER_TOKENS) - 1) / 2 for i in range(len(steering.ALTERNATIVES))], steering.ALTERNATIVES, rotation=20)
-ax.set(ylabel="steer to next token (s)", title="steering latency")
-ax.legend()
+    values = [next(r["steer_to_token_s"] for r in steer_rows if r["alternative"] == a and r["after_tokens"] == after)
+              for a in steering.ALTERNATIVES]
+    ax_steer.bar([i + k * width for i in range(len(values))], values, width, label=f"steer after {after} tokens")
+ax_steer.set_xticks([i + width * (len(AFTER_TOKENS) - 1) / 2 for i in range(len(steering.ALTERNATIVES))], steering.ALTERNATIVES,
+                    rotation=20)
+ax_steer.set(ylabel="steer to next token (s)", title="Steering: from the correction to the next token")
+ax_steer.legend(fontsize=8)
+fig.suptitle(f"Subagents and steering on the WebSocket design ({TURNS}-turn tasks, RTT {RTT_MS:g} ms, 1,000 tokens/s, "
+             "virtual time)")
+fig.tight_layout()
 path = notebook.results_path("notebook_lanes_and_steering.png")
-fig2.savefig(path, dpi=110, bbox_inches="tight")
+fig.savefig(path, dpi=110, bbox_inches="tight")
 print(f"wrote {path}")
+plt.show()

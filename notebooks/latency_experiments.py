@@ -62,10 +62,10 @@ import time
 import attrs
 import matplotlib
 import matplotlib.pyplot as plt
-from IPython.display import Image, Markdown, display
 
 from prototype import analysis, benchmark, figures, notebook, sweep, traces
 from prototype import workload as wl
+from prototype.cli.common import plural
 
 notebook.add_repo_to_path()  # `experiments` imports from any working directory
 if notebook.notebook_test_mode():  # a smoke test: short tasks, two or three points per sweep, no workers
@@ -73,7 +73,7 @@ if notebook.notebook_test_mode():  # a smoke test: short tasks, two or three poi
     DECODE_SPEEDS, TOOL_TIMES, HISTORIES, RTTS_MS = (65, 1000, 4000), (0.1, 10.0), (1000, 32000), (1.0, 80.0)
     KV_MEMORY_ARGV = ["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3",
                       "--budget", "30000", "--output", "kv_memory_small"]
-print(f"test mode: {notebook.notebook_test_mode()}; {N_TASKS} task(s) of {TURNS} turns per point, designs {DESIGNS}")
+print(f"test mode: {notebook.notebook_test_mode()}; {plural(N_TASKS, 'task')} of {TURNS} turns per point, designs {DESIGNS}")
 
 
 runner = sweep.Runner(sweep.executor_for(CLUSTER, JOBS))
@@ -106,7 +106,7 @@ def sweep(name, values, configure):
 
 
 def show(table, key, columns=("e2e_mean_s", "gain_vs_http", "api_s_per_turn", "decode_s_per_turn", "ttft_p50_ms")):
-    display(Markdown(analysis.markdown_table(table, [key, "design", *columns])))
+    notebook.show_markdown(analysis.markdown_table(table, [key, "design", *columns]))
 
 
 # %% [markdown]
@@ -280,7 +280,7 @@ for ax, (table, key, label, logx, logy) in zip(axes.flat, (
     figures.sweep_plot(ax, table, key, "e2e_mean_s", logx=logx, logy=logy, xlabel=label,
                      ylabel="end-to-end per task (s)")
 axes.flat[0].legend(fontsize=8)
-fig.suptitle(f"End-to-end time per task: {N_TASKS} {PRESET} task(s) of {TURNS} turns, virtual time "
+fig.suptitle(f"End-to-end time per task: {plural(N_TASKS, PRESET + ' task')} of {TURNS} turns, virtual time "
              f"(defaults: {DECODE_TPS:g} tokens/s, {TOOL_SECONDS:g} s tools, RTT {RTT_MS:g} ms)")
 fig.tight_layout()
 if SAVE_FIGURE:
@@ -311,8 +311,8 @@ else:
     matplotlib.use(backend)
     print(f"kv_memory: {len(kv_rows)} configurations in {time.perf_counter() - started:.1f} s (real)")
     columns = [c for c in getattr(kv_memory, "TABLE", kv_rows[0]) if c in kv_rows[0]]
-    display(Markdown(analysis.markdown_table(kv_rows, columns)))
+    notebook.show_markdown(analysis.markdown_table(kv_rows, columns))
     # The notebook's small run writes kv_memory_small.*, keeping the full run's kv_memory.* intact.
     picture = notebook.results_path(KV_MEMORY_ARGV[KV_MEMORY_ARGV.index("--output") + 1] + ".png")
     if picture.exists():
-        display(Image(filename=str(picture)))
+        notebook.show_image(picture)

@@ -44,9 +44,9 @@ SAVE_FIGURE = True
 # %%
 
 import matplotlib.pyplot as plt
-from IPython.display import Markdown, display
 
 from prototype import analysis, figures, notebook
+from prototype.cli.common import plural
 
 notebook.add_repo_to_path()  # `experiments` imports from any working directory
 from experiments import published
@@ -87,9 +87,9 @@ table = [{
     "vs calibration": r["implied_vs_calibration"],
     "verdict": r["verdict"],
 } for r in rows]
-display(Markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format, "turns": "{:g}".format,
-                                                      "testbed ms/turn": "{:.0f}".format,
-                                                      "implied ms/turn": "{:.0f}".format})))
+notebook.show_markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format, "turns": "{:g}".format,
+                                                            "testbed ms/turn": "{:.0f}".format,
+                                                            "implied ms/turn": "{:.0f}".format}))
 
 # %% [markdown]
 # ## Plots
@@ -104,7 +104,7 @@ display(Markdown(analysis.markdown_table(table, formats={"tok/s": "{:g}".format,
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(17, 0.9 + 0.55 * max(4, len(rows))), gridspec_kw={"width_ratios": [1.5, 1, 0.9]})
 figures.published_plot(axes, rows, trends, agreement_factor=published.AGREEMENT_FACTOR)
-fig.suptitle(f"Published figures vs the testbed ({N_TASKS} task(s) per condition, virtual time)")
+fig.suptitle(f"Published figures vs the testbed ({plural(N_TASKS, 'task')} per condition, virtual time)")
 fig.tight_layout()
 if SAVE_FIGURE:
     path = notebook.results_path("notebook_published.png")

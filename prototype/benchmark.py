@@ -23,10 +23,11 @@ import attrs
 import numpy as np
 import trio
 
-from . import metrics, netem, virtual
+from . import metrics, netem, sweep, virtual
 from . import workload as wl
 from .api.costs import AFTER_SPRINT, ApiCosts, SprintCosts, SprintSwitches
 from .api.service import ApiService
+from .cli.common import plural
 from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord
 from .client.http import STATELESS, STORED, run_http_rollout
@@ -148,6 +149,7 @@ async def _run_task(design: str, decode_tps: float, task: wl.Workload, config: B
         )
     if record.status != "completed":
         raise TaskFailed(f"{design} at {decode_tps:g} tokens/s: task {task.name} ended {record.status!r}")
+    sweep.advance()  # a task done: the progress bar of a grid that counts tasks moves
     return record
 
 
@@ -399,7 +401,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
     # The coding preset's task shape is calibrated to TraceLab's published medians (docs/parameters.md, Calibration).
     calibrated = "docs/parameters.md Calibration: TraceLab" if config.preset == "coding" else None
     rows = [
-        ("workload preset", f"{name}, {config.n_tasks} tasks, seed {config.seed}", "prototype/workload.py"),
+        ("workload preset", f"{name}, {plural(config.n_tasks, 'task')}, seed {config.seed}", "prototype/workload.py"),
         ("turns per task", f"LN({params.turns_median:g}, {params.turns_sigma:g}) in [{params.turns_min}, {params.turns_max}]" if config.fixed_turns is None else f"fixed {config.fixed_turns}", calibrated or "docs/parameters.md §1: Exgentic moment fit, TraceLab p50"),
         ("initial prompt", f"{params.initial_prompt_tokens} tokens, of which {min(params.shared_prefix_tokens, params.initial_prompt_tokens)} common to every task", calibrated or "docs/parameters.md §1 [assumed]"),
         ("common prefix", "Codex's base instructions and tools; the rest of each task from its own content seed; affinity draws per task and turn", "docs/parameters.md §1"),
@@ -430,7 +432,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)
         # The generator's first ten rows describe the task shape (turns to tool time); the rest, model, network and
         # API, apply to any tasks. What the replay used is measured from the tasks themselves.
-        rows = [("workload", f"{len(config.task_list)} tasks from {config.source or 'an explicit task list'}",
+        rows = [("workload", f"{plural(len(config.task_list), 'task')} from {config.source or 'an explicit task list'}",
                  "open-loop: each task starts at its arrival" if open_loop else "one task after another"),
                 *task_list_rows(config.task_list), *rows[10:]]
     # A "before the sprint" profile pays the extra costs of each switch that is off (api/costs.py).

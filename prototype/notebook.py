@@ -3,8 +3,10 @@
 * `notebook_test_mode()`: TESTBED_NOTEBOOK_TEST shrinks every notebook to a smoke test;
 * `add_repo_to_path()`: `experiments` imports from any working directory;
 * `results_path(name)`: the results folder, as experiments/common.py;
+* `show_markdown(text)`, `show_image(path)`: rendered in Jupyter, printed in a terminal (`python notebooks/X.py`);
 * `execute_notebook(path)` and `python -m prototype.notebook notebooks/*.py`: run notebooks headless, each in its
-  own folder as Jupyter does (`run_notebook(nb, folder)`: in any folder).
+  own folder as Jupyter does (`run_notebook(nb, folder)`: in any folder). They need the notebooks extra
+  (`pip install -e ".[notebooks]"`); without it the command says so in one line.
 
 The notebooks' grids go through the sweep runner (prototype/sweep.py), their tables and sentences
 come from prototype/analysis.py and their figures from prototype/figures.py.
@@ -44,6 +46,45 @@ def results_path(name: str = "") -> Path:
     folder = Path(os.environ.get(RESULTS_ENV, REPO / "results"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name if name else folder
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel, where IPython's display renders Markdown and images (in a terminal it
+    prints `<IPython.core.display.Markdown object>`)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def show_markdown(text: str) -> None:
+    """A Markdown table or paragraph: rendered in Jupyter, printed as it is when the notebook runs as a script."""
+    if in_kernel():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        print(text)
+
+
+def show_image(path: str | Path) -> None:
+    """A picture file: shown in Jupyter, named when the notebook runs as a script."""
+    if in_kernel():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+    else:
+        print(f"picture: {path}")
+
+
+# What executing a notebook needs (the notebooks extra), by import name.
+NOTEBOOK_MODULES = ("jupytext", "nbclient", "nbformat", "ipykernel")
+
+
+def missing_modules() -> list[str]:
+    """The modules of NOTEBOOK_MODULES that this environment cannot import."""
+    import importlib.util
+
+    return [name for name in NOTEBOOK_MODULES if importlib.util.find_spec(name) is None]
 
 
 def run_notebook(nb: Any, folder: str | Path, *, timeout: float = 600.0) -> None:
@@ -86,18 +127,38 @@ def execute_notebook(path: str | Path, output: str | Path | None = None, *, time
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m prototype.notebook notebooks/*.py`: execute each notebook at the size its parameters
     cell sets (test mode if TESTBED_NOTEBOOK_TEST=1) into the results folder, with its wall time."""
-    import argparse
+    from .cli.common import Parser
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("notebooks", nargs="+", help="jupytext py:percent notebooks")
+    prog = "python -m prototype.notebook"
+    parser = Parser(prog=prog, description=main.__doc__)
+    parser.add_argument("notebooks", nargs="+", help="jupytext py:percent notebooks (notebooks/*.py)")
     args = parser.parse_args(argv)
-    for notebook in args.notebooks:
-        seconds = execute_notebook(notebook)
-        print(f"{notebook}: executed in {seconds:.1f} s -> {results_path(Path(notebook).stem + '.ipynb')}", flush=True)
+    if missing := missing_modules():
+        print(f"{prog}: error: {', '.join(missing)} not installed: install the notebooks extra "
+              '(pip install -e ".[notebooks]")', file=sys.stderr)
+        return 2
+    if absent := [name for name in args.notebooks if not Path(name).is_file()]:
+        print(f"{prog}: error: no such notebook: {', '.join(absent)}", file=sys.stderr)
+        return 2
+    from nbclient.exceptions import CellExecutionError
+
+    for name in args.notebooks:
+        try:
+            seconds = execute_notebook(name)
+        except CellExecutionError as error:  # the cell's own traceback, as Jupyter shows it
+            print(f"{prog}: {name}: a cell failed\n{error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted in {name}", file=sys.stderr)
+            return 130
+        print(f"{name}: executed in {seconds:.1f} s -> {results_path(Path(name).stem + '.ipynb')}", flush=True)
     return 0
 
 
-__all__ = ["REPO", "add_repo_to_path", "execute_notebook", "main", "notebook_test_mode", "results_path", "run_notebook"]
+__all__ = [
+    "REPO", "add_repo_to_path", "execute_notebook", "in_kernel", "main", "missing_modules", "notebook_test_mode", "results_path",
+    "run_notebook", "show_image", "show_markdown",
+]
 
 
 if __name__ == "__main__":

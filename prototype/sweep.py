@@ -27,6 +27,18 @@ instead of returning a stale row. The folder is $TESTBED_CACHE, else results/cac
 measure wall-clock time are not pure: `map(..., measured=True)` runs them one at a time in this
 process and never caches them.
 
+Progress: the bar counts runs, or with `map(..., units=...)` the units each run is made of (compare's
+tasks), and a run that calls `advance()` as it finishes one moves the bar within the run, in this
+process and in worker processes alike (Dask's workers report a run when it ends).
+
+Scripts: multiprocessing starts a worker by running the main module again (as `__mp_main__`); a script
+with no `if __name__ == "__main__":` guard (a notebook run as `python notebooks/X.py`) would then run
+all of itself again in every worker. For such a script the runner runs the grid in this process, one
+run at a time, and says so once: the same rows, one core.
+
+Ctrl-C: a terminal sends SIGINT to the whole process group; `Processes`' workers ignore it, and the runner
+terminates them as the KeyboardInterrupt leaves its map (as it does for a failed run).
+
 Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --no-cache) and
 `runner_from_args(args)`.
 """
@@ -34,7 +46,9 @@ Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --n
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
+import contextvars
 import hashlib
 import importlib
 import importlib.metadata
@@ -43,8 +57,11 @@ import json
 import multiprocessing
 import os
 import pickle
+import queue as queues
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,6 +220,9 @@ class Cache:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pickle"
 
+    def holds(self, key: str) -> bool:
+        return self._path(key).is_file()
+
     def get(self, key: str) -> tuple[bool, Any]:
         try:
             data = self._path(key).read_bytes()
@@ -226,6 +246,81 @@ class Cache:
             raise
 
 
+# --- progress within a run ----------------------------------------------------------------------
+
+# A worker sends what its run finished at most this often, and the runner looks for it as often: the bar's pace.
+REPORT_EVERY = 0.2  # seconds
+# Where `advance()` reports, while a runner that counts units runs a configuration (trio's tasks inherit it).
+_reporter: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("sweep_reporter", default=None)
+_worker_reports: Any = None  # in a worker process of `Processes`: the queue to the runner, when the map counts units
+
+
+def advance(units: int = 1) -> None:
+    """A run says it has finished `units` more of its units (compare: a task), so the progress bar moves within
+    the run. Does nothing outside a `Runner.map` that counts units."""
+    report = _reporter.get()
+    if report is not None:
+        report(units)
+
+
+class _Batched:
+    """A worker's reporter: units sum up and go to the runner at most every REPORT_EVERY seconds (the runner counts
+    a run's unsent ones when its value arrives)."""
+
+    def __init__(self, reports: Any, index: int) -> None:
+        self.reports, self.index, self.units, self.sent = reports, index, 0, time.monotonic()
+
+    def __call__(self, units: int) -> None:
+        self.units += units
+        if (now := time.monotonic()) - self.sent >= REPORT_EVERY:
+            self.reports.put((self.index, self.units))
+            self.units, self.sent = 0, now
+
+
+def _drain(reports: Any, progress: Callable[[int, int], None]) -> None:
+    while True:
+        try:
+            index, units = reports.get_nowait()
+        except queues.Empty:
+            return
+        progress(index, units)
+
+
+# --- scripts that worker processes would run again ----------------------------------------------
+
+_told: set[str] = set()
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":` (either way round)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+            and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides))
+
+
+def unguarded_main() -> str | None:
+    """The file of this process's main module when a worker process would run it again and it has no top-level
+    `if __name__ == "__main__":` guard; else None. Follows multiprocessing's own choice (spawn and forkserver:
+    `multiprocessing.spawn.get_preparation_data`): a module run with `python -m`, or a script, runs again in each
+    worker as `__mp_main__`; a package's `__main__`, an interactive session, `python -c` and a Jupyter kernel's
+    main (no file) do not."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return None
+    path = getattr(main, "__file__", None)
+    if not path or Path(path).stem == "ipython":  # multiprocessing leaves IPython's launch script alone too
+        return None
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return None if any(_is_main_guard(node) for node in tree.body) else str(path)
+
+
 # --- executors ---------------------------------------------------------------------------------
 
 Job = tuple[int, Any]  # (index in the grid, configuration)
@@ -235,37 +330,86 @@ class InProcess:
     """Runs one after another in this process."""
 
     name = "in-process"
+    starts_processes = False
+    workers = 1
 
-    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job],
+                      progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
         for index, config in jobs:
-            yield index, fn(config)
+            token = _reporter.set(lambda units, index=index: progress(index, units)) if progress is not None else None
+            try:
+                value = fn(config)
+            finally:
+                if token is not None:
+                    _reporter.reset(token)
+            yield index, value
 
     def close(self) -> None:
         pass
 
 
 def _call(fn: Callable[[Any], Any], index: int, config: Any) -> tuple[int, Any]:
-    return index, fn(config)
+    token = _reporter.set(_Batched(_worker_reports, index)) if _worker_reports is not None else None
+    try:
+        return index, fn(config)
+    finally:
+        if token is not None:
+            _reporter.reset(token)
+
+
+def _start_worker(reports: Any) -> None:
+    """A worker process's first act: Ctrl-C in a terminal reaches the whole process group, and the runner alone
+    decides what it stops (a worker's KeyboardInterrupt would print its own traceback); keep the progress queue."""
+    global _worker_reports
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_reports = reports
 
 
 class Processes:
     """A pool of local worker processes (default: one per core), started per map. The "forkserver"
-    start method: workers never inherit this process's threads (a notebook kernel's, tqdm's)."""
+    start method: workers never inherit this process's threads (a notebook kernel's, tqdm's). A map that
+    ends early (a failed run, Ctrl-C, a consumer that stops) terminates its workers rather than wait for
+    their runs."""
+
+    starts_processes = True
 
     def __init__(self, jobs: int | None = None) -> None:
         self.jobs = jobs or os.cpu_count() or 1
         self.name = f"{self.jobs} processes"
 
-    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+    @property
+    def workers(self) -> int:
+        return self.jobs
+
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job],
+                      progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
         context = multiprocessing.get_context("forkserver")
-        with concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(jobs)), mp_context=context) as pool:
-            futures = [pool.submit(_call, fn, index, config) for index, config in jobs]
+        reports = context.Queue() if progress is not None else None
+        before = set(multiprocessing.active_children())
+        with concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(jobs)), mp_context=context,
+                                                    initializer=_start_worker, initargs=(reports,)) as pool:
+            finished = False
             try:
-                for future in concurrent.futures.as_completed(futures):
-                    yield future.result()
+                waiting = {pool.submit(_call, fn, index, config) for index, config in jobs}  # submitted in the jobs' order
+                while waiting:
+                    done, waiting = concurrent.futures.wait(waiting, timeout=REPORT_EVERY if reports is not None else None,
+                                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    if reports is not None and progress is not None:
+                        _drain(reports, progress)
+                    for future in done:
+                        yield future.result()
+                finished = True
             finally:
-                for future in futures:
-                    future.cancel()
+                if not finished:
+                    # The pool's workers are this map's new children (the fork server started them at the submissions).
+                    # Not cancelling the futures first: Python 3.11's pool then fails to mark a cancelled one broken
+                    # and its manager thread prints a traceback (InvalidStateError).
+                    for worker in set(multiprocessing.active_children()) - before:
+                        worker.terminate()
+        if reports is not None:
+            if progress is not None:
+                _drain(reports, progress)
+            reports.close()
 
     def close(self) -> None:
         pass
@@ -281,6 +425,15 @@ class Dask:
         self.name = f"dask {address}"
         self.cluster: Any = None
         self._client: Any = None
+
+    @property
+    def starts_processes(self) -> bool:
+        return self.address == "local" and self.processes
+
+    @property
+    def workers(self) -> int | None:
+        """Runs at once: a local cluster's workers; None for a remote scheduler's (not known here)."""
+        return (self.jobs or os.cpu_count() or 1) if self.address == "local" else None
 
     @property
     def client(self) -> Any:
@@ -308,7 +461,9 @@ class Dask:
                                    f"process {mine}): install the same checkout on every worker")
         return self._client
 
-    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
+    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job],
+                      progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
+        """`progress` is not used: a Dask worker's runs report when they end."""
         from dask.distributed import as_completed
 
         # pure=False: the cache, not Dask, decides what is computed again.
@@ -353,11 +508,14 @@ class Runner:
         desc: str | None = None,
         first: Callable[[Any], Any] | None = None,
         measured: bool = False,
+        units: Callable[[Any], int] | None = None,
+        unit: str = "run",
     ) -> list[Any]:
         """`[fn(config) for config in grid]`, computed on the executor, from the cache where it can.
         `first(config)` orders the submissions (the longest runs first, so workers finish
         together). `measured=True`: the runs measure wall-clock time, so they run one at a time in
-        this process and are never cached."""
+        this process and are never cached. `units(config)`: the bar counts `unit`s, this many for a
+        configuration, moved by the run's `advance()` calls (default: one per run)."""
         from tqdm.auto import tqdm
 
         fn = fn if measured else importable(fn)
@@ -378,19 +536,46 @@ class Runner:
             pending.append((index, config))
         if first is not None:
             pending.sort(key=lambda job: first(job[1]))
-        executor = InProcess() if measured or len(pending) <= 1 else self.executor
+        executor: Executor = InProcess() if measured or len(pending) <= 1 else self.executor
+        if getattr(executor, "starts_processes", False) and (script := unguarded_main()) is not None:
+            if script not in _told:
+                _told.add(script)
+                print(f"{script} has no `if __name__ == \"__main__\":` guard, so worker processes would run it again: its "
+                      f"grids run in this process, one run at a time ({executor.name} in Jupyter, `python -m "
+                      "prototype.notebook` or a guarded script)", file=sys.stderr, flush=True)
+            executor = InProcess()
+        weights = [units(config) if units is not None else 1 for config in grid]
+        finished = [0] * len(grid)  # units counted on the bar, per run
         name = desc or getattr(fn, "__name__", "runs")
-        with tqdm(total=len(grid), initial=len(grid) - len(pending), desc=name, unit="run", disable=not self.progress,
-                  file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(total=sum(weights), initial=sum(weights) - sum(weights[index] for index, _ in pending), desc=name,
+                  unit=unit, disable=not self.progress, file=sys.stderr, dynamic_ncols=True) as bar:
+
+            def count(index: int, more: int) -> None:
+                more = min(more, weights[index] - finished[index])
+                if more > 0:
+                    finished[index] += more
+                    bar.update(more)
+
             if pending:
                 bar.set_postfix_str(f"{len(grid) - len(pending)} cached, {executor.name}")
-            for index, value in executor.map_unordered(fn, pending):
+            within = {"progress": count} if units is not None else {}
+            for index, value in executor.map_unordered(fn, pending, **within):
                 values[index] = value
                 self.executed += 1
                 if cache is not None:
                     cache.put(keys[index], value)
-                bar.update(1)
+                count(index, weights[index])
         return values
+
+    def missing(self, fn: Callable[[Any], Any], grid: Iterable[Any]) -> list[Any]:
+        """The configurations of `grid` that `map(fn, grid)` would compute: those the cache does not hold (all of
+        them without a cache)."""
+        grid = list(grid)
+        if self.cache is None:
+            return grid
+        fn = importable(fn)
+        version = _function_version(fn)
+        return [config for config in grid if not self.cache.holds(run_key(fn, config, version))]
 
     def close(self) -> None:
         self.executor.close()
@@ -430,6 +615,6 @@ def runner_from_args(args: argparse.Namespace, *, progress: bool = True) -> Runn
 
 
 __all__ = [
-    "CACHE_ENV", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "code_version", "config_hash",
-    "default_cache_dir", "executor_for", "importable", "measured", "run_key", "runner_from_args",
+    "CACHE_ENV", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "advance", "code_version", "config_hash",
+    "default_cache_dir", "executor_for", "importable", "measured", "run_key", "runner_from_args", "unguarded_main",
 ]

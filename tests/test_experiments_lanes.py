@@ -26,6 +26,22 @@ def test_steering_main_tiny(tmp_path):
     assert (tmp_path / "steering" / "latest" / "steering.csv").exists()
 
 
+def test_the_steering_table_of_docs_subagents_is_the_experiments_output():
+    """docs/subagents.md quotes `python -m experiments.steering --after 50 250` as it prints: a change to the code
+    that moves a number fails here until the table is taken from the experiment again."""
+    from tests.conftest import REPO
+
+    rows = steering.main(["--after", "50", "250"])
+    printed = {(row["alternative"], row["after_tokens"]): f"{row['steer_to_token_s']:.3f}" for row in rows}
+    doc = (REPO / "docs" / "subagents.md").read_text()
+    table = doc.split("| alternative | steer after 50 tokens, s | steer after 250 tokens, s |\n")[1].split("\n\n")[0]
+    quoted = {}
+    for line in table.splitlines()[1:]:  # below the header's rule
+        alternative, after_50, after_250 = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        quoted[(alternative.split()[0], 50)], quoted[(alternative.split()[0], 250)] = after_50, after_250
+    assert quoted == printed
+
+
 def test_subagents_main_tiny(tmp_path):
     rtt = 0.020
     rows = subagents.main(["--agents", "2", "--turns", "2", "--output-tokens", "20", "--tool-seconds", "0.2", "--no-rss",

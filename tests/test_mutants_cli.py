@@ -12,10 +12,10 @@ import os
 import pytest
 
 from prototype import __main__ as entry
-from prototype.cli import calibrate, common, compare, demo, engine_options, figures, serve
+from prototype.cli import calibrate, common, compare, demo, engine_options, figures, plot, serve
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
 
-COMMANDS = {"serve": serve, "compare": compare, "demo": demo, "calibrate": calibrate, "figures": figures}
+COMMANDS = {"serve": serve, "compare": compare, "plot": plot, "demo": demo, "calibrate": calibrate, "figures": figures}
 
 
 def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
@@ -48,7 +48,7 @@ def built(monkeypatch):
 def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypatch):
     for other, module in COMMANDS.items():
         monkeypatch.setattr(module, "run", lambda args, other=other: (other, args.command))
-    argv = {"calibrate": ["calibrate", "trace.jsonl"]}.get(name, [name])
+    argv = {"calibrate": ["calibrate", "trace.jsonl"], "plot": ["plot", "results/compare/latest"]}.get(name, [name])
     assert entry.main(argv) == (name, name)
 
 
@@ -60,11 +60,12 @@ def test_the_program_names_itself_and_every_subcommand_says_what_it_does(built):
     assert {choice.dest: choice.help for choice in action._choices_actions} == {
         "serve": "serve the Responses API (HTTP and WebSocket) on one port",
         "compare": "the main job: all designs side by side at 65, 1000 and 4000 tokens/s",
+        "plot": "compare's table and figure again from results folders (one, or several merged), without running anything",
         "demo": "run one rollout per design under virtual time and print its timeline",
         "calibrate": "a trace's distributions and latency fit beside the testbed's defaults",
         "figures": "regenerate the committed figures in docs/figures/ (README, docs/notebooks.md)",
     }
-    assert list(action.choices) == ["serve", "compare", "demo", "calibrate", "figures"]
+    assert list(action.choices) == ["serve", "compare", "plot", "demo", "calibrate", "figures"]
     assert action.choices["compare"].prog == "python -m prototype compare"
 
 

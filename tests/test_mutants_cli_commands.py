@@ -270,7 +270,7 @@ def test_without_the_notebook_extra_the_pictures_are_skipped_with_a_message(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.png"]
     printed = capsys.readouterr().out
     assert printed.startswith("notebook pictures skipped: import of jupytext halted; None in sys.modules "
-                              "(install the test extra: pip install -e '.[test]')\n\nwrote ")
+                              "(install the notebooks extra: pip install -e '.[notebooks]')\n\nwrote ")
 
 
 def test_a_failing_notebook_still_restores_the_environment(tmp_path, stand_ins, monkeypatch):

@@ -865,7 +865,7 @@ def test_calibrate_prints_the_trace_beside_the_baseline_and_fits_one_group(tmp_p
     trace = traces.load(str(path))
     timed = [r for r in trace.rounds if r.model_seconds is not None]
     lines = out.split("\n")
-    assert lines[:2] == [f"{path}: tracelab-jsonl, 1 tasks, 5 rounds, 5 timed", "beside: 3 generated 'coding' tasks, seed 2"]
+    assert lines[:2] == [f"{path}: tracelab-jsonl, 1 task, 5 rounds, 5 timed", "beside: 3 generated 'coding' tasks, seed 2"]
     assert lines[2] == "" and lines[3].startswith("quantity ")
     base_tasks = wl.generate("coding", seed=2, n_tasks=3)
     calibrate.print_figures(calibrate.figures(trace.tasks, trace.rounds),
@@ -913,7 +913,7 @@ def test_calibrate_without_timed_rounds_fits_nothing_and_refuses_a_latency_profi
     path = tracelab(tmp_path / "t.jsonl", [("codex", "gpt", 3)], timed=False)
     status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "l.json")
     assert status == 2
-    assert out.split("\n")[0] == f"{path}: tracelab-jsonl, 1 tasks, 3 rounds, 0 timed"
+    assert out.split("\n")[0] == f"{path}: tracelab-jsonl, 1 task, 3 rounds, 0 timed"
     assert out.endswith("\nno fit: 0 timed rounds (the trace has no model-call timestamps)\n")
     assert err == "error: no latency profile without a fit\n"
     assert not (tmp_path / "l.json").exists()

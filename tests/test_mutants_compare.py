@@ -125,8 +125,9 @@ def test_each_option_says_what_it_does():
         "reconnect", "wide")} == {
         "tasks": "tasks per design and speed (default 10; with --trace, all; with --engine vllm, 3)",
         "seed": "workload seed: the same seed gives the same tasks (default 0)",
-        "preset": ("workload preset: coding (the default), chat, long, or a preset JSON file (calibrate --preset-out); with "
-                   "--engine vllm the default is chat with 3 turns a task (minutes on a CPU), --preset coding on request"),
+        "preset": ("workload preset: coding, compact, chat, long (default coding), or a preset JSON file (calibrate "
+                   "--preset-out); with --engine vllm the default is chat with 3 turns a task (minutes on a CPU), --preset "
+                   "coding on request"),
         "trace": "replay a trace's tasks instead of a preset (file or folder of Codex rollouts)",
         "latency": "latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate",
         "speeds": "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's), separated by commas or spaces",
@@ -248,16 +249,19 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     table, rows = saved["table"], json.loads((out / "compare_tasks.json").read_text())
     assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [("http", 1000.0, 1), ("suspended", 1000.0, 1)]
     assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("suspended", 1000.0)]
-    assert (out / "compare.json").read_text() == json.dumps({"table": table, "parameters": saved["parameters"]}, indent=1)
+    assert (out / "compare.json").read_text() == json.dumps({"table": table, "parameters": saved["parameters"],
+                                                            "workload": "the 'coding' workload", "clock": "virtual time"}, indent=1)
     with (out / "compare.csv").open() as f:
         assert [row["design"] for row in csv.DictReader(f)] == ["http", "suspended"]
     assert sorted(p.name for p in out.iterdir()) == [
         "compare.csv", "compare.json", "compare_tasks.json", "trace_http.json", "trace_suspended.json"]
     assert json.loads((out / "trace_http.json").read_text())
     [(args, kwargs)] = drawn
-    assert (args[0], args[1], args[2], kwargs) == (table, rows, out / "compare.png",
-                                                   {"workload": "the 'coding' workload", "clock": "virtual time"})
-    assert printed.startswith("\n1 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e p50 (s)")
+    # Drawn into the run's staging folder beside `out`, whose files then move into `out` (cli/common.py RunFolder).
+    assert (args[0], args[1], args[2].name, args[2].parent.parent, kwargs) == (
+        table, rows, "compare.png", out.parent, {"workload": "the 'coding' workload", "clock": "virtual time"})
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+    assert printed.startswith("\n1 task of the 'coding' workload, virtual time\n\n   design  tok/s  e2e p50 (s)")
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
@@ -317,7 +321,7 @@ def test_a_real_time_run_says_so_and_runs_its_grid_in_real_time(tmp_path, drawn,
     monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
     assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
     assert seen == [True]
-    assert capsys.readouterr().out.startswith("\n1 tasks of the 'coding' workload, real time over loopback sockets\n")
+    assert capsys.readouterr().out.startswith("\n1 task of the 'coding' workload, real time over loopback sockets\n")
     assert drawn[0][1]["clock"] == "real time over loopback sockets"
     assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
     assert seen == [True, False]
@@ -351,12 +355,13 @@ def test_the_grid_runs_slowest_first_and_writes_one_trace_per_design_at_the_trac
     calls = []
 
     class Runner:
-        def map(self, function, grid, *, desc, first, measured):
+        def map(self, function, grid, *, desc, first, measured, units, unit):
+            assert (unit, [units(run) for run in grid]) == ("task", [1] * len(grid))  # the bar counts the tasks
             calls.append((desc, [first(run) for run in grid], measured))
             return [function(run) for run in grid]
 
     class Planned:
-        def map(self, function, grid, *, desc, first, measured):
+        def map(self, function, grid, *, desc, first, measured, units, unit):
             calls.append((measured, [run.real for run in grid]))
             return [([], None) for _ in grid]
 
@@ -402,7 +407,7 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
                      "--turns", "2", "--preset", "chat", "--designs", "chained", "--out", str(out)]) == 0
     assert seen == [(["chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
     printed = capsys.readouterr().out
-    assert printed.startswith("\n1 tasks of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
+    assert printed.startswith("\n1 task of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
     assert ("  chained      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
             "  prefix-cache hits     3,000\n") in printed
     assert "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens" in printed

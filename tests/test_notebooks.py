@@ -7,7 +7,8 @@ written into the repository. Each runs twice: in its own folder, as Jupyter star
 repository root. The kernel finds `prototype` as an installed package would be found (a folder on
 PYTHONPATH holding only `prototype`), so a notebook that imports `experiments` before putting the
 repository on the path fails here as it fails for a user. Any cell that raises fails the test, with
-the cell's traceback in the message.
+the cell's traceback in the message. Each also runs as a script, `python notebooks/X.py` from the
+repository root and `python X.py` from notebooks/, with an empty results cache (its sweeps compute).
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ def test_notebook_executes_in_test_mode(path, folder, tmp_path, monkeypatch):
     monkeypatch.setenv("TESTBED_NOTEBOOK_TEST", "1")  # the kernel inherits os.environ
     results = tmp_path / "results"
     monkeypatch.setenv("TESTBED_RESULTS", str(results))
-    installed = tmp_path / "site-packages"
-    installed.mkdir()
-    (installed / "prototype").symlink_to(REPO / "prototype", target_is_directory=True)
-    monkeypatch.setenv("PYTHONPATH", str(installed))  # `prototype` importable, `experiments` not by itself
+    monkeypatch.setenv("PYTHONPATH", str(installed_prototype(tmp_path)))  # `prototype` importable, `experiments` not by itself
     nb = jupytext.read(path)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and "parameters" in code[0].metadata.get("tags", []), "the first code cell is the parameters cell"
@@ -48,6 +46,50 @@ def test_notebook_executes_in_test_mode(path, folder, tmp_path, monkeypatch):
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
     assert all(not any(o.get("output_type") == "error" for o in cell.get("outputs", [])) for cell in code)
     assert any(results.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
+
+
+def installed_prototype(tmp_path) -> pathlib.Path:
+    """A folder holding only `prototype` (this checkout's), to put on PYTHONPATH as an installed package."""
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    (installed / "prototype").symlink_to(REPO / "prototype", target_is_directory=True)
+    return installed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", ["repository root", "notebooks folder"])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_as_a_script_with_an_empty_cache(path, folder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TESTBED_NOTEBOOK_TEST="1", TESTBED_RESULTS=str(tmp_path / "results"),
+               TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg", PYTHONPATH=str(installed_prototype(tmp_path)))
+    cwd, script = (REPO, f"notebooks/{path.name}") if folder == "repository root" else (path.parent, path.name)
+    done = subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "<IPython" not in done.stdout  # tables print as text, not as the repr of a display object
+    assert any((tmp_path / "results").glob("notebook_*.png")), "the notebook saves its picture in the results folder"
+
+
+def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):
+    from prototype import notebook
+
+    monkeypatch.setattr(notebook, "NOTEBOOK_MODULES", ("jupytext", "a_module_no_environment_has"))
+    assert notebook.main([str(NOTEBOOKS[0])]) == 2
+    assert capsys.readouterr().err == ("python -m prototype.notebook: error: a_module_no_environment_has not installed: "
+                                       'install the notebooks extra (pip install -e ".[notebooks]")\n')
+    assert notebook.missing_modules() == ["a_module_no_environment_has"]
+
+
+def test_a_table_prints_as_text_outside_a_kernel(capsys):
+    from prototype import notebook
+
+    assert not notebook.in_kernel()
+    notebook.show_markdown("| a |\n| --- |\n| 1 |")
+    notebook.show_image("results/x.png")
+    assert capsys.readouterr().out == "| a |\n| --- |\n| 1 |\npicture: results/x.png\n"
 
 
 # --- the helpers the notebooks draw with (prototype/analysis.py, figures.py) ----------------------

@@ -4,6 +4,8 @@ recomputes exactly what a change affects, and never returns a stale row."""
 
 from __future__ import annotations
 
+import sys
+
 import attrs
 import pytest
 import trio
@@ -525,3 +527,108 @@ def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
     assert re.search(r"(run/s|s/run), 1 cached, in-process\]$", final), final
     runner.map(toy_row, [Toy(4)], desc="named")
     assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")
+
+
+# --- progress within a run, scripts, Ctrl-C ---------------------------------------------------------------------------
+
+
+def advance_twice(config):
+    sweep.advance(2)
+    sweep.advance()
+    return config
+
+
+def test_a_runs_advance_reaches_the_progress_in_this_process_and_nowhere_outside_a_map():
+    seen = []
+    assert list(sweep.InProcess().map_unordered(advance_twice, [(0, "a"), (1, "b")], progress=lambda *event: seen.append(event))) \
+        == [(0, "a"), (1, "b")]
+    assert seen == [(0, 2), (0, 1), (1, 2), (1, 1)]
+    assert advance_twice("alone") == "alone"  # outside a map that counts units, advance does nothing
+
+
+def advance_and_wait_for_the_runner(ack):
+    """A run that finishes two units a report apart, then waits until the runner has seen them (the runner's
+    progress callback writes the file `ack`); True if it did."""
+    import time
+    from pathlib import Path
+
+    sweep.advance()
+    time.sleep(sweep.REPORT_EVERY)  # a worker reports what its run finished at most this often
+    sweep.advance()  # so this one goes to the runner now, with the first
+    for _ in range(2400):
+        if Path(ack).exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_processs_run_moves_the_progress_before_it_ends(tmp_path):
+    ack = tmp_path / "seen"
+    seen = []
+
+    def progress(index, units):
+        seen.append((index, units))
+        ack.touch()
+
+    assert list(sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))], progress=progress)) == [(0, True)]
+    assert seen == [(0, 2)]
+
+
+def test_the_bar_counts_the_units_of_every_run(tmp_path, capsys):
+    runner = sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=True)
+    assert runner.map(advance_twice, ["a", "b"], units=lambda config: 3, unit="task", desc="tasks") == ["a", "b"]
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
+    assert runner.missing(advance_twice, ["a", "c"]) == ["c"]  # "a" is in the cache
+    runner.map(advance_twice, ["a", "c"], units=lambda config: 3, unit="task", desc="tasks")
+    assert "| 3/6 [" in capsys.readouterr().err  # the cached run's units count from the start
+    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["a"]) == ["a"]
+
+
+SCRIPT = """\
+import os
+
+from prototype import sweep
+
+import pids
+
+runner = sweep.Runner(sweep.Processes(2), cache=None, progress=False)
+values = runner.map(pids.pid, [1, 2, 3]) + runner.map(pids.pid, [4, 5])
+print("in this process" if set(values) == {os.getpid()} else "in workers")
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["no guard", "guarded"])
+def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "pids.py").write_text("import os\n\n\ndef pid(config):\n    return os.getpid()\n")
+    body = SCRIPT if not guarded else "if __name__ == '__main__':\n" + "".join(f"    {line}\n" if line else "\n" for line in SCRIPT.splitlines())
+    (tmp_path / "script.py").write_text(body)
+    repo = str(sweep.REPO)
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{tmp_path}"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ("in workers\n" if guarded else "in this process\n")
+    assert (str(tmp_path / "script.py") in done.stderr) is not guarded  # said, naming the script,
+    assert len(done.stderr.splitlines()) == (0 if guarded else 1)  # in one line, once for both grids
+
+
+def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypatch):
+    import types
+
+    script = tmp_path / "nb.py"
+    script.write_text("x = 1\nif x:\n    pass\n")
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
+    assert sweep.unguarded_main() == str(script)
+    script.write_text("x = 1\nif '__main__' == __name__:\n    pass\n")
+    assert sweep.unguarded_main() is None
+    # `python -m pkg` (pkg/__main__.py), an interactive session and a kernel's main (no file) are not run again.
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.__main__"),
+                                                                      __file__=str(tmp_path / "nb.py")))
+    script.write_text("x = 1\n")
+    assert sweep.unguarded_main() is None
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+    assert sweep.unguarded_main() is None

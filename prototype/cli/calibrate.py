@@ -44,7 +44,7 @@ from .. import workload as wl
 from ..api.costs import ApiCosts
 from ..engine import fit, latency
 from ..traces import engine_calls
-from .common import at_least, non_negative
+from .common import at_least, non_negative, plural
 
 TOOL_TAIL_S = 60.0  # TraceLab: 4% of tool calls take over a minute and hold ~85% of tool time
 HOLDOUT_SHARE = 0.3  # [ours] the last 30% of a group's timed rounds score a fit on the first 70%
@@ -188,10 +188,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"python -m prototype calibrate: error: {e}", file=sys.stderr)
         return 2
     timed = [r for r in trace.rounds if r.model_seconds is not None]
-    print(f"{trace.path}: {trace.format}, {len(trace.tasks)} tasks, {len(trace.rounds)} rounds, {len(timed)} timed")
+    print(f"{trace.path}: {trace.format}, {plural(len(trace.tasks), 'task')}, {plural(len(trace.rounds), 'round')}, {len(timed)} timed")
     for note in trace.notes:
         print(f"  note: {note}")
-    print(f"beside: {args.baseline_tasks} generated '{label}' tasks, seed {args.seed}\n")
+    print(f"beside: {args.baseline_tasks} generated '{label}' {'task' if args.baseline_tasks == 1 else 'tasks'}, seed {args.seed}\n")
     print_figures(figures(trace.tasks, trace.rounds), figures(base_tasks, traces.rounds_from_workloads(base_tasks)), label)
     fits: dict[str, fit.RoundTimeFit] = {}
     scores: list[GroupScore] = []

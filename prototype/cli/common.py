@@ -8,6 +8,12 @@
   and `action=FlatList`, or through `add_list`).
 * `new_run_folder(base)`: each run writes into a new folder `base/<timestamp>/` and points
   `base/latest` at it, so a run never overwrites an earlier one.
+* `RunFolder(base, out)`: the same folder, appearing only when the run completes: a failed or
+  interrupted run leaves none, and `latest` only ever points at complete results.
+* `run_command(prog, command)`: a command as a user meets it: output into a pipe its reader closed
+  (`| head -3`) is dropped without a traceback while the command finishes its work, and Ctrl-C ends it
+  with one line, `<prog>: interrupted`, and status 130.
+* `plural(count, noun)`: "1 task", "2 tasks".
 """
 
 from __future__ import annotations
@@ -16,12 +22,20 @@ import argparse
 import datetime
 import math
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 LATEST = "latest"
+STAMP = "%Y%m%d-%H%M%S"
+INTERRUPTED = 130  # the exit status of a command ended by Ctrl-C (128 + SIGINT), as a shell reports one
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`count` and the noun it takes: "1 task", "2 tasks", "1,000 tasks" (`nouns`: an irregular plural)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 class Parser(argparse.ArgumentParser):
@@ -134,11 +148,20 @@ def add_list(
     )
 
 
+def _point_latest(base: Path, folder: Path) -> None:
+    link = base / LATEST
+    temporary = base / f".{LATEST}.{os.getpid()}"
+    if temporary.is_symlink() or temporary.exists():
+        temporary.unlink()
+    temporary.symlink_to(folder.name)
+    os.replace(temporary, link)  # atomic: a reader never finds `latest` missing
+
+
 def new_run_folder(base: str | os.PathLike[str], now: datetime.datetime | None = None) -> Path:
     """Create `base/<YYYYmmdd-HHMMSS>[-N]/` and point the symlink `base/latest` at it."""
     base = Path(base)
     base.mkdir(parents=True, exist_ok=True)
-    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    stamp = (now or datetime.datetime.now()).strftime(STAMP)
     folder, n = base / stamp, 1
     while True:
         try:
@@ -147,10 +170,129 @@ def new_run_folder(base: str | os.PathLike[str], now: datetime.datetime | None =
         except FileExistsError:
             n += 1
             folder = base / f"{stamp}-{n}"
-    link = base / LATEST
-    temporary = base / f".{LATEST}.{os.getpid()}"
-    if temporary.is_symlink() or temporary.exists():
-        temporary.unlink()
-    temporary.symlink_to(folder.name)
-    os.replace(temporary, link)  # atomic: a reader never finds `latest` missing
+    _point_latest(base, folder)
     return folder
+
+
+class RunFolder:
+    """A run's results folder that appears whole or not at all (a context manager).
+
+    The run writes into `path`, a hidden staging folder (`.<stamp>.partial-<pid>`) beside where its results go;
+    `publish()` moves it into place: to a new `base/<YYYYmmdd-HHMMSS>[-N]/` (the time the run started), with
+    `base/latest` then pointing at it, or, when the user named a folder (`out`), its files into that folder. Leaving
+    the block without publishing (an error, Ctrl-C, a refusal) removes the staging folder, so a failed run leaves no
+    empty or partial folder and `latest` only ever points at a complete run. After `publish()`, `path` is where the
+    results are."""
+
+    def __init__(self, base: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+                 now: datetime.datetime | None = None) -> None:
+        self.base, self.out = Path(base), Path(out) if out else None
+        self.stamp = (now or datetime.datetime.now()).strftime(STAMP)
+        home = self.out.parent if self.out is not None else self.base
+        name = self.out.name if self.out is not None else self.stamp
+        home.mkdir(parents=True, exist_ok=True)
+        self.path = home / f".{name}.partial-{os.getpid()}"
+        if self.path.exists():  # left by a killed run of a process that had this id
+            shutil.rmtree(self.path)
+        self.path.mkdir()
+        self.published = False
+
+    def publish(self) -> Path:
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(self.path.iterdir()):
+                target = self.out / entry.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                os.replace(entry, target)
+            self.path.rmdir()
+            self.path = self.out
+        else:
+            folder, n = self.base / self.stamp, 1
+            while True:
+                try:
+                    os.rename(self.path, folder)  # replaces only an empty folder; a run's folder is never empty
+                    break
+                except OSError:
+                    if not folder.exists():
+                        raise
+                    n += 1
+                    folder = self.base / f"{self.stamp}-{n}"
+            _point_latest(self.base, folder)
+            self.path = folder
+        self.published = True
+        return self.path
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.published:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+# --- a command as a user meets it -----------------------------------------------------------------
+
+
+class PipeSafeStdout:
+    """sys.stdout, except that once the reader of a pipe has gone (`| head -3`) what is written is dropped: the
+    descriptor is pointed at /dev/null, so neither this write, the later ones nor the flush at exit raise
+    BrokenPipeError, and the command goes on to finish its work (its results folder complete)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def _drop(self) -> None:
+        self.broken = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def interrupted(error: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, or an exception group of nothing else (trio raises it from inside a nursery)."""
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        match, rest = error.split(KeyboardInterrupt)
+        return match is not None and rest is None
+    return False
+
+
+def run_command(prog: str, command: Callable[[], int]) -> int:
+    """`command()` as a user meets it: stdout safe from a closed pipe (PipeSafeStdout), and Ctrl-C reported as one
+    line, `<prog>: interrupted`, with status 130 (INTERRUPTED), not a traceback."""
+    stdout = sys.stdout
+    safe = PipeSafeStdout(stdout) if stdout is not None and not isinstance(stdout, PipeSafeStdout) else None
+    if safe is not None:
+        sys.stdout = safe  # type: ignore[assignment]
+    try:
+        return command()
+    except BaseException as error:
+        if not interrupted(error):
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if safe is not None:
+            safe.flush()  # what is still buffered for a pipe whose reader has gone is dropped here, not at exit
+            sys.stdout = stdout

@@ -7,11 +7,16 @@ prototype/traces/). A trace with arrival times replays open-loop: each task star
 given, runs at its decode rate only.
 
 Runs every (design, decode speed) pair on the same tasks under virtual time through the sweep
-runner (prototype/sweep.py: worker processes or a Dask cluster, a results cache, a progress bar);
-prints the table and every modeled parameter with its source; writes compare.csv, compare.json,
-compare_tasks.json, compare.png and one Chrome trace per design (trace_<design>.json, first task at
-1000 tokens/s) into a new folder results/compare/<timestamp>/, with results/compare/latest pointing
-at the newest. Columns (compare.csv):
+runner (prototype/sweep.py: worker processes or a Dask cluster, a results cache, a progress bar that
+counts tasks); a run of many tasks first says roughly how long it will take, from the CPU time one
+task of the workload's mean length takes at each point on this machine. Prints the table and every
+modeled parameter with its source; writes compare.csv, compare.json, compare_tasks.json, compare.png
+and one Chrome trace per design (trace_<design>.json, first task at 1000 tokens/s) into a new folder
+results/compare/<timestamp>/, with results/compare/latest pointing at the newest. The folder appears
+only when the run completes: a run that fails or is interrupted (Ctrl-C) leaves none, and the points it
+finished stay in the results cache, so running the same command again computes only the rest.
+`python -m prototype plot` draws the table and figure again from one or more such folders. Columns
+(compare.csv):
 
   design, decode_tps         the design and the simulated decode speed (tokens/s)
   tasks                      tasks run (the same seeded tasks for every design)
@@ -41,7 +46,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,7 @@ from ..engine.vllm_engine import RealCall, call_records
 from ..engine.vllm_models import ModelSpec
 from ..protocol.errors import CONNECTION_LIMIT_REACHED
 from ..trace import write_chrome_trace
-from .common import add_list, at_least, new_run_folder, non_negative, positive
+from .common import INTERRUPTED, RunFolder, add_list, at_least, interrupted, non_negative, plural, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
 
 TRACE_SPEED = 1000.0
@@ -128,9 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", type=at_least(1), default=None, help="tasks per design and speed (default 10; with --trace, all; "
                         f"with --engine vllm, {VLLM_DEFAULTS['tasks']})")
     parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed: the same seed gives the same tasks (default 0)")
-    parser.add_argument("--preset", default=None, help="workload preset: coding (the default), chat, long, or a preset JSON file "
-                        f"(calibrate --preset-out); with --engine vllm the default is {VLLM_DEFAULTS['preset']} with "
-                        f"{VLLM_DEFAULTS['turns']} turns a task (minutes on a CPU), --preset coding on request")
+    parser.add_argument("--preset", default=None, help=f"workload preset: {', '.join(wl.PRESETS)} (default {wl.DEFAULT_PRESET}), "
+                        "or a preset JSON file (calibrate --preset-out); with --engine vllm the default is "
+                        f"{VLLM_DEFAULTS['preset']} with {VLLM_DEFAULTS['turns']} turns a task (minutes on a CPU), --preset coding on request")
     parser.add_argument("--trace", help="replay a trace's tasks instead of a preset (file or folder of Codex rollouts)")
     parser.add_argument("--latency", help="latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate")
     add_list(parser, "--speeds", positive(float), None, "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's)")
@@ -255,20 +260,78 @@ def compare_point(run: benchmark.DesignRun) -> tuple[list[dict[str, Any]], Rollo
     return [benchmark.task_row(run.design, run.decode_tps, r) for r in records], records[0] if run.decode_tps == TRACE_SPEED else None
 
 
+def grid_of(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], real: bool = False) -> list[benchmark.DesignRun]:
+    return [benchmark.DesignRun(d, s, config, real) for s in speeds for d in designs]
+
+
+def tasks_of(run: benchmark.DesignRun) -> int:
+    """The tasks a point runs (its share of the progress bar)."""
+    return len(run.config.task_list) if run.config.task_list is not None else run.config.n_tasks
+
+
 def run_grid(config: benchmark.BenchConfig, designs: list[str], speeds: list[float], runner: sweep.Runner, out: Path,
              real: bool = False) -> list[dict[str, Any]]:
-    grid = [benchmark.DesignRun(d, s, config, real) for s in speeds for d in designs]
+    grid = grid_of(config, designs, speeds, real)
     # Slowest first (low decode speed, http) so the workers finish together. Real time runs one
     # configuration at a time in this process: parallel runs would share the cores and slow each
-    # other's clocks.
+    # other's clocks. The bar counts tasks: each point's move as its tasks end (benchmark calls sweep.advance).
     results = runner.map(compare_point, grid, desc="compare", first=lambda run: (run.decode_tps, run.design != benchmark.HTTP),
-                         measured=real)
+                         measured=real, units=tasks_of, unit="task")
     rows: list[dict[str, Any]] = []
     for run, (task_rows, traced) in zip(grid, results):
         rows += task_rows
         if traced is not None:
             write_chrome_trace([traced], out / f"trace_{run.design}.json")
     return rows
+
+
+# Below this many task runs left to compute (the default compare has 90: 10 tasks at 9 points) a run starts
+# without an estimate: it would cost a noticeable share of the run.
+ESTIMATE_FROM = 300
+# The tasks whose turn counts give the workload's mean (the sample task is the one nearest it).
+MEAN_OF = 200
+
+
+def sample_task(config: benchmark.BenchConfig) -> Any:
+    """A task of the workload's mean length: of the first MEAN_OF tasks, the one whose turn count is nearest their
+    mean (the first MEAN_OF of a preset's seeded tasks are the same whatever the run's task count)."""
+    if config.task_list is not None:
+        tasks = list(config.task_list[:MEAN_OF])
+    else:
+        tasks = attrs.evolve(config, n_tasks=min(config.n_tasks, MEAN_OF)).tasks()
+    mean = sum(len(task.turns) for task in tasks) / len(tasks)
+    return min(tasks, key=lambda task: abs(len(task.turns) - mean))
+
+
+def estimate(grid: Sequence[benchmark.DesignRun], workers: int | None) -> str:
+    """Roughly how long `grid` takes: one task of the workload's mean length run alone at each point, here, in
+    this process, its CPU time times the point's tasks; the points spread over `workers` (None: not known)."""
+    config = grid[0].config
+    task = sample_task(config)
+    alone = attrs.evolve(config, task_list=(task,), n_tasks=1)
+    seconds = []
+    for run in grid:
+        before = time.process_time()
+        benchmark.run_design_virtual(run.design, run.decode_tps, alone)
+        seconds.append(time.process_time() - before)
+    points = [cost * tasks_of(run) for cost, run in zip(seconds, grid)]
+    task_runs = sum(tasks_of(run) for run in grid)
+    measured = (f"one task of {len(task.turns)} turns, the workload's mean, took {min(seconds):.2f}-{max(seconds):.2f} s "
+                "of CPU per point here")
+    if workers is None:
+        return f"compare: {plural(task_runs, 'task run')}, roughly {_duration(sum(points))} of CPU ({measured})"
+    wall = max(sum(points) / workers, max(points))  # a point runs on one worker
+    return (f"compare: {plural(task_runs, 'task run')}, roughly {_duration(wall)} on {plural(workers, 'worker')} "
+            f"({measured})")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min" if hours < 48 else f"{seconds / 86400:.1f} days"
 
 
 def workload_config(args: argparse.Namespace, network: netem.NetworkProfile) -> tuple[benchmark.BenchConfig, str, list[float]]:
@@ -322,6 +385,18 @@ def vllm_parameters(parameters: list[tuple[str, str, str]], spec: ModelSpec) -> 
     return engine + [row for row in parameters if row[0] not in SIMULATED_ENGINE_PARAMETERS]
 
 
+def write_results(out: Path, table: list[dict[str, Any]], rows: list[dict[str, Any]], parameters: list[tuple[str, str, str]],
+                  workload: str, clock: str) -> list[str]:
+    """compare.csv, compare.json (the table, the parameters, what ran), compare_tasks.json and compare.png in `out`;
+    returns their names. `python -m prototype plot` writes the same from results folders."""
+    analysis.write_csv(out / "compare.csv", table)
+    (out / "compare.json").write_text(json.dumps({"table": table, "parameters": parameters, "workload": workload, "clock": clock},
+                                                 indent=1))
+    (out / "compare_tasks.json").write_text(json.dumps(rows))
+    figures.compare_figure(table, rows, out / "compare.png", workload=workload, clock=clock)
+    return ["compare.csv", "compare.json", "compare_tasks.json", "compare.png"]
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     apply_engine_defaults(args)
@@ -331,8 +406,14 @@ def run(args: argparse.Namespace) -> int:
     except (traces.TraceError, profiles.ProfileError, ValueError) as e:
         print(f"python -m prototype compare: error: {e} (see --help)", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else new_run_folder(RESULTS / "compare")
-    out.mkdir(parents=True, exist_ok=True)
+    # The results appear only when the run completes (RunFolder): a failure or Ctrl-C leaves no folder behind.
+    with RunFolder(RESULTS / "compare", args.out) as folder:
+        return run_into(folder, args, config, described, speeds, started)
+
+
+def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.BenchConfig, described: str, speeds: list[float],
+             started: float) -> int:
+    out = folder.path
     designs = [d for d in benchmark.ALL_DESIGNS if d in args.designs]
     if args.engine == VLLM:
         failure = None
@@ -346,14 +427,26 @@ def run(args: argparse.Namespace) -> int:
         cached, points, cache_root = 0, 0, None
     else:
         with sweep.runner_from_args(args) as runner:
-            rows = run_grid(config, designs, speeds, runner, out, args.real)
+            grid = grid_of(config, designs, speeds, args.real)
+            todo = [] if args.real else runner.missing(compare_point, grid)
+            if sum(tasks_of(run) for run in todo) >= ESTIMATE_FROM:
+                print(estimate(todo, runner.executor.workers), file=sys.stderr, flush=True)
+            try:
+                rows = run_grid(config, designs, speeds, runner, out, args.real)
+            except BaseException as error:
+                if not interrupted(error):
+                    raise
+                kept = (f"; the {plural(runner.executed, 'point')} it finished are in the results cache, and the same "
+                        "command computes only the rest" if runner.executed and runner.cache is not None else "")
+                print(f"python -m prototype compare: interrupted: no results written{kept}", file=sys.stderr)
+                return INTERRUPTED
             cached, points = runner.cached, runner.cached + runner.executed
             cache_root = runner.cache.root if runner.cache is not None else None
     table = benchmark.summarize(rows)
     clock = "real time over loopback sockets" if args.real else "virtual time"
     if args.engine == VLLM:
         clock = f"real time on vLLM ({args.vllm_model}, dummy weights)"
-    print(f"\n{len(config.tasks())} tasks of {described}, {clock}\n")
+    print(f"\n{plural(len(config.tasks()), 'task')} of {described}, {clock}\n")
     print_compare_table(table, args.wide)
     if args.engine == VLLM:
         print("  tok/s: on vLLM only the name of the model profile the tasks ask for; vLLM decides when each token is ready")
@@ -381,15 +474,13 @@ def run(args: argparse.Namespace) -> int:
           + f"; WebSocket connections close after {benchmark.CONNECTION_LIFETIME_SECONDS / 60:g} minutes (WS guide): under "
           f"{config.reconnect.name} a task longer than that "
           + ("continues on a new connection" if CONNECTION_LIMIT_REACHED in config.reconnect.reconnect_errors else "ends there"))
-    analysis.write_csv(out / "compare.csv", table)
-    (out / "compare.json").write_text(json.dumps({"table": table, "parameters": parameters}, indent=1))
-    (out / "compare_tasks.json").write_text(json.dumps(rows))
-    figures.compare_figure(table, rows, out / "compare.png", workload=described, clock=clock)
+    written = write_results(out, table, rows, parameters, described, clock)
     # A trace per design: the real engine writes one always, the grid only when it ran at TRACE_SPEED.
     traced = args.engine == VLLM or TRACE_SPEED in speeds
-    written = ["compare.csv", "compare.json", "compare_tasks.json", "compare.png", *(f"trace_{d}.json" for d in designs if traced)]
+    written += [f"trace_{d}.json" for d in designs if traced]
     if args.engine == VLLM and (out / f"{VLLM_CALLS}.csv").exists():
         written += [f"{VLLM_CALLS}.csv", f"{VLLM_CALLS}.json"]
+    out = folder.publish()
     print(f"\nwrote {out}/{', '.join(written)} in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -9,8 +9,8 @@ running anything. This command redraws them from fresh runs:
   notebook_published.png               notebooks/published_results.py (docs/notebooks.md)
   notebook_lanes_and_steering.png      notebooks/lanes_and_steering.py (docs/notebooks.md)
 
-The notebooks need the test extra (jupytext, nbclient, ipykernel); without it they are skipped,
-with a message. `--smoke` runs everything at the smallest size (what tests/test_figures.py runs).
+The notebooks need the notebooks extra (jupytext, nbclient, ipykernel; the test extra has them too);
+without it they are skipped, with a message. `--smoke` runs everything at the smallest size (what tests/test_figures.py runs).
 """
 
 from __future__ import annotations
@@ -67,11 +67,11 @@ def _compare(argv: list[str]) -> int:
 
 def _notebook_pictures(work: Path, out: Path, smoke: bool) -> list[Path]:
     try:
-        import jupytext  # noqa: F401  (the notebooks need the test extra)
+        import jupytext  # noqa: F401  (the notebooks need the notebooks extra)
 
         from ..notebook import execute_notebook as execute
     except ImportError as missing:
-        print(f"notebook pictures skipped: {missing} (install the test extra: pip install -e '.[test]')")
+        print(f"notebook pictures skipped: {missing} (install the notebooks extra: pip install -e '.[notebooks]')")
         return []
     saved = {name: os.environ.get(name) for name in ("TESTBED_RESULTS", "TESTBED_NOTEBOOK_TEST", "MPLBACKEND")}
     # The kernel inherits this environment: the notebooks write into the scratch folder.

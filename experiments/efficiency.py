@@ -30,7 +30,9 @@ so the spans add up to the task's time on either clock. Per design and speed:
   interval from resampling the task's turns and the floor's turns each on its own;
 * `met`: whether `beyond_floor_ms` is within `TARGET_BEYOND_FLOOR_MS`, decided on the interval:
   `yes` when its upper end is within the target, `no` when its lower end is beyond it, `not
-  separated` otherwise.
+  separated` otherwise; `loaded` when the machine's 1-minute load average (`load_avg`, the higher
+  of the row's start and end) was above its number of cores: other jobs then took the cores at
+  moments the floor and the run do not share, and the target is not judged.
 
 The floor and the target are the WebSocket designs': an http turn is a POST and an SSE stream over
 h11, which the floor (a WebSocket message each way) does not time, so its floor columns are empty.
@@ -124,6 +126,12 @@ def request_bytes(records: Sequence[RolloutRecord]) -> int:
     return int(statistics.median(turn.bytes_sent for record in records for turn in record.turns))
 
 
+def machine_loaded(load_avg: float, cores: int | None = None) -> bool:
+    """Whether other jobs shared the machine during a run: a 1-minute load average above its number of
+    cores (the experiment itself counts for about one)."""
+    return load_avg > (cores if cores is not None else os.cpu_count() or 1)
+
+
 def verdict(estimate: uncertainty.Estimate, target: float) -> str:
     """Whether `estimate` is at most `target`, on its interval."""
     if not estimate.has_interval:
@@ -161,6 +169,7 @@ def figures(virtual_spans: Sequence[float], real_spans: Sequence[float], floor_s
 
 
 def measure(design: str, tps: float, config: benchmark.BenchConfig, floor_turns: int) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     virtual = benchmark.run_design_virtual(design, tps, config)
     floor = None
     if design in WEBSOCKET_DESIGNS:  # right before the real run: the same process, the same machine state
@@ -168,7 +177,10 @@ def measure(design: str, tps: float, config: benchmark.BenchConfig, floor_turns:
     real = benchmark.run_design_real(design, tps, config)
     row = {"design": design, "decode_tps": tps, "tasks": len(real), "phase_sum_s": modeled_seconds(virtual)}
     row |= figures(turn_spans(virtual), turn_spans(real), floor)
-    return {column: row[column] for column in COLUMNS[:-1]} | {"load_avg": os.getloadavg()[0]}
+    row["load_avg"] = max(load, os.getloadavg()[0])
+    if floor is not None and machine_loaded(row["load_avg"]):
+        row["met"] = "loaded"
+    return {column: row[column] for column in COLUMNS}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -51,8 +51,9 @@ def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_i
         assert row["bound_low"] <= row["efficiency_bound"] <= row["bound_high"] < 1
         assert row["beyond_floor_ms"] == pytest.approx(row["overhead_ms"] - row["floor_ms"], rel=1e-9, abs=1e-12)
         assert row["target_ms"] == efficiency.TARGET_BEYOND_FLOOR_MS
-        assert row["met"] == efficiency.verdict(
+        judged = efficiency.verdict(
             uncertainty.Estimate(row["beyond_floor_ms"], row["beyond_floor_low_ms"], row["beyond_floor_high_ms"], 2), row["target_ms"])
+        assert row["met"] == ("loaded" if efficiency.machine_loaded(row["load_avg"]) else judged)
     assert "tool times x 0.001" in capsys.readouterr().out
     assert (results_in_tmp / "efficiency" / "latest" / "efficiency.csv").exists()
 
@@ -107,7 +108,8 @@ def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results
         assert row["floor_limit_share"] == pytest.approx(row["floor_tokens_per_s"] / row["limit_tokens_per_s"], rel=1e-12)
         assert row["floor_share"] == pytest.approx(row["agg_tokens_per_s"] / row["floor_tokens_per_s"], rel=1e-12)
         share = uncertainty.Estimate(row["floor_share"], row["floor_share_low"], row["floor_share_high"], 2)
-        assert row["met"] == streaming.at_least_target(share, streaming.TARGET_FLOOR_SHARE)
+        judged = streaming.at_least_target(share, streaming.TARGET_FLOOR_SHARE)
+        assert row["met"] == ("loaded" if efficiency.machine_loaded(row["load_avg"]) else judged)
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 
@@ -187,6 +189,11 @@ def test_the_floor_plays_a_request_and_a_terminal_event_of_the_sizes_asked():
     request, closing = stack_floor.turn_messages(6000, 20_000)
     assert 5990 <= len(request) <= 6000 and 19_990 <= len(closing[-1]) - len('{"type":"response.completed","sequence_number":2,"response":}') <= 20_000
     assert [orjson.loads(m)["type"] for m in closing][-1] == "response.completed"
+
+
+def test_a_target_is_judged_only_where_the_load_average_stays_within_the_machines_cores():
+    assert not efficiency.machine_loaded(1.9, cores=2) and not efficiency.machine_loaded(2.0, cores=2)
+    assert efficiency.machine_loaded(2.1, cores=2) and not efficiency.machine_loaded(2.1, cores=4)
 
 
 def test_the_efficiency_bound_is_the_limit_over_the_limit_plus_the_floor_every_turn():

@@ -244,8 +244,9 @@ def test_profile_split_gives_library_time_to_its_callers():
     assert causes[json_caller] == {profile_turn.JSON: 1.0}
 
 
-def test_profile_turn_runs_at_a_tiny_size(capsys):
+def test_profile_turn_runs_at_a_tiny_size(results_in_tmp):
     rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
+    assert (results_in_tmp / "profile_turn" / "latest" / "profile_turn.csv").exists()
     causes = {row["cause"] for row in rows}
     assert {"overhead (real - limit)", "cpu (process)", "phase prefill", "phase decode", "json", "trio scheduling"} <= causes
     cpu = next(row["ms_per_turn"] for row in rows if row["cause"] == "cpu (process)")

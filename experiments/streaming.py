@@ -39,9 +39,13 @@ Reported per flush setting:
 The stack's floor for the same load, measured in the same run: a server process with none of the
 testbed's logic (trio, trio-websocket, wsproto and orjson, the testbed's receive buffer and batched
 writes) answers each session's request by replaying what the testbed's server sends for it, the
-same messages in the same groups at the same times from the request's arrival, taken from the
-testbed's own answer on the virtual clock (`captured_answer`); the same client processes run the
-same N sessions against it. The runs alternate, `--repeats` of each, so both meet the same machine:
+same messages in the same groups at the same times from the request's arrival (groups already due
+go out in one write), taken from the testbed's own answer on the virtual clock (`captured_answer`);
+the same client processes run the same N sessions against it. The runs alternate, `--repeats` of
+each, so both meet the same machine. With one delta per token (F = 0) there is no floor to replay:
+where the testbed falls behind it merges the tokens due into one delta, so how many events it sends
+depends on how late it is, and a replay of the schedule's events would carry more than the testbed
+does; those rows leave the floor's columns empty.
 
 * `floor_tokens_per_s`: the same count against the floor (mean over the repeats, 95% bootstrap
   interval over them; `agg_tokens_per_s` likewise); `floor_limit_share` its share of the limit,
@@ -67,12 +71,13 @@ directly.
 from __future__ import annotations
 
 import argparse
+import bisect
 import multiprocessing
 import os
 import queue
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -126,6 +131,10 @@ COLUMNS = (
 # (docs/speed.md, "Streaming").
 TARGET_FLOOR_SHARE = 0.95
 MAX_MESSAGE_BYTES = 16 * 2**20
+FLOOR_COLUMNS = (
+    "floor_tokens_per_s", "floor_low", "floor_high", "floor_share", "floor_share_low", "floor_share_high", "floor_limit_share",
+    "floor_lag_n_p50", "floor_first_late_ms_p50", "floor_tail_ms_p50", "floor_cpu_us_per_token", "target_floor_share", "met",
+)
 
 
 def free_cores() -> int:
@@ -197,8 +206,9 @@ def captured_answer(prompt: int, output: int, tps: float, flush: float, flush_to
 
 def floor_server(answer: list[tuple[float, list[str]]], ready: Any) -> None:
     """The floor's server process: trio-websocket on 127.0.0.1 (the testbed's receive buffer) answers
-    every request it reads (and parses) by sending `answer`'s groups, each in one write, at their
-    times from the request's arrival; nothing else. Puts its port on `ready`."""
+    every request it reads (and parses) by sending `answer`'s groups at their times from the
+    request's arrival, each in one write with any others already due; nothing else. Puts its port
+    on `ready`."""
     settle_client_process()  # its collector kept as `serve` keeps its own
 
     async def answer_each(request: trio_websocket.WebSocketRequest) -> None:
@@ -210,9 +220,14 @@ def floor_server(answer: list[tuple[float, list[str]]], ready: Any) -> None:
                 return
             arrived = trio.current_time()
             orjson.loads(message)
-            for at, group in answer:
-                await trio.sleep_until(arrived + at)
-                await send_messages(ws, group)
+            sent = 0
+            while sent < len(answer):
+                await trio.sleep_until(arrived + answer[sent][0])
+                due = bisect.bisect_right(answer, trio.current_time() - arrived, lo=sent, key=lambda group: group[0])
+                # Groups whose time has passed go out in the same write, as the testbed's writer sends
+                # whatever was queued since its last write.
+                await send_messages(ws, [message for _, group in answer[sent:due] for message in group])
+                sent = due
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -417,17 +432,19 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         server_args += ["--flush-tokens", str(flush_tokens)]
     load = os.getloadavg()[0]
     modeled_single, modeled_many = modeled_runs(args.prompt, args.output, args.single_tps, args.tps, args.sessions, flush, flush_tokens)
-    answer = captured_answer(args.prompt, args.output, args.tps, flush, flush_tokens)
+    # One delta per token is no floor to replay: where the testbed falls behind it merges the tokens due
+    # into one delta, so how many events it sends depends on how late it is (module docstring).
+    floor_context = floor_process(captured_answer(args.prompt, args.output, args.tps, flush, flush_tokens)) if flush > 0 else nullcontext()
     runs: list[LoadRun] = []
     floor_runs: list[LoadRun] = []
-    with server_process(*server_args) as (process, port), floor_process(answer) as (floor, floor_port):
-        for warmed in (port, floor_port):  # warm-up: imports, tokenizer, caches
+    with server_process(*server_args) as (process, port), floor_context as floor:
+        servers = [(runs, process.pid, port)] + ([(floor_runs, floor[0].pid, floor[1])] if floor else [])
+        for _, _, warmed in servers:  # warm-up: imports, tokenizer, caches
             trio.run(run_sessions, TcpConnector("127.0.0.1", warmed), 1, args.prompt, 50, args.single_tps)
         single = trio.run(run_sessions, TcpConnector("127.0.0.1", port), 1, args.prompt, args.output, args.single_tps,
                           clock=PreciseClock())[0]
         for repeat in range(args.repeats):  # alternating, each first in turn: both meet the same machine
-            pair = [(runs, process.pid, port), (floor_runs, floor.pid, floor_port)]
-            for into, pid, at in pair if repeat % 2 == 0 else pair[::-1]:
+            for into, pid, at in servers if repeat % 2 == 0 else servers[::-1]:
                 into.append(load_run(pid, at, args))
     if single.status != "completed":
         raise RuntimeError(f"the lone session ended {single.status!r}")
@@ -438,15 +455,13 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
     # The sessions are alike and start together: each stream is set against the modeled streams' median.
     modeled_stream = float(np.median([m[2] - m[1] for m in modeled]))
     modeled_ttft = float(np.median([m[1] - m[0] for m in modeled]))
-    late, floor_late = session_lateness(runs, modeled_stream, modeled_ttft), session_lateness(floor_runs, modeled_stream, modeled_ttft)
-    rates, floor_rates = [run.tokens_per_s for run in runs], [run.tokens_per_s for run in floor_runs]
+    late = session_lateness(runs, modeled_stream, modeled_ttft)
+    rates = [run.tokens_per_s for run in runs]
     agg = uncertainty.bootstrap(rates, np.mean, of="runs")
-    floor_agg = uncertainty.bootstrap(floor_rates, np.mean, of="runs")
-    share = uncertainty.paired_bootstrap(rates, floor_rates, lambda a, b: np.sum(a) / np.sum(b), of="runs")
     wall = sum(run.wall_s for run in runs)
     tokens = sum(run.tokens for run in runs)
     load = max(load, os.getloadavg()[0])
-    return {
+    row = {
         "flush_ms": flush * 1000,
         "flush_tokens": flush_tokens or "",
         "lag_1": (ended - first) / (m_ended - m_first) - 1,
@@ -456,29 +471,44 @@ def measure(flush: float, flush_tokens: int | None, args: argparse.Namespace) ->
         "offered_tokens_per_s": args.sessions * args.tps,
         "limit_tokens_per_s": limit,
         "agg_tokens_per_s": agg.value, "agg_low": agg.low, "agg_high": agg.high,
-        "floor_tokens_per_s": floor_agg.value, "floor_low": floor_agg.low, "floor_high": floor_agg.high,
-        "floor_share": share.value, "floor_share_low": share.low, "floor_share_high": share.high,
         "limit_share": agg.value / limit,
-        "floor_limit_share": floor_agg.value / limit,
         "lag_n_p50": float(np.percentile(late["lag"], 50)),
         "lag_n_p99": float(np.percentile(late["lag"], 99)),
-        "floor_lag_n_p50": float(np.percentile(floor_late["lag"], 50)),
         "first_late_ms_p50": float(np.percentile(late["first_late_ms"], 50)),
         "first_late_ms_p99": float(np.percentile(late["first_late_ms"], 99)),
-        "floor_first_late_ms_p50": float(np.percentile(floor_late["first_late_ms"], 50)),
         "tail_ms_p50": float(np.percentile(late["tail_ms"], 50)),
         "tail_ms_p99": float(np.percentile(late["tail_ms"], 99)),
-        "floor_tail_ms_p50": float(np.percentile(floor_late["tail_ms"], 50)),
         "events_per_s": sum(f[5] for run in runs for f in run.figures) / wall,
         "server_core_share": sum(run.server_cpu_s for run in runs) / wall,
         "server_waiting_share": sum(run.server_wait_s for run in runs) / wall,
         "server_cpu_us_per_token": sum(run.server_cpu_s for run in runs) / tokens * 1e6,
-        "floor_cpu_us_per_token": sum(run.server_cpu_s for run in floor_runs) / sum(run.tokens for run in floor_runs) * 1e6,
         "client_processes": args.client_processes,
         "client_core_share": sum(run.client_cpu_s for run in runs) / wall,
         "client_waiting_share": sum(run.client_wait_s for run in runs) / wall,
         "connect_s": float(np.median([run.connect_s for run in runs])),
         "load_avg": load,
+    }
+    row |= floor_figures(rates, floor_runs, limit, modeled_stream, modeled_ttft, load)
+    return {column: row[column] for column in COLUMNS}
+
+
+def floor_figures(rates: list[float], floor_runs: list[LoadRun], limit: float, modeled_stream: float, modeled_ttft: float,
+                  load: float) -> dict[str, Any]:
+    """The floor's columns from its runs (none: every column empty) and the testbed's rates of the same repeats."""
+    if not floor_runs:
+        return dict.fromkeys(FLOOR_COLUMNS, "")
+    late = session_lateness(floor_runs, modeled_stream, modeled_ttft)
+    floor_rates = [run.tokens_per_s for run in floor_runs]
+    floor = uncertainty.bootstrap(floor_rates, np.mean, of="runs")
+    share = uncertainty.paired_bootstrap(rates, floor_rates, lambda a, b: np.sum(a) / np.sum(b), of="runs")
+    return {
+        "floor_tokens_per_s": floor.value, "floor_low": floor.low, "floor_high": floor.high,
+        "floor_share": share.value, "floor_share_low": share.low, "floor_share_high": share.high,
+        "floor_limit_share": floor.value / limit,
+        "floor_lag_n_p50": float(np.percentile(late["lag"], 50)),
+        "floor_first_late_ms_p50": float(np.percentile(late["first_late_ms"], 50)),
+        "floor_tail_ms_p50": float(np.percentile(late["tail_ms"], 50)),
+        "floor_cpu_us_per_token": sum(run.server_cpu_s for run in floor_runs) / sum(run.tokens for run in floor_runs) * 1e6,
         "target_floor_share": TARGET_FLOOR_SHARE,
         "met": "loaded" if machine_loaded(load) else at_least_target(share, TARGET_FLOOR_SHARE),
     }

@@ -41,9 +41,10 @@ REQUEST_BYTES = 50_000  # a chained request of the efficiency task carries 48-74
 
 
 def request_event(size: int = REQUEST_BYTES) -> dict[str, Any]:
-    """A `response.create` of about `size` bytes: instructions, a tool, one function call's output."""
+    """A `response.create` of `size` bytes of JSON (a few bytes less where a cut falls on an escaped
+    newline): instructions, a tool, one function call's output."""
     words = ("def parse(line): return line.split(':', 1)  # the repository's code, as a tool printed it\n" * (size // 90 + 1))
-    return {
+    event = {
         "type": "response.create",
         "model": "gpt-5-codex",
         "instructions": words[: size // 2],
@@ -51,6 +52,9 @@ def request_event(size: int = REQUEST_BYTES) -> dict[str, Any]:
         "input": [{"type": "function_call_output", "call_id": "call_1", "output": words[: size - size // 2]}],
         "previous_response_id": "resp_1",
     }
+    output = event["input"][0]
+    output["output"] = output["output"][: max(0, len(output["output"]) - (len(orjson.dumps(event)) - size))]
+    return event
 
 
 def connected_pair() -> tuple[wsproto.WSConnection, wsproto.WSConnection]:

@@ -21,6 +21,8 @@ twice per design:
    tokenizer's BPE, epoll, socket calls). The shares are applied to the unprofiled CPU time
    (the profiler roughly doubles it).
 
+The table is written to results/profile_turn/<timestamp>/profile_turn.csv.
+
     python -m experiments.profile_turn [--speeds 1000] [--designs chained suspended] [--top 0]
 """
 
@@ -38,7 +40,7 @@ from typing import Any
 from prototype import benchmark
 from prototype.cli.common import at_least, non_negative, positive
 
-from .common import experiment_parser, print_table, run_delay_seconds
+from .common import experiment_parser, report, run_delay_seconds
 from .efficiency import bench_config, scaled_tasks
 
 POLICY = "policy+tokenizer"
@@ -218,12 +220,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--tool-scale", type=non_negative(float), default=0.01, help="multiply every tool time by this (default 0.01)")
     parser.add_argument("--max-turns", type=at_least(1), default=None, help="cut the task to this many turns (default: all)")
     parser.add_argument("--top", type=non_negative(int), default=0, help="also print the N functions with the most own CPU")
+    parser.add_argument("--csv", default="profile_turn.csv", help="CSV file name in results/profile_turn/<timestamp>/ (default profile_turn.csv)")
     args = parser.parse_args(argv)
     tasks = scaled_tasks(1, 0, args.tool_scale, args.max_turns)
     config = bench_config(tasks)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     rows = [row for tps in args.speeds for design in args.designs for row in measure(design, tps, config, args.top)]
-    print_table(rows)
+    report(rows, args.csv)
     return rows
 
 

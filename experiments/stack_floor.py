@@ -1,70 +1,74 @@
-"""The least a chained turn's critical path costs on the testbed's stack, with none of its logic.
+"""The least a turn's critical path costs on the testbed's stack, with none of its logic.
 
 `experiments.efficiency` sets the testbed against a limit that charges only the model, so its
 figure folds in what any code on the same stack pays per turn: one WebSocket message each way
 through trio, trio-websocket, wsproto and orjson, a timer waking the task at the end of a modeled
 wait, over loopback on this machine. This experiment times that alone. A client and a server
 (trio-websocket over TCP on 127.0.0.1, the testbed's receive buffer, the closing events in one
-write as the testbed's outbox writes them, PreciseClock) play the turns of a chained rollout with
-nothing else to do:
+write as the testbed's outbox writes them, PreciseClock) play turns with nothing else to do:
 
-1. the client waits out its tool (`--wait-s`), sends a ~50 KB `response.create` (the size of the
-   efficiency task's chained requests: 48-74 KB) and reads events until `response.completed`;
+1. the client waits out its tool (`--wait-s`), sends a `response.create` of `--request-bytes`
+   (default ~50 KB, the size of the efficiency task's chained requests: 48-74 KB) and reads events
+   until `response.completed`;
 2. the server reads the request, parses it, waits out the model (`--wait-s` from the frame's
-   arrival, as the testbed's response schedule starts there) and sends two small closing events and a ~47 KB `response.completed` (the finished response
-   echoes the request's instructions and tools).
+   arrival, as the testbed's response schedule starts there) and sends two small closing events and
+   a `response.completed` of ~47 KB (the finished response echoes the request's instructions and
+   tools; the efficiency task's terminal events are 48-52 KB in both WebSocket designs).
 
-Per turn (medians, the first two turns left out as warm-up): `next_request` (tool deadline to the
-request's send), `way_in` (send to the server holding the frame), `timer_wake` (the model's deadline to the
-server task running), `way_out` (that to the client holding the parsed `response.completed`).
-Their sum is a floor for the testbed's real time per turn beyond the model, and
-`efficiency_bound` turns it into the highest figure `experiments.efficiency` could print on this
-machine for its default task (compact, seed 0, tool times x 0.01: 17 turns, its limit computed
-here on the virtual clock as that experiment computes it) at each speed it has a target for:
-limit / (limit + turns x floor).
+Per turn (the first two turns left out as warm-up): `next_request` (tool deadline to the request's
+send), `way_in` (send to the server holding the frame), `timer_wake` (the model's deadline to the
+server task running), `way_out` (that to the client holding the parsed `response.completed`). Their
+sum is the floor: the testbed's real time per turn beyond the model cannot be less on this machine.
+Each is printed as its median and its mean with a 95% bootstrap interval over the turns.
+`experiments.efficiency` plays the same turns in its own run, right before each WebSocket design's
+real run, and prints the efficiency that floor leaves its task (`efficiency_bound`).
 
-    python -m experiments.stack_floor [--turns 20] [--wait-s 0.2]
+    python -m experiments.stack_floor [--turns 40] [--wait-s 0.2] [--request-bytes 50000]
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 from typing import Any
 
+import numpy as np
 import orjson
 import trio
 import trio_websocket
 
-from prototype import benchmark
+from prototype import uncertainty
 from prototype.cli.common import at_least, positive
 from prototype.clock import PreciseClock
 from prototype.protocol.wire import WS_RECEIVE_BYTES
 from prototype.ws_internals import received_message_nowait, send_messages
 
-from . import efficiency
 from .common import experiment_parser, report
-from .idle_cost import request_event
+from .idle_cost import REQUEST_BYTES, request_event
 
 SEGMENTS = ("next_request", "way_in", "timer_wake", "way_out")
-BOUND_COLUMNS = {tps: f"efficiency_bound_{tps:g}_tps" for tps in efficiency.TARGETS}
-COLUMNS = ("segment", "median_ms", "turns", *BOUND_COLUMNS.values())
+FLOOR = "floor (turn's sum)"
+COLUMNS = ("segment", "median_ms", "mean_ms", "low_ms", "high_ms", "turns")
 WARM_UP_TURNS = 2
 MAX_MESSAGE_BYTES = 16 * 2**20
 CLOSING_TYPES = ("response.function_call_arguments.done", "response.output_item.done")
+# The response object a terminal event carries: the request's instructions and tools echoed back.
+COMPLETED_BYTES = 47_000
 
 
-def turn_messages() -> tuple[str, list[str]]:
+def turn_messages(request_bytes: int = REQUEST_BYTES, completed_bytes: int = COMPLETED_BYTES) -> tuple[str, list[str]]:
     """The request and the server's closing events, encoded as the testbed sends them."""
-    request = orjson.dumps(request_event()).decode()
+    request = orjson.dumps(request_event(request_bytes)).decode()
     closing = [orjson.dumps({"type": kind, "sequence_number": i}).decode() for i, kind in enumerate(CLOSING_TYPES)]
-    completed = {"type": "response.completed", "sequence_number": len(closing), "response": request_event(47_000)}
+    completed = {"type": "response.completed", "sequence_number": len(closing), "response": request_event(completed_bytes)}
     return request, [*closing, orjson.dumps(completed).decode()]
 
 
-async def play(turns: int, wait_s: float) -> list[dict[str, float]]:
-    """`turns` chained turns between a client and a server in this process; each turn's segments in seconds."""
-    request, closing = turn_messages()
+async def play(turns: int, wait_s: float, request_bytes: int = REQUEST_BYTES,
+               completed_bytes: int = COMPLETED_BYTES) -> list[dict[str, float]]:
+    """`turns` turns between a client and a server in this process; each turn's segments in seconds."""
+    request, closing = turn_messages(request_bytes, completed_bytes)
     served: list[dict[str, float]] = []
 
     async def serve(ws_request: trio_websocket.WebSocketRequest) -> None:
@@ -114,26 +118,16 @@ async def play(turns: int, wait_s: float) -> list[dict[str, float]]:
     return rows
 
 
-def compact_limit(tps: float) -> tuple[int, float]:
-    """experiments.efficiency's default task (compact, seed 0, tool times x 0.01) at `tps`: its
-    turns and its limit (chained, on the virtual clock), as that experiment computes them."""
-    tasks = efficiency.scaled_tasks(1, 0, 0.01, None)
-    limit = sum(record.seconds for record in benchmark.run_design_virtual(benchmark.CHAINED, tps, efficiency.bench_config(tasks)))
-    return sum(len(task.turns) for task in tasks), limit
+def played_turns(turns: int, wait_s: float, request_bytes: int = REQUEST_BYTES,
+                 completed_bytes: int = COMPLETED_BYTES) -> list[dict[str, float]]:
+    """`play` in a run of its own (after two turns of warm-up): the timed turns' segments in seconds."""
+    played = trio.run(play, turns + WARM_UP_TURNS, wait_s, request_bytes, completed_bytes, clock=PreciseClock())
+    return played[WARM_UP_TURNS:]
 
 
-def measure(turns: int, wait_s: float) -> list[dict[str, Any]]:
-    played = trio.run(play, turns + WARM_UP_TURNS, wait_s, clock=PreciseClock())[WARM_UP_TURNS:]
-    rows: list[dict[str, Any]] = [
-        {"segment": name, "median_ms": 1000 * statistics.median(turn[name] for turn in played), "turns": len(played)}
-        | dict.fromkeys(BOUND_COLUMNS.values(), "")
-        for name in SEGMENTS
-    ]
-    floor = statistics.median(sum(turn[name] for name in SEGMENTS) for turn in played)
-    rows.append({"segment": "floor (median turn's sum)", "median_ms": 1000 * floor, "turns": len(played)} | {
-        column: f"{efficiency_bound(floor, *compact_limit(tps)):.4f}" for tps, column in BOUND_COLUMNS.items()
-    })
-    return rows
+def floor_seconds(played: list[dict[str, float]]) -> list[float]:
+    """Each played turn's floor: the sum of its segments."""
+    return [sum(turn[name] for name in SEGMENTS) for turn in played]
 
 
 def efficiency_bound(floor_s: float, turns: int, limit_s: float) -> float:
@@ -142,15 +136,30 @@ def efficiency_bound(floor_s: float, turns: int, limit_s: float) -> float:
     return limit_s / (limit_s + turns * floor_s)
 
 
+def segment_row(name: str, seconds: list[float]) -> dict[str, Any]:
+    mean = uncertainty.bootstrap(seconds, np.mean, of="turns").scaled(1000)
+    return {"segment": name, "median_ms": 1000 * statistics.median(seconds), "mean_ms": mean.value,
+            "low_ms": mean.low, "high_ms": mean.high, "turns": mean.n}
+
+
+def measure(turns: int, wait_s: float, request_bytes: int = REQUEST_BYTES) -> list[dict[str, Any]]:
+    played = played_turns(turns, wait_s, request_bytes)
+    rows = [segment_row(name, [turn[name] for turn in played]) for name in SEGMENTS]
+    return [*rows, segment_row(FLOOR, floor_seconds(played))]
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    parser.add_argument("--turns", type=at_least(1), default=20, help="turns timed, after two of warm-up (default 20)")
+    parser.add_argument("--turns", type=at_least(2), default=40, help="turns timed, after two of warm-up (default 40)")
     parser.add_argument("--wait-s", type=positive(float), default=0.2, help="the modeled wait at each end, in seconds (default 0.2)")
+    parser.add_argument("--request-bytes", type=at_least(1000), default=REQUEST_BYTES,
+                        help=f"the request's size in bytes (default {REQUEST_BYTES})")
     parser.add_argument("--csv", default="stack_floor.csv", help="CSV file name in results/stack_floor/<timestamp>/ (default stack_floor.csv)")
     args = parser.parse_args(argv)
-    print(f"{args.turns} chained turns over loopback, {args.wait_s:g} s of tool and of model each, no testbed logic; "
-          f"efficiency_bound: the highest efficiency this floor leaves experiments.efficiency's default task")
-    rows = measure(args.turns, args.wait_s)
+    print(f"{args.turns} turns over loopback, {args.wait_s:g} s of tool and of model each, a {args.request_bytes:,}-byte "
+          f"request and a {COMPLETED_BYTES:,}-byte terminal event, no testbed logic; load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    rows = measure(args.turns, args.wait_s, args.request_bytes)
     report(rows, args.csv, COLUMNS)
     return rows
 

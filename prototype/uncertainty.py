@@ -118,6 +118,24 @@ def paired_bootstrap(first: Sequence[float], second: Sequence[float], statistic:
     return Estimate(value, low, high, n, of, "paired bootstrap")
 
 
+def unpaired_bootstrap(first: Sequence[float], second: Sequence[float], statistic: Callable[[np.ndarray, np.ndarray], float],
+                       *, of: str = "tasks", seed: int = SEED, confidence: float = CONFIDENCE) -> Estimate:
+    """A statistic of two independent samples (a run's turns and a floor's turns), each resampled on its own:
+    `unpaired_bootstrap(a, b, lambda x, y: x.mean() - y.mean())` is the difference of their means. n is the first
+    sample's size (the second's is the caller's to report)."""
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    n = len(a)
+    if n == 0 or len(b) == 0:
+        return Estimate(math.nan, math.nan, math.nan, n, of, "bootstrap")
+    value = float(statistic(a, b))
+    if n < 2 or len(b) < 2:
+        return Estimate(value, math.nan, math.nan, n, of, "bootstrap")
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return _exact(value, n, of)
+    low, high = _bca((a, b), statistic, value, seed=seed, confidence=confidence, paired=False)
+    return Estimate(value, low, high, n, of, "bootstrap")
+
+
 def _bca(data: tuple[np.ndarray, ...], statistic: Callable[..., float], value: float, *, seed: int, confidence: float,
          paired: bool) -> tuple[float, float]:
     """The BCa interval's ends. BCa is undefined when the resamples are (nearly) degenerate (scipy warns and gives

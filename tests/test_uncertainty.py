@@ -115,3 +115,17 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.scaled(-1).low == -0.75
     assert estimate.error_bar() == (0.25, 0.25)
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
+
+
+def test_an_unpaired_difference_resamples_each_sample_on_its_own():
+    run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
+    floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
+    difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
+    assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
+    assert difference.low < difference.value < difference.high
+    # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
+    alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
+    assert difference.high - difference.low > alone.high - alone.low
+    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
+    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
+    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval

@@ -4,8 +4,8 @@ Sans-IO: no trio, no sockets. A create's unknown top-level fields are refused (`
 the API refuses them; known fields it does not act on are accepted and recorded; `stream` is ignored on
 WebSocket; bad input never raises anything but `ProtocolError` (docs/protocol.md, "Errors").
 
-JSON goes through orjson (several times faster than the standard library on these events, both
-ways; docs/speed.md) with the standard library's `json` as the reference: whatever orjson refuses
+JSON goes through orjson (faster than the standard library on these events, both ways: it is on
+every frame's path) with the standard library's `json` as the reference: whatever orjson refuses
 (`NaN`, integers beyond 64 bits, non-string keys, lone surrogates, invalid UTF-8) is handed to
 `json`, so what is accepted, what is refused and the error text are the standard library's. orjson
 reads an integer beyond 64 bits as a float without complaint, so a frame with a run of 19 or more

@@ -339,12 +339,13 @@ async def test_sigterm_drains_the_server_then_stops_it(monkeypatch):
         drained.append((server_, grace))
 
     monkeypatch.setattr(serve_server, "drain", drain)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_server.drain_on_sigterm, server, 2.5, nursery.cancel_scope)
-        nursery.start_soon(trio.sleep_forever)
-        await trio.testing.wait_all_tasks_blocked()
-        assert stdout.getvalue() == ""
-        os.kill(os.getpid(), signal.SIGTERM)
+    with trio.fail_after(30):  # a hang guard: a drain that never cancels its scope would wait for ever
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_server.drain_on_sigterm, server, 2.5, nursery.cancel_scope)
+            nursery.start_soon(trio.sleep_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            assert stdout.getvalue() == ""
+            os.kill(os.getpid(), signal.SIGTERM)
     assert drained == [(server, 2.5)]
     assert stdout.getvalue() == "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n"
     assert stdout.flushes == 2
@@ -436,6 +437,8 @@ def serving(monkeypatch):
         state["served"].append((server, port, host))
         task_status.started([StandIn(("10.0.0.1", 4321, 0, 0))])
         await trio.testing.wait_all_tasks_blocked()
+        if state["then"] is None:  # served until something else ends the run
+            await trio.sleep_forever()
         raise state["then"]()
 
     async def drain_on_sigterm(server, grace, scope):
@@ -523,6 +526,30 @@ def test_serve_on_a_real_engine_serves_from_it_once_ready(serving, monkeypatch):
     assert stdout.flushes == 4  # starting, ready, the announcement, stopped
 
 
+@pytest.mark.parametrize("failure", ["the vLLM worker exited", None])
+def test_serve_on_a_real_engine_that_dies_closes_its_connections_and_exits_saying_why(serving, monkeypatch, capsys, failure):
+    engine = types.SimpleNamespace(client=types.SimpleNamespace(
+        ready=types.SimpleNamespace(vllm_version="0.9.1", device="cpu", startup_s=1.0), died=trio.Event(), failure=failure))
+    engine.client.died.set()  # the worker is gone by the time the server listens
+    drained = []
+
+    async def drain(server, grace):
+        drained.append((server, grace))
+
+    @contextlib.asynccontextmanager
+    async def open_vllm_engine(spec, python):
+        yield engine
+
+    monkeypatch.setattr(serve, "open_vllm_engine", open_vllm_engine)
+    monkeypatch.setattr(serve, "drain", drain)
+    serving["then"] = None
+    assert serve.run(serve_args("--quiet", "--engine", "vllm")) == 1
+    # Closed as a drain closes them, with no grace: the responses in flight failed with the engine.
+    assert drained == [(serving["served"][0][0], 0.0)]
+    reason = failure or "the vLLM worker failed"
+    assert capsys.readouterr().err == f"python -m prototype serve: error: --engine vllm: the engine died ({reason}); the server stopped with it\n"
+
+
 def test_ctrl_c_that_lands_in_a_task_whose_way_out_is_cancelled_still_stops_serve():
     """SIGINT arriving while a connection's task runs (trio-websocket's reader, as the connection
     closes) must still end the run. `reader` below does what that task does on its way out: it
@@ -563,23 +590,14 @@ TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
 
 
 def create(**extra: Any) -> str:
-    return json.dumps(
-        {
-            "type": "response.create",
-            "model": "sim-100000",
-            "input": "hello",
-            "metadata": {"testbed_workload": "fixed:1"},
-            "store": False,
-            **extra,
-        }
-    )
+    return json.dumps({"type": "response.create", "model": "sim-100000", "input": "hello", "metadata": {"testbed_workload": "fixed:1"},
+                       "store": False, **extra})
 
 
 def until_terminal(ws: Any) -> list[dict[str, Any]]:
     events = []
     while True:
-        event = json.loads(ws.recv(timeout=TIMEOUT))
-        events.append(event)
+        events.append(event := json.loads(ws.recv(timeout=TIMEOUT)))
         if event["type"] in TERMINALS or event["type"] == "error":
             return events
         assert len(events) < 5000, "no terminal event"
@@ -590,55 +608,17 @@ def open_ws(port: int, key: str | None = "x"):
     return ws_connect(f"ws://127.0.0.1:{port}/v1/responses", additional_headers=headers, open_timeout=TIMEOUT, close_timeout=2, max_size=None)
 
 
-def assert_stopped(server) -> None:
+def assert_stopped(server) -> str:
     code, out, err = server.stop()
     assert code == 0, f"exit code {code}\nstderr:\n{err}"
     assert out.splitlines()[-1] == "stopped", out
     assert "Traceback" not in err, err
-
-
-def test_serve_prints_address_answers_and_stops_on_sigint(cli_server):
-    server = cli_server()  # default modeled costs
-    port = server.port
-    assert LISTENING.match(server.first_line)
-    assert f"ws://127.0.0.1:{port}/v1/responses" in server.first_line
-    with open_ws(port) as ws:
-        ws.send(create())
-        events = until_terminal(ws)
-    assert events[0]["type"] == "response.created", events[0]
-    assert events[-1]["type"] == "response.completed", events[-1]
-    assert events[-1]["response"]["output"], "a one-turn task ends with a message"
-    assert_stopped(server)
-
-
-def test_serve_stops_on_sigint_with_a_connection_open(cli_server):
-    server = cli_server("--costs", "zero")
-    with open_ws(server.port) as ws:
-        ws.send(create(generate=False))
-        assert until_terminal(ws)[-1]["type"] == "response.completed"
-        assert_stopped(server)
-        with pytest.raises(ConnectionClosed):
-            ws.recv(timeout=TIMEOUT)
-
-
-def test_wrong_api_key_gets_401_on_the_handshake(cli_server):
-    server = cli_server("--costs", "zero", "--api-key", "secret")
-    for key in ("wrong", None):
-        with pytest.raises(InvalidStatus) as refused:
-            open_ws(server.port, key)
-        response = refused.value.response
-        assert response.status_code == 401, key
-        assert json.loads(response.body)["error"]["code"] == "invalid_api_key"
-    with open_ws(server.port, "secret") as ws:  # the configured key is accepted
-        ws.send(create(generate=False))
-        assert until_terminal(ws)[-1]["type"] == "response.completed"
+    return out
 
 
 def post(port: int, body: bytes) -> int:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/responses", data=body, method="POST",
-        headers={"Authorization": "Bearer x", "Content-Type": "application/json"},
-    )
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/responses", data=body, method="POST",
+                                     headers={"Authorization": "Bearer x", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return response.status
@@ -646,84 +626,58 @@ def post(port: int, body: bytes) -> int:
         return error.code
 
 
-def wait_for_lines(server, count: int) -> None:
-    """Wait (bounded) until the server has printed `count` lines: an access-log line is written
-    just after the response's last byte, so it may trail the client's read."""
-    deadline = time.monotonic() + TIMEOUT
-    while len(server.stdout) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-HTTP_CREATE = json.dumps({"model": "sim-100000", "input": "hi", "metadata": {"testbed_workload": "fixed:1"}}).encode()
-
-
-def test_serve_prints_its_configuration_after_the_address(cli_server):
-    server = cli_server("--costs", "zero", "--workload", "chat", "--seed", "7", "--suspension-ttl", "900")
-    code, out, _ = server.stop()
-    lines = out.splitlines()
-    assert LISTENING.match(lines[0])
-    config = {line.split()[0]: line for line in lines[1:8]}
-    assert set(config) == {"workload", "speed", "costs", "TTLs", "limits", "auth", "store"}
-    assert "chat (seed 7)" in config["workload"]
-    assert "*spark* 1000" in config["speed"] and "any other name 65" in config["speed"]
-    assert config["costs"].split()[1] == "zero"
-    assert "v1 suspension 900 s" in config["TTLs"]
-    assert "10000 connections" in config["limits"]
-
-
-def test_serve_logs_one_line_per_response_and_refusal(cli_server):
-    server = cli_server("--costs", "zero")
-    assert post(server.port, HTTP_CREATE) == 200
-    assert post(server.port, b"{bad") == 400
+def test_serve_prints_its_address_and_configuration_answers_logs_one_line_per_response_and_refusal_and_stops_on_sigint(cli_server):
+    server = cli_server()  # default modeled costs
+    assert LISTENING.match(server.first_line) and f"ws://127.0.0.1:{server.port}/v1/responses" in server.first_line
+    body = json.dumps({"model": "sim-100000", "input": "hi", "metadata": {"testbed_workload": "fixed:1"}}).encode()
+    assert (post(server.port, body), post(server.port, b"{bad")) == (200, 400)
     with open_ws(server.port) as ws:
         ws.send(create())
-        response_id = until_terminal(ws)[-1]["response"]["id"]
-    wait_for_lines(server, 8 + 3)
-    _, out, _ = server.stop()
-    log = [line for line in out.splitlines()[8:] if line != "stopped"]
+        events = until_terminal(ws)
+    assert [events[0]["type"], events[-1]["type"]] == ["response.created", "response.completed"], events
+    assert events[-1]["response"]["output"], "a one-turn task ends with a message"
+    # An access-log line is written just after the response's last byte, so it may trail the client's read.
+    deadline = time.monotonic() + TIMEOUT
+    while len(server.stdout) < 8 + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lines = assert_stopped(server).splitlines()
+    assert [line.split()[0] for line in lines[1:8]] == ["workload", "speed", "costs", "TTLs", "limits", "auth", "store"]
+    log = lines[8:-1]
     assert len(log) == 3, log
     assert log[0].split()[1:3] == ["http", "http-stateless"] and "turns=1 completed" in log[0]
     assert log[1].split()[1:3] == ["http", "http"] and "error:invalid_json" in log[1]
-    assert log[2].split()[1:4] == ["websocket", "chained", response_id] and "turns=1 completed" in log[2]
+    assert log[2].split()[1:4] == ["websocket", "chained", events[-1]["response"]["id"]] and "turns=1 completed" in log[2]
     assert log[2].split()[7] == "ms" and float(log[2].split()[6]) >= 0
 
 
-def test_serve_json_access_log_and_quiet(cli_server):
-    server = cli_server("--costs", "zero", "--log-format", "json")
-    assert post(server.port, HTTP_CREATE) == 200
-    wait_for_lines(server, 8 + 1)
-    _, out, _ = server.stop()
-    entry = json.loads(out.splitlines()[8])
-    assert entry["transport"] == "http" and entry["design"] == "http-stateless"
-    assert entry["status"] == "completed" and entry["turns"] == 1 and entry["ms"] >= 0
-    assert entry["response_id"].startswith("resp_")
-    quiet = cli_server("--costs", "zero", "--quiet")
-    assert post(quiet.port, HTTP_CREATE) == 200
-    _, out, _ = quiet.stop()
-    assert len(out.splitlines()) == 9 and out.splitlines()[-1] == "stopped"  # address, 7 lines of configuration
+def test_a_wrong_api_key_gets_401_on_the_handshake_and_serve_stops_on_sigint_with_a_connection_open(cli_server):
+    server = cli_server("--costs", "zero", "--api-key", "secret")
+    for key in ("wrong", None):
+        with pytest.raises(InvalidStatus) as refused:
+            open_ws(server.port, key)
+        assert refused.value.response.status_code == 401, key
+        assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
+    with open_ws(server.port, "secret") as ws:  # the configured key is accepted
+        ws.send(create(generate=False))
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
+        assert_stopped(server)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=TIMEOUT)
 
 
-def test_port_in_use_and_bad_flags_get_one_line_and_a_nonzero_exit(cli_server):
+def test_a_port_in_use_and_bad_options_get_one_line_and_a_nonzero_exit(cli_server):
     busy = cli_server("--costs", "zero")
     for args, code, says in (
-        (["--port", str(busy.port)], 1, f"cannot listen on 127.0.0.1:{busy.port}"),
-        (["--port", "0", "--prt", "3"], 2, "unrecognized arguments: --prt"),
-        (["--port", "0", "--cost", "zero"], 2, "unrecognized arguments: --cost"),  # no abbreviations
-        (["--port", "0", "--workload", "nope"], 2, "--workload"),
+        (["--port", str(busy.port)], 1, [f"cannot listen on 127.0.0.1:{busy.port}"]),
+        (["--prt", "3"], 2, ["unrecognized arguments: --prt"]),
+        (["--cost", "zero"], 2, ["unrecognized arguments: --cost"]),  # no abbreviations
+        # Named as the option (not a request's metadata field), a range error with its range.
+        (["--workload", "nosuch"], 2, ["--workload", "names no workload"]), (["--workload", "fixed:100000"], 2, ["--workload", "1 to 1000"]),
     ):
-        done = subprocess.run([sys.executable, "-m", "prototype", "serve", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
-        assert done.returncode == code, (args, done.stderr)
-        assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (args, done.stderr)
-        assert done.stdout == ""
-
-
-@pytest.mark.parametrize(("workload", "says"), [("nosuch", "names no workload"), ("fixed:100000", "1 to 1000")])
-def test_a_bad_workload_option_is_named_as_the_option_and_a_range_error_gives_the_range(workload: str, says: str):
-    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--port", "0", "--workload", workload], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (2, "", 1), done.stderr
-    assert "--workload" in done.stderr and says in done.stderr, done.stderr
-    assert "metadata." not in done.stderr, done.stderr  # a request's field, not this option
+        done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--port", "0", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (code, "", 1), (args, done.stderr)
+        assert all(part in done.stderr for part in says) and "metadata." not in done.stderr, (args, done.stderr)
 
 
 # A stand-in for vLLM's worker: it says it is ready, then exits 9 once the test creates the file `trigger`, or at the

@@ -41,73 +41,101 @@ from .serve_workers import run_workers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1)")  # pragma: no mutate
-    parser.add_argument("--port", type=at_least(0, at_most=65535), default=8000,
-                        help="port to bind; 0 picks a free one (default 8000)")  # pragma: no mutate
-    parser.add_argument("--store", default=":memory:",
-                        help="SQLite file of the response store (default: in memory)")  # pragma: no mutate
-    parser.add_argument("--api-key", action="append",
-                        help="accept only this Bearer key (repeatable); default: any non-empty key")  # pragma: no mutate
-    parser.add_argument("--workload", default=workload.DEFAULT_PRESET,
-                        help="default workload when a request names none: a preset or fixed:<turns>")  # pragma: no mutate
-    parser.add_argument("--seed", type=non_negative(int), default=0,
-                        help="default workload seed")  # pragma: no mutate
-    parser.add_argument("--costs", choices=["default", "zero"], default="default",
-                        help="modeled API stage costs (zero: real CPU work only)")  # pragma: no mutate
-    parser.add_argument("--api-profile", choices=sorted(API_PROFILES), default="after",
-                        help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)")  # pragma: no mutate
-    parser.add_argument("--switches", choices=["on", "all-off"], default="on",
-                        help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)")  # pragma: no mutate
+    parser.add_argument("--host",
+                        help="address to bind (default 127.0.0.1)",  # pragma: no mutate
+                        default="127.0.0.1")
+    parser.add_argument("--port",
+                        help="port to bind; 0 picks a free one (default 8000)",  # pragma: no mutate
+                        type=at_least(0, at_most=65535), default=8000)
+    parser.add_argument("--store",
+                        help="SQLite file of the response store (default: in memory)",  # pragma: no mutate
+                        default=":memory:")
+    parser.add_argument("--api-key",
+                        help="accept only this Bearer key (repeatable); default: any non-empty key",  # pragma: no mutate
+                        action="append")
+    parser.add_argument("--workload",
+                        help="default workload when a request names none: a preset or fixed:<turns>",  # pragma: no mutate
+                        default=workload.DEFAULT_PRESET)
+    parser.add_argument("--seed",
+                        help="default workload seed",  # pragma: no mutate
+                        type=non_negative(int), default=0)
+    parser.add_argument("--costs",
+                        help="modeled API stage costs (zero: real CPU work only)",  # pragma: no mutate
+                        choices=["default", "zero"], default="default")
+    parser.add_argument("--api-profile",
+                        help="API profile: before or after the pre-WebSocket single-request speed-ups (default after)",  # pragma: no mutate
+                        choices=sorted(API_PROFILES), default="after")
+    parser.add_argument("--switches",
+                        help="the chained cache's four optimizations (all-off: a cache hit costs a full rebuild)",  # pragma: no mutate
+                        choices=["on", "all-off"], default="on")
     # 50 ms by measurement (docs/speed.md, experiments/streaming.py): the lag behind the engine is
     # the same from 2 to 100 ms (the first token goes out at once, the last when ready), and the
     # server's CPU per streamed token falls ~14x from one delta per token.
-    parser.add_argument("--flush-interval", type=non_negative(float), default=0.05,
-                        help="coalesce text deltas at most this often, in seconds (default 0.05; 0: one per token)")  # pragma: no mutate
-    parser.add_argument("--flush-tokens", type=at_least(1), default=None,
-                        help="with --flush-interval: at most this many tokens per delta (default: no bound)")  # pragma: no mutate
-    parser.add_argument("--suspension-ttl", type=positive(float), default=None,
-                        help="v1 suspension time-to-live in seconds (default 300)")  # pragma: no mutate
-    parser.add_argument("--connection-lifetime", type=positive(float), default=None,
-                        help="WebSocket connection limit in seconds (default 3600)")  # pragma: no mutate
-    parser.add_argument("--max-connections", type=at_least(1), default=None,
-                        help="connections served at once; more get 503 (default 10000)")  # pragma: no mutate
-    parser.add_argument("--max-message-bytes", type=at_least(1), default=None,
-                        help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)")  # pragma: no mutate
-    parser.add_argument("--max-body-bytes", type=at_least(1), default=None,
-                        help="largest HTTP request body; larger gets 413 (default 16 MiB)")  # pragma: no mutate
-    parser.add_argument("--records", default=None,
+    parser.add_argument("--flush-interval",
+                        help="coalesce text deltas at most this often, in seconds (default 0.05; 0: one per token)",  # pragma: no mutate
+                        type=non_negative(float), default=0.05)
+    parser.add_argument("--flush-tokens",
+                        help="with --flush-interval: at most this many tokens per delta (default: no bound)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--suspension-ttl",
+                        help="v1 suspension time-to-live in seconds (default 300)",  # pragma: no mutate
+                        type=positive(float), default=None)
+    parser.add_argument("--connection-lifetime",
+                        help="WebSocket connection limit in seconds (default 3600)",  # pragma: no mutate
+                        type=positive(float), default=None)
+    parser.add_argument("--max-connections",
+                        help="connections served at once; more get 503 (default 10000)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--max-message-bytes",
+                        help="largest inbound WebSocket frame; larger closes 1009 (default 16 MiB)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--max-body-bytes",
+                        help="largest HTTP request body; larger gets 413 (default 16 MiB)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--records",
                         help="also append the server's client records (one per response: transport, design, "  # pragma: no mutate
-                             "chaining, appends, bytes, usage) to this JSONL file as they are made")  # pragma: no mutate
-    parser.add_argument("--workers", type=at_least(1), default=1,
+                             "chaining, appends, bytes, usage) to this JSONL file as they are made",  # pragma: no mutate
+                        default=None)
+    parser.add_argument("--workers",
                         help="server processes on the one port (SO_REUSEPORT), "  # pragma: no mutate
-                             "sharing the SQLite response store (default 1)")  # pragma: no mutate
-    parser.add_argument("--render-cache-tokens", type=non_negative(int), default=None,
+                             "sharing the SQLite response store (default 1)",  # pragma: no mutate
+                        type=at_least(1), default=1)
+    parser.add_argument("--render-cache-tokens",
                         help="tokens the http design's cross-request render cache holds, "  # pragma: no mutate
-                             "least recently used dropped first (default 5000000)")  # pragma: no mutate
-    parser.add_argument("--engine-sessions", type=at_least(1), default=None,
+                             "least recently used dropped first (default 5000000)",  # pragma: no mutate
+                        type=non_negative(int), default=None)
+    parser.add_argument("--engine-sessions",
                         help="sessions whose engine bookkeeping is kept after their KV is gone, "  # pragma: no mutate
-                             "least recently seen forgotten first (default 100000)")  # pragma: no mutate
-    parser.add_argument("--max-records", type=non_negative(int), default=None,
-                        help="client records kept in memory, oldest dropped first (default 10000)")  # pragma: no mutate
-    parser.add_argument("--kv-ttl", type=non_negative(float), default=None,
-                        help="seconds an idle prefix-cache KV entry lives (default 300)")  # pragma: no mutate
-    parser.add_argument("--stats-interval", type=positive(float), default=None,
+                             "least recently seen forgotten first (default 100000)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--max-records",
+                        help="client records kept in memory, oldest dropped first (default 10000)",  # pragma: no mutate
+                        type=non_negative(int), default=None)
+    parser.add_argument("--kv-ttl",
+                        help="seconds an idle prefix-cache KV entry lives (default 300)",  # pragma: no mutate
+                        type=non_negative(float), default=None)
+    parser.add_argument("--stats-interval",
                         help="print a 'stats {json}' line this often, in seconds: trio tasks, connections, "  # pragma: no mutate
-                             "engine and cache sizes (default: never)")  # pragma: no mutate
-    parser.add_argument("--drain-seconds", type=non_negative(float), default=30.0,
-                        help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)")  # pragma: no mutate
-    parser.add_argument("--max-queued-creates", type=at_least(1), default=None,
-                        help="response.create frames waiting per connection (default 32)")  # pragma: no mutate
-    parser.add_argument("--gc-unfreeze-every", type=non_negative(float), default=DEFAULT_UNFREEZE_EVERY,
+                             "engine and cache sizes (default: never)",  # pragma: no mutate
+                        type=positive(float), default=None)
+    parser.add_argument("--drain-seconds",
+                        help="on SIGTERM: seconds responses in flight get to finish before they are failed (default 30)",  # pragma: no mutate
+                        type=non_negative(float), default=30.0)
+    parser.add_argument("--max-queued-creates",
+                        help="response.create frames waiting per connection (default 32)",  # pragma: no mutate
+                        type=at_least(1), default=None)
+    parser.add_argument("--gc-unfreeze-every",
                         help="freeze the survivors of each full garbage collection and walk everything again "  # pragma: no mutate
                              "this often, in seconds, so a pause does not grow with the sessions held open "  # pragma: no mutate
-                             f"(default {DEFAULT_UNFREEZE_EVERY:g}; 0: the collector's own schedule)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no access log: print only the address and the configuration")  # pragma: no mutate
+                             f"(default {DEFAULT_UNFREEZE_EVERY:g}; 0: the collector's own schedule)",
+                        type=non_negative(float), default=DEFAULT_UNFREEZE_EVERY)
+    parser.add_argument("--quiet",
+                        help="no access log: print only the address and the configuration",  # pragma: no mutate
+                        action="store_true")
     add_engine_arguments(parser)
-    parser.add_argument("--log-format", choices=["text", "json"], default="text",
-                        help="access log: one text line (default) or one JSON object per response")  # pragma: no mutate
+    parser.add_argument("--log-format",
+                        help="access log: one text line (default) or one JSON object per response",  # pragma: no mutate
+                        choices=["text", "json"], default="text")
 
 
 class EngineDied(Exception):

@@ -144,6 +144,13 @@ def in_asyncio(test):
     return run
 
 
+def tokens(rid: str, ids: list[int], first: tuple | None = None) -> dict:
+    """A `tokens` event as the worker writes it; a chunk's first carries (cached, prefill, prefix hits, prefix queries,
+    KV usage, prompt tokens)."""
+    figures = ("cached_tokens", "prefill_tokens", "prefix_hits", "prefix_queries", "kv_usage", "prompt_tokens")
+    return {"type": "tokens", "rid": rid, "n": len(ids), "ids": ids, **({} if first is None else {"first": dict(zip(figures, first))})}
+
+
 def output(tokens, cached=None, prompt=None, empty=False):
     return SimpleNamespace(
         outputs=[] if empty else [SimpleNamespace(token_ids=list(tokens))],
@@ -363,20 +370,18 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     script = engine.script("r1")
     script.put_nowait(output([7, 8], cached=16, prompt=[1, 2, 3]))
     await settle()
-    assert out.take() == [{"type": "tokens", "rid": "r1", "n": 2, "ids": [7, 8], "first": {
-        "cached_tokens": 16, "prefill_tokens": 3, "prefix_hits": 0, "prefix_queries": 3, "kv_usage": 0.25,
-        "prompt_tokens": 3}}]
+    assert out.take() == [tokens("r1", [7, 8], (16, 3, 0, 3, 0.25, 3))]
     engine.stats(gen=1, usage=0.25)
     script.put_nowait(output([], empty=True))  # an output without a completion: nothing to say
     script.put_nowait(output([9]))
     engine.stats(gen=1, usage=0.375)
     await settle()
-    assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1, "ids": [9]}]
+    assert out.take() == [tokens("r1", [9])]
     script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
     await settle()
     counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
                 "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
-    assert out.take() == [{"type": "tokens", "rid": "r1", "n": 1, "ids": [10]},
+    assert out.take() == [tokens("r1", [10]),
                           {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
     assert "r1" in worker.tasks
     script.put_nowait(END)
@@ -476,9 +481,7 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     script = engine.script("h")
     script.put_nowait(output([9, 9], cached=0, prompt=[1, 2]))
     await settle()
-    assert out.take() == [{"type": "tokens", "rid": "h", "n": 2, "ids": [9, 9], "first": {
-        "cached_tokens": 0, "prefill_tokens": 2, "prefix_hits": 0, "prefix_queries": 2, "kv_usage": 0.25,
-        "prompt_tokens": 2}}]
+    assert out.take() == [tokens("h", [9, 9], (0, 2, 0, 2, 0.25, 2))]
     # The second chunk is sent before the first is done: one output then spans both.
     assert await worker.handle({"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
     await settle()
@@ -491,15 +494,13 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
                   "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
     assert out.take() == [
-        {"type": "tokens", "rid": "h", "n": 1, "ids": [9]},
+        tokens("h", [9]),
         {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
-        {"type": "tokens", "rid": "h", "n": 1, "ids": [8], "first": {
-            "cached_tokens": 0, "prefill_tokens": 3, "prefix_hits": 2, "prefix_queries": 5, "kv_usage": 0.5,
-            "prompt_tokens": 7}},
+        tokens("h", [8], (0, 3, 2, 5, 0.5, 7)),
     ]
     script.put_nowait(output([7]))
     await settle()
-    assert out.take() == [{"type": "tokens", "rid": "h", "n": 1, "ids": [7]},
+    assert out.take() == [tokens("h", [7]),
                           {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
     await worker.handle({"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     await settle()
@@ -507,9 +508,7 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
     await settle()
     assert out.take() == [
-        {"type": "tokens", "rid": "h", "n": 1, "ids": [3], "first": {
-            "cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,
-            "prompt_tokens": 10}},
+        tokens("h", [3], (0, 0, 0, 0, 0.5, 10)),
         {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
     ]
     assert engine.inputs_ended["h"] is False
@@ -534,9 +533,7 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     script.put_nowait(output([5, 5, 5], cached=1, prompt=[1]))  # more than the chunk: only its own
     await settle()
     assert out.take() == [
-        {"type": "tokens", "rid": "h", "n": 2, "ids": [5, 5], "first": {
-            "cached_tokens": 1, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.0,
-            "prompt_tokens": 1}},
+        tokens("h", [5, 5], (1, 0, 0, 0, 0.0, 1)),
         {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": ZERO},
     ]
     engine.stats(ctx=1, gen=0, usage=0.5)
@@ -549,10 +546,8 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
             "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
     assert out.take() == [
-        {"type": "tokens", "rid": "h", "n": 1, "ids": [6], "first": {
-            "cached_tokens": 1, "prefill_tokens": 1, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.5,
-            "prompt_tokens": 4}},
-        {"type": "tokens", "rid": "h", "n": 2, "ids": [6, 6]},
+        tokens("h", [6], (1, 1, 0, 0, 0.5, 4)),
+        tokens("h", [6, 6]),
         {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done},
     ]
     await worker.handle({"op": "close", "rid": "h"})

@@ -88,6 +88,11 @@ def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_
     assert (refused.value.code, refused.value.message) == ("unsupported_beta", None)
     assert str(refused.value) == "WebSocket handshake refused with HTTP 400: unsupported_beta"
     assert refused.value.__cause__ is wrapped
+    both = v1._refusal(InvalidStatus(401, bytearray(b'{"error":{"code":"invalid_api_key","message":"Incorrect API key provided."}}')))
+    assert (both.code, both.message, str(both)) == (
+        "invalid_api_key", "Incorrect API key provided.", "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided.")
+    odd = v1._refusal(InvalidStatus(400, '{"error":{"code":7,"message":"m","param":"p"}}'))  # a code that is not a string
+    assert (odd.code, odd.message, str(odd)) == (None, "m", "WebSocket handshake refused with HTTP 400: m")
     try:
         try:
             raise InvalidStatus(403, b"no \xff")

@@ -45,8 +45,8 @@ async def model_call(engine, key, prompt: Prompt, tokens: int, *, held: bool = F
     prefilled = await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=tokens, planned=planned),
                                           engine_call=call)
     await engine.decode_unstreamed(LATENCY, tokens, start=0.0, engine_call=call)
-    if retain:
-        engine.retain(key, prompt, trio.current_time(), pinned=pinned)
+    if retain:  # unpinned as a design retains it: by the default
+        engine.retain(key, prompt, trio.current_time(), **({"pinned": True} if pinned else {}))
     engine.end_call(call)
     return prefilled
 
@@ -239,8 +239,9 @@ def test_a_held_request_is_extended_only_by_its_prompt_or_one_that_starts_with_i
     assert held.extended_by(Prompt([1, 2, 3, 7, 8]))
 
 
-async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autojump_clock, nursery):
-    async with engine_on_fake(nursery, namespace="ns-") as (engine, worker):
+@pytest.mark.parametrize("namespace", ["ns-", None])
+async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autojump_clock, nursery, namespace):
+    async with engine_on_fake(nursery, namespace=namespace) as (engine, worker):
         for key in ("a", "a", "b"):
             engine.isolate(key)
             await model_call(engine, key, Prompt([1, 2, 3]), 1)
@@ -252,8 +253,9 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
         engine.end_call(call)
         await trio.testing.wait_all_tasks_blocked()
     generates = [m for m in worker.received if m["op"] == "generate"]
+    prefix = namespace or ""
     assert [(m["rid"], m["salt"]) for m in generates] == [
-        ("r0", "ns-isolated-0"), ("r1", "ns-isolated-0"), ("r2", "ns-isolated-1"), ("r3", "ns-isolated-2")]
+        ("r0", f"{prefix}isolated-0"), ("r1", f"{prefix}isolated-0"), ("r2", f"{prefix}isolated-1"), ("r3", f"{prefix}isolated-2")]
     assert generates[-1]["max_tokens"] == 1  # vLLM samples at least one token
     assert [r.isolated for r in engine.records] == [True] * 4
 

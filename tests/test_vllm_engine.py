@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 from types import SimpleNamespace
 
 import attrs
@@ -20,7 +21,7 @@ from test_vllm_client import READY, FakeWorker, engine_on_fake
 from prototype import benchmark
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
-from prototype.engine import memory
+from prototype.engine import memory, vllm_engine
 from prototype.engine.engine import ModelCall, PlannedOutput
 from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
@@ -82,6 +83,23 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
     (generate,) = [m for m in worker.received if m["op"] == "generate"]
     assert (generate["rid"], generate["salt"], generate["held"], generate["max_tokens"]) == ("r0", "ns-", False, 5)
     assert not [m for m in worker.received if m["op"] == "abort"]  # every token taken: nothing to abort
+
+
+def test_the_calls_rows_number_each_conversation_in_order_and_put_vllms_figures_beside_the_prediction():
+    a, b = ("chained", "task-a"), ("chained", "task-b")
+    first = attrs.evolve(NOTHING, key=a, prompt_tokens=40, sent_tokens=40, output_tokens=5, sampled_tokens=7, forced=True,
+                         prefill_tokens=38, prefix_hits=2, vllm_cached_tokens=2, predicted_prefill_tokens=36, ttft_s=0.25,
+                         decode_s=0.5, kv_blocks_used=3)
+    routed = attrs.evolve(first, key=("http-elsewhere", a), isolated=True, off_plan_tokens=1)  # a's turn served elsewhere
+    resumed = attrs.evolve(first, resumed=True, sent_tokens=9, decode_s=0.0)  # one token: no decode time
+    rows = vllm_engine.call_records("chained", [first, attrs.evolve(first, key=b), routed, resumed])
+    assert rows[0] == {"design": "chained", "task": 0, "call": 1, "resumed": False, "routed_away": False, "prompt_tokens": 40,
+                       "sent_tokens": 40, "prefill_vllm": 38, "prefill_sim": 36, "prefix_hits_vllm": 2, "cached_vllm": 2,
+                       "output_tokens": 5, "sampled_tokens": 7, "forced": True, "off_plan_tokens": 0, "ttft_ms": 250.0,
+                       "decode_ms": 500.0, "decode_tps": 12.0, "kv_blocks": 3}  # 6 tokens after the first in 0.5 s
+    assert [(r["task"], r["call"], r["routed_away"], r["resumed"], r["sent_tokens"], r["off_plan_tokens"]) for r in rows] == [
+        (0, 1, False, False, 40, 0), (1, 1, False, False, 40, 0), (0, 2, True, False, 40, 1), (0, 3, False, True, 9, 0)]
+    assert rows[3]["decode_ms"] == 0.0 and math.isnan(rows[3]["decode_tps"])
 
 
 async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(autojump_clock, nursery):

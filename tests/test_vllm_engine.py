@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from types import SimpleNamespace
+import sys
+from types import ModuleType, SimpleNamespace
 
 import attrs
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -21,7 +23,7 @@ from test_vllm_client import READY, FakeWorker, engine_on_fake
 from prototype import benchmark
 from prototype import workload as wl
 from prototype.api.costs import ZERO_COSTS
-from prototype.engine import memory, vllm_engine
+from prototype.engine import memory, vllm_engine, vllm_forced
 from prototype.engine.engine import ModelCall, PlannedOutput
 from prototype.engine.kv import Prompt
 from prototype.engine.latency import LatencyModel
@@ -484,6 +486,50 @@ def test_forced_plans_give_each_row_its_next_planned_id_through_batch_changes():
     assert plans.next_ids() == ([0], [4])
     plans.update(_batch(added=[(0, _params(None), [7], [])]))  # a request without a plan takes the row
     assert plans.next_ids() == ([], [])
+
+
+def test_rows_leave_and_swap_without_a_plan_and_params_without_extra_args_carry_none():
+    plans = ForcedPlans()
+    plans.update(_batch(added=[(0, _params([5]), [], []), (1, _params([6]), [], [])]))
+    plans.update(_batch(removed=[0, 2]))  # a planned row leaves; row 2 never had a plan
+    assert plans.next_ids() == ([1], [6])
+    plans.update(_batch(moved=[(3, 1, _Direction.SWAP), (4, 5, _Direction.SWAP)]))  # swaps with rows that hold no plan
+    assert plans.next_ids() == ([3], [6])
+    check_plan(SimpleNamespace())  # no extra_args at all: no plan
+
+
+def test_the_vllm_processor_sets_every_logit_of_a_planned_row_but_its_next_id_to_minus_infinity(monkeypatch):
+    """`ForcedDecoding`, built on first access on vLLM's logits-processor base, here a stand-in (and torch's
+    tensors numpy's): what it does to a batch's logits."""
+    made = []
+    torch = ModuleType("torch")
+    torch.long, torch.device, torch.Tensor = "long", object, np.ndarray
+    torch.tensor = lambda data, dtype, device: made.append((dtype, device)) or np.array(data)
+    interface = ModuleType("vllm.v1.sample.logits_processor")
+    interface.LogitsProcessor = type("LogitsProcessor", (), {})
+    for name, module in {"torch": torch, "vllm": ModuleType("vllm"), "vllm.v1": ModuleType("vllm.v1"),
+                         "vllm.v1.sample": ModuleType("vllm.v1.sample"), "vllm.v1.sample.logits_processor": interface}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(vllm_forced.__dict__, "ForcedDecoding", None)  # so that the class built here is gone after the test
+    del vllm_forced.ForcedDecoding
+    processor_class = vllm_forced.ForcedDecoding
+    assert vllm_forced.ForcedDecoding is processor_class  # built once
+    assert issubclass(processor_class, interface.LogitsProcessor)
+    assert (processor_class.__module__, processor_class.__qualname__) == (vllm_forced.__name__, "ForcedDecoding")
+    with pytest.raises(ValueError, match="non-negative token ids"):
+        processor_class.validate_params(_params([-1]))
+    processor = processor_class(None, "cpu", False)
+    assert processor.is_argmax_invariant() is False
+    output = []
+    processor.update_state(_batch(added=[(0, _params([2, 3]), [], output), (1, _params(None), [], [])]))
+    logits = np.zeros((2, 4))
+    assert processor.apply(logits) is logits
+    assert logits.tolist() == [[-math.inf, -math.inf, 0.0, -math.inf], [0.0] * 4]
+    assert made == [("long", "cpu"), ("long", "cpu")]
+    output += [2, 3]  # the plan is used up: the row samples freely
+    assert processor.apply(np.ones((2, 4))).tolist() == [[1.0] * 4] * 2
+    with pytest.raises(AttributeError, match=f"^module {vllm_forced.__name__!r} has no attribute 'Other'$"):
+        vllm_forced.Other  # noqa: B018
 
 
 @pytest.mark.parametrize("plan", ["1 2", [1, -2], [1, 2.0], [True]])

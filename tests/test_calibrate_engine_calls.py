@@ -1,17 +1,21 @@
-"""`calibrate` on a real engine's calls (`experiments.real_engine`'s `real_engine_calls.csv`): the latency model's
-engine terms fitted to the engine's own timings, scored on the calls it was not fitted to, written as a profile
-`compare --latency` reads. The calls here are made from a known engine, so what the fit must give back is known."""
+"""`calibrate` on a real engine's calls (`experiments.real_engine`'s `real_engine_calls.csv`): the file read call by
+call (each bad call refused with its line and column), the latency model's engine terms fitted to the engine's own
+timings, scored on the calls it was not fitted to, printed, written as a profile `compare --latency` reads. The calls
+here are made from a known engine, so what the fit must give back is known."""
 
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
 from prototype import profiles, traces
 from prototype.__main__ import main as cli_main
+from prototype.cli import calibrate
 from prototype.engine import fit
 from prototype.traces import engine_calls
+from tests.test_calibration import run_calibrate
 
 OVERHEAD_S, PREFILL_TPS, DECODE_TPS = 0.060, 2_000.0, 20.0
 # (design, prompt, prefill computed, output): http recomputes, chained hits the cache, v1 resumes a held request.
@@ -36,15 +40,11 @@ def write_calls(path, calls=CALLS, slowdown_last: int = 0, factor: float = 1.0) 
                              "output_tokens": output, "ttft_ms": ttft * 1000, "decode_ms": decode * 1000})
 
 
-def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path, capsys) -> None:
+def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path) -> None:
     path, out = tmp_path / "real_engine_calls.csv", tmp_path / "vllm.json"
     write_calls(path)
     assert engine_calls.looks_like(path)
     assert cli_main(["calibrate", str(path), "--latency-out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "real-engine calls, 10 calls (http: 3, chained: 3, suspended: 4)" in printed
-    assert "refitted on the first 7 calls, scored on the last 3" in printed
-    assert "wrote latency profile" in printed and "the fit on all 10 calls" in printed
     model = profiles.load_latency(out)
     assert model.request_overhead == pytest.approx(OVERHEAD_S, abs=1e-9)
     assert model.prefill_tokens_per_s == pytest.approx(PREFILL_TPS, rel=1e-9)
@@ -55,8 +55,6 @@ def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path, capsys) ->
 def test_the_held_out_calls_are_scored_by_a_fit_that_never_saw_them(tmp_path) -> None:
     path = tmp_path / "calls.csv"
     write_calls(path, slowdown_last=3, factor=1.25)  # the last three calls, the held-out ones, run 25% slower
-    from prototype.cli import calibrate
-
     score = calibrate.engine_calls_score(engine_calls.read(path), 0.3)
     fitted, ttft, whole = score.fitted, score.ttft, score.whole
     assert (fitted.first_token.n, len(score.held)) == (7, 3)
@@ -74,23 +72,6 @@ def test_a_call_that_prefilled_more_than_its_prompt_is_refused_with_its_line_and
     assert err.endswith("calls.csv:4: prefill_vllm: 180 prefilled of a 100-token prompt\n")
     with pytest.raises(traces.TraceError):
         engine_calls.read(path)
-
-
-def test_a_workload_preset_is_refused_for_calls_that_hold_no_tasks(tmp_path, capsys) -> None:
-    path = tmp_path / "calls.csv"
-    write_calls(path)
-    assert cli_main(["calibrate", str(path), "--preset-out", str(tmp_path / "p.json")]) == 2
-    assert "a real engine's calls hold no tasks" in capsys.readouterr().err
-    assert not (tmp_path / "p.json").exists()
-
-
-def test_the_decode_rate_pools_every_token_after_a_calls_first() -> None:
-    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 11, 21, 1], [0.0, 1.0, 3.0, 0.0])
-    assert result.decode_tokens_per_s == pytest.approx(30 / 4.0)  # 0 + 10 + 20 + 0 tokens over 4 s
-    assert result.first_token.fixed_s == pytest.approx(0.06) and result.first_token.prefill_tokens_per_s == pytest.approx(2000)
-    assert float(result.call_seconds(100, 21)) == pytest.approx(0.11 + 20 / 7.5)
-    with pytest.raises(ValueError, match="decode rate"):
-        fit.engine_timing_fit([100, 200, 300, 400], [0.1, 0.2, 0.3, 0.4], [1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0])
 
 
 HEADER = "design,prompt_tokens,prefill_vllm,output_tokens,ttft_ms,decode_ms\r\n"
@@ -146,29 +127,85 @@ def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every
     assert not engine_calls.looks_like(exact)
 
 
-def test_a_call_with_one_token_adds_no_decode_time() -> None:
-    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 11, 21, 1], [0.0, 1.0, 3.0, 0.0])
-    first_token = float(result.first_token.predict(100, 0.0))
-    assert first_token == pytest.approx(0.11)
-    assert float(result.call_seconds(100, 1)) == first_token
-    assert float(result.call_seconds(100, 0)) == first_token
-
-
-def test_one_token_after_a_first_over_half_a_second_is_a_decode_rate() -> None:
-    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 1, 2, 1], [0.0, 0.0, 0.5, 0.0])
-    assert result.decode_tokens_per_s == 2.0
-
-
-@pytest.mark.parametrize(("output_tokens", "decode_s"), [([1, 1, 1], [0.5, 0.0, 0.0]), ([1, 2, 5], [0.0, 0.0, 0.0])])
-def test_no_decode_rate_without_both_later_tokens_and_decode_time(output_tokens, decode_s) -> None:
-    message = "a decode rate needs calls that sampled more than one token, over some time"
-    with pytest.raises(ValueError, match=f"^{message}$"):
-        fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], output_tokens, decode_s)
-
-
 def test_the_tokens_the_engine_sampled_are_the_ones_its_decode_time_covers(tmp_path) -> None:
     # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
     path = tmp_path / "calls.csv"
     path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
                      b"chained,600,600,40,47,360,1950\r\n")
     assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]
+
+
+def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsys):
+    path = tmp_path / "real_engine_calls.csv"
+    write_calls(path, slowdown_last=2, factor=30.0)  # a fit that leaves residuals
+    latency_file = tmp_path / "vllm.json"
+    status, out, err = run_calibrate(capsys, path, "--latency-out", latency_file)
+    assert (status, err) == (0, "")
+    calls = engine_calls.read(str(path))
+    result = calibrate.fit_engine_calls(calls)
+    first = result.first_token
+    score = calibrate.engine_calls_score(calls, 0.3)
+    fitted, scored, ttft, whole = score.fitted, len(score.held), score.ttft, score.whole
+    f = calibrate._fmt
+    assert out.split("\n") == [
+        f"{path}: {engine_calls.FORMAT}, 10 calls (http: 3, chained: 3, suspended: 4)",
+        "",
+        f"Fit of the engine's timings ({first.n} calls): time to first token = overhead + prefill computed / prefill rate; "
+        "decode rate = tokens after the first / their time",
+        f"  overhead       {first.fixed_s * 1000:9.1f} ms  (+/- {first.stderr[0] * 1000:.1f})   testbed: 10 ms",
+        f"  prefill rate   {f(first.prefill_tokens_per_s):>9} tokens/s (s/token +/- {first.stderr[1]:.2g})   testbed: 15000",
+        f"  decode rate    {f(result.decode_tokens_per_s):>9} tokens/s   testbed: 65 / 1000 / 4000",
+        f"  in-sample      time to first token: rmse {first.rmse_s * 1000:.1f} ms, r2 {first.r2:.3f} (on the {first.n} calls "
+        "it was fitted to)",
+        f"  held out       the model refitted on the first {fitted.first_token.n} calls, scored on the last {scored}: "
+        f"absolute error per call, time to first token median {f(ttft['median'])}%, p90 {f(ttft['p90'])}%; "
+        f"whole call median {f(whole['median'])}%, p90 {f(whole['p90'])}%",
+        f"wrote latency profile {latency_file}: the fit on all 10 calls",
+        "",
+    ]
+    assert (fitted.first_token.n, scored) == (7, 3)
+    assert first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
+    assert profiles.load_latency(latency_file) == calibrate.engine_latency_model(result)
+    assert json.loads(latency_file.read_text())["source"] == (
+        f"python -m prototype calibrate {path} (fitted on all {first.n} real-engine calls, time to first token in-sample "
+        f"rmse {first.rmse_s * 1000:.1f} ms)")
+    score = calibrate.engine_calls_score(calls, 0.5)
+    held = calls[5:]
+    assert score.held == tuple(held)
+    assert score.ttft == fit.percentage_errors([float(score.fitted.first_token.predict(c.prefill_tokens, 0.0)) for c in held],
+                                               [c.ttft_s for c in held])
+    assert score.whole == fit.percentage_errors([float(score.fitted.call_seconds(c.prefill_tokens, c.output_tokens)) for c in held],
+                                                [c.ttft_s + c.decode_s for c in held])
+
+
+def test_a_real_engines_calls_too_few_or_without_decode_time(tmp_path, capsys):
+    path = tmp_path / "real_engine_calls.csv"
+    write_calls(path, CALLS[:4])
+    status, out, _ = run_calibrate(capsys, path)
+    assert status == 0 and "  in-sample " in out
+    assert "  held out       not scored: a held-out score needs at least 5 timed rounds (4 to fit, 1 to score), got 4" in out
+    write_calls(path, CALLS[:5])
+    assert "  held out       the model refitted on the first 4 calls, scored on the last 1: " in run_calibrate(capsys, path)[1]
+    # One token a call: no decode time to fit a rate to.
+    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:4]])
+    status, out, _ = run_calibrate(capsys, path)
+    assert status == 0 and out.endswith("\nno fit: ") is False and "\nno fit: " in out
+    assert run_calibrate(capsys, path, "--latency-out", tmp_path / "l.json")[0] == 2
+    assert not (tmp_path / "l.json").exists()
+    # Only the held-out calls have decode time: the fit on the first ones cannot be made.
+    write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:5]] + [CALLS[5]])
+    status, out, _ = run_calibrate(capsys, path, "--holdout", 0.2)
+    assert status == 0 and "\n  held out       not scored: " in out
+
+
+def test_a_real_engines_calls_refuse_a_workload_preset_and_a_bad_file(tmp_path, capsys):
+    path = tmp_path / "real_engine_calls.csv"
+    write_calls(path)
+    status, out, err = run_calibrate(capsys, path, "--preset-out", tmp_path / "p.json")
+    assert (status, out, (tmp_path / "p.json").exists()) == (2, "", False)
+    assert err == ("python -m prototype calibrate: error: --preset-out: a real engine's calls hold no tasks (no tool times, "
+                   "no requests) to fit a workload preset to\n")
+    text = path.read_text().splitlines()
+    path.write_text("\n".join([text[0], text[1].replace(",600,", ",-600,", 1)]) + "\n")
+    status, out, err = run_calibrate(capsys, path)
+    assert (status, out) == (2, "") and err.startswith(f"python -m prototype calibrate: error: {path}")

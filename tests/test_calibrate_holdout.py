@@ -1,17 +1,20 @@
-"""`calibrate`'s scored prediction: a fit on each provider and model's first rounds, scored on its last ones, on a
-mixed TraceLab fixture made here (two groups with different latency models)."""
+"""`calibrate`'s scored prediction: the timed rounds grouped by provider and model in time order, a fit on each
+group's first rounds scored on its last ones, printed per group, and a profile written per group; on made-up traces
+and on a mixed TraceLab fixture made here (two groups with different latency models)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
 
+import attrs
 import pytest
 
 from prototype import profiles, traces
 from prototype.__main__ import main as cli_main
 from prototype.cli import calibrate
 from prototype.engine import fit
+from tests.test_calibration import FIT, rnd, run_calibrate, tracelab
 
 # (provider, model, fixed s, prefill tokens/s, decode tokens/s): two groups no single model fits.
 GROUPS = (("claude", "claude-sonnet-4", 1.0, 5_000.0, 50.0), ("codex", "gpt-5.4", 0.3, 20_000.0, 100.0))
@@ -50,22 +53,41 @@ def mixed_trace(path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_holdout_split_fits_the_first_rounds_and_scores_the_last() -> None:
-    assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
-    assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
-    # At least 4 fitted: one more than the fit's 3 coefficients, so the fit scored is no exact interpolation.
-    assert fit.holdout_split(6, 0.9) == (range(0, 4), range(4, 6))
-    with pytest.raises(ValueError, match=r"at least 5 timed rounds \(4 to fit, 1 to score\), got 4"):
-        fit.holdout_split(4, 0.3)
-    with pytest.raises(ValueError, match=r"in \(0, 1\)"):
-        fit.holdout_split(10, 1.0)
+def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
+    late, early, other = (rnd("a", 0, 0, 1, 1, start=5.0, seconds=1.0, group="x/y"),
+                          rnd("a", 1, 0, 1, 1, start=1.0, seconds=1.0, group="x/y"), rnd("b", 0, 0, 1, 1, start=3.0, seconds=1.0))
+    groups = calibrate.timed_groups([late, other, early])
+    assert groups == {"x/y": [early, late], "all rounds": [other]}
+    assert list(groups) == ["x/y", "all rounds"]
 
 
-def test_percentage_errors_per_round() -> None:
-    errors = fit.percentage_errors([1.1, 2.0, 0.5, 3.0], [1.0, 2.5, 0.5, 0.0])
-    assert errors["n"] == 3 and errors["zero"] == 1
-    assert errors["median"] == pytest.approx(10.0)
-    assert errors["p90"] == pytest.approx(18.0)  # 0, 10, 20: p90 interpolates to 18
+def test_a_group_is_scored_on_its_last_rounds_by_a_fit_on_its_first():
+    rounds = [rnd("a", i, 0, u, o, start=float(i), seconds=0.5 + u / 1000 + o / 50)
+              for i, (u, o) in enumerate([(100, 10), (500, 40), (900, 20), (300, 80), (700, 30), (200, 60)])]
+    assert calibrate.held_out_score("g", rounds[:4], 0.3) is None  # 4 fit the 3 coefficients, none left to score
+    score = calibrate.held_out_score("g", rounds, 0.4)
+    assert (score.group, score.held_out, score.fitted.n) == ("g", 2, 4)
+    assert score.fitted == calibrate.fit_rounds(rounds[:4])
+    predicted = [float(score.fitted.predict(r.uncached_tokens, r.output_tokens)) for r in rounds[4:]]
+    assert score.errors == fit.percentage_errors(predicted, [r.model_seconds for r in rounds[4:]])
+
+
+def test_held_out_scores_print_per_group(capsys):
+    score = calibrate.GroupScore("codex/gpt-5.4", FIT, 4, {"median": 1.234, "p90": 150.0, "zero": 0})
+    calibrate.print_score(score)
+    calibrate.print_score(attrs.evolve(score, errors={"median": 1.0, "p90": 2.0, "zero": 2}))
+    calibrate.print_scores([score, attrs.evolve(score, group="all rounds", held_out=1)])
+    assert capsys.readouterr().out.split("\n") == [
+        "  held out       the model refitted on the first 12 rounds, scored on the last 4: absolute error per round "
+        "median 1.23%, p90 150%",
+        "  held out       the model refitted on the first 12 rounds, scored on the last 4: absolute error per round "
+        "median 1%, p90 2% (2 round(s) of 0 s left out)",
+        "",
+        f"{'held-out error per round':<40} {'fitted':>7} {'scored':>7} {'median':>8} {'p90':>8}",
+        f"  {'codex/gpt-5.4':<38} {12:>7} {4:>7} {'1.23':>7}% {'150':>7}%",
+        f"  {'all rounds':<38} {12:>7} {1:>7} {'1.23':>7}% {'150':>7}%",
+        "",
+    ]
 
 
 def test_each_group_is_fitted_on_its_own_and_scored_on_its_last_rounds(tmp_path) -> None:
@@ -112,6 +134,29 @@ def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp
     with pytest.raises(SystemExit):
         cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--holdout", "1.5"])
     assert "argument --holdout: the held-out share must be in (0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):
+    path = tracelab(tmp_path / "t.jsonl", [("claude", "sonnet", 5), ("codex", "gpt", 4), ("codex", "mini", 3)])
+    status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "p.json")
+    assert (status, err) == (0, "")
+    assert ("\n3 providers and models in the trace: each is fitted on its own rounds "
+            "(claude/sonnet: 5, codex/gpt: 4, codex/mini: 3)\n") in out
+    assert "Fit of model seconds per round (claude/sonnet, 5 timed rounds)" in out
+    assert "Fit of model seconds per round (codex/gpt, 4 timed rounds)" in out
+    # Three rounds would give the three coefficients exactly (rmse 0): no fit, saying why.
+    assert ("\nno fit for codex/mini: 3 timed round(s), fewer than 4 (a fit of 3 coefficients on fewer would interpolate "
+            "them, its residuals zero)\n") in out
+    assert out.count("  held out       the model refitted") == 1
+    # Four rounds are fitted, but too few to hold any out besides: flagged, not scored.
+    assert ("  held out       not scored: 4 timed rounds, fewer than 5 (4 to fit, 1 to score): the fit's in-sample "
+            "residuals say little of new rounds\n") in out
+    assert "held-out error per round" not in out  # one score: no table
+    assert out.endswith(f"wrote latency profile {tmp_path / 'p.claude-sonnet.json'}: the fit on all 5 rounds (claude/sonnet)\n"
+                        f"wrote latency profile {tmp_path / 'p.codex-gpt.json'}: the fit on all 4 rounds (codex/gpt)\n")
+    assert not (tmp_path / "p.json").exists()
+    status, out, _ = run_calibrate(capsys, tracelab(tmp_path / "u.jsonl", [("a", "b", 5), ("c", "d", 5)]), "--baseline-tasks", 2)
+    assert status == 0 and "\nheld-out error per round" in out and out.count("  held out       the model refitted") == 2
 
 
 def test_a_codex_rollout_names_its_model_from_turn_context(tmp_path) -> None:

@@ -1,20 +1,588 @@
-"""`python -m prototype serve` as a user runs it: prints its address, answers, stops on Ctrl-C
-(exit 0, "stopped"), and refuses a wrong API key at the WebSocket handshake (docs/protocol.md)."""
+"""`python -m prototype serve`: in-process first (the options, the server they build, what it prints, its access
+log and stats, its SIGTERM drain and its exits, with the listener replaced by a stand-in so no socket is served),
+then as a user runs it, a child process on a free port: it prints its address and configuration, answers, logs
+one line per response, stops on Ctrl-C (exit 0, "stopped"), refuses a wrong API key at the WebSocket handshake
+(docs/protocol.md) and a bad option with one line, and exits saying why when its real engine dies."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import gc
+import io
 import json
+import logging
+import os
 import re
 import signal
+import subprocess
+import sys
+import time
+import types
+import urllib.error
+import urllib.request
+import weakref
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from prototype.cli.serve import run_until_interrupted
+from prototype import metrics
+from prototype.api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts, CacheSwitches
+from prototype.cli import common, serve, serve_report, serve_server
+from prototype.cli.engine_options import model_spec
+from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealEngineError
+from prototype.server.collector import FullCollectionPolicy
+from prototype.server.config import ServerConfig
+from tests.conftest import REPO
+
+# --- the options ---------------------------------------------------------------------------------------------------
+
+
+def serve_parser() -> common.Parser:
+    parser = common.Parser(prog="serve")
+    serve.add_arguments(parser)
+    return parser
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return serve_parser().parse_args(list(argv))
+
+
+def option_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's help as `--help` prints it, its lines joined."""
+    entries = re.split(r"\n  (?=-)", parser.format_help().split("options:", 1)[1])
+    helps = {}
+    for entry in entries:
+        if not (words := " ".join(entry.split())):
+            continue
+        option = words.split()[0].rstrip(",")
+        helps[option] = re.sub(r"^\S+( (\{[^}]*\}|[A-Z_]+))?\s*", "", words)
+    return helps
+
+
+def test_the_help_names_every_option_and_states_the_default_a_server_runs_with():
+    helps = option_helps(serve_parser())
+    assert set(helps) >= {"--api-key", "--workload", "--seed", "--costs", "--switches", "--records", "--quiet", "--log-format"}
+    assert all(len(text.split()) >= 3 for text in helps.values()), helps  # every option says what it does
+    stated = {option: match.group(1) for option, text in helps.items()
+              if option not in ("--engine", "--vllm-model", "--vllm-python") and (match := re.search(r"\(default:? ([^;)]+)[;)]", text))}
+    args, server = serve_args(), serve.build_server(serve_args("--quiet"))
+    config, api = server.config, server.api
+    server.api.store.close()
+    assert stated == {  # the defaults a server built without these options runs with, as the help words them
+        "--host": args.host, "--port": str(args.port), "--store": "in memory" if args.store == ":memory:" else args.store,
+        "--api-profile": next(name for name, profile in API_PROFILES.items() if profile == api.sprint),
+        "--flush-interval": f"{api.flush_interval:g}", "--flush-tokens": "no bound" if api.flush_tokens is None else api.flush_tokens,
+        "--suspension-ttl": f"{config.suspension_ttl:g}", "--connection-lifetime": f"{config.connection_lifetime:g}",
+        "--max-connections": str(config.max_connections), "--max-message-bytes": f"{config.max_message_bytes / 2**20:g} MiB",
+        "--max-body-bytes": f"{config.max_body_bytes / 2**20:g} MiB", "--workers": str(args.workers),
+        "--render-cache-tokens": str(api.render_cache.max_tokens), "--engine-sessions": str(api.engine.max_sessions),
+        "--max-records": str(server.records.maxlen), "--kv-ttl": f"{api.engine.kv_ttl:g}",
+        "--stats-interval": "never" if args.stats_interval is None else args.stats_interval,
+        "--drain-seconds": f"{args.drain_seconds:g}", "--max-queued-creates": str(config.max_queued_creates),
+        "--gc-unfreeze-every": f"{args.gc_unfreeze_every:g}",
+    }
+
+
+@pytest.mark.parametrize(("argv", "accepted"), [
+    (["--port", "0"], {"port": 0}), (["--port", "65535"], {"port": 65535}), (["--seed", "0"], {"seed": 0}),
+    (["--flush-interval", "0"], {"flush_interval": 0.0}), (["--flush-tokens", "1"], {"flush_tokens": 1}),
+    (["--suspension-ttl", "0.5"], {"suspension_ttl": 0.5}), (["--connection-lifetime", "0.5"], {"connection_lifetime": 0.5}),
+    (["--max-connections", "1"], {"max_connections": 1}), (["--max-message-bytes", "1"], {"max_message_bytes": 1}),
+    (["--max-body-bytes", "1"], {"max_body_bytes": 1}), (["--workers", "1"], {"workers": 1}),
+    (["--render-cache-tokens", "0"], {"render_cache_tokens": 0}), (["--engine-sessions", "1"], {"engine_sessions": 1}),
+    (["--max-records", "0"], {"max_records": 0}), (["--kv-ttl", "0"], {"kv_ttl": 0.0}),
+    (["--stats-interval", "0.5"], {"stats_interval": 0.5}), (["--drain-seconds", "0"], {"drain_seconds": 0.0}),
+    (["--max-queued-creates", "1"], {"max_queued_creates": 1}), (["--gc-unfreeze-every", "0"], {"gc_unfreeze_every": 0.0}),
+    (["--api-key", "a", "--api-key", "b"], {"api_key": ["a", "b"]}), (["--quiet"], {"quiet": True}),
+    (["--records", "r.jsonl", "--store", "s.db", "--host", "::1"], {"records": "r.jsonl", "store": "s.db", "host": "::1"}),
+    (["--costs", "default", "--switches", "on", "--log-format", "text", "--api-profile", "before"],
+     {"costs": "default", "switches": "on", "log_format": "text", "api_profile": "before"}),
+])
+def test_serve_takes_each_option_at_its_edge(argv, accepted):
+    args = vars(serve_args(*argv))
+    assert {name: args[name] for name in accepted} == accepted
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--port", "-1"], "--port: must be from 0 to 65535"), (["--port", "65536"], "--port: must be from 0 to 65535"),
+    (["--seed", "-1"], "--seed: must be at least 0"), (["--flush-interval", "-0.1"], "--flush-interval: must be at least 0"),
+    (["--flush-tokens", "0"], "--flush-tokens: must be at least 1"), (["--suspension-ttl", "0"], "--suspension-ttl: must be greater than 0"),
+    (["--connection-lifetime", "0"], "--connection-lifetime: must be greater than 0"),
+    (["--max-connections", "0"], "--max-connections: must be at least 1"), (["--max-message-bytes", "0"], "--max-message-bytes: must be at least 1"),
+    (["--max-body-bytes", "0"], "--max-body-bytes: must be at least 1"), (["--workers", "0"], "--workers: must be at least 1"),
+    (["--render-cache-tokens", "-1"], "--render-cache-tokens: must be at least 0"), (["--engine-sessions", "0"], "--engine-sessions: must be at least 1"),
+    (["--max-records", "-1"], "--max-records: must be at least 0"), (["--kv-ttl", "-1"], "--kv-ttl: must be at least 0"),
+    (["--stats-interval", "0"], "--stats-interval: must be greater than 0"), (["--drain-seconds", "-1"], "--drain-seconds: must be at least 0"),
+    (["--max-queued-creates", "0"], "--max-queued-creates: must be at least 1"), (["--gc-unfreeze-every", "-1"], "--gc-unfreeze-every: must be at least 0"),
+    (["--seed", "1.5"], "--seed: "), (["--render-cache-tokens", "1.5"], "--render-cache-tokens: "), (["--max-records", "1.5"], "--max-records: "),
+    (["--costs", "none"], "--costs: invalid choice"), (["--switches", "off"], "--switches: invalid choice"),
+    (["--log-format", "xml"], "--log-format: invalid choice"), (["--api-profile", "during"], "--api-profile: invalid choice"),
+])
+def test_serve_refuses_each_option_past_its_edge(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve_parser().parse_args(argv)
+    assert exit_.value.code == 2 and "argument " + says in capsys.readouterr().err
+
+
+# --- the server the options build, and what it prints ---------------------------------------------------------------
+
+
+def test_the_default_options_build_the_default_server():
+    server = serve.build_server(serve_args("--quiet"))
+    api = server.api
+    assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
+    assert api.render_cache.max_tokens == 5_000_000
+    assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
+    assert (api.workloads.default_workload, api.workloads.default_seed) == ("coding", 0)
+    assert (api.flush_interval, api.flush_tokens) == (0.05, None)
+    assert server.config == ServerConfig()
+    assert type(server.records) is metrics.ClientRecords  # quiet, no file, no bound: the server's own records
+    server.api.store.close()
+
+
+def test_every_option_reaches_the_server_it_builds(tmp_path):
+    args = serve_args(
+        "--engine-sessions", "7", "--kv-ttl", "2.5", "--render-cache-tokens", "123", "--costs", "zero",
+        "--store", str(tmp_path / "store.db"), "--workload", "fixed:3", "--seed", "9", "--flush-interval", "0",
+        "--flush-tokens", "4", "--api-profile", "before", "--api-key", "k1", "--api-key", "k2", "--switches", "all-off",
+        "--suspension-ttl", "11", "--connection-lifetime", "12", "--max-connections", "13", "--max-message-bytes", "14",
+        "--max-body-bytes", "15", "--max-queued-creates", "16", "--records", str(tmp_path / "records.jsonl"),
+        "--max-records", "2", "--log-format", "json",
+    )
+    server = serve.build_server(args, worker=3)
+    api = server.api
+    assert (api.engine.max_sessions, api.engine.kv_ttl, api.render_cache.max_tokens) == (7, 2.5, 123)
+    assert api.costs is ZERO_COSTS and api.sprint == API_PROFILES["before"]
+    assert (tmp_path / "store.db").exists()
+    assert (api.workloads.default_workload, api.workloads.default_seed) == ("fixed:3", 9)
+    assert (api.flush_interval, api.flush_tokens) == (0.0, 4)
+    assert server.config == ServerConfig(
+        api_keys=frozenset({"k1", "k2"}), switches=ALL_SWITCHES_OFF, worker=3, suspension_ttl=11.0, connection_lifetime=12.0,
+        max_connections=13, max_message_bytes=14, max_body_bytes=15, max_queued_creates=16)
+    records = server.records
+    assert isinstance(records, serve_report.AccessLog)
+    assert (records.out, records.fmt, records.maxlen) == (sys.stdout, "json", 2)
+    records.append({"n": 1})
+    records.close()
+    assert (tmp_path / "records.jsonl").read_text() == '{"n": 1}\n'
+    api.store.close()
+
+
+def test_without_quiet_the_access_log_prints_to_stdout_and_keeps_the_default_number_of_records():
+    server = serve.build_server(serve_args())
+    assert isinstance(server.records, serve_report.AccessLog)
+    assert (server.records.out, server.records.fmt, server.records.maxlen, server.records.file) == (
+        sys.stdout, "text", metrics.MAX_CLIENT_RECORDS, None)
+    # Options a namespace built elsewhere may lack (experiments build one by hand): quiet, default bounds.
+    bare = argparse.Namespace(**{k: v for k, v in vars(serve_args()).items()
+                                 if k not in ("engine_sessions", "kv_ttl", "quiet", "max_records", "log_format")})
+    quiet = serve.build_server(bare)
+    assert type(quiet.records) is metrics.ClientRecords
+    assert quiet.api.engine.max_sessions == type(quiet.api.engine)().max_sessions
+    bounded = serve.build_server(argparse.Namespace(**{**vars(bare), "max_records": 5}))
+    assert isinstance(bounded.records, serve_report.AccessLog) and bounded.records.out is None
+    assert (bounded.records.maxlen, bounded.records.fmt) == (5, "text")
+    assert serve_server.server_config(serve_args()) == ServerConfig(api_keys=None, switches=CacheSwitches(), worker=None)
+    assert serve_server.server_config(serve_args("--max-connections", "3"), worker=0) == ServerConfig(max_connections=3, worker=0)
+
+
+class Flushed(io.StringIO):
+    """A stdout that counts its flushes: a script reads serve's stdout through a pipe, which Python buffers by the block."""
+
+    flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def flushed_stdout(monkeypatch) -> Flushed:
+    """sys.stdout replaced, in the test's body (pytest's capture sets it again after the fixtures)."""
+    out = Flushed()
+    monkeypatch.setattr(sys, "stdout", out)
+    return out
+
+
+def test_serve_announces_its_address_then_what_a_request_runs_and_its_limits(monkeypatch):
+    stdout = flushed_stdout(monkeypatch)
+    serve_server.announce(serve_args(), "127.0.0.1", 8123, 1)
+    assert stdout.getvalue().split("\n") == [
+        "listening on http://127.0.0.1:8123  (POST /v1/responses, WebSocket ws://127.0.0.1:8123/v1/responses)",
+        "  workload  coding (seed 0) unless metadata.testbed_workload / testbed_seed say otherwise",
+        "  speed     by model name: *spark*burst* 4000 tok/s, *spark* 1000, sim-<N> N, any other name 65; "
+        "metadata.testbed_decode_tps overrides",
+        "  costs     default API stage costs, profile after, chained cache switches on; deltas every 0.05 s",
+        "  TTLs      v1 suspension 300 s, WebSocket connection 3600 s, HTTP keep-alive idle 600 s",
+        "  limits    10000 connections, 16777216 B per WebSocket message, 16777216 B per HTTP body, 32 queued creates per connection",
+        "  auth      any non-empty Bearer key",
+        "  store     :memory:",
+        "",
+    ]
+    assert stdout.flushes == 1  # one write, flushed at once: nothing can come between the address and the rest
+    lines = serve_server.describe(serve_args(
+        "--workload", "fixed:2", "--seed", "4", "--costs", "zero", "--api-profile", "before", "--switches", "all-off",
+        "--flush-interval", "0", "--api-key", "a", "--api-key", "b", "--suspension-ttl", "1.5", "--connection-lifetime", "60",
+        "--max-connections", "2", "--max-message-bytes", "3", "--max-body-bytes", "4", "--max-queued-creates", "5", "--store", "x.db"))
+    assert lines[0] == "  workload  fixed:2 (seed 4) unless metadata.testbed_workload / testbed_seed say otherwise"
+    assert lines[2:] == [
+        "  costs     zero API stage costs, profile before, chained cache switches all-off; deltas every 0 s",
+        "  TTLs      v1 suspension 1.5 s, WebSocket connection 60 s, HTTP keep-alive idle 600 s",
+        "  limits    2 connections, 3 B per WebSocket message, 4 B per HTTP body, 5 queued creates per connection",
+        "  auth      2 configured key(s)",
+        "  store     x.db",
+    ]
+    for host, port, workers in (("::1", 9, 4), ("h", 9, 2)):
+        serve_server.announce(serve_args(), host, port, workers)
+    first_lines = [line for line in stdout.getvalue().split("\n") if line.startswith("listening")][1:]
+    assert first_lines == ["listening on http://::1:9  (POST /v1/responses, WebSocket ws://::1:9/v1/responses)  [4 workers]",
+                           "listening on http://h:9  (POST /v1/responses, WebSocket ws://h:9/v1/responses)  [2 workers]"]
+
+
+@pytest.fixture
+def fixed_time(monkeypatch):
+    monkeypatch.setattr(serve_report.time, "strftime", lambda fmt: f"<{fmt}>")
+
+
+def test_an_access_line_names_the_response_its_turns_status_and_time(fixed_time):
+    record = {"started_at_s": 10.0, "at_s": 10.25, "transport": "websocket", "design": "suspended",
+              "response_id": "resp_1", "appends": 2, "outcome": "completed", "model": "gpt-x"}
+    line = serve_report.access_line
+    assert line(record) == "<%H:%M:%S> websocket suspended resp_1 turns=3 completed 250.0 ms model=gpt-x"
+    assert json.loads(line(record, "json")) == {
+        "time": "<%H:%M:%S>", "transport": "websocket", "design": "suspended", "response_id": "resp_1", "turns": 3,
+        "status": "completed", "ms": 250.0, "model": "gpt-x"}
+    # One turn without appends; a refused frame has no response, no start and no model.
+    assert line({**record, "appends": 0, "at_s": 10.00004}) == "<%H:%M:%S> websocket suspended resp_1 turns=1 completed 0.0 ms model=gpt-x"
+    assert json.loads(line({**record, "at_s": 10.01234}, "json"))["ms"] == 12.3
+    assert line({"at_s": 3.0, "transport": "http", "design": "http", "outcome": "refused"}) == "<%H:%M:%S> http http - turns=0 refused - model=-"
+    assert json.loads(line({"at_s": 3.0, "started_at_s": 1.0, "response_id": "r", "outcome": "failed"}, "json")) == {
+        "time": "<%H:%M:%S>", "transport": None, "design": None, "response_id": "r", "turns": 1, "status": "failed",
+        "ms": 2000.0, "model": None}
+
+
+def test_the_access_log_prints_a_line_per_record_and_survives_a_closed_stdout(fixed_time, tmp_path):
+    out = Flushed()
+    log = serve_report.AccessLog(str(tmp_path / "r.jsonl"), out, "json", maxlen=2)
+    record = {"at_s": 1.0, "transport": "http", "design": "http", "outcome": "completed"}
+    for _ in range(3):
+        log.append(record)
+    assert len(log) == 2 and out.flushes == 3
+    assert out.getvalue() == (serve_report.access_line(record, "json") + "\n") * 3
+    out.close()
+    log.append(record)  # ValueError: I/O operation on closed file, swallowed
+    log.close()
+    assert (tmp_path / "r.jsonl").read_text() == (json.dumps(record) + "\n") * 4
+
+    class Broken(io.StringIO):
+        def write(self, text):
+            raise OSError("broken pipe")
+
+    broken = serve_report.AccessLog(None, Broken())
+    broken.append(record)
+    assert list(broken) == [record] and broken.fmt == "text" and broken.maxlen == metrics.MAX_CLIENT_RECORDS
+    text = Flushed()
+    serve_report.AccessLog(None, text).append(record)
+    assert text.getvalue() == serve_report.access_line(record) + "\n"
+    silent = serve_report.AccessLog(None, None)
+    silent.append(record)
+    assert list(silent) == [record]
+
+
+# --- stats, SIGTERM, the collector ---------------------------------------------------------------------------------
+
+
+async def test_count_tasks_counts_every_live_task():
+    before = serve_report.count_tasks()
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as inner:
+            for _ in range(2):
+                inner.start_soon(trio.sleep_forever)
+            outer.start_soon(trio.sleep_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            assert serve_report.count_tasks() == before + 3
+            inner.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
+
+
+async def test_stats_say_what_the_server_holds_and_are_printed_every_interval(autojump_clock, monkeypatch):
+    stdout = flushed_stdout(monkeypatch)
+    server = serve.build_server(serve_args("--quiet"))
+    server.connections = 2
+    server.sessions.update({object(), object(), object()})
+    server.api.render_cache.tokens = 17
+    monkeypatch.setattr(serve_report, "count_tasks", lambda: 5)
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 6)
+    engine = server.api.engine
+    engine._ranks.update({"a": 1})
+    assert serve_report.stats(server) == {"tasks": 5, "connections": 2, "sessions": 3, "kv_entries": len(engine.kv),
+                                          "engine_sessions": 1, "render_cache_tokens": 17, "gc_frozen_objects": 6}
+    server.api.store.close()
+    monkeypatch.setattr(serve_report, "stats", lambda server: {"at": trio.current_time(), "of": server})
+    with trio.move_on_after(5.5):
+        await serve_report.print_stats("the server", 2.0)
+    assert stdout.getvalue() == 'stats {"at": 2.0, "of": "the server"}\nstats {"at": 4.0, "of": "the server"}\n'
+    assert stdout.flushes == 2
+
+
+async def test_sigterm_drains_the_server_then_stops_it(monkeypatch):
+    stdout = flushed_stdout(monkeypatch)
+    server = serve.build_server(serve_args("--quiet"))
+    server.sessions.add(object())
+    drained = []
+
+    async def drain(server_, grace):
+        drained.append((server_, grace))
+
+    monkeypatch.setattr(serve_server, "drain", drain)
+    with trio.fail_after(30):  # a hang guard: a drain that never cancels its scope would wait for ever
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_server.drain_on_sigterm, server, 2.5, nursery.cancel_scope)
+            nursery.start_soon(trio.sleep_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            assert stdout.getvalue() == ""
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert drained == [(server, 2.5)]
+    assert stdout.getvalue() == "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n"
+    assert stdout.flushes == 2
+    server.api.store.close()
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self  # only the cyclic collector frees it
+
+
+@pytest.mark.parametrize("every", [7.0, 0.5, 0.0])
+def test_serve_collects_then_freezes_its_startup_objects_and_installs_the_collection_policy_asked_for(monkeypatch, every):
+    installed = []
+    monkeypatch.setattr(FullCollectionPolicy, "install", lambda policy: installed.append(policy))
+    threshold, garbage = gc.get_threshold(), Cycle()
+    dead = weakref.ref(garbage)
+    del garbage
+    gc.unfreeze()
+    try:
+        serve_server.settle_collector(serve_args("--gc-unfreeze-every", f"{every:g}"))
+        assert gc.get_freeze_count() > 0  # what was alive at start-up is out of every later full collection
+        assert dead() is None  # and what was garbage was collected, not frozen with it
+    finally:
+        gc.unfreeze()
+    assert [policy.unfreeze_every for policy in installed] == ([every] if every else [])
+    assert gc.get_threshold() == threshold
+
+
+# --- run: its exits, with the listener replaced by a stand-in ------------------------------------------------------
+
+
+def test_a_bad_workload_is_refused_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(serve, "build_server", lambda args: pytest.fail("a server was built"))
+    assert serve.run(serve_args("--workload", "nonsense")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m prototype serve: error: --workload: ") and "nonsense" in err
+
+
+def test_several_workers_are_forked_unless_on_a_real_engine_and_a_port_taken_is_named(capsys, monkeypatch):
+    monkeypatch.setattr(serve, "run_workers", lambda args: 7 if args.workers == 2 else 0)
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served from this process"))
+    assert serve.run(serve_args("--workers", "2")) == 7
+    assert serve.run(serve_args("--workers", "2", "--engine", "vllm")) == 2
+    assert capsys.readouterr().err == (
+        "python -m prototype serve: error: --engine vllm serves from one process: one engine, one server (use --workers 1)\n")
+    for error, port, says in ((OSError(98, "Address already in use"), "80", "Address already in use"),
+                              (OSError("no such address"), "8000", "no such address")):
+        monkeypatch.setattr(serve, "run_workers", raising(error))
+        assert serve.run(serve_args("--workers", "3", "--port", port)) == 1
+        assert capsys.readouterr().err == f"python -m prototype serve: error: cannot listen on 127.0.0.1:{port}: {says}\n"
+
+
+def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served"))
+    store = tmp_path / "missing" / "store.db"
+    assert serve.run(serve_args("--store", str(store))) == 2
+    assert capsys.readouterr().err == f"python -m prototype serve: error: --store {store}: unable to open database file\n"
+    records = tmp_path / "missing" / "records.jsonl"
+    assert serve.run(serve_args("--records", str(records))) == 2
+    assert capsys.readouterr().err == f"python -m prototype serve: error: [Errno 2] No such file or directory: '{records}'\n"
+
+
+def raising(error: BaseException):
+    def fail(*args, **kwargs):
+        raise error
+
+    return fail
+
+
+class StandIn:
+    """What serve_responses gives back: listeners whose socket names an address."""
+
+    def __init__(self, address):
+        self.socket = self
+        self.address = address
+
+    def getsockname(self):
+        return self.address
+
+
+@pytest.fixture
+def serving(monkeypatch):
+    """serve.run with its listener replaced: `served` records what it was asked to listen on; `then` is what the
+    stand-in does once it has started (by default, Ctrl-C); the drain and the stats printer record their start."""
+    state = {"served": [], "then": KeyboardInterrupt, "settled": [], "logging": [], "drains": [], "stats": []}
+
+    async def serve_responses(server, port, *, host, task_status):
+        state["served"].append((server, port, host))
+        task_status.started([StandIn(("10.0.0.1", 4321, 0, 0))])
+        await trio.testing.wait_all_tasks_blocked()
+        if state["then"] is None:  # served until something else ends the run
+            await trio.sleep_forever()
+        raise state["then"]()
+
+    async def drain_on_sigterm(server, grace, scope):
+        state["drains"].append((server, grace, type(scope)))
+        await trio.sleep_forever()
+
+    async def print_stats(server, interval):
+        state["stats"].append((server, interval))
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(serve, "serve_responses", serve_responses)
+    monkeypatch.setattr(serve, "run_workers", lambda args: pytest.fail("one worker is served from this process, not forked"))
+    monkeypatch.setattr(serve, "settle_collector", state["settled"].append)
+    monkeypatch.setattr(serve, "drain_on_sigterm", drain_on_sigterm)
+    monkeypatch.setattr(serve, "print_stats", print_stats)
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: state["logging"].append(kwargs))
+    # Started with SIGINT ignored (a background job of a non-interactive shell): serve takes it back.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    yield state
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_serve_listens_announces_and_stops_on_ctrl_c(serving, monkeypatch):
+    stdout = flushed_stdout(monkeypatch)
+    args = serve_args("--port", "0", "--host", "0.0.0.0", "--quiet", "--drain-seconds", "4")
+    assert serve.run(args) == 0
+    assert stdout.flushes == 2  # the announcement, then "stopped"
+    assert serving["logging"] == [{"level": logging.WARNING, "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}]
+    assert serving["settled"] == [args]
+    (server, port, host), = serving["served"]
+    assert (port, host) == (0, "0.0.0.0")
+    assert serving["drains"] == [(server, 4.0, trio.CancelScope)] and serving["stats"] == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    out = stdout.getvalue()
+    assert out.splitlines()[0] == "listening on http://10.0.0.1:4321  (POST /v1/responses, WebSocket ws://10.0.0.1:4321/v1/responses)"
+    assert out.endswith("  store     :memory:\nstopped\n")
+    with pytest.raises(Exception, match="closed database"):
+        server.api.store._db.execute("select 1")
+
+
+def test_serve_prints_stats_when_asked_and_closes_its_records_file_when_it_stops(serving, tmp_path, monkeypatch):
+    assert serve.run(serve_args("--quiet", "--stats-interval", "30")) == 0
+    assert serving["stats"] == [(serving["served"][0][0], 30.0)]
+    closed = []
+    monkeypatch.setattr(serve_report.AccessLog, "close", lambda self: closed.append(self))
+    assert serve.run(serve_args("--records", str(tmp_path / "r.jsonl"))) == 0
+    assert len(closed) == 1 and closed[0] is serving["served"][1][0].records
+
+
+def test_serve_names_the_address_it_cannot_listen_on(serving, capsys):
+    serving["then"] = lambda: OSError(98, "Address already in use")
+    assert serve.run(serve_args("--port", "81", "--quiet")) == 1
+    assert capsys.readouterr().err == "python -m prototype serve: error: cannot listen on 127.0.0.1:81: Address already in use\n"
+    serving["then"] = lambda: OSError("bad address")
+    assert serve.run(serve_args("--quiet")) == 1
+    assert capsys.readouterr().err == "python -m prototype serve: error: cannot listen on 127.0.0.1:8000: bad address\n"
+
+
+def test_serve_on_a_real_engine_that_cannot_start_says_why(serving, capsys, monkeypatch):
+    monkeypatch.setattr(serve, "open_vllm_engine", raising(VllmUnavailable("no vLLM here")))
+    assert serve.run(serve_args("--quiet", "--engine", "vllm")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "starting vLLM (tiny-llama-cpu); this takes minutes on a CPU\n"
+    assert captured.err == "python -m prototype serve: error: --engine vllm: no vLLM here\n"
+    assert serving["served"] == []
+
+
+def test_serve_on_a_real_engine_serves_from_it_once_ready(serving, monkeypatch):
+    stdout = flushed_stdout(monkeypatch)
+    engine = types.SimpleNamespace(client=types.SimpleNamespace(  # an engine that lives on (`died` is never set)
+        ready=types.SimpleNamespace(vllm_version="0.9.1", device="cpu", startup_s=61.6), died=trio.Event()))
+    opened = []
+
+    @contextlib.asynccontextmanager
+    async def open_vllm_engine(spec, python):
+        opened.append((spec, python))
+        yield engine
+
+    monkeypatch.setattr(serve, "open_vllm_engine", open_vllm_engine)
+    args = serve_args("--quiet", "--engine", "vllm", "--vllm-python", "/opt/vllm/python")
+    assert serve.run(args) == 0
+    assert opened == [(model_spec(args), "/opt/vllm/python")]
+    assert serving["served"][0][0].api.engine is engine
+    assert stdout.getvalue().split("\n")[:2] == ["starting vLLM (tiny-llama-cpu); this takes minutes on a CPU", "vLLM 0.9.1 ready on cpu in 62 s"]
+    assert stdout.flushes == 4  # starting, ready, the announcement, stopped
+
+
+@pytest.mark.parametrize("failure", ["the vLLM worker exited", None])
+def test_serve_on_a_real_engine_that_dies_closes_its_connections_and_exits_saying_why(serving, monkeypatch, capsys, failure):
+    engine = types.SimpleNamespace(client=types.SimpleNamespace(
+        ready=types.SimpleNamespace(vllm_version="0.9.1", device="cpu", startup_s=1.0), died=trio.Event(), failure=failure))
+    engine.client.died.set()  # the worker is gone by the time the server listens
+    drained = []
+
+    async def drain(server, grace):
+        drained.append((server, grace))
+
+    @contextlib.asynccontextmanager
+    async def open_vllm_engine(spec, python):
+        yield engine
+
+    monkeypatch.setattr(serve, "open_vllm_engine", open_vllm_engine)
+    monkeypatch.setattr(serve, "drain", drain)
+    serving["then"] = None
+    assert serve.run(serve_args("--quiet", "--engine", "vllm")) == 1
+    # Closed as a drain closes them, with no grace: the responses in flight failed with the engine.
+    assert drained == [(serving["served"][0][0], 0.0)]
+    reason = failure or "the vLLM worker failed"
+    assert capsys.readouterr().err == f"python -m prototype serve: error: --engine vllm: the engine died ({reason}); the server stopped with it\n"
+
+
+def test_ctrl_c_that_lands_in_a_task_whose_way_out_is_cancelled_still_stops_serve():
+    """SIGINT arriving while a connection's task runs (trio-websocket's reader, as the connection
+    closes) must still end the run. `reader` below does what that task does on its way out: it
+    cancels its nursery and passes a checkpoint. Raised inside it, as trio's default does, the
+    KeyboardInterrupt is replaced by that checkpoint's Cancelled and the run ends as if nothing
+    happened; `serve` raises it in the main task instead, so it reaches `serve`'s handler."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def reader() -> None:
+                try:
+                    signal.raise_signal(signal.SIGINT)  # its Python handler runs before this returns
+                    await trio.sleep_forever()
+                finally:
+                    nursery.cancel_scope.cancel()
+                    await trio.lowlevel.checkpoint()
+
+            nursery.start_soon(reader)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupted = False
+    try:
+        serve_server.run_until_interrupted(main)
+    except* KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted
+
+
+# --- as a user runs it: a child process ------------------------------------------------------------------------
+
 
 LISTENING = re.compile(r"^listening on http://127\.0\.0\.1:(\d+)\b")
 TIMEOUT = 60.0  # a hang guard: on a loaded machine the first turn (tokenizer load) takes seconds
@@ -22,23 +590,14 @@ TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
 
 
 def create(**extra: Any) -> str:
-    return json.dumps(
-        {
-            "type": "response.create",
-            "model": "sim-100000",
-            "input": "hello",
-            "metadata": {"testbed_workload": "fixed:1"},
-            "store": False,
-            **extra,
-        }
-    )
+    return json.dumps({"type": "response.create", "model": "sim-100000", "input": "hello", "metadata": {"testbed_workload": "fixed:1"},
+                       "store": False, **extra})
 
 
 def until_terminal(ws: Any) -> list[dict[str, Any]]:
     events = []
     while True:
-        event = json.loads(ws.recv(timeout=TIMEOUT))
-        events.append(event)
+        events.append(event := json.loads(ws.recv(timeout=TIMEOUT)))
         if event["type"] in TERMINALS or event["type"] == "error":
             return events
         assert len(events) < 5000, "no terminal event"
@@ -49,58 +608,17 @@ def open_ws(port: int, key: str | None = "x"):
     return ws_connect(f"ws://127.0.0.1:{port}/v1/responses", additional_headers=headers, open_timeout=TIMEOUT, close_timeout=2, max_size=None)
 
 
-def assert_stopped(server) -> None:
+def assert_stopped(server) -> str:
     code, out, err = server.stop()
     assert code == 0, f"exit code {code}\nstderr:\n{err}"
     assert out.splitlines()[-1] == "stopped", out
     assert "Traceback" not in err, err
-
-
-def test_serve_prints_address_answers_and_stops_on_sigint(cli_server):
-    server = cli_server()  # default modeled costs
-    port = server.port
-    assert LISTENING.match(server.first_line)
-    assert f"ws://127.0.0.1:{port}/v1/responses" in server.first_line
-    with open_ws(port) as ws:
-        ws.send(create())
-        events = until_terminal(ws)
-    assert events[0]["type"] == "response.created", events[0]
-    assert events[-1]["type"] == "response.completed", events[-1]
-    assert events[-1]["response"]["output"], "a one-turn task ends with a message"
-    assert_stopped(server)
-
-
-def test_serve_stops_on_sigint_with_a_connection_open(cli_server):
-    server = cli_server("--costs", "zero")
-    with open_ws(server.port) as ws:
-        ws.send(create(generate=False))
-        assert until_terminal(ws)[-1]["type"] == "response.completed"
-        assert_stopped(server)
-        with pytest.raises(ConnectionClosed):
-            ws.recv(timeout=TIMEOUT)
-
-
-def test_wrong_api_key_gets_401_on_the_handshake(cli_server):
-    server = cli_server("--costs", "zero", "--api-key", "secret")
-    for key in ("wrong", None):
-        with pytest.raises(InvalidStatus) as refused:
-            open_ws(server.port, key)
-        response = refused.value.response
-        assert response.status_code == 401, key
-        assert json.loads(response.body)["error"]["code"] == "invalid_api_key"
-    with open_ws(server.port, "secret") as ws:  # the configured key is accepted
-        ws.send(create(generate=False))
-        assert until_terminal(ws)[-1]["type"] == "response.completed"
+    return out
 
 
 def post(port: int, body: bytes) -> int:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/responses", data=body, method="POST",
-        headers={"Authorization": "Bearer x", "Content-Type": "application/json"},
-    )
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/responses", data=body, method="POST",
+                                     headers={"Authorization": "Bearer x", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return response.status
@@ -108,96 +626,58 @@ def post(port: int, body: bytes) -> int:
         return error.code
 
 
-def wait_for_lines(server, count: int) -> None:
-    """Wait (bounded) until the server has printed `count` lines: an access-log line is written
-    just after the response's last byte, so it may trail the client's read."""
-    import time
-
-    deadline = time.monotonic() + TIMEOUT
-    while len(server.stdout) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-HTTP_CREATE = json.dumps({"model": "sim-100000", "input": "hi", "metadata": {"testbed_workload": "fixed:1"}}).encode()
-
-
-def test_serve_prints_its_configuration_after_the_address(cli_server):
-    server = cli_server("--costs", "zero", "--workload", "chat", "--seed", "7", "--suspension-ttl", "900")
-    code, out, _ = server.stop()
-    lines = out.splitlines()
-    assert LISTENING.match(lines[0])
-    config = {line.split()[0]: line for line in lines[1:8]}
-    assert set(config) == {"workload", "speed", "costs", "TTLs", "limits", "auth", "store"}
-    assert "chat (seed 7)" in config["workload"]
-    assert "*spark* 1000" in config["speed"] and "any other name 65" in config["speed"]
-    assert config["costs"].split()[1] == "zero"
-    assert "v1 suspension 900 s" in config["TTLs"]
-    assert "10000 connections" in config["limits"]
-
-
-def test_serve_logs_one_line_per_response_and_refusal(cli_server):
-    server = cli_server("--costs", "zero")
-    assert post(server.port, HTTP_CREATE) == 200
-    assert post(server.port, b"{bad") == 400
+def test_serve_prints_its_address_and_configuration_answers_logs_one_line_per_response_and_refusal_and_stops_on_sigint(cli_server):
+    server = cli_server()  # default modeled costs
+    assert LISTENING.match(server.first_line) and f"ws://127.0.0.1:{server.port}/v1/responses" in server.first_line
+    body = json.dumps({"model": "sim-100000", "input": "hi", "metadata": {"testbed_workload": "fixed:1"}}).encode()
+    assert (post(server.port, body), post(server.port, b"{bad")) == (200, 400)
     with open_ws(server.port) as ws:
         ws.send(create())
-        response_id = until_terminal(ws)[-1]["response"]["id"]
-    wait_for_lines(server, 8 + 3)
-    _, out, _ = server.stop()
-    log = [line for line in out.splitlines()[8:] if line != "stopped"]
+        events = until_terminal(ws)
+    assert [events[0]["type"], events[-1]["type"]] == ["response.created", "response.completed"], events
+    assert events[-1]["response"]["output"], "a one-turn task ends with a message"
+    # An access-log line is written just after the response's last byte, so it may trail the client's read.
+    deadline = time.monotonic() + TIMEOUT
+    while len(server.stdout) < 8 + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lines = assert_stopped(server).splitlines()
+    assert [line.split()[0] for line in lines[1:8]] == ["workload", "speed", "costs", "TTLs", "limits", "auth", "store"]
+    log = lines[8:-1]
     assert len(log) == 3, log
     assert log[0].split()[1:3] == ["http", "http-stateless"] and "turns=1 completed" in log[0]
     assert log[1].split()[1:3] == ["http", "http"] and "error:invalid_json" in log[1]
-    assert log[2].split()[1:4] == ["websocket", "chained", response_id] and "turns=1 completed" in log[2]
+    assert log[2].split()[1:4] == ["websocket", "chained", events[-1]["response"]["id"]] and "turns=1 completed" in log[2]
     assert log[2].split()[7] == "ms" and float(log[2].split()[6]) >= 0
 
 
-def test_serve_json_access_log_and_quiet(cli_server):
-    server = cli_server("--costs", "zero", "--log-format", "json")
-    assert post(server.port, HTTP_CREATE) == 200
-    wait_for_lines(server, 8 + 1)
-    _, out, _ = server.stop()
-    entry = json.loads(out.splitlines()[8])
-    assert entry["transport"] == "http" and entry["design"] == "http-stateless"
-    assert entry["status"] == "completed" and entry["turns"] == 1 and entry["ms"] >= 0
-    assert entry["response_id"].startswith("resp_")
-    quiet = cli_server("--costs", "zero", "--quiet")
-    assert post(quiet.port, HTTP_CREATE) == 200
-    _, out, _ = quiet.stop()
-    assert len(out.splitlines()) == 9 and out.splitlines()[-1] == "stopped"  # address, 7 lines of configuration
+def test_a_wrong_api_key_gets_401_on_the_handshake_and_serve_stops_on_sigint_with_a_connection_open(cli_server):
+    server = cli_server("--costs", "zero", "--api-key", "secret")
+    for key in ("wrong", None):
+        with pytest.raises(InvalidStatus) as refused:
+            open_ws(server.port, key)
+        assert refused.value.response.status_code == 401, key
+        assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
+    with open_ws(server.port, "secret") as ws:  # the configured key is accepted
+        ws.send(create(generate=False))
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
+        assert_stopped(server)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=TIMEOUT)
 
 
-def test_port_in_use_and_bad_flags_get_one_line_and_a_nonzero_exit(cli_server):
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
+def test_a_port_in_use_and_bad_options_get_one_line_and_a_nonzero_exit(cli_server):
     busy = cli_server("--costs", "zero")
     for args, code, says in (
-        (["--port", str(busy.port)], 1, f"cannot listen on 127.0.0.1:{busy.port}"),
-        (["--port", "0", "--prt", "3"], 2, "unrecognized arguments: --prt"),
-        (["--port", "0", "--cost", "zero"], 2, "unrecognized arguments: --cost"),  # no abbreviations
-        (["--port", "0", "--workload", "nope"], 2, "--workload"),
+        (["--port", str(busy.port)], 1, [f"cannot listen on 127.0.0.1:{busy.port}"]),
+        (["--prt", "3"], 2, ["unrecognized arguments: --prt"]),
+        (["--cost", "zero"], 2, ["unrecognized arguments: --cost"]),  # no abbreviations
+        # Named as the option (not a request's metadata field), a range error with its range.
+        (["--workload", "nosuch"], 2, ["--workload", "names no workload"]), (["--workload", "fixed:100000"], 2, ["--workload", "1 to 1000"]),
     ):
-        done = subprocess.run([sys.executable, "-m", "prototype", "serve", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
-        assert done.returncode == code, (args, done.stderr)
-        assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (args, done.stderr)
-        assert done.stdout == ""
-
-
-@pytest.mark.parametrize(("workload", "says"), [("nosuch", "names no workload"), ("fixed:100000", "1 to 1000")])
-def test_a_bad_workload_option_is_named_as_the_option_and_a_range_error_gives_the_range(workload: str, says: str):
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--port", "0", "--workload", workload], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (2, "", 1), done.stderr
-    assert "--workload" in done.stderr and says in done.stderr, done.stderr
-    assert "metadata." not in done.stderr, done.stderr  # a request's field, not this option
+        done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--port", "0", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (code, "", 1), (args, done.stderr)
+        assert all(part in done.stderr for part in says) and "metadata." not in done.stderr, (args, done.stderr)
 
 
 # A stand-in for vLLM's worker: it says it is ready, then exits 9 once the test creates the file `trigger`, or at the
@@ -219,11 +699,6 @@ sys.exit(9)
 @pytest.mark.parametrize("under_a_response", [False, True], ids=["idle", "under-a-response"])
 def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path, under_a_response: bool):
     import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
     trigger = tmp_path / "die"
     worker = tmp_path / "python"
     worker.write_text(DYING_WORKER.format(python=sys.executable, trigger=str(trigger), on_request=under_a_response))
@@ -266,13 +741,8 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path, under_a
 def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
     # A non-interactive shell starts a background command (`serve &`) with SIGINT ignored (POSIX);
     # serve still stops on it, as its help says.
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prototype", "serve", "--port", "0"], cwd=Path(__file__).resolve().parents[1],
+        [sys.executable, "-m", "prototype", "serve", "--port", "0"], cwd=REPO,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
@@ -286,34 +756,3 @@ def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
             proc.wait()
     assert proc.returncode == 0, err
     assert out.splitlines()[-1] == "stopped"
-
-
-def test_ctrl_c_that_lands_in_a_task_whose_way_out_is_cancelled_still_stops_serve():
-    """SIGINT arriving while a connection's task runs (trio-websocket's reader, as the connection
-    closes) must still end the run. `reader` below does what that task does on its way out: it
-    cancels its nursery and passes a checkpoint. Raised inside it, as trio's default does, the
-    KeyboardInterrupt is replaced by that checkpoint's Cancelled and the run ends as if nothing
-    happened; `serve` raises it in the main task instead, so it reaches `serve`'s handler."""
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-
-            async def reader() -> None:
-                try:
-                    signal.raise_signal(signal.SIGINT)  # its Python handler runs before this returns
-                    await trio.sleep_forever()
-                finally:
-                    nursery.cancel_scope.cancel()
-                    await trio.lowlevel.checkpoint()
-
-            nursery.start_soon(reader)
-
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupted = False
-    try:
-        run_until_interrupted(main)
-    except* KeyboardInterrupt:
-        interrupted = True
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert interrupted

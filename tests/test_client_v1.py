@@ -1,8 +1,14 @@
-"""prototype/client/v1.py over openai-python against `python -m prototype serve`: one response
-across every tool call (response.done, then response.append), and a refused handshake that keeps
-the server's reason."""
+"""prototype/client/v1.py, the suspended (v1) helpers over openai-python's connection: first against a stand-in
+connection that records what it is sent (the beta header over the caller's, a refused handshake decoded from
+wherever the `websockets` library's error sits, what ends a wait, the calls, outputs and text of an event), then
+over openai-python against `python -m prototype serve`: one response across every tool call (response.done, then
+response.append), and a refused handshake that keeps the server's reason."""
 
 from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -10,6 +16,152 @@ pytest.importorskip("websockets")
 from openai import OpenAI  # noqa: E402
 
 from prototype.client import v1  # noqa: E402
+
+# --- against a stand-in connection ------------------------------------------------------------------------------------
+
+
+class FakeConnection:
+    """What the v1 helpers use of openai-python's connection: `recv_bytes`, `send_raw`, `close`."""
+
+    def __init__(self, frames: list[dict[str, Any]] | None = None) -> None:
+        self.frames, self.sent, self.closed = [json.dumps(frame).encode() for frame in frames or []], [], 0
+
+    def recv_bytes(self) -> bytes:
+        return self.frames.pop(0)
+
+    def send_raw(self, text: str) -> None:
+        self.sent.append(text)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeClient:
+    """openai.OpenAI as `v1.connect` calls it: `responses.connect(**options)`, a context manager that opens `conn` or
+    raises `error`; every call's options are kept in `calls`."""
+
+    def __init__(self, conn: FakeConnection | None = None, error: BaseException | None = None) -> None:
+        self.responses, self.conn, self.error, self.calls = self, conn, error, []
+
+    def connect(self, **options: Any) -> FakeClient:
+        self.calls.append(options)
+        return self
+
+    def __enter__(self) -> FakeConnection:
+        if self.error is not None:
+            raise self.error
+        return self.conn
+
+
+class InvalidStatus(Exception):
+    """Shaped as the `websockets` library's: the refused handshake's response on `.response`."""
+
+    def __init__(self, status_code: int, body: object = None) -> None:
+        super().__init__("server rejected WebSocket connection")
+        self.response = SimpleNamespace(status_code=status_code, body=body)
+
+
+def test_v1_connect_adds_the_beta_header_over_the_callers_keeps_the_other_options_and_closes_the_connection() -> None:
+    conn = FakeConnection()
+    client = FakeClient(conn)
+    headers = {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}
+    with v1.connect(client, extra_headers=headers, websocket_connection_options={"max_size": None}) as opened:
+        assert opened is conn and conn.closed == 0
+    assert conn.closed == 1
+    assert client.calls == [{"extra_headers": {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-04"},
+                             "websocket_connection_options": {"max_size": None}}]
+    assert headers == {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}  # the caller's dict is left as it was
+    with v1.connect(client := FakeClient(FakeConnection())):
+        pass
+    assert client.calls == [{"extra_headers": {"OpenAI-Beta": "responses_websockets=2026-02-04"}}]
+    with pytest.raises(KeyError), v1.connect(FakeClient(conn := FakeConnection())):
+        raise KeyError("boom")
+    assert conn.closed == 1  # closed when the body raises too
+
+
+def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_cause_or_the_context() -> None:
+    wrapped = RuntimeError("openai wrapped it")
+    wrapped.__cause__ = InvalidStatus(400, b'{"error":{"code":"unsupported_beta"}}')
+    with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(FakeClient(error=wrapped)):
+        pass
+    assert (refused.value.status, refused.value.body) == (400, '{"error":{"code":"unsupported_beta"}}')
+    assert (refused.value.code, refused.value.message) == ("unsupported_beta", None)
+    assert str(refused.value) == "WebSocket handshake refused with HTTP 400: unsupported_beta"
+    assert refused.value.__cause__ is wrapped
+    both = v1._refusal(InvalidStatus(401, bytearray(b'{"error":{"code":"invalid_api_key","message":"Incorrect API key provided."}}')))
+    assert (both.code, both.message, str(both)) == (
+        "invalid_api_key", "Incorrect API key provided.", "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided.")
+    odd = v1._refusal(InvalidStatus(400, '{"error":{"code":7,"message":"m","param":"p"}}'))  # a code that is not a string
+    assert (odd.code, odd.message, str(odd)) == (None, "m", "WebSocket handshake refused with HTTP 400: m")
+    try:
+        try:
+            raise InvalidStatus(403, b"no \xff")
+        except InvalidStatus:
+            raise OSError("handshake failed") from None
+    except OSError as exc:
+        error = exc
+    error.__suppress_context__ = False
+    refusal = v1._refusal(error)
+    assert refusal is not None and (refusal.status, refusal.body) == (403, "no \ufffd")  # bad bytes decoded with replacement
+
+
+@pytest.mark.parametrize(("response", "text"), [(InvalidStatus(401).response, ""), (InvalidStatus(401, b"").response, ""),
+                                                (InvalidStatus(401, "already text").response, "already text"),
+                                                (SimpleNamespace(status_code=401), "")])  # a response with no body at all
+def test_a_refusal_body_that_is_missing_or_text(response, text: str) -> None:
+    error = InvalidStatus(0)
+    error.response = response
+    refused = v1._refusal(error)
+    assert refused is not None and (refused.status, refused.body) == (401, text)
+
+
+def test_a_failure_that_is_not_a_refusal_is_raised_as_it_is() -> None:
+    error = ConnectionResetError("reset")
+    assert v1._refusal(error) is None
+    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=error)):
+        pass
+    assert raised.value is error
+
+
+@pytest.mark.parametrize("end", ["response.done", "response.completed", "response.failed", "response.incomplete",
+                                 "response.cancelled", "error"])
+def test_until_pause_stops_at_each_pause_end_or_error_and_keeps_every_event(end: str) -> None:
+    frames = [{"type": "response.created"}, {"type": "response.output_text.delta"}, {"type": end, "n": 1}, {"type": "later"}]
+    conn, events = FakeConnection(frames), []
+    assert v1.until_pause(conn, events) == {"type": end, "n": 1}
+    assert events == frames[:3]
+    assert [json.loads(frame) for frame in conn.frames] == [{"type": "later"}]
+    assert v1.until_pause(FakeConnection(frames)) == {"type": end, "n": 1}  # without a list
+
+
+def test_until_pause_gives_up_after_its_most_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(v1, "MAX_EVENTS", 3)
+    conn = FakeConnection([{"type": "response.output_text.delta"}] * 3 + [{"type": "response.completed"}])
+    with pytest.raises(RuntimeError, match=r"^more than 3 events without a pause or an end$"):
+        v1.until_pause(conn)
+    assert v1.until_pause(FakeConnection([{"type": "x"}] * 2 + [{"type": "response.done"}])) == {"type": "response.done"}
+
+
+def test_v1_function_calls_tool_outputs_append_and_output_text() -> None:
+    call = {"type": "function_call", "call_id": "call_1", "name": "run_tests", "arguments": "{}"}
+    event = {"type": "response.done", "response": {"output": [
+        {"type": "reasoning"}, call,
+        {"type": "message", "content": [{"type": "output_text", "text": "Hel"}, {"type": "refusal"}, {"type": "output_text", "text": "lo"}]},
+        {"type": "message"}, {"type": "function_call", "call_id": "call_2"},
+    ]}}
+    assert v1.function_calls(event) == [call, {"type": "function_call", "call_id": "call_2"}]
+    assert v1.function_calls({"type": "error"}) == [] and v1.function_calls({"response": {}}) == []
+    assert v1.output_text(event) == "Hello"
+    assert v1.output_text({"type": "error"}) == "" and v1.output_text({"response": {}}) == ""
+    assert v1.tool_output(call, "1 passed") == {"type": "function_call_output", "call_id": "call_1", "output": "1 passed"}
+    conn = FakeConnection()
+    v1.append(conn, [v1.tool_output(call, "ok")])
+    assert [json.loads(text) for text in conn.sent] == [
+        {"type": "response.append", "input": [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}]
+
+
+# --- over openai-python against `python -m prototype serve` -----------------------------------------------------------
+
 
 TOOLS = [{
     "type": "function", "name": "run_tests", "description": "Run the test suite.",

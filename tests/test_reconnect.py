@@ -9,7 +9,9 @@ conversation is checked against the same task run without faults, item for item.
 
 from __future__ import annotations
 
+import json
 import random
+import types
 from collections import Counter
 from typing import Any
 
@@ -17,17 +19,18 @@ import attrs
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 from openai.types.websocket_reconnection import is_recoverable_close
-from support import Close, ScriptedServer
+from support import Close, Pause, ScriptedServer
 
 from prototype import benchmark, netem
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
-from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord
+from prototype.client.harness import BETA, CHAINED, SUSPENDED, RolloutRecord, request_body, task_prompt
 from prototype.client.http import STATELESS, STORED, run_http_rollout
 from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON, ReconnectPolicy
-from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, run_reconnecting_rollout
+from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.streaming import FaultPlan
 from prototype.netem.delayed import RETRANSMIT_TIMEOUT_SECONDS, DelayedStream, run_delivery
@@ -107,68 +110,275 @@ def test_openai_python_reconnects_after_exactly_its_recoverable_close_codes() ->
     assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
 
 
+# --- the reconnecting client against a scripted server: what it sends again, when, and what it counts ------------------
+
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
+ANSWER = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}
+LOST_ITEM = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "cut"}]}
+LIMIT = "websocket_connection_limit_reached"
 ONE_TURN = fixed(1, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, name="one-turn")
+# Two turns: the call, whose tool runs 2 s, then the answer.
+TWO_TURNS = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="two-turns")
+TWICE = ReconnectPolicy("twice", initial_delay=0.5, max_retries=2)  # openai-python's rules, its own numbers
+# Codex's rules (the connection limit is a retryable stream error; one count per request) with the same numbers.
+TWICE_CODEX = attrs.evolve(TWICE, name="twice-codex", reconnect_errors=frozenset({LIMIT}), reset_on_any_event=False)
 
 
 def created_event(response_id: str) -> dict[str, Any]:
     return {"type": "response.created", "response": {"id": response_id, "status": "in_progress", "output": []}}
 
 
-def completed_event(response_id: str) -> dict[str, Any]:
-    return {"type": "response.completed", "response": {"id": response_id, "status": "completed", "output": []}}
+def response_events(kind: str, response_id: str, *output: dict[str, Any], status: str = "completed") -> list[dict[str, Any]]:
+    """A response's events: created, each output item done, then `kind` (a pause or an end)."""
+    items = [{"type": "response.output_item.done", "item": item} for item in output]
+    return [created_event(response_id), *items, {"type": kind, "response": {"id": response_id, "status": status, "output": list(output)}}]
 
 
-async def scripted_rollout(server: ScriptedServer, policy: ReconnectPolicy) -> RolloutRecord:
+def first_turn(design: str, response_id: str = "resp_0") -> list[dict[str, Any]]:
+    """Turn 0's response, ending in the call: paused (v1) or completed (chained)."""
+    if design == SUSPENDED:
+        return response_events("response.done", response_id, CALL, status="in_progress")
+    return response_events("response.completed", response_id, CALL)
+
+
+def failed(response_id: str, code: str) -> dict[str, Any]:
+    return {"type": "response.failed",
+            "response": {"id": response_id, "status": "failed", "output": [], "error": {"code": code, "message": code}}}
+
+
+def error(code: str) -> dict[str, Any]:
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": code}}
+
+
+async def reconnecting(server: ScriptedServer, design: str = CHAINED, policy: ReconnectPolicy = TWICE, task: Any = TWO_TURNS,
+                       **options: Any) -> RolloutRecord:
     with trio.fail_after(600):
-        return await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, ONE_TURN, policy, metadata={})
+        return await run_reconnecting_rollout(InMemoryConnector(server), design, task, policy, metadata=options.pop("metadata", {}),
+                                              **options)
+
+
+def frame_kinds(server: ScriptedServer) -> list[tuple[int, str, str | None]]:
+    return [(connection, event["type"], event.get("previous_response_id")) for connection, event in server.received]
 
 
 # openai-python's codes whose close a server can send (1005, 1006 and 1015 never travel in a close frame: a broken
 # link reads as 1006, test_mid_response_drops_lose_and_repeat_nothing), and codes outside them.
 @pytest.mark.parametrize("code", [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 3000, 4000])
 async def test_a_close_under_a_response_is_retried_by_openai_python_for_its_codes_only(autojump_clock, code: int) -> None:
-    server = ScriptedServer([[created_event("resp_0"), Close(code)], [created_event("resp_1"), completed_event("resp_1")]])
-    record = await scripted_rollout(server, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
+    server = ScriptedServer([[created_event("resp_0"), Close(code)], response_events("response.completed", "resp_1")])
+    record = await reconnecting(server, policy=attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)), task=ONE_TURN)
     if is_recoverable_close(code):
         assert (record.status, record.reconnects, server.connections, trio.current_time()) == ("completed", 1, 2, 0.5)
     else:
         assert (record.status, record.reconnects, server.connections) == (f"error:closed_{code}", 0, 1)
 
 
-CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
-LIMIT = "websocket_connection_limit_reached"
-TWO_TURNS = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="two-turns")
-
-
-def with_call(kind: str, response_id: str, status: str) -> list[dict[str, Any]]:
-    return [created_event(response_id), {"type": "response.output_item.done", "item": CALL},
-            {"type": kind, "response": {"id": response_id, "status": status, "output": [CALL]}}]
-
-
-def limit_events(response_id: str | None) -> list[dict[str, Any]]:
-    """What the server sends at the connection limit: the cut response's `response.failed` (if one was running),
-    the `error`."""
-    error = {"type": "invalid_request_error", "code": LIMIT, "message": "limit"}
-    failed = [] if response_id is None else [
-        {"type": "response.failed", "response": {"id": response_id, "status": "failed", "output": [], "error": error}}]
-    return [*failed, {"type": "error", "status": 400, "error": error}]
-
-
-async def test_a_request_answered_by_the_connection_limit_ends_the_task_under_openai_python(autojump_clock) -> None:
-    server = ScriptedServer([with_call("response.completed", "resp_0", "completed"), [*limit_events(None), Close(1000)]])
-    with trio.fail_after(600):
-        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, OPENAI_PYTHON, metadata={})
-    assert (record.status, record.reconnects, server.connections) == (f"error:{LIMIT}", 0, 1)
-    assert trio.current_time() == record.ended_at == record.turns[1].ended_at == 2.0
-
-
-async def test_a_v1_response_failed_by_the_connection_limit_ends_the_task_under_openai_python(autojump_clock) -> None:
-    # The limit came while the resumed rollout streamed: it fails at its next pause, then the error and the close.
-    server = ScriptedServer([with_call("response.done", "resp_0", "in_progress"), [*limit_events("resp_0"), Close(1000)]])
-    with trio.fail_after(600):
-        record = await run_reconnecting_rollout(InMemoryConnector(server), SUSPENDED, TWO_TURNS, OPENAI_PYTHON, metadata={})
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_the_connection_limit_ends_the_task_under_openai_python(autojump_clock, design: str) -> None:
+    # Chained: the next create is answered by the limit. v1: the limit came while the resumed rollout streamed: it
+    # fails at its next pause, then the error and the close.
+    server = ScriptedServer([first_turn(design), [*([failed("resp_0", LIMIT)] if design == SUSPENDED else []), error(LIMIT), Close(1000)]])
+    record = await reconnecting(server, design, OPENAI_PYTHON)
     assert (record.status, record.reconnects, record.retried_responses, server.connections) == (f"error:{LIMIT}", 0, 0, 1)
-    assert record.outcomes == {"resp_0": "failed"} and trio.current_time() == record.ended_at == 2.0
+    assert trio.current_time() == record.ended_at == record.turns[1].ended_at == 2.0
+    assert record.outcomes == ({"resp_0": "failed"} if design == SUSPENDED else {"resp_0": "completed"})
+
+
+async def test_a_request_answered_by_the_connection_limit_goes_again_after_a_backoff_on_a_new_connection_under_codex(
+        autojump_clock) -> None:
+    server = ScriptedServer([first_turn(CHAINED), [error(LIMIT), Close(1000)], response_events("response.completed", "resp_1", ANSWER)])
+    record = await reconnecting(server, CHAINED, TWICE_CODEX)
+    assert record.status == "completed"
+    # The refused create goes again on a new connection after the first backoff, still continuing the chain.
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0"), (1, "response.create", "resp_0")]
+    assert server.received[1][1] == server.received[2][1]
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 0, 0, [0.5])
+    assert trio.current_time() == record.ended_at == 2.5  # the tool's 2 s, then the 0.5 s backoff
+    size = len(json.dumps(server.received[1][1], separators=(",", ":")))
+    assert (record.turns[1].bytes_sent, record.resent_bytes) == (2 * size, size)
+    assert record.transcript[-1] == ANSWER and len(record.turns) == 2
+
+
+async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the_whole_conversation_under_codex(autojump_clock) -> None:
+    server = ScriptedServer([
+        first_turn(SUSPENDED),
+        # The limit came while the resumed segment streamed: it fails at its next pause, then the error and the close.
+        [{"type": "response.in_progress", "response": {"id": "resp_0", "status": "in_progress", "output": []}},
+         {"type": "response.output_item.done", "item": LOST_ITEM}, failed("resp_0", LIMIT), error(LIMIT), Close(1000)],
+        response_events("response.completed", "resp_1", ANSWER),
+    ])
+    record = await reconnecting(server, SUSPENDED, TWICE_CODEX)
+    assert record.status == "completed"
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.append", None), (1, "response.create", None)]
+    outputs = server.received[1][1]["input"]
+    assert [item["type"] for item in outputs] == ["function_call_output"]
+    first_input = server.received[0][1]["input"]
+    assert server.received[2][1]["input"] == [*first_input, CALL, *outputs]  # the whole conversation, the outputs it owed
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 1, 0, [0.5])
+    assert trio.current_time() == record.ended_at == 2.5
+    assert LOST_ITEM not in record.transcript and record.transcript[-1] == ANSWER
+    assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
+
+
+async def test_a_request_refused_on_a_later_turn_ends_the_task_with_its_code(autojump_clock) -> None:
+    server = ScriptedServer([first_turn(CHAINED), [error("invalid_value")]])
+    record = await reconnecting(server)
+    assert record.status == "error:invalid_value"
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0")]  # asked once
+    assert (record.reconnects, record.full_resends, record.turns[1].ended_at) == (0, 0, 2.0)
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str) -> None:
+    server = ScriptedServer([
+        [created_event("resp_0"), failed("resp_0", "server_error")],
+        first_turn(design, "resp_1"),
+        # Turn 1 fails three times: the policy retries it twice (0.5 s, then 1 s), then the task fails.
+        *[[created_event(f"resp_{n}"), failed(f"resp_{n}", "server_error")] for n in (2, 3, 4)],
+    ])
+    record = await reconnecting(server, design)
+    assert record.status == "failed"
+    follow = "response.append" if design == SUSPENDED else "response.create"
+    previous = None if design == SUSPENDED else "resp_1"
+    # Each retry asks again for what the failed response was asked: a turn that failed is sent as it was, from its
+    # last completed turn; the turn after a success starts with its attempts counted from one again.
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", None), (0, follow, previous),
+                                   (0, "response.create" if design == SUSPENDED else follow, previous),
+                                   (0, "response.create" if design == SUSPENDED else follow, previous)]
+    assert (record.retried_responses, record.reconnects) == (3, 0)
+    assert record.recovery_seconds == [0.5, 0.5, 1.0]
+    assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0
+    assert len(record.turns) == 2
+    assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
+        json.dumps(server.received[2][1], separators=(",", ":")))
+
+
+async def test_a_policy_that_does_not_retry_failed_responses_fails_the_task_at_once(autojump_clock) -> None:
+    server = ScriptedServer([[created_event("resp_0"), failed("resp_0", "server_error")]])
+    record = await reconnecting(server, CHAINED, attrs.evolve(TWICE, retry_failed_responses=False))
+    assert (record.status, record.retried_responses, record.recovery_seconds, trio.current_time()) == ("failed", 0, [], 0.0)
+    assert len(server.received) == 1
+
+
+async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:
+    completed = {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [ANSWER], "note": "é"}}
+    server = ScriptedServer([
+        [*first_turn(CHAINED), Close(1011)],  # the server goes away while the tool runs
+        # The retried request, its answer 1 s after its first event; one event comes as a binary frame.
+        [created_event("resp_1"), Pause(1.0), json.dumps({"type": "response.output_item.done", "item": ANSWER}).encode(), completed],
+    ])
+    record = await reconnecting(server)
+    assert (record.status, record.reconnects) == ("completed", 1)
+    # The create found the connection closed (1011: retried), waited 0.5 s and went on a new connection, where the chain
+    # was asked for as the client last knew it.
+    assert frame_kinds(server) == [(0, "response.create", None), (1, "response.create", "resp_0")]
+    assert (record.turns[1].sent_at, record.turns[1].ended_at, record.ended_at) == (2.0, 3.5, 3.5)
+    assert record.recovery_seconds == [0.5]  # from the failure to the retried response's first event
+    received = [json.dumps(created_event("resp_1")), json.dumps({"type": "response.output_item.done", "item": ANSWER}),
+                json.dumps(completed, ensure_ascii=False)]
+    assert record.turns[1].bytes_received == sum(len(text.encode()) for text in received)
+
+
+async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
+    await trio.sleep(1.0)
+    record = await reconnecting(server, metadata={"k": "v"})
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (CHAINED, "two-turns", "completed", 1.0, 1.0)
+    assert server.headers[0]["authorization"] == "Bearer testbed" and "x-responsesapi-include-timing-metrics" not in server.headers[0]
+    prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
+    # Without a store, chained asks for the reasoning blob it would need to resend the conversation.
+    assert server.received[0][1] == {"type": "response.create", **request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"},
+                                                                               store=False, include_reasoning=True), "input": prompt}
+
+
+@pytest.mark.parametrize(("design", "store"), [(SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
+async def test_the_reconnecting_client_passes_the_callers_options(autojump_clock, design: str, store: bool) -> None:
+    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
+    record = await reconnecting(server, design, model="m", store=store, include_timing=True, api_key="key-1", instructions="mine")
+    assert (record.design, record.status) == (design, "completed")
+    assert (server.headers[0]["authorization"], server.headers[0]["x-responsesapi-include-timing-metrics"]) == ("Bearer key-1", "true")
+    assert server.headers[0]["openai-beta"] == BETA[design]
+    first = server.received[0][1]
+    assert first == {"type": "response.create", **request_body(TWO_TURNS, model="m", metadata={}, store=store, instructions="mine"),
+                     "input": first["input"]}  # no reasoning blob: v1 never needs it, and a stored chain is hydrated
+
+
+def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+        ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, TWICE, metadata={})
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+async def test_the_backoffs_jitter_is_drawn_from_the_seed_and_the_task(autojump_clock, seed: int) -> None:
+    policy = ReconnectPolicy("jittered", initial_delay=1.0, max_retries=2, jitter=(0.5, 1.5))
+    server = ScriptedServer([[created_event("resp_0"), Close(1011)], response_events("response.completed", "resp_0", ANSWER)])
+    record = await reconnecting(server, CHAINED, policy, **({} if seed == 0 else {"seed": seed}))
+    assert (record.status, record.reconnects) == ("completed", 1)
+    assert trio.current_time() == policy.delay(1, random.Random(f"reconnect:{seed}:two-turns"))
+
+
+async def test_a_refused_connection_is_retried_with_the_policys_backoff_until_it_gives_up(autojump_clock) -> None:
+    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
+    connector = InMemoryConnector(server, refusing=True)  # nothing listens until 0.7 s
+
+    async def accept_later() -> None:
+        await trio.sleep(0.7)
+        connector.refusing = False
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_later)
+        with trio.fail_after(60):
+            record = await run_reconnecting_rollout(connector, CHAINED, TWO_TURNS, TWICE, metadata={})
+    # Refused at 0 and at 0.5 s; the third attempt, after 1 s more, connects.
+    assert (record.status, record.reconnects, record.recovery_seconds, record.ended_at) == ("completed", 2, [1.5], 1.5)
+    assert (record.turns[0].sent_at, server.connections) == (0.0, 1)
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(ScriptedServer([]), refusing=True), CHAINED, TWO_TURNS, TWICE, metadata={})
+    assert (record.status, record.reconnects, record.ended_at - record.started_at, record.turns) == ("error:gave_up", 2, 1.5, [])
+
+
+async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(autojump_clock) -> None:
+    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
+    with trio.fail_after(60):
+        record = await run_reconnecting_rollout(InMemoryConnector(server, netem.NetworkProfile(rtt=0.1)), CHAINED, TWO_TURNS, TWICE,
+                                                metadata={})
+    # Three round trips of handshakes, then the create and its answer; the close handshake after it is not the task's.
+    assert (record.status, record.turns[0].sent_at) == ("completed", 0.0)
+    assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at
+
+
+class ClosedSocket:
+    """A connection as `_close_code` reads one: the reason it closed with, if it did."""
+
+    def __init__(self, code: int | None) -> None:
+        self.closed = None if code is None else trio_websocket.CloseReason(code, None)
+
+
+class LinkErrorWithReason(OSError):
+    """An error that carries a `reason` of its own (as `ssl.SSLError` does), not a close reason."""
+
+    reason = "WRONG_VERSION_NUMBER"
+
+
+def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
+    closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
+    assert _close_code(closed, None) == 1011
+    assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
+    assert _close_code(trio_websocket.ConnectionClosed(None), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
+    assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]
+    assert _close_code(OSError("refused"), None) is None
+
+
+def test_new_connections_go_to_the_workers_in_turn_skipping_those_that_are_down() -> None:
+    workers = [types.SimpleNamespace(refusing=False, open_stream=lambda n=n: f"w{n}") for n in range(3)]
+    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
+    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    workers[2].refusing = True
+    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
+    workers[0].refusing = workers[1].refusing = True
+    assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
 
 
 async def test_openai_python_resets_its_count_at_every_event_so_responses_cut_after_one_never_spend_it(autojump_clock) -> None:
@@ -176,8 +386,8 @@ async def test_openai_python_resets_its_count_at_every_event_so_responses_cut_af
     # its 5 attempts; the eighth completes. Each response.created resets the count (`_record_websocket_progress`), so
     # every reconnect is a first attempt, after 0.5 s.
     cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
-    server = ScriptedServer([*cut, [created_event("resp_7"), completed_event("resp_7")]])
-    record = await scripted_rollout(server, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
+    server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
+    record = await reconnecting(server, policy=attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)), task=ONE_TURN)
     assert (record.status, record.reconnects, server.connections) == ("completed", 7, 8)
     assert trio.current_time() == record.ended_at == 7 * 0.5
     assert record.recovery_seconds == [0.5] * 7
@@ -187,8 +397,8 @@ async def test_codex_counts_every_broken_response_of_one_request_whatever_it_rec
     # The same seven cut responses: one sampling request, one count (codex-rs `responses_retry.rs`); without its
     # HTTPS fallback, the sixth cut is one more than its 5 retries.
     cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
-    server = ScriptedServer([*cut, [created_event("resp_7"), completed_event("resp_7")]])
-    record = await scripted_rollout(server, attrs.evolve(CODEX_STEADY, fallback_to_http=False))
+    server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
+    record = await reconnecting(server, policy=attrs.evolve(CODEX_STEADY, fallback_to_http=False), task=ONE_TURN)
     assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
     assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
 

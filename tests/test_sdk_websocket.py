@@ -16,6 +16,7 @@ import json
 import typing
 from typing import Any
 
+import jsonschema
 import pytest
 import trio
 from openai import OpenAI
@@ -59,74 +60,22 @@ def assert_typed(event: Any, raw: dict[str, Any]) -> None:
     model.model_validate(raw)  # raises if a required field is missing or has the wrong type
 
 
-# --- a small JSON-schema check (the subset the tools below use) ----------------------------------
-
-
-def assert_schema_valid(value: Any, schema: dict[str, Any], path: str = "$") -> None:
-    if "enum" in schema:
-        assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
-    kind = schema.get("type")
-    if kind == "object":
-        assert isinstance(value, dict), f"{path}: {value!r} is not an object"
-        properties = schema.get("properties", {})
-        for key in schema.get("required", []):
-            assert key in value, f"{path}: required key {key!r} missing from {value!r}"
-        if schema.get("additionalProperties") is False:
-            assert set(value) <= set(properties), f"{path}: unexpected keys {set(value) - set(properties)}"
-        for key, item in value.items():
-            if key in properties:
-                assert_schema_valid(item, properties[key], f"{path}.{key}")
-    elif kind == "string":
-        assert isinstance(value, str), f"{path}: {value!r} is not a string"
-    elif kind == "integer":
-        assert isinstance(value, int) and not isinstance(value, bool), f"{path}: {value!r} is not an integer"
-    elif kind == "number":
-        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{path}: {value!r} is not a number"
-    elif kind == "boolean":
-        assert isinstance(value, bool), f"{path}: {value!r} is not a boolean"
-    elif kind == "array":
-        assert isinstance(value, list), f"{path}: {value!r} is not an array"
-        for i, item in enumerate(value):
-            assert_schema_valid(item, schema.get("items", {}), f"{path}[{i}]")
-    if "minimum" in schema:
-        assert value >= schema["minimum"], f"{path}: {value!r} below minimum {schema['minimum']}"
-
-
 def assert_call_valid(name: str, arguments: str, tools: list[dict[str, Any]]) -> None:
-    """The call names one of the request's function tools and its arguments are valid for its schema."""
+    """The call names one of the request's function tools and its arguments (a JSON string) are valid for its schema."""
     schemas = {tool["name"]: tool["parameters"] for tool in tools}
     assert name in schemas, f"call to {name!r}, not one of the client's tools {sorted(schemas)}"
-    assert isinstance(arguments, str), "function_call.arguments must be a JSON string"
-    assert_schema_valid(json.loads(arguments), schemas[name])
+    jsonschema.validate(json.loads(arguments), schemas[name])
 
 
 # --- v2 with openai-python ----------------------------------------------------------------------
 
 SDK_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "name": "read_file",
-        "description": "Read the first lines of a file in the repository.",
-        "parameters": {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer", "minimum": 1}},
-            "required": ["path", "max_lines"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-    {
-        "type": "function",
-        "name": "run_tests",
-        "description": "Run a test suite.",
-        "parameters": {
-            "type": "object",
-            "properties": {"suite": {"type": "string", "enum": ["unit", "e2e"]}, "verbose": {"type": "boolean"}},
-            "required": ["suite", "verbose"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
+    {"type": "function", "name": "read_file", "description": "Read the first lines of a file in the repository.", "strict": True,
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer", "minimum": 1}},
+                    "required": ["path", "max_lines"], "additionalProperties": False}},
+    {"type": "function", "name": "run_tests", "description": "Run a test suite.", "strict": True,
+     "parameters": {"type": "object", "properties": {"suite": {"type": "string", "enum": ["unit", "e2e"]}, "verbose": {"type": "boolean"}},
+                    "required": ["suite", "verbose"], "additionalProperties": False}},
 ]
 
 
@@ -191,13 +140,9 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
         previous_id: str | None = None
         next_input: Any = "The unit tests fail after the last refactor; find out why and fix it."
         for _ in range(MAX_TURNS):
-            fields: dict[str, Any] = {
-                "model": MODEL,
-                "input": next_input,
-                "tools": SDK_TOOLS,  # not inherited through previous_response_id (docs/protocol.md)
-                "metadata": {"testbed_workload": "fixed:3"},
-                "store": False,
-            }
+            # The tools are not inherited through previous_response_id (docs/protocol.md).
+            fields: dict[str, Any] = {"model": MODEL, "input": next_input, "tools": SDK_TOOLS, "metadata": {"testbed_workload": "fixed:3"},
+                                      "store": False}
             if previous_id is not None:
                 fields["previous_response_id"] = previous_id
             conn.response.create(**fields)
@@ -332,41 +277,17 @@ async def test_sdk_previous_response_not_found_keeps_connection_usable(live_serv
 
 V1_HEADERS = {"Authorization": "Bearer x", "OpenAI-Beta": "responses_websockets=2026-02-04"}
 V1_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "type": "function",
-        "name": "lookup",
-        "description": "Look a record up by its id.",
-        "parameters": {
-            "type": "object",
-            "properties": {"id": {"type": "integer"}},
-            "required": ["id"],
-            "additionalProperties": False,
-        },
-    },
+    {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+                    "required": ["city", "unit"], "additionalProperties": False}},
+    {"type": "function", "name": "lookup", "description": "Look a record up by its id.",
+     "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": False}},
 ]
 
 
 def v1_create(**extra: Any) -> dict[str, Any]:
-    return {
-        "type": "response.create",
-        "model": MODEL,
-        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Plan my trip."}]}],
-        "tools": V1_TOOLS,
-        "metadata": {"testbed_workload": "fixed:4"},
-        "store": False,
-        **extra,
-    }
+    return {"type": "response.create", "model": MODEL, "tools": V1_TOOLS, "metadata": {"testbed_workload": "fixed:4"}, "store": False,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Plan my trip."}]}], **extra}
 
 
 def output_for(call_id: str) -> dict[str, Any]:

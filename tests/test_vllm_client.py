@@ -1,87 +1,50 @@
-"""The vLLM boundary's pieces that run without vLLM: the line protocol, the client's routing of
-events, the choice of interpreter, the model configs, and the engine's token pacing against a
-scripted fake worker (a peer that answers like vllm_worker.py, named fake: it computes nothing)."""
+"""The vLLM boundary's client side without vLLM (prototype/engine/vllm_client.py, vllm_models.py): the model configs
+and engine settings, the worker's command line and environment, the choice of interpreter, the line protocol and its
+limits, the client's routing of events and failures against a scripted fake worker (a peer that answers like
+vllm_worker.py, named fake: it computes nothing); starting and stopping the worker's process against stand-in workers;
+and the commands that need vLLM saying why they cannot start without it."""
 
 from __future__ import annotations
 
-import enum
+import contextlib
+import hashlib
 import importlib.util
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
-from types import SimpleNamespace
+from pathlib import Path
 
 import attrs
 import pytest
 import trio
 import trio.testing
 
-from prototype import benchmark
-from prototype import workload as wl
-from prototype.api.costs import ZERO_COSTS
-from prototype.engine.engine import ModelCall, PlannedOutput
-from prototype.engine.kv import Prompt
-from prototype.engine.latency import LatencyModel
-from prototype.engine.streaming import ContextWindowExceeded
+from prototype.engine import vllm_client, vllm_models
 from prototype.engine.vllm_client import (
     DEFAULT_VENV,
     PYTHON_ENV,
+    WORKER_SCRIPT,
     LineSplitter,
     Ready,
     VllmClient,
     VllmUnavailable,
     WorkerFailed,
+    WorkerProcess,
     encode,
+    open_vllm_process,
     vllm_python,
+    worker_command,
+    worker_environment,
+    worker_settings,
 )
-from prototype.engine.vllm_engine import RealEngineError, VllmEngine, open_vllm_engine
-from prototype.engine.vllm_forced import FORCED_IDS, ForcedPlans, check_plan
-from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU, to_model_ids, write_model
+from prototype.engine.vllm_engine import open_vllm_engine
+from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU, to_model_ids, write_model
 
 READY = {"type": "ready", "vocab_size": 1000, "block_size": 32, "kv_blocks": 64, "startup_s": 1.5,
          "vllm_version": "0.32.0", "device": "cpu"}
-
-
-def test_line_splitter_joins_split_lines_and_skips_blank_ones():
-    splitter = LineSplitter()
-    assert splitter.feed(b'{"a": 1}\n{"b"') == [{"a": 1}]
-    assert splitter.feed(b': 2}\n\n') == [{"b": 2}]
-    assert splitter.feed(encode({"c": [1, 2]})) == [{"c": [1, 2]}]
-
-
-def test_ready_event_parsed_and_errors_raised():
-    assert Ready.from_event(READY) == Ready(1000, 32, 64, 1.5, "0.32.0", "cpu")
-    with pytest.raises(WorkerFailed, match="engine start failed: boom"):
-        Ready.from_event({"type": "error", "rid": None, "message": "engine start failed: boom"})
-    with pytest.raises(WorkerFailed, match="expected the worker's ready event"):
-        Ready.from_event({"type": "tokens"})
-
-
-def test_vllm_python_order(monkeypatch, tmp_path):
-    python = tmp_path / "python"
-    python.write_text("")
-    assert vllm_python(python) == python
-    monkeypatch.setenv(PYTHON_ENV, str(python))
-    assert vllm_python() == python
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "missing"))
-    with pytest.raises(VllmUnavailable, match="does not exist"):
-        vllm_python()
-    monkeypatch.delenv(PYTHON_ENV)
-    assert DEFAULT_VENV == DEFAULT_VENV.home() / ".cache" / "testbed" / "vllm-venv"
-    import importlib.util
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
-    assert str(vllm_python()) == sys.executable
-
-
-def test_model_configs_written_once(tmp_path):
-    folder = write_model(TINY_CPU, tmp_path)
-    config = json.loads((folder / "config.json").read_text())
-    assert (config["num_hidden_layers"], config["hidden_size"], config["architectures"]) == (2, 128, ["LlamaForCausalLM"])
-    assert write_model(TINY_CPU, tmp_path) == folder
-    # Llama-3.1-8B's published dimensions; its KV is 128 KiB a token in bf16.
-    assert LLAMA_8B_SHAPE.config()["num_key_value_heads"] == 8 and LLAMA_8B_SHAPE.kv_bytes_per_token() == 131_072
-    assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]
 
 
 class FakeWorker:
@@ -135,15 +98,238 @@ class FakeWorker:
             await self.send({"type": "finished", "rid": message["rid"]})
 
 
-async def _engine_on_fake(nursery, **fake):
+async def fake_worker(nursery, **fake) -> tuple[trio.abc.Stream, FakeWorker]:
+    """A FakeWorker serving the other end of the stream returned."""
     client_end, worker_end = trio.testing.memory_stream_pair()
     worker = FakeWorker(worker_end, **fake)
     nursery.start_soon(worker.serve)
     return client_end, worker
 
 
+@contextlib.asynccontextmanager
+async def engine_on_fake(nursery, spec=TINY_CPU, *, namespace: str | None = None, retention=None, **fake):
+    """The real engine (`spec`, with the namespace and retention policy given) on a FakeWorker: (engine, worker)."""
+    stream, worker = await fake_worker(nursery, **fake)
+    options = {name: value for name, value in (("namespace", namespace), ("retention", retention)) if value is not None}
+    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(spec, client=client, **options) as engine:
+        yield engine, worker
+
+
+# --- the models --------------------------------------------------------------------------------------------------------
+
+
+def test_a_model_config_is_llama_at_the_specs_dimensions():
+    assert TINY_CPU.config() == {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 128_256, "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+    }
+    assert TINY_CPU.engine_settings() == {"max_model_len": 131_072, "block_size": 32, "dtype": "float32",
+                                          "enforce_eager": True, "gpu_memory_utilization": 0.9}
+    assert LLAMA_8B_SHAPE.engine_settings() == {"max_model_len": 131_072, "block_size": 16, "dtype": "bfloat16",
+                                                "enforce_eager": False, "gpu_memory_utilization": 0.9}
+    assert (TINY_CPU.head_dim, LLAMA_8B_SHAPE.head_dim) == (32, 128)
+    # K and V of 2 layers x 2 KV heads x 32 wide, 4 bytes each in float32; 2 bytes in bfloat16. Llama-3.1-8B's
+    # published dimensions: 128 KiB a token in bf16.
+    assert (TINY_CPU.kv_bytes_per_token(), attrs.evolve(TINY_CPU, dtype="bfloat16").kv_bytes_per_token()) == (1024, 512)
+    assert LLAMA_8B_SHAPE.config()["num_key_value_heads"] == 8 and LLAMA_8B_SHAPE.kv_bytes_per_token() == 131_072
+    assert (TINY_CPU.cpu_kv_cache_gib, LLAMA_8B_SHAPE.cpu_kv_cache_gib) == (1, None)
+    assert MODELS == {"tiny-llama-cpu": TINY_CPU, "llama-3.1-8b-shape": LLAMA_8B_SHAPE}
+    assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]  # the testbed's ids modulo the vocabulary
+
+
+def test_a_models_folder_is_named_by_its_config_written_once_and_rewritten_when_it_differs(tmp_path, monkeypatch):
+    folder = write_model(TINY_CPU, tmp_path)
+    config = TINY_CPU.config()
+    assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
+    assert (folder / "config.json").read_text() == json.dumps(config, indent=1)
+    assert write_model(TINY_CPU, tmp_path) == folder
+    (folder / "config.json").write_text("{}")
+    assert write_model(TINY_CPU, tmp_path) == folder and json.loads((folder / "config.json").read_text()) == config
+    other = write_model(attrs.evolve(TINY_CPU, layers=3), tmp_path)
+    assert other != folder and other.parent == tmp_path and other.name.startswith("tiny-llama-cpu-")
+    assert write_model(TINY_CPU, tmp_path / "a" / "b").parent == tmp_path / "a" / "b"  # parents made
+    assert vllm_models.MODELS_DIR == Path.home() / ".cache" / "testbed" / "models"  # by default, under the user's cache
+    monkeypatch.setattr(vllm_models, "MODELS_DIR", tmp_path / "models")
+    assert write_model(TINY_CPU).parent == tmp_path / "models"
+
+
+# --- starting the worker -------------------------------------------------------------------------------------------
+
+
+def test_the_worker_is_the_script_beside_the_client_given_its_settings_as_json(tmp_path):
+    settings = worker_settings(TINY_CPU, tmp_path / "m")
+    assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
+    command = worker_command(Path("/opt/py"), settings)
+    assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
+
+
+def test_the_workers_environment_sizes_the_cpu_kv_cache_and_quiets_vllm(monkeypatch):
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TESTBED_SEEN", "1")
+    env = worker_environment(TINY_CPU)
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_LOGGING_LEVEL"], env["PYTHONUNBUFFERED"], env["TESTBED_SEEN"]) == (
+        "1", "WARNING", "1", "1")
+    assert "VLLM_CPU_KVCACHE_SPACE" not in worker_environment(LLAMA_8B_SHAPE)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    monkeypatch.setenv("PYTHONUNBUFFERED", "0")
+    env = worker_environment(TINY_CPU)
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_LOGGING_LEVEL"], env["PYTHONUNBUFFERED"]) == ("4", "DEBUG", "0")
+
+
+def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_with_vllm_else_the_default_venv(tmp_path, monkeypatch):
+    assert DEFAULT_VENV == Path.home() / ".cache" / "testbed" / "vllm-venv"
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # this interpreter cannot import vllm
+    monkeypatch.setattr(vllm_client, "DEFAULT_VENV", tmp_path / "venv")
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    with pytest.raises(VllmUnavailable) as refused:
+        vllm_python()
+    assert str(refused.value) == (
+        f"no interpreter with vLLM: this one cannot import vllm, $TESTBED_VLLM_PYTHON is unset and "
+        f"{venv_python} does not exist (docs/real_engine.md installs it)")
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("")
+    assert vllm_python() == venv_python
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "missing"))  # the environment's comes before the default
+    with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'missing'} does not exist$"):
+        vllm_python()
+    assert vllm_python(venv_python) == venv_python  # an explicit interpreter comes first
+    monkeypatch.setenv(PYTHON_ENV, str(venv_python))
+    assert vllm_python() == venv_python
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(PYTHON_ENV)
+    assert vllm_python("~/venv/bin/python") == venv_python  # `~` is expanded
+    with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'nope'} does not exist$"):
+        vllm_python(tmp_path / "nope")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
+    assert vllm_python() == Path(sys.executable)
+
+
+# --- the line protocol and the client ------------------------------------------------------------------------------
+
+
+def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
+    assert encode({"op": "close", "rid": "r1"}) == b'{"op":"close","rid":"r1"}\n'
+    monkeypatch.setattr(vllm_client, "MAX_LINE_BYTES", 8)
+    splitter = LineSplitter()
+    assert splitter.feed(b'{"a":1}') == []  # 7 bytes: waiting for the rest
+    full = LineSplitter()
+    assert full.feed(b'{"a":12}') == []  # exactly the limit without its newline: still waiting
+    assert full.feed(b"\n") == [{"a": 12}]
+    with pytest.raises(WorkerFailed, match="^a line from the worker exceeds 8 bytes$"):
+        splitter.feed(b"23")
+    assert LineSplitter().feed(b'{"a":1234}\n') == [{"a": 1234}]  # long, but a whole line
+    assert LineSplitter().feed(b'  \n{"b":1}\n \n') == [{"b": 1}]
+    joined = LineSplitter()  # a line split across reads is joined
+    assert joined.feed(b'{"a": 1}\n{"b"') == [{"a": 1}] and joined.feed(b': 2}\n\n') == [{"b": 2}]
+
+
+def test_a_ready_event_is_read_field_by_field_and_an_error_fails_with_its_message():
+    assert Ready.from_event(READY) == Ready(1000, 32, 64, 1.5, "0.32.0", "cpu")
+    with pytest.raises(WorkerFailed, match="^engine start failed: boom$"):
+        Ready.from_event({"type": "error", "rid": None, "message": "engine start failed: boom"})
+    assert Ready.from_event({**READY, "vocab_size": 7, "device": "cuda"}) == Ready(7, 32, 64, 1.5, "0.32.0", "cuda")
+    with pytest.raises(WorkerFailed, match="^the worker failed$"):
+        Ready.from_event({"type": "error"})
+    with pytest.raises(WorkerFailed) as refused:
+        Ready.from_event({"type": "tokens"})
+    assert str(refused.value) == "expected the worker's ready event, got {'type': 'tokens'}"
+
+
+async def test_the_ready_line_is_read_across_reads_and_what_follows_it_is_dispatched(autojump_clock, nursery):
+    client_end, worker_end = trio.testing.memory_stream_pair()
+    line = encode(READY)
+    await worker_end.send_all(line[:10])
+
+    async def rest() -> None:
+        await trio.sleep(1)
+        await worker_end.send_all(line[10:] + encode({"type": "error", "rid": None, "message": "engine died"}))
+
+    nursery.start_soon(rest)
+    async with VllmClient.over_streams(client_end, client_end) as client:
+        assert client.ready == Ready.from_event(READY) and trio.current_time() == 1
+        with pytest.raises(WorkerFailed, match="^engine died$"):  # the error came in the ready line's read
+            await client.generate("a", [1], 1)
+
+
+async def test_a_worker_that_exits_before_it_is_ready_says_so(autojump_clock):
+    client_end, worker_end = trio.testing.memory_stream_pair()
+    await worker_end.send_all(b'{"type":')
+    await worker_end.aclose()
+    with pytest.raises(WorkerFailed, match=r"^the vLLM worker exited before its engine was ready \(its log says why\)$"):
+        async with VllmClient.over_streams(client_end, client_end):
+            pass
+
+
+class Sent:
+    """A send stream that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict] = []
+
+    async def send_all(self, data: bytes) -> None:
+        self.lines += [json.loads(line) for line in bytes(data).splitlines()]
+
+
+async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
+    sent = Sent()
+    client = VllmClient(sent, None, Ready.from_event(READY))
+    await client.generate("r1", [1, 2], 3)
+    await client.generate("r2", [4], 1, salt="s", held=True)
+    await client.append("r2", [5], 2)
+    await client.close("r2")
+    await client.abort("r1")
+    await client.shutdown()
+    assert sent.lines == [
+        {"op": "generate", "rid": "r1", "prompt": [1, 2], "max_tokens": 3, "forced": None, "salt": None, "held": False},
+        {"op": "generate", "rid": "r2", "prompt": [4], "max_tokens": 1, "forced": None, "salt": "s", "held": True},
+        {"op": "append", "rid": "r2", "prompt": [5], "max_tokens": 2, "forced": None},
+        {"op": "close", "rid": "r2"},
+        {"op": "abort", "rid": "r1"},
+        {"op": "shutdown"},
+    ]
+
+    async def answer(tag: int, reset_peak: bool) -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent.lines[-1] == {"op": "counters", "tag": tag, "reset_peak": reset_peak}
+        client.dispatch({"type": "counters", "tag": 99, "counters": {"late": 1}})  # no waiter: ignored
+        client.dispatch({"type": "counters", "tag": tag, "counters": {"tag": tag}})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer, 1, True)
+        assert await client.counters(reset_peak=True) == {"tag": 1}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer, 2, False)
+        assert await client.counters() == {"tag": 2}
+
+
+async def test_an_error_for_no_open_request_fails_the_client_and_every_open_request(autojump_clock):
+    client = VllmClient(Sent(), None, Ready.from_event(READY))
+    a = await client.generate("a", [1], 1)
+    b = await client.generate("b", [1], 1)
+    client.dispatch({"type": "tokens", "rid": "gone", "n": 1})  # an event of no open request: dropped
+    client.dispatch({"type": "finished", "rid": None})
+    client.dispatch({"type": "tokens", "rid": "a", "n": 1})
+    client.dispatch({"type": "finished", "rid": "a"})
+    assert [event async for event in a] == [{"type": "tokens", "rid": "a", "n": 1}, {"type": "finished", "rid": "a"}]
+    await client.generate("a", [1], 1)  # its id is free again
+    client.dispatch({"type": "error", "rid": "zz"})
+    assert [event async for event in b] == [{"type": "error", "rid": "b", "message": "worker error"}, {"type": "finished", "rid": "b"}]
+    with pytest.raises(WorkerFailed, match="^worker error$"):
+        await client.abort("a")
+    other = VllmClient(Sent(), None, Ready.from_event(READY))
+    c = await other.generate("c", [1], 1)
+    other.dispatch({"type": "error", "rid": None, "message": "engine died"})
+    assert [event["message"] async for event in c if event["type"] == "error"] == ["engine died"]
+
+
 async def test_client_routes_events_by_request_and_answers_counters(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery, gap=0.01)
+    stream, worker = await fake_worker(nursery, gap=0.01)
     async with VllmClient.over_streams(stream, stream) as client:
         assert client.ready.block_size == 32
         a = await client.generate("a", [1, 2, 3], 2)
@@ -171,108 +357,189 @@ async def test_client_fails_open_requests_when_the_worker_exits(autojump_clock, 
             await client.generate("b", [1], 1)
 
 
-async def test_engine_streams_pieces_as_tokens_arrive_and_resumes_held_requests(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery, gap=0.01, per_event=2)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-        prompt = Prompt(range(1200, 1250))
-        call = await engine.begin_call("s", prompt, pinned=True)
-        start = trio.current_time()
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=5), engine_call=call)
-        assert trio.current_time() - start == pytest.approx(0.01)  # the first token's arrival
-        chunks = [text async for text in engine.stream(latency, list("abcde"), engine_call=call)]
-        # Two tokens an event; the first chunk holds the first event's tokens, nothing is lost or repeated.
-        assert "".join(chunks) == "abcde" and chunks == ["ab", "cd", "e"]
-        engine.end_call(call)
-        prompt.extend(range(7, 17))
-        call = await engine.begin_call("s", prompt, pinned=True)
-        resumed = await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=1), engine_call=call)
-        assert resumed.cached == 54  # usage counts what the live request held as cached: all but the 6 sent
-        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-        engine.end_call(call)
-        engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
-    generate, append, close = worker.received
-    # Model ids are the testbed's modulo the vocabulary (1000 here).
-    assert (generate["op"], generate["held"], generate["prompt"][:2]) == ("generate", True, [200, 201])
-    # The request holds 50 + 5 - 1 = 54 tokens, so the resume sends the prompt's last 6 ids only.
-    assert (append["op"], append["prompt"], append["max_tokens"]) == ("append", [11, 12, 13, 14, 15, 16], 1)
-    assert close == {"op": "close", "rid": generate["rid"]}
-    assert [(r.resumed, r.sent_tokens, r.output_tokens, r.kv_blocks_used) for r in engine.records] == [
-        (False, 50, 5, 16), (True, 6, 1, 16)]
+# --- the worker's process, against stand-in workers (scripts the tests write, passed as the interpreter) -------------
+
+# The hang guard: a stand-in ends itself (SIGALRM) this long after it starts, whatever it was doing.
+LIFETIME = 10
+PROCESS_READY = {"type": "ready", "vocab_size": 128256, "block_size": 32, "kv_blocks": 2048, "startup_s": 0.25,
+         "vllm_version": "0.32.0", "device": "cpu"}
+ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED")
+
+PRELUDE = """
+import json, os, signal, sys, time
+signal.alarm({lifetime})
+
+def note(**fields):  # what the stand-in saw, one JSON object a line, for the test to read
+    with open({record!r}, "a") as record:
+        record.write(json.dumps(fields) + "\\n")
+
+def say(*events):  # one write: the events reach the pipe together
+    os.write(1, b"".join(json.dumps(event).encode() + b"\\n" for event in events))
+
+note(argv=sys.argv[1:], env={{name: os.environ.get(name) for name in {environment!r}}})
+"""
+
+# Logs a line, says it is ready (with an event after its ready line in the same write), then exits
+# 0 on the shutdown request (5 on anything else).
+OBEDIENT = f"""
+sys.stderr.write("engine starting\\n")
+sys.stderr.flush()
+say({PROCESS_READY!r}, {{"type": "finished", "rid": "after-ready"}})
+line = sys.stdin.buffer.readline()
+note(stdin=line.decode())
+sys.exit(0 if line == b'{{"op":"shutdown"}}\\n' else 5)
+"""
+
+# Ready, then reads the shutdown request and goes on running (until SIGTERM).
+IGNORES_SHUTDOWN = f"""
+say({PROCESS_READY!r})
+note(stdin=sys.stdin.buffer.readline().decode())
+while True:
+    time.sleep(1)
+"""
+
+# As above, and SIGTERM is ignored too (SIGKILL is the only way out).
+IGNORES_SIGTERM = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + IGNORES_SHUTDOWN
+
+# Closes its stdin before it says it is ready: the shutdown request finds a broken pipe.
+CLOSES_STDIN = f"""
+os.close(0)
+say({PROCESS_READY!r})
+while True:
+    time.sleep(1)
+"""
+
+# Logs why and exits 3 before its ready line.
+FAILS_TO_START = """
+sys.stderr.write("engine failed: no memory\\n")
+sys.exit(3)
+"""
 
 
-async def test_a_compacted_prompt_closes_the_held_request_and_opens_one_on_the_whole_prompt(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-
-        async def held_call(prompt: Prompt, tokens: int) -> None:
-            call = await engine.begin_call("s", prompt, pinned=True)
-            await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=tokens), engine_call=call)
-            await engine.decode_unstreamed(latency, tokens, start=0.0, engine_call=call)
-            engine.end_call(call)
-
-        await held_call(Prompt(range(100, 140)), 3)
-        # The same ids in a new object (a context rendered anew with nothing dropped) still extend the request.
-        await held_call(Prompt([*range(100, 140), *range(500, 510)]), 2)
-        # A compacted context starts otherwise: the request is closed, a new one takes the whole prompt.
-        compacted = Prompt(range(700, 720))
-        await held_call(compacted, 2)
-        compacted.extend(range(800, 805))
-        await held_call(compacted, 1)
-        engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
-    ops = [(m["op"], m.get("rid"), len(m.get("prompt", ()))) for m in worker.received]
-    first, second = (m["rid"] for m in worker.received if m["op"] == "generate")
-    # 40 + 3 - 1 = 42 held, 50-token prompt: 8 appended; the new request holds 20 + 2 - 1 = 21 of 25: 4 appended.
-    assert ops == [("generate", first, 40), ("append", first, 8), ("close", first, 0), ("generate", second, 20),
-                   ("append", second, 4), ("close", second, 0)]
-    assert [(r.resumed, r.sent_tokens) for r in engine.records] == [(False, 40), (True, 8), (False, 20), (True, 4)]
+def stand_in(folder: Path, body: str, name: str = "python") -> Path:
+    """An executable script that takes the interpreter's place in the worker's command line."""
+    path = folder / name
+    record = folder / f"{name}.record"
+    prelude = PRELUDE.format(lifetime=LIFETIME, record=str(record), environment=ENVIRONMENT)
+    path.write_text(f"#!{sys.executable} -IS\n{prelude}{body}")
+    path.chmod(0o755)
+    return path
 
 
-async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees_it(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery)
-    small = attrs.evolve(TINY_CPU, max_model_len=64)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(small, client=client) as engine:
-        latency = LatencyModel()
-        prompt = Prompt(range(100, 150))
-        call = await engine.begin_call("s", prompt, pinned=True)
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=14), engine_call=call)  # 64: fits
-        await engine.decode_unstreamed(latency, 14, start=0.0, engine_call=call)
-        engine.end_call(call)
-        prompt.extend(range(200, 210))  # the request holds 63; one id more and 5 tokens out is 69 > 64
-        call = await engine.begin_call("s", prompt, pinned=True)
-        with pytest.raises(ContextWindowExceeded) as refused:
-            await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=5), engine_call=call)
-        assert (refused.value.tokens, refused.value.window, refused.value.code) == (69, 64, "context_length_exceeded")
-        engine.end_call(call)
-        engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
-    assert [m["op"] for m in worker.received] == ["generate", "close"]
+def records(python: Path) -> list[dict]:
+    path = python.with_name(f"{python.name}.record")
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_sessions(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-        engine.isolate("elsewhere")
-        prompt = Prompt([1, 2, 3])
-        call = await engine.begin_call("elsewhere", prompt)
-        await engine.prefill_call(latency, ModelCall("elsewhere", prompt, held=False, output_tokens=4), engine_call=call)
-        engine.end_call(call)  # stopped after the first token (steering, a failure)
-        engine.release("elsewhere")
-        engine.isolate("elsewhere-too")  # another routed-away session: a salt never used before
-        call = await engine.begin_call("elsewhere-too", prompt)
-        await engine.prefill_call(latency, ModelCall("elsewhere-too", prompt, held=False, output_tokens=1), engine_call=call)
-        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-        engine.end_call(call)
-        await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(RealEngineError, match="outside a model call"):
-            await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-    generate, again = (message for message in worker.received if message["op"] == "generate")
-    assert [message for message in worker.received if message["op"] == "abort"] == [{"op": "abort", "rid": generate["rid"]}]
-    assert (generate["salt"], again["salt"]) == ("isolated-0", "isolated-1")
+@pytest.fixture
+def started(monkeypatch, tmp_path):
+    """The model folder under tmp_path, the worker's variables unset (so the values seen are the ones it
+    is given), $TESTBED_VLLM_PYTHON naming a decoy that exits 7 (so a start that ignored `python=` would
+    fail), and every worker started through `start` ended after the test."""
+    monkeypatch.setattr(vllm_models, "MODELS_DIR", tmp_path / "models")
+    for name in ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    decoy_folder = tmp_path / "decoy"
+    decoy_folder.mkdir()
+    monkeypatch.setenv(PYTHON_ENV, str(stand_in(decoy_folder, "sys.exit(7)\n")))
+    processes: list[WorkerProcess] = []
+
+    def start(python: Path) -> WorkerProcess:
+        process = WorkerProcess.start(TINY_CPU, python=python)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if not isinstance(process.popen, subprocess.Popen):  # a mutant's WorkerProcess without its process
+            continue
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
+        for pipe in (process.popen.stdin, process.popen.stdout):
+            if pipe is not None:
+                with contextlib.suppress(BrokenPipeError):  # a buffered stdin (a mutant's) flushed into a dead worker
+                    pipe.close()
+
+
+def shorten_waits(monkeypatch) -> None:
+    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", 0.2)
+    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", 0.2)
+
+
+def waiting_in_pipe(fd: int) -> bytes:
+    """What is in the pipe now, b"" if nothing: no wait, since the stand-in wrote its ready line and the
+    event after it in one write (atomic, under PIPE_BUF), so the event is there once the ready line was."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    return os.read(fd, 1 << 16) if readable else b""
+
+
+def test_start_reads_the_ready_event_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
+    python = stand_in(tmp_path, OBEDIENT)
+    model_dir = write_model(TINY_CPU)
+    log = model_dir / "worker.log"
+    log.write_bytes(b"an earlier run\n")
+    process = started(python)
+    assert process.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
+    assert process.log_path == log
+    # The pipe is unbuffered on this side: what follows the ready line is still in the pipe, for the
+    # client that attaches to it later (VllmClient.over_fds), not in a buffer of this process.
+    assert waiting_in_pipe(process.popen.stdout.fileno()) == b'{"type": "finished", "rid": "after-ready"}\n'
+    process.stop()
+    assert process.popen.returncode == 0  # stop waited for the worker to exit on the request
+    seen, shutdown = records(python)
+    assert seen == {"argv": [str(WORKER_SCRIPT), json.dumps(worker_settings(TINY_CPU, model_dir))],
+                    "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}}
+    assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
+    # The worker's stderr is appended to the log, after what was there.
+    assert log.read_bytes() == b"an earlier run\nengine starting\n"
+
+
+def test_a_worker_that_exits_before_it_is_ready_fails_with_its_exit_code_and_its_log(started, tmp_path):
+    python = stand_in(tmp_path, FAILS_TO_START)
+    log = write_model(TINY_CPU) / "worker.log"
+    with pytest.raises(WorkerFailed) as failed:
+        started(python)
+    assert str(failed.value) == f"the vLLM worker exited (3) before it was ready; see {log}"
+    assert log.read_bytes() == b"engine failed: no memory\n"
+
+
+def test_stop_terminates_a_worker_that_ignores_the_shutdown_request(started, tmp_path, monkeypatch):
+    shorten_waits(monkeypatch)
+    process = started(stand_in(tmp_path, IGNORES_SHUTDOWN))
+    process.stop()
+    assert process.popen.returncode == -signal.SIGTERM
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm(started, tmp_path, monkeypatch):
+    shorten_waits(monkeypatch)
+    process = started(stand_in(tmp_path, IGNORES_SIGTERM))
+    process.stop()
+    # stop does not wait after SIGKILL; the hang guard's SIGALRM would end the stand-in otherwise.
+    assert process.popen.wait(timeout=LIFETIME + 5) == -signal.SIGKILL
+
+
+def test_stop_terminates_a_worker_whose_stdin_is_closed(started, tmp_path, monkeypatch):
+    # The shutdown request raises BrokenPipeError; the worker is terminated without the wait for it.
+    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", LIFETIME * 2)
+    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", LIFETIME * 2)
+    process = started(stand_in(tmp_path, CLOSES_STDIN))
+    process.stop()
+    assert process.popen.returncode == -signal.SIGTERM
+
+
+async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yields_a_ready_client(started, tmp_path):
+    python = stand_in(tmp_path, OBEDIENT)
+    log = tmp_path / "given.log"
+    log.write_bytes(b"an earlier run\n")
+    with trio.fail_after(LIFETIME + 5):
+        async with open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
+            assert client.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
+    assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}]
+    assert log.read_bytes() == b"an earlier run\nengine starting\n"
+
+
+# --- the commands that need vLLM, without it -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("command", [
@@ -280,8 +547,6 @@ async def test_engine_aborts_what_a_call_did_not_take_and_salts_isolated_session
     ["compare", "--engine", "vllm", "--tasks", "1", "--turns", "1", "--out", "{tmp}"],
 ])
 def test_cli_without_vllm_says_why(command, tmp_path):
-    import subprocess
-
     env = dict(os.environ, **{PYTHON_ENV: str(tmp_path / "no-python")})
     argv = [part.replace("{tmp}", str(tmp_path / "out")) for part in command]
     done = subprocess.run([sys.executable, "-m", "prototype", *argv], capture_output=True, text=True, env=env, timeout=120)
@@ -299,190 +564,8 @@ def test_compare_refuses_tasks_longer_than_the_models_window_before_starting_vll
         "tiny-llama-cpu's context window of 131,072 (fewer --turns, or another --vllm-model)\n")
 
 
-def test_serve_on_vllm_refuses_several_workers():
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--engine", "vllm", "--workers", "2", "--port", "0"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "one engine, one server" in done.stderr
-
-
-# --- forced decoding -----------------------------------------------------------------------------
-
-
-class _Direction(enum.Enum):
-    """vLLM's MoveDirectionality, by name."""
-
-    UNIDIRECTIONAL = 0
-    SWAP = 1
-
-
-def _params(plan):
-    return SimpleNamespace(extra_args={FORCED_IDS: plan} if plan is not None else None)
-
-
-def _batch(removed=(), added=(), moved=()):
-    """A vLLM BatchUpdate: rows removed, added (index, params, prompt ids, the request's live output ids), moved."""
-    return SimpleNamespace(removed=list(removed), added=list(added), moved=list(moved))
-
-
-def test_forced_plans_give_each_row_its_next_planned_id_through_batch_changes():
-    plans = ForcedPlans()
-    out_a, out_b = [], []
-    plans.update(_batch(added=[(0, _params([5, 6, 7]), [1, 2], out_a), (1, _params([8, 9]), None, out_b),
-                               (2, _params(None), [3], [])]))
-    assert plans.next_ids() == ([0, 1], [5, 8])  # the row without a plan samples freely
-    out_a.append(5)  # vLLM extends each request's own list as it samples: the position follows it
-    out_b.append(8)
-    assert plans.next_ids() == ([0, 1], [6, 9])
-    plans.update(None)  # the batch did not change
-    plans.update(_batch(moved=[(0, 1, _Direction.SWAP)]))
-    assert sorted(zip(*plans.next_ids())) == [(0, 9), (1, 6)]
-    out_b.append(9)  # b's plan is used up: from now on it samples freely
-    assert plans.next_ids() == ([1], [6])
-    # A request leaves row 0 and the batch is condensed: row 1 moves one way into it.
-    plans.update(_batch(removed=[0], moved=[(1, 0, _Direction.UNIDIRECTIONAL)]))
-    assert plans.next_ids() == ([0], [6])
-    # A held request's next chunk comes back as an added row, with its own plan and its output list emptied.
-    out_a.clear()
-    plans.update(_batch(added=[(0, _params([4, 3]), [1, 2, 5, 6], out_a)]))
-    assert plans.next_ids() == ([0], [4])
-    plans.update(_batch(added=[(0, _params(None), [7], [])]))  # a request without a plan takes the row
-    assert plans.next_ids() == ([], [])
-
-
-@pytest.mark.parametrize("plan", ["1 2", [1, -2], [1, 2.0], [True]])
-def test_a_plan_that_is_not_a_list_of_token_ids_is_refused(plan):
-    with pytest.raises(ValueError, match="must be a list of non-negative token ids"):
-        check_plan(_params(plan))
-    check_plan(_params([0, 7]))
-    check_plan(_params(None))
-
-
-async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery, gap=0.01)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-        prompt = Prompt(range(1200, 1250))
-        # Two items: two framing ids then three of text, one framing id then two of text.
-        plan = PlannedOutput.of([([1500, 1501, 1007, 1008, 1009], 3), ([1502, 1010, 1011], 2)])
-        call = await engine.begin_call("s", prompt, pinned=True)
-        asked = trio.current_time()
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=5, planned=lambda: plan),
-                                  engine_call=call)
-        assert trio.current_time() - asked == pytest.approx(0.01)  # vLLM's first token, a framing one: prefill is over
-        chunks = [(trio.current_time() - asked, text) async for text in engine.stream(latency, list("abcde"), engine_call=call)]
-        # One token every 10 ms; the framing ones (the 1st, 2nd and 6th) stream nothing.
-        assert [text for _, text in chunks] == list("abcde")
-        assert [t for t, _ in chunks] == pytest.approx([0.03, 0.04, 0.05, 0.07, 0.08])
-        engine.end_call(call)
-        prompt.extend([*plan.ids, *range(1300, 1304)])  # the output as the transcript renders it, then a tool's output
-        call = await engine.begin_call("s", prompt, pinned=True)
-        resume = PlannedOutput.of([([1503, 1012], 1)])
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=True, output_tokens=1, planned=lambda: resume),
-                                  engine_call=call)
-        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-        engine.end_call(call)
-        engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
-    generate, append, _ = worker.received
-    # The plan crosses into the model's vocabulary (1000 here) as the prompt does.
-    assert (generate["max_tokens"], generate["forced"]) == (8, [500, 501, 7, 8, 9, 502, 10, 11])
-    # The request holds the prompt and every sample but the last (50 + 8 - 1): the resume sends the last planned
-    # id, which vLLM never fed back, and the tool's output, with the resume's own plan.
-    assert (append["prompt"], append["max_tokens"], append["forced"]) == ([11, 300, 301, 302, 303], 2, [503, 12])
-    assert [(r.output_tokens, r.sampled_tokens, r.forced, r.off_plan_tokens) for r in engine.records] == [
-        (5, 8, True, 0), (1, 2, True, 0)]
-
-
-async def test_ids_vllm_sampled_off_the_plan_are_counted(autojump_clock, nursery):
-    stream, _ = await _engine_on_fake(nursery, off_plan=True, free_id=8)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-        prompt = Prompt(range(100, 110))
-        call = await engine.begin_call("s", prompt)
-        plan = PlannedOutput.of([([7, 8, 9], 3)])
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=False, output_tokens=3, planned=lambda: plan),
-                                  engine_call=call)
-        await engine.decode_unstreamed(latency, 3, start=0.0, engine_call=call)
-        engine.end_call(call)
-    (record,) = engine.records
-    assert (record.forced, record.sampled_tokens, record.off_plan_tokens) == (True, 3, 2)  # 8, 8, 8 against 7, 8, 9
-
-
-def test_a_rendering_shorter_than_its_text_is_padded_to_the_texts_tokens():
-    plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])
-    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
-
-
-@pytest.mark.parametrize("design", benchmark.DESIGNS)
-async def test_each_calls_plan_is_what_the_next_prompt_renders(design, autojump_clock, nursery, monkeypatch):
-    """The invariant forced decoding rests on: what a call samples (its plan) is what the conversation's
-    later prompts carry right after its own prompt, so vLLM's KV holds the transcript's ids."""
-    stream, _ = await _engine_on_fake(nursery, gap=0.001, per_event=64)
-    # Reasoning, a hosted web_search every turn, function calls: every kind of output a call can render.
-    preset = attrs.evolve(wl.PRESETS["chat"], hosted_call_p=1.0, parallel_calls_p=1.0)
-    config = benchmark.BenchConfig(preset=preset, n_tasks=1, fixed_turns=3, costs=ZERO_COSTS)
-    calls: list[tuple] = []
-    prefill_call = VllmEngine.prefill_call
-
-    async def recording(self, latency, call, **options):
-        calls.append((_conversation(call.key), list(call.prompt.ids), call.planned().ids if call.planned else None))
-        return await prefill_call(self, latency, call, **options)
-
-    monkeypatch.setattr(VllmEngine, "prefill_call", recording)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        (record,) = await benchmark.run_design(design, 1000.0, config.tasks(), config, server=benchmark.bench_server(config, engine))
-    assert record.status == "completed"
-    (task,) = config.tasks()
-    assert len(calls) == sum(1 + len(turn.hosted_calls) for turn in task.turns) and all(plan for _, _, plan in calls)
-    checked = 0
-    for i, (conversation, prompt, plan) in enumerate(calls):
-        later = [p for c, p, _ in calls[i + 1 :] if c == conversation]
-        if later:
-            # The last sampled id is never fed back (a hosted call's, the one before its result, may render otherwise).
-            assert later[0][len(prompt) : len(prompt) + len(plan) - 1] == list(plan[:-1])
-            checked += 1
-    assert checked == len(calls) - 1
-
-
-def _conversation(key):
-    """An http turn routed away from its prefix keys on its home's key."""
-    return key[1] if isinstance(key, tuple) and key and key[0] == "http-elsewhere" else key
-
-
-@pytest.mark.parametrize("held, predicted", [(True, 80 - 63), (False, 80 - 32)])
-async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_last_sample(held, predicted,
-                                                                                           autojump_clock, nursery):
-    stream, worker = await _engine_on_fake(nursery)  # blocks of 32 (its ready event)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        latency = LatencyModel()
-        prompt = Prompt(range(100, 156))
-        plan = PlannedOutput.of([(list(range(200, 208)), 8)])
-        call = await engine.begin_call("s", prompt, pinned=held)
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=held, output_tokens=8, planned=lambda: plan),
-                                  engine_call=call)
-        await engine.decode_unstreamed(latency, 8, start=0.0, engine_call=call)
-        prompt.extend(plan.ids)  # the output joins the context, and the design keeps its KV (SamplingLoop.take_outputs)
-        engine.retain("s", prompt, trio.current_time(), pinned=held)
-        engine.end_call(call)
-        prompt.extend(range(300, 316))  # a tool's output
-        call = await engine.begin_call("s", prompt, pinned=held)
-        await engine.prefill_call(latency, ModelCall("s", prompt, held=held, output_tokens=1), engine_call=call)
-        await engine.decode_unstreamed(latency, 1, start=0.0, engine_call=call)
-        engine.end_call(call)
-        engine.release("s")
-    # vLLM holds 56 + 8 - 1 = 63 ids: a held request is sent the other 17; a new request finds one whole block
-    # of 32 (the simulated engine's defaults would say 64: the whole output, in blocks of 16).
-    assert engine.records[-1].predicted_prefill_tokens == predicted
-    if held:
-        assert engine.records[-1].sent_tokens == predicted
-
-
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM: it would start it")
 def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
-    import subprocess
-
     # This interpreter lacks vLLM: the worker it runs cannot start an engine.
     done = subprocess.run([sys.executable, "-m", "experiments.real_engine", "--vllm-python", sys.executable],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, TESTBED_RESULTS=str(tmp_path)))

@@ -52,15 +52,30 @@ UNNAMED_GROUP = "all rounds"  # rounds whose trace names no provider or model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout), a folder of Codex rollouts, "
-                        "or a real engine's calls (experiments.real_engine's real_engine_calls.csv)")
-    parser.add_argument("--baseline", default=wl.DEFAULT_PRESET, help="preset (name or JSON file) to print beside the trace (default coding)")
-    parser.add_argument("--baseline-tasks", type=at_least(1), default=300, help="generated tasks for the baseline's figures (default 300)")
-    parser.add_argument("--seed", type=non_negative(int), default=0, help="seed of the baseline's generated tasks (default 0)")
-    parser.add_argument("--preset-out", help="write the fitted workload preset (JSON) here")
-    parser.add_argument("--latency-out", help="write the fitted latency profile (JSON) here; one per provider and model")
-    parser.add_argument("--holdout", type=_holdout_share, default=HOLDOUT_SHARE,
-                        help=f"share of each group's timed rounds, the last in time, held out to score the fit (default {HOLDOUT_SHARE:g})")
+    # A help text is wording, not behaviour: its lines are left out of mutation testing; the defaults it states
+    # are held by a test to the ones a run uses.
+    parser.add_argument("trace",
+                        help="a trace file (testbed JSONL, TraceLab JSONL or CSV, Codex rollout), a folder of Codex rollouts, "  # pragma: no mutate
+                             "or a real engine's calls (experiments.real_engine's real_engine_calls.csv)",  # pragma: no mutate
+                        )
+    parser.add_argument("--baseline",
+                        help="preset (name or JSON file) to print beside the trace (default coding)",  # pragma: no mutate
+                        default=wl.DEFAULT_PRESET)
+    parser.add_argument("--baseline-tasks",
+                        help="generated tasks for the baseline's figures (default 300)",  # pragma: no mutate
+                        type=at_least(1), default=300)
+    parser.add_argument("--seed",
+                        help="seed of the baseline's generated tasks (default 0)",  # pragma: no mutate
+                        type=non_negative(int), default=0)
+    parser.add_argument("--preset-out",
+                        help="write the fitted workload preset (JSON) here",  # pragma: no mutate
+                        )
+    parser.add_argument("--latency-out",
+                        help="write the fitted latency profile (JSON) here; one per provider and model",  # pragma: no mutate
+                        )
+    parser.add_argument("--holdout",
+                        help=f"share of each group's timed rounds, the last in time, held out to score the fit (default {HOLDOUT_SHARE:g})",
+                        type=_holdout_share, default=HOLDOUT_SHARE)
 
 
 def _holdout_share(text: str) -> float:

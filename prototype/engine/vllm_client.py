@@ -40,7 +40,7 @@ START_TIMEOUT_S = 900.0
 EVENT_BUFFER = 100_000
 MAX_LINE_BYTES = 64 * 1024 * 1024  # the largest event or request: a long prompt's ids as JSON
 # On stopping, how long the worker has to exit after the shutdown request, then after SIGTERM
-# before it is killed; named so that the tests of stopping (tests/test_mutants_vllm_process.py)
+# before it is killed; named so that the tests of stopping (tests/test_vllm_client.py)
 # can shorten them.
 SHUTDOWN_WAIT_S = 30.0
 TERMINATE_WAIT_S = 10.0

@@ -19,7 +19,7 @@ that chunk's sampling params and its output list emptied (GPUModelRunner._update
 so each chunk carries a plan of its own.
 
 Only the standard library is imported here at import time: `ForcedPlans`, the bookkeeping, runs and
-is tested without vLLM (tests/test_vllm_client.py); `ForcedDecoding`, the vLLM class, is built on
+is tested without vLLM (tests/test_vllm_engine.py); `ForcedDecoding`, the vLLM class, is built on
 first access, in vLLM's interpreter.
 """
 

@@ -1,7 +1,7 @@
-"""The latency fit and the distribution summaries (prototype/engine/fit.py) to exact values: the fit's
-standard errors, r², residual quantiles and subset choice, each summary's empty and edge cases, the
-lognormal mixture on separated clusters. Written against the survivors of the mutation run
-(docs/mutation.md)."""
+"""The latency fit and the distribution summaries (prototype/engine/fit.py), to exact values: a round-time fit's
+coefficients, standard errors, r², residual quantiles and choice among non-negative subsets of terms (checked by the
+optimality conditions of non-negative least squares), the real engine's timing fit, the held-out split and its
+percentage errors, each summary's empty and edge cases, the lognormal mixture on separated clusters."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ def ordinary_least_squares(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np
     sse = float(((y - X @ coef) ** 2).sum())
     cov = np.linalg.inv(X.T @ X) * sse / (len(y) - X.shape[1])
     return coef, np.sqrt(np.diag(cov)), sse
+
+
+def assert_best_non_negative_fit(result, uncached, output, seconds) -> None:
+    """The fit's coefficients satisfy the optimality conditions of non-negative least squares (KKT):
+    the residual's gradient is zero along each positive coefficient and points up along each zero one."""
+    X = np.column_stack([np.ones(len(seconds)), uncached, output])
+    coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
+    gradient = X.T @ (X @ coef - np.asarray(seconds))
+    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    assert (coef >= 0).all()
+    assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
 
 
 def test_a_fit_with_every_term_positive_reports_its_errors_r2_and_residuals_exactly() -> None:
@@ -172,17 +183,24 @@ def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -
     assert resp.sum(axis=0) / len(x) == pytest.approx(weights, abs=1e-5)
 
 
-def test_a_held_out_split_refuses_shares_outside_zero_and_one() -> None:
-    for share in (0.0, 1.0, -0.5):
-        with pytest.raises(ValueError, match=rf"in \(0, 1\), got {share!r}"):
-            fit.holdout_split(10, share)
-    with pytest.raises(ValueError, match="4 to fit, 1 to score\\), got 4"):
-        fit.holdout_split(4, 0.5)
+def test_a_held_out_split_fits_the_first_rounds_scores_the_last_and_refuses_what_cannot_be_scored() -> None:
+    assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
+    assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
     assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
     assert fit.holdout_split(10, 0.01) == (range(0, 9), range(9, 10))  # at least one held out
+    # At least 4 fitted: one more than the fit's 3 coefficients, so the fit scored is no exact interpolation.
+    assert fit.holdout_split(6, 0.9) == (range(0, 4), range(4, 6))
+    with pytest.raises(ValueError, match=r"^a held-out score needs at least 5 timed rounds \(4 to fit, 1 to score\), got 4$"):
+        fit.holdout_split(4, 0.3)
+    for share in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match=rf"^the held-out share must be in \(0, 1\), got {share!r}$"):
+            fit.holdout_split(10, share)
 
 
-def test_percentage_errors_with_no_scorable_round_or_mismatched_lengths() -> None:
+def test_percentage_errors_per_round_leave_out_rounds_of_no_time() -> None:
+    errors = fit.percentage_errors([1.1, 2.0, 0.5, 3.0], [1.0, 2.5, 0.5, 0.0])
+    assert (errors["n"], errors["zero"]) == (3, 1)
+    assert (errors["median"], errors["p90"]) == (pytest.approx(10.0), pytest.approx(18.0))  # 0, 10, 20: p90 interpolates to 18
     nothing = fit.percentage_errors([1.0, 2.0], [0.0, 0.0])
     assert (nothing["n"], nothing["zero"]) == (0.0, 2.0)
     assert math.isnan(nothing["median"]) and math.isnan(nothing["p90"])
@@ -215,16 +233,26 @@ def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
 def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_are_small() -> None:
     # Rounds of tens of milliseconds whose unconstrained fit has a negative rate per uncached token:
     # two two-term subsets are non-negative, the first tried (intercept and uncached) is worse than
-    # the second (intercept and output) by far less than 1 s², and the fit must be the best
-    # (the optimality conditions of non-negative least squares).
+    # the second (intercept and output) by far less than 1 s², and the fit must be the best.
     seconds = 0.05 - UNCACHED / 50_000 + OUTPUT / 1000 + NOISE / 10
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
-    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
-    coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
-    gradient = X.T @ (X @ coef - seconds)
-    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
-    assert coef[1] == 0 and coef[0] > 0 and coef[2] > 0
-    assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
+    assert result.prefill_tokens_per_s == math.inf and result.fixed_s > 0 and result.decode_tokens_per_s < math.inf
+    assert_best_non_negative_fit(result, UNCACHED, OUTPUT, seconds)
+
+
+@pytest.mark.parametrize("truth", [(-0.3, 1 / 2000, 1 / 50), (0.5, -1 / 5000, 1 / 50), (0.5, 1 / 2000, -1 / 400)],
+                         ids=["negative intercept", "negative prefill rate", "negative decode rate"])
+def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(truth):
+    rng = np.random.default_rng(7)
+    uncached = rng.integers(100, 4000, 60).astype(float)
+    output = rng.integers(20, 800, 60).astype(float)
+    seconds = truth[0] + truth[1] * uncached + truth[2] * output + rng.normal(0, 0.01, 60)
+    unconstrained, *_ = np.linalg.lstsq(np.column_stack([np.ones(60), uncached, output]), seconds, rcond=None)
+    assert (unconstrained < 0).sum() == 1  # the data really asks for a negative term
+    result = fit.round_time_fit(uncached, output, seconds)
+    negative = int(np.argmin(unconstrained))
+    assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][negative] == 0
+    assert_best_non_negative_fit(result, uncached, output, seconds)
 
 
 def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
@@ -233,3 +261,25 @@ def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
     coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
     assert (coef > 0).all()
     assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
+
+
+# --- the real engine's timing fit ----------------------------------------------------------------------------------
+
+
+def test_the_decode_rate_pools_every_token_after_a_calls_first() -> None:
+    result = fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 11, 21, 1], [0.0, 1.0, 3.0, 0.0])
+    assert result.decode_tokens_per_s == pytest.approx(30 / 4.0)  # 0 + 10 + 20 + 0 tokens over 4 s
+    assert result.first_token.fixed_s == pytest.approx(0.06) and result.first_token.prefill_tokens_per_s == pytest.approx(2000)
+    assert float(result.call_seconds(100, 21)) == pytest.approx(0.11 + 20 / 7.5)
+    # A call of one token adds no decode time to its first token's.
+    first_token = float(result.first_token.predict(100, 0.0))
+    assert first_token == pytest.approx(0.11) and float(result.call_seconds(100, 1)) == float(result.call_seconds(100, 0)) == first_token
+    # One token after a first, over half a second: a rate of 2 tokens/s.
+    assert fit.engine_timing_fit([100, 200, 300, 400], [0.11, 0.16, 0.21, 0.26], [1, 1, 2, 1], [0.0, 0.0, 0.5, 0.0]).decode_tokens_per_s == 2.0
+
+
+@pytest.mark.parametrize(("output_tokens", "decode_s"), [([1, 1, 1], [0.5, 0.0, 0.0]), ([1, 2, 5], [0.0, 0.0, 0.0])])
+def test_no_decode_rate_without_both_later_tokens_and_decode_time(output_tokens, decode_s) -> None:
+    message = "a decode rate needs calls that sampled more than one token, over some time"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], output_tokens, decode_s)

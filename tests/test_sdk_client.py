@@ -1,8 +1,7 @@
-"""The SDK client (prototype/client/sdk.py) held to exact values with a stand-in for openai-python's client: the
-frames it writes and counts, the headers and client options it passes, what ends a turn, the watchdog, the lanes
-and the steer. openai-python itself is driven against a live server by tests/test_sdk_harness.py and
-tests/test_sdk_lanes.py; these tests make no socket, so a mutant that hangs fails within a second or two of real
-time. Written against the survivors of the mutation run (docs/mutation.md)."""
+"""The SDK client (prototype/client/sdk.py), to exact values, with a stand-in for openai-python's client: the frames it
+writes and counts, the headers and client options it passes, what ends a turn, the watchdog, the lanes and the steer.
+openai-python itself is driven against a live server by tests/test_sdk_harness.py and tests/test_sdk_lanes.py; these
+tests make no socket, so one that hangs fails within a second or two of real time."""
 
 from __future__ import annotations
 

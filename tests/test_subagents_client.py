@@ -1,6 +1,5 @@
-"""The subagents experiment's injecting client (`client/inject.py`) against the in-process server on a
-virtual clock: every call answered once with its own output, after its tool time, the run's status, usage
-and the bytes it sent. Written against the survivors of the mutation run (docs/mutation.md)."""
+"""The subagents experiment's injecting client (`client/inject.py`) against the in-process server on a virtual clock:
+every call answered once with its own output, after its tool time; the run's status, usage and the bytes it sent."""
 
 from __future__ import annotations
 

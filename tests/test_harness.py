@@ -1,6 +1,6 @@
-"""The agent harness (prototype/client/harness.py) held to exact values: what each received event does to the
-record, a turn's start, its tools' time and outputs, the request fields, the channel's bytes, what ends a turn and
-the tool loop over a scripted server. Written against the survivors of the mutation run (docs/mutation.md)."""
+"""The agent harness (prototype/client/harness.py), to exact values: what each received event does to the record, a
+turn's start, its tools' time and outputs, the request fields, the channel's bytes, what ends a turn and the tool loop,
+over a stand-in WebSocket and a scripted server on a virtual clock."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
+import trio_websocket
 from support import Close, ScriptedServer
 
 from prototype.client import harness
@@ -182,8 +184,9 @@ def test_every_request_repeats_the_same_fields_and_asks_only_for_what_the_caller
     assert "compact_threshold" not in json.dumps(request_body(task, model="m", metadata={}, store=False, compact_threshold=None))
 
 
-class RecordingSocket:
-    """What the channel uses of a trio-websocket connection: `send_message` and `get_message` (no reader queue)."""
+class FakeWebSocket:
+    """What the harness's channel and the lanes' reader use of a trio-websocket connection: messages to read (then a
+    close), and what it is sent."""
 
     def __init__(self, messages: list[str | bytes]) -> None:
         self.messages, self.sent = list(messages), []
@@ -192,11 +195,14 @@ class RecordingSocket:
         self.sent.append(text)
 
     async def get_message(self) -> str | bytes:
+        await trio.lowlevel.checkpoint()
+        if not self.messages:
+            raise trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1000, None))
         return self.messages.pop(0)
 
 
 async def test_the_channel_sends_compact_json_escaping_non_ascii_and_counts_its_bytes(autojump_clock) -> None:
-    socket = RecordingSocket([])
+    socket = FakeWebSocket([])
     rollout = rollout_on(Clock())
     channel = WsChannel(socket, rollout)  # type: ignore[arg-type]
     await trio.sleep(2.5)
@@ -211,7 +217,7 @@ async def test_the_channel_reads_until_a_pause_an_end_or_an_error_counting_bytes
     events = [{"type": "response.created", "response": {"id": "r", "instructions": "é"}}, {"type": "response.output_text.delta", "delta": "é"},
               {"type": end, "response": {"id": "r", "status": "x"}, "error": {"code": "c"}}, {"type": "after"}]
     texts = [json.dumps(event, ensure_ascii=False) for event in events]
-    socket = RecordingSocket([texts[0], texts[1].encode(), *texts[2:]])
+    socket = FakeWebSocket([texts[0], texts[1].encode(), *texts[2:]])
     rollout = rollout_on(Clock())
     rollout.start_turn([], 0)
     assert await WsChannel(socket, rollout).until_pause() == events[2]  # type: ignore[arg-type]

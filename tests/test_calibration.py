@@ -360,7 +360,7 @@ def test_calibrate_writes_files_compare_reads(tmp_path, capsys):
     argv = ["calibrate", str(FIXTURE), "--baseline-tasks", "20", "--preset-out", str(preset), "--latency-out", str(profile)]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "codex, 1 tasks, 9 rounds, 9 timed" in out and "Fit of model seconds per round (9 timed rounds)" in out
+    assert "codex, 1 task, 9 rounds, 9 timed" in out and "Fit of model seconds per round (9 timed rounds)" in out
     model = profiles.load_latency(profile)
     # the run used sim-500 (500 tokens/s) on the engine's 15,000 tokens/s prefill
     assert model.cache_attention is None and model.decode_tokens_per_s == pytest.approx(500, rel=0.02)
@@ -407,7 +407,7 @@ def test_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
     assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "compare.json").read_text())["table"]
     assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
-    assert "1 tasks of trace" in capsys.readouterr().out
+    assert "1 task of trace" in capsys.readouterr().out
 
 
 # --- the coding preset against TraceLab ----------------------------------------------------------------------------

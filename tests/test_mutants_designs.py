@@ -846,13 +846,9 @@ def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, 
 async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:
     # The simulated engine ignores what a call asks to sample and which model call tokens come from;
     # a real engine's interface (vLLM's, on a scripted worker) reads both.
-    from test_vllm_client import TINY_CPU, _engine_on_fake
+    from test_vllm_client import engine_on_fake
 
-    from prototype.engine.vllm_client import VllmClient
-    from prototype.engine.vllm_engine import open_vllm_engine
-
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+    async with engine_on_fake(nursery) as (engine, worker):
         server = make_server(engine=engine)
         # One final turn: a hosted search, then 15 tokens of reasoning and 25 of text.
         key = server.api.workloads.register(Workload("vllm", 1, (TurnSpec(300, 40, (), (HostedCall(1.0, 50),), 15),)))
@@ -879,13 +875,9 @@ async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autoj
 
 
 async def test_a_budgeted_turn_asks_a_real_engine_for_what_the_budget_leaves(autojump_clock, nursery) -> None:
-    from test_vllm_client import TINY_CPU, _engine_on_fake
+    from test_vllm_client import engine_on_fake
 
-    from prototype.engine.vllm_client import VllmClient
-    from prototype.engine.vllm_engine import open_vllm_engine
-
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
+    async with engine_on_fake(nursery) as (engine, worker):
         server = make_server(engine=engine)
         key = server.api.workloads.register(Workload("vllm-budget", 1, (TurnSpec(300, 40, (), (), 15),)))
         async with ws(server, "chained") as conn:

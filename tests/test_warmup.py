@@ -32,7 +32,9 @@ def create(input: list, **fields) -> dict:
 
 def prompt_tokens(*items: dict) -> int:
     """The rendered prompt's length, computed from the items as the server parses them."""
-    request = codec.parse_create_body(create(list(items)))
+    body = create(list(items))
+    del body["type"]  # the event's envelope, which the body parser does not take
+    request = codec.parse_create_body(body)
     return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
 
 

@@ -316,9 +316,12 @@ async def _main(settings: dict) -> None:
     lines: asyncio.Queue = asyncio.Queue()
 
     def read_stdin() -> None:  # a thread: stdin's blocking reads stay off the event loop
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(lines.put_nowait, line)
-        loop.call_soon_threadsafe(lines.put_nowait, None)
+        try:
+            for line in sys.stdin:
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+        except RuntimeError:  # the loop closed first (the worker stopped): nobody is left to read
+            pass
 
     threading.Thread(target=read_stdin, daemon=True).start()
     try:

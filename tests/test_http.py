@@ -48,7 +48,7 @@ from prototype.engine.engine import HTTP_AFFINITY, Engine
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.items import FunctionCallOutput, Message, parse_input
-from prototype.server import http as server_http
+from prototype.server.http import answers as server_http
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 

@@ -89,7 +89,7 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         final = await timed_until(conn, *TERMINALS)
         # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
         ((session,),) = [server.sessions]
-        assert (session.active, session.waiting) == ({}, {})
+        assert (session.injections.active, session.injections.waiting) == ({}, {})
     terminal = final[-1][1]
     assert terminal["type"] == "response.completed" and terminal["response"]["id"] == response_id
     # One response for the whole rollout: its three turns' items, both calls answered in place.

@@ -41,7 +41,7 @@ from prototype.designs.emitter import EngineFailure
 from prototype.netem.faults import FaultyStream, Link, LinkFaults
 from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
-from prototype.server import http as server_http
+from prototype.server.http import answers as server_http
 from prototype.server import routes
 from prototype.server.app import drain
 from prototype.server.config import ServerConfig

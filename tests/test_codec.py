@@ -178,6 +178,8 @@ MISSING_TYPE = (UNKNOWN_EVENT_TYPE, "Missing event 'type'.", "type")
 MISSING_INPUT = (MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'input'.", "input")
 FRAME_REFUSALS = [
     pytest.param("not json", (INVALID_JSON, "The frame is not valid JSON: Expecting value: line 1 column 1 (char 0).", None), id="not json"),
+    pytest.param('{"type": "response.create", "input": "x", "top_p": 1e999}',
+                 ("invalid_type", "Invalid type for 'top_p': expected a finite number.", "top_p"), id="a number past a float's range"),
     pytest.param('"a string"', (INVALID_JSON, "The frame must be one JSON object.", None), id="a string"),
     pytest.param({"input": "x"}, MISSING_TYPE, id="no type"),
     pytest.param({"type": None, "input": "x"}, MISSING_TYPE, id="type null"),
@@ -203,8 +205,10 @@ def test_a_refused_frame_gets_its_code_message_and_param(frame, error) -> None:
     assert refusal(frame) == error
 
 
-def test_a_binary_frame_that_is_not_utf8_is_invalid_json() -> None:
-    assert refusal(b"\xff\xfe")[0] == INVALID_JSON
+@pytest.mark.parametrize("frame", ["{not json", "", "   \n", '{"type":"response.create","input":"x"} trailing', "{'type': 'response.create'}",
+                                   "[" * 20_000, "42", "null", "true", "NaN", b"\xff\xfe", b"\x00\x01\x02", b"[]"])
+def test_a_frame_that_is_not_one_json_object_is_invalid_json(frame: str | bytes) -> None:
+    assert refusal(frame)[0] == INVALID_JSON
 
 
 json_values = st.recursive(

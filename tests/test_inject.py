@@ -20,14 +20,14 @@ import trio_websocket
 import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, send, timed_until, until, ws
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import HARNESS_TOOLS
+from prototype.client.harness import BETA, HARNESS_TOOLS, SUSPENDED
 from prototype.designs.inject import InjectedOutputs
 from prototype.designs.sampling import ToolCall
 from prototype.protocol.inject import ENDED_KEPT, ROOT, InjectBook, InjectRefused, ResponseInject, parse_inject
@@ -39,6 +39,7 @@ BETA_HEADER = "responses_multi_agent=v1"
 # Three turns, each ending in client calls but the last; 0.5 s tools in the workload are the
 # client's own time, which these tests replace with their own waits.
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 
 
 @asynccontextmanager
@@ -119,9 +120,10 @@ async def test_outputs_injected_while_the_response_generates_are_held_until_it_w
 async def test_inject_into_a_completed_unknown_or_plain_response_fails_with_the_documented_code(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent=MULTI_AGENT, stream_id="sub"))
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
         done = (await until(conn, *TERMINALS))[-1]
         response_id = done["response"]["id"]
+        assert done["response"]["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
         late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": late})
         refused = await until(conn, "response.inject.failed")
@@ -166,32 +168,38 @@ async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_
     assert again["error"]["code"] == "response_already_completed"
 
 
-async def test_inject_and_multi_agent_need_the_beta_header(autojump_clock):
-    server = make_server()
-    async with beta_ws(server, beta=None) as conn:
-        await send(conn, create_event(multi_agent=MULTI_AGENT))
-        (refused,) = await until(conn, *TERMINALS)
-        assert (refused["error"]["code"], refused["error"]["param"]) == ("unsupported_parameter", "multi_agent")
-        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]})
-        (unknown,) = await until(conn, *TERMINALS)
-        assert unknown["error"]["code"] == "unknown_event_type"
+def refusal(code: str, message: str, param: str | None) -> dict:
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+
+
+@pytest.mark.parametrize("beta", [None, f"{BETA[SUSPENDED]}, {BETA_HEADER}"], ids=["v2 without the beta", "v1 with the beta"])
+async def test_inject_and_multi_agent_need_the_beta_on_a_v2_connection(autojump_clock, beta):
+    async with beta_ws(make_server(), beta) as conn:
+        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [OUTPUT]})
+        assert await receive(conn) == refusal(
+            "unknown_event_type", "response.inject needs the 'OpenAI-Beta: responses_multi_agent=v1' header on a v2 connection.", "type")
+        if beta is None:
+            await send(conn, create_event(multi_agent=MULTI_AGENT))
+            assert await receive(conn) == refusal(
+                "unsupported_parameter", "'multi_agent' needs the 'OpenAI-Beta: responses_multi_agent=v1' header on the connection.", "multi_agent")
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))  # the connection keeps serving
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
-@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "20ms"])
-async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_clock, network):
+@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+async def test_a_malformed_inject_is_refused_and_closes_the_connection_1008(autojump_clock, network):
     server = make_server()
     async with beta_ws(server, network=network) as conn:
-        await send(conn, {"type": "response.inject", "response_id": "resp_1"})  # no input
-        (error,) = await until(conn, *TERMINALS)
-        assert (error["status"], error["error"]["param"]) == (400, "input")
-        with trio.fail_after(5):
-            try:
-                await conn.get_message()
-                raise AssertionError("the connection stayed open")
-            except trio_websocket.ConnectionClosed as closed:
-                assert closed.reason.code == 1008
+        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": []})
+        error = await receive(conn)
+        with trio.fail_after(5), pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await conn.get_message()
+    assert error == refusal("missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input")
+    assert (closed.value.reason.code, closed.value.reason.reason) == (1008, "malformed response.inject")
+    # The record: the frame arrived three one-way delays after the upgrade went out (the handshake's round trip, then the frame).
+    one_way = 0.0 if network is None else network.one_way_delay
+    assert list(server.records) == [{"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "at_s": 3 * one_way,
+                                     "response_id": None, "outcome": "error:missing_required_parameter", "param": "input", "stream_id": False}]
 
 
 async def frames_until(stream: trio.abc.Stream, conn: wsproto.WSConnection, last: type) -> list:
@@ -446,7 +454,6 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
 
 
-OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 MALFORMED = [  # (label, frame without its type, code, message, param)
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
      f"Unknown parameter: '{'k' * 64}'.", "k" * 64),

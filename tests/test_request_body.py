@@ -79,7 +79,8 @@ REFUSED = [
       if not (key == "stream_id" and websocket)),
     *(R(body(stream_id=value), True, ("invalid_stream_id", STREAM_ID, "stream_id"), id=f"stream_id {value!r:.8}")
       for value in (5, "a b", "s" * 257, "")),
-    R(body(temprature=0.5), False, ("unknown_parameter", "Unknown parameter: 'temprature'.", "temprature"), id="unknown parameter"),
+    *(R(body(**{key: value}), False, ("unknown_parameter", f"Unknown parameter: '{key}'.", key), id=f"unknown parameter {key}")
+      for key, value in (("temprature", 0.5), ("messages", [{"role": "user", "content": "x"}]), ("max_tokens", None))),
     *(R(body(model=value), False, typed("model", "a string"), id=f"model {value!r}") for value in (5, True, ["m"])),
     *(R(body(**{key: value}), False, typed(key, expected), id=f"{key} {value!r}") for key, value, expected in (
         ("previous_response_id", 5, "a string"), ("previous_response_id", ["resp_1"], "a string"), ("generate", "no", "a boolean"),
@@ -100,6 +101,7 @@ REFUSED = [
     R(body(input=[]), False, ("empty_input", "'input' must not be empty without 'previous_response_id'.", "input"), id="empty input"),
     R(body(input=5), False, typed("input", "a string or an array of items"), id="input a number"),
     R(body(input=[5]), False, typed("input[0]", "an object"), id="an item not an object"),
+    R(body(input=[{"type": "function_call_output", "call_id": 1, "output": "x"}]), False, typed("input[0].call_id", "a string"), id="call_id a number"),
     R(body(input=[{"role": "user", "content": "a"}, {"role": "user"}]), False,
       ("missing_required_parameter", "Missing required field 'content' in input[1].", "input[1].content"), id="the second item"),
     R(body(tools=[FUNCTION, 5]), False, ("invalid_value", "Invalid tool at 'tools[1]': expected an object with a 'type'.", "tools[1]"), id="tool not an object"),

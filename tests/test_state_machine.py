@@ -1,4 +1,4 @@
-"""Random sequences (issue 6): a Hypothesis state machine over the sans-IO core, and random event
+"""Random sequences: a Hypothesis state machine over the sans-IO core, and random event
 sequences against a live server under virtual time.
 
 1. `ConversationCore` is a `RuleBasedStateMachine` that drives, synchronously and without trio, the

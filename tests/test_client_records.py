@@ -202,39 +202,21 @@ async def test_a_v1_rollout_is_recorded_with_its_appends_and_their_bytes(autojum
     assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in segments), 3)
 
 
-async def test_each_v1_rollout_of_a_connection_counts_only_its_own_appends(autojump_clock):
+async def test_each_v1_rollout_counts_the_bytes_of_its_own_create_and_appends(autojump_clock):
+    """Text frames count their UTF-8 bytes (not characters), binary frames count as they are, and each
+    rollout of a connection counts only its own frames."""
     server = make_server()
+    sizes = []
     async with ws(server, SUSPENDED) as conn:
-        sizes = []
-        for text in ("fix the bug", "and the next one"):
-            event = create_event(text, metadata=TWO_TURNS)
-            await send(conn, event)
-            done = (await until(conn, "response.done", timeout=WAIT))[-1]
-            append = {"type": "response.append", "input": outputs_for(function_calls(done["response"]), text * 3)}
-            await send(conn, append)
+        for text, turns in (("répare le bogue ✓", 3), ("and the next one", 2)):
+            frames: list[str | bytes] = [json.dumps(create_event(text, metadata={"testbed_workload": f"fixed:{turns}:50:10:5:0"}), ensure_ascii=False)]
+            await send(conn, frames[0])
+            for n in range(turns - 1):
+                done = (await until(conn, "response.done", timeout=WAIT))[-1]
+                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done["response"]), f"{text} {n}")},
+                                    ensure_ascii=False)
+                frames.append(append.encode() if n == 0 else append)  # the first append a binary frame
+                await send(conn, frames[-1])
             await until(conn, *TERMINALS, timeout=WAIT)
-            sizes.append(frame_bytes(event) + frame_bytes(append))
-    assert [(r["outcome"], r["appends"], r["request_bytes"]) for r in server.records] == [
-        ("completed", 1, sizes[0]), ("completed", 1, sizes[1])]
-    assert sizes[0] != sizes[1]
-
-
-
-async def test_a_v1_rollouts_record_counts_the_bytes_of_its_create_and_appends(autojump_clock) -> None:
-    """Text frames count their UTF-8 bytes (not characters); binary frames count as they are."""
-    server = make_server()
-    create = json.dumps(create_event("répare le bogue ✓", metadata=THREE_TURNS), ensure_ascii=False)
-    async with ws(server, SUSPENDED) as conn:
-        await send(conn, create)
-        done = (await until(conn, "response.done", timeout=WAIT))[-1]
-        first = json.dumps({"type": "response.append", "input": [outputs_for(function_calls(done["response"]))[0]]}).encode()
-        await send(conn, first)  # a binary frame
-        done = (await until(conn, "response.done", timeout=WAIT))[-1]
-        second = json.dumps({"type": "response.append", "input": [{**outputs_for(function_calls(done["response"]))[0], "output": "données ✓"}]},
-                            ensure_ascii=False)
-        await send(conn, second)
-        await until(conn, "response.completed", timeout=WAIT)
-    (record,) = server.records
-    assert (record["appends"], record["request_bytes"]) == (2, len(create.encode()) + len(first) + len(second.encode()))
-    assert len(create.encode()) > len(create)
-
+            sizes.append(sum(len(frame.encode() if isinstance(frame, str) else frame) for frame in frames))
+    assert [(r["outcome"], r["appends"], r["request_bytes"]) for r in server.records] == [("completed", 2, sizes[0]), ("completed", 1, sizes[1])]

@@ -598,10 +598,12 @@ def exercise_every_endpoint(port: int) -> dict[str, Any]:
         client.responses.retrieve(first.id)
     except NotFoundError as exc:
         out["after_delete"] = exc
-    try:
-        client.responses.cancel(second.id)
-    except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
-        out["cancel_finished"] = exc
+    for name, call_it in (("cancel_finished", lambda: client.responses.cancel(second.id)),
+                          ("missing", lambda: client.responses.create(model=SDK_MODEL, input="x", previous_response_id="resp_missing"))):
+        try:
+            call_it()
+        except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
+            out[name] = exc
     events = []
     with client.responses.create(model="sim-20", input="fix the bug", tools=HARNESS_TOOLS, metadata=meta, stream=True) as stream:
         for event in stream:
@@ -639,12 +641,13 @@ async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     for name in ("other_retrieve", "other_delete", "after_delete"):
         assert out[name].status_code == 404 and out[name].body["code"] == "response_not_found"
     assert out["deleted"] is None  # openai-python returns nothing for a deletion
-    finished = out["cancel_finished"]
-    assert type(finished).__name__ == "BadRequestError" and finished.body["code"] == "response_not_cancellable"
+    for name, code in (("cancel_finished", "response_not_cancellable"), ("missing", "previous_response_not_found")):
+        assert (type(out[name]).__name__, out[name].status_code, out[name].body["code"]) == ("BadRequestError", 400, code)
     cancelled = out["cancelled"]
     assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
     events = out["cancelled_events"]
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1].type == "response.cancelled"
+    assert all(type(event).__module__.startswith("openai.types.responses") for event in events)  # typed by the SDK
     # openai-python has no type for response.cancelled: it builds its union's first member, with the
     # fields as sent.
     assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)

@@ -4,8 +4,8 @@ refusal leaves it unusable; a create answered as chunked SSE, one event a chunk,
 Response; each way the answer fails before or after its stream started (docs/protocol.md, §8).
 
 In-process over memory streams under the autojump clock, every wait bounded in virtual time; the
-tests where the network matters run over a zero-latency pipe and over the 20 ms RTT link. The
-openai-python test uses a real socket on 127.0.0.1, port 0, with the SDK's sync client in a thread.
+tests where the network matters run over a zero-latency pipe and over the 20 ms RTT link
+(openai-python drives the same path in tests/test_endpoints.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ import trio.testing
 from support import DELAYED_LINK, H11Client, make_server
 
 from prototype import netem
-from prototype import workload as wl
-from prototype.api.costs import ZERO_COSTS
-from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket
-from prototype.client.http import run_http_rollout
 from prototype.client.sse import parse_stream
 from prototype.designs.emitter import EngineFailure
 from prototype.engine.engine import Engine
@@ -34,7 +30,7 @@ from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
 from prototype.protocol.items import parse_input
 from prototype.server import routes
-from prototype.server.app import ResponsesServer, serve_responses
+from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.server.http import answers
 
@@ -402,14 +398,6 @@ async def test_a_later_request_may_have_a_head_of_up_to_the_head_limit(autojump_
     assert (await client.answer()).status == 200
 
 
-async def test_idle_keep_alive_connection_is_closed_and_the_harness_reconnects(autojump_clock, network) -> None:
-    server = make_server(config=ServerConfig(http_idle_timeout=1.0))
-    workload = wl.fixed(3, tool_seconds=5.0)  # every tool run outlasts the idle timeout
-    key = server.api.workloads.register(workload)
-    record = await run_http_rollout(InMemoryConnector(server, network), workload, metadata={"testbed_workload": key})
-    assert record.status == "completed" and len(record.turns) == 3
-
-
 # --- the answer: JSON, or one SSE event a chunk ---------------------------------------------------------
 
 
@@ -599,67 +587,3 @@ async def test_engine_failure_ends_the_stream_with_response_failed(autojump_cloc
     answer = await client.request(body=create_body(stream=False))
     error_of(answer, 500, "engine_failure", type="server_error")
     assert_completed_stream(await client.request(body=create_body(stream=True)))  # same connection
-
-
-# --- openai-python against a real socket -----------------------------------------------------------
-
-
-SDK_TIMEOUT = 20.0
-SDK_MODEL = "sim-100000"  # 100k tokens/s: a turn decodes in milliseconds
-
-
-@attrs.define(eq=False)
-class CountingServer(ResponsesServer):
-    accepted: int = 0
-
-    async def handle_stream(self, stream: trio.abc.Stream) -> None:
-        self.accepted += 1
-        await ResponsesServer.handle_stream(self, stream)
-
-
-async def test_openai_sdk_responses_create_streaming_and_not(nursery) -> None:
-    from openai import OpenAI
-    from openai.types.responses import Response
-
-    server = CountingServer(ApiService(costs=ZERO_COSTS))
-    listeners = await nursery.start(serve_responses, server, 0)
-    port = listeners[0].socket.getsockname()[1]
-
-    def run_client() -> dict[str, Any]:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test", max_retries=0, timeout=10.0)
-        out: dict[str, Any] = {}
-        first = client.responses.create(
-            model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, store=True, metadata={"testbed_workload": "fixed:2"}
-        )
-        out["first"] = first
-        call = next(item for item in first.output if item.type == "function_call")
-        with client.responses.create(
-            model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, stream=True,
-            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "2 tests failed"}],
-            metadata={"testbed_workload": "fixed:2"},
-        ) as stream:
-            out["events"] = list(stream)
-        try:
-            client.responses.create(model=SDK_MODEL, input="x", previous_response_id="resp_missing")
-        except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
-            out["error"] = exc
-        client.close()
-        return out
-
-    with trio.fail_after(SDK_TIMEOUT):
-        out = await trio.to_thread.run_sync(run_client, abandon_on_cancel=True)
-    first = out["first"]
-    assert isinstance(first, Response) and first.status == "completed"
-    assert [item.type for item in first.output] == ["message", "function_call"]
-    assert first.usage.input_tokens > 0
-    events = out["events"]
-    assert events[0].type == "response.created" and events[-1].type == "response.completed"
-    for event in events:
-        assert type(event).__module__.startswith("openai.types.responses"), event
-    assert events[-1].response.previous_response_id == first.id
-    assert events[-1].response.output_text
-    assert any(event.type == "response.output_text.delta" for event in events)
-    error = out["error"]
-    assert type(error).__name__ == "BadRequestError" and error.status_code == 400
-    assert error.body["code"] == "previous_response_not_found"
-    assert server.accepted == 1  # httpx kept the one connection alive across the three requests

@@ -62,23 +62,32 @@ def calls_done(events: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
     return [(t, e) for t, e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
 
 
+async def until_calls(conn, count: int = 1) -> list[tuple[float, dict]]:
+    """Every event, timed, up to the `count`th function call done."""
+    events: list[tuple[float, dict]] = []
+    while len(calls_done(events)) < count:
+        events += await timed_until(conn, "response.output_item.done")
+    return events
+
+
+def inject(response_id: str, *calls: dict) -> dict:
+    """A `response.inject` answering `calls`."""
+    return {"type": "response.inject", "response_id": response_id, "input": outputs_for(list(calls))}
+
+
 async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        first = await timed_until(conn, "response.output_item.done")
-        while not calls_done(first):
-            first += await timed_until(conn, "response.output_item.done")
+        first = await until_calls(conn)
         created = first[0][1]
         response_id = created["response"]["id"]
         assert created["response"]["multi_agent"] == MULTI_AGENT
         (called_at, call), = calls_done(first)
         await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        await send(conn, inject(response_id, call["item"]))
         injected_at = trio.current_time()
-        rest = await timed_until(conn, "response.output_item.done")
-        while not calls_done(rest):
-            rest += await timed_until(conn, "response.output_item.done")
+        rest = await until_calls(conn)
         # The acknowledgement comes first, numbered in the response's own sequence.
         (ack_at, ack) = rest[0]
         assert ack == {"type": "response.inject.created", "sequence_number": call["sequence_number"] + 1, "response_id": response_id}
@@ -86,7 +95,7 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         # The same response goes on sampling: its next call, which the test answers again.
         (_, second_call), = calls_done(rest)
         assert second_call["sequence_number"] > ack["sequence_number"]
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second_call["item"]])})
+        await send(conn, inject(response_id, second_call["item"]))
         final = await timed_until(conn, *TERMINALS)
         # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
         ((session,),) = [server.sessions]
@@ -104,13 +113,11 @@ async def test_outputs_injected_while_the_response_generates_are_held_until_it_w
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         (_, call), = calls_done(events)
         # Injected at once: the response still has its call's turn to finish, and takes it then.
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        await send(conn, inject(response_id, call["item"]))
         rest = await timed_until(conn, *TERMINALS)
     kinds = [e["type"] for _, e in rest]
     assert kinds[0] == "response.inject.created"
@@ -160,9 +167,9 @@ async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_
         assert refused == {"type": "error", "status": 400, "error": {
             "type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input",
             "message": "No tool call found for function call output with call_id call_404."}}
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
         rest = await until(conn, *TERMINALS)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
         (again,) = await until(conn, "response.inject.failed")
     assert rest[0]["type"] == "response.inject.created" and rest[-1]["type"] == "response.completed"
     assert again["error"]["code"] == "response_already_completed"
@@ -317,14 +324,12 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < 2:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, 2)
         response_id = events[0][1]["response"]["id"]
         calls = {e["item"]["call_id"]: e["item"] for _, e in calls_done(events)}
         assert sorted(calls) == ["call_agent0_2", "call_agent1_2"]  # one call each, named after its agent
         await trio.sleep(1.0)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent0_2"]])})
+        await send(conn, inject(response_id, calls["call_agent0_2"]))
         # Only agent0 resumes: its final message streams while agent1 still waits.
         resumed = await timed_until(conn, "response.output_item.done")
         while not [e for _, e in resumed if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"]:
@@ -333,7 +338,7 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
         with trio.move_on_after(100) as waited:
             quiet = await timed_until(conn, *TERMINALS)
         assert waited.cancelled_caught and quiet == []  # nothing more until agent1's output comes
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent1_2"]])})
+        await send(conn, inject(response_id, calls["call_agent1_2"]))
         rest = await timed_until(conn, *TERMINALS)
     assert resumed[0][1]["type"] == "response.inject.created"
     final = rest[-1][1]
@@ -357,11 +362,9 @@ async def subagents_run(server, subagents: int, **fields) -> tuple[float, dict]:
                                                 "testbed_subagents": str(subagents)},
                                       multi_agent={"enabled": True, "max_concurrent_subagents": subagents},
                                       tools=[*HARNESS_TOOLS, {"type": "web_search"}], **fields))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < subagents:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, subagents)
         calls = [e["item"] for _, e in calls_done(events)]
-        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"], "input": outputs_for(calls)})
+        await send(conn, inject(events[0][1]["response"]["id"], *calls))
         ended_at, terminal = (await timed_until(conn, *TERMINALS))[-1]
     return ended_at - started_at, terminal
 
@@ -392,9 +395,7 @@ async def test_the_first_subagent_continues_the_conversation_and_the_others_star
         first = (await until(conn, *TERMINALS))[-1]["response"]
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
                                       previous_response_id=first["id"]))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < 2:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, 2)
     # Calls are named after their agent and the turn of its conversation: agent0's is the conversation's fourth item's
     # turn (after the first response's input and message), agent1's the second of a conversation of its own.
     assert sorted(e["item"]["call_id"] for _, e in calls_done(events)) == ["call_agent0_4", "call_agent1_2"]
@@ -417,7 +418,7 @@ async def capped_subagents(subagents: int, cap: int) -> tuple[dict[str, float], 
 
     async def answer(conn, response_id: str, call: dict) -> None:
         await trio.sleep(1.0)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
 
     async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": str(subagents)},
@@ -510,9 +511,7 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
             "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
         await until(conn, *TERMINALS)
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         ((_, first),) = calls_done(events)
         answer = outputs_for([first["item"]])
@@ -525,15 +524,13 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         assert await invalid(conn, response_id, answer + answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         # The response took the output and went on to its next call: the output is not taken again.
         assert events[0][1]["type"] == "response.inject.created"
         assert await invalid(conn, response_id, answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         ((_, second),) = calls_done(events)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second["item"]])})
+        await send(conn, inject(response_id, second["item"]))
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
@@ -541,9 +538,7 @@ async def test_an_inject_the_target_cannot_take_is_an_error_on_the_targets_lane(
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT, stream_id="sub"))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": [{**OUTPUT, "call_id": "call_404"}]})
         (*_, error) = await until(conn, "response.inject.failed")

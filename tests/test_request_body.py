@@ -80,7 +80,9 @@ REFUSED = [
     *(R(body(stream_id=value), True, ("invalid_stream_id", STREAM_ID, "stream_id"), id=f"stream_id {value!r:.8}")
       for value in (5, "a b", "s" * 257, "")),
     *(R(body(**{key: value}), False, ("unknown_parameter", f"Unknown parameter: '{key}'.", key), id=f"unknown parameter {key}")
-      for key, value in (("temprature", 0.5), ("messages", [{"role": "user", "content": "x"}]), ("max_tokens", None))),
+      for key, value in (("temprature", 0.5), ("messages", [{"role": "user", "content": "x"}]), ("max_tokens", None),
+                         ("type", "response.create"))),  # a frame's `type` is no field of a POST body
+    R(body(**{"k" * 70: 1}), False, ("unknown_parameter", f"Unknown parameter: '{'k' * 64}'.", "k" * 64), id="unknown parameter of 70"),
     *(R(body(model=value), False, typed("model", "a string"), id=f"model {value!r}") for value in (5, True, ["m"])),
     *(R(body(**{key: value}), False, typed(key, expected), id=f"{key} {value!r}") for key, value, expected in (
         ("previous_response_id", 5, "a string"), ("previous_response_id", ["resp_1"], "a string"), ("generate", "no", "a boolean"),
@@ -191,7 +193,7 @@ REFUSED = [
 @pytest.mark.parametrize(("sent", "websocket", "error"), REFUSED)
 def test_a_refused_body_gets_its_code_message_and_param(sent: Any, websocket: bool, error: tuple) -> None:
     with pytest.raises(ProtocolError) as caught:
-        codec.parse_create_body(sent, websocket=websocket)
+        codec.parse_create_body(sent, websocket=True) if websocket else codec.parse_create_body(sent)  # a POST body unless told
     refused = caught.value
     assert (refused.code, refused.message, refused.param, refused.status, str(refused)) == (*error, 400, error[1])
     assert refused.to_ws_event() == {"type": "error", "status": 400, "error": {

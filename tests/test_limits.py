@@ -441,22 +441,6 @@ async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails
     await assert_released(server)
 
 
-# --- the CLI flags that set limits -------------------------------------------------------------------
-
-
-def test_serve_flags_set_the_suspension_ttl_and_connection_lifetime() -> None:
-    import argparse
-
-    from prototype.cli import serve
-
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    server = serve.build_server(parser.parse_args(["--suspension-ttl", "7", "--connection-lifetime", "90", "--api-key", "k"]))
-    assert (server.config.suspension_ttl, server.config.connection_lifetime) == (7.0, 90.0)
-    assert server.config.api_keys == frozenset({"k"})
-    server.api.store.close()
-
-
 # --- the load script, at a tiny size --------------------------------------------------------------
 
 

@@ -205,32 +205,11 @@ async def test_one_by_one_sends_each_message_in_order() -> None:
     assert sent == ["a", "b", "c"]
 
 
-class RecordingClientStream(trio.abc.Stream):
-    """The client's end of an HTTP connection, keeping every byte the server sent, in order."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.received = bytearray()
-
-    async def send_all(self, data) -> None:
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        data = await self.inner.receive_some(max_bytes)
-        self.received += data
-        return data
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
     """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
     how many socket writes the server made for them."""
     from test_http import Link, RawClient, assert_completed_stream, create_body
+    from test_http_client import Tapped
 
     from prototype.server import http
 
@@ -249,15 +228,15 @@ async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None)
 
     server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
     client = await Link(nursery, server, network).connect()
-    recording = RecordingClientStream(client.stream)
-    client = RawClient(recording)
+    received = bytearray()
+    client = RawClient(Tapped(client.stream, received))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(http.HttpExchange, "send", counted_send)
         patch.setattr(http.HttpExchange, "write", counted_write)
         first = assert_completed_stream(await client.request(body=create_body(stream=True)))
         assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
     assert len(first) > 10
-    return bytes(recording.received), writes
+    return bytes(received), writes
 
 
 @pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])

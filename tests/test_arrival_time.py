@@ -102,3 +102,30 @@ async def test_a_response_resumed_by_an_inject_is_modeled_from_the_injects_arriv
     slowed = await completion_after_inject(link, slow_decode, 0.005)
     assert slowed == pytest.approx(instant, abs=1e-9) and instant > 0.005 + 2 * one_way(link)
 
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_http_response_is_modeled_from_its_requests_arrival_not_from_the_servers_own_work(autojump_clock, nursery, monkeypatch,
+                                                                                                    stream: bool) -> None:
+    """The server's own work once the request is read (here its client record's fields, made to take
+    5 ms) is absorbed by the model's schedule, as a frame's decode is."""
+    from test_http import create, open_client
+
+    from prototype import metrics
+
+    choices = metrics.protocol_choices
+    taking = {"seconds": 0.0}
+
+    def slow(*args, **kwargs):
+        autojump_clock.jump(taking["seconds"])
+        return choices(*args, **kwargs)
+
+    monkeypatch.setattr(metrics, "protocol_choices", slow)
+    took = []
+    for seconds in (0.0, 0.005):
+        taking["seconds"] = seconds
+        client = open_client(nursery, make_server())
+        sent = trio.current_time()
+        assert (await client.request(body=create(stream=stream))).status == 200
+        took.append(trio.current_time() - sent)
+    assert took[1] == pytest.approx(took[0], abs=1e-9) and took[0] > 0.005

@@ -311,6 +311,8 @@ class Scripted:
                         item()
                         continue
                     await stream.send_all(conn.send(item))
+                if conn.our_state is h11.MUST_CLOSE:  # the answer said `Connection: close`
+                    return
                 conn.start_next_cycle()
             while await stream.receive_some(65536):  # until the client closes
                 pass
@@ -570,3 +572,15 @@ async def test_a_pooled_connection_serves_on_after_an_error_answer_and_closing_t
         429, "rate_limit_exceeded", "response.completed", "response.completed")
     assert [number for number, _ in server.requests] == [1, 1, 2]
 
+
+
+async def test_an_answer_that_closes_its_connection_is_read_whole_and_the_next_request_opens_another(autojump_clock) -> None:
+    """A server that answers with `Connection: close` (its refusals of a broken or oversized body do)."""
+    closing = (b"connection", b"close")
+    body = json.dumps({"error": {"code": "request_too_large", "message": "Too large."}}).encode()
+    head, data, end = json_answer(413, body)
+    _, record = await scripted_rollout([h11.Response(status_code=413, headers=[*head.headers, closing]), data, end])
+    assert record.status == "error:request_too_large"
+    head, event, end = calling_answer()
+    server, record = await scripted_rollout([h11.Response(status_code=200, headers=[*head.headers, closing]), event, end], completed_answer())
+    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 0, 2, 2)

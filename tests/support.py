@@ -68,8 +68,9 @@ def ws(server: ResponsesServer, design: str = "chained", *, network: netem.Netwo
     return open_responses_websocket(InMemoryConnector(server, network), design, **kwargs)
 
 
-async def send(conn, event: dict[str, Any] | str) -> None:
-    await conn.send_message(event if isinstance(event, str) else json.dumps(event))
+async def send(conn, event: dict[str, Any] | str | bytes) -> None:
+    """`event` as JSON text, or a text or binary frame as it is."""
+    await conn.send_message(event if isinstance(event, (str, bytes)) else json.dumps(event))
 
 
 async def receive(conn, timeout: float = 600) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Bad input (issue 6): a corpus of malformed frames and requests, kept as data, each answered with
+"""Bad input: a corpus of malformed frames and requests, kept as data, each answered with
 its own error code (docs/protocol.md).
 
 Rules every test here follows (after tests/support.py):
@@ -31,13 +31,14 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from support import H11Client, make_server, receive, send, until
-from trio_websocket import ConnectionClosed
+from support import DELAYED_LINK, H11Client, make_server, receive, send, until, ws
+from test_inject import BETA_HEADER, beta_ws
 
 from prototype import workload as wl
 from prototype.cli.serve import access_line
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import (
+    BETA,
     CHAINED,
     HARNESS_TOOLS,
     SUSPENDED,
@@ -103,159 +104,54 @@ class Bad:
     designs: tuple[str, ...] = BOTH
     stage: str = "frame"
     setup: str = "live"
-    close: int | None = None  # a close code instead of an error frame
 
 
 LONG_KEY = "k" * 65
 CORPUS: list[Bad] = [
-    # --- malformed JSON ---------------------------------------------------------------------
+    # --- frames the codec refuses: one of each code (every field's refusal is in tests/test_request_body.py) ------
     Bad("not json", "not json", errors.INVALID_JSON),
-    Bad("unclosed object", "{not json", errors.INVALID_JSON),
-    Bad("truncated create", '{"type": "response.create", "input": "x"', errors.INVALID_JSON),
-    Bad("empty text frame", "", errors.INVALID_JSON),
-    Bad("whitespace only", "   \n", errors.INVALID_JSON),
-    Bad("trailing garbage", '{"type":"response.create","input":"x"} trailing', errors.INVALID_JSON),
-    Bad("single quotes", "{'type': 'response.create'}", errors.INVALID_JSON),
     Bad("nesting past the recursion limit", "[" * 20_000, errors.INVALID_JSON),
-    # --- JSON that is not an object -----------------------------------------------------------
     Bad("array", "[1, 2]", errors.INVALID_JSON),
-    Bad("string", '"response.create"', errors.INVALID_JSON),
-    Bad("number", "42", errors.INVALID_JSON),
-    Bad("null", "null", errors.INVALID_JSON),
-    Bad("boolean", "true", errors.INVALID_JSON),
-    Bad("NaN", "NaN", errors.INVALID_JSON),
-    # --- binary frames (decoded leniently as UTF-8 JSON, docs/protocol.md) ----------------------
     Bad("binary, not UTF-8", b"\xff\xfe\xfd", errors.INVALID_JSON),
-    Bad("binary, control bytes", b"\x00\x01\x02", errors.INVALID_JSON),
-    Bad("binary array", b"[]", errors.INVALID_JSON),
     Bad("binary, unknown type", b'{"type": "response.fly"}', errors.UNKNOWN_EVENT_TYPE, "type"),
-    # --- unknown event types --------------------------------------------------------------------
     Bad("no type", {"input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    Bad("type null", {"type": None}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    Bad("type is a number", {"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    Bad("response.cancel", {"type": "response.cancel"}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    Bad("upper case", {"type": "RESPONSE.CREATE", "input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
     Bad("realtime event", {"type": "session.update", "session": {}}, errors.UNKNOWN_EVENT_TYPE, "type"),
     Bad("append on v2", {"type": "response.append", "input": [output()]}, errors.UNKNOWN_EVENT_TYPE, "type", designs=(CHAINED,)),
-    # --- wrong field types ------------------------------------------------------------------------
     Bad("input is a number", create(input=5), errors.INVALID_TYPE, "input"),
-    Bad("input is an object", create(input={"role": "user", "content": "x"}), errors.INVALID_TYPE, "input"),
-    Bad("item is a number", create(input=[5]), errors.INVALID_TYPE, "input[0]"),
     Bad("unknown item type", create(input=[{"type": "nope"}]), errors.INVALID_VALUE, "input[0].type"),
-    Bad("item without type or role", create(input=[{"content": "x"}]), errors.MISSING_REQUIRED_PARAMETER, "input[0].type"),
-    Bad("unknown role", create(input=[{"role": "king", "content": "x"}]), errors.INVALID_VALUE, "input[0].role"),
     Bad("message without content", create(input=[{"role": "user"}]), errors.MISSING_REQUIRED_PARAMETER, "input[0].content"),
-    Bad("image part", create(input=[{"role": "user", "content": [{"type": "input_image"}]}]), errors.INVALID_VALUE, "input[0].content[0].type"),
-    Bad("text part not a string", create(input=[{"role": "user", "content": [{"type": "input_text", "text": 5}]}]), errors.INVALID_TYPE, "input[0].content[0].text"),
-    Bad("tool output without call_id", create(input=[{"type": "function_call_output", "output": "x"}]), errors.MISSING_REQUIRED_PARAMETER, "input[0].call_id"),
-    Bad("tool output without output", create(input=[{"type": "function_call_output", "call_id": "c"}]), errors.MISSING_REQUIRED_PARAMETER, "input[0].output"),
-    Bad("call_id not a string", create(input=[{"type": "function_call_output", "call_id": 1, "output": "x"}]), errors.INVALID_TYPE, "input[0].call_id"),
-    Bad("arguments not a string", create(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]), errors.INVALID_TYPE, "input[0].arguments"),
-    Bad("store is a string", create(store="yes"), errors.INVALID_TYPE, "store"),
-    Bad("tools is an object", create(tools={}), errors.INVALID_TYPE, "tools"),
-    Bad("function tool without name", create(tools=[{"type": "function"}]), errors.MISSING_REQUIRED_PARAMETER, "tools[0].name"),
-    Bad("tool without type", create(tools=[{"name": "f"}]), errors.INVALID_VALUE, "tools[0]"),
-    Bad("tool schema is a string", create(tools=[{"type": "function", "name": "f", "parameters": "schema"}]), errors.INVALID_TYPE, "tools[0].parameters"),
-    Bad("instructions is a number", create(instructions=5), errors.INVALID_TYPE, "instructions"),
     Bad("max_output_tokens 0", create(max_output_tokens=0), errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
-    Bad("max_output_tokens a string", create(max_output_tokens="10"), errors.INVALID_TYPE, "max_output_tokens"),
-    Bad("max_output_tokens true", create(max_output_tokens=True), errors.INVALID_TYPE, "max_output_tokens"),
-    Bad("temperature a string", create(temperature="hot"), errors.INVALID_TYPE, "temperature"),
-    Bad("top_p an array", create(top_p=[]), errors.INVALID_TYPE, "top_p"),
-    Bad("parallel_tool_calls a string", create(parallel_tool_calls="yes"), errors.INVALID_TYPE, "parallel_tool_calls"),
-    Bad("tool_choice a number", create(tool_choice=5), errors.INVALID_TYPE, "tool_choice"),
-    Bad("previous_response_id a number", create(previous_response_id=5), errors.INVALID_TYPE, "previous_response_id"),
-    Bad("generate a string", create(generate="no"), errors.INVALID_TYPE, "generate"),
-    # --- unknown model: names are accepted by design, a model of the wrong type is not -----------
     Bad("model is a number", create(model=5), errors.INVALID_TYPE, "model"),
-    Bad("model is an array", create(model=["gpt-5.4"]), errors.INVALID_TYPE, "model"),
-    Bad("model is an object", create(model={"name": "gpt-5.4"}), errors.INVALID_TYPE, "model"),
-    # --- missing or empty input -----------------------------------------------------------------
+    Bad("no model", create(model=DROP), errors.MISSING_REQUIRED_PARAMETER, "model"),
     Bad("create without input", create(input=DROP), errors.MISSING_REQUIRED_PARAMETER, "input"),
-    Bad("input null", create(input=None), errors.MISSING_REQUIRED_PARAMETER, "input"),
     Bad("input empty", create(input=[]), errors.EMPTY_INPUT, "input"),
     Bad("append without input", {"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
-    Bad("append input an object", {"type": "response.append", "input": {"a": 1}}, errors.INVALID_TYPE, "input"),
-    # --- parameters the API does not define: refused as it refuses them (docs/protocol.md) ---------
     Bad("a misspelled parameter", create(temprature=0.5), errors.UNKNOWN_PARAMETER, "temprature"),
-    Bad("a Chat Completions parameter", create(messages=[{"role": "user", "content": "x"}]), errors.UNKNOWN_PARAMETER, "messages"),
-    Bad("an unknown parameter set to null", create(max_tokens=None), errors.UNKNOWN_PARAMETER, "max_tokens"),
-    # --- parameters the server does not support -------------------------------------------------
     Bad("background", create(background=True), errors.UNSUPPORTED_PARAMETER, "background"),
     Bad("stream_id on v1", create(stream_id="s1"), errors.UNSUPPORTED_PARAMETER, "stream_id", designs=(SUSPENDED,)),
     Bad("stream_id with a space", create(stream_id="a b"), errors.INVALID_STREAM_ID, "stream_id"),
-    Bad("stream_id a number", create(stream_id=7), errors.INVALID_STREAM_ID, "stream_id"),
-    Bad("conversation", create(conversation="conv_1"), errors.UNSUPPORTED_PARAMETER, "conversation"),
-    Bad("previous_response_id on v1", create(previous_response_id="resp_1"), errors.UNSUPPORTED_PARAMETER, "previous_response_id", designs=(SUSPENDED,)),
-    Bad("warm-up on v1", create(generate=False), errors.UNSUPPORTED_PARAMETER, "generate", designs=(SUSPENDED,)),
-    # --- invalid stream and metadata values -------------------------------------------------------
-    Bad("stream a string", create(stream="true"), errors.INVALID_TYPE, "stream"),
-    Bad("stream a number", create(stream=1), errors.INVALID_TYPE, "stream"),
-    Bad("metadata a string", create(metadata="m"), errors.INVALID_TYPE, "metadata"),
-    Bad("metadata value a number", create(metadata={"k": 1}), errors.INVALID_TYPE, "metadata.k"),
     Bad("metadata 17 pairs", create(metadata={f"k{i}": "v" for i in range(17)}), errors.OBJECT_ABOVE_MAX_PROPERTIES, "metadata"),
     Bad("metadata key too long", create(metadata={LONG_KEY: "v"}), errors.STRING_ABOVE_MAX_LENGTH, f"metadata.{LONG_KEY}"),
-    Bad("metadata value too long", create(metadata={"k": "v" * 513}), errors.STRING_ABOVE_MAX_LENGTH, "metadata.k"),
-    # --- the real API's ranges, enums and cross-field rules (docs/protocol.md's table) -------------
     Bad("temperature above 2", create(temperature=2.5), errors.DECIMAL_ABOVE_MAX_VALUE, "temperature"),
     Bad("temperature below 0", create(temperature=-0.1), errors.DECIMAL_BELOW_MIN_VALUE, "temperature"),
-    Bad("top_p above 1", create(top_p=1.5), errors.DECIMAL_ABOVE_MAX_VALUE, "top_p"),
-    Bad("top_p NaN spelled as a huge float", '{"type": "response.create", "input": "x", "top_p": 1e999}', errors.INVALID_TYPE, "top_p"),
-    Bad("max_output_tokens 15", create(max_output_tokens=15), errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
-    Bad("max_output_tokens a float", create(max_output_tokens=100.5), errors.INVALID_TYPE, "max_output_tokens"),
-    Bad("max_tool_calls 0", create(max_tool_calls=0), errors.INTEGER_BELOW_MIN_VALUE, "max_tool_calls"),
     Bad("top_logprobs 21", create(top_logprobs=21), errors.INTEGER_ABOVE_MAX_VALUE, "top_logprobs"),
-    Bad("tool_choice an unknown mode", create(tool_choice="sometimes"), errors.INVALID_VALUE, "tool_choice"),
     Bad("tool_choice a function not in tools", create(tool_choice={"type": "function", "name": "delete_repo"}), errors.INVALID_VALUE, "tool_choice"),
-    Bad("tool_choice a function without tools", create(tools=DROP, tool_choice={"type": "function", "name": "read_file"}), errors.INVALID_VALUE, "tool_choice"),
-    Bad("tool_choice a hosted tool not in tools", create(tool_choice={"type": "web_search"}), errors.INVALID_VALUE, "tool_choice"),
-    Bad("tool_choice function without a name", create(tool_choice={"type": "function"}), errors.INVALID_TYPE, "tool_choice.name"),
-    Bad("allowed_tools naming an unknown tool", create(tool_choice={"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "nope"}]}), errors.INVALID_VALUE, "tool_choice"),
-    Bad("allowed_tools with a bad mode", create(tool_choice={"type": "allowed_tools", "mode": "always", "tools": []}), errors.INVALID_VALUE, "tool_choice.mode"),
-    Bad("function name with a space", create(tools=[{"type": "function", "name": "read file"}]), errors.INVALID_VALUE, "tools[0].name"),
-    Bad("function name of 65 characters", create(tools=[{"type": "function", "name": "f" * 65}]), errors.INVALID_VALUE, "tools[0].name"),
-    Bad("truncation unknown", create(truncation="middle"), errors.INVALID_VALUE, "truncation"),
-    Bad("service_tier unknown", create(service_tier="fast"), errors.INVALID_VALUE, "service_tier"),
-    Bad("reasoning effort unknown", create(reasoning={"effort": "extreme"}), errors.INVALID_VALUE, "reasoning.effort"),
-    Bad("reasoning a string", create(reasoning="high"), errors.INVALID_TYPE, "reasoning"),
-    Bad("text format unknown", create(text={"format": {"type": "yaml"}}), errors.INVALID_VALUE, "text.format.type"),
-    Bad("text verbosity unknown", create(text={"verbosity": "loud"}), errors.INVALID_VALUE, "text.verbosity"),
-    Bad("include a string", create(include="reasoning.encrypted_content"), errors.INVALID_TYPE, "include"),
-    Bad("user a number", create(user=5), errors.INVALID_TYPE, "user"),
-    Bad("safety_identifier of 65 characters", create(safety_identifier="s" * 65), errors.STRING_ABOVE_MAX_LENGTH, "safety_identifier"),
-    Bad("stream_options without stream", create(stream_options={"include_obfuscation": False}), errors.INVALID_VALUE, "stream_options"),
-    Bad("a prompt template", create(prompt={"id": "pmpt_1"}), errors.UNSUPPORTED_PARAMETER, "prompt"),
-    # Text that is not valid Unicode: a lone surrogate, spelled as a JSON escape.
     Bad("lone high surrogate in input", '{"type": "response.create", "model": "sim-1000", "input": "a\\ud800b"}', errors.INVALID_JSON),
-    Bad("lone low surrogate in a tool output", '{"type": "response.create", "input": [{"type": "function_call_output", "call_id": "c", "output": "\\udc00"}]}', errors.INVALID_JSON),
-    Bad("lone surrogate in a metadata key", '{"type": "response.create", "input": "x", "metadata": {"\\udbff": "v"}}', errors.INVALID_JSON),
-    Bad("lone surrogate in an append", '{"type": "response.append", "input": [{"type": "function_call_output", "call_id": "c", "output": "\\ud83d"}]}', errors.INVALID_JSON),
+    # --- a turn's metadata and model, refused when the turn starts: a range error, or a value that names nothing ------
     Bad("unknown workload", create(metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
-    # A number out of its range is a range error, with the API's range codes; a name that names nothing is a value error.
     Bad("workload of 0 turns", create(metadata=meta(testbed_workload="fixed:0")), errors.INTEGER_BELOW_MIN_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
     Bad("workload of 100000 turns", create(metadata=meta(testbed_workload="fixed:100000")), errors.INTEGER_ABOVE_MAX_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
-    Bad("workload tool time above an hour", create(metadata=meta(testbed_workload="fixed:2:50:10:5:3601")), errors.DECIMAL_ABOVE_MAX_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
-    Bad("workload not a number", create(metadata=meta(testbed_workload="fixed:abc")), errors.INVALID_VALUE, "metadata.testbed_workload", stage="turn", setup="fresh"),
     Bad("negative seed", create(metadata=meta(testbed_seed="-1")), errors.INTEGER_BELOW_MIN_VALUE, "metadata.testbed_seed", stage="turn", setup="fresh"),
     Bad("task not a number", create(metadata=meta(testbed_task="x")), errors.INVALID_VALUE, "metadata.testbed_task", stage="turn", setup="fresh"),
     Bad("decode rate zero", create(metadata=meta(testbed_decode_tps="0")), errors.DECIMAL_BELOW_MIN_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
     Bad("decode rate of 10 million", create(metadata=meta(testbed_decode_tps="1e7")), errors.DECIMAL_ABOVE_MAX_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
-    Bad("decode rate not a number", create(metadata=meta(testbed_decode_tps="fast")), errors.INVALID_VALUE, "metadata.testbed_decode_tps", stage="turn", setup="fresh"),
-    # What the API requires or restricts: a model; a tool type and a tool_choice type it knows, matched exactly; a
-    # sim-<N> name with a usable rate (a 400, never a 500).
-    Bad("no model", create(model=DROP), errors.MISSING_REQUIRED_PARAMETER, "model"),
-    Bad("tool type misspelled", create(tools=[{"type": "functon", "name": "run_tests"}]), errors.INVALID_VALUE, "tools[0].type"),
-    Bad("tool_choice type a prefix of a tool's", create(tools=[{"type": "web_search"}], tool_choice={"type": "web"}), errors.INVALID_VALUE, "tool_choice.type"),
-    Bad("tool_choice type empty", create(tools=[{"type": "web_search"}], tool_choice={"type": ""}), errors.INVALID_VALUE, "tool_choice.type"),
     Bad("model sim-0", create(model="sim-0"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
-    Bad("model sim-0.0", create(model="sim-0.0"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
-    Bad("model sim-N above the fastest rate", create(model="sim-10000000"), errors.INVALID_VALUE, "model", stage="turn", setup="fresh"),
     # --- bad state on v2 (these are turns: they empty the cache slot) ---------------------------------
     Bad("workload unknown mid-chain", create(previous_response_id=PREV, input=[output()], metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", designs=(CHAINED,), stage="turn"),
     Bad("unknown previous_response_id", create(previous_response_id="resp_unknown", input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn"),
     Bad("previous_response_id of another connection (store=false)", create(previous_response_id=PREV, input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_connection"),
     Bad("previous_response_id of another key (store=true)", create(previous_response_id=PREV, input=[output()], store=True), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_key"),
-    # An output whose call is unknown: the public API's param, `input` (its message is in test_mutants_checks.py).
+    # An output whose call is unknown: the public API's param, `input` (the per-request checks' tests hold its message).
     Bad("unknown call_id on v2", create(previous_response_id=PREV, input=[output("call_unknown")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(CHAINED,), stage="turn"),
     Bad("repeated call_id on v2", create(previous_response_id=PREV, input=[output(), output()]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", designs=(CHAINED,), stage="turn"),
     Bad("tool output with no call in a new conversation", create(input=[{"role": "user", "content": "x"}, output("call_1")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", stage="turn", setup="fresh"),
@@ -265,8 +161,6 @@ CORPUS: list[Bad] = [
     Bad("append with a repeated call_id", {"type": "response.append", "input": [output(), output()]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
     Bad("append with no output", {"type": "response.append", "input": []}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
     Bad("append with only a user message", {"type": "response.append", "input": [{"role": "user", "content": "go on"}]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
-    # --- an oversized frame: the connection is closed with 1009 (docs/protocol.md) -----------------
-    Bad("frame over the size limit", create(input="x" * (MAX_MESSAGE + 1)), None, close=1009),
 ]
 
 WS_CASES = [pytest.param(case, design, id=f"{design}-{case.name}") for case in CORPUS for design in case.designs]
@@ -403,9 +297,7 @@ async def assert_released(server) -> None:
 # --- the WebSocket corpus -----------------------------------------------------------------------------
 
 
-def test_the_corpus_is_large_and_every_code_is_documented() -> None:
-    inputs = len(CORPUS) + len(HANDSHAKE_CORPUS) + len(HTTP_CORPUS)
-    assert inputs >= 50
+def test_every_code_of_the_corpus_is_documented() -> None:
     assert len({case.name for case in CORPUS}) == len(CORPUS)
     documented = {value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)}
     assert {case.code for case in CORPUS if case.code} <= documented
@@ -420,15 +312,9 @@ async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_
     async with open_responses_websocket(InMemoryConnector(server), design) as conn:
         ctx = await setup(server, conn, design, case.setup)
         await send_frame(conn, fill(case.frame, ctx))
-        if case.close is not None:
-            with pytest.raises(ConnectionClosed) as closed:
-                while True:
-                    await receive(conn)
-            assert closed.value.reason.code == case.close
-        else:
-            answer = await receive(conn)
-            assert answer == error_frame(case.code, case.param, answer)
-            await check_usable(conn, design, case, ctx)
+        answer = await receive(conn)
+        assert answer == error_frame(case.code, case.param, answer)
+        await check_usable(conn, design, case, ctx)
     await watcher.check()
     await assert_released(server)
 
@@ -437,12 +323,12 @@ async def test_a_whole_corpus_on_one_connection_then_a_rollout(autojump_clock) -
     """Every frame-level bad input, one after another on one v2 connection, then a full rollout on it."""
     server = make_server(config=CONFIG)
     async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
+        cases = [case for case in CORPUS if CHAINED in case.designs and case.stage == "frame" and case.setup == "live"]
         codes = []
-        for case in CORPUS:
-            if CHAINED in case.designs and case.stage == "frame" and case.setup == "live" and case.close is None:
-                await send_frame(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
-                codes.append((await receive(conn))["error"]["code"])
-        assert codes == [case.code for case in CORPUS if CHAINED in case.designs and case.stage == "frame" and case.setup == "live" and case.close is None]
+        for case in cases:
+            await send_frame(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
+            codes.append((await receive(conn))["error"]["code"])
+        assert codes == [case.code for case in cases]
         first = (await turn(conn, create()))[-1]["response"]
         second = (await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]
         assert second["type"] == "response.completed"
@@ -494,22 +380,80 @@ async def test_an_empty_message_is_an_input_item_in_every_spelling_and_no_item_i
     await client_end.aclose()
 
 
-async def test_a_binary_frame_with_a_valid_create_is_served(autojump_clock) -> None:
-    server = make_server()
-    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
-        await conn.send_message(json.dumps(create(metadata={"testbed_workload": ONE_TURN})).encode())
-        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+# --- each refusal of the reader, exactly: its error, the lane it names, its record, the next frame ---------
+
+# Over a zero-latency pipe and over the 20 ms RTT link.
+LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
 
 
-async def test_previous_response_id_of_another_connection_with_the_same_key_hydrates(autojump_clock) -> None:
-    # The control for the two "another connection" cases: stored, same key, it chains (§6.2 step 2).
+def one_way(link: str) -> float:
+    return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
+
+
+def refusal(code: str, message: str, param: str | None = None, **lane: str) -> dict[str, Any]:
+    """The WebSocket `error` event of a refusal (docs/protocol.md)."""
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}, **lane}
+
+
+def refusal_record(code: str, param: str | None, design: str = CHAINED, at: float = 0.0) -> dict[str, Any]:
+    return {"user_agent": "", "transport": "websocket", "design": design, "connection": 1, "at_s": at, "response_id": None,
+            "outcome": f"error:{code}", "param": param, "stream_id": param == "stream_id"}
+
+
+@pytest.mark.parametrize("link", LINKS)
+@pytest.mark.parametrize("design", BOTH)
+async def test_a_frame_that_is_no_event_is_refused_and_the_next_one_is_served(autojump_clock, design: str, link: str) -> None:
     server = make_server()
-    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
-        first = (await turn(conn, create(store=True)))[-1]["response"]
-    await trio.sleep(1)
-    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
-        second = (await turn(conn, create(store=True, previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]
-    assert second["type"] == "response.completed" and second["response"]["previous_response_id"] == first["id"]
+    async with ws(server, design, network=LINKS[link]) as conn:
+        await send(conn, "not json")
+        assert await receive(conn) == refusal("invalid_json", "The frame is not valid JSON: Expecting value: line 1 column 1 (char 0).")
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))
+        assert [e["type"] for e in await until(conn, *TERMINALS)][:2] == ["response.created", "response.in_progress"]
+    # The frame arrived three one-way delays after the upgrade went out (the handshake's round trip, then the frame).
+    assert list(server.records)[0] == refusal_record("invalid_json", None, design, at=3 * one_way(link))
+
+
+@pytest.mark.parametrize("link", LINKS)
+async def test_a_refused_create_on_a_lane_names_its_lane(autojump_clock, link: str) -> None:
+    server = make_server(config=ServerConfig(max_streams=1, max_queued_creates=1))
+    one_turn = {"testbed_workload": ONE_TURN}
+    async with ws(server, network=LINKS[link]) as conn:
+        for stream_id in ("a", "a", "a", "b"):  # one runs, one waits, the third is one too many; "b" is a lane too many
+            await send(conn, create(metadata=one_turn, stream_id=stream_id))
+        await send(conn, create(metadata=one_turn, stream_id="c", multi_agent={"enabled": True}))
+        events: list[dict[str, Any]] = []
+        while [e["type"] for e in events].count("response.completed") < 2:  # the two creates of lane "a" run
+            events.append(await receive(conn))
+    refused = [event for event in events if event["type"] == "error"]
+    assert refused == [
+        refusal("too_many_queued_requests", "More than 1 response.create requests are waiting on this lane.", stream_id="a"),
+        refusal("websocket_stream_limit_reached", "This WebSocket connection has reached its maximum number of distinct stream IDs (1). "
+                "Reuse an existing stream_id or open a new WebSocket connection.", "stream_id", stream_id="b"),
+        refusal("unsupported_parameter", "'multi_agent' needs the 'OpenAI-Beta: responses_multi_agent=v1' header on the connection.",
+                "multi_agent", stream_id="c"),
+    ]
+    assert [r["outcome"] for r in server.records if r["response_id"] is None] == [
+        "error:too_many_queued_requests", "error:websocket_stream_limit_reached", "error:unsupported_parameter"]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("previous_response_id", "resp_1"), ("generate", False), ("stream_id", "a"), ("multi_agent", {"enabled": True}),
+])
+async def test_v1_refuses_each_field_of_v2_without_naming_a_lane(autojump_clock, field: str, value: Any) -> None:
+    server = make_server()
+    async with beta_ws(server, f"{BETA[SUSPENDED]}, {BETA_HEADER}") as conn:  # with the multi-agent beta, which v1 ignores
+        await send(conn, create(**{field: value}))
+        assert await receive(conn) == refusal("unsupported_parameter", f"'{field}' is not supported on the suspended (v1) protocol.", field)
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # the refused create took nothing: the next is served
+        assert (await until(conn, *TERMINALS))[0]["type"] == "response.created"
+    assert list(server.records)[0] == refusal_record("unsupported_parameter", field, SUSPENDED)
+
+
+async def test_an_append_on_v2_is_an_unknown_event(autojump_clock) -> None:
+    async with ws(make_server()) as conn:
+        await send(conn, {"type": "response.append", "input": [output("call_1")]})
+        assert await receive(conn) == refusal(
+            "unknown_event_type", "response.append is not supported in ws v2; use response.create with previous_response_id", "type")
 
 
 # --- the handshake ------------------------------------------------------------------------------------
@@ -630,22 +574,10 @@ HTTP_CORPUS = [
     BadHttp("JSON array body", 400, "invalid_json", body=b"[1, 2]"),
     BadHttp("body not UTF-8", 400, "invalid_json", body=b"\xff\xfe"),
     BadHttp("body without input", 400, "missing_required_parameter", "input", body={"model": MODEL}),
-    BadHttp("body with a wrong type", 400, "invalid_type", "input", body=good_body(input=5)),
-    BadHttp("body with a lone surrogate", 400, "invalid_json", body=b'{"model": "sim-1000", "input": "\\ud800"}'),
-    BadHttp("temperature above 2", 400, "decimal_above_max_value", "temperature", body=good_body(temperature=3)),
-    BadHttp("tool_choice naming a missing tool", 400, "invalid_value", "tool_choice", body=good_body(tool_choice={"type": "function", "name": "nope"})),
-    BadHttp("max_output_tokens below 16", 400, "integer_below_min_value", "max_output_tokens", body=good_body(max_output_tokens=8)),
-    BadHttp("body with background", 400, "unsupported_parameter", "background", body=good_body(background=True)),
     BadHttp("body with an unknown parameter", 400, "unknown_parameter", "temprature", body=good_body(temprature=0.5)),
     BadHttp("body with the WebSocket event's type", 400, "unknown_parameter", "type", body={"type": "response.create", **good_body()}),
     BadHttp("workload out of range", 400, "integer_above_max_value", "metadata.testbed_workload", body=good_body(metadata={"testbed_workload": "fixed:100000"})),
     BadHttp("body with unknown previous_response_id", 400, "previous_response_not_found", "previous_response_id", body=good_body(input=[], previous_response_id="resp_nope")),
-    BadHttp("stream a string", 400, "invalid_type", "stream", body=good_body(stream="yes")),
-    BadHttp("metadata value a number", 400, "invalid_type", "metadata.k", body=good_body(metadata={"k": 1})),
-    BadHttp("body without model", 400, "missing_required_parameter", "model", body=good_body(model=DROP)),
-    BadHttp("tool type misspelled", 400, "invalid_value", "tools[0].type", body=good_body(tools=[{"type": "functon", "name": "f"}])),
-    BadHttp("tool_choice type a prefix", 400, "invalid_value", "tool_choice.type", body=good_body(tools=[{"type": "web_search_preview"}], tool_choice={"type": "web"})),
-    BadHttp("tool_choice type empty", 400, "invalid_value", "tool_choice.type", body=good_body(tools=[{"type": "web_search"}], tool_choice={"type": ""})),
     BadHttp("model sim-0", 400, "invalid_value", "model", body=good_body(model="sim-0")),
     BadHttp("model sim-0 streamed", 400, "invalid_value", "model", body=good_body(model="sim-0", stream=True)),
     BadHttp("GET a sim-<N> model with no usable rate", 404, "model_not_found", "model", method="GET", target="/v1/models/sim-0", body=b""),

@@ -1,4 +1,4 @@
-"""Faults around the v1 suspension and the server's drain on SIGTERM (issue 15).
+"""Faults around the v1 suspension, and how the server closes a connection: the drain on SIGTERM and a close mid-response.
 
 Each case ends with every server task released (the connections' tasks run in a nursery the test
 owns), no engine KV left for the sessions, and no event lost: every response the client saw start
@@ -18,27 +18,46 @@ import json
 import signal
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
-from support import DELAYED_LINK, DelayedConnector, H11Client, events_by_response, make_server, receive, send, until
-from test_bad_input import ONE_TURN, TERMINALS, calls_of, create, output, session_kv, turn
+import wsproto
+import wsproto.events
+from support import (
+    DELAYED_LINK,
+    TERMINALS,
+    DelayedConnector,
+    create_event,
+    events_by_response,
+    make_server,
+    receive,
+    send,
+    timed_until,
+    until,
+    ws,
+)
+from test_bad_input import ONE_TURN, calls_of, create, output, session_kv, turn
 from test_faults import PipeConnector, raw_ws, server_tasks_end
+from test_http import Link, RawClient, open_client, sse_events
 from trio_websocket import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from prototype import netem
-from prototype.client.connect import TcpConnector
+from prototype.api.costs import ZERO_COSTS, StageCost
+from prototype.api.service import ApiService
+from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED
 from prototype.designs.emitter import Emitter, EngineFailure
 from prototype.designs.sampling import SamplingLoop
 from prototype.protocol import errors
-from prototype.server.app import drain, serve_responses
+from prototype.server.app import ResponsesServer, drain, serve_responses
 from prototype.server.config import ServerConfig
+from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
 
 LONG = "fixed:1:50:10:400:0"  # one turn of 400 output tokens: 4 s at sim-100
 LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
 LINKS = ["pipe", "rtt-20ms"]
+TURN_300 = {"testbed_workload": "fixed:1:100:10:300"}  # 300 output tokens: 0.3 s at sim-1000
 
 
 def connector_for(link: str, server, nursery: trio.Nursery):
@@ -51,11 +70,24 @@ def one_way(link: str) -> float:
     return 0.0 if link == "pipe" else DELAYED_LINK.one_way_delay
 
 
+def network_of(link: str):
+    return None if link == "pipe" else DELAYED_LINK
+
+
 def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
     """Per response: numbered 0, 1, 2, ... and exactly one terminal event, the last of its events."""
     for response_id, seen in events_by_response(events).items():
         assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
         assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
+
+
+async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
+    """The events up to the server's close, and its close code and reason."""
+    events = []
+    with trio.fail_after(100), pytest.raises(ConnectionClosed) as closed:
+        while True:
+            events.append(await receive(conn))
+    return events, closed.value.reason.code, closed.value.reason.reason
 
 
 async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:
@@ -266,51 +298,192 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
     assert session_kv(server) == {}
 
 
+# --- the drain of a WebSocket connection: its error and close, in the session's own nursery ----------------
+
+@pytest.mark.parametrize("link", LINKS)
+async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojump_clock, link: str) -> None:
+    server = make_server()
+    async with ws(server, network=network_of(link)) as conn:
+        await trio.sleep(1.0)
+        drained_at = trio.current_time()
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, server, 5.0)
+            events, code, reason = await closed_after(conn)
+            assert trio.current_time() == pytest.approx(drained_at + one_way(link), abs=1e-9)  # at once: nothing is in flight
+    assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
+
+
+class DrainDuringHandshake(ResponsesServer):
+    def check_auth(self, headers):  # the drain starts while this connection's handshake is read
+        self.draining = True
+        return super().check_auth(headers)
+
+
+@pytest.mark.parametrize("link", LINKS)
+async def test_a_connection_whose_handshake_raced_a_drain_is_closed_as_the_drain_closes_the_rest(autojump_clock, link: str) -> None:
+    server = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
+    async with ws(server, network=network_of(link)) as conn:
+        events, code, reason = await closed_after(conn)
+    assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
+
+
+async def test_a_drain_that_reaches_a_session_already_over_does_nothing(autojump_clock) -> None:
+    """Neither a session whose run has returned (no nursery) nor one whose last task has ended (its
+    nursery closed, its run not yet returned, so a drain still finds it in the server's sessions)
+    starts a close: trio would refuse the task ("Nursery is closed to new arrivals"), which took
+    serve's SIGTERM path down."""
+    server = make_server()
+    async with ws(server) as conn:
+        await trio.sleep(1.0)
+        (session,) = server.sessions
+    with trio.fail_after(100):
+        while server.sessions:
+            await trio.sleep(0.1)
+    reason = errors.server_shutting_down()
+    session.shut_down(reason, 1001, "server shutting down", 0.0)
+    assert (session.shutdown, session.nursery, conn.closed.code) == ((reason, 1001, "server shutting down", 0.0), None, 1000)
+    async with trio.open_nursery() as ended:
+        pass
+    session.nursery = ended
+    session.shut_down(reason, 1001, "server shutting down", 0.0)  # raises nothing
+
+
+
+
+async def drained(server, conn, grace: float) -> tuple[list[tuple[float, dict]], int]:
+    """Drain `server` with `grace`: every event `conn` gets until the close, timed, and the close code."""
+    seen = []
+    with trio.fail_after(100):
+        async with trio.open_nursery() as draining:
+            draining.start_soon(drain, server, grace)
+            try:
+                while True:
+                    seen.append((trio.current_time(), await receive(conn)))
+            except ConnectionClosed as closed:
+                return seen, closed.reason.code
+
+
+async def test_a_drain_waits_for_the_connections_later_responses_on_every_lane(autojump_clock):
+    # A connection whose first response ended: the drain waits for the one in flight now.
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=TURN_300))
+        await until(conn, *TERMINALS, timeout=100)
+        await send(conn, create_event(metadata=TURN_300))
+        started_at = (await timed_until(conn, "response.created", timeout=100))[-1][0]
+        events, code = await drained(server, conn, 30.0)
+    (ended_at, ended), (error_at, error) = events[-2], events[-1]
+    assert (ended["type"], error["error"]["code"], code) == ("response.completed", "server_shutting_down", 1001)
+    assert ended_at == error_at > started_at + 0.3  # the turn's 300 tokens decoded, then the drain's error at once
+    # Two lanes in flight: the drain waits for the later one to end, not for the first.
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=TURN_300, stream_id="short"))
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:900"}, stream_id="long"))
+        started_at = (await timed_until(conn, "response.created", timeout=100))[-1][0]
+        events, code = await drained(server, conn, 30.0)
+    ends = [(at, e["stream_id"]) for at, e in events if e["type"] == "response.completed"]
+    assert [lane for _, lane in ends] == ["short", "long"] and ends[1][0] - ends[0][0] > 0.5
+    assert (events[-1][0], events[-1][1]["type"], code) == (ends[1][0], "error", 1001)
+    assert [r["outcome"] for r in server.records] == ["completed", "completed"]
+
+
+async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=TURN_300))  # a lane whose response ended before the drain
+        await until(conn, *TERMINALS, timeout=100)
+        await trio.sleep(1.0)
+        drained_at = trio.current_time()
+        await send(conn, create_event(model="sim-100", metadata={"testbed_workload": "fixed:1:100:10:400"}, stream_id="agent"))  # 4 s
+        cut = (await until(conn, "response.created", timeout=100))[-1]["response"]["id"]
+        events, code = await drained(server, conn, 1.0)
+    assert ([e["type"] for _, e in events][-2:], code) == (["response.failed", "error"], 1001)
+    assert [(r["outcome"], r["at_s"], r["response_id"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0, cut)]
+
+
+async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_terminal_event(autojump_clock):
+    # Cut during its pre-inference work: the client never saw the response, so it gets no event of it,
+    # only the drain's error and close.
+
+    server = make_server(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=5.0)))
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=TURN_300, stream_id="agent"))
+        await trio.sleep(0.5)
+        events, code = await drained(server, conn, 1.0)
+    assert ([(e["type"], e["error"]["code"]) for _, e in events], code) == ([("error", "server_shutting_down")], 1001)
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [("cancelled", None)]
+
+
+
+# --- the drain of HTTP connections ----------------------------------------------------------------------
+
+
+async def post_stream(client: RawClient, metadata: dict[str, str]) -> list[dict[str, Any]]:
+    """A `stream: true` create; every SSE event of the answer, read to its end."""
+    data = json.dumps({"model": "sim-100", "input": "go", "stream": True, "metadata": metadata}).encode()
+    reply = await client.request(body=data)
+    assert (reply.status, reply.headers["content-type"]) == (200, "text/event-stream; charset=utf-8")
+    return [json.loads(line[6:]) for line in reply.body.split(b"\n") if line.startswith(b"data: ")]
+
+
+def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, Any]:
+    """POST the long streamed response on `client` in a task of its own; the returned dict gets its
+    `events` and the virtual time it `ended_at`."""
+    seen: dict[str, Any] = {}
+
+    async def stream() -> None:
+        seen["events"] = await post_stream(client, {"testbed_workload": LONG})
+        seen["ended_at"] = trio.current_time()
+
+    nursery.start_soon(stream)
+    return seen
+
+
+async def test_a_drain_returns_when_the_last_http_response_ends(autojump_clock, nursery) -> None:
+    """A drain waits for the response in flight (4 s) within its grace, closes the idle
+    keep-alive connection at once, and returns as soon as the last connection closed."""
+    server = make_server()
+    idle, streaming = open_client(nursery, server), open_client(nursery, server)
+    assert (await idle.request("GET", "/v1/models", content_type=None)).status == 200
+    seen = stream_in_background(nursery, streaming)
+    await trio.sleep(1.0)
+    with trio.fail_after(100):
+        await drain(server, 30.0)
+    # The response's 4 s of decode and its prefill: the drain returns as its stream ends.
+    assert trio.current_time() == seen["ended_at"] == pytest.approx(4.0107, abs=1e-4)
+    assert seen["events"][-1]["type"] == "response.completed"
+    assert (server.connections, server.http_in_flight, server.http_idle) == (0, set(), set())
+    assert await idle.server_closed()
+
+
+async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(autojump_clock, nursery) -> None:
+    server = make_server()
+    streaming = open_client(nursery, server)
+    seen = stream_in_background(nursery, streaming)
+    await trio.sleep(1.0)
+    with trio.fail_after(100):
+        await drain(server, 0.5)
+    assert (trio.current_time(), seen["ended_at"]) == (1.5, 1.5)
+    events = seen["events"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1] == {"type": "error", "sequence_number": len(events) - 1, "code": "server_shutting_down",
+                          "message": "The server is shutting down; retry on a new connection.", "param": None}
+
+
+
 @pytest.mark.parametrize("link", LINKS)
 async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link: str) -> None:
     server = make_server()
-    finished = trio.Event()  # the delayed links close when the test is done with them
-
-    async def hold_link(task_status: trio.TaskStatus) -> None:
-        async with netem.open_emulated_pair(DELAYED_LINK) as pair:
-            task_status.started(pair)
-            await finished.wait()
-
-    async def post(client: H11Client, body: dict[str, Any]) -> list[dict[str, Any]]:
-        import h11
-
-        data = json.dumps(body).encode()
-        headers = [("host", "t"), ("content-length", str(len(data))), ("authorization", "Bearer k"), ("content-type", "application/json")]
-        await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=headers)) + client.conn.send(h11.Data(data=data)) + client.conn.send(h11.EndOfMessage()))
-        response = await client._next()
-        assert response.status_code == 200
-        events = []
-        while True:
-            event = await client._next()
-            if isinstance(event, h11.EndOfMessage):
-                return events
-            for block in event.data.decode().split("\n\n"):
-                for line in block.splitlines():
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[6:]))
-
-    async def connect() -> H11Client:
-        if link == "pipe":
-            client_end, server_end = trio.testing.memory_stream_pair()
-        else:
-            client_end, server_end = await nursery.start(hold_link)
-        nursery.start_soon(server.handle_stream, server_end)
-        return H11Client(client_end)
-
-    idle = await connect()
+    connect = Link(nursery, server, network_of(link)).connect
     body = {"model": "sim-1000", "input": "go", "stream": True, "store": False, "metadata": {"testbed_workload": ONE_TURN}}
-    assert (await post(idle, body))[-1]["type"] == "response.completed"
-    idle.conn.start_next_cycle()
+    idle = await connect()
+    assert sse_events(await idle.request(body=body))[-1]["type"] == "response.completed"
     streaming = await connect()
     results: dict[str, Any] = {}
 
     async def stream_one() -> None:
-        results["events"] = await post(streaming, {**body, "model": "sim-100", "metadata": {"testbed_workload": LONG}})
+        results["events"] = sse_events(await streaming.request(body={**body, "model": "sim-100", "metadata": {"testbed_workload": LONG}}))
 
     async with trio.open_nursery() as clients:
         clients.start_soon(stream_one)
@@ -319,24 +492,17 @@ async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refu
         async with trio.open_nursery() as draining:
             draining.start_soon(drain, server, 30.0)
             await trio.sleep(0.1)
-            refused = await connect()
-            import h11
-
-            await refused.stream.send_all(refused.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "0")])) + refused.conn.send(h11.EndOfMessage()))
-            answer = await refused._next()
-            assert answer.status_code == 503
-            assert await idle.stream.receive_some(10) == b""  # the idle keep-alive connection was closed
+            assert (await (await connect()).request(body=b"")).status == 503
+            assert await idle.server_closed()  # the idle keep-alive connection was closed
     events = results["events"]
     assert events[-1]["type"] == "response.completed"
     assert_no_event_lost(events)
     assert server.connections == 0 and not server.http_in_flight
-    finished.set()
 
 
-# --- a close started mid-response, over a link with delay ---------------------------------------------
+# --- a close started mid-response, over real TCP with delay; a client that never answers the close ------------
 # The server's close waits a round trip for the client's close frame; the terminal event, the error
-# and the close frame are still on the link while it waits. Each case: a 0.4 s response (40 tokens
-# at sim-100), and the drain or the lifetime limit 0.1 s into it.
+# and the close frame are still on the link while it waits.
 
 def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
     """The `error` event a close sends before its close frame."""
@@ -375,20 +541,6 @@ async def close_mid_response(conn, server, close: str, workload: str, timeout: f
     return created, events, code
 
 
-@pytest.mark.parametrize("close", list(CLOSES))
-@pytest.mark.parametrize("link", LINKS)
-async def test_a_close_mid_response_delivers_the_terminal_event_the_error_then_the_close_code(autojump_clock, link: str, close: str) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=LIFETIME))
-    async with trio.open_nursery() as server_side:
-        async with raw_ws(connector_for(link, server, server_side), CHAINED) as (conn, _):
-            if close == "limit":  # the lifetime counts from the server's accept, one way before `opened`
-                await trio.sleep(LIFETIME - 0.1 - 2 * one_way(link) - 0.01)
-            created, events, code = await close_mid_response(conn, server, close, SHORT)
-        await server_tasks_end(server_side, server)
-    assert_terminal_event_then_error(created, events, code, close)
-    assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("close", list(CLOSES))
 async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: str) -> None:
@@ -405,6 +557,56 @@ async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: 
             await trio.sleep(0.01)
     assert_terminal_event_then_error(created, events, code, close, lifetime / 60)
     assert session_kv(server) == {}
+
+
+@pytest.mark.parametrize("link", LINKS)
+async def test_a_client_that_never_answers_the_close_is_dropped_a_close_handshake_after_the_limit(autojump_clock, link: str) -> None:
+    """It gets the limit's error and close frame; the server waits `CLOSE_HANDSHAKE_SECONDS` for its
+    close frame, then ends the session and the connection (RFC 6455 §7.1.1)."""
+    server = make_server(config=ServerConfig(connection_lifetime=12.0))
+    protocol = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    async with InMemoryConnector(server, network_of(link)).open_stream() as client:
+        await client.send_all(protocol.send(wsproto.events.Request(host="testbed", target="/v1/responses",
+                                                                    extra_headers=[(b"authorization", b"Bearer k")])))
+        data = b""
+        with trio.fail_after(100):
+            while b"\r\n\r\n" not in data:
+                data += await client.receive_some()
+            protocol.receive_data(data)
+            assert isinstance(next(protocol.events()), wsproto.events.AcceptConnection)
+            while chunk := await client.receive_some():  # it reads, and sends nothing more: no close frame
+                protocol.receive_data(chunk)
+        eof_at = trio.current_time()
+    await trio.testing.wait_all_tasks_blocked()
+    # The limit counts from the accept, one way after 0; the stream ends when the server's wait for the
+    # close frame ends, `CLOSE_HANDSHAKE_SECONDS` later.
+    assert eof_at == pytest.approx(one_way(link) + 12.0 + CLOSE_HANDSHAKE_SECONDS, abs=1e-9)
+    assert not server.sessions and not server.connections
+    assert [(type(e), getattr(e, "data", None), getattr(e, "code", None), getattr(e, "reason", None)) for e in protocol.events()] == [
+        (wsproto.events.TextMessage, json.dumps(closing_error("limit"), separators=(",", ":")), None, None),
+        (wsproto.events.CloseConnection, None, 1000, "connection limit reached"),
+    ]
+
+
+async def test_a_client_that_reads_nothing_is_dropped_a_close_handshake_after_the_limit(autojump_clock, nursery) -> None:
+    """Its socket takes nothing (a lockstep stream: a write waits for the reader), so the limit's error
+    cannot even be written: the session ends `CLOSE_HANDSHAKE_SECONDS` after the limit all the same."""
+    server = make_server(config=ServerConfig(connection_lifetime=12.0))
+    client, server_end = trio.testing.lockstep_stream_pair()
+    nursery.start_soon(server.handle_stream, server_end)
+    protocol = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    with trio.fail_after(100):
+        await client.send_all(protocol.send(wsproto.events.Request(host="testbed", target="/v1/responses",
+                                                                    extra_headers=[(b"authorization", b"Bearer k")])))
+        head = b""
+        while b"\r\n\r\n" not in head:  # the upgrade's answer, and nothing after it
+            head += await client.receive_some(1)
+    await trio.sleep(16.9)
+    with trio.fail_after(0.2):  # a session still open then is held for ever
+        while server.sessions:
+            await trio.sleep(0.001)
+    assert trio.current_time() == pytest.approx(12.0 + CLOSE_HANDSHAKE_SECONDS, abs=1e-3)
+
 
 
 def test_sigterm_drains_the_real_server(cli_server) -> None:
@@ -426,18 +628,3 @@ def test_sigterm_drains_the_real_server(cli_server) -> None:
     server.proc.wait(timeout=20)
     code, out, err = server.stop()
     assert code == 0 and "drained" in out, err
-
-
-async def test_a_drain_that_reaches_a_session_whose_nursery_has_closed_does_nothing(autojump_clock) -> None:
-    # Between a session's last task ending (its nursery closed) and its run returning, a drain can
-    # still find it in the server's sessions: shut_down must not start a task there (trio raises
-    # "Nursery is closed to new arrivals", which took serve's SIGTERM path down).
-    from prototype.server.websocket import WebSocketSession
-
-    async with trio.open_nursery() as ended:
-        pass
-    session = WebSocketSession.__new__(WebSocketSession)
-    session.nursery, session.shutdown = ended, None
-    reason = errors.server_shutting_down()
-    session.shut_down(reason, 1001, "server shutting down", 0.0)
-    assert session.shutdown == (reason, 1001, "server shutting down", 0.0)

@@ -1,4 +1,6 @@
-"""The endpoints beside `POST /v1/responses` (issue 21): retrieve, delete, input items, cancel, models.
+"""The endpoints beside `POST /v1/responses` (server/routes.py): retrieve (as JSON or as a replay of
+its events), delete, input items, cancel, compact and models, each refusal with its status, code, param
+and `Allow` header (docs/protocol.md, "Stored responses", "Cancel", "Compaction").
 
 Rules every test here follows (tests/support.py): raw HTTP and WebSocket tests run in-process over
 memory streams under the `autojump_clock` and assert virtual times exactly; the openai-python tests
@@ -20,7 +22,8 @@ from support import H11Client, create_event, function_calls, make_server, output
 
 from prototype import metrics
 from prototype.api import retrieval
-from prototype.api.service import IdFactory
+from prototype.api.costs import ZERO_COSTS
+from prototype.api.service import IdFactory, owner_of
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.cancel import ResponseCancelled, cancellable
@@ -49,12 +52,15 @@ class Reply:
 
 
 class Raw(H11Client):
-    async def start(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None) -> h11.Response:
-        data = json.dumps(body).encode() if body is not None else b""
+    async def start(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None,
+                    data: bytes | None = None) -> h11.Response:
+        """Send a request (`body` as JSON, or `data` as it is) and read the head of its answer."""
+        if data is None:
+            data = json.dumps(body).encode() if body is not None else b""
         headers = [("host", "testbed"), ("content-length", str(len(data)))]
         if key is not None:
             headers.append(("authorization", f"Bearer {key}"))
-        if body is not None:
+        if body is not None or data:
             headers.append(("content-type", "application/json"))
         out = self.conn.send(h11.Request(method=method, target=target, headers=headers))
         out += self.conn.send(h11.Data(data=data)) if data else b""
@@ -150,7 +156,8 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     error_of(await client.request("GET", items + "?include[]=bogus"), 400, "invalid_value", "include")
     error_of(await client.request("GET", f"/v1/responses/{rid}?include=bogus"), 400, "invalid_value", "include")
     error_of(await client.request("GET", f"/v1/responses/{rid}?stream=maybe"), 400, "invalid_value", "stream")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value", "starting_after")
+    assert error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value",
+                    "starting_after") == "Invalid 'starting_after': integer below minimum value. Expected a value >= 0, but got -1 instead."
     error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x"), 400, "invalid_value", "starting_after")
     # Bad values are refused before the id is looked up.
     error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, "integer_below_min_value", "limit")
@@ -178,6 +185,33 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     assert server.connections == 1
 
 
+async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery, monkeypatch) -> None:
+    client = connect(nursery, make_server())
+    post = await client.request("POST", "/v1/models")
+    assert error_of(post, 405, "method_not_allowed", None) == "Method POST is not allowed on /v1/models: use GET."
+    assert post.headers["allow"] == "GET" and "www-authenticate" not in post.headers
+    put = await client.request("PUT", "/v1/responses/resp_1")
+    assert error_of(put, 405, "method_not_allowed", None) == "Method PUT is not allowed on /v1/responses/resp_1: use GET, DELETE."
+    assert put.headers["allow"] == "GET, DELETE"
+    long_path = "/v1/models/" + "m" * 200  # the method named up to 16 characters, the path up to 128
+    long = await client.request("PROPFINDEXTENDEDLONG", long_path)
+    assert error_of(long, 405, "method_not_allowed", None) == f"Method PROPFINDEXTENDED is not allowed on {long_path[:128]}: use GET."
+    head = await client.request("HEAD", "/v1/models")
+    assert (head.status, head.body, head.headers["allow"]) == (405, b"", "GET")
+    missing = await client.request("GET", "/v1/responses/resp_nope")
+    assert missing.status == 404 and "www-authenticate" not in missing.headers
+
+    async def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(routes, "answer", broken)
+    reply = await client.request("GET", "/v1/models")
+    assert (reply.status, reply.json(), "connection" in reply.headers) == (500, {"error": {
+        "type": "server_error", "code": "server_error", "message": "Internal error: RuntimeError.", "param": None}}, False)
+    monkeypatch.undo()
+    assert (await client.request("GET", "/v1/models")).status == 200
+
+
 # --- retrieve, stream replay, input items, delete ---------------------------------------------------
 
 
@@ -191,9 +225,11 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     rid = stored["id"]
     assert (await client.request("GET", f"/v1/responses/{rid}?include[]=reasoning.encrypted_content")).json() == stored
 
-    reply = await client.request("GET", f"/v1/responses/{rid}?stream=true")
-    assert reply.status == 200 and reply.headers["content-type"].startswith("text/event-stream")
-    replay = parse_stream(reply.body)
+    head = await client.start("GET", f"/v1/responses/{rid}?stream=true")
+    assert (head.status_code, head.reason) == (200, b"OK")
+    assert dict(head.headers) == {b"content-type": b"text/event-stream; charset=utf-8", b"cache-control": b"no-cache",
+                                  b"transfer-encoding": b"chunked"}
+    replay = parse_stream(await client.rest())
     # The same events in the same order, each run of deltas as one delta carrying the whole text.
     collapsed = [e.type for i, e in enumerate(original) if not (e.type.endswith(".delta") and original[i + 1].type == e.type)]
     assert [e.type for e in replay] == collapsed
@@ -205,9 +241,9 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     done = [e.data["item"] for e in original if e.type == "response.output_item.done"]
     assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == done
 
-    later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body
-    # (not read with parse_stream, which checks that numbering starts at 0)
-    assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
+    for after in (0, 5):  # (not read with parse_stream, which checks that numbering starts at 0)
+        later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={after}")).body
+        assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[after + 1:]]
     after_all = await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={len(replay) + 3}")
     assert after_all.status == 200 and after_all.body == b""
 
@@ -352,6 +388,21 @@ async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojum
     assert answer.status == 200 and answer.json() == reply.json()
 
 
+async def test_a_cancel_during_post_inference_finds_a_completed_response(autojump_clock, nursery) -> None:
+    """Billing and the store write run after the response took its final status and before its
+    terminal event: the response is still live, no longer cancellable."""
+    server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
+    streaming, http = connect(nursery, server), connect(nursery, server)
+    await streaming.start("POST", "/v1/responses", body=body(stream=True, metadata={"testbed_workload": "fixed:1"}))
+    events = await streaming.events_until("response.output_item.done")
+    rid, done_at = events[0]["response"]["id"], trio.current_time()
+    assert server.api.live.find(rid, owner_of("alice")) is not None
+    refused = await http.request("POST", f"/v1/responses/{rid}/cancel")
+    assert error_of(refused, 400, "response_not_cancellable", "response_id") == "Cannot cancel a completed response."
+    (terminal,) = await streaming.events_until("response.completed")
+    assert (trio.current_time(), terminal["response"]["status"]) == (done_at + 1.0, "completed")
+
+
 async def test_cancel_ends_a_chained_turn_and_empties_the_cache_slot(autojump_clock, nursery) -> None:
     server = make_server()
     http = connect(nursery, server)
@@ -443,6 +494,48 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
     assert len(server.api.live) == 0
 
 
+# --- compact -------------------------------------------------------------------------------------------
+
+
+def compact_body(**fields: Any) -> dict[str, Any]:
+    return {"model": "sim-1000", **fields}
+
+
+async def test_compact_refuses_a_body_that_is_not_one_json_object(autojump_clock, nursery) -> None:
+    client = connect(nursery, make_server())
+    for raw, message in ((b"[1]", "The request body must be one JSON object."),
+                         (b"{", "The request body is not valid JSON: Expecting property name enclosed in double quotes: "
+                                "line 1 column 2 (char 1).")):
+        assert error_of(await client.request("POST", "/v1/responses/compact", data=raw), 400, "invalid_json", None) == message
+
+
+async def test_compact_needs_an_input_or_a_previous_response(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
+    refused = await client.request("POST", "/v1/responses/compact", body=compact_body(instructions="be brief"))
+    assert error_of(refused, 400, "missing_required_parameter", "input") == "Missing required parameter: 'input'."
+    # Either one is enough: an input alone, or a stored response alone.
+    alone = await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug"))
+    *users, _ = alone.json()["output"]
+    assert [user["content"][0]["text"] for user in users] == ["fix the bug"]
+    first = (await client.request("POST", "/v1/responses", body=body(store=True, metadata={"testbed_workload": "fixed:1"}))).json()
+    chained = await client.request("POST", "/v1/responses/compact", body=compact_body(previous_response_id=first["id"]))
+    *users, item = chained.json()["output"]
+    assert [user["content"][0]["text"] for user in users] == ["fix the bug"] and item["type"] == "compaction"
+    assert server.api.store.get(chained.json()["id"]) is None  # nothing is stored
+
+
+async def test_compact_reads_the_instructions(autojump_clock, nursery) -> None:
+    client = connect(nursery, make_server())
+    plain, instructed = [
+        (await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug", **extra))).json()["usage"]
+        for extra in ({}, {"instructions": "be brief"})
+    ]
+    created = (await client.request("POST", "/v1/responses", body={
+        "model": "sim-1000", "input": "fix the bug", "instructions": "be brief", "metadata": {"testbed_workload": "fixed:1"}})).json()
+    assert instructed["input_tokens"] == created["usage"]["input_tokens"] > plain["input_tokens"]
+
+
 # --- models -------------------------------------------------------------------------------------------
 
 
@@ -505,10 +598,12 @@ def exercise_every_endpoint(port: int) -> dict[str, Any]:
         client.responses.retrieve(first.id)
     except NotFoundError as exc:
         out["after_delete"] = exc
-    try:
-        client.responses.cancel(second.id)
-    except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
-        out["cancel_finished"] = exc
+    for name, call_it in (("cancel_finished", lambda: client.responses.cancel(second.id)),
+                          ("missing", lambda: client.responses.create(model=SDK_MODEL, input="x", previous_response_id="resp_missing"))):
+        try:
+            call_it()
+        except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
+            out[name] = exc
     events = []
     with client.responses.create(model="sim-20", input="fix the bug", tools=HARNESS_TOOLS, metadata=meta, stream=True) as stream:
         for event in stream:
@@ -546,12 +641,13 @@ async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     for name in ("other_retrieve", "other_delete", "after_delete"):
         assert out[name].status_code == 404 and out[name].body["code"] == "response_not_found"
     assert out["deleted"] is None  # openai-python returns nothing for a deletion
-    finished = out["cancel_finished"]
-    assert type(finished).__name__ == "BadRequestError" and finished.body["code"] == "response_not_cancellable"
+    for name, code in (("cancel_finished", "response_not_cancellable"), ("missing", "previous_response_not_found")):
+        assert (type(out[name]).__name__, out[name].status_code, out[name].body["code"]) == ("BadRequestError", 400, code)
     cancelled = out["cancelled"]
     assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
     events = out["cancelled_events"]
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1].type == "response.cancelled"
+    assert all(type(event).__module__.startswith("openai.types.responses") for event in events)  # typed by the SDK
     # openai-python has no type for response.cancelled: it builds its union's first member, with the
     # fields as sent.
     assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)

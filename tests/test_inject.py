@@ -20,14 +20,14 @@ import trio_websocket
 import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, send, timed_until, until, ws
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_sdk_lanes import in_thread
 from test_sdk_websocket import CLIENT_TIMEOUT
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import HARNESS_TOOLS
+from prototype.client.harness import BETA, HARNESS_TOOLS, SUSPENDED
 from prototype.designs.inject import InjectedOutputs
 from prototype.designs.sampling import ToolCall
 from prototype.protocol.inject import ENDED_KEPT, ROOT, InjectBook, InjectRefused, ResponseInject, parse_inject
@@ -39,6 +39,7 @@ BETA_HEADER = "responses_multi_agent=v1"
 # Three turns, each ending in client calls but the last; 0.5 s tools in the workload are the
 # client's own time, which these tests replace with their own waits.
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 
 
 @asynccontextmanager
@@ -61,23 +62,32 @@ def calls_done(events: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
     return [(t, e) for t, e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
 
 
+async def until_calls(conn, count: int = 1) -> list[tuple[float, dict]]:
+    """Every event, timed, up to the `count`th function call done."""
+    events: list[tuple[float, dict]] = []
+    while len(calls_done(events)) < count:
+        events += await timed_until(conn, "response.output_item.done")
+    return events
+
+
+def inject(response_id: str, *calls: dict) -> dict:
+    """A `response.inject` answering `calls`."""
+    return {"type": "response.inject", "response_id": response_id, "input": outputs_for(list(calls))}
+
+
 async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        first = await timed_until(conn, "response.output_item.done")
-        while not calls_done(first):
-            first += await timed_until(conn, "response.output_item.done")
+        first = await until_calls(conn)
         created = first[0][1]
         response_id = created["response"]["id"]
         assert created["response"]["multi_agent"] == MULTI_AGENT
         (called_at, call), = calls_done(first)
         await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        await send(conn, inject(response_id, call["item"]))
         injected_at = trio.current_time()
-        rest = await timed_until(conn, "response.output_item.done")
-        while not calls_done(rest):
-            rest += await timed_until(conn, "response.output_item.done")
+        rest = await until_calls(conn)
         # The acknowledgement comes first, numbered in the response's own sequence.
         (ack_at, ack) = rest[0]
         assert ack == {"type": "response.inject.created", "sequence_number": call["sequence_number"] + 1, "response_id": response_id}
@@ -85,11 +95,11 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         # The same response goes on sampling: its next call, which the test answers again.
         (_, second_call), = calls_done(rest)
         assert second_call["sequence_number"] > ack["sequence_number"]
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second_call["item"]])})
+        await send(conn, inject(response_id, second_call["item"]))
         final = await timed_until(conn, *TERMINALS)
         # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
         ((session,),) = [server.sessions]
-        assert (session.active, session.waiting) == ({}, {})
+        assert (session.injections.active, session.injections.waiting) == ({}, {})
     terminal = final[-1][1]
     assert terminal["type"] == "response.completed" and terminal["response"]["id"] == response_id
     # One response for the whole rollout: its three turns' items, both calls answered in place.
@@ -103,13 +113,11 @@ async def test_outputs_injected_while_the_response_generates_are_held_until_it_w
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         (_, call), = calls_done(events)
         # Injected at once: the response still has its call's turn to finish, and takes it then.
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call["item"]])})
+        await send(conn, inject(response_id, call["item"]))
         rest = await timed_until(conn, *TERMINALS)
     kinds = [e["type"] for _, e in rest]
     assert kinds[0] == "response.inject.created"
@@ -119,9 +127,10 @@ async def test_outputs_injected_while_the_response_generates_are_held_until_it_w
 async def test_inject_into_a_completed_unknown_or_plain_response_fails_with_the_documented_code(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent=MULTI_AGENT, stream_id="sub"))
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
         done = (await until(conn, *TERMINALS))[-1]
         response_id = done["response"]["id"]
+        assert done["response"]["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
         late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": late})
         refused = await until(conn, "response.inject.failed")
@@ -158,40 +167,46 @@ async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_
         assert refused == {"type": "error", "status": 400, "error": {
             "type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input",
             "message": "No tool call found for function call output with call_id call_404."}}
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
         rest = await until(conn, *TERMINALS)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
         (again,) = await until(conn, "response.inject.failed")
     assert rest[0]["type"] == "response.inject.created" and rest[-1]["type"] == "response.completed"
     assert again["error"]["code"] == "response_already_completed"
 
 
-async def test_inject_and_multi_agent_need_the_beta_header(autojump_clock):
-    server = make_server()
-    async with beta_ws(server, beta=None) as conn:
-        await send(conn, create_event(multi_agent=MULTI_AGENT))
-        (refused,) = await until(conn, *TERMINALS)
-        assert (refused["error"]["code"], refused["error"]["param"]) == ("unsupported_parameter", "multi_agent")
-        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]})
-        (unknown,) = await until(conn, *TERMINALS)
-        assert unknown["error"]["code"] == "unknown_event_type"
+def refusal(code: str, message: str, param: str | None) -> dict:
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+
+
+@pytest.mark.parametrize("beta", [None, f"{BETA[SUSPENDED]}, {BETA_HEADER}"], ids=["v2 without the beta", "v1 with the beta"])
+async def test_inject_and_multi_agent_need_the_beta_on_a_v2_connection(autojump_clock, beta):
+    async with beta_ws(make_server(), beta) as conn:
+        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [OUTPUT]})
+        assert await receive(conn) == refusal(
+            "unknown_event_type", "response.inject needs the 'OpenAI-Beta: responses_multi_agent=v1' header on a v2 connection.", "type")
+        if beta is None:
+            await send(conn, create_event(multi_agent=MULTI_AGENT))
+            assert await receive(conn) == refusal(
+                "unsupported_parameter", "'multi_agent' needs the 'OpenAI-Beta: responses_multi_agent=v1' header on the connection.", "multi_agent")
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))  # the connection keeps serving
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
-@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "20ms"])
-async def test_a_malformed_inject_gets_a_400_and_the_connection_closes(autojump_clock, network):
+@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+async def test_a_malformed_inject_is_refused_and_closes_the_connection_1008(autojump_clock, network):
     server = make_server()
     async with beta_ws(server, network=network) as conn:
-        await send(conn, {"type": "response.inject", "response_id": "resp_1"})  # no input
-        (error,) = await until(conn, *TERMINALS)
-        assert (error["status"], error["error"]["param"]) == (400, "input")
-        with trio.fail_after(5):
-            try:
-                await conn.get_message()
-                raise AssertionError("the connection stayed open")
-            except trio_websocket.ConnectionClosed as closed:
-                assert closed.reason.code == 1008
+        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": []})
+        error = await receive(conn)
+        with trio.fail_after(5), pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await conn.get_message()
+    assert error == refusal("missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input")
+    assert (closed.value.reason.code, closed.value.reason.reason) == (1008, "malformed response.inject")
+    # The record: the frame arrived three one-way delays after the upgrade went out (the handshake's round trip, then the frame).
+    one_way = 0.0 if network is None else network.one_way_delay
+    assert list(server.records) == [{"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "at_s": 3 * one_way,
+                                     "response_id": None, "outcome": "error:missing_required_parameter", "param": "input", "stream_id": False}]
 
 
 async def frames_until(stream: trio.abc.Stream, conn: wsproto.WSConnection, last: type) -> list:
@@ -309,14 +324,12 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < 2:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, 2)
         response_id = events[0][1]["response"]["id"]
         calls = {e["item"]["call_id"]: e["item"] for _, e in calls_done(events)}
         assert sorted(calls) == ["call_agent0_2", "call_agent1_2"]  # one call each, named after its agent
         await trio.sleep(1.0)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent0_2"]])})
+        await send(conn, inject(response_id, calls["call_agent0_2"]))
         # Only agent0 resumes: its final message streams while agent1 still waits.
         resumed = await timed_until(conn, "response.output_item.done")
         while not [e for _, e in resumed if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"]:
@@ -325,7 +338,7 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
         with trio.move_on_after(100) as waited:
             quiet = await timed_until(conn, *TERMINALS)
         assert waited.cancelled_caught and quiet == []  # nothing more until agent1's output comes
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([calls["call_agent1_2"]])})
+        await send(conn, inject(response_id, calls["call_agent1_2"]))
         rest = await timed_until(conn, *TERMINALS)
     assert resumed[0][1]["type"] == "response.inject.created"
     final = rest[-1][1]
@@ -349,11 +362,9 @@ async def subagents_run(server, subagents: int, **fields) -> tuple[float, dict]:
                                                 "testbed_subagents": str(subagents)},
                                       multi_agent={"enabled": True, "max_concurrent_subagents": subagents},
                                       tools=[*HARNESS_TOOLS, {"type": "web_search"}], **fields))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < subagents:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, subagents)
         calls = [e["item"] for _, e in calls_done(events)]
-        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"], "input": outputs_for(calls)})
+        await send(conn, inject(events[0][1]["response"]["id"], *calls))
         ended_at, terminal = (await timed_until(conn, *TERMINALS))[-1]
     return ended_at - started_at, terminal
 
@@ -384,9 +395,7 @@ async def test_the_first_subagent_continues_the_conversation_and_the_others_star
         first = (await until(conn, *TERMINALS))[-1]["response"]
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
                                       previous_response_id=first["id"]))
-        events = await timed_until(conn, "response.output_item.done")
-        while len(calls_done(events)) < 2:
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn, 2)
     # Calls are named after their agent and the turn of its conversation: agent0's is the conversation's fourth item's
     # turn (after the first response's input and message), agent1's the second of a conversation of its own.
     assert sorted(e["item"]["call_id"] for _, e in calls_done(events)) == ["call_agent0_4", "call_agent1_2"]
@@ -409,7 +418,7 @@ async def capped_subagents(subagents: int, cap: int) -> tuple[dict[str, float], 
 
     async def answer(conn, response_id: str, call: dict) -> None:
         await trio.sleep(1.0)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+        await send(conn, inject(response_id, call))
 
     async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": str(subagents)},
@@ -446,7 +455,6 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
 
 
-OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 MALFORMED = [  # (label, frame without its type, code, message, param)
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
      f"Unknown parameter: '{'k' * 64}'.", "k" * 64),
@@ -503,9 +511,7 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
             "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
         await until(conn, *TERMINALS)
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         ((_, first),) = calls_done(events)
         answer = outputs_for([first["item"]])
@@ -518,15 +524,13 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         assert await invalid(conn, response_id, answer + answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         # The response took the output and went on to its next call: the output is not taken again.
         assert events[0][1]["type"] == "response.inject.created"
         assert await invalid(conn, response_id, answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         ((_, second),) = calls_done(events)
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second["item"]])})
+        await send(conn, inject(response_id, second["item"]))
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
@@ -534,9 +538,7 @@ async def test_an_inject_the_target_cannot_take_is_an_error_on_the_targets_lane(
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT, stream_id="sub"))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         response_id = events[0][1]["response"]["id"]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": [{**OUTPUT, "call_id": "call_404"}]})
         (*_, error) = await until(conn, "response.inject.failed")

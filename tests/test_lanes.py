@@ -1,19 +1,46 @@
 """`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by
-side, events tagged with their lane, forks across lanes, the per-lane cache and its limits."""
+side, events tagged with their lane, forks across lanes, the per-lane cache and its limits; each way a
+lane's response ends (a refusal inside the turn, an engine failure, a cancel, a handler bug, a write
+that fails) answered on its lane, recorded, and leaving that lane's cache slot empty; what a lane's
+turn is handed (the connection's API key, the server's switches); the connection's KV released when
+it closes. Virtual time, exact events."""
 
 from __future__ import annotations
 
+import json
+
+import attrs
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
+from support import (
+    DELAYED_LINK,
+    TERMINALS,
+    create_event,
+    function_calls,
+    make_server,
+    outputs_for,
+    receive,
+    send,
+    timed_until,
+    until,
+    ws,
+)
+from test_endpoints import connect
+from trio_websocket import CloseReason, ConnectionClosed
 
+from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, run_websocket_rollout
+from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.client.lanes import open_multiplexed, run_multiplexed_rollouts
+from prototype.engine.streaming import FaultPlan
+from prototype.server import websocket
 from prototype.server.config import ServerConfig
 from prototype.workload import fixed
 
 SHORT = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+ONE_TURN = {"testbed_workload": "fixed:1:100:10:300"}  # the final answer: 300 tokens, 0.3 s at sim-1000
+WAIT = 60.0  # virtual seconds: every wait below ends far sooner, and a hang fails at once
+LANE = "agent"
 
 
 async def collect(conn, count: int) -> list[tuple[float, dict]]:
@@ -226,3 +253,187 @@ async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each
     assert [len(r.turns) for r in muxed] == [3, 3, 3]
     assert [r.transcript for r in muxed] == [r.transcript for r in separate]
     assert max(r.ended_at for r in muxed) - start == pytest.approx(max(mux_seconds), abs=1e-9)
+
+
+# --- each way a lane's response ends ------------------------------------------------------------------------
+
+
+def frame_bytes(event: dict) -> int:
+    return len(json.dumps(event).encode())
+
+
+def steer(previous_response_id: str, text: str = "keep it small") -> dict:
+    return {"type": "response.steer", "previous_response_id": previous_response_id, "input": text}
+
+
+async def quiet(conn, seconds: float = 5.0) -> None:
+    """Nothing arrives for `seconds`."""
+    with trio.move_on_after(seconds):
+        raise AssertionError(await receive(conn))
+
+
+async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autojump_clock):
+    """WS guide: a failed turn leaves the connection's cache slot empty; with lanes, that lane's."""
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN))
+        home = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+        # A full-context create (it continues nothing) whose input answers a call it never made.
+        stray = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
+        refused_event = create_event(metadata=ONE_TURN, stream_id=LANE, input=stray)
+        await send(conn, refused_event)
+        error = await receive(conn, timeout=WAIT)
+        # The lane's slot is empty: its last response is not found (store: false); the default lane's is.
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
+        not_found = await receive(conn, timeout=WAIT)
+        await send(conn, create_event(metadata=ONE_TURN, previous_response_id=home, input="go on"))
+        continued = await until(conn, *TERMINALS, timeout=WAIT)
+    assert error == {"type": "error", "status": 400, "stream_id": LANE, "error": {
+        "type": "invalid_request_error", "code": "invalid_function_call_output",
+        "message": error["error"]["message"], "param": error["error"]["param"]}}
+    assert (not_found["type"], not_found["error"]["code"], not_found["stream_id"]) == ("error", "previous_response_not_found", LANE)
+    assert continued[-1]["type"] == "response.completed"
+    refused = [r for r in server.records if r["response_id"] is None]
+    assert [(r["outcome"], r["usage"], r["request_bytes"]) for r in refused] == [
+        ("error:invalid_function_call_output", None, frame_bytes(refused_event)),
+        ("error:previous_response_not_found", None, frame_bytes(create_event(
+            metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))),
+    ]
+
+
+async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        server.api.engine.faults = FaultPlan()  # the next flush fails, before the message ends
+        await send(conn, steer(target))
+        events = await timed_until(conn, "response.steer.failed", timeout=WAIT)
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
+        not_found = await receive(conn, timeout=WAIT)
+    (failed_at, failed), (refused_at, refused) = events[-2], events[-1]
+    assert [e["type"] for _, e in events] == ["response.steer.accepted", *[e["type"] for _, e in events[1:-2]],
+                                              "response.failed", "response.steer.failed"]
+    assert failed["response"]["error"]["code"] == "engine_failure"
+    assert refused == {
+        "type": "response.steer.failed", "sequence_number": failed["sequence_number"] + 1, "stream_id": LANE,
+        "steer": {"id": events[0][1]["steer"]["id"], "previous_response_id": target, "input": "keep it small"},
+        "error": {"type": "invalid_request_error", "code": "response_not_active", "message": f"Response '{target}' failed."},
+    }
+    assert refused_at == failed_at
+    assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
+    # The failed turn's record names the response its client saw created, though the turn returned none.
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [
+        ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
+
+
+async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, api_key="alice") as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        assert (await http.request("POST", f"/v1/responses/{target}/cancel", key="alice")).status == 200
+        cancelled = (await until(conn, "response.cancelled", timeout=WAIT))[-1]
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
+        not_found = await receive(conn, timeout=WAIT)
+    assert cancelled["response"]["id"] == target
+    assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [
+        ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
+
+
+async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(autojump_clock, monkeypatch, caplog):
+    from prototype.designs import chained
+
+    async def broken(*args, **kwargs):
+        await trio.sleep(1.0)
+        raise KeyError("a bug")
+
+    server = make_server()
+    async with ws(server) as conn:
+        monkeypatch.setattr(chained, "run_turn", broken)
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))  # queued: never started, the connection fails
+        error = await receive(conn, timeout=WAIT)
+        try:
+            raise AssertionError(await receive(conn, timeout=WAIT))
+        except ConnectionClosed as closed:
+            reason = closed.reason
+    assert error == {"type": "error", "status": 500, "error": {
+        "type": "server_error", "code": "server_error", "message": "Internal error: KeyError.", "param": None}}
+    assert (reason.code, reason.reason) == (1011, "internal error")
+    # The operator's log names the failure, with its traceback.
+    (logged,) = [r for r in caplog.records if r.name == "prototype.server.websocket"]
+    assert (logged.getMessage(), logged.levelname, logged.exc_info[0]) == ("response handler failed", "ERROR", KeyError)
+    assert [(r["outcome"], r["response_id"]) for r in server.records] == [("error:server_error", None)]
+
+
+async def test_a_write_that_fails_under_a_running_response_records_it_closed_and_stops_the_lanes_worker(autojump_clock, monkeypatch):
+    """A connection whose write fails while the reader still waits (the peer vanished): the running
+    response's record says `closed`, and its lane's worker stops, so the create queued behind it never runs."""
+    original = websocket.WebSocketSession.send
+
+    async def failing(self, event, stream_id=None):
+        if event.type == "response.created":
+            raise ConnectionClosed(CloseReason(1006, None))
+        await original(self, event, stream_id)
+
+    monkeypatch.setattr(websocket.WebSocketSession, "send", failing)
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+        await quiet(conn)
+    assert [(r["stream_id"], r["outcome"]) for r in server.records] == [(True, "closed")]
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_a_stored_websocket_response_belongs_to_the_connections_key(autojump_clock, nursery, design):
+    server = make_server()
+    http = connect(nursery, server)
+    async with ws(server, design, api_key="alice") as conn:
+        await send(conn, create_event(metadata=ONE_TURN, store=True))
+        done = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
+    assert (await http.request("GET", f"/v1/responses/{done['id']}", key="alice")).json()["id"] == done["id"]
+    assert (await http.request("GET", f"/v1/responses/{done['id']}", key="bob")).status == 404
+
+
+async def test_the_servers_cache_switches_reach_a_websocket_turn(autojump_clock):
+    """Switch 4 off: post-inference runs before the terminal event instead of after it."""
+    costs = attrs.evolve(ZERO_COSTS, post=1.0)
+    ends = []
+    for config in (ServerConfig(switches=ALL_SWITCHES_OFF), ServerConfig()):
+        async with ws(make_server(costs=costs, config=config)) as conn:
+            await send(conn, create_event(metadata=ONE_TURN))
+            events = await timed_until(conn, *TERMINALS, timeout=WAIT)
+        (last_item_at, _), (ended_at, _) = events[-2], events[-1]
+        ends.append(ended_at - last_item_at)
+    assert ends == [1.0, 0.0]
+
+
+
+def held_kv(server) -> list:
+    """The engine's KV entries held under a WebSocket connection's keys (a lane's: the connection's and its `stream_id`)."""
+    return sorted(repr(key) for key in server.api.engine.kv if "chained" in (key[0], key[0][0]))
+
+
+@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
+async def test_a_closed_connection_releases_the_kv_of_every_lane(autojump_clock, network) -> None:
+    server = make_server()
+    async with ws(server, network=network) as conn:
+        for stream_id in (None, "a"):
+            await send(conn, create_event(metadata=ONE_TURN, **({} if stream_id is None else {"stream_id": stream_id})))
+            await until(conn, "response.completed", timeout=WAIT)
+        held = held_kv(server)
+    with trio.fail_after(WAIT):
+        while server.sessions:
+            await trio.sleep(0.001)
+    assert (len(held), held_kv(server)) == (2, [])
+

@@ -1,4 +1,4 @@
-"""Limits and auth (issue 6): API keys, stored responses readable only by their key, and every limit
+"""Limits and auth: API keys, stored responses readable only by their key, and every limit
 of `ServerConfig`, each set to a small value and hit: connections, frame and body size, queued
 creates per connection, suspension time-to-live, connection lifetime. Also the load script at a
 tiny size.
@@ -86,25 +86,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert config.max_connections == MAX_CONNECTIONS
 
 
-# --- API keys -------------------------------------------------------------------------------------------
-
-
-async def test_a_wrong_key_gets_401_on_http_and_on_the_websocket_handshake(autojump_clock, nursery) -> None:
-    server = make_server(config=ServerConfig(api_keys=frozenset({"alpha", "beta"})))
-    for key in ("wrong", "", None):
-        status, body = await http(server, nursery, good_body(stream=False), key=key)
-        assert (status, body["error"]["code"]) == (401, "invalid_api_key")
-        client_end, server_end = trio.testing.memory_stream_pair()
-        nursery.start_soon(server.handle_stream, server_end)
-        headers = [] if key is None else [(b"authorization", f"Bearer {key}".strip().encode())]
-        refused = await handshake_refusal(client_end, "/v1/responses", headers)
-        assert refused.status_code == 401 and json.loads(refused.body)["error"]["code"] == "invalid_api_key"
-    for key in ("alpha", "beta"):  # each configured key is accepted on both
-        status, body = await http(server, nursery, good_body(stream=False), key=key)
-        assert (status, body["status"]) == (200, "completed")
-        async with ws(server, key=key) as conn:
-            assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-    await assert_released(server)
+# --- API keys: a stored response is its key's alone ----------------------------------------------------
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["configured keys", "any key"])
@@ -197,18 +179,6 @@ async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above
         assert closed.value.reason.code == 1009
     await watcher.check()
     await assert_released(server)
-
-
-async def test_body_size_limit_takes_a_body_at_the_limit_and_refuses_413_above(autojump_clock, nursery) -> None:
-    limit = 8192
-    server = make_server(config=ServerConfig(max_body_bytes=limit))
-    body = good_body(stream=False, user="")
-    body["user"] = "x" * (limit - len(json.dumps(body).encode()))
-    status, answer = await http(server, nursery, json.dumps(body).encode())
-    assert (status, answer["status"]) == (200, "completed")
-    body["user"] += "x"
-    status, answer = await http(server, nursery, json.dumps(body).encode())
-    assert (status, answer["error"]["code"]) == (413, "request_too_large")
 
 
 # --- the context window -----------------------------------------------------------------------------
@@ -332,22 +302,6 @@ def test_the_presets_prompts_stay_inside_the_flagship_window(preset: str) -> Non
 # --- queued creates per connection ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("limit", [1, 3])
-async def test_queued_creates_over_the_limit_are_refused_on_v2(autojump_clock, limit: int) -> None:
-    server = make_server(config=ServerConfig(max_queued_creates=limit))
-    async with ws(server) as conn:
-        for i in range(limit + 3):  # one runs, `limit` wait, two are refused
-            await send(conn, create(metadata={"testbed_workload": ONE_TURN}, input=f"task {i}"))
-        events = []
-        with trio.fail_after(60):
-            while sum(e["type"] == "response.completed" for e in events) < limit + 1:
-                events.append(await receive(conn))
-        assert [e["error"]["code"] for e in events if e["type"] == "error"] == [errors.TOO_MANY_QUEUED_REQUESTS] * 2
-        assert sum(e["type"] == "response.created" for e in events) == limit + 1
-        # The queue drained: the connection takes new work.
-        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-
-
 async def test_queued_creates_over_the_limit_are_refused_on_v1_while_a_rollout_is_suspended(autojump_clock) -> None:
     server = make_server(config=ServerConfig(max_queued_creates=1))
     async with ws(server, SUSPENDED) as conn:
@@ -394,20 +348,12 @@ async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clo
     await assert_released(server)
 
 
-# --- connection lifetime -------------------------------------------------------------------------------
+# --- connection lifetime: the responses in flight end, then the limit's error and close 1000 -------------------
 
-
-async def closed_with_limit(conn) -> list[dict[str, Any]]:
-    """Events up to the close; asserts the last is the limit error and the close code is 1000."""
-    events = []
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            events.append(await receive(conn))
-    assert closed.value.reason.code == 1000
-    assert events[-1]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
-    return events
-
-
+LIMIT_REACHED = {"code": "websocket_connection_limit_reached",
+                 "message": "Responses websocket connection limit reached (0.2 minutes). Create a new websocket connection to continue."}
+LIMIT_ERROR = {"type": "error", "status": 400, "error": {"type": "invalid_request_error", **LIMIT_REACHED, "param": None}}
+LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
 # The lifetime limit's close over a zero-latency pipe and over the 20 ms RTT link.
 LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
 
@@ -416,86 +362,83 @@ def one_way(link: str) -> float:
     return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
 
 
+async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
+    """The events up to the server's close, and its close code and reason."""
+    events = []
+    with trio.fail_after(100), pytest.raises(ConnectionClosed) as closed:
+        while True:
+            events.append(await receive(conn))
+    return events, closed.value.reason.code, closed.value.reason.reason
+
+
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", BOTH)
-async def test_connection_lifetime_closes_an_idle_connection_at_the_limit(autojump_clock, design: str, link: str) -> None:
+async def test_the_lifetime_limit_closes_an_idle_connection_with_its_error_and_1000(autojump_clock, design: str, link: str) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
     async with ws(server, design, network=LINKS[link]) as conn:
-        opened = trio.current_time()
-        events = await closed_with_limit(conn)
-        assert trio.current_time() - opened == pytest.approx(12.0, rel=1e-9)
-        assert events[-1]["error"]["message"] == (
-            "Responses websocket connection limit reached (0.2 minutes). Create a new websocket connection to continue."
-        )
+        events, code, reason = await closed_after(conn)
+        # The limit counts from the accept, one way after the client's upgrade request went out at 0.
+        assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
+    assert (events, code, reason) == ([LIMIT_ERROR], 1000, "connection limit reached")
     await assert_released(server)
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_connection_lifetime_lets_an_in_flight_v2_response_finish_and_drops_the_queue(autojump_clock, link: str) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=10.0))
-    long_turn = create(model="sim-100", metadata={"testbed_workload": "fixed:1:50:10:400:0"})  # 4 s
+@pytest.mark.parametrize("grace", [100.0, 1.0])
+async def test_at_the_lifetime_limit_a_response_in_flight_ends_within_the_grace_and_the_queue_is_dropped(
+    autojump_clock, link: str, grace: float
+) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=12.0, lifetime_grace=grace))
     async with ws(server, network=LINKS[link]) as conn:
-        await trio.sleep(8)
-        await send(conn, long_turn)
-        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # queued behind it: dropped
-        events = await closed_with_limit(conn)
-        types = [e["type"] for e in events]
-        assert types.count("response.created") == 1 and types[-2] == "response.completed"
-        assert trio.current_time() > 10.0 + 2  # the response ran past the limit
-    await assert_released(server)
+        await trio.sleep(10.0)
+        sent = trio.current_time()
+        await send(conn, create(model="sim-100", metadata=LONG))  # 4 s, past the limit
+        await send(conn, create(metadata={"testbed_workload": ONE_TURN}))  # queued behind it: dropped at the limit
+        created = await receive(conn)
+        events, code, reason = await closed_after(conn)
+        closed_after_sent = trio.current_time() - sent
+    assert (code, reason) == (1000, "connection limit reached")
+    assert [e["type"] for e in events].count("response.created") == 0 and events[-1] == LIMIT_ERROR
+    if grace == 100.0:  # it finishes, and the close follows its terminal event at once
+        assert closed_after_sent == pytest.approx(4.0165333 + 2 * one_way(link), abs=1e-6)
+        assert events[-2]["type"] == "response.completed"
+    else:  # cut when the grace is over (the limit one way after the open), failed with the limit's error
+        assert closed_after_sent == pytest.approx(12.0 + grace + 2 * one_way(link) - sent, abs=1e-9)
+        assert events[-2] == {"type": "response.failed", "sequence_number": events[-3]["sequence_number"] + 1,
+                              "response": {**created["response"], "status": "failed", "error": LIMIT_REACHED}}
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_connection_lifetime_while_suspended_fails_the_rollout_with_a_terminal_event(autojump_clock, link: str) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=10.0))
+async def test_at_the_lifetime_limit_a_paused_v1_rollout_fails_with_the_limit_and_its_kv_is_released(autojump_clock, link: str) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=12.0))
     async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
         done = (await turn(conn, create()))[-1]
         assert len(session_kv(server)) == 1
-        events = await closed_with_limit(conn)
-        # The lifetime counts from the accept, one way after the upgrade went out at 0; the close
-        # comes back one way after the limit.
-        assert trio.current_time() == pytest.approx(10.0 + 2 * one_way(link), rel=1e-9)
-        failed, limit = events
-        assert failed["type"] == "response.failed" and failed["response"]["id"] == done["response"]["id"]
-        assert failed["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
-        assert failed["sequence_number"] == done["sequence_number"] + 1
+        (failed, limit), code, reason = await closed_after(conn)
+        assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
         assert session_kv(server) == {}
-    await assert_released(server)
+    assert (limit, code, reason) == (LIMIT_ERROR, 1000, "connection limit reached")
+    assert failed == {"type": "response.failed", "sequence_number": done["sequence_number"] + 1,
+                      "response": {**failed["response"], "id": done["response"]["id"], "status": "failed", "error": LIMIT_REACHED}}
 
 
 @pytest.mark.parametrize("link", LINKS)
 async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails_the_rollout(autojump_clock, link: str) -> None:
     # The segment streams from 8 s to past the 10 s limit: it is not cut off; it streams to its end,
-    # and where it would pause, the rollout ends with response.failed instead (issue 15).
+    # and where it would pause, the rollout ends with response.failed instead.
     server = make_server(config=ServerConfig(connection_lifetime=10.0))
     long_turns = create(model="sim-100", metadata={"testbed_workload": "fixed:2:50:10:400:0"})  # 4 s of decode each
     async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
         await trio.sleep(8)
         await send(conn, long_turns)
-        events = await closed_with_limit(conn)
+        events, code, _ = await closed_after(conn)
         types = [e["type"] for e in events]
         assert trio.current_time() > 10.0 + 2  # the segment streamed past the limit
-    assert types[0] == "response.created" and types[-2:] == ["response.failed", "error"]
+    assert (code, types[0], types[-2:]) == (1000, "response.created", ["response.failed", "error"])
     assert types.count("response.function_call_arguments.done") == 1 and "response.done" not in types
     assert [e["sequence_number"] for e in events[:-1]] == list(range(len(events) - 1))
     assert events[-2]["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
     await assert_released(server)
-
-
-# --- the CLI flags that set limits -------------------------------------------------------------------
-
-
-def test_serve_flags_set_the_suspension_ttl_and_connection_lifetime() -> None:
-    import argparse
-
-    from prototype.cli import serve
-
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    server = serve.build_server(parser.parse_args(["--suspension-ttl", "7", "--connection-lifetime", "90", "--api-key", "k"]))
-    assert (server.config.suspension_ttl, server.config.connection_lifetime) == (7.0, 90.0)
-    assert server.config.api_keys == frozenset({"k"})
-    server.api.store.close()
 
 
 # --- the load script, at a tiny size --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The server's outbox: several WebSocket messages per socket write, and nothing else changed.
+"""The server's outbox (server/outbox.py): several messages per socket write, and nothing else changed.
 
 A client must see exactly the messages, in exactly the order, that one `send_message` per event
 gave it: checked here over a zero-latency pipe, over the benchmark's 20 ms link, and over a slower
@@ -23,7 +23,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, Rollout, run_websocket_rollout
 from prototype.server import outbox as outbox_module
 from prototype.server.app import ResponsesServer
-from prototype.server.outbox import Outbox
+from prototype.server.outbox import Outbox, send_one_by_one
 from prototype.workload import fixed
 
 TASK = fixed(3, initial_prompt_tokens=300, appended_tokens=80, output_tokens=40, tool_seconds=0.5)
@@ -140,33 +140,76 @@ async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(au
 
 
 
+class GatedWriter:
+    """An outbox's `write`: records each batch; each write waits until `open` is set."""
 
-class RecordingClientStream(trio.abc.Stream):
-    """The client's end of an HTTP connection, keeping every byte the server sent, in order."""
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.open = trio.Event()
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.received = bytearray()
+    async def __call__(self, batch: list[str]) -> None:
+        await self.open.wait()
+        self.batches.append(list(batch))
 
-    async def send_all(self, data) -> None:
-        await self.inner.send_all(data)
 
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
+async def test_each_write_takes_every_message_queued_since_the_last_and_is_counted(autojump_clock, nursery) -> None:
+    writer = GatedWriter()
+    box = Outbox(writer)
+    nursery.start_soon(box.run)
+    await box.send("a")
+    await box.send("b")
+    await trio.testing.wait_all_tasks_blocked()  # the writer took "a" and "b" and waits in its write
+    flushed_at = []
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        data = await self.inner.receive_some(max_bytes)
-        self.received += data
-        return data
+    async def flush() -> None:
+        await box.flush()
+        flushed_at.append(trio.current_time())
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+    nursery.start_soon(flush)
+    await trio.testing.wait_all_tasks_blocked()  # nothing queued, a write in progress: the flush waits
+    await box.send("c")
+    await box.send("d")
+    await trio.sleep(2.0)
+    assert (writer.batches, box.writes, flushed_at) == ([], 0, [])  # a write in progress holds the flush
+    writer.open.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert (writer.batches, box.writes, flushed_at) == ([["a", "b"], ["c", "d"]], 2, [2.0])
+    await box.send("e")
+    await box.flush()
+    assert (writer.batches[-1], box.writes) == (["e"], 3)
+
+
+async def test_a_sender_waits_only_past_the_limit(autojump_clock, nursery) -> None:
+    writer = GatedWriter()
+    box = Outbox(writer, limit=8)
+    nursery.start_soon(box.run)
+    await box.send("x")
+    await trio.testing.wait_all_tasks_blocked()  # the writer holds "x"
+    with trio.move_on_after(1.0) as at_the_limit:
+        await box.send("aaaa")
+        await box.send("bbbb")  # 8 bytes queued: at the limit, not past it
+    assert not at_the_limit.cancelled_caught
+    with trio.move_on_after(1.0) as past_the_limit:
+        await box.send("c")
+    assert past_the_limit.cancelled_caught
+
+
+async def test_one_by_one_sends_each_message_in_order() -> None:
+    sent: list[str] = []
+
+    class Socket:
+        async def send_message(self, message: str) -> None:
+            sent.append(message)
+
+    await send_one_by_one(Socket(), ["a", "b", "c"])
+    assert sent == ["a", "b", "c"]
 
 
 async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
     """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
     how many socket writes the server made for them."""
     from test_http import Link, RawClient, assert_completed_stream, create_body
+    from test_http_client import Tapped
 
     from prototype.server import http
 
@@ -185,15 +228,15 @@ async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None)
 
     server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
     client = await Link(nursery, server, network).connect()
-    recording = RecordingClientStream(client.stream)
-    client = RawClient(recording)
+    received = bytearray()
+    client = RawClient(Tapped(client.stream, received))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(http.HttpExchange, "send", counted_send)
         patch.setattr(http.HttpExchange, "write", counted_write)
         first = assert_completed_stream(await client.request(body=create_body(stream=True)))
         assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
     assert len(first) > 10
-    return bytes(recording.received), writes
+    return bytes(received), writes
 
 
 @pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])

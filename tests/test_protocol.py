@@ -1,253 +1,384 @@
-"""The sans-IO protocol core: codec in and out, items, errors. No trio, no sockets."""
+"""The protocol's items, server events, errors and Response object (protocol/items.py, events.py,
+errors.py, response.py): each item as parsed and as sent back, with its exact refusal; the wire form of
+each event, error and response (docs/protocol.md). Sans-IO."""
 
 from __future__ import annotations
 
-import json
+import base64
+from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from prototype.protocol import codec, errors
+from prototype.protocol import events as ev
 from prototype.protocol.errors import ProtocolError
-from prototype.protocol.events import (
-    OutputTextDelta,
-    ResponseAppend,
-    ResponseCreate,
-    ResponseProcessed,
-    ResponseSteer,
-    SteerFailed,
+from prototype.protocol.items import (
+    ENCRYPTED_CONTENT_MIN_CHARS,
+    ENCRYPTED_CONTENT_PREFIX,
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    Message,
+    OpaqueItem,
+    Reasoning,
+    WebSearchCall,
+    encode_reasoning,
+    parse_input,
+    parse_item,
 )
-from prototype.protocol.items import FunctionCall, FunctionCallOutput, Message, OpaqueItem
+from prototype.protocol.response import Response, Usage
 
 
-def decode(obj) -> object:
-    return codec.decode_client_event(obj if isinstance(obj, (str, bytes)) else json.dumps(obj))
+def create(**body: Any):
+    return codec.parse_create_body({"model": "m", "input": "x", **body})
 
 
-def test_create_is_flat_and_takes_string_input():
-    event = decode({"type": "response.create", "model": "gpt-5.4", "input": "hello", "store": False})
-    assert isinstance(event, ResponseCreate)
-    request = event.request
-    assert request.model == "gpt-5.4"
-    assert request.input == (Message("user", (("input_text", "hello"),)),)
-    assert request.store is False
+# --- reasoning items and their blobs -------------------------------------------------------------
 
 
-def test_create_defaults_follow_the_public_api():
-    request = decode({"type": "response.create", "model": "gpt-5.4", "input": "x"}).request
-    assert request.store is True  # the POST API's default
-    assert request.generate is True
-    assert request.parallel_tool_calls is True
-    assert request.previous_response_id is None
-
-
-def test_shorthand_messages_stream_and_unknown_keys_are_accepted():
-    # openai-agents' frame (docs/protocol.md): shorthand message, stream: true, include, empty tools.
-    frame = {
-        "type": "response.create", "instructions": "be brief", "model": "gpt-test",
-        "input": [{"content": "hello", "role": "user"}], "include": [], "tools": [], "stream": True,
-        "client_metadata": {"x": 1}, "prompt_cache_key": "k",
+def test_a_reasoning_item_goes_on_the_wire_with_an_empty_summary_and_its_status() -> None:
+    assert Reasoning("rs_1", "thinking").to_dict() == {"type": "reasoning", "id": "rs_1", "summary": []}
+    assert Reasoning("rs_1", "thinking", status="completed").to_dict() == {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed"}
+    exported = Reasoning("rs_1", "thinking", status="completed").exported()
+    assert exported.to_dict() == {
+        "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": encode_reasoning("thinking"), "status": "completed",
     }
-    request = decode(frame).request
-    assert request.input == (Message("user", (("input_text", "hello"),)),)
-    assert request.extra_keys == ("client_metadata", "prompt_cache_key")  # `include` is acted on
-    assert request.include == () and not request.wants_encrypted_reasoning
 
 
-def test_items_parse_and_round_trip():
-    items = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
-        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}", "id": "fc_1", "status": "completed"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "done"},
-        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
-    ]
-    request = decode({"type": "response.create", "model": "gpt-5.4", "input": items}).request
-    message, call, output, parts_output, reasoning = request.input
-    assert call == FunctionCall("call_1", "f", "{}", id="fc_1", status="completed")
-    assert output == FunctionCallOutput("call_1", "done")
-    assert parts_output.output == "ab"
-    assert isinstance(reasoning, OpaqueItem) and reasoning.to_dict() == items[4]
-    assert message.to_dict() == items[0]
-    assert call.to_dict() == items[1]
+def blob_payload(blob: str) -> bytes:
+    assert blob.startswith(ENCRYPTED_CONTENT_PREFIX)
+    return base64.urlsafe_b64decode(blob[len(ENCRYPTED_CONTENT_PREFIX) :])
 
 
-def test_append_steer_processed():
-    append = decode({"type": "response.append", "input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]})
-    assert append == ResponseAppend((FunctionCallOutput("c", "o"),))
-    steer = decode({"type": "response.steer", "previous_response_id": "resp_1", "input": "go"})
-    assert isinstance(steer, ResponseSteer) and steer.previous_response_id == "resp_1"
-    assert steer.frame == {"type": "response.steer", "previous_response_id": "resp_1", "input": "go"}
-    assert decode({"type": "response.processed", "response_id": "resp_1"}) == ResponseProcessed("resp_1")
+@pytest.mark.parametrize("text", ["", "short", "é" * 100])
+def test_a_short_reasoning_blob_is_padded_to_the_real_apis_minimum_size(text: str) -> None:
+    """Short reasoning gives a blob of at least 1,700 characters and less than one base64 quantum more."""
+    blob = encode_reasoning(text)
+    assert ENCRYPTED_CONTENT_MIN_CHARS <= len(blob) < ENCRYPTED_CONTENT_MIN_CHARS + 4
+    encoded = text.encode("utf-8")
+    assert blob_payload(blob).rstrip(b"\0") == (len(encoded).to_bytes(4, "big") + encoded).rstrip(b"\0")
+    assert parse_item({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": blob}) == Reasoning("rs_1", text, encrypted_content=blob)
 
 
-def test_binary_frames_are_decoded_as_utf8_json():
-    assert isinstance(decode(b'{"type":"response.create","model":"gpt-5.4","input":"x"}'), ResponseCreate)
+@pytest.mark.parametrize("size", [1500, 1501, 1502, 3000])
+def test_a_long_reasoning_blob_carries_the_text_and_no_padding(size: int) -> None:
+    text = "r" * size
+    blob = encode_reasoning(text)
+    assert blob_payload(blob) == size.to_bytes(4, "big") + text.encode("utf-8")
+    assert parse_item({"type": "reasoning", "id": "rs_2", "encrypted_content": blob, "status": "completed"}) == Reasoning(
+        "rs_2", text, encrypted_content=blob, status="completed"
+    )
 
 
-# (frame, code, param): each bad input has its own code (docs/protocol.md).
-BAD_FRAMES = [
-    ("not json", errors.INVALID_JSON, None),
-    (b"\xff\xfe", errors.INVALID_JSON, None),
-    ("[1, 2]", errors.INVALID_JSON, None),
-    ('"a string"', errors.INVALID_JSON, None),
-    ({"input": "x"}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    ({"type": "response.cancel"}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    ({"type": 7}, errors.UNKNOWN_EVENT_TYPE, "type"),
-    ({"type": "response.create"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": []}, errors.EMPTY_INPUT, "input"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": 5}, errors.INVALID_TYPE, "input"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [5]}, errors.INVALID_TYPE, "input[0]"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "nope"}]}, errors.INVALID_VALUE, "input[0].type"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"content": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].type"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "king", "content": "x"}]}, errors.INVALID_VALUE, "input[0].role"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "user"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].content"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}, errors.INVALID_VALUE, "input[0].content[0].type"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call_output", "output": "x"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].call_id"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call_output", "call_id": "c"}]}, errors.MISSING_REQUIRED_PARAMETER, "input[0].output"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, errors.INVALID_TYPE, "input[0].arguments"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "store": "yes"}, errors.INVALID_TYPE, "store"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream": "true"}, errors.INVALID_TYPE, "stream"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "max_output_tokens": 0}, errors.INTEGER_BELOW_MIN_VALUE, "max_output_tokens"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "max_output_tokens": True}, errors.INVALID_TYPE, "max_output_tokens"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "temperature": "hot"}, errors.INVALID_TYPE, "temperature"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": {"k": 1}}, errors.INVALID_TYPE, "metadata.k"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, errors.OBJECT_ABOVE_MAX_PROPERTIES, "metadata"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "metadata": "m"}, errors.INVALID_TYPE, "metadata"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": {}}, errors.INVALID_TYPE, "tools"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": [{"type": "function"}]}, errors.MISSING_REQUIRED_PARAMETER, "tools[0].name"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": [{"name": "f"}]}, errors.INVALID_VALUE, "tools[0]"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "background": True}, errors.UNSUPPORTED_PARAMETER, "background"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": "a b"}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": "s" * 257}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": 7}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "stream_id": ""}, errors.INVALID_STREAM_ID, "stream_id"),
-    ({"type": "response.inject", "response_id": "r"}, "missing_required_parameter", "input"),
-    ({"type": "response.inject", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "missing_required_parameter", "response_id"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "multi_agent": {"max_concurrent_subagents": 2}}, errors.MISSING_REQUIRED_PARAMETER, "multi_agent.enabled"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "multi_agent": {"enabled": True, "max_concurrent_subagents": 0}}, errors.INTEGER_BELOW_MIN_VALUE, "multi_agent.max_concurrent_subagents"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": [{"type": "compaction", "compact_threshold": 999}]}, errors.INTEGER_BELOW_MIN_VALUE, "context_management[0].compact_threshold"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": [{"type": "truncation"}]}, errors.INVALID_VALUE, "context_management[0].type"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "context_management": []}, errors.INVALID_TYPE, "context_management"),
-    ({"type": "response.create", "model": "gpt-5.4", "input": "x", "conversation": "conv_1"}, errors.UNSUPPORTED_PARAMETER, "conversation"),
-    ({"type": "response.append"}, errors.MISSING_REQUIRED_PARAMETER, "input"),
-    ({"type": "response.append", "input": {"a": 1}}, errors.INVALID_TYPE, "input"),
-    # What the API requires or restricts: a model, a tool type it knows, a tool_choice type it knows (exactly).
-    ({"type": "response.create", "input": "x"}, errors.MISSING_REQUIRED_PARAMETER, "model"),
-    ({"type": "response.create", "model": "", "input": "x"}, errors.MISSING_REQUIRED_PARAMETER, "model"),
-    ({"type": "response.create", "model": 5, "input": "x"}, errors.INVALID_TYPE, "model"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "functon", "name": "f"}]}, errors.INVALID_VALUE, "tools[0].type"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search_previe"}]}, errors.INVALID_VALUE, "tools[0].type"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search_preview"}], "tool_choice": {"type": "web"}},
-     errors.INVALID_VALUE, "tool_choice.type"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": ""}},
-     errors.INVALID_VALUE, "tool_choice.type"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": 3}},
-     errors.INVALID_TYPE, "tool_choice.type"),
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}],
-      "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_searc"}]}}, errors.INVALID_VALUE, "tool_choice.tools[0].type"),
-    # A known type whose tool is not declared: the API's "not found" message.
-    ({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "file_search"}},
-     errors.INVALID_VALUE, "tool_choice"),
+def ours(payload: bytes) -> str:
+    return ENCRYPTED_CONTENT_PREFIX + base64.urlsafe_b64encode(payload).decode("ascii")
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
+        pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
+        pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
+        pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
+        pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
+    ],
+)
+def test_a_damaged_reasoning_blob_is_refused(damaged: str) -> None:
+    """A blob of ours cut short or altered cannot be verified: the real API's error, never a shorter or empty text."""
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "reasoning", "id": "rs_3", "encrypted_content": damaged}, "input[2]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.INVALID_ENCRYPTED_CONTENT, "The encrypted content for item rs_3 could not be verified.", "input[2].encrypted_content"
+    )
+
+
+# --- compaction items ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rounds", "offset"), [(0, 0), (3, 41), (2**24 + 1, 2**24 + 7), (2**32 - 1, 2**32 - 2)])
+def test_a_compaction_item_sent_back_restores_its_rounds_offset_and_summary(rounds: int, offset: int) -> None:
+    item = Compaction("cmp_1", "the summary, é", rounds=rounds, offset=offset)
+    wire = item.to_dict()
+    assert wire == {"type": "compaction", "id": "cmp_1", "encrypted_content": item.encrypted_content}
+    assert parse_item(wire) == item
+
+
+# --- function call outputs -----------------------------------------------------------------------
+
+
+def test_a_function_call_output_goes_back_on_the_wire_with_its_id_and_status_only_when_set() -> None:
+    sent = {"type": "function_call_output", "call_id": "call_1", "output": "done", "id": "fco_1", "status": "completed"}
+    assert parse_item(sent).to_dict() == sent
+    bare = {"type": "function_call_output", "call_id": "call_1", "output": "done"}
+    assert parse_item(bare).to_dict() == bare
+
+
+def test_a_function_call_output_of_content_parts_is_their_text_and_a_bad_part_is_named_by_its_path() -> None:
+    parts = [{"type": "input_text", "text": "a"}, {"type": "output_text", "text": "b"}]
+    assert parse_item({"type": "function_call_output", "call_id": "c", "output": parts}).to_dict()["output"] == "ab"
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "function_call_output", "call_id": "c", "output": [parts[0], 5]}, "input[3]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.INVALID_TYPE, "Invalid type for 'input[3].output[1]': expected an object.", "input[3].output[1]"
+    )
+
+
+# --- items: every refusal with its exact code, message and param ---------------------------------
+
+ITEM_REFUSALS = [
+    pytest.param([1], ('invalid_type', "Invalid type for 'input[4]': expected an object.", 'input[4]'), id='not an object'),
+    pytest.param({'content': 'x'}, ('missing_required_parameter', "Missing required field 'type' in input[4].", 'input[4].type'), id='no type'),
+    pytest.param({'type': 'input_image'}, ('invalid_value', "Invalid value for 'input[4].type': unknown item type 'input_image'.", 'input[4].type'), id='unknown type'),
+    pytest.param({'type': 5}, ('invalid_value', "Invalid value for 'input[4].type': unknown item type 5.", 'input[4].type'), id='type not a string'),
+    pytest.param({'type': 'message', 'content': 'x'}, ('missing_required_parameter', "Missing required field 'role' in input[4].", 'input[4].role'), id='role missing'),
+    pytest.param({'type': 'message', 'role': 5, 'content': 'x'}, ('invalid_type', "Invalid type for 'input[4].role': expected a string.", 'input[4].role'), id='role not a string'),
+    pytest.param({'role': 'king', 'content': 'x'}, ('invalid_value', "Invalid value for 'input[4].role': 'king'; expected one of ('user', 'system', 'developer', 'assistant').", 'input[4].role'), id='role unknown'),
+    pytest.param({'role': 'user'}, ('missing_required_parameter', "Missing required field 'content' in input[4].", 'input[4].content'), id='content missing'),
+    pytest.param({'role': 'user', 'content': None}, ('invalid_type', "Invalid type for 'input[4].content': expected a string or an array of content parts.", 'input[4].content'), id='content null'),
+    pytest.param({'role': 'user', 'content': 5}, ('invalid_type', "Invalid type for 'input[4].content': expected a string or an array of content parts.", 'input[4].content'), id='content a number'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 'a'}, 'x']}, ('invalid_type', "Invalid type for 'input[4].content[1]': expected an object.", 'input[4].content[1]'), id='part not an object'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_image', 'image_url': 'u'}]}, ('invalid_value', "Unsupported content part type 'input_image' at 'input[4].content[0]': the simulator takes text parts only.", 'input[4].content[0].type'), id='part type unknown'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 5}]}, ('invalid_type', "Invalid type for 'input[4].content[0].text': expected a string.", 'input[4].content[0].text'), id='part text not a string'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text'}]}, ('invalid_type', "Invalid type for 'input[4].content[0].text': expected a string.", 'input[4].content[0].text'), id='part without text'),
+    pytest.param({'role': 'user', 'content': 'x', 'id': 5}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='message id not a string'),
+    pytest.param({'role': 'user', 'content': 'x', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='message status not a string'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f'}, ('missing_required_parameter', "Missing required field 'arguments' in input[4].", 'input[4].arguments'), id='call without arguments'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': {}}, ('invalid_type', "Invalid type for 'input[4].arguments': expected a string.", 'input[4].arguments'), id='call arguments an object'),
+    pytest.param({'type': 'function_call', 'name': 'f', 'arguments': '{}'}, ('missing_required_parameter', "Missing required field 'call_id' in input[4].", 'input[4].call_id'), id='call without call_id'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'arguments': '{}'}, ('missing_required_parameter', "Missing required field 'name' in input[4].", 'input[4].name'), id='call without name'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'id': 1}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='call id not a string'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'status': 1}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='call status not a string'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c'}, ('missing_required_parameter', "Missing required field 'output' in input[4].", 'input[4].output'), id='output without output'),
+    pytest.param({'type': 'function_call_output', 'output': 'x'}, ('missing_required_parameter', "Missing required field 'call_id' in input[4].", 'input[4].call_id'), id='output without call_id'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 5}, ('invalid_type', "Invalid type for 'input[4].output': expected a string or an array of content parts.", 'input[4].output'), id='output a number'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'id': 5}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='output id not a string'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='output status not a string'),
+    pytest.param({'type': 'web_search_call', 'action': {'query': 'q'}}, ('missing_required_parameter', "Missing required field 'id' in input[4].", 'input[4].id'), id='search without id'),
+    pytest.param({'type': 'web_search_call', 'id': 'ws_1', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='search status not a string'),
 ]
 
 
-@pytest.mark.parametrize(("frame", "code", "param"), BAD_FRAMES)
-def test_bad_frames_get_their_own_code(frame, code, param):
+@pytest.mark.parametrize(("item", "error"), ITEM_REFUSALS)
+def test_a_refused_item_gets_its_code_message_and_param(item: Any, error: tuple[str, str, str]) -> None:
     with pytest.raises(ProtocolError) as caught:
-        decode(frame)
-    assert (caught.value.code, caught.value.param, caught.value.status) == (code, param, 400)
-    wire = caught.value.to_ws_event()
-    assert wire == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": caught.value.message, "param": param}}
+        parse_item(item, "input[4]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == error
 
 
-ACCEPTED_AT_THE_LIMITS = [
-    {"temperature": 0}, {"temperature": 2}, {"temperature": 1.5}, {"top_p": 0}, {"top_p": 1},
-    {"max_output_tokens": 16}, {"top_logprobs": 0}, {"top_logprobs": 20}, {"max_tool_calls": 1},
-    {"tool_choice": "none"}, {"tool_choice": "required"},
-    {"tool_choice": {"type": "function", "name": "read_file"}},
-    {"tool_choice": {"type": "web_search"}, "tools": [{"type": "web_search_preview"}]},
-    {"tool_choice": {"type": "web_search_preview"}, "tools": [{"type": "web_search"}]},
-    {"tool_choice": {"type": "computer_use_preview"}, "tools": [{"type": "computer_use_preview"}]},
-    {"tools": [{"type": "mcp", "server_label": "s"}], "tool_choice": {"type": "mcp", "server_label": "s"}},
-    {"tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "read_file"}]}},
-    {"truncation": "auto"}, {"truncation": "disabled"}, {"service_tier": "flex"},
-    {"reasoning": {"effort": "xhigh", "summary": "auto"}}, {"text": {"format": {"type": "json_object"}, "verbosity": "low"}},
-    {"include": ["reasoning.encrypted_content"]}, {"user": "u"}, {"safety_identifier": "s" * 64},
-    {"stream": True, "stream_options": {"include_obfuscation": False}}, {"metadata": {"k" * 64: "v" * 512}},
-]
+# --- items as parsed -----------------------------------------------------------------------------
 
 
-def test_refusals_say_what_the_api_expects():
+def test_messages_keep_their_parts_ids_and_statuses() -> None:
+    assert parse_item({"role": "assistant", "content": "done"}) == Message("assistant", (("output_text", "done"),))
+    assert parse_item({"type": "message", "role": "developer", "content": "rules"}) == Message("developer", (("input_text", "rules"),))
+    parts = [{"type": "output_text", "text": "a"}, {"type": "refusal", "refusal": "no"}, {"type": "text", "text": "c"}]
+    message = parse_item({"type": "message", "role": "assistant", "content": parts, "id": "msg_1", "status": "completed"})
+    assert message == Message("assistant", (("output_text", "a"), ("refusal", "no"), ("text", "c")), id="msg_1", status="completed")
+    assert message.text == "anoc"
+    assert message.to_dict() == {
+        "type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+        "content": [{"type": "output_text", "text": "a", "annotations": []}, {"type": "refusal", "text": "no"}, {"type": "text", "text": "c"}],
+    }
+
+
+def test_a_function_call_keeps_every_field() -> None:
+    sent = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}", "id": "fc_1", "status": "in_progress"}
+    assert parse_item(sent) == FunctionCall("call_1", "read_file", "{}", id="fc_1", status="in_progress")
+    assert parse_item(sent).to_dict() == sent
+    bare = parse_item({"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"})
+    assert bare.to_dict() == {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
+
+
+@pytest.mark.parametrize(
+    ("sent", "query", "status"),
+    [
+        ({"type": "web_search_call", "id": "ws_1", "status": "searching", "action": {"type": "search", "query": "trio"}}, "trio", "searching"),
+        ({"type": "web_search_call", "id": "ws_1"}, "", "completed"),
+        ({"type": "web_search_call", "id": "ws_1", "action": "search"}, "", "completed"),
+        ({"type": "web_search_call", "id": "ws_1", "action": {"query": 5}}, "", "completed"),
+    ],
+)
+def test_a_web_search_call_keeps_a_string_query_and_its_status(sent: dict[str, Any], query: str, status: str) -> None:
+    assert parse_item(sent) == WebSearchCall("ws_1", query, status=status)
+
+
+def test_items_the_simulator_does_not_interpret_travel_as_canonical_json() -> None:
+    goal = {"type": "function_call_output", "name": "goal_objective", "namespace": "agent", "output": "ship it"}
+    assert parse_item(goal) == OpaqueItem("function_call_output", '{"name":"goal_objective","namespace":"agent","output":"ship it","type":"function_call_output"}')
+    foreign = {"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAAforeign"}
+    assert parse_item(foreign) == OpaqueItem("reasoning", '{"encrypted_content":"gAAAAforeign","id":"rs_9","summary":[],"type":"reasoning"}')
+    assert parse_item(foreign).to_dict() == foreign
+    other_compaction = {"type": "compaction", "id": "cmp_9", "encrypted_content": "gAAAAforeign"}
+    assert parse_item(other_compaction) == OpaqueItem("compaction", '{"encrypted_content":"gAAAAforeign","id":"cmp_9","type":"compaction"}')
+    assert parse_item({"type": "item_reference", "id": "msg_1"}).to_dict() == {"type": "item_reference", "id": "msg_1"}
+
+
+def test_a_reasoning_item_of_ours_needs_an_id_and_a_string_status() -> None:
+    blob = encode_reasoning("why")
+    assert parse_item({"type": "reasoning", "id": "", "encrypted_content": blob}) == Reasoning("", "why", encrypted_content=blob)
     with pytest.raises(ProtocolError) as caught:
-        decode({"type": "response.create", "input": "x"})
-    assert caught.value.message == "Missing required parameter: 'model'."
+        parse_item({"type": "reasoning", "encrypted_content": blob}, "input[1]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.MISSING_REQUIRED_PARAMETER, "Missing required field 'id' in input[1].", "input[1].id"
+    )
     with pytest.raises(ProtocolError) as caught:
-        decode({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "functon", "name": "f"}]})
-    assert caught.value.message.startswith("Invalid value: 'functon'. Supported values are: 'function', 'file_search', ")
+        parse_item({"type": "reasoning", "id": 5, "encrypted_content": ENCRYPTED_CONTENT_PREFIX + "abc"})
+    assert caught.value.message == "The encrypted content for item ? could not be verified."
     with pytest.raises(ProtocolError) as caught:
-        decode({"type": "response.create", "model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web"}})
-    assert caught.value.message.startswith("Invalid value: 'web'. Supported values are: 'function', 'custom', ")
+        parse_item({"type": "reasoning", "id": "rs_1", "encrypted_content": blob, "status": 5}, "input[1]")
+    assert (caught.value.code, caught.value.param) == (errors.INVALID_TYPE, "input[1].status")
 
 
-@pytest.mark.parametrize("fields", ACCEPTED_AT_THE_LIMITS)
-def test_values_at_the_limits_are_accepted(fields):
-    tools = [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}]
-    event = codec.decode_client_event(json.dumps({"type": "response.create", "model": "gpt-5.4", "input": "x", "tools": tools, **fields}))
-    assert isinstance(event, ResponseCreate)
+def test_a_compaction_item_without_an_id_is_kept() -> None:
+    item = Compaction("cmp_1", "s", rounds=2, offset=3)
+    assert parse_item({"type": "compaction", "encrypted_content": item.encrypted_content}) == Compaction("", "s", rounds=2, offset=3)
 
 
-def test_a_surrogate_pair_is_valid_unicode_and_a_lone_surrogate_is_not():
-    pair = codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": "smile \\ud83d\\ude00"}')
-    assert pair.request.input[0].content == (("input_text", "smile \U0001F600"),)
-    for text in ('"\\ud83d"', '"\\ude00\\ud83d"', '"x\\udfff"'):
+def test_a_string_input_is_one_user_message_and_a_bad_input_is_named() -> None:
+    assert parse_input("hi") == (Message("user", (("input_text", "hi"),)),)
+    assert parse_input([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]) == (
+        Message("user", (("input_text", "a"),)), Message("assistant", (("output_text", "b"),)),
+    )
+    for value in (5, None, {"role": "user"}):
         with pytest.raises(ProtocolError) as caught:
-            codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": ' + text + "}")
-        assert (caught.value.code, caught.value.status) == (errors.INVALID_JSON, 400)
-    # A literal backslash before "ud800" is text, not an escape.
-    literal = codec.decode_client_event('{"type": "response.create", "model": "gpt-5.4", "input": "\\\\ud800"}')
-    assert literal.request.input[0].content == (("input_text", "\\ud800"),)
+            parse_input(value, "input")
+        assert (caught.value.code, caught.value.message, caught.value.param) == (
+            errors.INVALID_TYPE, "Invalid type for 'input': expected a string or an array of items.", "input"
+        )
+    with pytest.raises(ProtocolError) as caught:
+        parse_input([{"role": "user", "content": "a"}, {"role": "user"}])
+    assert caught.value.param == "input[1].content"
 
 
-def test_error_shapes_per_transport():
-    error = errors.previous_response_not_found("resp_x")
-    assert error.to_ws_event()["error"]["message"] == "Previous response with id 'resp_x' not found."
-    assert error.to_sse_event(7) == {"type": "error", "code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id", "sequence_number": 7}
-    assert error.to_http_body() == {"error": {"type": "invalid_request_error", "code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id"}}
+# --- server events on the wire -------------------------------------------------------------------
 
 
-def test_server_events_encode_to_the_wire_shape():
-    delta = OutputTextDelta(4, "msg_01", 0, 0, "Hel")
-    assert json.loads(codec.encode_event(delta)) == {
-        "type": "response.output_text.delta", "sequence_number": 4, "item_id": "msg_01", "output_index": 0,
-        "content_index": 0, "delta": "Hel", "logprobs": [],
+def test_server_events_carry_their_type_first_then_their_fields_in_order() -> None:
+    snapshot = {"id": "resp_1", "status": "in_progress"}
+    cases = [
+        (ev.ResponseCreated(0, snapshot), {"type": "response.created", "sequence_number": 0, "response": snapshot}),
+        (ev.ResponseInProgress(1, snapshot), {"type": "response.in_progress", "sequence_number": 1, "response": snapshot}),
+        (ev.ResponseDone(2, snapshot), {"type": "response.done", "sequence_number": 2, "response": snapshot}),
+        (ev.ResponseCompleted(3, snapshot), {"type": "response.completed", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseFailed(3, snapshot), {"type": "response.failed", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseIncomplete(3, snapshot), {"type": "response.incomplete", "sequence_number": 3, "response": snapshot}),
+        (ev.ResponseCancelled(3, snapshot), {"type": "response.cancelled", "sequence_number": 3, "response": snapshot}),
+        (ev.OutputItemAdded(4, 0, {"id": "m"}), {"type": "response.output_item.added", "sequence_number": 4, "output_index": 0, "item": {"id": "m"}}),
+        (ev.OutputItemDone(5, 1, {"id": "m"}), {"type": "response.output_item.done", "sequence_number": 5, "output_index": 1, "item": {"id": "m"}}),
+        (ev.ContentPartAdded(6, "m", 0, 0, {"type": "output_text"}), {"type": "response.content_part.added", "sequence_number": 6, "item_id": "m", "output_index": 0, "content_index": 0, "part": {"type": "output_text"}}),
+        (ev.ContentPartDone(7, "m", 0, 1, {"type": "output_text"}), {"type": "response.content_part.done", "sequence_number": 7, "item_id": "m", "output_index": 0, "content_index": 1, "part": {"type": "output_text"}}),
+        (ev.OutputTextDelta(8, "m", 2, 0, "Hel"), {"type": "response.output_text.delta", "sequence_number": 8, "item_id": "m", "output_index": 2, "content_index": 0, "delta": "Hel", "logprobs": []}),
+        (ev.OutputTextDone(9, "m", 2, 0, "Hello"), {"type": "response.output_text.done", "sequence_number": 9, "item_id": "m", "output_index": 2, "content_index": 0, "text": "Hello", "logprobs": []}),
+        (ev.FunctionCallArgumentsDelta(10, "fc", 1, "{"), {"type": "response.function_call_arguments.delta", "sequence_number": 10, "item_id": "fc", "output_index": 1, "delta": "{"}),
+        (ev.FunctionCallArgumentsDone(11, "fc", 1, "{}"), {"type": "response.function_call_arguments.done", "sequence_number": 11, "item_id": "fc", "output_index": 1, "arguments": "{}"}),
+        (ev.WebSearchInProgress(12, "ws", 0), {"type": "response.web_search_call.in_progress", "sequence_number": 12, "item_id": "ws", "output_index": 0}),
+        (ev.WebSearchSearching(13, "ws", 0), {"type": "response.web_search_call.searching", "sequence_number": 13, "item_id": "ws", "output_index": 0}),
+        (ev.WebSearchCompleted(14, "ws", 0), {"type": "response.web_search_call.completed", "sequence_number": 14, "item_id": "ws", "output_index": 0}),
+        (ev.SteerAccepted(15, {"id": "st"}), {"type": "response.steer.accepted", "sequence_number": 15, "steer": {"id": "st"}}),
+        (ev.SteerFailed(0, {"input": "go"}, {"code": "c"}), {"type": "response.steer.failed", "sequence_number": 0, "steer": {"input": "go"}, "error": {"code": "c"}}),
+        (ev.SteerPending(16, "r", [{"call_id": "c"}], {"id": "st"}), {"type": "response.steer.pending", "sequence_number": 16, "reason": "r", "required_input": [{"call_id": "c"}], "steer": {"id": "st"}}),
+        (ev.CompactionCompacting(17, "cmp", 0), {"type": "response.compaction.compacting", "sequence_number": 17, "item_id": "cmp", "output_index": 0}),
+        (ev.InjectCreated(18, "resp_1"), {"type": "response.inject.created", "sequence_number": 18, "response_id": "resp_1"}),
+        (ev.InjectFailed(19, "resp_1", ["x"], {"code": "c"}), {"type": "response.inject.failed", "sequence_number": 19, "response_id": "resp_1", "input": ["x"], "error": {"code": "c"}}),
+    ]
+    for event, wire in cases:
+        assert event.to_dict() == wire
+        assert list(event.to_dict()) == list(wire)
+        assert codec.encode_event(event) == codec.encode(wire)
+    assert ev.TERMINAL_TYPES == {"response.completed", "response.failed", "response.incomplete", "response.cancelled"}
+
+
+# --- the Response object -------------------------------------------------------------------------
+
+
+def test_usage_adds_every_count_and_reports_the_total() -> None:
+    usage = Usage(10, 4, 3, 1)
+    usage.add(Usage(20, 8, 5, 2))
+    assert usage == Usage(30, 12, 8, 3)
+    assert usage.to_dict() == {
+        "input_tokens": 30, "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
+        "output_tokens": 8, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 38,
     }
-    error = {"type": "invalid_request_error", "code": "response_not_found", "message": "m"}
-    steer = SteerFailed(0, {"previous_response_id": "resp_1", "input": "go"}, error).to_dict()
-    assert steer == {"type": "response.steer.failed", "sequence_number": 0, "steer": {"previous_response_id": "resp_1", "input": "go"}, "error": error}
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20,
-)
-event_like = st.fixed_dictionaries(
-    {"type": st.sampled_from(["response.create", "response.append", "response.steer", "response.processed", "x"])},
-    optional={
-        "input": json_values, "model": json_values, "tools": json_values, "metadata": json_values, "store": json_values,
-        "previous_response_id": json_values, "generate": json_values, "max_output_tokens": json_values,
-        "temperature": json_values, "top_p": json_values, "tool_choice": json_values, "truncation": json_values,
-        "reasoning": json_values, "text": json_values, "include": json_values, "top_logprobs": json_values,
-    },
-)
+def test_a_response_echoes_its_request_and_sends_usage_once_it_has_ended() -> None:
+    request = create(
+        instructions="be brief", max_output_tokens=64, metadata={"k": "v"}, parallel_tool_calls=False, previous_response_id="resp_0",
+        reasoning={"effort": "low"}, store=False, temperature=0.5, top_p=0.9, tool_choice="required",
+        tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}],
+    )
+    answer = Message("assistant", (("output_text", "ok"),), id="msg_1", status="completed")
+    response = Response("resp_1", request, 1700000000, output=[answer], usage=Usage(5, 1, 2, 0))
+    running = response.to_dict()
+    assert running == {
+        "id": "resp_1", "object": "response", "created_at": 1700000000, "status": "in_progress", "error": None,
+        "incomplete_details": None, "instructions": "be brief", "max_output_tokens": 64, "metadata": {"k": "v"}, "model": "m",
+        "output": [answer.to_dict()], "parallel_tool_calls": False, "previous_response_id": "resp_0", "reasoning": {"effort": "low"},
+        "store": False, "temperature": 0.5, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}], "top_p": 0.9, "usage": None,
+    }
+    assert response.to_dict(usage_so_far=True)["usage"] == Usage(5, 1, 2, 0).to_dict()
+    assert response.to_dict(output=[])["output"] == []
+    response.status = "completed"
+    assert response.to_dict()["usage"] == Usage(5, 1, 2, 0).to_dict()
+    response.timing = {"queued_ms": 1.5}
+    assert response.to_dict()["testbed_timing"] == {"queued_ms": 1.5}
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=50), st.binary(max_size=50), event_like.map(json.dumps), json_values.map(json.dumps)))
-def test_decoding_never_raises_anything_but_protocol_error(frame):
-    try:
-        codec.decode_client_event(frame)
-    except ProtocolError as error:
-        assert error.code and error.status == 400
+def test_a_response_sends_the_sampling_defaults_and_echoes_multi_agent_and_compaction_only_when_sent() -> None:
+    plain = Response("resp_1", create(), 1).to_dict()
+    assert (plain["temperature"], plain["top_p"]) == (1.0, 1.0)
+    assert "multi_agent" not in plain and "context_management" not in plain and "testbed_timing" not in plain
+    sent = create(multi_agent={"enabled": True, "max_concurrent_subagents": 2}, context_management=[{"type": "compaction", "compact_threshold": 20000}])
+    wire = Response("resp_2", sent, 1).to_dict()
+    assert wire["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 2}
+    assert wire["context_management"] == [{"type": "compaction", "compact_threshold": 20000}]
+    zero = Response("resp_3", create(temperature=0, top_p=0), 1).to_dict()
+    assert (zero["temperature"], zero["top_p"]) == (0, 0)
+
+
+def test_a_lone_item_is_named_as_the_first_of_the_input_by_default() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"role": "user"})
+    assert (caught.value.message, caught.value.param) == ("Missing required field 'content' in input[0].", "input[0].content")
+
+
+def test_a_named_function_call_output_with_a_call_id_answers_that_call() -> None:
+    """Only an output that answers no call (Codex's goal outputs) is carried as opaque context."""
+
+    sent = {"type": "function_call_output", "call_id": "call_1", "name": "read_file", "output": "done"}
+    assert parse_item(sent) == FunctionCallOutput("call_1", "done")
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "function_call_output", "name": 5, "output": "done"}, "input[1]")
+    assert (caught.value.code, caught.value.param) == (errors.MISSING_REQUIRED_PARAMETER, "input[1].call_id")
+
+
+def test_reasoning_and_compaction_items_without_a_blob_are_carried_as_sent() -> None:
+    assert parse_item({"type": "reasoning", "id": "rs_1", "summary": []}) == OpaqueItem("reasoning", '{"id":"rs_1","summary":[],"type":"reasoning"}')
+    assert parse_item({"type": "compaction", "id": "cmp_1"}) == OpaqueItem("compaction", '{"id":"cmp_1","type":"compaction"}')
+    assert parse_item({"type": "compaction", "id": "cmp_1", "encrypted_content": 5}) == OpaqueItem(
+        "compaction", '{"encrypted_content":5,"id":"cmp_1","type":"compaction"}'
+    )
+
+
+def test_a_compaction_item_of_ours_with_an_id_that_is_not_a_string_is_named_by_its_path() -> None:
+    blob = Compaction("cmp_1", "s").encrypted_content
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"type": "compaction", "id": 5, "encrypted_content": blob}, "input[1]")
+    assert (caught.value.code, caught.value.message, caught.value.param) == (
+        errors.INVALID_TYPE, "Invalid type for 'input[1].id': expected a string.", "input[1].id"
+    )
+
+
+def test_an_input_message_goes_back_on_the_wire_as_it_was_sent() -> None:
+    sent = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    assert parse_item(sent).to_dict() == sent
+
+
+def test_an_error_has_its_shape_on_each_transport() -> None:
+    error = errors.previous_response_not_found("resp_x")
+    fields = {"code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id"}
+    assert error.to_ws_event() == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", **fields}}
+    assert error.to_sse_event(7) == {"type": "error", **fields, "sequence_number": 7}
+    assert error.to_http_body() == {"error": {"type": "invalid_request_error", **fields}}

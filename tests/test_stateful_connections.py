@@ -1,4 +1,4 @@
-"""A Hypothesis state machine over several WebSocket connections to one server at once (issue 15):
+"""A Hypothesis state machine over several WebSocket connections to one server at once:
 creates, appends (one, or two back to back), disconnects, and waits that run into the suspension
 time-to-live and the connection lifetime, in any interleaving. After every step the model's
 invariants are checked on what the clients received and what the server applied:
@@ -206,7 +206,7 @@ class Connections(RuleBasedStateMachine):
             return
         calls = conn.pending_calls() if matching else None
         frames = []
-        for _ in range(2 if twice else 1):  # twice: the second races the first (issue 15)
+        for _ in range(2 if twice else 1):  # twice: the second races the first
             self.serial += 1
             frame = f"append {self.serial}"
             call_ids = [c["call_id"] for c in calls] if calls else ["call_none"]

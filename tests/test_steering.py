@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
@@ -13,6 +14,7 @@ from test_endpoints import cancel_at, connect
 from test_inject import MULTI_AGENT, beta_ws, calls_done
 from trio_websocket import ConnectionClosed
 
+from prototype.api.costs import ZERO_COSTS
 from prototype.client.harness import SUSPENDED
 from prototype.protocol.steering import MAX_QUEUED_STEERS
 from prototype.server.config import ServerConfig
@@ -90,6 +92,26 @@ async def test_a_final_answer_completes_normally_and_an_automatic_successor_foll
     assert successor[-1]["type"] == "response.completed"
 
 
+async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_clock):
+    """A warm-up (`generate: false`) is steerable while its post-inference work runs; its automatic
+    successor inherits its settings but generates: it carries the steering message to the model."""
+    server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE, generate=False))
+        target = (await until(conn, "response.created"))[-1]["response"]["id"]
+        await send(conn, steer(target))
+        warm_up = await until(conn, *TERMINALS)
+        successor = await until(conn, *TERMINALS)
+    assert [e["type"] for e in warm_up] == ["response.steer.accepted", "response.completed"]
+    assert warm_up[-1]["response"]["output"] == []
+    created, done = successor[0], successor[-1]
+    assert (created["type"], created["response"]["previous_response_id"]) == ("response.created", target)
+    assert [e["type"] for e in successor[1:3]] == ["response.in_progress", "response.output_item.added"]
+    assert (done["type"], [item["type"] for item in done["response"]["output"]]) == ("response.completed", ["message"])
+    (record,) = [r for r in server.records if r["response_id"] == created["response"]["id"]]
+    assert (record["warmup"], record["input_types"], record["request_bytes"]) == (False, {"message": 1}, 0)
+
+
 async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_explicit_continuation(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
@@ -160,10 +182,13 @@ BAD_INPUTS = [  # (input, the message of its invalid_input)
 async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
-        target, _ = await start(conn)
-        for given, message in BAD_INPUTS:
+        target, before = await start(conn)
+        for number, (given, message) in enumerate(BAD_INPUTS):
             await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
-            assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, given, message=message)
+            refused = (await until(conn, "response.steer.failed"))[-1]
+            assert failed(refused, "invalid_input", target, given, message=message)
+            if number == 0:  # numbered in the target's sequence, on its lane
+                assert (refused["sequence_number"], refused["stream_id"]) == (before[-1]["sequence_number"] + 1, LANE)
         # Only type, previous_response_id and input: the target decides the lane.
         await send(conn, {**steer(target), "stream_id": LANE})
         assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", target, "keep it small",
@@ -200,7 +225,8 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
     async with ws(server) as conn:
         await send(conn, steer("resp_unknown"))
         unknown = await receive(conn)
-        assert failed(unknown, "response_not_found", "resp_unknown", "keep it small")
+        assert failed(unknown, "response_not_found", "resp_unknown", "keep it small",
+                      message="Response 'resp_unknown' is not available on this connection.")
         assert unknown["sequence_number"] == 0 and "stream_id" not in unknown
         # A steered response is no longer active once its successor runs.
         target, _ = await start(conn)
@@ -253,20 +279,20 @@ async def test_too_many_pending_steers(autojump_clock):
     assert record["input_types"] == {"message": MAX_QUEUED_STEERS}  # every accepted note, in one successor
 
 
-async def test_a_continuation_that_fails_returns_the_pending_input(autojump_clock):
+async def test_a_continuation_that_fails_returns_the_pending_input_naming_the_code(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
-        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
-        target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
-        await send(conn, steer(target))
-        accepted = (await until(conn, "response.steer.accepted"))[-1]
-        await until(conn, "response.steer.pending")
+        target, accepted, _ = await pending_steer(conn)
         wrong = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
         await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=wrong))
         error = await receive(conn)
         returned = await receive(conn)
+        with trio.move_on_after(5):  # and nothing more
+            raise AssertionError(await receive(conn))
     assert (error["type"], error["error"]["code"], error["stream_id"]) == ("error", "invalid_function_call_output", LANE)
-    assert failed(returned, "successor_creation_failed", target, "keep it small", steer_id=accepted["steer"]["id"])
+    assert failed(returned, "successor_creation_failed", target, "keep it small", steer_id=accepted["id"],
+                  message="The continuation failed: invalid_function_call_output.")
+    assert (returned["stream_id"], [r["outcome"] for r in server.records]) == (LANE, ["completed", "error:invalid_function_call_output"])
 
 
 async def test_v1_refuses_steering(autojump_clock):
@@ -278,9 +304,9 @@ async def test_v1_refuses_steering(autojump_clock):
         refused = (await until(conn, "response.steer.failed"))[-1]
         assert failed(refused, "steering_not_supported", target, "keep it small",
                       message="Steering is not supported by this protocol version.")
-        assert refused["sequence_number"] == 0
+        assert refused["sequence_number"] == 0 and "stream_id" not in refused
         done = await until(conn, "response.done")
-    assert done[-1]["type"] == "response.done"  # the rollout went on, unsteered
+    assert (done[-1]["type"], done[-1]["response"]["status"]) == ("response.done", "in_progress")  # the rollout went on, unsteered
 
 
 # --- steering across lanes ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ WS guide; docs/protocol.md):
 3. the sampling loop; a client function call ends the response (`response.completed`), unless
    the response was created with `multi_agent` (it then waits there for `response.inject`:
    designs/inject.py); queued steering input ends it too, at the next safe output boundary (`response.incomplete`, reason
-   `steered`); the session then starts the automatic successor (server/websocket.py); a warm-up
+   `steered`); the session then starts the automatic successor (server/websocket/); a warm-up
    (`generate: false`) only prefills the prompt into the engine's prefix cache;
 4. post-inference work overlaps the next request (switch 4) instead of running before the
    terminal event;
@@ -126,7 +126,7 @@ async def _nothing(emitter: Emitter) -> None:
 @attrs.define(eq=False)
 class LaneView:
     """What one turn sees of the cache: its lane's slot, and the others' responses to fork from.
-    The session sets the steering hooks (server/websocket.py)."""
+    The session sets the steering hooks (server/websocket/)."""
 
     cache: ConnectionCache
     lane: str | None

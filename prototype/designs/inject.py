@@ -5,7 +5,7 @@ its sampling loop blocks at `SamplingLoop.tool_call_point`, as a v1 rollout does
 `response.inject` has committed an output for every call it made (multi-agent guide, "Inject tool
 outputs over WebSocket": "the waiting agent can then resume without waiting for the whole
 multi-agent response to finish"). Outputs injected while the response still generates are held
-until it reaches the point. The book (protocol/inject.py) decides; the session (server/websocket.py)
+until it reaches the point. The book (protocol/inject.py) decides; the session (server/websocket/)
 feeds it the frames and wakes the waiting loop through `wake`.
 
 Hosted subagents: with `metadata.testbed_subagents = N` [ours: the simulated root agent does not

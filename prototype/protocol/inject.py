@@ -10,7 +10,7 @@ the completed response) or `response_not_found`. A frame that does not match the
 gets a generic 400 error and the connection closes.
 
 This book decides which answer each injection gets and when a waiting response resumes; the session
-(server/websocket.py) sends the events and wakes the response; nothing here knows about sockets or
+(server/websocket/) sends the events and wakes the response; nothing here knows about sockets or
 time. Where the sources are silent the choices are ours (docs/protocol.md, "Inject"):
 
 * a response takes injected input when it was created with `multi_agent.enabled`; it is open from

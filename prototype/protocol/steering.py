@@ -11,7 +11,7 @@ submission, which one the server sends next. A submission moves through
     accepted | pending --(no successor can carry it)--> failed
 
 and is refused at once (failed, no id) when its input is invalid, its target is unknown, no longer
-running, or already has too many submissions queued. The session (server/websocket.py) drives the
+running, or already has too many submissions queued. The session (server/websocket/) drives the
 book and sends the events; nothing here knows about sockets or time.
 
 Where the sources are silent the choices are ours (docs/protocol.md, Steering):

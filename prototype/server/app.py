@@ -131,7 +131,7 @@ class ResponsesServer(Endpoint):
                 connection=self.next_connection_number(),
                 multi_agent=wants_multi_agent(headers),
             )
-            session = WebSocketSession(self.api, self.config, ws, info, records=self.records)
+            session = WebSocketSession(self.api, self.config, ws, info, log=self.records)
             self.sessions.add(session)
             if self.draining:  # the handshake raced a drain: close it as the drain closes the rest
                 session.shut_down(server_shutting_down(), 1001, "server shutting down", 0.0)

@@ -10,7 +10,7 @@ items, and the model list (docs/protocol.md, "Stored responses" and "Models").
 | GET    /v1/models, /v1/models/{id}        | the simulated profiles as Model objects            |
 
 A handler returns an `Answer` (a JSON body, or the events of an SSE stream) or raises
-ProtocolError; server/http.py routes the request here and writes the answer. (server/endpoint.py
+ProtocolError; server/http/serving.py routes the request here and writes the answer. (server/endpoint.py
 is the state every connection shares; this module is the routes beside `POST /v1/responses`.) Every response id is
 looked up for the key that asks: another key's response is `response_not_found`, as an unknown id.
 """

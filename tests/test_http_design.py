@@ -1,0 +1,505 @@
+"""The http design (designs/http.py): each `POST /v1/responses` one turn, stateless (the client sends the
+whole conversation) or stored (the server rebuilds the chain from its store every turn). A turn's
+events, phases at their virtual times, what it stores and under which key, where it is routed and
+what the engine keeps afterwards; the same transcript as the WebSocket designs; the handshakes and
+round trips a client pays; the API profiles before and after the single-request sprint
+(docs/protocol.md, §8; docs/parameters.md §6). Under the autojump clock, times asserted exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from support import make_server
+
+from prototype import metrics, netem
+from prototype import workload as wl
+from prototype.api import render
+from prototype.api.costs import (
+    AFTER_SPRINT,
+    BEFORE_SPRINT,
+    ZERO_COSTS,
+    ApiCosts,
+    SprintCosts,
+    SprintSwitches,
+    StageCost,
+    sprint_costs,
+)
+from prototype.api.service import ApiService, owner_of
+from prototype.client import harness
+from prototype.client.connect import InMemoryConnector
+from prototype.client.harness import HARNESS_TOOLS, run_websocket_rollout
+from prototype.client.http import run_http_rollout
+from prototype.designs import http as http_design
+from prototype.designs.cancel import ResponseCancelled
+from prototype.engine.engine import HTTP_AFFINITY
+from prototype.protocol import errors
+from prototype.protocol.codec import parse_create_body
+from prototype.protocol.errors import ProtocolError
+from prototype.protocol.events import CreateRequest
+from prototype.protocol.items import FunctionCall, FunctionCallOutput, Message, parse_input
+from prototype.server.app import ResponsesServer
+
+MODEL = "sim-1000"
+RTT = 0.080
+TLS13 = netem.NetworkProfile(rtt=RTT, tls_round_trips=1)  # TCP 1 RTT + TLS 1.3 1 RTT
+KNOWN_COSTS = ApiCosts(
+    validate=StageCost(fixed=0.010), safety=StageCost(fixed=0.020), render=StageCost(fixed=0.030),
+    route=StageCost(fixed=0.040), post=0.050, store_read_per_turn=0.0,
+)
+COSTS = attrs.evolve(KNOWN_COSTS, store_read_per_turn=0.004)
+SERVER_PRE = 0.100  # the four fixed stage costs: all the server does before response.created
+
+
+def exactly(seconds: float) -> Any:
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
+
+
+# --- one turn, called directly ----------------------------------------------------------------------
+
+
+class Sink(list):
+    """Every event the turn sends, as the wire carries it, with the virtual time it was sent."""
+
+    async def __call__(self, event: Any) -> None:
+        self.append((trio.current_time(), event.to_dict()))
+
+    @property
+    def types(self) -> list[str]:
+        return [event["type"] for _, event in self]
+
+
+def first_request(api: ApiService, turns: int = 3, prompt: str = "fix the bug", **fields: Any) -> CreateRequest:
+    key = api.workloads.register(wl.fixed(turns))
+    body = {"model": MODEL, "input": prompt, "tools": HARNESS_TOOLS, "metadata": {"testbed_workload": key}, **fields}
+    return parse_create_body(body)
+
+
+def outputs_for(response) -> list[FunctionCallOutput]:
+    calls = [item for item in response.output if isinstance(item, FunctionCall)]
+    assert calls
+    return [FunctionCallOutput(call.call_id, "ok") for call in calls]
+
+
+def next_stored(first: CreateRequest, response, **fields: Any) -> CreateRequest:
+    return parse_create_body({
+        "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "previous_response_id": response.id,
+        "input": [item.to_dict() for item in outputs_for(response)], **fields,
+    })
+
+
+def next_stateless(first: CreateRequest, response) -> CreateRequest:
+    items = [*first.input, *response.output, *outputs_for(response)]
+    return parse_create_body({
+        "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "store": False,
+        "input": [item.to_dict() for item in items],
+    })
+
+
+async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_times(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    request = first_request(api, store=False)
+    log, sink = metrics.PhaseLog(), Sink()
+    start = trio.current_time()
+    response = await http_design.run_http_turn(api, request, sink, log=log)
+    assert sink.types[:2] == ["response.created", "response.in_progress"] and sink.types[-1] == "response.completed"
+    # Pre-inference (the four fixed stage costs) before response.created; post-inference before the terminal event.
+    assert sink[0][0] - start == exactly(0.100)
+    totals = log.totals()
+    assert "store_read" not in totals  # a stateless turn reads nothing from the store
+    assert {phase: totals[phase] for phase in ("validate", "safety", "render", "route", "post")} == {
+        "validate": exactly(0.010), "safety": exactly(0.020), "render": exactly(0.030), "route": exactly(0.040), "post": exactly(0.050)
+    }
+    post = [(s, e) for phase, s, e in log.spans if phase == "post"]
+    assert post == [(exactly(sink[-1][0] - 0.050), exactly(sink[-1][0]))]
+    # Timings go out only when asked for.
+    assert all("testbed_timing" not in event.get("response", {}) for _, event in sink)
+    assert response.status == "completed" and response.incomplete_details is None
+    assert response.id.startswith("resp_") and isinstance(sink[0][1]["response"]["created_at"], int)
+    snapshots = [event["response"]["id"] for _, event in sink if "response" in event]
+    assert snapshots == [response.id] * 3
+
+
+async def test_timings_ride_on_the_events_when_asked_for(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    await http_design.run_http_turn(api, first_request(api, store=False), sink, include_timing=True)
+    timing = sink[-1][1]["response"]["testbed_timing"]
+    assert {phase: timing["phases_ms"][phase] for phase in ("validate", "safety", "render", "route", "post")} == {
+        "validate": 10.0, "safety": 20.0, "render": 30.0, "route": 40.0, "post": 50.0
+    }
+
+
+async def test_a_turn_cut_at_max_output_tokens_ends_incomplete_and_is_stored_so(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    response = await http_design.run_http_turn(api, first_request(api, max_output_tokens=16), sink)
+    assert sink.types[-1] == "response.incomplete"
+    assert sink[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    stored = api.store.get(response.id).response
+    assert (stored["status"], stored["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    # A turn that runs to its end is stored completed, with no details.
+    done = await http_design.run_http_turn(api, first_request(api), Sink())
+    stored = api.store.get(done.id).response
+    assert (stored["status"], stored["incomplete_details"]) == ("completed", None)
+
+
+async def test_the_stored_chain_is_read_under_the_callers_key_only(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    first = first_request(api, store=True)
+    response = await http_design.run_http_turn(api, first, Sink(), api_key="key-a")
+    assert api.store.get(response.id).owner == owner_of("key-a")
+    second = next_stored(first, response)
+    for other in ("key-b", None):
+        sink = Sink()
+        with pytest.raises(ProtocolError) as caught:
+            await http_design.run_http_turn(api, second, sink, api_key=other)
+        error = caught.value
+        assert (error.code, error.message, error.param) == (
+            errors.PREVIOUS_RESPONSE_NOT_FOUND, f"Previous response with id '{response.id}' not found.", "previous_response_id"
+        )
+        assert sink == []  # refused before the first event
+    log, sink = metrics.PhaseLog(), Sink()
+    before = trio.current_time()
+    continued = await http_design.run_http_turn(api, second, sink, api_key="key-a", log=log)
+    assert sink.types[-1] == "response.completed"
+    # One store read (one earlier turn), before everything else.
+    assert [(phase, s - before, e - before) for phase, s, e in log.spans[:1]] == [("store_read", exactly(0.0), exactly(0.004))]
+    assert sink[0][0] - before == exactly(0.004 + 0.100)
+    # The rebuilt history is in the prompt: the continuation's input counts the first turn's prompt and output.
+    assert continued.usage.input_tokens > response.usage.input_tokens + response.usage.output_tokens
+    assert api.store.get(continued.id).owner == owner_of("key-a")
+
+
+async def test_the_variant_must_match_the_request(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    stateless = first_request(api, store=False)
+    message = "variant 'stored' does not match a request with previous_response_id=None"
+    with pytest.raises(ValueError, match=message):
+        await http_design.run_http_turn(api, stateless, Sink(), variant="stored")
+    with pytest.raises(ValueError, match="variant 'chained' does not match"):
+        await http_design.run_http_turn(api, stateless, Sink(), variant="chained")
+    response = await http_design.run_http_turn(api, first_request(api), Sink(), variant="stateless")
+    with pytest.raises(ValueError, match=f"variant 'stateless' does not match a request with previous_response_id='{response.id}'"):
+        await http_design.run_http_turn(api, next_stored(first_request(api), response), Sink(), variant="stateless")
+    assert len(api.live) == 0
+
+
+def test_the_variant_follows_previous_response_id() -> None:
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x"})) == "stateless"
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})) == "stored"
+
+
+async def test_only_the_key_that_created_a_running_turn_can_cancel_it(autojump_clock, nursery) -> None:
+    api = ApiService(costs=COSTS)
+    sink = Sink()
+    done = trio.Event()
+
+    async def turn() -> None:
+        with pytest.raises(ResponseCancelled):
+            await http_design.run_http_turn(api, first_request(api), sink, api_key="key-a")
+        done.set()
+
+    nursery.start_soon(turn)
+    while len(sink) < 3:  # created, in_progress, and generation under way
+        await trio.sleep(0.001)
+    response_id = sink[0][1]["response"]["id"]
+    assert api.live.find(response_id, owner_of("key-b")) is None
+    assert api.live.find(response_id, None) is None
+    live = api.live.find(response_id, owner_of("key-a"))
+    assert live is not None
+    live.cancel()
+    await done.wait()
+    assert sink.types[-1] == "response.cancelled"
+    assert len(api.live) == 0
+
+
+async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
+    api = ApiService(costs=COSTS)
+    warm = first_request(api, generate=False, store=False)
+    sink = Sink()
+    response = await http_design.run_http_turn(api, warm, sink)
+    assert sink.types == ["response.created", "response.completed"]
+    assert response.output == [] and response.status == "completed"
+    # The prompt is now on the engine: the same turn with generation finds it.
+    cold = ApiService(costs=COSTS)
+    baseline = await http_design.run_http_turn(cold, first_request(cold, store=False), Sink())
+    real = await http_design.run_http_turn(api, first_request(api, store=False), Sink())
+    assert real.usage.cached_tokens > baseline.usage.cached_tokens
+
+
+
+# --- the same transcript in every design; handshakes and round trips; the sprint's profiles ------------
+
+
+GENERATED = wl.generate_one("coding", seed=11, turns_median=5, turns_max=6, parallel_calls_p=0.5, hosted_call_p=0.5)
+
+
+@pytest.mark.parametrize("workload", [wl.fixed(4), GENERATED], ids=["fixed", "generated"])
+async def test_same_transcript_and_usage_in_every_design(autojump_clock, workload: wl.Workload) -> None:
+    assert len(workload.turns) >= 3
+    server = ResponsesServer()
+    key = server.api.workloads.register(workload)
+    metadata = {"testbed_workload": key}
+    connector = InMemoryConnector(server)
+    records = {
+        "suspended": await run_websocket_rollout(connector, "suspended", workload, metadata=metadata, model=MODEL),
+        "chained": await run_websocket_rollout(connector, "chained", workload, metadata=metadata, model=MODEL),
+        "stateless": await run_http_rollout(connector, workload, variant="stateless", metadata=metadata, model=MODEL),
+        "stored": await run_http_rollout(connector, workload, variant="stored", metadata=metadata, model=MODEL),
+    }
+    reference = records["suspended"]
+    assert reference.status == "completed"
+    assert len(reference.transcript) >= 2 * len(workload.turns)
+    for name, record in records.items():
+        assert record.status == "completed", name
+        assert len(record.turns) == len(workload.turns), name
+        assert record.transcript == reference.transcript, name
+        for field in ("input_tokens", "output_tokens"):
+            assert record.usage[field] == reference.usage[field], (name, field)
+    assert records["stateless"].design == "http-stateless" and records["stored"].design == "http-stored"
+    # One response per turn over http, with the stored chain walked from scratch every turn.
+    assert len(records["stored"].response_ids) == len(workload.turns)
+    # Stateless resends the history, so its requests grow; stored sends only the new items.
+    stateless_sent = [turn.bytes_sent for turn in records["stateless"].turns]
+    assert stateless_sent == sorted(stateless_sent) and stateless_sent[-1] > 2 * records["stored"].turns[-1].bytes_sent
+    if workload is GENERATED:
+        assert any(item["type"] == "web_search_call" for item in reference.transcript)
+
+
+async def test_stored_chain_is_rebuilt_from_scratch_every_turn(autojump_clock) -> None:
+    server = make_server(costs=attrs.evolve(ZERO_COSTS, store_read_per_turn=0.002))
+    workload = wl.fixed(4)
+    key = server.api.workloads.register(workload)
+    record = await run_http_rollout(
+        InMemoryConnector(server), workload, variant="stored", metadata={"testbed_workload": key}, include_timing=True
+    )
+    assert record.status == "completed"
+    reads = [turn.server_timing["phases_ms"].get("store_read") for turn in record.turns]
+    assert reads == [None, pytest.approx(2.0), pytest.approx(4.0), pytest.approx(6.0)]  # one read per earlier turn
+
+
+def first_event_times(record) -> list[float]:
+    """When each turn's first event (response.created) arrived."""
+    times = []
+    for turn in record.turns:
+        times.append(min(t for t, direction, _ in record.timeline if direction == "recv" and t >= turn.sent_at))
+    return times
+
+
+async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time(autojump_clock) -> None:
+    server = make_server(costs=KNOWN_COSTS)
+    workload = wl.fixed(1)
+    key = server.api.workloads.register(workload)
+    record = await run_http_rollout(InMemoryConnector(server, TLS13), workload, metadata={"testbed_workload": key})
+    assert record.status == "completed"
+    assert TLS13.handshake_seconds == exactly(2 * RTT)
+    (first,) = first_event_times(record)
+    assert first - record.turns[0].sent_at == exactly(2 * RTT + RTT + SERVER_PRE)
+    # The request left after the handshake and reached the server half an RTT later.
+    sends = [t for t, direction, _ in record.timeline if direction == "send"]
+    assert sends == [exactly(record.turns[0].sent_at + 2 * RTT)]
+
+
+@pytest.mark.parametrize("variant", ["stateless", "stored"])
+async def test_keep_alive_pays_the_handshake_once(autojump_clock, variant: str) -> None:
+    workload = wl.fixed(3, tool_seconds=0.5)
+    records = {}
+    for keep_alive in (True, False):
+        server = make_server(costs=KNOWN_COSTS)  # a fresh server each: same prefix-cache state
+        key = server.api.workloads.register(workload)
+        records[keep_alive] = await run_http_rollout(
+            InMemoryConnector(server, TLS13), workload, variant=variant, metadata={"testbed_workload": key}, keep_alive=keep_alive
+        )
+    for keep_alive, record in records.items():
+        assert record.status == "completed"
+        gaps = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
+        handshakes = [2 * RTT] + [0.0 if keep_alive else 2 * RTT] * 2
+        assert gaps == [exactly(h + RTT + SERVER_PRE) for h in handshakes]
+    assert records[True].transcript == records[False].transcript
+    assert records[False].seconds - records[True].seconds == exactly(2 * 2 * RTT)
+
+
+def test_sprint_costs_add_back_what_each_switch_removed() -> None:
+    costs = ApiCosts()
+    extra = SprintCosts()
+    assert sprint_costs(costs, AFTER_SPRINT) is costs
+    before = sprint_costs(costs, BEFORE_SPRINT, extra)
+    assert before.route.fixed == pytest.approx(costs.route.fixed + extra.config_load + extra.intermediate_hop)
+    assert before.safety.fixed == pytest.approx(costs.safety.fixed + extra.slow_safety_fixed)
+    assert before.safety.per_ktok == pytest.approx(costs.safety.per_ktok + extra.slow_safety_per_ktok)
+    assert (before.validate, before.render, before.post) == (costs.validate, costs.render, costs.post)
+    hop_only = sprint_costs(costs, SprintSwitches(direct_inference_hop=False), extra)
+    assert hop_only.route.fixed == pytest.approx(costs.route.fixed + extra.intermediate_hop)
+    assert hop_only.safety == costs.safety
+
+
+async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(autojump_clock) -> None:
+    extra = SprintCosts(config_load=0.020, intermediate_hop=0.030, slow_safety_fixed=0.050, slow_safety_per_ktok=0.0)
+    workload = wl.fixed(2)
+    firsts = {}
+    for name, switches in (("after", AFTER_SPRINT), ("before", BEFORE_SPRINT), ("hop", SprintSwitches(direct_inference_hop=False))):
+        server = make_server(costs=KNOWN_COSTS, sprint=switches, sprint_extra=extra)
+        key = server.api.workloads.register(workload)
+        record = await run_http_rollout(InMemoryConnector(server), workload, metadata={"testbed_workload": key})
+        assert record.status == "completed"
+        firsts[name] = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
+    assert firsts["after"] == [exactly(SERVER_PRE)] * 2
+    assert firsts["before"] == [exactly(SERVER_PRE + 0.100)] * 2
+    assert firsts["hop"] == [exactly(SERVER_PRE + 0.030)] * 2
+
+
+async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) -> None:
+    render_per_token = attrs.evolve(ZERO_COSTS, render=StageCost(per_ktok=1.0))  # 1 ms per token rendered
+    workload = wl.fixed(3)
+    timings = {}
+    for name, switches in (("after", AFTER_SPRINT), ("before", SprintSwitches(cross_request_render_cache=False))):
+        server = make_server(costs=render_per_token, sprint=switches)
+        key = server.api.workloads.register(workload)
+        record = await run_http_rollout(
+            InMemoryConnector(server), workload, variant="stored", metadata={"testbed_workload": key}, include_timing=True
+        )
+        assert record.status == "completed"
+        usages = [server.api.store.get(rid).response["usage"]["input_tokens"] for rid in record.response_ids]
+        sent = [parse_input([item for item in record.transcript if item["type"] == "function_call_output"][i : i + 1]) for i in range(2)]
+        timings[name] = ([t.server_timing["phases_ms"]["render"] for t in record.turns], usages, sent)
+    after, usages, sent = timings["after"]
+    before, usages_before, _ = timings["before"]
+    assert usages == usages_before
+    # Before: the whole prompt is re-tokenized every turn (one model call per turn: input = prompt).
+    assert before == [pytest.approx(n) for n in usages]
+    # After: turn 0 tokenizes everything; later turns only the tool output they bring.
+    assert after[0] == pytest.approx(usages[0])
+    assert after[1:] == [pytest.approx(len(render.render_items(items))) for items in sent]
+
+
+def test_render_cache_equals_a_full_render() -> None:
+    cache = render.RenderCache()
+    items = parse_input([
+        {"type": "message", "role": "user", "content": "fix the bug"},
+        {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{\"path\": \"a.py\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "print('hi')"},
+    ])
+    key = render.preamble_key("be brief", ())
+    prompt, tokenized = cache.render_full(key, items)
+    assert prompt.ids == render.render_full(key, items).ids
+    assert tokenized == len(prompt)
+    again, tokenized = cache.render_full(key, [*items, FunctionCallOutput("call_2", "more")])
+    assert again.ids == render.render_full(key, [*items, FunctionCallOutput("call_2", "more")]).ids
+    assert tokenized == len(render.render_items([FunctionCallOutput("call_2", "more")]))
+    small = render.RenderCache(max_tokens=10)
+    small.render_full(key, items)
+    assert small.tokens <= 10 or len(small) == 1
+
+
+
+# --- routing and prefix-cache affinity -----------------------------------------------------------------
+
+
+def engine_keys(api: ApiService) -> set:
+    return set(api.engine.kv)
+
+
+@pytest.mark.parametrize("routes", [(True, True), (True, False), (False, True), (False, False)], ids=["home-home", "home-away", "away-home", "away-away"])
+async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_clock, monkeypatch, routes: tuple[bool, bool]) -> None:
+    """Routed to its prefix's engine, a turn finds the earlier turn's prefix there; routed elsewhere, it
+    finds nothing, and the engine that served it keeps nothing of it."""
+    api = ApiService(costs=COSTS)
+    draws = iter(routes)
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: next(draws))
+    first = first_request(api, store=False)
+    home = ("http", http_design.conversation_key(first.input))
+    one = await http_design.run_http_turn(api, first, Sink())
+    assert engine_keys(api) == ({home} if routes[0] else set())
+    two = await http_design.run_http_turn(api, next_stateless(first, one), Sink())
+    assert engine_keys(api) == ({home} if routes[0] or routes[1] else set())
+    cached = two.usage.cached_tokens
+    if not routes[1]:
+        assert cached == 0
+    elif routes[0]:
+        # More than the first turn's whole prompt: its output too, in whole blocks.
+        assert cached > one.usage.input_tokens and cached % api.engine.block_size == 0
+    else:
+        assert cached == one.usage.cached_tokens  # what any first turn finds: the preset's common prefix
+
+
+async def test_each_conversation_keeps_its_own_kv_on_its_engine(autojump_clock, monkeypatch) -> None:
+    monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: True)
+    api = ApiService(costs=COSTS)
+    firsts = [first_request(api, store=False), first_request(api, prompt="write the docs", store=False)]
+    responses = [await http_design.run_http_turn(api, first, Sink()) for first in firsts]
+    assert engine_keys(api) == {("http", http_design.conversation_key(first.input)) for first in firsts}
+    for first, response in zip(firsts, responses):
+        await http_design.run_http_turn(api, next_stateless(first, response), Sink())
+    assert len(engine_keys(api)) == 2
+
+
+def user(text: str) -> Message:
+    return Message("user", (("input_text", text),))
+
+
+def documented_draw(items: list) -> float:
+    """The draw as documented (docs/parameters.md §6, `reaches_prefix_cache`): a 64-bit blake2b of the
+    count of items and the first item's text, as a fraction of 2**64. Published runs replay only if
+    every turn draws exactly this."""
+    first = render.item_text(items[0]) if items else ""
+    digest = hashlib.blake2b(f"{len(items)}\x00{first}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+CONVERSATIONS = [
+    [],
+    [user("fix the bug")],
+    [user("fix the bug"), user("and the tests")],
+    [user("write the docs"), user("x"), user("y")],
+    [user("lone \ud800 surrogate")],
+]
+
+
+@pytest.mark.parametrize("items", CONVERSATIONS, ids=["empty", "one", "two", "three", "surrogate"])
+def test_a_turn_reaches_its_prefix_exactly_when_its_documented_draw_is_below_the_affinity(items: list) -> None:
+    draw = documented_draw(items)
+    assert 0.0 <= draw < 1.0
+    assert not http_design.reaches_prefix_cache(items, affinity=draw)
+    above = math.nextafter(draw, 1.0)  # the next float up
+    assert http_design.reaches_prefix_cache(items, affinity=above)
+
+
+def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
+    a = [user("fix the bug"), user("one"), user("two")]
+    b = [user("fix the bug"), user("three"), user("four")]
+    assert documented_draw(a) == documented_draw(b)
+    for affinity in (0.1, 0.5, 0.9):
+        hits_a = [http_design.reaches_prefix_cache(a[:1] + a[1:2] * n, affinity=affinity) for n in range(1, 200)]
+        hits_b = [http_design.reaches_prefix_cache(b[:1] + b[1:2] * n, affinity=affinity) for n in range(1, 200)]
+        assert hits_a == hits_b
+
+
+def test_a_conversation_is_keyed_by_its_first_item() -> None:
+    key = http_design.conversation_key
+    assert key([user("fix the bug")]) == key([user("fix the bug"), user("more")]) == key([user("fix the bug"), user("other")])
+    assert key([user("fix the bug")]) != key([user("write the docs")])
+    assert key([]) != key([user("fix the bug")])
+    assert key([user("a \ud800")]) != key([user("a \udc00")])  # any text has a key, even a lone surrogate
+
+
+
+def test_the_affinity_by_default_is_the_engines_share_of_turns_routed_home() -> None:
+    first = user("fix the bug")
+    draws = [http_design.reaches_prefix_cache([first] * n) for n in range(1, 4001)]
+    assert abs(sum(draws) / len(draws) - HTTP_AFFINITY) < 0.02
+    assert http_design.reaches_prefix_cache([first], affinity=1.0)
+    assert not http_design.reaches_prefix_cache([first], affinity=0.0)
+
+
+def test_affinity_misses_are_drawn_per_task_and_turn() -> None:
+    """Generated tasks have their own content, so which turns miss differs from task to task."""
+    prompts = [user(harness.task_prompt(w)) for w in wl.generate(seed=0, n_tasks=20)]
+    misses = [tuple(n for n in range(1, 200) if not http_design.reaches_prefix_cache([first] * n)) for first in prompts]
+    assert len(set(misses)) == 20
+    assert abs(sum(map(len, misses)) / (20 * 199) - (1 - HTTP_AFFINITY)) < 0.03
+

@@ -32,7 +32,7 @@ def create(input: list, **fields) -> dict:
 
 def prompt_tokens(*items: dict) -> int:
     """The rendered prompt's length, computed from the items as the server parses them."""
-    request = codec.parse_create_body(create(list(items)))
+    request = codec.decode_client_event(codec.encode(create(list(items)))).request
     return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
 
 

@@ -10,7 +10,6 @@ from support import DELAYED_LINK, create_event, function_calls, make_server, out
 from test_suspended import workloads
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ApiCosts
-from prototype.api.store import ResponseStore
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
 from prototype.server.config import ServerConfig
@@ -183,11 +182,3 @@ def test_chained_and_suspended_produce_the_same_transcript(task):
     assert len(suspended.transcript) == 1 + 3 * (len(task.turns) - 1) + 1
     for key in ("input_tokens", "output_tokens"):
         assert suspended.usage[key] == chained.usage[key]
-
-
-def test_store_file_is_configurable(tmp_path):
-    path = tmp_path / "responses.db"
-    store = ResponseStore(str(path))
-    store.put("resp_1", previous_response_id=None, owner=None, created_at=0.0, input=[], output=[], response={"id": "resp_1"})
-    store.close()
-    assert ResponseStore(str(path)).get("resp_1").response == {"id": "resp_1"}

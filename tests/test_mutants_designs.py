@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import attrs
 import pytest
 import trio
 from support import create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
@@ -20,13 +19,11 @@ from prototype.api.service import ApiService, Context, owner_of
 from prototype.designs import chained
 from prototype.designs.chained import ConnectionCache
 from prototype.designs.emitter import Emitter, failing_on_error
-from prototype.designs.sampling import _answer_tokens
 from prototype.designs.suspended import RolloutEnded, Suspension, SuspensionSlot
 from prototype.engine import tokenizer
 from prototype.engine.engine import Engine
 from prototype.engine.kv import Prompt
 from prototype.engine.memory import KV_BYTES_PER_TOKEN_8B, SWAP_POLICY
-from prototype.engine.policy import PlannedCall, TurnPlan
 from prototype.engine.streaming import EngineFailure
 from prototype.protocol import codec
 from prototype.protocol.errors import ProtocolError
@@ -819,75 +816,3 @@ async def test_a_response_that_ends_normally_is_not_failed() -> None:
     async with failing_on_error(emitter):
         await emitter.finished("completed")
     assert [event.type for event in sent] == ["response.completed"]
-
-
-REASONED = TurnPlan(
-    words=tuple(tokenizer.single_token_words()[:24]), searches=(),
-    calls=(PlannedCall("lookup", '{"city": "Paris", "days": 3}'),), reasoning=tuple(tokenizer.single_token_words()[:16]),
-)
-SHORT_ANSWER = attrs.evolve(REASONED, words=REASONED.words[:4])
-
-
-@pytest.mark.parametrize(("plan", "budget", "expected"), [
-    # The last model call samples reasoning (when the budget leaves room after it), the message, the calls' arguments.
-    (REASONED, None, 16 + 24 + 12),
-    (REASONED, 40, 16 + 24 + 12),  # exactly room for the message: it completes and its call follows
-    (REASONED, 20, 16 + 4),  # the message is cut at the budget: no call follows
-    (REASONED, 16, 16),  # no room after the reasoning: none is sampled, the message takes the whole budget
-    (SHORT_ANSWER, 10, 4 + 12),  # no reasoning, and the short message fits: its call follows
-    (attrs.evolve(REASONED, words=REASONED.words[:2]), 16, 2 + 12),  # a budget of just the reasoning leaves it out
-    (attrs.evolve(REASONED, reasoning=()), None, 24 + 12),
-])
-def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, expected) -> None:
-    assert len(tokenizer.encode(REASONED.calls[0].arguments)) == 12
-    assert _answer_tokens(plan, budget) == expected
-
-
-async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:
-    # The simulated engine ignores what a call asks to sample and which model call tokens come from;
-    # a real engine's interface (vLLM's, on a scripted worker) reads both.
-    from test_vllm_client import TINY_CPU, _engine_on_fake
-
-    from prototype.engine.vllm_client import VllmClient
-    from prototype.engine.vllm_engine import open_vllm_engine
-
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        server = make_server(engine=engine)
-        # One final turn: a hosted search, then 15 tokens of reasoning and 25 of text.
-        key = server.api.workloads.register(Workload("vllm", 1, (TurnSpec(300, 40, (), (HostedCall(1.0, 50),), 15),)))
-        async with ws(server, "chained") as conn:
-            await send(conn, create_event(generate=False))
-            warm = await until(conn, *TERMINAL)
-            await send(conn, create_event(metadata={"testbed_workload": key}, tools=[*create_event()["tools"], {"type": "web_search"}]))
-            turn = await until(conn, *TERMINAL)
-    assert (warm[-1]["type"], turn[-1]["type"]) == ("response.completed", "response.completed")
-    response = turn[-1]["response"]
-    assert [item["type"] for item in response["output"]] == ["web_search_call", "reasoning", "message"]
-    usage = response["usage"]
-    assert usage["output_tokens_details"]["reasoning_tokens"] == 15
-    generates = [(m["max_tokens"], m["held"]) for m in worker.received if m["op"] == "generate"]
-    # The warm-up samples nothing (vLLM samples one token, dropped); the search's arguments, then the rest.
-    assert generates == [(1, False), (usage["output_tokens"] - 40, False), (40, False)]
-    # Each call is recorded under the session's own key, the warm-up's as well, with what it took.
-    keys = {r.key for r in engine.records}
-    assert len(keys) == 1 and None not in keys
-    assert [(r.output_tokens, r.prompt_tokens > 0) for r in engine.records] == [(0, True), (usage["output_tokens"] - 40, True), (40, True)]
-
-
-async def test_a_budgeted_turn_asks_a_real_engine_for_what_the_budget_leaves(autojump_clock, nursery) -> None:
-    from test_vllm_client import TINY_CPU, _engine_on_fake
-
-    from prototype.engine.vllm_client import VllmClient
-    from prototype.engine.vllm_engine import open_vllm_engine
-
-    stream, worker = await _engine_on_fake(nursery)
-    async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(TINY_CPU, client=client) as engine:
-        server = make_server(engine=engine)
-        key = server.api.workloads.register(Workload("vllm-budget", 1, (TurnSpec(300, 40, (), (), 15),)))
-        async with ws(server, "chained") as conn:
-            await send(conn, create_event(metadata={"testbed_workload": key}, max_output_tokens=20))
-            turn = await until(conn, *TERMINAL)
-    assert turn[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    # 15 tokens of reasoning and the first 5 of the text's 25: the call asks for 20, not the plan's 40.
-    assert [m["max_tokens"] for m in worker.received if m["op"] == "generate"] == [20]

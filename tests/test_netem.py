@@ -38,7 +38,7 @@ from prototype.netem import (
     open_emulated_pair,
     open_emulated_tcp,
 )
-from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS
+from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS, Arrivals
 from prototype.netem.links import run_delivery
 from prototype.netem.profiles import RTT_RANGE
 
@@ -303,6 +303,22 @@ async def test_body_exception_is_not_wrapped(autojump_clock: trio.testing.MockCl
 # ---- the delayed stream's refusals, lifecycle and seeds ------------------------------------------
 
 
+def test_a_directions_chunks_arrive_in_order_late_by_the_delay_a_jitter_and_a_resend_each_from_its_seed() -> None:
+    def arrivals(delay: float, jitter: float, loss: float) -> Arrivals:
+        return Arrivals(delay, jitter, loss, jitter_seed="j", loss_seed="l")
+
+    assert [arrivals(*p).delays for p in ((0.0, 0.0, 0.0), (0.1, 0.0, 0.0), (0.0, 0.1, 0.0), (0.0, 0.0, 0.1))] == [False, True, True, True]
+    assert arrivals(0.0, 0.0, 0.0).next(2.0) == 2.0
+    jittered, jitter_draws = arrivals(0.01, 0.002, 0.0), random.Random("j")
+    assert jittered.next(1.0) == 1.0 + 0.01 + jitter_draws.expovariate(1 / 0.002)
+    assert jittered.next(0.0) == jittered.last > 1.0  # never before the chunk sent before it
+    lossy, loss_draws = arrivals(0.01, 0.0, 0.5), random.Random("l")
+    assert lossy.next(5.0, can_be_lost=False) == 5.01  # an end of stream from the far end: no loss, and no draw
+    late = [round(lossy.next(10.0 + i) - (10.0 + i), 9) for i in range(20)]
+    assert late == [round(0.01 + (RETRANSMIT_TIMEOUT_SECONDS if loss_draws.random() < 0.5 else 0.0), 9) for _ in range(20)]
+    assert set(late) == {0.01, 0.21}
+
+
 def whole(message: str) -> str:
     return f"^{re.escape(message)}$"
 
@@ -398,18 +414,25 @@ async def test_a_gone_peer_fails_later_sends_with_the_links_message(autojump_clo
             await client.send_all(b"again")
 
 
-async def test_each_direction_draws_its_jitter_from_its_own_seed(autojump_clock: trio.testing.MockClock) -> None:
+async def test_each_direction_draws_its_jitter_and_loss_from_seeds_of_its_own(autojump_clock: trio.testing.MockClock) -> None:
     left, right = trio.testing.memory_stream_pair()
-    send_draws, receive_draws = random.Random("netem:0:send"), random.Random("netem:0:receive")
-    async with open_delayed_stream(left, 0.05, jitter=0.01, receive_delay=0.02, receive_jitter=0.03) as stream:
-        await stream.send_all(b"")  # nothing to send: no draw
-        await stream.send_all(b"out")
-        assert await right.receive_some() == b"out"
-        assert trio.current_time() == exactly(0.05 + send_draws.expovariate(1 / 0.01))
-        sent_at = trio.current_time()
-        await right.send_all(b"in")
-        assert await stream.receive_some() == b"in"
-        assert trio.current_time() == exactly(sent_at + 0.02 + receive_draws.expovariate(1 / 0.03))
+    draws = {name: random.Random(f"netem:3:{name}") for name in ("send", "loss", "receive", "receive-loss")}
+
+    def resent(name: str) -> float:
+        return RETRANSMIT_TIMEOUT_SECONDS if draws[name].random() < 0.5 else 0.0
+
+    async with open_delayed_stream(left, 0.05, jitter=0.01, seed=3, receive_delay=0.02, receive_jitter=0.03, loss=0.5,
+                                   receive_loss=0.5) as stream:
+        for n in range(4):
+            start = trio.current_time()
+            await stream.send_all(b"")  # nothing to send: no draw
+            await stream.send_all(b"out")
+            assert await right.receive_some() == b"out"
+            assert trio.current_time() == exactly(start + 0.05 + draws["send"].expovariate(1 / 0.01) + resent("loss")), n
+            sent_at = trio.current_time()
+            await right.send_all(b"in")
+            assert await stream.receive_some() == b"in"
+            assert trio.current_time() == exactly(sent_at + 0.02 + draws["receive"].expovariate(1 / 0.03) + resent("receive-loss")), n
 
 
 # ---- trio's generic stream contract (real time, millisecond delays) ------------------------------

@@ -1,4 +1,4 @@
-"""The engine's KV memory (issue 9): budget, batch limit, queue, retention policies; and the experiment.
+"""The engine's KV memory: budget, batch limit, queue, retention policies; and the experiment.
 
 The engine tests drive `Engine` alone under the autojump clock and assert exact virtual times: a
 session's calls are `begin_call` (admission), `retain` (KV computed), `end_call` (idle), `release`.

@@ -345,6 +345,8 @@ async def test_a_slow_link_is_accepted_and_the_defaults_delay_nothing(autojump_c
     assert (plain.send_delay, plain.receive_delay) == (0.0, 0.0)
     await plain.send_all(b"now")  # no delay, no jitter, no loss: no task is needed
     assert await right.receive_some() == b"now" and trio.current_time() == 0.0
+    await right.send_all(b"back")
+    assert await plain.receive_some(3) == b"bac" and trio.current_time() == 0.0  # a direct read honours max_bytes
 
 
 async def test_a_delayed_stream_refuses_each_call_out_of_its_lifecycle_with_its_reason(autojump_clock: trio.testing.MockClock) -> None:
@@ -433,6 +435,10 @@ async def test_each_direction_draws_its_jitter_and_loss_from_seeds_of_its_own(au
             await right.send_all(b"in")
             assert await stream.receive_some() == b"in"
             assert trio.current_time() == exactly(sent_at + 0.02 + draws["receive"].expovariate(1 / 0.03) + resent("receive-loss")), n
+        sent_at = trio.current_time()
+        await right.send_eof()  # an end of stream is never lost (and draws no loss): only its delay and jitter
+        assert await stream.receive_some() == b""
+        assert trio.current_time() == exactly(sent_at + 0.02 + draws["receive"].expovariate(1 / 0.03))
 
 
 # ---- trio's generic stream contract (real time, millisecond delays) ------------------------------

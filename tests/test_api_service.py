@@ -167,26 +167,28 @@ def test_session_serials_count_from_one_per_service():
     assert ApiService().new_session_serial() == 1
 
 
-def test_a_client_sent_search_without_a_result_takes_the_hosted_services():
+async def test_a_client_sent_search_without_a_result_takes_the_hosted_services(autojump_clock):
     hosted = HostedToolService()
     hosted.results["ws_1"] = "ten results"
-    api = ApiService(hosted=hosted)
-    items = [WebSearchCall("ws_1", "q"), WebSearchCall("ws_2", "q", result="mine"), WebSearchCall("ws_3", "q"),
-             FunctionCallOutput("c", "ok")]
-    assert api._with_hosted_results(items) == [
-        WebSearchCall("ws_1", "q", result="ten results"), WebSearchCall("ws_2", "q", result="mine"),
-        WebSearchCall("ws_3", "q"), FunctionCallOutput("c", "ok")]
+    items = [USER, WebSearchCall("ws_1", "q"), WebSearchCall("ws_2", "q", result="mine"), WebSearchCall("ws_3", "q")]
+    context = await ApiService(costs=ZERO_COSTS, hosted=hosted).pre_inference(metrics.PhaseLog(), CreateRequest("sim-10", tuple(items)), items)
+    assert context.items == [USER, WebSearchCall("ws_1", "q", result="ten results"), WebSearchCall("ws_2", "q", result="mine"),
+                             WebSearchCall("ws_3", "q")]
 
 
 async def test_stages_run_back_to_back_from_the_responses_schedule(autojump_clock):
-    api = ApiService(costs=ZERO_COSTS)
+    api = ApiService(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=0.5), render=StageCost(fixed=0.25), safety=StageCost(),
+                                        route=StageCost(fixed=0.125)))
     log = metrics.PhaseLog()
     await trio.sleep(1.0)
-    await api._charge_stages(log, (("a", 0.5), ("b", 0.25)))
-    assert (log.spans, log.schedule, trio.current_time()) == ([("a", 1.0, 1.5), ("b", 1.5, 1.75)], 1.75, 1.75)
-    log.schedule = 1.5  # behind the clock: the stages start there, and end in the past at once
-    await api._charge_stages(log, (("c", 0.125),))
-    assert (log.spans[-1], log.schedule, trio.current_time()) == (("c", 1.5, 1.625), 1.625, 1.75)
+    await api.pre_inference(log, CreateRequest("sim-10", (USER,)), [USER])
+    assert (log.spans, log.schedule, trio.current_time()) == ([
+        (metrics.VALIDATE, 1.0, 1.5), (metrics.RENDER, 1.5, 1.75), (metrics.SAFETY, 1.75, 1.75), (metrics.ROUTE, 1.75, 1.875)], 1.875, 1.875)
+    log = metrics.PhaseLog()
+    log.schedule = 0.5  # behind the clock: the stages start there, and end in the past at once
+    await api.pre_inference(log, CreateRequest("sim-10", (USER,)), [USER])
+    assert (log.spans[0], log.spans[-1], log.schedule, trio.current_time()) == (
+        (metrics.VALIDATE, 0.5, 1.0), (metrics.ROUTE, 1.25, 1.375), 1.375, 1.875)
 
 
 async def test_a_stored_conversation_is_rebuilt_from_its_last_compaction_at_one_read_per_turn(autojump_clock):

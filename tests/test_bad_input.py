@@ -151,7 +151,7 @@ CORPUS: list[Bad] = [
     Bad("unknown previous_response_id", create(previous_response_id="resp_unknown", input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn"),
     Bad("previous_response_id of another connection (store=false)", create(previous_response_id=PREV, input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_connection"),
     Bad("previous_response_id of another key (store=true)", create(previous_response_id=PREV, input=[output()], store=True), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_key"),
-    # An output whose call is unknown: the public API's param, `input` (the per-request checks' tests hold its message).
+    # An output whose call is unknown: the public API's param, `input` (its message is in test_api_service.py).
     Bad("unknown call_id on v2", create(previous_response_id=PREV, input=[output("call_unknown")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(CHAINED,), stage="turn"),
     Bad("repeated call_id on v2", create(previous_response_id=PREV, input=[output(), output()]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", designs=(CHAINED,), stage="turn"),
     Bad("tool output with no call in a new conversation", create(input=[{"role": "user", "content": "x"}, output("call_1")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", stage="turn", setup="fresh"),

@@ -1,18 +1,32 @@
-"""The chained design (v2): previous_response_id per turn and the connection-local cache."""
+"""The chained design (v2): previous_response_id per turn and the connection-local cache, one slot per lane
+(`stream_id`) with forks across lanes; the stored record, steering on the default lane, and the
+post-inference work overlapped with the next request."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
-from support import DELAYED_LINK, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
-from test_suspended import workloads
+from support import DELAYED_LINK, TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from test_suspended import invalid, workloads
 
+from prototype import metrics
+from prototype.api.checks import CallLedger, SafetyState
 from prototype.api.costs import ALL_SWITCHES_OFF, ApiCosts
-from prototype.api.store import ResponseStore
+from prototype.api.service import ApiService, Context, owner_of
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
+from prototype.designs import chained
+from prototype.designs.chained import ConnectionCache
+from prototype.engine.kv import Prompt
+from prototype.protocol import codec
+from prototype.protocol.events import CreateRequest
+from prototype.protocol.items import Message
+from prototype.protocol.response import Response
 from prototype.server.config import ServerConfig
 
 COSTS = ApiCosts()
@@ -20,7 +34,7 @@ COSTS = ApiCosts()
 
 async def turn(conn, event) -> list[dict]:
     await send(conn, event)
-    return await until(conn, "response.completed", "response.failed", "response.incomplete")
+    return await until(conn, *TERMINALS)
 
 
 @pytest.fixture(params=[None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
@@ -185,9 +199,168 @@ def test_chained_and_suspended_produce_the_same_transcript(task):
         assert suspended.usage[key] == chained.usage[key]
 
 
-def test_store_file_is_configurable(tmp_path):
-    path = tmp_path / "responses.db"
-    store = ResponseStore(str(path))
-    store.put("resp_1", previous_response_id=None, owner=None, created_at=0.0, input=[], output=[], response={"id": "resp_1"})
-    store.close()
-    assert ResponseStore(str(path)).get("resp_1").response == {"id": "resp_1"}
+# --- lanes: each lane's slot, and forks across lanes ------------------------------------------------------
+
+
+def not_found(response_id: str, stream_id: str) -> dict[str, Any]:
+    return {**invalid("previous_response_not_found", f"Previous response with id '{response_id}' not found.", "previous_response_id"),
+            "stream_id": stream_id}
+
+
+async def test_a_lane_continuing_its_own_response_empties_its_slot_while_the_turn_runs(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        first = (await turn(conn, create_event(stream_id="main")))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        slow = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 30 s of decode
+        await send(conn, create_event(outputs, stream_id="main", previous_response_id=first["id"], metadata=slow))
+        created = (await until(conn, "response.created"))[-1]
+        # While lane main's turn runs, the response it continues is in no slot: a fork finds nothing.
+        await send(conn, create_event(outputs, stream_id="side", previous_response_id=first["id"]))
+        refused = (await until(conn, "error"))[-1]
+        assert refused == not_found(first["id"], "side")
+        second = (await until(conn, *TERMINALS))[-1]
+        assert (second["type"], second["stream_id"], second["response"]["id"]) == ("response.completed", "main", created["response"]["id"])
+        # Once it succeeded, lane main holds its new response, and a fork from that one runs.
+        fork = (await turn(conn, create_event(outputs_for(function_calls(second["response"])), stream_id="side", previous_response_id=second["response"]["id"])))[-1]
+        assert (fork["type"], fork["stream_id"]) == ("response.completed", "side")
+
+
+async def test_a_lane_continuing_its_own_response_leaves_the_default_lanes_slot(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        default = (await turn(conn, create_event()))[-1]["response"]
+        lane_a = (await turn(conn, create_event(stream_id="a")))[-1]["response"]
+        continued_a = (await turn(conn, create_event(outputs_for(function_calls(lane_a)), stream_id="a", previous_response_id=lane_a["id"])))[-1]
+        continued_default = (await turn(conn, create_event(outputs_for(function_calls(default)), previous_response_id=default["id"])))[-1]
+    assert (continued_a["type"], continued_a["stream_id"]) == ("response.completed", "a")
+    assert continued_default["type"] == "response.completed" and "stream_id" not in continued_default
+    assert continued_default["response"]["previous_response_id"] == default["id"]
+
+
+async def test_a_failed_turn_empties_its_own_lanes_slot_only(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        held = {}
+        for lane in (None, "a", "b"):
+            await send(conn, create_event(**({} if lane is None else {"stream_id": lane})))
+            held[lane] = (await until(conn, *TERMINALS))[-1]["response"]
+        # A new conversation on lane a fails (an output for a call it never made): lane a's slot empties.
+        assert (await turn(conn, create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a")))[-1]["error"]["code"] == "invalid_function_call_output"
+        answers = {}
+        for lane in ("a", None, "b"):
+            response = held[lane]
+            await send(conn, create_event(outputs_for(function_calls(response)), previous_response_id=response["id"],
+                                          **({} if lane is None else {"stream_id": lane})))
+            answers[lane] = (await until(conn, *TERMINALS))[-1]
+    assert answers["a"] == not_found(held["a"]["id"], "a")
+    assert answers[None]["type"] == answers["b"]["type"] == "response.completed"
+
+
+async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_original_intact(autojump_clock) -> None:
+    server = make_server(costs=ApiCosts())
+    async with ws(server, include_timing=True) as conn:
+        a1 = (await turn(conn, create_event(stream_id="a")))[-1]["response"]
+        b1 = (await turn(conn, create_event(stream_id="b", metadata={"testbed_workload": "fixed:3:300:10:30"})))[-1]["response"]
+        outputs = outputs_for(function_calls(a1))
+        # Lane b, which holds a response of its own, forks from lane a's; then lane a continues it.
+        fork = (await turn(conn, create_event(outputs, stream_id="b", previous_response_id=a1["id"])))[-1]
+        main = (await turn(conn, create_event(outputs, stream_id="a", previous_response_id=a1["id"])))[-1]
+        # Lane b moved on from its own response b1: it left the cache.
+        assert (await turn(conn, create_event(outputs_for(function_calls(b1)), stream_id="c", previous_response_id=b1["id"])))[-1] == not_found(b1["id"], "c")
+    assert (fork["type"], fork["stream_id"], main["type"], main["stream_id"]) == ("response.completed", "b", "response.completed", "a")
+    # Both extended the same conversation by the same input: neither saw the other's turn.
+    assert fork["response"]["usage"] == main["response"]["usage"]
+    assert fork["response"]["output"][0]["content"] == main["response"]["output"][0]["content"]
+    # The fork appends its input to the copied rendering, as the continuation does to the original.
+    fork_phases, main_phases = fork["response"]["testbed_timing"]["phases_ms"], main["response"]["testbed_timing"]["phases_ms"]
+    for stage in ("validate", "render", "safety", "route"):
+        assert fork_phases[stage] == pytest.approx(main_phases[stage], abs=0.002), stage  # ms, rounded on the wire
+    # Every lane's KV, the fork's included, was released with the connection.
+    assert server.api.engine.kv == {}
+
+
+def test_the_default_lane_is_the_one_slot_a_connection_without_lanes_sees() -> None:
+    cache = ConnectionCache("conn")
+
+    def conversation(text: str, key: object) -> Context:
+        return Context([Message("user", (("input_text", text),))], Prompt([1, 2, 3]), "", CallLedger(), SafetyState(), None, key)
+
+    first, second = (Response(f"resp_{n}", CreateRequest("sim-1", ()), created_at=0) for n in (1, 2))
+    assert (cache.response, cache.response_id, cache.context) == (None, None, None)
+    context = conversation("one", "conn")
+    cache.put(first, context)
+    assert (cache.response, cache.response_id, cache.context) == (first, "resp_1", context)
+    # Taking its own response gives the context itself and empties the slot until the turn succeeds.
+    assert cache.take("resp_1") is context
+    assert (cache.response, cache.context, cache.slots) == (None, None, {})
+    # Whatever it continues, the default lane moves on: an unknown id also empties its slot.
+    cache.put(first, context)
+    assert cache.take("resp_9") is None
+    assert cache.slots == {}
+    # Another lane's response is copied for the default lane, under the connection's own engine key.
+    other = conversation("two", ("conn", "a"))
+    cache.view("a").put(second, other)
+    assert cache.engine_keys == ["conn", ("conn", "a")]
+    fork = cache.take("resp_2")
+    assert fork is not other and fork.items == other.items and list(fork.prompt.ids) == [1, 2, 3]
+    assert fork.engine_key == "conn"
+    assert cache.slots["a"].context is other
+
+
+# --- the stored record, steering, and the overlapped post-inference work ------------------------------------
+
+
+@pytest.mark.parametrize(("budget", "status", "details"), [(None, "completed", None), (25, "incomplete", {"reason": "max_output_tokens"})])
+async def test_a_chained_turn_is_stored_with_its_final_status_when_post_inference_runs_first(autojump_clock, budget, status, details) -> None:
+    # Switch 4 off: post-inference runs before the terminal event, as in v1.
+    server = make_server(config=ServerConfig(switches=ALL_SWITCHES_OFF))
+    async with ws(server) as conn:
+        last = (await turn(conn, create_event(store=True, max_output_tokens=budget)))[-1]
+    assert (last["type"], last["response"]["status"], last["response"]["incomplete_details"]) == (f"response.{status}", status, details)
+    stored = server.api.store.get(last["response"]["id"])
+    assert (stored.response["status"], stored.owner) == (status, owner_of("testbed"))
+    assert [item.to_dict() for item in stored.output] == last["response"]["output"]
+
+
+async def test_steering_input_stops_a_chained_turn_at_the_end_of_its_message(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3:100:10:300:0.5"}))  # 300-token messages
+        target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": "keep it small"})
+        events = await until(conn, *TERMINALS)
+        successor = await until(conn, *TERMINALS)
+    types = [e["type"] for e in events]
+    assert types[0] == "response.steer.accepted" and types[-2:] == ["response.output_item.done", "response.incomplete"]
+    ended = events[-1]["response"]
+    assert (ended["status"], ended["incomplete_details"]) == ("incomplete", {"reason": "steered"})
+    assert [(i["type"], i["status"]) for i in ended["output"]] == [("message", "completed")]
+    assert successor[0]["response"]["previous_response_id"] == target and successor[-1]["type"] == "response.completed"
+
+
+async def test_a_closed_connection_ends_only_after_its_overlapped_post_inference_work(autojump_clock) -> None:
+    # The overlapped post work is shielded: a client that leaves right after the terminal event
+    # does not cut it short; the server ends the connection (and completes the close) once it has finished.
+    server = make_server(costs=ApiCosts(post=2.0))
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
+        await until(conn, "response.completed")
+        completed_at = trio.current_time()
+        assert server.connections == 1
+    assert trio.current_time() - completed_at == pytest.approx(2.0, abs=1e-9)
+    assert (server.connections, server.sessions) == (0, set())
+
+
+async def test_overlapped_post_work_is_logged_as_its_own_phase_and_survives_a_cancel(autojump_clock) -> None:
+    api = ApiService(costs=ApiCosts(post=2.0))
+    request = codec.decode_client_event(json.dumps(create_event(store=True))).request
+    response = Response("resp_post", request, created_at=0, status="completed")
+    log = metrics.PhaseLog()
+    start = trio.current_time()
+    with trio.CancelScope() as scope:
+        scope.cancel()  # the connection closed: the work goes on, shielded
+        await chained._post(api, log, response, [], owner_of("alice"))
+    assert log.spans == [("post_overlapped", start, start + 2.0)]
+    stored = api.store.get("resp_post")
+    assert (stored.owner, stored.response["status"]) == (owner_of("alice"), "completed")

@@ -1,16 +1,19 @@
-"""PreciseClock (prototype/clock.py): the sleep it asks epoll for, once CPython rounds it up to
-whole milliseconds, never passes the deadline, and falls short of it by less than a millisecond
-and a half, so the rest is polled; no timer armed means the longest sleep."""
+"""The clocks runs keep time by. PreciseClock (prototype/clock.py), for real-time runs: the sleep it asks
+epoll for, once CPython rounds it up to whole milliseconds, never passes the deadline, and falls short of
+it by less than a millisecond and a half, so the rest is polled; no timer armed means the longest sleep.
+A virtual run (prototype/virtual.py): an autojumping clock from zero, and a seeded scheduler or none."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prototype import clock
+from prototype import clock, virtual
 from prototype.clock import PreciseClock
 
 NOW = 1000.0
@@ -46,3 +49,31 @@ def test_no_timer_armed_sleeps_the_longest_and_the_time_is_perf_counter(frozen_t
     assert precise.deadline_to_sleep_time(math.inf) == 86400.0
     assert precise.deadline_to_sleep_time(NOW + 86400.0) == 86400.0
     assert precise.current_time() == NOW
+
+
+def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:
+    async def clock_of_the_run() -> tuple[float, float, float]:
+        start = trio.current_time()
+        await trio.sleep(3600.0)
+        return start, trio.current_time(), trio.lowlevel.current_clock().autojump_threshold
+
+    assert virtual.run(clock_of_the_run) == (0.0, 3600.0, 0)
+
+    async def echo(a: int, b: str) -> tuple[int, str]:
+        return a, b
+
+    assert virtual.run(echo, 1, "two", scheduler_seed=5) == (1, "two")
+
+
+@pytest.mark.parametrize("missing", ["_r", "_ALLOW_DETERMINISTIC_SCHEDULING"])
+def test_a_trio_without_the_private_scheduler_refuses_to_run_unseeded(monkeypatch, missing: str) -> None:
+    run_module = trio._core._run
+    monkeypatch.delattr(run_module, missing)
+    ran = []
+
+    async def main() -> None:
+        ran.append(True)
+
+    with pytest.raises(virtual.UnseededScheduler, match=re.escape(f"trio {trio.__version__} has no trio._core._run.{missing}: ")):
+        virtual.run(main)
+    assert ran == [] and not hasattr(run_module, missing)

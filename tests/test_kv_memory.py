@@ -1,4 +1,4 @@
-"""The engine's KV memory (issue 9): budget, batch limit, queue, retention policies; and the experiment.
+"""The engine's KV memory: budget, batch limit, queue, retention policies; and the experiment.
 
 The engine tests drive `Engine` alone under the autojump clock and assert exact virtual times: a
 session's calls are `begin_call` (admission), `retain` (KV computed), `end_call` (idle), `release`.
@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 from prototype.engine.admission import ContextExceedsBudget
 from prototype.engine.engine import Engine
-from prototype.engine.kv import Prompt
-from prototype.engine.latency import LatencyModel
+from prototype.engine.kv import BLOCK_SIZE, Prompt
 from prototype.engine.memory import (
     DISCARD_POLICY,
     H100_8B_KV_BUDGET_TOKENS,
@@ -27,7 +26,6 @@ from prototype.engine.memory import (
     KV_BYTES_PER_TOKEN_8B,
     PCIE_BYTES_PER_S,
     SWAP_POLICY,
-    RetentionPolicy,
     parse_policy,
     ttl,
 )
@@ -56,10 +54,6 @@ def assert_consistent(engine: Engine) -> None:
 def test_derived_defaults_follow_their_arithmetic():
     assert KV_BYTES_PER_TOKEN_8B == 128 * 1024
     assert H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
-    assert parse_policy("ttl-60") == ttl(60) and parse_policy("pin-300").pin and parse_policy("hold") == HOLD_POLICY
-    assert [parse_policy(p).label for p in ("hold", "ttl-60", "pin-300", "swap")] == ["hold", "ttl-60s", "pin-300s", "swap"]
-    with pytest.raises(ValueError):
-        RetentionPolicy("hold", ttl=5.0)
 
 
 async def test_unlimited_engine_admits_at_once_and_keeps_todays_cache(autojump_clock):
@@ -232,36 +226,12 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_the_next_call_is_admitted
     assert_consistent(engine)
 
 
-async def test_serial_prefill_shares_the_gpu_compute_first_come_first_served(autojump_clock):
-    engine = Engine(serial_prefill=True)
-    latency = LatencyModel(prefill_tokens_per_s=1000.0, cache_attention=None, request_overhead=0.0)
-    ends = []
-
-    async def prefill() -> None:
-        await engine.prefill(latency, uncached=1000, cached=0)
-        ends.append(trio.current_time())
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(prefill)
-        nursery.start_soon(prefill)
-    assert ends == [1.0, 2.0] and engine.stats.prefill_waits == [0.0, 1.0]
-
-
 async def test_resident_memory_is_integrated_over_time(autojump_clock):
     engine = Engine(retention=ttl(5))
     await call(engine, "a", prompt(100))
     await trio.sleep(10)
     engine.cached_prefix("a", prompt(100), trio.current_time())  # the expiry at t=5 is applied
     assert engine.stats.resident_token_seconds == 500.0 and engine.resident_tokens == 0
-
-
-async def test_a_full_host_drops_the_least_recently_used_swapped_kv(autojump_clock):
-    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=150)
-    await call(engine, "a", prompt(100))
-    await trio.sleep(1)
-    await call(engine, "b", prompt(100))
-    assert "a" not in engine.kv and engine.host_tokens == 100 and engine.stats.swap_dropped == 1
-    assert_consistent(engine)
 
 
 async def test_a_prompt_larger_than_the_budget_is_refused(autojump_clock):
@@ -365,6 +335,16 @@ async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_dive
     await call(budget, "a", Prompt(list(a.ids)))
     budget.release("a")  # with a budget only held entries count
     assert budget.cached_prefix("b", b, trio.current_time()) == 0
+
+
+async def test_the_directory_finds_whole_blocks_and_never_the_last_token(autojump_clock):
+    engine = Engine()
+    held = prompt(100)  # 6 full blocks listed
+    await call(engine, "a", held)
+    for n in range(1, 101):
+        assert engine.cached_prefix("b", Prompt(held.ids[:n]), 0.0) == min((n - 1) // BLOCK_SIZE, 6) * BLOCK_SIZE, n
+    # Past what the holder computed, the walk stops at the first block nobody holds.
+    assert engine.cached_prefix("b", Prompt(list(held.ids) + list(range(5000, 5100))), 0.0) == 96
 
 
 async def test_a_block_is_never_found_out_of_its_context(autojump_clock):

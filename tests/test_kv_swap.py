@@ -1,5 +1,6 @@
 """The SWAP retention policy's bookkeeping (engine/kv.py): the host budget, which swapped KV a full
-host drops, the one-way-at-a-time host link in both directions, and the swap counters.
+host drops, the one-way-at-a-time host link in both directions, and the swap counters; through the
+server, a turn that pauses at a tool call swaps out and a final answer does not.
 
 The engine is driven alone under the autojump clock, as in test_kv_memory.py: a session's call is
 `begin_call`, `retain`, `end_call`; a call that ends paused (at a tool call) swaps the session's KV
@@ -15,6 +16,7 @@ import pytest
 import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
 
 from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE, GPU, HOST, SWAPPING_OUT, Prompt, common_prefix
@@ -199,6 +201,25 @@ async def test_a_call_queued_for_gpu_room_is_admitted_the_moment_a_swap_out_free
     assert engine.kv["a"].where == HOST and engine.resident_tokens == 50
     engine.end_call(handle, paused=False)
     assert_books_balance(engine)
+
+
+# --- through the server: a pause swaps out, a final answer does not -----------------------------------------
+
+
+async def test_under_swap_a_turn_that_ends_at_a_tool_call_swaps_its_kv_out_and_a_final_answer_does_not(autojump_clock) -> None:
+    server = make_server(engine=Engine(retention=SWAP_POLICY))
+    stats = server.api.engine.stats
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
+        first = (await until(conn, *TERMINALS))[-1]["response"]
+        (held,) = server.api.engine.kv.values()
+        paused_tokens = held.tokens
+        assert stats.swap_out_bytes == paused_tokens * KV_BYTES_PER_TOKEN_8B > 0  # paused at the call: copied to the host
+        await trio.sleep(1.0)  # the client runs its tool
+        await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], metadata={"testbed_workload": "fixed:2"}))
+        assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+    # The final answer is not a pause: nothing more was copied out; the first turn's KV came back once.
+    assert (stats.swap_out_bytes, stats.swap_in_bytes) == (paused_tokens * KV_BYTES_PER_TOKEN_8B,) * 2
 
 
 # --- the prefix comparison ----------------------------------------------------------------------------

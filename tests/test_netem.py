@@ -16,13 +16,13 @@ import contextlib
 import functools
 import math
 import random
+import re
 
 import attrs
 import pytest
 import trio
 import trio.testing
 
-from prototype import netem
 from prototype.netem import (
     CROSS_CONTINENT,
     INTERCONTINENTAL,
@@ -38,7 +38,8 @@ from prototype.netem import (
     open_emulated_pair,
     open_emulated_tcp,
 )
-from prototype.netem.delayed import RETRANSMIT_TIMEOUT_SECONDS, run_delivery
+from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS, Arrivals
+from prototype.netem.links import run_delivery
 from prototype.netem.profiles import RTT_RANGE
 
 RTT = 0.040  # a round number between the same-region and cross-continent priors
@@ -74,15 +75,6 @@ def test_presets_and_handshake_seconds() -> None:
     assert NetworkProfile(rtt=0.080, tls_round_trips=2).handshake_seconds == exactly(0.240)
     assert NetworkProfile(rtt=0.080, tls_round_trips=0).handshake_seconds == exactly(0.080)
     assert SAME_REGION.one_way_delay == exactly(0.010)
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"rtt": -1.0}, {"rtt": math.inf}, {"jitter": -0.1}, {"tls_round_trips": -1}, {"bandwidth_bytes_per_s": 0}],
-)
-def test_profile_rejects_bad_values(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
-        NetworkProfile(**kwargs)
 
 
 # ---- delay and pipelining (virtual time) ---------------------------------------------------------
@@ -301,15 +293,6 @@ async def test_aclose_wakes_a_blocked_reader(autojump_clock: trio.testing.MockCl
             await server.aclose()
 
 
-async def test_peer_gone_breaks_later_sends(autojump_clock: trio.testing.MockClock) -> None:
-    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
-        await trio.aclose_forcefully(server)
-        await client.send_all(b"into the void")  # queued: the sender can't know yet
-        await trio.sleep(RTT)
-        with pytest.raises(trio.BrokenResourceError):
-            await client.send_all(b"again")
-
-
 async def test_body_exception_is_not_wrapped(autojump_clock: trio.testing.MockClock) -> None:
     with pytest.raises(KeyError):
         async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, _server):
@@ -317,22 +300,145 @@ async def test_body_exception_is_not_wrapped(autojump_clock: trio.testing.MockCl
             raise KeyError("boom")
 
 
-async def test_concurrent_receives_are_refused(autojump_clock: trio.testing.MockClock) -> None:
-    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (_client, server):
-        with pytest.RaisesGroup(trio.BusyResourceError):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(server.receive_some)
-                nursery.start_soon(server.receive_some)
+# ---- the delayed stream's refusals, lifecycle and seeds ------------------------------------------
 
 
-async def test_delayed_stream_needs_its_context_manager() -> None:
+def test_a_directions_chunks_arrive_in_order_late_by_the_delay_a_jitter_and_a_resend_each_from_its_seed() -> None:
+    def arrivals(delay: float, jitter: float, loss: float) -> Arrivals:
+        return Arrivals(delay, jitter, loss, jitter_seed="j", loss_seed="l")
+
+    assert [arrivals(*p).delays for p in ((0.0, 0.0, 0.0), (0.1, 0.0, 0.0), (0.0, 0.1, 0.0), (0.0, 0.0, 0.1))] == [False, True, True, True]
+    assert arrivals(0.0, 0.0, 0.0).next(2.0) == 2.0
+    jittered, jitter_draws = arrivals(0.01, 0.002, 0.0), random.Random("j")
+    assert jittered.next(1.0) == 1.0 + 0.01 + jitter_draws.expovariate(1 / 0.002)
+    assert jittered.next(0.0) == jittered.last > 1.0  # never before the chunk sent before it
+    lossy, loss_draws = arrivals(0.01, 0.0, 0.5), random.Random("l")
+    assert lossy.next(5.0, can_be_lost=False) == 5.01  # an end of stream from the far end: no loss, and no draw
+    late = [round(lossy.next(10.0 + i) - (10.0 + i), 9) for i in range(20)]
+    assert late == [round(0.01 + (RETRANSMIT_TIMEOUT_SECONDS if loss_draws.random() < 0.5 else 0.0), 9) for _ in range(20)]
+    assert set(late) == {0.01, 0.21}
+
+
+def whole(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"send_delay": -1.0}, "send_delay must be a finite number >= 0, got -1.0"),
+    ({"receive_delay": math.inf}, "receive_delay must be a finite number >= 0, got inf"),
+    ({"send_jitter": -0.5}, "send_jitter must be a finite number >= 0, got -0.5"),
+    ({"receive_jitter": math.nan}, "receive_jitter must be a finite number >= 0, got nan"),
+    ({"bandwidth_bytes_per_s": 0}, "bandwidth_bytes_per_s must be None or > 0, got 0"),
+    ({"bandwidth_bytes_per_s": math.inf}, "bandwidth_bytes_per_s must be None or > 0, got inf"),
+    ({"loss": 1.0}, "loss must be in [0, 1), got 1.0"),
+    ({"receive_loss": -0.1}, "receive_loss must be in [0, 1), got -0.1"),
+])
+def test_a_delayed_stream_names_the_parameter_it_refuses(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=whole(message)):
+        DelayedStream(trio.testing.MemorySendStream(), **kwargs)
+
+
+async def test_a_slow_link_is_accepted_and_the_defaults_delay_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    DelayedStream(left, bandwidth_bytes_per_s=0.5)  # half a byte a second is slow, not refused
+    plain = DelayedStream(left)
+    assert (plain.send_delay, plain.receive_delay) == (0.0, 0.0)
+    await plain.send_all(b"now")  # no delay, no jitter, no loss: no task is needed
+    assert await right.receive_some() == b"now" and trio.current_time() == 0.0
+    await right.send_all(b"back")
+    assert await plain.receive_some(3) == b"bac" and trio.current_time() == 0.0  # a direct read honours max_bytes
+
+
+async def test_a_delayed_stream_refuses_each_call_out_of_its_lifecycle_with_its_reason(autojump_clock: trio.testing.MockClock) -> None:
     left, _right = trio.testing.memory_stream_pair()
-    stream = DelayedStream(left, send_delay=0.010)
-    with pytest.raises(RuntimeError):
-        await stream.send_all(b"x")
-    await stream.aclose()
-    with pytest.raises(ValueError):
-        DelayedStream(left, receive_delay=-1.0)
+    with pytest.raises(RuntimeError, match=whole("a delayed DelayedStream must be opened with open_delayed_stream()")):
+        await DelayedStream(left, send_delay=0.01).send_all(b"x")
+    twice = DelayedStream(left, send_delay=0.01)
+    with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match=whole("DelayedStream already started"))):
+        async with run_delivery(twice, twice):
+            pass
+    async with open_delayed_stream(left, 0.01) as stream:
+        await stream.send_eof()
+        with pytest.raises(trio.ClosedResourceError, match=whole("send_eof() was called; can't send any more")):
+            await stream.send_all(b"x")
+        with pytest.raises(ValueError, match=whole("max_bytes must be >= 1")):
+            await stream.receive_some(0)
+        await stream.aclose()
+        for call in (stream.send_all(b"x"), stream.send_eof(), stream.wait_send_all_might_not_block(), stream.receive_some()):
+            with pytest.raises(trio.ClosedResourceError, match=whole("stream is closed")):
+                await call
+    with pytest.raises(TypeError, match=whole("MemoryReceiveStream can't send_eof")):
+        await DelayedStream(trio.testing.MemoryReceiveStream()).send_eof()
+
+
+async def test_a_second_sender_or_reader_is_refused_by_name(autojump_clock: trio.testing.MockClock) -> None:
+    left, _right = trio.testing.memory_stream_pair()
+    async with open_delayed_stream(left, 0.01, bandwidth_bytes_per_s=100.0) as stream:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, b"x" * 100)  # one second on the wire
+            await trio.testing.wait_all_tasks_blocked()
+            for call in (stream.send_all, stream.send_eof, stream.wait_send_all_might_not_block):
+                with pytest.raises(trio.BusyResourceError, match=whole("another task is sending on this stream")):
+                    await (call(b"y") if call == stream.send_all else call())
+            nursery.start_soon(stream.receive_some)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.BusyResourceError, match=whole("another task is receiving on this stream")):
+                await stream.receive_some()
+            nursery.cancel_scope.cancel()
+    # A sender waiting on an undelayed inner stream is refused by the wrapper itself, not by the inner stream's check.
+    left, _right = trio.testing.lockstep_stream_pair()
+    stream = DelayedStream(left)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.wait_send_all_might_not_block)  # waits for a reader on the other end
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError, match=whole("another task is sending on this stream")):
+            await stream.send_all(b"x")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_broken_inner_stream_fails_the_delayed_read_after_its_delay(autojump_clock: trio.testing.MockClock) -> None:
+    async def reset() -> None:
+        raise trio.BrokenResourceError("connection reset")
+
+    async with open_delayed_stream(trio.testing.MemoryReceiveStream(reset), 0.0, receive_delay=0.25) as stream:
+        with pytest.raises(trio.BrokenResourceError, match=whole("the link failed")) as broken:
+            await stream.receive_some()
+        assert trio.current_time() == 0.25
+        assert type(broken.value.__cause__) is trio.BrokenResourceError and str(broken.value.__cause__) == "connection reset"
+
+
+async def test_a_gone_peer_fails_later_sends_with_the_links_message(autojump_clock: trio.testing.MockClock) -> None:
+    async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
+        await trio.aclose_forcefully(server)
+        await client.send_all(b"into the void")  # queued: the sender can't know yet
+        await trio.sleep(RTT)
+        with pytest.raises(trio.BrokenResourceError, match=whole("the link failed")):
+            await client.send_all(b"again")
+
+
+async def test_each_direction_draws_its_jitter_and_loss_from_seeds_of_its_own(autojump_clock: trio.testing.MockClock) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    draws = {name: random.Random(f"netem:3:{name}") for name in ("send", "loss", "receive", "receive-loss")}
+
+    def resent(name: str) -> float:
+        return RETRANSMIT_TIMEOUT_SECONDS if draws[name].random() < 0.5 else 0.0
+
+    async with open_delayed_stream(left, 0.05, jitter=0.01, seed=3, receive_delay=0.02, receive_jitter=0.03, loss=0.5,
+                                   receive_loss=0.5) as stream:
+        for n in range(4):
+            start = trio.current_time()
+            await stream.send_all(b"")  # nothing to send: no draw
+            await stream.send_all(b"out")
+            assert await right.receive_some() == b"out"
+            assert trio.current_time() == exactly(start + 0.05 + draws["send"].expovariate(1 / 0.01) + resent("loss")), n
+            sent_at = trio.current_time()
+            await right.send_all(b"in")
+            assert await stream.receive_some() == b"in"
+            assert trio.current_time() == exactly(sent_at + 0.02 + draws["receive"].expovariate(1 / 0.03) + resent("receive-loss")), n
+        sent_at = trio.current_time()
+        await right.send_eof()  # an end of stream is never lost (and draws no loss): only its delay and jitter
+        assert await stream.receive_some() == b""
+        assert trio.current_time() == exactly(sent_at + 0.02 + draws["receive"].expovariate(1 / 0.03))
 
 
 # ---- trio's generic stream contract (real time, millisecond delays) ------------------------------
@@ -388,10 +494,6 @@ async def test_real_loopback_echo_takes_one_rtt(nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
-def test_module_exports() -> None:
-    assert set(netem.__all__) <= set(dir(netem))
-
-
 # ---- the profiles' fields and their refusals ------------------------------------------------------
 
 
@@ -419,7 +521,7 @@ def test_a_profile_names_the_value_it_refuses(kwargs: dict[str, float], message:
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("kwargs", [{"tcp_round_trips": -1}, {"loss": -0.1}, {"loss": 1.0}])
+@pytest.mark.parametrize("kwargs", [{"tcp_round_trips": -1}, {"tls_round_trips": -1}, {"loss": -0.1}, {"loss": 1.0}])
 def test_a_profile_refuses_negative_round_trips_and_a_loss_outside_0_to_1(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         NetworkProfile(**kwargs)

@@ -33,8 +33,10 @@ from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON, ReconnectPol
 from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.streaming import FaultPlan
-from prototype.netem.delayed import RETRANSMIT_TIMEOUT_SECONDS, DelayedStream, run_delivery
+from prototype.netem import DelayedStream
+from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS
 from prototype.netem.faults import Link, LinkFaults, LinkRegistry, open_faulty_pair
+from prototype.netem.links import run_delivery
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.workload import fixed

@@ -5,26 +5,34 @@ absorbed by the modeled time, not added to it.
 CPU work is simulated by jumping the autojump clock inside the scripted policy's `plan` (a
 synchronous call, like real planning work): virtual time passes without any task sleeping. Under
 the schedule, a turn's first token comes at max(prefill + one decode step, the work), counted
-from when the server took the request; without it, at work + prefill + one decode step.
+from when the server took the request; without it, at work + prefill + one decode step. A client slow to
+take an event delays only what is sent after it; a wait for a place in the engine's batch is logged as `queue`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
 import pytest
 import trio
-from support import create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
+from test_response_stream import REASONING
 
-from prototype.api.costs import ApiCosts, StageCost
+from prototype.api.costs import ZERO_COSTS, ApiCosts, StageCost
+from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import Rollout, run_websocket_rollout
+from prototype.designs import chained
+from prototype.designs.chained import ConnectionCache
+from prototype.engine import tokenizer
+from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
 from prototype.engine.memory import SWAP_POLICY
 from prototype.engine.policy import ScriptedPolicy
 from prototype.protocol import codec
-from prototype.workload import TurnSpec, Workload
+from prototype.workload import HostedCall, TurnSpec, Workload
 
 METADATA = {"testbed_workload": "fixed:2", "testbed_decode_tps": "1000"}
 STEP = 1 / 1000  # one decode step at 1000 tokens/s
@@ -201,3 +209,85 @@ async def test_a_resumed_segments_timings_start_when_its_append_arrived(monkeypa
     uncached = final["usage"]["input_tokens"] - first["usage"]["input_tokens"] - cached
     prefill = LatencyModel(decode_tokens_per_s=1000).prefill_seconds(uncached, cached)
     assert final["testbed_timing"]["phases_ms"]["prefill"] == pytest.approx(1000 * prefill, abs=0.001)
+
+
+# --- a client slow to take an event delays only what is sent after it -----------------------------------------
+
+
+async def slow_write_turn(nursery, task: str | Workload, event_type: str, write: float, **fields: Any) -> tuple[Any, list[tuple[float, Any]]]:
+    """A chained turn of `task` (a workload name, or one to register) at 100 tokens/s and zero API costs, whose
+    client takes `write` seconds to accept each `event_type` event: (its response, each event sent with its time)."""
+    api = ApiService(costs=ZERO_COSTS)
+    name = task if isinstance(task, str) else api.workloads.register(task)
+    request = codec.decode_client_event(json.dumps(create_event(metadata={"testbed_workload": name, "testbed_decode_tps": "100"}, **fields))).request
+    sent: list[tuple[float, Any]] = []
+
+    async def sink(event: Any) -> None:
+        sent.append((trio.current_time(), event))
+        if event.type == event_type:
+            await trio.sleep(write)
+
+    return await chained.run_turn(api, request, sink, ConnectionCache(("slow", write)).view(None), nursery), sent
+
+
+async def test_a_slow_write_of_response_created_is_not_added_to_the_prefill(autojump_clock, nursery) -> None:
+    # The prefill starts on the response's schedule, when pre-inference work ended.
+    ended = {}
+    for write in (0.0, 0.5):
+        _, sent = await slow_write_turn(nursery, "fixed:1:100:10:25", "response.created", write)
+        ended[write] = sent[-1][0] - sent[0][0]  # from response.created to the terminal event
+    assert 0.25 < ended[0.0] < 0.5  # the prefill, then 25 tokens at 100 tokens/s
+    assert ended[0.5] == pytest.approx(0.5, abs=1e-12)
+
+
+async def test_a_slow_write_is_not_added_to_the_sampling_time(autojump_clock, nursery) -> None:
+    # The engine samples on its own schedule from the end of the prefill: a slow announcement of each item
+    # delays only when the item's end can be sent.
+    for write in (0.0, 0.5):
+        response, sent = await slow_write_turn(nursery, REASONING, "response.output_item.added", write)
+        reasoning, message, call = response.output
+        for index, count in enumerate([15, 25, len(tokenizer.encode(call.arguments))]):  # sampled at 100 tokens/s
+            (added_at, _), (done_at, _) = ((t, e) for t, e in sent if e.type.startswith("response.output_item.") and e.output_index == index)
+            assert done_at - added_at == pytest.approx(max(write, count / 100), abs=1e-12), index
+        assert response.usage.reasoning_tokens == 15
+
+
+async def test_a_slow_write_after_a_hosted_search_is_not_added_to_the_next_model_call(autojump_clock, nursery) -> None:
+    # The model waited for the search until its answer: a slow write of the search's end does not push
+    # back the pre-inference work and prefill that follow it.
+    task = Workload("hosted", 1, (TurnSpec(500, 20, (0.3,), (HostedCall(2.0, 100),)), TurnSpec(50, 20, ())))
+    after = {}
+    for write in (0.0, 0.5):
+        response, sent = await slow_write_turn(nursery, task, "response.web_search_call.completed", write,
+                                               tools=[*create_event()["tools"], {"type": "web_search"}])
+        assert [item.type for item in response.output] == ["web_search_call", "message", "function_call"]
+        (searched_at,) = [t for t, e in sent if e.type == "response.web_search_call.completed"]
+        (message_done_at,) = [t for t, e in sent if e.type == "response.output_item.done" and e.output_index == 1]
+        after[write] = message_done_at - searched_at
+    assert after[0.0] > 0.2  # the prefill, then 20 tokens at 100 tokens/s
+    assert after[0.5] == pytest.approx(max(0.5, after[0.0]), abs=1e-12)
+
+
+async def test_a_model_call_queued_behind_a_full_batch_logs_its_wait(autojump_clock) -> None:
+    server = make_server(engine=Engine(max_batch=1))
+    responses: dict[str, dict[str, Any]] = {}
+
+    async def one(name: str, delay: float) -> None:
+        await trio.sleep(delay)
+        async with ws(server, include_timing=True) as conn:
+            await send(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:30"}))
+            responses[name] = (await until(conn, *TERMINALS))[-1]["response"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", 0.0)
+        nursery.start_soon(one, "second", 0.001)
+    first, second = (responses[name]["testbed_timing"]["phases_ms"] for name in ("first", "second"))
+    assert first["queue"] == 0.0
+    # The second asked 1 ms after the first and waited for the first's whole model call.
+    assert second["queue"] == pytest.approx(first["prefill"] + first["decode"] - 1.0, abs=0.002)
+    spans = responses["second"]["testbed_timing"]["spans"]
+    assert [span[0] for span in spans].count("queue") == 2  # the lane's, then the engine's
+    # After a wait in the engine the prefill starts at admission, not back on the response's schedule.
+    engine_queue = [span for span in spans if span[0] == "queue"][-1]
+    (prefill,) = [span for span in spans if span[0] == "prefill"]
+    assert prefill[1] == engine_queue[2] and prefill[2] - prefill[1] == second["prefill"] > 0

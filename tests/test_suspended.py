@@ -1,6 +1,11 @@
-"""The suspended design (v1): one Response per rollout, paused at client calls, resumed by append."""
+"""The suspended design (v1): one Response per rollout, paused at client calls, resumed by an append that
+answers exactly the pending calls; a pause that outlives its TTL or the connection's lifetime fails the
+rollout; what the rollout reports (timings per segment, usage over every model call, the output budget
+across turns) and how its pinned KV serves other sessions."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import trio
@@ -8,15 +13,40 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import DELAYED_LINK, TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from test_response_stream import REASONING
 
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import SUSPENDED, run_websocket_rollout
 from prototype.designs.sampling import SamplingLoop
+from prototype.designs.suspended import RolloutEnded, Suspension, SuspensionSlot
+from prototype.engine import tokenizer
+from prototype.engine.engine import Engine
 from prototype.engine.latency import ENGINE_REQUEST_OVERHEAD_S, PREFILL_TOKENS_PER_S
+from prototype.protocol.errors import ProtocolError
+from prototype.protocol.items import FunctionCallOutput
 from prototype.server.config import ServerConfig
 from prototype.workload import HostedCall, TurnSpec, Workload
+
+# One turn that makes two parallel client calls, then a final answer.
+TWO_CALLS = Workload("two-calls", 3, (TurnSpec(400, 20, (0.3, 0.3)), TurnSpec(50, 20, ())))
+LIMIT_MESSAGE = "Responses websocket connection limit reached (0.5 minutes). Create a new websocket connection to continue."
+
+
+def invalid(code: str, message: str, param: str | None) -> dict[str, Any]:
+    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
+
+
+def output(call_id: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": "ok"}
+
+
+async def rollout_to_its_end(conn) -> dict[str, Any]:
+    """Answers every pause of the rollout under way with its calls' outputs; its terminal event."""
+    while (last := (await until(conn, "response.done", *TERMINALS))[-1])["type"] == "response.done":
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(last["response"]))})
+    return last
 
 
 async def run_twenty_turns() -> list[tuple[float, str, str]]:
@@ -111,17 +141,17 @@ async def test_disconnect_while_suspended_releases_state_and_leaves_no_task(auto
 
 
 async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(autojump_clock, link):
-    server = make_server(config=ServerConfig(suspension_ttl=7.0))
-    async with ws(server, SUSPENDED, network=link) as conn:
+    server = make_server(config=ServerConfig(suspension_ttl=7.5))
+    async with ws(server, SUSPENDED, network=link, include_timing=True) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
         paused_at = trio.current_time()
         failed = await receive(conn)
-        assert trio.current_time() - paused_at == pytest.approx(7.0, rel=1e-9)
-        assert failed["type"] == "response.failed"
-        assert failed["response"]["id"] == done["response"]["id"]
-        assert failed["response"]["error"]["code"] == "suspension_timeout"
-        assert failed["sequence_number"] == done["sequence_number"] + 1
+        assert trio.current_time() - paused_at == pytest.approx(7.5, rel=1e-9)
+        assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
+        assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
+        assert failed["response"]["error"] == {"code": "suspension_timeout", "message": "No response.append within 7.5 s; the rollout was released."}
+        assert failed["response"]["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the segment it ends
         assert server.api.engine.kv == {}
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(done["response"]))})
         assert (await receive(conn))["error"]["code"] == "no_suspended_response"
@@ -131,32 +161,39 @@ async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(
 
 async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(autojump_clock, link):
     server = make_server()
+    key = server.api.workloads.register(TWO_CALLS)
     async with ws(server, SUSPENDED, network=link) as conn:
-        await send(conn, {"type": "response.append", "input": []})
-        assert (await receive(conn))["error"]["code"] == "no_suspended_response"
+        await send(conn, {"type": "response.append", "input": [output("call_1")]})
+        assert await receive(conn) == invalid(
+            "no_suspended_response", "response.append: no response is waiting for tool output on this connection.", None)
         await send(conn, "{not json")
         assert (await receive(conn))["error"]["code"] == "invalid_json"
         await send(conn, {"type": "response.fly"})
-        error = await receive(conn)
-        assert error == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": "unknown_event_type", "message": "Unknown event type 'response.fly'.", "param": "type"}}
+        assert await receive(conn) == invalid("unknown_event_type", "Unknown event type 'response.fly'.", "type")
         await send(conn, create_event(previous_response_id="resp_1"))
         assert (await receive(conn))["error"]["code"] == "unsupported_parameter"
         await send(conn, create_event(generate=False))
         assert (await receive(conn))["error"]["param"] == "generate"
-
-        await send(conn, create_event())
+        # An append that does not answer exactly the pending calls is refused with its reason.
+        await send(conn, create_event(metadata={"testbed_workload": key}))
         done = (await until(conn, "response.done"))[-1]["response"]
-        calls = function_calls(done)
-        for bad_input in (
-            outputs_for([{"call_id": "call_nope"}]),
-            [],
-            outputs_for(calls) * 2,
-        ):
-            await send(conn, {"type": "response.append", "input": bad_input})
-            assert (await receive(conn))["error"]["code"] == "invalid_function_call_output"
-        await send(conn, {"type": "response.append", "input": outputs_for(calls)})
+        first, second = (call["call_id"] for call in function_calls(done))
+        assert (first, second) == ("call_2", "call_3")  # named by their place in the conversation (input, message, calls)
+        refusals = [
+            ([output(first), output(first)], "a call_id is answered twice"),
+            ([output(first), output(second), output("call_zz"), output("call_aa")], "call_id 'call_aa' is not pending"),
+            ([output(second)], f"no function_call_output for pending call_id '{first}'"),
+            ([output(first)], f"no function_call_output for pending call_id '{second}'"),
+            ([], f"no function_call_output for pending call_id '{first}'"),
+        ]
+        for items, problem in refusals:
+            await send(conn, {"type": "response.append", "input": items})
+            assert await receive(conn) == invalid("invalid_function_call_output", f"response.append: {problem}.", "input")
+        # Every refusal left the rollout paused: the exact answer resumes it.
+        await send(conn, {"type": "response.append", "input": [output(second), output(first)]})
         resumed = await receive(conn)
-        assert resumed["type"] == "response.in_progress" and resumed["response"]["id"] == done["id"]
+        assert (resumed["type"], resumed["response"]["id"]) == ("response.in_progress", done["id"])
+        assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
 
 
 async def test_a_create_during_a_rollout_waits_fifo_behind_it(autojump_clock, link):
@@ -242,3 +279,185 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
     assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["no_suspended_response"]
     assert applied == [["first"] * len(calls)]
     assert [e["type"] for e in events].count("response.in_progress") == 1
+
+
+# --- the connection's lifetime ends a rollout ----------------------------------------------------------
+
+
+async def test_a_paused_rollout_fails_at_once_when_the_connection_reaches_its_lifetime(autojump_clock) -> None:
+    server = make_server(config=ServerConfig(connection_lifetime=30.0))
+    async with ws(server, "suspended") as conn:
+        opened = trio.current_time()
+        await send(conn, create_event())
+        done = (await until(conn, "response.done"))[-1]
+        assert trio.current_time() - opened < 30.0
+        failed, error = await receive(conn), await receive(conn)
+        assert trio.current_time() - opened == 30.0
+        with pytest.raises(Exception) as closed:
+            await receive(conn)
+    assert closed.value.reason.code == 1000
+    assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
+    assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
+    assert failed["response"]["error"] == {"code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE}
+    assert error["error"]["code"] == "websocket_connection_limit_reached"
+    assert server.api.engine.kv == {}
+
+
+async def first_segment(config: ServerConfig) -> tuple[float, list[dict[str, Any]], dict[str, Any] | None]:
+    """A v1 rollout whose first segment streams 300 tokens at 10 tokens/s (30 s): (seconds from the
+    create to the event ending the segment, the events up to it, the error after it if any)."""
+    server = make_server(config=config)
+    async with ws(server, "suspended") as conn:
+        opened = trio.current_time()
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}))
+        events = await until(conn, "response.failed", "response.done")
+        ended = trio.current_time() - opened
+        error = await receive(conn) if events[-1]["type"] == "response.failed" else None
+    assert server.api.engine.kv == {}
+    return ended, events, error
+
+
+async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_is_reached(autojump_clock) -> None:
+    paused_at, paused, _ = await first_segment(ServerConfig())
+    failed_at, events, error = await first_segment(ServerConfig(connection_lifetime=20.0))
+    # The segment streams to its end, past the 20 s lifetime, then fails where it would have paused.
+    assert failed_at == pytest.approx(paused_at, abs=1e-9) and paused_at > 20.0
+    assert [e["type"] for e in events] == [e["type"] for e in paused[:-1]] + ["response.failed"]
+    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["type"] == "function_call"
+    failed = events[-1]["response"]
+    message = "Responses websocket connection limit reached (0.333333 minutes). Create a new websocket connection to continue."
+    assert (failed["status"], failed["error"]) == ("failed", {"code": "websocket_connection_limit_reached", "message": message})
+    assert error["error"] == {"type": "invalid_request_error", "code": "websocket_connection_limit_reached", "message": message, "param": None}
+
+
+async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_append_is_taken() -> None:
+    limit = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE)
+    slot = SuspensionSlot()
+    paused = slot.current = Suspension(("call_1",))
+    slot.end(limit)
+    assert (slot.current, slot.ended, paused.answered) == (None, limit, True)
+    with pytest.raises(ProtocolError) as refused:
+        slot.deliver([FunctionCallOutput("call_1", "ok")], 0.0)
+    assert refused.value.code == "no_suspended_response"
+    with pytest.raises(RolloutEnded) as ended:
+        await paused.wait()
+    assert (ended.value.reason, str(ended.value)) == (limit, LIMIT_MESSAGE)
+    # An append taken before the end is still applied: the rollout resumes with it.
+    answered = Suspension(("call_2",))
+    items = [FunctionCallOutput("call_2", "ok")]
+    answered.deliver(items, 0.0)
+    answered.end(limit)
+    assert await answered.wait() == items
+
+
+# --- what a rollout reports: its timings, its usage, its output budget -----------------------------------
+
+
+async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_segment(autojump_clock) -> None:
+    server = make_server()
+    async with ws(server, "suspended", include_timing=True) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3"}))
+        first = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})
+        resumed = await receive(conn)
+        resumed_at = trio.current_time()
+        second = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(second))})
+        final = (await until(conn, "response.completed"))[-1]["response"]
+    assert resumed["type"] == "response.in_progress"
+    # Every event carries what the connection logged of the create (its client record); the first
+    # pause carries the rollout from its arrival, the queue included.
+    for response in (first, second, final):
+        assert response["testbed_timing"]["client"]["design"] == "suspended"
+    assert "queue" in first["testbed_timing"]["phases_ms"]
+    # A later pause carries its own segment only: from the resume on.
+    timing = second["testbed_timing"]
+    assert "queue" not in timing["phases_ms"]
+    assert timing["origin_s"] == resumed_at
+    assert timing["spans"][0][1] == 0.0
+
+
+async def test_a_v1_rollout_counts_every_turns_reasoning(autojump_clock) -> None:
+    server = make_server()
+    key = server.api.workloads.register(REASONING)
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key}))
+        done = (await until(conn, "response.done"))[-1]["response"]
+        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(done))})
+        final = (await until(conn, "response.completed"))[-1]["response"]
+    (call,) = function_calls(done)
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call", "reasoning", "message"]
+    usage = final["usage"]
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 15 + 10}
+    assert usage["output_tokens"] == 40 + 30 + len(tokenizer.encode(call["arguments"]))
+    assert server.api.engine.stats.decoded_tokens == usage["output_tokens"]  # the engine decoded each token once
+
+
+# Turn 1: 16 reasoning tokens, 24 of text and a call; turn 2: 10 reasoning tokens and 20 of text.
+BUDGETED = Workload("budgeted", 2, (TurnSpec(300, 40, (0.3,), (), 16), TurnSpec(50, 30, (), (), 10)))
+
+
+def message_tokens(item: dict[str, Any]) -> int:
+    return len(tokenizer.encode(item["content"][0]["text"]))
+
+
+@pytest.mark.parametrize(("budget", "expected"), [
+    (None, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"),
+            ("reasoning", 10, "completed"), ("message", 20, "completed")]),
+    # Reasoning is sampled only if the budget leaves room after it; text fills what is left.
+    (16, [("message", 16, "incomplete")]),  # 16 is the API's least budget
+    (20, [("reasoning", 16, "completed"), ("message", 4, "incomplete")]),
+    # Exactly enough for the first turn: it completes and calls; the second turn has nothing left.
+    (40, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"), ("message", 0, "incomplete")]),
+    (60, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"),
+          ("reasoning", 10, "completed"), ("message", 10, "incomplete")]),
+])
+async def test_a_v1_rollouts_output_budget_runs_across_its_turns_and_it_is_stored_with_its_final_status(autojump_clock, budget, expected) -> None:
+    server = make_server()
+    key = server.api.workloads.register(BUDGETED)
+    async with ws(server, SUSPENDED, include_timing=True) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": key}, max_output_tokens=budget, store=True))
+        last = await rollout_to_its_end(conn)
+    response = last["response"]
+    status, details = ("completed", None) if budget is None else ("incomplete", {"reason": "max_output_tokens"})
+    assert (last["type"], response["status"], response["incomplete_details"]) == (f"response.{status}", status, details)
+    reasoning = iter([16, 10])
+    shape = [(item["type"], message_tokens(item) if item["type"] == "message" else next(reasoning) if item["type"] == "reasoning" else None,
+              item["status"]) for item in response["output"]]
+    assert shape == expected
+    usage, stats = response["usage"], server.api.engine.stats
+    assert usage["output_tokens_details"]["reasoning_tokens"] == sum(n for kind, n, _ in expected if kind == "reasoning")
+    # Usage sums every model call's tokens, the cached ones included.
+    assert usage["input_tokens_details"]["cached_tokens"] == stats.cached_tokens
+    assert usage["input_tokens"] == stats.prefill_tokens + stats.cached_tokens
+    if budget is None:
+        assert stats.model_calls == 2 and stats.cached_tokens > 0
+    assert response["testbed_timing"]["phases_ms"]["prefill"] > 0
+    stored = server.api.store.get(response["id"]).response
+    assert (stored["status"], stored["incomplete_details"]) == (status, None)  # stored before the terminal event
+
+
+@pytest.mark.parametrize(("design", "shared"), [("suspended", True), ("chained", False)])
+async def test_a_v1_rollouts_kv_serves_other_sessions_through_its_decode_past_the_idle_ttl(autojump_clock, design, shared) -> None:
+    # A v1 rollout's KV is held by its live coroutine from its prefill on: another session's lookup
+    # during the decode finds its blocks however long ago the prefill ended. An unpinned (chained)
+    # call's KV is idle-timed from its last use, so past the TTL the same lookup finds nothing.
+    server = make_server(engine=Engine(kv_ttl=0.05))
+    frame = create_event(metadata={"testbed_workload": "fixed:1:2000:10:30", "testbed_decode_tps": "10"})
+    cached: dict[str, int] = {}
+    prompt_tokens: dict[str, int] = {}
+
+    async def one(name: str, path: str, delay: float) -> None:
+        await trio.sleep(delay)
+        async with ws(server, path) as conn:
+            await send(conn, frame)
+            response = (await until(conn, "response.done", *TERMINALS))[-1]["response"]
+            usage = response["usage"]
+            cached[name], prompt_tokens[name] = usage["input_tokens_details"]["cached_tokens"], usage["input_tokens"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", design, 0.0)
+        nursery.start_soon(one, "second", "chained", 1.0)  # 1 s into the first's 3 s decode
+    assert cached["first"] == 0 and prompt_tokens["first"] == prompt_tokens["second"] > 16
+    # The same prompt: its whole blocks, never its last token (`KVResidency.cached_prefix`).
+    assert cached["second"] == ((prompt_tokens["second"] - 1) // 16 * 16 if shared else 0)

@@ -8,6 +8,7 @@ import math
 from datetime import UTC, datetime
 from pathlib import Path
 
+import attrs
 import pytest
 
 from prototype import traces
@@ -355,31 +356,12 @@ def test_the_project_made_codex_rollout_fixture_loads():
 
 
 def test_testbed_format_keeps_tasks_and_arrivals(tmp_path):
-    tasks = [attrs_evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
+    tasks = [attrs.evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
     path = tmp_path / "own.jsonl"
     native.write_trace(tasks, path)
     trace = traces.load(path)
     assert trace.format == "testbed" and not trace.timed
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
-
-
-def attrs_evolve(task, **changes):
-    import attrs
-
-    return attrs.evolve(task, **changes)
-
-
-def test_bad_testbed_trace_names_file_line_and_field(tmp_path):
-    path = tmp_path / "own.jsonl"
-    good = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
-    write_jsonl(path, [good, {**good, "turn": 1, "appended_tokens": -4, "tool_calls": []}])
-    with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.line, caught.value.field) == (2, "appended_tokens")
-    write_jsonl(path, [good, {**good, "turn": 3, "tool_calls": []}])
-    with pytest.raises(traces.TraceError, match="out of order") as caught:
-        traces.load(path)
-    assert caught.value.line == 2
 
 
 FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
@@ -392,6 +374,7 @@ BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "li
      "missing key 'output_tokens'"),
     ("a call not an object", [{**FIRST, "tool_calls": [5]}, LAST], "1", "expected an object, got 5"),
     ("wrong type", [FIRST, {**LAST, "output_tokens": "2"}], "2: output_tokens", "'output_tokens' has the wrong type: '2'"),
+    ("negative count", [FIRST, {**LAST, "appended_tokens": -4}], "2: appended_tokens", "appended_tokens must be >= 0, got -4"),
     ("a boolean count", [FIRST, {**LAST, "output_tokens": True}], "2: output_tokens", "'output_tokens' has the wrong type: True"),
     ("negative seed", [{**FIRST, "seed": -1}, {**LAST, "seed": -1}], "1: seed", "seed must be >= 0, got -1"),
     ("negative arrival", [{**FIRST, "arrival_s": -1.0}, LAST], "1: arrival_s", "'arrival_s' must be finite and >= 0, got -1.0"),
@@ -441,19 +424,6 @@ def test_a_testbed_trace_with_no_turns_is_refused_and_one_with_one_or_no_arrival
     # No task with an arrival: a closed-loop trace, its tasks in file order.
     write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
     assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
-
-
-@pytest.mark.parametrize(("content", "message"), [
-    ('{"foo": 1}\n', "unknown trace format: a JSON object with keys foo"),
-    ("a,b,c\n1,2,3\n", "unknown trace format: first line 'a,b,c'"),
-    ("\n\n", "empty file"),
-    ("{not json\n", "invalid JSON"),
-])
-def test_unknown_formats_are_refused(tmp_path, content, message):
-    path = tmp_path / "x.txt"
-    path.write_text(content)
-    with pytest.raises(traces.TraceError, match=message):
-        traces.load(path)
 
 
 def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):

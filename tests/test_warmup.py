@@ -1,14 +1,15 @@
 """The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached.
 
 Codex opens every v2 connection with such a warm-up: tools plus one developer message (its base
-instructions), then chains the real turn from it with only the new items (docs/codex.md).
+instructions), then chains the real turn from it with only the new items (docs/codex.md). A warm-up (or
+a turn) on a lane prefills only what that lane's own KV does not hold.
 """
 
 from __future__ import annotations
 
 import pytest
 import trio
-from support import make_server, until, ws
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
 
 from prototype.api import render
 from prototype.client.harness import CHAINED
@@ -32,9 +33,7 @@ def create(input: list, **fields) -> dict:
 
 def prompt_tokens(*items: dict) -> int:
     """The rendered prompt's length, computed from the items as the server parses them."""
-    body = create(list(items))
-    del body["type"]  # the event's envelope, which the body parser does not take
-    request = codec.parse_create_body(body)
+    request = codec.decode_client_event(codec.encode(create(list(items)))).request
     return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
 
 
@@ -109,3 +108,42 @@ async def test_a_warm_up_over_a_partly_cached_prefix_prefills_only_the_rest(auto
     # The real turn finds everything both warm-ups prefilled, in whole blocks.
     assert turn["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK, MORE)
     assert turn["usage"]["input_tokens_details"]["cached_tokens"] == warmed - warmed % BLOCK_SIZE
+
+
+async def warm_up_after_idle(fork_first: bool, generate: bool = False) -> tuple[int, float, int]:
+    """Lane a answers a turn at 0 s (lane b forking from it at once when `fork_first`, then idle past
+    the KV's 300 s idle TTL), continues it at 200 s, and warms up its next turn at 350 s (or, without
+    `generate`, runs it). Returns (tokens that turn prefilled, its duration, the continuation's input tokens)."""
+    server = make_server()
+    async with ws(server) as conn:
+        await send(conn, create_event(stream_id="a"))
+        first = (await until(conn, *TERMINALS))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        if fork_first:
+            await send(conn, create_event(outputs, stream_id="b", previous_response_id=first["id"]))
+            assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+        await trio.sleep(200)
+        await send(conn, create_event(outputs, stream_id="a", previous_response_id=first["id"]))
+        second = (await until(conn, *TERMINALS))[-1]["response"]
+        await trio.sleep(150)
+        start = trio.current_time()
+        await send(conn, create_event(outputs_for(function_calls(second)), stream_id="a", previous_response_id=second["id"], generate=generate))
+        warm = (await until(conn, *TERMINALS))[-1]
+        took = trio.current_time() - start
+    assert warm["type"] == "response.completed"
+    if generate:
+        usage = warm["response"]["usage"]
+        return usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"], took, second["usage"]["input_tokens"]
+    assert warm["response"]["usage"]["input_tokens"] == 0
+    (record,) = [r for r in server.records if r["response_id"] == warm["response"]["id"]]
+    return record["warmup_prefill_tokens"], took, second["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize("generate", [False, True])
+async def test_a_warm_up_or_a_turn_prefills_only_what_its_own_lanes_kv_does_not_hold(autojump_clock, generate) -> None:
+    # Lane b's fork listed the shared blocks under its own entry, which expired at 300 s; lane a's
+    # entry, used at 200 s, still holds them, and the warm-up (or turn) finds them there.
+    alone, alone_took, before = await warm_up_after_idle(fork_first=False, generate=generate)
+    forked, forked_took, _ = await warm_up_after_idle(fork_first=True, generate=generate)
+    assert 0 < alone < before  # the new items and the last partial block only
+    assert forked == alone and forked_took == pytest.approx(alone_took, abs=1e-9)  # clocks at different values round differently

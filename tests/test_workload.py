@@ -1,4 +1,5 @@
-"""Tests for prototype.workload: the generator's shape and moments (docs/parameters.md §1-2), fixed(), and the JSONL trace."""
+"""The workload (prototype/workload.py): the generator's shape and moments (docs/parameters.md §1-2), its exact
+arithmetic at zero spread, fixed(), each refusal by the rule it breaks, and the testbed's JSONL trace."""
 
 import io
 import json
@@ -127,7 +128,6 @@ def test_summary_reproduces_derived_moments(coding_sample):
     assert 1600 <= s["appended_tokens_per_turn"]["mean"] <= 1860  # mean ~1.73k
     assert 3600 <= s["appended_tokens_per_turn"]["p90"] <= 4400  # p90 4.0k
     assert 0.2 <= s["tool_seconds"]["p50"] <= 0.4
-    assert summary([])["turns"]["mean"] != summary([])["turns"]["mean"]  # NaN when empty
 
 
 def test_fixed_is_exactly_what_was_asked():
@@ -135,8 +135,11 @@ def test_fixed_is_exactly_what_was_asked():
     assert w == Workload("f", 0, (TurnSpec(100, 5, (1.5,)), TurnSpec(20, 5, (1.5,)), TurnSpec(20, 5, ())))
     assert fixed(1).turns == (TurnSpec(8000, 300, ()),)
     assert fixed(20).total_tool_seconds == pytest.approx(19 * 0.3)
-    with pytest.raises(ValueError):
-        fixed(0)
+    # The documented defaults: 8000 tokens, then 800 appended a turn, 300 output tokens, 0.3 s a tool call.
+    assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
+    assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
+        "fixed", 0, (TurnSpec(8000, 300, (0.3,), (), 5), TurnSpec(800, 300, (), (), 5)), content_seed=9)
+    assert refused(lambda: fixed(0)) == "n_turns must be >= 1, got 0"
 
 
 def test_workload_helpers():
@@ -153,16 +156,6 @@ def test_workload_helpers():
         w.tool_output_tokens(3)
 
 
-@pytest.mark.parametrize(
-    "turns",
-    [[], [TurnSpec(1, 1, (1.0,))], [TurnSpec(1, 1, ()), TurnSpec(1, 1, ())]],
-    ids=["empty", "last-has-tools", "middle-has-none"],
-)
-def test_workload_rejects_bad_turns(turns):
-    with pytest.raises(ValueError):
-        Workload("bad", 0, turns)
-
-
 def test_overrides_replace_fields():
     workloads = generate("coding", seed=9, n_tasks=3, fixed_turns=7, fixed_tool_seconds=2.0, initial_prompt_tokens=64)
     assert all(len(w.turns) == 7 and w.turns[0].appended_tokens == 64 for w in workloads)
@@ -173,8 +166,6 @@ def test_overrides_replace_fields():
         generate(seed=0, no_such_field=1)
     with pytest.raises(ValueError, match="turns_min"):
         generate(seed=0, turns_min=5, turns_max=4)
-    with pytest.raises(ValueError, match="unknown preset"):
-        generate("nope", seed=0)
 
 
 def test_presets_exist_and_differ(coding_sample):
@@ -280,8 +271,6 @@ def test_context_window_ends_tasks_before_an_overlong_prompt():
             assert len(c.turns) < len(w.turns) and c.turns[-1].tool_seconds == ()
             assert c.prompt_tokens(len(c.turns) - 1) + c.turns[-1].output_tokens + w.turns[len(c.turns)].appended_tokens > 200_000
     assert any(len(c.turns) < len(w.turns) for w, c in zip(free, capped))
-    with pytest.raises(ValueError, match="context_window_tokens > initial_prompt_tokens"):
-        WorkloadParams(context_window_tokens=1000)
 
 
 def refused(make) -> str:
@@ -464,13 +453,6 @@ def test_presets_are_named_and_an_unknown_one_lists_them():
     assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
     assert generate(seed=0, n_tasks=0) == []
     assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
-
-
-def test_a_fixed_workload_has_the_documented_defaults():
-    assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
-    assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
-        "fixed", 0, (TurnSpec(8000, 300, (0.3,), (), 5), TurnSpec(800, 300, (), (), 5)), content_seed=9)
-    assert refused(lambda: fixed(0)) == "n_turns must be >= 1, got 0"
 
 
 def test_summary_gives_mean_p50_and_p90_of_each_measure():

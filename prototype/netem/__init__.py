@@ -18,7 +18,9 @@ latency, so this package adds it:
   connection, drops as the server sends), :class:`LinkRegistry` (cut every open link: a restart). A
   chunk lost once is :class:`NetworkProfile`'s ``loss``: TCP resends it after its retransmission
   timeout, and the chunks behind it wait.
-* `links.py`: :func:`open_emulated_pair` joins a client and a server in memory with ``rtt / 2`` each
+* `arrivals.py`: when each chunk of one direction arrives (delay, jitter, a loss TCP resends, in order).
+* `links.py`: the context managers that run delayed streams' tasks: :func:`open_delayed_stream` wraps
+  one stream; :func:`open_emulated_pair` joins a client and a server in memory with ``rtt / 2`` each
   way, for virtual-time runs; :func:`open_emulated_tcp` connects a real socket and delays it on the
   client side, for real-time runs.
 
@@ -26,8 +28,8 @@ Delays are measured on the trio clock (``trio.current_time()``), so under
 ``trio.testing.MockClock(autojump_threshold=0)`` every arrival time is exact.
 """
 
-from .delayed import DelayedStream, open_delayed_stream
-from .links import open_emulated_pair, open_emulated_tcp
+from .delayed import DelayedStream
+from .links import open_delayed_stream, open_emulated_pair, open_emulated_tcp
 from .profiles import (
     CROSS_CONTINENT,
     INTERCONTINENTAL,

@@ -1,5 +1,5 @@
-"""A trio Stream whose traffic reaches the other end late, like a long link, and the context
-manager that runs its delivery tasks.
+"""A trio Stream whose traffic reaches the other end late, like a long link (the context managers
+that run its delivery tasks are in `links.py`).
 
 Delays are measured on the trio clock (``trio.current_time()``), so under
 ``trio.testing.MockClock(autojump_threshold=0)`` every arrival time is exact.
@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import math
 import operator
-import random
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import attrs
 import trio
+
+from .arrivals import Arrivals
 
 # After a graceful aclose(), queued data is still delivered on schedule (as the kernel does after
 # close() on a TCP socket, RFC 9293 §3.6). If the inner stream is still blocked this long after the
 # last scheduled arrival (a peer that never reads), the rest is dropped so that no task outlives
 # its context manager for ever.
 _LINGER_GRACE_SECONDS: Final = 1.0
-# A lost segment is resent when the sender's retransmission timer fires: Linux's minimum RTO is
-# 200 ms (TCP_RTO_MIN, include/net/tcp.h), and the timer runs from the send, so the resent copy
-# arrives one RTO plus the one-way delay after the original would have.
-RETRANSMIT_TIMEOUT_SECONDS: Final = 0.2
 
 
 @attrs.frozen
@@ -47,7 +44,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
     sent before it.
 
     A direction with no delay and no jitter is passed straight through, with no task. A delayed
-    direction needs a background task, so build the stream with :func:`open_delayed_stream`,
+    direction needs a background task, so build the stream with ``links.py``'s :func:`open_delayed_stream`,
     :func:`open_emulated_pair` or :func:`open_emulated_tcp`, which run those tasks and close the stream
     when they exit.
 
@@ -123,19 +120,14 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         self.receive_delay = receive_delay
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._send_jitter = send_jitter
-        self._receive_jitter = receive_jitter
         self._bandwidth = bandwidth_bytes_per_s
-        # One generator per direction (string seeds hash the same in every process), so the
-        # draws of one direction don't depend on how the two interleave.
-        self._send_rng = random.Random(f"netem:{seed}:send")
-        self._receive_rng = random.Random(f"netem:{seed}:receive")
-        self._loss = loss
-        self._loss_rng = random.Random(f"netem:{seed}:loss")
-        self._receive_loss = receive_loss
-        self._receive_loss_rng = random.Random(f"netem:{seed}:receive-loss")
-        self._delays_send = send_delay > 0 or send_jitter > 0 or loss > 0
-        self._delays_receive = receive_delay > 0 or receive_jitter > 0 or receive_loss > 0
+        # Each direction draws from its own generators, so its draws don't depend on how the two interleave.
+        self._sent = Arrivals(send_delay, send_jitter, loss, jitter_seed=f"netem:{seed}:send", loss_seed=f"netem:{seed}:loss")
+        self._received = Arrivals(
+            receive_delay, receive_jitter, receive_loss, jitter_seed=f"netem:{seed}:receive", loss_seed=f"netem:{seed}:receive-loss"
+        )
+        self._delays_send = self._sent.delays
+        self._delays_receive = self._received.delays
 
         self._started = False
         self._closed = False
@@ -148,21 +140,19 @@ class DelayedStream(trio.abc.HalfCloseableStream):
 
         # Send direction: send_all queues, _deliver forwards each chunk at its arrival time.
         self._outgoing_in, self._outgoing_out = trio.open_memory_channel[_Chunk](math.inf)
-        self._last_send_arrival = -math.inf
         self._deliver_scope = trio.CancelScope()
         self._deliver_done = not self._delays_send
         self._close_at = -math.inf
 
         # Receive direction: _pump reads and time-stamps, receive_some waits for each timestamp.
         self._incoming_in, self._incoming_out = trio.open_memory_channel[_Chunk](math.inf)
-        self._last_receive_arrival = -math.inf
         self._pump_scope = trio.CancelScope()
         self._receive_head: _Chunk | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
-    def _start(self, nursery: trio.Nursery) -> None:
-        """Starts the tasks of the delayed directions in ``nursery``."""
+    def start_delivery(self, nursery: trio.Nursery) -> None:
+        """Starts the tasks of the delayed directions in ``nursery`` (``links.run_delivery`` does)."""
         if self._started:
             raise RuntimeError("DelayedStream already started")
         self._started = True
@@ -194,7 +184,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             return
         # The delivery task drains the queue, then closes the inner stream when the close would reach
         # the peer: a FIN travels the same one-way delay as data, after the data (RFC 9293 §3.6).
-        self._close_at = self._send_arrival()
+        self._close_at = self._sent.next(trio.current_time())
         self._deliver_scope.deadline = self._close_at + _LINGER_GRACE_SECONDS
         self._outgoing_in.close()
         try:
@@ -227,16 +217,6 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             raise trio.BrokenResourceError("the link failed") from self._send_error
         self._check_started()
 
-    def _send_arrival(self) -> float:
-        """When a chunk sent now reaches the inner stream: never before the previous chunk."""
-        delay = self.send_delay
-        if self._send_jitter > 0:
-            delay += self._send_rng.expovariate(1.0 / self._send_jitter)
-        if self._loss > 0 and self._loss_rng.random() < self._loss:
-            delay += RETRANSMIT_TIMEOUT_SECONDS
-        self._last_send_arrival = max(trio.current_time() + delay, self._last_send_arrival)
-        return self._last_send_arrival
-
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Queues ``data`` for delivery ``send_delay`` (plus jitter) from now.
 
@@ -263,7 +243,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
                     await self.transport_stream.send_all(payload)
             self._check_can_send()
             if payload and self._delays_send:
-                self._outgoing_in.send_nowait(_Chunk(self._send_arrival(), payload))
+                self._outgoing_in.send_nowait(_Chunk(self._sent.next(trio.current_time()), payload))
             self.bytes_sent += len(payload)
         finally:
             self._sending = False
@@ -294,7 +274,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
             self._check_can_send()
             self._eof_sent = True
             if self._delays_send:
-                self._outgoing_in.send_nowait(_Chunk(self._send_arrival(), None))
+                self._outgoing_in.send_nowait(_Chunk(self._sent.next(trio.current_time()), None))
             else:
                 with self._closable_wait():
                     await send_eof()
@@ -404,86 +384,7 @@ class DelayedStream(trio.abc.HalfCloseableStream):
                     data = bytes(await self.transport_stream.receive_some())
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     error = exc
-                delay = self.receive_delay
-                if self._receive_jitter > 0:
-                    delay += self._receive_rng.expovariate(1.0 / self._receive_jitter)
-                if data and self._receive_loss > 0 and self._receive_loss_rng.random() < self._receive_loss:
-                    delay += RETRANSMIT_TIMEOUT_SECONDS
-                self._last_receive_arrival = max(trio.current_time() + delay, self._last_receive_arrival)
-                self._incoming_in.send_nowait(_Chunk(self._last_receive_arrival, data or None, error))
+                arrival = self._received.next(trio.current_time(), can_be_lost=bool(data))
+                self._incoming_in.send_nowait(_Chunk(arrival, data or None, error))
                 if not data:
                     return
-
-@asynccontextmanager
-async def run_delivery(*streams: DelayedStream) -> AsyncIterator[None]:
-    """Runs the background tasks of ``streams`` for the body, then closes them.
-
-    The body's own exception comes out as it is, not wrapped in an ExceptionGroup by the nursery.
-    A body that ends normally closes gracefully (in-flight data is delivered, bounded by
-    ``_LINGER_GRACE_SECONDS``); one that raises closes forcefully.
-    """
-    body_error: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        for stream in streams:
-            stream._start(nursery)
-        try:
-            yield
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            body_error = exc
-            with trio.CancelScope(shield=True):
-                for stream in streams:
-                    await trio.aclose_forcefully(stream)
-        else:
-            for stream in streams:
-                await stream.aclose()
-    if body_error is not None:
-        raise body_error
-
-
-@asynccontextmanager
-async def open_delayed_stream(
-    stream: trio.abc.Stream,
-    one_way_delay: float,
-    *,
-    jitter: float = 0.0,
-    bandwidth_bytes_per_s: float | None = None,
-    seed: int = 0,
-    receive_delay: float = 0.0,
-    receive_jitter: float = 0.0,
-    loss: float = 0.0,
-    receive_loss: float = 0.0,
-) -> AsyncIterator[DelayedStream]:
-    """Wraps ``stream`` in a :class:`DelayedStream` and runs its delivery tasks.
-
-    With zero delays, no jitter and no loss the wrapper only counts bytes (and applies the bandwidth): it
-    forwards directly and starts no task. On exit the wrapper, and so ``stream``, is closed.
-
-    Args:
-        stream: The stream to wrap.
-        one_way_delay: Delay of the send direction, in seconds.
-        jitter: Standard deviation of the extra per-chunk delay of the send direction.
-        bandwidth_bytes_per_s: Serialization rate of the send direction; None for no limit.
-        seed: Seed of the jitter draws.
-        receive_delay: Delay of the receive direction, in seconds (0: not delayed).
-        receive_jitter: Standard deviation of the extra per-chunk delay of the receive direction.
-        loss: Probability that a chunk sent is lost once and resent (:class:`DelayedStream`).
-        receive_loss: The same for each chunk received.
-
-    Yields:
-        The wrapped stream.
-    """
-    delayed = DelayedStream(
-        stream,
-        send_delay=one_way_delay,
-        receive_delay=receive_delay,
-        send_jitter=jitter,
-        receive_jitter=receive_jitter,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        seed=seed,
-        loss=loss,
-        receive_loss=receive_loss,
-    )
-    async with run_delivery(delayed):
-        yield delayed

@@ -53,7 +53,7 @@ class NetworkProfile:
 
     loss: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
     """Probability that a chunk sent is lost once: TCP resends it after its retransmission timeout
-    (``delayed.RETRANSMIT_TIMEOUT_SECONDS``), and the chunks behind it wait (head-of-line blocking)."""
+    (``arrivals.RETRANSMIT_TIMEOUT_SECONDS``), and the chunks behind it wait (head-of-line blocking)."""
 
     @property
     def one_way_delay(self) -> float:

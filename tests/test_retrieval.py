@@ -1,7 +1,6 @@
-"""The read side of the API (api/retrieval.py) held to exact values: the query parameters and their
-refusals (code, param, message), the input-items list and its pages, the replayed events of a stored
-response, the model objects. The endpoints' own tests (tests/test_endpoints.py) drive the same code
-over HTTP; these pin what they leave open."""
+"""The API's read side (prototype/api/retrieval.py): the query parameters and their refusals (code, param,
+message), a stored response's input items and their pages, the events a stored response replays as, and the
+model objects. tests/test_endpoints.py drives the same code over HTTP."""
 
 from __future__ import annotations
 

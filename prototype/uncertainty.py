@@ -30,6 +30,9 @@ from scipy import stats
 CONFIDENCE = 0.95
 # scipy's default; at 9,999 resamples the BCa end points of a 10-task median move in the third digit between seeds.
 RESAMPLES = 9999
+# `resample` passes the resamples to its statistic this many at a time: a statistic of every turn of the drawn tasks
+# holds an array of a batch's rows by the turns (2,000 x 1,000 turns is 16 MB).
+RESAMPLE_BATCH = 2000
 SEED = 0
 
 
@@ -122,14 +125,14 @@ def paired_bootstrap(first: Sequence[float], second: Sequence[float], statistic:
 
 
 def _bca(data: tuple[np.ndarray, ...], statistic: Callable[..., float], value: float, *, seed: int, confidence: float,
-         paired: bool) -> tuple[float, float]:
+         paired: bool, batch: int | None = None) -> tuple[float, float]:
     """The BCa interval's ends (a statistic that takes `axis` is called on all the resamples at once). BCa is undefined when the resamples are (nearly) degenerate (scipy warns and gives
     nan); the percentile interval of the same resamples stands in then."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.bootstrap(data, statistic, paired=paired, n_resamples=RESAMPLES, confidence_level=confidence,
-                                 method="BCa", rng=np.random.default_rng(seed))
+                                 method="BCa", rng=np.random.default_rng(seed), batch=batch)
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if math.isnan(low) or math.isnan(high):
         tail = (1 - confidence) / 2
@@ -158,7 +161,8 @@ def resample(n: int, statistic: Callable[[np.ndarray], np.ndarray], *, of: str =
         counts = np.bincount((flat + offsets).ravel(), minlength=len(flat) * n).reshape(len(flat), n)
         return np.asarray(statistic(counts.astype(float))).reshape(drawn.shape[:-1])
 
-    low, high = _bca((np.arange(n, dtype=float),), on_indices, value, seed=seed, confidence=confidence, paired=False)
+    low, high = _bca((np.arange(n, dtype=float),), on_indices, value, seed=seed, confidence=confidence, paired=False,
+                     batch=RESAMPLE_BATCH)
     if low == high == value:  # every resample gave the value: a sample with no spread
         return _exact(value, n, of)
     return Estimate(value, low, high, n, of, method)
@@ -185,9 +189,18 @@ def unit_percentile(samples: Sequence[Sequence[float]], q: float) -> Callable[[n
     order = np.argsort(values, kind="stable")
     values, units = values[order], units[order]
     share = q / 100
+    # How many samples of each unit lie at or below each sorted value: with the counts, a matrix product gives the
+    # drawn samples at or below it, for every resample at once (a cumulative sum over the units' samples is slower
+    # for the few units of a table's cell; beyond a few dozen units the matrix is too large and the sum is used).
+    below_of_unit = np.cumsum(np.arange(len(samples))[:, None] == units[None, :], axis=-1, dtype=float) if len(samples) <= 64 else None
+
+    def cumulative_of(counts: np.ndarray) -> np.ndarray:
+        if below_of_unit is not None:
+            return counts @ below_of_unit
+        return np.cumsum(counts[..., units], axis=-1)
 
     def statistic(counts: np.ndarray) -> np.ndarray:
-        cumulative = np.cumsum(counts[..., units], axis=-1)  # samples at or below each sorted value
+        cumulative = cumulative_of(counts)  # drawn samples at or below each sorted value
         total = cumulative[..., -1] if values.size else np.zeros(counts.shape[:-1])
         # np.percentile's "linear" method on the drawn samples, repeated as often as their units are drawn.
         virtual = (total - 1) * share

@@ -141,17 +141,18 @@ def _bca(data: tuple[np.ndarray, ...], statistic: Callable[..., float], value: f
 
 
 def resample(n: int, statistic: Callable[[np.ndarray], np.ndarray], *, of: str = "tasks", method: str = "bootstrap",
-             seed: int = SEED, confidence: float = CONFIDENCE) -> Estimate:
+             seed: int = SEED, confidence: float = CONFIDENCE, interval: bool = True) -> Estimate:
     """A statistic of `n` independent units (tasks, trajectories) with a BCa bootstrap interval over the units.
 
     `statistic(counts)` takes how many times each unit is drawn, an array of shape (..., n), and returns one value
     per row; the whole sample is a row of ones. Written so, one statistic covers units with several samples each
     (the turns of a task: `unit_percentile`), several designs measured on the same units (a ratio of two
-    `unit_total`s resamples the tasks of both together) and any n, and it runs over all the resamples at once."""
+    `unit_total`s resamples the tasks of both together) and any n, and it runs over all the resamples at once.
+    `interval` false gives the value alone (NaN ends), for a caller that needs only the point."""
     if n == 0:
         return Estimate(math.nan, math.nan, math.nan, 0, of, method)
     value = float(np.asarray(statistic(np.ones((1, n))))[0])
-    if n < 2:
+    if n < 2 or not interval:
         return Estimate(value, math.nan, math.nan, n, of, method)
 
     def on_indices(indices: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -45,6 +45,11 @@ def figure(estimate: Estimate, template: str = "{:.2f}", *, scale: float = 1.0, 
     return {**estimate.as_dict(), "format": template, "scale": scale, "label": label}
 
 
+def text(words: str) -> dict[str, Any]:
+    """A figure that is a phrase computed by the command (a ranking of drivers, say), printed as it is."""
+    return {"text": words}
+
+
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
     """A table of a headline section, each cell already printed (a figure's cell through `render`)."""
     return {"columns": list(columns), "rows": [[str(cell) for cell in row] for row in rows]}
@@ -76,6 +81,8 @@ def render(entry: Mapping[str, Any], style: str = "full") -> str:
     a table as Markdown."""
     if "columns" in entry:
         return render_table(entry)
+    if "text" in entry:
+        return entry["text"]
     if style not in STYLES:
         raise HeadlineError(f"unknown span style {style!r} (styles: {', '.join(STYLES)})")
     estimate = estimate_of(entry)
@@ -233,6 +240,6 @@ def update_pages(repo: str | Path = REPO, folder: str | Path = FIGURES) -> list[
 
 __all__ = [
     "FIGURES", "HeadlineError", "Mismatch", "Span", "estimate_of", "figure", "headline_of", "import_results", "load", "pages",
-    "render", "render_table", "resolver", "results_files", "rewrite", "section", "spans", "stale_spans", "table",
+    "render", "render_table", "resolver", "results_files", "rewrite", "section", "spans", "stale_spans", "table", "text",
     "update_pages", "write",
 ]

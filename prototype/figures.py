@@ -319,10 +319,19 @@ def published_plot(axes: Sequence[Any], rows: Sequence[Mapping[str, Any]], trend
                     bar.set_edgecolor("black")
 
     bars(left, ("published_gain", "measured_gain"), 100)
+    # The measured gain's 95% interval over the tasks (a row of one task has none).
+    measured = [(100 * r["measured_gain"], 100 * r.get("gain_low", np.nan), 100 * r.get("gain_high", np.nan)) for r in rows]
+    left.errorbar([m for m, _, _ in measured], ys - h / 2,
+                  xerr=[[max(m - lo, 0.0) if lo == lo else 0.0 for m, lo, _ in measured],
+                        [max(hi - m, 0.0) if hi == hi else 0.0 for m, _, hi in measured]],
+                  fmt="none", ecolor="black", capsize=2, lw=0.8, zorder=3)
     left.set_yticks(ys, names, fontsize=7)
     left.set_xlabel("gain, % (1 - design / baseline)")
     left.set_title("Published vs testbed gain", fontsize=9)
-    left.legend(handles=[Patch(color=grey, label="published"), Patch(color=blue, label="testbed"), calibration_patch],
+    from matplotlib.lines import Line2D
+
+    left.legend(handles=[Patch(color=grey, label="published"), Patch(color=blue, label="testbed"), calibration_patch,
+                         Line2D([], [], color="black", lw=0.8, label="testbed's 95% interval (tasks)")],
                 fontsize=7, loc="upper right")
     left.grid(True, axis="x", alpha=0.3, zorder=0)
 
@@ -344,7 +353,12 @@ def published_plot(axes: Sequence[Any], rows: Sequence[Mapping[str, Any]], trend
     middle.grid(True, axis="x", which="major", alpha=0.3, zorder=0)
 
     xs = [t["tok_s"] for t in trends]
-    right.plot(xs, [100 * t["gain_chained_vs_http"] for t in trends], marker="s", color=blue)
+    gains = [100 * t["gain_chained_vs_http"] for t in trends]
+    right.plot(xs, gains, marker="s", color=blue)
+    if trends and "gain_low" in trends[0]:  # each speed's 95% interval over the tasks
+        right.errorbar(xs, gains, yerr=[[max(g - 100 * t["gain_low"], 0.0) for g, t in zip(gains, trends)],
+                                        [max(100 * t["gain_high"] - g, 0.0) for g, t in zip(gains, trends)]],
+                       fmt="none", ecolor="black", capsize=3, lw=0.8)
     log_axis(right, "x")
     right.set_xlabel("decode speed (tokens/s)")
     right.set_ylabel("chained vs http gain, %")

@@ -273,12 +273,13 @@ def test_a_log_axis_is_labelled_in_plain_numbers(ax):
 
 PUBLISHED = [
     {"result": "first", "role": "check", "published_gain": 0.4, "measured_gain": 0.3, "implied_ms_per_turn": 50.0,
-     "testbed_ms_per_turn": 40.0},
+     "testbed_ms_per_turn": 40.0, "gain_low": 0.24, "gain_high": 0.33},
     {"result": "a calibration result whose name is long enough to wrap over more than one line of the axis",
      "role": "calibration", "published_gain": 0.2, "measured_gain": 0.25, "implied_ms_per_turn": 100.0,
      "testbed_ms_per_turn": 90.0},
 ]
-TRENDS = [{"tok_s": 65, "gain_chained_vs_http": 0.1}, {"tok_s": 1000, "gain_chained_vs_http": 0.3}]
+TRENDS = [{"tok_s": 65, "gain_chained_vs_http": 0.1, "gain_low": 0.05, "gain_high": 0.12},
+          {"tok_s": 1000, "gain_chained_vs_http": 0.3, "gain_low": 0.28, "gain_high": 0.31}]
 
 
 def test_the_published_results_panels():
@@ -293,7 +294,12 @@ def test_the_published_results_panels():
     assert [t.get_text() for t in left.get_yticklabels()] == [
         "0: first", "1: a calibration result whose name\nis long enough to wrap over more\nthan [...]"]
     assert (left.get_xlabel(), left.get_title()) == ("gain, % (1 - design / baseline)", "Published vs testbed gain")
-    assert [t.get_text() for t in left.get_legend().get_texts()] == ["published", "testbed", "calibration row"]
+    assert [t.get_text() for t in left.get_legend().get_texts()] == ["published", "testbed", "calibration row",
+                                                                   "testbed's 95% interval (tasks)"]
+    # The measured gain's interval as a whisker on its bar; a row without one (the calibration's single task) has none.
+    (bars_,) = [c for c in left.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert [[tuple(round(float(v), 9) for v in point) for point in seg] for seg in bars_.lines[2][0].get_segments()] == [
+        [(24.0, 0.81), (33.0, 0.81)], [(25.0, -0.19), (25.0, -0.19)]]
     assert [p[:4] for p in rectangles(middle)[:4]] == [
         (0.0, 50.0, 1.0, 0.38), (0.0, 100.0, 0.0, 0.38), (0.0, 40.0, 0.62, 0.38), (0.0, 90.0, -0.38, 0.38)]
     band = [p for p in middle.patches if to_hex(p.get_facecolor()) == "#2ca02c"]
@@ -305,8 +311,11 @@ def test_the_published_results_panels():
     assert (middle.get_xlabel(), middle.get_title()) == ("ms per turn (per first token for TTFT rows)", "Overhead the published gain implies")
     assert [t.get_text() for t in middle.get_legend().get_texts()] == [
         "implied by the published gain", "removed in the testbed", "calibration's implied value, x/÷3"]
-    (line,) = right.lines
+    line = right.lines[0]  # then the whiskers' caps
     assert (list(line.get_xdata()), list(line.get_ydata()), line.get_marker()) == ([65, 1000], [10.0, 30.0], "s")
+    (trend_bars,) = [c for c in right.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert [[tuple(round(float(v), 9) for v in point) for point in seg] for seg in trend_bars.lines[2][0].get_segments()] == [
+        [(65.0, 5.0), (65.0, 12.0)], [(1000.0, 28.0), (1000.0, 31.0)]]
     assert right.get_xscale() == "log" and right.get_ylim()[0] == 0
     assert (right.get_xlabel(), right.get_ylabel(), right.get_title()) == (
         "decode speed (tokens/s)", "chained vs http gain, %", "Direction check: gain by decode speed")
@@ -334,7 +343,7 @@ def test_the_published_results_panels_are_lettered_layered_and_gridded():
     legend = left.get_legend()
     assert placement(legend)[:4] == (1, None, 1, {7.0})
     assert [(to_hex(h.get_facecolor()), to_hex(h.get_edgecolor(), keep_alpha=True), h.get_hatch())
-            for h in legend.legend_handles] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
+            for h in legend.legend_handles[:3]] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
     (band,) = middle.patches[4:]
     assert (to_hex(band.get_facecolor(), keep_alpha=True), band.get_alpha(), band.get_zorder()) == (green + "26", 0.15, 0)
     assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))
@@ -346,7 +355,7 @@ def test_the_published_results_panels_are_lettered_layered_and_gridded():
     assert [t.get_text() for t in legend.get_texts()][2] == "calibration's implied value, x/÷2"
     assert [(to_hex(h.get_facecolor(), keep_alpha=True), h.get_alpha()) for h in legend.legend_handles] == [
         (grey + "ff", None), (blue + "ff", None), (green + "4c", 0.3)]
-    (trend,) = right.lines
+    trend = right.lines[0]
     assert to_hex(trend.get_color()) == blue
     assert grids(left) == ((True, 0.3, 0, False), (False, None, None, False))
     assert grids(middle) == ((True, 0.3, 0, False), (False, None, None, False))

@@ -70,7 +70,7 @@ MORRIS, SOBOL = "morris", "sobol"
 MORRIS_LEVELS = 4  # SALib's default grid: each parameter at 0, 1/3, 2/3, 1 of its range
 SALIB_RESAMPLES = 1000  # SALib's bootstrap of mu* and ST for their confidence intervals (its default is 100)
 # The defaults that carry the claims (docs/results.md), and what a run below them says of itself.
-DEFAULT_TASKS, DEFAULT_TRAJECTORIES, DEFAULT_SAMPLES = 6, 20, 256
+DEFAULT_TASKS, DEFAULT_TRAJECTORIES, DEFAULT_SAMPLES = 4, 20, 256
 RANGE = (5.0, 95.0)  # the global design's range: its 5th to 95th percentile over the runs
 
 # One configuration's figures per task: per (design, speed), arrays over the tasks of the end-to-end time (s), the

@@ -261,7 +261,8 @@ def sweep_plot(
     linestyle: str = "-",
     label_suffix: str = "",
 ) -> None:
-    """One line per design of `metric` against the swept `key` (DESIGN_COLORS, DESIGN_MARKERS)."""
+    """One line per design of `metric` against the swept `key` (DESIGN_COLORS, DESIGN_MARKERS); where the table has
+    the metric's 95% interval (`<metric>_low`, `<metric>_high`), a whisker at each point spans it."""
     designs = designs or list(dict.fromkeys(r["design"] for r in table))
     for design in designs:
         xs, ys = series(table, key, metric, design)
@@ -269,6 +270,13 @@ def sweep_plot(
             continue
         ax.plot(xs, ys, marker=DESIGN_MARKERS.get(design, "o"), color=DESIGN_COLORS.get(design), linestyle=linestyle,
                 label=design + label_suffix, markersize=4)
+        if all(f"{metric}_low" in r for r in table):
+            _, lows = series(table, key, f"{metric}_low", design)
+            _, highs = series(table, key, f"{metric}_high", design)
+            if any(low == low for low in lows):
+                ax.errorbar(xs, ys, yerr=[[max(y - lo, 0.0) if lo == lo else 0.0 for y, lo in zip(ys, lows)],
+                                          [max(hi - y, 0.0) if hi == hi else 0.0 for y, hi in zip(ys, highs)]],
+                            fmt="none", ecolor=DESIGN_COLORS.get(design), capsize=2, lw=0.8)
     if logx:
         log_axis(ax, "x")
     if logy:

@@ -256,6 +256,17 @@ def test_a_sweep_is_one_line_per_design_in_its_order(ax):
     plt.close(fig)
 
 
+def test_a_sweep_draws_each_points_interval_where_the_table_has_one(ax):
+    table = [{"x": 1, "design": CHAINED, "g": 0.3, "g_low": 0.2, "g_high": 0.5},
+             {"x": 2, "design": CHAINED, "g": 0.4, "g_low": 0.35, "g_high": 0.42},
+             {"x": 1, "design": "http", "g": 0.0, "g_low": float("nan"), "g_high": float("nan")}]
+    figures.sweep_plot(ax, table, "x", "g")
+    (whiskers,) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]  # http's has no interval
+    assert [[tuple(round(float(v), 9) for v in p) for p in seg] for seg in whiskers.lines[2][0].get_segments()] == [
+        [(1.0, 0.2), (1.0, 0.5)], [(2.0, 0.35), (2.0, 0.42)]]
+    assert to_hex(whiskers.lines[2][0].get_color()[0]) == figures.DESIGN_COLORS[CHAINED]
+
+
 def test_a_log_axis_is_labelled_in_plain_numbers(ax):
     figures.log_axis(ax)
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "linear")

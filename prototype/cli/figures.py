@@ -10,8 +10,9 @@ running anything. This command redraws them from fresh runs:
   notebook_published.png               notebooks/published_results.py (docs/notebooks.md)
   notebook_lanes_and_steering.png      notebooks/lanes_and_steering.py (docs/notebooks.md)
 
-Beside each figure whose run quotes numbers it writes the data (docs/figures/<name>.json: compare.json,
-published.json, notebook_latency_sweeps.json), taken from the headline section of the run's results JSON, and then
+Beside each figure whose run quotes numbers it writes the data (docs/figures/<name>.json: compare.json, published.json
+behind notebook_published.png, notebook_latency_sweeps.json), taken from the headline section of the run's results JSON,
+and then
 rewrites every marked span of README.md and docs/*.md from the data (prototype/headline.py). With `--no-run` it
 runs nothing: it imports the headline sections of the results given (a sensitivity run, say) and rewrites the
 spans; `--check` names every span that differs from the data and exits 1.
@@ -45,6 +46,9 @@ NOTEBOOKS = ("hosted_tool_analogy", "latency_experiments", "published_results", 
 NOTEBOOK_PICTURES = (
     "notebook_hosted_tool_timeline.png", "notebook_latency_sweeps.png", "notebook_published.png", "notebook_lanes_and_steering.png",
 )
+# The results file of each notebook whose numbers the docs quote (its headline section becomes
+# docs/figures/<name>.json): the published notebook's run of experiments.published, the latency notebook's decode sweep.
+NOTEBOOK_DATA = {"published_results": "published/latest/published.json", "latency_experiments": "notebook_latency_sweeps.json"}
 # The smallest compare that still has every design and speed: one short task each.
 SMOKE_COMPARE = ["--tasks", "1", "--turns", "2"]
 
@@ -126,7 +130,7 @@ def _notebook_pictures(work: Path, out: Path, smoke: bool) -> list[Path]:
             print(f"notebooks/{name}.py: executed in {seconds:.1f} s", flush=True)
             shutil.copyfile(work / "notebooks" / picture, out / picture)
             written.append(out / picture)
-            data = work / "notebooks" / Path(picture).with_suffix(".json")
+            data = work / "notebooks" / NOTEBOOK_DATA.get(name, "-")
             if data.is_file():  # the numbers the notebook's picture shows, as the docs quote them
                 written.append(headline.import_results(data, out))
     finally:

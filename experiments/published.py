@@ -188,9 +188,11 @@ def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any
 
 
 def headline_section(rows: list[dict[str, Any]], trends: list[dict[str, Any]], *, n_tasks: int, trend_turns: int,
-                     command: str) -> dict[str, Any]:
+                     command: str, trend_tasks: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The figures docs/results.md quotes (prototype/headline.py): each row's measured gain and each speed's trend gain
-    with their intervals, the side-by-side table and the trend table, and the rows behind notebook_published.png."""
+    with their intervals, the side-by-side table and the trend table, the rows behind notebook_published.png, and the
+    decode-speed check's end-to-end time per task ("<design>@<tokens/s>": seconds, task by task), from which its gains
+    follow and against which a fresh run of one task is checked."""
     def estimate(r: dict[str, Any], value: str, low: str, high: str, n: int) -> uncertainty.Estimate:
         ends = (r[low], r[high]) if n > 1 else (float("nan"), float("nan"))
         return uncertainty.Estimate(r[value], *ends, n, "tasks", "paired bootstrap")
@@ -216,7 +218,8 @@ def headline_section(rows: list[dict[str, Any]], trends: list[dict[str, Any]], *
         "published", command=command,
         workload=f"{n_tasks} task(s) per generated condition of the compact preset (seed 7), virtual time; the decode-speed check: "
                  f"{n_tasks} tasks of {trend_turns} turns, every tool 0.3 s",
-        figures=figures, tables={"table": table, "trend": trend_table}, data={"rows": rows, "trends": trends})
+        figures=figures, tables={"table": table, "trend": trend_table},
+        data={"rows": rows, "trends": trends, "trend_tasks": trend_tasks or {}})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -260,8 +263,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     folder = run_dir("published")
     write_csv(folder / "published.csv", rows)
     command = " ".join(["python -m experiments.published", *(sys.argv[1:] if argv is None else argv)])
-    headline.write(folder / "published.json", {"headline": headline_section(rows, trends, n_tasks=args.tasks,
-                                                                          trend_turns=args.trend_turns, command=command)})
+    trend_tasks = {f"{run.design}@{run.decode_tps:g}": [r["e2e_s"] for r in task_rows]
+                   for run, task_rows in zip(trends_grid, results[len(pairs):])}
+    headline.write(folder / "published.json", {"headline": headline_section(
+        rows, trends, n_tasks=args.tasks, trend_turns=args.trend_turns, command=command, trend_tasks=trend_tasks)})
     print(f"wrote {folder / 'published.csv'}, {folder / 'published.json'}")
     return {"rows": rows, "trends": trends, "folder": folder}
 

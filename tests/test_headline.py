@@ -151,3 +151,87 @@ def test_a_full_figures_run_into_docs_figures_rewrites_the_spans_and_a_smoke_run
     assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->?<!-- /fig -->\n"  # but not quoted
     assert figures_command.run(figures_command_args("--no-notebooks", "--out", str(data))) == 0
     assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->4.0% [2.1%, 6.3%] n=10<!-- /fig -->\n"
+
+
+# --- the committed data against a fresh run ----------------------------------------------------------------------
+
+
+def committed(name: str) -> dict:
+    return headline.load(name)
+
+
+def json_round_trip(value):
+    return json.loads(json.dumps(value))
+
+
+def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
+    import attrs
+
+    from prototype import benchmark
+    from prototype.cli import compare
+    from prototype.cli.common import Parser
+
+    data = committed("compare")
+    parser = Parser(prog="compare")
+    compare.add_arguments(parser)
+    args = parser.parse_args(data["command"].split()[3:])
+    config, _, _ = compare.workload_config(args, attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=args.rtt_ms / 1000))
+    first = attrs.evolve(config, n_tasks=1)  # task i of a seeded workload does not depend on how many are drawn
+    rows = data["data"]
+    for design in ("http", "chained"):
+        [fresh] = benchmark.design_rows(benchmark.DesignRun(design, 1000.0, first))
+        [kept] = [r for r in rows if (r["design"], r["decode_tps"], r["task"]) == (design, 1000.0, fresh["task"])]
+        assert json_round_trip(fresh) == kept, f"{design}'s first task at 1000 tokens/s differs from docs/figures/compare.json"
+
+
+def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
+    from prototype import benchmark
+    from prototype.cli import compare
+
+    data = committed("compare")
+    recomputed = compare.headline_estimates(benchmark.summarize(data["data"]), data["data"])
+    assert sorted(recomputed) == sorted(data["figures"])
+    for key, estimate in recomputed.items():
+        entry = data["figures"][key]
+        assert (entry["value"], entry["low"], entry["high"], entry["n"]) == pytest.approx(
+            (estimate.value, estimate.low, estimate.high, estimate.n), nan_ok=True), key
+
+
+def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_checks_first_task():
+    from experiments import published
+    from prototype import benchmark
+
+    data = committed("published")
+    argv = data["command"].split()[3:]
+    turns = int(argv[argv.index("--trend-turns") + 1]) if "--trend-turns" in argv else 20
+    tasks = data["data"]["trend_tasks"]
+    for run in published.trend_runs(1, turns):
+        if run.decode_tps == 1000.0:
+            [fresh] = benchmark.design_rows(run)
+            assert fresh["e2e_s"] == tasks[f"{run.design}@1000"][0], run.design
+    for key, entry in data["figures"].items():  # the decode-speed check's gains follow from the tasks' times
+        if key.startswith("trend."):
+            tps = key.split(".", 1)[1]
+            chained, http = ([{"e2e_s": t} for t in tasks[f"{d}@{tps}"]] for d in ("chained", "http"))
+            gain = published._statistic(published.E2E, http, chained)
+            assert (entry["value"], entry["low"], entry["high"]) == pytest.approx((gain.value, gain.low, gain.high)), key
+
+
+def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configuration():
+    import attrs
+
+    from experiments import sensitivity
+    from prototype import benchmark
+    from prototype import workload as wl
+
+    names = sorted(p.stem for p in headline.FIGURES.glob("sensitivity_seed*.json"))
+    assert names, "docs/figures/ holds no sensitivity run"
+    base = benchmark.BenchConfig(preset=attrs.evolve(wl.CODING, fixed_tool_seconds=0.3), n_tasks=sensitivity.DEFAULT_TASKS)
+    rows = [row for design in ("http", "chained") for row in benchmark.design_rows(benchmark.DesignRun(design, 1000.0, base))]
+    gain = sensitivity.Headline("g", "g", "%", sensitivity.gain(sensitivity.CHAINED, sensitivity.HTTP, 1000.0))
+    fresh = gain.value(sensitivity.samples_of(rows))
+    for name in names:
+        data = committed(name)
+        assert data["data"]["oat"][0] == "default"
+        assert data["data"]["values"][0]["e2e gain chained vs http @1000"] == pytest.approx(fresh, abs=1e-12), name
+        assert data["figures"]["gain.chained_vs_http.1000.default"]["value"] == pytest.approx(100 * fresh), name

@@ -143,6 +143,23 @@ def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where
     assert figures_by_key["gain.suspended.4000"] == benchmark.Estimate(0.19, 0.09, 0.23, 3, "tasks", "paired bootstrap")
 
 
+def test_the_headline_from_the_task_rows_gives_the_upload_its_ratio_to_https_and_the_tools_share():
+    def row(design, task, turns, sent, tool, e2e):
+        return {"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
+                "phase_totals_s": {"tool": tool, "prefill": 0.5}, "e2e_s": e2e}
+
+    rows = [row("http", "a", 2, 3000.0, 1.0, 4.0), row("http", "b", 4, 6000.0, 2.0, 4.0),
+            row("chained", "a", 2, 1000.0, 1.0, 2.0), row("chained", "b", 4, 2000.0, 3.0, 6.0)]
+    table = [a_table_row(design="http", decode_tps=1000.0), a_table_row(design="chained", decode_tps=1000.0)]
+    figures_by_key = compare.headline_estimates(table, rows)
+    # http sends 3x chained's bytes on every task: 3x in every resample; chained's bytes: 10,000 over 6 turns.
+    assert figures_by_key["upload_ratio.chained.1000"] == benchmark.Estimate(3.0, 3.0, 3.0, 2, "tasks", "exact")
+    assert figures_by_key["sent_kb.chained.1000"].value == pytest.approx(10_000 / 6 / 1000)
+    assert figures_by_key["tool_share.chained.1000"].value == pytest.approx(4.0 / 8.0)
+    assert "upload_ratio.http.1000" not in figures_by_key
+    assert not any(k.startswith(("sent_kb", "tool_share")) for k in compare.headline_estimates(table))  # rows not given
+
+
 def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
     compare.print_parameters([("short", "one", "src"), ("long", "word " * 12, "its source")])
     assert capsys.readouterr().out == (
@@ -306,9 +323,9 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     section = saved["headline"]
     assert (section["name"], section["command"], section["workload"]) == (
         "compare", "python -m prototype compare --tasks 1 --turns 2", "1 tasks of the 'coding' workload, virtual time")
-    assert sorted(section["figures"]) == ["e2e_mean_s.http.1000", "e2e_mean_s.suspended.1000", "gain.suspended.1000",
-                                          "speedup.suspended.1000", "ttft_p50_ms.http.1000", "ttft_p50_ms.suspended.1000",
-                                          "ttft_ratio.suspended.1000"]
+    assert sorted(section["figures"]) == sorted(
+        [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in ("http", "suspended")]
+        + [f"{name}.suspended.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio")])
     gain = section["figures"]["gain.suspended.1000"]
     assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[1]["gain_vs_http"], 1, "{:.1f}%", 100.0)
     assert section["tables"]["table"]["columns"] == [c.header for c in compare.DOCS_TABLE]

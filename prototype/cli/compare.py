@@ -154,11 +154,15 @@ def print_compare_table(table: list[dict[str, Any]], wide: bool = False) -> None
         print(textwrap.fill(INTERVALS_LEGEND, 100, initial_indent="  ", subsequent_indent="      "))
 
 
-def headline_estimates(table: list[dict[str, Any]]) -> dict[str, uncertainty.Estimate]:
+def headline_estimates(table: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> dict[str, uncertainty.Estimate]:
     """compare's headline figures by key (prototype/headline.py): per design other than http and per speed, the
-    median TTFT's ratio to http's and the end-to-end gain over http; per design and speed, the mean end-to-end time,
-    the median TTFT and the upload per turn (no interval: every task's request sizes are set by the design)."""
+    median TTFT's ratio to http's and the end-to-end gain over http; per design and speed, the mean end-to-end time
+    and the median TTFT; from the task rows, when given, the bytes sent per turn (kB), http's upload over each
+    design's and the share of the time spent in the client's tools, each with its 95% interval over the tasks."""
     figures: dict[str, uncertainty.Estimate] = {}
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows or []:
+        groups.setdefault((r["design"], r["decode_tps"]), []).append(r)
     for row in (r for r in table if "e2e_mean_s_low" in r):
         at = f"{row['design']}.{row['decode_tps']:g}"
         figures[f"e2e_mean_s.{at}"] = benchmark.interval_of(row, "e2e_mean_s")
@@ -167,6 +171,27 @@ def headline_estimates(table: list[dict[str, Any]]) -> dict[str, uncertainty.Est
             figures[f"ttft_ratio.{at}"] = benchmark.interval_of(row, "ttft_p50_ratio_vs_http")
             figures[f"gain.{at}"] = benchmark.interval_of(row, "gain_vs_http")
             figures[f"speedup.{at}"] = benchmark.interval_of(row, "speedup_vs_http")
+        group = groups.get((row["design"], row["decode_tps"]))
+        if group:
+            figures |= _task_figures(at, group, groups.get((benchmark.HTTP, row["decode_tps"])))
+    return figures
+
+
+def _task_figures(at: str, group: list[dict[str, Any]], http: list[dict[str, Any]] | None) -> dict[str, uncertainty.Estimate]:
+    """The upload per turn (kB, all the drawn tasks' bytes over all their turns), http's over this design's on the same
+    tasks, and the client tools' share of the end-to-end time."""
+    n = len(group)
+    sent = uncertainty.unit_total([r["bytes_sent_per_turn"] * r["turns"] for r in group])
+    turns = uncertainty.unit_total([r["turns"] for r in group])
+    tools = uncertainty.unit_total([r["phase_totals_s"].get(analysis.TOOL, 0.0) for r in group])
+    e2e = uncertainty.unit_total([r["e2e_s"] for r in group])
+    figures = {f"sent_kb.{at}": uncertainty.resample(n, lambda c: sent(c) / turns(c) / 1000),
+               f"tool_share.{at}": uncertainty.resample(n, lambda c: tools(c) / e2e(c))}
+    if http is not None and http is not group and [r["task"] for r in http] == [r["task"] for r in group]:
+        their_sent = uncertainty.unit_total([r["bytes_sent_per_turn"] * r["turns"] for r in http])
+        their_turns = uncertainty.unit_total([r["turns"] for r in http])
+        figures[f"upload_ratio.{at}"] = uncertainty.resample(
+            n, lambda c: (their_sent(c) / their_turns(c)) / (sent(c) / turns(c)), method="paired bootstrap")
     return figures
 
 
@@ -186,7 +211,8 @@ def print_headline(table: list[dict[str, Any]]) -> None:
               f"end-to-end gain {gain.scaled(100).format('{:+.1f}%')} ({verdict})")
 # How each headline figure prints in the docs (prototype/headline.py): template, scale.
 FORMATS = {"e2e_mean_s": ("{:,.1f} s", 1.0), "ttft_p50_ms": ("{:,.0f} ms", 1.0), "ttft_ratio": ("{:.2f}x", 1.0),
-           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}x", 1.0)}
+           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}x", 1.0), "sent_kb": ("{:,.1f} kB", 1.0),
+           "upload_ratio": ("{:.1f}x", 1.0), "tool_share": ("{:.0f}%", 100.0)}
 # The table docs/results.md quotes: the printed table's columns with the download and the prefix cache's share.
 DOCS_TABLE = (*TABLE, *(c for c in WIDE if c.field in ("bytes_received_per_turn", "cached_share")))
 PARAMETER_COLUMN = 44
@@ -385,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
     section = headline.section(
         "compare", command=command, workload=f"{len(config.tasks())} tasks of {described}, {clock}",
         figures={key: headline.figure(e, FORMATS[key.split(".")[0]][0], scale=FORMATS[key.split(".")[0]][1])
-                 for key, e in headline_estimates(table).items()},
+                 for key, e in headline_estimates(table, rows).items()},
         tables={"table": headline.table([c.header for c in DOCS_TABLE], ([c.show(r) for c in DOCS_TABLE] for r in table))},
         data=rows)
     headline.write(out / "compare.json", {"table": table, "parameters": parameters, "headline": section})

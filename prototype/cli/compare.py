@@ -210,9 +210,10 @@ def print_headline(table: list[dict[str, Any]]) -> None:
         print(f"  {row['design']:<11} at {row['decode_tps']:>5,.0f} tok/s: TTFT p50 {ratio.format('{:.2f}')} of http's; "
               f"end-to-end gain {gain.scaled(100).format('{:+.1f}%')} ({verdict})")
 # How each headline figure prints in the docs (prototype/headline.py): template, scale.
-FORMATS = {"e2e_mean_s": ("{:,.1f} s", 1.0), "ttft_p50_ms": ("{:,.0f} ms", 1.0), "ttft_ratio": ("{:.2f}x", 1.0),
-           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}x", 1.0), "sent_kb": ("{:,.1f} kB", 1.0),
-           "upload_ratio": ("{:.1f}x", 1.0), "tool_share": ("{:.0f}%", 100.0)}
+# Units other than % are the sentence's, after the span: "742 [533, 835] ms".
+FORMATS = {"e2e_mean_s": ("{:,.1f}", 1.0), "ttft_p50_ms": ("{:,.0f}", 1.0), "ttft_ratio": ("{:.2f}", 1.0),
+           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}", 1.0), "sent_kb": ("{:,.1f}", 1.0),
+           "upload_ratio": ("{:.1f}", 1.0), "tool_share": ("{:.0f}%", 100.0)}
 # The table docs/results.md quotes: the printed table's columns with the download and the prefix cache's share.
 DOCS_TABLE = (*TABLE, *(c for c in WIDE if c.field in ("bytes_received_per_turn", "cached_share")))
 PARAMETER_COLUMN = 44

@@ -209,6 +209,8 @@ def print_headline(table: list[dict[str, Any]]) -> None:
         verdict = {"yes": "slower", "no": "faster", "not separated": "not separated from 0"}[uncertainty.holds(gain, zero)]
         print(f"  {row['design']:<11} at {row['decode_tps']:>5,.0f} tok/s: TTFT p50 {ratio.format('{:.2f}')} of http's; "
               f"end-to-end gain {gain.scaled(100).format('{:+.1f}%')} ({verdict})")
+
+
 # How each headline figure prints in the docs (prototype/headline.py): template, scale.
 # Units other than % are the sentence's, after the span: "742 [533, 835] ms".
 FORMATS = {"e2e_mean_s": ("{:,.1f}", 1.0), "ttft_p50_ms": ("{:,.0f}", 1.0), "ttft_ratio": ("{:.2f}", 1.0),

@@ -174,7 +174,7 @@ def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
     data = committed("compare")
     parser = Parser(prog="compare")
     compare.add_arguments(parser)
-    args = parser.parse_args(data["command"].split()[3:])
+    args = parser.parse_args(data["command"].removeprefix("python -m prototype compare").split())
     config, _, _ = compare.workload_config(args, attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=args.rtt_ms / 1000))
     first = attrs.evolve(config, n_tasks=1)  # task i of a seeded workload does not depend on how many are drawn
     rows = data["data"]

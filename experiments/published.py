@@ -4,9 +4,12 @@ For each published figure this sets up the conditions behind it, runs the two de
 and prints the published and the measured gain (gain = 1 - design/baseline, over the same tasks).
 
 * **One verdict rule** for every check row (`VERDICT_RULE`): the row *agrees* when the published gain
-  lies within `TOLERANCE` (5 points of gain) of the measured gain or inside the measured gain's 90%
-  bootstrap interval over tasks, whichever is wider; otherwise it *disagrees*. An "up to" figure is
-  judged like any other: a smaller measured gain is not counted as consistent with it.
+  lies within `TOLERANCE` (5 points of gain) of the measured gain or inside the measured gain's 95%
+  interval, whichever is wider; otherwise it *disagrees*. An "up to" figure is judged like any other:
+  a smaller measured gain is not counted as consistent with it.
+* **Every gain with its uncertainty** (prototype/uncertainty.py): a 95% BCa bootstrap interval over the tasks,
+  resampling each task's baseline and design runs together (they ran the same task); n is the tasks. One task
+  (the alpha demo's) has no interval.
 * **Like with like.** End-to-end rows compare mean end-to-end time per task; TTFT rows compare the
   median per-turn time to first token (docs/metrics.md). The overhead a gain implies under the
   testbed's own model (a gain g on a design time T means the baseline spent T*g/(1-g) more) is
@@ -25,13 +28,14 @@ and prints the published and the measured gain (gain = 1 - design/baseline, over
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import numpy as np
 
-from prototype import benchmark, sweep
+from prototype import benchmark, headline, sweep, uncertainty
 from prototype import workload as wl
 from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT
 from prototype.cli.common import at_least, non_negative
@@ -44,14 +48,10 @@ TOLERANCE = 0.05  # [ours] 5 points of gain: below what the knobs' [assumed] val
 # The notebook's picture of implied overheads shades the calibration row's value times or divided by this factor; it
 # is a picture, not a verdict (the verdict is VERDICT_RULE on the gains).
 AGREEMENT_FACTOR = 2.0
-BOOTSTRAP_SAMPLES = 2000
 VERDICT_RULE = (
-    "agrees when the published gain is within 5 points of the measured gain or inside its 90% bootstrap "
+    "agrees when the published gain is within 5 points of the measured gain or inside its 95% bootstrap "
     "interval over tasks, whichever is wider; 'up to' figures are judged the same way"
 )
-# The notebook's picture of implied overheads shades the calibration row's value times or divided by this factor; it
-# is a picture, not a verdict (the verdict is VERDICT_RULE on the gains).
-AGREEMENT_FACTOR = 2.0
 
 
 @attrs.frozen
@@ -111,30 +111,19 @@ def pair_runs(row: Published, n_tasks: int) -> tuple[benchmark.DesignRun, benchm
             benchmark.DesignRun(row.design, row.decode_tps, benchmark.BenchConfig(task_list=tasks, sprint=AFTER_SPRINT)))
 
 
-def _gain(metric: str, baseline: list[dict[str, Any]], design: list[dict[str, Any]]) -> float:
-    """1 - design/baseline: mean end-to-end time per task, or the median per-turn TTFT of all turns."""
+def _statistic(metric: str, baseline: list[dict[str, Any]], design: list[dict[str, Any]]) -> uncertainty.Estimate:
+    """1 - design/baseline over the same tasks, each task's two runs resampled together: mean end-to-end time per task,
+    or the median per-turn TTFT of all the drawn tasks' turns; with its 95% interval over the tasks."""
     if metric == E2E:
-        return 1 - statistics.fmean(r["e2e_s"] for r in design) / statistics.fmean(r["e2e_s"] for r in baseline)
-    return 1 - _median_ttft(design) / _median_ttft(baseline)
+        mine, theirs = uncertainty.unit_total([r["e2e_s"] for r in design]), uncertainty.unit_total([r["e2e_s"] for r in baseline])
+    else:
+        mine = uncertainty.unit_percentile([r["ttft_s"] for r in design], 50)
+        theirs = uncertainty.unit_percentile([r["ttft_s"] for r in baseline], 50)
+    return uncertainty.resample(len(design), lambda counts: 1 - mine(counts) / theirs(counts), method="paired bootstrap")
 
 
 def _median_ttft(rows: list[dict[str, Any]]) -> float:
     return float(np.median([t for r in rows for t in r["ttft_s"]]))
-
-
-def _interval(metric: str, baseline: list[dict[str, Any]], design: list[dict[str, Any]], seed: int = 0) -> tuple[float, float]:
-    """90% bootstrap interval of the gain, resampling tasks (each task's baseline and design run together)."""
-    n = len(design)
-    if n < 2:
-        gain = _gain(metric, baseline, design)
-        return gain, gain
-    rng = np.random.default_rng(seed)
-    gains = []
-    for _ in range(BOOTSTRAP_SAMPLES):
-        pick = rng.integers(0, n, n)
-        gains.append(_gain(metric, [baseline[i] for i in pick], [design[i] for i in pick]))
-    low, high = np.percentile(gains, [5, 95])
-    return float(low), float(high)
 
 
 def verdict(published_gain: float, measured_gain: float, interval: tuple[float, float]) -> str:
@@ -156,8 +145,9 @@ def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[s
         base, mine = _median_ttft(baseline), _median_ttft(design)
         per_turn_testbed = base - mine
         implied = mine * row.published_gain / (1 - row.published_gain)
+    estimate = _statistic(row.metric, baseline, design)
     gain = 1 - mine / base
-    low, high = _interval(row.metric, baseline, design)
+    low, high = (estimate.low, estimate.high) if estimate.has_interval else (gain, gain)
     return {
         "result": row.name,
         "role": row.role,
@@ -168,8 +158,8 @@ def pair_row(row: Published, baseline: list[dict[str, Any]], design: list[dict[s
         "turns": turns,
         "published_gain": row.published_gain,
         "measured_gain": gain,
-        "gain_90_low": low,
-        "gain_90_high": high,
+        "gain_low": low,
+        "gain_high": high,
         "verdict": "calibration" if row.role == "calibration" else verdict(row.published_gain, gain, (low, high)),
         "residual": gain - row.published_gain,
         "testbed_ms_per_turn": 1000 * per_turn_testbed,
@@ -187,10 +177,49 @@ def trend_runs(n_tasks: int, turns: int = 20) -> list[benchmark.DesignRun]:
 
 
 def trend_rows(runs: list[benchmark.DesignRun], results: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The gain of chained over http at each decode speed."""
-    times = {(run.design, run.decode_tps): statistics.fmean(r["e2e_s"] for r in rows) for run, rows in zip(runs, results)}
-    return [{"tok_s": tps, "gain_chained_vs_http": 1 - times[(benchmark.CHAINED, tps)] / times[(benchmark.HTTP, tps)]}
-            for tps in dict.fromkeys(run.decode_tps for run in runs)]
+    """The gain of chained over http at each decode speed (1 - mean chained / mean http over the same tasks), with its
+    95% interval over the tasks."""
+    by_point = {(run.design, run.decode_tps): rows for run, rows in zip(runs, results)}
+    out = []
+    for tps in dict.fromkeys(run.decode_tps for run in runs):
+        gain = _statistic(E2E, by_point[(benchmark.HTTP, tps)], by_point[(benchmark.CHAINED, tps)])
+        out.append({"tok_s": tps, "tasks": gain.n, "gain_chained_vs_http": gain.value, "gain_low": gain.low, "gain_high": gain.high})
+    return out
+
+
+def headline_section(rows: list[dict[str, Any]], trends: list[dict[str, Any]], *, n_tasks: int, trend_turns: int,
+                     command: str, trend_tasks: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """The figures docs/results.md quotes (prototype/headline.py): each row's measured gain and each speed's trend gain
+    with their intervals, the side-by-side table and the trend table, the rows behind notebook_published.png, and the
+    decode-speed check's end-to-end time per task ("<design>@<tokens/s>": seconds, task by task), from which its gains
+    follow and against which a fresh run of one task is checked."""
+    def estimate(r: dict[str, Any], value: str, low: str, high: str, n: int) -> uncertainty.Estimate:
+        ends = (r[low], r[high]) if n > 1 else (float("nan"), float("nan"))
+        return uncertainty.Estimate(r[value], *ends, n, "tasks", "paired bootstrap")
+
+    index = {p.name: i for i, p in enumerate(ROWS)}
+    figures = {f"gain.{index[r['result']]}": headline.figure(estimate(r, "measured_gain", "gain_low", "gain_high", r["tasks"]),
+                                                              "{:.1f}%", scale=100, label=r["result"]) for r in rows}
+    figures |= {f"trend.{t['tok_s']:g}": headline.figure(estimate(t, "gain_chained_vs_http", "gain_low", "gain_high", t["tasks"]),
+                                                          "{:.1f}%", scale=100, label=f"chained vs http at {t['tok_s']:g} tokens/s")
+                for t in trends}
+
+    def measured(r: dict[str, Any]) -> str:
+        return headline.render(figures[f"gain.{index[r['result']]}"])
+
+    table = headline.table(
+        ["#", "published result (source)", "compared", "published", "measured [95%] n", "verdict", "implied ms/turn", "vs calibration"],
+        ([index[r["result"]], f"{r['result']} ({r['source']})", f"{r['compare']}, {r['tok_s']:g} tok/s, {r['turns']:g} turns, {r['metric']}",
+          f"{100 * r['published_gain']:.0f}%", measured(r), r["verdict"] if r["role"] == "check" else f"calibration, residual "
+          f"{100 * r['residual']:+.1f} points", f"{r['implied_ms_per_turn']:,.0f}", r["implied_vs_calibration"]] for r in rows))
+    trend_table = headline.table(["tokens/s", "chained vs http, gain [95%] n"],
+                                 ([f"{t['tok_s']:,.0f}", headline.render(figures[f"trend.{t['tok_s']:g}"])] for t in trends))
+    return headline.section(
+        "published", command=command,
+        workload=f"{n_tasks} task(s) per generated condition of the compact preset (seed 7), virtual time; the decode-speed check: "
+                 f"{n_tasks} tasks of {trend_turns} turns, every tool 0.3 s",
+        figures=figures, tables={"table": table, "trend": trend_table},
+        data={"rows": rows, "trends": trends, "trend_tasks": trend_tasks or {}})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -214,11 +243,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["implied_vs_calibration"] = "-"  # a TTFT figure against an end-to-end calibration: not like with like
         else:
             r["implied_vs_calibration"] = f"{r['implied_ms_per_turn'] / calibration['implied_ms_per_turn']:.2f}x"
-    print("Published results vs the testbed (gain = 1 - design/baseline over the same tasks; 90% bootstrap interval "
+    print("Published results vs the testbed (gain = 1 - design/baseline over the same tasks; 95% bootstrap interval "
           "over tasks)\n")
     print(f"Verdict rule: {VERDICT_RULE}.\n")
     print_table(rows, ["result", "role", "metric", "compare", "tok_s", "tasks", "published_gain", "measured_gain",
-                       "gain_90_low", "gain_90_high", "verdict", "testbed_ms_per_turn", "implied_ms_per_turn",
+                       "gain_low", "gain_high", "verdict", "testbed_ms_per_turn", "implied_ms_per_turn",
                        "implied_vs_calibration"])
     if calibration is not None:
         print(f"\nCalibration residual (measured - published gain): {calibration['residual']:+.3f}; the knobs were set "
@@ -231,10 +260,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nBy construction, not evidence: chained vs http gain by decode speed ({args.trend_turns} turns, 0.3 s tools). "
           "Any model whose designs differ by a fixed per-turn cost shows a gain that grows with decode speed.")
     print_table(trends)
-    path = run_dir("published") / "published.csv"
-    write_csv(path, rows)
-    print(f"wrote {path}")
-    return {"rows": rows, "trends": trends}
+    folder = run_dir("published")
+    write_csv(folder / "published.csv", rows)
+    command = " ".join(["python -m experiments.published", *(sys.argv[1:] if argv is None else argv)])
+    trend_tasks = {f"{run.design}@{run.decode_tps:g}": [r["e2e_s"] for r in task_rows]
+                   for run, task_rows in zip(trends_grid, results[len(pairs):])}
+    headline.write(folder / "published.json", {"headline": headline_section(
+        rows, trends, n_tasks=args.tasks, trend_turns=args.trend_turns, command=command, trend_tasks=trend_tasks)})
+    print(f"wrote {folder / 'published.csv'}, {folder / 'published.json'}")
+    return {"rows": rows, "trends": trends, "folder": folder}
 
 
 if __name__ == "__main__":

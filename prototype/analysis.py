@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import benchmark, metrics
+from . import benchmark, metrics, uncertainty
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord
 from .client.http import DESIGN_NAMES, STATELESS
 
@@ -146,7 +146,8 @@ def state_table(records: Sequence[RolloutRecord]) -> list[dict[str, Any]]:
 
 def sweep_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
     """One row per (swept value, design): mean and p50 end-to-end time per task, speed-up over http
-    at the same value (ratio of total times), per-turn TTFT p50, and per turn: API work, model time
+    at the same value (ratio of total times) and the gain (1 - total time / http's, with its 95% interval over the
+    tasks where http ran the same tasks), per-turn TTFT p50, and per turn: API work, model time
     (queue, prefill, decode), prefill alone, hosted and client tool time, network + client time; the share of
     input tokens found in the prefix cache."""
     groups: dict[tuple[Any, str], list[Mapping[str, Any]]] = {}
@@ -170,6 +171,7 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, A
             "e2e_p50_s": float(np.percentile(e2e, 50)),
             "speedup_vs_http": float(sum(r["e2e_s"] for r in http) / e2e.sum()) if http else math.nan,
             "gain_vs_http": float(1 - e2e.sum() / sum(r["e2e_s"] for r in http)) if http else math.nan,
+            **_gain_interval(group, http),
             "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
             "api_s_per_turn": per_turn(API_OVERHEAD_PHASES),
             "model_s_per_turn": per_turn((metrics.QUEUE, metrics.PREFILL, metrics.DECODE)),
@@ -183,6 +185,16 @@ def sweep_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, A
     order = {d: i for i, d in enumerate(benchmark.ALL_DESIGNS)}
     table.sort(key=lambda r: (r[key], order.get(r["design"], 99)))
     return table
+
+
+def _gain_interval(group: Sequence[Mapping[str, Any]], http: Sequence[Mapping[str, Any]] | None) -> dict[str, float]:
+    """The gain over http's 95% interval over the tasks (`gain_vs_http_low`, `_high`), resampling each task's two runs
+    together; NaN unless http ran the same tasks in the same order, or with a single task."""
+    if not http or len(group) < 2 or [r.get("task") for r in http] != [r.get("task") for r in group]:
+        return {"gain_vs_http_low": math.nan, "gain_vs_http_high": math.nan}
+    mine, theirs = uncertainty.unit_total([r["e2e_s"] for r in group]), uncertainty.unit_total([r["e2e_s"] for r in http])
+    gain = uncertainty.resample(len(group), lambda counts: 1 - mine(counts) / theirs(counts), method="paired bootstrap")
+    return {"gain_vs_http_low": gain.low, "gain_vs_http_high": gain.high}
 
 
 def series(table: Sequence[Mapping[str, Any]], key: str, metric: str, design: str) -> tuple[list[Any], list[float]]:

@@ -50,9 +50,9 @@ def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys
     assert rows[0]["residual"] == pytest.approx(rows[0]["measured_gain"] - rows[0]["published_gain"])
     assert rows[1]["metric"] == "ttft" and rows[1]["implied_vs_calibration"] == "-"  # TTFT is not held to an e2e figure
     check = rows[1]
-    assert check["verdict"] == published.verdict(check["published_gain"], check["measured_gain"], (check["gain_90_low"], check["gain_90_high"]))
+    assert check["verdict"] == published.verdict(check["published_gain"], check["measured_gain"], (check["gain_low"], check["gain_high"]))
     for r in rows:
-        assert r["implied_ms_per_turn"] > 0 and r["gain_90_low"] <= r["measured_gain"] <= r["gain_90_high"]
+        assert r["implied_ms_per_turn"] > 0 and r["gain_low"] <= r["measured_gain"] <= r["gain_high"]
     assert [t["tok_s"] for t in result["trends"]] == [65.0, 1000.0, 4000.0]
     printed = capsys.readouterr().out
     assert "Verdict rule:" in printed and "By construction, not evidence" in printed and "Calibration residual" in printed

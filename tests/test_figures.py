@@ -3,6 +3,7 @@ names regenerates every committed figure; and the figures the docs embed are com
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -34,9 +35,16 @@ def test_every_embedded_figure_is_committed_under_docs_figures(page):
 @pytest.mark.slow
 def test_the_figures_command_regenerates_every_figure_at_smoke_size(tmp_path, monkeypatch):
     monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "results"))
+    readme = (REPO / "README.md").read_text()
     assert cli_main(["figures", "--smoke", "--out", str(tmp_path / "figures")]) == 0
     written = sorted(p.name for p in (tmp_path / "figures").iterdir())
-    assert written == sorted(["compare.png", *figures.NOTEBOOK_PICTURES])
+    data = ["compare.json", "published.json", "notebook_latency_sweeps.json"]  # the numbers behind the figures
+    assert written == sorted(["compare.png", *figures.NOTEBOOK_PICTURES, *data])
     for name in written:
-        data = (tmp_path / "figures" / name).read_bytes()
-        assert data[:8] == PNG and 10_000 < len(data) < 400_000, name
+        content = (tmp_path / "figures" / name).read_bytes()
+        if name in data:
+            section = json.loads(content)
+            assert section["name"] == name.removesuffix(".json") and section["figures"], name
+        else:
+            assert content[:8] == PNG and 10_000 < len(content) < 400_000, name
+    assert (REPO / "README.md").read_text() == readme  # a smoke run's numbers are not quoted

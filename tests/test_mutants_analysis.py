@@ -139,6 +139,8 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
     assert [(r["tok_s"], r["design"]) for r in table] == [
         (65, "chained"), (1000, "http"), (1000, "chained"), (1000, "suspended"), (1000, "other")]
     suspended = table[3]
+    # http ran other tasks than suspended here: no interval for the gain (one needs the same tasks).
+    assert math.isnan(suspended.pop("gain_vs_http_low")) and math.isnan(suspended.pop("gain_vs_http_high"))
     assert suspended == pytest.approx({
         "tok_s": 1000, "design": "suspended", "tasks": 2, "e2e_mean_s": 4.5, "e2e_p50_s": 4.5,
         "speedup_vs_http": 12.0 / 9.0, "gain_vs_http": 1 - 9.0 / 12.0, "ttft_p50_ms": 400.0,
@@ -153,6 +155,19 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
     alone = table[0]  # no http row at 65 tokens/s
     assert math.isnan(alone["speedup_vs_http"]) and math.isnan(alone["gain_vs_http"])
     assert alone["ttft_p50_ms"] == pytest.approx(200.0)
+
+
+def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same_tasks():
+    rows = [{**a_sweep_row(1, "http", e, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"} for i, e in enumerate((10.0, 20.0, 40.0))]
+    rows += [{**a_sweep_row(1, "chained", e * f, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"}
+             for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0), (0.5, 0.7, 0.9)))]
+    chained = analysis.sweep_table(rows, "tok_s")[1]
+    assert chained["gain_vs_http"] == pytest.approx(1 - 55 / 70)
+    assert 0.1 - 1e-9 <= chained["gain_vs_http_low"] < chained["gain_vs_http"] < chained["gain_vs_http_high"] <= 0.5  # the per-task gains
+    halved = [{**r, "e2e_s": r["e2e_s"] / 2} if r["design"] == "chained" else r for r in rows[:3]] + [
+        {**r, "e2e_s": rows[i]["e2e_s"] / 2} for i, r in enumerate(rows[3:])]
+    twice = analysis.sweep_table(halved, "tok_s")[1]
+    assert (twice["gain_vs_http_low"], twice["gain_vs_http"], twice["gain_vs_http_high"]) == (0.5, 0.5, 0.5)
 
 
 def test_sweep_table_p50_is_the_median_not_the_mean():

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from prototype import figures, metrics  # noqa: E402
+from prototype import benchmark, figures, metrics  # noqa: E402
 from prototype.analysis import NETWORK_CLIENT, PAUSE, PAUSE_STATE, TOOL  # noqa: E402
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, TurnRecord  # noqa: E402
 
@@ -256,6 +256,17 @@ def test_a_sweep_is_one_line_per_design_in_its_order(ax):
     plt.close(fig)
 
 
+def test_a_sweep_draws_each_points_interval_where_the_table_has_one(ax):
+    table = [{"x": 1, "design": CHAINED, "g": 0.3, "g_low": 0.2, "g_high": 0.5},
+             {"x": 2, "design": CHAINED, "g": 0.4, "g_low": 0.35, "g_high": 0.42},
+             {"x": 1, "design": "http", "g": 0.0, "g_low": float("nan"), "g_high": float("nan")}]
+    figures.sweep_plot(ax, table, "x", "g")
+    (whiskers,) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]  # http's has no interval
+    assert [[tuple(round(float(v), 9) for v in p) for p in seg] for seg in whiskers.lines[2][0].get_segments()] == [
+        [(1.0, 0.2), (1.0, 0.5)], [(2.0, 0.35), (2.0, 0.42)]]
+    assert to_hex(whiskers.lines[2][0].get_color()[0]) == figures.DESIGN_COLORS[CHAINED]
+
+
 def test_a_log_axis_is_labelled_in_plain_numbers(ax):
     figures.log_axis(ax)
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "linear")
@@ -273,12 +284,13 @@ def test_a_log_axis_is_labelled_in_plain_numbers(ax):
 
 PUBLISHED = [
     {"result": "first", "role": "check", "published_gain": 0.4, "measured_gain": 0.3, "implied_ms_per_turn": 50.0,
-     "testbed_ms_per_turn": 40.0},
+     "testbed_ms_per_turn": 40.0, "gain_low": 0.24, "gain_high": 0.33},
     {"result": "a calibration result whose name is long enough to wrap over more than one line of the axis",
      "role": "calibration", "published_gain": 0.2, "measured_gain": 0.25, "implied_ms_per_turn": 100.0,
      "testbed_ms_per_turn": 90.0},
 ]
-TRENDS = [{"tok_s": 65, "gain_chained_vs_http": 0.1}, {"tok_s": 1000, "gain_chained_vs_http": 0.3}]
+TRENDS = [{"tok_s": 65, "gain_chained_vs_http": 0.1, "gain_low": 0.05, "gain_high": 0.12},
+          {"tok_s": 1000, "gain_chained_vs_http": 0.3, "gain_low": 0.28, "gain_high": 0.31}]
 
 
 def test_the_published_results_panels():
@@ -293,7 +305,12 @@ def test_the_published_results_panels():
     assert [t.get_text() for t in left.get_yticklabels()] == [
         "0: first", "1: a calibration result whose name\nis long enough to wrap over more\nthan [...]"]
     assert (left.get_xlabel(), left.get_title()) == ("gain, % (1 - design / baseline)", "Published vs testbed gain")
-    assert [t.get_text() for t in left.get_legend().get_texts()] == ["published", "testbed", "calibration row"]
+    assert [t.get_text() for t in left.get_legend().get_texts()] == ["published", "testbed", "calibration row",
+                                                                   "testbed's 95% interval (tasks)"]
+    # The measured gain's interval as a whisker on its bar; a row without one (the calibration's single task) has none.
+    (bars_,) = [c for c in left.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert [[tuple(round(float(v), 9) for v in point) for point in seg] for seg in bars_.lines[2][0].get_segments()] == [
+        [(24.0, 0.81), (33.0, 0.81)], [(25.0, -0.19), (25.0, -0.19)]]
     assert [p[:4] for p in rectangles(middle)[:4]] == [
         (0.0, 50.0, 1.0, 0.38), (0.0, 100.0, 0.0, 0.38), (0.0, 40.0, 0.62, 0.38), (0.0, 90.0, -0.38, 0.38)]
     band = [p for p in middle.patches if to_hex(p.get_facecolor()) == "#2ca02c"]
@@ -305,8 +322,11 @@ def test_the_published_results_panels():
     assert (middle.get_xlabel(), middle.get_title()) == ("ms per turn (per first token for TTFT rows)", "Overhead the published gain implies")
     assert [t.get_text() for t in middle.get_legend().get_texts()] == [
         "implied by the published gain", "removed in the testbed", "calibration's implied value, x/÷3"]
-    (line,) = right.lines
+    line = right.lines[0]  # then the whiskers' caps
     assert (list(line.get_xdata()), list(line.get_ydata()), line.get_marker()) == ([65, 1000], [10.0, 30.0], "s")
+    (trend_bars,) = [c for c in right.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert [[tuple(round(float(v), 9) for v in point) for point in seg] for seg in trend_bars.lines[2][0].get_segments()] == [
+        [(65.0, 5.0), (65.0, 12.0)], [(1000.0, 28.0), (1000.0, 31.0)]]
     assert right.get_xscale() == "log" and right.get_ylim()[0] == 0
     assert (right.get_xlabel(), right.get_ylabel(), right.get_title()) == (
         "decode speed (tokens/s)", "chained vs http gain, %", "Direction check: gain by decode speed")
@@ -334,7 +354,7 @@ def test_the_published_results_panels_are_lettered_layered_and_gridded():
     legend = left.get_legend()
     assert placement(legend)[:4] == (1, None, 1, {7.0})
     assert [(to_hex(h.get_facecolor()), to_hex(h.get_edgecolor(), keep_alpha=True), h.get_hatch())
-            for h in legend.legend_handles] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
+            for h in legend.legend_handles[:3]] == [(grey, grey + "ff", None), (blue, blue + "ff", None), ("#ffffff", "#000000ff", "//")]
     (band,) = middle.patches[4:]
     assert (to_hex(band.get_facecolor(), keep_alpha=True), band.get_alpha(), band.get_zorder()) == (green + "26", 0.15, 0)
     assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))
@@ -346,7 +366,7 @@ def test_the_published_results_panels_are_lettered_layered_and_gridded():
     assert [t.get_text() for t in legend.get_texts()][2] == "calibration's implied value, x/÷2"
     assert [(to_hex(h.get_facecolor(), keep_alpha=True), h.get_alpha()) for h in legend.legend_handles] == [
         (grey + "ff", None), (blue + "ff", None), (green + "4c", 0.3)]
-    (trend,) = right.lines
+    trend = right.lines[0]
     assert to_hex(trend.get_color()) == blue
     assert grids(left) == ((True, 0.3, 0, False), (False, None, None, False))
     assert grids(middle) == ((True, 0.3, 0, False), (False, None, None, False))
@@ -416,8 +436,8 @@ def test_the_compare_figure_shows_each_design_at_each_speed(tmp_path, kept, save
     e2e_ax, ttft_ax, bytes_ax, api_ax, turn_ax = fig.axes
     assert fig._suptitle.get_text() == "compare: W, n = 1, 3 tasks per design and speed, C"
     assert [(a.get_title(), a.get_ylabel()) for a in (e2e_ax, ttft_ax, bytes_ax, api_ax)] == [
-        ("End to end per task: p50 bar, p90 whisker, dots = tasks", "seconds per task"),
-        ("Time to first token per turn: p50, p90 whisker", "ms per turn"),
+        ("End to end per task: mean, 95% interval, tasks", "seconds per task"),
+        ("Time to first token per turn: median, 95% interval", "ms per turn"),
         ("Bytes sent per turn (client to server)", "kB per turn"),
         ("Where the API's time goes per turn (total on top); tool time is on the right", "ms per turn")]
     for a in (e2e_ax, ttft_ax, bytes_ax, api_ax):
@@ -426,7 +446,7 @@ def test_the_compare_figure_shows_each_design_at_each_speed(tmp_path, kept, save
     # Two designs, two speeds: http at -0.2 (65 only), chained at +0.2; bars 0.4 wide.
     assert [(round(p.get_x(), 6), round(p.get_width(), 6)) for p in e2e_ax.patches] == [
         (-0.4, 0.4), (0.6, 0.4), (0.0, 0.4), (1.0, 0.4)]
-    assert heights(e2e_ax)[0] == 20.0 and heights(e2e_ax)[2:] == [5.0, 2.0]
+    assert heights(e2e_ax)[0] == 20.0 and heights(e2e_ax)[2:] == [5.0, pytest.approx(101.8)]  # the mean task
     assert heights(ttft_ax)[0] == pytest.approx(200.0) and heights(ttft_ax)[2:] == pytest.approx([200.0, 50.0])
     assert heights(bytes_ax)[0] == 2.0 and heights(bytes_ax)[2:] == [0.5, 0.5]
     assert [t.get_text() for t in bytes_ax.texts] == ["2", "0", "0", "0"]
@@ -436,9 +456,12 @@ def test_the_compare_figure_shows_each_design_at_each_speed(tmp_path, kept, save
     assert [t.get_text() for t in api_ax.texts] == ["6", "0", "3", "6"]
     assert [t.get_text() for t in api_ax.get_legend().get_texts()] == list(figures.API_PHASES)
     assert [p.get_hatch() for p in api_ax.get_legend().legend_handles] == [figures.PHASE_HATCHES[p] for p in figures.API_PHASES]
-    # Every task a dot below the scale's top (1.3 x the highest p90); the 1000 s task a triangle at the top, with its value.
+    # Every task a dot below the scale's top (1.15 x the highest end of an interval); the 1000 s task a triangle at the
+    # top, with its value.
     top = e2e_ax.get_ylim()[1]
-    assert top == pytest.approx(1.3 * max(np.percentile([10.0, 20.0, 30.0], 90), np.percentile([1000.0] + [2.0] * 9, 90)))
+    highest = max(benchmark.estimates([r for r in rows if (r["design"], r["decode_tps"]) == point], None)["e2e_mean_s"].high
+                  for point in (("http", 65), (CHAINED, 1000)))
+    assert top == pytest.approx(1.15 * highest) and top < 1000.0
     assert [t.get_text() for t in e2e_ax.texts] == ["1000"]
     assert e2e_ax.texts[0].xy == pytest.approx((1.2, top))
     assert (turn_ax.get_title(), turn_ax.get_xlabel()) == ("A turn's time at 1000 tok/s", "seconds per turn")

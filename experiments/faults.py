@@ -32,16 +32,18 @@ conversation is item for item the fault-free one (the retries lost and repeated 
 
 from __future__ import annotations
 
-import statistics
+import json
+import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 import trio
 
-from prototype import benchmark, netem, sweep, virtual
+from prototype import benchmark, netem, sweep, uncertainty, virtual
 from prototype import workload as wl
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
@@ -55,7 +57,7 @@ from prototype.netem.faults import NO_FAULTS, LinkFaults
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 
-from .common import experiment_parser, report
+from .common import experiment_parser, print_table, run_dir, write_csv
 
 # Designs, with the two ways to keep a conversation: in the connection (chained, suspended) or a store.
 DESIGNS = ("http", "http-stored", CHAINED, "chained-stored", SUSPENDED)
@@ -167,28 +169,60 @@ def fault_records(run: FaultRun) -> list[dict[str, Any]]:
     } for r in records]
 
 
+# A ratio between two cells is stated only where each rests on at least this many fault events: the exact
+# Poisson interval of 30 events spans 20-43, -33% to +43% of the count; fewer events give a wider one.
+MIN_EVENTS = 30
+# The ratios docs/results.md states: what the first design's faults cost over the second's, on the same tasks.
+RATIOS = ((SUSPENDED, CHAINED), (CHAINED, "http"))
+DEFAULT_TASKS = 6
+
+
+def faults_met(row: dict[str, Any]) -> int:
+    """The failures a task's client met: each run of consecutive failures (a connection lost other than by a clean
+    close, or a response that failed) counts once, whether the client recovered from it, fell back to HTTP after
+    it, or gave up on it. An HTTP client's kept-alive connection found closed before its request is no failure:
+    the request goes out on a new connection at once, as after the server's idle timeout."""
+    return len(row["recovery_s"]) + int(row["fell_back"]) + int(row["status"] != "completed")
+
+
+def time_lost(row: dict[str, Any], clean: dict[str, Any]) -> float:
+    """What the faults cost the task: its end-to-end time minus the same task's without faults (same design and
+    policy). A task that did not complete (its client gave up) is charged all the time it ran: the user then starts
+    it again, which takes the fault-free time again (a rerun assumed to meet no fault), so what the faults cost is
+    the time until the give-up. Give-ups are never left out, which would make a client that gives up look cheap."""
+    if row["status"] != "completed":
+        return row["e2e_s"]
+    return row["e2e_s"] - clean["e2e_s"]
+
+
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (design, fault, policy), against the same design and policy with no fault."""
+    """One row per (design, fault, policy) against the same design and policy with no fault: counts over tasks
+    with their exact intervals (faults and reconnects per task: Poisson; give-ups: binomial), means over tasks with
+    a bootstrap interval over the tasks, the recovery median with one over the recoveries."""
     baseline = {(r["design"], r["policy"], r["task"]): r for r in rows if r["fault"] == "none"}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["design"], row["fault"], row["policy"]), []).append(row)
     table = []
     for (design, fault, policy), group in groups.items():
-        done = [r for r in group if r["status"] == "completed"]
-        clean = [baseline.get((design, policy, r["task"])) for r in done]
-        lost = [r["e2e_s"] - b["e2e_s"] for r, b in zip(done, clean) if b is not None]
+        clean = [baseline[(design, policy, r["task"])] for r in group]
+        done = [(r, b) for r, b in zip(group, clean) if r["status"] == "completed"]
+        lost = [time_lost(r, b) for r, b in zip(group, clean)]
         recovery = [s for r in group for s in r["recovery_s"]]
+        tasks = len(group)
         table.append({
-            "design": design, "fault": fault, "policy": policy, "tasks": len(group),
-            "failed": len(group) - len(done),
-            "reconnects_per_task": statistics.fmean(r["reconnects"] for r in group),
-            "time_lost_per_task_s": statistics.fmean(lost) if lost else float("nan"),
-            "resent_kb_per_task": statistics.fmean(r["resent_bytes"] for r in group) / 1000,
-            "recovery_p50_s": float(np.percentile(recovery, 50)) if recovery else float("nan"),
+            "design": design, "fault": fault, "policy": policy, "tasks": tasks,
+            "faults": (events := sum(faults_met(r) for r in group)),
+            "faults_per_task": uncertainty.events_per(events, tasks),
+            "gave_up": uncertainty.rate(tasks - len(done), tasks, of="tasks"),
+            "time_lost_s": uncertainty.bootstrap(lost),
+            "reconnects_per_task": uncertainty.events_per(sum(r["reconnects"] for r in group), tasks, of="reconnects"),
+            "resent_kb": uncertainty.bootstrap([r["resent_bytes"] / 1000 for r in group]),
+            "recovery_p50_s": uncertainty.bootstrap(recovery, np.median, of="recoveries"),
             "recovery_max_s": max(recovery) if recovery else float("nan"),
             "fell_back": sum(1 for r in group if r["fell_back"]),
-            "same_conversation": sum(1 for r, b in zip(done, clean) if b is not None and r["transcript"] == b["transcript"]),
+            "same_conversation": sum(1 for r, b in done if r["transcript"] == b["transcript"]),
+            "lost_by_task": dict(zip((r["task"] for r in group), lost)),
         })
     order = {d: i for i, d in enumerate(DESIGNS)}
     faults = list(FAULT_MODELS)
@@ -196,13 +230,158 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-COLUMNS = ("fault", "policy", "design", "tasks", "failed", "reconnects_per_task", "time_lost_per_task_s", "resent_kb_per_task",
-           "recovery_p50_s", "recovery_max_s", "fell_back", "same_conversation")
+def ratios(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each fault and policy, the time lost of each pair in `RATIOS` (first over second): the ratio of the two
+    designs' total time lost on the same tasks, with a paired bootstrap interval over the tasks. `events` is the
+    smaller of the two cells' fault counts; `carried` says whether the pair's statement stands: both cells rest on
+    at least `MIN_EVENTS` faults and the interval lies above 1 ("more"), below it ("less"), or neither."""
+    cells = {(r["design"], r["fault"], r["policy"]): r for r in table}
+    out = []
+    for row in table:
+        for first, second in RATIOS:
+            other = cells.get((second, row["fault"], row["policy"]))
+            if row["design"] != first or row["fault"] == "none" or other is None:
+                continue
+            tasks = sorted(set(row["lost_by_task"]) & set(other["lost_by_task"]))
+            mine, theirs = [row["lost_by_task"][t] for t in tasks], [other["lost_by_task"][t] for t in tasks]
+            if sum(theirs) > 0:
+                ratio = uncertainty.paired_bootstrap(mine, theirs, _ratio_of_totals, of="tasks")
+            else:  # the second design lost no time: no ratio
+                ratio = uncertainty.Estimate(math.nan, math.nan, math.nan, len(tasks), "tasks", "paired bootstrap")
+            events = min(row["faults"], other["faults"])
+            out.append({"fault": row["fault"], "policy": row["policy"], "pair": f"{first} / {second}", "ratio": ratio,
+                        "events": events, "carried": verdict(ratio, events)})
+    return out
+
+
+def _ratio_of_totals(first: np.ndarray, second: np.ndarray) -> float:
+    return float(first.sum() / second.sum())
+
+
+def verdict(ratio: uncertainty.Estimate, events: int) -> str:
+    """Whether a ratio of time lost carries a statement: "more" or "less" where the interval excludes 1 and both
+    cells rest on `MIN_EVENTS` faults, "not separated" where the interval holds 1, "too few faults" otherwise."""
+    if events < MIN_EVENTS:
+        return f"too few faults (< {MIN_EVENTS})"
+    if ratio.has_interval and ratio.low > 1:
+        return "more"
+    if ratio.has_interval and ratio.high < 1:
+        return "less"
+    return "not separated"
+
+
+COLUMNS = ("fault", "policy", "design", "tasks", "faults", "faults_per_task", "gave_up", "time_lost_s", "resent_kb",
+           "reconnects_per_task", "recovery_p50_s", "recovery_max_s", "fell_back", "same_conversation")
+def count_and_share(estimate: uncertainty.Estimate) -> str:
+    """A rate as its count of the trials and the interval of its share: `0 [0%, 5%]`."""
+    if not estimate.n:
+        return "-"
+    return f"{round(estimate.value * estimate.n)} [{estimate.low:.0%}, {estimate.high:.0%}]"
+
+
+FORMATS = {
+    "faults_per_task": lambda e: e.format("{:.2f}"),
+    "gave_up": count_and_share,
+    "time_lost_s": lambda e: e.format("{:.2f}"),
+    "resent_kb": lambda e: e.format("{:.0f}"),
+    "reconnects_per_task": lambda e: e.format("{:.2f}"),
+    "recovery_p50_s": lambda e: e.format("{:.2f}") if e.n else "-",
+}
+
+
+def csv_rows(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table as flat CSV rows: each estimate as its value with `_low`, `_high` and `_n` beside it."""
+    out = []
+    for row in table:
+        flat: dict[str, Any] = {}
+        for key, value in row.items():
+            if isinstance(value, uncertainty.Estimate):
+                flat.update({key: value.value, f"{key}_low": value.low, f"{key}_high": value.high, f"{key}_n": value.n})
+            elif key != "lost_by_task":
+                flat[key] = value
+        out.append(flat)
+    return out
+
+
+def figure(estimate: uncertainty.Estimate, template: str, label: str) -> dict[str, Any]:
+    """A figure of the results JSON's headline section: the estimate, how it prints and what it measures."""
+    return {**estimate.as_dict(), "format": template, "scale": 1.0, "label": label}
+
+
+def headline(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, name: str, command: str,
+             workload: str) -> dict[str, Any]:
+    """What the docs quote, as data: every cell's time lost, faults per task, give-ups and bytes resent, every ratio,
+    and the two tables docs/results.md prints (time lost per cell, ratios), each per policy."""
+    figures: dict[str, dict[str, Any]] = {}
+    for row in table:
+        key = f"{row['fault']}.{row['policy']}.{row['design']}"
+        where = f"{row['design']} under {row['fault']} with {row['policy']}'s reconnects"
+        figures[f"{key}.time_lost"] = figure(row["time_lost_s"], "{:.2f} s", f"time lost per task, {where} (give-ups charged)")
+        figures[f"{key}.faults_per_task"] = figure(row["faults_per_task"], "{:.2f}", f"faults met per task, {where}")
+        figures[f"{key}.gave_up"] = figure(row["gave_up"], "{:.0%}", f"tasks given up, {where}")
+        figures[f"{key}.resent_kb"] = figure(row["resent_kb"], "{:.0f} KB", f"kilobytes resent per task, {where}")
+    for pair in pairs:
+        first, second = pair["pair"].split(" / ")
+        figures[f"{pair['fault']}.{pair['policy']}.{first}_over_{second}"] = figure(
+            pair["ratio"], "{:.2f}x", f"time lost, {first} over {second}, under {pair['fault']} with {pair['policy']}'s "
+            f"reconnects; the cells rest on {pair['events']}+ faults; {pair['carried']}")
+    tables: dict[str, dict[str, Any]] = {}
+    designs = [d for d in DESIGNS if any(r["design"] == d for r in table)]
+    for policy in dict.fromkeys(r["policy"] for r in table):
+        cells = {(r["fault"], r["design"]): r for r in table if r["policy"] == policy and r["fault"] != "none"}
+        faults = list(dict.fromkeys(f for f, _ in cells))
+        tables[f"time_lost.{policy}"] = {"columns": ["fault", *designs], "rows": [
+            [fault, *(_cell(cells.get((fault, d))) for d in designs)] for fault in faults]}
+        mine = [p for p in pairs if p["policy"] == policy]
+        names = list(dict.fromkeys(p["pair"] for p in mine))
+        by = {(p["fault"], p["pair"]): p for p in mine}
+        tables[f"ratios.{policy}"] = {"columns": ["fault", *names], "rows": [
+            [fault, *(_ratio_cell(by.get((fault, n))) for n in names)] for fault in dict.fromkeys(p["fault"] for p in mine)]}
+    return {"name": name, "command": command, "workload": workload, "figures": figures, "tables": tables, "data": None}
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    """A docs table's cell: time lost per task with its interval, and the faults it rests on."""
+    if row is None:
+        return "-"
+    gave_up = round(row["gave_up"].value * row["tasks"])
+    return (f"{row['time_lost_s'].format('{:.2f}')} s; {row['faults']} faults"
+            + (f"; {gave_up} gave up" if gave_up else ""))
+
+
+def _ratio_cell(pair: dict[str, Any] | None) -> str:
+    if pair is None:
+        return "-"
+    return f"{pair['ratio'].format('{:.2f}')}: {pair['carried']}"
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command that makes these figures: the options that change them (the runner's do not)."""
+    runner = {"--jobs", "--cluster"}
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in runner:
+            skip = True
+        elif arg not in ("--in-process", "--no-cache") and not arg.startswith(("--jobs=", "--cluster=")):
+            kept.append(arg)
+    return " ".join(["python -m experiments.faults", *kept])
+
+
+def write_headline(path: Path, table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], args: Any,
+                   argv: Sequence[str]) -> Path:
+    """results/faults/<timestamp>/faults.json: the headline section the docs' figures are taken from."""
+    section = headline(table, pairs, name=path.stem, command=command_line(argv),
+                       workload=f"{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time")
+    path.write_text(json.dumps({"headline": section}, indent=1) + "\n")
+    return path
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    parser.add_argument("--tasks", type=int, default=6, help="coding tasks per design (default 6)")
+    parser.add_argument("--tasks", type=int, default=DEFAULT_TASKS, help=f"coding tasks per design (default {DEFAULT_TASKS})")
     parser.add_argument("--turns", type=int, default=None, help="fix the turns per task (default: drawn from the preset)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--speed", type=float, default=1000.0, help="decode tokens/s (default 1000)")
@@ -213,6 +392,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="reconnect policies (default openai-python codex)")
     parser.add_argument("--csv", default="faults.csv", help="file name under results/ (default faults.csv)")
     sweep.add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     config = benchmark.BenchConfig(n_tasks=args.tasks, seed=args.seed, fixed_turns=args.turns)
     faults = ["none", *[f for f in args.faults if f != "none"]]
@@ -222,9 +402,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         results = runner.map(fault_records, grid, desc="faults", first=lambda run: run.fault.restart_every_s > 0)
     rows = [row for rows in results for row in rows]
     table = summarize(rows)
-    print(f"\n{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time; "
-          f"time lost = end-to-end time minus the same task's without faults")
-    report(table, args.csv, COLUMNS)
+    print(f"\n{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time. Each figure: value "
+          f"[95% interval]; faults per task and reconnects per task exact Poisson, gave_up exact binomial (count "
+          f"[share interval]), time lost and resent KB a bootstrap over the tasks, the recovery median one over the "
+          f"recoveries. time lost = end-to-end time minus the same task's without faults; a task that gave up is charged "
+          f"all the time it ran (it must be run again)")
+    print_table(table, COLUMNS, FORMATS)
+    path = run_dir(Path(args.csv).stem) / args.csv
+    write_csv(path, csv_rows(table))
+    print(f"wrote {path}")
+    pairs = ratios(table)
+    if pairs:
+        print(f"\nTime lost, one design over another on the same tasks (paired bootstrap over the tasks); a statement "
+              f"stands where both cells rest on at least {MIN_EVENTS} faults and the interval excludes 1:")
+        print_table(pairs, ("fault", "policy", "pair", "ratio", "events", "carried"), formats={"ratio": lambda e: e.format("{:.2f}")})
+    thin = sorted({r["fault"] for r in pairs if r["events"] < MIN_EVENTS})
+    if thin:
+        print(f"\nNot for conclusions: at {args.tasks} tasks the ratios under {', '.join(thin)} rest on fewer than "
+              f"{MIN_EVENTS} faults in a cell.")
+    print(f"wrote {write_headline(path.with_suffix('.json'), table, pairs, args, argv)}")
     print("\nFault models [assumed rates]:")
     for name in faults:
         print(f"  {name:<13} {describe(FAULT_MODELS[name])}")

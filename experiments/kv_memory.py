@@ -344,10 +344,13 @@ def headline(summary: list[dict], ratios: list[dict], *, name: str, command: str
             f"ahead in {ratio['ahead']} of {ratio['seeds']}")
     for agents in sorted({row["agents"] for row in summary}):
         tables[f"throughput.{agents}"] = {
-            "columns": ["design", "policy", "tasks/h", "seeds' range", "e2e p50 (s)", "e2e p90 (s)", "prefill recomputed"],
+            "columns": ["design", "policy", "tasks/h", "seeds' range", "e2e p50 (s)", "e2e p90 (s)", "wait for admission (s/call)",
+                        "prefill recomputed", "mean KV (GiB)", "swapped (GiB)", "preempted", "evicted"],
             "rows": [[row["design"], row["policy"], row["tasks_per_hour"].format("{:.0f}"),
                       f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}", row["e2e_p50_s"].format("{:.0f}"),
-                      row["e2e_p90_s"].format("{:.0f}"), row["recomputed_share"].scaled(100).format("{:.0f}%")]
+                      row["e2e_p90_s"].format("{:.0f}"), row["mean_queue_s"].format("{:.1f}"),
+                      row["recomputed_share"].scaled(100).format("{:.0f}%"), row["mean_kv_gib"].format("{:.1f}"),
+                      row["swap_gib"].format("{:,.0f}"), row["preempted"].format("{:.0f}"), row["evicted"].format("{:.0f}")]
                      for row in summary if row["agents"] == agents]}
         mine = [r for r in ratios if r["agents"] == agents]
         if mine:
@@ -472,13 +475,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sweep.add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    workload = f"compact, {args.turns} turns a task, seed {args.seed}; every agent starts at t = 0"
     if args.replot:
         folder = latest_dir("kv_memory")
         rows = read_rows(folder / f"{args.output}.csv")
-        plot(rows, folder / f"{args.output}.png")
+        made = folder / f"{args.output}.json"
+        if made.exists():  # the run's own command and workload, not the replot's
+            before = json.loads(made.read_text())["headline"]
+            command, workload = before["command"], before["workload"]
+        else:
+            command = command_line([a for a in argv if a != "--replot"])
+        write_outputs(rows, folder, args.output, command=command, workload=workload)
         return rows
     folder = run_dir("kv_memory")
-    csv_path, png_path = folder / f"{args.output}.csv", folder / f"{args.output}.png"
+    csv_path = folder / f"{args.output}.csv"
 
     for knob, value, source in parameters(args):
         print(f"  {knob:<20} {value:<40} {source}")
@@ -499,17 +509,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         row["budget_tokens"] = args.budget
     print_table(rows, TABLE)
-    summary, ratios = over_seeds(rows), throughput_ratios(rows)
-    print_summary(summary, ratios, args.scheduler_seeds)
     write_csv(csv_path, rows)
-    write_csv(folder / f"{args.output}_seeds.csv", flat(summary))
-    section = headline(summary, ratios, name=args.output, command=command_line(argv),
-                       workload=f"compact, {args.turns} turns a task, seed {args.seed}; every agent starts at t = 0")
-    json_path = folder / f"{args.output}.json"
-    json_path.write_text(json.dumps({"headline": section}, indent=1) + "\n")
-    plot(rows, png_path)
-    print(f"wrote {csv_path}, {json_path.name} and {png_path.name}")
+    write_outputs(rows, folder, args.output, command=command_line(argv), workload=workload)
     return rows
+
+
+def write_outputs(rows: list[dict], folder, output: str, *, command: str, workload: str) -> None:
+    """From the runs' rows: the tables over the seeds printed, <output>_seeds.csv, <output>.json (the headline
+    figures) and <output>.png."""
+    summary, ratios = over_seeds(rows), throughput_ratios(rows)
+    print_summary(summary, ratios, sorted({row["scheduler_seed"] for row in rows}))
+    write_csv(folder / f"{output}_seeds.csv", flat(summary))
+    section = headline(summary, ratios, name=output, command=command, workload=workload)
+    (folder / f"{output}.json").write_text(json.dumps({"headline": section}, indent=1) + "\n")
+    plot(rows, folder / f"{output}.png")
+    print(f"wrote {output}.csv, {output}_seeds.csv, {output}.json and {output}.png in {folder}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from .api.service import ApiService
 from .client.connect import Connector, InMemoryConnector, TcpConnector
 from .client.harness import CHAINED, SUSPENDED, RolloutRecord
 from .client.http import STATELESS, STORED, run_http_rollout
-from .client.reconnect import OPENAI_PYTHON, ReconnectPolicy
+from .client.reconnect import CODEX, ReconnectPolicy
 from .client.reconnecting import run_reconnecting_rollout
 from .clock import PreciseClock
 from .engine import latency
@@ -76,7 +76,10 @@ class BenchConfig:
     latency: latency.LatencyModel = latency.LatencyModel()  # prefill and engine overhead (decode: per run)
     source: str | None = None  # where task_list came from (a trace), for the parameters table
     http_affinity: float = HTTP_AFFINITY  # docs/parameters.md §6 [assumed]: http turns routed back to their prefix
-    reconnect: ReconnectPolicy = OPENAI_PYTHON  # how the clients recover from a lost connection (client/reconnect.py)
+    # How the clients recover from a lost connection (client/reconnect.py). The workloads are a coding agent's, and
+    # Codex is the agent client: past the 60-minute limit it opens a new connection and resends the context. The
+    # openai-python SDK alone ends the task there (it reconnects only after its recoverable close codes).
+    reconnect: ReconnectPolicy = CODEX
 
     def tasks(self) -> list[wl.Workload]:
         if self.task_list is not None:
@@ -418,7 +421,7 @@ def parameters(config: BenchConfig) -> list[tuple[str, str, str]]:
         ("http connections", "kept alive" if config.keep_alive else "new per request", "[ours]"),
         ("v1 suspension TTL", f"{BENCH_SUSPENSION_TTL:g} s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
         ("delta coalescing", f"{config.flush_interval * 1000:g} ms", "[ours]: first token immediate"),
-        ("client reconnects", _describe_policy(config.reconnect), "prototype/client/reconnect.py: openai-python 3.57, Codex CLI"),
+        ("client reconnects", _describe_policy(config.reconnect), "prototype/client/reconnect.py: openai-python 3.63, Codex CLI"),
     ]
     if config.task_list is not None:  # explicit tasks (a trace): the generator's rows do not apply
         open_loop = bool(config.task_list) and all(t.arrival_s is not None for t in config.task_list)

@@ -15,9 +15,11 @@ So the same configuration gave one row alone and another after a different run i
 trio's deterministic mode (`_ALLOW_DETERMINISTIC_SCHEDULING`, the one importing Hypothesis turns on)
 sorts each batch by the order the tasks were spawned before shuffling it with that generator: the
 order then depends on the run's own history and the seed only. `run` turns it on and seeds the
-generator for the length of one `trio.run`, and puts both back afterwards. Both are module-level, so
-runs in threads of one process (a Dask cluster of threads) take turns: they share one interpreter lock
-anyway. Both are private, so a trio without them runs unseeded, and tests/test_sweep.py fails.
+generator for the length of one `trio.run`, and puts both back afterwards, whether the run returns or
+raises. Both are module-level, so runs in threads of one process (a Dask cluster of threads) take
+turns: they share one interpreter lock anyway. Both are private: a trio without them cannot be
+seeded, and `run` refuses to start (`UnseededScheduler`) rather than give rows that depend on the
+process.
 """
 
 from __future__ import annotations
@@ -35,14 +37,21 @@ T = TypeVar("T")
 _SCHEDULER = threading.Lock()
 
 
+class UnseededScheduler(RuntimeError):
+    """This trio lacks the private scheduler state a seeded run sets (`trio._core._run._r` and
+    `_ALLOW_DETERMINISTIC_SCHEDULING`, trio 0.35)."""
+
+
 @contextlib.contextmanager
 def seeded_scheduler(seed: int) -> Iterator[None]:
     """trio's order for tasks runnable at the same instant: a function of `seed` and the run alone."""
     run_module = trio._core._run
-    generator = getattr(run_module, "_r", None)
-    if generator is None or not hasattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING"):
-        yield
-        return
+    missing = next((name for name in ("_r", "_ALLOW_DETERMINISTIC_SCHEDULING") if not hasattr(run_module, name)), None)
+    if missing is not None:
+        raise UnseededScheduler(
+            f"trio {trio.__version__} has no trio._core._run.{missing}: its scheduler cannot be seeded, and a virtual run's "
+            "order of simultaneous tasks would depend on the process (prototype/virtual.py)")
+    generator = run_module._r
     state, deterministic = generator.getstate(), run_module._ALLOW_DETERMINISTIC_SCHEDULING
     generator.seed(seed)
     run_module._ALLOW_DETERMINISTIC_SCHEDULING = True

@@ -26,7 +26,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.designs.inject import InjectedOutputs
 from prototype.designs.sampling import ToolCall
-from prototype.protocol.inject import ROOT, InjectBook, ResponseInject, parse_inject
+from prototype.protocol.inject import ENDED_KEPT, ROOT, InjectBook, InjectRefused, ResponseInject, parse_inject
 from prototype.protocol.items import FunctionCall, FunctionCallOutput
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -148,8 +148,12 @@ async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_
         call = [e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"][0]
         wrong = [{"type": "function_call_output", "call_id": "call_404", "output": "x"}]
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": wrong + outputs_for([call])})
-        (failed,) = await until(conn, "response.inject.failed")
-        assert failed["error"]["code"] == "invalid_function_call_output"  # atomic: the good output was not committed either
+        # Not a reason `response.inject.failed` carries (its type allows two codes): an `error`, as the API answers the
+        # same output in a create, its message and param; atomic: the good output was not committed either.
+        (refused,) = await until(conn, "response.inject.failed")
+        assert refused == {"type": "error", "status": 400, "error": {
+            "type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input",
+            "message": "No tool call found for function call output with call_id call_404."}}
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
         rest = await until(conn, *TERMINALS)
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
@@ -351,6 +355,50 @@ async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_inco
     assert terminal["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+async def capped_subagents(subagents: int, cap: int) -> tuple[dict[str, float], float]:
+    """A response of `subagents` hosted agents, at most `cap` at once, every call answered 1 s after it came: when each
+    call came and when the response ended, from the create."""
+    started_at, calls, ended = trio.current_time(), {}, None
+
+    async def answer(conn, response_id: str, call: dict) -> None:
+        await trio.sleep(1.0)
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([call])})
+
+    async with beta_ws(make_server()) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": str(subagents)},
+                                      multi_agent={"enabled": True, "max_concurrent_subagents": cap}))
+        async with trio.open_nursery() as tools:
+            while ended is None:
+                with trio.fail_after(600):
+                    event = json.loads(await conn.get_message())
+                now = trio.current_time() - started_at
+                if event["type"] == "response.created":
+                    response_id = event["response"]["id"]
+                elif event["type"] == "response.output_item.done" and event["item"]["type"] == "function_call":
+                    calls[event["item"]["call_id"]] = now
+                    tools.start_soon(answer, conn, response_id, event["item"])
+                elif event["type"] in TERMINALS or event["type"] == "error":
+                    assert event["type"] == "response.completed", event
+                    ended = now
+    return calls, ended
+
+
+async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_run(autojump_clock):
+    first, first_took = await capped_subagents(1, 1)
+    (first_call,) = first.values()
+    # With a cap of one, agent1 starts when agent0 has ended: when its call came and when it ended, from then.
+    queued_calls, queued_took = await capped_subagents(2, 1)
+    assert queued_calls["call_agent0_2"] == pytest.approx(first_call, abs=1e-9) and queued_calls["call_agent1_2"] > first_took
+    call_after_start, runs = queued_calls["call_agent1_2"] - first_took, queued_took - first_took
+    calls, took = await capped_subagents(5, 2)
+    # All five run (more than the cap), two at a time: 0 and 1 together, 2 and 3 when those end, 4 after them.
+    assert sorted(calls) == [f"call_agent{i}_2" for i in range(5)]
+    assert [calls[f"call_agent{i}_2"] for i in range(5)] == pytest.approx(
+        [first_call, first_call, first_took + call_after_start, first_took + call_after_start, first_took + runs + call_after_start],
+        abs=1e-9)
+    assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
+
+
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 MALFORMED = [  # (label, frame without its type, code, message, param)
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
@@ -388,11 +436,16 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
     async def refused(conn, response_id: str, items: list) -> dict:
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
         (failed,) = [e for e in await until(conn, "response.inject.failed") if e["type"] == "response.inject.failed"]
-        assert failed["response_id"] == response_id and failed["input"] == items and failed["error"]["code"] != ""
+        assert failed["response_id"] == response_id and failed["input"] == items
+        assert failed["error"]["code"] in ("response_already_completed", "response_not_found")  # openai-python's type allows no other
         return failed["error"]
 
-    def invalid(message: str) -> dict:
-        return {"code": "invalid_function_call_output", "message": message}
+    async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
+        (*_, error) = await until(conn, "response.inject.failed")
+        assert (error["type"], error["status"], error["error"]["type"]) == ("error", 400, "invalid_request_error")
+        assert "stream_id" not in error  # the target runs on the default lane
+        return error["error"]["code"], error["error"]["message"], error["error"]["param"]
 
     async with beta_ws(server) as conn:
         assert await refused(conn, "resp_nope", [OUTPUT]) == {"code": "response_not_found", "message": "Response 'resp_nope' not found."}
@@ -411,20 +464,39 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         answer = outputs_for([first["item"]])
         call_id = first["item"]["call_id"]
         message = [{"type": "message", "role": "user", "content": "x"}]
-        assert await refused(conn, response_id, message) == invalid("Only function_call_output items can be injected, not 'message'.")
-        assert await refused(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == invalid(
-            f"No function call with call_id 'call_404' in response '{response_id}'.")
-        assert await refused(conn, response_id, answer + answer) == invalid(f"The function call '{call_id}' already has an output.")
+        assert await invalid(conn, response_id, answer + message) == (
+            "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
+        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
+            "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
+        assert await invalid(conn, response_id, answer + answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
         events = await timed_until(conn, "response.output_item.done")
         while not calls_done(events):
             events += await timed_until(conn, "response.output_item.done")
         # The response took the output and went on to its next call: the output is not taken again.
         assert events[0][1]["type"] == "response.inject.created"
-        assert await refused(conn, response_id, answer) == invalid(f"The function call '{call_id}' already has an output.")
+        assert await invalid(conn, response_id, answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         ((_, second),) = calls_done(events)
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": outputs_for([second["item"]])})
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
+
+
+async def test_an_inject_the_target_cannot_take_is_an_error_on_the_targets_lane(autojump_clock):
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT, stream_id="sub"))
+        events = await timed_until(conn, "response.output_item.done")
+        while not calls_done(events):
+            events += await timed_until(conn, "response.output_item.done")
+        response_id = events[0][1]["response"]["id"]
+        await send(conn, {"type": "response.inject", "response_id": response_id, "input": [{**OUTPUT, "call_id": "call_404"}]})
+        (*_, error) = await until(conn, "response.inject.failed")
+        assert error == {"type": "error", "status": 400, "stream_id": "sub", "error": {
+            "type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input",
+            "message": "No tool call found for function call output with call_id call_404."}}
+    assert [r["outcome"] for r in server.records if r["response_id"] is None] == ["error:invalid_function_call_output"]
 
 
 async def test_an_output_injected_before_the_response_waits_is_held_and_not_taken_twice(autojump_clock):
@@ -438,11 +510,28 @@ async def test_an_output_injected_before_the_response_waits_is_held_and_not_take
         answer = outputs_for([{**call, "status": "completed"}])
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})  # held, not yet taken
-        rest = await until(conn, *TERMINALS)
-    (failed,) = [e for e in rest if e["type"] == "response.inject.failed"]
-    assert failed["error"] == {"code": "invalid_function_call_output",
-                               "message": f"The function call '{call['call_id']}' already has an output."}
+        rest = await until(conn, *TERMINALS)  # to the second inject's error
+        rest += await until(conn, *TERMINALS)  # then on to the response's end
+    (refused,) = [e for e in rest if e["type"] == "error"]
+    assert refused["error"] == {"type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input[0]",
+                                "message": f"function_call_output for call_id '{call['call_id']}' answered twice."}
+    assert [e["type"] for e in rest].count("response.inject.created") == 1 and "response.inject.failed" not in [e["type"] for e in rest]
     assert rest[-1]["type"] == "response.completed"
+
+
+def test_the_book_remembers_the_last_256_ended_responses_and_forgets_the_oldest():
+    book = InjectBook()
+    for n in range(ENDED_KEPT + 1):  # more than 256 responses end on one connection
+        book.opened(f"resp_{n}", takes_input=True)
+        book.closed(f"resp_{n}")
+
+    def late(response_id: str):
+        return book.submit(parse_inject({"type": "response.inject", "response_id": response_id, "input": [OUTPUT]}), [])
+
+    assert ENDED_KEPT == 256
+    assert late(f"resp_{ENDED_KEPT}") == InjectRefused("response_already_completed", f"Response 'resp_{ENDED_KEPT}' has already completed.")
+    assert late("resp_1") == InjectRefused("response_already_completed", "Response 'resp_1' has already completed.")  # the oldest kept
+    assert late("resp_0") == InjectRefused("response_not_found", "Response 'resp_0' not found.")  # the oldest, forgotten
 
 
 # --- the waiting agent's backend (designs/inject.py), driven by the book as the session drives it ---------------------

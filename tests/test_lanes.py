@@ -158,6 +158,38 @@ async def test_the_17th_response_in_flight_is_queued_until_one_of_the_16_ends(au
     assert first_end > pre_inference
 
 
+async def test_a_stream_id_of_256_characters_the_longest_allowed_is_a_lane(autojump_clock):
+    server = make_server()
+    longest = "a" * 255 + "."  # letters, numbers, underscores, hyphens and periods, at most 256 (WS guide)
+    async with ws(server) as conn:
+        await send(conn, create_event(stream_id=longest, metadata=SHORT))
+        events = await until(conn, *TERMINALS)
+    assert [e["type"] for e in events if e["type"] in ("response.created", "response.completed", "error")] == [
+        "response.created", "response.completed"]
+    assert {e["stream_id"] for e in events} == {longest}
+
+
+async def test_the_16_in_flight_count_the_default_lane_too(autojump_clock):
+    server = make_server()
+    async with ws(server) as conn:
+        start = trio.current_time()
+        for n in range(16):  # 16 named lanes take the 16 places...
+            await send(conn, create_event(stream_id=f"lane{n}", metadata=SHORT))
+        events = []
+        while sum(e["type"] == "response.created" for _, e in events) < 16:
+            events += await timed_until(conn, "response.created")
+        await send(conn, create_event(metadata=SHORT))  # ...so a create with no stream_id, the default lane's, waits
+        while sum(e["type"] in TERMINALS for _, e in events) < 17:
+            events += await timed_until(conn, *TERMINALS)
+    created = {e.get("stream_id"): t - start for t, e in events if e["type"] == "response.created"}
+    completed = {e.get("stream_id"): t - start for t, e in events if e["type"] == "response.completed"}
+    assert len(completed) == 17 and not [e for _, e in events if e["type"] == "error"]
+    (pre_inference,) = {created[f"lane{n}"] for n in range(16)}
+    first_end = min(completed[f"lane{n}"] for n in range(16))
+    assert created[None] == pytest.approx(first_end + pre_inference, abs=1e-9)  # queued until one of the 16 ended
+    assert first_end > pre_inference
+
+
 async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
     server = make_server(config=ServerConfig(max_queued_creates=1))
     async with ws(server) as conn:

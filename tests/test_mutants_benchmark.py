@@ -141,7 +141,7 @@ DEFAULT_ROWS = [
     ("http connections", "kept alive", "[ours]"),
     ("v1 suspension TTL", "3600 s (default 300 s)", "vLLM RFC #52113 maximum; docs/protocol.md"),
     ("delta coalescing", "50 ms", "[ours]: first token immediate"),
-    ("client reconnects", "openai-python: 5 retries, backoff 0.5 s x2", "prototype/client/reconnect.py: openai-python 3.57, Codex CLI"),
+    ("client reconnects", "codex: 5 retries, backoff 0.2 s x2 then HTTP", "prototype/client/reconnect.py: openai-python 3.63, Codex CLI"),
 ]
 
 

@@ -447,7 +447,9 @@ LOST_ITEM = {"type": "message", "role": "assistant", "content": [{"type": "outpu
 LIMIT = "websocket_connection_limit_reached"
 # Two turns: the call, whose tool runs 2 s, then the answer.
 TWO_TURNS = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
-STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
+STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)  # openai-python's rules, its own numbers
+# Codex's rules (the connection limit is a retryable stream error; one count per request) with the same numbers.
+STEADY_CODEX = attrs.evolve(STEADY, name="steady-codex", reconnect_errors=frozenset({LIMIT}), reset_on_any_event=False)
 
 
 def created_event(response_id: str) -> dict[str, Any]:
@@ -482,41 +484,46 @@ def frame_kinds(server: ScriptedServer) -> list[tuple[int, str, str | None]]:
     return [(connection, event["type"], event.get("previous_response_id")) for connection, event in server.received]
 
 
-async def test_a_request_answered_by_the_connection_limit_goes_again_at_once_on_a_new_connection(autojump_clock) -> None:
+async def test_a_request_answered_by_the_connection_limit_goes_again_after_a_backoff_on_a_new_connection_under_codex(
+        autojump_clock) -> None:
     server = ScriptedServer([
         first_turn(CHAINED),
         [error(LIMIT), Close(1000)],
         [created_event("resp_1"), *paused_or_ended("response.completed", "resp_1", ANSWER)],
     ])
-    record = await reconnecting(server, CHAINED)
+    record = await reconnecting(server, CHAINED, STEADY_CODEX)
     assert record.status == "completed"
-    # The refused create goes again on a new connection, at once, still continuing the chain.
+    # The refused create goes again on a new connection after the first backoff, still continuing the chain.
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0"), (1, "response.create", "resp_0")]
     assert server.received[1][1] == server.received[2][1]
-    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 0, 0, [])
-    assert trio.current_time() == record.ended_at == 2.0  # the tool's 2 s, no backoff
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 0, 0, [0.5])
+    assert trio.current_time() == record.ended_at == 2.5  # the tool's 2 s, then the 0.5 s backoff
     size = len(json.dumps(server.received[1][1], separators=(",", ":")))
     assert (record.turns[1].bytes_sent, record.resent_bytes) == (2 * size, size)
     assert record.transcript[-1] == ANSWER and len(record.turns) == 2
 
 
-async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the_whole_conversation(autojump_clock) -> None:
-    server = ScriptedServer([
+def v1_cut_by_the_limit() -> list[list[Any]]:
+    return [
         first_turn(SUSPENDED),
         # The limit came while the resumed segment streamed: it fails at its next pause, then the error and the close.
         [{"type": "response.in_progress", "response": {"id": "resp_0", "status": "in_progress", "output": []}},
          {"type": "response.output_item.done", "item": LOST_ITEM}, failed("resp_0", LIMIT), error(LIMIT), Close(1000)],
         [created_event("resp_1"), *paused_or_ended("response.completed", "resp_1", ANSWER)],
-    ])
-    record = await reconnecting(server, SUSPENDED)
+    ]
+
+
+async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the_whole_conversation_under_codex(autojump_clock) -> None:
+    server = ScriptedServer(v1_cut_by_the_limit())
+    record = await reconnecting(server, SUSPENDED, STEADY_CODEX)
     assert record.status == "completed"
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.append", None), (1, "response.create", None)]
     outputs = server.received[1][1]["input"]
     assert [item["type"] for item in outputs] == ["function_call_output"]
     first_input = server.received[0][1]["input"]
     assert server.received[2][1]["input"] == [*first_input, CALL, *outputs]  # the whole conversation, the outputs it owed
-    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 1, 0, [])
-    assert trio.current_time() == record.ended_at == 2.0
+    assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 1, 0, [0.5])
+    assert trio.current_time() == record.ended_at == 2.5
     assert LOST_ITEM not in record.transcript and record.transcript[-1] == ANSWER
     assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
 

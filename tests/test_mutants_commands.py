@@ -1104,7 +1104,7 @@ def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers
     assert not os.path.exists(os.path.dirname(store))
     handlers[signal.SIGTERM](signal.SIGTERM, None)
     assert fake.killed[2:] == [(101, signal.SIGTERM), (102, signal.SIGTERM)]  # 103 is gone: skipped
-    given = serve_args("--workers", "2", "--store", str(tmp_path / "s.db"), "--quiet")
+    given = serve_args("--workers", "2", "--port", "0", "--store", str(tmp_path / "s.db"), "--quiet")
     with_os(FakeOs([b"11"], [(101, 0), (102, 0)]))
     assert serve.run_workers(given) == 0
     assert given.store == str(tmp_path / "s.db")
@@ -1114,7 +1114,7 @@ def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers
 def test_a_worker_that_dies_before_listening_stops_the_others(workers, capsys):
     _, with_os = workers
     fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
-    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+    assert serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
     assert capsys.readouterr().out == ""
 
@@ -1122,12 +1122,12 @@ def test_a_worker_that_dies_before_listening_stops_the_others(workers, capsys):
 def test_a_worker_that_fails_while_serving_stops_the_others(workers, capsys):
     _, with_os = workers
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
-    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+    assert serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
     out = capsys.readouterr().out
     assert out.startswith("listening on ") and "stopped" not in out
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1)]))  # the other already gone: no child left to wait for
-    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 1
+    assert serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
 
 
 def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, monkeypatch):
@@ -1136,7 +1136,7 @@ def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, monkeypatch
     monkeypatch.setattr(sys, "stdout", out)
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     fake.on_wait = lambda: handlers[signal.SIGTERM](signal.SIGTERM, None) if not fake.killed else None
-    assert serve.run_workers(serve_args("--workers", "2", "--quiet")) == 0
+    assert serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 0
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
     assert out.getvalue().endswith("stopped\n")
     assert out.flushes == 2  # the announcement, then "stopped": a script reading through a pipe sees each at once
@@ -1164,7 +1164,7 @@ def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monke
 
     monkeypatch.setattr(serve, "_worker", failing)
     with pytest.raises(Exited) as exited:
-        serve.run_workers(serve_args("--workers", "2", "--quiet"))
+        serve.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet"))
     assert exited.value.args == (1,)
     # The failure is logged with its traceback, naming the worker, by serve's logger.
     (record,) = [record for record in caplog.records if record.levelno == logging.ERROR]

@@ -110,7 +110,7 @@ def test_the_options_defaults():
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
         None, 0, "coding", None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
-        "openai-python", False)
+        "codex", False)
     assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
 
@@ -138,7 +138,8 @@ def test_each_option_says_what_it_does():
         "vllm_parallel": ("with --engine vllm: run the designs at once, each on a vLLM worker of its own (a third of the wall "
                           "time; the engine's counters stay exact per design, but the designs share the CPU, so their times "
                           "are not each design's alone)"),
-        "reconnect": "how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)",
+        "reconnect": ("how the clients recover from a lost connection (prototype/client/reconnect.py; default codex, the agent "
+                      "client, which continues a task past the 60-minute limit on a new connection)"),
         "wide": "print every column of compare.csv (default: the first seven)",
     }
 
@@ -158,7 +159,7 @@ def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given()
     config, described, speeds = compare.workload_config(parsed(), network)
     assert (described, speeds) == ("the 'coding' workload", [65.0, 1000.0, 4000.0])
     assert (config.preset, config.n_tasks, config.seed, config.network, config.fixed_turns, config.latency, config.reconnect) == (
-        "coding", 10, 0, network, None, LatencyModel(), POLICIES["openai-python"])
+        "coding", 10, 0, network, None, LatencyModel(), POLICIES["codex"])
     args = parsed("--preset", "chat", "--tasks", "2", "--seed", "5", "--turns", "3", "--speeds", "100", "--reconnect", "codex")
     config, described, speeds = compare.workload_config(args, network)
     assert (described, speeds) == ("the 'chat' workload", [100.0])
@@ -264,7 +265,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
             "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "
             "300 s, v1 would end those tasks with response.failed (suspension_timeout) and the client would have to start "
             "them again.\n") in printed
-    assert ("\n\n  reconnects (openai-python policy): none; WebSocket connections close after 60 minutes (WS guide), and a "
+    assert ("\n\n  reconnects (codex policy): none; WebSocket connections close after 60 minutes (WS guide): under codex a "
             "task longer than that continues on a new connection\n") in printed
     assert "results cache" not in printed
     wrote = printed.splitlines()[-1]
@@ -304,7 +305,7 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, 
     printed = capsys.readouterr().out
     assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\nTABLE wide=True\n")
     assert "longer than v1's default 300 s suspension TTL: 1 of 2. " in printed
-    assert "\n  reconnects (openai-python policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
+    assert "\n  reconnects (codex policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
 
 
 def test_a_real_time_run_says_so_and_runs_its_grid_in_real_time(tmp_path, drawn, capsys, monkeypatch):

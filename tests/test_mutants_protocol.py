@@ -402,23 +402,26 @@ def create(**body: Any):
 
 
 @pytest.mark.parametrize(
-    ("body", "subagents"),
+    ("body", "subagents", "at_once"),
     [
-        ({}, 0),
-        ({"metadata": {"testbed_subagents": "2"}}, 0),  # without multi_agent: no hosted subagents
-        ({"multi_agent": {"enabled": False}, "metadata": {"testbed_subagents": "2"}}, 0),
-        ({"multi_agent": {"enabled": True}}, 0),
-        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "2"}}, 2),
-        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "5"}}, 3),  # the SDK's default cap of 3
-        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 8}, "metadata": {"testbed_subagents": "5"}}, 5),
-        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 1}, "metadata": {"testbed_subagents": "5"}}, 1),
-        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "two"}}, 0),
-        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "-1"}}, 0),
+        ({}, 0, None),
+        ({"metadata": {"testbed_subagents": "2"}}, 0, None),  # without multi_agent: no hosted subagents
+        ({"multi_agent": {"enabled": False}, "metadata": {"testbed_subagents": "2"}}, 0, 3),
+        ({"multi_agent": {"enabled": True}}, 0, 3),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "2"}}, 2, 3),
+        # max_concurrent_subagents caps how many run at once (the SDK's default 3), not how many run.
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "5"}}, 5, 3),
+        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 8}, "metadata": {"testbed_subagents": "5"}}, 5, 8),
+        ({"multi_agent": {"enabled": True, "max_concurrent_subagents": 1}, "metadata": {"testbed_subagents": "5"}}, 5, 1),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "two"}}, 0, 3),
+        ({"multi_agent": {"enabled": True}, "metadata": {"testbed_subagents": "-1"}}, 0, 3),
     ],
 )
-def test_hosted_subagents_are_asked_in_metadata_and_capped_by_multi_agent(body: dict[str, Any], subagents: int) -> None:
+def test_hosted_subagents_are_asked_in_metadata_and_multi_agent_caps_how_many_at_once(
+        body: dict[str, Any], subagents: int, at_once: int | None) -> None:
     request = create(**body)
     assert request.subagents == subagents
+    assert (request.multi_agent.max_concurrent_subagents if request.multi_agent else None) == at_once
     assert request.takes_injected_input is bool(body.get("multi_agent", {}).get("enabled"))
 
 

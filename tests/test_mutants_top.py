@@ -5,6 +5,7 @@ timing records and client records (prototype/metrics.py), the preset and latency
 from __future__ import annotations
 
 import json
+import re
 
 import attrs
 import pytest
@@ -276,9 +277,14 @@ def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:
 
 
 @pytest.mark.parametrize("missing", ["_r", "_ALLOW_DETERMINISTIC_SCHEDULING"])
-def test_a_trio_without_the_private_scheduler_runs_unseeded(monkeypatch, missing: str) -> None:
+def test_a_trio_without_the_private_scheduler_refuses_to_run_unseeded(monkeypatch, missing: str) -> None:
     run_module = trio._core._run
     monkeypatch.delattr(run_module, missing)
-    with virtual.seeded_scheduler(3):
-        assert not hasattr(run_module, missing)
-    assert not hasattr(run_module, missing)
+    ran = []
+
+    async def main() -> None:
+        ran.append(True)
+
+    with pytest.raises(virtual.UnseededScheduler, match=re.escape(f"trio {trio.__version__} has no trio._core._run.{missing}: ")):
+        virtual.run(main)
+    assert ran == [] and not hasattr(run_module, missing)

@@ -17,6 +17,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from openai.types.websocket_reconnection import is_recoverable_close
+from support import Close, ScriptedServer
 
 from prototype import benchmark, netem
 from prototype.api.costs import ZERO_COSTS
@@ -38,23 +40,27 @@ TASK = fixed(4, initial_prompt_tokens=200, appended_tokens=50, output_tokens=40,
 DELAYED = netem.NetworkProfile(rtt=0.020)
 LINKS = [None, DELAYED]
 LINK_IDS = ["pipe", "20ms"]
+# A turn of 4 s (400 tokens at 100 tokens/s), longer than the 1 s connections of the limit's worst case.
+LONG_TURN = fixed(2, initial_prompt_tokens=200, appended_tokens=50, output_tokens=400, tool_seconds=1.0, name="long-turn")
 # No jitter: every wait of the backoff is exact.
 STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=5)
+CODEX_STEADY = attrs.evolve(CODEX, jitter=(1.0, 1.0))
 
 
-def server_with(lifetime: float = 3600.0, **api: Any) -> ResponsesServer:
-    return ResponsesServer(ApiService(costs=ZERO_COSTS, **api), ServerConfig(connection_lifetime=lifetime))
+def server_with(lifetime: float = 3600.0, grace: float | None = None, **api: Any) -> ResponsesServer:
+    limits = {"connection_lifetime": lifetime} if grace is None else {"connection_lifetime": lifetime, "lifetime_grace": grace}
+    return ResponsesServer(ApiService(costs=ZERO_COSTS, **api), ServerConfig(**limits))
 
 
 async def converse(server: ResponsesServer, design: str, *, network: netem.NetworkProfile | None = None,
                    faults: LinkFaults | None = None, policy: ReconnectPolicy = OPENAI_PYTHON, store: bool = False,
-                   connector: Any = None) -> RolloutRecord:
-    metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
+                   connector: Any = None, task: Any = TASK) -> RolloutRecord:
+    metadata = {"testbed_workload": server.api.workloads.register(task), "testbed_decode_tps": "100"}
     connector = connector or InMemoryConnector(server, network, faults=faults)
     with trio.fail_after(600):
         if design.startswith("http"):
-            return await run_http_rollout(connector, TASK, variant=STORED if store else STATELESS, metadata=metadata, policy=policy)
-        return await run_reconnecting_rollout(connector, design, TASK, policy, metadata=metadata, store=store)
+            return await run_http_rollout(connector, task, variant=STORED if store else STATELESS, metadata=metadata, policy=policy)
+        return await run_reconnecting_rollout(connector, design, task, policy, metadata=metadata, store=store)
 
 
 def plain(record: RolloutRecord) -> list[str]:
@@ -92,6 +98,99 @@ def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
     assert CODEX.max_retries == 5 and CODEX.fallback_to_http
     assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+
+
+def test_openai_python_reconnects_after_exactly_its_recoverable_close_codes() -> None:
+    retried = {code for code in range(1000, 5000) if OPENAI_PYTHON.retries_after_close(code)}
+    assert retried == {1001, 1005, 1006, 1011, 1012, 1013, 1015}
+    # The installed SDK's own decision (openai-python `types/websocket_reconnection.py`), code for code.
+    assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
+
+
+ONE_TURN = fixed(1, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, name="one-turn")
+
+
+def created_event(response_id: str) -> dict[str, Any]:
+    return {"type": "response.created", "response": {"id": response_id, "status": "in_progress", "output": []}}
+
+
+def completed_event(response_id: str) -> dict[str, Any]:
+    return {"type": "response.completed", "response": {"id": response_id, "status": "completed", "output": []}}
+
+
+async def scripted_rollout(server: ScriptedServer, policy: ReconnectPolicy) -> RolloutRecord:
+    with trio.fail_after(600):
+        return await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, ONE_TURN, policy, metadata={})
+
+
+# openai-python's codes whose close a server can send (1005, 1006 and 1015 never travel in a close frame: a broken
+# link reads as 1006, test_mid_response_drops_lose_and_repeat_nothing), and codes outside them.
+@pytest.mark.parametrize("code", [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 3000, 4000])
+async def test_a_close_under_a_response_is_retried_by_openai_python_for_its_codes_only(autojump_clock, code: int) -> None:
+    server = ScriptedServer([[created_event("resp_0"), Close(code)], [created_event("resp_1"), completed_event("resp_1")]])
+    record = await scripted_rollout(server, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
+    if is_recoverable_close(code):
+        assert (record.status, record.reconnects, server.connections, trio.current_time()) == ("completed", 1, 2, 0.5)
+    else:
+        assert (record.status, record.reconnects, server.connections) == (f"error:closed_{code}", 0, 1)
+
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
+LIMIT = "websocket_connection_limit_reached"
+TWO_TURNS = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="two-turns")
+
+
+def with_call(kind: str, response_id: str, status: str) -> list[dict[str, Any]]:
+    return [created_event(response_id), {"type": "response.output_item.done", "item": CALL},
+            {"type": kind, "response": {"id": response_id, "status": status, "output": [CALL]}}]
+
+
+def limit_events(response_id: str | None) -> list[dict[str, Any]]:
+    """What the server sends at the connection limit: the cut response's `response.failed` (if one was running),
+    the `error`."""
+    error = {"type": "invalid_request_error", "code": LIMIT, "message": "limit"}
+    failed = [] if response_id is None else [
+        {"type": "response.failed", "response": {"id": response_id, "status": "failed", "output": [], "error": error}}]
+    return [*failed, {"type": "error", "status": 400, "error": error}]
+
+
+async def test_a_request_answered_by_the_connection_limit_ends_the_task_under_openai_python(autojump_clock) -> None:
+    server = ScriptedServer([with_call("response.completed", "resp_0", "completed"), [*limit_events(None), Close(1000)]])
+    with trio.fail_after(600):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), CHAINED, TWO_TURNS, OPENAI_PYTHON, metadata={})
+    assert (record.status, record.reconnects, server.connections) == (f"error:{LIMIT}", 0, 1)
+    assert trio.current_time() == record.ended_at == record.turns[1].ended_at == 2.0
+
+
+async def test_a_v1_response_failed_by_the_connection_limit_ends_the_task_under_openai_python(autojump_clock) -> None:
+    # The limit came while the resumed rollout streamed: it fails at its next pause, then the error and the close.
+    server = ScriptedServer([with_call("response.done", "resp_0", "in_progress"), [*limit_events("resp_0"), Close(1000)]])
+    with trio.fail_after(600):
+        record = await run_reconnecting_rollout(InMemoryConnector(server), SUSPENDED, TWO_TURNS, OPENAI_PYTHON, metadata={})
+    assert (record.status, record.reconnects, record.retried_responses, server.connections) == (f"error:{LIMIT}", 0, 0, 1)
+    assert record.outcomes == {"resp_0": "failed"} and trio.current_time() == record.ended_at == 2.0
+
+
+async def test_openai_python_resets_its_count_at_every_event_so_responses_cut_after_one_never_spend_it(autojump_clock) -> None:
+    # Seven responses in a row break after their response.created (close 1011, which openai-python retries), more than
+    # its 5 attempts; the eighth completes. Each response.created resets the count (`_record_websocket_progress`), so
+    # every reconnect is a first attempt, after 0.5 s.
+    cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
+    server = ScriptedServer([*cut, [created_event("resp_7"), completed_event("resp_7")]])
+    record = await scripted_rollout(server, attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)))
+    assert (record.status, record.reconnects, server.connections) == ("completed", 7, 8)
+    assert trio.current_time() == record.ended_at == 7 * 0.5
+    assert record.recovery_seconds == [0.5] * 7
+
+
+async def test_codex_counts_every_broken_response_of_one_request_whatever_it_received(autojump_clock) -> None:
+    # The same seven cut responses: one sampling request, one count (codex-rs `responses_retry.rs`); without its
+    # HTTPS fallback, the sixth cut is one more than its 5 retries.
+    cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
+    server = ScriptedServer([*cut, [created_event("resp_7"), completed_event("resp_7")]])
+    record = await scripted_rollout(server, attrs.evolve(CODEX_STEADY, fallback_to_http=False))
+    assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
+    assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
 
 
 def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_worst_case_sums_them_at_the_top() -> None:
@@ -164,14 +263,47 @@ async def test_timed_drops_are_a_seeded_poisson_process(autojump_clock) -> None:
 # --- the 60-minute limit (seconds here) --------------------------------------------------------------
 
 
-async def test_chained_past_the_limit_on_a_pipe_reconnects_at_once_and_resends_the_context(autojump_clock) -> None:
-    reference = await converse(server_with(), CHAINED)
-    record = await converse(server_with(lifetime=15), CHAINED)
+async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_connection(autojump_clock) -> None:
+    server = server_with(lifetime=15)
+    connector = InMemoryConnector(server, faults=LinkFaults())
+    record = await converse(server, CHAINED, connector=connector)
+    # The limit closed the connection (1000) while turn 1's tools ran; turn 2's create found it closed. 1000 is not
+    # among openai-python's recoverable codes: its iteration ends, and it opens nothing.
+    assert (record.status, record.reconnects, connector.links.opened) == ("error:closed_1000", 0, 1)
+    assert plain(record)[-1] == "send response.create" and len(record.turns) == 2
+    assert record.ended_at == pytest.approx(record.turns[-1].ended_at + 10.0)  # when turn 1's tools returned
+
+
+async def test_openai_python_ends_the_task_at_the_connection_limit_error(autojump_clock) -> None:
+    # The limit comes in the middle of turn 0 (a 4 s turn on a 1 s connection); past the 0.5 s grace the response
+    # fails with the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
+    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN)
+    assert (record.status, record.reconnects, record.retried_responses) == ("error:websocket_connection_limit_reached", 0, 0)
+    assert record.ended_at == pytest.approx(1.5)
+    assert plain(record) == ["send response.create", "recv response.created", "recv response.failed"]
+
+
+@pytest.mark.parametrize("policy", [OPENAI_PYTHON, CODEX], ids=["openai-python", "codex"])
+async def test_a_connection_that_keeps_closing_at_its_limit_ends_the_task_within_the_policys_budget(autojump_clock, policy) -> None:
+    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. openai-python ends the task at the
+    # first limit; Codex retries the turn 5 times (each a new connection, failed after 1.5 s), then goes on over HTTPS.
+    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=policy)
+    if policy is OPENAI_PYTHON:
+        assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:websocket_connection_limit_reached", 0, False)
+        return
+    assert (record.status, record.reconnects, record.fell_back_to_http) == ("completed", 5, True)
+    assert record.transcript == (await converse(server_with(), CHAINED, task=LONG_TURN)).transcript
+
+
+async def test_codex_past_the_limit_spends_a_retry_backs_off_and_resends_the_context(autojump_clock) -> None:
+    reference = await converse(server_with(), CHAINED, policy=CODEX_STEADY)
+    record = await converse(server_with(lifetime=15), CHAINED, policy=CODEX_STEADY)
     assert record.status == "completed" and record.transcript == reference.transcript
-    assert record.seconds == pytest.approx(reference.seconds)  # a clean close costs no backoff and no handshake here
-    assert (record.reconnects, record.full_resends, record.recovery_seconds) == (1, 1, [])
-    # Turn 2's create fails on the closed socket (close 1000), goes again on a new connection with
-    # previous_response_id, is told the chain is gone, and goes a third time with the whole conversation.
+    # Turn 2's create fails on the closed socket (close 1000): a stream that ended before response.completed, retried
+    # after Codex's first backoff (0.2 s) on a new connection with previous_response_id, which is told the chain is
+    # gone; the third create carries the whole conversation.
+    assert record.seconds == pytest.approx(reference.seconds + 0.2)
+    assert (record.reconnects, record.full_resends, record.recovery_seconds) == (1, 1, [pytest.approx(0.2)])
     assert plain(record)[6:12] == [
         "send response.create", "send response.create", "recv error", "send response.create", "recv response.created",
         "recv response.completed",
@@ -181,9 +313,9 @@ async def test_chained_past_the_limit_on_a_pipe_reconnects_at_once_and_resends_t
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_a_task_longer_than_the_limit_completes_with_the_same_conversation(autojump_clock, design: str, network) -> None:
-    reference = await converse(server_with(), design, network=network)
-    record = await converse(server_with(lifetime=15), design, network=network)
+async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(autojump_clock, design: str, network) -> None:
+    reference = await converse(server_with(), design, network=network, policy=CODEX)
+    record = await converse(server_with(lifetime=15), design, network=network, policy=CODEX)
     assert record.status == "completed"
     assert record.transcript == reference.transcript
     assert record.reconnects == 1 and record.full_resends == 1 and record.resent_bytes > 0
@@ -192,15 +324,15 @@ async def test_a_task_longer_than_the_limit_completes_with_the_same_conversation
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 async def test_chained_with_a_store_hydrates_after_the_limit_instead_of_resending(autojump_clock, network) -> None:
-    reference = await converse(server_with(), CHAINED, network=network, store=True)
-    record = await converse(server_with(lifetime=15), CHAINED, network=network, store=True)
+    reference = await converse(server_with(), CHAINED, network=network, store=True, policy=CODEX)
+    record = await converse(server_with(lifetime=15), CHAINED, network=network, store=True, policy=CODEX)
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.reconnects == 1 and record.full_resends == 0
     assert "recv error" not in plain(record)
 
 
 async def test_v1_at_the_limit_starts_a_new_response_with_the_whole_conversation(autojump_clock) -> None:
-    record = await converse(server_with(lifetime=15), SUSPENDED)
+    record = await converse(server_with(lifetime=15), SUSPENDED, policy=CODEX)
     # The rollout paused at 10.98 s (its second response.done); the limit at 15 s ends it while the
     # tools run; the append at 20.98 s finds the connection gone, and a new response starts.
     creates = [kind for kind in plain(record) if kind == "send response.create"]
@@ -292,10 +424,11 @@ async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 @pytest.mark.parametrize("store", [True, False])
-async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(autojump_clock, network, store: bool) -> None:
+async def test_under_codex_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_connection(
+        autojump_clock, network, store: bool) -> None:
     server = server_with(lifetime=8)
     connector = InMemoryConnector(server, network, faults=LinkFaults())
-    record = await converse(server, CHAINED, connector=connector, store=store)
+    record = await converse(server, CHAINED, connector=connector, store=store, policy=CODEX)
     assert record.status == "completed"
     assert connector.links.opened == record.reconnects + 1  # one new connection per reconnect, no other
     # Each clean close costs one create that found the socket closed, sent again on a new connection; without a
@@ -308,8 +441,8 @@ async def test_each_clean_close_is_one_reconnect_and_a_turn_starts_before_its_co
 
 
 async def test_a_v1_restart_counts_all_but_the_tool_outputs_it_owed_as_resent(autojump_clock) -> None:
-    reference = await converse(server_with(), SUSPENDED)
-    record = await converse(server_with(lifetime=8), SUSPENDED)
+    reference = await converse(server_with(), SUSPENDED, policy=CODEX)
+    record = await converse(server_with(lifetime=8), SUSPENDED, policy=CODEX)
     assert record.status == "completed" and record.transcript == reference.transcript
     # Each limit ends the connection while the tools run; the append then finds it gone, and the turn goes as a
     # new response carrying the whole conversation. Of that request, only the tool outputs were owed: the
@@ -395,7 +528,7 @@ async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(aut
 
 
 async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(autojump_clock) -> None:
-    config = benchmark.BenchConfig(task_list=(TASK,), network=DELAYED)
+    config = benchmark.BenchConfig(task_list=(TASK,), network=DELAYED, reconnect=CODEX)
     server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
     records = await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server)
     row = benchmark.task_row(CHAINED, 100.0, records[0])

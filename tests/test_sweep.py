@@ -109,6 +109,21 @@ def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkey
     assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
 
 
+def test_a_virtual_run_that_raises_leaves_trio_as_it_found_it(monkeypatch):
+    run_module = trio._core._run
+    monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
+    before = run_module._r.getstate()
+
+    async def fails() -> None:
+        await trio.sleep(1.0)
+        assert run_module._ALLOW_DETERMINISTIC_SCHEDULING  # seeded while it ran
+        raise ZeroDivisionError("the run's own error")
+
+    with pytest.raises(ZeroDivisionError, match="the run's own error"):
+        virtual.run(fails, scheduler_seed=3)
+    assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
+
+
 @pytest.fixture(scope="module")
 def local_cluster():
     """One Dask LocalCluster of two worker processes for the module."""

@@ -291,6 +291,6 @@ def test_compare_refuses_tasks_longer_than_the_models_window_before_starting_vll
 def test_serve_on_vllm_refuses_several_workers():
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--engine", "vllm", "--workers", "2"],
+    done = subprocess.run([sys.executable, "-m", "prototype", "serve", "--engine", "vllm", "--workers", "2", "--port", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "one engine, one server" in done.stderr

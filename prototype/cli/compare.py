@@ -50,8 +50,9 @@ import attrs
 from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
-from ..client.reconnect import OPENAI_PYTHON, POLICIES
+from ..client.reconnect import CODEX, POLICIES
 from ..engine.vllm_client import VllmUnavailable, WorkerFailed
+from ..protocol.errors import CONNECTION_LIMIT_REACHED
 from ..trace import write_chrome_trace
 from .common import add_list, at_least, new_run_folder, non_negative, positive
 from .engine_options import VLLM, add_engine_arguments, model_spec
@@ -142,8 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --engine vllm: run the designs at once, each on a vLLM worker of its own "
                         "(a third of the wall time; the engine's counters stay exact per design, but the designs share "
                         "the CPU, so their times are not each design's alone)")
-    parser.add_argument("--reconnect", default=OPENAI_PYTHON.name, choices=list(POLICIES),
-                        help="how the clients recover from a lost connection (prototype/client/reconnect.py; default openai-python)")
+    parser.add_argument("--reconnect", default=CODEX.name, choices=list(POLICIES),
+                        help="how the clients recover from a lost connection (prototype/client/reconnect.py; default codex, "
+                             "the agent client, which continues a task past the 60-minute limit on a new connection)")
     parser.add_argument("--wide", action="store_true", help="print every column of compare.csv (default: the first seven)")
     sweep.add_arguments(parser)
 
@@ -282,8 +284,9 @@ def run(args: argparse.Namespace) -> int:
     reconnects = {f"{row['design']} at {row['decode_tps']:g}": row["reconnects"] for row in table if row["reconnects"]}
     print(f"\n  reconnects ({config.reconnect.name} policy): "
           + (", ".join(f"{k}: {v}" for k, v in reconnects.items()) if reconnects else "none")
-          + f"; WebSocket connections close after {benchmark.CONNECTION_LIFETIME_SECONDS / 60:g} minutes (WS guide), and a task "
-          "longer than that continues on a new connection")
+          + f"; WebSocket connections close after {benchmark.CONNECTION_LIFETIME_SECONDS / 60:g} minutes (WS guide): under "
+          f"{config.reconnect.name} a task longer than that "
+          + ("continues on a new connection" if CONNECTION_LIMIT_REACHED in config.reconnect.reconnect_errors else "ends there"))
     analysis.write_csv(out / "compare.csv", table)
     (out / "compare.json").write_text(json.dumps({"table": table, "parameters": parameters}, indent=1))
     (out / "compare_tasks.json").write_text(json.dumps(rows))

@@ -2,8 +2,9 @@
 
 What the client keeps so that it can go on: the whole conversation so far (every item it sent, and
 every output item of every response that reached its pause or terminal event), the id of the last
-response that did, and the items of the request in progress. What it does after a connection ends
-in the middle of a response (docs/protocol.md, "Reconnecting"):
+response that did, and the items of the request in progress. What it does when a connection ends
+under a request and its policy reconnects (which closes, how often, with what wait: reconnect.py;
+docs/protocol.md, "Reconnecting"):
 
 * chained (v2): open a new connection and send the request again with `previous_response_id`: with
   `store: true` the server hydrates the chain from its store; with `store: false` the new connection's
@@ -60,16 +61,12 @@ CLOSE_GRACE_SECONDS = 5.0
 
 
 class _Lost(Exception):
-    """The connection ended: `code` is its close code (None: the link broke), `mid_response` whether a
-    request was waiting for its answer, `clean` a close the policy does not count as a failure."""
+    """The connection ended under a request: `code` is its close code (None: the link broke, or it never
+    opened), `error` the code of the `error` or `response.failed` that ended it, if one did."""
 
-    def __init__(self, code: int | None, *, mid_response: bool, clean: bool = False) -> None:
+    def __init__(self, code: int | None, *, error: str | None = None) -> None:
         super().__init__(code)
-        self.code, self.mid_response, self.clean = code, mid_response, clean
-
-
-class _Retry(Exception):
-    """The response failed on a live connection (an engine failure) and the policy retries it."""
+        self.code, self.error = code, error
 
 
 def _first(group: BaseException) -> Any:
@@ -86,15 +83,6 @@ def _close_code(exc: BaseException, ws: trio_websocket.WebSocketConnection | Non
     return getattr(reason, "code", None)
 
 
-def resendable(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation as the client sends it again: every item as received. A reasoning item a v1 client
-    kept has no `encrypted_content` (v1 never asked for it); this server carries such an item as an opaque
-    one, so the context keeps its length and its call ids. The real API would refuse it with `store: false`
-    ("Items are not persisted when `store` is set to false"): a real v1 client would have to ask for
-    `reasoning.encrypted_content`, as Codex does."""
-    return items
-
-
 class ReconnectingRollout:
     """One task over WebSocket (`suspended` or `chained`) that reconnects under `policy`."""
 
@@ -107,7 +95,8 @@ class ReconnectingRollout:
         self.store, self.include_timing, self.api_key = store, include_timing, api_key
         self.rollout = Rollout(workload, RolloutRecord(design, workload.name, trio.current_time()))
         # As the harness asks (harness.run_websocket_rollout): chained without a store keeps the reasoning blob, as
-        # Codex does; v1 never needed it (a v1 restart resends its reasoning items as received: `resendable`).
+        # Codex does; v1 never needed it: a v1 restart resends its reasoning items as received, without the blob,
+        # which this server carries as opaque items (docs/protocol.md, "Reconnecting").
         self.base = request_body(workload, model=model, metadata=metadata, store=store,
                                  include_reasoning=design == CHAINED and not store, instructions=instructions)
         self.http_args = {"model": model, "metadata": metadata, "instructions": instructions}
@@ -118,7 +107,12 @@ class ReconnectingRollout:
         self.last_id: str | None = None  # chained: the response to continue from
         self.alive = False  # suspended: a rollout is paused on the current connection, waiting for an append
         self.full_context = False  # chained: the next request resends everything (the chain was not found)
-        self.attempt = 0  # consecutive failures (reset when a response reaches its pause or end)
+        # The policy's count of attempts: openai-python's is reset by any event that is not an `error`, Codex's by a
+        # response that reaches its pause or end (reconnect.py).
+        self.attempt = 0
+        # openai-python has no count of failed responses (the SDK never asks again; the application does [ours]):
+        # `response.failed` in a row, reset by a response that reaches its pause or end. Codex counts them in `attempt`.
+        self.failed_in_a_row = 0
         self.failed_at: float | None = None  # when the current run of failures began
         self.rng = random.Random(f"reconnect:{seed}:{workload.name}")
         self.turn_open = False  # a turn record exists for `pending` (a retry reuses it)
@@ -147,31 +141,28 @@ class ReconnectingRollout:
                             raise
                         except LOST as exc:
                             scope.deadline = trio.current_time() + CLOSE_GRACE_SECONDS
-                            raise _Lost(_close_code(exc, ws), mid_response=self.waiting) from exc
+                            raise _Lost(_close_code(exc, ws)) from exc
                         self.record.ended_at = trio.current_time()
                 if not opened:  # the handshake did not finish in time (its answer was lost with the link)
-                    raise _Lost(None, mid_response=True)
+                    raise _Lost(None)
             except* _Lost as group:
                 await self.recover(_first(group))
             except* LOST as group:  # the connection could not be opened (refused, handshake cut)
-                await self.recover(_Lost(_close_code(_first(group), None), mid_response=True))
+                await self.recover(_Lost(_close_code(_first(group), None)))
         if not self.record.ended_at:
             self.record.ended_at = trio.current_time()
         return self.record
 
     async def recover(self, lost: _Lost) -> None:
-        """After a lost connection: count it, give up or fall back as the policy says, wait its backoff."""
+        """After a lost connection: stop, give up or fall back as the policy says, or count it and wait its backoff."""
         record = self.record
         self.waiting = False
         self.alive = False  # a v1 rollout does not outlive its connection
         if self.turn_open:
             self._forget_attempt()
-        if lost.clean or lost.code == 1000:
-            # A normal close (the connection limit after the last response, or a request that arrived as the server
-            # stopped taking them): not a failure. The request goes again on a new connection, at once.
-            record.reconnects += 1
-            return
-        if lost.mid_response and not self.policy.retries_after_close(lost.code) and lost.code is not None:
+        if lost.error is None and lost.code is not None and not self.policy.retries_after_close(lost.code):
+            # openai-python after a close outside its recoverable codes, 1000 included: its iteration ends and it
+            # opens nothing (`_iter_events`); the task ends there.
             record.status = f"error:closed_{lost.code}"
             return
         if self.failed_at is None:
@@ -198,10 +189,10 @@ class ReconnectingRollout:
         if self.design == SUSPENDED:
             if self.alive:
                 return {"type": "response.append", "input": self.pending}, False
-            return {"type": "response.create", **self.base, "input": resendable(self.history) + self.pending}, bool(self.history)
+            return {"type": "response.create", **self.base, "input": self.history + self.pending}, bool(self.history)
         if self.last_id is not None and not self.full_context:
             return {"type": "response.create", **self.base, "previous_response_id": self.last_id, "input": self.pending}, False
-        return {"type": "response.create", **self.base, "input": resendable(self.history) + self.pending}, bool(self.history)
+        return {"type": "response.create", **self.base, "input": self.history + self.pending}, bool(self.history)
 
     async def send(self, channel: WsChannel) -> None:
         event, resend = self.request()
@@ -234,27 +225,28 @@ class ReconnectingRollout:
                 if code == errors.PREVIOUS_RESPONSE_NOT_FOUND and self.last_id is not None and not self.full_context:
                     self.full_context = True  # the new connection's cache is empty and nothing was stored
                     continue
-                if code in self.policy.reconnect_errors:
-                    raise _Lost(1000, mid_response=False, clean=True)
+                if code in self.policy.reconnect_errors:  # Codex at the connection limit: a retryable stream error
+                    raise _Lost(None, error=code)
                 self.record.turns[-1].ended_at = trio.current_time()
                 self.record.status = f"error:{code}"
                 return
             response = pause["response"]
             if kind == "response.failed":
                 code = (response.get("error") or {}).get("code")
-                if code in self.policy.reconnect_errors:  # v1 at the connection limit: start over on a new one
-                    self.alive = False
-                    self._forget_attempt()
-                    raise _Lost(1000, mid_response=False, clean=True)
-                if self.policy.retry_failed_responses and self.attempt < self.policy.max_retries:
-                    self.attempt += 1
+                if code in self.policy.reconnect_errors:  # a response cut by the connection limit: on a new one
+                    raise _Lost(None, error=code)
+                if code == errors.CONNECTION_LIMIT_REACHED:  # the connection is closing: nothing to ask again on it
+                    self.record.turns[-1].ended_at = trio.current_time()
+                    self.record.status = f"error:{code}"
+                    return
+                if self.policy.retry_failed_responses and (attempt := self._count_failed_response()) <= self.policy.max_retries:
                     self.record.retried_responses += 1
                     self.failed_at = self.failed_at if self.failed_at is not None else trio.current_time()
                     self._forget_attempt()
                     self.alive = False
-                    await trio.sleep(self.policy.delay(self.attempt, self.rng))
+                    await trio.sleep(self.policy.delay(attempt, self.rng))
                     continue
-            self.attempt, self.failed_at = 0, None
+            self.attempt, self.failed_in_a_row, self.failed_at = 0, 0, None
             self.history.extend(self.pending)
             self.history.extend(items)
             self.turn_open = False
@@ -270,27 +262,37 @@ class ReconnectingRollout:
 
     async def until_pause(self, channel: WsChannel, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Events until the response pauses or ends; collects its output items into `items`. The first
-        event after a failure ends the recovery."""
+        event after a failure ends the recovery; under openai-python any event but an `error` resets the count."""
         while True:
             message = await channel.ws.get_message()
             event = orjson.loads(message)
             self.rollout.received(event, len(message.encode()) if isinstance(message, str) else len(message))
-            if self.failed_at is not None and event.get("type") == "response.created":
+            kind = event.get("type")
+            if self.policy.reset_on_any_event and isinstance(kind, str) and kind and kind != "error":
+                self.attempt = 0  # openai-python's `_record_websocket_progress`
+            if self.failed_at is not None and kind == "response.created":
                 self.record.recovery_seconds.append(trio.current_time() - self.failed_at)
                 self.failed_at = None
-            kind = event.get("type")
             if kind == "response.output_item.done":
                 items.append(event["item"])
             if kind in PAUSE_TYPES or kind == "error":
                 return event
+
+    def _count_failed_response(self) -> int:
+        """Count one `response.failed` the policy may ask again; returns its attempt number."""
+        if self.policy.reset_on_any_event:  # the response's own events reset `attempt`: count failures in a row
+            self.failed_in_a_row += 1
+            return self.failed_in_a_row
+        self.attempt += 1  # Codex: the sampling request's one count
+        return self.attempt
 
     async def continue_over_http(self) -> None:
         """Codex's fallback: the rest of the task over HTTP, resending the whole conversation each turn."""
         from .http import continue_http_rollout  # http.py builds on harness.py, as this module does
 
         self.record.fell_back_to_http = True
-        self.attempt, self.failed_at = 0, None
-        await continue_http_rollout(self.connector, self.rollout, resendable(self.history), self.pending, policy=self.policy,
+        self.attempt, self.failed_in_a_row, self.failed_at = 0, 0, None
+        await continue_http_rollout(self.connector, self.rollout, self.history, self.pending, policy=self.policy,
                                     api_key=self.api_key, include_timing=self.include_timing, turn_open=self.turn_open,
                                     **self.http_args)
 

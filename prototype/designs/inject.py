@@ -9,10 +9,14 @@ until it reaches the point. The book (protocol/inject.py) decides; the session (
 feeds it the frames and wakes the waiting loop through `wake`.
 
 Hosted subagents: with `metadata.testbed_subagents = N` [ours: the simulated root agent does not
-decide to spawn], the response runs N agents side by side, each its own sampling loop over its own
-context and engine key, all streaming into the one response; each waits at its own tool call point
-for its own injected outputs, and the response ends when the last one finishes. (The real API's
-`agent` attribution on items and events, and its `multi_agent_call` items, are not modeled.)
+decide to spawn], the response runs N agents, each its own sampling loop over its own context and
+engine key, all streaming into the one response, at most `multi_agent.max_concurrent_subagents` of
+them at once (openai-python 3.63.0 `ResponseCreateMultiAgent`: "the maximum number of subagents that
+can be active simultaneously", with "no fixed limit on ... the total number of subagents created
+during a run"): the others wait, in order, for one to finish. Each waits at its own tool call point
+for its own injected outputs, still active, and the response ends when the last one finishes. (The
+real API's `agent` attribution on items and events, and its `multi_agent_call` items, are not
+modeled.)
 
 A response that waits longer than the suspension time-to-live fails with `suspension_timeout`, as a
 v1 rollout does [ours: the sources state no limit].
@@ -78,23 +82,31 @@ class AgentEmitter(Emitter):
 async def sample_subagents(
     api: ApiService, emitter: Emitter, context: Context, subagents: int, backend_for: Callable[[Emitter, str], InjectedOutputs],
 ) -> str:
-    """N agents in one response: agent 0 extends `context`, the others start from the same request
-    on engine keys of their own. Returns `incomplete` if any agent ran out of output budget."""
+    """N agents in one response, at most `max_concurrent_subagents` at once: agent 0 extends `context`,
+    the others start from the same request on engine keys of their own; an agent beyond the cap starts
+    when one ends (its schedule from then). Returns `incomplete` if any agent ran out of output budget."""
     request = emitter.response.request
+    cap = request.multi_agent.max_concurrent_subagents
+    slots = trio.Semaphore(cap)
     outcomes: list[str] = []
 
-    async def run(index: int) -> None:
-        name = f"agent{index}"
-        log = metrics.PhaseLog(schedule=emitter.log.schedule)
-        view = AgentEmitter(emitter.response, emitter.sink, log, emitter.include_timing, parent=emitter)
-        ctx = context if index == 0 else await api.pre_inference(log, request, request.input, engine_key=(context.engine_key, name))
-        loop = SamplingLoop(
-            api, view, ctx, hosted=HostedTools(api, log, ctx.route.policy.workload.text_seed), client=backend_for(view, name),
-            pinned_kv=False, export_reasoning=request.wants_encrypted_reasoning, agent=name,
-        )
-        outcomes.append(await loop.run())
+    async def run(index: int, schedule: float | None) -> None:
+        try:
+            name = f"agent{index}"
+            log = metrics.PhaseLog(schedule=schedule)
+            view = AgentEmitter(emitter.response, emitter.sink, log, emitter.include_timing, parent=emitter)
+            ctx = context if index == 0 else await api.pre_inference(log, request, request.input, engine_key=(context.engine_key, name))
+            loop = SamplingLoop(
+                api, view, ctx, hosted=HostedTools(api, log, ctx.route.policy.workload.text_seed), client=backend_for(view, name),
+                pinned_kv=False, export_reasoning=request.wants_encrypted_reasoning, agent=name,
+            )
+            outcomes.append(await loop.run())
+        finally:
+            slots.release()
 
     async with trio.open_nursery() as nursery:
-        for index in range(subagents):
-            nursery.start_soon(run, index)
+        for index in range(subagents):  # slots are taken here, in the agents' order, not in the order trio runs them
+            await slots.acquire()
+            # The first `cap` start with the response; a later one when a slot freed up, its schedule from then.
+            nursery.start_soon(run, index, emitter.log.schedule if index < cap else trio.current_time())
     return INCOMPLETE if INCOMPLETE in outcomes else COMPLETED

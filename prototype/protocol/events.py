@@ -29,12 +29,16 @@ class ToolDef:
     raw: dict[str, Any] = attrs.field(eq=False, hash=False)
 
 
+# openai-python 3.63.0 `ResponseCreateMultiAgent.max_concurrent_subagents`: "The default is `3`".
+DEFAULT_MAX_CONCURRENT_SUBAGENTS = 3
+
+
 @attrs.frozen
 class MultiAgent:
     """`multi_agent` as sent, validated (openai-python `ResponseCreateMultiAgent`)."""
 
     enabled: bool
-    max_concurrent_subagents: int = 3  # the SDK's documented default
+    max_concurrent_subagents: int = DEFAULT_MAX_CONCURRENT_SUBAGENTS
 
     def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "max_concurrent_subagents": self.max_concurrent_subagents}
@@ -75,12 +79,12 @@ class CreateRequest:
 
     @property
     def subagents(self) -> int:
-        """Hosted subagents the simulated root runs: `metadata.testbed_subagents`, at most
-        `multi_agent.max_concurrent_subagents`; 0 without multi_agent [ours]."""
+        """Hosted subagents the simulated root runs in all: `metadata.testbed_subagents`; 0 without
+        multi_agent [ours]. `multi_agent.max_concurrent_subagents` caps how many run at once, not this."""
         if not self.takes_injected_input:
             return 0
         asked = self.metadata.get("testbed_subagents", "0")
-        return min(int(asked) if asked.isdigit() else 0, self.multi_agent.max_concurrent_subagents)
+        return int(asked) if asked.isdigit() else 0
 
     @property
     def wants_encrypted_reasoning(self) -> bool:

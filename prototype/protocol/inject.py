@@ -1,12 +1,13 @@
 """`response.inject`: client tool outputs committed to an active response, sans-IO.
 
-The public sources (openai-python `types/beta/beta_response_inject_*.py`; the multi-agent guide,
+The public sources (openai-python 3.63.0 `types/beta/beta_response_inject_*.py`; the multi-agent guide,
 developers.openai.com/api/docs/guides/responses-multi-agent, "Inject tool outputs over WebSocket")
 define the frame and its two answers: the input items are validated and committed atomically,
 `response.inject.created` if they were, else `response.inject.failed` carrying the raw input back
-and an error whose code is `response_already_completed` (the client then sends the input in a new
-`response.create` continuing the completed response) or `response_not_found`. A frame that does not
-match the event's schema gets a generic 400 error and the connection closes.
+and an error whose code is one of the two its type allows (`BetaResponseInjectFailedEvent.Error.code`):
+`response_already_completed` (the client then sends the input in a new `response.create` continuing
+the completed response) or `response_not_found`. A frame that does not match the event's schema
+gets a generic 400 error and the connection closes.
 
 This book decides which answer each injection gets and when a waiting response resumes; the session
 (server/websocket.py) sends the events and wakes the response; nothing here knows about sockets or
@@ -15,8 +16,13 @@ time. Where the sources are silent the choices are ours (docs/protocol.md, "Inje
 * a response takes injected input when it was created with `multi_agent.enabled`; it is open from
   its `response.created` to its terminal event, and its outputs are accepted while it generates
   (for any call it has streamed) as well as while it waits at its tool call point;
-* an output that answers no streamed call of the response, or one already answered, and any item
-  other than a `function_call_output`, are refused with `invalid_function_call_output`;
+* items the response cannot take (an item other than a `function_call_output`, the type's
+  description: "Currently, the server accepts client-owned tool outputs that resume a waiting agent";
+  an output that answers no streamed call of the response, or one already answered) are not a
+  reason `response.inject.failed` can carry: they are refused as the API refuses the same items in
+  a `response.create`, with an `error` event (`ProtocolError`: 400 `invalid_request_error`, the
+  API's message and param for an output whose call it cannot find; the code is ours, the API sends
+  `code: null`), and the connection keeps serving;
 * a response that ended is `response_already_completed` whatever its status; the book remembers the
   last `ENDED_KEPT` ended responses, an older or unknown id (and an active response that does not
   take injected input) is `response_not_found`.
@@ -30,14 +36,13 @@ from typing import Any
 
 import attrs
 
-from .errors import INVALID_FUNCTION_CALL_OUTPUT, RESPONSE_ALREADY_COMPLETED, RESPONSE_NOT_FOUND, ProtocolError
+from .errors import INVALID_FUNCTION_CALL_OUTPUT, INVALID_VALUE, RESPONSE_ALREADY_COMPLETED, RESPONSE_NOT_FOUND, ProtocolError
+from .events import DEFAULT_MAX_CONCURRENT_SUBAGENTS
 from .items import FunctionCallOutput, Item, parse_input
 
 # The beta the multi-agent guide names for inject and `multi_agent`: sent as `OpenAI-Beta` on the
 # WebSocket handshake (openai-python's connector "doesn't yet accept betas").
 BETA_MULTI_AGENT = "responses_multi_agent=v1"
-# openai-python `ResponseCreateMultiAgent.max_concurrent_subagents`: "The default is `3`".
-DEFAULT_MAX_CONCURRENT_SUBAGENTS = 3
 ENDED_KEPT = 256  # ended responses remembered per connection, for `response_already_completed` [ours]
 
 _INJECT_KEYS = frozenset({"type", "response_id", "input"})
@@ -78,7 +83,8 @@ def parse_inject(frame: dict[str, Any]) -> ResponseInject:
 
 @attrs.frozen
 class InjectRefused:
-    """`response.inject.failed`: the code and message of its error."""
+    """`response.inject.failed`: the code (`response_already_completed` or `response_not_found`, the two its
+    type allows) and message of its error."""
 
     code: str
     message: str
@@ -128,7 +134,8 @@ class InjectBook:
 
     def submit(self, inject: ResponseInject, streamed_calls: Sequence[str]) -> InjectCommitted | InjectRefused:
         """Commit all of `inject`'s items or none. `streamed_calls`: the call ids of the function
-        calls the response has streamed so far."""
+        calls the response has streamed so far. Raises `ProtocolError` for items the response cannot
+        take (an `error` event, not `response.inject.failed`: see the module docstring)."""
         response_id = inject.response_id
         target = self.targets.get(response_id)
         if target is None:
@@ -140,14 +147,18 @@ class InjectBook:
         items = parse_input(inject.raw_input)
         streamed = set(streamed_calls)
         seen: set[str] = set()
-        for item in items:
+        for index, item in enumerate(items):
             if not isinstance(item, FunctionCallOutput):
-                return InjectRefused(INVALID_FUNCTION_CALL_OUTPUT, f"Only function_call_output items can be injected, not '{item.type}'.")
+                raise ProtocolError(INVALID_VALUE, f"Invalid value: {item.type!r}. Supported values are: 'function_call_output'.",
+                                    param=f"input[{index}].type")
             call_id = item.call_id
             if call_id not in streamed:
-                return InjectRefused(INVALID_FUNCTION_CALL_OUTPUT, f"No function call with call_id '{call_id}' in response '{response_id}'.")
+                # The API's message and param for an output whose call it cannot find (api/checks.py).
+                raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"No tool call found for function call output with call_id {call_id}.",
+                                    param="input")
             if call_id in seen or call_id in target.answers or call_id in target.consumed:
-                return InjectRefused(INVALID_FUNCTION_CALL_OUTPUT, f"The function call '{call_id}' already has an output.")
+                raise ProtocolError(INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output for call_id '{call_id}' answered twice.",
+                                    param=f"input[{index}]")
             seen.add(call_id)
         for item in items:
             target.answers[item.call_id] = item

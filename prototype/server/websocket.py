@@ -269,12 +269,19 @@ class WebSocketSession:
     async def inject(self, event: ResponseInject, arrived: float) -> None:
         """`response.inject.created`, numbered in the target's sequence, and the waiting response
         resumes once every call it waits for is answered; else `response.inject.failed` with the
-        raw input (sequence number 0 and no lane when the target is not active [ours])."""
+        raw input (sequence number 0 and no lane when the target is not active [ours]); items the
+        target cannot take are an `error` event on the target's lane, and the connection keeps serving."""
         emitter = self.active.get(event.response_id)
         streamed = [] if emitter is None else [
             item.call_id for item in emitter.response.output if isinstance(item, FunctionCall) and item.status == "completed"
         ]
-        outcome = self.injects.submit(event, streamed)
+        try:
+            outcome = self.injects.submit(event, streamed)
+        except ProtocolError as error:
+            self.record_refusal(error)
+            lane = next((lane.stream_id for lane in self.lanes.values() if lane.response_id == event.response_id), None)
+            await self.send_error(error, lane)
+            return
         if isinstance(outcome, InjectRefused):
             fields = {"response_id": event.response_id, "input": event.raw_input, "error": {"code": outcome.code, "message": outcome.message}}
             if emitter is None:

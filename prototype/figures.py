@@ -354,10 +354,11 @@ def published_plot(axes: Sequence[Any], rows: Sequence[Mapping[str, Any]], trend
 
 
 # The API's own work per turn, in the order a turn passes through it (metrics.PRE_INFERENCE, then
-# the post-inference work that blocks the terminal event), each drawn with its own hatch.
+# the post-inference work that blocks the terminal event), each drawn with its own hatch: solid, diagonal, dotted,
+# horizontal, vertical, crossed, in dark lines that show on every design's colour.
 API_PHASES = (*metrics.PRE_INFERENCE, metrics.POST)
-PHASE_HATCHES = {metrics.VALIDATE: "", metrics.SAFETY: "///", metrics.RENDER: "...", metrics.ROUTE: "xx",
-                 metrics.STORE_READ: "\\\\\\", metrics.POST: "oo"}
+PHASE_HATCHES = {metrics.VALIDATE: "", metrics.SAFETY: "///", metrics.RENDER: "..", metrics.ROUTE: "---",
+                 metrics.STORE_READ: "|||", metrics.POST: "xx"}
 # Where a turn's time goes, coarsely: the client's tool, the model (queue, prefill, decode, hosted
 # tools), the API's work, and the rest (network and client).
 TURN_PARTS = {
@@ -366,7 +367,17 @@ TURN_PARTS = {
     "API": API_PHASES,
     "network + client": ("network_client",),
 }
-PART_HATCHES = {"tool (client)": "", "model": "..", "API": "////", "network + client": "xx"}
+PART_HATCHES = {"tool (client)": "", "model": "..", "API": "///", "network + client": "xx"}
+HATCH_COLOR = "#1a1a1a"
+HATCH_WIDTH = 0.8
+# What every mark of compare's figure means, printed under it [ours].
+COMPARE_CAPTION = (
+    "Bars: the table's figures, per design and speed: end to end the mean per task (the table's 'vs http' is the ratio "
+    "of these means), time to first token the median turn. Black error bars: their 95% intervals, a bootstrap over "
+    "the n tasks. Dots: one task each; ▲ with a number: a task above the axis, its end-to-end time in s. Bytes sent: "
+    "all the tasks' bytes over all their turns, with the value on each bar. Bottom: the API's stages per turn (each "
+    "stage its hatch, the total on top) and a turn's time split into its parts (each part its hatch), in each design's "
+    "colour.")
 
 
 def _color(design: str) -> str:
@@ -389,6 +400,17 @@ def _per_turn(group: Sequence[Mapping[str, Any]], phases: Sequence[str]) -> floa
     return sum(r["phase_totals_s"].get(p, 0.0) for r in group for p in phases) / max(turns, 1)
 
 
+def _estimates(table: Sequence[Mapping[str, Any]], groups: Mapping[tuple[str, float], Sequence[Mapping[str, Any]]],
+               design: str, speed: float) -> tuple[Any, Any]:
+    """The mean end-to-end time (s) and median TTFT (ms) of one (design, speed) with their intervals: the table's
+    when it has them (`benchmark.summarize`), else computed from the task rows the same way."""
+    row = next((r for r in table if r.get("design") == design and r.get("decode_tps") == speed and "e2e_mean_s_low" in r), None)
+    if row is not None:
+        return benchmark.interval_of(row, "e2e_mean_s"), benchmark.interval_of(row, "ttft_p50_ms")
+    figures = benchmark.estimates(list(groups[(design, speed)]), None)
+    return figures["e2e_mean_s"], figures["ttft_p50_ms"]
+
+
 def compare_figure(
     table: Sequence[Mapping[str, Any]],
     rows: Sequence[Mapping[str, Any]],
@@ -397,9 +419,11 @@ def compare_figure(
     workload: str = "the 'coding' workload",
     clock: str = "virtual time",
 ) -> Path:
-    """compare's figure from its task rows (`benchmark.task_row`); `table` (`benchmark.summarize`)
-    gives the n per point; `workload` and `clock` go into the title ("the 'coding' workload",
-    "virtual time"). Writes `path` (PNG or SVG by its suffix) and returns it."""
+    """compare's figure from its task rows (`benchmark.task_row`) and its table (`benchmark.summarize`), which gives
+    the n per point and the estimates with their intervals (computed from the rows where the table lacks them); the
+    bars are the table's statistics, so the figure and the table tell one story. `workload` and `clock` go into the
+    title ("the 'coding' workload", "virtual time"); a caption under the panels says what every mark means. Writes
+    `path` (PNG or SVG by its suffix) and returns it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,7 +431,7 @@ def compare_figure(
     from matplotlib.patches import Patch
 
     designs, speeds, groups = _groups(rows)
-    n = sorted({r["tasks"] for r in table}) or [len(groups.get((designs[0], speeds[0]), []))]
+    n = sorted({r["tasks"] for r in table if "tasks" in r}) or [len(groups.get((designs[0], speeds[0]), []))]
     x = np.arange(len(speeds))
     width = 0.8 / len(designs)
 
@@ -419,27 +443,37 @@ def compare_figure(
         ax.set_xlim(-0.5, len(speeds) - 0.5)
         ax.grid(axis="y", alpha=0.3)
 
-    fig = plt.figure(figsize=(14, 8.5))
-    grid = fig.add_gridspec(2, 3, hspace=0.42, wspace=0.28)
-    e2e_ax, ttft_ax, bytes_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
-    api_ax = fig.add_subplot(grid[1, :2])
-    turn_ax = fig.add_subplot(grid[1, 2])
+    def error_bars(ax: Any, xs: np.ndarray, estimates: list[Any], scale: float = 1.0) -> np.ndarray:
+        values = np.array([np.nan if e is None else e.value * scale for e in estimates])
+        below = np.array([0.0 if e is None else e.error_bar()[0] * scale for e in estimates])
+        above = np.array([0.0 if e is None else e.error_bar()[1] * scale for e in estimates])
+        ax.errorbar(xs, values, yerr=[below, above], fmt="none", ecolor="black", capsize=3, lw=1)
+        return values + above
+
+    fig = plt.figure(figsize=(14, 9.4))
+    outer = fig.add_gridspec(2, 1, hspace=0.42)
+    top_row = outer[0].subgridspec(1, 3, wspace=0.28)
+    bottom_row = outer[1].subgridspec(1, 2, width_ratios=(2, 1), wspace=0.3)
+    e2e_ax, ttft_ax, bytes_ax = (fig.add_subplot(top_row[0, i]) for i in range(3))
+    api_ax = fig.add_subplot(bottom_row[0, 0])
+    turn_ax = fig.add_subplot(bottom_row[0, 1])
 
     e2e_points: list[tuple[np.ndarray, list[np.ndarray]]] = []
+    highest = 0.0
     for i, design in enumerate(designs):
         color = _color(design)
+        present = [(design, s) in groups for s in speeds]
+        estimates = [_estimates(table, groups, design, s) if here else (None, None) for s, here in zip(speeds, present)]
         e2e = [np.array([r["e2e_s"] for r in groups.get((design, s), [])]) for s in speeds]
-        p50 = np.array([np.percentile(v, 50) if v.size else np.nan for v in e2e])
-        p90 = np.array([np.percentile(v, 90) if v.size else np.nan for v in e2e])
-        e2e_ax.bar(offsets(i), p50, width, color=color)
-        e2e_ax.errorbar(offsets(i), p50, yerr=[np.zeros_like(p50), p90 - p50], fmt="none", ecolor="black", capsize=3, lw=1)
+        means = [e for e, _ in estimates]
+        e2e_ax.bar(offsets(i), [np.nan if e is None else e.value for e in means], width, color=color)
+        tops = error_bars(e2e_ax, offsets(i), means)
+        highest = max([highest, *(t for t in tops if t == t)])
         e2e_points.append((offsets(i), e2e))
 
-        ttft = [np.concatenate([r["ttft_s"] for r in groups.get((design, s), [])] or [np.array([])]) * 1000 for s in speeds]
-        t50 = np.array([np.percentile(v, 50) if v.size else np.nan for v in ttft])
-        t90 = np.array([np.percentile(v, 90) if v.size else np.nan for v in ttft])
-        ttft_ax.bar(offsets(i), t50, width, color=color)
-        ttft_ax.errorbar(offsets(i), t50, yerr=[np.zeros_like(t50), t90 - t50], fmt="none", ecolor="black", capsize=3, lw=1)
+        medians = [t for _, t in estimates]
+        ttft_ax.bar(offsets(i), [np.nan if t is None else t.value for t in medians], width, color=color)
+        error_bars(ttft_ax, offsets(i), medians)
 
         sent = []
         for s in speeds:
@@ -452,13 +486,14 @@ def compare_figure(
         bottom = np.zeros(len(speeds))
         for phase in API_PHASES:
             ms = np.array([1000 * _per_turn(groups.get((design, s), []), (phase,)) for s in speeds])
-            api_ax.bar(offsets(i), ms, width, bottom=bottom, color=color, hatch=PHASE_HATCHES[phase], edgecolor="white", lw=0.5)
+            api_ax.bar(offsets(i), ms, width, bottom=bottom, color=color, hatch=PHASE_HATCHES[phase], edgecolor="white", lw=0.5,
+                       hatchcolor=HATCH_COLOR, hatch_linewidth=HATCH_WIDTH)
             bottom += ms
         api_ax.bar_label(api_ax.containers[-1], [f"{v:.0f}" for v in bottom], fontsize=7, padding=1)
 
-    # Every task as a dot; the scale stops above the highest p90 so the bars stay readable, and a
+    # Every task as a dot; the scale stops a little above the highest interval so the bars stay readable, and a
     # task beyond it is drawn as a triangle on the top edge with its value.
-    top = max(np.percentile(v, 90) for _, e2e in e2e_points for v in e2e if v.size) * 1.3
+    top = (highest or max(v.max() for _, e2e in e2e_points for v in e2e if v.size)) * 1.15
     for xs, e2e in e2e_points:
         for xj, values in zip(xs, e2e):
             inside, beyond = values[values <= top], values[values > top]
@@ -468,15 +503,15 @@ def compare_figure(
                 e2e_ax.annotate(f"{beyond.max():.0f}", (xj, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=6)
     e2e_ax.set_ylim(0, top)
     e2e_ax.set_ylabel("seconds per task")
-    e2e_ax.set_title("End to end per task: p50 bar, p90 whisker, dots = tasks", fontsize=10, pad=14)
+    e2e_ax.set_title("End to end per task: mean, 95% interval, tasks", fontsize=10, pad=14)
     ttft_ax.set_ylabel("ms per turn")
-    ttft_ax.set_title("Time to first token per turn: p50, p90 whisker", fontsize=10)
+    ttft_ax.set_title("Time to first token per turn: median, 95% interval", fontsize=10)
     bytes_ax.set_ylabel("kB per turn")
     bytes_ax.set_title("Bytes sent per turn (client to server)", fontsize=10)
     api_ax.set_ylabel("ms per turn")
     api_ax.set_title("Where the API's time goes per turn (total on top); tool time is on the right", fontsize=10)
     api_ax.legend(
-        handles=[Patch(facecolor="#bbbbbb", hatch=PHASE_HATCHES[p], edgecolor="white", label=p) for p in API_PHASES],
+        handles=[Patch(facecolor="white", hatch=PHASE_HATCHES[p], edgecolor=HATCH_COLOR, label=p) for p in API_PHASES],
         fontsize=8, ncols=len(API_PHASES), loc="upper right",
     )
     for ax in (e2e_ax, ttft_ax, bytes_ax, api_ax):
@@ -490,7 +525,8 @@ def compare_figure(
     left = np.zeros(len(designs))
     for part, phases in TURN_PARTS.items():
         seconds = np.array([_per_turn(groups.get((d, middle), []), phases) for d in designs])
-        turn_ax.barh(y, seconds, 0.6, left=left, color=[_color(d) for d in designs], hatch=PART_HATCHES[part], edgecolor="white", lw=0.5)
+        turn_ax.barh(y, seconds, 0.6, left=left, color=[_color(d) for d in designs], hatch=PART_HATCHES[part], edgecolor="white",
+                     lw=0.5, hatchcolor=HATCH_COLOR, hatch_linewidth=HATCH_WIDTH)
         left += seconds
     for yi, total in zip(y, left):
         turn_ax.text(total, yi, f" {total:.2f} s", va="center", fontsize=8)
@@ -499,7 +535,7 @@ def compare_figure(
     turn_ax.set_xlim(0, left.max() * 1.3 if left.size and left.max() > 0 else 1)
     turn_ax.set_xlabel("seconds per turn")
     turn_ax.set_title(f"A turn's time at {middle:g} tok/s", fontsize=10)
-    turn_ax.legend(handles=[Patch(facecolor="#bbbbbb", hatch=PART_HATCHES[p], edgecolor="white", label=p) for p in TURN_PARTS],
+    turn_ax.legend(handles=[Patch(facecolor="white", hatch=PART_HATCHES[p], edgecolor=HATCH_COLOR, label=p) for p in TURN_PARTS],
                    fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
     turn_ax.grid(axis="x", alpha=0.3)
 
@@ -508,6 +544,9 @@ def compare_figure(
     tasks = ", ".join(map(str, n))
     noun = "task" if n == [1] else "tasks"
     fig.suptitle(f"compare: {workload}, n = {tasks} {noun} per design and speed, {clock}", x=0.02, ha="left", fontsize=12)
+    import textwrap
+
+    fig.text(0.02, 0.015, "\n".join(textwrap.wrap(COMPARE_CAPTION, 215)), ha="left", va="top", fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90 if path.suffix == ".png" else None, bbox_inches="tight")
@@ -518,11 +557,15 @@ def compare_figure(
 @attrs.frozen
 class TornadoPanel:
     """One conclusion's tornado: its value with every parameter at its default, and each parameter's
-    (name, value at the parameter's low end, value at its high end), the others at their defaults."""
+    (name, value at the parameter's low end, value at its high end), the others at their defaults. With
+    `intervals` (per bar, the low end's and the high end's (low, high)) and `default_interval`, each end carries
+    its 95% interval."""
 
     title: str
     default: float
     bars: tuple[tuple[str, float, float], ...]
+    default_interval: tuple[float, float] | None = None
+    intervals: tuple[tuple[tuple[float, float], tuple[float, float]], ...] = ()
 
 
 TORNADO_LOW, TORNADO_HIGH = "#4393c3", "#d6604d"  # a parameter at its low end, at its high end
@@ -530,20 +573,28 @@ TORNADO_LOW, TORNADO_HIGH = "#4393c3", "#d6604d"  # a parameter at its low end, 
 
 def tornado(ax: Any, panel: TornadoPanel, *, top: int = 6) -> None:
     """Horizontal bars from the default to each parameter's low-end (blue) and high-end (red) value, the
-    widest span on top; parameters that move nothing are left out, and at most `top` are drawn."""
-    bars = sorted((b for b in panel.bars if b[1] != panel.default or b[2] != panel.default),
-                  key=lambda b: -abs(b[2] - b[1]))[:top]
-    y = np.arange(len(bars))
-    for yi, (_, low, high) in zip(y, bars):
+    widest span on top; parameters that move nothing are left out, and at most `top` are drawn. Where the panel
+    has intervals, a black whisker at each end spans its interval and a grey band the default's."""
+    kept = [(b, panel.intervals[i] if panel.intervals else None) for i, b in enumerate(panel.bars)
+            if b[1] != panel.default or b[2] != panel.default]
+    kept = sorted(kept, key=lambda k: -abs(k[0][2] - k[0][1]))[:top]
+    y = np.arange(len(kept))
+    for yi, ((_, low, high), ends) in zip(y, kept):
         ax.barh(yi, low - panel.default, left=panel.default, color=TORNADO_LOW, height=0.7)
         ax.barh(yi, high - panel.default, left=panel.default, color=TORNADO_HIGH, height=0.7)
+        if ends is not None:
+            for value, (lo, hi) in ((low, ends[0]), (high, ends[1])):
+                ax.errorbar([value], [yi], xerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], fmt="none", ecolor="black",
+                            capsize=2, lw=0.8)
+    if panel.default_interval is not None:
+        ax.axvspan(*panel.default_interval, color="#999999", alpha=0.25, lw=0)
     ax.axvline(panel.default, color="black", lw=0.8)
-    ax.set_yticks(y, [b[0] for b in bars], fontsize=7)
+    ax.set_yticks(y, [k[0][0] for k in kept], fontsize=7)
     ax.invert_yaxis()
     ax.tick_params(axis="x", labelsize=7)
     ax.set_title(panel.title, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    if not bars:
+    if not kept:
         ax.text(0.5, 0.5, "no parameter moves it", transform=ax.transAxes, ha="center", va="center", fontsize=7)
 
 

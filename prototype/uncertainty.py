@@ -6,7 +6,10 @@ Every table and figure the testbed prints goes through here, so that one rule ho
   (`scipy.stats.bootstrap`, BCa; `paired_bootstrap` when two designs ran the same tasks);
 - a rate of successes among trials gets the exact Clopper-Pearson interval (`scipy.stats.binomtest`);
 - a count of events over an exposure (reconnects per task) gets the exact Poisson (Garwood) interval;
-- a sensitivity index carries SALib's own confidence half-width (`from_half_width`).
+- a sensitivity index carries SALib's own confidence half-width (`from_half_width`);
+- a statistic of units with several samples each (a task's turns), or of several designs run on the same units,
+  is written as a function of how often each unit is drawn (`resample`, with `unit_total`, `unit_mean` and
+  `unit_percentile`): one vectorized bootstrap over the units, fast enough for every cell of a table.
 
 An ordering or a ranking is claimed only where the intervals separate (`order`, `ranking`); elsewhere it is
 printed as not separated or tied. The resamples are seeded, so a table is byte-identical run to run; what moves
@@ -27,6 +30,9 @@ from scipy import stats
 CONFIDENCE = 0.95
 # scipy's default; at 9,999 resamples the BCa end points of a 10-task median move in the third digit between seeds.
 RESAMPLES = 9999
+# `resample` passes the resamples to its statistic this many at a time: a statistic of every turn of the drawn tasks
+# holds an array of a batch's rows by the turns (2,000 x 1,000 turns is 16 MB).
+RESAMPLE_BATCH = 2000
 SEED = 0
 
 
@@ -119,19 +125,99 @@ def paired_bootstrap(first: Sequence[float], second: Sequence[float], statistic:
 
 
 def _bca(data: tuple[np.ndarray, ...], statistic: Callable[..., float], value: float, *, seed: int, confidence: float,
-         paired: bool) -> tuple[float, float]:
-    """The BCa interval's ends. BCa is undefined when the resamples are (nearly) degenerate (scipy warns and gives
+         paired: bool, batch: int | None = None) -> tuple[float, float]:
+    """The BCa interval's ends (a statistic that takes `axis` is called on all the resamples at once). BCa is undefined when the resamples are (nearly) degenerate (scipy warns and gives
     nan); the percentile interval of the same resamples stands in then."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.bootstrap(data, statistic, paired=paired, n_resamples=RESAMPLES, confidence_level=confidence,
-                                 method="BCa", rng=np.random.default_rng(seed))
+                                 method="BCa", rng=np.random.default_rng(seed), batch=batch)
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if math.isnan(low) or math.isnan(high):
         tail = (1 - confidence) / 2
         low, high = (float(q) for q in np.quantile(np.asarray(result.bootstrap_distribution), [tail, 1 - tail]))
     return min(low, value), max(high, value)
+
+
+def resample(n: int, statistic: Callable[[np.ndarray], np.ndarray], *, of: str = "tasks", method: str = "bootstrap",
+             seed: int = SEED, confidence: float = CONFIDENCE, interval: bool = True) -> Estimate:
+    """A statistic of `n` independent units (tasks, trajectories) with a BCa bootstrap interval over the units.
+
+    `statistic(counts)` takes how many times each unit is drawn, an array of shape (..., n), and returns one value
+    per row; the whole sample is a row of ones. Written so, one statistic covers units with several samples each
+    (the turns of a task: `unit_percentile`), several designs measured on the same units (a ratio of two
+    `unit_total`s resamples the tasks of both together) and any n, and it runs over all the resamples at once.
+    `interval` false gives the value alone (NaN ends), for a caller that needs only the point."""
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, of, method)
+    value = float(np.asarray(statistic(np.ones((1, n))))[0])
+    if n < 2 or not interval:
+        return Estimate(value, math.nan, math.nan, n, of, method)
+
+    def on_indices(indices: np.ndarray, axis: int = -1) -> np.ndarray:
+        drawn = np.asarray(indices, dtype=np.intp)
+        flat = drawn.reshape(-1, drawn.shape[-1])
+        offsets = (np.arange(len(flat)) * n)[:, None]
+        counts = np.bincount((flat + offsets).ravel(), minlength=len(flat) * n).reshape(len(flat), n)
+        return np.asarray(statistic(counts.astype(float))).reshape(drawn.shape[:-1])
+
+    low, high = _bca((np.arange(n, dtype=float),), on_indices, value, seed=seed, confidence=confidence, paired=False,
+                     batch=RESAMPLE_BATCH)
+    if low == high == value:  # every resample gave the value: a sample with no spread
+        return _exact(value, n, of)
+    return Estimate(value, low, high, n, of, method)
+
+
+def unit_total(values: Sequence[float]) -> Callable[[np.ndarray], np.ndarray]:
+    """The total of one value per unit over the drawn units (for `resample`)."""
+    column = np.asarray(values, dtype=float)
+    return lambda counts: counts @ column
+
+
+def unit_mean(values: Sequence[float]) -> Callable[[np.ndarray], np.ndarray]:
+    """The mean of one value per unit over the drawn units (for `resample`)."""
+    column = np.asarray(values, dtype=float)
+    return lambda counts: (counts @ column) / counts.sum(axis=-1)
+
+
+def unit_percentile(samples: Sequence[Sequence[float]], q: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The q-th percentile (numpy's linear interpolation) of the samples of the drawn units, each unit's samples
+    counted as often as the unit is drawn: the median turn of the drawn tasks (for `resample`). On the whole
+    sample it is `np.percentile` of all the samples."""
+    values = np.concatenate([np.asarray(s, dtype=float) for s in samples]) if len(samples) else np.array([])
+    units = np.repeat(np.arange(len(samples)), [len(s) for s in samples])
+    order = np.argsort(values, kind="stable")
+    values, units = values[order], units[order]
+    share = q / 100
+    # How many samples of each unit lie at or below each sorted value: with the counts, a matrix product gives the
+    # drawn samples at or below it, for every resample at once (a cumulative sum over the units' samples is slower
+    # for the few units of a table's cell; beyond a few dozen units the matrix is too large and the sum is used).
+    below_of_unit = np.cumsum(np.arange(len(samples))[:, None] == units[None, :], axis=-1, dtype=float) if len(samples) <= 64 else None
+
+    def cumulative_of(counts: np.ndarray) -> np.ndarray:
+        if below_of_unit is not None:
+            return counts @ below_of_unit
+        return np.cumsum(counts[..., units], axis=-1)
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        cumulative = cumulative_of(counts)  # drawn samples at or below each sorted value
+        total = cumulative[..., -1] if values.size else np.zeros(counts.shape[:-1])
+        # np.percentile's "linear" method on the drawn samples, repeated as often as their units are drawn.
+        virtual = (total - 1) * share
+        below = np.floor(virtual)
+        gamma = virtual - below
+        above = np.minimum(below + 1, total - 1)
+
+        def at(index: np.ndarray) -> np.ndarray:
+            position = (cumulative <= index[..., None]).sum(axis=-1)
+            return values[np.minimum(position, values.size - 1)] if values.size else np.full(index.shape, math.nan)
+
+        a, b = at(below), at(above)
+        result = np.where(gamma >= 0.5, b - (b - a) * (1 - gamma), a + (b - a) * gamma)
+        return np.where(total > 0, result, math.nan)
+
+    return statistic
 
 
 def rate(successes: int, trials: int, *, of: str = "trials", confidence: float = CONFIDENCE) -> Estimate:

@@ -84,15 +84,45 @@ def test_the_summary_has_one_row_per_design_and_speed_in_order():
     assert [(r["design"], r["decode_tps"]) for r in table] == [
         ("http-stored", 65.0), ("chained", 65.0), ("other", 65.0), ("http", 1000.0), ("suspended", 1000.0)]
     suspended = table[-1]
+    # http ran one task at 1000 tokens/s and suspended two: no ratio between them (they must run the same tasks).
+    for name in ("speedup_vs_http", "gain_vs_http", "ttft_p50_ratio_vs_http"):
+        assert all(math.isnan(suspended.pop(name + part)) for part in ("", "_low", "_high"))
+    intervals = {k: suspended.pop(k) for k in list(suspended) if k.endswith(("_low", "_high"))}
+    assert sorted(intervals) == sorted(f"{name}{part}" for name in ("e2e_mean_s", "e2e_p50_s", "ttft_p50_ms") for part in ("_low", "_high"))
     assert suspended == pytest.approx({
-        "design": "suspended", "decode_tps": 1000.0, "tasks": 2, "e2e_p50_s": 4.0, "e2e_p90_s": 5.6, "speedup_vs_http": 1.0,
+        "design": "suspended", "decode_tps": 1000.0, "tasks": 2, "e2e_mean_s": 4.0, "e2e_p50_s": 4.0, "e2e_p90_s": 5.6,
         "ttft_p50_ms": 300.0, "api_overhead_share": 0.25, "bytes_sent_per_turn": (50.0 * 3 + 100.0) / 4,
         "bytes_received_per_turn": 10.0, "cached_share": 0.25, "reasoning_share": 0.1, "web_searches_per_task": 1.5,
         "calls_per_tool_turn": 5 / 2, "reconnects": 3,
     })
+    # Two tasks: the mean's interval runs between them; the turns' median between the turns the two tasks hold.
+    assert intervals["e2e_mean_s_low"] >= 2.0 and intervals["e2e_mean_s_high"] <= 6.0
+    assert 100.0 <= intervals["ttft_p50_ms_low"] <= 300.0 <= intervals["ttft_p50_ms_high"] <= 500.0
     assert isinstance(suspended["reconnects"], int)
     assert math.isnan(table[1]["speedup_vs_http"])  # no http at 65 tokens/s (only http-stored)
     assert math.isnan(table[1]["cached_share"]) and math.isnan(table[1]["reasoning_share"])
+
+
+def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with_an_interval_over_them():
+    http = [a_row("http", 1000.0, e, task=f"t{i}", ttft_s=[e / 10, e / 5]) for i, e in enumerate((10.0, 20.0, 40.0, 80.0))]
+    twice = [a_row("chained", 1000.0, e / 2, task=f"t{i}", ttft_s=[e / 20, e / 10]) for i, e in enumerate((10.0, 20.0, 40.0, 80.0))]
+    table = {r["design"]: r for r in benchmark.summarize(http + twice)}
+    chained = table["chained"]
+    # Twice as fast on every task: +50% on the means, 2x, and half the median TTFT, in every resample of the tasks.
+    assert [benchmark.interval_of(chained, k) for k in ("gain_vs_http", "speedup_vs_http", "ttft_p50_ratio_vs_http")] == [
+        benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (0.5, 2.0, 0.5)]
+    assert (table["http"]["gain_vs_http"], table["http"]["speedup_vs_http"]) == (0.0, 1.0)
+    mean = benchmark.interval_of(chained, "e2e_mean_s")
+    assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0
+    # Faster on three tasks, slower on one: the gain's interval spans the per-task gains' range and the point.
+    mixed = [a_row("chained", 1000.0, e * f, task=f"t{i}") for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0, 80.0), (0.5, 0.6, 0.7, 1.2)))]
+    gain = benchmark.interval_of(benchmark.summarize(http + mixed)[1], "gain_vs_http")
+    assert gain.value == pytest.approx(1 - (5 + 12 + 28 + 96) / 150) and -0.2 <= gain.low < gain.value < gain.high <= 0.5
+    # Another order of the tasks is not the same tasks: no ratio.
+    assert math.isnan(benchmark.summarize(http + twice[::-1])[1]["gain_vs_http"])
+    # Without intervals the values are the same and the ends NaN.
+    bare = {r["design"]: r for r in benchmark.summarize(http + twice, intervals=False)}["chained"]
+    assert bare["gain_vs_http"] == 0.5 and math.isnan(bare["gain_vs_http_low"]) and bare["e2e_mean_s"] == 18.75
 
 
 def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_tool_turn():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prototype import notebook, workload
+from prototype import headline, notebook, workload
 from prototype.__main__ import main as cli_main
 from prototype.cli import demo, figures
 from prototype.client.harness import RolloutRecord, TurnRecord
@@ -179,6 +179,7 @@ def stand_ins(monkeypatch):
         out = Path(argv[argv.index("--out") + 1])
         out.mkdir(parents=True)
         (out / "compare.png").write_bytes(b"compare")
+        headline.write(out / "compare.json", {"headline": headline.section("compare", command="c", workload="w", figures={})})
         return 0
 
     def execute(path, output):
@@ -206,8 +207,9 @@ def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_pat
     scratch = Path(argv[1]).parent
     assert argv == ["--out", str(scratch / "compare"), "--tasks", "1", "--turns", "2"]
     assert scratch.name.startswith("figures-") and not scratch.exists()  # the scratch folder is removed
-    assert sorted(p.name for p in out.iterdir()) == sorted(["compare.png", *figures.NOTEBOOK_PICTURES])
+    assert sorted(p.name for p in out.iterdir()) == sorted(["compare.png", "compare.json", *figures.NOTEBOOK_PICTURES])
     assert (out / "compare.png").read_bytes() == b"compare"
+    assert headline.load("compare", out)["command"] == "c"  # the data behind the compare figure
     assert [(out / p).read_bytes() for p in figures.NOTEBOOK_PICTURES] == [n.encode() for n in figures.NOTEBOOKS]
     assert [(path, output) for path, output, _ in stand_ins["notebooks"]] == [
         (figures.REPO / "notebooks" / f"{name}.py", scratch / f"{name}.ipynb") for name in figures.NOTEBOOKS]
@@ -218,7 +220,7 @@ def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_pat
         "/kept", None, "kept-backend")
     printed = capsys.readouterr().out.splitlines()
     assert printed[:4] == [f"notebooks/{name}.py: executed in 1.2 s" for name in figures.NOTEBOOKS]
-    written = ", ".join(str(out / p) for p in ("compare.png", *figures.NOTEBOOK_PICTURES))
+    written = ", ".join(str(out / p) for p in ("compare.png", "compare.json", *figures.NOTEBOOK_PICTURES))
     assert printed[4] == "" and printed[5].startswith(f"wrote {written} in ") and printed[5].endswith(" s")
     assert len(printed) == 6
 
@@ -252,9 +254,9 @@ def test_figures_at_full_size_run_the_default_compare_and_the_notebooks_in_full(
 
 def test_figures_without_notebooks_write_only_the_compare_figure(tmp_path, stand_ins, capsys):
     assert cli_main(["figures", "--no-notebooks", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
     assert stand_ins["notebooks"] == []
-    assert capsys.readouterr().out.startswith(f"\nwrote {tmp_path / 'compare.png'} in ")
+    assert capsys.readouterr().out.startswith(f"\nwrote {tmp_path / 'compare.png'}, {tmp_path / 'compare.json'} in ")
 
 
 def test_a_failed_compare_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
@@ -267,7 +269,7 @@ def test_a_failed_compare_writes_nothing_and_exits_1(tmp_path, monkeypatch, caps
 def test_without_the_notebook_extra_the_pictures_are_skipped_with_a_message(tmp_path, stand_ins, monkeypatch, capsys):
     monkeypatch.setitem(__import__("sys").modules, "jupytext", None)
     assert cli_main(["figures", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
     printed = capsys.readouterr().out
     assert printed.startswith("notebook pictures skipped: import of jupytext halted; None in sys.modules "
                               "(install the test extra: pip install -e '.[test]')\n\nwrote ")

@@ -10,6 +10,7 @@ import argparse
 import csv
 import json
 import math
+import textwrap
 import types
 from pathlib import Path
 
@@ -45,43 +46,65 @@ def parsed(*argv: str) -> argparse.Namespace:
 
 
 def a_table_row(**changes):
-    row = {"design": "suspended", "decode_tps": 4000.0, "tasks": 3, "e2e_p50_s": 12.345, "e2e_p90_s": 1234.5,
-           "speedup_vs_http": 1.235, "ttft_p50_ms": 1234.5, "api_overhead_share": 0.0125, "bytes_sent_per_turn": 1550.0,
-           "bytes_received_per_turn": 2050.0, "cached_share": 0.5, "reasoning_share": float("nan"),
-           "web_searches_per_task": 0.125, "calls_per_tool_turn": 1.5, "reconnects": 2, "extra": 0.5}
+    row = {"design": "suspended", "decode_tps": 4000.0, "tasks": 3, "e2e_mean_s": 20.25, "e2e_mean_s_low": 10.0, "e2e_mean_s_high": 31.5,
+           "e2e_p50_s": 12.345, "e2e_p50_s_low": 10.0, "e2e_p50_s_high": 15.25, "e2e_p90_s": 1234.5,
+           "speedup_vs_http": 1.235, "speedup_vs_http_low": 1.1, "speedup_vs_http_high": 1.3,
+           "gain_vs_http": 0.19, "gain_vs_http_low": 0.09, "gain_vs_http_high": 0.23,
+           "ttft_p50_ms": 1234.5, "ttft_p50_ms_low": 1000.0, "ttft_p50_ms_high": 1500.0,
+           "ttft_p50_ratio_vs_http": 0.5, "ttft_p50_ratio_vs_http_low": 0.25, "ttft_p50_ratio_vs_http_high": 0.75,
+           "api_overhead_share": 0.0125, "bytes_sent_per_turn": 1550.0, "bytes_received_per_turn": 2050.0, "cached_share": 0.5,
+           "reasoning_share": float("nan"), "web_searches_per_task": 0.125, "calls_per_tool_turn": 1.5, "reconnects": 2, "extra": 0.5}
     row.update(changes)
     return row
 
 
-def test_the_table_prints_units_in_its_headers_and_a_legend(capsys):
-    compare.print_compare_table([a_table_row(), a_table_row(design="http", speedup_vs_http=None)])
+def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_and_a_legend(capsys):
+    exact = {"speedup_vs_http": 1.0, "speedup_vs_http_low": 1.0, "speedup_vs_http_high": 1.0}
+    compare.print_compare_table([a_table_row(), a_table_row(design="http", **exact), a_table_row(design="x", speedup_vs_http=None)])
     assert capsys.readouterr().out == (
-        "   design  tok/s  e2e p50 (s)  vs http (x)  TTFT p50 (ms)  API (%)  sent/turn (kB)\n"
-        "suspended  4,000         12.3         1.24          1,234      1.2             1.6\n"
-        "     http  4,000         12.3            -          1,234      1.2             1.6\n"
-        "  e2e p50 (s): end-to-end time per task, first request to final answer\n"
-        "  vs http (x): total http time / total time of this design, same tasks\n"
+        "   design  tok/s  e2e mean (s)        vs http (x)         TTFT p50 (ms)  API (%)  sent/turn (kB)\n"
+        "suspended  4,000   20 [10, 32]  1.24 [1.10, 1.30]  1,234 [1,000, 1,500]      1.2             1.6\n"
+        "     http  4,000   20 [10, 32]               1.00  1,234 [1,000, 1,500]      1.2             1.6\n"
+        "        x  4,000   20 [10, 32]                  -  1,234 [1,000, 1,500]      1.2             1.6\n"
+        "  e2e mean (s): end-to-end time per task, first request to final answer, mean over the tasks (as in\n"
+        "      compare.png)\n"
+        "  vs http (x): total http time / total time of this design, same tasks: the ratio of the means\n"
         "  TTFT p50 (ms): per turn, request sent to first output delta\n"
         "  API (%): api_overhead_share, the API's own work (validate, safety, render, route, store reads,\n"
         "      blocking post-inference) as a share of end-to-end time\n"
         "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as\n"
         "      in compare.png)\n"
+        "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of\n"
+        "      both designs together, as they ran the same tasks)\n"
     )
+
+
+def test_a_table_without_intervals_prints_its_values_and_no_interval_legend(capsys):
+    row = {k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}
+    compare.print_compare_table([row])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
+    assert not any(line.startswith("  [low, high]") for line in lines)
 
 
 def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(capsys):
     compare.print_compare_table([a_table_row()], wide=True)
     lines = capsys.readouterr().out.splitlines()
     assert [h.strip() for h in lines[0].split("  ") if h] == [
-        "design", "tok/s", "tasks", "e2e p50 (s)", "e2e p90 (s)", "vs http (x)", "TTFT p50 (ms)", "API (%)",
-        "sent/turn (kB)", "recv/turn (kB)", "cached (%)", "reasoning (%)", "searches/task", "calls/tool turn", "reconnects",
-        "extra"]
-    assert lines[1].split() == ["suspended", "4,000", "3", "12.3", "1,234.5", "1.24", "1,234", "1.2", "1.6", "2.0", "50.0",
-                                "-", "0.12", "1.50", "2", "0.500"]
+        "design", "tok/s", "tasks", "e2e mean (s)", "e2e p50 (s)", "e2e p90 (s)", "vs http (x)", "gain (%)", "TTFT p50 (ms)",
+        "TTFT/http (x)", "API (%)", "sent/turn (kB)", "recv/turn (kB)", "cached (%)", "reasoning (%)", "searches/task",
+        "calls/tool turn", "reconnects", "extra"]
+    assert [c.strip() for c in lines[1].split("  ") if c] == [
+        "suspended", "4,000", "3", "20 [10, 32]", "12.3 [10.0, 15.2]", "1,234.5", "1.24 [1.10, 1.30]", "19.0 [9.0, 23.0]",
+        "1,234 [1,000, 1,500]", "0.50 [0.25, 0.75]", "1.2", "1.6", "2.0", "50.0", "-", "0.12", "1.50", "2", "0.500"]
     assert lines[2:] == [
-        "  e2e p50 (s): end-to-end time per task, first request to final answer",
-        "  vs http (x): total http time / total time of this design, same tasks",
+        "  e2e mean (s): end-to-end time per task, first request to final answer, mean over the tasks (as in",
+        "      compare.png)",
+        "  e2e p50 (s): the same, the median task",
+        "  vs http (x): total http time / total time of this design, same tasks: the ratio of the means",
+        "  gain (%): 1 - total time of this design / total http time",
         "  TTFT p50 (ms): per turn, request sent to first output delta",
+        "  TTFT/http (x): this design's TTFT p50 / http's",
         "  API (%): api_overhead_share, the API's own work (validate, safety, render, route, store reads,",
         "      blocking post-inference) as a share of end-to-end time",
         "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as",
@@ -94,7 +117,38 @@ def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(ca
         "  calls/tool turn: client function calls per turn that ended in calls",
         "  reconnects: new connections the clients opened because one ended before the task did (the",
         "      60-minute connection limit, or a fault); --reconnect picks the policy",
+        "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of",
+        "      both designs together, as they ran the same tasks)",
     ]
+
+
+def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where_its_interval_excludes_0(capsys):
+    table = [a_table_row(design="http"), a_table_row(),
+             a_table_row(design="chained", decode_tps=65.0, gain_vs_http=0.01, gain_vs_http_low=-0.02, gain_vs_http_high=0.04),
+             a_table_row(design="x", gain_vs_http=-0.2, gain_vs_http_low=-0.3, gain_vs_http_high=-0.1),
+             a_table_row(design="y", gain_vs_http_low=float("nan"))]
+    compare.print_headline(table)
+    assert capsys.readouterr().out == (
+        "\nAgainst http on the same 3 tasks, with 95% intervals (paired bootstrap over the tasks):\n"
+        "  suspended   at 4,000 tok/s: TTFT p50 0.50 [0.25, 0.75] of http's; end-to-end gain +19.0% [+9.0%, +23.0%] (faster)\n"
+        "  chained     at    65 tok/s: TTFT p50 0.50 [0.25, 0.75] of http's; end-to-end gain +1.0% [-2.0%, +4.0%] "
+        "(not separated from 0)\n"
+        "  x           at 4,000 tok/s: TTFT p50 0.50 [0.25, 0.75] of http's; end-to-end gain -20.0% [-30.0%, -10.0%] (slower)\n")
+    compare.print_headline([a_table_row(design="http")])
+    assert capsys.readouterr().out == ""
+    figures_by_key = compare.headline_estimates(table[:2])
+    assert sorted(figures_by_key) == sorted([
+        "e2e_mean_s.http.4000", "ttft_p50_ms.http.4000", "e2e_mean_s.suspended.4000", "ttft_p50_ms.suspended.4000",
+        "gain.suspended.4000", "speedup.suspended.4000", "ttft_ratio.suspended.4000"])
+    assert figures_by_key["gain.suspended.4000"] == benchmark.Estimate(0.19, 0.09, 0.23, 3, "tasks", "paired bootstrap")
+
+
+def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
+    compare.print_parameters([("short", "one", "src"), ("long", "word " * 12, "its source")])
+    assert capsys.readouterr().out == (
+        "  " + "short".ljust(44) + " " + "one".ljust(44) + " src\n"
+        "  " + "long".ljust(44) + " " + ("word " * 9).strip().ljust(44) + " its source\n"
+        "  " + "".ljust(44) + " " + ("word " * 3).strip() + "\n")
 
 
 def test_a_number_cell_is_a_dash_for_none_or_nan():
@@ -246,20 +300,36 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     table, rows = saved["table"], json.loads((out / "compare_tasks.json").read_text())
     assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [("http", 1000.0, 1), ("suspended", 1000.0, 1)]
     assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("suspended", 1000.0)]
-    assert (out / "compare.json").read_text() == json.dumps({"table": table, "parameters": saved["parameters"]}, indent=1)
+    assert (out / "compare.json").read_text() == json.dumps(
+        {"table": table, "parameters": saved["parameters"], "headline": saved["headline"]}, indent=1) + "\n"
+    # The headline section the docs quote (prototype/headline.py): the command, the workload, every figure with its
+    # interval and format, the docs' table, and the task rows the figure is drawn from.
+    section = saved["headline"]
+    assert (section["name"], section["command"], section["workload"]) == (
+        "compare", "python -m prototype compare --tasks 1 --turns 2", "1 tasks of the 'coding' workload, virtual time")
+    assert sorted(section["figures"]) == ["e2e_mean_s.http.1000", "e2e_mean_s.suspended.1000", "gain.suspended.1000",
+                                          "speedup.suspended.1000", "ttft_p50_ms.http.1000", "ttft_p50_ms.suspended.1000",
+                                          "ttft_ratio.suspended.1000"]
+    gain = section["figures"]["gain.suspended.1000"]
+    assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[1]["gain_vs_http"], 1, "{:.1f}%", 100.0)
+    assert section["tables"]["table"]["columns"] == [c.header for c in compare.DOCS_TABLE]
+    assert [r[0] for r in section["tables"]["table"]["rows"]] == ["http", "suspended"]
+    assert section["data"] == rows
     with (out / "compare.csv").open() as f:
         assert [row["design"] for row in csv.DictReader(f)] == ["http", "suspended"]
     assert sorted(p.name for p in out.iterdir()) == [
         "compare.csv", "compare.json", "compare_tasks.json", "trace_http.json", "trace_suspended.json"]
     assert json.loads((out / "trace_http.json").read_text())
     [(args, kwargs)] = drawn
-    assert (args[0], args[1], args[2], kwargs) == (table, rows, out / "compare.png",
-                                                   {"workload": "the 'coding' workload", "clock": "virtual time"})
-    assert printed.startswith("\n1 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e p50 (s)")
+    assert (json.dumps(args[0]), args[1], args[2], kwargs) == (json.dumps(table), rows, out / "compare.png",
+                                                               {"workload": "the 'coding' workload", "clock": "virtual time"})
+    assert printed.startswith("\n1 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
-    network_line = "  " + "network".ljust(44) + " " + parameters["network"][0].ljust(44) + " " + parameters["network"][1] + "\n"
+    first, rest = textwrap.wrap(parameters["network"][0], 44, break_on_hyphens=False)  # too long: it wraps in its column
+    network_line = ("  " + "network".ljust(44) + " " + first.ljust(44) + " " + parameters["network"][1] + "\n"
+                    + "  " + " " * 44 + " " + rest + "\n")
     assert "\nModeled parameters (value, source):\n  workload preset " in printed and network_line in printed
     assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 1. compare runs v1 with a "
             "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "

@@ -115,3 +115,42 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.scaled(-1).low == -0.75
     assert estimate.error_bar() == (0.25, 0.25)
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
+
+
+def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated():
+    rng = np.random.default_rng(1)
+    turns = [rng.lognormal(0.0, 1.0, rng.integers(1, 20)) for _ in range(10)]
+    for q in (0, 13, 50, 90, 100):
+        median = u.unit_percentile(turns, q)
+        assert median(np.ones((1, 10)))[0] == np.percentile(np.concatenate(turns), q)
+        counts = rng.integers(0, 3, (20, 10))
+        counts[:, 0] = 1  # never an empty draw
+        repeated = [np.percentile(np.concatenate([np.tile(t, k) for t, k in zip(turns, row)]), q) for row in counts]
+        assert median(counts.astype(float)).tolist() == repeated
+    assert u.unit_total([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 6.0
+    assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 2.0
+
+
+def test_a_resampled_statistic_of_two_designs_on_the_same_tasks_draws_the_tasks_together():
+    rng = np.random.default_rng(0)
+    http = rng.lognormal(3.0, 1.0, 10)
+    gain = u.resample(10, lambda c: 1 - u.unit_total(http / 2)(c) / u.unit_total(http)(c))
+    # Twice as fast on every task: every resample gives exactly +50%, an interval with no width.
+    assert (gain.low, gain.value, gain.high, gain.n, gain.method) == (0.5, 0.5, 0.5, 10, "exact")
+    chained = http * rng.uniform(0.5, 0.9, 10)
+    gain = u.resample(10, lambda c: 1 - u.unit_total(chained)(c) / u.unit_total(http)(c))
+    assert gain.value == pytest.approx(1 - chained.sum() / http.sum())
+    assert 0.1 <= gain.low < gain.value < gain.high <= 0.5  # within the per-task gains' range
+    # The same interval scipy gives for the same paired statistic written on the samples.
+    direct = u.paired_bootstrap(chained, http, lambda a, b: 1 - a.sum() / b.sum())
+    assert (gain.low, gain.high) == pytest.approx((direct.low, direct.high), rel=1e-3)
+    assert u.resample(10, lambda c: 1 - u.unit_total(chained)(c) / u.unit_total(http)(c)) == gain  # seeded
+    assert not u.resample(1, u.unit_mean([3.0])).has_interval and math.isnan(u.resample(0, u.unit_mean([])).value)
+
+
+def test_the_median_turn_of_resampled_tasks_has_an_interval_over_tasks_not_turns():
+    # One task of 30 slow turns among nine of one fast turn each: turns alone would call the median sure (30 of 39
+    # turns are slow), but it rests on whether that one task is drawn, so the interval spans both speeds.
+    turns = [[5.0] * 30] + [[1.0]] * 9
+    median = u.resample(10, u.unit_percentile(turns, 50))
+    assert median.value == 5.0 and median.low == 1.0 and median.high == 5.0

@@ -15,9 +15,12 @@ at the newest. Columns (compare.csv):
 
   design, decode_tps         the design and the simulated decode speed (tokens/s)
   tasks                      tasks run (the same seeded tasks for every design)
-  e2e_p50_s, e2e_p90_s       end-to-end time per task (first request to final answer), seconds
-  speedup_vs_http            total http time / total time of this design, same tasks
+  e2e_mean_s, e2e_p50_s      end-to-end time per task (first request to final answer), mean and median, seconds
+  e2e_p90_s                  the same, 90th percentile
+  speedup_vs_http            total http time / total time of this design, same tasks (a ratio of means)
+  gain_vs_http               1 - total time of this design / total http time: the end-to-end gain
   ttft_p50_ms                per-turn time to first token (request sent to first delta), median
+  ttft_p50_ratio_vs_http     this design's median TTFT / http's
   api_overhead_share         API work (validate, safety, render, route, store reads, blocking post)
                              as a share of end-to-end wall time
   bytes_sent_per_turn        client-to-server payload bytes per turn (request bodies / frames), all
@@ -29,14 +32,20 @@ at the newest. Columns (compare.csv):
   calls_per_tool_turn        client function calls per turn that ended in calls
   reconnects                 new connections the clients opened because one ended before the task did
                              (the 60-minute connection limit, or a fault); --reconnect picks the policy
+Each of e2e_mean_s, e2e_p50_s, speedup_vs_http, gain_vs_http, ttft_p50_ms and ttft_p50_ratio_vs_http has its 95%
+interval over the tasks beside it (`<column>_low`, `<column>_high`; n is `tasks`): a bootstrap over the tasks, the
+ratios to http resampling the tasks of both designs together since they ran the same tasks (prototype/uncertainty.py).
 The per-turn figures follow one definition for every design (docs/metrics.md). The printed table shows
-the columns of TABLE (units in the headers, a legend under it); `--wide` prints every column.
+the columns of TABLE (units in the headers, an interval under each estimate, a legend under it); `--wide` prints
+every column; the headline under it gives each design's TTFT ratio and end-to-end gain against http with their
+intervals, and compare.json's "headline" section holds them for the docs (prototype/headline.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import textwrap
@@ -47,7 +56,7 @@ from typing import Any
 
 import attrs
 
-from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
+from .. import analysis, benchmark, figures, headline, netem, profiles, sweep, traces, uncertainty
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..client.reconnect import CODEX, POLICIES
@@ -63,12 +72,23 @@ TRACE_SPEED = 1000.0
 @attrs.frozen
 class Column:
     """A column of the printed table: the CSV field, its header with the unit, how a cell prints, and what the
-    legend under the table says of it (empty: the header says enough)."""
+    legend under the table says of it (empty: the header says enough). A column with a `template` is an estimate:
+    its cell prints the value and its 95% interval (`<field>_low`, `<field>_high`) in that format, times `scale`."""
 
     field: str
     header: str
     cell: Callable[[Any], str]
     legend: str = ""
+    template: str = ""
+    scale: float = 1.0
+
+    def show(self, row: dict[str, Any]) -> str:
+        value = row.get(self.field)
+        if not self.template or f"{self.field}_low" not in row or value is None or value != value:
+            return self.cell(value)
+        if row[f"{self.field}_low"] == row[f"{self.field}_high"] == value:
+            return self.cell(value)  # an exact figure (http against itself): no interval to print
+        return benchmark.interval_of(row, self.field).scaled(self.scale).format(self.template)
 
 
 def _number(template: str, scale: float = 1.0) -> Callable[[Any], str]:
@@ -80,9 +100,11 @@ def _number(template: str, scale: float = 1.0) -> Callable[[Any], str]:
 TABLE = (
     Column("design", "design", str),
     Column("decode_tps", "tok/s", _number("{:,.0f}")),
-    Column("e2e_p50_s", "e2e p50 (s)", _number("{:,.1f}"), "end-to-end time per task, first request to final answer"),
-    Column("speedup_vs_http", "vs http (x)", _number("{:.2f}"), "total http time / total time of this design, same tasks"),
-    Column("ttft_p50_ms", "TTFT p50 (ms)", _number("{:,.0f}"), "per turn, request sent to first output delta"),
+    Column("e2e_mean_s", "e2e mean (s)", _number("{:,.0f}"), "end-to-end time per task, first request to final answer, "
+           "mean over the tasks (as in compare.png)", "{:,.0f}"),
+    Column("speedup_vs_http", "vs http (x)", _number("{:.2f}"), "total http time / total time of this design, same tasks: "
+           "the ratio of the means", "{:.2f}"),
+    Column("ttft_p50_ms", "TTFT p50 (ms)", _number("{:,.0f}"), "per turn, request sent to first output delta", "{:,.0f}"),
     Column("api_overhead_share", "API (%)", _number("{:.1f}", 100),
            "api_overhead_share, the API's own work (validate, safety, render, route, store reads, blocking "
            "post-inference) as a share of end-to-end time"),
@@ -93,8 +115,13 @@ WIDE = (
     *TABLE[:2],
     Column("tasks", "tasks", str),
     *TABLE[2:3],
+    Column("e2e_p50_s", "e2e p50 (s)", _number("{:,.1f}"), "the same, the median task", "{:,.1f}"),
     Column("e2e_p90_s", "e2e p90 (s)", _number("{:,.1f}")),
-    *TABLE[3:],
+    *TABLE[3:4],
+    Column("gain_vs_http", "gain (%)", _number("{:.1f}", 100), "1 - total time of this design / total http time", "{:.1f}", 100),
+    *TABLE[4:5],
+    Column("ttft_p50_ratio_vs_http", "TTFT/http (x)", _number("{:.2f}"), "this design's TTFT p50 / http's", "{:.2f}"),
+    *TABLE[5:],
     Column("bytes_received_per_turn", "recv/turn (kB)", _number("{:,.1f}", 1e-3), "server-to-client payload per turn, the same way"),
     Column("cached_share", "cached (%)", _number("{:.1f}", 100),
            "cached_share, the share of input tokens found in the engine's prefix cache (not prefilled again)"),
@@ -106,18 +133,87 @@ WIDE = (
 )
 
 
+INTERVALS_LEGEND = ("[low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of "
+                    "both designs together, as they ran the same tasks)")
+
+
 def print_compare_table(table: list[dict[str, Any]], wide: bool = False) -> None:
-    """The table with units in the headers and one number format per column, then its legend. `wide`: every
-    column of compare.csv (one this module does not know prints under its CSV name)."""
+    """The table with units in the headers and one number format per column, an estimate's cell with its interval,
+    then its legend. `wide`: every column of compare.csv (one this module does not know prints under its CSV name,
+    an interval's ends in their estimate's cell)."""
     columns = list(WIDE if wide else TABLE)
     if wide:
-        known = {c.field for c in columns}
+        known = {c.field for c in columns} | {f"{c.field}{end}" for c in columns if c.template for end in ("_low", "_high")}
         columns += [Column(field, field, analysis.format_value) for field in table[0] if field not in known]
-    analysis.print_table(table, [c.field for c in columns], formats={c.field: c.cell for c in columns},
+    cells = [{c.field: c.show(row) for c in columns} for row in table]
+    analysis.print_table(cells, [c.field for c in columns], formats={c.field: str for c in columns},
                          headers={c.field: c.header for c in columns})
     for column in columns:
         if column.legend:
             print(textwrap.fill(f"{column.header}: {column.legend}", 100, initial_indent="  ", subsequent_indent="      "))
+    if any(c.template and f"{c.field}_low" in table[0] for c in columns):
+        print(textwrap.fill(INTERVALS_LEGEND, 100, initial_indent="  ", subsequent_indent="      "))
+
+
+def headline_estimates(table: list[dict[str, Any]]) -> dict[str, uncertainty.Estimate]:
+    """compare's headline figures by key (prototype/headline.py): per design other than http and per speed, the
+    median TTFT's ratio to http's and the end-to-end gain over http; per design and speed, the mean end-to-end time,
+    the median TTFT and the upload per turn (no interval: every task's request sizes are set by the design)."""
+    figures: dict[str, uncertainty.Estimate] = {}
+    for row in (r for r in table if "e2e_mean_s_low" in r):
+        at = f"{row['design']}.{row['decode_tps']:g}"
+        figures[f"e2e_mean_s.{at}"] = benchmark.interval_of(row, "e2e_mean_s")
+        figures[f"ttft_p50_ms.{at}"] = benchmark.interval_of(row, "ttft_p50_ms")
+        if row["design"] != benchmark.HTTP and row["speedup_vs_http"] == row["speedup_vs_http"]:
+            figures[f"ttft_ratio.{at}"] = benchmark.interval_of(row, "ttft_p50_ratio_vs_http")
+            figures[f"gain.{at}"] = benchmark.interval_of(row, "gain_vs_http")
+            figures[f"speedup.{at}"] = benchmark.interval_of(row, "speedup_vs_http")
+    return figures
+
+
+def print_headline(table: list[dict[str, Any]]) -> None:
+    """Each design against http at each speed: the TTFT ratio and the end-to-end gain with their intervals, and
+    whether the gain's interval excludes 0 (a claim of faster or slower holds only then)."""
+    rows = [r for r in table if r["design"] != benchmark.HTTP and r.get("gain_vs_http_low", math.nan) == r.get("gain_vs_http_low")]
+    if not rows:
+        return
+    print(f"\nAgainst http on the same {rows[0]['tasks']} tasks, with 95% intervals (paired bootstrap over the tasks):")
+    zero = uncertainty.Estimate(0.0, 0.0, 0.0, rows[0]["tasks"], "tasks", "exact")
+    for row in rows:
+        ratio = benchmark.interval_of(row, "ttft_p50_ratio_vs_http")
+        gain = benchmark.interval_of(row, "gain_vs_http")
+        verdict = {"yes": "slower", "no": "faster", "not separated": "not separated from 0"}[uncertainty.holds(gain, zero)]
+        print(f"  {row['design']:<11} at {row['decode_tps']:>5,.0f} tok/s: TTFT p50 {ratio.format('{:.2f}')} of http's; "
+              f"end-to-end gain {gain.scaled(100).format('{:+.1f}%')} ({verdict})")
+# How each headline figure prints in the docs (prototype/headline.py): template, scale.
+FORMATS = {"e2e_mean_s": ("{:,.1f} s", 1.0), "ttft_p50_ms": ("{:,.0f} ms", 1.0), "ttft_ratio": ("{:.2f}x", 1.0),
+           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}x", 1.0)}
+# The table docs/results.md quotes: the printed table's columns with the download and the prefix cache's share.
+DOCS_TABLE = (*TABLE, *(c for c in WIDE if c.field in ("bytes_received_per_turn", "cached_share")))
+PARAMETER_COLUMN = 44
+
+
+def print_parameters(parameters: list[tuple[str, str, str]]) -> None:
+    """Name, value and source in three columns; a value wider than its column wraps within it, so the sources stay
+    in theirs."""
+    for name, value, source in parameters:
+        lines = textwrap.wrap(value, PARAMETER_COLUMN, break_on_hyphens=False) or [""]
+        print(f"  {name:<{PARAMETER_COLUMN}} {lines[0]:<{PARAMETER_COLUMN}} {source}")
+        for line in lines[1:]:
+            print(f"  {'':<{PARAMETER_COLUMN}} {line}")
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The options of a run that differ from compare's defaults, as a command line would give them (for the
+    headline's command)."""
+    given = []
+    for option, default in (("tasks", None), ("seed", 0), ("preset", "coding"), ("trace", None), ("turns", None)):
+        value = getattr(args, option)
+        if value != default:
+            given += [f"--{option}", str(value)]
+    return given
+
+
 # The results folder: $TESTBED_RESULTS, else <repo>/results (git-ignored).
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parents[2] / "results"))
 
@@ -268,13 +364,13 @@ def run(args: argparse.Namespace) -> int:
         clock = f"real time on vLLM ({args.vllm_model}, dummy weights)"
     print(f"\n{len(config.tasks())} tasks of {described}, {clock}\n")
     print_compare_table(table, args.wide)
+    print_headline(table)
     if cached:
         print(f"\n{cached} of {points} (design, speed) points came from the results cache ({cache_root}): "
               "computed before with the same configuration and code; --no-cache computes them again.")
     parameters = run_parameters(config, designs, speeds)
     print("\nModeled parameters (value, source):")
-    for name, value, source in parameters:
-        print(f"  {name:<44} {value:<44} {source}")
+    print_parameters(parameters)
     if benchmark.SUSPENDED in designs:
         expiries = sum(1 for task in config.tasks() if any(s > 300 for t in task.turns for s in t.tool_seconds))
         print(f"\n  tasks with a tool call longer than v1's default 300 s suspension TTL: {expiries} of {len(config.tasks())}. "
@@ -288,7 +384,14 @@ def run(args: argparse.Namespace) -> int:
           f"{config.reconnect.name} a task longer than that "
           + ("continues on a new connection" if CONNECTION_LIMIT_REACHED in config.reconnect.reconnect_errors else "ends there"))
     analysis.write_csv(out / "compare.csv", table)
-    (out / "compare.json").write_text(json.dumps({"table": table, "parameters": parameters}, indent=1))
+    command = "python -m prototype compare" + (" " + " ".join(argv) if (argv := _argv_of(args)) else "")
+    section = headline.section(
+        "compare", command=command, workload=f"{len(config.tasks())} tasks of {described}, {clock}",
+        figures={key: headline.figure(e, FORMATS[key.split(".")[0]][0], scale=FORMATS[key.split(".")[0]][1])
+                 for key, e in headline_estimates(table).items()},
+        tables={"table": headline.table([c.header for c in DOCS_TABLE], ([c.show(r) for c in DOCS_TABLE] for r in table))},
+        data=rows)
+    headline.write(out / "compare.json", {"table": table, "parameters": parameters, "headline": section})
     (out / "compare_tasks.json").write_text(json.dumps(rows))
     figures.compare_figure(table, rows, out / "compare.png", workload=described, clock=clock)
     # A trace per design: the real engine writes one always, the grid only when it ran at TRACE_SPEED.

@@ -1,0 +1,153 @@
+"""The headline numbers (prototype/headline.py): a results file's headline section copied into docs/figures/, and
+every marked span of README.md and docs/*.md printed from it; the pages as committed show their data."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from prototype import headline
+from prototype.cli import figures as figures_command
+from prototype.uncertainty import Estimate
+from tests.conftest import REPO
+
+GAIN = headline.figure(Estimate(0.04, 0.021, 0.063, 10, "tasks", "bootstrap"), "{:.1f}%", scale=100, label="gain")
+RATIO = headline.figure(Estimate(0.391, 0.35, 0.44, 10, "tasks", "paired bootstrap"), "{:.2f}")
+POINT = headline.figure(Estimate(0.5, math.nan, math.nan, 1), "{:.2f}")
+
+
+def a_section(name: str = "compare", **figures) -> dict:
+    return headline.section(name, command="python -m prototype compare", workload="10 coding tasks",
+                            figures=figures or {"gain.chained.1000": GAIN, "ratio": RATIO},
+                            tables={"table": headline.table(["design", "gain"], [["chained", "4.0% [2.1%, 6.3%]"], ["a|b", "-"]])})
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A checkout with a README, a docs page and a data folder holding `a_section()`."""
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    headline.write(tmp_path / "docs" / "figures" / "compare.json", a_section())
+    return tmp_path
+
+
+def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit():
+    assert headline.render(GAIN) == "4.0% [2.1%, 6.3%] n=10"
+    assert headline.render(GAIN, "interval") == "4.0% [2.1%, 6.3%]"
+    assert headline.render(GAIN, "value") == "4.0%"
+    assert headline.render(RATIO) == "0.39 [0.35, 0.44] n=10"
+    assert headline.render(POINT) == "0.50 n=1"  # no interval from one sample: the value and its n
+    with pytest.raises(headline.HeadlineError, match="unknown span style 'mean'"):
+        headline.render(GAIN, "mean")
+
+
+def test_a_table_prints_as_markdown_on_lines_of_its_own():
+    assert headline.render(a_section()["tables"]["table"]) == (
+        "\n| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n")
+
+
+def test_every_span_is_rewritten_from_its_key_and_the_rest_of_the_page_is_left_alone(checkout):
+    readme = checkout / "README.md"
+    readme.write_text("Gain <!-- fig:compare.gain.chained.1000 -->40%<!-- /fig --> (typed), ratio "
+                      "<!-- fig:compare.ratio interval -->0.4<!-- /fig -->.\n\n<!-- fig:compare.table -->\nold\n<!-- /fig -->\nend\n")
+    (checkout / "docs" / "results.md").write_text("nothing marked\n")
+    assert [str(m) for m in headline.stale_spans(checkout, checkout / "docs" / "figures")] == [
+        "README.md:1: fig:compare.gain.chained.1000 shows '40%', the data give '4.0% [2.1%, 6.3%] n=10'",
+        "README.md:1: fig:compare.ratio shows '0.4', the data give '0.39 [0.35, 0.44]'",
+        "README.md:3: fig:compare.table shows '\\nold\\n', the data give "
+        "'\\n| design | gain |\\n| --- | --- |\\n| chained | 4.0% [2.1%, 6.3%] |\\n| a\\\\|b | - |\\n'",
+    ]
+    assert headline.update_pages(checkout, checkout / "docs" / "figures") == [readme]
+    assert readme.read_text() == (
+        "Gain <!-- fig:compare.gain.chained.1000 -->4.0% [2.1%, 6.3%] n=10<!-- /fig --> (typed), ratio "
+        "<!-- fig:compare.ratio interval -->0.39 [0.35, 0.44]<!-- /fig -->.\n\n<!-- fig:compare.table -->\n"
+        "| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n<!-- /fig -->\nend\n")
+    assert headline.stale_spans(checkout, checkout / "docs" / "figures") == []
+    assert headline.update_pages(checkout, checkout / "docs" / "figures") == []  # nothing left to change
+
+
+def test_a_span_whose_data_file_or_figure_is_missing_is_an_error_that_names_it(checkout):
+    (checkout / "README.md").write_text("<!-- fig:compare.gain.http.1000 -->x<!-- /fig -->")
+    with pytest.raises(headline.HeadlineError, match="docs/figures/compare.json has no figure or table 'gain.http.1000'"):
+        headline.stale_spans(checkout, checkout / "docs" / "figures")
+    (checkout / "README.md").write_text("<!-- fig:faults.lost -->x<!-- /fig -->")
+    with pytest.raises(headline.HeadlineError, match="no data file .*faults.json"):
+        headline.update_pages(checkout, checkout / "docs" / "figures")
+
+
+def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name(tmp_path):
+    run = tmp_path / "results" / "compare" / "2026"
+    headline.write(run / "compare.json", {"table": [1, 2], "headline": a_section("compare", gain=GAIN)})
+    headline.write(run / "other.json", {"table": []})  # no headline section: not imported from a folder
+    data = tmp_path / "figures"
+    assert headline.results_files([run]) == [run / "compare.json"]
+    written = headline.import_results(run / "compare.json", data)
+    assert written == data / "compare.json"
+    assert json.loads(written.read_text()) == a_section("compare", gain=GAIN)
+    assert headline.load("compare", data)["figures"]["gain"]["value"] == 0.04
+    with pytest.raises(headline.HeadlineError, match="has no 'headline' section"):
+        headline.import_results(run / "other.json", data)
+    with pytest.raises(headline.HeadlineError, match="no results JSON with a 'headline' section"):
+        headline.results_files([data])  # the data files themselves are not results
+    with pytest.raises(headline.HeadlineError, match="no such file or folder"):
+        headline.results_files([tmp_path / "nothing"])
+    with pytest.raises(headline.HeadlineError, match="a headline's name is a file name"):
+        headline.section("../x", command="", workload="", figures={})
+
+
+def test_the_same_content_is_written_as_the_same_bytes(tmp_path):
+    headline.write(tmp_path / "a.json", a_section())
+    headline.write(tmp_path / "b.json", json.loads((tmp_path / "a.json").read_text()))
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert (tmp_path / "a.json").read_text().endswith("}\n")
+
+
+def test_the_figures_command_imports_results_and_rewrites_or_checks_the_spans_without_running(checkout, monkeypatch, capsys):
+    monkeypatch.setattr(figures_command, "REPO", checkout)
+    data = checkout / "docs" / "figures"
+    run = checkout / "results" / "sensitivity" / "latest"
+    headline.write(run / "sensitivity.json", {"headline": a_section("sensitivity", top=RATIO)})
+    (checkout / "README.md").write_text("<!-- fig:sensitivity.top -->?<!-- /fig -->\n")
+    assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 2  # no data yet: named
+    assert "no data file" in capsys.readouterr().err
+    assert figures_command.run(figures_command_args("--no-run", str(run), "--out", str(data))) == 0
+    assert (checkout / "README.md").read_text() == "<!-- fig:sensitivity.top -->0.39 [0.35, 0.44] n=10<!-- /fig -->\n"
+    assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 0
+    (checkout / "README.md").write_text("<!-- fig:sensitivity.top -->0.40 [0.35, 0.44] n=10<!-- /fig -->\n")
+    assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 1
+    assert "README.md:1: fig:sensitivity.top shows '0.40 [0.35, 0.44] n=10'" in capsys.readouterr().out
+
+
+def figures_command_args(*argv: str):
+    from prototype.cli.common import Parser
+
+    parser = Parser(prog="python -m prototype figures")
+    figures_command.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_marked_span_in_readme_and_docs_shows_its_committed_data():
+    stale = headline.stale_spans(REPO)
+    assert not stale, "\n".join(map(str, stale)) + "\n(python -m prototype figures --no-run rewrites them)"
+
+
+def test_a_full_figures_run_into_docs_figures_rewrites_the_spans_and_a_smoke_run_does_not(checkout, monkeypatch):
+    data = checkout / "docs" / "figures"
+    monkeypatch.setattr(figures_command, "REPO", checkout)
+    monkeypatch.setattr(figures_command, "FIGURES", data)
+
+    def compare(argv):  # what compare writes: its picture and its results with their headline section
+        out = figures_command.Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "compare.png").write_bytes(b"png")
+        headline.write(out / "compare.json", {"headline": a_section("compare", gain=GAIN if "--tasks" not in argv else RATIO)})
+        return 0
+
+    monkeypatch.setattr(figures_command, "_compare", compare)
+    (checkout / "README.md").write_text("<!-- fig:compare.gain -->?<!-- /fig -->\n")
+    assert figures_command.run(figures_command_args("--smoke", "--no-notebooks", "--out", str(data))) == 0
+    assert headline.load("compare", data)["figures"]["gain"] == RATIO  # the smoke run's data, in --out
+    assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->?<!-- /fig -->\n"  # but not quoted
+    assert figures_command.run(figures_command_args("--no-notebooks", "--out", str(data))) == 0
+    assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->4.0% [2.1%, 6.3%] n=10<!-- /fig -->\n"

@@ -32,7 +32,6 @@ conversation is item for item the fault-free one (the retries lost and repeated 
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -43,9 +42,9 @@ import attrs
 import numpy as np
 import trio
 
-from prototype import benchmark, netem, sweep, uncertainty, virtual
+from prototype import benchmark, headline, netem, sweep, uncertainty, virtual
 from prototype import workload as wl
-from prototype.api.service import ApiService
+from prototype.api.service import ApiService, IdFactory
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord
 from prototype.client.http import STATELESS, STORED, run_http_rollout
@@ -59,6 +58,7 @@ from prototype.server.config import ServerConfig
 
 from .common import experiment_parser, print_table, run_dir, write_csv
 
+IDS = "0" * 12  # the prefix of every id a run's servers give (IdFactory's random prefix is 12 hex digits)
 # Designs, with the two ways to keep a conversation: in the connection (chained, suspended) or a store.
 DESIGNS = ("http", "http-stored", CHAINED, "chained-stored", SUSPENDED)
 
@@ -107,7 +107,10 @@ def new_server(config: benchmark.BenchConfig, fault: FaultModel, before: Respons
     """A server for the benchmark; `before`: a server whose store, workload catalog and id sequence it shares
     (another worker of the same `serve --workers`, or the process it replaces after a restart: a database and
     the ids it holds outlive the process); the rest (caches, suspended rollouts, engine KV) is its own."""
-    kept = {} if before is None else {"store": before.api.store, "workloads": before.api.workloads, "new_id": before.api.new_id}
+    # Ids from a fixed prefix: a server's ids are otherwise drawn at random, and their tokens change what a context
+    # resent with them costs, so a row would differ from run to run by milliseconds.
+    kept = ({"new_id": IdFactory(prefix=IDS)} if before is None
+            else {"store": before.api.store, "workloads": before.api.workloads, "new_id": before.api.new_id})
     engine = Engine(faults=FaultPlan(failure_p=fault.engine_failure_p) if fault.engine_failure_p else None)
     api = ApiService(costs=config.costs, flush_interval=config.flush_interval, sprint=config.sprint, latency=config.latency,
                      http_affinity=config.http_affinity, engine=engine, **kept)
@@ -303,12 +306,7 @@ def csv_rows(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def figure(estimate: uncertainty.Estimate, template: str, label: str) -> dict[str, Any]:
-    """A figure of the results JSON's headline section: the estimate, how it prints and what it measures."""
-    return {**estimate.as_dict(), "format": template, "scale": 1.0, "label": label}
-
-
-def headline(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, name: str, command: str,
+def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, name: str, command: str,
              workload: str) -> dict[str, Any]:
     """What the docs quote, as data: every cell's time lost, faults per task, give-ups and bytes resent, every ratio,
     and the two tables docs/results.md prints (time lost per cell, ratios), each per policy."""
@@ -316,28 +314,28 @@ def headline(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *
     for row in table:
         key = f"{row['fault']}.{row['policy']}.{row['design']}"
         where = f"{row['design']} under {row['fault']} with {row['policy']}'s reconnects"
-        figures[f"{key}.time_lost"] = figure(row["time_lost_s"], "{:.2f} s", f"time lost per task, {where} (give-ups charged)")
-        figures[f"{key}.faults_per_task"] = figure(row["faults_per_task"], "{:.2f}", f"faults met per task, {where}")
-        figures[f"{key}.gave_up"] = figure(row["gave_up"], "{:.0%}", f"tasks given up, {where}")
-        figures[f"{key}.resent_kb"] = figure(row["resent_kb"], "{:.0f} KB", f"kilobytes resent per task, {where}")
+        figures[f"{key}.time_lost"] = headline.figure(row["time_lost_s"], "{:.2f} s", label=f"time lost per task, {where} (give-ups charged)")
+        figures[f"{key}.faults_per_task"] = headline.figure(row["faults_per_task"], "{:.2f}", label=f"faults met per task, {where}")
+        figures[f"{key}.gave_up"] = headline.figure(row["gave_up"], "{:.0%}", label=f"tasks given up, {where}")
+        figures[f"{key}.resent_kb"] = headline.figure(row["resent_kb"], "{:.0f} KB", label=f"kilobytes resent per task, {where}")
     for pair in pairs:
         first, second = pair["pair"].split(" / ")
-        figures[f"{pair['fault']}.{pair['policy']}.{first}_over_{second}"] = figure(
-            pair["ratio"], "{:.2f}x", f"time lost, {first} over {second}, under {pair['fault']} with {pair['policy']}'s "
+        figures[f"{pair['fault']}.{pair['policy']}.{first}_over_{second}"] = headline.figure(
+            pair["ratio"], "{:.2f}x", label=f"time lost, {first} over {second}, under {pair['fault']} with {pair['policy']}'s "
             f"reconnects; the cells rest on {pair['events']}+ faults; {pair['carried']}")
     tables: dict[str, dict[str, Any]] = {}
     designs = [d for d in DESIGNS if any(r["design"] == d for r in table)]
     for policy in dict.fromkeys(r["policy"] for r in table):
         cells = {(r["fault"], r["design"]): r for r in table if r["policy"] == policy and r["fault"] != "none"}
         faults = list(dict.fromkeys(f for f, _ in cells))
-        tables[f"time_lost.{policy}"] = {"columns": ["fault", *designs], "rows": [
-            [fault, *(_cell(cells.get((fault, d))) for d in designs)] for fault in faults]}
+        tables[f"time_lost.{policy}"] = headline.table(["fault", *designs], [
+            [fault, *(_cell(cells.get((fault, d))) for d in designs)] for fault in faults])
         mine = [p for p in pairs if p["policy"] == policy]
         names = list(dict.fromkeys(p["pair"] for p in mine))
         by = {(p["fault"], p["pair"]): p for p in mine}
-        tables[f"ratios.{policy}"] = {"columns": ["fault", *names], "rows": [
-            [fault, *(_ratio_cell(by.get((fault, n))) for n in names)] for fault in dict.fromkeys(p["fault"] for p in mine)]}
-    return {"name": name, "command": command, "workload": workload, "figures": figures, "tables": tables, "data": None}
+        tables[f"ratios.{policy}"] = headline.table(["fault", *names], [
+            [fault, *(_ratio_cell(by.get((fault, n))) for n in names)] for fault in dict.fromkeys(p["fault"] for p in mine)])
+    return headline.section(name, command=command, workload=workload, figures=figures, tables=tables)
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -373,10 +371,9 @@ def command_line(argv: Sequence[str]) -> str:
 def write_headline(path: Path, table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], args: Any,
                    argv: Sequence[str]) -> Path:
     """results/faults/<timestamp>/faults.json: the headline section the docs' figures are taken from."""
-    section = headline(table, pairs, name=path.stem, command=command_line(argv),
+    section = headline_section(table, pairs, name=path.stem, command=command_line(argv),
                        workload=f"{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time")
-    path.write_text(json.dumps({"headline": section}, indent=1) + "\n")
-    return path
+    return headline.write(path, {"headline": section})
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

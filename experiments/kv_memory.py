@@ -45,7 +45,7 @@ import attrs
 import numpy as np
 import trio
 
-from prototype import sweep, uncertainty, virtual
+from prototype import headline, sweep, uncertainty, virtual
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -321,44 +321,43 @@ def print_summary(summary: list[dict], ratios: list[dict], seeds: list[int]) -> 
               f"{len(SCHEDULER_SEEDS)}.")
 
 
-def figure(estimate: uncertainty.Estimate, template: str, label: str) -> dict:
-    """A figure of the results JSON's headline section: the estimate, how it prints and what it measures."""
-    return {**estimate.as_dict(), "format": template, "scale": 1.0, "label": label}
-
-
-def headline(summary: list[dict], ratios: list[dict], *, name: str, command: str, workload: str) -> dict:
+def headline_section(summary: list[dict], ratios: list[dict], rows: list[dict], *, name: str, command: str,
+                     workload: str) -> dict:
     """What docs/kv_memory.md quotes, as data: each configuration's throughput, median end-to-end time and
-    recomputed share over the seeds, each throughput ratio, and the tables of both per agent count."""
+    recomputed share over the seeds, each throughput ratio, the tables of both per agent count, and each run's
+    throughput by seed (the samples behind the intervals)."""
+    data = {"scheduler_seeds": sorted({row["scheduler_seed"] for row in rows}), "tasks_per_hour": {
+        f"{agents}.{design}.{policy}": [runs[seed]["tasks_per_hour"] for seed in sorted(runs)]
+        for (design, policy, agents), runs in by_config(rows).items()}}
     figures: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for row in summary:
         key = f"{row['agents']}.{row['design']}.{row['policy']}"
         where = f"{row['design']} / {row['policy']} at {row['agents']} agents, mean over {row['seeds']} scheduler seeds"
-        figures[f"{key}.tasks_per_hour"] = figure(row["tasks_per_hour"], "{:.0f}", f"tasks per hour, {where}")
-        figures[f"{key}.e2e_p50_s"] = figure(row["e2e_p50_s"], "{:.0f} s", f"end-to-end p50, {where}")
-        figures[f"{key}.recomputed_share"] = figure(row["recomputed_share"].scaled(100), "{:.0f}%", f"prefill recomputed, {where}")
+        figures[f"{key}.tasks_per_hour"] = headline.figure(row["tasks_per_hour"], "{:.0f}", label=f"tasks per hour, {where}")
+        figures[f"{key}.e2e_p50_s"] = headline.figure(row["e2e_p50_s"], "{:.0f} s", label=f"end-to-end p50, {where}")
+        figures[f"{key}.recomputed_share"] = headline.figure(row["recomputed_share"], "{:.0f}%", scale=100, label=f"prefill recomputed, {where}")
     for ratio in ratios:
-        figures[f"{ratio['agents']}.{ratio['first'].replace('/', '.')}_over_{ratio['second'].replace('/', '.')}"] = figure(
-            ratio["ratio"], "{:.2f}x", f"throughput, {ratio['first']} over {ratio['second']} at {ratio['agents']} agents, "
+        figures[f"{ratio['agents']}.{ratio['first'].replace('/', '.')}_over_{ratio['second'].replace('/', '.')}"] = headline.figure(
+            ratio["ratio"], "{:.2f}x", label=f"throughput, {ratio['first']} over {ratio['second']} at {ratio['agents']} agents, "
             f"paired over {ratio['seeds']} scheduler seeds; per seed {ratio['per_seed_min']:.2f}-{ratio['per_seed_max']:.2f}, "
             f"ahead in {ratio['ahead']} of {ratio['seeds']}")
     for agents in sorted({row["agents"] for row in summary}):
-        tables[f"throughput.{agents}"] = {
-            "columns": ["design", "policy", "tasks/h", "seeds' range", "e2e p50 (s)", "e2e p90 (s)", "wait for admission (s/call)",
-                        "prefill recomputed", "mean KV (GiB)", "swapped (GiB)", "preempted", "evicted"],
-            "rows": [[row["design"], row["policy"], row["tasks_per_hour"].format("{:.0f}"),
-                      f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}", row["e2e_p50_s"].format("{:.0f}"),
-                      row["e2e_p90_s"].format("{:.0f}"), row["mean_queue_s"].format("{:.1f}"),
-                      row["recomputed_share"].scaled(100).format("{:.0f}%"), row["mean_kv_gib"].format("{:.1f}"),
-                      row["swap_gib"].format("{:,.0f}"), row["preempted"].format("{:.0f}"), row["evicted"].format("{:.0f}")]
-                     for row in summary if row["agents"] == agents]}
+        columns = ["design", "policy", "tasks/h", "seeds' range", "e2e p50 (s)", "e2e p90 (s)", "wait for admission (s/call)",
+                   "prefill recomputed", "mean KV (GiB)", "swapped (GiB)", "preempted", "evicted"]
+        tables[f"throughput.{agents}"] = headline.table(columns, [
+            [row["design"], row["policy"], row["tasks_per_hour"].format("{:.0f}"),
+             f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}", row["e2e_p50_s"].format("{:.0f}"),
+             row["e2e_p90_s"].format("{:.0f}"), row["mean_queue_s"].format("{:.1f}"), row["recomputed_share"].scaled(100).format("{:.0f}%"),
+             row["mean_kv_gib"].format("{:.1f}"), row["swap_gib"].format("{:,.0f}"), row["preempted"].format("{:.0f}"),
+             row["evicted"].format("{:.0f}")]
+            for row in summary if row["agents"] == agents])
         mine = [r for r in ratios if r["agents"] == agents]
         if mine:
-            tables[f"ratios.{agents}"] = {
-                "columns": ["throughput", "ratio of means", "per seed", "first ahead"],
-                "rows": [[f"{r['first']} over {r['second']}", r["ratio"].format("{:.2f}"),
-                          f"{r['per_seed_min']:.2f}-{r['per_seed_max']:.2f}", f"{r['ahead']} of {r['seeds']} seeds"] for r in mine]}
-    return {"name": name, "command": command, "workload": workload, "figures": figures, "tables": tables, "data": None}
+            tables[f"ratios.{agents}"] = headline.table(["throughput", "ratio of means", "per seed", "first ahead"], [
+                [f"{r['first']} over {r['second']}", r["ratio"].format("{:.2f}"), f"{r['per_seed_min']:.2f}-{r['per_seed_max']:.2f}",
+                 f"{r['ahead']} of {r['seeds']} seeds"] for r in mine])
+    return headline.section(name, command=command, workload=workload, figures=figures, tables=tables, data=data)
 
 
 def command_line(argv: list[str]) -> str:
@@ -520,8 +519,8 @@ def write_outputs(rows: list[dict], folder, output: str, *, command: str, worklo
     summary, ratios = over_seeds(rows), throughput_ratios(rows)
     print_summary(summary, ratios, sorted({row["scheduler_seed"] for row in rows}))
     write_csv(folder / f"{output}_seeds.csv", flat(summary))
-    section = headline(summary, ratios, name=output, command=command, workload=workload)
-    (folder / f"{output}.json").write_text(json.dumps({"headline": section}, indent=1) + "\n")
+    section = headline_section(summary, ratios, rows, name=output, command=command, workload=workload)
+    headline.write(folder / f"{output}.json", {"headline": section})
     plot(rows, folder / f"{output}.png")
     print(f"wrote {output}.csv, {output}_seeds.csv, {output}.json and {output}.png in {folder}")
 

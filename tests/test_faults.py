@@ -47,7 +47,7 @@ from prototype.api.store import ResponseStore
 from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
-from prototype.client.reconnect import OPENAI_PYTHON
+from prototype.client.reconnect import CODEX, OPENAI_PYTHON
 from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
 from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
@@ -656,6 +656,16 @@ def test_a_harsh_fault_costs_each_design_time_and_faults_it_recovers_from() -> N
         assert table[(design, "none")]["faults"] == 0 and table[(design, "none")]["time_lost_s"].value == 0
         assert table[(design, "harsh")]["faults"] >= 1 and table[(design, "harsh")]["time_lost_s"].value > 0
         assert table[(design, "harsh")]["gave_up"].value == 0 and table[(design, "harsh")]["same_conversation"] == 1
+
+
+def test_a_fault_run_gives_the_same_rows_whatever_ran_before_it() -> None:
+    """A v1 task restarted after an engine failure resends its context with the ids the server gave; ids drawn at
+    random per server would make the resent context, and so the row, differ from run to run by milliseconds."""
+    run = faults.FaultRun(SUSPENDED, faults.FAULT_MODELS["engine"], CODEX, 1000.0, benchmark.BenchConfig(n_tasks=1, seed=0))
+    first = faults.fault_records(run)
+    assert faults.faults_met(first[0]) == 1  # the task met the failure, and its restart resent the context
+    for _ in range(3):
+        assert faults.fault_records(run) == first
 
 
 def test_the_faults_experiment_at_a_tiny_size_prints_its_counts_and_that_it_is_not_for_conclusions(tmp_path, monkeypatch, capsys) -> None:

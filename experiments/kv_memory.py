@@ -336,9 +336,13 @@ def headline_section(summary: list[dict], ratios: list[dict], rows: list[dict], 
         where = f"{row['design']} / {row['policy']} at {row['agents']} agents, mean over {row['seeds']} scheduler seeds"
         figures[f"{key}.tasks_per_hour"] = headline.figure(row["tasks_per_hour"], "{:.0f}", label=f"tasks per hour, {where}")
         figures[f"{key}.e2e_p50_s"] = headline.figure(row["e2e_p50_s"], "{:.0f} s", label=f"end-to-end p50, {where}")
+        figures[f"{key}.tasks_per_hour_range"] = headline.text(f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}")
         figures[f"{key}.recomputed_share"] = headline.figure(row["recomputed_share"], "{:.0f}%", scale=100, label=f"prefill recomputed, {where}")
     for ratio in ratios:
-        figures[f"{ratio['agents']}.{ratio['first'].replace('/', '.')}_over_{ratio['second'].replace('/', '.')}"] = headline.figure(
+        key = f"{ratio['agents']}.{ratio['first'].replace('/', '.')}_over_{ratio['second'].replace('/', '.')}"
+        figures[f"{key}.per_seed"] = headline.text(f"{ratio['per_seed_min']:.2f}-{ratio['per_seed_max']:.2f}")
+        figures[f"{key}.ahead"] = headline.text(f"{ratio['ahead']} of {ratio['seeds']}")
+        figures[key] = headline.figure(
             ratio["ratio"], "{:.2f}x", label=f"throughput, {ratio['first']} over {ratio['second']} at {ratio['agents']} agents, "
             f"paired over {ratio['seeds']} scheduler seeds; per seed {ratio['per_seed_min']:.2f}-{ratio['per_seed_max']:.2f}, "
             f"ahead in {ratio['ahead']} of {ratio['seeds']}")

@@ -10,6 +10,7 @@ import csv
 import json
 import math
 from array import array
+from pathlib import Path
 
 import pytest
 import trio
@@ -398,6 +399,17 @@ def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
     assert pinned["ratio"].low < 1 < pinned["ratio"].high and pinned["ahead"] == 4
     assert (pinned["per_seed_min"], pinned["per_seed_max"]) == (pytest.approx(0.85), pytest.approx(1.2))
     assert ("suspended/swap", "suspended/hold") not in ratios  # a pair is reported only where both ran
+
+
+def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
+    """docs/figures/kv_memory.json holds each run's throughput by scheduler seed, the samples behind the figures
+    docs/kv_memory.md quotes; a 10-agent configuration (a second of CPU) is run again and must give its value."""
+    from experiments import kv_memory
+
+    data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
+    seed = data["scheduler_seeds"][3]
+    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=seed))
+    assert row["tasks_per_hour"] == data["tasks_per_hour"]["10.chained.ttl-300s"][3]
 
 
 # --- the prefix cache finds blocks by content (vLLM's hash chains) --------------------------------

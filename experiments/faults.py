@@ -21,17 +21,26 @@ The fault rates are [assumed]: harsher than a good network, so that every task m
 and the designs' costs show; Codex users report stream disconnects on the order of one request in
 five in bad weeks (openai/codex issues on stream disconnects), which `mid-response` approaches.
 
-Per (design, fault, policy), over the tasks: tasks failed; reconnects per task; time lost per task
-(end-to-end time minus the same task's with no fault, same design and policy); kilobytes resent per
-task (retried requests and full-context resends); recovery time (from a failure to the first event of
-the retried response, p50 and max); tasks that fell back to HTTP; and completed tasks whose
-conversation is item for item the fault-free one (the retries lost and repeated nothing).
+Per (design, fault, policy), over the tasks, each figure with its 95% interval: the faults the tasks
+met (failures a client recovered from, fell back to HTTP after, or gave up on; per task, exact
+Poisson); tasks given up (exact binomial); time lost per task (end-to-end time minus the same task's
+with no fault, same design and policy; a task given up is charged all the time it ran, since it must
+be run again; a bootstrap over the tasks); kilobytes resent per task (retried requests and
+full-context resends); reconnects per task; recovery time (from a failure to the first event of the
+retried response, p50 and max); tasks that fell back to HTTP; and completed tasks whose conversation
+is item for item the fault-free one (the retries lost and repeated nothing). Then the time lost of
+v1 over v2 and of v2 over http, paired over the tasks, each a statement only where its interval
+excludes 1 and both cells met at least 30 faults. It writes faults.csv (the cells), faults_tasks.csv
+(the tasks) and faults.json (the figures the docs quote) into results/faults/<timestamp>/.
 
-    nice -n 5 python -m experiments.faults [--tasks 6] [--speed 1000] [--faults drops restart ...]
+    python -m experiments.faults [--tasks 150] [--speed 1000] [--faults drops restart ...]
+    python -m experiments.faults --from-tasks results/faults/latest/faults_tasks.csv   # the tables again, running nothing
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import math
 import sys
 from collections.abc import Sequence
@@ -40,11 +49,13 @@ from typing import Any
 
 import attrs
 import numpy as np
+import orjson
 import trio
 
 from prototype import benchmark, headline, netem, sweep, uncertainty, virtual
 from prototype import workload as wl
 from prototype.api.service import ApiService, IdFactory
+from prototype.cli.common import at_least
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord
 from prototype.client.http import STATELESS, STORED, run_http_rollout
@@ -75,6 +86,12 @@ class FaultModel:
     workers: int = 1  # > 1: restarts are rolling, one worker at a time, `stagger_s` apart
     stagger_s: float = 30.0
     engine_failure_p: float = 0.0  # per flush of sampled text (FaultPlan.failure_p)
+
+    @property
+    def breaks(self) -> bool:
+        """Whether it ends connections or responses (drops, restarts, engine failures), so that its cost comes in
+        faults a client meets; a slow or lossy network costs time on every task without one."""
+        return self.links.any or self.restart_every_s > 0 or self.engine_failure_p > 0
 
 
 # [assumed] rates, chosen so that a task of a few minutes meets a few faults.
@@ -169,6 +186,7 @@ def fault_records(run: FaultRun) -> list[dict[str, Any]]:
         "design": run.design, "fault": run.fault.name, "policy": run.policy.name, "task": r.workload, "status": r.status,
         "e2e_s": r.seconds, "reconnects": r.reconnects, "resent_bytes": r.resent_bytes, "recovery_s": list(r.recovery_seconds),
         "retried_responses": r.retried_responses, "fell_back": r.fell_back_to_http, "transcript": r.transcript,
+        "breaks": run.fault.breaks,
     } for r in records]
 
 
@@ -177,7 +195,9 @@ def fault_records(run: FaultRun) -> list[dict[str, Any]]:
 MIN_EVENTS = 30
 # The ratios docs/results.md states: what the first design's faults cost over the second's, on the same tasks.
 RATIOS = ((SUSPENDED, CHAINED), (CHAINED, "http"))
-DEFAULT_TASKS = 6
+# Tasks at the defaults: enough that each cell behind a ratio docs/results.md states meets at least MIN_EVENTS faults
+# (the rarest, an engine failure at 0.2% of flushes, comes about once in four tasks).
+DEFAULT_TASKS = 150
 
 
 def faults_met(row: dict[str, Any]) -> int:
@@ -214,7 +234,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         recovery = [s for r in group for s in r["recovery_s"]]
         tasks = len(group)
         table.append({
-            "design": design, "fault": fault, "policy": policy, "tasks": tasks,
+            "design": design, "fault": fault, "policy": policy, "tasks": tasks, "breaks": group[0]["breaks"],
             "faults": (events := sum(faults_met(r) for r in group)),
             "faults_per_task": uncertainty.events_per(events, tasks),
             "gave_up": uncertainty.rate(tasks - len(done), tasks, of="tasks"),
@@ -237,7 +257,8 @@ def ratios(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each fault and policy, the time lost of each pair in `RATIOS` (first over second): the ratio of the two
     designs' total time lost on the same tasks, with a paired bootstrap interval over the tasks. `events` is the
     smaller of the two cells' fault counts; `carried` says whether the pair's statement stands: both cells rest on
-    at least `MIN_EVENTS` faults and the interval lies above 1 ("more"), below it ("less"), or neither."""
+    at least `MIN_EVENTS` faults (for a fault model that breaks something) and the interval lies above 1 ("more"),
+    below it ("less"), or neither."""
     cells = {(r["design"], r["fault"], r["policy"]): r for r in table}
     out = []
     for row in table:
@@ -253,7 +274,7 @@ def ratios(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 ratio = uncertainty.Estimate(math.nan, math.nan, math.nan, len(tasks), "tasks", "paired bootstrap")
             events = min(row["faults"], other["faults"])
             out.append({"fault": row["fault"], "policy": row["policy"], "pair": f"{first} / {second}", "ratio": ratio,
-                        "events": events, "carried": verdict(ratio, events)})
+                        "events": events, "carried": verdict(ratio, events if row["breaks"] else None)})
     return out
 
 
@@ -261,10 +282,12 @@ def _ratio_of_totals(first: np.ndarray, second: np.ndarray) -> float:
     return float(first.sum() / second.sum())
 
 
-def verdict(ratio: uncertainty.Estimate, events: int) -> str:
+def verdict(ratio: uncertainty.Estimate, events: int | None) -> str:
     """Whether a ratio of time lost carries a statement: "more" or "less" where the interval excludes 1 and both
-    cells rest on `MIN_EVENTS` faults, "not separated" where the interval holds 1, "too few faults" otherwise."""
-    if events < MIN_EVENTS:
+    cells rest on `MIN_EVENTS` faults, "not separated" where the interval holds 1, "too few faults" otherwise.
+    `events` None: a fault model that breaks nothing (loss, jitter), whose cost is in every task, not in faults:
+    the interval over the tasks decides alone."""
+    if events is not None and events < MIN_EVENTS:
         return f"too few faults (< {MIN_EVENTS})"
     if ratio.has_interval and ratio.low > 1:
         return "more"
@@ -322,7 +345,7 @@ def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, 
         first, second = pair["pair"].split(" / ")
         figures[f"{pair['fault']}.{pair['policy']}.{first}_over_{second}"] = headline.figure(
             pair["ratio"], "{:.2f}x", label=f"time lost, {first} over {second}, under {pair['fault']} with {pair['policy']}'s "
-            f"reconnects; the cells rest on {pair['events']}+ faults; {pair['carried']}")
+            f"reconnects, paired over the tasks; the smaller cell met {pair['events']} faults; {pair['carried']}")
     tables: dict[str, dict[str, Any]] = {}
     designs = [d for d in DESIGNS if any(r["design"] == d for r in table)]
     for policy in dict.fromkeys(r["policy"] for r in table):
@@ -368,18 +391,42 @@ def command_line(argv: Sequence[str]) -> str:
     return " ".join(["python -m experiments.faults", *kept])
 
 
-def write_headline(path: Path, table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], args: Any,
-                   argv: Sequence[str]) -> Path:
+def write_headline(path: Path, table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, command: str,
+                   workload: str) -> Path:
     """results/faults/<timestamp>/faults.json: the headline section the docs' figures are taken from."""
-    section = headline_section(table, pairs, name=path.stem, command=command_line(argv),
-                       workload=f"{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time")
-    return headline.write(path, {"headline": section})
+    return headline.write(path, {"headline": headline_section(table, pairs, name=path.stem, command=command, workload=workload)})
+
+
+# The per-task rows as faults_tasks.csv keeps them: enough to make every table again (`--from-tasks`).
+TASK_COLUMNS = ("design", "fault", "policy", "task", "status", "e2e_s", "reconnects", "resent_bytes", "recovery_s",
+                "retried_responses", "fell_back", "breaks", "transcript")
+
+
+def task_csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each task's row with its recoveries as one field and its conversation as a digest (what the tables compare)."""
+    return [{**{c: row[c] for c in TASK_COLUMNS}, "recovery_s": " ".join(repr(s) for s in row["recovery_s"]),
+             "transcript": _digest(row["transcript"])} for row in rows]
+
+
+def _digest(transcript: Any) -> str:
+    if isinstance(transcript, str):
+        return transcript
+    return hashlib.sha256(orjson.dumps(transcript, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def read_task_rows(path: Path) -> list[dict[str, Any]]:
+    """faults_tasks.csv back as rows `summarize` takes (floats written by repr read back exactly)."""
+    with open(path, newline="") as f:
+        return [{**row, "e2e_s": float(row["e2e_s"]), "reconnects": int(row["reconnects"]),
+                 "resent_bytes": int(row["resent_bytes"]), "recovery_s": [float(x) for x in row["recovery_s"].split()],
+                 "retried_responses": int(row["retried_responses"]), "fell_back": row["fell_back"] == "True",
+                 "breaks": row["breaks"] == "True"} for row in csv.DictReader(f)]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = experiment_parser(__doc__)
-    parser.add_argument("--tasks", type=int, default=DEFAULT_TASKS, help=f"coding tasks per design (default {DEFAULT_TASKS})")
-    parser.add_argument("--turns", type=int, default=None, help="fix the turns per task (default: drawn from the preset)")
+    parser.add_argument("--tasks", type=at_least(1), default=DEFAULT_TASKS, help=f"coding tasks per design (default {DEFAULT_TASKS})")
+    parser.add_argument("--turns", type=at_least(1), default=None, help="fix the turns per task (default: drawn from the preset)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--speed", type=float, default=1000.0, help="decode tokens/s (default 1000)")
     parser.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=DESIGNS, help="designs (default all)")
@@ -388,40 +435,58 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--policies", nargs="+", default=[OPENAI_PYTHON.name, CODEX.name], choices=list(POLICIES),
                         help="reconnect policies (default openai-python codex)")
     parser.add_argument("--csv", default="faults.csv", help="file name under results/ (default faults.csv)")
+    parser.add_argument("--from-tasks", default=None, metavar="CSV",
+                        help="run nothing: make the tables, faults.csv and faults.json again from a run's faults_tasks.csv")
     sweep.add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    config = benchmark.BenchConfig(n_tasks=args.tasks, seed=args.seed, fixed_turns=args.turns)
-    faults = ["none", *[f for f in args.faults if f != "none"]]
-    grid = [FaultRun(design, FAULT_MODELS[fault], POLICIES[policy], args.speed, config)
-            for fault in faults for policy in args.policies for design in args.designs]
-    with sweep.runner_from_args(args) as runner:
-        results = runner.map(fault_records, grid, desc="faults", first=lambda run: run.fault.restart_every_s > 0)
-    rows = [row for rows in results for row in rows]
+    command, workload = command_line(argv), f"{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time"
+    if args.from_tasks:
+        source = Path(args.from_tasks)
+        rows, folder = read_task_rows(source), source.parent
+        made = folder / Path(args.csv).with_suffix(".json").name
+        if made.exists():  # the run's own command and workload
+            before = headline.headline_of(made)
+            command, workload = before["command"], before["workload"]
+        policies = list(dict.fromkeys(r["policy"] for r in rows))
+        faults = list(dict.fromkeys(r["fault"] for r in rows))
+    else:
+        config = benchmark.BenchConfig(n_tasks=args.tasks, seed=args.seed, fixed_turns=args.turns)
+        faults = ["none", *[f for f in args.faults if f != "none"]]
+        policies = args.policies
+        grid = [FaultRun(design, FAULT_MODELS[fault], POLICIES[policy], args.speed, config)
+                for fault in faults for policy in policies for design in args.designs]
+        with sweep.runner_from_args(args) as runner:
+            results = runner.map(fault_records, grid, desc="faults", first=lambda run: run.fault.restart_every_s > 0)
+        rows = [row for rows in results for row in rows]
+        folder = run_dir(Path(args.csv).stem)
+        write_csv(folder / f"{Path(args.csv).stem}_tasks.csv", task_csv_rows(rows))
     table = summarize(rows)
-    print(f"\n{args.tasks} coding tasks (seed {args.seed}) at {args.speed:g} tokens/s, virtual time. Each figure: value "
-          f"[95% interval]; faults per task and reconnects per task exact Poisson, gave_up exact binomial (count "
-          f"[share interval]), time lost and resent KB a bootstrap over the tasks, the recovery median one over the "
-          f"recoveries. time lost = end-to-end time minus the same task's without faults; a task that gave up is charged "
-          f"all the time it ran (it must be run again)")
+    tasks = max(r["tasks"] for r in table)
+    print(f"\n{workload}. Each figure: value [95% interval]; faults per task and reconnects per task exact Poisson, "
+          f"gave_up exact binomial (count [share interval]), time lost and resent KB a bootstrap over the tasks, the "
+          f"recovery median one over the recoveries. time lost = end-to-end time minus the same task's without faults; "
+          f"a task that gave up is charged all the time it ran (it must be run again)")
     print_table(table, COLUMNS, FORMATS)
-    path = run_dir(Path(args.csv).stem) / args.csv
+    path = folder / args.csv
     write_csv(path, csv_rows(table))
     print(f"wrote {path}")
     pairs = ratios(table)
     if pairs:
         print(f"\nTime lost, one design over another on the same tasks (paired bootstrap over the tasks); a statement "
-              f"stands where both cells rest on at least {MIN_EVENTS} faults and the interval excludes 1:")
+              f"stands where the interval excludes 1 and, for a fault model that breaks something, both cells rest on at "
+              f"least {MIN_EVENTS} faults:")
         print_table(pairs, ("fault", "policy", "pair", "ratio", "events", "carried"), formats={"ratio": lambda e: e.format("{:.2f}")})
-    thin = sorted({r["fault"] for r in pairs if r["events"] < MIN_EVENTS})
+    thin = sorted({r["fault"] for r in pairs if r["carried"].startswith("too few")}, key=faults.index)
     if thin:
-        print(f"\nNot for conclusions: at {args.tasks} tasks the ratios under {', '.join(thin)} rest on fewer than "
+        print(f"\nNot for conclusions: at {tasks} tasks the ratios under {', '.join(thin)} rest on fewer than "
               f"{MIN_EVENTS} faults in a cell.")
-    print(f"wrote {write_headline(path.with_suffix('.json'), table, pairs, args, argv)}")
+    print(f"wrote {write_headline(path.with_suffix('.json'), table, pairs, command=command, workload=workload)}")
     print("\nFault models [assumed rates]:")
     for name in faults:
-        print(f"  {name:<13} {describe(FAULT_MODELS[name])}")
-    for policy in args.policies:
+        if name in FAULT_MODELS:
+            print(f"  {name:<13} {describe(FAULT_MODELS[name])}")
+    for policy in policies:
         p = POLICIES[policy]
         print(f"  policy {p.name}: {p.max_retries} retries, backoff {p.initial_delay:g} s x{p.backoff_factor:g}"
               + (f" (cap {p.max_delay:g} s)" if p.max_delay != float("inf") else "") + (", then HTTP" if p.fallback_to_http else ""))

@@ -574,7 +574,7 @@ def fault_row(design: str, fault: str, task: str, *, e2e: float, recoveries: int
     """A row as `faults.fault_records` writes it, one task of one cell."""
     return {"design": design, "fault": fault, "policy": "openai-python", "task": task, "status": status, "e2e_s": e2e,
             "reconnects": recoveries, "resent_bytes": 1000 * recoveries, "recovery_s": [0.5] * recoveries,
-            "retried_responses": 0, "fell_back": fell_back, "transcript": [task]}
+            "retried_responses": 0, "fell_back": fell_back, "transcript": [task], "breaks": True}
 
 
 def test_a_task_given_up_is_charged_all_the_time_it_ran_and_counted_as_a_give_up() -> None:
@@ -646,6 +646,15 @@ def test_a_ratio_of_time_lost_is_paired_over_tasks_and_stated_only_on_thirty_fau
     assert mixed["ratio"].low < 1 < mixed["ratio"].high and mixed["carried"] == "not separated"
 
 
+def test_a_network_that_breaks_nothing_is_judged_on_its_tasks_not_on_faults() -> None:
+    lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]
+    rows = [dict(row, breaks=False) for row in ratio_rows(lost, [2.0] * 6, recoveries=0)]  # loss, jitter: no fault met
+    (pair,) = [r for r in faults.ratios(faults.summarize(rows)) if r["pair"] == "suspended / chained"]
+    assert pair["events"] == 0 and pair["carried"] == "more"
+    breaking = faults.ratios(faults.summarize(ratio_rows(lost, [2.0] * 6, recoveries=0)))
+    assert [r["carried"] for r in breaking if r["pair"] == "suspended / chained"] == ["too few faults (< 30)"]
+
+
 def test_a_harsh_fault_costs_each_design_time_and_faults_it_recovers_from() -> None:
     config = benchmark.BenchConfig(task_list=(FAULTED_TASK,))
     harsh = faults.FaultModel("harsh", links=LinkFaults(drop_per_server_chunk=0.01, seed=1))
@@ -687,3 +696,7 @@ def test_the_faults_experiment_at_a_tiny_size_prints_its_counts_and_that_it_is_n
     assert (figure["n"], figure["method"]) == (cells[("mid-response", SUSPENDED)]["faults"], "exact Poisson")
     assert headline["figures"]["engine.codex.chained.time_lost"]["n"] == 2
     assert {tuple(row[:1]) for row in headline["tables"]["time_lost.codex"]["rows"]} == {("mid-response",), ("engine",)}
+    tasks = tmp_path / "faults" / "latest" / "faults_tasks.csv"
+    again = faults.main(["--from-tasks", str(tasks)])  # the same tables from the tasks' file, running nothing
+    assert json.dumps(faults.csv_rows(again)) == json.dumps(faults.csv_rows(table))  # NaN where no recovery, in both
+    assert json.loads((tmp_path / "faults" / "latest" / "faults.json").read_text())["headline"] == headline

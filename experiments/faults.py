@@ -221,20 +221,25 @@ def time_lost(row: dict[str, Any], clean: dict[str, Any]) -> float:
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (design, fault, policy) against the same design and policy with no fault: counts over tasks
     with their exact intervals (faults and reconnects per task: Poisson; give-ups: binomial), means over tasks with
-    a bootstrap interval over the tasks, the recovery median with one over the recoveries."""
+    a bootstrap interval over the tasks, the recovery median with one over the recoveries. `left_out`: tasks that
+    did not complete without faults either, left out of a faulted cell."""
     baseline = {(r["design"], r["policy"], r["task"]): r for r in rows if r["fault"] == "none"}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["design"], row["fault"], row["policy"]), []).append(row)
     table = []
-    for (design, fault, policy), group in groups.items():
+    for (design, fault, policy), everything in groups.items():
+        # A task that does not complete without faults either (a policy that ends a task at the connection's time
+        # limit) says nothing about what faults cost: it is left out of the cells with faults, and counted.
+        group = [r for r in everything if fault == "none" or baseline[(design, policy, r["task"])]["status"] == "completed"]
         clean = [baseline[(design, policy, r["task"])] for r in group]
         done = [(r, b) for r, b in zip(group, clean) if r["status"] == "completed"]
         lost = [time_lost(r, b) for r, b in zip(group, clean)]
         recovery = [s for r in group for s in r["recovery_s"]]
         tasks = len(group)
         table.append({
-            "design": design, "fault": fault, "policy": policy, "tasks": tasks, "breaks": group[0]["breaks"],
+            "design": design, "fault": fault, "policy": policy, "tasks": tasks, "left_out": len(everything) - tasks,
+            "breaks": group[0]["breaks"],
             "faults": (events := sum(faults_met(r) for r in group)),
             "faults_per_task": uncertainty.events_per(events, tasks),
             "gave_up": uncertainty.rate(tasks - len(done), tasks, of="tasks"),
@@ -297,7 +302,9 @@ def verdict(ratio: uncertainty.Estimate, events: int | None) -> str:
 
 
 COLUMNS = ("fault", "policy", "design", "tasks", "faults", "faults_per_task", "gave_up", "time_lost_s", "resent_kb",
-           "reconnects_per_task", "recovery_p50_s", "recovery_max_s", "fell_back", "same_conversation")
+           "reconnects_per_task", "recovery_p50_s", "recovery_max_s", "fell_back", "same_conversation", "left_out")
+
+
 def count_and_share(estimate: uncertainty.Estimate) -> str:
     """A rate as its count of the trials and the interval of its share: `0 [0%, 5%]`."""
     if not estimate.n:

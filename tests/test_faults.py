@@ -594,6 +594,17 @@ def test_a_task_given_up_is_charged_all_the_time_it_ran_and_counted_as_a_give_up
     assert cell["same_conversation"] == 3
 
 
+def test_a_task_that_does_not_complete_without_faults_either_is_left_out_of_the_faulted_cells() -> None:
+    # openai-python ends a task at the connection's 60-minute limit with or without faults: no fault's doing.
+    rows = [fault_row(CHAINED, "none", "t0", e2e=100.0), fault_row(CHAINED, "none", "t1", e2e=3600.0, status="error:closed_1000"),
+            fault_row(CHAINED, "drops", "t0", e2e=104.0, recoveries=1),
+            fault_row(CHAINED, "drops", "t1", e2e=3600.0, recoveries=1, status="error:closed_1000")]
+    table = {r["fault"]: r for r in faults.summarize(rows)}
+    assert (table["drops"]["tasks"], table["drops"]["left_out"], table["drops"]["time_lost_s"].value) == (1, 1, 4.0)
+    assert table["drops"]["gave_up"].value == 0 and table["drops"]["faults"] == 1
+    assert (table["none"]["tasks"], table["none"]["left_out"], table["none"]["gave_up"].value) == (2, 0, 0.5)
+
+
 def test_a_client_that_falls_back_to_http_counts_the_fault_it_fell_back_after() -> None:
     rows = [fault_row(SUSPENDED, "none", "t0", e2e=100.0),
             fault_row(SUSPENDED, "drops", "t0", e2e=120.0, recoveries=2, fell_back=True)]

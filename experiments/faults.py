@@ -339,7 +339,7 @@ def csv_rows(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, name: str, command: str,
              workload: str) -> dict[str, Any]:
     """What the docs quote, as data: every cell's time lost, faults per task, give-ups and bytes resent, every ratio,
-    and the two tables docs/results.md prints (time lost per cell, ratios), each per policy."""
+    and the tables docs/results.md prints (time lost and kilobytes resent per cell, ratios), each per policy."""
     figures: dict[str, dict[str, Any]] = {}
     for row in table:
         key = f"{row['fault']}.{row['policy']}.{row['design']}"
@@ -360,6 +360,9 @@ def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, 
         faults = list(dict.fromkeys(f for f, _ in cells))
         tables[f"time_lost.{policy}"] = headline.table(["fault", *designs], [
             [fault, *(_cell(cells.get((fault, d))) for d in designs)] for fault in faults])
+        tables[f"resent_kb.{policy}"] = headline.table(["fault", *designs], [
+            [fault, *(cells[(fault, d)]["resent_kb"].format("{:.0f}") if (fault, d) in cells else "-" for d in designs)]
+            for fault in faults])
         mine = [p for p in pairs if p["policy"] == policy]
         names = list(dict.fromkeys(p["pair"] for p in mine))
         by = {(p["fault"], p["pair"]): p for p in mine}

@@ -27,12 +27,6 @@ from prototype.server.collector import FullCollectionPolicy
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
 
-def results_dir(name: str = "") -> Path:
-    path = RESULTS / name if name else RESULTS
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def run_dir(experiment: str) -> Path:
     """A new folder results/<experiment>/<timestamp>/ for this run; results/<experiment>/latest
     points at it."""
@@ -192,5 +186,5 @@ def run_delay_seconds(pid: int) -> float:
 
 __all__ = [
     "RESULTS", "Parser", "ServerOutput", "add_list", "cpu_seconds", "experiment_parser", "latest_dir", "new_run_folder", "print_table",
-    "raise_fd_limit", "report", "results_dir", "rss_bytes", "run_delay_seconds", "run_dir", "server_process", "write_csv",
+    "raise_fd_limit", "report", "rss_bytes", "run_delay_seconds", "run_dir", "server_process", "write_csv",
 ]

@@ -13,11 +13,17 @@ for the KV of sessions that wait for a tool (prototype/engine/memory.py):
 * chained + pin-<s>: held for s idle, then freed (Continuum / CacheTTL);
 * chained + discard / swap.
 
-Per (design, policy, N) it reports throughput, end-to-end time, queueing for the engine, prefill
-recomputed, and GPU KV memory; prints a table, writes kv_memory.csv and kv_memory.png
-into a new folder results/kv_memory/<timestamp>/ (results/kv_memory/latest points at the newest).
+Each configuration runs under several scheduler seeds (`--scheduler-seeds`, default 0-9): the order
+in which tasks runnable at the same virtual instant run, which decides who the engine admits first
+when hundreds of agents queue for it. Per (design, policy, N) it reports throughput, end-to-end
+time, queueing for the engine, prefill recomputed, and GPU KV memory as the mean over the seeds with
+a bootstrap interval over them and the seeds' range, and the throughput ratios between the designs
+as paired ratios over the seeds (the designs run the same seeds); prints the tables, writes
+kv_memory.csv (a row per run), kv_memory_seeds.csv (a row per configuration), kv_memory.json (the
+figures the docs quote) and kv_memory.png into a new folder results/kv_memory/<timestamp>/
+(results/kv_memory/latest points at the newest).
 
-    python -m experiments.kv_memory [--agents 10 100 1000] [--configs suspended:hold chained:ttl-300 ...]
+    python -m experiments.kv_memory [--agents 10 100] [--configs suspended:hold chained:ttl-300 ...] [--scheduler-seeds 0-9]
     python -m experiments.kv_memory --replot        # redraw the newest run's figure from its CSV
     python -m experiments.kv_memory --cluster local  # on a Dask LocalCluster (or --cluster tcp://host:8786)
 
@@ -29,15 +35,17 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
+import sys
 import time
 
 import attrs
 import numpy as np
 import trio
 
-from prototype import sweep, virtual
+from prototype import headline, sweep, uncertainty, virtual
 from prototype.api.costs import ApiCosts
 from prototype.api.service import ApiService
 from prototype.cli.common import at_least, non_negative, positive
@@ -62,7 +70,19 @@ CONFIGS = (
     "suspended:hold", "suspended:swap", "suspended:discard",
     "chained:ttl-60", "chained:ttl-300", "chained:ttl-3600", "chained:pin-300", "chained:discard", "chained:swap",
 )
-AGENTS = (10, 100, 1000)
+# 1,000 agents take minutes a run; with ten seeds a run each they are an option (`--agents 1000`), not the default.
+AGENTS = (10, 100)
+# Ten replicates of the scheduler's order, the fewest whose bootstrap interval over seeds the docs quote.
+SCHEDULER_SEEDS = tuple(range(10))
+# The throughput ratios reported, (numerator, denominator) as (design, policy label): holding and pinning
+# against the shipped TTL cache, against each other, and swapping against holding in each design.
+RATIOS = (
+    (("suspended", "hold"), ("chained", "ttl-300s")),
+    (("chained", "pin-300s"), ("chained", "ttl-300s")),
+    (("suspended", "hold"), ("chained", "pin-300s")),
+    (("suspended", "swap"), ("suspended", "hold")),
+    (("chained", "swap"), ("chained", "pin-300s")),
+)
 # Llama-3.1-8B on one H100 at batch 1 and 32k context: (weights + KV read) / HBM bandwidth gives
 # 165 tokens/s [derived, docs/parameters.md §3]; the engine's budget is that GPU's, so is its decode rate.
 DECODE_TPS = 165.0
@@ -154,6 +174,7 @@ def run_config(run: KvRun) -> dict:
         "design": design,
         "policy": engine.retention.label,
         "agents": agents,
+        "scheduler_seed": run.scheduler_seed,
         "completed": len(done),
         "failed": len(records) - len(done),
         "makespan_h": makespan / 3600,
@@ -182,9 +203,179 @@ def run_config(run: KvRun) -> dict:
 
 
 TABLE = (
-    "design", "policy", "agents", "tasks_per_hour", "e2e_p50_s", "e2e_p90_s", "mean_queue_s", "mean_prefill_wait_s",
+    "design", "policy", "agents", "scheduler_seed", "tasks_per_hour", "e2e_p50_s", "e2e_p90_s", "mean_queue_s", "mean_prefill_wait_s",
     "recomputed_tokens", "recomputed_share", "peak_kv_gib", "mean_kv_gib", "swap_gib", "preempted", "evicted",
 )
+
+
+# The columns summed up over the seeds: each a mean over the seeds with a bootstrap interval over them.
+OVER_SEEDS = ("tasks_per_hour", "e2e_p50_s", "e2e_p90_s", "mean_queue_s", "mean_prefill_wait_s", "recomputed_share",
+              "peak_kv_gib", "mean_kv_gib", "swap_gib", "preempted", "evicted")
+
+
+def seeds_text(seeds: list[int] | tuple[int, ...]) -> str:
+    """`0-9` for a run of consecutive seeds, else the seeds separated by commas."""
+    ordered = sorted(seeds)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
+
+
+def by_config(rows: list[dict]) -> dict[tuple[str, str, int], dict[int, dict]]:
+    """The runs of each (design, policy, agents), by scheduler seed."""
+    groups: dict[tuple[str, str, int], dict[int, dict]] = {}
+    for row in rows:
+        groups.setdefault((row["design"], row["policy"], row["agents"]), {})[row["scheduler_seed"]] = row
+    return groups
+
+
+def over_seeds(rows: list[dict]) -> list[dict]:
+    """One row per (design, policy, agents): each `OVER_SEEDS` column's mean over the scheduler seeds with a bootstrap
+    interval over the seeds (`uncertainty.Estimate`, n = seeds), throughput's range over the seeds, and the tasks that
+    failed in all the runs together."""
+    out = []
+    for (design, policy, agents), runs in by_config(rows).items():
+        seeds = sorted(runs)
+        row: dict = {"design": design, "policy": policy, "agents": agents, "seeds": len(seeds)}
+        for column in OVER_SEEDS:
+            row[column] = uncertainty.bootstrap([runs[s][column] for s in seeds], of="seeds")
+        throughput = [runs[s]["tasks_per_hour"] for s in seeds]
+        row["tasks_per_hour_min"], row["tasks_per_hour_max"] = min(throughput), max(throughput)
+        row["failed"] = sum(runs[s]["failed"] for s in seeds)
+        out.append(row)
+    return out
+
+
+def throughput_ratios(rows: list[dict]) -> list[dict]:
+    """Each `RATIOS` pair present at each agent count: the ratio of the two configurations' mean throughput over the
+    seeds they both ran, with a paired bootstrap interval over those seeds (the same seed gives both designs the same
+    scheduler draws), the range of the per-seed ratios, and in how many seeds the first was ahead."""
+    groups = by_config(rows)
+    out = []
+    for agents in sorted({row["agents"] for row in rows}):
+        for (first, second) in RATIOS:
+            a, b = groups.get((*first, agents)), groups.get((*second, agents))
+            if a is None or b is None:
+                continue
+            seeds = sorted(set(a) & set(b))
+            mine = [a[s]["tasks_per_hour"] for s in seeds]
+            theirs = [b[s]["tasks_per_hour"] for s in seeds]
+            per_seed = [x / y for x, y in zip(mine, theirs)]
+            out.append({
+                "agents": agents, "first": "/".join(first), "second": "/".join(second),
+                "ratio": uncertainty.paired_bootstrap(mine, theirs, _ratio_of_means, of="seeds"),
+                "per_seed_min": min(per_seed), "per_seed_max": max(per_seed),
+                "ahead": sum(1 for r in per_seed if r > 1), "seeds": len(seeds),
+            })
+    return out
+
+
+def _ratio_of_means(first: np.ndarray, second: np.ndarray) -> float:
+    return float(first.mean() / second.mean())
+
+
+def flat(rows: list[dict]) -> list[dict]:
+    """Rows for a CSV: each estimate as its value with `_low`, `_high` and `_n` beside it."""
+    out = []
+    for row in rows:
+        cells: dict = {}
+        for key, value in row.items():
+            if isinstance(value, uncertainty.Estimate):
+                cells.update({key: value.value, f"{key}_low": value.low, f"{key}_high": value.high, f"{key}_n": value.n})
+            else:
+                cells[key] = value
+        out.append(cells)
+    return out
+
+
+SUMMARY = ("design", "policy", "agents", "seeds", "tasks_per_hour", "tasks_per_hour_range", "e2e_p50_s", "e2e_p90_s",
+           "mean_queue_s", "recomputed_share", "peak_kv_gib", "mean_kv_gib", "swap_gib", "preempted", "evicted", "failed")
+SUMMARY_FORMATS = {
+    "tasks_per_hour": lambda e: e.format("{:.0f}"),
+    "tasks_per_hour_range": lambda r: r,
+    "e2e_p50_s": lambda e: e.format("{:.0f}"),
+    "e2e_p90_s": lambda e: e.format("{:.0f}"),
+    "mean_queue_s": lambda e: e.format("{:.1f}"),
+    "recomputed_share": lambda e: e.format("{:.0%}"),
+    "peak_kv_gib": lambda e: e.format("{:.1f}"),
+    "mean_kv_gib": lambda e: e.format("{:.1f}"),
+    "swap_gib": lambda e: e.format("{:.0f}"),
+    "preempted": lambda e: e.format("{:.0f}"),
+    "evicted": lambda e: e.format("{:.0f}"),
+}
+RATIO_COLUMNS = ("agents", "first", "second", "ratio", "per_seed", "ahead")
+
+
+def print_summary(summary: list[dict], ratios: list[dict], seeds: list[int]) -> None:
+    print(f"\nOver the scheduler seeds ({seeds_text(seeds)}): mean [95% bootstrap interval over the seeds], and the "
+          f"seeds' range of throughput")
+    shown = [{**row, "tasks_per_hour_range": f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}"} for row in summary]
+    print_table(shown, SUMMARY, SUMMARY_FORMATS)
+    if ratios:
+        print("\nThroughput, first over second: ratio of the mean over the seeds [95% paired bootstrap interval over the "
+              "seeds], the per-seed ratios' range, and the seeds in which the first was ahead")
+        print_table([{**r, "per_seed": f"{r['per_seed_min']:.2f}-{r['per_seed_max']:.2f}", "ahead": f"{r['ahead']} of {r['seeds']}"}
+                     for r in ratios], RATIO_COLUMNS, {"ratio": lambda e: e.format("{:.2f}")})
+    if len(seeds) < len(SCHEDULER_SEEDS):
+        print(f"\nNot for conclusions: {len(seeds)} scheduler seed(s); the intervals the docs quote rest on "
+              f"{len(SCHEDULER_SEEDS)}.")
+
+
+def headline_section(summary: list[dict], ratios: list[dict], rows: list[dict], *, name: str, command: str,
+                     workload: str) -> dict:
+    """What docs/kv_memory.md quotes, as data: each configuration's throughput, median end-to-end time and
+    recomputed share over the seeds, each throughput ratio, the tables of both per agent count, and each run's
+    throughput by seed (the samples behind the intervals)."""
+    data = {"scheduler_seeds": sorted({row["scheduler_seed"] for row in rows}), "tasks_per_hour": {
+        f"{agents}.{design}.{policy}": [runs[seed]["tasks_per_hour"] for seed in sorted(runs)]
+        for (design, policy, agents), runs in by_config(rows).items()}}
+    figures: dict[str, dict] = {}
+    tables: dict[str, dict] = {}
+    for row in summary:
+        key = f"{row['agents']}.{row['design']}.{row['policy']}"
+        where = f"{row['design']} / {row['policy']} at {row['agents']} agents, mean over {row['seeds']} scheduler seeds"
+        figures[f"{key}.tasks_per_hour"] = headline.figure(row["tasks_per_hour"], "{:.0f}", label=f"tasks per hour, {where}")
+        figures[f"{key}.e2e_p50_s"] = headline.figure(row["e2e_p50_s"], "{:.0f} s", label=f"end-to-end p50, {where}")
+        figures[f"{key}.tasks_per_hour_range"] = headline.text(f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}")
+        figures[f"{key}.recomputed_share"] = headline.figure(row["recomputed_share"], "{:.0f}%", scale=100, label=f"prefill recomputed, {where}")
+    for ratio in ratios:
+        key = f"{ratio['agents']}.{ratio['first'].replace('/', '.')}_over_{ratio['second'].replace('/', '.')}"
+        figures[f"{key}.per_seed"] = headline.text(f"{ratio['per_seed_min']:.2f}-{ratio['per_seed_max']:.2f}")
+        figures[f"{key}.ahead"] = headline.text(f"{ratio['ahead']} of {ratio['seeds']}")
+        figures[key] = headline.figure(
+            ratio["ratio"], "{:.2f}x", label=f"throughput, {ratio['first']} over {ratio['second']} at {ratio['agents']} agents, "
+            f"paired over {ratio['seeds']} scheduler seeds; per seed {ratio['per_seed_min']:.2f}-{ratio['per_seed_max']:.2f}, "
+            f"ahead in {ratio['ahead']} of {ratio['seeds']}")
+    for agents in sorted({row["agents"] for row in summary}):
+        columns = ["design", "policy", "tasks/h", "seeds' range", "e2e p50 (s)", "e2e p90 (s)", "wait for admission (s/call)",
+                   "prefill recomputed", "mean KV (GiB)", "swapped (GiB)", "preempted", "evicted"]
+        tables[f"throughput.{agents}"] = headline.table(columns, [
+            [row["design"], row["policy"], row["tasks_per_hour"].format("{:.0f}"),
+             f"{row['tasks_per_hour_min']:.0f}-{row['tasks_per_hour_max']:.0f}", row["e2e_p50_s"].format("{:.0f}"),
+             row["e2e_p90_s"].format("{:.0f}"), row["mean_queue_s"].format("{:.1f}"), row["recomputed_share"].scaled(100).format("{:.0f}%"),
+             row["mean_kv_gib"].format("{:.1f}"), row["swap_gib"].format("{:,.0f}"), row["preempted"].format("{:.0f}"),
+             row["evicted"].format("{:.0f}")]
+            for row in summary if row["agents"] == agents])
+        mine = [r for r in ratios if r["agents"] == agents]
+        if mine:
+            tables[f"ratios.{agents}"] = headline.table(["throughput", "ratio of means", "per seed", "first ahead"], [
+                [f"{r['first']} over {r['second']}", r["ratio"].format("{:.2f}"), f"{r['per_seed_min']:.2f}-{r['per_seed_max']:.2f}",
+                 f"{r['ahead']} of {r['seeds']} seeds"] for r in mine])
+    return headline.section(name, command=command, workload=workload, figures=figures, tables=tables, data=data)
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that makes these figures: the options that change them (the runner's and the output's do not)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--jobs", "--cluster", "--output"):
+            skip = True
+        elif arg not in ("--in-process", "--no-cache"):
+            kept.append(arg)
+    return " ".join(["python -m experiments.kv_memory", *kept])
 
 
 def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -199,13 +390,15 @@ def parameters(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         ("host link", f"{args.swap_gbps:g} GB/s each way", "PCIe Gen4 x16 effective [assumed]"),
         ("host budget", f"{args.host_budget:,} tokens", "DGX H100: 2 TB / 8 GPUs [derived]"),
         ("workload", f"compact, {args.turns} turns, seed {args.seed}", "docs/parameters.md §1-2 defaults; turns a §1 sweep value"),
-        ("scheduler seed", f"{args.scheduler_seed}", "trio's tie-break order, seeded for reproducibility"),
+        ("scheduler seeds", seeds_text(args.scheduler_seeds), "trio's tie-break order; each configuration runs under each"),
         ("API costs", "ApiCosts() defaults", "docs/parameters.md §4 [assumed]"),
         ("v1 suspension TTL", f"{SUSPENSION_TTL:g} s", "raised from 300 s so no rollout fails"),
     ]
 
 
 def plot(rows: list[dict], path) -> None:
+    """Each panel: a column's mean over the scheduler seeds against the agent count, with its 95% interval over the
+    seeds as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,17 +409,20 @@ def plot(rows: list[dict], path) -> None:
         ("e2e_p50_s", "end-to-end p50 (s)", "log", None),
         ("e2e_p90_s", "end-to-end p90 (s)", "log", None),
         ("mean_queue_s", "mean wait for admission per model call (s)", "symlog", 0.1),
-        ("recomputed_tokens", "prefill tokens recomputed", "symlog", 1e3),
+        ("recomputed_share", "share of prefill recomputed", "linear", None),
         ("mean_kv_gib", "mean GPU KV resident (GiB)", "linear", None),
     )
-    configs = list(dict.fromkeys((r["design"], r["policy"]) for r in rows))
+    summary = over_seeds(rows)
+    configs = list(dict.fromkeys((r["design"], r["policy"]) for r in summary))
+    seeds = sorted({r["scheduler_seed"] for r in rows})
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     cmap = plt.get_cmap("tab10")
     for ax, (column, title, scale, linthresh) in zip(axes.flat, panels):
         for i, (design, policy) in enumerate(configs):
-            mine = sorted((r for r in rows if (r["design"], r["policy"]) == (design, policy)), key=lambda r: r["agents"])
-            ax.plot(
-                [r["agents"] for r in mine], [r[column] for r in mine],
+            mine = sorted((r for r in summary if (r["design"], r["policy"]) == (design, policy)), key=lambda r: r["agents"])
+            ax.errorbar(
+                [r["agents"] for r in mine], [r[column].value for r in mine],
+                yerr=np.array([r[column].error_bar() for r in mine]).T, capsize=3,
                 marker="o" if design == SUSPENDED else "s", linestyle="-" if design == SUSPENDED else "--",
                 color=cmap(i % 10), label=f"{design} / {policy}",
             )
@@ -243,7 +439,8 @@ def plot(rows: list[dict], path) -> None:
     axes.flat[5].axhline(budget_gib, color="gray", linewidth=1, linestyle=":", label="KV budget")
     handles, labels = axes.flat[5].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=9)
-    fig.suptitle("Engine KV memory under concurrency: one H100, Llama-3.1-8B, compact workload (virtual time)")
+    fig.suptitle("Engine KV memory under concurrency: one H100, Llama-3.1-8B, compact workload (virtual time); "
+                 f"mean and 95% interval over scheduler seeds {seeds_text(seeds)}")
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -269,7 +466,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     add_list(parser, "--configs", str, CONFIGS, "design:policy runs, e.g. chained:ttl-300")
     parser.add_argument("--turns", type=at_least(1), default=TURNS, help=f"turns per agent (default {TURNS})")
     parser.add_argument("--seed", type=non_negative(int), default=0, help="workload seed")
-    parser.add_argument("--scheduler-seed", type=non_negative(int), default=0, help="seed of trio's order for tasks runnable at the same instant")
+    add_list(parser, "--scheduler-seeds", non_negative(int), SCHEDULER_SEEDS, "seeds of trio's order for tasks runnable at the same instant")
     parser.add_argument("--budget", type=at_least(1), default=H100_8B_KV_BUDGET_TOKENS, help="GPU KV budget in tokens")
     parser.add_argument("--host-budget", type=non_negative(int), default=H100_8B_HOST_BUDGET_TOKENS, help="host KV budget in tokens")
     parser.add_argument("--max-batch", type=at_least(1), default=VLLM_MAX_NUM_SEQS, help=f"sequences decoded at once (default {VLLM_MAX_NUM_SEQS}, vLLM's max_num_seqs)")
@@ -279,26 +476,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--output", default="kv_memory", help="name of the CSV and PNG in results/kv_memory/<timestamp>/ (default kv_memory)")
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from the CSV of results/kv_memory/latest/")
     sweep.add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    workload = f"compact, {args.turns} turns a task, seed {args.seed}; every agent starts at t = 0"
     if args.replot:
         folder = latest_dir("kv_memory")
         rows = read_rows(folder / f"{args.output}.csv")
-        plot(rows, folder / f"{args.output}.png")
+        made = folder / f"{args.output}.json"
+        if made.exists():  # the run's own command and workload, not the replot's
+            before = json.loads(made.read_text())["headline"]
+            command, workload = before["command"], before["workload"]
+        else:
+            command = command_line([a for a in argv if a != "--replot"])
+        write_outputs(rows, folder, args.output, command=command, workload=workload)
         return rows
     folder = run_dir("kv_memory")
-    csv_path, png_path = folder / f"{args.output}.csv", folder / f"{args.output}.png"
+    csv_path = folder / f"{args.output}.csv"
 
     for knob, value, source in parameters(args):
         print(f"  {knob:<20} {value:<40} {source}")
     knobs = {name: getattr(args, name) for name in (
-        "turns", "seed", "scheduler_seed", "budget", "host_budget", "max_batch", "swap_gbps", "decode_tps", "flush")}
+        "turns", "seed", "budget", "host_budget", "max_batch", "swap_gbps", "decode_tps", "flush")}
     runs = []
     for config in args.configs:
         design, _, policy = config.partition(":")
         if design not in (SUSPENDED, CHAINED):
             raise SystemExit(f"unknown design in {config!r}: use suspended or chained")
         parse_policy(policy)
-        runs += [KvRun(design, policy, agents, **knobs) for agents in args.agents]
+        runs += [KvRun(design, policy, agents, scheduler_seed=seed, **knobs) for agents in args.agents for seed in args.scheduler_seeds]
     wall = time.perf_counter()
     with sweep.runner_from_args(args) as runner:  # the largest runs first, so that the workers finish together
         rows = runner.map(run_config, runs, desc="kv_memory", first=lambda run: -run.agents)
@@ -308,9 +513,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row["budget_tokens"] = args.budget
     print_table(rows, TABLE)
     write_csv(csv_path, rows)
-    plot(rows, png_path)
-    print(f"wrote {csv_path} and {png_path}")
+    write_outputs(rows, folder, args.output, command=command_line(argv), workload=workload)
     return rows
+
+
+def write_outputs(rows: list[dict], folder, output: str, *, command: str, workload: str) -> None:
+    """From the runs' rows: the tables over the seeds printed, <output>_seeds.csv, <output>.json (the headline
+    figures) and <output>.png."""
+    summary, ratios = over_seeds(rows), throughput_ratios(rows)
+    print_summary(summary, ratios, sorted({row["scheduler_seed"] for row in rows}))
+    write_csv(folder / f"{output}_seeds.csv", flat(summary))
+    section = headline_section(summary, ratios, rows, name=output, command=command, workload=workload)
+    headline.write(folder / f"{output}.json", {"headline": section})
+    plot(rows, folder / f"{output}.png")
+    print(f"wrote {output}.csv, {output}_seeds.csv, {output}.json and {output}.png in {folder}")
 
 
 if __name__ == "__main__":

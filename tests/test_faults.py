@@ -41,14 +41,19 @@ from test_bad_input import (
 )
 from websockets.sync.client import connect as ws_connect
 
+from experiments import faults
+from prototype import benchmark, uncertainty
 from prototype.api.store import ResponseStore
 from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
+from prototype.client.reconnect import CODEX, OPENAI_PYTHON
 from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
+from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
 from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
+from prototype.workload import fixed
 
 # --- a bounded in-memory stream ---------------------------------------------------------------------
 
@@ -557,3 +562,152 @@ async def test_a_client_that_stopped_reading_closes_within_its_close_timeout(aut
     assert trio.current_time() - closing == pytest.approx(harness.CLOSE_TIMEOUT_SECONDS)
     assert await server_tasks_end(nursery, server) < 0.01
     assert server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2
+
+
+# --- experiments.faults: what each cell counts, and what its figures rest on ------------------------
+
+FAULTED_TASK = fixed(4, initial_prompt_tokens=200, appended_tokens=50, output_tokens=40, tool_seconds=10.0)
+
+
+def fault_row(design: str, fault: str, task: str, *, e2e: float, recoveries: int = 0, status: str = "completed",
+              fell_back: bool = False) -> dict[str, Any]:
+    """A row as `faults.fault_records` writes it, one task of one cell."""
+    return {"design": design, "fault": fault, "policy": "openai-python", "task": task, "status": status, "e2e_s": e2e,
+            "reconnects": recoveries, "resent_bytes": 1000 * recoveries, "recovery_s": [0.5] * recoveries,
+            "retried_responses": 0, "fell_back": fell_back, "transcript": [task], "breaks": True}
+
+
+def test_a_task_given_up_is_charged_all_the_time_it_ran_and_counted_as_a_give_up() -> None:
+    rows = [fault_row(CHAINED, "none", f"t{i}", e2e=100.0) for i in range(4)]
+    rows += [fault_row(CHAINED, "drops", "t0", e2e=103.0, recoveries=1), fault_row(CHAINED, "drops", "t1", e2e=101.0, recoveries=1),
+             fault_row(CHAINED, "drops", "t2", e2e=100.0),
+             fault_row(CHAINED, "drops", "t3", e2e=40.0, status="error:gave_up")]  # gave up 40 s in: all 40 s are lost
+    cell = {r["fault"]: r for r in faults.summarize(rows)}["drops"]
+    # Over the completed tasks alone the mean would be 4/3 s: the client that gave up would look cheapest.
+    assert cell["time_lost_s"].value == (3 + 1 + 0 + 40) / 4
+    assert cell["time_lost_s"].n == 4 and cell["time_lost_s"].method == "bootstrap"
+    gave_up = cell["gave_up"]
+    assert (gave_up.value, gave_up.n, gave_up.method) == (0.25, 4, "exact binomial")
+    # Clopper-Pearson for 1 of 4: the lower end solves 1 - (1 - p)^4 = 0.025, the upper one (1 - p)^4 + 4p(1 - p)^3 = 0.025.
+    assert gave_up.low == pytest.approx(1 - 0.975 ** 0.25) and gave_up.high == pytest.approx(0.80588, abs=1e-5)
+    assert cell["faults"] == 3  # two recovered from, one given up on
+    assert cell["same_conversation"] == 3
+
+
+def test_a_task_that_does_not_complete_without_faults_either_is_left_out_of_the_faulted_cells() -> None:
+    # openai-python ends a task at the connection's 60-minute limit with or without faults: no fault's doing.
+    rows = [fault_row(CHAINED, "none", "t0", e2e=100.0), fault_row(CHAINED, "none", "t1", e2e=3600.0, status="error:closed_1000"),
+            fault_row(CHAINED, "drops", "t0", e2e=104.0, recoveries=1),
+            fault_row(CHAINED, "drops", "t1", e2e=3600.0, recoveries=1, status="error:closed_1000")]
+    table = {r["fault"]: r for r in faults.summarize(rows)}
+    assert (table["drops"]["tasks"], table["drops"]["left_out"], table["drops"]["time_lost_s"].value) == (1, 1, 4.0)
+    assert table["drops"]["gave_up"].value == 0 and table["drops"]["faults"] == 1
+    assert (table["none"]["tasks"], table["none"]["left_out"], table["none"]["gave_up"].value) == (2, 0, 0.5)
+
+
+def test_a_client_that_falls_back_to_http_counts_the_fault_it_fell_back_after() -> None:
+    rows = [fault_row(SUSPENDED, "none", "t0", e2e=100.0),
+            fault_row(SUSPENDED, "drops", "t0", e2e=120.0, recoveries=2, fell_back=True)]
+    cell = {r["fault"]: r for r in faults.summarize(rows)}["drops"]
+    assert cell["faults"] == 3 and cell["fell_back"] == 1 and cell["time_lost_s"].value == 20.0
+
+
+def test_each_cell_counts_its_faults_with_an_exact_poisson_interval_and_bootstraps_time_over_its_tasks() -> None:
+    recoveries = [0, 1, 2, 0, 3, 1, 0, 2, 1, 2]  # 12 faults over 10 tasks
+    rows = [fault_row(CHAINED, "none", f"t{i}", e2e=100.0) for i in range(10)]
+    rows += [fault_row(CHAINED, "drops", f"t{i}", e2e=100.0 + 1.5 * k + 0.1 * i, recoveries=k) for i, k in enumerate(recoveries)]
+    table = {r["fault"]: r for r in faults.summarize(rows)}
+    cell = table["drops"]
+    assert cell["tasks"] == 10 and cell["faults"] == 12
+    assert cell["faults_per_task"] == uncertainty.events_per(12, 10)
+    assert (cell["faults_per_task"].n, cell["faults_per_task"].of, cell["faults_per_task"].method) == (12, "events", "exact Poisson")
+    # Garwood's exact interval for 12 events, per task.
+    assert cell["faults_per_task"].low == pytest.approx(0.62006, abs=1e-4)
+    assert cell["faults_per_task"].high == pytest.approx(2.09616, abs=1e-4)
+    lost = cell["time_lost_s"]
+    assert (lost.n, lost.of, lost.method) == (10, "tasks", "bootstrap")
+    assert lost.value == pytest.approx(1.5 * 1.2 + 0.45) and lost.low < lost.value < lost.high
+    assert (cell["recovery_p50_s"].n, cell["recovery_p50_s"].of) == (12, "recoveries")
+    clean = table["none"]  # no fault met: zero, with an upper end that 10 tasks cannot rule out
+    assert clean["faults"] == 0 and clean["faults_per_task"].low == 0 and clean["faults_per_task"].high == pytest.approx(0.36889, abs=1e-4)
+
+
+def ratio_rows(lost: list[float], factor: list[float], recoveries: int) -> list[dict[str, Any]]:
+    rows = []
+    for i, seconds in enumerate(lost):
+        for design, times in ((CHAINED, 1.0), (SUSPENDED, factor[i])):
+            rows.append(fault_row(design, "none", f"t{i}", e2e=100.0))
+            rows.append(fault_row(design, "drops", f"t{i}", e2e=100.0 + times * seconds, recoveries=recoveries))
+    return rows
+
+
+def test_a_ratio_of_time_lost_is_paired_over_tasks_and_stated_only_on_thirty_faults_a_cell() -> None:
+    lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]  # tasks that lose very different times; v1 loses twice v2's on each
+    def pair(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {r["pair"]: r for r in faults.ratios(faults.summarize(rows))}["suspended / chained"]
+
+    few = pair(ratio_rows(lost, [2.0] * 6, recoveries=4))  # 24 faults a cell
+    # Paired over the tasks the ratio is 2 in every resample; resampled apart, the tasks' spread would widen it.
+    assert (few["ratio"].low, few["ratio"].value, few["ratio"].high) == (2.0, 2.0, 2.0)
+    assert few["ratio"].method == "paired bootstrap" and few["ratio"].n == 6
+    assert few["events"] == 24 and few["carried"].startswith("too few faults")
+    enough = pair(ratio_rows(lost, [2.0] * 6, recoveries=5))  # 30 faults a cell
+    assert enough["events"] == 30 and enough["carried"] == "more"
+    mixed = pair(ratio_rows(lost, [0.5, 2.0, 0.5, 2.0, 0.5, 2.0], recoveries=5))  # ahead on some tasks, behind on others
+    assert mixed["ratio"].low < 1 < mixed["ratio"].high and mixed["carried"] == "not separated"
+
+
+def test_a_network_that_breaks_nothing_is_judged_on_its_tasks_not_on_faults() -> None:
+    lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]
+    rows = [dict(row, breaks=False) for row in ratio_rows(lost, [2.0] * 6, recoveries=0)]  # loss, jitter: no fault met
+    (pair,) = [r for r in faults.ratios(faults.summarize(rows)) if r["pair"] == "suspended / chained"]
+    assert pair["events"] == 0 and pair["carried"] == "more"
+    breaking = faults.ratios(faults.summarize(ratio_rows(lost, [2.0] * 6, recoveries=0)))
+    assert [r["carried"] for r in breaking if r["pair"] == "suspended / chained"] == ["too few faults (< 30)"]
+
+
+def test_a_harsh_fault_costs_each_design_time_and_faults_it_recovers_from() -> None:
+    config = benchmark.BenchConfig(task_list=(FAULTED_TASK,))
+    harsh = faults.FaultModel("harsh", links=LinkFaults(drop_per_server_chunk=0.01, seed=1))
+    rows = [row for fault in (faults.FAULT_MODELS["none"], harsh) for design in (CHAINED, SUSPENDED)
+            for row in faults.fault_records(faults.FaultRun(design, fault, OPENAI_PYTHON, 100.0, config))]
+    table = {(r["design"], r["fault"]): r for r in faults.summarize(rows)}
+    for design in (CHAINED, SUSPENDED):
+        assert table[(design, "none")]["faults"] == 0 and table[(design, "none")]["time_lost_s"].value == 0
+        assert table[(design, "harsh")]["faults"] >= 1 and table[(design, "harsh")]["time_lost_s"].value > 0
+        assert table[(design, "harsh")]["gave_up"].value == 0 and table[(design, "harsh")]["same_conversation"] == 1
+
+
+def test_a_fault_run_gives_the_same_rows_whatever_ran_before_it() -> None:
+    """A v1 task restarted after an engine failure resends its context with the ids the server gave; ids drawn at
+    random per server would make the resent context, and so the row, differ from run to run by milliseconds."""
+    run = faults.FaultRun(SUSPENDED, faults.FAULT_MODELS["engine"], CODEX, 1000.0, benchmark.BenchConfig(n_tasks=1, seed=0))
+    first = faults.fault_records(run)
+    assert faults.faults_met(first[0]) == 1  # the task met the failure, and its restart resent the context
+    for _ in range(3):
+        assert faults.fault_records(run) == first
+
+
+def test_the_faults_experiment_at_a_tiny_size_prints_its_counts_and_that_it_is_not_for_conclusions(tmp_path, monkeypatch, capsys) -> None:
+    from experiments import common
+
+    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    options = ["--tasks", "2", "--turns", "3", "--faults", "mid-response", "engine", "--designs", "chained", "suspended",
+               "--policies", "codex"]
+    table = faults.main([*options, "--in-process", "--no-cache"])
+    assert {(r["fault"], r["design"]) for r in table} == {(f, d) for f in ("none", "mid-response", "engine") for d in (CHAINED, SUSPENDED)}
+    assert all(r["tasks"] == 2 and r["gave_up"].value == 0 and r["same_conversation"] == 2 for r in table)
+    out = capsys.readouterr().out
+    assert "not for conclusions" in out.lower() and "policy codex: 5 retries" in out
+    headline = json.loads((tmp_path / "faults" / "latest" / "faults.json").read_text())["headline"]
+    assert headline["command"] == "python -m experiments.faults " + " ".join(options)  # the runner's options change no figure
+    cells = {(r["fault"], r["design"]): r for r in table}
+    figure = headline["figures"]["mid-response.codex.suspended.faults_per_task"]
+    assert (figure["n"], figure["method"]) == (cells[("mid-response", SUSPENDED)]["faults"], "exact Poisson")
+    assert headline["figures"]["engine.codex.chained.time_lost"]["n"] == 2
+    assert {tuple(row[:1]) for row in headline["tables"]["time_lost.codex"]["rows"]} == {("mid-response",), ("engine",)}
+    tasks = tmp_path / "faults" / "latest" / "faults_tasks.csv"
+    again = faults.main(["--from-tasks", str(tasks)])  # the same tables from the tasks' file, running nothing
+    assert json.dumps(faults.csv_rows(again)) == json.dumps(faults.csv_rows(table))  # NaN where no recovery, in both
+    assert json.loads((tmp_path / "faults" / "latest" / "faults.json").read_text())["headline"] == headline

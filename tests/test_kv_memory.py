@@ -7,8 +7,10 @@ session's calls are `begin_call` (admission), `retain` (KV computed), `end_call`
 from __future__ import annotations
 
 import csv
+import json
 import math
 from array import array
+from pathlib import Path
 
 import pytest
 import trio
@@ -293,25 +295,91 @@ def test_every_session_finishes_and_the_books_balance(data):
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch):
+def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     import experiments.common as common
     from experiments import kv_memory
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     run = tmp_path / "kv_memory" / "latest"  # each run writes a new folder; `latest` points at it
-    rows = kv_memory.main(["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000", "--jobs", "1"])
-    assert [(r["design"], r["policy"], r["agents"]) for r in rows] == [("suspended", "hold", 3), ("chained", "ttl-300s", 3)]
+    options = ["--agents", "3", "--configs", "suspended:hold", "chained:ttl-300", "--turns", "3", "--budget", "30000",
+               "--scheduler-seeds", "0", "1"]
+    rows = kv_memory.main([*options, "--jobs", "1"])
+    assert [(r["design"], r["policy"], r["agents"], r["scheduler_seed"]) for r in rows] == [
+        ("suspended", "hold", 3, 0), ("suspended", "hold", 3, 1), ("chained", "ttl-300s", 3, 0), ("chained", "ttl-300s", 3, 1)]
     assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
     assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause
     assert all(r["peak_kv_tokens"] <= 30000 + 3 * 10_000 for r in rows)
     with open(run / "kv_memory.csv") as f:
-        assert len(list(csv.DictReader(f))) == 2
+        assert len(list(csv.DictReader(f))) == 4
+    with open(run / "kv_memory_seeds.csv") as f:
+        summary = list(csv.DictReader(f))
+    assert [(r["design"], r["seeds"], r["tasks_per_hour_n"]) for r in summary] == [("suspended", "2", "2"), ("chained", "2", "2")]
+    assert "not for conclusions" in capsys.readouterr().out.lower()  # two seeds, where the docs' figures rest on ten
+    headline = json.loads((run / "kv_memory.json").read_text())["headline"]
+    assert headline["command"] == "python -m experiments.kv_memory " + " ".join(options)
+    ratio = headline["figures"]["3.suspended.hold_over_chained.ttl-300s"]
+    assert (ratio["n"], ratio["of"], ratio["method"]) == (2, "seeds", "paired bootstrap")
+    hold = [r["tasks_per_hour"] for r in rows[:2]]
+    cache = [r["tasks_per_hour"] for r in rows[2:]]
+    assert ratio["value"] == pytest.approx(sum(hold) / sum(cache))
     assert (run / "kv_memory.png").stat().st_size > 0
     assert not math.isnan(rows[1]["mean_queue_s"])
     (run / "kv_memory.png").unlink()
     assert kv_memory.main(["--replot"]) == rows  # the figure is redrawn from the CSV alone
     assert (run / "kv_memory.png").exists()
+
+
+def seed_rows(design: str, policy: str, throughputs: list[float], agents: int = 100) -> list[dict]:
+    """Runs as `kv_memory.run_config` writes them, one per scheduler seed, with the columns summed up over seeds."""
+    from experiments import kv_memory
+
+    return [{"design": design, "policy": policy, "agents": agents, "scheduler_seed": seed, "failed": 0,
+             **{column: 0.0 for column in kv_memory.OVER_SEEDS}, "tasks_per_hour": value, "e2e_p50_s": 3600 / value}
+            for seed, value in enumerate(throughputs)]
+
+
+def test_each_configuration_is_its_mean_over_the_seeds_with_a_bootstrap_interval_over_them():
+    from experiments import kv_memory
+
+    spread = [246.0, 314.0, 310.0, 335.0, 250.0, 290.0, 301.0, 268.0, 322.0, 280.0]
+    (row,) = kv_memory.over_seeds(seed_rows("suspended", "hold", spread))
+    throughput = row["tasks_per_hour"]
+    assert row["seeds"] == 10 and (throughput.n, throughput.of, throughput.method) == (10, "seeds", "bootstrap")
+    assert throughput.value == pytest.approx(sum(spread) / 10) and throughput.low < throughput.value < throughput.high
+    assert 246 < throughput.low and throughput.high < 335  # the mean's interval, narrower than the seeds' range
+    assert (row["tasks_per_hour_min"], row["tasks_per_hour_max"]) == (246.0, 335.0)
+
+
+def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
+    from experiments import kv_memory
+
+    cache = [189.0, 252.0, 213.0, 283.0, 189.0, 240.0, 201.0, 266.0, 230.0, 195.0]  # the seed moves both designs
+    hold = [1.3 * x for x in cache]  # and hold gives 1.3x the cache's throughput under every seed
+    pin = [x * f for x, f in zip(cache, (0.9, 1.2, 0.95, 1.1, 0.85, 1.15, 1.0, 0.9, 1.2, 0.95))]
+    rows = seed_rows("suspended", "hold", hold) + seed_rows("chained", "ttl-300s", cache) + seed_rows("chained", "pin-300s", pin)
+    ratios = {(r["first"], r["second"]): r for r in kv_memory.throughput_ratios(rows)}
+    held = ratios[("suspended/hold", "chained/ttl-300s")]
+    # Paired, every resample of the seeds gives exactly 1.3; apart, the seeds' spread (189 to 283) would make it wide.
+    assert held["ratio"].value == pytest.approx(1.3)
+    assert held["ratio"].low == pytest.approx(1.3) and held["ratio"].high == pytest.approx(1.3)
+    assert (held["ratio"].n, held["ratio"].of, held["ratio"].method) == (10, "seeds", "paired bootstrap")
+    assert (held["per_seed_min"], held["per_seed_max"], held["ahead"]) == (pytest.approx(1.3), pytest.approx(1.3), 10)
+    pinned = ratios[("chained/pin-300s", "chained/ttl-300s")]
+    assert pinned["ratio"].low < 1 < pinned["ratio"].high and pinned["ahead"] == 4
+    assert (pinned["per_seed_min"], pinned["per_seed_max"]) == (pytest.approx(0.85), pytest.approx(1.2))
+    assert ("suspended/swap", "suspended/hold") not in ratios  # a pair is reported only where both ran
+
+
+def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
+    """docs/figures/kv_memory.json holds each run's throughput by scheduler seed, the samples behind the figures
+    docs/kv_memory.md quotes; a 10-agent configuration (a second of CPU) is run again and must give its value."""
+    from experiments import kv_memory
+
+    data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
+    seed = data["scheduler_seeds"][3]
+    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=seed))
+    assert row["tasks_per_hour"] == data["tasks_per_hour"]["10.chained.ttl-300s"][3]
 
 
 # --- the prefix cache finds blocks by content (vLLM's hash chains) --------------------------------

@@ -746,30 +746,3 @@ async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(auto
     row = benchmark.task_row(CHAINED, 100.0, records[0])
     assert row["reconnects"] == 1
     assert benchmark.summarize([row])[0]["reconnects"] == 1
-
-
-def test_faults_experiment_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path))
-    from experiments import common, faults
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    table = faults.main(["--tasks", "1", "--turns", "3", "--faults", "mid-response", "engine", "--designs", "chained", "suspended",
-                         "--policies", "codex", "--in-process", "--no-cache"])
-    assert {(r["fault"], r["design"]) for r in table} == {(f, d) for f in ("none", "mid-response", "engine") for d in ("chained", "suspended")}
-    assert all(r["failed"] == 0 and r["same_conversation"] == 1 for r in table)
-    out = capsys.readouterr().out
-    assert "time_lost_per_task_s" in out and "policy codex: 5 retries" in out
-
-
-def test_faults_rows_show_what_a_harsh_fault_costs() -> None:
-    from experiments import faults
-
-    config = benchmark.BenchConfig(task_list=(TASK,))
-    harsh = faults.FaultModel("harsh", links=LinkFaults(drop_per_server_chunk=0.01, seed=1))
-    rows = [row for fault in (faults.FAULT_MODELS["none"], harsh) for design in (CHAINED, SUSPENDED)
-            for row in faults.fault_records(faults.FaultRun(design, fault, OPENAI_PYTHON, 100.0, config))]
-    table = {(r["design"], r["fault"]): r for r in faults.summarize(rows)}
-    for design in (CHAINED, SUSPENDED):
-        assert table[(design, "none")]["reconnects_per_task"] == 0 and table[(design, "none")]["time_lost_per_task_s"] == 0
-        assert table[(design, "harsh")]["reconnects_per_task"] >= 1 and table[(design, "harsh")]["time_lost_per_task_s"] > 0
-        assert table[(design, "harsh")]["same_conversation"] == 1

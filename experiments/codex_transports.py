@@ -300,4 +300,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.common import run_as_command
+
+    run_as_command(__spec__.name, main)

@@ -13,7 +13,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -21,7 +21,7 @@ from typing import IO, Any
 import attrs
 
 from prototype.analysis import print_table, write_csv  # noqa: F401 - the experiments' table helpers
-from prototype.cli.common import Parser, add_list, new_run_folder
+from prototype.cli.common import Parser, add_list, new_run_folder, run_command
 from prototype.server.collector import FullCollectionPolicy
 
 RESULTS = Path(os.environ.get("TESTBED_RESULTS", Path(__file__).resolve().parent.parent / "results"))
@@ -188,3 +188,10 @@ __all__ = [
     "RESULTS", "Parser", "ServerOutput", "add_list", "cpu_seconds", "experiment_parser", "latest_dir", "new_run_folder", "print_table",
     "raise_fd_limit", "report", "rss_bytes", "run_delay_seconds", "run_dir", "server_process", "write_csv",
 ]
+
+
+def run_as_command(module: str, main: Callable[[], Any]) -> None:
+    """Run an experiment's `main()` as `python -m <module>`: its output safe from a closed pipe (`| head`) and Ctrl-C
+    reported in one line (cli/common.py run_command); exits 0 unless main returns a status."""
+    result = run_command(f"python -m {module}", main)
+    sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)

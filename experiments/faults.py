@@ -521,5 +521,6 @@ def describe(fault: FaultModel) -> str:
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    from experiments.common import run_as_command
+
+    run_as_command(__spec__.name, main)

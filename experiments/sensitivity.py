@@ -523,4 +523,6 @@ def _ends(estimate: Estimate) -> tuple[float, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.common import run_as_command
+
+    run_as_command(__spec__.name, main)

@@ -16,6 +16,8 @@ pytest.importorskip("websockets")  # client.responses.connect() needs openai[rea
 
 SECTION = re.compile(r"^## Quickstart\b.*?(?=^## )", re.S | re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+# The output a snippet prints, as the README shows it: the plain block after "prints".
+PRINTED_BLOCK = re.compile(r"^```python\n.*?^```\n\nprints\n\n```\n(.*?)^```", re.S | re.M)
 README_ADDRESS = "127.0.0.1:8000"
 
 
@@ -23,6 +25,10 @@ def quickstart_snippets() -> list[str]:
     section = SECTION.search((REPO / "README.md").read_text())
     assert section is not None, "README.md has no '## Quickstart' section"
     return PYTHON_BLOCK.findall(section.group(0))
+
+
+def quickstart_outputs() -> list[str]:
+    return PRINTED_BLOCK.findall(SECTION.search((REPO / "README.md").read_text()).group(0))
 
 
 def test_the_quickstart_has_one_snippet_per_design():
@@ -43,6 +49,8 @@ def test_quickstart_snippet_runs_against_serve(index, design, cli_server, tmp_pa
     done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
+    if design != "suspended":  # the output the README shows (v1's names a response id, which differs per server)
+        assert done.stdout == quickstart_outputs()[0]
     lines = done.stdout.splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["tool", "call:"]] * 2, done.stdout  # fixed:3: two tool calls
     assert lines[2].split()[0] in ("completed", "response.completed"), done.stdout

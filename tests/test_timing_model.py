@@ -147,7 +147,7 @@ async def test_a_chained_continuation_pays_f_ws_of_the_fixed_cost(autojump_clock
     assert more - base == exactly(4.0 * ApiCosts().cached_fixed_share)
 
 
-# --- model names pick the decode rate (the README's table) ------------------------------------------
+# --- model names pick the decode rate (the table in docs/serving.md) ------------------------------------------
 
 
 MODEL_NAMES = [
@@ -279,8 +279,8 @@ async def test_a_stored_v1_rollout_continues_with_its_tool_outputs_over_http_and
 
 
 def readme_model_table() -> list[tuple[str, str]]:
-    """(model name cell, decode speed cell) of the README's model-name table."""
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    """(model name cell, decode speed cell) of the model-name table in docs/serving.md."""
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
     section = text.split("## What a request runs", 1)[1].split("\n## ", 1)[0]
     lines = section.splitlines()
     header = lines.index("| model name | decode speed |")
@@ -293,7 +293,7 @@ def readme_model_table() -> list[tuple[str, str]]:
     return rows
 
 
-# Names a user would send for each row of the README's table, in the table's order.
+# Names a user would send for each row of the table, in the table's order.
 README_EXAMPLES = [
     ["gpt-5.3-codex-spark-burst", "Spark-Burst", "burst"],
     ["gpt-5.3-codex-spark", "codex-spark-mini"],
@@ -302,7 +302,7 @@ README_EXAMPLES = [
 ]
 
 
-def test_the_readme_model_table_is_what_the_server_does() -> None:
+def test_the_documented_model_table_is_what_the_server_does() -> None:
     rows = readme_model_table()
     assert len(rows) == len(README_EXAMPLES)
     for (cell, speed), names in zip(rows, README_EXAMPLES):

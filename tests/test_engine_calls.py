@@ -175,7 +175,7 @@ def failed_flushes(plan: FaultPlan, flushes: int) -> list[bool]:
         try:
             plan.on_flush()
         except EngineFailure as failure:
-            assert (str(failure), failure.code) == ("injected engine failure", "engine_failure")
+            assert failure.message == "The engine failed mid-response: injected engine failure"
             failed.append(True)
         else:
             failed.append(False)

@@ -48,7 +48,7 @@ from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.client.reconnect import CODEX, OPENAI_PYTHON
-from prototype.engine.streaming import CONTEXT_WINDOW_MESSAGE, ContextWindowExceeded, EngineFailure, FaultPlan
+from prototype.engine.streaming import ContextWindowExceeded, EngineFailure, FaultPlan
 from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
@@ -356,6 +356,10 @@ def assert_one_terminal_and_numbered(events: list[dict[str, Any]]) -> None:
     assert sum(e["type"] in TERMINALS for e in events) == 1 and events[-1]["type"] in TERMINALS
 
 
+# What a response that an injected engine fault ends carries: the schema's code, a message saying what failed.
+INJECTED_FAILURE = {"code": "server_error", "message": "The engine failed mid-response: injected engine failure"}
+
+
 async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_cache(autojump_clock) -> None:
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
@@ -369,7 +373,7 @@ async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_ca
         ]
         assert_one_terminal_and_numbered(events)
         failed = events[-1]["response"]
-        assert failed["status"] == "failed" and failed["error"]["code"] == errors.ENGINE_FAILURE
+        assert (failed["status"], failed["error"]) == ("failed", INJECTED_FAILURE)
         session = only_session(server)
         assert (session.cache.response_id, session.cache.context, session.cache.response) == (None, None, None)
         # The connection is usable; neither id can be chained from.
@@ -412,7 +416,7 @@ async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_i
         assert_one_terminal_and_numbered(events + rest)
         assert [e["type"] for e in rest][-3:] == ["response.content_part.added", "response.output_text.delta", "response.failed"]
         failed = rest[-1]["response"]
-        assert failed["id"] == done["id"] and failed["error"]["code"] == errors.ENGINE_FAILURE
+        assert failed["id"] == done["id"] and failed["error"] == INJECTED_FAILURE
         assert only_session(server).slot.current is None and session_kv(server) == {}
         await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
         assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
@@ -420,17 +424,19 @@ async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_i
     await assert_released(server)
 
 
-async def test_a_resume_past_the_context_window_fails_the_rollout_with_context_length_exceeded(autojump_clock, monkeypatch) -> None:
+async def test_a_resume_past_the_engines_context_window_fails_the_rollout_with_a_server_error(autojump_clock, monkeypatch) -> None:
     # A real engine's window (VllmEngine raises it before sending vLLM a request it would refuse); here the
     # simulated engine is made to refuse any prompt longer than the rollout's first, so the resume is refused.
     server = make_server()
     engine_class = type(server.api.engine)
     prefill_call = engine_class.prefill_call
     window: list[int] = []
+    refused: list[int] = []
 
     async def refusing(self, latency, call, **kwargs):
         window.append(window[0] if window else len(call.prompt))
         if len(call.prompt) > window[0]:
+            refused.append(len(call.prompt))
             raise ContextWindowExceeded(len(call.prompt), window[0])
         return await prefill_call(self, latency, call, **kwargs)
 
@@ -441,8 +447,11 @@ async def test_a_resume_past_the_context_window_fails_the_rollout_with_context_l
         rest = await until(conn, *TERMINALS)
         assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]  # the resume, refused
         assert_one_terminal_and_numbered(rest)
+        # Found once the response has started: the schema's `server_error`, never `context_length_exceeded`.
         assert rest[-1]["response"]["id"] == done["id"] and rest[-1]["response"]["error"] == {
-            "code": errors.CONTEXT_LENGTH_EXCEEDED, "message": CONTEXT_WINDOW_MESSAGE}
+            "code": "server_error",
+            "message": f"The engine failed mid-response: its context of {refused[0]:,} tokens exceeds the context window of "
+                       f"{window[0]:,} tokens"}
         assert only_session(server).slot.current is None and session_kv(server) == {}
         monkeypatch.setattr(engine_class, "prefill_call", prefill_call)  # the connection goes on serving
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"

@@ -79,7 +79,7 @@ async def test_a_search_that_fails_leaves_its_in_progress_item_in_the_failed_res
         events = await until(conn, "response.failed")
     added = next(e for e in events if e["type"] == "response.output_item.added")
     failed = events[-1]["response"]
-    assert failed["error"] == {"code": "engine_failure", "message": "the search backend is down"}
+    assert failed["error"] == {"code": "server_error", "message": "The engine failed mid-response: the search backend is down"}
     assert failed["output"] == [added["item"]]
     assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress"
     assert added["output_index"] == 0

@@ -520,7 +520,7 @@ async def test_a_fault_after_the_terminal_event_adds_nothing_to_the_stream(autoj
 
 
 async def test_a_failed_response_is_a_500_with_its_error_and_the_records_say_so(autojump_clock, nursery, monkeypatch) -> None:
-    failed = ev.ResponseFailed(1, snapshot("failed", error={"code": "engine_failure", "message": "The engine failed."}))
+    failed = ev.ResponseFailed(1, snapshot("failed", error={"code": "server_error", "message": "The engine failed mid-response."}))
     monkeypatch.setattr(answers, "run_http_turn", faulty_turn(CREATED, failed, EngineFailure("injected")))
     server = make_server()
     client = open_client(nursery, server)
@@ -528,8 +528,8 @@ async def test_a_failed_response_is_a_500_with_its_error_and_the_records_say_so(
     await client.request(body=create(), content_type="text/plain")
     assert [e["type"] for e in sse_events(await post_once(client, stream=True))] == ["response.created", "response.failed"]
     answer = await post_once(client, stream=False)
-    assert (answer.status, answer.json()) == (500, {"error": {"type": "server_error", "code": "engine_failure",
-                                                              "message": "The engine failed.", "param": None}})
+    assert (answer.status, answer.json()) == (500, {"error": {"type": "server_error", "code": "server_error",
+                                                              "message": "The engine failed mid-response.", "param": None}})
     assert [r["outcome"] for r in server.records] == ["error:unsupported_media_type", "error:server_error", "error:server_error"]
     assert (await post_once(client, stream=True)).status == 200  # the connection serves on
     # A failed response without its error: a 500 server_error all the same.
@@ -583,7 +583,7 @@ async def test_engine_failure_ends_the_stream_with_response_failed(autojump_cloc
     client = await Link(nursery, make_server(engine=engine), network).connect()
     events = parse_stream((await client.request(body=create_body(stream=True))).body)
     assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
-    assert events[-1].data["response"]["error"]["code"] == "engine_failure"
+    assert events[-1].data["response"]["error"] == {"code": "server_error", "message": "The engine failed mid-response: injected"}
     answer = await client.request(body=create_body(stream=False))
-    error_of(answer, 500, "engine_failure", type="server_error")
+    error_of(answer, 500, "server_error", type="server_error")
     assert_completed_stream(await client.request(body=create_body(stream=True)))  # same connection

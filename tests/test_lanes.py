@@ -318,7 +318,7 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
     (failed_at, failed), (refused_at, refused) = events[-2], events[-1]
     assert [e["type"] for _, e in events] == ["response.steer.accepted", *[e["type"] for _, e in events[1:-2]],
                                               "response.failed", "response.steer.failed"]
-    assert failed["response"]["error"]["code"] == "engine_failure"
+    assert failed["response"]["error"]["code"] == "server_error"
     assert refused == {
         "type": "response.steer.failed", "sequence_number": failed["sequence_number"] + 1, "stream_id": LANE,
         "steer": {"id": events[0][1]["steer"]["id"], "previous_response_id": target, "input": "keep it small"},

@@ -42,14 +42,20 @@ from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
 from prototype.api import render
-from prototype.api.checks import FLAGSHIP_CONTEXT_WINDOW, MAX_TOKEN_BYTES, SPARK_CONTEXT_WINDOW, context_window, fewest_tokens
+from prototype.api.checks import (
+    FLAGSHIP_CONTEXT_WINDOW,
+    MAX_TOKEN_BYTES,
+    SPARK_CONTEXT_WINDOW,
+    context_window,
+    fewest_tokens,
+    require_appended_fits,
+)
 from prototype.api.costs import ApiCosts
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
 from prototype.engine import tokenizer
-from prototype.engine.streaming import ContextWindowExceeded
 from prototype.protocol import codec, errors
-from prototype.protocol.items import Message
+from prototype.protocol.items import FunctionCallOutput, Message
 from prototype.server.config import (
     CONNECTION_LIFETIME_SECONDS,
     MAX_BODY_BYTES,
@@ -191,8 +197,6 @@ WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please ad
 def test_each_model_name_has_its_models_context_window() -> None:
     assert [context_window(name) for name in (SPARK, "gpt-5.3-codex-spark-burst", "Codex-Spark-mini")] == [SPARK_CONTEXT_WINDOW] * 3 == [128_000] * 3
     assert [context_window(name) for name in ("gpt-5.4", "sim-1000", "no-such-model")] == [FLAGSHIP_CONTEXT_WINDOW] * 3 == [1_050_000] * 3
-    # The message the engine fails a response with is the API's, as the 400 is.
-    assert str(ContextWindowExceeded(2, 1)) == WINDOW_MESSAGE
 
 
 def sized_input(body: dict[str, Any], tokens: int) -> dict[str, Any]:
@@ -234,19 +238,32 @@ async def test_an_input_one_token_over_the_window_is_refused_at_once_and_one_at_
     await assert_released(server)
 
 
-async def test_an_append_that_takes_a_rollout_past_the_window_fails_it_with_the_apis_code(autojump_clock) -> None:
+async def test_an_append_that_would_take_a_rollout_past_the_window_is_refused_and_the_rollout_stays_paused(autojump_clock) -> None:
     server = make_server()
     async with ws(server, SUSPENDED) as conn:
         paused = (await turn(conn, create(model=SPARK)))[-1]["response"]
         room = SPARK_CONTEXT_WINDOW - paused["usage"]["input_tokens"] - paused["usage"]["output_tokens"]
         too_long = tokenizer.text_of(np.random.default_rng(3), room + 1000)
         await send(conn, {"type": "response.append", "input": [output(calls_of(paused)[0], too_long)]})
-        failed = (await until(conn, *TERMINALS))[-1]
-        assert failed["type"] == "response.failed" and failed["response"]["id"] == paused["id"]
-        assert failed["response"]["error"] == {"code": "context_length_exceeded", "message": WINDOW_MESSAGE}
-        # The connection goes on serving.
-        assert (await turn(conn, create(model=SPARK, metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
+        # Refused before it is taken, as the API refuses a request too long: never inside a response.failed.
+        assert await receive(conn) == {"type": "error", "status": 400, "error": {
+            "type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}}
+        # The rollout is still paused: an append that fits resumes it, in the same response.
+        await send(conn, {"type": "response.append", "input": [output(calls_of(paused)[0])]})
+        resumed = await until(conn, "response.done", *TERMINALS)
+        assert resumed[0]["type"] == "response.in_progress" and resumed[-1]["response"]["id"] == paused["id"]
+        assert resumed[-1]["response"]["status"] in ("in_progress", "completed")
     await assert_released(server)
+
+
+def test_an_append_is_refused_one_token_past_the_window_as_rendered_and_taken_at_it() -> None:
+    items = [FunctionCallOutput("call_1", tokenizer.text_of(np.random.default_rng(5), 3000))]
+    rendered = len(render.render_items(items))
+    require_appended_fits(SPARK_CONTEXT_WINDOW - rendered, items, SPARK_CONTEXT_WINDOW)  # fills the window exactly: taken
+    require_appended_fits(0, items, SPARK_CONTEXT_WINDOW)  # far inside: taken without tokenizing
+    with pytest.raises(errors.ProtocolError) as refused:
+        require_appended_fits(SPARK_CONTEXT_WINDOW - rendered + 1, items, SPARK_CONTEXT_WINDOW)
+    assert (refused.value.status, refused.value.code, refused.value.param) == (400, "context_length_exceeded", "input")
 
 
 async def test_a_10_mib_input_of_one_letter_is_refused_without_being_tokenized(autojump_clock, nursery) -> None:
@@ -337,7 +354,8 @@ async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clo
         nursery.start_soon(watcher.run)  # another connection, busy while this one expires
         failed = await receive(conn)
         assert trio.current_time() - paused_at == pytest.approx(ttl, rel=1e-9)
-        assert failed["type"] == "response.failed" and failed["response"]["error"]["code"] == errors.SUSPENSION_TIMEOUT
+        assert failed["type"] == "response.failed" and failed["response"]["error"] == {
+            "code": "server_error", "message": f"No response.append within {ttl:g} s; the rollout was released."}
         assert failed["sequence_number"] == done["sequence_number"] + 1
         mine = [key for key in session_kv(server) if key[0] == SUSPENDED]
         assert mine == []  # the rollout's KV was released; only the bystander's cache is held
@@ -350,9 +368,11 @@ async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clo
 
 # --- connection lifetime: the responses in flight end, then the limit's error and close 1000 -------------------
 
-LIMIT_REACHED = {"code": "websocket_connection_limit_reached",
-                 "message": "Responses websocket connection limit reached (0.2 minutes). Create a new websocket connection to continue."}
-LIMIT_ERROR = {"type": "error", "status": 400, "error": {"type": "invalid_request_error", **LIMIT_REACHED, "param": None}}
+LIMIT_MESSAGE = "Responses websocket connection limit reached (0.2 minutes). Create a new websocket connection to continue."
+LIMIT_ERROR = {"type": "error", "status": 400, "error": {
+    "type": "invalid_request_error", "code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE, "param": None}}
+# A response the limit cuts short: the schema's code and the limit's message; the limit's code follows in LIMIT_ERROR.
+LIMIT_REACHED = {"code": "server_error", "message": LIMIT_MESSAGE}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
 # The lifetime limit's close over a zero-latency pipe and over the 20 ms RTT link.
 LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
@@ -437,7 +457,7 @@ async def test_connection_lifetime_lets_a_streaming_v1_segment_finish_then_fails
     assert (code, types[0], types[-2:]) == (1000, "response.created", ["response.failed", "error"])
     assert types.count("response.function_call_arguments.done") == 1 and "response.done" not in types
     assert [e["sequence_number"] for e in events[:-1]] == list(range(len(events) - 1))
-    assert events[-2]["response"]["error"]["code"] == errors.CONNECTION_LIMIT_REACHED
+    assert events[-2]["response"]["error"] == {"code": "server_error", "message": LIMIT_MESSAGE.replace("0.2", "0.166667")}
     await assert_released(server)
 
 

@@ -356,7 +356,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     assert "\nModeled parameters (value, source):\n  workload preset " in printed and network_line in printed
     assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 1. compare runs v1 with a "
             "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "
-            "300 s, v1 would end those tasks with response.failed (suspension_timeout) and the client would have to start "
+            "300 s, v1 would end those tasks with response.failed (server_error) and the client would have to start "
             "them again.\n") in printed
     assert ("\n\n  reconnects (codex policy): none; WebSocket connections close after 60 minutes (WS guide): under codex a "
             "task longer than that continues on a new connection\n") in printed

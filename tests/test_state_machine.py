@@ -244,7 +244,7 @@ class ConversationCore(RuleBasedStateMachine):
         """The suspended rollout fails (a TTL, an engine fault): one terminal, however often asked."""
         emitter, self.open, self.suspension = self.open, None, None
         for _ in range(2 if twice else 1):
-            drive(emitter.finished("failed", error={"code": errors.SUSPENSION_TIMEOUT, "message": "x"}))
+            drive(emitter.finished("failed", error=errors.response_error("x")))
         self.reset_conversation()
 
     # --- invariants -----------------------------------------------------------------------------

@@ -150,7 +150,7 @@ async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(
         assert trio.current_time() - paused_at == pytest.approx(7.5, rel=1e-9)
         assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
         assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
-        assert failed["response"]["error"] == {"code": "suspension_timeout", "message": "No response.append within 7.5 s; the rollout was released."}
+        assert failed["response"]["error"] == {"code": "server_error", "message": "No response.append within 7.5 s; the rollout was released."}
         assert failed["response"]["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the segment it ends
         assert server.api.engine.kv == {}
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(done["response"]))})
@@ -298,7 +298,7 @@ async def test_a_paused_rollout_fails_at_once_when_the_connection_reaches_its_li
     assert closed.value.reason.code == 1000
     assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
     assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
-    assert failed["response"]["error"] == {"code": "websocket_connection_limit_reached", "message": LIMIT_MESSAGE}
+    assert failed["response"]["error"] == {"code": "server_error", "message": LIMIT_MESSAGE}  # the limit's code: in the error
     assert error["error"]["code"] == "websocket_connection_limit_reached"
     assert server.api.engine.kv == {}
 
@@ -326,7 +326,7 @@ async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_
     assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["type"] == "function_call"
     failed = events[-1]["response"]
     message = "Responses websocket connection limit reached (0.333333 minutes). Create a new websocket connection to continue."
-    assert (failed["status"], failed["error"]) == ("failed", {"code": "websocket_connection_limit_reached", "message": message})
+    assert (failed["status"], failed["error"]) == ("failed", {"code": "server_error", "message": message})
     assert error["error"] == {"type": "invalid_request_error", "code": "websocket_connection_limit_reached", "message": message, "param": None}
 
 

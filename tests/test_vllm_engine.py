@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from support import TERMINALS, create_event, make_server, send, until, ws
 from test_vllm_client import READY, FakeWorker, engine_on_fake
 
 from prototype import benchmark
 from prototype import workload as wl
+from prototype.api import render
 from prototype.api.costs import ZERO_COSTS
 from prototype.engine import memory, vllm_engine, vllm_forced
 from prototype.engine.engine import ModelCall, PlannedOutput
@@ -32,6 +34,7 @@ from prototype.engine.vllm_client import VllmClient, encode
 from prototype.engine.vllm_engine import RealCall, RealEngineError, VllmEngine, _Held, conversation_of, open_vllm_engine
 from prototype.engine.vllm_forced import FORCED_IDS, ForcedPlans, check_plan
 from prototype.engine.vllm_models import TINY_CPU
+from prototype.protocol import codec
 
 LATENCY = LatencyModel()
 # A record of a call vLLM said nothing of; each test's records are this with what they hold.
@@ -316,11 +319,35 @@ async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees
         call = await engine.begin_call("s", prompt, pinned=True)
         with pytest.raises(ContextWindowExceeded) as refused:
             await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=True, output_tokens=5), engine_call=call)
-        assert (refused.value.tokens, refused.value.window, refused.value.code) == (69, 64, "context_length_exceeded")
+        assert (refused.value.tokens, refused.value.window) == (69, 64)
         engine.end_call(call)
         engine.release("s")
         await trio.testing.wait_all_tasks_blocked()
     assert [m["op"] for m in worker.received] == ["generate", "close"]
+
+
+async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_starts(autojump_clock, nursery):
+    # The API refuses an input too long before a response starts (400 `context_length_exceeded`); with a real engine
+    # the window is also its `max_model_len`, less the one token a request samples at least. A prompt that fits but
+    # whose planned output does not is found once the response has started: it fails with the schema's `server_error`.
+    event = create_event(metadata={"testbed_workload": "fixed:1"})
+    request = codec.parse_create_body({key: value for key, value in event.items() if key != "type"})
+    prompt = len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
+    for max_model_len in (prompt, prompt + 1):
+        async with engine_on_fake(nursery, spec=attrs.evolve(TINY_CPU, max_model_len=max_model_len)) as (engine, worker):
+            async with ws(make_server(engine=engine), "chained") as conn:
+                await send(conn, event)
+                events = await until(conn, *TERMINALS)
+        if max_model_len == prompt:
+            assert events == [{"type": "error", "status": 400, "error": {
+                "type": "invalid_request_error", "code": "context_length_exceeded",
+                "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+                "param": "input"}}]
+        else:
+            failed = events[-1]["response"]["error"]
+            assert (events[0]["type"], events[-1]["type"], failed["code"]) == ("response.created", "response.failed", "server_error")
+            assert failed["message"].endswith(f"exceeds the context window of {max_model_len:,} tokens")
+        assert [m for m in worker.received if m["op"] == "generate"] == []  # vLLM saw neither
 
 
 async def test_an_engine_without_a_model_spec_sends_any_length(autojump_clock, nursery):

@@ -11,19 +11,25 @@ from __future__ import annotations
 import typing
 from typing import Any
 
+import numpy as np
 import pydantic
 import pytest
 from openai.types.responses import Response as SdkResponse
-from openai.types.responses import ResponseStreamEvent
-from support import events_by_response
+from openai.types.responses import ResponseError, ResponseStreamEvent
+from openai.types.responses.response import IncompleteDetails
+from support import create_event, events_by_response, function_calls, make_server, outputs_for, send, until, ws
+from test_inject import MULTI_AGENT, beta_ws
 
+from prototype.api.checks import SPARK_CONTEXT_WINDOW
 from prototype.api.costs import ZERO_COSTS, ApiCosts
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import Rollout, run_websocket_rollout
+from prototype.client.harness import HARNESS_TOOLS, Rollout, run_websocket_rollout
 from prototype.client.http import run_http_rollout
 from prototype.engine import tokenizer
+from prototype.engine.streaming import FaultPlan
 from prototype.server.app import ResponsesServer
+from prototype.server.config import ServerConfig
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -162,3 +168,108 @@ def test_stream_event_union_knows_every_type_the_designs_send() -> None:
         "response.web_search_call.searching", "response.web_search_call.completed",
     }
     assert sent <= names
+
+
+# --- every way a response ends other than completed: codes and reasons inside the API's schema ----------------
+
+# The values openai-python's Response allows: `ResponseError.code` (types/responses/response_error.py) and
+# `IncompleteDetails.reason` (types/responses/response.py), read from the SDK rather than copied.
+ERROR_CODES = frozenset(typing.get_args(ResponseError.model_fields["code"].annotation))
+INCOMPLETE_REASONS = frozenset(
+    value for arg in typing.get_args(IncompleteDetails.model_fields["reason"].annotation) for value in typing.get_args(arg)
+)
+SPARK = "gpt-5.3-codex-spark"
+WEB_SEARCH = {"type": "web_search"}
+
+
+async def _ended(conn, event: dict[str, Any], *, after: str | None = None) -> dict[str, Any]:
+    """Send `event`; with `after`, read up to that event first (a v1 pause); the terminal event that ends it."""
+    await send(conn, event)
+    if after is not None:
+        await until(conn, after)
+    return (await until(conn, *TERMINAL))[-1]
+
+
+async def engine_fault_v2(server) -> list[dict[str, Any]]:
+    server.api.engine.faults = FaultPlan(flushes_before_failure=1)
+    async with ws(server) as conn:
+        return [await _ended(conn, create_event())]
+
+
+async def engine_fault_v1_after_a_resume(server) -> list[dict[str, Any]]:
+    async with ws(server, "suspended") as conn:
+        await send(conn, create_event())
+        done = (await until(conn, "response.done"))[-1]
+        server.api.engine.faults = FaultPlan()
+        return [await _ended(conn, {"type": "response.append", "input": outputs_for(function_calls(done["response"]))})]
+
+
+async def hosted_result_past_the_window(server) -> list[dict[str, Any]]:
+    # The input fits the window; the search result the response reads mid-way does not.
+    key = server.api.workloads.register(Workload("past-the-window", 1, (TurnSpec(10, 20, (), (HostedCall(0.5, 4_000),)),)))
+    text = tokenizer.text_of(np.random.default_rng(0), SPARK_CONTEXT_WINDOW - 3_000)
+    async with ws(server) as conn:
+        return [await _ended(conn, create_event(text, model=SPARK, metadata={"testbed_workload": key}, tools=[*HARNESS_TOOLS, WEB_SEARCH]))]
+
+
+async def suspension_ttl_v1(server) -> list[dict[str, Any]]:
+    async with ws(server, "suspended") as conn:
+        return [await _ended(conn, create_event(), after="response.done")]
+
+
+async def inject_wait_past_the_ttl(server) -> list[dict[str, Any]]:
+    async with beta_ws(server) as conn:
+        return [await _ended(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))]
+
+
+async def lifetime_ends_a_paused_v1_rollout(server) -> list[dict[str, Any]]:
+    async with ws(server, "suspended") as conn:
+        return [await _ended(conn, create_event(), after="response.done")]
+
+
+async def lifetime_cuts_a_streaming_v2_response(server) -> list[dict[str, Any]]:
+    async with ws(server) as conn:  # 300 tokens at 10 a second: 30 s, past the 5 s lifetime and its 1 s grace
+        return [await _ended(conn, create_event(metadata={"testbed_workload": "fixed:1:100:10:300", "testbed_decode_tps": "10"}))]
+
+
+async def output_budget_runs_out(server) -> list[dict[str, Any]]:
+    ends = []
+    for design in ("chained", "suspended"):
+        async with ws(server, design) as conn:
+            ends.append(await _ended(conn, create_event(max_output_tokens=16)))
+    return ends
+
+
+async def steered(server) -> list[dict[str, Any]]:
+    async with ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:3:100:10:300:0.5"}, stream_id="agent"))
+        target = (await until(conn, "response.output_text.delta"))[0]["response"]["id"]
+        await send(conn, {"type": "response.steer", "previous_response_id": target, "input": "keep it small"})
+        return [(await until(conn, *TERMINAL))[-1]]
+
+
+ENDINGS = {  # scenario -> (the server's config, the terminal event it ends with)
+    engine_fault_v2: (ServerConfig(), "response.failed"),
+    engine_fault_v1_after_a_resume: (ServerConfig(), "response.failed"),
+    hosted_result_past_the_window: (ServerConfig(), "response.failed"),
+    suspension_ttl_v1: (ServerConfig(suspension_ttl=1.0), "response.failed"),
+    inject_wait_past_the_ttl: (ServerConfig(suspension_ttl=1.0), "response.failed"),
+    lifetime_ends_a_paused_v1_rollout: (ServerConfig(connection_lifetime=30.0), "response.failed"),
+    lifetime_cuts_a_streaming_v2_response: (ServerConfig(connection_lifetime=5.0, lifetime_grace=1.0), "response.failed"),
+    output_budget_runs_out: (ServerConfig(), "response.incomplete"),
+    steered: (ServerConfig(), "response.incomplete"),
+}
+
+
+@pytest.mark.parametrize("scenario", list(ENDINGS), ids=lambda scenario: scenario.__name__)
+async def test_every_failed_or_incomplete_response_carries_a_code_or_reason_of_the_apis_schema(autojump_clock, scenario) -> None:
+    config, kind = ENDINGS[scenario]
+    ends = await scenario(make_server(config=config))
+    assert ends and {end["type"] for end in ends} == {kind}
+    for end in ends:
+        response = end["response"]
+        if kind == "response.failed":
+            assert response["error"]["code"] in ERROR_CODES and response["error"]["message"], response["error"]
+        else:
+            assert response["incomplete_details"]["reason"] in INCOMPLETE_REASONS, response["incomplete_details"]
+        check_typed(end)  # the SDK's model of the whole event, its Response's `error` and `incomplete_details` included

@@ -22,6 +22,7 @@ from ..engine import tokenizer
 from ..engine.streaming import ContextWindowExceeded
 from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, ProtocolError, context_length_exceeded
 from ..protocol.items import Compaction, FunctionCall, FunctionCallOutput, Item, Message
+from . import render
 
 # Hashed bag-of-tokens features for the stand-in safety classifier: large enough that the numpy
 # work scales with tokens, small enough to keep per connection.
@@ -186,13 +187,28 @@ def fewest_tokens(texts: Sequence[str], limit: int) -> int:
     return total
 
 
-def require_fits(input_tokens: int, model: str, *, within_response: bool = False) -> None:
-    """Refuse an input of `input_tokens` (exact, or a lower bound) longer than `model`'s window: a request's
-    own input with the API's 400; input that joins a response already streaming (a v1 append, tool
-    outputs) fails that response with the same code, as an engine does."""
-    window = context_window(model)
+def require_fits(input_tokens: int, window: int, *, within_response: bool = False) -> None:
+    """Refuse an input of `input_tokens` (exact, or a lower bound) longer than `window`: a request's
+    own input with the API's 400; input that joins a response already streaming (injected tool outputs, a
+    hosted tool's result) fails that response (ContextWindowExceeded: `server_error`, the API's schema has
+    no code of its own for it inside a Response)."""
     if input_tokens <= window:
         return
     if within_response:
         raise ContextWindowExceeded(input_tokens, window)
     raise context_length_exceeded()
+
+
+def require_appended_fits(prompt_tokens: int, items: Sequence[Item], window: int) -> None:
+    """Refuse, with the API's 400 `context_length_exceeded` (param `input`), items that would take a prompt of
+    `prompt_tokens` past `window` once appended to it (a v1 `response.append`), before they are taken:
+    the API refuses an input too long before any response starts, and its schema has no code for it inside a
+    failed Response (openai-python `ResponseError.code`). Exact: the items as rendered. Items that fit by a
+    wide margin are not tokenized: an item renders to its separator and at most one token per UTF-8 byte of
+    its text, at most 4 bytes a character."""
+    room = window - prompt_tokens
+    texts = [render.item_text(item) for item in items]
+    if sum(1 + 4 * len(text) for text in texts) <= room:
+        return
+    if fewest_tokens(texts, room) > room or len(render.render_items(items)) > room:
+        raise context_length_exceeded()

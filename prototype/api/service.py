@@ -136,6 +136,12 @@ class ApiService:
         rate = decode_rate(request.model, request.metadata)
         return Route(_route_key(request), attrs.evolve(self.latency, decode_tokens_per_s=rate), ScriptedPolicy(workload))
 
+    def context_window(self, model: str) -> int:
+        """The longest prompt a request for `model` may bring: the model's window, or less where the engine takes
+        less (a real engine's `max_model_len`), so that a prompt too long is refused before its response starts."""
+        longest = self.engine.longest_prompt
+        return context_window(model) if longest is None else min(context_window(model), longest)
+
     def _with_hosted_results(self, items: Sequence[Item]) -> list[Item]:
         """Client-sent web_search_call items carry no result: take it from the hosted service."""
         return [
@@ -192,9 +198,9 @@ class ApiService:
         # without tokenizing them; the rendered length below decides exactly.
         appending = base is not None and modes.append_render and base.preamble == preamble
         known_tokens = len(base.prompt) if appending else 0  # a prompt these items extend, as rendered
-        window = context_window(request.model)
+        window = self.context_window(request.model)
         require_fits(known_tokens + fewest_tokens([render.item_text(item) for item in new_items], window - known_tokens),
-                     request.model, within_response=within_response)
+                     window, within_response=within_response)
 
         # (2) rendering: append the new items' ids, or re-tokenize everything.
         tokenized: int | None = None
@@ -213,7 +219,7 @@ class ApiService:
         rendered_tokens = len(new_ids) if prompt is (base.prompt if base else None) else len(prompt)
         if tokenized is not None:
             rendered_tokens = tokenized
-        require_fits(len(prompt), request.model, within_response=within_response)
+        require_fits(len(prompt), window, within_response=within_response)
 
         # (1) safety: classify the new tokens on top of running counts, or everything again.
         if base is not None and modes.incremental_checks:

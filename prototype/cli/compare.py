@@ -601,7 +601,7 @@ def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.Benc
         print(f"\n  tasks with a tool call longer than v1's default 300 s suspension TTL: {expiries} of {len(config.tasks())}. "
               f"compare runs v1 with a {benchmark.BENCH_SUSPENSION_TTL:g} s TTL so that every task finishes and the designs "
               "are timed on the same tasks;\n  under `serve`'s default 300 s, v1 would end those tasks with response.failed "
-              "(suspension_timeout) and the client would have to start them again.")
+              "(server_error) and the client would have to start them again.")
     reconnects = {f"{row['design']} at {row['decode_tps']:g}": row["reconnects"] for row in table if row["reconnects"]}
     print(f"\n  reconnects ({config.reconnect.name} policy): "
           + (", ".join(f"{k}: {v}" for k, v in reconnects.items()) if reconnects else "none")

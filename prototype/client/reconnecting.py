@@ -232,7 +232,10 @@ class ReconnectingRollout:
                 return
             response = pause["response"]
             if kind == "response.failed":
-                code = (response.get("error") or {}).get("code")
+                error = response.get("error") or {}
+                # A response cut by the connection limit fails with `server_error` and the limit's message (the
+                # schema's code; the limit's own code comes next, in the `error` event): the client reads the message.
+                code = errors.CONNECTION_LIMIT_REACHED if errors.ends_connection(error) else error.get("code")
                 if code in self.policy.reconnect_errors:  # a response cut by the connection limit: on a new one
                     raise _Lost(None, error=code)
                 if code == errors.CONNECTION_LIMIT_REACHED:  # the connection is closing: nothing to ask again on it

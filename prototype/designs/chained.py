@@ -40,7 +40,7 @@ from ..api.checks import require_answered
 from ..api.costs import ALL_SWITCHES_ON, CacheSwitches
 from ..api.service import ApiService, Context, StageModes, owner_of
 from ..engine import Prompt
-from ..protocol.errors import SUSPENSION_TIMEOUT, previous_response_not_found
+from ..protocol.errors import previous_response_not_found, response_error
 from ..protocol.events import CreateRequest
 from ..protocol.inject import ROOT
 from ..protocol.items import Item
@@ -211,9 +211,9 @@ async def run_turn(
                         api, emitter, context, lambda: lane.stop_requested(response.id), client=injected
                     )
             except SuspensionExpired:  # waited longer than the suspension time-to-live for injected outputs
-                await emitter.finished("failed", error={
-                    "code": SUSPENSION_TIMEOUT, "message": "No response.inject answered the function calls in time; the response was released."
-                })
+                await emitter.finished("failed", error=response_error(
+                    "No response.inject answered the function calls in time; the response was released."
+                ))
                 return response
         else:  # a warm-up: the prefix is prefilled into the engine's cache, nothing sampled (WS guide)
             await prefill_warmup(api, log, context)

@@ -15,6 +15,7 @@ import attrs
 from .. import metrics
 from ..engine.streaming import EngineFailure  # defined in the lower layer; re-exported for the designs and servers
 from ..protocol import events as ev
+from ..protocol.errors import response_error
 from ..protocol.items import FunctionCall, Item, Message, Reasoning, WebSearchCall
 from ..protocol.response import Response
 
@@ -155,8 +156,8 @@ async def failing_on_error(emitter: Emitter) -> AsyncIterator[None]:
     try:
         yield
     except EngineFailure as exc:
-        await emitter.finished("failed", error={"code": exc.code, "message": str(exc) or "The engine failed."})
+        await emitter.finished("failed", error=response_error(exc.message))
         raise
     except Exception:
-        await emitter.finished("failed", error={"code": "server_error", "message": "The server had an error while processing the response."})
+        await emitter.finished("failed", error=response_error("The server had an error while processing the response."))
         raise

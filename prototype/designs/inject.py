@@ -18,8 +18,8 @@ for its own injected outputs, still active, and the response ends when the last 
 real API's `agent` attribution on items and events, and its `multi_agent_call` items, are not
 modeled.)
 
-A response that waits longer than the suspension time-to-live fails with `suspension_timeout`, as a
-v1 rollout does [ours: the sources state no limit].
+A response that waits longer than the suspension time-to-live fails (`server_error`, with a message
+saying so), as a v1 rollout does [ours: the sources state no limit].
 """
 
 from __future__ import annotations

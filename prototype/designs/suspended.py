@@ -10,22 +10,23 @@ Read top to bottom, `run_rollout` is the design's description (OpenAI blog; docs
    resident KV, and sampling resumes in the same coroutine;
 4. post-inference work (billing, storing) once, at the end, before `response.completed`.
 
-A suspension has a time-to-live; on expiry the rollout fails with `suspension_timeout` and its
-state is released. A disconnect cancels the coroutine (the connection's nursery) and the `finally`
+A suspension has a time-to-live; on expiry the rollout fails (`server_error`, the one code of the
+API's schema for a failure of the server's own, with a message saying so) and its state is released. A disconnect cancels the coroutine (the connection's nursery) and the `finally`
 releases the engine's KV.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
 from .. import metrics
-from ..api.service import ApiService, owner_of
-from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, NO_SUSPENDED_RESPONSE, SUSPENSION_TIMEOUT, ProtocolError
+from ..api.checks import require_appended_fits
+from ..api.service import ApiService, Context, owner_of
+from ..protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, NO_SUSPENDED_RESPONSE, ProtocolError, response_error
 from ..protocol.events import CreateRequest
 from ..protocol.items import Item
 from ..protocol.response import Response
@@ -47,6 +48,7 @@ class Suspension:
     """A paused rollout's mailbox: the calls it waits for and the append that answers them."""
 
     pending: tuple[str, ...]
+    fits: Callable[[Sequence[Item]], None] = lambda items: None  # refuses an append too long for the window
     _answered: trio.Event = attrs.Factory(trio.Event)
     _items: Sequence[Item] = ()
     _ended: ProtocolError | None = None  # why the rollout will not resume (connection closing)
@@ -68,6 +70,7 @@ class Suspension:
         if self.answered:
             raise no_suspended_response()
         self.check(items)
+        self.fits(items)
         self._items = items
         self.answered_at = arrived
         self._answered.set()
@@ -131,11 +134,19 @@ class ClientOverSocket:
     emitter: Emitter
     slot: SuspensionSlot
     ttl: float
+    context: Context | None = None  # the rollout's context, which an append extends
+    window: int = 0  # the longest prompt it may reach (ApiService.context_window)
+
+    def fits(self, items: Sequence[Item]) -> None:
+        """An append that would take the rollout's context past the window is refused as the API refuses a
+        request too long (`context_length_exceeded`), and the rollout stays paused."""
+        if self.context is not None:
+            require_appended_fits(len(self.context.prompt), items, self.window)
 
     async def answer(self, calls: Sequence[ToolCall]) -> Sequence[Item]:
         if self.slot.ended is not None:
             raise RolloutEnded(self.slot.ended)
-        suspension = Suspension(tuple(call.item.call_id for call in calls))
+        suspension = Suspension(tuple(call.item.call_id for call in calls), self.fits)
         self.slot.current = suspension
         try:
             await self.emitter.paused()
@@ -176,7 +187,7 @@ async def run_rollout(
             emitter,
             context,
             hosted=HostedTools(api, log, context.route.policy.workload.text_seed),
-            client=ClientOverSocket(emitter, slot, ttl),
+            client=ClientOverSocket(emitter, slot, ttl, context, api.context_window(request.model)),
             pinned_kv=True,
         )
         async with cancellable(api, emitter, owner_of(api_key)), failing_on_error(emitter):
@@ -184,12 +195,12 @@ async def run_rollout(
                 outcome = await loop.run()
             except SuspensionExpired:
                 await emitter.finished(
-                    "failed",
-                    error={"code": SUSPENSION_TIMEOUT, "message": f"No response.append within {ttl:g} s; the rollout was released."},
+                    "failed", error=response_error(f"No response.append within {ttl:g} s; the rollout was released.")
                 )
                 return response
             except RolloutEnded as ended:
-                await emitter.finished("failed", error={"code": ended.reason.code, "message": ended.reason.message})
+                # The reason's own code follows in the connection's `error` event (server/websocket/closing.py).
+                await emitter.finished("failed", error=response_error(ended.reason.message))
                 return response
             response.status = outcome  # the stored record is the finished response
             await api.post_inference(log, response, context.items[len(request.input) :], owner=owner_of(api_key))

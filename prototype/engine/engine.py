@@ -117,6 +117,11 @@ class Engine(Admission):
 
     _prefill_lock: trio.Lock | None = attrs.field(default=None, init=False)
 
+    @property
+    def longest_prompt(self) -> int | None:
+        """The longest prompt the engine itself can take, or None where only the model's window limits it."""
+        return None
+
     async def prefill(self, latency: LatencyModel, *, uncached: int, cached: int, start: float | None = None) -> float:
         """Sleep for the call's modeled prefill, from `start` (the call's place on its response's
         schedule; default: now); returns when it ended on the engine's schedule (the deadline, not

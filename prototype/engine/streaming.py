@@ -13,26 +13,25 @@ import trio
 
 
 class EngineFailure(Exception):
-    """The engine failed mid-response (a fault injected by an experiment or test). `code` is the
-    error code the response fails with."""
+    """The engine failed mid-response (a fault injected by an experiment or test, a real engine's error).
+    The response fails with `server_error`, the one code of the API's schema for a failure of the server's
+    own (designs/emitter.py), and `message`, which says what failed."""
 
-    code = "engine_failure"
+    @property
+    def message(self) -> str:
+        return f"The engine failed mid-response: {self}" if str(self) else "The engine failed mid-response."
 
 
 class ContextWindowExceeded(EngineFailure):
     """A model call whose prompt and planned output do not fit the model's context window (a real
-    engine's `max_model_len`). The Responses API's answer to it: code `context_length_exceeded`,
-    message `CONTEXT_WINDOW_MESSAGE`, param `input` (its `error` event, seen in a public report:
-    dyad-sh/dyad issue 1672)."""
-
-    code = "context_length_exceeded"
+    engine's `max_model_len`), or input joining a response under way that takes its context past the
+    window, found once the response has started. The API refuses an input too long before a response
+    starts (a 400 `context_length_exceeded`, prototype/api/checks.py); once one has started, its schema
+    leaves `server_error` (openai-python `ResponseError.code`), with a message saying so."""
 
     def __init__(self, tokens: int, window: int) -> None:
-        super().__init__(CONTEXT_WINDOW_MESSAGE)
+        super().__init__(f"its context of {tokens:,} tokens exceeds the context window of {window:,} tokens")
         self.tokens, self.window = tokens, window
-
-
-CONTEXT_WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
 
 
 @attrs.define(eq=False)

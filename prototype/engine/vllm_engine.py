@@ -229,6 +229,11 @@ class VllmEngine(Engine):
     def _ids(self, ids: Sequence[int]) -> list[int]:
         return to_model_ids(ids, self.client.ready.vocab_size)
 
+    @property
+    def longest_prompt(self) -> int | None:
+        # vLLM refuses a sequence past `max_model_len`, and a request samples one token at least.
+        return self.spec.max_model_len - 1 if self.spec is not None else None
+
     async def prefill_call(self, latency: LatencyModel, call: ModelCall, *, start: float | None = None,
                            engine_call: EngineCall | None = None) -> Prefilled:
         now = trio.current_time()

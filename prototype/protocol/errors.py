@@ -33,8 +33,8 @@ TOO_MANY_QUEUED_REQUESTS = "too_many_queued_requests"
 NO_SUSPENDED_RESPONSE = "no_suspended_response"
 INVALID_FUNCTION_CALL_OUTPUT = "invalid_function_call_output"
 INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"  # the real API's code (theopenco/llmgateway PR #3600)
-SUSPENSION_TIMEOUT = "suspension_timeout"
 CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
+CONNECTION_LIMIT_MESSAGE = "Responses websocket connection limit reached"
 STEERING_NOT_SUPPORTED = "steering_not_supported"
 # WS guide, "Errors to handle": a malformed `stream_id`, and a 33rd named lane on one connection.
 INVALID_STREAM_ID = "invalid_stream_id"
@@ -44,10 +44,9 @@ RESPONSE_ALREADY_COMPLETED = "response_already_completed"
 RESPONSE_NOT_FOUND = "response_not_found"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
-ENGINE_FAILURE = "engine_failure"
-# An input longer than the model's context window, and a model call that does not fit it (a real engine's
-# limit), with the API's code and message (public reports: dyad-sh/dyad issue 1672, james-6-23/codex2api
-# issue 415, the-open-agent/openagent issue 2344: type invalid_request_error, param `input`).
+# An input longer than the model's context window, refused before any response starts (a request, a v1 append),
+# with the API's code and message (public reports: dyad-sh/dyad issue 1672, james-6-23/codex2api issue 415,
+# the-open-agent/openagent issue 2344: type invalid_request_error, param `input`).
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
 
@@ -98,6 +97,20 @@ class ProtocolError(Exception):
         return {"error": self.error_object()}
 
 
+def response_error(message: str) -> dict[str, str]:
+    """The `error` of a Response that failed after it started (`response.failed`): its code is one of the
+    values the API's schema allows (openai-python `types/responses/response_error.py`, `ResponseError.code`),
+    and of those only `server_error` says the server failed it; `message` says what failed (docs/protocol.md,
+    "Codes inside a Response"). The free-form codes above go in `error` events, never here."""
+    return {"code": SERVER_ERROR, "message": message}
+
+
+def ends_connection(error: dict[str, Any]) -> bool:
+    """Whether a failed Response's `error` says its connection reached its lifetime limit (the message of
+    `connection_limit_reached`, which the response fails with before the `error` event that carries the code)."""
+    return str(error.get("message", "")).startswith(CONNECTION_LIMIT_MESSAGE)
+
+
 def previous_response_not_found(response_id: str) -> ProtocolError:
     # WS guide: the documented code, param and message; keep the wording exact.
     return ProtocolError(
@@ -111,7 +124,7 @@ def connection_limit_reached(minutes: float) -> ProtocolError:
     # WS guide: the message Codex and openai-python users see at the 60-minute limit.
     return ProtocolError(
         CONNECTION_LIMIT_REACHED,
-        f"Responses websocket connection limit reached ({minutes:g} minutes). "
+        f"{CONNECTION_LIMIT_MESSAGE} ({minutes:g} minutes). "
         "Create a new websocket connection to continue.",
     )
 

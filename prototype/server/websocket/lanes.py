@@ -23,7 +23,7 @@ from ...designs import chained, suspended
 from ...designs.cancel import ResponseCancelled
 from ...designs.emitter import Emitter, EngineFailure
 from ...protocol import errors
-from ...protocol.errors import ProtocolError
+from ...protocol.errors import ProtocolError, response_error
 from ...protocol.events import CreateRequest, ResponseCreate, ResponseFailed
 from ...protocol.steering import Refusal, Submission, successor_input
 from ...protocol.wire import CHAINED, SUSPENDED
@@ -178,5 +178,6 @@ class LaneWorkers:
     async def fail_open_response(self, stream_id: str | None, reason: ProtocolError) -> None:
         """End a lane's response that was cancelled before its terminal event with `response.failed`."""
         snapshot, next_sequence = self.open_responses.pop(stream_id)
-        response = dict(snapshot, status="failed", error={"code": reason.code, "message": reason.message})
+        # The reason's own code follows in the connection's `error` event; inside the Response, the schema's code.
+        response = dict(snapshot, status="failed", error=response_error(reason.message))
         await self.send(ResponseFailed(next_sequence, response=response), stream_id)

@@ -55,7 +55,7 @@ import trio
 from prototype import benchmark, headline, netem, sweep, uncertainty, virtual
 from prototype import workload as wl
 from prototype.api.service import ApiService, IdFactory
-from prototype.cli.common import at_least
+from prototype.cli.common import at_least, plural
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
 from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord
 from prototype.client.http import STATELESS, STORED, run_http_rollout
@@ -376,7 +376,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
     gave_up = round(row["gave_up"].value * row["tasks"])
-    return (f"{row['time_lost_s'].format('{:.2f}')} s; {row['faults']} faults"
+    return (f"{row['time_lost_s'].format('{:.2f}')} s; {plural(row['faults'], 'fault')}"
             + (f"; {gave_up} gave up" if gave_up else ""))
 
 

@@ -296,7 +296,10 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
     child = subprocess.Popen(
         [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(tmp_path), cwd=tmp_path, text=True,
-        start_new_session=True)  # a process group of its own, as a terminal's foreground job
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+        # Ctrl-C's default disposition, as a terminal gives it, even where the tests run as a background job
+        # (which starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err = ""
     while "2 processes]" not in err:  # the progress bar names the worker processes: the grid has started in them
         char = child.stderr.read(1)

@@ -64,6 +64,7 @@ class BenchConfig:
         overrides = {} if self.fixed_turns is None else {"fixed_turns": self.fixed_turns}
         return wl.generate(self.preset, seed=self.seed, n_tasks=self.n_tasks, **overrides)
 
+
 def _describe_policy(policy: ReconnectPolicy) -> str:
     if policy.max_retries == 0:
         return f"{policy.name}: never"

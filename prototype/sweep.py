@@ -406,7 +406,6 @@ def runner_from_args(args: argparse.Namespace, *, progress: bool = True) -> Runn
     return Runner(executor_for(args.cluster, args.jobs, args.in_process), None if args.no_cache else Cache(), progress)
 
 
-
 __all__ = [
     "CACHE_ENV", "REPORT_EVERY", "REPO", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "advance",
     "code_version", "config_hash", "default_cache_dir", "executor_for", "importable", "measured", "run_key",

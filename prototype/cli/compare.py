@@ -361,7 +361,6 @@ def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.Benc
     return 0
 
 
-
 __all__ = [
     "CHAINED", "DOCS_TABLE", "FORMATS", "SUSPENDED", "TABLE", "WIDE", "Column", "ContextTooLong", "add_arguments",
     "apply_engine_defaults", "headline_estimates", "netem", "print_compare_table", "print_headline", "print_parameters", "run",

@@ -29,7 +29,6 @@ EVENT_MARKS: dict[str, tuple[str, str]] = {
 }
 
 
-
 def turn_spans(record: RolloutRecord) -> list[dict[str, Any]]:
     """Every span of a rollout in seconds since its start: server phases (placed with the server's
     clock origin, which is the client's clock in a virtual-time run), client tool runs, the wait

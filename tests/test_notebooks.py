@@ -92,7 +92,7 @@ def test_a_table_prints_as_text_outside_a_kernel(capsys):
     assert capsys.readouterr().out == "| a |\n| --- |\n| 1 |\npicture: results/x.png\n"
 
 
-# --- the helpers the notebooks draw with (prototype/analysis.py, figures/) -----------------------
+# --- the helpers the notebooks draw with (prototype/analysis.py, figures.py) ----------------------
 
 
 def test_every_phase_has_one_colour():

@@ -47,7 +47,8 @@ intervals, and compare.json's "headline" section holds them for the docs (protot
 
 This module is the command: its options, the workload they choose, the grid's run (or the real engine's) and the
 order of what it prints and writes. The printed table, headline and parameters are compare_table.py's, the files a
-run writes compare_results.py's, and what differs on the real engine (`--engine vllm`) compare_vllm.py's.
+run writes compare_results.py's, and what differs on the real engine (`--engine vllm`) compare_vllm.py's; their
+names are importable from here.
 """
 
 from __future__ import annotations

@@ -345,7 +345,7 @@ def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_w
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == sorted(COMPARED)
     # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
-    monkeypatch.setattr("prototype.figures.compare_figure", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cli_main([*argv, "--seed", "1"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -64,7 +64,7 @@ from typing import Any
 
 import attrs
 
-from .. import analysis, benchmark, netem, profiles, sweep, traces
+from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..client.reconnect import CODEX, POLICIES
@@ -364,6 +364,6 @@ def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.Benc
 
 __all__ = [
     "CHAINED", "DOCS_TABLE", "FORMATS", "SUSPENDED", "TABLE", "WIDE", "Column", "ContextTooLong", "add_arguments",
-    "apply_engine_defaults", "headline_estimates", "netem", "print_compare_table", "print_headline", "print_parameters", "run",
+    "apply_engine_defaults", "figures", "headline_estimates", "netem", "print_compare_table", "print_headline", "print_parameters", "run",
     "vllm_parameters", "vllm_report", "write_results",
 ]

@@ -32,7 +32,7 @@
 # grid goes through the sweep runner (`prototype/sweep.py`): worker processes, or a Dask cluster with
 # `CLUSTER = "local"` or `"tcp://scheduler:8786"`; results are cached on disk, so re-running the
 # notebook or extending a sweep computes only what changed. Tables come from `prototype/analysis.py`,
-# figures from `prototype/figures.py`. Set `TESTBED_NOTEBOOK_TEST=1` to shrink the notebook to a smoke test.
+# figures from `prototype/figures/`. Set `TESTBED_NOTEBOOK_TEST=1` to shrink the notebook to a smoke test.
 
 # %% tags=["parameters"]
 DESIGNS = ("http", "chained", "suspended")  # add "http-stored" to see previous_response_id over HTTP

@@ -9,7 +9,7 @@
   (`pip install -e ".[notebooks]"`); without it the command says so in one line.
 
 The notebooks' grids go through the sweep runner (prototype/sweep.py), their tables and sentences
-come from prototype/analysis.py and their figures from prototype/figures.py.
+come from prototype/analysis.py and their figures from prototype/figures/.
 """
 
 from __future__ import annotations

@@ -40,28 +40,26 @@ Ctrl-C: a terminal sends SIGINT to the whole process group; `Processes`' workers
 terminates them as the KeyboardInterrupt leaves its map (as it does for a failed run).
 
 Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --no-cache) and
+Command lines take `add_arguments(parser)` (--jobs, --in-process, --cluster, --no-cache) and
 `runner_from_args(args)`.
+
+This module keys the runs (the code version), holds the Dask executor (whose workers must share that version) and
+the runner; the cache's store is sweep_cache.py's, the local executors and the progress within a run
+sweep_executors.py's. Every name of the three is importable from here.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import concurrent.futures
-import contextvars
+import concurrent.futures  # noqa: F401 - tests patch the process pool's executor through this module
 import hashlib
 import importlib
 import importlib.metadata
 import inspect
 import json
-import multiprocessing
 import os
-import pickle
-import queue as queues
-import signal
 import sys
-import tempfile
-import time
+import tempfile  # noqa: F401 - tests patch the cache's temporary files through this module
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,9 +67,9 @@ from typing import Any
 import attrs
 
 from .cli.common import at_least
+from .sweep_cache import CACHE_ENV, REPO, Cache, default_cache_dir
+from .sweep_executors import REPORT_EVERY, InProcess, Job, Processes, _call, advance, unguarded_main
 
-CACHE_ENV = "TESTBED_CACHE"
-REPO = Path(__file__).resolve().parent.parent
 # Bumped when the key or the stored format changes.
 CACHE_FORMAT = 2
 # The libraries whose behaviour enters a row's values, whose versions are part of the key: numpy (random
@@ -204,215 +202,7 @@ def run_key(fn: Callable[..., Any], config: Any, version: str) -> str:
     return hashlib.sha256(f"{CACHE_FORMAT}\0{name}\0{version}\0{config_hash(config)}".encode()).hexdigest()
 
 
-# --- the cache ---------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or REPO / "results" / "cache")
-
-
-@attrs.define
-class Cache:
-    """Values on disk, one pickle per key, written atomically (a crash leaves no half-written row)."""
-
-    root: Path = attrs.field(factory=default_cache_dir, converter=Path)
-
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.pickle"
-
-    def holds(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def get(self, key: str) -> tuple[bool, Any]:
-        try:
-            data = self._path(key).read_bytes()
-        except FileNotFoundError:
-            return False, None
-        try:
-            return True, pickle.loads(data)
-        except Exception:  # noqa: BLE001 - an unreadable entry is recomputed and overwritten
-            return False, None
-
-    def put(self, key: str, value: Any) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)  # a value that cannot be pickled leaves no half-written file behind
-            raise
-
-
-# --- progress within a run ----------------------------------------------------------------------
-
-# A worker sends what its run finished at most this often, and the runner looks for it as often: the bar's pace.
-REPORT_EVERY = 0.2  # seconds
-# Where `advance()` reports, while a runner that counts units runs a configuration (trio's tasks inherit it).
-_reporter: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("sweep_reporter", default=None)
-_worker_reports: Any = None  # in a worker process of `Processes`: the queue to the runner, when the map counts units
-
-
-def advance(units: int = 1) -> None:
-    """A run says it has finished `units` more of its units (compare: a task), so the progress bar moves within
-    the run. Does nothing outside a `Runner.map` that counts units."""
-    report = _reporter.get()
-    if report is not None:
-        report(units)
-
-
-class _Batched:
-    """A worker's reporter: units sum up and go to the runner at most every REPORT_EVERY seconds (the runner counts
-    a run's unsent ones when its value arrives)."""
-
-    def __init__(self, reports: Any, index: int) -> None:
-        self.reports, self.index, self.units, self.sent = reports, index, 0, time.monotonic()
-
-    def __call__(self, units: int) -> None:
-        self.units += units
-        if (now := time.monotonic()) - self.sent >= REPORT_EVERY:
-            self.reports.put((self.index, self.units))
-            self.units, self.sent = 0, now
-
-
-def _drain(reports: Any, progress: Callable[[int, int], None]) -> None:
-    while True:
-        try:
-            index, units = reports.get_nowait()
-        except queues.Empty:
-            return
-        progress(index, units)
-
-
-# --- scripts that worker processes would run again ----------------------------------------------
-
-_told: set[str] = set()
-
-
-def _is_main_guard(node: ast.stmt) -> bool:
-    """`if __name__ == "__main__":` (either way round)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-            and isinstance(node.test.ops[0], ast.Eq)):
-        return False
-    sides = [node.test.left, *node.test.comparators]
-    return (any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
-            and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides))
-
-
-def unguarded_main() -> str | None:
-    """The file of this process's main module when a worker process would run it again and it has no top-level
-    `if __name__ == "__main__":` guard; else None. Follows multiprocessing's own choice (spawn and forkserver:
-    `multiprocessing.spawn.get_preparation_data`): a module run with `python -m`, or a script, runs again in each
-    worker as `__mp_main__`; a package's `__main__`, an interactive session, `python -c` and a Jupyter kernel's
-    main (no file) do not."""
-    main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name is not None and (name == "__main__" or name.endswith(".__main__")):
-        return None
-    path = getattr(main, "__file__", None)
-    if not path or Path(path).stem == "ipython":  # multiprocessing leaves IPython's launch script alone too
-        return None
-    try:
-        tree = ast.parse(Path(path).read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    return None if any(_is_main_guard(node) for node in tree.body) else str(path)
-
-
-# --- executors ---------------------------------------------------------------------------------
-
-Job = tuple[int, Any]  # (index in the grid, configuration)
-
-
-class InProcess:
-    """Runs one after another in this process."""
-
-    name = "in-process"
-    starts_processes = False
-    workers = 1
-
-    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job],
-                      progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
-        for index, config in jobs:
-            token = _reporter.set(lambda units, index=index: progress(index, units)) if progress is not None else None
-            try:
-                value = fn(config)
-            finally:
-                if token is not None:
-                    _reporter.reset(token)
-            yield index, value
-
-    def close(self) -> None:
-        pass
-
-
-def _call(fn: Callable[[Any], Any], index: int, config: Any) -> tuple[int, Any]:
-    token = _reporter.set(_Batched(_worker_reports, index)) if _worker_reports is not None else None
-    try:
-        return index, fn(config)
-    finally:
-        if token is not None:
-            _reporter.reset(token)
-
-
-def _start_worker(reports: Any) -> None:
-    """A worker process's first act: Ctrl-C in a terminal reaches the whole process group, and the runner alone
-    decides what it stops (a worker's KeyboardInterrupt would print its own traceback); keep the progress queue."""
-    global _worker_reports
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_reports = reports
-
-
-class Processes:
-    """A pool of local worker processes (default: one per core), started per map. The "forkserver"
-    start method: workers never inherit this process's threads (a notebook kernel's, tqdm's). A map that
-    ends early (a failed run, Ctrl-C, a consumer that stops) terminates its workers rather than wait for
-    their runs."""
-
-    starts_processes = True
-
-    def __init__(self, jobs: int | None = None) -> None:
-        self.jobs = jobs or os.cpu_count() or 1
-        self.name = f"{self.jobs} processes"
-
-    @property
-    def workers(self) -> int:
-        return self.jobs
-
-    def map_unordered(self, fn: Callable[[Any], Any], jobs: Sequence[Job],
-                      progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
-        context = multiprocessing.get_context("forkserver")
-        reports = context.Queue() if progress is not None else None
-        before = set(multiprocessing.active_children())
-        with concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(jobs)), mp_context=context,
-                                                    initializer=_start_worker, initargs=(reports,)) as pool:
-            finished = False
-            try:
-                waiting = {pool.submit(_call, fn, index, config) for index, config in jobs}  # submitted in the jobs' order
-                while waiting:
-                    done, waiting = concurrent.futures.wait(waiting, timeout=REPORT_EVERY if reports is not None else None,
-                                                            return_when=concurrent.futures.FIRST_COMPLETED)
-                    if reports is not None and progress is not None:
-                        _drain(reports, progress)
-                    for future in done:
-                        yield future.result()
-                finished = True
-            finally:
-                if not finished:
-                    # The pool's workers are this map's new children (the fork server started them at the submissions).
-                    # Not cancelling the futures first: Python 3.11's pool then fails to mark a cancelled one broken
-                    # and its manager thread prints a traceback (InvalidStateError).
-                    for worker in set(multiprocessing.active_children()) - before:
-                        worker.terminate()
-        if reports is not None:
-            if progress is not None:
-                _drain(reports, progress)
-            reports.close()
-
-    def close(self) -> None:
-        pass
+# --- the Dask executor -------------------------------------------------------------------------
 
 
 class Dask:
@@ -487,6 +277,8 @@ Executor = InProcess | Processes | Dask
 
 
 # --- the runner --------------------------------------------------------------------------------
+
+_told: set[str] = set()  # the unguarded scripts the runner has named
 
 
 @attrs.define
@@ -615,6 +407,7 @@ def runner_from_args(args: argparse.Namespace, *, progress: bool = True) -> Runn
 
 
 __all__ = [
-    "CACHE_ENV", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "advance", "code_version", "config_hash",
-    "default_cache_dir", "executor_for", "importable", "measured", "run_key", "runner_from_args", "unguarded_main",
+    "CACHE_ENV", "REPORT_EVERY", "REPO", "Cache", "Dask", "InProcess", "Processes", "Runner", "add_arguments", "advance",
+    "code_version", "config_hash", "default_cache_dir", "executor_for", "importable", "measured", "run_key",
+    "runner_from_args", "unguarded_main",
 ]

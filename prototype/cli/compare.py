@@ -44,200 +44,42 @@ The per-turn figures follow one definition for every design (docs/metrics.md). T
 the columns of TABLE (units in the headers, an interval under each estimate, a legend under it); `--wide` prints
 every column; the headline under it gives each design's TTFT ratio and end-to-end gain against http with their
 intervals, and compare.json's "headline" section holds them for the docs (prototype/headline.py).
+
+This module is the command: its options, the workload they choose, the grid's run (or the real engine's) and the
+order of what it prints and writes. The printed table, headline and parameters are compare_table.py's, the files a
+run writes compare_results.py's, and what differs on the real engine (`--engine vllm`) compare_vllm.py's; their
+names are importable from here.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import math
 import os
 import sys
-import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .. import analysis, benchmark, figures, headline, metrics, netem, profiles, sweep, traces, uncertainty
+from .. import analysis, benchmark, figures, netem, profiles, sweep, traces
 from .. import workload as wl
 from ..client.harness import CHAINED, SUSPENDED, RolloutRecord
 from ..client.reconnect import CODEX, POLICIES
 from ..engine.vllm_client import VllmUnavailable, WorkerFailed
 from ..engine.vllm_engine import RealCall, call_records
-from ..engine.vllm_models import ModelSpec
 from ..protocol.errors import CONNECTION_LIMIT_REACHED
 from ..trace import write_chrome_trace
 from .common import INTERRUPTED, RunFolder, add_list, at_least, interrupted, non_negative, plural, positive
+from .compare_results import DOCS_TABLE, FORMATS, headline_estimates, write_results
+from .compare_table import TABLE, WIDE, Column, print_compare_table, print_headline, print_parameters
+from .compare_table import _number as _number
+from .compare_vllm import VLLM_CALLS, VLLM_DEFAULTS, ContextTooLong, apply_engine_defaults, vllm_parameters, vllm_report
 from .engine_options import VLLM, add_engine_arguments, model_spec
 
 TRACE_SPEED = 1000.0
-
-
-@attrs.frozen
-class Column:
-    """A column of the printed table: the CSV field, its header with the unit, how a cell prints, and what the
-    legend under the table says of it (empty: the header says enough). A column with a `template` is an estimate:
-    its cell prints the value and its 95% interval (`<field>_low`, `<field>_high`) in that format, times `scale`."""
-
-    field: str
-    header: str
-    cell: Callable[[Any], str]
-    legend: str = ""
-    template: str = ""
-    scale: float = 1.0
-
-    def show(self, row: dict[str, Any]) -> str:
-        value = row.get(self.field)
-        if not self.template or f"{self.field}_low" not in row or value is None or value != value:
-            return self.cell(value)
-        if row[f"{self.field}_low"] == row[f"{self.field}_high"] == value:
-            return self.cell(value)  # an exact figure (http against itself): no interval to print
-        return benchmark.interval_of(row, self.field).scaled(self.scale).format(self.template)
-
-
-def _number(template: str, scale: float = 1.0) -> Callable[[Any], str]:
-    return lambda value: "-" if value is None or value != value else template.format(value * scale)
-
-
-# The table a reader needs first: what ran, how long a task took, the gain over http, time to first
-# token, the API's share of the time and the upload per turn; `--wide` adds the rest.
-TABLE = (
-    Column("design", "design", str),
-    Column("decode_tps", "tok/s", _number("{:,.0f}")),
-    Column("e2e_mean_s", "e2e mean (s)", _number("{:,.0f}"), "end-to-end time per task, first request to final answer, "
-           "mean over the tasks (as in compare.png)", "{:,.0f}"),
-    Column("speedup_vs_http", "vs http (x)", _number("{:.2f}"), "total http time / total time of this design, same tasks: "
-           "the ratio of the means", "{:.2f}"),
-    Column("ttft_p50_ms", "TTFT p50 (ms)", _number("{:,.0f}"), "per turn, request sent to first output delta", "{:,.0f}"),
-    Column("api_overhead_share", "API (%)", _number("{:.1f}", 100),
-           "api_overhead_share, the API's own work (validate, safety, render, route, store reads, blocking "
-           "post-inference) as a share of end-to-end time"),
-    Column("bytes_sent_per_turn", "sent/turn (kB)", _number("{:,.1f}", 1e-3),
-           "client-to-server payload per turn, all the tasks' bytes over all their turns (as in compare.png)"),
-)
-WIDE = (
-    *TABLE[:2],
-    Column("tasks", "tasks", str),
-    *TABLE[2:3],
-    Column("e2e_p50_s", "e2e p50 (s)", _number("{:,.1f}"), "the same, the median task", "{:,.1f}"),
-    Column("e2e_p90_s", "e2e p90 (s)", _number("{:,.1f}")),
-    *TABLE[3:4],
-    Column("gain_vs_http", "gain (%)", _number("{:.1f}", 100), "1 - total time of this design / total http time", "{:.1f}", 100),
-    *TABLE[4:5],
-    Column("ttft_p50_ratio_vs_http", "TTFT/http (x)", _number("{:.2f}"), "this design's TTFT p50 / http's", "{:.2f}"),
-    *TABLE[5:],
-    Column("bytes_received_per_turn", "recv/turn (kB)", _number("{:,.1f}", 1e-3), "server-to-client payload per turn, the same way"),
-    Column("cached_share", "cached (%)", _number("{:.1f}", 100),
-           "cached_share, the share of input tokens found in the engine's prefix cache (not prefilled again)"),
-    Column("reasoning_share", "reasoning (%)", _number("{:.1f}", 100), "reasoning tokens as a share of output tokens"),
-    Column("web_searches_per_task", "searches/task", _number("{:.2f}"), "hosted web_search calls per task"),
-    Column("calls_per_tool_turn", "calls/tool turn", _number("{:.2f}"), "client function calls per turn that ended in calls"),
-    Column("reconnects", "reconnects", str, "new connections the clients opened because one ended before the task did "
-           "(the 60-minute connection limit, or a fault); --reconnect picks the policy"),
-)
-
-
-INTERVALS_LEGEND = ("[low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of "
-                    "both designs together, as they ran the same tasks)")
-
-
-def print_compare_table(table: list[dict[str, Any]], wide: bool = False) -> None:
-    """The table with units in the headers and one number format per column, an estimate's cell with its interval,
-    then its legend. `wide`: every column of compare.csv (one this module does not know prints under its CSV name,
-    an interval's ends in their estimate's cell)."""
-    columns = list(WIDE if wide else TABLE)
-    if wide:
-        known = {c.field for c in columns} | {f"{c.field}{end}" for c in columns if c.template for end in ("_low", "_high")}
-        columns += [Column(field, field, analysis.format_value) for field in table[0] if field not in known]
-    cells = [{c.field: c.show(row) for c in columns} for row in table]
-    analysis.print_table(cells, [c.field for c in columns], formats={c.field: str for c in columns},
-                         headers={c.field: c.header for c in columns})
-    for column in columns:
-        if column.legend:
-            print(textwrap.fill(f"{column.header}: {column.legend}", 100, initial_indent="  ", subsequent_indent="      "))
-    if any(c.template and f"{c.field}_low" in table[0] for c in columns):
-        print(textwrap.fill(INTERVALS_LEGEND, 100, initial_indent="  ", subsequent_indent="      "))
-
-
-def headline_estimates(table: list[dict[str, Any]], rows: list[dict[str, Any]] | None = None) -> dict[str, uncertainty.Estimate]:
-    """compare's headline figures by key (prototype/headline.py): per design other than http and per speed, the
-    median TTFT's ratio to http's and the end-to-end gain over http; per design and speed, the mean end-to-end time
-    and the median TTFT; from the task rows, when given, the bytes sent per turn (kB), http's upload over each
-    design's and the share of the time spent in the client's tools, each with its 95% interval over the tasks."""
-    figures: dict[str, uncertainty.Estimate] = {}
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in rows or []:
-        groups.setdefault((r["design"], r["decode_tps"]), []).append(r)
-    for row in (r for r in table if "e2e_mean_s_low" in r):
-        at = f"{row['design']}.{row['decode_tps']:g}"
-        figures[f"e2e_mean_s.{at}"] = benchmark.interval_of(row, "e2e_mean_s")
-        figures[f"ttft_p50_ms.{at}"] = benchmark.interval_of(row, "ttft_p50_ms")
-        if row["design"] != benchmark.HTTP and row["speedup_vs_http"] == row["speedup_vs_http"]:
-            figures[f"ttft_ratio.{at}"] = benchmark.interval_of(row, "ttft_p50_ratio_vs_http")
-            figures[f"gain.{at}"] = benchmark.interval_of(row, "gain_vs_http")
-            figures[f"speedup.{at}"] = benchmark.interval_of(row, "speedup_vs_http")
-        group = groups.get((row["design"], row["decode_tps"]))
-        if group:
-            figures |= _task_figures(at, group, groups.get((benchmark.HTTP, row["decode_tps"])))
-    return figures
-
-
-def _task_figures(at: str, group: list[dict[str, Any]], http: list[dict[str, Any]] | None) -> dict[str, uncertainty.Estimate]:
-    """The upload per turn (kB, all the drawn tasks' bytes over all their turns), http's over this design's on the same
-    tasks, and the client tools' share of the end-to-end time."""
-    n = len(group)
-    sent = uncertainty.unit_total([r["bytes_sent_per_turn"] * r["turns"] for r in group])
-    turns = uncertainty.unit_total([r["turns"] for r in group])
-    tools = uncertainty.unit_total([r["phase_totals_s"].get(analysis.TOOL, 0.0) for r in group])
-    e2e = uncertainty.unit_total([r["e2e_s"] for r in group])
-    figures = {f"sent_kb.{at}": uncertainty.resample(n, lambda c: sent(c) / turns(c) / 1000),
-               f"tool_share.{at}": uncertainty.resample(n, lambda c: tools(c) / e2e(c))}
-    if http is not None and http is not group and [r["task"] for r in http] == [r["task"] for r in group]:
-        their_sent = uncertainty.unit_total([r["bytes_sent_per_turn"] * r["turns"] for r in http])
-        their_turns = uncertainty.unit_total([r["turns"] for r in http])
-        figures[f"upload_ratio.{at}"] = uncertainty.resample(
-            n, lambda c: (their_sent(c) / their_turns(c)) / (sent(c) / turns(c)), method="paired bootstrap")
-    return figures
-
-
-def print_headline(table: list[dict[str, Any]]) -> None:
-    """Each design against http at each speed: the TTFT ratio and the end-to-end gain with their intervals, and
-    whether the gain's interval excludes 0 (a claim of faster or slower holds only then)."""
-    rows = [r for r in table if r["design"] != benchmark.HTTP and r.get("gain_vs_http_low", math.nan) == r.get("gain_vs_http_low")]
-    if not rows:
-        return
-    print(f"\nAgainst http on the same {rows[0]['tasks']} tasks, with 95% intervals (paired bootstrap over the tasks):")
-    zero = uncertainty.Estimate(0.0, 0.0, 0.0, rows[0]["tasks"], "tasks", "exact")
-    for row in rows:
-        ratio = benchmark.interval_of(row, "ttft_p50_ratio_vs_http")
-        gain = benchmark.interval_of(row, "gain_vs_http")
-        verdict = {"yes": "slower", "no": "faster", "not separated": "not separated from 0"}[uncertainty.holds(gain, zero)]
-        print(f"  {row['design']:<11} at {row['decode_tps']:>5,.0f} tok/s: TTFT p50 {ratio.format('{:.2f}')} of http's; "
-              f"end-to-end gain {gain.scaled(100).format('{:+.1f}%')} ({verdict})")
-
-
-# How each headline figure prints in the docs (prototype/headline.py): template, scale.
-# Units other than % are the sentence's, after the span: "742 [533, 835] ms".
-FORMATS = {"e2e_mean_s": ("{:,.1f}", 1.0), "ttft_p50_ms": ("{:,.0f}", 1.0), "ttft_ratio": ("{:.2f}", 1.0),
-           "gain": ("{:.1f}%", 100.0), "speedup": ("{:.3f}", 1.0), "sent_kb": ("{:,.1f}", 1.0),
-           "upload_ratio": ("{:.1f}", 1.0), "tool_share": ("{:.0f}%", 100.0)}
-# The table docs/results.md quotes: the printed table's columns with the download and the prefix cache's share.
-DOCS_TABLE = (*TABLE, *(c for c in WIDE if c.field in ("bytes_received_per_turn", "cached_share")))
-PARAMETER_COLUMN = 44
-
-
-def print_parameters(parameters: list[tuple[str, str, str]]) -> None:
-    """Name, value and source in three columns; a value wider than its column wraps within it, so the sources stay
-    in theirs."""
-    for name, value, source in parameters:
-        lines = textwrap.wrap(value, PARAMETER_COLUMN, break_on_hyphens=False) or [""]
-        print(f"  {name:<{PARAMETER_COLUMN}} {lines[0]:<{PARAMETER_COLUMN}} {source}")
-        for line in lines[1:]:
-            print(f"  {'':<{PARAMETER_COLUMN}} {line}")
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
@@ -286,32 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep.add_arguments(parser)
 
 
-class ContextTooLong(ValueError):
-    """A task whose context cannot fit the real engine's model."""
-
-
-# `--engine vllm`'s default workload: 3 chat tasks of 3 turns (a ~500-token first prompt, ~200 tokens out a turn,
-# tools of 0.5 s), sized to finish in minutes on a 2-core CPU (docs/real_engine.md gives the time measured);
-# `--preset coding` runs the coding tasks instead (a 30,000-token first prompt, tools of up to minutes).
-VLLM_DEFAULTS = {"preset": "chat", "tasks": 3, "turns": 3}
-VLLM_CALLS = "vllm_calls"  # the per-call records: vllm_calls.csv and vllm_calls.json
-# The simulated engine's own parameters: on vLLM none of them applies (the engine's are printed instead).
-SIMULATED_ENGINE_PARAMETERS = ("decode speeds", "prefill rate", "engine request overhead", "prefix cache")
-ENGINE_PHASES = (metrics.QUEUE, metrics.PREFILL, metrics.DECODE)
-TOOL_PHASES = ("tool", metrics.HOSTED_TOOL)
-
-
-def apply_engine_defaults(args: argparse.Namespace) -> None:
-    """On vLLM, the workload options left unset (no --trace) take VLLM_DEFAULTS."""
-    if args.engine != VLLM or args.trace is not None:
-        return
-    if args.preset is None:
-        args.preset = VLLM_DEFAULTS["preset"]
-        args.turns = VLLM_DEFAULTS["turns"] if args.turns is None else args.turns
-    if args.tasks is None:
-        args.tasks = VLLM_DEFAULTS["tasks"]
-
-
 def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs: list[str], out: Path,
                 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every design once over the real engine, in real time: task rows as for the simulated engine
@@ -336,48 +152,6 @@ def run_on_vllm(args: argparse.Namespace, config: benchmark.BenchConfig, designs
         analysis.write_csv(out / f"{VLLM_CALLS}.csv", records)
         (out / f"{VLLM_CALLS}.json").write_text(json.dumps(records))
     return rows, vllm_report(calls, rows, spec.block_size)
-
-
-def vllm_report(calls: dict[str, list[RealCall]], rows: list[dict[str, Any]], block: int) -> list[str]:
-    """What vLLM computed per design beside the simulated engine's prediction for the same calls, and where the
-    designs' time went: the engine's (measured) apart from the API's, the network's and the tools' (modeled)."""
-    lines = ["vLLM's counters per design (prefill computed and prefix-cache hits: vLLM's own; predicted: the simulated "
-             "engine's bookkeeping on the same calls):"]
-    for design, design_calls in calls.items():
-        prompt = sum(c.prompt_tokens for c in design_calls)
-        computed = sum(c.prefill_tokens for c in design_calls)
-        predicted = sum(c.predicted_prefill_tokens for c in design_calls)
-        line = (f"  {design:<12} model calls {len(design_calls):>4}  prompt tokens {prompt:>9,}  prefill computed "
-                f"{computed:>9,}  predicted {predicted:>9,}  prefix-cache hits {sum(c.prefix_hits for c in design_calls):>9,}")
-        if any(c.resumed for c in design_calls):
-            # A held request's KV is no cache hit to vLLM: the API's cached_tokens is worked out from what was sent.
-            line += f"  cached (derived: prompt less ids sent) {sum(c.prompt_tokens - c.sent_tokens for c in design_calls if c.resumed):>9,}"
-        off_plan = sum(c.off_plan_tokens for c in design_calls)
-        lines.append(line + (f"  SAMPLED OFF THE PLAN {off_plan:,} tokens" if off_plan else ""))
-    if CHAINED in calls:
-        gaps = [abs(c.prefill_tokens - c.predicted_prefill_tokens) for c in calls[CHAINED]]
-        within = sum(gap <= block for gap in gaps)
-        lines.append(f"  chained per call, vLLM against the prediction: {within} of {len(gaps)} calls within one KV block "
-                     f"({block} tokens); largest gap {max(gaps, default=0)} tokens")
-    if CHAINED in calls and SUSPENDED in calls:
-        def lead(field: str) -> int:
-            return sum(getattr(c, field) for c in calls[CHAINED]) - sum(getattr(c, field) for c in calls[SUSPENDED])
-
-        real, predicted = lead("prefill_tokens"), lead("predicted_prefill_tokens")
-        share = f"{(real - predicted) / predicted:+.1%}" if predicted else "-"
-        lines.append(f"  v1's lead over chained in prefill computed: vLLM {real:,} tokens, predicted {predicted:,} ({share})")
-    lines += ["", "Where the time went, per design, all tasks (seconds): the engine's is measured on vLLM; the API's work, the "
-              "network and the tools are modeled waits"]
-    header = f"  {'design':<12} {'vLLM (measured)':>16} {'API (modeled)':>14} {'network+client':>15} {'tools (modeled)':>16} {'end to end':>11}"
-    lines.append(header)
-    for design in calls:
-        mine = [row for row in rows if row["design"] == design]
-        spent = [sum(row["phase_totals_s"].get(phase, 0.0) for row in mine for phase in phases)
-                 for phases in (ENGINE_PHASES, benchmark.API_OVERHEAD_PHASES, ("network_client",), TOOL_PHASES)]
-        lines.append(f"  {design:<12} {spent[0]:>16.1f} {spent[1]:>14.1f} {spent[2]:>15.1f} {spent[3]:>16.1f} "
-                     f"{sum(row['e2e_s'] for row in mine):>11.1f}")
-    lines.append("  network+client: the modeled round trips and the testbed's own client and server work between them")
-    return lines
 
 
 def compare_point(run: benchmark.DesignRun) -> tuple[list[dict[str, Any]], RolloutRecord | None]:
@@ -499,38 +273,6 @@ def run_parameters(config: benchmark.BenchConfig, designs: list[str], speeds: li
             for name, value, source in benchmark.parameters(config) if name not in unused]
 
 
-def vllm_parameters(parameters: list[tuple[str, str, str]], spec: ModelSpec) -> list[tuple[str, str, str]]:
-    """The parameters in effect on vLLM: the engine's own in place of the simulated engine's."""
-    kv = f"blocks of {spec.block_size} tokens, prefix caching on" + (
-        f", {spec.cpu_kv_cache_gib} GiB (VLLM_CPU_KVCACHE_SPACE)" if spec.cpu_kv_cache_gib is not None else "")
-    engine = [
-        ("engine", f"vLLM, {spec.name}: {spec.layers} layers, {spec.hidden_size} wide, {spec.dtype}, dummy weights; "
-         "forced decoding; real time", "docs/real_engine.md"),
-        ("KV cache", kv, "vLLM engine arguments (prototype/engine/vllm_models.py)"),
-    ]
-    return engine + [row for row in parameters if row[0] not in SIMULATED_ENGINE_PARAMETERS]
-
-
-def write_results(out: Path, table: list[dict[str, Any]], rows: list[dict[str, Any]], parameters: list[tuple[str, str, str]],
-                  workload: str, clock: str, *, command: str = "python -m prototype compare") -> list[str]:
-    """compare.csv, compare.json (the table, the parameters, what ran and its headline section: the figures with their
-    intervals over the tasks, which `python -m prototype figures` copies into docs/figures/), compare_tasks.json and
-    compare.png in `out`; returns their names. `python -m prototype plot` writes the same from results folders."""
-    analysis.write_csv(out / "compare.csv", table)
-    tasks = max(collections.Counter((row["design"], row["decode_tps"]) for row in rows).values(), default=0)
-    section = headline.section(
-        "compare", command=command, workload=f"{plural(tasks, 'task')} of {workload}, {clock}",
-        figures={key: headline.figure(e, FORMATS[key.split(".")[0]][0], scale=FORMATS[key.split(".")[0]][1])
-                 for key, e in headline_estimates(table, rows).items()},
-        tables={"table": headline.table([c.header for c in DOCS_TABLE], ([c.show(r) for c in DOCS_TABLE] for r in table))},
-        data=rows)
-    headline.write(out / "compare.json", {"table": table, "parameters": parameters, "workload": workload, "clock": clock,
-                                          "headline": section})
-    (out / "compare_tasks.json").write_text(json.dumps(rows))
-    figures.compare_figure(table, rows, out / "compare.png", workload=workload, clock=clock)
-    return ["compare.csv", "compare.json", "compare_tasks.json", "compare.png"]
-
-
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     apply_engine_defaults(args)
@@ -620,4 +362,8 @@ def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.Benc
     return 0
 
 
-__all__ = ["CHAINED", "SUSPENDED", "add_arguments", "run", "netem"]
+__all__ = [
+    "CHAINED", "DOCS_TABLE", "FORMATS", "SUSPENDED", "TABLE", "WIDE", "Column", "ContextTooLong", "add_arguments",
+    "apply_engine_defaults", "figures", "headline_estimates", "netem", "print_compare_table", "print_headline", "print_parameters", "run",
+    "vllm_parameters", "vllm_report", "write_results",
+]

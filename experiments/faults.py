@@ -337,9 +337,11 @@ def csv_rows(table: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, name: str, command: str,
-             workload: str) -> dict[str, Any]:
+             workload: str, first_tasks: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the docs quote, as data: every cell's time lost, faults per task, give-ups and bytes resent, every ratio,
-    and the tables docs/results.md prints (time lost and kilobytes resent per cell, ratios), each per policy."""
+    and the tables docs/results.md prints (time lost and kilobytes resent per cell, ratios), each per policy; as its
+    data, each cell's first task as faults_tasks.csv holds it (what a test runs again to find the committed data
+    stale)."""
     figures: dict[str, dict[str, Any]] = {}
     for row in table:
         key = f"{row['fault']}.{row['policy']}.{row['design']}"
@@ -368,7 +370,8 @@ def headline_section(table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, 
         by = {(p["fault"], p["pair"]): p for p in mine}
         tables[f"ratios.{policy}"] = headline.table(["fault", *names], [
             [fault, *(_ratio_cell(by.get((fault, n))) for n in names)] for fault in dict.fromkeys(p["fault"] for p in mine)])
-    return headline.section(name, command=command, workload=workload, figures=figures, tables=tables)
+    return headline.section(name, command=command, workload=workload, figures=figures, tables=tables,
+                            data=list(first_tasks) if first_tasks is not None else None)
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -402,9 +405,18 @@ def command_line(argv: Sequence[str]) -> str:
 
 
 def write_headline(path: Path, table: Sequence[dict[str, Any]], pairs: Sequence[dict[str, Any]], *, command: str,
-                   workload: str) -> Path:
+                   workload: str, rows: Sequence[dict[str, Any]] = ()) -> Path:
     """results/faults/<timestamp>/faults.json: the headline section the docs' figures are taken from."""
-    return headline.write(path, {"headline": headline_section(table, pairs, name=path.stem, command=command, workload=workload)})
+    return headline.write(path, {"headline": headline_section(table, pairs, name=path.stem, command=command, workload=workload,
+                                                              first_tasks=first_tasks(rows))})
+
+
+def first_tasks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (design, fault, policy) cell's first task, as faults_tasks.csv holds it."""
+    first: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in rows:
+        first.setdefault((row["design"], row["fault"], row["policy"]), row)
+    return task_csv_rows(list(first.values()))
 
 
 # The per-task rows as faults_tasks.csv keeps them: enough to make every table again (`--from-tasks`).
@@ -491,7 +503,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if thin:
         print(f"\nNot for conclusions: at {tasks} tasks the ratios under {', '.join(thin)} rest on fewer than "
               f"{MIN_EVENTS} faults in a cell.")
-    print(f"wrote {write_headline(path.with_suffix('.json'), table, pairs, command=command, workload=workload)}")
+    print(f"wrote {write_headline(path.with_suffix('.json'), table, pairs, command=command, workload=workload, rows=rows)}")
     print("\nFault models [assumed rates]:")
     for name in faults:
         if name in FAULT_MODELS:

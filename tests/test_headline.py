@@ -235,3 +235,16 @@ def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configu
         assert data["data"]["oat"][0] == "default"
         assert data["data"]["values"][0]["e2e gain chained vs http @1000"] == pytest.approx(fresh, abs=1e-12), name
         assert data["figures"]["gain.chained_vs_http.1000.default"]["value"] == pytest.approx(100 * fresh), name
+
+
+@pytest.mark.parametrize("design, fault, policy", [("suspended", "drops", "openai-python"), ("chained-stored", "restart", "codex")])
+def test_the_committed_faults_data_match_a_fresh_run_of_a_cells_first_task(design, fault, policy):
+    from experiments import faults
+    from prototype import benchmark
+    from prototype.client.reconnect import POLICIES
+
+    data = committed("faults")
+    (first,) = [row for row in data["data"] if (row["design"], row["fault"], row["policy"]) == (design, fault, policy)]
+    run = faults.FaultRun(design, faults.FAULT_MODELS[fault], POLICIES[policy], 1000.0, benchmark.BenchConfig(n_tasks=1))
+    (fresh,) = faults.task_csv_rows(faults.fault_records(run))
+    assert json_round_trip(fresh) == first

@@ -1,7 +1,7 @@
-"""The tables, series and sentences computed from rows (prototype/analysis.py), held to exact values:
-the cell format, the plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a
-sweep's table by (value, design), a design's curve, where one curve reaches another, and the sentences
-of the published-results notebook."""
+"""The tables, series and sentences computed from rows (prototype/analysis.py): the cell format, the
+plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a sweep's table by (value,
+design), a design's curve, where one curve reaches another, and the sentences of the published-results
+notebook."""
 
 from __future__ import annotations
 
@@ -27,16 +27,10 @@ def test_a_cell_has_three_decimals_below_1000_none_from_1000_and_nan_is_a_dash(v
     assert analysis.format_value(value) == cell
 
 
-def test_write_csv_writes_the_first_rows_columns_then_each_row(tmp_path):
+def test_write_csv_takes_its_columns_from_the_first_row_and_quotes_commas(tmp_path):
     path = tmp_path / "rows.csv"
-    analysis.write_csv(path, [{"design": "http", "e2e_s": 1.5}, {"design": "chained, v2", "e2e_s": 2}])
+    analysis.write_csv(path, [{"design": "http", "e2e_s": 1.5}, {"e2e_s": 2, "design": "chained, v2"}])
     assert path.read_bytes() == b'design,e2e_s\r\nhttp,1.5\r\n"chained, v2",2\r\n'
-
-
-def test_write_csv_takes_its_columns_from_the_first_row(tmp_path):
-    path = tmp_path / "rows.csv"
-    analysis.write_csv(path, [{"b": 1, "a": 2}, {"a": 3, "b": 4}])
-    assert path.read_bytes() == b"b,a\r\n1,2\r\n4,3\r\n"
     analysis.write_csv(path, [{"a": 1}])
     assert path.read_bytes() == b"a\r\n1\r\n"
 
@@ -185,29 +179,28 @@ def test_series_is_one_designs_curve_in_the_order_of_the_values():
     assert analysis.series(table, "x", "m", "suspended") == ([], [])
 
 
-def test_crossover_interpolates_where_one_curve_reaches_the_other():
-    xs, a, b = [1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0]
-    assert analysis.crossover(xs, a, b, logx=False) == pytest.approx(2.0 + 2.0 / 3.0)
-    assert analysis.crossover(xs, a, b) == pytest.approx(math.exp(math.log(2.0) + math.log(2.0) / 3.0))
-    assert analysis.crossover(xs, a, b, logx=True) == pytest.approx(2.0 ** (4.0 / 3.0))
+@pytest.mark.parametrize("xs, a, b, logx, where", [
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], False, 2.0 + 2.0 / 3.0),
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], True, 2.0 ** (4.0 / 3.0)),  # log x by default
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], None, 2.0 ** (4.0 / 3.0)),
+    ([100, 1000, 10000], [1, 1, 1], [4, 2, 0.5], None, 1000 * 10 ** (1 / 1.5)),
+    ([1.0, 2.0], [0.0, 1.5], [2.0, 1.0], False, 1.8),  # a - b is -2 then 0.5: 2/2.5 of the way
+    ([1.0, 2.0, 3.0], [0.0, 2.0, 2.0], [1.0, 1.0, 1.0], False, 1.5),  # from the last point below
+    ([1.0, 3.0, 9.0], [0.0, 2.0, 5.0], [1.0, 2.0, 1.0], False, 3.0),  # meeting at a point is that point
+    ([1.0, 3.0], [1.0, 5.0], [1.0, 2.0], None, 1.0),
+    ([2, 3], [5, 5], [1, 1], None, 2.0),
+    ([1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [5.0, 5.0, 5.0], None, None),  # never meet
+    ([], [], [], None, None),
+])
+def test_crossover_interpolates_where_one_curve_reaches_the_other(xs, a, b, logx, where):
+    found = analysis.crossover(xs, a, b) if logx is None else analysis.crossover(xs, a, b, logx=logx)
+    if where is None:
+        assert found is None
+    else:
+        assert found == pytest.approx(where) and isinstance(found, float)
 
 
-def test_crossover_at_a_point_where_the_curves_meet_is_that_point():
-    assert analysis.crossover([1.0, 3.0, 9.0], [0.0, 2.0, 5.0], [1.0, 2.0, 1.0], logx=False) == 3.0
-    assert analysis.crossover([1.0, 3.0], [1.0, 5.0], [1.0, 2.0]) == 1.0
-    assert isinstance(analysis.crossover([2, 3], [5, 5], [1, 1]), float)
-
-
-def test_crossover_interpolates_from_the_last_point_below_by_how_far_below_it_was():
-    # a - b is -2 then 0.5: the curves meet 2/2.5 of the way from 1 to 2.
-    assert analysis.crossover([1.0, 2.0], [0.0, 1.5], [2.0, 1.0], logx=False) == pytest.approx(1.8)
-    # -1 then 1 then 1: they meet half way between the first two points.
-    assert analysis.crossover([1.0, 2.0, 3.0], [0.0, 2.0, 2.0], [1.0, 1.0, 1.0], logx=False) == pytest.approx(1.5)
-
-
-def test_crossover_is_none_when_the_curves_never_meet_or_are_empty():
-    assert analysis.crossover([1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [5.0, 5.0, 5.0]) is None
-    assert analysis.crossover([], [], []) is None
+def test_crossover_of_curves_of_different_lengths_is_refused():
     with pytest.raises(ValueError):
         analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 

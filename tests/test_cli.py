@@ -1,6 +1,7 @@
 """The command lines as a user meets them (prototype/cli/common.py): abbreviations refused with a
 one-line error, help on every option, lists as `1000,4000` or `1000 4000`, and a new results
-folder per run with a `latest` link, never an overwrite."""
+folder per run with a `latest` link, never an overwrite; the subcommands and the function each runs, the
+`--engine` options, and the parser and range-checked types every command line shares."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 
 import pytest
 
 from prototype.__main__ import main as cli_main
-from prototype.cli import common, compare
+from prototype.cli import calibrate, common, compare, demo, engine_options, figures, plot, serve
+from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
@@ -466,3 +469,219 @@ def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, 
     assert cli_main(["plot", str(tmp_path / "nothing-here")]) == 2
     assert capsys.readouterr().err == f"python -m prototype plot: error: {tmp_path / 'nothing-here'} is not a compare results folder (no compare.json)\n"
     assert not (tmp_path / "x").exists()
+
+
+# --- the subcommands and the engine options ---------------------------------------------------------------
+
+COMMANDS = {"serve": serve, "compare": compare, "plot": plot, "demo": demo, "calibrate": calibrate, "figures": figures}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypatch):
+    for other, module in COMMANDS.items():
+        monkeypatch.setattr(module, "run", lambda args, other=other: (other, args.command))
+    argv = {"calibrate": ["calibrate", "trace.jsonl"], "plot": ["plot", "results/compare/latest"]}.get(name, [name])
+    assert cli_main(argv) == (name, name)
+
+
+def test_the_help_lists_every_subcommand_with_what_it_does(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
+    for fact in ("serve the Responses API", "on one port", "65, 1000 and 4000 tokens/s", "from results folders",
+                 "without running anything", "under virtual time", "latency fit", "docs/figures/"):
+        assert fact in text, fact
+
+
+def test_without_a_subcommand_the_error_names_it(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
+
+
+def engine_parser() -> common.Parser:
+    parser = common.Parser(prog="t")
+    engine_options.add_engine_arguments(parser)
+    return parser
+
+
+def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model():
+    args = engine_parser().parse_args([])
+    assert (args.engine, args.vllm_model, args.vllm_python) == ("simulated", "tiny-llama-cpu", None)
+    assert engine_options.model_spec(args) is TINY_CPU
+    args = engine_parser().parse_args(["--engine", "vllm", "--vllm-model", "llama-3.1-8b-shape", "--vllm-python", "/x/python"])
+    assert (args.engine, args.vllm_python) == ("vllm", "/x/python")
+    assert engine_options.model_spec(args) is LLAMA_8B_SHAPE
+    text = " ".join(action.help for action in engine_parser()._actions)
+    venv = os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm-venv")
+    for fact in ("simulated: the latency model (default)", "docs/real_engine.md", "(default tiny-llama-cpu;",
+                 "llama-3.1-8b-shape for a GPU", "(default: $TESTBED_VLLM_PYTHON,", f"{venv}/bin/python"):
+        assert fact in text, fact
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--engine", "sglang"], "argument --engine: invalid choice: 'sglang' (choose from simulated, vllm)"),
+    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
+])
+def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(argv)
+    err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
+    assert err.replace("'llama-3.1-8b-shape', 'tiny-llama-cpu'", "llama-3.1-8b-shape, tiny-llama-cpu") == f"t: error: {says} (see --help)\n"
+
+
+# --- the parser every command line shares -----------------------------------------------------------------
+
+
+def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line(capsys):
+    parser = common.Parser(prog="p")
+    parser.add_argument("--tasks", type=int)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--task", "3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "p: error: unrecognized arguments: --task 3 (see --help)\n"
+    allowing = common.Parser(prog="p", allow_abbrev=True)
+    allowing.add_argument("--tasks", type=int)
+    assert allowing.parse_args(["--task", "3"]).tasks == 3
+
+
+def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand(capsys):
+    parser = common.Parser(prog="top")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("run").add_argument("--n", type=int)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["run", "--n", "1", "--m", "2", "x"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
+    assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
+
+
+def test_unknown_words_the_subcommand_does_not_take_are_left_to_the_top_parser(capsys):
+    parser = common.Parser(prog="top")
+    commands = parser.add_subparsers(dest="command", parser_class=argparse.ArgumentParser)  # plain argparse
+    commands.add_parser("run")
+    assert parser.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--m"])
+    assert capsys.readouterr().err == "top: error: unrecognized arguments: --m (see --help)\n"
+    undestined = common.Parser(prog="top")  # subcommands without a destination
+    undestined.add_subparsers().add_parser("run")
+    assert undestined.parse_known_args(["run", "--m"]) == (argparse.Namespace(), ["--m"])
+    top = common.Parser(prog="top")  # no subcommand given
+    top.add_argument("--n")
+    top.add_subparsers(dest="command").add_parser("run")
+    assert top.parse_known_args(["--n", "1", "--m"]) == (argparse.Namespace(n="1", command=None), ["--m"])
+
+
+def test_the_parser_takes_its_name_as_a_positional_argument_and_fills_a_given_namespace():
+    parser = common.Parser("p")
+    parser.add_argument("--n", type=int)
+    assert parser.prog == "p"
+    namespace = argparse.Namespace(kept=True)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace
+    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
+
+
+# --- the range-checked and list types (their messages on a command line are in the tables above) -----------
+
+
+def refusal(kind, word) -> str:
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        kind(word)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("kind, word, says", [
+    (common.positive(), "-inf", "must be a finite number, not -inf"),
+    (common.non_negative(), "-0.1", "must be at least 0, not -0.1"),
+    (common.at_least(2), "1", "must be at least 2, not 1"),
+    (common.at_least(1, 3), "0", "must be from 1 to 3, not 0"),
+    (common.at_least(1, 3), "4", "must be from 1 to 3, not 4"),
+    (common.checked(str.upper, lambda value: value != "NO", "anything but no"), "no", "must be anything but no, not no"),
+    (common.list_of(float), "65,fast", "'fast' is not a valid float"),
+    (common.list_of(float), ", ,", "', ,' names no value"),
+    (common.list_of(float), "", "'' names no value"),
+    (common.list_of(str, ["http", "chained"]), "http,v3", "'v3' is not one of http, chained"),
+    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2"),
+    (common.list_of(common.positive()), "1,-2", "must be greater than 0, not -2"),  # a value's own message
+])
+def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, says):
+    assert refusal(kind, word) == says
+
+
+def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_messages():
+    assert common.positive()("0.001") == 0.001 and isinstance(common.positive()("2"), float)
+    assert common.positive(int)("3") == 3 and common.non_negative()("0") == 0.0 and common.non_negative(int)("0") == 0
+    assert [common.at_least(2)("1000"), common.at_least(1, 3)("1"), common.at_least(1, 3)("3")] == [1000, 1, 3]
+    assert common.checked(str.upper, bool, "x")("yes") == "YES"
+    assert common.list_of(float)(" 65, 1000,,4000 ,") == [65.0, 1000.0, 4000.0]
+    assert common.list_of(str, ["http", "chained"])("chained,http") == ["chained", "http"]
+    for kind, name in ((common.positive(), "float"), (common.positive(int), "int"), (common.non_negative(), "float"),
+                       (common.at_least(2), "int"), (common.list_of(float), "float"),
+                       (common.checked(lambda word: word, bool, "x"), "<lambda>")):
+        assert kind.__name__ == name
+    with pytest.raises(ValueError):
+        common.positive()("fast")
+    with pytest.raises(ValueError):
+        common.at_least(2)("2.5")
+
+    class Unnamed:
+        def __call__(self, word):
+            raise ValueError(word)
+
+    assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
+    assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
+
+
+def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(capsys):
+    parser = common.Parser(prog="t")
+    default = [65.0, 1000.0, 4000.5]
+    common.add_list(parser, "--speeds", float, default, "decode speeds")
+    common.add_list(parser, "--designs", str, ("http", "chained"), "the designs", choices=["http", "chained", "suspended"])
+    common.add_list(parser, "--seeds", int, None, "seeds", nargs="*")
+    common.add_list(parser, "--tool-times", float, (), "tool times")
+    defaults = parser.parse_args([])
+    assert (defaults.speeds, defaults.designs, defaults.seeds, defaults.tool_times) == (default, ["http", "chained"], None, [])
+    defaults.speeds.append(3.0)
+    assert default == [65.0, 1000.0, 4000.5]  # the default is a copy
+    args = parser.parse_args(["--speeds", "1,2", "3", "--seeds", "--designs", "suspended"])
+    assert (args.speeds, args.seeds, args.designs) == ([1.0, 2.0, 3.0], [], ["suspended"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--designs", "http,v3"])
+    assert "'v3' is not one of http, chained, suspended" in capsys.readouterr().err
+    parser.print_help()
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--speeds SPEEDS [SPEEDS ...] decode speeds, separated by commas or spaces (default 65 1000 4000.5)" in text
+    assert "the designs, separated by commas or spaces (default http chained); choices: http, chained, suspended" in text
+    assert "--seeds [SEEDS ...] seeds, separated by commas or spaces --tool-times" in text
+    assert "tool times, separated by commas or spaces" in text and "(default )" not in text
+
+
+# --- the run folders --------------------------------------------------------------------------------------
+
+
+def test_a_run_folder_is_numbered_from_2_in_the_same_second_and_leaves_no_temporary_link(tmp_path):
+    now = datetime.datetime(2026, 11, 12, 13, 14, 15)
+    base = tmp_path / "deep" / "compare"
+    names = [common.new_run_folder(base, now).name for _ in range(3)]
+    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
+    assert os.readlink(base / "latest") == "20261112-131415-3"
+    assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]
+
+
+def test_a_run_folder_replaces_a_left_over_temporary_link_and_takes_the_clock_by_default(tmp_path):
+    left_over = tmp_path / f".latest.{os.getpid()}"
+    left_over.symlink_to("nowhere")
+    before = datetime.datetime.now().replace(microsecond=0)
+    folder = common.new_run_folder(str(tmp_path))
+    assert before <= datetime.datetime.strptime(folder.name, "%Y%m%d-%H%M%S") <= datetime.datetime.now()
+    assert folder.is_dir() and folder.parent == tmp_path
+    assert os.readlink(tmp_path / "latest") == folder.name and not left_over.is_symlink()
+    left_over.write_text("a file left over")
+    second = common.new_run_folder(tmp_path, datetime.datetime(2000, 1, 1))
+    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000"
+    assert not left_over.exists()

@@ -762,6 +762,7 @@ def test_the_runner_options_their_defaults_and_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "sweep runner:" in text and "--cluster ADDRESS" in text and "(default: one per core; 1: in this process)" in text
     assert all(option in text for option in ("--jobs", "--in-process", "--no-cache"))
+    assert "one run at a time" in text and "tcp://host:8786" in text and "results cache" in text
 
 
 def test_the_runner_from_the_command_line(tmp_path, monkeypatch):

@@ -183,38 +183,6 @@ def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
     assert str(runs[1]) in capsys.readouterr().out
 
 
-def demo_blocks(capsys, argv) -> dict[str, str]:
-    """`python -m prototype demo` run with `argv`: each design's printed block, by design."""
-    assert cli_main(["demo", *argv]) == 0
-    blocks = capsys.readouterr().out.split("\n== ")[1:]
-    return {block.split(":", 1)[0]: block for block in blocks}
-
-
-@pytest.mark.parametrize("hosted, seconds", [([], {"suspended": "1.279", "chained": "1.320"}),
-                                             (["--hosted"], {"suspended": "2.338", "chained": "2.379"})])
-def test_demo_gives_each_design_the_same_times_in_either_order(hosted, seconds, capsys):
-    # Each design runs on a fresh server: the second one does not find the prompt in the first one's prefix cache.
-    first = demo_blocks(capsys, ["--designs", "suspended,chained", *hosted])
-    second = demo_blocks(capsys, ["--designs", "chained,suspended", *hosted])
-    assert list(first) == ["suspended", "chained"] and list(second) == ["chained", "suspended"]
-    assert first == second
-    assert {design: block.split(" in ", 1)[1].split(" s ")[0] for design, block in first.items()} == seconds
-
-
-def test_demo_says_what_the_sampling_loop_does(capsys):
-    blocks = demo_blocks(capsys, ["--hosted"])
-    suspended, chained = blocks["suspended"], blocks["chained"]
-    # Three turns: two tool calls, then the answer; each tool turn starts with a hosted search.
-    assert suspended.count("response.done                          blocked at the tool-call point, awaiting response.append") == 2
-    assert suspended.count("C->S response.append                        answered by response.append: the loop resumes") == 2
-    assert suspended.count("a new request") == 1
-    assert chained.count("a new request") == 3
-    assert chained.count("ends at the tool-call point; kept in the connection's cache") == 2
-    for block in (suspended, chained):
-        assert block.count("answered by the hosted tool service: the loop resumes") == 2
-        assert block.count("the model answered: the sampling loop ends") == 1
-
-
 def compare_printout(capsys, tmp_path, *options: str) -> str:
     assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
     return capsys.readouterr().out

@@ -159,17 +159,6 @@ def test_list_options_take_commas_or_spaces(words):
     assert parser.parse_args([]).designs == ["http", "chained", "suspended"]  # the default is untouched
 
 
-def test_a_new_run_folder_each_time_and_latest_points_at_the_newest(tmp_path):
-    now = datetime.datetime(2026, 1, 2, 3, 4, 5)
-    first = common.new_run_folder(tmp_path / "x", now)
-    (first / "a.csv").write_text("first")
-    second = common.new_run_folder(tmp_path / "x", now)  # the same second: a suffix, not the same folder
-    assert (first.name, second.name) == ("20260102-030405", "20260102-030405-2")
-    assert (first / "a.csv").read_text() == "first"
-    assert (tmp_path / "x" / "latest").resolve() == second.resolve()
-    assert (tmp_path / "x" / "latest").readlink().name == second.name  # relative: the folder can move
-
-
 @pytest.mark.slow
 def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
@@ -632,13 +621,16 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
 # --- the run folders --------------------------------------------------------------------------------------
 
 
-def test_a_run_folder_is_numbered_from_2_in_the_same_second_and_leaves_no_temporary_link(tmp_path):
+def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
     now = datetime.datetime(2026, 11, 12, 13, 14, 15)
     base = tmp_path / "deep" / "compare"
-    names = [common.new_run_folder(base, now).name for _ in range(3)]
+    first = common.new_run_folder(base, now)
+    (first / "a.csv").write_text("first")
+    names = [first.name] + [common.new_run_folder(base, now).name for _ in range(2)]
     assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
-    assert os.readlink(base / "latest") == "20261112-131415-3"
-    assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]
+    assert (first / "a.csv").read_text() == "first"
+    assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
+    assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
 
 
 def test_a_run_folder_replaces_a_left_over_temporary_link_and_takes_the_clock_by_default(tmp_path):

@@ -1,8 +1,8 @@
-"""`python -m prototype compare` held to exact values, in-process (prototype/cli/compare.py): the printed table
-and its legend, the options, the configuration each option gives, the parameters printed, the files written,
-the results cache's line, the refusals, and the real engine's path with its engine replaced by a stand-in.
-The figure is drawn by a stand-in that records its arguments (matplotlib takes seconds; tests/test_figures.py
-draws it)."""
+"""`python -m prototype compare`, in-process (prototype/cli/compare.py): the printed table and its legend, the
+headline against http, the options, the configuration each option gives, the parameters printed, the files
+written, the results cache's line, the refusals, and the real engine's path with its engine replaced by a
+stand-in. The figure is drawn by a stand-in that records its arguments (matplotlib takes seconds;
+tests/test_figure_drawing.py draws it)."""
 
 from __future__ import annotations
 
@@ -187,35 +187,20 @@ def test_the_options_defaults():
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
 
 
-def test_each_option_says_what_it_does():
+def test_each_options_help_names_its_default_and_what_it_takes():
     parser = common.Parser(prog="c")
     compare.add_arguments(parser)
-    helps = {a.dest: a.help for a in parser._actions}
-    assert {dest: helps[dest] for dest in (
-        "tasks", "seed", "preset", "trace", "latency", "speeds", "designs", "rtt_ms", "turns", "out", "real", "vllm_parallel",
-        "reconnect", "wide")} == {
-        "tasks": "tasks per design and speed (default 10; with --trace, all; with --engine vllm, 3)",
-        "seed": "workload seed: the same seed gives the same tasks (default 0)",
-        "preset": ("workload preset: coding, compact, chat, long (default coding), or a preset JSON file (calibrate "
-                   "--preset-out); with --engine vllm the default is chat with 3 turns a task (minutes on a CPU), --preset "
-                   "coding on request"),
-        "trace": "replay a trace's tasks instead of a preset (file or folder of Codex rollouts)",
-        "latency": "latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate",
-        "speeds": "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's), separated by commas or spaces",
-        "designs": ("designs to run (http-stored: http that chains previous_response_id through the store), separated by "
-                    "commas or spaces (default http chained suspended); choices: http, http-stored, chained, suspended"),
-        "rtt_ms": "network round-trip time between client and server in ms (default 20)",
-        "turns": "fix the number of turns per task (default: drawn from the preset)",
-        "out": "write into this folder (default: a new results/compare/<timestamp>/, with results/compare/latest pointing at it)",
-        "real": ("real time over loopback sockets instead of virtual time (use a small configuration: e.g. --tasks 1 "
-                 "--turns 3 --speeds 1000)"),
-        "vllm_parallel": ("with --engine vllm: run the designs at once, each on a vLLM worker of its own (a third of the wall "
-                          "time; the engine's counters stay exact per design, but the designs share the CPU, so their times "
-                          "are not each design's alone)"),
-        "reconnect": ("how the clients recover from a lost connection (prototype/client/reconnect.py; default codex, the agent "
-                      "client, which continues a task past the 60-minute limit on a new connection)"),
-        "wide": "print every column of compare.csv (default: the first seven)",
-    }
+    helps = " ".join(action.help for action in parser._actions)
+    for fact in ("tasks per design and speed (default 10; with --trace, all;", "with --engine vllm, 3)", "(default 0)",
+                 "coding, compact, chat, long (default coding)", "(calibrate --preset-out); with --engine vllm the default is",
+                 "chat with 3 turns a task", "folder of Codex rollouts", "calibrate --latency-out",
+                 "(default 65 1000 4000; with --latency, the profile's)", "chains previous_response_id through the store",
+                 "(default http chained suspended); choices: http, http-stored, chained, suspended", "in ms (default 20)",
+                 "(default: drawn from the preset)", "results/compare/<timestamp>/", "results/compare/latest pointing at it",
+                 "real time over loopback sockets", "--tasks 1 --turns 3 --speeds 1000", "a vLLM worker of its own",
+                 "(a third of the wall time;", "the CPU, so their times", "lost connection (prototype/client/reconnect.py; default codex",
+                 "past the 60-minute limit", "(default: the first seven)"):
+        assert fact in helps, fact
 
 
 @pytest.mark.parametrize("argv, says", [

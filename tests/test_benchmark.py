@@ -1,5 +1,4 @@
-"""The side-by-side benchmark held to exact values (prototype/benchmark.py): a rollout's per-turn phases and task
-row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
+"""The side-by-side benchmark (prototype/benchmark.py): a rollout's per-turn phases and task row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
 what a trace's task list replays, and the runs themselves under virtual time (one after another, open-loop at
 the tasks' arrivals, a task that does not complete)."""
 
@@ -136,17 +135,23 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_to
     assert summary["calls_per_tool_turn"] == 3.0
 
 
-def test_per_turn_and_ratio_of_nothing_are_nan():
-    assert math.isnan(benchmark._per_turn([{"turns": 0, "x": 1.0}], "x"))
-    assert benchmark._per_turn([{"turns": 1, "x": 2.0}, {"turns": 3, "x": 6.0}], "x") == 5.0
-    assert math.isnan(benchmark._ratio([{}], "a", "b"))
-    assert benchmark._ratio([{"a": 1, "b": 4}, {"b": 4}], "a", "b") == 0.125
+def test_the_summary_of_tasks_without_turns_or_counts_has_no_per_turn_figure_and_counts_absent_tokens_as_zero():
+    [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
+    assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
+    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, cached_tokens=1, input_tokens=4),
+            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, input_tokens=4)]
+    del rows[1]["cached_tokens"]
+    [summary] = benchmark.summarize(rows, intervals=False)
+    assert (summary["bytes_sent_per_turn"], summary["cached_share"]) == (5.0, 0.125)
 
 
-def test_a_reconnect_policy_is_described_by_its_retries_backoff_and_fallback():
-    assert benchmark._describe_policy(OPENAI_PYTHON) == "openai-python: 5 retries, backoff 0.5 s x2"
-    assert benchmark._describe_policy(CODEX) == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
-    assert benchmark._describe_policy(NEVER) == "never: never"
+@pytest.mark.parametrize("policy, described", [
+    (OPENAI_PYTHON, "openai-python: 5 retries, backoff 0.5 s x2"), (CODEX, "codex: 5 retries, backoff 0.2 s x2 then HTTP"),
+    (NEVER, "never: never"),
+])
+def test_the_parameters_describe_the_reconnect_policy_by_its_retries_backoff_and_fallback(policy, described):
+    rows = {name: value for name, value, _ in benchmark.parameters(benchmark.BenchConfig(reconnect=policy))}
+    assert rows["client reconnects"] == described
 
 
 DEFAULT_ROWS = [
@@ -202,11 +207,6 @@ def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latenc
     assert rows["http connections"][0] == "new per request"
     assert rows["delta coalescing"][0] == "25 ms"
     assert rows["client reconnects"][0] == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
-
-
-def test_the_parameters_of_a_before_the_sprint_profile_add_its_costs():
-    rows = benchmark.parameters(benchmark.BenchConfig(sprint=BEFORE_SPRINT))
-    assert rows == DEFAULT_ROWS + ApiCosts().describe() + SprintCosts().describe()
 
 
 def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
@@ -272,10 +272,10 @@ def test_a_configurations_tasks_are_its_list_or_the_seeded_preset():
 
 def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_ttl():
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
-                                   sprint=BEFORE_SPRINT)
+                                   sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)
     assert server.config.suspension_ttl == 3600.0
-    assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, config.costs)
+    assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, ApiCosts(post=0.125))
     assert server.api.latency.prefill_tokens_per_s == 1234.0
     assert server.api.http_affinity == 0.5
     engine = server.api.engine
@@ -387,11 +387,6 @@ def test_a_design_run_in_real_time_runs_over_loopback_and_one_in_virtual_time_do
     benchmark.DesignRun("chained", 65.0, config, real=True).records()
     benchmark.DesignRun("http", 4000.0, config).records()
     assert calls == [("real", "chained", 65.0, config), ("virtual", "http", 4000.0, config)]
-
-
-def test_the_benchmarks_server_charges_the_configurations_costs():
-    costs = ApiCosts(post=0.125)
-    assert benchmark.bench_server(benchmark.BenchConfig(costs=costs)).api.costs is costs
 
 
 def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):

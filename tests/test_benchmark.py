@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from prototype import benchmark, sweep, virtual, workload
-from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts
+from prototype.api.costs import BEFORE_SPRINT, ApiCosts
 from prototype.api.workloads import WorkloadCatalog
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import RolloutRecord, TurnRecord

@@ -22,6 +22,7 @@ from prototype import workload as wl
 from prototype.api.costs import ApiCosts
 from prototype.cli import common
 from prototype.cli.compare import compare_point
+from tests.conftest import REPO
 
 CALLS: list[Toy] = []
 
@@ -644,10 +645,6 @@ def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypat
 # --- functions a grid runs, the cache's files, the executors and the runner's options ---------------
 
 
-def test_a_function_of_a_module_is_itself():
-    assert sweep.importable(analysis.format_value) is analysis.format_value
-
-
 def a_script_function():
     def format_value(value):
         return value
@@ -657,20 +654,22 @@ def a_script_function():
     return format_value
 
 
-def test_a_function_of_a_script_run_with_python_m_is_taken_from_its_module(monkeypatch):
+def test_a_grid_runs_a_modules_function_and_a_python_m_scripts_from_its_module(monkeypatch):
+    assert sweep.importable(analysis.format_value) is analysis.format_value
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
     assert sweep.importable(a_script_function()) is analysis.format_value
+    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    assert runner.map(a_script_function(), [1.5]) == ["1.500"]  # analysis.format_value, not the script's copy
 
 
-@pytest.mark.parametrize("spec", [None, types.SimpleNamespace(name="")])
-def test_a_function_of_a_plain_script_is_refused(spec, monkeypatch):
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=spec))
+@pytest.mark.parametrize("main", [types.SimpleNamespace(__spec__=None), types.SimpleNamespace(__spec__=types.SimpleNamespace(name="")),
+                                  types.SimpleNamespace()])
+def test_a_function_of_a_plain_script_is_refused_in_a_grid_and_taken_in_a_measured_run(main, monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", main)
     with pytest.raises(ValueError) as refused:
         sweep.importable(a_script_function())
     assert str(refused.value) == "format_value is defined in a script: run it with `python -m` or move it to a module"
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace())
-    with pytest.raises(ValueError):
-        sweep.importable(a_script_function())
+    assert sweep.measured(a_script_function(), [1.5, 2.5], progress=False) == [1.5, 2.5]
 
 
 def test_the_cache_folder_is_the_environments_else_results_cache(monkeypatch, tmp_path):
@@ -678,34 +677,20 @@ def test_the_cache_folder_is_the_environments_else_results_cache(monkeypatch, tm
     assert sweep.default_cache_dir() == tmp_path / "c"
     assert sweep.Cache().root == tmp_path / "c"
     monkeypatch.setenv("TESTBED_CACHE", "")
-    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache"
+    assert sweep.default_cache_dir() == REPO / "results" / "cache"
     monkeypatch.delenv("TESTBED_CACHE")
-    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache"
-    assert sweep.REPO == sweep.Path(sweep.__file__).resolve().parent.parent
+    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache" and sweep.REPO == REPO
     assert sweep.Cache(str(tmp_path)).root == tmp_path
 
 
-def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path, monkeypatch):
-    made = []
-    mkstemp = sweep.tempfile.mkstemp
-
-    def recording(**kwargs):
-        fd, path = mkstemp(**kwargs)
-        made.append(path)
-        return fd, path
-
-    monkeypatch.setattr(sweep.tempfile, "mkstemp", recording)
+def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path):
     cache = sweep.Cache(tmp_path / "new")  # folders made as needed
     cache.put("abcdef", {"row": 1})
-    assert sorted(p.name for p in (tmp_path / "new" / "ab").iterdir()) == ["abcdef.pickle"]  # the temporary file was renamed
-    [temporary] = made
-    assert os.path.dirname(temporary) == str(tmp_path / "new" / "ab") and temporary.endswith(".tmp")
+    assert sorted(p.name for p in (tmp_path / "new" / "ab").iterdir()) == ["abcdef.pickle"]  # no temporary file left
     assert cache.get("abcdef") == (True, {"row": 1})
     cache.put("abcdef", [2])  # overwritten in place
-    assert cache.get("abcdef") == (True, [2])
     cache.put("ab0", None)
-    assert cache.get("ab0") == (True, None)
-    assert cache.get("zz") == (False, None)
+    assert (cache.get("abcdef"), cache.get("ab0"), cache.get("zz")) == ((True, [2]), (True, None), (False, None))
 
 
 def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
@@ -729,19 +714,14 @@ def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
     assert type(executor) is kind and executor.name == name
 
 
-def test_a_cluster_gives_dask_at_its_address_with_the_jobs_asked_for():
+def test_a_cluster_gives_dask_at_its_address_and_processes_default_to_one_per_core(monkeypatch):
     executor = sweep.executor_for("tcp://h:8786", 4)
-    assert type(executor) is sweep.Dask
-    assert (executor.address, executor.jobs) == ("tcp://h:8786", 4)
+    assert (type(executor), executor.address, executor.jobs) == (sweep.Dask, "tcp://h:8786", 4)
     assert type(sweep.executor_for("local")) is sweep.Dask
-    assert type(sweep.executor_for()) is sweep.Processes and sweep.executor_for().jobs == (os.cpu_count() or 1)
-
-
-def test_processes_default_to_one_per_core(monkeypatch):
-    monkeypatch.setattr(sweep.os, "cpu_count", lambda: None)
-    assert (sweep.Processes().jobs, sweep.Processes().name) == (1, "1 processes")
-    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 6)
-    assert (sweep.Processes().jobs, sweep.Processes(2).jobs) == (6, 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert (type(sweep.executor_for()), sweep.Processes().jobs, sweep.Processes().name) == (sweep.Processes, 1, "1 processes")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert (sweep.executor_for().jobs, sweep.Processes(2).jobs) == (6, 2)
 
 
 def runner_parser():
@@ -775,11 +755,6 @@ def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
     runner = sweep.runner_from_args(argparse.Namespace(cluster="tcp://x:1", jobs=None, in_process=False, no_cache=False))
     assert type(runner.executor) is sweep.Dask
     assert type(sweep.runner_from_args(runner_parser().parse_args(["--in-process"])).executor) is sweep.InProcess
-
-
-def test_a_measured_run_may_be_any_callable_even_a_scripts(monkeypatch):
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
-    assert sweep.measured(a_script_function(), [1.5, 2.5], progress=False) == [1.5, 2.5]
 
 
 def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
@@ -819,12 +794,6 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
         runner.map(double, [1, 2])
 
 
-def test_a_grid_of_a_python_m_scripts_function_runs_its_modules_function(monkeypatch):
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
-    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
-    assert runner.map(a_script_function(), [1.5]) == ["1.500"]  # analysis.format_value, not the script's copy
-
-
 def test_a_callable_without_a_name_and_no_description_is_shown_as_runs(capsys):
     assert sweep.measured(functools.partial(double), [1]) == [2]
     assert "runs: 100%" in capsys.readouterr().err
@@ -852,7 +821,7 @@ def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypa
             made.append((max_workers, mp_context and mp_context.get_start_method()))
             super().__init__(max_workers, mp_context=mp_context, **kwargs)
 
-    monkeypatch.setattr(sweep.concurrent.futures, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
     pairs = sorted(sweep.Processes(5).map_unordered(parent_pid, [(0, "a"), (1, "b")]))
     assert [(index, config) for index, (config, _) in pairs] == [(0, "a"), (1, "b")]
     # Started by the fork server, not forked from this process (they inherit none of its threads).

@@ -196,16 +196,6 @@ def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_
     assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
 
 
-def test_compare_wide_prints_every_column_and_the_cached_share_legend(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "suspended", "--wide")
-    header = next(line for line in printed.splitlines() if "design" in line and "tok/s" in line)
-    assert header.split("  ")[-4:] == ["reasoning (%)", "searches/task", "calls/tool turn", "reconnects"]
-    assert "cached (%)" in header and "recv/turn (kB)" in header and "e2e p90 (s)" in header
-    assert "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache" in printed
-    assert "v1's default 300 s suspension TTL" in printed and "v1 suspension TTL" in printed
-
-
 # --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
 
 REPO = common.Path(__file__).resolve().parents[1]
@@ -214,8 +204,6 @@ COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
 
 def child_env(tmp_path) -> dict[str, str]:
     """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
-    import os
-
     return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
                 MPLBACKEND="Agg")
 

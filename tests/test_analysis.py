@@ -217,37 +217,26 @@ TAIL = (" Read through the testbed's model, the published gain implies 100 ms of
         "the testbed removes 150 ms, 1.50x that.")
 
 
-def test_a_gain_within_the_tolerance_matches():
-    assert analysis.published_verdict(a_published_row()) == (
-        HEAD + "42% against the published 40% (within 5 points: the testbed matches)." + TAIL)
-    exactly = a_published_row(published_gain=0.25, measured_gain=0.5)
-    assert "(within 25 points: the testbed matches)" in analysis.published_verdict(exactly, tolerance=0.25)
+UP_TO = "an 'up to' figure allows: the published value is a ceiling, not a typical value)."
 
 
-def test_a_larger_gain_overstates_and_a_smaller_one_understates():
-    more = analysis.published_verdict(a_published_row(measured_gain=0.5))
-    assert more == HEAD + "50% against the published 40% (10 points more than published: the testbed overstates this gain)." + TAIL
-    less = analysis.published_verdict(a_published_row(measured_gain=0.3))
-    assert less == HEAD + "30% against the published 40% (10 points less than published: the testbed understates this gain)." + TAIL
-    assert analysis.published_verdict(a_published_row(measured_gain=0.3), ceiling=False) == less
-
-
-def test_each_percentage_is_rounded_from_the_gains_themselves():
-    row = a_published_row(measured_gain=0.6, published_gain=0.8)
-    assert analysis.published_verdict(row).startswith(HEAD + "60% against the published 80% (20 points less than published")
-    assert analysis.published_verdict(row, tolerance=0.7).startswith(HEAD + "60% against the published 80% (within 70 points")
-    assert "(20 points less, which an 'up to'" in analysis.published_verdict(row, ceiling=True)
-    far = a_published_row(measured_gain=0.2, published_gain=0.8)  # 60 points below, not 61
-    assert "(60 points less than published: the testbed understates" in analysis.published_verdict(far)
-    assert "(60 points less, which an 'up to' figure allows" in analysis.published_verdict(far, ceiling=True)
-    over = a_published_row(measured_gain=0.8, published_gain=0.2)
-    assert analysis.published_verdict(over).startswith(HEAD + "80% against the published 20% (60 points more than published")
-
-
-def test_a_smaller_gain_under_an_up_to_figure_is_allowed():
-    assert analysis.published_verdict(a_published_row(measured_gain=0.3), ceiling=True) == (
-        HEAD + "30% against the published 40% (10 points less, which an 'up to' figure allows: the published value is "
-        "a ceiling, not a typical value)." + TAIL)
+@pytest.mark.parametrize("changes, options, middle", [
+    ({}, {}, "42% against the published 40% (within 5 points: the testbed matches)."),
+    ({"published_gain": 0.25, "measured_gain": 0.5}, {"tolerance": 0.25}, "50% against the published 25% (within 25 points: the testbed matches)."),
+    ({"measured_gain": 0.5}, {}, "50% against the published 40% (10 points more than published: the testbed overstates this gain)."),
+    ({"measured_gain": 0.3}, {}, "30% against the published 40% (10 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.3}, {"ceiling": False}, "30% against the published 40% (10 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.3}, {"ceiling": True}, "30% against the published 40% (10 points less, which " + UP_TO),
+    # Each percentage rounded from the gains themselves: 60 points below, not 61.
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {}, "60% against the published 80% (20 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {"tolerance": 0.7}, "60% against the published 80% (within 70 points: the testbed matches)."),
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {"ceiling": True}, "60% against the published 80% (20 points less, which " + UP_TO),
+    ({"measured_gain": 0.2, "published_gain": 0.8}, {}, "20% against the published 80% (60 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.2, "published_gain": 0.8}, {"ceiling": True}, "20% against the published 80% (60 points less, which " + UP_TO),
+    ({"measured_gain": 0.8, "published_gain": 0.2}, {}, "80% against the published 20% (60 points more than published: the testbed overstates this gain)."),
+])
+def test_the_verdict_compares_the_gains_in_whole_points_against_the_tolerance(changes, options, middle):
+    assert analysis.published_verdict(a_published_row(**changes), **options) == HEAD + middle + TAIL
 
 
 def test_a_ttft_row_speaks_of_the_first_token_and_a_zero_implied_overhead_is_infinitely_exceeded():
@@ -256,18 +245,18 @@ def test_a_ttft_row_speaks_of_the_first_token_and_a_zero_implied_overhead_is_inf
     assert sentence.endswith("implies 0 ms of removable overhead per first token; the testbed removes 150 ms, infx that.")
 
 
-def test_the_verdict_and_the_calibration_comparison_are_added_when_given():
+@pytest.mark.parametrize("changes, added", [
+    ({"verdict": "agrees"}, " Under the experiment's one verdict rule the row agrees."),
+    ({"verdict": "disagrees"}, " Under the experiment's one verdict rule the row disagrees."),
+    ({"verdict": "unknown"}, ""),
+    ({"implied_vs_calibration": "-"}, ""),
+    ({"implied_vs_calibration": "calibration"}, " This is the calibration row: the default cost knobs were chosen near it, so "
+                                                "agreement here confirms nothing; it anchors the other rows."),
+    ({"implied_vs_calibration": "3.2x DISAGREES"}, " Against the calibration row's implied overhead it is 3.2x: outside the "
+     "agreement band, so this figure and the calibration figure cannot both hold under one set of knobs of the testbed's model."),
+    ({"implied_vs_calibration": "1.1x agrees"}, " Against the calibration row's implied overhead it is 1.1x: inside the "
+                                                "agreement band, consistent with one set of knobs."),
+])
+def test_the_verdict_and_the_calibration_comparison_are_added_when_given(changes, added):
     base = HEAD + "42% against the published 40% (within 5 points: the testbed matches)." + TAIL
-    assert analysis.published_verdict(a_published_row(verdict="agrees")) == base + " Under the experiment's one verdict rule the row agrees."
-    assert analysis.published_verdict(a_published_row(verdict="disagrees")) == base + " Under the experiment's one verdict rule the row disagrees."
-    assert analysis.published_verdict(a_published_row(verdict="unknown")) == base
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="calibration")) == base + (
-        " This is the calibration row: the default cost knobs were chosen near it, so agreement here confirms nothing; "
-        "it anchors the other rows.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="3.2x DISAGREES")) == base + (
-        " Against the calibration row's implied overhead it is 3.2x: outside the agreement band, so this figure and the "
-        "calibration figure cannot both hold under one set of knobs of the testbed's model.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="1.1x agrees")) == base + (
-        " Against the calibration row's implied overhead it is 1.1x: inside the agreement band, consistent with one "
-        "set of knobs.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="-")) == base
+    assert analysis.published_verdict(a_published_row(**changes)) == base + added

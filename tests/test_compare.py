@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import textwrap
 import types
 from pathlib import Path
@@ -155,11 +154,6 @@ def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
         "  " + "short".ljust(44) + " " + "one".ljust(44) + " src\n"
         "  " + "long".ljust(44) + " " + ("word " * 9).strip().ljust(44) + " its source\n"
         "  " + "".ljust(44) + " " + ("word " * 3).strip() + "\n")
-
-
-def test_a_number_cell_is_a_dash_for_none_or_nan():
-    cell = compare._number("{:.1f}", 100)
-    assert (cell(0.125), cell(None), cell(math.nan), compare._number("{:.2f}")(2)) == ("12.5", "-", "-", "2.00")
 
 
 # --- the options and the configuration ---------------------------------------------------------------------

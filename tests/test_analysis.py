@@ -162,6 +162,10 @@ def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same
         {**r, "e2e_s": rows[i]["e2e_s"] / 2} for i, r in enumerate(rows[3:])]
     twice = analysis.sweep_table(halved, "tok_s")[1]
     assert (twice["gain_vs_http_low"], twice["gain_vs_http"], twice["gain_vs_http_high"]) == (0.5, 0.5, 0.5)
+    two = analysis.sweep_table([r for r in rows if r["task"] != "t2"], "tok_s")[1]  # two tasks are enough for an interval
+    assert 0.3 - 1e-9 <= two["gain_vs_http_low"] < two["gain_vs_http_high"] <= 0.5
+    one = analysis.sweep_table([r for r in rows if r["task"] == "t0"], "tok_s")[1]
+    assert one["gain_vs_http"] == 0.5 and math.isnan(one["gain_vs_http_low"]) and math.isnan(one["gain_vs_http_high"])
 
 
 def test_sweep_table_p50_is_the_median_not_the_mean():

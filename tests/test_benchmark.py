@@ -4,6 +4,7 @@ the tasks' arrivals, a task that does not complete)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import attrs
@@ -430,73 +431,52 @@ class StandInEngine(Engine):
     records: list = attrs.field(factory=list)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_each_design_on_the_real_engine_gets_an_engine_of_its_own_with_its_own_namespace(parallel, monkeypatch):
-    """vLLM replaced by stand-ins: one worker process (or one per design when parallel), an engine per design."""
-    from contextlib import asynccontextmanager
-
+@pytest.fixture
+def vllm_stand_ins(monkeypatch):
+    """vLLM's worker process and engine replaced by stand-ins; what they were asked, in order."""
     events = []
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def worker(spec, *, python=None):
         events.append(("worker", spec.name, python))
         yield f"client-{len(events)}"
 
-    engines = []
-
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def engine(spec, *, client, namespace):
-        events.append(("engine", client, namespace.split("-")[0], len(namespace.split("-")[-1])))
-        standin = StandInEngine()
-        standin.records.append(namespace)
-        engines.append((spec, standin))
+        standin = StandInEngine(records=[namespace])
+        events.append(("engine", client, namespace, spec, standin))
         yield standin
 
     monkeypatch.setattr(benchmark, "open_vllm_process", worker)
     monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
+    return events
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_each_design_on_the_real_engine_gets_an_engine_of_its_own_in_the_runs_namespace(parallel, vllm_stand_ins):
+    options = {"parallel": True} if parallel else {}  # one worker by default, one per design when parallel
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
-    options = {"parallel": True} if parallel else {}  # one worker by default
-    results = benchmark.run_designs_on_vllm(["chained", "http"], config, TINY_CPU, python="/p/python", decode_tps=4000.0,
-                                            **options)
-    assert [spec for spec, _ in engines] == [TINY_CPU, TINY_CPU]
-    assert all(standin.stats.model_calls == 2 for _, standin in engines)  # each design's calls on its own engine
-    assert list(results) == ["chained", "http"]
-    for design, (records, calls) in results.items():
-        assert [(r.design, r.status) for r in records] == [({"http": "http-stateless"}.get(design, design), "completed")]
-        [namespace] = calls
-        assert namespace.startswith(f"{design}-")
-    namespaces = {calls[0].split("-", 1)[1] for _, calls in results.values()}
-    assert len(namespaces) == 1  # one run: the same suffix for both designs
-    workers = [e for e in events if e[0] == "worker"]
-    engines = sorted((e[2], e[3]) for e in events if e[0] == "engine")
-    assert engines == [("chained", 8), ("http", 8)]
-    if parallel:  # a worker of its own per design
-        assert workers == [("worker", "tiny-llama-cpu", "/p/python")] * 2
-        assert len({e[1] for e in events if e[0] == "engine"}) == 2
-    else:
-        assert events == [("worker", "tiny-llama-cpu", "/p/python"), ("engine", "client-1", "chained", 8),
-                          ("engine", "client-1", "http", 8)]
+    results = benchmark.run_designs_on_vllm(["chained", "http"], config, TINY_CPU, python="/p/python", decode_tps=4000.0, **options)
+    assert {design: [(r.design, r.status) for r in records] for design, (records, _) in results.items()} == {
+        "chained": [("chained", "completed")], "http": [("http-stateless", "completed")]}
+    engines = [e for e in vllm_stand_ins if e[0] == "engine"]
+    assert [(spec, standin.stats.model_calls) for *_, spec, standin in engines] == [(TINY_CPU, 2)] * 2  # each design's own
+    # Each design's calls under its own name and one suffix for the run (vLLM's prefix cache is not shared across them).
+    [chained], [http] = results["chained"][1], results["http"][1]
+    assert chained.startswith("chained-") and http == "http-" + chained.removeprefix("chained-") and len(http) == 13
+    workers = [e for e in vllm_stand_ins if e[0] == "worker"]
+    assert workers == [("worker", "tiny-llama-cpu", "/p/python")] * (2 if parallel else 1)
+    assert len({client for _, client, *_ in engines}) == (2 if parallel else 1)
 
 
-def test_the_real_engine_over_a_running_worker_uses_its_pipes(monkeypatch):
-    from contextlib import asynccontextmanager
-
-    seen = []
-
-    @asynccontextmanager
+def test_the_real_engine_over_a_running_worker_uses_its_pipes(monkeypatch, vllm_stand_ins):
+    @contextlib.asynccontextmanager
     async def over_fds(process):
-        seen.append(process)
+        vllm_stand_ins.append(("piped", process))
         yield "piped"
 
-    @asynccontextmanager
-    async def engine(spec, *, client, namespace):
-        seen.append(client)
-        yield StandInEngine()
-
     monkeypatch.setattr(benchmark.VllmClient, "over_fds", over_fds)
-    monkeypatch.setattr(benchmark, "open_vllm_process", lambda *a, **k: pytest.fail("a new worker started"))
-    monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
     results = benchmark.run_designs_on_vllm(["suspended"], config, TINY_CPU, worker="the-worker", parallel=True)
-    assert seen == ["the-worker", "piped"]
-    assert [r.status for r in results["suspended"][0]] == ["completed"] and results["suspended"][1] == []
+    assert [e[:2] for e in vllm_stand_ins] == [("piped", "the-worker"), ("engine", "piped")]  # no new worker
+    assert [r.status for r in results["suspended"][0]] == ["completed"] and len(results["suspended"][1]) == 1

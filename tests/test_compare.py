@@ -1,14 +1,16 @@
-"""`python -m prototype compare`, in-process (prototype/cli/compare.py): the printed table and its legend, the
-headline against http, the options, the configuration each option gives, the parameters printed, the files
-written, the results cache's line, the refusals, and the real engine's path with its engine replaced by a
-stand-in. The figure is drawn by a stand-in that records its arguments (matplotlib takes seconds;
-tests/test_figure_drawing.py draws it)."""
+"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): the printed table and its legend,
+the headline against http, the options, the configuration each option gives, the parameters printed, the files
+written, the results cache's line, the refusals, the real engine's path with its engine replaced by a stand-in,
+and whole runs as a user starts them (twice, into a closed pipe, with Ctrl-C, failing, with an estimate first).
+Where a test does not look at the figure, a stand-in records what it was asked to draw (matplotlib takes
+seconds; tests/test_figure_drawing.py draws it)."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import os
 import textwrap
 import types
 from pathlib import Path
@@ -547,3 +549,253 @@ def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
     assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
     assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
     assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
+
+
+# --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
+
+
+@pytest.mark.slow
+def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
+    assert cli_main(argv) == 0
+    assert cli_main([*argv[:2], "2", *argv[3:]]) == 0
+    runs = sorted(p for p in (tmp_path / "compare").iterdir() if p.name != "latest")
+    assert len(runs) == 2
+    assert [json.loads((r / "compare.json").read_text())["table"][0]["tasks"] for r in runs] == [1, 2]
+    assert (tmp_path / "compare" / "latest").resolve() == runs[1].resolve()
+    assert str(runs[1]) in capsys.readouterr().out
+
+
+def compare_printout(capsys, tmp_path, *options: str) -> str:
+    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
+    return capsys.readouterr().out
+
+
+def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    lines = printed.splitlines()
+    header = next(line for line in lines if "design" in line and "tok/s" in line)
+    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
+                                                                     "API (%)", "sent/turn (kB)"]
+    table = lines[lines.index(header): lines.index(header) + 3]
+    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
+    assert max(len(line) for line in table) <= 100  # every estimate with its interval
+    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
+    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
+    assert "suspension TTL" not in printed  # v1 did not run
+    assert "results cache" not in printed
+    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
+    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
+
+
+# --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
+
+COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
+
+
+def child_env(tmp_path) -> dict[str, str]:
+    """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
+    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
+                MPLBACKEND="Agg")
+
+
+def run_folders(tmp_path, kind: str = "compare") -> list[str]:
+    """Every entry of results/<kind>/, hidden ones included."""
+    folder = tmp_path / "results" / kind
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    with open(tmp_path / "stderr", "w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
+             "--designs", "http,chained", "--jobs", "1"],
+            stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path), cwd=tmp_path)
+        child.stdout.close()  # `| head -0`: every line compare prints meets a closed pipe
+        assert child.wait(timeout=300) == 0
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    latest = tmp_path / "results" / "compare" / "latest"
+    assert latest.resolve().name == folder
+    assert sorted(p.name for p in latest.iterdir()) == sorted([*COMPARED, "trace_chained.json", "trace_http.json"])
+    assert len(json.loads((latest / "compare_tasks.json").read_text())) == 2  # both designs' task, complete
+
+
+def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    # 40 tasks of the coding workload at 65 tokens/s: each point runs for many seconds, so the signal finds the grid running.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(tmp_path), cwd=tmp_path, text=True,
+        start_new_session=True)  # a process group of its own, as a terminal's foreground job
+    err = ""
+    while "2 processes]" not in err:  # the progress bar names the worker processes: the grid has started in them
+        char = child.stderr.read(1)
+        assert char, f"compare ended before its progress bar: {err}"
+        err += char
+    os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group, workers included
+    err += child.stderr.read()
+    assert child.wait(timeout=120) == common.INTERRUPTED
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.rstrip("\n").splitlines()[-1] == "python -m prototype compare: interrupted: no results written"
+    assert run_folders(tmp_path) == []  # no folder, no hidden partial one, no `latest`
+    # The worker processes and the fork server end with it.
+    for _ in range(600):
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            break
+        __import__("time").sleep(0.1)
+    else:
+        pytest.fail("processes of the interrupted compare are still running")
+
+
+def test_a_failed_compare_leaves_no_folder_and_latest_on_the_last_complete_run(tmp_path, monkeypatch, capsys):
+    from prototype.engine.vllm_client import PYTHON_ENV
+
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]) == 0
+    (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
+    # Refused after the run began: the long preset's task does not fit the real engine's model.
+    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1"]) == 2
+    assert "context window" in capsys.readouterr().err
+    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
+    with pytest.raises(ZeroDivisionError):
+        cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--no-cache"])
+    assert run_folders(tmp_path) == [complete, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
+
+
+def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_were(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "mine"
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--out", str(out)]
+    assert cli_main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == sorted(COMPARED)
+    # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
+    monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli_main([*argv, "--seed", "1"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]  # no staging folder left beside it
+
+
+def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
+    # The estimate's figures: the task runs of the grid and the sample task, the one nearest the workload's mean length.
+    config = compare.benchmark.BenchConfig(preset="coding", n_tasks=5, seed=0)
+    grid = compare.grid_of(config, ["http", "chained"], [4000.0])
+    turns = [len(task.turns) for task in config.tasks()]
+    nearest = min(turns, key=lambda n: abs(n - sum(turns) / len(turns)))
+    line = compare.estimate(grid, workers=2)
+    assert line.startswith("compare: 10 task runs, roughly ") and " on 2 workers (" in line
+    assert f"one task of {nearest} turns, the workload's mean" in line
+    assert compare.estimate(grid, workers=None).startswith("compare: 10 task runs, roughly ")
+    assert " of CPU (" in compare.estimate(grid, workers=None)
+
+
+def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
+    assert cli_main(argv) == 0
+    first = capsys.readouterr()
+    assert "roughly" not in first.err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = first.err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
+    assert cli_main([*argv, "--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
+    assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
+    assert "roughly" not in capsys.readouterr().err
+
+
+def test_one_task_is_one_task(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1",
+                     "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "\n1 task of the 'coding' workload, virtual time\n" in printed
+    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
+    assert common.plural(1, "task") == "1 task" and common.plural(1000, "task") == "1,000 tasks"
+
+
+# --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------
+
+
+@pytest.fixture
+def two_runs(tmp_path, monkeypatch):
+    """Two compare results folders: http and chained at 4000 tokens/s, and at 1000."""
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    runs = []
+    for speed in ("4000", "1000"):
+        out = tmp_path / f"at{speed}"
+        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained",
+                         "--jobs", "1", "--out", str(out)]) == 0
+        runs.append(out)
+    return runs
+
+
+def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, capsys, monkeypatch):
+    from prototype import sweep
+
+    monkeypatch.setattr(sweep.Runner, "map", lambda *args, **kwargs: pytest.fail("plot ran something"))
+    capsys.readouterr()
+    assert cli_main(["plot", str(two_runs[0])]) == 0
+    printed = capsys.readouterr().out
+    (folder,) = [name for name in run_folders(tmp_path, "plot") if name != "latest"]
+    out = tmp_path / "results" / "plot" / "latest"
+    assert out.resolve().name == folder and sorted(p.name for p in out.iterdir()) == sorted(COMPARED)
+    assert (out / "compare.csv").read_bytes() == (two_runs[0] / "compare.csv").read_bytes()
+    assert json.loads((out / "compare.json").read_text())["table"] == json.loads((two_runs[0] / "compare.json").read_text())["table"]
+    assert f"the 'coding' workload, virtual time; from {two_runs[0]} (2 points)\n" in printed
+    assert f"wrote {tmp_path / 'results' / 'plot' / folder}/compare.csv, compare.json, compare_tasks.json, compare.png in " in printed
+
+
+def test_plot_merges_folders_into_one_table(two_runs, tmp_path):
+    out = tmp_path / "merged"
+    assert cli_main(["plot", *map(str, two_runs), "--out", str(out)]) == 0
+    tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
+    merged = json.loads((out / "compare.json").read_text())
+    assert merged["table"] == tables[1] + tables[0]  # ordered by speed, then design
+    assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
+    assert len(json.loads((out / "compare_tasks.json").read_text())) == 8
+
+
+def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys):
+    docs = REPO / "docs" / "figures"
+    before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
+    capsys.readouterr()
+    assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
+    assert "inside docs/figures/" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before
+    assert cli_main(["plot", str(two_runs[0]), str(two_runs[0]), "--out", str(tmp_path / "x")]) == 2
+    assert "both hold http at 4000 tokens/s" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    summary = json.loads((two_runs[1] / "compare.json").read_text())
+    summary["parameters"] = [[n, "RTT 80 ms" if n == "network" else v, s] for n, v, s in summary["parameters"]]
+    (other / "compare.json").write_text(json.dumps(summary))
+    (other / "compare_tasks.json").write_bytes((two_runs[1] / "compare_tasks.json").read_bytes())
+    assert cli_main(["plot", str(two_runs[0]), str(other), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m prototype plot: error: ") and "different configurations (network: RTT 20 ms" in err
+    assert cli_main(["plot", str(tmp_path / "nothing-here")]) == 2
+    assert capsys.readouterr().err == f"python -m prototype plot: error: {tmp_path / 'nothing-here'} is not a compare results folder (no compare.json)\n"
+    assert not (tmp_path / "x").exists()

@@ -316,6 +316,8 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
         json.dumps(table), rows, "compare.png", out.parent, {"workload": "the 'coding' workload", "clock": "virtual time"})
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
     assert printed.startswith("\n1 task of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
+    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
+    assert common.plural(1000, "task") == "1,000 tasks"
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
@@ -723,16 +725,6 @@ def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(
     assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
     assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
     assert "roughly" not in capsys.readouterr().err
-
-
-def test_one_task_is_one_task(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1",
-                     "--out", str(tmp_path / "out")]) == 0
-    printed = capsys.readouterr().out
-    assert "\n1 task of the 'coding' workload, virtual time\n" in printed
-    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
-    assert common.plural(1, "task") == "1 task" and common.plural(1000, "task") == "1,000 tasks"
 
 
 # --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------

@@ -10,6 +10,7 @@ import concurrent.futures
 import functools
 import os
 import sys
+import tempfile
 import types
 
 import attrs
@@ -673,10 +674,15 @@ def test_the_cache_folder_is_the_environments_else_results_cache(monkeypatch, tm
     assert sweep.Cache(str(tmp_path)).root == tmp_path
 
 
-def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path):
+def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path, monkeypatch):
+    made, mkstemp = [], tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda **kwargs: made.append(mkstemp(**kwargs)) or made[-1])
     cache = sweep.Cache(tmp_path / "new")  # folders made as needed
     cache.put("abcdef", {"row": 1})
     assert sorted(p.name for p in (tmp_path / "new" / "ab").iterdir()) == ["abcdef.pickle"]  # no temporary file left
+    # Written beside the entry (a rename across file systems would fail), named as a temporary if a run dies.
+    [(_, temporary)] = made
+    assert os.path.dirname(temporary) == str(tmp_path / "new" / "ab") and temporary.endswith(".tmp")
     assert cache.get("abcdef") == (True, {"row": 1})
     cache.put("abcdef", [2])  # overwritten in place
     cache.put("ab0", None)

@@ -171,14 +171,16 @@ def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypa
     assert cli_main(argv) == (name, name)
 
 
-def test_the_help_lists_every_subcommand_with_what_it_does(capsys):
+def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     with pytest.raises(SystemExit) as exited:
         cli_main(["--help"])
     assert exited.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = capsys.readouterr().out
     assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
-    for fact in ("serve the Responses API", "on one port", "65, 1000 and 4000 tokens/s", "from results folders",
-                 "without running anything", "under virtual time", "latency fit", "docs/figures/"):
+    for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
+                 "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
+                 "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):
         assert fact in text, fact
 
 
@@ -195,17 +197,19 @@ def engine_parser() -> common.Parser:
     return parser
 
 
-def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model():
+def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(monkeypatch):
     args = engine_parser().parse_args([])
     assert (args.engine, args.vllm_model, args.vllm_python) == ("simulated", "tiny-llama-cpu", None)
     assert engine_options.model_spec(args) is TINY_CPU
     args = engine_parser().parse_args(["--engine", "vllm", "--vllm-model", "llama-3.1-8b-shape", "--vllm-python", "/x/python"])
     assert (args.engine, args.vllm_python) == ("vllm", "/x/python")
     assert engine_options.model_spec(args) is LLAMA_8B_SHAPE
-    text = " ".join(action.help for action in engine_parser()._actions)
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = engine_parser().format_help()
     venv = os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm-venv")
-    for fact in ("simulated: the latency model (default)", "docs/real_engine.md", "(default tiny-llama-cpu;",
-                 "llama-3.1-8b-shape for a GPU", "(default: $TESTBED_VLLM_PYTHON,", f"{venv}/bin/python"):
+    for fact in ("simulated: the latency model (default);", "in its own process with dummy weights, in real time (docs/real_engine.md)\n",
+                 "the model config (default tiny-llama-cpu; llama-3.1-8b-shape for a GPU)\n",
+                 "the interpreter that has vLLM (default: $TESTBED_VLLM_PYTHON,", f"else {venv}/bin/python)\n"):
         assert fact in text, fact
 
 

@@ -171,20 +171,24 @@ def test_the_options_defaults():
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
 
 
-def test_each_options_help_names_its_default_and_what_it_takes():
+def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
     parser = common.Parser(prog="c")
     compare.add_arguments(parser)
-    helps = " ".join(action.help for action in parser._actions)
-    for fact in ("tasks per design and speed (default 10; with --trace, all;", "with --engine vllm, 3)", "(default 0)",
-                 "coding, compact, chat, long (default coding)", "(calibrate --preset-out); with --engine vllm the default is",
-                 "chat with 3 turns a task", "folder of Codex rollouts", "calibrate --latency-out",
-                 "(default 65 1000 4000; with --latency, the profile's)", "chains previous_response_id through the store",
-                 "(default http chained suspended); choices: http, http-stored, chained, suspended", "in ms (default 20)",
-                 "(default: drawn from the preset)", "results/compare/<timestamp>/", "results/compare/latest pointing at it",
-                 "real time over loopback sockets", "--tasks 1 --turns 3 --speeds 1000", "a vLLM worker of its own",
-                 "(a third of the wall time;", "the CPU, so their times", "lost connection (prototype/client/reconnect.py; default codex",
-                 "past the 60-minute limit", "(default: the first seven)"):
-        assert fact in helps, fact
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    for fact in ("(default 10; with --trace, all; with --engine vllm, 3)\n", "the same seed gives the same tasks (default 0)\n",
+                 "coding, compact, chat, long (default coding), or a preset JSON file (calibrate --preset-out); with --engine vllm "
+                 "the default is chat with 3 turns a task (minutes on a CPU), --preset coding on request\n",
+                 "(file or folder of Codex rollouts)\n", "(calibrate --latency-out): prefill rate, overhead, decode rate\n",
+                 "(default 65 1000 4000; with --latency, the profile's), separated by commas",
+                 "chains previous_response_id through the store), separated by commas",
+                 "(default http chained suspended); choices: http, http-stored, chained, suspended\n", "in ms (default 20)\n",
+                 "(default: drawn from the preset)\n", "(default: a new results/compare/<timestamp>/, with results/compare/latest pointing at it)\n",
+                 "instead of virtual time (use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)\n",
+                 "each on a vLLM worker of its own (a third of the wall time;", "but the designs share the CPU, so their times",
+                 "not each design's alone)\n", "(prototype/client/reconnect.py; default codex, the agent client,",
+                 "past the 60-minute limit on a new connection)\n", "print every column of compare.csv (default: the first seven)\n"):
+        assert fact in text, fact
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -194,9 +194,12 @@ def test_the_figures_options_and_the_compare_they_call(tmp_path, monkeypatch, ca
     args = parser.parse_args([])
     assert (args.out, args.smoke, args.no_notebooks) == (str(REPO / "docs" / "figures"), False, False)
     assert figures.REPO == REPO
-    helps = " ".join(action.help for action in parser._actions)
-    for fact in ("(default docs/figures/)", "one 2-turn task per compare point, notebooks in test mode", "only the compare figure"):
-        assert fact in helps, fact
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    for fact in ("written to (default docs/figures/)\n", "one 2-turn task per compare point, notebooks in test mode\n",
+                 "only the compare figure\n", "(JSON files or folders) into --out and rewrite the spans of README.md and docs/*.md\n",
+                 "name every span of README.md and docs/*.md that differs from the data in --out, exit 1 if any\n"):
+        assert fact in text, fact
     seen = []
     monkeypatch.setattr(figures.compare, "run", lambda args: seen.append(args) or 7)
     assert figures._compare(["--out", str(tmp_path), "--tasks", "3"]) == 7

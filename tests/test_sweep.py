@@ -726,7 +726,7 @@ def runner_parser():
     return parser
 
 
-def test_the_runner_options_their_defaults_and_help(capsys):
+def test_the_runner_options_their_defaults_and_help(monkeypatch):
     parser = runner_parser()
     args = parser.parse_args([])
     assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (None, False, None, False)
@@ -734,11 +734,12 @@ def test_the_runner_options_their_defaults_and_help(capsys):
     assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (2, True, "local", True)
     with pytest.raises(SystemExit):
         parser.parse_args(["--jobs", "0"])
-    parser.print_help()
-    text = " ".join(capsys.readouterr().out.split())
-    assert "sweep runner:" in text and "--cluster ADDRESS" in text and "(default: one per core; 1: in this process)" in text
-    assert all(option in text for option in ("--jobs", "--in-process", "--no-cache"))
-    assert "one run at a time" in text and "tcp://host:8786" in text and "results cache" in text
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    assert "\nsweep runner:\n" in text and "--cluster ADDRESS " in text
+    for fact in ("--jobs JOBS", "(default: one per core; 1: in this process)\n", "--in-process", "one run at a time\n",
+                 "a scheduler address (tcp://host:8786) or 'local' for a LocalCluster\n", "--no-cache", "not writing the results cache\n"):
+        assert fact in text, fact
 
 
 def test_the_runner_from_the_command_line(tmp_path, monkeypatch):

@@ -105,10 +105,10 @@ def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(ca
         "e2e mean (s)", "e2e p50 (s)", "vs http (x)", "gain (%)", "TTFT p50 (ms)", "TTFT/http (x)", "API (%)", "sent/turn (kB)",
         "recv/turn (kB)", "cached (%)", "reasoning (%)", "searches/task", "calls/tool turn", "reconnects", "[low, high]"]
     for fact in ("e2e p50 (s): the same, the median task", "gain (%): 1 - total time of this design / total http time",
-                 "TTFT/http (x): this design's TTFT p50 / http's", "server-to-client payload per turn, the same way",
-                 "the share of input tokens found in the engine's prefix cache", "reasoning tokens as a share of output tokens",
-                 "hosted web_search calls per task", "client function calls per turn that ended in calls",
-                 "because one ended before the task did", "60-minute connection limit, or a fault); --reconnect picks the policy"):
+                 "TTFT/http (x): this design's TTFT p50 / http's", "recv/turn (kB): server-to-client payload per turn",
+                 "cached (%): cached_share, the share of input tokens", "reasoning (%): reasoning tokens as a share",
+                 "searches/task: hosted web_search calls", "calls/tool turn: client function calls per turn",
+                 "reconnects: new connections the clients opened", "before the task did (the"):
         assert fact in legend, fact
 
 

@@ -560,19 +560,6 @@ def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
 # --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
 
 
-@pytest.mark.slow
-def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path)
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    assert cli_main([*argv[:2], "2", *argv[3:]]) == 0
-    runs = sorted(p for p in (tmp_path / "compare").iterdir() if p.name != "latest")
-    assert len(runs) == 2
-    assert [json.loads((r / "compare.json").read_text())["table"][0]["tasks"] for r in runs] == [1, 2]
-    assert (tmp_path / "compare" / "latest").resolve() == runs[1].resolve()
-    assert str(runs[1]) in capsys.readouterr().out
-
-
 def compare_printout(capsys, tmp_path, *options: str) -> str:
     assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
     return capsys.readouterr().out

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prog = "python -m prototype.notebook"
     parser = Parser(prog=prog, description=main.__doc__)
-    parser.add_argument("notebooks", nargs="+", help="jupytext py:percent notebooks (notebooks/*.py)")  # pragma: no mutate
+    parser.add_argument("notebooks", nargs="+", help="jupytext py:percent notebooks (notebooks/*.py)")
     args = parser.parse_args(argv)
     if missing := missing_modules():
         print(f"{prog}: error: {', '.join(missing)} not installed: install the notebooks extra "

@@ -79,10 +79,11 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch
     assert exit_info.value.code == 2
 
 
-def test_the_command_lines_help_names_its_argument(capsys) -> None:
+def test_the_command_lines_help_names_its_argument(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     with pytest.raises(SystemExit) as exit_info:
         notebook.main(["--help"])
-    assert exit_info.value.code == 0 and "notebooks" in capsys.readouterr().out
+    assert exit_info.value.code == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
 
 
 def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):

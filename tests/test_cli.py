@@ -1,18 +1,20 @@
 """The command lines as a user meets them (prototype/cli/common.py): abbreviations refused with a
 one-line error, help on every option, lists as `1000,4000` or `1000 4000`, and a new results
-folder per run with a `latest` link, never an overwrite."""
+folder per run with a `latest` link, never an overwrite; the subcommands and the function each runs, the
+`--engine` options, and the parser and range-checked types every command line shares."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import importlib
-import json
+import os
 
 import pytest
 
 from prototype.__main__ import main as cli_main
-from prototype.cli import common, compare
+from prototype.cli import calibrate, common, compare, demo, engine_options, figures, plot, serve
+from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
@@ -156,316 +158,224 @@ def test_list_options_take_commas_or_spaces(words):
     assert parser.parse_args([]).designs == ["http", "chained", "suspended"]  # the default is untouched
 
 
-def test_a_new_run_folder_each_time_and_latest_points_at_the_newest(tmp_path):
-    now = datetime.datetime(2026, 1, 2, 3, 4, 5)
-    first = common.new_run_folder(tmp_path / "x", now)
+# --- the subcommands and the engine options ---------------------------------------------------------------
+
+COMMANDS = {"serve": serve, "compare": compare, "plot": plot, "demo": demo, "calibrate": calibrate, "figures": figures}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypatch):
+    for other, module in COMMANDS.items():
+        monkeypatch.setattr(module, "run", lambda args, other=other: (other, args.command))
+    argv = {"calibrate": ["calibrate", "trace.jsonl"], "plot": ["plot", "results/compare/latest"]}.get(name, [name])
+    assert cli_main(argv) == (name, name)
+
+
+def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
+    for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
+                 "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
+                 "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):
+        assert fact in text, fact
+
+
+def test_without_a_subcommand_the_error_names_it(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
+
+
+def engine_parser() -> common.Parser:
+    parser = common.Parser(prog="t")
+    engine_options.add_engine_arguments(parser)
+    return parser
+
+
+def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(monkeypatch):
+    args = engine_parser().parse_args([])
+    assert (args.engine, args.vllm_model, args.vllm_python) == ("simulated", "tiny-llama-cpu", None)
+    assert engine_options.model_spec(args) is TINY_CPU
+    args = engine_parser().parse_args(["--engine", "vllm", "--vllm-model", "llama-3.1-8b-shape", "--vllm-python", "/x/python"])
+    assert (args.engine, args.vllm_python) == ("vllm", "/x/python")
+    assert engine_options.model_spec(args) is LLAMA_8B_SHAPE
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = engine_parser().format_help()
+    venv = os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm-venv")
+    for fact in ("simulated: the latency model (default);", "in its own process with dummy weights, in real time (docs/real_engine.md)\n",
+                 "the model config (default tiny-llama-cpu; llama-3.1-8b-shape for a GPU)\n",
+                 "the interpreter that has vLLM (default: $TESTBED_VLLM_PYTHON,", f"else {venv}/bin/python)\n"):
+        assert fact in text, fact
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--engine", "sglang"], "argument --engine: invalid choice: 'sglang' (choose from simulated, vllm)"),
+    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
+])
+def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(argv)
+    err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
+    assert err.replace("'llama-3.1-8b-shape', 'tiny-llama-cpu'", "llama-3.1-8b-shape, tiny-llama-cpu") == f"t: error: {says} (see --help)\n"
+
+
+# --- the parser every command line shares -----------------------------------------------------------------
+
+
+def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line(capsys):
+    parser = common.Parser(prog="p")
+    parser.add_argument("--tasks", type=int)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--task", "3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "p: error: unrecognized arguments: --task 3 (see --help)\n"
+    allowing = common.Parser(prog="p", allow_abbrev=True)
+    allowing.add_argument("--tasks", type=int)
+    assert allowing.parse_args(["--task", "3"]).tasks == 3
+
+
+def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand(capsys):
+    parser = common.Parser(prog="top")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("run").add_argument("--n", type=int)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["run", "--n", "1", "--m", "2", "x"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
+    assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
+
+
+def test_unknown_words_the_subcommand_does_not_take_are_left_to_the_top_parser(capsys):
+    parser = common.Parser(prog="top")
+    commands = parser.add_subparsers(dest="command", parser_class=argparse.ArgumentParser)  # plain argparse
+    commands.add_parser("run")
+    assert parser.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--m"])
+    assert capsys.readouterr().err == "top: error: unrecognized arguments: --m (see --help)\n"
+    undestined = common.Parser(prog="top")  # subcommands without a destination
+    undestined.add_subparsers().add_parser("run")
+    assert undestined.parse_known_args(["run", "--m"]) == (argparse.Namespace(), ["--m"])
+    top = common.Parser(prog="top")  # no subcommand given
+    top.add_argument("--n")
+    top.add_subparsers(dest="command").add_parser("run")
+    assert top.parse_known_args(["--n", "1", "--m"]) == (argparse.Namespace(n="1", command=None), ["--m"])
+
+
+def test_the_parser_takes_its_name_as_a_positional_argument_and_fills_a_given_namespace():
+    parser = common.Parser("p")
+    parser.add_argument("--n", type=int)
+    assert parser.prog == "p"
+    namespace = argparse.Namespace(kept=True)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace
+    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
+
+
+# --- the range-checked and list types (their messages on a command line are in the tables above) -----------
+
+
+def refusal(kind, word) -> str:
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        kind(word)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("kind, word, says", [
+    (common.positive(), "-inf", "must be a finite number, not -inf"),
+    (common.non_negative(), "-0.1", "must be at least 0, not -0.1"),
+    (common.at_least(2), "1", "must be at least 2, not 1"),
+    (common.at_least(1, 3), "0", "must be from 1 to 3, not 0"),
+    (common.at_least(1, 3), "4", "must be from 1 to 3, not 4"),
+    (common.checked(str.upper, lambda value: value != "NO", "anything but no"), "no", "must be anything but no, not no"),
+    (common.list_of(float), "65,fast", "'fast' is not a valid float"),
+    (common.list_of(float), ", ,", "', ,' names no value"),
+    (common.list_of(float), "", "'' names no value"),
+    (common.list_of(str, ["http", "chained"]), "http,v3", "'v3' is not one of http, chained"),
+    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2"),
+    (common.list_of(common.positive()), "1,-2", "must be greater than 0, not -2"),  # a value's own message
+])
+def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, says):
+    assert refusal(kind, word) == says
+
+
+def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_messages():
+    assert common.positive()("0.001") == 0.001 and isinstance(common.positive()("2"), float)
+    assert common.positive(int)("3") == 3 and common.non_negative()("0") == 0.0 and common.non_negative(int)("0") == 0
+    assert [common.at_least(2)("1000"), common.at_least(1, 3)("1"), common.at_least(1, 3)("3")] == [1000, 1, 3]
+    assert common.checked(str.upper, bool, "x")("yes") == "YES"
+    assert common.list_of(float)(" 65, 1000,,4000 ,") == [65.0, 1000.0, 4000.0]
+    assert common.list_of(str, ["http", "chained"])("chained,http") == ["chained", "http"]
+    for kind, name in ((common.positive(), "float"), (common.positive(int), "int"), (common.non_negative(), "float"),
+                       (common.at_least(2), "int"), (common.list_of(float), "float"),
+                       (common.checked(lambda word: word, bool, "x"), "<lambda>")):
+        assert kind.__name__ == name
+    with pytest.raises(ValueError):
+        common.positive()("fast")
+    with pytest.raises(ValueError):
+        common.at_least(2)("2.5")
+
+    class Unnamed:
+        def __call__(self, word):
+            raise ValueError(word)
+
+    assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
+    assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
+
+
+def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(capsys):
+    parser = common.Parser(prog="t")
+    default = [65.0, 1000.0, 4000.5]
+    common.add_list(parser, "--speeds", float, default, "decode speeds")
+    common.add_list(parser, "--designs", str, ("http", "chained"), "the designs", choices=["http", "chained", "suspended"])
+    common.add_list(parser, "--seeds", int, None, "seeds", nargs="*")
+    common.add_list(parser, "--tool-times", float, (), "tool times")
+    defaults = parser.parse_args([])
+    assert (defaults.speeds, defaults.designs, defaults.seeds, defaults.tool_times) == (default, ["http", "chained"], None, [])
+    defaults.speeds.append(3.0)
+    assert default == [65.0, 1000.0, 4000.5]  # the default is a copy
+    args = parser.parse_args(["--speeds", "1,2", "3", "--seeds", "--designs", "suspended"])
+    assert (args.speeds, args.seeds, args.designs) == ([1.0, 2.0, 3.0], [], ["suspended"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--designs", "http,v3"])
+    assert "'v3' is not one of http, chained, suspended" in capsys.readouterr().err
+    parser.print_help()
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--speeds SPEEDS [SPEEDS ...] decode speeds, separated by commas or spaces (default 65 1000 4000.5)" in text
+    assert "the designs, separated by commas or spaces (default http chained); choices: http, chained, suspended" in text
+    assert "--seeds [SEEDS ...] seeds, separated by commas or spaces --tool-times" in text
+    assert "tool times, separated by commas or spaces" in text and "(default )" not in text
+
+
+# --- the run folders --------------------------------------------------------------------------------------
+
+
+def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
+    now = datetime.datetime(2026, 11, 12, 13, 14, 15)
+    base = tmp_path / "deep" / "compare"
+    first = common.new_run_folder(base, now)
     (first / "a.csv").write_text("first")
-    second = common.new_run_folder(tmp_path / "x", now)  # the same second: a suffix, not the same folder
-    assert (first.name, second.name) == ("20260102-030405", "20260102-030405-2")
+    names = [first.name] + [common.new_run_folder(base, now).name for _ in range(2)]
+    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
     assert (first / "a.csv").read_text() == "first"
-    assert (tmp_path / "x" / "latest").resolve() == second.resolve()
-    assert (tmp_path / "x" / "latest").readlink().name == second.name  # relative: the folder can move
+    assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
+    assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
 
 
-@pytest.mark.slow
-def test_compare_twice_keeps_both_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path)
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    assert cli_main([*argv[:2], "2", *argv[3:]]) == 0
-    runs = sorted(p for p in (tmp_path / "compare").iterdir() if p.name != "latest")
-    assert len(runs) == 2
-    assert [json.loads((r / "compare.json").read_text())["table"][0]["tasks"] for r in runs] == [1, 2]
-    assert (tmp_path / "compare" / "latest").resolve() == runs[1].resolve()
-    assert str(runs[1]) in capsys.readouterr().out
-
-
-def demo_blocks(capsys, argv) -> dict[str, str]:
-    """`python -m prototype demo` run with `argv`: each design's printed block, by design."""
-    assert cli_main(["demo", *argv]) == 0
-    blocks = capsys.readouterr().out.split("\n== ")[1:]
-    return {block.split(":", 1)[0]: block for block in blocks}
-
-
-@pytest.mark.parametrize("hosted, seconds", [([], {"suspended": "1.279", "chained": "1.320"}),
-                                             (["--hosted"], {"suspended": "2.338", "chained": "2.379"})])
-def test_demo_gives_each_design_the_same_times_in_either_order(hosted, seconds, capsys):
-    # Each design runs on a fresh server: the second one does not find the prompt in the first one's prefix cache.
-    first = demo_blocks(capsys, ["--designs", "suspended,chained", *hosted])
-    second = demo_blocks(capsys, ["--designs", "chained,suspended", *hosted])
-    assert list(first) == ["suspended", "chained"] and list(second) == ["chained", "suspended"]
-    assert first == second
-    assert {design: block.split(" in ", 1)[1].split(" s ")[0] for design, block in first.items()} == seconds
-
-
-def test_demo_says_what_the_sampling_loop_does(capsys):
-    blocks = demo_blocks(capsys, ["--hosted"])
-    suspended, chained = blocks["suspended"], blocks["chained"]
-    # Three turns: two tool calls, then the answer; each tool turn starts with a hosted search.
-    assert suspended.count("response.done                          blocked at the tool-call point, awaiting response.append") == 2
-    assert suspended.count("C->S response.append                        answered by response.append: the loop resumes") == 2
-    assert suspended.count("a new request") == 1
-    assert chained.count("a new request") == 3
-    assert chained.count("ends at the tool-call point; kept in the connection's cache") == 2
-    for block in (suspended, chained):
-        assert block.count("answered by the hosted tool service: the loop resumes") == 2
-        assert block.count("the model answered: the sampling loop ends") == 1
-
-
-def compare_printout(capsys, tmp_path, *options: str) -> str:
-    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
-    return capsys.readouterr().out
-
-
-def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
-    lines = printed.splitlines()
-    header = next(line for line in lines if "design" in line and "tok/s" in line)
-    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
-                                                                     "API (%)", "sent/turn (kB)"]
-    table = lines[lines.index(header): lines.index(header) + 3]
-    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
-    assert max(len(line) for line in table) <= 100  # every estimate with its interval
-    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
-    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
-    assert "suspension TTL" not in printed  # v1 did not run
-    assert "results cache" not in printed
-    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
-    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
-    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
-
-
-def test_compare_wide_prints_every_column_and_the_cached_share_legend(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "suspended", "--wide")
-    header = next(line for line in printed.splitlines() if "design" in line and "tok/s" in line)
-    assert header.split("  ")[-4:] == ["reasoning (%)", "searches/task", "calls/tool turn", "reconnects"]
-    assert "cached (%)" in header and "recv/turn (kB)" in header and "e2e p90 (s)" in header
-    assert "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache" in printed
-    assert "v1's default 300 s suspension TTL" in printed and "v1 suspension TTL" in printed
-
-
-# --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
-
-REPO = common.Path(__file__).resolve().parents[1]
-COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
-
-
-def child_env(tmp_path) -> dict[str, str]:
-    """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
-    import os
-
-    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
-                MPLBACKEND="Agg")
-
-
-def run_folders(tmp_path, kind: str = "compare") -> list[str]:
-    """Every entry of results/<kind>/, hidden ones included."""
-    folder = tmp_path / "results" / kind
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    import subprocess
-    import sys
-
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
-             "--designs", "http,chained", "--jobs", "1"],
-            stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path), cwd=tmp_path)
-        child.stdout.close()  # `| head -0`: every line compare prints meets a closed pipe
-        assert child.wait(timeout=300) == 0
-    err = (tmp_path / "stderr").read_text()
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
-    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    latest = tmp_path / "results" / "compare" / "latest"
-    assert latest.resolve().name == folder
-    assert sorted(p.name for p in latest.iterdir()) == sorted([*COMPARED, "trace_chained.json", "trace_http.json"])
-    assert len(json.loads((latest / "compare_tasks.json").read_text())) == 2  # both designs' task, complete
-
-
-def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    # 40 tasks of the coding workload at 65 tokens/s: each point runs for many seconds, so the signal finds the grid running.
-    child = subprocess.Popen(
-        [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(tmp_path), cwd=tmp_path, text=True,
-        start_new_session=True,  # a process group of its own, as a terminal's foreground job
-        # Ctrl-C's default disposition, as a terminal gives it, even where the tests run as a background job
-        # (which starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    err = ""
-    while "2 processes]" not in err:  # the progress bar names the worker processes: the grid has started in them
-        char = child.stderr.read(1)
-        assert char, f"compare ended before its progress bar: {err}"
-        err += char
-    os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group, workers included
-    err += child.stderr.read()
-    assert child.wait(timeout=120) == common.INTERRUPTED
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert err.rstrip("\n").splitlines()[-1] == "python -m prototype compare: interrupted: no results written"
-    assert run_folders(tmp_path) == []  # no folder, no hidden partial one, no `latest`
-    # The worker processes and the fork server end with it.
-    for _ in range(600):
-        try:
-            os.killpg(child.pid, 0)
-        except ProcessLookupError:
-            break
-        __import__("time").sleep(0.1)
-    else:
-        pytest.fail("processes of the interrupted compare are still running")
-
-
-def test_a_failed_compare_leaves_no_folder_and_latest_on_the_last_complete_run(tmp_path, monkeypatch, capsys):
-    from prototype.engine.vllm_client import PYTHON_ENV
-
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]) == 0
-    (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
-    # Refused after the run began: the long preset's task does not fit the real engine's model.
-    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1"]) == 2
-    assert "context window" in capsys.readouterr().err
-    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
-    with pytest.raises(ZeroDivisionError):
-        cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--no-cache"])
-    assert run_folders(tmp_path) == [complete, "latest"]
-    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
-
-
-def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_were(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "mine"
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--out", str(out)]
-    assert cli_main(argv) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(before) == sorted(COMPARED)
-    # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
-    monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        cli_main([*argv, "--seed", "1"])
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]  # no staging folder left beside it
-
-
-def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
-    # The estimate's figures: the task runs of the grid and the sample task, the one nearest the workload's mean length.
-    config = compare.benchmark.BenchConfig(preset="coding", n_tasks=5, seed=0)
-    grid = compare.grid_of(config, ["http", "chained"], [4000.0])
-    turns = [len(task.turns) for task in config.tasks()]
-    nearest = min(turns, key=lambda n: abs(n - sum(turns) / len(turns)))
-    line = compare.estimate(grid, workers=2)
-    assert line.startswith("compare: 10 task runs, roughly ") and " on 2 workers (" in line
-    assert f"one task of {nearest} turns, the workload's mean" in line
-    assert compare.estimate(grid, workers=None).startswith("compare: 10 task runs, roughly ")
-    assert " of CPU (" in compare.estimate(grid, workers=None)
-
-
-def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    first = capsys.readouterr()
-    assert "roughly" not in first.err
-    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
-    final = first.err.replace("\r", "\n").strip().splitlines()[-1]
-    assert " 4/4 [" in final and "task" in final, final
-    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
-    assert cli_main([*argv, "--seed", "1"]) == 0
-    err = capsys.readouterr().err
-    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
-    assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
-    assert "roughly" not in capsys.readouterr().err
-
-
-def test_preset_help_names_every_preset(capture_parser):
-    from prototype import workload
-
-    parser = built_parser(cli_main, [])
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["compare"]
-    (preset,) = [a for a in sub._actions if "--preset" in a.option_strings]
-    assert all(name in preset.help for name in workload.PRESETS) and "compact" in workload.PRESETS
-
-
-def test_one_task_is_one_task(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1",
-                     "--out", str(tmp_path / "out")]) == 0
-    printed = capsys.readouterr().out
-    assert "\n1 task of the 'coding' workload, virtual time\n" in printed
-    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
-    assert common.plural(1, "task") == "1 task" and common.plural(1000, "task") == "1,000 tasks"
-
-
-# --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------
-
-
-@pytest.fixture
-def two_runs(tmp_path, monkeypatch):
-    """Two compare results folders: http and chained at 4000 tokens/s, and at 1000."""
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    runs = []
-    for speed in ("4000", "1000"):
-        out = tmp_path / f"at{speed}"
-        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained",
-                         "--jobs", "1", "--out", str(out)]) == 0
-        runs.append(out)
-    return runs
-
-
-def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, capsys, monkeypatch):
-    from prototype import sweep
-
-    monkeypatch.setattr(sweep.Runner, "map", lambda *args, **kwargs: pytest.fail("plot ran something"))
-    capsys.readouterr()
-    assert cli_main(["plot", str(two_runs[0])]) == 0
-    printed = capsys.readouterr().out
-    (folder,) = [name for name in run_folders(tmp_path, "plot") if name != "latest"]
-    out = tmp_path / "results" / "plot" / "latest"
-    assert out.resolve().name == folder and sorted(p.name for p in out.iterdir()) == sorted(COMPARED)
-    assert (out / "compare.csv").read_bytes() == (two_runs[0] / "compare.csv").read_bytes()
-    assert json.loads((out / "compare.json").read_text())["table"] == json.loads((two_runs[0] / "compare.json").read_text())["table"]
-    assert f"the 'coding' workload, virtual time; from {two_runs[0]} (2 points)\n" in printed
-    assert f"wrote {tmp_path / 'results' / 'plot' / folder}/compare.csv, compare.json, compare_tasks.json, compare.png in " in printed
-
-
-def test_plot_merges_folders_into_one_table(two_runs, tmp_path):
-    out = tmp_path / "merged"
-    assert cli_main(["plot", *map(str, two_runs), "--out", str(out)]) == 0
-    tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
-    merged = json.loads((out / "compare.json").read_text())
-    assert merged["table"] == tables[1] + tables[0]  # ordered by speed, then design
-    assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
-    assert len(json.loads((out / "compare_tasks.json").read_text())) == 8
-
-
-def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys):
-    docs = REPO / "docs" / "figures"
-    before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
-    capsys.readouterr()
-    assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
-    assert "inside docs/figures/" in capsys.readouterr().err
-    assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before
-    assert cli_main(["plot", str(two_runs[0]), str(two_runs[0]), "--out", str(tmp_path / "x")]) == 2
-    assert "both hold http at 4000 tokens/s" in capsys.readouterr().err
-    other = tmp_path / "other"
-    other.mkdir()
-    summary = json.loads((two_runs[1] / "compare.json").read_text())
-    summary["parameters"] = [[n, "RTT 80 ms" if n == "network" else v, s] for n, v, s in summary["parameters"]]
-    (other / "compare.json").write_text(json.dumps(summary))
-    (other / "compare_tasks.json").write_bytes((two_runs[1] / "compare_tasks.json").read_bytes())
-    assert cli_main(["plot", str(two_runs[0]), str(other), "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("python -m prototype plot: error: ") and "different configurations (network: RTT 20 ms" in err
-    assert cli_main(["plot", str(tmp_path / "nothing-here")]) == 2
-    assert capsys.readouterr().err == f"python -m prototype plot: error: {tmp_path / 'nothing-here'} is not a compare results folder (no compare.json)\n"
-    assert not (tmp_path / "x").exists()
+def test_a_run_folder_replaces_a_left_over_temporary_link_and_takes_the_clock_by_default(tmp_path):
+    left_over = tmp_path / f".latest.{os.getpid()}"
+    left_over.symlink_to("nowhere")
+    before = datetime.datetime.now().replace(microsecond=0)
+    folder = common.new_run_folder(str(tmp_path))
+    assert before <= datetime.datetime.strptime(folder.name, "%Y%m%d-%H%M%S") <= datetime.datetime.now()
+    assert folder.is_dir() and folder.parent == tmp_path
+    assert os.readlink(tmp_path / "latest") == folder.name and not left_over.is_symlink()
+    left_over.write_text("a file left over")
+    second = common.new_run_folder(tmp_path, datetime.datetime(2000, 1, 1))
+    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000"
+    assert not left_over.exists()

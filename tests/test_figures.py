@@ -1,13 +1,22 @@
-"""`python -m prototype figures` at smoke size, into a temporary folder: the command the README
-names regenerates every committed figure; and the figures the docs embed are committed."""
+"""`python -m prototype figures` (prototype/cli/figures.py): at smoke size, into a temporary folder, the command the
+README names regenerates every committed figure, and the figures the docs embed are committed; with its compare run
+and notebooks replaced by stand-ins that write what they would, which files it writes from which runs, with which
+environment, what it prints, and its options."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
 import re
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
+from prototype import headline, notebook
 from prototype.__main__ import main as cli_main
 from prototype.cli import figures
 from tests.conftest import REPO
@@ -48,3 +57,154 @@ def test_the_figures_command_regenerates_every_figure_at_smoke_size(tmp_path, mo
         else:
             assert content[:8] == PNG and 10_000 < len(content) < 400_000, name
     assert (REPO / "README.md").read_text() == readme  # a smoke run's numbers are not quoted
+
+
+# --- the command with its compare run and notebooks replaced by stand-ins -----------------------------------
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """`figures`' compare run and notebooks replaced by stand-ins that write the pictures they would, and record
+    what they were asked and the environment a notebook's kernel would inherit."""
+    calls = {"compare": [], "notebooks": []}
+
+    def compare(argv):
+        calls["compare"].append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "compare.png").write_bytes(b"compare")
+        headline.write(out / "compare.json", {"headline": headline.section("compare", command="c", workload="w", figures={})})
+        return 0
+
+    def execute(path, output):
+        path, output = Path(path), Path(output)
+        env = {name: os.environ.get(name) for name in ("TESTBED_RESULTS", "TESTBED_NOTEBOOK_TEST", "MPLBACKEND")}
+        calls["notebooks"].append((path, output, env))
+        folder = Path(env["TESTBED_RESULTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        picture = figures.NOTEBOOK_PICTURES[figures.NOTEBOOKS.index(path.stem)]
+        (folder / picture).write_bytes(path.stem.encode())
+        if path.stem in figures.NOTEBOOK_DATA:  # the results whose numbers the docs quote
+            name = Path(figures.NOTEBOOK_DATA[path.stem]).stem
+            headline.write(folder / figures.NOTEBOOK_DATA[path.stem],
+                           {"headline": headline.section(name, command=path.stem, workload="w", figures={})})
+        return 1.25
+
+    monkeypatch.setattr(figures, "_compare", compare)
+    monkeypatch.setattr(notebook, "execute_notebook", execute)
+    monkeypatch.setenv("TESTBED_RESULTS", "/kept")
+    monkeypatch.delenv("TESTBED_NOTEBOOK_TEST", raising=False)
+    monkeypatch.setenv("MPLBACKEND", "kept-backend")
+    return calls
+
+
+def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_path, stand_ins, capsys):
+    out = tmp_path / "new" / "figures"
+    assert cli_main(["figures", "--smoke", "--out", str(out)]) == 0
+    [argv] = stand_ins["compare"]
+    scratch = Path(argv[1]).parent
+    assert argv == ["--out", str(scratch / "compare"), "--tasks", "1", "--turns", "2"]
+    assert scratch.name.startswith("figures-") and not scratch.exists()  # the scratch folder is removed
+    data = ["compare.json", "published.json", "notebook_latency_sweeps.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["compare.png", *data, *figures.NOTEBOOK_PICTURES])
+    assert (out / "compare.png").read_bytes() == b"compare"
+    # The data behind the figures: compare's, the published notebook's run of experiments.published, the latency sweep's.
+    assert [headline.load(Path(name).stem, out)["command"] for name in data] == ["c", "published_results", "latency_experiments"]
+    assert [(out / p).read_bytes() for p in figures.NOTEBOOK_PICTURES] == [n.encode() for n in figures.NOTEBOOKS]
+    assert [(path, output) for path, output, _ in stand_ins["notebooks"]] == [
+        (figures.REPO / "notebooks" / f"{name}.py", scratch / f"{name}.ipynb") for name in figures.NOTEBOOKS]
+    assert {str(env) for *_, env in stand_ins["notebooks"]} == {
+        str({"TESTBED_RESULTS": str(scratch / "notebooks"), "TESTBED_NOTEBOOK_TEST": "1", "MPLBACKEND": "Agg"})}
+    # The environment is as it was before.
+    assert (os.environ["TESTBED_RESULTS"], os.environ.get("TESTBED_NOTEBOOK_TEST"), os.environ["MPLBACKEND"]) == (
+        "/kept", None, "kept-backend")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:4] == [f"notebooks/{name}.py: executed in 1.2 s" for name in figures.NOTEBOOKS]
+    written = ", ".join(str(out / p) for p in ("compare.png", "compare.json", "notebook_hosted_tool_timeline.png",
+                                               "notebook_latency_sweeps.png", "notebook_latency_sweeps.json",
+                                               "notebook_published.png", "published.json", "notebook_lanes_and_steering.png"))
+    assert printed[4] == "" and printed[5].startswith(f"wrote {written} in ") and printed[5].endswith(" s")
+    assert len(printed) == 6
+
+
+def test_figures_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, stand_ins, monkeypatch):
+    class Stdout(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.flushed = []
+
+        def flush(self):
+            self.flushed.append(self.getvalue())
+
+    stdout = Stdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    clock = iter([100.0, 102.6])
+    monkeypatch.setattr(figures, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
+    lines = [f"notebooks/{name}.py: executed in 1.2 s\n" for name in figures.NOTEBOOKS]
+    assert [text for text in stdout.flushed if text.endswith(".py: executed in 1.2 s\n")] == [
+        "".join(lines[:i + 1]) for i in range(len(lines))]  # each line reaches a pipe as its notebook ends
+    assert stdout.getvalue().endswith(" in 3 s\n")
+
+
+def test_figures_at_full_size_run_the_default_compare_and_the_notebooks_in_full(tmp_path, stand_ins, capsys):
+    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
+    [argv] = stand_ins["compare"]
+    assert argv == ["--out", argv[1]] and argv[1].endswith("/compare")
+    assert {env["TESTBED_NOTEBOOK_TEST"] for *_, env in stand_ins["notebooks"]} == {"0"}
+
+
+def test_figures_without_notebooks_write_only_the_compare_figure(tmp_path, stand_ins, capsys):
+    assert cli_main(["figures", "--no-notebooks", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
+    assert stand_ins["notebooks"] == []
+    assert capsys.readouterr().out.startswith(f"\nwrote {tmp_path / 'compare.png'}, {tmp_path / 'compare.json'} in ")
+
+
+def test_a_failed_compare_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(figures, "_compare", lambda argv: 2)
+    assert cli_main(["figures", "--out", str(tmp_path / "f")]) == 1
+    assert list((tmp_path / "f").iterdir()) == []
+    assert capsys.readouterr().out == ""
+
+
+def test_without_the_notebook_extra_the_pictures_are_skipped_with_a_message(tmp_path, stand_ins, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "jupytext", None)
+    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("notebook pictures skipped: import of jupytext halted; None in sys.modules "
+                              "(install the notebooks extra: pip install -e '.[notebooks]')\n\nwrote ")
+
+
+def test_a_failing_notebook_still_restores_the_environment(tmp_path, stand_ins, monkeypatch):
+    def fail(path, output):
+        raise RuntimeError("a cell failed")
+
+    monkeypatch.setattr(notebook, "execute_notebook", fail)
+    with pytest.raises(RuntimeError, match="a cell failed"):
+        cli_main(["figures", "--out", str(tmp_path)])
+    assert (os.environ["TESTBED_RESULTS"], os.environ.get("TESTBED_NOTEBOOK_TEST"), os.environ["MPLBACKEND"]) == (
+        "/kept", None, "kept-backend")
+
+
+def test_the_figures_options_and_the_compare_they_call(tmp_path, monkeypatch, capsys):
+    parser = argparse.ArgumentParser()
+    figures.add_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.out, args.smoke, args.no_notebooks) == (str(REPO / "docs" / "figures"), False, False)
+    assert figures.REPO == REPO
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    for fact in ("written to (default docs/figures/)\n", "one 2-turn task per compare point, notebooks in test mode\n",
+                 "only the compare figure\n", "(JSON files or folders) into --out and rewrite the spans of README.md and docs/*.md\n",
+                 "name every span of README.md and docs/*.md that differs from the data in --out, exit 1 if any\n"):
+        assert fact in text, fact
+    seen = []
+    monkeypatch.setattr(figures.compare, "run", lambda args: seen.append(args) or 7)
+    assert figures._compare(["--out", str(tmp_path), "--tasks", "3"]) == 7
+    assert (seen[0].out, seen[0].tasks) == (str(tmp_path), 3)
+    with pytest.raises(SystemExit):
+        figures._compare(["--tasks", "0"])
+    assert capsys.readouterr().err == ("python -m prototype compare: error: argument --tasks: must be at least 1, not 0 "
+                                       "(see --help)\n")

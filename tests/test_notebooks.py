@@ -73,25 +73,6 @@ def test_notebook_runs_as_a_script_with_an_empty_cache(path, folder, tmp_path):
     assert any((tmp_path / "results").glob("notebook_*.png")), "the notebook saves its picture in the results folder"
 
 
-def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):
-    from prototype import notebook
-
-    monkeypatch.setattr(notebook, "NOTEBOOK_MODULES", ("jupytext", "a_module_no_environment_has"))
-    assert notebook.main([str(NOTEBOOKS[0])]) == 2
-    assert capsys.readouterr().err == ("python -m prototype.notebook: error: a_module_no_environment_has not installed: "
-                                       'install the notebooks extra (pip install -e ".[notebooks]")\n')
-    assert notebook.missing_modules() == ["a_module_no_environment_has"]
-
-
-def test_a_table_prints_as_text_outside_a_kernel(capsys):
-    from prototype import notebook
-
-    assert not notebook.in_kernel()
-    notebook.show_markdown("| a |\n| --- |\n| 1 |")
-    notebook.show_image("results/x.png")
-    assert capsys.readouterr().out == "| a |\n| --- |\n| 1 |\npicture: results/x.png\n"
-
-
 # --- the helpers the notebooks draw with (prototype/analysis.py, figures.py) ----------------------
 
 
@@ -100,30 +81,6 @@ def test_every_phase_has_one_colour():
 
     assert set(metrics.SERVER_PHASES) | {analysis.NETWORK_CLIENT, analysis.TOOL} == set(figures.PHASE_COLORS)
     assert set(figures.PHASE_ORDER) == set(figures.PHASE_COLORS)
-
-
-def test_crossover_interpolates_in_log_x():
-    from prototype import analysis
-
-    xs = [100, 1000, 10000]
-    assert analysis.crossover(xs, [1, 1, 1], [4, 2, 0.5]) == pytest.approx(1000 * 10 ** (1 / 1.5))
-    assert analysis.crossover(xs, [1, 1, 1], [4, 3, 2]) is None
-    assert analysis.crossover(xs, [5, 5, 5], [4, 3, 2]) == 100
-
-
-def test_published_verdict_follows_the_numbers():
-    from prototype import analysis
-
-    row = {"result": "up to 40% faster", "metric": "e2e", "compare": "chained vs http", "tok_s": 1000.0,
-           "turns": 20.0, "published_gain": 0.40, "measured_gain": 0.25, "testbed_ms_per_turn": 500.0,
-           "implied_ms_per_turn": 1000.0, "implied_vs_calibration": "4.00x DISAGREES"}
-    text = analysis.published_verdict(row)
-    # "Up to" figures are judged like any other (experiments.published.VERDICT_RULE): 25% does not meet "up to 40%".
-    assert "understates" in text and "0.50x" in text and "cannot both hold" in text
-    text = analysis.published_verdict({**row, "result": "p50 TTFT -28%", "metric": "ttft", "measured_gain": 0.60,
-                                    "implied_vs_calibration": "1.10x agrees"})
-    assert "overstates" in text and "first token" in text and "inside the agreement band" in text
-    assert "matches" in analysis.published_verdict({**row, "measured_gain": 0.42, "implied_vs_calibration": "calibration"})
 
 
 def test_sweep_and_timeline_on_a_tiny_task(tmp_path):

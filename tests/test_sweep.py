@@ -1,20 +1,29 @@
 """The sweep runner (prototype/sweep.py): every executor gives the same rows, a configuration gives the
 same row alone and after any other in the same process, the cache serves what was computed and
-recomputes exactly what a change affects, and never returns a stale row."""
+recomputes exactly what a change affects, and never returns a stale row; its cache folder and files, the
+executor each command-line choice gives, measured runs, and the worker-process and Dask executors."""
 
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
+import functools
+import os
 import sys
+import tempfile
+import types
 
 import attrs
 import pytest
 import trio
 
 from experiments import kv_memory, published
-from prototype import benchmark, sweep, virtual
+from prototype import analysis, benchmark, sweep, virtual
 from prototype import workload as wl
 from prototype.api.costs import ApiCosts
+from prototype.cli import common
 from prototype.cli.compare import compare_point
+from tests.conftest import REPO
 
 CALLS: list[Toy] = []
 
@@ -165,16 +174,6 @@ def test_every_executor_gives_the_same_kv_rows(local_cluster):
             assert [without_wall_time(row) for row in rows] == expected, executor.name
     finally:
         threads.close()
-
-
-@pytest.mark.slow
-def test_dask_workers_running_other_code_are_refused(monkeypatch):
-    # This process claims another code version than the one its worker processes compute.
-    monkeypatch.setattr(sweep, "_default_code_version", lambda: "edited-here")
-    executor = sweep.Dask("local", jobs=1)
-    with pytest.raises(RuntimeError, match="run other code"):
-        executor.client  # noqa: B018 - connecting is what checks
-    assert executor.cluster is None and executor._client is None  # closed again
 
 
 def test_a_second_run_is_served_from_the_cache(tmp_path):
@@ -632,3 +631,259 @@ def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypat
     assert sweep.unguarded_main() is None
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
     assert sweep.unguarded_main() is None
+
+
+# --- functions a grid runs, the cache's files, the executors and the runner's options ---------------
+
+
+def a_script_function():
+    def format_value(value):
+        return value
+
+    format_value.__module__ = "__main__"
+    format_value.__qualname__ = "format_value"
+    return format_value
+
+
+def test_a_grid_runs_a_modules_function_and_a_python_m_scripts_from_its_module(monkeypatch):
+    assert sweep.importable(analysis.format_value) is analysis.format_value
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.analysis")))
+    assert sweep.importable(a_script_function()) is analysis.format_value
+    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    assert runner.map(a_script_function(), [1.5]) == ["1.500"]  # analysis.format_value, not the script's copy
+
+
+@pytest.mark.parametrize("main", [types.SimpleNamespace(__spec__=None), types.SimpleNamespace(__spec__=types.SimpleNamespace(name="")),
+                                  types.SimpleNamespace()])
+def test_a_function_of_a_plain_script_is_refused_in_a_grid_and_taken_in_a_measured_run(main, monkeypatch):
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with pytest.raises(ValueError) as refused:
+        sweep.importable(a_script_function())
+    assert str(refused.value) == "format_value is defined in a script: run it with `python -m` or move it to a module"
+    assert sweep.measured(a_script_function(), [1.5, 2.5], progress=False) == [1.5, 2.5]
+
+
+def test_the_cache_folder_is_the_environments_else_results_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "c"))
+    assert sweep.default_cache_dir() == tmp_path / "c"
+    assert sweep.Cache().root == tmp_path / "c"
+    monkeypatch.setenv("TESTBED_CACHE", "")
+    assert sweep.default_cache_dir() == REPO / "results" / "cache"
+    monkeypatch.delenv("TESTBED_CACHE")
+    assert sweep.default_cache_dir() == sweep.REPO / "results" / "cache" and sweep.REPO == REPO
+    assert sweep.Cache(str(tmp_path)).root == tmp_path
+
+
+def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_characters(tmp_path, monkeypatch):
+    made, mkstemp = [], tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda **kwargs: made.append(mkstemp(**kwargs)) or made[-1])
+    cache = sweep.Cache(tmp_path / "new")  # folders made as needed
+    cache.put("abcdef", {"row": 1})
+    assert sorted(p.name for p in (tmp_path / "new" / "ab").iterdir()) == ["abcdef.pickle"]  # no temporary file left
+    # Written beside the entry (a rename across file systems would fail), named as a temporary if a run dies.
+    [(_, temporary)] = made
+    assert os.path.dirname(temporary) == str(tmp_path / "new" / "ab") and temporary.endswith(".tmp")
+    assert cache.get("abcdef") == (True, {"row": 1})
+    cache.put("abcdef", [2])  # overwritten in place
+    cache.put("ab0", None)
+    assert (cache.get("abcdef"), cache.get("ab0"), cache.get("zz")) == ((True, [2]), (True, None), (False, None))
+
+
+def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
+    cache = sweep.Cache(tmp_path)
+    with pytest.raises(AttributeError, match="Can't pickle local object"):
+        cache.put("abcdef", lambda: None)
+    assert list((tmp_path / "ab").iterdir()) == []
+    assert cache.get("abcdef") == (False, None)
+
+
+@pytest.mark.parametrize("cluster, jobs, in_process, kind, name", [
+    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"),
+    (None, 3, False, sweep.Processes, "3 processes"),
+    (None, 1, False, sweep.InProcess, "in-process"),
+    (None, 3, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
+    ("local", None, True, sweep.InProcess, "in-process"),
+])
+def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
+    executor = sweep.executor_for(cluster, jobs, in_process)
+    assert type(executor) is kind and executor.name == name
+
+
+def test_a_cluster_gives_dask_at_its_address_and_processes_default_to_one_per_core(monkeypatch):
+    executor = sweep.executor_for("tcp://h:8786", 4)
+    assert (type(executor), executor.address, executor.jobs) == (sweep.Dask, "tcp://h:8786", 4)
+    assert type(sweep.executor_for("local")) is sweep.Dask
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert (type(sweep.executor_for()), sweep.Processes().jobs, sweep.Processes().name) == (sweep.Processes, 1, "1 processes")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert (sweep.executor_for().jobs, sweep.Processes(2).jobs) == (6, 2)
+
+
+def runner_parser():
+    parser = common.Parser(prog="t")
+    sweep.add_arguments(parser)
+    return parser
+
+
+def test_the_runner_options_their_defaults_and_help(monkeypatch):
+    parser = runner_parser()
+    args = parser.parse_args([])
+    assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (None, False, None, False)
+    args = parser.parse_args(["--jobs", "2", "--in-process", "--cluster", "local", "--no-cache"])
+    assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (2, True, "local", True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--jobs", "0"])
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    assert "\nsweep runner:\n" in text and "--cluster ADDRESS " in text
+    for fact in ("--jobs JOBS", "(default: one per core; 1: in this process)\n", "--in-process", "one run at a time\n",
+                 "a scheduler address (tcp://host:8786) or 'local' for a LocalCluster\n", "--no-cache", "not writing the results cache\n"):
+        assert fact in text, fact
+
+
+def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    runner = sweep.runner_from_args(runner_parser().parse_args(["--jobs", "1"]))
+    assert type(runner.executor) is sweep.InProcess and runner.cache.root == tmp_path and runner.progress is True
+    runner = sweep.runner_from_args(runner_parser().parse_args(["--no-cache", "--jobs", "5"]), progress=False)
+    assert type(runner.executor) is sweep.Processes and runner.executor.jobs == 5
+    assert runner.cache is None and runner.progress is False
+    runner = sweep.runner_from_args(argparse.Namespace(cluster="tcp://x:1", jobs=None, in_process=False, no_cache=False))
+    assert type(runner.executor) is sweep.Dask
+    assert type(sweep.runner_from_args(runner_parser().parse_args(["--in-process"])).executor) is sweep.InProcess
+
+
+def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    seen = []
+    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]
+    assert seen == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "timing: 100%" in err and "3/3" in err and "0 cached, in-process" in err
+    assert sweep.measured(lambda x: x, [1], progress=False) == [1]
+    assert capsys.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
+    assert sweep.measured(functools.partial(lambda x: 2 * x), [1]) == [2]  # no name, no description
+    assert "runs: 100%" in capsys.readouterr().err
+
+
+def double(x):
+    return 2 * x
+
+
+def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys, tmp_path):
+    class Refusing:
+        name = "refusing"
+
+        def map_unordered(self, fn, jobs):
+            raise AssertionError("the executor ran")
+
+    runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
+    assert runner.map(double, [21]) == [42]
+    assert (runner.cached, runner.executed) == (0, 1)
+    err = capsys.readouterr().err
+    assert "double: 100%" in err and "0 cached, in-process" in err
+    assert runner.map(double, [21, 4]) == [42, 8]  # one cached, the other still in this process
+    assert (runner.cached, runner.executed) == (1, 2)
+    err = capsys.readouterr().err
+    # The bar starts at the cached run (1/2) and counts runs: it ends at 2/2, in runs a second.
+    assert "1 cached, in-process" in err and "| 1/2 [" in err and "| 2/2 [" in err and "run/s" in err
+    with pytest.raises(AssertionError, match="the executor ran"):
+        runner.map(double, [1, 2])
+
+
+# --- the worker-process and Dask executors ------------------------------------------------------
+
+
+def parent_pid(config):
+    """A run that answers with its configuration and the process that started its worker."""
+    return config, os.getppid()
+
+
+def fail_on_two(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    return 2 * config
+
+
+def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypatch):
+    made = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, mp_context=None, **kwargs):
+            made.append((max_workers, mp_context and mp_context.get_start_method()))
+            super().__init__(max_workers, mp_context=mp_context, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
+    pairs = sorted(sweep.Processes(5).map_unordered(parent_pid, [(0, "a"), (1, "b")]))
+    assert [(index, config) for index, (config, _) in pairs] == [(0, "a"), (1, "b")]
+    # Started by the fork server, not forked from this process (they inherit none of its threads).
+    assert all(ppid != os.getpid() for _, (_, ppid) in pairs)
+    assert made == [(2, "forkserver")]  # no more workers than runs
+    assert sorted(sweep.Processes(2).map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+    assert made[1:] == [(2, "forkserver")]  # no more workers than asked for
+    with pytest.raises(ValueError, match="^run 2 failed$"):  # a failing run reaches the caller
+        list(sweep.Processes(2).map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
+
+
+def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monkeypatch):
+    idle = sweep.Dask()
+    assert (idle.address, idle.jobs, idle.processes, idle.name) == ("local", None, True, "dask local")
+    idle.close()  # a grid served from the cache started nothing, and closes nothing
+    assert (idle.cluster, idle._client) == (None, None)
+    assert sweep.Dask("tcp://h:8786", jobs=3, processes=False).name == "dask tcp://h:8786"
+    executor = sweep.Dask(jobs=2, processes=False)  # workers are threads of this process
+    try:
+        client, cluster = executor.client, executor.cluster
+        assert executor.client is client  # connected once
+        submitted = []
+        submit = client.submit
+
+        def recording(*args, **kwargs):
+            submitted.append(submit(*args, **kwargs))
+            return submitted[-1]
+
+        monkeypatch.setattr(client, "submit", recording)
+        jobs = [(0, 1), (1, 2), (2, 3)]
+        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        first = {future.key for future in submitted}
+        assert len(first) == 3 and all(key.startswith("_call-") for key in first)
+        submitted.clear()
+        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        # pure=False: each map's runs are new tasks; the cache, not Dask's memory, decides what is computed again.
+        assert not first & {future.key for future in submitted}
+        with pytest.raises(ValueError, match="^run 2 failed$"):
+            list(executor.map_unordered(fail_on_two, jobs))
+        submitted.clear()
+        runs = executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])
+        index, value = next(runs)
+        assert value == 2 * [0, 1, 3][index]
+        runs.close()  # the consumer stops early: every future of the map is cancelled
+        assert [future.status for future in submitted] == ["cancelled"] * 3
+    finally:
+        executor.close()
+    assert (executor.cluster, executor._client) == (None, None)
+    assert client.status == "closed" and cluster.status.name == "closed"
+    executor.close()  # closing twice is harmless
+    assert (executor.cluster, executor._client) == (None, None)
+
+
+def other_code():
+    return "other"
+
+
+def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
+    monkeypatch.setattr(sweep, "_worker_code_version", other_code)  # what every worker answers
+    mine = sweep._default_code_version()
+    executor = sweep.Dask(jobs=1, processes=False)
+    closed = []
+    close = executor.close
+    monkeypatch.setattr(executor, "close", lambda: closed.append((executor._client, executor.cluster)) or close())
+    with pytest.raises(RuntimeError) as refused:
+        executor.client  # noqa: B018 - connecting is what checks
+    assert str(refused.value) == (f"Dask workers at local run other code (versions ['other']; this process {mine}): "
+                                  "install the same checkout on every worker")
+    [(client, cluster)] = closed
+    assert client.status == "closed" and cluster.status.name == "closed"
+    assert (executor.cluster, executor._client) == (None, None)

@@ -1,10 +1,10 @@
-"""The side-by-side benchmark held to exact values (prototype/benchmark.py): a rollout's per-turn phases and task
-row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
+"""The side-by-side benchmark (prototype/benchmark.py): a rollout's per-turn phases and task row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
 what a trace's task list replays, and the runs themselves under virtual time (one after another, open-loop at
 the tasks' arrivals, a task that does not complete)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import attrs
@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from prototype import benchmark, sweep, virtual, workload
-from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts
+from prototype.api.costs import BEFORE_SPRINT, ApiCosts
 from prototype.api.workloads import WorkloadCatalog
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import RolloutRecord, TurnRecord
@@ -136,17 +136,23 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_to
     assert summary["calls_per_tool_turn"] == 3.0
 
 
-def test_per_turn_and_ratio_of_nothing_are_nan():
-    assert math.isnan(benchmark._per_turn([{"turns": 0, "x": 1.0}], "x"))
-    assert benchmark._per_turn([{"turns": 1, "x": 2.0}, {"turns": 3, "x": 6.0}], "x") == 5.0
-    assert math.isnan(benchmark._ratio([{}], "a", "b"))
-    assert benchmark._ratio([{"a": 1, "b": 4}, {"b": 4}], "a", "b") == 0.125
+def test_the_summary_of_tasks_without_turns_or_counts_has_no_per_turn_figure_and_counts_absent_tokens_as_zero():
+    [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
+    assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
+    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, cached_tokens=1, input_tokens=4),
+            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, input_tokens=4)]
+    del rows[1]["cached_tokens"]
+    [summary] = benchmark.summarize(rows, intervals=False)
+    assert (summary["bytes_sent_per_turn"], summary["cached_share"]) == (5.0, 0.125)
 
 
-def test_a_reconnect_policy_is_described_by_its_retries_backoff_and_fallback():
-    assert benchmark._describe_policy(OPENAI_PYTHON) == "openai-python: 5 retries, backoff 0.5 s x2"
-    assert benchmark._describe_policy(CODEX) == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
-    assert benchmark._describe_policy(NEVER) == "never: never"
+@pytest.mark.parametrize("policy, described", [
+    (OPENAI_PYTHON, "openai-python: 5 retries, backoff 0.5 s x2"), (CODEX, "codex: 5 retries, backoff 0.2 s x2 then HTTP"),
+    (NEVER, "never: never"),
+])
+def test_the_parameters_describe_the_reconnect_policy_by_its_retries_backoff_and_fallback(policy, described):
+    rows = {name: value for name, value, _ in benchmark.parameters(benchmark.BenchConfig(reconnect=policy))}
+    assert rows["client reconnects"] == described
 
 
 DEFAULT_ROWS = [
@@ -202,11 +208,6 @@ def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latenc
     assert rows["http connections"][0] == "new per request"
     assert rows["delta coalescing"][0] == "25 ms"
     assert rows["client reconnects"][0] == "codex: 5 retries, backoff 0.2 s x2 then HTTP"
-
-
-def test_the_parameters_of_a_before_the_sprint_profile_add_its_costs():
-    rows = benchmark.parameters(benchmark.BenchConfig(sprint=BEFORE_SPRINT))
-    assert rows == DEFAULT_ROWS + ApiCosts().describe() + SprintCosts().describe()
 
 
 def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
@@ -272,10 +273,10 @@ def test_a_configurations_tasks_are_its_list_or_the_seeded_preset():
 
 def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_ttl():
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
-                                   sprint=BEFORE_SPRINT)
+                                   sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)
     assert server.config.suspension_ttl == 3600.0
-    assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, config.costs)
+    assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, ApiCosts(post=0.125))
     assert server.api.latency.prefill_tokens_per_s == 1234.0
     assert server.api.http_affinity == 0.5
     engine = server.api.engine
@@ -389,11 +390,6 @@ def test_a_design_run_in_real_time_runs_over_loopback_and_one_in_virtual_time_do
     assert calls == [("real", "chained", 65.0, config), ("virtual", "http", 4000.0, config)]
 
 
-def test_the_benchmarks_server_charges_the_configurations_costs():
-    costs = ApiCosts(post=0.125)
-    assert benchmark.bench_server(benchmark.BenchConfig(costs=costs)).api.costs is costs
-
-
 def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
     task = workload.fixed(2, initial_prompt_tokens=50, appended_tokens=10, output_tokens=3, tool_seconds=0.01, name="r")
     config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.0))
@@ -435,73 +431,52 @@ class StandInEngine(Engine):
     records: list = attrs.field(factory=list)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-def test_each_design_on_the_real_engine_gets_an_engine_of_its_own_with_its_own_namespace(parallel, monkeypatch):
-    """vLLM replaced by stand-ins: one worker process (or one per design when parallel), an engine per design."""
-    from contextlib import asynccontextmanager
-
+@pytest.fixture
+def vllm_stand_ins(monkeypatch):
+    """vLLM's worker process and engine replaced by stand-ins; what they were asked, in order."""
     events = []
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def worker(spec, *, python=None):
         events.append(("worker", spec.name, python))
         yield f"client-{len(events)}"
 
-    engines = []
-
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def engine(spec, *, client, namespace):
-        events.append(("engine", client, namespace.split("-")[0], len(namespace.split("-")[-1])))
-        standin = StandInEngine()
-        standin.records.append(namespace)
-        engines.append((spec, standin))
+        standin = StandInEngine(records=[namespace])
+        events.append(("engine", client, namespace, spec, standin))
         yield standin
 
     monkeypatch.setattr(benchmark, "open_vllm_process", worker)
     monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
+    return events
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_each_design_on_the_real_engine_gets_an_engine_of_its_own_in_the_runs_namespace(parallel, vllm_stand_ins):
+    options = {"parallel": True} if parallel else {}  # one worker by default, one per design when parallel
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
-    options = {"parallel": True} if parallel else {}  # one worker by default
-    results = benchmark.run_designs_on_vllm(["chained", "http"], config, TINY_CPU, python="/p/python", decode_tps=4000.0,
-                                            **options)
-    assert [spec for spec, _ in engines] == [TINY_CPU, TINY_CPU]
-    assert all(standin.stats.model_calls == 2 for _, standin in engines)  # each design's calls on its own engine
-    assert list(results) == ["chained", "http"]
-    for design, (records, calls) in results.items():
-        assert [(r.design, r.status) for r in records] == [({"http": "http-stateless"}.get(design, design), "completed")]
-        [namespace] = calls
-        assert namespace.startswith(f"{design}-")
-    namespaces = {calls[0].split("-", 1)[1] for _, calls in results.values()}
-    assert len(namespaces) == 1  # one run: the same suffix for both designs
-    workers = [e for e in events if e[0] == "worker"]
-    engines = sorted((e[2], e[3]) for e in events if e[0] == "engine")
-    assert engines == [("chained", 8), ("http", 8)]
-    if parallel:  # a worker of its own per design
-        assert workers == [("worker", "tiny-llama-cpu", "/p/python")] * 2
-        assert len({e[1] for e in events if e[0] == "engine"}) == 2
-    else:
-        assert events == [("worker", "tiny-llama-cpu", "/p/python"), ("engine", "client-1", "chained", 8),
-                          ("engine", "client-1", "http", 8)]
+    results = benchmark.run_designs_on_vllm(["chained", "http"], config, TINY_CPU, python="/p/python", decode_tps=4000.0, **options)
+    assert {design: [(r.design, r.status) for r in records] for design, (records, _) in results.items()} == {
+        "chained": [("chained", "completed")], "http": [("http-stateless", "completed")]}
+    engines = [e for e in vllm_stand_ins if e[0] == "engine"]
+    assert [(spec, standin.stats.model_calls) for *_, spec, standin in engines] == [(TINY_CPU, 2)] * 2  # each design's own
+    # Each design's calls under its own name and one suffix for the run (vLLM's prefix cache is not shared across them).
+    [chained], [http] = results["chained"][1], results["http"][1]
+    assert chained.startswith("chained-") and http == "http-" + chained.removeprefix("chained-") and len(http) == 13
+    workers = [e for e in vllm_stand_ins if e[0] == "worker"]
+    assert workers == [("worker", "tiny-llama-cpu", "/p/python")] * (2 if parallel else 1)
+    assert len({client for _, client, *_ in engines}) == (2 if parallel else 1)
 
 
-def test_the_real_engine_over_a_running_worker_uses_its_pipes(monkeypatch):
-    from contextlib import asynccontextmanager
-
-    seen = []
-
-    @asynccontextmanager
+def test_the_real_engine_over_a_running_worker_uses_its_pipes(monkeypatch, vllm_stand_ins):
+    @contextlib.asynccontextmanager
     async def over_fds(process):
-        seen.append(process)
+        vllm_stand_ins.append(("piped", process))
         yield "piped"
 
-    @asynccontextmanager
-    async def engine(spec, *, client, namespace):
-        seen.append(client)
-        yield StandInEngine()
-
     monkeypatch.setattr(benchmark.VllmClient, "over_fds", over_fds)
-    monkeypatch.setattr(benchmark, "open_vllm_process", lambda *a, **k: pytest.fail("a new worker started"))
-    monkeypatch.setattr(benchmark, "open_vllm_engine", engine)
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
     results = benchmark.run_designs_on_vllm(["suspended"], config, TINY_CPU, worker="the-worker", parallel=True)
-    assert seen == ["the-worker", "piped"]
-    assert [r.status for r in results["suspended"][0]] == ["completed"] and results["suspended"][1] == []
+    assert [e[:2] for e in vllm_stand_ins] == [("piped", "the-worker"), ("engine", "piped")]  # no new worker
+    assert [r.status for r in results["suspended"][0]] == ["completed"] and len(results["suspended"][1]) == 1

@@ -1,7 +1,6 @@
-"""The notebook runner's helpers (`prototype/notebook.py`): test mode's switch, the repository on the
-path, the results folder, and a notebook executed in its own folder into the results folder, through
-`execute_notebook` and the command line. Written against the survivors of the mutation run
-(docs/mutation.md)."""
+"""The notebook runner (prototype/notebook.py): test mode's switch, the repository on the path, the results
+folder, a notebook executed in its own folder into the results folder through `execute_notebook` and the
+command line, what the command says without the notebooks extra, and tables printed as text outside a kernel."""
 
 from __future__ import annotations
 
@@ -80,10 +79,23 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch
     assert exit_info.value.code == 2
 
 
-def test_the_command_lines_help_says_what_it_runs(capsys) -> None:
+def test_the_command_lines_help_names_its_argument(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     with pytest.raises(SystemExit) as exit_info:
         notebook.main(["--help"])
-    assert exit_info.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
-    assert "execute each notebook at the size its parameters cell sets" in text
-    assert "notebooks jupytext py:percent notebooks" in text
+    assert exit_info.value.code == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
+
+
+def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "NOTEBOOK_MODULES", ("jupytext", "a_module_no_environment_has"))
+    assert notebook.main(["notebooks/any.py"]) == 2
+    assert capsys.readouterr().err == ("python -m prototype.notebook: error: a_module_no_environment_has not installed: "
+                                       'install the notebooks extra (pip install -e ".[notebooks]")\n')
+    assert notebook.missing_modules() == ["a_module_no_environment_has"]
+
+
+def test_a_table_prints_as_text_outside_a_kernel(capsys):
+    assert not notebook.in_kernel()
+    notebook.show_markdown("| a |\n| --- |\n| 1 |")
+    notebook.show_image("results/x.png")
+    assert capsys.readouterr().out == "| a |\n| --- |\n| 1 |\npicture: results/x.png\n"

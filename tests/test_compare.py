@@ -1,15 +1,16 @@
-"""`python -m prototype compare` held to exact values, in-process (prototype/cli/compare.py): the printed table
-and its legend, the options, the configuration each option gives, the parameters printed, the files written,
-the results cache's line, the refusals, and the real engine's path with its engine replaced by a stand-in.
-The figure is drawn by a stand-in that records its arguments (matplotlib takes seconds; tests/test_figures.py
-draws it)."""
+"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): the printed table and its legend,
+the headline against http, the options, the configuration each option gives, the parameters printed, the files
+written, the results cache's line, the refusals, the real engine's path with its engine replaced by a stand-in,
+and whole runs as a user starts them (twice, into a closed pipe, with Ctrl-C, failing, with an estimate first).
+Where a test does not look at the figure, a stand-in records what it was asked to draw (matplotlib takes
+seconds; tests/test_figure_drawing.py draws it)."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import math
+import os
 import textwrap
 import types
 from pathlib import Path
@@ -98,29 +99,17 @@ def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(ca
     assert [c.strip() for c in lines[1].split("  ") if c] == [
         "suspended", "4,000", "3", "20 [10, 32]", "12.3 [10.0, 15.2]", "1,234.5", "1.24 [1.10, 1.30]", "19.0 [9.0, 23.0]",
         "1,234 [1,000, 1,500]", "0.50 [0.25, 0.75]", "1.2", "1.6", "2.0", "50.0", "-", "0.12", "1.50", "2", "0.500"]
-    assert lines[2:] == [
-        "  e2e mean (s): end-to-end time per task, first request to final answer, mean over the tasks (as in",
-        "      compare.png)",
-        "  e2e p50 (s): the same, the median task",
-        "  vs http (x): total http time / total time of this design, same tasks: the ratio of the means",
-        "  gain (%): 1 - total time of this design / total http time",
-        "  TTFT p50 (ms): per turn, request sent to first output delta",
-        "  TTFT/http (x): this design's TTFT p50 / http's",
-        "  API (%): api_overhead_share, the API's own work (validate, safety, render, route, store reads,",
-        "      blocking post-inference) as a share of end-to-end time",
-        "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as",
-        "      in compare.png)",
-        "  recv/turn (kB): server-to-client payload per turn, the same way",
-        "  cached (%): cached_share, the share of input tokens found in the engine's prefix cache (not",
-        "      prefilled again)",
-        "  reasoning (%): reasoning tokens as a share of output tokens",
-        "  searches/task: hosted web_search calls per task",
-        "  calls/tool turn: client function calls per turn that ended in calls",
-        "  reconnects: new connections the clients opened because one ended before the task did (the",
-        "      60-minute connection limit, or a fault); --reconnect picks the policy",
-        "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of",
-        "      both designs together, as they ran the same tasks)",
-    ]
+    # Every column's legend; those of the default table are above, the rest here.
+    legend = " ".join(lines[2:])
+    assert [line.split(":")[0].strip() for line in lines[2:] if not line.startswith("      ")] == [
+        "e2e mean (s)", "e2e p50 (s)", "vs http (x)", "gain (%)", "TTFT p50 (ms)", "TTFT/http (x)", "API (%)", "sent/turn (kB)",
+        "recv/turn (kB)", "cached (%)", "reasoning (%)", "searches/task", "calls/tool turn", "reconnects", "[low, high]"]
+    for fact in ("e2e p50 (s): the same, the median task", "gain (%): 1 - total time of this design / total http time",
+                 "TTFT/http (x): this design's TTFT p50 / http's", "recv/turn (kB): server-to-client payload per turn",
+                 "cached (%): cached_share, the share of input tokens", "reasoning (%): reasoning tokens as a share",
+                 "searches/task: hosted web_search calls", "calls/tool turn: client function calls per turn",
+                 "reconnects: new connections the clients opened", "before the task did (the"):
+        assert fact in legend, fact
 
 
 def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where_its_interval_excludes_0(capsys):
@@ -169,11 +158,6 @@ def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
         "  " + "".ljust(44) + " " + ("word " * 3).strip() + "\n")
 
 
-def test_a_number_cell_is_a_dash_for_none_or_nan():
-    cell = compare._number("{:.1f}", 100)
-    assert (cell(0.125), cell(None), cell(math.nan), compare._number("{:.2f}")(2)) == ("12.5", "-", "-", "2.00")
-
-
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
@@ -187,35 +171,24 @@ def test_the_options_defaults():
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
 
 
-def test_each_option_says_what_it_does():
+def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
     parser = common.Parser(prog="c")
     compare.add_arguments(parser)
-    helps = {a.dest: a.help for a in parser._actions}
-    assert {dest: helps[dest] for dest in (
-        "tasks", "seed", "preset", "trace", "latency", "speeds", "designs", "rtt_ms", "turns", "out", "real", "vllm_parallel",
-        "reconnect", "wide")} == {
-        "tasks": "tasks per design and speed (default 10; with --trace, all; with --engine vllm, 3)",
-        "seed": "workload seed: the same seed gives the same tasks (default 0)",
-        "preset": ("workload preset: coding, compact, chat, long (default coding), or a preset JSON file (calibrate "
-                   "--preset-out); with --engine vllm the default is chat with 3 turns a task (minutes on a CPU), --preset "
-                   "coding on request"),
-        "trace": "replay a trace's tasks instead of a preset (file or folder of Codex rollouts)",
-        "latency": "latency profile JSON (calibrate --latency-out): prefill rate, overhead, decode rate",
-        "speeds": "decode speeds in tokens/s (default 65 1000 4000; with --latency, the profile's), separated by commas or spaces",
-        "designs": ("designs to run (http-stored: http that chains previous_response_id through the store), separated by "
-                    "commas or spaces (default http chained suspended); choices: http, http-stored, chained, suspended"),
-        "rtt_ms": "network round-trip time between client and server in ms (default 20)",
-        "turns": "fix the number of turns per task (default: drawn from the preset)",
-        "out": "write into this folder (default: a new results/compare/<timestamp>/, with results/compare/latest pointing at it)",
-        "real": ("real time over loopback sockets instead of virtual time (use a small configuration: e.g. --tasks 1 "
-                 "--turns 3 --speeds 1000)"),
-        "vllm_parallel": ("with --engine vllm: run the designs at once, each on a vLLM worker of its own (a third of the wall "
-                          "time; the engine's counters stay exact per design, but the designs share the CPU, so their times "
-                          "are not each design's alone)"),
-        "reconnect": ("how the clients recover from a lost connection (prototype/client/reconnect.py; default codex, the agent "
-                      "client, which continues a task past the 60-minute limit on a new connection)"),
-        "wide": "print every column of compare.csv (default: the first seven)",
-    }
+    monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
+    text = parser.format_help()
+    for fact in ("(default 10; with --trace, all; with --engine vllm, 3)\n", "the same seed gives the same tasks (default 0)\n",
+                 "coding, compact, chat, long (default coding), or a preset JSON file (calibrate --preset-out); with --engine vllm "
+                 "the default is chat with 3 turns a task (minutes on a CPU), --preset coding on request\n",
+                 "(file or folder of Codex rollouts)\n", "(calibrate --latency-out): prefill rate, overhead, decode rate\n",
+                 "(default 65 1000 4000; with --latency, the profile's), separated by commas",
+                 "chains previous_response_id through the store), separated by commas",
+                 "(default http chained suspended); choices: http, http-stored, chained, suspended\n", "in ms (default 20)\n",
+                 "(default: drawn from the preset)\n", "(default: a new results/compare/<timestamp>/, with results/compare/latest pointing at it)\n",
+                 "instead of virtual time (use a small configuration: e.g. --tasks 1 --turns 3 --speeds 1000)\n",
+                 "each on a vLLM worker of its own (a third of the wall time;", "but the designs share the CPU, so their times",
+                 "not each design's alone)\n", "(prototype/client/reconnect.py; default codex, the agent client,",
+                 "past the 60-minute limit on a new connection)\n", "print every column of compare.csv (default: the first seven)\n"):
+        assert fact in text, fact
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -347,6 +320,8 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
         json.dumps(table), rows, "compare.png", out.parent, {"workload": "the 'coding' workload", "clock": "virtual time"})
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
     assert printed.startswith("\n1 task of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
+    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
+    assert common.plural(1000, "task") == "1,000 tasks"
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
@@ -580,3 +555,233 @@ def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
     assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
     assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
     assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
+
+
+# --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
+
+
+def compare_printout(capsys, tmp_path, *options: str) -> str:
+    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
+    return capsys.readouterr().out
+
+
+def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    lines = printed.splitlines()
+    header = next(line for line in lines if "design" in line and "tok/s" in line)
+    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
+                                                                     "API (%)", "sent/turn (kB)"]
+    table = lines[lines.index(header): lines.index(header) + 3]
+    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
+    assert max(len(line) for line in table) <= 100  # every estimate with its interval
+    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
+    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
+    assert "suspension TTL" not in printed  # v1 did not run
+    assert "results cache" not in printed
+    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
+    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
+
+
+# --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
+
+COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
+
+
+def child_env(tmp_path) -> dict[str, str]:
+    """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
+    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
+                MPLBACKEND="Agg")
+
+
+def run_folders(tmp_path, kind: str = "compare") -> list[str]:
+    """Every entry of results/<kind>/, hidden ones included."""
+    folder = tmp_path / "results" / kind
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    with open(tmp_path / "stderr", "w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
+             "--designs", "http,chained", "--jobs", "1"],
+            stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path), cwd=tmp_path)
+        child.stdout.close()  # `| head -0`: every line compare prints meets a closed pipe
+        assert child.wait(timeout=300) == 0
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    latest = tmp_path / "results" / "compare" / "latest"
+    assert latest.resolve().name == folder
+    assert sorted(p.name for p in latest.iterdir()) == sorted([*COMPARED, "trace_chained.json", "trace_http.json"])
+    assert len(json.loads((latest / "compare_tasks.json").read_text())) == 2  # both designs' task, complete
+
+
+def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    # 40 tasks of the coding workload at 65 tokens/s: each point runs for many seconds, so the signal finds the grid running.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(tmp_path), cwd=tmp_path, text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+        # Ctrl-C's default disposition, as a terminal gives it, even where the tests run as a background job
+        # (which starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = ""
+    while "2 processes]" not in err:  # the progress bar names the worker processes: the grid has started in them
+        char = child.stderr.read(1)
+        assert char, f"compare ended before its progress bar: {err}"
+        err += char
+    os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group, workers included
+    err += child.stderr.read()
+    assert child.wait(timeout=120) == common.INTERRUPTED
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.rstrip("\n").splitlines()[-1] == "python -m prototype compare: interrupted: no results written"
+    assert run_folders(tmp_path) == []  # no folder, no hidden partial one, no `latest`
+    # The worker processes and the fork server end with it.
+    for _ in range(600):
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            break
+        __import__("time").sleep(0.1)
+    else:
+        pytest.fail("processes of the interrupted compare are still running")
+
+
+def test_a_failed_compare_leaves_no_folder_and_latest_on_the_last_complete_run(tmp_path, monkeypatch, capsys):
+    from prototype.engine.vllm_client import PYTHON_ENV
+
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]) == 0
+    (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
+    # Refused after the run began: the long preset's task does not fit the real engine's model.
+    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1"]) == 2
+    assert "context window" in capsys.readouterr().err
+    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
+    with pytest.raises(ZeroDivisionError):
+        cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--no-cache"])
+    assert run_folders(tmp_path) == [complete, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
+
+
+def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_were(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "mine"
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--out", str(out)]
+    assert cli_main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == sorted(COMPARED)
+    # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
+    monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli_main([*argv, "--seed", "1"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]  # no staging folder left beside it
+
+
+def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
+    # The estimate's figures: the task runs of the grid and the sample task, the one nearest the workload's mean length.
+    config = compare.benchmark.BenchConfig(preset="coding", n_tasks=5, seed=0)
+    grid = compare.grid_of(config, ["http", "chained"], [4000.0])
+    turns = [len(task.turns) for task in config.tasks()]
+    nearest = min(turns, key=lambda n: abs(n - sum(turns) / len(turns)))
+    line = compare.estimate(grid, workers=2)
+    assert line.startswith("compare: 10 task runs, roughly ") and " on 2 workers (" in line
+    assert f"one task of {nearest} turns, the workload's mean" in line
+    assert compare.estimate(grid, workers=None).startswith("compare: 10 task runs, roughly ")
+    assert " of CPU (" in compare.estimate(grid, workers=None)
+
+
+def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
+    assert cli_main(argv) == 0
+    first = capsys.readouterr()
+    assert "roughly" not in first.err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = first.err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
+    assert cli_main([*argv, "--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
+    assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
+    assert "roughly" not in capsys.readouterr().err
+
+
+# --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------
+
+
+@pytest.fixture
+def two_runs(tmp_path, monkeypatch):
+    """Two compare results folders: http and chained at 4000 tokens/s, and at 1000."""
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    runs = []
+    for speed in ("4000", "1000"):
+        out = tmp_path / f"at{speed}"
+        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained",
+                         "--jobs", "1", "--out", str(out)]) == 0
+        runs.append(out)
+    return runs
+
+
+def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, capsys, monkeypatch):
+    from prototype import sweep
+
+    monkeypatch.setattr(sweep.Runner, "map", lambda *args, **kwargs: pytest.fail("plot ran something"))
+    capsys.readouterr()
+    assert cli_main(["plot", str(two_runs[0])]) == 0
+    printed = capsys.readouterr().out
+    (folder,) = [name for name in run_folders(tmp_path, "plot") if name != "latest"]
+    out = tmp_path / "results" / "plot" / "latest"
+    assert out.resolve().name == folder and sorted(p.name for p in out.iterdir()) == sorted(COMPARED)
+    assert (out / "compare.csv").read_bytes() == (two_runs[0] / "compare.csv").read_bytes()
+    assert json.loads((out / "compare.json").read_text())["table"] == json.loads((two_runs[0] / "compare.json").read_text())["table"]
+    assert f"the 'coding' workload, virtual time; from {two_runs[0]} (2 points)\n" in printed
+    assert f"wrote {tmp_path / 'results' / 'plot' / folder}/compare.csv, compare.json, compare_tasks.json, compare.png in " in printed
+
+
+def test_plot_merges_folders_into_one_table(two_runs, tmp_path):
+    out = tmp_path / "merged"
+    assert cli_main(["plot", *map(str, two_runs), "--out", str(out)]) == 0
+    tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
+    merged = json.loads((out / "compare.json").read_text())
+    assert merged["table"] == tables[1] + tables[0]  # ordered by speed, then design
+    assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
+    assert len(json.loads((out / "compare_tasks.json").read_text())) == 8
+
+
+def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys):
+    docs = REPO / "docs" / "figures"
+    before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
+    capsys.readouterr()
+    assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
+    assert "inside docs/figures/" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before
+    assert cli_main(["plot", str(two_runs[0]), str(two_runs[0]), "--out", str(tmp_path / "x")]) == 2
+    assert "both hold http at 4000 tokens/s" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    summary = json.loads((two_runs[1] / "compare.json").read_text())
+    summary["parameters"] = [[n, "RTT 80 ms" if n == "network" else v, s] for n, v, s in summary["parameters"]]
+    (other / "compare.json").write_text(json.dumps(summary))
+    (other / "compare_tasks.json").write_bytes((two_runs[1] / "compare_tasks.json").read_bytes())
+    assert cli_main(["plot", str(two_runs[0]), str(other), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m prototype plot: error: ") and "different configurations (network: RTT 20 ms" in err
+    assert cli_main(["plot", str(tmp_path / "nothing-here")]) == 2
+    assert capsys.readouterr().err == f"python -m prototype plot: error: {tmp_path / 'nothing-here'} is not a compare results folder (no compare.json)\n"
+    assert not (tmp_path / "x").exists()

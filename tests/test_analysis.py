@@ -1,7 +1,7 @@
-"""The tables, series and sentences computed from rows (prototype/analysis.py), held to exact values:
-the cell format, the plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a
-sweep's table by (value, design), a design's curve, where one curve reaches another, and the sentences
-of the published-results notebook."""
+"""The tables, series and sentences computed from rows (prototype/analysis.py): the cell format, the
+plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a sweep's table by (value,
+design), a design's curve, where one curve reaches another, and the sentences of the published-results
+notebook."""
 
 from __future__ import annotations
 
@@ -27,16 +27,10 @@ def test_a_cell_has_three_decimals_below_1000_none_from_1000_and_nan_is_a_dash(v
     assert analysis.format_value(value) == cell
 
 
-def test_write_csv_writes_the_first_rows_columns_then_each_row(tmp_path):
+def test_write_csv_takes_its_columns_from_the_first_row_and_quotes_commas(tmp_path):
     path = tmp_path / "rows.csv"
-    analysis.write_csv(path, [{"design": "http", "e2e_s": 1.5}, {"design": "chained, v2", "e2e_s": 2}])
+    analysis.write_csv(path, [{"design": "http", "e2e_s": 1.5}, {"e2e_s": 2, "design": "chained, v2"}])
     assert path.read_bytes() == b'design,e2e_s\r\nhttp,1.5\r\n"chained, v2",2\r\n'
-
-
-def test_write_csv_takes_its_columns_from_the_first_row(tmp_path):
-    path = tmp_path / "rows.csv"
-    analysis.write_csv(path, [{"b": 1, "a": 2}, {"a": 3, "b": 4}])
-    assert path.read_bytes() == b"b,a\r\n1,2\r\n4,3\r\n"
     analysis.write_csv(path, [{"a": 1}])
     assert path.read_bytes() == b"a\r\n1\r\n"
 
@@ -168,6 +162,10 @@ def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same
         {**r, "e2e_s": rows[i]["e2e_s"] / 2} for i, r in enumerate(rows[3:])]
     twice = analysis.sweep_table(halved, "tok_s")[1]
     assert (twice["gain_vs_http_low"], twice["gain_vs_http"], twice["gain_vs_http_high"]) == (0.5, 0.5, 0.5)
+    two = analysis.sweep_table([r for r in rows if r["task"] != "t2"], "tok_s")[1]  # two tasks are enough for an interval
+    assert 0.3 - 1e-9 <= two["gain_vs_http_low"] < two["gain_vs_http_high"] <= 0.5
+    one = analysis.sweep_table([r for r in rows if r["task"] == "t0"], "tok_s")[1]
+    assert one["gain_vs_http"] == 0.5 and math.isnan(one["gain_vs_http_low"]) and math.isnan(one["gain_vs_http_high"])
 
 
 def test_sweep_table_p50_is_the_median_not_the_mean():
@@ -185,29 +183,28 @@ def test_series_is_one_designs_curve_in_the_order_of_the_values():
     assert analysis.series(table, "x", "m", "suspended") == ([], [])
 
 
-def test_crossover_interpolates_where_one_curve_reaches_the_other():
-    xs, a, b = [1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0]
-    assert analysis.crossover(xs, a, b, logx=False) == pytest.approx(2.0 + 2.0 / 3.0)
-    assert analysis.crossover(xs, a, b) == pytest.approx(math.exp(math.log(2.0) + math.log(2.0) / 3.0))
-    assert analysis.crossover(xs, a, b, logx=True) == pytest.approx(2.0 ** (4.0 / 3.0))
+@pytest.mark.parametrize("xs, a, b, logx, where", [
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], False, 2.0 + 2.0 / 3.0),
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], True, 2.0 ** (4.0 / 3.0)),  # log x by default
+    ([1.0, 2.0, 4.0], [0.0, 0.0, 4.0], [1.0, 1.0, 2.0], None, 2.0 ** (4.0 / 3.0)),
+    ([100, 1000, 10000], [1, 1, 1], [4, 2, 0.5], None, 1000 * 10 ** (1 / 1.5)),
+    ([1.0, 2.0], [0.0, 1.5], [2.0, 1.0], False, 1.8),  # a - b is -2 then 0.5: 2/2.5 of the way
+    ([1.0, 2.0, 3.0], [0.0, 2.0, 2.0], [1.0, 1.0, 1.0], False, 1.5),  # from the last point below
+    ([1.0, 3.0, 9.0], [0.0, 2.0, 5.0], [1.0, 2.0, 1.0], False, 3.0),  # meeting at a point is that point
+    ([1.0, 3.0], [1.0, 5.0], [1.0, 2.0], None, 1.0),
+    ([2, 3], [5, 5], [1, 1], None, 2.0),
+    ([1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [5.0, 5.0, 5.0], None, None),  # never meet
+    ([], [], [], None, None),
+])
+def test_crossover_interpolates_where_one_curve_reaches_the_other(xs, a, b, logx, where):
+    found = analysis.crossover(xs, a, b) if logx is None else analysis.crossover(xs, a, b, logx=logx)
+    if where is None:
+        assert found is None
+    else:
+        assert found == pytest.approx(where) and isinstance(found, float)
 
 
-def test_crossover_at_a_point_where_the_curves_meet_is_that_point():
-    assert analysis.crossover([1.0, 3.0, 9.0], [0.0, 2.0, 5.0], [1.0, 2.0, 1.0], logx=False) == 3.0
-    assert analysis.crossover([1.0, 3.0], [1.0, 5.0], [1.0, 2.0]) == 1.0
-    assert isinstance(analysis.crossover([2, 3], [5, 5], [1, 1]), float)
-
-
-def test_crossover_interpolates_from_the_last_point_below_by_how_far_below_it_was():
-    # a - b is -2 then 0.5: the curves meet 2/2.5 of the way from 1 to 2.
-    assert analysis.crossover([1.0, 2.0], [0.0, 1.5], [2.0, 1.0], logx=False) == pytest.approx(1.8)
-    # -1 then 1 then 1: they meet half way between the first two points.
-    assert analysis.crossover([1.0, 2.0, 3.0], [0.0, 2.0, 2.0], [1.0, 1.0, 1.0], logx=False) == pytest.approx(1.5)
-
-
-def test_crossover_is_none_when_the_curves_never_meet_or_are_empty():
-    assert analysis.crossover([1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [5.0, 5.0, 5.0]) is None
-    assert analysis.crossover([], [], []) is None
+def test_crossover_of_curves_of_different_lengths_is_refused():
     with pytest.raises(ValueError):
         analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 
@@ -224,37 +221,26 @@ TAIL = (" Read through the testbed's model, the published gain implies 100 ms of
         "the testbed removes 150 ms, 1.50x that.")
 
 
-def test_a_gain_within_the_tolerance_matches():
-    assert analysis.published_verdict(a_published_row()) == (
-        HEAD + "42% against the published 40% (within 5 points: the testbed matches)." + TAIL)
-    exactly = a_published_row(published_gain=0.25, measured_gain=0.5)
-    assert "(within 25 points: the testbed matches)" in analysis.published_verdict(exactly, tolerance=0.25)
+UP_TO = "an 'up to' figure allows: the published value is a ceiling, not a typical value)."
 
 
-def test_a_larger_gain_overstates_and_a_smaller_one_understates():
-    more = analysis.published_verdict(a_published_row(measured_gain=0.5))
-    assert more == HEAD + "50% against the published 40% (10 points more than published: the testbed overstates this gain)." + TAIL
-    less = analysis.published_verdict(a_published_row(measured_gain=0.3))
-    assert less == HEAD + "30% against the published 40% (10 points less than published: the testbed understates this gain)." + TAIL
-    assert analysis.published_verdict(a_published_row(measured_gain=0.3), ceiling=False) == less
-
-
-def test_each_percentage_is_rounded_from_the_gains_themselves():
-    row = a_published_row(measured_gain=0.6, published_gain=0.8)
-    assert analysis.published_verdict(row).startswith(HEAD + "60% against the published 80% (20 points less than published")
-    assert analysis.published_verdict(row, tolerance=0.7).startswith(HEAD + "60% against the published 80% (within 70 points")
-    assert "(20 points less, which an 'up to'" in analysis.published_verdict(row, ceiling=True)
-    far = a_published_row(measured_gain=0.2, published_gain=0.8)  # 60 points below, not 61
-    assert "(60 points less than published: the testbed understates" in analysis.published_verdict(far)
-    assert "(60 points less, which an 'up to' figure allows" in analysis.published_verdict(far, ceiling=True)
-    over = a_published_row(measured_gain=0.8, published_gain=0.2)
-    assert analysis.published_verdict(over).startswith(HEAD + "80% against the published 20% (60 points more than published")
-
-
-def test_a_smaller_gain_under_an_up_to_figure_is_allowed():
-    assert analysis.published_verdict(a_published_row(measured_gain=0.3), ceiling=True) == (
-        HEAD + "30% against the published 40% (10 points less, which an 'up to' figure allows: the published value is "
-        "a ceiling, not a typical value)." + TAIL)
+@pytest.mark.parametrize("changes, options, middle", [
+    ({}, {}, "42% against the published 40% (within 5 points: the testbed matches)."),
+    ({"published_gain": 0.25, "measured_gain": 0.5}, {"tolerance": 0.25}, "50% against the published 25% (within 25 points: the testbed matches)."),
+    ({"measured_gain": 0.5}, {}, "50% against the published 40% (10 points more than published: the testbed overstates this gain)."),
+    ({"measured_gain": 0.3}, {}, "30% against the published 40% (10 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.3}, {"ceiling": False}, "30% against the published 40% (10 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.3}, {"ceiling": True}, "30% against the published 40% (10 points less, which " + UP_TO),
+    # Each percentage rounded from the gains themselves: 60 points below, not 61.
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {}, "60% against the published 80% (20 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {"tolerance": 0.7}, "60% against the published 80% (within 70 points: the testbed matches)."),
+    ({"measured_gain": 0.6, "published_gain": 0.8}, {"ceiling": True}, "60% against the published 80% (20 points less, which " + UP_TO),
+    ({"measured_gain": 0.2, "published_gain": 0.8}, {}, "20% against the published 80% (60 points less than published: the testbed understates this gain)."),
+    ({"measured_gain": 0.2, "published_gain": 0.8}, {"ceiling": True}, "20% against the published 80% (60 points less, which " + UP_TO),
+    ({"measured_gain": 0.8, "published_gain": 0.2}, {}, "80% against the published 20% (60 points more than published: the testbed overstates this gain)."),
+])
+def test_the_verdict_compares_the_gains_in_whole_points_against_the_tolerance(changes, options, middle):
+    assert analysis.published_verdict(a_published_row(**changes), **options) == HEAD + middle + TAIL
 
 
 def test_a_ttft_row_speaks_of_the_first_token_and_a_zero_implied_overhead_is_infinitely_exceeded():
@@ -263,18 +249,18 @@ def test_a_ttft_row_speaks_of_the_first_token_and_a_zero_implied_overhead_is_inf
     assert sentence.endswith("implies 0 ms of removable overhead per first token; the testbed removes 150 ms, infx that.")
 
 
-def test_the_verdict_and_the_calibration_comparison_are_added_when_given():
+@pytest.mark.parametrize("changes, added", [
+    ({"verdict": "agrees"}, " Under the experiment's one verdict rule the row agrees."),
+    ({"verdict": "disagrees"}, " Under the experiment's one verdict rule the row disagrees."),
+    ({"verdict": "unknown"}, ""),
+    ({"implied_vs_calibration": "-"}, ""),
+    ({"implied_vs_calibration": "calibration"}, " This is the calibration row: the default cost knobs were chosen near it, so "
+                                                "agreement here confirms nothing; it anchors the other rows."),
+    ({"implied_vs_calibration": "3.2x DISAGREES"}, " Against the calibration row's implied overhead it is 3.2x: outside the "
+     "agreement band, so this figure and the calibration figure cannot both hold under one set of knobs of the testbed's model."),
+    ({"implied_vs_calibration": "1.1x agrees"}, " Against the calibration row's implied overhead it is 1.1x: inside the "
+                                                "agreement band, consistent with one set of knobs."),
+])
+def test_the_verdict_and_the_calibration_comparison_are_added_when_given(changes, added):
     base = HEAD + "42% against the published 40% (within 5 points: the testbed matches)." + TAIL
-    assert analysis.published_verdict(a_published_row(verdict="agrees")) == base + " Under the experiment's one verdict rule the row agrees."
-    assert analysis.published_verdict(a_published_row(verdict="disagrees")) == base + " Under the experiment's one verdict rule the row disagrees."
-    assert analysis.published_verdict(a_published_row(verdict="unknown")) == base
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="calibration")) == base + (
-        " This is the calibration row: the default cost knobs were chosen near it, so agreement here confirms nothing; "
-        "it anchors the other rows.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="3.2x DISAGREES")) == base + (
-        " Against the calibration row's implied overhead it is 3.2x: outside the agreement band, so this figure and the "
-        "calibration figure cannot both hold under one set of knobs of the testbed's model.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="1.1x agrees")) == base + (
-        " Against the calibration row's implied overhead it is 1.1x: inside the agreement band, consistent with one "
-        "set of knobs.")
-    assert analysis.published_verdict(a_published_row(implied_vs_calibration="-")) == base
+    assert analysis.published_verdict(a_published_row(**changes)) == base + added

@@ -17,8 +17,10 @@ from typing import Any
 
 import attrs
 import h11
+import pytest
 import trio
 import trio_websocket
+from trio_websocket import ConnectionClosed
 
 from prototype import netem
 from prototype.api.costs import ZERO_COSTS, ApiCosts
@@ -193,3 +195,12 @@ class ScriptedServer:
                 pass
             finally:
                 nursery.cancel_scope.cancel()
+
+
+async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
+    """The events up to the server's close, and its close code and reason."""
+    events = []
+    with trio.fail_after(100), pytest.raises(ConnectionClosed) as closed:
+        while True:
+            events.append(await receive(conn))
+    return events, closed.value.reason.code, closed.value.reason.reason

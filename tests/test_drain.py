@@ -28,6 +28,7 @@ from support import (
     DELAYED_LINK,
     TERMINALS,
     DelayedConnector,
+    closed_after,
     create_event,
     events_by_response,
     make_server,
@@ -79,15 +80,6 @@ def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
     for response_id, seen in events_by_response(events).items():
         assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
         assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
-
-
-async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
-    """The events up to the server's close, and its close code and reason."""
-    events = []
-    with trio.fail_after(100), pytest.raises(ConnectionClosed) as closed:
-        while True:
-            events.append(await receive(conn))
-    return events, closed.value.reason.code, closed.value.reason.reason
 
 
 async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:

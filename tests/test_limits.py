@@ -19,7 +19,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DELAYED_LINK, make_server, receive, send, until
+from support import DELAYED_LINK, closed_after, make_server, receive, send, until
 from test_bad_input import (
     BOTH,
     ONE_TURN,
@@ -380,15 +380,6 @@ LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
 
 def one_way(link: str) -> float:
     return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
-
-
-async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
-    """The events up to the server's close, and its close code and reason."""
-    events = []
-    with trio.fail_after(100), pytest.raises(ConnectionClosed) as closed:
-        while True:
-            events.append(await receive(conn))
-    return events, closed.value.reason.code, closed.value.reason.reason
 
 
 @pytest.mark.parametrize("link", LINKS)

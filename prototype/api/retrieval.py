@@ -272,7 +272,7 @@ def _item_events(numbers: Iterator[int], index: int, item: dict[str, Any]) -> It
 
 # --- models -------------------------------------------------------------------------------------
 
-# The three profiles of the README's model table, by the names the README uses for them (GPT-5.4 at the
+# The three profiles of docs/serving.md's model table, by the names it uses for them (GPT-5.4 at the
 # flagship's 65 tokens/s, GPT-5.3-Codex-Spark at 1000, its bursts at 4000); any other name is accepted too and
 # selects by the same rules (engine/latency.py), so every id is retrievable.
 LISTED_MODELS = ("gpt-5.4", "gpt-5.3-codex-spark", "gpt-5.3-codex-spark-burst")

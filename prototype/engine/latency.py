@@ -1,7 +1,7 @@
 """The simulated model's latency: per-request overhead, prefill over uncached tokens, decode rate.
 
 Every default is an input with a source (docs/parameters.md §3); nothing here is tuned to a published
-end-to-end number. Model names that real clients send map to a profile (documented in the README):
+end-to-end number. Model names that real clients send map to a profile (documented in docs/serving.md):
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _SIM_NAME = re.compile(r"^sim-(\d+(?:\.\d+)?)$")
 
 
 def decode_rate_for_model(model: str) -> float:
-    """The decode rate of the simulated profile a model name selects (see the README's table)."""
+    """The decode rate of the simulated profile a model name selects (the table in docs/serving.md)."""
     name = model.lower()
     match = _SIM_NAME.match(name)
     if match:

@@ -91,3 +91,23 @@ def test_the_table_weighs_bytes_per_turn_by_turn_as_the_figure_does():
     (summary,) = benchmark.summarize([row(1, 1000.0), row(3, 5000.0)])
     # (1 x 1000 + 3 x 5000) / 4 turns, not the mean of the two tasks' means (3000).
     assert (summary["bytes_sent_per_turn"], summary["bytes_received_per_turn"]) == (4000.0, 8000.0)
+
+
+def test_an_experiment_into_a_pipe_whose_reader_has_gone_ends_without_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"),
+               TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg")
+    with open(tmp_path / "stderr", "w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "experiments.published", "--tasks", "1", "--trend-turns", "2", "--rows", "1", "--in-process"],
+            stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=tmp_path)
+        child.stdout.close()  # `| head -0`: every line the experiment prints meets a closed pipe
+        assert child.wait(timeout=300) == 0
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert (tmp_path / "results" / "published" / "latest" / "published.json").is_file()  # its results written all the same

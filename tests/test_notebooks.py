@@ -1,14 +1,14 @@
 """The notebooks (notebooks/*.py, jupytext py:percent) execute top to bottom in test mode.
 
 Each is converted with jupytext and run cell by cell in a fresh `python3` kernel (ipykernel from
-this environment) by nbclient (prototype/notebook.py `run_notebook`), with TESTBED_NOTEBOOK_TEST=1
-so it shrinks to a smoke test and TESTBED_RESULTS pointing at a temporary folder so nothing is
-written into the repository. Each runs twice: in its own folder, as Jupyter starts it, and in the
-repository root. The kernel finds `prototype` as an installed package would be found (a folder on
-PYTHONPATH holding only `prototype`), so a notebook that imports `experiments` before putting the
-repository on the path fails here as it fails for a user. Any cell that raises fails the test, with
-the cell's traceback in the message. Each also runs as a script, `python notebooks/X.py` from the
-repository root and `python X.py` from notebooks/, with an empty results cache (its sweeps compute).
+this environment) by nbclient (prototype/notebook.py `run_notebook`) in its own folder, as Jupyter
+starts it, with TESTBED_NOTEBOOK_TEST=1 so it shrinks to a smoke test and TESTBED_RESULTS pointing
+at a temporary folder so nothing is written into the repository. The kernel finds `prototype` as an
+installed package would be found (a folder on PYTHONPATH holding only `prototype`), so a notebook
+that imports `experiments` before putting the repository on the path fails here as it fails for a
+user. Any cell that raises fails the test, with the cell's traceback in the message. Each also runs
+as a script from the other folder, `python notebooks/X.py` from the repository root, with an empty
+results cache (its sweeps compute).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ def test_the_three_notebooks_are_there():
     assert {p.stem for p in NOTEBOOKS} >= {"hosted_tool_analogy", "latency_experiments", "published_results"}
 
 
-@pytest.mark.parametrize("folder", ["own folder", "repository root"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_test_mode(path, folder, tmp_path, monkeypatch):
+def test_notebook_executes_in_test_mode_in_its_own_folder(path, tmp_path, monkeypatch):
     from prototype.notebook import run_notebook
 
     monkeypatch.setenv("TESTBED_NOTEBOOK_TEST", "1")  # the kernel inherits os.environ
@@ -41,7 +40,7 @@ def test_notebook_executes_in_test_mode(path, folder, tmp_path, monkeypatch):
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and "parameters" in code[0].metadata.get("tags", []), "the first code cell is the parameters cell"
     try:
-        run_notebook(nb, path.parent if folder == "own folder" else REPO, timeout=CELL_TIMEOUT)
+        run_notebook(nb, path.parent, timeout=CELL_TIMEOUT)
     except CellExecutionError as error:
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
     assert all(not any(o.get("output_type") == "error" for o in cell.get("outputs", [])) for cell in code)
@@ -57,17 +56,15 @@ def installed_prototype(tmp_path) -> pathlib.Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("folder", ["repository root", "notebooks folder"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_as_a_script_with_an_empty_cache(path, folder, tmp_path):
+def test_notebook_runs_as_a_script_from_the_repository_root_with_an_empty_cache(path, tmp_path):
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, TESTBED_NOTEBOOK_TEST="1", TESTBED_RESULTS=str(tmp_path / "results"),
                TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg", PYTHONPATH=str(installed_prototype(tmp_path)))
-    cwd, script = (REPO, f"notebooks/{path.name}") if folder == "repository root" else (path.parent, path.name)
-    done = subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, f"notebooks/{path.name}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "<IPython" not in done.stdout  # tables print as text, not as the repr of a display object
     assert any((tmp_path / "results").glob("notebook_*.png")), "the notebook saves its picture in the results folder"

@@ -165,21 +165,74 @@ def cli_server():
         server.close()
 
 
-@pytest.fixture(scope="session")
-def vllm_worker():
-    """One vLLM worker (prototype/engine/vllm_worker.py, the tiny CPU model) for the whole test
-    session: its start-up takes minutes on 2 cores, so every real-engine test shares it. Skips,
-    saying why, where no interpreter can import vLLM (docs/real_engine.md installs one), unless
-    $TESTBED_REQUIRE_VLLM is set (CI sets it once vLLM is installed): then it fails."""
-    from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess, vllm_python
+# The real-engine workers the collected tests use, each launched as collection ends so its start-up
+# (most of a minute on two cores, per worker) runs beside the tests before the first that needs it.
+BUDGET_BLOCKS = 65  # the budget worker's KV: 64 usable blocks of 32 tokens, 2,048 tokens
+
+
+def _worker_specs() -> dict:
+    from experiments.real_engine_agents import budget_spec
     from prototype.engine.vllm_models import TINY_CPU
 
+    return {"vllm_worker": TINY_CPU, "vllm_budget_worker": budget_spec(BUDGET_BLOCKS)}
+
+
+_launched: dict = {}  # fixture name -> StartingWorker, or the VllmUnavailable that stopped its launch
+
+
+def pytest_collection_finish(session):
+    from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess
+
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in ("vllm_worker", "vllm_budget_worker")}
+    if wanted and not session.config.option.collectonly:
+        specs = _worker_specs()
+        for name in sorted(wanted):
+            try:
+                _launched[name] = WorkerProcess.launch(specs[name])
+            except VllmUnavailable as reason:
+                _launched[name] = reason
+
+
+def pytest_sessionfinish(session):
+    from prototype.engine.vllm_client import StartingWorker
+
+    for starting in _launched.values():  # launched, never waited for (their tests did not run)
+        if isinstance(starting, StartingWorker):
+            starting.abandon()
+
+
+def _ready_worker(name: str):
+    """The worker launched for `name` once it is ready (launched here if collection did not). Skips,
+    saying why, where no interpreter can import vLLM (docs/real_engine.md installs one), unless
+    $TESTBED_REQUIRE_VLLM is set (CI sets it once vLLM is installed): then it fails."""
+    from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess
+
+    starting = _launched.pop(name, None)
     try:
-        vllm_python()
+        if starting is None:
+            starting = WorkerProcess.launch(_worker_specs()[name])
+        elif isinstance(starting, VllmUnavailable):
+            raise starting
     except VllmUnavailable as reason:
         if os.environ.get("TESTBED_REQUIRE_VLLM"):
             pytest.fail(f"real engine required ($TESTBED_REQUIRE_VLLM) but: {reason}")
         pytest.skip(f"real engine: {reason}")
-    worker = WorkerProcess.start(TINY_CPU)
+    return starting.wait_ready()
+
+
+@pytest.fixture(scope="session")
+def vllm_worker():
+    """One vLLM worker (prototype/engine/vllm_worker.py, the tiny CPU model) for the whole test
+    session, shared by every real-engine test."""
+    worker = _ready_worker("vllm_worker")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_budget_worker():
+    """A vLLM worker of the tiny model with a KV budget of BUDGET_BLOCKS blocks (its context window
+    what the budget holds), for the tests of what vLLM does when its KV is full."""
+    worker = _ready_worker("vllm_budget_worker")
     yield worker
     worker.stop()

@@ -199,23 +199,6 @@ def test_the_same_tasks_give_the_same_fingerprints_in_every_design():
 # --- on vLLM -------------------------------------------------------------------------------------------------------
 
 
-BUDGET_BLOCKS = 65  # 64 usable blocks of 32: 2,048 tokens
-
-
-@pytest.fixture(scope="module")
-def budget_worker():
-    """A vLLM worker of its own with a KV budget of 64 blocks, for this module's real-engine tests."""
-    from prototype.engine.vllm_client import VllmUnavailable, WorkerProcess, vllm_python
-
-    try:
-        vllm_python()
-    except VllmUnavailable as reason:
-        pytest.skip(f"real engine: {reason}")
-    worker = WorkerProcess.start(agents.budget_spec(BUDGET_BLOCKS))
-    yield worker
-    worker.stop()
-
-
 async def _tokens(events, first_only: bool = False) -> int:
     """Tokens a request's channel delivers until its chunk is done (or its first, with `first_only`)."""
     got = 0
@@ -233,10 +216,10 @@ async def _tokens(events, first_only: bool = False) -> int:
 
 @pytest.mark.real_engine
 @pytest.mark.slow
-async def test_vllm_never_preempts_a_paused_held_request_so_a_resume_waits_for_its_blocks(budget_worker):
+async def test_vllm_never_preempts_a_paused_held_request_so_a_resume_waits_for_its_blocks(vllm_budget_worker):
     from prototype.engine.vllm_client import VllmClient
 
-    async with VllmClient.over_fds(budget_worker) as client:
+    async with VllmClient.over_fds(vllm_budget_worker) as client:
         before = await client.counters()
         # Two held (v1) requests that together fill all 64 blocks once they pause.
         a = await client.generate("held-a", list(range(10_000, 11_000)), 4, salt="pause", held=True)
@@ -266,12 +249,13 @@ async def test_vllm_never_preempts_a_paused_held_request_so_a_resume_waits_for_i
 
 @pytest.mark.real_engine
 @pytest.mark.slow
-def test_agents_experiment_at_tiny_size(budget_worker, monkeypatch, tmp_path, capsys):
+def test_agents_experiment_at_tiny_size(vllm_budget_worker, monkeypatch, tmp_path, capsys):
     from experiments import common
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    result = agents.main(["--kv-blocks", str(BUDGET_BLOCKS), "--agents", "2", "--designs", CHAINED, "--profile-reps", "1"],
-                         worker=budget_worker)
+    blocks = vllm_budget_worker.ready.kv_blocks  # 65: 64 usable blocks of 32 tokens
+    result = agents.main(["--kv-blocks", str(blocks), "--agents", "2", "--designs", CHAINED, "--profile-reps", "1"],
+                         worker=vllm_budget_worker)
     ((real, sim),) = result["pairs"]
     assert (real.engine, sim.engine, real.completed, sim.completed) == ("vllm", "sim", 2, 2)
     # vLLM's scheduler computed each call's own figure (its sent ids less the prefix vLLM found, a recompute before
@@ -281,7 +265,7 @@ def test_agents_experiment_at_tiny_size(budget_worker, monkeypatch, tmp_path, ca
     twins = {(call.task, call.index): call for call in sim.calls}
     assert len(twins) == len(real.calls)
     assert all(twins[(call.task, call.index)].prompt_tokens == call.prompt_tokens for call in real.calls)
-    assert real.kv_series and max(kv for _, kv, _, _ in real.kv_series) <= agents.budget_tokens(agents.budget_spec(BUDGET_BLOCKS))
+    assert real.kv_series and max(kv for _, kv, _, _ in real.kv_series) <= agents.budget_tokens(agents.budget_spec(blocks))
     printed = capsys.readouterr().out
     assert "KV (vLLM | simulated engine)" in printed
     written = next((tmp_path / "real_engine_agents").glob("2*"))

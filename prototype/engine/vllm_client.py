@@ -342,6 +342,12 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, spec: ModelSpec, *, python: str | os.PathLike | None = None) -> WorkerProcess:
+        return cls.launch(spec, python=python).wait_ready()
+
+    @classmethod
+    def launch(cls, spec: ModelSpec, *, python: str | os.PathLike | None = None) -> StartingWorker:
+        """The worker's process, started and not waited for: its start-up (most of a minute on two
+        cores) runs while the caller does other work."""
         interpreter = vllm_python(python)
         model_dir = write_model(spec)
         log_path = model_dir / "worker.log"
@@ -350,12 +356,7 @@ class WorkerProcess:
                 worker_command(interpreter, worker_settings(spec, model_dir)), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, env=worker_environment(spec), bufsize=0,
             )
-        assert popen.stdout is not None
-        line = popen.stdout.readline()
-        if not line:
-            popen.wait()
-            raise WorkerFailed(f"the vLLM worker exited ({popen.returncode}) before it was ready; see {log_path}")
-        return cls(popen, Ready.from_event(json.loads(line)), log_path)
+        return StartingWorker(popen, log_path)
 
     def stop(self) -> None:
         assert self.popen.stdin is not None
@@ -369,3 +370,28 @@ class WorkerProcess:
                 self.popen.wait(timeout=TERMINATE_WAIT_S)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
+
+
+@attrs.define(eq=False)
+class StartingWorker:
+    """A worker process launched by `WorkerProcess.launch`, until it says it is ready."""
+
+    popen: subprocess.Popen
+    log_path: Path
+
+    def wait_ready(self) -> WorkerProcess:
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
+        if not line:
+            self.popen.wait()
+            raise WorkerFailed(f"the vLLM worker exited ({self.popen.returncode}) before it was ready; see {self.log_path}")
+        return WorkerProcess(self.popen, Ready.from_event(json.loads(line)), self.log_path)
+
+    def abandon(self) -> None:
+        """Stop a worker no one waited for (it may still be starting, so it is not asked to shut down)."""
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout=TERMINATE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()

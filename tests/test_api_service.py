@@ -1,7 +1,5 @@
-"""The API service around the model (prototype/api/service.py, costs.py, checks.py): what each stage costs and
-when it runs on the response's schedule, what a sprint switch adds back, the call ledger the checks keep (the
-policy's turn and the refusal of an output no call asked for), ids and owners, a stored conversation's rebuild
-and post-inference storage. Times are exact on the autojump clock."""
+"""The API service (prototype/api/service.py, costs.py, checks.py): stage costs on the response's schedule, sprint
+switches, the call ledger, ids and owners, stored conversations. Times exact on the autojump clock."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""Bad input: a corpus of malformed frames and requests, kept as data, each answered with
-its own error code (docs/protocol.md).
-
-Rules every test here follows (after tests/support.py):
-
-* The server runs in-process over memory streams under the `autojump_clock`, so a case costs
-  milliseconds and every time is exact.
-* While a case runs, a **bystander** rollout runs on another connection of the same server; its
-  timeline must equal the same rollout run alone, to the nanosecond: a bad input never touches
-  another connection.
-* After the error the same connection must still work, and keep its state, wherever the protocol
-  allows it: a v1 rollout suspended before the bad frame resumes with the right append; a v2 chain
-  continues from its cached response, unless the bad input was a *turn* (a create that reached the
-  worker), which empties the cache slot (WS guide; docs/protocol.md).
-* At the end every connection is closed and the server holds nothing: no session, no KV entry.
-
-Unknown model *names* are not bad input: any name maps to a latency profile by design
-(docs/protocol.md; `engine/latency.py`: unknown names get the flagship rate, `sim-<N>` asks for N
-tokens/s). The corpus uses a model of the wrong *type* instead, and
-`test_unknown_model_names_are_accepted_by_design` checks the other side.
-"""
+"""Bad input, kept as data: each frame, handshake and HTTP request gets its own documented error; a
+bystander rollout on another connection keeps its exact timeline, and the connection stays usable
+where the protocol allows (docs/protocol.md). Unknown model names are accepted by design."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The codec (protocol/codec.py): JSON read and written exactly as the standard library does, and a
-WebSocket frame decoded into its client event or refused with its exact error (docs/protocol.md,
-"Errors", §4, §5.6). Sans-IO: text in, an event or a `ProtocolError` out."""
+"""The codec (protocol/codec.py): JSON read and written as the standard library does; a frame decoded into its event
+or refused with its exact error (docs/protocol.md)."""
 
 from __future__ import annotations
 

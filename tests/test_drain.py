@@ -1,16 +1,5 @@
-"""Faults around the v1 suspension, and how the server closes a connection: the drain on SIGTERM and a close mid-response.
-
-Each case ends with every server task released (the connections' tasks run in a nursery the test
-owns), no engine KV left for the sessions, and no event lost: every response the client saw start
-has exactly one terminal event, its sequence numbers run 0, 1, 2, ... without a gap, and nothing
-arrives after the close.
-
-Rules (after tests/support.py and tests/test_faults.py): memory streams under the `autojump_clock`,
-every wait bounded; the CLI's SIGTERM is checked once over a real socket. Every server-initiated
-close runs over a zero-latency pipe and over a link with the benchmark's 20 ms RTT (in process under
-the virtual clock, and on real TCP with the delay added by netem), where the close handshake takes a
-round trip that a zero-latency pipe hides.
-"""
+"""Faults around the v1 suspension and how the server closes a connection (SIGTERM drain, a close mid-response):
+every task released, no KV left, and per response one terminal event with gapless numbering."""
 
 from __future__ import annotations
 

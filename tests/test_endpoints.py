@@ -1,12 +1,5 @@
-"""The endpoints beside `POST /v1/responses` (server/routes.py): retrieve (as JSON or as a replay of
-its events), delete, input items, cancel, compact and models, each refusal with its status, code, param
-and `Allow` header (docs/protocol.md, "Stored responses", "Cancel", "Compaction").
-
-Rules every test here follows (tests/support.py): raw HTTP and WebSocket tests run in-process over
-memory streams under the `autojump_clock` and assert virtual times exactly; the openai-python tests
-run the SDK's sync client in a worker thread against a real socket on 127.0.0.1 (in-process, or
-`python -m prototype serve`), with a timeout on everything and no assertion on wall-clock time.
-"""
+"""The endpoints beside `POST /v1/responses` (server/routes.py): retrieve, replay, delete, input items, cancel,
+compact and models, each refusal with its status, code, param and `Allow` header (docs/protocol.md)."""
 
 from __future__ import annotations
 

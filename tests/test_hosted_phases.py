@@ -1,10 +1,5 @@
-"""A hosted web_search inside a response (designs/sampling.py, designs/emitter.py): the time it takes
-is reported as the `hosted_tool` phase, the hidden sampling of its query as `decode`, its query's
-tokens count as output, and the in-progress item is part of the response while the search runs.
-
-Zero API costs and 1000 tokens/s: every span is exact on the autojump clock (the wire rounds spans
-to the microsecond, hence `abs=5e-4` on milliseconds).
-"""
+"""A hosted web_search inside a response: its time is the `hosted_tool` phase, its query's hidden sampling `decode`
+and output tokens; times exact at zero API costs and 1000 tokens/s (the wire rounds spans to the microsecond)."""
 
 from __future__ import annotations
 

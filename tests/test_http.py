@@ -1,12 +1,5 @@
-"""`POST /v1/responses` on the WebSocket's port (server/http/): each request answered with its exact
-status, headers and body; the connection kept alive from request to request, or closed where a
-refusal leaves it unusable; a create answered as chunked SSE, one event a chunk, or as the finished
-Response; each way the answer fails before or after its stream started (docs/protocol.md, §8).
-
-In-process over memory streams under the autojump clock, every wait bounded in virtual time; the
-tests where the network matters run over a zero-latency pipe and over the 20 ms RTT link
-(openai-python drives the same path in tests/test_endpoints.py).
-"""
+"""`POST /v1/responses` on the WebSocket's port (server/http/): exact status, headers and body; keep-alive;
+chunked SSE or JSON answers; each way an answer fails before or after its stream started (docs/protocol.md, §8)."""
 
 from __future__ import annotations
 

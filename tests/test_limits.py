@@ -1,12 +1,5 @@
-"""Limits and auth: API keys, stored responses readable only by their key, and every limit
-of `ServerConfig`, each set to a small value and hit: connections, frame and body size, queued
-creates per connection, suspension time-to-live, connection lifetime. Also the load script at a
-tiny size.
-
-Rules (after tests/support.py): in-process servers over memory streams under the `autojump_clock`,
-so every time is asserted exactly; while a limit is hit on one connection, a bystander rollout on
-another connection keeps its exact timeline.
-"""
+"""Every limit of `ServerConfig` and API-key ownership of stored responses, each hit with a small value; and the
+load script at a tiny size."""
 
 from __future__ import annotations
 

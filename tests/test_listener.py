@@ -1,9 +1,5 @@
-"""The listener (server/app.py, server/streams.py): one port for `POST /v1/responses` and the
-WebSocket upgrade, as the real API serves both. The request head is read (bounded in size and time)
-and dispatched before any WebSocket code runs; a connection refused before its request is read gets
-a framed error and is closed; a WebSocket handshake is refused with its status and the API's error,
-or accepted with the design and betas its headers ask for (docs/protocol.md). In-process over memory
-streams under the autojump clock, every wait bounded in virtual time."""
+"""The listener (server/app.py, server/streams.py): one port for HTTP and the WebSocket upgrade; the head read
+bounded in size and time; each handshake refused with its status or accepted with its design and betas."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The server's outbox (server/outbox.py): several messages per socket write, and nothing else changed.
-
-A client must see exactly the messages, in exactly the order, that one `send_message` per event
-gave it: checked here over a zero-latency pipe, over the benchmark's 20 ms link, and over a slower
-link with jitter and a bandwidth limit, for both WebSocket designs, against the same server writing
-each message on its own.
-"""
+"""The server's outbox (server/outbox.py): several messages per socket write, and the client sees exactly what one
+write per message gave it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The protocol's items, server events, errors and Response object (protocol/items.py, events.py,
-errors.py, response.py): each item as parsed and as sent back, with its exact refusal; the wire form of
-each event, error and response (docs/protocol.md). Sans-IO."""
+"""The protocol's items, server events, errors and Response object: each as parsed and as sent, with its exact refusal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The `response.create` body, field by field (protocol/codec.py `parse_create_body`, protocol/rules.py):
-each refusal with the code, message and param the API gives it, the values at each limit accepted,
-the defaults of a minimal body, and what a request derives from its fields (docs/protocol.md,
-"Errors"). Sans-IO: a body in, a `CreateRequest` or a `ProtocolError` out."""
+"""The `response.create` body, field by field (protocol/codec.py, protocol/rules.py): each refusal's code,
+message and param, the values at each limit, the defaults, and what a request derives from its fields."""
 
 from __future__ import annotations
 

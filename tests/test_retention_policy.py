@@ -1,5 +1,4 @@
-"""Retention policies (engine/memory.py): which values a policy takes, how `--policy` text parses,
-and the exact error each bad value gets."""
+"""Retention policies (engine/memory.py): the values a policy takes, `--policy` text, and each bad value's error."""
 
 from __future__ import annotations
 

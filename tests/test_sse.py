@@ -1,13 +1,4 @@
-"""Tests of prototype.client.sse, the strict SSE parser the harness reads HTTP streams with.
-
-Rules every test here follows:
-
-* Sans-IO: bytes in, events out, no trio and no sockets.
-* A valid stream is built from the server's own encoder (`prototype.server.http.sse_block`), so
-  what the parser accepts is exactly what the server sends.
-* Every rejection is asserted by the error's wording, so a test fails if the parser refuses a
-  stream for the wrong reason.
-"""
+"""The strict SSE parser (prototype/client/sse.py), fed the server's own encoder's blocks; each refusal by its exact words."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Random sequences: a Hypothesis state machine over the sans-IO core, and random event
-sequences against a live server under virtual time.
-
-1. `ConversationCore` is a `RuleBasedStateMachine` that drives, synchronously and without trio, the
-   pieces a connection's protocol state is made of: the JSON codec, the call ledger (which calls are
-   pending), the v2 one-slot cache, the v1 suspension's append check, and the emitter that numbers a
-   response's events. A reference model, a few sets and a counter, sits beside them.
-2. `test_random_event_sequences_against_a_live_server` draws sequences of opens, creates (fresh,
-   chained, chained from another connection, bogus), appends (right and wrong), corpus frames,
-   steers, sleeps (past the suspension TTL too) and closes (clean and dropped) against one
-   in-process server over bounded memory pipes, a fresh `MockClock` per example.
-
-Invariants: no crash (no `server_error`, nothing logged at ERROR), exactly one terminal event per
-response, sequence numbers 0, 1, 2, ... per response, no task left behind once every client has
-gone, caches bounded (one slot per connection; the engine holds KV for live sessions only).
-"""
+"""Random sequences: a Hypothesis state machine over the sans-IO core against a reference model, and
+random event sequences against a live server under virtual time. Invariants: no crash, one terminal
+event per response, gapless numbering, nothing left behind, bounded caches."""
 
 from __future__ import annotations
 

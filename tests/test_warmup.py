@@ -1,9 +1,5 @@
-"""The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached.
-
-Codex opens every v2 connection with such a warm-up: tools plus one developer message (its base
-instructions), then chains the real turn from it with only the new items (docs/codex.md). A warm-up (or
-a turn) on a lane prefills only what that lane's own KV does not hold.
-"""
+"""The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached (docs/codex.md);
+on a lane it prefills only what that lane's KV does not hold."""
 
 from __future__ import annotations
 

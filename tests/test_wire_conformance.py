@@ -1,10 +1,5 @@
-"""Every event every design sends, checked against openai-python's typed models and against the
-invariants that tie a stream together: numbering, item ids and indexes, statuses, and token counts.
-
-A rollout here makes hosted web_search calls and parallel client calls, so each kind of output item
-and each lifecycle event appears in each design. The checks read only the wire: a change inside a
-design that alters what a client sees fails here whichever design it is in.
-"""
+"""Every event every design sends, checked against openai-python's typed models and the invariants that tie a
+stream together (numbering, item ids and indexes, statuses, token counts)."""
 
 from __future__ import annotations
 

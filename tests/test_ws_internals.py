@@ -1,9 +1,4 @@
-"""prototype/ws_internals.py: the trio-websocket internals it reads are there, and what it does with
-them is byte for byte what trio-websocket's public calls do.
-
-Rules: two connections joined by trio's in-memory streams under the autojump clock; the server's
-side accepts every handshake; nothing is read before `wait_all_tasks_blocked`.
-"""
+"""prototype/ws_internals.py: the trio-websocket internals it reads exist, and it writes what the public calls write."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from support import (
     until,
     ws,
 )
-from test_bad_input import ONE_TURN, calls_of, create, output, session_kv, turn
+from test_bad_input import LINKS, ONE_TURN, calls_of, create, one_way, output, session_kv, turn
 from test_faults import PipeConnector, raw_ws, server_tasks_end
 from test_http import Link, RawClient, open_client, sse_events
 from trio_websocket import ConnectionClosed
@@ -46,22 +46,11 @@ from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
 
 LONG = "fixed:1:50:10:400:0"  # one turn of 400 output tokens: 4 s at sim-100
 LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
-LINKS = ["pipe", "rtt-20ms"]
 TURN_300 = {"testbed_workload": "fixed:1:100:10:300"}  # 300 output tokens: 0.3 s at sim-1000
 
 
 def connector_for(link: str, server, nursery: trio.Nursery):
-    """A zero-latency pipe, or the in-process link with the benchmark's 20 ms RTT."""
     return PipeConnector(server, nursery) if link == "pipe" else DelayedConnector(server, nursery)
-
-
-def one_way(link: str) -> float:
-    """How long a frame takes from one end to the other on `link`."""
-    return 0.0 if link == "pipe" else DELAYED_LINK.one_way_delay
-
-
-def network_of(link: str):
-    return None if link == "pipe" else DELAYED_LINK
 
 
 def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
@@ -72,11 +61,8 @@ def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
 
 
 async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:
-    events = []
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            events.append(await receive(conn, timeout=60))
-    return events, closed.value.reason.code
+    events, code, _ = await closed_after(conn)
+    return events, code
 
 
 # --- disconnects around the suspension -----------------------------------------------------------
@@ -177,7 +163,6 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
         assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
         await server_tasks_end(server_side, server)
     assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)
-    shutting = errors.SERVER_SHUTTING_DOWN
     # v2: the turn in flight finishes; the queued create never starts.
     assert v2_events[-2]["type"] == "response.completed" and [e["type"] for e in v2_events].count("response.created") == 0
     assert_no_event_lost(first[:1] + v2_events[:-1])
@@ -190,8 +175,7 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
     assert "response.function_call_arguments.done" in [e["type"] for e in v1s_events]
     assert_no_event_lost(first[1:] + v1s_events[:-1])
     for events in (v2_events, v1p_events, v1s_events, idle_events):
-        assert events[-1] == {"type": "error", "status": 503, "error": {
-            "type": "server_error", "code": shutting, "message": "The server is shutting down; retry on a new connection.", "param": None}}
+        assert events[-1] == closing_error("drain")
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
 
 
@@ -227,8 +211,7 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
 
 
 async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_clock) -> None:
-    # A warm-up (`generate: false`) sends `response.created` and nothing more until its prefill ends:
-    # the failure a drain sends for it comes right after, numbered 1.
+    # A warm-up sends `response.created` and nothing more until its prefill ends: the failure is numbered 1.
     server = make_server()
     async with trio.open_nursery() as server_side:
         connector = PipeConnector(server, server_side)
@@ -248,8 +231,7 @@ async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_
 
 
 async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:
-    # A multiplexing client routes events by their `stream_id`: the failure a drain sends for a cut
-    # response must name the lane, as every other event of that response did.
+    # A multiplexing client routes events by `stream_id`: the failure must name the cut response's lane.
     server = make_server()
     async with trio.open_nursery() as server_side:
         connector = PipeConnector(server, server_side)
@@ -286,7 +268,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
 @pytest.mark.parametrize("link", LINKS)
 async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojump_clock, link: str) -> None:
     server = make_server()
-    async with ws(server, network=network_of(link)) as conn:
+    async with ws(server, network=LINKS[link]) as conn:
         await trio.sleep(1.0)
         drained_at = trio.current_time()
         async with trio.open_nursery() as draining:
@@ -294,6 +276,10 @@ async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojum
             events, code, reason = await closed_after(conn)
             assert trio.current_time() == pytest.approx(drained_at + one_way(link), abs=1e-9)  # at once: nothing is in flight
     assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
+    # A connection whose handshake raced the drain is closed the same way.
+    racing = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
+    async with ws(racing, network=LINKS[link]) as conn:
+        assert await closed_after(conn) == ([closing_error("drain")], 1001, "server shutting down")
 
 
 class DrainDuringHandshake(ResponsesServer):
@@ -302,19 +288,9 @@ class DrainDuringHandshake(ResponsesServer):
         return super().check_auth(headers)
 
 
-@pytest.mark.parametrize("link", LINKS)
-async def test_a_connection_whose_handshake_raced_a_drain_is_closed_as_the_drain_closes_the_rest(autojump_clock, link: str) -> None:
-    server = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
-    async with ws(server, network=network_of(link)) as conn:
-        events, code, reason = await closed_after(conn)
-    assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
-
-
 async def test_a_drain_that_reaches_a_session_already_over_does_nothing(autojump_clock) -> None:
-    """Neither a session whose run has returned (no nursery) nor one whose last task has ended (its
-    nursery closed, its run not yet returned, so a drain still finds it in the server's sessions)
-    starts a close: trio would refuse the task ("Nursery is closed to new arrivals"), which took
-    serve's SIGTERM path down."""
+    """A session whose run returned (no nursery), or whose nursery closed before its run returned, starts no
+    close: trio would refuse the task ("Nursery is closed to new arrivals"), taking serve's SIGTERM path down."""
     server = make_server()
     async with ws(server) as conn:
         await trio.sleep(1.0)
@@ -329,8 +305,6 @@ async def test_a_drain_that_reaches_a_session_already_over_does_nothing(autojump
         pass
     session.nursery = ended
     session.shut_down(reason, 1001, "server shutting down", 0.0)  # raises nothing
-
-
 
 
 async def drained(server, conn, grace: float) -> tuple[list[tuple[float, dict]], int]:
@@ -386,9 +360,7 @@ async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(auto
 
 
 async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_terminal_event(autojump_clock):
-    # Cut during its pre-inference work: the client never saw the response, so it gets no event of it,
-    # only the drain's error and close.
-
+    # Cut during its pre-inference work: the client never saw the response, only the drain's error and close.
     server = make_server(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=5.0)))
     async with ws(server) as conn:
         await send(conn, create_event(metadata=TURN_300, stream_id="agent"))
@@ -396,7 +368,6 @@ async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_termi
         events, code = await drained(server, conn, 1.0)
     assert ([(e["type"], e["error"]["code"]) for _, e in events], code) == ([("error", "server_shutting_down")], 1001)
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [("cancelled", None)]
-
 
 
 # --- the drain of HTTP connections ----------------------------------------------------------------------
@@ -411,8 +382,7 @@ async def post_stream(client: RawClient, metadata: dict[str, str]) -> list[dict[
 
 
 def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, Any]:
-    """POST the long streamed response on `client` in a task of its own; the returned dict gets its
-    `events` and the virtual time it `ended_at`."""
+    """POST the long streamed response in a task of its own; the dict gets its `events` and `ended_at`."""
     seen: dict[str, Any] = {}
 
     async def stream() -> None:
@@ -424,8 +394,7 @@ def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, 
 
 
 async def test_a_drain_returns_when_the_last_http_response_ends(autojump_clock, nursery) -> None:
-    """A drain waits for the response in flight (4 s) within its grace, closes the idle
-    keep-alive connection at once, and returns as soon as the last connection closed."""
+    # It waits for the 4 s response within its grace, closes the idle keep-alive at once, returns as the last closes.
     server = make_server()
     idle, streaming = open_client(nursery, server), open_client(nursery, server)
     assert (await idle.request("GET", "/v1/models", content_type=None)).status == 200
@@ -454,11 +423,10 @@ async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(aut
                           "message": "The server is shutting down; retry on a new connection.", "param": None}
 
 
-
 @pytest.mark.parametrize("link", LINKS)
 async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link: str) -> None:
     server = make_server()
-    connect = Link(nursery, server, network_of(link)).connect
+    connect = Link(nursery, server, LINKS[link]).connect
     body = {"model": "sim-1000", "input": "go", "stream": True, "store": False, "metadata": {"testbed_workload": ONE_TURN}}
     idle = await connect()
     assert sse_events(await idle.request(body=body))[-1]["type"] == "response.completed"
@@ -484,8 +452,6 @@ async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refu
 
 
 # --- a close started mid-response, over real TCP with delay; a client that never answers the close ------------
-# The server's close waits a round trip for the client's close frame; the terminal event, the error
-# and the close frame are still on the link while it waits.
 
 def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
     """The `error` event a close sends before its close frame."""
@@ -510,9 +476,8 @@ def assert_terminal_event_then_error(created: dict[str, Any], events: list[dict[
 
 
 async def close_mid_response(conn, server, close: str, workload: str, timeout: float | None = None):
-    """Start a response of `workload`; with `close` "drain", drain the server 0.1 s after its
-    `response.created` (a "limit" case has timed its lifetime to strike in the middle). Returns the
-    `response.created`, every event after it and the close code."""
+    """Start a response of `workload` (a "drain" comes 0.1 s after its `response.created`; a "limit" is timed
+    to strike mid-way): its `response.created`, every event after it, and the close code."""
     await send(conn, create(model="sim-100", metadata={"testbed_workload": workload}))
     created = await receive(conn) if timeout is None else await receive(conn, timeout=timeout)
     assert created["type"] == "response.created"
@@ -544,11 +509,10 @@ async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: 
 
 @pytest.mark.parametrize("link", LINKS)
 async def test_a_client_that_never_answers_the_close_is_dropped_a_close_handshake_after_the_limit(autojump_clock, link: str) -> None:
-    """It gets the limit's error and close frame; the server waits `CLOSE_HANDSHAKE_SECONDS` for its
-    close frame, then ends the session and the connection (RFC 6455 §7.1.1)."""
+    """The server waits `CLOSE_HANDSHAKE_SECONDS` for its close frame, then ends the connection (RFC 6455 §7.1.1)."""
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
     protocol = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    async with InMemoryConnector(server, network_of(link)).open_stream() as client:
+    async with InMemoryConnector(server, LINKS[link]).open_stream() as client:
         await client.send_all(protocol.send(wsproto.events.Request(host="testbed", target="/v1/responses",
                                                                     extra_headers=[(b"authorization", b"Bearer k")])))
         data = b""
@@ -572,8 +536,8 @@ async def test_a_client_that_never_answers_the_close_is_dropped_a_close_handshak
 
 
 async def test_a_client_that_reads_nothing_is_dropped_a_close_handshake_after_the_limit(autojump_clock, nursery) -> None:
-    """Its socket takes nothing (a lockstep stream: a write waits for the reader), so the limit's error
-    cannot even be written: the session ends `CLOSE_HANDSHAKE_SECONDS` after the limit all the same."""
+    """Its socket takes nothing (a lockstep stream), so not even the limit's error is written: the session
+    ends `CLOSE_HANDSHAKE_SECONDS` after the limit all the same."""
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
     client, server_end = trio.testing.lockstep_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
@@ -589,7 +553,6 @@ async def test_a_client_that_reads_nothing_is_dropped_a_close_handshake_after_th
         while server.sessions:
             await trio.sleep(0.001)
     assert trio.current_time() == pytest.approx(12.0 + CLOSE_HANDSHAKE_SECONDS, abs=1e-3)
-
 
 
 def test_sigterm_drains_the_real_server(cli_server) -> None:

@@ -12,25 +12,26 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DELAYED_LINK, closed_after, make_server, receive, send, until
+from support import closed_after, make_server, receive, send, until, ws
 from test_bad_input import (
     BOTH,
+    LINKS,
     ONE_TURN,
     SMALL,
     TERMINALS,
-    BadHttp,
     Bystander,
-    RawHttp,
     assert_released,
     bystander_baseline,
     calls_of,
     create,
     good_body,
     handshake_refusal,
+    one_way,
     output,
     session_kv,
     turn,
 )
+from test_http import open_client
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
@@ -45,7 +46,7 @@ from prototype.api.checks import (
 )
 from prototype.api.costs import ApiCosts
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
+from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.engine import tokenizer
 from prototype.protocol import codec, errors
 from prototype.protocol.items import FunctionCallOutput, Message
@@ -59,20 +60,12 @@ from prototype.server.config import (
 )
 
 
-def ws(server, design: str = CHAINED, key: str = "testbed", network=None):
-    """`network`: None for a zero-latency pipe, or a link with delay (support.DELAYED_LINK)."""
-    return open_responses_websocket(InMemoryConnector(server, network), design, api_key=key)
-
-
-async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str | None = "testbed") -> tuple[int, Any]:
+async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str = "testbed") -> tuple[int, Any]:
     """One POST /v1/responses on a new in-memory connection: (status, parsed JSON body)."""
-    client_end, server_end = trio.testing.memory_stream_pair()
-    nursery.start_soon(server.handle_stream, server_end)
-    client = RawHttp(client_end)
-    await client.send_case(BadHttp("request", 0, "", body=body, auth=None if key is None else f"Bearer {key}".strip()))
-    status, _, raw = await client.answer()
-    await client_end.aclose()
-    return status, json.loads(raw)
+    client = open_client(nursery, server)
+    answer = await client.request(body=body, auth=f"Bearer {key}")
+    await client.stream.aclose()
+    return answer.status, answer.json()
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -91,7 +84,7 @@ def test_defaults_are_the_documented_ones() -> None:
 @pytest.mark.parametrize("configured", [True, False], ids=["configured keys", "any key"])
 async def test_a_stored_response_is_readable_only_with_the_key_that_created_it(autojump_clock, nursery, configured: bool) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"alpha", "beta"}) if configured else None))
-    async with ws(server, key="alpha") as conn:
+    async with ws(server, api_key="alpha") as conn:
         by_ws = (await turn(conn, create(store=True)))[-1]["response"]
     status, by_http = await http(server, nursery, good_body(store=True, metadata={"testbed_workload": SMALL}), key="alpha")
     assert status == 200
@@ -100,14 +93,14 @@ async def test_a_stored_response_is_readable_only_with_the_key_that_created_it(a
         answer = [output(calls_of(stored)[0])]
         follow = create(store=True, previous_response_id=stored["id"], input=answer)
         # Another key: not found, over either transport, exactly as if it did not exist.
-        async with ws(server, key="beta") as conn:
+        async with ws(server, api_key="beta") as conn:
             events = await turn(conn, follow)
             assert [e["error"]["code"] for e in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
         status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="beta")
         assert (status, body["error"]["code"]) == (400, errors.PREVIOUS_RESPONSE_NOT_FOUND)
         assert body["error"]["message"] == f"Previous response with id '{stored['id']}' not found."
         # The creating key: the chain continues, over either transport.
-        async with ws(server, key="alpha") as conn:
+        async with ws(server, api_key="alpha") as conn:
             events = await turn(conn, follow)
             assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == stored["id"]
         status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="alpha")
@@ -367,14 +360,6 @@ LIMIT_ERROR = {"type": "error", "status": 400, "error": {
 # A response the limit cuts short: the schema's code and the limit's message; the limit's code follows in LIMIT_ERROR.
 LIMIT_REACHED = {"code": "server_error", "message": LIMIT_MESSAGE}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
-# The lifetime limit's close over a zero-latency pipe and over the 20 ms RTT link.
-LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
-
-
-def one_way(link: str) -> float:
-    return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
-
-
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", BOTH)
 async def test_the_lifetime_limit_closes_an_idle_connection_with_its_error_and_1000(autojump_clock, design: str, link: str) -> None:
@@ -515,10 +500,8 @@ def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_re
 
 @pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
 async def test_load_overhead_is_what_the_server_added_beyond_the_model_whatever_the_cache_held(autojump_clock, design: str) -> None:
-    """The load experiment's per-turn overhead, on the virtual clock where the only time beyond the
-    engine model is the API stages the server charges: exactly those stages (their phase log), turn
-    by turn, for a cold rollout and for a second one that finds the whole conversation cached. Under
-    zero stage costs it is zero, never the cold prefill a warm turn skipped."""
+    """The load experiment's per-turn overhead is exactly the API stages the server charged (their phase log),
+    cold or with the whole conversation cached; zero under zero costs, never the prefill a warm turn skipped."""
     from experiments import load
     from prototype.api.costs import ZERO_COSTS, ApiCosts
     from prototype.api.service import ApiService

@@ -124,21 +124,15 @@ async def test_each_handshake_refusal_has_its_status_and_message(autojump_clock)
         "param": None}})
 
 
-async def design_of(ws) -> str:
-    """v1 answers an append with no suspended response; v2 does not know the event."""
-    await ws.send_message(json.dumps({"type": "response.append", "input": []}))
-    return json.loads(await ws.get_message())["error"]["code"]
-
-
 @pytest.mark.parametrize(("beta", "answer"), [
     (None, "unknown_event_type"),  # no header: v2
     (b"other=1,responses_websockets=2026-02-04", "no_suspended_response"),  # entries split on commas, without spaces too
     (b"other=1, responses_websockets=2026-02-06", "unknown_event_type"),
 ])
 async def test_the_beta_header_selects_the_design(autojump_clock, beta, answer) -> None:
-    headers = [AUTH] if beta is None else [AUTH, (b"openai-beta", beta)]
-    async with handshake(make_server(), headers) as ws:
-        assert await design_of(ws) == answer
+    async with handshake(make_server(), [AUTH] if beta is None else [AUTH, (b"openai-beta", beta)]) as ws:
+        await ws.send_message(json.dumps({"type": "response.append", "input": []}))  # v1: nothing suspended; v2: unknown
+        assert json.loads(await ws.get_message())["error"]["code"] == answer
 
 
 @pytest.mark.parametrize(("beta", "multi_agent"), [
@@ -179,19 +173,14 @@ async def test_the_handshake_gives_the_connection_its_design_client_timing_and_n
 # --- the head reader and the replay stream (server/streams.py) -----------------------------------------
 
 
-async def test_read_head_reads_until_the_blank_line_and_keeps_what_came_with_it(autojump_clock) -> None:
+async def test_read_head_reads_until_the_blank_line_keeping_what_came_with_it_or_nothing_if_the_peer_closes(autojump_clock) -> None:
     client, server_end = trio.testing.memory_stream_pair()
     await client.send_all(b"GET / HTTP/1.1\r\nhost: t\r\n")
     await client.send_all(b"\r\nbody")
     with trio.fail_after(WAIT):
         assert await read_head(server_end, 64) == b"GET / HTTP/1.1\r\nhost: t\r\n\r\nbody"
-
-
-async def test_read_head_returns_nothing_when_the_peer_closes_first(autojump_clock) -> None:
-    client, server_end = trio.testing.memory_stream_pair()
-    await client.send_all(b"GET / HTTP/1.1\r\n")
-    await client.aclose()
-    with trio.fail_after(WAIT):
+        await client.send_all(b"GET / HTTP/1.1\r\n")
+        await client.aclose()
         assert await read_head(server_end, 64) == b""
 
 
@@ -215,8 +204,7 @@ async def test_read_head_refuses_only_past_its_limit(autojump_clock) -> None:
         await read_head(server_end, 10)
 
 
-async def test_read_head_takes_a_head_in_large_reads(autojump_clock) -> None:
-    """The head is read in reads of up to 64 KiB: a 70,000-byte head takes two reads."""
+async def test_read_head_takes_a_head_in_reads_of_64_kib(autojump_clock) -> None:
     sizes: list[int | None] = []
 
     class Counting(trio.abc.ReceiveStream):
@@ -255,13 +243,9 @@ async def test_a_replay_stream_gives_its_prefix_then_reads_the_inner_stream(auto
         assert await client.receive_some(None) == b""
     with pytest.raises(trio.ClosedResourceError):
         await server_end.send_all(b"x")
-
-
-async def test_a_replay_of_a_whole_prefix_reads_on_from_the_inner_stream(autojump_clock) -> None:
-    client, server_end = trio.testing.memory_stream_pair()
+    client, server_end = trio.testing.memory_stream_pair()  # a read of the whole prefix, then the inner stream
     replay = ReplayStream(server_end, b"head")
     await client.send_all(b"tail")
     with trio.fail_after(WAIT):
-        assert await replay.receive_some(4) == b"head"
-        assert await replay.receive_some(4) == b"tail"
+        assert (await replay.receive_some(4), await replay.receive_some(4)) == (b"head", b"tail")
 

@@ -18,7 +18,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, Rollout, run_websocket_rollout
 from prototype.server import outbox as outbox_module
 from prototype.server.app import ResponsesServer
-from prototype.server.outbox import Outbox, send_one_by_one
+from prototype.server.outbox import Outbox
 from prototype.workload import fixed
 
 TASK = fixed(3, initial_prompt_tokens=300, appended_tokens=80, output_tokens=40, tool_seconds=0.5)
@@ -27,7 +27,7 @@ LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK, "jitter-2MB/s": JITTERY}
 
 
 async def received(design: str, network: netem.NetworkProfile | None, monkeypatch) -> list[tuple[dict[str, Any], int]]:
-    """Every event the client received, with its message's size, in order (`created_at`, wall-clock seconds, left out)."""
+    """Every event the client received, with its message's size (`created_at`, wall-clock seconds, left out)."""
     events: list[tuple[dict[str, Any], int]] = []
     original = Rollout.received
 
@@ -77,53 +77,13 @@ async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(a
     assert len(batches) < len(batched) and max(batches) >= 3
 
 
-class FakeWebSocket:
-    """Records what is sent; each send waits until `open` is set, or fails once `broken`."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.open = trio.Event()
-        self.broken = False
-
+class BrokenWebSocket:
     async def send_message(self, message: str) -> None:
-        await self.open.wait()
-        if self.broken:
-            raise ConnectionClosed(None)
-        self.sent.append(message)
-
-
-async def test_a_sender_waits_once_the_queued_bytes_pass_the_limit_and_order_holds(autojump_clock) -> None:
-    ws = FakeWebSocket()
-    box = Outbox.for_websocket(ws)
-    box.limit = 10
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(box.run)
-        await box.send("aaaa")
-        await box.send("bbbb")
-        await trio.sleep(1)  # the writer took both and is stuck in the socket write
-        done = []
-
-        async def sender() -> None:
-            for message in ("cccc", "dddd", "eeee"):  # the third passes 10 bytes queued
-                await box.send(message)
-                done.append(message)
-
-        nursery.start_soon(sender)
-        await trio.sleep(1)
-        assert done == ["cccc", "dddd"]
-        ws.open.set()
-        await box.flush()
-        await trio.testing.wait_all_tasks_blocked()  # the sender resumes after its batch was written
-        assert done == ["cccc", "dddd", "eeee"]
-        assert ws.sent == ["aaaa", "bbbb", "cccc", "dddd", "eeee"]
-        nursery.cancel_scope.cancel()
+        raise ConnectionClosed(None)
 
 
 async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(autojump_clock) -> None:
-    ws = FakeWebSocket()
-    ws.broken = True
-    ws.open.set()
-    box = Outbox.for_websocket(ws)
+    box = Outbox.for_websocket(BrokenWebSocket())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(box.run)
         await box.send("aaaa")
@@ -131,8 +91,7 @@ async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(au
             await box.flush()
         with pytest.raises(ConnectionClosed):
             await box.send("bbbb")
-    assert ws.sent == [] and box.writes == 0
-
+    assert box.writes == 0
 
 
 class GatedWriter:
@@ -174,7 +133,7 @@ async def test_each_write_takes_every_message_queued_since_the_last_and_is_count
     assert (writer.batches[-1], box.writes) == (["e"], 3)
 
 
-async def test_a_sender_waits_only_past_the_limit(autojump_clock, nursery) -> None:
+async def test_a_sender_waits_only_past_the_limit_and_resumes_in_order_once_the_batch_is_written(autojump_clock, nursery) -> None:
     writer = GatedWriter()
     box = Outbox(writer, limit=8)
     nursery.start_soon(box.run)
@@ -184,25 +143,23 @@ async def test_a_sender_waits_only_past_the_limit(autojump_clock, nursery) -> No
         await box.send("aaaa")
         await box.send("bbbb")  # 8 bytes queued: at the limit, not past it
     assert not at_the_limit.cancelled_caught
-    with trio.move_on_after(1.0) as past_the_limit:
+    done = []
+
+    async def sender() -> None:
         await box.send("c")
-    assert past_the_limit.cancelled_caught
+        done.append("c")
 
-
-async def test_one_by_one_sends_each_message_in_order() -> None:
-    sent: list[str] = []
-
-    class Socket:
-        async def send_message(self, message: str) -> None:
-            sent.append(message)
-
-    await send_one_by_one(Socket(), ["a", "b", "c"])
-    assert sent == ["a", "b", "c"]
+    nursery.start_soon(sender)
+    await trio.sleep(1.0)
+    assert done == []  # past the limit: it waits
+    writer.open.set()
+    await box.flush()
+    await trio.testing.wait_all_tasks_blocked()  # it resumes once its batch was written
+    assert done == ["c"] and [m for batch in writer.batches for m in batch] == ["x", "aaaa", "bbbb", "c"]
 
 
 async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
-    """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
-    how many socket writes the server made for them."""
+    """The bytes of two SSE answers on one keep-alive connection as received, and the server's socket writes."""
     from test_http import Link, RawClient, assert_completed_stream, create_body
     from test_http_client import Tapped
 
@@ -236,9 +193,7 @@ async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None)
 
 @pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])
 async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(autojump_clock, nursery, monkeypatch, link: str) -> None:
-    """Over links that never push back. (Over a bandwidth-limited link a server that writes one
-    event at a time waits for the link between events, and the tokens that became ready meanwhile
-    go out together in its next delta (engine/streaming.py): the same text, grouped otherwise.)"""
+    """Over links that never push back (over a bandwidth-limited link one write per event groups tokens otherwise)."""
     import time
 
     monkeypatch.setattr(time, "time", lambda: 1_770_000_000.0)  # the responses' created_at, whole seconds of wall time

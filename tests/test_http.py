@@ -530,15 +530,18 @@ async def test_a_fault_is_named_by_its_type_and_a_turn_without_a_terminal_is_an_
     assert (answer.status, answer.json()) == (500, INTERNAL)
 
 
-async def test_each_handler_fault_is_logged_with_its_traceback(autojump_clock, nursery, monkeypatch, caplog) -> None:
+async def test_each_handler_fault_is_a_500_logged_with_its_traceback(autojump_clock, nursery, monkeypatch, caplog) -> None:
     async def broken(*args: Any) -> None:
         raise RuntimeError("boom")
 
-    client = open_client(nursery, make_server())
+    client, answer = open_client(nursery, make_server()), routes.answer
     monkeypatch.setattr(routes, "answer", broken)
     monkeypatch.setattr(answers, "run_http_turn", faulty_turn(RuntimeError("boom")))
     with caplog.at_level("ERROR", logger="prototype.server.http"):
-        assert (await client.request("GET", "/v1/models", content_type=None)).status == 500
+        models = await client.request("GET", "/v1/models", content_type=None)
+        assert (models.status, models.json(), "connection" in models.headers) == (500, INTERNAL, False)
+        monkeypatch.setattr(routes, "answer", answer)
+        assert (await client.request("GET", "/v1/models", content_type=None)).status == 200  # the same connection serves on
         assert (await post_once(client, stream=False)).status == 500
         assert (await post_once(client, stream=True)).status == 500
     assert [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [

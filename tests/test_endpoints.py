@@ -11,7 +11,8 @@ import h11
 import pytest
 import trio
 import trio.testing
-from support import H11Client, create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import create_event, function_calls, make_server, outputs_for, send, until, ws
+from test_http import Answer, RawClient
 
 from prototype import metrics
 from prototype.api import retrieval
@@ -34,31 +35,21 @@ SLOW = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 300 tokens
 # --- a raw HTTP/1.1 client over a memory stream ----------------------------------------------------
 
 
-@attrs.frozen
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
+class Raw(RawClient):
+    """test_http's client as key alice unless told (None: no authorization); `body` as JSON or `data` as it is;
+    `start` reads the head of an answer, `events_until` and `rest` its stream as it comes."""
 
-    def json(self) -> Any:
-        return json.loads(self.body)
+    @staticmethod
+    def fields(key: str | None, body: dict | None, data: bytes | None) -> dict[str, Any]:
+        return {"body": body if data is None else data, "auth": None if key is None else f"Bearer {key}",
+                "content_type": "application/json" if body is not None or data else None}
 
+    async def request(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None,
+                      data: bytes | None = None) -> Answer:
+        return await super().request(method, target, **self.fields(key, body, data))
 
-class Raw(H11Client):
-    async def start(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None,
-                    data: bytes | None = None) -> h11.Response:
-        """Send a request (`body` as JSON, or `data` as it is) and read the head of its answer."""
-        if data is None:
-            data = json.dumps(body).encode() if body is not None else b""
-        headers = [("host", "testbed"), ("content-length", str(len(data)))]
-        if key is not None:
-            headers.append(("authorization", f"Bearer {key}"))
-        if body is not None or data:
-            headers.append(("content-type", "application/json"))
-        out = self.conn.send(h11.Request(method=method, target=target, headers=headers))
-        out += self.conn.send(h11.Data(data=data)) if data else b""
-        out += self.conn.send(h11.EndOfMessage())
-        await self.stream.send_all(out)
+    async def start(self, method: str, target: str, *, body: dict | None = None) -> h11.Response:
+        await self.send(method, target, **self.fields("alice", body, None))
         head = await self._next()
         assert isinstance(head, h11.Response), head
         return head
@@ -69,11 +60,6 @@ class Raw(H11Client):
             body += event.data
         self.conn.start_next_cycle()
         return bytes(body)
-
-    async def request(self, method: str, target: str, **kwargs: Any) -> Reply:
-        head = await self.start(method, target, **kwargs)
-        headers = {k.decode().lower(): v.decode() for k, v in head.headers}
-        return Reply(head.status_code, headers, await self.rest())
 
     async def events_until(self, *types: str) -> list[dict[str, Any]]:
         """SSE events of a started stream, up to the first of `types`."""
@@ -97,7 +83,7 @@ def connect(nursery: trio.Nursery, server: ResponsesServer) -> Raw:
     return Raw(client)
 
 
-def error_of(reply: Reply, status: int, code: str, param: str | None) -> str:
+def error_of(reply: Answer, status: int, code: str, param: str | None) -> str:
     assert (reply.status, reply.headers["content-type"]) == (status, "application/json"), reply
     error = reply.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
@@ -320,7 +306,7 @@ async def test_deleting_a_suspended_v1_response_is_refused_until_it_ends(autojum
 # --- cancel ------------------------------------------------------------------------------------------
 
 
-async def cancel_at(http: Raw, rid: str, key: str = "alice") -> tuple[float, Reply]:
+async def cancel_at(http: Raw, rid: str, key: str = "alice") -> tuple[float, Answer]:
     reply = await http.request("POST", f"/v1/responses/{rid}/cancel", key=key)
     return trio.current_time(), reply
 
@@ -353,7 +339,7 @@ async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock
 async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojump_clock, nursery) -> None:
     server = make_server(new_id=IdFactory("t"))
     waiting, http = connect(nursery, server), connect(nursery, server)
-    replies: list[tuple[float, Reply]] = []
+    replies: list[tuple[float, Answer]] = []
     answered = trio.Event()
 
     async def post() -> None:

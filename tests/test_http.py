@@ -57,20 +57,19 @@ class RawClient(H11Client):
     """An h11 client on one connection; `request` sends a host, the content length, `auth` and
     `content_type` unless None, then `headers`."""
 
-    async def request(
-        self, method: str = "POST", target: str = "/v1/responses", *, body: bytes | dict | None = None,
-        headers: list[tuple[str, str]] | None = None, auth: str | None = "Bearer testbed",
-        content_type: str | None = "application/json",
-    ) -> Answer:
+    async def request(self, method: str = "POST", target: str = "/v1/responses", **fields: Any) -> Answer:
+        with trio.fail_after(WAIT):
+            await self.send(method, target, **fields)
+            return await self.answer()
+
+    async def send(self, method: str, target: str, *, body: bytes | dict | None = None, headers: list[tuple[str, str]] | None = None,
+                   auth: str | None = "Bearer testbed", content_type: str | None = "application/json") -> None:
         body = json.dumps(body).encode() if isinstance(body, dict) else body or b""
         all_headers = [("host", "testbed"), ("content-length", str(len(body)))]
         all_headers += [("authorization", auth)] if auth is not None else []
         all_headers += [("content-type", content_type)] if content_type is not None else []
         data = self.conn.send(h11.Request(method=method, target=target, headers=all_headers + (headers or [])))
-        data += (self.conn.send(h11.Data(data=body)) if body else b"") + self.conn.send(h11.EndOfMessage())
-        with trio.fail_after(WAIT):
-            await self.stream.send_all(data)
-            return await self.answer()
+        await self.stream.send_all(data + (self.conn.send(h11.Data(data=body)) if body else b"") + self.conn.send(h11.EndOfMessage()))
 
     async def answer(self) -> Answer:
         """The next answer, past any informational ones (their statuses kept in `informational`)."""

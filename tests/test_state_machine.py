@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 from collections import Counter
 from typing import Any
 
@@ -44,7 +45,7 @@ from prototype.protocol.items import FunctionCall
 from prototype.protocol.response import Response
 from prototype.server.config import ServerConfig
 
-# --- 1. the sans-IO core, synchronously -------------------------------------------------------------
+# --- 1. the sans-IO core, synchronously: the codec, the call ledger, the v2 cache slot, the v1 suspension, the emitter
 
 
 def drive(coroutine: Any) -> Any:
@@ -310,15 +311,6 @@ ACTIONS = ["open", "create", "create", "create", "append", "append", "bad", "ste
 CREATES = ["fresh", "fresh", "chain", "chain", "other", "bogus", "bad_metadata", "warm_up"]
 
 
-class ErrorLog(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def check_events(client: Client) -> None:
     """Per response: numbers 0, 1, 2, ...; one terminal, last; v1-only events on v1 only."""
     numbers: dict[str, list[int]] = {}
@@ -356,7 +348,8 @@ def check_events(client: Client) -> None:
 
 async def play(data: st.DataObject) -> None:
     server = make_server(config=ServerConfig(suspension_ttl=5.0, max_queued_creates=3, max_message_bytes=64 * 1024))
-    errors_logged = ErrorLog()
+    errors_logged = logging.handlers.BufferingHandler(1 << 30)
+    errors_logged.setLevel(logging.ERROR)
     logging.getLogger("prototype").addHandler(errors_logged)
     clients: list[Client] = []
     try:
@@ -443,7 +436,7 @@ async def play(data: st.DataObject) -> None:
             client_side.cancel_scope.cancel()
     finally:
         logging.getLogger("prototype").removeHandler(errors_logged)
-    assert [r.getMessage() for r in errors_logged.records] == []
+    assert [r.getMessage() for r in errors_logged.buffer] == []
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -50,19 +50,12 @@ def test_each_sprint_switch_adds_back_only_its_own_cost() -> None:
     costs = ApiCosts()
     route, safety = costs.route, costs.safety
     assert sprint_costs(costs, AFTER_SPRINT, EXTRA) is costs
-    assert sprint_costs(costs, SprintSwitches(cross_request_render_cache=False), EXTRA) == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.020, route.per_ktok)
-    )
-    assert sprint_costs(costs, SprintSwitches(direct_inference_hop=False), EXTRA) == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.030, route.per_ktok)
-    )
-    assert sprint_costs(costs, SprintSwitches(fast_safety=False), EXTRA) == attrs.evolve(
-        costs, safety=StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
-    )
-    before = sprint_costs(costs, BEFORE_SPRINT, EXTRA)
-    assert before == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.020 + 0.030, route.per_ktok), safety=StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
-    )
+    slow_safety = StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
+    for switches, expected in ((SprintSwitches(cross_request_render_cache=False), {"route": StageCost(route.fixed + 0.020, route.per_ktok)}),
+                               (SprintSwitches(direct_inference_hop=False), {"route": StageCost(route.fixed + 0.030, route.per_ktok)}),
+                               (SprintSwitches(fast_safety=False), {"safety": slow_safety}),
+                               (BEFORE_SPRINT, {"route": StageCost(route.fixed + 0.020 + 0.030, route.per_ktok), "safety": slow_safety})):
+        assert sprint_costs(costs, switches, EXTRA) == attrs.evolve(costs, **expected)
     # Without an explicit `extra`, the documented defaults are added.
     assert sprint_costs(costs, BEFORE_SPRINT) == sprint_costs(costs, BEFORE_SPRINT, SprintCosts())
     assert sprint_costs(costs, BEFORE_SPRINT).route.fixed == route.fixed + SprintCosts().config_load + SprintCosts().intermediate_hop

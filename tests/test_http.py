@@ -327,26 +327,16 @@ async def test_a_second_request_h11_cannot_parse_is_a_bad_request(autojump_clock
 # --- keep-alive ------------------------------------------------------------------------------------------
 
 
-def parse_and_dump(text: str) -> list[dict[str, Any]]:
-    return [item.to_dict() for item in parse_input(text)]
-
-
-async def test_one_connection_serves_request_after_request(autojump_clock, nursery, network) -> None:
+async def test_one_connection_serves_request_after_request_until_it_asks_to_close(autojump_clock, nursery, network) -> None:
     server = make_server()
     client = await Link(nursery, server, network).connect()
     first = assert_completed_stream(await client.request(body=create_body(stream=True)))
     response = first[-1].data["response"]
     call = next(item for item in response["output"] if item["type"] == "function_call")
-    answer = await client.request(
-        body=create_body([*parse_and_dump("fix the bug"), *response["output"],
-                          {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}], stream=True)
-    )
-    assert_completed_stream(answer)
+    resent = [item.to_dict() for item in parse_input("fix the bug")] + response["output"]
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+    assert_completed_stream(await client.request(body=create_body([*resent, answer], stream=True)))
     assert server.connections == 1
-
-
-async def test_connection_close_is_honoured(autojump_clock, nursery, network) -> None:
-    client = await Link(nursery, make_server(), network).connect()
     assert_completed_stream(await client.request(body=create_body(stream=True), headers=[("connection", "close")]))
     assert await client.server_closed()
 

@@ -465,27 +465,22 @@ REFERENCE_EVENTS = [("r", 0, "response.created"), ("r", 1, "response.output_text
 def test_a_lost_or_repeated_item_is_counted() -> None:
     from experiments.load import lost_and_duplicated
 
-    expected = load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}], REFERENCE_EVENTS), expected) == (1, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 1)
-    assert lost_and_duplicated(load_record([{"b": 2}, {"a": 1}], REFERENCE_EVENTS), expected) == (1, 1)
-    # Same items, another item's text: the transcript is not the reference's.
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 3}], REFERENCE_EVENTS), expected) == (1, 1)
-    assert lost_and_duplicated(None, expected) == (2 + 3, 0)  # two items, three events
-    # Deltas coalesced differently are not a loss; a gap in the numbering is.
-    coalesced = [("r", 0, "response.created"), ("r", 1, "response.output_text.delta"), ("r", 2, "response.output_text.delta"), ("r", 3, "response.completed")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], coalesced), expected) == (0, 0)
-    gap = [("r", 0, "response.created"), ("r", 2, "response.completed")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], gap), expected) == (1, 0)
-    repeated = [*REFERENCE_EVENTS[:2], ("r", 1, "response.output_text.delta"), REFERENCE_EVENTS[2]]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], repeated), expected) == (0, 1)
-    # A missing tail: numbered 0, 1 without a gap, but the terminal event never came.
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS[:2]), expected) == (1, 0)
-    # A whole response missing, and one response too many.
+    both = [{"a": 1}, {"b": 2}]
+    expected = load_record(both, REFERENCE_EVENTS)
     two_responses = [*REFERENCE_EVENTS, ("s", 0, "response.created")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), load_record([{"a": 1}, {"b": 2}], two_responses)) == (1, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], two_responses), expected) == (0, 1)
+    delta = ("r", 1, "response.output_text.delta")
+    for transcript, events, counted in [
+        (both, REFERENCE_EVENTS, (0, 0)), ([{"a": 1}], REFERENCE_EVENTS, (1, 0)), ([*both, {"b": 2}], REFERENCE_EVENTS, (0, 1)),
+        (both[::-1], REFERENCE_EVENTS, (1, 1)), ([{"a": 1}, {"b": 3}], REFERENCE_EVENTS, (1, 1)),  # another item's text: not the reference's
+        # Deltas coalesced differently are not a loss; a gap in the numbering is, and so is a repeat.
+        (both, [*REFERENCE_EVENTS[:2], ("r", 2, "response.output_text.delta"), ("r", 3, "response.completed")], (0, 0)),
+        (both, [REFERENCE_EVENTS[0], REFERENCE_EVENTS[2]], (1, 0)), (both, [*REFERENCE_EVENTS[:2], delta, REFERENCE_EVENTS[2]], (0, 1)),
+        (both, REFERENCE_EVENTS[:2], (1, 0)),  # a missing tail: numbered 0, 1 without a gap, but no terminal event
+        (both, two_responses, (0, 1)),  # one response too many
+    ]:
+        assert lost_and_duplicated(load_record(transcript, events), expected) == counted, (transcript, events)
+    assert lost_and_duplicated(None, expected) == (2 + 3, 0)  # two items, three events
+    assert lost_and_duplicated(load_record(both, REFERENCE_EVENTS), load_record(both, two_responses)) == (1, 0)  # a response missing
 
 
 def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_reference() -> None:

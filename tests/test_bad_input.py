@@ -316,12 +316,8 @@ async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design
     assert trio.current_time() - start > 5 / 65  # 5 tokens at the flagship's 65 tokens/s
 
 
-EMPTY_MESSAGES = [
-    "",
-    [{"role": "user", "content": ""}],
-    [{"type": "message", "role": "user", "content": ""}],
-    [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]}],
-]
+EMPTY_MESSAGES = ["", [{"role": "user", "content": ""}], [{"type": "message", "role": "user", "content": ""}],
+                  [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]}]]
 
 
 async def test_an_empty_message_is_an_input_item_in_every_spelling_and_no_item_is_refused(autojump_clock, nursery) -> None:

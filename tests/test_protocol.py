@@ -73,16 +73,13 @@ def ours(payload: bytes) -> str:
     return ENCRYPTED_CONTENT_PREFIX + base64.urlsafe_b64encode(payload).decode("ascii")
 
 
-@pytest.mark.parametrize(
-    "damaged",
-    [
-        pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
-        pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
-    ],
-)
+@pytest.mark.parametrize("damaged", [
+    pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
+    pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
+])
 def test_a_damaged_reasoning_blob_is_refused(damaged: str) -> None:
     """A blob of ours cut short or altered cannot be verified: the real API's error, never a shorter or empty text."""
     with pytest.raises(ProtocolError) as caught:
@@ -215,15 +212,12 @@ def test_calls_and_outputs_keep_their_fields() -> None:
         "call_1", "done")
 
 
-@pytest.mark.parametrize(
-    ("sent", "query", "status"),
-    [
-        ({"type": "web_search_call", "id": "ws_1", "status": "searching", "action": {"type": "search", "query": "trio"}}, "trio", "searching"),
-        ({"type": "web_search_call", "id": "ws_1"}, "", "completed"),
-        ({"type": "web_search_call", "id": "ws_1", "action": "search"}, "", "completed"),
-        ({"type": "web_search_call", "id": "ws_1", "action": {"query": 5}}, "", "completed"),
-    ],
-)
+@pytest.mark.parametrize(("sent", "query", "status"), [
+    ({"type": "web_search_call", "id": "ws_1", "status": "searching", "action": {"type": "search", "query": "trio"}}, "trio", "searching"),
+    ({"type": "web_search_call", "id": "ws_1"}, "", "completed"),
+    ({"type": "web_search_call", "id": "ws_1", "action": "search"}, "", "completed"),
+    ({"type": "web_search_call", "id": "ws_1", "action": {"query": 5}}, "", "completed"),
+])
 def test_a_web_search_call_keeps_a_string_query_and_its_status(sent: dict[str, Any], query: str, status: str) -> None:
     assert parse_item(sent) == WebSearchCall("ws_1", query, status=status)
 

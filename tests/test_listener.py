@@ -124,29 +124,23 @@ async def test_each_handshake_refusal_has_its_status_and_message(autojump_clock)
         "param": None}})
 
 
-@pytest.mark.parametrize(("beta", "answer"), [
-    (None, "unknown_event_type"),  # no header: v2
-    (b"other=1,responses_websockets=2026-02-04", "no_suspended_response"),  # entries split on commas, without spaces too
-    (b"other=1, responses_websockets=2026-02-06", "unknown_event_type"),
+INJECT = {"type": "response.inject", "response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}
+
+
+@pytest.mark.parametrize(("beta", "answer", "multi_agent"), [
+    (None, "unknown_event_type", False),  # no header: v2
+    (b"other=1,responses_websockets=2026-02-04", "no_suspended_response", False),  # entries split on commas, without spaces too
+    (b"other=1, responses_websockets=2026-02-06", "unknown_event_type", False),
+    (b"responses_websockets=2026-02-06, responses_multi_agent=v1", "unknown_event_type", True),
+    (b"responses_multi_agent=v1,responses_websockets=2026-02-06", "unknown_event_type", True),
 ])
-async def test_the_beta_header_selects_the_design(autojump_clock, beta, answer) -> None:
+async def test_the_beta_header_selects_the_design_and_the_multi_agent_beta_is_one_entry_of_it(autojump_clock, beta, answer, multi_agent) -> None:
     async with handshake(make_server(), [AUTH] if beta is None else [AUTH, (b"openai-beta", beta)]) as ws:
         await ws.send_message(json.dumps({"type": "response.append", "input": []}))  # v1: nothing suspended; v2: unknown
         assert json.loads(await ws.get_message())["error"]["code"] == answer
-
-
-@pytest.mark.parametrize(("beta", "multi_agent"), [
-    (b"responses_websockets=2026-02-06, responses_multi_agent=v1", True),
-    (b"responses_multi_agent=v1,responses_websockets=2026-02-06", True),
-    (b"responses_websockets=2026-02-06", False),
-])
-async def test_the_multi_agent_beta_is_one_entry_of_the_header(autojump_clock, beta, multi_agent) -> None:
-    """With the beta a `response.inject` is taken (here: its target is not found); without it, it is an unknown event."""
-    async with handshake(make_server(), [AUTH, (b"openai-beta", beta)]) as ws:
-        await ws.send_message(json.dumps({"type": "response.inject", "response_id": "resp_1",
-                                          "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}))
-        answer = json.loads(await ws.get_message())
-    assert (answer["type"], answer.get("error", {}).get("code")) == (
+        await ws.send_message(json.dumps(INJECT))  # with the beta it is taken (its target is not found); without, unknown
+        injected = json.loads(await ws.get_message())
+    assert (injected["type"], injected.get("error", {}).get("code")) == (
         ("response.inject.failed", "response_not_found") if multi_agent else ("error", "unknown_event_type"))
 
 

@@ -60,11 +60,6 @@ def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
         assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
 
 
-async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:
-    events, code, _ = await closed_after(conn)
-    return events, code
-
-
 # --- disconnects around the suspension -----------------------------------------------------------
 
 
@@ -156,10 +151,10 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 30.0)
-                v2_events, v2_code = await events_until_close(v2)
-                v1p_events, v1p_code = await events_until_close(v1_paused)
-                v1s_events, v1s_code = await events_until_close(v1_streaming)
-                idle_events, idle_code = await events_until_close(idle)
+                v2_events, v2_code, _ = await closed_after(v2)
+                v1p_events, v1p_code, _ = await closed_after(v1_paused)
+                v1s_events, v1s_code, _ = await closed_after(v1_streaming)
+                idle_events, idle_code, _ = await closed_after(idle)
         assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
         await server_tasks_end(server_side, server)
     assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)
@@ -194,7 +189,7 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
+                events, code, _ = await closed_after(conn)
                 closed_at = trio.current_time()
             # The grace, then the cut, which reaches the client one way later; the drain ends when
             # the client's close frame is back, a round trip after the cut.
@@ -221,7 +216,7 @@ async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
+                events, code, _ = await closed_after(conn)
             assert trio.current_time() - drained_at == 1.0
         await server_tasks_end(server_side, server)
     assert code == 1001 and created["type"] == "response.created"
@@ -245,7 +240,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
+                events, code, _ = await closed_after(conn)
         await server_tasks_end(server_side, server)
     assert code == 1001
     created = [e for e in before if e["type"] == "response.created"]
@@ -455,7 +450,7 @@ async def close_mid_response(conn, server, close: str, workload: str, timeout: f
         if close == "drain":
             await trio.sleep(0.1)
             draining.start_soon(drain, server, 30.0)
-        events, code = await events_until_close(conn)
+        events, code, _ = await closed_after(conn)
     return created, events, code
 
 

@@ -470,17 +470,13 @@ def compact_body(**fields: Any) -> dict[str, Any]:
     return {"model": "sim-1000", **fields}
 
 
-async def test_compact_refuses_a_body_that_is_not_one_json_object(autojump_clock, nursery) -> None:
-    client = connect(nursery, make_server())
+async def test_compact_needs_one_json_object_with_an_input_or_a_previous_response(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
     for raw, message in ((b"[1]", "The request body must be one JSON object."),
                          (b"{", "The request body is not valid JSON: Expecting property name enclosed in double quotes: "
                                 "line 1 column 2 (char 1).")):
         assert error_of(await client.request("POST", "/v1/responses/compact", data=raw), 400, "invalid_json", None) == message
-
-
-async def test_compact_needs_an_input_or_a_previous_response(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
     refused = await client.request("POST", "/v1/responses/compact", body=compact_body(instructions="be brief"))
     assert error_of(refused, 400, "missing_required_parameter", "input") == "Missing required parameter: 'input'."
     # Either one is enough: an input alone, or a stored response alone.

@@ -462,6 +462,11 @@ async def test_a_fault_before_the_stream_starts_is_a_500_and_the_connection_clos
     answer = await post_once(collecting, stream=False)  # the whole answer was read: the connection stays open
     assert (answer.status, answer.json(), "connection" in answer.headers) == (500, INTERNAL, False)
     assert [r["outcome"] for r in server.records] == ["error:server_error"] * 2
+    # A fault is named by its type; a turn that ends without its terminal event or a refusal is an internal error too.
+    for fault, message in ((KeyError("k"), "Internal error: KeyError."), (EngineFailure("injected"), INTERNAL["error"]["message"])):
+        monkeypatch.setattr(answers, "run_http_turn", faulty_turn(fault))
+        answer = await post_once(collecting, stream=False)
+        assert (answer.status, answer.json()) == (500, {"error": {**INTERNAL["error"], "message": message}})
 
 
 async def test_a_fault_after_the_stream_started_is_a_flat_error_with_the_next_sequence_number(autojump_clock, nursery, monkeypatch) -> None:
@@ -506,17 +511,6 @@ async def test_a_failed_response_is_a_500_with_its_error_and_the_records_say_so(
     monkeypatch.setattr(answers, "run_http_turn", faulty_turn(ev.ResponseFailed(0, snapshot("failed"))))
     answer = await post_once(client, stream=False)
     assert (answer.status, answer.json()) == (500, {"error": {"type": "server_error", "code": "server_error", "message": "", "param": None}})
-
-
-async def test_a_fault_is_named_by_its_type_and_a_turn_without_a_terminal_is_an_internal_error(autojump_clock, nursery, monkeypatch) -> None:
-    client = open_client(nursery, make_server())
-    monkeypatch.setattr(answers, "run_http_turn", faulty_turn(KeyError("k")))
-    answer = await post_once(client, stream=False)
-    assert (answer.status, answer.json()["error"]["message"]) == (500, "Internal error: KeyError.")
-    # A turn that ends without its terminal event and without a refusal: an internal error all the same.
-    monkeypatch.setattr(answers, "run_http_turn", faulty_turn(EngineFailure("injected")))
-    answer = await post_once(client, stream=False)
-    assert (answer.status, answer.json()) == (500, INTERNAL)
 
 
 async def test_each_handler_fault_is_a_500_logged_with_its_traceback(autojump_clock, nursery, monkeypatch, caplog) -> None:

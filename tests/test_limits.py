@@ -360,15 +360,23 @@ LIMIT_ERROR = {"type": "error", "status": 400, "error": {
 # A response the limit cuts short: the schema's code and the limit's message; the limit's code follows in LIMIT_ERROR.
 LIMIT_REACHED = {"code": "server_error", "message": LIMIT_MESSAGE}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
+
+
 @pytest.mark.parametrize("link", LINKS)
-@pytest.mark.parametrize("design", BOTH)
-async def test_the_lifetime_limit_closes_an_idle_connection_with_its_error_and_1000(autojump_clock, design: str, link: str) -> None:
+@pytest.mark.parametrize("state", ["v2 idle", "v1 idle", "v1 paused"])
+async def test_the_lifetime_limit_closes_a_quiet_connection_with_its_error_and_1000_failing_a_paused_rollout(autojump_clock, state, link) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
-    async with ws(server, design, network=LINKS[link]) as conn:
+    async with ws(server, CHAINED if state == "v2 idle" else SUSPENDED, network=LINKS[link]) as conn:
+        done = (await turn(conn, create()))[-1] if state == "v1 paused" else None
+        assert len(session_kv(server)) == (0 if done is None else 1)
         events, code, reason = await closed_after(conn)
         # The limit counts from the accept, one way after the client's upgrade request went out at 0.
         assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
-    assert (events, code, reason) == ([LIMIT_ERROR], 1000, "connection limit reached")
+        assert session_kv(server) == {}  # a paused rollout's KV is released
+    assert (events[-1], len(events), code, reason) == (LIMIT_ERROR, 1 if done is None else 2, 1000, "connection limit reached")
+    if done is not None:
+        assert events[0] == {"type": "response.failed", "sequence_number": done["sequence_number"] + 1, "response": {
+            **events[0]["response"], "id": done["response"]["id"], "status": "failed", "error": LIMIT_REACHED}}
     await assert_released(server)
 
 
@@ -395,20 +403,6 @@ async def test_at_the_lifetime_limit_a_response_in_flight_ends_within_the_grace_
         assert closed_after_sent == pytest.approx(12.0 + grace + 2 * one_way(link) - sent, abs=1e-9)
         assert events[-2] == {"type": "response.failed", "sequence_number": events[-3]["sequence_number"] + 1,
                               "response": {**created["response"], "status": "failed", "error": LIMIT_REACHED}}
-
-
-@pytest.mark.parametrize("link", LINKS)
-async def test_at_the_lifetime_limit_a_paused_v1_rollout_fails_with_the_limit_and_its_kv_is_released(autojump_clock, link: str) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=12.0))
-    async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
-        done = (await turn(conn, create()))[-1]
-        assert len(session_kv(server)) == 1
-        (failed, limit), code, reason = await closed_after(conn)
-        assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
-        assert session_kv(server) == {}
-    assert (limit, code, reason) == (LIMIT_ERROR, 1000, "connection limit reached")
-    assert failed == {"type": "response.failed", "sequence_number": done["sequence_number"] + 1,
-                      "response": {**failed["response"], "id": done["response"]["id"], "status": "failed", "error": LIMIT_REACHED}}
 
 
 @pytest.mark.parametrize("link", LINKS)

@@ -179,12 +179,16 @@ SHUTTING_DOWN = {"code": "server_error", "message": "The server is shutting down
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str) -> None:
+@pytest.mark.parametrize("kind", ["turn", "warm-up"])
+async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str, kind: str) -> None:
     server = make_server()
     async with trio.open_nursery() as server_side:
         connector = connector_for(link, server, server_side)
         async with raw_ws(connector, CHAINED) as (conn, _):
-            await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
+            if kind == "turn":
+                await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
+            else:  # a long prefill: a warm-up sends `response.created`, then nothing until its prefill ends
+                await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))
             created = await receive(conn)
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
@@ -196,33 +200,13 @@ async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock,
             assert closed_at - drained_at == pytest.approx(1.0 + one_way(link), abs=1e-6)
             assert trio.current_time() - drained_at == pytest.approx(1.0 + 2 * one_way(link), abs=1e-6)
         await server_tasks_end(server_side, server)
-    assert code == 1001
+    assert (code, created["type"], events[-1]["type"]) == (1001, "response.created", "error")
     failed = events[-2]
-    assert failed["type"] == "response.failed"
+    assert failed["type"] == "response.failed" and (kind == "turn" or failed["sequence_number"] == 1)
     # The response as it was created, failed with the drain's reason (the snapshot the server kept).
     assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
     assert_no_event_lost([created, *events[:-1]])
     assert session_kv(server) == {}
-
-
-async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_clock) -> None:
-    # A warm-up sends `response.created` and nothing more until its prefill ends: the failure is numbered 1.
-    server = make_server()
-    async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, CHAINED) as (conn, _):
-            await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))  # a long prefill
-            created = await receive(conn)
-            drained_at = trio.current_time()
-            async with trio.open_nursery() as draining:
-                draining.start_soon(drain, server, 1.0)
-                events, code, _ = await closed_after(conn)
-            assert trio.current_time() - drained_at == 1.0
-        await server_tasks_end(server_side, server)
-    assert code == 1001 and created["type"] == "response.created"
-    failed, error = events
-    assert (failed["type"], failed["sequence_number"], error["type"]) == ("response.failed", 1, "error")
-    assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
 
 
 async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:

@@ -45,6 +45,19 @@ async def received(design: str, network: netem.NetworkProfile | None, monkeypatc
     return events
 
 
+def write_one_by_one(monkeypatch) -> None:
+    """The outbox as a server without one: each message written as it is sent, nothing ever queued."""
+
+    async def one_write_each(self: Outbox, message: str | bytes) -> None:
+        await self.write([message])
+
+    async def nothing_queued(self: Outbox) -> None:
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(Outbox, "send", one_write_each)
+    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+
+
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
 async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(autojump_clock, monkeypatch, design: str, link: str) -> None:
@@ -59,15 +72,7 @@ async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(a
     monkeypatch.setattr(outbox_module, "send_messages", counting)
     batched = await received(design, network, monkeypatch)
     monkeypatch.setattr(outbox_module, "send_messages", batched_send)
-
-    async def one_write_each(self: Outbox, message: str | bytes) -> None:
-        await self.write([message])
-
-    async def nothing_queued(self: Outbox) -> None:
-        await trio.lowlevel.checkpoint()
-
-    monkeypatch.setattr(Outbox, "send", one_write_each)
-    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    write_one_by_one(monkeypatch)
     one_each = await received(design, network, monkeypatch)
 
     assert batched == one_each
@@ -166,25 +171,21 @@ async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None)
     from prototype.server import http
 
     writes = 0
-    original_send, original_write = http.HttpExchange.send, http.HttpExchange.write
 
-    async def counted_send(self, *events) -> None:
-        nonlocal writes
-        writes += 1
-        await original_send(self, *events)
-
-    async def counted_write(self, chunks) -> None:
-        nonlocal writes
-        writes += 1
-        await original_write(self, chunks)
+    def counted(method):
+        async def counting(self, *args) -> None:
+            nonlocal writes
+            writes += 1
+            await method(self, *args)
+        return counting
 
     server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
     client = await Link(nursery, server, network).connect()
     received = bytearray()
     client = RawClient(Tapped(client.stream, received))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(http.HttpExchange, "send", counted_send)
-        patch.setattr(http.HttpExchange, "write", counted_write)
+        patch.setattr(http.HttpExchange, "send", counted(http.HttpExchange.send))
+        patch.setattr(http.HttpExchange, "write", counted(http.HttpExchange.write))
         first = assert_completed_stream(await client.request(body=create_body(stream=True)))
         assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
     assert len(first) > 10
@@ -198,15 +199,7 @@ async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(auto
 
     monkeypatch.setattr(time, "time", lambda: 1_770_000_000.0)  # the responses' created_at, whole seconds of wall time
     batched, batched_writes = await sse_bytes(nursery, LINKS[link])
-
-    async def one_write_each(self: Outbox, message: bytes) -> None:
-        await self.write([message])
-
-    async def nothing_queued(self: Outbox) -> None:
-        await trio.lowlevel.checkpoint()
-
-    monkeypatch.setattr(Outbox, "send", one_write_each)
-    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    write_one_by_one(monkeypatch)
     one_each, one_each_writes = await sse_bytes(nursery, LINKS[link])
 
     assert batched == one_each

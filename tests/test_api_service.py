@@ -1,7 +1,5 @@
-"""The API service around the model (prototype/api/service.py, costs.py, checks.py): what each stage costs and
-when it runs on the response's schedule, what a sprint switch adds back, the call ledger the checks keep (the
-policy's turn and the refusal of an output no call asked for), ids and owners, a stored conversation's rebuild
-and post-inference storage. Times are exact on the autojump clock."""
+"""The API service (prototype/api/service.py, costs.py, checks.py): stage costs on the response's schedule, sprint
+switches, the call ledger, ids and owners, stored conversations. Times exact on the autojump clock."""
 
 from __future__ import annotations
 
@@ -52,19 +50,12 @@ def test_each_sprint_switch_adds_back_only_its_own_cost() -> None:
     costs = ApiCosts()
     route, safety = costs.route, costs.safety
     assert sprint_costs(costs, AFTER_SPRINT, EXTRA) is costs
-    assert sprint_costs(costs, SprintSwitches(cross_request_render_cache=False), EXTRA) == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.020, route.per_ktok)
-    )
-    assert sprint_costs(costs, SprintSwitches(direct_inference_hop=False), EXTRA) == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.030, route.per_ktok)
-    )
-    assert sprint_costs(costs, SprintSwitches(fast_safety=False), EXTRA) == attrs.evolve(
-        costs, safety=StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
-    )
-    before = sprint_costs(costs, BEFORE_SPRINT, EXTRA)
-    assert before == attrs.evolve(
-        costs, route=StageCost(route.fixed + 0.020 + 0.030, route.per_ktok), safety=StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
-    )
+    slow_safety = StageCost(safety.fixed + 0.050, safety.per_ktok + 0.004)
+    for switches, expected in ((SprintSwitches(cross_request_render_cache=False), {"route": StageCost(route.fixed + 0.020, route.per_ktok)}),
+                               (SprintSwitches(direct_inference_hop=False), {"route": StageCost(route.fixed + 0.030, route.per_ktok)}),
+                               (SprintSwitches(fast_safety=False), {"safety": slow_safety}),
+                               (BEFORE_SPRINT, {"route": StageCost(route.fixed + 0.020 + 0.030, route.per_ktok), "safety": slow_safety})):
+        assert sprint_costs(costs, switches, EXTRA) == attrs.evolve(costs, **expected)
     # Without an explicit `extra`, the documented defaults are added.
     assert sprint_costs(costs, BEFORE_SPRINT) == sprint_costs(costs, BEFORE_SPRINT, SprintCosts())
     assert sprint_costs(costs, BEFORE_SPRINT).route.fixed == route.fixed + SprintCosts().config_load + SprintCosts().intermediate_hop
@@ -87,7 +78,7 @@ def turn_after(*items) -> int:
     return ledger.turn
 
 
-def test_a_round_of_parallel_calls_is_one_turn() -> None:
+def test_a_round_of_parallel_calls_is_one_turn_and_a_user_message_starts_the_turns_again() -> None:
     assert turn_after(user()) == 0
     assert turn_after(user(), call("a"), call("b"), FunctionCallOutput("a", "x"), FunctionCallOutput("b", "y")) == 1
     # Any other item between two outputs ends the round: the next output starts another...
@@ -97,9 +88,6 @@ def test_a_round_of_parallel_calls_is_one_turn() -> None:
     assert turn_after(user(), call("a"), Message("developer", (("input_text", "note"),)), FunctionCallOutput("a", "x")) == 1
     rounds = [user(), call("a"), FunctionCallOutput("a", "x"), call("b"), FunctionCallOutput("b", "y")]
     assert turn_after(*rounds) == 2
-
-
-def test_a_user_message_starts_the_turns_again_and_other_roles_do_not() -> None:
     done = [user(), call("a"), FunctionCallOutput("a", "x"), Message("assistant", (("output_text", "fixed"),))]
     assert turn_after(*done) == 1
     assert turn_after(*done, user("and the next one")) == 0
@@ -117,29 +105,22 @@ def test_a_compaction_carries_the_rounds_and_offset_it_summarized() -> None:
     assert (ledger.turn, ledger.offset) == (6, 11)
 
 
-def test_an_output_whose_call_is_unknown_or_answered_is_refused_as_the_public_api_or_with_its_place() -> None:
-    ledger = CallLedger()
-    ledger.absorb([user(), call("a"), FunctionCallOutput("a", "x")])
-    cases = [
-        # The public API's message and param (400 bodies quoted in microsoft/vscode#320060, continuedev/continue#10092).
-        ([user(), FunctionCallOutput("zz", "x")], "No tool call found for function call output with call_id zz.", "input"),
-        ([FunctionCallOutput("a", "again")], "function_call_output for call_id 'a' answered twice.", "input[3]"),
-    ]
-    for items, message, param in cases:
-        with pytest.raises(ProtocolError) as refused:
-            ledger.absorb(items, start=3)  # the items' first index in the request's input
-        assert (refused.value.code, refused.value.message, refused.value.param) == (INVALID_FUNCTION_CALL_OUTPUT, message, param)
+TWICE = "function_call_output for call_id 'a' answered twice."
 
 
-def test_an_answered_twice_output_is_placed_by_its_offset_after_start_which_defaults_to_0() -> None:
+@pytest.mark.parametrize(("items", "start", "message", "param"), [
+    # The public API's message and param (400 bodies quoted in microsoft/vscode#320060, continuedev/continue#10092).
+    ([user(), FunctionCallOutput("zz", "x")], 3, "No tool call found for function call output with call_id zz.", "input"),
+    ([FunctionCallOutput("a", "again")], 3, TWICE, "input[3]"),  # placed by `start`, the items' first index in the input
+    ([user(), Message("developer", (("input_text", "again"),)), FunctionCallOutput("a", "again")], 3, TWICE, "input[5]"),
+    ([FunctionCallOutput("a", "again")], None, TWICE, "input[0]"),  # no start: the items begin the input
+])
+def test_an_output_whose_call_is_unknown_or_answered_is_refused_as_the_public_api_or_with_its_place(items, start, message, param) -> None:
     ledger = CallLedger()
     ledger.absorb([user(), call("a"), FunctionCallOutput("a", "x")])
     with pytest.raises(ProtocolError) as refused:
-        ledger.absorb([user(), Message("developer", (("input_text", "again"),)), FunctionCallOutput("a", "again")], start=3)
-    assert refused.value.param == "input[5]"
-    with pytest.raises(ProtocolError) as refused:
-        ledger.absorb([FunctionCallOutput("a", "again")])  # no start: the items begin the input
-    assert refused.value.param == "input[0]"
+        ledger.absorb(items) if start is None else ledger.absorb(items, start=start)
+    assert (refused.value.code, refused.value.message, refused.value.param) == (INVALID_FUNCTION_CALL_OUTPUT, message, param)
 
 
 # --- the service: ids, owners, the stages on the schedule, stored conversations ---------------------------
@@ -287,10 +268,8 @@ async def test_rendering_is_charged_for_the_tokens_a_turn_renders(autojump_clock
 
 
 async def test_each_stage_pays_its_whole_fixed_cost_unless_the_turn_reuses_its_earlier_form(autojump_clock):
-    """A stage's fixed cost is paid at the turn's share only where the turn extends earlier state in that stage's
-    cheap form: checks run incrementally, the prompt is appended to, the route is reused (same model and workload);
-    routing is charged on no tokens."""
-
+    """A stage's fixed cost is paid at the turn's share only where the turn extends earlier state in its cheap form
+    (incremental checks, an appended prompt, the same route for the same model and workload); routing costs no tokens."""
     api = ApiService(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=2.0), render=StageCost(fixed=4.0),
                                         safety=StageCost(fixed=8.0), route=StageCost(fixed=1.0, per_ktok=1000.0)))
 

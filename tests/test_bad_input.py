@@ -1,24 +1,6 @@
-"""Bad input: a corpus of malformed frames and requests, kept as data, each answered with
-its own error code (docs/protocol.md).
-
-Rules every test here follows (after tests/support.py):
-
-* The server runs in-process over memory streams under the `autojump_clock`, so a case costs
-  milliseconds and every time is exact.
-* While a case runs, a **bystander** rollout runs on another connection of the same server; its
-  timeline must equal the same rollout run alone, to the nanosecond: a bad input never touches
-  another connection.
-* After the error the same connection must still work, and keep its state, wherever the protocol
-  allows it: a v1 rollout suspended before the bad frame resumes with the right append; a v2 chain
-  continues from its cached response, unless the bad input was a *turn* (a create that reached the
-  worker), which empties the cache slot (WS guide; docs/protocol.md).
-* At the end every connection is closed and the server holds nothing: no session, no KV entry.
-
-Unknown model *names* are not bad input: any name maps to a latency profile by design
-(docs/protocol.md; `engine/latency.py`: unknown names get the flagship rate, `sim-<N>` asks for N
-tokens/s). The corpus uses a model of the wrong *type* instead, and
-`test_unknown_model_names_are_accepted_by_design` checks the other side.
-"""
+"""Bad input, kept as data: each frame, handshake and HTTP request gets its own documented error; a
+bystander rollout on another connection keeps its exact timeline, and the connection stays usable
+where the protocol allows (docs/protocol.md). Unknown model names are accepted by design."""
 
 from __future__ import annotations
 
@@ -31,7 +13,8 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from support import DELAYED_LINK, H11Client, make_server, receive, send, until, ws
+from support import DELAYED_LINK, make_server, receive, send, until, ws
+from test_http import Answer, RawClient, open_client
 from test_inject import BETA_HEADER, beta_ws
 
 from prototype import workload as wl
@@ -65,11 +48,8 @@ CALL = "$call"  # the call id that response is waiting on
 
 def create(**fields: Any) -> dict[str, Any]:
     """A valid `response.create`, with `fields` overriding; a field set to DROP is left out."""
-    body = {
-        "type": "response.create", "model": MODEL, "input": "fix the bug", "tools": HARNESS_TOOLS,
-        "metadata": {"testbed_workload": SMALL}, "store": False,
-    }
-    body.update(fields)
+    body = {"type": "response.create", "model": MODEL, "input": "fix the bug", "tools": HARNESS_TOOLS,
+            "metadata": {"testbed_workload": SMALL}, "store": False, **fields}
     return {k: v for k, v in body.items() if v is not DROP}
 
 
@@ -86,16 +66,10 @@ def meta(**pairs: str) -> dict[str, str]:
 
 @attrs.frozen
 class Bad:
-    """One bad input over WebSocket.
-
-    `frame` is a dict (sent as JSON text), a str (a text frame) or bytes (a binary frame). `stage`
-    says where the server refuses it: `frame` (the reader: codec or dispatch, nothing changes) or
-    `turn` (the worker: a create that started and failed, which empties the v2 cache slot).
-    `setup`: `live` (v1: a rollout suspended at response.done; v2: one completed turn that the
-    frame may chain from), `fresh` (a new connection), `idle` (v1: nothing suspended),
-    `other_connection` / `other_key` (another connection, closed since, made a turn with
-    store=false / store=true under another API key).
-    """
+    """One bad WebSocket frame (a dict as JSON text, a str or bytes frame). `stage`: refused by the reader
+    (`frame`: nothing changes) or as a failed turn (`turn`: empties the v2 cache slot). `setup`: `live`
+    (v1 suspended / v2 one completed turn), `fresh`, `idle` (v1: nothing suspended), `other_connection` /
+    `other_key` (a turn made on another, closed connection with store=false / under another key, store=true)."""
 
     name: str
     frame: Any
@@ -180,10 +154,6 @@ def fill(value: Any, ctx: dict[str, str]) -> Any:
     return value
 
 
-async def send_frame(conn: trio_websocket.WebSocketConnection, frame: Any) -> None:
-    await conn.send_message(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
-
-
 def calls_of(response: dict[str, Any]) -> list[str]:
     return [item["call_id"] for item in response["output"] if item["type"] == "function_call"]
 
@@ -231,14 +201,13 @@ async def check_usable(conn, design: str, case: Bad, ctx: dict[str, str]) -> Non
 
 
 def error_frame(code: str, param: str | None, seen: dict[str, Any]) -> dict[str, Any]:
-    """The nested WebSocket error shape (docs/protocol.md); the message is checked to be present."""
+    """The nested WebSocket error shape (docs/protocol.md), with `seen`'s message, which must be present."""
     assert isinstance(seen.get("error", {}).get("message"), str) and seen["error"]["message"]
-    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": seen["error"]["message"], "param": param}}
+    return refusal(code, seen["error"]["message"], param)
 
 
-# Its own instructions (a common prefix no other client of these tests sends): the engine's prefix cache is
-# shared across sessions by content, and a bystander that shared a prefix with the misbehaving client would
-# rightly run faster, which is not what these tests measure.
+# Its own instructions: a bystander sharing a prefix with the misbehaving client would rightly run faster
+# (the engine's prefix cache is shared by content), which is not what these tests measure.
 BYSTANDER_TASK = attrs.evolve(
     wl.fixed(3, initial_prompt_tokens=50, appended_tokens=10, output_tokens=5, tool_seconds=0.3), prefix="bystander", prefix_tokens=20
 )
@@ -281,8 +250,7 @@ class Bystander:
 
 
 def session_kv(server) -> dict:
-    """The engine's KV entries held for WebSocket sessions. (The http design's prefix-cache entries
-    are keyed by prompt, not by connection, and expire after the engine's KV time-to-live.)"""
+    """The engine's KV entries held for WebSocket sessions (the http design's are keyed by prompt)."""
     return {key: entry for key, entry in server.api.engine.kv.items() if key[0] in ("chained", "suspended")}
 
 
@@ -311,7 +279,7 @@ async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_
     nursery.start_soon(watcher.run)
     async with open_responses_websocket(InMemoryConnector(server), design) as conn:
         ctx = await setup(server, conn, design, case.setup)
-        await send_frame(conn, fill(case.frame, ctx))
+        await send(conn, fill(case.frame, ctx))
         answer = await receive(conn)
         assert answer == error_frame(case.code, case.param, answer)
         await check_usable(conn, design, case, ctx)
@@ -326,7 +294,7 @@ async def test_a_whole_corpus_on_one_connection_then_a_rollout(autojump_clock) -
         cases = [case for case in CORPUS if CHAINED in case.designs and case.stage == "frame" and case.setup == "live"]
         codes = []
         for case in cases:
-            await send_frame(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
+            await send(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
             codes.append((await receive(conn))["error"]["code"])
         assert codes == [case.code for case in cases]
         first = (await turn(conn, create()))[-1]["response"]
@@ -348,36 +316,21 @@ async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design
     assert trio.current_time() - start > 5 / 65  # 5 tokens at the flagship's 65 tokens/s
 
 
-EMPTY_MESSAGES = [
-    "",
-    [{"role": "user", "content": ""}],
-    [{"type": "message", "role": "user", "content": ""}],
-    [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]}],
-]
+EMPTY_MESSAGES = ["", [{"role": "user", "content": ""}], [{"type": "message", "role": "user", "content": ""}],
+                  [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ""}]}]]
 
 
 async def test_an_empty_message_is_an_input_item_in_every_spelling_and_no_item_is_refused(autojump_clock, nursery) -> None:
-    # One rule, the API's: a request needs at least one input item (or a previous_response_id); an item whose text
-    # is empty is one. The API accepts an empty user message (pydantic-ai sends `{"role": "user", "content": ""}`
-    # to the API for a run with instructions only), and a string input is one user message (API reference).
-    server = make_server(config=CONFIG)
-    client_end, server_end = trio.testing.memory_stream_pair()
-    nursery.start_soon(server.handle_stream, server_end)
-    client = RawHttp(client_end)
-
-    async def post(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        await client.send_case(BadHttp("case", 0, "", body=body))
-        status, _, raw = await client.answer()
-        return status, json.loads(raw)
-
-    served = [await post(good_body(input=empty, stream=False)) for empty in EMPTY_MESSAGES]
-    assert {(status, answer["status"]) for status, answer in served} == {(200, "completed")}
-    assert len({answer["usage"]["input_tokens"] for _, answer in served}) == 1  # the same prompt every way
+    # A request needs one input item (or a previous_response_id); an empty user message is one, as the API
+    # accepts it (pydantic-ai sends `{"role": "user", "content": ""}` for a run with instructions only).
+    client = open_client(nursery, make_server(config=CONFIG))
+    served = [(await client.request(body=good_body(input=empty, stream=False))) for empty in EMPTY_MESSAGES]
+    assert {(answer.status, answer.json()["status"]) for answer in served} == {(200, "completed")}
+    assert len({answer.json()["usage"]["input_tokens"] for answer in served}) == 1  # the same prompt every way
     for body, code in ((good_body(input=[]), errors.EMPTY_INPUT), (good_body(input=None), errors.MISSING_REQUIRED_PARAMETER),
                        (good_body(input=DROP), errors.MISSING_REQUIRED_PARAMETER)):
-        status, answer = await post(body)
-        assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, code, "input")
-    await client_end.aclose()
+        answer = await client.request(body=body)
+        assert (answer.status, answer.json()["error"]["code"], answer.json()["error"]["param"]) == (400, code, "input")
 
 
 # --- each refusal of the reader, exactly: its error, the lane it names, its record, the next frame ---------
@@ -527,9 +480,8 @@ def good_body(**fields: Any) -> dict[str, Any]:
 
 @attrs.frozen
 class BadHttp:
-    """One bad HTTP request. `raw` bytes are sent as they are (and the client then half-closes when
-    `eof`); otherwise the request is built from `method`, `target`, `body` and headers. `closes`:
-    the server answers and closes; otherwise the same connection must serve a good request next."""
+    """One bad HTTP request: `raw` bytes as they are (then a half-close when `eof`), or one built from the
+    fields. `closes`: the server answers and closes; otherwise the connection serves a good request next."""
 
     name: str
     status: int
@@ -540,7 +492,6 @@ class BadHttp:
     body: Any = attrs.field(factory=good_body)
     auth: str | None = "Bearer secret"
     content_type: str | None = "application/json"
-    headers: tuple[tuple[str, str], ...] = ()
     raw: bytes | None = None
     eof: bool = False
     closes: bool = False
@@ -589,50 +540,15 @@ HTTP_CORPUS = [
 ]
 
 
-class RawHttp(H11Client):
-    """An h11 client over one in-memory connection to the server, sending the corpus's requests."""
-
-    async def send_case(self, case: BadHttp) -> None:
-        if case.raw is not None:
-            # Put our h11 in the state a request leaves it in, then send the bytes as they are.
-            self.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "100")]))
-            await self.stream.send_all(case.raw)
-            if case.eof:
-                await self.stream.send_eof()
-            return
-        body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
-        headers = [("host", "testbed"), ("content-length", str(len(body)))]
-        if case.auth is not None:
-            headers.append(("authorization", case.auth))
-        if case.content_type is not None:
-            headers.append(("content-type", case.content_type))
-        data = self.conn.send(h11.Request(method=case.method, target=case.target, headers=headers + list(case.headers)))
-        data += self.conn.send(h11.Data(data=body)) if body else b""
-        data += self.conn.send(h11.EndOfMessage())
-        await self.stream.send_all(data)
-
-    async def answer(self) -> tuple[int, dict[str, str], bytes]:
-        response = await self._next()
-        while isinstance(response, h11.InformationalResponse):
-            response = await self._next()
-        assert isinstance(response, h11.Response), response
-        body = bytearray()
-        while not isinstance(event := await self._next(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                body += event.data
-        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
-            self.conn.start_next_cycle()
-        return response.status_code, {k.decode().lower(): v.decode() for k, v in response.headers}, bytes(body)
-
-    async def closed_by_server(self) -> bool:
-        with trio.fail_after(5):
-            while True:
-                try:
-                    data = await self.stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return True
-                if not data:
-                    return True
+async def send_case(client: RawClient, case: BadHttp) -> Answer:
+    if case.raw is None:
+        return await client.request(case.method, case.target, body=case.body, auth=case.auth, content_type=case.content_type)
+    # Put our h11 in the state a request leaves it in, then send the bytes as they are.
+    client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "100")]))
+    await client.stream.send_all(case.raw)
+    if case.eof:
+        await client.stream.send_eof()
+    return await client.answer()
 
 
 @pytest.mark.parametrize("case", HTTP_CORPUS, ids=lambda c: c.name)
@@ -641,34 +557,22 @@ async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery
     await bystander_baseline()
     watcher = Bystander(server)
     nursery.start_soon(watcher.run)
-    client_end, server_end = trio.testing.memory_stream_pair()
-    nursery.start_soon(server.handle_stream, server_end)
-    client = RawHttp(client_end)
-    await client.send_case(case)
-    status, headers, body = await client.answer()
-    assert status == case.status, body
-    assert headers["content-type"] == "application/json"
-    if case.method == "HEAD":
-        assert body == b""
-    else:
-        error = json.loads(body)["error"]
-        assert (error["code"], error["param"]) == (case.code, case.param)
-        assert error["type"] == "invalid_request_error" and error["message"]
-    if status == 405:
-        assert headers["allow"] == "POST"
-    if status == 401:
-        assert headers["www-authenticate"] == "Bearer"
+    client = open_client(nursery, server)
+    answer = await send_case(client, case)
+    assert (answer.status, answer.headers["content-type"]) == (case.status, "application/json"), answer.body
+    error = answer.json()["error"]
+    assert (error["code"], error["param"], error["type"]) == (case.code, case.param, "invalid_request_error") and error["message"]
+    assert answer.headers.get("allow") == ("POST" if case.status == 405 else None)
+    assert answer.headers.get("www-authenticate") == ("Bearer" if case.status == 401 else None)
     if case.method == "POST" and case.target == "/v1/responses" and case.raw is None and not case.closes:
         # Every refused create is in the access log with its code, whether refused as it parsed or after.
         refusal = server.records[-1]
         assert refusal["outcome"] == f"error:{case.code}" and refusal["response_id"] is None
         assert f" error:{case.code} " in access_line(refusal)
     if case.closes:
-        assert await client.closed_by_server()
+        assert await client.server_closed()
     else:  # the same connection serves a good request next
-        await client.send_case(BadHttp("good", 200, "", body=good_body(stream=False)))
-        status, _, body = await client.answer()
-        assert status == 200 and json.loads(body)["status"] == "completed"
-        await client_end.aclose()
+        assert (await client.request(body=good_body(stream=False))).json()["status"] == "completed"
+        await client.stream.aclose()
     await watcher.check()
     await assert_released(server)

@@ -1,6 +1,5 @@
-"""The codec (protocol/codec.py): JSON read and written exactly as the standard library does, and a
-WebSocket frame decoded into its client event or refused with its exact error (docs/protocol.md,
-"Errors", §4, §5.6). Sans-IO: text in, an event or a `ProtocolError` out."""
+"""The codec (protocol/codec.py): JSON read and written as the standard library does; a frame decoded into its event
+or refused with its exact error (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -53,14 +52,10 @@ def codec_loads(text: str | bytes) -> object:
 
 
 @given(st.dictionaries(st.text(max_size=8), values, max_size=6))
-def test_encode_reads_back_as_the_standard_library_writes(obj: dict) -> None:
+def test_encode_and_loads_read_and_write_as_the_standard_library_does(obj: dict) -> None:
     text = codec.encode(obj)
     assert json.loads(text) == json.loads(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
     assert text.encode("utf-8").decode("utf-8") == text  # plain UTF-8 text, as a text frame carries
-
-
-@given(st.dictionaries(st.text(max_size=8), values, max_size=6))
-def test_loads_reads_what_the_standard_library_reads(obj: dict) -> None:
     for text in (json.dumps(obj), json.dumps(obj, ensure_ascii=False), json.dumps(obj).encode()):
         assert codec_loads(text) == reference_loads(text)
 
@@ -124,8 +119,7 @@ def test_a_surrogate_pair_is_valid_unicode_and_an_escaped_backslash_is_text() ->
 
 
 def test_a_text_frame_with_a_raw_lone_surrogate_raises_only_protocol_errors() -> None:
-    """A WebSocket text frame is valid UTF-8, so a raw lone surrogate cannot arrive that way; called
-    directly, the decoder still raises nothing but ProtocolError (docs/protocol.md §5.6)."""
+    """It cannot arrive in a text frame (valid UTF-8); called directly, the decoder raises only ProtocolError (§5.6)."""
     for frame in ('{"type": "response.create", "model": "m", "input": "a\ud800b"}',
                   '{"type": "response.create", "model": "m", "input": "a\ud800b", "max_output_tokens": 12345678901234567890}'):
         try:
@@ -152,9 +146,6 @@ def test_a_create_frame_is_read_as_a_websocket_body_in_text_or_binary() -> None:
         assert isinstance(event, ResponseCreate)
         assert (event.request.model, event.request.input, event.request.stream_id, event.request.store) == (
             "m", (Message("user", (("input_text", "hi"),)),), "lane-1.a", False)
-    assert refusal('{"type": "response.create", "model": "m", "input": "hi", "stream_id": "bad lane"}') == (
-        "invalid_stream_id", "The 'stream_id' field must be a non-empty string with at most 256 characters and may only contain "
-        "letters, numbers, underscores, hyphens, and periods.", "stream_id")
 
 
 def test_append_and_steer_frames_carry_what_was_sent() -> None:

@@ -1,16 +1,5 @@
-"""Faults around the v1 suspension, and how the server closes a connection: the drain on SIGTERM and a close mid-response.
-
-Each case ends with every server task released (the connections' tasks run in a nursery the test
-owns), no engine KV left for the sessions, and no event lost: every response the client saw start
-has exactly one terminal event, its sequence numbers run 0, 1, 2, ... without a gap, and nothing
-arrives after the close.
-
-Rules (after tests/support.py and tests/test_faults.py): memory streams under the `autojump_clock`,
-every wait bounded; the CLI's SIGTERM is checked once over a real socket. Every server-initiated
-close runs over a zero-latency pipe and over a link with the benchmark's 20 ms RTT (in process under
-the virtual clock, and on real TCP with the delay added by netem), where the close handshake takes a
-round trip that a zero-latency pipe hides.
-"""
+"""Faults around the v1 suspension and how the server closes a connection (SIGTERM drain, a close mid-response):
+every task released, no KV left, and per response one terminal event with gapless numbering."""
 
 from __future__ import annotations
 
@@ -38,9 +27,9 @@ from support import (
     until,
     ws,
 )
-from test_bad_input import ONE_TURN, calls_of, create, output, session_kv, turn
+from test_bad_input import LINKS, ONE_TURN, calls_of, create, one_way, output, session_kv, turn
 from test_faults import PipeConnector, raw_ws, server_tasks_end
-from test_http import Link, RawClient, open_client, sse_events
+from test_http import Link, RawClient, open_client
 from trio_websocket import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -57,22 +46,11 @@ from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
 
 LONG = "fixed:1:50:10:400:0"  # one turn of 400 output tokens: 4 s at sim-100
 LONG_V1 = "fixed:2:50:10:400:0"  # the same, then a pause, then again
-LINKS = ["pipe", "rtt-20ms"]
 TURN_300 = {"testbed_workload": "fixed:1:100:10:300"}  # 300 output tokens: 0.3 s at sim-1000
 
 
 def connector_for(link: str, server, nursery: trio.Nursery):
-    """A zero-latency pipe, or the in-process link with the benchmark's 20 ms RTT."""
     return PipeConnector(server, nursery) if link == "pipe" else DelayedConnector(server, nursery)
-
-
-def one_way(link: str) -> float:
-    """How long a frame takes from one end to the other on `link`."""
-    return 0.0 if link == "pipe" else DELAYED_LINK.one_way_delay
-
-
-def network_of(link: str):
-    return None if link == "pipe" else DELAYED_LINK
 
 
 def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
@@ -80,14 +58,6 @@ def assert_no_event_lost(events: list[dict[str, Any]]) -> None:
     for response_id, seen in events_by_response(events).items():
         assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
         assert [e["type"] in TERMINALS for e in seen].count(True) == 1 and seen[-1]["type"] in TERMINALS, response_id
-
-
-async def events_until_close(conn) -> tuple[list[dict[str, Any]], int]:
-    events = []
-    with pytest.raises(ConnectionClosed) as closed:
-        while True:
-            events.append(await receive(conn, timeout=60))
-    return events, closed.value.reason.code
 
 
 # --- disconnects around the suspension -----------------------------------------------------------
@@ -181,14 +151,13 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 30.0)
-                v2_events, v2_code = await events_until_close(v2)
-                v1p_events, v1p_code = await events_until_close(v1_paused)
-                v1s_events, v1s_code = await events_until_close(v1_streaming)
-                idle_events, idle_code = await events_until_close(idle)
+                v2_events, v2_code, _ = await closed_after(v2)
+                v1p_events, v1p_code, _ = await closed_after(v1_paused)
+                v1s_events, v1s_code, _ = await closed_after(v1_streaming)
+                idle_events, idle_code, _ = await closed_after(idle)
         assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
         await server_tasks_end(server_side, server)
     assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)
-    shutting = errors.SERVER_SHUTTING_DOWN
     # v2: the turn in flight finishes; the queued create never starts.
     assert v2_events[-2]["type"] == "response.completed" and [e["type"] for e in v2_events].count("response.created") == 0
     assert_no_event_lost(first[:1] + v2_events[:-1])
@@ -201,8 +170,7 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
     assert "response.function_call_arguments.done" in [e["type"] for e in v1s_events]
     assert_no_event_lost(first[1:] + v1s_events[:-1])
     for events in (v2_events, v1p_events, v1s_events, idle_events):
-        assert events[-1] == {"type": "error", "status": 503, "error": {
-            "type": "server_error", "code": shutting, "message": "The server is shutting down; retry on a new connection.", "param": None}}
+        assert events[-1] == closing_error("drain")
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
 
 
@@ -211,56 +179,38 @@ SHUTTING_DOWN = {"code": "server_error", "message": "The server is shutting down
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str) -> None:
+@pytest.mark.parametrize("kind", ["turn", "warm-up"])
+async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str, kind: str) -> None:
     server = make_server()
     async with trio.open_nursery() as server_side:
         connector = connector_for(link, server, server_side)
         async with raw_ws(connector, CHAINED) as (conn, _):
-            await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
+            if kind == "turn":
+                await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
+            else:  # a long prefill: a warm-up sends `response.created`, then nothing until its prefill ends
+                await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))
             created = await receive(conn)
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
+                events, code, _ = await closed_after(conn)
                 closed_at = trio.current_time()
             # The grace, then the cut, which reaches the client one way later; the drain ends when
             # the client's close frame is back, a round trip after the cut.
             assert closed_at - drained_at == pytest.approx(1.0 + one_way(link), abs=1e-6)
             assert trio.current_time() - drained_at == pytest.approx(1.0 + 2 * one_way(link), abs=1e-6)
         await server_tasks_end(server_side, server)
-    assert code == 1001
+    assert (code, created["type"], events[-1]["type"]) == (1001, "response.created", "error")
     failed = events[-2]
-    assert failed["type"] == "response.failed"
+    assert failed["type"] == "response.failed" and (kind == "turn" or failed["sequence_number"] == 1)
     # The response as it was created, failed with the drain's reason (the snapshot the server kept).
     assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
     assert_no_event_lost([created, *events[:-1]])
     assert session_kv(server) == {}
 
 
-async def test_a_warm_up_cut_by_a_drain_fails_next_in_its_own_sequence(autojump_clock) -> None:
-    # A warm-up (`generate: false`) sends `response.created` and nothing more until its prefill ends:
-    # the failure a drain sends for it comes right after, numbered 1.
-    server = make_server()
-    async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, CHAINED) as (conn, _):
-            await send(conn, create(model="sim-100", generate=False, input="fix the bug " * 40000))  # a long prefill
-            created = await receive(conn)
-            drained_at = trio.current_time()
-            async with trio.open_nursery() as draining:
-                draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
-            assert trio.current_time() - drained_at == 1.0
-        await server_tasks_end(server_side, server)
-    assert code == 1001 and created["type"] == "response.created"
-    failed, error = events
-    assert (failed["type"], failed["sequence_number"], error["type"]) == ("response.failed", 1, "error")
-    assert failed["response"] == {**created["response"], "status": "failed", "error": SHUTTING_DOWN}
-
-
 async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(autojump_clock) -> None:
-    # A multiplexing client routes events by their `stream_id`: the failure a drain sends for a cut
-    # response must name the lane, as every other event of that response did.
+    # A multiplexing client routes events by `stream_id`: the failure must name the cut response's lane.
     server = make_server()
     async with trio.open_nursery() as server_side:
         connector = PipeConnector(server, server_side)
@@ -271,14 +221,17 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
             before: list[dict[str, Any]] = []
             while [e["type"] for e in before].count("response.created") < 3:
                 before.append(await receive(conn))
+            drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 1.0)
-                events, code = await events_until_close(conn)
+                events, code, _ = await closed_after(conn)
         await server_tasks_end(server_side, server)
     assert code == 1001
     created = [e for e in before if e["type"] == "response.created"]
     lane_of = {e["response"]["id"]: e.get("stream_id") for e in created}
     assert set(lane_of.values()) == {"a", "b", None}
+    # Each cut response is recorded as failed, when the grace ended.
+    assert sorted((r["outcome"], r["at_s"], r["response_id"]) for r in server.records) == sorted(("failed", drained_at + 1.0, r) for r in lane_of)
     failures = [e for e in events if e["type"] == "response.failed"]
     assert sorted(e["response"]["id"] for e in failures) == sorted(lane_of)
     for event in failures:
@@ -297,7 +250,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
 @pytest.mark.parametrize("link", LINKS)
 async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojump_clock, link: str) -> None:
     server = make_server()
-    async with ws(server, network=network_of(link)) as conn:
+    async with ws(server, network=LINKS[link]) as conn:
         await trio.sleep(1.0)
         drained_at = trio.current_time()
         async with trio.open_nursery() as draining:
@@ -305,6 +258,10 @@ async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojum
             events, code, reason = await closed_after(conn)
             assert trio.current_time() == pytest.approx(drained_at + one_way(link), abs=1e-9)  # at once: nothing is in flight
     assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
+    # A connection whose handshake raced the drain is closed the same way.
+    racing = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
+    async with ws(racing, network=LINKS[link]) as conn:
+        assert await closed_after(conn) == ([closing_error("drain")], 1001, "server shutting down")
 
 
 class DrainDuringHandshake(ResponsesServer):
@@ -313,19 +270,9 @@ class DrainDuringHandshake(ResponsesServer):
         return super().check_auth(headers)
 
 
-@pytest.mark.parametrize("link", LINKS)
-async def test_a_connection_whose_handshake_raced_a_drain_is_closed_as_the_drain_closes_the_rest(autojump_clock, link: str) -> None:
-    server = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
-    async with ws(server, network=network_of(link)) as conn:
-        events, code, reason = await closed_after(conn)
-    assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
-
-
 async def test_a_drain_that_reaches_a_session_already_over_does_nothing(autojump_clock) -> None:
-    """Neither a session whose run has returned (no nursery) nor one whose last task has ended (its
-    nursery closed, its run not yet returned, so a drain still finds it in the server's sessions)
-    starts a close: trio would refuse the task ("Nursery is closed to new arrivals"), which took
-    serve's SIGTERM path down."""
+    """A session whose run returned (no nursery), or whose nursery closed before its run returned, starts no
+    close: trio would refuse the task ("Nursery is closed to new arrivals"), taking serve's SIGTERM path down."""
     server = make_server()
     async with ws(server) as conn:
         await trio.sleep(1.0)
@@ -340,8 +287,6 @@ async def test_a_drain_that_reaches_a_session_already_over_does_nothing(autojump
         pass
     session.nursery = ended
     session.shut_down(reason, 1001, "server shutting down", 0.0)  # raises nothing
-
-
 
 
 async def drained(server, conn, grace: float) -> tuple[list[tuple[float, dict]], int]:
@@ -382,24 +327,8 @@ async def test_a_drain_waits_for_the_connections_later_responses_on_every_lane(a
     assert [r["outcome"] for r in server.records] == ["completed", "completed"]
 
 
-async def test_a_response_a_drain_cuts_past_its_grace_is_recorded_as_failed(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        await send(conn, create_event(metadata=TURN_300))  # a lane whose response ended before the drain
-        await until(conn, *TERMINALS, timeout=100)
-        await trio.sleep(1.0)
-        drained_at = trio.current_time()
-        await send(conn, create_event(model="sim-100", metadata={"testbed_workload": "fixed:1:100:10:400"}, stream_id="agent"))  # 4 s
-        cut = (await until(conn, "response.created", timeout=100))[-1]["response"]["id"]
-        events, code = await drained(server, conn, 1.0)
-    assert ([e["type"] for _, e in events][-2:], code) == (["response.failed", "error"], 1001)
-    assert [(r["outcome"], r["at_s"], r["response_id"]) for r in list(server.records)[1:]] == [("failed", drained_at + 1.0, cut)]
-
-
 async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_terminal_event(autojump_clock):
-    # Cut during its pre-inference work: the client never saw the response, so it gets no event of it,
-    # only the drain's error and close.
-
+    # Cut during its pre-inference work: the client never saw the response, only the drain's error and close.
     server = make_server(costs=attrs.evolve(ZERO_COSTS, validate=StageCost(fixed=5.0)))
     async with ws(server) as conn:
         await send(conn, create_event(metadata=TURN_300, stream_id="agent"))
@@ -407,7 +336,6 @@ async def test_a_drain_that_cuts_a_response_before_it_was_created_sends_no_termi
         events, code = await drained(server, conn, 1.0)
     assert ([(e["type"], e["error"]["code"]) for _, e in events], code) == ([("error", "server_shutting_down")], 1001)
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [("cancelled", None)]
-
 
 
 # --- the drain of HTTP connections ----------------------------------------------------------------------
@@ -422,8 +350,7 @@ async def post_stream(client: RawClient, metadata: dict[str, str]) -> list[dict[
 
 
 def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, Any]:
-    """POST the long streamed response on `client` in a task of its own; the returned dict gets its
-    `events` and the virtual time it `ended_at`."""
+    """POST the long streamed response in a task of its own; the dict gets its `events` and `ended_at`."""
     seen: dict[str, Any] = {}
 
     async def stream() -> None:
@@ -432,23 +359,6 @@ def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, 
 
     nursery.start_soon(stream)
     return seen
-
-
-async def test_a_drain_returns_when_the_last_http_response_ends(autojump_clock, nursery) -> None:
-    """A drain waits for the response in flight (4 s) within its grace, closes the idle
-    keep-alive connection at once, and returns as soon as the last connection closed."""
-    server = make_server()
-    idle, streaming = open_client(nursery, server), open_client(nursery, server)
-    assert (await idle.request("GET", "/v1/models", content_type=None)).status == 200
-    seen = stream_in_background(nursery, streaming)
-    await trio.sleep(1.0)
-    with trio.fail_after(100):
-        await drain(server, 30.0)
-    # The response's 4 s of decode and its prefill: the drain returns as its stream ends.
-    assert trio.current_time() == seen["ended_at"] == pytest.approx(4.0107, abs=1e-4)
-    assert seen["events"][-1]["type"] == "response.completed"
-    assert (server.connections, server.http_in_flight, server.http_idle) == (0, set(), set())
-    assert await idle.server_closed()
 
 
 async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(autojump_clock, nursery) -> None:
@@ -465,38 +375,32 @@ async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(aut
                           "message": "The server is shutting down; retry on a new connection.", "param": None}
 
 
-
 @pytest.mark.parametrize("link", LINKS)
-async def test_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link: str) -> None:
+async def test_a_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_refuses_new_connections(autojump_clock, nursery, link) -> None:
     server = make_server()
-    connect = Link(nursery, server, network_of(link)).connect
-    body = {"model": "sim-1000", "input": "go", "stream": True, "store": False, "metadata": {"testbed_workload": ONE_TURN}}
-    idle = await connect()
-    assert sse_events(await idle.request(body=body))[-1]["type"] == "response.completed"
-    streaming = await connect()
-    results: dict[str, Any] = {}
-
-    async def stream_one() -> None:
-        results["events"] = sse_events(await streaming.request(body={**body, "model": "sim-100", "metadata": {"testbed_workload": LONG}}))
-
-    async with trio.open_nursery() as clients:
-        clients.start_soon(stream_one)
-        await trio.sleep(1.0)  # mid-stream
-        assert server.http_in_flight
-        async with trio.open_nursery() as draining:
-            draining.start_soon(drain, server, 30.0)
-            await trio.sleep(0.1)
-            assert (await (await connect()).request(body=b"")).status == 503
-            assert await idle.server_closed()  # the idle keep-alive connection was closed
-    events = results["events"]
-    assert events[-1]["type"] == "response.completed"
-    assert_no_event_lost(events)
-    assert server.connections == 0 and not server.http_in_flight
+    connect = Link(nursery, server, LINKS[link]).connect
+    idle, streaming = await connect(), await connect()
+    assert (await idle.request("GET", "/v1/models", content_type=None)).status == 200
+    started_at = trio.current_time()
+    seen = stream_in_background(nursery, streaming)
+    await trio.sleep(1.0)  # mid-stream
+    assert server.http_in_flight
+    async with trio.open_nursery() as draining:
+        draining.start_soon(drain, server, 30.0)
+        await trio.sleep(0.1)
+        assert (await (await connect()).request(body=b"")).status == 503
+        assert await idle.server_closed()  # the idle keep-alive connection was closed at once
+    drained_at = trio.current_time()
+    await trio.sleep(1.0)
+    # The response's 4 s of decode and its prefill, sent and answered one way each: the drain returns as its stream ends.
+    assert seen["ended_at"] == pytest.approx(drained_at + one_way(link), abs=1e-9)
+    assert drained_at == pytest.approx(started_at + 4.0107 + one_way(link), abs=1e-4)
+    assert seen["events"][-1]["type"] == "response.completed"
+    assert_no_event_lost(seen["events"])
+    assert (server.connections, server.http_in_flight, server.http_idle) == (0, set(), set())
 
 
 # --- a close started mid-response, over real TCP with delay; a client that never answers the close ------------
-# The server's close waits a round trip for the client's close frame; the terminal event, the error
-# and the close frame are still on the link while it waits.
 
 def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
     """The `error` event a close sends before its close frame."""
@@ -521,9 +425,8 @@ def assert_terminal_event_then_error(created: dict[str, Any], events: list[dict[
 
 
 async def close_mid_response(conn, server, close: str, workload: str, timeout: float | None = None):
-    """Start a response of `workload`; with `close` "drain", drain the server 0.1 s after its
-    `response.created` (a "limit" case has timed its lifetime to strike in the middle). Returns the
-    `response.created`, every event after it and the close code."""
+    """Start a response of `workload` (a "drain" comes 0.1 s after its `response.created`; a "limit" is timed
+    to strike mid-way): its `response.created`, every event after it, and the close code."""
     await send(conn, create(model="sim-100", metadata={"testbed_workload": workload}))
     created = await receive(conn) if timeout is None else await receive(conn, timeout=timeout)
     assert created["type"] == "response.created"
@@ -531,7 +434,7 @@ async def close_mid_response(conn, server, close: str, workload: str, timeout: f
         if close == "drain":
             await trio.sleep(0.1)
             draining.start_soon(drain, server, 30.0)
-        events, code = await events_until_close(conn)
+        events, code, _ = await closed_after(conn)
     return created, events, code
 
 
@@ -555,11 +458,10 @@ async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: 
 
 @pytest.mark.parametrize("link", LINKS)
 async def test_a_client_that_never_answers_the_close_is_dropped_a_close_handshake_after_the_limit(autojump_clock, link: str) -> None:
-    """It gets the limit's error and close frame; the server waits `CLOSE_HANDSHAKE_SECONDS` for its
-    close frame, then ends the session and the connection (RFC 6455 §7.1.1)."""
+    """The server waits `CLOSE_HANDSHAKE_SECONDS` for its close frame, then ends the connection (RFC 6455 §7.1.1)."""
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
     protocol = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    async with InMemoryConnector(server, network_of(link)).open_stream() as client:
+    async with InMemoryConnector(server, LINKS[link]).open_stream() as client:
         await client.send_all(protocol.send(wsproto.events.Request(host="testbed", target="/v1/responses",
                                                                     extra_headers=[(b"authorization", b"Bearer k")])))
         data = b""
@@ -583,8 +485,8 @@ async def test_a_client_that_never_answers_the_close_is_dropped_a_close_handshak
 
 
 async def test_a_client_that_reads_nothing_is_dropped_a_close_handshake_after_the_limit(autojump_clock, nursery) -> None:
-    """Its socket takes nothing (a lockstep stream: a write waits for the reader), so the limit's error
-    cannot even be written: the session ends `CLOSE_HANDSHAKE_SECONDS` after the limit all the same."""
+    """Its socket takes nothing (a lockstep stream), so not even the limit's error is written: the session
+    ends `CLOSE_HANDSHAKE_SECONDS` after the limit all the same."""
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
     client, server_end = trio.testing.lockstep_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
@@ -600,7 +502,6 @@ async def test_a_client_that_reads_nothing_is_dropped_a_close_handshake_after_th
         while server.sessions:
             await trio.sleep(0.001)
     assert trio.current_time() == pytest.approx(12.0 + CLOSE_HANDSHAKE_SECONDS, abs=1e-3)
-
 
 
 def test_sigterm_drains_the_real_server(cli_server) -> None:

@@ -1,12 +1,5 @@
-"""The endpoints beside `POST /v1/responses` (server/routes.py): retrieve (as JSON or as a replay of
-its events), delete, input items, cancel, compact and models, each refusal with its status, code, param
-and `Allow` header (docs/protocol.md, "Stored responses", "Cancel", "Compaction").
-
-Rules every test here follows (tests/support.py): raw HTTP and WebSocket tests run in-process over
-memory streams under the `autojump_clock` and assert virtual times exactly; the openai-python tests
-run the SDK's sync client in a worker thread against a real socket on 127.0.0.1 (in-process, or
-`python -m prototype serve`), with a timeout on everything and no assertion on wall-clock time.
-"""
+"""The endpoints beside `POST /v1/responses` (server/routes.py): retrieve, replay, delete, input items, cancel,
+compact and models, each refusal with its status, code, param and `Allow` header (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +11,8 @@ import h11
 import pytest
 import trio
 import trio.testing
-from support import H11Client, create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import create_event, function_calls, make_server, outputs_for, send, until, ws
+from test_http import Answer, RawClient
 
 from prototype import metrics
 from prototype.api import retrieval
@@ -41,31 +35,21 @@ SLOW = {"testbed_workload": "fixed:3", "testbed_decode_tps": "10"}  # 300 tokens
 # --- a raw HTTP/1.1 client over a memory stream ----------------------------------------------------
 
 
-@attrs.frozen
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
+class Raw(RawClient):
+    """test_http's client as key alice unless told (None: no authorization); `body` as JSON or `data` as it is;
+    `start` reads the head of an answer, `events_until` and `rest` its stream as it comes."""
 
-    def json(self) -> Any:
-        return json.loads(self.body)
+    @staticmethod
+    def fields(key: str | None, body: dict | None, data: bytes | None) -> dict[str, Any]:
+        return {"body": body if data is None else data, "auth": None if key is None else f"Bearer {key}",
+                "content_type": "application/json" if body is not None or data else None}
 
+    async def request(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None,
+                      data: bytes | None = None) -> Answer:
+        return await super().request(method, target, **self.fields(key, body, data))
 
-class Raw(H11Client):
-    async def start(self, method: str, target: str, *, key: str | None = "alice", body: dict | None = None,
-                    data: bytes | None = None) -> h11.Response:
-        """Send a request (`body` as JSON, or `data` as it is) and read the head of its answer."""
-        if data is None:
-            data = json.dumps(body).encode() if body is not None else b""
-        headers = [("host", "testbed"), ("content-length", str(len(data)))]
-        if key is not None:
-            headers.append(("authorization", f"Bearer {key}"))
-        if body is not None or data:
-            headers.append(("content-type", "application/json"))
-        out = self.conn.send(h11.Request(method=method, target=target, headers=headers))
-        out += self.conn.send(h11.Data(data=data)) if data else b""
-        out += self.conn.send(h11.EndOfMessage())
-        await self.stream.send_all(out)
+    async def start(self, method: str, target: str, *, body: dict | None = None) -> h11.Response:
+        await self.send(method, target, **self.fields("alice", body, None))
         head = await self._next()
         assert isinstance(head, h11.Response), head
         return head
@@ -76,11 +60,6 @@ class Raw(H11Client):
             body += event.data
         self.conn.start_next_cycle()
         return bytes(body)
-
-    async def request(self, method: str, target: str, **kwargs: Any) -> Reply:
-        head = await self.start(method, target, **kwargs)
-        headers = {k.decode().lower(): v.decode() for k, v in head.headers}
-        return Reply(head.status_code, headers, await self.rest())
 
     async def events_until(self, *types: str) -> list[dict[str, Any]]:
         """SSE events of a started stream, up to the first of `types`."""
@@ -104,7 +83,7 @@ def connect(nursery: trio.Nursery, server: ResponsesServer) -> Raw:
     return Raw(client)
 
 
-def error_of(reply: Reply, status: int, code: str, param: str | None) -> str:
+def error_of(reply: Answer, status: int, code: str, param: str | None) -> str:
     assert (reply.status, reply.headers["content-type"]) == (status, "application/json"), reply
     error = reply.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), error
@@ -185,7 +164,7 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     assert server.connections == 1
 
 
-async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery, monkeypatch) -> None:
+async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery) -> None:
     client = connect(nursery, make_server())
     post = await client.request("POST", "/v1/models")
     assert error_of(post, 405, "method_not_allowed", None) == "Method POST is not allowed on /v1/models: use GET."
@@ -200,16 +179,6 @@ async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nurs
     assert (head.status, head.body, head.headers["allow"]) == (405, b"", "GET")
     missing = await client.request("GET", "/v1/responses/resp_nope")
     assert missing.status == 404 and "www-authenticate" not in missing.headers
-
-    async def broken(*args: Any) -> None:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(routes, "answer", broken)
-    reply = await client.request("GET", "/v1/models")
-    assert (reply.status, reply.json(), "connection" in reply.headers) == (500, {"error": {
-        "type": "server_error", "code": "server_error", "message": "Internal error: RuntimeError.", "param": None}}, False)
-    monkeypatch.undo()
-    assert (await client.request("GET", "/v1/models")).status == 200
 
 
 # --- retrieve, stream replay, input items, delete ---------------------------------------------------
@@ -337,7 +306,7 @@ async def test_deleting_a_suspended_v1_response_is_refused_until_it_ends(autojum
 # --- cancel ------------------------------------------------------------------------------------------
 
 
-async def cancel_at(http: Raw, rid: str, key: str = "alice") -> tuple[float, Reply]:
+async def cancel_at(http: Raw, rid: str, key: str = "alice") -> tuple[float, Answer]:
     reply = await http.request("POST", f"/v1/responses/{rid}/cancel", key=key)
     return trio.current_time(), reply
 
@@ -370,7 +339,7 @@ async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock
 async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojump_clock, nursery) -> None:
     server = make_server(new_id=IdFactory("t"))
     waiting, http = connect(nursery, server), connect(nursery, server)
-    replies: list[tuple[float, Reply]] = []
+    replies: list[tuple[float, Answer]] = []
     answered = trio.Event()
 
     async def post() -> None:
@@ -501,17 +470,13 @@ def compact_body(**fields: Any) -> dict[str, Any]:
     return {"model": "sim-1000", **fields}
 
 
-async def test_compact_refuses_a_body_that_is_not_one_json_object(autojump_clock, nursery) -> None:
-    client = connect(nursery, make_server())
+async def test_compact_needs_one_json_object_with_an_input_or_a_previous_response(autojump_clock, nursery) -> None:
+    server = make_server()
+    client = connect(nursery, server)
     for raw, message in ((b"[1]", "The request body must be one JSON object."),
                          (b"{", "The request body is not valid JSON: Expecting property name enclosed in double quotes: "
                                 "line 1 column 2 (char 1).")):
         assert error_of(await client.request("POST", "/v1/responses/compact", data=raw), 400, "invalid_json", None) == message
-
-
-async def test_compact_needs_an_input_or_a_previous_response(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
     refused = await client.request("POST", "/v1/responses/compact", body=compact_body(instructions="be brief"))
     assert error_of(refused, 400, "missing_required_parameter", "input") == "Missing required parameter: 'input'."
     # Either one is enough: an input alone, or a stored response alone.
@@ -565,92 +530,64 @@ def sdk_client(port: int):
     return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-alice", max_retries=0, timeout=10.0)
 
 
-def exercise_every_endpoint(port: int) -> dict[str, Any]:
-    """create, retrieve (JSON and stream), input_items, models, delete and cancel, with openai-python."""
-    from openai import NotFoundError
+def exercise_every_endpoint(port: int) -> None:
+    """create, retrieve (JSON and stream), input_items, models, delete and cancel with openai-python, each answer checked."""
+    from openai import BadRequestError, NotFoundError
+    from openai.types import Model
+    from openai.types.responses import Response
 
     client = sdk_client(port)
     other = client.with_options(api_key="sk-bob")
-    out: dict[str, Any] = {}
     meta = {"testbed_workload": "fixed:2"}
     first = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata=meta)
     call = next(item for item in first.output if item.type == "function_call")
-    second = client.responses.create(
-        model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, metadata=meta,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "2 tests failed"}],
-    )
-    out["first"], out["second"] = first, second
-    out["retrieved"] = client.responses.retrieve(second.id, include=["reasoning.encrypted_content"])
-    out["replay"] = list(client.responses.retrieve(second.id, stream=True))
-    out["replay_after"] = list(client.responses.retrieve(second.id, stream=True, starting_after=3))
-    out["items_desc"] = [item.id for item in client.responses.input_items.list(second.id)]
-    out["items_asc_pages"] = [item for item in client.responses.input_items.list(second.id, order="asc", limit=1)]
-    out["models"] = client.models.list().data
-    out["model"] = client.models.retrieve("sim-1234")
-    for name, call_it in (("other_retrieve", lambda: other.responses.retrieve(first.id)),
-                          ("other_delete", lambda: other.responses.delete(first.id))):
-        try:
+    second = client.responses.create(model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, metadata=meta,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id, "output": "2 tests failed"}])
+    retrieved = client.responses.retrieve(second.id, include=["reasoning.encrypted_content"])
+    assert isinstance(retrieved, Response) and retrieved.model_dump() == second.model_dump()
+    replay = list(client.responses.retrieve(second.id, stream=True))
+    assert (replay[0].type, replay[-1].type, replay[-1].response.output_text) == ("response.created", "response.completed", second.output_text)
+    after = client.responses.retrieve(second.id, stream=True, starting_after=3)
+    assert [e.sequence_number for e in after] == [e.sequence_number for e in replay[4:]]
+    asc = list(client.responses.input_items.list(second.id, order="asc", limit=1))  # one item a page: the SDK followed `after`
+    assert [item.type for item in asc] == ["message", *(i.type for i in first.output), "function_call_output"]
+    assert [item.id for item in first.output] == [item.id for item in asc[1:-1]]
+    assert [item.id for item in client.responses.input_items.list(second.id)] == [item.id for item in asc][::-1]
+    assert [m.id for m in client.models.list().data] == ["gpt-5.4", "gpt-5.3-codex-spark", "gpt-5.3-codex-spark-burst"]
+    model = client.models.retrieve("sim-1234")
+    assert isinstance(model, Model) and (model.id, model.object, model.owned_by) == ("sim-1234", "model", "testbed")
+    assert model.model_dump()["testbed_decode_tokens_per_s"] == 1234.0
+    refusals = [(lambda: other.responses.retrieve(first.id), NotFoundError, 404, "response_not_found"),
+                (lambda: other.responses.delete(first.id), NotFoundError, 404, "response_not_found"),
+                (lambda: client.responses.delete(first.id), None, None, None),  # openai-python returns nothing for a deletion
+                (lambda: client.responses.retrieve(first.id), NotFoundError, 404, "response_not_found"),
+                (lambda: client.responses.cancel(second.id), BadRequestError, 400, "response_not_cancellable"),
+                (lambda: client.responses.create(model=SDK_MODEL, input="x", previous_response_id="resp_missing"), BadRequestError, 400,
+                 "previous_response_not_found")]
+    for call_it, error, status, code in refusals:
+        if error is None:
+            assert call_it() is None
+            continue
+        with pytest.raises(error) as caught:
             call_it()
-        except NotFoundError as exc:
-            out[name] = exc
-    out["deleted"] = client.responses.delete(first.id)
-    try:
-        client.responses.retrieve(first.id)
-    except NotFoundError as exc:
-        out["after_delete"] = exc
-    for name, call_it in (("cancel_finished", lambda: client.responses.cancel(second.id)),
-                          ("missing", lambda: client.responses.create(model=SDK_MODEL, input="x", previous_response_id="resp_missing"))):
-        try:
-            call_it()
-        except Exception as exc:  # noqa: BLE001 - the SDK's exception type is what is checked
-            out[name] = exc
-    events = []
+        assert (caught.value.status_code, caught.value.body["code"]) == (status, code)
+    events, cancelled = [], None
     with client.responses.create(model="sim-20", input="fix the bug", tools=HARNESS_TOOLS, metadata=meta, stream=True) as stream:
         for event in stream:
             events.append(event)
             if event.type == "response.in_progress":  # cancellable from here on (docs/protocol.md)
-                out["cancelled"] = client.responses.cancel(event.response.id)
-    out["cancelled_events"] = events
+                cancelled = client.responses.cancel(event.response.id)
     client.close()
-    return out
+    assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1].type == "response.cancelled"
+    assert all(type(event).__module__.startswith("openai.types.responses") for event in events)  # typed by the SDK
+    # openai-python has no type for response.cancelled: it builds its union's first member, with the fields as sent.
+    assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)
 
 
 async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
-    from openai.types import Model
-    from openai.types.responses import Response
-
-    _, port = live_server
     with trio.fail_after(SDK_TIMEOUT):
-        out = await trio.to_thread.run_sync(exercise_every_endpoint, port, abandon_on_cancel=True)
-    first, second = out["first"], out["second"]
-    retrieved = out["retrieved"]
-    assert isinstance(retrieved, Response) and retrieved.model_dump() == second.model_dump()
-    replay = out["replay"]
-    assert replay[0].type == "response.created" and replay[-1].type == "response.completed"
-    assert replay[-1].response.output_text == second.output_text
-    assert [e.sequence_number for e in out["replay_after"]] == [e.sequence_number for e in replay[4:]]
-    context = ["message", *(i.type for i in first.output), "function_call_output"]
-    asc = out["items_asc_pages"]  # one item a page: the SDK followed `after` to the end
-    assert [item.type for item in asc] == context
-    assert [item.id for item in first.output] == [item.id for item in asc[1:-1]]
-    assert out["items_desc"] == [item.id for item in asc][::-1]
-    assert [m.id for m in out["models"]] == ["gpt-5.4", "gpt-5.3-codex-spark", "gpt-5.3-codex-spark-burst"]
-    model = out["model"]
-    assert isinstance(model, Model) and (model.id, model.object, model.owned_by) == ("sim-1234", "model", "testbed")
-    assert model.model_dump()["testbed_decode_tokens_per_s"] == 1234.0
-    for name in ("other_retrieve", "other_delete", "after_delete"):
-        assert out[name].status_code == 404 and out[name].body["code"] == "response_not_found"
-    assert out["deleted"] is None  # openai-python returns nothing for a deletion
-    for name, code in (("cancel_finished", "response_not_cancellable"), ("missing", "previous_response_not_found")):
-        assert (type(out[name]).__name__, out[name].status_code, out[name].body["code"]) == ("BadRequestError", 400, code)
-    cancelled = out["cancelled"]
-    assert isinstance(cancelled, Response) and cancelled.status == "cancelled"
-    events = out["cancelled_events"]
-    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"] and events[-1].type == "response.cancelled"
-    assert all(type(event).__module__.startswith("openai.types.responses") for event in events)  # typed by the SDK
-    # openai-python has no type for response.cancelled: it builds its union's first member, with the
-    # fields as sent.
-    assert events[-1].model_dump()["response"] == cancelled.model_dump(exclude_unset=True)
+        await trio.to_thread.run_sync(exercise_every_endpoint, live_server[1], abandon_on_cancel=True)
 
 
 def test_openai_sdk_against_python_m_prototype_serve(cli_server) -> None:

@@ -1,10 +1,5 @@
-"""A hosted web_search inside a response (designs/sampling.py, designs/emitter.py): the time it takes
-is reported as the `hosted_tool` phase, the hidden sampling of its query as `decode`, its query's
-tokens count as output, and the in-progress item is part of the response while the search runs.
-
-Zero API costs and 1000 tokens/s: every span is exact on the autojump clock (the wire rounds spans
-to the microsecond, hence `abs=5e-4` on milliseconds).
-"""
+"""A hosted web_search inside a response: its time is the `hosted_tool` phase, its query's hidden sampling `decode`
+and output tokens; times exact at zero API costs and 1000 tokens/s (the wire rounds spans to the microsecond)."""
 
 from __future__ import annotations
 
@@ -91,13 +86,12 @@ async def test_a_search_takes_its_latency_and_keeps_a_result_of_its_token_count(
     result = await service.search("ws_1", PlannedSearch("trio docs", 1.5, 40), seed=7)
     assert trio.current_time() - start == pytest.approx(1.5)
     assert isinstance(result, str) and tokens(result) == 40
-    assert service.result_for("ws_1") == result
+    assert service.result_for("ws_1") == result and service.result_for("ws_unknown") == ""  # one it never ran: empty
 
 
 async def test_a_searchs_result_is_drawn_from_its_seed_query_length_and_size(autojump_clock):
-    """The same seed, query length and size give the same text in any service (a stateless client's resent
-    item rebuilds the same context); any of them changed gives another text. A seed is taken modulo 2**32,
-    so any integer, negative too, is usable."""
+    """The same seed (modulo 2**32, any integer), query length and size give the same text in any service (a
+    stateless client's resent item rebuilds the same context); any of them changed gives another."""
 
     async def result(seed: int, query: str = "trio docs", size: int = 40) -> str:
         return await HostedToolService().search("ws_1", PlannedSearch(query, 0.0, size), seed=seed)
@@ -119,7 +113,3 @@ async def test_the_service_keeps_the_newest_results_up_to_its_bound(autojump_clo
     results[3] = await service.search("ws_3", PlannedSearch("q", 0.0, 5), seed=3)
     assert list(service.results) == ["ws_1", "ws_2", "ws_3"]
     assert service.result_for("ws_0") == "" and service.result_for("ws_3") == results[3]
-
-
-def test_an_item_the_service_never_ran_has_an_empty_result():
-    assert HostedToolService().result_for("ws_unknown") == ""

@@ -1,12 +1,5 @@
-"""Limits and auth: API keys, stored responses readable only by their key, and every limit
-of `ServerConfig`, each set to a small value and hit: connections, frame and body size, queued
-creates per connection, suspension time-to-live, connection lifetime. Also the load script at a
-tiny size.
-
-Rules (after tests/support.py): in-process servers over memory streams under the `autojump_clock`,
-so every time is asserted exactly; while a limit is hit on one connection, a bystander rollout on
-another connection keeps its exact timeline.
-"""
+"""Every limit of `ServerConfig` and API-key ownership of stored responses, each hit with a small value; and the
+load script at a tiny size."""
 
 from __future__ import annotations
 
@@ -19,25 +12,26 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DELAYED_LINK, closed_after, make_server, receive, send, until
+from support import closed_after, make_server, receive, send, until, ws
 from test_bad_input import (
     BOTH,
+    LINKS,
     ONE_TURN,
     SMALL,
     TERMINALS,
-    BadHttp,
     Bystander,
-    RawHttp,
     assert_released,
     bystander_baseline,
     calls_of,
     create,
     good_body,
     handshake_refusal,
+    one_way,
     output,
     session_kv,
     turn,
 )
+from test_http import open_client
 from trio_websocket import ConnectionClosed
 
 from prototype import workload as wl
@@ -52,7 +46,7 @@ from prototype.api.checks import (
 )
 from prototype.api.costs import ApiCosts
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED, open_responses_websocket
+from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.engine import tokenizer
 from prototype.protocol import codec, errors
 from prototype.protocol.items import FunctionCallOutput, Message
@@ -66,20 +60,12 @@ from prototype.server.config import (
 )
 
 
-def ws(server, design: str = CHAINED, key: str = "testbed", network=None):
-    """`network`: None for a zero-latency pipe, or a link with delay (support.DELAYED_LINK)."""
-    return open_responses_websocket(InMemoryConnector(server, network), design, api_key=key)
-
-
-async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str | None = "testbed") -> tuple[int, Any]:
+async def http(server, nursery, body: dict[str, Any] | bytes, *, key: str = "testbed") -> tuple[int, Any]:
     """One POST /v1/responses on a new in-memory connection: (status, parsed JSON body)."""
-    client_end, server_end = trio.testing.memory_stream_pair()
-    nursery.start_soon(server.handle_stream, server_end)
-    client = RawHttp(client_end)
-    await client.send_case(BadHttp("request", 0, "", body=body, auth=None if key is None else f"Bearer {key}".strip()))
-    status, _, raw = await client.answer()
-    await client_end.aclose()
-    return status, json.loads(raw)
+    client = open_client(nursery, server)
+    answer = await client.request(body=body, auth=f"Bearer {key}")
+    await client.stream.aclose()
+    return answer.status, answer.json()
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -98,7 +84,7 @@ def test_defaults_are_the_documented_ones() -> None:
 @pytest.mark.parametrize("configured", [True, False], ids=["configured keys", "any key"])
 async def test_a_stored_response_is_readable_only_with_the_key_that_created_it(autojump_clock, nursery, configured: bool) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"alpha", "beta"}) if configured else None))
-    async with ws(server, key="alpha") as conn:
+    async with ws(server, api_key="alpha") as conn:
         by_ws = (await turn(conn, create(store=True)))[-1]["response"]
     status, by_http = await http(server, nursery, good_body(store=True, metadata={"testbed_workload": SMALL}), key="alpha")
     assert status == 200
@@ -107,14 +93,14 @@ async def test_a_stored_response_is_readable_only_with_the_key_that_created_it(a
         answer = [output(calls_of(stored)[0])]
         follow = create(store=True, previous_response_id=stored["id"], input=answer)
         # Another key: not found, over either transport, exactly as if it did not exist.
-        async with ws(server, key="beta") as conn:
+        async with ws(server, api_key="beta") as conn:
             events = await turn(conn, follow)
             assert [e["error"]["code"] for e in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
         status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="beta")
         assert (status, body["error"]["code"]) == (400, errors.PREVIOUS_RESPONSE_NOT_FOUND)
         assert body["error"]["message"] == f"Previous response with id '{stored['id']}' not found."
         # The creating key: the chain continues, over either transport.
-        async with ws(server, key="alpha") as conn:
+        async with ws(server, api_key="alpha") as conn:
             events = await turn(conn, follow)
             assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == stored["id"]
         status, body = await http(server, nursery, good_body(store=True, previous_response_id=stored["id"], input=answer), key="alpha")
@@ -374,23 +360,23 @@ LIMIT_ERROR = {"type": "error", "status": 400, "error": {
 # A response the limit cuts short: the schema's code and the limit's message; the limit's code follows in LIMIT_ERROR.
 LIMIT_REACHED = {"code": "server_error", "message": LIMIT_MESSAGE}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
-# The lifetime limit's close over a zero-latency pipe and over the 20 ms RTT link.
-LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK}
-
-
-def one_way(link: str) -> float:
-    return 0.0 if LINKS[link] is None else LINKS[link].one_way_delay
 
 
 @pytest.mark.parametrize("link", LINKS)
-@pytest.mark.parametrize("design", BOTH)
-async def test_the_lifetime_limit_closes_an_idle_connection_with_its_error_and_1000(autojump_clock, design: str, link: str) -> None:
+@pytest.mark.parametrize("state", ["v2 idle", "v1 idle", "v1 paused"])
+async def test_the_lifetime_limit_closes_a_quiet_connection_with_its_error_and_1000_failing_a_paused_rollout(autojump_clock, state, link) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=12.0))
-    async with ws(server, design, network=LINKS[link]) as conn:
+    async with ws(server, CHAINED if state == "v2 idle" else SUSPENDED, network=LINKS[link]) as conn:
+        done = (await turn(conn, create()))[-1] if state == "v1 paused" else None
+        assert len(session_kv(server)) == (0 if done is None else 1)
         events, code, reason = await closed_after(conn)
         # The limit counts from the accept, one way after the client's upgrade request went out at 0.
         assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
-    assert (events, code, reason) == ([LIMIT_ERROR], 1000, "connection limit reached")
+        assert session_kv(server) == {}  # a paused rollout's KV is released
+    assert (events[-1], len(events), code, reason) == (LIMIT_ERROR, 1 if done is None else 2, 1000, "connection limit reached")
+    if done is not None:
+        assert events[0] == {"type": "response.failed", "sequence_number": done["sequence_number"] + 1, "response": {
+            **events[0]["response"], "id": done["response"]["id"], "status": "failed", "error": LIMIT_REACHED}}
     await assert_released(server)
 
 
@@ -417,20 +403,6 @@ async def test_at_the_lifetime_limit_a_response_in_flight_ends_within_the_grace_
         assert closed_after_sent == pytest.approx(12.0 + grace + 2 * one_way(link) - sent, abs=1e-9)
         assert events[-2] == {"type": "response.failed", "sequence_number": events[-3]["sequence_number"] + 1,
                               "response": {**created["response"], "status": "failed", "error": LIMIT_REACHED}}
-
-
-@pytest.mark.parametrize("link", LINKS)
-async def test_at_the_lifetime_limit_a_paused_v1_rollout_fails_with_the_limit_and_its_kv_is_released(autojump_clock, link: str) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=12.0))
-    async with ws(server, SUSPENDED, network=LINKS[link]) as conn:
-        done = (await turn(conn, create()))[-1]
-        assert len(session_kv(server)) == 1
-        (failed, limit), code, reason = await closed_after(conn)
-        assert trio.current_time() == pytest.approx(12.0 + 2 * one_way(link), abs=1e-9)
-        assert session_kv(server) == {}
-    assert (limit, code, reason) == (LIMIT_ERROR, 1000, "connection limit reached")
-    assert failed == {"type": "response.failed", "sequence_number": done["sequence_number"] + 1,
-                      "response": {**failed["response"], "id": done["response"]["id"], "status": "failed", "error": LIMIT_REACHED}}
 
 
 @pytest.mark.parametrize("link", LINKS)
@@ -487,27 +459,22 @@ REFERENCE_EVENTS = [("r", 0, "response.created"), ("r", 1, "response.output_text
 def test_a_lost_or_repeated_item_is_counted() -> None:
     from experiments.load import lost_and_duplicated
 
-    expected = load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}], REFERENCE_EVENTS), expected) == (1, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}, {"b": 2}], REFERENCE_EVENTS), expected) == (0, 1)
-    assert lost_and_duplicated(load_record([{"b": 2}, {"a": 1}], REFERENCE_EVENTS), expected) == (1, 1)
-    # Same items, another item's text: the transcript is not the reference's.
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 3}], REFERENCE_EVENTS), expected) == (1, 1)
-    assert lost_and_duplicated(None, expected) == (2 + 3, 0)  # two items, three events
-    # Deltas coalesced differently are not a loss; a gap in the numbering is.
-    coalesced = [("r", 0, "response.created"), ("r", 1, "response.output_text.delta"), ("r", 2, "response.output_text.delta"), ("r", 3, "response.completed")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], coalesced), expected) == (0, 0)
-    gap = [("r", 0, "response.created"), ("r", 2, "response.completed")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], gap), expected) == (1, 0)
-    repeated = [*REFERENCE_EVENTS[:2], ("r", 1, "response.output_text.delta"), REFERENCE_EVENTS[2]]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], repeated), expected) == (0, 1)
-    # A missing tail: numbered 0, 1 without a gap, but the terminal event never came.
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS[:2]), expected) == (1, 0)
-    # A whole response missing, and one response too many.
+    both = [{"a": 1}, {"b": 2}]
+    expected = load_record(both, REFERENCE_EVENTS)
     two_responses = [*REFERENCE_EVENTS, ("s", 0, "response.created")]
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], REFERENCE_EVENTS), load_record([{"a": 1}, {"b": 2}], two_responses)) == (1, 0)
-    assert lost_and_duplicated(load_record([{"a": 1}, {"b": 2}], two_responses), expected) == (0, 1)
+    delta = ("r", 1, "response.output_text.delta")
+    for transcript, events, counted in [
+        (both, REFERENCE_EVENTS, (0, 0)), ([{"a": 1}], REFERENCE_EVENTS, (1, 0)), ([*both, {"b": 2}], REFERENCE_EVENTS, (0, 1)),
+        (both[::-1], REFERENCE_EVENTS, (1, 1)), ([{"a": 1}, {"b": 3}], REFERENCE_EVENTS, (1, 1)),  # another item's text: not the reference's
+        # Deltas coalesced differently are not a loss; a gap in the numbering is, and so is a repeat.
+        (both, [*REFERENCE_EVENTS[:2], ("r", 2, "response.output_text.delta"), ("r", 3, "response.completed")], (0, 0)),
+        (both, [REFERENCE_EVENTS[0], REFERENCE_EVENTS[2]], (1, 0)), (both, [*REFERENCE_EVENTS[:2], delta, REFERENCE_EVENTS[2]], (0, 1)),
+        (both, REFERENCE_EVENTS[:2], (1, 0)),  # a missing tail: numbered 0, 1 without a gap, but no terminal event
+        (both, two_responses, (0, 1)),  # one response too many
+    ]:
+        assert lost_and_duplicated(load_record(transcript, events), expected) == counted, (transcript, events)
+    assert lost_and_duplicated(None, expected) == (2 + 3, 0)  # two items, three events
+    assert lost_and_duplicated(load_record(both, REFERENCE_EVENTS), load_record(both, two_responses)) == (1, 0)  # a response missing
 
 
 def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_reference() -> None:
@@ -522,10 +489,8 @@ def test_the_lone_rollout_is_checked_like_every_session_and_never_becomes_the_re
 
 @pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
 async def test_load_overhead_is_what_the_server_added_beyond_the_model_whatever_the_cache_held(autojump_clock, design: str) -> None:
-    """The load experiment's per-turn overhead, on the virtual clock where the only time beyond the
-    engine model is the API stages the server charges: exactly those stages (their phase log), turn
-    by turn, for a cold rollout and for a second one that finds the whole conversation cached. Under
-    zero stage costs it is zero, never the cold prefill a warm turn skipped."""
+    """The load experiment's per-turn overhead is exactly the API stages the server charged (their phase log),
+    cold or with the whole conversation cached; zero under zero costs, never the prefill a warm turn skipped."""
     from experiments import load
     from prototype.api.costs import ZERO_COSTS, ApiCosts
     from prototype.api.service import ApiService

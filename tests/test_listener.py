@@ -1,9 +1,5 @@
-"""The listener (server/app.py, server/streams.py): one port for `POST /v1/responses` and the
-WebSocket upgrade, as the real API serves both. The request head is read (bounded in size and time)
-and dispatched before any WebSocket code runs; a connection refused before its request is read gets
-a framed error and is closed; a WebSocket handshake is refused with its status and the API's error,
-or accepted with the design and betas its headers ask for (docs/protocol.md). In-process over memory
-streams under the autojump clock, every wait bounded in virtual time."""
+"""The listener (server/app.py, server/streams.py): one port for HTTP and the WebSocket upgrade; the head read
+bounded in size and time; each handshake refused with its status or accepted with its design and betas."""
 
 from __future__ import annotations
 
@@ -128,35 +124,23 @@ async def test_each_handshake_refusal_has_its_status_and_message(autojump_clock)
         "param": None}})
 
 
-async def design_of(ws) -> str:
-    """v1 answers an append with no suspended response; v2 does not know the event."""
-    await ws.send_message(json.dumps({"type": "response.append", "input": []}))
-    return json.loads(await ws.get_message())["error"]["code"]
+INJECT = {"type": "response.inject", "response_id": "resp_1", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}
 
 
-@pytest.mark.parametrize(("beta", "answer"), [
-    (None, "unknown_event_type"),  # no header: v2
-    (b"other=1,responses_websockets=2026-02-04", "no_suspended_response"),  # entries split on commas, without spaces too
-    (b"other=1, responses_websockets=2026-02-06", "unknown_event_type"),
+@pytest.mark.parametrize(("beta", "answer", "multi_agent"), [
+    (None, "unknown_event_type", False),  # no header: v2
+    (b"other=1,responses_websockets=2026-02-04", "no_suspended_response", False),  # entries split on commas, without spaces too
+    (b"other=1, responses_websockets=2026-02-06", "unknown_event_type", False),
+    (b"responses_websockets=2026-02-06, responses_multi_agent=v1", "unknown_event_type", True),
+    (b"responses_multi_agent=v1,responses_websockets=2026-02-06", "unknown_event_type", True),
 ])
-async def test_the_beta_header_selects_the_design(autojump_clock, beta, answer) -> None:
-    headers = [AUTH] if beta is None else [AUTH, (b"openai-beta", beta)]
-    async with handshake(make_server(), headers) as ws:
-        assert await design_of(ws) == answer
-
-
-@pytest.mark.parametrize(("beta", "multi_agent"), [
-    (b"responses_websockets=2026-02-06, responses_multi_agent=v1", True),
-    (b"responses_multi_agent=v1,responses_websockets=2026-02-06", True),
-    (b"responses_websockets=2026-02-06", False),
-])
-async def test_the_multi_agent_beta_is_one_entry_of_the_header(autojump_clock, beta, multi_agent) -> None:
-    """With the beta a `response.inject` is taken (here: its target is not found); without it, it is an unknown event."""
-    async with handshake(make_server(), [AUTH, (b"openai-beta", beta)]) as ws:
-        await ws.send_message(json.dumps({"type": "response.inject", "response_id": "resp_1",
-                                          "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}))
-        answer = json.loads(await ws.get_message())
-    assert (answer["type"], answer.get("error", {}).get("code")) == (
+async def test_the_beta_header_selects_the_design_and_the_multi_agent_beta_is_one_entry_of_it(autojump_clock, beta, answer, multi_agent) -> None:
+    async with handshake(make_server(), [AUTH] if beta is None else [AUTH, (b"openai-beta", beta)]) as ws:
+        await ws.send_message(json.dumps({"type": "response.append", "input": []}))  # v1: nothing suspended; v2: unknown
+        assert json.loads(await ws.get_message())["error"]["code"] == answer
+        await ws.send_message(json.dumps(INJECT))  # with the beta it is taken (its target is not found); without, unknown
+        injected = json.loads(await ws.get_message())
+    assert (injected["type"], injected.get("error", {}).get("code")) == (
         ("response.inject.failed", "response_not_found") if multi_agent else ("error", "unknown_event_type"))
 
 
@@ -183,19 +167,14 @@ async def test_the_handshake_gives_the_connection_its_design_client_timing_and_n
 # --- the head reader and the replay stream (server/streams.py) -----------------------------------------
 
 
-async def test_read_head_reads_until_the_blank_line_and_keeps_what_came_with_it(autojump_clock) -> None:
+async def test_read_head_reads_until_the_blank_line_keeping_what_came_with_it_or_nothing_if_the_peer_closes(autojump_clock) -> None:
     client, server_end = trio.testing.memory_stream_pair()
     await client.send_all(b"GET / HTTP/1.1\r\nhost: t\r\n")
     await client.send_all(b"\r\nbody")
     with trio.fail_after(WAIT):
         assert await read_head(server_end, 64) == b"GET / HTTP/1.1\r\nhost: t\r\n\r\nbody"
-
-
-async def test_read_head_returns_nothing_when_the_peer_closes_first(autojump_clock) -> None:
-    client, server_end = trio.testing.memory_stream_pair()
-    await client.send_all(b"GET / HTTP/1.1\r\n")
-    await client.aclose()
-    with trio.fail_after(WAIT):
+        await client.send_all(b"GET / HTTP/1.1\r\n")
+        await client.aclose()
         assert await read_head(server_end, 64) == b""
 
 
@@ -219,8 +198,7 @@ async def test_read_head_refuses_only_past_its_limit(autojump_clock) -> None:
         await read_head(server_end, 10)
 
 
-async def test_read_head_takes_a_head_in_large_reads(autojump_clock) -> None:
-    """The head is read in reads of up to 64 KiB: a 70,000-byte head takes two reads."""
+async def test_read_head_takes_a_head_in_reads_of_64_kib(autojump_clock) -> None:
     sizes: list[int | None] = []
 
     class Counting(trio.abc.ReceiveStream):
@@ -259,13 +237,9 @@ async def test_a_replay_stream_gives_its_prefix_then_reads_the_inner_stream(auto
         assert await client.receive_some(None) == b""
     with pytest.raises(trio.ClosedResourceError):
         await server_end.send_all(b"x")
-
-
-async def test_a_replay_of_a_whole_prefix_reads_on_from_the_inner_stream(autojump_clock) -> None:
-    client, server_end = trio.testing.memory_stream_pair()
+    client, server_end = trio.testing.memory_stream_pair()  # a read of the whole prefix, then the inner stream
     replay = ReplayStream(server_end, b"head")
     await client.send_all(b"tail")
     with trio.fail_after(WAIT):
-        assert await replay.receive_some(4) == b"head"
-        assert await replay.receive_some(4) == b"tail"
+        assert (await replay.receive_some(4), await replay.receive_some(4)) == (b"head", b"tail")
 

@@ -1,10 +1,5 @@
-"""The server's outbox (server/outbox.py): several messages per socket write, and nothing else changed.
-
-A client must see exactly the messages, in exactly the order, that one `send_message` per event
-gave it: checked here over a zero-latency pipe, over the benchmark's 20 ms link, and over a slower
-link with jitter and a bandwidth limit, for both WebSocket designs, against the same server writing
-each message on its own.
-"""
+"""The server's outbox (server/outbox.py): several messages per socket write, and the client sees exactly what one
+write per message gave it."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED, Rollout, run_websocket_rollout
 from prototype.server import outbox as outbox_module
 from prototype.server.app import ResponsesServer
-from prototype.server.outbox import Outbox, send_one_by_one
+from prototype.server.outbox import Outbox
 from prototype.workload import fixed
 
 TASK = fixed(3, initial_prompt_tokens=300, appended_tokens=80, output_tokens=40, tool_seconds=0.5)
@@ -32,7 +27,7 @@ LINKS = {"pipe": None, "rtt-20ms": DELAYED_LINK, "jitter-2MB/s": JITTERY}
 
 
 async def received(design: str, network: netem.NetworkProfile | None, monkeypatch) -> list[tuple[dict[str, Any], int]]:
-    """Every event the client received, with its message's size, in order (`created_at`, wall-clock seconds, left out)."""
+    """Every event the client received, with its message's size (`created_at`, wall-clock seconds, left out)."""
     events: list[tuple[dict[str, Any], int]] = []
     original = Rollout.received
 
@@ -50,6 +45,19 @@ async def received(design: str, network: netem.NetworkProfile | None, monkeypatc
     return events
 
 
+def write_one_by_one(monkeypatch) -> None:
+    """The outbox as a server without one: each message written as it is sent, nothing ever queued."""
+
+    async def one_write_each(self: Outbox, message: str | bytes) -> None:
+        await self.write([message])
+
+    async def nothing_queued(self: Outbox) -> None:
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(Outbox, "send", one_write_each)
+    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+
+
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("design", [SUSPENDED, CHAINED])
 async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(autojump_clock, monkeypatch, design: str, link: str) -> None:
@@ -64,15 +72,7 @@ async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(a
     monkeypatch.setattr(outbox_module, "send_messages", counting)
     batched = await received(design, network, monkeypatch)
     monkeypatch.setattr(outbox_module, "send_messages", batched_send)
-
-    async def one_write_each(self: Outbox, message: str | bytes) -> None:
-        await self.write([message])
-
-    async def nothing_queued(self: Outbox) -> None:
-        await trio.lowlevel.checkpoint()
-
-    monkeypatch.setattr(Outbox, "send", one_write_each)
-    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    write_one_by_one(monkeypatch)
     one_each = await received(design, network, monkeypatch)
 
     assert batched == one_each
@@ -82,53 +82,13 @@ async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(a
     assert len(batches) < len(batched) and max(batches) >= 3
 
 
-class FakeWebSocket:
-    """Records what is sent; each send waits until `open` is set, or fails once `broken`."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.open = trio.Event()
-        self.broken = False
-
+class BrokenWebSocket:
     async def send_message(self, message: str) -> None:
-        await self.open.wait()
-        if self.broken:
-            raise ConnectionClosed(None)
-        self.sent.append(message)
-
-
-async def test_a_sender_waits_once_the_queued_bytes_pass_the_limit_and_order_holds(autojump_clock) -> None:
-    ws = FakeWebSocket()
-    box = Outbox.for_websocket(ws)
-    box.limit = 10
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(box.run)
-        await box.send("aaaa")
-        await box.send("bbbb")
-        await trio.sleep(1)  # the writer took both and is stuck in the socket write
-        done = []
-
-        async def sender() -> None:
-            for message in ("cccc", "dddd", "eeee"):  # the third passes 10 bytes queued
-                await box.send(message)
-                done.append(message)
-
-        nursery.start_soon(sender)
-        await trio.sleep(1)
-        assert done == ["cccc", "dddd"]
-        ws.open.set()
-        await box.flush()
-        await trio.testing.wait_all_tasks_blocked()  # the sender resumes after its batch was written
-        assert done == ["cccc", "dddd", "eeee"]
-        assert ws.sent == ["aaaa", "bbbb", "cccc", "dddd", "eeee"]
-        nursery.cancel_scope.cancel()
+        raise ConnectionClosed(None)
 
 
 async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(autojump_clock) -> None:
-    ws = FakeWebSocket()
-    ws.broken = True
-    ws.open.set()
-    box = Outbox.for_websocket(ws)
+    box = Outbox.for_websocket(BrokenWebSocket())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(box.run)
         await box.send("aaaa")
@@ -136,8 +96,7 @@ async def test_after_a_failed_write_sends_and_flushes_raise_connection_closed(au
             await box.flush()
         with pytest.raises(ConnectionClosed):
             await box.send("bbbb")
-    assert ws.sent == [] and box.writes == 0
-
+    assert box.writes == 0
 
 
 class GatedWriter:
@@ -179,7 +138,7 @@ async def test_each_write_takes_every_message_queued_since_the_last_and_is_count
     assert (writer.batches[-1], box.writes) == (["e"], 3)
 
 
-async def test_a_sender_waits_only_past_the_limit(autojump_clock, nursery) -> None:
+async def test_a_sender_waits_only_past_the_limit_and_resumes_in_order_once_the_batch_is_written(autojump_clock, nursery) -> None:
     writer = GatedWriter()
     box = Outbox(writer, limit=8)
     nursery.start_soon(box.run)
@@ -189,50 +148,44 @@ async def test_a_sender_waits_only_past_the_limit(autojump_clock, nursery) -> No
         await box.send("aaaa")
         await box.send("bbbb")  # 8 bytes queued: at the limit, not past it
     assert not at_the_limit.cancelled_caught
-    with trio.move_on_after(1.0) as past_the_limit:
+    done = []
+
+    async def sender() -> None:
         await box.send("c")
-    assert past_the_limit.cancelled_caught
+        done.append("c")
 
-
-async def test_one_by_one_sends_each_message_in_order() -> None:
-    sent: list[str] = []
-
-    class Socket:
-        async def send_message(self, message: str) -> None:
-            sent.append(message)
-
-    await send_one_by_one(Socket(), ["a", "b", "c"])
-    assert sent == ["a", "b", "c"]
+    nursery.start_soon(sender)
+    await trio.sleep(1.0)
+    assert done == []  # past the limit: it waits
+    writer.open.set()
+    await box.flush()
+    await trio.testing.wait_all_tasks_blocked()  # it resumes once its batch was written
+    assert done == ["c"] and [m for batch in writer.batches for m in batch] == ["x", "aaaa", "bbbb", "c"]
 
 
 async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None) -> tuple[bytes, int]:
-    """The bytes of two SSE answers on one keep-alive connection, as the client received them, and
-    how many socket writes the server made for them."""
+    """The bytes of two SSE answers on one keep-alive connection as received, and the server's socket writes."""
     from test_http import Link, RawClient, assert_completed_stream, create_body
     from test_http_client import Tapped
 
     from prototype.server import http
 
     writes = 0
-    original_send, original_write = http.HttpExchange.send, http.HttpExchange.write
 
-    async def counted_send(self, *events) -> None:
-        nonlocal writes
-        writes += 1
-        await original_send(self, *events)
-
-    async def counted_write(self, chunks) -> None:
-        nonlocal writes
-        writes += 1
-        await original_write(self, chunks)
+    def counted(method):
+        async def counting(self, *args) -> None:
+            nonlocal writes
+            writes += 1
+            await method(self, *args)
+        return counting
 
     server = ResponsesServer(ApiService(costs=ZERO_COSTS, new_id=IdFactory("same")))
     client = await Link(nursery, server, network).connect()
     received = bytearray()
     client = RawClient(Tapped(client.stream, received))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(http.HttpExchange, "send", counted_send)
-        patch.setattr(http.HttpExchange, "write", counted_write)
+        patch.setattr(http.HttpExchange, "send", counted(http.HttpExchange.send))
+        patch.setattr(http.HttpExchange, "write", counted(http.HttpExchange.write))
         first = assert_completed_stream(await client.request(body=create_body(stream=True)))
         assert_completed_stream(await client.request(body=create_body(stream=True, input="again")))
     assert len(first) > 10
@@ -241,22 +194,12 @@ async def sse_bytes(nursery: trio.Nursery, network: netem.NetworkProfile | None)
 
 @pytest.mark.parametrize("link", ["pipe", "rtt-20ms"])
 async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(autojump_clock, nursery, monkeypatch, link: str) -> None:
-    """Over links that never push back. (Over a bandwidth-limited link a server that writes one
-    event at a time waits for the link between events, and the tokens that became ready meanwhile
-    go out together in its next delta (engine/streaming.py): the same text, grouped otherwise.)"""
+    """Over links that never push back (over a bandwidth-limited link one write per event groups tokens otherwise)."""
     import time
 
     monkeypatch.setattr(time, "time", lambda: 1_770_000_000.0)  # the responses' created_at, whole seconds of wall time
     batched, batched_writes = await sse_bytes(nursery, LINKS[link])
-
-    async def one_write_each(self: Outbox, message: bytes) -> None:
-        await self.write([message])
-
-    async def nothing_queued(self: Outbox) -> None:
-        await trio.lowlevel.checkpoint()
-
-    monkeypatch.setattr(Outbox, "send", one_write_each)
-    monkeypatch.setattr(Outbox, "flush", nothing_queued)
+    write_one_by_one(monkeypatch)
     one_each, one_each_writes = await sse_bytes(nursery, LINKS[link])
 
     assert batched == one_each

@@ -1,10 +1,9 @@
-"""The protocol's items, server events, errors and Response object (protocol/items.py, events.py,
-errors.py, response.py): each item as parsed and as sent back, with its exact refusal; the wire form of
-each event, error and response (docs/protocol.md). Sans-IO."""
+"""The protocol's items, server events, errors and Response object: each as parsed and as sent, with its exact refusal."""
 
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -74,16 +73,13 @@ def ours(payload: bytes) -> str:
     return ENCRYPTED_CONTENT_PREFIX + base64.urlsafe_b64encode(payload).decode("ascii")
 
 
-@pytest.mark.parametrize(
-    "damaged",
-    [
-        pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
-        pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
-        pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
-    ],
-)
+@pytest.mark.parametrize("damaged", [
+    pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
+    pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
+    pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
+])
 def test_a_damaged_reasoning_blob_is_refused(damaged: str) -> None:
     """A blob of ours cut short or altered cannot be verified: the real API's error, never a shorter or empty text."""
     with pytest.raises(ProtocolError) as caught:
@@ -104,58 +100,78 @@ def test_a_compaction_item_sent_back_restores_its_rounds_offset_and_summary(roun
     assert parse_item(wire) == item
 
 
-# --- function call outputs -----------------------------------------------------------------------
+# --- items on the wire, and every refusal with its exact code, message and param ---------------------
+
+BLOB = encode_reasoning("why")
 
 
-def test_a_function_call_output_goes_back_on_the_wire_with_its_id_and_status_only_when_set() -> None:
-    sent = {"type": "function_call_output", "call_id": "call_1", "output": "done", "id": "fco_1", "status": "completed"}
+@pytest.mark.parametrize("sent", [
+    {"type": "function_call_output", "call_id": "call_1", "output": "done", "id": "fco_1", "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "done"},  # id and status only when set
+    {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}", "id": "fc_1", "status": "in_progress"},
+    {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    {"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAAforeign"},  # another server's blob
+    {"type": "item_reference", "id": "msg_1"},
+], ids=lambda sent: "-".join(map(str, sent.values()))[:40])
+def test_an_item_goes_back_on_the_wire_as_it_was_sent(sent: dict[str, Any]) -> None:
     assert parse_item(sent).to_dict() == sent
-    bare = {"type": "function_call_output", "call_id": "call_1", "output": "done"}
-    assert parse_item(bare).to_dict() == bare
 
 
-def test_a_function_call_output_of_content_parts_is_their_text_and_a_bad_part_is_named_by_its_path() -> None:
+def test_a_function_call_output_of_content_parts_is_their_text() -> None:
     parts = [{"type": "input_text", "text": "a"}, {"type": "output_text", "text": "b"}]
     assert parse_item({"type": "function_call_output", "call_id": "c", "output": parts}).to_dict()["output"] == "ab"
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "function_call_output", "call_id": "c", "output": [parts[0], 5]}, "input[3]")
-    assert (caught.value.code, caught.value.message, caught.value.param) == (
-        errors.INVALID_TYPE, "Invalid type for 'input[3].output[1]': expected an object.", "input[3].output[1]"
-    )
 
 
-# --- items: every refusal with its exact code, message and param ---------------------------------
+def typed(param: str, expected: str = "a string") -> tuple[str, str, str]:
+    return ("invalid_type", f"Invalid type for '{param}': expected {expected}.", param)
 
+
+def missing(field: str) -> tuple[str, str, str]:
+    return ("missing_required_parameter", f"Missing required field '{field}' in input[4].", f"input[4].{field}")
+
+
+CONTENT = "a string or an array of content parts"
 ITEM_REFUSALS = [
-    pytest.param([1], ('invalid_type', "Invalid type for 'input[4]': expected an object.", 'input[4]'), id='not an object'),
-    pytest.param({'content': 'x'}, ('missing_required_parameter', "Missing required field 'type' in input[4].", 'input[4].type'), id='no type'),
+    pytest.param([1], typed("input[4]", "an object"), id='not an object'),
+    pytest.param({'content': 'x'}, missing("type"), id='no type'),
     pytest.param({'type': 'input_image'}, ('invalid_value', "Invalid value for 'input[4].type': unknown item type 'input_image'.", 'input[4].type'), id='unknown type'),
     pytest.param({'type': 5}, ('invalid_value', "Invalid value for 'input[4].type': unknown item type 5.", 'input[4].type'), id='type not a string'),
-    pytest.param({'type': 'message', 'content': 'x'}, ('missing_required_parameter', "Missing required field 'role' in input[4].", 'input[4].role'), id='role missing'),
-    pytest.param({'type': 'message', 'role': 5, 'content': 'x'}, ('invalid_type', "Invalid type for 'input[4].role': expected a string.", 'input[4].role'), id='role not a string'),
+    pytest.param({'type': 'message', 'content': 'x'}, missing("role"), id='role missing'),
+    pytest.param({'type': 'message', 'role': 5, 'content': 'x'}, typed("input[4].role"), id='role not a string'),
     pytest.param({'role': 'king', 'content': 'x'}, ('invalid_value', "Invalid value for 'input[4].role': 'king'; expected one of ('user', 'system', 'developer', 'assistant').", 'input[4].role'), id='role unknown'),
-    pytest.param({'role': 'user'}, ('missing_required_parameter', "Missing required field 'content' in input[4].", 'input[4].content'), id='content missing'),
-    pytest.param({'role': 'user', 'content': None}, ('invalid_type', "Invalid type for 'input[4].content': expected a string or an array of content parts.", 'input[4].content'), id='content null'),
-    pytest.param({'role': 'user', 'content': 5}, ('invalid_type', "Invalid type for 'input[4].content': expected a string or an array of content parts.", 'input[4].content'), id='content a number'),
-    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 'a'}, 'x']}, ('invalid_type', "Invalid type for 'input[4].content[1]': expected an object.", 'input[4].content[1]'), id='part not an object'),
+    pytest.param({'role': 'user'}, missing("content"), id='content missing'),
+    pytest.param({'role': 'user', 'content': None}, typed("input[4].content", CONTENT), id='content null'),
+    pytest.param({'role': 'user', 'content': 5}, typed("input[4].content", CONTENT), id='content a number'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 'a'}, 'x']}, typed("input[4].content[1]", "an object"), id='part not an object'),
     pytest.param({'role': 'user', 'content': [{'type': 'input_image', 'image_url': 'u'}]}, ('invalid_value', "Unsupported content part type 'input_image' at 'input[4].content[0]': the simulator takes text parts only.", 'input[4].content[0].type'), id='part type unknown'),
-    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 5}]}, ('invalid_type', "Invalid type for 'input[4].content[0].text': expected a string.", 'input[4].content[0].text'), id='part text not a string'),
-    pytest.param({'role': 'user', 'content': [{'type': 'input_text'}]}, ('invalid_type', "Invalid type for 'input[4].content[0].text': expected a string.", 'input[4].content[0].text'), id='part without text'),
-    pytest.param({'role': 'user', 'content': 'x', 'id': 5}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='message id not a string'),
-    pytest.param({'role': 'user', 'content': 'x', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='message status not a string'),
-    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f'}, ('missing_required_parameter', "Missing required field 'arguments' in input[4].", 'input[4].arguments'), id='call without arguments'),
-    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': {}}, ('invalid_type', "Invalid type for 'input[4].arguments': expected a string.", 'input[4].arguments'), id='call arguments an object'),
-    pytest.param({'type': 'function_call', 'name': 'f', 'arguments': '{}'}, ('missing_required_parameter', "Missing required field 'call_id' in input[4].", 'input[4].call_id'), id='call without call_id'),
-    pytest.param({'type': 'function_call', 'call_id': 'c', 'arguments': '{}'}, ('missing_required_parameter', "Missing required field 'name' in input[4].", 'input[4].name'), id='call without name'),
-    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'id': 1}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='call id not a string'),
-    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'status': 1}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='call status not a string'),
-    pytest.param({'type': 'function_call_output', 'call_id': 'c'}, ('missing_required_parameter', "Missing required field 'output' in input[4].", 'input[4].output'), id='output without output'),
-    pytest.param({'type': 'function_call_output', 'output': 'x'}, ('missing_required_parameter', "Missing required field 'call_id' in input[4].", 'input[4].call_id'), id='output without call_id'),
-    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 5}, ('invalid_type', "Invalid type for 'input[4].output': expected a string or an array of content parts.", 'input[4].output'), id='output a number'),
-    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'id': 5}, ('invalid_type', "Invalid type for 'input[4].id': expected a string.", 'input[4].id'), id='output id not a string'),
-    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='output status not a string'),
-    pytest.param({'type': 'web_search_call', 'action': {'query': 'q'}}, ('missing_required_parameter', "Missing required field 'id' in input[4].", 'input[4].id'), id='search without id'),
-    pytest.param({'type': 'web_search_call', 'id': 'ws_1', 'status': 5}, ('invalid_type', "Invalid type for 'input[4].status': expected a string.", 'input[4].status'), id='search status not a string'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text', 'text': 5}]}, typed("input[4].content[0].text"), id='part text not a string'),
+    pytest.param({'role': 'user', 'content': [{'type': 'input_text'}]}, typed("input[4].content[0].text"), id='part without text'),
+    pytest.param({'role': 'user', 'content': 'x', 'id': 5}, typed("input[4].id"), id='message id not a string'),
+    pytest.param({'role': 'user', 'content': 'x', 'status': 5}, typed("input[4].status"), id='message status not a string'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f'}, missing("arguments"), id='call without arguments'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': {}}, typed("input[4].arguments"), id='call arguments an object'),
+    pytest.param({'type': 'function_call', 'name': 'f', 'arguments': '{}'}, missing("call_id"), id='call without call_id'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'arguments': '{}'}, missing("name"), id='call without name'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'id': 1}, typed("input[4].id"), id='call id not a string'),
+    pytest.param({'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '{}', 'status': 1}, typed("input[4].status"), id='call status not a string'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c'}, missing("output"), id='output without output'),
+    pytest.param({'type': 'function_call_output', 'output': 'x'}, missing("call_id"), id='output without call_id'),
+    # A named output without a call_id is no answer to a call (Codex's goal outputs are opaque only with a string name).
+    pytest.param({'type': 'function_call_output', 'name': 5, 'output': 'done'}, missing("call_id"), id='named output without call_id'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 5}, typed("input[4].output", CONTENT), id='output a number'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': [{'type': 'input_text', 'text': 'a'}, 5]},
+                 typed("input[4].output[1]", "an object"), id='output part not an object'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'id': 5}, typed("input[4].id"), id='output id not a string'),
+    pytest.param({'type': 'function_call_output', 'call_id': 'c', 'output': 'x', 'status': 5}, typed("input[4].status"), id='output status not a string'),
+    pytest.param({'type': 'web_search_call', 'action': {'query': 'q'}}, missing("id"), id='search without id'),
+    pytest.param({'type': 'web_search_call', 'id': 'ws_1', 'status': 5}, typed("input[4].status"), id='search status not a string'),
+    pytest.param({'type': 'reasoning', 'encrypted_content': BLOB}, missing("id"), id='our reasoning without id'),
+    pytest.param({'type': 'reasoning', 'id': 'rs_1', 'encrypted_content': BLOB, 'status': 5}, typed("input[4].status"), id='our reasoning status'),
+    pytest.param({'type': 'reasoning', 'id': 5, 'encrypted_content': ENCRYPTED_CONTENT_PREFIX + 'abc'}, (errors.INVALID_ENCRYPTED_CONTENT,
+                 "The encrypted content for item ? could not be verified.", "input[4].encrypted_content"), id='damaged blob, id not a string'),
+    pytest.param({'type': 'compaction', 'id': 5, 'encrypted_content': Compaction("cmp_1", "s").encrypted_content}, typed("input[4].id"),
+                 id='our compaction id not a string'),
 ]
 
 
@@ -164,6 +180,12 @@ def test_a_refused_item_gets_its_code_message_and_param(item: Any, error: tuple[
     with pytest.raises(ProtocolError) as caught:
         parse_item(item, "input[4]")
     assert (caught.value.code, caught.value.message, caught.value.param) == error
+
+
+def test_a_lone_item_is_named_as_the_first_of_the_input_by_default() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_item({"role": "user"})
+    assert (caught.value.message, caught.value.param) == ("Missing required field 'content' in input[0].", "input[0].content")
 
 
 # --- items as parsed -----------------------------------------------------------------------------
@@ -182,55 +204,38 @@ def test_messages_keep_their_parts_ids_and_statuses() -> None:
     }
 
 
-def test_a_function_call_keeps_every_field() -> None:
+def test_calls_and_outputs_keep_their_fields() -> None:
     sent = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}", "id": "fc_1", "status": "in_progress"}
     assert parse_item(sent) == FunctionCall("call_1", "read_file", "{}", id="fc_1", status="in_progress")
-    assert parse_item(sent).to_dict() == sent
-    bare = parse_item({"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"})
-    assert bare.to_dict() == {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
+    # A named output with a call_id answers that call; only one that answers no call is opaque context.
+    assert parse_item({"type": "function_call_output", "call_id": "call_1", "name": "read_file", "output": "done"}) == FunctionCallOutput(
+        "call_1", "done")
 
 
-@pytest.mark.parametrize(
-    ("sent", "query", "status"),
-    [
-        ({"type": "web_search_call", "id": "ws_1", "status": "searching", "action": {"type": "search", "query": "trio"}}, "trio", "searching"),
-        ({"type": "web_search_call", "id": "ws_1"}, "", "completed"),
-        ({"type": "web_search_call", "id": "ws_1", "action": "search"}, "", "completed"),
-        ({"type": "web_search_call", "id": "ws_1", "action": {"query": 5}}, "", "completed"),
-    ],
-)
+@pytest.mark.parametrize(("sent", "query", "status"), [
+    ({"type": "web_search_call", "id": "ws_1", "status": "searching", "action": {"type": "search", "query": "trio"}}, "trio", "searching"),
+    ({"type": "web_search_call", "id": "ws_1"}, "", "completed"),
+    ({"type": "web_search_call", "id": "ws_1", "action": "search"}, "", "completed"),
+    ({"type": "web_search_call", "id": "ws_1", "action": {"query": 5}}, "", "completed"),
+])
 def test_a_web_search_call_keeps_a_string_query_and_its_status(sent: dict[str, Any], query: str, status: str) -> None:
     assert parse_item(sent) == WebSearchCall("ws_1", query, status=status)
 
 
-def test_items_the_simulator_does_not_interpret_travel_as_canonical_json() -> None:
-    goal = {"type": "function_call_output", "name": "goal_objective", "namespace": "agent", "output": "ship it"}
-    assert parse_item(goal) == OpaqueItem("function_call_output", '{"name":"goal_objective","namespace":"agent","output":"ship it","type":"function_call_output"}')
-    foreign = {"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAAforeign"}
-    assert parse_item(foreign) == OpaqueItem("reasoning", '{"encrypted_content":"gAAAAforeign","id":"rs_9","summary":[],"type":"reasoning"}')
-    assert parse_item(foreign).to_dict() == foreign
-    other_compaction = {"type": "compaction", "id": "cmp_9", "encrypted_content": "gAAAAforeign"}
-    assert parse_item(other_compaction) == OpaqueItem("compaction", '{"encrypted_content":"gAAAAforeign","id":"cmp_9","type":"compaction"}')
-    assert parse_item({"type": "item_reference", "id": "msg_1"}).to_dict() == {"type": "item_reference", "id": "msg_1"}
+@pytest.mark.parametrize(("sent", "kind"), [
+    ({"type": "function_call_output", "name": "goal_objective", "namespace": "agent", "output": "ship it"}, "function_call_output"),
+    ({"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAAforeign"}, "reasoning"),
+    ({"type": "compaction", "id": "cmp_9", "encrypted_content": "gAAAAforeign"}, "compaction"),
+    ({"type": "reasoning", "id": "rs_1", "summary": []}, "reasoning"),  # no blob
+    ({"type": "compaction", "id": "cmp_1"}, "compaction"),
+    ({"type": "compaction", "id": "cmp_1", "encrypted_content": 5}, "compaction"),
+])
+def test_items_the_simulator_does_not_interpret_travel_as_canonical_json(sent: dict[str, Any], kind: str) -> None:
+    assert parse_item(sent) == OpaqueItem(kind, json.dumps(sent, sort_keys=True, separators=(",", ":")))
 
 
-def test_a_reasoning_item_of_ours_needs_an_id_and_a_string_status() -> None:
-    blob = encode_reasoning("why")
-    assert parse_item({"type": "reasoning", "id": "", "encrypted_content": blob}) == Reasoning("", "why", encrypted_content=blob)
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "reasoning", "encrypted_content": blob}, "input[1]")
-    assert (caught.value.code, caught.value.message, caught.value.param) == (
-        errors.MISSING_REQUIRED_PARAMETER, "Missing required field 'id' in input[1].", "input[1].id"
-    )
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "reasoning", "id": 5, "encrypted_content": ENCRYPTED_CONTENT_PREFIX + "abc"})
-    assert caught.value.message == "The encrypted content for item ? could not be verified."
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "reasoning", "id": "rs_1", "encrypted_content": blob, "status": 5}, "input[1]")
-    assert (caught.value.code, caught.value.param) == (errors.INVALID_TYPE, "input[1].status")
-
-
-def test_a_compaction_item_without_an_id_is_kept() -> None:
+def test_items_of_ours_without_an_id_are_kept() -> None:
+    assert parse_item({"type": "reasoning", "id": "", "encrypted_content": BLOB}) == Reasoning("", "why", encrypted_content=BLOB)
     item = Compaction("cmp_1", "s", rounds=2, offset=3)
     assert parse_item({"type": "compaction", "encrypted_content": item.encrypted_content}) == Compaction("", "s", rounds=2, offset=3)
 
@@ -336,44 +341,6 @@ def test_a_response_sends_the_sampling_defaults_and_echoes_multi_agent_and_compa
     assert wire["context_management"] == [{"type": "compaction", "compact_threshold": 20000}]
     zero = Response("resp_3", create(temperature=0, top_p=0), 1).to_dict()
     assert (zero["temperature"], zero["top_p"]) == (0, 0)
-
-
-def test_a_lone_item_is_named_as_the_first_of_the_input_by_default() -> None:
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"role": "user"})
-    assert (caught.value.message, caught.value.param) == ("Missing required field 'content' in input[0].", "input[0].content")
-
-
-def test_a_named_function_call_output_with_a_call_id_answers_that_call() -> None:
-    """Only an output that answers no call (Codex's goal outputs) is carried as opaque context."""
-
-    sent = {"type": "function_call_output", "call_id": "call_1", "name": "read_file", "output": "done"}
-    assert parse_item(sent) == FunctionCallOutput("call_1", "done")
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "function_call_output", "name": 5, "output": "done"}, "input[1]")
-    assert (caught.value.code, caught.value.param) == (errors.MISSING_REQUIRED_PARAMETER, "input[1].call_id")
-
-
-def test_reasoning_and_compaction_items_without_a_blob_are_carried_as_sent() -> None:
-    assert parse_item({"type": "reasoning", "id": "rs_1", "summary": []}) == OpaqueItem("reasoning", '{"id":"rs_1","summary":[],"type":"reasoning"}')
-    assert parse_item({"type": "compaction", "id": "cmp_1"}) == OpaqueItem("compaction", '{"id":"cmp_1","type":"compaction"}')
-    assert parse_item({"type": "compaction", "id": "cmp_1", "encrypted_content": 5}) == OpaqueItem(
-        "compaction", '{"encrypted_content":5,"id":"cmp_1","type":"compaction"}'
-    )
-
-
-def test_a_compaction_item_of_ours_with_an_id_that_is_not_a_string_is_named_by_its_path() -> None:
-    blob = Compaction("cmp_1", "s").encrypted_content
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "compaction", "id": 5, "encrypted_content": blob}, "input[1]")
-    assert (caught.value.code, caught.value.message, caught.value.param) == (
-        errors.INVALID_TYPE, "Invalid type for 'input[1].id': expected a string.", "input[1].id"
-    )
-
-
-def test_an_input_message_goes_back_on_the_wire_as_it_was_sent() -> None:
-    sent = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-    assert parse_item(sent).to_dict() == sent
 
 
 def test_an_error_has_its_shape_on_each_transport() -> None:

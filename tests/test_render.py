@@ -1,6 +1,4 @@
-"""Rendering the model's own sampled text from its words' ids gives exactly the ids that tokenizing
-the item again gives (api/render.py `render_sampled`), so a conversation resent by a client renders
-as the server's own context does."""
+"""Sampled text rendered from its words' ids is exactly what tokenizing the item again gives (api/render.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +14,11 @@ from prototype.protocol.items import FunctionCall, Message, Reasoning
 WORDS = st.lists(st.sampled_from(tokenizer.single_token_words()), max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
-@given(words=WORDS, role=st.sampled_from(["assistant", "user", "developer"]))
-def test_a_sampled_message_renders_as_tokenizing_it_again_does(words, role) -> None:
-    message = Message(role, (("output_text", "".join(words)),))
-    assert render.render_sampled(message, words) == render.render_items([message])
-
-
-@settings(max_examples=100, deadline=None)
-@given(words=WORDS)
-def test_sampled_reasoning_renders_as_tokenizing_it_again_does(words) -> None:
-    reasoning = Reasoning("rs_1", "".join(words))
-    assert render.render_sampled(reasoning, words) == render.render_items([reasoning])
+@settings(max_examples=300, deadline=None)
+@given(words=WORDS, role=st.sampled_from(["assistant", "user", "developer", "reasoning"]))
+def test_a_sampled_message_or_reasoning_renders_as_tokenizing_it_again_does(words, role) -> None:
+    item = Reasoning("rs_1", "".join(words)) if role == "reasoning" else Message(role, (("output_text", "".join(words)),))
+    assert render.render_sampled(item, words) == render.render_items([item])
 
 
 def test_the_words_ids_are_used_only_where_they_are_the_items_own_text() -> None:

@@ -1,7 +1,5 @@
-"""The `response.create` body, field by field (protocol/codec.py `parse_create_body`, protocol/rules.py):
-each refusal with the code, message and param the API gives it, the values at each limit accepted,
-the defaults of a minimal body, and what a request derives from its fields (docs/protocol.md,
-"Errors"). Sans-IO: a body in, a `CreateRequest` or a `ProtocolError` out."""
+"""The `response.create` body, field by field (protocol/codec.py, protocol/rules.py): each refusal's code,
+message and param, the values at each limit, the defaults, and what a request derives from its fields."""
 
 from __future__ import annotations
 
@@ -299,13 +297,6 @@ def test_the_frame_openai_agents_sends_is_accepted_with_its_unknown_keys_recorde
     assert request.include == () and not request.wants_encrypted_reasoning
 
 
-def test_a_non_function_tool_keeps_a_name_only_if_it_is_a_string() -> None:
-    (tool,) = codec.parse_create_body(body(tools=[{"type": "custom", "name": 5}])).tools
-    assert (tool.type, tool.name, tool.parameters) == ("custom", None, None)
-    (tool,) = codec.parse_create_body(body(tools=[{"type": "custom", "name": "grammar"}])).tools
-    assert tool.name == "grammar"
-
-
 @pytest.mark.parametrize(("entries", "threshold"), [
     (None, None),
     ([{"type": "compaction"}], codec.DEFAULT_COMPACT_THRESHOLD),
@@ -344,6 +335,8 @@ def test_what_a_request_offers_and_asks_for() -> None:
     assert [tool.name for tool in request.function_tools] == ["read_file"]
     assert request.offers_hosted("web_search") and request.offers_hosted("web_search_preview")
     assert not request.offers_hosted("file_search") and not request.offers_hosted("web_search_preview_2025")
-    assert request.wants_encrypted_reasoning
+    assert request.wants_encrypted_reasoning and request.tools[2].name == "patch"
+    (tool,) = codec.parse_create_body(body(tools=[{"type": "custom", "name": 5}])).tools  # a name only if it is a string
+    assert (tool.type, tool.name, tool.parameters) == ("custom", None, None)
     plain = codec.parse_create_body(body(include=["message.output_text.logprobs"]))
     assert not plain.wants_encrypted_reasoning and plain.function_tools == () and not plain.offers_hosted("web_search")

@@ -1,6 +1,5 @@
-"""The response store (prototype/api/store.py): a stored turn comes back as it was put, a chain runs from its
-first turn for its owner only, a file store is shared by the server's processes (WAL, each write committed at
-once), and processes that open one new file at the same moment all open it."""
+"""The response store (prototype/api/store.py): turns come back as put, chains for their owner only, a WAL file
+store shared by processes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The events a response streams, in either design (prototype/designs/emitter.py, sampling.py): it opens with
-`response.created` then `response.in_progress`; a reasoning item, a message and a function call are each
-announced, streamed and done with their exact events; deltas are coalesced up to their cap; a response ends
-with exactly one terminal event, a failure inside it failing it with its code; a cancel keeps only the
-finished items. Times are exact on the autojump clock."""
+"""The events a response streams (designs/emitter.py, sampling.py): each item announced, streamed and done;
+deltas capped; exactly one terminal event; a cancel keeps only the finished items."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Retention policies (engine/memory.py): which values a policy takes, how `--policy` text parses,
-and the exact error each bad value gets."""
+"""Retention policies (engine/memory.py): the values a policy takes, `--policy` text, and each bad value's error."""
 
 from __future__ import annotations
 
@@ -29,10 +28,11 @@ def error_of(make) -> str:
     return str(caught.value)
 
 
-def test_a_zero_ttl_is_a_policy_and_drops_idle_kv_at_once():
+def test_a_zero_ttl_is_a_policy_and_one_without_seconds_takes_the_engines_ttl():
     policy = RetentionPolicy(TTL, 0.0)
     assert policy.ttl == 0.0 and not policy.pin and policy.label == "ttl-0s"
     assert ttl(0, pin=True).label == "pin-0s"
+    assert (RetentionPolicy(TTL).label, RetentionPolicy(TTL, pin=True).label) == ("ttl-kv_ttl", "pin-kv_ttl")
 
 
 @pytest.mark.parametrize(("seconds", "shown"), [(-1.0, "-1.0"), (-1e-9, "-1e-09"), (math.nan, "nan"), (-math.inf, "-inf")])
@@ -48,30 +48,16 @@ def test_ttl_and_pin_belong_to_the_ttl_policy_alone(kind: str):
     assert RetentionPolicy(kind).label == kind
 
 
-def test_a_ttl_policy_without_seconds_takes_the_engines_ttl():
-    assert RetentionPolicy(TTL).label == "ttl-kv_ttl"
-    assert RetentionPolicy(TTL, pin=True).label == "pin-kv_ttl"
-
-
 def test_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="'kind' must be in"):
         RetentionPolicy("keep")
 
 
-@pytest.mark.parametrize(
-    ("text", "policy"),
-    [
-        ("hold", HOLD_POLICY),
-        ("discard", DISCARD_POLICY),
-        ("swap", SWAP_POLICY),
-        ("ttl-300", RetentionPolicy(TTL, 300.0, False)),
-        ("pin-300", RetentionPolicy(TTL, 300.0, True)),
-        ("ttl-300s", RetentionPolicy(TTL, 300.0, False)),
-        ("pin-2.5s", RetentionPolicy(TTL, 2.5, True)),
-        ("ttl-0", RetentionPolicy(TTL, 0.0, False)),
-        ("ttl-1e-3", RetentionPolicy(TTL, 0.001, False)),  # the kind ends at the first '-'
-    ],
-)
+@pytest.mark.parametrize(("text", "policy"), [
+    ("hold", HOLD_POLICY), ("discard", DISCARD_POLICY), ("swap", SWAP_POLICY), ("ttl-300", RetentionPolicy(TTL, 300.0, False)),
+    ("pin-300", RetentionPolicy(TTL, 300.0, True)), ("ttl-300s", RetentionPolicy(TTL, 300.0, False)), ("pin-2.5s", RetentionPolicy(TTL, 2.5, True)),
+    ("ttl-0", RetentionPolicy(TTL, 0.0, False)), ("ttl-1e-3", RetentionPolicy(TTL, 0.001, False)),  # the kind ends at the first '-'
+])
 def test_policy_text_parses_to_its_policy(text: str, policy: RetentionPolicy):
     assert parse_policy(text) == policy
 

@@ -1,10 +1,5 @@
-"""The experiments' `serve` child process (experiments/common.py:server_process) never blocks on its
-own output: serve prints an access-log line per response, and a pipe nobody reads holds 64 KiB
-(pipe(7)), after which serve would stop in a write with every connection open.
-
-Rules: a real `serve` on 127.0.0.1 port 0; every wait is bounded (a receive timeout on the client),
-so a regression fails the test instead of hanging it.
-"""
+"""The experiments' `serve` child (experiments/common.py:server_process) never blocks on its own output: a pipe
+nobody reads holds 64 KiB (pipe(7))."""
 
 from __future__ import annotations
 

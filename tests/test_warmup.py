@@ -1,9 +1,5 @@
-"""The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached.
-
-Codex opens every v2 connection with such a warm-up: tools plus one developer message (its base
-instructions), then chains the real turn from it with only the new items (docs/codex.md). A warm-up (or
-a turn) on a lane prefills only what that lane's own KV does not hold.
-"""
+"""The `generate: false` warm-up prefills instructions and tools, so the next turn's prefix is cached (docs/codex.md);
+on a lane it prefills only what that lane's KV does not hold."""
 
 from __future__ import annotations
 
@@ -37,22 +33,18 @@ def prompt_tokens(*items: dict) -> int:
     return len(render.render_full(render.preamble_key(request.instructions, request.tools), request.input))
 
 
-async def first_turn(warm_up: bool):
-    server = make_server()
-    async with ws(server, CHAINED, include_timing=True) as conn:
-        previous = None
-        if warm_up:
-            await conn.send_message(codec.encode(create([INSTRUCTIONS], generate=False)))
-            previous = (await until(conn, "response.completed"))[-1]["response"]["id"]
-            await conn.send_message(codec.encode(create([TASK], previous_response_id=previous)))
-        else:
-            await conn.send_message(codec.encode(create([INSTRUCTIONS, TASK])))
-        response = (await until(conn, "response.completed"))[-1]["response"]
-    return server, response
-
-
 async def test_the_warm_up_prefills_instructions_and_tools_and_the_next_turn_finds_them_cached(autojump_clock):
-    server, response = await first_turn(warm_up=True)
+    cold_server, server = make_server(), make_server()
+    async with ws(cold_server, CHAINED) as conn:  # without a warm-up: every token prefilled
+        await conn.send_message(codec.encode(create([INSTRUCTIONS, TASK])))
+        cold = (await until(conn, "response.completed"))[-1]["response"]
+    async with ws(server, CHAINED, include_timing=True) as conn:
+        await conn.send_message(codec.encode(create([INSTRUCTIONS], generate=False)))
+        previous = (await until(conn, "response.completed"))[-1]["response"]["id"]
+        await conn.send_message(codec.encode(create([TASK], previous_response_id=previous)))
+        response = (await until(conn, "response.completed"))[-1]["response"]
+    assert cold["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
+    assert cold["usage"]["input_tokens_details"]["cached_tokens"] == 0 and "warmup_prefill_tokens" not in cold_server.records[0]
     warm, first = list(server.records)
     prefix = prompt_tokens(INSTRUCTIONS)
     assert warm["warmup"] is True and warm["warmup_prefill_tokens"] == prefix
@@ -64,13 +56,6 @@ async def test_the_warm_up_prefills_instructions_and_tools_and_the_next_turn_fin
     assert response["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
     assert response["usage"]["input_tokens_details"]["cached_tokens"] == prefix - prefix % BLOCK_SIZE > 0
     assert first["context"] == "chained" and first["input_items"] == 1
-
-
-async def test_without_the_warm_up_the_first_turn_prefills_everything(autojump_clock):
-    server, response = await first_turn(warm_up=False)
-    assert response["usage"]["input_tokens"] == prompt_tokens(INSTRUCTIONS, TASK)
-    assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
-    assert "warmup_prefill_tokens" not in server.records[0]
 
 
 MORE = {"type": "message", "role": "user", "content": "Then read the README."}

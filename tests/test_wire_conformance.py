@@ -1,10 +1,5 @@
-"""Every event every design sends, checked against openai-python's typed models and against the
-invariants that tie a stream together: numbering, item ids and indexes, statuses, and token counts.
-
-A rollout here makes hosted web_search calls and parallel client calls, so each kind of output item
-and each lifecycle event appears in each design. The checks read only the wire: a change inside a
-design that alters what a client sees fails here whichever design it is in.
-"""
+"""Every event every design sends, checked against openai-python's typed models and the invariants that tie a
+stream together (numbering, item ids and indexes, statuses, token counts)."""
 
 from __future__ import annotations
 
@@ -212,7 +207,7 @@ async def hosted_result_past_the_window(server) -> list[dict[str, Any]]:
         return [await _ended(conn, create_event(text, model=SPARK, metadata={"testbed_workload": key}, tools=[*HARNESS_TOOLS, WEB_SEARCH]))]
 
 
-async def suspension_ttl_v1(server) -> list[dict[str, Any]]:
+async def a_paused_v1_rollout(server) -> list[dict[str, Any]]:  # ended by the suspension's TTL or the lifetime
     async with ws(server, "suspended") as conn:
         return [await _ended(conn, create_event(), after="response.done")]
 
@@ -220,11 +215,6 @@ async def suspension_ttl_v1(server) -> list[dict[str, Any]]:
 async def inject_wait_past_the_ttl(server) -> list[dict[str, Any]]:
     async with beta_ws(server) as conn:
         return [await _ended(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))]
-
-
-async def lifetime_ends_a_paused_v1_rollout(server) -> list[dict[str, Any]]:
-    async with ws(server, "suspended") as conn:
-        return [await _ended(conn, create_event(), after="response.done")]
 
 
 async def lifetime_cuts_a_streaming_v2_response(server) -> list[dict[str, Any]]:
@@ -248,22 +238,23 @@ async def steered(server) -> list[dict[str, Any]]:
         return [(await until(conn, *TERMINAL))[-1]]
 
 
-ENDINGS = {  # scenario -> (the server's config, the terminal event it ends with)
-    engine_fault_v2: (ServerConfig(), "response.failed"),
-    engine_fault_v1_after_a_resume: (ServerConfig(), "response.failed"),
-    hosted_result_past_the_window: (ServerConfig(), "response.failed"),
-    suspension_ttl_v1: (ServerConfig(suspension_ttl=1.0), "response.failed"),
-    inject_wait_past_the_ttl: (ServerConfig(suspension_ttl=1.0), "response.failed"),
-    lifetime_ends_a_paused_v1_rollout: (ServerConfig(connection_lifetime=30.0), "response.failed"),
-    lifetime_cuts_a_streaming_v2_response: (ServerConfig(connection_lifetime=5.0, lifetime_grace=1.0), "response.failed"),
-    output_budget_runs_out: (ServerConfig(), "response.incomplete"),
-    steered: (ServerConfig(), "response.incomplete"),
+ENDINGS = {  # name -> (scenario, the server's config, the terminal event it ends with)
+    "engine_fault_v2": (engine_fault_v2, ServerConfig(), "response.failed"),
+    "engine_fault_v1_after_a_resume": (engine_fault_v1_after_a_resume, ServerConfig(), "response.failed"),
+    "hosted_result_past_the_window": (hosted_result_past_the_window, ServerConfig(), "response.failed"),
+    "suspension_ttl_v1": (a_paused_v1_rollout, ServerConfig(suspension_ttl=1.0), "response.failed"),
+    "inject_wait_past_the_ttl": (inject_wait_past_the_ttl, ServerConfig(suspension_ttl=1.0), "response.failed"),
+    "lifetime_ends_a_paused_v1_rollout": (a_paused_v1_rollout, ServerConfig(connection_lifetime=30.0), "response.failed"),
+    "lifetime_cuts_a_streaming_v2_response": (lifetime_cuts_a_streaming_v2_response, ServerConfig(connection_lifetime=5.0, lifetime_grace=1.0),
+                                              "response.failed"),
+    "output_budget_runs_out": (output_budget_runs_out, ServerConfig(), "response.incomplete"),
+    "steered": (steered, ServerConfig(), "response.incomplete"),
 }
 
 
-@pytest.mark.parametrize("scenario", list(ENDINGS), ids=lambda scenario: scenario.__name__)
-async def test_every_failed_or_incomplete_response_carries_a_code_or_reason_of_the_apis_schema(autojump_clock, scenario) -> None:
-    config, kind = ENDINGS[scenario]
+@pytest.mark.parametrize("name", list(ENDINGS))
+async def test_every_failed_or_incomplete_response_carries_a_code_or_reason_of_the_apis_schema(autojump_clock, name) -> None:
+    scenario, config, kind = ENDINGS[name]
     ends = await scenario(make_server(config=config))
     assert ends and {end["type"] for end in ends} == {kind}
     for end in ends:

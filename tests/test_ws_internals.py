@@ -1,9 +1,4 @@
-"""prototype/ws_internals.py: the trio-websocket internals it reads are there, and what it does with
-them is byte for byte what trio-websocket's public calls do.
-
-Rules: two connections joined by trio's in-memory streams under the autojump clock; the server's
-side accepts every handshake; nothing is read before `wait_all_tasks_blocked`.
-"""
+"""prototype/ws_internals.py: the trio-websocket internals it reads exist, and it writes what the public calls write."""
 
 from __future__ import annotations
 
@@ -134,18 +129,10 @@ class OnlyExit:
 def not_a_coroutine_function() -> None: ...
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("_wsproto", object()),
-        ("_stream", object()),
-        ("_stream_lock", OnlyEnter()),
-        ("_stream_lock", OnlyExit()),
-        ("_close_reason", "closed"),
-        ("_abort_web_socket", not_a_coroutine_function),
-        ("_recv_channel", object()),
-    ],
-)
+@pytest.mark.parametrize(("name", "value"), [
+    ("_wsproto", object()), ("_stream", object()), ("_stream_lock", OnlyEnter()), ("_stream_lock", OnlyExit()), ("_close_reason", "closed"),
+    ("_abort_web_socket", not_a_coroutine_function), ("_recv_channel", object()),
+])
 async def test_an_internal_of_another_kind_is_named_as_missing_and_stops_batching(autojump_clock, nursery, name: str, value: object) -> None:
     server, _, _ = await connected(nursery)
     setattr(server, name, value)

@@ -1,7 +1,5 @@
-"""`calibrate` on a real engine's calls (`experiments.real_engine`'s `real_engine_calls.csv`): the file read call by
-call (each bad call refused with its line and column), the latency model's engine terms fitted to the engine's own
-timings, scored on the calls it was not fitted to, printed, written as a profile `compare --latency` reads. The calls
-here are made from a known engine, so what the fit must give back is known."""
+"""`calibrate` on a real engine's `real_engine_calls.csv`: each bad call refused with its line and column, the
+engine terms fitted to calls of a known engine, scored on held-out calls, printed, written as a profile."""
 
 from __future__ import annotations
 

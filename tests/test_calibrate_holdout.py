@@ -1,6 +1,5 @@
-"""`calibrate`'s scored prediction: the timed rounds grouped by provider and model in time order, a fit on each
-group's first rounds scored on its last ones, printed per group, and a profile written per group; on made-up traces
-and on a mixed TraceLab fixture made here (two groups with different latency models)."""
+"""`calibrate`'s scored prediction: timed rounds grouped by provider and model, fitted on each group's first
+rounds, scored on its last ones, printed and written per group."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`python -m prototype calibrate` on a trace: its options, the figures of a trace beside the testbed's generated tasks
-(each quantity over the rounds it belongs to), the workload preset fitted to it, the printed table and fit, the files it
-writes and `compare` reads, its refusals; the fit recovers known parameters from a synthetic trace; the coding preset
-stays within its stated tolerances of TraceLab's published figures (docs/parameters.md "Calibration"); compare
-replays a trace open-loop."""
+"""`python -m prototype calibrate` on a trace: options, figures beside the generated tasks, the fitted preset, printed
+table and fit, files written for `compare`, refusals; the coding preset within its tolerances of TraceLab."""
 
 from __future__ import annotations
 

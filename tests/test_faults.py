@@ -1,16 +1,5 @@
-"""Faults (issue 6): disconnects, a server restart between turns, an engine failure mid-decode, and a
-client that stops reading.
-
-Rules every test here follows (after tests/support.py):
-
-* In-process tests run over memory streams under the `autojump_clock`. Where backpressure matters
-  they use `pipe_pair`, a bounded in-memory stream (trio's `memory_stream_pair` buffers without
-  limit, so a writer never blocks on it), and the server's side of every connection runs in a
-  nursery the test owns, so "no task left behind" is checked directly.
-* The promises made in real time ("within one second") are also checked over real sockets on
-  127.0.0.1 with the `live_server` fixture; a server restart is also checked with the real CLI.
-* Every wait is bounded (`trio.fail_after`).
-"""
+"""Faults: disconnects, a server restart between turns, an engine failure mid-decode, a client that stops reading
+(over `pipe_pair`, a bounded in-memory stream, so writers block), and experiments.faults' counting."""
 
 from __future__ import annotations
 

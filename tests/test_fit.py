@@ -1,7 +1,5 @@
-"""The latency fit and the distribution summaries (prototype/engine/fit.py), to exact values: a round-time fit's
-coefficients, standard errors, r², residual quantiles and choice among non-negative subsets of terms (checked by the
-optimality conditions of non-negative least squares), the real engine's timing fit, the held-out split and its
-percentage errors, each summary's empty and edge cases, the lognormal mixture on separated clusters."""
+"""The latency fit and distribution summaries (prototype/engine/fit.py) to exact values; the non-negative choice of
+terms is checked by the optimality conditions of non-negative least squares."""
 
 from __future__ import annotations
 

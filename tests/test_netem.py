@@ -1,14 +1,5 @@
-"""Tests of prototype.netem, the WAN emulator.
-
-Rules every test here follows:
-
-* Virtual time by default: the ``autojump_clock`` fixture, in-memory streams, and exact assertions
-  on ``trio.current_time()`` (``pytest.approx`` with rel=1e-9 only to absorb float rounding).
-* Real sockets in exactly one test, on 127.0.0.1 and port 0, with loose bounds; and trio's generic
-  stream conformance checks, run in real time with millisecond delays (they include a send loop
-  that never blocks, which a virtual clock would never advance past).
-* Every stream is opened through an ``open_*`` context manager, so no task outlives its test.
-"""
+"""prototype.netem, the WAN emulator, on trio's virtual clock (`autojump_clock`, exact times); real sockets in one test
+(port 0, lower bounds only) and trio's stream conformance checks in real time with millisecond delays."""
 
 from __future__ import annotations
 
@@ -61,20 +52,21 @@ async def receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
 # ---- profiles ------------------------------------------------------------------------------------
 
 
-def test_presets_and_handshake_seconds() -> None:
-    assert [p.rtt for p in (LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL)] == [
-        0.0,
-        0.001,
-        0.020,
-        0.080,
-        0.150,
-    ]
+def test_presets_defaults_and_handshake_seconds() -> None:
+    assert [p.rtt for p in (LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL)] == [0.0, 0.001, 0.020, 0.080, 0.150]
     assert list(PRESETS.values()) == [LOOPBACK, SAME_DC, SAME_REGION, CROSS_CONTINENT, INTERCONTINENTAL]
     # docs/parameters.md §5: a fresh connection at 80 ms costs 160 ms with TLS 1.3, 240 ms with TLS 1.2.
     assert CROSS_CONTINENT.handshake_seconds == exactly(0.160)
     assert NetworkProfile(rtt=0.080, tls_round_trips=2).handshake_seconds == exactly(0.240)
     assert NetworkProfile(rtt=0.080, tls_round_trips=0).handshake_seconds == exactly(0.080)
     assert SAME_REGION.one_way_delay == exactly(0.010)
+    profile = NetworkProfile()  # loopback, one TCP and one TLS round trip
+    assert (profile.rtt, profile.jitter, profile.tls_round_trips, profile.tcp_round_trips, profile.bandwidth_bytes_per_s,
+            profile.seed, profile.loss) == (0.0, 0.0, 1, 1, None, 0, 0.0)
+    assert NetworkProfile(rtt=0.050, tcp_round_trips=2, tls_round_trips=0).handshake_seconds == exactly(0.100)
+    assert NetworkProfile(rtt=0.050, tcp_round_trips=0, tls_round_trips=0).handshake_seconds == 0.0
+    assert (RTT_RANGE.low, RTT_RANGE.high) == (0.001, 0.150)
+    NetworkProfile(jitter=0.0, bandwidth_bytes_per_s=1e-9, loss=0.999)  # the edges that are allowed
 
 
 # ---- delay and pipelining (virtual time) ---------------------------------------------------------
@@ -258,7 +250,7 @@ async def test_aclose_ends_tasks_and_counts_bytes(autojump_clock: trio.testing.M
         assert trio.lowlevel.current_task().child_nurseries == [*nurseries_before, nursery]
 
 
-async def test_graceful_aclose_still_delivers_data_in_flight(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_graceful_close_still_delivers_data_in_flight_and_a_forceful_one_drops_it(autojump_clock: trio.testing.MockClock) -> None:
     """Like close() on a TCP socket: a server may send its response and close at once."""
     async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
         t0 = trio.current_time()
@@ -268,9 +260,6 @@ async def test_graceful_aclose_still_delivers_data_in_flight(autojump_clock: tri
         assert await client.receive_some() == b"response"
         assert await client.receive_some() == b""
         assert trio.current_time() - t0 == exactly(RTT / 2)
-
-
-async def test_forceful_close_drops_data_in_flight(autojump_clock: trio.testing.MockClock) -> None:
     async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
         t0 = trio.current_time()
         await server.send_all(b"response")
@@ -280,7 +269,7 @@ async def test_forceful_close_drops_data_in_flight(autojump_clock: trio.testing.
         assert server.bytes_sent == 8
 
 
-async def test_aclose_wakes_a_blocked_reader(autojump_clock: trio.testing.MockClock) -> None:
+async def test_aclose_wakes_a_blocked_reader_and_the_bodys_exception_is_not_wrapped(autojump_clock: trio.testing.MockClock) -> None:
     async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
 
         async def reader() -> None:
@@ -291,10 +280,7 @@ async def test_aclose_wakes_a_blocked_reader(autojump_clock: trio.testing.MockCl
             nursery.start_soon(reader)
             await trio.testing.wait_all_tasks_blocked()
             await server.aclose()
-
-
-async def test_body_exception_is_not_wrapped(autojump_clock: trio.testing.MockClock) -> None:
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError):  # an exception of the body is not wrapped
         async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, _server):
             await client.send_all(b"x")
             raise KeyError("boom")
@@ -444,26 +430,19 @@ async def test_each_direction_draws_its_jitter_and_loss_from_seeds_of_its_own(au
 # ---- trio's generic stream contract (real time, millisecond delays) ------------------------------
 
 
-@pytest.mark.parametrize(
-    "arrangement",
-    ["pair", "pair_jitter_bandwidth", "one_side_both_ways", "loopback"],
-)
-async def test_trio_half_closeable_stream_contract(arrangement: str) -> None:
+@pytest.mark.parametrize("profile", [
+    NetworkProfile(rtt=0.002), NetworkProfile(rtt=0.002, jitter=0.001, bandwidth_bytes_per_s=2e9, seed=3), LOOPBACK,
+    None,  # one side delayed both ways
+], ids=["pair", "pair_jitter_bandwidth", "loopback", "one_side_both_ways"])
+async def test_trio_half_closeable_stream_contract(profile: NetworkProfile | None) -> None:
     async with contextlib.AsyncExitStack() as stack:
 
         async def make() -> tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream]:
-            if arrangement == "pair":
-                return await stack.enter_async_context(open_emulated_pair(NetworkProfile(rtt=0.002)))
-            if arrangement == "pair_jitter_bandwidth":
-                profile = NetworkProfile(rtt=0.002, jitter=0.001, bandwidth_bytes_per_s=2e9, seed=3)
+            if profile is not None:
                 return await stack.enter_async_context(open_emulated_pair(profile))
-            if arrangement == "loopback":
-                return await stack.enter_async_context(open_emulated_pair(LOOPBACK))
             left, right = trio.testing.memory_stream_pair()
-            delayed = await stack.enter_async_context(
-                open_delayed_stream(left, 0.001, jitter=0.0005, receive_delay=0.001, receive_jitter=0.0005)
-            )
-            return delayed, right
+            delays = {"jitter": 0.0005, "receive_delay": 0.001, "receive_jitter": 0.0005}
+            return await stack.enter_async_context(open_delayed_stream(left, 0.001, **delays)), right
 
         await trio.testing.check_half_closeable_stream(make, None)
 
@@ -497,16 +476,6 @@ async def test_real_loopback_echo_takes_one_rtt(nursery: trio.Nursery) -> None:
 # ---- the profiles' fields and their refusals ------------------------------------------------------
 
 
-def test_a_profile_is_loopback_with_one_tcp_and_one_tls_round_trip_by_default() -> None:
-    profile = NetworkProfile()
-    assert (profile.rtt, profile.jitter, profile.tls_round_trips, profile.tcp_round_trips, profile.bandwidth_bytes_per_s,
-            profile.seed, profile.loss) == (0.0, 0.0, 1, 1, None, 0, 0.0)
-    assert NetworkProfile(rtt=0.050, tcp_round_trips=2, tls_round_trips=0).handshake_seconds == exactly(0.100)
-    assert NetworkProfile(rtt=0.050, tcp_round_trips=0, tls_round_trips=0).handshake_seconds == 0.0
-    assert (RTT_RANGE.low, RTT_RANGE.high) == (0.001, 0.150)
-    NetworkProfile(jitter=0.0, bandwidth_bytes_per_s=1e-9, loss=0.999)  # the edges that are allowed
-
-
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"rtt": -0.001}, "rtt must be a finite number >= 0, got -0.001"),
     ({"jitter": math.inf}, "jitter must be a finite number >= 0, got inf"),
@@ -514,6 +483,8 @@ def test_a_profile_is_loopback_with_one_tcp_and_one_tls_round_trip_by_default() 
     ({"bandwidth_bytes_per_s": 0.0}, "bandwidth_bytes_per_s must be None or a finite number > 0, got 0.0"),
     ({"bandwidth_bytes_per_s": math.inf}, "bandwidth_bytes_per_s must be None or a finite number > 0, got inf"),
     ({"bandwidth_bytes_per_s": -5.0}, "bandwidth_bytes_per_s must be None or a finite number > 0, got -5.0"),
+    ({"tcp_round_trips": -1}, "'tcp_round_trips' must be >= 0: -1"), ({"tls_round_trips": -1}, "'tls_round_trips' must be >= 0: -1"),
+    ({"loss": -0.1}, "'loss' must be >= 0.0: -0.1"), ({"loss": 1.0}, "'loss' must be < 1.0: 1.0"),
 ])
 def test_a_profile_names_the_value_it_refuses(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError) as refused:
@@ -521,15 +492,10 @@ def test_a_profile_names_the_value_it_refuses(kwargs: dict[str, float], message:
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("kwargs", [{"tcp_round_trips": -1}, {"tls_round_trips": -1}, {"loss": -0.1}, {"loss": 1.0}])
-def test_a_profile_refuses_negative_round_trips_and_a_loss_outside_0_to_1(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
-        NetworkProfile(**kwargs)
-
-
 # ---- the emulated links' seeds and parameters ----------------------------------------------------
 
 LOSSY = NetworkProfile(rtt=0.020, jitter=0.003, bandwidth_bytes_per_s=100_000.0, seed=5, loss=0.3)
+LOSSY_DELAYS = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0, "loss": 0.3}  # one direction's
 
 
 async def arrivals(send_end: trio.abc.SendStream, receive_end: trio.abc.ReceiveStream, n: int = 30) -> list[tuple[float, bytes]]:
@@ -560,21 +526,18 @@ async def reference_arrivals(seed: int, **delays: float) -> list[tuple[float, by
 
 
 async def test_an_emulated_pair_delays_each_direction_with_its_own_seed(autojump_clock: trio.testing.MockClock) -> None:
-    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0, "loss": 0.3}
     async with open_emulated_pair(LOSSY) as (client, server):
         upload = await arrivals(client, server)
         download = await arrivals(server, client)
-    assert upload == await reference_arrivals(5, **delays)  # the client's sends: the profile's seed
-    assert download == await reference_arrivals(6, **delays)  # the server's: the next seed
+    assert upload == await reference_arrivals(5, **LOSSY_DELAYS)  # the client's sends: the profile's seed
+    assert download == await reference_arrivals(6, **LOSSY_DELAYS)  # the server's: the next seed
     assert upload != download
     assert max(t - 0.001 * int(data[1:3]) for t, data in upload) > 0.2  # a lost chunk waited for its resend
 
 
-async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_and_loses_in_both_directions(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The socket replaced by a memory stream: what the wrapper adds is the profile's, on the virtual clock.
-    Only the client end is wrapped, so it carries the download's delay, jitter and loss as well."""
+@pytest.fixture
+def opened_tcp(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, trio.abc.Stream]]:
+    """trio.open_tcp_stream replaced by memory streams: (host, port, the server's end) of each connection opened."""
     opened: list[tuple[str, int, trio.abc.Stream]] = []
 
     async def open_tcp_stream(host: str, port: int) -> trio.abc.Stream:
@@ -583,6 +546,14 @@ async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_and_lose
         return client_end
 
     monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
+    return opened
+
+
+async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_and_loses_in_both_directions(
+    autojump_clock: trio.testing.MockClock, opened_tcp: list[tuple[str, int, trio.abc.Stream]],
+) -> None:
+    """What the wrapper adds is the profile's; only the client end is wrapped, so it carries the download's delays too."""
+    opened = opened_tcp
     profile = attrs.evolve(LOSSY, tls_round_trips=2)
     t0 = trio.current_time()
     async with open_emulated_tcp("server.example", 443, profile) as stream:
@@ -591,8 +562,7 @@ async def test_an_emulated_tcp_connection_pays_the_handshake_and_delays_and_lose
         assert (host, port) == ("server.example", 443)
         upload = await arrivals(stream, server_end)
         download = await arrivals(server_end, stream)
-    delays = {"send_delay": 0.010, "send_jitter": 0.003, "bandwidth_bytes_per_s": 100_000.0, "loss": 0.3}
-    assert upload == await reference_arrivals(5, **delays)
+    assert upload == await reference_arrivals(5, **LOSSY_DELAYS)
     raw_send, raw_receive = trio.testing.memory_stream_pair()
     async with open_delayed_stream(
         raw_receive, 0.0, seed=5, receive_delay=0.010, receive_jitter=0.003, receive_loss=0.3
@@ -616,22 +586,14 @@ async def test_a_chunk_lost_on_the_way_in_is_resent_and_holds_back_the_chunks_be
 
 
 async def test_an_emulated_tcp_connection_cut_short_in_its_handshake_closes_the_socket(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: trio.testing.MockClock, opened_tcp: list[tuple[str, int, trio.abc.Stream]],
 ) -> None:
-    server_ends: list[trio.abc.Stream] = []
-
-    async def open_tcp_stream(host: str, port: int) -> trio.abc.Stream:
-        client_end, server_end = trio.testing.memory_stream_pair()
-        server_ends.append(server_end)
-        return client_end
-
-    monkeypatch.setattr(trio, "open_tcp_stream", open_tcp_stream)
     entered = False
     with trio.move_on_after(0.050) as scope:
         async with open_emulated_tcp("h", 1, NetworkProfile(rtt=0.040)):
             entered = True
     assert scope.cancelled_caught and not entered
-    assert await server_ends[0].receive_some() == b""  # the socket was closed at once
+    assert await opened_tcp[0][2].receive_some() == b""  # the socket was closed at once
     assert trio.current_time() == exactly(0.050)
 
 

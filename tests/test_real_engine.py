@@ -1,11 +1,5 @@
-"""The designs over a real engine: vLLM (its CPU build) running the tiny Llama-shaped model with
-dummy weights, in its own process, started once per test session (conftest.vllm_worker).
-
-What these tests read are vLLM's own counters (the scheduler's computed context tokens and
-prefix-cache hits, and each request's num_cached_tokens) and the ids it sampled, never the
-simulated engine's. They skip, saying why, where no interpreter can import vLLM (CI installs it and
-fails without it). Time is real: nothing asserts a duration.
-"""
+"""The designs over vLLM's CPU build (tiny Llama-shaped model, dummy weights, one process per session:
+conftest.vllm_worker), read through vLLM's own counters and sampled ids; skipped, saying why, without vLLM."""
 
 from __future__ import annotations
 

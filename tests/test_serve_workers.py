@@ -1,10 +1,5 @@
-"""`python -m prototype serve --workers N`: N processes on one port, each connection served by one
-worker (its id in the handshake's x-testbed-worker header), one SQLite response store in WAL mode
-shared by all, so a response stored through one worker continues over another worker's connection.
-
-In-process first: the parent with `os` a stand-in (its `fork` gives the next pid, or 0 to run the child's side;
-`read` gives scripted bytes from the ready pipe; `wait` scripted exit statuses; the signal handlers recorded, not
-installed), and a worker with its listener a stand-in; then two real workers on a free port."""
+"""`python -m prototype serve --workers N`: N processes on one port sharing one WAL-mode SQLite store, in-process
+with `os` a stand-in (fork, the ready pipe, wait statuses, signal handlers), then two real workers on a free port."""
 
 from __future__ import annotations
 

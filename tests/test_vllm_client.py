@@ -1,8 +1,6 @@
-"""The vLLM boundary's client side without vLLM (prototype/engine/vllm_client.py, vllm_models.py): the model configs
-and engine settings, the worker's command line and environment, the choice of interpreter, the line protocol and its
-limits, the client's routing of events and failures against a scripted fake worker (a peer that answers like
-vllm_worker.py, named fake: it computes nothing); starting and stopping the worker's process against stand-in workers;
-and the commands that need vLLM saying why they cannot start without it."""
+"""The vLLM client side without vLLM (prototype/engine/vllm_client.py, vllm_models.py): models and settings, the
+worker's command line, environment and interpreter, the line protocol, the client against a scripted fake worker, the
+worker's process against stand-in scripts, and the commands that need vLLM saying why they cannot start."""
 
 from __future__ import annotations
 
@@ -462,11 +460,6 @@ def started(monkeypatch, tmp_path):
                     pipe.close()
 
 
-def shorten_waits(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", 0.2)
-    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", 0.2)
-
-
 def waiting_in_pipe(fd: int) -> bytes:
     """What is in the pipe now, b"" if nothing: no wait, since the stand-in wrote its ready line and the
     event after it in one write (atomic, under PIPE_BUF), so the event is there once the ready line was."""
@@ -504,28 +497,19 @@ def test_a_worker_that_exits_before_it_is_ready_fails_with_its_exit_code_and_its
     assert log.read_bytes() == b"engine failed: no memory\n"
 
 
-def test_stop_terminates_a_worker_that_ignores_the_shutdown_request(started, tmp_path, monkeypatch):
-    shorten_waits(monkeypatch)
-    process = started(stand_in(tmp_path, IGNORES_SHUTDOWN))
+@pytest.mark.parametrize("body, wait_s, exit_code", [
+    (IGNORES_SHUTDOWN, 0.2, -signal.SIGTERM),
+    (IGNORES_SIGTERM, 0.2, -signal.SIGKILL),
+    (CLOSES_STDIN, LIFETIME * 2, -signal.SIGTERM),  # the request raises BrokenPipeError: terminated without its wait
+], ids=["ignores-shutdown", "ignores-sigterm", "stdin-closed"])
+def test_stop_terminates_then_kills_a_worker_that_does_not_exit_on_the_shutdown_request(started, tmp_path, monkeypatch, body,
+                                                                                           wait_s, exit_code):
+    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", wait_s)
+    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", wait_s)
+    process = started(stand_in(tmp_path, body))
     process.stop()
-    assert process.popen.returncode == -signal.SIGTERM
-
-
-def test_stop_kills_a_worker_that_ignores_sigterm(started, tmp_path, monkeypatch):
-    shorten_waits(monkeypatch)
-    process = started(stand_in(tmp_path, IGNORES_SIGTERM))
-    process.stop()
-    # stop does not wait after SIGKILL; the hang guard's SIGALRM would end the stand-in otherwise.
-    assert process.popen.wait(timeout=LIFETIME + 5) == -signal.SIGKILL
-
-
-def test_stop_terminates_a_worker_whose_stdin_is_closed(started, tmp_path, monkeypatch):
-    # The shutdown request raises BrokenPipeError; the worker is terminated without the wait for it.
-    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", LIFETIME * 2)
-    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", LIFETIME * 2)
-    process = started(stand_in(tmp_path, CLOSES_STDIN))
-    process.stop()
-    assert process.popen.returncode == -signal.SIGTERM
+    # stop waits for a terminated worker, not after SIGKILL (the hang guard's SIGALRM would end the stand-in otherwise).
+    assert (process.popen.returncode if exit_code == -signal.SIGTERM else process.popen.wait(timeout=LIFETIME + 5)) == exit_code
 
 
 async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yields_a_ready_client(started, tmp_path):

@@ -1,9 +1,5 @@
-"""The real engine (prototype/engine/vllm_engine.py) against a scripted fake worker (tests/test_vllm_client.py's
-FakeWorker, which answers like vllm_worker.py and computes nothing), on a virtual clock: each call recorded with what
-vLLM said and what the simulator predicted; a held request's calls sending only what vLLM does not hold, a compacted
-context opening a new request; salts, aborts, the context window; the stream paced and coalesced as the simulated
-engine's; and forced decoding: vLLM sampling each call's planned ids, which are what the conversation's next prompt
-renders, so vLLM's KV holds the transcript's ids."""
+"""The real engine (prototype/engine/vllm_engine.py) against test_vllm_client's FakeWorker on a virtual clock: call
+records, held requests, salts, aborts, the context window, pacing, and forced decoding (vLLM's KV holds the transcript's ids)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""vLLM's side of the worker (prototype/engine/vllm_worker.py) driven in-process against a stand-in for
-vLLM: the engine's settings and ready line, the counters it adds up from vLLM's scheduler stats, plain and held
-requests streamed chunk by chunk with each chunk's own figures, aborts, errors, and the process's protocol stream
-and stdin loop. A fixture puts a small fake `vllm` package in `sys.modules`: its `AsyncLLM`
-records what the worker asks of it (engine arguments, sampling parameters, prompts, the chunks of a
-held request's input stream, aborts) and streams the outputs each test scripts, and its stat loggers
-are fed the scheduler stats each test gives. The stand-in follows the vLLM API only as the worker
-uses it: these tests check the worker's own logic (the line protocol, the token accounting, the
-counters); only the real-engine tests (tests/test_real_engine.py) check it against vLLM itself."""
+"""vLLM's side of the worker (prototype/engine/vllm_worker.py) in-process against a fake `vllm` package that records
+what the worker asks and streams what each test scripts: it checks the worker's own logic (line protocol, token
+accounting, counters); tests/test_real_engine.py checks it against vLLM itself."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import io
@@ -29,12 +24,9 @@ from prototype.engine.vllm_worker import Counters, Worker
 END = object()  # a scripted item: the request's output stream ends
 
 
-class FakeEngineArgs:
-    def __init__(self, **kwargs) -> None:
-        self.kwargs = kwargs
+class FakeKwargs:
+    """vLLM's AsyncEngineArgs and SamplingParams: what they were made with."""
 
-
-class FakeSamplingParams:
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
 
@@ -55,8 +47,7 @@ class FakeTokensPrompt(dict):
     """vLLM's `TokensPrompt` is a TypedDict: a plain dict at run time."""
 
 
-class FakeStatLoggerBase:
-    pass
+FakeStatLoggerBase = type("StatLoggerBase", (), {})
 
 
 class FakeAsyncLLM:
@@ -167,8 +158,7 @@ def fake_vllm(monkeypatch):
         "vllm.v1.engine", "vllm.v1.engine.async_llm", "vllm.v1.metrics", "vllm.v1.metrics.loggers",
     )}
     modules["vllm"].__version__ = "0.99.1-fake"
-    modules["vllm"].AsyncEngineArgs = FakeEngineArgs
-    modules["vllm"].SamplingParams = FakeSamplingParams
+    modules["vllm"].AsyncEngineArgs = modules["vllm"].SamplingParams = FakeKwargs
     modules["vllm.sampling_params"].RequestOutputKind = FakeRequestOutputKind
     modules["vllm.engine.protocol"].StreamingInput = FakeStreamingInput
     modules["vllm.inputs"].TokensPrompt = FakeTokensPrompt
@@ -232,48 +222,31 @@ ZERO = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_queries": 0, "prefix_hi
 # --- start-up ------------------------------------------------------------------------------------
 
 
+DEFAULTS = {"model": "/models/tiny", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
+            "max_model_len": 2048, "block_size": 16, "dtype": "auto", "seed": 0, "enable_logging_iteration_details": True,
+            "max_num_seqs": 256, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+            "logits_processors": ["vllm_forced:ForcedDecoding"]}
+GIVEN = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "max_num_seqs": 8,
+         "gpu_memory_utilization": 0.5, "enforce_eager": True}
+
+
+@pytest.mark.parametrize("settings, engine_args", [
+    (SETTINGS, DEFAULTS), (GIVEN, {**DEFAULTS, **GIVEN}),
+    ({**SETTINGS, "num_gpu_blocks_override": 97}, {**DEFAULTS, "num_gpu_blocks_override": 97}),  # a KV budget in blocks
+], ids=["defaults", "every-setting", "kv-budget"])
 @in_asyncio
-async def test_the_engine_starts_with_the_settings_defaults_and_says_ready(fake_vllm):
+async def test_the_engine_starts_with_the_settings_given_else_the_defaults_and_says_ready(fake_vllm, settings, engine_args):
     out = Out()
-    worker = Worker(dict(SETTINGS), out)
+    worker = Worker(dict(settings), out)
     assert worker.engine is None and worker.inputs == {} and worker.tasks == {}
     await worker.start()
     engine = FakeAsyncLLM.instances[0]
-    assert worker.engine is engine
-    assert engine.args.kwargs == {
-        "model": "/models/tiny", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
-        "max_model_len": 2048, "block_size": 16, "dtype": "auto", "seed": 0, "enable_logging_iteration_details": True,
-        "max_num_seqs": 256, "gpu_memory_utilization": 0.9, "enforce_eager": False,
-        "logits_processors": ["vllm_forced:ForcedDecoding"],
-    }
+    assert worker.engine is engine and engine.args.kwargs == engine_args
     assert len(engine.loggers) == 1 and isinstance(engine.loggers[0], FakeStatLoggerBase)
     assert out.lines == [
-        '{"type":"ready","vocab_size":151936,"block_size":16,"kv_blocks":4321,"startup_s":12.5,'
+        f'{{"type":"ready","vocab_size":151936,"block_size":{engine_args["block_size"]},"kv_blocks":4321,"startup_s":12.5,'
         '"vllm_version":"0.99.1-fake","device":"cuda"}\n'
     ]
-
-
-@in_asyncio
-async def test_the_engine_takes_every_setting_given(fake_vllm):
-    settings = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "max_num_seqs": 8,
-                "gpu_memory_utilization": 0.5, "enforce_eager": True}
-    out = Out()
-    await Worker(settings, out).start()
-    assert FakeAsyncLLM.instances[0].args.kwargs == {
-        "model": "m", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
-        "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "enable_logging_iteration_details": True,
-        "max_num_seqs": 8, "gpu_memory_utilization": 0.5, "enforce_eager": True,
-        "logits_processors": ["vllm_forced:ForcedDecoding"],
-    }
-    assert out.take()[0]["block_size"] == 32
-
-
-@in_asyncio
-async def test_a_kv_budget_in_blocks_reaches_vllm_only_when_given(fake_vllm):
-    await Worker({**SETTINGS, "num_gpu_blocks_override": 97}, Out()).start()
-    assert FakeAsyncLLM.instances[-1].args.kwargs["num_gpu_blocks_override"] == 97
-    await Worker(dict(SETTINGS), Out()).start()
-    assert "num_gpu_blocks_override" not in FakeAsyncLLM.instances[-1].args.kwargs
 
 
 # --- the counters --------------------------------------------------------------------------------
@@ -323,7 +296,7 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm
         "prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
         "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED,
     }
-    assert await worker.handle({"op": "counters", "tag": "t1", "reset_peak": False}) is True
+    assert await worker.handle({"op": "counters", "tag": "t1"}) is True  # the peak is kept without reset_peak
     assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
     engine.stats(usage=0.25)
     assert await worker.handle({"op": "counters"}) is True
@@ -335,19 +308,6 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm
         {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
         {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},
     ]
-
-
-@in_asyncio
-async def test_the_peak_is_kept_without_reset_peak(fake_vllm):
-    worker, out, engine = await started()
-    engine.stats(usage=0.75)
-    engine.stats(usage=0.25)
-    await worker.handle({"op": "counters", "tag": "a"})
-    engine.stats(usage=0.5)
-    assert worker.counters.kv_usage_max == 0.75
-    await worker.handle({"op": "counters", "tag": "b", "reset_peak": True})
-    assert worker.counters.kv_usage_max == 0.5
-    assert [e["counters"]["kv_usage_max"] for e in out.take()] == [0.75, 0.75]
 
 
 # --- plain requests ------------------------------------------------------------------------------
@@ -572,34 +532,26 @@ async def test_ops_the_worker_does_not_know_are_errors_and_shutdown_stops_it(fak
 # --- the process: its protocol stream and its loop -------------------------------------------------
 
 
-class RedirectedFds:
+@contextlib.contextmanager
+def redirected_fds(tmp_path, monkeypatch):
     """fd 1 and fd 2 to files of the test's own, sys.stdout and sys.stderr restored afterwards."""
-
-    def __init__(self, tmp_path, monkeypatch) -> None:
-        self.out_path, self.err_path = tmp_path / "fd1", tmp_path / "fd2"
-        self.monkeypatch = monkeypatch
-
-    def __enter__(self):
-        self.saved = os.dup(1), os.dup(2)
-        self.files = open(self.out_path, "w"), open(self.err_path, "w")  # noqa: SIM115
-        os.dup2(self.files[0].fileno(), 1)
-        os.dup2(self.files[1].fileno(), 2)
-        self.stderr = io.StringIO()
-        self.monkeypatch.setattr(sys, "stdout", sys.stdout)
-        self.monkeypatch.setattr(sys, "stderr", self.stderr)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
-        for fd in self.saved:
-            os.close(fd)
-        for file in self.files:
-            file.close()
+    fds = SimpleNamespace(out_path=tmp_path / "fd1", err_path=tmp_path / "fd2", stderr=io.StringIO())
+    saved = os.dup(1), os.dup(2)
+    with open(fds.out_path, "w") as out, open(fds.err_path, "w") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        monkeypatch.setattr(sys, "stdout", sys.stdout)
+        monkeypatch.setattr(sys, "stderr", fds.stderr)
+        try:
+            yield fds
+        finally:
+            for fd, saved_fd in enumerate(saved, start=1):
+                os.dup2(saved_fd, fd)
+                os.close(saved_fd)
 
 
 def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr(tmp_path, monkeypatch):
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         stream = vllm_worker._protocol_stream()
         stream.write('{"type":"x"}\n')  # line-buffered: out at once
         assert fds.out_path.read_text() == '{"type":"x"}\n'
@@ -616,7 +568,7 @@ def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_v
     lines = ['{"op": "counters", "tag": "c"}\n', "not json\n", '{"op": "nope"}\n', '{"op": "shutdown"}\n',
              '{"op": "counters", "tag": "after shutdown"}\n']
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(lines)))
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     events = [json.loads(line) for line in fds.out_path.read_text().splitlines()]
     assert events == [
@@ -627,20 +579,17 @@ def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_v
         {"type": "error", "rid": None, "message": "unknown op 'nope'"},
     ]
     assert FakeAsyncLLM.instances[0].shut_down == 1
-
-
-def test_the_worker_process_stops_at_the_end_of_its_stdin(fake_vllm, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"op": "counters", "tag": 1}\n'))
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"op": "counters", "tag": 1}\n'))  # it stops at the end of its stdin too
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert [json.loads(line)["type"] for line in fds.out_path.read_text().splitlines()] == ["ready", "counters"]
-    assert FakeAsyncLLM.instances[0].shut_down == 1
+    assert FakeAsyncLLM.instances[1].shut_down == 1
 
 
 def test_an_engine_that_cannot_start_is_said_on_the_protocol_stream(fake_vllm, tmp_path, monkeypatch):
     monkeypatch.setattr(FakeAsyncLLM, "fail_start", RuntimeError("no GPU"))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    with RedirectedFds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
+    with redirected_fds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert fds.out_path.read_text() == (
         '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n')
@@ -656,7 +605,7 @@ def test_the_stdin_reader_does_not_keep_the_worker_process_alive_after_shutdown(
     monkeypatch.setattr(sys, "stdin", stdin)
     before = set(threading.enumerate())
     try:
-        with RedirectedFds(tmp_path, monkeypatch) as fds:
+        with redirected_fds(tmp_path, monkeypatch) as fds:
             asyncio.run(vllm_worker._main(dict(SETTINGS)))
         readers = [thread for thread in threading.enumerate() if thread not in before]
         assert len(readers) == 1 and readers[0].is_alive() and readers[0].daemon

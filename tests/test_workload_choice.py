@@ -1,7 +1,5 @@
-"""Which workload and decode rate a request selects (prototype/api/workloads.py): the preset, seed and task its
-metadata names, a fixed task's fields and defaults, a registered trace's key, the decode rate of the model's
-name or of the metadata's override, and each refusal's code, message and parameter at the edges of its range.
-The functions are called directly; tests/test_bad_input.py shows the same refusals reach a client as 400s."""
+"""Which workload and decode rate a request selects (prototype/api/workloads.py), and each refusal's code, message and
+parameter at the edges of its range (tests/test_bad_input.py shows them reach a client as 400s)."""
 
 from __future__ import annotations
 

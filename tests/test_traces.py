@@ -314,30 +314,6 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     assert traces.load(tmp_path / "sessions").tasks == trace.tasks  # a $CODEX_HOME/sessions folder
 
 
-BAD_CODEX = [
-    ("missing field", lambda lines: lines[4].pop("timestamp"), 5, "timestamp", "missing"),
-    ("non-monotonic", lambda lines: lines[5].update(timestamp=iso(0.5)), 6, "timestamp", "earlier than the line before"),
-    ("negative", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(output_tokens=-1), 9,
-     "payload.info.last_token_usage.output_tokens", "must be >= 0"),
-    ("missing usage", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
-     "payload.info.last_token_usage.input_tokens", "missing"),
-    ("call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
-    ("cached over input", lambda lines: lines[15]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6),
-     16, "payload.info.last_token_usage.cached_input_tokens", "exceeds input_tokens"),
-]
-
-
-@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_CODEX, ids=[b[0] for b in BAD_CODEX])
-def test_bad_codex_rollout_names_file_line_and_field(tmp_path, label, spoil, line, field, message):
-    lines = codex_rollout()
-    spoil(lines)
-    path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
-    with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert message in str(caught.value)
-
-
 def test_the_project_made_codex_rollout_fixture_loads():
     """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve --workload compact --seed 4` with
     model `sim-500` (docs/codex.md, docs/parameters.md "Traces and calibrate"), contents removed."""
@@ -569,39 +545,49 @@ def test_a_codex_rollout_is_told_by_its_type_payload_and_timestamp():
     assert not codex.looks_like({**line, "type": "something_else"})
 
 
+def spoil_usage(**fields):
+    return lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(fields)
+
+
 def spoil_info(value):
     return lambda lines: lines[8]["payload"].update(info=value)
 
 
-BAD_CODEX_WHOLE = [  # (label, spoil, where, message): the refusal's whole text after the file's path
-    ("no timestamp", lambda lines: lines[4].pop("timestamp"), "5: timestamp", "missing"),
-    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), "6: payload.call_id", "missing"),
-    ("info not an object", spoil_info(5), "9: payload.info", "expected an object, got 5"),
-    ("no usage", spoil_info({"total_token_usage": None}), "9: payload.info.last_token_usage", "missing"),
-    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}),
-     "9: payload.info.total_token_usage.input_tokens", "missing"),
-    ("negative cached", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=-1),
-     "9: payload.info.last_token_usage.cached_input_tokens", "must be >= 0, got -1"),
-    ("negative reasoning", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(reasoning_output_tokens=-2),
-     "9: payload.info.last_token_usage.reasoning_output_tokens", "must be >= 0, got -2"),
-    ("null input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(input_tokens=None),
-     "9: payload.info.last_token_usage.input_tokens", "expected a whole number, got None"),
-    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), "5: timestamp", None),
+USAGE = "payload.info.last_token_usage"
+BAD_CODEX = [  # (label, spoil, line, field, the refusal's whole text after the field; None: the timestamp parser's own)
+    ("no timestamp", lambda lines: lines[4].pop("timestamp"), 5, "timestamp", "missing"),
+    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), 5, "timestamp", None),
+    ("non-monotonic", lambda lines: lines[5].update(timestamp=iso(0.5)), 6, "timestamp",
+     f"{iso(0.5)} is earlier than the line before: lines out of order"),
+    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
+    ("info not an object", spoil_info(5), 9, "payload.info", "expected an object, got 5"),
+    ("no usage", spoil_info({"total_token_usage": None}), 9, USAGE, "missing"),
+    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}), 9,
+     "payload.info.total_token_usage.input_tokens", "missing"),
+    ("missing input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
+     f"{USAGE}.input_tokens", "missing"),
+    ("null input", spoil_usage(input_tokens=None), 9, f"{USAGE}.input_tokens", "expected a whole number, got None"),
+    ("negative output", spoil_usage(output_tokens=-1), 9, f"{USAGE}.output_tokens", "must be >= 0, got -1"),
+    ("negative cached", spoil_usage(cached_input_tokens=-1), 9, f"{USAGE}.cached_input_tokens", "must be >= 0, got -1"),
+    ("negative reasoning", spoil_usage(reasoning_output_tokens=-2), 9, f"{USAGE}.reasoning_output_tokens", "must be >= 0, got -2"),
+    ("cached over input", lambda lines: lines[15]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6), 16,
+     f"{USAGE}.cached_input_tokens", "1000000 exceeds input_tokens 9700"),
 ]
 
 
-@pytest.mark.parametrize(("label", "spoil", "where", "message"), BAD_CODEX_WHOLE, ids=[b[0] for b in BAD_CODEX_WHOLE])
-def test_each_bad_codex_rollout_is_refused_with_its_whole_message(tmp_path, label, spoil, where, message):
+@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_CODEX, ids=[b[0] for b in BAD_CODEX])
+def test_each_bad_codex_rollout_is_refused_with_its_line_field_and_whole_message(tmp_path, label, spoil, line, field, message):
     lines = codex_rollout()
     spoil(lines)
     path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
     with pytest.raises(traces.TraceError) as caught:
         traces.load(path)
-    if message is None:  # the timestamp parser's own reason
+    if message is None:
         with pytest.raises(ValueError) as reason:
             parse_timestamp("yesterday")
         message = str(reason.value)
-    assert str(caught.value) == f"{path}:{where}: {message}"
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
 
 
 # --- building tasks from rounds (traces/base.py), as every reader does ----------------------------------------------

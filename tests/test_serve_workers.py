@@ -130,15 +130,12 @@ def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers
     assert capsys.readouterr().out.split("\n")[-2] != "stopped"  # ended by themselves: nothing stopped them
 
 
-def test_a_worker_that_dies_before_listening_stops_the_others(workers, capsys):
+def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_others(workers, capsys):
     _, with_os = workers
     fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
     assert capsys.readouterr().out == ""
-
-
-def test_a_worker_that_fails_while_serving_stops_the_others(workers, capsys):
     _, with_os = workers
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1

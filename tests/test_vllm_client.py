@@ -157,14 +157,11 @@ def test_a_models_folder_is_named_by_its_config_written_once_and_rewritten_when_
 # --- starting the worker -------------------------------------------------------------------------------------------
 
 
-def test_the_worker_is_the_script_beside_the_client_given_its_settings_as_json(tmp_path):
+def test_the_worker_is_the_script_beside_the_client_given_its_settings_and_an_environment_that_quiets_vllm(tmp_path, monkeypatch):
     settings = worker_settings(TINY_CPU, tmp_path / "m")
     assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
     command = worker_command(Path("/opt/py"), settings)
     assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
-
-
-def test_the_workers_environment_sizes_the_cpu_kv_cache_and_quiets_vllm(monkeypatch):
     for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TESTBED_SEEN", "1")
@@ -239,7 +236,7 @@ def test_a_ready_event_is_read_field_by_field_and_an_error_fails_with_its_messag
     assert str(refused.value) == "expected the worker's ready event, got {'type': 'tokens'}"
 
 
-async def test_the_ready_line_is_read_across_reads_and_what_follows_it_is_dispatched(autojump_clock, nursery):
+async def test_the_ready_line_is_read_across_reads_what_follows_it_dispatched_and_an_exit_before_it_said(autojump_clock, nursery):
     client_end, worker_end = trio.testing.memory_stream_pair()
     line = encode(READY)
     await worker_end.send_all(line[:10])
@@ -253,9 +250,6 @@ async def test_the_ready_line_is_read_across_reads_and_what_follows_it_is_dispat
         assert client.ready == Ready.from_event(READY) and trio.current_time() == 1
         with pytest.raises(WorkerFailed, match="^engine died$"):  # the error came in the ready line's read
             await client.generate("a", [1], 1)
-
-
-async def test_a_worker_that_exits_before_it_is_ready_says_so(autojump_clock):
     client_end, worker_end = trio.testing.memory_stream_pair()
     await worker_end.send_all(b'{"type":')
     await worker_end.aclose()
@@ -326,7 +320,7 @@ async def test_an_error_for_no_open_request_fails_the_client_and_every_open_requ
     assert [event["message"] async for event in c if event["type"] == "error"] == ["engine died"]
 
 
-async def test_client_routes_events_by_request_and_answers_counters(autojump_clock, nursery):
+async def test_client_routes_events_by_request_answers_counters_and_fails_open_requests_when_the_worker_exits(autojump_clock, nursery):
     stream, worker = await fake_worker(nursery, gap=0.01)
     async with VllmClient.over_streams(stream, stream) as client:
         assert client.ready.block_size == 32
@@ -341,9 +335,6 @@ async def test_client_routes_events_by_request_and_answers_counters(autojump_clo
         await client.generate("c", [1], 1)
         with pytest.raises(ValueError, match="already open"):
             await client.generate("c", [1], 1)
-
-
-async def test_client_fails_open_requests_when_the_worker_exits(autojump_clock, nursery):
     client_end, worker_end = trio.testing.memory_stream_pair()
     await worker_end.send_all(encode(READY))
     async with VllmClient.over_streams(client_end, client_end) as client:
@@ -524,28 +515,6 @@ async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yield
 
 
 # --- the commands that need vLLM, without it -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("command", [
-    ["serve", "--engine", "vllm", "--port", "0"],
-    ["compare", "--engine", "vllm", "--tasks", "1", "--turns", "1", "--out", "{tmp}"],
-])
-def test_cli_without_vllm_says_why(command, tmp_path):
-    env = dict(os.environ, **{PYTHON_ENV: str(tmp_path / "no-python")})
-    argv = [part.replace("{tmp}", str(tmp_path / "out")) for part in command]
-    done = subprocess.run([sys.executable, "-m", "prototype", *argv], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 2
-    assert f"--engine vllm: {tmp_path / 'no-python'} does not exist" in done.stderr
-
-
-def test_compare_refuses_tasks_longer_than_the_models_window_before_starting_vllm(tmp_path, capsys, monkeypatch):
-    from prototype.__main__ import main as cli_main
-
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
-    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (
-        "python -m prototype compare: error: --engine vllm: task long-0 reaches 180,116 tokens of context, more than "
-        "tiny-llama-cpu's context window of 131,072 (fewer --turns, or another --vllm-model)\n")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM: it would start it")

@@ -103,7 +103,7 @@ def test_the_calls_rows_number_each_conversation_in_order_and_put_vllms_figures_
     assert rows[3]["decode_ms"] == 0.0 and math.isnan(rows[3]["decode_tps"])
 
 
-async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(autojump_clock, nursery):
+async def test_tokens_outside_a_call_or_past_its_end_are_errors_and_a_silent_first_event_counts_nothing(autojump_clock, nursery):
     async with engine_on_streams(nursery) as (engine, worker_end):
         with pytest.raises(RealEngineError, match="^tokens asked for outside a model call$"):
             await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=None)
@@ -137,9 +137,6 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
                                        predicted_prefill_tokens=3)
     assert failed == NOTHING
     assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int] * 2 + [type(None)]
-
-
-async def test_a_first_event_that_says_nothing_counts_nothing_cached_or_computed(autojump_clock, nursery):
     async with engine_on_streams(nursery) as (engine, worker_end):
         prompt = Prompt(range(100, 120))
         call = await engine.begin_call("s", prompt)
@@ -307,7 +304,7 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
     assert [m for m in worker.received if m["op"] == "abort"] == [{"op": "abort", "rid": "r1"}]
 
 
-async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees_it(autojump_clock, nursery):
+async def test_a_call_past_the_model_specs_window_is_refused_before_vllm_sees_it_and_no_spec_sends_any(autojump_clock, nursery):
     async with engine_on_fake(nursery, spec=attrs.evolve(TINY_CPU, max_model_len=64)) as (engine, worker):
         prompt = Prompt(range(100, 150))
         await model_call(engine, "s", prompt, 14, held=True, pinned=True)  # 64: fits
@@ -320,6 +317,13 @@ async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees
         engine.release("s")
         await trio.testing.wait_all_tasks_blocked()
     assert [m["op"] for m in worker.received] == ["generate", "close"]
+    client_end, worker_end = trio.testing.memory_stream_pair()
+    worker = FakeWorker(worker_end)
+    nursery.start_soon(worker.serve)
+    async with VllmClient.over_streams(client_end, client_end) as client, trio.open_nursery() as engine_nursery:
+        await model_call(VllmEngine(client=client, nursery=engine_nursery), "s", Prompt(range(100, 300)), 2)
+        engine_nursery.cancel_scope.cancel()
+    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 200)]
 
 
 async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_starts(autojump_clock, nursery):
@@ -344,16 +348,6 @@ async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_s
             assert (events[0]["type"], events[-1]["type"], failed["code"]) == ("response.created", "response.failed", "server_error")
             assert failed["message"].endswith(f"exceeds the context window of {max_model_len:,} tokens")
         assert [m for m in worker.received if m["op"] == "generate"] == []  # vLLM saw neither
-
-
-async def test_an_engine_without_a_model_spec_sends_any_length(autojump_clock, nursery):
-    client_end, worker_end = trio.testing.memory_stream_pair()
-    worker = FakeWorker(worker_end)
-    nursery.start_soon(worker.serve)
-    async with VllmClient.over_streams(client_end, client_end) as client, trio.open_nursery() as engine_nursery:
-        await model_call(VllmEngine(client=client, nursery=engine_nursery), "s", Prompt(range(100, 300)), 2)
-        engine_nursery.cancel_scope.cancel()
-    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 200)]
 
 
 # --- what the simulated bookkeeping predicts ---------------------------------------------------------------------------
@@ -410,7 +404,7 @@ async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_l
 # --- the stream --------------------------------------------------------------------------------------------------------
 
 
-async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, nursery):
+async def test_a_stream_coalesces_as_the_simulated_engine_does_a_chunk_due_one_interval_after_the_last(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.1, per_event=1) as (engine, _):
 
         async def chunks(**flush) -> list[tuple[float, str]]:
@@ -428,16 +422,13 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, n
         assert await chunks(flush_interval=0.22) == [(0.0, "a"), (0.22, "bc"), (0.44, "de"), (0.5, "f")]
         assert await chunks(flush_interval=10.0, flush_tokens=2) == [(0.0, "a"), (0.2, "bc"), (0.4, "de"), (0.5, "f")]
         assert engine.stats.decoded_tokens == 18  # every chunk counted once
-
-
-async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):
     async def chunks(per_event: int, **flush) -> list[tuple[float, str]]:
         async with engine_on_fake(nursery, gap=0.125, per_event=per_event) as (engine, _):
             prompt = Prompt(range(100, 110))
             call = await engine.begin_call("s", prompt)
             await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
             start = trio.current_time()
-            out = [(trio.current_time() - start, text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
+            out = [(round(trio.current_time() - start, 9), text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
             engine.retain("s", prompt, trio.current_time())  # as a design keeps the call's KV
             engine.end_call(call)
             assert "s" in engine.kv
@@ -509,9 +500,7 @@ def test_forced_plans_give_each_row_its_next_planned_id_through_batch_changes():
     assert plans.next_ids() == ([0], [4])
     plans.update(_batch(added=[(0, _params(None), [7], [])]))  # a request without a plan takes the row
     assert plans.next_ids() == ([], [])
-
-
-def test_rows_leave_and_swap_without_a_plan_and_params_without_extra_args_carry_none():
+    # Rows leave and swap without a plan; params without extra_args carry none.
     plans = ForcedPlans()
     plans.update(_batch(added=[(0, _params([5]), [], []), (1, _params([6]), [], [])]))
     plans.update(_batch(removed=[0, 2]))  # a planned row leaves; row 2 never had a plan
@@ -568,7 +557,7 @@ def test_a_rendering_shorter_than_its_text_is_padded_to_the_texts_tokens():
     assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
 
 
-async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(autojump_clock, nursery):
+async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_counts_ids_off_the_plan(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.01) as (engine, worker):
         prompt = Prompt(range(1200, 1250))
         # Two items: two framing ids then three of text, one framing id then two of text.
@@ -594,9 +583,6 @@ async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(a
     # id, which vLLM never fed back, and the tool's output, with the resume's own plan.
     assert (append["prompt"], append["max_tokens"], append["forced"]) == ([11, 300, 301, 302, 303], 2, [503, 12])
     assert [(r.output_tokens, r.sampled_tokens, r.forced, r.off_plan_tokens) for r in engine.records] == [(5, 8, True, 0), (1, 2, True, 0)]
-
-
-async def test_ids_vllm_sampled_off_the_plan_are_counted(autojump_clock, nursery):
     async with engine_on_fake(nursery, off_plan=True, free_id=8) as (engine, _):
         plan = PlannedOutput.of([([7, 8, 9], 3)])
         await model_call(engine, "s", Prompt(range(100, 110)), 3, planned=lambda: plan)

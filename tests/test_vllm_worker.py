@@ -372,7 +372,7 @@ async def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
 
 
 @in_asyncio
-async def test_a_request_id_in_use_is_refused_and_free_again_once_finished(fake_vllm):
+async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_error_and_shutdown_stops_the_worker(fake_vllm):
     worker, out, engine = await started()
     message = {"op": "generate", "rid": "x", "prompt": [1], "max_tokens": 2}
     await worker.handle(message)
@@ -386,10 +386,6 @@ async def test_a_request_id_in_use_is_refused_and_free_again_once_finished(fake_
     await worker.handle(message)
     await settle()
     assert len(engine.calls) == 2 and "x" in worker.tasks
-
-
-@in_asyncio
-async def test_a_failing_request_says_why_and_the_worker_keeps_serving(fake_vllm):
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "f", "prompt": [1], "max_tokens": 2})
     await worker.handle({"op": "generate", "rid": "g", "prompt": [1], "max_tokens": 1})
@@ -402,6 +398,12 @@ async def test_a_failing_request_says_why_and_the_worker_keeps_serving(fake_vllm
     engine.script("g").put_nowait(output([3]))
     await settle()
     assert [e["type"] for e in out.take()] == ["tokens", "chunk_done"]
+    worker, out, engine = await started()
+    assert await worker.handle({"op": "explode", "rid": "q"}) is True
+    assert await worker.handle({}) is True
+    assert await worker.handle({"op": "shutdown"}) is False
+    assert out.take() == [{"type": "error", "rid": "q", "message": "unknown op 'explode'"},
+                          {"type": "error", "rid": None, "message": "unknown op None"}]
 
 
 @in_asyncio
@@ -517,16 +519,6 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     script.put_nowait(END)
     await settle()
     assert out.take() == [{"type": "finished", "rid": "h"}]
-
-
-@in_asyncio
-async def test_ops_the_worker_does_not_know_are_errors_and_shutdown_stops_it(fake_vllm):
-    worker, out, engine = await started()
-    assert await worker.handle({"op": "explode", "rid": "q"}) is True
-    assert await worker.handle({}) is True
-    assert await worker.handle({"op": "shutdown"}) is False
-    assert out.take() == [{"type": "error", "rid": "q", "message": "unknown op 'explode'"},
-                          {"type": "error", "rid": None, "message": "unknown op None"}]
 
 
 # --- the process: its protocol stream and its loop -------------------------------------------------

@@ -4,12 +4,12 @@ the trace says they share, and carries the trace's reasoning tokens into the rep
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 from support import make_server
 from test_fairness import DESIGNS, common_prefix_tokens, first_prompt, run
+from test_traces import tracelab_row
 
 from prototype import benchmark, traces
 from prototype.client import harness
@@ -19,19 +19,10 @@ from prototype.engine.kv import common_prefix as _common_prefix
 SYSTEM_PROMPT = 2000  # what the second and third sessions' first prompts found cached: the group's common prefix
 
 
-def _stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(1_780_000_000 + seconds, UTC).isoformat().replace("+00:00", "Z")
-
-
 def round_row(session: str, prefix: int, append: int, output: int, reasoning: int, start: float) -> dict:
     """A one-round request of a TraceLab round trace: a user message at `start`, the answer a second later."""
-    return {
-        "session_id": session, "round_index": 0, "provider": "codex", "model": "gpt-5.4",
-        "prefix_tokens": prefix, "newly_append_tokens": append, "output_tokens": output,
-        "reasoning_output_tokens": reasoning, "first_input_event_type": "user_message", "tools": [],
-        "timing_events": [{"event_type": "user_message", "timestamp": _stamp(start)},
-                          {"event_type": "text", "timestamp": _stamp(start + 1.0)}],
-    }
+    row = tracelab_row(session, 0, prefix, append, output, [], reasoning=reasoning, start=start, end=start + 1.0, user=True)
+    return {**row, "provider": "codex", "model": "gpt-5.4"}
 
 
 @pytest.fixture

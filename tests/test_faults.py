@@ -37,7 +37,7 @@ from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.client.reconnect import CODEX, OPENAI_PYTHON
-from prototype.engine.streaming import ContextWindowExceeded, EngineFailure, FaultPlan
+from prototype.engine.streaming import ContextWindowExceeded, FaultPlan
 from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
@@ -434,19 +434,6 @@ async def test_a_resume_past_the_engines_context_window_fails_the_rollout_with_a
         monkeypatch.setattr(engine_class, "prefill_call", prefill_call)  # the connection goes on serving
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await assert_released(server)
-
-
-def test_engine_failure_is_importable_from_the_emitter_as_before() -> None:
-    from prototype.designs.emitter import EngineFailure as from_emitter
-
-    assert from_emitter is EngineFailure
-    plan = FaultPlan(flushes_before_failure=1, failures=2)
-    plan.on_flush()
-    for _ in range(2):
-        with pytest.raises(EngineFailure):
-            plan.on_flush()
-    plan.on_flush()
-    assert (plan.flushes, plan.raised) == (4, 2)
 
 
 # --- a client that stops reading ----------------------------------------------------------------------

@@ -39,6 +39,13 @@ NOTHING = RealCall(key="s", held=False, resumed=False, isolated=False, prompt_to
                    predicted_prefill_tokens=0, ttft_s=0.0, decode_s=0.0, kv_usage=0.0, kv_blocks_used=0)
 
 
+async def begin_and_prefill(engine, key, prompt: Prompt, tokens: int, *, held: bool = False, pinned: bool = False, planned=None):
+    """A model call begun and prefilled, as the sampling loop does: the engine's call."""
+    call = await engine.begin_call(key, prompt, pinned=pinned)
+    await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=tokens, planned=planned), engine_call=call)
+    return call
+
+
 async def model_call(engine, key, prompt: Prompt, tokens: int, *, held: bool = False, pinned: bool = False, planned=None,
                      retain: bool = False):
     """One model call as the sampling loop makes it: admitted, prefilled, `tokens` decoded unstreamed, ended (the KV
@@ -263,8 +270,7 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
             await model_call(engine, key, Prompt([1, 2, 3]), 1)
         engine.release("a")
         engine.isolate("a")
-        call = await engine.begin_call("a", Prompt([1, 2, 3]))
-        await engine.prefill_call(LATENCY, ModelCall("a", Prompt([1, 2, 3]), held=False, output_tokens=0), engine_call=call)
+        call = await begin_and_prefill(engine, "a", Prompt([1, 2, 3]), 0)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         engine.end_call(call)
         await trio.testing.wait_all_tasks_blocked()
@@ -280,8 +286,7 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
     async with engine_on_fake(nursery) as (engine, worker):
         for key, held in (("held", True), ("plain", False)):
             prompt = Prompt(range(10, 20))
-            call = await engine.begin_call(key, prompt)
-            await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=4), engine_call=call)
+            call = await begin_and_prefill(engine, key, prompt, 4, held=held)
             await engine.decode_unstreamed(LATENCY, 2, start=0.0, engine_call=call)
             engine.end_call(call)
             engine.end_call(call)  # a second end records and aborts nothing more
@@ -290,12 +295,10 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
         with pytest.raises(RealEngineError, match="outside a model call"):  # tokens of a call that has ended
             await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         # A late second end of an earlier call, from a cleanup path, leaves the session's next call alone.
-        first = await engine.begin_call("s", prompt := Prompt(range(100, 120)))
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=first)
+        first = await begin_and_prefill(engine, "s", prompt := Prompt(range(100, 120)), 1)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=first)
         engine.end_call(first)
-        second = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=second)
+        second = await begin_and_prefill(engine, "s", prompt, 3)
         engine.end_call(first)
         assert await engine.decode_unstreamed(LATENCY, 3, start=0.0, engine_call=second) > 0
         engine.end_call(second)
@@ -357,8 +360,7 @@ async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_s
 async def test_a_calls_end_tells_the_simulated_bookkeeping_whether_the_session_will_be_back(autojump_clock, nursery, paused, where):
     async with engine_on_fake(nursery, retention=memory.SWAP_POLICY) as (engine, _):
         prompt = Prompt(range(100, 140))
-        call = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 1)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         engine.retain("s", prompt, trio.current_time())
         # Paused at a tool call (the default) the swap policy copies the KV out; after a final answer it stays.
@@ -385,8 +387,7 @@ async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_l
     async with engine_on_fake(nursery) as (engine, _):  # blocks of 32 (its ready event)
         prompt = Prompt(range(100, 156))
         plan = PlannedOutput.of([(list(range(200, 208)), 8)])
-        call = await engine.begin_call("s", prompt, pinned=held)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=held, output_tokens=8, planned=lambda: plan), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 8, held=held, pinned=held, planned=lambda: plan)
         await engine.decode_unstreamed(LATENCY, 8, start=0.0, engine_call=call)
         prompt.extend(plan.ids)  # the output joins the context, and the design keeps its KV (SamplingLoop.take_outputs)
         engine.retain("s", prompt, trio.current_time(), pinned=held)
@@ -409,8 +410,7 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does_a_chunk_due_one_i
 
         async def chunks(**flush) -> list[tuple[float, str]]:
             prompt = Prompt(range(100, 110))
-            call = await engine.begin_call("s", prompt)
-            await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
+            call = await begin_and_prefill(engine, "s", prompt, 6)
             start = trio.current_time()
             out = [(round(trio.current_time() - start, 6), text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
             engine.end_call(call)
@@ -425,8 +425,7 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does_a_chunk_due_one_i
     async def chunks(per_event: int, **flush) -> list[tuple[float, str]]:
         async with engine_on_fake(nursery, gap=0.125, per_event=per_event) as (engine, _):
             prompt = Prompt(range(100, 110))
-            call = await engine.begin_call("s", prompt)
-            await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
+            call = await begin_and_prefill(engine, "s", prompt, 6)
             start = trio.current_time()
             out = [(round(trio.current_time() - start, 9), text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
             engine.retain("s", prompt, trio.current_time())  # as a design keeps the call's KV
@@ -449,8 +448,7 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does_a_chunk_due_one_i
 async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_events_bring(autojump_clock, nursery, per_event, chunks):
     async with engine_on_fake(nursery, gap=0.1, per_event=per_event) as (engine, _):
         prompt = Prompt(range(100, 110))
-        call = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=7), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 7)
         first = [text async for text in engine.stream(LATENCY, list("abc"), engine_call=call)]
         await engine.decode_unstreamed(LATENCY, 2, start=0.0, engine_call=call)  # reasoning, say
         second = [text async for text in engine.stream(LATENCY, list("de"), engine_call=call)]

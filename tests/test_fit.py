@@ -67,7 +67,7 @@ def test_a_term_fitted_at_zero_has_no_standard_error_and_the_others_are_fitted_w
     assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
 
 
-def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative() -> None:
+def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative_and_the_mean_when_none_does() -> None:
     # Seconds fall with both token counts: only the intercept alone stays non-negative.
     seconds = 5.0 - UNCACHED / 200 - OUTPUT / 50 + NOISE
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
@@ -76,9 +76,6 @@ def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative() -> None:
     assert result.r2 == pytest.approx(0.0, abs=1e-12)
     assert result.stderr[0] == pytest.approx(float(seconds.std(ddof=1)) / math.sqrt(7), rel=1e-9)
     assert math.isnan(result.stderr[1]) and math.isnan(result.stderr[2])
-
-
-def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
     seconds = -1.0 - UNCACHED / 1000 - OUTPUT / 100
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
     assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
@@ -87,12 +84,17 @@ def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
     assert all(math.isnan(s) for s in result.stderr)  # no positive term
 
 
-def test_constant_seconds_have_no_r2_and_exactly_fitted_ones_no_error() -> None:
+def test_constant_seconds_have_no_r2_exactly_fitted_ones_no_error_and_four_rounds_one_degree_of_freedom() -> None:
     result = fit.round_time_fit(UNCACHED, OUTPUT, np.full(7, 1.5))
     assert result.fixed_s == pytest.approx(1.5) and math.isnan(result.r2)
     exact = fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40)
     assert exact.n == 4 and exact.r2 == pytest.approx(1.0, abs=1e-9)
     assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 4 rounds that fit exactly: no error left
+    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
+    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
+    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
+    assert (coef > 0).all()
+    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
 
 
 def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
@@ -137,13 +139,20 @@ def test_a_lognormal_is_the_geometric_mean_and_the_population_sd_of_logs_of_posi
         fit.lognormal([0.0, -1.0])
 
 
-def test_a_mixture_separates_distant_clusters_exactly() -> None:
+def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as_its_own() -> None:
     low = np.exp(np.array([-0.1, 0.1] * 10))  # 20 values: log mean 0, log-sd 0.1
     high = np.exp(5 + np.array([-0.2, 0.2] * 5))  # 10 values: log mean 5, log-sd 0.2
     (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(np.concatenate([high, low]), 2)
     assert (w1, w2) == (pytest.approx(2 / 3, rel=1e-9), pytest.approx(1 / 3, rel=1e-9))
     assert (m1, m2) == (pytest.approx(1.0, rel=1e-9), pytest.approx(math.exp(5), rel=1e-9))
     assert (s1, s2) == (pytest.approx(0.1, rel=1e-9), pytest.approx(0.2, rel=1e-9))
+    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
+    # underflow unless each row is scaled by its own best before exponentiating.
+    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
+    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
+    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
+    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
 
 
 def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_few_values() -> None:
@@ -207,16 +216,6 @@ def test_percentage_errors_per_round_leave_out_rounds_of_no_time() -> None:
         fit.percentage_errors([1.0], [1.0, 2.0])
 
 
-def test_a_mixture_keeps_a_far_outlier_finite_as_its_own_component() -> None:
-    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
-    # underflow unless each row is scaled by its own best before exponentiating.
-    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
-    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
-    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
-    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
-
-
 def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
     # `python -m prototype calibrate` prints these: an unseen term or an empty sample must not print
     # numpy's division or empty-slice warnings beside them.
@@ -251,14 +250,6 @@ def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(
     negative = int(np.argmin(unconstrained))
     assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][negative] == 0
     assert_best_non_negative_fit(result, uncached, output, seconds)
-
-
-def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
-    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
-    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
-    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
-    assert (coef > 0).all()
-    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
 
 
 # --- the real engine's timing fit ----------------------------------------------------------------------------------

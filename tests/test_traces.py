@@ -312,6 +312,11 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     assert (first.started_at, first.ended_at, first.reasoning_tokens) == (0.1, 1.5, 120)
     assert (second.started_at, second.ended_at, second.cached_tokens) == (4.5, 5.7, 9216)
     assert traces.load(tmp_path / "sessions").tasks == trace.tasks  # a $CODEX_HOME/sessions folder
+    # A rollout line is told by its type, payload and timestamp.
+    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
+    assert codex.looks_like(line)
+    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
+    assert not codex.looks_like({**line, "type": "something_else"})
 
 
 def test_the_project_made_codex_rollout_fixture_loads():
@@ -331,13 +336,24 @@ def test_the_project_made_codex_rollout_fixture_loads():
 # --- the testbed's own format, detection -------------------------------------------------------------------------
 
 
-def test_testbed_format_keeps_tasks_and_arrivals(tmp_path):
+def test_a_testbed_trace_keeps_tasks_by_arrival_and_one_with_no_turns_is_refused(tmp_path):
     tasks = [attrs.evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
     path = tmp_path / "own.jsonl"
     native.write_trace(tasks, path)
     trace = traces.load(path)
     assert trace.format == "testbed" and not trace.timed
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
+    path = tmp_path / "own.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(traces.TraceError) as refused:
+        native.read(path)
+    assert str(refused.value) == f"{path}:1: the trace holds no turns"
+    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
+    trace = native.read(path)
+    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
+    # No task with an arrival: a closed-loop trace, its tasks in file order.
+    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
+    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
 
 
 FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
@@ -396,20 +412,6 @@ def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(t
     with pytest.raises(traces.TraceError) as refused:
         traces.load(path)
     assert str(refused.value) == f"{path}:{where}: {message}"
-
-
-def test_a_testbed_trace_with_no_turns_is_refused_and_one_with_one_or_no_arrivals_is_read(tmp_path):
-    path = tmp_path / "own.jsonl"
-    path.write_text("\n\n")
-    with pytest.raises(traces.TraceError) as refused:
-        native.read(path)
-    assert str(refused.value) == f"{path}:1: the trace holds no turns"
-    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
-    trace = native.read(path)
-    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
-    # No task with an arrival: a closed-loop trace, its tasks in file order.
-    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
-    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
 
 
 def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):
@@ -548,13 +550,6 @@ def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tm
     assert [(r.input_tokens, r.output_tokens, r.reasoning_tokens) for r in rounds] == [(100, 10, 0), (150, 0, 0)]
 
 
-def test_a_codex_rollout_is_told_by_its_type_payload_and_timestamp():
-    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
-    assert codex.looks_like(line)
-    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
-    assert not codex.looks_like({**line, "type": "something_else"})
-
-
 def spoil_usage(**fields):
     return lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(fields)
 
@@ -691,45 +686,41 @@ def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
 # --- detect and load: which reader, and the refusals before any reader ----------------------------------------------
 
 
+def refusal(read, path) -> tuple[str, str, int, str | None]:
+    with pytest.raises(traces.TraceError) as refused:
+        read(path)
+    return str(refused.value), refused.value.path, refused.value.line, refused.value.field
+
+
 def test_detect_refuses_with_the_file_the_line_and_exactly_why(tmp_path):
     path = tmp_path / "t.txt"
 
-    def refusal() -> tuple[str, str, int, str | None]:
-        with pytest.raises(traces.TraceError) as refused:
-            traces.detect(path)
-        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
-
     path.write_bytes(b'{"task": "\xff"}\n')
-    assert refusal() == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
+    assert refusal(traces.detect, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
     path.write_text(" \n\t\n")
-    assert refusal() == (f"{path}:1: empty file", str(path), 1, None)
+    assert refusal(traces.detect, path) == (f"{path}:1: empty file", str(path), 1, None)
     path.write_text("\n\n{not json\n")
-    assert refusal() == (f"{path}:3: invalid JSON (Expecting property name enclosed in double quotes)", str(path), 3, None)
+    assert refusal(traces.detect, path) == (f"{path}:3: invalid JSON (Expecting property name enclosed in double quotes)", str(path), 3, None)
     path.write_text("\n" + json.dumps({k: 1 for k in "jihgfedcba"}) + "\n")
-    assert refusal() == (f"{path}:2: unknown trace format: a JSON object with keys a, b, c, d, e, f, g, h; expected a "
+    assert refusal(traces.detect, path) == (f"{path}:2: unknown trace format: a JSON object with keys a, b, c, d, e, f, g, h; expected a "
                          "testbed trace (task, turn, ...), a TraceLab round (session_id, round_index, ...) or a Codex "
                          "rollout line (timestamp, type, payload)", str(path), 2, None)
     path.write_text("\n\n" + "x" * 70 + "\n")
-    assert refusal() == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
+    assert refusal(traces.detect, path) == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
                          "header (input_len,output_len,arrival_time,round_idx,tool_wait_after_ms,prefix_len)",
                          str(path), 3, None)
 
 
 def test_load_refuses_a_missing_file_an_empty_folder_and_a_folder_rollout_of_another_format(tmp_path):
-    def refusal(path) -> tuple[str, str, int, str | None]:
-        with pytest.raises(traces.TraceError) as refused:
-            traces.load(path)
-        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
-
     missing = tmp_path / "missing.jsonl"
-    assert refusal(str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
+    assert refusal(traces.load, str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
     folder = tmp_path / "sessions"
     (folder / "sub").mkdir(parents=True)
     write_jsonl(folder / "sub" / "other.jsonl", codex_rollout())  # not named rollout-*.jsonl
-    assert refusal(folder) == (f"{folder}:0: folder without rollout-*.jsonl files", str(folder), 0, None)
+    assert refusal(traces.load, folder) == (f"{folder}:0: folder without rollout-*.jsonl files", str(folder), 0, None)
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
-    assert refusal(folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+    assert refusal(traces.load, folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
 
 
 def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):

@@ -76,7 +76,7 @@ HEADER = "design,prompt_tokens,prefill_vllm,output_tokens,ttft_ms,decode_ms\r\n"
 GOOD_ROW = "http,600,600,40,360,1950\r\n"
 
 
-def test_the_reader_gives_each_call_as_written_in_seconds(tmp_path) -> None:
+def test_the_reader_gives_each_call_as_written_in_seconds_and_its_sampled_tokens(tmp_path) -> None:
     path = tmp_path / "calls.csv"
     # One sampled token and no decode time, nothing prefilled in no time, a design name holding a quoted line break:
     # each is a call as the engine made it.
@@ -87,6 +87,10 @@ def test_the_reader_gives_each_call_as_written_in_seconds(tmp_path) -> None:
         engine_calls.EngineCall("chained", 760, 0, 25, 0.0, 1.2),
         engine_calls.EngineCall("two\r\nlines", 5, 2, 3, 0.0075, 0.04),
     ]
+    # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
+    path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
+                     b"chained,600,600,40,47,360,1950\r\n")
+    assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]
 
 
 @pytest.mark.parametrize(("text", "where", "message"), [
@@ -123,14 +127,6 @@ def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every
     assert not engine_calls.looks_like(tmp_path / "absent.csv")
     exact.write_text(HEADER.replace(",decode_ms", ""))
     assert not engine_calls.looks_like(exact)
-
-
-def test_the_tokens_the_engine_sampled_are_the_ones_its_decode_time_covers(tmp_path) -> None:
-    # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
-    path = tmp_path / "calls.csv"
-    path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
-                     b"chained,600,600,40,47,360,1950\r\n")
-    assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]
 
 
 def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsys):

@@ -174,15 +174,7 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     assert (tmp_path / "vllm.json").is_file()
 
 
-def test_gpu_run_refuses_without_a_gpu(vllm_worker, capsys):
-    from experiments import gpu_run
-
-    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
-    assert gpu_run.main(["--agents", "2"]) == 2
-    assert "sees no CUDA GPU" in capsys.readouterr().out
-
-
-def test_gpu_run_agents_at_tiny_size(vllm_worker):
+def test_gpu_run_agents_at_tiny_size_and_refuses_the_full_run_without_a_gpu(vllm_worker, capsys):
     from experiments import gpu_run
 
     rows = gpu_run.agents_rows([2], list(gpu_run.AGENT_DESIGNS), TINY_CPU, turns=2, worker=vllm_worker)
@@ -193,3 +185,6 @@ def test_gpu_run_agents_at_tiny_size(vllm_worker):
         # vLLM held KV for the agents at their peak: at least one block per agent.
         assert row["peak_kv_blocks_vllm"] >= 2
         assert row["peak_kv_tokens_vllm"] == row["peak_kv_blocks_vllm"] * vllm_worker.ready.block_size
+    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
+    assert gpu_run.main(["--agents", "2"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().out

@@ -518,7 +518,7 @@ async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yield
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM: it would start it")
-def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
+def test_the_real_engine_experiment_and_the_gpu_run_without_vllm_say_why_in_one_line(tmp_path, capsys):
     # This interpreter lacks vLLM: the worker it runs cannot start an engine.
     done = subprocess.run([sys.executable, "-m", "experiments.real_engine", "--vllm-python", sys.executable],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, TESTBED_RESULTS=str(tmp_path)))
@@ -526,10 +526,6 @@ def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
     assert done.stderr == ("python -m experiments.real_engine: error: engine start failed: ModuleNotFoundError: "
                            "No module named 'vllm'\n")
     assert not any(tmp_path.iterdir())  # nothing written
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM")
-def test_the_gpu_run_refuses_up_front_saying_what_is_missing(tmp_path, capsys):
     from experiments import gpu_run
 
     # An interpreter that does not exist, then one without vLLM: each refused before anything starts, with its reason.
@@ -539,3 +535,5 @@ def test_the_gpu_run_refuses_up_front_saying_what_is_missing(tmp_path, capsys):
     assert capsys.readouterr().out == (
         f"gpu_run: {sys.executable} cannot import vLLM and torch (ModuleNotFoundError: No module named 'vllm'); "
         "install vLLM's CUDA build there (docs/real_engine.md)\n")
+
+

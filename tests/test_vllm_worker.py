@@ -5,6 +5,7 @@ accounting, counters); tests/test_real_engine.py checks it against vLLM itself."
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import functools
@@ -31,16 +32,8 @@ class FakeKwargs:
         self.kwargs = kwargs
 
 
-class FakeRequestOutputKind(enum.Enum):
-    CUMULATIVE = 0
-    DELTA = 1
-    FINAL_ONLY = 2
-
-
-class FakeStreamingInput:
-    def __init__(self, prompt, sampling_params) -> None:
-        self.prompt = prompt
-        self.sampling_params = sampling_params
+FakeRequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY", start=0)
+FakeStreamingInput = collections.namedtuple("StreamingInput", "prompt sampling_params")
 
 
 class FakeTokensPrompt(dict):

@@ -346,7 +346,7 @@ def test_calibrate_names_a_custom_baseline_and_prints_the_traces_notes(tmp_path,
     assert out.split("\n")[1:1 + len(trace.notes)] == [f"  note: {note}" for note in trace.notes]
 
 
-def test_calibrate_writes_files_compare_reads(tmp_path, capsys):
+def test_calibrate_writes_files_compare_reads_and_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
     preset, profile = tmp_path / "preset.json", tmp_path / "latency.json"
     argv = ["calibrate", str(FIXTURE), "--baseline-tasks", "20", "--preset-out", str(preset), "--latency-out", str(profile)]
     assert main(argv) == 0
@@ -361,6 +361,10 @@ def test_calibrate_writes_files_compare_reads(tmp_path, capsys):
                  "--designs", "http", "chained", "--jobs", "1", "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "compare.json").read_text())["table"]
     assert [(r["design"], r["decode_tps"]) for r in table] == [("http", model.decode_tokens_per_s), ("chained", model.decode_tokens_per_s)]
+    assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "compare.json").read_text())["table"]
+    assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
+    assert "1 task of trace" in capsys.readouterr().out
 
 
 def test_compare_replays_a_trace_open_loop_each_task_starting_at_its_arrival(tmp_path, capsys):
@@ -388,13 +392,6 @@ def test_bad_preset_and_latency_files_are_named(tmp_path, capsys):
     bad.write_text(json.dumps({"decode_tokens_per_s": -1}))
     assert main(["compare", "--latency", str(bad), "--out", str(tmp_path)]) == 2
     assert f"{bad}: decode_tokens_per_s: expected a finite number >= 0" in capsys.readouterr().err
-
-
-def test_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
-    assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
-    table = json.loads((tmp_path / "compare.json").read_text())["table"]
-    assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
-    assert "1 task of trace" in capsys.readouterr().out
 
 
 # --- the coding preset against TraceLab ----------------------------------------------------------------------------

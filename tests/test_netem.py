@@ -105,13 +105,21 @@ async def test_two_sends_10ms_apart_arrive_10ms_apart(autojump_clock: trio.testi
     assert arrivals == [(exactly(0.020), b"a"), (exactly(0.030), b"b")]
 
 
-async def test_zero_delay_forwards_directly_and_counts_bytes(autojump_clock: trio.testing.MockClock) -> None:
+async def test_zero_delay_forwards_directly_counts_bytes_and_is_the_default(autojump_clock: trio.testing.MockClock) -> None:
     async with open_emulated_pair(LOOPBACK) as (client, server):
         t0 = trio.current_time()
         await client.send_all(b"hello")
         assert await server.receive_some() == b"hello"
         assert trio.current_time() == t0
         assert (client.bytes_sent, server.bytes_received) == (5, 5)
+    left, right = trio.testing.memory_stream_pair()
+    DelayedStream(left, bandwidth_bytes_per_s=0.5)  # half a byte a second is slow, not refused
+    plain = DelayedStream(left)
+    assert (plain.send_delay, plain.receive_delay) == (0.0, 0.0)
+    await plain.send_all(b"now")  # no delay, no jitter, no loss: no task is needed
+    assert await right.receive_some() == b"now" and trio.current_time() == 0.0
+    await right.send_all(b"back")
+    assert await plain.receive_some(3) == b"bac" and trio.current_time() == 0.0  # a direct read honours max_bytes
 
 
 async def test_one_stream_delays_both_directions(autojump_clock: trio.testing.MockClock) -> None:
@@ -287,17 +295,6 @@ def test_a_delayed_stream_names_the_parameter_it_refuses(kwargs: dict[str, float
         DelayedStream(trio.testing.MemorySendStream(), **kwargs)
 
 
-async def test_a_slow_link_is_accepted_and_the_defaults_delay_nothing(autojump_clock: trio.testing.MockClock) -> None:
-    left, right = trio.testing.memory_stream_pair()
-    DelayedStream(left, bandwidth_bytes_per_s=0.5)  # half a byte a second is slow, not refused
-    plain = DelayedStream(left)
-    assert (plain.send_delay, plain.receive_delay) == (0.0, 0.0)
-    await plain.send_all(b"now")  # no delay, no jitter, no loss: no task is needed
-    assert await right.receive_some() == b"now" and trio.current_time() == 0.0
-    await right.send_all(b"back")
-    assert await plain.receive_some(3) == b"bac" and trio.current_time() == 0.0  # a direct read honours max_bytes
-
-
 async def test_a_delayed_stream_refuses_each_call_out_of_its_lifecycle_with_its_reason(autojump_clock: trio.testing.MockClock) -> None:
     left, _right = trio.testing.memory_stream_pair()
     with pytest.raises(RuntimeError, match=whole("a delayed DelayedStream must be opened with open_delayed_stream()")):
@@ -345,7 +342,7 @@ async def test_a_second_sender_or_reader_is_refused_by_name(autojump_clock: trio
         nursery.cancel_scope.cancel()
 
 
-async def test_a_broken_inner_stream_fails_the_delayed_read_after_its_delay(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_broken_link_fails_reads_after_their_delay_and_later_sends_with_its_message(autojump_clock: trio.testing.MockClock) -> None:
     async def reset() -> None:
         raise trio.BrokenResourceError("connection reset")
 
@@ -354,9 +351,6 @@ async def test_a_broken_inner_stream_fails_the_delayed_read_after_its_delay(auto
             await stream.receive_some()
         assert trio.current_time() == 0.25
         assert type(broken.value.__cause__) is trio.BrokenResourceError and str(broken.value.__cause__) == "connection reset"
-
-
-async def test_a_gone_peer_fails_later_sends_with_the_links_message(autojump_clock: trio.testing.MockClock) -> None:
     async with open_emulated_pair(NetworkProfile(rtt=RTT)) as (client, server):
         await trio.aclose_forcefully(server)
         await client.send_all(b"into the void")  # queued: the sender can't know yet
@@ -650,7 +644,7 @@ async def test_a_faulty_stream_passes_everything_through_until_the_link_breaks(a
     assert await client.receive_some() == b""
 
 
-async def test_a_server_chunk_that_breaks_the_link_is_never_delivered(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_chunk_that_breaks_the_link_is_never_delivered_and_a_counting_client_breaks_on_arrival(autojump_clock: trio.testing.MockClock) -> None:
     link = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.999))
     client_raw, server_raw = trio.testing.memory_stream_pair()
     client = faults.FaultyStream(client_raw, link, server_side=False)
@@ -665,9 +659,6 @@ async def test_a_server_chunk_that_breaks_the_link_is_never_delivered(autojump_c
     with trio.move_on_after(1.0):
         assert await client_raw.receive_some() != b"response"
     assert trio.current_time() == exactly(1.0)  # nothing was sent
-
-
-async def test_a_client_end_that_counts_breaks_as_the_servers_chunks_arrive(autojump_clock: trio.testing.MockClock) -> None:
     link = faults.Link(faults.LinkFaults(drop_per_server_chunk=0.999))
     client_raw, server_raw = trio.testing.memory_stream_pair()
     client = faults.FaultyStream(client_raw, link, server_side=False, client_counts=True)

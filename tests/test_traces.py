@@ -89,7 +89,7 @@ def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
     assert [r.turn for r in trace.rounds if r.task == "s1"] == [0, 1, 2, 3]
 
 
-def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
+def test_tracelab_duplicate_rows_interrupted_requests_and_compaction_are_said(tmp_path):
     row = tracelab_row("s", 0, 0, 10, 5, [])
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
     assert len(trace.rounds) == 1
@@ -101,9 +101,6 @@ def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
     assert trace.notes[0] == "2 exact duplicate row(s) (same session_id, round_index and token counts) skipped"
     assert not tracelab.looks_like({"round_index": 0}) and not tracelab.looks_like({"session_id": "s"})
     assert not tracelab.looks_like([{"session_id": "s", "round_index": 0}]) and tracelab.looks_like(row)
-
-
-def test_interrupted_requests_and_compaction_are_said(tmp_path):
     rows = [tracelab_row("s", 0, 0, 5000, 10, [("exec", 100)]), tracelab_row("s", 1, 0, 800, 10, [("exec", 100)])]
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
     assert trace.tasks[0].turns == (TurnSpec(5000, 10, (0.1,)), TurnSpec(0, 10, ()))
@@ -429,19 +426,6 @@ def test_adjusted_replaces_what_a_sweep_sets():
     assert traces.adjusted(task) == task
 
 
-def test_codex_running_totals_without_last_usage(tmp_path):
-    lines = codex_rollout()
-    for index, total in ((8, (9000, 0, 300, 120)), (15, (18700, 9216, 450, 120))):
-        info = lines[index]["payload"]["info"]
-        info.pop("last_token_usage")
-        info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",
-                                              "reasoning_output_tokens"), total))
-    lines.pop(9)  # no repeated report
-    first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
-    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
-        9000, 300, 9700, 9216, 150)
-
-
 def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
     row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
     row.update(provider=" claude ", model="claude-sonnet-4")
@@ -536,7 +520,7 @@ def test_a_codex_rollout_at_the_readers_edges(tmp_path):
     assert (only.started_at, only.starts_request, at(only.ended_at)) == (None, False, 1.0)
 
 
-def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tmp_path):
+def test_a_codex_round_may_be_wholly_cached_and_running_totals_stand_in_for_last_usage_nulls_and_all(tmp_path):
     lines = codex_rollout()
     lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=9000)
     assert traces.load(write_jsonl(tmp_path / "rollout-cached.jsonl", lines)).rounds[0].cached_tokens == 9000
@@ -548,6 +532,16 @@ def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tm
         totals.append(rollout_line(at + 0.5, "response_item", type="message", role="assistant", content=[]))
     rounds, _ = codex.read_sessions(write_jsonl(tmp_path / "rollout-totals.jsonl", totals[:-1]))
     assert [(r.input_tokens, r.output_tokens, r.reasoning_tokens) for r in rounds] == [(100, 10, 0), (150, 0, 0)]
+    lines = codex_rollout()
+    for index, total in ((8, (9000, 0, 300, 120)), (15, (18700, 9216, 450, 120))):
+        info = lines[index]["payload"]["info"]
+        info.pop("last_token_usage")
+        info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",
+                                              "reasoning_output_tokens"), total))
+    lines.pop(9)  # no repeated report
+    first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
+    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
+        9000, 300, 9700, 9216, 150)
 
 
 def spoil_usage(**fields):

@@ -46,10 +46,8 @@ READY = {"type": "ready", "vocab_size": 1000, "block_size": 32, "kv_blocks": 64,
 
 
 class FakeWorker:
-    """Answers like vllm_worker.py: every request gets its tokens `per_event` at a time, `gap`
-    seconds apart on the trio clock, and its first event reports `prefill` computed tokens (the
-    whole prompt unless given) and `prefix_hits` tokens found in the prefix cache. The ids it
-    reports are the request's plan (forced decoding), or `free_id` without one or with `off_plan`."""
+    """Answers like vllm_worker.py: tokens `per_event` at a time, `gap` s apart; the first event reports `prefill`
+    computed tokens (else the prompt) and `prefix_hits`; the ids are the plan, or `free_id` without one or `off_plan`."""
 
     def __init__(self, stream: trio.abc.Stream, *, gap: float = 0.01, per_event: int = 1, prefill: int = 0,
                  prefix_hits: int = 0, off_plan: bool = False, free_id: int = 1):
@@ -422,9 +420,8 @@ def records(python: Path) -> list[dict]:
 
 @pytest.fixture
 def started(monkeypatch, tmp_path):
-    """The model folder under tmp_path, the worker's variables unset (so the values seen are the ones it
-    is given), $TESTBED_VLLM_PYTHON naming a decoy that exits 7 (so a start that ignored `python=` would
-    fail), and every worker started through `start` ended after the test."""
+    """Models under tmp_path, the worker's variables unset, $TESTBED_VLLM_PYTHON a decoy that exits 7 (a start that
+    ignored `python=` fails), and every worker started ended after the test."""
     monkeypatch.setattr(vllm_models, "MODELS_DIR", tmp_path / "models")
     for name in ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)

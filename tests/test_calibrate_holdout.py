@@ -4,7 +4,6 @@ rounds, scored on its last ones, printed and written per group."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import attrs
 import pytest
@@ -14,16 +13,13 @@ from prototype.__main__ import main as cli_main
 from prototype.cli import calibrate
 from prototype.engine import fit
 from tests.test_calibration import FIT, rnd, run_calibrate, tracelab
+from tests.test_traces import tracelab_row, write_jsonl
 
 # (provider, model, fixed s, prefill tokens/s, decode tokens/s): two groups no single model fits.
 GROUPS = (("claude", "claude-sonnet-4", 1.0, 5_000.0, 50.0), ("codex", "gpt-5.4", 0.3, 20_000.0, 100.0))
 APPENDED = (6000, 500, 3000, 800, 1500, 200, 2500, 900, 4000, 300)
 OUTPUT = (100, 400, 50, 250, 600, 80, 300, 150, 500, 60)
 HELD_OUT_SLOWDOWN = 1.10  # the last 3 rounds of each group take 10% longer than the model says
-
-
-def _stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(1_780_000_000 + seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 def mixed_trace(path) -> None:
@@ -36,20 +32,12 @@ def mixed_trace(path) -> None:
             seconds = fixed + appended / prefill + output / decode
             if k >= 7:
                 seconds *= HELD_OUT_SLOWDOWN
-            start = clock
-            rows.append({
-                "session_id": f"{provider}-session", "round_index": k, "provider": provider, "model": model,
-                "prefix_tokens": prefix, "newly_append_tokens": appended, "output_tokens": output,
-                "reasoning_output_tokens": output // 4,
-                "first_input_event_type": "user_message" if k == 0 else "tool_result",
-                "tools": [] if k == len(APPENDED) - 1 else [{"tool_name": "Bash", "tool_wall_latency_ms": 1000}],
-                "timing_events": [{"event_type": "user_message" if k == 0 else "tool_result", "timestamp": _stamp(start)},
-                                  {"event_type": "text", "timestamp": _stamp(start + seconds)}],
-            })
+            tools = [] if k == len(APPENDED) - 1 else [("Bash", 1000)]
+            rows.append({**tracelab_row(f"{provider}-session", k, prefix, appended, output, tools, reasoning=output // 4,
+                                        start=clock, end=clock + seconds, user=k == 0), "provider": provider, "model": model})
             prefix += appended + output
-            clock = start + seconds + 100.0
-    rows.sort(key=lambda r: r["timing_events"][0]["timestamp"])
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            clock += seconds + 100.0
+    write_jsonl(path, sorted(rows, key=lambda r: r["timing_events"][0]["timestamp"]))
 
 
 def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():

@@ -18,7 +18,7 @@ from prototype.cli import calibrate, common
 from prototype.cli.calibrate import figures, fitted_preset
 from prototype.engine import fit, latency
 from tests.test_cli_serve import option_helps
-from tests.test_traces import FIXTURE, iso, tracelab_row, write_jsonl
+from tests.test_traces import FIXTURE, tracelab_row, write_jsonl
 
 # --- the options -----------------------------------------------------------------------------------------------------
 
@@ -262,20 +262,13 @@ def tracelab(path, groups, *, timed=True):
         prefix = 0
         for k in range(n):
             appended, output = 100 * (k + 1) + 37 * (k % 2), 10 * (k + 2)
-            seconds = 0.5 + appended / 1000 + output / 50
-            row = {"session_id": f"{provider}-{model}", "round_index": k, "provider": provider, "model": model,
-                   "prefix_tokens": prefix, "newly_append_tokens": appended, "output_tokens": output,
-                   "first_input_event_type": "user_message" if k == 0 else "tool_result",
-                   "tools": [] if k == n - 1 else [{"tool_name": "Bash", "tool_wall_latency_ms": 1000}]}
-            if timed:
-                row["timing_events"] = [
-                    {"event_type": "user_message" if k == 0 else "tool_result", "timestamp": iso(clock)},
-                    {"event_type": "text", "timestamp": iso(clock + seconds)}]
-            rows.append(row)
+            times = {"start": clock, "end": clock + 0.5 + appended / 1000 + output / 50} if timed else {}
+            row = tracelab_row(f"{provider}-{model}", k, prefix, appended, output, [] if k == n - 1 else [("Bash", 1000)],
+                               user=k == 0, **times)
+            rows.append({**row, "provider": provider, "model": model})
             prefix += appended + output
             clock += 100.0
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 def run_calibrate(capsys, *argv):

@@ -23,7 +23,7 @@ T0 = 1_780_000_000.0  # an arbitrary epoch second
 
 
 def iso(seconds: float) -> str:
-    return datetime.fromtimestamp(T0 + seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(T0 + seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 # --- TraceLab round JSONL ----------------------------------------------------------------------------------------

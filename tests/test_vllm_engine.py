@@ -460,11 +460,7 @@ async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_even
 # --- forced decoding -----------------------------------------------------------------------------------------------------
 
 
-class _Direction(enum.Enum):
-    """vLLM's MoveDirectionality, by name."""
-
-    UNIDIRECTIONAL = 0
-    SWAP = 1
+_Direction = enum.Enum("MoveDirectionality", "UNIDIRECTIONAL SWAP", start=0)  # vLLM's, by name
 
 
 def _params(plan):

@@ -190,6 +190,19 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def feed(script: asyncio.Queue, *items) -> None:
+    """Scripted outputs for vLLM to stream, then the worker left to write what they make."""
+    for item in items:
+        script.put_nowait(item)
+    await settle()
+
+
+async def handle(worker: Worker, message: dict) -> bool:
+    handled = await worker.handle(message)
+    await settle()
+    return handled
+
+
 async def started(settings=SETTINGS) -> tuple[Worker, Out, FakeAsyncLLM]:
     out = Out()
     worker = Worker(settings, out)
@@ -321,8 +334,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     assert out.take() == []
     engine.stats(ctx=3, gen=1, queries=3, hits=0, usage=0.25)
     script = engine.script("r1")
-    script.put_nowait(output([7, 8], cached=16, prompt=[1, 2, 3]))
-    await settle()
+    await feed(script, output([7, 8], cached=16, prompt=[1, 2, 3]))
     assert out.take() == [tokens("r1", [7, 8], (16, 3, 0, 3, 0.25, 3))]
     engine.stats(gen=1, usage=0.25)
     script.put_nowait(output([], empty=True))  # an output without a completion: nothing to say
@@ -337,8 +349,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     assert out.take() == [tokens("r1", [10]),
                           {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
     assert "r1" in worker.tasks
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.lines == ['{"type":"finished","rid":"r1"}\n']
     out.take()
     assert worker.tasks == {} and worker.inputs == {}
@@ -348,12 +359,9 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
 async def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "a", "prompt": [5], "max_tokens": 1})
-    await worker.handle({"op": "generate", "rid": "b", "prompt": [6], "max_tokens": 1, "salt": ""})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "b", "prompt": [6], "max_tokens": 1, "salt": ""})
     assert [call["prompt"] for call in engine.calls] == [{"prompt_token_ids": [5]}, {"prompt_token_ids": [6]}]
-    engine.script("a").put_nowait(output([1], cached=None, prompt=None))
-    engine.script("a").put_nowait(END)
-    await settle()
+    await feed(engine.script("a"), output([1], cached=None, prompt=None), END)
     first = {"cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.0,
              "prompt_tokens": 0}
     assert out.take() == [
@@ -369,27 +377,21 @@ async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_erro
     worker, out, engine = await started()
     message = {"op": "generate", "rid": "x", "prompt": [1], "max_tokens": 2}
     await worker.handle(message)
-    assert await worker.handle(message) is True
-    await settle()
+    assert await handle(worker, message) is True
     assert out.take() == [{"type": "error", "rid": "x", "message": "request 'x' exists"}]
     assert len(engine.calls) == 1
-    engine.script("x").put_nowait(END)
-    await settle()
+    await feed(engine.script("x"), END)
     assert out.take() == [{"type": "finished", "rid": "x"}]
-    await worker.handle(message)
-    await settle()
+    await handle(worker, message)
     assert len(engine.calls) == 2 and "x" in worker.tasks
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "f", "prompt": [1], "max_tokens": 2})
-    await worker.handle({"op": "generate", "rid": "g", "prompt": [1], "max_tokens": 1})
-    await settle()
-    engine.script("f").put_nowait(ValueError("prompt too long"))
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "g", "prompt": [1], "max_tokens": 1})
+    await feed(engine.script("f"), ValueError("prompt too long"))
     assert out.take() == [{"type": "error", "rid": "f", "message": "ValueError: prompt too long"},
                           {"type": "finished", "rid": "f"}]
     assert list(worker.tasks) == ["g"]
-    engine.script("g").put_nowait(output([3]))
-    await settle()
+    await feed(engine.script("g"), output([3]))
     assert [e["type"] for e in out.take()] == ["tokens", "chunk_done"]
     worker, out, engine = await started()
     assert await worker.handle({"op": "explode", "rid": "q"}) is True
@@ -402,17 +404,14 @@ async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_erro
 @in_asyncio
 async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
     worker, out, engine = await started()
-    await worker.handle({"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
     assert "a" in worker.inputs
-    assert await worker.handle({"op": "abort", "rid": "a"}) is True
-    await settle()
+    assert await handle(worker, {"op": "abort", "rid": "a"}) is True
     assert engine.aborted == ["a"]
     assert out.take() == [{"type": "finished", "rid": "a"}]  # no error: an abort is asked for
     assert worker.tasks == {} and worker.inputs == {}
     assert await worker.handle({"op": "abort", "rid": "a"}) is True  # already over: nothing to do
-    assert await worker.handle({"op": "abort", "rid": "nobody"}) is True
-    await settle()
+    assert await handle(worker, {"op": "abort", "rid": "nobody"}) is True
     assert engine.aborted == ["a"] and out.take() == []
 
 
@@ -423,8 +422,7 @@ async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
 async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new_ids(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=40, queries=48, hits=16, usage=0.125)
-    await worker.handle({"op": "generate", "rid": "h", "prompt": [1, 2], "max_tokens": 3, "salt": "k", "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "h", "prompt": [1, 2], "max_tokens": 3, "salt": "k", "held": True})
     (call,) = engine.calls
     assert call["rid"] == "h" and call["session_id"] == "h" and call["params"].kwargs == params_of(3)
     assert set(call) == {"prompt", "params", "rid", "session_id"}
@@ -434,18 +432,15 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     assert first.sampling_params.kwargs == params_of(3)
     engine.stats(ctx=2, gen=1, queries=2, hits=0, usage=0.25)
     script = engine.script("h")
-    script.put_nowait(output([9, 9], cached=0, prompt=[1, 2]))
-    await settle()
+    await feed(script, output([9, 9], cached=0, prompt=[1, 2]))
     assert out.take() == [tokens("h", [9, 9], (0, 2, 0, 2, 0.25, 2))]
     # The second chunk is sent before the first is done: one output then spans both.
-    assert await worker.handle({"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
-    await settle()
+    assert await handle(worker, {"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
     second = engine.inputs["h"][1]
     assert second.prompt == {"prompt_token_ids": [4, 5, 6]}  # the salt keys only the first block
     assert second.sampling_params.kwargs == params_of(2, [8, 7])  # each chunk with its own plan
     engine.stats(ctx=3, gen=1, queries=5, hits=2, usage=0.5)
-    script.put_nowait(output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
-    await settle()
+    await feed(script, output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
     done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
                   "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
     assert out.take() == [
@@ -453,12 +448,10 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
         {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
         tokens("h", [8], (0, 3, 2, 5, 0.5, 7)),
     ]
-    script.put_nowait(output([7]))
-    await settle()
+    await feed(script, output([7]))
     assert out.take() == [tokens("h", [7]),
                           {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
-    await worker.handle({"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
-    await settle()
+    await handle(worker, {"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
     script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
     await settle()
@@ -467,11 +460,9 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
         {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
     ]
     assert engine.inputs_ended["h"] is False
-    assert await worker.handle({"op": "close", "rid": "h"}) is True
-    await settle()
+    assert await handle(worker, {"op": "close", "rid": "h"}) is True
     assert engine.inputs_ended["h"] is True and len(engine.inputs["h"]) == 3
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.take()[-1] == {"type": "finished", "rid": "h"}
     assert worker.inputs == {} and worker.tasks == {}
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
@@ -481,8 +472,7 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
 @in_asyncio
 async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     worker, out, engine = await started()
-    await worker.handle({"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
     assert engine.inputs["h"][0].prompt == {"prompt_token_ids": [1]}
     script = engine.script("h")
     script.put_nowait(output([5, 5, 5], cached=1, prompt=[1]))  # more than the chunk: only its own
@@ -492,12 +482,9 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": ZERO},
     ]
     engine.stats(ctx=1, gen=0, usage=0.5)
-    await worker.handle({"op": "append", "rid": "h", "prompt": [3], "max_tokens": 3})
-    await settle()
+    await handle(worker, {"op": "append", "rid": "h", "prompt": [3], "max_tokens": 3})
     engine.stats(ctx=1, gen=1, usage=0.5)
-    script.put_nowait(output([6], cached=1, prompt=[1, 5, 5, 3]))
-    script.put_nowait(output([6, 6]))
-    await settle()
+    await feed(script, output([6], cached=1, prompt=[1, 5, 5, 3]), output([6, 6]))
     done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
             "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
     assert out.take() == [
@@ -509,8 +496,7 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     await worker.handle({"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
     await settle()
     assert out.take() == []
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.take() == [{"type": "finished", "rid": "h"}]
 
 

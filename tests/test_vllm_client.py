@@ -109,6 +109,7 @@ async def engine_on_fake(nursery, spec=TINY_CPU, *, namespace: str | None = None
     options = {name: value for name, value in (("namespace", namespace), ("retention", retention)) if value is not None}
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(spec, client=client, **options) as engine:
         yield engine, worker
+        await trio.testing.wait_all_tasks_blocked()  # the worker has read everything sent before the engine closes
 
 
 # --- the models --------------------------------------------------------------------------------------------------------

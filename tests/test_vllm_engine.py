@@ -84,7 +84,6 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
         engine.end_call(call)
         assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (1, 7, 0)
         assert await engine.counters() == {"steps": 3}
-        await trio.testing.wait_all_tasks_blocked()
     assert engine.records == [attrs.evolve(NOTHING, prompt_tokens=40, sent_tokens=40, output_tokens=5, sampled_tokens=5, prefill_tokens=7,
                                            prefix_hits=32, predicted_prefill_tokens=40, ttft_s=0.25, decode_s=0.5, kv_usage=0.25,
                                            kv_blocks_used=16)]
@@ -175,7 +174,6 @@ async def test_a_held_requests_calls_add_up_and_each_sends_only_what_vllm_does_n
             prefilled = await model_call(engine, "s", prompt, 3, held=True, retain=True)
             seen.append((prefilled.cached, engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens))
             prompt.extend(range(2000 + 10 * turn, 2010 + 10 * turn))  # the next turn's ten new ids
-        await trio.testing.wait_all_tasks_blocked()
     # vLLM holds the prompt and every sample but the last: 40 + 3 - 1 = 42 ids, then 42 + 8 + 3 - 1 = 52. Each
     # resume sends the rest (8 ids) and counts the held ones as cached; the engine's counters add up over calls.
     assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 40), ("append", 8), ("append", 8)]
@@ -202,7 +200,6 @@ async def test_a_held_request_streams_pieces_as_tokens_arrive_and_resumes_with_t
         resumed = await model_call(engine, "s", prompt, 1, held=True, pinned=True)
         assert resumed.cached == 54  # usage counts what the live request held as cached: all but the 6 sent
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     generate, append, close = worker.received
     # Model ids are the testbed's modulo the vocabulary (1000 here).
     assert (generate["op"], generate["held"], generate["prompt"][:2]) == ("generate", True, [200, 201])
@@ -223,7 +220,6 @@ async def test_a_compacted_prompt_closes_the_held_request_and_opens_one_on_the_w
         compacted.extend(range(800, 805))
         await model_call(engine, "s", compacted, 1, held=True, pinned=True)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     ops = [(m["op"], m.get("rid"), len(m.get("prompt", ()))) for m in worker.received]
     first, second = (m["rid"] for m in worker.received if m["op"] == "generate")
     # 40 + 3 - 1 = 42 held, 50-token prompt: 8 appended; the new request holds 20 + 2 - 1 = 21 of 25: 4 appended.
@@ -241,7 +237,6 @@ async def test_a_resume_with_no_new_ids_sends_the_last_one_and_a_plain_call_open
         # A call that is not held (a side request of the same session) is a request of its own on the whole prompt.
         assert (await model_call(engine, "s", prompt, 1)).cached == 0
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     assert [(m["op"], m["rid"], m.get("prompt"), m.get("held")) for m in worker.received] == [
         ("generate", "r0", list(range(100, 140)), True), ("append", "r0", [141], None),
         ("generate", "r1", list(range(100, 142)), False), ("close", "r0", None, None)]
@@ -273,7 +268,6 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
         call = await begin_and_prefill(engine, "a", Prompt([1, 2, 3]), 0)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         engine.end_call(call)
-        await trio.testing.wait_all_tasks_blocked()
     generates = [m for m in worker.received if m["op"] == "generate"]
     prefix = namespace or ""
     assert [(m["rid"], m["salt"]) for m in generates] == [
@@ -302,7 +296,6 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
         engine.end_call(first)
         assert await engine.decode_unstreamed(LATENCY, 3, start=0.0, engine_call=second) > 0
         engine.end_call(second)
-        await trio.testing.wait_all_tasks_blocked()
     assert [(r.key, r.output_tokens) for r in engine.records][2:] == [("s", 1), ("s", 3)]
     assert [m for m in worker.received if m["op"] == "abort"] == [{"op": "abort", "rid": "r1"}]
 
@@ -318,7 +311,6 @@ async def test_a_call_past_the_model_specs_window_is_refused_before_vllm_sees_it
         assert (refused.value.tokens, refused.value.window) == (69, 64)
         engine.end_call(call)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     assert [m["op"] for m in worker.received] == ["generate", "close"]
     client_end, worker_end = trio.testing.memory_stream_pair()
     worker = FakeWorker(worker_end)
@@ -569,7 +561,6 @@ async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_c
         resume = PlannedOutput.of([([1503, 1012], 1)])
         await model_call(engine, "s", prompt, 1, held=True, pinned=True, planned=lambda: resume)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     generate, append, _ = worker.received
     # The plan crosses into the model's vocabulary (1000 here) as the prompt does.
     assert (generate["max_tokens"], generate["forced"]) == (8, [500, 501, 7, 8, 9, 502, 10, 11])

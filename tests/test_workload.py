@@ -2,7 +2,6 @@
 arithmetic at zero spread, fixed(), each refusal by the rule it breaks, and the testbed's JSONL trace."""
 
 import io
-import json
 
 import attrs
 import numpy as np
@@ -187,17 +186,6 @@ def test_presets_exist_differ_and_an_unknown_one_lists_them(coding_sample):
     assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
     assert generate(seed=0, n_tasks=0) == []
     assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
-
-
-def test_trace_round_trip_through_a_file(tmp_path):
-    workloads = generate(seed=11, n_tasks=20, parallel_calls_p=0.3, hosted_call_p=0.3) + [fixed(3, reasoning_tokens=7)]
-    path = tmp_path / "trace.jsonl"
-    write_trace(workloads, path)
-    assert read_trace(path) == workloads
-    assert read_trace(str(path)) == workloads
-    first = json.loads(path.read_text().splitlines()[0])
-    assert first["task"] == "coding-0"
-    assert first["turn"] == 0 and first["appended_tokens"] == PRESETS["coding"].initial_prompt_tokens
 
 
 _seconds = st.floats(min_value=0, max_value=1e4, allow_nan=False)

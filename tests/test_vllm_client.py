@@ -115,7 +115,7 @@ async def engine_on_fake(nursery, spec=TINY_CPU, *, namespace: str | None = None
 # --- the models --------------------------------------------------------------------------------------------------------
 
 
-def test_a_model_config_is_llama_at_the_specs_dimensions():
+def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_config_rewritten_when_it_differs(tmp_path, monkeypatch):
     assert TINY_CPU.config() == {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -135,9 +135,6 @@ def test_a_model_config_is_llama_at_the_specs_dimensions():
     assert (TINY_CPU.cpu_kv_cache_gib, LLAMA_8B_SHAPE.cpu_kv_cache_gib) == (1, None)
     assert MODELS == {"tiny-llama-cpu": TINY_CPU, "llama-3.1-8b-shape": LLAMA_8B_SHAPE}
     assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]  # the testbed's ids modulo the vocabulary
-
-
-def test_a_models_folder_is_named_by_its_config_written_once_and_rewritten_when_it_differs(tmp_path, monkeypatch):
     folder = write_model(TINY_CPU, tmp_path)
     config = TINY_CPU.config()
     assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
@@ -207,7 +204,7 @@ def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_wi
 # --- the line protocol and the client ------------------------------------------------------------------------------
 
 
-def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
+def test_lines_are_compact_json_an_endless_one_refused_and_a_ready_event_read_field_by_field(monkeypatch):
     assert encode({"op": "close", "rid": "r1"}) == b'{"op":"close","rid":"r1"}\n'
     monkeypatch.setattr(vllm_client, "MAX_LINE_BYTES", 8)
     splitter = LineSplitter()
@@ -221,9 +218,6 @@ def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
     assert LineSplitter().feed(b'  \n{"b":1}\n \n') == [{"b": 1}]
     joined = LineSplitter()  # a line split across reads is joined
     assert joined.feed(b'{"a": 1}\n{"b"') == [{"a": 1}] and joined.feed(b': 2}\n\n') == [{"b": 2}]
-
-
-def test_a_ready_event_is_read_field_by_field_and_an_error_fails_with_its_message():
     assert Ready.from_event(READY) == Ready(1000, 32, 64, 1.5, "0.32.0", "cpu")
     with pytest.raises(WorkerFailed, match="^engine start failed: boom$"):
         Ready.from_event({"type": "error", "rid": None, "message": "engine start failed: boom"})
@@ -456,7 +450,7 @@ def waiting_in_pipe(fd: int) -> bytes:
     return os.read(fd, 1 << 16) if readable else b""
 
 
-def test_start_reads_the_ready_event_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
+def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
     python = stand_in(tmp_path, OBEDIENT)
     model_dir = write_model(TINY_CPU)
     log = model_dir / "worker.log"
@@ -475,15 +469,12 @@ def test_start_reads_the_ready_event_runs_the_worker_as_configured_and_stop_asks
     assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
     # The worker's stderr is appended to the log, after what was there.
     assert log.read_bytes() == b"an earlier run\nengine starting\n"
-
-
-def test_a_worker_that_exits_before_it_is_ready_fails_with_its_exit_code_and_its_log(started, tmp_path):
     python = stand_in(tmp_path, FAILS_TO_START)
     log = write_model(TINY_CPU) / "worker.log"
     with pytest.raises(WorkerFailed) as failed:
         started(python)
     assert str(failed.value) == f"the vLLM worker exited (3) before it was ready; see {log}"
-    assert log.read_bytes() == b"engine failed: no memory\n"
+    assert log.read_bytes() == b"an earlier run\nengine starting\nengine failed: no memory\n"  # appended too
 
 
 @pytest.mark.parametrize("body, wait_s, exit_code", [

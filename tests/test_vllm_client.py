@@ -469,8 +469,7 @@ def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configu
     assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
     # The worker's stderr is appended to the log, after what was there.
     assert log.read_bytes() == b"an earlier run\nengine starting\n"
-    python = stand_in(tmp_path, FAILS_TO_START)
-    log = write_model(TINY_CPU) / "worker.log"
+    python = stand_in(tmp_path, FAILS_TO_START)  # exits before it is ready: its exit code and its log say so
     with pytest.raises(WorkerFailed) as failed:
         started(python)
     assert str(failed.value) == f"the vLLM worker exited (3) before it was ready; see {log}"

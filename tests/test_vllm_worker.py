@@ -258,26 +258,6 @@ async def test_the_engine_starts_with_the_settings_given_else_the_defaults_and_s
 # --- the counters --------------------------------------------------------------------------------
 
 
-@in_asyncio
-async def test_preemptions_and_what_preempted_requests_recompute_add_up_and_the_queue_is_the_last_steps(fake_vllm):
-    worker, out, engine = await started()
-
-    def step(preempted: int, queries: int, hits: int, running: int, waiting: int) -> None:
-        stats = _scheduler_stats(ctx=10, queries=0, usage=0.5)
-        stats.prefix_cache_stats.preempted_queries, stats.prefix_cache_stats.preempted_hits = queries, hits
-        stats.num_running_reqs, stats.num_waiting_reqs = running, waiting
-        for logger in engine.loggers:
-            logger.record(scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=preempted))
-
-    step(preempted=2, queries=0, hits=0, running=3, waiting=4)  # two preempted: they come back later
-    step(preempted=0, queries=640, hits=576, running=5, waiting=1)  # both back: 64 of their 640 tokens recomputed
-    for logger in engine.loggers:  # preemptions with no scheduler stats still count
-        logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace(num_preempted_reqs=1))
-    counters = worker.counters.as_dict()
-    assert {k: counters[k] for k in UNPREEMPTED} == {"preemptions": 3, "recompute_queries": 640, "recompute_hits": 576,
-                                                     "running": 5, "waiting": 1}
-
-
 def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk_its_queueing(fake_vllm):
     first = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0, prompt_token_ids=[1],
                             metrics=SimpleNamespace(num_preemptions=1, queued_ts=10.0, scheduled_ts=10.25))
@@ -290,7 +270,7 @@ def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk
 
 
 @in_asyncio
-async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
+async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptions_and_queue(fake_vllm):
     worker, out, engine = await started()
     assert Counters().as_dict() == ZERO
     engine.stats(ctx=100, gen=0, queries=112, hits=16, usage=0.25)
@@ -314,13 +294,29 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm
         {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
         {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},
     ]
+    worker, out, engine = await started()
+
+    def step(preempted: int, queries: int, hits: int, running: int, waiting: int) -> None:
+        stats = _scheduler_stats(ctx=10, queries=0, usage=0.5)
+        stats.prefix_cache_stats.preempted_queries, stats.prefix_cache_stats.preempted_hits = queries, hits
+        stats.num_running_reqs, stats.num_waiting_reqs = running, waiting
+        for logger in engine.loggers:
+            logger.record(scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=preempted))
+
+    step(preempted=2, queries=0, hits=0, running=3, waiting=4)  # two preempted: they come back later
+    step(preempted=0, queries=640, hits=576, running=5, waiting=1)  # both back: 64 of their 640 tokens recomputed
+    for logger in engine.loggers:  # preemptions with no scheduler stats still count
+        logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace(num_preempted_reqs=1))
+    counters = worker.counters.as_dict()
+    assert {k: counters[k] for k in UNPREEMPTED} == {"preemptions": 3, "recompute_queries": 640, "recompute_hits": 576,
+                                                     "running": 5, "waiting": 1}
 
 
 # --- plain requests ------------------------------------------------------------------------------
 
 
 @in_asyncio
-async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vllm):
+async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or_zero_without_them(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=50, gen=1, queries=64, hits=32, usage=0.125)  # before the request: not its own
     assert await worker.handle(
@@ -353,10 +349,6 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     assert out.lines == ['{"type":"finished","rid":"r1"}\n']
     out.take()
     assert worker.tasks == {} and worker.inputs == {}
-
-
-@in_asyncio
-async def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "a", "prompt": [5], "max_tokens": 1})
     await handle(worker, {"op": "generate", "rid": "b", "prompt": [6], "max_tokens": 1, "salt": ""})

@@ -13,7 +13,6 @@ import pytest
 
 from prototype import traces
 from prototype import workload as wl
-from prototype.__main__ import main
 from prototype.traces import codex, native, tracelab, tracelab_csv
 from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
@@ -409,12 +408,6 @@ def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(t
     with pytest.raises(traces.TraceError) as refused:
         traces.load(path)
     assert str(refused.value) == f"{path}:{where}: {message}"
-
-
-def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "bad.jsonl", [{"foo": 1}])
-    assert main(["compare", "--trace", str(path), "--out", str(tmp_path)]) == 2
-    assert f"error: {path}:1: unknown trace format" in capsys.readouterr().err
 
 
 def test_adjusted_replaces_what_a_sweep_sets():

@@ -93,7 +93,7 @@ def test_the_figures_of_a_trace_count_each_quantity_over_the_rounds_it_belongs_t
     assert math.isnan(calibrate.figures(tasks, [rnd("a", 0, 0, 0, 5)])["prefix_hit_rate"])
 
 
-def test_the_fitted_preset_reproduces_the_traces_distributions():
+def test_the_fitted_preset_reproduces_the_traces_distributions_and_per_round_reasoning_share():
     tasks = [task_of("a", (1000, 200), prefix_tokens=800),
              task_of("b", (300, 50, 70), tools=((1.0, 2.0), (0.5,), ()), hosted=(1, 0, 0), prefix_tokens=100),
              task_of("c", (2000, 10), prefix_tokens=900)]
@@ -126,9 +126,6 @@ def test_the_fitted_preset_reproduces_the_traces_distributions():
     params = calibrate.fitted_preset(lone, [rnd("z", 0, 0, 40, 5), rnd("z", 1, 40, 1, 5, tools=(0.0,)), rnd("z", 2, 50, 100, 5)])
     assert (params.appended_median, params.appended_min) == (fit.lognormal([1, 100])[0], 1)
     assert params.tool_mixture == default.tool_mixture
-
-
-def test_the_reasoning_share_spans_the_traces_per_round_share():
     assert calibrate.reasoning_share([rnd("a", 0, 0, 1, 10, reasoning=0), rnd("a", 1, 0, 1, 0)]) == (0.0, 0.0)
     assert calibrate.reasoning_share([]) == (0.0, 0.0)
     shares = [0.2, 0.4, 0.6]
@@ -183,7 +180,7 @@ def test_a_round_time_fit_prints_beside_the_testbeds_terms(capsys):
     assert capsys.readouterr().out.split("\n")[1].startswith("Fit of model seconds per round (12 timed rounds): ")
 
 
-def test_a_latency_profile_from_a_fit_takes_its_terms_and_stands_in_for_an_absent_one():
+def test_a_latency_profile_from_a_fit_takes_its_terms_and_a_groups_file_its_name():
     model = calibrate.latency_model(FIT)
     assert (model.decode_tokens_per_s, model.prefill_tokens_per_s, model.cache_attention, model.request_overhead) == (
         55.5, 12_345.0, None, 0.25)
@@ -194,9 +191,6 @@ def test_a_latency_profile_from_a_fit_takes_its_terms_and_stands_in_for_an_absen
         77.0, 12_345.0, None, 0.25)
     engine = calibrate.engine_latency_model(fit.EngineTimingFit(attrs.evolve(FIT, prefill_tokens_per_s=math.inf), 77.0))
     assert engine.prefill_tokens_per_s == 1e9
-
-
-def test_a_groups_file_takes_the_group_in_its_name():
     assert calibrate.group_path("out/profile.json", "codex/gpt-5.4") == Path("out/profile.codex-gpt-5.4.json")
     assert calibrate.group_path("p.json", "//") == Path("p.group.json")
     assert calibrate.group_path("p.json", "a b__c") == Path("p.a-b__c.json")

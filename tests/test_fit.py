@@ -112,15 +112,12 @@ def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
             fit.round_time_fit(*columns)
 
 
-def test_a_distribution_gives_its_count_mean_and_quantiles() -> None:
+def test_a_distribution_gives_its_count_mean_and_quantiles_and_the_tool_tail_calls_over_the_threshold() -> None:
     values = list(range(1, 102))  # 1..101: the quantiles fall on values
     assert fit.distribution(values) == {"n": 101.0, "mean": 51.0, "p10": 11.0, "p50": 51.0, "p90": 91.0, "p99": 100.0}
     empty = fit.distribution([])
     assert list(empty) == ["n", "mean", "p10", "p50", "p90", "p99"]
     assert empty["n"] == 0.0 and all(math.isnan(empty[key]) for key in ("mean", "p10", "p50", "p90", "p99"))
-
-
-def test_the_tool_tail_counts_calls_strictly_over_the_threshold() -> None:
     assert fit.tool_tail([30, 60, 90, 120]) == (0.5, 210 / 300)  # 60 s is not over the default minute
     assert fit.tool_tail([30, 60, 90, 120], 89.0) == (0.5, 210 / 300)
     assert fit.tool_tail([30, 60, 90, 120], 90.0) == (0.25, 120 / 300)
@@ -190,7 +187,7 @@ def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -
     assert resp.sum(axis=0) / len(x) == pytest.approx(weights, abs=1e-5)
 
 
-def test_a_held_out_split_fits_the_first_rounds_scores_the_last_and_refuses_what_cannot_be_scored() -> None:
+def test_a_held_out_split_fits_the_first_rounds_scores_the_last_in_percentage_errors_and_refuses_the_rest() -> None:
     assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
     assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
     assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
@@ -202,9 +199,6 @@ def test_a_held_out_split_fits_the_first_rounds_scores_the_last_and_refuses_what
     for share in (0.0, 1.0, -0.5):
         with pytest.raises(ValueError, match=rf"^the held-out share must be in \(0, 1\), got {share!r}$"):
             fit.holdout_split(10, share)
-
-
-def test_percentage_errors_per_round_leave_out_rounds_of_no_time() -> None:
     errors = fit.percentage_errors([1.1, 2.0, 0.5, 3.0], [1.0, 2.5, 0.5, 0.0])
     assert (errors["n"], errors["zero"]) == (3, 1)
     assert (errors["median"], errors["p90"]) == (pytest.approx(10.0), pytest.approx(18.0))  # 0, 10, 20: p90 interpolates to 18

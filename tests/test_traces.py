@@ -110,7 +110,7 @@ def test_tracelab_duplicate_rows_interrupted_requests_and_compaction_are_said(tm
     )
 
 
-def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fallback(tmp_path):
+def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields_tool_time_the_wall_time(tmp_path):
     # TraceLab (README "Data format", DB_SCHEMA.md): tool_wall_latency_ms is result_at - emitted_at, the
     # time the agent waited; the reader takes tool_internal_latency_ms only where the wall time is null.
     row = tracelab_row("s", 0, 0, 100, 10, [("exec_command", 2500), ("exec_command", None), ("exec_command", None)])
@@ -120,6 +120,40 @@ def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fall
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
     assert trace.tasks[0].turns[0] == TurnSpec(100, 10, (2.5, 0.7, 0.0))
     assert trace.notes == ("1 tool call(s) with null wall and internal latency: replayed as 0 s",)
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
+    row.update(provider=" claude ", model="claude-sonnet-4")
+    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
+    row["timing_events"] = [
+        {"event_type": "user_message", "timestamp": iso(1.0)},
+        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
+        {"event_type": "reasoning", "timestamp": iso(3.0)},
+        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
+        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
+        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
+        {"event_type": "tool_call", "timestamp": iso(4.5)},
+        {"event_type": "other", "timestamp": iso(9.0)},
+    ]
+    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
+    second.pop("reasoning_output_tokens")
+    second["tools"][0]["result_chars"] = "many"
+    second.update(first_input_event_type="user_message", provider="codex")
+    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
+    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
+    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
+    third.update(provider=None, model=" ")
+    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
+    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
+    first, then, last = trace.rounds
+    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
+    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
+    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
+    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
+    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
+    assert then.tool_seconds == (0.0, 0.0)
+    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
+    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
+    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
 
 
 def tool(**fields) -> dict:
@@ -193,7 +227,7 @@ def write_csv(path: Path, rows, header=CSV_HEADER) -> Path:
     return path
 
 
-def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
+def test_tracelab_csv_sessions_are_open_loop_tasks_and_a_csv_is_told_by_its_columns(tmp_path):
     path = write_csv(tmp_path / "coding_trace.csv", [
         [0, 3000, 100, "0.000000", 0, "1500.000000", 0],
         [0, 200, 50, "0.000000", 1, "0.000000", 3072],
@@ -205,6 +239,19 @@ def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
         replayed("0", (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), 0.0, "trace"),
         replayed("1", (TurnSpec(800, 40, ()),), 2.5005, "trace"),
     )
+    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
+    assert tracelab_csv.looks_like(["output_len", "round_idx"])
+    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
+    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
+    # with newline="").
+    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
+                     ["session_id", *CSV_HEADER[1:]])
+    assert traces.detect(path) == "tracelab-csv"
+    trace = traces.load(path)
+    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
+    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
+        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 BAD_CSV = [  # (label, header, rows, line, field, the whole message after the field)
@@ -241,22 +288,6 @@ def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, 
         tracelab_csv.read(path)
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
     assert str(caught.value) == (f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}")
-
-
-def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name_sessions_session_id(tmp_path):
-    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
-    assert tracelab_csv.looks_like(["output_len", "round_idx"])
-    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
-    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
-    # with newline="").
-    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
-                     ["session_id", *CSV_HEADER[1:]])
-    assert traces.detect(path) == "tracelab-csv"
-    trace = traces.load(path)
-    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
-    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
-    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
-        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------
@@ -315,7 +346,7 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     assert not codex.looks_like({**line, "type": "something_else"})
 
 
-def test_the_project_made_codex_rollout_fixture_loads():
+def test_the_project_made_codex_rollout_fixture_loads_and_a_sweep_adjusts_its_task():
     """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve --workload compact --seed 4` with
     model `sim-500` (docs/codex.md, docs/parameters.md "Traces and calibrate"), contents removed."""
     trace = traces.load(FIXTURE)
@@ -327,12 +358,18 @@ def test_the_project_made_codex_rollout_fixture_loads():
     # counts a few more per turn (the tool call's arguments)
     assert [r.output_tokens for r in trace.rounds] == [295, 1590, 587, 65, 307, 168, 354, 61, 382]
     assert all(r.model_seconds is not None and r.model_seconds > 0 for r in trace.rounds)
+    task = traces.load(FIXTURE).tasks[0]
+    swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
+    assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
+    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
+    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
+    assert traces.adjusted(task) == task
 
 
 # --- the testbed's own format, detection -------------------------------------------------------------------------
 
 
-def test_a_testbed_trace_keeps_tasks_by_arrival_and_one_with_no_turns_is_refused(tmp_path):
+def test_a_testbed_trace_keeps_tasks_by_arrival_its_rounds_on_a_perfect_cache_and_refuses_no_turns(tmp_path):
     tasks = [attrs.evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
     path = tmp_path / "own.jsonl"
     native.write_trace(tasks, path)
@@ -350,6 +387,13 @@ def test_a_testbed_trace_keeps_tasks_by_arrival_and_one_with_no_turns_is_refused
     # No task with an arrival: a closed-loop trace, its tasks in file order.
     write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
     assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
+    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
+                                                LAST])
+    assert list(native.read(path).rounds) == [
+        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
+        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
+        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
+    ]
 
 
 FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
@@ -408,52 +452,6 @@ def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(t
     with pytest.raises(traces.TraceError) as refused:
         traces.load(path)
     assert str(refused.value) == f"{path}:{where}: {message}"
-
-
-def test_adjusted_replaces_what_a_sweep_sets():
-    task = traces.load(FIXTURE).tasks[0]
-    swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
-    assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
-    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
-    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
-    assert traces.adjusted(task) == task
-
-
-def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
-    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
-    row.update(provider=" claude ", model="claude-sonnet-4")
-    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
-    row["timing_events"] = [
-        {"event_type": "user_message", "timestamp": iso(1.0)},
-        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
-        {"event_type": "reasoning", "timestamp": iso(3.0)},
-        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
-        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
-        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
-        {"event_type": "tool_call", "timestamp": iso(4.5)},
-        {"event_type": "other", "timestamp": iso(9.0)},
-    ]
-    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
-    second.pop("reasoning_output_tokens")
-    second["tools"][0]["result_chars"] = "many"
-    second.update(first_input_event_type="user_message", provider="codex")
-    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
-    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
-    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
-    third.update(provider=None, model=" ")
-    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
-    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
-    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
-    first, then, last = trace.rounds
-    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
-    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
-    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
-    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
-    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
-    assert then.tool_seconds == (0.0, 0.0)
-    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
-    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
-    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
 
 
 def codex_edge_rollout() -> list[dict]:
@@ -653,16 +651,6 @@ def test_timestamps_are_iso_8601_with_a_time_zone():
         with pytest.raises(ValueError) as refused:
             parse_timestamp(value)
         assert str(refused.value) == message
-
-
-def test_a_testbed_traces_rounds_are_its_turns_on_a_perfect_prefix_cache(tmp_path):
-    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
-                                                LAST])
-    assert list(native.read(path).rounds) == [
-        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
-        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
-        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
-    ]
 
 
 def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():

@@ -238,7 +238,7 @@ def refused(make) -> str:
     return str(error.value)
 
 
-def test_a_turn_and_a_hosted_call_name_the_value_they_refuse():
+def test_a_turn_a_hosted_call_and_a_workload_name_the_value_they_refuse():
     assert refused(lambda: HostedCall(-1.0, 5)) == "seconds must be finite and >= 0, got -1.0"
     assert refused(lambda: HostedCall(float("inf"), 5)) == "seconds must be finite and >= 0, got inf"
     assert refused(lambda: HostedCall(1.0, -1)) == "result_tokens must be >= 0, got -1"
@@ -253,9 +253,6 @@ def test_a_turn_and_a_hosted_call_name_the_value_they_refuse():
     assert (turn.tool_seconds, turn.hosted_calls, turn.text_tokens) == ((1.0, 0.0), (HostedCall(0.0, 0),), 1)
     assert all(isinstance(s, float) for s in turn.tool_seconds)
     assert (TurnSpec(0, 1, ()).hosted_calls, TurnSpec(0, 1, ()).reasoning_tokens) == ((), 0)
-
-
-def test_a_workload_names_what_it_refuses():
     last = TurnSpec(100, 1, ())
     assert refused(lambda: Workload("w", -1, [last])) == "seed must be >= 0, got -1"
     assert refused(lambda: Workload("w", 0, [last], arrival_s=-1.0)) == "arrival_s must be finite and >= 0, got -1.0"

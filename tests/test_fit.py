@@ -128,12 +128,27 @@ def test_a_distribution_gives_its_count_mean_and_quantiles_and_the_tool_tail_cal
         assert math.isnan(share) and math.isnan(time_share)
 
 
-def test_a_lognormal_is_the_geometric_mean_and_the_population_sd_of_logs_of_positive_values() -> None:
+def test_a_lognormal_is_the_log_moments_of_positive_values_and_a_mixture_keeps_a_sigma_floor_and_few_components() -> None:
     median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
     assert median == pytest.approx(math.e**2, rel=1e-12)
     assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
     with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal([0.0, -1.0])
+    twins = [1.0] * 10 + [math.exp(3)] * 10
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(twins, 3)  # 20 values: 2 components at most
+    assert (w1, w2) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert (m1, m2) == (pytest.approx(1.0), pytest.approx(math.exp(3)))
+    assert (s1, s2) == (0.01, 0.01)
+    ((weight, median, sigma),) = fit.lognormal_mixture([2.0] * 19 + [0.0, -1.0], 3)  # 19 positive: one
+    assert (weight, median, sigma) == (1.0, pytest.approx(2.0), 1e-3)
+    ((weight, median, sigma),) = fit.lognormal_mixture([1.0, math.e**2] * 4, 3)
+    assert (weight, median, sigma) == (1.0, pytest.approx(math.e), pytest.approx(1.0))
+    with pytest.raises(ValueError, match="^no positive values$"):
+        fit.lognormal_mixture([0.0], 2)
+    # Three components unless asked otherwise, even where the data has four clusters.
+    four = np.exp(np.repeat([0.0, 3.0, 6.0, 9.0], 10) + np.tile([-0.1, 0.1], 20))
+    assert [round(math.log(median)) for _, median, _ in fit.lognormal_mixture(four, 4)] == [0, 3, 6, 9]
+    assert len(fit.lognormal_mixture(four)) == 3
 
 
 def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as_its_own() -> None:
@@ -150,24 +165,6 @@ def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as
     assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
     assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
     assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
-
-
-def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_few_values() -> None:
-    twins = [1.0] * 10 + [math.exp(3)] * 10
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(twins, 3)  # 20 values: 2 components at most
-    assert (w1, w2) == (pytest.approx(0.5), pytest.approx(0.5))
-    assert (m1, m2) == (pytest.approx(1.0), pytest.approx(math.exp(3)))
-    assert (s1, s2) == (0.01, 0.01)
-    ((weight, median, sigma),) = fit.lognormal_mixture([2.0] * 19 + [0.0, -1.0], 3)  # 19 positive: one
-    assert (weight, median, sigma) == (1.0, pytest.approx(2.0), 1e-3)
-    ((weight, median, sigma),) = fit.lognormal_mixture([1.0, math.e**2] * 4, 3)
-    assert (weight, median, sigma) == (1.0, pytest.approx(math.e), pytest.approx(1.0))
-    with pytest.raises(ValueError, match="^no positive values$"):
-        fit.lognormal_mixture([0.0], 2)
-    # Three components unless asked otherwise, even where the data has four clusters.
-    four = np.exp(np.repeat([0.0, 3.0, 6.0, 9.0], 10) + np.tile([-0.1, 0.1], 20))
-    assert [round(math.log(median)) for _, median, _ in fit.lognormal_mixture(four, 4)] == [0, 3, 6, 9]
-    assert len(fit.lognormal_mixture(four)) == 3
 
 
 def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -> None:

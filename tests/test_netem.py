@@ -544,7 +544,7 @@ async def test_an_emulated_tcp_connection_cut_short_in_its_handshake_closes_the_
 # ---- links that break (prototype/netem/faults.py) ------------------------------------------------
 
 
-def test_link_faults_are_none_by_default_and_refuse_impossible_rates() -> None:
+def test_link_faults_are_none_by_default_refuse_impossible_rates_and_break_on_a_chunk_drawn_from_their_seed() -> None:
     assert faults.NO_FAULTS == faults.LinkFaults(0.0, 0.0, 0)
     assert not faults.NO_FAULTS.any
     assert faults.LinkFaults(drops_per_hour=0.5).any and faults.LinkFaults(drop_per_server_chunk=0.5).any
@@ -552,17 +552,6 @@ def test_link_faults_are_none_by_default_and_refuse_impossible_rates() -> None:
     for kwargs in ({"drops_per_hour": -1.0}, {"drop_per_server_chunk": -0.1}, {"drop_per_server_chunk": 1.0}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             faults.LinkFaults(**kwargs)
-
-
-def chunks_until_broken(link: faults.Link, limit: int = 10_000) -> int:
-    for sent in range(1, limit + 1):
-        link.server_chunk_sent()
-        if link.broken:
-            return sent
-    return 0
-
-
-def test_a_link_breaks_on_a_server_chunk_drawn_from_its_seed_and_serial() -> None:
     chunky = faults.LinkFaults(drop_per_server_chunk=0.05, seed=3)
     counts = [chunks_until_broken(faults.Link(chunky, serial)) for serial in range(40)]
     assert counts == [chunks_until_broken(faults.Link(chunky, serial)) for serial in range(40)]  # repeatable
@@ -573,6 +562,14 @@ def test_a_link_breaks_on_a_server_chunk_drawn_from_its_seed_and_serial() -> Non
     chunks_until_broken(link)
     assert (link.broken, link.reason) == (True, "mid-response drop")
     assert chunks_until_broken(faults.Link(faults.NO_FAULTS)) == 0
+
+
+def chunks_until_broken(link: faults.Link, limit: int = 10_000) -> int:
+    for sent in range(1, limit + 1):
+        link.server_chunk_sent()
+        if link.broken:
+            return sent
+    return 0
 
 
 async def test_a_timed_drop_cuts_the_link_at_its_poisson_draw(autojump_clock: trio.testing.MockClock) -> None:
@@ -669,7 +666,7 @@ async def test_a_chunk_that_breaks_the_link_is_never_delivered_and_a_counting_cl
     assert await plain.receive_some() == b"request" and not uncounted.broken
 
 
-async def test_a_registry_numbers_its_links_and_a_restart_cuts_the_open_ones(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_registry_numbers_its_links_a_restart_cuts_them_and_a_faulty_pair_leaves_it_on_exit(autojump_clock: trio.testing.MockClock) -> None:
     registry = faults.LinkRegistry()
     seeded = faults.LinkFaults(seed=1)
     first, second, third = (registry.new(seeded) for _ in range(3))
@@ -679,9 +676,6 @@ async def test_a_registry_numbers_its_links_and_a_restart_cuts_the_open_ones(aut
     assert registry.cut_all("restart") == 2
     assert [link.reason for link in (first, second, third)] == ["restart", "timed drop", "restart"]
     assert registry.cut_all("restart") == 0
-
-
-async def test_a_faulty_pair_runs_its_timed_drop_and_leaves_the_registry_on_exit(autojump_clock: trio.testing.MockClock) -> None:
     registry = faults.LinkRegistry()
     link = registry.new(faults.LinkFaults(drops_per_hour=3600.0, seed=2))
     client_raw, server_raw = trio.testing.memory_stream_pair()
@@ -695,3 +689,5 @@ async def test_a_faulty_pair_runs_its_timed_drop_and_leaves_the_registry_on_exit
     async with faults.open_faulty_pair(client_raw, server_raw, quiet):
         await trio.sleep(3600.0)
     assert not quiet.broken and registry.links == {quiet}  # no registry given: left as it was
+
+

@@ -667,7 +667,7 @@ def refusal(read, path) -> tuple[str, str, int, str | None]:
     return str(refused.value), refused.value.path, refused.value.line, refused.value.field
 
 
-def test_detect_refuses_with_the_file_the_line_and_exactly_why(tmp_path):
+def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path):
     path = tmp_path / "t.txt"
 
     path.write_bytes(b'{"task": "\xff"}\n')
@@ -684,9 +684,6 @@ def test_detect_refuses_with_the_file_the_line_and_exactly_why(tmp_path):
     assert refusal(traces.detect, path) == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
                          "header (input_len,output_len,arrival_time,round_idx,tool_wait_after_ms,prefix_len)",
                          str(path), 3, None)
-
-
-def test_load_refuses_a_missing_file_an_empty_folder_and_a_folder_rollout_of_another_format(tmp_path):
     missing = tmp_path / "missing.jsonl"
     assert refusal(traces.load, str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
     folder = tmp_path / "sessions"

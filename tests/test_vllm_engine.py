@@ -72,7 +72,7 @@ async def engine_on_streams(nursery, **engine_options):
 # --- each call's record ------------------------------------------------------------------------------------------------
 
 
-async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_predicted(autojump_clock, nursery):
+async def test_each_call_is_recorded_with_vllms_figures_and_the_prediction_in_rows_numbered_by_conversation(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.25, per_event=2, prefill=7, prefix_hits=32, namespace="ns-") as (engine, worker):
         prompt = Prompt(range(1000, 1040))
         await trio.sleep(1)  # times are the call's own, not the clock's
@@ -90,9 +90,6 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
     (generate,) = [m for m in worker.received if m["op"] == "generate"]
     assert (generate["rid"], generate["salt"], generate["held"], generate["max_tokens"]) == ("r0", "ns-", False, 5)
     assert not [m for m in worker.received if m["op"] == "abort"]  # every token taken: nothing to abort
-
-
-def test_the_calls_rows_number_each_conversation_in_order_and_put_vllms_figures_beside_the_prediction():
     a, b = ("chained", "task-a"), ("chained", "task-b")
     first = attrs.evolve(NOTHING, key=a, prompt_tokens=40, sent_tokens=40, output_tokens=5, sampled_tokens=7, forced=True,
                          prefill_tokens=38, prefix_hits=2, vllm_cached_tokens=2, predicted_prefill_tokens=36, ttft_s=0.25,
@@ -538,11 +535,6 @@ def test_a_plan_that_is_not_a_list_of_token_ids_is_refused(plan):
     check_plan(_params(None))
 
 
-def test_a_rendering_shorter_than_its_text_is_padded_to_the_texts_tokens():
-    plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])
-    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
-
-
 async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_counts_ids_off_the_plan(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.01) as (engine, worker):
         prompt = Prompt(range(1200, 1250))
@@ -573,6 +565,8 @@ async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_c
         await model_call(engine, "s", Prompt(range(100, 110)), 3, planned=lambda: plan)
     (record,) = engine.records
     assert (record.forced, record.sampled_tokens, record.off_plan_tokens) == (True, 3, 2)  # 8, 8, 8 against 7, 8, 9
+    plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])  # a rendering shorter than its text: padded to its tokens
+    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
 
 
 @pytest.mark.parametrize("design", benchmark.DESIGNS)

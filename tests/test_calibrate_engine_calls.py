@@ -38,7 +38,7 @@ def write_calls(path, calls=CALLS, slowdown_last: int = 0, factor: float = 1.0) 
                              "output_tokens": output, "ttft_ms": ttft * 1000, "decode_ms": decode * 1000})
 
 
-def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path) -> None:
+def test_the_fit_gives_back_the_engine_that_timed_the_calls_and_scores_held_out_ones_it_never_saw(tmp_path) -> None:
     path, out = tmp_path / "real_engine_calls.csv", tmp_path / "vllm.json"
     write_calls(path)
     assert engine_calls.looks_like(path)
@@ -48,9 +48,6 @@ def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path) -> None:
     assert model.prefill_tokens_per_s == pytest.approx(PREFILL_TPS, rel=1e-9)
     assert model.decode_tokens_per_s == pytest.approx(DECODE_TPS, rel=1e-9)
     assert model.cache_attention is None
-
-
-def test_the_held_out_calls_are_scored_by_a_fit_that_never_saw_them(tmp_path) -> None:
     path = tmp_path / "calls.csv"
     write_calls(path, slowdown_last=3, factor=1.25)  # the last three calls, the held-out ones, run 25% slower
     score = calibrate.engine_calls_score(engine_calls.read(path), 0.3)

@@ -40,15 +40,12 @@ def mixed_trace(path) -> None:
     write_jsonl(path, sorted(rows, key=lambda r: r["timing_events"][0]["timestamp"]))
 
 
-def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
+def test_timed_rounds_are_grouped_by_provider_and_model_and_each_scored_on_its_last_by_a_fit_on_its_first():
     late, early, other = (rnd("a", 0, 0, 1, 1, start=5.0, seconds=1.0, group="x/y"),
                           rnd("a", 1, 0, 1, 1, start=1.0, seconds=1.0, group="x/y"), rnd("b", 0, 0, 1, 1, start=3.0, seconds=1.0))
     groups = calibrate.timed_groups([late, other, early])
     assert groups == {"x/y": [early, late], "all rounds": [other]}
     assert list(groups) == ["x/y", "all rounds"]
-
-
-def test_a_group_is_scored_on_its_last_rounds_by_a_fit_on_its_first():
     rounds = [rnd("a", i, 0, u, o, start=float(i), seconds=0.5 + u / 1000 + o / 50)
               for i, (u, o) in enumerate([(100, 10), (500, 40), (900, 20), (300, 80), (700, 30), (200, 60)])]
     assert calibrate.held_out_score("g", rounds[:4], 0.3) is None  # 4 fit the 3 coefficients, none left to score

@@ -58,16 +58,13 @@ async def test_no_design_finds_more_of_a_replayed_task_than_the_common_prefix(au
         assert record.usage["cached_tokens"] == shared - shared % BLOCK_SIZE  # whole blocks of the prefix, no more
 
 
-def test_a_rounds_reasoning_tokens_are_replayed_and_counted(trace) -> None:
+def test_a_rounds_reasoning_tokens_are_replayed_counted_and_the_parameter_block_shows_what_was_used(trace) -> None:
     assert [r.reasoning_tokens for r in trace.rounds] == [20, 25, 0]
     assert [t.turns[0].reasoning_tokens for t in trace.tasks] == [20, 25, 0]
     config = benchmark.BenchConfig(task_list=tuple(t for t in trace.tasks), source="fixture")
     rows = benchmark.design_rows(benchmark.DesignRun(benchmark.CHAINED, 1000.0, config))
     assert [r["reasoning_tokens"] for r in rows] == [20, 25, 0]
     assert [r["output_tokens"] for r in rows] == [50, 60, 40]
-
-
-def test_the_parameter_block_shows_what_the_replay_used(trace) -> None:
     config = benchmark.BenchConfig(task_list=trace.tasks, source="round_trace.jsonl")
     rows = {name: value for name, value, _ in benchmark.parameters(config)}
     assert rows["workload"] == "3 tasks from round_trace.jsonl"

@@ -261,7 +261,7 @@ class Sent:
         self.lines += [json.loads(line) for line in bytes(data).splitlines()]
 
 
-async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
+async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_open_request_fails_them_all(autojump_clock):
     sent = Sent()
     client = VllmClient(sent, None, Ready.from_event(READY))
     await client.generate("r1", [1, 2], 3)
@@ -291,9 +291,6 @@ async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer, 2, False)
         assert await client.counters() == {"tag": 2}
-
-
-async def test_an_error_for_no_open_request_fails_the_client_and_every_open_request(autojump_clock):
     client = VllmClient(Sent(), None, Ready.from_event(READY))
     a = await client.generate("a", [1], 1)
     b = await client.generate("b", [1], 1)

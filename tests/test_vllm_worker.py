@@ -411,7 +411,7 @@ async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
 
 
 @in_asyncio
-async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new_ids(fake_vllm):
+async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_counted_against_that_chunk(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=40, queries=48, hits=16, usage=0.125)
     await handle(worker, {"op": "generate", "rid": "h", "prompt": [1, 2], "max_tokens": 3, "salt": "k", "held": True})
@@ -459,10 +459,6 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     assert worker.inputs == {} and worker.tasks == {}
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
-
-
-@in_asyncio
-async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     worker, out, engine = await started()
     await handle(worker, {"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
     assert engine.inputs["h"][0].prompt == {"prompt_token_ids": [1]}
@@ -527,7 +523,7 @@ def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr
     assert fds.stderr.getvalue() == "python noise\n"
 
 
-def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_vllm, tmp_path, monkeypatch):
+def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_engine_cannot_start(fake_vllm, tmp_path, monkeypatch):
     lines = ['{"op": "counters", "tag": "c"}\n', "not json\n", '{"op": "nope"}\n', '{"op": "shutdown"}\n',
              '{"op": "counters", "tag": "after shutdown"}\n']
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(lines)))
@@ -547,9 +543,6 @@ def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_v
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert [json.loads(line)["type"] for line in fds.out_path.read_text().splitlines()] == ["ready", "counters"]
     assert FakeAsyncLLM.instances[1].shut_down == 1
-
-
-def test_an_engine_that_cannot_start_is_said_on_the_protocol_stream(fake_vllm, tmp_path, monkeypatch):
     monkeypatch.setattr(FakeAsyncLLM, "fail_start", RuntimeError("no GPU"))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     with redirected_fds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):

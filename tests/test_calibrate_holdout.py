@@ -74,7 +74,7 @@ def test_held_out_scores_print_per_group(capsys):
     ]
 
 
-def test_each_group_is_fitted_on_its_own_and_scored_on_its_last_rounds(tmp_path) -> None:
+def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_written_a_profile_each(tmp_path, capsys) -> None:
     path = tmp_path / "mixed.jsonl"
     mixed_trace(path)
     trace = traces.load(path)
@@ -96,11 +96,6 @@ def test_each_group_is_fitted_on_its_own_and_scored_on_its_last_rounds(tmp_path)
     # One fit over both groups reports a decode rate neither group has.
     pooled = calibrate.fit_rounds(timed)
     assert all(abs(pooled.decode_tokens_per_s - decode) > 0.1 * decode for *_, decode in GROUPS)
-
-
-def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp_path, capsys) -> None:
-    path = tmp_path / "mixed.jsonl"
-    mixed_trace(path)
     out = tmp_path / "profile.json"
     assert cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--latency-out", str(out)]) == 0
     printed = capsys.readouterr().out

@@ -135,13 +135,11 @@ class PipeConnector:
     nursery: trio.Nursery
     capacity: int = 16 * 1024
     downs: list[Pipe] = attrs.Factory(list)  # the server-to-client pipe of each connection, in order
-    clients: list[PipeStream] = attrs.Factory(list)
 
     @asynccontextmanager
     async def open_stream(self) -> AsyncIterator[trio.abc.Stream]:
         client, server_end, down = pipe_pair(self.capacity)
         self.downs.append(down)
-        self.clients.append(client)
         self.nursery.start_soon(self.server.handle_stream, server_end)
         try:
             yield client

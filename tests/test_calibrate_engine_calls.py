@@ -1,7 +1,5 @@
-"""`calibrate` on a real engine's calls (`experiments.real_engine`'s `real_engine_calls.csv`): the file read call by
-call (each bad call refused with its line and column), the latency model's engine terms fitted to the engine's own
-timings, scored on the calls it was not fitted to, printed, written as a profile `compare --latency` reads. The calls
-here are made from a known engine, so what the fit must give back is known."""
+"""`calibrate` on a real engine's `real_engine_calls.csv`: each bad call refused with its line and column, the
+engine terms fitted to calls of a known engine, scored on held-out calls, printed, written as a profile."""
 
 from __future__ import annotations
 
@@ -40,7 +38,7 @@ def write_calls(path, calls=CALLS, slowdown_last: int = 0, factor: float = 1.0) 
                              "output_tokens": output, "ttft_ms": ttft * 1000, "decode_ms": decode * 1000})
 
 
-def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path) -> None:
+def test_the_fit_gives_back_the_engine_that_timed_the_calls_and_scores_held_out_ones_it_never_saw(tmp_path) -> None:
     path, out = tmp_path / "real_engine_calls.csv", tmp_path / "vllm.json"
     write_calls(path)
     assert engine_calls.looks_like(path)
@@ -50,9 +48,6 @@ def test_the_fit_gives_back_the_engine_that_timed_the_calls(tmp_path) -> None:
     assert model.prefill_tokens_per_s == pytest.approx(PREFILL_TPS, rel=1e-9)
     assert model.decode_tokens_per_s == pytest.approx(DECODE_TPS, rel=1e-9)
     assert model.cache_attention is None
-
-
-def test_the_held_out_calls_are_scored_by_a_fit_that_never_saw_them(tmp_path) -> None:
     path = tmp_path / "calls.csv"
     write_calls(path, slowdown_last=3, factor=1.25)  # the last three calls, the held-out ones, run 25% slower
     score = calibrate.engine_calls_score(engine_calls.read(path), 0.3)
@@ -78,7 +73,7 @@ HEADER = "design,prompt_tokens,prefill_vllm,output_tokens,ttft_ms,decode_ms\r\n"
 GOOD_ROW = "http,600,600,40,360,1950\r\n"
 
 
-def test_the_reader_gives_each_call_as_written_in_seconds(tmp_path) -> None:
+def test_the_reader_gives_each_call_as_written_in_seconds_and_its_sampled_tokens(tmp_path) -> None:
     path = tmp_path / "calls.csv"
     # One sampled token and no decode time, nothing prefilled in no time, a design name holding a quoted line break:
     # each is a call as the engine made it.
@@ -89,6 +84,10 @@ def test_the_reader_gives_each_call_as_written_in_seconds(tmp_path) -> None:
         engine_calls.EngineCall("chained", 760, 0, 25, 0.0, 1.2),
         engine_calls.EngineCall("two\r\nlines", 5, 2, 3, 0.0075, 0.04),
     ]
+    # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
+    path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
+                     b"chained,600,600,40,47,360,1950\r\n")
+    assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]
 
 
 @pytest.mark.parametrize(("text", "where", "message"), [
@@ -125,14 +124,6 @@ def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every
     assert not engine_calls.looks_like(tmp_path / "absent.csv")
     exact.write_text(HEADER.replace(",decode_ms", ""))
     assert not engine_calls.looks_like(exact)
-
-
-def test_the_tokens_the_engine_sampled_are_the_ones_its_decode_time_covers(tmp_path) -> None:
-    # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
-    path = tmp_path / "calls.csv"
-    path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
-                     b"chained,600,600,40,47,360,1950\r\n")
-    assert engine_calls.read(path) == [engine_calls.EngineCall("chained", 600, 600, 47, 0.36, 1.95)]
 
 
 def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsys):

@@ -1,11 +1,9 @@
-"""`calibrate`'s scored prediction: the timed rounds grouped by provider and model in time order, a fit on each
-group's first rounds scored on its last ones, printed per group, and a profile written per group; on made-up traces
-and on a mixed TraceLab fixture made here (two groups with different latency models)."""
+"""`calibrate`'s scored prediction: timed rounds grouped by provider and model, fitted on each group's first
+rounds, scored on its last ones, printed and written per group."""
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import attrs
 import pytest
@@ -15,16 +13,13 @@ from prototype.__main__ import main as cli_main
 from prototype.cli import calibrate
 from prototype.engine import fit
 from tests.test_calibration import FIT, rnd, run_calibrate, tracelab
+from tests.test_traces import tracelab_row, write_jsonl
 
 # (provider, model, fixed s, prefill tokens/s, decode tokens/s): two groups no single model fits.
 GROUPS = (("claude", "claude-sonnet-4", 1.0, 5_000.0, 50.0), ("codex", "gpt-5.4", 0.3, 20_000.0, 100.0))
 APPENDED = (6000, 500, 3000, 800, 1500, 200, 2500, 900, 4000, 300)
 OUTPUT = (100, 400, 50, 250, 600, 80, 300, 150, 500, 60)
 HELD_OUT_SLOWDOWN = 1.10  # the last 3 rounds of each group take 10% longer than the model says
-
-
-def _stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(1_780_000_000 + seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 def mixed_trace(path) -> None:
@@ -37,31 +32,20 @@ def mixed_trace(path) -> None:
             seconds = fixed + appended / prefill + output / decode
             if k >= 7:
                 seconds *= HELD_OUT_SLOWDOWN
-            start = clock
-            rows.append({
-                "session_id": f"{provider}-session", "round_index": k, "provider": provider, "model": model,
-                "prefix_tokens": prefix, "newly_append_tokens": appended, "output_tokens": output,
-                "reasoning_output_tokens": output // 4,
-                "first_input_event_type": "user_message" if k == 0 else "tool_result",
-                "tools": [] if k == len(APPENDED) - 1 else [{"tool_name": "Bash", "tool_wall_latency_ms": 1000}],
-                "timing_events": [{"event_type": "user_message" if k == 0 else "tool_result", "timestamp": _stamp(start)},
-                                  {"event_type": "text", "timestamp": _stamp(start + seconds)}],
-            })
+            tools = [] if k == len(APPENDED) - 1 else [("Bash", 1000)]
+            rows.append({**tracelab_row(f"{provider}-session", k, prefix, appended, output, tools, reasoning=output // 4,
+                                        start=clock, end=clock + seconds, user=k == 0), "provider": provider, "model": model})
             prefix += appended + output
-            clock = start + seconds + 100.0
-    rows.sort(key=lambda r: r["timing_events"][0]["timestamp"])
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            clock += seconds + 100.0
+    write_jsonl(path, sorted(rows, key=lambda r: r["timing_events"][0]["timestamp"]))
 
 
-def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
+def test_timed_rounds_are_grouped_by_provider_and_model_and_each_scored_on_its_last_by_a_fit_on_its_first():
     late, early, other = (rnd("a", 0, 0, 1, 1, start=5.0, seconds=1.0, group="x/y"),
                           rnd("a", 1, 0, 1, 1, start=1.0, seconds=1.0, group="x/y"), rnd("b", 0, 0, 1, 1, start=3.0, seconds=1.0))
     groups = calibrate.timed_groups([late, other, early])
     assert groups == {"x/y": [early, late], "all rounds": [other]}
     assert list(groups) == ["x/y", "all rounds"]
-
-
-def test_a_group_is_scored_on_its_last_rounds_by_a_fit_on_its_first():
     rounds = [rnd("a", i, 0, u, o, start=float(i), seconds=0.5 + u / 1000 + o / 50)
               for i, (u, o) in enumerate([(100, 10), (500, 40), (900, 20), (300, 80), (700, 30), (200, 60)])]
     assert calibrate.held_out_score("g", rounds[:4], 0.3) is None  # 4 fit the 3 coefficients, none left to score
@@ -90,7 +74,7 @@ def test_held_out_scores_print_per_group(capsys):
     ]
 
 
-def test_each_group_is_fitted_on_its_own_and_scored_on_its_last_rounds(tmp_path) -> None:
+def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_written_a_profile_each(tmp_path, capsys) -> None:
     path = tmp_path / "mixed.jsonl"
     mixed_trace(path)
     trace = traces.load(path)
@@ -112,11 +96,6 @@ def test_each_group_is_fitted_on_its_own_and_scored_on_its_last_rounds(tmp_path)
     # One fit over both groups reports a decode rate neither group has.
     pooled = calibrate.fit_rounds(timed)
     assert all(abs(pooled.decode_tokens_per_s - decode) > 0.1 * decode for *_, decode in GROUPS)
-
-
-def test_calibrate_prints_held_out_error_per_group_and_writes_a_profile_each(tmp_path, capsys) -> None:
-    path = tmp_path / "mixed.jsonl"
-    mixed_trace(path)
     out = tmp_path / "profile.json"
     assert cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--latency-out", str(out)]) == 0
     printed = capsys.readouterr().out

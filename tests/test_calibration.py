@@ -1,8 +1,5 @@
-"""`python -m prototype calibrate` on a trace: its options, the figures of a trace beside the testbed's generated tasks
-(each quantity over the rounds it belongs to), the workload preset fitted to it, the printed table and fit, the files it
-writes and `compare` reads, its refusals; the fit recovers known parameters from a synthetic trace; the coding preset
-stays within its stated tolerances of TraceLab's published figures (docs/parameters.md "Calibration"); compare
-replays a trace open-loop."""
+"""`python -m prototype calibrate` on a trace: options, figures beside the generated tasks, the fitted preset, printed
+table and fit, files written for `compare`, refusals; the coding preset within its tolerances of TraceLab."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from prototype.cli import calibrate, common
 from prototype.cli.calibrate import figures, fitted_preset
 from prototype.engine import fit, latency
 from tests.test_cli_serve import option_helps
-from tests.test_traces import FIXTURE, iso, tracelab_row, write_jsonl
+from tests.test_traces import FIXTURE, tracelab_row, write_jsonl
 
 # --- the options -----------------------------------------------------------------------------------------------------
 
@@ -96,7 +93,7 @@ def test_the_figures_of_a_trace_count_each_quantity_over_the_rounds_it_belongs_t
     assert math.isnan(calibrate.figures(tasks, [rnd("a", 0, 0, 0, 5)])["prefix_hit_rate"])
 
 
-def test_the_fitted_preset_reproduces_the_traces_distributions():
+def test_the_fitted_preset_reproduces_the_traces_distributions_and_per_round_reasoning_share():
     tasks = [task_of("a", (1000, 200), prefix_tokens=800),
              task_of("b", (300, 50, 70), tools=((1.0, 2.0), (0.5,), ()), hosted=(1, 0, 0), prefix_tokens=100),
              task_of("c", (2000, 10), prefix_tokens=900)]
@@ -129,9 +126,6 @@ def test_the_fitted_preset_reproduces_the_traces_distributions():
     params = calibrate.fitted_preset(lone, [rnd("z", 0, 0, 40, 5), rnd("z", 1, 40, 1, 5, tools=(0.0,)), rnd("z", 2, 50, 100, 5)])
     assert (params.appended_median, params.appended_min) == (fit.lognormal([1, 100])[0], 1)
     assert params.tool_mixture == default.tool_mixture
-
-
-def test_the_reasoning_share_spans_the_traces_per_round_share():
     assert calibrate.reasoning_share([rnd("a", 0, 0, 1, 10, reasoning=0), rnd("a", 1, 0, 1, 0)]) == (0.0, 0.0)
     assert calibrate.reasoning_share([]) == (0.0, 0.0)
     shares = [0.2, 0.4, 0.6]
@@ -144,12 +138,9 @@ def test_the_reasoning_share_spans_the_traces_per_round_share():
     assert calibrate.reasoning_share([rnd("a", 0, 0, 1, 1, reasoning=1), rnd("a", 1, 0, 1, 10)]) == (0.0, 0.99)
 
 
-def test_a_number_is_printed_with_three_figures_or_thousands_separators():
+def test_the_figures_print_as_a_table_beside_the_baseline_with_three_figures_or_separators(capsys):
     assert [calibrate._fmt(v) for v in (math.nan, 0.0, 0.012345, 99.94, 100.0, -100.0, 1234.5, -0.5)] == [
         "-", "0", "0.0123", "99.9", "100", "-100", "1,234", "-0.5"]
-
-
-def test_the_figures_print_as_a_table_beside_the_baseline(capsys):
     stats = {"n": 4.0, "p10": 1.0, "p50": 2.5, "p90": 1500.0, "p99": math.nan, "mean": 0.25}
     base = {"n": 9.0, "p10": 0.0, "p50": 7.0, "p90": 8.0, "p99": 9.0, "mean": 1.0}
     calibrate.print_figures(
@@ -189,7 +180,7 @@ def test_a_round_time_fit_prints_beside_the_testbeds_terms(capsys):
     assert capsys.readouterr().out.split("\n")[1].startswith("Fit of model seconds per round (12 timed rounds): ")
 
 
-def test_a_latency_profile_from_a_fit_takes_its_terms_and_stands_in_for_an_absent_one():
+def test_a_latency_profile_from_a_fit_takes_its_terms_and_a_groups_file_its_name():
     model = calibrate.latency_model(FIT)
     assert (model.decode_tokens_per_s, model.prefill_tokens_per_s, model.cache_attention, model.request_overhead) == (
         55.5, 12_345.0, None, 0.25)
@@ -200,9 +191,6 @@ def test_a_latency_profile_from_a_fit_takes_its_terms_and_stands_in_for_an_absen
         77.0, 12_345.0, None, 0.25)
     engine = calibrate.engine_latency_model(fit.EngineTimingFit(attrs.evolve(FIT, prefill_tokens_per_s=math.inf), 77.0))
     assert engine.prefill_tokens_per_s == 1e9
-
-
-def test_a_groups_file_takes_the_group_in_its_name():
     assert calibrate.group_path("out/profile.json", "codex/gpt-5.4") == Path("out/profile.codex-gpt-5.4.json")
     assert calibrate.group_path("p.json", "//") == Path("p.group.json")
     assert calibrate.group_path("p.json", "a b__c") == Path("p.a-b__c.json")
@@ -268,20 +256,13 @@ def tracelab(path, groups, *, timed=True):
         prefix = 0
         for k in range(n):
             appended, output = 100 * (k + 1) + 37 * (k % 2), 10 * (k + 2)
-            seconds = 0.5 + appended / 1000 + output / 50
-            row = {"session_id": f"{provider}-{model}", "round_index": k, "provider": provider, "model": model,
-                   "prefix_tokens": prefix, "newly_append_tokens": appended, "output_tokens": output,
-                   "first_input_event_type": "user_message" if k == 0 else "tool_result",
-                   "tools": [] if k == n - 1 else [{"tool_name": "Bash", "tool_wall_latency_ms": 1000}]}
-            if timed:
-                row["timing_events"] = [
-                    {"event_type": "user_message" if k == 0 else "tool_result", "timestamp": iso(clock)},
-                    {"event_type": "text", "timestamp": iso(clock + seconds)}]
-            rows.append(row)
+            times = {"start": clock, "end": clock + 0.5 + appended / 1000 + output / 50} if timed else {}
+            row = tracelab_row(f"{provider}-{model}", k, prefix, appended, output, [] if k == n - 1 else [("Bash", 1000)],
+                               user=k == 0, **times)
+            rows.append({**row, "provider": provider, "model": model})
             prefix += appended + output
             clock += 100.0
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 def run_calibrate(capsys, *argv):
@@ -321,7 +302,12 @@ def test_calibrate_prints_the_trace_beside_the_baseline_and_fits_one_group(tmp_p
     assert json.loads(preset.read_text())["source"] == f"python -m prototype calibrate {path}"
 
 
-def test_calibrate_without_timed_rounds_fits_nothing_and_refuses_a_latency_profile(tmp_path, capsys):
+def test_calibrate_refuses_a_bad_trace_or_baseline_and_without_timed_rounds_a_latency_profile(tmp_path, capsys):
+    assert run_calibrate(capsys, tmp_path / "missing.jsonl")[0] == 2
+    path = tracelab(tmp_path / "t.jsonl", [("codex", "gpt", 4)])
+    status, out, err = run_calibrate(capsys, path, "--baseline", tmp_path / "nope.json")
+    assert (status, out) == (2, "")
+    assert err.startswith("python -m prototype calibrate: error: ") and "nope.json" in err
     path = tracelab(tmp_path / "t.jsonl", [("codex", "gpt", 3)], timed=False)
     status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "l.json")
     assert status == 2
@@ -329,14 +315,6 @@ def test_calibrate_without_timed_rounds_fits_nothing_and_refuses_a_latency_profi
     assert out.endswith("\nno fit: 0 timed rounds (the trace has no model-call timestamps)\n")
     assert err == "error: no latency profile without a fit\n"
     assert not (tmp_path / "l.json").exists()
-
-
-def test_calibrate_refuses_a_bad_trace_or_baseline(tmp_path, capsys):
-    assert run_calibrate(capsys, tmp_path / "missing.jsonl")[0] == 2
-    path = tracelab(tmp_path / "t.jsonl", [("codex", "gpt", 4)])
-    status, out, err = run_calibrate(capsys, path, "--baseline", tmp_path / "nope.json")
-    assert (status, out) == (2, "")
-    assert err.startswith("python -m prototype calibrate: error: ") and "nope.json" in err
 
 
 def test_calibrate_names_a_custom_baseline_and_prints_the_traces_notes(tmp_path, capsys):
@@ -355,7 +333,7 @@ def test_calibrate_names_a_custom_baseline_and_prints_the_traces_notes(tmp_path,
     assert out.split("\n")[1:1 + len(trace.notes)] == [f"  note: {note}" for note in trace.notes]
 
 
-def test_calibrate_writes_files_compare_reads(tmp_path, capsys):
+def test_calibrate_writes_files_compare_reads_and_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
     preset, profile = tmp_path / "preset.json", tmp_path / "latency.json"
     argv = ["calibrate", str(FIXTURE), "--baseline-tasks", "20", "--preset-out", str(preset), "--latency-out", str(profile)]
     assert main(argv) == 0
@@ -370,9 +348,13 @@ def test_calibrate_writes_files_compare_reads(tmp_path, capsys):
                  "--designs", "http", "chained", "--jobs", "1", "--out", str(tmp_path)]) == 0
     table = json.loads((tmp_path / "compare.json").read_text())["table"]
     assert [(r["design"], r["decode_tps"]) for r in table] == [("http", model.decode_tokens_per_s), ("chained", model.decode_tokens_per_s)]
+    assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "compare.json").read_text())["table"]
+    assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
+    assert "1 task of trace" in capsys.readouterr().out
 
 
-def test_compare_replays_a_trace_open_loop(tmp_path, capsys):
+def test_compare_replays_a_trace_open_loop_each_task_starting_at_its_arrival(tmp_path, capsys):
     rows = [tracelab_row("a", 0, 0, 2000, 50, [], start=0.0, end=1.0, user=True),
             tracelab_row("b", 0, 0, 2000, 50, [], start=100.0, end=101.0, user=True)]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
@@ -382,9 +364,6 @@ def test_compare_replays_a_trace_open_loop(tmp_path, capsys):
     assert f"2 tasks of trace {path} (tracelab-jsonl)" in out and "open-loop" in out
     tasks = json.loads((tmp_path / "compare_tasks.json").read_text())
     assert [t["task"] for t in tasks] == ["a", "b"]
-
-
-def test_open_loop_starts_tasks_at_their_arrival():
     tasks = (wl.Workload("late", 0, wl.fixed(1, output_tokens=65).turns, arrival_s=50.0),
              wl.Workload("early", 0, wl.fixed(1, output_tokens=65).turns, arrival_s=0.0))
     records = benchmark.run_design_virtual("chained", 65.0, benchmark.BenchConfig(task_list=tasks))
@@ -400,14 +379,6 @@ def test_bad_preset_and_latency_files_are_named(tmp_path, capsys):
     bad.write_text(json.dumps({"decode_tokens_per_s": -1}))
     assert main(["compare", "--latency", str(bad), "--out", str(tmp_path)]) == 2
     assert f"{bad}: decode_tokens_per_s: expected a finite number >= 0" in capsys.readouterr().err
-    assert iso(0.0).endswith("Z")
-
-
-def test_compare_runs_every_design_on_the_codex_rollout(tmp_path, capsys):
-    assert main(["compare", "--trace", str(FIXTURE), "--speeds", "1000", "--jobs", "1", "--out", str(tmp_path)]) == 0
-    table = json.loads((tmp_path / "compare.json").read_text())["table"]
-    assert [r["design"] for r in table] == list(benchmark.DESIGNS) and all(r["tasks"] == 1 for r in table)
-    assert "1 task of trace" in capsys.readouterr().out
 
 
 # --- the coding preset against TraceLab ----------------------------------------------------------------------------

@@ -1,16 +1,5 @@
-"""Faults (issue 6): disconnects, a server restart between turns, an engine failure mid-decode, and a
-client that stops reading.
-
-Rules every test here follows (after tests/support.py):
-
-* In-process tests run over memory streams under the `autojump_clock`. Where backpressure matters
-  they use `pipe_pair`, a bounded in-memory stream (trio's `memory_stream_pair` buffers without
-  limit, so a writer never blocks on it), and the server's side of every connection runs in a
-  nursery the test owns, so "no task left behind" is checked directly.
-* The promises made in real time ("within one second") are also checked over real sockets on
-  127.0.0.1 with the `live_server` fixture; a server restart is also checked with the real CLI.
-* Every wait is bounded (`trio.fail_after`).
-"""
+"""Faults: disconnects, a server restart between turns, an engine failure mid-decode, a client that stops reading
+(over `pipe_pair`, a bounded in-memory stream, so writers block), and experiments.faults' counting."""
 
 from __future__ import annotations
 
@@ -48,7 +37,7 @@ from prototype.client import harness
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.client.reconnect import CODEX, OPENAI_PYTHON
-from prototype.engine.streaming import ContextWindowExceeded, EngineFailure, FaultPlan
+from prototype.engine.streaming import ContextWindowExceeded, FaultPlan
 from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
@@ -146,13 +135,11 @@ class PipeConnector:
     nursery: trio.Nursery
     capacity: int = 16 * 1024
     downs: list[Pipe] = attrs.Factory(list)  # the server-to-client pipe of each connection, in order
-    clients: list[PipeStream] = attrs.Factory(list)
 
     @asynccontextmanager
     async def open_stream(self) -> AsyncIterator[trio.abc.Stream]:
         client, server_end, down = pipe_pair(self.capacity)
         self.downs.append(down)
-        self.clients.append(client)
         self.nursery.start_soon(self.server.handle_stream, server_end)
         try:
             yield client
@@ -270,15 +257,18 @@ async def uninterrupted_chain(turns: int) -> list[dict[str, Any]]:
     return outputs
 
 
-async def test_restart_with_store_true_continues_the_chain_through_hydration(autojump_clock, tmp_path) -> None:
-    path = str(tmp_path / "responses.db")
+async def first_turn_then_restart(path: str, store: bool) -> tuple[dict[str, Any], Any]:
+    """One chained turn stored (or not) in the SQLite file `path`, then a new server on the same file."""
     before = make_server(store=ResponseStore(path))
     async with open_responses_websocket(InMemoryConnector(before), CHAINED) as conn:
-        first = (await turn(conn, create(store=True)))[-1]["response"]
+        first = (await turn(conn, create(store=store)))[-1]["response"]
     await trio.sleep(1)  # the overlapped post-inference work (the store write) has finished
     before.api.store.close()  # the process is gone; only the file remains
+    return first, make_server(store=ResponseStore(path))
 
-    after = make_server(store=ResponseStore(path))
+
+async def test_restart_with_store_true_continues_the_chain_through_hydration(autojump_clock, tmp_path) -> None:
+    first, after = await first_turn_then_restart(str(tmp_path / "responses.db"), store=True)
     async with open_responses_websocket(InMemoryConnector(after), CHAINED, include_timing=True) as conn:
         second = (await turn(conn, create(store=True, previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]["response"]
         assert second["status"] == "completed" and second["previous_response_id"] == first["id"]
@@ -290,14 +280,7 @@ async def test_restart_with_store_true_continues_the_chain_through_hydration(aut
 
 
 async def test_restart_with_store_false_is_not_found_then_the_full_context_works(autojump_clock, tmp_path) -> None:
-    path = str(tmp_path / "responses.db")
-    before = make_server(store=ResponseStore(path))
-    async with open_responses_websocket(InMemoryConnector(before), CHAINED) as conn:
-        first = (await turn(conn, create(store=False)))[-1]["response"]
-    await trio.sleep(1)
-    before.api.store.close()
-
-    after = make_server(store=ResponseStore(path))
+    first, after = await first_turn_then_restart(str(tmp_path / "responses.db"), store=False)
     answer = [output(calls_of(first)[0])]
     async with open_responses_websocket(InMemoryConnector(after), CHAINED) as conn:
         events = await turn(conn, create(previous_response_id=first["id"], input=answer))
@@ -360,7 +343,7 @@ def assert_one_terminal_and_numbered(events: list[dict[str, Any]]) -> None:
 INJECTED_FAILURE = {"code": "server_error", "message": "The engine failed mid-response: injected engine failure"}
 
 
-async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_cache(autojump_clock) -> None:
+async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empties_the_cache(autojump_clock) -> None:
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
         first = (await turn(conn, create()))[-1]["response"]
@@ -382,27 +365,20 @@ async def test_engine_failure_mid_decode_on_v2_fails_the_turn_and_empties_the_ca
             assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
         again = (await turn(conn, create()))[-1]["response"]
         assert again["status"] == "completed" and only_session(server).cache.response_id == again["id"]
-    await assert_released(server)
-
-
-async def test_a_failed_turn_without_previous_response_id_also_empties_the_cache(autojump_clock) -> None:
-    # docs/protocol.md: a failed turn never leaves a response in the slot ("we empty the slot
-    # altogether"), whether or not it chained from one.
-    server = make_server()
-    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
-        first = (await turn(conn, create()))[-1]["response"]
+        # docs/protocol.md: a failed turn never leaves a response in the slot ("we empty the slot altogether"),
+        # whether or not it chained from one; nor does a request refused at its start (a turn-level 400).
         server.api.engine.faults = FaultPlan()
         assert (await turn(conn, create()))[-1]["type"] == "response.failed"
         assert only_session(server).cache.response_id is None
-        missing = await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])]))
+        missing = await turn(conn, create(previous_response_id=again["id"], input=[output(calls_of(again)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
-        # A request refused at its start (a turn-level 400) empties it too.
         second = (await turn(conn, create()))[-1]["response"]
         refused = await turn(conn, create(metadata={"testbed_workload": "nope"}))
         assert refused[-1]["error"]["code"] == errors.INVALID_VALUE
         assert only_session(server).cache.response_id is None
         missing = await turn(conn, create(previous_response_id=second["id"], input=[output(calls_of(second)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
+    await assert_released(server)
 
 
 async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_it(autojump_clock) -> None:
@@ -456,19 +432,6 @@ async def test_a_resume_past_the_engines_context_window_fails_the_rollout_with_a
         monkeypatch.setattr(engine_class, "prefill_call", prefill_call)  # the connection goes on serving
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await assert_released(server)
-
-
-def test_engine_failure_is_importable_from_the_emitter_as_before() -> None:
-    from prototype.designs.emitter import EngineFailure as from_emitter
-
-    assert from_emitter is EngineFailure
-    plan = FaultPlan(flushes_before_failure=1, failures=2)
-    plan.on_flush()
-    for _ in range(2):
-        with pytest.raises(EngineFailure):
-            plan.on_flush()
-    plan.on_flush()
-    assert (plan.flushes, plan.raised) == (4, 2)
 
 
 # --- a client that stops reading ----------------------------------------------------------------------
@@ -553,10 +516,7 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
 
 @pytest.mark.parametrize("design", BOTH)
 async def test_a_client_that_stopped_reading_closes_within_its_close_timeout(autojump_clock, nursery, design: str) -> None:
-    """The server is blocked writing to a client that stopped reading, so it never reads the
-    client's close frame: the harness gives up on the close handshake after CLOSE_TIMEOUT_SECONDS and
-    drops the connection (a failing test there fails instead of hanging), and the server's side of
-    the connection ends once the connection is gone."""
+    """The server, blocked writing, never reads the close frame: the harness gives up after CLOSE_TIMEOUT_SECONDS."""
     server = make_server()
     connector = PipeConnector(server, nursery, 16 * 1024)
     with trio.fail_after(60):  # the close without a bound waits forever
@@ -586,7 +546,7 @@ def fault_row(design: str, fault: str, task: str, *, e2e: float, recoveries: int
             "retried_responses": 0, "fell_back": fell_back, "transcript": [task], "breaks": True}
 
 
-def test_a_task_given_up_is_charged_all_the_time_it_ran_and_counted_as_a_give_up() -> None:
+def test_a_cell_charges_a_give_up_all_its_time_counts_a_fall_back_and_leaves_out_what_fails_without_faults() -> None:
     rows = [fault_row(CHAINED, "none", f"t{i}", e2e=100.0) for i in range(4)]
     rows += [fault_row(CHAINED, "drops", "t0", e2e=103.0, recoveries=1), fault_row(CHAINED, "drops", "t1", e2e=101.0, recoveries=1),
              fault_row(CHAINED, "drops", "t2", e2e=100.0),
@@ -601,10 +561,12 @@ def test_a_task_given_up_is_charged_all_the_time_it_ran_and_counted_as_a_give_up
     assert gave_up.low == pytest.approx(1 - 0.975 ** 0.25) and gave_up.high == pytest.approx(0.80588, abs=1e-5)
     assert cell["faults"] == 3  # two recovered from, one given up on
     assert cell["same_conversation"] == 3
-
-
-def test_a_task_that_does_not_complete_without_faults_either_is_left_out_of_the_faulted_cells() -> None:
-    # openai-python ends a task at the connection's 60-minute limit with or without faults: no fault's doing.
+    # A client that falls back to HTTP counts the fault it fell back after.
+    rows = [fault_row(SUSPENDED, "none", "t0", e2e=100.0),
+            fault_row(SUSPENDED, "drops", "t0", e2e=120.0, recoveries=2, fell_back=True)]
+    cell = {r["fault"]: r for r in faults.summarize(rows)}["drops"]
+    assert cell["faults"] == 3 and cell["fell_back"] == 1 and cell["time_lost_s"].value == 20.0
+    # A task that fails without faults too is left out of the faulted cells (openai-python's 60-minute limit).
     rows = [fault_row(CHAINED, "none", "t0", e2e=100.0), fault_row(CHAINED, "none", "t1", e2e=3600.0, status="error:closed_1000"),
             fault_row(CHAINED, "drops", "t0", e2e=104.0, recoveries=1),
             fault_row(CHAINED, "drops", "t1", e2e=3600.0, recoveries=1, status="error:closed_1000")]
@@ -612,13 +574,6 @@ def test_a_task_that_does_not_complete_without_faults_either_is_left_out_of_the_
     assert (table["drops"]["tasks"], table["drops"]["left_out"], table["drops"]["time_lost_s"].value) == (1, 1, 4.0)
     assert table["drops"]["gave_up"].value == 0 and table["drops"]["faults"] == 1
     assert (table["none"]["tasks"], table["none"]["left_out"], table["none"]["gave_up"].value) == (2, 0, 0.5)
-
-
-def test_a_client_that_falls_back_to_http_counts_the_fault_it_fell_back_after() -> None:
-    rows = [fault_row(SUSPENDED, "none", "t0", e2e=100.0),
-            fault_row(SUSPENDED, "drops", "t0", e2e=120.0, recoveries=2, fell_back=True)]
-    cell = {r["fault"]: r for r in faults.summarize(rows)}["drops"]
-    assert cell["faults"] == 3 and cell["fell_back"] == 1 and cell["time_lost_s"].value == 20.0
 
 
 def test_each_cell_counts_its_faults_with_an_exact_poisson_interval_and_bootstraps_time_over_its_tasks() -> None:
@@ -650,7 +605,7 @@ def ratio_rows(lost: list[float], factor: list[float], recoveries: int) -> list[
     return rows
 
 
-def test_a_ratio_of_time_lost_is_paired_over_tasks_and_stated_only_on_thirty_faults_a_cell() -> None:
+def test_a_ratio_of_time_lost_is_paired_over_tasks_and_judged_on_thirty_faults_a_cell_or_on_tasks_where_none_break() -> None:
     lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]  # tasks that lose very different times; v1 loses twice v2's on each
     def pair(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {r["pair"]: r for r in faults.ratios(faults.summarize(rows))}["suspended / chained"]
@@ -664,9 +619,6 @@ def test_a_ratio_of_time_lost_is_paired_over_tasks_and_stated_only_on_thirty_fau
     assert enough["events"] == 30 and enough["carried"] == "more"
     mixed = pair(ratio_rows(lost, [0.5, 2.0, 0.5, 2.0, 0.5, 2.0], recoveries=5))  # ahead on some tasks, behind on others
     assert mixed["ratio"].low < 1 < mixed["ratio"].high and mixed["carried"] == "not separated"
-
-
-def test_a_network_that_breaks_nothing_is_judged_on_its_tasks_not_on_faults() -> None:
     lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]
     rows = [dict(row, breaks=False) for row in ratio_rows(lost, [2.0] * 6, recoveries=0)]  # loss, jitter: no fault met
     (pair,) = [r for r in faults.ratios(faults.summarize(rows)) if r["pair"] == "suspended / chained"]
@@ -675,7 +627,7 @@ def test_a_network_that_breaks_nothing_is_judged_on_its_tasks_not_on_faults() ->
     assert [r["carried"] for r in breaking if r["pair"] == "suspended / chained"] == ["too few faults (< 30)"]
 
 
-def test_a_harsh_fault_costs_each_design_time_and_faults_it_recovers_from() -> None:
+def test_a_harsh_fault_costs_each_design_time_and_a_fault_run_gives_the_same_rows_whatever_ran_before() -> None:
     config = benchmark.BenchConfig(task_list=(FAULTED_TASK,))
     harsh = faults.FaultModel("harsh", links=LinkFaults(drop_per_server_chunk=0.01, seed=1))
     rows = [row for fault in (faults.FAULT_MODELS["none"], harsh) for design in (CHAINED, SUSPENDED)
@@ -685,9 +637,6 @@ def test_a_harsh_fault_costs_each_design_time_and_faults_it_recovers_from() -> N
         assert table[(design, "none")]["faults"] == 0 and table[(design, "none")]["time_lost_s"].value == 0
         assert table[(design, "harsh")]["faults"] >= 1 and table[(design, "harsh")]["time_lost_s"].value > 0
         assert table[(design, "harsh")]["gave_up"].value == 0 and table[(design, "harsh")]["same_conversation"] == 1
-
-
-def test_a_fault_run_gives_the_same_rows_whatever_ran_before_it() -> None:
     """A v1 task restarted after an engine failure resends its context with the ids the server gave; ids drawn at
     random per server would make the resent context, and so the row, differ from run to run by milliseconds."""
     run = faults.FaultRun(SUSPENDED, faults.FAULT_MODELS["engine"], CODEX, 1000.0, benchmark.BenchConfig(n_tasks=1, seed=0))

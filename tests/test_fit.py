@@ -1,7 +1,5 @@
-"""The latency fit and the distribution summaries (prototype/engine/fit.py), to exact values: a round-time fit's
-coefficients, standard errors, r², residual quantiles and choice among non-negative subsets of terms (checked by the
-optimality conditions of non-negative least squares), the real engine's timing fit, the held-out split and its
-percentage errors, each summary's empty and edge cases, the lognormal mixture on separated clusters."""
+"""The latency fit and distribution summaries (prototype/engine/fit.py) to exact values; the non-negative choice of
+terms is checked by the optimality conditions of non-negative least squares."""
 
 from __future__ import annotations
 
@@ -69,7 +67,7 @@ def test_a_term_fitted_at_zero_has_no_standard_error_and_the_others_are_fitted_w
     assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
 
 
-def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative() -> None:
+def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative_and_the_mean_when_none_does() -> None:
     # Seconds fall with both token counts: only the intercept alone stays non-negative.
     seconds = 5.0 - UNCACHED / 200 - OUTPUT / 50 + NOISE
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
@@ -78,9 +76,6 @@ def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative() -> None:
     assert result.r2 == pytest.approx(0.0, abs=1e-12)
     assert result.stderr[0] == pytest.approx(float(seconds.std(ddof=1)) / math.sqrt(7), rel=1e-9)
     assert math.isnan(result.stderr[1]) and math.isnan(result.stderr[2])
-
-
-def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
     seconds = -1.0 - UNCACHED / 1000 - OUTPUT / 100
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
     assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
@@ -89,12 +84,17 @@ def test_seconds_that_every_subset_fits_negatively_get_the_mean_alone() -> None:
     assert all(math.isnan(s) for s in result.stderr)  # no positive term
 
 
-def test_constant_seconds_have_no_r2_and_exactly_fitted_ones_no_error() -> None:
+def test_constant_seconds_have_no_r2_exactly_fitted_ones_no_error_and_four_rounds_one_degree_of_freedom() -> None:
     result = fit.round_time_fit(UNCACHED, OUTPUT, np.full(7, 1.5))
     assert result.fixed_s == pytest.approx(1.5) and math.isnan(result.r2)
     exact = fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40)
     assert exact.n == 4 and exact.r2 == pytest.approx(1.0, abs=1e-9)
     assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 4 rounds that fit exactly: no error left
+    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
+    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
+    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
+    assert (coef > 0).all()
+    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
 
 
 def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
@@ -112,15 +112,12 @@ def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
             fit.round_time_fit(*columns)
 
 
-def test_a_distribution_gives_its_count_mean_and_quantiles() -> None:
+def test_a_distribution_gives_its_count_mean_and_quantiles_and_the_tool_tail_calls_over_the_threshold() -> None:
     values = list(range(1, 102))  # 1..101: the quantiles fall on values
     assert fit.distribution(values) == {"n": 101.0, "mean": 51.0, "p10": 11.0, "p50": 51.0, "p90": 91.0, "p99": 100.0}
     empty = fit.distribution([])
     assert list(empty) == ["n", "mean", "p10", "p50", "p90", "p99"]
     assert empty["n"] == 0.0 and all(math.isnan(empty[key]) for key in ("mean", "p10", "p50", "p90", "p99"))
-
-
-def test_the_tool_tail_counts_calls_strictly_over_the_threshold() -> None:
     assert fit.tool_tail([30, 60, 90, 120]) == (0.5, 210 / 300)  # 60 s is not over the default minute
     assert fit.tool_tail([30, 60, 90, 120], 89.0) == (0.5, 210 / 300)
     assert fit.tool_tail([30, 60, 90, 120], 90.0) == (0.25, 120 / 300)
@@ -131,24 +128,12 @@ def test_the_tool_tail_counts_calls_strictly_over_the_threshold() -> None:
         assert math.isnan(share) and math.isnan(time_share)
 
 
-def test_a_lognormal_is_the_geometric_mean_and_the_population_sd_of_logs_of_positive_values() -> None:
+def test_a_lognormal_is_the_log_moments_of_positive_values_and_a_mixture_keeps_a_sigma_floor_and_few_components() -> None:
     median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
     assert median == pytest.approx(math.e**2, rel=1e-12)
     assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
     with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal([0.0, -1.0])
-
-
-def test_a_mixture_separates_distant_clusters_exactly() -> None:
-    low = np.exp(np.array([-0.1, 0.1] * 10))  # 20 values: log mean 0, log-sd 0.1
-    high = np.exp(5 + np.array([-0.2, 0.2] * 5))  # 10 values: log mean 5, log-sd 0.2
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(np.concatenate([high, low]), 2)
-    assert (w1, w2) == (pytest.approx(2 / 3, rel=1e-9), pytest.approx(1 / 3, rel=1e-9))
-    assert (m1, m2) == (pytest.approx(1.0, rel=1e-9), pytest.approx(math.exp(5), rel=1e-9))
-    assert (s1, s2) == (pytest.approx(0.1, rel=1e-9), pytest.approx(0.2, rel=1e-9))
-
-
-def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_few_values() -> None:
     twins = [1.0] * 10 + [math.exp(3)] * 10
     (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(twins, 3)  # 20 values: 2 components at most
     assert (w1, w2) == (pytest.approx(0.5), pytest.approx(0.5))
@@ -164,6 +149,22 @@ def test_a_mixture_keeps_its_sigmas_above_a_floor_and_fits_fewer_components_on_f
     four = np.exp(np.repeat([0.0, 3.0, 6.0, 9.0], 10) + np.tile([-0.1, 0.1], 20))
     assert [round(math.log(median)) for _, median, _ in fit.lognormal_mixture(four, 4)] == [0, 3, 6, 9]
     assert len(fit.lognormal_mixture(four)) == 3
+
+
+def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as_its_own() -> None:
+    low = np.exp(np.array([-0.1, 0.1] * 10))  # 20 values: log mean 0, log-sd 0.1
+    high = np.exp(5 + np.array([-0.2, 0.2] * 5))  # 10 values: log mean 5, log-sd 0.2
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(np.concatenate([high, low]), 2)
+    assert (w1, w2) == (pytest.approx(2 / 3, rel=1e-9), pytest.approx(1 / 3, rel=1e-9))
+    assert (m1, m2) == (pytest.approx(1.0, rel=1e-9), pytest.approx(math.exp(5), rel=1e-9))
+    assert (s1, s2) == (pytest.approx(0.1, rel=1e-9), pytest.approx(0.2, rel=1e-9))
+    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
+    # underflow unless each row is scaled by its own best before exponentiating.
+    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
+    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
+    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
+    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
 
 
 def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -> None:
@@ -183,7 +184,7 @@ def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -
     assert resp.sum(axis=0) / len(x) == pytest.approx(weights, abs=1e-5)
 
 
-def test_a_held_out_split_fits_the_first_rounds_scores_the_last_and_refuses_what_cannot_be_scored() -> None:
+def test_a_held_out_split_fits_the_first_rounds_scores_the_last_in_percentage_errors_and_refuses_the_rest() -> None:
     assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
     assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
     assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
@@ -195,9 +196,6 @@ def test_a_held_out_split_fits_the_first_rounds_scores_the_last_and_refuses_what
     for share in (0.0, 1.0, -0.5):
         with pytest.raises(ValueError, match=rf"^the held-out share must be in \(0, 1\), got {share!r}$"):
             fit.holdout_split(10, share)
-
-
-def test_percentage_errors_per_round_leave_out_rounds_of_no_time() -> None:
     errors = fit.percentage_errors([1.1, 2.0, 0.5, 3.0], [1.0, 2.5, 0.5, 0.0])
     assert (errors["n"], errors["zero"]) == (3, 1)
     assert (errors["median"], errors["p90"]) == (pytest.approx(10.0), pytest.approx(18.0))  # 0, 10, 20: p90 interpolates to 18
@@ -207,16 +205,6 @@ def test_percentage_errors_per_round_leave_out_rounds_of_no_time() -> None:
     assert fit.percentage_errors([3.0], [2.0]) == {"n": 1.0, "zero": 0.0, "median": 50.0, "p90": 50.0}
     with pytest.raises(ValueError, match="^predicted and observed must be of one length$"):
         fit.percentage_errors([1.0], [1.0, 2.0])
-
-
-def test_a_mixture_keeps_a_far_outlier_finite_as_its_own_component() -> None:
-    # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
-    # underflow unless each row is scaled by its own best before exponentiating.
-    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
-    assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
-    assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
-    assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
 
 
 def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
@@ -253,14 +241,6 @@ def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(
     negative = int(np.argmin(unconstrained))
     assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][negative] == 0
     assert_best_non_negative_fit(result, uncached, output, seconds)
-
-
-def test_four_rounds_fitted_by_three_terms_keep_one_degree_of_freedom() -> None:
-    seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
-    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
-    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
-    assert (coef > 0).all()
-    assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
 
 
 # --- the real engine's timing fit ----------------------------------------------------------------------------------

@@ -1,11 +1,5 @@
-"""The designs over a real engine: vLLM (its CPU build) running the tiny Llama-shaped model with
-dummy weights, in its own process, started once per test session (conftest.vllm_worker).
-
-What these tests read are vLLM's own counters (the scheduler's computed context tokens and
-prefix-cache hits, and each request's num_cached_tokens) and the ids it sampled, never the
-simulated engine's. They skip, saying why, where no interpreter can import vLLM (CI installs it and
-fails without it). Time is real: nothing asserts a duration.
-"""
+"""The designs over vLLM's CPU build (tiny Llama-shaped model, dummy weights, one process per session:
+conftest.vllm_worker), read through vLLM's own counters and sampled ids; skipped, saying why, without vLLM."""
 
 from __future__ import annotations
 
@@ -180,15 +174,7 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     assert (tmp_path / "vllm.json").is_file()
 
 
-def test_gpu_run_refuses_without_a_gpu(vllm_worker, capsys):
-    from experiments import gpu_run
-
-    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
-    assert gpu_run.main(["--agents", "2"]) == 2
-    assert "sees no CUDA GPU" in capsys.readouterr().out
-
-
-def test_gpu_run_agents_at_tiny_size(vllm_worker):
+def test_gpu_run_agents_at_tiny_size_and_refuses_the_full_run_without_a_gpu(vllm_worker, capsys):
     from experiments import gpu_run
 
     rows = gpu_run.agents_rows([2], list(gpu_run.AGENT_DESIGNS), TINY_CPU, turns=2, worker=vllm_worker)
@@ -199,3 +185,6 @@ def test_gpu_run_agents_at_tiny_size(vllm_worker):
         # vLLM held KV for the agents at their peak: at least one block per agent.
         assert row["peak_kv_blocks_vllm"] >= 2
         assert row["peak_kv_tokens_vllm"] == row["peak_kv_blocks_vllm"] * vllm_worker.ready.block_size
+    # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
+    assert gpu_run.main(["--agents", "2"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().out

@@ -1,10 +1,5 @@
-"""`python -m prototype serve --workers N`: N processes on one port, each connection served by one
-worker (its id in the handshake's x-testbed-worker header), one SQLite response store in WAL mode
-shared by all, so a response stored through one worker continues over another worker's connection.
-
-In-process first: the parent with `os` a stand-in (its `fork` gives the next pid, or 0 to run the child's side;
-`read` gives scripted bytes from the ready pipe; `wait` scripted exit statuses; the signal handlers recorded, not
-installed), and a worker with its listener a stand-in; then two real workers on a free port."""
+"""`python -m prototype serve --workers N`: N processes on one port sharing one WAL-mode SQLite store, in-process
+with `os` a stand-in (fork, the ready pipe, wait statuses, signal handlers), then two real workers on a free port."""
 
 from __future__ import annotations
 
@@ -107,7 +102,7 @@ def workers(monkeypatch):
 EXIT_1 = 256  # os.wait's status of a child that exited with 1
 
 
-def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers, capsys, tmp_path):
+def test_the_workers_are_announced_once_all_listen_and_a_stop_ends_them_even_exiting_non_zero(workers, capsys, tmp_path, monkeypatch):
     handlers, with_os = workers
     fake = with_os(FakeOs([b"1", b"11"], [(102, 0), (101, 0), (103, 0)], gone={103}))
     fake.on_wait = lambda: handlers[signal.SIGINT](signal.SIGINT, None) if not fake.killed else None
@@ -133,28 +128,6 @@ def test_the_workers_are_announced_once_all_listen_and_ctrl_c_stops_them(workers
     assert serve_workers.run_workers(given) == 0
     assert given.store == str(tmp_path / "s.db")
     assert capsys.readouterr().out.split("\n")[-2] != "stopped"  # ended by themselves: nothing stopped them
-
-
-def test_a_worker_that_dies_before_listening_stops_the_others(workers, capsys):
-    _, with_os = workers
-    fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
-    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert capsys.readouterr().out == ""
-
-
-def test_a_worker_that_fails_while_serving_stops_the_others(workers, capsys):
-    _, with_os = workers
-    fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
-    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    out = capsys.readouterr().out
-    assert out.startswith("listening on ") and "stopped" not in out
-    fake = with_os(FakeOs([b"11"], [(101, EXIT_1)]))  # the other already gone: no child left to wait for
-    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
-
-
-def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, monkeypatch):
     handlers, with_os = workers
     monkeypatch.setattr(sys, "stdout", out := Flushed())
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
@@ -163,6 +136,22 @@ def test_a_stopped_worker_that_exits_non_zero_fails_nothing(workers, monkeypatch
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
     assert out.getvalue().endswith("stopped\n")
     assert out.flushes == 2  # the announcement, then "stopped": a script reading through a pipe sees each at once
+
+
+def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_others(workers, capsys):
+    _, with_os = workers
+    fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
+    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    assert capsys.readouterr().out == ""
+    _, with_os = workers
+    fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
+    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    out = capsys.readouterr().out
+    assert out.startswith("listening on ") and "stopped" not in out
+    fake = with_os(FakeOs([b"11"], [(101, EXIT_1)]))  # the other already gone: no child left to wait for
+    assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
 
 
 def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch, caplog):

@@ -4,12 +4,12 @@ the trace says they share, and carries the trace's reasoning tokens into the rep
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 from support import make_server
 from test_fairness import DESIGNS, common_prefix_tokens, first_prompt, run
+from test_traces import tracelab_row
 
 from prototype import benchmark, traces
 from prototype.client import harness
@@ -19,19 +19,10 @@ from prototype.engine.kv import common_prefix as _common_prefix
 SYSTEM_PROMPT = 2000  # what the second and third sessions' first prompts found cached: the group's common prefix
 
 
-def _stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(1_780_000_000 + seconds, UTC).isoformat().replace("+00:00", "Z")
-
-
 def round_row(session: str, prefix: int, append: int, output: int, reasoning: int, start: float) -> dict:
     """A one-round request of a TraceLab round trace: a user message at `start`, the answer a second later."""
-    return {
-        "session_id": session, "round_index": 0, "provider": "codex", "model": "gpt-5.4",
-        "prefix_tokens": prefix, "newly_append_tokens": append, "output_tokens": output,
-        "reasoning_output_tokens": reasoning, "first_input_event_type": "user_message", "tools": [],
-        "timing_events": [{"event_type": "user_message", "timestamp": _stamp(start)},
-                          {"event_type": "text", "timestamp": _stamp(start + 1.0)}],
-    }
+    row = tracelab_row(session, 0, prefix, append, output, [], reasoning=reasoning, start=start, end=start + 1.0, user=True)
+    return {**row, "provider": "codex", "model": "gpt-5.4"}
 
 
 @pytest.fixture
@@ -67,16 +58,13 @@ async def test_no_design_finds_more_of_a_replayed_task_than_the_common_prefix(au
         assert record.usage["cached_tokens"] == shared - shared % BLOCK_SIZE  # whole blocks of the prefix, no more
 
 
-def test_a_rounds_reasoning_tokens_are_replayed_and_counted(trace) -> None:
+def test_a_rounds_reasoning_tokens_are_replayed_counted_and_the_parameter_block_shows_what_was_used(trace) -> None:
     assert [r.reasoning_tokens for r in trace.rounds] == [20, 25, 0]
     assert [t.turns[0].reasoning_tokens for t in trace.tasks] == [20, 25, 0]
     config = benchmark.BenchConfig(task_list=tuple(t for t in trace.tasks), source="fixture")
     rows = benchmark.design_rows(benchmark.DesignRun(benchmark.CHAINED, 1000.0, config))
     assert [r["reasoning_tokens"] for r in rows] == [20, 25, 0]
     assert [r["output_tokens"] for r in rows] == [50, 60, 40]
-
-
-def test_the_parameter_block_shows_what_the_replay_used(trace) -> None:
     config = benchmark.BenchConfig(task_list=trace.tasks, source="round_trace.jsonl")
     rows = {name: value for name, value, _ in benchmark.parameters(config)}
     assert rows["workload"] == "3 tasks from round_trace.jsonl"

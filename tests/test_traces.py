@@ -13,7 +13,6 @@ import pytest
 
 from prototype import traces
 from prototype import workload as wl
-from prototype.__main__ import main
 from prototype.traces import codex, native, tracelab, tracelab_csv
 from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
@@ -23,7 +22,7 @@ T0 = 1_780_000_000.0  # an arbitrary epoch second
 
 
 def iso(seconds: float) -> str:
-    return datetime.fromtimestamp(T0 + seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(T0 + seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 # --- TraceLab round JSONL ----------------------------------------------------------------------------------------
@@ -89,7 +88,7 @@ def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
     assert [r.turn for r in trace.rounds if r.task == "s1"] == [0, 1, 2, 3]
 
 
-def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
+def test_tracelab_duplicate_rows_interrupted_requests_and_compaction_are_said(tmp_path):
     row = tracelab_row("s", 0, 0, 10, 5, [])
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
     assert len(trace.rounds) == 1
@@ -101,9 +100,6 @@ def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
     assert trace.notes[0] == "2 exact duplicate row(s) (same session_id, round_index and token counts) skipped"
     assert not tracelab.looks_like({"round_index": 0}) and not tracelab.looks_like({"session_id": "s"})
     assert not tracelab.looks_like([{"session_id": "s", "round_index": 0}]) and tracelab.looks_like(row)
-
-
-def test_interrupted_requests_and_compaction_are_said(tmp_path):
     rows = [tracelab_row("s", 0, 0, 5000, 10, [("exec", 100)]), tracelab_row("s", 1, 0, 800, 10, [("exec", 100)])]
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
     assert trace.tasks[0].turns == (TurnSpec(5000, 10, (0.1,)), TurnSpec(0, 10, ()))
@@ -114,7 +110,7 @@ def test_interrupted_requests_and_compaction_are_said(tmp_path):
     )
 
 
-def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fallback(tmp_path):
+def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields_tool_time_the_wall_time(tmp_path):
     # TraceLab (README "Data format", DB_SCHEMA.md): tool_wall_latency_ms is result_at - emitted_at, the
     # time the agent waited; the reader takes tool_internal_latency_ms only where the wall time is null.
     row = tracelab_row("s", 0, 0, 100, 10, [("exec_command", 2500), ("exec_command", None), ("exec_command", None)])
@@ -124,6 +120,40 @@ def test_tracelab_tool_time_is_the_wall_time_and_the_internal_time_only_its_fall
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
     assert trace.tasks[0].turns[0] == TurnSpec(100, 10, (2.5, 0.7, 0.0))
     assert trace.notes == ("1 tool call(s) with null wall and internal latency: replayed as 0 s",)
+    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
+    row.update(provider=" claude ", model="claude-sonnet-4")
+    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
+    row["timing_events"] = [
+        {"event_type": "user_message", "timestamp": iso(1.0)},
+        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
+        {"event_type": "reasoning", "timestamp": iso(3.0)},
+        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
+        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
+        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
+        {"event_type": "tool_call", "timestamp": iso(4.5)},
+        {"event_type": "other", "timestamp": iso(9.0)},
+    ]
+    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
+    second.pop("reasoning_output_tokens")
+    second["tools"][0]["result_chars"] = "many"
+    second.update(first_input_event_type="user_message", provider="codex")
+    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
+    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
+    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
+    third.update(provider=None, model=" ")
+    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
+    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
+    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
+    first, then, last = trace.rounds
+    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
+    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
+    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
+    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
+    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
+    assert then.tool_seconds == (0.0, 0.0)
+    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
+    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
+    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
 
 
 def tool(**fields) -> dict:
@@ -197,7 +227,7 @@ def write_csv(path: Path, rows, header=CSV_HEADER) -> Path:
     return path
 
 
-def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
+def test_tracelab_csv_sessions_are_open_loop_tasks_and_a_csv_is_told_by_its_columns(tmp_path):
     path = write_csv(tmp_path / "coding_trace.csv", [
         [0, 3000, 100, "0.000000", 0, "1500.000000", 0],
         [0, 200, 50, "0.000000", 1, "0.000000", 3072],
@@ -209,6 +239,19 @@ def test_tracelab_csv_sessions_are_open_loop_tasks(tmp_path):
         replayed("0", (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), 0.0, "trace"),
         replayed("1", (TurnSpec(800, 40, ()),), 2.5005, "trace"),
     )
+    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
+    assert tracelab_csv.looks_like(["output_len", "round_idx"])
+    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
+    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
+    # with newline="").
+    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
+                     ["session_id", *CSV_HEADER[1:]])
+    assert traces.detect(path) == "tracelab-csv"
+    trace = traces.load(path)
+    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
+    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
+    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
+        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 BAD_CSV = [  # (label, header, rows, line, field, the whole message after the field)
@@ -245,22 +288,6 @@ def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, 
         tracelab_csv.read(path)
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
     assert str(caught.value) == (f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}")
-
-
-def test_a_csv_is_recognised_by_its_round_index_and_a_length_column_and_may_name_sessions_session_id(tmp_path):
-    assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
-    assert tracelab_csv.looks_like(["output_len", "round_idx"])
-    assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
-    # A quoted session id may hold a line break, kept as written (the csv module's files are opened
-    # with newline="").
-    path = write_csv(tmp_path / "named.csv", [["s\r\n1", 10, 2, "0", 0, "250.5", 0], ["s\r\n1", 4, 2, "0", 1, "0", 12]],
-                     ["session_id", *CSV_HEADER[1:]])
-    assert traces.detect(path) == "tracelab-csv"
-    trace = traces.load(path)
-    assert (trace.path, trace.format) == (str(path), "tracelab-csv")
-    assert trace.tasks == (replayed("s\r\n1", (TurnSpec(10, 2, (0.2505,)), TurnSpec(4, 2, ())), 0.0, "trace"),)
-    assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.starts_request) for r in trace.rounds] == [
-        ("s\r\n1", 3, 10, 0, True), ("s\r\n1", 5, 16, 12, False)]
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------
@@ -312,33 +339,14 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     assert (first.started_at, first.ended_at, first.reasoning_tokens) == (0.1, 1.5, 120)
     assert (second.started_at, second.ended_at, second.cached_tokens) == (4.5, 5.7, 9216)
     assert traces.load(tmp_path / "sessions").tasks == trace.tasks  # a $CODEX_HOME/sessions folder
+    # A rollout line is told by its type, payload and timestamp.
+    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
+    assert codex.looks_like(line)
+    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
+    assert not codex.looks_like({**line, "type": "something_else"})
 
 
-BAD_CODEX = [
-    ("missing field", lambda lines: lines[4].pop("timestamp"), 5, "timestamp", "missing"),
-    ("non-monotonic", lambda lines: lines[5].update(timestamp=iso(0.5)), 6, "timestamp", "earlier than the line before"),
-    ("negative", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(output_tokens=-1), 9,
-     "payload.info.last_token_usage.output_tokens", "must be >= 0"),
-    ("missing usage", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
-     "payload.info.last_token_usage.input_tokens", "missing"),
-    ("call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
-    ("cached over input", lambda lines: lines[15]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6),
-     16, "payload.info.last_token_usage.cached_input_tokens", "exceeds input_tokens"),
-]
-
-
-@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_CODEX, ids=[b[0] for b in BAD_CODEX])
-def test_bad_codex_rollout_names_file_line_and_field(tmp_path, label, spoil, line, field, message):
-    lines = codex_rollout()
-    spoil(lines)
-    path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
-    with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert message in str(caught.value)
-
-
-def test_the_project_made_codex_rollout_fixture_loads():
+def test_the_project_made_codex_rollout_fixture_loads_and_a_sweep_adjusts_its_task():
     """A rollout `codex exec` (0.171.0) wrote against `python -m prototype serve --workload compact --seed 4` with
     model `sim-500` (docs/codex.md, docs/parameters.md "Traces and calibrate"), contents removed."""
     trace = traces.load(FIXTURE)
@@ -350,18 +358,42 @@ def test_the_project_made_codex_rollout_fixture_loads():
     # counts a few more per turn (the tool call's arguments)
     assert [r.output_tokens for r in trace.rounds] == [295, 1590, 587, 65, 307, 168, 354, 61, 382]
     assert all(r.model_seconds is not None and r.model_seconds > 0 for r in trace.rounds)
+    task = traces.load(FIXTURE).tasks[0]
+    swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
+    assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
+    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
+    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
+    assert traces.adjusted(task) == task
 
 
 # --- the testbed's own format, detection -------------------------------------------------------------------------
 
 
-def test_testbed_format_keeps_tasks_and_arrivals(tmp_path):
+def test_a_testbed_trace_keeps_tasks_by_arrival_its_rounds_on_a_perfect_cache_and_refuses_no_turns(tmp_path):
     tasks = [attrs.evolve(t, arrival_s=a) for t, a in zip(wl.generate("chat", seed=2, n_tasks=3), (3.0, 0.0, 1.5))]
     path = tmp_path / "own.jsonl"
     native.write_trace(tasks, path)
     trace = traces.load(path)
     assert trace.format == "testbed" and not trace.timed
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
+    path = tmp_path / "own.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(traces.TraceError) as refused:
+        native.read(path)
+    assert str(refused.value) == f"{path}:1: the trace holds no turns"
+    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
+    trace = native.read(path)
+    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
+    # No task with an arrival: a closed-loop trace, its tasks in file order.
+    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
+    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
+    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
+                                                LAST])
+    assert list(native.read(path).rounds) == [
+        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
+        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
+        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
+    ]
 
 
 FIRST = {"task": "a", "seed": 0, "turn": 0, "appended_tokens": 10, "output_tokens": 2, "tool_calls": [{"seconds": 1}]}
@@ -386,6 +418,16 @@ BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "li
      "turn 0 of task 'a' has no tool calls but is not the task's last turn"),
     ("out of order", [FIRST, {**LAST, "turn": 3}], "2", "turn 3 of task 'a' out of order, expected 1"),
     ("starts late", [{**FIRST, "turn": 1}], "1", "task 'a' starts at turn 1, expected 0"),
+    ("a later task starts mid-way", [FIRST, LAST, {**LAST, "task": "u"}], "3", "task 'u' starts at turn 1, expected 0"),
+    ("no output", [{**FIRST, "output_tokens": 0}, LAST], "1: output_tokens", "output_tokens must be >= 1, got 0"),
+    ("negative tool time", [{**FIRST, "tool_calls": [{"seconds": -0.1}]}, LAST], "1: tool_seconds",
+     "tool_seconds must be finite and >= 0, got -0.1"),
+    ("a call without seconds", [{**FIRST, "tool_calls": [{}]}, LAST], "1: seconds", "missing key 'seconds'"),
+    ("negative search result", [{**FIRST, "hosted_calls": [{"seconds": 1.0, "result_tokens": -5}]}, LAST], "1: result_tokens",
+     "result_tokens must be >= 0, got -5"),
+    ("a last turn with tools, then a blank line and another task", [FIRST, {**LAST, "tool_calls": [{"seconds": 1}]}, "",
+                                                                     {**LAST, "task": "u", "turn": 0}], "2",
+     "last turn of task 'a' has tool calls (truncated task?)"),
     ("truncated", [FIRST], "1", "last turn of task 'a' has tool calls (truncated task?)"),
     ("a prefix longer than the prompt", [{**FIRST, "prefix_tokens": 20}, LAST], "1", "prefix_tokens (20) exceeds turn 0's 10 tokens"),
     # A task's own values are checked when the task is complete: the refusal names that task's first line.
@@ -410,85 +452,6 @@ def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(t
     with pytest.raises(traces.TraceError) as refused:
         traces.load(path)
     assert str(refused.value) == f"{path}:{where}: {message}"
-
-
-def test_a_testbed_trace_with_no_turns_is_refused_and_one_with_one_or_no_arrivals_is_read(tmp_path):
-    path = tmp_path / "own.jsonl"
-    path.write_text("\n\n")
-    with pytest.raises(traces.TraceError) as refused:
-        native.read(path)
-    assert str(refused.value) == f"{path}:1: the trace holds no turns"
-    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
-    trace = native.read(path)
-    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
-    # No task with an arrival: a closed-loop trace, its tasks in file order.
-    write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
-    assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
-
-
-def test_compare_refuses_a_bad_trace_with_its_error(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "bad.jsonl", [{"foo": 1}])
-    assert main(["compare", "--trace", str(path), "--out", str(tmp_path)]) == 2
-    assert f"error: {path}:1: unknown trace format" in capsys.readouterr().err
-
-
-def test_adjusted_replaces_what_a_sweep_sets():
-    task = traces.load(FIXTURE).tasks[0]
-    swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
-    assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
-    assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
-    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
-    assert traces.adjusted(task) == task
-
-
-def test_codex_running_totals_without_last_usage(tmp_path):
-    lines = codex_rollout()
-    for index, total in ((8, (9000, 0, 300, 120)), (15, (18700, 9216, 450, 120))):
-        info = lines[index]["payload"]["info"]
-        info.pop("last_token_usage")
-        info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",
-                                              "reasoning_output_tokens"), total))
-    lines.pop(9)  # no repeated report
-    first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
-    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
-        9000, 300, 9700, 9216, 150)
-
-
-def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields(tmp_path):
-    row = tracelab_row("s", 0, 0, 100, 10, [("exec", 1234.5678901), ("web_search", 250), ("exec", 0)])
-    row.update(provider=" claude ", model="claude-sonnet-4")
-    row["tools"][1]["result_chars"] = 41  # 10 tokens of 4 characters
-    row["timing_events"] = [
-        {"event_type": "user_message", "timestamp": iso(1.0)},
-        {"event_type": "tool_result", "timestamp": iso(2.0)},  # the last input before the first output
-        {"event_type": "reasoning", "timestamp": iso(3.0)},
-        {"event_type": "tool_result", "timestamp": iso(3.0)},  # at the first output: the model starts here
-        {"event_type": "tool_result", "timestamp": iso(3.5)},  # after the first output: not where it started
-        {"event_type": "user_message", "timestamp": iso(3.6)},  # nor where the request began
-        {"event_type": "tool_call", "timestamp": iso(4.5)},
-        {"event_type": "other", "timestamp": iso(9.0)},
-    ]
-    second = tracelab_row("s", 1, 110, 5, 10, [("web_search", 100)])
-    second.pop("reasoning_output_tokens")
-    second["tools"][0]["result_chars"] = "many"
-    second.update(first_input_event_type="user_message", provider="codex")
-    second["timing_events"] = [{"event_type": "tool_result", "timestamp": iso(7.0)}]  # no output: untimed
-    second["tools"] += [{"tool_name": "exec", "tool_wall_latency_ms": None}] * 2  # no latency at all: 0 s, counted
-    third = tracelab_row("s", 2, 140, 5, 10, [], reasoning=3)
-    third.update(provider=None, model=" ")
-    third["tools"] = [{"tool_name": "web_search", "tool_wall_latency_ms": 100, "result_chars": 0}]
-    third["timing_events"] = [{"event_type": "text", "timestamp": iso(12.0)}]  # output with no input before it
-    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, second, third]))
-    first, then, last = trace.rounds
-    assert first.tool_seconds == (1.234568, 0.0) and first.hosted == ((0.25, 10),)
-    assert (first.request_at, first.started_at, first.ended_at) == (0.0, 2.0, 3.5)  # from the first request
-    assert first.model_seconds == 1.5 and first.starts_request and first.group == "claude/claude-sonnet-4"
-    assert (then.request_at, then.started_at, then.ended_at, then.model_seconds) == (None, None, None, None)
-    assert then.starts_request and then.reasoning_tokens == 0 and then.hosted == ((0.1, 0),) and then.group == "codex"
-    assert then.tool_seconds == (0.0, 0.0)
-    assert "2 tool call(s) with null wall and internal latency: replayed as 0 s" in trace.notes
-    assert (last.request_at, last.started_at, last.ended_at, last.model_seconds) == (None, None, 11.0, None)
-    assert not last.starts_request and last.reasoning_tokens == 3 and last.hosted == ((0.1, 0),) and last.group == ""
 
 
 def codex_edge_rollout() -> list[dict]:
@@ -548,7 +511,7 @@ def test_a_codex_rollout_at_the_readers_edges(tmp_path):
     assert (only.started_at, only.starts_request, at(only.ended_at)) == (None, False, 1.0)
 
 
-def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tmp_path):
+def test_a_codex_round_may_be_wholly_cached_and_running_totals_stand_in_for_last_usage_nulls_and_all(tmp_path):
     lines = codex_rollout()
     lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=9000)
     assert traces.load(write_jsonl(tmp_path / "rollout-cached.jsonl", lines)).rounds[0].cached_tokens == 9000
@@ -560,48 +523,61 @@ def test_a_codex_round_may_be_wholly_cached_and_running_totals_may_hold_nulls(tm
         totals.append(rollout_line(at + 0.5, "response_item", type="message", role="assistant", content=[]))
     rounds, _ = codex.read_sessions(write_jsonl(tmp_path / "rollout-totals.jsonl", totals[:-1]))
     assert [(r.input_tokens, r.output_tokens, r.reasoning_tokens) for r in rounds] == [(100, 10, 0), (150, 0, 0)]
+    lines = codex_rollout()
+    for index, total in ((8, (9000, 0, 300, 120)), (15, (18700, 9216, 450, 120))):
+        info = lines[index]["payload"]["info"]
+        info.pop("last_token_usage")
+        info["total_token_usage"] = dict(zip(("input_tokens", "cached_input_tokens", "output_tokens",
+                                              "reasoning_output_tokens"), total))
+    lines.pop(9)  # no repeated report
+    first, second = traces.load(write_jsonl(tmp_path / "rollout-t.jsonl", lines)).rounds
+    assert (first.input_tokens, first.output_tokens, second.input_tokens, second.cached_tokens, second.output_tokens) == (
+        9000, 300, 9700, 9216, 150)
 
 
-def test_a_codex_rollout_is_told_by_its_type_payload_and_timestamp():
-    line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
-    assert codex.looks_like(line)
-    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
-    assert not codex.looks_like({**line, "type": "something_else"})
+def spoil_usage(**fields):
+    return lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(fields)
 
 
 def spoil_info(value):
     return lambda lines: lines[8]["payload"].update(info=value)
 
 
-BAD_CODEX_WHOLE = [  # (label, spoil, where, message): the refusal's whole text after the file's path
-    ("no timestamp", lambda lines: lines[4].pop("timestamp"), "5: timestamp", "missing"),
-    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), "6: payload.call_id", "missing"),
-    ("info not an object", spoil_info(5), "9: payload.info", "expected an object, got 5"),
-    ("no usage", spoil_info({"total_token_usage": None}), "9: payload.info.last_token_usage", "missing"),
-    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}),
-     "9: payload.info.total_token_usage.input_tokens", "missing"),
-    ("negative cached", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=-1),
-     "9: payload.info.last_token_usage.cached_input_tokens", "must be >= 0, got -1"),
-    ("negative reasoning", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(reasoning_output_tokens=-2),
-     "9: payload.info.last_token_usage.reasoning_output_tokens", "must be >= 0, got -2"),
-    ("null input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].update(input_tokens=None),
-     "9: payload.info.last_token_usage.input_tokens", "expected a whole number, got None"),
-    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), "5: timestamp", None),
+USAGE = "payload.info.last_token_usage"
+BAD_CODEX = [  # (label, spoil, line, field, the refusal's whole text after the field; None: the timestamp parser's own)
+    ("no timestamp", lambda lines: lines[4].pop("timestamp"), 5, "timestamp", "missing"),
+    ("bad timestamp", lambda lines: lines[4].update(timestamp="yesterday"), 5, "timestamp", None),
+    ("non-monotonic", lambda lines: lines[5].update(timestamp=iso(0.5)), 6, "timestamp",
+     f"{iso(0.5)} is earlier than the line before: lines out of order"),
+    ("a call without id", lambda lines: lines[5]["payload"].pop("call_id"), 6, "payload.call_id", "missing"),
+    ("info not an object", spoil_info(5), 9, "payload.info", "expected an object, got 5"),
+    ("no usage", spoil_info({"total_token_usage": None}), 9, USAGE, "missing"),
+    ("totals without input", spoil_info({"total_token_usage": {"output_tokens": 3}}), 9,
+     "payload.info.total_token_usage.input_tokens", "missing"),
+    ("missing input", lambda lines: lines[8]["payload"]["info"]["last_token_usage"].pop("input_tokens"), 9,
+     f"{USAGE}.input_tokens", "missing"),
+    ("null input", spoil_usage(input_tokens=None), 9, f"{USAGE}.input_tokens", "expected a whole number, got None"),
+    ("negative output", spoil_usage(output_tokens=-1), 9, f"{USAGE}.output_tokens", "must be >= 0, got -1"),
+    ("negative cached", spoil_usage(cached_input_tokens=-1), 9, f"{USAGE}.cached_input_tokens", "must be >= 0, got -1"),
+    ("negative reasoning", spoil_usage(reasoning_output_tokens=-2), 9, f"{USAGE}.reasoning_output_tokens", "must be >= 0, got -2"),
+    ("cached over input", lambda lines: lines[15]["payload"]["info"]["last_token_usage"].update(cached_input_tokens=10**6), 16,
+     f"{USAGE}.cached_input_tokens", "1000000 exceeds input_tokens 9700"),
 ]
 
 
-@pytest.mark.parametrize(("label", "spoil", "where", "message"), BAD_CODEX_WHOLE, ids=[b[0] for b in BAD_CODEX_WHOLE])
-def test_each_bad_codex_rollout_is_refused_with_its_whole_message(tmp_path, label, spoil, where, message):
+@pytest.mark.parametrize(("label", "spoil", "line", "field", "message"), BAD_CODEX, ids=[b[0] for b in BAD_CODEX])
+def test_each_bad_codex_rollout_is_refused_with_its_line_field_and_whole_message(tmp_path, label, spoil, line, field, message):
     lines = codex_rollout()
     spoil(lines)
     path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
     with pytest.raises(traces.TraceError) as caught:
         traces.load(path)
-    if message is None:  # the timestamp parser's own reason
+    if message is None:
         with pytest.raises(ValueError) as reason:
             parse_timestamp("yesterday")
         message = str(reason.value)
-    assert str(caught.value) == f"{path}:{where}: {message}"
+    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
+    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
 
 
 # --- building tasks from rounds (traces/base.py), as every reader does ----------------------------------------------
@@ -677,16 +653,6 @@ def test_timestamps_are_iso_8601_with_a_time_zone():
         assert str(refused.value) == message
 
 
-def test_a_testbed_traces_rounds_are_its_turns_on_a_perfect_prefix_cache(tmp_path):
-    path = write_jsonl(tmp_path / "own.jsonl", [{**FIRST, "hosted_calls": [{"seconds": 2.0, "result_tokens": 7}], "reasoning_tokens": 1},
-                                                LAST])
-    assert list(native.read(path).rounds) == [
-        Round("a", 0, 10, 0, 2, 1, (1,), ((2.0, 7),), task="a", turn=0),
-        # Everything before the 10 appended tokens cached: the first 10, the 2 sampled and the search's 7.
-        Round("a", 0, 29, 19, 2, 0, (), (), task="a", turn=1),
-    ]
-
-
 def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
     # JSON may escape a lone surrogate into a session id; its task's content seed is made all the same.
     assert content_seed_of_task("s\udc80") != content_seed_of_task("s\udc81")
@@ -695,45 +661,38 @@ def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
 # --- detect and load: which reader, and the refusals before any reader ----------------------------------------------
 
 
-def test_detect_refuses_with_the_file_the_line_and_exactly_why(tmp_path):
+def refusal(read, path) -> tuple[str, str, int, str | None]:
+    with pytest.raises(traces.TraceError) as refused:
+        read(path)
+    return str(refused.value), refused.value.path, refused.value.line, refused.value.field
+
+
+def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path):
     path = tmp_path / "t.txt"
 
-    def refusal() -> tuple[str, str, int, str | None]:
-        with pytest.raises(traces.TraceError) as refused:
-            traces.detect(path)
-        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
-
     path.write_bytes(b'{"task": "\xff"}\n')
-    assert refusal() == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
+    assert refusal(traces.detect, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
     path.write_text(" \n\t\n")
-    assert refusal() == (f"{path}:1: empty file", str(path), 1, None)
+    assert refusal(traces.detect, path) == (f"{path}:1: empty file", str(path), 1, None)
     path.write_text("\n\n{not json\n")
-    assert refusal() == (f"{path}:3: invalid JSON (Expecting property name enclosed in double quotes)", str(path), 3, None)
+    assert refusal(traces.detect, path) == (f"{path}:3: invalid JSON (Expecting property name enclosed in double quotes)", str(path), 3, None)
     path.write_text("\n" + json.dumps({k: 1 for k in "jihgfedcba"}) + "\n")
-    assert refusal() == (f"{path}:2: unknown trace format: a JSON object with keys a, b, c, d, e, f, g, h; expected a "
+    assert refusal(traces.detect, path) == (f"{path}:2: unknown trace format: a JSON object with keys a, b, c, d, e, f, g, h; expected a "
                          "testbed trace (task, turn, ...), a TraceLab round (session_id, round_index, ...) or a Codex "
                          "rollout line (timestamp, type, payload)", str(path), 2, None)
     path.write_text("\n\n" + "x" * 70 + "\n")
-    assert refusal() == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
+    assert refusal(traces.detect, path) == (f"{path}:3: unknown trace format: first line {'x' * 60!r}; expected JSONL or a TraceLab CSV "
                          "header (input_len,output_len,arrival_time,round_idx,tool_wait_after_ms,prefix_len)",
                          str(path), 3, None)
-
-
-def test_load_refuses_a_missing_file_an_empty_folder_and_a_folder_rollout_of_another_format(tmp_path):
-    def refusal(path) -> tuple[str, str, int, str | None]:
-        with pytest.raises(traces.TraceError) as refused:
-            traces.load(path)
-        return str(refused.value), refused.value.path, refused.value.line, refused.value.field
-
     missing = tmp_path / "missing.jsonl"
-    assert refusal(str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
+    assert refusal(traces.load, str(missing)) == (f"{missing}:0: no such file", str(missing), 0, None)
     folder = tmp_path / "sessions"
     (folder / "sub").mkdir(parents=True)
     write_jsonl(folder / "sub" / "other.jsonl", codex_rollout())  # not named rollout-*.jsonl
-    assert refusal(folder) == (f"{folder}:0: folder without rollout-*.jsonl files", str(folder), 0, None)
+    assert refusal(traces.load, folder) == (f"{folder}:0: folder without rollout-*.jsonl files", str(folder), 0, None)
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
-    assert refusal(folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+    assert refusal(traces.load, folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
 
 
 def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):

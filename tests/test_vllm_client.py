@@ -1,8 +1,6 @@
-"""The vLLM boundary's client side without vLLM (prototype/engine/vllm_client.py, vllm_models.py): the model configs
-and engine settings, the worker's command line and environment, the choice of interpreter, the line protocol and its
-limits, the client's routing of events and failures against a scripted fake worker (a peer that answers like
-vllm_worker.py, named fake: it computes nothing); starting and stopping the worker's process against stand-in workers;
-and the commands that need vLLM saying why they cannot start without it."""
+"""The vLLM client side without vLLM (prototype/engine/vllm_client.py, vllm_models.py): models and settings, the
+worker's command line, environment and interpreter, the line protocol, the client against a scripted fake worker, the
+worker's process against stand-in scripts, and the commands that need vLLM saying why they cannot start."""
 
 from __future__ import annotations
 
@@ -48,10 +46,8 @@ READY = {"type": "ready", "vocab_size": 1000, "block_size": 32, "kv_blocks": 64,
 
 
 class FakeWorker:
-    """Answers like vllm_worker.py: every request gets its tokens `per_event` at a time, `gap`
-    seconds apart on the trio clock, and its first event reports `prefill` computed tokens (the
-    whole prompt unless given) and `prefix_hits` tokens found in the prefix cache. The ids it
-    reports are the request's plan (forced decoding), or `free_id` without one or with `off_plan`."""
+    """Answers like vllm_worker.py: tokens `per_event` at a time, `gap` s apart; the first event reports `prefill`
+    computed tokens (else the prompt) and `prefix_hits`; the ids are the plan, or `free_id` without one or `off_plan`."""
 
     def __init__(self, stream: trio.abc.Stream, *, gap: float = 0.01, per_event: int = 1, prefill: int = 0,
                  prefix_hits: int = 0, off_plan: bool = False, free_id: int = 1):
@@ -113,12 +109,13 @@ async def engine_on_fake(nursery, spec=TINY_CPU, *, namespace: str | None = None
     options = {name: value for name, value in (("namespace", namespace), ("retention", retention)) if value is not None}
     async with VllmClient.over_streams(stream, stream) as client, open_vllm_engine(spec, client=client, **options) as engine:
         yield engine, worker
+        await trio.testing.wait_all_tasks_blocked()  # the worker has read everything sent before the engine closes
 
 
 # --- the models --------------------------------------------------------------------------------------------------------
 
 
-def test_a_model_config_is_llama_at_the_specs_dimensions():
+def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_config_rewritten_when_it_differs(tmp_path, monkeypatch):
     assert TINY_CPU.config() == {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -138,9 +135,6 @@ def test_a_model_config_is_llama_at_the_specs_dimensions():
     assert (TINY_CPU.cpu_kv_cache_gib, LLAMA_8B_SHAPE.cpu_kv_cache_gib) == (1, None)
     assert MODELS == {"tiny-llama-cpu": TINY_CPU, "llama-3.1-8b-shape": LLAMA_8B_SHAPE}
     assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]  # the testbed's ids modulo the vocabulary
-
-
-def test_a_models_folder_is_named_by_its_config_written_once_and_rewritten_when_it_differs(tmp_path, monkeypatch):
     folder = write_model(TINY_CPU, tmp_path)
     config = TINY_CPU.config()
     assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
@@ -159,14 +153,11 @@ def test_a_models_folder_is_named_by_its_config_written_once_and_rewritten_when_
 # --- starting the worker -------------------------------------------------------------------------------------------
 
 
-def test_the_worker_is_the_script_beside_the_client_given_its_settings_as_json(tmp_path):
+def test_the_worker_is_the_script_beside_the_client_given_its_settings_and_an_environment_that_quiets_vllm(tmp_path, monkeypatch):
     settings = worker_settings(TINY_CPU, tmp_path / "m")
     assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
     command = worker_command(Path("/opt/py"), settings)
     assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
-
-
-def test_the_workers_environment_sizes_the_cpu_kv_cache_and_quiets_vllm(monkeypatch):
     for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TESTBED_SEEN", "1")
@@ -213,7 +204,7 @@ def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_wi
 # --- the line protocol and the client ------------------------------------------------------------------------------
 
 
-def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
+def test_lines_are_compact_json_an_endless_one_refused_and_a_ready_event_read_field_by_field(monkeypatch):
     assert encode({"op": "close", "rid": "r1"}) == b'{"op":"close","rid":"r1"}\n'
     monkeypatch.setattr(vllm_client, "MAX_LINE_BYTES", 8)
     splitter = LineSplitter()
@@ -227,9 +218,6 @@ def test_lines_are_compact_json_and_an_endless_line_is_refused(monkeypatch):
     assert LineSplitter().feed(b'  \n{"b":1}\n \n') == [{"b": 1}]
     joined = LineSplitter()  # a line split across reads is joined
     assert joined.feed(b'{"a": 1}\n{"b"') == [{"a": 1}] and joined.feed(b': 2}\n\n') == [{"b": 2}]
-
-
-def test_a_ready_event_is_read_field_by_field_and_an_error_fails_with_its_message():
     assert Ready.from_event(READY) == Ready(1000, 32, 64, 1.5, "0.32.0", "cpu")
     with pytest.raises(WorkerFailed, match="^engine start failed: boom$"):
         Ready.from_event({"type": "error", "rid": None, "message": "engine start failed: boom"})
@@ -241,7 +229,7 @@ def test_a_ready_event_is_read_field_by_field_and_an_error_fails_with_its_messag
     assert str(refused.value) == "expected the worker's ready event, got {'type': 'tokens'}"
 
 
-async def test_the_ready_line_is_read_across_reads_and_what_follows_it_is_dispatched(autojump_clock, nursery):
+async def test_the_ready_line_is_read_across_reads_what_follows_it_dispatched_and_an_exit_before_it_said(autojump_clock, nursery):
     client_end, worker_end = trio.testing.memory_stream_pair()
     line = encode(READY)
     await worker_end.send_all(line[:10])
@@ -255,9 +243,6 @@ async def test_the_ready_line_is_read_across_reads_and_what_follows_it_is_dispat
         assert client.ready == Ready.from_event(READY) and trio.current_time() == 1
         with pytest.raises(WorkerFailed, match="^engine died$"):  # the error came in the ready line's read
             await client.generate("a", [1], 1)
-
-
-async def test_a_worker_that_exits_before_it_is_ready_says_so(autojump_clock):
     client_end, worker_end = trio.testing.memory_stream_pair()
     await worker_end.send_all(b'{"type":')
     await worker_end.aclose()
@@ -276,7 +261,7 @@ class Sent:
         self.lines += [json.loads(line) for line in bytes(data).splitlines()]
 
 
-async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
+async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_open_request_fails_them_all(autojump_clock):
     sent = Sent()
     client = VllmClient(sent, None, Ready.from_event(READY))
     await client.generate("r1", [1, 2], 3)
@@ -306,9 +291,6 @@ async def test_requests_are_sent_as_the_worker_reads_them(autojump_clock):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(answer, 2, False)
         assert await client.counters() == {"tag": 2}
-
-
-async def test_an_error_for_no_open_request_fails_the_client_and_every_open_request(autojump_clock):
     client = VllmClient(Sent(), None, Ready.from_event(READY))
     a = await client.generate("a", [1], 1)
     b = await client.generate("b", [1], 1)
@@ -328,7 +310,7 @@ async def test_an_error_for_no_open_request_fails_the_client_and_every_open_requ
     assert [event["message"] async for event in c if event["type"] == "error"] == ["engine died"]
 
 
-async def test_client_routes_events_by_request_and_answers_counters(autojump_clock, nursery):
+async def test_client_routes_events_by_request_answers_counters_and_fails_open_requests_when_the_worker_exits(autojump_clock, nursery):
     stream, worker = await fake_worker(nursery, gap=0.01)
     async with VllmClient.over_streams(stream, stream) as client:
         assert client.ready.block_size == 32
@@ -343,9 +325,6 @@ async def test_client_routes_events_by_request_and_answers_counters(autojump_clo
         await client.generate("c", [1], 1)
         with pytest.raises(ValueError, match="already open"):
             await client.generate("c", [1], 1)
-
-
-async def test_client_fails_open_requests_when_the_worker_exits(autojump_clock, nursery):
     client_end, worker_end = trio.testing.memory_stream_pair()
     await worker_end.send_all(encode(READY))
     async with VllmClient.over_streams(client_end, client_end) as client:
@@ -433,9 +412,8 @@ def records(python: Path) -> list[dict]:
 
 @pytest.fixture
 def started(monkeypatch, tmp_path):
-    """The model folder under tmp_path, the worker's variables unset (so the values seen are the ones it
-    is given), $TESTBED_VLLM_PYTHON naming a decoy that exits 7 (so a start that ignored `python=` would
-    fail), and every worker started through `start` ended after the test."""
+    """Models under tmp_path, the worker's variables unset, $TESTBED_VLLM_PYTHON a decoy that exits 7 (a start that
+    ignored `python=` fails), and every worker started ended after the test."""
     monkeypatch.setattr(vllm_models, "MODELS_DIR", tmp_path / "models")
     for name in ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
@@ -462,11 +440,6 @@ def started(monkeypatch, tmp_path):
                     pipe.close()
 
 
-def shorten_waits(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", 0.2)
-    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", 0.2)
-
-
 def waiting_in_pipe(fd: int) -> bytes:
     """What is in the pipe now, b"" if nothing: no wait, since the stand-in wrote its ready line and the
     event after it in one write (atomic, under PIPE_BUF), so the event is there once the ready line was."""
@@ -474,7 +447,7 @@ def waiting_in_pipe(fd: int) -> bytes:
     return os.read(fd, 1 << 16) if readable else b""
 
 
-def test_start_reads_the_ready_event_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
+def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
     python = stand_in(tmp_path, OBEDIENT)
     model_dir = write_model(TINY_CPU)
     log = model_dir / "worker.log"
@@ -493,39 +466,26 @@ def test_start_reads_the_ready_event_runs_the_worker_as_configured_and_stop_asks
     assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
     # The worker's stderr is appended to the log, after what was there.
     assert log.read_bytes() == b"an earlier run\nengine starting\n"
-
-
-def test_a_worker_that_exits_before_it_is_ready_fails_with_its_exit_code_and_its_log(started, tmp_path):
-    python = stand_in(tmp_path, FAILS_TO_START)
-    log = write_model(TINY_CPU) / "worker.log"
+    python = stand_in(tmp_path, FAILS_TO_START)  # exits before it is ready: its exit code and its log say so
     with pytest.raises(WorkerFailed) as failed:
         started(python)
     assert str(failed.value) == f"the vLLM worker exited (3) before it was ready; see {log}"
-    assert log.read_bytes() == b"engine failed: no memory\n"
+    assert log.read_bytes() == b"an earlier run\nengine starting\nengine failed: no memory\n"  # appended too
 
 
-def test_stop_terminates_a_worker_that_ignores_the_shutdown_request(started, tmp_path, monkeypatch):
-    shorten_waits(monkeypatch)
-    process = started(stand_in(tmp_path, IGNORES_SHUTDOWN))
+@pytest.mark.parametrize("body, wait_s, exit_code", [
+    (IGNORES_SHUTDOWN, 0.2, -signal.SIGTERM),
+    (IGNORES_SIGTERM, 0.2, -signal.SIGKILL),
+    (CLOSES_STDIN, LIFETIME * 2, -signal.SIGTERM),  # the request raises BrokenPipeError: terminated without its wait
+], ids=["ignores-shutdown", "ignores-sigterm", "stdin-closed"])
+def test_stop_terminates_then_kills_a_worker_that_does_not_exit_on_the_shutdown_request(started, tmp_path, monkeypatch, body,
+                                                                                           wait_s, exit_code):
+    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", wait_s)
+    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", wait_s)
+    process = started(stand_in(tmp_path, body))
     process.stop()
-    assert process.popen.returncode == -signal.SIGTERM
-
-
-def test_stop_kills_a_worker_that_ignores_sigterm(started, tmp_path, monkeypatch):
-    shorten_waits(monkeypatch)
-    process = started(stand_in(tmp_path, IGNORES_SIGTERM))
-    process.stop()
-    # stop does not wait after SIGKILL; the hang guard's SIGALRM would end the stand-in otherwise.
-    assert process.popen.wait(timeout=LIFETIME + 5) == -signal.SIGKILL
-
-
-def test_stop_terminates_a_worker_whose_stdin_is_closed(started, tmp_path, monkeypatch):
-    # The shutdown request raises BrokenPipeError; the worker is terminated without the wait for it.
-    monkeypatch.setattr(vllm_client, "SHUTDOWN_WAIT_S", LIFETIME * 2)
-    monkeypatch.setattr(vllm_client, "TERMINATE_WAIT_S", LIFETIME * 2)
-    process = started(stand_in(tmp_path, CLOSES_STDIN))
-    process.stop()
-    assert process.popen.returncode == -signal.SIGTERM
+    # stop waits for a terminated worker, not after SIGKILL (the hang guard's SIGALRM would end the stand-in otherwise).
+    assert (process.popen.returncode if exit_code == -signal.SIGTERM else process.popen.wait(timeout=LIFETIME + 5)) == exit_code
 
 
 async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yields_a_ready_client(started, tmp_path):
@@ -542,30 +502,8 @@ async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yield
 # --- the commands that need vLLM, without it -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [
-    ["serve", "--engine", "vllm", "--port", "0"],
-    ["compare", "--engine", "vllm", "--tasks", "1", "--turns", "1", "--out", "{tmp}"],
-])
-def test_cli_without_vllm_says_why(command, tmp_path):
-    env = dict(os.environ, **{PYTHON_ENV: str(tmp_path / "no-python")})
-    argv = [part.replace("{tmp}", str(tmp_path / "out")) for part in command]
-    done = subprocess.run([sys.executable, "-m", "prototype", *argv], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 2
-    assert f"--engine vllm: {tmp_path / 'no-python'} does not exist" in done.stderr
-
-
-def test_compare_refuses_tasks_longer_than_the_models_window_before_starting_vllm(tmp_path, capsys, monkeypatch):
-    from prototype.__main__ import main as cli_main
-
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
-    assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (
-        "python -m prototype compare: error: --engine vllm: task long-0 reaches 180,116 tokens of context, more than "
-        "tiny-llama-cpu's context window of 131,072 (fewer --turns, or another --vllm-model)\n")
-
-
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM: it would start it")
-def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
+def test_the_real_engine_experiment_and_the_gpu_run_without_vllm_say_why_in_one_line(tmp_path, capsys):
     # This interpreter lacks vLLM: the worker it runs cannot start an engine.
     done = subprocess.run([sys.executable, "-m", "experiments.real_engine", "--vllm-python", sys.executable],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, TESTBED_RESULTS=str(tmp_path)))
@@ -573,10 +511,6 @@ def test_the_real_engine_experiment_without_vllm_says_why_in_one_line(tmp_path):
     assert done.stderr == ("python -m experiments.real_engine: error: engine start failed: ModuleNotFoundError: "
                            "No module named 'vllm'\n")
     assert not any(tmp_path.iterdir())  # nothing written
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this interpreter has vLLM")
-def test_the_gpu_run_refuses_up_front_saying_what_is_missing(tmp_path, capsys):
     from experiments import gpu_run
 
     # An interpreter that does not exist, then one without vLLM: each refused before anything starts, with its reason.
@@ -586,3 +520,5 @@ def test_the_gpu_run_refuses_up_front_saying_what_is_missing(tmp_path, capsys):
     assert capsys.readouterr().out == (
         f"gpu_run: {sys.executable} cannot import vLLM and torch (ModuleNotFoundError: No module named 'vllm'); "
         "install vLLM's CUDA build there (docs/real_engine.md)\n")
+
+

@@ -1,9 +1,5 @@
-"""The real engine (prototype/engine/vllm_engine.py) against a scripted fake worker (tests/test_vllm_client.py's
-FakeWorker, which answers like vllm_worker.py and computes nothing), on a virtual clock: each call recorded with what
-vLLM said and what the simulator predicted; a held request's calls sending only what vLLM does not hold, a compacted
-context opening a new request; salts, aborts, the context window; the stream paced and coalesced as the simulated
-engine's; and forced decoding: vLLM sampling each call's planned ids, which are what the conversation's next prompt
-renders, so vLLM's KV holds the transcript's ids."""
+"""The real engine (prototype/engine/vllm_engine.py) against test_vllm_client's FakeWorker on a virtual clock: call
+records, held requests, salts, aborts, the context window, pacing, and forced decoding (vLLM's KV holds the transcript's ids)."""
 
 from __future__ import annotations
 
@@ -43,6 +39,13 @@ NOTHING = RealCall(key="s", held=False, resumed=False, isolated=False, prompt_to
                    predicted_prefill_tokens=0, ttft_s=0.0, decode_s=0.0, kv_usage=0.0, kv_blocks_used=0)
 
 
+async def begin_and_prefill(engine, key, prompt: Prompt, tokens: int, *, held: bool = False, pinned: bool = False, planned=None):
+    """A model call begun and prefilled, as the sampling loop does: the engine's call."""
+    call = await engine.begin_call(key, prompt, pinned=pinned)
+    await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=tokens, planned=planned), engine_call=call)
+    return call
+
+
 async def model_call(engine, key, prompt: Prompt, tokens: int, *, held: bool = False, pinned: bool = False, planned=None,
                      retain: bool = False):
     """One model call as the sampling loop makes it: admitted, prefilled, `tokens` decoded unstreamed, ended (the KV
@@ -69,7 +72,7 @@ async def engine_on_streams(nursery, **engine_options):
 # --- each call's record ------------------------------------------------------------------------------------------------
 
 
-async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_predicted(autojump_clock, nursery):
+async def test_each_call_is_recorded_with_vllms_figures_and_the_prediction_in_rows_numbered_by_conversation(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.25, per_event=2, prefill=7, prefix_hits=32, namespace="ns-") as (engine, worker):
         prompt = Prompt(range(1000, 1040))
         await trio.sleep(1)  # times are the call's own, not the clock's
@@ -81,16 +84,12 @@ async def test_each_call_is_recorded_with_what_vllm_said_and_what_the_simulator_
         engine.end_call(call)
         assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (1, 7, 0)
         assert await engine.counters() == {"steps": 3}
-        await trio.testing.wait_all_tasks_blocked()
     assert engine.records == [attrs.evolve(NOTHING, prompt_tokens=40, sent_tokens=40, output_tokens=5, sampled_tokens=5, prefill_tokens=7,
                                            prefix_hits=32, predicted_prefill_tokens=40, ttft_s=0.25, decode_s=0.5, kv_usage=0.25,
                                            kv_blocks_used=16)]
     (generate,) = [m for m in worker.received if m["op"] == "generate"]
     assert (generate["rid"], generate["salt"], generate["held"], generate["max_tokens"]) == ("r0", "ns-", False, 5)
     assert not [m for m in worker.received if m["op"] == "abort"]  # every token taken: nothing to abort
-
-
-def test_the_calls_rows_number_each_conversation_in_order_and_put_vllms_figures_beside_the_prediction():
     a, b = ("chained", "task-a"), ("chained", "task-b")
     first = attrs.evolve(NOTHING, key=a, prompt_tokens=40, sent_tokens=40, output_tokens=5, sampled_tokens=7, forced=True,
                          prefill_tokens=38, prefix_hits=2, vllm_cached_tokens=2, predicted_prefill_tokens=36, ttft_s=0.25,
@@ -107,7 +106,7 @@ def test_the_calls_rows_number_each_conversation_in_order_and_put_vllms_figures_
     assert rows[3]["decode_ms"] == 0.0 and math.isnan(rows[3]["decode_tps"])
 
 
-async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(autojump_clock, nursery):
+async def test_tokens_outside_a_call_or_past_its_end_are_errors_and_a_silent_first_event_counts_nothing(autojump_clock, nursery):
     async with engine_on_streams(nursery) as (engine, worker_end):
         with pytest.raises(RealEngineError, match="^tokens asked for outside a model call$"):
             await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=None)
@@ -141,9 +140,6 @@ async def test_tokens_outside_a_call_and_a_request_that_ends_early_are_errors(au
                                        predicted_prefill_tokens=3)
     assert failed == NOTHING
     assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int] * 2 + [type(None)]
-
-
-async def test_a_first_event_that_says_nothing_counts_nothing_cached_or_computed(autojump_clock, nursery):
     async with engine_on_streams(nursery) as (engine, worker_end):
         prompt = Prompt(range(100, 120))
         call = await engine.begin_call("s", prompt)
@@ -175,7 +171,6 @@ async def test_a_held_requests_calls_add_up_and_each_sends_only_what_vllm_does_n
             prefilled = await model_call(engine, "s", prompt, 3, held=True, retain=True)
             seen.append((prefilled.cached, engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens))
             prompt.extend(range(2000 + 10 * turn, 2010 + 10 * turn))  # the next turn's ten new ids
-        await trio.testing.wait_all_tasks_blocked()
     # vLLM holds the prompt and every sample but the last: 40 + 3 - 1 = 42 ids, then 42 + 8 + 3 - 1 = 52. Each
     # resume sends the rest (8 ids) and counts the held ones as cached; the engine's counters add up over calls.
     assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 40), ("append", 8), ("append", 8)]
@@ -202,7 +197,6 @@ async def test_a_held_request_streams_pieces_as_tokens_arrive_and_resumes_with_t
         resumed = await model_call(engine, "s", prompt, 1, held=True, pinned=True)
         assert resumed.cached == 54  # usage counts what the live request held as cached: all but the 6 sent
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     generate, append, close = worker.received
     # Model ids are the testbed's modulo the vocabulary (1000 here).
     assert (generate["op"], generate["held"], generate["prompt"][:2]) == ("generate", True, [200, 201])
@@ -223,7 +217,6 @@ async def test_a_compacted_prompt_closes_the_held_request_and_opens_one_on_the_w
         compacted.extend(range(800, 805))
         await model_call(engine, "s", compacted, 1, held=True, pinned=True)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     ops = [(m["op"], m.get("rid"), len(m.get("prompt", ()))) for m in worker.received]
     first, second = (m["rid"] for m in worker.received if m["op"] == "generate")
     # 40 + 3 - 1 = 42 held, 50-token prompt: 8 appended; the new request holds 20 + 2 - 1 = 21 of 25: 4 appended.
@@ -241,7 +234,6 @@ async def test_a_resume_with_no_new_ids_sends_the_last_one_and_a_plain_call_open
         # A call that is not held (a side request of the same session) is a request of its own on the whole prompt.
         assert (await model_call(engine, "s", prompt, 1)).cached == 0
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     assert [(m["op"], m["rid"], m.get("prompt"), m.get("held")) for m in worker.received] == [
         ("generate", "r0", list(range(100, 140)), True), ("append", "r0", [141], None),
         ("generate", "r1", list(range(100, 142)), False), ("close", "r0", None, None)]
@@ -270,11 +262,9 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
             await model_call(engine, key, Prompt([1, 2, 3]), 1)
         engine.release("a")
         engine.isolate("a")
-        call = await engine.begin_call("a", Prompt([1, 2, 3]))
-        await engine.prefill_call(LATENCY, ModelCall("a", Prompt([1, 2, 3]), held=False, output_tokens=0), engine_call=call)
+        call = await begin_and_prefill(engine, "a", Prompt([1, 2, 3]), 0)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         engine.end_call(call)
-        await trio.testing.wait_all_tasks_blocked()
     generates = [m for m in worker.received if m["op"] == "generate"]
     prefix = namespace or ""
     assert [(m["rid"], m["salt"]) for m in generates] == [
@@ -287,8 +277,7 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
     async with engine_on_fake(nursery) as (engine, worker):
         for key, held in (("held", True), ("plain", False)):
             prompt = Prompt(range(10, 20))
-            call = await engine.begin_call(key, prompt)
-            await engine.prefill_call(LATENCY, ModelCall(key, prompt, held=held, output_tokens=4), engine_call=call)
+            call = await begin_and_prefill(engine, key, prompt, 4, held=held)
             await engine.decode_unstreamed(LATENCY, 2, start=0.0, engine_call=call)
             engine.end_call(call)
             engine.end_call(call)  # a second end records and aborts nothing more
@@ -297,21 +286,18 @@ async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_
         with pytest.raises(RealEngineError, match="outside a model call"):  # tokens of a call that has ended
             await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         # A late second end of an earlier call, from a cleanup path, leaves the session's next call alone.
-        first = await engine.begin_call("s", prompt := Prompt(range(100, 120)))
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=first)
+        first = await begin_and_prefill(engine, "s", prompt := Prompt(range(100, 120)), 1)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=first)
         engine.end_call(first)
-        second = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=second)
+        second = await begin_and_prefill(engine, "s", prompt, 3)
         engine.end_call(first)
         assert await engine.decode_unstreamed(LATENCY, 3, start=0.0, engine_call=second) > 0
         engine.end_call(second)
-        await trio.testing.wait_all_tasks_blocked()
     assert [(r.key, r.output_tokens) for r in engine.records][2:] == [("s", 1), ("s", 3)]
     assert [m for m in worker.received if m["op"] == "abort"] == [{"op": "abort", "rid": "r1"}]
 
 
-async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees_it(autojump_clock, nursery):
+async def test_a_call_past_the_model_specs_window_is_refused_before_vllm_sees_it_and_no_spec_sends_any(autojump_clock, nursery):
     async with engine_on_fake(nursery, spec=attrs.evolve(TINY_CPU, max_model_len=64)) as (engine, worker):
         prompt = Prompt(range(100, 150))
         await model_call(engine, "s", prompt, 14, held=True, pinned=True)  # 64: fits
@@ -322,8 +308,14 @@ async def test_a_call_past_the_models_context_window_is_refused_before_vllm_sees
         assert (refused.value.tokens, refused.value.window) == (69, 64)
         engine.end_call(call)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     assert [m["op"] for m in worker.received] == ["generate", "close"]
+    client_end, worker_end = trio.testing.memory_stream_pair()
+    worker = FakeWorker(worker_end)
+    nursery.start_soon(worker.serve)
+    async with VllmClient.over_streams(client_end, client_end) as client, trio.open_nursery() as engine_nursery:
+        await model_call(VllmEngine(client=client, nursery=engine_nursery), "s", Prompt(range(100, 300)), 2)
+        engine_nursery.cancel_scope.cancel()
+    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 200)]
 
 
 async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_starts(autojump_clock, nursery):
@@ -350,16 +342,6 @@ async def test_a_prompt_past_the_engines_window_is_refused_before_its_response_s
         assert [m for m in worker.received if m["op"] == "generate"] == []  # vLLM saw neither
 
 
-async def test_an_engine_without_a_model_spec_sends_any_length(autojump_clock, nursery):
-    client_end, worker_end = trio.testing.memory_stream_pair()
-    worker = FakeWorker(worker_end)
-    nursery.start_soon(worker.serve)
-    async with VllmClient.over_streams(client_end, client_end) as client, trio.open_nursery() as engine_nursery:
-        await model_call(VllmEngine(client=client, nursery=engine_nursery), "s", Prompt(range(100, 300)), 2)
-        engine_nursery.cancel_scope.cancel()
-    assert [(m["op"], len(m["prompt"])) for m in worker.received] == [("generate", 200)]
-
-
 # --- what the simulated bookkeeping predicts ---------------------------------------------------------------------------
 
 
@@ -367,8 +349,7 @@ async def test_an_engine_without_a_model_spec_sends_any_length(autojump_clock, n
 async def test_a_calls_end_tells_the_simulated_bookkeeping_whether_the_session_will_be_back(autojump_clock, nursery, paused, where):
     async with engine_on_fake(nursery, retention=memory.SWAP_POLICY) as (engine, _):
         prompt = Prompt(range(100, 140))
-        call = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=1), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 1)
         await engine.decode_unstreamed(LATENCY, 1, start=0.0, engine_call=call)
         engine.retain("s", prompt, trio.current_time())
         # Paused at a tool call (the default) the swap policy copies the KV out; after a final answer it stays.
@@ -395,8 +376,7 @@ async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_l
     async with engine_on_fake(nursery) as (engine, _):  # blocks of 32 (its ready event)
         prompt = Prompt(range(100, 156))
         plan = PlannedOutput.of([(list(range(200, 208)), 8)])
-        call = await engine.begin_call("s", prompt, pinned=held)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=held, output_tokens=8, planned=lambda: plan), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 8, held=held, pinned=held, planned=lambda: plan)
         await engine.decode_unstreamed(LATENCY, 8, start=0.0, engine_call=call)
         prompt.extend(plan.ids)  # the output joins the context, and the design keeps its KV (SamplingLoop.take_outputs)
         engine.retain("s", prompt, trio.current_time(), pinned=held)
@@ -414,13 +394,12 @@ async def test_the_simulated_prediction_counts_vllms_blocks_and_leaves_out_the_l
 # --- the stream --------------------------------------------------------------------------------------------------------
 
 
-async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, nursery):
+async def test_a_stream_coalesces_as_the_simulated_engine_does_a_chunk_due_one_interval_after_the_last(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.1, per_event=1) as (engine, _):
 
         async def chunks(**flush) -> list[tuple[float, str]]:
             prompt = Prompt(range(100, 110))
-            call = await engine.begin_call("s", prompt)
-            await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
+            call = await begin_and_prefill(engine, "s", prompt, 6)
             start = trio.current_time()
             out = [(round(trio.current_time() - start, 6), text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
             engine.end_call(call)
@@ -432,16 +411,12 @@ async def test_a_stream_coalesces_as_the_simulated_engine_does(autojump_clock, n
         assert await chunks(flush_interval=0.22) == [(0.0, "a"), (0.22, "bc"), (0.44, "de"), (0.5, "f")]
         assert await chunks(flush_interval=10.0, flush_tokens=2) == [(0.0, "a"), (0.2, "bc"), (0.4, "de"), (0.5, "f")]
         assert engine.stats.decoded_tokens == 18  # every chunk counted once
-
-
-async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_most_flush_tokens(autojump_clock, nursery):
     async def chunks(per_event: int, **flush) -> list[tuple[float, str]]:
         async with engine_on_fake(nursery, gap=0.125, per_event=per_event) as (engine, _):
             prompt = Prompt(range(100, 110))
-            call = await engine.begin_call("s", prompt)
-            await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=6), engine_call=call)
+            call = await begin_and_prefill(engine, "s", prompt, 6)
             start = trio.current_time()
-            out = [(trio.current_time() - start, text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
+            out = [(round(trio.current_time() - start, 9), text) async for text in engine.stream(LATENCY, list("abcdef"), engine_call=call, **flush)]
             engine.retain("s", prompt, trio.current_time())  # as a design keeps the call's KV
             engine.end_call(call)
             assert "s" in engine.kv
@@ -462,8 +437,7 @@ async def test_a_chunk_is_due_exactly_one_interval_after_the_last_and_holds_at_m
 async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_events_bring(autojump_clock, nursery, per_event, chunks):
     async with engine_on_fake(nursery, gap=0.1, per_event=per_event) as (engine, _):
         prompt = Prompt(range(100, 110))
-        call = await engine.begin_call("s", prompt)
-        await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=7), engine_call=call)
+        call = await begin_and_prefill(engine, "s", prompt, 7)
         first = [text async for text in engine.stream(LATENCY, list("abc"), engine_call=call)]
         await engine.decode_unstreamed(LATENCY, 2, start=0.0, engine_call=call)  # reasoning, say
         second = [text async for text in engine.stream(LATENCY, list("de"), engine_call=call)]
@@ -475,11 +449,7 @@ async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_even
 # --- forced decoding -----------------------------------------------------------------------------------------------------
 
 
-class _Direction(enum.Enum):
-    """vLLM's MoveDirectionality, by name."""
-
-    UNIDIRECTIONAL = 0
-    SWAP = 1
+_Direction = enum.Enum("MoveDirectionality", "UNIDIRECTIONAL SWAP", start=0)  # vLLM's, by name
 
 
 def _params(plan):
@@ -513,9 +483,7 @@ def test_forced_plans_give_each_row_its_next_planned_id_through_batch_changes():
     assert plans.next_ids() == ([0], [4])
     plans.update(_batch(added=[(0, _params(None), [7], [])]))  # a request without a plan takes the row
     assert plans.next_ids() == ([], [])
-
-
-def test_rows_leave_and_swap_without_a_plan_and_params_without_extra_args_carry_none():
+    # Rows leave and swap without a plan; params without extra_args carry none.
     plans = ForcedPlans()
     plans.update(_batch(added=[(0, _params([5]), [], []), (1, _params([6]), [], [])]))
     plans.update(_batch(removed=[0, 2]))  # a planned row leaves; row 2 never had a plan
@@ -567,12 +535,7 @@ def test_a_plan_that_is_not_a_list_of_token_ids_is_refused(plan):
     check_plan(_params(None))
 
 
-def test_a_rendering_shorter_than_its_text_is_padded_to_the_texts_tokens():
-    plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])
-    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
-
-
-async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(autojump_clock, nursery):
+async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_counts_ids_off_the_plan(autojump_clock, nursery):
     async with engine_on_fake(nursery, gap=0.01) as (engine, worker):
         prompt = Prompt(range(1200, 1250))
         # Two items: two framing ids then three of text, one framing id then two of text.
@@ -590,7 +553,6 @@ async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(a
         resume = PlannedOutput.of([([1503, 1012], 1)])
         await model_call(engine, "s", prompt, 1, held=True, pinned=True, planned=lambda: resume)
         engine.release("s")
-        await trio.testing.wait_all_tasks_blocked()
     generate, append, _ = worker.received
     # The plan crosses into the model's vocabulary (1000 here) as the prompt does.
     assert (generate["max_tokens"], generate["forced"]) == (8, [500, 501, 7, 8, 9, 502, 10, 11])
@@ -598,14 +560,13 @@ async def test_a_planned_call_samples_its_whole_plan_and_streams_only_its_text(a
     # id, which vLLM never fed back, and the tool's output, with the resume's own plan.
     assert (append["prompt"], append["max_tokens"], append["forced"]) == ([11, 300, 301, 302, 303], 2, [503, 12])
     assert [(r.output_tokens, r.sampled_tokens, r.forced, r.off_plan_tokens) for r in engine.records] == [(5, 8, True, 0), (1, 2, True, 0)]
-
-
-async def test_ids_vllm_sampled_off_the_plan_are_counted(autojump_clock, nursery):
     async with engine_on_fake(nursery, off_plan=True, free_id=8) as (engine, _):
         plan = PlannedOutput.of([([7, 8, 9], 3)])
         await model_call(engine, "s", Prompt(range(100, 110)), 3, planned=lambda: plan)
     (record,) = engine.records
     assert (record.forced, record.sampled_tokens, record.off_plan_tokens) == (True, 3, 2)  # 8, 8, 8 against 7, 8, 9
+    plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])  # a rendering shorter than its text: padded to its tokens
+    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
 
 
 @pytest.mark.parametrize("design", benchmark.DESIGNS)

@@ -1,16 +1,12 @@
-"""vLLM's side of the worker (prototype/engine/vllm_worker.py) driven in-process against a stand-in for
-vLLM: the engine's settings and ready line, the counters it adds up from vLLM's scheduler stats, plain and held
-requests streamed chunk by chunk with each chunk's own figures, aborts, errors, and the process's protocol stream
-and stdin loop. A fixture puts a small fake `vllm` package in `sys.modules`: its `AsyncLLM`
-records what the worker asks of it (engine arguments, sampling parameters, prompts, the chunks of a
-held request's input stream, aborts) and streams the outputs each test scripts, and its stat loggers
-are fed the scheduler stats each test gives. The stand-in follows the vLLM API only as the worker
-uses it: these tests check the worker's own logic (the line protocol, the token accounting, the
-counters); only the real-engine tests (tests/test_real_engine.py) check it against vLLM itself."""
+"""vLLM's side of the worker (prototype/engine/vllm_worker.py) in-process against a fake `vllm` package that records
+what the worker asks and streams what each test scripts: it checks the worker's own logic (line protocol, token
+accounting, counters); tests/test_real_engine.py checks it against vLLM itself."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import enum
 import functools
 import io
@@ -29,34 +25,22 @@ from prototype.engine.vllm_worker import Counters, Worker
 END = object()  # a scripted item: the request's output stream ends
 
 
-class FakeEngineArgs:
+class FakeKwargs:
+    """vLLM's AsyncEngineArgs and SamplingParams: what they were made with."""
+
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
 
 
-class FakeSamplingParams:
-    def __init__(self, **kwargs) -> None:
-        self.kwargs = kwargs
-
-
-class FakeRequestOutputKind(enum.Enum):
-    CUMULATIVE = 0
-    DELTA = 1
-    FINAL_ONLY = 2
-
-
-class FakeStreamingInput:
-    def __init__(self, prompt, sampling_params) -> None:
-        self.prompt = prompt
-        self.sampling_params = sampling_params
+FakeRequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY", start=0)
+FakeStreamingInput = collections.namedtuple("StreamingInput", "prompt sampling_params")
 
 
 class FakeTokensPrompt(dict):
     """vLLM's `TokensPrompt` is a TypedDict: a plain dict at run time."""
 
 
-class FakeStatLoggerBase:
-    pass
+FakeStatLoggerBase = type("StatLoggerBase", (), {})
 
 
 class FakeAsyncLLM:
@@ -167,8 +151,7 @@ def fake_vllm(monkeypatch):
         "vllm.v1.engine", "vllm.v1.engine.async_llm", "vllm.v1.metrics", "vllm.v1.metrics.loggers",
     )}
     modules["vllm"].__version__ = "0.99.1-fake"
-    modules["vllm"].AsyncEngineArgs = FakeEngineArgs
-    modules["vllm"].SamplingParams = FakeSamplingParams
+    modules["vllm"].AsyncEngineArgs = modules["vllm"].SamplingParams = FakeKwargs
     modules["vllm.sampling_params"].RequestOutputKind = FakeRequestOutputKind
     modules["vllm.engine.protocol"].StreamingInput = FakeStreamingInput
     modules["vllm.inputs"].TokensPrompt = FakeTokensPrompt
@@ -207,6 +190,19 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def feed(script: asyncio.Queue, *items) -> None:
+    """Scripted outputs for vLLM to stream, then the worker left to write what they make."""
+    for item in items:
+        script.put_nowait(item)
+    await settle()
+
+
+async def handle(worker: Worker, message: dict) -> bool:
+    handled = await worker.handle(message)
+    await settle()
+    return handled
+
+
 async def started(settings=SETTINGS) -> tuple[Worker, Out, FakeAsyncLLM]:
     out = Out()
     worker = Worker(settings, out)
@@ -232,55 +228,72 @@ ZERO = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_queries": 0, "prefix_hi
 # --- start-up ------------------------------------------------------------------------------------
 
 
+DEFAULTS = {"model": "/models/tiny", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
+            "max_model_len": 2048, "block_size": 16, "dtype": "auto", "seed": 0, "enable_logging_iteration_details": True,
+            "max_num_seqs": 256, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+            "logits_processors": ["vllm_forced:ForcedDecoding"]}
+GIVEN = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "max_num_seqs": 8,
+         "gpu_memory_utilization": 0.5, "enforce_eager": True}
+
+
+@pytest.mark.parametrize("settings, engine_args", [
+    (SETTINGS, DEFAULTS), (GIVEN, {**DEFAULTS, **GIVEN}),
+    ({**SETTINGS, "num_gpu_blocks_override": 97}, {**DEFAULTS, "num_gpu_blocks_override": 97}),  # a KV budget in blocks
+], ids=["defaults", "every-setting", "kv-budget"])
 @in_asyncio
-async def test_the_engine_starts_with_the_settings_defaults_and_says_ready(fake_vllm):
+async def test_the_engine_starts_with_the_settings_given_else_the_defaults_and_says_ready(fake_vllm, settings, engine_args):
     out = Out()
-    worker = Worker(dict(SETTINGS), out)
+    worker = Worker(dict(settings), out)
     assert worker.engine is None and worker.inputs == {} and worker.tasks == {}
     await worker.start()
     engine = FakeAsyncLLM.instances[0]
-    assert worker.engine is engine
-    assert engine.args.kwargs == {
-        "model": "/models/tiny", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
-        "max_model_len": 2048, "block_size": 16, "dtype": "auto", "seed": 0, "enable_logging_iteration_details": True,
-        "max_num_seqs": 256, "gpu_memory_utilization": 0.9, "enforce_eager": False,
-        "logits_processors": ["vllm_forced:ForcedDecoding"],
-    }
+    assert worker.engine is engine and engine.args.kwargs == engine_args
     assert len(engine.loggers) == 1 and isinstance(engine.loggers[0], FakeStatLoggerBase)
     assert out.lines == [
-        '{"type":"ready","vocab_size":151936,"block_size":16,"kv_blocks":4321,"startup_s":12.5,'
+        f'{{"type":"ready","vocab_size":151936,"block_size":{engine_args["block_size"]},"kv_blocks":4321,"startup_s":12.5,'
         '"vllm_version":"0.99.1-fake","device":"cuda"}\n'
     ]
-
-
-@in_asyncio
-async def test_the_engine_takes_every_setting_given(fake_vllm):
-    settings = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "max_num_seqs": 8,
-                "gpu_memory_utilization": 0.5, "enforce_eager": True}
-    out = Out()
-    await Worker(settings, out).start()
-    assert FakeAsyncLLM.instances[0].args.kwargs == {
-        "model": "m", "load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": True,
-        "max_model_len": 512, "block_size": 32, "dtype": "float16", "seed": 7, "enable_logging_iteration_details": True,
-        "max_num_seqs": 8, "gpu_memory_utilization": 0.5, "enforce_eager": True,
-        "logits_processors": ["vllm_forced:ForcedDecoding"],
-    }
-    assert out.take()[0]["block_size"] == 32
-
-
-@in_asyncio
-async def test_a_kv_budget_in_blocks_reaches_vllm_only_when_given(fake_vllm):
-    await Worker({**SETTINGS, "num_gpu_blocks_override": 97}, Out()).start()
-    assert FakeAsyncLLM.instances[-1].args.kwargs["num_gpu_blocks_override"] == 97
-    await Worker(dict(SETTINGS), Out()).start()
-    assert "num_gpu_blocks_override" not in FakeAsyncLLM.instances[-1].args.kwargs
 
 
 # --- the counters --------------------------------------------------------------------------------
 
 
+def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk_its_queueing(fake_vllm):
+    first = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0, prompt_token_ids=[1],
+                            metrics=SimpleNamespace(num_preemptions=1, queued_ts=10.0, scheduled_ts=10.25))
+    assert vllm_worker._request_stats(first, first_chunk=True) == {"preemptions": 1, "queued_s": 0.25}
+    # A resumed chunk: vLLM keeps the request's first scheduling time, so its queueing is not said.
+    assert vllm_worker._request_stats(first, first_chunk=False) == {"preemptions": 1}
+    never_scheduled = SimpleNamespace(metrics=SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=0.0))
+    assert vllm_worker._request_stats(never_scheduled, first_chunk=True) == {"preemptions": 0}
+    assert vllm_worker._request_stats(output([7]), first_chunk=True) == {}  # vLLM gave no metrics
+
+
 @in_asyncio
-async def test_preemptions_and_what_preempted_requests_recompute_add_up_and_the_queue_is_the_last_steps(fake_vllm):
+async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptions_and_queue(fake_vllm):
+    worker, out, engine = await started()
+    assert Counters().as_dict() == ZERO
+    engine.stats(ctx=100, gen=0, queries=112, hits=16, usage=0.25)
+    engine.stats(ctx=0, gen=3, queries=None, usage=0.5)  # no prefix-cache lookup this step
+    engine.stats(ctx=5, gen=2, queries=4, hits=1, usage=0.125, details=False)  # no iteration details
+    for logger in engine.loggers:
+        logger.record(None, None)  # a step without scheduler stats changes nothing
+    assert worker.counters.as_dict() == {
+        "prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
+        "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED,
+    }
+    assert await worker.handle({"op": "counters", "tag": "t1"}) is True  # the peak is kept without reset_peak
+    assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
+    engine.stats(usage=0.25)
+    assert await worker.handle({"op": "counters"}) is True
+    events = out.take()
+    after = {"prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
+             "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
+    assert events == [
+        {"type": "counters", "tag": "t1", "counters": after},
+        {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
+        {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},
+    ]
     worker, out, engine = await started()
 
     def step(preempted: int, queries: int, hits: int, running: int, waiting: int) -> None:
@@ -299,62 +312,11 @@ async def test_preemptions_and_what_preempted_requests_recompute_add_up_and_the_
                                                      "running": 5, "waiting": 1}
 
 
-def test_a_chunks_first_token_carries_the_requests_preemptions_and_a_first_chunk_its_queueing(fake_vllm):
-    first = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0, prompt_token_ids=[1],
-                            metrics=SimpleNamespace(num_preemptions=1, queued_ts=10.0, scheduled_ts=10.25))
-    assert vllm_worker._request_stats(first, first_chunk=True) == {"preemptions": 1, "queued_s": 0.25}
-    # A resumed chunk: vLLM keeps the request's first scheduling time, so its queueing is not said.
-    assert vllm_worker._request_stats(first, first_chunk=False) == {"preemptions": 1}
-    never_scheduled = SimpleNamespace(metrics=SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=0.0))
-    assert vllm_worker._request_stats(never_scheduled, first_chunk=True) == {"preemptions": 0}
-    assert vllm_worker._request_stats(output([7]), first_chunk=True) == {}  # vLLM gave no metrics
-
-
-@in_asyncio
-async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats(fake_vllm):
-    worker, out, engine = await started()
-    assert Counters().as_dict() == ZERO
-    engine.stats(ctx=100, gen=0, queries=112, hits=16, usage=0.25)
-    engine.stats(ctx=0, gen=3, queries=None, usage=0.5)  # no prefix-cache lookup this step
-    engine.stats(ctx=5, gen=2, queries=4, hits=1, usage=0.125, details=False)  # no iteration details
-    for logger in engine.loggers:
-        logger.record(None, None)  # a step without scheduler stats changes nothing
-    assert worker.counters.as_dict() == {
-        "prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-        "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED,
-    }
-    assert await worker.handle({"op": "counters", "tag": "t1", "reset_peak": False}) is True
-    assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
-    engine.stats(usage=0.25)
-    assert await worker.handle({"op": "counters"}) is True
-    events = out.take()
-    after = {"prefill_tokens": 100, "decode_tokens": 3, "prefix_queries": 116, "prefix_hits": 17, "kv_usage": 0.125,
-             "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
-    assert events == [
-        {"type": "counters", "tag": "t1", "counters": after},
-        {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
-        {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},
-    ]
-
-
-@in_asyncio
-async def test_the_peak_is_kept_without_reset_peak(fake_vllm):
-    worker, out, engine = await started()
-    engine.stats(usage=0.75)
-    engine.stats(usage=0.25)
-    await worker.handle({"op": "counters", "tag": "a"})
-    engine.stats(usage=0.5)
-    assert worker.counters.kv_usage_max == 0.75
-    await worker.handle({"op": "counters", "tag": "b", "reset_peak": True})
-    assert worker.counters.kv_usage_max == 0.5
-    assert [e["counters"]["kv_usage_max"] for e in out.take()] == [0.75, 0.75]
-
-
 # --- plain requests ------------------------------------------------------------------------------
 
 
 @in_asyncio
-async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fake_vllm):
+async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or_zero_without_them(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=50, gen=1, queries=64, hits=32, usage=0.125)  # before the request: not its own
     assert await worker.handle(
@@ -368,8 +330,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     assert out.take() == []
     engine.stats(ctx=3, gen=1, queries=3, hits=0, usage=0.25)
     script = engine.script("r1")
-    script.put_nowait(output([7, 8], cached=16, prompt=[1, 2, 3]))
-    await settle()
+    await feed(script, output([7, 8], cached=16, prompt=[1, 2, 3]))
     assert out.take() == [tokens("r1", [7, 8], (16, 3, 0, 3, 0.25, 3))]
     engine.stats(gen=1, usage=0.25)
     script.put_nowait(output([], empty=True))  # an output without a completion: nothing to say
@@ -384,23 +345,15 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures(fa
     assert out.take() == [tokens("r1", [10]),
                           {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
     assert "r1" in worker.tasks
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.lines == ['{"type":"finished","rid":"r1"}\n']
     out.take()
     assert worker.tasks == {} and worker.inputs == {}
-
-
-@in_asyncio
-async def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "a", "prompt": [5], "max_tokens": 1})
-    await worker.handle({"op": "generate", "rid": "b", "prompt": [6], "max_tokens": 1, "salt": ""})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "b", "prompt": [6], "max_tokens": 1, "salt": ""})
     assert [call["prompt"] for call in engine.calls] == [{"prompt_token_ids": [5]}, {"prompt_token_ids": [6]}]
-    engine.script("a").put_nowait(output([1], cached=None, prompt=None))
-    engine.script("a").put_nowait(END)
-    await settle()
+    await feed(engine.script("a"), output([1], cached=None, prompt=None), END)
     first = {"cached_tokens": 0, "prefill_tokens": 0, "prefix_hits": 0, "prefix_queries": 0, "kv_usage": 0.0,
              "prompt_tokens": 0}
     assert out.take() == [
@@ -412,52 +365,45 @@ async def test_a_request_without_salt_or_vllms_figures_says_zero(fake_vllm):
 
 
 @in_asyncio
-async def test_a_request_id_in_use_is_refused_and_free_again_once_finished(fake_vllm):
+async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_error_and_shutdown_stops_the_worker(fake_vllm):
     worker, out, engine = await started()
     message = {"op": "generate", "rid": "x", "prompt": [1], "max_tokens": 2}
     await worker.handle(message)
-    assert await worker.handle(message) is True
-    await settle()
+    assert await handle(worker, message) is True
     assert out.take() == [{"type": "error", "rid": "x", "message": "request 'x' exists"}]
     assert len(engine.calls) == 1
-    engine.script("x").put_nowait(END)
-    await settle()
+    await feed(engine.script("x"), END)
     assert out.take() == [{"type": "finished", "rid": "x"}]
-    await worker.handle(message)
-    await settle()
+    await handle(worker, message)
     assert len(engine.calls) == 2 and "x" in worker.tasks
-
-
-@in_asyncio
-async def test_a_failing_request_says_why_and_the_worker_keeps_serving(fake_vllm):
     worker, out, engine = await started()
     await worker.handle({"op": "generate", "rid": "f", "prompt": [1], "max_tokens": 2})
-    await worker.handle({"op": "generate", "rid": "g", "prompt": [1], "max_tokens": 1})
-    await settle()
-    engine.script("f").put_nowait(ValueError("prompt too long"))
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "g", "prompt": [1], "max_tokens": 1})
+    await feed(engine.script("f"), ValueError("prompt too long"))
     assert out.take() == [{"type": "error", "rid": "f", "message": "ValueError: prompt too long"},
                           {"type": "finished", "rid": "f"}]
     assert list(worker.tasks) == ["g"]
-    engine.script("g").put_nowait(output([3]))
-    await settle()
+    await feed(engine.script("g"), output([3]))
     assert [e["type"] for e in out.take()] == ["tokens", "chunk_done"]
+    worker, out, engine = await started()
+    assert await worker.handle({"op": "explode", "rid": "q"}) is True
+    assert await worker.handle({}) is True
+    assert await worker.handle({"op": "shutdown"}) is False
+    assert out.take() == [{"type": "error", "rid": "q", "message": "unknown op 'explode'"},
+                          {"type": "error", "rid": None, "message": "unknown op None"}]
 
 
 @in_asyncio
 async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
     worker, out, engine = await started()
-    await worker.handle({"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
     assert "a" in worker.inputs
-    assert await worker.handle({"op": "abort", "rid": "a"}) is True
-    await settle()
+    assert await handle(worker, {"op": "abort", "rid": "a"}) is True
     assert engine.aborted == ["a"]
     assert out.take() == [{"type": "finished", "rid": "a"}]  # no error: an abort is asked for
     assert worker.tasks == {} and worker.inputs == {}
     assert await worker.handle({"op": "abort", "rid": "a"}) is True  # already over: nothing to do
-    assert await worker.handle({"op": "abort", "rid": "nobody"}) is True
-    await settle()
+    assert await handle(worker, {"op": "abort", "rid": "nobody"}) is True
     assert engine.aborted == ["a"] and out.take() == []
 
 
@@ -465,11 +411,10 @@ async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
 
 
 @in_asyncio
-async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_its_new_ids(fake_vllm):
+async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_counted_against_that_chunk(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=40, queries=48, hits=16, usage=0.125)
-    await worker.handle({"op": "generate", "rid": "h", "prompt": [1, 2], "max_tokens": 3, "salt": "k", "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "h", "prompt": [1, 2], "max_tokens": 3, "salt": "k", "held": True})
     (call,) = engine.calls
     assert call["rid"] == "h" and call["session_id"] == "h" and call["params"].kwargs == params_of(3)
     assert set(call) == {"prompt", "params", "rid", "session_id"}
@@ -479,18 +424,15 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
     assert first.sampling_params.kwargs == params_of(3)
     engine.stats(ctx=2, gen=1, queries=2, hits=0, usage=0.25)
     script = engine.script("h")
-    script.put_nowait(output([9, 9], cached=0, prompt=[1, 2]))
-    await settle()
+    await feed(script, output([9, 9], cached=0, prompt=[1, 2]))
     assert out.take() == [tokens("h", [9, 9], (0, 2, 0, 2, 0.25, 2))]
     # The second chunk is sent before the first is done: one output then spans both.
-    assert await worker.handle({"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
-    await settle()
+    assert await handle(worker, {"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
     second = engine.inputs["h"][1]
     assert second.prompt == {"prompt_token_ids": [4, 5, 6]}  # the salt keys only the first block
     assert second.sampling_params.kwargs == params_of(2, [8, 7])  # each chunk with its own plan
     engine.stats(ctx=3, gen=1, queries=5, hits=2, usage=0.5)
-    script.put_nowait(output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
-    await settle()
+    await feed(script, output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
     done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
                   "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
     assert out.take() == [
@@ -498,12 +440,10 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
         {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
         tokens("h", [8], (0, 3, 2, 5, 0.5, 7)),
     ]
-    script.put_nowait(output([7]))
-    await settle()
+    await feed(script, output([7]))
     assert out.take() == [tokens("h", [7]),
                           {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
-    await worker.handle({"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
-    await settle()
+    await handle(worker, {"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
     script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
     await settle()
@@ -512,22 +452,15 @@ async def test_a_held_request_streams_chunk_by_chunk_and_each_chunk_sends_only_i
         {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
     ]
     assert engine.inputs_ended["h"] is False
-    assert await worker.handle({"op": "close", "rid": "h"}) is True
-    await settle()
+    assert await handle(worker, {"op": "close", "rid": "h"}) is True
     assert engine.inputs_ended["h"] is True and len(engine.inputs["h"]) == 3
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.take()[-1] == {"type": "finished", "rid": "h"}
     assert worker.inputs == {} and worker.tasks == {}
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
-
-
-@in_asyncio
-async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     worker, out, engine = await started()
-    await worker.handle({"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
-    await settle()
+    await handle(worker, {"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
     assert engine.inputs["h"][0].prompt == {"prompt_token_ids": [1]}
     script = engine.script("h")
     script.put_nowait(output([5, 5, 5], cached=1, prompt=[1]))  # more than the chunk: only its own
@@ -537,12 +470,9 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
         {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": ZERO},
     ]
     engine.stats(ctx=1, gen=0, usage=0.5)
-    await worker.handle({"op": "append", "rid": "h", "prompt": [3], "max_tokens": 3})
-    await settle()
+    await handle(worker, {"op": "append", "rid": "h", "prompt": [3], "max_tokens": 3})
     engine.stats(ctx=1, gen=1, usage=0.5)
-    script.put_nowait(output([6], cached=1, prompt=[1, 5, 5, 3]))
-    script.put_nowait(output([6, 6]))
-    await settle()
+    await feed(script, output([6], cached=1, prompt=[1, 5, 5, 3]), output([6, 6]))
     done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
             "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
     assert out.take() == [
@@ -554,52 +484,33 @@ async def test_a_held_chunks_tokens_are_counted_against_that_chunk(fake_vllm):
     await worker.handle({"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
     await settle()
     assert out.take() == []
-    script.put_nowait(END)
-    await settle()
+    await feed(script, END)
     assert out.take() == [{"type": "finished", "rid": "h"}]
-
-
-@in_asyncio
-async def test_ops_the_worker_does_not_know_are_errors_and_shutdown_stops_it(fake_vllm):
-    worker, out, engine = await started()
-    assert await worker.handle({"op": "explode", "rid": "q"}) is True
-    assert await worker.handle({}) is True
-    assert await worker.handle({"op": "shutdown"}) is False
-    assert out.take() == [{"type": "error", "rid": "q", "message": "unknown op 'explode'"},
-                          {"type": "error", "rid": None, "message": "unknown op None"}]
 
 
 # --- the process: its protocol stream and its loop -------------------------------------------------
 
 
-class RedirectedFds:
+@contextlib.contextmanager
+def redirected_fds(tmp_path, monkeypatch):
     """fd 1 and fd 2 to files of the test's own, sys.stdout and sys.stderr restored afterwards."""
-
-    def __init__(self, tmp_path, monkeypatch) -> None:
-        self.out_path, self.err_path = tmp_path / "fd1", tmp_path / "fd2"
-        self.monkeypatch = monkeypatch
-
-    def __enter__(self):
-        self.saved = os.dup(1), os.dup(2)
-        self.files = open(self.out_path, "w"), open(self.err_path, "w")  # noqa: SIM115
-        os.dup2(self.files[0].fileno(), 1)
-        os.dup2(self.files[1].fileno(), 2)
-        self.stderr = io.StringIO()
-        self.monkeypatch.setattr(sys, "stdout", sys.stdout)
-        self.monkeypatch.setattr(sys, "stderr", self.stderr)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
-        for fd in self.saved:
-            os.close(fd)
-        for file in self.files:
-            file.close()
+    fds = SimpleNamespace(out_path=tmp_path / "fd1", err_path=tmp_path / "fd2", stderr=io.StringIO())
+    saved = os.dup(1), os.dup(2)
+    with open(fds.out_path, "w") as out, open(fds.err_path, "w") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        monkeypatch.setattr(sys, "stdout", sys.stdout)
+        monkeypatch.setattr(sys, "stderr", fds.stderr)
+        try:
+            yield fds
+        finally:
+            for fd, saved_fd in enumerate(saved, start=1):
+                os.dup2(saved_fd, fd)
+                os.close(saved_fd)
 
 
 def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr(tmp_path, monkeypatch):
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         stream = vllm_worker._protocol_stream()
         stream.write('{"type":"x"}\n')  # line-buffered: out at once
         assert fds.out_path.read_text() == '{"type":"x"}\n'
@@ -612,11 +523,11 @@ def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr
     assert fds.stderr.getvalue() == "python noise\n"
 
 
-def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_vllm, tmp_path, monkeypatch):
+def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_engine_cannot_start(fake_vllm, tmp_path, monkeypatch):
     lines = ['{"op": "counters", "tag": "c"}\n', "not json\n", '{"op": "nope"}\n', '{"op": "shutdown"}\n',
              '{"op": "counters", "tag": "after shutdown"}\n']
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(lines)))
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     events = [json.loads(line) for line in fds.out_path.read_text().splitlines()]
     assert events == [
@@ -627,20 +538,14 @@ def test_the_worker_process_answers_its_stdin_line_by_line_until_shutdown(fake_v
         {"type": "error", "rid": None, "message": "unknown op 'nope'"},
     ]
     assert FakeAsyncLLM.instances[0].shut_down == 1
-
-
-def test_the_worker_process_stops_at_the_end_of_its_stdin(fake_vllm, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"op": "counters", "tag": 1}\n'))
-    with RedirectedFds(tmp_path, monkeypatch) as fds:
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"op": "counters", "tag": 1}\n'))  # it stops at the end of its stdin too
+    with redirected_fds(tmp_path, monkeypatch) as fds:
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert [json.loads(line)["type"] for line in fds.out_path.read_text().splitlines()] == ["ready", "counters"]
-    assert FakeAsyncLLM.instances[0].shut_down == 1
-
-
-def test_an_engine_that_cannot_start_is_said_on_the_protocol_stream(fake_vllm, tmp_path, monkeypatch):
+    assert FakeAsyncLLM.instances[1].shut_down == 1
     monkeypatch.setattr(FakeAsyncLLM, "fail_start", RuntimeError("no GPU"))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    with RedirectedFds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
+    with redirected_fds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
     assert fds.out_path.read_text() == (
         '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n')
@@ -656,7 +561,7 @@ def test_the_stdin_reader_does_not_keep_the_worker_process_alive_after_shutdown(
     monkeypatch.setattr(sys, "stdin", stdin)
     before = set(threading.enumerate())
     try:
-        with RedirectedFds(tmp_path, monkeypatch) as fds:
+        with redirected_fds(tmp_path, monkeypatch) as fds:
             asyncio.run(vllm_worker._main(dict(SETTINGS)))
         readers = [thread for thread in threading.enumerate() if thread not in before]
         assert len(readers) == 1 and readers[0].is_alive() and readers[0].daemon

@@ -2,7 +2,6 @@
 arithmetic at zero spread, fixed(), each refusal by the rule it breaks, and the testbed's JSONL trace."""
 
 import io
-import json
 
 import attrs
 import numpy as np
@@ -34,14 +33,11 @@ def coding_sample() -> list[Workload]:
     return generate(WorkloadParams(), seed=1, n_tasks=2000)
 
 
-def test_same_seed_same_workloads_different_seed_differs():
+def test_a_seed_makes_the_same_workloads_and_task_i_does_not_depend_on_n_tasks():
     assert generate(seed=7, n_tasks=5) == generate(seed=7, n_tasks=5)
     assert generate(seed=7, n_tasks=5) != generate(seed=8, n_tasks=5)
     first = generate(seed=7, n_tasks=5)
     assert len({w.turns for w in first}) == 5  # tasks within one call differ too
-
-
-def test_task_i_does_not_depend_on_n_tasks():
     many = generate(seed=3, n_tasks=6)
     assert generate(seed=3, n_tasks=3) == many[:3]
     assert generate_one(seed=3, index=4) == many[4]
@@ -50,15 +46,12 @@ def test_task_i_does_not_depend_on_n_tasks():
     assert all(w.seed == 3 for w in many)
 
 
-def test_tool_calls_on_every_turn_but_the_last():
+def test_tool_calls_on_every_turn_but_the_last_in_parallel_and_searched_as_probable():
     for w in generate(seed=0, n_tasks=200, parallel_calls_p=0.5, hosted_call_p=0.5):
         assert w.turns[-1].tool_seconds == ()
         assert w.turns[-1].hosted_calls == ()
         assert all(1 <= len(t.tool_seconds) <= 4 for t in w.turns[:-1])
         assert w.turns[0].appended_tokens == PRESETS["coding"].initial_prompt_tokens
-
-
-def test_parallel_and_hosted_probabilities_one():
     w = generate_one(seed=2, fixed_turns=6, parallel_calls_p=1.0, hosted_call_p=1.0, hosted_result_tokens=99,
                      parallel_call_weights=(1.0,))
     assert [len(t.tool_seconds) for t in w.turns] == [2, 2, 2, 2, 2, 0]
@@ -67,7 +60,7 @@ def test_parallel_and_hosted_probabilities_one():
     assert [len(t.tool_seconds) for t in three.turns] == [3, 3, 3, 3, 3, 0]
 
 
-def test_default_rates_follow_their_sources(coding_sample):
+def test_default_rates_and_moments_follow_their_sources(coding_sample):
     """docs/parameters.md §1: cc-multi's 35.8% parallel turns (21.3/9.4/5.2% two/three/four calls) and 4.8% of
     tool turns with a web search; reasoning 11-45% of each turn's output."""
     tool_turns = [t for w in coding_sample for t in w.turns if t.tool_seconds]
@@ -78,9 +71,17 @@ def test_default_rates_follow_their_sources(coding_sample):
     shares = [t.reasoning_tokens / t.output_tokens for w in coding_sample for t in w.turns if t.output_tokens >= 100]
     assert 0.10 <= min(shares) and max(shares) <= 0.46
     assert np.mean(shares) == pytest.approx(0.28, abs=0.01)
+    s = summary(coding_sample)
+    assert 18 <= s["turns"]["mean"] <= 26  # docs/parameters.md §1: mean 21.9
+    assert s["turns"]["p50"] == 15
+    assert 450 <= s["output_tokens_per_turn"]["mean"] <= 540  # mean ~493
+    assert 950 <= s["output_tokens_per_turn"]["p90"] <= 1200  # p90 ~1.08k
+    assert 1600 <= s["appended_tokens_per_turn"]["mean"] <= 1860  # mean ~1.73k
+    assert 3600 <= s["appended_tokens_per_turn"]["p90"] <= 4400  # p90 4.0k
+    assert 0.2 <= s["tool_seconds"]["p50"] <= 0.4
 
 
-def test_tasks_draw_their_own_content_and_share_the_preset_prefix():
+def test_tasks_draw_their_own_content_and_parallel_calls_shift_no_token_draw():
     tasks = generate(seed=0, n_tasks=50)
     assert len({w.content_seed for w in tasks}) == 50  # no two tasks share content
     assert {(w.prefix, w.prefix_tokens) for w in tasks} == {("coding", 7400)}
@@ -88,9 +89,6 @@ def test_tasks_draw_their_own_content_and_share_the_preset_prefix():
     chat = generate_one("chat", seed=0)
     assert (chat.prefix, chat.prefix_tokens) == ("chat", 300)
     assert generate_one(seed=0, initial_prompt_tokens=64).prefix_tokens == 64  # clipped to the prompt
-
-
-def test_parallel_calls_do_not_shift_token_draws():
     plain = generate_one(seed=5, fixed_turns=10)
     parallel = generate_one(seed=5, fixed_turns=10, parallel_calls_p=0.5)
     tokens = [(t.appended_tokens, t.output_tokens) for t in plain.turns]
@@ -110,39 +108,21 @@ def test_clipping_bounds_hold_and_are_reached():
     assert 0 < min(seconds) and max(seconds) == 1.0
 
 
-def test_tool_mixture_quantiles_match_workload_md():
+def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
     seconds = sample_tool_seconds(np.random.default_rng(0), WorkloadParams(), 20_000)
     assert 0.2 <= np.percentile(seconds, 50) <= 0.4  # docs/parameters.md §2: p50 0.29 s
     assert 10 <= np.percentile(seconds, 90) <= 18  # p90 14.1 s
     assert seconds.max() <= 600.0
     fixed_seconds = sample_tool_seconds(np.random.default_rng(0), WorkloadParams(fixed_tool_seconds=2.5), 4)
     assert fixed_seconds.tolist() == [2.5] * 4
+    params = WorkloadParams(tool_mixture=((3.0, 1.0, 0.0), (1.0, 50.0, 0.0)), tool_cap_seconds=10.0)
+    seconds = sample_tool_seconds(np.random.default_rng(0), params, 4000)
+    assert set(seconds.tolist()) == {1.0, 10.0}
+    assert np.mean(seconds == 1.0) == pytest.approx(0.75, abs=0.03)
+    assert sample_tool_seconds(np.random.default_rng(0), attrs.evolve(params, fixed_tool_seconds=0), 3).tolist() == [0.0] * 3
 
 
-def test_summary_reproduces_derived_moments(coding_sample):
-    s = summary(coding_sample)
-    assert 18 <= s["turns"]["mean"] <= 26  # docs/parameters.md §1: mean 21.9
-    assert s["turns"]["p50"] == 15
-    assert 450 <= s["output_tokens_per_turn"]["mean"] <= 540  # mean ~493
-    assert 950 <= s["output_tokens_per_turn"]["p90"] <= 1200  # p90 ~1.08k
-    assert 1600 <= s["appended_tokens_per_turn"]["mean"] <= 1860  # mean ~1.73k
-    assert 3600 <= s["appended_tokens_per_turn"]["p90"] <= 4400  # p90 4.0k
-    assert 0.2 <= s["tool_seconds"]["p50"] <= 0.4
-
-
-def test_fixed_is_exactly_what_was_asked():
-    w = fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=5, tool_seconds=1.5, name="f")
-    assert w == Workload("f", 0, (TurnSpec(100, 5, (1.5,)), TurnSpec(20, 5, (1.5,)), TurnSpec(20, 5, ())))
-    assert fixed(1).turns == (TurnSpec(8000, 300, ()),)
-    assert fixed(20).total_tool_seconds == pytest.approx(19 * 0.3)
-    # The documented defaults: 8000 tokens, then 800 appended a turn, 300 output tokens, 0.3 s a tool call.
-    assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
-    assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
-        "fixed", 0, (TurnSpec(8000, 300, (0.3,), (), 5), TurnSpec(800, 300, (), (), 5)), content_seed=9)
-    assert refused(lambda: fixed(0)) == "n_turns must be >= 1, got 0"
-
-
-def test_workload_helpers():
+def test_a_workloads_counts_by_turn_and_a_turn_out_of_range_named():
     w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0), (HostedCall(2.0, 50),)), TurnSpec(101, 20, (0.5,)),
                           TurnSpec(7, 30, ())])
     assert w.tool_output_tokens(0) == (51, 50)
@@ -154,9 +134,22 @@ def test_workload_helpers():
     assert w.total_tool_seconds == 3.5
     with pytest.raises(IndexError):
         w.tool_output_tokens(3)
+    w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0, 2.0)), TurnSpec(101, 20, (0.5,)), TurnSpec(7, 30, ())])
+    assert w.tool_output_tokens(0) == (35, 33, 33)  # the remainder on the first call
+    for turn in (-1, 3):
+        with pytest.raises(IndexError) as error:
+            w.tool_output_tokens(turn)
+        assert str(error.value) == f"turn {turn} out of range for 3 turns"
+    for turn in (-1, 4):
+        with pytest.raises(IndexError) as error:
+            w.context_before(turn)
+        assert str(error.value) == f"turn {turn} out of range for 3 turns"
+    assert w.context_before(3) == 1000 + 10 + 101 + 20 + 7 + 30
+    assert Workload("w", 0, [TurnSpec(1, 1, ())]).total_tool_seconds == 0.0
+    assert isinstance(fixed(2, tool_seconds=1).total_tool_seconds, float)
 
 
-def test_overrides_replace_fields():
+def test_overrides_replace_fields_and_fixed_is_exactly_what_was_asked():
     workloads = generate("coding", seed=9, n_tasks=3, fixed_turns=7, fixed_tool_seconds=2.0, initial_prompt_tokens=64)
     assert all(len(w.turns) == 7 and w.turns[0].appended_tokens == 64 for w in workloads)
     assert {s for w in workloads for t in w.turns for s in t.tool_seconds} == {2.0}
@@ -166,9 +159,18 @@ def test_overrides_replace_fields():
         generate(seed=0, no_such_field=1)
     with pytest.raises(ValueError, match="turns_min"):
         generate(seed=0, turns_min=5, turns_max=4)
+    w = fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=5, tool_seconds=1.5, name="f")
+    assert w == Workload("f", 0, (TurnSpec(100, 5, (1.5,)), TurnSpec(20, 5, (1.5,)), TurnSpec(20, 5, ())))
+    assert fixed(1).turns == (TurnSpec(8000, 300, ()),)
+    assert fixed(20).total_tool_seconds == pytest.approx(19 * 0.3)
+    # The documented defaults: 8000 tokens, then 800 appended a turn, 300 output tokens, 0.3 s a tool call.
+    assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
+    assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
+        "fixed", 0, (TurnSpec(8000, 300, (0.3,), (), 5), TurnSpec(800, 300, (), (), 5)), content_seed=9)
+    assert refused(lambda: fixed(0)) == "n_turns must be >= 1, got 0"
 
 
-def test_presets_exist_and_differ(coding_sample):
+def test_presets_exist_differ_and_an_unknown_one_lists_them(coding_sample):
     assert {"coding", "chat", "long"} <= PRESETS.keys() and DEFAULT_PRESET == "coding"
     assert PRESETS["coding"].initial_prompt_tokens == 30_000  # TraceLab-calibrated (tests/test_calibration.py)
     assert len(set(PRESETS.values())) == len(PRESETS)
@@ -177,17 +179,13 @@ def test_presets_exist_and_differ(coding_sample):
     long = generate("long", seed=0, n_tasks=200)
     assert long[0].turns[0].appended_tokens == 30_000
     assert summary(long)["turns"]["p50"] > 3 * summary(generate("coding", seed=0, n_tasks=200))["turns"]["p50"]
-
-
-def test_trace_round_trip_through_a_file(tmp_path):
-    workloads = generate(seed=11, n_tasks=20, parallel_calls_p=0.3, hosted_call_p=0.3) + [fixed(3, reasoning_tokens=7)]
-    path = tmp_path / "trace.jsonl"
-    write_trace(workloads, path)
-    assert read_trace(path) == workloads
-    assert read_trace(str(path)) == workloads
-    first = json.loads(path.read_text().splitlines()[0])
-    assert first["task"] == "coding-0"
-    assert first["turn"] == 0 and first["appended_tokens"] == PRESETS["coding"].initial_prompt_tokens
+    assert refused(lambda: generate("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
+    assert refused(lambda: generate_one("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
+    assert [(w.name, w.prefix) for w in generate("chat", seed=0, n_tasks=2)] == [("chat-0", "chat"), ("chat-1", "chat")]
+    assert generate_one("chat", seed=0, index=1).name == "chat-1"
+    assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
+    assert generate(seed=0, n_tasks=0) == []
+    assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
 
 
 _seconds = st.floats(min_value=0, max_value=1e4, allow_nan=False)
@@ -221,45 +219,6 @@ def test_trace_round_trip_property(workloads):
     assert read_trace(buffer) == workloads
 
 
-def _line(turn=0, task="t", seed=1, calls=(0.5,), **extra):
-    record = {"task": task, "seed": seed, "turn": turn, "appended_tokens": 10, "output_tokens": 5,
-              "tool_calls": [{"seconds": s} for s in calls]} | extra
-    return json.dumps(record)
-
-
-_END = _line(1, calls=())
-_MALFORMED = {
-    "invalid-json": ([_line(), "{not json"], 2),
-    "not-an-object": (["[1, 2]"], 1),
-    "missing-key": ([json.dumps({"task": "t", "seed": 1, "turn": 0, "appended_tokens": 1, "tool_calls": []})], 1),
-    "unknown-key": ([_line(), _line(1, calls=(), colour="red")], 2),
-    "wrong-type": ([_line(appended_tokens="10"), _END], 1),
-    "bool-as-int": ([_line(output_tokens=True), _END], 1),
-    "negative-tokens": ([_line(), _line(1, calls=(), appended_tokens=-1)], 2),
-    "zero-output": ([_line(output_tokens=0), _END], 1),
-    "negative-seconds": ([_line(calls=(-0.1,)), _END], 1),
-    "call-without-seconds": ([_line(tool_calls=[{}]), _END], 1),
-    "negative-hosted": ([_line(hosted_calls=[{"seconds": 1.0, "result_tokens": -5}]), _END], 1),
-    "negative-seed": ([_line(seed=-1), _line(1, seed=-1, calls=())], 1),
-    "non-final-without-tools": ([_line(), _line(1, calls=()), _line(2, calls=())], 2),
-    "final-with-tools": ([_line(), _line(1), "", _line(0, task="u", calls=())], 2),
-    "truncated-at-eof": ([_line(), _line(1)], 2),
-    "turn-skipped": ([_line(), _line(2, calls=())], 2),
-    "task-starts-mid-way": ([_line(), _END, _line(1, task="u", calls=())], 3),
-}
-
-
-@pytest.mark.parametrize("lines, bad_line", _MALFORMED.values(), ids=_MALFORMED.keys())
-def test_read_trace_rejects_malformed_lines(lines, bad_line):
-    with pytest.raises(ValueError, match=rf"^line {bad_line}: "):
-        read_trace(io.StringIO("\n".join(lines) + "\n"))
-
-
-def test_read_trace_accepts_missing_hosted_calls_and_blank_lines():
-    (w,) = read_trace(io.StringIO(f"{_line()}\n\n{_END}\n"))
-    assert w == Workload("t", 1, (TurnSpec(10, 5, (0.5,)), TurnSpec(10, 5, ())))
-
-
 def test_context_window_ends_tasks_before_an_overlong_prompt():
     free = generate("coding", seed=0, n_tasks=60)
     capped = generate("coding", seed=0, n_tasks=60, context_window_tokens=200_000)
@@ -279,7 +238,7 @@ def refused(make) -> str:
     return str(error.value)
 
 
-def test_a_turn_and_a_hosted_call_name_the_value_they_refuse():
+def test_a_turn_a_hosted_call_and_a_workload_name_the_value_they_refuse():
     assert refused(lambda: HostedCall(-1.0, 5)) == "seconds must be finite and >= 0, got -1.0"
     assert refused(lambda: HostedCall(float("inf"), 5)) == "seconds must be finite and >= 0, got inf"
     assert refused(lambda: HostedCall(1.0, -1)) == "result_tokens must be >= 0, got -1"
@@ -294,9 +253,6 @@ def test_a_turn_and_a_hosted_call_name_the_value_they_refuse():
     assert (turn.tool_seconds, turn.hosted_calls, turn.text_tokens) == ((1.0, 0.0), (HostedCall(0.0, 0),), 1)
     assert all(isinstance(s, float) for s in turn.tool_seconds)
     assert (TurnSpec(0, 1, ()).hosted_calls, TurnSpec(0, 1, ()).reasoning_tokens) == ((), 0)
-
-
-def test_a_workload_names_what_it_refuses():
     last = TurnSpec(100, 1, ())
     assert refused(lambda: Workload("w", -1, [last])) == "seed must be >= 0, got -1"
     assert refused(lambda: Workload("w", 0, [last], arrival_s=-1.0)) == "arrival_s must be finite and >= 0, got -1.0"
@@ -314,57 +270,26 @@ def test_a_workload_names_what_it_refuses():
     assert [Workload("w", 7, [last], content_seed=c).text_seed for c in (None, 0, 9)] == [7, 0, 9]
 
 
-def test_a_workloads_turn_out_of_range_is_named():
-    w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0, 2.0)), TurnSpec(101, 20, (0.5,)), TurnSpec(7, 30, ())])
-    assert w.tool_output_tokens(0) == (35, 33, 33)  # the remainder on the first call
-    for turn in (-1, 3):
-        with pytest.raises(IndexError) as error:
-            w.tool_output_tokens(turn)
-        assert str(error.value) == f"turn {turn} out of range for 3 turns"
-    for turn in (-1, 4):
-        with pytest.raises(IndexError) as error:
-            w.context_before(turn)
-        assert str(error.value) == f"turn {turn} out of range for 3 turns"
-    assert w.context_before(3) == 1000 + 10 + 101 + 20 + 7 + 30
-    assert Workload("w", 0, [TurnSpec(1, 1, ())]).total_tool_seconds == 0.0
-    assert isinstance(fixed(2, tool_seconds=1).total_tool_seconds, float)
+BROKEN_RULES = {  # each rule of WorkloadParams, and values that break it
+    "1 <= turns_min <= turns_max": [{"turns_min": 0}, {"turns_min": 5, "turns_max": 4}],
+    "fixed_turns >= 1": [{"fixed_turns": 0}],
+    "0 <= appended_min <= appended_max": [{"appended_min": -1}, {"appended_min": 11, "appended_max": 10}],
+    "1 <= output_min <= output_max": [{"output_min": 0}, {"output_min": 11, "output_max": 10}],
+    "positive medians": [{"turns_median": 0}, {"appended_median": -1}, {"output_median": 0}],
+    "initial_prompt_tokens >= 0": [{"initial_prompt_tokens": -1, "shared_prefix_tokens": 0}],
+    "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight": [{"tool_mixture": m} for m in (
+        (), ((1.0, 1.0),), ((-0.5, 1.0, 1.0), (1.0, 1.0, 1.0)), ((1.0, 0.0, 1.0),), ((1.0, 1.0, -0.1),), ((0.0, 1.0, 1.0),))],
+    "fixed_tool_seconds >= 0": [{"fixed_tool_seconds": -0.5}],
+    "probabilities in [0, 1]": [{"parallel_calls_p": -0.1}, {"parallel_calls_p": 1.1}, {"hosted_call_p": -0.1}, {"hosted_call_p": 1.1}],
+    "shared_prefix_tokens >= 0": [{"shared_prefix_tokens": -1}],
+    "parallel_call_weights >= 0 with a positive total": [{"parallel_call_weights": w} for w in ((), (-1.0, 2.0), (0.0, 0.0))],
+    "reasoning_share (low, high) within [0, 1)": [{"reasoning_share": r} for r in ((0.1,), (-0.1, 0.5), (0.6, 0.5), (0.5, 1.0))],
+    "hosted_seconds, hosted_result_tokens >= 0": [{"hosted_seconds": -1.0}, {"hosted_result_tokens": -1}],
+    "context_window_tokens > initial_prompt_tokens": [{"context_window_tokens": 8000}],
+}
 
 
-@pytest.mark.parametrize(("fields", "rule"), [
-    ({"turns_min": 0}, "1 <= turns_min <= turns_max"),
-    ({"turns_min": 5, "turns_max": 4}, "1 <= turns_min <= turns_max"),
-    ({"fixed_turns": 0}, "fixed_turns >= 1"),
-    ({"appended_min": -1}, "0 <= appended_min <= appended_max"),
-    ({"appended_min": 11, "appended_max": 10}, "0 <= appended_min <= appended_max"),
-    ({"output_min": 0}, "1 <= output_min <= output_max"),
-    ({"output_min": 11, "output_max": 10}, "1 <= output_min <= output_max"),
-    ({"turns_median": 0}, "positive medians"),
-    ({"appended_median": -1}, "positive medians"),
-    ({"output_median": 0}, "positive medians"),
-    ({"initial_prompt_tokens": -1, "shared_prefix_tokens": 0}, "initial_prompt_tokens >= 0"),
-    ({"tool_mixture": ()}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"tool_mixture": ((1.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"tool_mixture": ((-0.5, 1.0, 1.0), (1.0, 1.0, 1.0))}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"tool_mixture": ((1.0, 0.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"tool_mixture": ((1.0, 1.0, -0.1),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"tool_mixture": ((0.0, 1.0, 1.0),)}, "tool_mixture of (weight >= 0, median > 0, sigma >= 0) with positive total weight"),
-    ({"fixed_tool_seconds": -0.5}, "fixed_tool_seconds >= 0"),
-    ({"parallel_calls_p": -0.1}, "probabilities in [0, 1]"),
-    ({"parallel_calls_p": 1.1}, "probabilities in [0, 1]"),
-    ({"hosted_call_p": -0.1}, "probabilities in [0, 1]"),
-    ({"hosted_call_p": 1.1}, "probabilities in [0, 1]"),
-    ({"shared_prefix_tokens": -1}, "shared_prefix_tokens >= 0"),
-    ({"parallel_call_weights": ()}, "parallel_call_weights >= 0 with a positive total"),
-    ({"parallel_call_weights": (-1.0, 2.0)}, "parallel_call_weights >= 0 with a positive total"),
-    ({"parallel_call_weights": (0.0, 0.0)}, "parallel_call_weights >= 0 with a positive total"),
-    ({"reasoning_share": (0.1,)}, "reasoning_share (low, high) within [0, 1)"),
-    ({"reasoning_share": (-0.1, 0.5)}, "reasoning_share (low, high) within [0, 1)"),
-    ({"reasoning_share": (0.6, 0.5)}, "reasoning_share (low, high) within [0, 1)"),
-    ({"reasoning_share": (0.5, 1.0)}, "reasoning_share (low, high) within [0, 1)"),
-    ({"hosted_seconds": -1.0}, "hosted_seconds, hosted_result_tokens >= 0"),
-    ({"hosted_result_tokens": -1}, "hosted_seconds, hosted_result_tokens >= 0"),
-    ({"context_window_tokens": 8000}, "context_window_tokens > initial_prompt_tokens"),
-])
+@pytest.mark.parametrize(("fields", "rule"), [(fields, rule) for rule, cases in BROKEN_RULES.items() for fields in cases])
 def test_workload_params_name_the_rule_a_value_breaks(fields, rule):
     assert refused(lambda: WorkloadParams(**fields)) == f"invalid WorkloadParams: {rule}"
 
@@ -422,37 +347,16 @@ def test_a_task_ends_before_the_first_prompt_past_the_context_window(window, n_t
     assert [w.prompt_tokens(k) for k in range(n_turns)] == [1000, 1680, 2360, 3040][:n_turns]
 
 
-def test_each_tool_call_of_a_task_has_its_own_draw():
+def test_each_tool_call_has_its_own_draw_and_parallel_turns_the_weighted_number():
     w = generate_one(EXACT, seed=2, fixed_turns=12, parallel_calls_p=0.5, tool_mixture=((1.0, 2.5, 1.0),))
     seconds = [s for t in w.turns for s in t.tool_seconds]
     assert len(seconds) > 11 and len(set(seconds)) == len(seconds)  # a continuous draw repeats no value
     assert len(generate(EXACT, seed=2)) == 1  # one task unless asked for more
-
-
-def test_parallel_turns_make_the_weighted_number_of_calls():
     four = generate_one(EXACT, seed=1, parallel_calls_p=1.0, parallel_call_weights=(0.0, 0.0, 5.0))
     assert [t.tool_seconds for t in four.turns] == [(2.5,) * 4] * 3 + [()]
     mixed = generate(EXACT, seed=1, n_tasks=300, parallel_calls_p=1.0, parallel_call_weights=(3.0, 1.0))
     calls = np.bincount([len(t.tool_seconds) for w in mixed for t in w.turns[:-1]], minlength=4)
     assert calls[:2].tolist() == [0, 0] and calls[2] / calls.sum() == pytest.approx(0.75, abs=0.04)
-
-
-def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
-    params = WorkloadParams(tool_mixture=((3.0, 1.0, 0.0), (1.0, 50.0, 0.0)), tool_cap_seconds=10.0)
-    seconds = sample_tool_seconds(np.random.default_rng(0), params, 4000)
-    assert set(seconds.tolist()) == {1.0, 10.0}
-    assert np.mean(seconds == 1.0) == pytest.approx(0.75, abs=0.03)
-    assert sample_tool_seconds(np.random.default_rng(0), attrs.evolve(params, fixed_tool_seconds=0), 3).tolist() == [0.0] * 3
-
-
-def test_presets_are_named_and_an_unknown_one_lists_them():
-    assert refused(lambda: generate("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
-    assert refused(lambda: generate_one("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
-    assert [(w.name, w.prefix) for w in generate("chat", seed=0, n_tasks=2)] == [("chat-0", "chat"), ("chat-1", "chat")]
-    assert generate_one("chat", seed=0, index=1).name == "chat-1"
-    assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
-    assert generate(seed=0, n_tasks=0) == []
-    assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
 
 
 def test_summary_gives_mean_p50_and_p90_of_each_measure():

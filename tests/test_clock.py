@@ -1,7 +1,5 @@
-"""The clocks runs keep time by. PreciseClock (prototype/clock.py), for real-time runs: the sleep it asks
-epoll for, once CPython rounds it up to whole milliseconds, never passes the deadline, and falls short of
-it by less than a millisecond and a half, so the rest is polled; no timer armed means the longest sleep.
-A virtual run (prototype/virtual.py): an autojumping clock from zero, and a seeded scheduler or none."""
+"""PreciseClock (prototype/clock.py): the sleep it asks epoll for, rounded up to whole ms by CPython, never passes the
+deadline and falls short by under 1.5 ms (the rest is polled). A virtual run: an autojumping clock from zero, seeded."""
 
 from __future__ import annotations
 

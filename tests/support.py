@@ -217,3 +217,8 @@ def slowed(monkeypatch, owner: Any, name: str):
 
     monkeypatch.setattr(owner, name, slow)
     return lambda seconds: taking.__setitem__(0, seconds)
+
+
+def exactly(seconds: float) -> Any:
+    """A virtual time, equal up to float rounding."""
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)

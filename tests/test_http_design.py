@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from support import make_server
+from support import exactly, make_server
 
 from prototype import metrics, netem
 from prototype import workload as wl
@@ -50,10 +50,6 @@ KNOWN_COSTS = ApiCosts(
 )
 COSTS = attrs.evolve(KNOWN_COSTS, store_read_per_turn=0.004)
 SERVER_PRE = 0.100  # the four fixed stage costs: all the server does before response.created
-
-
-def exactly(seconds: float) -> Any:
-    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
 
 
 # --- one turn, called directly ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, slowed, until, ws
+from support import TERMINALS, create_event, exactly, function_calls, make_server, outputs_for, send, slowed, until, ws
 from test_response_stream import REASONING
 
 from prototype.api.costs import ZERO_COSTS, ApiCosts, StageCost
@@ -30,10 +30,6 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 METADATA = {"testbed_workload": "fixed:2", "testbed_decode_tps": "1000"}
 STEP = 1 / 1000  # one decode step at 1000 tokens/s
 TWO_TURNS = Workload("two-turns", 0, (TurnSpec(2000, 20, (1.0,)), TurnSpec(600, 20, ())))
-
-
-def exactly(seconds: float) -> Any:
-    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
 
 
 @pytest.fixture

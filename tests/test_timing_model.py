@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 import trio_websocket
-from support import create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import create_event, exactly, function_calls, make_server, outputs_for, send, until, ws
 from test_http import Link
 
 from prototype.api.costs import ZERO_COSTS, ApiCosts, StageCost
@@ -34,10 +34,6 @@ from prototype.workload import TurnSpec, Workload
 
 TIMING_HEADER = "x-responsesapi-include-timing-metrics"
 V2_BETA = "responses_websockets=2026-02-06"
-
-
-def exactly(seconds: float) -> Any:
-    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
 
 
 # --- the prefill formula ----------------------------------------------------------------------------

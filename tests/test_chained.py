@@ -8,17 +8,14 @@ from typing import Any
 
 import pytest
 import trio
-import trio.testing
-from hypothesis import HealthCheck, given, settings
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
-from test_suspended import invalid, workloads
+from test_suspended import invalid
 
 from prototype import metrics
 from prototype.api.checks import CallLedger, SafetyState
 from prototype.api.costs import ALL_SWITCHES_OFF, ApiCosts
 from prototype.api.service import ApiService, Context, owner_of
-from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
+from prototype.client.harness import CHAINED
 from prototype.designs import chained
 from prototype.designs.chained import ConnectionCache
 from prototype.engine.kv import Prompt
@@ -162,24 +159,6 @@ async def test_with_all_four_switches_off_a_cache_hit_costs_a_full_rebuild(autoj
         assert hit_off[stage] == pytest.approx(full[stage], abs=0.002), stage  # ms, rounded on the wire
         assert hit_on[stage] < full[stage], stage
     assert "post" in hit_off and "post" not in hit_on  # switch 4: post-inference blocks the terminal event
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(task=workloads())
-def test_chained_and_suspended_produce_the_same_transcript(task):
-    async def main():
-        results = []
-        for design in (SUSPENDED, CHAINED):
-            server = make_server()
-            key = server.api.workloads.register(task)
-            results.append(await run_websocket_rollout(InMemoryConnector(server), design, task, metadata={"testbed_workload": key}))
-        return results
-
-    suspended, chained = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert suspended.transcript == chained.transcript
-    assert len(suspended.transcript) == 1 + 3 * (len(task.turns) - 1) + 1
-    for key in ("input_tokens", "output_tokens"):
-        assert suspended.usage[key] == chained.usage[key]
 
 
 # --- lanes: each lane's slot, and forks across lanes ------------------------------------------------------

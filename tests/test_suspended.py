@@ -206,21 +206,28 @@ def workloads():
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(task=workloads(), design=st.sampled_from(["suspended", "chained"]))
-def test_every_rollout_ends_with_one_terminal_and_increasing_sequence_numbers(task, design):
+@given(task=workloads())
+def test_every_rollout_ends_with_one_terminal_and_increasing_sequence_numbers_and_both_designs_give_one_transcript(task):
     async def main():
-        server = make_server()
-        key = server.api.workloads.register(task)
-        return await run_websocket_rollout(InMemoryConnector(server), design, task, metadata={"testbed_workload": key})
+        records = {}
+        for design in ("suspended", "chained"):
+            server = make_server()
+            key = server.api.workloads.register(task)
+            records[design] = await run_websocket_rollout(InMemoryConnector(server), design, task, metadata={"testbed_workload": key})
+        return records
 
-    record = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert record.status == "completed"
-    assert len(record.turns) == len(task.turns)
-    terminals = [e for _, d, e in record.timeline if d == "recv" and e in TERMINALS]
-    assert len(terminals) == len(record.response_ids) == (1 if design == "suspended" else len(task.turns))
-    for response_id in record.response_ids:
-        numbers = [n for r, n in record.sequence_numbers if r == response_id]
-        assert numbers == list(range(len(numbers)))
+    records = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for design, record in records.items():
+        assert record.status == "completed" and len(record.turns) == len(task.turns)
+        terminals = [e for _, d, e in record.timeline if d == "recv" and e in TERMINALS]
+        assert len(terminals) == len(record.response_ids) == (1 if design == "suspended" else len(task.turns))
+        for response_id in record.response_ids:
+            numbers = [n for r, n in record.sequence_numbers if r == response_id]
+            assert numbers == list(range(len(numbers)))
+    suspended, chained = records.values()
+    assert suspended.transcript == chained.transcript  # the task's message, three items a call, the final message
+    assert len(suspended.transcript) == 1 + 3 * (len(task.turns) - 1) + 1
+    assert [suspended.usage[key] for key in ("input_tokens", "output_tokens")] == [chained.usage[key] for key in ("input_tokens", "output_tokens")]
 
 
 async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first_is_applied(autojump_clock, link, monkeypatch):

@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, until, ws
+from support import (
+    TERMINALS,
+    create_event,
+    events_by_response,
+    function_calls,
+    make_server,
+    outputs_for,
+    receive,
+    send,
+    until,
+    ws,
+)
 from test_suspended import invalid
 
 from prototype import metrics
@@ -55,28 +66,21 @@ async def test_cache_hit_processes_only_the_new_input(autojump_clock, link):
     assert usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"] < 40
 
 
-async def test_store_true_hydrates_after_reconnect(autojump_clock, link):
+async def test_after_reconnect_store_true_hydrates_and_store_false_is_previous_response_not_found(autojump_clock, link):
     server = make_server(costs=COSTS)
     async with ws(server, CHAINED, network=link) as conn:
-        first = (await turn(conn, create_event(store=True)))[-1]["response"]
+        kept, unkept = [(await turn(conn, create_event(store=store)))[-1]["response"] for store in (True, False)]
     await trio.sleep(1)  # the overlapped post-inference work (the store write) has finished
     async with ws(server, CHAINED, network=link, include_timing=True) as conn:
-        second = (await turn(conn, create_event(store=True, previous_response_id=first["id"], input=outputs_for(function_calls(first)))))[-1]["response"]
-    assert second["status"] == "completed"
-    assert phases(second)["store_read"] == pytest.approx(1000 * COSTS.store_read_per_turn * 1)
-    assert phases(second)["route"] == pytest.approx(1000 * COSTS.route.fixed)  # a rebuild pays in full
-
-
-async def test_store_false_is_previous_response_not_found_after_reconnect(autojump_clock, link):
-    server = make_server()
-    async with ws(server, CHAINED, network=link) as conn:
-        first = (await turn(conn, create_event(store=False)))[-1]["response"]
-    async with ws(server, CHAINED, network=link) as conn:
-        events = await turn(conn, create_event(previous_response_id=first["id"], input=outputs_for(function_calls(first))))
-        assert events == [invalid("previous_response_not_found", f"Previous response with id '{first['id']}' not found.",
+        second = (await turn(conn, create_event(store=True, previous_response_id=kept["id"], input=outputs_for(function_calls(kept)))))[-1]
+        events = await turn(conn, create_event(previous_response_id=unkept["id"], input=outputs_for(function_calls(unkept))))
+        assert events == [invalid("previous_response_not_found", f"Previous response with id '{unkept['id']}' not found.",
                                   "previous_response_id")]
         # Pattern (b) of the WS guide: resend the full context without previous_response_id.
         assert (await turn(conn, create_event(metadata={"testbed_workload": "fixed:1"})))[-1]["type"] == "response.completed"
+    assert second["response"]["status"] == "completed"
+    assert phases(second["response"])["store_read"] == pytest.approx(1000 * COSTS.store_read_per_turn * 1)
+    assert phases(second["response"])["route"] == pytest.approx(1000 * COSTS.route.fixed)  # a rebuild pays in full
 
 
 async def test_a_failed_turn_evicts_the_id_it_referenced(autojump_clock, link):
@@ -90,26 +94,16 @@ async def test_a_failed_turn_evicts_the_id_it_referenced(autojump_clock, link):
     assert server.sessions == set()
 
 
-async def test_two_creates_run_fifo_one_at_a_time(autojump_clock, link):
-    server = make_server()
-    async with ws(server, CHAINED, network=link) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, input="second"))
-        first = await until(conn, "response.completed")
-        second = await until(conn, "response.completed")
-    assert first[0]["type"] == second[0]["type"] == "response.created"
-    assert first[0]["response"]["id"] != second[0]["response"]["id"]
-    assert all(e["sequence_number"] == i for i, e in enumerate(second))
-
-
-async def test_queue_limit_is_too_many_queued_requests(autojump_clock, link):
+async def test_creates_run_fifo_one_at_a_time_and_past_the_queue_limit_are_too_many_queued_requests(autojump_clock, link):
     server = make_server(config=ServerConfig(max_queued_creates=2))
     async with ws(server, CHAINED, network=link) as conn:
-        for _ in range(4):  # one starts, two wait, the fourth is refused
-            await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
-        events = [await until(conn, "response.completed") for _ in range(4)]
-    assert [e["error"]["code"] for turn in events for e in turn if e["type"] == "error"] == ["too_many_queued_requests"]
-    assert [turn[-1]["type"] for turn in events].count("response.completed") == 3
+        for n in range(4):  # one starts, two wait, the fourth is refused
+            await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, input=f"task {n}"))
+        events = [event for _ in range(4) for event in await until(conn, "response.completed")]
+    assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["too_many_queued_requests"]
+    turns = list(events_by_response(events).values())  # each run whole before the next: numbered from 0 without a gap
+    assert len(turns) == 3 and all([e["sequence_number"] for e in turn] == list(range(len(turn))) for turn in turns)
+    assert all((turn[0]["type"], turn[-1]["type"]) == ("response.created", "response.completed") for turn in turns)
 
 
 async def test_warm_up_then_chained_turn(autojump_clock, link):
@@ -164,6 +158,10 @@ async def test_with_all_four_switches_off_a_cache_hit_costs_a_full_rebuild(autoj
 # --- lanes: each lane's slot, and forks across lanes ------------------------------------------------------
 
 
+def lane_of(lane: str | None) -> dict[str, str]:
+    return {} if lane is None else {"stream_id": lane}
+
+
 def not_found(response_id: str, stream_id: str) -> dict[str, Any]:
     return {**invalid("previous_response_not_found", f"Previous response with id '{response_id}' not found.", "previous_response_id"),
             "stream_id": stream_id}
@@ -188,35 +186,20 @@ async def test_a_lane_continuing_its_own_response_empties_its_slot_while_the_tur
         assert (fork["type"], fork["stream_id"]) == ("response.completed", "side")
 
 
-async def test_a_lane_continuing_its_own_response_leaves_the_default_lanes_slot(autojump_clock) -> None:
+async def test_a_lanes_turn_leaves_the_other_lanes_slots_and_a_failed_one_empties_its_own_only(autojump_clock) -> None:
     server = make_server()
     async with ws(server) as conn:
-        default = (await turn(conn, create_event()))[-1]["response"]
-        lane_a = (await turn(conn, create_event(stream_id="a")))[-1]["response"]
-        continued_a = (await turn(conn, create_event(outputs_for(function_calls(lane_a)), stream_id="a", previous_response_id=lane_a["id"])))[-1]
-        continued_default = (await turn(conn, create_event(outputs_for(function_calls(default)), previous_response_id=default["id"])))[-1]
-    assert (continued_a["type"], continued_a["stream_id"]) == ("response.completed", "a")
-    assert continued_default["type"] == "response.completed" and "stream_id" not in continued_default
-    assert continued_default["response"]["previous_response_id"] == default["id"]
-
-
-async def test_a_failed_turn_empties_its_own_lanes_slot_only(autojump_clock) -> None:
-    server = make_server()
-    async with ws(server) as conn:
-        held = {}
-        for lane in (None, "a", "b"):
-            await send(conn, create_event(**({} if lane is None else {"stream_id": lane})))
-            held[lane] = (await until(conn, *TERMINALS))[-1]["response"]
-        # A new conversation on lane a fails (an output for a call it never made): lane a's slot empties.
+        held = {lane: (await turn(conn, create_event(**lane_of(lane))))[-1]["response"] for lane in (None, "a", "b", "c")}
+        # Lane c continues its own response; a new conversation on lane a fails (an output for a call it never made).
+        continued_c = (await turn(conn, create_event(outputs_for(function_calls(held["c"])), stream_id="c",
+                                                     previous_response_id=held["c"]["id"])))[-1]
         assert (await turn(conn, create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a")))[-1]["error"]["code"] == "invalid_function_call_output"
-        answers = {}
-        for lane in ("a", None, "b"):
-            response = held[lane]
-            await send(conn, create_event(outputs_for(function_calls(response)), previous_response_id=response["id"],
-                                          **({} if lane is None else {"stream_id": lane})))
-            answers[lane] = (await until(conn, *TERMINALS))[-1]
+        answers = {lane: (await turn(conn, create_event(outputs_for(function_calls(held[lane])), previous_response_id=held[lane]["id"],
+                                                        **lane_of(lane))))[-1] for lane in ("a", None, "b")}
+    assert (continued_c["type"], continued_c["stream_id"]) == ("response.completed", "c")
     assert answers["a"] == not_found(held["a"]["id"], "a")
-    assert answers[None]["type"] == answers["b"]["type"] == "response.completed"
+    assert answers[None]["type"] == answers["b"]["type"] == "response.completed" and "stream_id" not in answers[None]
+    assert answers[None]["response"]["previous_response_id"] == held[None]["id"]
 
 
 async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_original_intact(autojump_clock) -> None:

@@ -68,7 +68,9 @@ async def test_unlimited_engine_admits_at_once_and_keeps_todays_cache(autojump_c
     assert engine.stats.expired == 1 and engine.kv == {}
 
 
-async def test_a_full_budget_queues_a_new_session_until_the_holder_releases(autojump_clock):
+async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_refuses_a_prompt_larger_than_itself(autojump_clock):
+    with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
+        await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
     engine = Engine(kv_budget_tokens=100)
     holder = prompt(80)
     await call(engine, "a", holder, pinned=True)
@@ -236,11 +238,6 @@ async def test_resident_memory_is_integrated_over_time(autojump_clock):
     assert engine.stats.resident_token_seconds == 500.0 and engine.resident_tokens == 0
 
 
-async def test_a_prompt_larger_than_the_budget_is_refused(autojump_clock):
-    with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
-        await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
-
-
 POLICIES = [HOLD_POLICY, ttl(3), ttl(3, pin=True), DISCARD_POLICY, SWAP_POLICY]
 
 
@@ -403,7 +400,7 @@ async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_dive
     assert budget.cached_prefix("b", b, trio.current_time()) == 0
 
 
-async def test_the_directory_finds_whole_blocks_and_never_the_last_token(autojump_clock):
+async def test_the_directory_finds_whole_blocks_never_the_last_token_and_unlists_what_a_branch_left(autojump_clock):
     engine = Engine()
     held = prompt(100)  # 6 full blocks listed
     await call(engine, "a", held)
@@ -416,6 +413,9 @@ async def test_the_directory_finds_whole_blocks_and_never_the_last_token(autojum
     await call(engine, "s", own)
     assert engine.cached_prefix("s", own, 1.0) == 80
     assert engine.cached_prefix("s", Prompt([*own.ids[:50], *range(9000, 9046)]), 1.0) == 48
+    # An entry that branches unlists the blocks it no longer holds.
+    engine.retain("a", Prompt(list(held.ids[:32]) + [9] * 40), 1.0)
+    assert engine.cached_prefix("b", Prompt([*held.ids[:64], 1]), 1.0) == 32
 
 
 async def test_a_block_is_never_found_out_of_its_context(autojump_clock):
@@ -439,14 +439,6 @@ async def test_a_released_sessions_blocks_serve_others_until_exactly_the_ttl_aft
     engine.release("a")
     b = Prompt(shared + [2] * 40)
     assert [engine.cached_prefix("b", b, t) for t in (10.5, 10.999, 11.0)] == [96, 96, 0]
-
-
-async def test_an_entry_that_branches_unlists_the_blocks_it_no_longer_holds(autojump_clock):
-    engine = Engine()
-    first = Prompt(list(range(64)))
-    await call(engine, "a", first)
-    engine.retain("a", Prompt(list(range(32)) + [9] * 40), trio.current_time())
-    assert engine.cached_prefix("b", Prompt(list(range(64)) + [1]), trio.current_time()) == 32
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["model-call", "kept-outside-a-call"])

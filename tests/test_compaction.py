@@ -60,7 +60,7 @@ async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_in
     assert [t[-1][0] - t[0][0] for t in compacted[:3]] == pytest.approx([t[-1][0] - t[0][0] for t in plain[:3]], rel=1e-12)
 
 
-async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continues(autojump_clock):
+async def test_the_context_is_compacted_past_its_threshold_not_at_it_and_the_chain_continues(autojump_clock):
     plain_server, compacting_server = make_server(), make_server()
     async with ws(plain_server) as conn:
         plain = await run_chain(conn)
@@ -105,6 +105,11 @@ async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continu
     head = len(render_full(preamble_key(None, tuple(ToolDef(t["type"], t.get("name"), t.get("parameters"), t) for t in HARNESS_TOOLS)),
                            [Message("user", (("input_text", "fix the bug"),))]))
     assert 0 < head_cached <= head < turn_context
+    # A context of exactly the threshold is not compacted; one token more is (the fourth's is the rollout's largest).
+    for threshold, compactions in ((context_before, 0), (context_before - 1, 1)):
+        async with ws(make_server()) as conn:
+            turns = await run_chain(conn, context_management=[{"type": "compaction", "compact_threshold": threshold}])
+        assert [e["type"] for turn in turns for _, e in turn].count("response.compaction.compacting") == compactions
 
 
 async def v1_rollout(**fields: Any) -> tuple[list[str], dict]:
@@ -129,17 +134,6 @@ async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
     # The one response's usage adds the summary to the tokens its turns sampled before and after it.
     assert final["response"]["usage"]["output_tokens"] == plain["response"]["usage"]["output_tokens"] + len(
         tokenizer.encoding().encode_ordinary(summary.summary))
-
-
-async def test_a_context_of_exactly_the_threshold_is_not_compacted(autojump_clock):
-    async with ws(make_server()) as conn:
-        plain = await run_chain(conn)
-    fourth_context = plain[3][-1][1]["response"]["usage"]["input_tokens"]  # the largest context of the rollout
-    for threshold, compactions in ((fourth_context, 0), (fourth_context - 1, 1)):
-        async with ws(make_server()) as conn:
-            turns = await run_chain(conn, context_management=[{"type": "compaction", "compact_threshold": threshold}])
-        kinds = [e["type"] for turn in turns for _, e in turn]
-        assert kinds.count("response.compaction.compacting") == compactions
 
 
 def test_the_window_and_a_resent_history_keep_the_user_messages_and_everything_from_the_latest_compaction_on():

@@ -15,7 +15,6 @@ from support import (
     function_calls,
     make_server,
     outputs_for,
-    receive,
     send,
     until,
     ws,
@@ -114,20 +113,6 @@ async def test_warm_up_then_chained_turn(autojump_clock, link):
         assert warm[-1]["response"]["output"] == [] and warm[-1]["response"]["usage"]["output_tokens"] == 0
         first = (await turn(conn, create_event(previous_response_id=warm[-1]["response"]["id"], input=[])))[-1]["response"]
         assert first["status"] == "completed" and function_calls(first)
-
-
-async def test_connection_lifetime_sends_the_limit_error_then_closes_1000(autojump_clock, link):
-    server = make_server(config=ServerConfig(connection_lifetime=30.0))
-    async with ws(server, CHAINED, network=link) as conn:
-        opened = trio.current_time()
-        await turn(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
-        error = await receive(conn)
-        assert trio.current_time() - opened == pytest.approx(30.0, rel=1e-9)
-        assert error["error"]["code"] == "websocket_connection_limit_reached"
-        assert error["error"]["message"] == "Responses websocket connection limit reached (0.5 minutes). Create a new websocket connection to continue."
-        with pytest.raises(Exception) as closed:
-            await receive(conn)
-        assert closed.value.reason.code == 1000
 
 
 async def test_with_all_four_switches_off_a_cache_hit_costs_a_full_rebuild(autojump_clock):

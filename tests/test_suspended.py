@@ -268,25 +268,6 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
 # --- the connection's lifetime ends a rollout ----------------------------------------------------------
 
 
-async def test_a_paused_rollout_fails_at_once_when_the_connection_reaches_its_lifetime(autojump_clock) -> None:
-    server = make_server(config=ServerConfig(connection_lifetime=30.0))
-    async with ws(server, "suspended") as conn:
-        opened = trio.current_time()
-        await send(conn, create_event())
-        done = (await until(conn, "response.done"))[-1]
-        assert trio.current_time() - opened < 30.0
-        failed, error = await receive(conn), await receive(conn)
-        assert trio.current_time() - opened == 30.0
-        with pytest.raises(Exception) as closed:
-            await receive(conn)
-    assert closed.value.reason.code == 1000
-    assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
-    assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
-    assert failed["response"]["error"] == {"code": "server_error", "message": LIMIT_MESSAGE}  # the limit's code: in the error
-    assert error["error"]["code"] == "websocket_connection_limit_reached"
-    assert server.api.engine.kv == {}
-
-
 async def first_segment(config: ServerConfig) -> tuple[float, list[dict[str, Any]], dict[str, Any] | None]:
     """A v1 rollout whose first segment streams 300 tokens at 10 tokens/s (30 s): (seconds from the
     create to the event ending the segment, the events up to it, the error after it if any)."""

@@ -24,7 +24,6 @@ from prototype.api.costs import (
     SprintCosts,
     SprintSwitches,
     StageCost,
-    sprint_costs,
 )
 from prototype.api.service import ApiService, owner_of
 from prototype.client import harness
@@ -293,20 +292,6 @@ async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time_and_keep_al
     assert records[False].seconds - records[True].seconds == exactly(2 * 2 * RTT)
 
 
-def test_sprint_costs_add_back_what_each_switch_removed() -> None:
-    costs = ApiCosts()
-    extra = SprintCosts()
-    assert sprint_costs(costs, AFTER_SPRINT) is costs
-    before = sprint_costs(costs, BEFORE_SPRINT, extra)
-    assert before.route.fixed == pytest.approx(costs.route.fixed + extra.config_load + extra.intermediate_hop)
-    assert before.safety.fixed == pytest.approx(costs.safety.fixed + extra.slow_safety_fixed)
-    assert before.safety.per_ktok == pytest.approx(costs.safety.per_ktok + extra.slow_safety_per_ktok)
-    assert (before.validate, before.render, before.post) == (costs.validate, costs.render, costs.post)
-    hop_only = sprint_costs(costs, SprintSwitches(direct_inference_hop=False), extra)
-    assert hop_only.route.fixed == pytest.approx(costs.route.fixed + extra.intermediate_hop)
-    assert hop_only.safety == costs.safety
-
-
 async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(autojump_clock) -> None:
     extra = SprintCosts(config_load=0.020, intermediate_hop=0.030, slow_safety_fixed=0.050, slow_safety_per_ktok=0.0)
     workload = wl.fixed(2)
@@ -344,25 +329,6 @@ async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) 
     # After: turn 0 tokenizes everything; later turns only the tool output they bring.
     assert after[0] == pytest.approx(usages[0])
     assert after[1:] == [pytest.approx(len(render.render_items(items))) for items in sent]
-
-
-def test_render_cache_equals_a_full_render() -> None:
-    cache = render.RenderCache()
-    items = parse_input([
-        {"type": "message", "role": "user", "content": "fix the bug"},
-        {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{\"path\": \"a.py\"}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "print('hi')"},
-    ])
-    key = render.preamble_key("be brief", ())
-    prompt, tokenized = cache.render_full(key, items)
-    assert prompt.ids == render.render_full(key, items).ids
-    assert tokenized == len(prompt)
-    again, tokenized = cache.render_full(key, [*items, FunctionCallOutput("call_2", "more")])
-    assert again.ids == render.render_full(key, [*items, FunctionCallOutput("call_2", "more")]).ids
-    assert tokenized == len(render.render_items([FunctionCallOutput("call_2", "more")]))
-    small = render.RenderCache(max_tokens=10)
-    small.render_full(key, items)
-    assert small.tokens <= 10 or len(small) == 1
 
 
 # --- routing and prefix-cache affinity -----------------------------------------------------------------

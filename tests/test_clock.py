@@ -37,16 +37,11 @@ def test_the_rounded_sleep_never_passes_the_deadline_and_leaves_under_1_5_ms(rem
     assert remaining - epoll_rounding(asked) < 0.0015 + 1e-9
 
 
-@pytest.mark.parametrize(("remaining", "asked"), [(0.0053, 0.0045), (0.0015, 0.0005), (0.0008, 0.0), (-0.002, 0.0), (0.0105, 0.0095)])
-def test_exact_sleeps(frozen_time, remaining, asked):
+@pytest.mark.parametrize(("remaining", "asked"), [(0.0053, 0.0045), (0.0015, 0.0005), (0.0008, 0.0), (-0.002, 0.0), (0.0105, 0.0095),
+                                                 (86400.0, 86400.0), (math.inf, 86400.0)])  # no timer armed: the longest sleep
+def test_exact_sleeps_and_the_time_is_perf_counter(frozen_time, remaining, asked):
     assert PreciseClock().deadline_to_sleep_time(NOW + remaining) == pytest.approx(asked, abs=1e-12)
-
-
-def test_no_timer_armed_sleeps_the_longest_and_the_time_is_perf_counter(frozen_time):
-    precise = PreciseClock()
-    assert precise.deadline_to_sleep_time(math.inf) == 86400.0
-    assert precise.deadline_to_sleep_time(NOW + 86400.0) == 86400.0
-    assert precise.current_time() == NOW
+    assert PreciseClock().current_time() == NOW
 
 
 def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:

@@ -484,7 +484,8 @@ def test_each_block_hash_chains_the_previous_one_with_the_blocks_own_ids() -> No
     # Asked for another block size, the hashes follow it (a cache of the other size is not reused).
     mixed = Prompt(ids[:100])
     mixed.block_hashes(16)
-    assert mixed.block_hashes(32) == Prompt(ids[:100]).block_hashes(32) and len(mixed.block_hashes(16)) == 6
+    assert mixed.block_hashes(32) == Prompt(ids[:100]).block_hashes(32)
+    assert len(mixed.block_hashes(16)) == 6 and mixed.block_hashes(16) == Prompt(ids[:100]).block_hashes(16)
 
 
 @given(

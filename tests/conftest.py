@@ -236,3 +236,11 @@ def vllm_budget_worker():
     worker = _ready_worker("vllm_budget_worker")
     yield worker
     worker.stop()
+
+
+@pytest.fixture(params=["pipe", "rtt-20ms"])
+def link(request):
+    """The link a WebSocket test runs over: a zero-latency pipe (None), or the 20 ms RTT link (support.DELAYED_LINK)."""
+    from support import DELAYED_LINK
+
+    return None if request.param == "pipe" else DELAYED_LINK

@@ -204,3 +204,21 @@ async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
         while True:
             events.append(await receive(conn))
     return events, closed.value.reason.code, closed.value.reason.reason
+
+
+def slowed(monkeypatch, owner: Any, name: str):
+    """Patches `owner.name` so that each call first moves the running trio clock on by the seconds last given to the
+    setter it returns (0 until then): the testbed's own CPU work, which a response's modeled schedule absorbs."""
+    original, taking = getattr(owner, name), [0.0]
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        trio.lowlevel.current_clock().jump(taking[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    return lambda seconds: taking.__setitem__(0, seconds)
+
+
+def exactly(seconds: float) -> Any:
+    """A virtual time, equal up to float rounding."""
+    return pytest.approx(seconds, rel=1e-9, abs=1e-12)

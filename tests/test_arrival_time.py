@@ -1,14 +1,12 @@
-"""A response's modeled work starts when its frame arrived, not when the testbed finished decoding it:
-the testbed's own CPU time is absorbed by the model's schedule (metrics.PhaseLog.schedule), so a slow
-decode does not move a response's virtual times (docs/metrics.md). Checked for a create, a v1 append
-and an inject that resumes a waiting response, over a zero-latency pipe and over the 20 ms RTT link,
-with the decode made to take 5 ms of the autojump clock."""
+"""A response's modeled work starts when its frame or request arrived: a decode (or the server's own work) made to take
+5 ms of the autojump clock does not move its virtual times (docs/metrics.md), for a create, a v1 append and an inject,
+over a zero-latency pipe and the 20 ms RTT link, and for an http request."""
 
 from __future__ import annotations
 
 import pytest
 import trio
-from support import DELAYED_LINK, create_event, make_server, send, timed_until, ws
+from support import DELAYED_LINK, create_event, function_calls, make_server, send, slowed, timed_until, ws
 from test_inject import beta_ws
 
 from prototype.client.harness import SUSPENDED
@@ -27,23 +25,9 @@ def output(call_id: str) -> dict:
     return {"type": "function_call_output", "call_id": call_id, "output": "ok"}
 
 
-def calls_of(response: dict) -> list[str]:
-    return [item["call_id"] for item in response["output"] if item["type"] == "function_call"]
-
-
 @pytest.fixture
-def slow_decode(monkeypatch, autojump_clock):
-    """Decoding a frame takes `seconds` of the clock (the testbed's own CPU work, which the modeled time
-    absorbs: metrics.PhaseLog.schedule)."""
-    decode = codec.decode_client_event
-    taking = {"seconds": 0.0}
-
-    def slow(message):
-        autojump_clock.jump(taking["seconds"])
-        return decode(message)
-
-    monkeypatch.setattr(codec, "decode_client_event", slow)
-    return taking
+def decode_takes(monkeypatch, autojump_clock):
+    return slowed(monkeypatch, codec, "decode_client_event")
 
 
 async def completion_after_create(link: str) -> float:
@@ -54,76 +38,67 @@ async def completion_after_create(link: str) -> float:
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_a_response_is_modeled_from_its_frames_arrival_not_from_its_decode(autojump_clock, slow_decode, link: str) -> None:
+async def test_a_response_is_modeled_from_its_frames_arrival_not_from_its_decode(autojump_clock, decode_takes, link: str) -> None:
     instant = await completion_after_create(link)
-    slow_decode["seconds"] = 0.005  # shorter than the response's modeled 21.5 ms
+    decode_takes(0.005)  # shorter than the response's modeled 21.5 ms
     slowed = await completion_after_create(link)
     assert slowed == pytest.approx(instant, abs=1e-9) and instant == pytest.approx(0.0215333 + 2 * one_way(link), abs=1e-6)
 
 
-async def completion_after_append(link: str, slow_decode, seconds: float) -> float:
+async def completion_after_append(link: str, decode_takes, seconds: float) -> float:
     async with ws(make_server(), SUSPENDED, network=LINKS[link]) as conn:
         await send(conn, create_event(metadata=TWO_TURNS))
         done = (await timed_until(conn, "response.done"))[-1][1]
-        slow_decode["seconds"] = seconds
+        decode_takes(seconds)
         sent = trio.current_time()
-        await send(conn, {"type": "response.append", "input": [output(calls_of(done["response"])[0])]})
+        await send(conn, {"type": "response.append", "input": [output(function_calls(done["response"])[0]["call_id"])]})
         completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-        slow_decode["seconds"] = 0.0
+        decode_takes(0.0)
         return completed
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_a_v1_segment_is_modeled_from_its_appends_arrival(autojump_clock, slow_decode, link: str) -> None:
-    instant = await completion_after_append(link, slow_decode, 0.0)
-    slowed = await completion_after_append(link, slow_decode, 0.005)
-    assert slowed == pytest.approx(instant, abs=1e-9) and instant == pytest.approx(0.015601 + 2 * one_way(link), abs=1e-6)
+async def test_a_v1_segment_is_modeled_from_its_appends_arrival(autojump_clock, decode_takes, link: str) -> None:
+    instant = await completion_after_append(link, decode_takes, 0.0)
+    slow = await completion_after_append(link, decode_takes, 0.005)
+    assert slow == pytest.approx(instant, abs=1e-9) and instant == pytest.approx(0.015601 + 2 * one_way(link), abs=1e-6)
 
 
-async def completion_after_inject(link: str, slow_decode, seconds: float) -> float:
+async def completion_after_inject(link: str, decode_takes, seconds: float) -> float:
     async with beta_ws(make_server(), network=LINKS[link]) as conn:
         await send(conn, create_event(metadata=TWO_TURNS, multi_agent={"enabled": True}))
         events = await timed_until(conn, "response.function_call_arguments.done")
         response_id, call_id = events[0][1]["response"]["id"], events[-1][1]["item_id"]
         await trio.sleep(1.0)  # the response waits for the call's output
         (call,) = [e["item"] for _, e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
-        slow_decode["seconds"] = seconds
+        decode_takes(seconds)
         sent = trio.current_time()
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": [output(call["call_id"])]})
         completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-        slow_decode["seconds"] = 0.0
+        decode_takes(0.0)
         assert call["id"] == call_id
         return completed
 
 
 @pytest.mark.parametrize("link", LINKS)
-async def test_a_response_resumed_by_an_inject_is_modeled_from_the_injects_arrival(autojump_clock, slow_decode, link: str) -> None:
-    instant = await completion_after_inject(link, slow_decode, 0.0)
-    slowed = await completion_after_inject(link, slow_decode, 0.005)
-    assert slowed == pytest.approx(instant, abs=1e-9) and instant > 0.005 + 2 * one_way(link)
-
+async def test_a_response_resumed_by_an_inject_is_modeled_from_the_injects_arrival(autojump_clock, decode_takes, link: str) -> None:
+    instant = await completion_after_inject(link, decode_takes, 0.0)
+    slow = await completion_after_inject(link, decode_takes, 0.005)
+    assert slow == pytest.approx(instant, abs=1e-9) and instant > 0.005 + 2 * one_way(link)
 
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_an_http_response_is_modeled_from_its_requests_arrival_not_from_the_servers_own_work(autojump_clock, nursery, monkeypatch,
                                                                                                     stream: bool) -> None:
-    """The server's own work once the request is read (here its client record's fields, made to take
-    5 ms) is absorbed by the model's schedule, as a frame's decode is."""
+    """The server's own work once the request is read (its client record's fields) is absorbed as a frame's decode is."""
     from test_http import create, open_client
 
     from prototype import metrics
 
-    choices = metrics.protocol_choices
-    taking = {"seconds": 0.0}
-
-    def slow(*args, **kwargs):
-        autojump_clock.jump(taking["seconds"])
-        return choices(*args, **kwargs)
-
-    monkeypatch.setattr(metrics, "protocol_choices", slow)
+    work_takes = slowed(monkeypatch, metrics, "protocol_choices")
     took = []
     for seconds in (0.0, 0.005):
-        taking["seconds"] = seconds
+        work_takes(seconds)
         client = open_client(nursery, make_server())
         sent = trio.current_time()
         assert (await client.request(body=create(stream=stream))).status == 200

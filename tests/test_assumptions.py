@@ -23,14 +23,6 @@ def test_docs_table_shows_every_range_beside_its_default() -> None:
         assert parameter.markdown_row() in lines, parameter.name
 
 
-def test_a_range_refuses_low_above_high_and_a_default_outside_it() -> None:
-    with pytest.raises(ValueError, match="low <= high"):
-        Range(2.0, 1.0, "x")
-    with pytest.raises(ValueError, match="outside its range"):
-        assumptions.Assumed("x", 3.0, Range(0.0, 1.0, "x"), "s")
-    assert 1.0 in Range(0.0, 1.0, "x") and 1.5 not in Range(0.0, 1.0, "x")
-
-
 def test_a_range_holds_both_its_bounds_and_nothing_outside_them() -> None:
     plausible = Range(0.5, 2.0, "x")
     assert [v in plausible for v in (0.4999, 0.5, 1.0, 2.0, 2.0001)] == [False, True, True, True, False]
@@ -38,10 +30,6 @@ def test_a_range_holds_both_its_bounds_and_nothing_outside_them() -> None:
     with pytest.raises(ValueError) as refused:
         Range(2.0, 1.0, "x")
     assert str(refused.value) == "a range needs low <= high, got 2.0 > 1.0"
-
-
-def test_swept_parameters_are_assumed_ones() -> None:
-    assert set(assumptions.SWEPT) <= set(assumptions.BY_NAME)
 
 
 def test_configure_sets_each_swept_value_and_scales_the_stage_split() -> None:
@@ -59,8 +47,6 @@ def test_configure_sets_each_swept_value_and_scales_the_stage_split() -> None:
     assert config.network.rtt == 0.150 and config.network.tls_round_trips == netem.SAME_REGION.tls_round_trips
     assert config.preset == attrs.evolve(wl.CODING, hosted_seconds=4.0, hosted_result_tokens=600)
     assert assumptions.configure(base, {}) == base
-    with pytest.raises(ValueError, match="not a swept parameter: t_store_read"):
-        assumptions.configure(base, {"t_store_read": 0.001})
 
 
 def test_http_affinity_routes_every_turn_home_or_none() -> None:
@@ -100,7 +86,7 @@ def test_every_assumed_default_is_the_value_its_module_uses() -> None:
         "hosted_result_tokens": (wl.PRESETS["compact"].hosted_result_tokens, 1, "tokens"),
     }
     assert assumptions.BY_NAME["t_pre_per_ktok"].default == pytest.approx(0.003)
-    assert list(assumptions.BY_NAME) == [a.name for a in assumptions.ASSUMED]
+    assert list(assumptions.BY_NAME) == [a.name for a in assumptions.ASSUMED] and set(assumptions.SWEPT) <= set(assumptions.BY_NAME)
     assert set(assumptions.__all__) == {"ASSUMED", "BY_NAME", "SWEPT", "Assumed", "configure"}
 
 
@@ -125,7 +111,7 @@ def test_configure_keeps_the_configurations_own_values_where_none_is_given() -> 
 
 
 def test_configure_leaves_a_stage_split_of_zero_as_it_is() -> None:
-    """With no fixed or per-token cost to scale, a value for it scales nothing (no division by zero)."""
+    # With no fixed or per-token cost to scale, a value for it scales nothing (no division by zero).
     free = StageCost(fixed=0.0, per_ktok=0.0)
     base = benchmark.BenchConfig(costs=ApiCosts(validate=free, safety=free, render=free, route=StageCost(fixed=0.0, per_ktok=0.002)))
     config = assumptions.configure(base, {"t_fixed_pre": 0.5, "t_pre_per_ktok": 0.004})

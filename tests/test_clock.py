@@ -1,7 +1,5 @@
-"""The clocks runs keep time by. PreciseClock (prototype/clock.py), for real-time runs: the sleep it asks
-epoll for, once CPython rounds it up to whole milliseconds, never passes the deadline, and falls short of
-it by less than a millisecond and a half, so the rest is polled; no timer armed means the longest sleep.
-A virtual run (prototype/virtual.py): an autojumping clock from zero, and a seeded scheduler or none."""
+"""PreciseClock (prototype/clock.py): the sleep it asks epoll for, rounded up to whole ms by CPython, never passes the
+deadline and falls short by under 1.5 ms (the rest is polled). A virtual run: an autojumping clock from zero, seeded."""
 
 from __future__ import annotations
 
@@ -39,16 +37,11 @@ def test_the_rounded_sleep_never_passes_the_deadline_and_leaves_under_1_5_ms(rem
     assert remaining - epoll_rounding(asked) < 0.0015 + 1e-9
 
 
-@pytest.mark.parametrize(("remaining", "asked"), [(0.0053, 0.0045), (0.0015, 0.0005), (0.0008, 0.0), (-0.002, 0.0), (0.0105, 0.0095)])
-def test_exact_sleeps(frozen_time, remaining, asked):
+@pytest.mark.parametrize(("remaining", "asked"), [(0.0053, 0.0045), (0.0015, 0.0005), (0.0008, 0.0), (-0.002, 0.0), (0.0105, 0.0095),
+                                                 (86400.0, 86400.0), (math.inf, 86400.0)])  # no timer armed: the longest sleep
+def test_exact_sleeps_and_the_time_is_perf_counter(frozen_time, remaining, asked):
     assert PreciseClock().deadline_to_sleep_time(NOW + remaining) == pytest.approx(asked, abs=1e-12)
-
-
-def test_no_timer_armed_sleeps_the_longest_and_the_time_is_perf_counter(frozen_time):
-    precise = PreciseClock()
-    assert precise.deadline_to_sleep_time(math.inf) == 86400.0
-    assert precise.deadline_to_sleep_time(NOW + 86400.0) == 86400.0
-    assert precise.current_time() == NOW
+    assert PreciseClock().current_time() == NOW
 
 
 def test_a_virtual_run_is_on_an_autojumping_clock_from_zero() -> None:

@@ -1,6 +1,5 @@
-"""The server's full-collection policy (prototype/server/collector.py): survivors of a full
-collection are frozen, so later ones walk only what is newer, and the frozen objects are handed
-back once per interval, so cyclic garbage that died while frozen is collected then."""
+"""The server's full-collection policy (prototype/server/collector.py): a full collection's survivors are frozen, and
+handed back once per interval so that cyclic garbage that died frozen is collected then."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ def policy():
 
 
 def frozen(obj: object) -> bool:
-    """Whether `obj`, a tracked object, is in the permanent generation: `gc.get_objects()` lists the
-    three collected generations only. (The freeze count is no measure: a frozen object that another
-    thread releases is freed by its reference count and leaves the count at any moment.)"""
+    """Whether tracked `obj` is in the permanent generation (`gc.get_objects()` lists the collected ones only; the freeze
+    count is no measure: another thread may free a frozen object at any moment)."""
     assert gc.is_tracked(obj)
     return not any(tracked is obj for tracked in gc.get_objects())
 

@@ -1,10 +1,6 @@
-"""Compaction (docs/protocol.md, "Compaction"): `context_management` on `response.create` compacts
-the context when it crosses the threshold and the chain continues; `POST /v1/responses/compact`
-answers a window that starts a new chain; a client that resends its history keeps only the window.
-
-Virtual-clock tests over raw frames (exact events and times), then openai-python's own
-`client.responses.compact(...)` followed by a new chain on a real socket.
-"""
+"""Compaction (docs/protocol.md, "Compaction"): `context_management` compacts a context past its threshold and the chain
+continues; `POST /v1/responses/compact` answers a window that starts a new chain (also through openai-python on a real
+socket); a client that resends its history keeps only the window."""
 
 from __future__ import annotations
 
@@ -50,9 +46,8 @@ async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
 
 
 async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_instead_of_swapping_it_out(autojump_clock):
-    # SWAP moves a session's KV to the host when its call pauses at a tool call. The summary call of a
-    # compaction is followed at once by the call on the compacted prompt: nothing is swapped out there,
-    # so the chain moves exactly the bytes the same chain moves without compaction (its three pauses).
+    # The summary call is followed at once by the call on the compacted prompt: nothing is swapped out between them,
+    # so the chain moves exactly the bytes it moves without compaction (its three pauses).
     plain_server, compacting_server = (make_server(engine=Engine(retention=SWAP_POLICY)) for _ in range(2))
     async with ws(plain_server) as conn:
         plain = await run_chain(conn)
@@ -65,7 +60,7 @@ async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_in
     assert [t[-1][0] - t[0][0] for t in compacted[:3]] == pytest.approx([t[-1][0] - t[0][0] for t in plain[:3]], rel=1e-12)
 
 
-async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continues(autojump_clock):
+async def test_the_context_is_compacted_past_its_threshold_not_at_it_and_the_chain_continues(autojump_clock):
     plain_server, compacting_server = make_server(), make_server()
     async with ws(plain_server) as conn:
         plain = await run_chain(conn)
@@ -110,6 +105,11 @@ async def test_the_context_is_compacted_past_the_threshold_and_the_chain_continu
     head = len(render_full(preamble_key(None, tuple(ToolDef(t["type"], t.get("name"), t.get("parameters"), t) for t in HARNESS_TOOLS)),
                            [Message("user", (("input_text", "fix the bug"),))]))
     assert 0 < head_cached <= head < turn_context
+    # A context of exactly the threshold is not compacted; one token more is (the fourth's is the rollout's largest).
+    for threshold, compactions in ((context_before, 0), (context_before - 1, 1)):
+        async with ws(make_server()) as conn:
+            turns = await run_chain(conn, context_management=[{"type": "compaction", "compact_threshold": threshold}])
+        assert [e["type"] for turn in turns for _, e in turn].count("response.compaction.compacting") == compactions
 
 
 async def v1_rollout(**fields: Any) -> tuple[list[str], dict]:
@@ -136,18 +136,7 @@ async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
         tokenizer.encoding().encode_ordinary(summary.summary))
 
 
-async def test_a_context_of_exactly_the_threshold_is_not_compacted(autojump_clock):
-    async with ws(make_server()) as conn:
-        plain = await run_chain(conn)
-    fourth_context = plain[3][-1][1]["response"]["usage"]["input_tokens"]  # the largest context of the rollout
-    for threshold, compactions in ((fourth_context, 0), (fourth_context - 1, 1)):
-        async with ws(make_server()) as conn:
-            turns = await run_chain(conn, context_management=[{"type": "compaction", "compact_threshold": threshold}])
-        kinds = [e["type"] for turn in turns for _, e in turn]
-        assert kinds.count("response.compaction.compacting") == compactions
-
-
-def test_the_window_keeps_the_user_messages_and_everything_from_the_latest_compaction_on():
+def test_the_window_and_a_resent_history_keep_the_user_messages_and_everything_from_the_latest_compaction_on():
     user1, user2 = Message("user", (("input_text", "a"),)), Message("user", (("input_text", "b"),))
     said = Message("assistant", (("output_text", "x"),))
     first, second = Compaction("cmp_1", "s1"), Compaction("cmp_2", "s2")
@@ -158,6 +147,13 @@ def test_the_window_keeps_the_user_messages_and_everything_from_the_latest_compa
     # The item survives the client's round trip with its summary, so a resent window renders the same.
     assert parse_item(first.to_dict()) == first
     assert len(render_full("p", [first])) == len(render_full("p", [parse_item(first.to_dict())]))
+    # A resent history keeps its user messages (typed or easy, not an output whatever its role) and what follows the item.
+    said = {"type": "message", "role": "assistant", "content": "x"}
+    typed_user, easy_user = {"type": "message", "role": "user", "content": "a"}, {"role": "user", "content": "b"}
+    output = {"type": "function_call_output", "role": "user", "call_id": "c", "output": "y"}
+    compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "tbc1."}
+    assert window_of_dicts([typed_user, said]) == [typed_user, said]
+    assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
 
 
 def compact_then_new_chain(port: int) -> tuple[Any, list[dict[str, Any]]]:
@@ -227,19 +223,17 @@ async def test_compact_answers_the_window_of_a_stored_chain_and_its_input(autoju
     usage = body["usage"]
     assert usage["output_tokens"] == summary_tokens(usage["input_tokens"]) == len(tokenizer.encoding().encode_ordinary(compaction.summary))
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    # The compaction's engine key holds nothing once it answered.
 
 
-async def test_compact_of_a_conversation_the_engine_has_seen_reads_its_prefix_from_the_cache(autojump_clock):
+async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refuses_an_unknown_one(autojump_clock):
     server = make_server()
     async with trio.open_nursery() as nursery:
         client = connect(nursery, server)
         first = (await client.request("POST", "/v1/responses", body={
             "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"},
         })).json()
-        reply = await client.request("POST", "/v1/responses/compact", body={
-            "model": "sim-1000", "input": "now the docs", "previous_response_id": first["id"],
-        })
+        reply, unknown = [await client.request("POST", "/v1/responses/compact", body={
+            "model": "sim-1000", "input": "now the docs", "previous_response_id": previous}) for previous in (first["id"], "resp_nope")]
         nursery.cancel_scope.cancel()
     usage = reply.json()["usage"]
     assert 0 < usage["input_tokens_details"]["cached_tokens"] < usage["input_tokens"]
@@ -247,34 +241,14 @@ async def test_compact_of_a_conversation_the_engine_has_seen_reads_its_prefix_fr
     *users, item = reply.json()["output"]
     assert [user["content"][0]["text"] for user in users] == ["fix the bug", "now the docs"]
     assert (parse_item(item).rounds, parse_item(item).offset) == (0, 1)
-
-
-async def test_compact_after_an_unknown_response_is_refused(autojump_clock):
-    async with trio.open_nursery() as nursery:
-        client = connect(nursery, make_server())
-        reply = await client.request("POST", "/v1/responses/compact", body={
-            "model": "sim-1000", "input": "x", "previous_response_id": "resp_nope",
-        })
-        nursery.cancel_scope.cancel()
-    assert (reply.status, reply.json()) == (400, {"error": {
+    assert (unknown.status, unknown.json()) == (400, {"error": {
         "type": "invalid_request_error", "code": "previous_response_not_found",
         "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id",
     }})
 
 
-def test_a_resent_history_keeps_only_its_window():
-    said = {"type": "message", "role": "assistant", "content": "x"}
-    typed_user = {"type": "message", "role": "user", "content": "a"}
-    easy_user = {"role": "user", "content": "b"}  # an easy input message: no type
-    output = {"type": "function_call_output", "role": "user", "call_id": "c", "output": "y"}  # not a message, whatever its role
-    compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "tbc1."}
-    assert window_of_dicts([typed_user, said]) == [typed_user, said]
-    assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
-
-
 async def compacting_chain_with_a_second_user_message(server) -> list[dict]:
-    """Eight turns answering every call with BIG_OUTPUT, a second user message with the first outputs, compacting past
-    the threshold: each response."""
+    """Eight compacting turns answering every call with BIG_OUTPUT, a second user message with the first outputs."""
     responses, previous, new_input = [], None, "fix the bug"
     async with ws(server, include_timing=True) as conn:
         while True:

@@ -1,8 +1,6 @@
-"""The engine's model-call interface (prototype/engine/engine.py, streaming.py, stats.py): a prefill timed from
-the call's place on the response's schedule (after a wait for a serial GPU, from the wait's end), the counters a
-call adds, a session's own key in the prefix lookup, unstreamed decoding, paced streaming with its flushes,
-injected faults; and what the sampling loop asks of an engine that reads it (vLLM's, on a scripted worker).
-Every time is exact on the autojump clock."""
+"""The engine's model-call interface (engine.py, streaming.py, stats.py), exact on the autojump clock: prefill and decode
+timed from the call's place on the schedule, counters, the session's key in the prefix lookup, paced streaming, injected
+faults; and what the sampling loop asks of an engine that reads it (vLLM's, on a scripted worker)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support import create_event, make_server, send, until, ws
+from support import TERMINALS, create_event, make_server, send, until, ws
 from test_vllm_client import engine_on_fake
 
 from prototype.designs.sampling import _answer_tokens
@@ -23,7 +21,6 @@ from prototype.engine.stats import MAX_STAT_SAMPLES, sample
 from prototype.engine.streaming import EngineFailure, FaultPlan, paced_tokens
 from prototype.workload import HostedCall, TurnSpec, Workload
 
-TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 # 1000 prompt tokens a second, 10 sampled tokens a second, no overheads: every time below is exact.
 LATENCY = LatencyModel(decode_tokens_per_s=10.0, prefill_tokens_per_s=1000.0, cache_attention=None,
                        request_overhead=0.0)
@@ -37,6 +34,8 @@ async def test_a_prefill_counts_its_call_and_tokens_and_ends_from_its_start(auto
     assert trio.current_time() == 1.5
     assert await engine.prefill(LATENCY, uncached=500, cached=70) == 2.0
     assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (2, 1500, 100)
+    # Unstreamed tokens are ready their decode time after their start.
+    assert await engine.decode_unstreamed(LATENCY, 5, start=2.25) == 2.75 == trio.current_time()
 
 
 async def test_a_serial_prefill_starts_from_its_place_unless_it_waited_for_the_gpu(autojump_clock) -> None:
@@ -71,38 +70,25 @@ async def test_a_model_call_looks_up_its_own_session_and_ends_its_prefill_from_i
     assert prefilled == Prefilled(decode_from=2.0 + 24 / 1000, cached=96)
 
 
-async def test_unstreamed_tokens_are_ready_their_decode_time_after_the_start(autojump_clock) -> None:
-    engine = Engine()
-    await trio.sleep(1.0)
-    assert await engine.decode_unstreamed(LATENCY, 5, start=1.25) == 1.75
-    assert trio.current_time() == 1.75
-
-
 async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[float, str]]:
     return [(round(trio.current_time(), 9), text) async for text in engine.stream(LATENCY, pieces, **kwargs)]
 
 
-async def test_a_stream_sends_each_token_when_sampled_by_default_and_counts_them(autojump_clock) -> None:
+async def test_a_stream_sends_each_token_when_sampled_by_default_or_takes_its_start_and_flushes_and_counts_them(autojump_clock):
     engine = Engine()
     assert await chunks(engine, list("abcd")) == [(0.1, "a"), (0.2, "b"), (0.3, "c"), (0.4, "d")]
     assert engine.stats.decoded_tokens == 4
     assert await chunks(engine, list("ef")) == [(0.5, "e"), (0.6, "f")]
-    assert engine.stats.decoded_tokens == 6
-
-
-async def test_a_stream_takes_its_start_flush_interval_and_flush_tokens(autojump_clock) -> None:
-    engine = Engine()
-    await trio.sleep(1.0)
+    await trio.sleep(0.4)
     # Sampling began at 0.5 s: six tokens are ready at once, sent two a chunk; then flushes every 0.25 s
     # (capped at two tokens), the last when the last token is ready at 1.3 s.
     got = await chunks(engine, list("abcdefgh"), start=0.5, flush_interval=0.25, flush_tokens=2)
     assert got == [(1.0, "ab"), (1.0, "cd"), (1.1, "ef"), (1.3, "gh")]
-    assert engine.stats.decoded_tokens == 8
+    assert engine.stats.decoded_tokens == 14
 
 
 def test_per_call_samples_keep_the_most_recent_ones_trimmed_in_batches() -> None:
-    # A long-running server's queue delays and prefill waits stay bounded: the list grows to twice
-    # the bound, then the next sample trims it to the most recent MAX_STAT_SAMPLES.
+    # A long-running server's samples stay bounded: at twice the bound, the next trims to the newest MAX_STAT_SAMPLES.
     samples: list[float] = []
     for value in range(2 * MAX_STAT_SAMPLES):
         sample(samples, float(value))
@@ -127,14 +113,10 @@ def paced(pieces: list[str], rate: float, **kwargs: object) -> list[tuple[float,
     return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_uncoalesced_tokens_go_out_one_by_one_at_the_decode_rate() -> None:
-    pieces = [" a", " b", " c", " d"]
-    assert paced(pieces, 1000.0) == [(0.001, 1, " a"), (0.002, 1, " b"), (0.003, 1, " c"), (0.004, 1, " d")]
+def test_tokens_go_out_one_by_one_at_the_decode_rate_or_coalesced_at_the_flush_interval_and_the_last_when_ready() -> None:
+    assert paced([" a", " b", " c"], 1000.0) == [(0.001, 1, " a"), (0.002, 1, " b"), (0.003, 1, " c")]
     # From a start on the engine's own schedule (here in the future), every deadline counts from it.
-    assert paced(pieces[:2], 500.0, start=0.01) == [(0.012, 1, " a"), (0.014, 1, " b")]
-
-
-def test_coalesced_tokens_go_out_at_the_flush_interval_and_the_last_when_it_is_ready() -> None:
+    assert paced([" a", " b"], 500.0, start=0.01) == [(0.012, 1, " a"), (0.014, 1, " b")]
     pieces = [f" t{i}" for i in range(10)]
     # 1000 tokens/s, flushes 3.5 ms apart: the first token at once (1 ms), the tokens ready at
     # 4.5 ms and 8 ms, then the last two at 10 ms, when the last is ready, not at 11.5 ms.
@@ -182,7 +164,7 @@ def failed_flushes(plan: FaultPlan, flushes: int) -> list[bool]:
     return failed
 
 
-def test_faults_at_a_rate_are_seeded_and_unlimited() -> None:
+def test_faults_at_a_rate_are_seeded_and_unlimited_and_counted_ones_follow_their_flushes() -> None:
     plan = FaultPlan(failure_p=0.3, seed=7)
     first = failed_flushes(plan, 200)
     assert (plan.flushes, plan.raised) == (200, sum(first)) and 40 <= sum(first) <= 80
@@ -193,9 +175,7 @@ def test_faults_at_a_rate_are_seeded_and_unlimited() -> None:
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError):
             FaultPlan(failure_p=p)
-
-
-def test_counted_faults_start_after_the_flushes_before_them() -> None:
+    # Counted faults start after the flushes before them.
     plan = FaultPlan(flushes_before_failure=2, failures=2)
     assert failed_flushes(plan, 6) == [False, False, True, True, False, False] and (plan.flushes, plan.raised) == (6, 2)
     default = FaultPlan()  # the first flush fails, once
@@ -228,17 +208,16 @@ def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, 
 
 
 async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:
-    # The simulated engine ignores what a call asks to sample and which model call tokens come from;
-    # a real engine's interface (vLLM's, on a scripted worker) reads both.
+    # The simulated engine ignores what a call asks to sample and where tokens come from; vLLM's interface reads both.
     async with engine_on_fake(nursery) as (engine, worker):
         server = make_server(engine=engine)
         # One final turn: a hosted search, then 15 tokens of reasoning and 25 of text.
         key = server.api.workloads.register(Workload("vllm", 1, (TurnSpec(300, 40, (), (HostedCall(1.0, 50),), 15),)))
         async with ws(server, "chained") as conn:
             await send(conn, create_event(generate=False))
-            warm = await until(conn, *TERMINAL)
+            warm = await until(conn, *TERMINALS)
             await send(conn, create_event(metadata={"testbed_workload": key}, tools=[*create_event()["tools"], {"type": "web_search"}]))
-            turn = await until(conn, *TERMINAL)
+            turn = await until(conn, *TERMINALS)
     assert (warm[-1]["type"], turn[-1]["type"]) == ("response.completed", "response.completed")
     response = turn[-1]["response"]
     assert [item["type"] for item in response["output"]] == ["web_search_call", "reasoning", "message"]
@@ -262,7 +241,7 @@ async def test_a_budgeted_turn_asks_a_real_engine_for_what_the_budget_leaves(aut
         key = server.api.workloads.register(Workload("vllm-budget", 1, (TurnSpec(300, 40, (), (), 15),)))
         async with ws(server, "chained") as conn:
             await send(conn, create_event(metadata={"testbed_workload": key}, max_output_tokens=20))
-            turn = await until(conn, *TERMINAL)
+            turn = await until(conn, *TERMINALS)
     assert turn[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     # 15 tokens of reasoning and the first 5 of the text's 25: the call takes 20, not the plan's 40, and vLLM
     # samples those with the two items' framing.

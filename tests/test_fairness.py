@@ -1,12 +1,6 @@
-"""A comparison a reviewer can trust: distinct tasks, one stopwatch, reasoning, and the same rules for every design.
-
-- generated tasks share the preset's common prefix (system prompt and tools) and nothing after it, and no design
-  finds more than that prefix in the engine's cache on a task's first turn;
-- every design's per-turn figures (docs/metrics.md) equal the exact virtual times of a known network and engine;
-- a chained continuation that leaves a call unanswered is refused as the public API refuses it, on WebSocket and HTTP;
-- reasoning: tokens counted in usage, an `encrypted_content` a stateless client must send back and the server
-  accepts, that a chained client need not resend and the suspended design never lets out.
-"""
+"""A comparison a reviewer can trust, the same rules for every design: generated tasks share only the preset's common
+prefix; per-turn figures (docs/metrics.md) are exact virtual times; an unanswered call is refused as the API refuses it;
+reasoning is counted, and its `encrypted_content` goes back only where the design needs it."""
 
 from __future__ import annotations
 
@@ -16,6 +10,7 @@ from typing import Any
 import pytest
 from support import create_event, function_calls, make_server, send, until, ws
 from test_http import Link, create_body, error_of
+from test_suspended import invalid
 
 from prototype import netem
 from prototype import workload as wl
@@ -28,7 +23,7 @@ from prototype.engine import tokenizer
 from prototype.engine.kv import BLOCK_SIZE
 from prototype.engine.kv import common_prefix as _common_prefix
 from prototype.protocol.codec import parse_create_body
-from prototype.protocol.items import ENCRYPTED_CONTENT_MIN_CHARS, Message, decode_reasoning, encode_reasoning
+from prototype.protocol.items import ENCRYPTED_CONTENT_MIN_CHARS, Message
 
 DESIGNS = ("http-stateless", "http-stored", CHAINED, SUSPENDED)
 
@@ -103,9 +98,8 @@ def exactly(seconds: float) -> Any:
 
 @pytest.mark.parametrize("design", DESIGNS)
 async def test_per_turn_figures_are_the_exact_virtual_times(autojump_clock, design: str) -> None:
-    """docs/metrics.md: a turn starts before any connection its request needs, its first token is the first output
-    delta received, it ends when the event ending it arrives. With no API costs, each turn takes its connection's
-    handshakes (turn 0), one round trip, the prefill, and the decode of reasoning, text and call arguments."""
+    """docs/metrics.md's turn (from before its connection to its ending event; first token: the first output delta), at
+    no API cost: its handshakes (turn 0), one round trip, the prefill, the decode of reasoning, text and arguments."""
     record = await run(make_server(), design, TASK, decode_tps=RATE, network=NETWORK)
     calls = [item for item in record.transcript if item["type"] == "function_call"]
     assert len(record.turns) == 3 and len(calls) == 2
@@ -127,7 +121,7 @@ async def test_per_turn_figures_are_the_exact_virtual_times(autojump_clock, desi
 # --- chained continuations answer every pending call ------------------------------------------------------------
 
 
-async def test_chained_continuation_with_a_pending_call_is_refused_like_the_api(autojump_clock) -> None:
+async def test_a_continuation_with_a_pending_call_is_refused_like_the_api_on_websocket_and_http(autojump_clock, nursery) -> None:
     server = make_server()
     async with ws(server, CHAINED) as conn:
         await send(conn, create_event())
@@ -135,17 +129,7 @@ async def test_chained_continuation_with_a_pending_call_is_refused_like_the_api(
         (call,) = function_calls(first)
         await send(conn, create_event(previous_response_id=first["id"], input="and another thing"))
         (error,) = await until(conn, "response.completed")
-    assert error == {
-        "type": "error", "status": 400,
-        "error": {
-            "type": "invalid_request_error", "code": "invalid_function_call_output",
-            "message": f"No tool output found for function call {call['call_id']}.", "param": "input",
-        },
-    }
-
-
-async def test_http_continuation_with_a_pending_call_is_refused_like_the_api(autojump_clock, nursery) -> None:
-    server = make_server()
+    assert error == invalid("invalid_function_call_output", f"No tool output found for function call {call['call_id']}.", "input")
     record = await run(server, "http-stored", wl.fixed(2))
     call_id = next(item["call_id"] for item in record.transcript if item["type"] == "function_call")
     answer = await Link(nursery, server).open().request(
@@ -157,16 +141,6 @@ async def test_http_continuation_with_a_pending_call_is_refused_like_the_api(aut
 
 
 # --- reasoning ---------------------------------------------------------------------------------------------------
-
-
-def test_encrypted_content_is_opaque_realistic_and_round_trips() -> None:
-    text = " alpha beta gamma"
-    blob = encode_reasoning(text)
-    assert len(blob) >= ENCRYPTED_CONTENT_MIN_CHARS and text.strip() not in blob
-    assert decode_reasoning(blob) == text
-    long = " word" * 2000
-    assert len(encode_reasoning(long)) > len(long)  # longer reasoning, a longer blob
-    assert decode_reasoning("gAAAAforeign") is None  # another server's blob: not ours to read
 
 
 async def test_reasoning_tokens_are_counted_and_the_blob_goes_where_the_design_needs_it(autojump_clock) -> None:

@@ -1,9 +1,6 @@
-"""The http design (designs/http.py): each `POST /v1/responses` one turn, stateless (the client sends the
-whole conversation) or stored (the server rebuilds the chain from its store every turn). A turn's
-events, phases at their virtual times, what it stores and under which key, where it is routed and
-what the engine keeps afterwards; the same transcript as the WebSocket designs; the handshakes and
-round trips a client pays; the API profiles before and after the single-request sprint
-(docs/protocol.md, §8; docs/parameters.md §6). Under the autojump clock, times asserted exactly."""
+"""The http design (designs/http.py): each POST one turn, stateless or stored (the chain rebuilt every turn): events
+and phases at exact virtual times, storage and keys, routing and prefix affinity, the handshakes a client pays, the
+sprint's profiles (docs/protocol.md §8; docs/parameters.md §6)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from support import make_server
+from support import exactly, make_server
 
 from prototype import metrics, netem
 from prototype import workload as wl
@@ -27,7 +24,6 @@ from prototype.api.costs import (
     SprintCosts,
     SprintSwitches,
     StageCost,
-    sprint_costs,
 )
 from prototype.api.service import ApiService, owner_of
 from prototype.client import harness
@@ -53,10 +49,6 @@ KNOWN_COSTS = ApiCosts(
 )
 COSTS = attrs.evolve(KNOWN_COSTS, store_read_per_turn=0.004)
 SERVER_PRE = 0.100  # the four fixed stage costs: all the server does before response.created
-
-
-def exactly(seconds: float) -> Any:
-    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
 
 
 # --- one turn, called directly ----------------------------------------------------------------------
@@ -102,10 +94,9 @@ def next_stateless(first: CreateRequest, response) -> CreateRequest:
 
 async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_times(autojump_clock) -> None:
     api = ApiService(costs=COSTS)
-    request = first_request(api, store=False)
-    log, sink = metrics.PhaseLog(), Sink()
+    log, sink, timed = metrics.PhaseLog(), Sink(), Sink()
     start = trio.current_time()
-    response = await http_design.run_http_turn(api, request, sink, log=log)
+    response = await http_design.run_http_turn(api, first_request(api, store=False), sink, log=log)
     assert sink.types[:2] == ["response.created", "response.in_progress"] and sink.types[-1] == "response.completed"
     # Pre-inference (the four fixed stage costs) before response.created; post-inference before the terminal event.
     assert sink[0][0] - start == exactly(0.100)
@@ -118,20 +109,13 @@ async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_tim
     assert post == [(exactly(sink[-1][0] - 0.050), exactly(sink[-1][0]))]
     # Timings go out only when asked for.
     assert all("testbed_timing" not in event.get("response", {}) for _, event in sink)
+    await http_design.run_http_turn(api, first_request(api, store=False), timed, include_timing=True)
+    phases_ms = timed[-1][1]["response"]["testbed_timing"]["phases_ms"]
+    assert [phases_ms[phase] for phase in ("validate", "safety", "render", "route", "post")] == [10.0, 20.0, 30.0, 40.0, 50.0]
     assert response.status == "completed" and response.incomplete_details is None
     assert response.id.startswith("resp_") and isinstance(sink[0][1]["response"]["created_at"], int)
     snapshots = [event["response"]["id"] for _, event in sink if "response" in event]
     assert snapshots == [response.id] * 3
-
-
-async def test_timings_ride_on_the_events_when_asked_for(autojump_clock) -> None:
-    api = ApiService(costs=COSTS)
-    sink = Sink()
-    await http_design.run_http_turn(api, first_request(api, store=False), sink, include_timing=True)
-    timing = sink[-1][1]["response"]["testbed_timing"]
-    assert {phase: timing["phases_ms"][phase] for phase in ("validate", "safety", "render", "route", "post")} == {
-        "validate": 10.0, "safety": 20.0, "render": 30.0, "route": 40.0, "post": 50.0
-    }
 
 
 async def test_a_turn_cut_at_max_output_tokens_ends_incomplete_and_is_stored_so(autojump_clock) -> None:
@@ -175,7 +159,9 @@ async def test_the_stored_chain_is_read_under_the_callers_key_only(autojump_cloc
     assert api.store.get(continued.id).owner == owner_of("key-a")
 
 
-async def test_the_variant_must_match_the_request(autojump_clock) -> None:
+async def test_the_variant_follows_previous_response_id_and_must_match_the_request(autojump_clock) -> None:
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x"})) == "stateless"
+    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})) == "stored"
     api = ApiService(costs=COSTS)
     stateless = first_request(api, store=False)
     message = "variant 'stored' does not match a request with previous_response_id=None"
@@ -187,11 +173,6 @@ async def test_the_variant_must_match_the_request(autojump_clock) -> None:
     with pytest.raises(ValueError, match=f"variant 'stateless' does not match a request with previous_response_id='{response.id}'"):
         await http_design.run_http_turn(api, next_stored(first_request(api), response), Sink(), variant="stateless")
     assert len(api.live) == 0
-
-
-def test_the_variant_follows_previous_response_id() -> None:
-    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x"})) == "stateless"
-    assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})) == "stored"
 
 
 async def test_only_the_key_that_created_a_running_turn_can_cancel_it(autojump_clock, nursery) -> None:
@@ -230,7 +211,6 @@ async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
     baseline = await http_design.run_http_turn(cold, first_request(cold, store=False), Sink())
     real = await http_design.run_http_turn(api, first_request(api, store=False), Sink())
     assert real.usage.cached_tokens > baseline.usage.cached_tokens
-
 
 
 # --- the same transcript in every design; handshakes and round trips; the sprint's profiles ------------
@@ -285,28 +265,13 @@ async def test_stored_chain_is_rebuilt_from_scratch_every_turn(autojump_clock) -
 
 def first_event_times(record) -> list[float]:
     """When each turn's first event (response.created) arrived."""
-    times = []
-    for turn in record.turns:
-        times.append(min(t for t, direction, _ in record.timeline if direction == "recv" and t >= turn.sent_at))
-    return times
-
-
-async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time(autojump_clock) -> None:
-    server = make_server(costs=KNOWN_COSTS)
-    workload = wl.fixed(1)
-    key = server.api.workloads.register(workload)
-    record = await run_http_rollout(InMemoryConnector(server, TLS13), workload, metadata={"testbed_workload": key})
-    assert record.status == "completed"
-    assert TLS13.handshake_seconds == exactly(2 * RTT)
-    (first,) = first_event_times(record)
-    assert first - record.turns[0].sent_at == exactly(2 * RTT + RTT + SERVER_PRE)
-    # The request left after the handshake and reached the server half an RTT later.
-    sends = [t for t, direction, _ in record.timeline if direction == "send"]
-    assert sends == [exactly(record.turns[0].sent_at + 2 * RTT)]
+    return [min(t for t, direction, _ in record.timeline if direction == "recv" and t >= turn.sent_at) for turn in record.turns]
 
 
 @pytest.mark.parametrize("variant", ["stateless", "stored"])
-async def test_keep_alive_pays_the_handshake_once(autojump_clock, variant: str) -> None:
+async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time_and_keep_alive_pays_the_handshake_once(
+        autojump_clock, variant: str) -> None:
+    assert TLS13.handshake_seconds == exactly(2 * RTT)
     workload = wl.fixed(3, tool_seconds=0.5)
     records = {}
     for keep_alive in (True, False):
@@ -320,22 +285,11 @@ async def test_keep_alive_pays_the_handshake_once(autojump_clock, variant: str) 
         gaps = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
         handshakes = [2 * RTT] + [0.0 if keep_alive else 2 * RTT] * 2
         assert gaps == [exactly(h + RTT + SERVER_PRE) for h in handshakes]
+        # Each request left after its handshake (turn 0 only, with keep-alive), reaching the server half an RTT later.
+        sends = [t - turn.sent_at for (t, direction, _), turn in zip((e for e in record.timeline if e[1] == "send"), record.turns)]
+        assert sends == [exactly(h) for h in handshakes]
     assert records[True].transcript == records[False].transcript
     assert records[False].seconds - records[True].seconds == exactly(2 * 2 * RTT)
-
-
-def test_sprint_costs_add_back_what_each_switch_removed() -> None:
-    costs = ApiCosts()
-    extra = SprintCosts()
-    assert sprint_costs(costs, AFTER_SPRINT) is costs
-    before = sprint_costs(costs, BEFORE_SPRINT, extra)
-    assert before.route.fixed == pytest.approx(costs.route.fixed + extra.config_load + extra.intermediate_hop)
-    assert before.safety.fixed == pytest.approx(costs.safety.fixed + extra.slow_safety_fixed)
-    assert before.safety.per_ktok == pytest.approx(costs.safety.per_ktok + extra.slow_safety_per_ktok)
-    assert (before.validate, before.render, before.post) == (costs.validate, costs.render, costs.post)
-    hop_only = sprint_costs(costs, SprintSwitches(direct_inference_hop=False), extra)
-    assert hop_only.route.fixed == pytest.approx(costs.route.fixed + extra.intermediate_hop)
-    assert hop_only.safety == costs.safety
 
 
 async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(autojump_clock) -> None:
@@ -377,46 +331,21 @@ async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) 
     assert after[1:] == [pytest.approx(len(render.render_items(items))) for items in sent]
 
 
-def test_render_cache_equals_a_full_render() -> None:
-    cache = render.RenderCache()
-    items = parse_input([
-        {"type": "message", "role": "user", "content": "fix the bug"},
-        {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{\"path\": \"a.py\"}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "print('hi')"},
-    ])
-    key = render.preamble_key("be brief", ())
-    prompt, tokenized = cache.render_full(key, items)
-    assert prompt.ids == render.render_full(key, items).ids
-    assert tokenized == len(prompt)
-    again, tokenized = cache.render_full(key, [*items, FunctionCallOutput("call_2", "more")])
-    assert again.ids == render.render_full(key, [*items, FunctionCallOutput("call_2", "more")]).ids
-    assert tokenized == len(render.render_items([FunctionCallOutput("call_2", "more")]))
-    small = render.RenderCache(max_tokens=10)
-    small.render_full(key, items)
-    assert small.tokens <= 10 or len(small) == 1
-
-
-
 # --- routing and prefix-cache affinity -----------------------------------------------------------------
-
-
-def engine_keys(api: ApiService) -> set:
-    return set(api.engine.kv)
 
 
 @pytest.mark.parametrize("routes", [(True, True), (True, False), (False, True), (False, False)], ids=["home-home", "home-away", "away-home", "away-away"])
 async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_clock, monkeypatch, routes: tuple[bool, bool]) -> None:
-    """Routed to its prefix's engine, a turn finds the earlier turn's prefix there; routed elsewhere, it
-    finds nothing, and the engine that served it keeps nothing of it."""
+    """Routed home a turn finds the earlier turn's prefix; routed elsewhere it finds nothing and leaves nothing."""
     api = ApiService(costs=COSTS)
     draws = iter(routes)
     monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: next(draws))
     first = first_request(api, store=False)
     home = ("http", http_design.conversation_key(first.input))
     one = await http_design.run_http_turn(api, first, Sink())
-    assert engine_keys(api) == ({home} if routes[0] else set())
+    assert set(api.engine.kv) == ({home} if routes[0] else set())
     two = await http_design.run_http_turn(api, next_stateless(first, one), Sink())
-    assert engine_keys(api) == ({home} if routes[0] or routes[1] else set())
+    assert set(api.engine.kv) == ({home} if routes[0] or routes[1] else set())
     cached = two.usage.cached_tokens
     if not routes[1]:
         assert cached == 0
@@ -432,10 +361,10 @@ async def test_each_conversation_keeps_its_own_kv_on_its_engine(autojump_clock, 
     api = ApiService(costs=COSTS)
     firsts = [first_request(api, store=False), first_request(api, prompt="write the docs", store=False)]
     responses = [await http_design.run_http_turn(api, first, Sink()) for first in firsts]
-    assert engine_keys(api) == {("http", http_design.conversation_key(first.input)) for first in firsts}
+    assert set(api.engine.kv) == {("http", http_design.conversation_key(first.input)) for first in firsts}
     for first, response in zip(firsts, responses):
         await http_design.run_http_turn(api, next_stateless(first, response), Sink())
-    assert len(engine_keys(api)) == 2
+    assert len(api.engine.kv) == 2
 
 
 def user(text: str) -> Message:
@@ -443,9 +372,8 @@ def user(text: str) -> Message:
 
 
 def documented_draw(items: list) -> float:
-    """The draw as documented (docs/parameters.md §6, `reaches_prefix_cache`): a 64-bit blake2b of the
-    count of items and the first item's text, as a fraction of 2**64. Published runs replay only if
-    every turn draws exactly this."""
+    """The draw docs/parameters.md §6 documents (published runs replay only with it): a 64-bit blake2b of the item
+    count and the first item's text, as a fraction of 2**64."""
     first = render.item_text(items[0]) if items else ""
     digest = hashlib.blake2b(f"{len(items)}\x00{first}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
@@ -487,17 +415,13 @@ def test_a_conversation_is_keyed_by_its_first_item() -> None:
     assert key([user("a \ud800")]) != key([user("a \udc00")])  # any text has a key, even a lone surrogate
 
 
-
-def test_the_affinity_by_default_is_the_engines_share_of_turns_routed_home() -> None:
+def test_the_default_affinity_is_the_share_of_turns_routed_home_and_misses_are_drawn_per_task_and_turn() -> None:
     first = user("fix the bug")
     draws = [http_design.reaches_prefix_cache([first] * n) for n in range(1, 4001)]
     assert abs(sum(draws) / len(draws) - HTTP_AFFINITY) < 0.02
     assert http_design.reaches_prefix_cache([first], affinity=1.0)
     assert not http_design.reaches_prefix_cache([first], affinity=0.0)
-
-
-def test_affinity_misses_are_drawn_per_task_and_turn() -> None:
-    """Generated tasks have their own content, so which turns miss differs from task to task."""
+    # Generated tasks have their own content, so which turns miss differs from task to task.
     prompts = [user(harness.task_prompt(w)) for w in wl.generate(seed=0, n_tasks=20)]
     misses = [tuple(n for n in range(1, 200) if not http_design.reaches_prefix_cache([first] * n)) for first in prompts]
     assert len(set(misses)) == 20

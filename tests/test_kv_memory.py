@@ -1,8 +1,5 @@
-"""The engine's KV memory: budget, batch limit, queue, retention policies; and the experiment.
-
-The engine tests drive `Engine` alone under the autojump clock and assert exact virtual times: a
-session's calls are `begin_call` (admission), `retain` (KV computed), `end_call` (idle), `release`.
-"""
+"""The engine's KV memory (budget, batch limit, queue, retention, prefix cache) driven alone under the autojump
+clock, exact virtual times; and the kv_memory experiment."""
 
 from __future__ import annotations
 
@@ -71,7 +68,9 @@ async def test_unlimited_engine_admits_at_once_and_keeps_todays_cache(autojump_c
     assert engine.stats.expired == 1 and engine.kv == {}
 
 
-async def test_a_full_budget_queues_a_new_session_until_the_holder_releases(autojump_clock):
+async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_refuses_a_prompt_larger_than_itself(autojump_clock):
+    with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
+        await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
     engine = Engine(kv_budget_tokens=100)
     holder = prompt(80)
     await call(engine, "a", holder, pinned=True)
@@ -149,6 +148,9 @@ async def test_discard_drops_kv_at_the_end_of_each_call_and_counts_the_recompute
     assert engine.cached_prefix("s", p, 0.0) == 0 and handle.recomputed == 100
     assert engine.stats.recomputed_tokens == 100
     engine.end_call(handle)
+    for key in ("b", "s"):
+        await call(engine, key, prompt(100, start={"s": 1000, "b": 50_000}[key]))
+    assert (engine.stats.discarded, engine.kv) == (3, {})  # every discard is counted
 
 
 async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_cannot(autojump_clock):
@@ -236,19 +238,13 @@ async def test_resident_memory_is_integrated_over_time(autojump_clock):
     assert engine.stats.resident_token_seconds == 500.0 and engine.resident_tokens == 0
 
 
-async def test_a_prompt_larger_than_the_budget_is_refused(autojump_clock):
-    with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
-        await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
-
-
 POLICIES = [HOLD_POLICY, ttl(3), ttl(3, pin=True), DISCARD_POLICY, SWAP_POLICY]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_every_session_finishes_and_the_books_balance(data):
-    """Random sessions on a small engine: no deadlock, the budget holds at admission, and the
-    memory counters always equal the entries' sums."""
+    """Random sessions on a small engine: no deadlock, the budget holds, the counters equal the entries' sums."""
     policy = data.draw(st.sampled_from(POLICIES))
     budget = data.draw(st.integers(60, 200))
     max_batch = data.draw(st.one_of(st.none(), st.integers(1, 3)))
@@ -372,8 +368,7 @@ def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
 
 
 def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
-    """docs/figures/kv_memory.json holds each run's throughput by scheduler seed, the samples behind the figures
-    docs/kv_memory.md quotes; a 10-agent configuration (a second of CPU) is run again and must give its value."""
+    """docs/figures/kv_memory.json's samples behind docs/kv_memory.md: a 10-agent configuration run again gives its value."""
     from experiments import kv_memory
 
     data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
@@ -405,7 +400,7 @@ async def test_blocks_are_found_by_content_across_sessions_and_never_past_a_dive
     assert budget.cached_prefix("b", b, trio.current_time()) == 0
 
 
-async def test_the_directory_finds_whole_blocks_and_never_the_last_token(autojump_clock):
+async def test_the_directory_finds_whole_blocks_never_the_last_token_and_unlists_what_a_branch_left(autojump_clock):
     engine = Engine()
     held = prompt(100)  # 6 full blocks listed
     await call(engine, "a", held)
@@ -413,11 +408,18 @@ async def test_the_directory_finds_whole_blocks_and_never_the_last_token(autojum
         assert engine.cached_prefix("b", Prompt(held.ids[:n]), 0.0) == min((n - 1) // BLOCK_SIZE, 6) * BLOCK_SIZE, n
     # Past what the holder computed, the walk stops at the first block nobody holds.
     assert engine.cached_prefix("b", Prompt(list(held.ids) + list(range(5000, 5100))), 0.0) == 96
+    # A session's own KV: only what matches, never the last token's block.
+    own = prompt(96, start=20_000)
+    await call(engine, "s", own)
+    assert engine.cached_prefix("s", own, 1.0) == 80
+    assert engine.cached_prefix("s", Prompt([*own.ids[:50], *range(9000, 9046)]), 1.0) == 48
+    # An entry that branches unlists the blocks it no longer holds.
+    engine.retain("a", Prompt(list(held.ids[:32]) + [9] * 40), 1.0)
+    assert engine.cached_prefix("b", Prompt([*held.ids[:64], 1]), 1.0) == 32
 
 
 async def test_a_block_is_never_found_out_of_its_context(autojump_clock):
-    # Block hashes chain (vLLM's prefix caching): a block's KV depends on every token before it, so
-    # a block whose 16 tokens match but whose preceding context differs is never reused.
+    # Block hashes chain (vLLM's prefix caching): a block whose tokens match in another context is never reused.
     engine = Engine()
     first, second, third = (list(range(start, start + 16)) for start in (1000, 2000, 3000))
     await call(engine, "a", Prompt(first + second + third + [1]))
@@ -429,8 +431,7 @@ async def test_a_block_is_never_found_out_of_its_context(autojump_clock):
 
 
 async def test_a_released_sessions_blocks_serve_others_until_exactly_the_ttl_after_its_last_use(autojump_clock):
-    # Late in the run, so that only the age (now - last use) can decide, and at the boundary an own
-    # entry expires at: exactly kv_ttl after its last use.
+    # Late in the run, so that only the age (now - last use) decides: exactly kv_ttl after the last use.
     engine = Engine(kv_ttl=1.0)
     await trio.sleep(10.0)
     shared = list(range(1000, 1100))
@@ -440,30 +441,23 @@ async def test_a_released_sessions_blocks_serve_others_until_exactly_the_ttl_aft
     assert [engine.cached_prefix("b", b, t) for t in (10.5, 10.999, 11.0)] == [96, 96, 0]
 
 
-async def test_an_entry_that_branches_unlists_the_blocks_it_no_longer_holds(autojump_clock):
-    engine = Engine()
-    first = Prompt(list(range(64)))
-    await call(engine, "a", first)
-    engine.retain("a", Prompt(list(range(32)) + [9] * 40), trio.current_time())
-    assert engine.cached_prefix("b", Prompt(list(range(64)) + [1]), trio.current_time()) == 32
+@pytest.mark.parametrize("direct", [False, True], ids=["model-call", "kept-outside-a-call"])
+async def test_a_released_sessions_old_timer_does_not_expire_its_next_entry(autojump_clock, direct):
+    # The first entry's idle timer (due at 300) outlives it; the next entry, last used at 1.0, lives until 301.
+    engine, p = Engine(), prompt(100)
 
+    async def use() -> None:
+        await call(engine, "s", p) if not direct else engine.retain("s", p, trio.current_time())
 
-async def test_a_released_sessions_old_timer_does_not_expire_its_next_entry(autojump_clock):
-    # The first entry's idle timer (due at 300) outlives it; the session's next entry, last used at
-    # 1.0, lives until 301 however its bookkeeping went.
-    engine = Engine()
-    p = prompt(100)
-    await call(engine, "s", p)
+    await use()
     engine.release("s")
     await trio.sleep(1.0)
-    await call(engine, "s", p)
-    assert engine.cached_prefix("s", p, 300.5) == 96
-    assert engine.cached_prefix("s", p, 301.0) == 0
+    await use()
+    assert (engine.cached_prefix("s", p, 300.5), engine.cached_prefix("s", p, 301.0)) == (96, 0)
 
 
-async def test_a_released_session_is_no_longer_isolated(autojump_clock):
-    # An http turn routed away isolates its session's key; once released, the key's next session
-    # finds the shared blocks again.
+async def test_an_isolated_session_neither_finds_nor_lends_blocks_until_released(autojump_clock):
+    # An http turn routed away isolates its session's key; once released, its next session finds the blocks again.
     engine = Engine()
     shared = list(range(1000, 1100))
     await call(engine, "other", Prompt(shared + [1] * 40))
@@ -471,11 +465,13 @@ async def test_a_released_session_is_no_longer_isolated(autojump_clock):
     assert engine.cached_prefix("s", Prompt(shared + [2] * 40), trio.current_time()) == 0
     engine.release("s")
     assert engine.cached_prefix("s", Prompt(shared + [2] * 40), trio.current_time()) == 96
+    engine.isolate("away")
+    p = prompt(100, start=7000)
+    await call(engine, "away", p)
+    assert engine.cached_prefix("other", Prompt([*p.ids[:64], 1]), trio.current_time()) == 0
 
 
 def test_each_block_hash_chains_the_previous_one_with_the_blocks_own_ids() -> None:
-    from array import array
-
     ids = list(range(1000, 1000 + 16 * 7 + 5))
     prompt = Prompt(ids[:40])
     prompt.block_hashes(16)  # two blocks first, then the rest: a prompt that grew
@@ -485,6 +481,11 @@ def test_each_block_hash_chains_the_previous_one_with_the_blocks_own_ids() -> No
         parent = hash((parent, array("q", ids[b * 16 : (b + 1) * 16]).tobytes()))
         expected.append(parent)
     assert prompt.block_hashes(16) == expected == Prompt(ids).block_hashes(16)
+    # Asked for another block size, the hashes follow it (a cache of the other size is not reused).
+    mixed = Prompt(ids[:100])
+    mixed.block_hashes(16)
+    assert mixed.block_hashes(32) == Prompt(ids[:100]).block_hashes(32)
+    assert len(mixed.block_hashes(16)) == 6 and mixed.block_hashes(16) == Prompt(ids[:100]).block_hashes(16)
 
 
 @given(
@@ -509,17 +510,8 @@ def test_an_id_outside_64_bits_or_not_an_integer_is_refused_and_the_prompt_keeps
     assert prompt.ids == array("q", [7, 8])
 
 
-def test_block_hashes_follow_the_block_size_they_are_asked_for():
-    ids = list(range(1000, 1100))
-    mixed = Prompt(ids)
-    mixed.block_hashes(16)
-    assert mixed.block_hashes(32) == Prompt(ids).block_hashes(32)
-    assert len(mixed.block_hashes(16)) == 6 and mixed.block_hashes(16) == Prompt(ids).block_hashes(16)
-
-
 async def test_shared_blocks_stay_findable_through_the_session_that_used_them_last(autojump_clock):
-    # Two sessions compute the same 96-token prefix; the one that used it last holds it longest
-    # (idle TTLs run from the last use), so the prefix outlives the other session's entry.
+    # Two sessions compute the same 96-token prefix; the one that used it last (idle TTLs) keeps it findable.
     engine = Engine(kv_ttl=100.0)
     shared = list(range(1000, 1096))
     a = Prompt(shared + list(range(5000, 5040)))
@@ -567,29 +559,12 @@ async def test_a_sweep_at_time_zero_keeps_the_blocks_that_still_serve(autojump_c
     assert (listed, next_sweep) == (SWEEP_BLOCKS + 62, 2 * (SWEEP_BLOCKS + 62))  # nothing forgotten: the next sweep at double
 
 
-async def test_a_sessions_own_kv_counts_only_what_matches_and_never_the_last_token(autojump_clock):
-    engine = Engine()
-    a = prompt(96)  # six whole blocks
-    await call(engine, "s", a)
-    assert engine.cached_prefix("s", a, 1.0) == 80  # the same prompt again: never its last token's block
-    branched = Prompt([*a.ids[:50], *range(9000, 9046)])  # the same length, diverging after 50 tokens
-    assert engine.cached_prefix("s", branched, 1.0) == 48
-
-
 async def test_kv_kept_outside_a_call_is_held_under_a_pinning_ttl_as_a_paused_sessions_is(autojump_clock):
-    # A direct retain (no model call) leaves the KV idle as a session paused at a tool call: a
-    # pinning TTL holds it against a newcomer, which waits for it to expire.
+    # A direct retain (no model call) leaves the KV idle as a paused session's: the newcomer waits for the pin.
     engine = Engine(kv_budget_tokens=150, retention=parse_policy("pin-300"))
     engine.retain("a", prompt(100), 0.0)
     handle = await engine.begin_call("b", prompt(100, start=50_000))
     assert handle.queued_s == 300.0
-
-
-async def test_a_call_that_ends_before_its_prefill_leaves_no_kv(autojump_clock):
-    engine = Engine()
-    handle = await engine.begin_call("s", prompt(100))
-    engine.end_call(handle)  # failed before anything was computed
-    assert "s" not in engine.kv and engine.resident_tokens == 0
 
 
 async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock):
@@ -606,32 +581,6 @@ async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock
     assert (entry.where, entry.tokens, engine.host_tokens, engine.resident_tokens) == ("gpu", 120, 0, 120)
 
 
-async def test_every_discard_is_counted(autojump_clock):
-    engine = Engine(retention=DISCARD_POLICY)
-    for key in ("a", "b", "a"):
-        await call(engine, key, prompt(100, start={"a": 1000, "b": 50_000}[key]))
-    assert (engine.stats.discarded, engine.kv) == (3, {})
-
-
-async def test_kv_kept_outside_a_call_is_never_expired_by_a_timer_of_an_earlier_entry(autojump_clock):
-    engine = Engine()
-    p = prompt(100)
-    engine.retain("s", p, 0.0)  # no model call: the first entry the engine makes
-    engine.release("s")
-    await trio.sleep(1.0)
-    engine.retain("s", p, 1.0)
-    assert (engine.cached_prefix("s", p, 300.5), engine.cached_prefix("s", p, 301.0)) == (96, 0)
-
-
-async def test_an_isolated_sessions_blocks_are_not_found_by_others(autojump_clock):
-    engine = Engine()
-    engine.isolate("away")
-    p = prompt(100)
-    await call(engine, "away", p)
-    found = engine.cached_prefix("other", Prompt([*p.ids[:64], 1]), trio.current_time())
-    assert found == 0
-
-
 async def test_recomputation_is_counted_against_the_most_a_session_ever_computed(autojump_clock):
     engine = Engine(kv_ttl=10.0)
     long = prompt(200)
@@ -642,35 +591,27 @@ async def test_recomputation_is_counted_against_the_most_a_session_ever_computed
     assert handle.recomputed == 200  # the session had computed all 200 once
 
 
-async def test_under_swap_a_host_copy_expires_after_its_ttl_and_each_expiry_is_counted(autojump_clock):
+async def test_under_swap_a_host_copy_expires_its_ttl_after_its_own_pause_and_each_expiry_is_counted(autojump_clock):
     engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
-    for key, start in (("a", 1000), ("b", 50_000)):
+
+    async def pause(key: str, start: int) -> None:
         handle = await engine.begin_call(key, prompt(100, start=start))
         engine.retain(key, prompt(100, start=start), trio.current_time())
         engine.end_call(handle, paused=True)  # copied to the host
+
+    for key, start in (("a", 1000), ("b", 50_000), ("s", 90_000)):
+        await pause(key, start)
     await trio.sleep(50.0)
     engine.advance(trio.current_time())
-    assert [entry.where for entry in engine.kv.values()] == ["host", "host"]
-    await trio.sleep(60.0)
-    engine.advance(trio.current_time())
-    assert (engine.kv, engine.stats.expired, engine.host_tokens) == ({}, 2, 0)
-
-
-async def test_under_swap_a_second_pause_is_not_expired_by_the_first_pauses_timer(autojump_clock):
-    engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
-    p = prompt(100)
-    for _ in range(2):  # two pauses 60 s apart: each copy lives 100 s from its own last use
-        handle = await engine.begin_call("s", p)
-        engine.retain("s", p, trio.current_time())
-        engine.end_call(handle, paused=True)
-        await trio.sleep(60.0)
-    engine.advance(130.0)  # past the first pause's expiry (100 s), before the second's (160 s)
-    assert engine.kv["s"].where == "host" and engine.stats.expired == 0
+    assert [entry.where for entry in engine.kv.values()] == ["host"] * 3
+    await trio.sleep(10.0)
+    await pause("s", 90_000)  # s pauses again at 60: its copy lives until 160, whatever the first pause's timer
+    engine.advance(130.0)
+    assert (list(engine.kv), engine.kv["s"].where, engine.stats.expired, engine.host_tokens) == (["s"], "host", 2, 100)
 
 
 async def test_a_server_remembers_at_most_max_sessions_forgetting_the_least_recently_seen_without_kv(autojump_clock):
-    # Each session computes 100 tokens and loses its KV at the end of the call: a remembered session
-    # that comes back recomputes them (counted), a forgotten one is new again (nothing counted).
+    # A remembered session that comes back recomputes its 100 tokens (counted); a forgotten one is new again.
     engine = Engine(retention=DISCARD_POLICY, max_sessions=2)
     starts = {"a": 1000, "b": 20_000, "c": 40_000}
     for key in ("a", "b", "c"):  # c is the third: a, the least recently seen, is forgotten
@@ -697,8 +638,7 @@ async def test_sessions_that_hold_kv_are_not_forgotten_and_those_past_their_ttl_
 
 @pytest.mark.parametrize(("holders", "forgotten"), [(19, True), (20, False)])
 async def test_forgetting_looks_at_most_sixteen_plus_four_per_excess_sessions(autojump_clock, holders, forgotten):
-    # The scan for sessions to forget is bounded (a new session costs the same however many hold
-    # KV): forgetting one session looks at the 20 least recently seen only.
+    # The scan for sessions to forget is bounded: it looks at the 20 least recently seen only.
     engine = Engine(max_sessions=holders + 1)
     for i in range(holders):
         await call(engine, f"s{i}", prompt(20, 1000 * (i + 1)))
@@ -744,50 +684,30 @@ async def test_a_sessions_kv_stays_in_use_until_all_its_calls_end(autojump_clock
     assert await call(engine, "n", prompt(50, 50_000)) == 0.0 and engine.stats.evicted == 1
 
 
-async def test_when_the_head_of_the_queue_leaves_the_next_call_is_admitted_at_once_or_at_its_timer(autojump_clock):
+# In the way of b and then c: a call in flight (c fits beside it at once), or KV held by a pinning TTL until t = 10
+# (c wakes at that expiry; a head left asleep without its timer would wait for ever).
+@pytest.mark.parametrize(("in_flight", "c_tokens", "admitted"), [(True, 40, 2.0), (False, 50, 10.0)])
+async def test_when_the_head_of_the_queue_leaves_the_next_call_is_admitted_at_once_or_at_its_timer(
+        autojump_clock, in_flight, c_tokens, admitted):
     engine = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
-    holder = await engine.begin_call("a", prompt(60))
-    got = {}
+    await (engine.begin_call("a", prompt(60)) if in_flight else call(engine, "a", prompt(60)))
+    got, b_scope = {}, trio.CancelScope()
 
-    async def waiter(key: str, n: int, start: int) -> None:
-        handle = await engine.begin_call(key, prompt(n, start))
-        got[key] = trio.current_time()
-        engine.end_call(handle)
+    async def waiter(key: str, n: int, start: int, scope=None) -> None:
+        with scope or trio.CancelScope():
+            handle = await engine.begin_call(key, prompt(n, start))
+            got[key] = trio.current_time()
+            engine.end_call(handle)
 
-    async with trio.open_nursery() as nursery:
-        b_scope = trio.CancelScope()
-
-        async def b() -> None:
-            with b_scope:
-                await waiter("b", 50, 20_000)
-
-        nursery.start_soon(b)
-        await trio.sleep(1.0)
-        nursery.start_soon(waiter, "c", 40, 40_000)  # younger: behind b, though it would fit
-        await trio.sleep(1.0)
-        assert engine.waiting_calls == 2
-        b_scope.cancel()  # b leaves: c fits beside a at once
-    assert got == {"c": 2.0}
-    engine.end_call(holder)
-
-    # The same with a held entry in the way: the new head wakes at its expiry.
-    engine = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
-    await call(engine, "a", prompt(60))  # held until t = 12 (a pinning TTL from its last use)
-    got.clear()
-    with trio.fail_after(100):  # (a head left asleep without its timer would wait for ever)
+    with trio.fail_after(100):
         async with trio.open_nursery() as nursery:
-            b_scope = trio.CancelScope()
-
-            async def b2() -> None:
-                with b_scope:
-                    await waiter("b", 50, 20_000)
-
-            nursery.start_soon(b2)
+            nursery.start_soon(waiter, "b", 50, 20_000, b_scope)
             await trio.sleep(1.0)
-            nursery.start_soon(waiter, "c", 50, 40_000)
+            nursery.start_soon(waiter, "c", c_tokens, 40_000)  # younger: behind b, though it may fit
             await trio.sleep(1.0)
+            assert engine.waiting_calls == 2
             b_scope.cancel()
-    assert got == {"c": 12.0}
+    assert got == {"c": admitted}
 
 
 async def test_a_call_cancelled_while_its_kv_comes_back_from_the_host_frees_its_slot(autojump_clock):
@@ -805,6 +725,9 @@ async def test_a_call_cancelled_while_its_kv_comes_back_from_the_host_frees_its_
 
 async def test_ending_a_call_twice_or_a_call_never_admitted_changes_nothing(autojump_clock):
     engine = Engine(max_batch=1)
+    handle = await engine.begin_call("s", prompt(100))
+    engine.end_call(handle)  # ended before its prefill: no KV
+    assert "s" not in engine.kv and engine.resident_tokens == 0
     handle = await engine.begin_call("s", prompt(100))
     engine.retain("s", prompt(100), 0.0)
     engine.end_call(handle)
@@ -855,7 +778,7 @@ async def test_a_released_session_that_comes_back_is_new_youngest_and_with_nothi
     assert order == [("b", 100), ("a", 0)]  # b is now the older session; a computed nothing it remembers
 
 
-def test_outside_trio_a_release_happens_at_the_last_time_the_engine_saw():
+def test_outside_trio_a_release_and_a_call_end_happen_at_the_last_time_the_engine_saw():
     engine = Engine(kv_ttl=300.0)
     p = prompt(100)
     engine.retain("s", p, 50.0)
@@ -866,21 +789,17 @@ def test_outside_trio_a_release_happens_at_the_last_time_the_engine_saw():
     engine.retain("s", p, 0.0)
     engine.release("s")
     assert engine.cached_prefix("o", other, 300.0) == 0
-
-
-def test_outside_trio_a_call_ends_at_the_last_time_the_engine_saw():
+    # A call ended outside trio ends at t = 0 too: the 40 of its 100 reserved tokens it did not compute go then.
     engine = Engine(kv_ttl=300.0)
-    p = prompt(100)
-    handle = trio.run(engine.begin_call, "s", p, clock=trio.testing.MockClock())  # at t = 0, 100 tokens reserved
-    engine.retain("s", prompt(60), 0.0)  # the call computed 60 of them
-    engine.end_call(handle)  # outside trio: at t = 0, the unused 40 are given back then
+    handle = trio.run(engine.begin_call, "s", p, clock=trio.testing.MockClock())
+    engine.retain("s", prompt(60), 0.0)
+    engine.end_call(handle)
     engine.advance(10.0)
     assert engine.stats.resident_token_seconds == 600.0
 
 
 async def test_a_call_waiting_on_held_kv_wakes_when_that_kv_is_kept_as_cache_outside_a_call(autojump_clock):
-    # Held KV has no timer; kept again unpinned outside a call (a direct `retain`), it gets one, and
-    # the call waiting on it wakes to be admitted at its expiry.
+    # Held KV has no timer; kept again unpinned by a direct `retain`, it gets one: the waiter wakes at its expiry.
     engine = Engine(kv_budget_tokens=100, kv_ttl=30.0)
     await call(engine, "a", prompt(80), pinned=True)
 
@@ -912,8 +831,7 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
 
 
 def full_claim(engine: Engine, key: str) -> None:
-    """A claim of all of the key's entry's full blocks: list each as held by it (a test-side oracle,
-    independent of who changed the directory last)."""
+    """The oracle: list every full block of the key's entry as held by it."""
     entry = engine.kv.get(key)
     if entry is not None and key not in engine._isolated:
         hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]
@@ -928,9 +846,7 @@ def full_claim(engine: Engine, key: str) -> None:
     ),
 )
 def test_claiming_only_its_new_blocks_lists_the_directory_that_claiming_all_of_them_lists(ops):
-    """An entry that changed the block directory last claims only its new blocks (kv.py `_register`);
-    the directory must be the one a claim of all of them gives, whoever else claimed, branched,
-    was released or isolated in between."""
+    """An entry claims only its new blocks (kv.py `_register`): the directory equals a claim of all of them."""
     engine = Engine()
     prompts = {key: prompt(20) for key in "abc"}  # a shared first block: sessions claim it from each other
     now = 0.0
@@ -954,8 +870,7 @@ def test_claiming_only_its_new_blocks_lists_the_directory_that_claiming_all_of_t
 
 
 async def test_after_a_sweep_took_its_blocks_an_entry_claims_them_all_again(autojump_clock):
-    # With a TTL of 0 an entry serves nobody even while its call runs, so the sweep that follows
-    # its registration takes its own blocks; its next claim in the same call must list them again.
+    # With a TTL of 0 the sweep after a registration takes the entry's own blocks; its next claim lists them again.
     engine = Engine(kv_ttl=0.0)
     engine._sweep_at = 0  # sweep at the next registration (then back to its usual threshold)
     p = prompt(40)  # 2 full blocks

@@ -1,11 +1,6 @@
-"""The SWAP retention policy's bookkeeping (engine/kv.py): the host budget, which swapped KV a full
-host drops, the one-way-at-a-time host link in both directions, and the swap counters; through the
-server, a turn that pauses at a tool call swaps out and a final answer does not.
-
-The engine is driven alone under the autojump clock, as in test_kv_memory.py: a session's call is
-`begin_call`, `retain`, `end_call`; a call that ends paused (at a tool call) swaps the session's KV
-out under SWAP. All times are exact (`pytest.approx(rel=1e-12)` absorbs float rounding only).
-"""
+"""The SWAP retention policy's bookkeeping (engine/kv.py), the engine alone under the autojump clock with exact times:
+the host budget and what a full host drops, the host link one copy at a time each way, the swap counters; through the
+server, a turn that pauses at a tool call swaps out and a final answer does not; the prefix comparison."""
 
 from __future__ import annotations
 
@@ -57,40 +52,22 @@ def assert_books_balance(engine: Engine) -> None:
 # --- the host budget ----------------------------------------------------------------------------------
 
 
-async def test_a_host_filled_exactly_to_its_budget_drops_nothing(autojump_clock):
-    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=200)
-    await paused_call(engine, "a", prompt(100))
-    await trio.sleep(1)
-    await paused_call(engine, "b", prompt(100))
-    await trio.sleep(1)
-    engine.advance(trio.current_time())
-    assert on_host(engine) == {"a", "b"} and engine.host_tokens == 200
-    assert engine.stats.swap_dropped == 0 and engine.stats.swap_out_bytes == 200 * KV
-    assert_books_balance(engine)
-
-
-async def test_a_full_host_drops_the_least_recently_used_swapped_kv_first(autojump_clock):
-    # Keys sort the other way from their age: the victim is chosen by last use, not by key.
-    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=250)
-    for key in ("c", "b", "a"):  # c is the oldest, a the newest
-        await paused_call(engine, key, prompt(100))
+@pytest.mark.parametrize(("budget", "sessions", "kept", "dropped", "copied"), [
+    (200, [("a", 100), ("b", 100)], {"a", "b"}, 0, 200),  # filled exactly to its budget: nothing dropped
+    # Keys sort the other way from their age: the least recently used goes first (c, copied out before it went).
+    (250, [("c", 100), ("b", 100), ("a", 100)], {"b", "a"}, 1, 300),
+    (250, [("a", 100), ("b", 100), ("c", 200)], {"c"}, 2, 400),  # 200 + 200 > 250, then 100 + 200 > 250: a and b go
+], ids=["exactly-full", "least-recently-used-first", "every-session-pushed-off"])
+async def test_a_full_host_drops_the_least_recently_used_swapped_kv_and_counts_each(autojump_clock, budget, sessions, kept, dropped,
+                                                                                    copied):
+    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=budget)
+    for key, tokens in sessions:
+        await paused_call(engine, key, prompt(tokens))
         await trio.sleep(1)
+    assert engine.kv[sessions[-1][0]].where == SWAPPING_OUT and engine.host_tokens == 200  # a copy reserves its room
     engine.advance(trio.current_time())
-    assert on_host(engine) == {"b", "a"} and engine.host_tokens == 200
-    assert engine.stats.swap_dropped == 1
-    assert engine.stats.swap_out_bytes == 300 * KV  # c was copied out too, before a pushed it off
-    assert_books_balance(engine)
-
-
-async def test_every_swapped_session_a_large_one_pushes_off_is_counted(autojump_clock):
-    engine = Engine(retention=SWAP_POLICY, host_budget_tokens=250)
-    await paused_call(engine, "a", prompt(100))
-    await trio.sleep(1)
-    await paused_call(engine, "b", prompt(100))
-    await trio.sleep(1)
-    await paused_call(engine, "c", prompt(200))  # 200 + 200 > 250, then 100 + 200 > 250: a and b go
-    assert set(engine.kv) == {"c"} and engine.kv["c"].where == SWAPPING_OUT
-    assert engine.host_tokens == 200 and engine.stats.swap_dropped == 2
+    assert (set(engine.kv), on_host(engine), engine.host_tokens) == (kept, kept, 200)
+    assert (engine.stats.swap_dropped, engine.stats.swap_out_bytes) == (dropped, copied * KV)
     assert_books_balance(engine)
 
 
@@ -108,8 +85,7 @@ async def test_kv_larger_than_the_whole_host_budget_is_dropped_after_the_others(
 
 
 async def test_session_keys_that_do_not_compare_are_fine_when_last_uses_tie(autojump_clock):
-    # Session keys are any hashables (the http design uses tuples): a tie on last use must not
-    # fall back to comparing keys.
+    # Session keys are any hashables (the http design uses tuples): a tie on last use must not compare keys.
     engine = Engine(retention=SWAP_POLICY, host_budget_tokens=200)
     await paused_call(engine, ("http", 1), prompt(100))
     await paused_call(engine, "conn-2", prompt(100))
@@ -191,8 +167,7 @@ async def test_a_session_back_before_its_copy_ended_keeps_its_gpu_kv_and_waits_f
 
 
 async def test_a_call_queued_for_gpu_room_is_admitted_the_moment_a_swap_out_frees_it(autojump_clock):
-    # The head of the queue sleeps until the engine's next timer, here the end of a's copy to the
-    # host; bounded on the trio clock, so an engine that never wakes it fails instead of hanging.
+    # The head of the queue sleeps until the engine's next timer, here the end of a's copy to the host.
     engine = Engine(retention=SWAP_POLICY, kv_budget_tokens=100)
     with trio.fail_after(60):
         await paused_call(engine, "a", prompt(80))
@@ -232,22 +207,10 @@ def naive_common_prefix(a, b) -> int:
     return n
 
 
-@pytest.mark.parametrize(
-    ("a", "b", "expected"),
-    [
-        ([], [], 0),
-        ([], [1], 0),
-        ([1], [], 0),
-        ([1], [1], 1),
-        ([1], [2], 0),
-        ([1, 2, 3], [1, 2, 3], 3),
-        ([1, 2], [1, 2, 3, 4], 2),
-        ([1, 2, 3, 4], [1, 2], 2),
-        ([1, 2, 3, 4], [1, 2, 9, 4], 2),
-        ([9, 2, 3, 4], [1, 2, 3, 4], 0),
-        ([1, 2, 3, 4], [1, 2, 3, 9], 3),
-    ],
-)
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    ([], [], 0), ([], [1], 0), ([1], [], 0), ([1], [1], 1), ([1], [2], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2], [1, 2, 3, 4], 2),
+    ([1, 2, 3, 4], [1, 2], 2), ([1, 2, 3, 4], [1, 2, 9, 4], 2), ([9, 2, 3, 4], [1, 2, 3, 4], 0), ([1, 2, 3, 4], [1, 2, 3, 9], 3),
+])
 def test_common_prefix_of_small_cases(a, b, expected):
     assert common_prefix(a, b) == expected == naive_common_prefix(a, b)
     assert common_prefix(array("q", a), array("q", b)) == expected  # what the engine passes

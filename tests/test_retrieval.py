@@ -98,16 +98,11 @@ def test_a_list_query_defaults_to_twenty_newest_first_and_refuses_another_order(
 
 
 def test_the_lookup_errors_name_the_response():
-    error = retrieval.response_in_progress("resp_1")
-    assert (error.status, error.code, error.param, error.message) == (
-        400, "response_in_progress", "response_id",
-        "Response 'resp_1' is still in progress: cancel it, or delete it once it has ended.")
-    error = retrieval.not_cancellable("failed")
-    assert (error.status, error.code, error.param, error.message) == (
-        400, "response_not_cancellable", "response_id", "Cannot cancel a failed response.")
-    error = retrieval.response_not_found("resp_1")
-    assert (error.status, error.code, error.param, error.message) == (
-        404, "response_not_found", "response_id", "Response with id 'resp_1' not found.")
+    errors = (retrieval.response_in_progress("resp_1"), retrieval.not_cancellable("failed"), retrieval.response_not_found("resp_1"))
+    assert [(error.status, error.code, error.param, error.message) for error in errors] == [
+        (400, "response_in_progress", "response_id", "Response 'resp_1' is still in progress: cancel it, or delete it once it has ended."),
+        (400, "response_not_cancellable", "response_id", "Cannot cancel a failed response."),
+        (404, "response_not_found", "response_id", "Response with id 'resp_1' not found.")]
 
 
 # --- stored responses ----------------------------------------------------------------------------
@@ -153,6 +148,9 @@ def test_input_items_are_every_earlier_turns_input_and_output_then_the_last_inpu
     put(store2, "resp_three", "resp_two", "k", [Reasoning("", "r"), Message("user", (("input_text", "x"),))], [])
     assert [item["id"] for item in retrieval.input_items(retrieval.stored_context(store2, "resp_three", "k"))] == [
         "msg_two_in0", "item_three_in0", "msg_three_in1"]
+    # An item's id takes everything after the response id's first underscore.
+    put(store2, "resp_srv_7", None, "k", [Message("user", (("input_text", "hi"),))], [])
+    assert retrieval.input_items(retrieval.stored_context(store2, "resp_srv_7", "k"))[0]["id"] == "msg_srv_7_in0"
 
 
 def test_a_page_of_input_items_follows_after_limit_and_order_and_says_when_there_is_more():
@@ -204,59 +202,45 @@ def test_a_stored_response_replays_as_the_events_the_server_streams():
     started = {**{k: v for k, v in RESPONSE.items() if k != "testbed_timing"}, "status": "in_progress", "output": [], "usage": None}
     message, call, bare_call, search, reasoning, empty = RESPONSE["output"]
     part = {"type": "output_text", "text": "", "annotations": []}
+    def at(n: int, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": f"response.{kind}", "sequence_number": n, **fields}
+
+    text = {"item_id": "msg_1", "output_index": 0, "logprobs": []}
     assert events == [
-        {"type": "response.created", "sequence_number": 0, "response": started},
-        {"type": "response.in_progress", "sequence_number": 1, "response": started},
-        {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
-         "item": {**message, "content": [], "status": "in_progress"}},
-        {"type": "response.content_part.added", "sequence_number": 3, "item_id": "msg_1", "output_index": 0, "content_index": 0, "part": part},
-        {"type": "response.output_text.delta", "sequence_number": 4, "item_id": "msg_1", "output_index": 0, "content_index": 0,
-         "delta": "hello", "logprobs": []},
-        {"type": "response.output_text.done", "sequence_number": 5, "item_id": "msg_1", "output_index": 0, "content_index": 0,
-         "text": "hello", "logprobs": []},
-        {"type": "response.content_part.done", "sequence_number": 6, "item_id": "msg_1", "output_index": 0, "content_index": 0,
-         "part": message["content"][0]},
-        {"type": "response.content_part.added", "sequence_number": 7, "item_id": "msg_1", "output_index": 0, "content_index": 1,
-         "part": {"type": "refusal", "text": "", "annotations": []}},
-        {"type": "response.output_text.done", "sequence_number": 8, "item_id": "msg_1", "output_index": 0, "content_index": 1,
-         "text": "", "logprobs": []},
-        {"type": "response.content_part.done", "sequence_number": 9, "item_id": "msg_1", "output_index": 0, "content_index": 1,
-         "part": message["content"][1]},
-        {"type": "response.content_part.added", "sequence_number": 10, "item_id": "msg_1", "output_index": 0, "content_index": 2, "part": part},
-        {"type": "response.output_text.delta", "sequence_number": 11, "item_id": "msg_1", "output_index": 0, "content_index": 2,
-         "delta": "x", "logprobs": []},
-        {"type": "response.output_text.done", "sequence_number": 12, "item_id": "msg_1", "output_index": 0, "content_index": 2,
-         "text": "x", "logprobs": []},
-        {"type": "response.content_part.done", "sequence_number": 13, "item_id": "msg_1", "output_index": 0, "content_index": 2,
-         "part": {"text": "x"}},
-        {"type": "response.output_item.done", "sequence_number": 14, "output_index": 0, "item": message},
-        {"type": "response.output_item.added", "sequence_number": 15, "output_index": 1,
-         "item": {**call, "arguments": "", "status": "in_progress"}},
-        {"type": "response.function_call_arguments.delta", "sequence_number": 16, "item_id": "fc_1", "output_index": 1, "delta": "{\"a\":1}"},
-        {"type": "response.function_call_arguments.done", "sequence_number": 17, "item_id": "fc_1", "output_index": 1, "arguments": "{\"a\":1}"},
-        {"type": "response.output_item.done", "sequence_number": 18, "output_index": 1, "item": call},
-        {"type": "response.output_item.added", "sequence_number": 19, "output_index": 2,
-         "item": {**bare_call, "arguments": "", "status": "in_progress"}},
-        {"type": "response.function_call_arguments.done", "sequence_number": 20, "item_id": "fc_2", "output_index": 2, "arguments": ""},
-        {"type": "response.output_item.done", "sequence_number": 21, "output_index": 2, "item": bare_call},
-        {"type": "response.output_item.added", "sequence_number": 22, "output_index": 3, "item": {**search, "status": "in_progress"}},
-        {"type": "response.web_search_call.in_progress", "sequence_number": 23, "item_id": "ws_1", "output_index": 3},
-        {"type": "response.web_search_call.searching", "sequence_number": 24, "item_id": "ws_1", "output_index": 3},
-        {"type": "response.web_search_call.completed", "sequence_number": 25, "item_id": "ws_1", "output_index": 3},
-        {"type": "response.output_item.done", "sequence_number": 26, "output_index": 3, "item": search},
-        {"type": "response.output_item.added", "sequence_number": 27, "output_index": 4, "item": reasoning},
-        {"type": "response.output_item.done", "sequence_number": 28, "output_index": 4, "item": reasoning},
-        {"type": "response.output_item.added", "sequence_number": 29, "output_index": 5,
-         "item": {**empty, "content": [], "status": "in_progress"}},
-        {"type": "response.output_item.done", "sequence_number": 30, "output_index": 5, "item": empty},
-        {"type": "response.completed", "sequence_number": 31, "response": RESPONSE},
+        at(0, "created", response=started), at(1, "in_progress", response=started),
+        at(2, "output_item.added", output_index=0, item={**message, "content": [], "status": "in_progress"}),
+        at(3, "content_part.added", item_id="msg_1", output_index=0, content_index=0, part=part),
+        at(4, "output_text.delta", **text, content_index=0, delta="hello"),
+        at(5, "output_text.done", **text, content_index=0, text="hello"),
+        at(6, "content_part.done", item_id="msg_1", output_index=0, content_index=0, part=message["content"][0]),
+        at(7, "content_part.added", item_id="msg_1", output_index=0, content_index=1, part={"type": "refusal", "text": "", "annotations": []}),
+        at(8, "output_text.done", **text, content_index=1, text=""),
+        at(9, "content_part.done", item_id="msg_1", output_index=0, content_index=1, part=message["content"][1]),
+        at(10, "content_part.added", item_id="msg_1", output_index=0, content_index=2, part=part),
+        at(11, "output_text.delta", **text, content_index=2, delta="x"),
+        at(12, "output_text.done", **text, content_index=2, text="x"),
+        at(13, "content_part.done", item_id="msg_1", output_index=0, content_index=2, part={"text": "x"}),
+        at(14, "output_item.done", output_index=0, item=message),
+        at(15, "output_item.added", output_index=1, item={**call, "arguments": "", "status": "in_progress"}),
+        at(16, "function_call_arguments.delta", item_id="fc_1", output_index=1, delta="{\"a\":1}"),
+        at(17, "function_call_arguments.done", item_id="fc_1", output_index=1, arguments="{\"a\":1}"),
+        at(18, "output_item.done", output_index=1, item=call),
+        at(19, "output_item.added", output_index=2, item={**bare_call, "arguments": "", "status": "in_progress"}),
+        at(20, "function_call_arguments.done", item_id="fc_2", output_index=2, arguments=""),
+        at(21, "output_item.done", output_index=2, item=bare_call),
+        at(22, "output_item.added", output_index=3, item={**search, "status": "in_progress"}),
+        *(at(23 + i, f"web_search_call.{step}", item_id="ws_1", output_index=3) for i, step in enumerate(("in_progress", "searching", "completed"))),
+        at(26, "output_item.done", output_index=3, item=search),
+        at(27, "output_item.added", output_index=4, item=reasoning), at(28, "output_item.done", output_index=4, item=reasoning),
+        at(29, "output_item.added", output_index=5, item={**empty, "content": [], "status": "in_progress"}),
+        at(30, "output_item.done", output_index=5, item=empty), at(31, "completed", response=RESPONSE),
     ]
     assert [event.sequence_number for event in retrieval.replay_events(RESPONSE, starting_after=29)] == [30, 31]
     assert retrieval.replay_events(RESPONSE, starting_after=31) == []
     assert [event.sequence_number for event in retrieval.replay_events(RESPONSE, starting_after=0)][:1] == [1]
 
 
-def test_a_replay_ends_with_the_terminal_its_status_names():
+def test_a_replay_ends_with_the_terminal_its_status_names_and_fills_what_the_response_left_out():
     for status, terminal in (("failed", "response.failed"), ("incomplete", "response.incomplete"),
                              ("cancelled", "response.cancelled"), ("completed", "response.completed"),
                              ("in_progress", "response.completed")):
@@ -269,6 +253,9 @@ def test_a_replay_ends_with_the_terminal_its_status_names():
     assert item.to_dict()["item"] == {"type": "function_call", "arguments": "", "status": "in_progress"}
     delta = retrieval.replay_events({"output": [{"type": "function_call", "arguments": "{}"}]})[3]
     assert (delta.type, delta.item_id) == ("response.function_call_arguments.delta", "")
+    events = retrieval.replay_events({"output": [{"type": "message", "id": "m", "content": [{"type": "output_text"}]}]})
+    assert [(event.type, getattr(event, "text", None)) for event in events[3:6]] == [  # a part without text: empty text
+        ("response.content_part.added", None), ("response.output_text.done", ""), ("response.content_part.done", None)]
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -280,14 +267,3 @@ def test_a_model_without_a_usable_rate_is_not_found_with_its_name():
     assert refused(retrieval.model_object, name)[3] == f"The model '{name[:64]}' does not exist."
     assert retrieval.model_object("sim-9999999")["testbed_decode_tokens_per_s"] == 9999999.0
 
-
-def test_an_item_id_is_derived_from_everything_after_the_first_underscore_of_the_response_id():
-    store = ResponseStore()
-    put(store, "resp_srv_7", None, "k", [Message("user", (("input_text", "hi"),))], [])
-    assert retrieval.input_items(retrieval.stored_context(store, "resp_srv_7", "k"))[0]["id"] == "msg_srv_7_in0"
-
-
-def test_a_content_part_without_text_replays_as_empty_text():
-    events = retrieval.replay_events({"output": [{"type": "message", "id": "m", "content": [{"type": "output_text"}]}]})
-    assert [(event.type, getattr(event, "text", None)) for event in events[3:6]] == [
-        ("response.content_part.added", None), ("response.output_text.done", ""), ("response.content_part.done", None)]

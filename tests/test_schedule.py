@@ -1,13 +1,6 @@
-"""A response's modeled waits run on its own schedule (metrics.PhaseLog.schedule), and the harness's
-tools from the end of the turn that handed them over: the testbed's CPU work between modeled waits is
-absorbed by the modeled time, not added to it.
-
-CPU work is simulated by jumping the autojump clock inside the scripted policy's `plan` (a
-synchronous call, like real planning work): virtual time passes without any task sleeping. Under
-the schedule, a turn's first token comes at max(prefill + one decode step, the work), counted
-from when the server took the request; without it, at work + prefill + one decode step. A client slow to
-take an event delays only what is sent after it; a wait for a place in the engine's batch is logged as `queue`.
-"""
+"""A response's modeled waits run on its own schedule (metrics.PhaseLog.schedule) and the harness's tools from the end
+of the turn: the testbed's CPU work (a jump of the autojump clock inside a synchronous call) is absorbed by the modeled
+time, not added to it. A client slow to take an event delays only what follows; an engine-batch wait is `queue`."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import TERMINALS, create_event, exactly, function_calls, make_server, outputs_for, send, slowed, until, ws
 from test_response_stream import REASONING
 
 from prototype.api.costs import ZERO_COSTS, ApiCosts, StageCost
@@ -39,24 +32,10 @@ STEP = 1 / 1000  # one decode step at 1000 tokens/s
 TWO_TURNS = Workload("two-turns", 0, (TurnSpec(2000, 20, (1.0,)), TurnSpec(600, 20, ())))
 
 
-def exactly(seconds: float) -> Any:
-    return pytest.approx(seconds, rel=1e-9, abs=1e-12)
-
-
 @pytest.fixture
 def planning_takes(monkeypatch):
-    """`planning_takes(seconds)`: every plan from now on takes that long on the running clock (the
-    tests ask for `autojump_clock` themselves: pytest-trio runs a test under it only then)."""
-    plan = ScriptedPolicy.plan
-
-    def set_work(seconds: float) -> None:
-        def slow_plan(self, *args, **kwargs):
-            trio.lowlevel.current_clock().jump(seconds)
-            return plan(self, *args, **kwargs)
-
-        monkeypatch.setattr(ScriptedPolicy, "plan", slow_plan)
-
-    return set_work
+    """`planning_takes(seconds)`: every plan from now on takes that long on the running clock."""
+    return slowed(monkeypatch, ScriptedPolicy, "plan")
 
 
 async def second_turn(design: str, work: float, planning_takes) -> tuple[float, float]:
@@ -82,38 +61,20 @@ async def second_turn(design: str, work: float, planning_takes) -> tuple[float, 
 
 
 @pytest.mark.parametrize("design", ["chained", "suspended"])
-async def test_work_shorter_than_the_prefill_costs_no_time(design: str, planning_takes, autojump_clock) -> None:
+async def test_work_shorter_than_the_prefill_costs_no_time_and_longer_work_only_its_excess(design, planning_takes, autojump_clock):
     idle, _ = await second_turn(design, 0.0, planning_takes)
-    busy, _ = await second_turn(design, 0.004, planning_takes)
-    assert idle > 0.004 + STEP  # the prefill is longer than the work, so the work hides inside it
-    assert busy == exactly(idle)
-
-
-@pytest.mark.parametrize("design", ["chained", "suspended"])
-async def test_work_longer_than_the_prefill_costs_only_its_excess(design: str, planning_takes, autojump_clock) -> None:
-    idle, _ = await second_turn(design, 0.0, planning_takes)
-    # The schedule was set when the server took the request, so the prefill ran while the plan did:
-    # the first token, due at `idle`, goes out as soon as the work ends.
-    busy, _ = await second_turn(design, idle + 0.5, planning_takes)
-    assert busy == exactly(idle + 0.5)
-
-
-async def test_a_chained_turn_waits_for_its_prefill_from_when_the_server_took_it(planning_takes, autojump_clock) -> None:
-    first_token, prefill = await second_turn("chained", 0.004, planning_takes)
-    assert first_token == exactly(prefill + STEP)
+    short, prefill = await second_turn(design, 0.004, planning_takes)
+    assert idle > 0.004 + STEP and short == exactly(idle)  # the prefill is longer than the work: the work hides inside it
+    if design == "chained":  # the prefill counts from when the server took the request
+        assert short == exactly(prefill + STEP)
+    # The prefill ran while the plan did: the first token, due at `idle`, goes out as soon as longer work ends.
+    assert (await second_turn(design, idle + 0.5, planning_takes))[0] == exactly(idle + 0.5)
 
 
 @pytest.mark.parametrize("design", ["chained", "suspended"])
 async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkeypatch, autojump_clock) -> None:
-    # The client's own work after the turn ended (building the tool outputs: a clock jump here) runs
-    # inside the tool time: the next request goes out exactly the tool's seconds after the turn ended.
-    plan = Rollout.tool_plan
-
-    def slow_tool_plan(self, calls):
-        trio.lowlevel.current_clock().jump(0.25)
-        return plan(self, calls)
-
-    monkeypatch.setattr(Rollout, "tool_plan", slow_tool_plan)
+    # The client's own work after the turn (building the tool outputs) runs inside the tool time.
+    slowed(monkeypatch, Rollout, "tool_plan")(0.25)
     server = make_server()
     key = server.api.workloads.register(TWO_TURNS)
     record = await run_websocket_rollout(
@@ -126,16 +87,9 @@ async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkey
 
 @pytest.mark.parametrize("design", ["chained", "suspended"])
 async def test_a_turn_is_scheduled_from_its_frames_arrival(design: str, monkeypatch, autojump_clock) -> None:
-    # Reading the frame (decoding and validating a create or an append: a clock jump here) happens
-    # before the turn starts, and is absorbed all the same: the schedule starts when the frame arrived.
+    # Reading the frame (decoding a create or an append) happens before the turn starts, and is absorbed all the same.
     idle, _ = await second_turn(design, 0.0, lambda seconds: None)
-    decode = codec.decode_client_event
-
-    def slow_decode(message):
-        trio.lowlevel.current_clock().jump(0.004)
-        return decode(message)
-
-    monkeypatch.setattr(codec, "decode_client_event", slow_decode)
+    slowed(monkeypatch, codec, "decode_client_event")(0.004)
     busy, _ = await second_turn(design, 0.0, lambda seconds: None)
     assert idle > 0.004 + STEP
     assert busy == exactly(idle)
@@ -159,8 +113,7 @@ async def reconnected_first_token(costs: ApiCosts) -> tuple[float, dict[str, flo
 
 
 async def test_a_store_read_comes_before_the_stages_on_the_schedule_not_beside_them(autojump_clock) -> None:
-    # The stored history is read (store_read_per_turn x 1 stored turn), then the stages run after it:
-    # the read adds its whole modeled time to the first token, whatever the stages cost.
+    # The stored history is read (store_read_per_turn x 1 turn), then the stages run: the read adds its whole time.
     stages = ApiCosts(validate=StageCost(fixed=0.2), safety=StageCost(), render=StageCost(), route=StageCost(), post=0.0)
     without, _ = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.0))
     with_read, phases = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.5))
@@ -169,8 +122,7 @@ async def test_a_store_read_comes_before_the_stages_on_the_schedule_not_beside_t
 
 
 async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock) -> None:
-    # Between turns the session's KV went to the host (the swap policy); the next model call waits
-    # for it to come back, and only then prefills: first token = swap-in + prefill + one step.
+    # Between turns the session's KV went to the host (SWAP): first token = swap-in + prefill + one step.
     server = make_server()
     server.api.engine.retention = SWAP_POLICY
     async with ws(server, "chained") as conn:
@@ -190,15 +142,8 @@ async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock
 
 
 async def test_a_resumed_segments_timings_start_when_its_append_arrived(monkeypatch, autojump_clock) -> None:
-    # The append's frame takes 4 ms to read (a clock jump); the resumed segment is timed from the
-    # append's arrival, so its timings still hold its whole prefill.
-    decode = codec.decode_client_event
-
-    def slow_decode(message):
-        trio.lowlevel.current_clock().jump(0.004)
-        return decode(message)
-
-    monkeypatch.setattr(codec, "decode_client_event", slow_decode)
+    # The append's frame takes 4 ms to read; timed from the append's arrival, the segment still holds its whole prefill.
+    slowed(monkeypatch, codec, "decode_client_event")(0.004)
     server = make_server()
     async with ws(server, "suspended", include_timing=True) as conn:
         await send(conn, create_event(metadata=METADATA))
@@ -241,8 +186,7 @@ async def test_a_slow_write_of_response_created_is_not_added_to_the_prefill(auto
 
 
 async def test_a_slow_write_is_not_added_to_the_sampling_time(autojump_clock, nursery) -> None:
-    # The engine samples on its own schedule from the end of the prefill: a slow announcement of each item
-    # delays only when the item's end can be sent.
+    # The engine samples on its own schedule: a slow announcement of each item delays only when its end is sent.
     for write in (0.0, 0.5):
         response, sent = await slow_write_turn(nursery, REASONING, "response.output_item.added", write)
         reasoning, message, call = response.output
@@ -253,8 +197,7 @@ async def test_a_slow_write_is_not_added_to_the_sampling_time(autojump_clock, nu
 
 
 async def test_a_slow_write_after_a_hosted_search_is_not_added_to_the_next_model_call(autojump_clock, nursery) -> None:
-    # The model waited for the search until its answer: a slow write of the search's end does not push
-    # back the pre-inference work and prefill that follow it.
+    # A slow write of the search's end does not push back the pre-inference work and prefill that follow it.
     task = Workload("hosted", 1, (TurnSpec(500, 20, (0.3,), (HostedCall(2.0, 100),)), TurnSpec(50, 20, ())))
     after = {}
     for write in (0.0, 0.5):

@@ -48,15 +48,12 @@ def function_tools(raw: list[dict]) -> list[ToolDef]:
     return [tool for tool in tool_defs(raw) if tool.type == "function"]
 
 
-def test_offered_a_shell_the_model_works_through_it():
+def test_offered_a_shell_the_model_works_through_it_with_the_exploring_commands_in_order():
     assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(CODEX_TOOLS))] == ["exec_command"]
     without_shell = [t for t in CODEX_TOOLS if t.get("name") != "exec_command"]
     assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(without_shell))] == ["update_plan"]
     # Tools this module does not know (the harness's own) are all candidates, as before.
     assert [tool.name for tool in tool_calls.tools_an_agent_would_call(function_tools(HARNESS_TOOLS))] == ["read_file", "run_command"]
-
-
-def test_codex_shell_tools_get_the_exploring_commands_in_order():
     (exec_command,) = function_tools(CODEX_TOOLS[:1])
     shell, shell_command = function_tools([
         {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}}},
@@ -68,6 +65,9 @@ def test_codex_shell_tools_get_the_exploring_commands_in_order():
     ]
     assert tool_calls.arguments_for(shell, 1, rng) == {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[1]]}
     assert tool_calls.arguments_for(shell_command, 2, rng) == {"command": tool_calls.EXPLORE_COMMANDS[2]}
+    policy = ScriptedPolicy(wl.fixed(5))  # the policy calls exec_command with a command on every tool turn
+    calls = [call for turn in range(4) for call in policy.plan(turn, tool_defs(CODEX_TOOLS), offers_web_search=True).calls]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("exec_command", {"cmd": cmd}) for cmd in tool_calls.EXPLORE_COMMANDS]
 
 
 # Codex's other built-in tools, each with the property this module recognises it by (docs/codex.md).
@@ -104,7 +104,7 @@ def test_codex_built_in_tools_get_the_calls_an_exploring_agent_makes():
     ]}
 
 
-def test_a_known_name_without_its_schema_is_an_unknown_tool():
+def test_a_known_name_without_its_schema_is_an_unknown_tool_and_a_tool_without_a_schema_gets_an_empty_object():
     # Known by name and by the property the agent fills: a tool of the same name with other
     # parameters gets schema-valid arguments instead, and a shell without a command is not chosen.
     renamed = [{**tool, "parameters": {"type": "object", "properties": {"other": {"type": "boolean"}}, "required": ["other"]}}
@@ -117,13 +117,8 @@ def test_a_known_name_without_its_schema_is_an_unknown_tool():
     assert tool_calls.known_arguments(listed[0], 0) is None
     shells = function_tools([*renamed[-2:], LOOKUP_TOOL[0]])
     assert tool_calls.tools_an_agent_would_call(shells) == shells
-
-
-def test_the_policy_calls_exec_command_with_a_command_on_every_tool_turn():
-    policy = ScriptedPolicy(wl.fixed(5))
-    tools = tool_defs(CODEX_TOOLS)
-    calls = [call for turn in range(4) for call in policy.plan(turn, tools, offers_web_search=True).calls]
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("exec_command", {"cmd": cmd}) for cmd in tool_calls.EXPLORE_COMMANDS]
+    (ping,) = function_tools([{"type": "function", "name": "ping"}])
+    assert tool_calls.arguments_for(ping, 0, np.random.default_rng(0)) == {}
 
 
 # A task whose first turn searches twice and ends in two parallel calls; its last turn is shorter.
@@ -150,27 +145,19 @@ def test_a_turn_plans_its_specs_tokens_searches_and_parallel_calls():
     assert ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs(CODEX_TOOLS), offers_web_search=False) == attrs.evolve(plan, searches=())
 
 
-def test_a_turn_past_the_tasks_last_is_its_final_answer():
-    # A client can keep a conversation going past the task's turns (its own tools, a resent history):
-    # each further turn is a final answer of the last turn's size.
+def test_a_final_answer_comes_past_the_tasks_last_turn_or_without_function_tools_after_the_searches_offered():
+    # Past the task's turns (a client's own tools, a resent history) each turn is a final answer of the last turn's size.
     policy = ScriptedPolicy(SEARCHING_TASK)
     for turn in (1, 2, 5):
         plan = policy.plan(turn, tool_defs(CODEX_TOOLS), offers_web_search=True)
         assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls, plan.is_final) == (2, 5, (), (), True), turn
-
-
-def test_a_request_without_function_tools_gets_the_final_answer_after_the_searches_it_offers():
     plan = ScriptedPolicy(SEARCHING_TASK).plan(0, (), offers_web_search=False)
     assert (len(plan.reasoning), len(plan.words), plan.searches, plan.calls) == (3, 6, (), ())
     # Hosted searches do not end the turn: with web_search alone the final answer still searches first.
     searched = ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs([{"type": "web_search"}]), offers_web_search=True)
     assert (len(searched.reasoning), len(searched.words), searched.calls) == (3, 6, ())
     assert [(s.seconds, s.result_tokens) for s in searched.searches] == [(1.5, 70), (2.5, 90)]
-
-
-def test_a_final_turn_with_searches_in_its_spec_plans_them():
-    # A trace's hosted-only round is joined to the final round after it (traces/base.py): the
-    # replayed final answer searches as the trace did.
+    # A trace's hosted-only round is joined to the final round after it (traces/base.py): it searches as the trace did.
     task = Workload("final-search", 3, (TurnSpec(100, 9, (0.3,)), TurnSpec(50, 7, (), (HostedCall(1.0, 40),))))
     plan = ScriptedPolicy(task).plan(1, tool_defs(CODEX_TOOLS), offers_web_search=True)
     assert plan.is_final and [(s.seconds, s.result_tokens) for s in plan.searches] == [(1.0, 40)]
@@ -257,9 +244,8 @@ def test_unknown_tools_get_arguments_valid_for_their_schema(schema):
 
 
 async def test_a_tool_whose_schema_is_broken_still_gets_a_call(autojump_clock):
-    # The API takes a function tool's parameters as the client sends them; a schema that breaks its
-    # metaschema (a `multipleOf` of 0) gets arguments drawn as for any other, unchecked, and the
-    # response completes with its call.
+    # The API takes a function tool's parameters as sent: a schema breaking its metaschema (a `multipleOf` of 0) gets
+    # arguments drawn as for any other, unchecked, and the response completes with its call.
     tool = {"type": "function", "name": "count", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 0}}, "required": ["n"]}}
     server = make_server()
@@ -327,7 +313,7 @@ def test_schema_values_are_drawn_at_their_keywords_edges(schema, values):
     assert all(type(value) is type(next(iter(drawn))) for value in drawn)  # ints stay ints, never floats
 
 
-def test_strings_and_untyped_values_are_words_cut_or_padded_to_their_bounds():
+def test_strings_and_untyped_values_are_words_cut_or_padded_to_their_bounds_and_a_value_breaking_its_schema_is_logged(caplog):
     def draw(schema, seed):
         return tool_calls.schema_valid_value(schema, np.random.default_rng(seed))
 
@@ -343,23 +329,12 @@ def test_strings_and_untyped_values_are_words_cut_or_padded_to_their_bounds():
         assert 6 <= len(both) <= 8 and set(both) <= {"a", "b"}
         assert draw({"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["b", "zz"]}, seed) == {
             "b": 2, "zz": two_words}
-    # Bounds no draw of the pattern meets: the last draw, logged as invalid.
-    assert draw({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, 0) == "aaaaa"
     assert tool_calls.schema_valid_value(None, np.random.default_rng(0)) == {}
-
-
-def test_a_value_that_breaks_its_schema_is_logged(caplog):
+    # Bounds no draw of the pattern meets: the last draw, logged as invalid (a broken schema is not).
     with caplog.at_level(logging.WARNING, logger=tool_calls.__name__):
-        assert tool_calls.schema_valid_value({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, np.random.default_rng(0)) == "aaaaa"
-        assert tool_calls.schema_valid_value({"type": "integer", "multipleOf": 0}, np.random.default_rng(0)) in range(10)
-    assert [record.getMessage() for record in caplog.records] == [
-        "generated arguments do not satisfy the tool schema: 'aaaaa' is too long",
-    ]
-
-
-def test_a_tool_without_a_schema_gets_an_empty_object():
-    (tool,) = function_tools([{"type": "function", "name": "ping"}])
-    assert tool_calls.arguments_for(tool, 0, np.random.default_rng(0)) == {}
+        assert draw({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, 0) == "aaaaa"
+        assert draw({"type": "integer", "multipleOf": 0}, 0) in range(10)
+    assert [record.getMessage() for record in caplog.records] == ["generated arguments do not satisfy the tool schema: 'aaaaa' is too long"]
 
 
 def test_strings_meet_their_length_bounds_exactly_when_a_draw_can():

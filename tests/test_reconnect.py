@@ -1,11 +1,5 @@
-"""Clients that reconnect (prototype/client/reconnect.py, reconnecting.py) and the faults that make
-them (prototype/netem/faults.py, the engine's FaultPlan).
-
-Rules every test here follows (after tests/support.py): an in-process server over memory streams
-under the `autojump_clock`, over a zero-latency pipe and over a 20 ms RTT link; every fault is
-seeded, so each run gives the same timeline; every wait is bounded (`trio.fail_after`). A retried
-conversation is checked against the same task run without faults, item for item.
-"""
+"""Clients that reconnect (client/reconnect.py, reconnecting.py) and the faults that make them (netem/faults.py, the
+engine's FaultPlan), on the autojump clock with seeded faults; a retried conversation equals the fault-free one."""
 
 from __future__ import annotations
 
@@ -350,11 +344,9 @@ async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(a
     assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at
 
 
-class ClosedSocket:
+def ClosedSocket(code: int | None) -> types.SimpleNamespace:  # noqa: N802
     """A connection as `_close_code` reads one: the reason it closed with, if it did."""
-
-    def __init__(self, code: int | None) -> None:
-        self.closed = None if code is None else trio_websocket.CloseReason(code, None)
+    return types.SimpleNamespace(closed=None if code is None else trio_websocket.CloseReason(code, None))
 
 
 class LinkErrorWithReason(OSError):
@@ -383,26 +375,22 @@ def test_new_connections_go_to_the_workers_in_turn_skipping_those_that_are_down(
     assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
 
 
-async def test_openai_python_resets_its_count_at_every_event_so_responses_cut_after_one_never_spend_it(autojump_clock) -> None:
-    # Seven responses in a row break after their response.created (close 1011, which openai-python retries), more than
-    # its 5 attempts; the eighth completes. Each response.created resets the count (`_record_websocket_progress`), so
-    # every reconnect is a first attempt, after 0.5 s.
+@pytest.mark.parametrize("policy", ["openai-python", "codex"])
+async def test_responses_cut_after_their_first_event_spend_a_retry_under_codex_only(autojump_clock, policy: str) -> None:
+    # Seven responses in a row break after their response.created (close 1011, retried by both), then one completes.
+    # openai-python resets its count at every event (`_record_websocket_progress`): each reconnect is a first attempt,
+    # after 0.5 s. Codex counts one sampling request once (codex-rs `responses_retry.rs`): without its HTTPS fallback,
+    # the sixth cut is one more than its 5 retries.
     cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
     server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
+    if policy == "codex":
+        record = await reconnecting(server, policy=attrs.evolve(CODEX_STEADY, fallback_to_http=False), task=ONE_TURN)
+        assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
+        assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
+        return
     record = await reconnecting(server, policy=attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)), task=ONE_TURN)
-    assert (record.status, record.reconnects, server.connections) == ("completed", 7, 8)
+    assert (record.status, record.reconnects, server.connections, record.recovery_seconds) == ("completed", 7, 8, [0.5] * 7)
     assert trio.current_time() == record.ended_at == 7 * 0.5
-    assert record.recovery_seconds == [0.5] * 7
-
-
-async def test_codex_counts_every_broken_response_of_one_request_whatever_it_received(autojump_clock) -> None:
-    # The same seven cut responses: one sampling request, one count (codex-rs `responses_retry.rs`); without its
-    # HTTPS fallback, the sixth cut is one more than its 5 retries.
-    cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
-    server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
-    record = await reconnecting(server, policy=attrs.evolve(CODEX_STEADY, fallback_to_http=False), task=ONE_TURN)
-    assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
-    assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
 
 
 def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_worst_case_sums_them_at_the_top() -> None:
@@ -490,19 +478,16 @@ async def test_openai_python_ends_the_task_at_the_connection_limit_error(autojum
     # The limit comes in the middle of turn 0 (a 4 s turn on a 1 s connection); past the 0.5 s grace the response
     # fails with the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
     record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN)
-    assert (record.status, record.reconnects, record.retried_responses) == ("error:websocket_connection_limit_reached", 0, 0)
+    assert (record.status, record.reconnects, record.retried_responses, record.fell_back_to_http) == (
+        "error:websocket_connection_limit_reached", 0, 0, False)
     assert record.ended_at == pytest.approx(1.5)
     assert plain(record) == ["send response.create", "recv response.created", "recv response.failed"]
 
 
-@pytest.mark.parametrize("policy", [OPENAI_PYTHON, CODEX], ids=["openai-python", "codex"])
-async def test_a_connection_that_keeps_closing_at_its_limit_ends_the_task_within_the_policys_budget(autojump_clock, policy) -> None:
-    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. openai-python ends the task at the
-    # first limit; Codex retries the turn 5 times (each a new connection, failed after 1.5 s), then goes on over HTTPS.
-    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=policy)
-    if policy is OPENAI_PYTHON:
-        assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:websocket_connection_limit_reached", 0, False)
-        return
+async def test_under_codex_a_connection_that_keeps_closing_at_its_limit_ends_in_the_https_fallback(autojump_clock) -> None:
+    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. Codex retries the turn 5 times (each
+    # a new connection, failed after 1.5 s), then goes on over HTTPS.
+    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=CODEX)
     assert (record.status, record.reconnects, record.fell_back_to_http) == ("completed", 5, True)
     assert record.transcript == (await converse(server_with(), CHAINED, task=LONG_TURN)).transcript
 
@@ -524,32 +509,22 @@ async def test_codex_past_the_limit_spends_a_retry_backs_off_and_resends_the_con
 
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
-@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(autojump_clock, design: str, network) -> None:
-    reference = await converse(server_with(), design, network=network, policy=CODEX)
-    record = await converse(server_with(lifetime=15), design, network=network, policy=CODEX)
-    assert record.status == "completed"
-    assert record.transcript == reference.transcript
-    assert record.reconnects == 1 and record.full_resends == 1 and record.resent_bytes > 0
-    assert_each_completed_event_once(record)
-
-
-@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
-async def test_chained_with_a_store_hydrates_after_the_limit_instead_of_resending(autojump_clock, network) -> None:
-    reference = await converse(server_with(), CHAINED, network=network, store=True, policy=CODEX)
-    record = await converse(server_with(lifetime=15), CHAINED, network=network, store=True, policy=CODEX)
+@pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False)])
+async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(
+        autojump_clock, design: str, store: bool, network) -> None:
+    reference = await converse(server_with(), design, network=network, store=store, policy=CODEX)
+    record = await converse(server_with(lifetime=15), design, network=network, store=store, policy=CODEX)
     assert record.status == "completed" and record.transcript == reference.transcript
-    assert record.reconnects == 1 and record.full_resends == 0
-    assert "recv error" not in plain(record)
-
-
-async def test_v1_at_the_limit_starts_a_new_response_with_the_whole_conversation(autojump_clock) -> None:
-    record = await converse(server_with(lifetime=15), SUSPENDED, policy=CODEX)
-    # The rollout paused at 10.98 s (its second response.done); the limit at 15 s ends it while the
-    # tools run; the append at 20.98 s finds the connection gone, and a new response starts.
-    creates = [kind for kind in plain(record) if kind == "send response.create"]
-    assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
-    assert record.status == "completed"
+    assert_each_completed_event_once(record)
+    if store:  # a stored chain is hydrated after the limit instead of resent
+        assert (record.reconnects, record.full_resends, "recv error" in plain(record)) == (1, 0, False)
+        return
+    assert record.reconnects == 1 and record.full_resends == 1 and record.resent_bytes > 0
+    if design == SUSPENDED:
+        # Paused at 10.98 s (its second response.done); the limit at 15 s ends it while the tools run; the append at
+        # 20.98 s finds the connection gone, and a new response starts.
+        creates = [kind for kind in plain(record) if kind == "send response.create"]
+        assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
 
 
 # --- drops in the middle of responses ------------------------------------------------------------------
@@ -594,7 +569,7 @@ async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly
 # --- restarts and fallbacks ----------------------------------------------------------------------------
 
 
-async def restart_after(connector: InMemoryConnector, delay: float, downtime: float) -> None:
+async def restart_after(connector: InMemoryConnector, delay: float, downtime: float, config: ServerConfig | None = None) -> None:
     """Restart the connector's server `delay` seconds from now: links cut, `downtime` refusing, then a fresh server
     with the same store, workload catalog and ids."""
     await trio.sleep(delay)
@@ -602,7 +577,8 @@ async def restart_after(connector: InMemoryConnector, delay: float, downtime: fl
     connector.links.cut_all("restart")
     await trio.sleep(downtime)
     api = connector.server.api
-    connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id))
+    connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
+                                       config or ServerConfig())
     connector.refusing = False
 
 
@@ -617,21 +593,12 @@ async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.reconnects >= 2  # refused at least once while down
     assert record.recovery_seconds[0] > 2.0
-
-
-async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_as_resent(autojump_clock) -> None:
-    reference = await converse(server_with(), CHAINED)
-    server = server_with()
-    connector = InMemoryConnector(server, faults=LinkFaults())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
-        record = await converse(server, CHAINED, connector=connector)
-    assert record.status == "completed" and record.transcript == reference.transcript
-    # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with
-    # the whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
-    extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
-    assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
-    assert record.resent_bytes == extra[1] and record.full_resends == 1
+    if (design, store) == (CHAINED, False):
+        # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with the
+        # whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
+        extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
+        assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
+        assert record.resent_bytes == extra[1] and record.full_resends == 1
 
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
@@ -674,36 +641,17 @@ async def test_a_refused_request_ends_the_task_with_its_code_and_no_reconnect(au
     assert plain(record) == ["send response.create", "recv error"]  # asked once: the refusal is not retried
 
 
-async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:
+async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent_keeping_the_key_and_the_timing_header(
+        autojump_clock) -> None:
     reference = await converse(server_with(), CHAINED)
-    server = server_with()
-    connector = InMemoryConnector(server, faults=LinkFaults())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart_after, connector, 10.7, 8.0)  # longer than Codex's ~6.2 s of backoff
-        record = await converse(server, CHAINED, connector=connector, policy=CODEX)
-    assert record.fell_back_to_http and record.status == "completed"
-    assert record.transcript == reference.transcript
-
-
-async def test_the_fallback_to_https_keeps_the_api_key_and_the_timing_header(autojump_clock) -> None:
-    server = ResponsesServer(ApiService(costs=ZERO_COSTS), ServerConfig(api_keys=frozenset({"key-1"})))
+    config = ServerConfig(api_keys=frozenset({"key-1"}))
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS), config)
     metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
     connector = InMemoryConnector(server, faults=LinkFaults())
-
-    async def restart() -> None:
-        await trio.sleep(10.7)
-        connector.refusing = True
-        connector.links.cut_all("restart")
-        await trio.sleep(8.0)
-        api = server.api
-        connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
-                                           ServerConfig(api_keys=frozenset({"key-1"})))
-        connector.refusing = False
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart)
+        nursery.start_soon(restart_after, connector, 10.7, 8.0, config)  # longer than Codex's ~6.2 s of backoff
         record = await run_reconnecting_rollout(connector, CHAINED, TASK, CODEX, metadata=metadata, api_key="key-1", include_timing=True)
-    assert record.fell_back_to_http and record.status == "completed"
+    assert record.fell_back_to_http and record.status == "completed" and record.transcript == reference.transcript
     assert all(turn.server_timing is not None for turn in record.turns)  # over HTTP as over the WebSocket
     # Stateless (`store: false`, the whole conversation every turn) over one kept-alive connection, as Codex's fallback.
     fallback = [r for r in connector.server.records if r["transport"] == "http"]

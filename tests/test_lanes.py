@@ -1,9 +1,5 @@
-"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by
-side, events tagged with their lane, forks across lanes, the per-lane cache and its limits; each way a
-lane's response ends (a refusal inside the turn, an engine failure, a cancel, a handler bug, a write
-that fails) answered on its lane, recorded, and leaving that lane's cache slot empty; what a lane's
-turn is handed (the connection's API key, the server's switches); the connection's KV released when
-it closes. Virtual time, exact events."""
+"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by side, forks, the
+per-lane cache and its limits; each way a lane's response ends, answered on its lane and recorded; the KV released."""
 
 from __future__ import annotations
 
@@ -138,7 +134,8 @@ async def test_a_fork_from_an_evicted_response_is_rebuilt_from_the_store_or_not_
 
 async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_and_the_connection_keeps_serving(autojump_clock):
     server = make_server()
-    names = [f"agent_{n}" for n in range(1, 34)]
+    # The longest id allowed is a lane: letters, numbers, underscores, hyphens and periods, at most 256 (WS guide).
+    names = ["a" * 255 + ".", *[f"agent_{n}" for n in range(2, 34)]]
     async with ws(server) as conn:
         for name in names[:32]:  # the WS guide's 32 named lanes; the default lane is not counted
             await send(conn, create_event(stream_id=name, metadata=SHORT))
@@ -154,66 +151,35 @@ async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_an
                       "message": "This WebSocket connection has reached its maximum number of distinct stream IDs (32). "
                                  "Reuse an existing stream_id or open a new WebSocket connection."},
         }
-        for bad in ("bad lane", "", "x" * 257, 7):
-            await send(conn, create_event(stream_id=bad))
-            malformed = (await until(conn, *TERMINALS))[-1]
-            assert "stream_id" not in malformed and malformed["status"] == 400
-            assert (malformed["error"]["code"], malformed["error"]["param"]) == ("invalid_stream_id", "stream_id")
+        await send(conn, create_event(stream_id="x" * 257))  # each malformed id's refusal: test_request_body.py
+        malformed = (await until(conn, *TERMINALS))[-1]
+        assert "stream_id" not in malformed and malformed["status"] == 400
+        assert (malformed["error"]["code"], malformed["error"]["param"]) == ("invalid_stream_id", "stream_id")
         await send(conn, create_event(stream_id="agent_2", metadata=SHORT))  # an open lane still serves
         done = (await until(conn, *TERMINALS))[-1]
         assert (done["type"], done["stream_id"]) == ("response.completed", "agent_2")
 
 
-async def test_the_17th_response_in_flight_is_queued_until_one_of_the_16_ends(autojump_clock):
+@pytest.mark.parametrize("last", ["lane16", None], ids=["a 17th lane", "the default lane"])
+async def test_the_17th_response_in_flight_on_any_lane_is_queued_until_one_of_the_16_ends(autojump_clock, last):
     server = make_server()
     async with ws(server) as conn:
         start = trio.current_time()
-        for n in range(17):  # 17 lanes, one create each, all sent at once
-            await send(conn, create_event(stream_id=f"lane{n}", metadata=SHORT))
-        events = []
-        while sum(e["type"] in TERMINALS or e["type"] == "error" for _, e in events) < 17:
-            events += await timed_until(conn, *TERMINALS)
-    created = {e["stream_id"]: t - start for t, e in events if e["type"] == "response.created"}
-    completed = {e["stream_id"]: t - start for t, e in events if e["type"] == "response.completed"}
-    assert len(completed) == 17 and not [e for _, e in events if e["type"] == "error"]  # queued, never refused
-    first_sixteen = [f"lane{n}" for n in range(16)]
-    (pre_inference,) = {created[name] for name in first_sixteen}  # the 16 start together
-    # The 17th starts the instant the first of the 16 ends, not before: its pre-inference work
-    # follows that terminal event.
-    first_end = min(completed[name] for name in first_sixteen)
-    assert created["lane16"] == pytest.approx(first_end + pre_inference, abs=1e-9)
-    assert first_end > pre_inference
-
-
-async def test_a_stream_id_of_256_characters_the_longest_allowed_is_a_lane(autojump_clock):
-    server = make_server()
-    longest = "a" * 255 + "."  # letters, numbers, underscores, hyphens and periods, at most 256 (WS guide)
-    async with ws(server) as conn:
-        await send(conn, create_event(stream_id=longest, metadata=SHORT))
-        events = await until(conn, *TERMINALS)
-    assert [e["type"] for e in events if e["type"] in ("response.created", "response.completed", "error")] == [
-        "response.created", "response.completed"]
-    assert {e["stream_id"] for e in events} == {longest}
-
-
-async def test_the_16_in_flight_count_the_default_lane_too(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        start = trio.current_time()
-        for n in range(16):  # 16 named lanes take the 16 places...
+        for n in range(16):  # 16 lanes, one create each, all sent at once
             await send(conn, create_event(stream_id=f"lane{n}", metadata=SHORT))
         events = []
         while sum(e["type"] == "response.created" for _, e in events) < 16:
             events += await timed_until(conn, "response.created")
-        await send(conn, create_event(metadata=SHORT))  # ...so a create with no stream_id, the default lane's, waits
-        while sum(e["type"] in TERMINALS for _, e in events) < 17:
+        await send(conn, create_event(metadata=SHORT, **({} if last is None else {"stream_id": last})))
+        while sum(e["type"] in TERMINALS or e["type"] == "error" for _, e in events) < 17:
             events += await timed_until(conn, *TERMINALS)
     created = {e.get("stream_id"): t - start for t, e in events if e["type"] == "response.created"}
     completed = {e.get("stream_id"): t - start for t, e in events if e["type"] == "response.completed"}
-    assert len(completed) == 17 and not [e for _, e in events if e["type"] == "error"]
-    (pre_inference,) = {created[f"lane{n}"] for n in range(16)}
+    assert len(completed) == 17 and not [e for _, e in events if e["type"] == "error"]  # queued, never refused
+    (pre_inference,) = {created[f"lane{n}"] for n in range(16)}  # the 16 start together
+    # The 17th starts the instant the first of the 16 ends, not before: its pre-inference work follows that terminal event.
     first_end = min(completed[f"lane{n}"] for n in range(16))
-    assert created[None] == pytest.approx(first_end + pre_inference, abs=1e-9)  # queued until one of the 16 ended
+    assert created[last] == pytest.approx(first_end + pre_inference, abs=1e-9)
     assert first_end > pre_inference
 
 
@@ -231,8 +197,7 @@ async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
 
 
 async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each(autojump_clock):
-    """Without a network, one lane per task on one connection and one connection per task are the
-    same model: every task's events and times agree exactly (docs/protocol.md, Lanes)."""
+    """Without a network, a lane per task and a connection per task agree exactly (docs/protocol.md, Lanes)."""
     workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=30, tool_seconds=0.5)] * 3
     meta = lambda i: {"testbed_workload": "fixed:3:200:20:30:0.5"}  # noqa: E731
     start = trio.current_time()
@@ -376,8 +341,7 @@ async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(aut
 
 
 async def test_a_write_that_fails_under_a_running_response_records_it_closed_and_stops_the_lanes_worker(autojump_clock, monkeypatch):
-    """A connection whose write fails while the reader still waits (the peer vanished): the running
-    response's record says `closed`, and its lane's worker stops, so the create queued behind it never runs."""
+    """The peer vanished: the running response's record says `closed`; the create queued behind it never runs."""
     original = websocket.WebSocketSession.send
 
     async def failing(self, event, stream_id=None):

@@ -1,7 +1,6 @@
-"""The SDK client (prototype/client/sdk.py), to exact values, with a stand-in for openai-python's client: the frames it
-writes and counts, the headers and client options it passes, what ends a turn, the watchdog, the lanes and the steer.
-openai-python itself is driven against a live server by tests/test_sdk_harness.py and tests/test_sdk_lanes.py; these
-tests make no socket, so one that hangs fails within a second or two of real time."""
+"""The SDK client (client/sdk.py) with a stand-in for openai-python's client, to exact values: the frames it writes and
+counts, the options it passes, what ends a turn, the watchdog, the lanes and the steer (openai-python itself:
+test_sdk_harness.py, test_sdk_lanes.py)."""
 
 from __future__ import annotations
 
@@ -159,18 +158,6 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     assert record.transcript[-1] == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
 
 
-def test_an_sdk_rollout_passes_the_callers_options(fake_openai) -> None:
-    conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
-    record = sdk.run_sdk_rollout("http://h:2/v1", CHAINED, TASK, metadata={}, model="sim-1", api_key="key-1", store=True,
-                                 include_timing=True, timeout=30.0)
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:2/v1", "api_key": "key-1", "max_retries": 0, "timeout": 30.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
-    assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="sim-1", metadata={}, store=True),
-                             "input": sent(conn)[0]["input"]}
-    assert record.status == "completed"
-
-
 def test_an_error_ends_the_sdk_rollout_with_its_code_and_no_turn_end(fake_openai) -> None:
     fake_openai.conn = FakeConnection([[{"type": "error", "error": {"code": "invalid_value"}}]])
     ended: list[int] = []
@@ -185,18 +172,20 @@ def test_without_the_sdks_send_the_bytes_are_our_own_encoding(fake_openai) -> No
     assert [t.bytes_sent for t in record.turns] == [len(json.dumps(event).encode()) for event in sent(conn)]
 
 
-def test_a_rollout_past_its_timeout_is_closed_and_says_so(fake_openai) -> None:
-    fake_openai.conn = FakeConnection([])  # the server never answers
-    with pytest.raises(TimeoutError, match=r"^SDK rollout did not finish within 0.2 s$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=0.2)
+RUNS = {"rollout": lambda timeout: sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=timeout),
+        "lanes": lambda timeout: sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=timeout)}
+
+
+@pytest.mark.parametrize("run", ["rollout", "lanes"])
+def test_a_run_past_its_timeout_is_closed_and_says_so_and_a_failure_before_it_is_raised_as_it_is(fake_openai, run: str) -> None:
+    fake_openai.conn = FakeConnection([]) if run == "rollout" else LaneConnection({"agent-0": [[]]})  # never answered
+    with pytest.raises(TimeoutError, match=rf"^SDK {run} did not finish within 0.2 s$"):
+        RUNS[run](0.2)
     assert fake_openai.made[0].closed
-
-
-def test_a_failure_before_the_timeout_is_raised_as_it_is(fake_openai) -> None:
-    conn = fake_openai.conn = FakeConnection([])
+    conn = fake_openai.conn = FakeConnection([]) if run == "rollout" else LaneConnection({"agent-0": [[]]})
     conn.inbox.put(None)  # the connection ends at once
     with pytest.raises(ConnectionError, match="^closed$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=30)
+        RUNS[run](30)
 
 
 def test_a_turn_past_its_most_events_ends_the_rollout(fake_openai, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,19 +201,20 @@ def test_only_the_two_websocket_designs_are_accepted(fake_openai) -> None:
         sdk.run_sdk_rollout("http://h:1/v1", "http", TASK, metadata={})
 
 
-async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address(fake_openai) -> None:
-    fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
+async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(
+        fake_openai) -> None:
+    conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
     ended: list[int] = []
     with trio.fail_after(10):
         record = await sdk.run_sdk_websocket_rollout(TcpConnector("10.0.0.9", 8123), CHAINED, TASK, metadata={"k": "v"}, model="m",
                                                      store=True, include_timing=True, api_key="k", timeout=9.0,
                                                      on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended) == ("completed", [0])
-    assert json.loads(fake_openai.conn.frames[0])["metadata"] == {"k": "v"}
     [client] = fake_openai.made
     assert client.options == {"base_url": "http://10.0.0.9:8123/v1", "api_key": "k", "max_retries": 0, "timeout": 9.0}
     assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
-    assert json.loads(fake_openai.conn.frames[0])["model"] == "m" and json.loads(fake_openai.conn.frames[0])["store"] is True
+    assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="m", metadata={"k": "v"}, store=True),
+                             "input": sent(conn)[0]["input"]}
 
 
 @pytest.mark.parametrize("connector", [TcpConnector("h", 1, network=object()), object(), types.SimpleNamespace(host="h")],  # type: ignore[arg-type]
@@ -292,20 +282,6 @@ def test_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
     assert record.status == "error:invalid_value"
     assert fake_openai.made[0].options == {"base_url": "http://h:3/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
     assert json.loads(fake_openai.conn.frames[0])["model"] == "gpt-5.4"
-
-
-def test_lanes_past_their_timeout_say_so(fake_openai) -> None:
-    fake_openai.conn = LaneConnection({"agent-0": [[]]})
-    with pytest.raises(TimeoutError, match=r"^SDK lanes did not finish within 0.2 s$"):
-        sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=0.2)
-    assert fake_openai.made[0].closed
-
-
-def test_lanes_whose_connection_ends_raise_its_error(fake_openai) -> None:
-    conn = fake_openai.conn = LaneConnection({"agent-0": [[]]})
-    conn.inbox.put(None)
-    with pytest.raises(ConnectionError, match="^closed$"):
-        sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=10)
 
 
 def steer_script(successor_first: str) -> FakeConnection:

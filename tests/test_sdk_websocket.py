@@ -1,14 +1,6 @@
-"""Clients nobody here wrote, on a real socket (docs/protocol.md, §5, §7, §9).
-
-* openai-python's `client.responses.connect()` runs the chained (v2) function-call loop with
-  `previous_response_id`, and every server event must parse into the SDK's own typed model (issue 3).
-* the `websockets` library's sync client drives a suspended (v1) rollout against
-  `python -m prototype serve`, with its own tools, and sends it bad input on the same connection.
-
-The SDK client blocks, so it runs in a worker thread under `trio.fail_after`; the thread is abandoned
-on timeout and unblocked when the test's nursery closes the server. The `websockets` client takes a
-timeout on every receive.
-"""
+"""Clients nobody here wrote, on a real socket (docs/protocol.md §5, §7, §9): openai-python's `responses.connect()` runs
+the chained loop, every server event parsing into the SDK's own model; the `websockets` sync client drives a suspended
+rollout against `python -m prototype serve`. The blocking SDK runs in a worker thread under `trio.fail_after`."""
 
 from __future__ import annotations
 
@@ -49,10 +41,8 @@ EVENT_MODELS = _event_models()
 
 
 def assert_typed(event: Any, raw: dict[str, Any]) -> None:
-    """The SDK parsed `raw` into the model its union names for that type, and the frame validates
-    against that model. `parse_event` never raises: a type it does not know, or a frame that fails
-    validation, is *constructed* without checks, for an unknown type as the union's first variant
-    (`ResponseAudioWsDelta`) with `.type` kept. Hence the class and the validation are both checked."""
+    """The SDK parsed `raw` into the model its union names for that type, and the frame validates against it (both:
+    `parse_event` never raises, it constructs an unknown or invalid frame without checks)."""
     model = EVENT_MODELS.get(raw.get("type"))
     assert model is not None, f"{raw.get('type')!r} is not a server event type openai-python knows: {raw}"
     assert type(event) is model, f"{raw['type']} parsed as {type(event).__name__}, expected {model.__name__}"
@@ -80,8 +70,7 @@ SDK_TOOLS: list[dict[str, Any]] = [
 
 
 class Tap:
-    """Keeps each raw frame next to the event the SDK parsed from it. It wraps the connection's own
-    `parse_event`, which `recv()` (and so iteration) calls on every frame."""
+    """Keeps each raw frame next to the event the SDK parsed from it (wraps the connection's `parse_event`)."""
 
     def __init__(self, conn: Any) -> None:
         self.last: dict[str, Any] | None = None
@@ -115,8 +104,7 @@ async def in_thread(fn, *args):
 
 
 def assert_well_formed(pairs: list[tuple[Any, dict[str, Any]]]) -> tuple[str, Response]:
-    """Every event typed; sequence numbers 0, 1, 2, ...; created first, exactly one terminal, last,
-    and it is response.completed. Returns (id from response.created, completed response)."""
+    """Every event typed, numbered from 0; created first, one terminal, last, completed. Returns (id, completed response)."""
     for event, raw in pairs:
         assert_typed(event, raw)
     types = [event.type for event, _ in pairs]
@@ -132,8 +120,7 @@ def assert_well_formed(pairs: list[tuple[Any, dict[str, Any]]]) -> tuple[str, Re
 
 
 def run_tool_loop(port: int) -> list[dict[str, Any]]:
-    """The issue-3 loop: create; answer the completed response's function calls in the next create
-    with `previous_response_id`; stop at a response without calls."""
+    """Create; answer the response's calls in the next create with `previous_response_id`; stop at one without calls."""
     turns: list[dict[str, Any]] = []
     with sdk_client(port).responses.connect() as conn:
         tap = Tap(conn)
@@ -201,47 +188,19 @@ async def test_sdk_function_call_loop_chains_with_previous_response_id(live_serv
     assert inputs == sorted(inputs) and len(set(inputs)) == 3, inputs
 
 
-def run_warm_up(port: int) -> tuple[list, list]:
+def run_warm_up_chain_and_unknown_previous(port: int) -> dict[str, list]:
+    results = {}
     with sdk_client(port).responses.connect() as conn:
         tap = Tap(conn)
         common = {"model": MODEL, "tools": SDK_TOOLS, "metadata": {"testbed_workload": "fixed:2"}, "store": False}
         conn.response.create(input="Warm the connection up.", generate=False, **common)
-        warm = read_response(conn, tap)
-        assert warm[-1][0].type == "response.completed", warm[-1][1]
-        conn.response.create(input=[], previous_response_id=warm[-1][0].response.id, **common)
-        chained = read_response(conn, tap)
-    return warm, chained
-
-
-async def test_sdk_warm_up_then_chain_with_empty_input(live_server):
-    _, port = live_server
-    warm, chained = await in_thread(run_warm_up, port)
-
-    warm_id, warm_response = assert_well_formed(warm)
-    types = [event.type for event, _ in warm]
-    # docs/protocol.md: created -> completed; nothing is sampled, so no item events in between.
-    assert [t for t in types if t != "response.in_progress"] == ["response.created", "response.completed"], types
-    assert warm_response.output == []
-    assert warm_response.usage is not None and warm_response.usage.output_tokens == 0
-
-    chained_id, chained_response = assert_well_formed(chained)
-    assert chained_id != warm_id
-    assert chained[0][0].response.previous_response_id == warm_id
-    # The warm-up's input is the chained turn's context.
-    assert chained_response.usage is not None and chained_response.usage.input_tokens > 0
-
-
-def run_unknown_previous(port: int) -> dict[str, list]:
-    results = {}
-    with sdk_client(port).responses.connect() as conn:
-        tap = Tap(conn)
-        common = {"model": MODEL, "tools": SDK_TOOLS, "metadata": {"testbed_workload": "fixed:1"}, "store": False}
-        conn.response.create(input="Warm up.", generate=False, **common)
         results["warm"] = read_response(conn, tap)
+        conn.response.create(input=[], previous_response_id=results["warm"][-1][0].response.id, **common)
+        results["chained"] = read_response(conn, tap)
         conn.response.create(input=[], previous_response_id="resp_does_not_exist_0001", **common)
         results["unknown"] = read_response(conn, tap)
-        # A 4xx turn empties the one-slot cache (docs/protocol.md), and the warm-up was store=false.
-        conn.response.create(input=[], previous_response_id=results["warm"][-1][0].response.id, **common)
+        # A 4xx turn empties the one-slot cache (docs/protocol.md), and the chained turn was store=false.
+        conn.response.create(input=[], previous_response_id=results["chained"][-1][0].response.id, **common)
         results["evicted"] = read_response(conn, tap)
         conn.response.create(input="Start over with the full context.", **common)
         results["fresh"] = read_response(conn, tap)
@@ -249,24 +208,26 @@ def run_unknown_previous(port: int) -> dict[str, list]:
 
 
 def assert_not_found(pairs: list, missing_id: str) -> None:
-    assert len(pairs) == 1, f"expected one error frame in place of response.created, got {[r for _, r in pairs]}"
-    event, raw = pairs[0]
+    [(event, raw)] = pairs  # one error frame in place of response.created
     assert_typed(event, raw)
     assert isinstance(event, ResponseWsError)
-    assert event.status == 400
-    assert event.error.type == "invalid_request_error"
-    assert event.error.code == "previous_response_not_found"
-    assert event.error.param == "previous_response_id"
-    assert event.error.message == f"Previous response with id '{missing_id}' not found."
+    assert (event.status, event.error.type, event.error.code, event.error.param, event.error.message) == (
+        400, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+        f"Previous response with id '{missing_id}' not found.")
 
 
-async def test_sdk_previous_response_not_found_keeps_connection_usable(live_server):
+async def test_sdk_warm_up_chains_with_empty_input_and_previous_response_not_found_keeps_the_connection_usable(live_server):
     _, port = live_server
-    results = await in_thread(run_unknown_previous, port)
-
-    warm_id, _ = assert_well_formed(results["warm"])
+    results = await in_thread(run_warm_up_chain_and_unknown_previous, port)
+    warm_id, warm_response = assert_well_formed(results["warm"])
+    # docs/protocol.md: created -> completed; nothing is sampled, so no item events in between.
+    assert [event.type for event, _ in results["warm"] if event.type != "response.in_progress"] == ["response.created", "response.completed"]
+    assert warm_response.output == [] and warm_response.usage is not None and warm_response.usage.output_tokens == 0
+    chained_id, chained_response = assert_well_formed(results["chained"])
+    assert chained_id != warm_id and results["chained"][0][0].response.previous_response_id == warm_id
+    assert chained_response.usage is not None and chained_response.usage.input_tokens > 0  # the warm-up's input is its context
     assert_not_found(results["unknown"], "resp_does_not_exist_0001")
-    assert_not_found(results["evicted"], warm_id)
+    assert_not_found(results["evicted"], chained_id)
     fresh_id, fresh = assert_well_formed(results["fresh"])
     assert fresh_id != warm_id
     assert results["fresh"][0][0].response.previous_response_id is None
@@ -304,26 +265,18 @@ def recv(ws: Any, timeout: float = RECV_TIMEOUT) -> dict[str, Any]:
     return json.loads(frame)
 
 
-def assert_ws_error(frame: dict[str, Any], code: str, param: Any = ...) -> None:
+def assert_ws_error(frame: dict[str, Any], code: str, param: Any = None) -> None:
     """The nested WebSocket error shape (docs/protocol.md), which the SDK also accepts."""
-    assert frame.get("type") == "error", f"expected an error frame ({code}), got {frame}"
-    assert set(frame) == {"type", "status", "error"}, frame
-    assert frame["status"] == 400
-    error = frame["error"]
-    assert set(error) == {"type", "code", "message", "param"}, error
-    assert error["type"] == "invalid_request_error"
-    assert error["code"] == code, frame
-    assert isinstance(error["message"], str) and error["message"]
-    if param is not ...:
-        assert error["param"] == param, frame
+    assert frame == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "param": param,
+                                                                "message": frame["error"]["message"]}}
+    assert isinstance(frame["error"]["message"], str) and frame["error"]["message"]
     ResponseWsError.model_validate(frame)
 
 
 def drive_rollout(ws: Any, *, probe_first_suspension: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Create once; answer every function_call of each `response.done` with one `response.append`,
-    until a terminal event. Returns (every rollout event in order, the response.done events, the
-    first event after each append). With `probe_first_suspension`, the first suspension is first
-    sent an append with a wrong call_id, which must be refused while the rollout stays suspended."""
+    """Create; answer each `response.done`'s calls with one `response.append`, until a terminal event. Returns (every
+    event, the response.done events, the first event after each append). With `probe_first_suspension`, the first
+    suspension is first sent an append with a wrong call_id, refused while the rollout stays suspended."""
     send(ws, v1_create())
     events: list[dict[str, Any]] = []
     dones: list[dict[str, Any]] = []
@@ -409,19 +362,8 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
     calls_in_output = [item for item in completed["output"] if item["type"] == "function_call"]
     assert [item["call_id"] for item in calls_in_output] == call_ids
     assert len(set(call_ids)) == len(call_ids) == 3
-
-
-def test_v1_response_done_carries_cumulative_usage(cli_server):
-    """docs/protocol.md: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments."""
-    server = cli_server("--costs", "zero")
-    with open_v1(server) as ws:
-        events, dones, _ = drive_rollout(ws)
-    completed = events[-1]
-    assert completed["type"] == "response.completed" and len(dones) == 3
-    for done in dones:
-        summary = {key: done["response"][key] for key in ("id", "status", "usage")}
-        assert done["response"]["usage"] is not None, f"response.done without usage: {summary}"
-    usages = [done["response"]["usage"] for done in dones] + [completed["response"]["usage"]]
+    # docs/protocol.md: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments.
+    usages = [done["response"]["usage"] for done in dones] + [completed["usage"]]
     for key in ("input_tokens", "output_tokens", "total_tokens"):
         values = [usage[key] for usage in usages]
         assert values == sorted(values) and len(set(values)) == len(values), (key, values)

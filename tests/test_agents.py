@@ -1,22 +1,7 @@
-"""openai-agents, a client nobody here wrote, drives the testbed (issue 7; docs/protocol.md).
-
-An Agent with two `@function_tool` tools runs under `Runner` against the server on a real socket:
-
-* over the Responses WebSocket (`responses_websocket_session`), once as openai-agents does by
-  default (every turn resends the full context) and once with `auto_previous_response_id=True`
-  (every later turn chains with `previous_response_id` and sends only the tool outputs);
-* over HTTP (`POST /v1/responses`): `Runner.run` (one JSON answer per turn) and `Runner.run_streamed`
-  (`"stream": true`, SSE).
-
-openai-agents sends `"stream": true` and shorthand messages (`{"role": "user", "content": "…"}`)
-on every WebSocket frame; the server accepts both. The workload is chosen per request through
-`metadata.testbed_workload = "fixed:3"`: three model calls, the first two ending in one call to one
-of the agent's tools, the last one the final answer.
-
-openai-agents runs on asyncio, so each run gets its own event loop in a worker thread, under
-`trio.fail_after`; the thread is abandoned on timeout and unblocked when the test's nursery closes
-the server. Tracing is disabled, so nothing tries to reach the network.
-"""
+"""openai-agents, a client nobody here wrote, drives the testbed (docs/protocol.md): an Agent with two `@function_tool`
+tools runs under `Runner` on a real socket, over the Responses WebSocket (full context, or chained with
+`auto_previous_response_id`) and over HTTP (`Runner.run`, `Runner.run_streamed`), each run on its own asyncio loop in a
+worker thread; `metadata.testbed_workload = "fixed:3"`: two turns end in a tool call, the third answers."""
 
 from __future__ import annotations
 
@@ -70,7 +55,6 @@ class ToolCalls:
 
 
 async def run_in_thread(main) -> Any:
-    """Run an asyncio coroutine function in a fresh event loop on a worker thread, bounded in time."""
     with trio.fail_after(RUN_TIMEOUT):
         return await trio.to_thread.run_sync(lambda: asyncio.run(main()), abandon_on_cancel=True)
 
@@ -94,7 +78,7 @@ async def test_agents_runner_over_websocket(live_server, chain):
     tools = ToolCalls()
     agent = tools.make_agent()
 
-    async def main():
+    async def main():  # openai-agents sends `"stream": true` and shorthand messages; the server takes both
         async with responses_websocket_session(api_key="testbed", base_url=f"http://127.0.0.1:{port}/v1") as session:
             return await session.run(agent, "The unit tests fail; fix them.", auto_previous_response_id=chain)
 
@@ -151,4 +135,3 @@ async def test_agents_runner_over_http(live_server, streamed):
     assert len(http_records) == len(result.raw_responses) > 0
     assert [r["response_id"] for r in http_records] == [r.response_id for r in result.raw_responses]
     assert all(r["stream"] is streamed and r["context"] == "full" for r in http_records)
-

@@ -27,10 +27,7 @@ from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON, ReconnectPol
 from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.streaming import FaultPlan
-from prototype.netem import DelayedStream
-from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS
-from prototype.netem.faults import Link, LinkFaults, LinkRegistry, open_faulty_pair
-from prototype.netem.links import run_delivery
+from prototype.netem.faults import LinkFaults
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.workload import fixed
@@ -403,61 +400,6 @@ def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_
     steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
     assert [steady.delay(attempt, rng) for attempt in range(1, 7)] == [base * 1.5 for base in bases]
     assert rng.getstate() == state
-
-
-# --- netem: loss and links that break --------------------------------------------------------------
-
-
-async def test_a_lost_chunk_arrives_one_retransmission_timeout_late_and_holds_the_next(autojump_clock) -> None:
-    a, b = trio.testing.memory_stream_pair()
-    sender = DelayedStream(a, send_delay=0.010, loss=0.5, seed=3)
-    arrivals = []
-    async with run_delivery(sender):
-        start = trio.current_time()
-        for i in range(8):
-            await sender.send_all(bytes([i]))
-        while len(arrivals) < 8:
-            data = await b.receive_some()
-            arrivals += [(trio.current_time() - start, byte) for byte in data]
-    # Seed 3 loses chunk 1 (and others); every chunk after a lost one waits for it: order is kept.
-    assert [byte for _, byte in arrivals] == list(range(8))
-    assert arrivals[0][0] == pytest.approx(0.010)
-    assert {round(t, 6) for t, _ in arrivals} <= {0.010, round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)}
-    assert round(arrivals[-1][0], 6) == round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)
-
-
-async def test_a_cut_link_breaks_both_ends_and_wakes_a_waiting_read(autojump_clock) -> None:
-    client_raw, server_raw = trio.testing.memory_stream_pair()
-    registry = LinkRegistry()
-    link = registry.new(LinkFaults())
-    async with open_faulty_pair(client_raw, server_raw, link, registry) as (client, server):
-        await client.send_all(b"ping")
-        assert await server.receive_some() == b"ping"
-
-        async def cut_later() -> None:
-            await trio.sleep(1.5)
-            assert registry.cut_all("restart") == 1
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cut_later)
-            with pytest.raises(trio.BrokenResourceError):
-                await client.receive_some()
-        assert trio.current_time() == 1.5
-        with pytest.raises(trio.BrokenResourceError):
-            await server.send_all(b"late")
-    assert registry.links == set()
-
-
-async def test_timed_drops_are_a_seeded_poisson_process(autojump_clock) -> None:
-    times = []
-    for serial in range(3):
-        link = Link(LinkFaults(drops_per_hour=3600, seed=7), serial)
-        start = trio.current_time()
-        await link.run_timed_drop()
-        times.append(trio.current_time() - start)
-        assert link.broken and link.reason == "timed drop"
-    expected = [random.Random(f"linkfaults:7:{s}").expovariate(1.0) for s in range(3)]
-    assert times == pytest.approx(expected)
 
 
 # --- the 60-minute limit (seconds here) --------------------------------------------------------------

@@ -1,6 +1,5 @@
-"""`response.steer` on the chained design (docs/protocol.md, Steering): accepted, the steered stop
-and its automatic successor, the normal completion followed by one, pending at client tool calls,
-and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."""
+"""`response.steer` on the chained design (docs/protocol.md, Steering): the steered stop and its automatic successor,
+pending at client tool calls, every `response.steer.failed` code; v1 refuses. Virtual time, exact events."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ async def start(conn, metadata=LONG_TEXT, **fields) -> tuple[str, list[dict]]:
     await send(conn, create_event(metadata=metadata, stream_id=LANE, **fields))
     events = await until(conn, "response.output_text.delta")
     return events[0]["response"]["id"], events
-
 
 
 
@@ -110,37 +108,6 @@ async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_cl
     assert (done["type"], [item["type"] for item in done["response"]["output"]]) == ("response.completed", ["message"])
     (record,) = [r for r in server.records if r["response_id"] == created["response"]["id"]]
     assert (record["warmup"], record["input_types"], record["request_bytes"]) == (False, {"message": 1}, 0)
-
-
-async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_explicit_continuation(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
-        events = await until(conn, "response.function_call_arguments.delta")
-        target = events[0]["response"]["id"]
-        await send(conn, steer(target))
-        events = await until(conn, *TERMINALS)
-        completed = events[-1]
-        pending = await receive(conn)
-        calls = function_calls(completed["response"])
-        accepted = events[0]
-        assert accepted["type"] == "response.steer.accepted"
-        assert completed["type"] == "response.completed" and len(calls) == 1
-        assert pending == {
-            "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
-            "reason": "waiting_for_required_input",
-            "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
-            "steer": accepted["steer"], "stream_id": LANE,
-        }
-        # Nothing more until the client answers the call, on the same lane.
-        with trio.move_on_after(30):
-            raise AssertionError(await receive(conn))
-        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
-        continuation = await until(conn, *TERMINALS)
-    assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
-    record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
-    # The queued message was prepended to the client's tool output.
-    assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
 
 
 def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None, message: str | None = None) -> bool:
@@ -313,16 +280,20 @@ async def test_v1_refuses_steering(autojump_clock):
 
 
 async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
-    """A response on LANE that waits for a client tool call, with a steer pending on it: (its id, the
-    accepted steer, its calls)."""
+    """A response on LANE steered at its client tool call: the steer waits as pending. Returns (its id, the accepted
+    steer, its calls)."""
     await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
     target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
     await send(conn, steer(target))
     events = await until(conn, *TERMINALS)
-    accepted = events[0]
-    assert accepted["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
-    assert (await receive(conn))["type"] == "response.steer.pending"
-    return target, accepted["steer"], function_calls(events[-1]["response"])
+    accepted, completed, calls = events[0], events[-1], function_calls(events[-1]["response"])
+    assert accepted["type"] == "response.steer.accepted" and completed["type"] == "response.completed" and len(calls) == 1
+    assert await receive(conn) == {
+        "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1, "reason": "waiting_for_required_input",
+        "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
+        "steer": accepted["steer"], "stream_id": LANE,
+    }
+    return target, accepted["steer"], calls
 
 
 async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_response(autojump_clock):
@@ -344,10 +315,12 @@ async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_r
     assert record["input_types"] == {"message": 1}  # the client's own input only: the steer's message was not carried
 
 
-async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_continuation(autojump_clock):
+async def test_a_pending_steer_waits_for_the_call_and_rides_its_targets_own_continuation_not_a_fork(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         target, accepted, calls = await pending_steer(conn)
+        with trio.move_on_after(30):  # nothing more until the client answers the call
+            raise AssertionError(await receive(conn))
         await send(conn, create_event(metadata=LONG_TEXT, stream_id="side", previous_response_id=target, input=outputs_for(calls)))
         fork = await until(conn, *TERMINALS)
         await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
@@ -357,7 +330,7 @@ async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_
     assert fork[0]["stream_id"] == "side" and fork[-1]["type"] == "response.completed"
     fork_record = [r for r in server.records if r["response_id"] == fork[0]["response"]["id"]][0]
     assert (fork_record["input_items"], fork_record["input_types"]) == (1, {"function_call_output": 1})
-    # The target's own lane continues it and carries the queued message, prepended.
+    # The target's own lane continues it and carries the queued message, prepended to the client's tool output.
     assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})

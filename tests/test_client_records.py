@@ -1,8 +1,5 @@
-"""The server's client records (`ResponsesServer.records`, docs/metrics.md): one per response, whatever
-its outcome, and one per request or frame refused before it ran, over HTTP and WebSocket: who sent it
-(user agent, design, connection number), when it arrived and ended on the trio clock, the client's
-bytes for it (a v1 rollout's appends included), its outcome, its usage, and the phases its own
-timing reports. In-process over memory streams under the autojump clock."""
+"""The server's client records (docs/metrics.md): one per response, whatever its outcome, and one per request or frame
+refused before it ran, over HTTP and WebSocket: its client, times, bytes, outcome, usage and phases."""
 
 from __future__ import annotations
 
@@ -203,8 +200,7 @@ async def test_a_v1_rollout_is_recorded_with_its_appends_and_their_bytes(autojum
 
 
 async def test_each_v1_rollout_counts_the_bytes_of_its_own_create_and_appends(autojump_clock):
-    """Text frames count their UTF-8 bytes (not characters), binary frames count as they are, and each
-    rollout of a connection counts only its own frames."""
+    """Text frames count their UTF-8 bytes, binary frames as they are; each rollout of a connection only its own."""
     server = make_server()
     sizes = []
     async with ws(server, SUSPENDED) as conn:

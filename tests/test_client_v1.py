@@ -1,8 +1,5 @@
-"""prototype/client/v1.py, the suspended (v1) helpers over openai-python's connection: first against a stand-in
-connection that records what it is sent (the beta header over the caller's, a refused handshake decoded from
-wherever the `websockets` library's error sits, what ends a wait, the calls, outputs and text of an event), then
-over openai-python against `python -m prototype serve`: one response across every tool call (response.done, then
-response.append), and a refused handshake that keeps the server's reason."""
+"""The suspended (v1) helpers over openai-python's connection (client/v1.py): against a stand-in connection, then over
+openai-python against `python -m prototype serve`."""
 
 from __future__ import annotations
 
@@ -16,8 +13,6 @@ pytest.importorskip("websockets")
 from openai import OpenAI  # noqa: E402
 
 from prototype.client import v1  # noqa: E402
-
-# --- against a stand-in connection ------------------------------------------------------------------------------------
 
 
 class FakeConnection:
@@ -113,14 +108,11 @@ def test_a_refusal_body_that_is_missing_or_text(response, text: str) -> None:
     error.response = response
     refused = v1._refusal(error)
     assert refused is not None and (refused.status, refused.body) == (401, text)
-
-
-def test_a_failure_that_is_not_a_refusal_is_raised_as_it_is() -> None:
-    error = ConnectionResetError("reset")
-    assert v1._refusal(error) is None
-    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=error)):
+    other = ConnectionResetError("reset")  # a failure that is not a refusal is raised as it is
+    assert v1._refusal(other) is None
+    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=other)):
         pass
-    assert raised.value is error
+    assert raised.value is other
 
 
 @pytest.mark.parametrize("end", ["response.done", "response.completed", "response.failed", "response.incomplete",
@@ -158,9 +150,6 @@ def test_v1_function_calls_tool_outputs_append_and_output_text() -> None:
     v1.append(conn, [v1.tool_output(call, "ok")])
     assert [json.loads(text) for text in conn.sent] == [
         {"type": "response.append", "input": [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}]
-
-
-# --- over openai-python against `python -m prototype serve` -----------------------------------------------------------
 
 
 TOOLS = [{

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import types
-from collections import Counter
 from typing import Any
 
 import attrs
@@ -70,21 +69,19 @@ def assert_each_completed_event_once(record: RolloutRecord) -> None:
     completed = {rid for rid, status in record.outcomes.items() if status == "completed"}
     assert completed
     for rid in completed:
-        numbers = Counter(n for r, n in record.sequence_numbers if r == rid)
-        assert max(numbers.values()) == 1
-        assert sorted(numbers) == list(range(len(numbers)))
+        numbers = sorted(n for r, n in record.sequence_numbers if r == rid)
+        assert numbers == list(range(len(numbers)))
 
 
-# --- the policies -------------------------------------------------------------------------------------
-
-
-def test_openai_python_backoff_doubles_from_half_a_second_to_eight_within_its_jitter() -> None:
+def test_openai_python_backs_off_from_half_a_second_to_eight_after_exactly_its_recoverable_close_codes() -> None:
     rng = random.Random(0)
     for attempt, base in enumerate([0.5, 1, 2, 4, 8, 8], start=1):
         assert 0.75 * base <= OPENAI_PYTHON.delay(attempt, rng) < base
-    assert OPENAI_PYTHON.retries_after_close(1006) and OPENAI_PYTHON.retries_after_close(None)
-    assert OPENAI_PYTHON.retries_after_close(1012) and not OPENAI_PYTHON.retries_after_close(1000)
-    assert not OPENAI_PYTHON.retries_after_close(1008) and not OPENAI_PYTHON.fallback_to_http
+    assert OPENAI_PYTHON.retries_after_close(None) and not OPENAI_PYTHON.fallback_to_http
+    retried = {code for code in range(1000, 5000) if OPENAI_PYTHON.retries_after_close(code)}
+    assert retried == {1001, 1005, 1006, 1011, 1012, 1013, 1015}
+    # The installed SDK's own decision (openai-python `types/websocket_reconnection.py`), code for code.
+    assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
 
 
 def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
@@ -94,16 +91,6 @@ def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
     assert CODEX.max_retries == 5 and CODEX.fallback_to_http
     assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
-
-
-def test_openai_python_reconnects_after_exactly_its_recoverable_close_codes() -> None:
-    retried = {code for code in range(1000, 5000) if OPENAI_PYTHON.retries_after_close(code)}
-    assert retried == {1001, 1005, 1006, 1011, 1012, 1013, 1015}
-    # The installed SDK's own decision (openai-python `types/websocket_reconnection.py`), code for code.
-    assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
-
-
-# --- the reconnecting client against a scripted server: what it sends again, when, and what it counts ------------------
 
 
 CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
@@ -273,28 +260,22 @@ async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_r
     assert record.turns[1].bytes_received == sum(len(text.encode()) for text in received)
 
 
-async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+@pytest.mark.parametrize(("design", "store"), [(CHAINED, None), (SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
+async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_or_the_callers_options(
+        autojump_clock, design: str, store: bool | None) -> None:
     server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
     await trio.sleep(1.0)
-    record = await reconnecting(server, metadata={"k": "v"})
-    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (CHAINED, "two-turns", "completed", 1.0, 1.0)
-    assert server.headers[0]["authorization"] == "Bearer testbed" and "x-responsesapi-include-timing-metrics" not in server.headers[0]
+    options = {} if store is None else {"model": "m", "store": store, "include_timing": True, "api_key": "key-1", "instructions": "mine"}
+    record = await reconnecting(server, design, metadata={"k": "v"}, **options)
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (design, "two-turns", "completed", 1.0, 1.0)
+    headers = server.headers[0]
+    assert (headers["authorization"], headers.get("x-responsesapi-include-timing-metrics"), headers["openai-beta"]) == (
+        ("Bearer testbed", None, BETA[design]) if store is None else ("Bearer key-1", "true", BETA[design]))
     prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
-    # Without a store, chained asks for the reasoning blob it would need to resend the conversation.
-    assert server.received[0][1] == {"type": "response.create", **request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"},
-                                                                               store=False, include_reasoning=True), "input": prompt}
-
-
-@pytest.mark.parametrize(("design", "store"), [(SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
-async def test_the_reconnecting_client_passes_the_callers_options(autojump_clock, design: str, store: bool) -> None:
-    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
-    record = await reconnecting(server, design, model="m", store=store, include_timing=True, api_key="key-1", instructions="mine")
-    assert (record.design, record.status) == (design, "completed")
-    assert (server.headers[0]["authorization"], server.headers[0]["x-responsesapi-include-timing-metrics"]) == ("Bearer key-1", "true")
-    assert server.headers[0]["openai-beta"] == BETA[design]
-    first = server.received[0][1]
-    assert first == {"type": "response.create", **request_body(TWO_TURNS, model="m", metadata={}, store=store, instructions="mine"),
-                     "input": first["input"]}  # no reasoning blob: v1 never needs it, and a stored chain is hydrated
+    # Only an unstored chain asks for the reasoning blob it would need to resend the conversation (v1 never needs it).
+    body = request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=True) if store is None else \
+        request_body(TWO_TURNS, model="m", metadata={"k": "v"}, store=store, instructions="mine")
+    assert server.received[0][1] == {"type": "response.create", **body, "input": prompt}
 
 
 def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
@@ -346,13 +327,8 @@ def ClosedSocket(code: int | None) -> types.SimpleNamespace:  # noqa: N802
     return types.SimpleNamespace(closed=None if code is None else trio_websocket.CloseReason(code, None))
 
 
-class LinkErrorWithReason(OSError):
-    """An error that carries a `reason` of its own (as `ssl.SSLError` does), not a close reason."""
-
-    reason = "WRONG_VERSION_NUMBER"
-
-
 def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
+    LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # as ssl.SSLError  # noqa: N806
     closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
     assert _close_code(closed, None) == 1011
     assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
@@ -400,9 +376,6 @@ def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_
     steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
     assert [steady.delay(attempt, rng) for attempt in range(1, 7)] == [base * 1.5 for base in bases]
     assert rng.getstate() == state
-
-
-# --- the 60-minute limit (seconds here) --------------------------------------------------------------
 
 
 async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_connection(autojump_clock) -> None:
@@ -469,9 +442,6 @@ async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_
         assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
 
 
-# --- drops in the middle of responses ------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 @pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False), ("http", False), ("http", True)])
 async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design: str, store: bool, network) -> None:
@@ -506,9 +476,6 @@ async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly
     assert record.reconnects == 5
     # Six open timeouts, and 0.5 + 1 + 2 + 4 + 8 s of backoff between them.
     assert trio.current_time() == pytest.approx(6 * OPEN_TIMEOUT_SECONDS + STEADY.worst_case_wait)
-
-
-# --- restarts and fallbacks ----------------------------------------------------------------------------
 
 
 async def restart_after(connector: InMemoryConnector, delay: float, downtime: float, config: ServerConfig | None = None) -> None:
@@ -613,9 +580,6 @@ async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_u
     assert record.reconnects == 1  # the next connection went to the worker that was up: no refusal
 
 
-# --- engine failures -----------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED, "http"])
 async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(autojump_clock, design: str) -> None:
     reference = await converse(server_with(), design)
@@ -624,9 +588,6 @@ async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(aut
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.retried_responses >= 1 and record.reconnects == 0
     assert "failed" in record.outcomes.values()
-
-
-# --- compare and the experiment ------------------------------------------------------------------------
 
 
 async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(autojump_clock) -> None:

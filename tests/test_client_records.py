@@ -26,9 +26,6 @@ def frame_bytes(event: dict) -> int:
     return len(json.dumps(event).encode())
 
 
-# --- HTTP ---------------------------------------------------------------------------------------------------
-
-
 async def test_each_http_connection_has_its_serial_number_in_the_records(autojump_clock, nursery) -> None:
     server = make_server()
     first, second = open_client(nursery, server), open_client(nursery, server)
@@ -119,9 +116,6 @@ async def test_a_cancelled_response_is_in_the_records_as_cancelled(autojump_cloc
     await trio.testing.wait_all_tasks_blocked()
     (record,) = [r for r in server.records if r.get("response_id")]
     assert (record["response_id"], record["outcome"], record["usage"]) == ("resp_t000001", "cancelled", cancelled.json()["usage"])
-
-
-# --- WebSocket -------------------------------------------------------------------------------------------------
 
 
 async def test_a_turn_leaves_one_record_with_its_client_its_times_its_bytes_and_its_usage(autojump_clock):

@@ -38,9 +38,6 @@ WAIT = 100.0  # virtual seconds: every wait of these tests ends far sooner, and 
 STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
 
 
-# --- requests against the server ---------------------------------------------------------------------
-
-
 TASK = wl.fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=30, tool_seconds=2.0)
 
 
@@ -227,9 +224,6 @@ async def test_the_fallback_sends_the_whole_conversation_on_one_connection_and_a
         assert after["input"][:len(before["input"])] == before["input"]
     assert [turn.bytes_sent for turn in record.turns] == [300 * turn_open + sizes[0], *sizes[1:]]
     assert (record.resent_bytes, record.full_resends) == ((300 + sizes[0], 2) if turn_open else (0, 0))
-
-
-# --- answers from a scripted server ---------------------------------------------------------------------
 
 
 CLOSE = object()  # in a scripted answer: close the connection there
@@ -433,9 +427,6 @@ async def test_the_backoffs_jitter_is_drawn_from_the_tasks_own_seed(autojump_clo
     rng = random.Random(f"reconnect:http:{ONE_TURN.name}")
     first, second = policy.delay(1, rng), policy.delay(2, rng)
     assert [at for _, at in server.requests] == [0.0, first, first + second]
-
-
-# --- links that break ------------------------------------------------------------------------------------
 
 
 RESET = object()  # in a scripted answer of `faulty_rollout`: the link is reset there (a TCP RST)

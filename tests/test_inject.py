@@ -210,9 +210,6 @@ async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock)
     assert failed_at - last_call_at == 300.0
 
 
-# --- openai-python's beta connection, on a real socket -------------------------------------------
-
-
 def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
     """The multi-agent guide's loop: every call's output injected with the SDK's `conn.response.inject`, then a late one."""
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
@@ -522,9 +519,6 @@ def test_the_book_remembers_the_last_256_ended_responses_and_forgets_the_oldest(
     assert late(f"resp_{ENDED_KEPT}") == InjectRefused("response_already_completed", f"Response 'resp_{ENDED_KEPT}' has already completed.")
     assert late("resp_1") == InjectRefused("response_already_completed", "Response 'resp_1' has already completed.")  # the oldest kept
     assert late("resp_0") == InjectRefused("response_not_found", "Response 'resp_0' not found.")  # the oldest, forgotten
-
-
-# --- the waiting agent's backend (designs/inject.py), driven by the book as the session drives it ---------------------
 
 
 def waiting_agent(book: InjectBook, agent: str = ROOT) -> tuple[InjectedOutputs, list[ToolCall]]:

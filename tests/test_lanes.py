@@ -220,9 +220,6 @@ async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each
     assert max(r.ended_at for r in muxed) - start == pytest.approx(max(mux_seconds), abs=1e-9)
 
 
-# --- each way a lane's response ends ------------------------------------------------------------------------
-
-
 def frame_bytes(event: dict) -> int:
     return len(json.dumps(event).encode())
 

@@ -24,9 +24,6 @@ MAX_EVENTS = 5000  # per response: a runaway stream fails instead of looping for
 MAX_TURNS = 10
 
 
-# --- the SDK's event models ---------------------------------------------------------------------
-
-
 def _event_models() -> dict[str, type]:
     """`type` value -> the model class the SDK's `ResponsesServerEvent` union assigns it."""
     union = typing.get_args(ResponsesServerEvent)[0]  # Annotated[Union[...], PropertyInfo(...)]

@@ -276,9 +276,6 @@ async def test_v1_refuses_steering(autojump_clock):
     assert (done[-1]["type"], done[-1]["response"]["status"]) == ("response.done", "in_progress")  # the rollout went on, unsteered
 
 
-# --- steering across lanes ---------------------------------------------------------------------------
-
-
 async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
     """A response on LANE steered at its client tool call: the steer waits as pending. Returns (its id, the accepted
     steer, its calls)."""
@@ -335,9 +332,6 @@ async def test_a_pending_steer_waits_for_the_call_and_rides_its_targets_own_cont
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
     assert accepted["previous_response_id"] == target
-
-
-# --- a target that fails, and one that answers its calls in place --------------------------------
 
 
 async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_follows(autojump_clock, nursery):

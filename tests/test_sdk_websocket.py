@@ -125,28 +125,22 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
         next_input: Any = "The unit tests fail after the last refactor; find out why and fix it."
         for _ in range(MAX_TURNS):
             # The tools are not inherited through previous_response_id (docs/protocol.md).
-            fields: dict[str, Any] = {"model": MODEL, "input": next_input, "tools": SDK_TOOLS, "metadata": {"testbed_workload": "fixed:3"},
-                                      "store": False}
-            if previous_id is not None:
-                fields["previous_response_id"] = previous_id
-            conn.response.create(**fields)
+            chain = {} if previous_id is None else {"previous_response_id": previous_id}
+            conn.response.create(model=MODEL, input=next_input, tools=SDK_TOOLS, metadata={"testbed_workload": "fixed:3"}, store=False, **chain)
             pairs = read_response(conn, tap)
             calls = [item for item in pairs[-1][0].response.output if item.type == "function_call"] if pairs[-1][0].type in TERMINALS else []
             turns.append({"pairs": pairs, "calls": calls})
             if pairs[-1][0].type != "response.completed" or not calls:
                 break
             previous_id = pairs[-1][0].response.id
-            next_input = [
-                {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"ok": True, "tool": call.name})}
-                for call in calls
-            ]
+            next_input = [{"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"ok": True, "tool": call.name})}
+                          for call in calls]
     return turns
 
 
 async def test_sdk_function_call_loop_chains_with_previous_response_id(live_server):
     _, port = live_server
     turns = await in_thread(run_tool_loop, port)
-
     assert len(turns) == 3, [t["pairs"][-1][1] for t in turns]
     ids = []
     for i, turn in enumerate(turns):
@@ -156,27 +150,20 @@ async def test_sdk_function_call_loop_chains_with_previous_response_id(live_serv
         assert created.previous_response_id == (ids[-1] if ids else None), f"turn {i}"
         assert completed.previous_response_id == created.previous_response_id
         ids.append(response_id)
-
         usage = completed.usage
-        assert usage is not None, f"turn {i}: no usage"
-        assert usage.input_tokens > 0 and usage.output_tokens > 0
+        assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
         assert usage.total_tokens == usage.input_tokens + usage.output_tokens
         assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
         assert usage.output_tokens_details.reasoning_tokens >= 0
-
-        # Calls: the non-final turns call the client's tools with schema-valid arguments; what was
-        # streamed (deltas, arguments.done, output_item.done) is what the response holds.
-        if i < 2:
-            assert turn["calls"], f"turn {i} made no function call"
-        else:
-            assert turn["calls"] == [], "the last turn must be the final answer"
+        # The non-final turns call the client's tools with schema-valid arguments; what was streamed (deltas,
+        # arguments.done, output_item.done) is what the response holds.
+        assert bool(turn["calls"]) == (i < 2), f"turn {i}: {turn['calls']}"
         for call in turn["calls"]:
             assert_call_valid(call.name, call.arguments, SDK_TOOLS)
             assert call.call_id and call.status == "completed"
             deltas = "".join(e.delta for e, _ in pairs if e.type == "response.function_call_arguments.delta" and e.item_id == call.id)
-            done = [e for e, _ in pairs if e.type == "response.function_call_arguments.done" and e.item_id == call.id]
-            assert deltas == call.arguments
-            assert [e.arguments for e in done] == [call.arguments]
+            done = [e.arguments for e, _ in pairs if e.type == "response.function_call_arguments.done" and e.item_id == call.id]
+            assert (deltas, done) == (call.arguments, [call.arguments])
         streamed = [e.item.id for e, _ in pairs if e.type == "response.output_item.done"]
         assert streamed == [item.id for item in completed.output]
     assert len(set(ids)) == 3
@@ -311,14 +298,12 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
     server = cli_server("--costs", "zero")
     with open_v1(server) as ws:
         # Bad input with nothing in flight: each is answered with one error frame, the connection stays.
-        send(ws, {"type": "response.append", "input": [output_for("call_1")]})
-        assert_ws_error(recv(ws), "no_suspended_response")
-        send(ws, "{this is not json")
-        assert_ws_error(recv(ws), "invalid_json")
-        send(ws, {"type": "response.frobnicate", "input": []})
-        assert_ws_error(recv(ws), "unknown_event_type", "type")
-        send(ws, v1_create(previous_response_id="resp_earlier"))
-        assert_ws_error(recv(ws), "unsupported_parameter", "previous_response_id")
+        for frame, code, param in [({"type": "response.append", "input": [output_for("call_1")]}, "no_suspended_response", None),
+                                   ("{this is not json", "invalid_json", None),
+                                   ({"type": "response.frobnicate", "input": []}, "unknown_event_type", "type"),
+                                   (v1_create(previous_response_id="resp_earlier"), "unsupported_parameter", "previous_response_id")]:
+            send(ws, frame)
+            assert_ws_error(recv(ws), code, param)
 
         events, dones, resumed_after = drive_rollout(ws, probe_first_suspension=True)
 
@@ -327,13 +312,10 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
         assert_ws_error(recv(ws), "no_suspended_response")
 
     types = [event["type"] for event in events]
-    assert types[0] == "response.created"
-    assert types.count("response.done") == 3, types
-    assert types.count("response.completed") == 1 and types[-1] == "response.completed", types
-    assert not set(types) & {"response.failed", "response.incomplete"}
+    assert (types[0], types[-1], types.count("response.done"), sum(t in TERMINALS for t in types)) == (
+        "response.created", "response.completed", 3, 1)
     # One response for the whole rollout: the id never changes.
-    response_id = events[0]["response"]["id"]
-    assert {event["response"]["id"] for event in events if "response" in event} == {response_id}
+    assert {event["response"]["id"] for event in events if "response" in event} == {events[0]["response"]["id"]}
     # Resuming announces itself with response.in_progress (docs/protocol.md).
     assert [event["type"] for event in resumed_after] == ["response.in_progress"] * 3
     # sequence_number runs on across suspensions: 0, 1, 2, ... over the whole rollout.
@@ -341,12 +323,9 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
     assert numbers == list(range(len(events))), numbers
 
     completed = events[-1]["response"]
-    assert completed["status"] == "completed"
-    assert completed["usage"]["output_tokens"] > 0
+    assert completed["status"] == "completed" and completed["usage"]["output_tokens"] > 0
     # Its output is the whole rollout: every streamed item, and every call each response.done carried.
-    streamed = [event["item"] for event in events if event["type"] == "response.output_item.done"]
-    assert [item["id"] for item in completed["output"]] == [item["id"] for item in streamed]
-    assert completed["output"] == streamed
+    assert completed["output"] == [event["item"] for event in events if event["type"] == "response.output_item.done"]
     output_by_id = {item["id"]: item for item in completed["output"]}
     call_ids = []
     for done in dones:
@@ -356,8 +335,7 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
             if item["type"] == "function_call":
                 assert_call_valid(item["name"], item["arguments"], V1_TOOLS)
                 call_ids.append(item["call_id"])
-    calls_in_output = [item for item in completed["output"] if item["type"] == "function_call"]
-    assert [item["call_id"] for item in calls_in_output] == call_ids
+    assert [item["call_id"] for item in completed["output"] if item["type"] == "function_call"] == call_ids
     assert len(set(call_ids)) == len(call_ids) == 3
     # docs/protocol.md: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments.
     usages = [done["response"]["usage"] for done in dones] + [completed["usage"]]

@@ -77,19 +77,6 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     assert target_record["request_bytes"] == len(json.dumps(create_event(metadata=LONG_TEXT, stream_id=LANE)).encode())
 
 
-async def test_a_final_answer_completes_normally_and_an_automatic_successor_follows(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        target, _ = await start(conn, metadata=FINAL_ONLY)
-        await send(conn, steer(target))
-        events = await until(conn, *TERMINALS)
-        successor = await until(conn, *TERMINALS)
-    assert [e["type"] for e in events][0] == "response.steer.accepted"
-    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["incomplete_details"] is None
-    assert successor[0]["type"] == "response.created" and successor[0]["response"]["previous_response_id"] == target
-    assert successor[-1]["type"] == "response.completed"
-
-
 async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_clock):
     """A warm-up (`generate: false`) is steerable while its post-inference work runs; its automatic
     successor inherits its settings but generates: it carries the steering message to the model."""
@@ -111,13 +98,10 @@ async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_cl
 
 
 def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None, message: str | None = None) -> bool:
-    steer = {"previous_response_id": previous, "input": given}
-    if steer_id is not None:
-        steer = {"id": steer_id, **steer}
-    assert event["type"] == "response.steer.failed", event
-    assert event["steer"] == steer, event
-    assert event["error"]["code"] == code and event["error"]["type"] == "invalid_request_error" and event["error"]["message"]
-    assert message is None or event["error"]["message"] == message, event
+    steer = {"previous_response_id": previous, "input": given} | ({} if steer_id is None else {"id": steer_id})
+    assert (event["type"], event["steer"], event["error"]["code"], event["error"]["type"]) == (
+        "response.steer.failed", steer, code, "invalid_request_error"), event
+    assert event["error"]["message"] and message in (None, event["error"]["message"]), event
     return True
 
 
@@ -211,7 +195,7 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
     assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
 
 
-async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(autojump_clock):
+async def test_the_connection_keeps_each_lanes_running_response_whose_final_answer_completes_before_its_successor(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         ids = []
@@ -224,11 +208,17 @@ async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(a
         parent = (await until(conn, "response.steer.failed"))[-1]
         await send(conn, steer(ids[0], "to the oldest"))
         oldest = (await until(conn, "response.steer.failed"))[-1]
+        await until(conn, "response.output_text.delta")  # the final answer is under way
         await send(conn, steer(ids[2], "to the running one"))
-        running = (await until(conn, "response.steer.accepted"))[-1]
+        events = await until(conn, *TERMINALS)
+        successor = await until(conn, *TERMINALS)
     assert failed(parent, "response_already_completed", ids[1], "to the parent")
     assert failed(oldest, "response_not_found", ids[0], "to the oldest")
-    assert running["steer"]["previous_response_id"] == ids[2]
+    # A final answer is not cut: it completes normally, and an automatic successor follows.
+    assert (events[0]["type"], events[0]["steer"]["previous_response_id"]) == ("response.steer.accepted", ids[2])
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["incomplete_details"] is None
+    assert (successor[0]["type"], successor[0]["response"]["previous_response_id"], successor[-1]["type"]) == (
+        "response.created", ids[2], "response.completed")
 
 
 async def test_too_many_pending_steers(autojump_clock):

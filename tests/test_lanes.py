@@ -85,7 +85,7 @@ async def test_each_lane_is_fifo_lanes_run_side_by_side_and_events_echo_their_la
     assert a2_done > a2_created
 
 
-async def test_a_new_lane_forks_from_another_lanes_response_and_both_continue(autojump_clock):
+async def test_a_new_lane_forks_from_another_lanes_response_both_continue_and_once_evicted_it_is_not_found(autojump_clock):
     server = make_server()
     async with ws(server, include_timing=True) as conn:
         await send(conn, create_event(stream_id="main"))
@@ -97,6 +97,12 @@ async def test_a_new_lane_forks_from_another_lanes_response_and_both_continue(au
         fork = (await until(conn, *TERMINALS))[-1]
         await send(conn, create_event(stream_id="main", previous_response_id=first["id"], input=outputs))
         main = (await until(conn, *TERMINALS))[-1]
+        # Both lanes moved on: `first` left the connection cache, and store=false kept it nowhere else.
+        await send(conn, create_event(stream_id="fork0", previous_response_id=first["id"], input=outputs))
+        evicted = (await until(conn, *TERMINALS))[-1]
+    assert evicted == {"type": "error", "status": 400, "stream_id": "fork0", "error": {
+        "type": "invalid_request_error", "code": "previous_response_not_found",
+        "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"}}
     assert fork["stream_id"] == "side" and main["stream_id"] == "main"
     for event in (fork, main):
         assert event["type"] == "response.completed"
@@ -109,27 +115,19 @@ async def test_a_new_lane_forks_from_another_lanes_response_and_both_continue(au
     assert 0 < fork_usage["input_tokens_details"]["cached_tokens"] == main_usage["input_tokens_details"]["cached_tokens"]
 
 
-async def test_a_fork_from_an_evicted_response_is_rebuilt_from_the_store_or_not_found(autojump_clock):
+async def test_a_fork_from_an_evicted_stored_response_is_rebuilt_from_the_store(autojump_clock):
     server = make_server()
     async with ws(server, include_timing=True) as conn:
-        for store in (False, True):
-            await send(conn, create_event(stream_id="main", store=store))
-            first = (await until(conn, *TERMINALS))[-1]["response"]
-            outputs = outputs_for(function_calls(first))
-            await send(conn, create_event(stream_id="main", store=store, previous_response_id=first["id"], input=outputs))
-            await until(conn, *TERMINALS)  # lane main moved on: `first` left the connection cache
-            await trio.sleep(1)  # the overlapped store write has finished
-            await send(conn, create_event(stream_id=f"fork{int(store)}", store=store, previous_response_id=first["id"], input=outputs))
-            answer = (await until(conn, *TERMINALS))[-1]
-            if store:
-                assert answer["type"] == "response.completed" and answer["stream_id"] == "fork1"
-                assert "store_read" in answer["response"]["testbed_timing"]["phases_ms"]
-            else:
-                assert answer == {
-                    "type": "error", "status": 400, "stream_id": "fork0",
-                    "error": {"type": "invalid_request_error", "code": "previous_response_not_found",
-                              "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"},
-                }
+        await send(conn, create_event(stream_id="main", store=True))
+        first = (await until(conn, *TERMINALS))[-1]["response"]
+        outputs = outputs_for(function_calls(first))
+        await send(conn, create_event(stream_id="main", store=True, previous_response_id=first["id"], input=outputs))
+        await until(conn, *TERMINALS)  # lane main moved on: `first` left the connection cache
+        await trio.sleep(1)  # the overlapped store write has finished
+        await send(conn, create_event(stream_id="fork1", store=True, previous_response_id=first["id"], input=outputs))
+        answer = (await until(conn, *TERMINALS))[-1]
+    assert answer["type"] == "response.completed" and answer["stream_id"] == "fork1"
+    assert "store_read" in answer["response"]["testbed_timing"]["phases_ms"]
 
 
 async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_and_the_connection_keeps_serving(autojump_clock):
@@ -234,6 +232,21 @@ async def quiet(conn, seconds: float = 5.0) -> None:
         raise AssertionError(await receive(conn))
 
 
+async def kept_and_running(conn) -> tuple[str, str]:
+    """A completed response on LANE, then the id of the next one once it streams text."""
+    await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+    kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
+    await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
+    return kept, (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+
+
+async def assert_lane_slot_empty(conn, kept: str) -> None:
+    """The lane's last response is not found (store: false): its cache slot is empty."""
+    await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
+    not_found = await receive(conn, timeout=WAIT)
+    assert (not_found["type"], not_found["error"]["code"], not_found["stream_id"]) == ("error", "previous_response_not_found", LANE)
+
+
 async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autojump_clock):
     """WS guide: a failed turn leaves the connection's cache slot empty; with lanes, that lane's."""
     server = make_server()
@@ -247,15 +260,12 @@ async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autoj
         refused_event = create_event(metadata=ONE_TURN, stream_id=LANE, input=stray)
         await send(conn, refused_event)
         error = await receive(conn, timeout=WAIT)
-        # The lane's slot is empty: its last response is not found (store: false); the default lane's is.
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
-        not_found = await receive(conn, timeout=WAIT)
+        await assert_lane_slot_empty(conn, kept)  # the default lane's is kept
         await send(conn, create_event(metadata=ONE_TURN, previous_response_id=home, input="go on"))
         continued = await until(conn, *TERMINALS, timeout=WAIT)
     assert error == {"type": "error", "status": 400, "stream_id": LANE, "error": {
         "type": "invalid_request_error", "code": "invalid_function_call_output",
         "message": error["error"]["message"], "param": error["error"]["param"]}}
-    assert (not_found["type"], not_found["error"]["code"], not_found["stream_id"]) == ("error", "previous_response_not_found", LANE)
     assert continued[-1]["type"] == "response.completed"
     refused = [r for r in server.records if r["response_id"] is None]
     assert [(r["outcome"], r["usage"], r["request_bytes"]) for r in refused] == [
@@ -268,15 +278,11 @@ async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autoj
 async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        kept, target = await kept_and_running(conn)
         server.api.engine.faults = FaultPlan()  # the next flush fails, before the message ends
         await send(conn, steer(target))
         events = await timed_until(conn, "response.steer.failed", timeout=WAIT)
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
-        not_found = await receive(conn, timeout=WAIT)
+        await assert_lane_slot_empty(conn, kept)
     (failed_at, failed), (refused_at, refused) = events[-2], events[-1]
     assert [e["type"] for _, e in events] == ["response.steer.accepted", *[e["type"] for _, e in events[1:-2]],
                                               "response.failed", "response.steer.failed"]
@@ -287,7 +293,6 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
         "error": {"type": "invalid_request_error", "code": "response_not_active", "message": f"Response '{target}' failed."},
     }
     assert refused_at == failed_at
-    assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
     # The failed turn's record names the response its client saw created, though the turn returned none.
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
@@ -297,16 +302,11 @@ async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
     server = make_server()
     http = connect(nursery, server)
     async with ws(server, api_key="alice") as conn:
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        target = (await until(conn, "response.output_text.delta", timeout=WAIT))[0]["response"]["id"]
+        kept, target = await kept_and_running(conn)
         assert (await http.request("POST", f"/v1/responses/{target}/cancel", key="alice")).status == 200
         cancelled = (await until(conn, "response.cancelled", timeout=WAIT))[-1]
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
-        not_found = await receive(conn, timeout=WAIT)
+        await assert_lane_slot_empty(conn, kept)
     assert cancelled["response"]["id"] == target
-    assert (not_found["error"]["code"], not_found["stream_id"]) == ("previous_response_not_found", LANE)
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
 

@@ -88,8 +88,7 @@ async def test_agents_runner_over_websocket(live_server, chain):
     # The server saw every response, on one connection, from openai-agents, as a v2 client.
     records = records_of(server)
     assert [r["response_id"] for r in records] == [r.response_id for r in result.raw_responses]
-    assert {r["outcome"] for r in records} == {"completed"}
-    assert len({r["connection"] for r in records}) == 1
+    assert ({r["outcome"] for r in records}, len({r["connection"] for r in records})) == ({"completed"}, 1)
     assert all(r["transport"] == "websocket" and r["design"] == "chained" for r in records)
     assert all(r["stream"] is True and r["warmup"] is False and r["stream_id"] is False for r in records)
     assert records[0]["context"] == "full" and records[0]["input_types"] == {"message": 1}  # the shorthand message

@@ -58,8 +58,7 @@ async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane
     with trio.fail_after(60):  # on the virtual clock, a wait for ever fails at once
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mux.read)
-            assert await agent.until("response.output_text.delta") == events[:2]
-            assert await agent.until_pause() == events[4]
+            assert (await agent.until("response.output_text.delta"), await agent.until_pause()) == (events[:2], events[4])
             assert await default.until("never") == [events[2]]  # an error ends a wait
             assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
     sizes = [len(text.encode()) for text in texts]
@@ -77,8 +76,7 @@ async def test_a_lanes_wait_ends_at_a_pause_or_at_an_error() -> None:
         for event in [{"type": "response.in_progress"}, {"type": end}, {"type": "after"}]:
             await send_channel.send((event, 1))
         await send_channel.aclose()  # a wait that read past its end fails at once
-        assert await lane.until_pause() == {"type": end}
-        assert await lane.receive() == {"type": "after"}
+        assert (await lane.until_pause(), await lane.receive()) == ({"type": end}, {"type": "after"})
 
 
 async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_a_caller_gets(autojump_clock) -> None:

@@ -31,8 +31,7 @@ async def test_each_http_connection_has_its_serial_number_in_the_records(autojum
     first, second = open_client(nursery, server), open_client(nursery, server)
     for client in (first, first, second, first):
         assert (await client.request(body=create())).status == 200
-    assert [record["connection"] for record in server.records] == [1, 1, 2, 1]
-    assert server.connections_opened == 2
+    assert ([record["connection"] for record in server.records], server.connections_opened) == ([1, 1, 2, 1], 2)
 
 
 async def test_a_refused_create_is_in_the_records(autojump_clock, nursery) -> None:

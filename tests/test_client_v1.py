@@ -120,8 +120,7 @@ def test_a_refusal_body_that_is_missing_or_text(response, text: str) -> None:
 def test_until_pause_stops_at_each_pause_end_or_error_and_keeps_every_event(end: str) -> None:
     frames = [{"type": "response.created"}, {"type": "response.output_text.delta"}, {"type": end, "n": 1}, {"type": "later"}]
     conn, events = FakeConnection(frames), []
-    assert v1.until_pause(conn, events) == {"type": end, "n": 1}
-    assert events == frames[:3]
+    assert (v1.until_pause(conn, events), events) == ({"type": end, "n": 1}, frames[:3])
     assert [json.loads(frame) for frame in conn.frames] == [{"type": "later"}]
     assert v1.until_pause(FakeConnection(frames)) == {"type": end, "n": 1}  # without a list
 

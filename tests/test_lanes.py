@@ -105,8 +105,7 @@ async def test_a_new_lane_forks_from_another_lanes_response_both_continue_and_on
         "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"}}
     assert fork["stream_id"] == "side" and main["stream_id"] == "main"
     for event in (fork, main):
-        assert event["type"] == "response.completed"
-        assert event["response"]["previous_response_id"] == first["id"]
+        assert (event["type"], event["response"]["previous_response_id"]) == ("response.completed", first["id"])
         assert "store_read" not in event["response"]["testbed_timing"]["phases_ms"]  # from the cache
     # The fork's KV is its own lane's, but the engine finds blocks by content (docs/parameters.md §6): the fork
     # reuses the conversation lane main computed, as main does, and neither prefills it again.
@@ -212,8 +211,7 @@ async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each
             nursery.start_soon(one, i)
     assert [r.status for r in muxed] == ["completed"] * 3
     # Equal to the nanosecond (the two runs start at different clock values, so float rounding may differ).
-    assert mux_seconds == pytest.approx([r.seconds for r in separate], abs=1e-9)
-    assert [len(r.turns) for r in muxed] == [3, 3, 3]
+    assert (mux_seconds, [len(r.turns) for r in muxed]) == (pytest.approx([r.seconds for r in separate], abs=1e-9), [3, 3, 3])
     assert [r.transcript for r in muxed] == [r.transcript for r in separate]
     assert max(r.ended_at for r in muxed) - start == pytest.approx(max(mux_seconds), abs=1e-9)
 

@@ -226,8 +226,7 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", None), (0, follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous)]
-    assert (record.retried_responses, record.reconnects) == (3, 0)
-    assert record.recovery_seconds == [0.5, 0.5, 1.0]
+    assert (record.retried_responses, record.reconnects, record.recovery_seconds) == (3, 0, [0.5, 0.5, 1.0])
     assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0
     assert len(record.turns) == 2
     assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
@@ -374,8 +373,7 @@ def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_
     assert policy.worst_case_wait == sum(bases) * 2.0
     # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
     steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
-    assert [steady.delay(attempt, rng) for attempt in range(1, 7)] == [base * 1.5 for base in bases]
-    assert rng.getstate() == state
+    assert ([steady.delay(attempt, rng) for attempt in range(1, 7)], rng.getstate()) == ([base * 1.5 for base in bases], state)
 
 
 async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_connection(autojump_clock) -> None:
@@ -448,8 +446,7 @@ async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design
     reference = await converse(server_with(), design, network=network, store=store)
     faults = LinkFaults(drop_per_server_chunk=0.01, seed=1)
     record = await converse(server_with(), design, network=network, faults=faults, store=store)
-    assert record.status == "completed"
-    assert record.transcript == reference.transcript
+    assert (record.status, record.transcript) == ("completed", reference.transcript)
     assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
     assert record.seconds > reference.seconds
     assert_each_completed_event_once(record)
@@ -472,8 +469,7 @@ async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly
     server = server_with()
     connector = InMemoryConnector(server, faults=LinkFaults(drop_per_server_chunk=0.999999, seed=0))
     record = await converse(server, CHAINED, connector=connector, policy=STEADY)
-    assert record.status == "error:gave_up"
-    assert record.reconnects == 5
+    assert (record.status, record.reconnects) == ("error:gave_up", 5)
     # Six open timeouts, and 0.5 + 1 + 2 + 4 + 8 s of backoff between them.
     assert trio.current_time() == pytest.approx(6 * OPEN_TIMEOUT_SECONDS + STEADY.worst_case_wait)
 
@@ -595,5 +591,4 @@ async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(auto
     server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
     records = await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server)
     row = benchmark.task_row(CHAINED, 100.0, records[0])
-    assert row["reconnects"] == 1
-    assert benchmark.summarize([row])[0]["reconnects"] == 1
+    assert (row["reconnects"], benchmark.summarize([row])[0]["reconnects"]) == (1, 1)

@@ -37,8 +37,7 @@ async def test_sdk_client_reproduces_the_harness(live_server, design):
     theirs = await sdk_rollout(port, design)
 
     for record in (ours, theirs):
-        assert record.status == "completed"
-        assert len(record.turns) == TURNS
+        assert (record.status, len(record.turns)) == ("completed", TURNS)
         assert all(t.first_token_at is not None and t.sent_at <= t.first_token_at <= t.ended_at for t in record.turns)
         assert all(t.bytes_sent > 0 and t.bytes_received > 0 for t in record.turns)
     assert theirs.transcript == ours.transcript

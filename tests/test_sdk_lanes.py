@@ -69,8 +69,7 @@ async def test_sdk_drives_subagent_lanes_to_completion(live_server):
         run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads,
         metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"}, model="sim-100000", timeout=CLIENT_TIMEOUT,
     )
-    assert [r.status for r in records] == ["completed"] * 3
-    assert [len(r.turns) for r in records] == [3, 3, 3]
+    assert ([r.status for r in records], [len(r.turns) for r in records]) == (["completed"] * 3, [3, 3, 3])
     assert all(len(set(r.response_ids)) == 3 for r in records)
 
 

@@ -296,8 +296,7 @@ async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_r
     assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["id"])
     assert refused["stream_id"] == LANE and failed_at == created_at == sent_at
     assert created["type"] == "response.created" and created["response"]["previous_response_id"] is None
-    assert [e["type"] for _, e in events[2:]].count("response.steer.failed") == 0
-    assert events[-1][1]["type"] == "response.completed"
+    assert ([e["type"] for _, e in events[2:]].count("response.steer.failed"), events[-1][1]["type"]) == (0, "response.completed")
     record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
     assert record["input_types"] == {"message": 1}  # the client's own input only: the steer's message was not carried
 

@@ -36,8 +36,7 @@ async def test_each_subagent_waits_its_tool_time_before_each_injection(autojump_
     assert (instant.status, slow.status) == ("completed", "completed")
     assert instant.started_at == 0.0 and slow.started_at == pytest.approx(10.0 + instant.seconds)
     # Two client calls per agent on the critical path, the agents in parallel: one second more in all.
-    assert slow.seconds == pytest.approx(instant.seconds + 1.0)
-    assert (instant.injects, slow.injects) == (4, 4)
+    assert (slow.seconds, instant.injects, slow.injects) == (pytest.approx(instant.seconds + 1.0), 4, 4)
 
 
 async def test_subagents_cost_n_times_one_run_all_at_once_and_send_one_inject_per_call(autojump_clock) -> None:

@@ -277,10 +277,19 @@ class Scripted:
 ONE_TURN = wl.fixed(1, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5)
 
 
-async def scripted_rollout(*answers: list, **kwargs: Any):
-    server = Scripted(list(answers))
+RESET = object()  # in a scripted answer: the link is reset there (a TCP RST), every open link cut
+
+
+async def scripted_rollout(*answers: list, workload: wl.Workload = ONE_TURN, **kwargs: Any):
+    server = Scripted([])
+    connector = InMemoryConnector(server, faults=LinkFaults())
+
+    def reset() -> None:
+        connector.links.cut_all("reset by peer")
+
+    server.answers = [[reset if item is RESET else item for item in answer] for answer in answers]
     with trio.fail_after(WAIT):
-        record = await run_http_rollout(InMemoryConnector(server), ONE_TURN, metadata={}, **kwargs)
+        record = await run_http_rollout(connector, workload, metadata={}, **kwargs)
     return server, record
 
 
@@ -411,48 +420,24 @@ async def test_the_backoffs_jitter_is_drawn_from_the_tasks_own_seed(autojump_clo
     assert [at for _, at in server.requests] == [0.0, first, first + second]
 
 
-RESET = object()  # in a scripted answer of `faulty_rollout`: the link is reset there (a TCP RST)
-
-
-async def faulty_rollout(*answers: list, workload: wl.Workload = ONE_TURN, **kwargs: Any):
-    """`scripted_rollout` over links that break: at each RESET of an answer, every open link is cut."""
-    server = Scripted([])
-    connector = InMemoryConnector(server, faults=LinkFaults())
-
-    def reset() -> None:
-        connector.links.cut_all("reset by peer")
-
-    server.answers = [[reset if item is RESET else item for item in answer] for answer in answers]
-    with trio.fail_after(WAIT):
-        record = await run_http_rollout(connector, workload, metadata={}, **kwargs)
-    return server, record
-
-
-async def faulty_failure(*answers: list, **kwargs: Any) -> BaseException:
-    with pytest.raises(BaseExceptionGroup) as raised:
-        await faulty_rollout(*answers, **kwargs)
-    return first_leaf(raised.value)
-
-
 async def test_a_connection_reset_while_the_answer_is_read_is_lost_with_why_and_whether_any_came(autojump_clock) -> None:
     broke = "the connection broke: the link broke (reset by peer)"
-    failure = await faulty_failure([RESET])
+    failure = await scripted_failure([RESET])
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, False)
-    head, event, end = completed_answer()
-    failure = await faulty_failure([head, 0.5, RESET])  # cut once the head has arrived
+    failure = await scripted_failure([completed_answer()[0], 0.5, RESET])  # cut once the head has arrived
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
     # An error answer cut in its body was answered: the request is not sent again, even on a reused connection.
     error_head = h11.Response(status_code=429, headers=[(b"content-type", b"application/json"), (b"content-length", b"100")])
-    failure = await faulty_failure([error_head, h11.Data(data=b'{"error": '), 0.5, RESET])
+    failure = await scripted_failure([error_head, h11.Data(data=b'{"error": '), 0.5, RESET])
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
-    failure = await faulty_failure(calling_answer(), [error_head, h11.Data(data=b'{"error": '), 0.5, RESET], completed_answer())
+    failure = await scripted_failure(calling_answer(), [error_head, h11.Data(data=b'{"error": '), 0.5, RESET], completed_answer())
     assert (type(failure), failure.answered) == (ConnectionLost, True)
 
 
 async def test_a_kept_alive_connection_reset_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
     """The link is reset while the tool runs (2 s): the next request's send finds it broken."""
     with_a_tool = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
-    server, record = await faulty_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
+    server, record = await scripted_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
     assert server.requests == [(1, 0.0), (2, 2.0)]
 

@@ -4,11 +4,13 @@ test_sdk_harness.py, test_sdk_lanes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
 import time
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,33 +34,24 @@ def turn(kind: str, response_id: str, *output: dict[str, Any], stream_id: str | 
             {"type": kind, "response": {"id": response_id, "status": status, "output": list(output)}, **lane}]
 
 
-class FakeResource:
-    def __init__(self, conn: FakeConnection) -> None:
-        self.conn = conn
+class FakeConnection:
+    """What sdk.py uses of openai-python's connection (`conn.response` is itself). Each frame written is answered by the
+    next reply of the script; `recv_bytes` blocks until a frame is there or the connection is closed."""
+
+    def __init__(self, replies: list[list[dict[str, Any]]], *, counted: bool = True, idle: dict[str, Any] | None = None) -> None:
+        self.replies, self.idle, self.response, self.closed = list(replies), idle, self, False
+        self.frames: list[str] = []
+        self.reads_before: list[int] = []  # for each frame written, how many events had been read
+        self.reads, self.inbox = 0, queue.Queue()
+        if counted:
+            self._send = self._write
 
     def create(self, **fields: Any) -> None:
         # Compact, as openai-python writes a model's JSON: a count by our own encoding would differ from it.
-        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.create", **fields}, separators=(",", ":")))
+        self.send_raw(json.dumps({"type": "response.create", **fields}, separators=(",", ":")))
 
     def steer(self, **fields: Any) -> None:
-        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.steer", **fields}))
-
-
-class FakeConnection:
-    """What sdk.py uses of openai-python's connection. Each frame written is answered by the next reply of the script
-    (all replies of a lane-less script go in order); `recv_bytes` blocks until a frame is there or the connection is
-    closed."""
-
-    def __init__(self, replies: list[list[dict[str, Any]]], *, counted: bool = True, idle: dict[str, Any] | None = None) -> None:
-        self.replies, self.idle = list(replies), idle
-        self.frames: list[str] = []
-        self.reads_before: list[int] = []  # for each frame written, how many events had been read
-        self.reads = 0
-        self.inbox: queue.Queue = queue.Queue()
-        self.closed = False
-        self.response = FakeResource(self)
-        if counted:
-            self._send = self._write
+        self.send_raw(json.dumps({"type": "response.steer", **fields}))
 
     def _write(self, data: str) -> None:
         self.frames.append(data)
@@ -67,7 +60,7 @@ class FakeConnection:
             self.inbox.put(json.dumps(event).encode())
 
     def send_raw(self, text: str) -> None:
-        (self._send if hasattr(self, "_send") else self._write)(text)
+        getattr(self, "_send", self._write)(text)
 
     def recv_bytes(self) -> bytes:
         if self.idle is not None and self.inbox.empty():  # a server that keeps streaming something else
@@ -98,18 +91,13 @@ class FakeOpenAI:
         self.responses = self
         FakeOpenAI.made.append(self)
 
-    def connect(self, *, extra_headers: dict[str, str]) -> Any:
+    @contextlib.contextmanager
+    def connect(self, *, extra_headers: dict[str, str]) -> Iterator[FakeConnection]:
         self.headers = extra_headers
-        conn = FakeOpenAI.conn
-
-        class Manager:
-            def __enter__(self) -> FakeConnection:
-                return conn
-
-            def __exit__(self, *exc: object) -> None:
-                conn.close()
-
-        return Manager()
+        try:
+            yield FakeOpenAI.conn
+        finally:
+            FakeOpenAI.conn.close()
 
     def close(self) -> None:
         self.closed = True

@@ -43,13 +43,13 @@ ANSWER = {"type": "message", "id": "msg_1", "role": "assistant", "status": "comp
           "content": [{"type": "output_text", "text": "done"}]}
 USAGE = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 7,
          "output_tokens_details": {"reasoning_tokens": 3}}
+SCRIPTED = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
 
 
 class Clock:
     """A clock the test sets by hand (a blocking client's `time.perf_counter`)."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    now = 0.0
 
     def __call__(self) -> float:
         return self.now
@@ -302,17 +302,12 @@ async def test_the_tool_loop_sends_each_turn_at_its_start_and_follows_a_steered_
 
 
 async def test_an_error_ends_the_loop_without_a_turn_end_callback(autojump_clock) -> None:
-    task = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5)
-    rollout = Rollout(task, RolloutRecord(CHAINED, task.name, 0.0))
-    channel = ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}])
+    rollout = Rollout(SCRIPTED, RolloutRecord(CHAINED, SCRIPTED.name, 0.0))
     ended: list[TurnRecord] = []
-    await drive_websocket_rollout(channel, rollout, CHAINED, {}, [], ended.append)
+    await drive_websocket_rollout(ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}]), rollout, CHAINED,
+                                  {}, [], ended.append)
     # Without `started_at`, turn 0 is stamped once its request is written.
     assert (rollout.record.status, ended, rollout.record.turns[0].sent_at) == ("error:invalid_value", [], 0.25)
-
-
-def scripted_task() -> Workload:
-    return fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
 
 
 def two_turn_script(kind: str) -> list[list[Any]]:
@@ -326,8 +321,7 @@ def two_turn_script(kind: str) -> list[list[Any]]:
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 async def test_a_websocket_rollout_sends_the_harness_request_with_its_headers_and_ends_at_the_final_event(
         autojump_clock, design: str) -> None:
-    server = ScriptedServer(two_turn_script("response.done" if design == SUSPENDED else "response.completed"))
-    task = scripted_task()
+    server, task = ScriptedServer(two_turn_script("response.done" if design == SUSPENDED else "response.completed")), SCRIPTED
     await trio.sleep(1.0)
     with trio.fail_after(60):
         record = await run_websocket_rollout(InMemoryConnector(server), design, task, metadata={"k": "v"})
@@ -347,8 +341,7 @@ async def test_a_websocket_rollout_sends_the_harness_request_with_its_headers_an
 
 
 async def test_a_websocket_rollout_passes_the_callers_options_and_starts_once_connected(autojump_clock) -> None:
-    server = ScriptedServer(two_turn_script("response.completed"))
-    task = scripted_task()
+    server, task = ScriptedServer(two_turn_script("response.completed")), SCRIPTED
     connected_at: list[float] = []
     ended: list[int] = []
 
@@ -372,14 +365,14 @@ async def test_a_websocket_rollout_passes_the_callers_options_and_starts_once_co
 async def test_a_websocket_rollout_closes_its_connection_after_the_task(autojump_clock) -> None:
     server = ScriptedServer([[{"type": "error", "error": {"code": "invalid_value"}}, Close(1000)]])
     with trio.fail_after(60):
-        record = await run_websocket_rollout(InMemoryConnector(server), CHAINED, scripted_task(), metadata={})
+        record = await run_websocket_rollout(InMemoryConnector(server), CHAINED, SCRIPTED, metadata={})
     assert (record.status, record.ended_at, len(record.turns)) == ("error:invalid_value", 0.0, 1)
 
 
 async def test_turn_0_of_a_websocket_rollout_pays_the_handshakes_of_its_connection(autojump_clock) -> None:
     server = ScriptedServer(two_turn_script("response.completed"))
     with trio.fail_after(60):
-        record = await run_websocket_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, scripted_task(), metadata={})
+        record = await run_websocket_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, SCRIPTED, metadata={})
     # TCP, TLS and the upgrade: three round trips before the create goes, which takes half of one more to arrive and the
     # answer the other half; turn 1 starts when the tool (2 s) returns.
     assert record.turns[0].sent_at == record.started_at == 0.0

@@ -26,23 +26,18 @@ def frame_bytes(event: dict) -> int:
     return len(json.dumps(event).encode())
 
 
-async def test_each_http_connection_has_its_serial_number_in_the_records(autojump_clock, nursery) -> None:
+async def test_a_refused_create_is_in_the_records_and_each_http_connection_has_its_serial_number(autojump_clock, nursery) -> None:
     server = make_server()
     first, second = open_client(nursery, server), open_client(nursery, server)
-    for client in (first, first, second, first):
-        assert (await client.request(body=create())).status == 200
-    assert ([record["connection"] for record in server.records], server.connections_opened) == ([1, 1, 2, 1], 2)
-
-
-async def test_a_refused_create_is_in_the_records(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = open_client(nursery, server)
     await trio.sleep(2.0)
-    await client.request(body=create(), content_type="text/plain", headers=[("user-agent", "probe/1")])
-    await client.request(body=create(), auth=None)
+    await first.request(body=create(), content_type="text/plain", headers=[("user-agent", "probe/1")])
+    await first.request(body=create(), auth=None)
     common = {"transport": "http", "design": "http", "connection": 1, "at_s": 2.0, "response_id": None, "timing_requested": False}
     assert list(server.records) == [{"user_agent": "probe/1", **common, "outcome": "error:unsupported_media_type", "status": 415},
                                     {"user_agent": "", **common, "outcome": "error:invalid_api_key", "status": 401}]
+    for client in (first, first, second, first):
+        assert (await client.request(body=create())).status == 200
+    assert ([record["connection"] for record in server.records][2:], server.connections_opened) == ([1, 1, 2, 1], 2)
 
 
 async def test_a_served_create_is_in_the_records_with_its_phases(autojump_clock, nursery) -> None:

@@ -57,8 +57,7 @@ def test_v1_one_response_one_append_per_tool_round(codex_v1, tmp_path):
     assert [record[k] for k in ("transport", "design", "connection", "appends", "context", "warmup")] == [
         "websocket", "suspended", 1, TOOL_ROUNDS, "full", False]
     # Codex's rollout agrees: one function_call_output per append, each from a command that exited 0.
-    assert len(run.tool_outputs) == TOOL_ROUNDS
-    assert all("exited with code 0" in output for output in run.tool_outputs)
+    assert len(run.tool_outputs) == TOOL_ROUNDS and all("exited with code 0" in output for output in run.tool_outputs)
 
 
 def assert_chained_turns(records: list[dict]) -> None:
@@ -72,8 +71,7 @@ def assert_chained_turns(records: list[dict]) -> None:
 def test_v2_on_codex_0_101_chains_turns_with_only_new_input(codex_v1, tmp_path):
     records = assert_task_done(run_codex(codex_v1, "v2", tmp_path))
     # 0.101.0's `codex exec` sends no warm-up: its first create carries the whole prompt.
-    assert len(records) == TOOL_ROUNDS + 1
-    assert records[0]["warmup"] is False and records[0]["context"] == "full"
+    assert (len(records), records[0]["warmup"], records[0]["context"]) == (TOOL_ROUNDS + 1, False, "full")
     assert_chained_turns(records)
 
 
@@ -83,8 +81,7 @@ def test_v2_on_current_codex_warms_up_then_chains_turns(codex_current, tmp_path)
     warm, first = records[0], records[1]
     row = summary(run)
     assert (row["connections"], row["responses"], row["warmups"], row["turns"], row["items_sent"]) == (1, TOOL_ROUNDS + 2, 1, TOOL_ROUNDS + 1, 1 + 3 + TOOL_ROUNDS)
-    assert row["bytes_sent"] == sum(r["request_bytes"] for r in records) > 0
-    assert len(records) == TOOL_ROUNDS + 2
+    assert row["bytes_sent"] == sum(r["request_bytes"] for r in records) > 0 and len(records) == TOOL_ROUNDS + 2
     assert warm["warmup"] is True and warm["usage"]["output_tokens"] == 0
     # The warm-up prefilled Codex's instructions and tools: the first real turn finds them cached.
     assert warm["warmup_prefill_tokens"] > 5000

@@ -30,11 +30,11 @@ async def sdk_rollout(port: int, design: str, **kwargs):
 
 
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_sdk_client_reproduces_the_harness(live_server, design):
+async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_its_client_fields(live_server, design):
     server, port = live_server
     with trio.fail_after(ROLLOUT_TIMEOUT):
         ours = await rollout_client("harness")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL)
-    theirs = await sdk_rollout(port, design)
+    theirs = await sdk_rollout(port, design, include_timing=True)
 
     for record in (ours, theirs):
         assert (record.status, len(record.turns)) == ("completed", TURNS)
@@ -59,17 +59,10 @@ async def test_sdk_client_reproduces_the_harness(live_server, design):
         assert sdk_records[0]["appends"] == TURNS - 1 and sdk_records[0]["context"] == "full"
     else:
         assert [r["context"] for r in sdk_records] == ["full"] + ["chained"] * (TURNS - 1)
-
-
-async def test_timing_header_returns_client_fields(live_server):
-    server, port = live_server
-    record = await sdk_rollout(port, CHAINED, include_timing=True)
-    assert record.status == "completed"
-    for turn in record.turns:
+    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]  # asked by the SDK run only
+    # With the timing header, each terminal event carries the client fields in `testbed_timing.client`.
+    for turn in theirs.turns:
         client = turn.server_timing["client"]
-        assert client["user_agent"].startswith("OpenAI/Python")
-        assert client["transport"] == "websocket" and client["design"] == CHAINED
-        assert client["context"] == ("full" if turn.turn == 0 else "chained")
-        assert client["warmup"] is False and client["stream_id"] is False
-        assert "prefill" in turn.server_timing["phases_ms"]
-    assert all(r["timing_requested"] for r in server.records)
+        assert client["user_agent"].startswith("OpenAI/Python") and "prefill" in turn.server_timing["phases_ms"]
+        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == ("websocket", design, False, False)
+        assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")

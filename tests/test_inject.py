@@ -321,7 +321,7 @@ async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_a
     assert usage["output_tokens_details"]["reasoning_tokens"] == 3 * 10
 
 
-async def test_the_first_subagent_continues_the_conversation_and_the_others_start_from_the_request(autojump_clock):
+async def test_the_first_subagent_continues_the_conversation_and_the_response_is_not_continued_from_the_cache(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
@@ -329,9 +329,16 @@ async def test_the_first_subagent_continues_the_conversation_and_the_others_star
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
                                       previous_response_id=first["id"]))
         events = await until_calls(conn, 2)
+        await send(conn, inject(events[0][1]["response"]["id"], *[e["item"] for _, e in calls_done(events)]))
+        hosted = (await until(conn, *TERMINALS))[-1]
+        # Hosted subagents are not continued through previous_response_id: a turn naming one, not stored, is not found.
+        await send(conn, create_event("go on", previous_response_id=hosted["response"]["id"]))
+        answer = (await until(conn, "error", *TERMINALS))[-1]
     # Calls are named after their agent and the turn of its conversation: agent0's is the conversation's fourth item's
     # turn (after the first response's input and message), agent1's the second of a conversation of its own.
     assert sorted(e["item"]["call_id"] for _, e in calls_done(events)) == ["call_agent0_4", "call_agent1_2"]
+    assert hosted["type"] == "response.completed"
+    assert (answer["type"], answer["error"]["code"]) == ("error", "previous_response_not_found")
 
 
 async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_incomplete(autojump_clock):
@@ -549,15 +556,3 @@ async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_cloc
 
 async def _answer_into(backend: InjectedOutputs, calls: list[ToolCall], answers: list) -> None:
     answers.extend(await backend.answer(calls))
-
-
-async def test_a_hosted_subagents_response_is_not_continued_from_the_connection_cache(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
-        first = (await until(conn, *TERMINALS))[-1]
-        rid = first["response"]["id"]
-        await send(conn, create_event("go on", previous_response_id=rid))
-        answer = (await until(conn, "error", *TERMINALS))[-1]
-    assert first["type"] == "response.completed"
-    assert (answer["type"], answer["error"]["code"]) == ("error", "previous_response_not_found")

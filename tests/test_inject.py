@@ -71,7 +71,15 @@ def inject(response_id: str, *calls: dict) -> dict:
     return {"type": "response.inject", "response_id": response_id, "input": outputs_for(list(calls))}
 
 
-async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump_clock):
+async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
+    """The `error` a refused inject gets, on the default lane: (code, message, param)."""
+    await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
+    (*_, error) = await until(conn, "response.inject.failed")
+    assert (error["type"], error["status"], error["error"]["type"], "stream_id" in error) == ("error", 400, "invalid_request_error", False)
+    return error["error"]["code"], error["error"]["message"], error["error"]["param"]
+
+
+async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_invalid_one_commits_nothing(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
@@ -81,6 +89,14 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         assert created["response"]["multi_agent"] == MULTI_AGENT
         (called_at, call), = calls_done(first)
         await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
+        answer, call_id = outputs_for([call["item"]]), call["item"]["call_id"]
+        # Refused whole (the good output is not committed either), the response keeps waiting.
+        assert await invalid(conn, response_id, answer + [{"type": "message", "role": "user", "content": "x"}]) == (
+            "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
+        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
+            "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
+        assert await invalid(conn, response_id, answer + answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, inject(response_id, call["item"]))
         injected_at = trio.current_time()
         rest = await until_calls(conn)
@@ -91,6 +107,9 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         # The same response goes on sampling: its next call, which the test answers again.
         (_, second_call), = calls_done(rest)
         assert second_call["sequence_number"] > ack["sequence_number"]
+        # The output was taken: it is not taken again.
+        assert await invalid(conn, response_id, answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         await send(conn, inject(response_id, second_call["item"]))
         final = await timed_until(conn, *TERMINALS)
         # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
@@ -431,13 +450,6 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         assert failed["error"]["code"] in ("response_already_completed", "response_not_found")  # openai-python's type allows no other
         return failed["sequence_number"], failed["error"]
 
-    async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
-        (*_, error) = await until(conn, "response.inject.failed")
-        assert (error["type"], error["status"], error["error"]["type"]) == ("error", 400, "invalid_request_error")
-        assert "stream_id" not in error  # the target runs on the default lane
-        return error["error"]["code"], error["error"]["message"], error["error"]["param"]
-
     async with beta_ws(server) as conn:
         assert await refused(conn, "resp_nope", [OUTPUT]) == (0, {"code": "response_not_found", "message": "Response 'resp_nope' not found."})
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))  # a response without multi_agent
@@ -445,28 +457,6 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         number, error = await refused(conn, plain, [OUTPUT])  # numbered in that response's own sequence
         assert number > 0 and error == {
             "code": "response_not_found", "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
-        await until(conn, *TERMINALS)
-        await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        events = await until_calls(conn)
-        response_id = events[0][1]["response"]["id"]
-        ((_, first),) = calls_done(events)
-        answer = outputs_for([first["item"]])
-        call_id = first["item"]["call_id"]
-        message = [{"type": "message", "role": "user", "content": "x"}]
-        assert await invalid(conn, response_id, answer + message) == (
-            "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
-        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
-            "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
-        assert await invalid(conn, response_id, answer + answer) == (
-            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
-        events = await until_calls(conn)
-        # The response took the output and went on to its next call: the output is not taken again.
-        assert events[0][1]["type"] == "response.inject.created"
-        assert await invalid(conn, response_id, answer) == (
-            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
-        ((_, second),) = calls_done(events)
-        await send(conn, inject(response_id, second["item"]))
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 

@@ -124,23 +124,6 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_i
     assert called_at < injected_at
 
 
-async def test_inject_into_a_completed_response_fails_with_the_documented_code(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
-        done = (await until(conn, *TERMINALS))[-1]
-        response_id = done["response"]["id"]
-        assert done["response"]["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
-        late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": late})
-        refused = await until(conn, "response.inject.failed")
-        # The guide's answer: nothing committed, the raw input back for a new response.create.
-        assert refused == [{
-            "type": "response.inject.failed", "sequence_number": 0, "response_id": response_id, "input": late,
-            "error": {"code": "response_already_completed", "message": f"Response '{response_id}' has already completed."},
-        }]
-
-
 def refusal(code: str, message: str, param: str | None) -> dict:
     return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
 
@@ -451,6 +434,15 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         return failed["sequence_number"], failed["error"]
 
     async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
+        done = (await until(conn, *TERMINALS))[-1]["response"]
+        assert done["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
+        # The guide's answer: nothing committed, the raw input back for a new response.create.
+        late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
+        await send(conn, {"type": "response.inject", "response_id": done["id"], "input": late})
+        assert await until(conn, "response.inject.failed") == [{
+            "type": "response.inject.failed", "sequence_number": 0, "response_id": done["id"], "input": late,
+            "error": {"code": "response_already_completed", "message": f"Response '{done['id']}' has already completed."}}]
         assert await refused(conn, "resp_nope", [OUTPUT]) == (0, {"code": "response_not_found", "message": "Response 'resp_nope' not found."})
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))  # a response without multi_agent
         plain = (await until(conn, "response.created"))[-1]["response"]["id"]

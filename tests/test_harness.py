@@ -60,11 +60,6 @@ def rollout_on(clock: Clock, workload: Workload | None = None) -> Rollout:
     return Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0), clock=clock)
 
 
-def test_a_turns_time_to_first_token_is_counted_from_its_start() -> None:
-    assert TurnRecord(0, 1.5).ttft is None
-    assert TurnRecord(0, 1.5, first_token_at=2.25).ttft == 0.75
-
-
 def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_the_turn() -> None:
     clock = Clock()
     rollout = rollout_on(clock)
@@ -86,7 +81,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     turn = record.turns[0]
     # The first delta of either kind is the first token; a pause ends the turn with its usage and timing, but only a
     # terminal event names the response's outcome and adds its usage to the task's.
-    assert (turn.first_token_at, turn.ended_at, turn.bytes_received) == (2.0, 3.5, 150)
+    assert (turn.first_token_at, turn.ended_at, turn.bytes_received, turn.ttft) == (2.0, 3.5, 150, 1.0)  # ttft from the turn's start
     assert (turn.response_id, turn.usage, turn.server_timing) == ("resp_a", USAGE, {"api_ms": 1})
     assert record.timeline == [(at, "recv", event["type"]) for at, event, _ in events]
     assert record.sequence_numbers == [("resp_a", 0), ("resp_a", 1), ("resp_a", 2), ("resp_a", 4)]
@@ -102,6 +97,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
                                                                "usage": {**USAGE, "output_tokens_details": None}}}, 5)
     rollout.received({"type": "response.incomplete", "response": {"id": "resp_c"}}, 5)
     assert record.turns[1] == TurnRecord(1, 3.75, ended_at=4.0, bytes_sent=5, bytes_received=20, response_id="resp_a")
+    assert record.turns[1].ttft is None  # no token came
     assert record.outcomes == {"resp_a": "completed", "resp_b": "failed", "resp_c": ""}
     assert record.response_ids == ["resp_a", "resp_b", "resp_c"]
     assert record.usage == {"input_tokens": 300, "cached_tokens": 180, "output_tokens": 21, "reasoning_tokens": 6}
@@ -225,7 +221,7 @@ async def test_the_channel_reads_until_a_pause_an_end_or_an_error_counting_bytes
     assert socket.messages == [texts[3]]
 
 
-def test_what_ends_a_turn_and_what_continues_it() -> None:
+def test_what_ends_a_turn_and_what_continues_it_as_a_steered_response() -> None:
     def response(status: str, *output: dict[str, Any]) -> dict[str, Any]:
         return {"id": "r", "status": status, "output": list(output)}
 
@@ -236,9 +232,7 @@ def test_what_ends_a_turn_and_what_continues_it() -> None:
     assert turn_outcome(SUSPENDED, {"type": "response.completed", "response": response("completed", CALL)}) == ("completed", [])
     assert turn_outcome(CHAINED, {"type": "response.incomplete", "response": response("incomplete", CALL)}) == ("incomplete", [])
     assert function_calls([ANSWER, CALL, {"type": "function_call_output"}]) == [CALL]
-
-
-def test_only_an_incomplete_response_stopped_for_steering_is_steered() -> None:
+    # Only an incomplete response stopped for steering is steered (its successor continues the turn).
     steered = {"type": "response.incomplete", "response": {"incomplete_details": {"reason": "steered"}}}
     assert is_steered(steered)
     assert not is_steered({**steered, "type": "response.completed"})

@@ -152,12 +152,9 @@ async def test_without_keep_alive_every_request_asks_to_close_and_opens_its_own_
     assert (record.status, record.reconnects) == ("completed", 0)
 
 
-async def test_an_unknown_variant_is_refused(autojump_clock) -> None:
+async def test_a_refused_request_ends_the_rollout_with_its_code_and_an_unknown_variant_is_refused(autojump_clock) -> None:
     with pytest.raises(ValueError, match=r"^variant must be one of \('stateless', 'stored'\), not 'chained'$"):
         await rollout(make_server(), variant="chained")
-
-
-async def test_a_refused_request_ends_the_rollout_with_its_code(autojump_clock) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"right"})))
     await trio.sleep(1.0)
     record = await rollout(server, api_key="wrong")

@@ -184,11 +184,6 @@ def test_a_turn_past_its_most_events_ends_the_rollout(fake_openai, monkeypatch: 
     assert sdk.MAX_EVENTS_PER_TURN == 3 and sdk.DEFAULT_TIMEOUT_S == 600.0
 
 
-def test_only_the_two_websocket_designs_are_accepted(fake_openai) -> None:
-    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
-        sdk.run_sdk_rollout("http://h:1/v1", "http", TASK, metadata={})
-
-
 async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(
         fake_openai) -> None:
     conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
@@ -207,9 +202,11 @@ async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors
 
 @pytest.mark.parametrize("connector", [TcpConnector("h", 1, network=object()), object(), types.SimpleNamespace(host="h")],  # type: ignore[arg-type]
                          ids=["with-network", "no-address", "no-port"])
-async def test_the_sdk_needs_a_plain_tcp_connector(connector: Any) -> None:
+async def test_the_sdk_needs_a_plain_tcp_connector_and_one_of_the_websocket_designs(connector: Any, fake_openai) -> None:
     with pytest.raises(ValueError, match=r"^the SDK client needs a TcpConnector\(host, port\) without a network profile$"):
         await sdk.run_sdk_websocket_rollout(connector, CHAINED, TASK, metadata={})
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+        sdk.run_sdk_rollout("http://h:1/v1", "http", TASK, metadata={})
 
 
 def test_the_rollout_clients_by_name() -> None:

@@ -10,7 +10,7 @@ import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import cancel_at, connect
-from test_inject import MULTI_AGENT, beta_ws, calls_done
+from test_inject import MULTI_AGENT, beta_ws, calls_done, until_calls
 from trio_websocket import ConnectionClosed
 
 from prototype.api.costs import ZERO_COSTS
@@ -71,8 +71,7 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
 
 
 async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_clock):
-    """A warm-up (`generate: false`) is steerable while its post-inference work runs; its automatic
-    successor inherits its settings but generates: it carries the steering message to the model."""
+    """A warm-up is steerable while its post-inference work runs; its successor generates, carrying the message."""
     server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
     async with ws(server) as conn:
         await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE, generate=False))
@@ -283,8 +282,7 @@ async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_r
         sent_at = trio.current_time()
         await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))  # continues nothing: the lane moves on
         events = await timed_until(conn, *TERMINALS)
-    # The steer can no longer be carried: it fails before the unrelated response's first event,
-    # numbered in its target's sequence, not when the lane next starts a response.
+    # The steer can no longer be carried: it fails before the unrelated response's first event, in its target's sequence.
     (failed_at, refused), (created_at, created) = events[0], events[1]
     assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["id"])
     assert refused["stream_id"] == LANE and failed_at == created_at == sent_at
@@ -337,15 +335,12 @@ async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_fol
 
 
 async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_automatic_successor(autojump_clock):
-    # A multi-agent response waits at its client call for the injected output and goes on: when it
-    # completes, the call is answered, so the steer rides the automatic successor; it is never
-    # pending on input the client already gave.
+    # A multi-agent response answers its call in place: when it completes, the steer rides the automatic successor,
+    # never pending on input the client already gave.
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         target = events[0][1]["response"]["id"]
         ((_, call),) = calls_done(events)
         await send(conn, {"type": "response.inject", "response_id": target, "input": outputs_for([call["item"]])})
@@ -353,9 +348,7 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
         await send(conn, steer(target))
         events = await until(conn, *TERMINALS)
         # The successor inherits `multi_agent` and waits at its own call: the test answers it.
-        successor = await timed_until(conn, "response.output_item.done")
-        while not calls_done(successor):
-            successor += await timed_until(conn, "response.output_item.done")
+        successor = await until_calls(conn)
         ((_, next_call),) = calls_done(successor)
         created = successor[0][1]
         await send(conn, {"type": "response.inject", "response_id": created["response"]["id"],
@@ -371,8 +364,8 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
 
 
 async def test_a_steer_whose_successor_would_outlive_the_connection_fails_and_the_connection_closes(autojump_clock):
-    # The lifetime limit strikes while the steered response finishes its message: the automatic
-    # successor is never created, its queued input comes back, then the limit's error and the close.
+    # The lifetime limit strikes while the steered response finishes its message: no successor; its queued input comes
+    # back, then the limit's error and the close.
     server = make_server(config=ServerConfig(connection_lifetime=0.2))
     async with ws(server) as conn:
         target, _ = await start(conn)

@@ -116,6 +116,15 @@ def sent(conn: FakeConnection) -> list[dict[str, Any]]:
     return [json.loads(frame) for frame in conn.frames]
 
 
+def the_client(fake_openai: type[FakeOpenAI], base_url: str, *, api_key: str = "testbed", timeout: float = 600.0,
+               design: str = CHAINED, **headers: str) -> FakeOpenAI:
+    """The one client made, with the options and headers the SDK run passed it."""
+    [client] = fake_openai.made
+    assert client.options == {"base_url": base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout}
+    assert client.headers == {"OpenAI-Beta": BETA[design], **headers}
+    return client
+
+
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fake_openai, design: str) -> None:
     kind = "response.done" if design == SUSPENDED else "response.completed"
@@ -123,9 +132,7 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     ended: list[int] = []
     record = sdk.run_sdk_rollout("http://h:1/v1", design, TASK, metadata={"k": "v"}, on_turn_end=lambda t: ended.append(t.turn))
     assert (record.design, record.workload, record.status, ended) == (design, "sdk-task", "completed", [0, 1])
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:1/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
-    assert client.headers == {"OpenAI-Beta": BETA[design]} and client.closed and conn.closed
+    assert the_client(fake_openai, "http://h:1/v1", design=design).closed and conn.closed
     base = request_body(TASK, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=design == CHAINED)
     first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
     outputs = [{"type": "function_call_output", "call_id": "call_1", "output": tool_output_text(TASK, 0, 0)}]
@@ -193,9 +200,7 @@ async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors
                                                      store=True, include_timing=True, api_key="k", timeout=9.0,
                                                      on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended) == ("completed", [0])
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://10.0.0.9:8123/v1", "api_key": "k", "max_retries": 0, "timeout": 9.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
+    the_client(fake_openai, "http://10.0.0.9:8123/v1", api_key="k", timeout=9.0, **{"x-responsesapi-include-timing-metrics": "true"})
     assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="m", metadata={"k": "v"}, store=True),
                              "input": sent(conn)[0]["input"]}
 
@@ -240,9 +245,7 @@ def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
     records = sdk.run_sdk_lanes("http://h:3/v1", tasks, metadata_for=lambda i: {"lane": str(i)}, model="m", api_key="k", timeout=20.0)
     assert [(r.design, r.workload, r.status, len(r.turns), r.response_ids) for r in records] == [
         ("chained", "sdk-task", "completed", 2, ["resp_a0", "resp_a1"]), ("chained", "one-turn", "completed", 1, ["resp_b0"])]
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:3/v1", "api_key": "k", "max_retries": 0, "timeout": 20.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED]} and client.closed
+    assert the_client(fake_openai, "http://h:3/v1", api_key="k", timeout=20.0).closed
     frames = sent(conn)
     outputs = [{"type": "function_call_output", "call_id": "call_1", "output": tool_output_text(TASK, 0, 0)}]
     assert frames == [
@@ -265,7 +268,7 @@ def test_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
     fake_openai.conn = LaneConnection({"agent-0": [[{"type": "error", "stream_id": "agent-0", "error": {"code": "invalid_value"}}]]})
     [record] = sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {})
     assert record.status == "error:invalid_value"
-    assert fake_openai.made[0].options == {"base_url": "http://h:3/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
+    the_client(fake_openai, "http://h:3/v1")
     assert json.loads(fake_openai.conn.frames[0])["model"] == "gpt-5.4"
 
 
@@ -290,9 +293,7 @@ def test_a_steer_is_sent_after_its_deltas_and_timed_to_the_successors_first_toke
          "stream_id": "main", "input": "start the task"},
         {"type": "response.steer", "input": "also this", "previous_response_id": "resp_0"},
     ]
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:4/v1", "api_key": "k", "max_retries": 0, "timeout": 10.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED]} and client.closed
+    assert the_client(fake_openai, "http://h:4/v1", api_key="k", timeout=10.0).closed
 
 
 @pytest.mark.parametrize("end", ["response.steer.failed", "error"])
@@ -317,28 +318,15 @@ async def test_from_trio_the_defaults_are_the_harnesses_and_any_object_with_an_a
     with trio.fail_after(10):
         record = await sdk.run_sdk_websocket_rollout(types.SimpleNamespace(host="h", port=5), SUSPENDED, TASK, metadata={})
     assert record.status == "completed"
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:5/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
-    assert client.headers == {"OpenAI-Beta": BETA[SUSPENDED]}
+    the_client(fake_openai, "http://h:5/v1", design=SUSPENDED)
     first = json.loads(fake_openai.conn.frames[0])
     assert (first["model"], first["store"]) == ("gpt-5.4", False)
 
 
-class StuckConnection(FakeConnection):
-    """A connection whose server never answers; `finished` is set when the blocked read gives up."""
-
-    finished = False
-
-    def recv_bytes(self) -> bytes:
-        try:
-            return super().recv_bytes()
-        finally:
-            self.finished = True
-
-
 async def test_a_cancelled_sdk_rollout_leaves_its_blocked_thread_behind(fake_openai) -> None:
-    conn = fake_openai.conn = StuckConnection([])
+    conn = fake_openai.conn = FakeConnection([])  # the server never answers
     with trio.move_on_after(0.1):
         await sdk.run_sdk_websocket_rollout(TcpConnector("h", 1), CHAINED, TASK, metadata={}, timeout=30)
-    assert not conn.finished  # trio returned at once: the thread is still blocked in the SDK's read
+    # Trio returned at once: the thread is still blocked in the SDK's read, inside the connection it has not closed.
+    assert (conn.reads, conn.closed, len(conn.frames)) == (0, False, 1)
     conn.close()

@@ -107,13 +107,12 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     assert record.timeline[-1] == (4.0, "recv", "")
 
 
-def two_call_task() -> Workload:
-    # Turn 0 makes two calls (3 s and 1 s); turn 1 one call whose spec names 0.5 s; turn 2 answers.
-    return Workload("two-calls", 5, [TurnSpec(20, 5, (3.0, 1.0)), TurnSpec(9, 5, (0.5,)), TurnSpec(4, 5, ())])
+# Turn 0 makes two calls (3 s and 1 s); turn 1 one call whose spec names 0.5 s; turn 2 answers.
+TWO_CALLS = Workload("two-calls", 5, [TurnSpec(20, 5, (3.0, 1.0)), TurnSpec(9, 5, (0.5,)), TurnSpec(4, 5, ())])
 
 
-def test_a_turns_tools_run_as_long_as_the_longest_and_return_outputs_of_the_workloads_sizes() -> None:
-    workload = two_call_task()
+async def test_a_turns_tools_run_as_long_as_the_longest_from_its_end_and_return_outputs_of_the_workloads_sizes(autojump_clock) -> None:
+    workload = TWO_CALLS
     rollout = Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0), clock=Clock())
     rollout.start_turn([], 0)
     calls = [{"call_id": "a"}, {"call_id": "b"}, {"call_id": "c"}]  # a call past the spec's: no time, one token
@@ -129,10 +128,7 @@ def test_a_turns_tools_run_as_long_as_the_longest_and_return_outputs_of_the_work
     rollout.start_turn([], 0)  # a turn past the workload's last (a steered successor's): as the last turn, no time
     wait, outputs = rollout.tool_plan([{"call_id": "e"}])
     assert (wait, [tokenizer.count_tokens(o["output"]) for o in outputs]) == (0.0, [1])
-
-
-async def test_tools_start_when_the_turn_ended_and_their_time_is_recorded(autojump_clock) -> None:
-    workload = two_call_task()
+    # Run on the trio clock, the tools start when the turn ended and their time is recorded.
     rollout = Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0))
     rollout.start_turn([], 0)
     rollout.record.turns[-1].ended_at = 1.0

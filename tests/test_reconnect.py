@@ -201,14 +201,6 @@ async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the
     assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
 
 
-async def test_a_request_refused_on_a_later_turn_ends_the_task_with_its_code(autojump_clock) -> None:
-    server = ScriptedServer([first_turn(CHAINED), [error("invalid_value")]])
-    record = await reconnecting(server)
-    assert record.status == "error:invalid_value"
-    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0")]  # asked once
-    assert (record.reconnects, record.full_resends, record.turns[1].ended_at) == (0, 0, 2.0)
-
-
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str) -> None:
     server = ScriptedServer([
@@ -231,13 +223,10 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
     assert len(record.turns) == 2
     assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
         json.dumps(server.received[2][1], separators=(",", ":")))
-
-
-async def test_a_policy_that_does_not_retry_failed_responses_fails_the_task_at_once(autojump_clock) -> None:
+    # A policy that does not retry failed responses fails the task at once.
     server = ScriptedServer([[created_event("resp_0"), failed("resp_0", "server_error")]])
-    record = await reconnecting(server, CHAINED, attrs.evolve(TWICE, retry_failed_responses=False))
-    assert (record.status, record.retried_responses, record.recovery_seconds, trio.current_time()) == ("failed", 0, [], 0.0)
-    assert len(server.received) == 1
+    record = await reconnecting(server, design, attrs.evolve(TWICE, retry_failed_responses=False))
+    assert (record.status, record.retried_responses, record.recovery_seconds, len(server.received)) == ("failed", 0, [], 1)
 
 
 async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:
@@ -275,10 +264,7 @@ async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaul
     body = request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=True) if store is None else \
         request_body(TWO_TURNS, model="m", metadata={"k": "v"}, store=store, instructions="mine")
     assert server.received[0][1] == {"type": "response.create", **body, "input": prompt}
-
-
-def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
-    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):  # the WebSocket designs only
         ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, TWICE, metadata={})
 
 
@@ -376,7 +362,7 @@ def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_
     assert ([steady.delay(attempt, rng) for attempt in range(1, 7)], rng.getstate()) == ([base * 1.5 for base in bases], state)
 
 
-async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_connection(autojump_clock) -> None:
+async def test_openai_python_ends_the_task_at_the_limits_clean_close_or_error_and_opens_no_new_connection(autojump_clock) -> None:
     server = server_with(lifetime=15)
     connector = InMemoryConnector(server, faults=LinkFaults())
     record = await converse(server, CHAINED, connector=connector)
@@ -385,15 +371,12 @@ async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_con
     assert (record.status, record.reconnects, connector.links.opened) == ("error:closed_1000", 0, 1)
     assert plain(record)[-1] == "send response.create" and len(record.turns) == 2
     assert record.ended_at == pytest.approx(record.turns[-1].ended_at + 10.0)  # when turn 1's tools returned
-
-
-async def test_openai_python_ends_the_task_at_the_connection_limit_error(autojump_clock) -> None:
-    # The limit comes in the middle of turn 0 (a 4 s turn on a 1 s connection); past the 0.5 s grace the response
-    # fails with the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
+    # The limit in the middle of turn 0 (a 4 s turn on a 1 s connection): past the 0.5 s grace the response fails with
+    # the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
     record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN)
     assert (record.status, record.reconnects, record.retried_responses, record.fell_back_to_http) == (
         "error:websocket_connection_limit_reached", 0, 0, False)
-    assert record.ended_at == pytest.approx(1.5)
+    assert record.ended_at - record.started_at == pytest.approx(1.5)
     assert plain(record) == ["send response.create", "recv response.created", "recv response.failed"]
 
 
@@ -544,6 +527,11 @@ async def test_a_refused_request_ends_the_task_with_its_code_and_no_reconnect(au
     assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:invalid_value", 0, False)
     assert [(turn.sent_at, turn.ended_at) for turn in record.turns] == [(0.0, 0.0)]
     assert plain(record) == ["send response.create", "recv error"]  # asked once: the refusal is not retried
+    server = ScriptedServer([first_turn(design), [error("invalid_value")]])  # on a later turn
+    record = await reconnecting(server, design)
+    assert (record.status, record.reconnects, record.full_resends, record.turns[1].ended_at) == ("error:invalid_value", 0, 0, 2.0)
+    assert frame_kinds(server) == [(0, "response.create", None),
+                                   (0, "response.append", None) if design == SUSPENDED else (0, "response.create", "resp_0")]
 
 
 async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent_keeping_the_key_and_the_timing_header(

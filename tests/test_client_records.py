@@ -11,6 +11,7 @@ import trio
 import trio.testing
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_http import WAIT, Answer, create, open_client, sse_events
+from test_lanes import frame_bytes
 
 from prototype.api.service import IdFactory
 from prototype.client.harness import SUSPENDED
@@ -20,10 +21,6 @@ TWO_TURNS = {"testbed_workload": "fixed:2:100:10:300:0"}  # a client call, then 
 THREE_TURNS = {"testbed_workload": "fixed:3:50:10:5:0"}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
 LANE = "agent"
-
-
-def frame_bytes(event: dict) -> int:
-    return len(json.dumps(event).encode())
 
 
 async def test_a_refused_create_is_in_the_records_and_each_http_connection_has_its_serial_number(autojump_clock, nursery) -> None:

@@ -22,6 +22,7 @@ from support import (
     ws,
 )
 from test_endpoints import connect
+from test_steering import steer
 from trio_websocket import CloseReason, ConnectionClosed
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
@@ -212,10 +213,6 @@ async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each
 
 def frame_bytes(event: dict) -> int:
     return len(json.dumps(event).encode())
-
-
-def steer(previous_response_id: str, text: str = "keep it small") -> dict:
-    return {"type": "response.steer", "previous_response_id": previous_response_id, "input": text}
 
 
 async def quiet(conn, seconds: float = 5.0) -> None:

@@ -191,8 +191,7 @@ def test_a_turn_past_its_most_events_ends_the_rollout(fake_openai, monkeypatch: 
     assert sdk.MAX_EVENTS_PER_TURN == 3 and sdk.DEFAULT_TIMEOUT_S == 600.0
 
 
-async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(
-        fake_openai) -> None:
+async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(fake_openai):
     conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
     ended: list[int] = []
     with trio.fail_after(10):

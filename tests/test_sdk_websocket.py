@@ -257,10 +257,9 @@ def assert_ws_error(frame: dict[str, Any], code: str, param: Any = None) -> None
     ResponseWsError.model_validate(frame)
 
 
-def drive_rollout(ws: Any, *, probe_first_suspension: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Create; answer each `response.done`'s calls with one `response.append`, until a terminal event. Returns (every
-    event, the response.done events, the first event after each append). With `probe_first_suspension`, the first
-    suspension is first sent an append with a wrong call_id, refused while the rollout stays suspended."""
+def drive_rollout(ws: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Create; answer each `response.done`'s calls with one `response.append`, until a terminal event (the first
+    suspension first refuses a wrong call_id). Returns (every event, the response.done events, the first after each append)."""
     send(ws, v1_create())
     events: list[dict[str, Any]] = []
     dones: list[dict[str, Any]] = []
@@ -277,7 +276,7 @@ def drive_rollout(ws: Any, *, probe_first_suspension: bool = False) -> tuple[lis
         dones.append(event)
         calls = [item for item in event["response"]["output"] if item["type"] == "function_call"]
         assert calls, f"response.done without a pending call: {event}"
-        if probe_first_suspension and len(dones) == 1:
+        if len(dones) == 1:
             # A wrong call_id is refused and the rollout stays suspended: nothing else streams.
             send(ws, {"type": "response.append", "input": [output_for("call_not_pending")]})
             assert_ws_error(recv(ws), "invalid_function_call_output", "input")
@@ -305,7 +304,7 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
             send(ws, frame)
             assert_ws_error(recv(ws), code, param)
 
-        events, dones, resumed_after = drive_rollout(ws, probe_first_suspension=True)
+        events, dones, resumed_after = drive_rollout(ws)
 
         # After the rollout nothing is suspended any more.
         send(ws, {"type": "response.append", "input": [output_for("call_1")]})

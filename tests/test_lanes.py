@@ -42,13 +42,9 @@ LANE = "agent"
 
 async def collect(conn, count: int) -> list[tuple[float, dict]]:
     """(virtual time, event) until `count` terminal events or errors have arrived."""
-    seen, done = [], 0
-    with trio.fail_after(600):
-        while done < count:
-            event = await until(conn, *TERMINALS)
-            now = trio.current_time()
-            seen.extend((now, e) for e in event)
-            done += 1  # a terminal event or an error
+    seen: list[tuple[float, dict]] = []
+    while sum(e["type"] in TERMINALS or e["type"] == "error" for _, e in seen) < count:
+        seen += await timed_until(conn, *TERMINALS)
     return seen
 
 

@@ -3,13 +3,11 @@ real socket; every frame the server sends parses into the SDK's own typed model.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-import trio
 from openai import OpenAI
-from test_sdk_websocket import CLIENT_TIMEOUT, assert_typed
+from test_sdk_websocket import CLIENT_TIMEOUT, assert_typed, in_thread
 
 from prototype.client.harness import BETA, CHAINED, HARNESS_TOOLS
 from prototype.client.sdk import run_sdk_lanes, run_sdk_steer
@@ -37,11 +35,6 @@ def sdk_events(port: int, script) -> list[dict[str, Any]]:
     finally:
         client.close()
     return seen
-
-
-async def in_thread(fn, *args, **kwargs):
-    with trio.fail_after(CLIENT_TIMEOUT * 2):
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
 
 
 async def test_sdk_lanes_are_tagged_and_fifo(live_server):

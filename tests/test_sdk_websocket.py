@@ -4,6 +4,7 @@ rollout against `python -m prototype serve`. The blocking SDK runs in a worker t
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 from typing import Any
@@ -95,9 +96,10 @@ def sdk_client(port: int) -> OpenAI:
     return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="test", max_retries=0, timeout=RECV_TIMEOUT)
 
 
-async def in_thread(fn, *args):
-    with trio.fail_after(CLIENT_TIMEOUT):
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+async def in_thread(fn, *args, **kwargs):
+    """A blocking client run in a worker thread, abandoned (and unblocked when the server closes) past its time."""
+    with trio.fail_after(CLIENT_TIMEOUT * 2):
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
 
 
 def assert_well_formed(pairs: list[tuple[Any, dict[str, Any]]]) -> tuple[str, Response]:

@@ -32,16 +32,14 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
-# Three turns, each ending in client calls but the last; 0.5 s tools in the workload are the
-# client's own time, which these tests replace with their own waits.
+# Three turns, each ending in client calls but the last (the workload's 0.5 s tools: these tests wait on their own).
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 
 
 @asynccontextmanager
 async def beta_ws(server, beta: str | None = BETA_HEADER, network=None):
-    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide); `network`:
-    None for a zero-latency pipe, or a link with delay."""
+    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide), over `network`."""
     headers = [(b"authorization", b"Bearer k")]
     if beta is not None:
         headers.append((b"openai-beta", beta.encode()))
@@ -397,15 +395,13 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
 
 
-MALFORMED = [  # (label, frame without its type, code, message, param)
+MALFORMED = [  # (label, frame without its type, code, message, param); no response_id or no input: test_codec.py
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
      f"Unknown parameter: '{'k' * 64}'.", "k" * 64),
-    ("no response_id", {"input": [OUTPUT]}, "missing_required_parameter", "response.inject needs 'response_id', a string.", "response_id"),
     ("empty response_id", {"response_id": "", "input": [OUTPUT]}, "missing_required_parameter",
      "response.inject needs 'response_id', a string.", "response_id"),
     ("response_id not a string", {"response_id": 7, "input": [OUTPUT]}, "missing_required_parameter",
      "response.inject needs 'response_id', a string.", "response_id"),
-    ("no input", {"response_id": "r"}, "missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input"),
     ("an item without output", {"response_id": "r", "input": [{"type": "function_call_output", "call_id": "c"}]},
      "missing_required_parameter", "Missing required field 'output' in input[0].", "input[0].output"),
     ("an item not an object", {"response_id": "r", "input": ["x"]}, "invalid_type", "Invalid type for 'input[0]': expected an object.", "input[0]"),

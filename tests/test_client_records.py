@@ -17,8 +17,6 @@ from prototype.api.service import IdFactory
 from prototype.client.harness import SUSPENDED
 
 ONE_TURN = {"testbed_workload": "fixed:1:100:10:300"}  # the final answer: 300 tokens, 0.3 s at sim-1000
-TWO_TURNS = {"testbed_workload": "fixed:2:100:10:300:0"}  # a client call, then the final answer
-THREE_TURNS = {"testbed_workload": "fixed:3:50:10:5:0"}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
 LANE = "agent"
 
@@ -164,40 +162,29 @@ async def test_a_refused_frame_is_recorded_with_its_code_and_param(autojump_cloc
     ]
 
 
-async def test_a_v1_rollout_is_recorded_with_its_appends_and_their_bytes(autojump_clock):
-    server = make_server()
-    event = create_event(metadata=TWO_TURNS)
-    async with ws(server, SUSPENDED, include_timing=True) as conn:
-        await send(conn, event)
-        done = (await until(conn, "response.done", timeout=WAIT))[-1]
-        append = {"type": "response.append", "input": outputs_for(function_calls(done["response"]))}
-        await send(conn, append)
-        end = (await until(conn, *TERMINALS, timeout=WAIT))[-1]
-    assert "testbed_timing" in done["response"] and end["type"] == "response.completed"
-    (record,) = server.records
-    assert (record["design"], record["response_id"], record["outcome"], record["appends"], record["request_bytes"],
-            record["timing_requested"]) == ("suspended", end["response"]["id"], "completed", 1,
-                                            frame_bytes(event) + frame_bytes(append), True)
-    # The rollout's log: both segments' spans (each segment's timing on the wire has its own only).
-    segments = [done["response"]["testbed_timing"]["phases_ms"], end["response"]["testbed_timing"]["phases_ms"]]
-    assert record["phases_ms"]["decode"] == sum(s["decode"] for s in segments) == 607.0
-    assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in segments), 3)
-
-
-async def test_each_v1_rollout_counts_the_bytes_of_its_own_create_and_appends(autojump_clock):
+async def test_each_v1_rollout_is_recorded_with_its_appends_their_bytes_and_every_segments_phases(autojump_clock):
     """Text frames count their UTF-8 bytes, binary frames as they are; each rollout of a connection only its own."""
-    server = make_server()
-    sizes = []
-    async with ws(server, SUSPENDED) as conn:
+    server, sizes, segments, ids = make_server(), [], [], []
+    async with ws(server, SUSPENDED, include_timing=True) as conn:
         for text, turns in (("répare le bogue ✓", 3), ("and the next one", 2)):
-            frames: list[str | bytes] = [json.dumps(create_event(text, metadata={"testbed_workload": f"fixed:{turns}:50:10:5:0"}), ensure_ascii=False)]
+            frames: list[str | bytes] = [json.dumps(create_event(text, metadata={"testbed_workload": f"fixed:{turns}:100:10:300:0"}),
+                                                    ensure_ascii=False)]
             await send(conn, frames[0])
+            segments.append([])
             for n in range(turns - 1):
-                done = (await until(conn, "response.done", timeout=WAIT))[-1]
-                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done["response"]), f"{text} {n}")},
-                                    ensure_ascii=False)
+                done = (await until(conn, "response.done", timeout=WAIT))[-1]["response"]
+                segments[-1].append(done["testbed_timing"]["phases_ms"])
+                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done), f"{text} {n}")}, ensure_ascii=False)
                 frames.append(append.encode() if n == 0 else append)  # the first append a binary frame
                 await send(conn, frames[-1])
-            await until(conn, *TERMINALS, timeout=WAIT)
+            end = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
+            segments[-1].append(end["testbed_timing"]["phases_ms"])
+            ids.append(end["id"])
             sizes.append(sum(len(frame.encode() if isinstance(frame, str) else frame) for frame in frames))
-    assert [(r["outcome"], r["appends"], r["request_bytes"]) for r in server.records] == [("completed", 2, sizes[0]), ("completed", 1, sizes[1])]
+    assert [(r["design"], r["response_id"], r["outcome"], r["appends"], r["request_bytes"], r["timing_requested"]) for r in server.records] == [
+        ("suspended", ids[0], "completed", 2, sizes[0], True), ("suspended", ids[1], "completed", 1, sizes[1], True)]
+    # The rollout's log: every segment's spans (each segment's timing on the wire has its own only).
+    for record, spans in zip(server.records, segments):
+        assert record["phases_ms"]["decode"] == sum(s["decode"] for s in spans)
+        assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in spans), 3)
+    assert server.records[1]["phases_ms"]["decode"] == 607.0

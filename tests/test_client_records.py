@@ -35,7 +35,7 @@ async def test_a_refused_create_is_in_the_records_and_each_http_connection_has_i
     assert ([record["connection"] for record in server.records][2:], server.connections_opened) == ([1, 1, 2, 1], 2)
 
 
-async def test_a_served_create_is_in_the_records_with_its_phases(autojump_clock, nursery) -> None:
+async def test_a_served_create_or_stream_is_in_the_records_with_its_phases(autojump_clock, nursery) -> None:
     server = make_server()
     client = open_client(nursery, server)
     await trio.sleep(1.0)
@@ -54,11 +54,7 @@ async def test_a_served_create_is_in_the_records_with_its_phases(autojump_clock,
     phases = timed.json()["testbed_timing"]["phases_ms"]
     assert {k: v for k, v in records[1]["phases_ms"].items() if k in phases} == {k: round(v, 3) for k, v in phases.items() if k in records[1]["phases_ms"]}
     assert records[1]["phases_ms"] and all(round(v, 3) == v for v in records[1]["phases_ms"].values())
-
-
-async def test_a_timed_stream_carries_its_timing_and_its_record_its_phases(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = open_client(nursery, server)
+    # A timed stream carries its timing, and its record its phases.
     plain = sse_events(await client.request(body=create(stream=True)))
     timed = sse_events(await client.request(body=create(stream=True), headers=[("x-responsesapi-include-timing-metrics", "true")]))
     assert "testbed_timing" not in plain[-1]["response"]

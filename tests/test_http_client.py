@@ -361,16 +361,6 @@ async def test_a_reused_connection_that_closed_before_the_next_answer_is_replace
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", reconnects, 2, 2)
 
 
-async def test_a_kept_alive_connection_found_closed_is_replaced_once(autojump_clock) -> None:
-    """The server closed the idle connection while the tools ran: the request goes again on a new one."""
-    two_turns = wl.fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
-    server = make_server(config=ServerConfig(http_idle_timeout=1.0))
-    metadata = {"testbed_workload": server.api.workloads.register(two_turns)}
-    with trio.fail_after(WAIT):
-        record = await run_http_rollout(InMemoryConnector(server), two_turns, metadata=metadata)
-    assert (record.status, record.reconnects, server.connections_opened) == ("completed", 2, 3)
-
-
 async def test_a_lost_request_is_sent_again_under_the_policy_and_gives_up_after_its_retries(autojump_clock) -> None:
     server, record = await scripted_rollout([CLOSE], [CLOSE], [CLOSE], policy=STEADY)
     assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 2, 3)
@@ -431,12 +421,17 @@ async def test_a_connection_reset_while_the_answer_is_read_is_lost_with_why_and_
     assert (type(failure), failure.answered) == (ConnectionLost, True)
 
 
-async def test_a_kept_alive_connection_reset_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
-    """The link is reset while the tool runs (2 s): the next request's send finds it broken."""
+async def test_a_kept_alive_connection_reset_or_closed_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
+    """The link is reset (or the server closes the idle connection) while the tools run: the next request goes on a new one."""
     with_a_tool = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
     server, record = await scripted_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
     assert server.requests == [(1, 0.0), (2, 2.0)]
+    three_turns = wl.fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
+    served = make_server(config=ServerConfig(http_idle_timeout=1.0))
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(InMemoryConnector(served), three_turns, metadata={"testbed_workload": served.api.workloads.register(three_turns)})
+    assert (record.status, record.reconnects, served.connections_opened) == ("completed", 2, 3)
 
 
 async def test_a_request_sent_on_a_broken_or_closed_connection_is_lost_unanswered(autojump_clock) -> None:

@@ -87,7 +87,8 @@ async def test_agents_runner_over_websocket(live_server, chain):
     # The server saw every response, on one connection, from openai-agents, as a v2 client.
     records = records_of(server)
     assert [r["response_id"] for r in records] == [r.response_id for r in result.raw_responses]
-    assert {(r["outcome"], r["connection"], r["transport"], r["design"], r["stream"], r["warmup"], r["stream_id"]) for r in records} == {
+    assert {(r["outcome"], r["connection"], r["transport"], r["design"], r["stream"], r["warmup"], r["stream_id"])
+            for r in records} == {
         ("completed", records[0]["connection"], "websocket", "chained", True, False, False)}
     assert records[0]["context"] == "full" and records[0]["input_types"] == {"message": 1}  # the shorthand message
     if chain:

@@ -163,21 +163,23 @@ async def test_each_v1_rollout_is_recorded_with_its_appends_their_bytes_and_ever
     server, sizes, segments, ids = make_server(), [], [], []
     async with ws(server, SUSPENDED, include_timing=True) as conn:
         for text, turns in (("répare le bogue ✓", 3), ("and the next one", 2)):
-            frames: list[str | bytes] = [json.dumps(create_event(text, metadata={"testbed_workload": f"fixed:{turns}:100:10:300:0"}),
-                                                    ensure_ascii=False)]
+            metadata = {"testbed_workload": f"fixed:{turns}:100:10:300:0"}
+            frames: list[str | bytes] = [json.dumps(create_event(text, metadata=metadata), ensure_ascii=False)]
             await send(conn, frames[0])
             segments.append([])
             for n in range(turns - 1):
                 done = (await until(conn, "response.done", timeout=WAIT))[-1]["response"]
                 segments[-1].append(done["testbed_timing"]["phases_ms"])
-                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done), f"{text} {n}")}, ensure_ascii=False)
+                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done), f"{text} {n}")},
+                                    ensure_ascii=False)
                 frames.append(append.encode() if n == 0 else append)  # the first append a binary frame
                 await send(conn, frames[-1])
             end = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
             segments[-1].append(end["testbed_timing"]["phases_ms"])
             ids.append(end["id"])
             sizes.append(sum(len(frame.encode() if isinstance(frame, str) else frame) for frame in frames))
-    assert [(r["design"], r["response_id"], r["outcome"], r["appends"], r["request_bytes"], r["timing_requested"]) for r in server.records] == [
+    assert [(r["design"], r["response_id"], r["outcome"], r["appends"], r["request_bytes"], r["timing_requested"])
+            for r in server.records] == [
         ("suspended", ids[0], "completed", 2, sizes[0], True), ("suspended", ids[1], "completed", 1, sizes[1], True)]
     # The rollout's log: every segment's spans (each segment's timing on the wire has its own only).
     for record, spans in zip(server.records, segments):

@@ -62,7 +62,8 @@ def test_v1_connect_adds_the_beta_header_over_the_callers_keeps_the_other_option
     headers = {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}
     with v1.connect(client, extra_headers=headers, websocket_connection_options={"max_size": None}) as opened:
         assert opened is conn and conn.closed == 0
-    assert conn.closed == 1 and client.calls == [{"extra_headers": {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-04"},
+    assert conn.closed == 1
+    assert client.calls == [{"extra_headers": {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-04"},
                              "websocket_connection_options": {"max_size": None}}]
     assert headers == {"X-Trace": "1", "OpenAI-Beta": "responses_websockets=2026-02-06"}  # the caller's dict is left as it was
     with v1.connect(client := FakeClient(FakeConnection())):
@@ -79,7 +80,8 @@ def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_
     with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(FakeClient(error=wrapped)):
         pass
     assert (refused.value.status, refused.value.body, refused.value.code, refused.value.message, str(refused.value)) == (
-        400, '{"error":{"code":"unsupported_beta"}}', "unsupported_beta", None, "WebSocket handshake refused with HTTP 400: unsupported_beta")
+        400, '{"error":{"code":"unsupported_beta"}}', "unsupported_beta", None,
+        "WebSocket handshake refused with HTTP 400: unsupported_beta")
     assert refused.value.__cause__ is wrapped
     both = v1._refusal(InvalidStatus(401, bytearray(b'{"error":{"code":"invalid_api_key","message":"Incorrect API key provided."}}')))
     assert (both.code, both.message, str(both)) == (
@@ -165,7 +167,8 @@ def test_a_v1_rollout_is_one_response_paused_at_each_tool_call_and_a_refused_han
         pass
     # The body decoded (websockets hands it over as a bytearray) and the API error it carries.
     assert isinstance(refused.value.body, str) and refused.value.body.startswith('{"error":')
-    assert (refused.value.status, refused.value.code, refused.value.message) == (401, "invalid_api_key", "Incorrect API key provided.")
+    assert (refused.value.status, refused.value.code, refused.value.message) == (
+        401, "invalid_api_key", "Incorrect API key provided.")
     assert str(refused.value) == "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided."
     events: list[dict] = []
     with v1.connect(client_for("secret")) as conn:

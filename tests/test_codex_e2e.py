@@ -94,7 +94,8 @@ def test_v2_on_current_codex_warms_up_then_chains_turns(codex_current, tmp_path)
 def test_http_resends_the_whole_input_every_turn(version, tmp_path):
     records = assert_task_done(run_codex(installed(version), "http", tmp_path))
     assert len(records) == TOOL_ROUNDS + 1
-    assert {(r["transport"], r["design"], r["context"], r["previous_response_id"]) for r in records} == {("http", "http-stateless", "full", None)}
+    assert {(r["transport"], r["design"], r["context"], r["previous_response_id"]) for r in records} == {
+        ("http", "http-stateless", "full", None)}
     # Each POST repeats the last one's input plus the model's message, its call and the output.
     sizes = [r["input_items"] for r in records]
     assert [b - a for a, b in zip(sizes, sizes[1:])] == [3] * TOOL_ROUNDS

@@ -81,7 +81,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     turn = record.turns[0]
     # The first delta of either kind is the first token; a pause ends the turn with its usage and timing, but only a
     # terminal event names the response's outcome and adds its usage to the task's.
-    assert (turn.first_token_at, turn.ended_at, turn.bytes_received, turn.ttft) == (2.0, 3.5, 150, 1.0)  # ttft from the turn's start
+    assert (turn.first_token_at, turn.ended_at, turn.bytes_received, turn.ttft) == (2.0, 3.5, 150, 1.0)  # ttft from its start
     assert (turn.response_id, turn.usage, turn.server_timing) == ("resp_a", USAGE, {"api_ms": 1})
     assert record.timeline == [(at, "recv", event["type"]) for at, event, _ in events]
     assert record.sequence_numbers == [("resp_a", 0), ("resp_a", 1), ("resp_a", 2), ("resp_a", 4)]
@@ -111,7 +111,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
 TWO_CALLS = Workload("two-calls", 5, [TurnSpec(20, 5, (3.0, 1.0)), TurnSpec(9, 5, (0.5,)), TurnSpec(4, 5, ())])
 
 
-async def test_a_turns_tools_run_as_long_as_the_longest_from_its_end_and_return_outputs_of_the_workloads_sizes(autojump_clock) -> None:
+async def test_a_turns_tools_run_as_long_as_the_longest_from_its_end_and_return_outputs_of_the_workloads_sizes(autojump_clock):
     workload = TWO_CALLS
     rollout = Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0), clock=Clock())
     rollout.start_turn([], 0)
@@ -294,8 +294,8 @@ async def test_the_tool_loop_sends_each_turn_at_its_start_and_follows_a_steered_
 async def test_an_error_ends_the_loop_without_a_turn_end_callback(autojump_clock) -> None:
     rollout = Rollout(SCRIPTED, RolloutRecord(CHAINED, SCRIPTED.name, 0.0))
     ended: list[TurnRecord] = []
-    await drive_websocket_rollout(ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}]), rollout, CHAINED,
-                                  {}, [], ended.append)
+    channel = ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}])
+    await drive_websocket_rollout(channel, rollout, CHAINED, {}, [], ended.append)
     # Without `started_at`, turn 0 is stamped once its request is written.
     assert (rollout.record.status, ended, rollout.record.turns[0].sent_at) == ("error:invalid_value", [], 0.25)
 

@@ -214,7 +214,8 @@ def sse(event: dict[str, Any]) -> bytes:
 
 def completed_answer(status: str = "completed", *, content_type: bytes = b"text/event-stream; charset=utf-8", output=()) -> list:
     """A stream whose one event ends the response with `output` (without calls, the rollout ends with it)."""
-    event = {"type": f"response.{status}", "sequence_number": 0, "response": {"id": "resp_1", "status": status, "output": list(output)}}
+    response = {"id": "resp_1", "status": status, "output": list(output)}
+    event = {"type": f"response.{status}", "sequence_number": 0, "response": response}
     return [h11.Response(status_code=200, headers=[(b"content-type", content_type), (b"transfer-encoding", b"chunked")]),
             h11.Data(data=sse(event)), h11.EndOfMessage()]
 
@@ -326,13 +327,14 @@ async def test_an_answer_ends_the_rollout_with_its_status(autojump_clock, answer
     (json_answer(500, b"oops, not JSON"), HttpProtocolError, "HTTP 500 without an error body: b'oops, not JSON'"),
     (json_answer(502, b'{"no": "error"}'), HttpProtocolError, "HTTP 502 without an error body: b'{\"no\": \"error\"}'"),
     (json_answer(500, b"x" * 300), HttpProtocolError, f"HTTP 500 without an error body: {b'x' * 200!r}"),
-    (completed_answer(content_type=b"application/json"), HttpProtocolError, "a stream was asked for, got Content-Type 'application/json'"),
+    (completed_answer(content_type=b"application/json"), HttpProtocolError,
+     "a stream was asked for, got Content-Type 'application/json'"),
     ([h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")]), *completed_answer()[1:]], HttpProtocolError,
      "a stream was asked for, got Content-Type ''"),
     ([STREAM_HEAD, h11.Data(data=sse(CREATED)), h11.EndOfMessage()], SseProtocolError,
      "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)"),
 ], ids=["not JSON", "no error in the body", "a long body cut", "JSON for a stream", "no content type", "no terminal event"])
-async def test_an_answer_that_breaks_its_framing_is_a_protocol_error(autojump_clock, answer: list, error: type, message: str) -> None:
+async def test_an_answer_that_breaks_its_framing_is_a_protocol_error(autojump_clock, answer: list, error: type, message: str):
     failure = await scripted_failure(answer)
     assert (type(failure), str(failure)) == (error, message)
 
@@ -354,9 +356,10 @@ async def test_a_connection_closed_under_a_request_is_lost_saying_whether_an_ans
 @pytest.mark.parametrize(("answers", "reconnects"), [
     ([calling_answer(), [CLOSE], completed_answer()], 1),
     ([calling_answer(), [CONTINUE, CLOSE], completed_answer()], 1),
-    ([[h11.Response(status_code=200, headers=[*calling_answer()[0].headers, CLOSING]), *calling_answer()[1:]], completed_answer()], 0),
+    ([[h11.Response(status_code=200, headers=[*calling_answer()[0].headers, CLOSING]), *calling_answer()[1:]],
+      completed_answer()], 0),
 ], ids=["closed before any answer", "closed after an informational answer", "an answer that said Connection: close"])
-async def test_a_reused_connection_that_closed_before_the_next_answer_is_replaced(autojump_clock, answers: list, reconnects: int) -> None:
+async def test_a_reused_connection_that_closed_before_the_next_answer_is_replaced(autojump_clock, answers: list, reconnects: int):
     server, record = await scripted_rollout(*answers)
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", reconnects, 2, 2)
 
@@ -421,7 +424,7 @@ async def test_a_connection_reset_while_the_answer_is_read_is_lost_with_why_and_
     assert (type(failure), failure.answered) == (ConnectionLost, True)
 
 
-async def test_a_kept_alive_connection_reset_or_closed_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
+async def test_a_kept_alive_connection_reset_or_closed_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock):
     """The link is reset (or the server closes the idle connection) while the tools run: the next request goes on a new one."""
     with_a_tool = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
     server, record = await scripted_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
@@ -430,7 +433,8 @@ async def test_a_kept_alive_connection_reset_or_closed_while_idle_is_replaced_wh
     three_turns = wl.fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
     served = make_server(config=ServerConfig(http_idle_timeout=1.0))
     with trio.fail_after(WAIT):
-        record = await run_http_rollout(InMemoryConnector(served), three_turns, metadata={"testbed_workload": served.api.workloads.register(three_turns)})
+        record = await run_http_rollout(InMemoryConnector(served), three_turns,
+                                        metadata={"testbed_workload": served.api.workloads.register(three_turns)})
     assert (record.status, record.reconnects, served.connections_opened) == ("completed", 2, 3)
 
 

@@ -73,7 +73,8 @@ async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
     """The `error` a refused inject gets, on the default lane: (code, message, param)."""
     await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
     (*_, error) = await until(conn, "response.inject.failed")
-    assert (error["type"], error["status"], error["error"]["type"], "stream_id" in error) == ("error", 400, "invalid_request_error", False)
+    assert (error["type"], error["status"], error["error"]["type"], "stream_id" in error) == (
+        "error", 400, "invalid_request_error", False)
     return error["error"]["code"], error["error"]["message"], error["error"]["param"]
 
 
@@ -210,7 +211,8 @@ async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock)
     assert failed_at - last_call_at == 300.0
 
 
-INJECT_EVENT_MODELS = {"response.inject.created": BetaResponseInjectCreatedEvent, "response.inject.failed": BetaResponseInjectFailedEvent}
+INJECT_EVENT_MODELS = {"response.inject.created": BetaResponseInjectCreatedEvent,
+                       "response.inject.failed": BetaResponseInjectFailedEvent}
 
 
 def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
@@ -313,7 +315,8 @@ async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_a
     kinds = [(item["type"], item["status"], "encrypted_content" in item) for item in alone["response"]["output"]]
     assert kinds == [("web_search_call", "completed", False), ("reasoning", "completed", True), ("message", "completed", False),
                      ("function_call", "completed", False), ("message", "completed", False)]
-    assert sorted((item["type"], item["status"], "encrypted_content" in item) for item in three["response"]["output"]) == sorted(kinds * 3)
+    assert sorted((item["type"], item["status"], "encrypted_content" in item) for item in three["response"]["output"]) == sorted(
+        kinds * 3)
     usage, usage_alone = three["response"]["usage"], alone["response"]["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] == 3 * usage_alone["input_tokens_details"]["cached_tokens"] > 0
     assert [usage[k] for k in ("input_tokens", "output_tokens", "total_tokens")] == [
@@ -416,7 +419,8 @@ async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connect
         (error,) = await until(conn, *TERMINALS)
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await conn.get_message()
-    assert (error, closed.value.reason.code, closed.value.reason.reason) == (refusal(code, message, param), 1008, "malformed response.inject")
+    assert (error, closed.value.reason.code, closed.value.reason.reason) == (
+        refusal(code, message, param), 1008, "malformed response.inject")
 
 
 async def test_each_refused_inject_names_its_reason(autojump_clock):
@@ -439,12 +443,14 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         assert await until(conn, "response.inject.failed") == [{
             "type": "response.inject.failed", "sequence_number": 0, "response_id": done["id"], "input": late,
             "error": {"code": "response_already_completed", "message": f"Response '{done['id']}' has already completed."}}]
-        assert await refused(conn, "resp_nope", [OUTPUT]) == (0, {"code": "response_not_found", "message": "Response 'resp_nope' not found."})
+        assert await refused(conn, "resp_nope", [OUTPUT]) == (
+            0, {"code": "response_not_found", "message": "Response 'resp_nope' not found."})
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))  # a response without multi_agent
         plain = (await until(conn, "response.created"))[-1]["response"]["id"]
         number, error = await refused(conn, plain, [OUTPUT])  # numbered in that response's own sequence
         assert number > 0 and error == {
-            "code": "response_not_found", "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
+            "code": "response_not_found",
+            "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 

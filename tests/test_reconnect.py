@@ -253,16 +253,18 @@ async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaul
         autojump_clock, design: str, store: bool | None) -> None:
     server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
     await trio.sleep(1.0)
-    options = {} if store is None else {"model": "m", "store": store, "include_timing": True, "api_key": "key-1", "instructions": "mine"}
+    options = {} if store is None else {"model": "m", "store": store, "include_timing": True, "api_key": "key-1",
+                                        "instructions": "mine"}
     record = await reconnecting(server, design, metadata={"k": "v"}, **options)
-    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (design, "two-turns", "completed", 1.0, 1.0)
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (
+        design, "two-turns", "completed", 1.0, 1.0)
     headers = server.headers[0]
     assert (headers["authorization"], headers.get("x-responsesapi-include-timing-metrics"), headers["openai-beta"]) == (
         ("Bearer testbed", None, BETA[design]) if store is None else ("Bearer key-1", "true", BETA[design]))
     prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
     # Only an unstored chain asks for the reasoning blob it would need to resend the conversation (v1 never needs it).
-    body = request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=True) if store is None else \
-        request_body(TWO_TURNS, model="m", metadata={"k": "v"}, store=store, instructions="mine")
+    body = (request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=True) if store is None
+            else request_body(TWO_TURNS, model="m", metadata={"k": "v"}, store=store, instructions="mine"))
     assert server.received[0][1] == {"type": "response.create", **body, "input": prompt}
     with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):  # the WebSocket designs only
         ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, TWICE, metadata={})
@@ -313,7 +315,8 @@ def ClosedSocket(code: int | None) -> types.SimpleNamespace:  # noqa: N802
 
 
 def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
-    LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # as ssl.SSLError  # noqa: N806
+    # An error with a `reason` of its own (as ssl.SSLError has), not a close reason.
+    LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # noqa: N806
     closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
     assert _close_code(closed, None) == 1011
     assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]

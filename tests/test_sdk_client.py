@@ -199,7 +199,8 @@ async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors
                                                      store=True, include_timing=True, api_key="k", timeout=9.0,
                                                      on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended) == ("completed", [0])
-    the_client(fake_openai, "http://10.0.0.9:8123/v1", api_key="k", timeout=9.0, **{"x-responsesapi-include-timing-metrics": "true"})
+    timing = {"x-responsesapi-include-timing-metrics": "true"}
+    the_client(fake_openai, "http://10.0.0.9:8123/v1", api_key="k", timeout=9.0, **timing)
     assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="m", metadata={"k": "v"}, store=True),
                              "input": sent(conn)[0]["input"]}
 

@@ -59,10 +59,12 @@ async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_i
         assert sdk_records[0]["appends"] == TURNS - 1 and sdk_records[0]["context"] == "full"
     else:
         assert [r["context"] for r in sdk_records] == ["full"] + ["chained"] * (TURNS - 1)
-    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]  # asked by the SDK run only
+    # The SDK run asked for the timing, the harness's did not.
+    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]
     # With the timing header, each terminal event carries the client fields in `testbed_timing.client`.
     for turn in theirs.turns:
         client = turn.server_timing["client"]
         assert client["user_agent"].startswith("OpenAI/Python") and "prefill" in turn.server_timing["phases_ms"]
-        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == ("websocket", design, False, False)
+        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == (
+            "websocket", design, False, False)
         assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")

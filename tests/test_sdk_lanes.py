@@ -49,8 +49,8 @@ async def test_sdk_lanes_are_tagged_and_fifo(live_server):
             terminals += read()["type"] == "response.completed"
 
     events = await in_thread(sdk_events, port, script)
-    lane = {name: [e["type"] for e in events if e["stream_id"] == name and e["type"] in ("response.created", "response.completed")]
-            for name in ("a", "b")}
+    ends = ("response.created", "response.completed")
+    lane = {name: [e["type"] for e in events if e["stream_id"] == name and e["type"] in ends] for name in ("a", "b")}
     # Lane a ran its two creates one after the other: never two responses open at once.
     assert lane == {"a": ["response.created", "response.completed"] * 2, "b": ["response.created", "response.completed"]}
 
@@ -73,7 +73,8 @@ async def test_sdk_steer_accepted_steered_and_successor(live_server):
         stream_id="main", timeout=CLIENT_TIMEOUT,
     )
     kinds = [e["type"] for e in result["events"]]
-    at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), len(kinds) - 1 - kinds[::-1].index("response.created")]
+    successor_at = len(kinds) - 1 - kinds[::-1].index("response.created")
+    at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), successor_at]
     accepted, ended, successor = (result["events"][i] for i in at)
     assert result["steer_to_token_s"] is not None and at == sorted(at)
     assert accepted["stream_id"] == ended["stream_id"] == successor["stream_id"] == "main"

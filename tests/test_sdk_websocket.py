@@ -128,15 +128,16 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
         for _ in range(MAX_TURNS):
             # The tools are not inherited through previous_response_id (docs/protocol.md).
             chain = {} if previous_id is None else {"previous_response_id": previous_id}
-            conn.response.create(model=MODEL, input=next_input, tools=SDK_TOOLS, metadata={"testbed_workload": "fixed:3"}, store=False, **chain)
+            conn.response.create(model=MODEL, input=next_input, tools=SDK_TOOLS, metadata={"testbed_workload": "fixed:3"},
+                                 store=False, **chain)
             pairs = read_response(conn, tap)
             calls = [item for item in pairs[-1][0].response.output if item.type == "function_call"] if pairs[-1][0].type in TERMINALS else []
             turns.append({"pairs": pairs, "calls": calls})
             if pairs[-1][0].type != "response.completed" or not calls:
                 break
             previous_id = pairs[-1][0].response.id
-            next_input = [{"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"ok": True, "tool": call.name})}
-                          for call in calls]
+            next_input = [{"type": "function_call_output", "call_id": call.call_id,
+                           "output": json.dumps({"ok": True, "tool": call.name})} for call in calls]
     return turns
 
 
@@ -207,7 +208,8 @@ async def test_sdk_warm_up_chains_with_empty_input_and_previous_response_not_fou
     results = await in_thread(run_warm_up_chain_and_unknown_previous, port)
     warm_id, warm_response = assert_well_formed(results["warm"])
     # docs/protocol.md: created -> completed; nothing is sampled, so no item events in between.
-    assert [event.type for event, _ in results["warm"] if event.type != "response.in_progress"] == ["response.created", "response.completed"]
+    assert [event.type for event, _ in results["warm"] if event.type != "response.in_progress"] == [
+        "response.created", "response.completed"]
     assert warm_response.output == [] and warm_response.usage is not None and warm_response.usage.output_tokens == 0
     chained_id, chained_response = assert_well_formed(results["chained"])
     assert chained_id != warm_id and results["chained"][0][0].response.previous_response_id == warm_id
@@ -297,7 +299,8 @@ def test_v1_websockets_client_suspended_rollout(cli_server):
         for frame, code, param in [({"type": "response.append", "input": [output_for("call_1")]}, "no_suspended_response", None),
                                    ("{this is not json", "invalid_json", None),
                                    ({"type": "response.frobnicate", "input": []}, "unknown_event_type", "type"),
-                                   (v1_create(previous_response_id="resp_earlier"), "unsupported_parameter", "previous_response_id")]:
+                                   (v1_create(previous_response_id="resp_earlier"), "unsupported_parameter",
+                                    "previous_response_id")]:
             send(ws, frame)
             assert_ws_error(recv(ws), code, param)
 

@@ -44,8 +44,9 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
         events = await timed_until(conn, *TERMINALS)
         successor_events = await timed_until(conn, *TERMINALS)
     accepted_at, accepted = events[0]
-    assert accepted_at == steered_at and accepted == {"type": "response.steer.accepted", "sequence_number": accepted["sequence_number"],
-                                                      "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}, "stream_id": LANE}
+    assert accepted_at == steered_at and accepted == {
+        "type": "response.steer.accepted", "sequence_number": accepted["sequence_number"],
+        "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}, "stream_id": LANE}
     assert accepted["steer"]["id"].startswith("steer_") and len(accepted["steer"]["id"]) == 6 + 32
     # Numbered in the target's sequence: after what was sent before it, before what follows.
     numbers = [e["sequence_number"] for e in before] + [e["sequence_number"] for _, e in events]
@@ -53,19 +54,22 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     # The message in progress finished; the planned tool call was never started.
     item_done_at, item_done = next((t, e) for t, e in events if e["type"] == "response.output_item.done")
     ended_at, ended = events[-1]
-    assert (ended["type"], ended_at, ended["response"]["incomplete_details"]) == ("response.incomplete", item_done_at, {"reason": "steered"})
+    assert (ended["type"], ended_at, ended["response"]["incomplete_details"]) == (
+        "response.incomplete", item_done_at, {"reason": "steered"})
     assert [(i["type"], i["status"]) for i in ended["response"]["output"]] == [("message", "completed")]
     # The automatic successor: created without a client request, continuing from the target.
     created_at, created = successor_events[0]
     assert created["type"] == "response.created" and created["sequence_number"] == 0 and created["stream_id"] == LANE
     successor = created["response"]
-    assert (successor["previous_response_id"], successor_events[-1][1]["type"]) == (target, "response.completed") and created_at >= ended_at
+    assert created_at >= ended_at
+    assert (successor["previous_response_id"], successor_events[-1][1]["type"]) == (target, "response.completed")
     keys = ("model", "tools", "metadata", "store", "tool_choice", "parallel_tool_calls")
     assert {key: successor[key] for key in keys} == {key: ended["response"][key] for key in keys}
     # The server's record of the successor: its input is the steering message, nothing else.
     # The client's bytes: the create frame for the target, none for the automatic successor.
     record = [r for r in server.records if r["response_id"] == successor["id"]][0]
-    assert (record["input_items"], record["input_types"], record["stream_id"], record["request_bytes"]) == (1, {"message": 1}, True, 0)
+    assert (record["input_items"], record["input_types"], record["stream_id"], record["request_bytes"]) == (
+        1, {"message": 1}, True, 0)
     (target_record,) = [r for r in server.records if r["response_id"] == target]
     assert target_record["request_bytes"] == len(json.dumps(create_event(metadata=LONG_TEXT, stream_id=LANE)).encode())
 
@@ -268,7 +272,8 @@ async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
     accepted, completed, calls = events[0], events[-1], function_calls(events[-1]["response"])
     assert accepted["type"] == "response.steer.accepted" and completed["type"] == "response.completed" and len(calls) == 1
     assert await receive(conn) == {
-        "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1, "reason": "waiting_for_required_input",
+        "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
+        "reason": "waiting_for_required_input",
         "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
         "steer": accepted["steer"], "stream_id": LANE,
     }

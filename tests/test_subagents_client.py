@@ -29,7 +29,7 @@ async def injected_run(subagents: int, tool_seconds: float, network: netem.Netwo
                                         metadata={"testbed_workload": spec}, model=MODEL)
 
 
-async def test_subagents_wait_their_tool_time_cost_n_times_one_run_all_at_once_and_send_one_inject_per_call(autojump_clock) -> None:
+async def test_subagents_wait_their_tool_time_cost_n_times_one_run_all_at_once_and_send_one_inject_per_call(autojump_clock):
     instant = await injected_run(2, 0.0)
     await trio.sleep(10.0)
     two = await injected_run(2, 0.5)
@@ -40,7 +40,8 @@ async def test_subagents_wait_their_tool_time_cost_n_times_one_run_all_at_once_a
     assert one.status == two.status == four.status == "completed" and (one.injects, two.injects, four.injects) == (2, 4, 8)
     # `max_concurrent_subagents` asks for all four, beyond the server's default of three.
     assert two.seconds == pytest.approx(one.seconds) and four.seconds == pytest.approx(one.seconds)
-    assert (two.usage["output_tokens"], two.usage["input_tokens"]) == (2 * one.usage["output_tokens"], 2 * one.usage["input_tokens"])
+    tokens = ("output_tokens", "input_tokens")
+    assert [two.usage[k] for k in tokens] == [2 * one.usage[k] for k in tokens]
     assert one.usage["output_tokens"] > 0
     # The second agent adds its two compact inject frames (the metadata's "1" becomes "2": same length); its
     # call ids are `call_agent1_<n>` with a one-digit n, the response id `resp_` and 18 hex digits.
@@ -68,7 +69,8 @@ async def test_the_run_sends_its_api_key_and_stores_nothing(autojump_clock, monk
     with pytest.raises(BaseExceptionGroup) as raised:  # from the run's nursery
         await run_injected_subagents(connector, workload, 1, metadata=metadata, model=MODEL, api_key="wrong")
     error = first_leaf(raised.value)
-    assert isinstance(error, trio_websocket.ConnectionRejected) and error.status_code == 401 and b'"invalid_api_key"' in error.body
+    assert isinstance(error, trio_websocket.ConnectionRejected)
+    assert error.status_code == 401 and b'"invalid_api_key"' in error.body
 
 
 async def test_a_refused_request_and_a_failed_response_end_the_run_with_their_status(autojump_clock) -> None:

@@ -84,13 +84,22 @@ def test_openai_python_backs_off_from_half_a_second_to_eight_after_exactly_its_r
     assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
 
 
-def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
+def test_codex_backs_off_from_200_ms_doubling_then_https_and_each_wait_is_its_capped_backoff_times_one_jitter_draw() -> None:
     rng = random.Random(0)
     for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
         assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
     assert CODEX.max_retries == 5 and CODEX.fallback_to_http
     assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+    # Each wait is its capped backoff times one draw from the jitter; the worst case sums them at the top.
+    policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
+    rng, same = random.Random(7), random.Random(7)
+    bases = [0.5, 1.5, 4.5, 10.0, 10.0, 10.0]  # tripling from half a second, capped at 10 s
+    assert [policy.delay(attempt, rng) for attempt in range(1, 7)] == [base * same.uniform(0.5, 2.0) for base in bases]
+    assert policy.worst_case_wait == sum(bases) * 2.0
+    # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
+    steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
+    assert ([steady.delay(attempt, rng) for attempt in range(1, 7)], rng.getstate()) == ([base * 1.5 for base in bases], state)
 
 
 CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
@@ -326,16 +335,6 @@ def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
     assert _close_code(OSError("refused"), None) is None
 
 
-def test_new_connections_go_to_the_workers_in_turn_skipping_those_that_are_down() -> None:
-    workers = [types.SimpleNamespace(refusing=False, open_stream=lambda n=n: f"w{n}") for n in range(3)]
-    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
-    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
-    workers[2].refusing = True
-    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
-    workers[0].refusing = workers[1].refusing = True
-    assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
-
-
 @pytest.mark.parametrize("policy", ["openai-python", "codex"])
 async def test_responses_cut_after_their_first_event_spend_a_retry_under_codex_only(autojump_clock, policy: str) -> None:
     # Seven responses in a row break after their response.created (close 1011, retried by both), then one completes.
@@ -352,17 +351,6 @@ async def test_responses_cut_after_their_first_event_spend_a_retry_under_codex_o
     record = await reconnecting(server, policy=attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)), task=ONE_TURN)
     assert (record.status, record.reconnects, server.connections, record.recovery_seconds) == ("completed", 7, 8, [0.5] * 7)
     assert trio.current_time() == record.ended_at == 7 * 0.5
-
-
-def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_worst_case_sums_them_at_the_top() -> None:
-    policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
-    rng, same = random.Random(7), random.Random(7)
-    bases = [0.5, 1.5, 4.5, 10.0, 10.0, 10.0]  # tripling from half a second, capped at 10 s
-    assert [policy.delay(attempt, rng) for attempt in range(1, 7)] == [base * same.uniform(0.5, 2.0) for base in bases]
-    assert policy.worst_case_wait == sum(bases) * 2.0
-    # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
-    steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
-    assert ([steady.delay(attempt, rng) for attempt in range(1, 7)], rng.getstate()) == ([base * 1.5 for base in bases], state)
 
 
 async def test_openai_python_ends_the_task_at_the_limits_clean_close_or_error_and_opens_no_new_connection(autojump_clock) -> None:
@@ -557,6 +545,14 @@ async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_u
         record = await converse(workers[0].server, CHAINED, connector=pool)
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.reconnects == 1  # the next connection went to the worker that was up: no refusal
+    # The pool itself: workers in turn, skipping those that are down.
+    workers = [types.SimpleNamespace(refusing=False, open_stream=lambda n=n: f"w{n}") for n in range(3)]
+    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
+    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    workers[2].refusing = True
+    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
+    workers[0].refusing = workers[1].refusing = True
+    assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
 
 
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED, "http"])

@@ -235,7 +235,7 @@ class LaneConnection(FakeConnection):
             self.inbox.put(json.dumps(event).encode())
 
 
-def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
+def test_lanes_run_each_task_on_its_own_stream_id_and_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
     conn = fake_openai.conn = LaneConnection({
         "agent-0": [turn("response.completed", "resp_a0", CALL, stream_id="agent-0"),
                     turn("response.completed", "resp_a1", ANSWER, stream_id="agent-0")],
@@ -262,9 +262,8 @@ def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
     assert [t.bytes_sent for r in records for t in r.turns] == [0, 0, 0]  # the SDK's lanes do not count what they send
     assert records[0].turns[1].sent_at - records[0].turns[0].ended_at >= 0.01  # the tool ran before the next create
     assert all(r.started_at <= r.ended_at for r in records)
-
-
-def test_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
+    # A lane that gets an error ends with its code; the defaults are the harness's.
+    fake_openai.made.clear()
     fake_openai.conn = LaneConnection({"agent-0": [[{"type": "error", "stream_id": "agent-0", "error": {"code": "invalid_value"}}]]})
     [record] = sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {})
     assert record.status == "error:invalid_value"

@@ -117,15 +117,14 @@ def test_a_refusal_body_that_is_missing_or_text(response, text: str) -> None:
 
 @pytest.mark.parametrize("end", ["response.done", "response.completed", "response.failed", "response.incomplete",
                                  "response.cancelled", "error"])
-def test_until_pause_stops_at_each_pause_end_or_error_and_keeps_every_event(end: str) -> None:
+def test_until_pause_stops_at_each_pause_end_or_error_keeps_every_event_and_gives_up_after_its_most(
+        end: str, monkeypatch: pytest.MonkeyPatch) -> None:
     frames = [{"type": "response.created"}, {"type": "response.output_text.delta"}, {"type": end, "n": 1}, {"type": "later"}]
     conn, events = FakeConnection(frames), []
     assert (v1.until_pause(conn, events), events) == ({"type": end, "n": 1}, frames[:3])
     assert [json.loads(frame) for frame in conn.frames] == [{"type": "later"}]
     assert v1.until_pause(FakeConnection(frames)) == {"type": end, "n": 1}  # without a list
-
-
-def test_until_pause_gives_up_after_its_most_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It gives up after its most events.
     monkeypatch.setattr(v1, "MAX_EVENTS", 3)
     conn = FakeConnection([{"type": "response.output_text.delta"}] * 3 + [{"type": "response.completed"}])
     with pytest.raises(RuntimeError, match=r"^more than 3 events without a pause or an end$"):

@@ -153,11 +153,16 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     assert record.transcript[-1] == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
 
 
-def test_an_error_ends_the_sdk_rollout_with_its_code_and_no_turn_end(fake_openai) -> None:
+def test_an_error_ends_the_sdk_rollout_with_its_code_and_no_turn_end_and_a_turn_past_its_most_events_raises(
+        fake_openai, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_openai.conn = FakeConnection([[{"type": "error", "error": {"code": "invalid_value"}}]])
     ended: list[int] = []
     record = sdk.run_sdk_rollout("http://h:1/v1", SUSPENDED, TASK, metadata={}, on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended, len(record.turns)) == ("error:invalid_value", [], 1)
+    monkeypatch.setattr(sdk, "MAX_EVENTS_PER_TURN", 3)
+    fake_openai.conn = FakeConnection([[{"type": "response.in_progress"}] * 3 + [{"type": "response.completed"}]])
+    with pytest.raises(RuntimeError, match=r"^more than 3 events in one turn$"):
+        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={})
 
 
 def test_without_the_sdks_send_the_bytes_are_our_own_encoding(fake_openai) -> None:
@@ -181,14 +186,6 @@ def test_a_run_past_its_timeout_is_closed_and_says_so_and_a_failure_before_it_is
     conn.inbox.put(None)  # the connection ends at once
     with pytest.raises(ConnectionError, match="^closed$"):
         RUNS[run](30)
-
-
-def test_a_turn_past_its_most_events_ends_the_rollout(fake_openai, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sdk, "MAX_EVENTS_PER_TURN", 3)
-    fake_openai.conn = FakeConnection([[{"type": "response.in_progress"}] * 3 + [{"type": "response.completed"}]])
-    with pytest.raises(RuntimeError, match=r"^more than 3 events in one turn$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={})
-    assert sdk.MAX_EVENTS_PER_TURN == 3 and sdk.DEFAULT_TIMEOUT_S == 600.0
 
 
 async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(fake_openai):

@@ -393,9 +393,7 @@ async def test_recovery_is_timed_from_the_first_loss_to_the_first_answer_and_eac
     server, record = await scripted_rollout([CLOSE], [CLOSE], [head, event, 2.0, end], policy=STEADY)
     assert (record.status, record.reconnects, record.recovery_seconds) == ("completed", 2, [1.5])
     assert (record.turns[0].ended_at, trio.current_time()) == (1.5, 3.5)
-    failed_head, failed_event, failed_end = completed_answer("failed")
-    server, record = await scripted_rollout([failed_head, failed_event, failed_end], completed_answer("failed"),
-                                            [head, 1.0, event, end], policy=STEADY)
+    server, record = await scripted_rollout(completed_answer("failed"), completed_answer("failed"), [head, 1.0, event, end], policy=STEADY)
     # Two failed responses asked for again; the turn ends with the third answer, at 0.5 + 1 + 1 (its event after a 1 s pause),
     # and a retried turn forgets what the failed answers set (none of them had a token).
     assert (record.status, record.retried_responses, record.recovery_seconds) == ("completed", 2, [2.5])

@@ -158,7 +158,7 @@ async def test_bad_steering_input_is_returned_as_invalid_input_and_user_messages
     assert (record["input_items"], record["input_types"]) == (2, {"message": 2})
 
 
-async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
+async def test_unknown_ended_completed_and_forgotten_targets_are_refused_and_a_steered_final_answer_completes(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         await send(conn, steer("resp_unknown"))
@@ -178,13 +178,9 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
         assert completed["response"]["id"] == successor
         await send(conn, steer(successor, "late"))
         late = await receive(conn)
-    assert failed(late, "response_already_completed", successor, "late")
-    assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
-
-
-async def test_the_connection_keeps_each_lanes_running_response_whose_final_answer_completes_before_its_successor(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
+        assert failed(late, "response_already_completed", successor, "late")
+        assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
+        # The connection keeps each lane's running response and its parent only.
         ids = []
         for _ in range(3):  # three responses one after the other on LANE
             await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))

@@ -1,7 +1,5 @@
-"""Lanes from the client's side (prototype/client/lanes.py): several agents' conversations over one WebSocket, each
-on its own `stream_id`. A lane stamps only its creates and counts the compact bytes it sent; the reader routes each
-event to its lane (an unknown lane's to the default one), counts bytes, ends a wait at a pause or an error and closes
-every lane at the end; multiplexed rollouts run each task on its lane against the in-process server."""
+"""Lanes from the client's side (client/lanes.py): several agents' conversations over one WebSocket, each on its own
+`stream_id`; multiplexed rollouts run each task on its lane against the in-process server."""
 
 from __future__ import annotations
 
@@ -43,15 +41,6 @@ async def test_a_lane_stamps_only_its_creates_and_counts_the_compact_bytes_it_se
     assert LANE_BUFFER == 100_000 and agent.events.statistics().max_buffer_size == LANE_BUFFER
 
 
-async def read_all_lanes(mux: Multiplexed, agent: LaneChannel, default: LaneChannel, events: list[dict[str, Any]]) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(mux.read)
-        assert await agent.until("response.output_text.delta") == events[:2]
-        assert await agent.until_pause() == events[4]
-        assert await default.until("never") == [events[2]]  # an error ends a wait
-        assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
-
-
 async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane_at_the_end(autojump_clock) -> None:
     events = [
         {"type": "response.created", "stream_id": "agent-1", "response": {"id": "resp_a", "instructions": "é"}, "sequence_number": 0},
@@ -66,9 +55,12 @@ async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane
     default, rollout = mux.lane(None), lane_rollout()
     rollout.start_turn([], 0)
     agent = mux.lane("agent-1", rollout)
-    # On the virtual clock, a lane that waits for ever fails at once rather than hanging the test.
-    with trio.fail_after(60):
-        await read_all_lanes(mux, agent, default, events)
+    with trio.fail_after(60):  # on the virtual clock, a wait for ever fails at once
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mux.read)
+            assert (await agent.until("response.output_text.delta"), await agent.until_pause()) == (events[:2], events[4])
+            assert await default.until("never") == [events[2]]  # an error ends a wait
+            assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
     sizes = [len(text.encode()) for text in texts]
     assert rollout.record.turns[0].bytes_received == sizes[0] + sizes[1] + sizes[4]
     assert rollout.record.timeline[-1] == (0.0, "recv", "response.completed")
@@ -84,8 +76,7 @@ async def test_a_lanes_wait_ends_at_a_pause_or_at_an_error() -> None:
         for event in [{"type": "response.in_progress"}, {"type": end}, {"type": "after"}]:
             await send_channel.send((event, 1))
         await send_channel.aclose()  # a wait that read past its end fails at once
-        assert await lane.until_pause() == {"type": end}
-        assert await lane.receive() == {"type": "after"}
+        assert (await lane.until_pause(), await lane.receive()) == ({"type": end}, {"type": "after"})
 
 
 async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_a_caller_gets(autojump_clock) -> None:

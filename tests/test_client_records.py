@@ -1,8 +1,5 @@
-"""The server's client records (`ResponsesServer.records`, docs/metrics.md): one per response, whatever
-its outcome, and one per request or frame refused before it ran, over HTTP and WebSocket: who sent it
-(user agent, design, connection number), when it arrived and ended on the trio clock, the client's
-bytes for it (a v1 rollout's appends included), its outcome, its usage, and the phases its own
-timing reports. In-process over memory streams under the autojump clock."""
+"""The server's client records (docs/metrics.md): one per response, whatever its outcome, and one per request or frame
+refused before it ran, over HTTP and WebSocket: its client, times, bytes, outcome, usage and phases."""
 
 from __future__ import annotations
 
@@ -14,45 +11,31 @@ import trio
 import trio.testing
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_http import WAIT, Answer, create, open_client, sse_events
+from test_lanes import frame_bytes
 
 from prototype.api.service import IdFactory
 from prototype.client.harness import SUSPENDED
 
 ONE_TURN = {"testbed_workload": "fixed:1:100:10:300"}  # the final answer: 300 tokens, 0.3 s at sim-1000
-TWO_TURNS = {"testbed_workload": "fixed:2:100:10:300:0"}  # a client call, then the final answer
-THREE_TURNS = {"testbed_workload": "fixed:3:50:10:5:0"}
 LONG = {"testbed_workload": "fixed:1:50:10:400:0"}  # one turn of 400 output tokens: 4 s at sim-100
 LANE = "agent"
 
 
-def frame_bytes(event: dict) -> int:
-    return len(json.dumps(event).encode())
-
-
-# --- HTTP ---------------------------------------------------------------------------------------------------
-
-
-async def test_each_http_connection_has_its_serial_number_in_the_records(autojump_clock, nursery) -> None:
+async def test_a_refused_create_is_in_the_records_and_each_http_connection_has_its_serial_number(autojump_clock, nursery) -> None:
     server = make_server()
     first, second = open_client(nursery, server), open_client(nursery, server)
-    for client in (first, first, second, first):
-        assert (await client.request(body=create())).status == 200
-    assert [record["connection"] for record in server.records] == [1, 1, 2, 1]
-    assert server.connections_opened == 2
-
-
-async def test_a_refused_create_is_in_the_records(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = open_client(nursery, server)
     await trio.sleep(2.0)
-    await client.request(body=create(), content_type="text/plain", headers=[("user-agent", "probe/1")])
-    await client.request(body=create(), auth=None)
+    await first.request(body=create(), content_type="text/plain", headers=[("user-agent", "probe/1")])
+    await first.request(body=create(), auth=None)
     common = {"transport": "http", "design": "http", "connection": 1, "at_s": 2.0, "response_id": None, "timing_requested": False}
     assert list(server.records) == [{"user_agent": "probe/1", **common, "outcome": "error:unsupported_media_type", "status": 415},
                                     {"user_agent": "", **common, "outcome": "error:invalid_api_key", "status": 401}]
+    for client in (first, first, second, first):
+        assert (await client.request(body=create())).status == 200
+    assert ([record["connection"] for record in server.records][2:], server.connections_opened) == ([1, 1, 2, 1], 2)
 
 
-async def test_a_served_create_is_in_the_records_with_its_phases(autojump_clock, nursery) -> None:
+async def test_a_served_create_or_stream_is_in_the_records_with_its_phases(autojump_clock, nursery) -> None:
     server = make_server()
     client = open_client(nursery, server)
     await trio.sleep(1.0)
@@ -71,11 +54,7 @@ async def test_a_served_create_is_in_the_records_with_its_phases(autojump_clock,
     phases = timed.json()["testbed_timing"]["phases_ms"]
     assert {k: v for k, v in records[1]["phases_ms"].items() if k in phases} == {k: round(v, 3) for k, v in phases.items() if k in records[1]["phases_ms"]}
     assert records[1]["phases_ms"] and all(round(v, 3) == v for v in records[1]["phases_ms"].values())
-
-
-async def test_a_timed_stream_carries_its_timing_and_its_record_its_phases(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = open_client(nursery, server)
+    # A timed stream carries its timing, and its record its phases.
     plain = sse_events(await client.request(body=create(stream=True)))
     timed = sse_events(await client.request(body=create(stream=True), headers=[("x-responsesapi-include-timing-metrics", "true")]))
     assert "testbed_timing" not in plain[-1]["response"]
@@ -122,9 +101,6 @@ async def test_a_cancelled_response_is_in_the_records_as_cancelled(autojump_cloc
     await trio.testing.wait_all_tasks_blocked()
     (record,) = [r for r in server.records if r.get("response_id")]
     assert (record["response_id"], record["outcome"], record["usage"]) == ("resp_t000001", "cancelled", cancelled.json()["usage"])
-
-
-# --- WebSocket -------------------------------------------------------------------------------------------------
 
 
 async def test_a_turn_leaves_one_record_with_its_client_its_times_its_bytes_and_its_usage(autojump_clock):
@@ -182,41 +158,31 @@ async def test_a_refused_frame_is_recorded_with_its_code_and_param(autojump_cloc
     ]
 
 
-async def test_a_v1_rollout_is_recorded_with_its_appends_and_their_bytes(autojump_clock):
-    server = make_server()
-    event = create_event(metadata=TWO_TURNS)
+async def test_each_v1_rollout_is_recorded_with_its_appends_their_bytes_and_every_segments_phases(autojump_clock):
+    """Text frames count their UTF-8 bytes, binary frames as they are; each rollout of a connection only its own."""
+    server, sizes, segments, ids = make_server(), [], [], []
     async with ws(server, SUSPENDED, include_timing=True) as conn:
-        await send(conn, event)
-        done = (await until(conn, "response.done", timeout=WAIT))[-1]
-        append = {"type": "response.append", "input": outputs_for(function_calls(done["response"]))}
-        await send(conn, append)
-        end = (await until(conn, *TERMINALS, timeout=WAIT))[-1]
-    assert "testbed_timing" in done["response"] and end["type"] == "response.completed"
-    (record,) = server.records
-    assert (record["design"], record["response_id"], record["outcome"], record["appends"], record["request_bytes"],
-            record["timing_requested"]) == ("suspended", end["response"]["id"], "completed", 1,
-                                            frame_bytes(event) + frame_bytes(append), True)
-    # The rollout's log: both segments' spans (each segment's timing on the wire has its own only).
-    segments = [done["response"]["testbed_timing"]["phases_ms"], end["response"]["testbed_timing"]["phases_ms"]]
-    assert record["phases_ms"]["decode"] == sum(s["decode"] for s in segments) == 607.0
-    assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in segments), 3)
-
-
-async def test_each_v1_rollout_counts_the_bytes_of_its_own_create_and_appends(autojump_clock):
-    """Text frames count their UTF-8 bytes (not characters), binary frames count as they are, and each
-    rollout of a connection counts only its own frames."""
-    server = make_server()
-    sizes = []
-    async with ws(server, SUSPENDED) as conn:
         for text, turns in (("répare le bogue ✓", 3), ("and the next one", 2)):
-            frames: list[str | bytes] = [json.dumps(create_event(text, metadata={"testbed_workload": f"fixed:{turns}:50:10:5:0"}), ensure_ascii=False)]
+            metadata = {"testbed_workload": f"fixed:{turns}:100:10:300:0"}
+            frames: list[str | bytes] = [json.dumps(create_event(text, metadata=metadata), ensure_ascii=False)]
             await send(conn, frames[0])
+            segments.append([])
             for n in range(turns - 1):
-                done = (await until(conn, "response.done", timeout=WAIT))[-1]
-                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done["response"]), f"{text} {n}")},
+                done = (await until(conn, "response.done", timeout=WAIT))[-1]["response"]
+                segments[-1].append(done["testbed_timing"]["phases_ms"])
+                append = json.dumps({"type": "response.append", "input": outputs_for(function_calls(done), f"{text} {n}")},
                                     ensure_ascii=False)
                 frames.append(append.encode() if n == 0 else append)  # the first append a binary frame
                 await send(conn, frames[-1])
-            await until(conn, *TERMINALS, timeout=WAIT)
+            end = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
+            segments[-1].append(end["testbed_timing"]["phases_ms"])
+            ids.append(end["id"])
             sizes.append(sum(len(frame.encode() if isinstance(frame, str) else frame) for frame in frames))
-    assert [(r["outcome"], r["appends"], r["request_bytes"]) for r in server.records] == [("completed", 2, sizes[0]), ("completed", 1, sizes[1])]
+    assert [(r["design"], r["response_id"], r["outcome"], r["appends"], r["request_bytes"], r["timing_requested"])
+            for r in server.records] == [
+        ("suspended", ids[0], "completed", 2, sizes[0], True), ("suspended", ids[1], "completed", 1, sizes[1], True)]
+    # The rollout's log: every segment's spans (each segment's timing on the wire has its own only).
+    for record, spans in zip(server.records, segments):
+        assert record["phases_ms"]["decode"] == sum(s["decode"] for s in spans)
+        assert record["phases_ms"]["prefill"] == round(sum(s["prefill"] for s in spans), 3)
+    assert server.records[1]["phases_ms"]["decode"] == 607.0

@@ -1,8 +1,5 @@
-"""prototype/client/v1.py, the suspended (v1) helpers over openai-python's connection: first against a stand-in
-connection that records what it is sent (the beta header over the caller's, a refused handshake decoded from
-wherever the `websockets` library's error sits, what ends a wait, the calls, outputs and text of an event), then
-over openai-python against `python -m prototype serve`: one response across every tool call (response.done, then
-response.append), and a refused handshake that keeps the server's reason."""
+"""The suspended (v1) helpers over openai-python's connection (client/v1.py): against a stand-in connection, then over
+openai-python against `python -m prototype serve`."""
 
 from __future__ import annotations
 
@@ -16,8 +13,6 @@ pytest.importorskip("websockets")
 from openai import OpenAI  # noqa: E402
 
 from prototype.client import v1  # noqa: E402
-
-# --- against a stand-in connection ------------------------------------------------------------------------------------
 
 
 class FakeConnection:
@@ -84,9 +79,9 @@ def test_a_refused_v1_handshake_keeps_the_status_and_the_body_found_through_the_
     wrapped.__cause__ = InvalidStatus(400, b'{"error":{"code":"unsupported_beta"}}')
     with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(FakeClient(error=wrapped)):
         pass
-    assert (refused.value.status, refused.value.body) == (400, '{"error":{"code":"unsupported_beta"}}')
-    assert (refused.value.code, refused.value.message) == ("unsupported_beta", None)
-    assert str(refused.value) == "WebSocket handshake refused with HTTP 400: unsupported_beta"
+    assert (refused.value.status, refused.value.body, refused.value.code, refused.value.message, str(refused.value)) == (
+        400, '{"error":{"code":"unsupported_beta"}}', "unsupported_beta", None,
+        "WebSocket handshake refused with HTTP 400: unsupported_beta")
     assert refused.value.__cause__ is wrapped
     both = v1._refusal(InvalidStatus(401, bytearray(b'{"error":{"code":"invalid_api_key","message":"Incorrect API key provided."}}')))
     assert (both.code, both.message, str(both)) == (
@@ -113,28 +108,23 @@ def test_a_refusal_body_that_is_missing_or_text(response, text: str) -> None:
     error.response = response
     refused = v1._refusal(error)
     assert refused is not None and (refused.status, refused.body) == (401, text)
-
-
-def test_a_failure_that_is_not_a_refusal_is_raised_as_it_is() -> None:
-    error = ConnectionResetError("reset")
-    assert v1._refusal(error) is None
-    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=error)):
+    other = ConnectionResetError("reset")  # a failure that is not a refusal is raised as it is
+    assert v1._refusal(other) is None
+    with pytest.raises(ConnectionResetError) as raised, v1.connect(FakeClient(error=other)):
         pass
-    assert raised.value is error
+    assert raised.value is other
 
 
 @pytest.mark.parametrize("end", ["response.done", "response.completed", "response.failed", "response.incomplete",
                                  "response.cancelled", "error"])
-def test_until_pause_stops_at_each_pause_end_or_error_and_keeps_every_event(end: str) -> None:
+def test_until_pause_stops_at_each_pause_end_or_error_keeps_every_event_and_gives_up_after_its_most(
+        end: str, monkeypatch: pytest.MonkeyPatch) -> None:
     frames = [{"type": "response.created"}, {"type": "response.output_text.delta"}, {"type": end, "n": 1}, {"type": "later"}]
     conn, events = FakeConnection(frames), []
-    assert v1.until_pause(conn, events) == {"type": end, "n": 1}
-    assert events == frames[:3]
+    assert (v1.until_pause(conn, events), events) == ({"type": end, "n": 1}, frames[:3])
     assert [json.loads(frame) for frame in conn.frames] == [{"type": "later"}]
     assert v1.until_pause(FakeConnection(frames)) == {"type": end, "n": 1}  # without a list
-
-
-def test_until_pause_gives_up_after_its_most_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It gives up after its most events.
     monkeypatch.setattr(v1, "MAX_EVENTS", 3)
     conn = FakeConnection([{"type": "response.output_text.delta"}] * 3 + [{"type": "response.completed"}])
     with pytest.raises(RuntimeError, match=r"^more than 3 events without a pause or an end$"):
@@ -160,23 +150,27 @@ def test_v1_function_calls_tool_outputs_append_and_output_text() -> None:
         {"type": "response.append", "input": [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}]
 
 
-# --- over openai-python against `python -m prototype serve` -----------------------------------------------------------
-
-
 TOOLS = [{
     "type": "function", "name": "run_tests", "description": "Run the test suite.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": False},
 }]
 
 
-def client_for(server, key: str = "any") -> OpenAI:
-    return OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=key, max_retries=0, timeout=10)
+def test_a_v1_rollout_is_one_response_paused_at_each_tool_call_and_a_refused_handshake_keeps_the_servers_reason(cli_server):
+    server = cli_server("--costs", "zero", "--quiet", "--api-key", "secret")
 
+    def client_for(key: str) -> OpenAI:
+        return OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=key, max_retries=0, timeout=10)
 
-def test_a_v1_rollout_is_one_response_paused_at_each_tool_call(cli_server):
-    server = cli_server("--costs", "zero", "--quiet")
+    with pytest.raises(v1.HandshakeRefused) as refused, v1.connect(client_for("wrong")):
+        pass
+    # The body decoded (websockets hands it over as a bytearray) and the API error it carries.
+    assert isinstance(refused.value.body, str) and refused.value.body.startswith('{"error":')
+    assert (refused.value.status, refused.value.code, refused.value.message) == (
+        401, "invalid_api_key", "Incorrect API key provided.")
+    assert str(refused.value) == "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided."
     events: list[dict] = []
-    with v1.connect(client_for(server)) as conn:
+    with v1.connect(client_for("secret")) as conn:
         conn.response.create(model="sim-100000", input="Fix the bug.", tools=TOOLS, metadata={"testbed_workload": "fixed:3:500:50:20:0"})
         pauses = []
         event = v1.until_pause(conn, events)
@@ -186,20 +180,6 @@ def test_a_v1_rollout_is_one_response_paused_at_each_tool_call(cli_server):
             assert [c["name"] for c in calls] == ["run_tests"]
             v1.append(conn, [v1.tool_output(call, "1 passed") for call in calls])
             event = v1.until_pause(conn, events)
-    assert event["type"] == "response.completed"
-    assert len(pauses) == 2  # three turns: two tool calls, then the answer
+    assert (event["type"], len(pauses)) == ("response.completed", 2)  # three turns: two tool calls, then the answer
     assert {p["response"]["id"] for p in pauses} == {event["response"]["id"]}  # one response throughout
-    assert [e["type"] for e in events].count("response.created") == 1
-    assert v1.output_text(event)
-
-
-def test_a_refused_handshake_is_decoded_into_the_servers_status_code_and_message(cli_server):
-    server = cli_server("--costs", "zero", "--quiet", "--api-key", "secret")
-    with pytest.raises(v1.HandshakeRefused) as refused:
-        with v1.connect(client_for(server, "wrong")):
-            pass
-    assert refused.value.status == 401
-    # The body decoded (websockets hands it over as a bytearray) and the API error it carries.
-    assert isinstance(refused.value.body, str) and refused.value.body.startswith('{"error":')
-    assert (refused.value.code, refused.value.message) == ("invalid_api_key", "Incorrect API key provided.")
-    assert str(refused.value) == "WebSocket handshake refused with HTTP 401: invalid_api_key: Incorrect API key provided."
+    assert [e["type"] for e in events].count("response.created") == 1 and v1.output_text(event)

@@ -1,12 +1,6 @@
-"""The original client drives the testbed end to end: the real Codex CLI over v1, v2 and HTTP.
-
-Pinned Codex releases are installed from npm into ~/.cache/prototype-codex/<version> (outside the
-repository; reused between runs) by a fixture, so the install is the tests' setup. Each test starts
-`python -m prototype serve` on a free loopback port, runs `codex exec` on a small task in a scratch
-Python project, and checks the server's records (`serve --records`) and Codex's own session
-rollout. The simulated model's tool calls are read-only shell commands (list, read, run the tests)
-that Codex executes under its read-only sandbox: every one must exit 0.
-"""
+"""The real Codex CLI drives the testbed over v1, v2 and HTTP: pinned releases installed from npm into
+~/.cache/prototype-codex/<version> (reused), `codex exec` on a small task in a scratch project against `python -m
+prototype serve --records`; the model's read-only shell commands run under Codex's sandbox and must all exit 0."""
 
 from __future__ import annotations
 
@@ -40,8 +34,7 @@ def codex_current() -> str:
 
 
 def assert_task_done(run: CodexRun) -> list[dict]:
-    """Codex finished the task: exit 0, every command the model asked for ran and exited 0, and its
-    final answer is the simulated model's last text. Returns the server's records of it."""
+    """Codex ran every command the model asked for (each exited 0) and answered its last text; the server's records."""
     assert run.returncode == 0, run.stderr[-2000:]
     assert [code for _, code in run.commands] == [0] * TOOL_ROUNDS, run.commands
     assert run.function_calls == [("exec_command", {"cmd": command}) for command in EXPLORE_COMMANDS[:TOOL_ROUNDS]]
@@ -58,21 +51,17 @@ def test_v1_one_response_one_append_per_tool_round(codex_v1, tmp_path):
     run = run_codex(codex_v1, "v1", tmp_path)
     (record,) = assert_task_done(run)
     row = summary(run)
-    assert {k: row[k] for k in ("design", "connections", "responses", "warmups", "turns", "appends", "commands_ok")} == {
-        "design": "suspended", "connections": 1, "responses": 1, "warmups": 0, "turns": TOOL_ROUNDS + 1, "appends": TOOL_ROUNDS,
-        "commands_ok": TOOL_ROUNDS,
-    }
-    assert (record["transport"], record["design"], record["connection"]) == ("websocket", "suspended", 1)
-    assert record["appends"] == TOOL_ROUNDS  # one response.append per tool round, one response id throughout
-    assert record["context"] == "full" and record["warmup"] is False
+    assert [row[k] for k in ("design", "connections", "responses", "warmups", "turns", "appends", "commands_ok")] == [
+        "suspended", 1, 1, 0, TOOL_ROUNDS + 1, TOOL_ROUNDS, TOOL_ROUNDS]
+    # One response.append per tool round, one response id throughout.
+    assert [record[k] for k in ("transport", "design", "connection", "appends", "context", "warmup")] == [
+        "websocket", "suspended", 1, TOOL_ROUNDS, "full", False]
     # Codex's rollout agrees: one function_call_output per append, each from a command that exited 0.
-    assert len(run.tool_outputs) == TOOL_ROUNDS
-    assert all("exited with code 0" in output for output in run.tool_outputs)
+    assert len(run.tool_outputs) == TOOL_ROUNDS and all("exited with code 0" in output for output in run.tool_outputs)
 
 
 def assert_chained_turns(records: list[dict]) -> None:
-    """One connection; every response after the first chains from the one before and sends only the
-    new function_call_output."""
+    """One connection; each response after the first chains from the one before, sending only the new output."""
     assert {(r["transport"], r["design"], r["connection"]) for r in records} == {("websocket", "chained", 1)}
     for before, after in zip(records, records[1:]):
         assert after["context"] == "chained" and after["previous_response_id"] == before["response_id"]
@@ -82,8 +71,7 @@ def assert_chained_turns(records: list[dict]) -> None:
 def test_v2_on_codex_0_101_chains_turns_with_only_new_input(codex_v1, tmp_path):
     records = assert_task_done(run_codex(codex_v1, "v2", tmp_path))
     # 0.101.0's `codex exec` sends no warm-up: its first create carries the whole prompt.
-    assert len(records) == TOOL_ROUNDS + 1
-    assert records[0]["warmup"] is False and records[0]["context"] == "full"
+    assert (len(records), records[0]["warmup"], records[0]["context"]) == (TOOL_ROUNDS + 1, False, "full")
     assert_chained_turns(records)
 
 
@@ -93,8 +81,7 @@ def test_v2_on_current_codex_warms_up_then_chains_turns(codex_current, tmp_path)
     warm, first = records[0], records[1]
     row = summary(run)
     assert (row["connections"], row["responses"], row["warmups"], row["turns"], row["items_sent"]) == (1, TOOL_ROUNDS + 2, 1, TOOL_ROUNDS + 1, 1 + 3 + TOOL_ROUNDS)
-    assert row["bytes_sent"] == sum(r["request_bytes"] for r in records) > 0
-    assert len(records) == TOOL_ROUNDS + 2
+    assert row["bytes_sent"] == sum(r["request_bytes"] for r in records) > 0 and len(records) == TOOL_ROUNDS + 2
     assert warm["warmup"] is True and warm["usage"]["output_tokens"] == 0
     # The warm-up prefilled Codex's instructions and tools: the first real turn finds them cached.
     assert warm["warmup_prefill_tokens"] > 5000
@@ -108,8 +95,7 @@ def test_http_resends_the_whole_input_every_turn(version, tmp_path):
     records = assert_task_done(run_codex(installed(version), "http", tmp_path))
     assert len(records) == TOOL_ROUNDS + 1
     assert {(r["transport"], r["design"], r["context"], r["previous_response_id"]) for r in records} == {
-        ("http", "http-stateless", "full", None)
-    }
+        ("http", "http-stateless", "full", None)}
     # Each POST repeats the last one's input plus the model's message, its call and the output.
     sizes = [r["input_items"] for r in records]
     assert [b - a for a, b in zip(sizes, sizes[1:])] == [3] * TOOL_ROUNDS

@@ -43,13 +43,13 @@ ANSWER = {"type": "message", "id": "msg_1", "role": "assistant", "status": "comp
           "content": [{"type": "output_text", "text": "done"}]}
 USAGE = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60}, "output_tokens": 7,
          "output_tokens_details": {"reasoning_tokens": 3}}
+SCRIPTED = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
 
 
 class Clock:
     """A clock the test sets by hand (a blocking client's `time.perf_counter`)."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    now = 0.0
 
     def __call__(self) -> float:
         return self.now
@@ -58,11 +58,6 @@ class Clock:
 def rollout_on(clock: Clock, workload: Workload | None = None) -> Rollout:
     workload = workload or fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
     return Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0), clock=clock)
-
-
-def test_a_turns_time_to_first_token_is_counted_from_its_start() -> None:
-    assert TurnRecord(0, 1.5).ttft is None
-    assert TurnRecord(0, 1.5, first_token_at=2.25).ttft == 0.75
 
 
 def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_the_turn() -> None:
@@ -86,7 +81,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     turn = record.turns[0]
     # The first delta of either kind is the first token; a pause ends the turn with its usage and timing, but only a
     # terminal event names the response's outcome and adds its usage to the task's.
-    assert (turn.first_token_at, turn.ended_at, turn.bytes_received) == (2.0, 3.5, 150)
+    assert (turn.first_token_at, turn.ended_at, turn.bytes_received, turn.ttft) == (2.0, 3.5, 150, 1.0)  # ttft from its start
     assert (turn.response_id, turn.usage, turn.server_timing) == ("resp_a", USAGE, {"api_ms": 1})
     assert record.timeline == [(at, "recv", event["type"]) for at, event, _ in events]
     assert record.sequence_numbers == [("resp_a", 0), ("resp_a", 1), ("resp_a", 2), ("resp_a", 4)]
@@ -102,6 +97,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
                                                                "usage": {**USAGE, "output_tokens_details": None}}}, 5)
     rollout.received({"type": "response.incomplete", "response": {"id": "resp_c"}}, 5)
     assert record.turns[1] == TurnRecord(1, 3.75, ended_at=4.0, bytes_sent=5, bytes_received=20, response_id="resp_a")
+    assert record.turns[1].ttft is None  # no token came
     assert record.outcomes == {"resp_a": "completed", "resp_b": "failed", "resp_c": ""}
     assert record.response_ids == ["resp_a", "resp_b", "resp_c"]
     assert record.usage == {"input_tokens": 300, "cached_tokens": 180, "output_tokens": 21, "reasoning_tokens": 6}
@@ -111,13 +107,12 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
     assert record.timeline[-1] == (4.0, "recv", "")
 
 
-def two_call_task() -> Workload:
-    # Turn 0 makes two calls (3 s and 1 s); turn 1 one call whose spec names 0.5 s; turn 2 answers.
-    return Workload("two-calls", 5, [TurnSpec(20, 5, (3.0, 1.0)), TurnSpec(9, 5, (0.5,)), TurnSpec(4, 5, ())])
+# Turn 0 makes two calls (3 s and 1 s); turn 1 one call whose spec names 0.5 s; turn 2 answers.
+TWO_CALLS = Workload("two-calls", 5, [TurnSpec(20, 5, (3.0, 1.0)), TurnSpec(9, 5, (0.5,)), TurnSpec(4, 5, ())])
 
 
-def test_a_turns_tools_run_as_long_as_the_longest_and_return_outputs_of_the_workloads_sizes() -> None:
-    workload = two_call_task()
+async def test_a_turns_tools_run_as_long_as_the_longest_from_its_end_and_return_outputs_of_the_workloads_sizes(autojump_clock):
+    workload = TWO_CALLS
     rollout = Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0), clock=Clock())
     rollout.start_turn([], 0)
     calls = [{"call_id": "a"}, {"call_id": "b"}, {"call_id": "c"}]  # a call past the spec's: no time, one token
@@ -133,10 +128,7 @@ def test_a_turns_tools_run_as_long_as_the_longest_and_return_outputs_of_the_work
     rollout.start_turn([], 0)  # a turn past the workload's last (a steered successor's): as the last turn, no time
     wait, outputs = rollout.tool_plan([{"call_id": "e"}])
     assert (wait, [tokenizer.count_tokens(o["output"]) for o in outputs]) == (0.0, [1])
-
-
-async def test_tools_start_when_the_turn_ended_and_their_time_is_recorded(autojump_clock) -> None:
-    workload = two_call_task()
+    # Run on the trio clock, the tools start when the turn ended and their time is recorded.
     rollout = Rollout(workload, RolloutRecord(CHAINED, workload.name, 0.0))
     rollout.start_turn([], 0)
     rollout.record.turns[-1].ended_at = 1.0
@@ -225,7 +217,7 @@ async def test_the_channel_reads_until_a_pause_an_end_or_an_error_counting_bytes
     assert socket.messages == [texts[3]]
 
 
-def test_what_ends_a_turn_and_what_continues_it() -> None:
+def test_what_ends_a_turn_and_what_continues_it_as_a_steered_response() -> None:
     def response(status: str, *output: dict[str, Any]) -> dict[str, Any]:
         return {"id": "r", "status": status, "output": list(output)}
 
@@ -236,9 +228,7 @@ def test_what_ends_a_turn_and_what_continues_it() -> None:
     assert turn_outcome(SUSPENDED, {"type": "response.completed", "response": response("completed", CALL)}) == ("completed", [])
     assert turn_outcome(CHAINED, {"type": "response.incomplete", "response": response("incomplete", CALL)}) == ("incomplete", [])
     assert function_calls([ANSWER, CALL, {"type": "function_call_output"}]) == [CALL]
-
-
-def test_only_an_incomplete_response_stopped_for_steering_is_steered() -> None:
+    # Only an incomplete response stopped for steering is steered (its successor continues the turn).
     steered = {"type": "response.incomplete", "response": {"incomplete_details": {"reason": "steered"}}}
     assert is_steered(steered)
     assert not is_steered({**steered, "type": "response.completed"})
@@ -302,17 +292,12 @@ async def test_the_tool_loop_sends_each_turn_at_its_start_and_follows_a_steered_
 
 
 async def test_an_error_ends_the_loop_without_a_turn_end_callback(autojump_clock) -> None:
-    task = fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5)
-    rollout = Rollout(task, RolloutRecord(CHAINED, task.name, 0.0))
-    channel = ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}])
+    rollout = Rollout(SCRIPTED, RolloutRecord(CHAINED, SCRIPTED.name, 0.0))
     ended: list[TurnRecord] = []
+    channel = ScriptedChannel(rollout, [{"type": "error", "error": {"code": "invalid_value"}}])
     await drive_websocket_rollout(channel, rollout, CHAINED, {}, [], ended.append)
     # Without `started_at`, turn 0 is stamped once its request is written.
     assert (rollout.record.status, ended, rollout.record.turns[0].sent_at) == ("error:invalid_value", [], 0.25)
-
-
-def scripted_task() -> Workload:
-    return fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0, name="scripted")
 
 
 def two_turn_script(kind: str) -> list[list[Any]]:
@@ -326,8 +311,7 @@ def two_turn_script(kind: str) -> list[list[Any]]:
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 async def test_a_websocket_rollout_sends_the_harness_request_with_its_headers_and_ends_at_the_final_event(
         autojump_clock, design: str) -> None:
-    server = ScriptedServer(two_turn_script("response.done" if design == SUSPENDED else "response.completed"))
-    task = scripted_task()
+    server, task = ScriptedServer(two_turn_script("response.done" if design == SUSPENDED else "response.completed")), SCRIPTED
     await trio.sleep(1.0)
     with trio.fail_after(60):
         record = await run_websocket_rollout(InMemoryConnector(server), design, task, metadata={"k": "v"})
@@ -347,8 +331,7 @@ async def test_a_websocket_rollout_sends_the_harness_request_with_its_headers_an
 
 
 async def test_a_websocket_rollout_passes_the_callers_options_and_starts_once_connected(autojump_clock) -> None:
-    server = ScriptedServer(two_turn_script("response.completed"))
-    task = scripted_task()
+    server, task = ScriptedServer(two_turn_script("response.completed")), SCRIPTED
     connected_at: list[float] = []
     ended: list[int] = []
 
@@ -372,14 +355,14 @@ async def test_a_websocket_rollout_passes_the_callers_options_and_starts_once_co
 async def test_a_websocket_rollout_closes_its_connection_after_the_task(autojump_clock) -> None:
     server = ScriptedServer([[{"type": "error", "error": {"code": "invalid_value"}}, Close(1000)]])
     with trio.fail_after(60):
-        record = await run_websocket_rollout(InMemoryConnector(server), CHAINED, scripted_task(), metadata={})
+        record = await run_websocket_rollout(InMemoryConnector(server), CHAINED, SCRIPTED, metadata={})
     assert (record.status, record.ended_at, len(record.turns)) == ("error:invalid_value", 0.0, 1)
 
 
 async def test_turn_0_of_a_websocket_rollout_pays_the_handshakes_of_its_connection(autojump_clock) -> None:
     server = ScriptedServer(two_turn_script("response.completed"))
     with trio.fail_after(60):
-        record = await run_websocket_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, scripted_task(), metadata={})
+        record = await run_websocket_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, SCRIPTED, metadata={})
     # TCP, TLS and the upgrade: three round trips before the create goes, which takes half of one more to arrive and the
     # answer the other half; turn 1 starts when the tool (2 s) returns.
     assert record.turns[0].sent_at == record.started_at == 0.0

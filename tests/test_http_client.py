@@ -1,10 +1,5 @@
-"""The HTTP client (client/http.py) as a harness drives the http design: what each request carries
-(the whole conversation, or only the outputs after the last stored response; its headers), one
-kept-alive connection or one per request, and each way an answer can go wrong (a refusal, a flat
-error event, a framing the answer promised and broke, a connection closed or reset before or during
-the answer) with the reconnect policy's retries, backoff and recovery time (docs/protocol.md, §8;
-docs/metrics.md). In-process over memory streams under the autojump clock, against the server or a
-scripted one; every wait is bounded in virtual time."""
+"""The HTTP client (client/http.py): what each request carries, its connections, and each way an answer can go wrong,
+with the reconnect policy's retries (docs/protocol.md §8, docs/metrics.md); against the server or a scripted one."""
 
 from __future__ import annotations
 
@@ -40,9 +35,7 @@ from prototype.netem.faults import FaultyStream, Link, LinkFaults
 from prototype.server.config import ServerConfig
 
 WAIT = 100.0  # virtual seconds: every wait of these tests ends far sooner, and a hang fails at once
-
-
-# --- requests against the server ---------------------------------------------------------------------
+STEADY = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
 
 
 TASK = wl.fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=30, tool_seconds=2.0)
@@ -89,29 +82,11 @@ class TapConnector:
                 await client.aclose()
 
     def requests(self) -> list[list[tuple[dict[str, str], dict[str, Any]]]]:
-        """Per connection: each request's headers and JSON body."""
-        out = []
-        for tap in self.taps:
-            conn, requests = h11.Connection(h11.SERVER), []
-            conn.receive_data(bytes(tap))
-            while True:
-                event = conn.next_event()
-                if isinstance(event, h11.Request):
-                    headers, body = {k.decode(): v.decode() for k, v in event.headers}, b""
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    requests.append((headers, json.loads(body)))
-                    # The server's side of the exchange is not replayed: pretend it answered.
-                    conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
-                    conn.send(h11.EndOfMessage())
-                    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                        break
-                    conn.start_next_cycle()
-                else:
-                    break
-            out.append(requests)
-        return out
+        """Per connection: each request's headers (names in lower case) and JSON body (a JSON text holds no CRLF)."""
+        def parse(raw: bytes) -> tuple[dict[str, str], dict[str, Any]]:
+            head, _, body = raw.partition(b"\r\n\r\n")
+            return {k.lower(): v for k, v in (line.split(": ", 1) for line in head.decode().split("\r\n"))}, json.loads(body)
+        return [[parse(raw) for raw in bytes(tap).split(b"POST /v1/responses HTTP/1.1\r\n")[1:]] for tap in self.taps]
 
 
 async def rollout(server, connector=None, **kwargs: Any):
@@ -151,10 +126,13 @@ async def test_a_stateless_rollout_resends_the_whole_conversation_on_one_connect
 async def test_a_stored_rollout_sends_only_the_tool_outputs_after_the_last_response(autojump_clock) -> None:
     server = make_server()
     connector = TapConnector(server)
-    record = await rollout(server, connector, variant="stored", api_key="key-2", include_timing=True)
+    record = await rollout(server, connector, variant="stored", api_key="key-2", include_timing=True, instructions="be brief",
+                           compact_threshold=5000)
     (requests,) = connector.requests()
     assert (record.design, record.status, len(requests)) == ("http-stored", "completed", 3)
     headers, bodies = [h for h, _ in requests], [b for _, b in requests]
+    assert [(b["instructions"], b["context_management"]) for b in bodies] == [
+        ("be brief", [{"type": "compaction", "compact_threshold": 5000}])] * 3
     assert [(h["authorization"], h["x-responsesapi-include-timing-metrics"], "connection" in h) for h in headers] == [
         ("Bearer key-2", "true", False)] * 3
     assert [(b["store"], "include" in b) for b in bodies] == [(True, False)] * 3
@@ -174,12 +152,9 @@ async def test_without_keep_alive_every_request_asks_to_close_and_opens_its_own_
     assert (record.status, record.reconnects) == ("completed", 0)
 
 
-async def test_an_unknown_variant_is_refused(autojump_clock) -> None:
+async def test_a_refused_request_ends_the_rollout_with_its_code_and_an_unknown_variant_is_refused(autojump_clock) -> None:
     with pytest.raises(ValueError, match=r"^variant must be one of \('stateless', 'stored'\), not 'chained'$"):
         await rollout(make_server(), variant="chained")
-
-
-async def test_a_refused_request_ends_the_rollout_with_its_code(autojump_clock) -> None:
     server = make_server(config=ServerConfig(api_keys=frozenset({"right"})))
     await trio.sleep(1.0)
     record = await rollout(server, api_key="wrong")
@@ -187,19 +162,8 @@ async def test_a_refused_request_ends_the_rollout_with_its_code(autojump_clock) 
     assert record.timeline == [(1.0, "send", "POST /v1/responses"), (1.0, "recv", "http 401")]
 
 
-async def test_the_requests_carry_the_instructions_and_the_compaction_threshold(autojump_clock) -> None:
-    server = make_server()
-    connector = TapConnector(server)
-    record = await rollout(server, connector, instructions="be brief", compact_threshold=5000)
-    bodies = [b for _, b in connector.requests()[0]]
-    assert record.status == "completed"
-    assert [(b["instructions"], b["context_management"]) for b in bodies] == [
-        ("be brief", [{"type": "compaction", "compact_threshold": 5000}])] * len(bodies)
-
-
 async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, monkeypatch) -> None:
-    """The client's own work on a request (here 0.25 s to serialize it) is part of its turn, as a
-    connection it has to open first is (docs/metrics.md)."""
+    """The client's own work on a request (here 0.25 s to serialize it) is part of its turn (docs/metrics.md)."""
     from types import SimpleNamespace
 
     from prototype.client import http as client_http
@@ -213,45 +177,32 @@ async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, mo
     assert (record.turns[0].sent_at, record.timeline[0]) == (0.0, (0.25, "send", "POST /v1/responses"))
 
 
-async def test_the_fallback_sends_the_whole_conversation_with_the_instructions_on_one_connection(autojump_clock) -> None:
-    """`continue_http_rollout` (Codex's fallback once its WebSocket retries are spent) with the conversation so far."""
-    server = make_server()
-    connector = TapConnector(server)
-    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
-    rollout_ = Rollout(TASK, RolloutRecord("chained", TASK.name, 0.0))
-    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
-    with trio.fail_after(WAIT):
-        await continue_http_rollout(connector, rollout_, [], first, policy=None, model="gpt-5.4", metadata=metadata,
-                                    instructions="be brief", api_key="testbed", include_timing=False)
-    (requests,) = connector.requests()
-    bodies = [b for _, b in requests]
-    assert (rollout_.record.status, len(bodies), len(rollout_.record.turns)) == ("completed", 3, 3)
-    assert [(b["instructions"], b["store"], b["stream"]) for b in bodies] == [("be brief", False, True)] * 3
-    assert bodies[0]["input"] == first
-    for before, after in zip(bodies, bodies[1:]):
-        assert after["input"][:len(before["input"])] == before["input"]
-
-
-async def test_a_fallback_inside_a_turn_adds_its_resend_to_that_turn(autojump_clock) -> None:
-    """`turn_open`: the turn was recorded on the WebSocket (300 bytes sent there, and sent again once in full); the
+@pytest.mark.parametrize("turn_open", [False, True])
+async def test_the_fallback_sends_the_whole_conversation_on_one_connection_and_adds_its_resend_to_an_open_turn(
+        autojump_clock, turn_open: bool) -> None:
+    """`continue_http_rollout` (Codex's fallback once its WebSocket retries are spent) with the conversation so far. With
+    `turn_open`, the turn was recorded on the WebSocket (300 bytes sent there, and sent again once in full): the
     fallback's first request belongs to it, a resend of the whole conversation, and the later turns are its own."""
     server = make_server()
     connector = TapConnector(server)
     metadata = {"testbed_workload": server.api.workloads.register(TASK)}
     rollout_ = Rollout(TASK, RolloutRecord("chained", TASK.name, 0.0))
     first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
-    rollout_.start_turn(first, 300)
-    rollout_.record.resent_bytes, rollout_.record.full_resends = 300, 1
+    if turn_open:
+        rollout_.start_turn(first, 300)
+        rollout_.record.resent_bytes, rollout_.record.full_resends = 300, 1
     with trio.fail_after(WAIT):
         await continue_http_rollout(connector, rollout_, [], first, policy=None, model="gpt-5.4", metadata=metadata,
-                                    instructions=None, api_key="testbed", include_timing=False, turn_open=True)
-    sizes = [int(headers["content-length"]) for headers, _ in connector.requests()[0]]
-    record = rollout_.record
-    assert (record.status, len(sizes), [turn.bytes_sent for turn in record.turns]) == ("completed", 3, [300 + sizes[0], *sizes[1:]])
-    assert (record.resent_bytes, record.full_resends) == (300 + sizes[0], 2)
-
-
-# --- answers from a scripted server ---------------------------------------------------------------------
+                                    instructions="be brief", api_key="testbed", include_timing=False, turn_open=turn_open)
+    (requests,) = connector.requests()
+    bodies, sizes, record = [b for _, b in requests], [int(h["content-length"]) for h, _ in requests], rollout_.record
+    assert (record.status, len(bodies), len(record.turns)) == ("completed", 3, 3)
+    assert [(b["instructions"], b["store"], b["stream"]) for b in bodies] == [("be brief", False, True)] * 3
+    assert bodies[0]["input"] == first
+    for before, after in zip(bodies, bodies[1:]):
+        assert after["input"][:len(before["input"])] == before["input"]
+    assert [turn.bytes_sent for turn in record.turns] == [300 * turn_open + sizes[0], *sizes[1:]]
+    assert (record.resent_bytes, record.full_resends) == ((300 + sizes[0], 2) if turn_open else (0, 0))
 
 
 CLOSE = object()  # in a scripted answer: close the connection there
@@ -261,9 +212,10 @@ def sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def completed_answer(status: str = "completed", *, content_type: bytes = b"text/event-stream; charset=utf-8") -> list:
-    """A stream whose one event ends the response without calls (the rollout ends with it)."""
-    event = {"type": f"response.{status}", "sequence_number": 0, "response": {"id": "resp_1", "status": status, "output": []}}
+def completed_answer(status: str = "completed", *, content_type: bytes = b"text/event-stream; charset=utf-8", output=()) -> list:
+    """A stream whose one event ends the response with `output` (without calls, the rollout ends with it)."""
+    response = {"id": "resp_1", "status": status, "output": list(output)}
+    event = {"type": f"response.{status}", "sequence_number": 0, "response": response}
     return [h11.Response(status_code=200, headers=[(b"content-type", content_type), (b"transfer-encoding", b"chunked")]),
             h11.Data(data=sse(event)), h11.EndOfMessage()]
 
@@ -271,9 +223,7 @@ def completed_answer(status: str = "completed", *, content_type: bytes = b"text/
 def calling_answer() -> list:
     """A stream whose response asks for one function call (the rollout goes on with its output)."""
     call = {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}", "status": "completed"}
-    event = {"type": "response.completed", "sequence_number": 0, "response": {"id": "resp_1", "status": "completed", "output": [call]}}
-    return [h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]),
-            h11.Data(data=sse(event)), h11.EndOfMessage()]
+    return completed_answer(content_type=b"text/event-stream", output=[call])
 
 
 def json_answer(status: int, body: bytes) -> list:
@@ -325,10 +275,19 @@ class Scripted:
 ONE_TURN = wl.fixed(1, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5)
 
 
-async def scripted_rollout(*answers: list, **kwargs: Any):
-    server = Scripted(list(answers))
+RESET = object()  # in a scripted answer: the link is reset there (a TCP RST), every open link cut
+
+
+async def scripted_rollout(*answers: list, workload: wl.Workload = ONE_TURN, **kwargs: Any):
+    server = Scripted([])
+    connector = InMemoryConnector(server, faults=LinkFaults())
+
+    def reset() -> None:
+        connector.links.cut_all("reset by peer")
+
+    server.answers = [[reset if item is RESET else item for item in answer] for answer in answers]
     with trio.fail_after(WAIT):
-        record = await run_http_rollout(InMemoryConnector(server), ONE_TURN, metadata={}, **kwargs)
+        record = await run_http_rollout(connector, workload, metadata={}, **kwargs)
     return server, record
 
 
@@ -338,121 +297,87 @@ async def scripted_failure(*answers: list, **kwargs: Any) -> BaseException:
     return first_leaf(raised.value)
 
 
-async def test_the_client_reads_past_an_informational_answer(autojump_clock) -> None:
-    continue_ = h11.InformationalResponse(status_code=100, headers=[])
-    _, record = await scripted_rollout([continue_, continue_, *completed_answer()])
-    assert (record.status, record.turns[0].ended_at) == ("completed", 0.0)
+CONTINUE = h11.InformationalResponse(status_code=100, headers=[])
+STREAM_HEAD = h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")])
+REFUSAL = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
+TOO_LARGE = json.dumps({"error": {"code": "request_too_large", "message": "Too large."}}).encode()
+FLAT_ERROR = {"type": "error", "code": "server_error", "message": "x", "param": None, "sequence_number": 0}
+CREATED = {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "output": []}}
+CLOSING = (b"connection", b"close")
+H11_CLOSED = "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE"
 
 
-async def test_a_stream_in_plain_text_event_stream_is_read(autojump_clock) -> None:
-    _, record = await scripted_rollout(completed_answer("incomplete", content_type=b"text/event-stream"))
-    assert record.status == "incomplete"
+@pytest.mark.parametrize(("answer", "status", "last"), [
+    ([CONTINUE, CONTINUE, *completed_answer()], "completed", (0.0, "recv", "response.completed")),
+    (completed_answer("incomplete", content_type=b"text/event-stream"), "incomplete", (0.0, "recv", "response.incomplete")),
+    (json_answer(429, REFUSAL), "error:rate_limit_exceeded", (0.0, "recv", "http 429")),
+    ([json_answer(429, REFUSAL)[0], h11.Data(data=REFUSAL[:20]), 1.0, h11.Data(data=REFUSAL[20:]), h11.EndOfMessage()],
+     "error:rate_limit_exceeded", (1.0, "recv", "http 429")),
+    ([STREAM_HEAD, h11.Data(data=sse(FLAT_ERROR)), h11.EndOfMessage()], "error:server_error", (0.0, "recv", "error")),
+    ([h11.Response(status_code=413, headers=[*json_answer(413, TOO_LARGE)[0].headers, CLOSING]), h11.Data(data=TOO_LARGE),
+      h11.EndOfMessage()], "error:request_too_large", (0.0, "recv", "http 413")),
+], ids=["past informational answers", "plain text/event-stream", "an error answer", "an error body in chunks",
+        "a flat error event", "an error answer that closes its connection"])
+async def test_an_answer_ends_the_rollout_with_its_status(autojump_clock, answer: list, status: str, last: tuple) -> None:
+    _, record = await scripted_rollout(answer)
+    assert (record.status, record.timeline[-1], record.turns[0].ended_at) == (status, last, last[0])
 
 
-async def test_an_answer_that_breaks_the_promised_framing_is_a_protocol_error(autojump_clock) -> None:
-    failure = await scripted_failure(json_answer(500, b"oops, not JSON"))
-    assert (type(failure), str(failure)) == (HttpProtocolError, "HTTP 500 without an error body: b'oops, not JSON'")
-    failure = await scripted_failure(json_answer(502, b'{"no": "error"}'))
-    assert str(failure) == "HTTP 502 without an error body: b'{\"no\": \"error\"}'"
-    failure = await scripted_failure(json_answer(500, b"x" * 300))
-    assert str(failure) == f"HTTP 500 without an error body: {b'x' * 200!r}"
-    failure = await scripted_failure(completed_answer(content_type=b"application/json"))
-    assert (type(failure), str(failure)) == (HttpProtocolError, "a stream was asked for, got Content-Type 'application/json'")
-
-
-async def test_an_answer_without_a_content_type_is_a_protocol_error(autojump_clock) -> None:
-    answer = completed_answer()
-    answer[0] = h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")])
+@pytest.mark.parametrize(("answer", "error", "message"), [
+    (json_answer(500, b"oops, not JSON"), HttpProtocolError, "HTTP 500 without an error body: b'oops, not JSON'"),
+    (json_answer(502, b'{"no": "error"}'), HttpProtocolError, "HTTP 502 without an error body: b'{\"no\": \"error\"}'"),
+    (json_answer(500, b"x" * 300), HttpProtocolError, f"HTTP 500 without an error body: {b'x' * 200!r}"),
+    (completed_answer(content_type=b"application/json"), HttpProtocolError,
+     "a stream was asked for, got Content-Type 'application/json'"),
+    ([h11.Response(status_code=200, headers=[(b"transfer-encoding", b"chunked")]), *completed_answer()[1:]], HttpProtocolError,
+     "a stream was asked for, got Content-Type ''"),
+    ([STREAM_HEAD, h11.Data(data=sse(CREATED)), h11.EndOfMessage()], SseProtocolError,
+     "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)"),
+], ids=["not JSON", "no error in the body", "a long body cut", "JSON for a stream", "no content type", "no terminal event"])
+async def test_an_answer_that_breaks_its_framing_is_a_protocol_error(autojump_clock, answer: list, error: type, message: str):
     failure = await scripted_failure(answer)
-    assert (type(failure), str(failure)) == (HttpProtocolError, "a stream was asked for, got Content-Type ''")
+    assert (type(failure), str(failure)) == (error, message)
 
 
-async def test_a_stream_that_ends_without_a_terminal_event_is_refused(autojump_clock) -> None:
-    head, _, end = completed_answer()
-    created = {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "output": []}}
-    failure = await scripted_failure([head, h11.Data(data=sse(created)), end])
-    assert (type(failure), str(failure)) == (
-        SseProtocolError, "SSE line 3: the body ends before an end event (response.completed, .failed, .incomplete, error)")
+@pytest.mark.parametrize(("answers", "message", "answered"), [
+    ([[CLOSE]], H11_CLOSED, False),
+    ([[STREAM_HEAD, CLOSE]], None, True),
+    ([[CONTINUE, CLOSE]], H11_CLOSED, False),  # a `100 Continue` is not the answer
+    ([calling_answer(), [STREAM_HEAD, CLOSE], completed_answer()], None, True),  # cut mid-answer: not sent again
+    ([[CLOSE], [CLOSE]], H11_CLOSED, False),  # a first request's connection was new: not sent again
+], ids=["before any answer", "mid-answer", "after an informational answer", "a reused one mid-answer", "a new one"])
+async def test_a_connection_closed_under_a_request_is_lost_saying_whether_an_answer_came(
+        autojump_clock, answers: list, message: str | None, answered: bool) -> None:
+    failure = await scripted_failure(*answers)
+    assert (type(failure), failure.answered) == (ConnectionLost, answered)
+    assert message is None or str(failure) == message
 
 
-async def test_an_error_answer_or_event_ends_the_rollout_with_its_code(autojump_clock) -> None:
-    refusal_body = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
-    _, record = await scripted_rollout(json_answer(429, refusal_body))
-    assert (record.status, record.timeline[-1][1:]) == ("error:rate_limit_exceeded", ("recv", "http 429"))
-    flat = {"type": "error", "code": "server_error", "message": "x", "param": None, "sequence_number": 0}
-    _, record = await scripted_rollout([h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")]),
-                                        h11.Data(data=sse(flat)), h11.EndOfMessage()])
-    assert record.status == "error:server_error"
-
-
-async def test_an_error_body_in_several_chunks_is_read_whole(autojump_clock) -> None:
-    body = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
-    head, _, end = json_answer(429, body)
-    _, record = await scripted_rollout([head, h11.Data(data=body[:20]), 1.0, h11.Data(data=body[20:]), end])
-    assert (record.status, record.timeline[-1]) == ("error:rate_limit_exceeded", (1.0, "recv", "http 429"))
-
-
-async def test_a_connection_closed_before_the_answer_is_lost(autojump_clock) -> None:
-    failure = await scripted_failure([CLOSE])
-    assert (type(failure), str(failure), failure.answered) == (
-        ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
-    head = h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")])
-    failure = await scripted_failure([head, CLOSE])
-    assert (type(failure), failure.answered) == (ConnectionLost, True)
-
-
-async def test_a_close_after_an_informational_answer_is_a_close_before_any_answer(autojump_clock) -> None:
-    """A `100 Continue` is not the answer: a connection closed after it is lost unanswered, so a reused one is replaced."""
-    continue_ = h11.InformationalResponse(status_code=100, headers=[])
-    failure = await scripted_failure([continue_, CLOSE])
-    assert (type(failure), str(failure), failure.answered) == (
-        ConnectionLost, "can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE", False)
-    server, record = await scripted_rollout(calling_answer(), [continue_, CLOSE], completed_answer())
-    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
-
-
-async def test_a_reused_connection_closed_before_any_answer_is_replaced_but_not_one_cut_mid_answer(autojump_clock) -> None:
-    server, record = await scripted_rollout(calling_answer(), [CLOSE], completed_answer())
-    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
-    head = h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream"), (b"transfer-encoding", b"chunked")])
-    failure = await scripted_failure(calling_answer(), [head, CLOSE], completed_answer())
-    assert (type(failure), failure.answered) == (ConnectionLost, True)
-
-
-async def test_a_kept_alive_connection_found_closed_is_replaced_once(autojump_clock) -> None:
-    """The server closed the idle connection while the tools ran: the request goes again on a new one."""
-    two_turns = wl.fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
-    server = make_server(config=ServerConfig(http_idle_timeout=1.0))
-    metadata = {"testbed_workload": server.api.workloads.register(two_turns)}
-    with trio.fail_after(WAIT):
-        record = await run_http_rollout(InMemoryConnector(server), two_turns, metadata=metadata)
-    assert (record.status, record.reconnects, server.connections_opened) == ("completed", 2, 3)
-    # Not on a first request: there the connection was new.
-    failure = await scripted_failure([CLOSE], [CLOSE])
-    assert type(failure) is ConnectionLost
+@pytest.mark.parametrize(("answers", "reconnects"), [
+    ([calling_answer(), [CLOSE], completed_answer()], 1),
+    ([calling_answer(), [CONTINUE, CLOSE], completed_answer()], 1),
+    ([[h11.Response(status_code=200, headers=[*calling_answer()[0].headers, CLOSING]), *calling_answer()[1:]],
+      completed_answer()], 0),
+], ids=["closed before any answer", "closed after an informational answer", "an answer that said Connection: close"])
+async def test_a_reused_connection_that_closed_before_the_next_answer_is_replaced(autojump_clock, answers: list, reconnects: int):
+    server, record = await scripted_rollout(*answers)
+    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", reconnects, 2, 2)
 
 
 async def test_a_lost_request_is_sent_again_under_the_policy_and_gives_up_after_its_retries(autojump_clock) -> None:
-    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
-    server, record = await scripted_rollout([CLOSE], [CLOSE], [CLOSE], policy=policy)
+    server, record = await scripted_rollout([CLOSE], [CLOSE], [CLOSE], policy=STEADY)
     assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 2, 3)
     assert [at for _, at in server.requests] == [0.0, 0.5, 1.5]  # 0.5 s, then 1 s of backoff
     sent = record.turns[0].bytes_sent // 3
     assert (record.resent_bytes, record.turns[0].bytes_sent) == (2 * sent, 3 * sent)
-    server, record = await scripted_rollout([CLOSE], completed_answer(), policy=policy)
+    server, record = await scripted_rollout([CLOSE], completed_answer(), policy=STEADY)
     assert (record.status, record.reconnects, record.recovery_seconds, record.retried_responses) == ("completed", 1, [0.5], 0)
-
-
-async def test_a_refusal_after_a_lost_request_ends_the_recovery_at_its_status(autojump_clock) -> None:
-    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
-    refusal = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
-    _, record = await scripted_rollout([CLOSE], json_answer(429, refusal), policy=policy)
+    _, record = await scripted_rollout([CLOSE], json_answer(429, REFUSAL), policy=STEADY)  # a refusal ends the recovery
     assert (record.status, record.reconnects, record.recovery_seconds) == ("error:rate_limit_exceeded", 1, [0.5])
 
 
 async def test_a_failed_response_is_asked_for_again_only_if_the_policy_says_so(autojump_clock) -> None:
-    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
-    server, record = await scripted_rollout(completed_answer("failed"), completed_answer(), policy=policy)
+    server, record = await scripted_rollout(completed_answer("failed"), completed_answer(), policy=STEADY)
     assert (record.status, record.retried_responses, record.reconnects, server.connections) == ("completed", 1, 0, 1)
     assert (record.recovery_seconds, record.transcript[-1]["role"]) == ([0.5], "user")
     keep = ReconnectPolicy("keep", initial_delay=0.5, max_retries=2, retry_failed_responses=False)
@@ -463,15 +388,12 @@ async def test_a_failed_response_is_asked_for_again_only_if_the_policy_says_so(a
 
 
 async def test_recovery_is_timed_from_the_first_loss_to_the_first_answer_and_each_retry_counted(autojump_clock) -> None:
-    policy = ReconnectPolicy("steady", initial_delay=0.5, max_retries=2)
     head, event, end = completed_answer()
     # Lost at 0 and again at 0.5 (after 0.5 s of backoff); answered at 1.5 (after 1 s more), its end 2 s later.
-    server, record = await scripted_rollout([CLOSE], [CLOSE], [head, event, 2.0, end], policy=policy)
+    server, record = await scripted_rollout([CLOSE], [CLOSE], [head, event, 2.0, end], policy=STEADY)
     assert (record.status, record.reconnects, record.recovery_seconds) == ("completed", 2, [1.5])
     assert (record.turns[0].ended_at, trio.current_time()) == (1.5, 3.5)
-    failed_head, failed_event, failed_end = completed_answer("failed")
-    server, record = await scripted_rollout([failed_head, failed_event, failed_end], completed_answer("failed"),
-                                            [head, 1.0, event, end], policy=policy)
+    server, record = await scripted_rollout(completed_answer("failed"), completed_answer("failed"), [head, 1.0, event, end], policy=STEADY)
     # Two failed responses asked for again; the turn ends with the third answer, at 0.5 + 1 + 1 (its event after a 1 s pause),
     # and a retried turn forgets what the failed answers set (none of them had a token).
     assert (record.status, record.retried_responses, record.recovery_seconds) == ("completed", 2, [2.5])
@@ -486,53 +408,32 @@ async def test_the_backoffs_jitter_is_drawn_from_the_tasks_own_seed(autojump_clo
     assert [at for _, at in server.requests] == [0.0, first, first + second]
 
 
-# --- links that break ------------------------------------------------------------------------------------
-
-
-RESET = object()  # in a scripted answer of `faulty_rollout`: the link is reset there (a TCP RST)
-
-
-async def faulty_rollout(*answers: list, workload: wl.Workload = ONE_TURN, **kwargs: Any):
-    """`scripted_rollout` over links that break: at each RESET of an answer, every open link is cut."""
-    server = Scripted([])
-    connector = InMemoryConnector(server, faults=LinkFaults())
-
-    def reset() -> None:
-        connector.links.cut_all("reset by peer")
-
-    server.answers = [[reset if item is RESET else item for item in answer] for answer in answers]
-    with trio.fail_after(WAIT):
-        record = await run_http_rollout(connector, workload, metadata={}, **kwargs)
-    return server, record
-
-
-async def faulty_failure(*answers: list, **kwargs: Any) -> BaseException:
-    with pytest.raises(BaseExceptionGroup) as raised:
-        await faulty_rollout(*answers, **kwargs)
-    return first_leaf(raised.value)
-
-
 async def test_a_connection_reset_while_the_answer_is_read_is_lost_with_why_and_whether_any_came(autojump_clock) -> None:
     broke = "the connection broke: the link broke (reset by peer)"
-    failure = await faulty_failure([RESET])
+    failure = await scripted_failure([RESET])
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, False)
-    head, event, end = completed_answer()
-    failure = await faulty_failure([head, 0.5, RESET])  # cut once the head has arrived
+    failure = await scripted_failure([completed_answer()[0], 0.5, RESET])  # cut once the head has arrived
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
     # An error answer cut in its body was answered: the request is not sent again, even on a reused connection.
     error_head = h11.Response(status_code=429, headers=[(b"content-type", b"application/json"), (b"content-length", b"100")])
-    failure = await faulty_failure([error_head, h11.Data(data=b'{"error": '), 0.5, RESET])
+    failure = await scripted_failure([error_head, h11.Data(data=b'{"error": '), 0.5, RESET])
     assert (type(failure), str(failure), failure.answered) == (ConnectionLost, broke, True)
-    failure = await faulty_failure(calling_answer(), [error_head, h11.Data(data=b'{"error": '), 0.5, RESET], completed_answer())
+    failure = await scripted_failure(calling_answer(), [error_head, h11.Data(data=b'{"error": '), 0.5, RESET], completed_answer())
     assert (type(failure), failure.answered) == (ConnectionLost, True)
 
 
-async def test_a_kept_alive_connection_reset_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock) -> None:
-    """The link is reset while the tool runs (2 s): the next request's send finds it broken."""
+async def test_a_kept_alive_connection_reset_or_closed_while_idle_is_replaced_when_the_next_request_is_sent(autojump_clock):
+    """The link is reset (or the server closes the idle connection) while the tools run: the next request goes on a new one."""
     with_a_tool = wl.fixed(2, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
-    server, record = await faulty_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
+    server, record = await scripted_rollout([*calling_answer(), 1.0, RESET], completed_answer(), workload=with_a_tool)
     assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 1, 2, 2)
     assert server.requests == [(1, 0.0), (2, 2.0)]
+    three_turns = wl.fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=5.0)
+    served = make_server(config=ServerConfig(http_idle_timeout=1.0))
+    with trio.fail_after(WAIT):
+        record = await run_http_rollout(InMemoryConnector(served), three_turns,
+                                        metadata={"testbed_workload": served.api.workloads.register(three_turns)})
+    assert (record.status, record.reconnects, served.connections_opened) == ("completed", 2, 3)
 
 
 async def test_a_request_sent_on_a_broken_or_closed_connection_is_lost_unanswered(autojump_clock) -> None:
@@ -554,8 +455,7 @@ async def test_a_request_sent_on_a_broken_or_closed_connection_is_lost_unanswere
 async def test_a_pooled_connection_serves_on_after_an_error_answer_and_closing_the_pool_drops_it(autojump_clock) -> None:
     """The pool as a caller of `post_turn` uses it (experiments/steering.py): a refusal leaves the connection
     reusable; once the pool is closed, the next request opens a new connection."""
-    refusal = json.dumps({"error": {"code": "rate_limit_exceeded", "message": "Slow down."}}).encode()
-    server = Scripted([json_answer(429, refusal), completed_answer(), completed_answer()])
+    server = Scripted([json_answer(429, REFUSAL), completed_answer(), completed_answer()])
     rollout_ = Rollout(ONE_TURN, RolloutRecord("http-stateless", ONE_TURN.name, 0.0))
     rollout_.start_turn([], 2)
     headers = request_headers(api_key="k", keep_alive=True, include_timing=False)
@@ -571,16 +471,3 @@ async def test_a_pooled_connection_serves_on_after_an_error_answer_and_closing_t
     assert (refused["status"], refused["error"]["code"], answered["type"], again["type"]) == (
         429, "rate_limit_exceeded", "response.completed", "response.completed")
     assert [number for number, _ in server.requests] == [1, 1, 2]
-
-
-
-async def test_an_answer_that_closes_its_connection_is_read_whole_and_the_next_request_opens_another(autojump_clock) -> None:
-    """A server that answers with `Connection: close` (its refusals of a broken or oversized body do)."""
-    closing = (b"connection", b"close")
-    body = json.dumps({"error": {"code": "request_too_large", "message": "Too large."}}).encode()
-    head, data, end = json_answer(413, body)
-    _, record = await scripted_rollout([h11.Response(status_code=413, headers=[*head.headers, closing]), data, end])
-    assert record.status == "error:request_too_large"
-    head, event, end = calling_answer()
-    server, record = await scripted_rollout([h11.Response(status_code=200, headers=[*head.headers, closing]), event, end], completed_answer())
-    assert (record.status, record.reconnects, server.connections, len(record.turns)) == ("completed", 0, 2, 2)

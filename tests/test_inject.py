@@ -1,10 +1,6 @@
-"""`response.inject` (docs/protocol.md, "Inject"): a v2 response created with `multi_agent.enabled`
-waits at its client function calls for injected outputs and resumes; the documented answers and
-codes; the beta header; a malformed frame closes the connection.
-
-Virtual-clock tests over raw frames (exact times and events), then openai-python's beta
-`client.beta.responses.connect()` and its own `conn.response.inject(...)` on a real socket.
-"""
+"""`response.inject` (docs/protocol.md, "Inject"): a v2 response with `multi_agent.enabled` waits at its client calls
+for injected outputs and resumes; the documented answers and codes; the beta header; a malformed frame closes the
+connection. Raw frames on the virtual clock, then openai-python's beta `conn.response.inject(...)` on a real socket."""
 
 from __future__ import annotations
 
@@ -36,16 +32,14 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
-# Three turns, each ending in client calls but the last; 0.5 s tools in the workload are the
-# client's own time, which these tests replace with their own waits.
+# Three turns, each ending in client calls but the last (the workload's 0.5 s tools: these tests wait on their own).
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 
 
 @asynccontextmanager
 async def beta_ws(server, beta: str | None = BETA_HEADER, network=None):
-    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide); `network`:
-    None for a zero-latency pipe, or a link with delay."""
+    """A v2 WebSocket whose handshake carries `OpenAI-Beta: <beta>` (the multi-agent guide), over `network`."""
     headers = [(b"authorization", b"Bearer k")]
     if beta is not None:
         headers.append((b"openai-beta", beta.encode()))
@@ -75,7 +69,16 @@ def inject(response_id: str, *calls: dict) -> dict:
     return {"type": "response.inject", "response_id": response_id, "input": outputs_for(list(calls))}
 
 
-async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump_clock):
+async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
+    """The `error` a refused inject gets, on the default lane: (code, message, param)."""
+    await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
+    (*_, error) = await until(conn, "response.inject.failed")
+    assert (error["type"], error["status"], error["error"]["type"], "stream_id" in error) == (
+        "error", 400, "invalid_request_error", False)
+    return error["error"]["code"], error["error"]["message"], error["error"]["param"]
+
+
+async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_invalid_one_commits_nothing(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
@@ -85,6 +88,14 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         assert created["response"]["multi_agent"] == MULTI_AGENT
         (called_at, call), = calls_done(first)
         await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
+        answer, call_id = outputs_for([call["item"]]), call["item"]["call_id"]
+        # Refused whole (the good output is not committed either), the response keeps waiting.
+        assert await invalid(conn, response_id, answer + [{"type": "message", "role": "user", "content": "x"}]) == (
+            "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
+        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
+            "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
+        assert await invalid(conn, response_id, answer + answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, inject(response_id, call["item"]))
         injected_at = trio.current_time()
         rest = await until_calls(conn)
@@ -95,6 +106,9 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
         # The same response goes on sampling: its next call, which the test answers again.
         (_, second_call), = calls_done(rest)
         assert second_call["sequence_number"] > ack["sequence_number"]
+        # The output was taken: it is not taken again.
+        assert await invalid(conn, response_id, answer) == (
+            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         await send(conn, inject(response_id, second_call["item"]))
         final = await timed_until(conn, *TERMINALS)
         # The connection stays open and keeps nothing of the ended response: no emitter, no waiting agent.
@@ -107,72 +121,6 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place(autojump
     assert kinds.count("function_call") == 2 and kinds.count("message") == 3
     assert [e["type"] for _, e in final].count("response.created") == 0
     assert called_at < injected_at
-
-
-async def test_outputs_injected_while_the_response_generates_are_held_until_it_waits(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
-        events = await until_calls(conn)
-        response_id = events[0][1]["response"]["id"]
-        (_, call), = calls_done(events)
-        # Injected at once: the response still has its call's turn to finish, and takes it then.
-        await send(conn, inject(response_id, call["item"]))
-        rest = await timed_until(conn, *TERMINALS)
-    kinds = [e["type"] for _, e in rest]
-    assert kinds[0] == "response.inject.created"
-    assert rest[-1][1]["type"] == "response.completed" and rest[-1][1]["response"]["id"] == response_id
-
-
-async def test_inject_into_a_completed_unknown_or_plain_response_fails_with_the_documented_code(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
-        done = (await until(conn, *TERMINALS))[-1]
-        response_id = done["response"]["id"]
-        assert done["response"]["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
-        late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": late})
-        refused = await until(conn, "response.inject.failed")
-        # The guide's answer: nothing committed, the raw input back for a new response.create.
-        assert refused == [{
-            "type": "response.inject.failed", "sequence_number": 0, "response_id": response_id, "input": late,
-            "error": {"code": "response_already_completed", "message": f"Response '{response_id}' has already completed."},
-        }]
-        await send(conn, {"type": "response.inject", "response_id": "resp_nope", "input": late})
-        (unknown,) = await until(conn, "response.inject.failed")
-        assert (unknown["error"]["code"], unknown["response_id"], unknown["sequence_number"]) == ("response_not_found", "resp_nope", 0)
-        # A response the connection runs without multi_agent takes no injected input.
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))
-        created = (await until(conn, "response.created"))[-1]
-        await send(conn, {"type": "response.inject", "response_id": created["response"]["id"], "input": late})
-        plain = [e for e in await until(conn, "response.inject.failed", *TERMINALS) if e["type"] == "response.inject.failed"]
-        assert plain[0]["error"]["code"] == "response_not_found" and plain[0]["sequence_number"] > 0
-
-
-async def test_an_output_for_no_streamed_call_is_refused_and_the_response_keeps_waiting(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
-        events = await until(conn, "response.output_item.done")
-        while not [e for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]:
-            events += await until(conn, "response.output_item.done")
-        response_id = events[0]["response"]["id"]
-        call = [e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"][0]
-        wrong = [{"type": "function_call_output", "call_id": "call_404", "output": "x"}]
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": wrong + outputs_for([call])})
-        # Not a reason `response.inject.failed` carries (its type allows two codes): an `error`, as the API answers the
-        # same output in a create, its message and param; atomic: the good output was not committed either.
-        (refused,) = await until(conn, "response.inject.failed")
-        assert refused == {"type": "error", "status": 400, "error": {
-            "type": "invalid_request_error", "code": "invalid_function_call_output", "param": "input",
-            "message": "No tool call found for function call output with call_id call_404."}}
-        await send(conn, inject(response_id, call))
-        rest = await until(conn, *TERMINALS)
-        await send(conn, inject(response_id, call))
-        (again,) = await until(conn, "response.inject.failed")
-    assert rest[0]["type"] == "response.inject.created" and rest[-1]["type"] == "response.completed"
-    assert again["error"]["code"] == "response_already_completed"
 
 
 def refusal(code: str, message: str, param: str | None) -> dict:
@@ -220,15 +168,14 @@ async def frames_until(stream: trio.abc.Stream, conn: wsproto.WSConnection, last
 
 
 def masked_ping(payload: bytes) -> bytes:
-    """A client's ping frame (RFC 6455 §5.2: FIN, opcode 9, masked; a zero key leaves the payload as it is), built
-    by hand: a client's wsproto refuses to send one once it has read the server's close frame."""
+    """A client's ping frame by hand (RFC 6455 §5.2: FIN, opcode 9, masked with a zero key): wsproto refuses to send one
+    once it has read the server's close frame."""
     return bytes([0x89, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
 
 
 async def test_a_ping_after_the_servers_close_frame_is_left_unanswered_and_nothing_is_logged(autojump_clock, nursery, caplog):
-    # A malformed inject makes the server close; a ping that reaches it after its close frame cannot be answered
-    # (a pong after a close frame is refused by wsproto). The ping is sent only once the close frame has arrived,
-    # so the order is the same on every run.
+    # A malformed inject makes the server close; a ping sent once its close frame has arrived cannot be answered (wsproto
+    # refuses a pong after a close frame).
     server = make_server()
     client_end, server_end = trio.testing.memory_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
@@ -264,12 +211,12 @@ async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock)
     assert failed_at - last_call_at == 300.0
 
 
-# --- openai-python's beta connection, on a real socket -------------------------------------------
+INJECT_EVENT_MODELS = {"response.inject.created": BetaResponseInjectCreatedEvent,
+                       "response.inject.failed": BetaResponseInjectFailedEvent}
 
 
 def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
-    """The multi-agent guide's WebSocket loop: every function call's output is injected with the
-    SDK's `conn.response.inject`; a late one is retried in a new response.create."""
+    """The multi-agent guide's loop: every call's output injected with the SDK's `conn.response.inject`, then a late one."""
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
     seen: list[dict[str, Any]] = []
     try:
@@ -278,14 +225,8 @@ def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
             def read() -> dict[str, Any]:
                 data = conn.recv_bytes()
                 raw = json.loads(data)
-                typed = conn.parse_event(data)
-                assert typed.type == raw["type"]
-                if raw["type"] == "response.inject.created":
-                    assert isinstance(typed, BetaResponseInjectCreatedEvent)
-                    BetaResponseInjectCreatedEvent.model_validate(raw)
-                if raw["type"] == "response.inject.failed":
-                    assert isinstance(typed, BetaResponseInjectFailedEvent)
-                    BetaResponseInjectFailedEvent.model_validate(raw)
+                typed, model = conn.parse_event(data), INJECT_EVENT_MODELS.get(raw["type"])
+                assert typed.type == raw["type"] and (model is None or isinstance(typed, model) and model.model_validate(raw))
                 seen.append(raw)
                 return raw
 
@@ -311,9 +252,8 @@ def sdk_inject_rollout(port: int) -> list[dict[str, Any]]:
 async def test_openai_python_injects_into_a_waiting_response_and_it_resumes(live_server):
     _, port = live_server
     events = await in_thread(sdk_inject_rollout, port)
-    kinds = [e["type"] for e in events]
-    assert kinds.count("response.created") == 1 and kinds.count("response.completed") == 1
-    assert kinds.count("response.inject.created") == 2  # one per call of the three-turn rollout
+    kinds = [e["type"] for e in events]  # one inject.created per call of the three-turn rollout
+    assert [kinds.count(k) for k in ("response.created", "response.completed", "response.inject.created")] == [1, 1, 2]
     completed = events[kinds.index("response.completed")]
     assert [i["type"] for i in completed["response"]["output"]].count("function_call") == 2
     failed = events[-1]
@@ -334,10 +274,8 @@ async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojum
         resumed = await timed_until(conn, "response.output_item.done")
         while not [e for _, e in resumed if e["type"] == "response.output_item.done" and e["item"]["type"] == "message"]:
             resumed += await timed_until(conn, "response.output_item.done")
-        quiet: list = []
-        with trio.move_on_after(100) as waited:
-            quiet = await timed_until(conn, *TERMINALS)
-        assert waited.cancelled_caught and quiet == []  # nothing more until agent1's output comes
+        with trio.move_on_after(100):  # nothing more until agent1's output comes
+            raise AssertionError(await receive(conn))
         await send(conn, inject(response_id, calls["call_agent1_2"]))
         rest = await timed_until(conn, *TERMINALS)
     assert resumed[0][1]["type"] == "response.inject.created"
@@ -354,8 +292,7 @@ SEARCHING_AGENT = Workload("searching agent", 1, (
 
 
 async def subagents_run(server, subagents: int, **fields) -> tuple[float, dict]:
-    """A response of `subagents` hosted agents, each call injected as soon as all are made: how long it took and its
-    terminal event."""
+    """`subagents` hosted agents, every call injected once all are made: how long it took and its terminal event."""
     started_at = trio.current_time()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": server.api.workloads.register(SEARCHING_AGENT),
@@ -378,9 +315,8 @@ async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_a
     kinds = [(item["type"], item["status"], "encrypted_content" in item) for item in alone["response"]["output"]]
     assert kinds == [("web_search_call", "completed", False), ("reasoning", "completed", True), ("message", "completed", False),
                      ("function_call", "completed", False), ("message", "completed", False)]
-    assert sorted(
-        (item["type"], item["status"], "encrypted_content" in item) for item in three["response"]["output"]
-    ) == sorted(kinds * 3)
+    assert sorted((item["type"], item["status"], "encrypted_content" in item) for item in three["response"]["output"]) == sorted(
+        kinds * 3)
     usage, usage_alone = three["response"]["usage"], alone["response"]["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] == 3 * usage_alone["input_tokens_details"]["cached_tokens"] > 0
     assert [usage[k] for k in ("input_tokens", "output_tokens", "total_tokens")] == [
@@ -388,7 +324,7 @@ async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_a
     assert usage["output_tokens_details"]["reasoning_tokens"] == 3 * 10
 
 
-async def test_the_first_subagent_continues_the_conversation_and_the_others_start_from_the_request(autojump_clock):
+async def test_the_first_subagent_continues_the_conversation_and_the_response_is_not_continued_from_the_cache(autojump_clock):
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
@@ -396,9 +332,16 @@ async def test_the_first_subagent_continues_the_conversation_and_the_others_star
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
                                       previous_response_id=first["id"]))
         events = await until_calls(conn, 2)
+        await send(conn, inject(events[0][1]["response"]["id"], *[e["item"] for _, e in calls_done(events)]))
+        hosted = (await until(conn, *TERMINALS))[-1]
+        # Hosted subagents are not continued through previous_response_id: a turn naming one, not stored, is not found.
+        await send(conn, create_event("go on", previous_response_id=hosted["response"]["id"]))
+        answer = (await until(conn, "error", *TERMINALS))[-1]
     # Calls are named after their agent and the turn of its conversation: agent0's is the conversation's fourth item's
     # turn (after the first response's input and message), agent1's the second of a conversation of its own.
     assert sorted(e["item"]["call_id"] for _, e in calls_done(events)) == ["call_agent0_4", "call_agent1_2"]
+    assert hosted["type"] == "response.completed"
+    assert (answer["type"], answer["error"]["code"]) == ("error", "previous_response_not_found")
 
 
 async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_incomplete(autojump_clock):
@@ -412,8 +355,8 @@ async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_inco
 
 
 async def capped_subagents(subagents: int, cap: int) -> tuple[dict[str, float], float]:
-    """A response of `subagents` hosted agents, at most `cap` at once, every call answered 1 s after it came: when each
-    call came and when the response ended, from the create."""
+    """`subagents` hosted agents, at most `cap` at once, each call answered 1 s after it came: when each call came and
+    when the response ended, from the create."""
     started_at, calls, ended = trio.current_time(), {}, None
 
     async def answer(conn, response_id: str, call: dict) -> None:
@@ -455,17 +398,13 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
 
 
-MALFORMED = [  # (label, frame without its type, code, message, param)
+MALFORMED = [  # (label, frame without its type, code, message, param); no response_id or no input: test_codec.py
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
      f"Unknown parameter: '{'k' * 64}'.", "k" * 64),
-    ("no response_id", {"input": [OUTPUT]}, "missing_required_parameter", "response.inject needs 'response_id', a string.", "response_id"),
     ("empty response_id", {"response_id": "", "input": [OUTPUT]}, "missing_required_parameter",
      "response.inject needs 'response_id', a string.", "response_id"),
     ("response_id not a string", {"response_id": 7, "input": [OUTPUT]}, "missing_required_parameter",
      "response.inject needs 'response_id', a string.", "response_id"),
-    ("no input", {"response_id": "r"}, "missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input"),
-    ("empty input", {"response_id": "r", "input": []}, "missing_required_parameter",
-     "response.inject needs 'input', a non-empty array of items.", "input"),
     ("an item without output", {"response_id": "r", "input": [{"type": "function_call_output", "call_id": "c"}]},
      "missing_required_parameter", "Missing required field 'output' in input[0].", "input[0].output"),
     ("an item not an object", {"response_id": "r", "input": ["x"]}, "invalid_type", "Invalid type for 'input[0]': expected an object.", "input[0]"),
@@ -480,57 +419,38 @@ async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connect
         (error,) = await until(conn, *TERMINALS)
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await conn.get_message()
-    assert error == {"type": "error", "status": 400,
-                     "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
-    assert closed.value.reason.code == 1008
+    assert (error, closed.value.reason.code, closed.value.reason.reason) == (
+        refusal(code, message, param), 1008, "malformed response.inject")
 
 
 async def test_each_refused_inject_names_its_reason(autojump_clock):
     server = make_server()
 
-    async def refused(conn, response_id: str, items: list) -> dict:
+    async def refused(conn, response_id: str, items: list) -> tuple[int, dict]:
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
         (failed,) = [e for e in await until(conn, "response.inject.failed") if e["type"] == "response.inject.failed"]
         assert failed["response_id"] == response_id and failed["input"] == items
         assert failed["error"]["code"] in ("response_already_completed", "response_not_found")  # openai-python's type allows no other
-        return failed["error"]
-
-    async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
-        (*_, error) = await until(conn, "response.inject.failed")
-        assert (error["type"], error["status"], error["error"]["type"]) == ("error", 400, "invalid_request_error")
-        assert "stream_id" not in error  # the target runs on the default lane
-        return error["error"]["code"], error["error"]["message"], error["error"]["param"]
+        return failed["sequence_number"], failed["error"]
 
     async with beta_ws(server) as conn:
-        assert await refused(conn, "resp_nope", [OUTPUT]) == {"code": "response_not_found", "message": "Response 'resp_nope' not found."}
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
+        done = (await until(conn, *TERMINALS))[-1]["response"]
+        assert done["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
+        # The guide's answer: nothing committed, the raw input back for a new response.create.
+        late = [{"type": "function_call_output", "call_id": "call_9", "output": "late"}]
+        await send(conn, {"type": "response.inject", "response_id": done["id"], "input": late})
+        assert await until(conn, "response.inject.failed") == [{
+            "type": "response.inject.failed", "sequence_number": 0, "response_id": done["id"], "input": late,
+            "error": {"code": "response_already_completed", "message": f"Response '{done['id']}' has already completed."}}]
+        assert await refused(conn, "resp_nope", [OUTPUT]) == (
+            0, {"code": "response_not_found", "message": "Response 'resp_nope' not found."})
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}))  # a response without multi_agent
         plain = (await until(conn, "response.created"))[-1]["response"]["id"]
-        assert await refused(conn, plain, [OUTPUT]) == {
+        number, error = await refused(conn, plain, [OUTPUT])  # numbered in that response's own sequence
+        assert number > 0 and error == {
             "code": "response_not_found",
             "message": f"Response '{plain}' does not take injected input: create it with multi_agent enabled."}
-        await until(conn, *TERMINALS)
-        await send(conn, create_event(metadata=THREE_TURNS, multi_agent=MULTI_AGENT))
-        events = await until_calls(conn)
-        response_id = events[0][1]["response"]["id"]
-        ((_, first),) = calls_done(events)
-        answer = outputs_for([first["item"]])
-        call_id = first["item"]["call_id"]
-        message = [{"type": "message", "role": "user", "content": "x"}]
-        assert await invalid(conn, response_id, answer + message) == (
-            "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
-        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
-            "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
-        assert await invalid(conn, response_id, answer + answer) == (
-            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
-        await send(conn, {"type": "response.inject", "response_id": response_id, "input": answer})
-        events = await until_calls(conn)
-        # The response took the output and went on to its next call: the output is not taken again.
-        assert events[0][1]["type"] == "response.inject.created"
-        assert await invalid(conn, response_id, answer) == (
-            "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
-        ((_, second),) = calls_done(events)
-        await send(conn, inject(response_id, second["item"]))
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
 
 
@@ -583,9 +503,6 @@ def test_the_book_remembers_the_last_256_ended_responses_and_forgets_the_oldest(
     assert late("resp_0") == InjectRefused("response_not_found", "Response 'resp_0' not found.")  # the oldest, forgotten
 
 
-# --- the waiting agent's backend (designs/inject.py), driven by the book as the session drives it ---------------------
-
-
 def waiting_agent(book: InjectBook, agent: str = ROOT) -> tuple[InjectedOutputs, list[ToolCall]]:
     book.opened("resp_1", takes_input=True)
     backend = InjectedOutputs(book, "resp_1", ttl=300.0, log=metrics.PhaseLog(schedule=0.0), agent=agent)
@@ -611,29 +528,15 @@ async def test_outputs_committed_before_the_agent_waits_resume_it_at_once(autoju
 async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_clock):
     book = InjectBook()
     backend, calls = waiting_agent(book)
+    answers: list = []
+
+    async def answer() -> None:
+        answers.extend(await backend.answer(calls))
+
     async with trio.open_nursery() as nursery:
-        answers: list = []
-        nursery.start_soon(_answer_into, backend, calls, answers)
+        nursery.start_soon(answer)
         await trio.sleep(5.0)
         assert book.submit(outputs("call_1", "call_2"), ["call_1", "call_2"]).resumes == (ROOT,)
         backend.wake(arrived=4.5)  # the frame was read at 4.5 s, the session commits it at 5 s
     assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
     assert backend.log.schedule == 4.5  # the model's schedule resumes when the injection arrived
-
-
-async def _answer_into(backend: InjectedOutputs, calls: list[ToolCall], answers: list) -> None:
-    answers.extend(await backend.answer(calls))
-
-
-async def test_a_hosted_subagents_response_is_not_continued_from_the_connection_cache(autojump_clock):
-    # Its context is not cached on the lane (hosted subagents are not continued through previous_response_id):
-    # a turn naming it, not stored, is previous_response_not_found.
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
-        first = (await until(conn, *TERMINALS))[-1]
-        rid = first["response"]["id"]
-        await send(conn, create_event("go on", previous_response_id=rid))
-        answer = (await until(conn, "error", *TERMINALS))[-1]
-    assert first["type"] == "response.completed"
-    assert (answer["type"], answer["error"]["code"]) == ("error", "previous_response_not_found")

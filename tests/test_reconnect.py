@@ -1,18 +1,11 @@
-"""Clients that reconnect (prototype/client/reconnect.py, reconnecting.py) and the faults that make
-them (prototype/netem/faults.py, the engine's FaultPlan).
-
-Rules every test here follows (after tests/support.py): an in-process server over memory streams
-under the `autojump_clock`, over a zero-latency pipe and over a 20 ms RTT link; every fault is
-seeded, so each run gives the same timeline; every wait is bounded (`trio.fail_after`). A retried
-conversation is checked against the same task run without faults, item for item.
-"""
+"""Clients that reconnect (client/reconnect.py, reconnecting.py) and the faults that make them (netem/faults.py, the
+engine's FaultPlan), on the autojump clock with seeded faults; a retried conversation equals the fault-free one."""
 
 from __future__ import annotations
 
 import json
 import random
 import types
-from collections import Counter
 from typing import Any
 
 import attrs
@@ -33,10 +26,7 @@ from prototype.client.reconnect import CODEX, NEVER, OPENAI_PYTHON, ReconnectPol
 from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, ReconnectingRollout, _close_code, run_reconnecting_rollout
 from prototype.engine.engine import Engine
 from prototype.engine.streaming import FaultPlan
-from prototype.netem import DelayedStream
-from prototype.netem.arrivals import RETRANSMIT_TIMEOUT_SECONDS
-from prototype.netem.faults import Link, LinkFaults, LinkRegistry, open_faulty_pair
-from prototype.netem.links import run_delivery
+from prototype.netem.faults import LinkFaults
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.workload import fixed
@@ -79,40 +69,37 @@ def assert_each_completed_event_once(record: RolloutRecord) -> None:
     completed = {rid for rid, status in record.outcomes.items() if status == "completed"}
     assert completed
     for rid in completed:
-        numbers = Counter(n for r, n in record.sequence_numbers if r == rid)
-        assert max(numbers.values()) == 1
-        assert sorted(numbers) == list(range(len(numbers)))
+        numbers = sorted(n for r, n in record.sequence_numbers if r == rid)
+        assert numbers == list(range(len(numbers)))
 
 
-# --- the policies -------------------------------------------------------------------------------------
-
-
-def test_openai_python_backoff_doubles_from_half_a_second_to_eight_within_its_jitter() -> None:
+def test_openai_python_backs_off_from_half_a_second_to_eight_after_exactly_its_recoverable_close_codes() -> None:
     rng = random.Random(0)
     for attempt, base in enumerate([0.5, 1, 2, 4, 8, 8], start=1):
         assert 0.75 * base <= OPENAI_PYTHON.delay(attempt, rng) < base
-    assert OPENAI_PYTHON.retries_after_close(1006) and OPENAI_PYTHON.retries_after_close(None)
-    assert OPENAI_PYTHON.retries_after_close(1012) and not OPENAI_PYTHON.retries_after_close(1000)
-    assert not OPENAI_PYTHON.retries_after_close(1008) and not OPENAI_PYTHON.fallback_to_http
-
-
-def test_codex_backoff_is_200_ms_doubling_then_https() -> None:
-    rng = random.Random(0)
-    for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
-        assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
-    assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
-    assert CODEX.max_retries == 5 and CODEX.fallback_to_http
-    assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
-
-
-def test_openai_python_reconnects_after_exactly_its_recoverable_close_codes() -> None:
+    assert OPENAI_PYTHON.retries_after_close(None) and not OPENAI_PYTHON.fallback_to_http
     retried = {code for code in range(1000, 5000) if OPENAI_PYTHON.retries_after_close(code)}
     assert retried == {1001, 1005, 1006, 1011, 1012, 1013, 1015}
     # The installed SDK's own decision (openai-python `types/websocket_reconnection.py`), code for code.
     assert all(OPENAI_PYTHON.retries_after_close(code) == is_recoverable_close(code) for code in range(1000, 5000))
 
 
-# --- the reconnecting client against a scripted server: what it sends again, when, and what it counts ------------------
+def test_codex_backs_off_from_200_ms_doubling_then_https_and_each_wait_is_its_capped_backoff_times_one_jitter_draw() -> None:
+    rng = random.Random(0)
+    for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
+        assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
+    assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
+    assert CODEX.max_retries == 5 and CODEX.fallback_to_http
+    assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+    # Each wait is its capped backoff times one draw from the jitter; the worst case sums them at the top.
+    policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
+    rng, same = random.Random(7), random.Random(7)
+    bases = [0.5, 1.5, 4.5, 10.0, 10.0, 10.0]  # tripling from half a second, capped at 10 s
+    assert [policy.delay(attempt, rng) for attempt in range(1, 7)] == [base * same.uniform(0.5, 2.0) for base in bases]
+    assert policy.worst_case_wait == sum(bases) * 2.0
+    # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
+    steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
+    assert ([steady.delay(attempt, rng) for attempt in range(1, 7)], rng.getstate()) == ([base * 1.5 for base in bases], state)
 
 
 CALL = {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{}"}
@@ -223,14 +210,6 @@ async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the
     assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
 
 
-async def test_a_request_refused_on_a_later_turn_ends_the_task_with_its_code(autojump_clock) -> None:
-    server = ScriptedServer([first_turn(CHAINED), [error("invalid_value")]])
-    record = await reconnecting(server)
-    assert record.status == "error:invalid_value"
-    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0")]  # asked once
-    assert (record.reconnects, record.full_resends, record.turns[1].ended_at) == (0, 0, 2.0)
-
-
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str) -> None:
     server = ScriptedServer([
@@ -248,19 +227,15 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", None), (0, follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous)]
-    assert (record.retried_responses, record.reconnects) == (3, 0)
-    assert record.recovery_seconds == [0.5, 0.5, 1.0]
+    assert (record.retried_responses, record.reconnects, record.recovery_seconds) == (3, 0, [0.5, 0.5, 1.0])
     assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0
     assert len(record.turns) == 2
     assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
         json.dumps(server.received[2][1], separators=(",", ":")))
-
-
-async def test_a_policy_that_does_not_retry_failed_responses_fails_the_task_at_once(autojump_clock) -> None:
+    # A policy that does not retry failed responses fails the task at once.
     server = ScriptedServer([[created_event("resp_0"), failed("resp_0", "server_error")]])
-    record = await reconnecting(server, CHAINED, attrs.evolve(TWICE, retry_failed_responses=False))
-    assert (record.status, record.retried_responses, record.recovery_seconds, trio.current_time()) == ("failed", 0, [], 0.0)
-    assert len(server.received) == 1
+    record = await reconnecting(server, design, attrs.evolve(TWICE, retry_failed_responses=False))
+    assert (record.status, record.retried_responses, record.recovery_seconds, len(server.received)) == ("failed", 0, [], 1)
 
 
 async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:
@@ -282,32 +257,25 @@ async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_r
     assert record.turns[1].bytes_received == sum(len(text.encode()) for text in received)
 
 
-async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_a_caller_gets(autojump_clock) -> None:
+@pytest.mark.parametrize(("design", "store"), [(CHAINED, None), (SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
+async def test_the_reconnecting_client_sends_the_harness_request_with_the_defaults_or_the_callers_options(
+        autojump_clock, design: str, store: bool | None) -> None:
     server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
     await trio.sleep(1.0)
-    record = await reconnecting(server, metadata={"k": "v"})
-    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (CHAINED, "two-turns", "completed", 1.0, 1.0)
-    assert server.headers[0]["authorization"] == "Bearer testbed" and "x-responsesapi-include-timing-metrics" not in server.headers[0]
+    options = {} if store is None else {"model": "m", "store": store, "include_timing": True, "api_key": "key-1",
+                                        "instructions": "mine"}
+    record = await reconnecting(server, design, metadata={"k": "v"}, **options)
+    assert (record.design, record.workload, record.status, record.started_at, record.ended_at) == (
+        design, "two-turns", "completed", 1.0, 1.0)
+    headers = server.headers[0]
+    assert (headers["authorization"], headers.get("x-responsesapi-include-timing-metrics"), headers["openai-beta"]) == (
+        ("Bearer testbed", None, BETA[design]) if store is None else ("Bearer key-1", "true", BETA[design]))
     prompt = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TWO_TURNS)}]}]
-    # Without a store, chained asks for the reasoning blob it would need to resend the conversation.
-    assert server.received[0][1] == {"type": "response.create", **request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"},
-                                                                               store=False, include_reasoning=True), "input": prompt}
-
-
-@pytest.mark.parametrize(("design", "store"), [(SUSPENDED, False), (SUSPENDED, True), (CHAINED, True)])
-async def test_the_reconnecting_client_passes_the_callers_options(autojump_clock, design: str, store: bool) -> None:
-    server = ScriptedServer([response_events("response.completed", "resp_0", ANSWER)])
-    record = await reconnecting(server, design, model="m", store=store, include_timing=True, api_key="key-1", instructions="mine")
-    assert (record.design, record.status) == (design, "completed")
-    assert (server.headers[0]["authorization"], server.headers[0]["x-responsesapi-include-timing-metrics"]) == ("Bearer key-1", "true")
-    assert server.headers[0]["openai-beta"] == BETA[design]
-    first = server.received[0][1]
-    assert first == {"type": "response.create", **request_body(TWO_TURNS, model="m", metadata={}, store=store, instructions="mine"),
-                     "input": first["input"]}  # no reasoning blob: v1 never needs it, and a stored chain is hydrated
-
-
-def test_the_reconnecting_client_takes_only_the_websocket_designs() -> None:
-    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+    # Only an unstored chain asks for the reasoning blob it would need to resend the conversation (v1 never needs it).
+    body = (request_body(TWO_TURNS, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=True) if store is None
+            else request_body(TWO_TURNS, model="m", metadata={"k": "v"}, store=store, instructions="mine"))
+    assert server.received[0][1] == {"type": "response.create", **body, "input": prompt}
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):  # the WebSocket designs only
         ReconnectingRollout(InMemoryConnector(None), "http", TWO_TURNS, TWICE, metadata={})
 
 
@@ -350,20 +318,14 @@ async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(a
     assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at
 
 
-class ClosedSocket:
+def ClosedSocket(code: int | None) -> types.SimpleNamespace:  # noqa: N802
     """A connection as `_close_code` reads one: the reason it closed with, if it did."""
-
-    def __init__(self, code: int | None) -> None:
-        self.closed = None if code is None else trio_websocket.CloseReason(code, None)
-
-
-class LinkErrorWithReason(OSError):
-    """An error that carries a `reason` of its own (as `ssl.SSLError` does), not a close reason."""
-
-    reason = "WRONG_VERSION_NUMBER"
+    return types.SimpleNamespace(closed=None if code is None else trio_websocket.CloseReason(code, None))
 
 
 def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
+    # An error with a `reason` of its own (as ssl.SSLError has), not a close reason.
+    LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # noqa: N806
     closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
     assert _close_code(closed, None) == 1011
     assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
@@ -373,109 +335,25 @@ def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
     assert _close_code(OSError("refused"), None) is None
 
 
-def test_new_connections_go_to_the_workers_in_turn_skipping_those_that_are_down() -> None:
-    workers = [types.SimpleNamespace(refusing=False, open_stream=lambda n=n: f"w{n}") for n in range(3)]
-    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
-    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
-    workers[2].refusing = True
-    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
-    workers[0].refusing = workers[1].refusing = True
-    assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
-
-
-async def test_openai_python_resets_its_count_at_every_event_so_responses_cut_after_one_never_spend_it(autojump_clock) -> None:
-    # Seven responses in a row break after their response.created (close 1011, which openai-python retries), more than
-    # its 5 attempts; the eighth completes. Each response.created resets the count (`_record_websocket_progress`), so
-    # every reconnect is a first attempt, after 0.5 s.
+@pytest.mark.parametrize("policy", ["openai-python", "codex"])
+async def test_responses_cut_after_their_first_event_spend_a_retry_under_codex_only(autojump_clock, policy: str) -> None:
+    # Seven responses in a row break after their response.created (close 1011, retried by both), then one completes.
+    # openai-python resets its count at every event (`_record_websocket_progress`): each reconnect is a first attempt,
+    # after 0.5 s. Codex counts one sampling request once (codex-rs `responses_retry.rs`): without its HTTPS fallback,
+    # the sixth cut is one more than its 5 retries.
     cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
     server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
+    if policy == "codex":
+        record = await reconnecting(server, policy=attrs.evolve(CODEX_STEADY, fallback_to_http=False), task=ONE_TURN)
+        assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
+        assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
+        return
     record = await reconnecting(server, policy=attrs.evolve(OPENAI_PYTHON, jitter=(1.0, 1.0)), task=ONE_TURN)
-    assert (record.status, record.reconnects, server.connections) == ("completed", 7, 8)
+    assert (record.status, record.reconnects, server.connections, record.recovery_seconds) == ("completed", 7, 8, [0.5] * 7)
     assert trio.current_time() == record.ended_at == 7 * 0.5
-    assert record.recovery_seconds == [0.5] * 7
 
 
-async def test_codex_counts_every_broken_response_of_one_request_whatever_it_received(autojump_clock) -> None:
-    # The same seven cut responses: one sampling request, one count (codex-rs `responses_retry.rs`); without its
-    # HTTPS fallback, the sixth cut is one more than its 5 retries.
-    cut = [[created_event(f"resp_{n}"), Close(1011)] for n in range(7)]
-    server = ScriptedServer([*cut, response_events("response.completed", "resp_7")])
-    record = await reconnecting(server, policy=attrs.evolve(CODEX_STEADY, fallback_to_http=False), task=ONE_TURN)
-    assert (record.status, record.reconnects, server.connections) == ("error:gave_up", 5, 6)
-    assert trio.current_time() == pytest.approx(0.2 + 0.4 + 0.8 + 1.6 + 3.2)
-
-
-def test_each_wait_is_its_capped_backoff_times_one_draw_from_the_jitter_and_the_worst_case_sums_them_at_the_top() -> None:
-    policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
-    rng, same = random.Random(7), random.Random(7)
-    bases = [0.5, 1.5, 4.5, 10.0, 10.0, 10.0]  # tripling from half a second, capped at 10 s
-    assert [policy.delay(attempt, rng) for attempt in range(1, 7)] == [base * same.uniform(0.5, 2.0) for base in bases]
-    assert policy.worst_case_wait == sum(bases) * 2.0
-    # Without jitter no number is drawn: the waits are the backoff itself and the generator is left as it was.
-    steady, state = attrs.evolve(policy, jitter=(1.5, 1.5)), rng.getstate()
-    assert [steady.delay(attempt, rng) for attempt in range(1, 7)] == [base * 1.5 for base in bases]
-    assert rng.getstate() == state
-
-
-# --- netem: loss and links that break --------------------------------------------------------------
-
-
-async def test_a_lost_chunk_arrives_one_retransmission_timeout_late_and_holds_the_next(autojump_clock) -> None:
-    a, b = trio.testing.memory_stream_pair()
-    sender = DelayedStream(a, send_delay=0.010, loss=0.5, seed=3)
-    arrivals = []
-    async with run_delivery(sender):
-        start = trio.current_time()
-        for i in range(8):
-            await sender.send_all(bytes([i]))
-        while len(arrivals) < 8:
-            data = await b.receive_some()
-            arrivals += [(trio.current_time() - start, byte) for byte in data]
-    # Seed 3 loses chunk 1 (and others); every chunk after a lost one waits for it: order is kept.
-    assert [byte for _, byte in arrivals] == list(range(8))
-    assert arrivals[0][0] == pytest.approx(0.010)
-    assert {round(t, 6) for t, _ in arrivals} <= {0.010, round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)}
-    assert round(arrivals[-1][0], 6) == round(0.010 + RETRANSMIT_TIMEOUT_SECONDS, 6)
-
-
-async def test_a_cut_link_breaks_both_ends_and_wakes_a_waiting_read(autojump_clock) -> None:
-    client_raw, server_raw = trio.testing.memory_stream_pair()
-    registry = LinkRegistry()
-    link = registry.new(LinkFaults())
-    async with open_faulty_pair(client_raw, server_raw, link, registry) as (client, server):
-        await client.send_all(b"ping")
-        assert await server.receive_some() == b"ping"
-
-        async def cut_later() -> None:
-            await trio.sleep(1.5)
-            assert registry.cut_all("restart") == 1
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cut_later)
-            with pytest.raises(trio.BrokenResourceError):
-                await client.receive_some()
-        assert trio.current_time() == 1.5
-        with pytest.raises(trio.BrokenResourceError):
-            await server.send_all(b"late")
-    assert registry.links == set()
-
-
-async def test_timed_drops_are_a_seeded_poisson_process(autojump_clock) -> None:
-    times = []
-    for serial in range(3):
-        link = Link(LinkFaults(drops_per_hour=3600, seed=7), serial)
-        start = trio.current_time()
-        await link.run_timed_drop()
-        times.append(trio.current_time() - start)
-        assert link.broken and link.reason == "timed drop"
-    expected = [random.Random(f"linkfaults:7:{s}").expovariate(1.0) for s in range(3)]
-    assert times == pytest.approx(expected)
-
-
-# --- the 60-minute limit (seconds here) --------------------------------------------------------------
-
-
-async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_connection(autojump_clock) -> None:
+async def test_openai_python_ends_the_task_at_the_limits_clean_close_or_error_and_opens_no_new_connection(autojump_clock) -> None:
     server = server_with(lifetime=15)
     connector = InMemoryConnector(server, faults=LinkFaults())
     record = await converse(server, CHAINED, connector=connector)
@@ -484,75 +362,48 @@ async def test_openai_python_ends_the_task_at_a_clean_close_and_opens_no_new_con
     assert (record.status, record.reconnects, connector.links.opened) == ("error:closed_1000", 0, 1)
     assert plain(record)[-1] == "send response.create" and len(record.turns) == 2
     assert record.ended_at == pytest.approx(record.turns[-1].ended_at + 10.0)  # when turn 1's tools returned
-
-
-async def test_openai_python_ends_the_task_at_the_connection_limit_error(autojump_clock) -> None:
-    # The limit comes in the middle of turn 0 (a 4 s turn on a 1 s connection); past the 0.5 s grace the response
-    # fails with the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
+    # The limit in the middle of turn 0 (a 4 s turn on a 1 s connection): past the 0.5 s grace the response fails with
+    # the limit's code, then the error and close 1000 follow. The SDK does nothing of its own with them.
     record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN)
-    assert (record.status, record.reconnects, record.retried_responses) == ("error:websocket_connection_limit_reached", 0, 0)
-    assert record.ended_at == pytest.approx(1.5)
+    assert (record.status, record.reconnects, record.retried_responses, record.fell_back_to_http) == (
+        "error:websocket_connection_limit_reached", 0, 0, False)
+    assert record.ended_at - record.started_at == pytest.approx(1.5)
     assert plain(record) == ["send response.create", "recv response.created", "recv response.failed"]
 
 
-@pytest.mark.parametrize("policy", [OPENAI_PYTHON, CODEX], ids=["openai-python", "codex"])
-async def test_a_connection_that_keeps_closing_at_its_limit_ends_the_task_within_the_policys_budget(autojump_clock, policy) -> None:
-    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. openai-python ends the task at the
-    # first limit; Codex retries the turn 5 times (each a new connection, failed after 1.5 s), then goes on over HTTPS.
-    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=policy)
-    if policy is OPENAI_PYTHON:
-        assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:websocket_connection_limit_reached", 0, False)
-        return
+async def test_under_codex_a_connection_that_keeps_closing_at_its_limit_ends_in_the_https_fallback(autojump_clock) -> None:
+    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. Codex retries the turn 5 times (each
+    # a new connection, failed after 1.5 s), then goes on over HTTPS.
+    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=CODEX)
     assert (record.status, record.reconnects, record.fell_back_to_http) == ("completed", 5, True)
     assert record.transcript == (await converse(server_with(), CHAINED, task=LONG_TURN)).transcript
 
 
-async def test_codex_past_the_limit_spends_a_retry_backs_off_and_resends_the_context(autojump_clock) -> None:
-    reference = await converse(server_with(), CHAINED, policy=CODEX_STEADY)
-    record = await converse(server_with(lifetime=15), CHAINED, policy=CODEX_STEADY)
-    assert record.status == "completed" and record.transcript == reference.transcript
-    # Turn 2's create fails on the closed socket (close 1000): a stream that ended before response.completed, retried
-    # after Codex's first backoff (0.2 s) on a new connection with previous_response_id, which is told the chain is
-    # gone; the third create carries the whole conversation.
-    assert record.seconds == pytest.approx(reference.seconds + 0.2)
-    assert (record.reconnects, record.full_resends, record.recovery_seconds) == (1, 1, [pytest.approx(0.2)])
-    assert plain(record)[6:12] == [
-        "send response.create", "send response.create", "recv error", "send response.create", "recv response.created",
-        "recv response.completed",
-    ]
-    assert_each_completed_event_once(record)
-
-
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
-@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(autojump_clock, design: str, network) -> None:
-    reference = await converse(server_with(), design, network=network, policy=CODEX)
-    record = await converse(server_with(lifetime=15), design, network=network, policy=CODEX)
-    assert record.status == "completed"
-    assert record.transcript == reference.transcript
+@pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False)])
+async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(
+        autojump_clock, design: str, store: bool, network) -> None:
+    reference = await converse(server_with(), design, network=network, store=store, policy=CODEX_STEADY)
+    record = await converse(server_with(lifetime=15), design, network=network, store=store, policy=CODEX_STEADY)
+    assert record.status == "completed" and record.transcript == reference.transcript
+    assert_each_completed_event_once(record)
+    if (design, store, network) == (CHAINED, False, None):
+        # Turn 2's create fails on the closed socket (close 1000): a stream that ended before response.completed, retried
+        # after Codex's first backoff (0.2 s) on a new connection with previous_response_id, which is told the chain is
+        # gone; the third create carries the whole conversation.
+        assert record.seconds == pytest.approx(reference.seconds + 0.2)
+        assert record.recovery_seconds == [pytest.approx(0.2)] and plain(record)[6:12] == [
+            "send response.create", "send response.create", "recv error", "send response.create", "recv response.created",
+            "recv response.completed"]
+    if store:  # a stored chain is hydrated after the limit instead of resent
+        assert (record.reconnects, record.full_resends, "recv error" in plain(record)) == (1, 0, False)
+        return
     assert record.reconnects == 1 and record.full_resends == 1 and record.resent_bytes > 0
-    assert_each_completed_event_once(record)
-
-
-@pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
-async def test_chained_with_a_store_hydrates_after_the_limit_instead_of_resending(autojump_clock, network) -> None:
-    reference = await converse(server_with(), CHAINED, network=network, store=True, policy=CODEX)
-    record = await converse(server_with(lifetime=15), CHAINED, network=network, store=True, policy=CODEX)
-    assert record.status == "completed" and record.transcript == reference.transcript
-    assert record.reconnects == 1 and record.full_resends == 0
-    assert "recv error" not in plain(record)
-
-
-async def test_v1_at_the_limit_starts_a_new_response_with_the_whole_conversation(autojump_clock) -> None:
-    record = await converse(server_with(lifetime=15), SUSPENDED, policy=CODEX)
-    # The rollout paused at 10.98 s (its second response.done); the limit at 15 s ends it while the
-    # tools run; the append at 20.98 s finds the connection gone, and a new response starts.
-    creates = [kind for kind in plain(record) if kind == "send response.create"]
-    assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
-    assert record.status == "completed"
-
-
-# --- drops in the middle of responses ------------------------------------------------------------------
+    if design == SUSPENDED:
+        # Paused at 10.98 s (its second response.done); the limit at 15 s ends it while the tools run; the append at
+        # 20.98 s finds the connection gone, and a new response starts.
+        creates = [kind for kind in plain(record) if kind == "send response.create"]
+        assert len(creates) == 2 and len([r for r, s in record.outcomes.items() if s == "completed"]) == 1
 
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
@@ -561,8 +412,7 @@ async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design
     reference = await converse(server_with(), design, network=network, store=store)
     faults = LinkFaults(drop_per_server_chunk=0.01, seed=1)
     record = await converse(server_with(), design, network=network, faults=faults, store=store)
-    assert record.status == "completed"
-    assert record.transcript == reference.transcript
+    assert (record.status, record.transcript) == ("completed", reference.transcript)
     assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
     assert record.seconds > reference.seconds
     assert_each_completed_event_once(record)
@@ -585,16 +435,12 @@ async def test_a_handshake_whose_answer_is_lost_times_out_then_backs_off_exactly
     server = server_with()
     connector = InMemoryConnector(server, faults=LinkFaults(drop_per_server_chunk=0.999999, seed=0))
     record = await converse(server, CHAINED, connector=connector, policy=STEADY)
-    assert record.status == "error:gave_up"
-    assert record.reconnects == 5
+    assert (record.status, record.reconnects) == ("error:gave_up", 5)
     # Six open timeouts, and 0.5 + 1 + 2 + 4 + 8 s of backoff between them.
     assert trio.current_time() == pytest.approx(6 * OPEN_TIMEOUT_SECONDS + STEADY.worst_case_wait)
 
 
-# --- restarts and fallbacks ----------------------------------------------------------------------------
-
-
-async def restart_after(connector: InMemoryConnector, delay: float, downtime: float) -> None:
+async def restart_after(connector: InMemoryConnector, delay: float, downtime: float, config: ServerConfig | None = None) -> None:
     """Restart the connector's server `delay` seconds from now: links cut, `downtime` refusing, then a fresh server
     with the same store, workload catalog and ids."""
     await trio.sleep(delay)
@@ -602,7 +448,8 @@ async def restart_after(connector: InMemoryConnector, delay: float, downtime: fl
     connector.links.cut_all("restart")
     await trio.sleep(downtime)
     api = connector.server.api
-    connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id))
+    connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
+                                       config or ServerConfig())
     connector.refusing = False
 
 
@@ -617,21 +464,12 @@ async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.reconnects >= 2  # refused at least once while down
     assert record.recovery_seconds[0] > 2.0
-
-
-async def test_a_retried_turn_counts_every_request_it_sent_and_only_the_repeats_as_resent(autojump_clock) -> None:
-    reference = await converse(server_with(), CHAINED)
-    server = server_with()
-    connector = InMemoryConnector(server, faults=LinkFaults())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
-        record = await converse(server, CHAINED, connector=connector)
-    assert record.status == "completed" and record.transcript == reference.transcript
-    # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with
-    # the whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
-    extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
-    assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
-    assert record.resent_bytes == extra[1] and record.full_resends == 1
+    if (design, store) == (CHAINED, False):
+        # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with the
+        # whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
+        extra = [turn.bytes_sent - ref.bytes_sent for turn, ref in zip(record.turns, reference.turns, strict=True)]
+        assert extra[0] == 0 and extra[1] > 0 and extra[2:] == [0] * (len(extra) - 2)
+        assert record.resent_bytes == extra[1] and record.full_resends == 1
 
 
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
@@ -672,38 +510,24 @@ async def test_a_refused_request_ends_the_task_with_its_code_and_no_reconnect(au
     assert (record.status, record.reconnects, record.fell_back_to_http) == ("error:invalid_value", 0, False)
     assert [(turn.sent_at, turn.ended_at) for turn in record.turns] == [(0.0, 0.0)]
     assert plain(record) == ["send response.create", "recv error"]  # asked once: the refusal is not retried
+    server = ScriptedServer([first_turn(design), [error("invalid_value")]])  # on a later turn
+    record = await reconnecting(server, design)
+    assert (record.status, record.reconnects, record.full_resends, record.turns[1].ended_at) == ("error:invalid_value", 0, 0, 2.0)
+    assert frame_kinds(server) == [(0, "response.create", None),
+                                   (0, "response.append", None) if design == SUSPENDED else (0, "response.create", "resp_0")]
 
 
-async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent(autojump_clock) -> None:
+async def test_codex_falls_back_to_https_when_the_websocket_retries_are_spent_keeping_the_key_and_the_timing_header(
+        autojump_clock) -> None:
     reference = await converse(server_with(), CHAINED)
-    server = server_with()
-    connector = InMemoryConnector(server, faults=LinkFaults())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart_after, connector, 10.7, 8.0)  # longer than Codex's ~6.2 s of backoff
-        record = await converse(server, CHAINED, connector=connector, policy=CODEX)
-    assert record.fell_back_to_http and record.status == "completed"
-    assert record.transcript == reference.transcript
-
-
-async def test_the_fallback_to_https_keeps_the_api_key_and_the_timing_header(autojump_clock) -> None:
-    server = ResponsesServer(ApiService(costs=ZERO_COSTS), ServerConfig(api_keys=frozenset({"key-1"})))
+    config = ServerConfig(api_keys=frozenset({"key-1"}))
+    server = ResponsesServer(ApiService(costs=ZERO_COSTS), config)
     metadata = {"testbed_workload": server.api.workloads.register(TASK), "testbed_decode_tps": "100"}
     connector = InMemoryConnector(server, faults=LinkFaults())
-
-    async def restart() -> None:
-        await trio.sleep(10.7)
-        connector.refusing = True
-        connector.links.cut_all("restart")
-        await trio.sleep(8.0)
-        api = server.api
-        connector.server = ResponsesServer(ApiService(costs=ZERO_COSTS, store=api.store, workloads=api.workloads, new_id=api.new_id),
-                                           ServerConfig(api_keys=frozenset({"key-1"})))
-        connector.refusing = False
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(restart)
+        nursery.start_soon(restart_after, connector, 10.7, 8.0, config)  # longer than Codex's ~6.2 s of backoff
         record = await run_reconnecting_rollout(connector, CHAINED, TASK, CODEX, metadata=metadata, api_key="key-1", include_timing=True)
-    assert record.fell_back_to_http and record.status == "completed"
+    assert record.fell_back_to_http and record.status == "completed" and record.transcript == reference.transcript
     assert all(turn.server_timing is not None for turn in record.turns)  # over HTTP as over the WebSocket
     # Stateless (`store: false`, the whole conversation every turn) over one kept-alive connection, as Codex's fallback.
     fallback = [r for r in connector.server.records if r["transport"] == "http"]
@@ -721,9 +545,14 @@ async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_u
         record = await converse(workers[0].server, CHAINED, connector=pool)
     assert record.status == "completed" and record.transcript == reference.transcript
     assert record.reconnects == 1  # the next connection went to the worker that was up: no refusal
-
-
-# --- engine failures -----------------------------------------------------------------------------------
+    # The pool itself: workers in turn, skipping those that are down.
+    workers = [types.SimpleNamespace(refusing=False, open_stream=lambda n=n: f"w{n}") for n in range(3)]
+    pool = RoundRobinConnector(workers)  # type: ignore[arg-type]
+    assert [pool.open_stream() for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    workers[2].refusing = True
+    assert [pool.open_stream() for _ in range(4)] == ["w1", "w0", "w1", "w0"]
+    workers[0].refusing = workers[1].refusing = True
+    assert pool.open_stream() == "w0"  # all down: the first worker is asked, and its refusal is the answer
 
 
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED, "http"])
@@ -736,13 +565,9 @@ async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(aut
     assert "failed" in record.outcomes.values()
 
 
-# --- compare and the experiment ------------------------------------------------------------------------
-
-
 async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(autojump_clock) -> None:
     config = benchmark.BenchConfig(task_list=(TASK,), network=DELAYED, reconnect=CODEX)
     server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
     records = await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server)
     row = benchmark.task_row(CHAINED, 100.0, records[0])
-    assert row["reconnects"] == 1
-    assert benchmark.summarize([row])[0]["reconnects"] == 1
+    assert (row["reconnects"], benchmark.summarize([row])[0]["reconnects"]) == (1, 1)

@@ -1,15 +1,16 @@
-"""The SDK client (prototype/client/sdk.py), to exact values, with a stand-in for openai-python's client: the frames it
-writes and counts, the headers and client options it passes, what ends a turn, the watchdog, the lanes and the steer.
-openai-python itself is driven against a live server by tests/test_sdk_harness.py and tests/test_sdk_lanes.py; these
-tests make no socket, so one that hangs fails within a second or two of real time."""
+"""The SDK client (client/sdk.py) with a stand-in for openai-python's client, to exact values: the frames it writes and
+counts, the options it passes, what ends a turn, the watchdog, the lanes and the steer (openai-python itself:
+test_sdk_harness.py, test_sdk_lanes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
 import time
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,33 +34,24 @@ def turn(kind: str, response_id: str, *output: dict[str, Any], stream_id: str | 
             {"type": kind, "response": {"id": response_id, "status": status, "output": list(output)}, **lane}]
 
 
-class FakeResource:
-    def __init__(self, conn: FakeConnection) -> None:
-        self.conn = conn
+class FakeConnection:
+    """What sdk.py uses of openai-python's connection (`conn.response` is itself). Each frame written is answered by the
+    next reply of the script; `recv_bytes` blocks until a frame is there or the connection is closed."""
+
+    def __init__(self, replies: list[list[dict[str, Any]]], *, counted: bool = True, idle: dict[str, Any] | None = None) -> None:
+        self.replies, self.idle, self.response, self.closed = list(replies), idle, self, False
+        self.frames: list[str] = []
+        self.reads_before: list[int] = []  # for each frame written, how many events had been read
+        self.reads, self.inbox = 0, queue.Queue()
+        if counted:
+            self._send = self._write
 
     def create(self, **fields: Any) -> None:
         # Compact, as openai-python writes a model's JSON: a count by our own encoding would differ from it.
-        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.create", **fields}, separators=(",", ":")))
+        self.send_raw(json.dumps({"type": "response.create", **fields}, separators=(",", ":")))
 
     def steer(self, **fields: Any) -> None:
-        getattr(self.conn, "_send", self.conn._write)(json.dumps({"type": "response.steer", **fields}))
-
-
-class FakeConnection:
-    """What sdk.py uses of openai-python's connection. Each frame written is answered by the next reply of the script
-    (all replies of a lane-less script go in order); `recv_bytes` blocks until a frame is there or the connection is
-    closed."""
-
-    def __init__(self, replies: list[list[dict[str, Any]]], *, counted: bool = True, idle: dict[str, Any] | None = None) -> None:
-        self.replies, self.idle = list(replies), idle
-        self.frames: list[str] = []
-        self.reads_before: list[int] = []  # for each frame written, how many events had been read
-        self.reads = 0
-        self.inbox: queue.Queue = queue.Queue()
-        self.closed = False
-        self.response = FakeResource(self)
-        if counted:
-            self._send = self._write
+        self.send_raw(json.dumps({"type": "response.steer", **fields}))
 
     def _write(self, data: str) -> None:
         self.frames.append(data)
@@ -68,7 +60,7 @@ class FakeConnection:
             self.inbox.put(json.dumps(event).encode())
 
     def send_raw(self, text: str) -> None:
-        (self._send if hasattr(self, "_send") else self._write)(text)
+        getattr(self, "_send", self._write)(text)
 
     def recv_bytes(self) -> bytes:
         if self.idle is not None and self.inbox.empty():  # a server that keeps streaming something else
@@ -99,18 +91,13 @@ class FakeOpenAI:
         self.responses = self
         FakeOpenAI.made.append(self)
 
-    def connect(self, *, extra_headers: dict[str, str]) -> Any:
+    @contextlib.contextmanager
+    def connect(self, *, extra_headers: dict[str, str]) -> Iterator[FakeConnection]:
         self.headers = extra_headers
-        conn = FakeOpenAI.conn
-
-        class Manager:
-            def __enter__(self) -> FakeConnection:
-                return conn
-
-            def __exit__(self, *exc: object) -> None:
-                conn.close()
-
-        return Manager()
+        try:
+            yield FakeOpenAI.conn
+        finally:
+            FakeOpenAI.conn.close()
 
     def close(self) -> None:
         self.closed = True
@@ -129,6 +116,15 @@ def sent(conn: FakeConnection) -> list[dict[str, Any]]:
     return [json.loads(frame) for frame in conn.frames]
 
 
+def the_client(fake_openai: type[FakeOpenAI], base_url: str, *, api_key: str = "testbed", timeout: float = 600.0,
+               design: str = CHAINED, **headers: str) -> FakeOpenAI:
+    """The one client made, with the options and headers the SDK run passed it."""
+    [client] = fake_openai.made
+    assert client.options == {"base_url": base_url, "api_key": api_key, "max_retries": 0, "timeout": timeout}
+    assert client.headers == {"OpenAI-Beta": BETA[design], **headers}
+    return client
+
+
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
 def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fake_openai, design: str) -> None:
     kind = "response.done" if design == SUSPENDED else "response.completed"
@@ -136,9 +132,7 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     ended: list[int] = []
     record = sdk.run_sdk_rollout("http://h:1/v1", design, TASK, metadata={"k": "v"}, on_turn_end=lambda t: ended.append(t.turn))
     assert (record.design, record.workload, record.status, ended) == (design, "sdk-task", "completed", [0, 1])
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:1/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
-    assert client.headers == {"OpenAI-Beta": BETA[design]} and client.closed and conn.closed
+    assert the_client(fake_openai, "http://h:1/v1", design=design).closed and conn.closed
     base = request_body(TASK, model="gpt-5.4", metadata={"k": "v"}, store=False, include_reasoning=design == CHAINED)
     first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": task_prompt(TASK)}]}]
     outputs = [{"type": "function_call_output", "call_id": "call_1", "output": tool_output_text(TASK, 0, 0)}]
@@ -159,23 +153,16 @@ def test_an_sdk_rollout_writes_the_harness_requests_and_counts_what_it_wrote(fak
     assert record.transcript[-1] == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
 
 
-def test_an_sdk_rollout_passes_the_callers_options(fake_openai) -> None:
-    conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
-    record = sdk.run_sdk_rollout("http://h:2/v1", CHAINED, TASK, metadata={}, model="sim-1", api_key="key-1", store=True,
-                                 include_timing=True, timeout=30.0)
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:2/v1", "api_key": "key-1", "max_retries": 0, "timeout": 30.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
-    assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="sim-1", metadata={}, store=True),
-                             "input": sent(conn)[0]["input"]}
-    assert record.status == "completed"
-
-
-def test_an_error_ends_the_sdk_rollout_with_its_code_and_no_turn_end(fake_openai) -> None:
+def test_an_error_ends_the_sdk_rollout_with_its_code_and_no_turn_end_and_a_turn_past_its_most_events_raises(
+        fake_openai, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_openai.conn = FakeConnection([[{"type": "error", "error": {"code": "invalid_value"}}]])
     ended: list[int] = []
     record = sdk.run_sdk_rollout("http://h:1/v1", SUSPENDED, TASK, metadata={}, on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended, len(record.turns)) == ("error:invalid_value", [], 1)
+    monkeypatch.setattr(sdk, "MAX_EVENTS_PER_TURN", 3)
+    fake_openai.conn = FakeConnection([[{"type": "response.in_progress"}] * 3 + [{"type": "response.completed"}]])
+    with pytest.raises(RuntimeError, match=r"^more than 3 events in one turn$"):
+        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={})
 
 
 def test_without_the_sdks_send_the_bytes_are_our_own_encoding(fake_openai) -> None:
@@ -185,53 +172,43 @@ def test_without_the_sdks_send_the_bytes_are_our_own_encoding(fake_openai) -> No
     assert [t.bytes_sent for t in record.turns] == [len(json.dumps(event).encode()) for event in sent(conn)]
 
 
-def test_a_rollout_past_its_timeout_is_closed_and_says_so(fake_openai) -> None:
-    fake_openai.conn = FakeConnection([])  # the server never answers
-    with pytest.raises(TimeoutError, match=r"^SDK rollout did not finish within 0.2 s$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=0.2)
+RUNS = {"rollout": lambda timeout: sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=timeout),
+        "lanes": lambda timeout: sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=timeout)}
+
+
+@pytest.mark.parametrize("run", ["rollout", "lanes"])
+def test_a_run_past_its_timeout_is_closed_and_says_so_and_a_failure_before_it_is_raised_as_it_is(fake_openai, run: str) -> None:
+    fake_openai.conn = FakeConnection([]) if run == "rollout" else LaneConnection({"agent-0": [[]]})  # never answered
+    with pytest.raises(TimeoutError, match=rf"^SDK {run} did not finish within 0.2 s$"):
+        RUNS[run](0.2)
     assert fake_openai.made[0].closed
-
-
-def test_a_failure_before_the_timeout_is_raised_as_it_is(fake_openai) -> None:
-    conn = fake_openai.conn = FakeConnection([])
+    conn = fake_openai.conn = FakeConnection([]) if run == "rollout" else LaneConnection({"agent-0": [[]]})
     conn.inbox.put(None)  # the connection ends at once
     with pytest.raises(ConnectionError, match="^closed$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={}, timeout=30)
+        RUNS[run](30)
 
 
-def test_a_turn_past_its_most_events_ends_the_rollout(fake_openai, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sdk, "MAX_EVENTS_PER_TURN", 3)
-    fake_openai.conn = FakeConnection([[{"type": "response.in_progress"}] * 3 + [{"type": "response.completed"}]])
-    with pytest.raises(RuntimeError, match=r"^more than 3 events in one turn$"):
-        sdk.run_sdk_rollout("http://h:1/v1", CHAINED, TASK, metadata={})
-    assert sdk.MAX_EVENTS_PER_TURN == 3 and sdk.DEFAULT_TIMEOUT_S == 600.0
-
-
-def test_only_the_two_websocket_designs_are_accepted(fake_openai) -> None:
-    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
-        sdk.run_sdk_rollout("http://h:1/v1", "http", TASK, metadata={})
-
-
-async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address(fake_openai) -> None:
-    fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
+async def test_from_trio_the_sdk_rollout_runs_in_a_thread_against_the_connectors_address_with_the_callers_options(fake_openai):
+    conn = fake_openai.conn = FakeConnection([turn("response.completed", "resp_0", ANSWER)])
     ended: list[int] = []
     with trio.fail_after(10):
         record = await sdk.run_sdk_websocket_rollout(TcpConnector("10.0.0.9", 8123), CHAINED, TASK, metadata={"k": "v"}, model="m",
                                                      store=True, include_timing=True, api_key="k", timeout=9.0,
                                                      on_turn_end=lambda t: ended.append(t.turn))
     assert (record.status, ended) == ("completed", [0])
-    assert json.loads(fake_openai.conn.frames[0])["metadata"] == {"k": "v"}
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://10.0.0.9:8123/v1", "api_key": "k", "max_retries": 0, "timeout": 9.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED], "x-responsesapi-include-timing-metrics": "true"}
-    assert json.loads(fake_openai.conn.frames[0])["model"] == "m" and json.loads(fake_openai.conn.frames[0])["store"] is True
+    timing = {"x-responsesapi-include-timing-metrics": "true"}
+    the_client(fake_openai, "http://10.0.0.9:8123/v1", api_key="k", timeout=9.0, **timing)
+    assert sent(conn)[0] == {"type": "response.create", **request_body(TASK, model="m", metadata={"k": "v"}, store=True),
+                             "input": sent(conn)[0]["input"]}
 
 
 @pytest.mark.parametrize("connector", [TcpConnector("h", 1, network=object()), object(), types.SimpleNamespace(host="h")],  # type: ignore[arg-type]
                          ids=["with-network", "no-address", "no-port"])
-async def test_the_sdk_needs_a_plain_tcp_connector(connector: Any) -> None:
+async def test_the_sdk_needs_a_plain_tcp_connector_and_one_of_the_websocket_designs(connector: Any, fake_openai) -> None:
     with pytest.raises(ValueError, match=r"^the SDK client needs a TcpConnector\(host, port\) without a network profile$"):
         await sdk.run_sdk_websocket_rollout(connector, CHAINED, TASK, metadata={})
+    with pytest.raises(ValueError, match=r"^design must be 'suspended' or 'chained', not 'http'$"):
+        sdk.run_sdk_rollout("http://h:1/v1", "http", TASK, metadata={})
 
 
 def test_the_rollout_clients_by_name() -> None:
@@ -255,7 +232,7 @@ class LaneConnection(FakeConnection):
             self.inbox.put(json.dumps(event).encode())
 
 
-def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
+def test_lanes_run_each_task_on_its_own_stream_id_and_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
     conn = fake_openai.conn = LaneConnection({
         "agent-0": [turn("response.completed", "resp_a0", CALL, stream_id="agent-0"),
                     turn("response.completed", "resp_a1", ANSWER, stream_id="agent-0")],
@@ -265,9 +242,7 @@ def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
     records = sdk.run_sdk_lanes("http://h:3/v1", tasks, metadata_for=lambda i: {"lane": str(i)}, model="m", api_key="k", timeout=20.0)
     assert [(r.design, r.workload, r.status, len(r.turns), r.response_ids) for r in records] == [
         ("chained", "sdk-task", "completed", 2, ["resp_a0", "resp_a1"]), ("chained", "one-turn", "completed", 1, ["resp_b0"])]
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:3/v1", "api_key": "k", "max_retries": 0, "timeout": 20.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED]} and client.closed
+    assert the_client(fake_openai, "http://h:3/v1", api_key="k", timeout=20.0).closed
     frames = sent(conn)
     outputs = [{"type": "function_call_output", "call_id": "call_1", "output": tool_output_text(TASK, 0, 0)}]
     assert frames == [
@@ -284,28 +259,13 @@ def test_lanes_run_each_task_on_its_own_stream_id(fake_openai) -> None:
     assert [t.bytes_sent for r in records for t in r.turns] == [0, 0, 0]  # the SDK's lanes do not count what they send
     assert records[0].turns[1].sent_at - records[0].turns[0].ended_at >= 0.01  # the tool ran before the next create
     assert all(r.started_at <= r.ended_at for r in records)
-
-
-def test_a_lane_that_gets_an_error_ends_with_its_code(fake_openai) -> None:
+    # A lane that gets an error ends with its code; the defaults are the harness's.
+    fake_openai.made.clear()
     fake_openai.conn = LaneConnection({"agent-0": [[{"type": "error", "stream_id": "agent-0", "error": {"code": "invalid_value"}}]]})
     [record] = sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {})
     assert record.status == "error:invalid_value"
-    assert fake_openai.made[0].options == {"base_url": "http://h:3/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
+    the_client(fake_openai, "http://h:3/v1")
     assert json.loads(fake_openai.conn.frames[0])["model"] == "gpt-5.4"
-
-
-def test_lanes_past_their_timeout_say_so(fake_openai) -> None:
-    fake_openai.conn = LaneConnection({"agent-0": [[]]})
-    with pytest.raises(TimeoutError, match=r"^SDK lanes did not finish within 0.2 s$"):
-        sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=0.2)
-    assert fake_openai.made[0].closed
-
-
-def test_lanes_whose_connection_ends_raise_its_error(fake_openai) -> None:
-    conn = fake_openai.conn = LaneConnection({"agent-0": [[]]})
-    conn.inbox.put(None)
-    with pytest.raises(ConnectionError, match="^closed$"):
-        sdk.run_sdk_lanes("http://h:3/v1", [TASK], metadata_for=lambda i: {}, timeout=10)
 
 
 def steer_script(successor_first: str) -> FakeConnection:
@@ -329,9 +289,7 @@ def test_a_steer_is_sent_after_its_deltas_and_timed_to_the_successors_first_toke
          "stream_id": "main", "input": "start the task"},
         {"type": "response.steer", "input": "also this", "previous_response_id": "resp_0"},
     ]
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:4/v1", "api_key": "k", "max_retries": 0, "timeout": 10.0}
-    assert client.headers == {"OpenAI-Beta": BETA[CHAINED]} and client.closed
+    assert the_client(fake_openai, "http://h:4/v1", api_key="k", timeout=10.0).closed
 
 
 @pytest.mark.parametrize("end", ["response.steer.failed", "error"])
@@ -356,28 +314,15 @@ async def test_from_trio_the_defaults_are_the_harnesses_and_any_object_with_an_a
     with trio.fail_after(10):
         record = await sdk.run_sdk_websocket_rollout(types.SimpleNamespace(host="h", port=5), SUSPENDED, TASK, metadata={})
     assert record.status == "completed"
-    [client] = fake_openai.made
-    assert client.options == {"base_url": "http://h:5/v1", "api_key": "testbed", "max_retries": 0, "timeout": 600.0}
-    assert client.headers == {"OpenAI-Beta": BETA[SUSPENDED]}
+    the_client(fake_openai, "http://h:5/v1", design=SUSPENDED)
     first = json.loads(fake_openai.conn.frames[0])
     assert (first["model"], first["store"]) == ("gpt-5.4", False)
 
 
-class StuckConnection(FakeConnection):
-    """A connection whose server never answers; `finished` is set when the blocked read gives up."""
-
-    finished = False
-
-    def recv_bytes(self) -> bytes:
-        try:
-            return super().recv_bytes()
-        finally:
-            self.finished = True
-
-
 async def test_a_cancelled_sdk_rollout_leaves_its_blocked_thread_behind(fake_openai) -> None:
-    conn = fake_openai.conn = StuckConnection([])
+    conn = fake_openai.conn = FakeConnection([])  # the server never answers
     with trio.move_on_after(0.1):
         await sdk.run_sdk_websocket_rollout(TcpConnector("h", 1), CHAINED, TASK, metadata={}, timeout=30)
-    assert not conn.finished  # trio returned at once: the thread is still blocked in the SDK's read
+    # Trio returned at once: the thread is still blocked in the SDK's read, inside the connection it has not closed.
+    assert (conn.reads, conn.closed, len(conn.frames)) == (0, False, 1)
     conn.close()

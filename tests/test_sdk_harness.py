@@ -1,24 +1,16 @@
-"""The benchmark reproduced with a client nobody here wrote (issue 7).
-
-One live server; the same 3-turn workload runs through the built-in harness
-(`harness.run_websocket_rollout`, trio) and through openai-python (`sdk.run_sdk_rollout`, in a worker
-thread), in both WebSocket designs. The transcripts (every item both ways, ids removed) and the
-token usage must be identical: the SDK client is a faithful stand-in for the harness. The server's
-client records tell the two clients apart by user agent, and with the timing header the SDK's
-terminal events carry the client fields in `testbed_timing.client`.
-"""
+"""The benchmark reproduced with a client nobody here wrote: on one live server the same task runs through the harness
+and through openai-python (`rollout_client("sdk")`, in a worker thread), in both WebSocket designs, to the same
+transcript and usage; the server's records tell the two apart by user agent."""
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 import trio
 
 from prototype import workload as wl
 from prototype.client.connect import TcpConnector
-from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
-from prototype.client.sdk import rollout_client, run_sdk_rollout, run_sdk_websocket_rollout
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.client.sdk import rollout_client
 
 pytest.importorskip("openai")
 
@@ -31,24 +23,21 @@ ROLLOUT_TIMEOUT = 20.0  # seconds per rollout; a healthy one takes well under a 
 
 
 async def sdk_rollout(port: int, design: str, **kwargs):
-    run = functools.partial(
-        run_sdk_rollout, f"http://127.0.0.1:{port}/v1", design, WORKLOAD,
-        metadata=METADATA, model=MODEL, api_key="testbed", timeout=ROLLOUT_TIMEOUT, **kwargs,
-    )
+    """The SDK's rollout as an experiment swaps it in for the harness's."""
     with trio.fail_after(ROLLOUT_TIMEOUT + 5):
-        return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+        return await rollout_client("sdk")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL,
+                                           timeout=ROLLOUT_TIMEOUT, **kwargs)
 
 
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_sdk_client_reproduces_the_harness(live_server, design):
+async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_its_client_fields(live_server, design):
     server, port = live_server
     with trio.fail_after(ROLLOUT_TIMEOUT):
-        ours = await run_websocket_rollout(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL)
-    theirs = await sdk_rollout(port, design)
+        ours = await rollout_client("harness")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL)
+    theirs = await sdk_rollout(port, design, include_timing=True)
 
     for record in (ours, theirs):
-        assert record.status == "completed"
-        assert len(record.turns) == TURNS
+        assert (record.status, len(record.turns)) == ("completed", TURNS)
         assert all(t.first_token_at is not None and t.sent_at <= t.first_token_at <= t.ended_at for t in record.turns)
         assert all(t.bytes_sent > 0 and t.bytes_received > 0 for t in record.turns)
     assert theirs.transcript == ours.transcript
@@ -70,33 +59,12 @@ async def test_sdk_client_reproduces_the_harness(live_server, design):
         assert sdk_records[0]["appends"] == TURNS - 1 and sdk_records[0]["context"] == "full"
     else:
         assert [r["context"] for r in sdk_records] == ["full"] + ["chained"] * (TURNS - 1)
-
-
-async def test_timing_header_returns_client_fields(live_server):
-    server, port = live_server
-    record = await sdk_rollout(port, CHAINED, include_timing=True)
-    assert record.status == "completed"
-    for turn in record.turns:
+    # The SDK run asked for the timing, the harness's did not.
+    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]
+    # With the timing header, each terminal event carries the client fields in `testbed_timing.client`.
+    for turn in theirs.turns:
         client = turn.server_timing["client"]
-        assert client["user_agent"].startswith("OpenAI/Python")
-        assert client["transport"] == "websocket" and client["design"] == CHAINED
-        assert client["context"] == ("full" if turn.turn == 0 else "chained")
-        assert client["warmup"] is False and client["stream_id"] is False
-        assert "prefill" in turn.server_timing["phases_ms"]
-    assert all(r["timing_requested"] for r in server.records)
-
-
-async def test_experiments_can_swap_the_client(live_server):
-    """`rollout_client("sdk")` is awaited exactly like the built-in harness."""
-    _, port = live_server
-    connector = TcpConnector("127.0.0.1", port)
-    assert rollout_client("harness") is run_websocket_rollout
-    assert rollout_client("sdk") is run_sdk_websocket_rollout
-    with trio.fail_after(ROLLOUT_TIMEOUT):
-        records = [
-            await rollout_client(name)(connector, CHAINED, WORKLOAD, metadata=METADATA, model=MODEL)
-            for name in ("harness", "sdk")
-        ]
-    assert records[0].transcript == records[1].transcript
-    with pytest.raises(ValueError):
-        rollout_client("curl")
+        assert client["user_agent"].startswith("OpenAI/Python") and "prefill" in turn.server_timing["phases_ms"]
+        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == (
+            "websocket", design, False, False)
+        assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")

@@ -1,19 +1,13 @@
-"""Lanes and steering driven by openai-python (`client.responses.connect()`), on a real socket.
-
-The SDK sends `stream_id` through `conn.response.create(stream_id=...)` and steering through
-`conn.response.steer(...)`; every frame the server sends must parse into the SDK's own typed model
-and validate against it. Real time, so the assertions are on events, never on durations.
-"""
+"""Lanes (`conn.response.create(stream_id=...)`) and steering (`conn.response.steer(...)`) driven by openai-python on a
+real socket; every frame the server sends parses into the SDK's own typed model. Real time: events, never durations."""
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-import trio
 from openai import OpenAI
-from test_sdk_websocket import CLIENT_TIMEOUT, assert_typed
+from test_sdk_websocket import CLIENT_TIMEOUT, assert_typed, in_thread
 
 from prototype.client.harness import BETA, CHAINED, HARNESS_TOOLS
 from prototype.client.sdk import run_sdk_lanes, run_sdk_steer
@@ -24,8 +18,7 @@ MAX_EVENTS = 5000
 
 
 def sdk_events(port: int, script) -> list[dict[str, Any]]:
-    """Run `script(conn, read)` on an SDK connection in this thread; `read()` returns the next raw
-    frame after checking the SDK's typed parse of it."""
+    """Run `script(conn, read)` on an SDK connection; `read()` returns the next raw frame, its typed parse checked."""
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
     seen: list[dict[str, Any]] = []
     try:
@@ -44,11 +37,6 @@ def sdk_events(port: int, script) -> list[dict[str, Any]]:
     return seen
 
 
-async def in_thread(fn, *args, **kwargs):
-    with trio.fail_after(CLIENT_TIMEOUT * 2):
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
-
-
 async def test_sdk_lanes_are_tagged_and_fifo(live_server):
     _, port = live_server
 
@@ -61,15 +49,10 @@ async def test_sdk_lanes_are_tagged_and_fifo(live_server):
             terminals += read()["type"] == "response.completed"
 
     events = await in_thread(sdk_events, port, script)
-    per_lane: dict[str, list[str]] = {"a": [], "b": []}
-    for event in events:
-        per_lane[event["stream_id"]].append(event["type"])
+    ends = ("response.created", "response.completed")
+    lane = {name: [e["type"] for e in events if e["stream_id"] == name and e["type"] in ends] for name in ("a", "b")}
     # Lane a ran its two creates one after the other: never two responses open at once.
-    open_count = 0
-    for kind in per_lane["a"]:
-        open_count += (kind == "response.created") - (kind == "response.completed")
-        assert open_count in (0, 1)
-    assert per_lane["a"].count("response.completed") == 2 and per_lane["b"].count("response.completed") == 1
+    assert lane == {"a": ["response.created", "response.completed"] * 2, "b": ["response.created", "response.completed"]}
 
 
 async def test_sdk_drives_subagent_lanes_to_completion(live_server):
@@ -79,8 +62,7 @@ async def test_sdk_drives_subagent_lanes_to_completion(live_server):
         run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads,
         metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"}, model="sim-100000", timeout=CLIENT_TIMEOUT,
     )
-    assert [r.status for r in records] == ["completed"] * 3
-    assert [len(r.turns) for r in records] == [3, 3, 3]
+    assert ([r.status for r in records], [len(r.turns) for r in records]) == (["completed"] * 3, [3, 3, 3])
     assert all(len(set(r.response_ids)) == 3 for r in records)
 
 
@@ -91,14 +73,13 @@ async def test_sdk_steer_accepted_steered_and_successor(live_server):
         stream_id="main", timeout=CLIENT_TIMEOUT,
     )
     kinds = [e["type"] for e in result["events"]]
-    assert result["steer_to_token_s"] is not None
-    accepted = result["events"][kinds.index("response.steer.accepted")]
-    ended = result["events"][kinds.index("response.incomplete")]
-    successor = result["events"][len(kinds) - 1 - kinds[::-1].index("response.created")]
+    successor_at = len(kinds) - 1 - kinds[::-1].index("response.created")
+    at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), successor_at]
+    accepted, ended, successor = (result["events"][i] for i in at)
+    assert result["steer_to_token_s"] is not None and at == sorted(at)
     assert accepted["stream_id"] == ended["stream_id"] == successor["stream_id"] == "main"
     assert ended["response"]["incomplete_details"] == {"reason": "steered"}
     assert successor["response"]["previous_response_id"] == ended["response"]["id"] == accepted["steer"]["previous_response_id"]
-    assert kinds.index("response.steer.accepted") < kinds.index("response.incomplete") < len(kinds) - 1 - kinds[::-1].index("response.created")
 
 
 async def test_sdk_steer_events_and_failures_parse_as_the_sdk_types(live_server):

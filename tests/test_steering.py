@@ -1,6 +1,5 @@
-"""`response.steer` on the chained design (docs/protocol.md, Steering): accepted, the steered stop
-and its automatic successor, the normal completion followed by one, pending at client tool calls,
-and every `response.steer.failed` code; v1 refuses. Virtual time, exact events."""
+"""`response.steer` on the chained design (docs/protocol.md, Steering): the steered stop and its automatic successor,
+pending at client tool calls, every `response.steer.failed` code; v1 refuses. Virtual time, exact events."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import cancel_at, connect
-from test_inject import MULTI_AGENT, beta_ws, calls_done
+from test_inject import MULTI_AGENT, beta_ws, calls_done, until_calls
 from trio_websocket import ConnectionClosed
 
 from prototype.api.costs import ZERO_COSTS
@@ -35,8 +34,6 @@ async def start(conn, metadata=LONG_TEXT, **fields) -> tuple[str, list[dict]]:
     return events[0]["response"]["id"], events
 
 
-
-
 async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_the_settings(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
@@ -46,11 +43,9 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
         events = await timed_until(conn, *TERMINALS)
         successor_events = await timed_until(conn, *TERMINALS)
     accepted_at, accepted = events[0]
-    assert accepted_at == steered_at
-    assert accepted == {
+    assert accepted_at == steered_at and accepted == {
         "type": "response.steer.accepted", "sequence_number": accepted["sequence_number"],
-        "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}, "stream_id": LANE,
-    }
+        "steer": {"id": accepted["steer"]["id"], "previous_response_id": target}, "stream_id": LANE}
     assert accepted["steer"]["id"].startswith("steer_") and len(accepted["steer"]["id"]) == 6 + 32
     # Numbered in the target's sequence: after what was sent before it, before what follows.
     numbers = [e["sequence_number"] for e in before] + [e["sequence_number"] for _, e in events]
@@ -58,43 +53,28 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     # The message in progress finished; the planned tool call was never started.
     item_done_at, item_done = next((t, e) for t, e in events if e["type"] == "response.output_item.done")
     ended_at, ended = events[-1]
-    assert ended["type"] == "response.incomplete" and ended_at == item_done_at
-    assert ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert (ended["type"], ended_at, ended["response"]["incomplete_details"]) == (
+        "response.incomplete", item_done_at, {"reason": "steered"})
     assert [(i["type"], i["status"]) for i in ended["response"]["output"]] == [("message", "completed")]
     # The automatic successor: created without a client request, continuing from the target.
     created_at, created = successor_events[0]
     assert created["type"] == "response.created" and created["sequence_number"] == 0 and created["stream_id"] == LANE
     successor = created["response"]
-    assert successor["previous_response_id"] == target
-    for key in ("model", "tools", "metadata", "store", "tool_choice", "parallel_tool_calls"):
-        assert successor[key] == ended["response"][key]
     assert created_at >= ended_at
-    assert successor_events[-1][1]["type"] == "response.completed"
+    assert (successor["previous_response_id"], successor_events[-1][1]["type"]) == (target, "response.completed")
+    keys = ("model", "tools", "metadata", "store", "tool_choice", "parallel_tool_calls")
+    assert {key: successor[key] for key in keys} == {key: ended["response"][key] for key in keys}
     # The server's record of the successor: its input is the steering message, nothing else.
-    record = [r for r in server.records if r["response_id"] == successor["id"]][0]
-    assert (record["input_items"], record["input_types"], record["stream_id"]) == (1, {"message": 1}, True)
     # The client's bytes: the create frame for the target, none for the automatic successor.
-    assert record["request_bytes"] == 0
+    record = [r for r in server.records if r["response_id"] == successor["id"]][0]
+    assert (record["input_items"], record["input_types"], record["stream_id"], record["request_bytes"]) == (
+        1, {"message": 1}, True, 0)
     (target_record,) = [r for r in server.records if r["response_id"] == target]
     assert target_record["request_bytes"] == len(json.dumps(create_event(metadata=LONG_TEXT, stream_id=LANE)).encode())
 
 
-async def test_a_final_answer_completes_normally_and_an_automatic_successor_follows(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        target, _ = await start(conn, metadata=FINAL_ONLY)
-        await send(conn, steer(target))
-        events = await until(conn, *TERMINALS)
-        successor = await until(conn, *TERMINALS)
-    assert [e["type"] for e in events][0] == "response.steer.accepted"
-    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["incomplete_details"] is None
-    assert successor[0]["type"] == "response.created" and successor[0]["response"]["previous_response_id"] == target
-    assert successor[-1]["type"] == "response.completed"
-
-
 async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_clock):
-    """A warm-up (`generate: false`) is steerable while its post-inference work runs; its automatic
-    successor inherits its settings but generates: it carries the steering message to the model."""
+    """A warm-up is steerable while its post-inference work runs; its successor generates, carrying the message."""
     server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
     async with ws(server) as conn:
         await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE, generate=False))
@@ -112,45 +92,11 @@ async def test_a_steer_on_a_warm_up_rides_a_successor_that_generates(autojump_cl
     assert (record["warmup"], record["input_types"], record["request_bytes"]) == (False, {"message": 1}, 0)
 
 
-async def test_at_client_tool_calls_the_steer_waits_as_pending_and_rides_the_explicit_continuation(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
-        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
-        events = await until(conn, "response.function_call_arguments.delta")
-        target = events[0]["response"]["id"]
-        await send(conn, steer(target))
-        events = await until(conn, *TERMINALS)
-        completed = events[-1]
-        pending = await receive(conn)
-        calls = function_calls(completed["response"])
-        accepted = events[0]
-        assert accepted["type"] == "response.steer.accepted"
-        assert completed["type"] == "response.completed" and len(calls) == 1
-        assert pending == {
-            "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
-            "reason": "waiting_for_required_input",
-            "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
-            "steer": accepted["steer"], "stream_id": LANE,
-        }
-        # Nothing more until the client answers the call, on the same lane.
-        with trio.move_on_after(30):
-            raise AssertionError(await receive(conn))
-        await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
-        continuation = await until(conn, *TERMINALS)
-    assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
-    record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
-    # The queued message was prepended to the client's tool output.
-    assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
-
-
 def failed(event: dict, code: str, previous: str, given, *, steer_id: str | None = None, message: str | None = None) -> bool:
-    steer = {"previous_response_id": previous, "input": given}
-    if steer_id is not None:
-        steer = {"id": steer_id, **steer}
-    assert event["type"] == "response.steer.failed", event
-    assert event["steer"] == steer, event
-    assert event["error"]["code"] == code and event["error"]["type"] == "invalid_request_error" and event["error"]["message"]
-    assert message is None or event["error"]["message"] == message, event
+    steer = {"previous_response_id": previous, "input": given} | ({} if steer_id is None else {"id": steer_id})
+    assert (event["type"], event["steer"], event["error"]["code"], event["error"]["type"]) == (
+        "response.steer.failed", steer, code, "invalid_request_error"), event
+    assert event["error"]["message"] and message in (None, event["error"]["message"]), event
     return True
 
 
@@ -179,7 +125,7 @@ BAD_INPUTS = [  # (input, the message of its invalid_input)
 ]
 
 
-async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
+async def test_bad_steering_input_is_returned_as_invalid_input_and_user_messages_are_accepted(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         target, before = await start(conn)
@@ -198,29 +144,21 @@ async def test_bad_steering_input_is_returned_as_invalid_input(autojump_clock):
             await send(conn, {"type": "response.steer", "previous_response_id": previous, "input": "x"})
             assert failed((await until(conn, "response.steer.failed"))[-1], "invalid_input", "", "x",
                           message="response.steer needs 'previous_response_id', a response id.")
-        end = await until(conn, *TERMINALS)
-    assert end[-1]["type"] == "response.completed"  # nothing was accepted: the response ran its course
-
-
-async def test_user_messages_as_an_array_are_accepted_with_or_without_type_and_as_parts(autojump_clock):
-    server = make_server()
-    given = [
-        {"role": "user", "content": "keep it small"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and fast"}]},
-    ]
-    async with ws(server) as conn:
-        target, _ = await start(conn)
+        # User messages as an array are accepted, with or without type and as parts.
+        given = [{"role": "user", "content": "keep it small"},
+                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and fast"}]}]
         await send(conn, {"type": "response.steer", "previous_response_id": target, "input": given})
         accepted = (await until(conn, "response.steer.accepted"))[-1]
         await until(conn, "response.incomplete")
-        successor = (await until(conn, *TERMINALS))
+        successor = await until(conn, *TERMINALS)
     assert accepted["steer"]["previous_response_id"] == target
     assert successor[0]["type"] == "response.created" and successor[-1]["type"] == "response.completed"
+    # The successor carries those two messages only: no refused input was queued.
     record = [r for r in server.records if r["response_id"] == successor[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 2})
 
 
-async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
+async def test_unknown_ended_completed_and_forgotten_targets_are_refused_and_a_steered_final_answer_completes(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         await send(conn, steer("resp_unknown"))
@@ -240,13 +178,9 @@ async def test_unknown_completed_and_ended_targets_are_refused(autojump_clock):
         assert completed["response"]["id"] == successor
         await send(conn, steer(successor, "late"))
         late = await receive(conn)
-    assert failed(late, "response_already_completed", successor, "late")
-    assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
-
-
-async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(autojump_clock):
-    server = make_server()
-    async with ws(server) as conn:
+        assert failed(late, "response_already_completed", successor, "late")
+        assert late["sequence_number"] == completed["sequence_number"] + 1 and late["stream_id"] == LANE
+        # The connection keeps each lane's running response and its parent only.
         ids = []
         for _ in range(3):  # three responses one after the other on LANE
             await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))
@@ -257,11 +191,17 @@ async def test_the_connection_keeps_each_lanes_running_response_and_its_parent(a
         parent = (await until(conn, "response.steer.failed"))[-1]
         await send(conn, steer(ids[0], "to the oldest"))
         oldest = (await until(conn, "response.steer.failed"))[-1]
+        await until(conn, "response.output_text.delta")  # the final answer is under way
         await send(conn, steer(ids[2], "to the running one"))
-        running = (await until(conn, "response.steer.accepted"))[-1]
+        events = await until(conn, *TERMINALS)
+        successor = await until(conn, *TERMINALS)
     assert failed(parent, "response_already_completed", ids[1], "to the parent")
     assert failed(oldest, "response_not_found", ids[0], "to the oldest")
-    assert running["steer"]["previous_response_id"] == ids[2]
+    # A final answer is not cut: it completes normally, and an automatic successor follows.
+    assert (events[0]["type"], events[0]["steer"]["previous_response_id"]) == ("response.steer.accepted", ids[2])
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["incomplete_details"] is None
+    assert (successor[0]["type"], successor[0]["response"]["previous_response_id"], successor[-1]["type"]) == (
+        "response.created", ids[2], "response.completed")
 
 
 async def test_too_many_pending_steers(autojump_clock):
@@ -309,20 +249,22 @@ async def test_v1_refuses_steering(autojump_clock):
     assert (done[-1]["type"], done[-1]["response"]["status"]) == ("response.done", "in_progress")  # the rollout went on, unsteered
 
 
-# --- steering across lanes ---------------------------------------------------------------------------
-
-
 async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
-    """A response on LANE that waits for a client tool call, with a steer pending on it: (its id, the
-    accepted steer, its calls)."""
+    """A response on LANE steered at its client tool call: the steer waits as pending. Returns (its id, the accepted
+    steer, its calls)."""
     await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE))
     target = (await until(conn, "response.function_call_arguments.delta"))[0]["response"]["id"]
     await send(conn, steer(target))
     events = await until(conn, *TERMINALS)
-    accepted = events[0]
-    assert accepted["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
-    assert (await receive(conn))["type"] == "response.steer.pending"
-    return target, accepted["steer"], function_calls(events[-1]["response"])
+    accepted, completed, calls = events[0], events[-1], function_calls(events[-1]["response"])
+    assert accepted["type"] == "response.steer.accepted" and completed["type"] == "response.completed" and len(calls) == 1
+    assert await receive(conn) == {
+        "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
+        "reason": "waiting_for_required_input",
+        "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
+        "steer": accepted["steer"], "stream_id": LANE,
+    }
+    return target, accepted["steer"], calls
 
 
 async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_response(autojump_clock):
@@ -332,22 +274,22 @@ async def test_a_pending_steer_fails_at_once_when_its_lane_starts_an_unrelated_r
         sent_at = trio.current_time()
         await send(conn, create_event(metadata=FINAL_ONLY, stream_id=LANE))  # continues nothing: the lane moves on
         events = await timed_until(conn, *TERMINALS)
-    # The steer can no longer be carried: it fails before the unrelated response's first event,
-    # numbered in its target's sequence, not when the lane next starts a response.
+    # The steer can no longer be carried: it fails before the unrelated response's first event, in its target's sequence.
     (failed_at, refused), (created_at, created) = events[0], events[1]
     assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["id"])
     assert refused["stream_id"] == LANE and failed_at == created_at == sent_at
     assert created["type"] == "response.created" and created["response"]["previous_response_id"] is None
-    assert [e["type"] for _, e in events[2:]].count("response.steer.failed") == 0
-    assert events[-1][1]["type"] == "response.completed"
+    assert ([e["type"] for _, e in events[2:]].count("response.steer.failed"), events[-1][1]["type"]) == (0, "response.completed")
     record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
     assert record["input_types"] == {"message": 1}  # the client's own input only: the steer's message was not carried
 
 
-async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_continuation(autojump_clock):
+async def test_a_pending_steer_waits_for_the_call_and_rides_its_targets_own_continuation_not_a_fork(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
         target, accepted, calls = await pending_steer(conn)
+        with trio.move_on_after(30):  # nothing more until the client answers the call
+            raise AssertionError(await receive(conn))
         await send(conn, create_event(metadata=LONG_TEXT, stream_id="side", previous_response_id=target, input=outputs_for(calls)))
         fork = await until(conn, *TERMINALS)
         await send(conn, create_event(metadata=LONG_TEXT, stream_id=LANE, previous_response_id=target, input=outputs_for(calls)))
@@ -357,14 +299,11 @@ async def test_a_fork_on_another_lane_leaves_a_pending_steer_to_its_targets_own_
     assert fork[0]["stream_id"] == "side" and fork[-1]["type"] == "response.completed"
     fork_record = [r for r in server.records if r["response_id"] == fork[0]["response"]["id"]][0]
     assert (fork_record["input_items"], fork_record["input_types"]) == (1, {"function_call_output": 1})
-    # The target's own lane continues it and carries the queued message, prepended.
+    # The target's own lane continues it and carries the queued message, prepended to the client's tool output.
     assert continuation[0]["type"] == "response.created" and continuation[-1]["type"] == "response.completed"
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
     assert accepted["previous_response_id"] == target
-
-
-# --- a target that fails, and one that answers its calls in place --------------------------------
 
 
 async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_follows(autojump_clock, nursery):
@@ -388,15 +327,12 @@ async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_fol
 
 
 async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_automatic_successor(autojump_clock):
-    # A multi-agent response waits at its client call for the injected output and goes on: when it
-    # completes, the call is answered, so the steer rides the automatic successor; it is never
-    # pending on input the client already gave.
+    # A multi-agent response answers its call in place: when it completes, the steer rides the automatic successor,
+    # never pending on input the client already gave.
     server = make_server()
     async with beta_ws(server) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
-        events = await timed_until(conn, "response.output_item.done")
-        while not calls_done(events):
-            events += await timed_until(conn, "response.output_item.done")
+        events = await until_calls(conn)
         target = events[0][1]["response"]["id"]
         ((_, call),) = calls_done(events)
         await send(conn, {"type": "response.inject", "response_id": target, "input": outputs_for([call["item"]])})
@@ -404,9 +340,7 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
         await send(conn, steer(target))
         events = await until(conn, *TERMINALS)
         # The successor inherits `multi_agent` and waits at its own call: the test answers it.
-        successor = await timed_until(conn, "response.output_item.done")
-        while not calls_done(successor):
-            successor += await timed_until(conn, "response.output_item.done")
+        successor = await until_calls(conn)
         ((_, next_call),) = calls_done(successor)
         created = successor[0][1]
         await send(conn, {"type": "response.inject", "response_id": created["response"]["id"],
@@ -422,8 +356,8 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
 
 
 async def test_a_steer_whose_successor_would_outlive_the_connection_fails_and_the_connection_closes(autojump_clock):
-    # The lifetime limit strikes while the steered response finishes its message: the automatic
-    # successor is never created, its queued input comes back, then the limit's error and the close.
+    # The lifetime limit strikes while the steered response finishes its message: no successor; its queued input comes
+    # back, then the limit's error and the close.
     server = make_server(config=ServerConfig(connection_lifetime=0.2))
     async with ws(server) as conn:
         target, _ = await start(conn)

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio_websocket
 from support import make_server
+from test_bad_input import first_leaf
 
 from prototype import netem
 from prototype.client.connect import InMemoryConnector
@@ -28,25 +29,20 @@ async def injected_run(subagents: int, tool_seconds: float, network: netem.Netwo
                                         metadata={"testbed_workload": spec}, model=MODEL)
 
 
-async def test_each_subagent_waits_its_tool_time_before_each_injection(autojump_clock) -> None:
+async def test_subagents_wait_their_tool_time_cost_n_times_one_run_all_at_once_and_send_one_inject_per_call(autojump_clock):
     instant = await injected_run(2, 0.0)
     await trio.sleep(10.0)
-    slow = await injected_run(2, 0.5)
-    assert (instant.status, slow.status) == ("completed", "completed")
-    assert instant.started_at == 0.0 and slow.started_at == pytest.approx(10.0 + instant.seconds)
-    # Two client calls per agent on the critical path, the agents in parallel: one second more in all.
-    assert slow.seconds == pytest.approx(instant.seconds + 1.0)
-    assert (instant.injects, slow.injects) == (4, 4)
-
-
-async def test_two_subagents_cost_twice_one_and_send_one_inject_per_call(autojump_clock) -> None:
-    one = await injected_run(1, 0.5)
     two = await injected_run(2, 0.5)
-    assert one.status == two.status == "completed" and (one.injects, two.injects) == (2, 4)
+    assert instant.started_at == 0.0 and two.started_at == pytest.approx(10.0 + instant.seconds)
+    # Two client calls per agent on the critical path, the agents in parallel: one second more in all.
+    assert (two.seconds, instant.injects, instant.status) == (pytest.approx(instant.seconds + 1.0), 4, "completed")
+    one, four = await injected_run(1, 0.5), await injected_run(4, 0.5)
+    assert one.status == two.status == four.status == "completed" and (one.injects, two.injects, four.injects) == (2, 4, 8)
+    # `max_concurrent_subagents` asks for all four, beyond the server's default of three.
+    assert two.seconds == pytest.approx(one.seconds) and four.seconds == pytest.approx(one.seconds)
+    tokens = ("output_tokens", "input_tokens")
+    assert [two.usage[k] for k in tokens] == [2 * one.usage[k] for k in tokens]
     assert one.usage["output_tokens"] > 0
-    assert two.usage["output_tokens"] == 2 * one.usage["output_tokens"]
-    assert two.usage["input_tokens"] == 2 * one.usage["input_tokens"]
-    assert two.seconds == pytest.approx(one.seconds)
     # The second agent adds its two compact inject frames (the metadata's "1" becomes "2": same length); its
     # call ids are `call_agent1_<n>` with a one-digit n, the response id `resp_` and 18 hex digits.
     workload = fixed(3, initial_prompt_tokens=100, appended_tokens=10, output_tokens=20, tool_seconds=0.5)
@@ -72,19 +68,9 @@ async def test_the_run_sends_its_api_key_and_stores_nothing(autojump_clock, monk
     assert stored == []  # `store: false`: the experiment measures the response, not the store
     with pytest.raises(BaseExceptionGroup) as raised:  # from the run's nursery
         await run_injected_subagents(connector, workload, 1, metadata=metadata, model=MODEL, api_key="wrong")
-    rejected = raised.value.split(trio_websocket.ConnectionRejected)[0]
-    assert rejected is not None
-    [error] = rejected.exceptions
-    while isinstance(error, BaseExceptionGroup):
-        [error] = error.exceptions
+    error = first_leaf(raised.value)
+    assert isinstance(error, trio_websocket.ConnectionRejected)
     assert error.status_code == 401 and b'"invalid_api_key"' in error.body
-
-
-async def test_every_subagent_runs_at_once_beyond_the_servers_default_of_three(autojump_clock) -> None:
-    one = await injected_run(1, 0.5)
-    four = await injected_run(4, 0.5)
-    assert (four.status, four.injects) == ("completed", 8)
-    assert four.seconds == pytest.approx(one.seconds)  # `max_concurrent_subagents` asks for all four
 
 
 async def test_a_refused_request_and_a_failed_response_end_the_run_with_their_status(autojump_clock) -> None:

@@ -183,3 +183,12 @@ def vllm_worker():
     worker = WorkerProcess.start(TINY_CPU)
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def results_in_tmp(tmp_path, monkeypatch):
+    """experiments/ write their results folders under tmp_path."""
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return tmp_path

@@ -1,7 +1,5 @@
-"""The command lines as a user meets them (prototype/cli/common.py): abbreviations refused with a
-one-line error, help on every option, lists as `1000,4000` or `1000 4000`, and a new results
-folder per run with a `latest` link, never an overwrite; the subcommands and the function each runs, the
-`--engine` options, and the parser and range-checked types every command line shares."""
+"""The command lines as a user meets them (prototype/cli/common.py): one-line refusals, no abbreviations, help on
+every option, lists, a new results folder per run with a `latest` link; the subcommands and the `--engine` options."""
 
 from __future__ import annotations
 
@@ -90,11 +88,6 @@ def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
     (["compare", "--seed", "-1"], "python -m prototype compare: error: argument --seed: must be at least 0, not -1"),
     (["compare", "--jobs", "0"], "python -m prototype compare: error: argument --jobs: must be at least 1, not 0"),
     (["serve", "--port", "70000"], "python -m prototype serve: error: argument --port: must be from 0 to 65535, not 70000"),
-    (["serve", "--workers", "0"], "python -m prototype serve: error: argument --workers: must be at least 1, not 0"),
-    (["serve", "--suspension-ttl", "0"], "python -m prototype serve: error: argument --suspension-ttl: must be greater than 0, not 0"),
-    (["serve", "--flush-interval", "-0.1"], "python -m prototype serve: error: argument --flush-interval: must be at least 0, not -0.1"),
-    (["serve", "--max-connections", "0"], "python -m prototype serve: error: argument --max-connections: must be at least 1, not 0"),
-    (["serve", "--kv-ttl", "-1"], "python -m prototype serve: error: argument --kv-ttl: must be at least 0, not -1"),
     (["demo", "--turns", "1"], "python -m prototype demo: error: argument --turns: must be at least 2, not 1"),
     (["demo", "--tps", "0"], "python -m prototype demo: error: argument --tps: must be greater than 0, not 0"),
     (["demo", "--output-tokens", "0"], "python -m prototype demo: error: argument --output-tokens: must be at least 1, not 0"),
@@ -124,6 +117,7 @@ def test_out_of_range_values_are_refused_before_any_work(argv, line, capsys, mon
     ("concurrency", ["--workers", "0"], "argument --workers: must be at least 1, not 0"),
     ("soak", ["--warmup", "1"], "argument --warmup: must be at least 0 and below 1, not 1"),
     ("profile_turn", ["--top", "-1"], "argument --top: must be at least 0, not -1"),
+    ("load", ["--sess", "3"], "unrecognized arguments: --sess 3"),  # no abbreviation
 ])
 def test_experiments_refuse_out_of_range_values(name, argv, line, capsys):
     with pytest.raises(SystemExit) as exited:
@@ -131,21 +125,6 @@ def test_experiments_refuse_out_of_range_values(name, argv, line, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.endswith(f": error: {line} (see --help)\n"), err
-
-
-def test_options_that_do_not_go_together_name_the_subcommand(tmp_path, capsys):
-    assert cli_main(["compare", "--preset", "nonsense", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == ("python -m prototype compare: error: --preset 'nonsense' is neither a preset "
-                                       "(coding, compact, chat, long) nor a file (see --help)\n")
-
-
-def test_experiment_abbreviation_is_refused(capsys):
-    from experiments import load
-
-    with pytest.raises(SystemExit) as exited:
-        load.main(["--sess", "3"])
-    assert exited.value.code == 2
-    assert "unrecognized arguments: --sess 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("words", [["65,1000", "4000"], ["65", "1000", "4000"], ["65,1000,4000"], ["65, 1000,4000,"]])
@@ -239,7 +218,7 @@ def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line
     assert allowing.parse_args(["--task", "3"]).tasks == 3
 
 
-def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand(capsys):
+def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_else_by_the_top_parser(capsys):
     parser = common.Parser(prog="top")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("run").add_argument("--n", type=int)
@@ -248,15 +227,11 @@ def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand(capsys
     assert exited.value.code == 2
     assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
     assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
-
-
-def test_unknown_words_the_subcommand_does_not_take_are_left_to_the_top_parser(capsys):
-    parser = common.Parser(prog="top")
-    commands = parser.add_subparsers(dest="command", parser_class=argparse.ArgumentParser)  # plain argparse
-    commands.add_parser("run")
-    assert parser.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
+    plain = common.Parser(prog="top")
+    plain.add_subparsers(dest="command", parser_class=argparse.ArgumentParser).add_parser("run")  # a plain argparse subcommand
+    assert plain.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
     with pytest.raises(SystemExit):
-        parser.parse_args(["run", "--m"])
+        plain.parse_args(["run", "--m"])
     assert capsys.readouterr().err == "top: error: unrecognized arguments: --m (see --help)\n"
     undestined = common.Parser(prog="top")  # subcommands without a destination
     undestined.add_subparsers().add_parser("run")

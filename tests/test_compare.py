@@ -1,9 +1,6 @@
-"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): the printed table and its legend,
-the headline against http, the options, the configuration each option gives, the parameters printed, the files
-written, the results cache's line, the refusals, the real engine's path with its engine replaced by a stand-in,
-and whole runs as a user starts them (twice, into a closed pipe, with Ctrl-C, failing, with an estimate first).
-Where a test does not look at the figure, a stand-in records what it was asked to draw (matplotlib takes
-seconds; tests/test_figure_drawing.py draws it)."""
+"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): what a run prints and writes, its options
+and refusals, the real engine's path with a stand-in engine, and whole runs as a user starts them. `drawn` stands in for
+the figure (tests/test_figure_drawing.py draws it)."""
 
 from __future__ import annotations
 
@@ -256,12 +253,6 @@ def test_a_trace_run_takes_its_first_tasks_and_prints_the_readers_notes(tmp_path
     assert capsys.readouterr().err == "trace note: one\ntrace note: two\n"
 
 
-def test_a_preset_neither_known_nor_a_file_is_refused_with_the_presets_named():
-    with pytest.raises(ValueError) as refused:
-        compare.workload_config(parsed("--preset", "nonsense"), benchmark.DEFAULT_NETWORK)
-    assert str(refused.value) == "--preset 'nonsense' is neither a preset (coding, compact, chat, long) nor a file"
-
-
 def test_the_parameters_printed_leave_out_what_did_not_run():
     config, *_ = compare.workload_config(parsed(), benchmark.DEFAULT_NETWORK)
     everything = benchmark.parameters(config)
@@ -348,18 +339,6 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
             "the same configuration and code; --no-cache computes them again.\n") in again
 
 
-def test_a_run_without_v1_or_the_trace_speed_says_nothing_of_them(tmp_path, drawn, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "out"
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "chained", "--jobs", "1",
-                     "--no-cache", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "suspension TTL" not in printed and "results cache" not in printed
-    assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
-    assert not (tmp_path / "cache").exists()
-
-
 def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):
     slow = workload.Workload("slow", 0, (workload.TurnSpec(100, 5, (301.0,)), workload.TurnSpec(10, 5, ())))
     quick = workload.Workload("quick", 0, (workload.TurnSpec(100, 5, (300.0,)), workload.TurnSpec(10, 5, ())))
@@ -376,28 +355,21 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, 
     assert "\n  reconnects (codex policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
 
 
-def test_a_real_time_run_says_so_and_runs_its_grid_in_real_time(tmp_path, drawn, capsys, monkeypatch):
+def test_a_real_time_run_says_so_and_a_run_goes_to_a_new_folder_under_the_results_folder(tmp_path, drawn, capsys, monkeypatch):
     seen = []
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_grid", lambda config, designs, speeds, runner, out, real: seen.append(real) or [])
     monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
     monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
-    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
+    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
     assert seen == [True]
     assert capsys.readouterr().out.startswith("\n1 task of the 'coding' workload, real time over loopback sockets\n")
     assert drawn[0][1]["clock"] == "real time over loopback sockets"
-    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
-    assert seen == [True, False]
-
-
-def test_a_new_run_folder_under_the_results_folder_by_default(tmp_path, drawn, capsys, monkeypatch):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path)
-    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
-    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
-    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
-    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
     [folder] = [p for p in (tmp_path / "compare").iterdir() if p.name != "latest"]
     assert (tmp_path / "compare" / "latest").resolve() == folder.resolve()
     assert (folder / "compare.csv").read_bytes() == b"design,decode_tps,reconnects\r\nhttp,65.0,0\r\n"
+    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path / "out")]) == 0
+    assert seen == [True, False]
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -405,8 +377,10 @@ def test_a_new_run_folder_under_the_results_folder_by_default(tmp_path, drawn, c
     (["--latency", "/nonexistent/latency.json"], "python -m prototype compare: error: "),
     (["--trace", str(CODEX_TRACE), "--turns", "2"],
      "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
+    (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, chat, "
+                               "long) nor a file (see --help)\n"),
 ])
-def test_a_bad_trace_profile_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
+def test_a_bad_trace_profile_preset_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
     assert cli_main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(says) and err.endswith(" (see --help)\n") and err.count("\n") == 1
@@ -560,14 +534,16 @@ def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
 # --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
 
 
-def compare_printout(capsys, tmp_path, *options: str) -> str:
-    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
-    return capsys.readouterr().out
-
-
-def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
+def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys, monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    out = tmp_path / "out"
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1", "--out", str(out)]
+    assert cli_main([*argv, "--no-cache"]) == 0
+    printed, err = capsys.readouterr()
+    assert not (tmp_path / "cache").exists() and "roughly" not in err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
     lines = printed.splitlines()
     header = next(line for line in lines if "design" in line and "tok/s" in line)
     assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
@@ -577,9 +553,16 @@ def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_
     assert max(len(line) for line in table) <= 100  # every estimate with its interval
     assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
     assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
-    assert "suspension TTL" not in printed  # v1 did not run
-    assert "results cache" not in printed
-    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
+    assert lines[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")  # no trace at 4000
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
+    assert cli_main(argv) == 0  # from the cache: nothing to estimate
+    again, err = capsys.readouterr()
+    assert "roughly" not in err
     assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
     assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
 
@@ -703,24 +686,6 @@ def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeyp
     assert " of CPU (" in compare.estimate(grid, workers=None)
 
 
-def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    first = capsys.readouterr()
-    assert "roughly" not in first.err
-    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
-    final = first.err.replace("\r", "\n").strip().splitlines()[-1]
-    assert " 4/4 [" in final and "task" in final, final
-    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
-    assert cli_main([*argv, "--seed", "1"]) == 0
-    err = capsys.readouterr().err
-    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
-    assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
-    assert "roughly" not in capsys.readouterr().err
-
-
 # --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------
 
 
@@ -738,7 +703,8 @@ def two_runs(tmp_path, monkeypatch):
     return runs
 
 
-def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, capsys, monkeypatch):
+def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys,
+                                                                                                      monkeypatch):
     from prototype import sweep
 
     monkeypatch.setattr(sweep.Runner, "map", lambda *args, **kwargs: pytest.fail("plot ran something"))
@@ -752,22 +718,16 @@ def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, cap
     assert json.loads((out / "compare.json").read_text())["table"] == json.loads((two_runs[0] / "compare.json").read_text())["table"]
     assert f"the 'coding' workload, virtual time; from {two_runs[0]} (2 points)\n" in printed
     assert f"wrote {tmp_path / 'results' / 'plot' / folder}/compare.csv, compare.json, compare_tasks.json, compare.png in " in printed
-
-
-def test_plot_merges_folders_into_one_table(two_runs, tmp_path):
-    out = tmp_path / "merged"
-    assert cli_main(["plot", *map(str, two_runs), "--out", str(out)]) == 0
+    # Folders merged into one table, ordered by speed, then design.
+    assert cli_main(["plot", *map(str, two_runs), "--out", str(tmp_path / "merged")]) == 0
     tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
-    merged = json.loads((out / "compare.json").read_text())
-    assert merged["table"] == tables[1] + tables[0]  # ordered by speed, then design
+    merged = json.loads((tmp_path / "merged" / "compare.json").read_text())
+    assert merged["table"] == tables[1] + tables[0]
     assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
-    assert len(json.loads((out / "compare_tasks.json").read_text())) == 8
-
-
-def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys):
+    assert len(json.loads((tmp_path / "merged" / "compare_tasks.json").read_text())) == 8
+    capsys.readouterr()
     docs = REPO / "docs" / "figures"
     before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
-    capsys.readouterr()
     assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
     assert "inside docs/figures/" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before

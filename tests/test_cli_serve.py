@@ -1,8 +1,5 @@
-"""`python -m prototype serve`: in-process first (the options, the server they build, what it prints, its access
-log and stats, its SIGTERM drain and its exits, with the listener replaced by a stand-in so no socket is served),
-then as a user runs it, a child process on a free port: it prints its address and configuration, answers, logs
-one line per response, stops on Ctrl-C (exit 0, "stopped"), refuses a wrong API key at the WebSocket handshake
-(docs/protocol.md) and a bad option with one line, and exits saying why when its real engine dies."""
+"""`python -m prototype serve`: in-process (its options, the server they build, what it prints, its access log, stats,
+SIGTERM drain and exits, with a stand-in listener), then as a user runs it, a child process on a free port."""
 
 from __future__ import annotations
 
@@ -64,7 +61,7 @@ def option_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
     return helps
 
 
-def test_the_help_names_every_option_and_states_the_default_a_server_runs_with():
+def test_the_help_names_every_option_and_states_the_defaults_of_the_default_server():
     helps = option_helps(serve_parser())
     assert set(helps) >= {"--api-key", "--workload", "--seed", "--costs", "--switches", "--records", "--quiet", "--log-format"}
     assert all(len(text.split()) >= 3 for text in helps.values()), helps  # every option says what it does
@@ -72,7 +69,7 @@ def test_the_help_names_every_option_and_states_the_default_a_server_runs_with()
               if option not in ("--engine", "--vllm-model", "--vllm-python") and (match := re.search(r"\(default:? ([^;)]+)[;)]", text))}
     args, server = serve_args(), serve.build_server(serve_args("--quiet"))
     config, api = server.config, server.api
-    server.api.store.close()
+    api.store.close()
     assert stated == {  # the defaults a server built without these options runs with, as the help words them
         "--host": args.host, "--port": str(args.port), "--store": "in memory" if args.store == ":memory:" else args.store,
         "--api-profile": next(name for name, profile in API_PROFILES.items() if profile == api.sprint),
@@ -86,63 +83,54 @@ def test_the_help_names_every_option_and_states_the_default_a_server_runs_with()
         "--drain-seconds": f"{args.drain_seconds:g}", "--max-queued-creates": str(config.max_queued_creates),
         "--gc-unfreeze-every": f"{args.gc_unfreeze_every:g}",
     }
+    # The default server itself: a default engine and configuration, the after-sprint API, its own records.
+    assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
+    assert api.render_cache.max_tokens == 5_000_000
+    assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
+    assert (api.workloads.default_workload, api.workloads.default_seed, api.flush_interval, api.flush_tokens) == ("coding", 0, 0.05, None)
+    assert config == ServerConfig() and type(server.records) is metrics.ClientRecords
+
+
+@pytest.mark.parametrize(("option", "edge", "parsed", "past", "says"), [
+    ("--port", "0", 0, "-1", "must be from 0 to 65535"), ("--port", "65535", 65535, "65536", "must be from 0 to 65535"),
+    ("--seed", "0", 0, "-1", "must be at least 0"), ("--flush-interval", "0", 0.0, "-0.1", "must be at least 0"),
+    ("--flush-tokens", "1", 1, "0", "must be at least 1"), ("--suspension-ttl", "0.5", 0.5, "0", "must be greater than 0"),
+    ("--connection-lifetime", "0.5", 0.5, "0", "must be greater than 0"), ("--max-connections", "1", 1, "0", "must be at least 1"),
+    ("--max-message-bytes", "1", 1, "0", "must be at least 1"), ("--max-body-bytes", "1", 1, "0", "must be at least 1"),
+    ("--workers", "1", 1, "0", "must be at least 1"), ("--render-cache-tokens", "0", 0, "-1", "must be at least 0"),
+    ("--engine-sessions", "1", 1, "0", "must be at least 1"), ("--max-records", "0", 0, "-1", "must be at least 0"),
+    ("--kv-ttl", "0", 0.0, "-1", "must be at least 0"), ("--stats-interval", "0.5", 0.5, "0", "must be greater than 0"),
+    ("--drain-seconds", "0", 0.0, "-1", "must be at least 0"), ("--max-queued-creates", "1", 1, "0", "must be at least 1"),
+    ("--gc-unfreeze-every", "0", 0.0, "-1", "must be at least 0"),
+    ("--seed", "7", 7, "1.5", ""), ("--render-cache-tokens", "7", 7, "1.5", ""), ("--max-records", "7", 7, "1.5", ""),
+])
+def test_serve_takes_each_option_at_its_edge_and_refuses_it_past_its_edge(option, edge, parsed, past, says, capsys):
+    value = getattr(serve_args(option, edge), option[2:].replace("-", "_"))
+    assert (value, type(value)) == (parsed, type(parsed))
+    with pytest.raises(SystemExit) as exit_:
+        serve_parser().parse_args([option, past])
+    assert exit_.value.code == 2 and f"argument {option}: {says}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "accepted"), [
-    (["--port", "0"], {"port": 0}), (["--port", "65535"], {"port": 65535}), (["--seed", "0"], {"seed": 0}),
-    (["--flush-interval", "0"], {"flush_interval": 0.0}), (["--flush-tokens", "1"], {"flush_tokens": 1}),
-    (["--suspension-ttl", "0.5"], {"suspension_ttl": 0.5}), (["--connection-lifetime", "0.5"], {"connection_lifetime": 0.5}),
-    (["--max-connections", "1"], {"max_connections": 1}), (["--max-message-bytes", "1"], {"max_message_bytes": 1}),
-    (["--max-body-bytes", "1"], {"max_body_bytes": 1}), (["--workers", "1"], {"workers": 1}),
-    (["--render-cache-tokens", "0"], {"render_cache_tokens": 0}), (["--engine-sessions", "1"], {"engine_sessions": 1}),
-    (["--max-records", "0"], {"max_records": 0}), (["--kv-ttl", "0"], {"kv_ttl": 0.0}),
-    (["--stats-interval", "0.5"], {"stats_interval": 0.5}), (["--drain-seconds", "0"], {"drain_seconds": 0.0}),
-    (["--max-queued-creates", "1"], {"max_queued_creates": 1}), (["--gc-unfreeze-every", "0"], {"gc_unfreeze_every": 0.0}),
     (["--api-key", "a", "--api-key", "b"], {"api_key": ["a", "b"]}), (["--quiet"], {"quiet": True}),
     (["--records", "r.jsonl", "--store", "s.db", "--host", "::1"], {"records": "r.jsonl", "store": "s.db", "host": "::1"}),
     (["--costs", "default", "--switches", "on", "--log-format", "text", "--api-profile", "before"],
      {"costs": "default", "switches": "on", "log_format": "text", "api_profile": "before"}),
 ])
-def test_serve_takes_each_option_at_its_edge(argv, accepted):
+def test_serve_takes_its_other_options(argv, accepted):
     args = vars(serve_args(*argv))
     assert {name: args[name] for name in accepted} == accepted
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--port", "-1"], "--port: must be from 0 to 65535"), (["--port", "65536"], "--port: must be from 0 to 65535"),
-    (["--seed", "-1"], "--seed: must be at least 0"), (["--flush-interval", "-0.1"], "--flush-interval: must be at least 0"),
-    (["--flush-tokens", "0"], "--flush-tokens: must be at least 1"), (["--suspension-ttl", "0"], "--suspension-ttl: must be greater than 0"),
-    (["--connection-lifetime", "0"], "--connection-lifetime: must be greater than 0"),
-    (["--max-connections", "0"], "--max-connections: must be at least 1"), (["--max-message-bytes", "0"], "--max-message-bytes: must be at least 1"),
-    (["--max-body-bytes", "0"], "--max-body-bytes: must be at least 1"), (["--workers", "0"], "--workers: must be at least 1"),
-    (["--render-cache-tokens", "-1"], "--render-cache-tokens: must be at least 0"), (["--engine-sessions", "0"], "--engine-sessions: must be at least 1"),
-    (["--max-records", "-1"], "--max-records: must be at least 0"), (["--kv-ttl", "-1"], "--kv-ttl: must be at least 0"),
-    (["--stats-interval", "0"], "--stats-interval: must be greater than 0"), (["--drain-seconds", "-1"], "--drain-seconds: must be at least 0"),
-    (["--max-queued-creates", "0"], "--max-queued-creates: must be at least 1"), (["--gc-unfreeze-every", "-1"], "--gc-unfreeze-every: must be at least 0"),
-    (["--seed", "1.5"], "--seed: "), (["--render-cache-tokens", "1.5"], "--render-cache-tokens: "), (["--max-records", "1.5"], "--max-records: "),
-    (["--costs", "none"], "--costs: invalid choice"), (["--switches", "off"], "--switches: invalid choice"),
-    (["--log-format", "xml"], "--log-format: invalid choice"), (["--api-profile", "during"], "--api-profile: invalid choice"),
-])
-def test_serve_refuses_each_option_past_its_edge(argv, says, capsys):
+@pytest.mark.parametrize("option", ["--costs none", "--switches off", "--log-format xml", "--api-profile during"])
+def test_serve_refuses_a_choice_it_does_not_have(option, capsys):
     with pytest.raises(SystemExit) as exit_:
-        serve_parser().parse_args(argv)
-    assert exit_.value.code == 2 and "argument " + says in capsys.readouterr().err
+        serve_parser().parse_args(option.split())
+    assert exit_.value.code == 2 and f"argument {option.split()[0]}: invalid choice" in capsys.readouterr().err
 
 
 # --- the server the options build, and what it prints ---------------------------------------------------------------
-
-
-def test_the_default_options_build_the_default_server():
-    server = serve.build_server(serve_args("--quiet"))
-    api = server.api
-    assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
-    assert api.render_cache.max_tokens == 5_000_000
-    assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
-    assert (api.workloads.default_workload, api.workloads.default_seed) == ("coding", 0)
-    assert (api.flush_interval, api.flush_tokens) == (0.05, None)
-    assert server.config == ServerConfig()
-    assert type(server.records) is metrics.ClientRecords  # quiet, no file, no bound: the server's own records
-    server.api.store.close()
 
 
 def test_every_option_reaches_the_server_it_builds(tmp_path):
@@ -550,11 +538,8 @@ def test_serve_on_a_real_engine_that_dies_closes_its_connections_and_exits_sayin
 
 
 def test_ctrl_c_that_lands_in_a_task_whose_way_out_is_cancelled_still_stops_serve():
-    """SIGINT arriving while a connection's task runs (trio-websocket's reader, as the connection
-    closes) must still end the run. `reader` below does what that task does on its way out: it
-    cancels its nursery and passes a checkpoint. Raised inside it, as trio's default does, the
-    KeyboardInterrupt is replaced by that checkpoint's Cancelled and the run ends as if nothing
-    happened; `serve` raises it in the main task instead, so it reaches `serve`'s handler."""
+    """`reader` does what trio-websocket's reader does on its way out (cancel its nursery, checkpoint): raised there, as
+    trio's default does, KeyboardInterrupt would become that checkpoint's Cancelled; `serve` raises it in the main task."""
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -650,7 +635,8 @@ def test_serve_prints_its_address_and_configuration_answers_logs_one_line_per_re
 
 
 def test_a_wrong_api_key_gets_401_on_the_handshake_and_serve_stops_on_sigint_with_a_connection_open(cli_server):
-    server = cli_server("--costs", "zero", "--api-key", "secret")
+    # Started with SIGINT ignored, as a non-interactive shell starts `serve &` (POSIX): it still stops on it.
+    server = cli_server("--costs", "zero", "--api-key", "secret", preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     for key in ("wrong", None):
         with pytest.raises(InvalidStatus) as refused:
             open_ws(server.port, key)
@@ -735,23 +721,3 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path, under_a
         last = received[-1]
         assert (last["type"], last.get("response", last).get("error", {}).get("code")) in {
             ("response.failed", "server_error"), ("error", "server_shutting_down")}, received
-
-
-def test_serve_stops_on_sigint_even_when_started_with_sigint_ignored():
-    # A non-interactive shell starts a background command (`serve &`) with SIGINT ignored (POSIX);
-    # serve still stops on it, as its help says.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prototype", "serve", "--port", "0"], cwd=REPO,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
-        assert LISTENING.match(proc.stdout.readline())  # an exit instead gives '' and fails here
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert out.splitlines()[-1] == "stopped"

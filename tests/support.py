@@ -204,3 +204,10 @@ async def closed_after(conn) -> tuple[list[dict[str, Any]], int, str]:
         while True:
             events.append(await receive(conn))
     return events, closed.value.reason.code, closed.value.reason.reason
+
+
+def exit_code(call, *args: Any) -> int | str | None:
+    """The code `call(*args)` exits with, by SystemExit as argparse raises it."""
+    with pytest.raises(SystemExit) as exited:
+        call(*args)
+    return exited.value.code

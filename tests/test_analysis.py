@@ -1,7 +1,5 @@
-"""The tables, series and sentences computed from rows (prototype/analysis.py): the cell format, the
-plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a sweep's table by (value,
-design), a design's curve, where one curve reaches another, and the sentences of the published-results
-notebook."""
+"""The tables, series and sentences computed from rows (prototype/analysis.py): cells, text/Markdown/CSV tables, phase
+totals, a sweep's table by (value, design), a design's curve, crossovers, and the published-results verdicts."""
 
 from __future__ import annotations
 

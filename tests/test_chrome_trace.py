@@ -1,6 +1,5 @@
-"""A rollout's Chrome trace (prototype/trace.py), the timeline Perfetto opens: one process per rollout, one
-track per client span and server phase in the order a turn passes through them, every span placed in
-microseconds from the rollout's start."""
+"""A rollout's Chrome trace (prototype/trace.py): one process per rollout, one track per client span and server phase
+in a turn's order, every span in microseconds from the rollout's start."""
 
 from __future__ import annotations
 

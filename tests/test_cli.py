@@ -13,6 +13,7 @@ import pytest
 from prototype.__main__ import main as cli_main
 from prototype.cli import calibrate, common, compare, demo, engine_options, figures, plot, serve
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
+from tests.support import exit_code
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
@@ -60,23 +61,14 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     assert parser.allow_abbrev is False
 
 
-@pytest.mark.parametrize("argv, says", [
-    # An unknown option is refused by its subcommand's parser, which names it.
-    (["compare", "--task", "3"], "python -m prototype compare: error: unrecognized arguments: --task 3"),  # not read as --tasks 3
+@pytest.mark.parametrize("argv, line", [
+    # An unknown option is refused by its subcommand's parser, which names it (not read as --tasks 3).
+    (["compare", "--task", "3"], "python -m prototype compare: error: unrecognized arguments: --task 3"),
     (["serve", "--por", "1"], "python -m prototype serve: error: unrecognized arguments: --por 1"),
     (["demo", "--turn", "2"], "python -m prototype demo: error: unrecognized arguments: --turn 2"),
-    (["compare", "--speeds", "fast"], "argument --speeds: 'fast' is not a valid float"),
-    (["compare", "--designs", "http,carrier-pigeon"], "'carrier-pigeon' is not one of http, http-stored, chained, suspended"),
-])
-def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
-    with pytest.raises(SystemExit) as exited:
-        cli_main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and says in err and err.endswith("(see --help)\n"), err
-
-
-@pytest.mark.parametrize("argv, line", [
+    (["compare", "--speeds", "fast"], "python -m prototype compare: error: argument --speeds: 'fast' is not a valid float"),
+    (["compare", "--designs", "http,carrier-pigeon"],
+     "python -m prototype compare: error: argument --designs: 'carrier-pigeon' is not one of http, http-stored, chained, suspended"),
     (["compare", "--tasks", "0"], "python -m prototype compare: error: argument --tasks: must be at least 1, not 0"),
     (["compare", "--tasks", "-1"], "python -m prototype compare: error: argument --tasks: must be at least 1, not -1"),
     (["compare", "--speeds", "0"], "python -m prototype compare: error: argument --speeds: must be greater than 0, not 0"),
@@ -94,11 +86,9 @@ def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
     (["calibrate", "t.jsonl", "--baseline-tasks", "0"], "python -m prototype calibrate: error: argument --baseline-tasks: must be at least 1, not 0"),
     (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok"),
 ])
-def test_out_of_range_values_are_refused_before_any_work(argv, line, capsys, monkeypatch):
+def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):
     monkeypatch.setattr(compare, "run", lambda args: pytest.fail("compare ran"))
-    with pytest.raises(SystemExit) as exited:
-        cli_main(argv)
-    assert exited.value.code == 2
+    assert exit_code(cli_main, argv) == 2
     assert capsys.readouterr().err == f"{line} (see --help)\n"
 
 
@@ -120,9 +110,7 @@ def test_out_of_range_values_are_refused_before_any_work(argv, line, capsys, mon
     ("load", ["--sess", "3"], "unrecognized arguments: --sess 3"),  # no abbreviation
 ])
 def test_experiments_refuse_out_of_range_values(name, argv, line, capsys):
-    with pytest.raises(SystemExit) as exited:
-        importlib.import_module(f"experiments.{name}").main(argv)
-    assert exited.value.code == 2
+    assert exit_code(importlib.import_module(f"experiments.{name}").main, argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.endswith(f": error: {line} (see --help)\n"), err
 
@@ -152,9 +140,7 @@ def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypa
 
 def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
-    with pytest.raises(SystemExit) as exited:
-        cli_main(["--help"])
-    assert exited.value.code == 0
+    assert exit_code(cli_main, ["--help"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
     for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
@@ -164,9 +150,7 @@ def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
 
 
 def test_without_a_subcommand_the_error_names_it(capsys):
-    with pytest.raises(SystemExit) as exited:
-        cli_main([])
-    assert exited.value.code == 2
+    assert exit_code(cli_main, []) == 2
     assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
 
 
@@ -197,8 +181,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
     (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
 ])
 def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
-    with pytest.raises(SystemExit):
-        engine_parser().parse_args(argv)
+    assert exit_code(engine_parser().parse_args, argv) == 2
     err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
     assert err.replace("'llama-3.1-8b-shape', 'tiny-llama-cpu'", "llama-3.1-8b-shape, tiny-llama-cpu") == f"t: error: {says} (see --help)\n"
 
@@ -209,9 +192,7 @@ def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys
 def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line(capsys):
     parser = common.Parser(prog="p")
     parser.add_argument("--tasks", type=int)
-    with pytest.raises(SystemExit) as exited:
-        parser.parse_args(["--task", "3"])
-    assert exited.value.code == 2
+    assert exit_code(parser.parse_args, ["--task", "3"]) == 2
     assert capsys.readouterr().err == "p: error: unrecognized arguments: --task 3 (see --help)\n"
     allowing = common.Parser(prog="p", allow_abbrev=True)
     allowing.add_argument("--tasks", type=int)
@@ -222,16 +203,13 @@ def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_els
     parser = common.Parser(prog="top")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("run").add_argument("--n", type=int)
-    with pytest.raises(SystemExit) as exited:
-        parser.parse_args(["run", "--n", "1", "--m", "2", "x"])
-    assert exited.value.code == 2
+    assert exit_code(parser.parse_args, ["run", "--n", "1", "--m", "2", "x"]) == 2
     assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
     assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
     plain = common.Parser(prog="top")
     plain.add_subparsers(dest="command", parser_class=argparse.ArgumentParser).add_parser("run")  # a plain argparse subcommand
     assert plain.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
-    with pytest.raises(SystemExit):
-        plain.parse_args(["run", "--m"])
+    assert exit_code(plain.parse_args, ["run", "--m"]) == 2
     assert capsys.readouterr().err == "top: error: unrecognized arguments: --m (see --help)\n"
     undestined = common.Parser(prog="top")  # subcommands without a destination
     undestined.add_subparsers().add_parser("run")
@@ -316,8 +294,7 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
     assert default == [65.0, 1000.0, 4000.5]  # the default is a copy
     args = parser.parse_args(["--speeds", "1,2", "3", "--seeds", "--designs", "suspended"])
     assert (args.speeds, args.seeds, args.designs) == ([1.0, 2.0, 3.0], [], ["suspended"])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--designs", "http,v3"])
+    assert exit_code(parser.parse_args, ["--designs", "http,v3"]) == 2
     assert "'v3' is not one of http, chained, suspended" in capsys.readouterr().err
     parser.print_help()
     text = " ".join(capsys.readouterr().out.split())

@@ -35,6 +35,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.server.collector import FullCollectionPolicy
 from prototype.server.config import ServerConfig
 from tests.conftest import REPO
+from tests.support import exit_code
 
 # --- the options ---------------------------------------------------------------------------------------------------
 
@@ -107,9 +108,7 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
 def test_serve_takes_each_option_at_its_edge_and_refuses_it_past_its_edge(option, edge, parsed, past, says, capsys):
     value = getattr(serve_args(option, edge), option[2:].replace("-", "_"))
     assert (value, type(value)) == (parsed, type(parsed))
-    with pytest.raises(SystemExit) as exit_:
-        serve_parser().parse_args([option, past])
-    assert exit_.value.code == 2 and f"argument {option}: {says}" in capsys.readouterr().err
+    assert exit_code(serve_parser().parse_args, [option, past]) == 2 and f"argument {option}: {says}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "accepted"), [
@@ -125,9 +124,8 @@ def test_serve_takes_its_other_options(argv, accepted):
 
 @pytest.mark.parametrize("option", ["--costs none", "--switches off", "--log-format xml", "--api-profile during"])
 def test_serve_refuses_a_choice_it_does_not_have(option, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        serve_parser().parse_args(option.split())
-    assert exit_.value.code == 2 and f"argument {option.split()[0]}: invalid choice" in capsys.readouterr().err
+    assert exit_code(serve_parser().parse_args, option.split()) == 2
+    assert f"argument {option.split()[0]}: invalid choice" in capsys.readouterr().err
 
 
 # --- the server the options build, and what it prints ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
+from tests.support import exit_code
 
 CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
 
@@ -193,8 +194,7 @@ def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
     (["--reconnect", "carrier-pigeon"], "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from "),
 ])
 def test_an_unknown_design_or_policy_is_refused(argv, says, capsys):
-    with pytest.raises(SystemExit):
-        parsed(*argv)
+    assert exit_code(parsed, *argv) == 2
     assert says in capsys.readouterr().err
 
 

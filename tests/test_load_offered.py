@@ -1,6 +1,5 @@
-"""experiments/load.py `offered_load`: the turns per second the sessions send when nothing queues,
-from the modeled schedule (session i starts i x stagger / N in; each next request a modeled turn
-and a think time after the last), on configurations whose rates follow by hand."""
+"""experiments/load.py `offered_load`: the turns per second the sessions send when nothing queues (session i starts
+i x stagger / N in; each next request a modeled turn and a think time after the last), on rates that follow by hand."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The notebook runner (prototype/notebook.py): test mode's switch, the repository on the path, the results
-folder, a notebook executed in its own folder into the results folder through `execute_notebook` and the
-command line, what the command says without the notebooks extra, and tables printed as text outside a kernel."""
+"""The notebook runner (prototype/notebook.py): test mode, the repository on the path, the results folder, a notebook
+executed in its own folder, the command line with and without the notebooks extra, and tables as text outside a kernel."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import nbformat
 import pytest
 
 from prototype import notebook
+from tests.support import exit_code
 
 # A py:percent notebook that prints where it ran and the transport its kernel talks over.
 NOTEBOOK = ('# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
@@ -74,16 +74,12 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch
     assert executed_output(results / "tiny.ipynb") == f"ran in {tmp_path}\ntransport ipc\n"
     line = capsys.readouterr().out
     assert line.startswith(f"{source}: executed in ") and line.endswith(f" s -> {results / 'tiny.ipynb'}\n")
-    with pytest.raises(SystemExit) as exit_info:
-        notebook.main([])
-    assert exit_info.value.code == 2
+    assert exit_code(notebook.main, []) == 2
 
 
 def test_the_command_lines_help_names_its_argument(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
-    with pytest.raises(SystemExit) as exit_info:
-        notebook.main(["--help"])
-    assert exit_info.value.code == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
+    assert exit_code(notebook.main, ["--help"]) == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
 
 
 def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):

@@ -1,9 +1,6 @@
-"""The parameter tables printed with results (api/costs.py `describe`): every value shown is the one
-the run used, rendered from its field, and every row names where the value comes from.
-
-The costs here are deliberately not the defaults and differ from one another, so a row that shows a
-default, another field's value or a wrong unit fails; and each sits just below a rounding step of its
-printed precision, so a value scaled by even 0.1% on its way to the table prints differently."""
+"""The parameter tables printed with results (api/costs.py `describe`): each row shows the value the run used, from its
+field, and its source. The costs differ from the defaults and from one another, each just below a rounding step of its
+printed precision: a default, another field's value, a wrong unit or a value scaled by 0.1% prints differently."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The README's quickstart, run as written: every ```python block under "## Quickstart" is taken
-from README.md itself and run against `python -m prototype serve`, so the two cannot drift."""
+"""The README's quickstart, run as written: each ```python block under "## Quickstart" against `python -m prototype serve`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""experiments.sensitivity: the figures of a run (gains on means, TTFT as the mean turn) with their intervals over
-the tasks, the drivers ranked by their index only where SALib's intervals separate, each ordering decided on paired
-intervals and known both ways, and a tiny run end to end."""
+"""experiments.sensitivity: gains and TTFT with intervals over the tasks, drivers ranked only where SALib's intervals
+separate, orderings decided on paired intervals, and a tiny run end to end."""
 
 from __future__ import annotations
 
@@ -12,14 +11,6 @@ import pytest
 from experiments import sensitivity as s
 
 SPEEDS = (65.0, 1000.0, 4000.0)
-
-
-@pytest.fixture(autouse=True)
-def results_in_tmp(tmp_path, monkeypatch):
-    import experiments.common as common
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
 
 
 def samples(e2e: dict, *, ttft: dict | None = None, sent: dict | None = None, turns=(2.0, 4.0, 6.0, 8.0)) -> dict:
@@ -193,7 +184,7 @@ def test_the_range_over_the_global_design_is_its_middle_ninety_percent_with_inte
 # --- a run ----------------------------------------------------------------------------------------------------------
 
 
-def test_a_tiny_run_sweeps_each_range_names_its_drivers_and_says_it_is_not_for_conclusions(capsys):
+def test_a_tiny_run_sweeps_each_range_names_its_drivers_and_says_it_is_not_for_conclusions(capsys, results_in_tmp):
     result = s.main(["--tasks", "2", "--turns", "2", "--speeds", "1000", "--params", "t_fixed_pre", "f_ws",
                      "--trajectories", "2", "--in-process", "--no-cache"])
     oat = result["oat"]

@@ -22,14 +22,6 @@ from prototype.server.app import ResponsesServer
 from prototype.workload import fixed
 
 
-@pytest.fixture(autouse=True)
-def results_in_tmp(tmp_path, monkeypatch):
-    import experiments.common as common
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
 def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_its_floor(results_in_tmp, capsys):
     rows = efficiency.main([
         "--max-turns", "2", "--tool-scale", "0.001", "--speeds", "4000", "--designs", "chained", "suspended", "http", "--floor-turns", "3",
@@ -143,8 +135,7 @@ def test_streaming_spreads_its_sessions_over_the_cores_the_server_leaves_free(mo
 
 
 async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_hook_returns(autojump_clock):
-    # experiments/streaming.py opens every session before any streams: the turns leave the handshakes out.
-    # Each rollout on a fresh server, so neither finds the other's prompt in the prefix cache.
+    # experiments/streaming.py opens every session before any streams. Each rollout on a fresh server (no prefix cache hit).
     workload = fixed(1, initial_prompt_tokens=100, appended_tokens=0, output_tokens=20, tool_seconds=0.0)
     metadata = {"testbed_workload": streaming.spec_of(100, 20)}
     plain = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata)
@@ -258,9 +249,8 @@ def test_profile_turn_runs_at_a_tiny_size(results_in_tmp):
 
 
 def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
-    """Tokens are due from `start` (the prefill's deadline), not from when the task got to them:
-    started 10 ms late at 1000 tokens/s, the first chunk carries the 10 tokens already due and the
-    last token still goes out at start + 20 ms."""
+    """Tokens are due from `start` (the prefill's deadline): started 10 ms late at 1000 tokens/s, the first chunk carries
+    the 10 tokens already due and the last still goes out at start + 20 ms."""
     engine = Engine()
 
     async def run():
@@ -277,9 +267,8 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
 
 
 def test_a_real_runs_measured_window_holds_the_run_and_not_the_collectors_full_collection(monkeypatch):
-    """profile_turn's CPU clock and profiler are entered around the run alone: the collector's
-    settling (a full collection of everything the process holds, tens of milliseconds) comes
-    before, or it would be charged to the 17 turns as "server logic"."""
+    """profile_turn measures the run alone: the collector's settling (a full collection, tens of ms) comes before, or
+    it would be charged to the turns as "server logic"."""
     import contextlib
     import gc
 

@@ -135,11 +135,12 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_task_without_turns_as_no_
     assert summary["calls_per_tool_turn"] == 3.0  # a single-turn task's calls count as one tool turn's
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
     assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
-    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, cached_tokens=1, input_tokens=4),
-            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, input_tokens=4)]
+    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1, input_tokens=4),
+            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, bytes_received_per_turn=12.0, input_tokens=4)]
     del rows[1]["cached_tokens"]
     [summary] = benchmark.summarize(rows, intervals=False)
-    assert (summary["bytes_sent_per_turn"], summary["cached_share"]) == (5.0, 0.125)
+    # Bytes per turn weighed by turn, as the figure does: (1 x 2 + 3 x 6) / 4 turns, not the mean of the tasks' means.
+    assert (summary["bytes_sent_per_turn"], summary["bytes_received_per_turn"], summary["cached_share"]) == (5.0, 10.0, 0.125)
 
 
 @pytest.mark.parametrize("policy, described", [

@@ -276,7 +276,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     out = tmp_path / "new" / "out"
     clock = iter([10.0, 12.25])
     monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
+    argv = ["compare", "--tasks", "1", "--turns", "3", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
             "--rtt-ms", "40", "--out", str(out)]
     assert cli_main(argv) == 0
     printed = capsys.readouterr().out
@@ -291,7 +291,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     # interval and format, the docs' table, and the task rows the figure is drawn from.
     section = saved["headline"]
     assert (section["name"], section["command"], section["workload"]) == (
-        "compare", "python -m prototype compare --tasks 1 --turns 2", "1 task of the 'coding' workload, virtual time")
+        "compare", "python -m prototype compare --tasks 1 --turns 3", "1 task of the 'coding' workload, virtual time")
     assert sorted(section["figures"]) == sorted(
         [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in ("http", "suspended")]
         + [f"{name}.suspended.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio")])
@@ -337,6 +337,15 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     again = capsys.readouterr().out
     assert (f"\n\n2 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
             "the same configuration and code; --no-cache computes them again.\n") in again
+    table = {r["design"]: r for r in json.loads((out / "compare.json").read_text())["table"]}
+    # What each design keeps between turns orders them: end-to-end time, time to first token and upload.
+    assert table["http"]["speedup_vs_http"] == 1.0 < table["chained"]["speedup_vs_http"] < table["suspended"]["speedup_vs_http"]
+    for column in ("ttft_p50_ms", "bytes_sent_per_turn"):
+        assert table["http"][column] > table["chained"][column] > table["suspended"][column] > 0, column
+    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table.values())
+    spans = [e for e in json.loads((out / "trace_suspended.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert {"turn", "time_to_first_token", "validate", "prefill", "decode", "post"} <= {e["name"] for e in spans}
+    assert all(e["dur"] >= 0 for e in spans)
 
 
 def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):

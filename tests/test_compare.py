@@ -475,7 +475,7 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
             f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
 
 
-def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
+def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=2048))
     assert cli_main(["compare", "--engine", "vllm", "--preset", "coding", "--tasks", "1", "--turns", "2",
@@ -484,6 +484,13 @@ def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tm
     assert capsys.readouterr().err == (
         f"python -m prototype compare: error: --engine vllm: task coding-0 reaches {task.context_before(2):,} tokens of "
         "context, more than tiny-llama-cpu's context window of 2,048 (fewer --turns, or another --vllm-model)\n")
+    context, args, config = task.context_before(len(task.turns)), parsed("--engine", "vllm"), benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
+    with pytest.raises(compare.ContextTooLong):  # exactly at the window: refused too
+        compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
+    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
 
 
 def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, monkeypatch):
@@ -494,20 +501,6 @@ def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, m
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=10**9))
     assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "python -m prototype compare: error: --engine vllm: no vllm here\n"
-
-
-def test_a_context_exactly_at_the_window_is_refused(tmp_path, monkeypatch):
-    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
-    [task] = config.tasks()
-    context = task.context_before(len(task.turns))
-    args = parsed("--engine", "vllm")
-    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
-    with pytest.raises(compare.ContextTooLong):
-        compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
-    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
-    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
 
 
 def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):

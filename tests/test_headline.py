@@ -10,6 +10,7 @@ import pytest
 
 from prototype import headline
 from prototype.cli import figures as figures_command
+from prototype.cli.common import Parser
 from prototype.uncertainty import Estimate
 from tests.conftest import REPO
 
@@ -120,8 +121,6 @@ def test_the_figures_command_imports_results_and_rewrites_or_checks_the_spans_wi
 
 
 def figures_command_args(*argv: str):
-    from prototype.cli.common import Parser
-
     parser = Parser(prog="python -m prototype figures")
     figures_command.add_arguments(parser)
     return parser.parse_args(list(argv))
@@ -156,10 +155,6 @@ def test_a_full_figures_run_into_docs_figures_rewrites_the_spans_and_a_smoke_run
 # --- the committed data against a fresh run ----------------------------------------------------------------------
 
 
-def committed(name: str) -> dict:
-    return headline.load(name)
-
-
 def json_round_trip(value):
     return json.loads(json.dumps(value))
 
@@ -169,9 +164,8 @@ def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
 
     from prototype import benchmark
     from prototype.cli import compare
-    from prototype.cli.common import Parser
 
-    data = committed("compare")
+    data = headline.load("compare")
     parser = Parser(prog="compare")
     compare.add_arguments(parser)
     args = parser.parse_args(data["command"].removeprefix("python -m prototype compare").split())
@@ -188,7 +182,7 @@ def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
     from prototype import benchmark
     from prototype.cli import compare
 
-    data = committed("compare")
+    data = headline.load("compare")
     recomputed = compare.headline_estimates(benchmark.summarize(data["data"]), data["data"])
     assert sorted(recomputed) == sorted(data["figures"])
     for key, estimate in recomputed.items():
@@ -201,7 +195,7 @@ def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_chec
     from experiments import published
     from prototype import benchmark
 
-    data = committed("published")
+    data = headline.load("published")
     argv = data["command"].split()[3:]
     turns = int(argv[argv.index("--trend-turns") + 1]) if "--trend-turns" in argv else 20
     tasks = data["data"]["trend_tasks"]
@@ -231,7 +225,7 @@ def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configu
     gain = sensitivity.Headline("g", "g", "%", sensitivity.gain(sensitivity.CHAINED, sensitivity.HTTP, 1000.0))
     fresh = gain.value(sensitivity.samples_of(rows))
     for name in names:
-        data = committed(name)
+        data = headline.load(name)
         assert data["data"]["oat"][0] == "default"
         assert data["data"]["values"][0]["e2e gain chained vs http @1000"] == pytest.approx(fresh, abs=1e-12), name
         assert data["figures"]["gain.chained_vs_http.1000.default"]["value"] == pytest.approx(100 * fresh), name
@@ -243,7 +237,7 @@ def test_the_committed_faults_data_match_a_fresh_run_of_a_cells_first_task(desig
     from prototype import benchmark
     from prototype.client.reconnect import POLICIES
 
-    data = committed("faults")
+    data = headline.load("faults")
     (first,) = [row for row in data["data"] if (row["design"], row["fault"], row["policy"]) == (design, fault, policy)]
     run = faults.FaultRun(design, faults.FAULT_MODELS[fault], POLICIES[policy], 1000.0, benchmark.BenchConfig(n_tasks=1))
     (fresh,) = faults.task_csv_rows(faults.fault_records(run))

@@ -12,9 +12,8 @@ from prototype.client.harness import RolloutRecord, TurnRecord
 
 
 def test_design_of_names_a_stateless_http_record_as_the_benchmarks_http():
-    assert analysis.design_of(RolloutRecord("http-stateless", "fixed", 0.0)) == "http"
-    assert analysis.design_of(RolloutRecord("http-stored", "fixed", 0.0)) == "http-stored"
-    assert analysis.design_of(RolloutRecord("suspended", "fixed", 0.0)) == "suspended"
+    designs = [analysis.design_of(RolloutRecord(d, "fixed", 0.0)) for d in ("http-stateless", "http-stored", "suspended")]
+    assert designs == ["http", "http-stored", "suspended"]
 
 
 @pytest.mark.parametrize("value, cell", [
@@ -33,7 +32,7 @@ def test_write_csv_takes_its_columns_from_the_first_row_and_quotes_commas(tmp_pa
     assert path.read_bytes() == b"a\r\n1\r\n"
 
 
-def test_print_table_right_aligns_each_column_to_its_widest_cell(capsys):
+def test_print_table_right_aligns_each_column_and_takes_columns_formats_and_headers(capsys):
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 12345.0}]
     analysis.print_table(rows)
     assert capsys.readouterr().out == (
@@ -41,9 +40,6 @@ def test_print_table_right_aligns_each_column_to_its_widest_cell(capsys):
         "suspended   1.500  3\n"
         "     http  12,345   \n"
     )
-
-
-def test_print_table_takes_columns_formats_and_headers_per_column(capsys):
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 0.25, "n": 10}]
     analysis.print_table(rows, columns=["n", "e2e"], formats={"e2e": lambda v: f"{v:.1f} s"}, headers={"n": "tasks"})
     assert capsys.readouterr().out == (

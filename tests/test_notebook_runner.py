@@ -65,7 +65,7 @@ def test_a_notebook_runs_in_its_own_folder_into_the_given_output(tmp_path) -> No
     assert executed_output(output) == f"ran in {source.parent}\ntransport ipc\n"  # Unix sockets, not TCP
 
 
-def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch, tmp_path, capsys) -> None:
+def test_the_command_line_runs_each_notebook_into_the_results_folder_and_names_its_argument(monkeypatch, tmp_path, capsys) -> None:
     results = tmp_path / "results"
     monkeypatch.setenv("TESTBED_RESULTS", str(results))
     source = tmp_path / "tiny.py"
@@ -75,9 +75,6 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch
     line = capsys.readouterr().out
     assert line.startswith(f"{source}: executed in ") and line.endswith(f" s -> {results / 'tiny.ipynb'}\n")
     assert exit_code(notebook.main, []) == 2
-
-
-def test_the_command_lines_help_names_its_argument(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     assert exit_code(notebook.main, ["--help"]) == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
 

@@ -14,8 +14,7 @@ SPEEDS = (65.0, 1000.0, 4000.0)
 
 
 def samples(e2e: dict, *, ttft: dict | None = None, sent: dict | None = None, turns=(2.0, 4.0, 6.0, 8.0)) -> dict:
-    """A configuration's per-task figures: e2e[(design, speed)] the tasks' end-to-end times; ttft the tasks' TTFT sums
-    (every turn counted), sent the bytes per task (default: one design's bytes everywhere)."""
+    """Per-task figures: e2e[(design, speed)] the tasks' end-to-end times, ttft their TTFT sums, sent their bytes."""
     out = {}
     for point, times in e2e.items():
         out[point] = {"e2e": np.asarray(times, dtype=float), "turns": np.asarray(turns, dtype=float),

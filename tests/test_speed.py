@@ -185,12 +185,10 @@ def test_the_floor_plays_a_request_and_a_terminal_event_of_the_sizes_asked():
     assert [orjson.loads(m)["type"] for m in closing][-1] == "response.completed"
 
 
-def test_a_target_is_judged_only_where_the_load_average_stays_within_the_machines_cores():
+def test_a_target_is_judged_only_within_the_machines_cores_against_the_efficiency_bound():
     assert not efficiency.machine_loaded(1.9, cores=2) and not efficiency.machine_loaded(2.0, cores=2)
     assert efficiency.machine_loaded(2.1, cores=2) and not efficiency.machine_loaded(2.1, cores=4)
-
-
-def test_the_efficiency_bound_is_the_limit_over_the_limit_plus_the_floor_every_turn():
+    # The efficiency bound: the limit over the limit plus the floor every turn.
     assert stack_floor.efficiency_bound(0.002, 17, 7.384) == pytest.approx(7.384 / 7.418)
     assert stack_floor.efficiency_bound(0.0, 17, 7.384) == 1.0
 

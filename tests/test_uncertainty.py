@@ -10,16 +10,14 @@ from scipy import stats
 from prototype import uncertainty as u
 
 
-def test_a_bootstrap_interval_holds_the_statistic_and_counts_its_samples():
+def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_and_is_seeded():
     samples = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
     estimate = u.bootstrap(samples, np.median)
     assert estimate.value == 4.25
     assert estimate.n == 10 and estimate.of == "tasks"
     assert estimate.low < 4.25 < estimate.high
     assert min(samples) <= estimate.low and estimate.high <= max(samples)
-
-
-def test_a_bootstrap_is_the_same_every_run_and_its_ends_move_little_with_the_seed():
+    # The same every run; its ends move little with the seed.
     rng = np.random.default_rng(3)
     samples = rng.lognormal(0.0, 0.5, 40)
     assert u.bootstrap(samples) == u.bootstrap(samples)
@@ -64,15 +62,12 @@ def test_a_paired_ratio_resamples_tasks_together():
         u.paired_bootstrap([1.0, 2.0], [1.0], lambda a, b: 0.0)
 
 
-def test_a_rate_has_the_exact_binomial_interval():
+def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exact_poisson_one():
     estimate = u.rate(2, 40)
     exact = stats.binomtest(2, 40).proportion_ci(method="exact")
     assert estimate.value == 0.05 and estimate.n == 40
     assert (estimate.low, estimate.high) == (exact.low, exact.high)
     assert u.rate(0, 10).low == 0.0 and u.rate(10, 10).high == 1.0
-
-
-def test_events_per_exposure_have_the_exact_poisson_interval():
     # Two events in four tasks: 0.5 a task, and the Garwood interval for 2 events is [0.242, 7.225] events.
     estimate = u.events_per(2, 4.0)
     assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"

@@ -221,7 +221,7 @@ def test_a_preset_file_and_a_latency_profile(tmp_path):
     assert speeds == [7.0]
 
 
-def test_a_trace_run_replays_the_traces_tasks(capsys, tmp_path):
+def test_a_trace_run_replays_the_traces_first_tasks_and_prints_the_readers_notes(capsys, tmp_path, monkeypatch):
     model = LatencyModel(decode_tokens_per_s=321.0)
     latency = profiles.save_latency(model, tmp_path / "latency.json", "test")
     network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.125)
@@ -236,14 +236,10 @@ def test_a_trace_run_replays_the_traces_tasks(capsys, tmp_path):
     assert capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="^--turns applies to generated tasks, not to a trace$"):
         compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--turns", "2"), benchmark.DEFAULT_NETWORK)
-
-
-def test_a_trace_run_takes_its_first_tasks_and_prints_the_readers_notes(tmp_path, capsys, monkeypatch):
-    lines = CODEX_TRACE.read_text().splitlines()
-    folder = tmp_path / "rollouts"
+    folder = tmp_path / "rollouts"  # a folder of two rollouts: its first tasks, and the reader's notes printed
     folder.mkdir()
     for name in ("a", "b"):
-        (folder / f"rollout-{name}.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / f"rollout-{name}.jsonl").write_text(CODEX_TRACE.read_text())
     config, *_ = compare.workload_config(parsed("--trace", str(folder)), benchmark.DEFAULT_NETWORK)
     assert config.n_tasks == 2 and len(config.task_list) == 2
     load = compare.traces.load
@@ -642,37 +638,34 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
         pytest.fail("processes of the interrupted compare are still running")
 
 
-def test_a_failed_compare_leaves_no_folder_and_latest_on_the_last_complete_run(tmp_path, monkeypatch, capsys):
+def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a_named_folders_files_as_they_were(
+        tmp_path, monkeypatch, capsys):
     from prototype.engine.vllm_client import PYTHON_ENV
 
     monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]) == 0
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]
+    assert cli_main(argv) == 0
     (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    out = tmp_path / "mine"
+    assert cli_main([*argv, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == sorted(COMPARED)
     monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
     # Refused after the run began: the long preset's task does not fit the real engine's model.
     assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1"]) == 2
     assert "context window" in capsys.readouterr().err
-    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
-    with pytest.raises(ZeroDivisionError):
-        cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--no-cache"])
-    assert run_folders(tmp_path) == [complete, "latest"]
-    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
-
-
-def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_were(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "mine"
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--out", str(out)]
-    assert cli_main(argv) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(before) == sorted(COMPARED)
     # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
     monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        cli_main([*argv, "--seed", "1"])
+        cli_main([*argv, "--seed", "1", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]  # no staging folder left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine", "results"]  # no staging folder left beside it
+    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
+    with pytest.raises(ZeroDivisionError):
+        cli_main([*argv, "--no-cache"])
+    assert run_folders(tmp_path) == [complete, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
 
 
 def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):

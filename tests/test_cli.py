@@ -65,6 +65,7 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     # An unknown option is refused by its subcommand's parser, which names it (not read as --tasks 3).
     (["compare", "--task", "3"], "python -m prototype compare: error: unrecognized arguments: --task 3"),
     (["serve", "--por", "1"], "python -m prototype serve: error: unrecognized arguments: --por 1"),
+    (["serve", "--cost", "zero"], "python -m prototype serve: error: unrecognized arguments: --cost zero"),  # no abbreviations
     (["demo", "--turn", "2"], "python -m prototype demo: error: unrecognized arguments: --turn 2"),
     (["compare", "--speeds", "fast"], "python -m prototype compare: error: argument --speeds: 'fast' is not a valid float"),
     (["compare", "--designs", "http,carrier-pigeon"],

@@ -363,13 +363,6 @@ def test_serve_collects_then_freezes_its_startup_objects_and_installs_the_collec
 # --- run: its exits, with the listener replaced by a stand-in ------------------------------------------------------
 
 
-def test_a_bad_workload_is_refused_before_anything_starts(capsys, monkeypatch):
-    monkeypatch.setattr(serve, "build_server", lambda args: pytest.fail("a server was built"))
-    assert serve.run(serve_args("--workload", "nonsense")) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("python -m prototype serve: error: --workload: ") and "nonsense" in err
-
-
 def test_several_workers_are_forked_unless_on_a_real_engine_and_a_port_taken_is_named(capsys, monkeypatch):
     monkeypatch.setattr(serve, "run_workers", lambda args: 7 if args.workers == 2 else 0)
     monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served from this process"))
@@ -384,8 +377,13 @@ def test_several_workers_are_forked_unless_on_a_real_engine_and_a_port_taken_is_
         assert capsys.readouterr().err == f"python -m prototype serve: error: cannot listen on 127.0.0.1:{port}: {says}\n"
 
 
-def test_a_store_or_records_file_that_cannot_be_opened_is_refused(tmp_path, capsys, monkeypatch):
+def test_a_bad_workload_store_or_records_file_is_refused_before_anything_serves(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(serve, "run_until_interrupted", lambda main: pytest.fail("served"))
+    with monkeypatch.context() as patched:
+        patched.setattr(serve, "build_server", lambda args: pytest.fail("a server was built"))
+        assert serve.run(serve_args("--workload", "nonsense")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m prototype serve: error: --workload: ") and "nonsense" in err
     store = tmp_path / "missing" / "store.db"
     assert serve.run(serve_args("--store", str(store))) == 2
     assert capsys.readouterr().err == f"python -m prototype serve: error: --store {store}: unable to open database file\n"
@@ -446,7 +444,8 @@ def serving(monkeypatch):
     signal.signal(signal.SIGINT, previous)
 
 
-def test_serve_listens_announces_and_stops_on_ctrl_c(serving, monkeypatch):
+def test_serve_listens_announces_prints_stats_closes_its_records_and_stops_on_ctrl_c_or_names_what_it_cannot_listen_on(
+        serving, tmp_path, capsys, monkeypatch):
     stdout = flushed_stdout(monkeypatch)
     args = serve_args("--port", "0", "--host", "0.0.0.0", "--quiet", "--drain-seconds", "4")
     assert serve.run(args) == 0
@@ -462,18 +461,14 @@ def test_serve_listens_announces_and_stops_on_ctrl_c(serving, monkeypatch):
     assert out.endswith("  store     :memory:\nstopped\n")
     with pytest.raises(Exception, match="closed database"):
         server.api.store._db.execute("select 1")
-
-
-def test_serve_prints_stats_when_asked_and_closes_its_records_file_when_it_stops(serving, tmp_path, monkeypatch):
+    # Stats printed when asked; the records file closed when it stops.
     assert serve.run(serve_args("--quiet", "--stats-interval", "30")) == 0
-    assert serving["stats"] == [(serving["served"][0][0], 30.0)]
+    assert serving["stats"] == [(serving["served"][1][0], 30.0)]
     closed = []
     monkeypatch.setattr(serve_report.AccessLog, "close", lambda self: closed.append(self))
     assert serve.run(serve_args("--records", str(tmp_path / "r.jsonl"))) == 0
-    assert len(closed) == 1 and closed[0] is serving["served"][1][0].records
-
-
-def test_serve_names_the_address_it_cannot_listen_on(serving, capsys):
+    assert len(closed) == 1 and closed[0] is serving["served"][2][0].records
+    # A listener that cannot listen: its address named.
     serving["then"] = lambda: OSError(98, "Address already in use")
     assert serve.run(serve_args("--port", "81", "--quiet")) == 1
     assert capsys.readouterr().err == "python -m prototype serve: error: cannot listen on 127.0.0.1:81: Address already in use\n"

@@ -145,7 +145,7 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
     assert alone["ttft_p50_ms"] == pytest.approx(200.0)
 
 
-def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same_tasks():
+def test_sweep_tables_gain_has_an_interval_over_the_same_tasks_and_its_p50_is_the_median():
     rows = [{**a_sweep_row(1, "http", e, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"} for i, e in enumerate((10.0, 20.0, 40.0))]
     rows += [{**a_sweep_row(1, "chained", e * f, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"}
              for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0), (0.5, 0.7, 0.9)))]
@@ -160,9 +160,7 @@ def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same
     assert 0.3 - 1e-9 <= two["gain_vs_http_low"] < two["gain_vs_http_high"] <= 0.5
     one = analysis.sweep_table([r for r in rows if r["task"] == "t0"], "tok_s")[1]
     assert one["gain_vs_http"] == 0.5 and math.isnan(one["gain_vs_http_low"]) and math.isnan(one["gain_vs_http_high"])
-
-
-def test_sweep_table_p50_is_the_median_not_the_mean():
+    # p50 is the median, not the mean.
     rows = [a_sweep_row(1, "http", e, 1, {}, [t], 0, 1, 0.0) for e, t in ((1.0, 0.1), (2.0, 0.2), (9.0, 0.9))]
     [row] = analysis.sweep_table(rows, "tok_s")
     assert row["e2e_mean_s"] == 4.0
@@ -170,11 +168,13 @@ def test_sweep_table_p50_is_the_median_not_the_mean():
     assert row["ttft_p50_ms"] == pytest.approx(200.0)
 
 
-def test_series_is_one_designs_curve_in_the_order_of_the_values():
+def test_series_is_one_designs_curve_in_the_order_of_the_values_and_crossing_curves_have_one_length():
     table = [{"x": 4000, "design": "http", "m": 3.0}, {"x": 65, "design": "http", "m": 1.0},
              {"x": 1000, "design": "chained", "m": 9.0}, {"x": 1000, "design": "http", "m": 2.0}]
     assert analysis.series(table, "x", "m", "http") == ([65, 1000, 4000], [1.0, 2.0, 3.0])
     assert analysis.series(table, "x", "m", "suspended") == ([], [])
+    with pytest.raises(ValueError):  # the crossover of curves of different lengths
+        analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 
 
 @pytest.mark.parametrize("xs, a, b, logx, where", [
@@ -196,11 +196,6 @@ def test_crossover_interpolates_where_one_curve_reaches_the_other(xs, a, b, logx
         assert found is None
     else:
         assert found == pytest.approx(where) and isinstance(found, float)
-
-
-def test_crossover_of_curves_of_different_lengths_is_refused():
-    with pytest.raises(ValueError):
-        analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 
 
 def a_published_row(**changes):

@@ -77,7 +77,7 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
     assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
 
 
-def test_an_ordering_is_claimed_only_where_intervals_separate():
+def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
     a = u.Estimate(1.0, 0.9, 1.1, 10)
     b = u.Estimate(2.0, 1.8, 2.2, 10)
     c = u.Estimate(2.1, 1.9, 2.3, 10)
@@ -87,9 +87,7 @@ def test_an_ordering_is_claimed_only_where_intervals_separate():
     assert u.holds(b, a) == "no"
     assert u.holds(b, c) == "not separated"
     assert not u.separated(a, u.Estimate(5.0, math.nan, math.nan, 1))
-
-
-def test_a_ranking_ties_drivers_whose_intervals_overlap():
+    # A ranking ties drivers whose intervals overlap.
     indices = {
         "rtt": u.from_half_width(50.0, 5.0, 20),
         "tools": u.from_half_width(30.0, 4.0, 20),

@@ -77,12 +77,8 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
         "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of\n"
         "      both designs together, as they ran the same tasks)\n"
     )
-
-
-def test_a_table_without_intervals_prints_its_values_and_no_interval_legend(capsys):
-    row = {k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}
-    compare.print_compare_table([row])
-    lines = capsys.readouterr().out.splitlines()
+    compare.print_compare_table([{k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}])
+    lines = capsys.readouterr().out.splitlines()  # without intervals: the values, and no interval legend
     assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
     assert not any(line.startswith("  [low, high]") for line in lines)
 
@@ -198,7 +194,7 @@ def test_an_unknown_design_or_policy_is_refused(argv, says, capsys):
     assert says in capsys.readouterr().err
 
 
-def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given():
+def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given_a_preset_file_and_a_latency_profile(tmp_path):
     network = benchmark.DEFAULT_NETWORK
     config, described, speeds = compare.workload_config(parsed(), network)
     assert (described, speeds) == ("the 'coding' workload", [65.0, 1000.0, 4000.0])
@@ -208,9 +204,6 @@ def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given()
     config, described, speeds = compare.workload_config(args, network)
     assert (described, speeds) == ("the 'chat' workload", [100.0])
     assert (config.preset, config.n_tasks, config.seed, config.fixed_turns, config.reconnect) == ("chat", 2, 5, 3, POLICIES["codex"])
-
-
-def test_a_preset_file_and_a_latency_profile(tmp_path):
     preset = profiles.save_preset(workload.PRESETS["chat"], tmp_path / "preset.json", "test")
     model = LatencyModel(decode_tokens_per_s=321.0, prefill_tokens_per_s=5000.0)
     latency = profiles.save_latency(model, tmp_path / "latency.json", "test")

@@ -35,25 +35,16 @@ def imports_of(name: str) -> tuple[set[str], set[str]]:
     (`from package import name` imports the submodule `name` where there is one, else the package)."""
     spec = importlib.util.find_spec(name)
     assert spec is not None and spec.origin is not None
-    path = Path(spec.origin)
-    is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if spec.submodule_search_locations is not None else name.rpartition(".")[0]
     ours: set[str] = set()
     others: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text(encoding="utf-8"), filename=spec.origin)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            targets = []
-            for alias in node.names:
-                sub = f"{module}.{alias.name}"
-                targets.append(sub if module.startswith(PACKAGE) and _is_module(sub) else module)
+            module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            subs = [f"{module}.{alias.name}" for alias in node.names]
+            targets = [sub if module.startswith(PACKAGE) and _is_module(sub) else module for sub in subs]
         else:
             continue
         for target in targets:

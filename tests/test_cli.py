@@ -308,7 +308,7 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
 # --- the run folders --------------------------------------------------------------------------------------
 
 
-def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
+def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
     now = datetime.datetime(2026, 11, 12, 13, 14, 15)
     base = tmp_path / "deep" / "compare"
     first = common.new_run_folder(base, now)
@@ -318,9 +318,7 @@ def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_lates
     assert (first / "a.csv").read_text() == "first"
     assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
     assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
-
-
-def test_a_run_folder_replaces_a_left_over_temporary_link_and_takes_the_clock_by_default(tmp_path):
+    # A left-over temporary link (or file) is replaced; the clock gives the name by default.
     left_over = tmp_path / f".latest.{os.getpid()}"
     left_over.symlink_to("nowhere")
     before = datetime.datetime.now().replace(microsecond=0)

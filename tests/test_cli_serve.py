@@ -399,17 +399,6 @@ def raising(error: BaseException):
     return fail
 
 
-class StandIn:
-    """What serve_responses gives back: listeners whose socket names an address."""
-
-    def __init__(self, address):
-        self.socket = self
-        self.address = address
-
-    def getsockname(self):
-        return self.address
-
-
 @pytest.fixture
 def serving(monkeypatch):
     """serve.run with its listener replaced: `served` records what it was asked to listen on; `then` is what the
@@ -418,7 +407,7 @@ def serving(monkeypatch):
 
     async def serve_responses(server, port, *, host, task_status):
         state["served"].append((server, port, host))
-        task_status.started([StandIn(("10.0.0.1", 4321, 0, 0))])
+        task_status.started([types.SimpleNamespace(socket=types.SimpleNamespace(getsockname=lambda: ("10.0.0.1", 4321, 0, 0)))])
         await trio.testing.wait_all_tasks_blocked()
         if state["then"] is None:  # served until something else ends the run
             await trio.sleep_forever()

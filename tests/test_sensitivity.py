@@ -62,13 +62,13 @@ def test_ttft_is_the_mean_turn_over_all_the_tasks_turns():
 NAMES = ["t_fixed_pre", "f_ws", "rtt", "prefill_rate"]
 
 
-def morris_drivers(output, trajectories: int = 12):
-    """The drivers of `output(u)`, u each parameter's place in its range (0 to 1), over a Morris design."""
-    design = s.global_design(NAMES, s.MORRIS, trajectories, seed=3)
-    bounds = np.array(s.problem(NAMES)["bounds"])
+def morris_drivers(output, units: int = 12, method=s.MORRIS, names=NAMES, seed=3):
+    """The drivers of `output(u)`, u each parameter's place in its range (0 to 1), over a global design (Morris's)."""
+    design = s.global_design(names, method, units, seed=seed)
+    bounds = np.array(s.problem(names)["bounds"])
     u = (design - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
-    importance = s.indices(NAMES, s.MORRIS, design, np.array([output(row) for row in u]))
-    return s.driver_estimates(NAMES, importance, s.MORRIS, trajectories)
+    importance = s.indices(names, method, design, np.array([output(row) for row in u]))
+    return s.driver_estimates(names, importance, method, units)
 
 
 def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_where_the_order_is_known():
@@ -99,11 +99,7 @@ def test_drivers_whose_intervals_overlap_are_tied_and_the_first_rank_says_so():
 
 def test_sobol_drivers_rank_by_the_total_index_with_its_interval():
     names = NAMES[:3]
-    design = s.global_design(names, s.SOBOL, 256, seed=0)
-    bounds = np.array(s.problem(names)["bounds"])
-    u = (design - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
-    importance = s.indices(names, s.SOBOL, design, np.array([4 * row[1] + 1 * row[0] for row in u]))
-    estimates = s.driver_estimates(names, importance, s.SOBOL, 256)
+    estimates = morris_drivers(lambda u: 4 * u[1] + 1 * u[0], 256, s.SOBOL, names, seed=0)
     assert list(estimates) == ["t_fixed_pre", "f_ws"]  # rtt moves nothing
     assert estimates["f_ws"].value == pytest.approx(16 / 17, abs=0.05) and estimates["f_ws"].n == 256
     assert s.top_driver(estimates) == "f_ws"

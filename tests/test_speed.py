@@ -1,5 +1,5 @@
-"""The own-cost benchmarks at tiny sizes (their columns and arithmetic, never a wall-clock bound), and the delta
-size bound of the engine's coalescing."""
+"""The own-cost benchmarks at tiny sizes (their columns and arithmetic, never a wall-clock bound), and the engine's
+schedule they rely on."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ import trio.testing
 from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
 from prototype import uncertainty
 from prototype.api.costs import ZERO_COSTS
-from prototype.api.service import ApiService
-from prototype.client.connect import InMemoryConnector, TcpConnector
-from prototype.client.harness import CHAINED, RolloutRecord, TurnRecord, run_websocket_rollout
+from prototype.client.connect import TcpConnector
+from prototype.client.harness import RolloutRecord, TurnRecord
 from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
-from prototype.server.app import ResponsesServer
-from prototype.workload import fixed
 
 
 def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_its_floor(results_in_tmp, capsys):
@@ -134,21 +131,6 @@ def test_streaming_spreads_its_sessions_over_the_cores_the_server_leaves_free(mo
     assert seen == [expected, 3]
 
 
-async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_hook_returns(autojump_clock):
-    # experiments/streaming.py opens every session before any streams. Each rollout on a fresh server (no prefix cache hit).
-    workload = fixed(1, initial_prompt_tokens=100, appended_tokens=0, output_tokens=20, tool_seconds=0.0)
-    metadata = {"testbed_workload": streaming.spec_of(100, 20)}
-    plain = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata)
-    begun = trio.current_time()
-
-    async def connected() -> None:
-        await trio.sleep(1.5)
-
-    hooked = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata, connected=connected)
-    assert hooked.started_at == hooked.turns[0].sent_at == begun + 1.5
-    assert hooked.turns[0].ended_at - hooked.turns[0].sent_at == pytest.approx(plain.turns[0].ended_at - plain.turns[0].sent_at, abs=1e-12)
-
-
 def test_a_client_process_that_cannot_connect_fails_the_streaming_run_at_once():
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -197,29 +179,6 @@ def test_concurrency_runs_at_a_tiny_size(results_in_tmp):
     rows = concurrency.main(["--sessions", "3", "--turns", "2", "--tool-seconds", "0.05", "--stagger", "0.05"])
     assert {r["design"] for r in rows} == {"suspended", "chained"}
     assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["completed"] == 3 for r in rows)
-
-
-def _chunks(pieces, rate, flush_interval, flush_tokens):
-    engine = Engine()
-
-    async def run():
-        out = []
-        async for chunk in engine.stream(LatencyModel(decode_tokens_per_s=rate), pieces, flush_interval=flush_interval, flush_tokens=flush_tokens):
-            out.append((trio.current_time(), chunk))
-        return out
-
-    return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_flush_tokens_bounds_each_delta_and_keeps_the_end():
-    pieces = [f"t{i} " for i in range(100)]
-    unbounded = _chunks(pieces, 1000.0, 0.05, None)
-    bounded = _chunks(pieces, 1000.0, 0.05, 8)
-    assert "".join(c for _, c in bounded) == "".join(pieces)
-    assert all(len(c.split()) <= 8 for _, c in bounded)
-    assert len(bounded[0][1].split()) == 1  # the first token goes out at once
-    assert bounded[-1][0] == pytest.approx(unbounded[-1][0]) == pytest.approx(0.1)  # the end is not delayed
-    assert max(len(c.split()) for _, c in unbounded) > 8
 
 
 def test_profile_split_gives_library_time_to_its_callers():

@@ -8,7 +8,11 @@ import argparse
 import csv
 import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -576,9 +580,6 @@ def run_folders(tmp_path, kind: str = "compare") -> list[str]:
 
 
 def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    import subprocess
-    import sys
-
     with open(tmp_path / "stderr", "w") as stderr:
         child = subprocess.Popen(
             [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
@@ -596,11 +597,6 @@ def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_
 
 
 def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-
     # 40 tasks of the coding workload at 65 tokens/s: each point runs for many seconds, so the signal finds the grid running.
     child = subprocess.Popen(
         [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
@@ -626,7 +622,7 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
             os.killpg(child.pid, 0)
         except ProcessLookupError:
             break
-        __import__("time").sleep(0.1)
+        time.sleep(0.1)
     else:
         pytest.fail("processes of the interrupted compare are still running")
 

@@ -3,6 +3,9 @@ construction)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,10 +57,6 @@ def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
 
 
 def test_an_experiment_into_a_pipe_whose_reader_has_gone_ends_without_a_traceback(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"),
                TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg")
     with open(tmp_path / "stderr", "w") as stderr:

@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import pytest
 
-from prototype import headline
+from experiments import faults, published, sensitivity
+from prototype import benchmark, headline
+from prototype import workload as wl
+from prototype.cli import compare
 from prototype.cli import figures as figures_command
 from prototype.cli.common import Parser
+from prototype.client.reconnect import POLICIES
 from prototype.uncertainty import Estimate
 from tests.conftest import REPO
 
@@ -160,11 +165,6 @@ def json_round_trip(value):
 
 
 def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
-    import attrs
-
-    from prototype import benchmark
-    from prototype.cli import compare
-
     data = headline.load("compare")
     parser = Parser(prog="compare")
     compare.add_arguments(parser)
@@ -179,9 +179,6 @@ def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
 
 
 def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
-    from prototype import benchmark
-    from prototype.cli import compare
-
     data = headline.load("compare")
     recomputed = compare.headline_estimates(benchmark.summarize(data["data"]), data["data"])
     assert sorted(recomputed) == sorted(data["figures"])
@@ -192,9 +189,6 @@ def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
 
 
 def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_checks_first_task():
-    from experiments import published
-    from prototype import benchmark
-
     data = headline.load("published")
     argv = data["command"].split()[3:]
     turns = int(argv[argv.index("--trend-turns") + 1]) if "--trend-turns" in argv else 20
@@ -212,12 +206,6 @@ def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_chec
 
 
 def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configuration():
-    import attrs
-
-    from experiments import sensitivity
-    from prototype import benchmark
-    from prototype import workload as wl
-
     names = sorted(p.stem for p in headline.FIGURES.glob("sensitivity_seed*.json"))
     assert names, "docs/figures/ holds no sensitivity run"
     base = benchmark.BenchConfig(preset=attrs.evolve(wl.CODING, fixed_tool_seconds=0.3), n_tasks=sensitivity.DEFAULT_TASKS)
@@ -233,10 +221,6 @@ def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configu
 
 @pytest.mark.parametrize("design, fault, policy", [("suspended", "drops", "openai-python"), ("chained-stored", "restart", "codex")])
 def test_the_committed_faults_data_match_a_fresh_run_of_a_cells_first_task(design, fault, policy):
-    from experiments import faults
-    from prototype import benchmark
-    from prototype.client.reconnect import POLICIES
-
     data = headline.load("faults")
     (first,) = [row for row in data["data"] if (row["design"], row["fault"], row["policy"]) == (design, fault, policy)]
     run = faults.FaultRun(design, faults.FAULT_MODELS[fault], POLICIES[policy], 1000.0, benchmark.BenchConfig(n_tasks=1))

@@ -281,8 +281,8 @@ def test_the_access_log_prints_a_line_per_record_and_survives_a_closed_stdout(fi
 # --- stats, SIGTERM, the collector ---------------------------------------------------------------------------------
 
 
-async def test_count_tasks_counts_every_live_task():
-    before = serve_report.count_tasks()
+async def test_stats_say_what_the_server_holds_and_are_printed_every_interval(autojump_clock, monkeypatch):
+    before = serve_report.count_tasks()  # every live task
     async with trio.open_nursery() as outer:
         async with trio.open_nursery() as inner:
             for _ in range(2):
@@ -292,9 +292,6 @@ async def test_count_tasks_counts_every_live_task():
             assert serve_report.count_tasks() == before + 3
             inner.cancel_scope.cancel()
         outer.cancel_scope.cancel()
-
-
-async def test_stats_say_what_the_server_holds_and_are_printed_every_interval(autojump_clock, monkeypatch):
     stdout = flushed_stdout(monkeypatch)
     server = serve.build_server(serve_args("--quiet"))
     server.connections = 2

@@ -38,7 +38,7 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit():
+def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit_and_a_table_as_markdown():
     assert headline.render(GAIN) == "4.0% [2.1%, 6.3%] n=10"
     assert headline.render(GAIN, "interval") == "4.0% [2.1%, 6.3%]"
     assert headline.render(GAIN, "value") == "4.0%"
@@ -46,9 +46,6 @@ def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_un
     assert headline.render(POINT) == "0.50 n=1"  # no interval from one sample: the value and its n
     with pytest.raises(headline.HeadlineError, match="unknown span style 'mean'"):
         headline.render(GAIN, "mean")
-
-
-def test_a_table_prints_as_markdown_on_lines_of_its_own():
     assert headline.render(a_section()["tables"]["table"]) == (
         "\n| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n")
 

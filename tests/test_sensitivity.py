@@ -118,7 +118,7 @@ FASTER = "chained faster than http at every speed"
 V1 = "v1 at least as fast as v2 at every speed"
 
 
-def test_chained_faster_than_http_holds_is_broken_and_is_not_separated_as_the_tasks_say():
+def test_each_ordering_holds_is_broken_or_is_not_separated_as_the_tasks_say_paired_on_the_same_tasks():
     faster = samples(every_point(lambda d, tps: [t * (0.8 if d != s.HTTP else 1.0) for t in HTTP_TIMES]))
     assert decide(FASTER, faster) == s.YES
     # Slower on every task at one speed: broken, whatever the other speeds say.
@@ -128,9 +128,7 @@ def test_chained_faster_than_http_holds_is_broken_and_is_not_separated_as_the_ta
     # Faster on the long tasks, slower on the short ones: the gain's interval spans 0.
     mixed = samples(every_point(lambda d, tps: [t * f for t, f in zip(HTTP_TIMES, (1.5, 1.2, 1.0, 0.9))] if d == s.CHAINED else HTTP_TIMES))
     assert decide(FASTER, mixed) == s.NOT_SEPARATED
-
-
-def test_v1_at_least_as_fast_as_v2_holds_when_equal_and_is_broken_when_slower():
+    # v1 at least as fast as v2 holds when equal and is broken when slower.
     equal = samples(every_point(lambda d, tps: HTTP_TIMES))
     assert decide(V1, equal) == s.YES  # the same time: at least as fast
     assert decide(FASTER, equal) == s.NO  # and not faster
@@ -139,10 +137,7 @@ def test_v1_at_least_as_fast_as_v2_holds_when_equal_and_is_broken_when_slower():
     mixed = samples(every_point(lambda d, tps: [t * f for t, f in zip(HTTP_TIMES, (0.9, 0.95, 1.02, 1.05))] if d == s.SUSPENDED
                                 else HTTP_TIMES))
     assert decide(V1, mixed) == s.NOT_SEPARATED
-
-
-def test_the_ttft_and_upload_orderings_compare_the_designs_on_the_same_tasks():
-    # Each task's TTFT differs a lot from the next, but every design keeps the order on every task: paired, it holds.
+    # TTFT and upload compare the designs on the same tasks. Each task's TTFT differs a lot from the next, but every design keeps the order on every task: paired, it holds.
     spread = np.array([1.0, 5.0, 20.0, 60.0])
     ttft = {(s.HTTP, 1000.0): spread * 1.2, (s.CHAINED, 1000.0): spread * 1.0, (s.SUSPENDED, 1000.0): spread * 0.9}
     run = samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)

@@ -28,7 +28,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
-from tests.support import exit_code
+from tests.support import child_env, exit_code, run_into_a_closed_pipe
 
 CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
 
@@ -567,12 +567,6 @@ def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long
 COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
 
 
-def child_env(tmp_path) -> dict[str, str]:
-    """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
-    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
-                MPLBACKEND="Agg")
-
-
 def run_folders(tmp_path, kind: str = "compare") -> list[str]:
     """Every entry of results/<kind>/, hidden ones included."""
     folder = tmp_path / "results" / kind
@@ -580,15 +574,8 @@ def run_folders(tmp_path, kind: str = "compare") -> list[str]:
 
 
 def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
-             "--designs", "http,chained", "--jobs", "1"],
-            stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path), cwd=tmp_path)
-        child.stdout.close()  # `| head -0`: every line compare prints meets a closed pipe
-        assert child.wait(timeout=300) == 0
-    err = (tmp_path / "stderr").read_text()
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run_into_a_closed_pipe(tmp_path, "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs",
+                           "http,chained", "--jobs", "1")
     (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
     latest = tmp_path / "results" / "compare" / "latest"
     assert latest.resolve().name == folder

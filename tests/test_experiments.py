@@ -3,9 +3,6 @@ construction)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from experiments import compaction, history_cpu, published, steering, subagents, virtual_vs_real
 from prototype import netem
 from tests.conftest import REPO
+from tests.support import run_into_a_closed_pipe
 
 pytestmark = pytest.mark.usefixtures("results_in_tmp")
 
@@ -57,16 +55,7 @@ def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
 
 
 def test_an_experiment_into_a_pipe_whose_reader_has_gone_ends_without_a_traceback(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"),
-               TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg")
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "experiments.published", "--tasks", "1", "--trend-turns", "2", "--rows", "1", "--in-process"],
-            stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=tmp_path)
-        child.stdout.close()  # `| head -0`: every line the experiment prints meets a closed pipe
-        assert child.wait(timeout=300) == 0
-    err = (tmp_path / "stderr").read_text()
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run_into_a_closed_pipe(tmp_path, "experiments.published", "--tasks", "1", "--trend-turns", "2", "--rows", "1", "--in-process")
     assert (tmp_path / "results" / "published" / "latest" / "published.json").is_file()  # its results written all the same
 
 

@@ -46,7 +46,7 @@ def test_history_cpu_runs_at_a_tiny_size():
 def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
     # A benchmark: the ratio depends on the machine's load, so it is printed, never bounded here
     # (README's "virtual vs real" section reports it from a quiet run).
-    rows = virtual_vs_real.main([])
+    rows = virtual_vs_real.main(["--tasks", "1", "--turns", "2"])
     assert [row["design"] for row in rows] == ["http", "chained", "suspended"]
     for row in rows:
         assert row["ratio_real_over_virtual"] == row["real_e2e_s"] / row["virtual_e2e_s"]

@@ -135,7 +135,8 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_task_without_turns_as_no_
     assert summary["calls_per_tool_turn"] == 3.0  # a single-turn task's calls count as one tool turn's
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
     assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
-    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1, input_tokens=4),
+    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1,
+                  input_tokens=4),
             a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, bytes_received_per_turn=12.0, input_tokens=4)]
     del rows[1]["cached_tokens"]
     [summary] = benchmark.summarize(rows, intervals=False)
@@ -253,16 +254,13 @@ def test_an_open_loop_task_list_and_one_with_nothing_in_it():
                          ("reasoning share of output", "none", "measured from the tasks"), rows[6]]
 
 
-def test_a_configurations_tasks_are_its_list_or_the_seeded_preset():
+def test_a_configurations_tasks_are_its_list_or_the_seeded_preset_and_its_server_has_its_api_and_a_long_suspension_ttl():
     tasks = (a_task("a", [workload.TurnSpec(100, 5, ())]),)
     assert benchmark.BenchConfig(task_list=tasks).tasks() == list(tasks)
     assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
     fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
     assert fixed == workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3)
     assert [len(t.turns) for t in fixed] == [3, 3]
-
-
-def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_ttl():
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
                                    sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)

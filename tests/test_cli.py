@@ -69,7 +69,8 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     (["demo", "--turn", "2"], "python -m prototype demo: error: unrecognized arguments: --turn 2"),
     (["compare", "--speeds", "fast"], "python -m prototype compare: error: argument --speeds: 'fast' is not a valid float"),
     (["compare", "--designs", "http,carrier-pigeon"],
-     "python -m prototype compare: error: argument --designs: 'carrier-pigeon' is not one of http, http-stored, chained, suspended"),
+     "python -m prototype compare: error: argument --designs: 'carrier-pigeon' is not one of http, http-stored, chained, "
+     "suspended"),
     (["compare", "--tasks", "0"], "python -m prototype compare: error: argument --tasks: must be at least 1, not 0"),
     (["compare", "--tasks", "-1"], "python -m prototype compare: error: argument --tasks: must be at least 1, not -1"),
     (["compare", "--speeds", "0"], "python -m prototype compare: error: argument --speeds: must be greater than 0, not 0"),
@@ -139,7 +140,7 @@ def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypa
     assert cli_main(argv) == (name, name)
 
 
-def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
+def test_the_help_lists_every_subcommand_with_what_it_does_and_without_one_the_error_names_it(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     assert exit_code(cli_main, ["--help"]) == 0
     text = capsys.readouterr().out
@@ -148,9 +149,6 @@ def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
                  "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
                  "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):
         assert fact in text, fact
-
-
-def test_without_a_subcommand_the_error_names_it(capsys):
     assert exit_code(cli_main, []) == 2
     assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
 
@@ -190,7 +188,7 @@ def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys
 # --- the parser every command line shares -----------------------------------------------------------------
 
 
-def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line(capsys):
+def test_the_parser_refuses_abbreviations_unless_asked_takes_its_name_first_and_fills_a_given_namespace(capsys):
     parser = common.Parser(prog="p")
     parser.add_argument("--tasks", type=int)
     assert exit_code(parser.parse_args, ["--task", "3"]) == 2
@@ -198,6 +196,13 @@ def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line
     allowing = common.Parser(prog="p", allow_abbrev=True)
     allowing.add_argument("--tasks", type=int)
     assert allowing.parse_args(["--task", "3"]).tasks == 3
+    parser = common.Parser("p")
+    parser.add_argument("--n", type=int)
+    assert parser.prog == "p"
+    namespace = argparse.Namespace(kept=True)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace
+    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
 def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_else_by_the_top_parser(capsys):
@@ -219,16 +224,6 @@ def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_els
     top.add_argument("--n")
     top.add_subparsers(dest="command").add_parser("run")
     assert top.parse_known_args(["--n", "1", "--m"]) == (argparse.Namespace(n="1", command=None), ["--m"])
-
-
-def test_the_parser_takes_its_name_as_a_positional_argument_and_fills_a_given_namespace():
-    parser = common.Parser("p")
-    parser.add_argument("--n", type=int)
-    assert parser.prog == "p"
-    namespace = argparse.Namespace(kept=True)
-    assert parser.parse_args(["--n", "2"], namespace) is namespace
-    assert (namespace.kept, namespace.n) == (True, 2)
-    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
 # --- the range-checked and list types (their messages on a command line are in the tables above) -----------
@@ -308,7 +303,7 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
 # --- the run folders --------------------------------------------------------------------------------------
 
 
-def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
+def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_second_and_latest_at_the_newest(tmp_path):
     now = datetime.datetime(2026, 11, 12, 13, 14, 15)
     base = tmp_path / "deep" / "compare"
     first = common.new_run_folder(base, now)

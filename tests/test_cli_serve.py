@@ -88,7 +88,8 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
     assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
     assert api.render_cache.max_tokens == 5_000_000
     assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
-    assert (api.workloads.default_workload, api.workloads.default_seed, api.flush_interval, api.flush_tokens) == ("coding", 0, 0.05, None)
+    assert (api.workloads.default_workload, api.workloads.default_seed) == ("coding", 0)
+    assert (api.flush_interval, api.flush_tokens) == (0.05, None)
     assert config == ServerConfig() and type(server.records) is metrics.ClientRecords
 
 
@@ -96,7 +97,8 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
     ("--port", "0", 0, "-1", "must be from 0 to 65535"), ("--port", "65535", 65535, "65536", "must be from 0 to 65535"),
     ("--seed", "0", 0, "-1", "must be at least 0"), ("--flush-interval", "0", 0.0, "-0.1", "must be at least 0"),
     ("--flush-tokens", "1", 1, "0", "must be at least 1"), ("--suspension-ttl", "0.5", 0.5, "0", "must be greater than 0"),
-    ("--connection-lifetime", "0.5", 0.5, "0", "must be greater than 0"), ("--max-connections", "1", 1, "0", "must be at least 1"),
+    ("--connection-lifetime", "0.5", 0.5, "0", "must be greater than 0"),
+    ("--max-connections", "1", 1, "0", "must be at least 1"),
     ("--max-message-bytes", "1", 1, "0", "must be at least 1"), ("--max-body-bytes", "1", 1, "0", "must be at least 1"),
     ("--workers", "1", 1, "0", "must be at least 1"), ("--render-cache-tokens", "0", 0, "-1", "must be at least 0"),
     ("--engine-sessions", "1", 1, "0", "must be at least 1"), ("--max-records", "0", 0, "-1", "must be at least 0"),
@@ -131,7 +133,7 @@ def test_serve_refuses_a_choice_it_does_not_have(option, capsys):
 # --- the server the options build, and what it prints ---------------------------------------------------------------
 
 
-def test_every_option_reaches_the_server_it_builds(tmp_path):
+def test_every_option_reaches_the_server_it_builds_and_without_quiet_the_access_log_prints_to_stdout(tmp_path):
     args = serve_args(
         "--engine-sessions", "7", "--kv-ttl", "2.5", "--render-cache-tokens", "123", "--costs", "zero",
         "--store", str(tmp_path / "store.db"), "--workload", "fixed:3", "--seed", "9", "--flush-interval", "0",
@@ -157,9 +159,6 @@ def test_every_option_reaches_the_server_it_builds(tmp_path):
     records.close()
     assert (tmp_path / "records.jsonl").read_text() == '{"n": 1}\n'
     api.store.close()
-
-
-def test_without_quiet_the_access_log_prints_to_stdout_and_keeps_the_default_number_of_records():
     server = serve.build_server(serve_args())
     assert isinstance(server.records, serve_report.AccessLog)
     assert (server.records.out, server.records.fmt, server.records.maxlen, server.records.file) == (

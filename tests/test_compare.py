@@ -159,7 +159,7 @@ def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
-def test_the_options_defaults():
+def test_the_options_defaults_and_vllms_own_workload_unless_told_otherwise():
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
@@ -167,6 +167,17 @@ def test_the_options_defaults():
         "codex", False)
     assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
+    # vLLM takes a workload of its own unless told otherwise.
+    def defaults(*argv: str) -> tuple:
+        args = parsed(*argv)
+        compare.apply_engine_defaults(args)
+        return args.preset, args.tasks, args.turns
+
+    assert defaults() == (None, None, None)  # the simulated engine: the coding preset's 10 tasks (workload_config)
+    assert defaults("--engine", "vllm") == ("chat", 3, 3)
+    assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
+    assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
+    assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
 
 
 def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
@@ -379,7 +390,8 @@ def test_a_real_time_run_says_so_and_a_run_goes_to_a_new_folder_under_the_result
     (["--latency", "/nonexistent/latency.json"], "python -m prototype compare: error: "),
     (["--trace", str(CODEX_TRACE), "--turns", "2"],
      "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
-    (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, chat, "
+    (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, "
+                               "chat, "
                                "long) nor a file (see --help)\n"),
 ])
 def test_a_bad_trace_profile_preset_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
@@ -477,7 +489,8 @@ def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_sta
     assert capsys.readouterr().err == (
         f"python -m prototype compare: error: --engine vllm: task coding-0 reaches {task.context_before(2):,} tokens of "
         "context, more than tiny-llama-cpu's context window of 2,048 (fewer --turns, or another --vllm-model)\n")
-    context, args, config = task.context_before(len(task.turns)), parsed("--engine", "vllm"), benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
+    context, args = task.context_before(len(task.turns)), parsed("--engine", "vllm")
+    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
     with pytest.raises(compare.ContextTooLong):  # exactly at the window: refused too
         compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
@@ -513,26 +526,15 @@ def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_
     ]
 
 
-def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
-    def defaults(*argv: str) -> tuple:
-        args = parsed(*argv)
-        compare.apply_engine_defaults(args)
-        return args.preset, args.tasks, args.turns
-
-    assert defaults() == (None, None, None)  # the simulated engine: the coding preset's 10 tasks (workload_config)
-    assert defaults("--engine", "vllm") == ("chat", 3, 3)
-    assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
-    assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
-    assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
-
-
 # --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
 
 
-def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys, monkeypatch):
+def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
+                                                                                              monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1", "--out", str(out)]
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1",
+            "--out", str(out)]
     assert cli_main([*argv, "--no-cache"]) == 0
     printed, err = capsys.readouterr()
     assert not (tmp_path / "cache").exists() and "roughly" not in err

@@ -79,7 +79,7 @@ def test_a_span_whose_data_file_or_figure_is_missing_is_an_error_that_names_it(c
         headline.update_pages(checkout, checkout / "docs" / "figures")
 
 
-def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name(tmp_path):
+def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name_and_the_same_content_the_same_bytes(tmp_path):
     run = tmp_path / "results" / "compare" / "2026"
     headline.write(run / "compare.json", {"table": [1, 2], "headline": a_section("compare", gain=GAIN)})
     headline.write(run / "other.json", {"table": []})  # no headline section: not imported from a folder
@@ -97,9 +97,7 @@ def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name
         headline.results_files([tmp_path / "nothing"])
     with pytest.raises(headline.HeadlineError, match="a headline's name is a file name"):
         headline.section("../x", command="", workload="", figures={})
-
-
-def test_the_same_content_is_written_as_the_same_bytes(tmp_path):
+    # The same content is written as the same bytes.
     headline.write(tmp_path / "a.json", a_section())
     headline.write(tmp_path / "b.json", json.loads((tmp_path / "a.json").read_text()))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()

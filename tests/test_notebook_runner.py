@@ -30,15 +30,12 @@ def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str 
     assert notebook.notebook_test_mode() is on
 
 
-def test_the_repository_goes_first_on_the_path_once(monkeypatch) -> None:
+def test_the_repository_goes_first_on_the_path_once_and_the_results_folder_is_the_environments_or_ours(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "path", ["/elsewhere", "/other"])
     assert notebook.add_repo_to_path() == notebook.REPO
     assert sys.path == [str(notebook.REPO), "/elsewhere", "/other"]
     assert notebook.add_repo_to_path() == notebook.REPO and sys.path.count(str(notebook.REPO)) == 1
     assert (notebook.REPO / "prototype" / "notebook.py").is_file() and (notebook.REPO / "experiments").is_dir()
-
-
-def test_the_results_folder_is_the_environments_or_the_repositorys_and_is_created(monkeypatch, tmp_path) -> None:
     folder = tmp_path / "a" / "b"
     monkeypatch.setenv("TESTBED_RESULTS", str(folder))
     assert notebook.results_path() == folder and folder.is_dir()
@@ -65,7 +62,7 @@ def test_a_notebook_runs_in_its_own_folder_into_the_given_output(tmp_path) -> No
     assert executed_output(output) == f"ran in {source.parent}\ntransport ipc\n"  # Unix sockets, not TCP
 
 
-def test_the_command_line_runs_each_notebook_into_the_results_folder_and_names_its_argument(monkeypatch, tmp_path, capsys) -> None:
+def test_the_command_line_runs_each_notebook_into_the_results_folder_and_names_its_argument(monkeypatch, tmp_path, capsys):
     results = tmp_path / "results"
     monkeypatch.setenv("TESTBED_RESULTS", str(results))
     source = tmp_path / "tiny.py"

@@ -34,7 +34,7 @@ def every_point(times_of) -> dict:
 # --- the figures ---------------------------------------------------------------------------------------------------
 
 
-def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_twice_as_fast_is_50_percent():
+def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_ttft_the_mean_turn_over_all_the_tasks_turns():
     run = samples(every_point(lambda d, tps: [t / 2 for t in HTTP_TIMES] if d != s.HTTP else HTTP_TIMES))
     gain = s.Headline("g", "g", "%", s.gain(s.CHAINED, s.HTTP, 1000.0), 100)
     assert gain.value(run) == 0.5
@@ -44,10 +44,6 @@ def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_twice_as_fast
     assert s.Headline("g", "g", "%", s.gain(s.CHAINED, s.HTTP, 65.0)).value(run) == pytest.approx(1 - 90 / 100)
     # Slower is a negative gain.
     assert s.Headline("g", "g", "%", s.gain(s.HTTP, s.CHAINED, 65.0)).value(run) == pytest.approx(1 - 100 / 90)
-
-
-def test_ttft_is_the_mean_turn_over_all_the_tasks_turns():
-    # Two tasks: one of 1 turn at 0.1 s, one of 3 turns at 0.5 s: the mean turn is 0.4 s, not the mean of the tasks' means.
     run = samples(every_point(lambda d, tps: (1.0, 1.0)), ttft={(s.HTTP, 1000.0): (0.1, 1.5)}, turns=(1.0, 3.0))
     assert s.Headline("t", "t", "ms", s.ttft_mean(s.HTTP, 1000.0)).value(run) == pytest.approx(400.0)
     cut = s.Headline("c", "c", "%", s.ttft_cut(1000.0), 100)
@@ -137,7 +133,8 @@ def test_each_ordering_holds_is_broken_or_is_not_separated_as_the_tasks_say_pair
     mixed = samples(every_point(lambda d, tps: [t * f for t, f in zip(HTTP_TIMES, (0.9, 0.95, 1.02, 1.05))] if d == s.SUSPENDED
                                 else HTTP_TIMES))
     assert decide(V1, mixed) == s.NOT_SEPARATED
-    # TTFT and upload compare the designs on the same tasks. Each task's TTFT differs a lot from the next, but every design keeps the order on every task: paired, it holds.
+    # TTFT and upload compare the designs on the same tasks. Each task's TTFT differs a lot from the next, but every
+    # design keeps the order on every task: paired, it holds.
     spread = np.array([1.0, 5.0, 20.0, 60.0])
     ttft = {(s.HTTP, 1000.0): spread * 1.2, (s.CHAINED, 1000.0): spread * 1.0, (s.SUSPENDED, 1000.0): spread * 0.9}
     run = samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)

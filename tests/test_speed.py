@@ -51,13 +51,10 @@ def _record(started: float, ends: list[float], ended: float) -> RolloutRecord:
     return RolloutRecord("chained", "task", started, ended, "completed", [TurnRecord(i, 0.0, ended_at=end) for i, end in enumerate(ends)])
 
 
-def test_a_tasks_turn_spans_run_from_the_previous_turns_end_and_add_up_to_its_time():
+def test_turn_spans_add_up_to_the_tasks_time_and_the_overhead_beyond_the_floor_is_the_mean_excess_less_the_floors():
     records = [_record(10.0, [10.5, 11.25, 12.0], 12.125), _record(20.0, [21.0], 21.0)]
     assert efficiency.turn_spans(records) == [0.5, 0.75, 0.875, 1.0]
     assert sum(efficiency.turn_spans(records)) == sum(record.seconds for record in records)
-
-
-def test_the_overhead_beyond_the_floor_is_the_mean_excess_a_turn_less_the_floors_mean_turn():
     virtual = [0.5, 1.0, 1.5, 2.0]
     real = [0.503, 1.003, 1.503, 2.003]  # 3 ms a turn beyond the model, every turn
     row = efficiency.figures(virtual, real, [0.002] * 5)  # a floor of 2 ms, every turn
@@ -153,15 +150,12 @@ def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(res
     assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
 
 
-def test_stack_floor_times_each_segment_of_a_logic_free_turn_and_their_sum(results_in_tmp):
+def test_stack_floor_times_each_segment_of_a_logic_free_turn_and_their_sum_playing_messages_of_the_sizes_asked(results_in_tmp):
     rows = stack_floor.main(["--turns", "3", "--wait-s", "0.01", "--request-bytes", "6000"])
     assert [r["segment"] for r in rows] == [*stack_floor.SEGMENTS, stack_floor.FLOOR]
     assert all(r["turns"] == 3 and r["median_ms"] > 0 and r["low_ms"] <= r["mean_ms"] <= r["high_ms"] for r in rows)
     assert rows[-1]["mean_ms"] == pytest.approx(sum(r["mean_ms"] for r in rows[:-1]), rel=1e-9)  # the floor is each turn's sum
     assert (results_in_tmp / "stack_floor" / "latest" / "stack_floor.csv").exists()
-
-
-def test_the_floor_plays_a_request_and_a_terminal_event_of_the_sizes_asked():
     request, closing = stack_floor.turn_messages(6000, 20_000)
     assert 5990 <= len(request) <= 6000 and 19_990 <= len(closing[-1]) - len('{"type":"response.completed","sequence_number":2,"response":}') <= 20_000
     assert [orjson.loads(m)["type"] for m in closing][-1] == "response.completed"

@@ -10,7 +10,7 @@ from scipy import stats
 from prototype import uncertainty as u
 
 
-def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_and_is_seeded():
+def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_and_needs_two_distinct_samples():
     samples = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
     estimate = u.bootstrap(samples, np.median)
     assert estimate.value == 4.25
@@ -25,6 +25,13 @@ def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_and_is_seed
     base = u.bootstrap(samples)
     width = base.high - base.low
     assert abs(other.low - base.low) < 0.1 * width and abs(other.high - base.high) < 0.1 * width
+    # Too few samples have no interval, equal samples an exact one.
+    one = u.bootstrap([3.0])
+    assert one.value == 3.0 and one.n == 1 and not one.has_interval
+    assert one.format("{:.1f}") == "3.0"
+    same = u.bootstrap([2.0, 2.0, 2.0])
+    assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
+    assert math.isnan(u.bootstrap([]).value)
 
 
 def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
@@ -37,15 +44,6 @@ def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
     assert 88 <= covered <= 100
     narrow = u.bootstrap(rng.normal(10.0, 2.0, 30))
     assert narrow.high - narrow.low < 2.5
-
-
-def test_too_few_samples_have_no_interval_and_equal_samples_an_exact_one():
-    one = u.bootstrap([3.0])
-    assert one.value == 3.0 and one.n == 1 and not one.has_interval
-    assert one.format("{:.1f}") == "3.0"
-    same = u.bootstrap([2.0, 2.0, 2.0])
-    assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
-    assert math.isnan(u.bootstrap([]).value)
 
 
 def test_a_paired_ratio_resamples_tasks_together():

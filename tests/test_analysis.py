@@ -32,7 +32,7 @@ def test_write_csv_takes_its_columns_from_the_first_row_and_quotes_commas(tmp_pa
     assert path.read_bytes() == b"a\r\n1\r\n"
 
 
-def test_print_table_right_aligns_each_column_and_takes_columns_formats_and_headers(capsys):
+def test_print_table_right_aligns_each_column_and_the_markdown_table_escapes_pipes_and_leaves_missing_cells_empty(capsys):
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 12345.0}]
     analysis.print_table(rows)
     assert capsys.readouterr().out == (
@@ -47,9 +47,6 @@ def test_print_table_right_aligns_each_column_and_takes_columns_formats_and_head
         "    3  1.5 s\n"
         "   10  0.2 s\n"
     )
-
-
-def test_markdown_table_escapes_pipes_and_leaves_missing_cells_empty():
     rows = [{"design": "a|b", "e2e": 1.5}, {"design": "http"}]
     assert analysis.markdown_table(rows) == (
         "| design | e2e |\n"
@@ -78,14 +75,11 @@ def a_record(design: str = "suspended") -> RolloutRecord:
     )
 
 
-def test_phase_totals_sum_each_phase_over_the_turns():
+def test_phase_totals_sum_each_phase_over_the_turns_and_the_state_table_says_what_each_design_keeps():
     totals = analysis.phase_totals(a_record())
     assert totals == pytest.approx({"validate": 0.1, "prefill": 0.4, "post": 0.05, "route": 0.2,
                                     "network_client": 0.55 + 0.2, "tool": 0.5})
     assert set(totals) == {"validate", "prefill", "post", "route", "network_client", "tool"}
-
-
-def test_state_table_says_what_each_design_keeps_and_what_the_run_shows():
     record = a_record()
     unknown = a_record("something-else")
     unknown.usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0}

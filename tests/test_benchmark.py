@@ -39,16 +39,13 @@ def a_record() -> RolloutRecord:
     )
 
 
-def test_turn_phases_are_the_servers_phases_the_rest_as_network_and_the_tool_time():
+def test_a_rollouts_turn_phases_are_the_servers_the_rest_network_and_tool_time_and_its_task_row_holds_its_figures():
     phases = benchmark.turn_phases(a_record())
     assert phases == [
         pytest.approx({"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 0.65, "tool": 0.5}),
         {"route": 0.3, "network_client": 0.0, "tool": 0.0},
         {"network_client": 1.5, "tool": 0.0},
     ]
-
-
-def test_a_task_row_holds_the_rollouts_figures():
     row = benchmark.task_row("suspended", 65.0, a_record())
     assert row.pop("ttft_s") == [0.5, 0.25] and row.pop("recovery_s") == [0.25]
     assert row.pop("phase_totals_s") == pytest.approx(
@@ -179,11 +176,8 @@ DEFAULT_ROWS = [
 ]
 
 
-def test_the_parameters_of_the_default_configuration():
+def test_the_parameters_of_the_default_configuration_another_preset_a_preset_file_fixed_turns_and_a_latency_profile():
     assert benchmark.parameters(benchmark.BenchConfig()) == DEFAULT_ROWS + ApiCosts().describe()
-
-
-def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latency_profile():
     rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(benchmark.BenchConfig(preset="chat")))
     chat = workload.PRESETS["chat"]
     assert rows["workload preset"][0] == "chat, 20 tasks, seed 0"
@@ -212,7 +206,7 @@ def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
     return workload.Workload(name, 0, tuple(turns), arrival_s=arrival_s, prefix=prefix, prefix_tokens=prefix_tokens)
 
 
-def test_a_task_lists_parameters_are_measured_from_its_tasks():
+def test_a_task_lists_parameters_are_measured_from_its_tasks_open_loop_or_not_and_with_nothing_in_it():
     search = workload.HostedCall(seconds=2.0, result_tokens=300)
     tasks = (
         a_task("a", [workload.TurnSpec(100, 10, (1.0, 3.0), (search,), 4), workload.TurnSpec(10, 30, (9.0,)),
@@ -232,9 +226,7 @@ def test_a_task_lists_parameters_are_measured_from_its_tasks():
         ("tool time", "3 calls, p50 3 s, p90 7.8 s, max 9 s", "measured from the tasks"),
     ]
     assert rows[7:] == DEFAULT_ROWS[10:] + ApiCosts().describe()
-
-
-def test_an_open_loop_task_list_and_one_with_nothing_in_it():
+    # An open-loop task list, and one with nothing in it.
     tasks = (a_task("a", [workload.TurnSpec(100, 1, ())], arrival_s=0.0), a_task("b", [workload.TurnSpec(100, 1, ())], arrival_s=5.0))
     rows = benchmark.parameters(benchmark.BenchConfig(task_list=tasks))
     assert rows[:7] == [

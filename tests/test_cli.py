@@ -253,7 +253,7 @@ def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, sa
     assert refusal(kind, word) == says
 
 
-def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_messages():
+def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins_every_word_and_shows_its_default(capsys):
     assert common.positive()("0.001") == 0.001 and isinstance(common.positive()("2"), float)
     assert common.positive(int)("3") == 3 and common.non_negative()("0") == 0.0 and common.non_negative(int)("0") == 0
     assert [common.at_least(2)("1000"), common.at_least(1, 3)("1"), common.at_least(1, 3)("3")] == [1000, 1, 3]
@@ -275,9 +275,7 @@ def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_m
 
     assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
     assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
-
-
-def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(capsys):
+    # A list option joins every word; its help shows its default and choices.
     parser = common.Parser(prog="t")
     default = [65.0, 1000.0, 4000.5]
     common.add_list(parser, "--speeds", float, default, "decode speeds")

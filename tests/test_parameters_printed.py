@@ -18,7 +18,7 @@ COSTS = ApiCosts(
 )
 
 
-def test_api_costs_rows_show_the_values_used_and_their_sources():
+def test_api_costs_rows_show_the_values_used_and_their_sources_and_the_defaults_the_documented_ones():
     assert COSTS.describe() == [
         ("t_fixed_pre (validate+safety+render+route)", "795 ms", "docs/parameters.md §4 [assumed]"),
         ("  split validate/safety/render/route", "11/123/60/600 ms", "[assumed split]"),
@@ -27,10 +27,6 @@ def test_api_costs_rows_show_the_values_used_and_their_sources():
         ("t_store_read", "3.5 ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
         ("f_ws (cached turn's share of fixed)", "0.35", "Codex-Spark launch -80% [assumed]"),
     ]
-
-
-def test_the_default_api_costs_print_the_documented_starting_values():
-    # docs/parameters.md §4: 250 ms fixed in all, 3 ms per 1k tokens, 60 ms post, 2 ms per earlier turn, f_ws 0.2.
     values = [value for _, value, _ in ApiCosts().describe()]
     assert values == ["250 ms", "40/100/30/80 ms", "3.00 ms/1k tok", "60 ms", "2.0 ms/earlier turn", "0.2"]
 

@@ -46,7 +46,7 @@ def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
     assert narrow.high - narrow.low < 2.5
 
 
-def test_a_paired_ratio_resamples_tasks_together():
+def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each_sample_on_its_own():
     http = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
     chained = http / 2  # twice as fast on every task: every paired resample gives exactly 2
     ratio = u.paired_bootstrap(http, chained, lambda a, b: a.sum() / b.sum())
@@ -58,6 +58,18 @@ def test_a_paired_ratio_resamples_tasks_together():
     assert paired.low < paired.value < paired.high < unpaired_spread
     with pytest.raises(ValueError):
         u.paired_bootstrap([1.0, 2.0], [1.0], lambda a, b: 0.0)
+    # An unpaired difference resamples each sample on its own.
+    run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
+    floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
+    difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
+    assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
+    assert difference.low < difference.value < difference.high
+    # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
+    alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
+    assert difference.high - difference.low > alone.high - alone.low
+    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
+    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
+    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval
 
 
 def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exact_poisson_one():
@@ -108,20 +120,6 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
 
 
-def test_an_unpaired_difference_resamples_each_sample_on_its_own():
-    run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
-    floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
-    difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
-    assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
-    assert difference.low < difference.value < difference.high
-    # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
-    alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
-    assert difference.high - difference.low > alone.high - alone.low
-    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
-    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
-    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval
-
-
 def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated():
     rng = np.random.default_rng(1)
     turns = [rng.lognormal(0.0, 1.0, rng.integers(1, 20)) for _ in range(10)]
@@ -136,7 +134,7 @@ def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated()
     assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 2.0
 
 
-def test_a_resampled_statistic_of_two_designs_on_the_same_tasks_draws_the_tasks_together():
+def test_a_resampled_statistic_draws_the_tasks_together_and_the_median_turns_interval_is_over_tasks_not_turns():
     rng = np.random.default_rng(0)
     http = rng.lognormal(3.0, 1.0, 10)
     gain = u.resample(10, lambda c: 1 - u.unit_total(http / 2)(c) / u.unit_total(http)(c))
@@ -151,11 +149,6 @@ def test_a_resampled_statistic_of_two_designs_on_the_same_tasks_draws_the_tasks_
     assert (gain.low, gain.high) == pytest.approx((direct.low, direct.high), rel=1e-3)
     assert u.resample(10, lambda c: 1 - u.unit_total(chained)(c) / u.unit_total(http)(c)) == gain  # seeded
     assert not u.resample(1, u.unit_mean([3.0])).has_interval and math.isnan(u.resample(0, u.unit_mean([])).value)
-
-
-def test_the_median_turn_of_resampled_tasks_has_an_interval_over_tasks_not_turns():
-    # One task of 30 slow turns among nine of one fast turn each: turns alone would call the median sure (30 of 39
-    # turns are slow), but it rests on whether that one task is drawn, so the interval spans both speeds.
     turns = [[5.0] * 30] + [[1.0]] * 9
     median = u.resample(10, u.unit_percentile(turns, 50))
     assert median.value == 5.0 and median.low == 1.0 and median.high == 5.0

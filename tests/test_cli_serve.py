@@ -232,7 +232,7 @@ def fixed_time(monkeypatch):
     monkeypatch.setattr(serve_report.time, "strftime", lambda fmt: f"<{fmt}>")
 
 
-def test_an_access_line_names_the_response_its_turns_status_and_time(fixed_time):
+def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_status_and_time_and_survives_a_closed_stdout(fixed_time, tmp_path):
     record = {"started_at_s": 10.0, "at_s": 10.25, "transport": "websocket", "design": "suspended",
               "response_id": "resp_1", "appends": 2, "outcome": "completed", "model": "gpt-x"}
     line = serve_report.access_line
@@ -247,9 +247,6 @@ def test_an_access_line_names_the_response_its_turns_status_and_time(fixed_time)
     assert json.loads(line({"at_s": 3.0, "started_at_s": 1.0, "response_id": "r", "outcome": "failed"}, "json")) == {
         "time": "<%H:%M:%S>", "transport": None, "design": None, "response_id": "r", "turns": 1, "status": "failed",
         "ms": 2000.0, "model": None}
-
-
-def test_the_access_log_prints_a_line_per_record_and_survives_a_closed_stdout(fixed_time, tmp_path):
     out = Flushed()
     log = serve_report.AccessLog(str(tmp_path / "r.jsonl"), out, "json", maxlen=2)
     record = {"at_s": 1.0, "transport": "http", "design": "http", "outcome": "completed"}

@@ -62,7 +62,7 @@ def a_table_row(**changes):
     return row
 
 
-def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_and_a_legend(capsys):
+def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_and_a_legend_and_wide_every_column(capsys):
     exact = {"speedup_vs_http": 1.0, "speedup_vs_http_low": 1.0, "speedup_vs_http_high": 1.0}
     compare.print_compare_table([a_table_row(), a_table_row(design="http", **exact), a_table_row(design="x", speedup_vs_http=None)])
     assert capsys.readouterr().out == (
@@ -85,9 +85,7 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
     lines = capsys.readouterr().out.splitlines()  # without intervals: the values, and no interval legend
     assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
     assert not any(line.startswith("  [low, high]") for line in lines)
-
-
-def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(capsys):
+    # The wide table: every column, an unknown one under its name.
     compare.print_compare_table([a_table_row()], wide=True)
     lines = capsys.readouterr().out.splitlines()
     assert [h.strip() for h in lines[0].split("  ") if h] == [
@@ -110,7 +108,7 @@ def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(ca
         assert fact in legend, fact
 
 
-def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where_its_interval_excludes_0(capsys):
+def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_its_interval_excludes_0_and_the_upload_ratio(capsys):
     table = [a_table_row(design="http"), a_table_row(),
              a_table_row(design="chained", decode_tps=65.0, gain_vs_http=0.01, gain_vs_http_low=-0.02, gain_vs_http_high=0.04),
              a_table_row(design="x", gain_vs_http=-0.2, gain_vs_http_low=-0.3, gain_vs_http_high=-0.1),
@@ -129,9 +127,7 @@ def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where
         "e2e_mean_s.http.4000", "ttft_p50_ms.http.4000", "e2e_mean_s.suspended.4000", "ttft_p50_ms.suspended.4000",
         "gain.suspended.4000", "speedup.suspended.4000", "ttft_ratio.suspended.4000"])
     assert figures_by_key["gain.suspended.4000"] == benchmark.Estimate(0.19, 0.09, 0.23, 3, "tasks", "paired bootstrap")
-
-
-def test_the_headline_from_the_task_rows_gives_the_upload_its_ratio_to_https_and_the_tools_share():
+    # From the task rows: the upload, its ratio to http's and the tools' share.
     def row(design, task, turns, sent, tool, e2e):
         return {"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
                 "phase_totals_s": {"tool": tool, "prefill": 0.5}, "e2e_s": e2e}
@@ -159,7 +155,7 @@ def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
-def test_the_options_defaults_and_vllms_own_workload_unless_told_otherwise():
+def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_workload_unless_told_otherwise(monkeypatch):
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
@@ -178,9 +174,6 @@ def test_the_options_defaults_and_vllms_own_workload_unless_told_otherwise():
     assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
     assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
     assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
-
-
-def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
     parser = common.Parser(prog="c")
     compare.add_arguments(parser)
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
@@ -480,7 +473,7 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
             f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
 
 
-def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
+def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts_and_an_engine_that_cannot_start_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=2048))
     assert cli_main(["compare", "--engine", "vllm", "--preset", "coding", "--tasks", "1", "--turns", "2",
@@ -497,9 +490,7 @@ def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_sta
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
     assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
-
-
-def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, monkeypatch):
+    # An engine that cannot start exits 2 with its reason.
     def unavailable(*args, **kwargs):
         raise VllmUnavailable("no vllm here")
 

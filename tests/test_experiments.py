@@ -15,7 +15,7 @@ from tests.support import run_into_a_closed_pipe
 pytestmark = pytest.mark.usefixtures("results_in_tmp")
 
 
-def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys):
+def test_published_marks_one_calibration_row_solves_implied_overheads_and_has_one_verdict_band_for_every_row(capsys):
     result = published.main(["--tasks", "1", "--rows", "0", "4", "--trend-turns", "4"])
     rows = result["rows"]
     assert [r["role"] for r in rows] == ["calibration", "check"]
@@ -29,9 +29,6 @@ def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys
     assert [t["tok_s"] for t in result["trends"]] == [65.0, 1000.0, 4000.0]
     printed = capsys.readouterr().out
     assert "Verdict rule:" in printed and "By construction, not evidence" in printed and "Calibration residual" in printed
-
-
-def test_the_verdict_rule_is_one_band_for_every_row():
     assert published.verdict(0.40, 0.36, (0.30, 0.38)) == "agrees"  # within 5 points
     assert published.verdict(0.40, 0.30, (0.20, 0.41)) == "agrees"  # inside the interval
     assert published.verdict(0.40, 0.30, (0.28, 0.33)) == "disagrees"  # "up to 40%" is not met by 30%

@@ -50,7 +50,7 @@ def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_un
         "\n| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n")
 
 
-def test_every_span_is_rewritten_from_its_key_and_the_rest_of_the_page_is_left_alone(checkout):
+def test_every_span_is_rewritten_from_its_key_the_rest_of_the_page_left_alone_and_a_missing_data_file_or_figure_named(checkout):
     readme = checkout / "README.md"
     readme.write_text("Gain <!-- fig:compare.gain.chained.1000 -->40%<!-- /fig --> (typed), ratio "
                       "<!-- fig:compare.ratio interval -->0.4<!-- /fig -->.\n\n<!-- fig:compare.table -->\nold\n<!-- /fig -->\nend\n")
@@ -68,9 +68,7 @@ def test_every_span_is_rewritten_from_its_key_and_the_rest_of_the_page_is_left_a
         "| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n<!-- /fig -->\nend\n")
     assert headline.stale_spans(checkout, checkout / "docs" / "figures") == []
     assert headline.update_pages(checkout, checkout / "docs" / "figures") == []  # nothing left to change
-
-
-def test_a_span_whose_data_file_or_figure_is_missing_is_an_error_that_names_it(checkout):
+    # A span whose data file or figure is missing: an error that names it.
     (checkout / "README.md").write_text("<!-- fig:compare.gain.http.1000 -->x<!-- /fig -->")
     with pytest.raises(headline.HeadlineError, match="docs/figures/compare.json has no figure or table 'gain.http.1000'"):
         headline.stale_spans(checkout, checkout / "docs" / "figures")

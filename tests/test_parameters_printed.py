@@ -27,6 +27,7 @@ def test_api_costs_rows_show_the_values_used_and_their_sources_and_the_defaults_
         ("t_store_read", "3.5 ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
         ("f_ws (cached turn's share of fixed)", "0.35", "Codex-Spark launch -80% [assumed]"),
     ]
+    # docs/parameters.md §4: 250 ms fixed in all, 3 ms per 1k tokens, 60 ms post, 2 ms per earlier turn, f_ws 0.2.
     values = [value for _, value, _ in ApiCosts().describe()]
     assert values == ["250 ms", "40/100/30/80 ms", "3.00 ms/1k tok", "60 ms", "2.0 ms/earlier turn", "0.2"]
 

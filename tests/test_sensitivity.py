@@ -44,6 +44,7 @@ def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_ttft_the_mean
     assert s.Headline("g", "g", "%", s.gain(s.CHAINED, s.HTTP, 65.0)).value(run) == pytest.approx(1 - 90 / 100)
     # Slower is a negative gain.
     assert s.Headline("g", "g", "%", s.gain(s.HTTP, s.CHAINED, 65.0)).value(run) == pytest.approx(1 - 100 / 90)
+    # Two tasks: one of 1 turn at 0.1 s, one of 3 turns at 0.5 s: the mean turn is 0.4 s, not the mean of the tasks' means.
     run = samples(every_point(lambda d, tps: (1.0, 1.0)), ttft={(s.HTTP, 1000.0): (0.1, 1.5)}, turns=(1.0, 3.0))
     assert s.Headline("t", "t", "ms", s.ttft_mean(s.HTTP, 1000.0)).value(run) == pytest.approx(400.0)
     cut = s.Headline("c", "c", "%", s.ttft_cut(1000.0), 100)
@@ -67,7 +68,7 @@ def morris_drivers(output, units: int = 12, method=s.MORRIS, names=NAMES, seed=3
     return s.driver_estimates(names, importance, method, units)
 
 
-def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_where_the_order_is_known():
+def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_and_tie_those_whose_intervals_overlap():
     # A linear output: every elementary effect of a parameter is its coefficient, so mu* is exactly it and SALib's
     # interval has no width: f_ws (3) > rtt (2) > t_fixed_pre (1); prefill_rate moves nothing and is left out.
     estimates = morris_drivers(lambda u: 1 * u[0] + 3 * u[1] + 2 * u[2])
@@ -76,9 +77,6 @@ def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_where_th
     assert s.top_driver(estimates) == "f_ws"
     assert s.drivers(estimates, top=1) == "f_ws 3.0 [3.0, 3.0]"
     assert s.drivers({}) == "none" and s.top_driver({}) == "none"
-
-
-def test_drivers_whose_intervals_overlap_are_tied_and_the_first_rank_says_so():
     # Equal coefficients: the same mu*, so neither is ranked above the other.
     estimates = morris_drivers(lambda u: 2 * u[0] + 2 * u[1] + 0.5 * u[2])
     assert s.drivers(estimates) == "tied: t_fixed_pre 2.0 [2.0, 2.0] ~ f_ws 2.0 [2.0, 2.0] > rtt 0.50 [0.50, 0.50]"

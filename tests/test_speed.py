@@ -102,7 +102,7 @@ def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 
-def test_the_streaming_floor_replays_the_testbeds_own_answer_on_its_schedule():
+def test_the_streaming_floor_replays_the_testbeds_own_answer_and_a_client_process_that_cannot_connect_fails_the_run():
     answer = streaming.captured_answer(100, 200, 4000.0, 0.02, None)
     _, many = streaming.modeled_runs(100, 200, 4000.0, 4000.0, 2, 0.02, None)
     sent, first, ended = streaming.turn_seconds(many[0])
@@ -114,6 +114,12 @@ def test_the_streaming_floor_replays_the_testbeds_own_answer_on_its_schedule():
         (record,) = trio.run(streaming.run_sessions, TcpConnector("127.0.0.1", port), 1, 100, 200, 4000.0)
     assert record.status == "completed" and record.usage["output_tokens"] == 200
     assert [kind for _, way, kind in record.timeline if way == "recv"] == types
+    # A client process that cannot connect fails the streaming run at once.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # closed again: connections are refused
+    with pytest.raises(RuntimeError, match="a client process failed"):
+        streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
 
 
 @pytest.mark.parametrize(("cores", "expected"), [({0}, 1), ({0, 1}, 1), ({0, 3, 5}, 2), (set(range(16)), 15)])
@@ -126,14 +132,6 @@ def test_streaming_spreads_its_sessions_over_the_cores_the_server_leaves_free(mo
     assert seen == [expected] and streaming.free_cores() == expected
     streaming.main(["--flush-intervals", "0.05", "--client-processes", "3"])  # the option still decides
     assert seen == [expected, 3]
-
-
-def test_a_client_process_that_cannot_connect_fails_the_streaming_run_at_once():
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]  # closed again: connections are refused
-    with pytest.raises(RuntimeError, match="a client process failed"):
-        streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
 
 
 def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(results_in_tmp):
@@ -175,7 +173,7 @@ def test_concurrency_runs_at_a_tiny_size(results_in_tmp):
     assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["completed"] == 3 for r in rows)
 
 
-def test_profile_split_gives_library_time_to_its_callers():
+def test_profile_turn_runs_at_a_tiny_size_giving_library_time_to_its_callers(results_in_tmp):
     json_caller = ("/x/prototype/protocol/codec.py", 1, "encode")
     framing_caller = ("/x/site-packages/wsproto/frame_protocol.py", 2, "_serialize_frame")
     builtin = ("~", 0, "<built-in method builtins.len>")
@@ -187,9 +185,6 @@ def test_profile_split_gives_library_time_to_its_callers():
     causes = profile_turn.inherit(stats, {f: profile_turn.own_cause(f) for f in stats})
     assert causes[builtin] == pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25})
     assert causes[json_caller] == {profile_turn.JSON: 1.0}
-
-
-def test_profile_turn_runs_at_a_tiny_size(results_in_tmp):
     rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
     assert (results_in_tmp / "profile_turn" / "latest" / "profile_turn.csv").exists()
     causes = {row["cause"] for row in rows}

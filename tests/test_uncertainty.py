@@ -149,6 +149,8 @@ def test_a_resampled_statistic_draws_the_tasks_together_and_the_median_turns_int
     assert (gain.low, gain.high) == pytest.approx((direct.low, direct.high), rel=1e-3)
     assert u.resample(10, lambda c: 1 - u.unit_total(chained)(c) / u.unit_total(http)(c)) == gain  # seeded
     assert not u.resample(1, u.unit_mean([3.0])).has_interval and math.isnan(u.resample(0, u.unit_mean([])).value)
+    # One task of 30 slow turns among nine of one fast turn each: turns alone would call the median sure (30 of 39
+    # turns are slow), but it rests on whether that one task is drawn, so the interval spans both speeds.
     turns = [[5.0] * 30] + [[1.0]] * 9
     median = u.resample(10, u.unit_percentile(turns, 50))
     assert median.value == 5.0 and median.low == 1.0 and median.high == 5.0

@@ -71,7 +71,7 @@ class CliServer:
     """`python -m prototype serve --port 0 …` in a subprocess; stdout and stderr are drained by
     threads so no read can block the test."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, **popen) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prototype", "serve", "--port", "0", *args],
             cwd=REPO,
@@ -79,6 +79,7 @@ class CliServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            **popen,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stdout: list[str] = []
@@ -152,11 +153,11 @@ class CliServer:
 
 @pytest.fixture
 def cli_server():
-    """`start(*args)` runs `python -m prototype serve --port 0 <args>`; each is stopped at teardown."""
+    """`start(*args, **popen)` runs `python -m prototype serve --port 0 <args>`; each is stopped at teardown."""
     servers: list[CliServer] = []
 
-    def start(*args: str) -> CliServer:
-        server = CliServer(*args)
+    def start(*args: str, **popen) -> CliServer:
+        server = CliServer(*args, **popen)
         servers.append(server)
         return server
 
@@ -244,3 +245,12 @@ def link(request):
     from support import DELAYED_LINK
 
     return None if request.param == "pipe" else DELAYED_LINK
+
+
+@pytest.fixture
+def results_in_tmp(tmp_path, monkeypatch):
+    """experiments/ write their results folders under tmp_path."""
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    return tmp_path

@@ -11,6 +11,9 @@ Rules every test here follows (after trio-websocket's test suite):
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +32,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
+from tests.conftest import REPO
 
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
 
@@ -222,3 +226,27 @@ def slowed(monkeypatch, owner: Any, name: str):
 def exactly(seconds: float) -> Any:
     """A virtual time, equal up to float rounding."""
     return pytest.approx(seconds, rel=1e-9, abs=1e-12)
+
+
+def exit_code(call, *args: Any) -> int | str | None:
+    """The code `call(*args)` exits with, by SystemExit as argparse raises it."""
+    with pytest.raises(SystemExit) as exited:
+        call(*args)
+    return exited.value.code
+
+
+def child_env(tmp_path) -> dict[str, str]:
+    """A `python -m` child's environment: this checkout's code, its results and cache in `tmp_path`."""
+    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
+                MPLBACKEND="Agg")
+
+
+def run_into_a_closed_pipe(tmp_path, *argv: str) -> None:
+    """`python -m <argv>` with its stdout a pipe whose reader has gone (`| head -0`): it exits 0, no traceback."""
+    with open(tmp_path / "stderr", "w") as stderr:
+        child = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path),
+                                 cwd=tmp_path)
+        child.stdout.close()  # every line it prints meets a closed pipe
+        assert child.wait(timeout=300) == 0
+    err = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

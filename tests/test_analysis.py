@@ -1,7 +1,5 @@
-"""The tables, series and sentences computed from rows (prototype/analysis.py): the cell format, the
-plain-text, Markdown and CSV tables, a rollout's phase totals and pause state, a sweep's table by (value,
-design), a design's curve, where one curve reaches another, and the sentences of the published-results
-notebook."""
+"""The tables, series and sentences computed from rows (prototype/analysis.py): cells, text/Markdown/CSV tables, phase
+totals, a sweep's table by (value, design), a design's curve, crossovers, and the published-results verdicts."""
 
 from __future__ import annotations
 
@@ -14,9 +12,8 @@ from prototype.client.harness import RolloutRecord, TurnRecord
 
 
 def test_design_of_names_a_stateless_http_record_as_the_benchmarks_http():
-    assert analysis.design_of(RolloutRecord("http-stateless", "fixed", 0.0)) == "http"
-    assert analysis.design_of(RolloutRecord("http-stored", "fixed", 0.0)) == "http-stored"
-    assert analysis.design_of(RolloutRecord("suspended", "fixed", 0.0)) == "suspended"
+    designs = [analysis.design_of(RolloutRecord(d, "fixed", 0.0)) for d in ("http-stateless", "http-stored", "suspended")]
+    assert designs == ["http", "http-stored", "suspended"]
 
 
 @pytest.mark.parametrize("value, cell", [
@@ -35,7 +32,7 @@ def test_write_csv_takes_its_columns_from_the_first_row_and_quotes_commas(tmp_pa
     assert path.read_bytes() == b"a\r\n1\r\n"
 
 
-def test_print_table_right_aligns_each_column_to_its_widest_cell(capsys):
+def test_print_table_right_aligns_each_column_and_the_markdown_table_escapes_pipes_and_leaves_missing_cells_empty(capsys):
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 12345.0}]
     analysis.print_table(rows)
     assert capsys.readouterr().out == (
@@ -43,9 +40,6 @@ def test_print_table_right_aligns_each_column_to_its_widest_cell(capsys):
         "suspended   1.500  3\n"
         "     http  12,345   \n"
     )
-
-
-def test_print_table_takes_columns_formats_and_headers_per_column(capsys):
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 0.25, "n": 10}]
     analysis.print_table(rows, columns=["n", "e2e"], formats={"e2e": lambda v: f"{v:.1f} s"}, headers={"n": "tasks"})
     assert capsys.readouterr().out == (
@@ -53,9 +47,6 @@ def test_print_table_takes_columns_formats_and_headers_per_column(capsys):
         "    3  1.5 s\n"
         "   10  0.2 s\n"
     )
-
-
-def test_markdown_table_escapes_pipes_and_leaves_missing_cells_empty():
     rows = [{"design": "a|b", "e2e": 1.5}, {"design": "http"}]
     assert analysis.markdown_table(rows) == (
         "| design | e2e |\n"
@@ -84,14 +75,11 @@ def a_record(design: str = "suspended") -> RolloutRecord:
     )
 
 
-def test_phase_totals_sum_each_phase_over_the_turns():
+def test_phase_totals_sum_each_phase_over_the_turns_and_the_state_table_says_what_each_design_keeps():
     totals = analysis.phase_totals(a_record())
     assert totals == pytest.approx({"validate": 0.1, "prefill": 0.4, "post": 0.05, "route": 0.2,
                                     "network_client": 0.55 + 0.2, "tool": 0.5})
     assert set(totals) == {"validate", "prefill", "post", "route", "network_client", "tool"}
-
-
-def test_state_table_says_what_each_design_keeps_and_what_the_run_shows():
     record = a_record()
     unknown = a_record("something-else")
     unknown.usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0}
@@ -151,7 +139,7 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
     assert alone["ttft_p50_ms"] == pytest.approx(200.0)
 
 
-def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same_tasks():
+def test_sweep_tables_gain_has_an_interval_over_the_same_tasks_and_its_p50_is_the_median():
     rows = [{**a_sweep_row(1, "http", e, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"} for i, e in enumerate((10.0, 20.0, 40.0))]
     rows += [{**a_sweep_row(1, "chained", e * f, 1, {}, [0.1], 0, 1, 0.0), "task": f"t{i}"}
              for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0), (0.5, 0.7, 0.9)))]
@@ -166,9 +154,7 @@ def test_sweep_tables_gain_has_an_interval_over_the_tasks_when_http_ran_the_same
     assert 0.3 - 1e-9 <= two["gain_vs_http_low"] < two["gain_vs_http_high"] <= 0.5
     one = analysis.sweep_table([r for r in rows if r["task"] == "t0"], "tok_s")[1]
     assert one["gain_vs_http"] == 0.5 and math.isnan(one["gain_vs_http_low"]) and math.isnan(one["gain_vs_http_high"])
-
-
-def test_sweep_table_p50_is_the_median_not_the_mean():
+    # p50 is the median, not the mean.
     rows = [a_sweep_row(1, "http", e, 1, {}, [t], 0, 1, 0.0) for e, t in ((1.0, 0.1), (2.0, 0.2), (9.0, 0.9))]
     [row] = analysis.sweep_table(rows, "tok_s")
     assert row["e2e_mean_s"] == 4.0
@@ -176,11 +162,13 @@ def test_sweep_table_p50_is_the_median_not_the_mean():
     assert row["ttft_p50_ms"] == pytest.approx(200.0)
 
 
-def test_series_is_one_designs_curve_in_the_order_of_the_values():
+def test_series_is_one_designs_curve_in_the_order_of_the_values_and_crossing_curves_have_one_length():
     table = [{"x": 4000, "design": "http", "m": 3.0}, {"x": 65, "design": "http", "m": 1.0},
              {"x": 1000, "design": "chained", "m": 9.0}, {"x": 1000, "design": "http", "m": 2.0}]
     assert analysis.series(table, "x", "m", "http") == ([65, 1000, 4000], [1.0, 2.0, 3.0])
     assert analysis.series(table, "x", "m", "suspended") == ([], [])
+    with pytest.raises(ValueError):  # the crossover of curves of different lengths
+        analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 
 
 @pytest.mark.parametrize("xs, a, b, logx, where", [
@@ -202,11 +190,6 @@ def test_crossover_interpolates_where_one_curve_reaches_the_other(xs, a, b, logx
         assert found is None
     else:
         assert found == pytest.approx(where) and isinstance(found, float)
-
-
-def test_crossover_of_curves_of_different_lengths_is_refused():
-    with pytest.raises(ValueError):
-        analysis.crossover([1.0, 2.0], [0.0, 1.0], [1.0])
 
 
 def a_published_row(**changes):

@@ -1,6 +1,5 @@
-"""The side-by-side benchmark (prototype/benchmark.py): a rollout's per-turn phases and task row, the summary table per (design, speed), the parameters printed with a run for each kind of configuration,
-what a trace's task list replays, and the runs themselves under virtual time (one after another, open-loop at
-the tasks' arrivals, a task that does not complete)."""
+"""The side-by-side benchmark (prototype/benchmark.py): a rollout's phases and task row, the summary per (design, speed),
+the parameters printed for each kind of configuration, and the runs under virtual time, in real time and on vLLM."""
 
 from __future__ import annotations
 
@@ -40,16 +39,13 @@ def a_record() -> RolloutRecord:
     )
 
 
-def test_turn_phases_are_the_servers_phases_the_rest_as_network_and_the_tool_time():
+def test_a_rollouts_turn_phases_are_the_servers_the_rest_network_and_tool_time_and_its_task_row_holds_its_figures():
     phases = benchmark.turn_phases(a_record())
     assert phases == [
         pytest.approx({"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 0.65, "tool": 0.5}),
         {"route": 0.3, "network_client": 0.0, "tool": 0.0},
         {"network_client": 1.5, "tool": 0.0},
     ]
-
-
-def test_a_task_row_holds_the_rollouts_figures():
     row = benchmark.task_row("suspended", 65.0, a_record())
     assert row.pop("ttft_s") == [0.5, 0.25] and row.pop("recovery_s") == [0.25]
     assert row.pop("phase_totals_s") == pytest.approx(
@@ -125,7 +121,7 @@ def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with
     assert bare["gain_vs_http"] == 0.5 and math.isnan(bare["gain_vs_http_low"]) and bare["e2e_mean_s"] == 18.75
 
 
-def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_tool_turn():
+def test_the_summary_reads_absent_counts_as_zero_and_a_task_without_turns_as_no_per_turn_figure():
     row = a_row("http", 65.0, 1.0, turns=1)
     for key in ("web_searches", "function_calls", "reconnects", "reasoning_tokens"):
         del row[key]
@@ -133,17 +129,16 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_single_turn_task_as_no_to
     assert (summary["web_searches_per_task"], summary["calls_per_tool_turn"], summary["reconnects"], summary["reasoning_share"]) == (
         0.0, 0.0, 0, 0.0)
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=1, function_calls=3)])
-    assert summary["calls_per_tool_turn"] == 3.0
-
-
-def test_the_summary_of_tasks_without_turns_or_counts_has_no_per_turn_figure_and_counts_absent_tokens_as_zero():
+    assert summary["calls_per_tool_turn"] == 3.0  # a single-turn task's calls count as one tool turn's
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
     assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
-    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, cached_tokens=1, input_tokens=4),
-            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, input_tokens=4)]
+    rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1,
+                  input_tokens=4),
+            a_row("http", 65.0, 1.0, turns=3, bytes_sent_per_turn=6.0, bytes_received_per_turn=12.0, input_tokens=4)]
     del rows[1]["cached_tokens"]
     [summary] = benchmark.summarize(rows, intervals=False)
-    assert (summary["bytes_sent_per_turn"], summary["cached_share"]) == (5.0, 0.125)
+    # Bytes per turn weighed by turn, as the figure does: (1 x 2 + 3 x 6) / 4 turns, not the mean of the tasks' means.
+    assert (summary["bytes_sent_per_turn"], summary["bytes_received_per_turn"], summary["cached_share"]) == (5.0, 10.0, 0.125)
 
 
 @pytest.mark.parametrize("policy, described", [
@@ -181,11 +176,8 @@ DEFAULT_ROWS = [
 ]
 
 
-def test_the_parameters_of_the_default_configuration():
+def test_the_parameters_of_the_default_configuration_another_preset_a_preset_file_fixed_turns_and_a_latency_profile():
     assert benchmark.parameters(benchmark.BenchConfig()) == DEFAULT_ROWS + ApiCosts().describe()
-
-
-def test_the_parameters_of_another_preset_a_preset_file_fixed_turns_and_a_latency_profile():
     rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(benchmark.BenchConfig(preset="chat")))
     chat = workload.PRESETS["chat"]
     assert rows["workload preset"][0] == "chat, 20 tasks, seed 0"
@@ -214,7 +206,7 @@ def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
     return workload.Workload(name, 0, tuple(turns), arrival_s=arrival_s, prefix=prefix, prefix_tokens=prefix_tokens)
 
 
-def test_a_task_lists_parameters_are_measured_from_its_tasks():
+def test_a_task_lists_parameters_are_measured_from_its_tasks_open_loop_or_not_and_with_nothing_in_it():
     search = workload.HostedCall(seconds=2.0, result_tokens=300)
     tasks = (
         a_task("a", [workload.TurnSpec(100, 10, (1.0, 3.0), (search,), 4), workload.TurnSpec(10, 30, (9.0,)),
@@ -234,9 +226,7 @@ def test_a_task_lists_parameters_are_measured_from_its_tasks():
         ("tool time", "3 calls, p50 3 s, p90 7.8 s, max 9 s", "measured from the tasks"),
     ]
     assert rows[7:] == DEFAULT_ROWS[10:] + ApiCosts().describe()
-
-
-def test_an_open_loop_task_list_and_one_with_nothing_in_it():
+    # An open-loop task list, and one with nothing in it.
     tasks = (a_task("a", [workload.TurnSpec(100, 1, ())], arrival_s=0.0), a_task("b", [workload.TurnSpec(100, 1, ())], arrival_s=5.0))
     rows = benchmark.parameters(benchmark.BenchConfig(task_list=tasks))
     assert rows[:7] == [
@@ -251,27 +241,18 @@ def test_an_open_loop_task_list_and_one_with_nothing_in_it():
     mixed = (tasks[0], a_task("c", [workload.TurnSpec(100, 1, ())]))
     assert benchmark.parameters(benchmark.BenchConfig(task_list=mixed))[0][2] == "one task after another"
     empty = benchmark.parameters(benchmark.BenchConfig(task_list=()))
-    assert empty[:7] == [
-        ("workload", "0 tasks from an explicit task list", "one task after another"),
-        ("turns per task", "none", "measured from the tasks"),
-        ("common prefix", "none: every task its own content", "the trace's cached first prompts (prototype/traces/base.py)"),
-        ("parallel client calls", "none", "measured from the tasks"),
-        ("hosted web_search", "none", "measured from the tasks"),
-        ("reasoning share of output", "none", "measured from the tasks"),
-        ("tool time", "no client calls", "measured from the tasks"),
-    ]
+    assert empty[:7] == [("workload", "0 tasks from an explicit task list", "one task after another"),
+                         ("turns per task", "none", "measured from the tasks"), *rows[2:5],
+                         ("reasoning share of output", "none", "measured from the tasks"), rows[6]]
 
 
-def test_a_configurations_tasks_are_its_list_or_the_seeded_preset():
+def test_a_configurations_tasks_are_its_list_or_the_seeded_preset_and_its_server_has_its_api_and_a_long_suspension_ttl():
     tasks = (a_task("a", [workload.TurnSpec(100, 5, ())]),)
     assert benchmark.BenchConfig(task_list=tasks).tasks() == list(tasks)
     assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
     fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
     assert fixed == workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3)
     assert [len(t.turns) for t in fixed] == [3, 3]
-
-
-def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_ttl():
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
                                    sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)
@@ -283,13 +264,9 @@ def test_the_benchmarks_server_has_the_configurations_api_and_a_long_suspension_
     assert benchmark.bench_server(config, engine).api.engine is engine
 
 
-def fixed_tasks(n, arrivals=None):
-    return [workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=5, tool_seconds=1.0, name=f"t{i}",
-                           content_seed=i) if arrivals is None else
-            workload.Workload(f"t{i}", 0, workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=5,
-                                                           tool_seconds=1.0, content_seed=i).turns, arrival_s=arrivals[i],
-                              content_seed=i)
-            for i in range(n)]
+def fixed_tasks(n, arrivals=(None, None)):
+    return [attrs.evolve(workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=5, tool_seconds=1.0,
+                                        name=f"t{i}", content_seed=i), arrival_s=arrivals[i]) for i in range(n)]
 
 
 @pytest.mark.parametrize("design", ["http", "http-stored", "chained", "suspended"])
@@ -304,7 +281,7 @@ def test_tasks_run_one_after_another_and_each_design_is_its_own(design):
     assert all(turn.server_timing is not None for r in records for turn in r.turns)  # the server's phases, asked for
 
 
-def test_a_task_runs_at_the_decode_speed_asked_for_through_the_configurations_network():
+def test_a_task_runs_at_the_decode_speed_asked_for_through_the_configurations_network_and_its_keep_alive():
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)))
     fast, slow = (benchmark.run_design_virtual("chained", tps, config)[0] for tps in (4000.0, 65.0))
     decode = [benchmark.task_row("chained", 1.0, r)["phase_totals_s"].get("decode", 0.0) for r in (fast, slow)]
@@ -312,10 +289,7 @@ def test_a_task_runs_at_the_decode_speed_asked_for_through_the_configurations_ne
     far = attrs.evolve(config, network=attrs.evolve(config.network, rtt=1.0))
     [record] = benchmark.run_design_virtual("chained", 4000.0, far)
     assert record.seconds - fast.seconds > 2.0  # a handshake and two turns, each a round trip longer
-
-
-def test_http_without_keep_alive_pays_a_new_connection_per_request():
-    config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(1)), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.1))
+    config = attrs.evolve(config, network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.1))  # http without keep-alive:
     kept = benchmark.run_design_virtual("http", 4000.0, config)[0]
     new = benchmark.run_design_virtual("http", 4000.0, attrs.evolve(config, keep_alive=False))[0]
     assert new.seconds - kept.seconds >= 0.19  # the second request's TCP and TLS round trips
@@ -380,23 +354,11 @@ def test_a_design_run_and_a_sweep_give_the_rows_of_each_design_at_each_value():
     assert isinstance(rows[0]["decode_tps"], float)
 
 
-def test_a_design_run_in_real_time_runs_over_loopback_and_one_in_virtual_time_does_not(monkeypatch):
-    calls = []
-    monkeypatch.setattr(benchmark, "run_design_real", lambda *args: calls.append(("real", *args)) or [])
-    monkeypatch.setattr(benchmark, "run_design_virtual", lambda *args: calls.append(("virtual", *args)) or [])
-    config = benchmark.BenchConfig()
-    benchmark.DesignRun("chained", 65.0, config, real=True).records()
-    benchmark.DesignRun("http", 4000.0, config).records()
-    assert calls == [("real", "chained", 65.0, config), ("virtual", "http", 4000.0, config)]
-
-
 def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
     task = workload.fixed(2, initial_prompt_tokens=50, appended_tokens=10, output_tokens=3, tool_seconds=0.01, name="r")
     config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.0))
-    connectors, ports = [], []
+    connectors, ports, opened, clocks = [], [], [], []
     tcp, serve = benchmark.TcpConnector, benchmark.serve_responses
-
-    opened = []
 
     class Counting(tcp):
         def open_stream(self):
@@ -406,8 +368,6 @@ def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
     def connector(host, port, network):
         connectors.append((host, network))
         return Counting(host, port, network)
-
-    clocks = []
 
     async def serving(server, port=0, **kwargs):
         ports.append(port)
@@ -422,6 +382,12 @@ def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
     assert len(opened) == 1 and opened[0] > 0  # the rollout's connection went over loopback TCP
     assert (record.design, record.workload, record.status, len(record.turns)) == ("chained", "r", "completed", 2)
     assert len(record.response_ids) == 2 and all(turn.server_timing is not None for turn in record.turns)
+    calls = []  # a design run goes to the real-time runner when asked, else to the virtual one
+    monkeypatch.setattr(benchmark, "run_design_real", lambda *args: calls.append(("real", *args)) or [])
+    monkeypatch.setattr(benchmark, "run_design_virtual", lambda *args: calls.append(("virtual", *args)) or [])
+    benchmark.DesignRun("chained", 65.0, config, real=True).records()
+    benchmark.DesignRun("http", 4000.0, config).records()
+    assert calls == [("real", "chained", 65.0, config), ("virtual", "http", 4000.0, config)]
 
 
 @attrs.define(eq=False)

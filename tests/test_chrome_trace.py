@@ -1,6 +1,5 @@
-"""A rollout's Chrome trace (prototype/trace.py), the timeline Perfetto opens: one process per rollout, one
-track per client span and server phase in the order a turn passes through them, every span placed in
-microseconds from the rollout's start."""
+"""A rollout's Chrome trace (prototype/trace.py): one process per rollout, one track per client span and server phase
+in a turn's order, every span in microseconds from the rollout's start."""
 
 from __future__ import annotations
 
@@ -47,16 +46,14 @@ def test_a_rollouts_trace_places_every_span_in_microseconds_from_its_start() -> 
     ]
 
 
-def test_a_trace_without_a_shared_clock_aligns_the_server_spans_to_each_turns_send() -> None:
+def test_a_trace_without_a_shared_clock_aligns_the_server_spans_to_each_turns_send_and_rounds_to_the_nanosecond() -> None:
     events = trace.trace_events(a_rollout(), shared_clock=False)
     server = [e for e in events if e["ph"] == "X" and e["tid"] >= TRACKS.index("validate")]
     assert [(e["name"], e["pid"], e["ts"], e["dur"]) for e in server] == [
         ("validate", 1, 2_000_000.0, 2_500.0), ("prefill", 1, 2_002_500.0, 37_500.0),
         ("decode", 1, 4_501_000.0, 2_000.0), ("post", 1, 4_505_000.0, 0.0),
     ]
-
-
-def test_trace_times_are_rounded_to_the_nanosecond() -> None:
+    # Times rounded to the nanosecond.
     record = RolloutRecord(design="http", workload="w", started_at=0.0, turns=[TurnRecord(turn=0, sent_at=1 / 3, ended_at=2 / 3)])
     (turn,) = [e for e in trace.trace_events(record) if e["ph"] == "X"]
     assert (turn["ts"], turn["dur"]) == (333_333.333, 333_333.333)

@@ -1,7 +1,5 @@
-"""The command lines as a user meets them (prototype/cli/common.py): abbreviations refused with a
-one-line error, help on every option, lists as `1000,4000` or `1000 4000`, and a new results
-folder per run with a `latest` link, never an overwrite; the subcommands and the function each runs, the
-`--engine` options, and the parser and range-checked types every command line shares."""
+"""The command lines as a user meets them (prototype/cli/common.py): one-line refusals, no abbreviations, help on
+every option, lists, a new results folder per run with a `latest` link; the subcommands and the `--engine` options."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ import pytest
 from prototype.__main__ import main as cli_main
 from prototype.cli import calibrate, common, compare, demo, engine_options, figures, plot, serve
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
+from tests.support import exit_code
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
@@ -62,23 +61,16 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     assert parser.allow_abbrev is False
 
 
-@pytest.mark.parametrize("argv, says", [
-    # An unknown option is refused by its subcommand's parser, which names it.
-    (["compare", "--task", "3"], "python -m prototype compare: error: unrecognized arguments: --task 3"),  # not read as --tasks 3
-    (["serve", "--por", "1"], "python -m prototype serve: error: unrecognized arguments: --por 1"),
-    (["demo", "--turn", "2"], "python -m prototype demo: error: unrecognized arguments: --turn 2"),
-    (["compare", "--speeds", "fast"], "argument --speeds: 'fast' is not a valid float"),
-    (["compare", "--designs", "http,carrier-pigeon"], "'carrier-pigeon' is not one of http, http-stored, chained, suspended"),
-])
-def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
-    with pytest.raises(SystemExit) as exited:
-        cli_main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and says in err and err.endswith("(see --help)\n"), err
-
-
 @pytest.mark.parametrize("argv, line", [
+    # An unknown option is refused by its subcommand's parser, which names it (not read as --tasks 3).
+    (["compare", "--task", "3"], "python -m prototype compare: error: unrecognized arguments: --task 3"),
+    (["serve", "--por", "1"], "python -m prototype serve: error: unrecognized arguments: --por 1"),
+    (["serve", "--cost", "zero"], "python -m prototype serve: error: unrecognized arguments: --cost zero"),  # no abbreviations
+    (["demo", "--turn", "2"], "python -m prototype demo: error: unrecognized arguments: --turn 2"),
+    (["compare", "--speeds", "fast"], "python -m prototype compare: error: argument --speeds: 'fast' is not a valid float"),
+    (["compare", "--designs", "http,carrier-pigeon"],
+     "python -m prototype compare: error: argument --designs: 'carrier-pigeon' is not one of http, http-stored, chained, "
+     "suspended"),
     (["compare", "--tasks", "0"], "python -m prototype compare: error: argument --tasks: must be at least 1, not 0"),
     (["compare", "--tasks", "-1"], "python -m prototype compare: error: argument --tasks: must be at least 1, not -1"),
     (["compare", "--speeds", "0"], "python -m prototype compare: error: argument --speeds: must be greater than 0, not 0"),
@@ -90,22 +82,15 @@ def test_bad_arguments_get_one_line_and_exit_2(argv, says, capsys):
     (["compare", "--seed", "-1"], "python -m prototype compare: error: argument --seed: must be at least 0, not -1"),
     (["compare", "--jobs", "0"], "python -m prototype compare: error: argument --jobs: must be at least 1, not 0"),
     (["serve", "--port", "70000"], "python -m prototype serve: error: argument --port: must be from 0 to 65535, not 70000"),
-    (["serve", "--workers", "0"], "python -m prototype serve: error: argument --workers: must be at least 1, not 0"),
-    (["serve", "--suspension-ttl", "0"], "python -m prototype serve: error: argument --suspension-ttl: must be greater than 0, not 0"),
-    (["serve", "--flush-interval", "-0.1"], "python -m prototype serve: error: argument --flush-interval: must be at least 0, not -0.1"),
-    (["serve", "--max-connections", "0"], "python -m prototype serve: error: argument --max-connections: must be at least 1, not 0"),
-    (["serve", "--kv-ttl", "-1"], "python -m prototype serve: error: argument --kv-ttl: must be at least 0, not -1"),
     (["demo", "--turns", "1"], "python -m prototype demo: error: argument --turns: must be at least 2, not 1"),
     (["demo", "--tps", "0"], "python -m prototype demo: error: argument --tps: must be greater than 0, not 0"),
     (["demo", "--output-tokens", "0"], "python -m prototype demo: error: argument --output-tokens: must be at least 1, not 0"),
     (["calibrate", "t.jsonl", "--baseline-tasks", "0"], "python -m prototype calibrate: error: argument --baseline-tasks: must be at least 1, not 0"),
     (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok"),
 ])
-def test_out_of_range_values_are_refused_before_any_work(argv, line, capsys, monkeypatch):
+def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):
     monkeypatch.setattr(compare, "run", lambda args: pytest.fail("compare ran"))
-    with pytest.raises(SystemExit) as exited:
-        cli_main(argv)
-    assert exited.value.code == 2
+    assert exit_code(cli_main, argv) == 2
     assert capsys.readouterr().err == f"{line} (see --help)\n"
 
 
@@ -124,28 +109,12 @@ def test_out_of_range_values_are_refused_before_any_work(argv, line, capsys, mon
     ("concurrency", ["--workers", "0"], "argument --workers: must be at least 1, not 0"),
     ("soak", ["--warmup", "1"], "argument --warmup: must be at least 0 and below 1, not 1"),
     ("profile_turn", ["--top", "-1"], "argument --top: must be at least 0, not -1"),
+    ("load", ["--sess", "3"], "unrecognized arguments: --sess 3"),  # no abbreviation
 ])
 def test_experiments_refuse_out_of_range_values(name, argv, line, capsys):
-    with pytest.raises(SystemExit) as exited:
-        importlib.import_module(f"experiments.{name}").main(argv)
-    assert exited.value.code == 2
+    assert exit_code(importlib.import_module(f"experiments.{name}").main, argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.endswith(f": error: {line} (see --help)\n"), err
-
-
-def test_options_that_do_not_go_together_name_the_subcommand(tmp_path, capsys):
-    assert cli_main(["compare", "--preset", "nonsense", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == ("python -m prototype compare: error: --preset 'nonsense' is neither a preset "
-                                       "(coding, compact, chat, long) nor a file (see --help)\n")
-
-
-def test_experiment_abbreviation_is_refused(capsys):
-    from experiments import load
-
-    with pytest.raises(SystemExit) as exited:
-        load.main(["--sess", "3"])
-    assert exited.value.code == 2
-    assert "unrecognized arguments: --sess 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("words", [["65,1000", "4000"], ["65", "1000", "4000"], ["65,1000,4000"], ["65, 1000,4000,"]])
@@ -171,23 +140,16 @@ def test_each_subcommand_runs_its_own_function_with_its_arguments(name, monkeypa
     assert cli_main(argv) == (name, name)
 
 
-def test_the_help_lists_every_subcommand_with_what_it_does(capsys, monkeypatch):
+def test_the_help_lists_every_subcommand_with_what_it_does_and_without_one_the_error_names_it(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
-    with pytest.raises(SystemExit) as exited:
-        cli_main(["--help"])
-    assert exited.value.code == 0
+    assert exit_code(cli_main, ["--help"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
     for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
                  "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
                  "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):
         assert fact in text, fact
-
-
-def test_without_a_subcommand_the_error_names_it(capsys):
-    with pytest.raises(SystemExit) as exited:
-        cli_main([])
-    assert exited.value.code == 2
+    assert exit_code(cli_main, []) == 2
     assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
 
 
@@ -218,8 +180,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
     (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
 ])
 def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
-    with pytest.raises(SystemExit):
-        engine_parser().parse_args(argv)
+    assert exit_code(engine_parser().parse_args, argv) == 2
     err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
     assert err.replace("'llama-3.1-8b-shape', 'tiny-llama-cpu'", "llama-3.1-8b-shape, tiny-llama-cpu") == f"t: error: {says} (see --help)\n"
 
@@ -227,36 +188,34 @@ def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys
 # --- the parser every command line shares -----------------------------------------------------------------
 
 
-def test_the_parser_refuses_abbreviations_unless_asked_and_exits_2_with_one_line(capsys):
+def test_the_parser_refuses_abbreviations_unless_asked_takes_its_name_first_and_fills_a_given_namespace(capsys):
     parser = common.Parser(prog="p")
     parser.add_argument("--tasks", type=int)
-    with pytest.raises(SystemExit) as exited:
-        parser.parse_args(["--task", "3"])
-    assert exited.value.code == 2
+    assert exit_code(parser.parse_args, ["--task", "3"]) == 2
     assert capsys.readouterr().err == "p: error: unrecognized arguments: --task 3 (see --help)\n"
     allowing = common.Parser(prog="p", allow_abbrev=True)
     allowing.add_argument("--tasks", type=int)
     assert allowing.parse_args(["--task", "3"]).tasks == 3
+    parser = common.Parser("p")
+    parser.add_argument("--n", type=int)
+    assert parser.prog == "p"
+    namespace = argparse.Namespace(kept=True)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace
+    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
-def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand(capsys):
+def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_else_by_the_top_parser(capsys):
     parser = common.Parser(prog="top")
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("run").add_argument("--n", type=int)
-    with pytest.raises(SystemExit) as exited:
-        parser.parse_args(["run", "--n", "1", "--m", "2", "x"])
-    assert exited.value.code == 2
+    assert exit_code(parser.parse_args, ["run", "--n", "1", "--m", "2", "x"]) == 2
     assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
     assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
-
-
-def test_unknown_words_the_subcommand_does_not_take_are_left_to_the_top_parser(capsys):
-    parser = common.Parser(prog="top")
-    commands = parser.add_subparsers(dest="command", parser_class=argparse.ArgumentParser)  # plain argparse
-    commands.add_parser("run")
-    assert parser.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["run", "--m"])
+    plain = common.Parser(prog="top")
+    plain.add_subparsers(dest="command", parser_class=argparse.ArgumentParser).add_parser("run")  # a plain argparse subcommand
+    assert plain.parse_known_args(["run", "--m"]) == (argparse.Namespace(command="run"), ["--m"])
+    assert exit_code(plain.parse_args, ["run", "--m"]) == 2
     assert capsys.readouterr().err == "top: error: unrecognized arguments: --m (see --help)\n"
     undestined = common.Parser(prog="top")  # subcommands without a destination
     undestined.add_subparsers().add_parser("run")
@@ -265,16 +224,6 @@ def test_unknown_words_the_subcommand_does_not_take_are_left_to_the_top_parser(c
     top.add_argument("--n")
     top.add_subparsers(dest="command").add_parser("run")
     assert top.parse_known_args(["--n", "1", "--m"]) == (argparse.Namespace(n="1", command=None), ["--m"])
-
-
-def test_the_parser_takes_its_name_as_a_positional_argument_and_fills_a_given_namespace():
-    parser = common.Parser("p")
-    parser.add_argument("--n", type=int)
-    assert parser.prog == "p"
-    namespace = argparse.Namespace(kept=True)
-    assert parser.parse_args(["--n", "2"], namespace) is namespace
-    assert (namespace.kept, namespace.n) == (True, 2)
-    assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
 # --- the range-checked and list types (their messages on a command line are in the tables above) -----------
@@ -304,7 +253,7 @@ def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, sa
     assert refusal(kind, word) == says
 
 
-def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_messages():
+def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins_every_word_and_shows_its_default(capsys):
     assert common.positive()("0.001") == 0.001 and isinstance(common.positive()("2"), float)
     assert common.positive(int)("3") == 3 and common.non_negative()("0") == 0.0 and common.non_negative(int)("0") == 0
     assert [common.at_least(2)("1000"), common.at_least(1, 3)("1"), common.at_least(1, 3)("3")] == [1000, 1, 3]
@@ -326,9 +275,7 @@ def test_the_types_take_their_values_and_carry_their_kinds_name_into_argparses_m
 
     assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
     assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
-
-
-def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(capsys):
+    # A list option joins every word; its help shows its default and choices.
     parser = common.Parser(prog="t")
     default = [65.0, 1000.0, 4000.5]
     common.add_list(parser, "--speeds", float, default, "decode speeds")
@@ -341,8 +288,7 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
     assert default == [65.0, 1000.0, 4000.5]  # the default is a copy
     args = parser.parse_args(["--speeds", "1,2", "3", "--seeds", "--designs", "suspended"])
     assert (args.speeds, args.seeds, args.designs) == ([1.0, 2.0, 3.0], [], ["suspended"])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--designs", "http,v3"])
+    assert exit_code(parser.parse_args, ["--designs", "http,v3"]) == 2
     assert "'v3' is not one of http, chained, suspended" in capsys.readouterr().err
     parser.print_help()
     text = " ".join(capsys.readouterr().out.split())
@@ -355,7 +301,7 @@ def test_a_list_option_joins_every_word_and_its_help_shows_default_and_choices(c
 # --- the run folders --------------------------------------------------------------------------------------
 
 
-def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_latest_points_at_the_newest(tmp_path):
+def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_second_and_latest_at_the_newest(tmp_path):
     now = datetime.datetime(2026, 11, 12, 13, 14, 15)
     base = tmp_path / "deep" / "compare"
     first = common.new_run_folder(base, now)
@@ -365,9 +311,7 @@ def test_a_new_run_folder_each_time_numbered_from_2_in_the_same_second_and_lates
     assert (first / "a.csv").read_text() == "first"
     assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
     assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
-
-
-def test_a_run_folder_replaces_a_left_over_temporary_link_and_takes_the_clock_by_default(tmp_path):
+    # A left-over temporary link (or file) is replaced; the clock gives the name by default.
     left_over = tmp_path / f".latest.{os.getpid()}"
     left_over.symlink_to("nowhere")
     before = datetime.datetime.now().replace(microsecond=0)

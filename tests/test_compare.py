@@ -1,9 +1,6 @@
-"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): the printed table and its legend,
-the headline against http, the options, the configuration each option gives, the parameters printed, the files
-written, the results cache's line, the refusals, the real engine's path with its engine replaced by a stand-in,
-and whole runs as a user starts them (twice, into a closed pipe, with Ctrl-C, failing, with an estimate first).
-Where a test does not look at the figure, a stand-in records what it was asked to draw (matplotlib takes
-seconds; tests/test_figure_drawing.py draws it)."""
+"""`python -m prototype compare` and `plot` (prototype/cli/compare.py, plot.py): what a run prints and writes, its options
+and refusals, the real engine's path with a stand-in engine, and whole runs as a user starts them. `drawn` stands in for
+the figure (tests/test_figure_drawing.py draws it)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,11 @@ import argparse
 import csv
 import json
 import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
+from tests.support import child_env, exit_code, run_into_a_closed_pipe
 
 CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
 
@@ -60,7 +62,7 @@ def a_table_row(**changes):
     return row
 
 
-def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_and_a_legend(capsys):
+def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_and_a_legend_and_wide_every_column(capsys):
     exact = {"speedup_vs_http": 1.0, "speedup_vs_http_low": 1.0, "speedup_vs_http_high": 1.0}
     compare.print_compare_table([a_table_row(), a_table_row(design="http", **exact), a_table_row(design="x", speedup_vs_http=None)])
     assert capsys.readouterr().out == (
@@ -79,17 +81,11 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
         "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of\n"
         "      both designs together, as they ran the same tasks)\n"
     )
-
-
-def test_a_table_without_intervals_prints_its_values_and_no_interval_legend(capsys):
-    row = {k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}
-    compare.print_compare_table([row])
-    lines = capsys.readouterr().out.splitlines()
+    compare.print_compare_table([{k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}])
+    lines = capsys.readouterr().out.splitlines()  # without intervals: the values, and no interval legend
     assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
     assert not any(line.startswith("  [low, high]") for line in lines)
-
-
-def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(capsys):
+    # The wide table: every column, an unknown one under its name.
     compare.print_compare_table([a_table_row()], wide=True)
     lines = capsys.readouterr().out.splitlines()
     assert [h.strip() for h in lines[0].split("  ") if h] == [
@@ -112,7 +108,7 @@ def test_the_wide_table_prints_every_column_and_an_unknown_one_under_its_name(ca
         assert fact in legend, fact
 
 
-def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where_its_interval_excludes_0(capsys):
+def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_its_interval_excludes_0_and_the_upload_ratio(capsys):
     table = [a_table_row(design="http"), a_table_row(),
              a_table_row(design="chained", decode_tps=65.0, gain_vs_http=0.01, gain_vs_http_low=-0.02, gain_vs_http_high=0.04),
              a_table_row(design="x", gain_vs_http=-0.2, gain_vs_http_low=-0.3, gain_vs_http_high=-0.1),
@@ -131,9 +127,7 @@ def test_the_headline_gives_each_design_against_http_and_calls_a_gain_only_where
         "e2e_mean_s.http.4000", "ttft_p50_ms.http.4000", "e2e_mean_s.suspended.4000", "ttft_p50_ms.suspended.4000",
         "gain.suspended.4000", "speedup.suspended.4000", "ttft_ratio.suspended.4000"])
     assert figures_by_key["gain.suspended.4000"] == benchmark.Estimate(0.19, 0.09, 0.23, 3, "tasks", "paired bootstrap")
-
-
-def test_the_headline_from_the_task_rows_gives_the_upload_its_ratio_to_https_and_the_tools_share():
+    # From the task rows: the upload, its ratio to http's and the tools' share.
     def row(design, task, turns, sent, tool, e2e):
         return {"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
                 "phase_totals_s": {"tool": tool, "prefill": 0.5}, "e2e_s": e2e}
@@ -161,7 +155,7 @@ def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
-def test_the_options_defaults():
+def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_workload_unless_told_otherwise(monkeypatch):
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
@@ -169,9 +163,17 @@ def test_the_options_defaults():
         "codex", False)
     assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
     assert parsed("--turns", "1", "--tasks", "1").turns == 1
+    # vLLM takes a workload of its own unless told otherwise.
+    def defaults(*argv: str) -> tuple:
+        args = parsed(*argv)
+        compare.apply_engine_defaults(args)
+        return args.preset, args.tasks, args.turns
 
-
-def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
+    assert defaults() == (None, None, None)  # the simulated engine: the coding preset's 10 tasks (workload_config)
+    assert defaults("--engine", "vllm") == ("chat", 3, 3)
+    assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
+    assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
+    assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
     parser = common.Parser(prog="c")
     compare.add_arguments(parser)
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
@@ -196,12 +198,11 @@ def test_each_options_help_names_its_default_and_what_it_takes(monkeypatch):
     (["--reconnect", "carrier-pigeon"], "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from "),
 ])
 def test_an_unknown_design_or_policy_is_refused(argv, says, capsys):
-    with pytest.raises(SystemExit):
-        parsed(*argv)
+    assert exit_code(parsed, *argv) == 2
     assert says in capsys.readouterr().err
 
 
-def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given():
+def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given_a_preset_file_and_a_latency_profile(tmp_path):
     network = benchmark.DEFAULT_NETWORK
     config, described, speeds = compare.workload_config(parsed(), network)
     assert (described, speeds) == ("the 'coding' workload", [65.0, 1000.0, 4000.0])
@@ -211,9 +212,6 @@ def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given()
     config, described, speeds = compare.workload_config(args, network)
     assert (described, speeds) == ("the 'chat' workload", [100.0])
     assert (config.preset, config.n_tasks, config.seed, config.fixed_turns, config.reconnect) == ("chat", 2, 5, 3, POLICIES["codex"])
-
-
-def test_a_preset_file_and_a_latency_profile(tmp_path):
     preset = profiles.save_preset(workload.PRESETS["chat"], tmp_path / "preset.json", "test")
     model = LatencyModel(decode_tokens_per_s=321.0, prefill_tokens_per_s=5000.0)
     latency = profiles.save_latency(model, tmp_path / "latency.json", "test")
@@ -224,7 +222,7 @@ def test_a_preset_file_and_a_latency_profile(tmp_path):
     assert speeds == [7.0]
 
 
-def test_a_trace_run_replays_the_traces_tasks(capsys, tmp_path):
+def test_a_trace_run_replays_the_traces_first_tasks_and_prints_the_readers_notes(capsys, tmp_path, monkeypatch):
     model = LatencyModel(decode_tokens_per_s=321.0)
     latency = profiles.save_latency(model, tmp_path / "latency.json", "test")
     network = attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.125)
@@ -239,14 +237,10 @@ def test_a_trace_run_replays_the_traces_tasks(capsys, tmp_path):
     assert capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="^--turns applies to generated tasks, not to a trace$"):
         compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--turns", "2"), benchmark.DEFAULT_NETWORK)
-
-
-def test_a_trace_run_takes_its_first_tasks_and_prints_the_readers_notes(tmp_path, capsys, monkeypatch):
-    lines = CODEX_TRACE.read_text().splitlines()
-    folder = tmp_path / "rollouts"
+    folder = tmp_path / "rollouts"  # a folder of two rollouts: its first tasks, and the reader's notes printed
     folder.mkdir()
     for name in ("a", "b"):
-        (folder / f"rollout-{name}.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / f"rollout-{name}.jsonl").write_text(CODEX_TRACE.read_text())
     config, *_ = compare.workload_config(parsed("--trace", str(folder)), benchmark.DEFAULT_NETWORK)
     assert config.n_tasks == 2 and len(config.task_list) == 2
     load = compare.traces.load
@@ -254,12 +248,6 @@ def test_a_trace_run_takes_its_first_tasks_and_prints_the_readers_notes(tmp_path
     config, *_ = compare.workload_config(parsed("--trace", str(folder), "--tasks", "1"), benchmark.DEFAULT_NETWORK)
     assert config.n_tasks == 1 and config.task_list == (load(folder).tasks[0],)
     assert capsys.readouterr().err == "trace note: one\ntrace note: two\n"
-
-
-def test_a_preset_neither_known_nor_a_file_is_refused_with_the_presets_named():
-    with pytest.raises(ValueError) as refused:
-        compare.workload_config(parsed("--preset", "nonsense"), benchmark.DEFAULT_NETWORK)
-    assert str(refused.value) == "--preset 'nonsense' is neither a preset (coding, compact, chat, long) nor a file"
 
 
 def test_the_parameters_printed_leave_out_what_did_not_run():
@@ -285,7 +273,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     out = tmp_path / "new" / "out"
     clock = iter([10.0, 12.25])
     monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
+    argv = ["compare", "--tasks", "1", "--turns", "3", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
             "--rtt-ms", "40", "--out", str(out)]
     assert cli_main(argv) == 0
     printed = capsys.readouterr().out
@@ -300,7 +288,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     # interval and format, the docs' table, and the task rows the figure is drawn from.
     section = saved["headline"]
     assert (section["name"], section["command"], section["workload"]) == (
-        "compare", "python -m prototype compare --tasks 1 --turns 2", "1 task of the 'coding' workload, virtual time")
+        "compare", "python -m prototype compare --tasks 1 --turns 3", "1 task of the 'coding' workload, virtual time")
     assert sorted(section["figures"]) == sorted(
         [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in ("http", "suspended")]
         + [f"{name}.suspended.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio")])
@@ -346,18 +334,15 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     again = capsys.readouterr().out
     assert (f"\n\n2 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
             "the same configuration and code; --no-cache computes them again.\n") in again
-
-
-def test_a_run_without_v1_or_the_trace_speed_says_nothing_of_them(tmp_path, drawn, capsys, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "out"
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "chained", "--jobs", "1",
-                     "--no-cache", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "suspension TTL" not in printed and "results cache" not in printed
-    assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
-    assert not (tmp_path / "cache").exists()
+    table = {r["design"]: r for r in json.loads((out / "compare.json").read_text())["table"]}
+    # What each design keeps between turns orders them: end-to-end time, time to first token and upload.
+    assert table["http"]["speedup_vs_http"] == 1.0 < table["chained"]["speedup_vs_http"] < table["suspended"]["speedup_vs_http"]
+    for column in ("ttft_p50_ms", "bytes_sent_per_turn"):
+        assert table["http"][column] > table["chained"][column] > table["suspended"][column] > 0, column
+    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table.values())
+    spans = [e for e in json.loads((out / "trace_suspended.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert {"turn", "time_to_first_token", "validate", "prefill", "decode", "post"} <= {e["name"] for e in spans}
+    assert all(e["dur"] >= 0 for e in spans)
 
 
 def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):
@@ -376,28 +361,21 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, 
     assert "\n  reconnects (codex policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
 
 
-def test_a_real_time_run_says_so_and_runs_its_grid_in_real_time(tmp_path, drawn, capsys, monkeypatch):
+def test_a_real_time_run_says_so_and_a_run_goes_to_a_new_folder_under_the_results_folder(tmp_path, drawn, capsys, monkeypatch):
     seen = []
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_grid", lambda config, designs, speeds, runner, out, real: seen.append(real) or [])
     monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
     monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
-    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
+    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
     assert seen == [True]
     assert capsys.readouterr().out.startswith("\n1 task of the 'coding' workload, real time over loopback sockets\n")
     assert drawn[0][1]["clock"] == "real time over loopback sockets"
-    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 0
-    assert seen == [True, False]
-
-
-def test_a_new_run_folder_under_the_results_folder_by_default(tmp_path, drawn, capsys, monkeypatch):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path)
-    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
-    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
-    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
-    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
     [folder] = [p for p in (tmp_path / "compare").iterdir() if p.name != "latest"]
     assert (tmp_path / "compare" / "latest").resolve() == folder.resolve()
     assert (folder / "compare.csv").read_bytes() == b"design,decode_tps,reconnects\r\nhttp,65.0,0\r\n"
+    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path / "out")]) == 0
+    assert seen == [True, False]
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -405,8 +383,11 @@ def test_a_new_run_folder_under_the_results_folder_by_default(tmp_path, drawn, c
     (["--latency", "/nonexistent/latency.json"], "python -m prototype compare: error: "),
     (["--trace", str(CODEX_TRACE), "--turns", "2"],
      "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
+    (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, "
+                               "chat, "
+                               "long) nor a file (see --help)\n"),
 ])
-def test_a_bad_trace_profile_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
+def test_a_bad_trace_profile_preset_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
     assert cli_main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(says) and err.endswith(" (see --help)\n") and err.count("\n") == 1
@@ -492,7 +473,7 @@ def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, dr
             f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
 
 
-def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tmp_path, capsys, monkeypatch):
+def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts_and_an_engine_that_cannot_start_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=2048))
     assert cli_main(["compare", "--engine", "vllm", "--preset", "coding", "--tasks", "1", "--turns", "2",
@@ -501,9 +482,15 @@ def test_a_context_past_the_models_window_is_refused_before_the_engine_starts(tm
     assert capsys.readouterr().err == (
         f"python -m prototype compare: error: --engine vllm: task coding-0 reaches {task.context_before(2):,} tokens of "
         "context, more than tiny-llama-cpu's context window of 2,048 (fewer --turns, or another --vllm-model)\n")
-
-
-def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, monkeypatch):
+    context, args = task.context_before(len(task.turns)), parsed("--engine", "vllm")
+    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
+    with pytest.raises(compare.ContextTooLong):  # exactly at the window: refused too
+        compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
+    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
+    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
+    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
+    # An engine that cannot start exits 2 with its reason.
     def unavailable(*args, **kwargs):
         raise VllmUnavailable("no vllm here")
 
@@ -511,20 +498,6 @@ def test_an_engine_that_cannot_start_exits_2_with_its_reason(tmp_path, capsys, m
     monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=10**9))
     assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "python -m prototype compare: error: --engine vllm: no vllm here\n"
-
-
-def test_a_context_exactly_at_the_window_is_refused(tmp_path, monkeypatch):
-    config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
-    [task] = config.tasks()
-    context = task.context_before(len(task.turns))
-    args = parsed("--engine", "vllm")
-    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context))
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: pytest.fail("the engine started"))
-    with pytest.raises(compare.ContextTooLong):
-        compare.run_on_vllm(args, config, ["http"], Path(tmp_path))
-    monkeypatch.setattr(compare, "model_spec", lambda args: attrs.evolve(TINY_CPU, max_model_len=context + 1))
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda *a, **k: {})
-    assert compare.run_on_vllm(args, config, ["http"], Path(tmp_path))[0] == []
 
 
 def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):
@@ -544,30 +517,21 @@ def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_
     ]
 
 
-def test_vllm_takes_a_workload_of_its_own_unless_told_otherwise():
-    def defaults(*argv: str) -> tuple:
-        args = parsed(*argv)
-        compare.apply_engine_defaults(args)
-        return args.preset, args.tasks, args.turns
-
-    assert defaults() == (None, None, None)  # the simulated engine: the coding preset's 10 tasks (workload_config)
-    assert defaults("--engine", "vllm") == ("chat", 3, 3)
-    assert defaults("--engine", "vllm", "--preset", "coding") == ("coding", 3, None)  # the coding preset on request
-    assert defaults("--engine", "vllm", "--tasks", "1", "--turns", "2") == ("chat", 1, 2)
-    assert defaults("--engine", "vllm", "--trace", "t.jsonl") == (None, None, None)  # a trace's tasks, as they are
-
-
 # --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
 
 
-def compare_printout(capsys, tmp_path, *options: str) -> str:
-    assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--jobs", "1", "--out", str(tmp_path / "out"), *options]) == 0
-    return capsys.readouterr().out
-
-
-def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_path, capsys, monkeypatch):
+def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
+                                                                                              monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    printed = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    out = tmp_path / "out"
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1",
+            "--out", str(out)]
+    assert cli_main([*argv, "--no-cache"]) == 0
+    printed, err = capsys.readouterr()
+    assert not (tmp_path / "cache").exists() and "roughly" not in err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
     lines = printed.splitlines()
     header = next(line for line in lines if "design" in line and "tok/s" in line)
     assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
@@ -577,9 +541,16 @@ def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_
     assert max(len(line) for line in table) <= 100  # every estimate with its interval
     assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
     assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
-    assert "suspension TTL" not in printed  # v1 did not run
-    assert "results cache" not in printed
-    again = compare_printout(capsys, tmp_path, "--speeds", "4000", "--designs", "http,chained")
+    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
+    assert lines[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")  # no trace at 4000
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
+    assert cli_main(argv) == 0  # from the cache: nothing to estimate
+    again, err = capsys.readouterr()
+    assert "roughly" not in err
     assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
     assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
 
@@ -589,12 +560,6 @@ def test_compare_prints_what_this_run_used_and_a_table_that_fits_a_terminal(tmp_
 COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
 
 
-def child_env(tmp_path) -> dict[str, str]:
-    """A `python -m prototype` child's environment: this checkout's code, its results and cache in `tmp_path`."""
-    return dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"), TESTBED_CACHE=str(tmp_path / "cache"),
-                MPLBACKEND="Agg")
-
-
 def run_folders(tmp_path, kind: str = "compare") -> list[str]:
     """Every entry of results/<kind>/, hidden ones included."""
     folder = tmp_path / "results" / kind
@@ -602,18 +567,8 @@ def run_folders(tmp_path, kind: str = "compare") -> list[str]:
 
 
 def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    import subprocess
-    import sys
-
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000",
-             "--designs", "http,chained", "--jobs", "1"],
-            stdout=subprocess.PIPE, stderr=stderr, env=child_env(tmp_path), cwd=tmp_path)
-        child.stdout.close()  # `| head -0`: every line compare prints meets a closed pipe
-        assert child.wait(timeout=300) == 0
-    err = (tmp_path / "stderr").read_text()
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run_into_a_closed_pipe(tmp_path, "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs",
+                           "http,chained", "--jobs", "1")
     (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
     latest = tmp_path / "results" / "compare" / "latest"
     assert latest.resolve().name == folder
@@ -622,11 +577,6 @@ def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_
 
 
 def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-
     # 40 tasks of the coding workload at 65 tokens/s: each point runs for many seconds, so the signal finds the grid running.
     child = subprocess.Popen(
         [sys.executable, "-m", "prototype", "compare", "--tasks", "40", "--speeds", "65", "--jobs", "2"],
@@ -652,42 +602,39 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
             os.killpg(child.pid, 0)
         except ProcessLookupError:
             break
-        __import__("time").sleep(0.1)
+        time.sleep(0.1)
     else:
         pytest.fail("processes of the interrupted compare are still running")
 
 
-def test_a_failed_compare_leaves_no_folder_and_latest_on_the_last_complete_run(tmp_path, monkeypatch, capsys):
+def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a_named_folders_files_as_they_were(
+        tmp_path, monkeypatch, capsys):
     from prototype.engine.vllm_client import PYTHON_ENV
 
     monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    assert cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]) == 0
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]
+    assert cli_main(argv) == 0
     (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    out = tmp_path / "mine"
+    assert cli_main([*argv, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == sorted(COMPARED)
     monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
     # Refused after the run began: the long preset's task does not fit the real engine's model.
     assert cli_main(["compare", "--engine", "vllm", "--preset", "long", "--tasks", "1"]) == 2
     assert "context window" in capsys.readouterr().err
-    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
-    with pytest.raises(ZeroDivisionError):
-        cli_main(["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--no-cache"])
-    assert run_folders(tmp_path) == [complete, "latest"]
-    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
-
-
-def test_a_failed_compare_into_a_named_folder_leaves_its_earlier_files_as_they_were(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "mine"
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1", "--out", str(out)]
-    assert cli_main(argv) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(before) == sorted(COMPARED)
     # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
     monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        cli_main([*argv, "--seed", "1"])
+        cli_main([*argv, "--seed", "1", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]  # no staging folder left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine", "results"]  # no staging folder left beside it
+    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
+    with pytest.raises(ZeroDivisionError):
+        cli_main([*argv, "--no-cache"])
+    assert run_folders(tmp_path) == [complete, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
 
 
 def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
@@ -701,24 +648,6 @@ def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeyp
     assert f"one task of {nearest} turns, the workload's mean" in line
     assert compare.estimate(grid, workers=None).startswith("compare: 10 task runs, roughly ")
     assert " of CPU (" in compare.estimate(grid, workers=None)
-
-
-def test_compare_of_many_tasks_prints_its_estimate_first_and_a_default_run_none(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    first = capsys.readouterr()
-    assert "roughly" not in first.err
-    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
-    final = first.err.replace("\r", "\n").strip().splitlines()[-1]
-    assert " 4/4 [" in final and "task" in final, final
-    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
-    assert cli_main([*argv, "--seed", "1"]) == 0
-    err = capsys.readouterr().err
-    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
-    assert cli_main([*argv, "--seed", "1"]) == 0  # from the cache: nothing to estimate
-    assert "roughly" not in capsys.readouterr().err
 
 
 # --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------
@@ -738,7 +667,8 @@ def two_runs(tmp_path, monkeypatch):
     return runs
 
 
-def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, capsys, monkeypatch):
+def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys,
+                                                                                                      monkeypatch):
     from prototype import sweep
 
     monkeypatch.setattr(sweep.Runner, "map", lambda *args, **kwargs: pytest.fail("plot ran something"))
@@ -752,22 +682,16 @@ def test_plot_draws_one_folder_again_as_compare_wrote_it(two_runs, tmp_path, cap
     assert json.loads((out / "compare.json").read_text())["table"] == json.loads((two_runs[0] / "compare.json").read_text())["table"]
     assert f"the 'coding' workload, virtual time; from {two_runs[0]} (2 points)\n" in printed
     assert f"wrote {tmp_path / 'results' / 'plot' / folder}/compare.csv, compare.json, compare_tasks.json, compare.png in " in printed
-
-
-def test_plot_merges_folders_into_one_table(two_runs, tmp_path):
-    out = tmp_path / "merged"
-    assert cli_main(["plot", *map(str, two_runs), "--out", str(out)]) == 0
+    # Folders merged into one table, ordered by speed, then design.
+    assert cli_main(["plot", *map(str, two_runs), "--out", str(tmp_path / "merged")]) == 0
     tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
-    merged = json.loads((out / "compare.json").read_text())
-    assert merged["table"] == tables[1] + tables[0]  # ordered by speed, then design
+    merged = json.loads((tmp_path / "merged" / "compare.json").read_text())
+    assert merged["table"] == tables[1] + tables[0]
     assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
-    assert len(json.loads((out / "compare_tasks.json").read_text())) == 8
-
-
-def test_plot_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys):
+    assert len(json.loads((tmp_path / "merged" / "compare_tasks.json").read_text())) == 8
+    capsys.readouterr()
     docs = REPO / "docs" / "figures"
     before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
-    capsys.readouterr()
     assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
     assert "inside docs/figures/" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before

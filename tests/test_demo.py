@@ -1,6 +1,5 @@
-"""`python -m prototype demo` (prototype/cli/demo.py): what the demo says each event means, how it prints a
-rollout's timeline and turns, the task it runs and its options, each design on a fresh server, and the same
-times for each design in either order."""
+"""`python -m prototype demo` (prototype/cli/demo.py): what it says each event means, how it prints a rollout, the
+task it runs and its options, and each design on a fresh server, with the same times in either order."""
 
 from __future__ import annotations
 
@@ -19,38 +18,32 @@ def notes_of(timeline):
     return [note for _, _, _, note in demo.notes(record)]
 
 
-def test_the_notes_of_a_suspended_rollout():
-    timeline = [
-        (0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
-        (0.2, "recv", "response.function_call_arguments.done"), (0.3, "recv", "response.done"),
-        (0.6, "send", "response.append"), (0.6, "recv", "response.in_progress"), (0.7, "recv", "response.unknown"),
-        (0.8, "recv", "response.completed"),
-    ]
-    assert notes_of(timeline) == [
-        "a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
-        "the sampling loop is running", "the model called a client tool",
-        "blocked at the tool-call point, awaiting response.append", "answered by response.append: the loop resumes",
-        "the sampling loop resumes past the tool-call point", "", "the model answered: the sampling loop ends",
-    ]
+@pytest.mark.parametrize("timeline, notes", [
+    ([(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
+      (0.2, "recv", "response.function_call_arguments.done"), (0.3, "recv", "response.done"), (0.6, "send", "response.append"),
+      (0.6, "recv", "response.in_progress"), (0.7, "recv", "response.unknown"), (0.8, "recv", "response.completed")],
+     ["a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
+      "the sampling loop is running", "the model called a client tool",
+      "blocked at the tool-call point, awaiting response.append",
+      "answered by response.append: the loop resumes", "the sampling loop resumes past the tool-call point", "",
+      "the model answered: the sampling loop ends"]),
+    ([(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
+      (0.3, "recv", "response.completed"), (0.6, "send", "response.create"), (0.7, "recv", "response.in_progress"),
+      (0.8, "recv", "response.done"), (0.9, "recv", "response.completed")],
+     ["a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
+      "the sampling loop is running", "ends at the tool-call point; kept in the connection's cache",
+      "a new request: a new sampling loop over the cached response", "the sampling loop is running", "",
+      "the model answered: the sampling loop ends"]),
+], ids=["suspended", "chained"])
+def test_the_notes_of_a_rollout(timeline, notes):
+    assert notes_of(timeline) == notes
 
 
-def test_the_notes_of_a_chained_rollout():
-    timeline = [
-        (0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
-        (0.3, "recv", "response.completed"), (0.6, "send", "response.create"), (0.7, "recv", "response.in_progress"),
-        (0.8, "recv", "response.done"), (0.9, "recv", "response.completed"),
-    ]
-    assert notes_of(timeline) == [
-        "a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
-        "the sampling loop is running", "ends at the tool-call point; kept in the connection's cache",
-        "a new request: a new sampling loop over the cached response", "the sampling loop is running",
-        "", "the model answered: the sampling loop ends",
-    ]
+def test_the_notes_of_a_next_to_last_event_see_the_last_and_a_first_requests_in_progress_past_its_start_is_a_resumption():
     assert notes_of([(0.0, "recv", "response.done")]) == [""]
-    # The next-to-last event sees the last one.
     assert notes_of([(0.0, "recv", "response.completed"), (0.1, "send", "response.create")]) == [
         "ends at the tool-call point; kept in the connection's cache", "a new request: API work, then a sampling loop starts"]
-    # Past the first three events (create, created, in_progress), a first request's in_progress is a resumption.
+    # Past the first three events (create, created, in_progress).
     assert notes_of([(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.done"),
                      (0.2, "recv", "response.in_progress")])[3] == "the sampling loop resumes past the tool-call point"
 
@@ -139,27 +132,27 @@ def test_the_demo_runs_each_design_on_a_fresh_server_with_the_task_and_speed_ask
     assert seen[0][3] is not seen[1][3]  # each design on a fresh server
 
 
-def demo_blocks(capsys, argv) -> dict[str, str]:
-    """`python -m prototype demo` run with `argv`: each design's printed block, by design."""
+def demo_printout(capsys, argv) -> tuple[str, dict[str, str]]:
+    """`python -m prototype demo` run with `argv`: what it printed, and each design's printed block, by design."""
     assert cli_main(["demo", *argv]) == 0
-    blocks = capsys.readouterr().out.split("\n== ")[1:]
-    return {block.split(":", 1)[0]: block for block in blocks}
+    printed = capsys.readouterr().out
+    return printed, {block.split(":", 1)[0]: block for block in printed.split("\n== ")[1:]}
 
 
 @pytest.mark.parametrize("hosted, seconds", [([], {"suspended": "1.279", "chained": "1.320"}),
                                              (["--hosted"], {"suspended": "2.338", "chained": "2.379"})])
 def test_demo_gives_each_design_the_same_times_in_either_order(hosted, seconds, capsys):
     # Each design runs on a fresh server: the second one does not find the prompt in the first one's prefix cache.
-    first = demo_blocks(capsys, ["--designs", "suspended,chained", *hosted])
-    second = demo_blocks(capsys, ["--designs", "chained,suspended", *hosted])
+    printed, first = demo_printout(capsys, hosted)  # suspended, then chained: the default
+    _, second = demo_printout(capsys, ["--designs", "chained,suspended", *hosted])
     assert list(first) == ["suspended", "chained"] and list(second) == ["chained", "suspended"]
     assert first == second
     assert {design: block.split(" in ", 1)[1].split(" s ")[0] for design, block in first.items()} == seconds
+    if hosted:
+        assert_the_demo_says_what_the_sampling_loop_does(printed)
 
 
-def test_demo_says_what_the_sampling_loop_does(capsys):
-    assert cli_main(["demo", "--hosted"]) == 0
-    printed = capsys.readouterr().out
+def assert_the_demo_says_what_the_sampling_loop_does(printed: str) -> None:
     assert printed.startswith("demo task: 3 turns, 40 text tokens per turn at 1000 tokens/s, tool time 0.3 s, one hosted "
                               "web_search per tool turn; each design on a fresh server\n\n== suspended: completed in ")
     suspended, chained = printed.split("\n== ")[1:]

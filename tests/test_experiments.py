@@ -1,48 +1,21 @@
-"""Every experiment's main() at a tiny size, and the main job's command."""
+"""Every experiment's main() at a tiny size (their figures are in the README and docs/; here only what holds by
+construction)."""
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import pytest
 
-from experiments import history_cpu, published, virtual_vs_real
-from prototype.__main__ import main as cli_main
+from experiments import compaction, history_cpu, published, steering, subagents, virtual_vs_real
+from prototype import netem
+from tests.conftest import REPO
+from tests.support import run_into_a_closed_pipe
+
+pytestmark = pytest.mark.usefixtures("results_in_tmp")
 
 
-@pytest.fixture(autouse=True)
-def results_in_tmp(tmp_path, monkeypatch):
-    import experiments.common as common
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
-def test_compare_writes_table_figure_and_traces(tmp_path, capsys):
-    out = tmp_path / "compare"
-    assert cli_main(["compare", "--tasks", "1", "--speeds", "1000", "--turns", "3", "--jobs", "1", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    for design in ("http", "chained", "suspended"):
-        assert design in printed
-    assert "f_ws" in printed and "tokens/s" in printed  # the parameters, with sources
-    table = json.loads((out / "compare.json").read_text())["table"]
-    assert {(r["design"], r["decode_tps"]) for r in table} == {("http", 1000.0), ("chained", 1000.0), ("suspended", 1000.0)}
-    speedup = {r["design"]: r["speedup_vs_http"] for r in table}
-    assert speedup["http"] == 1.0 < speedup["chained"] < speedup["suspended"]  # the designs' order
-    # What each design keeps between turns orders their time to first token and upload, task by task.
-    ttft = {r["design"]: r["ttft_p50_ms"] for r in table}
-    assert ttft["http"] > ttft["chained"] > ttft["suspended"] > 0
-    sent = {r["design"]: r["bytes_sent_per_turn"] for r in table}
-    assert sent["http"] > sent["chained"] > sent["suspended"] > 0
-    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table)
-    assert (out / "compare.png").stat().st_size > 10_000
-    trace = json.loads((out / "trace_suspended.json").read_text())["traceEvents"]
-    spans = {e["name"] for e in trace if e["ph"] == "X"}
-    assert {"turn", "time_to_first_token", "validate", "prefill", "decode", "post"} <= spans
-    assert all(e["dur"] >= 0 for e in trace if e["ph"] == "X")
-
-
-def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys):
+def test_published_marks_one_calibration_row_solves_implied_overheads_and_has_one_verdict_band_for_every_row(capsys):
     result = published.main(["--tasks", "1", "--rows", "0", "4", "--trend-turns", "4"])
     rows = result["rows"]
     assert [r["role"] for r in rows] == ["calibration", "check"]
@@ -56,9 +29,6 @@ def test_published_marks_one_calibration_row_and_solves_implied_overheads(capsys
     assert [t["tok_s"] for t in result["trends"]] == [65.0, 1000.0, 4000.0]
     printed = capsys.readouterr().out
     assert "Verdict rule:" in printed and "By construction, not evidence" in printed and "Calibration residual" in printed
-
-
-def test_the_verdict_rule_is_one_band_for_every_row():
     assert published.verdict(0.40, 0.36, (0.30, 0.38)) == "agrees"  # within 5 points
     assert published.verdict(0.40, 0.30, (0.20, 0.41)) == "agrees"  # inside the interval
     assert published.verdict(0.40, 0.30, (0.28, 0.33)) == "disagrees"  # "up to 40%" is not met by 30%
@@ -73,7 +43,7 @@ def test_history_cpu_runs_at_a_tiny_size():
 def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
     # A benchmark: the ratio depends on the machine's load, so it is printed, never bounded here
     # (README's "virtual vs real" section reports it from a quiet run).
-    rows = virtual_vs_real.main([])
+    rows = virtual_vs_real.main(["--tasks", "1", "--turns", "2"])
     assert [row["design"] for row in rows] == ["http", "chained", "suspended"]
     for row in rows:
         assert row["ratio_real_over_virtual"] == row["real_e2e_s"] / row["virtual_e2e_s"]
@@ -81,33 +51,79 @@ def test_virtual_vs_real_reports_its_ratio_for_each_design(capsys):
     assert all(f"{row['ratio_real_over_virtual']:.3f}" in printed for row in rows), printed
 
 
-def test_the_table_weighs_bytes_per_turn_by_turn_as_the_figure_does():
-    from prototype import benchmark
-
-    def row(turns: int, sent: float) -> dict:
-        return {"design": "http", "decode_tps": 1000.0, "e2e_s": 1.0, "ttft_s": [0.1], "api_overhead_s": 0.0, "turns": turns,
-                "bytes_sent_per_turn": sent, "bytes_received_per_turn": 2 * sent}
-
-    (summary,) = benchmark.summarize([row(1, 1000.0), row(3, 5000.0)])
-    # (1 x 1000 + 3 x 5000) / 4 turns, not the mean of the two tasks' means (3000).
-    assert (summary["bytes_sent_per_turn"], summary["bytes_received_per_turn"]) == (4000.0, 8000.0)
-
-
 def test_an_experiment_into_a_pipe_whose_reader_has_gone_ends_without_a_traceback(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    env = dict(os.environ, PYTHONPATH=str(REPO), TESTBED_RESULTS=str(tmp_path / "results"),
-               TESTBED_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg")
-    with open(tmp_path / "stderr", "w") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "experiments.published", "--tasks", "1", "--trend-turns", "2", "--rows", "1", "--in-process"],
-            stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=tmp_path)
-        child.stdout.close()  # `| head -0`: every line the experiment prints meets a closed pipe
-        assert child.wait(timeout=300) == 0
-    err = (tmp_path / "stderr").read_text()
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    run_into_a_closed_pipe(tmp_path, "experiments.published", "--tasks", "1", "--trend-turns", "2", "--rows", "1", "--in-process")
     assert (tmp_path / "results" / "published" / "latest" / "published.json").is_file()  # its results written all the same
+
+
+def test_compaction_main_tiny(tmp_path):
+    rows = compaction.main(["--turns", "6", "--initial-tokens", "1000", "--appended-tokens", "500", "--output-tokens", "20",
+                            "--tool-seconds", "0.1", "--threshold", "2000"])
+    by = {(row["design"], row["compaction"]): row for row in rows}
+    assert len(rows) == 2 * len(compaction.DESIGNS)
+    for design in compaction.DESIGNS:
+        off, on = by[(design, "off")], by[(design, "at 2,000")]
+        assert off["compactions"] == 0 < on["compactions"]
+        # The task reaches its end either way; with compaction the model reads less (what it
+        # prefills depends on the cache: a chained turn after a compaction prefills the summary and
+        # what follows, which the prefix cache held before).
+        assert on["input_mtok"] < off["input_mtok"]
+    # A stateless client resends only the compacted window: it sends less.
+    assert by[("http stateless", "at 2,000")]["sent_mb"] < by[("http stateless", "off")]["sent_mb"]
+    assert (tmp_path / "compaction" / "latest" / "compaction.csv").exists()
+
+
+def test_steering_prints_the_table_docs_subagents_quotes_and_only_a_steer_skips_the_tool_round(tmp_path):
+    rows = steering.main(["--after", "50", "250"])  # as docs/subagents.md quotes it
+    printed = {(row["alternative"], row["after_tokens"]): f"{row['steer_to_token_s']:.3f}" for row in rows}
+    doc = (REPO / "docs" / "subagents.md").read_text()
+    table = doc.split("| alternative | steer after 50 tokens, s | steer after 250 tokens, s |\n")[1].split("\n\n")[0]
+    quoted = {}
+    for line in table.splitlines()[1:]:  # below the header's rule
+        alternative, after_50, after_250 = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        quoted[(alternative.split()[0], 50)], quoted[(alternative.split()[0], 250)] = after_50, after_250
+    assert quoted == printed
+    assert {alternative for alternative, _ in printed} == set(steering.ALTERNATIVES)
+    # Waiting for the tool round pays at least the tool (2 s by default); steering pays only the rest of the item.
+    seconds = {(row["alternative"], row["after_tokens"]): row["steer_to_token_s"] for row in rows}
+    for after in (50, 250):
+        for waiting in ("chained+wait", "v1+append", "http+wait"):
+            assert seconds[(waiting, after)] > 2.0 > seconds[("chained+steer", after)] > 0
+    assert (tmp_path / "steering" / "latest" / "steering.csv").exists()
+
+
+def test_subagents_main_tiny(tmp_path):
+    rtt = 0.020
+    rows = subagents.main(["--agents", "2", "--turns", "2", "--output-tokens", "20", "--tool-seconds", "0.2", "--no-rss",
+                           "--rtt-ms", f"{rtt * 1000:g}"])
+    by = {row["arrangement"]: row for row in rows}
+    assert [by[a]["connections"] for a in subagents.ARRANGEMENTS] == [1, 2, 2, 1]
+    # The lanes' one connection is open before any subagent starts; a connection of its own costs each
+    # subagent the TCP and TLS handshakes and the WebSocket upgrade's round trip, and nothing else.
+    handshake = netem.NetworkProfile(rtt=rtt).handshake_seconds + rtt
+    assert by["v2 socket each"]["task_mean_s"] - by["v2 lanes"]["task_mean_s"] == pytest.approx(handshake, abs=1e-9)
+    assert by["v2 lanes"]["task_max_s"] == by["v2 lanes"]["task_mean_s"]  # the same task on every lane, side by side
+    # Injected outputs resume the parent response in place: no new response per tool round, so the
+    # client sends less than the lanes' creates do.
+    assert by["v2 inject"]["sent_kb"] < by["v2 lanes"]["sent_kb"]
+    assert (tmp_path / "subagents" / "latest" / "subagents.csv").exists()
+
+
+@pytest.mark.slow
+def test_subagents_real_memory_samples_the_server_process_during_the_run(monkeypatch):
+    # What the server's memory does is the experiment's finding; what holds by construction is the
+    # measurement: the child server's RSS, sampled while the subagents run, peak less the level before, per agent.
+    samples: list[int] = []
+    sampled: set[str] = set()
+
+    def fake_rss(pid: int) -> int:
+        sampled.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        samples.append(100 * 2**20 + 4096 * (len(samples) % 7))  # a known sequence, not the real RSS
+        return samples[-1]
+
+    monkeypatch.setattr(subagents, "rss_bytes", fake_rss)
+    agents = 2
+    per_agent_kb = subagents.real_memory("v2 lanes", agents, turns=2)
+    assert len(samples) >= 2  # the level before, then at least one sample during the run
+    assert per_agent_kb == (max(samples) - samples[0]) / 1024 / agents
+    assert len(sampled) == 1 and " -m prototype serve " in sampled.pop()

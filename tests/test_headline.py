@@ -6,10 +6,16 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import pytest
 
-from prototype import headline
+from experiments import faults, published, sensitivity
+from prototype import benchmark, headline
+from prototype import workload as wl
+from prototype.cli import compare
 from prototype.cli import figures as figures_command
+from prototype.cli.common import Parser
+from prototype.client.reconnect import POLICIES
 from prototype.uncertainty import Estimate
 from tests.conftest import REPO
 
@@ -32,7 +38,7 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit():
+def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit_and_a_table_as_markdown():
     assert headline.render(GAIN) == "4.0% [2.1%, 6.3%] n=10"
     assert headline.render(GAIN, "interval") == "4.0% [2.1%, 6.3%]"
     assert headline.render(GAIN, "value") == "4.0%"
@@ -40,14 +46,11 @@ def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_un
     assert headline.render(POINT) == "0.50 n=1"  # no interval from one sample: the value and its n
     with pytest.raises(headline.HeadlineError, match="unknown span style 'mean'"):
         headline.render(GAIN, "mean")
-
-
-def test_a_table_prints_as_markdown_on_lines_of_its_own():
     assert headline.render(a_section()["tables"]["table"]) == (
         "\n| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n")
 
 
-def test_every_span_is_rewritten_from_its_key_and_the_rest_of_the_page_is_left_alone(checkout):
+def test_every_span_is_rewritten_from_its_key_the_rest_of_the_page_left_alone_and_a_missing_data_file_or_figure_named(checkout):
     readme = checkout / "README.md"
     readme.write_text("Gain <!-- fig:compare.gain.chained.1000 -->40%<!-- /fig --> (typed), ratio "
                       "<!-- fig:compare.ratio interval -->0.4<!-- /fig -->.\n\n<!-- fig:compare.table -->\nold\n<!-- /fig -->\nend\n")
@@ -65,9 +68,7 @@ def test_every_span_is_rewritten_from_its_key_and_the_rest_of_the_page_is_left_a
         "| design | gain |\n| --- | --- |\n| chained | 4.0% [2.1%, 6.3%] |\n| a\\|b | - |\n<!-- /fig -->\nend\n")
     assert headline.stale_spans(checkout, checkout / "docs" / "figures") == []
     assert headline.update_pages(checkout, checkout / "docs" / "figures") == []  # nothing left to change
-
-
-def test_a_span_whose_data_file_or_figure_is_missing_is_an_error_that_names_it(checkout):
+    # A span whose data file or figure is missing: an error that names it.
     (checkout / "README.md").write_text("<!-- fig:compare.gain.http.1000 -->x<!-- /fig -->")
     with pytest.raises(headline.HeadlineError, match="docs/figures/compare.json has no figure or table 'gain.http.1000'"):
         headline.stale_spans(checkout, checkout / "docs" / "figures")
@@ -76,7 +77,7 @@ def test_a_span_whose_data_file_or_figure_is_missing_is_an_error_that_names_it(c
         headline.update_pages(checkout, checkout / "docs" / "figures")
 
 
-def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name(tmp_path):
+def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name_and_the_same_content_the_same_bytes(tmp_path):
     run = tmp_path / "results" / "compare" / "2026"
     headline.write(run / "compare.json", {"table": [1, 2], "headline": a_section("compare", gain=GAIN)})
     headline.write(run / "other.json", {"table": []})  # no headline section: not imported from a folder
@@ -94,9 +95,7 @@ def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name
         headline.results_files([tmp_path / "nothing"])
     with pytest.raises(headline.HeadlineError, match="a headline's name is a file name"):
         headline.section("../x", command="", workload="", figures={})
-
-
-def test_the_same_content_is_written_as_the_same_bytes(tmp_path):
+    # The same content is written as the same bytes.
     headline.write(tmp_path / "a.json", a_section())
     headline.write(tmp_path / "b.json", json.loads((tmp_path / "a.json").read_text()))
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -120,8 +119,6 @@ def test_the_figures_command_imports_results_and_rewrites_or_checks_the_spans_wi
 
 
 def figures_command_args(*argv: str):
-    from prototype.cli.common import Parser
-
     parser = Parser(prog="python -m prototype figures")
     figures_command.add_arguments(parser)
     return parser.parse_args(list(argv))
@@ -156,22 +153,12 @@ def test_a_full_figures_run_into_docs_figures_rewrites_the_spans_and_a_smoke_run
 # --- the committed data against a fresh run ----------------------------------------------------------------------
 
 
-def committed(name: str) -> dict:
-    return headline.load(name)
-
-
 def json_round_trip(value):
     return json.loads(json.dumps(value))
 
 
 def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
-    import attrs
-
-    from prototype import benchmark
-    from prototype.cli import compare
-    from prototype.cli.common import Parser
-
-    data = committed("compare")
+    data = headline.load("compare")
     parser = Parser(prog="compare")
     compare.add_arguments(parser)
     args = parser.parse_args(data["command"].removeprefix("python -m prototype compare").split())
@@ -185,10 +172,7 @@ def test_the_committed_compare_data_match_a_fresh_run_of_its_first_task():
 
 
 def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
-    from prototype import benchmark
-    from prototype.cli import compare
-
-    data = committed("compare")
+    data = headline.load("compare")
     recomputed = compare.headline_estimates(benchmark.summarize(data["data"]), data["data"])
     assert sorted(recomputed) == sorted(data["figures"])
     for key, estimate in recomputed.items():
@@ -198,10 +182,7 @@ def test_the_committed_compare_figures_follow_from_the_committed_task_rows():
 
 
 def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_checks_first_task():
-    from experiments import published
-    from prototype import benchmark
-
-    data = committed("published")
+    data = headline.load("published")
     argv = data["command"].split()[3:]
     turns = int(argv[argv.index("--trend-turns") + 1]) if "--trend-turns" in argv else 20
     tasks = data["data"]["trend_tasks"]
@@ -218,12 +199,6 @@ def test_the_committed_published_data_match_a_fresh_run_of_the_decode_speed_chec
 
 
 def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configuration():
-    import attrs
-
-    from experiments import sensitivity
-    from prototype import benchmark
-    from prototype import workload as wl
-
     names = sorted(p.stem for p in headline.FIGURES.glob("sensitivity_seed*.json"))
     assert names, "docs/figures/ holds no sensitivity run"
     base = benchmark.BenchConfig(preset=attrs.evolve(wl.CODING, fixed_tool_seconds=0.3), n_tasks=sensitivity.DEFAULT_TASKS)
@@ -231,7 +206,7 @@ def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configu
     gain = sensitivity.Headline("g", "g", "%", sensitivity.gain(sensitivity.CHAINED, sensitivity.HTTP, 1000.0))
     fresh = gain.value(sensitivity.samples_of(rows))
     for name in names:
-        data = committed(name)
+        data = headline.load(name)
         assert data["data"]["oat"][0] == "default"
         assert data["data"]["values"][0]["e2e gain chained vs http @1000"] == pytest.approx(fresh, abs=1e-12), name
         assert data["figures"]["gain.chained_vs_http.1000.default"]["value"] == pytest.approx(100 * fresh), name
@@ -239,11 +214,7 @@ def test_the_committed_sensitivity_data_match_a_fresh_run_of_the_default_configu
 
 @pytest.mark.parametrize("design, fault, policy", [("suspended", "drops", "openai-python"), ("chained-stored", "restart", "codex")])
 def test_the_committed_faults_data_match_a_fresh_run_of_a_cells_first_task(design, fault, policy):
-    from experiments import faults
-    from prototype import benchmark
-    from prototype.client.reconnect import POLICIES
-
-    data = committed("faults")
+    data = headline.load("faults")
     (first,) = [row for row in data["data"] if (row["design"], row["fault"], row["policy"]) == (design, fault, policy)]
     run = faults.FaultRun(design, faults.FAULT_MODELS[fault], POLICIES[policy], 1000.0, benchmark.BenchConfig(n_tasks=1))
     (fresh,) = faults.task_csv_rows(faults.fault_records(run))

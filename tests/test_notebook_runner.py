@@ -1,6 +1,5 @@
-"""The notebook runner (prototype/notebook.py): test mode's switch, the repository on the path, the results
-folder, a notebook executed in its own folder into the results folder through `execute_notebook` and the
-command line, what the command says without the notebooks extra, and tables printed as text outside a kernel."""
+"""The notebook runner (prototype/notebook.py): test mode, the repository on the path, the results folder, a notebook
+executed in its own folder, the command line with and without the notebooks extra, and tables as text outside a kernel."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import nbformat
 import pytest
 
 from prototype import notebook
+from tests.support import exit_code
 
 # A py:percent notebook that prints where it ran and the transport its kernel talks over.
 NOTEBOOK = ('# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
@@ -30,15 +30,12 @@ def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str 
     assert notebook.notebook_test_mode() is on
 
 
-def test_the_repository_goes_first_on_the_path_once(monkeypatch) -> None:
+def test_the_repository_goes_first_on_the_path_once_and_the_results_folder_is_the_environments_or_ours(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "path", ["/elsewhere", "/other"])
     assert notebook.add_repo_to_path() == notebook.REPO
     assert sys.path == [str(notebook.REPO), "/elsewhere", "/other"]
     assert notebook.add_repo_to_path() == notebook.REPO and sys.path.count(str(notebook.REPO)) == 1
     assert (notebook.REPO / "prototype" / "notebook.py").is_file() and (notebook.REPO / "experiments").is_dir()
-
-
-def test_the_results_folder_is_the_environments_or_the_repositorys_and_is_created(monkeypatch, tmp_path) -> None:
     folder = tmp_path / "a" / "b"
     monkeypatch.setenv("TESTBED_RESULTS", str(folder))
     assert notebook.results_path() == folder and folder.is_dir()
@@ -65,7 +62,7 @@ def test_a_notebook_runs_in_its_own_folder_into_the_given_output(tmp_path) -> No
     assert executed_output(output) == f"ran in {source.parent}\ntransport ipc\n"  # Unix sockets, not TCP
 
 
-def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch, tmp_path, capsys) -> None:
+def test_the_command_line_runs_each_notebook_into_the_results_folder_and_names_its_argument(monkeypatch, tmp_path, capsys):
     results = tmp_path / "results"
     monkeypatch.setenv("TESTBED_RESULTS", str(results))
     source = tmp_path / "tiny.py"
@@ -74,16 +71,9 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder(monkeypatch
     assert executed_output(results / "tiny.ipynb") == f"ran in {tmp_path}\ntransport ipc\n"
     line = capsys.readouterr().out
     assert line.startswith(f"{source}: executed in ") and line.endswith(f" s -> {results / 'tiny.ipynb'}\n")
-    with pytest.raises(SystemExit) as exit_info:
-        notebook.main([])
-    assert exit_info.value.code == 2
-
-
-def test_the_command_lines_help_names_its_argument(capsys, monkeypatch) -> None:
+    assert exit_code(notebook.main, []) == 2
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
-    with pytest.raises(SystemExit) as exit_info:
-        notebook.main(["--help"])
-    assert exit_info.value.code == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
+    assert exit_code(notebook.main, ["--help"]) == 0 and "notebooks (notebooks/*.py)\n" in capsys.readouterr().out
 
 
 def test_the_notebook_command_without_the_notebooks_extra_says_what_to_install(monkeypatch, capsys):

@@ -1,9 +1,6 @@
-"""The parameter tables printed with results (api/costs.py `describe`): every value shown is the one
-the run used, rendered from its field, and every row names where the value comes from.
-
-The costs here are deliberately not the defaults and differ from one another, so a row that shows a
-default, another field's value or a wrong unit fails; and each sits just below a rounding step of its
-printed precision, so a value scaled by even 0.1% on its way to the table prints differently."""
+"""The parameter tables printed with results (api/costs.py `describe`): each row shows the value the run used, from its
+field, and its source. The costs differ from the defaults and from one another, each just below a rounding step of its
+printed precision: a default, another field's value, a wrong unit or a value scaled by 0.1% prints differently."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ COSTS = ApiCosts(
 )
 
 
-def test_api_costs_rows_show_the_values_used_and_their_sources():
+def test_api_costs_rows_show_the_values_used_and_their_sources_and_the_defaults_the_documented_ones():
     assert COSTS.describe() == [
         ("t_fixed_pre (validate+safety+render+route)", "795 ms", "docs/parameters.md §4 [assumed]"),
         ("  split validate/safety/render/route", "11/123/60/600 ms", "[assumed split]"),
@@ -30,9 +27,6 @@ def test_api_costs_rows_show_the_values_used_and_their_sources():
         ("t_store_read", "3.5 ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
         ("f_ws (cached turn's share of fixed)", "0.35", "Codex-Spark launch -80% [assumed]"),
     ]
-
-
-def test_the_default_api_costs_print_the_documented_starting_values():
     # docs/parameters.md §4: 250 ms fixed in all, 3 ms per 1k tokens, 60 ms post, 2 ms per earlier turn, f_ws 0.2.
     values = [value for _, value, _ in ApiCosts().describe()]
     assert values == ["250 ms", "40/100/30/80 ms", "3.00 ms/1k tok", "60 ms", "2.0 ms/earlier turn", "0.2"]
@@ -49,13 +43,8 @@ def test_sprint_costs_rows_show_the_values_used_and_their_sources():
     assert [value for _, value, _ in SprintCosts().describe()] == ["20 ms", "30 ms", "50 ms", "1.50 ms/1k tok"]
 
 
-def test_a_benchmark_prints_the_costs_it_ran_with():
+def test_a_benchmark_prints_the_costs_it_ran_with_and_before_the_sprint_the_sprint_costs_it_pays():
     rows = parameters(BenchConfig(costs=COSTS))
     assert rows[-len(COSTS.describe()):] == COSTS.describe()
     assert all(knob and value and source for knob, value, source in rows)
-
-
-def test_a_before_sprint_run_prints_the_sprint_costs_it_pays() -> None:
-    after = parameters(BenchConfig(costs=COSTS))
-    before = parameters(BenchConfig(costs=COSTS, sprint=BEFORE_SPRINT))
-    assert before == after + SprintCosts().describe()
+    assert parameters(BenchConfig(costs=COSTS, sprint=BEFORE_SPRINT)) == rows + SprintCosts().describe()

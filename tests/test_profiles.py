@@ -55,6 +55,10 @@ def test_a_file_that_is_no_profile_is_refused_with_its_name_and_field(tmp_path) 
     assert refusal(profiles.load_latency, path, '{"source": "x", "zeta": 1, "alpha": 2}') == f"{path}: alpha: unknown field; known: {known}"
     assert refusal(profiles.load_preset, path, '{"turns_min": 0}') == f"{path}: invalid WorkloadParams: 1 <= turns_min <= turns_max"
     assert refusal(profiles.load_preset, path, '{"tool_mixture": 5}') == f"{path}: 'int' object is not iterable"
+    assert refusal(profiles.load_latency, path, '{"cache_attention": null, "decode_tokens_per_s": -1}') == (
+        f"{path}: decode_tokens_per_s: expected a finite number >= 0, got -1")  # the fields after a null are checked too
+    path.write_text('{"request_overhead": 0, "cache_attention": null, "decode_tokens_per_s": 1e-3}')  # no overhead, no cache term
+    assert profiles.load_latency(path) == LatencyModel(decode_tokens_per_s=1e-3, cache_attention=None, request_overhead=0)
 
 
 @pytest.mark.parametrize(("field", "value", "why"), [
@@ -70,11 +74,3 @@ def test_a_file_that_is_no_profile_is_refused_with_its_name_and_field(tmp_path) 
 def test_a_latency_value_that_cannot_time_a_call_is_refused(tmp_path, field: str, value: str, why: str) -> None:
     path = tmp_path / "latency.json"
     assert refusal(profiles.load_latency, path, f'{{"{field}": {value}}}') == f"{path}: {field}: {why}"
-
-
-def test_a_latency_profile_may_have_no_overhead_and_no_cache_attention_term(tmp_path) -> None:
-    path = tmp_path / "latency.json"
-    assert refusal(profiles.load_latency, path, '{"cache_attention": null, "decode_tokens_per_s": -1}') == (
-        f"{path}: decode_tokens_per_s: expected a finite number >= 0, got -1")  # the fields after a null are checked too
-    path.write_text('{"request_overhead": 0, "cache_attention": null, "decode_tokens_per_s": 1e-3}')
-    assert profiles.load_latency(path) == LatencyModel(decode_tokens_per_s=1e-3, cache_attention=None, request_overhead=0)

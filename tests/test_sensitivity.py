@@ -1,6 +1,5 @@
-"""experiments.sensitivity: the figures of a run (gains on means, TTFT as the mean turn) with their intervals over
-the tasks, the drivers ranked by their index only where SALib's intervals separate, each ordering decided on paired
-intervals and known both ways, and a tiny run end to end."""
+"""experiments.sensitivity: gains and TTFT with intervals over the tasks, drivers ranked only where SALib's intervals
+separate, orderings decided on paired intervals, and a tiny run end to end."""
 
 from __future__ import annotations
 
@@ -14,17 +13,8 @@ from experiments import sensitivity as s
 SPEEDS = (65.0, 1000.0, 4000.0)
 
 
-@pytest.fixture(autouse=True)
-def results_in_tmp(tmp_path, monkeypatch):
-    import experiments.common as common
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
-
-
 def samples(e2e: dict, *, ttft: dict | None = None, sent: dict | None = None, turns=(2.0, 4.0, 6.0, 8.0)) -> dict:
-    """A configuration's per-task figures: e2e[(design, speed)] the tasks' end-to-end times; ttft the tasks' TTFT sums
-    (every turn counted), sent the bytes per task (default: one design's bytes everywhere)."""
+    """Per-task figures: e2e[(design, speed)] the tasks' end-to-end times, ttft their TTFT sums, sent their bytes."""
     out = {}
     for point, times in e2e.items():
         out[point] = {"e2e": np.asarray(times, dtype=float), "turns": np.asarray(turns, dtype=float),
@@ -44,7 +34,7 @@ def every_point(times_of) -> dict:
 # --- the figures ---------------------------------------------------------------------------------------------------
 
 
-def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_twice_as_fast_is_50_percent():
+def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_ttft_the_mean_turn_over_all_the_tasks_turns():
     run = samples(every_point(lambda d, tps: [t / 2 for t in HTTP_TIMES] if d != s.HTTP else HTTP_TIMES))
     gain = s.Headline("g", "g", "%", s.gain(s.CHAINED, s.HTTP, 1000.0), 100)
     assert gain.value(run) == 0.5
@@ -54,9 +44,6 @@ def test_a_gain_is_one_minus_design_over_baseline_on_the_means_and_twice_as_fast
     assert s.Headline("g", "g", "%", s.gain(s.CHAINED, s.HTTP, 65.0)).value(run) == pytest.approx(1 - 90 / 100)
     # Slower is a negative gain.
     assert s.Headline("g", "g", "%", s.gain(s.HTTP, s.CHAINED, 65.0)).value(run) == pytest.approx(1 - 100 / 90)
-
-
-def test_ttft_is_the_mean_turn_over_all_the_tasks_turns():
     # Two tasks: one of 1 turn at 0.1 s, one of 3 turns at 0.5 s: the mean turn is 0.4 s, not the mean of the tasks' means.
     run = samples(every_point(lambda d, tps: (1.0, 1.0)), ttft={(s.HTTP, 1000.0): (0.1, 1.5)}, turns=(1.0, 3.0))
     assert s.Headline("t", "t", "ms", s.ttft_mean(s.HTTP, 1000.0)).value(run) == pytest.approx(400.0)
@@ -72,16 +59,16 @@ def test_ttft_is_the_mean_turn_over_all_the_tasks_turns():
 NAMES = ["t_fixed_pre", "f_ws", "rtt", "prefill_rate"]
 
 
-def morris_drivers(output, trajectories: int = 12):
-    """The drivers of `output(u)`, u each parameter's place in its range (0 to 1), over a Morris design."""
-    design = s.global_design(NAMES, s.MORRIS, trajectories, seed=3)
-    bounds = np.array(s.problem(NAMES)["bounds"])
+def morris_drivers(output, units: int = 12, method=s.MORRIS, names=NAMES, seed=3):
+    """The drivers of `output(u)`, u each parameter's place in its range (0 to 1), over a global design (Morris's)."""
+    design = s.global_design(names, method, units, seed=seed)
+    bounds = np.array(s.problem(names)["bounds"])
     u = (design - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
-    importance = s.indices(NAMES, s.MORRIS, design, np.array([output(row) for row in u]))
-    return s.driver_estimates(NAMES, importance, s.MORRIS, trajectories)
+    importance = s.indices(names, method, design, np.array([output(row) for row in u]))
+    return s.driver_estimates(names, importance, method, units)
 
 
-def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_where_the_order_is_known():
+def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_and_tie_those_whose_intervals_overlap():
     # A linear output: every elementary effect of a parameter is its coefficient, so mu* is exactly it and SALib's
     # interval has no width: f_ws (3) > rtt (2) > t_fixed_pre (1); prefill_rate moves nothing and is left out.
     estimates = morris_drivers(lambda u: 1 * u[0] + 3 * u[1] + 2 * u[2])
@@ -90,9 +77,6 @@ def test_drivers_list_the_parameters_in_decreasing_order_of_their_index_where_th
     assert s.top_driver(estimates) == "f_ws"
     assert s.drivers(estimates, top=1) == "f_ws 3.0 [3.0, 3.0]"
     assert s.drivers({}) == "none" and s.top_driver({}) == "none"
-
-
-def test_drivers_whose_intervals_overlap_are_tied_and_the_first_rank_says_so():
     # Equal coefficients: the same mu*, so neither is ranked above the other.
     estimates = morris_drivers(lambda u: 2 * u[0] + 2 * u[1] + 0.5 * u[2])
     assert s.drivers(estimates) == "tied: t_fixed_pre 2.0 [2.0, 2.0] ~ f_ws 2.0 [2.0, 2.0] > rtt 0.50 [0.50, 0.50]"
@@ -109,11 +93,7 @@ def test_drivers_whose_intervals_overlap_are_tied_and_the_first_rank_says_so():
 
 def test_sobol_drivers_rank_by_the_total_index_with_its_interval():
     names = NAMES[:3]
-    design = s.global_design(names, s.SOBOL, 256, seed=0)
-    bounds = np.array(s.problem(names)["bounds"])
-    u = (design - bounds[:, 0]) / (bounds[:, 1] - bounds[:, 0])
-    importance = s.indices(names, s.SOBOL, design, np.array([4 * row[1] + 1 * row[0] for row in u]))
-    estimates = s.driver_estimates(names, importance, s.SOBOL, 256)
+    estimates = morris_drivers(lambda u: 4 * u[1] + 1 * u[0], 256, s.SOBOL, names, seed=0)
     assert list(estimates) == ["t_fixed_pre", "f_ws"]  # rtt moves nothing
     assert estimates["f_ws"].value == pytest.approx(16 / 17, abs=0.05) and estimates["f_ws"].n == 256
     assert s.top_driver(estimates) == "f_ws"
@@ -132,7 +112,7 @@ FASTER = "chained faster than http at every speed"
 V1 = "v1 at least as fast as v2 at every speed"
 
 
-def test_chained_faster_than_http_holds_is_broken_and_is_not_separated_as_the_tasks_say():
+def test_each_ordering_holds_is_broken_or_is_not_separated_as_the_tasks_say_paired_on_the_same_tasks():
     faster = samples(every_point(lambda d, tps: [t * (0.8 if d != s.HTTP else 1.0) for t in HTTP_TIMES]))
     assert decide(FASTER, faster) == s.YES
     # Slower on every task at one speed: broken, whatever the other speeds say.
@@ -142,9 +122,7 @@ def test_chained_faster_than_http_holds_is_broken_and_is_not_separated_as_the_ta
     # Faster on the long tasks, slower on the short ones: the gain's interval spans 0.
     mixed = samples(every_point(lambda d, tps: [t * f for t, f in zip(HTTP_TIMES, (1.5, 1.2, 1.0, 0.9))] if d == s.CHAINED else HTTP_TIMES))
     assert decide(FASTER, mixed) == s.NOT_SEPARATED
-
-
-def test_v1_at_least_as_fast_as_v2_holds_when_equal_and_is_broken_when_slower():
+    # v1 at least as fast as v2 holds when equal and is broken when slower.
     equal = samples(every_point(lambda d, tps: HTTP_TIMES))
     assert decide(V1, equal) == s.YES  # the same time: at least as fast
     assert decide(FASTER, equal) == s.NO  # and not faster
@@ -153,10 +131,8 @@ def test_v1_at_least_as_fast_as_v2_holds_when_equal_and_is_broken_when_slower():
     mixed = samples(every_point(lambda d, tps: [t * f for t, f in zip(HTTP_TIMES, (0.9, 0.95, 1.02, 1.05))] if d == s.SUSPENDED
                                 else HTTP_TIMES))
     assert decide(V1, mixed) == s.NOT_SEPARATED
-
-
-def test_the_ttft_and_upload_orderings_compare_the_designs_on_the_same_tasks():
-    # Each task's TTFT differs a lot from the next, but every design keeps the order on every task: paired, it holds.
+    # TTFT and upload compare the designs on the same tasks. Each task's TTFT differs a lot from the next, but every
+    # design keeps the order on every task: paired, it holds.
     spread = np.array([1.0, 5.0, 20.0, 60.0])
     ttft = {(s.HTTP, 1000.0): spread * 1.2, (s.CHAINED, 1000.0): spread * 1.0, (s.SUSPENDED, 1000.0): spread * 0.9}
     run = samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)
@@ -193,7 +169,7 @@ def test_the_range_over_the_global_design_is_its_middle_ninety_percent_with_inte
 # --- a run ----------------------------------------------------------------------------------------------------------
 
 
-def test_a_tiny_run_sweeps_each_range_names_its_drivers_and_says_it_is_not_for_conclusions(capsys):
+def test_a_tiny_run_sweeps_each_range_names_its_drivers_and_says_it_is_not_for_conclusions(capsys, results_in_tmp):
     result = s.main(["--tasks", "2", "--turns", "2", "--speeds", "1000", "--params", "t_fixed_pre", "f_ws",
                      "--trajectories", "2", "--in-process", "--no-cache"])
     oat = result["oat"]

@@ -1,5 +1,5 @@
-"""The own-cost benchmarks at tiny sizes (their columns and arithmetic, never a wall-clock bound), and the delta
-size bound of the engine's coalescing."""
+"""The own-cost benchmarks at tiny sizes (their columns and arithmetic, never a wall-clock bound), and the engine's
+schedule they rely on."""
 
 from __future__ import annotations
 
@@ -13,21 +13,10 @@ import trio.testing
 from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
 from prototype import uncertainty
 from prototype.api.costs import ZERO_COSTS
-from prototype.api.service import ApiService
-from prototype.client.connect import InMemoryConnector, TcpConnector
-from prototype.client.harness import CHAINED, RolloutRecord, TurnRecord, run_websocket_rollout
+from prototype.client.connect import TcpConnector
+from prototype.client.harness import RolloutRecord, TurnRecord
 from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
-from prototype.server.app import ResponsesServer
-from prototype.workload import fixed
-
-
-@pytest.fixture(autouse=True)
-def results_in_tmp(tmp_path, monkeypatch):
-    import experiments.common as common
-
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    return tmp_path
 
 
 def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_its_floor(results_in_tmp, capsys):
@@ -62,13 +51,10 @@ def _record(started: float, ends: list[float], ended: float) -> RolloutRecord:
     return RolloutRecord("chained", "task", started, ended, "completed", [TurnRecord(i, 0.0, ended_at=end) for i, end in enumerate(ends)])
 
 
-def test_a_tasks_turn_spans_run_from_the_previous_turns_end_and_add_up_to_its_time():
+def test_turn_spans_add_up_to_the_tasks_time_and_the_overhead_beyond_the_floor_is_the_mean_excess_less_the_floors():
     records = [_record(10.0, [10.5, 11.25, 12.0], 12.125), _record(20.0, [21.0], 21.0)]
     assert efficiency.turn_spans(records) == [0.5, 0.75, 0.875, 1.0]
     assert sum(efficiency.turn_spans(records)) == sum(record.seconds for record in records)
-
-
-def test_the_overhead_beyond_the_floor_is_the_mean_excess_a_turn_less_the_floors_mean_turn():
     virtual = [0.5, 1.0, 1.5, 2.0]
     real = [0.503, 1.003, 1.503, 2.003]  # 3 ms a turn beyond the model, every turn
     row = efficiency.figures(virtual, real, [0.002] * 5)  # a floor of 2 ms, every turn
@@ -116,7 +102,7 @@ def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results
     assert (results_in_tmp / "streaming" / "latest" / "streaming.csv").exists()
 
 
-def test_the_streaming_floor_replays_the_testbeds_own_answer_on_its_schedule():
+def test_the_streaming_floor_replays_the_testbeds_own_answer_and_a_client_process_that_cannot_connect_fails_the_run():
     answer = streaming.captured_answer(100, 200, 4000.0, 0.02, None)
     _, many = streaming.modeled_runs(100, 200, 4000.0, 4000.0, 2, 0.02, None)
     sent, first, ended = streaming.turn_seconds(many[0])
@@ -128,6 +114,12 @@ def test_the_streaming_floor_replays_the_testbeds_own_answer_on_its_schedule():
         (record,) = trio.run(streaming.run_sessions, TcpConnector("127.0.0.1", port), 1, 100, 200, 4000.0)
     assert record.status == "completed" and record.usage["output_tokens"] == 200
     assert [kind for _, way, kind in record.timeline if way == "recv"] == types
+    # A client process that cannot connect fails the streaming run at once.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # closed again: connections are refused
+    with pytest.raises(RuntimeError, match="a client process failed"):
+        streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
 
 
 @pytest.mark.parametrize(("cores", "expected"), [({0}, 1), ({0, 1}, 1), ({0, 3, 5}, 2), (set(range(16)), 15)])
@@ -140,30 +132,6 @@ def test_streaming_spreads_its_sessions_over_the_cores_the_server_leaves_free(mo
     assert seen == [expected] and streaming.free_cores() == expected
     streaming.main(["--flush-intervals", "0.05", "--client-processes", "3"])  # the option still decides
     assert seen == [expected, 3]
-
-
-async def test_a_rollout_given_a_connected_hook_starts_its_first_turn_when_the_hook_returns(autojump_clock):
-    # experiments/streaming.py opens every session before any streams: the turns leave the handshakes out.
-    # Each rollout on a fresh server, so neither finds the other's prompt in the prefix cache.
-    workload = fixed(1, initial_prompt_tokens=100, appended_tokens=0, output_tokens=20, tool_seconds=0.0)
-    metadata = {"testbed_workload": streaming.spec_of(100, 20)}
-    plain = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata)
-    begun = trio.current_time()
-
-    async def connected() -> None:
-        await trio.sleep(1.5)
-
-    hooked = await run_websocket_rollout(InMemoryConnector(ResponsesServer(ApiService(costs=ZERO_COSTS))), CHAINED, workload, metadata=metadata, connected=connected)
-    assert hooked.started_at == hooked.turns[0].sent_at == begun + 1.5
-    assert hooked.turns[0].ended_at - hooked.turns[0].sent_at == pytest.approx(plain.turns[0].ended_at - plain.turns[0].sent_at, abs=1e-12)
-
-
-def test_a_client_process_that_cannot_connect_fails_the_streaming_run_at_once():
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]  # closed again: connections are refused
-    with pytest.raises(RuntimeError, match="a client process failed"):
-        streaming.run_client_processes(port, 2, 3, 100, 20, 4000.0)
 
 
 def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(results_in_tmp):
@@ -180,26 +148,21 @@ def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(res
     assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
 
 
-def test_stack_floor_times_each_segment_of_a_logic_free_turn_and_their_sum(results_in_tmp):
+def test_stack_floor_times_each_segment_of_a_logic_free_turn_and_their_sum_playing_messages_of_the_sizes_asked(results_in_tmp):
     rows = stack_floor.main(["--turns", "3", "--wait-s", "0.01", "--request-bytes", "6000"])
     assert [r["segment"] for r in rows] == [*stack_floor.SEGMENTS, stack_floor.FLOOR]
     assert all(r["turns"] == 3 and r["median_ms"] > 0 and r["low_ms"] <= r["mean_ms"] <= r["high_ms"] for r in rows)
     assert rows[-1]["mean_ms"] == pytest.approx(sum(r["mean_ms"] for r in rows[:-1]), rel=1e-9)  # the floor is each turn's sum
     assert (results_in_tmp / "stack_floor" / "latest" / "stack_floor.csv").exists()
-
-
-def test_the_floor_plays_a_request_and_a_terminal_event_of_the_sizes_asked():
     request, closing = stack_floor.turn_messages(6000, 20_000)
     assert 5990 <= len(request) <= 6000 and 19_990 <= len(closing[-1]) - len('{"type":"response.completed","sequence_number":2,"response":}') <= 20_000
     assert [orjson.loads(m)["type"] for m in closing][-1] == "response.completed"
 
 
-def test_a_target_is_judged_only_where_the_load_average_stays_within_the_machines_cores():
+def test_a_target_is_judged_only_within_the_machines_cores_against_the_efficiency_bound():
     assert not efficiency.machine_loaded(1.9, cores=2) and not efficiency.machine_loaded(2.0, cores=2)
     assert efficiency.machine_loaded(2.1, cores=2) and not efficiency.machine_loaded(2.1, cores=4)
-
-
-def test_the_efficiency_bound_is_the_limit_over_the_limit_plus_the_floor_every_turn():
+    # The efficiency bound: the limit over the limit plus the floor every turn.
     assert stack_floor.efficiency_bound(0.002, 17, 7.384) == pytest.approx(7.384 / 7.418)
     assert stack_floor.efficiency_bound(0.0, 17, 7.384) == 1.0
 
@@ -210,30 +173,7 @@ def test_concurrency_runs_at_a_tiny_size(results_in_tmp):
     assert all(r["lost"] == 0 and r["duplicated"] == 0 and r["completed"] == 3 for r in rows)
 
 
-def _chunks(pieces, rate, flush_interval, flush_tokens):
-    engine = Engine()
-
-    async def run():
-        out = []
-        async for chunk in engine.stream(LatencyModel(decode_tokens_per_s=rate), pieces, flush_interval=flush_interval, flush_tokens=flush_tokens):
-            out.append((trio.current_time(), chunk))
-        return out
-
-    return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_flush_tokens_bounds_each_delta_and_keeps_the_end():
-    pieces = [f"t{i} " for i in range(100)]
-    unbounded = _chunks(pieces, 1000.0, 0.05, None)
-    bounded = _chunks(pieces, 1000.0, 0.05, 8)
-    assert "".join(c for _, c in bounded) == "".join(pieces)
-    assert all(len(c.split()) <= 8 for _, c in bounded)
-    assert len(bounded[0][1].split()) == 1  # the first token goes out at once
-    assert bounded[-1][0] == pytest.approx(unbounded[-1][0]) == pytest.approx(0.1)  # the end is not delayed
-    assert max(len(c.split()) for _, c in unbounded) > 8
-
-
-def test_profile_split_gives_library_time_to_its_callers():
+def test_profile_turn_runs_at_a_tiny_size_giving_library_time_to_its_callers(results_in_tmp):
     json_caller = ("/x/prototype/protocol/codec.py", 1, "encode")
     framing_caller = ("/x/site-packages/wsproto/frame_protocol.py", 2, "_serialize_frame")
     builtin = ("~", 0, "<built-in method builtins.len>")
@@ -245,9 +185,6 @@ def test_profile_split_gives_library_time_to_its_callers():
     causes = profile_turn.inherit(stats, {f: profile_turn.own_cause(f) for f in stats})
     assert causes[builtin] == pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25})
     assert causes[json_caller] == {profile_turn.JSON: 1.0}
-
-
-def test_profile_turn_runs_at_a_tiny_size(results_in_tmp):
     rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
     assert (results_in_tmp / "profile_turn" / "latest" / "profile_turn.csv").exists()
     causes = {row["cause"] for row in rows}
@@ -258,9 +195,8 @@ def test_profile_turn_runs_at_a_tiny_size(results_in_tmp):
 
 
 def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
-    """Tokens are due from `start` (the prefill's deadline), not from when the task got to them:
-    started 10 ms late at 1000 tokens/s, the first chunk carries the 10 tokens already due and the
-    last token still goes out at start + 20 ms."""
+    """Tokens are due from `start` (the prefill's deadline): started 10 ms late at 1000 tokens/s, the first chunk carries
+    the 10 tokens already due and the last still goes out at start + 20 ms."""
     engine = Engine()
 
     async def run():
@@ -277,9 +213,8 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
 
 
 def test_a_real_runs_measured_window_holds_the_run_and_not_the_collectors_full_collection(monkeypatch):
-    """profile_turn's CPU clock and profiler are entered around the run alone: the collector's
-    settling (a full collection of everything the process holds, tens of milliseconds) comes
-    before, or it would be charged to the 17 turns as "server logic"."""
+    """profile_turn measures the run alone: the collector's settling (a full collection, tens of ms) comes before, or
+    it would be charged to the turns as "server logic"."""
     import contextlib
     import gc
 

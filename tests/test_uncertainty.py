@@ -10,16 +10,14 @@ from scipy import stats
 from prototype import uncertainty as u
 
 
-def test_a_bootstrap_interval_holds_the_statistic_and_counts_its_samples():
+def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_and_needs_two_distinct_samples():
     samples = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
     estimate = u.bootstrap(samples, np.median)
     assert estimate.value == 4.25
     assert estimate.n == 10 and estimate.of == "tasks"
     assert estimate.low < 4.25 < estimate.high
     assert min(samples) <= estimate.low and estimate.high <= max(samples)
-
-
-def test_a_bootstrap_is_the_same_every_run_and_its_ends_move_little_with_the_seed():
+    # The same every run; its ends move little with the seed.
     rng = np.random.default_rng(3)
     samples = rng.lognormal(0.0, 0.5, 40)
     assert u.bootstrap(samples) == u.bootstrap(samples)
@@ -27,6 +25,13 @@ def test_a_bootstrap_is_the_same_every_run_and_its_ends_move_little_with_the_see
     base = u.bootstrap(samples)
     width = base.high - base.low
     assert abs(other.low - base.low) < 0.1 * width and abs(other.high - base.high) < 0.1 * width
+    # Too few samples have no interval, equal samples an exact one.
+    one = u.bootstrap([3.0])
+    assert one.value == 3.0 and one.n == 1 and not one.has_interval
+    assert one.format("{:.1f}") == "3.0"
+    same = u.bootstrap([2.0, 2.0, 2.0])
+    assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
+    assert math.isnan(u.bootstrap([]).value)
 
 
 def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
@@ -41,16 +46,7 @@ def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
     assert narrow.high - narrow.low < 2.5
 
 
-def test_too_few_samples_have_no_interval_and_equal_samples_an_exact_one():
-    one = u.bootstrap([3.0])
-    assert one.value == 3.0 and one.n == 1 and not one.has_interval
-    assert one.format("{:.1f}") == "3.0"
-    same = u.bootstrap([2.0, 2.0, 2.0])
-    assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
-    assert math.isnan(u.bootstrap([]).value)
-
-
-def test_a_paired_ratio_resamples_tasks_together():
+def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each_sample_on_its_own():
     http = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
     chained = http / 2  # twice as fast on every task: every paired resample gives exactly 2
     ratio = u.paired_bootstrap(http, chained, lambda a, b: a.sum() / b.sum())
@@ -62,17 +58,26 @@ def test_a_paired_ratio_resamples_tasks_together():
     assert paired.low < paired.value < paired.high < unpaired_spread
     with pytest.raises(ValueError):
         u.paired_bootstrap([1.0, 2.0], [1.0], lambda a, b: 0.0)
+    # An unpaired difference resamples each sample on its own.
+    run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
+    floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
+    difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
+    assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
+    assert difference.low < difference.value < difference.high
+    # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
+    alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
+    assert difference.high - difference.low > alone.high - alone.low
+    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
+    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
+    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval
 
 
-def test_a_rate_has_the_exact_binomial_interval():
+def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exact_poisson_one():
     estimate = u.rate(2, 40)
     exact = stats.binomtest(2, 40).proportion_ci(method="exact")
     assert estimate.value == 0.05 and estimate.n == 40
     assert (estimate.low, estimate.high) == (exact.low, exact.high)
     assert u.rate(0, 10).low == 0.0 and u.rate(10, 10).high == 1.0
-
-
-def test_events_per_exposure_have_the_exact_poisson_interval():
     # Two events in four tasks: 0.5 a task, and the Garwood interval for 2 events is [0.242, 7.225] events.
     estimate = u.events_per(2, 4.0)
     assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"
@@ -82,7 +87,7 @@ def test_events_per_exposure_have_the_exact_poisson_interval():
     assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
 
 
-def test_an_ordering_is_claimed_only_where_intervals_separate():
+def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
     a = u.Estimate(1.0, 0.9, 1.1, 10)
     b = u.Estimate(2.0, 1.8, 2.2, 10)
     c = u.Estimate(2.1, 1.9, 2.3, 10)
@@ -92,9 +97,7 @@ def test_an_ordering_is_claimed_only_where_intervals_separate():
     assert u.holds(b, a) == "no"
     assert u.holds(b, c) == "not separated"
     assert not u.separated(a, u.Estimate(5.0, math.nan, math.nan, 1))
-
-
-def test_a_ranking_ties_drivers_whose_intervals_overlap():
+    # A ranking ties drivers whose intervals overlap.
     indices = {
         "rtt": u.from_half_width(50.0, 5.0, 20),
         "tools": u.from_half_width(30.0, 4.0, 20),
@@ -117,20 +120,6 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
 
 
-def test_an_unpaired_difference_resamples_each_sample_on_its_own():
-    run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
-    floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
-    difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
-    assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
-    assert difference.low < difference.value < difference.high
-    # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
-    alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
-    assert difference.high - difference.low > alone.high - alone.low
-    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
-    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
-    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval
-
-
 def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated():
     rng = np.random.default_rng(1)
     turns = [rng.lognormal(0.0, 1.0, rng.integers(1, 20)) for _ in range(10)]
@@ -145,7 +134,7 @@ def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated()
     assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 2.0
 
 
-def test_a_resampled_statistic_of_two_designs_on_the_same_tasks_draws_the_tasks_together():
+def test_a_resampled_statistic_draws_the_tasks_together_and_the_median_turns_interval_is_over_tasks_not_turns():
     rng = np.random.default_rng(0)
     http = rng.lognormal(3.0, 1.0, 10)
     gain = u.resample(10, lambda c: 1 - u.unit_total(http / 2)(c) / u.unit_total(http)(c))
@@ -160,9 +149,6 @@ def test_a_resampled_statistic_of_two_designs_on_the_same_tasks_draws_the_tasks_
     assert (gain.low, gain.high) == pytest.approx((direct.low, direct.high), rel=1e-3)
     assert u.resample(10, lambda c: 1 - u.unit_total(chained)(c) / u.unit_total(http)(c)) == gain  # seeded
     assert not u.resample(1, u.unit_mean([3.0])).has_interval and math.isnan(u.resample(0, u.unit_mean([])).value)
-
-
-def test_the_median_turn_of_resampled_tasks_has_an_interval_over_tasks_not_turns():
     # One task of 30 slow turns among nine of one fast turn each: turns alone would call the median sure (30 of 39
     # turns are slow), but it rests on whether that one task is drawn, so the interval spans both speeds.
     turns = [[5.0] * 30] + [[1.0]] * 9

@@ -76,10 +76,10 @@ def test_turn_spans_add_up_to_the_tasks_time_and_the_overhead_beyond_the_floor_i
 
 def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results_in_tmp):
     rows = streaming.main([
-        "--sessions", "3", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "0", "16", "--client-processes", "2",
+        "--sessions", "3", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "16", "--client-processes", "2",
         "--repeats", "2",
     ])
-    assert len(rows) == 4
+    assert [row["flush_ms"] for row in rows] == [0, 20]
     for row in rows:
         assert tuple(row) == streaming.COLUMNS
         assert row["agg_tokens_per_s"] > 0 and row["repeats"] == 2

@@ -489,6 +489,7 @@ def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(a
         (10.0, 0.0, 1.65, low), (10.0, 1.0, 1.65, high)]
     assert texts(ax.get_yticklabels()) == ["b", "a", "c"] and ax.yaxis_inverted() and ax.get_title() == "T"
     assert [list(line.get_xdata()) for line in ax.lines] == [[10.0, 10.0]] and list(ax.texts) == []
+    assert whisker_segments(ax) == []  # a panel without intervals draws no whisker and no band
     fig, axes = plt.subplots(1, 4)
     figures.tornado(axes[0], PANEL, top=1)
     assert texts(axes[0].get_yticklabels()) == ["b"]
@@ -500,6 +501,19 @@ def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(a
     figures.tornado(axes[3], figures.TornadoPanel("T", 10.0, tuple((f"p{k}", 9.0 - k, 11.0 + k) for k in range(8))))
     assert texts(axes[3].get_yticklabels()) == ["p7", "p6", "p5", "p4", "p3", "p2"]  # six unless told otherwise
     plt.close(fig)
+
+
+def test_a_tornado_draws_each_ends_interval_where_the_panel_says_and_the_defaults_band(ax):
+    # Per bar, the low end's and the high end's interval; an end outside its interval is drawn to it from the value.
+    intervals = (((8.0, 8.5), (11.0, 13.0)), ((1.0, 2.0), (3.0, 4.0)), ((4.0, 7.0), (21.0, 22.0)))
+    figures.tornado(ax, figures.TornadoPanel("I", 10.0, PANEL.bars[:3], default_interval=(9.5, 10.5), intervals=intervals))
+    assert texts(ax.get_yticklabels()) == ["b", "a"]  # the flat bar's interval is dropped with it
+    assert whisker_segments(ax) == [[((4.0, 0.0), (7.0, 0.0))], [((20.0, 0.0), (22.0, 0.0))], [((8.0, 1.0), (9.0, 1.0))],
+                                    [((11.0, 1.0), (13.0, 1.0))]]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[4.0], [7.0], [20.0], [22.0], [8.0], [9.0], [11.0], [13.0],
+                                                             [10.0, 10.0]]  # each whisker capped at both ends
+    band = ax.patches[-1]  # the default's interval, the panel's full height
+    assert r6((band.get_x(), band.get_width(), band.get_y(), band.get_height())) == (9.5, 1.0, 0.0, 1.0) and len(ax.patches) == 5
 
 
 def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp_path, drawn):

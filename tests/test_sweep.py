@@ -364,7 +364,7 @@ def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_pat
     assert (runner.executed, runner.cached) == (2, 1)
 
 
-def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
+def test_the_dependencies_versions_are_part_of_the_key_and_one_not_installed_is_absent(tmp_path, monkeypatch):
     versions = sweep.dependency_versions()
     assert versions["python"] == sys.version
     assert (versions["numpy"], versions["trio"]) == (np.__version__, trio.__version__)
@@ -380,6 +380,11 @@ def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "dependency_versions", lambda: dict(versions))
     runner.map(toy_row, [Toy(1)])
     assert (runner.executed, runner.cached) == (6, 1)
+    monkeypatch.undo()  # a dependency that is not installed is named absent
+    monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
+    monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
+    assert sweep.dependency_versions() == {"python": sys.version, "trio": trio.__version__, "no-such-distribution": "absent",
+                                           "tokenizer data": hashlib.sha256().hexdigest()}
 
 
 @attrs.frozen
@@ -407,14 +412,6 @@ class WithSet:
 def test_equal_configurations_key_alike_whatever_their_order_and_any_element_change_counts(one, other, alike):
     assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
     assert (sweep.config_hash(one) == sweep.config_hash(other)) is alike
-
-
-def test_a_dependency_that_is_not_installed_is_named_absent(monkeypatch):
-    monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
-    monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
-    versions = sweep.dependency_versions()
-    assert versions == {"python": sys.version, "trio": versions["trio"], "no-such-distribution": "absent",
-                        "tokenizer data": hashlib.sha256().hexdigest()}
 
 
 def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
@@ -457,17 +454,8 @@ def advance_twice(config):
     return config
 
 
-def test_a_runs_advance_reaches_the_progress_in_this_process_and_nowhere_outside_a_map():
-    seen = []
-    assert list(sweep.InProcess().map_unordered(advance_twice, [(0, "a"), (1, "b")], progress=lambda *event: seen.append(event))) \
-        == [(0, "a"), (1, "b")]
-    assert seen == [(0, 2), (0, 1), (1, 2), (1, 1)]
-    assert advance_twice("alone") == "alone"  # outside a map that counts units, advance does nothing
-
-
 def advance_and_wait_for_the_runner(ack):
-    """A run that finishes two units a report apart, then waits until the runner has seen them (the runner's
-    progress callback writes the file `ack`); True if it did."""
+    """Two units a report apart, then True once the runner has seen them (its progress callback writes `ack`)."""
     sweep.advance()
     time.sleep(sweep.REPORT_EVERY)  # a worker reports what its run finished at most this often
     sweep.advance()  # so this one goes to the runner now, with the first
@@ -478,16 +466,16 @@ def advance_and_wait_for_the_runner(ack):
     return False
 
 
-def test_a_worker_processs_run_moves_the_progress_before_it_ends(tmp_path):
-    ack = tmp_path / "seen"
-    seen = []
-
-    def progress(index, units):
-        seen.append((index, units))
-        ack.touch()
-
-    assert list(sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))], progress=progress)) == [(0, True)]
-    assert seen == [(0, 2)]
+def test_a_runs_advance_reaches_the_progress_in_this_process_or_from_a_worker_before_it_ends_and_nowhere_outside_a_map(tmp_path):
+    seen, ack = [], tmp_path / "seen"
+    assert list(sweep.InProcess().map_unordered(advance_twice, [(0, "a"), (1, "b")], progress=lambda *event: seen.append(event))) \
+        == [(0, "a"), (1, "b")]
+    assert seen == [(0, 2), (0, 1), (1, 2), (1, 1)]
+    assert advance_twice("alone") == "alone"  # outside a map that counts units, advance does nothing
+    seen.clear()
+    worker = sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))],
+                                              progress=lambda *event: seen.append(event) or ack.touch())
+    assert list(worker) == [(0, True)] and seen == [(0, 2)]
 
 
 def test_the_bar_counts_the_units_of_every_run(tmp_path, capsys):
@@ -685,8 +673,14 @@ def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cac
     assert "runs: 100%" in capsys.readouterr().err
 
 
-def double(x):
-    return 2 * x
+def parent_pid(config):
+    return config, os.getppid()
+
+
+def fail_on_two(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    return 2 * config
 
 
 def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys, tmp_path):
@@ -697,31 +691,20 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
             raise AssertionError("the executor ran")
 
     runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
-    assert runner.map(double, [21]) == [42]
+    assert runner.map(fail_on_two, [21]) == [42]
     assert (runner.cached, runner.executed) == (0, 1)
     err = capsys.readouterr().err
-    assert "double: 100%" in err and "0 cached, in-process" in err
-    assert runner.map(double, [21, 4]) == [42, 8]  # one cached, the other still in this process
+    assert "fail_on_two: 100%" in err and "0 cached, in-process" in err
+    assert runner.map(fail_on_two, [21, 4]) == [42, 8]  # one cached, the other still in this process
     assert (runner.cached, runner.executed) == (1, 2)
     err = capsys.readouterr().err
     # The bar starts at the cached run (1/2) and counts runs: it ends at 2/2, in runs a second.
     assert "1 cached, in-process" in err and "| 1/2 [" in err and "| 2/2 [" in err and "run/s" in err
     with pytest.raises(AssertionError, match="the executor ran"):
-        runner.map(double, [1, 2])
+        runner.map(fail_on_two, [1, 3])
 
 
 # --- the worker-process and Dask executors ------------------------------------------------------
-
-
-def parent_pid(config):
-    """A run that answers with its configuration and the process that started its worker."""
-    return config, os.getppid()
-
-
-def fail_on_two(config):
-    if config == 2:
-        raise ValueError("run 2 failed")
-    return 2 * config
 
 
 def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypatch):
@@ -786,12 +769,8 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
     assert (executor.cluster, executor._client) == (None, None)
 
 
-def other_code():
-    return "other"
-
-
 def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
-    monkeypatch.setattr(sweep, "_worker_code_version", other_code)  # what every worker answers
+    monkeypatch.setattr(sweep, "_worker_code_version", lambda: "other")  # what every worker answers
     mine = sweep._default_code_version()
     executor = sweep.Dask(jobs=1, processes=False)
     closed = []

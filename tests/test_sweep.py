@@ -516,23 +516,26 @@ def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tm
     assert len(done.stderr.splitlines()) == (0 if guarded else 1)  # in one line, once for both grids
 
 
-def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypatch):
-    script = tmp_path / "nb.py"
-    script.write_text("x = 1\nif x:\n    pass\n")
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
-    assert sweep.unguarded_main() == str(script)
-    script.write_text("x = 1\nif '__main__' == __name__:\n    pass\n")
-    assert sweep.unguarded_main() is None
-    for test in ("__name__ == 'other'", "x == '__main__'"):  # a test of __name__ against anything else is no guard
-        script.write_text(f"x = 1\nif {test}:\n    pass\n")
-        assert sweep.unguarded_main() == str(script), test
-    # `python -m pkg` (pkg/__main__.py), an interactive session and a kernel's main (no file) are not run again.
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.__main__"),
-                                                                      __file__=str(tmp_path / "nb.py")))
-    script.write_text("x = 1\n")
-    assert sweep.unguarded_main() is None
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
-    assert sweep.unguarded_main() is None
+@pytest.mark.parametrize(("spec", "file", "source", "run_again"), [
+    (None, "nb.py", "x = 1\nif x:\n    pass\n", True),
+    (None, "nb.py", "x = 1\nif '__main__' == __name__:\n    pass\n", False),
+    (None, "nb.py", "if __name__ == 'other':\n    pass\n", True),  # a test of __name__ against anything else is no guard
+    (None, "nb.py", "x = 1\nif x == '__main__':\n    pass\n", True),
+    ("no __spec__", "nb.py", "x = 1\n", True),
+    ("prototype.__main__", "nb.py", "x = 1\n", False),  # `python -m pkg` (pkg/__main__.py)
+    ("__main__", "nb.py", "x = 1\n", False),  # a folder or zip file run as a script
+    (None, "ipython", "x = 1\n", False),  # IPython's launch script
+    (None, None, "", False),  # an interactive session, a kernel's main: no file
+])
+def test_which_main_modules_worker_processes_would_run_again(spec, file, source, run_again, tmp_path, monkeypatch):
+    main = types.SimpleNamespace(__spec__=spec and types.SimpleNamespace(name=spec))
+    if spec == "no __spec__":
+        del main.__spec__
+    if file:
+        main.__file__ = str(tmp_path / file)
+        (tmp_path / file).write_text(source)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert sweep.unguarded_main() == (main.__file__ if run_again else None)
 
 
 # --- functions a grid runs, the cache's files, the executors and the runner's options ---------------

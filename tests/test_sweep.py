@@ -211,19 +211,6 @@ def test_a_changed_model_parameter_never_returns_a_stale_row(tmp_path):
     assert after["e2e_s"] == pytest.approx(before["e2e_s"] + 2 * 0.050)
 
 
-def test_the_code_version_keys_the_cache(tmp_path, monkeypatch):
-    grid = small_grid()[:1]
-    runner = toy_runner(tmp_path)
-    runner.map(benchmark.design_rows, grid)
-    runner.map(benchmark.design_rows, grid)
-    assert (runner.executed, runner.cached) == (1, 1)
-    # Any edit to the package's sources is a new code version (patched in `code_version`, which every run function's
-    # version comes from, a function wrapped by mutmut's trampoline included): nothing is served.
-    monkeypatch.setattr(sweep, "code_version", lambda roots=None, extra_files=(): "edited")
-    runner.map(benchmark.design_rows, grid)
-    assert (runner.executed, runner.cached) == (2, 1)
-
-
 def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
     package, second = tmp_path / "pkg", tmp_path / "second"
     (package / "sub").mkdir(parents=True)
@@ -432,7 +419,7 @@ def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path
     assert CALLS[:3] == [Toy(3), Toy(2), Toy(1)]
 
 
-def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
+def test_progress_names_the_runs_and_counts_the_cached_ones_and_each_runs_units(tmp_path, capsys):
     quiet = toy_runner(tmp_path)
     quiet.map(toy_row, [Toy(1)])
     assert capsys.readouterr().err == ""  # progress=False writes nothing
@@ -443,6 +430,14 @@ def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
     assert re.search(r"(run/s|s/run), 1 cached, in-process\]$", final), final
     runner.map(toy_row, [Toy(4)], desc="named")
     assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")
+    # With units, the bar counts each run's units, and a cached run's count from the start.
+    assert runner.map(advance_twice, ["a", "b"], units=lambda config: 3, unit="task", desc="tasks") == ["a", "b"]
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
+    assert runner.missing(advance_twice, ["a", "c"]) == ["c"]  # "a" is in the cache
+    runner.map(advance_twice, ["a", "c"], units=lambda config: 3, unit="task", desc="tasks")
+    assert "| 3/6 [" in capsys.readouterr().err
+    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["a"]) == ["a"]
 
 
 # --- progress within a run, scripts, Ctrl-C ---------------------------------------------------------------------------
@@ -476,17 +471,6 @@ def test_a_runs_advance_reaches_the_progress_in_this_process_or_from_a_worker_be
     worker = sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))],
                                               progress=lambda *event: seen.append(event) or ack.touch())
     assert list(worker) == [(0, True)] and seen == [(0, 2)]
-
-
-def test_the_bar_counts_the_units_of_every_run(tmp_path, capsys):
-    runner = sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=True)
-    assert runner.map(advance_twice, ["a", "b"], units=lambda config: 3, unit="task", desc="tasks") == ["a", "b"]
-    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-    assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
-    assert runner.missing(advance_twice, ["a", "c"]) == ["c"]  # "a" is in the cache
-    runner.map(advance_twice, ["a", "c"], units=lambda config: 3, unit="task", desc="tasks")
-    assert "| 3/6 [" in capsys.readouterr().err  # the cached run's units count from the start
-    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["a"]) == ["a"]
 
 
 SCRIPT = """\
@@ -748,16 +732,15 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
             return submitted[-1]
 
         monkeypatch.setattr(client, "submit", recording)
-        jobs = [(0, 1), (1, 2), (2, 3)]
-        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
-        first = {future.key for future in submitted}
-        assert len(first) == 3 and all(key.startswith("_call-") for key in first)
-        submitted.clear()
-        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        keys = []
+        for _ in range(2):
+            submitted.clear()
+            assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+            keys.append({future.key for future in submitted})
         # pure=False: each map's runs are new tasks; the cache, not Dask's memory, decides what is computed again.
-        assert not first & {future.key for future in submitted}
+        assert len(keys[0]) == 3 and all(key.startswith("_call-") for key in keys[0]) and not keys[0] & keys[1]
         with pytest.raises(ValueError, match="^run 2 failed$"):
-            list(executor.map_unordered(fail_on_two, jobs))
+            list(executor.map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
         submitted.clear()
         runs = executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])
         index, value = next(runs)

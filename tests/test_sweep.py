@@ -312,13 +312,15 @@ def logged(fn):
 """
 
 
-def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
+def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_version_for_the_next_grid(tmp_path, monkeypatch):
     # A notebook's or a script's run functions, one wrapped by a decorator of the package (functools.wraps): the
     # wrapper's code is the package's, each function's own file lies outside it, and an edit to it is a new code version.
     package, outside = tmp_path / "package", tmp_path / "outside"
     package.mkdir()
     outside.mkdir()
     (package / "decorators.py").write_text(DECORATORS)
+    (package / "model.py").write_text("DEFAULT = 1\n")
+    write_module(package, "inside_runs", 1)
     monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
     import_fresh(monkeypatch, package, "decorators")
 
@@ -339,6 +341,11 @@ def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_v
     (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
     assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
     assert (runner.executed, runner.cached) == (5, 2)
+    inside = import_fresh(monkeypatch, package, "inside_runs")  # a run function of the package
+    assert runner.map(inside.row, [Toy(1)]) == runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package, edited between two grids
+    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (7, 3)
 
 
 def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
@@ -354,24 +361,6 @@ def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
     # A decorator's mistake: a loop, and one that does not come back to the first function. The version still comes back.
     outer.__wrapped__, inner.__wrapped__, row.__wrapped__ = inner, row, inner
     assert sweep._function_version(outer) == sweep._function_version(row) == sweep._function_version(described)
-
-
-def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
-    # The package's sources edited between two grids of one process: the second grid's rows are computed
-    # afresh, never served from the first's.
-    package = tmp_path / "package"
-    package.mkdir()
-    write_module(package, "inside_runs", 1)
-    (package / "model.py").write_text("DEFAULT = 1\n")
-    monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
-    module = import_fresh(monkeypatch, package, "inside_runs")
-    runner = toy_runner(tmp_path)
-    runner.map(module.row, [Toy(1)])
-    runner.map(module.row, [Toy(1)])
-    assert (runner.executed, runner.cached) == (1, 1)
-    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package than the run function's
-    runner.map(module.row, [Toy(1)])
-    assert (runner.executed, runner.cached) == (2, 1)
 
 
 def test_the_dependencies_versions_are_part_of_the_key_and_one_not_installed_is_absent(tmp_path, monkeypatch):

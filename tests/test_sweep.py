@@ -435,12 +435,15 @@ def advance_twice(config):
 
 
 def advance_and_wait_for_the_runner(ack):
-    """Two units a report apart, then True once the runner has seen them (its progress callback writes `ack`)."""
+    """Two units a report apart; once the runner has seen them (its progress callback writes `ack`), a third a report
+    later; True if the runner saw the two (or had no progress to see)."""
     sweep.advance()
     time.sleep(sweep.REPORT_EVERY)  # a worker reports what its run finished at most this often
     sweep.advance()  # so this one goes to the runner now, with the first
     for _ in range(2400):
-        if Path(ack).exists():
+        if ack is None or Path(ack).exists():
+            time.sleep(sweep.REPORT_EVERY)
+            sweep.advance()  # counted from 0 after the report
             return True
         time.sleep(0.05)
     return False
@@ -455,7 +458,8 @@ def test_a_runs_advance_reaches_the_progress_in_this_process_or_from_a_worker_be
     seen.clear()
     worker = sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))],
                                               progress=lambda *event: seen.append(event) or ack.touch())
-    assert list(worker) == [(0, True)] and seen == [(0, 2)]
+    assert list(worker) == [(0, True)] and seen == [(0, 2), (0, 1)]
+    assert list(sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, None)])) == [(0, True)]  # no progress
 
 
 SCRIPT = """\

@@ -511,6 +511,20 @@ def test_which_main_modules_worker_processes_would_run_again(spec, file, source,
     assert sweep.unguarded_main() == (main.__file__ if run_again else None)
 
 
+def test_the_grids_of_an_unguarded_script_run_in_this_process_and_say_so_once(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "nb.py"
+    script.write_text("x = 1\n")
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
+    monkeypatch.setattr(sweep, "_told", set())
+    runner = sweep.Runner(sweep.Processes(2), cache=None, progress=False)
+    assert runner.map(parent_pid, [1, 2]) + runner.map(parent_pid, [3, 4]) == [(c, os.getppid()) for c in (1, 2, 3, 4)]
+    mine = types.SimpleNamespace(name="mine", map_unordered=lambda fn, jobs: ((i, ("mine", c)) for i, c in jobs))
+    assert sweep.Runner(mine, cache=None, progress=False).map(parent_pid, [1, 2]) == [("mine", 1), ("mine", 2)]
+    err = capsys.readouterr().err  # one line for both grids; an executor that starts no process is used as it is
+    assert err.startswith(f"{script} has no `if __name__ == \"__main__\":` guard") and "(2 processes in Jupyter" in err
+    assert len(err.splitlines()) == 1 and capsys.readouterr().out == ""
+
+
 # --- functions a grid runs, the cache's files, the executors and the runner's options ---------------
 
 

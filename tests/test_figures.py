@@ -125,13 +125,11 @@ def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_pat
 
 
 def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, stand_ins, monkeypatch):
-    class Stdout(io.StringIO):
-        def __init__(self):
-            super().__init__()
-            self.flushed = []
+    flushed = []
 
+    class Stdout(io.StringIO):
         def flush(self):
-            self.flushed.append(self.getvalue())
+            flushed.append(self.getvalue())
 
     stdout = Stdout()
     monkeypatch.setattr(sys, "stdout", stdout)
@@ -139,19 +137,12 @@ def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken(
     monkeypatch.setattr(figures, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     assert cli_main(["figures", "--out", str(tmp_path)]) == 0
     lines = [f"notebooks/{name}.py: executed in 1.2 s\n" for name in figures.NOTEBOOKS]
-    assert [text for text in stdout.flushed if text.endswith(".py: executed in 1.2 s\n")] == [
+    assert [text for text in flushed if text.endswith(".py: executed in 1.2 s\n")] == [
         "".join(lines[:i + 1]) for i in range(len(lines))]  # each line reaches a pipe as its notebook ends
     assert stdout.getvalue().endswith(" in 3 s\n")
     [argv] = stand_ins["compare"]  # at full size: the default compare, the notebooks in full
     assert argv == ["--out", argv[1]] and argv[1].endswith("/compare")
     assert {env["TESTBED_NOTEBOOK_TEST"] for *_, env in stand_ins["notebooks"]} == {"0"}
-
-
-def test_a_failed_compare_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(figures, "_compare", lambda argv: 2)
-    assert cli_main(["figures", "--out", str(tmp_path / "f")]) == 1
-    assert list((tmp_path / "f").iterdir()) == []
-    assert capsys.readouterr().out == ""
 
 
 SKIPPED = ("notebook pictures skipped: import of jupytext halted; None in sys.modules (install the notebooks extra: "
@@ -168,15 +159,17 @@ def test_figures_without_notebooks_or_their_extra_write_only_the_compare_figure(
     assert capsys.readouterr().out.startswith(f"{skipped}\nwrote {tmp_path / 'compare.png'}, {tmp_path / 'compare.json'} in ")
 
 
-def test_a_failing_notebook_still_restores_the_environment(tmp_path, stand_ins, monkeypatch):
-    def fail(path, output):
-        raise RuntimeError("a cell failed")
-
-    monkeypatch.setattr(notebook, "execute_notebook", fail)
-    with pytest.raises(RuntimeError, match="a cell failed"):
-        cli_main(["figures", "--out", str(tmp_path)])
+def test_a_failing_notebook_restores_the_environment_and_a_failed_compare_writes_nothing_and_exits_1(tmp_path, stand_ins,
+                                                                                                     monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "execute_notebook", lambda path, output: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli_main(["figures", "--out", str(tmp_path / "n")])
     assert (os.environ["TESTBED_RESULTS"], os.environ.get("TESTBED_NOTEBOOK_TEST"), os.environ["MPLBACKEND"]) == (
         "/kept", None, "kept-backend")
+    capsys.readouterr()
+    monkeypatch.setattr(figures, "_compare", lambda argv: 2)
+    assert cli_main(["figures", "--out", str(tmp_path / "f")]) == 1
+    assert list((tmp_path / "f").iterdir()) == [] and capsys.readouterr().out == ""
 
 
 def test_the_figures_options_and_the_compare_they_call(tmp_path, monkeypatch, capsys):

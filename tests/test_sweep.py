@@ -416,13 +416,13 @@ def test_progress_names_the_runs_and_counts_the_cached_ones_and_each_runs_units(
     runner.map(toy_row, [Toy(4)], desc="named")
     assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")
     # With units, the bar counts each run's units, and a cached run's count from the start.
-    assert runner.map(advance_twice, ["a", "b"], units=lambda config: 3, unit="task", desc="tasks") == ["a", "b"]
+    assert runner.map(advance_twice, ["abc", "xyz"], units=len, unit="task", desc="tasks") == ["abc", "xyz"]
     final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
-    assert runner.missing(advance_twice, ["a", "c"]) == ["c"]  # "a" is in the cache
-    runner.map(advance_twice, ["a", "c"], units=lambda config: 3, unit="task", desc="tasks")
+    assert runner.missing(advance_twice, ["abc", "uvw"]) == ["uvw"]  # "abc" is in the cache
+    runner.map(advance_twice, ["abc", "uvw"], units=len, unit="task", desc="tasks")
     assert "| 3/6 [" in capsys.readouterr().err
-    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["a"]) == ["a"]
+    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["abc"]) == ["abc"]
 
 
 # --- progress within a run, scripts, Ctrl-C ---------------------------------------------------------------------------
@@ -522,6 +522,7 @@ def test_the_grids_of_an_unguarded_script_run_in_this_process_and_say_so_once(tm
     assert sweep.Runner(mine, cache=None, progress=False).map(parent_pid, [1, 2]) == [("mine", 1), ("mine", 2)]
     err = capsys.readouterr().err  # one line for both grids; an executor that starts no process is used as it is
     assert err.startswith(f"{script} has no `if __name__ == \"__main__\":` guard") and "(2 processes in Jupyter" in err
+    assert err.endswith("`python -m prototype.notebook` or a guarded script)\n")  # the way out
     assert len(err.splitlines()) == 1 and capsys.readouterr().out == ""
 
 

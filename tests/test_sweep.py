@@ -423,9 +423,17 @@ def test_progress_names_the_runs_and_counts_the_cached_ones_and_each_runs_units(
     runner.map(advance_twice, ["abc", "uvw"], units=len, unit="task", desc="tasks")
     assert "| 3/6 [" in capsys.readouterr().err
     assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["abc"]) == ["abc"]
+    with pytest.raises(ZeroDivisionError):  # a run's own advance moves the bar before the run ends
+        runner.map(advance_then_fail, ["abc"], units=len, desc="partial")
+    assert "| 1/3 [" in capsys.readouterr().err
 
 
 # --- progress within a run, scripts, Ctrl-C ---------------------------------------------------------------------------
+
+
+def advance_then_fail(config):
+    sweep.advance()
+    return 1 / 0
 
 
 def advance_twice(config):

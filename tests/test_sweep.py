@@ -726,6 +726,15 @@ def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypa
         list(sweep.Processes(2).map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
 
 
+def test_worker_processes_yield_each_row_as_its_run_ends(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.touch()
+    runs = sweep.Processes(2).map_unordered(advance_and_wait_for_the_runner, [(0, str(first)), (1, str(second))])
+    assert next(runs) == (0, True)  # while the second run still waits for this caller
+    second.touch()
+    assert list(runs) == [(1, True)]
+
+
 def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monkeypatch):
     idle = sweep.Dask()
     assert (idle.address, idle.jobs, idle.processes, idle.name) == ("local", None, True, "dask local")

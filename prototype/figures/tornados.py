@@ -27,6 +27,17 @@ class TornadoPanel:
 
 TORNADO_LOW, TORNADO_HIGH = "#4393c3", "#d6604d"  # a parameter at its low end, at its high end
 
+# How the marks look: sizes, widths and greys, left to the reader's eye (the tests read what is drawn and where).
+BAR_STYLE = {"height": 0.7}
+WHISKER_STYLE = {"ecolor": "black", "capsize": 2, "lw": 0.8}
+BAND_STYLE = {"color": "#999999", "alpha": 0.25, "lw": 0}
+DEFAULT_LINE_STYLE = {"color": "black", "lw": 0.8}
+LABEL_STYLE = {"fontsize": 7}
+TITLE_STYLE = {"fontsize": 8}
+GRID_STYLE = {"alpha": 0.3}
+LEGEND_STYLE = {"loc": "upper right", "fontsize": 8}
+SUPTITLE_STYLE = {"x": 0.02, "ha": "left", "fontsize": 10}
+
 
 def tornado(ax: Any, panel: TornadoPanel, *, top: int = 6) -> None:
     """Horizontal bars from the default to each parameter's low-end (blue) and high-end (red) value, the
@@ -37,22 +48,22 @@ def tornado(ax: Any, panel: TornadoPanel, *, top: int = 6) -> None:
     kept = sorted(kept, key=lambda k: -abs(k[0][2] - k[0][1]))[:top]
     y = np.arange(len(kept))
     for yi, ((_, low, high), ends) in zip(y, kept):
-        ax.barh(yi, low - panel.default, left=panel.default, color=TORNADO_LOW, height=0.7)
-        ax.barh(yi, high - panel.default, left=panel.default, color=TORNADO_HIGH, height=0.7)
+        ax.barh(yi, low - panel.default, left=panel.default, color=TORNADO_LOW, **BAR_STYLE)
+        ax.barh(yi, high - panel.default, left=panel.default, color=TORNADO_HIGH, **BAR_STYLE)
         if ends is not None:
             for value, (lo, hi) in ((low, ends[0]), (high, ends[1])):
-                ax.errorbar([value], [yi], xerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], fmt="none", ecolor="black",
-                            capsize=2, lw=0.8)
+                ax.errorbar([value], [yi], xerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], fmt="none",
+                            **WHISKER_STYLE)
     if panel.default_interval is not None:
-        ax.axvspan(*panel.default_interval, color="#999999", alpha=0.25, lw=0)
-    ax.axvline(panel.default, color="black", lw=0.8)
-    ax.set_yticks(y, [k[0][0] for k in kept], fontsize=7)
+        ax.axvspan(*panel.default_interval, **BAND_STYLE)
+    ax.axvline(panel.default, **DEFAULT_LINE_STYLE)
+    ax.set_yticks(y, [k[0][0] for k in kept], **LABEL_STYLE)
     ax.invert_yaxis()
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_title(panel.title, fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
+    ax.tick_params(axis="x", labelsize=LABEL_STYLE["fontsize"])
+    ax.set_title(panel.title, **TITLE_STYLE)
+    ax.grid(axis="x", **GRID_STYLE)
     if not kept:
-        ax.text(0.5, 0.5, "no parameter moves it", transform=ax.transAxes, ha="center", va="center", fontsize=7)
+        ax.text(0.5, 0.5, "no parameter moves it", transform=ax.transAxes, ha="center", va="center", **LABEL_STYLE)
 
 
 def tornado_figure(panels: Sequence[TornadoPanel], path: str | Path, *, title: str = "", columns: int = 3) -> Path:
@@ -72,8 +83,8 @@ def tornado_figure(panels: Sequence[TornadoPanel], path: str | Path, *, title: s
         ax.set_visible(False)
     fig.legend(handles=[Patch(color=TORNADO_LOW, label="parameter at its low end"),
                         Patch(color=TORNADO_HIGH, label="parameter at its high end")],
-               loc="upper right", ncols=2, fontsize=8)
-    fig.suptitle(title, x=0.02, ha="left", fontsize=10)
+               ncols=2, **LEGEND_STYLE)
+    fig.suptitle(title, **SUPTITLE_STYLE)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

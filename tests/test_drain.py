@@ -215,11 +215,13 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
     async with trio.open_nursery() as server_side:
         connector = PipeConnector(server, server_side)
         async with raw_ws(connector, CHAINED) as (conn, _):
+            # A lane whose response ended before the drain has nothing left to cut.
+            await send(conn, create(model="sim-100", metadata={"testbed_workload": "fixed:1:50:10:1"}, stream_id="done"))
             for lane in ("a", "b"):
                 await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}, stream_id=lane))  # 4 s each
             await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # and the default lane
             before: list[dict[str, Any]] = []
-            while [e["type"] for e in before].count("response.created") < 3:
+            while [e["type"] for e in before].count("response.created") < 4 or before[-1]["type"] != "response.completed":
                 before.append(await receive(conn))
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
@@ -227,11 +229,13 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
                 events, code, _ = await closed_after(conn)
         await server_tasks_end(server_side, server)
     assert code == 1001
-    created = [e for e in before if e["type"] == "response.created"]
+    assert [e.get("stream_id") for e in before if e["type"] == "response.completed"] == ["done"]
+    created = [e for e in before if e["type"] == "response.created" and e.get("stream_id") != "done"]
     lane_of = {e["response"]["id"]: e.get("stream_id") for e in created}
     assert set(lane_of.values()) == {"a", "b", None}
     # Each cut response is recorded as failed, when the grace ended.
-    assert sorted((r["outcome"], r["at_s"], r["response_id"]) for r in server.records) == sorted(("failed", drained_at + 1.0, r) for r in lane_of)
+    cut = [r for r in server.records if r["outcome"] != "completed"]
+    assert sorted((r["outcome"], r["at_s"], r["response_id"]) for r in cut) == sorted(("failed", drained_at + 1.0, r) for r in lane_of)
     failures = [e for e in events if e["type"] == "response.failed"]
     assert sorted(e["response"]["id"] for e in failures) == sorted(lane_of)
     for event in failures:

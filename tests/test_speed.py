@@ -11,7 +11,8 @@ import trio
 import trio.testing
 
 from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
-from prototype import uncertainty
+from prototype import metrics, uncertainty
+from prototype.analysis import NETWORK_CLIENT, TOOL
 from prototype.api.costs import ZERO_COSTS
 from prototype.client.connect import TcpConnector
 from prototype.client.harness import RolloutRecord, TurnRecord
@@ -188,7 +189,12 @@ def test_profile_turn_runs_at_a_tiny_size_giving_library_time_to_its_callers(res
     rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
     assert (results_in_tmp / "profile_turn" / "latest" / "profile_turn.csv").exists()
     causes = {row["cause"] for row in rows}
-    assert {"overhead (real - limit)", "cpu (process)", "phase prefill", "phase decode", "json", "trio scheduling"} <= causes
+    assert {"overhead (real - limit)", "cpu (process)", "json", "trio scheduling"} <= causes, sorted(causes)
+    # A phase is listed where the real run spent 0.005 ms a turn more or less in it than the limit: on a
+    # loaded machine that difference can come out either way, or round to nothing.
+    phases = [row for row in rows if row["cause"].startswith("phase ")]
+    assert all(abs(row["ms_per_turn"]) >= 0.005 and row["side"] == "wall" for row in phases)
+    assert {row["cause"] for row in phases} <= {"phase " + phase for phase in (*metrics.SERVER_PHASES, NETWORK_CLIENT, TOOL)}
     cpu = next(row["ms_per_turn"] for row in rows if row["cause"] == "cpu (process)")
     split = sum(row["ms_per_turn"] for row in rows if row["side"] in ("server", "client", "shared"))
     assert 0 < split <= cpu * 1.0001  # the causes share out the process's CPU (minus rows under 0.05%)

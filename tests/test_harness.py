@@ -368,3 +368,18 @@ async def test_turn_0_of_a_websocket_rollout_pays_the_handshakes_of_its_connecti
     assert record.turns[0].sent_at == record.started_at == 0.0
     assert record.turns[0].ended_at == pytest.approx(0.4)
     assert (record.turns[1].sent_at, record.turns[1].ended_at) == (pytest.approx(2.4), pytest.approx(2.5))
+
+
+class ClosesBeforeTheHandshake:
+    """A server that reads the handshake request and closes the connection without answering it."""
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        await stream.receive_some(65536)
+        await stream.aclose()
+
+
+async def test_a_handshake_the_server_closes_without_answering_fails_after_the_handshake_timeout(autojump_clock) -> None:
+    with pytest.RaisesGroup(trio_websocket.ConnectionTimeout, flatten_subgroups=True):
+        async with harness.open_responses_websocket(InMemoryConnector(ClosesBeforeTheHandshake()), CHAINED):
+            pass
+    assert trio.current_time() == harness.HANDSHAKE_TIMEOUT_SECONDS

@@ -50,6 +50,10 @@ WS_MESSAGE_QUEUE = 16
 # writing to this client (which stopped reading) never reads the close frame; unbounded, the close
 # would wait forever.
 CLOSE_TIMEOUT_SECONDS = 10.0
+# trio-websocket's handshake waits for the server's answer without end when the server closes the
+# connection before answering (its reader ends, the handshake's event is never set), so it is bounded
+# as trio-websocket's own `open_websocket` bounds it: `connect_timeout`, CONN_TIMEOUT = 60 s.
+HANDSHAKE_TIMEOUT_SECONDS = 60.0
 
 # The harness's own function tools: a file read and a command run, the two kinds of call that
 # dominate coding-agent traces (AgentCgroup: Read/Edit vs Bash).
@@ -264,10 +268,15 @@ async def open_responses_websocket(
     if include_timing:
         headers.append((b"x-responsesapi-include-timing-metrics", b"true"))
     async with connector.open_stream() as stream, trio.open_nursery() as nursery:
-        ws = await trio_websocket.wrap_client_stream(
-            nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES,
-            receive_buffer_size=WS_RECEIVE_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
-        )
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_SECONDS):
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=CLIENT_MAX_MESSAGE_BYTES,
+                    receive_buffer_size=WS_RECEIVE_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
+                )
+        except trio.TooSlowError:
+            nursery.cancel_scope.cancel()
+            raise trio_websocket.ConnectionTimeout(f"no handshake answer within {HANDSHAKE_TIMEOUT_SECONDS:g} s") from None
         try:
             yield ws
         finally:

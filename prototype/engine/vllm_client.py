@@ -365,11 +365,7 @@ class WorkerProcess:
             self.popen.stdin.flush()
             self.popen.wait(timeout=SHUTDOWN_WAIT_S)
         except (BrokenPipeError, subprocess.TimeoutExpired):
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=TERMINATE_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
+            _terminate(self.popen)
 
 
 @attrs.define(eq=False)
@@ -389,9 +385,14 @@ class StartingWorker:
 
     def abandon(self) -> None:
         """Stop a worker no one waited for (it may still be starting, so it is not asked to shut down)."""
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=TERMINATE_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        _terminate(self.popen)
+
+
+def _terminate(popen: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if the process has not ended within TERMINATE_WAIT_S."""
+    popen.terminate()
+    try:
+        popen.wait(timeout=TERMINATE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()

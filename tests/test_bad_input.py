@@ -564,6 +564,7 @@ async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery
     assert (error["code"], error["param"], error["type"]) == (case.code, case.param, "invalid_request_error") and error["message"]
     assert answer.headers.get("allow") == ("POST" if case.status == 405 else None)
     assert answer.headers.get("www-authenticate") == ("Bearer" if case.status == 401 else None)
+    assert answer.headers.get("connection") == ("close" if case.closes else None)  # a close is announced (RFC 9112 §9.6)
     if case.method == "POST" and case.target == "/v1/responses" and case.raw is None and not case.closes:
         # Every refused create is in the access log with its code, whether refused as it parsed or after.
         refusal = server.records[-1]

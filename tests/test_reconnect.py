@@ -210,15 +210,19 @@ async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the
     assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
 
 
+# openai-python counts failed responses in a row, Codex in its one count of attempts: with no lost connection between
+# them, both retry the same times after the same waits.
+@pytest.mark.parametrize("policy", [TWICE, TWICE_CODEX], ids=["openai-python", "codex"])
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str) -> None:
+async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_gives_up(autojump_clock, design: str,
+                                                                                         policy: ReconnectPolicy) -> None:
     server = ScriptedServer([
         [created_event("resp_0"), failed("resp_0", "server_error")],
         first_turn(design, "resp_1"),
         # Turn 1 fails three times: the policy retries it twice (0.5 s, then 1 s), then the task fails.
         *[[created_event(f"resp_{n}"), failed(f"resp_{n}", "server_error")] for n in (2, 3, 4)],
     ])
-    record = await reconnecting(server, design)
+    record = await reconnecting(server, design, policy)
     assert record.status == "failed"
     follow = "response.append" if design == SUSPENDED else "response.create"
     previous = None if design == SUSPENDED else "resp_1"
@@ -236,6 +240,16 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
     server = ScriptedServer([[created_event("resp_0"), failed("resp_0", "server_error")]])
     record = await reconnecting(server, design, attrs.evolve(TWICE, retry_failed_responses=False))
     assert (record.status, record.retried_responses, record.recovery_seconds, len(server.received)) == ("failed", 0, [], 1)
+
+
+async def test_an_error_event_does_not_reset_openai_pythons_count_of_attempts(autojump_clock) -> None:
+    # A chain lost with its connection: the first event on the new one is `previous_response_not_found`, and the whole
+    # conversation goes again. That connection closes before any other event: the second attempt in a row.
+    server = ScriptedServer([first_turn(CHAINED), [Close(1011)], [error("previous_response_not_found")], [Close(1011)]])
+    record = await reconnecting(server, CHAINED, attrs.evolve(TWICE, max_retries=1))
+    assert (record.status, record.reconnects, server.connections, trio.current_time()) == ("error:gave_up", 1, 2, 2.5)
+    assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0"),
+                                   (1, "response.create", "resp_0"), (1, "response.create", None)]
 
 
 async def test_a_turn_whose_connection_closed_under_its_tools_starts_when_they_returned(autojump_clock) -> None:

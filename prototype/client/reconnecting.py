@@ -61,12 +61,12 @@ CLOSE_GRACE_SECONDS = 5.0
 
 
 class _Lost(Exception):
-    """The connection ended under a request: `code` is its close code (None: the link broke, or it never
-    opened), `error` the code of the `error` or `response.failed` that ended it, if one did."""
+    """The connection ended under a request: `code` is its close code (None: the link broke, it never
+    opened, or an `error` or `response.failed` the policy retries on a new connection ended it)."""
 
-    def __init__(self, code: int | None, *, error: str | None = None) -> None:
+    def __init__(self, code: int | None) -> None:
         super().__init__(code)
-        self.code, self.error = code, error
+        self.code = code
 
 
 def _first(group: BaseException) -> Any:
@@ -117,7 +117,6 @@ class ReconnectingRollout:
         self.rng = random.Random(f"reconnect:{seed}:{workload.name}")
         self.turn_open = False  # a turn record exists for `pending` (a retry reuses it)
         self._transcript_mark = 0  # the transcript's length when the open turn's request went out
-        self.waiting = False  # a request is out and its pause or terminal event has not arrived
         # When the next turn started: the task's start for turn 0, else when its tools returned; a request that
         # could not go out (the connection was gone) keeps it, so the turn counts the reconnect (docs/metrics.md).
         self.next_turn_at = self.rollout.record.started_at
@@ -156,11 +155,10 @@ class ReconnectingRollout:
     async def recover(self, lost: _Lost) -> None:
         """After a lost connection: stop, give up or fall back as the policy says, or count it and wait its backoff."""
         record = self.record
-        self.waiting = False
         self.alive = False  # a v1 rollout does not outlive its connection
         if self.turn_open:
             self._forget_attempt()
-        if lost.error is None and lost.code is not None and not self.policy.retries_after_close(lost.code):
+        if lost.code is not None and not self.policy.retries_after_close(lost.code):
             # openai-python after a close outside its recoverable codes, 1000 included: its iteration ends and it
             # opens nothing (`_iter_events`); the task ends there.
             record.status = f"error:closed_{lost.code}"
@@ -197,7 +195,6 @@ class ReconnectingRollout:
     async def send(self, channel: WsChannel) -> None:
         event, resend = self.request()
         record = self.record
-        self.waiting = True
         size = await channel.send(event)
         retry = self.turn_open
         if not self.turn_open:
@@ -218,7 +215,6 @@ class ReconnectingRollout:
             await self.send(channel)
             items: list[dict[str, Any]] = []
             pause = await self.until_pause(channel, items)
-            self.waiting = False
             kind = pause["type"]
             if kind == "error":
                 code = pause["error"]["code"]
@@ -226,7 +222,7 @@ class ReconnectingRollout:
                     self.full_context = True  # the new connection's cache is empty and nothing was stored
                     continue
                 if code in self.policy.reconnect_errors:  # Codex at the connection limit: a retryable stream error
-                    raise _Lost(None, error=code)
+                    raise _Lost(None)
                 self.record.turns[-1].ended_at = trio.current_time()
                 self.record.status = f"error:{code}"
                 return
@@ -237,7 +233,7 @@ class ReconnectingRollout:
                 # schema's code; the limit's own code comes next, in the `error` event): the client reads the message.
                 code = errors.CONNECTION_LIMIT_REACHED if errors.ends_connection(error) else error.get("code")
                 if code in self.policy.reconnect_errors:  # a response cut by the connection limit: on a new one
-                    raise _Lost(None, error=code)
+                    raise _Lost(None)
                 if code == errors.CONNECTION_LIMIT_REACHED:  # the connection is closing: nothing to ask again on it
                     self.record.turns[-1].ended_at = trio.current_time()
                     self.record.status = f"error:{code}"
@@ -294,7 +290,6 @@ class ReconnectingRollout:
         from .http import continue_http_rollout  # http.py builds on harness.py, as this module does
 
         self.record.fell_back_to_http = True
-        self.attempt, self.failed_in_a_row, self.failed_at = 0, 0, None
         await continue_http_rollout(self.connector, self.rollout, self.history, self.pending, policy=self.policy,
                                     api_key=self.api_key, include_timing=self.include_timing, turn_open=self.turn_open,
                                     **self.http_args)

@@ -68,12 +68,10 @@ async def serve_http(server: Endpoint, stream: trio.abc.Stream) -> None:
         if not isinstance(event, h11.Request):
             return  # closed by the client, or idle too long
         await serve_request(server, exchange, event)
-        if exchange.conn.our_state is not h11.DONE or exchange.conn.their_state is not h11.DONE:
-            return  # Connection: close, or a broken exchange
         try:
             exchange.conn.start_next_cycle()
         except h11.LocalProtocolError:
-            return
+            return  # h11 goes on only when both sides are DONE: not after Connection: close or a broken exchange
 
 
 async def _refuse_broken(exchange: HttpExchange, detail: str) -> None:
@@ -135,7 +133,7 @@ async def serve_request(server: Endpoint, exchange: HttpExchange, request: h11.R
         if not _is_json(headers.get("content-type")):
             raise ProtocolError(
                 UNSUPPORTED_MEDIA_TYPE,
-                f"Content-Type {headers.get('content-type', '')[:64]!r} is not supported: send application/json.",
+                f"Content-Type {headers['content-type'][:64]!r} is not supported: send application/json.",
                 status=415,
             )
         create = codec.parse_create_body(codec.loads_object(body, what="request body"))

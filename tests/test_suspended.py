@@ -330,6 +330,9 @@ async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_seg
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(second))})
         final = (await until(conn, "response.completed"))[-1]["response"]
     assert resumed["type"] == "response.in_progress"
+    # Each pause's usage is the rollout's so far: it grows to the final usage (docs/protocol.md).
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        assert 0 < first["usage"][key] < second["usage"][key] < final["usage"][key], key
     # Every event carries what the connection logged of the create (its client record); the first
     # pause carries the rollout from its arrival, the queue included.
     for response in (first, second, final):

@@ -1,6 +1,6 @@
 """Compaction (docs/protocol.md, "Compaction"): `context_management` compacts a context past its threshold and the chain
-continues; `POST /v1/responses/compact` answers a window that starts a new chain (also through openai-python on a real
-socket); a client that resends its history keeps only the window."""
+continues; `POST /v1/responses/compact` answers a window that starts a new chain; a client that resends its history keeps
+only the window."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from typing import Any
 
 import pytest
 import trio
-from openai import OpenAI
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
 from test_endpoints import connect
-from test_sdk_lanes import in_thread
-from test_sdk_websocket import CLIENT_TIMEOUT
 
 from prototype.api.render import preamble_key, render_full
 from prototype.client.harness import HARNESS_TOOLS
@@ -154,41 +151,6 @@ def test_the_window_and_a_resent_history_keep_the_user_messages_and_everything_f
     compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "tbc1."}
     assert window_of_dicts([typed_user, said]) == [typed_user, said]
     assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
-
-
-def compact_then_new_chain(port: int) -> tuple[Any, list[dict[str, Any]]]:
-    """The WS guide's standalone flow: compact over HTTP, then a new response on the WebSocket whose
-    input is the compacted window and a new message, with no previous_response_id."""
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
-    try:
-        history = [{"role": "user", "content": "Find the failing test."},
-                   {"type": "message", "role": "assistant", "content": "I looked at" + BIG_OUTPUT}]
-        compacted = client.responses.compact(model="sim-100000", input=history)
-        next_input = [item.to_dict(warnings=False) for item in compacted.output]  # user messages are typed as output messages
-        next_input.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Continue from here."}]})
-        seen = []
-        with client.responses.connect() as conn:
-            conn.response.create(model="sim-100000", input=next_input, store=False, metadata={"testbed_workload": "fixed:1"}, stream_id="main")
-            for event in conn:
-                seen.append(event.to_dict())
-                if event.type in TERMINALS or event.type == "error":
-                    break
-        return compacted, seen
-    finally:
-        client.close()
-
-
-async def test_openai_python_compacts_and_the_window_starts_a_new_chain(live_server):
-    _, port = live_server
-    compacted, events = await in_thread(compact_then_new_chain, port)
-    assert compacted.object == "response.compaction"
-    assert [item.type for item in compacted.output] == ["message", "compaction"]  # the user messages, then the item
-    assert compacted.usage.output_tokens == summary_tokens(compacted.usage.input_tokens)
-    completed = events[-1]
-    assert completed["type"] == "response.completed" and completed["stream_id"] == "main"
-    assert completed["response"]["previous_response_id"] is None
-    # The new chain's context is the window: far smaller than the history it replaced.
-    assert completed["response"]["usage"]["input_tokens"] < compacted.usage.input_tokens / 2
 
 
 # --- POST /v1/responses/compact in process, over raw HTTP/1.1 -------------------------------------------------------

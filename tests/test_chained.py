@@ -8,17 +8,7 @@ from typing import Any
 
 import pytest
 import trio
-from support import (
-    TERMINALS,
-    create_event,
-    events_by_response,
-    function_calls,
-    make_server,
-    outputs_for,
-    send,
-    until,
-    ws,
-)
+from support import TERMINALS, create_event, events_by_response, function_calls, make_server, outputs_for, send, until, ws
 from test_suspended import invalid
 
 from prototype import metrics
@@ -178,11 +168,18 @@ async def test_a_lanes_turn_leaves_the_other_lanes_slots_and_a_failed_one_emptie
         # Lane c continues its own response; a new conversation on lane a fails (an output for a call it never made).
         continued_c = (await turn(conn, create_event(outputs_for(function_calls(held["c"])), stream_id="c",
                                                      previous_response_id=held["c"]["id"])))[-1]
-        assert (await turn(conn, create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a")))[-1]["error"]["code"] == "invalid_function_call_output"
-        answers = {lane: (await turn(conn, create_event(outputs_for(function_calls(held[lane])), previous_response_id=held[lane]["id"],
-                                                        **lane_of(lane))))[-1] for lane in ("a", None, "b")}
+        stray = create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a")
+        refused = (await turn(conn, stray))[-1]
+        asked = {lane: create_event(outputs_for(function_calls(held[lane])), previous_response_id=held[lane]["id"], **lane_of(lane))
+                 for lane in ("a", None, "b")}
+        answers = {lane: (await turn(conn, event))[-1] for lane, event in asked.items()}
     assert (continued_c["type"], continued_c["stream_id"]) == ("response.completed", "c")
+    assert (refused["status"], refused["stream_id"], refused["error"]["code"]) == (400, "a", "invalid_function_call_output")
     assert answers["a"] == not_found(held["a"]["id"], "a")
+    # Each refusal is recorded with the bytes of the frame it refused and no usage.
+    assert [(r["outcome"], r["usage"], r["request_bytes"]) for r in server.records if r["response_id"] is None] == [
+        ("error:invalid_function_call_output", None, len(json.dumps(stray).encode())),
+        ("error:previous_response_not_found", None, len(json.dumps(asked["a"]).encode()))]
     assert answers[None]["type"] == answers["b"]["type"] == "response.completed" and "stream_id" not in answers[None]
     assert answers[None]["response"]["previous_response_id"] == held[None]["id"]
 
@@ -196,16 +193,21 @@ async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_or
         # Lane b, which holds a response of its own, forks from lane a's; then lane a continues it.
         fork = (await turn(conn, create_event(outputs, stream_id="b", previous_response_id=a1["id"])))[-1]
         main = (await turn(conn, create_event(outputs, stream_id="a", previous_response_id=a1["id"])))[-1]
-        # Lane b moved on from its own response b1: it left the cache.
-        assert (await turn(conn, create_event(outputs_for(function_calls(b1)), stream_id="c", previous_response_id=b1["id"])))[-1] == not_found(b1["id"], "c")
+        # Lane b moved on from its own response b1, and both lanes from a1 (store=false): they left the cache.
+        for gone in (b1, a1):
+            event = create_event(outputs_for(function_calls(gone)), stream_id="c", previous_response_id=gone["id"])
+            assert (await turn(conn, event))[-1] == not_found(gone["id"], "c")
     assert (fork["type"], fork["stream_id"], main["type"], main["stream_id"]) == ("response.completed", "b", "response.completed", "a")
-    # Both extended the same conversation by the same input: neither saw the other's turn.
-    assert fork["response"]["usage"] == main["response"]["usage"]
+    assert fork["response"]["previous_response_id"] == main["response"]["previous_response_id"] == a1["id"]
+    # Both extended the same conversation by the same input: neither saw the other's turn. The engine finds blocks by
+    # content (docs/parameters.md §6): the fork reuses what lane a computed, as lane a does, and neither prefills it again.
+    assert fork["response"]["usage"] == main["response"]["usage"] and fork["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0
     assert fork["response"]["output"][0]["content"] == main["response"]["output"][0]["content"]
     # The fork appends its input to the copied rendering, as the continuation does to the original.
     fork_phases, main_phases = fork["response"]["testbed_timing"]["phases_ms"], main["response"]["testbed_timing"]["phases_ms"]
     for stage in ("validate", "render", "safety", "route"):
         assert fork_phases[stage] == pytest.approx(main_phases[stage], abs=0.002), stage  # ms, rounded on the wire
+    assert "store_read" not in fork_phases and "store_read" not in main_phases  # from the cache
     # Every lane's KV, the fork's included, was released with the connection.
     assert server.api.engine.kv == {}
 

@@ -1,5 +1,6 @@
-"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by side, forks, the
-per-lane cache and its limits; each way a lane's response ends, answered on its lane and recorded; the KV released."""
+"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by side, their limits (each
+lane's cache slot and forks across lanes: test_chained.py); each way a lane's response ends, answered on its lane and
+recorded; the KV released."""
 
 from __future__ import annotations
 
@@ -8,19 +9,7 @@ import json
 import attrs
 import pytest
 import trio
-from support import (
-    DELAYED_LINK,
-    TERMINALS,
-    create_event,
-    function_calls,
-    make_server,
-    outputs_for,
-    receive,
-    send,
-    timed_until,
-    until,
-    ws,
-)
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, receive, send, timed_until, until, ws
 from test_endpoints import connect
 from test_steering import steer
 from trio_websocket import CloseReason, ConnectionClosed
@@ -74,50 +63,6 @@ async def test_each_lane_is_fifo_lanes_run_side_by_side_and_events_echo_their_la
     assert a1_created == b_created == d_created and a1_done == b_done == d_done
     # FIFO on a lane: the second create of lane a starts the instant the first one ends.
     assert a2_done > a2_created == a1_done
-
-
-async def test_a_new_lane_forks_from_another_lanes_response_both_continue_and_once_evicted_it_is_not_found(autojump_clock):
-    server = make_server()
-    async with ws(server, include_timing=True) as conn:
-        await send(conn, create_event(stream_id="main"))
-        first = (await until(conn, *TERMINALS))[-1]["response"]
-        outputs = outputs_for(function_calls(first))
-        # A fork on lane "side" and the continuation on lane "main", both from `first`, store=false:
-        # the fork copies what lane main holds and leaves it there.
-        await send(conn, create_event(stream_id="side", previous_response_id=first["id"], input=outputs))
-        fork = (await until(conn, *TERMINALS))[-1]
-        await send(conn, create_event(stream_id="main", previous_response_id=first["id"], input=outputs))
-        main = (await until(conn, *TERMINALS))[-1]
-        # Both lanes moved on: `first` left the connection cache, and store=false kept it nowhere else.
-        await send(conn, create_event(stream_id="fork0", previous_response_id=first["id"], input=outputs))
-        evicted = (await until(conn, *TERMINALS))[-1]
-    assert evicted == {"type": "error", "status": 400, "stream_id": "fork0", "error": {
-        "type": "invalid_request_error", "code": "previous_response_not_found",
-        "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"}}
-    assert fork["stream_id"] == "side" and main["stream_id"] == "main"
-    for event in (fork, main):
-        assert (event["type"], event["response"]["previous_response_id"]) == ("response.completed", first["id"])
-        assert "store_read" not in event["response"]["testbed_timing"]["phases_ms"]  # from the cache
-    # The fork's KV is its own lane's, but the engine finds blocks by content (docs/parameters.md §6): the fork
-    # reuses the conversation lane main computed, as main does, and neither prefills it again.
-    fork_usage, main_usage = fork["response"]["usage"], main["response"]["usage"]
-    assert fork_usage["input_tokens"] == main_usage["input_tokens"]
-    assert 0 < fork_usage["input_tokens_details"]["cached_tokens"] == main_usage["input_tokens_details"]["cached_tokens"]
-
-
-async def test_a_fork_from_an_evicted_stored_response_is_rebuilt_from_the_store(autojump_clock):
-    server = make_server()
-    async with ws(server, include_timing=True) as conn:
-        await send(conn, create_event(stream_id="main", store=True))
-        first = (await until(conn, *TERMINALS))[-1]["response"]
-        outputs = outputs_for(function_calls(first))
-        await send(conn, create_event(stream_id="main", store=True, previous_response_id=first["id"], input=outputs))
-        await until(conn, *TERMINALS)  # lane main moved on: `first` left the connection cache
-        await trio.sleep(1)  # the overlapped store write has finished
-        await send(conn, create_event(stream_id="fork1", store=True, previous_response_id=first["id"], input=outputs))
-        answer = (await until(conn, *TERMINALS))[-1]
-    assert answer["type"] == "response.completed" and answer["stream_id"] == "fork1"
-    assert "store_read" in answer["response"]["testbed_timing"]["phases_ms"]
 
 
 async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_and_the_connection_keeps_serving(autojump_clock):
@@ -230,34 +175,6 @@ async def assert_lane_slot_empty(conn, kept: str) -> None:
     await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))
     not_found = await receive(conn, timeout=WAIT)
     assert (not_found["type"], not_found["error"]["code"], not_found["stream_id"]) == ("error", "previous_response_not_found", LANE)
-
-
-async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autojump_clock):
-    """WS guide: a failed turn leaves the connection's cache slot empty; with lanes, that lane's."""
-    server = make_server()
-    async with ws(server) as conn:
-        await send(conn, create_event(metadata=ONE_TURN))
-        home = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        # A full-context create (it continues nothing) whose input answers a call it never made.
-        stray = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
-        refused_event = create_event(metadata=ONE_TURN, stream_id=LANE, input=stray)
-        await send(conn, refused_event)
-        error = await receive(conn, timeout=WAIT)
-        await assert_lane_slot_empty(conn, kept)  # the default lane's is kept
-        await send(conn, create_event(metadata=ONE_TURN, previous_response_id=home, input="go on"))
-        continued = await until(conn, *TERMINALS, timeout=WAIT)
-    assert error == {"type": "error", "status": 400, "stream_id": LANE, "error": {
-        "type": "invalid_request_error", "code": "invalid_function_call_output",
-        "message": error["error"]["message"], "param": error["error"]["param"]}}
-    assert continued[-1]["type"] == "response.completed"
-    refused = [r for r in server.records if r["response_id"] is None]
-    assert [(r["outcome"], r["usage"], r["request_bytes"]) for r in refused] == [
-        ("error:invalid_function_call_output", None, frame_bytes(refused_event)),
-        ("error:previous_response_not_found", None, frame_bytes(create_event(
-            metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))),
-    ]
 
 
 async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock):

@@ -17,8 +17,7 @@ import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
 from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
-from test_sdk_lanes import in_thread
-from test_sdk_websocket import CLIENT_TIMEOUT
+from test_sdk_websocket import CLIENT_TIMEOUT, in_thread
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics

@@ -1,6 +1,7 @@
 """A client nobody here wrote, on a real socket (docs/protocol.md §5, §7, §9): openai-python's `responses.connect()` runs
-the chained loop, every server event and error frame parsing into the SDK's own model (the v1 loop over openai-python:
-test_client_v1.py). The blocking SDK runs in a worker thread under `trio.fail_after`."""
+the chained loop and steers, every server event and error frame parsing into the SDK's own model; the SDK client's lanes
+and steer (client/sdk.py) run against the server (the v1 loop over openai-python: test_client_v1.py). The blocking SDK
+runs in a worker thread under `trio.fail_after`; real time: events, never durations."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import trio
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
+
+from prototype.client.sdk import run_sdk_lanes, run_sdk_steer
+from prototype.workload import fixed
 
 MODEL = "sim-100000"  # 100k tokens/s: a turn decodes in milliseconds
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
@@ -138,18 +142,26 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
                            "output": json.dumps({"ok": True, "tool": call.name})} for call in calls]
         conn.response.create(model=MODEL, input=[], tools=SDK_TOOLS, previous_response_id="resp_does_not_exist_0001", store=False)
         turns.append({"pairs": read_response(conn, tap), "calls": []})
+        # `conn.response.steer` at an unknown response, then at the completed last one: each answered by one failure.
+        for target in ("resp_missing", pairs[-1][0].response.id):
+            conn.response.steer(input=[{"type": "message", "role": "user", "content": "late"}], previous_response_id=target)
+            turns.append({"pairs": [next((event, tap.last) for event in conn)], "calls": []})
     return turns
 
 
 async def test_sdk_function_call_loop_chains_with_previous_response_id(live_server):
     _, port = live_server
-    *turns, unknown = await in_thread(run_tool_loop, port)
+    *turns, unknown, missing, late = await in_thread(run_tool_loop, port)
     assert len(turns) == 3, [t["pairs"][-1][1] for t in turns]
     # An unknown previous_response_id: one error frame in place of response.created, typed as the SDK's WebSocket error.
     [(event, raw)] = unknown["pairs"]
     assert_typed(event, raw)
     assert isinstance(event, ResponseWsError) and (event.status, event.error.code, event.error.param) == (
         400, "previous_response_not_found", "previous_response_id")
+    for steer, code in ((missing, "response_not_found"), (late, "response_already_completed")):
+        [(event, raw)] = steer["pairs"]
+        assert_typed(event, raw)
+        assert (event.type, event.error.code, "stream_id" in raw) == ("response.steer.failed", code, False)  # the default lane
     ids = []
     for i, turn in enumerate(turns):
         pairs = turn["pairs"]
@@ -178,3 +190,34 @@ async def test_sdk_function_call_loop_chains_with_previous_response_id(live_serv
     # The chained context grows turn by turn.
     inputs = [t["pairs"][-1][0].response.usage.input_tokens for t in turns]
     assert inputs == sorted(inputs) and len(set(inputs)) == 3, inputs
+
+
+# --- lanes and steering through the SDK client (client/sdk.py) ----------------------------------------------------
+
+
+async def test_sdk_drives_subagent_lanes_to_completion(live_server):
+    _, port = live_server
+    workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=20, tool_seconds=0.05)] * 3
+    records = await in_thread(
+        run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads,
+        metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"}, model="sim-100000", timeout=CLIENT_TIMEOUT,
+    )
+    assert ([r.status for r in records], [len(r.turns) for r in records]) == (["completed"] * 3, [3, 3, 3])
+    assert all(len(set(r.response_ids)) == 3 for r in records)
+
+
+async def test_sdk_steer_accepted_steered_and_successor(live_server):
+    _, port = live_server
+    slow_text = {"testbed_workload": "fixed:3:100:10:200:0"}  # 200 tokens at sim-200: ~1 s to steer into
+    result = await in_thread(
+        run_sdk_steer, f"http://127.0.0.1:{port}/v1", metadata=slow_text, text="only the tests", model="sim-200",
+        stream_id="main", timeout=CLIENT_TIMEOUT,
+    )
+    kinds = [e["type"] for e in result["events"]]
+    successor_at = len(kinds) - 1 - kinds[::-1].index("response.created")
+    at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), successor_at]
+    accepted, ended, successor = (result["events"][i] for i in at)
+    assert result["steer_to_token_s"] is not None and at == sorted(at)
+    assert accepted["stream_id"] == ended["stream_id"] == successor["stream_id"] == "main"
+    assert ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert successor["response"]["previous_response_id"] == ended["response"]["id"] == accepted["steer"]["previous_response_id"]

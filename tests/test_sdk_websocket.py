@@ -1,7 +1,9 @@
 """A client nobody here wrote, on a real socket (docs/protocol.md §5, §7, §9): openai-python's `responses.connect()` runs
-the chained loop and steers, every server event and error frame parsing into the SDK's own model; the SDK client's lanes
-and steer (client/sdk.py) run against the server (the v1 loop over openai-python: test_client_v1.py). The blocking SDK
-runs in a worker thread under `trio.fail_after`; real time: events, never durations."""
+the chained loop and steers, every server event and error frame parsing into the SDK's own model. The SDK client
+(client/sdk.py) reproduces the benchmark: the same task through the harness and through openai-python
+(`rollout_client("sdk")`), in both WebSocket designs, to the same transcript and usage, the server's records telling the
+two apart by user agent; its lanes and steer run against the server (the v1 loop over openai-python: test_client_v1.py).
+The blocking SDK runs in a worker thread under `trio.fail_after`; real time: events, never durations."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import typing
 from typing import Any
 
 import jsonschema
+import pytest
 import trio
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
 
-from prototype.client.sdk import run_sdk_lanes, run_sdk_steer
+from prototype.client.connect import TcpConnector
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.client.sdk import rollout_client, run_sdk_lanes, run_sdk_steer
 from prototype.workload import fixed
 
 MODEL = "sim-100000"  # 100k tokens/s: a turn decodes in milliseconds
@@ -192,7 +197,57 @@ async def test_sdk_function_call_loop_chains_with_previous_response_id(live_serv
     assert inputs == sorted(inputs) and len(set(inputs)) == 3, inputs
 
 
-# --- lanes and steering through the SDK client (client/sdk.py) ----------------------------------------------------
+# --- the SDK client (client/sdk.py): the benchmark's rollouts, lanes and steering -----------------------------------
+
+
+TURNS = 3
+WORKLOAD = fixed(TURNS, initial_prompt_tokens=2000, appended_tokens=200, output_tokens=50, tool_seconds=0.01)
+METADATA = {"testbed_workload": f"fixed:{TURNS}:2000:200:50:0.01"}
+
+
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_its_client_fields(live_server, design):
+    server, port = live_server
+    with trio.fail_after(CLIENT_TIMEOUT):
+        ours = await rollout_client("harness")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL)
+    with trio.fail_after(CLIENT_TIMEOUT + 5):  # the SDK's rollout, as an experiment swaps it in for the harness's
+        theirs = await rollout_client("sdk")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL,
+                                             timeout=CLIENT_TIMEOUT, include_timing=True)
+
+    for record in (ours, theirs):
+        assert (record.status, len(record.turns)) == ("completed", TURNS)
+        assert all(t.first_token_at is not None and t.sent_at <= t.first_token_at <= t.ended_at for t in record.turns)
+        assert all(t.bytes_sent > 0 and t.bytes_received > 0 for t in record.turns)
+    assert theirs.transcript == ours.transcript
+    assert len(ours.transcript) == 1 + 3 * (TURNS - 1) + 1  # prompt; (text, call, output) per tool turn; answer
+    # The same task twice on one server: the second run also finds the first's blocks in the prefix cache.
+    assert {k: v for k, v in theirs.usage.items() if k != "cached_tokens"} == {k: v for k, v in ours.usage.items() if k != "cached_tokens"}
+    assert theirs.usage["cached_tokens"] >= ours.usage["cached_tokens"]
+    assert len(theirs.response_ids) == len(ours.response_ids) == (TURNS if design == CHAINED else 1)
+    assert [t.tool_seconds > 0 for t in theirs.turns] == [True] * (TURNS - 1) + [False]
+
+    # The server's records: the SDK's user agent, the same protocol choices as the harness.
+    sdk_records = [r for r in server.records if r["user_agent"].startswith("OpenAI/Python")]
+    harness_records = [r for r in server.records if r not in sdk_records]
+    assert len(sdk_records) == len(harness_records) == len(ours.response_ids)
+    for mine, other in zip(harness_records, sdk_records):
+        for field in ("design", "context", "warmup", "stream", "input_items", "input_types", "appends", "outcome"):
+            assert mine[field] == other[field], field
+    if design == SUSPENDED:
+        assert sdk_records[0]["appends"] == TURNS - 1 and sdk_records[0]["context"] == "full"
+    else:
+        assert [r["context"] for r in sdk_records] == ["full"] + ["chained"] * (TURNS - 1)
+    # The SDK run asked for the timing, the harness's did not.
+    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]
+    # With the timing header, each terminal event carries the client fields in `testbed_timing.client`.
+    for turn in theirs.turns:
+        client = turn.server_timing["client"]
+        assert client["user_agent"].startswith("OpenAI/Python") and "prefill" in turn.server_timing["phases_ms"]
+        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == (
+            "websocket", design, False, False)
+        assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")
+
+
 
 
 async def test_sdk_drives_subagent_lanes_to_completion(live_server):

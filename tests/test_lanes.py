@@ -10,8 +10,8 @@ import attrs
 import pytest
 import trio
 from support import DELAYED_LINK, TERMINALS, create_event, make_server, receive, send, timed_until, until, ws
-from test_endpoints import connect
-from test_steering import steer
+from test_endpoints import cancel_at, connect
+from test_steering import failed, steer
 from trio_websocket import CloseReason, ConnectionClosed
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
@@ -200,15 +200,23 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
         ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
 
 
-async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
+async def test_a_cancelled_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock, nursery):
     server = make_server()
     http = connect(nursery, server)
     async with ws(server, api_key="alice") as conn:
         kept, target = await kept_and_running(conn)
-        assert (await http.request("POST", f"/v1/responses/{target}/cancel", key="alice")).status == 200
-        cancelled = (await until(conn, "response.cancelled", timeout=WAIT))[-1]
+        await send(conn, steer(target))
+        accepted = (await until(conn, "response.steer.accepted", timeout=WAIT))[-1]
+        cancelled_at, reply = await cancel_at(http, target)
+        events = await timed_until(conn, "response.steer.failed", timeout=WAIT)
+        await quiet(conn, 30.0)  # nothing more: the steer rode no successor
         await assert_lane_slot_empty(conn, kept)
-    assert cancelled["response"]["id"] == target
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert (ended["type"], ended["response"]["id"]) == ("response.cancelled", target) and reply.json() == ended["response"]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message=f"Response '{target}' failed.")
+    assert refused["stream_id"] == LANE and refused["sequence_number"] == ended["sequence_number"] + 1
+    assert ended_at == refused_at == cancelled_at
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
 

@@ -16,12 +16,11 @@ from trio_websocket import CloseReason, ConnectionClosed
 
 from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
-from prototype.client.lanes import open_multiplexed, run_multiplexed_rollouts
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.client.lanes import open_multiplexed
 from prototype.engine.streaming import FaultPlan
 from prototype.server import websocket
 from prototype.server.config import ServerConfig
-from prototype.workload import fixed
 
 SHORT = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 ONE_TURN = {"testbed_workload": "fixed:1:100:10:300"}  # the final answer: 300 tokens, 0.3 s at sim-1000
@@ -127,29 +126,6 @@ async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
     assert [(e["stream_id"], e["error"]["code"]) for e in errors] == [("busy", "too_many_queued_requests")]
     done = [e.get("stream_id") for _, e in events if e["type"] == "response.completed"]
     assert sorted(done) == ["busy", "busy", "quiet"]
-
-
-async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each(autojump_clock):
-    """Without a network, a lane per task and a connection per task agree exactly (docs/protocol.md, Lanes)."""
-    workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=30, tool_seconds=0.5)] * 3
-    meta = lambda i: {"testbed_workload": "fixed:3:200:20:30:0.5"}  # noqa: E731
-    start = trio.current_time()
-    muxed = await run_multiplexed_rollouts(InMemoryConnector(make_server()), workloads, metadata_for=meta, model="sim-1000")
-    mux_seconds = [r.seconds for r in muxed]
-    separate_server = make_server()
-    separate: list = [None] * 3
-
-    async def one(i):
-        separate[i] = await run_websocket_rollout(InMemoryConnector(separate_server), CHAINED, workloads[i], metadata=meta(i), model="sim-1000")
-
-    async with trio.open_nursery() as nursery:
-        for i in range(3):
-            nursery.start_soon(one, i)
-    assert [r.status for r in muxed] == ["completed"] * 3
-    # Equal to the nanosecond (the two runs start at different clock values, so float rounding may differ).
-    assert (mux_seconds, [len(r.turns) for r in muxed]) == (pytest.approx([r.seconds for r in separate], abs=1e-9), [3, 3, 3])
-    assert [r.transcript for r in muxed] == [r.transcript for r in separate]
-    assert max(r.ended_at for r in muxed) - start == pytest.approx(max(mux_seconds), abs=1e-9)
 
 
 def frame_bytes(event: dict) -> int:

@@ -242,11 +242,8 @@ async def test_same_transcript_and_usage_in_every_design(autojump_clock, workloa
         for field in ("input_tokens", "output_tokens"):
             assert record.usage[field] == reference.usage[field], (name, field)
     assert records["stateless"].design == "http-stateless" and records["stored"].design == "http-stored"
-    # One response per turn over http, with the stored chain walked from scratch every turn.
+    # One response per turn over http (what each variant sends every turn: test_http_client.py).
     assert len(records["stored"].response_ids) == len(workload.turns)
-    # Stateless resends the history, so its requests grow; stored sends only the new items.
-    stateless_sent = [turn.bytes_sent for turn in records["stateless"].turns]
-    assert stateless_sent == sorted(stateless_sent) and stateless_sent[-1] > 2 * records["stored"].turns[-1].bytes_sent
     if workload is GENERATED:
         assert any(item["type"] == "web_search_call" for item in reference.transcript)
 

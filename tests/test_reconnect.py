@@ -371,14 +371,6 @@ async def test_openai_python_ends_the_task_at_the_limits_clean_close_or_error_an
     assert plain(record) == ["send response.create", "recv response.created", "recv response.failed"]
 
 
-async def test_under_codex_a_connection_that_keeps_closing_at_its_limit_ends_in_the_https_fallback(autojump_clock) -> None:
-    # 1 s connections, 0.5 s grace, a 4 s turn: no turn can finish on a WebSocket. Codex retries the turn 5 times (each
-    # a new connection, failed after 1.5 s), then goes on over HTTPS.
-    record = await converse(server_with(lifetime=1.0, grace=0.5), CHAINED, task=LONG_TURN, policy=CODEX)
-    assert (record.status, record.reconnects, record.fell_back_to_http) == ("completed", 5, True)
-    assert record.transcript == (await converse(server_with(), CHAINED, task=LONG_TURN)).transcript
-
-
 @pytest.mark.parametrize("network", LINKS, ids=LINK_IDS)
 @pytest.mark.parametrize("design,store", [(CHAINED, False), (CHAINED, True), (SUSPENDED, False)])
 async def test_under_codex_a_task_longer_than_the_limit_completes_with_the_same_conversation(

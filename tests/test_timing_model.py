@@ -79,15 +79,6 @@ async def first_tokens(design: str, costs: ApiCosts = ZERO_COSTS) -> tuple[float
         return first, resumed, (await until(conn, "response.completed"))[-1]["response"]
 
 
-async def test_a_chained_turn_prefills_only_its_new_tokens(autojump_clock) -> None:
-    # Zero API costs: the engine overhead, the uncached tokens' prefill attending to the cached ones, one decode step.
-    _, first_token, second = await first_tokens("chained")
-    cached = second["usage"]["input_tokens_details"]["cached_tokens"]
-    uncached = second["usage"]["input_tokens"] - cached
-    assert cached > 0 and uncached > 0
-    assert first_token == exactly(LatencyModel(decode_tokens_per_s=1000).prefill_seconds(uncached, cached) + 1 / 1000)
-
-
 async def test_a_resumed_v1_segment_pays_no_fixed_pre_inference_cost_and_a_chained_turn_f_ws_of_it(autojump_clock) -> None:
     base_first, base_resumed, final = await first_tokens("suspended", ApiCosts())
     more_first, more_resumed, _ = await first_tokens("suspended", with_fixed(ApiCosts(), 1.0))

@@ -170,8 +170,8 @@ async def test_a_lanes_turn_leaves_the_other_lanes_slots_and_a_failed_one_emptie
                                                      previous_response_id=held["c"]["id"])))[-1]
         stray = create_event(outputs_for([{"call_id": "call_nope"}]), stream_id="a")
         refused = (await turn(conn, stray))[-1]
-        asked = {lane: create_event(outputs_for(function_calls(held[lane])), previous_response_id=held[lane]["id"], **lane_of(lane))
-                 for lane in ("a", None, "b")}
+        asked = {lane: create_event(outputs_for(function_calls(held[lane])), previous_response_id=held[lane]["id"],
+                                    **lane_of(lane)) for lane in ("a", None, "b")}
         answers = {lane: (await turn(conn, event))[-1] for lane, event in asked.items()}
     assert (continued_c["type"], continued_c["stream_id"]) == ("response.completed", "c")
     assert (refused["status"], refused["stream_id"], refused["error"]["code"]) == (400, "a", "invalid_function_call_output")
@@ -201,7 +201,8 @@ async def test_a_fork_onto_a_busy_lane_copies_the_conversation_and_leaves_the_or
     assert fork["response"]["previous_response_id"] == main["response"]["previous_response_id"] == a1["id"]
     # Both extended the same conversation by the same input: neither saw the other's turn. The engine finds blocks by
     # content (docs/parameters.md §6): the fork reuses what lane a computed, as lane a does, and neither prefills it again.
-    assert fork["response"]["usage"] == main["response"]["usage"] and fork["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert fork["response"]["usage"] == main["response"]["usage"]
+    assert fork["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0
     assert fork["response"]["output"][0]["content"] == main["response"]["output"][0]["content"]
     # The fork appends its input to the copied rendering, as the continuation does to the original.
     fork_phases, main_phases = fork["response"]["testbed_timing"]["phases_ms"], main["response"]["testbed_timing"]["phases_ms"]

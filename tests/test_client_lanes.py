@@ -99,7 +99,8 @@ async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_
     separate_server, separate = make_server(), [RolloutRecord(CHAINED, "", 0.0)] * 2
 
     async def one(i: int) -> None:
-        separate[i] = await run_websocket_rollout(InMemoryConnector(separate_server), CHAINED, workloads[i], metadata=metadata_for(i))
+        connector = InMemoryConnector(separate_server)
+        separate[i] = await run_websocket_rollout(connector, CHAINED, workloads[i], metadata=metadata_for(i))
 
     async with trio.open_nursery() as nursery:
         for i in range(2):

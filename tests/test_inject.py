@@ -407,7 +407,8 @@ async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connect
     assert (error, closed.value.reason.code, closed.value.reason.reason) == (
         refusal(code, message, param), 1008, "malformed response.inject")
     assert list(server.records) == [{"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "at_s": 0.0,
-                                     "response_id": None, "outcome": f"error:{code}", "param": param, "stream_id": False}]
+                                     "response_id": None, "outcome": f"error:{code}", "param": param,
+                                     "stream_id": False}]
 
 
 async def test_each_refused_inject_names_its_reason(autojump_clock):

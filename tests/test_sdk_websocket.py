@@ -114,7 +114,8 @@ def assert_well_formed(pairs: list[tuple[Any, dict[str, Any]]]) -> tuple[str, Re
     for event, raw in pairs:
         assert_typed(event, raw)
     created, completed = pairs[0][0], pairs[-1][0]
-    assert (created.type, completed.type, completed.response.id) == ("response.created", "response.completed", created.response.id)
+    assert (created.type, completed.type) == ("response.created", "response.completed")
+    assert completed.response.id == created.response.id
     return created.response.id, completed.response
 
 

@@ -117,23 +117,16 @@ async def test_disconnect_while_suspended_releases_state_and_leaves_no_task(auto
         assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
 
 
-async def test_suspension_ttl_expiry_fails_the_rollout_and_keeps_the_connection(autojump_clock, link):
+async def test_a_rollout_failed_at_its_ttl_carries_its_id_and_the_timings_of_the_segment_it_ends(autojump_clock, link):
+    # When it fails, with what message, what it releases and that the connection serves on: test_limits.py.
     server = make_server(config=ServerConfig(suspension_ttl=7.5))
     async with ws(server, SUSPENDED, network=link, include_timing=True) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
-        paused_at = trio.current_time()
         failed = await receive(conn)
-        assert trio.current_time() - paused_at == pytest.approx(7.5, rel=1e-9)
-        assert (failed["type"], failed["sequence_number"]) == ("response.failed", done["sequence_number"] + 1)
-        assert (failed["response"]["id"], failed["response"]["status"]) == (done["response"]["id"], "failed")
-        assert failed["response"]["error"] == {"code": "server_error", "message": "No response.append within 7.5 s; the rollout was released."}
-        assert failed["response"]["testbed_timing"]["phases_ms"]["prefill"] > 0  # the timings of the segment it ends
-        assert server.api.engine.kv == {}
-        await send(conn, {"type": "response.append", "input": outputs_for(function_calls(done["response"]))})
-        assert (await receive(conn))["error"]["code"] == "no_suspended_response"
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
-        assert (await until(conn, "response.completed"))[-1]["response"]["status"] == "completed"
+    assert (failed["type"], failed["response"]["id"], failed["response"]["status"]) == (
+        "response.failed", done["response"]["id"], "failed")
+    assert failed["response"]["testbed_timing"]["phases_ms"]["prefill"] > 0
 
 
 async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(autojump_clock, link):

@@ -27,19 +27,24 @@ FOUR_TURNS = {"testbed_workload": "fixed:4:100:10:20:0"}
 BIG_OUTPUT = " alpha" * 400  # 400 tokens a tool output: the context crosses 1000 tokens at the fourth turn
 
 
-async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
-    """A chained rollout answering every call with BIG_OUTPUT; each turn's timed events."""
+async def run_chain(conn, metadata: dict[str, str] = FOUR_TURNS, second_message: str | None = None,
+                    **fields: Any) -> list[list[tuple[float, dict]]]:
+    """A chained rollout answering every call with BIG_OUTPUT (the first outputs with `second_message`, a second user
+    message, if given); each turn's timed events."""
     turns, previous, new_input = [], None, "fix the bug"
     while True:
         extra = {"previous_response_id": previous} if previous else {}
-        await send(conn, create_event(new_input, metadata=FOUR_TURNS, **extra, **fields))
+        await send(conn, create_event(new_input, metadata=metadata, **extra, **fields))
         events = await timed_until(conn, *TERMINALS)
         turns.append(events)
         response = events[-1][1]["response"]
         calls = function_calls(response)
         if not calls:
             return turns
-        previous, new_input = response["id"], outputs_for(calls, BIG_OUTPUT)
+        new_input = outputs_for(calls, BIG_OUTPUT)
+        if previous is None and second_message is not None:
+            new_input.append({"type": "message", "role": "user", "content": second_message})
+        previous = response["id"]
 
 
 async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_instead_of_swapping_it_out(autojump_clock):
@@ -209,27 +214,15 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     }})
 
 
-async def compacting_chain_with_a_second_user_message(server) -> list[dict]:
-    """Eight compacting turns answering every call with BIG_OUTPUT, a second user message with the first outputs."""
-    responses, previous, new_input = [], None, "fix the bug"
-    async with ws(server, include_timing=True) as conn:
-        while True:
-            extra = {"previous_response_id": previous} if previous else {}
-            await send(conn, create_event(new_input, metadata={"testbed_workload": "fixed:8:100:10:20:0"}, context_management=COMPACTING,
-                                          **extra))
-            responses.append((await until(conn, *TERMINALS))[-1]["response"])
-            calls = function_calls(responses[-1])
-            if not calls:
-                return responses
-            new_input = outputs_for(calls, BIG_OUTPUT)
-            if previous is None:
-                new_input.append({"type": "message", "role": "user", "content": "and the docs"})
-            previous = responses[-1]["id"]
+async def compacting_chain_with_a_second_user_message() -> list[dict]:
+    """Eight compacting turns, a second user message with the first outputs: each turn's terminal response."""
+    async with ws(make_server(), include_timing=True) as conn:
+        turns = await run_chain(conn, {"testbed_workload": "fixed:8:100:10:20:0"}, "and the docs", context_management=COMPACTING)
+    return [turn[-1][1]["response"] for turn in turns]
 
 
 async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_the_same_context_alike(autojump_clock):
-    first_run = await compacting_chain_with_a_second_user_message(make_server())
-    second_run = await compacting_chain_with_a_second_user_message(make_server())
+    first_run, second_run = [await compacting_chain_with_a_second_user_message() for _ in range(2)]
     compactions = [[(i, parse_item(item)) for i, r in enumerate(run) for item in r["output"] if item["type"] == "compaction"]
                    for run in (first_run, second_run)]
     # Three compactions, at the fourth, sixth and eighth turns. The first drops the three turns' message, call and

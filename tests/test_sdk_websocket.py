@@ -173,6 +173,24 @@ async def test_sdk_function_call_loop_chains_with_previous_response_id(live_serv
             assert_call_valid(call.name, call.arguments, SDK_TOOLS)
 
 
+def compact_then_continue(port: int) -> tuple[Any, list[tuple[Any, dict[str, Any]]]]:
+    """The WS guide's standalone compaction: `responses.compact` over HTTP, then its window as a new chain's input."""
+    client = sdk_client(port)
+    compacted = client.responses.compact(model=MODEL, input=[{"role": "user", "content": "Find the failing test."}])
+    with client.responses.connect() as conn:
+        tap = Tap(conn)
+        conn.response.create(model=MODEL, input=[item.to_dict(warnings=False) for item in compacted.output], store=False,
+                             metadata={"testbed_workload": "fixed:1"})
+        return compacted, read_response(conn, tap)
+
+
+async def test_sdk_compacts_and_the_window_starts_a_new_chain(live_server):
+    _, port = live_server
+    compacted, window = await in_thread(compact_then_continue, port)
+    assert (compacted.object, [item.type for item in compacted.output]) == ("response.compaction", ["message", "compaction"])
+    assert assert_well_formed(window)[1].previous_response_id is None
+
+
 # --- the SDK client (client/sdk.py): the benchmark's rollouts, lanes and steering -----------------------------------
 
 

@@ -127,7 +127,8 @@ async def test_with_all_four_switches_off_a_cache_hit_costs_a_full_rebuild(autoj
     for stage in ("validate", "render", "safety", "route"):
         assert hit_off[stage] == pytest.approx(full[stage], abs=0.002), stage  # ms, rounded on the wire
         assert hit_on[stage] < full[stage], stage
-    assert "post" in hit_off and "post" not in hit_on  # switch 4: post-inference blocks the terminal event
+    # Switch 4: post-inference, its whole cost, blocks the terminal event (whose timing then holds it).
+    assert hit_off["post"] == pytest.approx(1000 * COSTS.post) and "post" not in hit_on
 
 
 # --- lanes: each lane's slot, and forks across lanes ------------------------------------------------------

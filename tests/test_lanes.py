@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import attrs
 import pytest
 import trio
 from support import DELAYED_LINK, TERMINALS, create_event, make_server, receive, send, timed_until, until, ws
@@ -14,7 +13,6 @@ from test_endpoints import cancel_at, connect
 from test_steering import failed, steer
 from trio_websocket import CloseReason, ConnectionClosed
 
-from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.client.lanes import open_multiplexed
@@ -249,20 +247,6 @@ async def test_a_stored_websocket_response_belongs_to_the_connections_key(autoju
         done = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
     assert (await http.request("GET", f"/v1/responses/{done['id']}", key="alice")).json()["id"] == done["id"]
     assert (await http.request("GET", f"/v1/responses/{done['id']}", key="bob")).status == 404
-
-
-async def test_the_servers_cache_switches_reach_a_websocket_turn(autojump_clock):
-    """Switch 4 off: post-inference runs before the terminal event instead of after it."""
-    costs = attrs.evolve(ZERO_COSTS, post=1.0)
-    ends = []
-    for config in (ServerConfig(switches=ALL_SWITCHES_OFF), ServerConfig()):
-        async with ws(make_server(costs=costs, config=config)) as conn:
-            await send(conn, create_event(metadata=ONE_TURN))
-            events = await timed_until(conn, *TERMINALS, timeout=WAIT)
-        (last_item_at, _), (ended_at, _) = events[-2], events[-1]
-        ends.append(ended_at - last_item_at)
-    assert ends == [1.0, 0.0]
-
 
 
 def held_kv(server) -> list:

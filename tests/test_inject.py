@@ -505,20 +505,3 @@ async def test_outputs_committed_before_the_agent_waits_resume_it_at_once(autoju
     # No wake-up comes (the outputs arrived before the agent waited): it resumes at once, in its calls' order.
     assert trio.current_time() == 0.0
     assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
-
-
-async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_clock):
-    book = InjectBook()
-    backend, calls = waiting_agent(book)
-    answers: list = []
-
-    async def answer() -> None:
-        answers.extend(await backend.answer(calls))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(answer)
-        await trio.sleep(5.0)
-        assert book.submit(outputs("call_1", "call_2"), ["call_1", "call_2"]).resumes == (ROOT,)
-        backend.wake(arrived=4.5)  # the frame was read at 4.5 s, the session commits it at 5 s
-    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
-    assert backend.log.schedule == 4.5  # the model's schedule resumes when the injection arrived

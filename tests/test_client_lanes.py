@@ -13,7 +13,7 @@ from test_harness import FakeWebSocket
 
 from prototype.api.service import owner_of
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, Rollout, RolloutRecord, TurnRecord
+from prototype.client.harness import CHAINED, Rollout, RolloutRecord, TurnRecord, run_websocket_rollout
 from prototype.client.lanes import LANE_BUFFER, LaneChannel, Multiplexed, run_multiplexed_rollouts
 from prototype.workload import fixed
 
@@ -89,10 +89,25 @@ async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_
         asked.append(index)
         return {"testbed_workload": "fixed:2:50:5:5:0", "lane": f"agent-{index}"}
 
+    start = trio.current_time()
     records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads, metadata_for=metadata_for, on_turn_end=ended.append)
     assert sorted(asked) == [0, 1]  # type: ignore[type-var]
     assert [(r.design, r.workload, r.status, len(r.turns)) for r in records] == [("chained", "task-0", "completed", 2),
                                                                                   ("chained", "task-1", "completed", 2)]
+    # Without a network, a lane per task and a connection per task agree exactly (docs/protocol.md, Lanes): to the
+    # nanosecond (the runs start at different clock values, so float rounding may differ), with the same transcripts.
+    separate_server, separate = make_server(), [RolloutRecord(CHAINED, "", 0.0)] * 2
+
+    async def one(i: int) -> None:
+        connector = InMemoryConnector(separate_server)
+        separate[i] = await run_websocket_rollout(connector, CHAINED, workloads[i], metadata=metadata_for(i))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(2):
+            nursery.start_soon(one, i)
+    assert [r.seconds for r in records] == pytest.approx([r.seconds for r in separate], abs=1e-9)
+    assert [r.transcript for r in records] == [r.transcript for r in separate]
+    assert max(r.ended_at for r in records) - start == pytest.approx(max(r.seconds for r in records), abs=1e-9)
     assert sorted(id(turn) for turn in ended) == sorted(id(turn) for r in records for turn in r.turns)
     assert all(turn.server_timing is None for r in records for turn in r.turns)  # no timings unless asked
     assert all(server.api.store.get(response_id) is None for r in records for response_id in r.response_ids)  # store: false

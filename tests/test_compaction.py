@@ -1,6 +1,6 @@
 """Compaction (docs/protocol.md, "Compaction"): `context_management` compacts a context past its threshold and the chain
-continues; `POST /v1/responses/compact` answers a window that starts a new chain (also through openai-python on a real
-socket); a client that resends its history keeps only the window."""
+continues; `POST /v1/responses/compact` answers a window that starts a new chain; a client that resends its history keeps
+only the window."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from typing import Any
 
 import pytest
 import trio
-from openai import OpenAI
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
 from test_endpoints import connect
-from test_sdk_lanes import in_thread
-from test_sdk_websocket import CLIENT_TIMEOUT
 
 from prototype.api.render import preamble_key, render_full
 from prototype.client.harness import HARNESS_TOOLS
@@ -30,19 +27,24 @@ FOUR_TURNS = {"testbed_workload": "fixed:4:100:10:20:0"}
 BIG_OUTPUT = " alpha" * 400  # 400 tokens a tool output: the context crosses 1000 tokens at the fourth turn
 
 
-async def run_chain(conn, **fields: Any) -> list[list[tuple[float, dict]]]:
-    """A chained rollout answering every call with BIG_OUTPUT; each turn's timed events."""
+async def run_chain(conn, metadata: dict[str, str] = FOUR_TURNS, second_message: str | None = None,
+                    **fields: Any) -> list[list[tuple[float, dict]]]:
+    """A chained rollout answering every call with BIG_OUTPUT (the first outputs with `second_message`, a second user
+    message, if given); each turn's timed events."""
     turns, previous, new_input = [], None, "fix the bug"
     while True:
         extra = {"previous_response_id": previous} if previous else {}
-        await send(conn, create_event(new_input, metadata=FOUR_TURNS, **extra, **fields))
+        await send(conn, create_event(new_input, metadata=metadata, **extra, **fields))
         events = await timed_until(conn, *TERMINALS)
         turns.append(events)
         response = events[-1][1]["response"]
         calls = function_calls(response)
         if not calls:
             return turns
-        previous, new_input = response["id"], outputs_for(calls, BIG_OUTPUT)
+        new_input = outputs_for(calls, BIG_OUTPUT)
+        if previous is None and second_message is not None:
+            new_input.append({"type": "message", "role": "user", "content": second_message})
+        previous = response["id"]
 
 
 async def test_under_swap_a_compaction_leaves_the_old_context_as_prefix_cache_instead_of_swapping_it_out(autojump_clock):
@@ -156,41 +158,6 @@ def test_the_window_and_a_resent_history_keep_the_user_messages_and_everything_f
     assert window_of_dicts([typed_user, easy_user, said, output, compaction, said]) == [typed_user, easy_user, compaction, said]
 
 
-def compact_then_new_chain(port: int) -> tuple[Any, list[dict[str, Any]]]:
-    """The WS guide's standalone flow: compact over HTTP, then a new response on the WebSocket whose
-    input is the compacted window and a new message, with no previous_response_id."""
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=CLIENT_TIMEOUT)
-    try:
-        history = [{"role": "user", "content": "Find the failing test."},
-                   {"type": "message", "role": "assistant", "content": "I looked at" + BIG_OUTPUT}]
-        compacted = client.responses.compact(model="sim-100000", input=history)
-        next_input = [item.to_dict(warnings=False) for item in compacted.output]  # user messages are typed as output messages
-        next_input.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Continue from here."}]})
-        seen = []
-        with client.responses.connect() as conn:
-            conn.response.create(model="sim-100000", input=next_input, store=False, metadata={"testbed_workload": "fixed:1"}, stream_id="main")
-            for event in conn:
-                seen.append(event.to_dict())
-                if event.type in TERMINALS or event.type == "error":
-                    break
-        return compacted, seen
-    finally:
-        client.close()
-
-
-async def test_openai_python_compacts_and_the_window_starts_a_new_chain(live_server):
-    _, port = live_server
-    compacted, events = await in_thread(compact_then_new_chain, port)
-    assert compacted.object == "response.compaction"
-    assert [item.type for item in compacted.output] == ["message", "compaction"]  # the user messages, then the item
-    assert compacted.usage.output_tokens == summary_tokens(compacted.usage.input_tokens)
-    completed = events[-1]
-    assert completed["type"] == "response.completed" and completed["stream_id"] == "main"
-    assert completed["response"]["previous_response_id"] is None
-    # The new chain's context is the window: far smaller than the history it replaced.
-    assert completed["response"]["usage"]["input_tokens"] < compacted.usage.input_tokens / 2
-
-
 # --- POST /v1/responses/compact in process, over raw HTTP/1.1 -------------------------------------------------------
 
 
@@ -247,27 +214,15 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     }})
 
 
-async def compacting_chain_with_a_second_user_message(server) -> list[dict]:
-    """Eight compacting turns answering every call with BIG_OUTPUT, a second user message with the first outputs."""
-    responses, previous, new_input = [], None, "fix the bug"
-    async with ws(server, include_timing=True) as conn:
-        while True:
-            extra = {"previous_response_id": previous} if previous else {}
-            await send(conn, create_event(new_input, metadata={"testbed_workload": "fixed:8:100:10:20:0"}, context_management=COMPACTING,
-                                          **extra))
-            responses.append((await until(conn, *TERMINALS))[-1]["response"])
-            calls = function_calls(responses[-1])
-            if not calls:
-                return responses
-            new_input = outputs_for(calls, BIG_OUTPUT)
-            if previous is None:
-                new_input.append({"type": "message", "role": "user", "content": "and the docs"})
-            previous = responses[-1]["id"]
+async def compacting_chain_with_a_second_user_message() -> list[dict]:
+    """Eight compacting turns, a second user message with the first outputs: each turn's terminal response."""
+    async with ws(make_server(), include_timing=True) as conn:
+        turns = await run_chain(conn, {"testbed_workload": "fixed:8:100:10:20:0"}, "and the docs", context_management=COMPACTING)
+    return [turn[-1][1]["response"] for turn in turns]
 
 
 async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_the_same_context_alike(autojump_clock):
-    first_run = await compacting_chain_with_a_second_user_message(make_server())
-    second_run = await compacting_chain_with_a_second_user_message(make_server())
+    first_run, second_run = [await compacting_chain_with_a_second_user_message() for _ in range(2)]
     compactions = [[(i, parse_item(item)) for i, r in enumerate(run) for item in r["output"] if item["type"] == "compaction"]
                    for run in (first_run, second_run)]
     # Three compactions, at the fourth, sixth and eighth turns. The first drops the three turns' message, call and

@@ -35,7 +35,6 @@ from prototype.client.harness import (
     turn_outcome,
 )
 from prototype.engine import tokenizer
-from prototype.netem import NetworkProfile
 from prototype.workload import TurnSpec, Workload, fixed
 
 CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read_file", "arguments": "{}", "status": "completed"}
@@ -357,17 +356,6 @@ async def test_a_websocket_rollout_closes_its_connection_after_the_task(autojump
     with trio.fail_after(60):
         record = await run_websocket_rollout(InMemoryConnector(server), CHAINED, SCRIPTED, metadata={})
     assert (record.status, record.ended_at, len(record.turns)) == ("error:invalid_value", 0.0, 1)
-
-
-async def test_turn_0_of_a_websocket_rollout_pays_the_handshakes_of_its_connection(autojump_clock) -> None:
-    server = ScriptedServer(two_turn_script("response.completed"))
-    with trio.fail_after(60):
-        record = await run_websocket_rollout(InMemoryConnector(server, NetworkProfile(rtt=0.1)), CHAINED, SCRIPTED, metadata={})
-    # TCP, TLS and the upgrade: three round trips before the create goes, which takes half of one more to arrive and the
-    # answer the other half; turn 1 starts when the tool (2 s) returns.
-    assert record.turns[0].sent_at == record.started_at == 0.0
-    assert record.turns[0].ended_at == pytest.approx(0.4)
-    assert (record.turns[1].sent_at, record.turns[1].ended_at) == (pytest.approx(2.4), pytest.approx(2.5))
 
 
 class ClosesBeforeTheHandshake:

@@ -16,9 +16,9 @@ import trio_websocket
 import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import DELAYED_LINK, TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
-from test_sdk_lanes import in_thread
-from test_sdk_websocket import CLIENT_TIMEOUT
+from support import TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
+from test_sdk_websocket import CLIENT_TIMEOUT, in_thread
+from test_suspended import invalid
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics
@@ -69,7 +69,7 @@ def inject(response_id: str, *calls: dict) -> dict:
     return {"type": "response.inject", "response_id": response_id, "input": outputs_for(list(calls))}
 
 
-async def invalid(conn, response_id: str, items: list) -> tuple[str, str, str]:
+async def refused_inject(conn, response_id: str, items: list) -> tuple[str, str, str]:
     """The `error` a refused inject gets, on the default lane: (code, message, param)."""
     await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
     (*_, error) = await until(conn, "response.inject.failed")
@@ -90,11 +90,11 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_i
         await trio.sleep(2.0)  # the client's tool runs; the response waits, nothing is sent meanwhile
         answer, call_id = outputs_for([call["item"]]), call["item"]["call_id"]
         # Refused whole (the good output is not committed either), the response keeps waiting.
-        assert await invalid(conn, response_id, answer + [{"type": "message", "role": "user", "content": "x"}]) == (
+        assert await refused_inject(conn, response_id, answer + [{"type": "message", "role": "user", "content": "x"}]) == (
             "invalid_value", "Invalid value: 'message'. Supported values are: 'function_call_output'.", "input[1].type")
-        assert await invalid(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
+        assert await refused_inject(conn, response_id, [{**OUTPUT, "call_id": "call_404"}]) == (
             "invalid_function_call_output", "No tool call found for function call output with call_id call_404.", "input")
-        assert await invalid(conn, response_id, answer + answer) == (
+        assert await refused_inject(conn, response_id, answer + answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[1]")
         await send(conn, inject(response_id, call["item"]))
         injected_at = trio.current_time()
@@ -107,7 +107,7 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_i
         (_, second_call), = calls_done(rest)
         assert second_call["sequence_number"] > ack["sequence_number"]
         # The output was taken: it is not taken again.
-        assert await invalid(conn, response_id, answer) == (
+        assert await refused_inject(conn, response_id, answer) == (
             "invalid_function_call_output", f"function_call_output for call_id '{call_id}' answered twice.", "input[0]")
         await send(conn, inject(response_id, second_call["item"]))
         final = await timed_until(conn, *TERMINALS)
@@ -123,38 +123,15 @@ async def test_an_injected_output_resumes_the_waiting_response_in_place_and_an_i
     assert called_at < injected_at
 
 
-def refusal(code: str, message: str, param: str | None) -> dict:
-    return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": message, "param": param}}
-
-
 @pytest.mark.parametrize("beta", [None, f"{BETA[SUSPENDED]}, {BETA_HEADER}"], ids=["v2 without the beta", "v1 with the beta"])
-async def test_inject_and_multi_agent_need_the_beta_on_a_v2_connection(autojump_clock, beta):
+async def test_inject_needs_the_beta_on_a_v2_connection(autojump_clock, beta):
+    # A create with `multi_agent` and without the beta: test_bad_input.py.
     async with beta_ws(make_server(), beta) as conn:
         await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": [OUTPUT]})
-        assert await receive(conn) == refusal(
+        assert await receive(conn) == invalid(
             "unknown_event_type", "response.inject needs the 'OpenAI-Beta: responses_multi_agent=v1' header on a v2 connection.", "type")
-        if beta is None:
-            await send(conn, create_event(multi_agent=MULTI_AGENT))
-            assert await receive(conn) == refusal(
-                "unsupported_parameter", "'multi_agent' needs the 'OpenAI-Beta: responses_multi_agent=v1' header on the connection.", "multi_agent")
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))  # the connection keeps serving
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
-
-
-@pytest.mark.parametrize("network", [None, DELAYED_LINK], ids=["pipe", "rtt-20ms"])
-async def test_a_malformed_inject_is_refused_and_closes_the_connection_1008(autojump_clock, network):
-    server = make_server()
-    async with beta_ws(server, network=network) as conn:
-        await send(conn, {"type": "response.inject", "response_id": "resp_1", "input": []})
-        error = await receive(conn)
-        with trio.fail_after(5), pytest.raises(trio_websocket.ConnectionClosed) as closed:
-            await conn.get_message()
-    assert error == refusal("missing_required_parameter", "response.inject needs 'input', a non-empty array of items.", "input")
-    assert (closed.value.reason.code, closed.value.reason.reason) == (1008, "malformed response.inject")
-    # The record: the frame arrived three one-way delays after the upgrade went out (the handshake's round trip, then the frame).
-    one_way = 0.0 if network is None else network.one_way_delay
-    assert list(server.records) == [{"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "at_s": 3 * one_way,
-                                     "response_id": None, "outcome": "error:missing_required_parameter", "param": "input", "stream_id": False}]
 
 
 async def frames_until(stream: trio.abc.Stream, conn: wsproto.WSConnection, last: type) -> list:
@@ -399,6 +376,8 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
 
 
 MALFORMED = [  # (label, frame without its type, code, message, param); no response_id or no input: test_codec.py
+    ("empty input", {"response_id": "resp_1", "input": []}, "missing_required_parameter",
+     "response.inject needs 'input', a non-empty array of items.", "input"),
     ("unknown keys", {"response_id": "r", "input": [OUTPUT], "zeta": 1, "k" * 70: 2}, "unknown_parameter",
      f"Unknown parameter: '{'k' * 64}'.", "k" * 64),
     ("empty response_id", {"response_id": "", "input": [OUTPUT]}, "missing_required_parameter",
@@ -420,7 +399,10 @@ async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connect
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await conn.get_message()
     assert (error, closed.value.reason.code, closed.value.reason.reason) == (
-        refusal(code, message, param), 1008, "malformed response.inject")
+        invalid(code, message, param), 1008, "malformed response.inject")
+    assert list(server.records) == [{"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "at_s": 0.0,
+                                     "response_id": None, "outcome": f"error:{code}", "param": param,
+                                     "stream_id": False}]
 
 
 async def test_each_refused_inject_names_its_reason(autojump_clock):
@@ -523,20 +505,3 @@ async def test_outputs_committed_before_the_agent_waits_resume_it_at_once(autoju
     # No wake-up comes (the outputs arrived before the agent waited): it resumes at once, in its calls' order.
     assert trio.current_time() == 0.0
     assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
-
-
-async def test_a_waiting_agent_resumes_from_the_injections_arrival(autojump_clock):
-    book = InjectBook()
-    backend, calls = waiting_agent(book)
-    answers: list = []
-
-    async def answer() -> None:
-        answers.extend(await backend.answer(calls))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(answer)
-        await trio.sleep(5.0)
-        assert book.submit(outputs("call_1", "call_2"), ["call_1", "call_2"]).resumes == (ROOT,)
-        backend.wake(arrived=4.5)  # the frame was read at 4.5 s, the session commits it at 5 s
-    assert answers == [FunctionCallOutput("call_1", "CALL_1"), FunctionCallOutput("call_2", "CALL_2")]
-    assert backend.log.schedule == 4.5  # the model's schedule resumes when the injection arrived

@@ -1,38 +1,24 @@
-"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by side, forks, the
-per-lane cache and its limits; each way a lane's response ends, answered on its lane and recorded; the KV released."""
+"""`stream_id` lanes over one WebSocket (docs/protocol.md, Lanes): FIFO per lane, lanes side by side, their limits (each
+lane's cache slot and forks across lanes: test_chained.py); each way a lane's response ends, answered on its lane and
+recorded; the KV released."""
 
 from __future__ import annotations
 
 import json
 
-import attrs
 import pytest
 import trio
-from support import (
-    DELAYED_LINK,
-    TERMINALS,
-    create_event,
-    function_calls,
-    make_server,
-    outputs_for,
-    receive,
-    send,
-    timed_until,
-    until,
-    ws,
-)
-from test_endpoints import connect
-from test_steering import steer
+from support import DELAYED_LINK, TERMINALS, create_event, make_server, receive, send, timed_until, until, ws
+from test_endpoints import cancel_at, connect
+from test_steering import failed, steer
 from trio_websocket import CloseReason, ConnectionClosed
 
-from prototype.api.costs import ALL_SWITCHES_OFF, ZERO_COSTS
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED, run_websocket_rollout
-from prototype.client.lanes import open_multiplexed, run_multiplexed_rollouts
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.client.lanes import open_multiplexed
 from prototype.engine.streaming import FaultPlan
 from prototype.server import websocket
 from prototype.server.config import ServerConfig
-from prototype.workload import fixed
 
 SHORT = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 ONE_TURN = {"testbed_workload": "fixed:1:100:10:300"}  # the final answer: 300 tokens, 0.3 s at sim-1000
@@ -74,50 +60,6 @@ async def test_each_lane_is_fifo_lanes_run_side_by_side_and_events_echo_their_la
     assert a1_created == b_created == d_created and a1_done == b_done == d_done
     # FIFO on a lane: the second create of lane a starts the instant the first one ends.
     assert a2_done > a2_created == a1_done
-
-
-async def test_a_new_lane_forks_from_another_lanes_response_both_continue_and_once_evicted_it_is_not_found(autojump_clock):
-    server = make_server()
-    async with ws(server, include_timing=True) as conn:
-        await send(conn, create_event(stream_id="main"))
-        first = (await until(conn, *TERMINALS))[-1]["response"]
-        outputs = outputs_for(function_calls(first))
-        # A fork on lane "side" and the continuation on lane "main", both from `first`, store=false:
-        # the fork copies what lane main holds and leaves it there.
-        await send(conn, create_event(stream_id="side", previous_response_id=first["id"], input=outputs))
-        fork = (await until(conn, *TERMINALS))[-1]
-        await send(conn, create_event(stream_id="main", previous_response_id=first["id"], input=outputs))
-        main = (await until(conn, *TERMINALS))[-1]
-        # Both lanes moved on: `first` left the connection cache, and store=false kept it nowhere else.
-        await send(conn, create_event(stream_id="fork0", previous_response_id=first["id"], input=outputs))
-        evicted = (await until(conn, *TERMINALS))[-1]
-    assert evicted == {"type": "error", "status": 400, "stream_id": "fork0", "error": {
-        "type": "invalid_request_error", "code": "previous_response_not_found",
-        "message": f"Previous response with id '{first['id']}' not found.", "param": "previous_response_id"}}
-    assert fork["stream_id"] == "side" and main["stream_id"] == "main"
-    for event in (fork, main):
-        assert (event["type"], event["response"]["previous_response_id"]) == ("response.completed", first["id"])
-        assert "store_read" not in event["response"]["testbed_timing"]["phases_ms"]  # from the cache
-    # The fork's KV is its own lane's, but the engine finds blocks by content (docs/parameters.md §6): the fork
-    # reuses the conversation lane main computed, as main does, and neither prefills it again.
-    fork_usage, main_usage = fork["response"]["usage"], main["response"]["usage"]
-    assert fork_usage["input_tokens"] == main_usage["input_tokens"]
-    assert 0 < fork_usage["input_tokens_details"]["cached_tokens"] == main_usage["input_tokens_details"]["cached_tokens"]
-
-
-async def test_a_fork_from_an_evicted_stored_response_is_rebuilt_from_the_store(autojump_clock):
-    server = make_server()
-    async with ws(server, include_timing=True) as conn:
-        await send(conn, create_event(stream_id="main", store=True))
-        first = (await until(conn, *TERMINALS))[-1]["response"]
-        outputs = outputs_for(function_calls(first))
-        await send(conn, create_event(stream_id="main", store=True, previous_response_id=first["id"], input=outputs))
-        await until(conn, *TERMINALS)  # lane main moved on: `first` left the connection cache
-        await trio.sleep(1)  # the overlapped store write has finished
-        await send(conn, create_event(stream_id="fork1", store=True, previous_response_id=first["id"], input=outputs))
-        answer = (await until(conn, *TERMINALS))[-1]
-    assert answer["type"] == "response.completed" and answer["stream_id"] == "fork1"
-    assert "store_read" in answer["response"]["testbed_timing"]["phases_ms"]
 
 
 async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_and_the_connection_keeps_serving(autojump_clock):
@@ -184,29 +126,6 @@ async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
     assert sorted(done) == ["busy", "busy", "quiet"]
 
 
-async def test_multiplexed_subagents_take_exactly_as_long_as_one_connection_each(autojump_clock):
-    """Without a network, a lane per task and a connection per task agree exactly (docs/protocol.md, Lanes)."""
-    workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=30, tool_seconds=0.5)] * 3
-    meta = lambda i: {"testbed_workload": "fixed:3:200:20:30:0.5"}  # noqa: E731
-    start = trio.current_time()
-    muxed = await run_multiplexed_rollouts(InMemoryConnector(make_server()), workloads, metadata_for=meta, model="sim-1000")
-    mux_seconds = [r.seconds for r in muxed]
-    separate_server = make_server()
-    separate: list = [None] * 3
-
-    async def one(i):
-        separate[i] = await run_websocket_rollout(InMemoryConnector(separate_server), CHAINED, workloads[i], metadata=meta(i), model="sim-1000")
-
-    async with trio.open_nursery() as nursery:
-        for i in range(3):
-            nursery.start_soon(one, i)
-    assert [r.status for r in muxed] == ["completed"] * 3
-    # Equal to the nanosecond (the two runs start at different clock values, so float rounding may differ).
-    assert (mux_seconds, [len(r.turns) for r in muxed]) == (pytest.approx([r.seconds for r in separate], abs=1e-9), [3, 3, 3])
-    assert [r.transcript for r in muxed] == [r.transcript for r in separate]
-    assert max(r.ended_at for r in muxed) - start == pytest.approx(max(mux_seconds), abs=1e-9)
-
-
 def frame_bytes(event: dict) -> int:
     return len(json.dumps(event).encode())
 
@@ -232,34 +151,6 @@ async def assert_lane_slot_empty(conn, kept: str) -> None:
     assert (not_found["type"], not_found["error"]["code"], not_found["stream_id"]) == ("error", "previous_response_not_found", LANE)
 
 
-async def test_a_turn_refused_inside_its_lane_empties_that_lanes_slot_only(autojump_clock):
-    """WS guide: a failed turn leaves the connection's cache slot empty; with lanes, that lane's."""
-    server = make_server()
-    async with ws(server) as conn:
-        await send(conn, create_event(metadata=ONE_TURN))
-        home = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
-        kept = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]["id"]
-        # A full-context create (it continues nothing) whose input answers a call it never made.
-        stray = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
-        refused_event = create_event(metadata=ONE_TURN, stream_id=LANE, input=stray)
-        await send(conn, refused_event)
-        error = await receive(conn, timeout=WAIT)
-        await assert_lane_slot_empty(conn, kept)  # the default lane's is kept
-        await send(conn, create_event(metadata=ONE_TURN, previous_response_id=home, input="go on"))
-        continued = await until(conn, *TERMINALS, timeout=WAIT)
-    assert error == {"type": "error", "status": 400, "stream_id": LANE, "error": {
-        "type": "invalid_request_error", "code": "invalid_function_call_output",
-        "message": error["error"]["message"], "param": error["error"]["param"]}}
-    assert continued[-1]["type"] == "response.completed"
-    refused = [r for r in server.records if r["response_id"] is None]
-    assert [(r["outcome"], r["usage"], r["request_bytes"]) for r in refused] == [
-        ("error:invalid_function_call_output", None, frame_bytes(refused_event)),
-        ("error:previous_response_not_found", None, frame_bytes(create_event(
-            metadata=ONE_TURN, stream_id=LANE, previous_response_id=kept, input="go on"))),
-    ]
-
-
 async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock):
     server = make_server()
     async with ws(server) as conn:
@@ -283,15 +174,23 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
         ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
 
 
-async def test_a_cancelled_turn_empties_its_lanes_slot(autojump_clock, nursery):
+async def test_a_cancelled_turn_returns_its_steers_and_empties_its_lanes_slot(autojump_clock, nursery):
     server = make_server()
     http = connect(nursery, server)
     async with ws(server, api_key="alice") as conn:
         kept, target = await kept_and_running(conn)
-        assert (await http.request("POST", f"/v1/responses/{target}/cancel", key="alice")).status == 200
-        cancelled = (await until(conn, "response.cancelled", timeout=WAIT))[-1]
+        await send(conn, steer(target))
+        accepted = (await until(conn, "response.steer.accepted", timeout=WAIT))[-1]
+        cancelled_at, reply = await cancel_at(http, target)
+        events = await timed_until(conn, "response.steer.failed", timeout=WAIT)
+        await quiet(conn, 30.0)  # nothing more: the steer rode no successor
         await assert_lane_slot_empty(conn, kept)
-    assert cancelled["response"]["id"] == target
+    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
+    assert (ended["type"], ended["response"]["id"]) == ("response.cancelled", target) and reply.json() == ended["response"]
+    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["steer"]["id"],
+                  message=f"Response '{target}' failed.")
+    assert refused["stream_id"] == LANE and refused["sequence_number"] == ended["sequence_number"] + 1
+    assert ended_at == refused_at == cancelled_at
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("cancelled", target), ("error:previous_response_not_found", None)]
 
@@ -348,20 +247,6 @@ async def test_a_stored_websocket_response_belongs_to_the_connections_key(autoju
         done = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
     assert (await http.request("GET", f"/v1/responses/{done['id']}", key="alice")).json()["id"] == done["id"]
     assert (await http.request("GET", f"/v1/responses/{done['id']}", key="bob")).status == 404
-
-
-async def test_the_servers_cache_switches_reach_a_websocket_turn(autojump_clock):
-    """Switch 4 off: post-inference runs before the terminal event instead of after it."""
-    costs = attrs.evolve(ZERO_COSTS, post=1.0)
-    ends = []
-    for config in (ServerConfig(switches=ALL_SWITCHES_OFF), ServerConfig()):
-        async with ws(make_server(costs=costs, config=config)) as conn:
-            await send(conn, create_event(metadata=ONE_TURN))
-            events = await timed_until(conn, *TERMINALS, timeout=WAIT)
-        (last_item_at, _), (ended_at, _) = events[-2], events[-1]
-        ends.append(ended_at - last_item_at)
-    assert ends == [1.0, 0.0]
-
 
 
 def held_kv(server) -> list:

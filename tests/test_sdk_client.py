@@ -1,6 +1,6 @@
 """The SDK client (client/sdk.py) with a stand-in for openai-python's client, to exact values: the frames it writes and
 counts, the options it passes, what ends a turn, the watchdog, the lanes and the steer (openai-python itself:
-test_sdk_harness.py, test_sdk_lanes.py)."""
+test_sdk_websocket.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Clients nobody here wrote, on a real socket (docs/protocol.md §5, §7, §9): openai-python's `responses.connect()` runs
-the chained loop, every server event parsing into the SDK's own model; the `websockets` sync client drives a suspended
-rollout against `python -m prototype serve`. The blocking SDK runs in a worker thread under `trio.fail_after`."""
+"""A client nobody here wrote, on a real socket (docs/protocol.md §5, §7, §9): openai-python's `responses.connect()` runs
+the chained loop and steers, every server event and error frame parsing into the SDK's own model. The SDK client
+(client/sdk.py) reproduces the benchmark: the same task through the harness and through openai-python
+(`rollout_client("sdk")`), in both WebSocket designs, to the same transcript and usage, the server's records telling the
+two apart by user agent; its lanes and steer run against the server (the v1 loop over openai-python: test_client_v1.py).
+The blocking SDK runs in a worker thread under `trio.fail_after`; real time: events, never durations."""
 
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ import trio
 from openai import OpenAI
 from openai.types.responses import Response
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
-from websockets.sync.client import connect as ws_connect
+
+from prototype.client.connect import TcpConnector
+from prototype.client.harness import CHAINED, SUSPENDED
+from prototype.client.sdk import rollout_client, run_sdk_lanes, run_sdk_steer
+from prototype.workload import fixed
 
 MODEL = "sim-100000"  # 100k tokens/s: a turn decodes in milliseconds
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
@@ -103,19 +110,13 @@ async def in_thread(fn, *args, **kwargs):
 
 
 def assert_well_formed(pairs: list[tuple[Any, dict[str, Any]]]) -> tuple[str, Response]:
-    """Every event typed, numbered from 0; created first, one terminal, last, completed. Returns (id, completed response)."""
+    """Every event typed; created first, completed last, one response. Returns (its id, the completed response)."""
     for event, raw in pairs:
         assert_typed(event, raw)
-    types = [event.type for event, _ in pairs]
-    assert types[0] == "response.created", types
-    assert types[-1] == "response.completed", f"ended with {pairs[-1][1]}"
-    assert sum(t in TERMINALS for t in types) == 1, types
-    assert [event.sequence_number for event, _ in pairs] == list(range(len(pairs)))
-    created, completed = pairs[0][0].response, pairs[-1][0].response
-    assert completed.id == created.id
-    assert all(event.response.id == created.id for event, _ in pairs if hasattr(event, "response"))
-    assert completed.status == "completed"
-    return created.id, completed
+    created, completed = pairs[0][0], pairs[-1][0]
+    assert (created.type, completed.type) == ("response.created", "response.completed")
+    assert completed.response.id == created.response.id
+    return created.response.id, completed.response
 
 
 def run_tool_loop(port: int) -> list[dict[str, Any]]:
@@ -138,206 +139,134 @@ def run_tool_loop(port: int) -> list[dict[str, Any]]:
             previous_id = pairs[-1][0].response.id
             next_input = [{"type": "function_call_output", "call_id": call.call_id,
                            "output": json.dumps({"ok": True, "tool": call.name})} for call in calls]
+        conn.response.create(model=MODEL, input=[], tools=SDK_TOOLS, previous_response_id="resp_does_not_exist_0001", store=False)
+        turns.append({"pairs": read_response(conn, tap), "calls": []})
+        # `conn.response.steer` at an unknown response, then at the completed last one: each answered by one failure.
+        for target in ("resp_missing", pairs[-1][0].response.id):
+            conn.response.steer(input=[{"type": "message", "role": "user", "content": "late"}], previous_response_id=target)
+            turns.append({"pairs": [next((event, tap.last) for event in conn)], "calls": []})
     return turns
 
 
 async def test_sdk_function_call_loop_chains_with_previous_response_id(live_server):
     _, port = live_server
-    turns = await in_thread(run_tool_loop, port)
+    *turns, unknown, missing, late = await in_thread(run_tool_loop, port)
     assert len(turns) == 3, [t["pairs"][-1][1] for t in turns]
+    # An unknown previous_response_id: one error frame in place of response.created, typed as the SDK's WebSocket error.
+    [(event, raw)] = unknown["pairs"]
+    assert_typed(event, raw)
+    assert isinstance(event, ResponseWsError) and (event.status, event.error.code, event.error.param) == (
+        400, "previous_response_not_found", "previous_response_id")
+    for steer, code in ((missing, "response_not_found"), (late, "response_already_completed")):
+        [(event, raw)] = steer["pairs"]
+        assert_typed(event, raw)
+        assert (event.type, event.error.code, "stream_id" in raw) == ("response.steer.failed", code, False)  # the default lane
+    # Each turn chains from the one before; the non-final turns call the client's strict tools with schema-valid
+    # arguments (the stream's numbering, items and usage, every design's: test_wire_conformance.py).
     ids = []
     for i, turn in enumerate(turns):
-        pairs = turn["pairs"]
-        response_id, completed = assert_well_formed(pairs)
-        created = pairs[0][0].response
-        assert created.previous_response_id == (ids[-1] if ids else None), f"turn {i}"
-        assert completed.previous_response_id == created.previous_response_id
+        response_id, completed = assert_well_formed(turn["pairs"])
+        assert turn["pairs"][0][0].response.previous_response_id == completed.previous_response_id == (ids[-1] if ids else None)
         ids.append(response_id)
-        usage = completed.usage
-        assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
-        assert usage.total_tokens == usage.input_tokens + usage.output_tokens
-        assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
-        assert usage.output_tokens_details.reasoning_tokens >= 0
-        # The non-final turns call the client's tools with schema-valid arguments; what was streamed (deltas,
-        # arguments.done, output_item.done) is what the response holds.
         assert bool(turn["calls"]) == (i < 2), f"turn {i}: {turn['calls']}"
         for call in turn["calls"]:
             assert_call_valid(call.name, call.arguments, SDK_TOOLS)
-            assert call.call_id and call.status == "completed"
-            deltas = "".join(e.delta for e, _ in pairs if e.type == "response.function_call_arguments.delta" and e.item_id == call.id)
-            done = [e.arguments for e, _ in pairs if e.type == "response.function_call_arguments.done" and e.item_id == call.id]
-            assert (deltas, done) == (call.arguments, [call.arguments])
-        streamed = [e.item.id for e, _ in pairs if e.type == "response.output_item.done"]
-        assert streamed == [item.id for item in completed.output]
-    assert len(set(ids)) == 3
-    # The chained context grows turn by turn.
-    inputs = [t["pairs"][-1][0].response.usage.input_tokens for t in turns]
-    assert inputs == sorted(inputs) and len(set(inputs)) == 3, inputs
 
 
-def run_warm_up_chain_and_unknown_previous(port: int) -> dict[str, list]:
-    results = {}
-    with sdk_client(port).responses.connect() as conn:
+def compact_then_continue(port: int) -> tuple[Any, list[tuple[Any, dict[str, Any]]]]:
+    """The WS guide's standalone compaction: `responses.compact` over HTTP, then its window as a new chain's input."""
+    client = sdk_client(port)
+    compacted = client.responses.compact(model=MODEL, input=[{"role": "user", "content": "Find the failing test."}])
+    with client.responses.connect() as conn:
         tap = Tap(conn)
-        common = {"model": MODEL, "tools": SDK_TOOLS, "metadata": {"testbed_workload": "fixed:2"}, "store": False}
-        conn.response.create(input="Warm the connection up.", generate=False, **common)
-        results["warm"] = read_response(conn, tap)
-        conn.response.create(input=[], previous_response_id=results["warm"][-1][0].response.id, **common)
-        results["chained"] = read_response(conn, tap)
-        conn.response.create(input=[], previous_response_id="resp_does_not_exist_0001", **common)
-        results["unknown"] = read_response(conn, tap)
-        # A 4xx turn empties the one-slot cache (docs/protocol.md), and the chained turn was store=false.
-        conn.response.create(input=[], previous_response_id=results["chained"][-1][0].response.id, **common)
-        results["evicted"] = read_response(conn, tap)
-        conn.response.create(input="Start over with the full context.", **common)
-        results["fresh"] = read_response(conn, tap)
-    return results
+        conn.response.create(model=MODEL, input=[item.to_dict(warnings=False) for item in compacted.output], store=False,
+                             metadata={"testbed_workload": "fixed:1"})
+        return compacted, read_response(conn, tap)
 
 
-def assert_not_found(pairs: list, missing_id: str) -> None:
-    [(event, raw)] = pairs  # one error frame in place of response.created
-    assert_typed(event, raw)
-    assert isinstance(event, ResponseWsError)
-    assert (event.status, event.error.type, event.error.code, event.error.param, event.error.message) == (
-        400, "invalid_request_error", "previous_response_not_found", "previous_response_id",
-        f"Previous response with id '{missing_id}' not found.")
-
-
-async def test_sdk_warm_up_chains_with_empty_input_and_previous_response_not_found_keeps_the_connection_usable(live_server):
+async def test_sdk_compacts_and_the_window_starts_a_new_chain(live_server):
     _, port = live_server
-    results = await in_thread(run_warm_up_chain_and_unknown_previous, port)
-    warm_id, warm_response = assert_well_formed(results["warm"])
-    # docs/protocol.md: created -> completed; nothing is sampled, so no item events in between.
-    assert [event.type for event, _ in results["warm"] if event.type != "response.in_progress"] == [
-        "response.created", "response.completed"]
-    assert warm_response.output == [] and warm_response.usage is not None and warm_response.usage.output_tokens == 0
-    chained_id, chained_response = assert_well_formed(results["chained"])
-    assert chained_id != warm_id and results["chained"][0][0].response.previous_response_id == warm_id
-    assert chained_response.usage is not None and chained_response.usage.input_tokens > 0  # the warm-up's input is its context
-    assert_not_found(results["unknown"], "resp_does_not_exist_0001")
-    assert_not_found(results["evicted"], chained_id)
-    fresh_id, fresh = assert_well_formed(results["fresh"])
-    assert fresh_id != warm_id
-    assert results["fresh"][0][0].response.previous_response_id is None
-    assert fresh.usage is not None and fresh.usage.output_tokens > 0
+    compacted, window = await in_thread(compact_then_continue, port)
+    assert (compacted.object, [item.type for item in compacted.output]) == ("response.compaction", ["message", "compaction"])
+    assert assert_well_formed(window)[1].previous_response_id is None
 
 
-# --- v1 with the `websockets` sync client, against the CLI server ---------------------------------
-
-V1_HEADERS = {"Authorization": "Bearer x", "OpenAI-Beta": "responses_websockets=2026-02-04"}
-V1_TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-                    "required": ["city", "unit"], "additionalProperties": False}},
-    {"type": "function", "name": "lookup", "description": "Look a record up by its id.",
-     "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": False}},
-]
+# --- the SDK client (client/sdk.py): the benchmark's rollouts, lanes and steering -----------------------------------
 
 
-def v1_create(**extra: Any) -> dict[str, Any]:
-    return {"type": "response.create", "model": MODEL, "tools": V1_TOOLS, "metadata": {"testbed_workload": "fixed:4"}, "store": False,
-            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Plan my trip."}]}], **extra}
+TURNS = 3
+WORKLOAD = fixed(TURNS, initial_prompt_tokens=2000, appended_tokens=200, output_tokens=50, tool_seconds=0.01)
+METADATA = {"testbed_workload": f"fixed:{TURNS}:2000:200:50:0.01"}
 
 
-def output_for(call_id: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": "sunny, 21"}
+@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
+async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_its_client_fields(live_server, design):
+    server, port = live_server
+    with trio.fail_after(CLIENT_TIMEOUT):
+        ours = await rollout_client("harness")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL)
+    with trio.fail_after(CLIENT_TIMEOUT + 5):  # the SDK's rollout, as an experiment swaps it in for the harness's
+        theirs = await rollout_client("sdk")(TcpConnector("127.0.0.1", port), design, WORKLOAD, metadata=METADATA, model=MODEL,
+                                             timeout=CLIENT_TIMEOUT, include_timing=True)
+
+    for record in (ours, theirs):
+        assert (record.status, len(record.turns)) == ("completed", TURNS)
+        assert all(t.first_token_at is not None and t.sent_at <= t.first_token_at <= t.ended_at for t in record.turns)
+        assert all(t.bytes_sent > 0 and t.bytes_received > 0 for t in record.turns)
+    assert theirs.transcript == ours.transcript
+    assert len(ours.transcript) == 1 + 3 * (TURNS - 1) + 1  # prompt; (text, call, output) per tool turn; answer
+    # The same task twice on one server: the second run also finds the first's blocks in the prefix cache.
+    assert {k: v for k, v in theirs.usage.items() if k != "cached_tokens"} == {k: v for k, v in ours.usage.items() if k != "cached_tokens"}
+    assert theirs.usage["cached_tokens"] >= ours.usage["cached_tokens"]
+    assert len(theirs.response_ids) == len(ours.response_ids) == (TURNS if design == CHAINED else 1)
+    assert [t.tool_seconds > 0 for t in theirs.turns] == [True] * (TURNS - 1) + [False]
+
+    # The server's records: the SDK's user agent, the same protocol choices as the harness.
+    sdk_records = [r for r in server.records if r["user_agent"].startswith("OpenAI/Python")]
+    harness_records = [r for r in server.records if r not in sdk_records]
+    assert len(sdk_records) == len(harness_records) == len(ours.response_ids)
+    for mine, other in zip(harness_records, sdk_records):
+        for field in ("design", "context", "warmup", "stream", "input_items", "input_types", "appends", "outcome"):
+            assert mine[field] == other[field], field
+    if design == SUSPENDED:
+        assert sdk_records[0]["appends"] == TURNS - 1 and sdk_records[0]["context"] == "full"
+    else:
+        assert [r["context"] for r in sdk_records] == ["full"] + ["chained"] * (TURNS - 1)
+    # The SDK run asked for the timing, the harness's did not.
+    assert [r["timing_requested"] for r in server.records] == [r in sdk_records for r in server.records]
+    # With the timing header, each terminal event carries the client fields in `testbed_timing.client`.
+    for turn in theirs.turns:
+        client = turn.server_timing["client"]
+        assert client["user_agent"].startswith("OpenAI/Python") and "prefill" in turn.server_timing["phases_ms"]
+        assert (client["transport"], client["design"], client["warmup"], client["stream_id"]) == (
+            "websocket", design, False, False)
+        assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")
 
 
-def send(ws: Any, event: dict[str, Any] | str) -> None:
-    ws.send(event if isinstance(event, str) else json.dumps(event))
 
 
-def recv(ws: Any, timeout: float = RECV_TIMEOUT) -> dict[str, Any]:
-    frame = ws.recv(timeout=timeout)
-    assert isinstance(frame, str), f"server sent a binary frame: {frame!r}"
-    return json.loads(frame)
+async def test_sdk_drives_subagent_lanes_to_completion(live_server):
+    _, port = live_server
+    workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=20, tool_seconds=0.05)] * 3
+    records = await in_thread(
+        run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads,
+        metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"}, model="sim-100000", timeout=CLIENT_TIMEOUT,
+    )
+    assert ([r.status for r in records], [len(r.turns) for r in records]) == (["completed"] * 3, [3, 3, 3])
+    assert all(len(set(r.response_ids)) == 3 for r in records)
 
 
-def assert_ws_error(frame: dict[str, Any], code: str, param: Any = None) -> None:
-    """The nested WebSocket error shape (docs/protocol.md), with a message, which the SDK also accepts."""
-    assert frame == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "param": param,
-                                                                "message": frame["error"]["message"] or "a message"}}
-    ResponseWsError.model_validate(frame)
-
-
-def drive_rollout(ws: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Create; answer each `response.done`'s calls with one `response.append`, until a terminal event (the first
-    suspension first refuses a wrong call_id). Returns (every event, the response.done events, the first after each append)."""
-    send(ws, v1_create())
-    events: list[dict[str, Any]] = []
-    dones: list[dict[str, Any]] = []
-    resumed_after: list[dict[str, Any]] = []
-    while True:
-        event = recv(ws)
-        assert event["type"] != "error", event
-        events.append(event)
-        assert len(events) < MAX_EVENTS, "no terminal event"
-        if event["type"] in TERMINALS:
-            return events, dones, resumed_after
-        if event["type"] != "response.done":
-            continue
-        dones.append(event)
-        calls = [item for item in event["response"]["output"] if item["type"] == "function_call"]
-        assert calls, f"response.done without a pending call: {event}"
-        if len(dones) == 1:
-            # A wrong call_id is refused and the rollout stays suspended: nothing else streams.
-            send(ws, {"type": "response.append", "input": [output_for("call_not_pending")]})
-            assert_ws_error(recv(ws), "invalid_function_call_output", "input")
-            with pytest.raises(TimeoutError):
-                ws.recv(timeout=0.3)
-        send(ws, {"type": "response.append", "input": [output_for(call["call_id"]) for call in calls]})
-        resumed = recv(ws)
-        events.append(resumed)
-        resumed_after.append(resumed)
-
-
-def test_v1_websockets_client_suspended_rollout(cli_server):
-    server = cli_server("--costs", "zero")
-    with ws_connect(f"ws://127.0.0.1:{server.port}/v1/responses", additional_headers=V1_HEADERS, open_timeout=RECV_TIMEOUT,
-                    close_timeout=2, max_size=None) as ws:
-        # Bad input with nothing in flight: each is answered with one error frame, the connection stays.
-        for frame, code, param in [({"type": "response.append", "input": [output_for("call_1")]}, "no_suspended_response", None),
-                                   ("{this is not json", "invalid_json", None),
-                                   ({"type": "response.frobnicate", "input": []}, "unknown_event_type", "type"),
-                                   (v1_create(previous_response_id="resp_earlier"), "unsupported_parameter",
-                                    "previous_response_id")]:
-            send(ws, frame)
-            assert_ws_error(recv(ws), code, param)
-
-        events, dones, resumed_after = drive_rollout(ws)
-
-        # After the rollout nothing is suspended any more.
-        send(ws, {"type": "response.append", "input": [output_for("call_1")]})
-        assert_ws_error(recv(ws), "no_suspended_response")
-
-    types = [event["type"] for event in events]
-    assert (types[0], types[-1], types.count("response.done"), sum(t in TERMINALS for t in types)) == (
-        "response.created", "response.completed", 3, 1)
-    # One response for the whole rollout: the id never changes.
-    assert {event["response"]["id"] for event in events if "response" in event} == {events[0]["response"]["id"]}
-    # Resuming announces itself with response.in_progress (docs/protocol.md).
-    assert [event["type"] for event in resumed_after] == ["response.in_progress"] * 3
-    # sequence_number runs on across suspensions: 0, 1, 2, ... over the whole rollout.
-    numbers = [event["sequence_number"] for event in events]
-    assert numbers == list(range(len(events))), numbers
-
-    completed = events[-1]["response"]
-    assert completed["status"] == "completed" and completed["usage"]["output_tokens"] > 0
-    # Its output is the whole rollout: every streamed item, and every call each response.done carried.
-    assert completed["output"] == [event["item"] for event in events if event["type"] == "response.output_item.done"]
-    output_by_id = {item["id"]: item for item in completed["output"]}
-    call_ids = []
-    for done in dones:
-        assert done["response"]["status"] == "in_progress"
-        for item in done["response"]["output"]:
-            assert output_by_id.get(item["id"]) == item, f"{item} missing from the completed output"
-            if item["type"] == "function_call":
-                assert_call_valid(item["name"], item["arguments"], V1_TOOLS)
-                call_ids.append(item["call_id"])
-    assert [item["call_id"] for item in completed["output"] if item["type"] == "function_call"] == call_ids
-    assert len(set(call_ids)) == len(call_ids) == 3
-    # docs/protocol.md: `response.done` has `"usage":{…cumulative…}`; the final usage sums the segments.
-    usages = [done["response"]["usage"] for done in dones] + [completed["usage"]]
-    for key in ("input_tokens", "output_tokens", "total_tokens"):
-        values = [usage[key] for usage in usages]
-        assert values == sorted(values) and len(set(values)) == len(values), (key, values)
+async def test_sdk_steer_accepted_steered_and_successor(live_server):
+    _, port = live_server
+    slow_text = {"testbed_workload": "fixed:3:100:10:200:0"}  # 200 tokens at sim-200: ~1 s to steer into
+    result = await in_thread(
+        run_sdk_steer, f"http://127.0.0.1:{port}/v1", metadata=slow_text, text="only the tests", model="sim-200",
+        stream_id="main", timeout=CLIENT_TIMEOUT,
+    )
+    kinds = [e["type"] for e in result["events"]]
+    successor_at = len(kinds) - 1 - kinds[::-1].index("response.created")
+    at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), successor_at]
+    accepted, ended, successor = (result["events"][i] for i in at)
+    assert result["steer_to_token_s"] is not None and at == sorted(at)
+    assert accepted["stream_id"] == ended["stream_id"] == successor["stream_id"] == "main"
+    assert ended["response"]["incomplete_details"] == {"reason": "steered"}
+    assert successor["response"]["previous_response_id"] == ended["response"]["id"] == accepted["steer"]["previous_response_id"]

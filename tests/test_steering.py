@@ -9,7 +9,6 @@ import attrs
 import pytest
 import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
-from test_endpoints import cancel_at, connect
 from test_inject import MULTI_AGENT, beta_ws, calls_done, until_calls
 from trio_websocket import ConnectionClosed
 
@@ -304,26 +303,6 @@ async def test_a_pending_steer_waits_for_the_call_and_rides_its_targets_own_cont
     record = [r for r in server.records if r["response_id"] == continuation[0]["response"]["id"]][0]
     assert (record["input_items"], record["input_types"]) == (2, {"message": 1, "function_call_output": 1})
     assert accepted["previous_response_id"] == target
-
-
-async def test_a_steer_queued_on_a_cancelled_response_fails_and_no_successor_follows(autojump_clock, nursery):
-    server = make_server()
-    http = connect(nursery, server)
-    async with ws(server, api_key="alice") as conn:
-        target, _ = await start(conn)
-        await send(conn, steer(target))
-        accepted = (await until(conn, "response.steer.accepted"))[-1]
-        cancelled_at, reply = await cancel_at(http, target)
-        events = await timed_until(conn, "response.steer.failed")
-        with trio.move_on_after(30):
-            raise AssertionError(await receive(conn))  # nothing more: the steer rode no successor
-    (ended_at, ended), (refused_at, refused) = events[-2], events[-1]
-    assert ended["type"] == "response.cancelled" and reply.json() == ended["response"]
-    assert failed(refused, "response_not_active", target, "keep it small", steer_id=accepted["steer"]["id"],
-                  message=f"Response '{target}' failed.")
-    assert refused["stream_id"] == LANE and refused["sequence_number"] == ended["sequence_number"] + 1
-    assert ended_at == refused_at == cancelled_at
-    assert [r["outcome"] for r in server.records] == ["cancelled"]
 
 
 async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_automatic_successor(autojump_clock):

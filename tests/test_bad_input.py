@@ -425,10 +425,6 @@ GOOD_AUTH = (b"authorization", b"Bearer secret")
 HANDSHAKE_CORPUS = [
     BadHandshake("no authorization", (), 401, "invalid_api_key"),
     BadHandshake("wrong key", ((b"authorization", b"Bearer wrong"),), 401, "invalid_api_key"),
-    BadHandshake("basic auth", ((b"authorization", b"Basic c2VjcmV0"),), 401, "invalid_api_key"),
-    BadHandshake("bearer without a key", ((b"authorization", b"Bearer"),), 401, "invalid_api_key"),
-    BadHandshake("unknown beta date", (GOOD_AUTH, (b"openai-beta", b"responses_websockets=2025-01-01")), 400, "unsupported_beta"),
-    BadHandshake("wrong path", (GOOD_AUTH,), 404, "not_found", resource="/v1/chat/completions"),
 ]
 
 
@@ -480,8 +476,8 @@ def good_body(**fields: Any) -> dict[str, Any]:
 
 @attrs.frozen
 class BadHttp:
-    """One bad HTTP request: `raw` bytes as they are (then a half-close when `eof`), or one built from the
-    fields. `closes`: the server answers and closes; otherwise the connection serves a good request next."""
+    """One bad HTTP request: `raw` bytes as they are, or one built from the fields. `closes`: the server answers
+    and closes; otherwise the connection serves a good request next."""
 
     name: str
     status: int
@@ -490,64 +486,34 @@ class BadHttp:
     method: str = "POST"
     target: str = "/v1/responses"
     body: Any = attrs.field(factory=good_body)
-    auth: str | None = "Bearer secret"
     content_type: str | None = "application/json"
     raw: bytes | None = None
-    eof: bool = False
     closes: bool = False
 
 
-def _raw_head(length: int, extra: str = "") -> bytes:
-    return (
-        f"POST /v1/responses HTTP/1.1\r\nhost: t\r\ncontent-length: {length}\r\nauthorization: Bearer secret\r\n"
-        f"content-type: application/json\r\n{extra}\r\n"
-    ).encode()
-
-
+CHUNKED_HEAD = b"POST /v1/responses HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nauthorization: Bearer secret\r\ncontent-type: application/json\r\n\r\n"
 HTTP_CORPUS = [
     BadHttp("GET without upgrade", 405, "method_not_allowed", method="GET", body=b""),
-    BadHttp("PUT", 405, "method_not_allowed", method="PUT"),
-    BadHttp("DELETE", 405, "method_not_allowed", method="DELETE", body=b""),
-    BadHttp("PATCH", 405, "method_not_allowed", method="PATCH"),
-    BadHttp("OPTIONS", 405, "method_not_allowed", method="OPTIONS", body=b""),
-    BadHttp("chat completions path", 404, "not_found", target="/v1/chat/completions"),
     BadHttp("root path", 404, "not_found", target="/"),
     BadHttp("path below a response", 404, "not_found", target="/v1/responses/resp_1/steps"),
-    BadHttp("GET an unknown response by id", 404, "response_not_found", "response_id", method="GET", target="/v1/responses/resp_1", body=b""),
-    BadHttp("text/plain", 415, "unsupported_media_type", content_type="text/plain"),
-    BadHttp("form encoded", 415, "unsupported_media_type", content_type="application/x-www-form-urlencoded"),
     BadHttp("multipart", 415, "unsupported_media_type", content_type="multipart/form-data; boundary=x"),
-    BadHttp("wrong key", 401, "invalid_api_key", auth="Bearer wrong"),
-    BadHttp("no authorization", 401, "invalid_api_key", auth=None),
-    BadHttp("basic auth", 401, "invalid_api_key", auth="Basic c2VjcmV0"),
     BadHttp("invalid JSON body", 400, "invalid_json", body=b'{"model": "x", "inp'),
     BadHttp("empty body", 400, "invalid_json", body=b""),
-    BadHttp("JSON array body", 400, "invalid_json", body=b"[1, 2]"),
     BadHttp("body not UTF-8", 400, "invalid_json", body=b"\xff\xfe"),
-    BadHttp("body without input", 400, "missing_required_parameter", "input", body={"model": MODEL}),
-    BadHttp("body with an unknown parameter", 400, "unknown_parameter", "temprature", body=good_body(temprature=0.5)),
     BadHttp("body with the WebSocket event's type", 400, "unknown_parameter", "type", body={"type": "response.create", **good_body()}),
     BadHttp("workload out of range", 400, "integer_above_max_value", "metadata.testbed_workload", body=good_body(metadata={"testbed_workload": "fixed:100000"})),
-    BadHttp("body with unknown previous_response_id", 400, "previous_response_not_found", "previous_response_id", body=good_body(input=[], previous_response_id="resp_nope")),
-    BadHttp("model sim-0", 400, "invalid_value", "model", body=good_body(model="sim-0")),
     BadHttp("model sim-0 streamed", 400, "invalid_value", "model", body=good_body(model="sim-0", stream=True)),
     BadHttp("GET a sim-<N> model with no usable rate", 404, "model_not_found", "model", method="GET", target="/v1/models/sim-0", body=b""),
-    BadHttp("declared body over the limit", 413, "request_too_large", raw=_raw_head(MAX_MESSAGE + 1), closes=True),
-    BadHttp("sent body over the limit", 413, "request_too_large", body=b" " * (MAX_MESSAGE + 1), closes=True),
-    BadHttp("chunked body over the limit", 413, "request_too_large", raw=_raw_head(0, "").replace(b"content-length: 0\r\n", b"transfer-encoding: chunked\r\n") + b"".join(b"%x\r\n%s\r\n" % (4096, b" " * 4096) for _ in range(17)), closes=True),
-    BadHttp("truncated body", 400, "bad_request", raw=_raw_head(100) + b'{"model"', eof=True, closes=True),
-    BadHttp("garbage request line", 400, "bad_request", raw=b"NOT HTTP AT ALL\r\n\r\n", closes=True),
+    BadHttp("chunked body over the limit", 413, "request_too_large", raw=CHUNKED_HEAD + b"".join(b"%x\r\n%s\r\n" % (4096, b" " * 4096) for _ in range(17)), closes=True),
 ]
 
 
 async def send_case(client: RawClient, case: BadHttp) -> Answer:
     if case.raw is None:
-        return await client.request(case.method, case.target, body=case.body, auth=case.auth, content_type=case.content_type)
+        return await client.request(case.method, case.target, body=case.body, auth="Bearer secret", content_type=case.content_type)
     # Put our h11 in the state a request leaves it in, then send the bytes as they are.
     client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[("host", "t"), ("content-length", "100")]))
     await client.stream.send_all(case.raw)
-    if case.eof:
-        await client.stream.send_eof()
     return await client.answer()
 
 

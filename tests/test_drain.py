@@ -37,7 +37,7 @@ from prototype.api.costs import ZERO_COSTS, StageCost
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, TcpConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED
-from prototype.designs.emitter import Emitter, EngineFailure
+from prototype.designs.emitter import Emitter
 from prototype.designs.sampling import SamplingLoop
 from prototype.protocol import errors
 from prototype.server.app import ResponsesServer, drain, serve_responses
@@ -103,34 +103,6 @@ async def test_a_disconnect_around_the_suspension_releases_everything(autojump_c
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
     assert session.slot.current is None
     assert [r["outcome"] for r in server.records] == ["cancelled"]  # the queued creates never started
-
-
-async def test_an_engine_failure_while_an_append_is_taken_fails_the_rollout_once(autojump_clock, monkeypatch) -> None:
-    async def failing(self, items):
-        raise EngineFailure("the engine went away while the append was rendered")
-
-    server = make_server()
-    async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, SUSPENDED) as (conn, _):
-            events = await turn(conn, create())
-            done = events[-1]["response"]
-            monkeypatch.setattr(SamplingLoop, "take_new_items", failing)
-            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-            rest = await until(conn, *TERMINALS)
-            assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]
-            assert rest[-1]["response"]["error"] == {
-                "code": "server_error", "message": "The engine failed mid-response: the engine went away while the append was rendered"}
-            assert_no_event_lost(events + rest)
-            # The append was taken (it started the resume); a second one finds nothing suspended.
-            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-            assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
-            assert session_kv(server) == {}
-            monkeypatch.undo()
-            assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-            await conn.aclose()
-        await server_tasks_end(server_side, server)
-    assert session_kv(server) == {}
 
 
 # --- the drain (SIGTERM) ---------------------------------------------------------------------------

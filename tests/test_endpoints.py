@@ -145,13 +145,9 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     assert error_of(await client.request("POST", f"/v1/responses/{rid}/cancel"), 400, "response_not_cancellable", "response_id") == (
         "Cannot cancel a completed response.")
 
-    reply = await client.request("PUT", f"/v1/responses/{rid}")
-    error_of(reply, 405, "method_not_allowed", None)
-    assert reply.headers["allow"] == "GET, DELETE"
     reply = await client.request("GET", f"/v1/responses/{rid}/cancel")
     error_of(reply, 405, "method_not_allowed", None)
     assert reply.headers["allow"] == "POST"
-    assert (await client.request("POST", "/v1/models")).headers["allow"] == "GET"
     for target in ("/v1/responses/", f"/v1/responses/{rid}/input_items/x", "/v1/models/"):
         error_of(await client.request("GET", target), 404, "not_found", None)
     for target in (f"/v1/responses/{rid}", "/v1/models", "/v1/models/spark"):
@@ -588,23 +584,3 @@ def exercise_every_endpoint(port: int) -> None:
 async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     with trio.fail_after(SDK_TIMEOUT):
         await trio.to_thread.run_sync(exercise_every_endpoint, live_server[1], abandon_on_cancel=True)
-
-
-def test_openai_sdk_against_python_m_prototype_serve(cli_server) -> None:
-    """The same endpoints on `python -m prototype serve`, with its SQLite store in memory."""
-    from openai import NotFoundError
-
-    server = cli_server("--costs", "zero")
-    client = sdk_client(server.port)
-    response = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata={"testbed_workload": "fixed:2"})
-    assert client.responses.retrieve(response.id).output_text == response.output_text
-    assert [item.type for item in client.responses.input_items.list(response.id)] == ["message"]
-    assert client.models.retrieve("spark").model_dump()["testbed_decode_tokens_per_s"] == 1000.0
-    assert "gpt-5.4" in [m.id for m in client.models.list()]
-    client.responses.delete(response.id)
-    with pytest.raises(NotFoundError):
-        client.responses.input_items.list(response.id)
-    client.close()
-    code, _, _ = server.stop()
-    assert code == 0
-

@@ -263,22 +263,6 @@ async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_
     await assert_released(server)
 
 
-async def test_a_whole_corpus_on_one_connection_then_a_rollout(autojump_clock) -> None:
-    """Every frame-level bad input, one after another on one v2 connection, then a full rollout on it."""
-    server = make_server(config=CONFIG)
-    async with open_responses_websocket(InMemoryConnector(server), CHAINED) as conn:
-        cases = [case for case in CORPUS if CHAINED in case.designs and case.stage == "frame" and case.setup == "live"]
-        codes = []
-        for case in cases:
-            await send(conn, fill(case.frame, {PREV: "resp_x", CALL: "call_x"}))
-            codes.append((await receive(conn))["error"]["code"])
-        assert codes == [case.code for case in cases]
-        first = (await turn(conn, create()))[-1]["response"]
-        second = (await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]
-        assert second["type"] == "response.completed"
-    await assert_released(server)
-
-
 @pytest.mark.parametrize("design", BOTH)
 async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design: str) -> None:
     # Any name selects a latency profile (the flagship rate for names it does not know), as clients

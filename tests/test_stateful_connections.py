@@ -336,13 +336,14 @@ class Connections(RuleBasedStateMachine):
                     assert len(terminals) == 1, f"{response_id} cut off by the server's close"
 
     @invariant()
-    def every_error_is_a_documented_refusal_only_v1_pauses_and_nothing_is_logged(self) -> None:
+    def errors_are_documented_refusals_pauses_v1_only_nothing_logged_and_kv_bounded(self) -> None:
         for conn in filter(None, self.conns):
             for event in conn.events:
                 if event["type"] == "error":
                     assert (event["status"], event["error"]["type"], event["error"]["code"] in DOCUMENTED) == (400, "invalid_request_error", True)
                 assert event["type"] != "response.done" or conn.design == SUSPENDED
         assert [record.getMessage() for record in self.logged.buffer] == []
+        assert len(session_kv(self.server)) <= len(self.server.sessions)  # KV for live sessions only, one cache slot each
 
     @invariant()
     def every_accepted_append_appears_once_and_every_sent_one_is_answered(self) -> None:

@@ -68,8 +68,8 @@ def meta(**pairs: str) -> dict[str, str]:
 class Bad:
     """One bad WebSocket frame (a dict as JSON text, a str or bytes frame). `stage`: refused by the reader
     (`frame`: nothing changes) or as a failed turn (`turn`: empties the v2 cache slot). `setup`: `live`
-    (v1 suspended / v2 one completed turn), `fresh`, `idle` (v1: nothing suspended), `other_connection` /
-    `other_key` (a turn made on another, closed connection with store=false / under another key, store=true)."""
+    (v1 suspended / v2 one completed turn), `fresh`, `idle` (v1: nothing suspended), `other_connection` (a turn made
+    on another, closed connection with store=false)."""
 
     name: str
     frame: Any
@@ -100,7 +100,6 @@ CORPUS: list[Bad] = [
     Bad("workload unknown mid-chain", create(previous_response_id=PREV, input=[output()], metadata=meta(testbed_workload="nope")), errors.INVALID_VALUE, "metadata.testbed_workload", designs=(CHAINED,), stage="turn"),
     Bad("unknown previous_response_id", create(previous_response_id="resp_unknown", input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn"),
     Bad("previous_response_id of another connection (store=false)", create(previous_response_id=PREV, input=[output()]), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_connection"),
-    Bad("previous_response_id of another key (store=true)", create(previous_response_id=PREV, input=[output()], store=True), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", designs=(CHAINED,), stage="turn", setup="other_key"),
     # An output whose call is unknown: the public API's param, `input` (its message is in test_api_service.py).
     Bad("unknown call_id on v2", create(previous_response_id=PREV, input=[output("call_unknown")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(CHAINED,), stage="turn"),
     Bad("repeated call_id on v2", create(previous_response_id=PREV, input=[output(), output()]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", designs=(CHAINED,), stage="turn"),
@@ -145,11 +144,9 @@ async def setup(server, conn, design: str, kind: str) -> dict[str, str]:
         last = (await turn(conn, create()))[-1]
         assert last["type"] == ("response.done" if design == SUSPENDED else "response.completed")
         return {PREV: last["response"]["id"], CALL: calls_of(last["response"])[0]}
-    if kind in ("other_connection", "other_key"):
-        key, store = ("someone-else", True) if kind == "other_key" else ("testbed", False)
-        async with open_responses_websocket(InMemoryConnector(server), CHAINED, api_key=key) as other:
-            last = (await turn(other, create(store=store)))[-1]["response"]
-        await trio.sleep(1)  # the overlapped store write has finished
+    if kind == "other_connection":
+        async with open_responses_websocket(InMemoryConnector(server), CHAINED) as other:
+            last = (await turn(other, create()))[-1]["response"]
         return {PREV: last["id"], CALL: calls_of(last)[0]}
     return {}
 

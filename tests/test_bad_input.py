@@ -216,10 +216,20 @@ class Bystander:
         finally:
             self.done.set()
 
+    @classmethod
+    async def beside(cls, server, nursery: trio.Nursery) -> Bystander:
+        """One started on `server` in `nursery`, once its baseline (a run on a server of its own) is known."""
+        await bystander_baseline()
+        watcher = cls(server)
+        nursery.start_soon(watcher.run)
+        return watcher
+
     async def check(self) -> None:
+        """It ran as its baseline, to the nanosecond, and the server then released everything."""
         with trio.fail_after(60):
             await self.done.wait()
         assert self.timeline == await bystander_baseline()
+        await assert_released(self.server)
 
 
 def session_kv(server) -> dict:
@@ -247,9 +257,7 @@ def test_every_code_of_the_corpus_is_documented() -> None:
 @pytest.mark.parametrize(("case", "design"), WS_CASES)
 async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_clock, nursery, case: Bad, design: str) -> None:
     server = make_server(config=CONFIG)
-    await bystander_baseline()
-    watcher = Bystander(server)
-    nursery.start_soon(watcher.run)
+    watcher = await Bystander.beside(server, nursery)
     async with open_responses_websocket(InMemoryConnector(server), design) as conn:
         ctx = await setup(server, conn, design, case.setup)
         await send(conn, fill(case.frame, ctx))
@@ -257,7 +265,6 @@ async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_
         assert answer == error_frame(case.code, case.param, answer)
         await check_usable(conn, design, case, ctx)
     await watcher.check()
-    await assert_released(server)
 
 
 @pytest.mark.parametrize("design", BOTH)
@@ -406,9 +413,7 @@ async def handshake_refusal(stream: trio.abc.Stream, resource: str, headers: lis
 @pytest.mark.parametrize("case", HANDSHAKE_CORPUS, ids=lambda c: c.name)
 async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery, case: BadHandshake) -> None:
     server = make_server(config=attrs.evolve(CONFIG, api_keys=frozenset({"secret", "testbed"})))
-    await bystander_baseline()
-    watcher = Bystander(server)
-    nursery.start_soon(watcher.run)
+    watcher = await Bystander.beside(server, nursery)
     client, server_end = trio.testing.memory_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
     refused = await handshake_refusal(client, case.resource, list(case.headers))
@@ -419,7 +424,6 @@ async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery,
     async with open_responses_websocket(InMemoryConnector(server), CHAINED, api_key="secret") as conn:
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await watcher.check()
-    await assert_released(server)
 
 
 # --- HTTP (docs/protocol.md, §8; prototype/server/http.py) -------------------------------------------
@@ -477,9 +481,7 @@ async def send_case(client: RawClient, case: BadHttp) -> Answer:
 @pytest.mark.parametrize("case", HTTP_CORPUS, ids=lambda c: c.name)
 async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery, case: BadHttp) -> None:
     server = make_server(config=attrs.evolve(CONFIG, api_keys=frozenset({"secret", "testbed"})))
-    await bystander_baseline()
-    watcher = Bystander(server)
-    nursery.start_soon(watcher.run)
+    watcher = await Bystander.beside(server, nursery)
     client = open_client(nursery, server)
     answer = await send_case(client, case)
     assert (answer.status, answer.headers["content-type"]) == (case.status, "application/json"), answer.body
@@ -498,4 +500,3 @@ async def test_bad_http_request_gets_its_status_and_code(autojump_clock, nursery
         assert (await client.request(body=good_body(stream=False))).json()["status"] == "completed"
         await client.stream.aclose()
     await watcher.check()
-    await assert_released(server)

@@ -159,9 +159,7 @@ def padded(size: int) -> str:
 async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above(autojump_clock, nursery, design: str) -> None:
     limit = 8192
     server = make_server(config=ServerConfig(max_message_bytes=limit))
-    await bystander_baseline()
-    watcher = Bystander(server)
-    nursery.start_soon(watcher.run)
+    watcher = await Bystander.beside(server, nursery)
     async with ws(server, design) as conn:
         await conn.send_message(padded(limit))
         assert (await until(conn, *TERMINALS))[-1]["type"] == "response.completed"
@@ -170,7 +168,6 @@ async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above
             await receive(conn)
         assert closed.value.reason.code == 1009
     await watcher.check()
-    await assert_released(server)
 
 
 # --- the context window -----------------------------------------------------------------------------
@@ -336,8 +333,7 @@ async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clo
         done = (await until(conn, "response.done", *TERMINALS))[-1]
         assert done["type"] == "response.done"
         paused_at = trio.current_time()
-        watcher = Bystander(server)
-        nursery.start_soon(watcher.run)  # another connection, busy while this one expires
+        watcher = await Bystander.beside(server, nursery)  # another connection, busy while this one expires
         failed = await receive(conn)
         assert trio.current_time() - paused_at == pytest.approx(ttl, rel=1e-9)
         assert failed["type"] == "response.failed" and failed["response"]["error"] == {
@@ -349,7 +345,6 @@ async def test_suspension_ttl_is_configurable_and_frees_the_rollout(autojump_clo
         assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await watcher.check()
-    await assert_released(server)
 
 
 # --- connection lifetime: the responses in flight end, then the limit's error and close 1000 -------------------

@@ -68,8 +68,8 @@ def meta(**pairs: str) -> dict[str, str]:
 class Bad:
     """One bad WebSocket frame (a dict as JSON text, a str or bytes frame). `stage`: refused by the reader
     (`frame`: nothing changes) or as a failed turn (`turn`: empties the v2 cache slot). `setup`: `live`
-    (v1 suspended / v2 one completed turn), `fresh`, `idle` (v1: nothing suspended), `other_connection` (a turn made
-    on another, closed connection with store=false)."""
+    (v1 suspended / v2 one completed turn), `fresh`, `other_connection` (a turn made on another, closed connection
+    with store=false)."""
 
     name: str
     frame: Any
@@ -104,11 +104,7 @@ CORPUS: list[Bad] = [
     Bad("unknown call_id on v2", create(previous_response_id=PREV, input=[output("call_unknown")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(CHAINED,), stage="turn"),
     Bad("repeated call_id on v2", create(previous_response_id=PREV, input=[output(), output()]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input[1]", designs=(CHAINED,), stage="turn"),
     Bad("tool output with no call in a new conversation", create(input=[{"role": "user", "content": "x"}, output("call_1")]), errors.INVALID_FUNCTION_CALL_OUTPUT, "input", stage="turn", setup="fresh"),
-    # --- bad state on v1 --------------------------------------------------------------------------
-    Bad("append with nothing suspended", {"type": "response.append", "input": [output("call_1")]}, errors.NO_SUSPENDED_RESPONSE, designs=(SUSPENDED,), setup="idle"),
-    Bad("append with an unknown call_id", {"type": "response.append", "input": [output("call_unknown")]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
-    Bad("append with a repeated call_id", {"type": "response.append", "input": [output(), output()]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
-    Bad("append with no output", {"type": "response.append", "input": []}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
+    # --- bad state on v1 (each append refusal's message, and the rollout resumed after it: tests/test_suspended.py) ------
     Bad("append with only a user message", {"type": "response.append", "input": [{"role": "user", "content": "go on"}]}, errors.INVALID_FUNCTION_CALL_OUTPUT, "input", designs=(SUSPENDED,)),
 ]
 

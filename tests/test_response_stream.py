@@ -14,7 +14,7 @@ from test_endpoints import connect, error_of
 from prototype import metrics
 from prototype.designs.emitter import Emitter, failing_on_error
 from prototype.engine import tokenizer
-from prototype.engine.streaming import ContextWindowExceeded, EngineFailure
+from prototype.engine.streaming import EngineFailure
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.items import decode_reasoning
 from prototype.protocol.response import Response
@@ -108,10 +108,8 @@ async def test_a_response_ends_with_exactly_one_terminal_event() -> None:
 
 
 @pytest.mark.parametrize(("raised", "error"), [
-    (EngineFailure("the engine went away"), {"code": "server_error", "message": "The engine failed mid-response: the engine went away"}),
+    # (an engine failure with its message, and a context past the window: tests/test_faults.py, from the server's side)
     (EngineFailure(), {"code": "server_error", "message": "The engine failed mid-response."}),  # no message of its own
-    (ContextWindowExceeded(70, 64), {  # found after the response started: the schema's code, never context_length_exceeded
-        "code": "server_error", "message": "The engine failed mid-response: its context of 70 tokens exceeds the context window of 64 tokens"}),
     (RuntimeError("a bug"), {"code": "server_error", "message": "The server had an error while processing the response."}),
 ])
 async def test_a_failure_inside_a_response_fails_it_once_and_goes_on_to_the_connection(raised, error) -> None:

@@ -88,11 +88,6 @@ def test_invalid_json_is_refused_with_the_standard_librarys_error(frame: str | b
     assert refusal(frame, as_body)[1] == f"The request body is not valid JSON: {error}"
 
 
-def test_json_that_is_not_one_object_is_refused() -> None:
-    assert refusal("[1, 2]") == (INVALID_JSON, "The frame must be one JSON object.", None)
-    assert refusal(b'"text"', as_body) == (INVALID_JSON, "The request body must be one JSON object.", None)
-
-
 LONE_SURROGATE = (INVALID_JSON, "The request body is not valid JSON: a string holds a lone surrogate (not valid Unicode).", None)
 
 

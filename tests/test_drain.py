@@ -14,7 +14,6 @@ import trio.testing
 import wsproto
 import wsproto.events
 from support import (
-    DELAYED_LINK,
     TERMINALS,
     DelayedConnector,
     closed_after,
@@ -35,12 +34,12 @@ from websockets.sync.client import connect as ws_connect
 
 from prototype.api.costs import ZERO_COSTS, StageCost
 from prototype.api.service import ApiService
-from prototype.client.connect import InMemoryConnector, TcpConnector
+from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED
-from prototype.designs.emitter import Emitter, EngineFailure
+from prototype.designs.emitter import Emitter
 from prototype.designs.sampling import SamplingLoop
 from prototype.protocol import errors
-from prototype.server.app import ResponsesServer, drain, serve_responses
+from prototype.server.app import ResponsesServer, drain
 from prototype.server.config import ServerConfig
 from prototype.server.websocket import CLOSE_HANDSHAKE_SECONDS
 
@@ -103,34 +102,6 @@ async def test_a_disconnect_around_the_suspension_releases_everything(autojump_c
     assert session_kv(server) == {} and server.sessions == set() and server.connections == 0
     assert session.slot.current is None
     assert [r["outcome"] for r in server.records] == ["cancelled"]  # the queued creates never started
-
-
-async def test_an_engine_failure_while_an_append_is_taken_fails_the_rollout_once(autojump_clock, monkeypatch) -> None:
-    async def failing(self, items):
-        raise EngineFailure("the engine went away while the append was rendered")
-
-    server = make_server()
-    async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, SUSPENDED) as (conn, _):
-            events = await turn(conn, create())
-            done = events[-1]["response"]
-            monkeypatch.setattr(SamplingLoop, "take_new_items", failing)
-            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-            rest = await until(conn, *TERMINALS)
-            assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]
-            assert rest[-1]["response"]["error"] == {
-                "code": "server_error", "message": "The engine failed mid-response: the engine went away while the append was rendered"}
-            assert_no_event_lost(events + rest)
-            # The append was taken (it started the resume); a second one finds nothing suspended.
-            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-            assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
-            assert session_kv(server) == {}
-            monkeypatch.undo()
-            assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-            await conn.aclose()
-        await server_tasks_end(server_side, server)
-    assert session_kv(server) == {}
 
 
 # --- the drain (SIGTERM) ---------------------------------------------------------------------------
@@ -404,7 +375,7 @@ async def test_a_drain_lets_an_http_stream_finish_closes_idle_keep_alives_and_re
     assert (server.connections, server.http_in_flight, server.http_idle) == (0, set(), set())
 
 
-# --- a close started mid-response, over real TCP with delay; a client that never answers the close ------------
+# --- the close's error event; a client that never answers the close ------------------------------------------
 
 def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
     """The `error` event a close sends before its close frame."""
@@ -413,51 +384,6 @@ def closing_error(close: str, lifetime_minutes: float = 0.2) -> dict[str, Any]:
                 "message": "The server is shutting down; retry on a new connection.", "param": None}}
     return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": errors.CONNECTION_LIMIT_REACHED, "message":
             f"Responses websocket connection limit reached ({lifetime_minutes:g} minutes). Create a new websocket connection to continue.", "param": None}}
-
-
-CLOSES = {"drain": 1001, "limit": 1000}  # the close code of each: going away; normal (WS guide names none)
-LIFETIME = 12.0  # seconds: the limit case's connection lifetime (0.2 minutes)
-SHORT = "fixed:1:50:10:40:0"  # one turn of 40 output tokens: 0.4 s at sim-100
-
-
-def assert_terminal_event_then_error(created: dict[str, Any], events: list[dict[str, Any]], code: int, close: str, minutes: float = 0.2) -> None:
-    assert code == CLOSES[close]
-    assert [e["type"] for e in events][-2:] == ["response.completed", "error"]
-    assert events[-2]["response"]["id"] == created["response"]["id"]
-    assert events[-1] == closing_error(close, minutes)
-    assert_no_event_lost([created, *events[:-1]])
-
-
-async def close_mid_response(conn, server, close: str, workload: str, timeout: float | None = None):
-    """Start a response of `workload` (a "drain" comes 0.1 s after its `response.created`; a "limit" is timed
-    to strike mid-way): its `response.created`, every event after it, and the close code."""
-    await send(conn, create(model="sim-100", metadata={"testbed_workload": workload}))
-    created = await receive(conn) if timeout is None else await receive(conn, timeout=timeout)
-    assert created["type"] == "response.created"
-    async with trio.open_nursery() as draining:
-        if close == "drain":
-            await trio.sleep(0.1)
-            draining.start_soon(drain, server, 30.0)
-        events, code, _ = await closed_after(conn)
-    return created, events, code
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("close", list(CLOSES))
-async def test_a_close_mid_response_over_real_tcp_with_20ms_rtt(nursery, close: str) -> None:
-    # Real time: a 4 s response (400 tokens at sim-100), so the limit (2 s after the accept) or the
-    # drain (0.1 s after response.created) comes in the middle of it on a busy machine too.
-    lifetime = 2.0 if close == "limit" else 3600.0
-    server = make_server(config=ServerConfig(connection_lifetime=lifetime))
-    listeners = await nursery.start(serve_responses, server, 0)
-    connector = TcpConnector("127.0.0.1", listeners[0].socket.getsockname()[1], network=DELAYED_LINK)
-    async with raw_ws(connector, CHAINED) as (conn, _):
-        created, events, code = await close_mid_response(conn, server, close, LONG, timeout=30)
-    with trio.fail_after(10):  # a hang guard: the server's side of the connection ends with it
-        while server.sessions or server.connections:
-            await trio.sleep(0.01)
-    assert_terminal_event_then_error(created, events, code, close, lifetime / 60)
-    assert session_kv(server) == {}
 
 
 @pytest.mark.parametrize("link", LINKS)

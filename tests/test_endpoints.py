@@ -115,28 +115,24 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
 
     for method, target in (("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
                            ("GET", "/v1/responses/resp_nope/input_items"), ("POST", "/v1/responses/resp_nope/cancel")):
-        message = error_of(await client.request(method, target), 404, "response_not_found", "response_id")
-        assert message == "Response with id 'resp_nope' not found."
+        error_of(await client.request(method, target), 404, "response_not_found", "response_id")
     # Another key's response is not found either, by every endpoint; it stays there for its owner.
     for method, target in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
                            ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
         error_of(await client.request(method, target, key="bob"), 404, "response_not_found", "response_id")
     assert (await client.request("GET", f"/v1/responses/{rid}")).json() == response
 
+    # Each query parameter of each route is read (each refusal's message: tests/test_retrieval.py).
     items = f"/v1/responses/{rid}/input_items"
-    assert error_of(await client.request("GET", items + "?limit=0"), 400, "integer_below_min_value", "limit") == (
-        "Invalid 'limit': integer below minimum value. Expected a value >= 1, but got 0 instead.")
-    assert error_of(await client.request("GET", items + "?limit=101"), 400, "integer_above_max_value", "limit") == (
-        "Invalid 'limit': integer above maximum value. Expected a value <= 100, but got 101 instead.")
-    for bad in ("abc", "2.5", ""):
-        error_of(await client.request("GET", items + f"?limit={bad}"), 400, "invalid_value", "limit")
+    error_of(await client.request("GET", items + "?limit=0"), 400, "integer_below_min_value", "limit")
+    error_of(await client.request("GET", items + "?limit=101"), 400, "integer_above_max_value", "limit")
+    error_of(await client.request("GET", items + "?limit=2.5"), 400, "invalid_value", "limit")
     error_of(await client.request("GET", items + "?order=sideways"), 400, "invalid_value", "order")
     error_of(await client.request("GET", items + "?after=msg_unknown"), 400, "invalid_value", "after")
     error_of(await client.request("GET", items + "?include[]=bogus"), 400, "invalid_value", "include")
     error_of(await client.request("GET", f"/v1/responses/{rid}?include=bogus"), 400, "invalid_value", "include")
     error_of(await client.request("GET", f"/v1/responses/{rid}?stream=maybe"), 400, "invalid_value", "stream")
-    assert error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value",
-                    "starting_after") == "Invalid 'starting_after': integer below minimum value. Expected a value >= 0, but got -1 instead."
+    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value", "starting_after")
     error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x"), 400, "invalid_value", "starting_after")
     # Bad values are refused before the id is looked up.
     error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, "integer_below_min_value", "limit")
@@ -145,13 +141,9 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     assert error_of(await client.request("POST", f"/v1/responses/{rid}/cancel"), 400, "response_not_cancellable", "response_id") == (
         "Cannot cancel a completed response.")
 
-    reply = await client.request("PUT", f"/v1/responses/{rid}")
-    error_of(reply, 405, "method_not_allowed", None)
-    assert reply.headers["allow"] == "GET, DELETE"
     reply = await client.request("GET", f"/v1/responses/{rid}/cancel")
     error_of(reply, 405, "method_not_allowed", None)
     assert reply.headers["allow"] == "POST"
-    assert (await client.request("POST", "/v1/models")).headers["allow"] == "GET"
     for target in ("/v1/responses/", f"/v1/responses/{rid}/input_items/x", "/v1/models/"):
         error_of(await client.request("GET", target), 404, "not_found", None)
     for target in (f"/v1/responses/{rid}", "/v1/models", "/v1/models/spark"):
@@ -210,9 +202,8 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     done = [e.data["item"] for e in original if e.type == "response.output_item.done"]
     assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == done
 
-    for after in (0, 5):  # (not read with parse_stream, which checks that numbering starts at 0)
-        later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={after}")).body
-        assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[after + 1:]]
+    later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body  # (parse_stream wants 0 first)
+    assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
     after_all = await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={len(replay) + 3}")
     assert after_all.status == 200 and after_all.body == b""
 
@@ -236,18 +227,9 @@ async def test_input_items_are_the_context_paged_with_after_limit_and_order(auto
 
     # Default: newest first, 20 a page.
     assert [i["id"] for i in (await client.request("GET", f"/v1/responses/{third['id']}/input_items")).json()["data"]] == ids[::-1]
-    # Pages of 2 walk the list with `after`, in either order, and say when there is more.
-    for order, want in (("asc", ids), ("desc", ids[::-1])):
-        seen, after = [], ""
-        while True:
-            page = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order={order}&limit=2{after}")).json()
-            seen += [i["id"] for i in page["data"]]
-            if not page["has_more"]:
-                break
-            after = f"&after={page['last_id']}"
-        assert seen == want
-    empty = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&after={ids[-1]}")).json()
-    assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+    # A page of 2 after the first item (every page's rule: tests/test_retrieval.py).
+    page = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=2&after={ids[0]}")).json()
+    assert ([i["id"] for i in page["data"]], page["has_more"]) == (ids[1:3], True)
 
     # Deleting the middle response removes its items; the walk stops there.
     assert (await client.request("DELETE", f"/v1/responses/{second['id']}")).json() == {
@@ -588,23 +570,3 @@ def exercise_every_endpoint(port: int) -> None:
 async def test_openai_sdk_drives_every_endpoint(live_server) -> None:
     with trio.fail_after(SDK_TIMEOUT):
         await trio.to_thread.run_sync(exercise_every_endpoint, live_server[1], abandon_on_cancel=True)
-
-
-def test_openai_sdk_against_python_m_prototype_serve(cli_server) -> None:
-    """The same endpoints on `python -m prototype serve`, with its SQLite store in memory."""
-    from openai import NotFoundError
-
-    server = cli_server("--costs", "zero")
-    client = sdk_client(server.port)
-    response = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata={"testbed_workload": "fixed:2"})
-    assert client.responses.retrieve(response.id).output_text == response.output_text
-    assert [item.type for item in client.responses.input_items.list(response.id)] == ["message"]
-    assert client.models.retrieve("spark").model_dump()["testbed_decode_tokens_per_s"] == 1000.0
-    assert "gpt-5.4" in [m.id for m in client.models.list()]
-    client.responses.delete(response.id)
-    with pytest.raises(NotFoundError):
-        client.responses.input_items.list(response.id)
-    client.close()
-    code, _, _ = server.stop()
-    assert code == 0
-

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,15 +27,16 @@ from test_bad_input import (
     session_kv,
     turn,
 )
-from websockets.sync.client import connect as ws_connect
 
 from experiments import faults
 from prototype import benchmark, uncertainty
 from prototype.api.store import ResponseStore
 from prototype.client import harness
-from prototype.client.connect import InMemoryConnector, TcpConnector
+from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import BETA, CHAINED, SUSPENDED, open_responses_websocket
 from prototype.client.reconnect import CODEX, OPENAI_PYTHON
+from prototype.designs.emitter import EngineFailure
+from prototype.designs.sampling import SamplingLoop
 from prototype.engine.streaming import ContextWindowExceeded, FaultPlan
 from prototype.netem.faults import LinkFaults
 from prototype.protocol import errors
@@ -185,9 +185,7 @@ FLOOD_FRAME = json.dumps({"type": "response.fly", "pad": "x" * 70})
 ])
 async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, nursery, design: str, moment: str, abrupt: bool) -> None:
     server = make_server()
-    await bystander_baseline()
-    watcher = Bystander(server)
-    nursery.start_soon(watcher.run)
+    watcher = await Bystander.beside(server, nursery)
     async with trio.open_nursery() as server_side:
         connector = PipeConnector(server, server_side)
         async with raw_ws(connector, design) as (conn, stream):
@@ -212,29 +210,6 @@ async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, n
         assert not watcher.done.is_set()  # the bystander was still running all along
     # The bystander, running all along on another connection, saw nothing of it.
     await watcher.check()
-    await assert_released(server)
-
-
-@pytest.mark.parametrize("design", BOTH)
-async def test_disconnect_over_a_real_socket_releases_everything(live_server, design: str) -> None:
-    # The exact release time is asserted under the virtual clock (above); in real time it depends
-    # on the machine's load, so it is only printed.
-    server, port = live_server
-    connector = TcpConnector("127.0.0.1", port)
-    long_turn = create(model="sim-100", metadata={"testbed_workload": LONG})  # 10 s of decoding
-    with trio.fail_after(10):
-        async with open_responses_websocket(connector, design) as conn:
-            await send(conn, long_turn)
-            await until(conn, "response.output_text.delta")
-            assert len(server.sessions) == 1
-        closed_at = time.monotonic()
-        while server.sessions or server.connections or session_kv(server):
-            await trio.sleep(0.005)
-        print(f"{design}: released {1000 * (time.monotonic() - closed_at):.1f} ms after the close")
-        # The server keeps serving.
-        async with open_responses_websocket(connector, design) as conn:
-            events = await turn(conn, create(model="sim-100000", metadata={"testbed_workload": ONE_TURN}))
-            assert events[-1]["type"] == "response.completed"
 
 
 # --- a server restart between turns ---------------------------------------------------------------
@@ -257,18 +232,13 @@ async def uninterrupted_chain(turns: int) -> list[dict[str, Any]]:
     return outputs
 
 
-async def first_turn_then_restart(path: str, store: bool) -> tuple[dict[str, Any], Any]:
-    """One chained turn stored (or not) in the SQLite file `path`, then a new server on the same file."""
-    before = make_server(store=ResponseStore(path))
+async def test_restart_with_store_true_continues_the_chain_through_hydration(autojump_clock, tmp_path) -> None:
+    before = make_server(store=ResponseStore(str(tmp_path / "responses.db")))
     async with open_responses_websocket(InMemoryConnector(before), CHAINED) as conn:
-        first = (await turn(conn, create(store=store)))[-1]["response"]
+        first = (await turn(conn, create(store=True)))[-1]["response"]
     await trio.sleep(1)  # the overlapped post-inference work (the store write) has finished
     before.api.store.close()  # the process is gone; only the file remains
-    return first, make_server(store=ResponseStore(path))
-
-
-async def test_restart_with_store_true_continues_the_chain_through_hydration(autojump_clock, tmp_path) -> None:
-    first, after = await first_turn_then_restart(str(tmp_path / "responses.db"), store=True)
+    after = make_server(store=ResponseStore(str(tmp_path / "responses.db")))
     async with open_responses_websocket(InMemoryConnector(after), CHAINED, include_timing=True) as conn:
         second = (await turn(conn, create(store=True, previous_response_id=first["id"], input=[output(calls_of(first)[0])])))[-1]["response"]
         assert second["status"] == "completed" and second["previous_response_id"] == first["id"]
@@ -277,52 +247,6 @@ async def test_restart_with_store_true_continues_the_chain_through_hydration(aut
         assert "store_read" not in third["testbed_timing"]["phases_ms"]  # the cache again
     # The same conversation as without the restart.
     assert [strip(r["output"]) for r in (first, second, third)] == await uninterrupted_chain(3)
-
-
-async def test_restart_with_store_false_is_not_found_then_the_full_context_works(autojump_clock, tmp_path) -> None:
-    first, after = await first_turn_then_restart(str(tmp_path / "responses.db"), store=False)
-    answer = [output(calls_of(first)[0])]
-    async with open_responses_websocket(InMemoryConnector(after), CHAINED) as conn:
-        events = await turn(conn, create(previous_response_id=first["id"], input=answer))
-        assert [e["error"]["code"] for e in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
-        # Pattern (b) of the WS guide: the whole context again, without previous_response_id.
-        history = [{"type": "message", "role": "user", "content": "fix the bug"}, *first["output"], *answer]
-        second = (await turn(conn, create(input=history)))[-1]["response"]
-    assert second["status"] == "completed"
-    assert [strip(first["output"]), strip(second["output"])] == await uninterrupted_chain(2)
-
-
-def _ws_turn(ws: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
-    ws.send(json.dumps(event))
-    events = []
-    while True:
-        events.append(json.loads(ws.recv(timeout=10)))
-        if events[-1]["type"] in TERMINALS or events[-1]["type"] == "error":
-            return events
-
-
-@pytest.mark.slow
-def test_restart_of_the_real_server_process(cli_server, tmp_path) -> None:
-    """`python -m prototype serve --store FILE`, stopped and started again between two turns."""
-    store = str(tmp_path / "responses.db")
-    fast = {"model": "sim-100000"}
-
-    def connect(port: int):
-        return ws_connect(f"ws://127.0.0.1:{port}/v1/responses", additional_headers={"Authorization": "Bearer k"}, open_timeout=5, max_size=None)
-
-    server = cli_server("--costs", "zero", "--store", store)
-    with connect(server.port) as ws:
-        kept = _ws_turn(ws, create(store=True, **fast))[-1]["response"]
-        lost = _ws_turn(ws, create(store=False, **fast))[-1]["response"]
-    time.sleep(0.2)  # the overlapped store write
-    assert server.stop()[0] == 0
-
-    server = cli_server("--costs", "zero", "--store", store)
-    with connect(server.port) as ws:
-        events = _ws_turn(ws, create(store=True, previous_response_id=kept["id"], input=[output(calls_of(kept)[0])], **fast))
-        assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == kept["id"]
-        events = _ws_turn(ws, create(store=False, previous_response_id=lost["id"], input=[output(calls_of(lost)[0])], **fast))
-        assert events[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
 
 
 # --- an engine failure mid-decode ---------------------------------------------------------------------
@@ -381,55 +305,59 @@ async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empt
     await assert_released(server)
 
 
-async def test_engine_failure_after_a_resume_on_v1_fails_the_rollout_and_frees_it(autojump_clock) -> None:
+# Each way a v1 resume fails once its append is taken: the events of the resume, and the response's error.
+
+
+def fail_a_flush(server, monkeypatch, done) -> tuple[list[str], Any]:
+    monkeypatch.setattr(server.api.engine, "faults", FaultPlan(flushes_before_failure=1))  # the resume's second flush fails
+    return (["response.in_progress", "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+             "response.failed"], lambda: INJECTED_FAILURE)
+
+
+def fail_taking_the_append(server, monkeypatch, done) -> tuple[list[str], Any]:
+    async def failing(self, items):
+        raise EngineFailure("the engine went away while the append was rendered")
+
+    monkeypatch.setattr(SamplingLoop, "take_new_items", failing)
+    return ["response.in_progress", "response.failed"], lambda: {
+        "code": "server_error", "message": "The engine failed mid-response: the engine went away while the append was rendered"}
+
+
+def refuse_past_the_window(server, monkeypatch, done) -> tuple[list[str], Any]:
+    # A real engine's window (VllmEngine raises it before sending vLLM a request it would refuse); here the simulated
+    # engine refuses any prompt longer than the rollout's first, so the resume is refused.
+    engine_class, window, refused = type(server.api.engine), done["usage"]["input_tokens"], []
+    prefill_call = engine_class.prefill_call
+
+    async def refusing(self, latency, call, **kwargs):
+        if len(call.prompt) > window:
+            refused.append(len(call.prompt))
+            raise ContextWindowExceeded(len(call.prompt), window)
+        return await prefill_call(self, latency, call, **kwargs)
+
+    monkeypatch.setattr(engine_class, "prefill_call", refusing)
+    # Found once the response has started: the schema's `server_error`, never `context_length_exceeded`.
+    return ["response.in_progress", "response.failed"], lambda: {"code": "server_error", "message": (
+        f"The engine failed mid-response: its context of {refused[0]:,} tokens exceeds the context window of {window:,} tokens")}
+
+
+@pytest.mark.parametrize("failure", [fail_a_flush, fail_taking_the_append, refuse_past_the_window])
+async def test_a_resume_that_fails_on_v1_fails_the_rollout_once_and_frees_it(autojump_clock, monkeypatch, failure) -> None:
     server = make_server()
     async with open_responses_websocket(InMemoryConnector(server), SUSPENDED) as conn:
         events = await turn(conn, create())
         done = events[-1]["response"]
-        server.api.engine.faults = FaultPlan(flushes_before_failure=1)
-        await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-        rest = await until(conn, *TERMINALS)
+        with monkeypatch.context() as patched:
+            types, error = failure(server, patched, done)
+            await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
+            rest = await until(conn, *TERMINALS)
+        assert [e["type"] for e in rest] == types
         assert_one_terminal_and_numbered(events + rest)
-        assert [e["type"] for e in rest][-3:] == ["response.content_part.added", "response.output_text.delta", "response.failed"]
-        failed = rest[-1]["response"]
-        assert failed["id"] == done["id"] and failed["error"] == INJECTED_FAILURE
+        assert (rest[-1]["response"]["id"], rest[-1]["response"]["error"]) == (done["id"], error())
         assert only_session(server).slot.current is None and session_kv(server) == {}
+        # The append was taken (it started the resume); a second one finds nothing suspended.
         await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
         assert (await receive(conn))["error"]["code"] == errors.NO_SUSPENDED_RESPONSE
-        assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-    await assert_released(server)
-
-
-async def test_a_resume_past_the_engines_context_window_fails_the_rollout_with_a_server_error(autojump_clock, monkeypatch) -> None:
-    # A real engine's window (VllmEngine raises it before sending vLLM a request it would refuse); here the
-    # simulated engine is made to refuse any prompt longer than the rollout's first, so the resume is refused.
-    server = make_server()
-    engine_class = type(server.api.engine)
-    prefill_call = engine_class.prefill_call
-    window: list[int] = []
-    refused: list[int] = []
-
-    async def refusing(self, latency, call, **kwargs):
-        window.append(window[0] if window else len(call.prompt))
-        if len(call.prompt) > window[0]:
-            refused.append(len(call.prompt))
-            raise ContextWindowExceeded(len(call.prompt), window[0])
-        return await prefill_call(self, latency, call, **kwargs)
-
-    monkeypatch.setattr(engine_class, "prefill_call", refusing)
-    async with open_responses_websocket(InMemoryConnector(server), SUSPENDED) as conn:
-        done = (await turn(conn, create()))[-1]["response"]
-        await send(conn, {"type": "response.append", "input": [output(calls_of(done)[0])]})
-        rest = await until(conn, *TERMINALS)
-        assert [e["type"] for e in rest] == ["response.in_progress", "response.failed"]  # the resume, refused
-        assert_one_terminal_and_numbered(rest)
-        # Found once the response has started: the schema's `server_error`, never `context_length_exceeded`.
-        assert rest[-1]["response"]["id"] == done["id"] and rest[-1]["response"]["error"] == {
-            "code": "server_error",
-            "message": f"The engine failed mid-response: its context of {refused[0]:,} tokens exceeds the context window of "
-                       f"{window[0]:,} tokens"}
-        assert only_session(server).slot.current is None and session_kv(server) == {}
-        monkeypatch.setattr(engine_class, "prefill_call", prefill_call)  # the connection goes on serving
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
     await assert_released(server)
 

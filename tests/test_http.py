@@ -14,8 +14,7 @@ import trio.testing
 from support import DELAYED_LINK, H11Client, make_server
 
 from prototype import netem
-from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import HARNESS_TOOLS, open_responses_websocket
+from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.emitter import EngineFailure
 from prototype.engine.engine import Engine
@@ -191,22 +190,6 @@ async def test_bearer_auth_against_the_configured_keys_or_any_key(autojump_clock
         assert answer.status == 200 and answer.json()["object"] == "list"
     else:
         assert unauthorized(answer) == message
-
-
-async def test_auth_is_shared_with_the_websocket_path(autojump_clock, nursery, network) -> None:
-    server = make_server(config=ServerConfig(api_keys=frozenset({"secret"})))
-    link = Link(nursery, server, network)
-    upgrade = [("upgrade", "websocket"), ("connection", "Upgrade"), ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
-               ("sec-websocket-version", "13")]
-    client = await link.connect()
-    error_of(await client.request("GET", headers=upgrade, auth="Bearer wrong", content_type=None), 401, "invalid_api_key")
-    async with open_responses_websocket(InMemoryConnector(server), "chained", api_key="secret") as ws:
-        await ws.send_message(json.dumps({"type": "response.create", **create_body()}))
-        while json.loads(await ws.get_message())["type"] != "response.completed":
-            pass
-    client = await link.connect()
-    error_of(await client.request(body=create_body(), auth="Bearer wrong"), 401, "invalid_api_key")
-    assert_completed_stream(await client.request(body=create_body(stream=True), auth="Bearer secret"))
 
 
 # --- the refusals of a create --------------------------------------------------------------------------

@@ -341,11 +341,3 @@ def test_a_response_sends_the_sampling_defaults_and_echoes_multi_agent_and_compa
     assert wire["context_management"] == [{"type": "compaction", "compact_threshold": 20000}]
     zero = Response("resp_3", create(temperature=0, top_p=0), 1).to_dict()
     assert (zero["temperature"], zero["top_p"]) == (0, 0)
-
-
-def test_an_error_has_its_shape_on_each_transport() -> None:
-    error = errors.previous_response_not_found("resp_x")
-    fields = {"code": "previous_response_not_found", "message": "Previous response with id 'resp_x' not found.", "param": "previous_response_id"}
-    assert error.to_ws_event() == {"type": "error", "status": 400, "error": {"type": "invalid_request_error", **fields}}
-    assert error.to_sse_event(7) == {"type": "error", **fields, "sequence_number": 7}
-    assert error.to_http_body() == {"error": {"type": "invalid_request_error", **fields}}

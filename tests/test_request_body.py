@@ -198,12 +198,6 @@ def test_a_refused_body_gets_its_code_message_and_param(sent: Any, websocket: bo
         "type": "invalid_request_error", "code": error[0], "message": error[1], "param": error[2]}}
 
 
-def test_a_frame_is_refused_as_its_body_is() -> None:
-    with pytest.raises(ProtocolError) as caught:
-        codec.decode_client_event(json.dumps({"type": "response.create", **body(store="no")}))
-    assert (caught.value.code, caught.value.message, caught.value.param) == typed("store", "a boolean")
-
-
 @pytest.mark.parametrize("model", [DROP, ""])
 def test_a_body_without_a_model_is_refused_after_its_other_faults(model: Any) -> None:
     def refused(**fields: Any) -> tuple:

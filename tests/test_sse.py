@@ -40,15 +40,6 @@ def test_a_well_formed_stream_parses_to_its_events() -> None:
     assert [p.size for p in parsed] == [len(sse_block(e)) for e in events]
 
 
-def test_the_block_is_event_line_data_line_blank_line() -> None:
-    block = sse_block(ev.OutputTextDelta(4, "msg_01", 0, 0, "Hi"))
-    assert block == (
-        b'event: response.output_text.delta\n'
-        b'data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_01","output_index":0,'
-        b'"content_index":0,"delta":"Hi","logprobs":[]}\n\n'
-    )
-
-
 def test_a_flat_error_event_ends_a_stream() -> None:
     events = text_turn()[:3]
     body = body_of(events) + sse_error_block(ProtocolError("server_error", "boom", status=500), 3)

@@ -14,7 +14,6 @@ import attrs
 import pytest
 import trio
 import trio.testing
-import trio_websocket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -26,13 +25,13 @@ from hypothesis.stateful import (
 )
 from support import make_server
 from test_bad_input import CORPUS, ONE_TURN, SMALL, TERMINALS, create, session_kv
-from test_faults import PipeConnector, server_tasks_end
+from test_faults import PipeConnector, raw_ws, server_tasks_end
 from trio_websocket import ConnectionClosed
 
 from prototype import metrics
 from prototype.api.checks import CallLedger, SafetyState
 from prototype.api.service import Context
-from prototype.client.harness import BETA, CHAINED, SUSPENDED
+from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.designs.chained import ConnectionCache
 from prototype.designs.emitter import Emitter
 from prototype.designs.suspended import Suspension
@@ -286,10 +285,7 @@ class Client:
 
 
 async def client_task(connector: PipeConnector, client: Client, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with connector.open_stream() as stream, trio.open_nursery() as nursery:
-        headers = [(b"authorization", b"Bearer testbed"), (b"openai-beta", BETA[client.design].encode())]
-        client.ws = await trio_websocket.wrap_client_stream(nursery, stream, "testbed", "/v1/responses", extra_headers=headers, max_message_size=1 << 30)
-        client.stream = stream
+    async with raw_ws(connector, client.design) as (client.ws, client.stream):
         task_status.started()
         try:
             while True:
@@ -298,7 +294,6 @@ async def client_task(connector: PipeConnector, client: Client, *, task_status=t
             client.close_code = closed.reason.code
         finally:
             client.done = True
-            nursery.cancel_scope.cancel()
 
 
 def outputs(response: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 from openai.types.responses import Response as SdkResponse
 from openai.types.responses import ResponseError, ResponseStreamEvent
 from openai.types.responses.response import IncompleteDetails
-from support import create_event, events_by_response, function_calls, make_server, outputs_for, send, until, ws
+from support import create_event, events_by_response, make_server, send, until, ws
 from test_inject import MULTI_AGENT, beta_ws
 
 from prototype.api.checks import SPARK_CONTEXT_WINDOW
@@ -191,14 +191,6 @@ async def engine_fault_v2(server) -> list[dict[str, Any]]:
         return [await _ended(conn, create_event())]
 
 
-async def engine_fault_v1_after_a_resume(server) -> list[dict[str, Any]]:
-    async with ws(server, "suspended") as conn:
-        await send(conn, create_event())
-        done = (await until(conn, "response.done"))[-1]
-        server.api.engine.faults = FaultPlan()
-        return [await _ended(conn, {"type": "response.append", "input": outputs_for(function_calls(done["response"]))})]
-
-
 async def hosted_result_past_the_window(server) -> list[dict[str, Any]]:
     # The input fits the window; the search result the response reads mid-way does not.
     key = server.api.workloads.register(Workload("past-the-window", 1, (TurnSpec(10, 20, (), (HostedCall(0.5, 4_000),)),)))
@@ -207,7 +199,7 @@ async def hosted_result_past_the_window(server) -> list[dict[str, Any]]:
         return [await _ended(conn, create_event(text, model=SPARK, metadata={"testbed_workload": key}, tools=[*HARNESS_TOOLS, WEB_SEARCH]))]
 
 
-async def a_paused_v1_rollout(server) -> list[dict[str, Any]]:  # ended by the suspension's TTL or the lifetime
+async def a_paused_v1_rollout(server) -> list[dict[str, Any]]:  # ended by the suspension's TTL
     async with ws(server, "suspended") as conn:
         return [await _ended(conn, create_event(), after="response.done")]
 
@@ -240,11 +232,9 @@ async def steered(server) -> list[dict[str, Any]]:
 
 ENDINGS = {  # name -> (scenario, the server's config, the terminal event it ends with)
     "engine_fault_v2": (engine_fault_v2, ServerConfig(), "response.failed"),
-    "engine_fault_v1_after_a_resume": (engine_fault_v1_after_a_resume, ServerConfig(), "response.failed"),
     "hosted_result_past_the_window": (hosted_result_past_the_window, ServerConfig(), "response.failed"),
     "suspension_ttl_v1": (a_paused_v1_rollout, ServerConfig(suspension_ttl=1.0), "response.failed"),
     "inject_wait_past_the_ttl": (inject_wait_past_the_ttl, ServerConfig(suspension_ttl=1.0), "response.failed"),
-    "lifetime_ends_a_paused_v1_rollout": (a_paused_v1_rollout, ServerConfig(connection_lifetime=30.0), "response.failed"),
     "lifetime_cuts_a_streaming_v2_response": (lifetime_cuts_a_streaming_v2_response, ServerConfig(connection_lifetime=5.0, lifetime_grace=1.0),
                                               "response.failed"),
     "output_budget_runs_out": (output_budget_runs_out, ServerConfig(), "response.incomplete"),

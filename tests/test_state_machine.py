@@ -1,20 +1,14 @@
-"""Random sequences: a Hypothesis state machine over the sans-IO core against a reference model, and
-random event sequences against a live server under virtual time. Invariants: no crash, one terminal
-event per response, gapless numbering, nothing left behind, bounded caches."""
+"""A Hypothesis state machine over the sans-IO core (the codec, the call ledger, the v2 cache slot, the v1 suspension,
+the emitter) against a reference model: one terminal event per response, gapless numbering, one cache slot, a ledger
+equal to a full fold of the conversation (random sequences against a live server: tests/test_stateful_connections.py)."""
 
 from __future__ import annotations
 
 import json
-import logging
-import logging.handlers
-from collections import Counter
 from typing import Any
 
-import attrs
 import pytest
-import trio
-import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,10 +17,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from support import make_server
-from test_bad_input import CORPUS, ONE_TURN, SMALL, TERMINALS, create, session_kv
-from test_faults import PipeConnector, raw_ws, server_tasks_end
-from trio_websocket import ConnectionClosed
+from test_bad_input import CORPUS, TERMINALS
 
 from prototype import metrics
 from prototype.api.checks import CallLedger, SafetyState
@@ -42,9 +33,6 @@ from prototype.protocol.errors import ProtocolError
 from prototype.protocol.events import CreateRequest, ResponseAppend, ResponseCreate
 from prototype.protocol.items import FunctionCall
 from prototype.protocol.response import Response
-from prototype.server.config import ServerConfig
-
-# --- 1. the sans-IO core, synchronously: the codec, the call ledger, the v2 cache slot, the v1 suspension, the emitter
 
 
 def drive(coroutine: Any) -> Any:
@@ -65,7 +53,6 @@ async def chunks(pieces: list[str]):
 # Frames the codec alone refuses, whatever the design and the connection's state.
 CODEC_CASES = [case for case in CORPUS if case.stage == "frame" and set(case.designs) == {SUSPENDED, CHAINED}
                and "$prev" not in json.dumps(case.frame if not isinstance(case.frame, bytes) else "")]
-DOCUMENTED = {value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)}
 
 
 def output_frame(kind: str, call_ids: list[str]) -> str:
@@ -265,176 +252,3 @@ class ConversationCore(RuleBasedStateMachine):
 
 ConversationCore.TestCase.settings = settings(max_examples=80, stateful_step_count=20, deadline=None)
 TestConversationCore = ConversationCore.TestCase
-
-
-# --- 2. random event sequences against a live server, under virtual time ---------------------------------
-
-
-@attrs.define(eq=False)
-class Client:
-    design: str
-    ws: Any = None
-    stream: Any = None
-    events: list = attrs.Factory(list)
-    close_code: int | None = None
-    done: bool = False
-    closing: bool = False  # the test closed it
-
-    def last(self, *types: str) -> dict[str, Any] | None:
-        return next((e for e in reversed(self.events) if e["type"] in types), None)
-
-
-async def client_task(connector: PipeConnector, client: Client, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with raw_ws(connector, client.design) as (client.ws, client.stream):
-        task_status.started()
-        try:
-            while True:
-                client.events.append(json.loads(await client.ws.get_message()))
-        except ConnectionClosed as closed:
-            client.close_code = closed.reason.code
-        finally:
-            client.done = True
-
-
-def outputs(response: dict[str, Any] | None) -> list[dict[str, Any]]:
-    calls = [] if response is None else [i["call_id"] for i in response["output"] if i["type"] == "function_call"]
-    return [{"type": "function_call_output", "call_id": c, "output": "ok"} for c in calls or ["call_none"]]
-
-
-FRAME_CASES = [case for case in CORPUS if "$prev" not in json.dumps(case.frame if not isinstance(case.frame, bytes) else "")]
-ACTIONS = ["open", "create", "create", "create", "append", "append", "bad", "steer", "sleep", "sleep", "close"]
-CREATES = ["fresh", "fresh", "chain", "chain", "other", "bogus", "bad_metadata", "warm_up"]
-
-
-def check_events(client: Client) -> None:
-    """Per response: numbers 0, 1, 2, ...; one terminal, last; v1-only events on v1 only."""
-    numbers: dict[str, list[int]] = {}
-    terminals: Counter = Counter()
-    current = None
-    for event in client.events:
-        kind = event["type"]
-        assert isinstance(kind, str)
-        if kind == "error":
-            assert event["status"] == 400 and event["error"]["code"] in DOCUMENTED and event["error"]["type"] == "invalid_request_error", event
-            continue
-        if kind == "response.steer.failed":
-            continue
-        if kind == "response.created":
-            current = event["response"]["id"]
-            assert current not in numbers
-            numbers[current] = []
-        assert current is not None, event
-        assert terminals[current] == 0, f"{kind} after the terminal of {current}"
-        if "response" in event:
-            assert event["response"]["id"] == current
-        numbers[current].append(event["sequence_number"])
-        if kind in TERMINALS:
-            terminals[current] += 1
-        if kind == "response.done":
-            assert client.design == SUSPENDED
-    for response_id, seen in numbers.items():
-        assert seen == list(range(len(seen))), (response_id, seen)
-    unfinished = [r for r in numbers if terminals[r] == 0]
-    if client.close_code is None and not client.closing:
-        assert unfinished == [], unfinished  # the connection is open and quiet: every response ended
-    else:
-        assert len(unfinished) <= 1  # only the one in flight when the connection went
-
-
-async def play(data: st.DataObject) -> None:
-    server = make_server(config=ServerConfig(suspension_ttl=5.0, max_queued_creates=3, max_message_bytes=64 * 1024))
-    errors_logged = logging.handlers.BufferingHandler(1 << 30)
-    errors_logged.setLevel(logging.ERROR)
-    logging.getLogger("prototype").addHandler(errors_logged)
-    clients: list[Client] = []
-    try:
-        async with trio.open_nursery() as server_side, trio.open_nursery() as client_side:
-            connector = PipeConnector(server, server_side, capacity=1 << 20)
-
-            async def send(client: Client, frame: Any) -> None:
-                try:
-                    await client.ws.send_message(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
-                except ConnectionClosed:
-                    pass
-
-            for design in data.draw(st.lists(st.sampled_from([SUSPENDED, CHAINED]), min_size=1, max_size=3), label="first clients"):
-                clients.append(Client(design))
-                await client_side.start(client_task, connector, clients[-1])
-            for _ in range(data.draw(st.integers(3, 24), label="steps")):
-                # Mostly let the server catch up between actions; sometimes race it.
-                await trio.sleep(data.draw(st.sampled_from([0.05, 0.05, 0.05, 0.0]), label="gap"))
-                live = [c for c in clients if not c.done and not c.closing]
-                action = data.draw(st.sampled_from(ACTIONS if live else ["open"]), label="action")
-                if action == "open" and len(live) < 3:
-                    client = Client(data.draw(st.sampled_from([SUSPENDED, CHAINED]), label="design"))
-                    await client_side.start(client_task, connector, client)
-                    clients.append(client)
-                    continue
-                if not live:
-                    continue
-                client = data.draw(st.sampled_from(live), label="client")
-                if action == "create":
-                    kind = data.draw(st.sampled_from(CREATES), label="create")
-                    last = client.last("response.completed")
-                    others = [c.last("response.completed") for c in clients if c is not client and c.last("response.completed")]
-                    if kind == "fresh":
-                        frame = create(metadata={"testbed_workload": data.draw(st.sampled_from([SMALL, ONE_TURN]))})
-                    elif kind == "bad_metadata":
-                        frame = create(metadata={"testbed_workload": "nope"})
-                    elif kind == "warm_up":
-                        frame = create(generate=False)
-                    else:
-                        target = {"chain": last, "other": others[0] if others else None, "bogus": None}[kind]
-                        frame = create(previous_response_id=target["response"]["id"] if target else "resp_bogus", input=outputs(target and target["response"]))
-                    await send(client, frame)
-                elif action == "append":
-                    paused = client.last("response.done")
-                    right = data.draw(st.booleans(), label="right answer")
-                    items = outputs(paused and paused["response"]) if right else [{"type": "function_call_output", "call_id": "call_x", "output": "?"}]
-                    await send(client, {"type": "response.append", "input": items})
-                elif action == "bad":
-                    case = data.draw(st.sampled_from(FRAME_CASES), label="corpus frame")
-                    await send(client, case.frame if isinstance(case.frame, (str, bytes)) else json.dumps(case.frame))
-                elif action == "steer":
-                    await send(client, {"type": "response.steer", "previous_response_id": "resp_x", "input": "faster"})
-                elif action == "sleep":
-                    await trio.sleep(data.draw(st.sampled_from([0, 0.01, 0.3, 2.0, 6.0]), label="sleep"))
-                elif action == "close":
-                    client.closing = True
-                    if data.draw(st.booleans(), label="dropped"):
-                        await client.stream.aclose()
-                    else:
-                        with trio.move_on_after(5):
-                            await client.ws.aclose()
-                # Caches bounded, at every step: KV only for live sessions, one cache slot each.
-                assert len(session_kv(server)) <= len(server.sessions)
-                assert len(server.sessions) <= len(clients)
-
-            await trio.sleep(100)  # everything queued has run; suspended rollouts have expired
-            for client in clients:
-                check_events(client)
-            # Every connection still open is usable: a new task completes on it.
-            for client in [c for c in clients if not c.done and not c.closing]:
-                before = len(client.events)
-                await send(client, create(metadata={"testbed_workload": ONE_TURN}))
-                with trio.fail_after(30):
-                    while not any(e["type"] in TERMINALS for e in client.events[before:]):
-                        await trio.sleep(0.01)
-                assert client.events[-1]["type"] == "response.completed", client.events[before:]
-            # Every client leaves; then nothing of theirs remains on the server.
-            for client in clients:
-                if not client.done:
-                    with trio.move_on_after(5):
-                        await client.ws.aclose()
-            await server_tasks_end(server_side, server)
-            assert session_kv(server) == {} and server.connections == 0
-            client_side.cancel_scope.cancel()
-    finally:
-        logging.getLogger("prototype").removeHandler(errors_logged)
-    assert [r.getMessage() for r in errors_logged.buffer] == []
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data(), clock=st.builds(trio.testing.MockClock, autojump_threshold=st.just(0)))
-def test_random_event_sequences_against_a_live_server(data: st.DataObject, clock: trio.testing.MockClock) -> None:
-    trio.run(play, data, clock=clock)

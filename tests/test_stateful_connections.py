@@ -1,14 +1,20 @@
 """A Hypothesis state machine over several WebSocket connections to one server at once:
 creates, appends (one, or two back to back), disconnects, and waits that run into the suspension
-time-to-live and the connection lifetime, in any interleaving. After every step the model's
-invariants are checked on what the clients received and what the server applied:
+time-to-live and the connection lifetime, in any interleaving; with them creates chained from the
+connection's last response, another connection's or one that never was, warm-ups, workloads that name
+nothing, steers and the bad input corpus's frames. After every step the model's invariants are checked
+on what the clients received and what the server applied:
 
 * per response, sequence numbers run 0, 1, 2, ... with no gap or repeat, at most one terminal
   event, and nothing after it;
 * a connection the server closed (lifetime) saw exactly one terminal event for every response it
   saw start;
 * every append the server applied appears in the rollout's transcript exactly once, and on a
-  connection still open every append sent was either applied or refused with its error.
+  connection still open every append sent was either applied or refused with its error;
+* every error is a documented refusal, `response.done` comes on v1 only, and the server logs no error.
+
+At the end every connection still open serves a new task (or has reached its lifetime), and once every
+client has left nothing of theirs remains on the server.
 
 The server runs in a trio run on a thread with a MockClock that moves only when a rule says so
 (`wait`), so each step is deterministic; a rule settles with `wait_all_tasks_blocked` before the
@@ -18,6 +24,8 @@ invariants are read.
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 import threading
 from typing import Any
 
@@ -27,13 +35,15 @@ import trio.testing
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from support import create_event, events_by_response, make_server, ws
+from support import create_event, events_by_response, function_calls, make_server, outputs_for, ws
+from test_bad_input import CORPUS, session_kv
 from trio_websocket import ConnectionClosed
 
 from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.designs.emitter import Emitter
 from prototype.designs.sampling import SamplingLoop
 from prototype.designs.suspended import Suspension
+from prototype.protocol import errors
 from prototype.protocol.events import TERMINAL_TYPES
 from prototype.server.config import ServerConfig
 
@@ -42,6 +52,10 @@ STEP_S = 0.05  # virtual time advances in steps this long, the server settling a
 LIFETIME_S = 6.0
 SUSPENSION_TTL_S = 2.0
 REFUSED_APPENDS = {"no_suspended_response", "invalid_function_call_output"}
+DOCUMENTED = {value for name, value in vars(errors).items() if name.isupper() and isinstance(value, str)}
+# The corpus's frames that stand alone (no placeholder to fill) and refuse no append: bad on any connection, in any state.
+BAD_FRAMES = [case.frame for case in CORPUS if case.code not in REFUSED_APPENDS and "$" not in str(case.frame)]
+TASK = {"model": "sim-10000", "metadata": {"testbed_workload": "fixed:1:50:10:20:0"}}  # one turn of 20 tokens
 
 
 class Conn:
@@ -57,6 +71,9 @@ class Conn:
 
     def response_ids(self) -> list[str]:
         return [e["response"]["id"] for e in self.events if e["type"] == "response.created"]
+
+    def last_response(self) -> dict[str, Any] | None:
+        return next((e["response"] for e in reversed(self.events) if e["type"] == "response.completed"), None)
 
     def pending_calls(self) -> list[dict[str, Any]] | None:
         """The calls of the v1 rollout paused at the last event, if it is a `response.done`."""
@@ -146,16 +163,39 @@ class Connections(RuleBasedStateMachine):
         resumed = Emitter.resumed
         self._originals = (take, deliver, resumed)
         SamplingLoop.take_new_items, Suspension.deliver, Emitter.resumed = spy_take, spy_deliver, slow_resumed
+        self.logged = logging.handlers.BufferingHandler(1 << 30)
+        self.logged.setLevel(logging.ERROR)
+        logging.getLogger("prototype").addHandler(self.logged)
         self.trio = ServerThread()
         self.conns: list[Conn | None] = [None] * CONNECTIONS
         self.serial = 0
 
     def teardown(self) -> None:
-        for conn in self.conns:
-            if conn is not None and not conn.closed:
-                self.trio.call(self._disconnect, conn)
-        self.trio.close()
-        SamplingLoop.take_new_items, Suspension.deliver, Emitter.resumed = self._originals
+        try:
+            self.trio.call(self._serve_once_more_then_leave)
+        finally:
+            self.trio.close()
+            SamplingLoop.take_new_items, Suspension.deliver, Emitter.resumed = self._originals
+            logging.getLogger("prototype").removeHandler(self.logged)
+
+    async def _serve_once_more_then_leave(self) -> None:
+        self.trio.clock.autojump_threshold = 0  # the clock runs on to each timer from here
+        for conn in filter(None, self.conns):
+            if conn.closed or conn.dropped:
+                continue
+            conn.outbox_send.send_nowait(json.dumps(create_event(model=TASK["model"], metadata={**TASK["metadata"], "last": "yes"})))
+            with trio.fail_after(100):  # it may wait behind what is queued, and a paused rollout's time-to-live
+                while not conn.closed and not any(e["type"] == "response.completed" and e["response"]["metadata"].get("last")
+                                                  for e in conn.events):
+                    await trio.sleep(STEP_S)
+            assert not conn.closed or conn.closed_by_server == 1000, conn.events[-3:]  # served, or closed at its lifetime
+        for conn in filter(None, self.conns):
+            if not conn.closed:
+                await self._disconnect(conn)
+        with trio.fail_after(100):
+            while self.server.sessions or self.server.connections:
+                await trio.sleep(STEP_S)
+        assert session_kv(self.server) == {}
 
     async def _settle(self) -> None:
         await trio.testing.wait_all_tasks_blocked()
@@ -187,13 +227,13 @@ class Connections(RuleBasedStateMachine):
 
         self.trio.call(start)
 
-    def _send(self, conn: Conn, *frames: dict[str, Any]) -> None:
+    def _send(self, conn: Conn, *frames: dict[str, Any] | str | bytes) -> None:
         """Send `frames` back to back (nothing runs in between), then let the server settle."""
 
         async def send() -> None:
             for frame in frames:
                 try:
-                    conn.outbox_send.send_nowait(json.dumps(frame))
+                    conn.outbox_send.send_nowait(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
                 except trio.BrokenResourceError:
                     pass
             await trio.testing.wait_all_tasks_blocked()
@@ -205,6 +245,37 @@ class Connections(RuleBasedStateMachine):
         conn = self.live(index)
         if conn is not None:
             self._send(conn, create_event(model="sim-10000", metadata={"testbed_workload": f"fixed:{turns}:50:10:20:0"}))
+
+    @rule(index=st.integers(0, CONNECTIONS - 1), kind=st.sampled_from(["chain", "other", "bogus", "bad_workload", "warm_up"]))
+    def create_more(self, index: int, kind: str) -> None:
+        """Chained from this connection's last response, another connection's or one that never was; a workload that
+        names nothing; a warm-up (v1 refuses a chain and a warm-up)."""
+        conn = self.live(index)
+        if conn is None:
+            return
+        fields: dict[str, Any] = dict(TASK)
+        if kind == "bad_workload":
+            fields["metadata"] = {"testbed_workload": "nope"}
+        elif kind == "warm_up":
+            fields["generate"] = False
+        else:
+            source = {"chain": conn, "other": self.conns[(index + 1) % CONNECTIONS], "bogus": None}[kind]
+            last = source.last_response() if source is not None else None
+            fields["previous_response_id"] = last["id"] if last else "resp_bogus"
+            fields["input"] = outputs_for(function_calls(last)) if last else outputs_for([{"call_id": "call_none"}])
+        self._send(conn, create_event(**fields))
+
+    @rule(index=st.integers(0, CONNECTIONS - 1), frame=st.sampled_from(BAD_FRAMES))
+    def bad_frame(self, index: int, frame: Any) -> None:
+        conn = self.live(index)
+        if conn is not None:
+            self._send(conn, frame)
+
+    @rule(index=st.integers(0, CONNECTIONS - 1))
+    def steer(self, index: int) -> None:
+        conn = self.live(index)
+        if conn is not None:
+            self._send(conn, {"type": "response.steer", "previous_response_id": "resp_x", "input": "faster"})
 
     @rule(index=st.integers(0, CONNECTIONS - 1), twice=st.booleans(), matching=st.booleans())
     def append(self, index: int, twice: bool, matching: bool) -> None:
@@ -254,12 +325,25 @@ class Connections(RuleBasedStateMachine):
     def each_response_is_numbered_and_ends_once(self) -> None:
         self.settle()
         for conn in filter(None, self.conns):
-            for response_id, seen in events_by_response(conn.events).items():
-                assert [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
+            # A steer refused for want of its target is numbered 0 on its own, no response's event.
+            numbered = [e for e in conn.events if e["type"] != "response.steer.failed"]
+            for response_id, seen in events_by_response(numbered).items():
+                assert response_id is not None and [e["sequence_number"] for e in seen] == list(range(len(seen))), response_id
+                assert all(e["response"]["id"] == response_id for e in seen if "response" in e), response_id
                 terminals = [i for i, e in enumerate(seen) if e["type"] in TERMINAL_TYPES]
                 assert len(terminals) <= 1 and (not terminals or terminals[0] == len(seen) - 1), response_id
                 if conn.closed_by_server is not None:
                     assert len(terminals) == 1, f"{response_id} cut off by the server's close"
+
+    @invariant()
+    def errors_are_documented_refusals_pauses_v1_only_nothing_logged_and_kv_bounded(self) -> None:
+        for conn in filter(None, self.conns):
+            for event in conn.events:
+                if event["type"] == "error":
+                    assert (event["status"], event["error"]["type"], event["error"]["code"] in DOCUMENTED) == (400, "invalid_request_error", True)
+                assert event["type"] != "response.done" or conn.design == SUSPENDED
+        assert [record.getMessage() for record in self.logged.buffer] == []
+        assert len(session_kv(self.server)) <= len(self.server.sessions)  # KV for live sessions only, one cache slot each
 
     @invariant()
     def every_accepted_append_appears_once_and_every_sent_one_is_answered(self) -> None:

@@ -79,30 +79,3 @@ def test_every_phase_has_one_colour():
     assert set(metrics.SERVER_PHASES) | {analysis.NETWORK_CLIENT, analysis.TOOL} == set(figures.PHASE_COLORS)
     assert set(figures.PHASE_ORDER) == set(figures.PHASE_COLORS)
 
-
-def test_sweep_and_timeline_on_a_tiny_task(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prototype import analysis, benchmark, figures, sweep
-    from prototype import workload as wl
-
-    task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=10, tool_seconds=0.2)
-    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
-    rows = benchmark.design_sweep(runner, "tps", [1000.0, 4000.0], lambda tps: (tps, benchmark.BenchConfig(task_list=(task,))))
-    table = analysis.sweep_table(rows, "tps")
-    assert {(r["tps"], r["design"]) for r in table} == {(t, d) for t in (1000.0, 4000.0) for d in benchmark.DESIGNS}
-    assert all(r["gain_vs_http"] == 0 for r in table if r["design"] == benchmark.HTTP)
-    records = [benchmark.run_design_virtual(d, 1000.0, benchmark.BenchConfig(task_list=(task,)))[0]
-               for d in benchmark.DESIGNS]
-    spans = figures.turn_spans(records[-1])
-    assert {s["phase"] for s in spans} >= {"prefill", "decode", analysis.TOOL, analysis.PAUSE}
-    assert all(s["end"] >= s["start"] >= 0 for s in spans)
-    fig, ax = plt.subplots()
-    figures.timeline(ax, records)
-    figures.sweep_plot(ax.twinx(), table, "tps", logx=True)
-    fig.savefig(tmp_path / "t.png")
-    plt.close(fig)
-    assert [r["design"] for r in analysis.state_table(records)] == list(benchmark.DESIGNS)

@@ -261,19 +261,41 @@ def test_the_parameters_printed_leave_out_what_did_not_run():
 # --- a run -------------------------------------------------------------------------------------------------
 
 
-def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_path, drawn, capsys, monkeypatch):
+def test_a_run_prints_the_table_parameters_and_notes_writes_every_file_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
+                                                                                                          monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "new" / "out"
-    clock = iter([10.0, 12.25])
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    argv = ["compare", "--tasks", "1", "--turns", "3", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
+    argv = ["compare", "--tasks", "2", "--turns", "3", "--speeds", "1000", "--designs", "http,chained", "--jobs", "1",
             "--rtt-ms", "40", "--out", str(out)]
+    assert cli_main([*argv, "--no-cache"]) == 0
+    printed, err = capsys.readouterr()
+    assert not (tmp_path / "cache").exists() and "roughly" not in err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
+    lines = printed.splitlines()
+    header = next(line for line in lines if "design" in line and "tok/s" in line)
+    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
+                                                                     "API (%)", "sent/turn (kB)"]
+    table = lines[lines.index(header): lines.index(header) + 3]
+    assert [row.split()[:2] for row in table[1:]] == [["http", "1,000"], ["chained", "1,000"]]
+    assert max(len(line) for line in table) <= 100  # every estimate with its interval fits a terminal
+    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
+    assert any(line.split()[:4] == ["decode", "speeds", "1000", "tokens/s"] for line in lines)
+    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
+    # With v1 too, a long run by the estimate's count: the estimate, before the progress bar.
+    argv[argv.index("http,chained")] = "suspended,http,chained"
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 6)
+    clock = iter([10.0, 12.25])
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock), process_time=time.process_time))
     assert cli_main(argv) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
+    assert err.index("compare: 6 task runs, roughly") < err.index("%|")
     saved = json.loads((out / "compare.json").read_text())
     table, rows = saved["table"], json.loads((out / "compare_tasks.json").read_text())
-    assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [("http", 1000.0, 1), ("suspended", 1000.0, 1)]
-    assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("suspended", 1000.0)]
+    designs = ["http", "chained", "suspended"]
+    assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [(d, 1000.0, 2) for d in designs]
+    assert [(r["design"], r["decode_tps"]) for r in rows] == [(d, 1000.0) for d in designs for _ in range(2)]
     assert (out / "compare.json").read_text() == json.dumps(
         {"table": table, "parameters": saved["parameters"], "workload": "the 'coding' workload", "clock": "virtual time",
          "headline": saved["headline"]}, indent=1) + "\n"
@@ -281,28 +303,27 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     # interval and format, the docs' table, and the task rows the figure is drawn from.
     section = saved["headline"]
     assert (section["name"], section["command"], section["workload"]) == (
-        "compare", "python -m prototype compare --tasks 1 --turns 3", "1 task of the 'coding' workload, virtual time")
+        "compare", "python -m prototype compare --tasks 2 --turns 3", "2 tasks of the 'coding' workload, virtual time")
     assert sorted(section["figures"]) == sorted(
-        [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in ("http", "suspended")]
-        + [f"{name}.suspended.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio")])
+        [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in designs]
+        + [f"{name}.{design}.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio") for design in designs[1:]])
     gain = section["figures"]["gain.suspended.1000"]
-    assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[1]["gain_vs_http"], 1, "{:.1f}%", 100.0)
+    assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[2]["gain_vs_http"], 2, "{:.1f}%", 100.0)
     assert section["tables"]["table"]["columns"] == [c.header for c in compare.DOCS_TABLE]
-    assert [r[0] for r in section["tables"]["table"]["rows"]] == ["http", "suspended"]
+    assert [r[0] for r in section["tables"]["table"]["rows"]] == designs
     assert section["data"] == rows
     with (out / "compare.csv").open() as f:
-        assert [row["design"] for row in csv.DictReader(f)] == ["http", "suspended"]
+        assert [row["design"] for row in csv.DictReader(f)] == designs
     assert sorted(p.name for p in out.iterdir()) == [
-        "compare.csv", "compare.json", "compare_tasks.json", "trace_http.json", "trace_suspended.json"]
-    assert json.loads((out / "trace_http.json").read_text())
-    [(args, kwargs)] = drawn
+        "compare.csv", "compare.json", "compare_tasks.json", "trace_chained.json", "trace_http.json", "trace_suspended.json"]
+    [_, (args, kwargs)] = drawn
     # Drawn into the run's staging folder beside `out`, whose files then move into `out` (cli/common.py RunFolder).
     assert (json.dumps(args[0]), args[1], args[2].name, args[2].parent.parent, kwargs) == (
         json.dumps(table), rows, "compare.png", out.parent, {"workload": "the 'coding' workload", "clock": "virtual time"})
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
-    assert printed.startswith("\n1 task of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
-    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
-    assert common.plural(1000, "task") == "1,000 tasks"
+    assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
+    assert "coding, 2 tasks, seed 0" in printed
+    assert common.plural(1000, "task") == "1,000 tasks" and common.plural(1, "task") == "1 task"
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
@@ -310,7 +331,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     network_line = ("  " + "network".ljust(44) + " " + first.ljust(44) + " " + parameters["network"][1] + "\n"
                     + "  " + " " * 44 + " " + rest + "\n")
     assert "\nModeled parameters (value, source):\n  workload preset " in printed and network_line in printed
-    assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 1. compare runs v1 with a "
+    assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 2. compare runs v1 with a "
             "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "
             "300 s, v1 would end those tasks with response.failed (server_error) and the client would have to start "
             "them again.\n") in printed
@@ -318,24 +339,25 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
             "task longer than that continues on a new connection\n") in printed
     assert "results cache" not in printed
     wrote = printed.splitlines()[-1]
-    assert wrote == (f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, trace_http.json, "
+    assert wrote == (f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, trace_http.json, trace_chained.json, "
                      "trace_suspended.json in 2.2 s")
-    # The same run again, with one more design, takes the two points it ran from the results cache, and says so.
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
-    argv[argv.index("suspended,http")] = "suspended,http,chained"
-    assert cli_main(argv) == 0
-    again = capsys.readouterr().out
-    assert (f"\n\n2 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
-            "the same configuration and code; --no-cache computes them again.\n") in again
-    table = {r["design"]: r for r in json.loads((out / "compare.json").read_text())["table"]}
     # What each design keeps between turns orders them: end-to-end time, time to first token and upload.
-    assert table["http"]["speedup_vs_http"] == 1.0 < table["chained"]["speedup_vs_http"] < table["suspended"]["speedup_vs_http"]
+    by = {r["design"]: r for r in table}
+    assert by["http"]["speedup_vs_http"] == 1.0 < by["chained"]["speedup_vs_http"] < by["suspended"]["speedup_vs_http"]
     for column in ("ttft_p50_ms", "bytes_sent_per_turn"):
-        assert table["http"][column] > table["chained"][column] > table["suspended"][column] > 0, column
-    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table.values())
+        assert by["http"][column] > by["chained"][column] > by["suspended"][column] > 0, column
+    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table)
     spans = [e for e in json.loads((out / "trace_suspended.json").read_text())["traceEvents"] if e["ph"] == "X"]
     assert {"turn", "time_to_first_token", "validate", "prefill", "decode", "post"} <= {e["name"] for e in spans}
     assert all(e["dur"] >= 0 for e in spans)
+    # The same run again takes every point from the results cache, says so, and has nothing to estimate: the same table.
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    assert cli_main(argv) == 0
+    again, err = capsys.readouterr()
+    assert "roughly" not in err
+    assert (f"\n\n3 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
+            "the same configuration and code; --no-cache computes them again.\n") in again
+    assert again.split("\n3 of 3")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")
 
 
 def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):
@@ -430,41 +452,51 @@ def real_call(prompt: int, computed: int, hits: int, predicted: int) -> RealCall
                     ttft_s=0.1, decode_s=0.2, kv_usage=0.0, kv_blocks_used=0)
 
 
-def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, drawn, capsys, monkeypatch):
-    seen = []
+def test_the_real_engine_runs_each_design_once_keeps_its_rows_traces_its_first_task_and_prints_its_calls(tmp_path, drawn, capsys,
+                                                                                                           monkeypatch):
+    from prototype.trace import write_chrome_trace
+
+    seen, records = [], {}
 
     def designs_on_vllm(designs, config, spec, *, python, decode_tps, parallel):
         seen.append((designs, spec.name, python, decode_tps, parallel))
-        records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs}
+        records.update({d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs})
         return {d: (records[d], [real_call(1000, 400, 600, 432), real_call(2500, 100, 2400, 60)]) for d in designs}
 
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", designs_on_vllm)
     out = tmp_path / "out"
-    assert cli_main(["compare", "--engine", "vllm", "--vllm-python", "/p/python", "--vllm-parallel", "--tasks", "1",
-                     "--turns", "2", "--preset", "chat", "--designs", "chained", "--out", str(out)]) == 0
-    assert seen == [(["chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
+    assert cli_main(["compare", "--engine", "vllm", "--vllm-python", "/p/python", "--vllm-parallel", "--tasks", "2",
+                     "--turns", "2", "--preset", "chat", "--designs", "http,chained", "--out", str(out)]) == 0
+    assert seen == [(["http", "chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
     printed = capsys.readouterr().out
-    assert printed.startswith("\n1 task of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
-    assert ("  chained      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
-            "  prefix-cache hits     3,000\n") in printed
+    assert printed.startswith("\n2 tasks of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
+    for design in ("http   ", "chained"):
+        assert (f"  {design}      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
+                "  prefix-cache hits     3,000\n") in printed
     assert "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens" in printed
     assert "Modeled parameters" not in printed and "prefill rate" not in printed and "decode speeds" not in printed
     assert "  KV cache" in printed
     assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
-                                               "trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
+                                               "trace_http.json, trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
     assert [(r["design"], r["call"], r["prefill_vllm"], r["prefill_sim"]) for r in json.loads((out / "vllm_calls.json").read_text())] == [
-        ("chained", 1, 400, 432), ("chained", 2, 100, 60)]
+        (d, call, vllm, sim) for d in ("http", "chained") for call, vllm, sim in ((1, 400, 432), (2, 100, 60))]
     assert "results cache" not in printed
     assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
-    assert [r["decode_tps"] for r in json.loads((out / "compare_tasks.json").read_text())] == [1000.0]
-    # The time split: the engine's phases (measured on vLLM) apart from the modeled API work, network and tools.
-    (row,) = json.loads((out / "compare_tasks.json").read_text())
+    # Every design's rows (the decode speed column names the model profile only), and a trace of each one's first task.
+    rows = json.loads((out / "compare_tasks.json").read_text())
+    assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
+        ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
+    write_chrome_trace(records["http"][:1], tmp_path / "first.json")
+    assert (out / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
+    # The time split, over the design's tasks: the engine's phases (measured on vLLM) apart from the modeled API work,
+    # network and tools.
+    mine = rows[2:]
 
     def spent(*phases: str) -> float:
-        return sum(row["phase_totals_s"].get(phase, 0.0) for phase in phases)
+        return sum(row["phase_totals_s"].get(phase, 0.0) for row in mine for phase in phases)
 
     assert (f"  chained      {spent('queue', 'prefill', 'decode'):>16.1f} {spent(*benchmark.API_OVERHEAD_PHASES):>14.1f} "
-            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
+            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {sum(r['e2e_s'] for r in mine):>11.1f}\n") in printed
 
 
 def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts_and_an_engine_that_cannot_start_exits_2(tmp_path, capsys, monkeypatch):
@@ -493,63 +525,6 @@ def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_sta
     assert cli_main(["compare", "--engine", "vllm", "--tasks", "1", "--turns", "2", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "python -m prototype compare: error: --engine vllm: no vllm here\n"
 
-
-def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):
-    from prototype.trace import write_chrome_trace
-
-    config = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=2)
-    records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in ("http", "chained")}
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda designs, *a, **k: {d: (records[d], []) for d in designs})
-    rows, lines = compare.run_on_vllm(parsed("--engine", "vllm"), config, ["http", "chained"], tmp_path)
-    assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
-        ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
-    write_chrome_trace(records["http"][:1], tmp_path / "first.json")
-    assert (tmp_path / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
-    assert lines[1:3] == [
-        "  http         model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
-        "  chained      model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
-    ]
-
-
-# --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
-
-
-def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
-                                                                                              monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "out"
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1",
-            "--out", str(out)]
-    assert cli_main([*argv, "--no-cache"]) == 0
-    printed, err = capsys.readouterr()
-    assert not (tmp_path / "cache").exists() and "roughly" not in err
-    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
-    final = err.replace("\r", "\n").strip().splitlines()[-1]
-    assert " 4/4 [" in final and "task" in final, final
-    lines = printed.splitlines()
-    header = next(line for line in lines if "design" in line and "tok/s" in line)
-    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
-                                                                     "API (%)", "sent/turn (kB)"]
-    table = lines[lines.index(header): lines.index(header) + 3]
-    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
-    assert max(len(line) for line in table) <= 100  # every estimate with its interval
-    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
-    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
-    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
-    assert lines[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")  # no trace at 4000
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
-    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
-    assert cli_main(argv) == 0
-    err = capsys.readouterr().err
-    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
-    assert cli_main(argv) == 0  # from the cache: nothing to estimate
-    again, err = capsys.readouterr()
-    assert "roughly" not in err
-    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
-    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
-
-
-# --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
 
 COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
 
@@ -602,16 +577,10 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
 
 
 def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a_named_folders_files_as_they_were(
-        tmp_path, monkeypatch, capsys):
+        two_runs, tmp_path, monkeypatch, capsys):
     from prototype.engine.vllm_client import PYTHON_ENV
 
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    out = tmp_path / "mine"
-    assert cli_main([*argv, "--out", str(out)]) == 0
+    out, complete = two_runs  # a folder named by --out, and the last complete run of results/compare/
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == sorted(COMPARED)
     monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
@@ -620,15 +589,16 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     assert "context window" in capsys.readouterr().err
     # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
     monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
     with pytest.raises(ZeroDivisionError):
         cli_main([*argv, "--seed", "1", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine", "results"]  # no staging folder left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["at4000", "cache", "results"]  # no staging folder left beside it
     monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
     with pytest.raises(ZeroDivisionError):
         cli_main([*argv, "--no-cache"])
-    assert run_folders(tmp_path) == [complete, "latest"]
-    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
+    assert run_folders(tmp_path) == [complete.name, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve() == complete
 
 
 def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
@@ -649,16 +619,15 @@ def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeyp
 
 @pytest.fixture
 def two_runs(tmp_path, monkeypatch):
-    """Two compare results folders: http and chained at 4000 tokens/s, and at 1000."""
+    """Two compare results folders: http and chained at 4000 tokens/s into `--out at4000`, and at 1000 into a new folder
+    of results/compare/."""
     monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    runs = []
-    for speed in ("4000", "1000"):
-        out = tmp_path / f"at{speed}"
-        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained",
-                         "--jobs", "1", "--out", str(out)]) == 0
-        runs.append(out)
-    return runs
+    for speed, out in (("4000", ["--out", str(tmp_path / "at4000")]), ("1000", [])):
+        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained", "--jobs", "1",
+                         *out]) == 0
+    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    return [tmp_path / "at4000", tmp_path / "results" / "compare" / folder]
 
 
 def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys,

@@ -4,6 +4,7 @@ the parameters printed for each kind of configuration, and the runs under virtua
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 
 import attrs
@@ -340,10 +341,19 @@ def test_a_design_run_and_a_sweep_give_the_rows_of_each_design_at_each_value():
     assert [r["design"] for r in benchmark.design_sweep(runner, "rtt", [1], lambda value: (500, config))] == list(benchmark.DESIGNS)
 
 
-def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
+def test_a_design_in_real_time_runs_over_loopback_sockets_measured_after_the_collectors_settling(monkeypatch):
     task = workload.fixed(2, initial_prompt_tokens=50, appended_tokens=10, output_tokens=3, tool_seconds=0.01, name="r")
     config = benchmark.BenchConfig(task_list=(task,), network=attrs.evolve(benchmark.DEFAULT_NETWORK, rtt=0.0))
-    connectors, ports, opened, clocks = [], [], [], []
+    connectors, ports, opened, clocks, collections, inside = [], [], [], [], [], [False]
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(inside[0]) or collect(*args))
+
+    @contextlib.contextmanager
+    def measured():
+        inside[0] = True
+        yield
+        inside[0] = False
+
     tcp, serve = benchmark.TcpConnector, benchmark.serve_responses
 
     class Counting(tcp):
@@ -362,7 +372,10 @@ def test_a_design_in_real_time_runs_over_loopback_sockets(monkeypatch):
 
     monkeypatch.setattr(benchmark, "TcpConnector", connector)
     monkeypatch.setattr(benchmark, "serve_responses", serving)
-    [record] = benchmark.run_design_real("chained", 4000.0, config)
+    [record] = benchmark.run_design_real("chained", 4000.0, config, measured=measured)
+    # profile_turn measures the run alone: the collector's settling (a full collection, tens of ms) comes before, or it
+    # would be charged to the turns as "server logic".
+    assert collections == [False]
     assert connectors == [("127.0.0.1", config.network)] and ports == [0]  # a port the system picks
     assert clocks == [PreciseClock]
     assert len(opened) == 1 and opened[0] > 0  # the rollout's connection went over loopback TCP

@@ -28,7 +28,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
-from tests.support import child_env, run_into_a_closed_pipe
+from tests.support import child_env
 
 CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
 
@@ -533,16 +533,6 @@ def run_folders(tmp_path, kind: str = "compare") -> list[str]:
     """Every entry of results/<kind>/, hidden ones included."""
     folder = tmp_path / "results" / kind
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    run_into_a_closed_pipe(tmp_path, "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs",
-                           "http,chained", "--jobs", "1")
-    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    latest = tmp_path / "results" / "compare" / "latest"
-    assert latest.resolve().name == folder
-    assert sorted(p.name for p in latest.iterdir()) == sorted([*COMPARED, "trace_chained.json", "trace_http.json"])
-    assert len(json.loads((latest / "compare_tasks.json").read_text())) == 2  # both designs' task, complete
 
 
 def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):

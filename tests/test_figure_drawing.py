@@ -68,17 +68,8 @@ def rollout(design=SUSPENDED, hosted=False):
     return RolloutRecord(design, "w", 10.0, ended_at=13.0, turns=turns, timeline=timeline)
 
 
-def test_the_spans_of_a_rollout_are_placed_from_its_start():
-    assert figures.turn_spans(rollout()) == [
-        {"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 0.0, "end": 1.0},
-        {"lane": "client", "phase": TOOL, "turn": 0, "start": 1.0, "end": 1.5},
-        {"lane": "server", "phase": "validate", "turn": 0, "start": 0.5, "end": 0.75},
-        {"lane": "server", "phase": "prefill", "turn": 0, "start": 0.75, "end": 1.0},
-        {"lane": "server", "phase": PAUSE, "turn": 0, "start": 1.0, "end": 2.0},
-        {"lane": "client", "phase": NETWORK_CLIENT, "turn": 1, "start": 2.0, "end": 2.0},
-        {"lane": "server", "phase": "decode", "turn": 1, "start": 2.0, "end": 2.5},
-    ]
-    # Each pause ends when the next turn is sent.
+def test_each_pause_of_a_rollout_ends_when_the_next_turn_is_sent():
+    # The spans of `rollout()`, each on its lane from the rollout's start: the boxes of its timeline, below.
     three = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=t, sent_at=3.0 * t, ended_at=3.0 * t + 1) for t in range(3)])
     assert [(s["turn"], s["start"], s["end"]) for s in figures.turn_spans(three) if s["phase"] == PAUSE] == [
         (0, 1.0, 3.0), (1, 4.0, 6.0)]

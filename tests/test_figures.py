@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import re
 import sys
@@ -37,24 +36,6 @@ def test_every_embedded_figure_is_committed_under_docs_figures(page):
         assert path.read_bytes()[:8] == PNG, image
         assert path.stat().st_size < 400_000, f"{image} is not small"
         assert path.name in ("compare.png", *figures.NOTEBOOK_PICTURES)  # so the command regenerates it
-
-
-@pytest.mark.slow
-def test_the_figures_command_regenerates_every_figure_at_smoke_size(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "results"))
-    readme = (REPO / "README.md").read_text()
-    assert cli_main(["figures", "--smoke", "--out", str(tmp_path / "figures")]) == 0
-    written = sorted(p.name for p in (tmp_path / "figures").iterdir())
-    data = ["compare.json", "published.json", "notebook_latency_sweeps.json"]  # the numbers behind the figures
-    assert written == sorted(["compare.png", *figures.NOTEBOOK_PICTURES, *data])
-    for name in written:
-        content = (tmp_path / "figures" / name).read_bytes()
-        if name in data:
-            section = json.loads(content)
-            assert section["name"] == name.removesuffix(".json") and section["figures"], name
-        else:
-            assert content[:8] == PNG and 10_000 < len(content) < 400_000, name
-    assert (REPO / "README.md").read_text() == readme  # a smoke run's numbers are not quoted
 
 
 # --- the command with its compare run and notebooks replaced by stand-ins -----------------------------------

@@ -13,11 +13,15 @@ results cache (its sweeps compute).
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jupytext
 import pytest
 from nbclient.exceptions import CellExecutionError
+
+from prototype.cli.figures import NOTEBOOK_DATA, NOTEBOOK_PICTURES
+from prototype.cli.figures import NOTEBOOKS as FIGURE_NOTEBOOKS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
@@ -44,7 +48,10 @@ def test_notebook_executes_in_test_mode_in_its_own_folder(path, tmp_path, monkey
     except CellExecutionError as error:
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
     assert all(not any(o.get("output_type") == "error" for o in cell.get("outputs", [])) for cell in code)
-    assert any(results.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
+    # The picture (and the data) `python -m prototype figures` takes from it, its figures in a headline section.
+    assert (results / NOTEBOOK_PICTURES[FIGURE_NOTEBOOKS.index(path.stem)]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if path.stem in NOTEBOOK_DATA:
+        assert json.loads((results / NOTEBOOK_DATA[path.stem]).read_text())["headline"]["figures"], path.stem
 
 
 def installed_prototype(tmp_path) -> pathlib.Path:

@@ -13,7 +13,6 @@ import trio.testing
 from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
 from prototype import metrics, uncertainty
 from prototype.analysis import NETWORK_CLIENT, TOOL
-from prototype.api.costs import ZERO_COSTS
 from prototype.client.connect import TcpConnector
 from prototype.client.harness import RolloutRecord, TurnRecord
 from prototype.engine.engine import Engine
@@ -216,29 +215,3 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
     assert out[0] == (0.010, 10)
     assert out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
     assert engine.stats.decoded_tokens == 20
-
-
-def test_a_real_runs_measured_window_holds_the_run_and_not_the_collectors_full_collection(monkeypatch):
-    """profile_turn measures the run alone: the collector's settling (a full collection, tens of ms) comes before, or
-    it would be charged to the turns as "server logic"."""
-    import contextlib
-    import gc
-
-    from prototype import benchmark, netem, workload
-
-    inside: list[bool] = [False]
-    collections: list[bool] = []
-    real_collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(inside[0]) or real_collect(*a))
-
-    @contextlib.contextmanager
-    def measured():
-        inside[0] = True
-        yield
-        inside[0] = False
-
-    task = workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=10, tool_seconds=0.001)
-    config = benchmark.BenchConfig(task_list=(task,), network=netem.LOOPBACK, costs=ZERO_COSTS)
-    records = benchmark.run_design_real(benchmark.CHAINED, 100000.0, config, measured=measured)
-    assert [len(record.turns) for record in records] == [2]
-    assert collections == [False]

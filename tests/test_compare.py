@@ -144,14 +144,6 @@ def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_i
     assert not any(k.startswith(("sent_kb", "tool_share")) for k in compare.headline_estimates(table))  # rows not given
 
 
-def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
-    compare.print_parameters([("short", "one", "src"), ("long", "word " * 12, "its source")])
-    assert capsys.readouterr().out == (
-        "  " + "short".ljust(44) + " " + "one".ljust(44) + " src\n"
-        "  " + "long".ljust(44) + " " + ("word " * 9).strip().ljust(44) + " its source\n"
-        "  " + "".ljust(44) + " " + ("word " * 3).strip() + "\n")
-
-
 # --- the options and the configuration ---------------------------------------------------------------------
 
 

@@ -106,7 +106,6 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
     ("--kv-ttl", "0", 0.0, "-1", "must be at least 0"), ("--stats-interval", "0.5", 0.5, "0", "must be greater than 0"),
     ("--drain-seconds", "0", 0.0, "-1", "must be at least 0"), ("--max-queued-creates", "1", 1, "0", "must be at least 1"),
     ("--gc-unfreeze-every", "0", 0.0, "-1", "must be at least 0"),
-    ("--seed", "7", 7, "1.5", ""), ("--render-cache-tokens", "7", 7, "1.5", ""), ("--max-records", "7", 7, "1.5", ""),
 ])
 def test_serve_takes_each_option_at_its_edge_and_refuses_it_past_its_edge(option, edge, parsed, past, says, capsys):
     value = getattr(serve_args(option, edge), option[2:].replace("-", "_"))

@@ -28,17 +28,13 @@ def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_i
     for row in rows:
         assert row["turns"] == 2
         assert row["limit_s"] == pytest.approx(row["phase_sum_s"], rel=1e-6)  # virtual e2e is inference + tool time
-        # Efficiency and overhead depend on the machine's load: printed, not bounded here; their arithmetic is exact.
-        assert row["efficiency"] == pytest.approx(row["limit_s"] / row["real_s"], rel=1e-9)
-        assert row["overhead_ms"] == pytest.approx(1000 * (row["real_s"] - row["limit_s"]) / row["turns"], rel=1e-9)
+        # Efficiency and overhead depend on the machine's load: printed, not bounded here; their arithmetic (efficiency.figures)
+        # is pinned on known spans below.
         assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
         if row["design"] == "http":  # a POST and an SSE stream: not the floor's WebSocket turn
             assert all(row[c] == "" for c in efficiency.COLUMNS[efficiency.COLUMNS.index("floor_ms"):-1])
             continue
         assert row["floor_turns"] == 3 and row["floor_low_ms"] <= row["floor_ms"] <= row["floor_high_ms"]
-        assert row["efficiency_bound"] == pytest.approx(stack_floor.efficiency_bound(row["floor_ms"] / 1000, 2, row["limit_s"]), rel=1e-12)
-        assert row["bound_low"] <= row["efficiency_bound"] <= row["bound_high"] < 1
-        assert row["beyond_floor_ms"] == pytest.approx(row["overhead_ms"] - row["floor_ms"], rel=1e-9, abs=1e-12)
         assert row["target_ms"] == efficiency.TARGET_BEYOND_FLOOR_MS
         judged = efficiency.verdict(
             uncertainty.Estimate(row["beyond_floor_ms"], row["beyond_floor_low_ms"], row["beyond_floor_high_ms"], 2), row["target_ms"])

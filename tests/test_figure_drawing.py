@@ -438,7 +438,7 @@ def test_compares_panels_do_not_overlap_and_a_caption_explains_every_mark(tmp_pa
         assert mark in caption.get_text().replace("\n", " ")
 
 
-def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot(tmp_path, drawn):
+def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot_and_its_title_counts_the_tasks(tmp_path, drawn):
     # Ten 10 s http tasks: an exact mean, so the scale stops at 11.5 s; a task of exactly 11.5 s elsewhere is a dot.
     rows = [task_row("http", 65, 10.0)] * 10 + [task_row(CHAINED, 65, e) for e in [1.0] * 9 + [11.5]]
     figures.compare_figure([], rows, tmp_path / "c.svg")
@@ -447,16 +447,12 @@ def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot(tmp_path, drawn
     assert e2e_ax.get_ylim()[1] == pytest.approx(11.5)
     assert [len(c.get_offsets()) for c in e2e_ax.collections if type(c).__name__ == "PathCollection"] == [10, 10]
     assert list(e2e_ax.texts) == []
-    # Without a table the n is the count of the first design's tasks at the first speed.
+    # Without a table the n is the count of the first design's tasks at the first speed; of one task, it says so.
     assert fig._suptitle.get_text() == "compare: the 'coding' workload, n = 10 tasks per design and speed, virtual time"
-
-
-def test_the_compare_figure_of_one_task_says_so_and_has_a_unit_turn_scale(tmp_path, drawn):
     path = figures.compare_figure([], [task_row(SUSPENDED, 65, 3.0)], str(tmp_path / "c.png"))
-    assert path == tmp_path / "c.png"
-    (fig,) = drawn
-    assert fig._suptitle.get_text() == "compare: the 'coding' workload, n = 1 task per design and speed, virtual time"
-    assert fig.axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn
+    assert path == tmp_path / "c.png" and drawn[1]._suptitle.get_text() == (
+        "compare: the 'coding' workload, n = 1 task per design and speed, virtual time")
+    assert drawn[1].axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn: a unit scale
 
 
 # --- the sensitivity tornados -------------------------------------------------------------------------------

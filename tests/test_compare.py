@@ -153,10 +153,8 @@ def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_work
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
         None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
         "codex", False)
-    assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
     assert exit_code(parsed, "--reconnect", "carrier-pigeon") == 2  # a policy it does not have
     assert "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from " in capsys.readouterr().err
-    assert parsed("--turns", "1", "--tasks", "1").turns == 1
     args = parsed("--speeds", "65,", "1000", "4000", "--designs", "http,chained", "suspended")  # commas or spaces
     assert (args.speeds, args.designs) == ([65.0, 1000.0, 4000.0], ["http", "chained", "suspended"])
     # vLLM takes a workload of its own unless told otherwise.
@@ -249,7 +247,6 @@ def test_the_parameters_printed_leave_out_what_did_not_run():
     assert [n for n, *_ in compare.run_parameters(config, ["chained"], [1.0])] == [
         n for n in names if n not in ("v1 suspension TTL", "http connections")]
     assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http-stored"], [1.0])]
-    assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http"], [1.0])]
 
 
 # --- a run -------------------------------------------------------------------------------------------------

@@ -11,11 +11,6 @@ from prototype import analysis
 from prototype.client.harness import RolloutRecord, TurnRecord
 
 
-def test_design_of_names_a_stateless_http_record_as_the_benchmarks_http():
-    designs = [analysis.design_of(RolloutRecord(d, "fixed", 0.0)) for d in ("http-stateless", "http-stored", "suspended")]
-    assert designs == ["http", "http-stored", "suspended"]
-
-
 @pytest.mark.parametrize("value, cell", [
     (1.23456, "1.235"), (999.9994, "999.999"), (-999.5, "-999.500"), (1000.0, "1,000"), (-1234.6, "-1,235"),
     (1234567.4, "1,234,567"), (math.nan, "-"), (1234567, "1234567"), ("text", "text"), (None, "None"),

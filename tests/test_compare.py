@@ -28,7 +28,7 @@ from prototype.engine.vllm_client import VllmUnavailable
 from prototype.engine.vllm_engine import RealCall
 from prototype.engine.vllm_models import TINY_CPU
 from tests.conftest import REPO
-from tests.support import child_env, exit_code, run_into_a_closed_pipe
+from tests.support import child_env, exit_code
 
 CODEX_TRACE = REPO / "tests" / "fixtures" / "codex-rollout-serve.jsonl"
 
@@ -144,25 +144,19 @@ def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_i
     assert not any(k.startswith(("sent_kb", "tool_share")) for k in compare.headline_estimates(table))  # rows not given
 
 
-def test_the_parameters_wrap_a_long_value_within_its_column(capsys):
-    compare.print_parameters([("short", "one", "src"), ("long", "word " * 12, "its source")])
-    assert capsys.readouterr().out == (
-        "  " + "short".ljust(44) + " " + "one".ljust(44) + " src\n"
-        "  " + "long".ljust(44) + " " + ("word " * 9).strip().ljust(44) + " its source\n"
-        "  " + "".ljust(44) + " " + ("word " * 3).strip() + "\n")
-
-
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
-def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_workload_unless_told_otherwise(monkeypatch):
+def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_workload_unless_told_otherwise(monkeypatch, capsys):
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
         None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
         "codex", False)
-    assert parsed("--real", "--wide", "--vllm-parallel", "--reconnect", "codex").reconnect == "codex"
-    assert parsed("--turns", "1", "--tasks", "1").turns == 1
+    assert exit_code(parsed, "--reconnect", "carrier-pigeon") == 2  # a policy it does not have
+    assert "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from " in capsys.readouterr().err
+    args = parsed("--speeds", "65,", "1000", "4000", "--designs", "http,chained", "suspended")  # commas or spaces
+    assert (args.speeds, args.designs) == ([65.0, 1000.0, 4000.0], ["http", "chained", "suspended"])
     # vLLM takes a workload of its own unless told otherwise.
     def defaults(*argv: str) -> tuple:
         args = parsed(*argv)
@@ -191,15 +185,6 @@ def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_work
                  "not each design's alone)\n", "(prototype/client/reconnect.py; default codex, the agent client,",
                  "past the 60-minute limit on a new connection)\n", "print every column of compare.csv (default: the first seven)\n"):
         assert fact in text, fact
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["--designs", "http,v3"], "argument --designs: 'v3' is not one of http, http-stored, chained, suspended"),
-    (["--reconnect", "carrier-pigeon"], "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from "),
-])
-def test_an_unknown_design_or_policy_is_refused(argv, says, capsys):
-    assert exit_code(parsed, *argv) == 2
-    assert says in capsys.readouterr().err
 
 
 def test_a_preset_run_takes_ten_tasks_the_default_speeds_and_the_options_given_a_preset_file_and_a_latency_profile(tmp_path):
@@ -262,25 +247,43 @@ def test_the_parameters_printed_leave_out_what_did_not_run():
     assert [n for n, *_ in compare.run_parameters(config, ["chained"], [1.0])] == [
         n for n in names if n not in ("v1 suspension TTL", "http connections")]
     assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http-stored"], [1.0])]
-    assert "http connections" in [n for n, *_ in compare.run_parameters(config, ["http"], [1.0])]
 
 
 # --- a run -------------------------------------------------------------------------------------------------
 
 
-def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_path, drawn, capsys, monkeypatch):
+def test_a_run_prints_the_table_parameters_and_notes_writes_every_file_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
+                                                                                                          monkeypatch):
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "new" / "out"
-    clock = iter([10.0, 12.25])
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    argv = ["compare", "--tasks", "1", "--turns", "3", "--speeds", "1000", "--designs", "suspended,http", "--jobs", "1",
+    argv = ["compare", "--tasks", "2", "--turns", "3", "--speeds", "1000", "--designs", "http,chained", "--jobs", "1",
             "--rtt-ms", "40", "--out", str(out)]
+    assert cli_main([*argv, "--no-cache"]) == 0
+    printed, err = capsys.readouterr()
+    assert not (tmp_path / "cache").exists() and "roughly" not in err
+    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert " 4/4 [" in final and "task" in final, final
+    lines = printed.splitlines()  # the default table (its columns: test_the_table_prints_each_estimate...)
+    header = next(line for line in lines if "design" in line and "tok/s" in line)
+    table = lines[lines.index(header): lines.index(header) + 3]
+    assert [row.split()[:2] for row in table[1:]] == [["http", "1,000"], ["chained", "1,000"]]
+    assert max(len(line) for line in table) <= 100  # every estimate with its interval fits a terminal
+    assert any(line.split()[:4] == ["decode", "speeds", "1000", "tokens/s"] for line in lines)
+    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
+    # With v1 too, a long run by the estimate's count: the estimate, before the progress bar.
+    argv[argv.index("http,chained")] = "suspended,http,chained"
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 6)
+    clock = iter([10.0, 12.25])
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock), process_time=time.process_time))
     assert cli_main(argv) == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
+    assert err.index("compare: 6 task runs, roughly") < err.index("%|")
     saved = json.loads((out / "compare.json").read_text())
     table, rows = saved["table"], json.loads((out / "compare_tasks.json").read_text())
-    assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [("http", 1000.0, 1), ("suspended", 1000.0, 1)]
-    assert [(r["design"], r["decode_tps"]) for r in rows] == [("http", 1000.0), ("suspended", 1000.0)]
+    designs = ["http", "chained", "suspended"]
+    assert [(r["design"], r["decode_tps"], r["tasks"]) for r in table] == [(d, 1000.0, 2) for d in designs]
+    assert [(r["design"], r["decode_tps"]) for r in rows] == [(d, 1000.0) for d in designs for _ in range(2)]
     assert (out / "compare.json").read_text() == json.dumps(
         {"table": table, "parameters": saved["parameters"], "workload": "the 'coding' workload", "clock": "virtual time",
          "headline": saved["headline"]}, indent=1) + "\n"
@@ -288,28 +291,27 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     # interval and format, the docs' table, and the task rows the figure is drawn from.
     section = saved["headline"]
     assert (section["name"], section["command"], section["workload"]) == (
-        "compare", "python -m prototype compare --tasks 1 --turns 3", "1 task of the 'coding' workload, virtual time")
+        "compare", "python -m prototype compare --tasks 2 --turns 3", "2 tasks of the 'coding' workload, virtual time")
     assert sorted(section["figures"]) == sorted(
-        [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in ("http", "suspended")]
-        + [f"{name}.suspended.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio")])
+        [f"{name}.{design}.1000" for name in ("e2e_mean_s", "ttft_p50_ms", "sent_kb", "tool_share") for design in designs]
+        + [f"{name}.{design}.1000" for name in ("gain", "speedup", "ttft_ratio", "upload_ratio") for design in designs[1:]])
     gain = section["figures"]["gain.suspended.1000"]
-    assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[1]["gain_vs_http"], 1, "{:.1f}%", 100.0)
+    assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[2]["gain_vs_http"], 2, "{:.1f}%", 100.0)
     assert section["tables"]["table"]["columns"] == [c.header for c in compare.DOCS_TABLE]
-    assert [r[0] for r in section["tables"]["table"]["rows"]] == ["http", "suspended"]
+    assert [r[0] for r in section["tables"]["table"]["rows"]] == designs
     assert section["data"] == rows
     with (out / "compare.csv").open() as f:
-        assert [row["design"] for row in csv.DictReader(f)] == ["http", "suspended"]
+        assert [row["design"] for row in csv.DictReader(f)] == designs
     assert sorted(p.name for p in out.iterdir()) == [
-        "compare.csv", "compare.json", "compare_tasks.json", "trace_http.json", "trace_suspended.json"]
-    assert json.loads((out / "trace_http.json").read_text())
-    [(args, kwargs)] = drawn
+        "compare.csv", "compare.json", "compare_tasks.json", "trace_chained.json", "trace_http.json", "trace_suspended.json"]
+    [_, (args, kwargs)] = drawn
     # Drawn into the run's staging folder beside `out`, whose files then move into `out` (cli/common.py RunFolder).
     assert (json.dumps(args[0]), args[1], args[2].name, args[2].parent.parent, kwargs) == (
         json.dumps(table), rows, "compare.png", out.parent, {"workload": "the 'coding' workload", "clock": "virtual time"})
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
-    assert printed.startswith("\n1 task of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
-    assert "coding, 1 task, seed 0" in printed and "1 tasks" not in printed
-    assert common.plural(1000, "task") == "1,000 tasks"
+    assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\n   design  tok/s  e2e mean (s)")
+    assert "coding, 2 tasks, seed 0" in printed
+    assert common.plural(1000, "task") == "1,000 tasks" and common.plural(1, "task") == "1 task"
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
     assert parameters["decode speeds"][0] == "1000 tokens/s"
     assert parameters["network"][0].startswith("RTT 40 ms")
@@ -317,7 +319,7 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
     network_line = ("  " + "network".ljust(44) + " " + first.ljust(44) + " " + parameters["network"][1] + "\n"
                     + "  " + " " * 44 + " " + rest + "\n")
     assert "\nModeled parameters (value, source):\n  workload preset " in printed and network_line in printed
-    assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 1. compare runs v1 with a "
+    assert ("\n\n  tasks with a tool call longer than v1's default 300 s suspension TTL: 0 of 2. compare runs v1 with a "
             "3600 s TTL so that every task finishes and the designs are timed on the same tasks;\n  under `serve`'s default "
             "300 s, v1 would end those tasks with response.failed (server_error) and the client would have to start "
             "them again.\n") in printed
@@ -325,27 +327,28 @@ def test_a_run_prints_the_table_parameters_and_notes_and_writes_every_file(tmp_p
             "task longer than that continues on a new connection\n") in printed
     assert "results cache" not in printed
     wrote = printed.splitlines()[-1]
-    assert wrote == (f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, trace_http.json, "
+    assert wrote == (f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, trace_http.json, trace_chained.json, "
                      "trace_suspended.json in 2.2 s")
-    # The same run again, with one more design, takes the two points it ran from the results cache, and says so.
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
-    argv[argv.index("suspended,http")] = "suspended,http,chained"
-    assert cli_main(argv) == 0
-    again = capsys.readouterr().out
-    assert (f"\n\n2 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
-            "the same configuration and code; --no-cache computes them again.\n") in again
-    table = {r["design"]: r for r in json.loads((out / "compare.json").read_text())["table"]}
     # What each design keeps between turns orders them: end-to-end time, time to first token and upload.
-    assert table["http"]["speedup_vs_http"] == 1.0 < table["chained"]["speedup_vs_http"] < table["suspended"]["speedup_vs_http"]
+    by = {r["design"]: r for r in table}
+    assert by["http"]["speedup_vs_http"] == 1.0 < by["chained"]["speedup_vs_http"] < by["suspended"]["speedup_vs_http"]
     for column in ("ttft_p50_ms", "bytes_sent_per_turn"):
-        assert table["http"][column] > table["chained"][column] > table["suspended"][column] > 0, column
-    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table.values())
+        assert by["http"][column] > by["chained"][column] > by["suspended"][column] > 0, column
+    assert all(r["reasoning_share"] > 0.1 and r["bytes_received_per_turn"] > 0 for r in table)
     spans = [e for e in json.loads((out / "trace_suspended.json").read_text())["traceEvents"] if e["ph"] == "X"]
     assert {"turn", "time_to_first_token", "validate", "prefill", "decode", "post"} <= {e["name"] for e in spans}
     assert all(e["dur"] >= 0 for e in spans)
+    # The same run again takes every point from the results cache, says so, and has nothing to estimate: the same table.
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    assert cli_main(argv) == 0
+    again, err = capsys.readouterr()
+    assert "roughly" not in err
+    assert (f"\n\n3 of 3 (design, speed) points came from the results cache ({tmp_path / 'cache'}): computed before with "
+            "the same configuration and code; --no-cache computes them again.\n") in again
+    assert again.split("\n3 of 3")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")
 
 
-def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, capsys, monkeypatch):
+def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects_and_a_real_time_run_says_so(tmp_path, drawn, capsys, monkeypatch):
     slow = workload.Workload("slow", 0, (workload.TurnSpec(100, 5, (301.0,)), workload.TurnSpec(10, 5, ())))
     quick = workload.Workload("quick", 0, (workload.TurnSpec(100, 5, (300.0,)), workload.TurnSpec(10, 5, ())))
     monkeypatch.setattr(benchmark.BenchConfig, "tasks", lambda self: [slow, quick])
@@ -353,29 +356,17 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects(tmp_path, drawn, 
         {"design": "suspended", "decode_tps": 65.0, "reconnects": 2}, {"design": "http", "decode_tps": 1000.5, "reconnects": 0},
         {"design": "chained", "decode_tps": 4000.0, "reconnects": 1}])
     monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: print(f"TABLE wide={wide}"))
-    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
-    assert cli_main(["compare", "--no-cache", "--wide", "--out", str(tmp_path)]) == 0
+    real = []
+    monkeypatch.setattr(compare, "run_grid", lambda config, designs, speeds, runner, out, is_real: real.append(is_real) or [])
+    assert cli_main(["compare", "--no-cache", "--wide", "--out", str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\nTABLE wide=True\n")
     assert "longer than v1's default 300 s suspension TTL: 1 of 2. " in printed
     assert "\n  reconnects (codex policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
-
-
-def test_a_real_time_run_says_so_and_a_run_goes_to_a_new_folder_under_the_results_folder(tmp_path, drawn, capsys, monkeypatch):
-    seen = []
-    monkeypatch.setattr(compare, "RESULTS", tmp_path)
-    monkeypatch.setattr(compare, "run_grid", lambda config, designs, speeds, runner, out, real: seen.append(real) or [])
-    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 65.0, "reconnects": 0}])
-    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
-    assert cli_main(["compare", "--real", "--no-cache", "--tasks", "1", "--turns", "2"]) == 0
-    assert seen == [True]
-    assert capsys.readouterr().out.startswith("\n1 task of the 'coding' workload, real time over loopback sockets\n")
-    assert drawn[0][1]["clock"] == "real time over loopback sockets"
-    [folder] = [p for p in (tmp_path / "compare").iterdir() if p.name != "latest"]
-    assert (tmp_path / "compare" / "latest").resolve() == folder.resolve()
-    assert (folder / "compare.csv").read_bytes() == b"design,decode_tps,reconnects\r\nhttp,65.0,0\r\n"
-    assert cli_main(["compare", "--no-cache", "--tasks", "1", "--turns", "2", "--out", str(tmp_path / "out")]) == 0
-    assert seen == [True, False]
+    assert cli_main(["compare", "--real", "--no-cache", "--out", str(tmp_path / "b")]) == 0
+    assert real == [False, True]
+    assert capsys.readouterr().out.startswith("\n2 tasks of the 'coding' workload, real time over loopback sockets\n\nTABLE wide=False\n")
+    assert drawn[1][1]["clock"] == "real time over loopback sockets"
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -436,41 +427,51 @@ def real_call(prompt: int, computed: int, hits: int, predicted: int) -> RealCall
                     ttft_s=0.1, decode_s=0.2, kv_usage=0.0, kv_blocks_used=0)
 
 
-def test_the_real_engine_runs_each_design_once_and_prints_its_calls(tmp_path, drawn, capsys, monkeypatch):
-    seen = []
+def test_the_real_engine_runs_each_design_once_keeps_its_rows_traces_its_first_task_and_prints_its_calls(tmp_path, drawn, capsys,
+                                                                                                           monkeypatch):
+    from prototype.trace import write_chrome_trace
+
+    seen, records = [], {}
 
     def designs_on_vllm(designs, config, spec, *, python, decode_tps, parallel):
         seen.append((designs, spec.name, python, decode_tps, parallel))
-        records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs}
+        records.update({d: benchmark.run_design_virtual(d, 1000.0, config) for d in designs})
         return {d: (records[d], [real_call(1000, 400, 600, 432), real_call(2500, 100, 2400, 60)]) for d in designs}
 
     monkeypatch.setattr(benchmark, "run_designs_on_vllm", designs_on_vllm)
     out = tmp_path / "out"
-    assert cli_main(["compare", "--engine", "vllm", "--vllm-python", "/p/python", "--vllm-parallel", "--tasks", "1",
-                     "--turns", "2", "--preset", "chat", "--designs", "chained", "--out", str(out)]) == 0
-    assert seen == [(["chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
+    assert cli_main(["compare", "--engine", "vllm", "--vllm-python", "/p/python", "--vllm-parallel", "--tasks", "2",
+                     "--turns", "2", "--preset", "chat", "--designs", "http,chained", "--out", str(out)]) == 0
+    assert seen == [(["http", "chained"], "tiny-llama-cpu", "/p/python", 1000.0, True)]
     printed = capsys.readouterr().out
-    assert printed.startswith("\n1 task of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
-    assert ("  chained      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
-            "  prefix-cache hits     3,000\n") in printed
+    assert printed.startswith("\n2 tasks of the 'chat' workload, real time on vLLM (tiny-llama-cpu, dummy weights)\n")
+    for design in ("http   ", "chained"):
+        assert (f"  {design}      model calls    2  prompt tokens     3,500  prefill computed       500  predicted       492"
+                "  prefix-cache hits     3,000\n") in printed
     assert "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens" in printed
     assert "Modeled parameters" not in printed and "prefill rate" not in printed and "decode speeds" not in printed
     assert "  KV cache" in printed
     assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png, "
-                                               "trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
+                                               "trace_http.json, trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
     assert [(r["design"], r["call"], r["prefill_vllm"], r["prefill_sim"]) for r in json.loads((out / "vllm_calls.json").read_text())] == [
-        ("chained", 1, 400, 432), ("chained", 2, 100, 60)]
+        (d, call, vllm, sim) for d in ("http", "chained") for call, vllm, sim in ((1, 400, 432), (2, 100, 60))]
     assert "results cache" not in printed
     assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
-    assert [r["decode_tps"] for r in json.loads((out / "compare_tasks.json").read_text())] == [1000.0]
-    # The time split: the engine's phases (measured on vLLM) apart from the modeled API work, network and tools.
-    (row,) = json.loads((out / "compare_tasks.json").read_text())
+    # Every design's rows (the decode speed column names the model profile only), and a trace of each one's first task.
+    rows = json.loads((out / "compare_tasks.json").read_text())
+    assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
+        ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
+    write_chrome_trace(records["http"][:1], tmp_path / "first.json")
+    assert (out / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
+    # The time split, over the design's tasks: the engine's phases (measured on vLLM) apart from the modeled API work,
+    # network and tools.
+    mine = rows[2:]
 
     def spent(*phases: str) -> float:
-        return sum(row["phase_totals_s"].get(phase, 0.0) for phase in phases)
+        return sum(row["phase_totals_s"].get(phase, 0.0) for row in mine for phase in phases)
 
     assert (f"  chained      {spent('queue', 'prefill', 'decode'):>16.1f} {spent(*benchmark.API_OVERHEAD_PHASES):>14.1f} "
-            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {row['e2e_s']:>11.1f}\n") in printed
+            f"{spent('network_client'):>15.1f} {spent('tool', 'hosted_tool'):>16.1f} {sum(r['e2e_s'] for r in mine):>11.1f}\n") in printed
 
 
 def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_starts_and_an_engine_that_cannot_start_exits_2(tmp_path, capsys, monkeypatch):
@@ -500,63 +501,6 @@ def test_a_context_at_or_past_the_models_window_is_refused_before_the_engine_sta
     assert capsys.readouterr().err == "python -m prototype compare: error: --engine vllm: no vllm here\n"
 
 
-def test_the_real_engine_keeps_every_designs_rows_and_traces_each_designs_first_task(tmp_path, capsys, monkeypatch):
-    from prototype.trace import write_chrome_trace
-
-    config = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=2)
-    records = {d: benchmark.run_design_virtual(d, 1000.0, config) for d in ("http", "chained")}
-    monkeypatch.setattr(benchmark, "run_designs_on_vllm", lambda designs, *a, **k: {d: (records[d], []) for d in designs})
-    rows, lines = compare.run_on_vllm(parsed("--engine", "vllm"), config, ["http", "chained"], tmp_path)
-    assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
-        ("http", 1000.0, "chat-0"), ("http", 1000.0, "chat-1"), ("chained", 1000.0, "chat-0"), ("chained", 1000.0, "chat-1")]
-    write_chrome_trace(records["http"][:1], tmp_path / "first.json")
-    assert (tmp_path / "trace_http.json").read_text() == (tmp_path / "first.json").read_text()
-    assert lines[1:3] == [
-        "  http         model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
-        "  chained      model calls    0  prompt tokens         0  prefill computed         0  predicted         0  prefix-cache hits         0",
-    ]
-
-
-# --- whole runs as a user starts them: twice, into a pipe, with Ctrl-C, failing; and plot ------------------------
-
-
-def test_a_run_fits_a_terminal_says_nothing_of_what_did_not_run_estimates_a_long_run_and_caches(tmp_path, drawn, capsys,
-                                                                                              monkeypatch):
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "out"
-    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1",
-            "--out", str(out)]
-    assert cli_main([*argv, "--no-cache"]) == 0
-    printed, err = capsys.readouterr()
-    assert not (tmp_path / "cache").exists() and "roughly" not in err
-    # The bar counts tasks, not (design, speed) points: 2 points of 2 tasks.
-    final = err.replace("\r", "\n").strip().splitlines()[-1]
-    assert " 4/4 [" in final and "task" in final, final
-    lines = printed.splitlines()
-    header = next(line for line in lines if "design" in line and "tok/s" in line)
-    assert [h.strip() for h in header.split("  ") if h.strip()] == ["design", "tok/s", "e2e mean (s)", "vs http (x)", "TTFT p50 (ms)",
-                                                                     "API (%)", "sent/turn (kB)"]
-    table = lines[lines.index(header): lines.index(header) + 3]
-    assert [row.split()[:2] for row in table[1:]] == [["http", "4,000"], ["chained", "4,000"]]
-    assert max(len(line) for line in table) <= 100  # every estimate with its interval
-    assert "  API (%): api_overhead_share, the API's own work" in printed  # the legend under the table
-    assert any(line.split()[:2] == ["decode", "speeds"] and line.split()[2:4] == ["4000", "tokens/s"] for line in lines)
-    assert "suspension TTL" not in printed and "results cache" not in printed  # v1 did not run; nothing cached
-    assert lines[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")  # no trace at 4000
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "compare_tasks.json"]
-    monkeypatch.setattr(compare, "ESTIMATE_FROM", 4)  # these 4 task runs count as a long run
-    assert cli_main(argv) == 0
-    err = capsys.readouterr().err
-    assert err.index("compare: 4 task runs, roughly") < err.index("%|")  # before the progress bar
-    assert cli_main(argv) == 0  # from the cache: nothing to estimate
-    again, err = capsys.readouterr()
-    assert "roughly" not in err
-    assert f"2 of 2 (design, speed) points came from the results cache ({tmp_path / 'cache'})" in again
-    assert again.split("\n2 of 2")[0].rstrip("\n") == printed.split("\nModeled")[0].rstrip("\n")  # the same table
-
-
-# --- what a user does to a running command: a pipe that closes, Ctrl-C, a run that fails ---------------------------
-
 COMPARED = ("compare.csv", "compare.json", "compare_tasks.json", "compare.png")
 
 
@@ -564,16 +508,6 @@ def run_folders(tmp_path, kind: str = "compare") -> list[str]:
     """Every entry of results/<kind>/, hidden ones included."""
     folder = tmp_path / "results" / kind
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def test_compare_into_a_pipe_whose_reader_has_gone_finishes_its_results_without_a_traceback(tmp_path):
-    run_into_a_closed_pipe(tmp_path, "prototype", "compare", "--tasks", "1", "--turns", "2", "--speeds", "1000", "--designs",
-                           "http,chained", "--jobs", "1")
-    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    latest = tmp_path / "results" / "compare" / "latest"
-    assert latest.resolve().name == folder
-    assert sorted(p.name for p in latest.iterdir()) == sorted([*COMPARED, "trace_chained.json", "trace_http.json"])
-    assert len(json.loads((latest / "compare_tasks.json").read_text())) == 2  # both designs' task, complete
 
 
 def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_results(tmp_path):
@@ -608,16 +542,10 @@ def test_ctrl_c_during_compare_says_interrupted_in_one_line_and_leaves_no_result
 
 
 def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a_named_folders_files_as_they_were(
-        tmp_path, monkeypatch, capsys):
+        two_runs, tmp_path, monkeypatch, capsys):
     from prototype.engine.vllm_client import PYTHON_ENV
 
-    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
-    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http", "--jobs", "1"]
-    assert cli_main(argv) == 0
-    (complete,) = [name for name in run_folders(tmp_path) if name != "latest"]
-    out = tmp_path / "mine"
-    assert cli_main([*argv, "--out", str(out)]) == 0
+    out, complete = two_runs  # a folder named by --out, and the last complete run of results/compare/
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == sorted(COMPARED)
     monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "no-python"))  # were vLLM started, this would be the error
@@ -626,15 +554,16 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     assert "context window" in capsys.readouterr().err
     # Fails after the table and its files are written, at the figure: none of the new files replaces an old one.
     monkeypatch.setattr(compare.figures, "compare_figure", lambda *args, **kwargs: 1 / 0)
+    argv = ["compare", "--tasks", "2", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1"]
     with pytest.raises(ZeroDivisionError):
         cli_main([*argv, "--seed", "1", "--out", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine", "results"]  # no staging folder left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["at4000", "cache", "results"]  # no staging folder left beside it
     monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda *args: 1 / 0)  # a run that crashes
     with pytest.raises(ZeroDivisionError):
         cli_main([*argv, "--no-cache"])
-    assert run_folders(tmp_path) == [complete, "latest"]
-    assert (tmp_path / "results" / "compare" / "latest").resolve().name == complete
+    assert run_folders(tmp_path) == [complete.name, "latest"]
+    assert (tmp_path / "results" / "compare" / "latest").resolve() == complete
 
 
 def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
@@ -655,16 +584,15 @@ def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeyp
 
 @pytest.fixture
 def two_runs(tmp_path, monkeypatch):
-    """Two compare results folders: http and chained at 4000 tokens/s, and at 1000."""
+    """Two compare results folders: http and chained at 4000 tokens/s into `--out at4000`, and at 1000 into a new folder
+    of results/compare/."""
     monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
-    runs = []
-    for speed in ("4000", "1000"):
-        out = tmp_path / f"at{speed}"
-        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained",
-                         "--jobs", "1", "--out", str(out)]) == 0
-        runs.append(out)
-    return runs
+    for speed, out in (("4000", ["--out", str(tmp_path / "at4000")]), ("1000", [])):
+        assert cli_main(["compare", "--tasks", "2", "--turns", "2", "--speeds", speed, "--designs", "http,chained", "--jobs", "1",
+                         *out]) == 0
+    (folder,) = [name for name in run_folders(tmp_path) if name != "latest"]
+    return [tmp_path / "at4000", tmp_path / "results" / "compare" / folder]
 
 
 def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_compare_like_with_like(two_runs, tmp_path, capsys,

@@ -18,25 +18,17 @@ def notes_of(timeline):
     return [note for _, _, _, note in demo.notes(record)]
 
 
-@pytest.mark.parametrize("timeline, notes", [
-    ([(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
-      (0.2, "recv", "response.function_call_arguments.done"), (0.3, "recv", "response.done"), (0.6, "send", "response.append"),
-      (0.6, "recv", "response.in_progress"), (0.7, "recv", "response.unknown"), (0.8, "recv", "response.completed")],
-     ["a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
-      "the sampling loop is running", "the model called a client tool",
-      "blocked at the tool-call point, awaiting response.append",
-      "answered by response.append: the loop resumes", "the sampling loop resumes past the tool-call point", "",
-      "the model answered: the sampling loop ends"]),
-    ([(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
-      (0.3, "recv", "response.completed"), (0.6, "send", "response.create"), (0.7, "recv", "response.in_progress"),
-      (0.8, "recv", "response.done"), (0.9, "recv", "response.completed")],
-     ["a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
-      "the sampling loop is running", "ends at the tool-call point; kept in the connection's cache",
-      "a new request: a new sampling loop over the cached response", "the sampling loop is running", "",
-      "the model answered: the sampling loop ends"]),
-], ids=["suspended", "chained"])
-def test_the_notes_of_a_rollout(timeline, notes):
-    assert notes_of(timeline) == notes
+def test_the_notes_of_a_suspended_rollout():
+    # A chained rollout's notes: the timeline printed (test_print_timeline...) and each design's run (test_demo_gives...).
+    timeline = [(0.0, "send", "response.create"), (0.1, "recv", "response.created"), (0.1, "recv", "response.in_progress"),
+                (0.2, "recv", "response.function_call_arguments.done"), (0.3, "recv", "response.done"),
+                (0.6, "send", "response.append"), (0.6, "recv", "response.in_progress"), (0.7, "recv", "response.unknown"),
+                (0.8, "recv", "response.completed")]
+    assert notes_of(timeline) == [
+        "a new request: API work, then a sampling loop starts", "API work done (validate, render, route)",
+        "the sampling loop is running", "the model called a client tool", "blocked at the tool-call point, awaiting response.append",
+        "answered by response.append: the loop resumes", "the sampling loop resumes past the tool-call point", "",
+        "the model answered: the sampling loop ends"]
 
 
 def test_the_notes_of_a_next_to_last_event_see_the_last_and_a_first_requests_in_progress_past_its_start_is_a_resumption():
@@ -97,12 +89,10 @@ def test_the_demo_task_has_a_fixed_prompt_and_hosted_searches_only_on_tool_turns
     ]
 
 
-def test_the_demo_options_and_their_defaults(monkeypatch):
+def test_the_demo_options_help_states_their_defaults(monkeypatch):
+    # The defaults themselves: the header and design order of the default run (test_demo_gives_each_design_the_same_times...).
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
-    args = parser.parse_args([])
-    assert (args.turns, args.tps, args.output_tokens, args.hosted, args.designs) == (3, 1000.0, 40, False, ["suspended", "chained"])
-    assert parser.parse_args(["--hosted", "--turns", "2", "--tps", "65.5", "--output-tokens", "1"]).hosted is True
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     text = parser.format_help()
     for fact in ("at least 2 (default 3)\n", "decode tokens/s (default 1000, Codex-Spark class)\n", "text tokens per turn (default 40)\n",

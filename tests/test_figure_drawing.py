@@ -18,10 +18,17 @@ from prototype.client.harness import CHAINED, SUSPENDED, RolloutRecord, TurnReco
 
 
 @pytest.fixture
-def ax():
-    fig, axes = plt.subplots()
-    yield axes
-    plt.close(fig)
+def subplots():
+    """`plt.subplots(*shape)`'s Axes; every figure it made closed when the test ends."""
+    made = []
+    yield lambda *shape: made.append(plt.subplots(*shape)) or made[-1][1]
+    for fig, _ in made:
+        plt.close(fig)
+
+
+@pytest.fixture
+def ax(subplots):
+    return subplots()
 
 
 @pytest.fixture
@@ -61,17 +68,8 @@ def rollout(design=SUSPENDED, hosted=False):
     return RolloutRecord(design, "w", 10.0, ended_at=13.0, turns=turns, timeline=timeline)
 
 
-def test_the_spans_of_a_rollout_are_placed_from_its_start():
-    assert figures.turn_spans(rollout()) == [
-        {"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 0.0, "end": 1.0},
-        {"lane": "client", "phase": TOOL, "turn": 0, "start": 1.0, "end": 1.5},
-        {"lane": "server", "phase": "validate", "turn": 0, "start": 0.5, "end": 0.75},
-        {"lane": "server", "phase": "prefill", "turn": 0, "start": 0.75, "end": 1.0},
-        {"lane": "server", "phase": PAUSE, "turn": 0, "start": 1.0, "end": 2.0},
-        {"lane": "client", "phase": NETWORK_CLIENT, "turn": 1, "start": 2.0, "end": 2.0},
-        {"lane": "server", "phase": "decode", "turn": 1, "start": 2.0, "end": 2.5},
-    ]
-    # Each pause ends when the next turn is sent.
+def test_each_pause_of_a_rollout_ends_when_the_next_turn_is_sent():
+    # The spans of `rollout()`, each on its lane from the rollout's start: the boxes of its timeline, below.
     three = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=t, sent_at=3.0 * t, ended_at=3.0 * t + 1) for t in range(3)])
     assert [(s["turn"], s["start"], s["end"]) for s in figures.turn_spans(three) if s["phase"] == PAUSE] == [
         (0, 1.0, 3.0), (1, 4.0, 6.0)]
@@ -117,7 +115,7 @@ def test_a_timeline_draws_each_span_on_its_lane_with_its_events(ax):
     assert [h.get_marker() for h in legend.legend_handles[7:]] == ["v", "^", "o"]
 
 
-def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_end(ax):
+def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_end(ax, subplots):
     record = rollout(SUSPENDED)
     record.turns[0].server_timing["spans"].append(["mystery", 0, 250])
     figures.timeline(ax, [record], labels=["mine"], events=False, pauses=False, legend=False, xmax=9.0)
@@ -127,19 +125,18 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
     assert list(ax.lines) == [] and ax.get_legend() is None
     assert texts(ax.get_yticklabels()) == ["mine: server", "mine: client"]
     assert ax.get_xlim() == (0.0, 9.0) and ax.get_ylim() == (-0.8, 1.8)
-    fig, other = plt.subplots()
+    other = subplots()
     unknown = RolloutRecord("other", "w", 0.0, ended_at=3.0, turns=[TurnRecord(0, 0.0, ended_at=1.0), TurnRecord(1, 2.0, ended_at=3.0)])
     figures.timeline(other, [unknown], events=False)
     assert (1.0, 2.0, 1.0, "///") in boxes(other)
     assert texts(other.get_legend().get_texts()) == ["network + client", "other: pause"]
-    plt.close(fig)
 
 
 def annotations(ax):
     return [(a.get_text(), r6(a.xy), r6(a.xyann), a.get_horizontalalignment()) for a in ax.texts]
 
 
-def test_the_tool_call_point_is_named_where_each_tool_answers(ax):
+def test_the_tool_call_point_is_named_where_each_tool_answers(ax, subplots):
     ax.set_xlim(0, 2.4)
     ax.set_ylim(-0.8, 1.8)
     figures.annotate_tool_call_point(ax, rollout(SUSPENDED, hosted=True))
@@ -149,7 +146,7 @@ def test_the_tool_call_point_is_named_where_each_tool_answers(ax):
          (1.25, -1.05), "right"),
     ]
     assert ax.get_ylim() == (-1.6, 2.6)  # room for the notes
-    fig, axes = plt.subplots(1, 3)
+    axes = subplots(1, 3)
     axes[0].set_xlim(0, 4.0)
     axes[0].set_ylim(-5.0, 9.0)
     figures.annotate_tool_call_point(axes[0], rollout(CHAINED), row=0, rows=2)
@@ -163,7 +160,6 @@ def test_the_tool_call_point_is_named_where_each_tool_answers(ax):
     assert annotations(axes[1])[0][1:] == ((1.25, 2.65), (1.25, 1.95), "right")
     figures.annotate_tool_call_point(axes[2], RolloutRecord("x", "w", 0.0, turns=[TurnRecord(0, 0.0, ended_at=1.0)]))
     assert list(axes[2].texts) == [] and axes[2].get_ylim() == (0.0, 1.0)
-    plt.close(fig)
 
 
 # --- bars, lines and the published results' panels ---------------------------------------------------------
@@ -174,7 +170,7 @@ def rectangles(ax):
     return [(*r6((p.get_x(), p.get_width(), p.get_y(), p.get_height())), p.get_hatch()) for p in ax.patches]
 
 
-def test_phase_bars_stack_each_designs_phases_in_phase_order(ax):
+def test_phase_bars_stack_each_designs_phases_in_phase_order(ax, subplots):
     figures.phase_bars(ax, {"a": {"decode": 2.0, "validate": 1.0, "tool": 0.0, "post": 0.5}, "b": {"decode": 3.0, "unused": 9.0}})
     assert rectangles(ax) == [
         (0.0, 1.0, 0.7, 0.6, None), (0.0, 0.0, -0.3, 0.6, None), (1.0, 2.0, 0.7, 0.6, None), (0.0, 3.0, -0.3, 0.6, None),
@@ -182,11 +178,10 @@ def test_phase_bars_stack_each_designs_phases_in_phase_order(ax):
     assert [to_hex(p.get_facecolor()) for p in ax.patches[::2]] == [figures.PHASE_COLORS[p] for p in ("validate", "decode", "post")]
     assert texts(ax.get_yticklabels()) == ["a", "b"] and list(ax.get_yticks()) == [1, 0]
     assert ax.get_xlabel() == "seconds" and texts(ax.get_legend().get_texts()) == ["validate", "decode", "post"]
-    fig, other = plt.subplots()
+    other = subplots()
     figures.phase_bars(other, {"a": {"tool": 1.0, "network_client": 0.5}}, legend=False, xlabel="ms")
     assert other.get_legend() is None and other.get_xlabel() == "ms"
     assert [to_hex(p.get_facecolor()) for p in other.patches] == [figures.PHASE_COLORS[NETWORK_CLIENT], figures.PHASE_COLORS[TOOL]]
-    plt.close(fig)
 
 
 TABLE = [
@@ -201,32 +196,29 @@ def lines(ax):
     return [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle()) for line in ax.lines]
 
 
-def test_a_sweep_is_one_line_per_design_in_its_order(ax):
-    figures.sweep_plot(ax, TABLE, "x")
-    assert lines(ax) == [(CHAINED, [1, 2], [4.0, 5.0], "-"), ("http", [1], [9.0], "-"), ("odd", [1], [7.0], "-")]
-    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), ax.get_xscale(), ax.get_yscale()) == (
-        "x", "e2e_mean_s", "", "linear", "linear")
-    fig, other = plt.subplots()
-    figures.sweep_plot(other, TABLE, "x", "other", designs=["http", "missing", CHAINED], logx=True, logy=True,
-                       xlabel="X", ylabel="Y", title="T", linestyle="--", label_suffix=" (b)")
-    assert lines(other) == [("http (b)", [1], [2.0], "--"), (CHAINED + " (b)", [1, 2], [3.0, 1.0], "--")]
-    assert (other.get_xlabel(), other.get_ylabel(), other.get_title(), other.get_xscale(), other.get_yscale()) == (
-        "X", "Y", "T", "log", "log")
-    plt.close(fig)
-
-
 def whisker_segments(ax):
     """Each interval drawn, per errorbar container: its segments ((x, low), (x, high))."""
     return [[tuple(r6(point) for point in seg) for seg in c.lines[2][0].get_segments() if len(seg)]
             for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
 
 
-def test_a_sweep_draws_each_points_interval_where_the_table_has_one(ax):
+def test_a_sweep_is_one_line_per_design_in_its_order_with_each_points_interval_where_the_table_has_one(ax, subplots):
+    figures.sweep_plot(ax, TABLE, "x")
+    assert lines(ax) == [(CHAINED, [1, 2], [4.0, 5.0], "-"), ("http", [1], [9.0], "-"), ("odd", [1], [7.0], "-")]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), ax.get_xscale(), ax.get_yscale()) == (
+        "x", "e2e_mean_s", "", "linear", "linear")
+    assert whisker_segments(ax) == []  # no interval in the table
+    other = subplots()
+    figures.sweep_plot(other, TABLE, "x", "other", designs=["http", "missing", CHAINED], logx=True, logy=True,
+                       xlabel="X", ylabel="Y", title="T", linestyle="--", label_suffix=" (b)")
+    assert lines(other) == [("http (b)", [1], [2.0], "--"), (CHAINED + " (b)", [1, 2], [3.0, 1.0], "--")]
+    assert (other.get_xlabel(), other.get_ylabel(), other.get_title(), other.get_xscale(), other.get_yscale()) == (
+        "X", "Y", "T", "log", "log")
     table = [{"x": 1, "design": CHAINED, "g": 0.3, "g_low": 0.2, "g_high": 0.5},
              {"x": 2, "design": CHAINED, "g": 0.4, "g_low": 0.35, "g_high": 0.42},
              {"x": 1, "design": "http", "g": 0.0, "g_low": float("nan"), "g_high": float("nan")}]
-    figures.sweep_plot(ax, table, "x", "g")
-    assert whisker_segments(ax) == [[((1.0, 0.2), (1.0, 0.5)), ((2.0, 0.35), (2.0, 0.42))]]  # http's has no interval
+    figures.sweep_plot(intervals := subplots(), table, "x", "g")
+    assert whisker_segments(intervals) == [[((1.0, 0.2), (1.0, 0.5)), ((2.0, 0.35), (2.0, 0.42))]]  # http's has no interval
 
 
 def test_a_log_axis_is_labelled_in_plain_numbers(ax):
@@ -252,8 +244,8 @@ TRENDS = [{"tok_s": 65, "gain_chained_vs_http": 0.1, "gain_low": 0.05, "gain_hig
           {"tok_s": 1000, "gain_chained_vs_http": 0.3, "gain_low": 0.28, "gain_high": 0.31}]
 
 
-def test_the_published_results_panels():
-    fig, (left, middle, right) = plt.subplots(1, 3)
+def test_the_published_results_panels(subplots):
+    left, middle, right = subplots(1, 3)
     figures.published_plot((left, middle, right), PUBLISHED, TRENDS, agreement_factor=3.0)
     # Published then testbed gains, in %; the calibration row hatched.
     assert rectangles(left) == [(0.0, 40.0, 1.0, 0.38, None), (0.0, 20.0, 0.0, 0.38, "//"), (0.0, 30.0, 0.62, 0.38, None),
@@ -281,22 +273,19 @@ def test_the_published_results_panels():
     assert right.get_xscale() == "log" and right.get_ylim()[0] == 0
     assert (right.get_xlabel(), right.get_ylabel(), right.get_title()) == (
         "decode speed (tokens/s)", "chained vs http gain, %", "Direction check: gain by decode speed")
-    plt.close(fig)
 
 
-def test_the_published_panels_agree_within_a_factor_of_2_by_default_and_cut_a_long_name():
-    fig, axes = plt.subplots(1, 3)
+def test_the_published_panels_agree_within_a_factor_of_2_by_default_and_cut_a_long_name(subplots):
+    axes = subplots(1, 3)
     figures.published_plot(axes, [{**PUBLISHED[0], "result": "r" * 78}, PUBLISHED[1]], TRENDS)  # one past the 80 kept
     assert axes[0].get_yticklabels()[0].get_text() == "0: [...]"
     (band,) = axes[1].patches[4:]
     assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))
     assert texts(axes[1].get_legend().get_texts())[2] == "calibration's implied value, x/÷2"
-    plt.close(fig)
-    fig, axes = plt.subplots(1, 3)
+    axes = subplots(1, 3)
     figures.published_plot(axes, PUBLISHED[:1], TRENDS)  # no calibration row: no band, no line
     assert texts(axes[1].get_legend().get_texts()) == ["implied by the published gain", "removed in the testbed"]
     assert list(axes[1].lines) == []
-    plt.close(fig)
 
 
 # --- compare's figure ---------------------------------------------------------------------------------------
@@ -449,7 +438,7 @@ def test_compares_panels_do_not_overlap_and_a_caption_explains_every_mark(tmp_pa
         assert mark in caption.get_text().replace("\n", " ")
 
 
-def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot(tmp_path, drawn):
+def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot_and_its_title_counts_the_tasks(tmp_path, drawn):
     # Ten 10 s http tasks: an exact mean, so the scale stops at 11.5 s; a task of exactly 11.5 s elsewhere is a dot.
     rows = [task_row("http", 65, 10.0)] * 10 + [task_row(CHAINED, 65, e) for e in [1.0] * 9 + [11.5]]
     figures.compare_figure([], rows, tmp_path / "c.svg")
@@ -458,16 +447,12 @@ def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot(tmp_path, drawn
     assert e2e_ax.get_ylim()[1] == pytest.approx(11.5)
     assert [len(c.get_offsets()) for c in e2e_ax.collections if type(c).__name__ == "PathCollection"] == [10, 10]
     assert list(e2e_ax.texts) == []
-    # Without a table the n is the count of the first design's tasks at the first speed.
+    # Without a table the n is the count of the first design's tasks at the first speed; of one task, it says so.
     assert fig._suptitle.get_text() == "compare: the 'coding' workload, n = 10 tasks per design and speed, virtual time"
-
-
-def test_the_compare_figure_of_one_task_says_so_and_has_a_unit_turn_scale(tmp_path, drawn):
     path = figures.compare_figure([], [task_row(SUSPENDED, 65, 3.0)], str(tmp_path / "c.png"))
-    assert path == tmp_path / "c.png"
-    (fig,) = drawn
-    assert fig._suptitle.get_text() == "compare: the 'coding' workload, n = 1 task per design and speed, virtual time"
-    assert fig.axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn
+    assert path == tmp_path / "c.png" and drawn[1]._suptitle.get_text() == (
+        "compare: the 'coding' workload, n = 1 task per design and speed, virtual time")
+    assert drawn[1].axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn: a unit scale
 
 
 # --- the sensitivity tornados -------------------------------------------------------------------------------
@@ -475,7 +460,7 @@ def test_the_compare_figure_of_one_task_says_so_and_has_a_unit_turn_scale(tmp_pa
 PANEL = figures.TornadoPanel("T", 10.0, (("a", 9.0, 12.0), ("flat", 10.0, 10.0), ("b", 5.0, 20.0), ("c", 10.0, 11.0)))
 
 
-def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(ax):
+def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(ax, subplots):
     figures.tornado(ax, PANEL)
     low, high = figures.TORNADO_LOW, figures.TORNADO_HIGH
     assert [(*r6((p.get_x(), p.get_width(), p.get_y())), to_hex(p.get_facecolor())) for p in ax.patches] == [
@@ -484,19 +469,18 @@ def test_a_tornado_draws_the_widest_span_on_top_each_end_in_the_legends_colour(a
     assert texts(ax.get_yticklabels()) == ["b", "a", "c"] and ax.yaxis_inverted() and ax.get_title() == "T"
     assert [list(line.get_xdata()) for line in ax.lines] == [[10.0, 10.0]] and list(ax.texts) == []
     assert whisker_segments(ax) == []  # a panel without intervals draws no whisker and no band
-    fig, axes = plt.subplots(1, 4)
+    axes = subplots(1, 4)
     figures.tornado(axes[0], PANEL, top=1)
     assert texts(axes[0].get_yticklabels()) == ["b"]
     figures.tornado(axes[1], figures.TornadoPanel("S", 1.0, (("flat", 1.0, 1.0),), default_interval=(0.5, 2.5)))  # no bar, the band
     assert texts(axes[1].texts) == ["no parameter moves it"] and len(axes[1].patches) == 1
-    fig.canvas.draw()  # the note in the middle of the panel
+    axes[1].figure.canvas.draw()  # the note in the middle of the panel
     assert axes[1].texts[0].get_window_extent().get_points().mean(axis=0) == pytest.approx(
         axes[1].get_window_extent().get_points().mean(axis=0), abs=1.0)
     figures.tornado(axes[2], figures.TornadoPanel("E", 1.0, (("lo", 0.5, 1.0), ("hi", 1.0, 3.0))))
     assert texts(axes[2].get_yticklabels()) == ["hi", "lo"]
     figures.tornado(axes[3], figures.TornadoPanel("T", 10.0, tuple((f"p{k}", 9.0 - k, 11.0 + k) for k in range(8))))
     assert texts(axes[3].get_yticklabels()) == ["p7", "p6", "p5", "p4", "p3", "p2"]  # six unless told otherwise
-    plt.close(fig)
 
 
 def test_a_tornado_draws_each_ends_interval_where_the_panel_says_and_the_defaults_band(ax):

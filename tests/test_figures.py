@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import re
 import sys
@@ -17,9 +16,12 @@ import pytest
 from prototype import headline, notebook
 from prototype.__main__ import main as cli_main
 from prototype.cli import figures
+from prototype.uncertainty import Estimate
 from tests.conftest import REPO
 
 PNG = b"\x89PNG\r\n\x1a\n"
+GAIN = headline.figure(Estimate(0.04, 0.021, 0.063, 10, "tasks", "bootstrap"), "{:.1f}%", scale=100)
+SPAN = "<!-- fig:compare.gain -->?<!-- /fig -->\n"  # a page's span of compare's data
 EMBEDS = {"README.md": "docs/figures/", "docs/notebooks.md": "figures/"}
 
 
@@ -39,24 +41,6 @@ def test_every_embedded_figure_is_committed_under_docs_figures(page):
         assert path.name in ("compare.png", *figures.NOTEBOOK_PICTURES)  # so the command regenerates it
 
 
-@pytest.mark.slow
-def test_the_figures_command_regenerates_every_figure_at_smoke_size(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "results"))
-    readme = (REPO / "README.md").read_text()
-    assert cli_main(["figures", "--smoke", "--out", str(tmp_path / "figures")]) == 0
-    written = sorted(p.name for p in (tmp_path / "figures").iterdir())
-    data = ["compare.json", "published.json", "notebook_latency_sweeps.json"]  # the numbers behind the figures
-    assert written == sorted(["compare.png", *figures.NOTEBOOK_PICTURES, *data])
-    for name in written:
-        content = (tmp_path / "figures" / name).read_bytes()
-        if name in data:
-            section = json.loads(content)
-            assert section["name"] == name.removesuffix(".json") and section["figures"], name
-        else:
-            assert content[:8] == PNG and 10_000 < len(content) < 400_000, name
-    assert (REPO / "README.md").read_text() == readme  # a smoke run's numbers are not quoted
-
-
 # --- the command with its compare run and notebooks replaced by stand-ins -----------------------------------
 
 
@@ -70,7 +54,7 @@ def stand_ins(monkeypatch):
         out = Path(argv[argv.index("--out") + 1])
         out.mkdir(parents=True)
         (out / "compare.png").write_bytes(b"compare")
-        headline.write(out / "compare.json", {"headline": headline.section("compare", command="c", workload="w", figures={})})
+        headline.write(out / "compare.json", {"headline": headline.section("compare", command="c", workload="w", figures={"gain": GAIN})})
         return 0
 
     def execute(path, output):
@@ -95,8 +79,12 @@ def stand_ins(monkeypatch):
     return calls
 
 
-def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_path, stand_ins, capsys):
-    out = tmp_path / "new" / "figures"
+def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder_and_leave_the_pages_spans(tmp_path, stand_ins, capsys,
+                                                                                                     monkeypatch):
+    out = tmp_path / "new" / "figures"  # the checkout's docs/figures/, but a smoke run's numbers are not quoted
+    (tmp_path / "README.md").write_text(SPAN)
+    monkeypatch.setattr(figures, "REPO", tmp_path)
+    monkeypatch.setattr(figures, "FIGURES", out)
     assert cli_main(["figures", "--smoke", "--out", str(out)]) == 0
     [argv] = stand_ins["compare"]
     scratch = Path(argv[1]).parent
@@ -121,10 +109,14 @@ def test_figures_at_smoke_size_write_every_picture_from_a_scratch_folder(tmp_pat
                                                "notebook_latency_sweeps.png", "notebook_latency_sweeps.json",
                                                "notebook_published.png", "published.json", "notebook_lanes_and_steering.png"))
     assert printed[4] == "" and printed[5].startswith(f"wrote {written} in ") and printed[5].endswith(" s")
-    assert len(printed) == 6
+    assert len(printed) == 6 and (tmp_path / "README.md").read_text() == SPAN
 
 
-def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken(tmp_path, stand_ins, monkeypatch):
+def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken_and_rewrite_the_pages_spans(tmp_path, stand_ins,
+                                                                                                            monkeypatch):
+    (tmp_path / "README.md").write_text(SPAN)
+    monkeypatch.setattr(figures, "REPO", tmp_path)
+    monkeypatch.setattr(figures, "FIGURES", tmp_path / "figures")
     flushed = []
 
     class Stdout(io.StringIO):
@@ -135,11 +127,12 @@ def test_figures_at_full_size_print_each_notebook_as_it_ends_and_the_time_taken(
     monkeypatch.setattr(sys, "stdout", stdout)
     clock = iter([100.0, 102.6])
     monkeypatch.setattr(figures, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
-    assert cli_main(["figures", "--out", str(tmp_path)]) == 0
+    assert cli_main(["figures", "--out", str(tmp_path / "figures")]) == 0
     lines = [f"notebooks/{name}.py: executed in 1.2 s\n" for name in figures.NOTEBOOKS]
     assert [text for text in flushed if text.endswith(".py: executed in 1.2 s\n")] == [
         "".join(lines[:i + 1]) for i in range(len(lines))]  # each line reaches a pipe as its notebook ends
-    assert stdout.getvalue().endswith(" in 3 s\n")
+    assert stdout.getvalue().endswith(" in 3 s\nrewrote the spans of README.md\n")
+    assert (tmp_path / "README.md").read_text() == "<!-- fig:compare.gain -->4.0% [2.1%, 6.3%] n=10<!-- /fig -->\n"
     [argv] = stand_ins["compare"]  # at full size: the default compare, the notebooks in full
     assert argv == ["--out", argv[1]] and argv[1].endswith("/compare")
     assert {env["TESTBED_NOTEBOOK_TEST"] for *_, env in stand_ins["notebooks"]} == {"0"}

@@ -129,27 +129,6 @@ def test_every_marked_span_in_readme_and_docs_shows_its_committed_data():
     assert not stale, "\n".join(map(str, stale)) + "\n(python -m prototype figures --no-run rewrites them)"
 
 
-def test_a_full_figures_run_into_docs_figures_rewrites_the_spans_and_a_smoke_run_does_not(checkout, monkeypatch):
-    data = checkout / "docs" / "figures"
-    monkeypatch.setattr(figures_command, "REPO", checkout)
-    monkeypatch.setattr(figures_command, "FIGURES", data)
-
-    def compare(argv):  # what compare writes: its picture and its results with their headline section
-        out = figures_command.Path(argv[argv.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "compare.png").write_bytes(b"png")
-        headline.write(out / "compare.json", {"headline": a_section("compare", gain=GAIN if "--tasks" not in argv else RATIO)})
-        return 0
-
-    monkeypatch.setattr(figures_command, "_compare", compare)
-    (checkout / "README.md").write_text("<!-- fig:compare.gain -->?<!-- /fig -->\n")
-    assert figures_command.run(figures_command_args("--smoke", "--no-notebooks", "--out", str(data))) == 0
-    assert headline.load("compare", data)["figures"]["gain"] == RATIO  # the smoke run's data, in --out
-    assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->?<!-- /fig -->\n"  # but not quoted
-    assert figures_command.run(figures_command_args("--no-notebooks", "--out", str(data))) == 0
-    assert (checkout / "README.md").read_text() == "<!-- fig:compare.gain -->4.0% [2.1%, 6.3%] n=10<!-- /fig -->\n"
-
-
 # --- the committed data against a fresh run ----------------------------------------------------------------------
 
 

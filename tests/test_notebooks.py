@@ -13,11 +13,15 @@ results cache (its sweeps compute).
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jupytext
 import pytest
 from nbclient.exceptions import CellExecutionError
+
+from prototype.cli.figures import NOTEBOOK_DATA, NOTEBOOK_PICTURES
+from prototype.cli.figures import NOTEBOOKS as FIGURE_NOTEBOOKS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
@@ -44,7 +48,11 @@ def test_notebook_executes_in_test_mode_in_its_own_folder(path, tmp_path, monkey
     except CellExecutionError as error:
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
     assert all(not any(o.get("output_type") == "error" for o in cell.get("outputs", [])) for cell in code)
-    assert any(results.glob("notebook_*.png")), "the notebook saves its picture in the results folder"
+    # Its picture, the one `python -m prototype figures` takes (and the data, its figures in a headline section).
+    picture = dict(zip(FIGURE_NOTEBOOKS, NOTEBOOK_PICTURES)).get(path.stem)
+    assert any(results.glob("notebook_*.png")) and (picture is None or (results / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n")
+    if path.stem in NOTEBOOK_DATA:
+        assert json.loads((results / NOTEBOOK_DATA[path.stem]).read_text())["headline"]["figures"], path.stem
 
 
 def installed_prototype(tmp_path) -> pathlib.Path:
@@ -79,30 +87,3 @@ def test_every_phase_has_one_colour():
     assert set(metrics.SERVER_PHASES) | {analysis.NETWORK_CLIENT, analysis.TOOL} == set(figures.PHASE_COLORS)
     assert set(figures.PHASE_ORDER) == set(figures.PHASE_COLORS)
 
-
-def test_sweep_and_timeline_on_a_tiny_task(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prototype import analysis, benchmark, figures, sweep
-    from prototype import workload as wl
-
-    task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=10, tool_seconds=0.2)
-    runner = sweep.Runner(sweep.InProcess(), cache=None, progress=False)
-    rows = benchmark.design_sweep(runner, "tps", [1000.0, 4000.0], lambda tps: (tps, benchmark.BenchConfig(task_list=(task,))))
-    table = analysis.sweep_table(rows, "tps")
-    assert {(r["tps"], r["design"]) for r in table} == {(t, d) for t in (1000.0, 4000.0) for d in benchmark.DESIGNS}
-    assert all(r["gain_vs_http"] == 0 for r in table if r["design"] == benchmark.HTTP)
-    records = [benchmark.run_design_virtual(d, 1000.0, benchmark.BenchConfig(task_list=(task,)))[0]
-               for d in benchmark.DESIGNS]
-    spans = figures.turn_spans(records[-1])
-    assert {s["phase"] for s in spans} >= {"prefill", "decode", analysis.TOOL, analysis.PAUSE}
-    assert all(s["end"] >= s["start"] >= 0 for s in spans)
-    fig, ax = plt.subplots()
-    figures.timeline(ax, records)
-    figures.sweep_plot(ax.twinx(), table, "tps", logx=True)
-    fig.savefig(tmp_path / "t.png")
-    plt.close(fig)
-    assert [r["design"] for r in analysis.state_table(records)] == list(benchmark.DESIGNS)

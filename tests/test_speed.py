@@ -13,7 +13,6 @@ import trio.testing
 from experiments import concurrency, efficiency, idle_cost, profile_turn, stack_floor, streaming
 from prototype import metrics, uncertainty
 from prototype.analysis import NETWORK_CLIENT, TOOL
-from prototype.api.costs import ZERO_COSTS
 from prototype.client.connect import TcpConnector
 from prototype.client.harness import RolloutRecord, TurnRecord
 from prototype.engine.engine import Engine
@@ -29,17 +28,13 @@ def test_efficiency_runs_at_a_tiny_size_and_sets_each_websocket_design_against_i
     for row in rows:
         assert row["turns"] == 2
         assert row["limit_s"] == pytest.approx(row["phase_sum_s"], rel=1e-6)  # virtual e2e is inference + tool time
-        # Efficiency and overhead depend on the machine's load: printed, not bounded here; their arithmetic is exact.
-        assert row["efficiency"] == pytest.approx(row["limit_s"] / row["real_s"], rel=1e-9)
-        assert row["overhead_ms"] == pytest.approx(1000 * (row["real_s"] - row["limit_s"]) / row["turns"], rel=1e-9)
+        # Efficiency and overhead depend on the machine's load: printed, not bounded here; their arithmetic (efficiency.figures)
+        # is pinned on known spans below.
         assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
         if row["design"] == "http":  # a POST and an SSE stream: not the floor's WebSocket turn
             assert all(row[c] == "" for c in efficiency.COLUMNS[efficiency.COLUMNS.index("floor_ms"):-1])
             continue
         assert row["floor_turns"] == 3 and row["floor_low_ms"] <= row["floor_ms"] <= row["floor_high_ms"]
-        assert row["efficiency_bound"] == pytest.approx(stack_floor.efficiency_bound(row["floor_ms"] / 1000, 2, row["limit_s"]), rel=1e-12)
-        assert row["bound_low"] <= row["efficiency_bound"] <= row["bound_high"] < 1
-        assert row["beyond_floor_ms"] == pytest.approx(row["overhead_ms"] - row["floor_ms"], rel=1e-9, abs=1e-12)
         assert row["target_ms"] == efficiency.TARGET_BEYOND_FLOOR_MS
         judged = efficiency.verdict(
             uncertainty.Estimate(row["beyond_floor_ms"], row["beyond_floor_low_ms"], row["beyond_floor_high_ms"], 2), row["target_ms"])
@@ -216,29 +211,3 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
     assert out[0] == (0.010, 10)
     assert out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
     assert engine.stats.decoded_tokens == 20
-
-
-def test_a_real_runs_measured_window_holds_the_run_and_not_the_collectors_full_collection(monkeypatch):
-    """profile_turn measures the run alone: the collector's settling (a full collection, tens of ms) comes before, or
-    it would be charged to the turns as "server logic"."""
-    import contextlib
-    import gc
-
-    from prototype import benchmark, netem, workload
-
-    inside: list[bool] = [False]
-    collections: list[bool] = []
-    real_collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(inside[0]) or real_collect(*a))
-
-    @contextlib.contextmanager
-    def measured():
-        inside[0] = True
-        yield
-        inside[0] = False
-
-    task = workload.fixed(2, initial_prompt_tokens=200, appended_tokens=20, output_tokens=10, tool_seconds=0.001)
-    config = benchmark.BenchConfig(task_list=(task,), network=netem.LOOPBACK, costs=ZERO_COSTS)
-    records = benchmark.run_design_real(benchmark.CHAINED, 100000.0, config, measured=measured)
-    assert [len(record.turns) for record in records] == [2]
-    assert collections == [False]

@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -480,6 +481,33 @@ def test_which_main_modules_worker_processes_would_run_again(spec, file, source,
         (tmp_path / file).write_text(source)
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert sweep.unguarded_main() == (main.__file__ if run_again else None)
+
+
+SCRIPT = """\
+import os
+
+from prototype import sweep
+
+import pids
+
+runner = sweep.Runner(sweep.Processes(2), cache=None, progress=False)
+values = runner.map(pids.pid, [1, 2, 3]) + runner.map(pids.pid, [4, 5])
+print("in this process" if set(values) == {os.getpid()} else "in workers")
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["no guard", "guarded"])
+def test_a_script_without_a_main_guard_runs_its_grid_in_this_process(guarded, tmp_path):
+    (tmp_path / "pids.py").write_text("import os\n\n\ndef pid(config):\n    return os.getpid()\n")
+    body = SCRIPT if not guarded else "if __name__ == '__main__':\n" + "".join(f"    {line}\n" if line else "\n" for line in SCRIPT.splitlines())
+    (tmp_path / "script.py").write_text(body)
+    repo = str(sweep.REPO)
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{tmp_path}"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ("in workers\n" if guarded else "in this process\n")
+    assert (str(tmp_path / "script.py") in done.stderr) is not guarded  # said, naming the script,
+    assert len(done.stderr.splitlines()) == (0 if guarded else 1)  # in one line, once for both grids
 
 
 def test_the_grids_of_an_unguarded_script_run_in_this_process_and_say_so_once(tmp_path, monkeypatch, capsys):

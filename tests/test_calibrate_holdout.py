@@ -3,8 +3,6 @@ rounds, scored on its last ones, printed and written per group."""
 
 from __future__ import annotations
 
-import json
-
 import attrs
 import pytest
 
@@ -110,9 +108,6 @@ def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_w
     assert claude.decode_tokens_per_s == pytest.approx(50.0, rel=0.15)
     assert codex.decode_tokens_per_s == pytest.approx(100.0, rel=0.15)
     assert not out.exists()
-    with pytest.raises(SystemExit):
-        cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--holdout", "1.5"])
-    assert "argument --holdout: the held-out share must be in (0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):
@@ -134,16 +129,4 @@ def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path
     assert out.endswith(f"wrote latency profile {tmp_path / 'p.claude-sonnet.json'}: the fit on all 5 rounds (claude/sonnet)\n"
                         f"wrote latency profile {tmp_path / 'p.codex-gpt.json'}: the fit on all 4 rounds (codex/gpt)\n")
     assert not (tmp_path / "p.json").exists()
-    status, out, _ = run_calibrate(capsys, tracelab(tmp_path / "u.jsonl", [("a", "b", 5), ("c", "d", 5)]), "--baseline-tasks", 2)
-    assert status == 0 and "\nheld-out error per round" in out and out.count("  held out       the model refitted") == 2
 
-
-def test_a_codex_rollout_names_its_model_from_turn_context(tmp_path) -> None:
-    from test_traces import codex_rollout, rollout_line
-
-    lines = codex_rollout()
-    lines.insert(4, rollout_line(0.3, "turn_context", cwd="/x", model="gpt-5.4"))
-    path = tmp_path / "rollout-2026-11-30T00-00-00-sess-1.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert [r.group for r in traces.load(path).rounds] == ["codex/gpt-5.4", "codex/gpt-5.4"]
-    assert [r.group for r in traces.load(tmp_path).rounds] == ["codex/gpt-5.4"] * 2  # a sessions folder too

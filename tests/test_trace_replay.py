@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from support import make_server
 from test_fairness import DESIGNS, common_prefix_tokens, first_prompt, run
@@ -76,20 +75,3 @@ def test_a_rounds_reasoning_tokens_are_replayed_counted_and_the_parameter_block_
     assert not any("LN(" in value or "of tool turns, 2/3/4" in value for value in rows.values())
     assert "decode speeds" in rows and "t_fixed_pre (validate+safety+render+route)" in rows  # model and API rows stay
 
-
-def test_preset_out_takes_the_traces_reasoning_and_common_prefix(trace, tmp_path, capsys) -> None:
-    from prototype import profiles
-    from prototype.__main__ import main
-
-    out = tmp_path / "preset.json"
-    assert main(["calibrate", trace.path, "--baseline-tasks", "50", "--preset-out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    preset = profiles.load_preset(out)
-    assert preset.shared_prefix_tokens == SYSTEM_PROMPT  # not the coding preset's 7,400
-    shares = np.array([20 / 50, 25 / 60, 0 / 40])
-    # A uniform share with the trace's mean and sd: mean -/+ sqrt(3) sd, the low end clipped at 0.
-    assert preset.reasoning_share == (0.0, pytest.approx(shares.mean() + np.sqrt(3) * shares.std(), abs=1e-4))
-    # The baseline column counts the coding preset's reasoning (11-45% of output), not 0.
-    line = next(line for line in printed.splitlines() if line.startswith("reasoning tokens per round"))
-    trace_p50, baseline_p50 = float(line.split()[6]), float(line.split()[-2])
-    assert trace_p50 == 20 and baseline_p50 > 10

@@ -36,7 +36,8 @@ def prompt(n: int, start: int = 1000) -> Prompt:
 
 
 async def call(engine: Engine, key: str, p: Prompt, *, pinned: bool = False, seconds: float = 0.0) -> float:
-    """One model call that computes all of `p` and takes `seconds`; returns its queueing delay."""
+    """One model call that computes all of `p`, takes `seconds` and ends at a tool call (the session will be back);
+    returns its queueing delay."""
     handle = await engine.begin_call(key, p, pinned=pinned)
     await trio.sleep(seconds)
     engine.retain(key, p, trio.current_time(), pinned=pinned)

@@ -125,17 +125,11 @@ async def test_swap_out_frees_the_gpu_after_the_copy_and_swap_in_costs_tokens_ti
     assert_consistent(engine)
 
 
-async def test_after_a_final_answer_swap_and_pin_leave_the_kv_as_plain_cache(autojump_clock):
-    swap = Engine(retention=SWAP_POLICY)
-    handle = await swap.begin_call("s", prompt(100))
-    swap.retain("s", prompt(100), 0.0)
-    swap.end_call(handle, paused=False)  # no tool call: the session is not expected back
-    assert swap.kv["s"].where == "gpu" and swap.stats.swap_out_bytes == 0
-
+async def test_after_a_final_answer_a_pin_leaves_the_kv_as_plain_cache(autojump_clock):
     pin = Engine(kv_budget_tokens=100, retention=ttl(10, pin=True))
     handle = await pin.begin_call("a", prompt(80))
     pin.retain("a", prompt(80), 0.0)
-    pin.end_call(handle, paused=False)
+    pin.end_call(handle, paused=False)  # no tool call: the session is not expected back
     assert await call(pin, "b", prompt(50)) == 0.0 and pin.stats.evicted == 1
 
 

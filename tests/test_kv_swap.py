@@ -188,15 +188,6 @@ def naive_common_prefix(a, b) -> int:
     return n
 
 
-@pytest.mark.parametrize(("a", "b", "expected"), [
-    ([], [], 0), ([], [1], 0), ([1], [], 0), ([1], [1], 1), ([1], [2], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2], [1, 2, 3, 4], 2),
-    ([1, 2, 3, 4], [1, 2], 2), ([1, 2, 3, 4], [1, 2, 9, 4], 2), ([9, 2, 3, 4], [1, 2, 3, 4], 0), ([1, 2, 3, 4], [1, 2, 3, 9], 3),
-])
-def test_common_prefix_of_small_cases(a, b, expected):
-    assert common_prefix(a, b) == expected == naive_common_prefix(a, b)
-    assert common_prefix(array("q", a), array("q", b)) == expected  # what the engine passes
-
-
 # A two-letter alphabet makes long shared prefixes common, so every split point is exercised.
 ids = st.lists(st.integers(0, 1), max_size=40)
 
@@ -205,9 +196,12 @@ ids = st.lists(st.integers(0, 1), max_size=40)
 @example([], [])
 @example([0], [0])
 @example([0] * 33, [0] * 32 + [1])
+@example([1, 2, 3, 4], [1, 2, 9, 4])
+@example([9, 2, 3, 4], [1, 2, 3, 4])
+@example([1, 2, 3, 4], [1, 2, 3, 9])
 def test_common_prefix_equals_the_naive_scan(a, b):
     assert common_prefix(a, b) == naive_common_prefix(a, b)
-    assert common_prefix(array("q", a), array("q", b)) == naive_common_prefix(a, b)
+    assert common_prefix(array("q", a), array("q", b)) == naive_common_prefix(a, b)  # what the engine passes
 
 
 @given(ids, ids, ids)

@@ -449,33 +449,9 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert worker.inputs == {} and worker.tasks == {}
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
-    worker, out, engine = await started()
-    await handle(worker, {"op": "generate", "rid": "h", "prompt": [1], "max_tokens": 2, "held": True})
-    assert engine.inputs["h"][0].prompt == {"prompt_token_ids": [1]}
-    script = engine.script("h")
-    script.put_nowait(output([5, 5, 5], cached=1, prompt=[1]))  # more than the chunk: only its own
-    await settle()
-    assert out.take() == [
-        tokens("h", [5, 5], (1, 0, 0, 0, 0.0, 1)),
-        {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": ZERO},
-    ]
-    engine.stats(ctx=1, gen=0, usage=0.5)
-    await handle(worker, {"op": "append", "rid": "h", "prompt": [3], "max_tokens": 3})
-    engine.stats(ctx=1, gen=1, usage=0.5)
-    await feed(script, output([6], cached=1, prompt=[1, 5, 5, 3]), output([6, 6]))
-    done = {"prefill_tokens": 2, "decode_tokens": 1, "prefix_queries": 0, "prefix_hits": 0, "kv_usage": 0.5,
-            "kv_usage_max": 0.5, "steps": 2, **UNPREEMPTED}
-    assert out.take() == [
-        tokens("h", [6], (1, 1, 0, 0, 0.5, 4)),
-        tokens("h", [6, 6]),
-        {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done},
-    ]
-    await worker.handle({"op": "close", "rid": "h"})
     await worker.handle({"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
     await settle()
     assert out.take() == []
-    await feed(script, END)
-    assert out.take() == [{"type": "finished", "rid": "h"}]
 
 
 # --- the process: its protocol stream and its loop -------------------------------------------------

@@ -61,12 +61,22 @@ async def test_vllm_samples_exactly_the_planned_ids_in_plain_and_held_requests(v
         assert await _sampled(await client.generate("free", list(range(100, 400)), 40, salt="ids")) != plan
 
 
-async def test_a_compacted_context_reopens_the_held_request_and_a_routed_away_call_recomputes(vllm_worker):
+async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_recomputes(vllm_worker):
+    block = vllm_worker.ready.block_size
     async with VllmClient.over_fds(vllm_worker) as client, open_vllm_engine(TINY_CPU, client=client, namespace="counters") as engine:
-        # v1: a compacted context is rendered anew: it does not extend what the held request holds, so the request is
-        # closed and a new one computes the whole compacted prompt (nothing of it was ever computed).
+        # v1: one held request; its resume sends only the ids past what it holds, and vLLM computes exactly those.
         prompt = Prompt(range(10_000, 10_600))
-        await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
+        opened = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
+        assert (opened.resumed, opened.sent_tokens, opened.prefill_tokens) == (False, 600, 600)
+        prompt.extend(range(20_000, 20_108))  # the 8 sampled tokens rendered, then a 100-token tool output
+        resumed = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
+        # The request holds 600 + 8 - 1 tokens (vLLM never feeds back the last sample): 101 are new.
+        assert (resumed.resumed, resumed.prompt_tokens, resumed.sent_tokens) == (True, 708, 101)
+        assert resumed.prefill_tokens == 101
+        # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
+        assert resumed.prefix_hits == resumed.vllm_cached_tokens == 0
+        # A compacted context is rendered anew: it does not extend what the request holds, so the request is
+        # closed and a new one computes the whole compacted prompt (nothing of it was ever computed).
         compacted = Prompt(range(50_000, 50_300))
         reopened = await _call(engine, ("suspended", "r1"), compacted, held=True, output_tokens=8)
         assert (reopened.resumed, reopened.sent_tokens, reopened.prefill_tokens, reopened.prefix_hits) == (False, 300, 300, 0)
@@ -74,6 +84,20 @@ async def test_a_compacted_context_reopens_the_held_request_and_a_routed_away_ca
         after = await _call(engine, ("suspended", "r1"), compacted, held=True, output_tokens=8)
         assert (after.resumed, after.sent_tokens, after.prefill_tokens) == (True, 43, 43)
         engine.release(("suspended", "r1"))
+
+        # chained: a new request per turn; the second finds the first's prompt and its output, which it sampled
+        # to the plan (the transcript's ids), in the prefix cache: every whole block of the 19.5 blocks of prompt
+        # and the 60 output tokens (the last sampled one never computed): 21 blocks of 32, where the prompt alone has 19.
+        prompt = Prompt(range(30_000, 30_000 + 20 * block - block // 2))
+        output = list(range(40_000, 40_060))
+        first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=60, plan=output)
+        assert (first.prefill_tokens, first.prefix_hits, first.off_plan_tokens) == (len(prompt), 0, 0)
+        prompt.extend([*output, *range(41_000, 41_100)])  # the output as rendered, then a tool's output
+        second = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
+        found = (first.prompt_tokens + len(output) - 1) // block * block
+        assert found > first.prompt_tokens // block * block  # part of the output is found, not the prompt alone
+        assert second.prefix_hits == second.vllm_cached_tokens == found
+        assert second.prefill_tokens == len(prompt) - found
 
         # http routed away from its prefix: the same prompt, isolated, finds nothing and is recomputed whole.
         engine.isolate(("http-elsewhere", "h1"))
@@ -103,8 +127,6 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
         assert [call.resumed for call in calls] == [False] + [True] * (len(calls) - 1)
         for previous, call in zip(calls, calls[1:]):
             assert call.prefill_tokens == call.sent_tokens == call.prompt_tokens - (previous.prompt_tokens + previous.sampled_tokens - 1)
-            # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
-            assert call.prefix_hits == call.vllm_cached_tokens == 0
     else:
         assert not any(call.held for call in calls)
         block = vllm_worker.ready.block_size
@@ -115,7 +137,7 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
                 continue
             # The last home turn's prompt and what it sampled (the transcript's ids, the last one never
             # computed) are found in vLLM's prefix cache, in whole blocks.
-            assert call.prefix_hits == call.vllm_cached_tokens == (home.prompt_tokens + home.sampled_tokens - 1) // block * block
+            assert call.prefix_hits == (home.prompt_tokens + home.sampled_tokens - 1) // block * block
             assert call.prefill_tokens == call.prompt_tokens - call.prefix_hits
             home = call
 

@@ -701,10 +701,8 @@ def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tm
                            "6 model output(s) have no token_count after them (interrupted): not replayed",
                            "2 request(s) ended on a round with client tool calls (interrupted): their last 6 call(s) "
                            "are not replayed")
-    edge = traces.load(folder / "2026" / "rollout-b.jsonl")
-    assert (edge.path, edge.format) == (str(folder / "2026" / "rollout-b.jsonl"), "codex")
-    assert edge.notes == ("2 tool call(s) have no output item: timed as 0 s",
-                          "3 model output(s) have no token_count after them (interrupted): not replayed",
-                          "1 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) "
-                          "are not replayed")
-    assert [t.name for t in edge.tasks] == ["s-2", "s-2/1"]
+    # One rollout alone says its own notes.
+    assert traces.load(folder / "2026" / "rollout-b.jsonl").notes == (
+        "2 tool call(s) have no output item: timed as 0 s",
+        "3 model output(s) have no token_count after them (interrupted): not replayed",
+        "1 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) are not replayed")

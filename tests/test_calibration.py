@@ -15,7 +15,6 @@ from prototype import benchmark, profiles, traces
 from prototype import workload as wl
 from prototype.__main__ import main
 from prototype.cli import calibrate, common
-from prototype.cli.calibrate import figures, fitted_preset
 from prototype.engine import fit, latency
 from tests.test_cli_serve import option_helps
 from tests.test_traces import FIXTURE, tracelab_row, write_jsonl
@@ -197,54 +196,6 @@ def test_a_latency_profile_from_a_fit_takes_its_terms_and_a_groups_file_its_name
     assert calibrate.group_path("p.json", "X/Codex GPT-5") == Path("p.X-Codex-GPT-5.json")
 
 
-# --- a synthetic trace: what calibrate must give back ---------------------------------------------------------------
-
-
-# What a synthetic trace is generated with, and what calibrate must give back.
-FIXED_S, PREFILL_TPS, DECODE_TPS = 0.35, 12_000.0, 61.0
-GENERATOR = wl.WorkloadParams(turns_median=12, turns_sigma=0.6, appended_median=900, appended_sigma=1.0,
-                              output_median=220, output_sigma=0.8)
-
-
-def synthetic_tracelab(path, n_tasks=60, seed=5, noise_s=0.05):
-    """Tasks of GENERATOR written as TraceLab rounds: a perfect prefix cache, model time from the known latency model
-    plus Gaussian noise, tools from the generator's mixture, tasks one after another in one session each."""
-    rng = np.random.default_rng(seed)
-    rows, clock = [], 0.0
-    for task in wl.generate(GENERATOR, seed=seed, n_tasks=n_tasks):
-        for k, turn in enumerate(task.turns):
-            uncached, cached = turn.appended_tokens, task.context_before(k)
-            seconds = FIXED_S + uncached / PREFILL_TPS + turn.output_tokens / DECODE_TPS + rng.normal(0, noise_s)
-            start, clock = clock, clock + max(0.01, seconds)
-            rows.append(tracelab_row(task.name, k, cached, uncached, turn.output_tokens,
-                                     [("exec_command", round(s * 1000)) for s in turn.tool_seconds],
-                                     start=start, end=clock, user=k == 0))
-            clock += max(turn.tool_seconds, default=0.0) + 0.001
-        clock += 30.0
-    return write_jsonl(path, rows)
-
-
-def test_calibrate_recovers_the_latency_model_and_distributions(tmp_path):
-    trace = traces.load(synthetic_tracelab(tmp_path / "synthetic.jsonl"))
-    timed = [r for r in trace.rounds if r.model_seconds is not None]
-    result = fit.round_time_fit([r.uncached_tokens for r in timed], [r.output_tokens for r in timed],
-                                [r.model_seconds for r in timed])
-    # Stated tolerance: 5% on each rate and on the fixed time, with 50 ms noise on ~1,000 rounds.
-    assert result.n == len(trace.rounds) > 500
-    assert result.fixed_s == pytest.approx(FIXED_S, rel=0.05)
-    assert result.prefill_tokens_per_s == pytest.approx(PREFILL_TPS, rel=0.05)
-    assert result.decode_tokens_per_s == pytest.approx(DECODE_TPS, rel=0.05)
-    assert result.rmse_s == pytest.approx(0.05, rel=0.15)  # the residuals are the noise
-    preset = fitted_preset(trace.tasks, trace.rounds)
-    # Stated tolerance: 15% on medians, 0.15 on log-sds (60 tasks, ~1,000 rounds; the clipping narrows them).
-    assert preset.turns_median == pytest.approx(GENERATOR.turns_median, rel=0.15)
-    assert preset.appended_median == pytest.approx(GENERATOR.appended_median, rel=0.15)
-    assert preset.output_median == pytest.approx(GENERATOR.output_median, rel=0.15)
-    assert preset.turns_sigma == pytest.approx(GENERATOR.turns_sigma, abs=0.15)
-    assert preset.output_sigma == pytest.approx(GENERATOR.output_sigma, abs=0.15)
-    assert preset.initial_prompt_tokens == GENERATOR.initial_prompt_tokens
-
-
 # --- the command -----------------------------------------------------------------------------------------------------
 
 
@@ -386,7 +337,7 @@ def test_bad_preset_and_latency_files_are_named(tmp_path, capsys):
 
 # The coding preset against TraceLab (docs/parameters.md "Calibration"): (figure, target, tolerance, measured).
 CODING_SAMPLE = wl.generate("coding", seed=0, n_tasks=400)
-CODING = figures(CODING_SAMPLE, traces.rounds_from_workloads(CODING_SAMPLE))
+CODING = calibrate.figures(CODING_SAMPLE, traces.rounds_from_workloads(CODING_SAMPLE))
 TARGETS = [
     ("median cached prefix per step", 119_000, 0.10, lambda f: f["prefix (cached) tokens per round"]["p50"]),
     ("median appended tokens per step", 875, 0.05, lambda f: f["appended (uncached) tokens per round"]["p50"]),

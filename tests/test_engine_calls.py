@@ -13,8 +13,7 @@ from test_vllm_client import engine_on_fake
 
 from prototype.designs.sampling import _answer_tokens
 from prototype.engine import tokenizer
-from prototype.engine.engine import Engine, ModelCall, Prefilled
-from prototype.engine.kv import Prompt
+from prototype.engine.engine import Engine
 from prototype.engine.latency import LatencyModel
 from prototype.engine.policy import PlannedCall, TurnPlan
 from prototype.engine.stats import MAX_STAT_SAMPLES, sample
@@ -53,21 +52,6 @@ async def test_a_serial_prefill_starts_from_its_place_unless_it_waited_for_the_g
     assert ends == [1.5, 2.5] and trio.current_time() == 2.5
     assert engine.stats.prefill_waits == [0.0, 0.5]
     assert engine.stats.model_calls == 2
-
-
-async def test_a_model_call_looks_up_its_own_session_and_ends_its_prefill_from_its_start(autojump_clock) -> None:
-    engine = Engine()
-    shared = Prompt(list(range(1000, 1100)))
-    handle = await engine.begin_call("a", shared)
-    engine.retain("a", shared, trio.current_time())
-    engine.end_call(handle)
-    engine.isolate("b")  # an http request routed away from the prefix: it finds nothing
-    longer = Prompt(list(shared.ids) + list(range(5000, 5020)))
-    await trio.sleep(1.0)
-    prefilled = await engine.prefill_call(LATENCY, ModelCall("b", longer, held=False, output_tokens=1), start=0.5)
-    assert prefilled == Prefilled(decode_from=0.5 + 120 / 1000, cached=0)
-    prefilled = await engine.prefill_call(LATENCY, ModelCall("c", longer, held=False, output_tokens=1), start=2.0)
-    assert prefilled == Prefilled(decode_from=2.0 + 24 / 1000, cached=96)
 
 
 async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[float, str]]:

@@ -4,7 +4,6 @@ reasoning is counted, and its `encrypted_content` goes back only where the desig
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -164,7 +163,7 @@ async def test_reasoning_tokens_are_counted_and_the_blob_goes_where_the_design_n
     assert records[CHAINED].turns[0].bytes_received - records[SUSPENDED].turns[0].bytes_received > ENCRYPTED_CONTENT_MIN_CHARS
 
 
-async def test_a_damaged_blob_is_refused_and_a_good_one_restores_the_context(autojump_clock) -> None:
+async def test_a_good_blob_restores_the_context_and_another_servers_is_carried_unread(autojump_clock) -> None:
     server = make_server()
     task = wl.fixed(2, initial_prompt_tokens=300, appended_tokens=50, output_tokens=40, reasoning_tokens=15)
     metadata = {"testbed_workload": server.api.workloads.register(task)}
@@ -187,11 +186,6 @@ async def test_a_damaged_blob_is_refused_and_a_good_one_restores_the_context(aut
                    for item in history]
         await send(conn, create_event(input=foreign, metadata=metadata))
         carried = (await until(conn, "response.completed"))[-1]["response"]
-        damaged = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "tbr1.%%%"}
-        await send(conn, json.dumps(create_event(input=[damaged, {"role": "user", "content": "go"}])))
-        (error,) = await until(conn, "response.completed")
     # The good blob restores the context token for token: the same prompt as the chained continuation's.
     assert stateless["usage"]["input_tokens"] == chained["usage"]["input_tokens"]
-    assert carried["usage"]["input_tokens"] != chained["usage"]["input_tokens"]
-    assert error["error"]["code"] == "invalid_encrypted_content" and error["error"]["param"] == "input[0].encrypted_content"
-    assert error["error"]["message"] == "The encrypted content for item rs_1 could not be verified."
+    assert carried["usage"]["input_tokens"] != chained["usage"]["input_tokens"]  # a damaged blob is test_protocol's

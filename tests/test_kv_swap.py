@@ -11,7 +11,8 @@ import pytest
 import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, until, ws
+from support import TERMINALS, create_event, exactly, function_calls, make_server, outputs_for, send, until, ws
+from test_kv_memory import assert_consistent, call, prompt
 
 from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE, GPU, HOST, SWAPPING_OUT, Prompt, common_prefix
@@ -25,28 +26,8 @@ def copy_seconds(tokens: int) -> float:
     return tokens * KV_BYTES_PER_TOKEN_8B / PCIE_BYTES_PER_S
 
 
-def exactly(seconds: float):
-    return pytest.approx(seconds, rel=1e-12, abs=1e-15)
-
-
-def prompt(n: int, base: int = 1000) -> Prompt:
-    return Prompt(list(range(base, base + n)))
-
-
-async def paused_call(engine: Engine, key: Hashable, p: Prompt) -> None:
-    """A model call that computes all of `p` and ends at a tool call (the session will be back)."""
-    handle = await engine.begin_call(key, p)
-    engine.retain(key, p, trio.current_time())
-    engine.end_call(handle)
-
-
 def on_host(engine: Engine) -> set[Hashable]:
     return {key for key, entry in engine.kv.items() if entry.where == HOST}
-
-
-def assert_books_balance(engine: Engine) -> None:
-    assert engine.resident_tokens == sum(e.gpu_tokens for e in engine.kv.values())
-    assert engine.host_tokens == sum(e.host_tokens for e in engine.kv.values())
 
 
 # --- the host budget ----------------------------------------------------------------------------------
@@ -62,20 +43,20 @@ async def test_a_full_host_drops_the_least_recently_used_swapped_kv_and_counts_e
                                                                                     copied):
     engine = Engine(retention=SWAP_POLICY, host_budget_tokens=budget)
     for key, tokens in sessions:
-        await paused_call(engine, key, prompt(tokens))
+        await call(engine, key, prompt(tokens))
         await trio.sleep(1)
     assert engine.kv[sessions[-1][0]].where == SWAPPING_OUT and engine.host_tokens == 200  # a copy reserves its room
     engine.advance(trio.current_time())
     assert (set(engine.kv), on_host(engine), engine.host_tokens) == (kept, kept, 200)
     assert (engine.stats.swap_dropped, engine.stats.swap_out_bytes) == (dropped, copied * KV)
-    assert_books_balance(engine)
+    assert_consistent(engine)
 
 
 async def test_kv_larger_than_the_whole_host_budget_is_dropped_after_the_others(autojump_clock):
     engine = Engine(retention=SWAP_POLICY, host_budget_tokens=150)
-    await paused_call(engine, "a", prompt(100))
+    await call(engine, "a", prompt(100))
     await trio.sleep(1)
-    await paused_call(engine, "b", prompt(200))  # pushes a off, and still does not fit: dropped too
+    await call(engine, "b", prompt(200))  # pushes a off, and still does not fit: dropped too
     assert engine.kv == {} and engine.host_tokens == 0 and engine.resident_tokens == 0
     assert engine.stats.swap_dropped == 2
     assert engine.stats.swap_out_bytes == 100 * KV  # only a was ever copied
@@ -87,13 +68,13 @@ async def test_kv_larger_than_the_whole_host_budget_is_dropped_after_the_others(
 async def test_session_keys_that_do_not_compare_are_fine_when_last_uses_tie(autojump_clock):
     # Session keys are any hashables (the http design uses tuples): a tie on last use must not compare keys.
     engine = Engine(retention=SWAP_POLICY, host_budget_tokens=200)
-    await paused_call(engine, ("http", 1), prompt(100))
-    await paused_call(engine, "conn-2", prompt(100))
+    await call(engine, ("http", 1), prompt(100))
+    await call(engine, "conn-2", prompt(100))
     await trio.sleep(1)
-    await paused_call(engine, 3, prompt(100))
+    await call(engine, 3, prompt(100))
     assert engine.stats.swap_dropped == 1 and engine.host_tokens == 200
     assert 3 in engine.kv and len(engine.kv) == 2
-    assert_books_balance(engine)
+    assert_consistent(engine)
 
 
 # --- the host link, one copy at a time each way -----------------------------------------------------
@@ -102,8 +83,8 @@ async def test_session_keys_that_do_not_compare_are_fine_when_last_uses_tie(auto
 async def test_swap_outs_queue_on_the_link_and_free_the_gpu_one_after_the_other(autojump_clock):
     engine = Engine(retention=SWAP_POLICY)
     s = copy_seconds(1000)
-    await paused_call(engine, "a", prompt(1000))
-    await paused_call(engine, "b", prompt(1000, base=5000))  # same instant: waits for a's copy
+    await call(engine, "a", prompt(1000))
+    await call(engine, "b", prompt(1000, 5000))  # same instant: waits for a's copy
     assert engine.kv["a"].where == engine.kv["b"].where == SWAPPING_OUT
     assert engine.resident_tokens == 2000 and engine.host_tokens == 2000
     engine.advance(s)
@@ -118,17 +99,17 @@ async def test_swap_outs_queue_on_the_link_and_free_the_gpu_one_after_the_other(
 
     # The link is idle again: a later copy starts at once, not after the old queue.
     await trio.sleep(10)
-    await paused_call(engine, "c", prompt(500))
+    await call(engine, "c", prompt(500))
     engine.advance(trio.current_time() + copy_seconds(500))
     assert engine.kv["c"].where == HOST and engine.stats.swap_out_bytes == 2500 * KV
-    assert_books_balance(engine)
+    assert_consistent(engine)
 
 
 async def test_swap_ins_queue_on_the_link_and_each_waits_for_its_own_copy(autojump_clock):
     engine = Engine(retention=SWAP_POLICY)
-    a, b = prompt(1000), prompt(500, base=5000)
-    await paused_call(engine, "a", a)
-    await paused_call(engine, "b", b)
+    a, b = prompt(1000), prompt(500, 5000)
+    await call(engine, "a", a)
+    await call(engine, "b", b)
     await trio.sleep(100)  # both copies long done
     a.extend([1] * 10)
     b.extend([2] * 10)
@@ -156,7 +137,7 @@ async def test_swap_ins_queue_on_the_link_and_each_waits_for_its_own_copy(autoju
 async def test_a_session_back_before_its_copy_ended_keeps_its_gpu_kv_and_waits_for_nothing(autojump_clock):
     engine = Engine(retention=SWAP_POLICY)
     p = prompt(1000)
-    await paused_call(engine, "a", p)
+    await call(engine, "a", p)
     p.extend([1] * 10)
     handle = await engine.begin_call("a", p)  # at t = 0, while the copy is under way
     assert trio.current_time() == 0 and handle.swap_in_tokens == 0 and handle.recomputed == 1000 % BLOCK_SIZE
@@ -170,12 +151,12 @@ async def test_a_call_queued_for_gpu_room_is_admitted_the_moment_a_swap_out_free
     # The head of the queue sleeps until the engine's next timer, here the end of a's copy to the host.
     engine = Engine(retention=SWAP_POLICY, kv_budget_tokens=100)
     with trio.fail_after(60):
-        await paused_call(engine, "a", prompt(80))
-        handle = await engine.begin_call("b", prompt(50, base=5000))
+        await call(engine, "a", prompt(80))
+        handle = await engine.begin_call("b", prompt(50, 5000))
     assert trio.current_time() == exactly(copy_seconds(80)) and handle.queued_s == exactly(copy_seconds(80))
     assert engine.kv["a"].where == HOST and engine.resident_tokens == 50
     engine.end_call(handle, paused=False)
-    assert_books_balance(engine)
+    assert_consistent(engine)
 
 
 # --- through the server: a pause swaps out, a final answer does not -----------------------------------------
@@ -207,15 +188,6 @@ def naive_common_prefix(a, b) -> int:
     return n
 
 
-@pytest.mark.parametrize(("a", "b", "expected"), [
-    ([], [], 0), ([], [1], 0), ([1], [], 0), ([1], [1], 1), ([1], [2], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2], [1, 2, 3, 4], 2),
-    ([1, 2, 3, 4], [1, 2], 2), ([1, 2, 3, 4], [1, 2, 9, 4], 2), ([9, 2, 3, 4], [1, 2, 3, 4], 0), ([1, 2, 3, 4], [1, 2, 3, 9], 3),
-])
-def test_common_prefix_of_small_cases(a, b, expected):
-    assert common_prefix(a, b) == expected == naive_common_prefix(a, b)
-    assert common_prefix(array("q", a), array("q", b)) == expected  # what the engine passes
-
-
 # A two-letter alphabet makes long shared prefixes common, so every split point is exercised.
 ids = st.lists(st.integers(0, 1), max_size=40)
 
@@ -224,9 +196,12 @@ ids = st.lists(st.integers(0, 1), max_size=40)
 @example([], [])
 @example([0], [0])
 @example([0] * 33, [0] * 32 + [1])
+@example([1, 2, 3, 4], [1, 2, 9, 4])
+@example([9, 2, 3, 4], [1, 2, 3, 4])
+@example([1, 2, 3, 4], [1, 2, 3, 9])
 def test_common_prefix_equals_the_naive_scan(a, b):
     assert common_prefix(a, b) == naive_common_prefix(a, b)
-    assert common_prefix(array("q", a), array("q", b)) == naive_common_prefix(a, b)
+    assert common_prefix(array("q", a), array("q", b)) == naive_common_prefix(a, b)  # what the engine passes
 
 
 @given(ids, ids, ids)

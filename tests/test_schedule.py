@@ -85,16 +85,6 @@ async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkey
     assert second.sent_at - first.ended_at == exactly(1.0)
 
 
-@pytest.mark.parametrize("design", ["chained", "suspended"])
-async def test_a_turn_is_scheduled_from_its_frames_arrival(design: str, monkeypatch, autojump_clock) -> None:
-    # Reading the frame (decoding a create or an append) happens before the turn starts, and is absorbed all the same.
-    idle, _ = await second_turn(design, 0.0, lambda seconds: None)
-    slowed(monkeypatch, codec, "decode_client_event")(0.004)
-    busy, _ = await second_turn(design, 0.0, lambda seconds: None)
-    assert idle > 0.004 + STEP
-    assert busy == exactly(idle)
-
-
 async def reconnected_first_token(costs: ApiCosts) -> tuple[float, dict[str, float]]:
     """A stored chained response continued over a new connection (its history read back from the
     store): the continuation's time to first token, and its phases in seconds."""

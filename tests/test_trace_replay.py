@@ -1,17 +1,14 @@
-"""Fair trace replay: every task a trace makes has its own content, shares with the others only the common prefix
-the trace says they share, and carries the trace's reasoning tokens into the replay."""
+"""Fair trace replay: every task a trace makes has its own content and shares with the others only the common prefix
+the trace says they share."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 from support import make_server
 from test_fairness import DESIGNS, common_prefix_tokens, first_prompt, run
-from test_traces import tracelab_row
+from test_traces import tracelab_row, write_jsonl
 
-from prototype import benchmark, traces
+from prototype import traces
 from prototype.client import harness
 from prototype.engine.kv import BLOCK_SIZE
 from prototype.engine.kv import common_prefix as _common_prefix
@@ -30,9 +27,7 @@ def trace(tmp_path) -> traces.Trace:
     rows = [round_row("s1", 0, 3000, 50, 20, 0.0),  # the first session finds nothing cached
             round_row("s2", SYSTEM_PROMPT, 1500, 60, 25, 10.0),  # the next ones find the system prompt
             round_row("s3", SYSTEM_PROMPT, 2500, 40, 0, 20.0)]
-    path = tmp_path / "round_trace.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return traces.load(path)
+    return traces.load(write_jsonl(tmp_path / "round_trace.jsonl", rows))
 
 
 def test_two_replayed_tasks_share_exactly_the_common_prefix_the_trace_names(trace) -> None:
@@ -57,39 +52,3 @@ async def test_no_design_finds_more_of_a_replayed_task_than_the_common_prefix(au
     for record in records[1:]:
         assert record.usage["cached_tokens"] == shared - shared % BLOCK_SIZE  # whole blocks of the prefix, no more
 
-
-def test_a_rounds_reasoning_tokens_are_replayed_counted_and_the_parameter_block_shows_what_was_used(trace) -> None:
-    assert [r.reasoning_tokens for r in trace.rounds] == [20, 25, 0]
-    assert [t.turns[0].reasoning_tokens for t in trace.tasks] == [20, 25, 0]
-    config = benchmark.BenchConfig(task_list=tuple(t for t in trace.tasks), source="fixture")
-    rows = benchmark.design_rows(benchmark.DesignRun(benchmark.CHAINED, 1000.0, config))
-    assert [r["reasoning_tokens"] for r in rows] == [20, 25, 0]
-    assert [r["output_tokens"] for r in rows] == [50, 60, 40]
-    config = benchmark.BenchConfig(task_list=trace.tasks, source="round_trace.jsonl")
-    rows = {name: value for name, value, _ in benchmark.parameters(config)}
-    assert rows["workload"] == "3 tasks from round_trace.jsonl"
-    assert rows["reasoning share of output"] == "30.0% of 150 output tokens"  # (20 + 25 + 0) / (50 + 60 + 40)
-    assert rows["common prefix"].startswith("2000 tokens (trace:codex/gpt-5.4) shared by tasks of one provider and model")
-    assert rows["tool time"] == "no client calls" and rows["parallel client calls"] == "none"
-    assert rows["hosted web_search"] == "none"
-    # Nothing of the preset's distributions (tool mixture, call and search rates) is printed as if it were used.
-    assert not any("LN(" in value or "of tool turns, 2/3/4" in value for value in rows.values())
-    assert "decode speeds" in rows and "t_fixed_pre (validate+safety+render+route)" in rows  # model and API rows stay
-
-
-def test_preset_out_takes_the_traces_reasoning_and_common_prefix(trace, tmp_path, capsys) -> None:
-    from prototype import profiles
-    from prototype.__main__ import main
-
-    out = tmp_path / "preset.json"
-    assert main(["calibrate", trace.path, "--baseline-tasks", "50", "--preset-out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    preset = profiles.load_preset(out)
-    assert preset.shared_prefix_tokens == SYSTEM_PROMPT  # not the coding preset's 7,400
-    shares = np.array([20 / 50, 25 / 60, 0 / 40])
-    # A uniform share with the trace's mean and sd: mean -/+ sqrt(3) sd, the low end clipped at 0.
-    assert preset.reasoning_share == (0.0, pytest.approx(shares.mean() + np.sqrt(3) * shares.std(), abs=1e-4))
-    # The baseline column counts the coding preset's reasoning (11-45% of output), not 0.
-    line = next(line for line in printed.splitlines() if line.startswith("reasoning tokens per round"))
-    trace_p50, baseline_p50 = float(line.split()[6]), float(line.split()[-2])
-    assert trace_p50 == 20 and baseline_p50 > 10

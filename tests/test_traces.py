@@ -88,7 +88,7 @@ def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
     assert [r.turn for r in trace.rounds if r.task == "s1"] == [0, 1, 2, 3]
 
 
-def test_tracelab_duplicate_rows_interrupted_requests_and_compaction_are_said(tmp_path):
+def test_tracelab_duplicate_rows_are_skipped_and_said(tmp_path):
     row = tracelab_row("s", 0, 0, 10, 5, [])
     trace = traces.load(write_jsonl(tmp_path / "t.jsonl", [row, row]))
     assert len(trace.rounds) == 1
@@ -100,14 +100,6 @@ def test_tracelab_duplicate_rows_interrupted_requests_and_compaction_are_said(tm
     assert trace.notes[0] == "2 exact duplicate row(s) (same session_id, round_index and token counts) skipped"
     assert not tracelab.looks_like({"round_index": 0}) and not tracelab.looks_like({"session_id": "s"})
     assert not tracelab.looks_like([{"session_id": "s", "round_index": 0}]) and tracelab.looks_like(row)
-    rows = [tracelab_row("s", 0, 0, 5000, 10, [("exec", 100)]), tracelab_row("s", 1, 0, 800, 10, [("exec", 100)])]
-    trace = traces.load(write_jsonl(tmp_path / "t.jsonl", rows))
-    assert trace.tasks[0].turns == (TurnSpec(5000, 10, (0.1,)), TurnSpec(0, 10, ()))
-    assert trace.notes == (
-        "1 request(s) ended on a round with client tool calls (interrupted): their last 1 call(s) are not replayed",
-        "the prompt shrank at 1 round(s) (context compaction): replayed as appending nothing, so the replayed "
-        "context exceeds the trace's by up to 4210 tokens",
-    )
 
 
 def test_a_tracelab_rounds_times_tools_and_group_come_from_its_own_fields_tool_time_the_wall_time(tmp_path):
@@ -358,7 +350,6 @@ def test_the_project_made_codex_rollout_fixture_loads_and_a_sweep_adjusts_its_ta
     # counts a few more per turn (the tool call's arguments)
     assert [r.output_tokens for r in trace.rounds] == [295, 1590, 587, 65, 307, 168, 354, 61, 382]
     assert all(r.model_seconds is not None and r.model_seconds > 0 for r in trace.rounds)
-    task = traces.load(FIXTURE).tasks[0]
     swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
     assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
     assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
@@ -374,16 +365,13 @@ def test_a_testbed_trace_keeps_tasks_by_arrival_its_rounds_on_a_perfect_cache_an
     path = tmp_path / "own.jsonl"
     native.write_trace(tasks, path)
     trace = traces.load(path)
-    assert trace.format == "testbed" and not trace.timed
+    assert (trace.path, trace.format, trace.timed) == (str(path), "testbed", False)
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
     path = tmp_path / "own.jsonl"
     path.write_text("\n\n")
     with pytest.raises(traces.TraceError) as refused:
         native.read(path)
     assert str(refused.value) == f"{path}:1: the trace holds no turns"
-    write_jsonl(path, [{**FIRST, "arrival_s": 2.5}, LAST])
-    trace = native.read(path)
-    assert trace.path == str(path) and [(t.name, t.arrival_s) for t in trace.tasks] == [("a", 2.5)]
     # No task with an arrival: a closed-loop trace, its tasks in file order.
     write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
     assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
@@ -713,10 +701,8 @@ def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tm
                            "6 model output(s) have no token_count after them (interrupted): not replayed",
                            "2 request(s) ended on a round with client tool calls (interrupted): their last 6 call(s) "
                            "are not replayed")
-    edge = traces.load(folder / "2026" / "rollout-b.jsonl")
-    assert (edge.path, edge.format) == (str(folder / "2026" / "rollout-b.jsonl"), "codex")
-    assert edge.notes == ("2 tool call(s) have no output item: timed as 0 s",
-                          "3 model output(s) have no token_count after them (interrupted): not replayed",
-                          "1 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) "
-                          "are not replayed")
-    assert [t.name for t in edge.tasks] == ["s-2", "s-2/1"]
+    # One rollout alone says its own notes.
+    assert traces.load(folder / "2026" / "rollout-b.jsonl").notes == (
+        "2 tool call(s) have no output item: timed as 0 s",
+        "3 model output(s) have no token_count after them (interrupted): not replayed",
+        "1 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) are not replayed")

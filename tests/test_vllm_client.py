@@ -300,6 +300,8 @@ async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_op
     client.dispatch({"type": "finished", "rid": "a"})
     assert [event async for event in a] == [{"type": "tokens", "rid": "a", "n": 1}, {"type": "finished", "rid": "a"}]
     await client.generate("a", [1], 1)  # its id is free again
+    with pytest.raises(ValueError, match="^request 'a' is already open$"):
+        await client.generate("a", [1], 1)
     client.dispatch({"type": "error", "rid": "zz"})
     assert [event async for event in b] == [{"type": "error", "rid": "b", "message": "worker error"}, {"type": "finished", "rid": "b"}]
     with pytest.raises(WorkerFailed, match="^worker error$"):
@@ -310,21 +312,7 @@ async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_op
     assert [event["message"] async for event in c if event["type"] == "error"] == ["engine died"]
 
 
-async def test_client_routes_events_by_request_answers_counters_and_fails_open_requests_when_the_worker_exits(autojump_clock, nursery):
-    stream, worker = await fake_worker(nursery, gap=0.01)
-    async with VllmClient.over_streams(stream, stream) as client:
-        assert client.ready.block_size == 32
-        a = await client.generate("a", [1, 2, 3], 2)
-        b = await client.generate("b", [4], 3)
-        got_b = [event async for event in b]
-        got_a = [event async for event in a]
-        assert [e["type"] for e in got_a] == ["tokens", "tokens", "finished"]
-        assert [e.get("n") for e in got_b] == [1, 1, 1, None]
-        assert got_a[0]["first"]["prefill_tokens"] == 3
-        assert await client.counters() == {"steps": 3}
-        await client.generate("c", [1], 1)
-        with pytest.raises(ValueError, match="already open"):
-            await client.generate("c", [1], 1)
+async def test_open_requests_fail_when_the_worker_exits_and_no_request_starts_after(autojump_clock):
     client_end, worker_end = trio.testing.memory_stream_pair()
     await worker_end.send_all(encode(READY))
     async with VllmClient.over_streams(client_end, client_end) as client:

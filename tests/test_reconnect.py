@@ -17,6 +17,7 @@ from openai.types.websocket_reconnection import is_recoverable_close
 from support import Close, Pause, ScriptedServer
 
 from prototype import benchmark, netem
+from prototype.protocol import errors
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
@@ -133,6 +134,12 @@ def failed(response_id: str, code: str) -> dict[str, Any]:
             "response": {"id": response_id, "status": "failed", "output": [], "error": {"code": code, "message": code}}}
 
 
+def failed_by_the_limit(response_id: str) -> dict[str, Any]:
+    """A response the connection limit cut, as the server fails it: `server_error`, with the limit's message."""
+    error = errors.response_error(errors.connection_limit_reached(60).message)
+    return {"type": "response.failed", "response": {"id": response_id, "status": "failed", "output": [], "error": error}}
+
+
 def error(code: str) -> dict[str, Any]:
     return {"type": "error", "status": 400, "error": {"type": "invalid_request_error", "code": code, "message": code}}
 
@@ -164,11 +171,16 @@ async def test_a_close_under_a_response_is_retried_by_openai_python_for_its_code
 async def test_the_connection_limit_ends_the_task_under_openai_python(autojump_clock, design: str) -> None:
     # Chained: the next create is answered by the limit. v1: the limit came while the resumed rollout streamed: it
     # fails at its next pause, then the error and the close.
-    server = ScriptedServer([first_turn(design), [*([failed("resp_0", LIMIT)] if design == SUSPENDED else []), error(LIMIT), Close(1000)]])
+    server = ScriptedServer([first_turn(design), [*([failed_by_the_limit("resp_0")] if design == SUSPENDED else []), error(LIMIT), Close(1000)]])
     record = await reconnecting(server, design, OPENAI_PYTHON)
     assert (record.status, record.reconnects, record.retried_responses, server.connections) == (f"error:{LIMIT}", 0, 0, 1)
     assert trio.current_time() == record.ended_at == record.turns[1].ended_at == 2.0
     assert record.outcomes == ({"resp_0": "failed"} if design == SUSPENDED else {"resp_0": "completed"})
+    # The task's first response cut by the limit ends its one turn there, asking nothing again.
+    server = ScriptedServer([[created_event("resp_0"), failed_by_the_limit("resp_0"), error(LIMIT), Close(1000)]])
+    record = await reconnecting(server, design, OPENAI_PYTHON, task=ONE_TURN)
+    assert (record.status, record.retried_responses, len(server.received), len(record.turns)) == (f"error:{LIMIT}", 0, 1, 1)
+    assert record.turns[0].ended_at == record.ended_at == 2.0
 
 
 async def test_a_request_answered_by_the_connection_limit_goes_again_after_a_backoff_on_a_new_connection_under_codex(
@@ -191,7 +203,7 @@ async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the
         first_turn(SUSPENDED),
         # The limit came while the resumed segment streamed: it fails at its next pause, then the error and the close.
         [{"type": "response.in_progress", "response": {"id": "resp_0", "status": "in_progress", "output": []}},
-         {"type": "response.output_item.done", "item": LOST_ITEM}, failed("resp_0", LIMIT), error(LIMIT), Close(1000)],
+         {"type": "response.output_item.done", "item": LOST_ITEM}, failed_by_the_limit("resp_0"), error(LIMIT), Close(1000)],
         response_events("response.completed", "resp_1", ANSWER),
     ])
     record = await reconnecting(server, SUSPENDED, TWICE_CODEX)

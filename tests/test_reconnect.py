@@ -17,7 +17,6 @@ from openai.types.websocket_reconnection import is_recoverable_close
 from support import Close, Pause, ScriptedServer
 
 from prototype import benchmark, netem
-from prototype.protocol import errors
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import ApiService
 from prototype.client.connect import InMemoryConnector, RoundRobinConnector
@@ -28,6 +27,7 @@ from prototype.client.reconnecting import OPEN_TIMEOUT_SECONDS, ReconnectingRoll
 from prototype.engine.engine import Engine
 from prototype.engine.streaming import FaultPlan
 from prototype.netem.faults import LinkFaults
+from prototype.protocol import errors
 from prototype.server.app import ResponsesServer
 from prototype.server.config import ServerConfig
 from prototype.workload import fixed

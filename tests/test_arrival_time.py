@@ -1,6 +1,6 @@
 """A response's modeled work starts when its frame or request arrived: a decode (or the server's own work) made to take
 5 ms of the autojump clock does not move its virtual times (docs/metrics.md), for a create, a v1 append and an inject,
-over a zero-latency pipe and the 20 ms RTT link, and for an http request."""
+over a zero-latency pipe and the 20 ms RTT link, for hosted subagents within their cap, and for an http request."""
 
 from __future__ import annotations
 
@@ -104,3 +104,20 @@ async def test_an_http_response_is_modeled_from_its_requests_arrival_not_from_th
         assert (await client.request(body=create(stream=stream))).status == 200
         took.append(trio.current_time() - sent)
     assert took[1] == pytest.approx(took[0], abs=1e-9) and took[0] > 0.005
+
+
+async def completion_of_subagents(decode_takes, seconds: float) -> float:
+    decode_takes(seconds)
+    async with beta_ws(make_server()) as conn:
+        sent = trio.current_time()
+        await send(conn, create_event(metadata={**ONE_TURN, "testbed_subagents": "2"},
+                                      multi_agent={"enabled": True, "max_concurrent_subagents": 2}))
+        completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
+    decode_takes(0.0)
+    return completed
+
+
+async def test_hosted_subagents_within_the_cap_are_modeled_from_the_frames_arrival(autojump_clock, decode_takes) -> None:
+    instant = await completion_of_subagents(decode_takes, 0.0)
+    slow = await completion_of_subagents(decode_takes, 0.005)
+    assert slow == pytest.approx(instant, abs=1e-9) and instant > 0.005

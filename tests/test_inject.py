@@ -26,6 +26,7 @@ from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import BETA, HARNESS_TOOLS, SUSPENDED
 from prototype.designs.inject import InjectedOutputs
 from prototype.designs.sampling import ToolCall
+from prototype.engine.engine import Engine
 from prototype.protocol.inject import ENDED_KEPT, ROOT, InjectBook, InjectRefused, ResponseInject, parse_inject
 from prototype.protocol.items import FunctionCall, FunctionCallOutput
 from prototype.workload import HostedCall, TurnSpec, Workload
@@ -373,6 +374,20 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
         [first_call, first_call, first_took + call_after_start, first_took + call_after_start, first_took + runs + call_after_start],
         abs=1e-9)
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
+
+
+@pytest.mark.parametrize("wait", [0.0, 1.0])
+async def test_a_waiting_subagents_kv_is_plain_cache_that_expires_past_the_engines_ttl(autojump_clock, wait):
+    # Unlike v1's held rollout (test_suspended), a hosted agent waiting for its injected output keeps its KV as plain
+    # prefix cache: resumed within the engine's 50 ms idle TTL it reuses its blocks, resumed a second later it recomputes.
+    server = make_server(engine=Engine(kv_ttl=0.05))
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+        events = await until_calls(conn, 2)
+        await trio.sleep(wait)
+        await send(conn, inject(events[0][1]["response"]["id"], *[e["item"] for _, e in calls_done(events)]))
+        usage = (await until(conn, *TERMINALS))[-1]["response"]["usage"]
+    assert (usage["input_tokens_details"]["cached_tokens"] > 0) is (wait == 0.0)
 
 
 MALFORMED = [  # (label, frame without its type, code, message, param); no response_id or no input: test_codec.py

@@ -326,7 +326,7 @@ def test_compares_panels_show_each_designs_statistic_at_each_speed_with_its_inte
     assert path == tmp_path / "deep" / "c.png" and path.read_text() == "c.png"
     (fig,) = drawn
     e2e_ax, ttft_ax, bytes_ax, api_ax, turn_ax = fig.axes
-    assert fig._suptitle.get_text() == "compare: W, n = 3 tasks per design and speed, C"
+    assert fig.get_suptitle() == "compare: W, n = 3 tasks per design and speed, C"
     assert [(a.get_title(), a.get_ylabel()) for a in (e2e_ax, ttft_ax, bytes_ax, api_ax)] == [
         ("End to end per task: mean, 95% interval, tasks", "seconds per task"),
         ("Time to first token per turn: median, 95% interval", "ms per turn"),
@@ -432,7 +432,7 @@ def test_compares_panels_do_not_overlap_and_a_caption_explains_every_mark(tmp_pa
     for left, right in ((e2e_ax, ttft_ax), (ttft_ax, bytes_ax)):
         assert left.get_tightbbox(renderer).x1 < right.get_tightbbox(renderer).x0
     # The caption sits under every panel and names each kind of mark the panels draw.
-    (caption,) = [t for t in fig.texts if t is not fig._suptitle]
+    (caption,) = [t for t in fig.texts if t.get_text() != fig.get_suptitle()]
     assert caption.get_window_extent(renderer).y1 < min(a.get_tightbbox(renderer).y0 for a in fig.axes)
     for mark in ("mean per task", "median turn", "95% interval", "Dots", "▲", "hatch"):
         assert mark in caption.get_text().replace("\n", " ")
@@ -448,9 +448,9 @@ def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot_and_its_title_c
     assert [len(c.get_offsets()) for c in e2e_ax.collections if type(c).__name__ == "PathCollection"] == [10, 10]
     assert list(e2e_ax.texts) == []
     # Without a table the n is the count of the first design's tasks at the first speed; of one task, it says so.
-    assert fig._suptitle.get_text() == "compare: the 'coding' workload, n = 10 tasks per design and speed, virtual time"
+    assert fig.get_suptitle() == "compare: the 'coding' workload, n = 10 tasks per design and speed, virtual time"
     path = figures.compare_figure([], [task_row(SUSPENDED, 65, 3.0)], str(tmp_path / "c.png"))
-    assert path == tmp_path / "c.png" and drawn[1]._suptitle.get_text() == (
+    assert path == tmp_path / "c.png" and drawn[1].get_suptitle() == (
         "compare: the 'coding' workload, n = 1 task per design and speed, virtual time")
     assert drawn[1].axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn: a unit scale
 
@@ -501,10 +501,10 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     assert path == tmp_path / "deep" / "t.png" and path.read_text() == "t.png"
     fig = drawn[0]
     assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2
-    assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig._suptitle.get_text() == "Tornados"
+    assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig.get_suptitle() == "Tornados"
     assert texts(fig.legends[0].get_texts()) == ["parameter at its low end", "parameter at its high end"]
     figures.tornado_figure([PANEL], tmp_path / "t.svg", columns=1)
-    assert len(drawn[1].axes) == 1 and drawn[1]._suptitle.get_text() == ""
+    assert len(drawn[1].axes) == 1 and drawn[1].get_suptitle() == ""
     figures.tornado_figure([], tmp_path / "e.png")
     assert len(drawn[2].axes) == 3 and not any(a.get_visible() for a in drawn[2].axes)
     # Twelve panels: four rows, all inside the figure and below the top 4% left for the title and legend.
@@ -516,7 +516,8 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     renderer, legend = drawn[3].canvas.get_renderer(), drawn[3].legends[0]
     assert len({t.get_window_extent(renderer).y0 for t in legend.get_texts()}) == 1
     top = max(a.get_tightbbox(renderer).y1 for a in drawn[3].axes)
-    assert top < legend.get_window_extent(renderer).y0 and top < drawn[3]._suptitle.get_window_extent(renderer).y0
+    (title,) = [t for t in drawn[3].texts if t.get_text() == "Twelve conclusions"]
+    assert top < legend.get_window_extent(renderer).y0 and top < title.get_window_extent(renderer).y0
 
 
 @pytest.mark.parametrize("draw", ["compare", "tornado"])

@@ -9,6 +9,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -22,10 +23,12 @@ from test_suspended import invalid
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from prototype import metrics
+from prototype.api.checks import SPARK_CONTEXT_WINDOW
 from prototype.client.connect import InMemoryConnector
 from prototype.client.harness import BETA, HARNESS_TOOLS, SUSPENDED
 from prototype.designs.inject import InjectedOutputs
 from prototype.designs.sampling import ToolCall
+from prototype.engine import tokenizer
 from prototype.engine.engine import Engine
 from prototype.protocol.inject import ENDED_KEPT, ROOT, InjectBook, InjectRefused, ResponseInject, parse_inject
 from prototype.protocol.items import FunctionCall, FunctionCallOutput
@@ -33,6 +36,7 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
+SPARK = "gpt-5.3-codex-spark"  # a model with a 128k window
 # Three turns, each ending in client calls but the last (the workload's 0.5 s tools: these tests wait on their own).
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
@@ -376,6 +380,19 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
     assert took == pytest.approx(first_took + 2 * runs, abs=1e-9)
 
 
+async def test_an_injected_output_past_the_models_window_fails_the_response_with_a_server_error(autojump_clock):
+    # Input joining a response already streaming: the API's schema has no `context_length_exceeded` inside a Response.
+    server = make_server()
+    async with beta_ws(server) as conn:
+        await send(conn, create_event(model=SPARK, metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
+        events = await until_calls(conn)
+        (call,) = [e["item"] for _, e in calls_done(events)]
+        too_long = tokenizer.text_of(np.random.default_rng(3), SPARK_CONTEXT_WINDOW)
+        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"], "input": [{**OUTPUT, "call_id": call["call_id"], "output": too_long}]})
+        rest = await until(conn, "error", *TERMINALS)
+    assert [e["type"] for e in rest[-2:]] == ["response.inject.created", "response.failed"]
+    error = rest[-1]["response"]["error"]
+    assert error["code"] == "server_error" and "exceeds the context window of 128,000 tokens" in error["message"]  # says why
 @pytest.mark.parametrize("wait", [0.0, 1.0])
 async def test_a_waiting_subagents_kv_is_plain_cache_that_expires_past_the_engines_ttl(autojump_clock, wait):
     # Unlike v1's held rollout (test_suspended), a hosted agent waiting for its injected output keeps its KV as plain

@@ -427,6 +427,44 @@ def real_call(prompt: int, computed: int, hits: int, predicted: int) -> RealCall
                     ttft_s=0.1, decode_s=0.2, kv_usage=0.0, kv_blocks_used=0)
 
 
+def test_the_vllm_report_sums_each_designs_calls_v1s_lead_and_where_each_designs_time_went():
+    chained = [real_call(1000, 1000, 0, 1000), real_call(2500, 1600, 900, 1560)]
+    # v1's second call resumes a held request: 1,000 of its 2,500 prompt tokens were never sent again.
+    resumed = attrs.evolve(real_call(2500, 300, 0, 250), key=("suspended", "s"), held=True, resumed=True, sent_tokens=1500,
+                           off_plan_tokens=7)
+    suspended = [attrs.evolve(real_call(1000, 1000, 0, 1000), key=("suspended", "s")), resumed]
+    rows = [{"design": "chained", "e2e_s": 7.0, "phase_totals_s": {
+                "queue": 0.5, "prefill": 1.0, "decode": 2.0, "validate": 0.5, "network_client": 0.125, "tool": 3.0}},
+            {"design": "suspended", "e2e_s": 2.0, "phase_totals_s": {"prefill": 0.5, "hosted_tool": 1.0}},
+            {"design": "suspended", "e2e_s": 1.5, "phase_totals_s": {"decode": 1.0}}]
+    lines = compare.vllm_report({"chained": chained, "suspended": suspended}, rows, 32)
+    assert lines[1:5] == [
+        "  chained      model calls    2  prompt tokens     3,500  prefill computed     2,600  predicted     2,560  prefix-cache hits       900",
+        "  suspended    model calls    2  prompt tokens     3,500  prefill computed     1,300  predicted     1,250  prefix-cache hits         0"
+        "  cached (derived: prompt less ids sent)     1,000  SAMPLED OFF THE PLAN 7 tokens",
+        "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens",
+        "  v1's lead over chained in prefill computed: vLLM 1,300 tokens, predicted 1,310 (-0.8%)"]
+    # The time split: the engine's phases (queue, prefill, decode), the API's, the network's and the tools', and end to end.
+    assert lines[-3:-1] == ["  chained                   3.5            0.5             0.1              3.0         7.0",
+                            "  suspended                 1.5            0.0             0.0              1.0         3.5"]
+    # Without v1 there is no lead to report; a design's calls without a held request derive no cached tokens.
+    alone = compare.vllm_report({"chained": chained}, rows[:1], 32)
+    assert not any("lead" in line or "derived" in line or "OFF THE PLAN" in line for line in alone)
+    # No calls at all: no gap, and no share of a predicted lead of zero.
+    empty = compare.vllm_report({"chained": [], "suspended": []}, [], 32)
+    assert empty[3:5] == ["  chained per call, vLLM against the prediction: 0 of 0 calls within one KV block (32 tokens); largest gap 0 tokens",
+                          "  v1's lead over chained in prefill computed: vLLM 0 tokens, predicted 0 (-)"]
+
+
+def test_on_vllm_the_parameters_are_the_engines_own_in_place_of_the_simulated_engines():
+    parameters = compare.vllm_parameters([("prefill rate", "1e5 tokens/s", "fit"), ("tools", "0.5 s", "workload")], TINY_CPU)
+    assert [name for name, _, _ in parameters] == ["engine", "KV cache", "tools"]
+    assert parameters[2] == ("tools", "0.5 s", "workload")
+    engine, kv = parameters[0][1], parameters[1][1]
+    assert all(part in engine for part in (TINY_CPU.name, f"{TINY_CPU.layers} layers", f"{TINY_CPU.hidden_size} wide", TINY_CPU.dtype))
+    assert f"blocks of {TINY_CPU.block_size} tokens" in kv and f"{TINY_CPU.cpu_kv_cache_gib} GiB" in kv
+    no_kv_space = compare.vllm_parameters([], attrs.evolve(TINY_CPU, cpu_kv_cache_gib=None))
+    assert no_kv_space[1][1] == f"blocks of {TINY_CPU.block_size} tokens, prefix caching on"
 def test_the_real_engine_runs_each_design_once_keeps_its_rows_traces_its_first_task_and_prints_its_calls(tmp_path, drawn, capsys,
                                                                                                            monkeypatch):
     from prototype.trace import write_chrome_trace

@@ -604,17 +604,26 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     assert (tmp_path / "results" / "compare" / "latest").resolve() == complete
 
 
-def test_a_long_compare_says_roughly_how_long_before_it_starts(tmp_path, monkeypatch):
-    # The estimate's figures: the task runs of the grid and the sample task, the one nearest the workload's mean length.
+@pytest.mark.parametrize(("cpu_per_task", "of_cpu", "on_two", "on_four"), [
+    (6.0, "60 s", "30 s", "30 s"),  # a point (5 tasks) runs on one worker: four workers are no faster than two
+    (9.0, "2 min", "45 s", "45 s"),
+    (540.0, "1 h 30 min", "45 min", "45 min"),
+    (750.0, "2 h 05 min", "62 min", "62 min"),
+    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min"),
+])
+def test_a_long_compare_says_roughly_how_long_before_it_starts(monkeypatch, cpu_per_task, of_cpu, on_two, on_four):
+    # The estimate: the sample task (the one nearest the workload's mean length) run alone at each point, its CPU
+    # time (here a clock that moves `cpu_per_task` a run) times the point's tasks; the points spread over the workers.
     config = compare.benchmark.BenchConfig(preset="coding", n_tasks=5, seed=0)
     grid = compare.grid_of(config, ["http", "chained"], [4000.0])
     turns = [len(task.turns) for task in config.tasks()]
     nearest = min(turns, key=lambda n: abs(n - sum(turns) / len(turns)))
-    line = compare.estimate(grid, workers=2)
-    assert line.startswith("compare: 10 task runs, roughly ") and " on 2 workers (" in line
-    assert f"one task of {nearest} turns, the workload's mean" in line
-    assert compare.estimate(grid, workers=None).startswith("compare: 10 task runs, roughly ")
-    assert " of CPU (" in compare.estimate(grid, workers=None)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(compare.time, "process_time", lambda: next(ticks) * cpu_per_task)
+    measured = f"(one task of {nearest} turns, the workload's mean, took {cpu_per_task:.2f}-{cpu_per_task:.2f} s of CPU per point here)"
+    assert compare.estimate(grid, workers=None) == f"compare: 10 task runs, roughly {of_cpu} of CPU {measured}"
+    assert compare.estimate(grid, workers=2) == f"compare: 10 task runs, roughly {on_two} on 2 workers {measured}"
+    assert compare.estimate(grid, workers=4) == f"compare: 10 task runs, roughly {on_four} on 4 workers {measured}"
 
 
 # --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------

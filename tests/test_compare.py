@@ -661,8 +661,12 @@ def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_com
     assert cli_main(["plot", *map(str, two_runs), "--out", str(tmp_path / "merged")]) == 0
     tables = [json.loads((run / "compare.json").read_text())["table"] for run in two_runs]
     merged = json.loads((tmp_path / "merged" / "compare.json").read_text())
-    assert merged["table"] == tables[1] + tables[0]
-    assert dict((name, value) for name, value, _ in merged["parameters"])["decode speeds"] == "1000, 4000 tokens/s"
+    first = json.loads((two_runs[0] / "compare.json").read_text())
+    assert merged["table"] == tables[1] + tables[0] and (merged["workload"], merged["clock"]) == (first["workload"], first["clock"])
+    assert f"from {two_runs[0]} (2 points), {two_runs[1]} (2 points)\n" in capsys.readouterr().out
+    # The decode speeds are both folders'; every other parameter is as the runs recorded it.
+    assert [(name, value) for name, value, _ in merged["parameters"]] == [
+        (name, "1000, 4000 tokens/s" if name == "decode speeds" else value) for name, value, _ in first["parameters"]]
     assert len(json.loads((tmp_path / "merged" / "compare_tasks.json").read_text())) == 8
     capsys.readouterr()
     docs = REPO / "docs" / "figures"
@@ -671,7 +675,7 @@ def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_com
     assert "inside docs/figures/" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before
     assert cli_main(["plot", str(two_runs[0]), str(two_runs[0]), "--out", str(tmp_path / "x")]) == 2
-    assert "both hold http at 4000 tokens/s" in capsys.readouterr().err
+    assert f"{two_runs[0]} and {two_runs[0]} both hold http at 4000 tokens/s" in capsys.readouterr().err
     other = tmp_path / "other"
     other.mkdir()
     summary = json.loads((two_runs[1] / "compare.json").read_text())
@@ -684,3 +688,36 @@ def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_com
     assert cli_main(["plot", str(tmp_path / "nothing-here")]) == 2
     assert capsys.readouterr().err == f"python -m prototype plot: error: {tmp_path / 'nothing-here'} is not a compare results folder (no compare.json)\n"
     assert not (tmp_path / "x").exists()
+
+
+def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_differently_clocked_one(two_runs, tmp_path):
+    from prototype.cli import plot
+
+    def folder(name: str, summary, rows) -> Path:
+        made = tmp_path / name
+        made.mkdir()
+        for file, content in (("compare.json", summary), ("compare_tasks.json", rows)):
+            (made / file).write_text(content if isinstance(content, str) else json.dumps(content))
+        return made
+
+    summary, rows = (json.loads((two_runs[1] / name).read_text()) for name in ("compare.json", "compare_tasks.json"))
+    # A folder whose compare.json names no workload or clock: the workload from its parameters, the clock not recorded.
+    older = plot.read(folder("older", {"parameters": summary["parameters"]}, rows))
+    assert (older.workload, older.clock, older.rows) == (dict((n, v) for n, v, _ in summary["parameters"])["workload preset"],
+                                                         "clock not recorded", rows)
+    assert plot.read(folder("bare", {}, rows)).workload == "workload not recorded"
+    assert plot.read(folder("trace", {"parameters": [["workload", "the trace t.csv", "--trace"]]}, rows)).workload == "the trace t.csv"
+    refusals = {
+        "unreadable": (folder("unreadable", "{", rows), "cannot read its results"),
+        "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows"),
+    }
+    for made, says in refusals.values():
+        with pytest.raises(plot.PlotError, match=f"^{made}: {says}"):
+            plot.read(made)
+    first = plot.read(two_runs[0])
+    with pytest.raises(plot.PlotError, match=f"^{two_runs[0]} ran in virtual time and {tmp_path / 'older'} in clock not recorded"):
+        plot.merge([first, older])
+    # A parameter only one folder recorded does not keep them apart; the merged rows are both folders', under the first's name.
+    fewer = plot.read(folder("fewer", {**summary, "parameters": [row for row in summary["parameters"] if row[0] != "network"]}, rows))
+    merged = plot.merge([first, fewer])
+    assert (merged.folder, len(merged.rows)) == (two_runs[0], len(first.rows) + len(rows))

@@ -93,6 +93,10 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
 
 
 @pytest.mark.parametrize("estimate, expected", [
+    (lambda: u.bootstrap([]), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
+    (lambda: u.bootstrap([1.0, 3.0], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # two samples: sums 2, 4, 6
+    (lambda: u.bootstrap(["1", "3"], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # text read back as numbers
+    (lambda: u.paired_bootstrap([3.0] * 3, [1.0] * 3, total_less, of="seeds"), (6.0, 6.0, 6.0, 3, "seeds", "exact")),
     (lambda: u.paired_bootstrap([], [], total_less), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
     (lambda: u.paired_bootstrap([3.0], [1.0], total_less), (2.0, "nan", "nan", 1, "tasks", "paired bootstrap")),
     (lambda: u.unpaired_bootstrap([1.0, 2.0, 4.0], [], total_less), ("nan", "nan", "nan", 3, "tasks", "bootstrap")),

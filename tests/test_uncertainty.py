@@ -93,6 +93,10 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
 
 
 @pytest.mark.parametrize("estimate, expected", [
+    (lambda: u.resample(0, u.unit_mean([]), method="paired bootstrap"), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
+    (lambda: u.resample(2, u.unit_total([1.0, 3.0])), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),
+    (lambda: u.resample(1, u.unit_mean([3.0]), of="seeds", method="paired bootstrap"), (3.0, "nan", "nan", 1, "seeds", "paired bootstrap")),
+    (lambda: u.resample(3, u.unit_total([1.0, 2.0, 4.0]), interval=False), (7.0, "nan", "nan", 3, "tasks", "bootstrap")),
     (lambda: u.bootstrap([]), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
     (lambda: u.bootstrap([1.0, 3.0], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # two samples: sums 2, 4, 6
     (lambda: u.bootstrap(["1", "3"], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # text read back as numbers

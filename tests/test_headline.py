@@ -7,6 +7,7 @@ import json
 import math
 
 import attrs
+import orjson
 import pytest
 
 from experiments import faults, published, sensitivity
@@ -44,6 +45,11 @@ def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_un
     assert headline.render(GAIN, "value") == "4.0%"
     assert headline.render(RATIO) == "0.39 [0.35, 0.44] n=10"
     assert headline.render(POINT) == "0.50 n=1"  # no interval from one sample: the value and its n
+    # orjson writes NaN as null: it reads back as NaN; a figure without a scale prints in its own unit.
+    empty = headline.figure(Estimate(math.nan, math.nan, math.nan, 0), "{:.2f}")
+    assert [headline.render(json.loads(orjson.dumps(entry))) for entry in (POINT, empty)] == ["0.50 n=1", "nan n=0"]
+    assert headline.render({k: v for k, v in RATIO.items() if k != "scale"}) == "0.39 [0.35, 0.44] n=10"
+    assert headline.render(headline.text("rtt > tools ~ store"), "value") == "rtt > tools ~ store"
     with pytest.raises(headline.HeadlineError, match="unknown span style 'mean'"):
         headline.render(GAIN, "mean")
     assert headline.render(a_section()["tables"]["table"]) == (
@@ -55,6 +61,12 @@ def test_every_span_is_rewritten_from_its_key_the_rest_of_the_page_left_alone_an
     readme.write_text("Gain <!-- fig:compare.gain.chained.1000 -->40%<!-- /fig --> (typed), ratio "
                       "<!-- fig:compare.ratio interval -->0.4<!-- /fig -->.\n\n<!-- fig:compare.table -->\nold\n<!-- /fig -->\nend\n")
     (checkout / "docs" / "results.md").write_text("nothing marked\n")
+    assert headline.pages(checkout) == [readme, checkout / "docs" / "results.md"]
+    assert headline.spans("\n\n<!-- fig:compare.ratio value -->x<!-- /fig -->") == [headline.Span("", "compare.ratio", "value", "x", 3)]
+    # A key's style defaults to the full figure; a data file without tables still resolves its figures.
+    headline.write(checkout / "docs" / "figures" / "old.json", {"figures": {"top": RATIO}})
+    resolve = headline.resolver(checkout / "docs" / "figures")
+    assert resolve("compare.ratio") == resolve("old.top") == "0.39 [0.35, 0.44] n=10"
     assert [str(m) for m in headline.stale_spans(checkout, checkout / "docs" / "figures")] == [
         "README.md:1: fig:compare.gain.chained.1000 shows '40%', the data give '4.0% [2.1%, 6.3%] n=10'",
         "README.md:1: fig:compare.ratio shows '0.4', the data give '0.39 [0.35, 0.44]'",
@@ -82,7 +94,10 @@ def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name
     headline.write(run / "compare.json", {"table": [1, 2], "headline": a_section("compare", gain=GAIN)})
     headline.write(run / "other.json", {"table": []})  # no headline section: not imported from a folder
     data = tmp_path / "figures"
+    (run / "broken.json").write_text("{")  # not JSON, or JSON but not an object: not results either
+    (run / "list.json").write_text("[1]")
     assert headline.results_files([run]) == [run / "compare.json"]
+    assert headline.results_files([run / "other.json", run]) == [run / "other.json", run / "compare.json"]
     written = headline.import_results(run / "compare.json", data)
     assert written == data / "compare.json"
     assert json.loads(written.read_text()) == a_section("compare", gain=GAIN)

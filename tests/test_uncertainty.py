@@ -3,11 +3,20 @@ with every figure, and orderings and rankings claimed only where the intervals s
 
 import math
 
+import attrs
 import numpy as np
 import pytest
 from scipy import stats
 
 from prototype import uncertainty as u
+
+
+def parts(estimate):
+    return tuple("nan" if isinstance(x, float) and math.isnan(x) else x for x in attrs.astuple(estimate))
+
+
+def total_less(a, b):
+    return a.sum() - b.sum()
 
 
 def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_and_needs_two_distinct_samples():
@@ -56,20 +65,55 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
     unpaired_spread = u.bootstrap(http).high / u.bootstrap(noisy).low  # what ignoring the pairing would allow
     paired = u.paired_bootstrap(http, noisy, lambda a, b: a.sum() / b.sum())
     assert paired.low < paired.value < paired.high < unpaired_spread
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"\b2\b.*\b1\b"):  # names both lengths
         u.paired_bootstrap([1.0, 2.0], [1.0], lambda a, b: 0.0)
     # An unpaired difference resamples each sample on its own.
     run = [3.0, 3.2, 2.9, 3.4, 3.1, 2.8, 3.3, 3.0]
     floor = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0]
     difference = u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
     assert difference.value == pytest.approx(np.mean(run) - np.mean(floor)) and difference.n == 8 and difference.of == "turns"
+    assert difference.method == "bootstrap" and difference == u.unpaired_bootstrap(run, floor, lambda a, b: np.mean(a) - np.mean(b), of="turns")
     assert difference.low < difference.value < difference.high
     # Wider than the first sample's own interval shifted by the second's mean: the second's spread counts too.
     alone = u.bootstrap(np.asarray(run) - np.mean(floor), np.mean)
     assert difference.high - difference.low > alone.high - alone.low
-    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b))
-    assert (constant.low, constant.value, constant.high) == (1.0, 1.0, 1.0)
-    assert not u.unpaired_bootstrap([3.0], floor, lambda a, b: np.mean(a) - np.mean(b)).has_interval
+    constant = u.unpaired_bootstrap([3.0] * 4, [2.0] * 3, lambda a, b: np.mean(a) - np.mean(b), of="turns")
+    assert attrs.astuple(constant) == (1.0, 1.0, 1.0, 4, "turns", "exact")
+    # One constant sample: the interval is the other's spread alone (3 less the mean of three draws of 1, 2, 3).
+    spread = u.unpaired_bootstrap([3.0] * 4, [1.0, 2.0, 3.0], lambda a, b: np.mean(a) - np.mean(b))
+    assert attrs.astuple(spread) == (1.0, 0.0, 2.0, 4, "tasks", "bootstrap")
+    # Two tasks, chained a second under http on each: every paired resample (two draws of a pair) differs by 2,
+    # while resampling each sample on its own draws totals of 2..6 less totals of 0..4.
+    http, chained = [1.0, 3.0], [0.0, 2.0]
+    assert attrs.astuple(u.paired_bootstrap(http, chained, total_less)) == (2.0, 2.0, 2.0, 2, "tasks", "paired bootstrap")
+    assert attrs.astuple(u.unpaired_bootstrap(http, chained, total_less)) == (2.0, -2.0, 6.0, 2, "tasks", "bootstrap")
+    # Numbers read back as text (a CSV's cells) are numbers.
+    for resampled in (u.paired_bootstrap, u.unpaired_bootstrap):
+        assert resampled(["1.5", "2", "4"], ["1", "1", "2"], total_less) == resampled([1.5, 2.0, 4.0], [1.0, 1.0, 2.0], total_less)
+
+
+@pytest.mark.parametrize("estimate, expected", [
+    (lambda: u.resample(0, u.unit_mean([]), method="paired bootstrap"), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
+    (lambda: u.resample(2, u.unit_total([1.0, 3.0])), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),
+    (lambda: u.resample(1, u.unit_mean([3.0]), of="seeds", method="paired bootstrap"), (3.0, "nan", "nan", 1, "seeds", "paired bootstrap")),
+    (lambda: u.resample(3, u.unit_total([1.0, 2.0, 4.0]), interval=False), (7.0, "nan", "nan", 3, "tasks", "bootstrap")),
+    (lambda: u.bootstrap([]), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
+    (lambda: u.bootstrap([1.0, 3.0], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # two samples: sums 2, 4, 6
+    (lambda: u.bootstrap(["1", "3"], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # text read back as numbers
+    (lambda: u.paired_bootstrap([3.0] * 3, [1.0] * 3, total_less, of="seeds"), (6.0, 6.0, 6.0, 3, "seeds", "exact")),
+    (lambda: u.paired_bootstrap([], [], total_less), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
+    (lambda: u.paired_bootstrap([3.0], [1.0], total_less), (2.0, "nan", "nan", 1, "tasks", "paired bootstrap")),
+    (lambda: u.unpaired_bootstrap([1.0, 2.0, 4.0], [], total_less), ("nan", "nan", "nan", 3, "tasks", "bootstrap")),
+    (lambda: u.unpaired_bootstrap([], [1.0, 2.0], total_less), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
+    (lambda: u.unpaired_bootstrap([5.0], [1.0, 2.0], total_less), (2.0, "nan", "nan", 1, "tasks", "bootstrap")),
+    (lambda: u.unpaired_bootstrap([1.0, 2.0, 4.0], [2.0], total_less), (5.0, "nan", "nan", 3, "tasks", "bootstrap")),
+    (lambda: u.rate(0, 0), ("nan", "nan", "nan", 0, "trials", "exact binomial")),
+    (lambda: u.events_per(3, 0.0), ("nan", "nan", "nan", 3, "events", "exact Poisson")),
+    (lambda: u.from_half_width(0.5, 0.25, 20), (0.5, 0.25, 0.75, 20, "trajectories", "SALib")),
+    (lambda: u.from_half_width(4.0, 1.0, 8, of="seeds", method="Sobol"), (4.0, 3.0, 5.0, 8, "seeds", "Sobol")),
+])
+def test_a_figure_without_samples_or_exposure_has_no_value_one_sample_no_interval_and_each_carries_n_and_what_it_counts(estimate, expected):
+    assert parts(estimate()) == expected
 
 
 def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exact_poisson_one():
@@ -78,6 +122,8 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
     assert estimate.value == 0.05 and estimate.n == 40
     assert (estimate.low, estimate.high) == (exact.low, exact.high)
     assert u.rate(0, 10).low == 0.0 and u.rate(10, 10).high == 1.0
+    narrower = stats.binomtest(2, 40).proportion_ci(confidence_level=0.9)
+    assert attrs.astuple(u.rate(2, 40, of="tasks", confidence=0.9)) == (0.05, narrower.low, narrower.high, 40, "tasks", "exact binomial")
     # Two events in four tasks: 0.5 a task, and the Garwood interval for 2 events is [0.242, 7.225] events.
     estimate = u.events_per(2, 4.0)
     assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"
@@ -85,6 +131,12 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
     assert estimate.high == pytest.approx(7.2247 / 4, rel=1e-3)
     assert u.events_per(0, 10.0).low == 0.0
     assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
+    # Garwood's ends are chi-square quantiles; half an hour's exposure doubles the rate and its ends.
+    garwood = (stats.chi2.ppf(0.025, 6) / 2, stats.chi2.ppf(0.975, 8) / 2)
+    half_hour, hour = u.events_per(3, 0.5), u.events_per(3, 1.0, of="reconnects")
+    assert (half_hour.value, half_hour.low, half_hour.high) == pytest.approx((6.0, 2 * garwood[0], 2 * garwood[1]), rel=1e-12)
+    assert (hour.value, hour.low, hour.high) == pytest.approx((3.0, *garwood), rel=1e-12)
+    assert (half_hour.n, half_hour.of, hour.of, hour.method) == (3, "events", "reconnects", "exact Poisson")
 
 
 def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
@@ -93,6 +145,9 @@ def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
     c = u.Estimate(2.1, 1.9, 2.3, 10)
     assert u.order({"b": b, "a": a, "c": c}) == "a < b ~ c"
     assert u.order({"b": b, "a": a, "c": c}, ascending=False) == "c ~ b > a"
+    assert u.order({"z": a, "y": b}) == "z < y" and u.order({}) == ""  # by value, not by name
+    touching = u.Estimate(1.8, 1.6, 1.8, 10)  # ends that meet overlap
+    assert not u.separated(touching, b) and not u.separated(b, touching)
     assert u.holds(a, b) == "yes"
     assert u.holds(b, a) == "no"
     assert u.holds(b, c) == "not separated"
@@ -107,6 +162,7 @@ def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
     ranks = u.ranking(indices)
     assert ranks == [["rtt"], ["tools", "store"], ["auth"]]
     assert u.format_ranking(ranks) == "rtt > tools ~ store"
+    assert u.format_ranking([["a"], ["b"], ["c"], ["d"]]) == "a > b > c"
     assert u.format_ranking(u.ranking({"x": u.from_half_width(3.0, 2.0, 20), "y": u.from_half_width(2.0, 2.0, 20)})) == "x ~ y"
 
 

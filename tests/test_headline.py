@@ -20,7 +20,8 @@ from prototype.client.reconnect import POLICIES
 from prototype.uncertainty import Estimate
 from tests.conftest import REPO
 
-GAIN = headline.figure(Estimate(0.04, 0.021, 0.063, 10, "tasks", "bootstrap"), "{:.1f}%", scale=100, label="gain")
+GAIN_ESTIMATE = Estimate(0.04, 0.021, 0.063, 10, "tasks", "bootstrap")
+GAIN = headline.figure(GAIN_ESTIMATE, "{:.1f}%", scale=100, label="gain")
 RATIO = headline.figure(Estimate(0.391, 0.35, 0.44, 10, "tasks", "paired bootstrap"), "{:.2f}")
 POINT = headline.figure(Estimate(0.5, math.nan, math.nan, 1), "{:.2f}")
 
@@ -29,6 +30,14 @@ def a_section(name: str = "compare", **figures) -> dict:
     return headline.section(name, command="python -m prototype compare", workload="10 coding tasks",
                             figures=figures or {"gain.chained.1000": GAIN, "ratio": RATIO},
                             tables={"table": headline.table(["design", "gain"], [["chained", "4.0% [2.1%, 6.3%]"], ["a|b", "-"]])})
+
+
+def test_a_section_and_its_figures_keep_every_field_a_page_reads():
+    section = a_section()
+    assert (section["name"], section["command"], section["workload"]) == ("compare", "python -m prototype compare", "10 coding tasks")
+    assert section["figures"]["gain.chained.1000"] == {**GAIN_ESTIMATE.as_dict(), "format": "{:.1f}%", "scale": 100, "label": "gain"}
+    assert headline.figure(GAIN_ESTIMATE)["format"] == "{:.2f}" and headline.figure(GAIN_ESTIMATE)["label"] == ""
+    assert headline.section("Kv_2-x", command="c", workload="w", figures={}, data={"k": 1})["data"] == {"k": 1}  # any case
 
 
 @pytest.fixture

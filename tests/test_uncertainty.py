@@ -98,6 +98,8 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
     (lambda: u.resample(1, u.unit_mean([3.0]), of="seeds", method="paired bootstrap"), (3.0, "nan", "nan", 1, "seeds", "paired bootstrap")),
     (lambda: u.resample(3, u.unit_total([1.0, 2.0, 4.0]), interval=False), (7.0, "nan", "nan", 3, "tasks", "bootstrap")),
     (lambda: u.bootstrap([]), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
+    (lambda: u.bootstrap([5.0], of="seeds"), (5.0, "nan", "nan", 1, "seeds", "bootstrap")),
+    (lambda: u.bootstrap([2.0, 2.0, 2.0]), (2.0, 2.0, 2.0, 3, "tasks", "exact")),
     (lambda: u.bootstrap([1.0, 3.0], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # two samples: sums 2, 4, 6
     (lambda: u.bootstrap(["1", "3"], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # text read back as numbers
     (lambda: u.paired_bootstrap([3.0] * 3, [1.0] * 3, total_less, of="seeds"), (6.0, 6.0, 6.0, 3, "seeds", "exact")),
@@ -173,6 +175,7 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.scaled(100).format("{:.0f}", with_n=True) == "50 [25, 75] n=12"
     assert estimate.scaled(-1).low == -0.75
     assert estimate.error_bar() == (0.25, 0.25)
+    assert u.bootstrap([5.0]).error_bar() == (0.0, 0.0)  # no interval: no bar either side
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
 
 

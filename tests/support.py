@@ -35,6 +35,7 @@ from prototype.server.config import ServerConfig
 from tests.conftest import REPO
 
 TERMINALS = {"response.completed", "response.failed", "response.incomplete"}
+SPARK = "gpt-5.3-codex-spark"  # the model with the 128,000-token window (api/checks.py SPARK_CONTEXT_WINDOW)
 
 
 class H11Client:

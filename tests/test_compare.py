@@ -8,6 +8,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -465,6 +466,8 @@ def test_on_vllm_the_parameters_are_the_engines_own_in_place_of_the_simulated_en
     assert f"blocks of {TINY_CPU.block_size} tokens" in kv and f"{TINY_CPU.cpu_kv_cache_gib} GiB" in kv
     no_kv_space = compare.vllm_parameters([], attrs.evolve(TINY_CPU, cpu_kv_cache_gib=None))
     assert no_kv_space[1][1] == f"blocks of {TINY_CPU.block_size} tokens, prefix caching on"
+
+
 def test_the_real_engine_runs_each_design_once_keeps_its_rows_traces_its_first_task_and_prints_its_calls(tmp_path, drawn, capsys,
                                                                                                            monkeypatch):
     from prototype.trace import write_chrome_trace
@@ -712,10 +715,11 @@ def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_di
         "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows"),
     }
     for made, says in refusals.values():
-        with pytest.raises(plot.PlotError, match=f"^{made}: {says}"):
+        with pytest.raises(plot.PlotError, match=f"^{re.escape(str(made))}: {says}"):
             plot.read(made)
     first = plot.read(two_runs[0])
-    with pytest.raises(plot.PlotError, match=f"^{two_runs[0]} ran in virtual time and {tmp_path / 'older'} in clock not recorded"):
+    clocks = f"^{re.escape(str(two_runs[0]))} ran in virtual time and {re.escape(str(tmp_path / 'older'))} in clock not recorded"
+    with pytest.raises(plot.PlotError, match=clocks):
         plot.merge([first, older])
     # A parameter only one folder recorded does not keep them apart; the merged rows are both folders', under the first's name.
     fewer = plot.read(folder("fewer", {**summary, "parameters": [row for row in summary["parameters"] if row[0] != "network"]}, rows))

@@ -17,7 +17,7 @@ import trio_websocket
 import wsproto
 from openai import OpenAI
 from openai.types.beta import BetaResponseInjectCreatedEvent, BetaResponseInjectFailedEvent
-from support import TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
+from support import SPARK, TERMINALS, create_event, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_sdk_websocket import CLIENT_TIMEOUT, in_thread
 from test_suspended import invalid
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
@@ -36,7 +36,6 @@ from prototype.workload import HostedCall, TurnSpec, Workload
 
 MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
-SPARK = "gpt-5.3-codex-spark"  # a model with a 128k window
 # Three turns, each ending in client calls but the last (the workload's 0.5 s tools: these tests wait on their own).
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
@@ -388,11 +387,14 @@ async def test_an_injected_output_past_the_models_window_fails_the_response_with
         events = await until_calls(conn)
         (call,) = [e["item"] for _, e in calls_done(events)]
         too_long = tokenizer.text_of(np.random.default_rng(3), SPARK_CONTEXT_WINDOW)
-        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"], "input": [{**OUTPUT, "call_id": call["call_id"], "output": too_long}]})
+        await send(conn, {"type": "response.inject", "response_id": events[0][1]["response"]["id"],
+                          "input": [{**OUTPUT, "call_id": call["call_id"], "output": too_long}]})
         rest = await until(conn, "error", *TERMINALS)
     assert [e["type"] for e in rest[-2:]] == ["response.inject.created", "response.failed"]
     error = rest[-1]["response"]["error"]
     assert error["code"] == "server_error" and "exceeds the context window of 128,000 tokens" in error["message"]  # says why
+
+
 @pytest.mark.parametrize("wait", [0.0, 1.0])
 async def test_a_waiting_subagents_kv_is_plain_cache_that_expires_past_the_engines_ttl(autojump_clock, wait):
     # Unlike v1's held rollout (test_suspended), a hosted agent waiting for its injected output keeps its KV as plain

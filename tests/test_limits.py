@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import closed_after, make_server, receive, send, until, ws
+from support import SPARK, closed_after, make_server, receive, send, until, ws
 from test_bad_input import (
     BOTH,
     LINKS,
@@ -172,7 +172,6 @@ async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above
 
 # --- the context window -----------------------------------------------------------------------------
 
-SPARK = "gpt-5.3-codex-spark"
 # The API's answer to an input longer than the model's window (docs/protocol.md, "Errors").
 WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
 

@@ -12,7 +12,7 @@ import pytest
 from openai.types.responses import Response as SdkResponse
 from openai.types.responses import ResponseError, ResponseStreamEvent
 from openai.types.responses.response import IncompleteDetails
-from support import create_event, events_by_response, make_server, send, until, ws
+from support import SPARK, create_event, events_by_response, make_server, send, until, ws
 from test_inject import MULTI_AGENT, beta_ws
 
 from prototype.api.checks import SPARK_CONTEXT_WINDOW
@@ -173,7 +173,6 @@ ERROR_CODES = frozenset(typing.get_args(ResponseError.model_fields["code"].annot
 INCOMPLETE_REASONS = frozenset(
     value for arg in typing.get_args(IncompleteDetails.model_fields["reason"].annotation) for value in typing.get_args(arg)
 )
-SPARK = "gpt-5.3-codex-spark"
 WEB_SEARCH = {"type": "web_search"}
 
 

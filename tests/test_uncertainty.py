@@ -43,6 +43,21 @@ def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_a
     assert math.isnan(u.bootstrap([]).value)
 
 
+@pytest.mark.filterwarnings("ignore::scipy.stats.DegenerateDataWarning", "ignore::RuntimeWarning")
+@pytest.mark.parametrize("confidence", [0.95, 0.8])
+def test_an_interval_is_scipys_bca_at_its_confidence_and_the_percentile_interval_where_bca_is_undefined(confidence):
+    def scipy_interval(sample, method):
+        return stats.bootstrap((np.array(sample),), np.median, n_resamples=u.RESAMPLES, confidence_level=confidence,
+                               method=method, rng=np.random.default_rng(u.SEED)).confidence_interval
+
+    spread = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
+    assert attrs.astuple(u.bootstrap(spread, np.median, confidence=confidence))[1:3] == tuple(scipy_interval(spread, "BCa"))
+    # Every jackknife median of this sample is 1, so BCa's acceleration is 0/0 and scipy's ends are NaN.
+    ties = [1.0] * 10 + [2.0, 3.0, 4.0, 5.0]
+    assert all(math.isnan(end) for end in scipy_interval(ties, "BCa"))
+    assert attrs.astuple(u.bootstrap(ties, np.median, confidence=confidence))[1:3] == tuple(scipy_interval(ties, "percentile"))
+
+
 def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
     rng = np.random.default_rng(7)
     covered = sum(
@@ -95,6 +110,8 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
 @pytest.mark.parametrize("estimate, expected", [
     (lambda: u.resample(0, u.unit_mean([]), method="paired bootstrap"), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
     (lambda: u.resample(2, u.unit_total([1.0, 3.0])), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),
+    (lambda: u.resample(2, u.unit_total([1.0, 3.0]), of="seeds", method="paired bootstrap"), (4.0, 2.0, 6.0, 2, "seeds", "paired bootstrap")),
+    (lambda: u.resample(3, u.unit_total([2.0, 2.0, 2.0]), of="seeds"), (6.0, 6.0, 6.0, 3, "seeds", "exact")),
     (lambda: u.resample(1, u.unit_mean([3.0]), of="seeds", method="paired bootstrap"), (3.0, "nan", "nan", 1, "seeds", "paired bootstrap")),
     (lambda: u.resample(3, u.unit_total([1.0, 2.0, 4.0]), interval=False), (7.0, "nan", "nan", 3, "tasks", "bootstrap")),
     (lambda: u.bootstrap([]), ("nan", "nan", "nan", 0, "tasks", "bootstrap")),
@@ -103,6 +120,8 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
     (lambda: u.bootstrap([1.0, 3.0], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # two samples: sums 2, 4, 6
     (lambda: u.bootstrap(["1", "3"], np.sum), (4.0, 2.0, 6.0, 2, "tasks", "bootstrap")),  # text read back as numbers
     (lambda: u.paired_bootstrap([3.0] * 3, [1.0] * 3, total_less, of="seeds"), (6.0, 6.0, 6.0, 3, "seeds", "exact")),
+    # One constant sample beside one that varies: the pairs still vary (9 less the totals of three draws of 1, 2, 3).
+    (lambda: u.paired_bootstrap([3.0] * 3, [1.0, 2.0, 3.0], total_less), (3.0, 0.0, 6.0, 3, "tasks", "paired bootstrap")),
     (lambda: u.paired_bootstrap([], [], total_less), ("nan", "nan", "nan", 0, "tasks", "paired bootstrap")),
     (lambda: u.paired_bootstrap([3.0], [1.0], total_less), (2.0, "nan", "nan", 1, "tasks", "paired bootstrap")),
     (lambda: u.unpaired_bootstrap([1.0, 2.0, 4.0], [], total_less), ("nan", "nan", "nan", 3, "tasks", "bootstrap")),
@@ -119,6 +138,7 @@ def test_a_figure_without_samples_or_exposure_has_no_value_one_sample_no_interva
 
 
 def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exact_poisson_one():
+    assert attrs.astuple(u.rate(1, 1)) == (1.0, pytest.approx(0.025), 1.0, 1, "trials", "exact binomial")  # one trial is enough
     estimate = u.rate(2, 40)
     exact = stats.binomtest(2, 40).proportion_ci(method="exact")
     assert estimate.value == 0.05 and estimate.n == 40
@@ -170,7 +190,7 @@ def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
 
 def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     estimate = u.Estimate(0.5, 0.25, 0.75, 12, "seeds")
-    assert estimate.format("{:.2f}") == "0.50 [0.25, 0.75]"
+    assert estimate.format() == "0.50 [0.25, 0.75]" and u.bootstrap([]).format() == "nan"
     assert estimate.format("{:.0f}", with_n=False) == "0 [0, 1]"
     assert estimate.scaled(100).format("{:.0f}", with_n=True) == "50 [25, 75] n=12"
     assert estimate.scaled(-1).low == -0.75
@@ -179,18 +199,29 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
 
 
-def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated():
+@pytest.mark.parametrize("units", [10, 70])  # a few units, and more than the 64 whose cumulative counts are a matrix
+def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated(units):
     rng = np.random.default_rng(1)
-    turns = [rng.lognormal(0.0, 1.0, rng.integers(1, 20)) for _ in range(10)]
-    for q in (0, 13, 50, 90, 100):
+    turns = [rng.lognormal(0.0, 1.0, rng.integers(1, 20)) for _ in range(units)]
+    for q in (0, 13, 50, 90, 99, 100):
         median = u.unit_percentile(turns, q)
-        assert median(np.ones((1, 10)))[0] == np.percentile(np.concatenate(turns), q)
-        counts = rng.integers(0, 3, (20, 10))
+        assert median(np.ones((1, units)))[0] == np.percentile(np.concatenate(turns), q)
+        counts = rng.integers(0, 3, (20, units))
         counts[:, 0] = 1  # never an empty draw
         repeated = [np.percentile(np.concatenate([np.tile(t, k) for t, k in zip(turns, row)]), q) for row in counts]
         assert median(counts.astype(float)).tolist() == repeated
+        assert math.isnan(median(np.zeros((1, units)))[0])  # no unit drawn: no percentile
+        # Counts of any shape (..., units): one value per row.
+        assert median(counts.reshape(4, 5, units).astype(float)).tolist() == np.reshape(repeated, (4, 5)).tolist()
+    assert math.isnan(u.unit_percentile([], 50)(np.ones((1, 0)))[0])
+    assert math.isnan(u.unit_percentile([], 50)(np.ones((2, 3, 0)))[1, 2])
+    # One drawn sample is its own percentile; between two, numpy's interpolation to the last bit on either side of half.
+    assert u.unit_percentile([[3.0], [5.0, 6.0]], 50)(np.array([[1.0, 0.0]]))[0] == 3.0
+    for q in (50, 70, 99):
+        assert u.unit_percentile([[0.1], [0.7]], q)(np.ones((1, 2)))[0] == np.percentile([0.1, 0.7], q)
     assert u.unit_total([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 6.0
     assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 2.0
+    assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[[2.0, 0.0, 1.0], [0.0, 1.0, 1.0]]])).tolist() == [[2.0, 3.0]]
 
 
 def test_a_resampled_statistic_draws_the_tasks_together_and_the_median_turns_interval_is_over_tasks_not_turns():

@@ -70,6 +70,9 @@ def test_garbage_that_died_frozen_is_collected_after_the_interval_and_not_before
     policy.clock.now = 599.0
     gc.collect()
     assert policy.unfreezes == 1
+    policy.clock.now = 600.0
+    gc.collect()
+    assert policy.unfreezes == 2
 
 
 def test_full_collections_follow_each_middle_one_and_uninstall_restores_the_collector(policy):

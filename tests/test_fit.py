@@ -47,6 +47,8 @@ def test_a_fit_with_every_term_positive_reports_its_errors_r2_and_residuals_exac
     assert result.stderr == pytest.approx(tuple(stderr), rel=1e-6)
     assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
     assert result.r2 == pytest.approx(1 - sse / float(((seconds - seconds.mean()) ** 2).sum()), rel=1e-9)
+    # r2 is a ratio: the same in any unit, however small the seconds' spread.
+    assert fit.round_time_fit(list(UNCACHED), list(OUTPUT), list(seconds / 100)).r2 == pytest.approx(result.r2, rel=1e-9)
     residuals = seconds - X @ coef
     assert result.residual_quantiles == pytest.approx(tuple(np.quantile(residuals, (0.1, 0.5, 0.9))), abs=1e-12)
     assert float(result.predict(250.0, 30.0)) == pytest.approx(coef[0] + 250 * coef[1] + 30 * coef[2], rel=1e-9)

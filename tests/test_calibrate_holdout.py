@@ -102,11 +102,12 @@ def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_w
 
 
 def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):
-    path = tracelab(tmp_path / "t.jsonl", [("claude", "sonnet", 5), ("codex", "gpt", 4), ("codex", "mini", 3)])
+    # The group too small to fit comes first: the groups after it are still fitted.
+    path = tracelab(tmp_path / "t.jsonl", [("codex", "mini", 3), ("claude", "sonnet", 5), ("codex", "gpt", 4)])
     status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "p.json")
     assert (status, err) == (0, "")
     assert ("\n3 providers and models in the trace: each is fitted on its own rounds "
-            "(claude/sonnet: 5, codex/gpt: 4, codex/mini: 3)\n") in out
+            "(codex/mini: 3, claude/sonnet: 5, codex/gpt: 4)\n") in out
     assert "Fit of model seconds per round (claude/sonnet, 5 timed rounds)" in out
     assert "Fit of model seconds per round (codex/gpt, 4 timed rounds)" in out
     # Three rounds would give the three coefficients exactly (rmse 0): no fit, saying why.

@@ -79,6 +79,12 @@ def test_each_pause_of_a_rollout_ends_when_the_next_turn_is_sent():
     assert figures.turn_spans(bare) == [{"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 1.0, "end": 2.0}]
 
 
+def key(mark):
+    """What tells a mark or its legend key apart: face colour, edge colour, hatch."""
+    face, edge = (c[0] if np.ndim(c) == 2 else c for c in (mark.get_facecolor(), mark.get_edgecolor()))
+    return to_hex(face), to_hex(edge), mark.get_hatch()
+
+
 def boxes(ax):
     """Each span drawn: (x0, x1, lane's centre, the phase its colour is the legend's for, or its hatch)."""
     by_colour = {colour: phase for phase, colour in figures.PHASE_COLORS.items()}
@@ -118,7 +124,9 @@ def test_a_timeline_draws_each_span_on_its_lane_with_its_events(ax):
     # Each phase's key in its colour, each pause's hatched as its band.
     assert [to_hex(h.get_facecolor()) for h in legend.legend_handles[:5]] == [
         figures.PHASE_COLORS[p] for p in ("validate", "prefill", "decode", NETWORK_CLIENT, TOOL)]
-    assert [h.get_hatch() for h in legend.legend_handles[5:7]] == ["///", "///"]
+    pause_band = next(c for c in ax.collections if c.get_hatch())
+    assert [key(h) for h in legend.legend_handles[5:7]] == [key(pause_band)] + [(
+        "#ffffff", PAUSE_STATE[CHAINED][2], "///")]
 
 
 def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_end(ax, subplots):
@@ -273,7 +281,9 @@ def test_the_published_results_panels(subplots):
         "0: first", "1: a calibration result whose name\nis long enough to wrap over more\nthan [...]"]
     assert (left.get_xlabel(), left.get_title()) == ("gain, % (1 - design / baseline)", "Published vs testbed gain")
     assert texts(left.get_legend().get_texts()) == ["published", "testbed", "calibration row", "testbed's 95% interval (tasks)"]
-    assert left.get_legend().legend_handles[2].get_hatch() == "//"  # hatched as its bars
+    # Each key as the bars it names: published, testbed, the calibration row's hatch.
+    keys = left.get_legend().legend_handles
+    assert [key(h)[0] for h in keys[:2]] == [key(bar)[0] for bar in left.patches[::2]] and keys[2].get_hatch() == "//"
     # The measured gain's interval on its bar; a row without one (the calibration's single task) has none.
     assert whisker_segments(left) == [[((24.0, 0.81), (33.0, 0.81)), ((25.0, -0.19), (25.0, -0.19))]]
     # Implied and removed overhead in ms, on a log scale, with the calibration's band x/÷3 and its line.
@@ -286,6 +296,9 @@ def test_the_published_results_panels(subplots):
     assert (middle.get_xlabel(), middle.get_title()) == ("ms per turn (per first token for TTFT rows)", "Overhead the published gain implies")
     assert texts(middle.get_legend().get_texts()) == [
         "implied by the published gain", "removed in the testbed", "calibration's implied value, x/÷3"]
+    keys = [key(h)[0] for h in middle.get_legend().legend_handles]
+    assert keys == [key(middle.patches[0])[0], key(middle.patches[2])[0], key(band)[0]] and keys[0] != keys[1]
+    assert to_hex(middle.lines[0].get_color()) == keys[2]
     # The gain by decode speed with its intervals.
     line = right.lines[0]
     assert (list(line.get_xdata()), list(line.get_ydata())) == ([65, 1000], [10.0, 30.0])
@@ -527,6 +540,7 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2
     assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig.get_suptitle() == "Tornados"
     assert texts(fig.legends[0].get_texts()) == ["parameter at its low end", "parameter at its high end"]
+    assert [key(h)[0] for h in fig.legends[0].legend_handles] == [figures.TORNADO_LOW, figures.TORNADO_HIGH]
     figures.tornado_figure([PANEL], tmp_path / "t.svg", columns=1)
     assert len(drawn[1].axes) == 1 and drawn[1].get_suptitle() == ""
     figures.tornado_figure([], tmp_path / "e.png")

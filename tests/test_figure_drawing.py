@@ -73,8 +73,16 @@ def test_each_pause_of_a_rollout_ends_when_the_next_turn_is_sent():
     three = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=t, sent_at=3.0 * t, ended_at=3.0 * t + 1) for t in range(3)])
     assert [(s["turn"], s["start"], s["end"]) for s in figures.turn_spans(three) if s["phase"] == PAUSE] == [
         (0, 1.0, 3.0), (1, 4.0, 6.0)]
+    assert [(s["phase"], s["turn"]) for s in figures.turn_spans(rollout())] == [
+        (NETWORK_CLIENT, 0), (TOOL, 0), ("validate", 0), ("prefill", 0), (PAUSE, 0), (NETWORK_CLIENT, 1), ("decode", 1)]
     bare = RolloutRecord("x", "w", 0.0, turns=[TurnRecord(turn=0, sent_at=1.0, ended_at=2.0)])
     assert figures.turn_spans(bare) == [{"lane": "client", "phase": NETWORK_CLIENT, "turn": 0, "start": 1.0, "end": 2.0}]
+
+
+def key(mark):
+    """What tells a mark or its legend key apart: face colour, edge colour, hatch."""
+    face, edge = (c[0] if np.ndim(c) == 2 else c for c in (mark.get_facecolor(), mark.get_edgecolor()))
+    return to_hex(face), to_hex(edge), mark.get_hatch()
 
 
 def boxes(ax):
@@ -113,6 +121,12 @@ def test_a_timeline_draws_each_span_on_its_lane_with_its_events(ax):
         f"suspended: {PAUSE_STATE[SUSPENDED][0]}", f"chained: {PAUSE_STATE[CHAINED][0]}",
         "request sent (create, append, POST)", "turn's last event (done, completed)", "first token"]
     assert [h.get_marker() for h in legend.legend_handles[7:]] == ["v", "^", "o"]
+    # Each phase's key in its colour, each pause's hatched as its band.
+    assert [to_hex(h.get_facecolor()) for h in legend.legend_handles[:5]] == [
+        figures.PHASE_COLORS[p] for p in ("validate", "prefill", "decode", NETWORK_CLIENT, TOOL)]
+    pause_band = next(c for c in ax.collections if c.get_hatch())
+    assert [key(h) for h in legend.legend_handles[5:7]] == [key(pause_band)] + [(
+        "#ffffff", PAUSE_STATE[CHAINED][2], "///")]
 
 
 def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_end(ax, subplots):
@@ -133,6 +147,8 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
 
 
 def annotations(ax):
+    """Each note: its text, the point its arrow names, where the text sits and the side it grows to."""
+    assert all(a.arrow_patch is not None for a in ax.texts)
     return [(a.get_text(), r6(a.xy), r6(a.xyann), a.get_horizontalalignment()) for a in ax.texts]
 
 
@@ -146,7 +162,7 @@ def test_the_tool_call_point_is_named_where_each_tool_answers(ax, subplots):
          (1.25, -1.05), "right"),
     ]
     assert ax.get_ylim() == (-1.6, 2.6)  # room for the notes
-    axes = subplots(1, 3)
+    axes = subplots(1, 4)
     axes[0].set_xlim(0, 4.0)
     axes[0].set_ylim(-5.0, 9.0)
     figures.annotate_tool_call_point(axes[0], rollout(CHAINED), row=0, rows=2)
@@ -160,6 +176,9 @@ def test_the_tool_call_point_is_named_where_each_tool_answers(ax, subplots):
     assert annotations(axes[1])[0][1:] == ((1.25, 2.65), (1.25, 1.95), "right")
     figures.annotate_tool_call_point(axes[2], RolloutRecord("x", "w", 0.0, turns=[TurnRecord(0, 0.0, ended_at=1.0)]))
     assert list(axes[2].texts) == [] and axes[2].get_ylim() == (0.0, 1.0)
+    axes[3].set_xlim(0, 2.0)  # both tools past the middle: both notes grow to the left of it
+    figures.annotate_tool_call_point(axes[3], rollout(SUSPENDED, hosted=True))
+    assert [note[3] for note in annotations(axes[3])] == ["right", "right"]
 
 
 # --- bars, lines and the published results' panels ---------------------------------------------------------
@@ -197,7 +216,10 @@ def lines(ax):
 
 
 def whisker_segments(ax):
-    """Each interval drawn, per errorbar container: its segments ((x, low), (x, high))."""
+    """Each interval drawn, per errorbar container: its segments ((x, low), (x, high)); the whiskers alone, no line
+    through the points."""
+    containers = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert [c.lines[0] for c in containers] == [None] * len(containers)
     return [[tuple(r6(point) for point in seg) for seg in c.lines[2][0].get_segments() if len(seg)]
             for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
 
@@ -214,11 +236,16 @@ def test_a_sweep_is_one_line_per_design_in_its_order_with_each_points_interval_w
     assert lines(other) == [("http (b)", [1], [2.0], "--"), (CHAINED + " (b)", [1, 2], [3.0, 1.0], "--")]
     assert (other.get_xlabel(), other.get_ylabel(), other.get_title(), other.get_xscale(), other.get_yscale()) == (
         "X", "Y", "T", "log", "log")
+    nan = float("nan")
     table = [{"x": 1, "design": CHAINED, "g": 0.3, "g_low": 0.2, "g_high": 0.5},
              {"x": 2, "design": CHAINED, "g": 0.4, "g_low": 0.35, "g_high": 0.42},
-             {"x": 1, "design": "http", "g": 0.0, "g_low": float("nan"), "g_high": float("nan")}]
+             {"x": 1, "design": "http", "g": 0.0, "g_low": nan, "g_high": nan},
+             {"x": 1, "design": "odd", "g": 0.1, "g_low": 0.05, "g_high": 0.12},
+             {"x": 2, "design": "odd", "g": 0.2, "g_low": nan, "g_high": nan}]
     figures.sweep_plot(intervals := subplots(), table, "x", "g")
-    assert whisker_segments(intervals) == [[((1.0, 0.2), (1.0, 0.5)), ((2.0, 0.35), (2.0, 0.42))]]  # http's has no interval
+    # http's has no interval; odd's point without one a whisker of no length at its value.
+    assert whisker_segments(intervals) == [[((1.0, 0.2), (1.0, 0.5)), ((2.0, 0.35), (2.0, 0.42))],
+                                           [((1.0, 0.05), (1.0, 0.12)), ((2.0, 0.2), (2.0, 0.2))]]
 
 
 def test_a_log_axis_is_labelled_in_plain_numbers(ax):
@@ -254,6 +281,9 @@ def test_the_published_results_panels(subplots):
         "0: first", "1: a calibration result whose name\nis long enough to wrap over more\nthan [...]"]
     assert (left.get_xlabel(), left.get_title()) == ("gain, % (1 - design / baseline)", "Published vs testbed gain")
     assert texts(left.get_legend().get_texts()) == ["published", "testbed", "calibration row", "testbed's 95% interval (tasks)"]
+    # Each key as the bars it names: published, testbed, the calibration row's hatch.
+    keys = left.get_legend().legend_handles
+    assert [key(h)[0] for h in keys[:2]] == [key(bar)[0] for bar in left.patches[::2]] and keys[2].get_hatch() == "//"
     # The measured gain's interval on its bar; a row without one (the calibration's single task) has none.
     assert whisker_segments(left) == [[((24.0, 0.81), (33.0, 0.81)), ((25.0, -0.19), (25.0, -0.19))]]
     # Implied and removed overhead in ms, on a log scale, with the calibration's band x/÷3 and its line.
@@ -266,6 +296,9 @@ def test_the_published_results_panels(subplots):
     assert (middle.get_xlabel(), middle.get_title()) == ("ms per turn (per first token for TTFT rows)", "Overhead the published gain implies")
     assert texts(middle.get_legend().get_texts()) == [
         "implied by the published gain", "removed in the testbed", "calibration's implied value, x/÷3"]
+    keys = [key(h)[0] for h in middle.get_legend().legend_handles]
+    assert keys == [key(middle.patches[0])[0], key(middle.patches[2])[0], key(band)[0]] and keys[0] != keys[1]
+    assert to_hex(middle.lines[0].get_color()) == keys[2]
     # The gain by decode speed with its intervals.
     line = right.lines[0]
     assert (list(line.get_xdata()), list(line.get_ydata())) == ([65, 1000], [10.0, 30.0])
@@ -277,15 +310,19 @@ def test_the_published_results_panels(subplots):
 
 def test_the_published_panels_agree_within_a_factor_of_2_by_default_and_cut_a_long_name(subplots):
     axes = subplots(1, 3)
-    figures.published_plot(axes, [{**PUBLISHED[0], "result": "r" * 78}, PUBLISHED[1]], TRENDS)  # one past the 80 kept
+    # A name one past the 80 kept; intervals narrower than a point of gain; one speed.
+    narrow = [{**PUBLISHED[0], "result": "r" * 78, "gain_low": 0.298, "gain_high": 0.305}, PUBLISHED[1]]
+    figures.published_plot(axes, narrow, [{"tok_s": 65, "gain_chained_vs_http": 0.1, "gain_low": 0.099, "gain_high": 0.104}])
     assert axes[0].get_yticklabels()[0].get_text() == "0: [...]"
+    assert whisker_segments(axes[0])[0][0] == ((29.8, 0.81), (30.5, 0.81))
+    assert whisker_segments(axes[2]) == [[((65.0, 9.9), (65.0, 10.4))]]
     (band,) = axes[1].patches[4:]
     assert (band.get_x(), band.get_x() + band.get_width()) == pytest.approx((50.0, 200.0))
     assert texts(axes[1].get_legend().get_texts())[2] == "calibration's implied value, x/÷2"
     axes = subplots(1, 3)
-    figures.published_plot(axes, PUBLISHED[:1], TRENDS)  # no calibration row: no band, no line
+    figures.published_plot(axes, PUBLISHED[:1], [{"tok_s": 65, "gain_chained_vs_http": 0.1}])  # no calibration row: no band, no line
     assert texts(axes[1].get_legend().get_texts()) == ["implied by the published gain", "removed in the testbed"]
-    assert list(axes[1].lines) == []
+    assert list(axes[1].lines) == [] and whisker_segments(axes[2]) == []  # speeds without intervals: no whisker
 
 
 # --- compare's figure ---------------------------------------------------------------------------------------
@@ -503,6 +540,7 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
     assert [a.get_visible() for a in fig.axes] == [True] * 4 + [False] * 2
     assert texts([a.title for a in fig.axes[:4]]) == ["T"] * 4 and fig.get_suptitle() == "Tornados"
     assert texts(fig.legends[0].get_texts()) == ["parameter at its low end", "parameter at its high end"]
+    assert [key(h)[0] for h in fig.legends[0].legend_handles] == [figures.TORNADO_LOW, figures.TORNADO_HIGH]
     figures.tornado_figure([PANEL], tmp_path / "t.svg", columns=1)
     assert len(drawn[1].axes) == 1 and drawn[1].get_suptitle() == ""
     figures.tornado_figure([], tmp_path / "e.png")

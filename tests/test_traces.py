@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import locale
 import math
 from datetime import UTC, datetime
 from pathlib import Path
@@ -660,6 +661,10 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
 
     path.write_bytes(b'{"task": "\xff"}\n')
     assert refusal(traces.detect, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
+    # The testbed reader, on its own, refuses such bytes at line 1 in the codec's words.
+    with pytest.raises(UnicodeDecodeError) as undecodable:
+        path.read_bytes().decode("utf-8")
+    assert refusal(native.read, path) == (f"{path}:1: {undecodable.value}", str(path), 1, None)
     path.write_text(" \n\t\n")
     assert refusal(traces.detect, path) == (f"{path}:1: empty file", str(path), 1, None)
     path.write_text("\n\n{not json\n")
@@ -681,6 +686,26 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
     assert refusal(traces.load, folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+
+
+@pytest.fixture
+def ascii_locale():
+    """ASCII as Python's default text encoding, as on a machine whose locale is not UTF-8; restored after."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    yield
+    locale.setlocale(locale.LC_CTYPE, before)
+
+
+def test_every_format_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_locale):
+    name = "café-1"
+    rollout = [rollout_line(0.0, "session_meta", id=name), *codex_rollout()[1:]]
+    for file, rows in (("own.jsonl", [{**FIRST, "task": name}, {**LAST, "task": name}]), ("rollout-x.jsonl", rollout),
+                       ("round_trace.jsonl", [tracelab_row(name, 0, 0, 10, 2)])):
+        (tmp_path / file).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    (tmp_path / "trace.csv").write_text(f"{','.join(CSV_HEADER)}\n{name},10,2,0,0,0,0\n", encoding="utf-8")
+    for file in ("own.jsonl", "rollout-x.jsonl", "round_trace.jsonl", "trace.csv"):
+        assert [t.name for t in traces.load(tmp_path / file).tasks] == [name]
 
 
 def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from prototype import traces
 from prototype import workload as wl
-from prototype.traces import codex, native, tracelab, tracelab_csv
+from prototype.traces import codex, engine_calls, native, tracelab, tracelab_csv
 from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -706,6 +706,9 @@ def test_every_format_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_local
     (tmp_path / "trace.csv").write_text(f"{','.join(CSV_HEADER)}\n{name},10,2,0,0,0,0\n", encoding="utf-8")
     for file in ("own.jsonl", "rollout-x.jsonl", "round_trace.jsonl", "trace.csv"):
         assert [t.name for t in traces.load(tmp_path / file).tasks] == [name]
+    calls = tmp_path / "calls.csv"  # a real engine's calls, the design named alike
+    calls.write_text(f"{','.join(engine_calls.COLUMNS)}\n{name},600,600,40,360,1950\n", encoding="utf-8")
+    assert engine_calls.looks_like(calls) and [call.design for call in engine_calls.read(calls)] == [name]
 
 
 def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):

@@ -609,8 +609,16 @@ def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(
         "2 turn(s) report as many reasoning as output tokens: replayed with one visible token",
     ]
     # A prompt that grew by exactly the previous output appended nothing: it did not shrink.
-    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)]])
+    # Two hosted-only rounds in a row: one turn, holding both rounds' searches.
+    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)],
+                                                  [r("h", 10, 0, 2, hosted=((1.0, 9),), start=True, at=2.0),
+                                                   r("h", 15, 0, 2, hosted=((2.0, 9),), at=3.0), r("h", 20, 0, 2, at=4.0)]])
     assert steady.tasks[0].turns == (TurnSpec(10, 2, (1.0,)), TurnSpec(0, 2, ())) and list(steady.notes) == []
+    assert steady.tasks[1].turns == (TurnSpec(10, 6, (), (HostedCall(1.0, 3), HostedCall(2.0, 3))),)
+    # The common prefix counts sessions' first requests that found any cached, one token included: 1 and 30 give 1.
+    shared = build(tmp_path / "t.jsonl", "test", [[r("a", 100, 0, 2, start=True, at=0.0)], [r("b", 100, 1, 2, start=True, at=1.0)],
+                                                  [r("c", 100, cached, 2, start=True, at=2.0 + k) for k, cached in enumerate((30, 40, 50))]])
+    assert [t.prefix_tokens for t in shared.tasks] == [1] * 5
     # Some tasks without an arrival: none keeps one, and the note says why.
     mixed = build(tmp_path / "t.jsonl", "test", [[r("a", 10, 0, 1, start=True, at=1.0)], [r("b", 10, 0, 1, start=True)]])
     assert [t.arrival_s for t in mixed.tasks] == [None, None]
@@ -632,8 +640,8 @@ def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tm
 
 
 def test_timestamps_are_iso_8601_with_a_time_zone():
-    assert parse_timestamp("2026-03-21T10:06:13.380z") == parse_timestamp("2026-03-21T10:06:13.380Z") == parse_timestamp(
-        "2026-03-21T10:06:13.380+00:00") == 1774087573.38
+    assert parse_timestamp("2026-03-21T10:06:13.381z") == parse_timestamp("2026-03-21T10:06:13.381Z") == parse_timestamp(
+        "2026-03-21T10:06:13.381+00:00") == 1774087573.381
     for value, message in ((5, "expected an ISO 8601 timestamp string, got 5"),
                            ("2026-03-21T10:06:13", "timestamp without a time zone: '2026-03-21T10:06:13'"),
                            ("yesterday", "not an ISO 8601 timestamp: 'yesterday'")):

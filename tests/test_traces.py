@@ -455,6 +455,8 @@ def codex_edge_rollout() -> list[dict]:
         {"timestamp": iso(0.05), "type": "event_msg", "payload": "not an object"},
         rollout_line(0.1, "response_item", type="message", role="user", content=[]),
         rollout_line(0.2, "response_item", type="ghost_snapshot"),
+        # Usage is read from token_count events only.
+        rollout_line(0.25, "event_msg", type="agent_message", info={"last_token_usage": {"input_tokens": 7, "output_tokens": 1}}),
         rollout_line(1.0, "response_item", type="web_search_call", status="completed", action={}),
         rollout_line(1.1, "response_item", type="web_search_call", status="completed", action={}),
         rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c9"),
@@ -481,8 +483,8 @@ def test_a_codex_rollout_at_the_readers_edges(tmp_path):
     at = lambda t: None if t is None else round(t - T0, 3)  # noqa: E731
     assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.output_tokens, r.reasoning_tokens, r.hosted, r.starts_request,
              at(r.started_at), at(r.ended_at), at(r.request_at), r.group, r.tool_seconds) for r in rounds] == [
-        ("s-2", 11, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
-        ("s-2", 17, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
+        ("s-2", 12, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
+        ("s-2", 18, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
     ]
     assert notes == {"no_output": 2, "unreported": 3}
     assert codex.notes_text(notes) == ["2 tool call(s) have no output item: timed as 0 s",

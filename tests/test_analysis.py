@@ -104,6 +104,7 @@ def sweep_rows():
     return [
         a_sweep_row(1000, "suspended", 2.0, 2, every_phase, [0.1, 0.3], 30, 100, 0.2),
         a_sweep_row(65, "chained", 3.0, 1, {}, [0.2], 0, 10, 0.5),
+        a_sweep_row(65, "chained", 3.0, 1, {}, [0.2], 0, 10, 0.5),
         a_sweep_row(1000, "suspended", 7.0, 2, {"prefill": 0.4}, [0.5, 0.9], 10, 100, 0.2),
         a_sweep_row(1000, "other", 1.0, 1, {}, [], 0, 0, 0.0),
         a_sweep_row(1000, "http", 12.0, 4, {}, [], 0, 0, 3.0),
@@ -129,8 +130,8 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
     assert http["speedup_vs_http"] == 1.0 and http["gain_vs_http"] == 0.0
     assert math.isnan(http["ttft_p50_ms"]) and math.isnan(http["cached_share"])
     assert http["api_share"] == 0.25
-    alone = table[0]  # no http row at 65 tokens/s
-    assert math.isnan(alone["speedup_vs_http"]) and math.isnan(alone["gain_vs_http"])
+    alone = table[0]  # two tasks, and no http row at 65 tokens/s
+    assert all(math.isnan(alone[k]) for k in ("speedup_vs_http", "gain_vs_http", "gain_vs_http_low", "gain_vs_http_high"))
     assert alone["ttft_p50_ms"] == pytest.approx(200.0)
 
 

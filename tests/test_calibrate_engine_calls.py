@@ -88,6 +88,8 @@ def test_the_reader_gives_each_call_as_written_in_seconds_and_its_sampled_tokens
     (HEADER + GOOD_ROW + "http,600.5,600,40,360,1950\r\n", "3: prompt_tokens", "expected an integer, got '600.5'"),
     (HEADER + GOOD_ROW + "http,600,600,,360,1950\r\n", "3: output_tokens", "expected an integer, got ''"),
     (HEADER + "http,600,600,40\r\n", "2: ttft_ms", "expected a number, got ''"),
+    (HEADER.replace("output_tokens", "output_tokens,sampled_tokens") + "http,600,600,40,47.5,360,1950\r\n", "2: sampled_tokens",
+     "expected an integer, got '47.5'"),
     (HEADER + "http,600,600,40,fast,1950\r\n", "2: ttft_ms", "expected a number, got 'fast'"),
     (HEADER + "http,600,600,40,inf,1950\r\n", "2: ttft_ms", "must be a finite number >= 0, got 'inf'"),
     (HEADER + "http,600,600,40,360,-1\r\n", "2: decode_ms", "must be a finite number >= 0, got '-1'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import locale
 import math
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from prototype import traces
 from prototype import workload as wl
-from prototype.traces import codex, native, tracelab, tracelab_csv
+from prototype.traces import codex, engine_calls, native, tracelab, tracelab_csv
 from prototype.traces.base import Round, build, content_seed_of_task, parse_timestamp
 from prototype.workload import HostedCall, TurnSpec, Workload
 
@@ -454,6 +455,8 @@ def codex_edge_rollout() -> list[dict]:
         {"timestamp": iso(0.05), "type": "event_msg", "payload": "not an object"},
         rollout_line(0.1, "response_item", type="message", role="user", content=[]),
         rollout_line(0.2, "response_item", type="ghost_snapshot"),
+        # Usage is read from token_count events only.
+        rollout_line(0.25, "event_msg", type="agent_message", info={"last_token_usage": {"input_tokens": 7, "output_tokens": 1}}),
         rollout_line(1.0, "response_item", type="web_search_call", status="completed", action={}),
         rollout_line(1.1, "response_item", type="web_search_call", status="completed", action={}),
         rollout_line(1.3, "response_item", type="function_call", name="exec", arguments="{}", call_id="c9"),
@@ -480,8 +483,8 @@ def test_a_codex_rollout_at_the_readers_edges(tmp_path):
     at = lambda t: None if t is None else round(t - T0, 3)  # noqa: E731
     assert [(r.session, r.line, r.input_tokens, r.cached_tokens, r.output_tokens, r.reasoning_tokens, r.hosted, r.starts_request,
              at(r.started_at), at(r.ended_at), at(r.request_at), r.group, r.tool_seconds) for r in rounds] == [
-        ("s-2", 11, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
-        ("s-2", 17, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
+        ("s-2", 12, 500, 0, 50, 0, ((0.0, 0),) * 2, True, 0.1, 1.33, 0.1, "codex", (0.0, 0.0, 0.67)),
+        ("s-2", 18, 800, 0, 20, 5, (), True, 3.0, 3.0, 3.0, "codex/gpt-5", ()),
     ]
     assert notes == {"no_output": 2, "unreported": 3}
     assert codex.notes_text(notes) == ["2 tool call(s) have no output item: timed as 0 s",
@@ -608,8 +611,16 @@ def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(
         "2 turn(s) report as many reasoning as output tokens: replayed with one visible token",
     ]
     # A prompt that grew by exactly the previous output appended nothing: it did not shrink.
-    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)]])
+    # Two hosted-only rounds in a row: one turn, holding both rounds' searches.
+    steady = build(tmp_path / "t.jsonl", "test", [[r("x", 10, 0, 2, tools=(1.0,), start=True, at=0.0), r("x", 12, 0, 2, at=1.0)],
+                                                  [r("h", 10, 0, 2, hosted=((1.0, 9),), start=True, at=2.0),
+                                                   r("h", 15, 0, 2, hosted=((2.0, 9),), at=3.0), r("h", 20, 0, 2, at=4.0)]])
     assert steady.tasks[0].turns == (TurnSpec(10, 2, (1.0,)), TurnSpec(0, 2, ())) and list(steady.notes) == []
+    assert steady.tasks[1].turns == (TurnSpec(10, 6, (), (HostedCall(1.0, 3), HostedCall(2.0, 3))),)
+    # The common prefix counts sessions' first requests that found any cached, one token included: 1 and 30 give 1.
+    shared = build(tmp_path / "t.jsonl", "test", [[r("a", 100, 0, 2, start=True, at=0.0)], [r("b", 100, 1, 2, start=True, at=1.0)],
+                                                  [r("c", 100, cached, 2, start=True, at=2.0 + k) for k, cached in enumerate((30, 40, 50))]])
+    assert [t.prefix_tokens for t in shared.tasks] == [1] * 5
     # Some tasks without an arrival: none keeps one, and the note says why.
     mixed = build(tmp_path / "t.jsonl", "test", [[r("a", 10, 0, 1, start=True, at=1.0)], [r("b", 10, 0, 1, start=True)]])
     assert [t.arrival_s for t in mixed.tasks] == [None, None]
@@ -631,8 +642,8 @@ def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tm
 
 
 def test_timestamps_are_iso_8601_with_a_time_zone():
-    assert parse_timestamp("2026-03-21T10:06:13.380z") == parse_timestamp("2026-03-21T10:06:13.380Z") == parse_timestamp(
-        "2026-03-21T10:06:13.380+00:00") == 1774087573.38
+    assert parse_timestamp("2026-03-21T10:06:13.381z") == parse_timestamp("2026-03-21T10:06:13.381Z") == parse_timestamp(
+        "2026-03-21T10:06:13.381+00:00") == 1774087573.381
     for value, message in ((5, "expected an ISO 8601 timestamp string, got 5"),
                            ("2026-03-21T10:06:13", "timestamp without a time zone: '2026-03-21T10:06:13'"),
                            ("yesterday", "not an ISO 8601 timestamp: 'yesterday'")):
@@ -660,6 +671,10 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
 
     path.write_bytes(b'{"task": "\xff"}\n')
     assert refusal(traces.detect, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
+    # The testbed reader, on its own, refuses such bytes at line 1 in the codec's words.
+    with pytest.raises(UnicodeDecodeError) as undecodable:
+        path.read_bytes().decode("utf-8")
+    assert refusal(native.read, path) == (f"{path}:1: {undecodable.value}", str(path), 1, None)
     path.write_text(" \n\t\n")
     assert refusal(traces.detect, path) == (f"{path}:1: empty file", str(path), 1, None)
     path.write_text("\n\n{not json\n")
@@ -681,6 +696,29 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
     assert refusal(traces.load, folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+
+
+@pytest.fixture
+def ascii_locale():
+    """ASCII as Python's default text encoding, as on a machine whose locale is not UTF-8; restored after."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    yield
+    locale.setlocale(locale.LC_CTYPE, before)
+
+
+def test_every_format_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_locale):
+    name = "café-1"
+    rollout = [rollout_line(0.0, "session_meta", id=name), *codex_rollout()[1:]]
+    for file, rows in (("own.jsonl", [{**FIRST, "task": name}, {**LAST, "task": name}]), ("rollout-x.jsonl", rollout),
+                       ("round_trace.jsonl", [tracelab_row(name, 0, 0, 10, 2)])):
+        (tmp_path / file).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    (tmp_path / "trace.csv").write_text(f"{','.join(CSV_HEADER)}\n{name},10,2,0,0,0,0\n", encoding="utf-8")
+    for file in ("own.jsonl", "rollout-x.jsonl", "round_trace.jsonl", "trace.csv"):
+        assert [t.name for t in traces.load(tmp_path / file).tasks] == [name]
+    calls = tmp_path / "calls.csv"  # a real engine's calls, the design named alike
+    calls.write_text(f"{','.join(engine_calls.COLUMNS)}\n{name},600,600,40,360,1950\n", encoding="utf-8")
+    assert engine_calls.looks_like(calls) and [call.design for call in engine_calls.read(calls)] == [name]
 
 
 def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tmp_path):

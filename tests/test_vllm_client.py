@@ -127,6 +127,9 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
                                           "enforce_eager": True, "gpu_memory_utilization": 0.9}
     assert LLAMA_8B_SHAPE.engine_settings() == {"max_model_len": 131_072, "block_size": 16, "dtype": "bfloat16",
                                                 "enforce_eager": False, "gpu_memory_utilization": 0.9}
+    # A KV budget in blocks and a cap on active requests, where a spec sets them.
+    assert attrs.evolve(TINY_CPU, kv_blocks=97, max_num_seqs=4).engine_settings() == {
+        **TINY_CPU.engine_settings(), "num_gpu_blocks_override": 97, "max_num_seqs": 4}
     assert (TINY_CPU.head_dim, LLAMA_8B_SHAPE.head_dim) == (32, 128)
     # K and V of 2 layers x 2 KV heads x 32 wide, 4 bytes each in float32; 2 bytes in bfloat16. Llama-3.1-8B's
     # published dimensions: 128 KiB a token in bf16.

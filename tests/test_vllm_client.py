@@ -127,6 +127,9 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
                                           "enforce_eager": True, "gpu_memory_utilization": 0.9}
     assert LLAMA_8B_SHAPE.engine_settings() == {"max_model_len": 131_072, "block_size": 16, "dtype": "bfloat16",
                                                 "enforce_eager": False, "gpu_memory_utilization": 0.9}
+    # A KV budget in blocks and a cap on active requests, where a spec sets them.
+    assert attrs.evolve(TINY_CPU, kv_blocks=97, max_num_seqs=4).engine_settings() == {
+        **TINY_CPU.engine_settings(), "num_gpu_blocks_override": 97, "max_num_seqs": 4}
     assert (TINY_CPU.head_dim, LLAMA_8B_SHAPE.head_dim) == (32, 128)
     # K and V of 2 layers x 2 KV heads x 32 wide, 4 bytes each in float32; 2 bytes in bfloat16. Llama-3.1-8B's
     # published dimensions: 128 KiB a token in bf16.
@@ -158,18 +161,17 @@ def test_the_worker_is_the_script_beside_the_client_given_its_settings_and_an_en
     assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
     command = worker_command(Path("/opt/py"), settings)
     assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
-    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED"):
+    names = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "VLLM_USE_V2_MODEL_RUNNER", "PYTHONUNBUFFERED")
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TESTBED_SEEN", "1")
     env = worker_environment(TINY_CPU)
-    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_LOGGING_LEVEL"], env["PYTHONUNBUFFERED"], env["TESTBED_SEEN"]) == (
-        "1", "WARNING", "1", "1")
+    # vLLM's V1 model runner, whose logits-processor interface forced decoding implements.
+    assert ([env[name] for name in names], env["TESTBED_SEEN"]) == (["1", "WARNING", "0", "1"], "1")
     assert "VLLM_CPU_KVCACHE_SPACE" not in worker_environment(LLAMA_8B_SHAPE)
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
-    monkeypatch.setenv("PYTHONUNBUFFERED", "0")
-    env = worker_environment(TINY_CPU)
-    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_LOGGING_LEVEL"], env["PYTHONUNBUFFERED"]) == ("4", "DEBUG", "0")
+    for name, value in zip(names, ("4", "DEBUG", "1", "0")):
+        monkeypatch.setenv(name, value)
+    assert [worker_environment(TINY_CPU)[name] for name in names] == ["4", "DEBUG", "1", "0"]
 
 
 def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_with_vllm_else_the_default_venv(tmp_path, monkeypatch):
@@ -294,11 +296,13 @@ async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_op
     client = VllmClient(Sent(), None, Ready.from_event(READY))
     a = await client.generate("a", [1], 1)
     b = await client.generate("b", [1], 1)
+    assert client.open_requests() == ["a", "b"]
     client.dispatch({"type": "tokens", "rid": "gone", "n": 1})  # an event of no open request: dropped
     client.dispatch({"type": "finished", "rid": None})
     client.dispatch({"type": "tokens", "rid": "a", "n": 1})
     client.dispatch({"type": "finished", "rid": "a"})
     assert [event async for event in a] == [{"type": "tokens", "rid": "a", "n": 1}, {"type": "finished", "rid": "a"}]
+    assert client.open_requests() == ["b"]  # finished: no longer open
     await client.generate("a", [1], 1)  # its id is free again
     with pytest.raises(ValueError, match="^request 'a' is already open$"):
         await client.generate("a", [1], 1)
@@ -459,6 +463,14 @@ def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configu
         started(python)
     assert str(failed.value) == f"the vLLM worker exited (3) before it was ready; see {log}"
     assert log.read_bytes() == b"an earlier run\nengine starting\nengine failed: no memory\n"  # appended too
+
+
+def test_a_launched_worker_no_one_waited_for_is_terminated(started, tmp_path):
+    starting = WorkerProcess.launch(TINY_CPU, python=stand_in(tmp_path, IGNORES_SHUTDOWN))
+    starting.abandon()
+    assert starting.popen.returncode == -signal.SIGTERM
+    starting.popen.stdin.close()
+    starting.popen.stdout.close()
 
 
 @pytest.mark.parametrize("body, wait_s, exit_code", [

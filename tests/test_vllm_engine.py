@@ -115,7 +115,8 @@ async def test_tokens_outside_a_call_or_past_its_end_are_errors_and_a_silent_fir
 
         async def worker() -> None:
             await trio.testing.wait_all_tasks_blocked()
-            await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 1, "first": {"cached_tokens": 2}}))
+            first = {"cached_tokens": 2, "preemptions": 1, "queued_s": 0.125}
+            await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 1, "first": first}))
             await worker_end.send_all(encode({"type": "finished", "rid": "r0"}))
 
         nursery.start_soon(worker)
@@ -134,29 +135,32 @@ async def test_tokens_outside_a_call_or_past_its_end_are_errors_and_a_silent_fir
         with pytest.raises(RealEngineError, match="^VLLMValidationError: no$"):
             await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=call)
         engine.end_call(call)
-    # What a record holds when vLLM said little (only `cached_tokens`) or nothing (a failed request).
+    # What a record holds when vLLM said little (its cache, preemptions and queueing) or nothing (a failed request).
     said_little, failed = engine.records
     assert said_little == attrs.evolve(NOTHING, prompt_tokens=3, sent_tokens=3, output_tokens=1, sampled_tokens=1, vllm_cached_tokens=2,
-                                       predicted_prefill_tokens=3)
+                                       predicted_prefill_tokens=3, preemptions=1, queued_s=0.125)
     assert failed == NOTHING
     assert [type(value) for value in attrs.astuple(failed)[1:]] == [bool] * 3 + [int] * 4 + [bool] + [int] * 5 + [float] * 3 + [int] * 2 + [type(None)]
     async with engine_on_streams(nursery) as (engine, worker_end):
         prompt = Prompt(range(100, 120))
         call = await engine.begin_call("s", prompt)
 
-        async def worker() -> None:  # a worker whose tokens carry no `first` report at all
+        async def worker() -> None:  # a worker whose tokens carry no `first` report, nor their ids, at all
             await trio.sleep(0.5)
             await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 2}))
             await trio.sleep(0.25)
             await worker_end.send_all(encode({"type": "tokens", "rid": "r0", "n": 1}) + encode({"type": "finished", "rid": "r0"}))
 
         nursery.start_soon(worker)
-        prefilled = await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=3), engine_call=call)
+        plan = PlannedOutput.of([([5, 6, 7], 3)])
+        prefilled = await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=3, planned=lambda: plan),
+                                              engine_call=call)
         assert (prefilled.decode_from, prefilled.cached) == (0.5, 0)
         assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (1, 0, 0)
         assert await engine.decode_unstreamed(LATENCY, 3, start=0.0, engine_call=call) == 0.75
         engine.end_call(call)
-    assert engine.records == [attrs.evolve(NOTHING, prompt_tokens=20, sent_tokens=20, output_tokens=3, sampled_tokens=3,
+    # Ids it did not report are taken for the plan's: none counted off it.
+    assert engine.records == [attrs.evolve(NOTHING, prompt_tokens=20, sent_tokens=20, output_tokens=3, sampled_tokens=3, forced=True,
                                            predicted_prefill_tokens=20, ttft_s=0.5, decode_s=0.25)]
 
 
@@ -552,6 +556,17 @@ async def test_a_planned_call_samples_its_whole_plan_streams_only_its_text_and_c
     assert (record.forced, record.sampled_tokens, record.off_plan_tokens) == (True, 3, 2)  # 8, 8, 8 against 7, 8, 9
     plan = PlannedOutput.of([([1, 2, 3], 1), ([4, 5], 4)])  # a rendering shorter than its text: padded to its tokens
     assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 5, 5), ((2, 1), (0, 4)), 5)
+
+
+async def test_a_plan_whose_text_is_not_the_calls_tokens_is_refused_before_vllm_sees_it(autojump_clock, nursery):
+    async with engine_on_fake(nursery) as (engine, worker):
+        prompt = Prompt(range(100, 110))
+        plan = PlannedOutput.of([([7, 8, 9], 3)])
+        call = await engine.begin_call("s", prompt)
+        with pytest.raises(RealEngineError, match="^a plan of 3 text tokens for a call of 5$"):
+            await engine.prefill_call(LATENCY, ModelCall("s", prompt, held=False, output_tokens=5, planned=lambda: plan), engine_call=call)
+        engine.end_call(call)
+    assert worker.received == []
 
 
 @pytest.mark.parametrize("design", benchmark.DESIGNS)

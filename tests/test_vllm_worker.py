@@ -128,18 +128,20 @@ def in_asyncio(test):
     return run
 
 
-def tokens(rid: str, ids: list[int], first: tuple | None = None) -> dict:
+def tokens(rid: str, ids: list[int], first: tuple | None = None, **request_stats) -> dict:
     """A `tokens` event as the worker writes it; a chunk's first carries (cached, prefill, prefix hits, prefix queries,
-    KV usage, prompt tokens)."""
+    KV usage, prompt tokens) and the request's stats."""
     figures = ("cached_tokens", "prefill_tokens", "prefix_hits", "prefix_queries", "kv_usage", "prompt_tokens")
-    return {"type": "tokens", "rid": rid, "n": len(ids), "ids": ids, **({} if first is None else {"first": dict(zip(figures, first))})}
+    first = {} if first is None else {"first": {**dict(zip(figures, first)), **request_stats}}
+    return {"type": "tokens", "rid": rid, "n": len(ids), "ids": ids, **first}
 
 
-def output(tokens, cached=None, prompt=None, empty=False):
+def output(tokens, cached=None, prompt=None, empty=False, metrics=None):
     return SimpleNamespace(
         outputs=[] if empty else [SimpleNamespace(token_ids=list(tokens))],
         num_cached_tokens=cached,
         prompt_token_ids=prompt,
+        metrics=metrics,
     )
 
 
@@ -297,9 +299,11 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptio
             logger.record(scheduler_stats=stats, iteration_stats=SimpleNamespace(num_preempted_reqs=preempted))
 
     step(preempted=2, queries=0, hits=0, running=3, waiting=4)  # two preempted: they come back later
-    step(preempted=0, queries=640, hits=576, running=5, waiting=1)  # both back: 64 of their 640 tokens recomputed
-    for logger in engine.loggers:  # preemptions with no scheduler stats still count
+    step(preempted=0, queries=320, hits=288, running=4, waiting=2)  # back one a step: 64 of their 640 tokens recomputed
+    step(preempted=0, queries=320, hits=288, running=5, waiting=1)
+    for logger in engine.loggers:  # preemptions with no scheduler stats still count; stats without the figure, none
         logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace(num_preempted_reqs=1))
+        logger.record(scheduler_stats=None, iteration_stats=SimpleNamespace())
     counters = worker.counters.as_dict()
     assert {k: counters[k] for k in UNPREEMPTED} == {"preemptions": 3, "recompute_queries": 640, "recompute_hits": 576,
                                                      "running": 5, "waiting": 1}
@@ -414,21 +418,23 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert first.sampling_params.kwargs == params_of(3)
     engine.stats(ctx=2, gen=1, queries=2, hits=0, usage=0.25)
     script = engine.script("h")
-    await feed(script, output([9, 9], cached=0, prompt=[1, 2]))
-    assert out.take() == [tokens("h", [9, 9], (0, 2, 0, 2, 0.25, 2))]
+    metrics = SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=10.25)  # vLLM's RequestStateStats
+    await feed(script, output([9, 9], cached=0, prompt=[1, 2], metrics=metrics))
+    assert out.take() == [tokens("h", [9, 9], (0, 2, 0, 2, 0.25, 2), preemptions=0, queued_s=0.25)]
     # The second chunk is sent before the first is done: one output then spans both.
     assert await handle(worker, {"op": "append", "rid": "h", "prompt": [4, 5, 6], "max_tokens": 2, "forced": [8, 7]}) is True
     second = engine.inputs["h"][1]
     assert second.prompt == {"prompt_token_ids": [4, 5, 6]}  # the salt keys only the first block
     assert second.sampling_params.kwargs == params_of(2, [8, 7])  # each chunk with its own plan
     engine.stats(ctx=3, gen=1, queries=5, hits=2, usage=0.5)
-    await feed(script, output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6]))
+    metrics.num_preemptions = 1  # a later chunk: the request's preemptions so far, its first queueing not again
+    await feed(script, output([9, 8], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6], metrics=metrics))
     done_first = {"prefill_tokens": 45, "decode_tokens": 2, "prefix_queries": 55, "prefix_hits": 18, "kv_usage": 0.5,
                   "kv_usage_max": 0.5, "steps": 3, **UNPREEMPTED}
     assert out.take() == [
         tokens("h", [9]),
         {"type": "chunk_done", "rid": "h", "tokens": 3, "counters": done_first},
-        tokens("h", [8], (0, 3, 2, 5, 0.5, 7)),
+        tokens("h", [8], (0, 3, 2, 5, 0.5, 7), preemptions=1),
     ]
     await feed(script, output([7]))
     assert out.take() == [tokens("h", [7]),

@@ -115,7 +115,7 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
 
     for method, target in (("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
                            ("GET", "/v1/responses/resp_nope/input_items"), ("POST", "/v1/responses/resp_nope/cancel")):
-        error_of(await client.request(method, target), 404, "response_not_found", "response_id")
+        assert "resp_nope" in error_of(await client.request(method, target), 404, "response_not_found", "response_id")
     # Another key's response is not found either, by every endpoint; it stays there for its owner.
     for method, target in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
                            ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
@@ -204,6 +204,8 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
 
     later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body  # (parse_stream wants 0 first)
     assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
+    all_but_first = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=0")).body
+    assert [json.loads(line[6:]) for line in all_but_first.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[1:]]
     after_all = await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={len(replay) + 3}")
     assert after_all.status == 200 and after_all.body == b""
 

@@ -6,6 +6,7 @@ import csv
 import json
 import locale
 import math
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -701,10 +702,15 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
 @pytest.fixture
 def ascii_locale():
     """ASCII as Python's default text encoding, as on a machine whose locale is not UTF-8; restored after."""
+    if sys.flags.utf8_mode:
+        pytest.skip("Python's UTF-8 mode reads every file as UTF-8 whatever the locale")
     before = locale.setlocale(locale.LC_CTYPE)
     locale.setlocale(locale.LC_CTYPE, "C")
-    yield
-    locale.setlocale(locale.LC_CTYPE, before)
+    try:
+        assert locale.getpreferredencoding(False) == "ANSI_X3.4-1968"  # what open() now takes without an encoding
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
 
 
 def test_every_format_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_locale):

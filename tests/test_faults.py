@@ -100,8 +100,7 @@ class Pipe:
 
 class PipeStream(trio.abc.Stream):
     def __init__(self, out: Pipe, into: Pipe) -> None:
-        self.out = out
-        self.into = into
+        self.out, self.into = out, into
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.out.write(data)
@@ -180,9 +179,8 @@ FLOOD_FRAME = json.dumps({"type": "response.fly", "pad": "x" * 70})
 
 
 @pytest.mark.parametrize("abrupt", [True, False], ids=["dropped", "closed"])
-@pytest.mark.parametrize(("design", "moment"), [
-    (SUSPENDED, "mid-stream"), (SUSPENDED, "suspended"), (CHAINED, "mid-stream"), (CHAINED, "between turns"),
-])
+@pytest.mark.parametrize(("design", "moment"), [(SUSPENDED, "mid-stream"), (SUSPENDED, "suspended"), (CHAINED, "mid-stream"),
+                                               (CHAINED, "between turns")])
 async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, nursery, design: str, moment: str, abrupt: bool) -> None:
     server = make_server()
     watcher = await Bystander.beside(server, nursery)
@@ -276,8 +274,7 @@ async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empt
         events = await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])]))
         assert [e["type"] for e in events] == [
             "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-            "response.output_text.delta", "response.output_text.delta", "response.failed",
-        ]
+            "response.output_text.delta", "response.output_text.delta", "response.failed"]
         assert_one_terminal_and_numbered(events)
         failed = events[-1]["response"]
         assert (failed["status"], failed["error"]) == ("failed", INJECTED_FAILURE)
@@ -514,8 +511,7 @@ def test_each_cell_counts_its_faults_with_an_exact_poisson_interval_and_bootstra
     assert cell["faults_per_task"] == uncertainty.events_per(12, 10)
     assert (cell["faults_per_task"].n, cell["faults_per_task"].of, cell["faults_per_task"].method) == (12, "events", "exact Poisson")
     # Garwood's exact interval for 12 events, per task.
-    assert cell["faults_per_task"].low == pytest.approx(0.62006, abs=1e-4)
-    assert cell["faults_per_task"].high == pytest.approx(2.09616, abs=1e-4)
+    assert (cell["faults_per_task"].low, cell["faults_per_task"].high) == pytest.approx((0.62006, 2.09616), abs=1e-4)
     lost = cell["time_lost_s"]
     assert (lost.n, lost.of, lost.method) == (10, "tasks", "bootstrap")
     assert lost.value == pytest.approx(1.5 * 1.2 + 0.45) and lost.low < lost.value < lost.high
@@ -547,7 +543,6 @@ def test_a_ratio_of_time_lost_is_paired_over_tasks_and_judged_on_thirty_faults_a
     assert enough["events"] == 30 and enough["carried"] == "more"
     mixed = pair(ratio_rows(lost, [0.5, 2.0, 0.5, 2.0, 0.5, 2.0], recoveries=5))  # ahead on some tasks, behind on others
     assert mixed["ratio"].low < 1 < mixed["ratio"].high and mixed["carried"] == "not separated"
-    lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]
     rows = [dict(row, breaks=False) for row in ratio_rows(lost, [2.0] * 6, recoveries=0)]  # loss, jitter: no fault met
     (pair,) = [r for r in faults.ratios(faults.summarize(rows)) if r["pair"] == "suspended / chained"]
     assert pair["events"] == 0 and pair["carried"] == "more"

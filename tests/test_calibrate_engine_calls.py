@@ -142,8 +142,7 @@ def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsy
         f"wrote latency profile {latency_file}: the fit on all 10 calls",
         "",
     ]
-    assert (fitted.first_token.n, scored) == (7, 3)
-    assert first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
+    assert (fitted.first_token.n, scored) == (7, 3) and first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
     assert profiles.load_latency(latency_file) == calibrate.engine_latency_model(result)
     assert json.loads(latency_file.read_text())["source"] == (
         f"python -m prototype calibrate {path} (fitted on all {first.n} real-engine calls, time to first token in-sample "

@@ -87,13 +87,11 @@ def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_w
     assert "2 providers and models in the trace" in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 20 timed rounds)" not in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 10 timed rounds)" in printed
-    assert printed.count("refitted on the first 7 rounds, scored on the last 3") == 2
-    assert "held-out error per round" in printed
+    assert printed.count("refitted on the first 7 rounds, scored on the last 3") == 2 and "held-out error per round" in printed
     claude = profiles.load_latency(tmp_path / "profile.claude-claude-sonnet-4.json")
     codex = profiles.load_latency(tmp_path / "profile.codex-gpt-5.4.json")
     # Fitted on all ten rounds (the last three slower): each profile stays near its own group's decode rate.
-    assert (claude.decode_tokens_per_s, codex.decode_tokens_per_s) == pytest.approx((50.0, 100.0), rel=0.15)
-    assert not out.exists()
+    assert (claude.decode_tokens_per_s, codex.decode_tokens_per_s) == pytest.approx((50.0, 100.0), rel=0.15) and not out.exists()
 
 
 def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):

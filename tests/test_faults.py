@@ -203,8 +203,7 @@ async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, n
             with trio.fail_after(1):  # this connection's server tasks end; the bystander's go on
                 while server_side.child_tasks or mine in server.sessions:
                     await trio.sleep(0.001)
-        assert trio.current_time() - disconnected_at <= 1.0
-        assert key not in session_kv(server)
+        assert trio.current_time() - disconnected_at <= 1.0 and key not in session_kv(server)
         assert not watcher.done.is_set()  # the bystander was still running all along
     # The bystander, running all along on another connection, saw nothing of it.
     await watcher.check()
@@ -289,14 +288,12 @@ async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empt
         # docs/protocol.md: a failed turn never leaves a response in the slot ("we empty the slot altogether"),
         # whether or not it chained from one; nor does a request refused at its start (a turn-level 400).
         server.api.engine.faults = FaultPlan()
-        assert (await turn(conn, create()))[-1]["type"] == "response.failed"
-        assert only_session(server).cache.response_id is None
+        assert (await turn(conn, create()))[-1]["type"] == "response.failed" and only_session(server).cache.response_id is None
         missing = await turn(conn, create(previous_response_id=again["id"], input=[output(calls_of(again)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
         second = (await turn(conn, create()))[-1]["response"]
         refused = await turn(conn, create(metadata={"testbed_workload": "nope"}))
-        assert refused[-1]["error"]["code"] == errors.INVALID_VALUE
-        assert only_session(server).cache.response_id is None
+        assert refused[-1]["error"]["code"] == errors.INVALID_VALUE and only_session(server).cache.response_id is None
         missing = await turn(conn, create(previous_response_id=second["id"], input=[output(calls_of(second)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
     await assert_released(server)
@@ -409,8 +406,7 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
             finally:
                 tracemalloc.stop()
             # The server stopped producing: nothing more written, nothing more decoded, no memory grown.
-            assert (down.written, server.api.engine.stats.decoded_tokens) == (written, decoded)
-            assert decoded < LONG_TOKENS // 2
+            assert (down.written, server.api.engine.stats.decoded_tokens) == (written, decoded) and decoded < LONG_TOKENS // 2
             assert written <= capacity + 64 * 1024  # the pipe, plus what the client's reader task holds
             assert grown < 64 * 1024, grown
             assert flood_sent < FLOOD // 2  # the server stopped reading too: the client's sends block
@@ -434,8 +430,7 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
         assert_one_terminal_and_numbered(events)
         text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
         done = next(e for e in events if e["type"] == "response.output_text.done")
-        assert text == done["text"] and len(text) > 0
-        assert events[-1]["type"] == "response.completed"
+        assert text == done["text"] and len(text) > 0 and events[-1]["type"] == "response.completed"
         assert events[-1]["response"]["usage"]["output_tokens"] == LONG_TOKENS
 
 
@@ -454,8 +449,7 @@ async def test_a_client_that_stopped_reading_closes_within_its_close_timeout(aut
             assert len(down.buffer) >= down.capacity - 1024  # the server's writes wait on the full pipe
             closing = trio.current_time()
     assert trio.current_time() - closing == pytest.approx(harness.CLOSE_TIMEOUT_SECONDS)
-    assert await server_tasks_end(nursery, server) < 0.01
-    assert server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2
+    assert await server_tasks_end(nursery, server) < 0.01 and server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2
 
 
 # --- experiments.faults: what each cell counts, and what its figures rest on ------------------------
@@ -507,8 +501,7 @@ def test_each_cell_counts_its_faults_with_an_exact_poisson_interval_and_bootstra
     rows += [fault_row(CHAINED, "drops", f"t{i}", e2e=100.0 + 1.5 * k + 0.1 * i, recoveries=k) for i, k in enumerate(recoveries)]
     table = {r["fault"]: r for r in faults.summarize(rows)}
     cell = table["drops"]
-    assert cell["tasks"] == 10 and cell["faults"] == 12
-    assert cell["faults_per_task"] == uncertainty.events_per(12, 10)
+    assert cell["tasks"] == 10 and cell["faults"] == 12 and cell["faults_per_task"] == uncertainty.events_per(12, 10)
     assert (cell["faults_per_task"].n, cell["faults_per_task"].of, cell["faults_per_task"].method) == (12, "events", "exact Poisson")
     # Garwood's exact interval for 12 events, per task.
     assert (cell["faults_per_task"].low, cell["faults_per_task"].high) == pytest.approx((0.62006, 2.09616), abs=1e-4)

@@ -131,8 +131,7 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
     assert boxes(ax) == [  # no pause band, every other span, a phase without a colour of its own too
         (0.0, 1.0, 0.0, NETWORK_CLIENT), (1.0, 1.5, 0.0, TOOL), (0.5, 0.75, 1.0, "validate"), (0.75, 1.0, 1.0, "prefill"),
         (0.5, 0.75, 1.0, "?"), (2.0, 2.0, 0.0, NETWORK_CLIENT), (2.0, 2.5, 1.0, "decode")]
-    assert list(ax.lines) == [] and ax.get_legend() is None
-    assert texts(ax.get_yticklabels()) == ["mine: server", "mine: client"]
+    assert list(ax.lines) == [] and ax.get_legend() is None and texts(ax.get_yticklabels()) == ["mine: server", "mine: client"]
     assert ax.get_xlim() == (0.0, 9.0) and ax.get_ylim() == (-0.8, 1.8)
     other = subplots()
     unknown = RolloutRecord("other", "w", 0.0, ended_at=3.0, turns=[TurnRecord(0, 0.0, ended_at=1.0), TurnRecord(1, 2.0, ended_at=3.0)])

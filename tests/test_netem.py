@@ -189,8 +189,7 @@ async def test_aclose_ends_tasks_and_counts_bytes(autojump_clock: trio.testing.M
         assert trio.current_time() - t0 == exactly(2 * RTT)
         assert (client.bytes_sent, client.bytes_received, server.bytes_sent, server.bytes_received) == (8, 2, 2, 8)
         # No task or nursery of the emulator is left behind.
-        assert nursery.child_tasks == frozenset()
-        assert trio.lowlevel.current_task().child_nurseries == [*nurseries_before, nursery]
+        assert nursery.child_tasks == frozenset() and trio.lowlevel.current_task().child_nurseries == [*nurseries_before, nursery]
 
 
 async def test_a_graceful_close_still_delivers_data_in_flight_and_a_forceful_one_drops_it(autojump_clock: trio.testing.MockClock) -> None:
@@ -510,8 +509,7 @@ async def test_an_emulated_tcp_connection_cut_short_in_its_handshake_closes_the_
 
 
 def test_link_faults_are_none_by_default_refuse_impossible_rates_and_break_on_a_chunk_drawn_from_their_seed() -> None:
-    assert faults.NO_FAULTS == faults.LinkFaults(0.0, 0.0, 0)
-    assert not faults.NO_FAULTS.any
+    assert faults.NO_FAULTS == faults.LinkFaults(0.0, 0.0, 0) and not faults.NO_FAULTS.any
     assert faults.LinkFaults(drops_per_hour=0.5).any and faults.LinkFaults(drop_per_server_chunk=0.5).any
     faults.LinkFaults(drop_per_server_chunk=0.0, drops_per_hour=0.0)
     for kwargs in ({"drops_per_hour": -1.0}, {"drop_per_server_chunk": -0.1}, {"drop_per_server_chunk": 1.0}):

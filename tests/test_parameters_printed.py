@@ -39,6 +39,5 @@ def test_sprint_costs_rows_show_the_values_used_and_their_sources():
 
 def test_a_benchmark_prints_the_costs_it_ran_with_and_before_the_sprint_the_sprint_costs_it_pays():
     rows = parameters(BenchConfig(costs=COSTS))
-    assert rows[-len(COSTS.describe()):] == COSTS.describe()
-    assert all(knob and value and source for knob, value, source in rows)
+    assert rows[-len(COSTS.describe()):] == COSTS.describe() and all(knob and value and source for knob, value, source in rows)
     assert parameters(BenchConfig(costs=COSTS, sprint=BEFORE_SPRINT)) == rows + SprintCosts().describe()

@@ -142,8 +142,7 @@ async def cancelled_mid_response(nursery, task: str | Workload, until_type: str,
         tail = await until(conn, "response.cancelled")
         assert trio.current_time() == cancelled_at
     cancelled = tail[-1]["response"]
-    assert (cancelled["id"], cancelled["status"]) == (rid, "cancelled")
-    assert reply.status == 200 and reply.json() == cancelled
+    assert (cancelled["id"], cancelled["status"]) == (rid, "cancelled") and reply.status == 200 and reply.json() == cancelled
     assert [r["outcome"] for r in server.records if r["response_id"] == rid] == ["cancelled"]
     return events, tail
 

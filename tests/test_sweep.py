@@ -173,8 +173,7 @@ def test_a_second_run_is_served_from_the_cache_and_never_to_another_run_function
     assert rows == [{"a": toy.a, "value": toy.a + 0.5} for toy in grid]  # in the grid's order
     assert (first.executed, first.cached, CALLS) == (4, 0, [Toy(3), Toy(2), Toy(1), Toy(0)])
     second = toy_runner(tmp_path)
-    assert second.map(toy_row, grid) == rows
-    assert (second.executed, second.cached, len(CALLS)) == (0, 4, 4)
+    assert second.map(toy_row, grid) == rows and (second.executed, second.cached, len(CALLS)) == (0, 4, 4)
     extended = toy_runner(tmp_path)  # a grid extended by two points computes only those
     assert extended.map(toy_row, [*grid, Toy(4), Toy(5)])[4:] == [{"a": 4, "value": 4.5}, {"a": 5, "value": 5.5}]
     assert (extended.executed, extended.cached, CALLS[4:]) == (2, 4, [Toy(4), Toy(5)])
@@ -334,13 +333,11 @@ def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_ver
     assert runner.map(module.row, [Toy(1)]) == runner.map(module.plain, [Toy(1)]) == [{"value": 2}]
     assert (runner.executed, runner.cached) == (4, 2)
     (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (5, 2)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}] and (runner.executed, runner.cached) == (5, 2)
     inside = import_fresh(monkeypatch, package, "inside_runs")  # a run function of the package
     assert runner.map(inside.row, [Toy(1)]) == runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
     (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package, edited between two grids
-    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (7, 3)
+    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}] and (runner.executed, runner.cached) == (7, 3)
 
 
 def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
@@ -385,8 +382,7 @@ def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
     runner.map(toy_row, [Toy(1)])
     (entry,) = (tmp_path / "cache").rglob("*.pickle")
     entry.write_bytes(b"not a pickle")
-    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}]
-    assert (runner.executed, runner.cached) == (2, 0)
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and (runner.executed, runner.cached) == (2, 0)
     assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
 
 
@@ -638,12 +634,10 @@ def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cac
     assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2) and not (tmp_path / "cache").exists()
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     seen = []
-    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]
-    assert seen == [1, 2, 3]
+    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6] and seen == [1, 2, 3]
     err = capsys.readouterr().err
     assert "timing: 100%" in err and "3/3" in err and "0 cached, in-process" in err
-    assert sweep.measured(lambda x: x, [1], progress=False) == [1]
-    assert capsys.readouterr().err == ""
+    assert sweep.measured(lambda x: x, [1], progress=False) == [1] and capsys.readouterr().err == ""
     assert list(tmp_path.iterdir()) == []
     assert sweep.measured(functools.partial(lambda x: 2 * x), [1]) == [2]  # no name, no description
     assert "runs: 100%" in capsys.readouterr().err
@@ -667,8 +661,7 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
             raise AssertionError("the executor ran")
 
     runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
-    assert runner.map(fail_on_two, [21]) == [42]
-    assert (runner.cached, runner.executed) == (0, 1)
+    assert runner.map(fail_on_two, [21]) == [42] and (runner.cached, runner.executed) == (0, 1)
     err = capsys.readouterr().err
     assert "fail_on_two: 100%" in err and "0 cached, in-process" in err
     assert runner.map(fail_on_two, [21, 4]) == [42, 8]  # one cached, the other still in this process
@@ -760,8 +753,7 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
         assert [future.status for future in submitted] == ["cancelled"] * 3
     finally:
         executor.close()
-    assert (executor.cluster, executor._client) == (None, None)
-    assert client.status == "closed" and cluster.status.name == "closed"
+    assert (executor.cluster, executor._client) == (None, None) and client.status == "closed" and cluster.status.name == "closed"
     executor.close()  # closing twice is harmless
     assert (executor.cluster, executor._client) == (None, None)
 
@@ -778,5 +770,4 @@ def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
     assert str(refused.value) == (f"Dask workers at local run other code (versions ['other']; this process {mine}): "
                                   "install the same checkout on every worker")
     [(client, cluster)] = closed
-    assert client.status == "closed" and cluster.status.name == "closed"
-    assert (executor.cluster, executor._client) == (None, None)
+    assert client.status == "closed" and cluster.status.name == "closed" and (executor.cluster, executor._client) == (None, None)

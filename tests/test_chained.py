@@ -151,8 +151,7 @@ async def test_a_lane_continuing_its_own_response_empties_its_slot_while_the_tur
         created = (await until(conn, "response.created"))[-1]
         # While lane main's turn runs, the response it continues is in no slot: a fork finds nothing.
         await send(conn, create_event(outputs, stream_id="side", previous_response_id=first["id"]))
-        refused = (await until(conn, "error"))[-1]
-        assert refused == not_found(first["id"], "side")
+        assert (await until(conn, "error"))[-1] == not_found(first["id"], "side")
         second = (await until(conn, *TERMINALS))[-1]
         assert (second["type"], second["stream_id"], second["response"]["id"]) == ("response.completed", "main", created["response"]["id"])
         # Once it succeeded, lane main holds its new response, and a fork from that one runs.

@@ -132,8 +132,7 @@ def test_each_ordering_holds_is_broken_or_is_not_separated_as_the_tasks_say_pair
     # design keeps the order on every task: paired, it holds.
     spread = np.array([1.0, 5.0, 20.0, 60.0])
     ttft = {(s.HTTP, 1000.0): spread * 1.2, (s.CHAINED, 1000.0): spread * 1.0, (s.SUSPENDED, 1000.0): spread * 0.9}
-    run = samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)
-    assert decide("TTFT v1 <= v2 < http @1000", run) == s.YES
+    assert decide("TTFT v1 <= v2 < http @1000", samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)) == s.YES
     ttft[(s.SUSPENDED, 1000.0)] = spread * 1.1
     assert decide("TTFT v1 <= v2 < http @1000", samples(every_point(lambda d, tps: HTTP_TIMES), ttft=ttft)) == s.NO
     sent = {(d, 1000.0): np.array([2.0, 4.0, 6.0, 8.0]) * k for d, k in ((s.HTTP, 3000), (s.CHAINED, 1000), (s.SUSPENDED, 400))}

@@ -245,7 +245,7 @@ def test_a_directions_chunks_arrive_in_order_late_by_the_delay_a_jitter_and_a_re
 
 
 def whole(message: str) -> str:
-    return f"^{re.escape(message)}$"
+    return rf"^{re.escape(message)}\Z"  # the whole message: `$` would also match before a final newline
 
 
 DELAYED = functools.partial(DelayedStream, trio.testing.MemorySendStream())

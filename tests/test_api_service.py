@@ -37,10 +37,8 @@ USER = Message("user", (("input_text", "fix it"),))
 
 def test_a_stage_costs_its_fixed_share_plus_its_rate_per_thousand_tokens() -> None:
     stage = StageCost(fixed=0.010, per_ktok=2.0)
-    assert stage.seconds(0) == 0.010
-    assert stage.seconds(500) == 0.010 + 1.0
-    assert stage.seconds(500, 0.25) == 0.0025 + 1.0
-    assert stage.seconds(1500, 0.0) == 3.0
+    assert [stage.seconds(0), stage.seconds(500), stage.seconds(500, 0.25), stage.seconds(1500, 0.0)] == [
+        0.010, 0.010 + 1.0, 0.0025 + 1.0, 3.0]
 
 
 EXTRA = SprintCosts(config_load=0.020, intermediate_hop=0.030, slow_safety_fixed=0.050, slow_safety_per_ktok=0.004)
@@ -86,11 +84,9 @@ def test_a_round_of_parallel_calls_is_one_turn_and_a_user_message_starts_the_tur
     assert turn_after(user(), call("a"), call("b"), FunctionCallOutput("a", "x"), *between, FunctionCallOutput("b", "y")) == 2
     # ... but one between a call and its output does not keep the output from ending its round.
     assert turn_after(user(), call("a"), Message("developer", (("input_text", "note"),)), FunctionCallOutput("a", "x")) == 1
-    rounds = [user(), call("a"), FunctionCallOutput("a", "x"), call("b"), FunctionCallOutput("b", "y")]
-    assert turn_after(*rounds) == 2
+    assert turn_after(user(), call("a"), FunctionCallOutput("a", "x"), call("b"), FunctionCallOutput("b", "y")) == 2
     done = [user(), call("a"), FunctionCallOutput("a", "x"), Message("assistant", (("output_text", "fixed"),))]
-    assert turn_after(*done) == 1
-    assert turn_after(*done, user("and the next one")) == 0
+    assert (turn_after(*done), turn_after(*done, user("and the next one"))) == (1, 0)
     assert turn_after(*done, Message("developer", (("input_text", "go on"),))) == 1
 
 
@@ -144,8 +140,7 @@ def test_an_owner_is_a_digest_of_the_key_never_the_key():
 
 def test_session_serials_count_from_one_per_service():
     api = ApiService()
-    assert [api.new_session_serial(), api.new_session_serial()] == [1, 2]
-    assert ApiService().new_session_serial() == 1
+    assert ([api.new_session_serial(), api.new_session_serial()], ApiService().new_session_serial()) == ([1, 2], 1)
 
 
 async def test_a_client_sent_search_without_a_result_takes_the_hosted_services(autojump_clock):
@@ -254,8 +249,8 @@ async def test_rendering_is_charged_for_the_tokens_a_turn_renders(autojump_clock
     appended = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=1.0)
     log = metrics.PhaseLog()
     await api.pre_inference(log, CreateRequest("sim-10", (answer,)), [answer], base=first, modes=appended)
-    assert rendered(log, metrics.VALIDATE) == pytest.approx(2 * len(render.render_items([answer])) / 1000)
-    assert rendered(log) == pytest.approx(len(render.render_items([answer])) / 1000)  # only the new item's tokens
+    new_tokens = len(render.render_items([answer]))  # only the new item's tokens
+    assert (rendered(log, metrics.VALIDATE), rendered(log)) == pytest.approx((2 * new_tokens / 1000, new_tokens / 1000))
 
     # The http design's render cache: a rebuilt conversation tokenizes only what the cache has not seen.
     cache = render.RenderCache()

@@ -23,39 +23,30 @@ from prototype.engine.vllm_models import TINY_CPU
 
 
 def a_record() -> RolloutRecord:
+    turns = [
+        TurnRecord(0, 1.0, first_token_at=1.5, ended_at=2.0, tool_seconds=0.5, bytes_sent=100, bytes_received=1000,
+                   server_timing={"phases_ms": {"validate": 100.0, "post": 50.0, "prefill": 200.0, "post_overlapped": 40.0}}),
+        TurnRecord(1, 2.5, ended_at=2.6, bytes_sent=301, bytes_received=10, server_timing={"phases_ms": {"route": 300.0}}),
+        TurnRecord(2, 3.0, first_token_at=3.25, ended_at=4.5)]
     return RolloutRecord(
-        design="suspended", workload="task-7", started_at=1.0, ended_at=4.5, reconnects=2, resent_bytes=30,
-        recovery_seconds=[0.25], fell_back_to_http=True,
-        turns=[
-            TurnRecord(0, 1.0, first_token_at=1.5, ended_at=2.0, tool_seconds=0.5, bytes_sent=100, bytes_received=1000,
-                       server_timing={"phases_ms": {"validate": 100.0, "post": 50.0, "prefill": 200.0, "post_overlapped": 40.0}}),
-            TurnRecord(1, 2.5, ended_at=2.6, bytes_sent=301, bytes_received=10,
-                       server_timing={"phases_ms": {"route": 300.0}}),
-            TurnRecord(2, 3.0, first_token_at=3.25, ended_at=4.5),
-        ],
-        usage={"input_tokens": 500, "cached_tokens": 100, "output_tokens": 40},
-        transcript=[{"type": "web_search_call"}, {"type": "function_call"}, {"type": "function_call"}, {"role": "user"},
-                    {"type": "function_call"}],
-    )
+        "suspended", "task-7", 1.0, ended_at=4.5, reconnects=2, resent_bytes=30, recovery_seconds=[0.25], fell_back_to_http=True,
+        turns=turns, usage={"input_tokens": 500, "cached_tokens": 100, "output_tokens": 40},
+        transcript=[{"type": "web_search_call"}, *[{"type": "function_call"}] * 2, {"role": "user"}, {"type": "function_call"}])
 
 
 def test_a_rollouts_turn_phases_are_the_servers_the_rest_network_and_tool_time_and_its_task_row_holds_its_figures():
     phases = benchmark.turn_phases(a_record())
-    assert phases == [
-        pytest.approx({"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 0.65, "tool": 0.5}),
-        {"route": 0.3, "network_client": 0.0, "tool": 0.0},
-        {"network_client": 1.5, "tool": 0.0},
-    ]
+    assert phases == [pytest.approx({"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 0.65, "tool": 0.5}),
+                      {"route": 0.3, "network_client": 0.0, "tool": 0.0}, {"network_client": 1.5, "tool": 0.0}]
     row = benchmark.task_row("suspended", 65.0, a_record())
     assert row.pop("ttft_s") == [0.5, 0.25] and row.pop("recovery_s") == [0.25]
     assert row.pop("phase_totals_s") == pytest.approx(
         {"validate": 0.1, "post": 0.05, "prefill": 0.2, "network_client": 2.15, "tool": 0.5, "route": 0.3})
     assert row == pytest.approx({
-        "design": "suspended", "decode_tps": 65.0, "task": "task-7", "turns": 3, "e2e_s": 3.5,
-        "api_overhead_s": 0.1 + 0.05 + 0.3, "bytes_sent_per_turn": 401 / 3, "bytes_received_per_turn": 1010 / 3,
-        "input_tokens": 500, "cached_tokens": 100, "output_tokens": 40, "reasoning_tokens": 0, "web_searches": 1,
-        "function_calls": 3, "reconnects": 2, "resent_bytes": 30, "fell_back_to_http": True,
-    })
+        "design": "suspended", "decode_tps": 65.0, "task": "task-7", "turns": 3, "e2e_s": 3.5, "api_overhead_s": 0.1 + 0.05 + 0.3,
+        "bytes_sent_per_turn": 401 / 3, "bytes_received_per_turn": 1010 / 3, "input_tokens": 500, "cached_tokens": 100,
+        "output_tokens": 40, "reasoning_tokens": 0, "web_searches": 1, "function_calls": 3, "reconnects": 2, "resent_bytes": 30,
+        "fell_back_to_http": True})
     record = a_record()
     record.usage["reasoning_tokens"] = 9
     assert benchmark.task_row("x", 1.0, record)["reasoning_tokens"] == 9
@@ -70,12 +61,10 @@ def a_row(design, tps, e2e, turns=2, **changes):
 
 
 def test_the_summary_has_one_row_per_design_and_speed_in_order():
-    rows = [
-        a_row("suspended", 1000.0, 2.0, turns=3, bytes_sent_per_turn=50.0, ttft_s=[0.1, 0.3], function_calls=4, reconnects=2),
+    rows = [a_row("suspended", 1000.0, 2.0, turns=3, bytes_sent_per_turn=50.0, ttft_s=[0.1, 0.3], function_calls=4, reconnects=2),
         a_row("http", 1000.0, 8.0), a_row("suspended", 1000.0, 6.0, turns=1, ttft_s=[0.5], web_searches=2, reasoning_tokens=0),
         a_row("other", 65.0, 1.0), a_row("chained", 65.0, 1.0, cached_tokens=0, input_tokens=0, output_tokens=0),
-        a_row("http-stored", 65.0, 3.0),
-    ]
+        a_row("http-stored", 65.0, 3.0)]
     table = benchmark.summarize(rows)
     assert [(r["design"], r["decode_tps"]) for r in table] == [
         ("http-stored", 65.0), ("chained", 65.0), ("other", 65.0), ("http", 1000.0), ("suspended", 1000.0)]
@@ -89,8 +78,7 @@ def test_the_summary_has_one_row_per_design_and_speed_in_order():
         "design": "suspended", "decode_tps": 1000.0, "tasks": 2, "e2e_mean_s": 4.0, "e2e_p50_s": 4.0, "e2e_p90_s": 5.6,
         "ttft_p50_ms": 300.0, "api_overhead_share": 0.25, "bytes_sent_per_turn": (50.0 * 3 + 100.0) / 4,
         "bytes_received_per_turn": 10.0, "cached_share": 0.25, "reasoning_share": 0.1, "web_searches_per_task": 1.5,
-        "calls_per_tool_turn": 5 / 2, "reconnects": 3,
-    })
+        "calls_per_tool_turn": 5 / 2, "reconnects": 3})
     # Two tasks: the mean's interval runs between them; the turns' median between the turns the two tasks hold.
     assert intervals["e2e_mean_s_low"] >= 2.0 and intervals["e2e_mean_s_high"] <= 6.0
     assert 100.0 <= intervals["ttft_p50_ms_low"] <= 300.0 <= intervals["ttft_p50_ms_high"] <= 500.0
@@ -196,8 +184,7 @@ def test_the_parameters_of_the_default_configuration_another_preset_a_preset_fil
     assert rows["prefill rate"] == ("5000 tokens/s", "latency profile (--latency)")
     assert rows["engine request overhead"] == ("12.5 ms", "latency profile (--latency)")
     assert rows["prefix cache"][0] == "blocks of 16, idle TTL 300 s, http affinity 0.5"
-    assert rows["http connections"][0] == "new per request"
-    assert rows["delta coalescing"][0] == "25 ms"
+    assert (rows["http connections"][0], rows["delta coalescing"][0]) == ("new per request", "25 ms")
 
 
 def a_task(name, turns, arrival_s=None, prefix=None, prefix_tokens=0):
@@ -249,15 +236,13 @@ def test_a_configurations_tasks_are_its_list_or_the_seeded_preset_and_its_server
     assert benchmark.BenchConfig(task_list=tasks).tasks() == list(tasks)
     assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
     fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
-    assert fixed == workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3)
-    assert [len(t.turns) for t in fixed] == [3, 3]
+    assert (fixed, [len(t.turns) for t in fixed]) == (workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3), [3, 3])
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
                                    sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)
     assert server.config.suspension_ttl == 3600.0
     assert (server.api.flush_interval, server.api.sprint, server.api.costs) == (0.125, BEFORE_SPRINT, ApiCosts(post=0.125))
-    assert server.api.latency.prefill_tokens_per_s == 1234.0
-    assert server.api.http_affinity == 0.5
+    assert (server.api.latency.prefill_tokens_per_s, server.api.http_affinity) == (1234.0, 0.5)
     engine = server.api.engine
     assert benchmark.bench_server(config, engine).api.engine is engine
 
@@ -271,11 +256,9 @@ def fixed_tasks(n, arrivals=(None, None)):
 def test_tasks_run_one_after_another_and_each_design_is_its_own(design):
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(2)))
     records = benchmark.run_design_virtual(design, 1000.0, config)
-    assert [r.workload for r in records] == ["t0", "t1"]
-    assert records[1].started_at >= records[0].ended_at
-    assert records[0].design == {"http": "http-stateless"}.get(design, design)
-    assert all(r.status == "completed" for r in records)
-    assert [len(r.turns) for r in records] == [2, 2]
+    assert [r.workload for r in records] == ["t0", "t1"] and records[1].started_at >= records[0].ended_at
+    wire_name = {"http": "http-stateless"}.get(design, design)
+    assert [(r.design, r.status, len(r.turns)) for r in records] == [(wire_name, "completed", 2)] * 2
     assert all(turn.server_timing is not None for r in records for turn in r.turns)  # the server's phases, asked for
 
 
@@ -296,10 +279,8 @@ def test_a_task_runs_at_the_decode_speed_asked_for_through_the_configurations_ne
 def test_tasks_with_arrivals_start_at_their_arrivals_whether_or_not_earlier_ones_are_done():
     config = benchmark.BenchConfig(task_list=tuple(fixed_tasks(2, arrivals=[0.0, 0.5])))
     records = benchmark.run_design_virtual("chained", 1000.0, config)
-    assert [r.workload for r in records] == ["t0", "t1"]
-    assert [r.design for r in records] == ["chained", "chained"]
-    start = records[0].started_at
-    assert records[1].started_at - start == pytest.approx(0.5)
+    assert [(r.workload, r.design) for r in records] == [("t0", "chained"), ("t1", "chained")]
+    assert records[1].started_at - records[0].started_at == pytest.approx(0.5)
     assert records[1].started_at < records[0].ended_at  # the first task takes over a second (its tool)
 
 

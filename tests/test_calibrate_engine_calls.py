@@ -44,8 +44,7 @@ def test_a_fit_on_the_first_calls_gives_back_the_engine_that_timed_them_and_scor
     fitted, ttft, whole = score.fitted, score.ttft, score.whole
     assert (fitted.first_token.n, len(score.held)) == (7, 3)
     # Fitted on the first seven (exact), each held-out call is predicted at 1/1.25 of its time: 20% under.
-    assert ttft["median"] == pytest.approx(20.0) and ttft["p90"] == pytest.approx(20.0)
-    assert whole["median"] == pytest.approx(20.0)
+    assert (ttft["median"], ttft["p90"], whole["median"]) == pytest.approx((20.0, 20.0, 20.0))
     assert (fitted.first_token.fixed_s, fitted.first_token.prefill_tokens_per_s, fitted.decode_tokens_per_s) == (
         pytest.approx(OVERHEAD_S), pytest.approx(PREFILL_TPS), pytest.approx(DECODE_TPS))
 
@@ -71,10 +70,8 @@ def test_the_reader_gives_each_call_as_written_in_seconds_and_its_sampled_tokens
     path.write_bytes((HEADER + "http,600,600,1,360,0\r\n chained ,760,0,25,0,1200\r\n"
                       '"two\r\nlines",5,2,3,7.5,40\r\n').encode())
     assert engine_calls.read(path) == [
-        engine_calls.EngineCall("http", 600, 600, 1, 0.36, 0.0),
-        engine_calls.EngineCall("chained", 760, 0, 25, 0.0, 1.2),
-        engine_calls.EngineCall("two\r\nlines", 5, 2, 3, 0.0075, 0.04),
-    ]
+        engine_calls.EngineCall("http", 600, 600, 1, 0.36, 0.0), engine_calls.EngineCall("chained", 760, 0, 25, 0.0, 1.2),
+        engine_calls.EngineCall("two\r\nlines", 5, 2, 3, 0.0075, 0.04)]
     # vLLM with forced decoding samples each item's framing besides the call's text: its decode time covers those.
     path.write_bytes(b"design,prompt_tokens,prefill_vllm,output_tokens,sampled_tokens,ttft_ms,decode_ms\r\n"
                      b"chained,600,600,40,47,360,1950\r\n")
@@ -111,10 +108,8 @@ def test_a_file_is_taken_for_a_real_engines_calls_only_when_its_header_has_every
     exact.write_text(HEADER)  # exactly the columns read, none more
     empty.write_text("")
     binary.write_bytes(b"\xff\xfe" + HEADER.encode())
-    assert engine_calls.looks_like(exact)
-    assert not engine_calls.looks_like(empty)
-    assert not engine_calls.looks_like(binary)
-    assert not engine_calls.looks_like(tmp_path / "absent.csv")
+    absent = tmp_path / "absent.csv"
+    assert [engine_calls.looks_like(path) for path in (exact, empty, binary, absent)] == [True, False, False, False]
     exact.write_text(HEADER.replace(",decode_ms", ""))
     assert not engine_calls.looks_like(exact)
 
@@ -147,8 +142,7 @@ def test_calibrate_fits_a_real_engines_calls_and_scores_the_last(tmp_path, capsy
         f"wrote latency profile {latency_file}: the fit on all 10 calls",
         "",
     ]
-    assert (fitted.first_token.n, scored) == (7, 3)
-    assert first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
+    assert (fitted.first_token.n, scored) == (7, 3) and first.rmse_s * 1000 > 100 and first.stderr[0] * 1000 > 100
     assert profiles.load_latency(latency_file) == calibrate.engine_latency_model(result)
     assert json.loads(latency_file.read_text())["source"] == (
         f"python -m prototype calibrate {path} (fitted on all {first.n} real-engine calls, time to first token in-sample "
@@ -167,8 +161,7 @@ def test_a_real_engines_calls_too_few_or_without_decode_time(tmp_path, capsys):
     write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:4]])
     status, out, _ = run_calibrate(capsys, path)
     assert status == 0 and out.endswith("\nno fit: ") is False and "\nno fit: " in out
-    assert run_calibrate(capsys, path, "--latency-out", tmp_path / "l.json")[0] == 2
-    assert not (tmp_path / "l.json").exists()
+    assert (run_calibrate(capsys, path, "--latency-out", tmp_path / "l.json")[0], (tmp_path / "l.json").exists()) == (2, False)
     # Only the held-out calls have decode time: the fit on the first ones cannot be made.
     write_calls(path, [(d, p, f, 1) for d, p, f, _ in CALLS[:5]] + [CALLS[5]])
     status, out, _ = run_calibrate(capsys, path, "--holdout", 0.2)

@@ -41,8 +41,7 @@ def test_timed_rounds_are_grouped_by_provider_and_model_in_time_order():
     late, early, other = (rnd("a", 0, 0, 1, 1, start=5.0, seconds=1.0, group="x/y"),
                           rnd("a", 1, 0, 1, 1, start=1.0, seconds=1.0, group="x/y"), rnd("b", 0, 0, 1, 1, start=3.0, seconds=1.0))
     groups = calibrate.timed_groups([late, other, early])
-    assert groups == {"x/y": [early, late], "all rounds": [other]}
-    assert list(groups) == ["x/y", "all rounds"]
+    assert (groups, list(groups)) == ({"x/y": [early, late], "all rounds": [other]}, ["x/y", "all rounds"])
 
 
 def test_held_out_scores_print_per_group(capsys):
@@ -71,34 +70,27 @@ def test_each_group_is_fitted_on_its_own_scored_on_its_last_rounds_printed_and_w
     groups = calibrate.timed_groups(timed)
     assert list(groups) == ["claude/claude-sonnet-4", "codex/gpt-5.4"]
     for (provider, model, fixed, prefill, decode), (name, rounds) in zip(GROUPS, groups.items()):
-        assert name == f"{provider}/{model}"
-        assert len(rounds) == 10 and [r.turn for r in rounds] == list(range(10))
+        assert (name, [r.turn for r in rounds]) == (f"{provider}/{model}", list(range(10)))
         score = calibrate.held_out_score(name, rounds, 0.3)
         # The first seven rounds follow the group's model exactly: the fit recovers it.
         assert score.fitted.n == 7 and score.held_out == 3
-        assert score.fitted.decode_tokens_per_s == pytest.approx(decode, rel=1e-4)
-        assert score.fitted.prefill_tokens_per_s == pytest.approx(prefill, rel=1e-4)
+        assert (score.fitted.decode_tokens_per_s, score.fitted.prefill_tokens_per_s) == pytest.approx((decode, prefill), rel=1e-4)
         assert score.fitted.fixed_s == pytest.approx(fixed, abs=1e-4)
         # The last three are 10% slower than the model: 1 - 1/1.1 of their observed time is the error.
-        assert score.errors["median"] == pytest.approx(100 * (1 - 1 / HELD_OUT_SLOWDOWN), abs=0.01)
-        assert score.errors["p90"] == pytest.approx(100 * (1 - 1 / HELD_OUT_SLOWDOWN), abs=0.01)
+        assert (score.errors["median"], score.errors["p90"]) == pytest.approx((100 * (1 - 1 / HELD_OUT_SLOWDOWN),) * 2, abs=0.01)
     # One fit over both groups reports a decode rate neither group has.
-    pooled = calibrate.fit_rounds(timed)
-    assert all(abs(pooled.decode_tokens_per_s - decode) > 0.1 * decode for *_, decode in GROUPS)
+    assert all(abs(calibrate.fit_rounds(timed).decode_tokens_per_s - decode) > 0.1 * decode for *_, decode in GROUPS)
     out = tmp_path / "profile.json"
     assert cli_main(["calibrate", str(path), "--baseline-tasks", "20", "--latency-out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 providers and models in the trace" in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 20 timed rounds)" not in printed
     assert "Fit of model seconds per round (claude/claude-sonnet-4, 10 timed rounds)" in printed
-    assert printed.count("refitted on the first 7 rounds, scored on the last 3") == 2
-    assert "held-out error per round" in printed
+    assert printed.count("refitted on the first 7 rounds, scored on the last 3") == 2 and "held-out error per round" in printed
     claude = profiles.load_latency(tmp_path / "profile.claude-claude-sonnet-4.json")
     codex = profiles.load_latency(tmp_path / "profile.codex-gpt-5.4.json")
     # Fitted on all ten rounds (the last three slower): each profile stays near its own group's decode rate.
-    assert claude.decode_tokens_per_s == pytest.approx(50.0, rel=0.15)
-    assert codex.decode_tokens_per_s == pytest.approx(100.0, rel=0.15)
-    assert not out.exists()
+    assert (claude.decode_tokens_per_s, codex.decode_tokens_per_s) == pytest.approx((50.0, 100.0), rel=0.15) and not out.exists()
 
 
 def test_calibrate_fits_each_group_on_its_own_and_writes_a_profile_each(tmp_path, capsys):

@@ -42,17 +42,15 @@ async def test_cache_hit_processes_only_the_new_input(autojump_clock, link):
     async with ws(server, CHAINED, network=link, include_timing=True) as conn:
         first = (await turn(conn, create_event()))[-1]["response"]
         second = (await turn(conn, create_event(previous_response_id=first["id"], input=outputs_for(function_calls(first)))))[-1]["response"]
-    assert second["previous_response_id"] == first["id"]
     timing = phases(second)
-    assert "store_read" not in timing
+    assert second["previous_response_id"] == first["id"] and "store_read" not in timing
     share = COSTS.cached_fixed_share
     # The route is reused and pays f_ws of its fixed cost; validation sees only the new tokens.
     assert timing["route"] == pytest.approx(1000 * COSTS.route.fixed * share)
     assert timing["validate"] < 1000 * (COSTS.validate.fixed * share + COSTS.validate.per_ktok * 0.1)
     assert phases(first)["validate"] > 1000 * COSTS.validate.fixed
     # The engine stayed pinned: the second turn prefilled only what was new.
-    usage = second["usage"]
-    assert usage["input_tokens"] - usage["input_tokens_details"]["cached_tokens"] < 40
+    assert second["usage"]["input_tokens"] - second["usage"]["input_tokens_details"]["cached_tokens"] < 40
 
 
 async def test_after_reconnect_store_true_hydrates_and_store_false_is_previous_response_not_found(autojump_clock, link):
@@ -153,8 +151,7 @@ async def test_a_lane_continuing_its_own_response_empties_its_slot_while_the_tur
         created = (await until(conn, "response.created"))[-1]
         # While lane main's turn runs, the response it continues is in no slot: a fork finds nothing.
         await send(conn, create_event(outputs, stream_id="side", previous_response_id=first["id"]))
-        refused = (await until(conn, "error"))[-1]
-        assert refused == not_found(first["id"], "side")
+        assert (await until(conn, "error"))[-1] == not_found(first["id"], "side")
         second = (await until(conn, *TERMINALS))[-1]
         assert (second["type"], second["stream_id"], second["response"]["id"]) == ("response.completed", "main", created["response"]["id"])
         # Once it succeeded, lane main holds its new response, and a fork from that one runs.
@@ -230,16 +227,14 @@ def test_the_default_lane_is_the_one_slot_a_connection_without_lanes_sees() -> N
     assert (cache.response, cache.context, cache.slots) == (None, None, {})
     # Whatever it continues, the default lane moves on: an unknown id also empties its slot.
     cache.put(first, context)
-    assert cache.take("resp_9") is None
-    assert cache.slots == {}
+    assert (cache.take("resp_9"), cache.slots) == (None, {})
     # Another lane's response is copied for the default lane, under the connection's own engine key.
     other = conversation("two", ("conn", "a"))
     cache.view("a").put(second, other)
     assert cache.engine_keys == ["conn", ("conn", "a")]
     fork = cache.take("resp_2")
     assert fork is not other and fork.items == other.items and list(fork.prompt.ids) == [1, 2, 3]
-    assert fork.engine_key == "conn"
-    assert cache.slots["a"].context is other
+    assert fork.engine_key == "conn" and cache.slots["a"].context is other
 
 
 # --- the stored record and the overlapped post-inference work ----------------------------------------------

@@ -47,8 +47,7 @@ async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane
         {"type": "response.output_text.delta", "stream_id": "agent-1", "sequence_number": 1, "delta": "é"},
         {"type": "error", "error": {"code": "x"}},
         {"type": "response.created", "stream_id": "agent-9", "response": {"id": "resp_z"}},
-        {"type": "response.completed", "stream_id": "agent-1", "response": {"id": "resp_a", "status": "completed"}},
-    ]
+        {"type": "response.completed", "stream_id": "agent-1", "response": {"id": "resp_a", "status": "completed"}}]
     texts = [json.dumps(event, ensure_ascii=False) for event in events]
     socket = FakeWebSocket([texts[0], texts[1].encode(), *texts[2:]])
     mux = Multiplexed(socket)  # type: ignore[arg-type]
@@ -62,8 +61,8 @@ async def test_the_reader_routes_by_stream_id_counts_bytes_and_closes_every_lane
             assert await default.until("never") == [events[2]]  # an error ends a wait
             assert await default.until("response.created") == [events[3]]  # an unknown lane's events go to the default lane
     sizes = [len(text.encode()) for text in texts]
-    assert rollout.record.turns[0].bytes_received == sizes[0] + sizes[1] + sizes[4]
-    assert rollout.record.timeline[-1] == (0.0, "recv", "response.completed")
+    assert (rollout.record.turns[0].bytes_received, rollout.record.timeline[-1]) == (
+        sizes[0] + sizes[1] + sizes[4], (0.0, "recv", "response.completed"))
     for lane in (agent, default):
         with pytest.raises(trio.EndOfChannel):
             await lane.receive()
@@ -112,9 +111,8 @@ async def test_multiplexed_rollouts_run_each_task_on_its_lane_with_the_defaults_
     assert all(turn.server_timing is None for r in records for turn in r.turns)  # no timings unless asked
     assert all(server.api.store.get(response_id) is None for r in records for response_id in r.response_ids)  # store: false
 
-    stored_records = await run_multiplexed_rollouts(InMemoryConnector(server), workloads[:1], metadata_for=metadata_for,
-                                                    store=True, include_timing=True)
-    [record] = stored_records
+    [record] = await run_multiplexed_rollouts(InMemoryConnector(server), workloads[:1], metadata_for=metadata_for, store=True,
+                                              include_timing=True)
     assert all(turn.server_timing is not None for turn in record.turns)
     stored = server.api.store.get(record.response_ids[-1])
     assert stored is not None and stored.owner == owner_of("testbed")

@@ -44,25 +44,21 @@ def test_the_notes_of_a_next_to_last_event_see_the_last_and_a_first_requests_in_
     ("response.output_item.added", "a new output item"), ("response.output_item.done", "the item is complete"),
     ("response.web_search_call.in_progress", "(hosted web_search)"),
     ("response.web_search_call.searching", "while the service searches"),
-    ("response.web_search_call.completed", "hosted tool service: the loop resumes"),
-])
+    ("response.web_search_call.completed", "hosted tool service: the loop resumes")])
 def test_the_demo_explains_each_output_item_and_hosted_search_event(event, says):
     [(at, direction, name, note)] = demo.notes(RolloutRecord("x", "demo", 0.0, timeline=[(1.5, "recv", event)]))
     assert (at, direction, name) == (1.5, "recv", event) and note.endswith(says)
 
 
 def test_print_timeline_counts_deltas_between_events_and_prints_each_turn(capsys):
-    record = RolloutRecord(
-        "chained", "demo", 10.0, ended_at=12.25, status="completed", response_ids=["a", "b"],
-        timeline=[
-            (10.0, "send", "response.create"), (10.5, "recv", "response.output_text.delta"),
-            (10.6, "recv", "response.function_call_arguments.delta"), (10.7, "recv", "response.output_text.delta"),
-            (10.75, "recv", "response.output_text.done"), (11.0, "recv", "response.completed"),
-            (11.2, "send", "response.create"), (12.25, "recv", "response.output_text.delta"),
-        ],
-        turns=[TurnRecord(0, 10.0, first_token_at=10.5, ended_at=11.0, tool_seconds=0.75, bytes_sent=10, bytes_received=2000),
-               TurnRecord(1, 11.2, ended_at=12.25)],
-    )
+    timeline = [(10.0, "send", "response.create"), (10.5, "recv", "response.output_text.delta"),
+                (10.6, "recv", "response.function_call_arguments.delta"), (10.7, "recv", "response.output_text.delta"),
+                (10.75, "recv", "response.output_text.done"), (11.0, "recv", "response.completed"),
+                (11.2, "send", "response.create"), (12.25, "recv", "response.output_text.delta")]
+    turns = [TurnRecord(0, 10.0, first_token_at=10.5, ended_at=11.0, tool_seconds=0.75, bytes_sent=10, bytes_received=2000),
+             TurnRecord(1, 11.2, ended_at=12.25)]
+    record = RolloutRecord("chained", "demo", 10.0, ended_at=12.25, status="completed", response_ids=["a", "b"],
+                           timeline=timeline, turns=turns)
     demo.print_timeline(record)
     assert capsys.readouterr().out == (
         "\n== chained: completed in 2.250 s (virtual), 2 turns, 2 response id(s)\n"
@@ -83,10 +79,8 @@ def test_the_demo_task_has_a_fixed_prompt_and_hosted_searches_only_on_tool_turns
     task = demo.demo_task(3, 7, hosted)
     assert (task.name, task.seed) == ("demo", 0)
     searches = (workload.HostedCall(seconds=0.5, result_tokens=200),) if hosted else ()
-    assert list(task.turns) == [
-        workload.TurnSpec(2000, 7, (0.3,), searches), workload.TurnSpec(400, 7, (0.3,), searches),
-        workload.TurnSpec(400, 7, (), ()),
-    ]
+    assert list(task.turns) == [workload.TurnSpec(2000, 7, (0.3,), searches), workload.TurnSpec(400, 7, (0.3,), searches),
+                                workload.TurnSpec(400, 7, (), ())]
 
 
 def test_the_demo_options_help_states_their_defaults(monkeypatch):
@@ -135,8 +129,7 @@ def test_demo_gives_each_design_the_same_times_in_either_order(hosted, seconds, 
     # Each design runs on a fresh server: the second one does not find the prompt in the first one's prefix cache.
     printed, first = demo_printout(capsys, hosted)  # suspended, then chained: the default
     _, second = demo_printout(capsys, ["--designs", "chained,suspended", *hosted])
-    assert list(first) == ["suspended", "chained"] and list(second) == ["chained", "suspended"]
-    assert first == second
+    assert (list(first), list(second), first) == (["suspended", "chained"], ["chained", "suspended"], second)
     assert {design: block.split(" in ", 1)[1].split(" s ")[0] for design, block in first.items()} == seconds
     if hosted:
         assert_the_demo_says_what_the_sampling_loop_does(printed)
@@ -152,8 +145,7 @@ def assert_the_demo_says_what_the_sampling_loop_does(printed: str) -> None:
     # Three turns: two tool calls, then the answer; each tool turn starts with a hosted search.
     assert suspended.count("response.done                          blocked at the tool-call point, awaiting response.append") == 2
     assert suspended.count("C->S response.append                        answered by response.append: the loop resumes") == 2
-    assert suspended.count("a new request") == 1
-    assert chained.count("a new request") == 3
+    assert (suspended.count("a new request"), chained.count("a new request")) == (1, 3)
     assert chained.count("ends at the tool-call point; kept in the connection's cache") == 2
     for block in (suspended, chained):
         assert block.count("answered by the hosted tool service: the loop resumes") == 2

@@ -100,8 +100,7 @@ class Pipe:
 
 class PipeStream(trio.abc.Stream):
     def __init__(self, out: Pipe, into: Pipe) -> None:
-        self.out = out
-        self.into = into
+        self.out, self.into = out, into
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.out.write(data)
@@ -180,9 +179,8 @@ FLOOD_FRAME = json.dumps({"type": "response.fly", "pad": "x" * 70})
 
 
 @pytest.mark.parametrize("abrupt", [True, False], ids=["dropped", "closed"])
-@pytest.mark.parametrize(("design", "moment"), [
-    (SUSPENDED, "mid-stream"), (SUSPENDED, "suspended"), (CHAINED, "mid-stream"), (CHAINED, "between turns"),
-])
+@pytest.mark.parametrize(("design", "moment"), [(SUSPENDED, "mid-stream"), (SUSPENDED, "suspended"), (CHAINED, "mid-stream"),
+                                               (CHAINED, "between turns")])
 async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, nursery, design: str, moment: str, abrupt: bool) -> None:
     server = make_server()
     watcher = await Bystander.beside(server, nursery)
@@ -205,8 +203,7 @@ async def test_disconnect_releases_the_rollout_within_a_second(autojump_clock, n
             with trio.fail_after(1):  # this connection's server tasks end; the bystander's go on
                 while server_side.child_tasks or mine in server.sessions:
                     await trio.sleep(0.001)
-        assert trio.current_time() - disconnected_at <= 1.0
-        assert key not in session_kv(server)
+        assert trio.current_time() - disconnected_at <= 1.0 and key not in session_kv(server)
         assert not watcher.done.is_set()  # the bystander was still running all along
     # The bystander, running all along on another connection, saw nothing of it.
     await watcher.check()
@@ -276,8 +273,7 @@ async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empt
         events = await turn(conn, create(previous_response_id=first["id"], input=[output(calls_of(first)[0])]))
         assert [e["type"] for e in events] == [
             "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-            "response.output_text.delta", "response.output_text.delta", "response.failed",
-        ]
+            "response.output_text.delta", "response.output_text.delta", "response.failed"]
         assert_one_terminal_and_numbered(events)
         failed = events[-1]["response"]
         assert (failed["status"], failed["error"]) == ("failed", INJECTED_FAILURE)
@@ -292,14 +288,12 @@ async def test_an_engine_failure_or_a_refused_turn_on_v2_fails_the_turn_and_empt
         # docs/protocol.md: a failed turn never leaves a response in the slot ("we empty the slot altogether"),
         # whether or not it chained from one; nor does a request refused at its start (a turn-level 400).
         server.api.engine.faults = FaultPlan()
-        assert (await turn(conn, create()))[-1]["type"] == "response.failed"
-        assert only_session(server).cache.response_id is None
+        assert (await turn(conn, create()))[-1]["type"] == "response.failed" and only_session(server).cache.response_id is None
         missing = await turn(conn, create(previous_response_id=again["id"], input=[output(calls_of(again)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
         second = (await turn(conn, create()))[-1]["response"]
         refused = await turn(conn, create(metadata={"testbed_workload": "nope"}))
-        assert refused[-1]["error"]["code"] == errors.INVALID_VALUE
-        assert only_session(server).cache.response_id is None
+        assert refused[-1]["error"]["code"] == errors.INVALID_VALUE and only_session(server).cache.response_id is None
         missing = await turn(conn, create(previous_response_id=second["id"], input=[output(calls_of(second)[0])]))
         assert missing[-1]["error"]["code"] == errors.PREVIOUS_RESPONSE_NOT_FOUND
     await assert_released(server)
@@ -412,8 +406,7 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
             finally:
                 tracemalloc.stop()
             # The server stopped producing: nothing more written, nothing more decoded, no memory grown.
-            assert (down.written, server.api.engine.stats.decoded_tokens) == (written, decoded)
-            assert decoded < LONG_TOKENS // 2
+            assert (down.written, server.api.engine.stats.decoded_tokens) == (written, decoded) and decoded < LONG_TOKENS // 2
             assert written <= capacity + 64 * 1024  # the pipe, plus what the client's reader task holds
             assert grown < 64 * 1024, grown
             assert flood_sent < FLOOD // 2  # the server stopped reading too: the client's sends block
@@ -437,8 +430,7 @@ async def test_a_client_that_stops_reading_holds_bounded_server_memory(autojump_
         assert_one_terminal_and_numbered(events)
         text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
         done = next(e for e in events if e["type"] == "response.output_text.done")
-        assert text == done["text"] and len(text) > 0
-        assert events[-1]["type"] == "response.completed"
+        assert text == done["text"] and len(text) > 0 and events[-1]["type"] == "response.completed"
         assert events[-1]["response"]["usage"]["output_tokens"] == LONG_TOKENS
 
 
@@ -457,8 +449,7 @@ async def test_a_client_that_stopped_reading_closes_within_its_close_timeout(aut
             assert len(down.buffer) >= down.capacity - 1024  # the server's writes wait on the full pipe
             closing = trio.current_time()
     assert trio.current_time() - closing == pytest.approx(harness.CLOSE_TIMEOUT_SECONDS)
-    assert await server_tasks_end(nursery, server) < 0.01
-    assert server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2
+    assert await server_tasks_end(nursery, server) < 0.01 and server.api.engine.stats.decoded_tokens < LONG_TOKENS // 2
 
 
 # --- experiments.faults: what each cell counts, and what its figures rest on ------------------------
@@ -510,12 +501,10 @@ def test_each_cell_counts_its_faults_with_an_exact_poisson_interval_and_bootstra
     rows += [fault_row(CHAINED, "drops", f"t{i}", e2e=100.0 + 1.5 * k + 0.1 * i, recoveries=k) for i, k in enumerate(recoveries)]
     table = {r["fault"]: r for r in faults.summarize(rows)}
     cell = table["drops"]
-    assert cell["tasks"] == 10 and cell["faults"] == 12
-    assert cell["faults_per_task"] == uncertainty.events_per(12, 10)
+    assert cell["tasks"] == 10 and cell["faults"] == 12 and cell["faults_per_task"] == uncertainty.events_per(12, 10)
     assert (cell["faults_per_task"].n, cell["faults_per_task"].of, cell["faults_per_task"].method) == (12, "events", "exact Poisson")
     # Garwood's exact interval for 12 events, per task.
-    assert cell["faults_per_task"].low == pytest.approx(0.62006, abs=1e-4)
-    assert cell["faults_per_task"].high == pytest.approx(2.09616, abs=1e-4)
+    assert (cell["faults_per_task"].low, cell["faults_per_task"].high) == pytest.approx((0.62006, 2.09616), abs=1e-4)
     lost = cell["time_lost_s"]
     assert (lost.n, lost.of, lost.method) == (10, "tasks", "bootstrap")
     assert lost.value == pytest.approx(1.5 * 1.2 + 0.45) and lost.low < lost.value < lost.high
@@ -547,7 +536,6 @@ def test_a_ratio_of_time_lost_is_paired_over_tasks_and_judged_on_thirty_faults_a
     assert enough["events"] == 30 and enough["carried"] == "more"
     mixed = pair(ratio_rows(lost, [0.5, 2.0, 0.5, 2.0, 0.5, 2.0], recoveries=5))  # ahead on some tasks, behind on others
     assert mixed["ratio"].low < 1 < mixed["ratio"].high and mixed["carried"] == "not separated"
-    lost = [1.0, 3.0, 7.0, 12.0, 20.0, 40.0]
     rows = [dict(row, breaks=False) for row in ratio_rows(lost, [2.0] * 6, recoveries=0)]  # loss, jitter: no fault met
     (pair,) = [r for r in faults.ratios(faults.summarize(rows)) if r["pair"] == "suspended / chained"]
     assert pair["events"] == 0 and pair["carried"] == "more"

@@ -56,13 +56,10 @@ def texts(items):
 def rollout(design=SUSPENDED, hosted=False):
     """Two turns from 10 s: the first with server spans from its origin and a 0.5 s tool, the second from its send time."""
     spans = [["validate", 0, 250], ["prefill", 250, 500], ["decode", 500, 500], ["post", 750, 500]]
-    if hosted:
-        spans.append([metrics.HOSTED_TOOL, 500, 750])
-    turns = [
-        TurnRecord(turn=0, sent_at=10.0, first_token_at=10.75, ended_at=11.0, tool_seconds=0.5,
-                   server_timing={"origin_s": 10.5, "spans": spans}),
-        TurnRecord(turn=1, sent_at=12.0, first_token_at=None, ended_at=None, server_timing={"spans": [["decode", 0, 500]]}),
-    ]
+    spans += [[metrics.HOSTED_TOOL, 500, 750]] if hosted else []
+    turns = [TurnRecord(turn=0, sent_at=10.0, first_token_at=10.75, ended_at=11.0, tool_seconds=0.5,
+                        server_timing={"origin_s": 10.5, "spans": spans}),
+             TurnRecord(turn=1, sent_at=12.0, first_token_at=None, ended_at=None, server_timing={"spans": [["decode", 0, 500]]})]
     timeline = [(10.0, "send", "response.create"), (10.25, "recv", "response.created"), (11.0, "recv", "response.done"),
                 (12.0, "send", "response.append"), (13.0, "recv", "response.completed")]
     return RolloutRecord(design, "w", 10.0, ended_at=13.0, turns=turns, timeline=timeline)
@@ -115,11 +112,10 @@ def test_a_timeline_draws_each_span_on_its_lane_with_its_events(ax):
     assert ax.get_xlabel() == "seconds since the rollout's first request (virtual time)"
     assert ax.get_xlim() == pytest.approx((0.0, 3.0 * 1.02)) and ax.get_ylim() == (-0.8, 4.8)
     legend = ax.get_legend()
-    assert legend.get_title().get_text() == "phase"
-    assert texts(legend.get_texts()) == [
+    assert (legend.get_title().get_text(), texts(legend.get_texts())) == ("phase", [
         "validate", "prefill", "decode", "network + client", "client tool",
         f"suspended: {PAUSE_STATE[SUSPENDED][0]}", f"chained: {PAUSE_STATE[CHAINED][0]}",
-        "request sent (create, append, POST)", "turn's last event (done, completed)", "first token"]
+        "request sent (create, append, POST)", "turn's last event (done, completed)", "first token"])
     assert [h.get_marker() for h in legend.legend_handles[7:]] == ["v", "^", "o"]
     # Each phase's key in its colour, each pause's hatched as its band.
     assert [to_hex(h.get_facecolor()) for h in legend.legend_handles[:5]] == [
@@ -135,8 +131,7 @@ def test_a_timeline_without_events_pauses_or_legend_and_with_its_own_labels_and_
     assert boxes(ax) == [  # no pause band, every other span, a phase without a colour of its own too
         (0.0, 1.0, 0.0, NETWORK_CLIENT), (1.0, 1.5, 0.0, TOOL), (0.5, 0.75, 1.0, "validate"), (0.75, 1.0, 1.0, "prefill"),
         (0.5, 0.75, 1.0, "?"), (2.0, 2.0, 0.0, NETWORK_CLIENT), (2.0, 2.5, 1.0, "decode")]
-    assert list(ax.lines) == [] and ax.get_legend() is None
-    assert texts(ax.get_yticklabels()) == ["mine: server", "mine: client"]
+    assert list(ax.lines) == [] and ax.get_legend() is None and texts(ax.get_yticklabels()) == ["mine: server", "mine: client"]
     assert ax.get_xlim() == (0.0, 9.0) and ax.get_ylim() == (-0.8, 1.8)
     other = subplots()
     unknown = RolloutRecord("other", "w", 0.0, ended_at=3.0, turns=[TurnRecord(0, 0.0, ended_at=1.0), TurnRecord(1, 2.0, ended_at=3.0)])
@@ -152,18 +147,15 @@ def annotations(ax):
 
 
 def test_the_tool_call_point_is_named_where_each_tool_answers(ax, subplots):
-    ax.set_xlim(0, 2.4)
-    ax.set_ylim(-0.8, 1.8)
+    ax.set(xlim=(0, 2.4), ylim=(-0.8, 1.8))
     figures.annotate_tool_call_point(ax, rollout(SUSPENDED, hosted=True))
     assert annotations(ax) == [
         ("tool_call_point: web_search,\nanswered by the hosted tool service", (1.125, 1.35), (1.125, 2.1), "left"),
         ("tool_call_point: function call,\nanswered by the client (response.done ... response.append)", (1.25, -0.35),
-         (1.25, -1.05), "right"),
-    ]
+         (1.25, -1.05), "right")]
     assert ax.get_ylim() == (-1.6, 2.6)  # room for the notes
     axes = subplots(1, 4)
-    axes[0].set_xlim(0, 4.0)
-    axes[0].set_ylim(-5.0, 9.0)
+    axes[0].set(xlim=(0, 4.0), ylim=(-5.0, 9.0))
     figures.annotate_tool_call_point(axes[0], rollout(CHAINED), row=0, rows=2)
     assert annotations(axes[0]) == [
         ("tool_call_point: function call,\nanswered by the client (the response ends; the next request continues)",
@@ -203,11 +195,8 @@ def test_phase_bars_stack_each_designs_phases_in_phase_order(ax, subplots):
 
 
 TABLE = [
-    {"design": CHAINED, "x": 2, "e2e_mean_s": 5.0, "other": 1.0},
-    {"design": "http", "x": 1, "e2e_mean_s": 9.0, "other": 2.0},
-    {"design": CHAINED, "x": 1, "e2e_mean_s": 4.0, "other": 3.0},
-    {"design": "odd", "x": 1, "e2e_mean_s": 7.0, "other": 4.0},
-]
+    {"design": CHAINED, "x": 2, "e2e_mean_s": 5.0, "other": 1.0}, {"design": "http", "x": 1, "e2e_mean_s": 9.0, "other": 2.0},
+    {"design": CHAINED, "x": 1, "e2e_mean_s": 4.0, "other": 3.0}, {"design": "odd", "x": 1, "e2e_mean_s": 7.0, "other": 4.0}]
 
 
 def lines(ax):
@@ -250,8 +239,7 @@ def test_a_sweep_is_one_line_per_design_in_its_order_with_each_points_interval_w
 def test_a_log_axis_is_labelled_in_plain_numbers(ax):
     figures.log_axis(ax)
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "linear")
-    formatter = ax.xaxis.get_major_formatter()
-    assert [formatter(v, 0) for v in (0.5, 1.0, 2000.0, 0.02)] == ["0.5", "1", "2,000", "0.02"]
+    assert [ax.xaxis.get_major_formatter()(v, 0) for v in (0.5, 1.0, 2000.0, 0.02)] == ["0.5", "1", "2,000", "0.02"]
     assert type(ax.xaxis.get_minor_formatter()).__name__ == "NullFormatter"  # no unlabelled minor ticks' labels
     assert list(ax.xaxis.get_major_locator().tick_values(1, 100)) == pytest.approx([0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500])
     figures.log_axis(ax, "y")

@@ -72,8 +72,7 @@ def test_each_received_event_is_counted_and_the_pause_and_terminal_events_close_
         (2.5, {"type": "response.output_text.delta", "sequence_number": 2}, 30),
         (3.0, {"type": "response.output_item.done", "item": CALL}, 40),
         (3.5, {"type": "response.done", "response": {"id": "resp_a", "status": "in_progress", "usage": USAGE,
-                                                     "testbed_timing": {"api_ms": 1}}, "sequence_number": 4}, 50),
-    ]
+                                                     "testbed_timing": {"api_ms": 1}}, "sequence_number": 4}, 50)]
     for at, event, size in events:
         clock.now = at
         rollout.received(event, size)
@@ -163,9 +162,8 @@ def test_tool_outputs_and_prompts_are_the_tasks_own_and_the_prefix_is_shared() -
 def test_every_request_repeats_the_same_fields_and_asks_only_for_what_the_caller_asked() -> None:
     task = fixed(2, initial_prompt_tokens=10)
     assert request_body(task, model="m", metadata={"k": "v"}, store=True) == {
-        "model": "m", "tools": [*HARNESS_TOOLS, WEB_SEARCH_TOOL], "metadata": {"k": "v"}, "store": True,
-        "tool_choice": "auto", "reasoning": {"effort": "medium"},
-    }
+        "model": "m", "tools": [*HARNESS_TOOLS, WEB_SEARCH_TOOL], "metadata": {"k": "v"}, "store": True, "tool_choice": "auto",
+        "reasoning": {"effort": "medium"}}
     body = request_body(task, model="m", metadata={}, store=False, include_reasoning=True, instructions="be brief", compact_threshold=900)
     assert (body["include"], body["instructions"], body["context_management"]) == (
         ["reasoning.encrypted_content"], "be brief", [{"type": "compaction", "compact_threshold": 900}])
@@ -229,12 +227,10 @@ def test_what_ends_a_turn_and_what_continues_it_as_a_steered_response() -> None:
     assert function_calls([ANSWER, CALL, {"type": "function_call_output"}]) == [CALL]
     # Only an incomplete response stopped for steering is steered (its successor continues the turn).
     steered = {"type": "response.incomplete", "response": {"incomplete_details": {"reason": "steered"}}}
-    assert is_steered(steered)
-    assert not is_steered({**steered, "type": "response.completed"})
+    assert is_steered(steered) and not is_steered({**steered, "type": "response.completed"})
     assert not is_steered({"type": "response.incomplete", "response": {"incomplete_details": {"reason": "max_output_tokens"}}})
     assert not is_steered({"type": "response.incomplete", "response": {"incomplete_details": None}})
-    assert not is_steered({"type": "response.incomplete", "response": None})
-    assert not is_steered({"type": "error"})
+    assert not is_steered({"type": "response.incomplete", "response": None}) and not is_steered({"type": "error"})
 
 
 class ScriptedChannel:
@@ -264,12 +260,9 @@ async def test_the_tool_loop_sends_each_turn_at_its_start_and_follows_a_steered_
     task = fixed(3, initial_prompt_tokens=10, appended_tokens=5, output_tokens=5, tool_seconds=2.0)
     rollout = Rollout(task, RolloutRecord(design, task.name, 0.0))
     kind = "response.done" if design == SUSPENDED else "response.completed"
-    channel = ScriptedChannel(rollout, [
-        pause(kind, "resp_0", CALL),
-        pause("response.incomplete", "resp_0", status="incomplete", incomplete_details={"reason": "steered"}),
-        pause(kind, "resp_1", CALL),
-        pause("response.completed", "resp_2", ANSWER),
-    ])
+    steered = pause("response.incomplete", "resp_0", status="incomplete", incomplete_details={"reason": "steered"})
+    channel = ScriptedChannel(rollout, [pause(kind, "resp_0", CALL), steered, pause(kind, "resp_1", CALL),
+                                        pause("response.completed", "resp_2", ANSWER)])
     ended: list[TurnRecord] = []
     base = {"model": "m"}
     first = [{"type": "message", "role": "user", "content": "go"}]
@@ -300,11 +293,9 @@ async def test_an_error_ends_the_loop_without_a_turn_end_callback(autojump_clock
 
 
 def two_turn_script(kind: str) -> list[list[Any]]:
-    return [
-        [{"type": "response.created", "response": {"id": "resp_0"}},
-         pause(kind, "resp_0", CALL, status="in_progress" if kind == "response.done" else "completed")],
-        [{"type": "response.created", "response": {"id": "resp_1"}}, pause("response.completed", "resp_1", ANSWER)],
-    ]
+    return [[{"type": "response.created", "response": {"id": "resp_0"}},
+             pause(kind, "resp_0", CALL, status="in_progress" if kind == "response.done" else "completed")],
+            [{"type": "response.created", "response": {"id": "resp_1"}}, pause("response.completed", "resp_1", ANSWER)]]
 
 
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED])

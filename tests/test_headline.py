@@ -49,10 +49,8 @@ def checkout(tmp_path):
 
 
 def test_a_span_prints_the_value_its_interval_and_n_in_the_figures_format_and_unit_and_a_table_as_markdown():
-    assert headline.render(GAIN) == "4.0% [2.1%, 6.3%] n=10"
-    assert headline.render(GAIN, "interval") == "4.0% [2.1%, 6.3%]"
-    assert headline.render(GAIN, "value") == "4.0%"
-    assert headline.render(RATIO) == "0.39 [0.35, 0.44] n=10"
+    assert [headline.render(GAIN), headline.render(GAIN, "interval"), headline.render(GAIN, "value"), headline.render(RATIO)] == [
+        "4.0% [2.1%, 6.3%] n=10", "4.0% [2.1%, 6.3%]", "4.0%", "0.39 [0.35, 0.44] n=10"]
     assert headline.render(POINT) == "0.50 n=1"  # no interval from one sample: the value and its n
     # orjson writes NaN as null: it reads back as NaN; a figure without a scale prints in its own unit.
     empty = headline.figure(Estimate(math.nan, math.nan, math.nan, 0), "{:.2f}")
@@ -108,8 +106,7 @@ def test_a_results_files_headline_section_becomes_the_committed_data_of_its_name
     assert headline.results_files([run]) == [run / "compare.json"]
     assert headline.results_files([run / "other.json", run]) == [run / "other.json", run / "compare.json"]
     written = headline.import_results(run / "compare.json", data)
-    assert written == data / "compare.json"
-    assert json.loads(written.read_text()) == a_section("compare", gain=GAIN)
+    assert (written, json.loads(written.read_text())) == (data / "compare.json", a_section("compare", gain=GAIN))
     assert headline.load("compare", data)["figures"]["gain"]["value"] == 0.04
     with pytest.raises(headline.HeadlineError, match="has no 'headline' section"):
         headline.import_results(run / "other.json", data)

@@ -303,9 +303,8 @@ async def test_a_second_request_h11_cannot_parse_is_a_bad_request(autojump_clock
     assert (await client.request("GET", "/v1/models", content_type=None)).status == 200
     await client.stream.send_all(b"GET /v1/models HTTP/1.1\r\nbad header\r\n\r\n")
     head, _, payload = (await client.everything()).partition(b"\r\n\r\n")
-    assert head.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request"
-    error = json.loads(payload)["error"]
-    assert (error["code"], error["message"]) == ("bad_request", "Malformed HTTP request: illegal header line: bytearray(b'bad header').")
+    assert (head.split(b"\r\n")[0], json.loads(payload)["error"]["code"], json.loads(payload)["error"]["message"]) == (
+        b"HTTP/1.1 400 Bad Request", "bad_request", "Malformed HTTP request: illegal header line: bytearray(b'bad header').")
 
 
 # --- keep-alive ------------------------------------------------------------------------------------------
@@ -330,8 +329,7 @@ async def test_a_keep_alive_connection_idles_out_after_the_idle_timeout(autojump
     client = open_client(nursery, server)
     assert (await client.request("GET", "/v1/models", content_type=None)).status == 200
     await trio.sleep(4.9)  # within the idle timeout the connection still serves
-    assert (await client.request("GET", "/v1/models", content_type=None)).status == 200
-    assert await client.server_closed()
+    assert (await client.request("GET", "/v1/models", content_type=None)).status == 200 and await client.server_closed()
     assert trio.current_time() == pytest.approx(9.9) and server.http_idle == set()
 
 
@@ -363,13 +361,12 @@ async def test_stream_false_returns_the_response_json(autojump_clock, nursery, n
     response = answer.json()
     assert response["object"] == "response" and response["status"] == "completed"
     assert [item["type"] for item in response["output"]] == ["message", "function_call"]
-    assert response["usage"]["output_tokens"] > 0
-    assert "testbed_timing" not in response
+    assert response["usage"]["output_tokens"] > 0 and "testbed_timing" not in response
     timed = await client.request(body=create_body(stream=False), headers=[("x-responsesapi-include-timing-metrics", "true")])
     assert "prefill" in timed.json()["testbed_timing"]["phases_ms"]
     capped = (await client.request(body=create_body(stream=False, max_output_tokens=16))).json()
-    assert capped["status"] == "incomplete" and capped["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert capped["usage"]["output_tokens"] == 16  # the API's smallest cap
+    assert (capped["status"], capped["incomplete_details"], capped["usage"]["output_tokens"]) == (
+        "incomplete", {"reason": "max_output_tokens"}, 16)  # the API's smallest cap
 
 
 async def test_a_stream_is_one_chunk_per_event_after_its_headers(autojump_clock, nursery) -> None:
@@ -509,8 +506,7 @@ async def test_each_handler_fault_is_a_500_logged_with_its_traceback(autojump_cl
         assert (models.status, models.json(), "connection" in models.headers) == (500, INTERNAL, False)
         monkeypatch.setattr(routes, "answer", answer)
         assert (await client.request("GET", "/v1/models", content_type=None)).status == 200  # the same connection serves on
-        assert (await post_once(client, stream=False)).status == 500
-        assert (await post_once(client, stream=True)).status == 500
+        assert [(await post_once(client, stream=stream)).status for stream in (False, True)] == [500, 500]
     assert [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [
         ("prototype.server.http", "endpoint handler failed", RuntimeError), ("prototype.server.http", "http response handler failed", RuntimeError),
         ("prototype.server.http", "http response handler failed", RuntimeError)]

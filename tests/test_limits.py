@@ -73,9 +73,8 @@ def test_defaults_are_the_documented_ones() -> None:
     assert config.api_keys is None  # any non-empty Bearer key (docs/protocol.md)
     assert (config.max_message_bytes, config.max_body_bytes) == (MAX_MESSAGE_BYTES, MAX_BODY_BYTES) == (16 << 20, 16 << 20)
     assert config.max_queued_creates == MAX_QUEUED_CREATES == 32
-    assert config.suspension_ttl == 300.0
     assert config.connection_lifetime == CONNECTION_LIFETIME_SECONDS == 3600
-    assert config.max_connections == MAX_CONNECTIONS
+    assert (config.suspension_ttl, config.max_connections) == (300.0, MAX_CONNECTIONS)
 
 
 # --- API keys: a stored response is its key's alone ----------------------------------------------------
@@ -122,23 +121,19 @@ async def test_max_connections_refuses_the_next_with_503_and_admits_again_after_
         client_end, server_end = trio.testing.memory_stream_pair()
         nursery.start_soon(server.handle_stream, server_end)
         refused = await handshake_refusal(client_end, "/v1/responses", [(b"authorization", b"Bearer testbed")])
-        assert refused.status_code == 503
-        assert json.loads(refused.body)["error"] == {
-            "type": "server_error", "code": "server_is_overloaded", "message": "Too many connections.", "param": None,
-        }
+        assert (refused.status_code, json.loads(refused.body)["error"]) == (503, {
+            "type": "server_error", "code": "server_is_overloaded", "message": "Too many connections.", "param": None})
         status, body = await http(server, nursery, good_body(stream=False))
         assert (status, body["error"]["code"]) == (503, "server_is_overloaded")
         # The two admitted connections were not disturbed.
         assert (await until(first, *TERMINALS))[-1]["type"] == "response.completed"
-        assert (await until(second, "response.done"))[-1]["type"] == "response.done"
-        assert server.connections == 2
+        assert ((await until(second, "response.done"))[-1]["type"], server.connections) == ("response.done", 2)
     with trio.fail_after(1):
         while server.connections:
             await trio.sleep(0.01)
     async with ws(server) as again:
         assert (await turn(again, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"
-    status, body = await http(server, nursery, good_body(stream=False))
-    assert status == 200
+    assert (await http(server, nursery, good_body(stream=False)))[0] == 200
 
 
 # --- frame and body size ------------------------------------------------------------------------------
@@ -273,13 +268,11 @@ def test_the_longest_token_is_the_bounds_figure() -> None:
     assert longest == MAX_TOKEN_BYTES == 128
 
 
-TEXTS = st.lists(
-    st.one_of(
-        st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
-        st.builds(lambda char, n: char * n, st.sampled_from(["x", " ", "1", "-", "\n", "é", "a", "=", "\t", "ab"]), st.integers(1, 3000)),
-    ),
-    min_size=1, max_size=6,
-).map("".join)
+TEXTS = st.lists(st.one_of(
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
+    st.builds(lambda char, n: char * n, st.sampled_from(["x", " ", "1", "-", "\n", "é", "a", "=", "\t", "ab"]),
+              st.integers(1, 3000)),
+), min_size=1, max_size=6).map("".join)
 
 
 @settings(max_examples=150, deadline=None)
@@ -377,8 +370,7 @@ async def test_the_lifetime_limit_closes_a_quiet_connection_with_its_error_and_1
 @pytest.mark.parametrize("link", LINKS)
 @pytest.mark.parametrize("grace", [100.0, 1.0])
 async def test_at_the_lifetime_limit_a_response_in_flight_ends_within_the_grace_and_the_queue_is_dropped(
-    autojump_clock, link: str, grace: float
-) -> None:
+        autojump_clock, link: str, grace: float) -> None:
     server = make_server(config=ServerConfig(connection_lifetime=12.0, lifetime_grace=grace))
     async with ws(server, network=LINKS[link]) as conn:
         await trio.sleep(10.0)
@@ -403,11 +395,9 @@ def load_record(transcript: list[dict[str, Any]], events: list[tuple[str, int, s
     """A harness record of a session that received `events`, (response id, sequence number, type)."""
     from prototype.client.harness import RolloutRecord
 
-    return RolloutRecord(
-        "chained", "w", 0.0, status=status, transcript=transcript,
-        timeline=[(0.0, "recv", event_type) for _, _, event_type in events],
-        sequence_numbers=[(response_id, number) for response_id, number, _ in events],
-    )
+    return RolloutRecord("chained", "w", 0.0, status=status, transcript=transcript,
+                         timeline=[(0.0, "recv", event_type) for _, _, event_type in events],
+                         sequence_numbers=[(response_id, number) for response_id, number, _ in events])
 
 
 REFERENCE_EVENTS = [("r", 0, "response.created"), ("r", 1, "response.output_text.delta"), ("r", 2, "response.completed")]
@@ -460,18 +450,12 @@ async def test_load_overhead_is_what_the_server_added_beyond_the_model_whatever_
     latency = LatencyModel(decode_tokens_per_s=decode_rate_for_model(load.MODEL))
     for costs in (ApiCosts(), ZERO_COSTS):
         server = ResponsesServer(ApiService(costs=costs))
-        cold, warm = [
-            await run_websocket_rollout(
-                InMemoryConnector(server), design, workload, metadata={"testbed_workload": spec}, model=load.MODEL, include_timing=True
-            )
-            for _ in range(2)
-        ]
+        cold, warm = [await run_websocket_rollout(InMemoryConnector(server), design, workload, model=load.MODEL,
+                                                  metadata={"testbed_workload": spec}, include_timing=True) for _ in range(2)]
         assert [tokens[1] for tokens in load.turn_tokens(warm)] > [tokens[1] for tokens in load.turn_tokens(cold)]  # more cached
         for record in (cold, warm):
-            stages = [
-                sum(ms for phase, ms in turn.server_timing["phases_ms"].items() if phase not in (PREFILL, DECODE)) / 1000
-                for turn in record.turns
-            ]
+            stages = [sum(ms for phase, ms in turn.server_timing["phases_ms"].items() if phase not in (PREFILL, DECODE)) / 1000
+                      for turn in record.turns]
             assert load.turn_overheads(record, latency) == pytest.approx(stages, abs=1e-9)
             if costs is ZERO_COSTS:
                 assert stages == [0.0, 0.0, 0.0]

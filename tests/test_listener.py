@@ -158,8 +158,7 @@ async def test_the_handshake_gives_the_connection_its_design_client_timing_and_n
             terminals.append(event)
     async with handshake(make_server(), [AUTH]) as unnumbered:  # a server that is no worker of several sends none
         assert b"x-testbed-worker" not in dict(unnumbered.handshake_headers)
-    assert workers == [b"3", b"3"]
-    assert ["testbed_timing" in event["response"] for event in terminals] == [True, False]
+    assert (workers, ["testbed_timing" in event["response"] for event in terminals]) == ([b"3", b"3"], [True, False])
     assert [(r["design"], r["user_agent"], r["connection"], r["timing_requested"]) for r in server.records] == [
         ("suspended", "codex/1", 1, True), ("chained", "", 2, False)]
 
@@ -215,16 +214,14 @@ async def test_read_head_takes_a_head_in_reads_of_64_kib(autojump_clock) -> None
             pass
 
     head = b"x" * 70_000 + b"\r\n\r\n"
-    assert await read_head(Counting(head), 100_000) == head
-    assert sizes == [65536, 65536]
+    assert (await read_head(Counting(head), 100_000), sizes) == (head, [65536, 65536])
 
 
 async def test_a_replay_stream_gives_its_prefix_then_reads_the_inner_stream(autojump_clock) -> None:
     client, server_end = trio.testing.memory_stream_pair()
     replay = ReplayStream(server_end, b"abcdefgh")
     with trio.fail_after(WAIT):
-        assert await replay.receive_some(3) == b"abc"
-        assert await replay.receive_some(None) == b"defgh"
+        assert (await replay.receive_some(3), await replay.receive_some(None)) == (b"abc", b"defgh")
         await client.send_all(b"more")
         assert await replay.receive_some(None) == b"more"
         await client.send_all(b"123456")

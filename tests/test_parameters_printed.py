@@ -8,14 +8,10 @@ from prototype.api.costs import BEFORE_SPRINT, ApiCosts, SprintCosts, StageCost
 from prototype.benchmark import BenchConfig, parameters
 
 COSTS = ApiCosts(
-    validate=StageCost(fixed=0.01149, per_ktok=0.0002),
-    safety=StageCost(fixed=0.12339, per_ktok=0.0030),
+    validate=StageCost(fixed=0.01149, per_ktok=0.0002), safety=StageCost(fixed=0.12339, per_ktok=0.0030),
     render=StageCost(fixed=0.06045, per_ktok=0.0040),
     route=StageCost(fixed=0.6001, per_ktok=0.0500),  # route's per-token cost is not in t_pre_per_ktok
-    post=0.04249,
-    store_read_per_turn=0.003549,
-    cached_fixed_share=0.35,
-)
+    post=0.04249, store_read_per_turn=0.003549, cached_fixed_share=0.35)
 
 
 def test_api_costs_rows_show_the_values_used_and_their_sources_and_the_defaults_the_documented_ones():
@@ -25,8 +21,7 @@ def test_api_costs_rows_show_the_values_used_and_their_sources_and_the_defaults_
         ("t_pre_per_ktok", "7.20 ms/1k tok", "docs/parameters.md §4 [assumed]"),
         ("t_post (billing, persistence)", "42 ms", "docs/parameters.md §4 [assumed]"),
         ("t_store_read", "3.5 ms/earlier turn", "docs/parameters.md §4 [assumed]; smg PR #1770"),
-        ("f_ws (cached turn's share of fixed)", "0.35", "Codex-Spark launch -80% [assumed]"),
-    ]
+        ("f_ws (cached turn's share of fixed)", "0.35", "Codex-Spark launch -80% [assumed]")]
     # docs/parameters.md §4: 250 ms fixed in all, 3 ms per 1k tokens, 60 ms post, 2 ms per earlier turn, f_ws 0.2.
     values = [value for _, value, _ in ApiCosts().describe()]
     assert values == ["250 ms", "40/100/30/80 ms", "3.00 ms/1k tok", "60 ms", "2.0 ms/earlier turn", "0.2"]
@@ -38,13 +33,11 @@ def test_sprint_costs_rows_show_the_values_used_and_their_sources():
         ("sprint: config load without cache", "12 ms", "[assumed]; OpenAI blog names the cache, no number"),
         ("sprint: intermediate service hop", "45 ms", "[assumed]; OpenAI blog names the hop, no number"),
         ("sprint: slower safety, fixed", "78 ms", "[assumed]; OpenAI blog, no number"),
-        ("sprint: slower safety, per token", "2.74 ms/1k tok", "[assumed]; OpenAI blog, no number"),
-    ]
+        ("sprint: slower safety, per token", "2.74 ms/1k tok", "[assumed]; OpenAI blog, no number")]
     assert [value for _, value, _ in SprintCosts().describe()] == ["20 ms", "30 ms", "50 ms", "1.50 ms/1k tok"]
 
 
 def test_a_benchmark_prints_the_costs_it_ran_with_and_before_the_sprint_the_sprint_costs_it_pays():
     rows = parameters(BenchConfig(costs=COSTS))
-    assert rows[-len(COSTS.describe()):] == COSTS.describe()
-    assert all(knob and value and source for knob, value, source in rows)
+    assert rows[-len(COSTS.describe()):] == COSTS.describe() and all(knob and value and source for knob, value, source in rows)
     assert parameters(BenchConfig(costs=COSTS, sprint=BEFORE_SPRINT)) == rows + SprintCosts().describe()

@@ -16,16 +16,14 @@ from prototype.engine.latency import LatencyModel
 def test_a_saved_preset_and_profile_read_back_and_say_their_source(tmp_path) -> None:
     params = attrs.evolve(wl.PRESETS["chat"], turns_max=4, tool_mixture=((1.0, 0.5, 0.0),))
     path = profiles.save_preset(params, str(tmp_path / "preset.json"), "a test")
-    assert path == tmp_path / "preset.json"
     text = path.read_text(encoding="utf-8")
-    assert text.startswith('{\n "source": "a test",\n "turns_median": 2,') and text.endswith("}\n")
-    assert profiles.load_preset(path) == params
+    assert path == tmp_path / "preset.json" and text.endswith("}\n")
+    assert text.startswith('{\n "source": "a test",\n "turns_median": 2,') and profiles.load_preset(path) == params
     model = LatencyModel(decode_tokens_per_s=80.0, prefill_tokens_per_s=9000.0, cache_attention=None, request_overhead=0.0)
     path = profiles.save_latency(model, tmp_path / "latency.json", "fit, 12 rounds")
     assert json.loads(path.read_text(encoding="utf-8")) == {
         "source": "fit, 12 rounds", "decode_tokens_per_s": 80.0, "prefill_tokens_per_s": 9000.0, "cache_attention": None,
-        "request_overhead": 0.0,
-    }
+        "request_overhead": 0.0}
     assert profiles.load_latency(path) == model
     (tmp_path / "partial.json").write_text('{"prefill_tokens_per_s": 5000}')
     assert profiles.load_latency(tmp_path / "partial.json") == LatencyModel(prefill_tokens_per_s=5000)
@@ -67,8 +65,7 @@ def test_a_file_that_is_no_profile_is_refused_with_its_name_and_field(tmp_path) 
     ("prefill_tokens_per_s", "null", "expected a finite number >= 0, got None"),
     ("prefill_tokens_per_s", "Infinity", "expected a finite number >= 0, got inf"),
     ("request_overhead", "-0.001", "expected a finite number >= 0, got -0.001"),
-    ("decode_tokens_per_s", "0", "must be > 0"),
-    ("prefill_tokens_per_s", "0.0", "must be > 0"),
+    ("decode_tokens_per_s", "0", "must be > 0"), ("prefill_tokens_per_s", "0.0", "must be > 0"),
     ("cache_attention", "0", "must be > 0"),
 ])
 def test_a_latency_value_that_cannot_time_a_call_is_refused(tmp_path, field: str, value: str, why: str) -> None:

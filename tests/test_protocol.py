@@ -32,16 +32,22 @@ def create(**body: Any):
     return codec.parse_create_body({"model": "m", "input": "x", **body})
 
 
+def refusal(parse, *args) -> tuple[str, str, str | None]:
+    """The code, message and param of the ProtocolError that `parse(*args)` raises."""
+    with pytest.raises(ProtocolError) as caught:
+        parse(*args)
+    return caught.value.code, caught.value.message, caught.value.param
+
+
 # --- reasoning items and their blobs -------------------------------------------------------------
 
 
 def test_a_reasoning_item_goes_on_the_wire_with_an_empty_summary_and_its_status() -> None:
     assert Reasoning("rs_1", "thinking").to_dict() == {"type": "reasoning", "id": "rs_1", "summary": []}
     assert Reasoning("rs_1", "thinking", status="completed").to_dict() == {"type": "reasoning", "id": "rs_1", "summary": [], "status": "completed"}
-    exported = Reasoning("rs_1", "thinking", status="completed").exported()
-    assert exported.to_dict() == {
-        "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": encode_reasoning("thinking"), "status": "completed",
-    }
+    assert Reasoning("rs_1", "thinking", status="completed").exported().to_dict() == {
+        "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": encode_reasoning("thinking"),
+        "status": "completed"}
 
 
 def blob_payload(blob: str) -> bytes:
@@ -65,8 +71,7 @@ def test_a_long_reasoning_blob_carries_the_text_and_no_padding(size: int) -> Non
     blob = encode_reasoning(text)
     assert blob_payload(blob) == size.to_bytes(4, "big") + text.encode("utf-8")
     assert parse_item({"type": "reasoning", "id": "rs_2", "encrypted_content": blob, "status": "completed"}) == Reasoning(
-        "rs_2", text, encrypted_content=blob, status="completed"
-    )
+        "rs_2", text, encrypted_content=blob, status="completed")
 
 
 def ours(payload: bytes) -> str:
@@ -74,19 +79,16 @@ def ours(payload: bytes) -> str:
 
 
 @pytest.mark.parametrize("damaged", [
-    pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"),
-    pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
+    pytest.param(encode_reasoning("r" * 3000)[:-400], id="truncated"), pytest.param(ENCRYPTED_CONTENT_PREFIX, id="empty"),
     pytest.param(ENCRYPTED_CONTENT_PREFIX + "abc", id="bad base64"),
     pytest.param(ENCRYPTED_CONTENT_PREFIX + "é" * 8, id="not ascii"),
     pytest.param(ours((2).to_bytes(4, "big") + b"\xff\xfe"), id="not utf-8"),
 ])
 def test_a_damaged_reasoning_blob_is_refused(damaged: str) -> None:
     """A blob of ours cut short or altered cannot be verified: the real API's error, never a shorter or empty text."""
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"type": "reasoning", "id": "rs_3", "encrypted_content": damaged}, "input[2]")
-    assert (caught.value.code, caught.value.message, caught.value.param) == (
-        errors.INVALID_ENCRYPTED_CONTENT, "The encrypted content for item rs_3 could not be verified.", "input[2].encrypted_content"
-    )
+    assert refusal(parse_item, {"type": "reasoning", "id": "rs_3", "encrypted_content": damaged}, "input[2]") == (
+        errors.INVALID_ENCRYPTED_CONTENT, "The encrypted content for item rs_3 could not be verified.",
+        "input[2].encrypted_content")
 
 
 # --- compaction items ----------------------------------------------------------------------------
@@ -96,8 +98,7 @@ def test_a_damaged_reasoning_blob_is_refused(damaged: str) -> None:
 def test_a_compaction_item_sent_back_restores_its_rounds_offset_and_summary(rounds: int, offset: int) -> None:
     item = Compaction("cmp_1", "the summary, é", rounds=rounds, offset=offset)
     wire = item.to_dict()
-    assert wire == {"type": "compaction", "id": "cmp_1", "encrypted_content": item.encrypted_content}
-    assert parse_item(wire) == item
+    assert (wire, parse_item(wire)) == ({"type": "compaction", "id": "cmp_1", "encrypted_content": item.encrypted_content}, item)
 
 
 # --- items on the wire, and every refusal with its exact code, message and param ---------------------
@@ -177,15 +178,11 @@ ITEM_REFUSALS = [
 
 @pytest.mark.parametrize(("item", "error"), ITEM_REFUSALS)
 def test_a_refused_item_gets_its_code_message_and_param(item: Any, error: tuple[str, str, str]) -> None:
-    with pytest.raises(ProtocolError) as caught:
-        parse_item(item, "input[4]")
-    assert (caught.value.code, caught.value.message, caught.value.param) == error
+    assert refusal(parse_item, item, "input[4]") == error
 
 
 def test_a_lone_item_is_named_as_the_first_of_the_input_by_default() -> None:
-    with pytest.raises(ProtocolError) as caught:
-        parse_item({"role": "user"})
-    assert (caught.value.message, caught.value.param) == ("Missing required field 'content' in input[0].", "input[0].content")
+    assert refusal(parse_item, {"role": "user"})[1:] == ("Missing required field 'content' in input[0].", "input[0].content")
 
 
 # --- items as parsed -----------------------------------------------------------------------------
@@ -200,8 +197,8 @@ def test_messages_keep_their_parts_ids_and_statuses() -> None:
     assert message.text == "anoc"
     assert message.to_dict() == {
         "type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-        "content": [{"type": "output_text", "text": "a", "annotations": []}, {"type": "refusal", "text": "no"}, {"type": "text", "text": "c"}],
-    }
+        "content": [{"type": "output_text", "text": "a", "annotations": []}, {"type": "refusal", "text": "no"},
+                    {"type": "text", "text": "c"}]}
 
 
 def test_calls_and_outputs_keep_their_fields() -> None:
@@ -243,17 +240,11 @@ def test_items_of_ours_without_an_id_are_kept() -> None:
 def test_a_string_input_is_one_user_message_and_a_bad_input_is_named() -> None:
     assert parse_input("hi") == (Message("user", (("input_text", "hi"),)),)
     assert parse_input([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]) == (
-        Message("user", (("input_text", "a"),)), Message("assistant", (("output_text", "b"),)),
-    )
+        Message("user", (("input_text", "a"),)), Message("assistant", (("output_text", "b"),)))
     for value in (5, None, {"role": "user"}):
-        with pytest.raises(ProtocolError) as caught:
-            parse_input(value, "input")
-        assert (caught.value.code, caught.value.message, caught.value.param) == (
-            errors.INVALID_TYPE, "Invalid type for 'input': expected a string or an array of items.", "input"
-        )
-    with pytest.raises(ProtocolError) as caught:
-        parse_input([{"role": "user", "content": "a"}, {"role": "user"}])
-    assert caught.value.param == "input[1].content"
+        assert refusal(parse_input, value, "input") == (
+            errors.INVALID_TYPE, "Invalid type for 'input': expected a string or an array of items.", "input")
+    assert refusal(parse_input, [{"role": "user", "content": "a"}, {"role": "user"}])[2] == "input[1].content"
 
 
 # --- server events on the wire -------------------------------------------------------------------
@@ -288,9 +279,7 @@ def test_server_events_carry_their_type_first_then_their_fields_in_order() -> No
         (ev.InjectFailed(19, "resp_1", ["x"], {"code": "c"}), {"type": "response.inject.failed", "sequence_number": 19, "response_id": "resp_1", "input": ["x"], "error": {"code": "c"}}),
     ]
     for event, wire in cases:
-        assert event.to_dict() == wire
-        assert list(event.to_dict()) == list(wire)
-        assert codec.encode_event(event) == codec.encode(wire)
+        assert (event.to_dict(), list(event.to_dict())) == (wire, list(wire)) and codec.encode_event(event) == codec.encode(wire)
     assert ev.TERMINAL_TYPES == {"response.completed", "response.failed", "response.incomplete", "response.cancelled"}
 
 
@@ -301,18 +290,15 @@ def test_usage_adds_every_count_and_reports_the_total() -> None:
     usage = Usage(10, 4, 3, 1)
     usage.add(Usage(20, 8, 5, 2))
     assert usage == Usage(30, 12, 8, 3)
-    assert usage.to_dict() == {
-        "input_tokens": 30, "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
-        "output_tokens": 8, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 38,
-    }
+    assert usage.to_dict() == {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
+                               "output_tokens": 8, "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 38}
 
 
 def test_a_response_echoes_its_request_and_sends_usage_once_it_has_ended() -> None:
     request = create(
         instructions="be brief", max_output_tokens=64, metadata={"k": "v"}, parallel_tool_calls=False, previous_response_id="resp_0",
         reasoning={"effort": "low"}, store=False, temperature=0.5, top_p=0.9, tool_choice="required",
-        tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}],
-    )
+        tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"}}])
     answer = Message("assistant", (("output_text", "ok"),), id="msg_1", status="completed")
     response = Response("resp_1", request, 1700000000, output=[answer], usage=Usage(5, 1, 2, 0))
     running = response.to_dict()
@@ -321,8 +307,7 @@ def test_a_response_echoes_its_request_and_sends_usage_once_it_has_ended() -> No
         "incomplete_details": None, "instructions": "be brief", "max_output_tokens": 64, "metadata": {"k": "v"}, "model": "m",
         "output": [answer.to_dict()], "parallel_tool_calls": False, "previous_response_id": "resp_0", "reasoning": {"effort": "low"},
         "store": False, "temperature": 0.5, "tool_choice": "required",
-        "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}], "top_p": 0.9, "usage": None,
-    }
+        "tools": [{"type": "function", "name": "read_file", "parameters": {"type": "object"}}], "top_p": 0.9, "usage": None}
     assert response.to_dict(usage_so_far=True)["usage"] == Usage(5, 1, 2, 0).to_dict()
     assert response.to_dict(output=[])["output"] == []
     response.status = "completed"

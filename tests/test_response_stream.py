@@ -60,15 +60,13 @@ async def test_a_reasoning_item_is_announced_sampled_at_the_decode_rate_and_expo
     assert [{k: v for k, v in e.items() if k != "sequence_number"} for e in part_events[-2:]] == [
         {"type": "response.output_text.done", "item_id": msg_id, "output_index": 1, "content_index": 0, "text": text, "logprobs": []},
         {"type": "response.content_part.done", "item_id": msg_id, "output_index": 1, "content_index": 0,
-         "part": {"type": "output_text", "text": text, "annotations": []}},
-    ]
+         "part": {"type": "output_text", "text": text, "annotations": []}}]
     # The call after the message: announced empty, done with its streamed arguments.
     (_, call_added), (_, call_done) = ((t, e) for t, e in events if e["type"].startswith("response.output_item.") and e["output_index"] == 2)
     call = final["output"][2]
     assert call == {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
                     "arguments": call["arguments"], "status": "completed"}
-    assert call_added["item"] == {**call, "arguments": "", "status": "in_progress"}
-    assert call_done["item"] == call
+    assert (call_added["item"], call_done["item"]) == ({**call, "arguments": "", "status": "in_progress"}, call)
     deltas = "".join(e["delta"] for _, e in events if e["type"] == "response.function_call_arguments.delta")
     assert deltas == call["arguments"] and json.loads(call["arguments"])
     assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 15}
@@ -117,10 +115,8 @@ async def test_a_failure_inside_a_response_fails_it_once_and_goes_on_to_the_conn
     with pytest.raises(type(raised)) as caught:
         async with failing_on_error(emitter):
             raise raised
-    assert caught.value is raised
-    assert [event.type for event in sent] == ["response.failed"]
-    assert (emitter.response.status, emitter.response.error) == ("failed", error)
-    assert sent[0].response["error"] == error
+    assert caught.value is raised and [event.type for event in sent] == ["response.failed"]
+    assert (emitter.response.status, emitter.response.error, sent[0].response["error"]) == ("failed", error, error)
 
 
 # --- a cancel ------------------------------------------------------------------------------------------------
@@ -146,10 +142,8 @@ async def cancelled_mid_response(nursery, task: str | Workload, until_type: str,
         tail = await until(conn, "response.cancelled")
         assert trio.current_time() == cancelled_at
     cancelled = tail[-1]["response"]
-    assert (cancelled["id"], cancelled["status"]) == (rid, "cancelled")
-    assert reply.status == 200 and reply.json() == cancelled
-    (record,) = [r for r in server.records if r["response_id"] == rid]
-    assert record["outcome"] == "cancelled"
+    assert (cancelled["id"], cancelled["status"]) == (rid, "cancelled") and reply.status == 200 and reply.json() == cancelled
+    assert [r["outcome"] for r in server.records if r["response_id"] == rid] == ["cancelled"]
     return events, tail
 
 

@@ -32,11 +32,9 @@ def test_a_query_keeps_every_value_of_a_repeated_key_and_blank_values():
 
 
 def test_an_integer_parameter_takes_its_last_value_within_its_bounds():
-    assert retrieval.parse_int({}, "limit", minimum=1, maximum=100) is None
-    assert retrieval.parse_int({"limit": []}, "limit", minimum=1, maximum=100) is None
-    assert retrieval.parse_int({"limit": ["500", "+7"]}, "limit", minimum=1, maximum=100) == 7
-    assert retrieval.parse_int({"limit": ["1"]}, "limit", minimum=1, maximum=100) == 1
-    assert retrieval.parse_int({"limit": ["100"]}, "limit", minimum=1, maximum=100) == 100
+    for query, expected in (({}, None), ({"limit": []}, None), ({"limit": ["500", "+7"]}, 7), ({"limit": ["1"]}, 1),
+                            ({"limit": ["100"]}, 100)):
+        assert retrieval.parse_int(query, "limit", minimum=1, maximum=100) == expected
     assert retrieval.parse_int({"n": ["-3"]}, "n", minimum=-3) == -3
     assert retrieval.parse_int({"n": ["123456789012"]}, "n", minimum=0) == 123456789012  # no maximum
 
@@ -58,10 +56,9 @@ def test_an_integer_parameter_out_of_bounds_or_not_an_integer_is_refused_with_it
 
 
 def test_a_boolean_parameter_is_true_or_false_in_any_case():
-    assert retrieval.parse_bool({}, "stream") is False
-    assert retrieval.parse_bool({"stream": ["FALSE"]}, "stream") is False
-    assert retrieval.parse_bool({"stream": ["True"]}, "stream") is True
-    assert retrieval.parse_bool({"stream": ["true", "false"]}, "stream") is False
+    for query, expected in (({}, False), ({"stream": ["FALSE"]}, False), ({"stream": ["True"]}, True),
+                            ({"stream": ["true", "false"]}, False)):
+        assert retrieval.parse_bool(query, "stream") is expected
     assert refused(retrieval.parse_bool, {"stream": ["yes"]}, "stream") == (
         400, "invalid_value", "stream", "Invalid value for 'stream': expected true or false, but got 'yes'.")
     assert refused(retrieval.parse_bool, {"stream": ["y" * 40]}, "stream")[3] == (
@@ -114,9 +111,8 @@ def put(store: ResponseStore, rid: str, previous: str | None, owner: str | None,
 
 def test_a_stored_context_walks_back_through_the_owners_responses_and_stops_at_a_gap():
     store = ResponseStore()
-    put(store, "resp_a", None, "alice", [], [])
-    put(store, "resp_b", "resp_a", "alice", [], [])
-    put(store, "resp_c", "resp_b", "alice", [], [])
+    for rid, previous in (("resp_a", None), ("resp_b", "resp_a"), ("resp_c", "resp_b")):
+        put(store, rid, previous, "alice", [], [])
     assert [turn.id for turn in retrieval.stored_context(store, "resp_c", "alice")] == ["resp_a", "resp_b", "resp_c"]
     assert refused(retrieval.stored_context, store, "resp_c", "bob")[:2] == (404, "response_not_found")
     assert refused(retrieval.stored, store, "resp_zz", "alice")[3] == "Response with id 'resp_zz' not found."
@@ -184,16 +180,11 @@ RESPONSE = {
     "incomplete_details": None, "testbed_timing": {"ttft": 1.0},
     "output": [
         {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [
-            {"type": "output_text", "text": "hello", "annotations": []},
-            {"type": "refusal", "text": ""},
-            {"text": "x"},
-        ]},
+            {"type": "output_text", "text": "hello", "annotations": []}, {"type": "refusal", "text": ""}, {"text": "x"}]},
         {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "shell", "arguments": "{\"a\":1}", "status": "completed"},
         {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "shell", "status": "completed"},
-        {"type": "web_search_call", "id": "ws_1", "status": "completed"},
-        {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "message", "role": "assistant"},
-    ],
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"}, {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant"}],
 }
 
 
@@ -233,8 +224,7 @@ def test_a_stored_response_replays_as_the_events_the_server_streams():
         at(26, "output_item.done", output_index=3, item=search),
         at(27, "output_item.added", output_index=4, item=reasoning), at(28, "output_item.done", output_index=4, item=reasoning),
         at(29, "output_item.added", output_index=5, item={**empty, "content": [], "status": "in_progress"}),
-        at(30, "output_item.done", output_index=5, item=empty), at(31, "completed", response=RESPONSE),
-    ]
+        at(30, "output_item.done", output_index=5, item=empty), at(31, "completed", response=RESPONSE)]
     assert [event.sequence_number for event in retrieval.replay_events(RESPONSE, starting_after=29)] == [30, 31]
     assert retrieval.replay_events(RESPONSE, starting_after=31) == []
     assert [event.sequence_number for event in retrieval.replay_events(RESPONSE, starting_after=0)][:1] == [1]

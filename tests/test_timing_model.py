@@ -83,8 +83,7 @@ async def test_a_resumed_v1_segment_pays_no_fixed_pre_inference_cost_and_a_chain
     base_first, base_resumed, final = await first_tokens("suspended", ApiCosts())
     more_first, more_resumed, _ = await first_tokens("suspended", with_fixed(ApiCosts(), 1.0))
     # The first segment pays every stage's fixed cost; a resume pays none of it.
-    assert more_first - base_first == exactly(4.0)
-    assert more_resumed == exactly(base_resumed)
+    assert (more_first - base_first, more_resumed) == (exactly(4.0), exactly(base_resumed))
     # A resume pays the per-token part over the appended items only: validation and safety check the same new tokens,
     # so their times stand in the ratio of their per-1k-token rates; the reused route costs nothing.
     phases, defaults = final["testbed_timing"]["phases_ms"], ApiCosts()
@@ -101,12 +100,8 @@ async def test_a_resumed_v1_segment_pays_no_fixed_pre_inference_cost_and_a_chain
 
 
 # One name of each kind; each row of the documented table's names: test_the_documented_model_table_is_what_the_server_does.
-MODEL_NAMES = [
-    ("gpt-5.3-codex", FLAGSHIP_TOKENS_PER_S),
-    ("GPT-5.3-Codex-Spark", SPARK_TOKENS_PER_S),
-    ("gpt-5.3-codex-spark-burst", SPARK_BURST_TOKENS_PER_S),
-    ("sim-12.5", 12.5),
-]
+MODEL_NAMES = [("gpt-5.3-codex", FLAGSHIP_TOKENS_PER_S), ("GPT-5.3-Codex-Spark", SPARK_TOKENS_PER_S),
+               ("gpt-5.3-codex-spark-burst", SPARK_BURST_TOKENS_PER_S), ("sim-12.5", 12.5)]
 
 
 def test_profile_rates_are_the_published_ones() -> None:
@@ -115,10 +110,8 @@ def test_profile_rates_are_the_published_ones() -> None:
 
 
 @pytest.mark.parametrize(("model", "metadata", "rate"), [
-    *((name, {}, rate) for name, rate in MODEL_NAMES),
-    ("gpt-5.4", {"testbed_decode_tps": "500"}, 500.0),
-    ("gpt-5.3-codex-spark", {"testbed_decode_tps": "2000"}, 2000.0),
-])
+    *((name, {}, rate) for name, rate in MODEL_NAMES), ("gpt-5.4", {"testbed_decode_tps": "500"}, 500.0),
+    ("gpt-5.3-codex-spark", {"testbed_decode_tps": "2000"}, 2000.0)])
 async def test_served_tokens_arrive_at_the_rate_the_name_or_metadata_selects(autojump_clock, model: str, metadata: dict[str, str], rate: float) -> None:
     server = make_server()
     times: list[float] = []
@@ -132,8 +125,7 @@ async def test_served_tokens_arrive_at_the_rate_the_name_or_metadata_selects(aut
                 if event["type"] == "response.completed":
                     break
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert len(gaps) >= 5
-    assert gaps == [exactly(1 / rate)] * len(gaps)
+    assert len(gaps) >= 5 and gaps == [exactly(1 / rate)] * len(gaps)
 
 
 # --- the timing header, on both transports ----------------------------------------------------------
@@ -196,9 +188,8 @@ async def test_a_stored_v1_rollout_keeps_its_tool_outputs_and_continues_with_the
     async with ws(server, "chained") as conn:
         await send(conn, {"type": "response.create", **common, "input": [FOLLOW_UP], "previous_response_id": response_id})
         completed = (await until(conn, "response.completed"))[-1]
-    assert completed["type"] == "response.completed"
-    chained_ws = completed["response"]["usage"]["input_tokens"]
-    assert chained_http == chained_ws == full
+    assert (completed["type"], chained_http) == ("response.completed", completed["response"]["usage"]["input_tokens"])
+    assert chained_http == full
 
 
 def readme_model_table() -> list[tuple[str, str]]:
@@ -212,12 +203,8 @@ def readme_model_table() -> list[tuple[str, str]]:
 
 
 # Names a user would send for each row of the table, in the table's order.
-README_EXAMPLES = [
-    ["gpt-5.3-codex-spark-burst", "Spark-Burst", "burst"],
-    ["gpt-5.3-codex-spark", "codex-spark-mini"],
-    ["sim-100000", "sim-250"],
-    ["gpt-5.4", "gpt-5.2", "o3"],
-]
+README_EXAMPLES = [["gpt-5.3-codex-spark-burst", "Spark-Burst", "burst"], ["gpt-5.3-codex-spark", "codex-spark-mini"],
+                   ["sim-100000", "sim-250"], ["gpt-5.4", "gpt-5.2", "o3"]]
 
 
 def test_the_documented_model_table_is_what_the_server_does() -> None:
@@ -226,8 +213,7 @@ def test_the_documented_model_table_is_what_the_server_does() -> None:
     for (cell, speed), names in zip(rows, README_EXAMPLES):
         for name in names:
             if "<N>" in cell:  # sim-<N>: N tokens/s
-                assert speed.startswith("N tokens/s")
-                assert decode_rate_for_model(name) == float(name.removeprefix("sim-"))
+                assert speed.startswith("N tokens/s") and decode_rate_for_model(name) == float(name.removeprefix("sim-"))
             else:
                 assert decode_rate_for_model(name) == float(re.match(r"(\d+) tokens/s", speed).group(1)), (cell, name)
         for quoted in re.findall(r"`([^`]+)`", cell):

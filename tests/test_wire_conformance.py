@@ -35,11 +35,8 @@ TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
 V1_PAUSE = "response.done"
 
 # Two parallel client calls, hosted searches on the first and second turns, a final answer.
-TASK = Workload("conformance", 7, (
-    TurnSpec(1200, 30, (0.5, 1.5), (HostedCall(0.8, 120),)),
-    TurnSpec(300, 25, (0.4,), (HostedCall(0.2, 60), HostedCall(0.3, 40))),
-    TurnSpec(200, 40, ()),
-))
+TASK = Workload("conformance", 7, (TurnSpec(1200, 30, (0.5, 1.5), (HostedCall(0.8, 120),)),
+                                   TurnSpec(300, 25, (0.4,), (HostedCall(0.2, 60), HostedCall(0.3, 40))), TurnSpec(200, 40, ())))
 DESIGNS = ["suspended", "chained", "http-stateless", "http-stored"]
 
 
@@ -79,9 +76,8 @@ def tokens(text: str) -> int:
 
 def check_response_stream(stream: list[dict[str, Any]]) -> None:
     """The events of one response (one rollout in v1): numbering, items, statuses, usage."""
-    assert stream[0]["type"] == "response.created"
     response_id = stream[0]["response"]["id"]
-    assert response_id.startswith("resp_")
+    assert (stream[0]["type"], response_id[:5]) == ("response.created", "resp_")
     assert [e["sequence_number"] for e in stream] == list(range(len(stream)))
     terminals = [e for e in stream if e["type"] in TERMINAL]
     assert len(terminals) == 1 and stream[-1] is terminals[0]
@@ -99,34 +95,28 @@ def check_response_stream(stream: list[dict[str, Any]]) -> None:
         if kind == "response.output_item.added":
             item = event["item"]
             assert event["output_index"] == len(output) + len(open_items)
-            assert item["id"].startswith(ITEM_PREFIX[item["type"]])
-            assert item["status"] == "in_progress"
+            assert item["id"].startswith(ITEM_PREFIX[item["type"]]) and item["status"] == "in_progress"
             open_items[item["id"]] = {**item, "output_index": event["output_index"]}
         elif kind == "response.output_item.done":
             item = event["item"]
             added = open_items.pop(item["id"])
             assert event["output_index"] == added["output_index"] == len(output)
-            assert item["type"] == added["type"]
-            assert item["status"] == "completed"
+            assert (item["type"], item["status"]) == (added["type"], "completed")
             if item["type"] == "web_search_call":
                 hidden_tokens += tokens(item["action"]["query"])
             output.append(item)
         elif kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
-            assert event["item_id"] in open_items
-            assert event["output_index"] == open_items[event["item_id"]]["output_index"]
+            assert event["item_id"] in open_items and event["output_index"] == open_items[event["item_id"]]["output_index"]
             streamed_tokens += 1
         elif kind.startswith("response.web_search_call."):
-            assert open_items[event["item_id"]]["type"] == "web_search_call"
-            assert event["output_index"] == open_items[event["item_id"]]["output_index"]
+            added = open_items[event["item_id"]]
+            assert (added["type"], event["output_index"]) == ("web_search_call", added["output_index"])
         elif kind == V1_PAUSE:
-            assert not open_items
-            assert event["response"]["status"] == "in_progress"
-            assert event["response"]["output"] == output[segment_start:]
+            paused = event["response"]
+            assert (open_items, paused["status"], paused["output"]) == ({}, "in_progress", output[segment_start:])
             segment_start = len(output)
     final = stream[-1]["response"]
-    assert not open_items
-    assert final["status"] == "completed"
-    assert final["output"] == output
+    assert (open_items, final["status"], final["output"]) == ({}, "completed", output)
     usage = final["usage"]
     assert usage["output_tokens"] == streamed_tokens + hidden_tokens
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
@@ -143,9 +133,8 @@ async def test_every_event_is_typed_and_the_stream_holds_together(autojump_clock
         check_response_stream(stream)
     kinds = [e["type"] for e in events]
     # Each lifecycle of a hosted call, and the two parallel calls, appear.
-    assert kinds.count("response.web_search_call.completed") == 3
-    assert kinds.count("response.function_call_arguments.done") == 3
-    assert kinds.count(V1_PAUSE) == (2 if design == "suspended" else 0)
+    counted = ("response.web_search_call.completed", "response.function_call_arguments.done", V1_PAUSE)
+    assert [kinds.count(kind) for kind in counted] == [3, 3, 2 if design == "suspended" else 0]
     # Timings are sent only on request.
     assert not any("testbed_timing" in (e.get("response") or {}) for e in events)
 
@@ -157,11 +146,9 @@ def test_stream_event_union_knows_every_type_the_designs_send() -> None:
     names = {value for variant in typing.get_args(union) for value in typing.get_args(variant.model_fields["type"].annotation)}
     sent = {
         "response.created", "response.in_progress", "response.completed", "response.output_item.added",
-        "response.output_item.done", "response.content_part.added", "response.content_part.done",
-        "response.output_text.delta", "response.output_text.done", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.web_search_call.in_progress",
-        "response.web_search_call.searching", "response.web_search_call.completed",
-    }
+        "response.output_item.done", "response.content_part.added", "response.content_part.done", "response.output_text.delta",
+        "response.output_text.done", "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.web_search_call.in_progress", "response.web_search_call.searching", "response.web_search_call.completed"}
     assert sent <= names
 
 
@@ -170,9 +157,8 @@ def test_stream_event_union_knows_every_type_the_designs_send() -> None:
 # The values openai-python's Response allows: `ResponseError.code` (types/responses/response_error.py) and
 # `IncompleteDetails.reason` (types/responses/response.py), read from the SDK rather than copied.
 ERROR_CODES = frozenset(typing.get_args(ResponseError.model_fields["code"].annotation))
-INCOMPLETE_REASONS = frozenset(
-    value for arg in typing.get_args(IncompleteDetails.model_fields["reason"].annotation) for value in typing.get_args(arg)
-)
+INCOMPLETE_REASONS = frozenset(value for arg in typing.get_args(IncompleteDetails.model_fields["reason"].annotation)
+                               for value in typing.get_args(arg))
 WEB_SEARCH = {"type": "web_search"}
 
 

@@ -15,6 +15,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiments import kv_memory
 from prototype.engine.admission import ContextExceedsBudget
 from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE, Prompt
@@ -44,6 +45,11 @@ async def call(engine: Engine, key: str, p: Prompt, *, pinned: bool = False, sec
     return handle.queued_s
 
 
+async def release_after(engine: Engine, key: str, seconds: float) -> None:
+    await trio.sleep(seconds)
+    engine.release(key)
+
+
 def assert_consistent(engine: Engine) -> None:
     assert engine.resident_tokens == sum(e.gpu_tokens for e in engine.kv.values())
     assert engine.host_tokens == sum(e.host_tokens for e in engine.kv.values())
@@ -61,13 +67,8 @@ async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_
     engine = Engine(kv_budget_tokens=100)
     holder = prompt(80)
     await call(engine, "a", holder, pinned=True)
-
-    async def release_at_5():
-        await trio.sleep(5)
-        engine.release("a")
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(release_at_5)
+        nursery.start_soon(release_after, engine, "a", 5)
         await trio.sleep(1)
         queued = await call(engine, "b", prompt(50))
     assert queued == 4.0 and trio.current_time() == 5.0
@@ -138,13 +139,8 @@ async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_canno
     a.extend([5] * 30)  # a resumes: 30 more tokens do not fit beside b
     assert await call(engine, "a", a, pinned=True) == 0.0
     assert engine.stats.preempted == 1 and "b" not in engine.kv and engine.resident_tokens == 70
-
-    async def release_a_at_3():
-        await trio.sleep(3)
-        engine.release("a")
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(release_a_at_3)
+        nursery.start_soon(release_after, engine, "a", 3)
         assert await call(engine, "c", prompt(40, start=5000), pinned=True) == 3.0  # younger than a: it waits
     b.extend([5] * 5)
     handle = await engine.begin_call("b", b, pinned=True)  # b lost its KV: 40 tokens computed again
@@ -271,7 +267,6 @@ def test_every_session_finishes_and_the_books_balance(data):
 def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     import experiments.common as common
-    from experiments import kv_memory
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     run = tmp_path / "kv_memory" / "latest"  # each run writes a new folder; `latest` points at it
@@ -305,16 +300,12 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
 
 def seed_rows(design: str, policy: str, throughputs: list[float], agents: int = 100) -> list[dict]:
     """Runs as `kv_memory.run_config` writes them, one per scheduler seed, with the columns summed up over seeds."""
-    from experiments import kv_memory
-
     return [{"design": design, "policy": policy, "agents": agents, "scheduler_seed": seed, "failed": 0,
              **{column: 0.0 for column in kv_memory.OVER_SEEDS}, "tasks_per_hour": value, "e2e_p50_s": 3600 / value}
             for seed, value in enumerate(throughputs)]
 
 
 def test_each_configuration_is_its_mean_over_the_seeds_with_a_bootstrap_interval_over_them():
-    from experiments import kv_memory
-
     spread = [246.0, 314.0, 310.0, 335.0, 250.0, 290.0, 301.0, 268.0, 322.0, 280.0]
     (row,) = kv_memory.over_seeds(seed_rows("suspended", "hold", spread))
     throughput = row["tasks_per_hour"]
@@ -325,8 +316,6 @@ def test_each_configuration_is_its_mean_over_the_seeds_with_a_bootstrap_interval
 
 
 def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
-    from experiments import kv_memory
-
     cache = [189.0, 252.0, 213.0, 283.0, 189.0, 240.0, 201.0, 266.0, 230.0, 195.0]  # the seed moves both designs
     hold = [1.3 * x for x in cache]  # and hold gives 1.3x the cache's throughput under every seed
     pin = [x * f for x, f in zip(cache, (0.9, 1.2, 0.95, 1.1, 0.85, 1.15, 1.0, 0.9, 1.2, 0.95))]
@@ -346,8 +335,6 @@ def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
 
 def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
     """docs/figures/kv_memory.json's samples behind docs/kv_memory.md: a 10-agent configuration run again gives its value."""
-    from experiments import kv_memory
-
     data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
     seed = data["scheduler_seeds"][3]
     row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=seed))
@@ -537,9 +524,7 @@ async def test_kv_kept_outside_a_call_is_held_under_a_pinning_ttl_as_a_paused_se
 
 async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock):
     engine = Engine(retention=SWAP_POLICY)
-    handle = await engine.begin_call("s", prompt(100))
-    engine.retain("s", prompt(100), trio.current_time())
-    engine.end_call(handle, paused=True)  # paused at a tool call: copied out to the host
+    await call(engine, "s", prompt(100))  # paused at a tool call: copied out to the host
     await trio.sleep(60.0)
     engine.advance(trio.current_time())
     assert (engine.kv["s"].where, engine.host_tokens) == ("host", 100)
@@ -561,19 +546,13 @@ async def test_recomputation_is_counted_against_the_most_a_session_ever_computed
 
 async def test_under_swap_a_host_copy_expires_its_ttl_after_its_own_pause_and_each_expiry_is_counted(autojump_clock):
     engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
-
-    async def pause(key: str, start: int) -> None:
-        handle = await engine.begin_call(key, prompt(100, start=start))
-        engine.retain(key, prompt(100, start=start), trio.current_time())
-        engine.end_call(handle, paused=True)  # copied to the host
-
     for key, start in (("a", 1000), ("b", 50_000), ("s", 90_000)):
-        await pause(key, start)
+        await call(engine, key, prompt(100, start=start))  # paused: copied to the host
     await trio.sleep(50.0)
     engine.advance(trio.current_time())
     assert [entry.where for entry in engine.kv.values()] == ["host"] * 3
     await trio.sleep(10.0)
-    await pause("s", 90_000)  # s pauses again at 60: its copy lives until 160, whatever the first pause's timer
+    await call(engine, "s", prompt(100, start=90_000))  # s pauses again at 60: its copy lives until 160, whatever the first pause's timer
     engine.advance(130.0)
     assert (list(engine.kv), engine.kv["s"].where, engine.stats.expired, engine.host_tokens) == (["s"], "host", 2, 100)
 

@@ -16,18 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiments import kv_memory
+from prototype.engine import memory
 from prototype.engine.admission import ContextExceedsBudget
 from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE, Prompt
-from prototype.engine.memory import (
-    DISCARD_POLICY,
-    H100_8B_KV_BUDGET_TOKENS,
-    HOLD_POLICY,
-    KV_BYTES_PER_TOKEN_8B,
-    SWAP_POLICY,
-    parse_policy,
-    ttl,
-)
+from prototype.engine.memory import DISCARD_POLICY, HOLD_POLICY, SWAP_POLICY, parse_policy, ttl
 
 
 def prompt(n: int, start: int = 1000) -> Prompt:
@@ -57,8 +50,8 @@ def assert_consistent(engine: Engine) -> None:
 
 
 def test_derived_defaults_follow_their_arithmetic():
-    assert KV_BYTES_PER_TOKEN_8B == 128 * 1024
-    assert H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
+    assert memory.KV_BYTES_PER_TOKEN_8B == 128 * 1024
+    assert memory.H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
 
 
 async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_refuses_a_prompt_larger_than_itself(autojump_clock):

@@ -316,10 +316,8 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptio
 async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or_zero_without_them(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=50, gen=1, queries=64, hits=32, usage=0.125)  # before the request: not its own
-    assert await worker.handle(
-        {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "forced": [7, 8, 9, 10], "salt": "s1",
-         "held": False}) is True
-    await settle()
+    assert await handle(worker, {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "forced": [7, 8, 9, 10],
+                                 "salt": "s1", "held": False}) is True
     assert engine.calls == [{"prompt": {"prompt_token_ids": [1, 2, 3], "cache_salt": "s1"},
                              "params": engine.calls[0]["params"], "rid": "r1"}]
     assert type(engine.calls[0]["prompt"]) is FakeTokensPrompt
@@ -335,8 +333,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or
     engine.stats(gen=1, usage=0.375)
     await settle()
     assert out.take() == [tokens("r1", [9])]
-    script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
-    await settle()
+    await feed(script, output([10, 11, 12]))  # past the request's max_tokens: only its own count
     counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
                 "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
     assert out.take() == [tokens("r1", [10]),
@@ -441,8 +438,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
                           {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
     await handle(worker, {"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
-    script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
-    await settle()
+    await feed(script, output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
     assert out.take() == [
         tokens("h", [3], (0, 0, 0, 0, 0.5, 10)),
         {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
@@ -455,8 +451,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert worker.inputs == {} and worker.tasks == {}
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
-    await worker.handle({"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
-    await settle()
+    await handle(worker, {"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
     assert out.take() == []
 
 

@@ -21,8 +21,7 @@ from prototype.engine.streaming import EngineFailure, FaultPlan, paced_tokens
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 # 1000 prompt tokens a second, 10 sampled tokens a second, no overheads: every time below is exact.
-LATENCY = LatencyModel(decode_tokens_per_s=10.0, prefill_tokens_per_s=1000.0, cache_attention=None,
-                       request_overhead=0.0)
+LATENCY = LatencyModel(decode_tokens_per_s=10.0, prefill_tokens_per_s=1000.0, cache_attention=None, request_overhead=0.0)
 
 
 async def test_a_prefill_counts_its_call_and_tokens_and_ends_from_its_start(autojump_clock) -> None:
@@ -49,9 +48,7 @@ async def test_a_serial_prefill_starts_from_its_place_unless_it_waited_for_the_g
         nursery.start_soon(prefill)
         nursery.start_soon(prefill)
     # The first ends 1 s after its place (0.5 s); the second waited 0.5 s for the GPU and runs from then.
-    assert ends == [1.5, 2.5] and trio.current_time() == 2.5
-    assert engine.stats.prefill_waits == [0.0, 0.5]
-    assert engine.stats.model_calls == 2
+    assert (ends, trio.current_time(), engine.stats.prefill_waits, engine.stats.model_calls) == ([1.5, 2.5], 2.5, [0.0, 0.5], 2)
 
 
 async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[float, str]]:

@@ -545,7 +545,8 @@ async def test_under_swap_a_host_copy_expires_its_ttl_after_its_own_pause_and_ea
     engine.advance(trio.current_time())
     assert [entry.where for entry in engine.kv.values()] == ["host"] * 3
     await trio.sleep(10.0)
-    await call(engine, "s", prompt(100, start=90_000))  # s pauses again at 60: its copy lives until 160, whatever the first pause's timer
+    # s pauses again at 60: its copy lives until 160, whatever the first pause's timer.
+    await call(engine, "s", prompt(100, start=90_000))
     engine.advance(130.0)
     assert (list(engine.kv), engine.kv["s"].where, engine.stats.expired, engine.host_tokens) == (["s"], "host", 2, 100)
 

@@ -51,7 +51,8 @@ def test_vllm_prefill_per_task_is_its_calls_figures_plus_an_equal_share_of_what_
     assert figures["served_per_task"].value == pytest.approx((650 + 1130) / 2)
     # Preemptions per task and tasks per hour: counts over an exposure, with exact Poisson intervals.
     assert figures["preemptions_per_task"].value == 1.5 and figures["preemptions_per_task"].n == 3
-    assert (figures["tasks_per_hour"].value, figures["tasks_per_hour"].method) == (pytest.approx(2 / (20 / 3600)), "exact Poisson")
+    tasks_per_hour = figures["tasks_per_hour"]
+    assert (tasks_per_hour.value, tasks_per_hour.method) == (pytest.approx(2 / (20 / 3600)), "exact Poisson")
     assert figures["ttft_p50_ms"].value == pytest.approx(45.0) and figures["ttft_p50_ms"].n == 4
     # A resumed chunk's admission wait is not known (None): the mean is over the three new requests.
     assert figures["queued_mean_ms"].value == pytest.approx(40 / 3) and figures["queued_mean_ms"].n == 3

@@ -41,11 +41,9 @@ def test_a_well_formed_stream_parses_to_its_events() -> None:
 
 
 def test_a_flat_error_event_ends_a_stream() -> None:
-    events = text_turn()[:3]
-    body = body_of(events) + sse_error_block(ProtocolError("server_error", "boom", status=500), 3)
-    parsed = parse_stream(body)
-    assert parsed[-1].type == "error"
-    assert parsed[-1].data == {"type": "error", "code": "server_error", "message": "boom", "param": None, "sequence_number": 3}
+    parsed = parse_stream(body_of(text_turn()[:3]) + sse_error_block(ProtocolError("server_error", "boom", status=500), 3))
+    assert (parsed[-1].type, parsed[-1].data) == (
+        "error", {"type": "error", "code": "server_error", "message": "boom", "param": None, "sequence_number": 3})
 
 
 @settings(max_examples=60, deadline=None)
@@ -144,5 +142,4 @@ def test_the_parser_counts_sequence_numbers_sizes_and_the_end_across_feeds() -> 
 @pytest.mark.parametrize("end_type", ["response.completed", "response.failed", "response.incomplete", "response.cancelled", "error"])
 def test_every_end_type_ends_the_stream(end_type: str) -> None:
     block = b"event: " + end_type.encode() + b"\ndata: " + json.dumps({"type": end_type, "sequence_number": 0}).encode() + b"\n\n"
-    [event] = parse_stream(block)
-    assert event.type == end_type
+    assert [event.type for event in parse_stream(block)] == [end_type]

@@ -215,12 +215,9 @@ def test_serve_announces_its_address_then_what_a_request_runs_and_its_limits(mon
                            "listening on http://h:9  (POST /v1/responses, WebSocket ws://h:9/v1/responses)  [2 workers]"]
 
 
-@pytest.fixture
-def fixed_time(monkeypatch):
+def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_status_and_time_and_survives_a_closed_stdout(
+        monkeypatch, tmp_path):
     monkeypatch.setattr(serve_report.time, "strftime", lambda fmt: f"<{fmt}>")
-
-
-def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_status_and_time_and_survives_a_closed_stdout(fixed_time, tmp_path):
     record = {"started_at_s": 10.0, "at_s": 10.25, "transport": "websocket", "design": "suspended",
               "response_id": "resp_1", "appends": 2, "outcome": "completed", "model": "gpt-x"}
     line = serve_report.access_line
@@ -618,7 +615,6 @@ sys.exit(9)
 
 
 def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
-    import os
     worker = tmp_path / "python"
     worker.write_text(DYING_WORKER.format(python=sys.executable))
     worker.chmod(0o755)
@@ -631,8 +627,7 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
         lines = [proc.stdout.readline() for _ in range(3)]
         assert LISTENING.match(lines[2]), (lines, proc.stderr.read() if proc.poll() is not None else "")
         with open_ws(int(LISTENING.match(lines[2]).group(1))) as conn:  # a client connected when the engine dies
-            conn.send(json.dumps({"type": "response.create", "model": "sim-1000", "input": "hi", "store": False,
-                                  "metadata": {"testbed_workload": "fixed:1"}}))
+            conn.send(create(model="sim-1000", input="hi"))
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     received.append(json.loads(conn.recv(timeout=TIMEOUT)))

@@ -217,8 +217,7 @@ def tracelab(path, groups, *, timed=True):
 
 
 def run_calibrate(capsys, *argv):
-    args = calibrate_parser().parse_args([str(a) for a in argv])
-    status = calibrate.run(args)
+    status = calibrate.run(calibrate_parser().parse_args([str(a) for a in argv]))
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 

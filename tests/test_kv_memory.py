@@ -58,8 +58,7 @@ async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_
     with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
         await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
     engine = Engine(kv_budget_tokens=100)
-    holder = prompt(80)
-    await call(engine, "a", holder, pinned=True)
+    await call(engine, "a", prompt(80), pinned=True)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(release_after, engine, "a", 5)
         await trio.sleep(1)
@@ -329,8 +328,7 @@ def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
 def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
     """docs/figures/kv_memory.json's samples behind docs/kv_memory.md: a 10-agent configuration run again gives its value."""
     data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
-    seed = data["scheduler_seeds"][3]
-    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=seed))
+    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=data["scheduler_seeds"][3]))
     assert row["tasks_per_hour"] == data["tasks_per_hour"]["10.chained.ttl-300s"][3]
 
 
@@ -511,8 +509,7 @@ async def test_kv_kept_outside_a_call_is_held_under_a_pinning_ttl_as_a_paused_se
     # A direct retain (no model call) leaves the KV idle as a paused session's: the newcomer waits for the pin.
     engine = Engine(kv_budget_tokens=150, retention=parse_policy("pin-300"))
     engine.retain("a", prompt(100), 0.0)
-    handle = await engine.begin_call("b", prompt(100, start=50_000))
-    assert handle.queued_s == 300.0
+    assert (await engine.begin_call("b", prompt(100, start=50_000))).queued_s == 300.0
 
 
 async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock):
@@ -533,8 +530,7 @@ async def test_recomputation_is_counted_against_the_most_a_session_ever_computed
     await call(engine, "s", long)
     await call(engine, "s", prompt(100, start=50_000))  # a shorter branch of the same session
     await trio.sleep(20.0)  # its KV expires
-    handle = await engine.begin_call("s", long)
-    assert handle.recomputed == 200  # the session had computed all 200 once
+    assert (await engine.begin_call("s", long)).recomputed == 200  # the session had computed all 200 once
 
 
 async def test_under_swap_a_host_copy_expires_its_ttl_after_its_own_pause_and_each_expiry_is_counted(autojump_clock):

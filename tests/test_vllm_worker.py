@@ -245,8 +245,7 @@ GIVEN = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16
 @in_asyncio
 async def test_the_engine_starts_with_the_settings_given_else_the_defaults_and_says_ready(fake_vllm, settings, engine_args):
     out = Out()
-    worker = Worker(dict(settings), out)
-    await worker.start()
+    await Worker(dict(settings), out).start()
     assert FakeAsyncLLM.instances[0].args.kwargs == engine_args
     assert out.lines == [
         f'{{"type":"ready","vocab_size":151936,"block_size":{engine_args["block_size"]},"kv_blocks":4321,"startup_s":12.5,'
@@ -283,8 +282,7 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptio
     assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
     engine.stats(usage=0.25)
     assert await worker.handle({"op": "counters"}) is True
-    events = out.take()
-    assert events == [
+    assert out.take() == [
         {"type": "counters", "tag": "t1", "counters": after},
         {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
         {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},

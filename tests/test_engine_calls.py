@@ -64,8 +64,7 @@ async def test_a_stream_sends_each_token_when_sampled_by_default_or_takes_its_st
     # Sampling began at 0.5 s: six tokens are ready at once, sent two a chunk; then flushes every 0.25 s
     # (capped at two tokens), the last when the last token is ready at 1.3 s.
     got = await chunks(engine, list("abcdefgh"), start=0.5, flush_interval=0.25, flush_tokens=2)
-    assert got == [(1.0, "ab"), (1.0, "cd"), (1.1, "ef"), (1.3, "gh")]
-    assert engine.stats.decoded_tokens == 14
+    assert (got, engine.stats.decoded_tokens) == ([(1.0, "ab"), (1.0, "cd"), (1.1, "ef"), (1.3, "gh")], 14)
 
 
 def test_per_call_samples_keep_the_most_recent_ones_trimmed_in_batches() -> None:

@@ -64,8 +64,7 @@ async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_
         await trio.sleep(1)
         queued = await call(engine, "b", prompt(50))
     assert queued == 4.0 and trio.current_time() == 5.0
-    assert engine.stats.queue_delays == [0.0, 4.0]
-    assert engine.stats.peak_resident_tokens == 80
+    assert (engine.stats.queue_delays, engine.stats.peak_resident_tokens) == ([0.0, 4.0], 80)
     assert_consistent(engine)
 
 

@@ -62,8 +62,7 @@ def test_vllm_prefill_per_task_is_its_calls_figures_plus_an_equal_share_of_what_
 def test_a_simulated_runs_prefill_per_task_is_its_calls_uncached_tokens_alone():
     # The simulated engine knows each call's uncached tokens, recompute included: no share is added.
     figures = agents.figures(_run("sim", prefill=1120, recomputed=90, preemptions=1))
-    assert figures["prefill_per_task"].value == pytest.approx(560.0)
-    assert figures["recomputed_per_task"].value == 45.0
+    assert (figures["prefill_per_task"].value, figures["recomputed_per_task"].value) == (pytest.approx(560.0), 45.0)
 
 
 def test_a_run_that_completed_nothing_has_no_throughput():

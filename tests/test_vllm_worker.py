@@ -409,8 +409,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert set(call) == {"prompt", "params", "rid", "session_id"}
     (first,) = engine.inputs["h"]
     assert type(first) is FakeStreamingInput
-    assert first.prompt == {"prompt_token_ids": [1, 2], "cache_salt": "k"}
-    assert first.sampling_params.kwargs == params_of(3)
+    assert (first.prompt, first.sampling_params.kwargs) == ({"prompt_token_ids": [1, 2], "cache_salt": "k"}, params_of(3))
     engine.stats(ctx=2, gen=1, queries=2, hits=0, usage=0.25)
     script = engine.script("h")
     metrics = SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=10.25)  # vLLM's RequestStateStats
@@ -483,9 +482,8 @@ def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr
         print("python noise")
         assert sys.stdout is sys.stderr is fds.stderr
         stream.close()
-    assert fds.out_path.read_text() == '{"type":"x"}\n'
-    assert fds.err_path.read_text() == "engine core noise\n"
-    assert fds.stderr.getvalue() == "python noise\n"
+    assert (fds.out_path.read_text(), fds.err_path.read_text(), fds.stderr.getvalue()) == (
+        '{"type":"x"}\n', "engine core noise\n", "python noise\n")
 
 
 def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_engine_cannot_start(fake_vllm, tmp_path, monkeypatch):

@@ -121,10 +121,8 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 30.0)
-                v2_events, v2_code, _ = await closed_after(v2)
-                v1p_events, v1p_code, _ = await closed_after(v1_paused)
-                v1s_events, v1s_code, _ = await closed_after(v1_streaming)
-                idle_events, idle_code, _ = await closed_after(idle)
+                (v2_events, v2_code, _), (v1p_events, v1p_code, _), (v1s_events, v1s_code, _), (idle_events, idle_code, _) = [
+                    await closed_after(conn) for conn in (v2, v1_paused, v1_streaming, idle)]
         assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
         await server_tasks_end(server_side, server)
     assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)

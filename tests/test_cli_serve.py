@@ -237,8 +237,7 @@ def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_s
     record = {"at_s": 1.0, "transport": "http", "design": "http", "outcome": "completed"}
     for _ in range(3):
         log.append(record)
-    assert len(log) == 2 and out.flushes == 3
-    assert out.getvalue() == (serve_report.access_line(record, "json") + "\n") * 3
+    assert (len(log), out.flushes, out.getvalue()) == (2, 3, (serve_report.access_line(record, "json") + "\n") * 3)
     out.close()
     log.append(record)  # ValueError: I/O operation on closed file, swallowed
     log.close()
@@ -309,9 +308,8 @@ async def test_sigterm_drains_the_server_then_stops_it(monkeypatch):
             await trio.testing.wait_all_tasks_blocked()
             assert stdout.getvalue() == ""
             os.kill(os.getpid(), signal.SIGTERM)
-    assert drained == [(server, 2.5)]
-    assert stdout.getvalue() == "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n"
-    assert stdout.flushes == 2
+    assert (drained, stdout.getvalue(), stdout.flushes) == (
+        [(server, 2.5)], "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n", 2)
     server.api.store.close()
 
 
@@ -334,8 +332,7 @@ def test_serve_collects_then_freezes_its_startup_objects_and_installs_the_collec
         assert dead() is None  # and what was garbage was collected, not frozen with it
     finally:
         gc.unfreeze()
-    assert [policy.unfreeze_every for policy in installed] == ([every] if every else [])
-    assert gc.get_threshold() == threshold
+    assert ([policy.unfreeze_every for policy in installed], gc.get_threshold()) == ([every] if every else [], threshold)
 
 
 # --- run: its exits, with the listener replaced by a stand-in ------------------------------------------------------
@@ -422,8 +419,7 @@ def test_serve_listens_announces_prints_stats_closes_its_records_and_stops_on_ct
     assert serving["logging"] == [{"level": logging.WARNING, "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}]
     assert serving["settled"] == [args]
     (server, port, host), = serving["served"]
-    assert (port, host) == (0, "0.0.0.0")
-    assert serving["drains"] == [(server, 4.0, trio.CancelScope)] and serving["stats"] == []
+    assert ((port, host), serving["drains"], serving["stats"]) == ((0, "0.0.0.0"), [(server, 4.0, trio.CancelScope)], [])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     out = stdout.getvalue()
     assert out.splitlines()[0] == "listening on http://10.0.0.1:4321  (POST /v1/responses, WebSocket ws://10.0.0.1:4321/v1/responses)"
@@ -468,8 +464,7 @@ def test_serve_on_a_real_engine_says_why_it_cannot_start_or_serves_from_it_once_
     stdout = flushed_stdout(monkeypatch)
     engine, opened = stand_in_vllm(monkeypatch, startup_s=61.6)  # an engine that lives on (`died` is never set)
     args = serve_args("--quiet", "--engine", "vllm", "--vllm-python", "/opt/vllm/python")
-    assert serve.run(args) == 0
-    assert opened == [(model_spec(args), "/opt/vllm/python")]
+    assert (serve.run(args), opened) == (0, [(model_spec(args), "/opt/vllm/python")])
     assert serving["served"][0][0].api.engine is engine
     assert stdout.getvalue().split("\n")[:2] == ["starting vLLM (tiny-llama-cpu); this takes minutes on a CPU", "vLLM 0.9.1 ready on cpu in 62 s"]
     assert stdout.flushes == 4  # starting, ready, the announcement, stopped

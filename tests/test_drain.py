@@ -194,8 +194,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
                 draining.start_soon(drain, server, 1.0)
                 events, code, _ = await closed_after(conn)
         await server_tasks_end(server_side, server)
-    assert code == 1001
-    assert [e.get("stream_id") for e in before if e["type"] == "response.completed"] == ["done"]
+    assert (code, [e.get("stream_id") for e in before if e["type"] == "response.completed"]) == (1001, ["done"])
     created = [e for e in before if e["type"] == "response.created" and e.get("stream_id") != "done"]
     lane_of = {e["response"]["id"]: e.get("stream_id") for e in created}
     assert set(lane_of.values()) == {"a", "b", None}
@@ -440,9 +439,8 @@ def test_sigterm_drains_the_real_server(cli_server) -> None:
                 events.append(json.loads(conn.recv(timeout=20)))
         except Exception as exc:  # the close
             close_code = getattr(getattr(exc, "rcvd", None), "code", None)
-    assert close_code == 1001
-    assert [e["type"] for e in events][-2:] == ["response.completed", "error"]
-    assert events[-1]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    assert (close_code, [e["type"] for e in events][-2:], events[-1]["error"]["code"]) == (
+        1001, ["response.completed", "error"], errors.SERVER_SHUTTING_DOWN)
     server.proc.wait(timeout=20)
     code, out, err = server.stop()
     assert code == 0 and "drained" in out, err

@@ -57,9 +57,8 @@ async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[floa
 
 async def test_a_stream_sends_each_token_when_sampled_by_default_or_takes_its_start_and_flushes_and_counts_them(autojump_clock):
     engine = Engine()
-    assert await chunks(engine, list("abcd")) == [(0.1, "a"), (0.2, "b"), (0.3, "c"), (0.4, "d")]
-    assert engine.stats.decoded_tokens == 4
-    assert await chunks(engine, list("ef")) == [(0.5, "e"), (0.6, "f")]
+    assert (await chunks(engine, list("abcd")), engine.stats.decoded_tokens, await chunks(engine, list("ef"))) == (
+        [(0.1, "a"), (0.2, "b"), (0.3, "c"), (0.4, "d")], 4, [(0.5, "e"), (0.6, "f")])
     await trio.sleep(0.4)
     # Sampling began at 0.5 s: six tokens are ready at once, sent two a chunk; then flushes every 0.25 s
     # (capped at two tokens), the last when the last token is ready at 1.3 s.
@@ -183,8 +182,7 @@ SHORT_ANSWER = attrs.evolve(REASONED, words=REASONED.words[:4])
     (attrs.evolve(REASONED, reasoning=()), None, 24 + 12),
 ])
 def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, expected) -> None:
-    assert len(tokenizer.encode(REASONED.calls[0].arguments)) == 12
-    assert _answer_tokens(plan, budget) == expected
+    assert (len(tokenizer.encode(REASONED.calls[0].arguments)), _answer_tokens(plan, budget)) == (12, expected)
 
 
 async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:

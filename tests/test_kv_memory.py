@@ -114,8 +114,7 @@ async def test_discard_drops_kv_at_the_end_of_each_call_and_counts_the_recompute
     assert engine.kv == {} and engine.stats.discarded == 1
     p.extend([5] * 50)
     handle = await engine.begin_call("s", p)
-    assert engine.cached_prefix("s", p, 0.0) == 0 and handle.recomputed == 100
-    assert engine.stats.recomputed_tokens == 100
+    assert (engine.cached_prefix("s", p, 0.0), handle.recomputed, engine.stats.recomputed_tokens) == (0, 100, 100)
     engine.end_call(handle)
     for key in ("b", "s"):
         await call(engine, key, prompt(100, start={"s": 1000, "b": 50_000}[key]))
@@ -188,8 +187,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_the_next_call_is_admitted
     handle = await engine.begin_call("a", prompt(90))
     with trio.move_on_after(2):
         await engine.begin_call("b", prompt(50))  # blocks the queue until cancelled
-    assert await call(engine, "c", prompt(10)) == 0.0 and trio.current_time() == 2.0
-    assert engine.waiting_calls == 0
+    assert (await call(engine, "c", prompt(10)), trio.current_time(), engine.waiting_calls) == (0.0, 2.0, 0)
     engine.end_call(handle)
     assert_consistent(engine)
 

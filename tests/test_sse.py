@@ -35,9 +35,8 @@ def body_of(events: list[object]) -> bytes:
 def test_a_well_formed_stream_parses_to_its_events() -> None:
     events = text_turn()
     parsed = parse_stream(body_of(events))
-    assert [p.type for p in parsed] == [e.type for e in events]
-    assert [p.data for p in parsed] == [json.loads(json.dumps(e.to_dict())) for e in events]
-    assert [p.size for p in parsed] == [len(sse_block(e)) for e in events]
+    assert ([p.type for p in parsed], [p.data for p in parsed], [p.size for p in parsed]) == (
+        [e.type for e in events], [json.loads(json.dumps(e.to_dict())) for e in events], [len(sse_block(e)) for e in events])
 
 
 def test_a_flat_error_event_ends_a_stream() -> None:

@@ -155,8 +155,7 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
 
 def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
     a, b, c = u.Estimate(1.0, 0.9, 1.1, 10), u.Estimate(2.0, 1.8, 2.2, 10), u.Estimate(2.1, 1.9, 2.3, 10)
-    assert u.order({"b": b, "a": a, "c": c}) == "a < b ~ c"
-    assert u.order({"b": b, "a": a, "c": c}, ascending=False) == "c ~ b > a"
+    assert (u.order({"b": b, "a": a, "c": c}), u.order({"b": b, "a": a, "c": c}, ascending=False)) == ("a < b ~ c", "c ~ b > a")
     assert u.order({"z": a, "y": b}) == "z < y" and u.order({}) == ""  # by value, not by name
     touching = u.Estimate(1.8, 1.6, 1.8, 10)  # ends that meet overlap
     assert not u.separated(touching, b) and not u.separated(b, touching)

@@ -508,8 +508,7 @@ def test_the_vllm_processor_sets_every_logit_of_a_planned_row_but_its_next_id_to
     processor.update_state(_batch(added=[(0, _params([2, 3]), [], output), (1, _params(None), [], [])]))
     logits = np.zeros((2, 4))
     assert processor.apply(logits) is logits
-    assert logits.tolist() == [[-math.inf, -math.inf, 0.0, -math.inf], [0.0] * 4]
-    assert made == [("long", "cpu"), ("long", "cpu")]
+    assert (logits.tolist(), made) == ([[-math.inf, -math.inf, 0.0, -math.inf], [0.0] * 4], [("long", "cpu"), ("long", "cpu")])
     output += [2, 3]  # the plan is used up: the row samples freely
     assert processor.apply(np.ones((2, 4))).tolist() == [[1.0] * 4] * 2
     with pytest.raises(AttributeError, match=f"^module {vllm_forced.__name__!r} has no attribute 'Other'$"):

@@ -359,8 +359,7 @@ async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_erro
     message = {"op": "generate", "rid": "x", "prompt": [1], "max_tokens": 2}
     await worker.handle(message)
     assert await handle(worker, message) is True
-    assert out.take() == [{"type": "error", "rid": "x", "message": "request 'x' exists"}]
-    assert len(engine.calls) == 1
+    assert (out.take(), len(engine.calls)) == ([{"type": "error", "rid": "x", "message": "request 'x' exists"}], 1)
     await feed(engine.script("x"), END)
     assert out.take() == [{"type": "finished", "rid": "x"}]
     await handle(worker, message)
@@ -444,8 +443,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert await handle(worker, {"op": "close", "rid": "h"}) is True
     assert engine.inputs_ended["h"] is True and len(engine.inputs["h"]) == 3
     await feed(script, END)
-    assert out.take()[-1] == {"type": "finished", "rid": "h"}
-    assert worker.inputs == {} and worker.tasks == {}
+    assert (out.take()[-1], worker.inputs, worker.tasks) == ({"type": "finished", "rid": "h"}, {}, {})
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
     await handle(worker, {"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do

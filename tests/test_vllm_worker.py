@@ -334,8 +334,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or
     await feed(script, output([10, 11, 12]))  # past the request's max_tokens: only its own count
     counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
                 "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
-    assert out.take() == [tokens("r1", [10]),
-                          {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
+    assert out.take() == [tokens("r1", [10]), {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
     await feed(script, END)
     assert out.lines == ['{"type":"finished","rid":"r1"}\n']
     worker, out, engine = await started()
@@ -430,8 +429,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
         tokens("h", [8], (0, 3, 2, 5, 0.5, 7), preemptions=1),
     ]
     await feed(script, output([7]))
-    assert out.take() == [tokens("h", [7]),
-                          {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
+    assert out.take() == [tokens("h", [7]), {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
     await handle(worker, {"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
     await feed(script, output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
@@ -508,8 +506,7 @@ def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_en
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     with redirected_fds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
-    assert fds.out_path.read_text() == (
-        '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n')
+    assert fds.out_path.read_text() == '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n'
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

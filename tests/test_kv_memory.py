@@ -79,8 +79,7 @@ async def test_a_pinned_ttl_holds_until_exactly_its_end_and_a_cache_is_evicted_a
     start = trio.current_time()
     await call(cache, "a", prompt(80))
     await trio.sleep(1)
-    assert await call(cache, "b", prompt(50, start=5000)) == 0.0
-    assert cache.stats.evicted == 1 and trio.current_time() == start + 1
+    assert (await call(cache, "b", prompt(50, start=5000)), cache.stats.evicted, trio.current_time()) == (0.0, 1, start + 1)
     assert cache.cached_prefix("a", prompt(81), trio.current_time()) == 0
 
 
@@ -155,13 +154,11 @@ async def test_room_is_made_from_the_least_recently_used_cache_then_the_youngest
         return sorted(engine.kv), engine.stats.evicted, engine.stats.preempted
 
     # Cache: least recently used first (b, then c, then a), exactly as much as the new call needs.
-    assert await cached_then(40, pinned=False) == (["a", "c", "d"], 1, 0)
-    assert await cached_then(41, pinned=False) == (["a", "d"], 2, 0)
-    assert await cached_then(100, pinned=False) == (["d"], 3, 0)
-    # Held KV of younger sessions: the youngest first (c, then b).
-    assert await cached_then(10, pinned=True) == (["a", "b", "c"], 0, 0)  # 100 tokens: it fits
-    assert await cached_then(40, pinned=True) == (["a", "b"], 0, 1)
-    assert await cached_then(41, pinned=True) == (["a"], 0, 2)
+    cache = [await cached_then(n, pinned=False) for n in (40, 41, 100)]
+    assert cache == [(["a", "c", "d"], 1, 0), (["a", "d"], 2, 0), (["d"], 3, 0)]
+    # Held KV of younger sessions: the youngest first (c, then b); 10 more tokens (100 in all) fit.
+    held = [await cached_then(n, pinned=True) for n in (10, 40, 41)]
+    assert held == [(["a", "b", "c"], 0, 0), (["a", "b"], 0, 1), (["a"], 0, 2)]
 
 
 async def test_waiting_calls_are_served_oldest_session_first(autojump_clock):
@@ -464,8 +461,7 @@ async def test_shared_blocks_stay_findable_through_the_session_that_used_them_la
     await trio.sleep(40.0)
     await call(engine, "a", Prompt(list(a.ids) + list(range(5040, 5056))))  # t=50: a used again
     c = Prompt(shared + list(range(7000, 7040)))
-    assert engine.cached_prefix("c", c, 120.0) == 96  # b expired at 110; a lives until 150
-    assert engine.cached_prefix("c", c, 150.0) == 0
+    assert [engine.cached_prefix("c", c, t) for t in (120.0, 150.0)] == [96, 0]  # b expired at 110; a lives until 150
 
 
 SWEEP_BLOCKS = 1 << 16  # the directory forgets unfindable blocks once it lists more than this
@@ -759,9 +755,7 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
         await call(engine, "newcomer", prompt(n, 4000))
         return sorted({"new", "old", "direct"} - set(engine.kv))
 
-    assert await evicted_for(60) == ["direct"]
-    assert await evicted_for(80) == ["direct", "old"]
-    assert await evicted_for(100) == ["direct", "new", "old"]
+    assert [await evicted_for(n) for n in (60, 80, 100)] == [["direct"], ["direct", "old"], ["direct", "new", "old"]]
 
 
 def full_claim(engine: Engine, key: str) -> None:

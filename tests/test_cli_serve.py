@@ -87,8 +87,7 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
     }
     # The default server itself: a default engine and configuration, the after-sprint API, its own records.
     assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
-    assert api.render_cache.max_tokens == 5_000_000
-    assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
+    assert (api.render_cache.max_tokens, api.costs, api.sprint) == (5_000_000, ApiCosts(), API_PROFILES["after"])
     assert (api.workloads.default_workload, api.workloads.default_seed) == ("coding", 0)
     assert (api.flush_interval, api.flush_tokens) == (0.05, None)
     assert config == ServerConfig() and type(server.records) is metrics.ClientRecords
@@ -414,8 +413,7 @@ def test_serve_listens_announces_prints_stats_closes_its_records_and_stops_on_ct
         serving, tmp_path, capsys, monkeypatch):
     stdout = flushed_stdout(monkeypatch)
     args = serve_args("--port", "0", "--host", "0.0.0.0", "--quiet", "--drain-seconds", "4")
-    assert serve.run(args) == 0
-    assert stdout.flushes == 2  # the announcement, then "stopped"
+    assert (serve.run(args), stdout.flushes) == (0, 2)  # the announcement, then "stopped"
     assert serving["logging"] == [{"level": logging.WARNING, "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}]
     assert serving["settled"] == [args]
     (server, port, host), = serving["served"]
@@ -459,8 +457,7 @@ def test_serve_on_a_real_engine_says_why_it_cannot_start_or_serves_from_it_once_
     assert serve.run(serve_args("--quiet", "--engine", "vllm")) == 2
     captured = capsys.readouterr()
     assert captured.out == "starting vLLM (tiny-llama-cpu); this takes minutes on a CPU\n"
-    assert captured.err == "python -m prototype serve: error: --engine vllm: no vLLM here\n"
-    assert serving["served"] == []
+    assert (captured.err, serving["served"]) == ("python -m prototype serve: error: --engine vllm: no vLLM here\n", [])
     stdout = flushed_stdout(monkeypatch)
     engine, opened = stand_in_vllm(monkeypatch, startup_s=61.6)  # an engine that lives on (`died` is never set)
     args = serve_args("--quiet", "--engine", "vllm", "--vllm-python", "/opt/vllm/python")

@@ -28,8 +28,7 @@ async def test_a_prefill_counts_its_call_and_tokens_and_ends_from_its_start(auto
     engine = Engine()
     await trio.sleep(1.0)
     # Its place on the response's schedule is 0.5 s: the prefill ends 1 s after it, not 1 s after now.
-    assert await engine.prefill(LATENCY, uncached=1000, cached=30, start=0.5) == 1.5
-    assert trio.current_time() == 1.5
+    assert (await engine.prefill(LATENCY, uncached=1000, cached=30, start=0.5), trio.current_time()) == (1.5, 1.5)
     assert await engine.prefill(LATENCY, uncached=500, cached=70) == 2.0
     assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (2, 1500, 100)
     # Unstreamed tokens are ready their decode time after their start.

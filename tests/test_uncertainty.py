@@ -143,8 +143,7 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
     estimate = u.events_per(2, 4.0)
     assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"
     assert (estimate.low, estimate.high) == pytest.approx((0.2422 / 4, 7.2247 / 4), rel=1e-3)
-    assert u.events_per(0, 10.0).low == 0.0
-    assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
+    assert (u.events_per(0, 10.0).low, u.events_per(0, 10.0).high) == (0.0, pytest.approx(3.6889 / 10, rel=1e-3))
     # Garwood's ends are chi-square quantiles; half an hour's exposure doubles the rate and its ends.
     garwood = (stats.chi2.ppf(0.025, 6) / 2, stats.chi2.ppf(0.975, 8) / 2)
     half_hour, hour = u.events_per(3, 0.5), u.events_per(3, 1.0, of="reconnects")

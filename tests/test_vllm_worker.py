@@ -319,8 +319,7 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or
     assert engine.calls == [{"prompt": {"prompt_token_ids": [1, 2, 3], "cache_salt": "s1"},
                              "params": engine.calls[0]["params"], "rid": "r1"}]
     assert type(engine.calls[0]["prompt"]) is FakeTokensPrompt
-    assert engine.calls[0]["params"].kwargs == params_of(4, [7, 8, 9, 10])
-    assert out.take() == []
+    assert (engine.calls[0]["params"].kwargs, out.take()) == (params_of(4, [7, 8, 9, 10]), [])
     engine.stats(ctx=3, gen=1, queries=3, hits=0, usage=0.25)
     script = engine.script("r1")
     await feed(script, output([7, 8], cached=16, prompt=[1, 2, 3]))
@@ -386,9 +385,8 @@ async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
     await handle(worker, {"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
     assert "a" in worker.inputs
     assert await handle(worker, {"op": "abort", "rid": "a"}) is True
-    assert engine.aborted == ["a"]
-    assert out.take() == [{"type": "finished", "rid": "a"}]  # no error: an abort is asked for
-    assert worker.tasks == {} and worker.inputs == {}
+    # No error: an abort is asked for.
+    assert (engine.aborted, out.take(), worker.tasks, worker.inputs) == (["a"], [{"type": "finished", "rid": "a"}], {}, {})
     assert await worker.handle({"op": "abort", "rid": "a"}) is True  # already over: nothing to do
     assert await handle(worker, {"op": "abort", "rid": "nobody"}) is True
     assert engine.aborted == ["a"] and out.take() == []

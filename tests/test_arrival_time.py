@@ -31,13 +31,13 @@ def decode_takes(monkeypatch, autojump_clock):
 
 
 async def completion_after_create(link: str, decode_takes, seconds: float) -> float:
+    """From a create to its response's end, each frame's decode taking `seconds` (each of these helpers sets the decode's
+    time just before the frame it times, so a time left set by the one before changes nothing it measures)."""
     decode_takes(seconds)
     async with ws(make_server(), network=LINKS[link]) as conn:
         sent = trio.current_time()
         await send(conn, create_event(metadata=ONE_TURN))
-        completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-    decode_takes(0.0)
-    return completed
+        return (await timed_until(conn, "response.completed"))[-1][0] - sent
 
 
 async def completion_after_append(link: str, decode_takes, seconds: float) -> float:
@@ -47,9 +47,7 @@ async def completion_after_append(link: str, decode_takes, seconds: float) -> fl
         decode_takes(seconds)
         sent = trio.current_time()
         await send(conn, {"type": "response.append", "input": [output(function_calls(done["response"])[0]["call_id"])]})
-        completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-        decode_takes(0.0)
-        return completed
+        return (await timed_until(conn, "response.completed"))[-1][0] - sent
 
 
 async def completion_after_inject(link: str, decode_takes, seconds: float) -> float:
@@ -59,13 +57,11 @@ async def completion_after_inject(link: str, decode_takes, seconds: float) -> fl
         response_id, call_id = events[0][1]["response"]["id"], events[-1][1]["item_id"]
         await trio.sleep(1.0)  # the response waits for the call's output
         (call,) = [e["item"] for _, e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
+        assert call["id"] == call_id
         decode_takes(seconds)
         sent = trio.current_time()
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": [output(call["call_id"])]})
-        completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-        decode_takes(0.0)
-        assert call["id"] == call_id
-        return completed
+        return (await timed_until(conn, "response.completed"))[-1][0] - sent
 
 
 @pytest.mark.parametrize("link", LINKS)
@@ -107,9 +103,7 @@ async def completion_of_subagents(decode_takes, seconds: float) -> float:
         sent = trio.current_time()
         await send(conn, create_event(metadata={**ONE_TURN, "testbed_subagents": "2"},
                                       multi_agent={"enabled": True, "max_concurrent_subagents": 2}))
-        completed = (await timed_until(conn, "response.completed"))[-1][0] - sent
-    decode_takes(0.0)
-    return completed
+        return (await timed_until(conn, "response.completed"))[-1][0] - sent
 
 
 async def test_hosted_subagents_within_the_cap_are_modeled_from_the_frames_arrival(autojump_clock, decode_takes) -> None:

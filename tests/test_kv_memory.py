@@ -264,10 +264,8 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
     assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause
     assert all(r["peak_kv_tokens"] <= 30000 + 3 * 10_000 for r in rows)
-    with open(run / "kv_memory.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
-    with open(run / "kv_memory_seeds.csv") as f:
-        summary = list(csv.DictReader(f))
+    assert len(list(csv.DictReader((run / "kv_memory.csv").read_text().splitlines()))) == 4
+    summary = list(csv.DictReader((run / "kv_memory_seeds.csv").read_text().splitlines()))
     assert [(r["design"], r["seeds"], r["tasks_per_hour_n"]) for r in summary] == [("suspended", "2", "2"), ("chained", "2", "2")]
     assert "not for conclusions" in capsys.readouterr().out.lower()  # two seeds, where the docs' figures rest on ten
     headline = json.loads((run / "kv_memory.json").read_text())["headline"]

@@ -116,8 +116,7 @@ def test_a_flush_that_fails_sends_nothing_of_its_chunk() -> None:
         flushes = iter([None, EngineFailure("injected engine failure")])
 
         def on_flush(n: int) -> None:
-            failure = next(flushes)
-            if failure is not None:
+            if (failure := next(flushes)) is not None:
                 raise failure
 
         async for chunk in paced_tokens(pieces, 1000.0, on_flush=on_flush):

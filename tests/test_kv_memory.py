@@ -758,8 +758,7 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
 
 def full_claim(engine: Engine, key: str) -> None:
     """The oracle: list every full block of the key's entry as held by it."""
-    entry = engine.kv.get(key)
-    if entry is not None and key not in engine._isolated:
+    if (entry := engine.kv.get(key)) is not None and key not in engine._isolated:
         hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]
         engine._blocks.update(dict.fromkeys(hashes, entry))
 

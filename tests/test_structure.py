@@ -84,12 +84,10 @@ def test_no_import_cycle_in_the_package() -> None:
 def test_lower_layers_never_import_upper_ones() -> None:
     wrong = []
     for name, targets in import_graph().items():
-        layer = layer_of(name)
-        if layer is None:
+        if (layer := layer_of(name)) is None:
             continue
         for target in targets:
-            other = layer_of(target)
-            if other is not None and LAYERS.index(other) > LAYERS.index(layer):
+            if (other := layer_of(target)) is not None and LAYERS.index(other) > LAYERS.index(layer):
                 wrong.append((name, target))
     assert wrong == []
 

@@ -589,8 +589,7 @@ async def test_each_calls_plan_is_what_the_next_prompt_renders(design, autojump_
     assert len(calls) == sum(1 + len(turn.hosted_calls) for turn in task.turns) and all(plan for _, _, plan in calls)
     checked = 0
     for i, (conversation, prompt, plan) in enumerate(calls):
-        later = [p for c, p, _ in calls[i + 1 :] if c == conversation]
-        if later:
+        if later := [p for c, p, _ in calls[i + 1 :] if c == conversation]:
             # The last sampled id is never fed back (a hosted call's, the one before its result, may render otherwise).
             assert later[0][len(prompt) : len(prompt) + len(plan) - 1] == list(plan[:-1])
             checked += 1

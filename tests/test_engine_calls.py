@@ -83,10 +83,8 @@ def paced(pieces: list[str], rate: float, **kwargs: object) -> list[tuple[float,
     flushed: list[int] = []
 
     async def run() -> list[tuple[float, int, str]]:
-        out = []
-        async for chunk in paced_tokens(pieces, rate, on_flush=flushed.append, **kwargs):
-            out.append((round(trio.current_time(), 9), flushed[-1], chunk))
-        return out
+        return [(round(trio.current_time(), 9), flushed[-1], chunk)
+                async for chunk in paced_tokens(pieces, rate, on_flush=flushed.append, **kwargs)]
 
     return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 

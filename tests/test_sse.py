@@ -51,9 +51,7 @@ def test_any_chunking_gives_the_same_events(data: st.DataObject) -> None:
     body = body_of(text_turn(data.draw(st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=6))))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=12)))
     parser = StrictSseParser()
-    parsed = []
-    for start, end in zip([0, *cuts], [*cuts, len(body)]):
-        parsed.extend(parser.feed(body[start:end]))
+    parsed = [event for start, end in zip([0, *cuts], [*cuts, len(body)]) for event in parser.feed(body[start:end])]
     parser.close()
     assert parsed == parse_stream(body)
 

@@ -35,11 +35,8 @@ MAX_TURNS = 10
 def _event_models() -> dict[str, type]:
     """`type` value -> the model class the SDK's `ResponsesServerEvent` union assigns it."""
     union = typing.get_args(ResponsesServerEvent)[0]  # Annotated[Union[...], PropertyInfo(...)]
-    models: dict[str, type] = {}
-    for variant in typing.get_args(union):
-        for value in typing.get_args(variant.model_fields["type"].annotation):
-            models[value] = variant
-    return models
+    return {value: variant for variant in typing.get_args(union)
+            for value in typing.get_args(variant.model_fields["type"].annotation)}
 
 
 EVENT_MODELS = _event_models()

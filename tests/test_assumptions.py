@@ -114,8 +114,7 @@ def test_configure_leaves_a_stage_split_of_zero_as_it_is() -> None:
     # With no fixed or per-token cost to scale, a value for it scales nothing (no division by zero).
     free = StageCost(fixed=0.0, per_ktok=0.0)
     base = benchmark.BenchConfig(costs=ApiCosts(validate=free, safety=free, render=free, route=StageCost(fixed=0.0, per_ktok=0.002)))
-    config = assumptions.configure(base, {"t_fixed_pre": 0.5, "t_pre_per_ktok": 0.004})
-    assert config.costs == base.costs
+    assert assumptions.configure(base, {"t_fixed_pre": 0.5, "t_pre_per_ktok": 0.004}).costs == base.costs
     # Each stage scales its fixed share by the first ratio and its per-token share by the second.
     costs = ApiCosts(validate=StageCost(0.010, 0.001), safety=StageCost(0.030, 0.002), render=StageCost(0.0, 0.001),
                      route=StageCost(0.060, 0.004))

@@ -217,8 +217,7 @@ def tracelab(path, groups, *, timed=True):
 
 
 def run_calibrate(capsys, *argv):
-    args = calibrate_parser().parse_args([str(a) for a in argv])
-    status = calibrate.run(args)
+    status = calibrate.run(calibrate_parser().parse_args([str(a) for a in argv]))
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 
@@ -261,8 +260,7 @@ def test_calibrate_refuses_a_bad_trace_or_baseline_and_without_timed_rounds_a_la
     assert err.startswith("python -m prototype calibrate: error: ") and "nope.json" in err
     path = tracelab(tmp_path / "t.jsonl", [("codex", "gpt", 3)], timed=False)
     status, out, err = run_calibrate(capsys, path, "--baseline-tasks", 2, "--latency-out", tmp_path / "l.json")
-    assert status == 2
-    assert out.split("\n")[0] == f"{path}: tracelab-jsonl, 1 task, 3 rounds, 0 timed"
+    assert (status, out.split("\n")[0]) == (2, f"{path}: tracelab-jsonl, 1 task, 3 rounds, 0 timed")
     assert out.endswith("\nno fit: 0 timed rounds (the trace has no model-call timestamps)\n")
     assert err == "error: no latency profile without a fit\n"
     assert not (tmp_path / "l.json").exists()

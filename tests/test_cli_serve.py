@@ -87,8 +87,7 @@ def test_the_help_names_every_option_and_states_the_defaults_of_the_default_serv
     }
     # The default server itself: a default engine and configuration, the after-sprint API, its own records.
     assert (api.engine.max_sessions, api.engine.kv_ttl) == (type(api.engine)().max_sessions, type(api.engine)().kv_ttl)
-    assert api.render_cache.max_tokens == 5_000_000
-    assert api.costs == ApiCosts() and api.sprint == API_PROFILES["after"]
+    assert (api.render_cache.max_tokens, api.costs, api.sprint) == (5_000_000, ApiCosts(), API_PROFILES["after"])
     assert (api.workloads.default_workload, api.workloads.default_seed) == ("coding", 0)
     assert (api.flush_interval, api.flush_tokens) == (0.05, None)
     assert config == ServerConfig() and type(server.records) is metrics.ClientRecords
@@ -215,12 +214,9 @@ def test_serve_announces_its_address_then_what_a_request_runs_and_its_limits(mon
                            "listening on http://h:9  (POST /v1/responses, WebSocket ws://h:9/v1/responses)  [2 workers]"]
 
 
-@pytest.fixture
-def fixed_time(monkeypatch):
+def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_status_and_time_and_survives_a_closed_stdout(
+        monkeypatch, tmp_path):
     monkeypatch.setattr(serve_report.time, "strftime", lambda fmt: f"<{fmt}>")
-
-
-def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_status_and_time_and_survives_a_closed_stdout(fixed_time, tmp_path):
     record = {"started_at_s": 10.0, "at_s": 10.25, "transport": "websocket", "design": "suspended",
               "response_id": "resp_1", "appends": 2, "outcome": "completed", "model": "gpt-x"}
     line = serve_report.access_line
@@ -240,8 +236,7 @@ def test_the_access_log_prints_a_line_per_record_naming_the_response_its_turns_s
     record = {"at_s": 1.0, "transport": "http", "design": "http", "outcome": "completed"}
     for _ in range(3):
         log.append(record)
-    assert len(log) == 2 and out.flushes == 3
-    assert out.getvalue() == (serve_report.access_line(record, "json") + "\n") * 3
+    assert (len(log), out.flushes, out.getvalue()) == (2, 3, (serve_report.access_line(record, "json") + "\n") * 3)
     out.close()
     log.append(record)  # ValueError: I/O operation on closed file, swallowed
     log.close()
@@ -312,9 +307,8 @@ async def test_sigterm_drains_the_server_then_stops_it(monkeypatch):
             await trio.testing.wait_all_tasks_blocked()
             assert stdout.getvalue() == ""
             os.kill(os.getpid(), signal.SIGTERM)
-    assert drained == [(server, 2.5)]
-    assert stdout.getvalue() == "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n"
-    assert stdout.flushes == 2
+    assert (drained, stdout.getvalue(), stdout.flushes) == (
+        [(server, 2.5)], "SIGTERM: draining (1 WebSocket connections, 0 HTTP responses in flight)\ndrained\n", 2)
     server.api.store.close()
 
 
@@ -337,8 +331,7 @@ def test_serve_collects_then_freezes_its_startup_objects_and_installs_the_collec
         assert dead() is None  # and what was garbage was collected, not frozen with it
     finally:
         gc.unfreeze()
-    assert [policy.unfreeze_every for policy in installed] == ([every] if every else [])
-    assert gc.get_threshold() == threshold
+    assert ([policy.unfreeze_every for policy in installed], gc.get_threshold()) == ([every] if every else [], threshold)
 
 
 # --- run: its exits, with the listener replaced by a stand-in ------------------------------------------------------
@@ -420,13 +413,11 @@ def test_serve_listens_announces_prints_stats_closes_its_records_and_stops_on_ct
         serving, tmp_path, capsys, monkeypatch):
     stdout = flushed_stdout(monkeypatch)
     args = serve_args("--port", "0", "--host", "0.0.0.0", "--quiet", "--drain-seconds", "4")
-    assert serve.run(args) == 0
-    assert stdout.flushes == 2  # the announcement, then "stopped"
+    assert (serve.run(args), stdout.flushes) == (0, 2)  # the announcement, then "stopped"
     assert serving["logging"] == [{"level": logging.WARNING, "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}]
     assert serving["settled"] == [args]
     (server, port, host), = serving["served"]
-    assert (port, host) == (0, "0.0.0.0")
-    assert serving["drains"] == [(server, 4.0, trio.CancelScope)] and serving["stats"] == []
+    assert ((port, host), serving["drains"], serving["stats"]) == ((0, "0.0.0.0"), [(server, 4.0, trio.CancelScope)], [])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     out = stdout.getvalue()
     assert out.splitlines()[0] == "listening on http://10.0.0.1:4321  (POST /v1/responses, WebSocket ws://10.0.0.1:4321/v1/responses)"
@@ -466,13 +457,11 @@ def test_serve_on_a_real_engine_says_why_it_cannot_start_or_serves_from_it_once_
     assert serve.run(serve_args("--quiet", "--engine", "vllm")) == 2
     captured = capsys.readouterr()
     assert captured.out == "starting vLLM (tiny-llama-cpu); this takes minutes on a CPU\n"
-    assert captured.err == "python -m prototype serve: error: --engine vllm: no vLLM here\n"
-    assert serving["served"] == []
+    assert (captured.err, serving["served"]) == ("python -m prototype serve: error: --engine vllm: no vLLM here\n", [])
     stdout = flushed_stdout(monkeypatch)
     engine, opened = stand_in_vllm(monkeypatch, startup_s=61.6)  # an engine that lives on (`died` is never set)
     args = serve_args("--quiet", "--engine", "vllm", "--vllm-python", "/opt/vllm/python")
-    assert serve.run(args) == 0
-    assert opened == [(model_spec(args), "/opt/vllm/python")]
+    assert (serve.run(args), opened) == (0, [(model_spec(args), "/opt/vllm/python")])
     assert serving["served"][0][0].api.engine is engine
     assert stdout.getvalue().split("\n")[:2] == ["starting vLLM (tiny-llama-cpu); this takes minutes on a CPU", "vLLM 0.9.1 ready on cpu in 62 s"]
     assert stdout.flushes == 4  # starting, ready, the announcement, stopped
@@ -618,7 +607,6 @@ sys.exit(9)
 
 
 def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
-    import os
     worker = tmp_path / "python"
     worker.write_text(DYING_WORKER.format(python=sys.executable))
     worker.chmod(0o755)
@@ -631,8 +619,7 @@ def test_serve_over_vllm_exits_saying_why_when_its_engine_dies(tmp_path):
         lines = [proc.stdout.readline() for _ in range(3)]
         assert LISTENING.match(lines[2]), (lines, proc.stderr.read() if proc.poll() is not None else "")
         with open_ws(int(LISTENING.match(lines[2]).group(1))) as conn:  # a client connected when the engine dies
-            conn.send(json.dumps({"type": "response.create", "model": "sim-1000", "input": "hi", "store": False,
-                                  "metadata": {"testbed_workload": "fixed:1"}}))
+            conn.send(create(model="sim-1000", input="hi"))
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     received.append(json.loads(conn.recv(timeout=TIMEOUT)))

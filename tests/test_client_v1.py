@@ -139,8 +139,7 @@ def test_v1_function_calls_tool_outputs_append_and_output_text() -> None:
     ]}}
     assert v1.function_calls(event) == [call, {"type": "function_call", "call_id": "call_2"}]
     assert v1.function_calls({"type": "error"}) == [] and v1.function_calls({"response": {}}) == []
-    assert v1.output_text(event) == "Hello"
-    assert v1.output_text({"type": "error"}) == "" and v1.output_text({"response": {}}) == ""
+    assert (v1.output_text(event), v1.output_text({"type": "error"}), v1.output_text({"response": {}})) == ("Hello", "", "")
     assert v1.tool_output(call, "1 passed") == {"type": "function_call_output", "call_id": "call_1", "output": "1 passed"}
     conn = FakeConnection()
     v1.append(conn, [v1.tool_output(call, "ok")])

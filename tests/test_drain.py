@@ -81,8 +81,7 @@ async def test_a_disconnect_around_the_suspension_releases_everything(autojump_c
     elif moment == "during an append":
         monkeypatch.setattr(SamplingLoop, "take_new_items", park(SamplingLoop.take_new_items))
     async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, SUSPENDED) as (conn, stream):
+        async with raw_ws(PipeConnector(server, server_side), SUSPENDED) as (conn, stream):
             await send(conn, create())
             if moment == "during an append":
                 done = (await until(conn, "response.done"))[-1]["response"]
@@ -122,10 +121,8 @@ async def test_drain_ends_every_response_with_a_terminal_event_then_closes_1001(
             drained_at = trio.current_time()
             async with trio.open_nursery() as draining:
                 draining.start_soon(drain, server, 30.0)
-                v2_events, v2_code, _ = await closed_after(v2)
-                v1p_events, v1p_code, _ = await closed_after(v1_paused)
-                v1s_events, v1s_code, _ = await closed_after(v1_streaming)
-                idle_events, idle_code, _ = await closed_after(idle)
+                (v2_events, v2_code, _), (v1p_events, v1p_code, _), (v1s_events, v1s_code, _), (idle_events, idle_code, _) = [
+                    await closed_after(conn) for conn in (v2, v1_paused, v1_streaming, idle)]
         assert trio.current_time() - drained_at < 5.0  # the 4 s turns finished; the grace was not needed
         await server_tasks_end(server_side, server)
     assert (v2_code, v1p_code, v1s_code, idle_code) == (1001, 1001, 1001, 1001)
@@ -154,8 +151,7 @@ SHUTTING_DOWN = {"code": "server_error", "message": "The server is shutting down
 async def test_drain_past_its_grace_fails_the_response_in_flight(autojump_clock, link: str, kind: str) -> None:
     server = make_server()
     async with trio.open_nursery() as server_side:
-        connector = connector_for(link, server, server_side)
-        async with raw_ws(connector, CHAINED) as (conn, _):
+        async with raw_ws(connector_for(link, server, server_side), CHAINED) as (conn, _):
             if kind == "turn":
                 await send(conn, create(model="sim-100", metadata={"testbed_workload": LONG}))  # 4 s
             else:  # a long prefill: a warm-up sends `response.created`, then nothing until its prefill ends
@@ -184,8 +180,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
     # A multiplexing client routes events by `stream_id`: the failure must name the cut response's lane.
     server = make_server()
     async with trio.open_nursery() as server_side:
-        connector = PipeConnector(server, server_side)
-        async with raw_ws(connector, CHAINED) as (conn, _):
+        async with raw_ws(PipeConnector(server, server_side), CHAINED) as (conn, _):
             # A lane whose response ended before the drain has nothing left to cut.
             await send(conn, create(model="sim-100", metadata={"testbed_workload": "fixed:1:50:10:1"}, stream_id="done"))
             for lane in ("a", "b"):
@@ -199,8 +194,7 @@ async def test_drain_past_its_grace_fails_each_lanes_response_on_its_own_lane(au
                 draining.start_soon(drain, server, 1.0)
                 events, code, _ = await closed_after(conn)
         await server_tasks_end(server_side, server)
-    assert code == 1001
-    assert [e.get("stream_id") for e in before if e["type"] == "response.completed"] == ["done"]
+    assert (code, [e.get("stream_id") for e in before if e["type"] == "response.completed"]) == (1001, ["done"])
     created = [e for e in before if e["type"] == "response.created" and e.get("stream_id") != "done"]
     lane_of = {e["response"]["id"]: e.get("stream_id") for e in created}
     assert set(lane_of.values()) == {"a", "b", None}
@@ -234,8 +228,7 @@ async def test_a_drain_closes_an_open_connection_with_its_error_and_1001(autojum
             assert trio.current_time() == pytest.approx(drained_at + one_way(link), abs=1e-9)  # at once: nothing is in flight
     assert (events, code, reason) == ([closing_error("drain")], 1001, "server shutting down")
     # A connection whose handshake raced the drain is closed the same way.
-    racing = DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig())
-    async with ws(racing, network=LINKS[link]) as conn:
+    async with ws(DrainDuringHandshake(ApiService(costs=ZERO_COSTS), ServerConfig()), network=LINKS[link]) as conn:
         assert await closed_after(conn) == ([closing_error("drain")], 1001, "server shutting down")
 
 
@@ -338,8 +331,7 @@ def stream_in_background(nursery: trio.Nursery, client: RawClient) -> dict[str, 
 
 async def test_a_drain_past_its_grace_cuts_the_http_stream_with_a_flat_error(autojump_clock, nursery) -> None:
     server = make_server()
-    streaming = open_client(nursery, server)
-    seen = stream_in_background(nursery, streaming)
+    seen = stream_in_background(nursery, open_client(nursery, server))
     await trio.sleep(1.0)
     with trio.fail_after(100):
         await drain(server, 0.5)
@@ -447,9 +439,8 @@ def test_sigterm_drains_the_real_server(cli_server) -> None:
                 events.append(json.loads(conn.recv(timeout=20)))
         except Exception as exc:  # the close
             close_code = getattr(getattr(exc, "rcvd", None), "code", None)
-    assert close_code == 1001
-    assert [e["type"] for e in events][-2:] == ["response.completed", "error"]
-    assert events[-1]["error"]["code"] == errors.SERVER_SHUTTING_DOWN
+    assert (close_code, [e["type"] for e in events][-2:], events[-1]["error"]["code"]) == (
+        1001, ["response.completed", "error"], errors.SERVER_SHUTTING_DOWN)
     server.proc.wait(timeout=20)
     code, out, err = server.stop()
     assert code == 0 and "drained" in out, err

@@ -21,16 +21,14 @@ from prototype.engine.streaming import EngineFailure, FaultPlan, paced_tokens
 from prototype.workload import HostedCall, TurnSpec, Workload
 
 # 1000 prompt tokens a second, 10 sampled tokens a second, no overheads: every time below is exact.
-LATENCY = LatencyModel(decode_tokens_per_s=10.0, prefill_tokens_per_s=1000.0, cache_attention=None,
-                       request_overhead=0.0)
+LATENCY = LatencyModel(decode_tokens_per_s=10.0, prefill_tokens_per_s=1000.0, cache_attention=None, request_overhead=0.0)
 
 
 async def test_a_prefill_counts_its_call_and_tokens_and_ends_from_its_start(autojump_clock) -> None:
     engine = Engine()
     await trio.sleep(1.0)
     # Its place on the response's schedule is 0.5 s: the prefill ends 1 s after it, not 1 s after now.
-    assert await engine.prefill(LATENCY, uncached=1000, cached=30, start=0.5) == 1.5
-    assert trio.current_time() == 1.5
+    assert (await engine.prefill(LATENCY, uncached=1000, cached=30, start=0.5), trio.current_time()) == (1.5, 1.5)
     assert await engine.prefill(LATENCY, uncached=500, cached=70) == 2.0
     assert (engine.stats.model_calls, engine.stats.prefill_tokens, engine.stats.cached_tokens) == (2, 1500, 100)
     # Unstreamed tokens are ready their decode time after their start.
@@ -49,9 +47,7 @@ async def test_a_serial_prefill_starts_from_its_place_unless_it_waited_for_the_g
         nursery.start_soon(prefill)
         nursery.start_soon(prefill)
     # The first ends 1 s after its place (0.5 s); the second waited 0.5 s for the GPU and runs from then.
-    assert ends == [1.5, 2.5] and trio.current_time() == 2.5
-    assert engine.stats.prefill_waits == [0.0, 0.5]
-    assert engine.stats.model_calls == 2
+    assert (ends, trio.current_time(), engine.stats.prefill_waits, engine.stats.model_calls) == ([1.5, 2.5], 2.5, [0.0, 0.5], 2)
 
 
 async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[float, str]]:
@@ -60,15 +56,13 @@ async def chunks(engine: Engine, pieces: list[str], **kwargs) -> list[tuple[floa
 
 async def test_a_stream_sends_each_token_when_sampled_by_default_or_takes_its_start_and_flushes_and_counts_them(autojump_clock):
     engine = Engine()
-    assert await chunks(engine, list("abcd")) == [(0.1, "a"), (0.2, "b"), (0.3, "c"), (0.4, "d")]
-    assert engine.stats.decoded_tokens == 4
-    assert await chunks(engine, list("ef")) == [(0.5, "e"), (0.6, "f")]
+    assert (await chunks(engine, list("abcd")), engine.stats.decoded_tokens, await chunks(engine, list("ef"))) == (
+        [(0.1, "a"), (0.2, "b"), (0.3, "c"), (0.4, "d")], 4, [(0.5, "e"), (0.6, "f")])
     await trio.sleep(0.4)
     # Sampling began at 0.5 s: six tokens are ready at once, sent two a chunk; then flushes every 0.25 s
     # (capped at two tokens), the last when the last token is ready at 1.3 s.
     got = await chunks(engine, list("abcdefgh"), start=0.5, flush_interval=0.25, flush_tokens=2)
-    assert got == [(1.0, "ab"), (1.0, "cd"), (1.1, "ef"), (1.3, "gh")]
-    assert engine.stats.decoded_tokens == 14
+    assert (got, engine.stats.decoded_tokens) == ([(1.0, "ab"), (1.0, "cd"), (1.1, "ef"), (1.3, "gh")], 14)
 
 
 def test_per_call_samples_keep_the_most_recent_ones_trimmed_in_batches() -> None:
@@ -89,10 +83,8 @@ def paced(pieces: list[str], rate: float, **kwargs: object) -> list[tuple[float,
     flushed: list[int] = []
 
     async def run() -> list[tuple[float, int, str]]:
-        out = []
-        async for chunk in paced_tokens(pieces, rate, on_flush=flushed.append, **kwargs):
-            out.append((round(trio.current_time(), 9), flushed[-1], chunk))
-        return out
+        return [(round(trio.current_time(), 9), flushed[-1], chunk)
+                async for chunk in paced_tokens(pieces, rate, on_flush=flushed.append, **kwargs)]
 
     return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -122,8 +114,7 @@ def test_a_flush_that_fails_sends_nothing_of_its_chunk() -> None:
         flushes = iter([None, EngineFailure("injected engine failure")])
 
         def on_flush(n: int) -> None:
-            failure = next(flushes)
-            if failure is not None:
+            if (failure := next(flushes)) is not None:
                 raise failure
 
         async for chunk in paced_tokens(pieces, 1000.0, on_flush=on_flush):
@@ -187,8 +178,7 @@ SHORT_ANSWER = attrs.evolve(REASONED, words=REASONED.words[:4])
     (attrs.evolve(REASONED, reasoning=()), None, 24 + 12),
 ])
 def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, expected) -> None:
-    assert len(tokenizer.encode(REASONED.calls[0].arguments)) == 12
-    assert _answer_tokens(plan, budget) == expected
+    assert (len(tokenizer.encode(REASONED.calls[0].arguments)), _answer_tokens(plan, budget)) == (12, expected)
 
 
 async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:

@@ -179,8 +179,7 @@ def test_the_figures_options_and_the_compare_they_call(tmp_path, monkeypatch, ca
         assert fact in text, fact
     seen = []
     monkeypatch.setattr(figures.compare, "run", lambda args: seen.append(args) or 7)
-    assert figures._compare(["--out", str(tmp_path), "--tasks", "3"]) == 7
-    assert (seen[0].out, seen[0].tasks) == (str(tmp_path), 3)
+    assert (figures._compare(["--out", str(tmp_path), "--tasks", "3"]), (seen[0].out, seen[0].tasks)) == (7, (str(tmp_path), 3))
     with pytest.raises(SystemExit):
         figures._compare(["--tasks", "0"])
     assert capsys.readouterr().err == ("python -m prototype compare: error: argument --tasks: must be at least 1, not 0 "

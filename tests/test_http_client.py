@@ -89,10 +89,13 @@ class TapConnector:
         return [[parse(raw) for raw in bytes(tap).split(b"POST /v1/responses HTTP/1.1\r\n")[1:]] for tap in self.taps]
 
 
-async def rollout(server, connector=None, **kwargs: Any):
-    metadata = {"testbed_workload": server.api.workloads.register(TASK)}
+async def rollout(**kwargs: Any) -> tuple[RolloutRecord, list[list[tuple[dict[str, str], dict[str, Any]]]]]:
+    """TASK's rollout against the server: its record, and each connection's requests as the server read them."""
+    server = make_server()
+    connector, metadata = TapConnector(server), {"testbed_workload": server.api.workloads.register(TASK)}
     with trio.fail_after(WAIT):
-        return await run_http_rollout(connector or InMemoryConnector(server), TASK, metadata=metadata, **kwargs)
+        record = await run_http_rollout(connector, TASK, metadata=metadata, **kwargs)
+    return record, connector.requests()
 
 
 def function_call_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,10 +103,7 @@ def function_call_outputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def test_a_stateless_rollout_resends_the_whole_conversation_on_one_connection(autojump_clock) -> None:
-    server = make_server()
-    connector = TapConnector(server)
-    record = await rollout(server, connector)
-    (requests,) = connector.requests()
+    record, (requests,) = await rollout()
     assert (record.design, record.status, len(record.turns), record.reconnects) == ("http-stateless", "completed", 3, 0)
     headers = [h for h, _ in requests]
     assert headers[0] == {"host": "testbed", "content-length": headers[0]["content-length"], "authorization": "Bearer testbed",
@@ -124,11 +124,8 @@ async def test_a_stateless_rollout_resends_the_whole_conversation_on_one_connect
 
 
 async def test_a_stored_rollout_sends_only_the_tool_outputs_after_the_last_response(autojump_clock) -> None:
-    server = make_server()
-    connector = TapConnector(server)
-    record = await rollout(server, connector, variant="stored", api_key="key-2", include_timing=True, instructions="be brief",
-                           compact_threshold=5000)
-    (requests,) = connector.requests()
+    record, (requests,) = await rollout(variant="stored", api_key="key-2", include_timing=True, instructions="be brief",
+                                        compact_threshold=5000)
     assert (record.design, record.status, len(requests)) == ("http-stored", "completed", 3)
     headers, bodies = [h for h, _ in requests], [b for _, b in requests]
     assert [(b["instructions"], b["context_management"]) for b in bodies] == [
@@ -143,10 +140,7 @@ async def test_a_stored_rollout_sends_only_the_tool_outputs_after_the_last_respo
 
 
 async def test_without_keep_alive_every_request_asks_to_close_and_opens_its_own_connection(autojump_clock) -> None:
-    server = make_server()
-    connector = TapConnector(server)
-    record = await rollout(server, connector, keep_alive=False)
-    per_connection = connector.requests()
+    record, per_connection = await rollout(keep_alive=False)
     assert [len(requests) for requests in per_connection] == [1, 1, 1]
     assert [requests[0][0]["connection"] for requests in per_connection] == ["close"] * 3
     assert (record.status, record.reconnects) == ("completed", 0)
@@ -154,7 +148,7 @@ async def test_without_keep_alive_every_request_asks_to_close_and_opens_its_own_
 
 async def test_an_unknown_variant_is_refused(autojump_clock) -> None:
     with pytest.raises(ValueError, match=r"^variant must be one of \('stateless', 'stored'\), not 'chained'$"):
-        await rollout(make_server(), variant="chained")
+        await rollout(variant="chained")
 
 
 async def test_a_turn_starts_before_its_request_is_serialized(autojump_clock, monkeypatch) -> None:

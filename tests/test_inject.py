@@ -38,6 +38,7 @@ MULTI_AGENT = {"enabled": True, "max_concurrent_subagents": 2}
 BETA_HEADER = "responses_multi_agent=v1"
 # Three turns, each ending in client calls but the last (the workload's 0.5 s tools: these tests wait on their own).
 THREE_TURNS = {"testbed_workload": "fixed:3:100:10:20:0.5"}
+TWO_AGENTS = {"testbed_workload": "fixed:2", "testbed_subagents": "2"}  # two hosted subagents, two turns each
 OUTPUT = {"type": "function_call_output", "call_id": "c", "output": "x"}
 
 
@@ -181,8 +182,7 @@ async def test_a_ping_after_the_servers_close_frame_is_left_unanswered_and_nothi
 
 
 async def test_a_waiting_response_fails_after_the_suspension_ttl(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
+    async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
         events = await timed_until(conn, *TERMINALS)
     (last_call_at, _), = calls_done(events)
@@ -242,9 +242,8 @@ async def test_openai_python_injects_into_a_waiting_response_and_it_resumes(live
 
 
 async def test_hosted_subagents_each_wait_for_their_own_injected_outputs(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+    async with beta_ws(make_server()) as conn:
+        await send(conn, create_event(metadata=TWO_AGENTS, multi_agent=MULTI_AGENT))
         events = await until_calls(conn, 2)
         response_id = events[0][1]["response"]["id"]
         calls = {e["item"]["call_id"]: e["item"] for _, e in calls_done(events)}
@@ -306,12 +305,10 @@ async def test_each_hosted_subagent_runs_as_one_agent_alone_with_its_own_tools_a
 
 
 async def test_the_first_subagent_continues_the_conversation_and_the_response_is_not_continued_from_the_cache(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
+    async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}))
         first = (await until(conn, *TERMINALS))[-1]["response"]
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
-                                      previous_response_id=first["id"]))
+        await send(conn, create_event(metadata=TWO_AGENTS, multi_agent=MULTI_AGENT, previous_response_id=first["id"]))
         events = await until_calls(conn, 2)
         await send(conn, inject(events[0][1]["response"]["id"], *[e["item"] for _, e in calls_done(events)]))
         hosted = (await until(conn, *TERMINALS))[-1]
@@ -326,10 +323,8 @@ async def test_the_first_subagent_continues_the_conversation_and_the_response_is
 
 
 async def test_a_subagent_that_runs_out_of_output_budget_makes_the_response_incomplete(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT,
-                                      max_output_tokens=16))
+    async with beta_ws(make_server()) as conn:
+        await send(conn, create_event(metadata=TWO_AGENTS, multi_agent=MULTI_AGENT, max_output_tokens=16))
         terminal = (await until(conn, *TERMINALS))[-1]
     assert terminal["type"] == "response.incomplete"
     assert terminal["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -381,8 +376,7 @@ async def test_max_concurrent_subagents_caps_how_many_run_at_once_not_how_many_r
 
 async def test_an_injected_output_past_the_models_window_fails_the_response_with_a_server_error(autojump_clock):
     # Input joining a response already streaming: the API's schema has no `context_length_exceeded` inside a Response.
-    server = make_server()
-    async with beta_ws(server) as conn:
+    async with beta_ws(make_server()) as conn:
         await send(conn, create_event(model=SPARK, metadata={"testbed_workload": "fixed:2"}, multi_agent=MULTI_AGENT))
         events = await until_calls(conn)
         (call,) = [e["item"] for _, e in calls_done(events)]
@@ -399,9 +393,8 @@ async def test_an_injected_output_past_the_models_window_fails_the_response_with
 async def test_a_waiting_subagents_kv_is_plain_cache_that_expires_past_the_engines_ttl(autojump_clock, wait):
     # Unlike v1's held rollout (test_suspended), a hosted agent waiting for its injected output keeps its KV as plain
     # prefix cache: resumed within the engine's 50 ms idle TTL it reuses its blocks, resumed a second later it recomputes.
-    server = make_server(engine=Engine(kv_ttl=0.05))
-    async with beta_ws(server) as conn:
-        await send(conn, create_event(metadata={"testbed_workload": "fixed:2", "testbed_subagents": "2"}, multi_agent=MULTI_AGENT))
+    async with beta_ws(make_server(engine=Engine(kv_ttl=0.05))) as conn:
+        await send(conn, create_event(metadata=TWO_AGENTS, multi_agent=MULTI_AGENT))
         events = await until_calls(conn, 2)
         await trio.sleep(wait)
         await send(conn, inject(events[0][1]["response"]["id"], *[e["item"] for _, e in calls_done(events)]))
@@ -440,8 +433,6 @@ async def test_each_malformed_inject_gets_its_exact_error_and_closes_the_connect
 
 
 async def test_each_refused_inject_names_its_reason(autojump_clock):
-    server = make_server()
-
     async def refused(conn, response_id: str, items: list) -> tuple[int, dict]:
         await send(conn, {"type": "response.inject", "response_id": response_id, "input": items})
         (failed,) = [e for e in await until(conn, "response.inject.failed") if e["type"] == "response.inject.failed"]
@@ -449,7 +440,7 @@ async def test_each_refused_inject_names_its_reason(autojump_clock):
         assert failed["error"]["code"] in ("response_already_completed", "response_not_found")  # openai-python's type allows no other
         return failed["sequence_number"], failed["error"]
 
-    async with beta_ws(server) as conn:
+    async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1"}, multi_agent={"enabled": True}, stream_id="sub"))
         done = (await until(conn, *TERMINALS))[-1]["response"]
         assert done["multi_agent"] == {"enabled": True, "max_concurrent_subagents": 3}  # the SDK's default cap
@@ -485,8 +476,7 @@ async def test_an_inject_the_target_cannot_take_is_an_error_on_the_targets_lane(
 
 
 async def test_an_output_injected_before_the_response_waits_is_held_and_not_taken_twice(autojump_clock):
-    server = make_server()
-    async with beta_ws(server) as conn:
+    async with beta_ws(make_server()) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2:100:10:400:0"}, multi_agent=MULTI_AGENT))
         events = await until(conn, "response.function_call_arguments.delta")  # the call is still streaming
         response_id = events[0]["response"]["id"]

@@ -15,18 +15,12 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiments import kv_memory
+from prototype.engine import memory
 from prototype.engine.admission import ContextExceedsBudget
 from prototype.engine.engine import Engine
 from prototype.engine.kv import BLOCK_SIZE, Prompt
-from prototype.engine.memory import (
-    DISCARD_POLICY,
-    H100_8B_KV_BUDGET_TOKENS,
-    HOLD_POLICY,
-    KV_BYTES_PER_TOKEN_8B,
-    SWAP_POLICY,
-    parse_policy,
-    ttl,
-)
+from prototype.engine.memory import DISCARD_POLICY, HOLD_POLICY, SWAP_POLICY, parse_policy, ttl
 
 
 def prompt(n: int, start: int = 1000) -> Prompt:
@@ -44,6 +38,11 @@ async def call(engine: Engine, key: str, p: Prompt, *, pinned: bool = False, sec
     return handle.queued_s
 
 
+async def release_after(engine: Engine, key: str, seconds: float) -> None:
+    await trio.sleep(seconds)
+    engine.release(key)
+
+
 def assert_consistent(engine: Engine) -> None:
     assert engine.resident_tokens == sum(e.gpu_tokens for e in engine.kv.values())
     assert engine.host_tokens == sum(e.host_tokens for e in engine.kv.values())
@@ -51,28 +50,21 @@ def assert_consistent(engine: Engine) -> None:
 
 
 def test_derived_defaults_follow_their_arithmetic():
-    assert KV_BYTES_PER_TOKEN_8B == 128 * 1024
-    assert H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
+    assert memory.KV_BYTES_PER_TOKEN_8B == 128 * 1024
+    assert memory.H100_8B_KV_BUDGET_TOKENS == int((0.9 * 80e9 - 2 * 8.03e9) // (128 * 1024)) == 426_788
 
 
 async def test_a_full_budget_queues_a_new_session_until_the_holder_releases_and_refuses_a_prompt_larger_than_itself(autojump_clock):
     with pytest.raises(ContextExceedsBudget, match="^a 11-token prompt does not fit a 10-token KV budget$"):
         await Engine(kv_budget_tokens=10).begin_call("s", prompt(11))
     engine = Engine(kv_budget_tokens=100)
-    holder = prompt(80)
-    await call(engine, "a", holder, pinned=True)
-
-    async def release_at_5():
-        await trio.sleep(5)
-        engine.release("a")
-
+    await call(engine, "a", prompt(80), pinned=True)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(release_at_5)
+        nursery.start_soon(release_after, engine, "a", 5)
         await trio.sleep(1)
         queued = await call(engine, "b", prompt(50))
     assert queued == 4.0 and trio.current_time() == 5.0
-    assert engine.stats.queue_delays == [0.0, 4.0]
-    assert engine.stats.peak_resident_tokens == 80
+    assert (engine.stats.queue_delays, engine.stats.peak_resident_tokens) == ([0.0, 4.0], 80)
     assert_consistent(engine)
 
 
@@ -87,8 +79,7 @@ async def test_a_pinned_ttl_holds_until_exactly_its_end_and_a_cache_is_evicted_a
     start = trio.current_time()
     await call(cache, "a", prompt(80))
     await trio.sleep(1)
-    assert await call(cache, "b", prompt(50, start=5000)) == 0.0
-    assert cache.stats.evicted == 1 and trio.current_time() == start + 1
+    assert (await call(cache, "b", prompt(50, start=5000)), cache.stats.evicted, trio.current_time()) == (0.0, 1, start + 1)
     assert cache.cached_prefix("a", prompt(81), trio.current_time()) == 0
 
 
@@ -122,8 +113,7 @@ async def test_discard_drops_kv_at_the_end_of_each_call_and_counts_the_recompute
     assert engine.kv == {} and engine.stats.discarded == 1
     p.extend([5] * 50)
     handle = await engine.begin_call("s", p)
-    assert engine.cached_prefix("s", p, 0.0) == 0 and handle.recomputed == 100
-    assert engine.stats.recomputed_tokens == 100
+    assert (engine.cached_prefix("s", p, 0.0), handle.recomputed, engine.stats.recomputed_tokens) == (0, 100, 100)
     engine.end_call(handle)
     for key in ("b", "s"):
         await call(engine, key, prompt(100, start={"s": 1000, "b": 50_000}[key]))
@@ -138,13 +128,8 @@ async def test_an_older_session_preempts_younger_held_kv_and_a_new_session_canno
     a.extend([5] * 30)  # a resumes: 30 more tokens do not fit beside b
     assert await call(engine, "a", a, pinned=True) == 0.0
     assert engine.stats.preempted == 1 and "b" not in engine.kv and engine.resident_tokens == 70
-
-    async def release_a_at_3():
-        await trio.sleep(3)
-        engine.release("a")
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(release_a_at_3)
+        nursery.start_soon(release_after, engine, "a", 3)
         assert await call(engine, "c", prompt(40, start=5000), pinned=True) == 3.0  # younger than a: it waits
     b.extend([5] * 5)
     handle = await engine.begin_call("b", b, pinned=True)  # b lost its KV: 40 tokens computed again
@@ -169,13 +154,11 @@ async def test_room_is_made_from_the_least_recently_used_cache_then_the_youngest
         return sorted(engine.kv), engine.stats.evicted, engine.stats.preempted
 
     # Cache: least recently used first (b, then c, then a), exactly as much as the new call needs.
-    assert await cached_then(40, pinned=False) == (["a", "c", "d"], 1, 0)
-    assert await cached_then(41, pinned=False) == (["a", "d"], 2, 0)
-    assert await cached_then(100, pinned=False) == (["d"], 3, 0)
-    # Held KV of younger sessions: the youngest first (c, then b).
-    assert await cached_then(10, pinned=True) == (["a", "b", "c"], 0, 0)  # 100 tokens: it fits
-    assert await cached_then(40, pinned=True) == (["a", "b"], 0, 1)
-    assert await cached_then(41, pinned=True) == (["a"], 0, 2)
+    cache = [await cached_then(n, pinned=False) for n in (40, 41, 100)]
+    assert cache == [(["a", "c", "d"], 1, 0), (["a", "d"], 2, 0), (["d"], 3, 0)]
+    # Held KV of younger sessions: the youngest first (c, then b); 10 more tokens (100 in all) fit.
+    held = [await cached_then(n, pinned=True) for n in (10, 40, 41)]
+    assert held == [(["a", "b", "c"], 0, 0), (["a", "b"], 0, 1), (["a"], 0, 2)]
 
 
 async def test_waiting_calls_are_served_oldest_session_first(autojump_clock):
@@ -201,8 +184,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_the_next_call_is_admitted
     handle = await engine.begin_call("a", prompt(90))
     with trio.move_on_after(2):
         await engine.begin_call("b", prompt(50))  # blocks the queue until cancelled
-    assert await call(engine, "c", prompt(10)) == 0.0 and trio.current_time() == 2.0
-    assert engine.waiting_calls == 0
+    assert (await call(engine, "c", prompt(10)), trio.current_time(), engine.waiting_calls) == (0.0, 2.0, 0)
     engine.end_call(handle)
     assert_consistent(engine)
 
@@ -271,7 +253,6 @@ def test_every_session_finishes_and_the_books_balance(data):
 def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     import experiments.common as common
-    from experiments import kv_memory
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     run = tmp_path / "kv_memory" / "latest"  # each run writes a new folder; `latest` points at it
@@ -283,10 +264,8 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
     assert all(r["completed"] == 3 and r["tasks_per_hour"] > 0 and r["e2e_p50_s"] <= r["e2e_p90_s"] for r in rows)
     assert rows[0]["recomputed_tokens"] == 0  # v1 keeps its KV resident across every pause
     assert all(r["peak_kv_tokens"] <= 30000 + 3 * 10_000 for r in rows)
-    with open(run / "kv_memory.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
-    with open(run / "kv_memory_seeds.csv") as f:
-        summary = list(csv.DictReader(f))
+    assert len(list(csv.DictReader((run / "kv_memory.csv").read_text().splitlines()))) == 4
+    summary = list(csv.DictReader((run / "kv_memory_seeds.csv").read_text().splitlines()))
     assert [(r["design"], r["seeds"], r["tasks_per_hour_n"]) for r in summary] == [("suspended", "2", "2"), ("chained", "2", "2")]
     assert "not for conclusions" in capsys.readouterr().out.lower()  # two seeds, where the docs' figures rest on ten
     headline = json.loads((run / "kv_memory.json").read_text())["headline"]
@@ -305,16 +284,12 @@ def test_experiment_main_runs_at_a_tiny_size(tmp_path, monkeypatch, capsys):
 
 def seed_rows(design: str, policy: str, throughputs: list[float], agents: int = 100) -> list[dict]:
     """Runs as `kv_memory.run_config` writes them, one per scheduler seed, with the columns summed up over seeds."""
-    from experiments import kv_memory
-
     return [{"design": design, "policy": policy, "agents": agents, "scheduler_seed": seed, "failed": 0,
              **{column: 0.0 for column in kv_memory.OVER_SEEDS}, "tasks_per_hour": value, "e2e_p50_s": 3600 / value}
             for seed, value in enumerate(throughputs)]
 
 
 def test_each_configuration_is_its_mean_over_the_seeds_with_a_bootstrap_interval_over_them():
-    from experiments import kv_memory
-
     spread = [246.0, 314.0, 310.0, 335.0, 250.0, 290.0, 301.0, 268.0, 322.0, 280.0]
     (row,) = kv_memory.over_seeds(seed_rows("suspended", "hold", spread))
     throughput = row["tasks_per_hour"]
@@ -325,8 +300,6 @@ def test_each_configuration_is_its_mean_over_the_seeds_with_a_bootstrap_interval
 
 
 def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
-    from experiments import kv_memory
-
     cache = [189.0, 252.0, 213.0, 283.0, 189.0, 240.0, 201.0, 266.0, 230.0, 195.0]  # the seed moves both designs
     hold = [1.3 * x for x in cache]  # and hold gives 1.3x the cache's throughput under every seed
     pin = [x * f for x, f in zip(cache, (0.9, 1.2, 0.95, 1.1, 0.85, 1.15, 1.0, 0.9, 1.2, 0.95))]
@@ -346,11 +319,8 @@ def test_a_throughput_ratio_is_paired_over_the_scheduler_seeds():
 
 def test_the_committed_throughput_by_seed_is_what_a_fresh_run_gives():
     """docs/figures/kv_memory.json's samples behind docs/kv_memory.md: a 10-agent configuration run again gives its value."""
-    from experiments import kv_memory
-
     data = json.loads((Path(__file__).resolve().parent.parent / "docs" / "figures" / "kv_memory.json").read_text())["data"]
-    seed = data["scheduler_seeds"][3]
-    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=seed))
+    row = kv_memory.run_config(kv_memory.KvRun("chained", "ttl-300", 10, scheduler_seed=data["scheduler_seeds"][3]))
     assert row["tasks_per_hour"] == data["tasks_per_hour"]["10.chained.ttl-300s"][3]
 
 
@@ -489,8 +459,7 @@ async def test_shared_blocks_stay_findable_through_the_session_that_used_them_la
     await trio.sleep(40.0)
     await call(engine, "a", Prompt(list(a.ids) + list(range(5040, 5056))))  # t=50: a used again
     c = Prompt(shared + list(range(7000, 7040)))
-    assert engine.cached_prefix("c", c, 120.0) == 96  # b expired at 110; a lives until 150
-    assert engine.cached_prefix("c", c, 150.0) == 0
+    assert [engine.cached_prefix("c", c, t) for t in (120.0, 150.0)] == [96, 0]  # b expired at 110; a lives until 150
 
 
 SWEEP_BLOCKS = 1 << 16  # the directory forgets unfindable blocks once it lists more than this
@@ -531,15 +500,12 @@ async def test_kv_kept_outside_a_call_is_held_under_a_pinning_ttl_as_a_paused_se
     # A direct retain (no model call) leaves the KV idle as a paused session's: the newcomer waits for the pin.
     engine = Engine(kv_budget_tokens=150, retention=parse_policy("pin-300"))
     engine.retain("a", prompt(100), 0.0)
-    handle = await engine.begin_call("b", prompt(100, start=50_000))
-    assert handle.queued_s == 300.0
+    assert (await engine.begin_call("b", prompt(100, start=50_000))).queued_s == 300.0
 
 
 async def test_kv_kept_outside_a_call_replaces_a_copy_on_the_host(autojump_clock):
     engine = Engine(retention=SWAP_POLICY)
-    handle = await engine.begin_call("s", prompt(100))
-    engine.retain("s", prompt(100), trio.current_time())
-    engine.end_call(handle, paused=True)  # paused at a tool call: copied out to the host
+    await call(engine, "s", prompt(100))  # paused at a tool call: copied out to the host
     await trio.sleep(60.0)
     engine.advance(trio.current_time())
     assert (engine.kv["s"].where, engine.host_tokens) == ("host", 100)
@@ -555,25 +521,19 @@ async def test_recomputation_is_counted_against_the_most_a_session_ever_computed
     await call(engine, "s", long)
     await call(engine, "s", prompt(100, start=50_000))  # a shorter branch of the same session
     await trio.sleep(20.0)  # its KV expires
-    handle = await engine.begin_call("s", long)
-    assert handle.recomputed == 200  # the session had computed all 200 once
+    assert (await engine.begin_call("s", long)).recomputed == 200  # the session had computed all 200 once
 
 
 async def test_under_swap_a_host_copy_expires_its_ttl_after_its_own_pause_and_each_expiry_is_counted(autojump_clock):
     engine = Engine(retention=SWAP_POLICY, kv_ttl=100.0)
-
-    async def pause(key: str, start: int) -> None:
-        handle = await engine.begin_call(key, prompt(100, start=start))
-        engine.retain(key, prompt(100, start=start), trio.current_time())
-        engine.end_call(handle, paused=True)  # copied to the host
-
     for key, start in (("a", 1000), ("b", 50_000), ("s", 90_000)):
-        await pause(key, start)
+        await call(engine, key, prompt(100, start=start))  # paused: copied to the host
     await trio.sleep(50.0)
     engine.advance(trio.current_time())
     assert [entry.where for entry in engine.kv.values()] == ["host"] * 3
     await trio.sleep(10.0)
-    await pause("s", 90_000)  # s pauses again at 60: its copy lives until 160, whatever the first pause's timer
+    # s pauses again at 60: its copy lives until 160, whatever the first pause's timer.
+    await call(engine, "s", prompt(100, start=90_000))
     engine.advance(130.0)
     assert (list(engine.kv), engine.kv["s"].where, engine.stats.expired, engine.host_tokens) == (["s"], "host", 2, 100)
 
@@ -793,15 +753,12 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
         await call(engine, "newcomer", prompt(n, 4000))
         return sorted({"new", "old", "direct"} - set(engine.kv))
 
-    assert await evicted_for(60) == ["direct"]
-    assert await evicted_for(80) == ["direct", "old"]
-    assert await evicted_for(100) == ["direct", "new", "old"]
+    assert [await evicted_for(n) for n in (60, 80, 100)] == [["direct"], ["direct", "old"], ["direct", "new", "old"]]
 
 
 def full_claim(engine: Engine, key: str) -> None:
     """The oracle: list every full block of the key's entry as held by it."""
-    entry = engine.kv.get(key)
-    if entry is not None and key not in engine._isolated:
+    if (entry := engine.kv.get(key)) is not None and key not in engine._isolated:
         hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]
         engine._blocks.update(dict.fromkeys(hashes, entry))
 

@@ -58,8 +58,7 @@ async def test_kv_larger_than_the_whole_host_budget_is_dropped_after_the_others(
     await trio.sleep(1)
     await call(engine, "b", prompt(200))  # pushes a off, and still does not fit: dropped too
     assert engine.kv == {} and engine.host_tokens == 0 and engine.resident_tokens == 0
-    assert engine.stats.swap_dropped == 2
-    assert engine.stats.swap_out_bytes == 100 * KV  # only a was ever copied
+    assert (engine.stats.swap_dropped, engine.stats.swap_out_bytes) == (2, 100 * KV)  # only a was ever copied
     handle = await engine.begin_call("b", prompt(200))  # b's next call computes its KV again
     assert handle.recomputed == 200 and handle.swap_in_tokens == 0
     engine.end_call(handle, paused=False)
@@ -72,8 +71,7 @@ async def test_session_keys_that_do_not_compare_are_fine_when_last_uses_tie(auto
     await call(engine, "conn-2", prompt(100))
     await trio.sleep(1)
     await call(engine, 3, prompt(100))
-    assert engine.stats.swap_dropped == 1 and engine.host_tokens == 200
-    assert 3 in engine.kv and len(engine.kv) == 2
+    assert (engine.stats.swap_dropped, engine.host_tokens, 3 in engine.kv, len(engine.kv)) == (1, 200, True, 2)
     assert_consistent(engine)
 
 
@@ -94,8 +92,7 @@ async def test_swap_outs_queue_on_the_link_and_free_the_gpu_one_after_the_other(
     engine.advance(2 * s)
     assert on_host(engine) == {"a", "b"} and engine.resident_tokens == 0
     # 2000 tokens on the GPU for s, then 1000 for another s.
-    assert engine.stats.resident_token_seconds == exactly(3000 * s)
-    assert engine.stats.swap_out_bytes == 2000 * KV
+    assert (engine.stats.resident_token_seconds, engine.stats.swap_out_bytes) == (exactly(3000 * s), 2000 * KV)
 
     # The link is idle again: a later copy starts at once, not after the old queue.
     await trio.sleep(10)
@@ -128,9 +125,8 @@ async def test_swap_ins_queue_on_the_link_and_each_waits_for_its_own_copy(autoju
         nursery.start_soon(resume, "b", b)
     sa, sb = copy_seconds(1000), copy_seconds(500)
     assert back == {"a": exactly(100 + sa), "b": exactly(100 + sa + sb)}
-    assert engine.stats.swap_in_bytes == 1500 * KV
     # Waiting time, link queue included: a waited sa, b waited sa + sb.
-    assert engine.stats.swap_in_seconds == exactly(sa + (sa + sb))
+    assert (engine.stats.swap_in_bytes, engine.stats.swap_in_seconds) == (1500 * KV, exactly(sa + (sa + sb)))
     assert engine.kv["a"].where == engine.kv["b"].where == GPU and engine.host_tokens == 0
 
 

@@ -75,8 +75,7 @@ async def test_the_client_sees_exactly_the_messages_one_write_per_message_sent(a
     write_one_by_one(monkeypatch)
     one_each = await received(design, network, monkeypatch)
 
-    assert batched == one_each
-    assert sum(batches) == len(batched)
+    assert (batched, sum(batches)) == (one_each, len(batched))
     # The ends of turns go out together: each turn's closing events (text/arguments done, item
     # done, then the pause or terminal event) in one write at least.
     assert len(batches) < len(batched) and max(batches) >= 3
@@ -202,8 +201,7 @@ async def test_an_sse_answer_is_byte_for_byte_what_one_write_per_event_sent(auto
     write_one_by_one(monkeypatch)
     one_each, one_each_writes = await sse_bytes(nursery, LINKS[link])
 
-    assert batched == one_each
-    assert batched.count(b"event: response.completed\n") == 2
+    assert (batched, batched.count(b"event: response.completed\n")) == (one_each, 2)
     # One write per event before (the head with the first, the last chunk on its own); several
     # events per write now: at least a turn's closing events together.
     assert batched_writes < one_each_writes - 4

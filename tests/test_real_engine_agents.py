@@ -24,11 +24,8 @@ from prototype.engine.latency import LatencyModel
 
 
 def test_kv_summary_weights_each_poll_by_how_long_it_held():
-    series = [(0.0, 100, 1, 0), (1.0, 300, 2, 2), (3.0, 0, 0, 0)]
-    peak, mean_kv, waiting = agents.kv_summary(series)
-    assert peak == 300
-    assert mean_kv == pytest.approx((100 * 1 + 300 * 2) / 3)
-    assert waiting == pytest.approx((0 * 1 + 2 * 2) / 3)
+    peak, mean_kv, waiting = agents.kv_summary([(0.0, 100, 1, 0), (1.0, 300, 2, 2), (3.0, 0, 0, 0)])
+    assert (peak, mean_kv, waiting) == (300, pytest.approx((100 * 1 + 300 * 2) / 3), pytest.approx((0 * 1 + 2 * 2) / 3))
 
 
 def _record(name: str, seconds: float, status: str = "completed") -> RolloutRecord:
@@ -54,8 +51,8 @@ def test_vllm_prefill_per_task_is_its_calls_figures_plus_an_equal_share_of_what_
     assert figures["served_per_task"].value == pytest.approx((650 + 1130) / 2)
     # Preemptions per task and tasks per hour: counts over an exposure, with exact Poisson intervals.
     assert figures["preemptions_per_task"].value == 1.5 and figures["preemptions_per_task"].n == 3
-    assert figures["tasks_per_hour"].value == pytest.approx(2 / (20 / 3600))
-    assert figures["tasks_per_hour"].method == "exact Poisson"
+    tasks_per_hour = figures["tasks_per_hour"]
+    assert (tasks_per_hour.value, tasks_per_hour.method) == (pytest.approx(2 / (20 / 3600)), "exact Poisson")
     assert figures["ttft_p50_ms"].value == pytest.approx(45.0) and figures["ttft_p50_ms"].n == 4
     # A resumed chunk's admission wait is not known (None): the mean is over the three new requests.
     assert figures["queued_mean_ms"].value == pytest.approx(40 / 3) and figures["queued_mean_ms"].n == 3
@@ -65,8 +62,7 @@ def test_vllm_prefill_per_task_is_its_calls_figures_plus_an_equal_share_of_what_
 def test_a_simulated_runs_prefill_per_task_is_its_calls_uncached_tokens_alone():
     # The simulated engine knows each call's uncached tokens, recompute included: no share is added.
     figures = agents.figures(_run("sim", prefill=1120, recomputed=90, preemptions=1))
-    assert figures["prefill_per_task"].value == pytest.approx(560.0)
-    assert figures["recomputed_per_task"].value == 45.0
+    assert (figures["prefill_per_task"].value, figures["recomputed_per_task"].value) == (pytest.approx(560.0), 45.0)
 
 
 def test_a_run_that_completed_nothing_has_no_throughput():
@@ -88,8 +84,7 @@ def test_calls_pair_across_engines_by_their_sessions_first_prompt():
 def test_the_budget_spec_gives_vllm_the_blocks_and_a_window_the_budget_holds():
     spec = agents.budget_spec(97, max_num_seqs=3)
     assert (spec.max_model_len, agents.budget_tokens(spec)) == (96 * 32, 96 * 32)
-    assert spec.engine_settings()["num_gpu_blocks_override"] == 97
-    assert spec.engine_settings()["max_num_seqs"] == 3
+    assert (spec.engine_settings()["num_gpu_blocks_override"], spec.engine_settings()["max_num_seqs"]) == (97, 3)
 
 
 def test_the_admission_cap_lets_every_active_session_reach_its_longest_context():
@@ -111,12 +106,9 @@ def test_the_calibration_recovers_the_terms_a_noiseless_profile_was_made_with():
     busy = tuple((b, 256, model.prefill_seconds(256, 0) + busy_per_call * b) for b in (0, 2, 4, 8))
     calibration = agents.calibrate(EngineProfile(prefill, decode, busy, (0.0, 0.0)))
     latency = calibration.latency
-    assert latency.request_overhead == pytest.approx(overhead)
-    assert latency.prefill_tokens_per_s == pytest.approx(rate)
-    assert latency.cache_attention == pytest.approx(q)
+    assert (latency.request_overhead, latency.prefill_tokens_per_s, latency.cache_attention) == pytest.approx((overhead, rate, q))
     assert 1 / latency.decode_tokens_per_s == pytest.approx(base + per_call)  # one call decoding alone
-    assert calibration.decode_batch_s == pytest.approx(per_call)
-    assert calibration.prefill_batch_s == pytest.approx(busy_per_call)
+    assert (calibration.decode_batch_s, calibration.prefill_batch_s) == pytest.approx((per_call, busy_per_call))
     # Too few busy-prefill points to fit a line with one round to spare: no batch term for the prefill.
     few = agents.calibrate(EngineProfile(prefill, decode, busy[:3], (0.0, 0.0)))
     assert (few.prefill_batch_s, few.busy_fit) == (0.0, None)
@@ -264,7 +256,6 @@ def test_agents_experiment_at_tiny_size(vllm_budget_worker, monkeypatch, tmp_pat
     assert len(twins) == len(real.calls)
     assert all(twins[(call.task, call.index)].prompt_tokens == call.prompt_tokens for call in real.calls)
     assert real.kv_series and max(kv for _, kv, _, _ in real.kv_series) <= agents.budget_tokens(agents.budget_spec(blocks))
-    printed = capsys.readouterr().out
-    assert "KV (vLLM | simulated engine)" in printed
+    assert "KV (vLLM | simulated engine)" in capsys.readouterr().out
     written = next((tmp_path / "real_engine_agents").glob("2*"))
     assert {path.name for path in written.iterdir()} >= {"real_engine_agents.csv", "real_engine_agents_calls.csv"}

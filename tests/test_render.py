@@ -54,8 +54,7 @@ def test_drawn_words_cover_the_whole_vocabulary_and_each_is_one_token() -> None:
     assert len(drawn) == 100_000 and set(drawn) == set(vocabulary)
     words = tokenizer.words(np.random.default_rng(1), 50)
     text = tokenizer.text_of(np.random.default_rng(1), 50)
-    assert text == "".join(words) and tokenizer.count_tokens(text) == 50
-    assert tokenizer.encode(text) == tokenizer.word_ids(words)
+    assert (text, tokenizer.count_tokens(text), tokenizer.encode(text)) == ("".join(words), 50, tokenizer.word_ids(words))
 
 
 def test_the_render_cache_drops_its_least_recently_used_entries_past_its_bound() -> None:
@@ -84,8 +83,7 @@ def test_the_render_cache_keeps_text_with_a_lone_surrogate() -> None:
     (item,) = parse_input([{"type": "message", "role": "user", "content": "bad \ud800 text"}])
     cache = render.RenderCache()
     prompt, tokenized = cache.render_full("k", [item])
-    assert prompt.ids == render.render_full("k", [item]).ids and tokenized == len(prompt)
-    assert cache.render_full("k", [item])[1] == 0
+    assert (prompt.ids, tokenized, cache.render_full("k", [item])[1]) == (render.render_full("k", [item]).ids, len(prompt), 0)
 
 
 def test_sampled_text_is_not_tokenized_again(monkeypatch) -> None:

@@ -207,9 +207,8 @@ def test_a_body_without_a_model_is_refused_after_its_other_faults(model: Any) ->
 
     assert refused() == missing("model")
     # Every other check comes first: the metadata's, multi_agent's and context_management's included.
-    assert refused(metadata={"k": 1})[2] == "metadata.k"
-    assert refused(multi_agent={})[2] == "multi_agent.enabled"
-    assert refused(context_management=[])[2] == "context_management"
+    assert (refused(metadata={"k": 1})[2], refused(multi_agent={})[2], refused(context_management=[])[2]) == (
+        "metadata.k", "multi_agent.enabled", "context_management")
 
 
 ACCEPTED = [

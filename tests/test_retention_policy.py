@@ -6,18 +6,8 @@ import math
 
 import pytest
 
-from prototype.engine.memory import (
-    DISCARD,
-    DISCARD_POLICY,
-    HOLD,
-    HOLD_POLICY,
-    SWAP,
-    SWAP_POLICY,
-    TTL,
-    RetentionPolicy,
-    parse_policy,
-    ttl,
-)
+from prototype.engine import memory
+from prototype.engine.memory import DISCARD_POLICY, HOLD_POLICY, SWAP_POLICY, TTL, RetentionPolicy, parse_policy, ttl
 
 UNKNOWN = "unknown retention policy {!r}: use hold, discard, swap, ttl-<s> or pin-<s>"
 
@@ -41,7 +31,7 @@ def test_a_negative_or_nan_ttl_is_refused(seconds: float, shown: str):
     assert error_of(lambda: ttl(seconds, pin=True)) == f"ttl must be >= 0, got {shown}"
 
 
-@pytest.mark.parametrize("kind", [HOLD, DISCARD, SWAP])
+@pytest.mark.parametrize("kind", [memory.HOLD, memory.DISCARD, memory.SWAP])
 def test_ttl_and_pin_belong_to_the_ttl_policy_alone(kind: str):
     assert error_of(lambda: RetentionPolicy(kind, ttl=5.0)) == "ttl and pin apply to the ttl policy only"
     assert error_of(lambda: RetentionPolicy(kind, pin=True)) == "ttl and pin apply to the ttl policy only"

@@ -41,8 +41,7 @@ def planning_takes(monkeypatch):
 async def second_turn(design: str, work: float, planning_takes) -> tuple[float, float]:
     """(time to the second turn's first token after its request or append was sent, its modeled prefill)."""
     planning_takes(work)
-    server = make_server()
-    async with ws(server, design) as conn:
+    async with ws(make_server(), design) as conn:
         await send(conn, create_event(metadata=METADATA))
         first = (await until(conn, "response.done" if design == "suspended" else "response.completed"))[-1]["response"]
         answers = outputs_for(function_calls(first))
@@ -77,12 +76,10 @@ async def test_the_harness_runs_its_tools_from_the_turns_end(design: str, monkey
     slowed(monkeypatch, Rollout, "tool_plan")(0.25)
     server = make_server()
     key = server.api.workloads.register(TWO_TURNS)
-    record = await run_websocket_rollout(
-        InMemoryConnector(server), design, TWO_TURNS, metadata={"testbed_workload": key, "testbed_decode_tps": "1000"}
-    )
+    record = await run_websocket_rollout(InMemoryConnector(server), design, TWO_TURNS,
+                                         metadata={"testbed_workload": key, "testbed_decode_tps": "1000"})
     first, second = record.turns
-    assert first.tool_seconds == exactly(1.0)
-    assert second.sent_at - first.ended_at == exactly(1.0)
+    assert (first.tool_seconds, second.sent_at - first.ended_at) == (exactly(1.0), exactly(1.0))
 
 
 async def reconnected_first_token(costs: ApiCosts) -> tuple[float, dict[str, float]]:
@@ -107,8 +104,7 @@ async def test_a_store_read_comes_before_the_stages_on_the_schedule_not_beside_t
     stages = ApiCosts(validate=StageCost(fixed=0.2), safety=StageCost(), render=StageCost(), route=StageCost(), post=0.0)
     without, _ = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.0))
     with_read, phases = await reconnected_first_token(attrs.evolve(stages, store_read_per_turn=0.5))
-    assert phases["store_read"] == exactly(0.5) and phases["validate"] == exactly(0.2)
-    assert with_read - without == exactly(0.5)
+    assert (phases["store_read"], phases["validate"], with_read - without) == (exactly(0.5), exactly(0.2), exactly(0.5))
 
 
 async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock) -> None:
@@ -134,8 +130,7 @@ async def test_a_swap_in_comes_before_the_prefill_on_the_schedule(autojump_clock
 async def test_a_resumed_segments_timings_start_when_its_append_arrived(monkeypatch, autojump_clock) -> None:
     # The append's frame takes 4 ms to read; timed from the append's arrival, the segment still holds its whole prefill.
     slowed(monkeypatch, codec, "decode_client_event")(0.004)
-    server = make_server()
-    async with ws(server, "suspended", include_timing=True) as conn:
+    async with ws(make_server(), "suspended", include_timing=True) as conn:
         await send(conn, create_event(metadata=METADATA))
         first = (await until(conn, "response.done"))[-1]["response"]
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})

@@ -66,8 +66,7 @@ class FakeConnection:
         if self.idle is not None and self.inbox.empty():  # a server that keeps streaming something else
             time.sleep(0.02)
             return json.dumps(self.idle).encode()
-        data = self.inbox.get(timeout=5)
-        if data is None:
+        if (data := self.inbox.get(timeout=5)) is None:
             raise ConnectionError("closed")
         self.reads += 1
         return data

@@ -35,11 +35,8 @@ MAX_TURNS = 10
 def _event_models() -> dict[str, type]:
     """`type` value -> the model class the SDK's `ResponsesServerEvent` union assigns it."""
     union = typing.get_args(ResponsesServerEvent)[0]  # Annotated[Union[...], PropertyInfo(...)]
-    models: dict[str, type] = {}
-    for variant in typing.get_args(union):
-        for value in typing.get_args(variant.model_fields["type"].annotation):
-            models[value] = variant
-    return models
+    return {value: variant for variant in typing.get_args(union)
+            for value in typing.get_args(variant.model_fields["type"].annotation)}
 
 
 EVENT_MODELS = _event_models()
@@ -242,15 +239,11 @@ async def test_sdk_client_reproduces_the_harness_and_the_timing_header_returns_i
         assert client["context"] == ("full" if turn.turn == 0 or design == SUSPENDED else "chained")
 
 
-
-
 async def test_sdk_drives_subagent_lanes_to_completion(live_server):
     _, port = live_server
     workloads = [fixed(3, initial_prompt_tokens=200, appended_tokens=20, output_tokens=20, tool_seconds=0.05)] * 3
-    records = await in_thread(
-        run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads,
-        metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"}, model="sim-100000", timeout=CLIENT_TIMEOUT,
-    )
+    records = await in_thread(run_sdk_lanes, f"http://127.0.0.1:{port}/v1", workloads, model="sim-100000", timeout=CLIENT_TIMEOUT,
+                              metadata_for=lambda i: {"testbed_workload": "fixed:3:200:20:20:0.05"})
     assert ([r.status for r in records], [len(r.turns) for r in records]) == (["completed"] * 3, [3, 3, 3])
     assert all(len(set(r.response_ids)) == 3 for r in records)
 
@@ -258,10 +251,8 @@ async def test_sdk_drives_subagent_lanes_to_completion(live_server):
 async def test_sdk_steer_accepted_steered_and_successor(live_server):
     _, port = live_server
     slow_text = {"testbed_workload": "fixed:3:100:10:200:0"}  # 200 tokens at sim-200: ~1 s to steer into
-    result = await in_thread(
-        run_sdk_steer, f"http://127.0.0.1:{port}/v1", metadata=slow_text, text="only the tests", model="sim-200",
-        stream_id="main", timeout=CLIENT_TIMEOUT,
-    )
+    result = await in_thread(run_sdk_steer, f"http://127.0.0.1:{port}/v1", metadata=slow_text, text="only the tests",
+                             model="sim-200", stream_id="main", timeout=CLIENT_TIMEOUT)
     kinds = [e["type"] for e in result["events"]]
     successor_at = len(kinds) - 1 - kinds[::-1].index("response.created")
     at = [kinds.index("response.steer.accepted"), kinds.index("response.incomplete"), successor_at]

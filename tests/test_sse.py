@@ -35,17 +35,14 @@ def body_of(events: list[object]) -> bytes:
 def test_a_well_formed_stream_parses_to_its_events() -> None:
     events = text_turn()
     parsed = parse_stream(body_of(events))
-    assert [p.type for p in parsed] == [e.type for e in events]
-    assert [p.data for p in parsed] == [json.loads(json.dumps(e.to_dict())) for e in events]
-    assert [p.size for p in parsed] == [len(sse_block(e)) for e in events]
+    assert ([p.type for p in parsed], [p.data for p in parsed], [p.size for p in parsed]) == (
+        [e.type for e in events], [json.loads(json.dumps(e.to_dict())) for e in events], [len(sse_block(e)) for e in events])
 
 
 def test_a_flat_error_event_ends_a_stream() -> None:
-    events = text_turn()[:3]
-    body = body_of(events) + sse_error_block(ProtocolError("server_error", "boom", status=500), 3)
-    parsed = parse_stream(body)
-    assert parsed[-1].type == "error"
-    assert parsed[-1].data == {"type": "error", "code": "server_error", "message": "boom", "param": None, "sequence_number": 3}
+    parsed = parse_stream(body_of(text_turn()[:3]) + sse_error_block(ProtocolError("server_error", "boom", status=500), 3))
+    assert (parsed[-1].type, parsed[-1].data) == (
+        "error", {"type": "error", "code": "server_error", "message": "boom", "param": None, "sequence_number": 3})
 
 
 @settings(max_examples=60, deadline=None)
@@ -54,9 +51,7 @@ def test_any_chunking_gives_the_same_events(data: st.DataObject) -> None:
     body = body_of(text_turn(data.draw(st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=6))))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=12)))
     parser = StrictSseParser()
-    parsed = []
-    for start, end in zip([0, *cuts], [*cuts, len(body)]):
-        parsed.extend(parser.feed(body[start:end]))
+    parsed = [event for start, end in zip([0, *cuts], [*cuts, len(body)]) for event in parser.feed(body[start:end])]
     parser.close()
     assert parsed == parse_stream(body)
 
@@ -144,5 +139,4 @@ def test_the_parser_counts_sequence_numbers_sizes_and_the_end_across_feeds() -> 
 @pytest.mark.parametrize("end_type", ["response.completed", "response.failed", "response.incomplete", "response.cancelled", "error"])
 def test_every_end_type_ends_the_stream(end_type: str) -> None:
     block = b"event: " + end_type.encode() + b"\ndata: " + json.dumps({"type": end_type, "sequence_number": 0}).encode() + b"\n\n"
-    [event] = parse_stream(block)
-    assert event.type == end_type
+    assert [event.type for event in parse_stream(block)] == [end_type]

@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from test_bad_input import CORPUS, TERMINALS
 
 from prototype import metrics
@@ -112,8 +106,7 @@ class ConversationCore(RuleBasedStateMachine):
     @rule(calls=st.integers(0, 3), suspend=st.booleans())
     def respond(self, calls: int, suspend: bool) -> None:
         """A response samples a turn; with calls it either pauses (v1) or completes (v2)."""
-        frame = json.dumps({"type": "response.create", "model": "sim", "input": "go"})
-        request = codec.decode_client_event(frame)
+        request = codec.decode_client_event(json.dumps({"type": "response.create", "model": "sim", "input": "go"}))
         assert isinstance(request, ResponseCreate)
         self.ledger.absorb(request.request.input)
         self.items.extend(request.request.input)

@@ -242,16 +242,14 @@ class Connections(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, CONNECTIONS - 1), turns=st.integers(1, 3))
     def create(self, index: int, turns: int) -> None:
-        conn = self.live(index)
-        if conn is not None:
+        if (conn := self.live(index)) is not None:
             self._send(conn, create_event(model="sim-10000", metadata={"testbed_workload": f"fixed:{turns}:50:10:20:0"}))
 
     @rule(index=st.integers(0, CONNECTIONS - 1), kind=st.sampled_from(["chain", "other", "bogus", "bad_workload", "warm_up"]))
     def create_more(self, index: int, kind: str) -> None:
         """Chained from this connection's last response, another connection's or one that never was; a workload that
         names nothing; a warm-up (v1 refuses a chain and a warm-up)."""
-        conn = self.live(index)
-        if conn is None:
+        if (conn := self.live(index)) is None:
             return
         fields: dict[str, Any] = dict(TASK)
         if kind == "bad_workload":
@@ -267,20 +265,17 @@ class Connections(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, CONNECTIONS - 1), frame=st.sampled_from(BAD_FRAMES))
     def bad_frame(self, index: int, frame: Any) -> None:
-        conn = self.live(index)
-        if conn is not None:
+        if (conn := self.live(index)) is not None:
             self._send(conn, frame)
 
     @rule(index=st.integers(0, CONNECTIONS - 1))
     def steer(self, index: int) -> None:
-        conn = self.live(index)
-        if conn is not None:
+        if (conn := self.live(index)) is not None:
             self._send(conn, {"type": "response.steer", "previous_response_id": "resp_x", "input": "faster"})
 
     @rule(index=st.integers(0, CONNECTIONS - 1), twice=st.booleans(), matching=st.booleans())
     def append(self, index: int, twice: bool, matching: bool) -> None:
-        conn = self.live(index)
-        if conn is None or conn.design != SUSPENDED:
+        if (conn := self.live(index)) is None or conn.design != SUSPENDED:
             return
         calls = conn.pending_calls() if matching else None
         frames = []
@@ -300,8 +295,7 @@ class Connections(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, CONNECTIONS - 1))
     def disconnect(self, index: int) -> None:
-        conn = self.live(index)
-        if conn is not None:
+        if (conn := self.live(index)) is not None:
             self.trio.call(self._disconnect, conn)
 
     @rule(seconds=st.sampled_from([STEP_S, 0.5, 2.5]))

@@ -82,16 +82,11 @@ def test_no_import_cycle_in_the_package() -> None:
 
 
 def test_lower_layers_never_import_upper_ones() -> None:
-    wrong = []
-    for name, targets in import_graph().items():
-        layer = layer_of(name)
-        if layer is None:
-            continue
-        for target in targets:
-            other = layer_of(target)
-            if other is not None and LAYERS.index(other) > LAYERS.index(layer):
-                wrong.append((name, target))
-    assert wrong == []
+    def upward(name: str, target: str) -> bool:
+        layer, other = layer_of(name), layer_of(target)
+        return layer is not None and other is not None and LAYERS.index(other) > LAYERS.index(layer)
+
+    assert [(name, target) for name, targets in import_graph().items() for target in targets if upward(name, target)] == []
 
 
 def test_the_protocol_layer_is_sans_io() -> None:

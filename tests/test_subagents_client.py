@@ -20,6 +20,8 @@ from prototype.server.config import ServerConfig
 from prototype.workload import fixed
 
 MODEL = "sim-1000"
+TWO_TURNS = fixed(2, initial_prompt_tokens=100, appended_tokens=10, output_tokens=20, tool_seconds=0.5)
+TWO_TURNS_METADATA = {"testbed_workload": "fixed:2:100:10:20:0.5"}
 
 
 async def injected_run(subagents: int, tool_seconds: float, network: netem.NetworkProfile | None = None) -> InjectedRun:
@@ -55,30 +57,25 @@ async def test_subagents_wait_their_tool_time_cost_n_times_one_run_all_at_once_a
 
 
 async def test_the_run_sends_its_api_key_and_stores_nothing(autojump_clock, monkeypatch) -> None:
-    workload = fixed(2, initial_prompt_tokens=100, appended_tokens=10, output_tokens=20, tool_seconds=0.5)
-    metadata = {"testbed_workload": "fixed:2:100:10:20:0.5"}
     server = make_server(config=ServerConfig(api_keys=frozenset({"testbed", "k2"})))
     stored: list[str] = []
     monkeypatch.setattr(server.api.store, "put", lambda response_id, *args, **kwargs: stored.append(response_id))
     connector = InMemoryConnector(server)
-    run = await run_injected_subagents(connector, workload, 1, metadata=metadata, model=MODEL)  # the default key
-    assert (run.status, run.injects) == ("completed", 1)
-    run = await run_injected_subagents(connector, workload, 1, metadata=metadata, model=MODEL, api_key="k2")
-    assert (run.status, run.injects) == ("completed", 1)
+    for key in ({}, {"api_key": "k2"}):  # the default key, then another the server takes
+        run = await run_injected_subagents(connector, TWO_TURNS, 1, metadata=TWO_TURNS_METADATA, model=MODEL, **key)
+        assert (run.status, run.injects) == ("completed", 1)
     assert stored == []  # `store: false`: the experiment measures the response, not the store
     with pytest.raises(BaseExceptionGroup) as raised:  # from the run's nursery
-        await run_injected_subagents(connector, workload, 1, metadata=metadata, model=MODEL, api_key="wrong")
+        await run_injected_subagents(connector, TWO_TURNS, 1, metadata=TWO_TURNS_METADATA, model=MODEL, api_key="wrong")
     error = first_leaf(raised.value)
     assert isinstance(error, trio_websocket.ConnectionRejected)
     assert error.status_code == 401 and b'"invalid_api_key"' in error.body
 
 
 async def test_a_refused_request_and_a_failed_response_end_the_run_with_their_status(autojump_clock) -> None:
-    workload = fixed(2, initial_prompt_tokens=100, appended_tokens=10, output_tokens=20, tool_seconds=0.5)
-    metadata = {"testbed_workload": "fixed:2:100:10:20:0.5"}
     server = make_server()
-    refused = await run_injected_subagents(InMemoryConnector(server), workload, 1, metadata=metadata, model="sim-0")
+    refused = await run_injected_subagents(InMemoryConnector(server), TWO_TURNS, 1, metadata=TWO_TURNS_METADATA, model="sim-0")
     assert (refused.status, refused.usage, refused.injects) == ("error", {}, 0)
     server.api.engine.faults = FaultPlan(flushes_before_failure=0)  # the first flush fails
-    failed = await run_injected_subagents(InMemoryConnector(server), workload, 1, metadata=metadata, model=MODEL)
+    failed = await run_injected_subagents(InMemoryConnector(server), TWO_TURNS, 1, metadata=TWO_TURNS_METADATA, model=MODEL)
     assert (failed.status, failed.injects) == ("failed", 0)

@@ -33,8 +33,7 @@ def trace(tmp_path) -> traces.Trace:
 def test_two_replayed_tasks_share_exactly_the_common_prefix_the_trace_names(trace) -> None:
     s1, s2, s3 = trace.tasks
     assert {t.prefix for t in trace.tasks} == {"trace:codex/gpt-5.4"}
-    assert [t.prefix_tokens for t in trace.tasks] == [SYSTEM_PROMPT] * 3
-    assert len({t.text_seed for t in trace.tasks}) == 3
+    assert ([t.prefix_tokens for t in trace.tasks], len({t.text_seed for t in trace.tasks})) == ([SYSTEM_PROMPT] * 3, 3)
     shared = common_prefix_tokens(s1)
     assert shared > SYSTEM_PROMPT  # the system prompt, the tools and the user item's header
     prompts = [first_prompt(t) for t in trace.tasks]

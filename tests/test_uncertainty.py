@@ -22,13 +22,11 @@ def total_less(a, b):
 def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_and_needs_two_distinct_samples():
     samples = [1.0, 2.0, 2.5, 3.0, 4.0, 4.5, 5.0, 7.0, 8.0, 9.5]
     estimate = u.bootstrap(samples, np.median)
-    assert estimate.value == 4.25
-    assert estimate.n == 10 and estimate.of == "tasks"
+    assert (estimate.value, estimate.n, estimate.of) == (4.25, 10, "tasks")
     assert estimate.low < 4.25 < estimate.high
     assert min(samples) <= estimate.low and estimate.high <= max(samples)
     # The same every run; its ends move little with the seed.
-    rng = np.random.default_rng(3)
-    samples = rng.lognormal(0.0, 0.5, 40)
+    samples = np.random.default_rng(3).lognormal(0.0, 0.5, 40)
     assert u.bootstrap(samples) == u.bootstrap(samples)
     other = u.bootstrap(samples, seed=1)
     base = u.bootstrap(samples)
@@ -36,8 +34,7 @@ def test_a_bootstrap_interval_holds_the_statistic_counts_its_samples_is_seeded_a
     assert abs(other.low - base.low) < 0.1 * width and abs(other.high - base.high) < 0.1 * width
     # Too few samples have no interval, equal samples an exact one.
     one = u.bootstrap([3.0])
-    assert one.value == 3.0 and one.n == 1 and not one.has_interval
-    assert one.format("{:.1f}") == "3.0"
+    assert (one.value, one.n, one.has_interval, one.format("{:.1f}")) == (3.0, 1, False, "3.0")
     same = u.bootstrap([2.0, 2.0, 2.0])
     assert (same.low, same.value, same.high) == (2.0, 2.0, 2.0) and same.method == "exact"
     assert math.isnan(u.bootstrap([]).value)
@@ -60,9 +57,7 @@ def test_an_interval_is_scipys_bca_at_its_confidence_and_the_percentile_interval
 
 def test_the_mean_interval_covers_the_true_mean_about_95_times_in_100():
     rng = np.random.default_rng(7)
-    covered = sum(
-        (e := u.bootstrap(rng.normal(10.0, 2.0, 30))).low <= 10.0 <= e.high for _ in range(100)
-    )
+    covered = sum((e := u.bootstrap(rng.normal(10.0, 2.0, 30))).low <= 10.0 <= e.high for _ in range(100))
     # Binomial(100, 0.95) lies in [88, 100] with probability > 0.999; a broken interval (a point, or the sample's
     # range) falls outside.
     assert 88 <= covered <= 100
@@ -75,8 +70,7 @@ def test_a_paired_ratio_resamples_tasks_together_and_an_unpaired_difference_each
     chained = http / 2  # twice as fast on every task: every paired resample gives exactly 2
     ratio = u.paired_bootstrap(http, chained, lambda a, b: a.sum() / b.sum())
     assert (ratio.low, ratio.value, ratio.high) == (2.0, 2.0, 2.0)
-    rng = np.random.default_rng(0)
-    noisy = chained * rng.uniform(0.9, 1.1, 6)
+    noisy = chained * np.random.default_rng(0).uniform(0.9, 1.1, 6)
     unpaired_spread = u.bootstrap(http).high / u.bootstrap(noisy).low  # what ignoring the pairing would allow
     paired = u.paired_bootstrap(http, noisy, lambda a, b: a.sum() / b.sum())
     assert paired.low < paired.value < paired.high < unpaired_spread
@@ -141,18 +135,15 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
     assert attrs.astuple(u.rate(1, 1)) == (1.0, pytest.approx(0.025), 1.0, 1, "trials", "exact binomial")  # one trial is enough
     estimate = u.rate(2, 40)
     exact = stats.binomtest(2, 40).proportion_ci(method="exact")
-    assert estimate.value == 0.05 and estimate.n == 40
-    assert (estimate.low, estimate.high) == (exact.low, exact.high)
+    assert (estimate.value, estimate.n, estimate.low, estimate.high) == (0.05, 40, exact.low, exact.high)
     assert u.rate(0, 10).low == 0.0 and u.rate(10, 10).high == 1.0
     narrower = stats.binomtest(2, 40).proportion_ci(confidence_level=0.9)
     assert attrs.astuple(u.rate(2, 40, of="tasks", confidence=0.9)) == (0.05, narrower.low, narrower.high, 40, "tasks", "exact binomial")
     # Two events in four tasks: 0.5 a task, and the Garwood interval for 2 events is [0.242, 7.225] events.
     estimate = u.events_per(2, 4.0)
     assert estimate.value == 0.5 and estimate.n == 2 and estimate.of == "events"
-    assert estimate.low == pytest.approx(0.2422 / 4, rel=1e-3)
-    assert estimate.high == pytest.approx(7.2247 / 4, rel=1e-3)
-    assert u.events_per(0, 10.0).low == 0.0
-    assert u.events_per(0, 10.0).high == pytest.approx(3.6889 / 10, rel=1e-3)
+    assert (estimate.low, estimate.high) == pytest.approx((0.2422 / 4, 7.2247 / 4), rel=1e-3)
+    assert (u.events_per(0, 10.0).low, u.events_per(0, 10.0).high) == (0.0, pytest.approx(3.6889 / 10, rel=1e-3))
     # Garwood's ends are chi-square quantiles; half an hour's exposure doubles the rate and its ends.
     garwood = (stats.chi2.ppf(0.025, 6) / 2, stats.chi2.ppf(0.975, 8) / 2)
     half_hour, hour = u.events_per(3, 0.5), u.events_per(3, 1.0, of="reconnects")
@@ -162,28 +153,17 @@ def test_a_rate_has_the_exact_binomial_interval_and_events_per_exposure_the_exac
 
 
 def test_an_ordering_or_ranking_is_claimed_only_where_intervals_separate():
-    a = u.Estimate(1.0, 0.9, 1.1, 10)
-    b = u.Estimate(2.0, 1.8, 2.2, 10)
-    c = u.Estimate(2.1, 1.9, 2.3, 10)
-    assert u.order({"b": b, "a": a, "c": c}) == "a < b ~ c"
-    assert u.order({"b": b, "a": a, "c": c}, ascending=False) == "c ~ b > a"
+    a, b, c = u.Estimate(1.0, 0.9, 1.1, 10), u.Estimate(2.0, 1.8, 2.2, 10), u.Estimate(2.1, 1.9, 2.3, 10)
+    assert (u.order({"b": b, "a": a, "c": c}), u.order({"b": b, "a": a, "c": c}, ascending=False)) == ("a < b ~ c", "c ~ b > a")
     assert u.order({"z": a, "y": b}) == "z < y" and u.order({}) == ""  # by value, not by name
     touching = u.Estimate(1.8, 1.6, 1.8, 10)  # ends that meet overlap
     assert not u.separated(touching, b) and not u.separated(b, touching)
-    assert u.holds(a, b) == "yes"
-    assert u.holds(b, a) == "no"
-    assert u.holds(b, c) == "not separated"
+    assert (u.holds(a, b), u.holds(b, a), u.holds(b, c)) == ("yes", "no", "not separated")
     assert not u.separated(a, u.Estimate(5.0, math.nan, math.nan, 1))
     # A ranking ties drivers whose intervals overlap.
-    indices = {
-        "rtt": u.from_half_width(50.0, 5.0, 20),
-        "tools": u.from_half_width(30.0, 4.0, 20),
-        "store": u.from_half_width(27.0, 4.0, 20),
-        "auth": u.from_half_width(1.0, 0.5, 20),
-    }
-    ranks = u.ranking(indices)
-    assert ranks == [["rtt"], ["tools", "store"], ["auth"]]
-    assert u.format_ranking(ranks) == "rtt > tools ~ store"
+    ranks = u.ranking({"rtt": u.from_half_width(50.0, 5.0, 20), "tools": u.from_half_width(30.0, 4.0, 20),
+                       "store": u.from_half_width(27.0, 4.0, 20), "auth": u.from_half_width(1.0, 0.5, 20)})
+    assert (ranks, u.format_ranking(ranks)) == ([["rtt"], ["tools", "store"], ["auth"]], "rtt > tools ~ store")
     assert u.format_ranking([["a"], ["b"], ["c"], ["d"]]) == "a > b > c"
     assert u.format_ranking(u.ranking({"x": u.from_half_width(3.0, 2.0, 20), "y": u.from_half_width(2.0, 2.0, 20)})) == "x ~ y"
 
@@ -193,8 +173,7 @@ def test_an_estimate_formats_compactly_and_scales_with_its_unit():
     assert estimate.format() == "0.50 [0.25, 0.75]" and u.bootstrap([]).format() == "nan"
     assert estimate.format("{:.0f}", with_n=False) == "0 [0, 1]"
     assert estimate.scaled(100).format("{:.0f}", with_n=True) == "50 [25, 75] n=12"
-    assert estimate.scaled(-1).low == -0.75
-    assert estimate.error_bar() == (0.25, 0.25)
+    assert (estimate.scaled(-1).low, estimate.error_bar()) == (-0.75, (0.25, 0.25))
     assert u.bootstrap([5.0]).error_bar() == (0.0, 0.0)  # no interval: no bar either side
     assert estimate.as_dict() == {"value": 0.5, "low": 0.25, "high": 0.75, "n": 12, "of": "seeds", "method": "bootstrap"}
 
@@ -219,8 +198,8 @@ def test_a_statistic_of_drawn_units_is_the_statistic_of_their_samples_repeated(u
     assert u.unit_percentile([[3.0], [5.0, 6.0]], 50)(np.array([[1.0, 0.0]]))[0] == 3.0
     for q in (50, 70, 99):
         assert u.unit_percentile([[0.1], [0.7]], q)(np.ones((1, 2)))[0] == np.percentile([0.1, 0.7], q)
-    assert u.unit_total([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 6.0
-    assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[2.0, 0.0, 1.0]]))[0] == 2.0
+    drawn = np.array([[2.0, 0.0, 1.0]])
+    assert (u.unit_total([1.0, 2.0, 4.0])(drawn)[0], u.unit_mean([1.0, 2.0, 4.0])(drawn)[0]) == (6.0, 2.0)
     assert u.unit_mean([1.0, 2.0, 4.0])(np.array([[[2.0, 0.0, 1.0], [0.0, 1.0, 1.0]]])).tolist() == [[2.0, 3.0]]
 
 
@@ -241,6 +220,5 @@ def test_a_resampled_statistic_draws_the_tasks_together_and_the_median_turns_int
     assert not u.resample(1, u.unit_mean([3.0])).has_interval and math.isnan(u.resample(0, u.unit_mean([])).value)
     # One task of 30 slow turns among nine of one fast turn each: turns alone would call the median sure (30 of 39
     # turns are slow), but it rests on whether that one task is drawn, so the interval spans both speeds.
-    turns = [[5.0] * 30] + [[1.0]] * 9
-    median = u.resample(10, u.unit_percentile(turns, 50))
-    assert median.value == 5.0 and median.low == 1.0 and median.high == 5.0
+    median = u.resample(10, u.unit_percentile([[5.0] * 30] + [[1.0]] * 9, 50))
+    assert (median.value, median.low, median.high) == (5.0, 1.0, 5.0)

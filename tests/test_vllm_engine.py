@@ -273,8 +273,7 @@ async def test_a_salt_is_the_namespaces_and_new_for_each_isolated_session(autoju
     prefix = namespace or ""
     assert [(m["rid"], m["salt"]) for m in generates] == [
         ("r0", f"{prefix}isolated-0"), ("r1", f"{prefix}isolated-0"), ("r2", f"{prefix}isolated-1"), ("r3", f"{prefix}isolated-2")]
-    assert generates[-1]["max_tokens"] == 1  # vLLM samples at least one token
-    assert [r.isolated for r in engine.records] == [True] * 4
+    assert (generates[-1]["max_tokens"], [r.isolated for r in engine.records]) == (1, [True] * 4)  # vLLM samples one at least
 
 
 async def test_a_call_stopped_early_is_aborted_unless_its_request_is_held_and_a_second_end_does_nothing(autojump_clock, nursery):
@@ -431,8 +430,8 @@ async def test_each_item_of_a_call_takes_only_its_own_tokens_whatever_vllms_even
         await engine.decode_unstreamed(LATENCY, 2, start=0.0, engine_call=call)  # reasoning, say
         second = [text async for text in engine.stream(LATENCY, list("de"), engine_call=call)]
         engine.end_call(call)
-    assert (first, second) == chunks
-    assert engine.records[-1].output_tokens == 7 and engine.stats.decoded_tokens == 5  # the streamed ones
+    # Decoded: the streamed tokens alone.
+    assert ((first, second), engine.records[-1].output_tokens, engine.stats.decoded_tokens) == (chunks, 7, 5)
 
 
 # --- forced decoding -----------------------------------------------------------------------------------------------------
@@ -508,8 +507,7 @@ def test_the_vllm_processor_sets_every_logit_of_a_planned_row_but_its_next_id_to
     processor.update_state(_batch(added=[(0, _params([2, 3]), [], output), (1, _params(None), [], [])]))
     logits = np.zeros((2, 4))
     assert processor.apply(logits) is logits
-    assert logits.tolist() == [[-math.inf, -math.inf, 0.0, -math.inf], [0.0] * 4]
-    assert made == [("long", "cpu"), ("long", "cpu")]
+    assert (logits.tolist(), made) == ([[-math.inf, -math.inf, 0.0, -math.inf], [0.0] * 4], [("long", "cpu"), ("long", "cpu")])
     output += [2, 3]  # the plan is used up: the row samples freely
     assert processor.apply(np.ones((2, 4))).tolist() == [[1.0] * 4] * 2
     with pytest.raises(AttributeError, match=f"^module {vllm_forced.__name__!r} has no attribute 'Other'$"):
@@ -591,8 +589,7 @@ async def test_each_calls_plan_is_what_the_next_prompt_renders(design, autojump_
     assert len(calls) == sum(1 + len(turn.hosted_calls) for turn in task.turns) and all(plan for _, _, plan in calls)
     checked = 0
     for i, (conversation, prompt, plan) in enumerate(calls):
-        later = [p for c, p, _ in calls[i + 1 :] if c == conversation]
-        if later:
+        if later := [p for c, p, _ in calls[i + 1 :] if c == conversation]:
             # The last sampled id is never fed back (a hosted call's, the one before its result, may render otherwise).
             assert later[0][len(prompt) : len(prompt) + len(plan) - 1] == list(plan[:-1])
             checked += 1

@@ -245,8 +245,7 @@ GIVEN = {"model": "m", "max_model_len": 512, "block_size": 32, "dtype": "float16
 @in_asyncio
 async def test_the_engine_starts_with_the_settings_given_else_the_defaults_and_says_ready(fake_vllm, settings, engine_args):
     out = Out()
-    worker = Worker(dict(settings), out)
-    await worker.start()
+    await Worker(dict(settings), out).start()
     assert FakeAsyncLLM.instances[0].args.kwargs == engine_args
     assert out.lines == [
         f'{{"type":"ready","vocab_size":151936,"block_size":{engine_args["block_size"]},"kv_blocks":4321,"startup_s":12.5,'
@@ -283,8 +282,7 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptio
     assert await worker.handle({"op": "counters", "tag": 2, "reset_peak": True}) is True
     engine.stats(usage=0.25)
     assert await worker.handle({"op": "counters"}) is True
-    events = out.take()
-    assert events == [
+    assert out.take() == [
         {"type": "counters", "tag": "t1", "counters": after},
         {"type": "counters", "tag": 2, "counters": after},  # the peak is reset after it is sent
         {"type": "counters", "tag": None, "counters": {**after, "steps": 3, "kv_usage": 0.25, "kv_usage_max": 0.25}},
@@ -316,15 +314,12 @@ async def test_counters_start_at_zero_and_add_up_vllms_scheduler_stats_preemptio
 async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or_zero_without_them(fake_vllm):
     worker, out, engine = await started()
     engine.stats(ctx=50, gen=1, queries=64, hits=32, usage=0.125)  # before the request: not its own
-    assert await worker.handle(
-        {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "forced": [7, 8, 9, 10], "salt": "s1",
-         "held": False}) is True
-    await settle()
+    assert await handle(worker, {"op": "generate", "rid": "r1", "prompt": [1, 2, 3], "max_tokens": 4, "forced": [7, 8, 9, 10],
+                                 "salt": "s1", "held": False}) is True
     assert engine.calls == [{"prompt": {"prompt_token_ids": [1, 2, 3], "cache_salt": "s1"},
                              "params": engine.calls[0]["params"], "rid": "r1"}]
     assert type(engine.calls[0]["prompt"]) is FakeTokensPrompt
-    assert engine.calls[0]["params"].kwargs == params_of(4, [7, 8, 9, 10])
-    assert out.take() == []
+    assert (engine.calls[0]["params"].kwargs, out.take()) == (params_of(4, [7, 8, 9, 10]), [])
     engine.stats(ctx=3, gen=1, queries=3, hits=0, usage=0.25)
     script = engine.script("r1")
     await feed(script, output([7, 8], cached=16, prompt=[1, 2, 3]))
@@ -335,12 +330,10 @@ async def test_a_plain_request_streams_its_tokens_with_the_first_ones_figures_or
     engine.stats(gen=1, usage=0.375)
     await settle()
     assert out.take() == [tokens("r1", [9])]
-    script.put_nowait(output([10, 11, 12]))  # past the request's max_tokens: only its own count
-    await settle()
+    await feed(script, output([10, 11, 12]))  # past the request's max_tokens: only its own count
     counters = {"prefill_tokens": 53, "decode_tokens": 4, "prefix_queries": 67, "prefix_hits": 32, "kv_usage": 0.375,
                 "kv_usage_max": 0.375, "steps": 4, **UNPREEMPTED}
-    assert out.take() == [tokens("r1", [10]),
-                          {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
+    assert out.take() == [tokens("r1", [10]), {"type": "chunk_done", "rid": "r1", "tokens": 4, "counters": counters}]
     await feed(script, END)
     assert out.lines == ['{"type":"finished","rid":"r1"}\n']
     worker, out, engine = await started()
@@ -364,8 +357,7 @@ async def test_a_request_id_in_use_a_failing_request_or_an_unknown_op_is_an_erro
     message = {"op": "generate", "rid": "x", "prompt": [1], "max_tokens": 2}
     await worker.handle(message)
     assert await handle(worker, message) is True
-    assert out.take() == [{"type": "error", "rid": "x", "message": "request 'x' exists"}]
-    assert len(engine.calls) == 1
+    assert (out.take(), len(engine.calls)) == ([{"type": "error", "rid": "x", "message": "request 'x' exists"}], 1)
     await feed(engine.script("x"), END)
     assert out.take() == [{"type": "finished", "rid": "x"}]
     await handle(worker, message)
@@ -393,9 +385,8 @@ async def test_an_abort_stops_the_request_in_vllm_and_finishes_it(fake_vllm):
     await handle(worker, {"op": "generate", "rid": "a", "prompt": [1], "max_tokens": 5, "held": True})
     assert "a" in worker.inputs
     assert await handle(worker, {"op": "abort", "rid": "a"}) is True
-    assert engine.aborted == ["a"]
-    assert out.take() == [{"type": "finished", "rid": "a"}]  # no error: an abort is asked for
-    assert worker.tasks == {} and worker.inputs == {}
+    # No error: an abort is asked for.
+    assert (engine.aborted, out.take(), worker.tasks, worker.inputs) == (["a"], [{"type": "finished", "rid": "a"}], {}, {})
     assert await worker.handle({"op": "abort", "rid": "a"}) is True  # already over: nothing to do
     assert await handle(worker, {"op": "abort", "rid": "nobody"}) is True
     assert engine.aborted == ["a"] and out.take() == []
@@ -414,8 +405,7 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert set(call) == {"prompt", "params", "rid", "session_id"}
     (first,) = engine.inputs["h"]
     assert type(first) is FakeStreamingInput
-    assert first.prompt == {"prompt_token_ids": [1, 2], "cache_salt": "k"}
-    assert first.sampling_params.kwargs == params_of(3)
+    assert (first.prompt, first.sampling_params.kwargs) == ({"prompt_token_ids": [1, 2], "cache_salt": "k"}, params_of(3))
     engine.stats(ctx=2, gen=1, queries=2, hits=0, usage=0.25)
     script = engine.script("h")
     metrics = SimpleNamespace(num_preemptions=0, queued_ts=10.0, scheduled_ts=10.25)  # vLLM's RequestStateStats
@@ -437,12 +427,10 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
         tokens("h", [8], (0, 3, 2, 5, 0.5, 7), preemptions=1),
     ]
     await feed(script, output([7]))
-    assert out.take() == [tokens("h", [7]),
-                          {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
+    assert out.take() == [tokens("h", [7]), {"type": "chunk_done", "rid": "h", "tokens": 2, "counters": done_first}]
     await handle(worker, {"op": "append", "rid": "h", "prompt": [8], "max_tokens": 1})
     assert engine.inputs["h"][2].prompt == {"prompt_token_ids": [8]}
-    script.put_nowait(output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
-    await settle()
+    await feed(script, output([3], cached=0, prompt=[1, 2, 9, 9, 4, 5, 6, 8, 7, 8]))  # the third chunk: its own count
     assert out.take() == [
         tokens("h", [3], (0, 0, 0, 0, 0.5, 10)),
         {"type": "chunk_done", "rid": "h", "tokens": 1, "counters": done_first},
@@ -451,12 +439,10 @@ async def test_a_held_request_streams_chunk_by_chunk_each_sending_its_new_ids_co
     assert await handle(worker, {"op": "close", "rid": "h"}) is True
     assert engine.inputs_ended["h"] is True and len(engine.inputs["h"]) == 3
     await feed(script, END)
-    assert out.take()[-1] == {"type": "finished", "rid": "h"}
-    assert worker.inputs == {} and worker.tasks == {}
+    assert (out.take()[-1], worker.inputs, worker.tasks) == ({"type": "finished", "rid": "h"}, {}, {})
     await worker.handle({"op": "append", "rid": "h", "prompt": [1], "max_tokens": 1})
     assert out.take() == [{"type": "error", "rid": "h", "message": "no held request 'h'"}]
-    await worker.handle({"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
-    await settle()
+    await handle(worker, {"op": "close", "rid": "unknown"})  # nothing held by that id: nothing to do
     assert out.take() == []
 
 
@@ -490,9 +476,8 @@ def test_the_protocol_stream_is_the_original_stdout_and_fd_1_then_goes_to_stderr
         print("python noise")
         assert sys.stdout is sys.stderr is fds.stderr
         stream.close()
-    assert fds.out_path.read_text() == '{"type":"x"}\n'
-    assert fds.err_path.read_text() == "engine core noise\n"
-    assert fds.stderr.getvalue() == "python noise\n"
+    assert (fds.out_path.read_text(), fds.err_path.read_text(), fds.stderr.getvalue()) == (
+        '{"type":"x"}\n', "engine core noise\n", "python noise\n")
 
 
 def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_engine_cannot_start(fake_vllm, tmp_path, monkeypatch):
@@ -519,8 +504,7 @@ def test_the_worker_process_answers_its_stdin_until_shutdown_and_says_why_its_en
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     with redirected_fds(tmp_path, monkeypatch) as fds, pytest.raises(RuntimeError, match="no GPU"):
         asyncio.run(vllm_worker._main(dict(SETTINGS)))
-    assert fds.out_path.read_text() == (
-        '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n')
+    assert fds.out_path.read_text() == '{"type":"error","rid":null,"message":"engine start failed: RuntimeError: no GPU"}\n'
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

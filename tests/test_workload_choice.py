@@ -63,8 +63,7 @@ def test_a_seed_or_task_below_0_is_out_of_range_and_one_that_is_not_an_integer_i
 def test_registered_workloads_get_numbered_keys_and_are_returned_as_registered():
     catalog = WorkloadCatalog()
     first, second = wl.fixed(2, name="a"), wl.fixed(3, name="b")
-    assert catalog.register(first) == "trace:0:a"
-    assert catalog.register(second) == "trace:1:b"
+    assert (catalog.register(first), catalog.register(second)) == ("trace:0:a", "trace:1:b")
     assert catalog.resolve({"testbed_workload": "trace:0:a"}) is first
     assert catalog.resolve({"testbed_workload": "trace:1:b", "testbed_seed": "9"}) is second
     assert refusal(WorkloadCatalog().resolve, {"testbed_workload": "trace:0:a"}) == bad_workload("trace:0:a")
@@ -125,11 +124,10 @@ def test_a_fixed_task_number_out_of_its_range_is_a_range_error_naming_the_range(
 
 def test_the_decode_rate_is_the_override_else_the_models():
     assert decode_rate_override({}) is None
-    assert decode_rate("sim-7", {}) == 7.0
-    assert decode_rate("sim-7", {"testbed_decode_tps": "0.5"}) == 0.5
-    assert decode_rate("sim-0", {"testbed_decode_tps": "9999999"}) == 9_999_999.0
-    assert decode_rate("sim-9999999.5", {}) == 9_999_999.5
-    assert decode_rate("sim-0.5", {}) == 0.5 and decode_rate("sim-1", {}) == 1.0
+    for model, metadata, rate in (("sim-7", {}, 7.0), ("sim-7", {"testbed_decode_tps": "0.5"}, 0.5), ("sim-0.5", {}, 0.5),
+                                  ("sim-0", {"testbed_decode_tps": "9999999"}, 9_999_999.0), ("sim-9999999.5", {}, 9_999_999.5),
+                                  ("sim-1", {}, 1.0)):
+        assert decode_rate(model, metadata) == rate, (model, metadata)
 
 
 @pytest.mark.parametrize(("raw", "code", "message"), [

@@ -652,3 +652,43 @@ async def test_a_registry_numbers_its_links_a_restart_cuts_them_and_a_faulty_pai
     assert not quiet.broken and registry.links == {quiet}  # no registry given: left as it was
 
 
+
+
+async def test_a_send_eof_in_progress_refuses_other_senders_until_it_returns() -> None:
+    class EofWaitsForTheReader(trio.abc.HalfCloseableStream):
+        def __init__(self) -> None:
+            self.reader_ready = trio.Event()
+
+        async def send_eof(self) -> None:
+            await self.reader_ready.wait()
+
+        async def send_all(self, data: bytes) -> None: ...
+        async def wait_send_all_might_not_block(self) -> None: ...
+        async def receive_some(self, max_bytes: int | None = None) -> bytes: ...
+        async def aclose(self) -> None: ...
+
+    inner = EofWaitsForTheReader()
+    stream = DelayedStream(inner)  # undelayed: its send_eof is the inner stream's
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_eof)
+        await trio.testing.wait_all_tasks_blocked()
+        for call in (stream.send_all, stream.send_eof, stream.wait_send_all_might_not_block):
+            with pytest.raises(trio.BusyResourceError, match=whole("another task is sending on this stream")):
+                await (call(b"y") if call == stream.send_all else call())
+        inner.reader_ready.set()
+    await stream.send_eof()  # free again once it returned: a second one does nothing
+    with pytest.raises(trio.ClosedResourceError, match=whole("send_eof() was called; can't send any more")):
+        await stream.send_all(b"z")
+
+
+async def test_closing_a_stream_whose_link_broke_closes_the_inner_stream_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    async def reset() -> None:
+        raise trio.BrokenResourceError("connection reset")
+
+    closed: list[float] = []
+    inner = trio.testing.MemorySendStream(send_all_hook=reset, close_hook=lambda: closed.append(trio.current_time()))
+    async with open_delayed_stream(inner, 0.1) as stream:
+        await stream.send_all(b"x")
+        await trio.sleep(0.2)  # delivered at 0.1, where the peer had reset the connection
+        await stream.aclose()
+        assert closed == [0.2]

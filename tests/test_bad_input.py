@@ -20,14 +20,7 @@ from test_inject import BETA_HEADER, beta_ws
 from prototype import workload as wl
 from prototype.cli.serve import access_line
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import (
-    BETA,
-    CHAINED,
-    HARNESS_TOOLS,
-    SUSPENDED,
-    open_responses_websocket,
-    run_websocket_rollout,
-)
+from prototype.client.harness import BETA, CHAINED, HARNESS_TOOLS, SUSPENDED, open_responses_websocket, run_websocket_rollout
 from prototype.protocol import errors
 from prototype.server.config import ServerConfig
 

@@ -16,15 +16,7 @@ from support import exactly, make_server
 from prototype import metrics, netem
 from prototype import workload as wl
 from prototype.api import render
-from prototype.api.costs import (
-    AFTER_SPRINT,
-    BEFORE_SPRINT,
-    ZERO_COSTS,
-    ApiCosts,
-    SprintCosts,
-    SprintSwitches,
-    StageCost,
-)
+from prototype.api.costs import AFTER_SPRINT, BEFORE_SPRINT, ZERO_COSTS, ApiCosts, SprintCosts, SprintSwitches, StageCost
 from prototype.api.service import ApiService, owner_of
 from prototype.client import harness
 from prototype.client.connect import InMemoryConnector
@@ -205,12 +197,10 @@ async def test_same_transcript_and_usage_in_every_design(autojump_clock, workloa
     reference = records["suspended"]
     assert reference.status == "completed"
     assert len(reference.transcript) >= 2 * len(workload.turns)
+    usage = {name: (record.usage["input_tokens"], record.usage["output_tokens"]) for name, record in records.items()}
     for name, record in records.items():
-        assert record.status == "completed", name
-        assert len(record.turns) == len(workload.turns), name
-        assert record.transcript == reference.transcript, name
-        for field in ("input_tokens", "output_tokens"):
-            assert record.usage[field] == reference.usage[field], (name, field)
+        assert (record.status, len(record.turns), record.transcript, usage[name]) == (
+            "completed", len(workload.turns), reference.transcript, usage["suspended"]), name
     assert records["stateless"].design == "http-stateless" and records["stored"].design == "http-stored"
     # One response per turn over http (what each variant sends every turn: test_http_client.py).
     assert len(records["stored"].response_ids) == len(workload.turns)
@@ -220,14 +210,17 @@ async def test_same_transcript_and_usage_in_every_design(autojump_clock, workloa
 
 async def test_stored_chain_is_rebuilt_from_scratch_every_turn(autojump_clock) -> None:
     server = make_server(costs=attrs.evolve(ZERO_COSTS, store_read_per_turn=0.002))
-    workload = wl.fixed(4)
-    key = server.api.workloads.register(workload)
-    record = await run_http_rollout(
-        InMemoryConnector(server), workload, variant="stored", metadata={"testbed_workload": key}, include_timing=True
-    )
-    assert record.status == "completed"
+    record = await completed_http_rollout(server, wl.fixed(4), variant="stored", include_timing=True)
     reads = [turn.server_timing["phases_ms"].get("store_read") for turn in record.turns]
     assert reads == [None, pytest.approx(2.0), pytest.approx(4.0), pytest.approx(6.0)]  # one read per earlier turn
+
+
+async def completed_http_rollout(server: ResponsesServer, workload: wl.Workload, network=None, **options: Any):
+    """The workload, registered on `server`, run by the http client to completion."""
+    metadata = {"testbed_workload": server.api.workloads.register(workload)}
+    record = await run_http_rollout(InMemoryConnector(server, network), workload, metadata=metadata, **options)
+    assert record.status == "completed"
+    return record
 
 
 def first_event_times(record) -> list[float]:
@@ -243,12 +236,8 @@ async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time_and_keep_al
     records = {}
     for keep_alive in (True, False):
         server = make_server(costs=KNOWN_COSTS)  # a fresh server each: same prefix-cache state
-        key = server.api.workloads.register(workload)
-        records[keep_alive] = await run_http_rollout(
-            InMemoryConnector(server, TLS13), workload, variant=variant, metadata={"testbed_workload": key}, keep_alive=keep_alive
-        )
+        records[keep_alive] = await completed_http_rollout(server, workload, TLS13, variant=variant, keep_alive=keep_alive)
     for keep_alive, record in records.items():
-        assert record.status == "completed"
         gaps = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
         handshakes = [2 * RTT] + [0.0 if keep_alive else 2 * RTT] * 2
         assert gaps == [exactly(h + RTT + SERVER_PRE) for h in handshakes]
@@ -264,10 +253,7 @@ async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(au
     workload = wl.fixed(2)
     firsts = {}
     for name, switches in (("after", AFTER_SPRINT), ("before", BEFORE_SPRINT), ("hop", SprintSwitches(direct_inference_hop=False))):
-        server = make_server(costs=KNOWN_COSTS, sprint=switches, sprint_extra=extra)
-        key = server.api.workloads.register(workload)
-        record = await run_http_rollout(InMemoryConnector(server), workload, metadata={"testbed_workload": key})
-        assert record.status == "completed"
+        record = await completed_http_rollout(make_server(costs=KNOWN_COSTS, sprint=switches, sprint_extra=extra), workload)
         firsts[name] = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
     assert firsts["after"] == [exactly(SERVER_PRE)] * 2
     assert firsts["before"] == [exactly(SERVER_PRE + 0.100)] * 2
@@ -280,11 +266,7 @@ async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) 
     timings = {}
     for name, switches in (("after", AFTER_SPRINT), ("before", SprintSwitches(cross_request_render_cache=False))):
         server = make_server(costs=render_per_token, sprint=switches)
-        key = server.api.workloads.register(workload)
-        record = await run_http_rollout(
-            InMemoryConnector(server), workload, variant="stored", metadata={"testbed_workload": key}, include_timing=True
-        )
-        assert record.status == "completed"
+        record = await completed_http_rollout(server, workload, variant="stored", include_timing=True)
         usages = [server.api.store.get(rid).response["usage"]["input_tokens"] for rid in record.response_ids]
         sent = [parse_input([item for item in record.transcript if item["type"] == "function_call_output"][i : i + 1]) for i in range(2)]
         timings[name] = ([t.server_timing["phases_ms"]["render"] for t in record.turns], usages, sent)
@@ -358,10 +340,8 @@ CONVERSATIONS = [
 @pytest.mark.parametrize("items", CONVERSATIONS, ids=["empty", "one", "two", "three", "surrogate"])
 def test_a_turn_reaches_its_prefix_exactly_when_its_documented_draw_is_below_the_affinity(items: list) -> None:
     draw = documented_draw(items)
-    assert 0.0 <= draw < 1.0
-    assert not http_design.reaches_prefix_cache(items, affinity=draw)
-    above = math.nextafter(draw, 1.0)  # the next float up
-    assert http_design.reaches_prefix_cache(items, affinity=above)
+    assert 0.0 <= draw < 1.0 and not http_design.reaches_prefix_cache(items, affinity=draw)
+    assert http_design.reaches_prefix_cache(items, affinity=math.nextafter(draw, 1.0))  # the next float up
 
 
 def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
@@ -369,9 +349,8 @@ def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
     b = [user("fix the bug"), user("three"), user("four")]
     assert documented_draw(a) == documented_draw(b)
     for affinity in (0.1, 0.5, 0.9):
-        hits_a = [http_design.reaches_prefix_cache(a[:1] + a[1:2] * n, affinity=affinity) for n in range(1, 200)]
-        hits_b = [http_design.reaches_prefix_cache(b[:1] + b[1:2] * n, affinity=affinity) for n in range(1, 200)]
-        assert hits_a == hits_b
+        hits = [[http_design.reaches_prefix_cache(c[:1] + c[1:2] * n, affinity=affinity) for n in range(1, 200)] for c in (a, b)]
+        assert hits[0] == hits[1]
 
 
 def test_a_conversation_is_keyed_by_its_first_item() -> None:
@@ -386,8 +365,7 @@ def test_the_default_affinity_is_the_share_of_turns_routed_home_and_misses_are_d
     first = user("fix the bug")
     draws = [http_design.reaches_prefix_cache([first] * n) for n in range(1, 4001)]
     assert abs(sum(draws) / len(draws) - HTTP_AFFINITY) < 0.02
-    assert http_design.reaches_prefix_cache([first], affinity=1.0)
-    assert not http_design.reaches_prefix_cache([first], affinity=0.0)
+    assert http_design.reaches_prefix_cache([first], affinity=1.0) and not http_design.reaches_prefix_cache([first], affinity=0.0)
     # Generated tasks have their own content, so which turns miss differs from task to task.
     prompts = [user(harness.task_prompt(w)) for w in wl.generate(seed=0, n_tasks=20)]
     misses = [tuple(n for n in range(1, 200) if not http_design.reaches_prefix_cache([first] * n)) for first in prompts]

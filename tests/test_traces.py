@@ -58,6 +58,13 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
+def refusal(read, path) -> tuple[str, str, int, str | None]:
+    """The TraceError `read(path)` raises: its text, path, line and field."""
+    with pytest.raises(traces.TraceError) as refused:
+        read(path)
+    return str(refused.value), refused.value.path, refused.value.line, refused.value.field
+
+
 def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
     rows = [
         tracelab_row("s1", 0, 0, 1000, 100, [("exec_command", 250)], reasoning=40, start=0.0, end=2.0, user=True),
@@ -202,10 +209,7 @@ def test_bad_tracelab_rows_name_file_line_and_field(tmp_path, label, spoil, line
     second = tracelab_row("s", 1, 10, 10, 5, [])
     spoil(second)
     path = write_jsonl(tmp_path / "bad.jsonl", [tracelab_row("s", 0, 0, 10, 5, [("exec", 1)]), second])
-    with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
+    assert refusal(traces.load, path) == (f"{path}:{line}: {field}: {message}", str(path), line, field)
 
 
 # --- TraceLab CSV ------------------------------------------------------------------------------------------------
@@ -278,10 +282,8 @@ BAD_CSV = [  # (label, header, rows, line, field, the whole message after the fi
 @pytest.mark.parametrize(("label", "header", "rows", "line", "field", "message"), BAD_CSV, ids=[b[0] for b in BAD_CSV])
 def test_bad_csv_names_file_line_and_field(tmp_path, label, header, rows, line, field, message):
     path = write_csv(tmp_path / "bad.csv", rows, header)
-    with pytest.raises(traces.TraceError) as caught:
-        tracelab_csv.read(path)
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert str(caught.value) == (f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}")
+    text = f"{path}:{line}: {field}: {message}" if field else f"{path}:{line}: {message}"
+    assert refusal(tracelab_csv.read, path) == (text, str(path), line, field)
 
 
 # --- Codex rollouts ----------------------------------------------------------------------------------------------
@@ -371,9 +373,7 @@ def test_a_testbed_trace_keeps_tasks_by_arrival_its_rounds_on_a_perfect_cache_an
     assert trace.tasks == (tasks[1], tasks[2], tasks[0])  # by arrival
     path = tmp_path / "own.jsonl"
     path.write_text("\n\n")
-    with pytest.raises(traces.TraceError) as refused:
-        native.read(path)
-    assert str(refused.value) == f"{path}:1: the trace holds no turns"
+    assert refusal(native.read, path)[0] == f"{path}:1: the trace holds no turns"
     # No task with an arrival: a closed-loop trace, its tasks in file order.
     write_jsonl(path, [{**FIRST, "task": "b"}, {**LAST, "task": "b"}, FIRST, LAST])
     assert [(t.name, t.arrival_s) for t in native.read(path).tasks] == [("b", None), ("a", None)]
@@ -439,9 +439,7 @@ BAD_TESTBED = [  # (label, lines, where the refusal points: "line: field" or "li
 def test_each_bad_testbed_trace_is_refused_with_its_file_line_field_and_reason(tmp_path, label, lines, where, message):
     path = tmp_path / "own.jsonl"
     path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-    with pytest.raises(traces.TraceError) as refused:
-        traces.load(path)
-    assert str(refused.value) == f"{path}:{where}: {message}"
+    assert refusal(traces.load, path)[0] == f"{path}:{where}: {message}"
 
 
 def codex_edge_rollout() -> list[dict]:
@@ -562,14 +560,11 @@ def test_each_bad_codex_rollout_is_refused_with_its_line_field_and_whole_message
     lines = codex_rollout()
     spoil(lines)
     path = write_jsonl(tmp_path / "rollout-x.jsonl", lines)
-    with pytest.raises(traces.TraceError) as caught:
-        traces.load(path)
     if message is None:
         with pytest.raises(ValueError) as reason:
             parse_timestamp("yesterday")
         message = str(reason.value)
-    assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
-    assert str(caught.value) == f"{path}:{line}: {field}: {message}"
+    assert refusal(traces.load, path) == (f"{path}:{line}: {field}: {message}", str(path), line, field)
 
 
 # --- building tasks from rounds (traces/base.py), as every reader does ----------------------------------------------
@@ -637,9 +632,7 @@ def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tm
                          ("[1, 2]", "expected a JSON object")):
         path = tmp_path / "rollout-bad.jsonl"
         path.write_text("\n".join([*lines[:2], bad, *lines[2:]]) + "\n")
-        with pytest.raises(traces.TraceError) as refused:
-            traces.load(path)
-        assert str(refused.value) == f"{path}:3: {message}"
+        assert refusal(traces.load, path)[0] == f"{path}:3: {message}"
 
 
 def test_timestamps_are_iso_8601_with_a_time_zone():
@@ -659,12 +652,6 @@ def test_a_session_name_that_is_no_valid_unicode_still_names_its_own_content():
 
 
 # --- detect and load: which reader, and the refusals before any reader ----------------------------------------------
-
-
-def refusal(read, path) -> tuple[str, str, int, str | None]:
-    with pytest.raises(traces.TraceError) as refused:
-        read(path)
-    return str(refused.value), refused.value.path, refused.value.line, refused.value.field
 
 
 def test_detect_and_load_refuse_with_the_file_the_line_and_exactly_why(tmp_path):

@@ -21,23 +21,7 @@ import trio
 import trio.testing
 
 from prototype.engine import vllm_client, vllm_models
-from prototype.engine.vllm_client import (
-    DEFAULT_VENV,
-    PYTHON_ENV,
-    WORKER_SCRIPT,
-    LineSplitter,
-    Ready,
-    VllmClient,
-    VllmUnavailable,
-    WorkerFailed,
-    WorkerProcess,
-    encode,
-    open_vllm_process,
-    vllm_python,
-    worker_command,
-    worker_environment,
-    worker_settings,
-)
+from prototype.engine.vllm_client import LineSplitter, Ready, VllmClient, VllmUnavailable, WorkerFailed, WorkerProcess, encode
 from prototype.engine.vllm_engine import open_vllm_engine
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU, to_model_ids, write_model
 
@@ -157,50 +141,50 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
 
 
 def test_the_worker_is_the_script_beside_the_client_given_its_settings_and_an_environment_that_quiets_vllm(tmp_path, monkeypatch):
-    settings = worker_settings(TINY_CPU, tmp_path / "m")
+    settings = vllm_client.worker_settings(TINY_CPU, tmp_path / "m")
     assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
-    command = worker_command(Path("/opt/py"), settings)
+    command = vllm_client.worker_command(Path("/opt/py"), settings)
     assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
     names = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "VLLM_USE_V2_MODEL_RUNNER", "PYTHONUNBUFFERED")
     for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TESTBED_SEEN", "1")
-    env = worker_environment(TINY_CPU)
+    env = vllm_client.worker_environment(TINY_CPU)
     # vLLM's V1 model runner, whose logits-processor interface forced decoding implements.
     assert ([env[name] for name in names], env["TESTBED_SEEN"]) == (["1", "WARNING", "0", "1"], "1")
-    assert "VLLM_CPU_KVCACHE_SPACE" not in worker_environment(LLAMA_8B_SHAPE)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_client.worker_environment(LLAMA_8B_SHAPE)
     for name, value in zip(names, ("4", "DEBUG", "1", "0")):
         monkeypatch.setenv(name, value)
-    assert [worker_environment(TINY_CPU)[name] for name in names] == ["4", "DEBUG", "1", "0"]
+    assert [vllm_client.worker_environment(TINY_CPU)[name] for name in names] == ["4", "DEBUG", "1", "0"]
 
 
 def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_with_vllm_else_the_default_venv(tmp_path, monkeypatch):
-    assert DEFAULT_VENV == Path.home() / ".cache" / "testbed" / "vllm-venv"
+    assert vllm_client.DEFAULT_VENV == Path.home() / ".cache" / "testbed" / "vllm-venv"
     venv_python = tmp_path / "venv" / "bin" / "python"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # this interpreter cannot import vllm
     monkeypatch.setattr(vllm_client, "DEFAULT_VENV", tmp_path / "venv")
-    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    monkeypatch.delenv(vllm_client.PYTHON_ENV, raising=False)
     with pytest.raises(VllmUnavailable) as refused:
-        vllm_python()
+        vllm_client.vllm_python()
     assert str(refused.value) == (
         f"no interpreter with vLLM: this one cannot import vllm, $TESTBED_VLLM_PYTHON is unset and "
         f"{venv_python} does not exist (docs/real_engine.md installs it)")
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text("")
-    assert vllm_python() == venv_python
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "missing"))  # the environment's comes before the default
+    assert vllm_client.vllm_python() == venv_python
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(tmp_path / "missing"))  # the environment's comes before the default
     with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'missing'} does not exist$"):
-        vllm_python()
-    assert vllm_python(venv_python) == venv_python  # an explicit interpreter comes first
-    monkeypatch.setenv(PYTHON_ENV, str(venv_python))
-    assert vllm_python() == venv_python
+        vllm_client.vllm_python()
+    assert vllm_client.vllm_python(venv_python) == venv_python  # an explicit interpreter comes first
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(venv_python))
+    assert vllm_client.vllm_python() == venv_python
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv(PYTHON_ENV)
-    assert vllm_python("~/venv/bin/python") == venv_python  # `~` is expanded
+    monkeypatch.delenv(vllm_client.PYTHON_ENV)
+    assert vllm_client.vllm_python("~/venv/bin/python") == venv_python  # `~` is expanded
     with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'nope'} does not exist$"):
-        vllm_python(tmp_path / "nope")
+        vllm_client.vllm_python(tmp_path / "nope")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
-    assert vllm_python() == Path(sys.executable)
+    assert vllm_client.vllm_python() == Path(sys.executable)
 
 
 # --- the line protocol and the client ------------------------------------------------------------------------------
@@ -411,7 +395,7 @@ def started(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     decoy_folder = tmp_path / "decoy"
     decoy_folder.mkdir()
-    monkeypatch.setenv(PYTHON_ENV, str(stand_in(decoy_folder, "sys.exit(7)\n")))
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(stand_in(decoy_folder, "sys.exit(7)\n")))
     processes: list[WorkerProcess] = []
 
     def start(python: Path) -> WorkerProcess:
@@ -453,7 +437,7 @@ def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configu
     process.stop()
     assert process.popen.returncode == 0  # stop waited for the worker to exit on the request
     seen, shutdown = records(python)
-    assert seen == {"argv": [str(WORKER_SCRIPT), json.dumps(worker_settings(TINY_CPU, model_dir))],
+    assert seen == {"argv": [str(vllm_client.WORKER_SCRIPT), json.dumps(vllm_client.worker_settings(TINY_CPU, model_dir))],
                     "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}}
     assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
     # The worker's stderr is appended to the log, after what was there.
@@ -493,7 +477,7 @@ async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yield
     log = tmp_path / "given.log"
     log.write_bytes(b"an earlier run\n")
     with trio.fail_after(LIFETIME + 5):
-        async with open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
+        async with vllm_client.open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
             assert client.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
     assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}]
     assert log.read_bytes() == b"an earlier run\nengine starting\n"

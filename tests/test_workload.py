@@ -33,6 +33,13 @@ def coding_sample() -> list[Workload]:
     return generate(WorkloadParams(), seed=1, n_tasks=2000)
 
 
+def refused(make, *args, error=ValueError) -> str:
+    """The message of the `error` that `make(*args)` raises."""
+    with pytest.raises(error) as raised:
+        make(*args)
+    return str(raised.value)
+
+
 def test_a_seed_makes_the_same_workloads_and_task_i_does_not_depend_on_n_tasks():
     assert generate(seed=7, n_tasks=5) == generate(seed=7, n_tasks=5)
     assert generate(seed=7, n_tasks=5) != generate(seed=8, n_tasks=5)
@@ -48,8 +55,7 @@ def test_a_seed_makes_the_same_workloads_and_task_i_does_not_depend_on_n_tasks()
 
 def test_tool_calls_on_every_turn_but_the_last_in_parallel_and_searched_as_probable():
     for w in generate(seed=0, n_tasks=200, parallel_calls_p=0.5, hosted_call_p=0.5):
-        assert w.turns[-1].tool_seconds == ()
-        assert w.turns[-1].hosted_calls == ()
+        assert (w.turns[-1].tool_seconds, w.turns[-1].hosted_calls) == ((), ())
         assert all(1 <= len(t.tool_seconds) <= 4 for t in w.turns[:-1])
         assert w.turns[0].appended_tokens == PRESETS["coding"].initial_prompt_tokens
     w = generate_one(seed=2, fixed_turns=6, parallel_calls_p=1.0, hosted_call_p=1.0, hosted_result_tokens=99,
@@ -125,25 +131,15 @@ def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
 def test_a_workloads_counts_by_turn_and_a_turn_out_of_range_named():
     w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0), (HostedCall(2.0, 50),)), TurnSpec(101, 20, (0.5,)),
                           TurnSpec(7, 30, ())])
-    assert w.tool_output_tokens(0) == (51, 50)
-    assert w.tool_output_tokens(1) == (7,)
-    assert w.tool_output_tokens(2) == ()
+    assert [w.tool_output_tokens(k) for k in range(3)] == [(51, 50), (7,), ()]
     assert [w.context_before(k) for k in range(4)] == [0, 1060, 1181, 1218]
-    assert w.prompt_tokens(1) == 1161
-    assert w.total_output_tokens == 60
-    assert w.total_tool_seconds == 3.5
+    assert (w.prompt_tokens(1), w.total_output_tokens, w.total_tool_seconds) == (1161, 60, 3.5)
     with pytest.raises(IndexError):
         w.tool_output_tokens(3)
     w = Workload("w", 0, [TurnSpec(1000, 10, (1.0, 3.0, 2.0)), TurnSpec(101, 20, (0.5,)), TurnSpec(7, 30, ())])
     assert w.tool_output_tokens(0) == (35, 33, 33)  # the remainder on the first call
-    for turn in (-1, 3):
-        with pytest.raises(IndexError) as error:
-            w.tool_output_tokens(turn)
-        assert str(error.value) == f"turn {turn} out of range for 3 turns"
-    for turn in (-1, 4):
-        with pytest.raises(IndexError) as error:
-            w.context_before(turn)
-        assert str(error.value) == f"turn {turn} out of range for 3 turns"
+    for count, turn in ((w.tool_output_tokens, -1), (w.tool_output_tokens, 3), (w.context_before, -1), (w.context_before, 4)):
+        assert refused(count, turn, error=IndexError) == f"turn {turn} out of range for 3 turns"
     assert w.context_before(3) == 1000 + 10 + 101 + 20 + 7 + 30
     assert Workload("w", 0, [TurnSpec(1, 1, ())]).total_tool_seconds == 0.0
     assert isinstance(fixed(2, tool_seconds=1).total_tool_seconds, float)
@@ -230,12 +226,6 @@ def test_context_window_ends_tasks_before_an_overlong_prompt():
             assert len(c.turns) < len(w.turns) and c.turns[-1].tool_seconds == ()
             assert c.prompt_tokens(len(c.turns) - 1) + c.turns[-1].output_tokens + w.turns[len(c.turns)].appended_tokens > 200_000
     assert any(len(c.turns) < len(w.turns) for w, c in zip(free, capped))
-
-
-def refused(make) -> str:
-    with pytest.raises(ValueError) as error:
-        make()
-    return str(error.value)
 
 
 def test_a_turn_a_hosted_call_and_a_workload_name_the_value_they_refuse():

@@ -178,8 +178,7 @@ _baseline: list[tuple[float, str, str]] = []
 async def bystander(server, *, design: str = CHAINED) -> list[tuple[float, str, str]]:
     """A well-behaved rollout on its own connection; its timeline relative to its start."""
     record = await run_websocket_rollout(
-        InMemoryConnector(server), design, BYSTANDER_TASK, metadata={"testbed_workload": SMALL}, model=MODEL
-    )
+        InMemoryConnector(server), design, BYSTANDER_TASK, metadata={"testbed_workload": SMALL}, model=MODEL)
     assert record.status == "completed" and len(record.turns) == 3
     return [(round(t - record.started_at, 9), d, e) for t, d, e in record.timeline]
 
@@ -259,8 +258,7 @@ async def test_bad_frame_gets_its_code_and_the_connection_stays_usable(autojump_
 async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design: str) -> None:
     # Any name selects a latency profile (the flagship rate for names it does not know), as clients
     # send model names this server cannot know in advance (docs/protocol.md).
-    server = make_server()
-    async with open_responses_websocket(InMemoryConnector(server), design) as conn:
+    async with open_responses_websocket(InMemoryConnector(make_server()), design) as conn:
         start = trio.current_time()
         events = await turn(conn, create(model="no-such-model-9000", metadata={"testbed_workload": ONE_TURN}))
     assert events[-1]["type"] == "response.completed"
@@ -329,21 +327,18 @@ async def test_a_refused_create_on_a_lane_names_its_lane(autojump_clock, link: s
         events: list[dict[str, Any]] = []
         while [e["type"] for e in events].count("response.completed") < 2:  # the two creates of lane "a" run
             events.append(await receive(conn))
-    refused = [event for event in events if event["type"] == "error"]
-    assert refused == [
+    assert [event for event in events if event["type"] == "error"] == [
         refusal("too_many_queued_requests", "More than 1 response.create requests are waiting on this lane.", stream_id="a"),
         refusal("websocket_stream_limit_reached", "This WebSocket connection has reached its maximum number of distinct stream IDs (1). "
                 "Reuse an existing stream_id or open a new WebSocket connection.", "stream_id", stream_id="b"),
         refusal("unsupported_parameter", "'multi_agent' needs the 'OpenAI-Beta: responses_multi_agent=v1' header on the connection.",
-                "multi_agent", stream_id="c"),
-    ]
+                "multi_agent", stream_id="c")]
     assert [r["outcome"] for r in server.records if r["response_id"] is None] == [
         "error:too_many_queued_requests", "error:websocket_stream_limit_reached", "error:unsupported_parameter"]
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("previous_response_id", "resp_1"), ("generate", False), ("stream_id", "a"), ("multi_agent", {"enabled": True}),
-])
+    ("previous_response_id", "resp_1"), ("generate", False), ("stream_id", "a"), ("multi_agent", {"enabled": True})])
 async def test_v1_refuses_each_field_of_v2_without_naming_a_lane(autojump_clock, field: str, value: Any) -> None:
     server = make_server()
     async with beta_ws(server, f"{BETA[SUSPENDED]}, {BETA_HEADER}") as conn:  # with the multi-agent beta, which v1 ignores
@@ -376,8 +371,7 @@ class BadHandshake:
 GOOD_AUTH = (b"authorization", b"Bearer secret")
 HANDSHAKE_CORPUS = [
     BadHandshake("no authorization", (), 401, "invalid_api_key"),
-    BadHandshake("wrong key", ((b"authorization", b"Bearer wrong"),), 401, "invalid_api_key"),
-]
+    BadHandshake("wrong key", ((b"authorization", b"Bearer wrong"),), 401, "invalid_api_key")]
 
 
 def first_leaf(group: BaseException) -> BaseException:

@@ -17,8 +17,7 @@ from tests.support import exit_code
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
-    "subagents", "virtual_vs_real",
-]
+    "subagents", "virtual_vs_real"]
 
 
 class Captured(Exception):
@@ -55,8 +54,7 @@ def built_parser(main, argv) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("name", ["prototype", *EXPERIMENTS])
 def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
-    main = cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main
-    parser = built_parser(main, [])
+    parser = built_parser(cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main, [])
     assert options_without_help(parser) == []
     assert parser.allow_abbrev is False
 
@@ -85,8 +83,7 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     (["demo", "--tps", "0"], "python -m prototype demo: error: argument --tps: must be greater than 0, not 0"),
     (["demo", "--output-tokens", "0"], "python -m prototype demo: error: argument --output-tokens: must be at least 1, not 0"),
     (["calibrate", "t.jsonl", "--baseline-tasks", "0"], "python -m prototype calibrate: error: argument --baseline-tasks: must be at least 1, not 0"),
-    (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok"),
-])
+    (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok")])
 def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):
     monkeypatch.setattr(compare, "run", lambda args: pytest.fail("compare ran"))
     assert exit_code(cli_main, argv) == 2
@@ -155,8 +152,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
 
 @pytest.mark.parametrize("argv, says", [
     (["--engine", "sglang"], "argument --engine: invalid choice: 'sglang' (choose from simulated, vllm)"),
-    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
-])
+    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)")])
 def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
     assert exit_code(engine_parser().parse_args, argv) == 2
     err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
@@ -181,8 +177,7 @@ def test_the_parser_allows_abbreviations_when_asked_takes_its_name_first_and_fil
 
 def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_else_by_the_top_parser(capsys):
     parser = common.Parser(prog="top")
-    commands = parser.add_subparsers(dest="command")
-    commands.add_parser("run").add_argument("--n", type=int)
+    parser.add_subparsers(dest="command").add_parser("run").add_argument("--n", type=int)
     assert exit_code(parser.parse_args, ["run", "--n", "1", "--m", "2", "x"]) == 2
     assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
     assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
@@ -213,8 +208,7 @@ def refusal(kind, word) -> str:
     (common.checked(str.upper, lambda value: value != "NO", "anything but no"), "no", "must be anything but no, not no"),
     (common.list_of(float), ", ,", "', ,' names no value"),
     (common.list_of(float), "", "'' names no value"),
-    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2"),
-])
+    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2")])
 def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, says):
     assert refusal(kind, word) == says
 

@@ -95,8 +95,7 @@ async def test_the_context_is_compacted_past_its_threshold_not_at_it_and_the_cha
     context_before = usage(plain[3])["input_tokens"]  # what the model would have read without compaction
     # The summary is sampled at the model's decode rate (sim-1000: 1000 tokens/s).
     assert done_at - compacting_at == pytest.approx(summary_tokens(context_before) / 1000, abs=1e-9)
-    response = fourth[-1][1]["response"]
-    assert [item["type"] for item in response["output"]] == ["compaction", "message"]
+    assert [item["type"] for item in fourth[-1][1]["response"]["output"]] == ["compaction", "message"]
     # input_tokens counts both model calls: the compaction read (the old context) and the turn.
     turn_context = usage(compacted[3])["input_tokens"] - context_before
     assert 0 < turn_context < context_before / 2
@@ -210,8 +209,7 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     assert (parse_item(item).rounds, parse_item(item).offset) == (0, 1)
     assert (unknown.status, unknown.json()) == (400, {"error": {
         "type": "invalid_request_error", "code": "previous_response_not_found",
-        "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id",
-    }})
+        "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id"}})
 
 
 async def compacting_chain_with_a_second_user_message() -> list[dict]:

@@ -80,8 +80,7 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
         "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as\n"
         "      in compare.png)\n"
         "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of\n"
-        "      both designs together, as they ran the same tasks)\n"
-    )
+        "      both designs together, as they ran the same tasks)\n")
     compare.print_compare_table([{k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}])
     lines = capsys.readouterr().out.splitlines()  # without intervals: the values, and no interval legend
     assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
@@ -377,8 +376,7 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects_and_a_real_time_r
      "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
     (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, "
                                "chat, "
-                               "long) nor a file (see --help)\n"),
-])
+                               "long) nor a file (see --help)\n")])
 def test_a_bad_trace_profile_preset_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
     assert cli_main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
@@ -612,8 +610,7 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     (9.0, "2 min", "45 s", "45 s"),
     (540.0, "1 h 30 min", "45 min", "45 min"),
     (750.0, "2 h 05 min", "62 min", "62 min"),
-    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min"),
-])
+    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min")])
 def test_a_long_compare_says_roughly_how_long_before_it_starts(monkeypatch, cpu_per_task, of_cpu, on_two, on_four):
     # The estimate: the sample task (the one nearest the workload's mean length) run alone at each point, its CPU
     # time (here a clock that moves `cpu_per_task` a run) times the point's tasks; the points spread over the workers.
@@ -712,8 +709,7 @@ def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_di
     assert plot.read(folder("trace", {"parameters": [["workload", "the trace t.csv", "--trace"]]}, rows)).workload == "the trace t.csv"
     refusals = {
         "unreadable": (folder("unreadable", "{", rows), "cannot read its results"),
-        "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows"),
-    }
+        "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows")}
     for made, says in refusals.values():
         with pytest.raises(plot.PlotError, match=f"^{re.escape(str(made))}: {says}"):
             plot.read(made)

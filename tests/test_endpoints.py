@@ -112,7 +112,6 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     client = connect(nursery, server)
     (response,) = await stored_chain(client, 1)
     rid = response["id"]
-
     for method, target in (("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
                            ("GET", "/v1/responses/resp_nope/input_items"), ("POST", "/v1/responses/resp_nope/cancel")):
         assert "resp_nope" in error_of(await client.request(method, target), 404, "response_not_found", "response_id")
@@ -121,26 +120,21 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
                            ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
         error_of(await client.request(method, target, key="bob"), 404, "response_not_found", "response_id")
     assert (await client.request("GET", f"/v1/responses/{rid}")).json() == response
-
     # Each query parameter of each route is read (each refusal's message: tests/test_retrieval.py).
-    items = f"/v1/responses/{rid}/input_items"
-    error_of(await client.request("GET", items + "?limit=0"), 400, "integer_below_min_value", "limit")
-    error_of(await client.request("GET", items + "?limit=101"), 400, "integer_above_max_value", "limit")
-    error_of(await client.request("GET", items + "?limit=2.5"), 400, "invalid_value", "limit")
-    error_of(await client.request("GET", items + "?order=sideways"), 400, "invalid_value", "order")
-    error_of(await client.request("GET", items + "?after=msg_unknown"), 400, "invalid_value", "after")
-    error_of(await client.request("GET", items + "?include[]=bogus"), 400, "invalid_value", "include")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?include=bogus"), 400, "invalid_value", "include")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=maybe"), 400, "invalid_value", "stream")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value", "starting_after")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x"), 400, "invalid_value", "starting_after")
+    below, above, invalid = "integer_below_min_value", "integer_above_max_value", "invalid_value"
+    for query, code, param in (
+            ("/input_items?limit=0", below, "limit"), ("/input_items?limit=101", above, "limit"),
+            ("/input_items?limit=2.5", invalid, "limit"), ("/input_items?order=sideways", invalid, "order"),
+            ("/input_items?after=msg_unknown", invalid, "after"), ("/input_items?include[]=bogus", invalid, "include"),
+            ("?include=bogus", invalid, "include"), ("?stream=maybe", invalid, "stream"),
+            ("?stream=true&starting_after=-1", below, "starting_after"),
+            ("?stream=true&starting_after=x", invalid, "starting_after")):
+        error_of(await client.request("GET", f"/v1/responses/{rid}{query}"), 400, code, param)
     # Bad values are refused before the id is looked up.
-    error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, "integer_below_min_value", "limit")
-
+    error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, below, "limit")
     # A finished response cannot be cancelled (the reference's wording).
     assert error_of(await client.request("POST", f"/v1/responses/{rid}/cancel"), 400, "response_not_cancellable", "response_id") == (
         "Cannot cancel a completed response.")
-
     reply = await client.request("GET", f"/v1/responses/{rid}/cancel")
     error_of(reply, 405, "method_not_allowed", None)
     assert reply.headers["allow"] == "POST"
@@ -150,7 +144,6 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
         reply = await client.request("GET", target, key=None)
         error_of(reply, 401, "invalid_api_key", None)
         assert reply.headers["www-authenticate"] == "Bearer"
-
     # The connection served every refusal and still answers.
     assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200
     assert server.connections == 1
@@ -177,15 +170,13 @@ async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nurs
 
 
 async def test_retrieve_answers_the_stored_response_and_replays_its_events(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
+    client = connect(nursery, make_server())
     head = await client.start("POST", "/v1/responses", body=body(stream=True))
     assert head.status_code == 200
     original = parse_stream(await client.rest())
     stored = original[-1].data["response"]
     rid = stored["id"]
     assert (await client.request("GET", f"/v1/responses/{rid}?include[]=reasoning.encrypted_content")).json() == stored
-
     head = await client.start("GET", f"/v1/responses/{rid}?stream=true")
     assert (head.status_code, head.reason) == (200, b"OK")
     assert dict(head.headers) == {b"content-type": b"text/event-stream; charset=utf-8", b"cache-control": b"no-cache",
@@ -201,7 +192,6 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     assert [e.data["delta"] for e in replay if e.type == "response.output_text.delta"] == [original_text]
     done = [e.data["item"] for e in original if e.type == "response.output_item.done"]
     assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == done
-
     later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body  # (parse_stream wants 0 first)
     assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
     all_but_first = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=0")).body
@@ -211,8 +201,7 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
 
 
 async def test_input_items_are_the_context_paged_with_after_limit_and_order(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
+    client = connect(nursery, make_server())
     first, second, third = await stored_chain(client, 3)
     items = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=100")).json()
     assert items["object"] == "list" and items["has_more"] is False
@@ -226,13 +215,11 @@ async def test_input_items_are_the_context_paged_with_after_limit_and_order(auto
     ids = [i["id"] for i in data]
     assert len(set(ids)) == len(ids) and (items["first_id"], items["last_id"]) == (ids[0], ids[-1])
     assert ids[0] == f"msg_{first['id'].partition('_')[2]}_in0"
-
     # Default: newest first, 20 a page.
     assert [i["id"] for i in (await client.request("GET", f"/v1/responses/{third['id']}/input_items")).json()["data"]] == ids[::-1]
     # A page of 2 after the first item (every page's rule: tests/test_retrieval.py).
     page = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=2&after={ids[0]}")).json()
     assert ([i["id"] for i in page["data"]], page["has_more"]) == (ids[1:3], True)
-
     # Deleting the middle response removes its items; the walk stops there.
     assert (await client.request("DELETE", f"/v1/responses/{second['id']}")).json() == {
         "id": second["id"], "object": "response", "deleted": True}
@@ -347,8 +334,7 @@ async def test_a_cancel_during_post_inference_finds_a_completed_response(autojum
     server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
     streaming, http = connect(nursery, server), connect(nursery, server)
     await streaming.start("POST", "/v1/responses", body=body(stream=True, metadata={"testbed_workload": "fixed:1"}))
-    events = await streaming.events_until("response.output_item.done")
-    rid, done_at = events[0]["response"]["id"], trio.current_time()
+    rid, done_at = (await streaming.events_until("response.output_item.done"))[0]["response"]["id"], trio.current_time()
     assert server.api.live.find(rid, owner_of("alice")) is not None
     refused = await http.request("POST", f"/v1/responses/{rid}/cancel")
     assert error_of(refused, 400, "response_not_cancellable", "response_id") == "Cannot cancel a completed response."
@@ -464,8 +450,7 @@ async def test_compact_needs_one_json_object_with_an_input_or_a_previous_respons
     refused = await client.request("POST", "/v1/responses/compact", body=compact_body(instructions="be brief"))
     assert error_of(refused, 400, "missing_required_parameter", "input") == "Missing required parameter: 'input'."
     # Either one is enough: an input alone, or a stored response alone.
-    alone = await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug"))
-    *users, _ = alone.json()["output"]
+    *users, _ = (await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug"))).json()["output"]
     assert [user["content"][0]["text"] for user in users] == ["fix the bug"]
     first = (await client.request("POST", "/v1/responses", body=body(store=True, metadata={"testbed_workload": "fixed:1"}))).json()
     chained = await client.request("POST", "/v1/responses/compact", body=compact_body(previous_response_id=first["id"]))
@@ -478,8 +463,7 @@ async def test_compact_reads_the_instructions(autojump_clock, nursery) -> None:
     client = connect(nursery, make_server())
     plain, instructed = [
         (await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug", **extra))).json()["usage"]
-        for extra in ({}, {"instructions": "be brief"})
-    ]
+        for extra in ({}, {"instructions": "be brief"})]
     created = (await client.request("POST", "/v1/responses", body={
         "model": "sim-1000", "input": "fix the bug", "instructions": "be brief", "metadata": {"testbed_workload": "fixed:1"}})).json()
     assert instructed["input_tokens"] == created["usage"]["input_tokens"] > plain["input_tokens"]

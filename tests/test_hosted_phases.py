@@ -45,8 +45,7 @@ async def test_a_hosted_search_is_timed_as_hosted_tool_after_its_hidden_decode(a
     assert search["type"] == "web_search_call" and search["status"] == "completed"
     query = search["action"]["query"]
     timing = response["testbed_timing"]
-    phases = timing["phases_ms"]
-    assert phases["hosted_tool"] == ms(SEARCH_SECONDS)
+    assert timing["phases_ms"]["hosted_tool"] == ms(SEARCH_SECONDS)
     # The query is sampled, not streamed: one decode span of its tokens right before the search.
     spans = timing["spans"]
     hosted = next(i for i, span in enumerate(spans) if span[0] == "hosted_tool")

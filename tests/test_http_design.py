@@ -36,8 +36,7 @@ RTT = 0.080
 TLS13 = netem.NetworkProfile(rtt=RTT, tls_round_trips=1)  # TCP 1 RTT + TLS 1.3 1 RTT
 KNOWN_COSTS = ApiCosts(
     validate=StageCost(fixed=0.010), safety=StageCost(fixed=0.020), render=StageCost(fixed=0.030),
-    route=StageCost(fixed=0.040), post=0.050, store_read_per_turn=0.0,
-)
+    route=StageCost(fixed=0.040), post=0.050, store_read_per_turn=0.0)
 COSTS = attrs.evolve(KNOWN_COSTS, store_read_per_turn=0.004)
 SERVER_PRE = 0.100  # the four fixed stage costs: all the server does before response.created
 
@@ -71,16 +70,14 @@ def outputs_for(response) -> list[FunctionCallOutput]:
 def next_stored(first: CreateRequest, response, **fields: Any) -> CreateRequest:
     return parse_create_body({
         "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "previous_response_id": response.id,
-        "input": [item.to_dict() for item in outputs_for(response)], **fields,
-    })
+        "input": [item.to_dict() for item in outputs_for(response)], **fields})
 
 
 def next_stateless(first: CreateRequest, response) -> CreateRequest:
     items = [*first.input, *response.output, *outputs_for(response)]
     return parse_create_body({
         "model": MODEL, "tools": HARNESS_TOOLS, "metadata": first.metadata, "store": False,
-        "input": [item.to_dict() for item in items],
-    })
+        "input": [item.to_dict() for item in items]})
 
 
 async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_times(autojump_clock) -> None:
@@ -96,8 +93,7 @@ async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_tim
     assert {phase: totals[phase] for phase in ("validate", "safety", "render", "route", "post")} == {
         "validate": exactly(0.010), "safety": exactly(0.020), "render": exactly(0.030), "route": exactly(0.040), "post": exactly(0.050)
     }
-    post = [(s, e) for phase, s, e in log.spans if phase == "post"]
-    assert post == [(exactly(sink[-1][0] - 0.050), exactly(sink[-1][0]))]
+    assert [(s, e) for phase, s, e in log.spans if phase == "post"] == [(exactly(sink[-1][0] - 0.050), exactly(sink[-1][0]))]
     # Timings go out only when asked for.
     assert all("testbed_timing" not in event.get("response", {}) for _, event in sink)
     await http_design.run_http_turn(api, first_request(api, store=False), timed, include_timing=True)
@@ -105,8 +101,7 @@ async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_tim
     assert [phases_ms[phase] for phase in ("validate", "safety", "render", "route", "post")] == [10.0, 20.0, 30.0, 40.0, 50.0]
     assert response.status == "completed" and response.incomplete_details is None
     assert response.id.startswith("resp_") and isinstance(sink[0][1]["response"]["created_at"], int)
-    snapshots = [event["response"]["id"] for _, event in sink if "response" in event]
-    assert snapshots == [response.id] * 3
+    assert [event["response"]["id"] for _, event in sink if "response" in event] == [response.id] * 3
 
 
 async def test_a_turn_cut_at_max_output_tokens_ends_incomplete_and_is_stored_so(autojump_clock) -> None:
@@ -150,8 +145,7 @@ async def test_the_variant_follows_previous_response_id_and_must_match_the_reque
     assert http_design.variant_of(parse_create_body({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})) == "stored"
     api = ApiService(costs=COSTS)
     stateless = first_request(api, store=False)
-    message = "variant 'stored' does not match a request with previous_response_id=None"
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match="variant 'stored' does not match a request with previous_response_id=None"):
         await http_design.run_http_turn(api, stateless, Sink(), variant="stored")
     with pytest.raises(ValueError, match="variant 'chained' does not match"):
         await http_design.run_http_turn(api, stateless, Sink(), variant="chained")
@@ -185,15 +179,13 @@ GENERATED = wl.generate_one("coding", seed=11, turns_median=5, turns_max=6, para
 async def test_same_transcript_and_usage_in_every_design(autojump_clock, workload: wl.Workload) -> None:
     assert len(workload.turns) >= 3
     server = ResponsesServer()
-    key = server.api.workloads.register(workload)
-    metadata = {"testbed_workload": key}
+    metadata = {"testbed_workload": server.api.workloads.register(workload)}
     connector = InMemoryConnector(server)
     records = {
         "suspended": await run_websocket_rollout(connector, "suspended", workload, metadata=metadata, model=MODEL),
         "chained": await run_websocket_rollout(connector, "chained", workload, metadata=metadata, model=MODEL),
         "stateless": await run_http_rollout(connector, workload, variant="stateless", metadata=metadata, model=MODEL),
-        "stored": await run_http_rollout(connector, workload, variant="stored", metadata=metadata, model=MODEL),
-    }
+        "stored": await run_http_rollout(connector, workload, variant="stored", metadata=metadata, model=MODEL)}
     reference = records["suspended"]
     assert reference.status == "completed"
     assert len(reference.transcript) >= 2 * len(workload.turns)
@@ -333,8 +325,7 @@ CONVERSATIONS = [
     [user("fix the bug")],
     [user("fix the bug"), user("and the tests")],
     [user("write the docs"), user("x"), user("y")],
-    [user("lone \ud800 surrogate")],
-]
+    [user("lone \ud800 surrogate")]]
 
 
 @pytest.mark.parametrize("items", CONVERSATIONS, ids=["empty", "one", "two", "three", "surrogate"])

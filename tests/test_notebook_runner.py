@@ -20,8 +20,7 @@ NOTEBOOK = ('# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
 
 @pytest.mark.parametrize(("value", "on"), [
     (None, False), ("", False), ("0", False), ("false", False), (" FALSE ", False), ("no", False), ("No", False),
-    ("1", True), ("true", True), ("yes", True), ("on", True),
-])
+    ("1", True), ("true", True), ("yes", True), ("on", True)])
 def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str | None, on: bool) -> None:
     if value is None:
         monkeypatch.delenv(notebook.TEST_MODE_ENV, raising=False)

@@ -22,8 +22,7 @@ ANSWER = Message("assistant", (("output_text", "done"),), id="msg_1", status="co
 def put(store: ResponseStore, response_id: str, previous: str | None, owner: str | None = "key-a", **fields) -> None:
     store.put(
         response_id, previous_response_id=previous, owner=owner, created_at=fields.pop("created_at", 1.0),
-        input=fields.pop("input", [USER]), output=fields.pop("output", [ANSWER]), response={"id": response_id, **fields},
-    )
+        input=fields.pop("input", [USER]), output=fields.pop("output", [ANSWER]), response={"id": response_id, **fields})
 
 
 def test_a_stored_turn_comes_back_as_it_was_put_with_its_reasoning_and_hosted_result():

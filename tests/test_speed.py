@@ -73,8 +73,7 @@ def test_turn_spans_add_up_to_the_tasks_time_and_the_overhead_beyond_the_floor_i
 def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results_in_tmp):
     rows = streaming.main([
         "--sessions", "3", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "16", "--client-processes", "2",
-        "--repeats", "2",
-    ])
+        "--repeats", "2"])
     assert [row["flush_ms"] for row in rows] == [0, 20]
     for row in rows:
         assert tuple(row) == streaming.COLUMNS
@@ -137,8 +136,7 @@ def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(res
     assert step() == event and step() == event  # one frame after another on the same connection pair
     rows = idle_cost.main(["--waits-ms", "0.5", "--repeats", "2"])
     assert [(r["condition"], r["wait_ms"], r["repeats"]) for r in rows] == [
-        ("back to back", 0.0, 2), ("after sleep", 0.5, 2), ("after busy wait", 0.5, 2)
-    ]
+        ("back to back", 0.0, 2), ("after sleep", 0.5, 2), ("after busy wait", 0.5, 2)]
     assert rows[0]["x_back_to_back"] == 1.0
     assert all(r["median_us"] > 0 and r["x_back_to_back"] == r["median_us"] / rows[0]["median_us"] for r in rows)
     assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
@@ -176,8 +174,7 @@ def test_profile_turn_runs_at_a_tiny_size_giving_library_time_to_its_callers(res
     stats = {
         json_caller: (1, 1, 0.0, 0.3, {}),
         framing_caller: (1, 1, 0.0, 0.1, {}),
-        builtin: (4, 4, 0.4, 0.4, {json_caller: (3, 3, 0.3, 0.3), framing_caller: (1, 1, 0.1, 0.1)}),
-    }
+        builtin: (4, 4, 0.4, 0.4, {json_caller: (3, 3, 0.3, 0.3), framing_caller: (1, 1, 0.1, 0.1)})}
     causes = profile_turn.inherit(stats, {f: profile_turn.own_cause(f) for f in stats})
     assert causes[builtin] == pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25})
     assert causes[json_caller] == {profile_turn.JSON: 1.0}

@@ -46,8 +46,7 @@ async def rollout_to_its_end(conn) -> dict[str, Any]:
 async def test_first_token_time_is_exactly_the_modeled_cost(autojump_clock):
     # Zero API costs: the first token arrives after the engine overhead, the prefill of the whole
     # prompt and one decode step, nothing else.
-    server = make_server()
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(make_server(), SUSPENDED) as conn:
         start = trio.current_time()
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1", "testbed_decode_tps": "1000"}))
         events = await until(conn, "response.output_text.delta")
@@ -83,8 +82,7 @@ async def test_a_hosted_search_runs_inside_the_segment_and_the_rollout_pauses_on
 
 async def test_a_rollout_failed_at_its_ttl_carries_its_id_and_the_timings_of_the_segment_it_ends(autojump_clock, link):
     # When it fails, with what message, what it releases and that the connection serves on: test_limits.py.
-    server = make_server(config=ServerConfig(suspension_ttl=7.5))
-    async with ws(server, SUSPENDED, network=link, include_timing=True) as conn:
+    async with ws(make_server(config=ServerConfig(suspension_ttl=7.5)), SUSPENDED, network=link, include_timing=True) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
         failed = await receive(conn)
@@ -118,8 +116,7 @@ async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(au
             ([output(first), output(second), output("call_zz"), output("call_aa")], "call_id 'call_aa' is not pending"),
             ([output(second)], f"no function_call_output for pending call_id '{first}'"),
             ([output(first)], f"no function_call_output for pending call_id '{second}'"),
-            ([], f"no function_call_output for pending call_id '{first}'"),
-        ]
+            ([], f"no function_call_output for pending call_id '{first}'")]
         for items, problem in refusals:
             await send(conn, {"type": "response.append", "input": items})
             assert await receive(conn) == invalid("invalid_function_call_output", f"response.append: {problem}.", "input")
@@ -183,8 +180,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
 
     monkeypatch.setattr(Emitter, "resumed", slow_resumed)
     monkeypatch.setattr(suspended.ClientOverSocket, "answer", spy_answer)
-    server = make_server()
-    async with ws(server, SUSPENDED, network=link) as conn:
+    async with ws(make_server(), SUSPENDED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
         done = (await until(conn, "response.done"))[-1]["response"]
         calls = function_calls(done)
@@ -252,8 +248,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
 
 
 async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_segment(autojump_clock) -> None:
-    server = make_server()
-    async with ws(server, "suspended", include_timing=True) as conn:
+    async with ws(make_server(), "suspended", include_timing=True) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:3"}))
         first = (await until(conn, "response.done"))[-1]["response"]
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})
@@ -295,8 +290,7 @@ def message_tokens(item: dict[str, Any]) -> int:
     # Exactly enough for the first turn: it completes and calls; the second turn has nothing left.
     (40, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"), ("message", 0, "incomplete")]),
     (60, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"),
-          ("reasoning", 10, "completed"), ("message", 10, "incomplete")]),
-])
+          ("reasoning", 10, "completed"), ("message", 10, "incomplete")])])
 async def test_a_v1_rollouts_output_budget_runs_across_its_turns_and_it_is_stored_with_its_final_status(autojump_clock, budget, expected) -> None:
     server = make_server()
     key = server.api.workloads.register(BUDGETED)

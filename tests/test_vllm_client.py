@@ -105,8 +105,7 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
         "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 128_256, "max_position_embeddings": 131_072,
         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
-    }
+        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001}
     assert TINY_CPU.engine_settings() == {"max_model_len": 131_072, "block_size": 32, "dtype": "float32",
                                           "enforce_eager": True, "gpu_memory_utilization": 0.9}
     assert LLAMA_8B_SHAPE.engine_settings() == {"max_model_len": 131_072, "block_size": 16, "dtype": "bfloat16",
@@ -262,8 +261,7 @@ async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_op
         {"op": "append", "rid": "r2", "prompt": [5], "max_tokens": 2, "forced": None},
         {"op": "close", "rid": "r2"},
         {"op": "abort", "rid": "r1"},
-        {"op": "shutdown"},
-    ]
+        {"op": "shutdown"}]
 
     async def answer(tag: int, reset_peak: bool) -> None:
         await trio.testing.wait_all_tasks_blocked()
@@ -382,8 +380,7 @@ def stand_in(folder: Path, body: str, name: str = "python") -> Path:
 
 
 def records(python: Path) -> list[dict]:
-    path = python.with_name(f"{python.name}.record")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in python.with_name(f"{python.name}.record").read_text().splitlines()]
 
 
 @pytest.fixture

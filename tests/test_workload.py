@@ -119,8 +119,7 @@ def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
     assert 0.2 <= np.percentile(seconds, 50) <= 0.4  # docs/parameters.md §2: p50 0.29 s
     assert 10 <= np.percentile(seconds, 90) <= 18  # p90 14.1 s
     assert seconds.max() <= 600.0
-    fixed_seconds = sample_tool_seconds(np.random.default_rng(0), WorkloadParams(fixed_tool_seconds=2.5), 4)
-    assert fixed_seconds.tolist() == [2.5] * 4
+    assert sample_tool_seconds(np.random.default_rng(0), WorkloadParams(fixed_tool_seconds=2.5), 4).tolist() == [2.5] * 4
     params = WorkloadParams(tool_mixture=((3.0, 1.0, 0.0), (1.0, 50.0, 0.0)), tool_cap_seconds=10.0)
     seconds = sample_tool_seconds(np.random.default_rng(0), params, 4000)
     assert set(seconds.tolist()) == {1.0, 10.0}
@@ -192,18 +191,15 @@ def _turns(final: bool):
     calls = st.just(()) if final else st.lists(_seconds, min_size=1, max_size=3)
     return st.builds(
         lambda appended, output, calls, hosted, share: TurnSpec(appended, output, calls, hosted, int(share * (output - 1))),
-        st.integers(0, 10**6), st.integers(1, 10**6), calls, st.lists(_hosted, max_size=2), st.floats(0, 1),
-    )
+        st.integers(0, 10**6), st.integers(1, 10**6), calls, st.lists(_hosted, max_size=2), st.floats(0, 1))
 
 
 _workloads = st.builds(
     lambda name, seed, body, last, content_seed, prefix: Workload(
         name, seed, [*body, last], content_seed=content_seed, prefix=prefix,
-        prefix_tokens=min(5 if prefix else 0, (body or [last])[0].appended_tokens),
-    ),
+        prefix_tokens=min(5 if prefix else 0, (body or [last])[0].appended_tokens)),
     st.text(max_size=8), st.integers(0, 2**32), st.lists(_turns(False), max_size=4), _turns(True),
-    st.none() | st.integers(0, 2**32), st.sampled_from(["", "coding"]),
-)
+    st.none() | st.integers(0, 2**32), st.sampled_from(["", "coding"]))
 
 
 @settings(max_examples=50, deadline=None)
@@ -275,8 +271,7 @@ BROKEN_RULES = {  # each rule of WorkloadParams, and values that break it
     "parallel_call_weights >= 0 with a positive total": [{"parallel_call_weights": w} for w in ((), (-1.0, 2.0), (0.0, 0.0))],
     "reasoning_share (low, high) within [0, 1)": [{"reasoning_share": r} for r in ((0.1,), (-0.1, 0.5), (0.6, 0.5), (0.5, 1.0))],
     "hosted_seconds, hosted_result_tokens >= 0": [{"hosted_seconds": -1.0}, {"hosted_result_tokens": -1}],
-    "context_window_tokens > initial_prompt_tokens": [{"context_window_tokens": 8000}],
-}
+    "context_window_tokens > initial_prompt_tokens": [{"context_window_tokens": 8000}]}
 
 
 @pytest.mark.parametrize(("fields", "rule"), [(fields, rule) for rule, cases in BROKEN_RULES.items() for fields in cases])
@@ -289,8 +284,7 @@ def test_workload_params_accept_every_rules_edges_and_name_each_rule_broken():
         turns_min=1, turns_max=1, fixed_turns=1, appended_min=0, appended_max=0, output_min=1, output_max=1,
         initial_prompt_tokens=0, shared_prefix_tokens=0, tool_mixture=((0.0, 1.0, 0.0), (1.0, 1e-9, 0.0)),
         fixed_tool_seconds=0.0, parallel_calls_p=0.0, hosted_call_p=1.0, parallel_call_weights=(0.0, 1.0),
-        reasoning_share=(0.0, 0.0), hosted_seconds=0.0, hosted_result_tokens=0, context_window_tokens=1,
-    )
+        reasoning_share=(0.0, 0.0), hosted_seconds=0.0, hosted_result_tokens=0, context_window_tokens=1)
     WorkloadParams(parallel_calls_p=1.0, hosted_call_p=0.0, reasoning_share=(0.5, 0.5))
     assert refused(lambda: WorkloadParams(turns_min=0, hosted_seconds=-1.0)) == (
         "invalid WorkloadParams: 1 <= turns_min <= turns_max; hosted_seconds, hosted_result_tokens >= 0")
@@ -303,16 +297,14 @@ def test_workload_params_accept_every_rules_edges_and_name_each_rule_broken():
 EXACT = WorkloadParams(
     turns_median=4, turns_sigma=0.0, initial_prompt_tokens=1000, shared_prefix_tokens=600, appended_median=123,
     appended_sigma=0.0, output_median=57, output_sigma=0.0, tool_mixture=((1.0, 2.5, 0.0),), reasoning_share=(0.25, 0.25),
-    parallel_calls_p=0.0, hosted_call_p=0.0,
-)
+    parallel_calls_p=0.0, hosted_call_p=0.0)
 
 
 def test_a_task_of_zero_spread_is_the_medians_exactly():
     # 0.25 of 57 output tokens is 14.25: 14 of them reasoning.
     turns = [TurnSpec(1000, 57, (2.5,), (), 14)] + [TurnSpec(123, 57, (2.5,), (), 14)] * 2 + [TurnSpec(123, 57, (), (), 14)]
     assert generate(EXACT, seed=3, n_tasks=2) == [
-        Workload(f"custom-{i}", 3, turns, content_seed=content_seed_of(3, i), prefix="custom", prefix_tokens=600) for i in (0, 1)
-    ]
+        Workload(f"custom-{i}", 3, turns, content_seed=content_seed_of(3, i), prefix="custom", prefix_tokens=600) for i in (0, 1)]
     assert generate_one(EXACT, seed=3, index=1) == generate(EXACT, seed=3, n_tasks=2)[1]
     assert len(generate_one(EXACT, seed=3, fixed_turns=7).turns) == 7
     assert len(generate_one(EXACT, seed=3, turns_median=40, turns_max=9).turns) == 9  # clipped to the bounds
@@ -332,8 +324,7 @@ def test_a_task_ends_before_the_first_prompt_past_the_context_window(window, n_t
     searched = (HostedCall(0.5, 500),)
     assert w.turns == tuple(
         TurnSpec(1000 if k == 0 else 123, 57, (2.5,) if k < n_turns - 1 else (), searched if k < n_turns - 1 else (), 14)
-        for k in range(n_turns)
-    )
+        for k in range(n_turns))
     assert [w.prompt_tokens(k) for k in range(n_turns)] == [1000, 1680, 2360, 3040][:n_turns]
 
 
@@ -352,8 +343,7 @@ def test_each_tool_call_has_its_own_draw_and_parallel_turns_the_weighted_number(
 def test_summary_gives_mean_p50_and_p90_of_each_measure():
     tasks = [
         Workload("a", 0, [TurnSpec(100, 10, (1.0, 3.0), (HostedCall(1.0, 5),), 5), TurnSpec(20, 30, (2.0,), (), 3), TurnSpec(40, 20, ())]),
-        Workload("b", 0, [TurnSpec(100, 40, ())]),
-    ]
+        Workload("b", 0, [TurnSpec(100, 40, ())])]
     assert summary(tasks) == {
         "turns": {"mean": 2.0, "p50": 2.0, "p90": pytest.approx(2.8)},
         "output_tokens_per_turn": {"mean": 25.0, "p50": 25.0, "p90": pytest.approx(37.0)},
@@ -361,8 +351,7 @@ def test_summary_gives_mean_p50_and_p90_of_each_measure():
         "tool_seconds": {"mean": 2.0, "p50": 2.0, "p90": pytest.approx(2.8)},
         "calls_per_tool_turn": {"mean": 1.5, "p50": 1.5, "p90": pytest.approx(1.9)},
         "hosted_calls_per_tool_turn": {"mean": 0.5, "p50": 0.5, "p90": pytest.approx(0.9)},
-        "reasoning_share": {"mean": pytest.approx((0.5 + 0.1) / 4), "p50": 0.05, "p90": pytest.approx(0.38)},
-    }
+        "reasoning_share": {"mean": pytest.approx((0.5 + 0.1) / 4), "p50": 0.05, "p90": pytest.approx(0.38)}}
     empty = summary([])
     assert list(empty) == list(summary(tasks)) and all(np.isnan(v) for s in empty.values() for v in s.values())
     assert all(list(s) == ["mean", "p50", "p90"] for s in empty.values())

@@ -152,8 +152,7 @@ async def check_usable(conn, design: str, case: Bad, ctx: dict[str, str]) -> Non
         follow = create(previous_response_id=ctx[PREV], input=[output(ctx[CALL])])
         events = await turn(conn, follow)
         if case.stage == "frame":  # nothing reached the worker: the cached response is still there
-            assert events[-1]["type"] == "response.completed"
-            assert events[-1]["response"]["previous_response_id"] == ctx[PREV]
+            assert events[-1]["type"] == "response.completed" and events[-1]["response"]["previous_response_id"] == ctx[PREV]
             return
         assert events == [error_frame(errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", events[0])]
     # Anything else: a new conversation on the same connection completes.
@@ -261,8 +260,7 @@ async def test_unknown_model_names_are_accepted_by_design(autojump_clock, design
     async with open_responses_websocket(InMemoryConnector(make_server()), design) as conn:
         start = trio.current_time()
         events = await turn(conn, create(model="no-such-model-9000", metadata={"testbed_workload": ONE_TURN}))
-    assert events[-1]["type"] == "response.completed"
-    assert events[-1]["response"]["model"] == "no-such-model-9000"
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["model"] == "no-such-model-9000"
     assert trio.current_time() - start > 5 / 65  # 5 tokens at the flagship's 65 tokens/s
 
 

@@ -55,8 +55,7 @@ def built_parser(main, argv) -> argparse.ArgumentParser:
 @pytest.mark.parametrize("name", ["prototype", *EXPERIMENTS])
 def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     parser = built_parser(cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main, [])
-    assert options_without_help(parser) == []
-    assert parser.allow_abbrev is False
+    assert options_without_help(parser) == [] and parser.allow_abbrev is False
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -86,8 +85,7 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok")])
 def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):
     monkeypatch.setattr(compare, "run", lambda args: pytest.fail("compare ran"))
-    assert exit_code(cli_main, argv) == 2
-    assert capsys.readouterr().err == f"{line} (see --help)\n"
+    assert exit_code(cli_main, argv) == 2 and capsys.readouterr().err == f"{line} (see --help)\n"
 
 
 @pytest.mark.parametrize("name, argv, line", [
@@ -139,8 +137,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
     assert (args.engine, args.vllm_model, args.vllm_python) == ("simulated", "tiny-llama-cpu", None)
     assert engine_options.model_spec(args) is TINY_CPU
     args = engine_parser().parse_args(["--engine", "vllm", "--vllm-model", "llama-3.1-8b-shape", "--vllm-python", "/x/python"])
-    assert (args.engine, args.vllm_python) == ("vllm", "/x/python")
-    assert engine_options.model_spec(args) is LLAMA_8B_SHAPE
+    assert (args.engine, args.vllm_python) == ("vllm", "/x/python") and engine_options.model_spec(args) is LLAMA_8B_SHAPE
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     text = engine_parser().format_help()
     venv = os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm-venv")
@@ -170,8 +167,7 @@ def test_the_parser_allows_abbreviations_when_asked_takes_its_name_first_and_fil
     parser.add_argument("--n", type=int)
     assert parser.prog == "p"
     namespace = argparse.Namespace(kept=True)
-    assert parser.parse_args(["--n", "2"], namespace) is namespace
-    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace and (namespace.kept, namespace.n) == (True, 2)
     assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
@@ -265,8 +261,7 @@ def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_se
     first = common.new_run_folder(base, now)
     (first / "a.csv").write_text("first")
     names = [first.name] + [common.new_run_folder(base, now).name for _ in range(2)]
-    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
-    assert (first / "a.csv").read_text() == "first"
+    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"] and (first / "a.csv").read_text() == "first"
     assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
     assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
     # A left-over temporary link (or file) is replaced; the clock gives the name by default.
@@ -279,5 +274,4 @@ def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_se
     assert os.readlink(tmp_path / "latest") == folder.name and not left_over.is_symlink()
     left_over.write_text("a file left over")
     second = common.new_run_folder(tmp_path, datetime.datetime(2000, 1, 1))
-    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000"
-    assert not left_over.exists()
+    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000" and not left_over.exists()

@@ -129,8 +129,7 @@ async def v1_rollout(**fields: Any) -> tuple[list[str], dict]:
 async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
     _, plain = await v1_rollout()
     kinds, final = await v1_rollout(context_management=COMPACTING)
-    assert final["type"] == "response.completed"
-    assert kinds.count("response.compaction.compacting") == 1
+    assert final["type"] == "response.completed" and kinds.count("response.compaction.compacting") == 1
     (summary,) = [parse_item(item) for item in final["response"]["output"] if item["type"] == "compaction"]
     # The one response's usage adds the summary to the tokens its turns sampled before and after it.
     assert final["response"]["usage"]["output_tokens"] == plain["response"]["usage"]["output_tokens"] + len(

@@ -145,8 +145,7 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
         error_of(reply, 401, "invalid_api_key", None)
         assert reply.headers["www-authenticate"] == "Bearer"
     # The connection served every refusal and still answers.
-    assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200
-    assert server.connections == 1
+    assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200 and server.connections == 1
 
 
 async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery) -> None:
@@ -184,8 +183,7 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     replay = parse_stream(await client.rest())
     # The same events in the same order, each run of deltas as one delta carrying the whole text.
     collapsed = [e.type for i, e in enumerate(original) if not (e.type.endswith(".delta") and original[i + 1].type == e.type)]
-    assert [e.type for e in replay] == collapsed
-    assert [e.data["sequence_number"] for e in replay] == list(range(len(replay)))
+    assert [e.type for e in replay] == collapsed and [e.data["sequence_number"] for e in replay] == list(range(len(replay)))
     assert replay[-1].data["response"] == stored
     assert replay[0].data["response"]["status"] == "in_progress" and replay[0].data["response"]["output"] == []
     original_text = "".join(e.data["delta"] for e in original if e.type == "response.output_text.delta")
@@ -209,8 +207,7 @@ async def test_input_items_are_the_context_paged_with_after_limit_and_order(auto
     # The context the third turn was given: every earlier turn's input and output, then its input.
     expected = ["message", *(i["type"] for i in first["output"]), "function_call_output",
                 *(i["type"] for i in second["output"]), "function_call_output"]
-    assert [i["type"] for i in data] == expected
-    assert data[1:3] == first["output"]
+    assert [i["type"] for i in data] == expected and data[1:3] == first["output"]
     assert data[0]["content"] == [{"type": "input_text", "text": "fix the bug"}]
     ids = [i["id"] for i in data]
     assert len(set(ids)) == len(ids) and (items["first_id"], items["last_id"]) == (ids[0], ids[-1])
@@ -324,8 +321,7 @@ async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojum
     assert reply.json()["status"] == "cancelled"
     await answered.wait()
     ((answered_at, answer),) = replies
-    assert answered_at == cancelled_at
-    assert answer.status == 200 and answer.json() == reply.json()
+    assert answered_at == cancelled_at and answer.status == 200 and answer.json() == reply.json()
 
 
 async def test_a_cancel_during_post_inference_finds_a_completed_response(autojump_clock, nursery) -> None:
@@ -429,8 +425,7 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
             nursery.start_soon(task)
     assert written[-2:] == [(opens_at, "response.output_text.delta"), (opens_at, "response.cancelled")]
     assert outcome["response"].status == "cancelled" and outcome["response"].output == []
-    assert (outcome["answered_at"], outcome["answer"].body["status"]) == (answered_at, status)
-    assert len(server.api.live) == 0
+    assert (outcome["answered_at"], outcome["answer"].body["status"]) == (answered_at, status) and len(server.api.live) == 0
 
 
 # --- compact -------------------------------------------------------------------------------------------

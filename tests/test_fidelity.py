@@ -28,8 +28,7 @@ def _run(engine: str, design: str, ttfts: dict[tuple[str, int], float], e2e: dic
 def test_calls_pair_by_task_and_place_and_unmatched_calls_are_left_out():
     real = _run("vllm", CHAINED, {("a", 0): 0.1, ("a", 1): 0.2, ("b", 0): 0.3}, {"t0": 1.0}, prefill=0, makespan=1.0)
     sim = _run("sim", CHAINED, {("a", 1): 0.25, ("b", 0): 0.3, ("c", 0): 9.0}, {"t0": 2.0}, prefill=0, makespan=1.0)
-    assert fidelity.paired_calls(real, sim) == [(0.2, 0.25), (0.3, 0.3)]
-    assert fidelity.paired_tasks(real, sim) == [(1.0, 2.0)]
+    assert fidelity.paired_calls(real, sim) == [(0.2, 0.25), (0.3, 0.3)] and fidelity.paired_tasks(real, sim) == [(1.0, 2.0)]
 
 
 def test_absolute_errors_are_percent_of_the_measured_value_and_skip_a_zero_measurement():
@@ -81,11 +80,9 @@ def test_the_score_table_has_every_metric_per_variant_and_judges_the_targets():
     assert table[("far", "per-call TTFT", "p90 |error| %")]["met"] == "no"
     assert table[("close", "prefill computed", "total error %")]["value"].startswith("5.0")
     assert table[("far", "prefill computed", "total error %")]["met"] == "no"
-    assert table[("close", "tasks per hour", "median error %")]["value"].startswith("-4.8")
-    assert len(rows) == 2 * 5
+    assert table[("close", "tasks per hour", "median error %")]["value"].startswith("-4.8") and len(rows) == 2 * 5
     # One ordering row per configuration and metric, each variant judged.
-    assert len(orders) == len(fidelity.ORDER_METRICS)
-    assert all(row["close agrees"] in ("yes", "none separated") for row in orders)
+    assert len(orders) == len(fidelity.ORDER_METRICS) and all(row["close agrees"] in ("yes", "none separated") for row in orders)
 
 
 @pytest.mark.real_engine

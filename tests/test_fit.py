@@ -123,8 +123,7 @@ def test_a_distribution_gives_its_count_mean_and_quantiles_and_the_tool_tail_cal
 
 def test_a_lognormal_is_the_log_moments_of_positive_values_and_a_mixture_keeps_a_sigma_floor_and_few_components() -> None:
     median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
-    assert median == pytest.approx(math.e**2, rel=1e-12)
-    assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
+    assert median == pytest.approx(math.e**2, rel=1e-12) and sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
     with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal([0.0, -1.0])
     (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture([1.0] * 10 + [math.exp(3)] * 10, 3)  # 20 values: 2 components at most
@@ -200,8 +199,7 @@ def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fit.round_time_fit(np.zeros(7), OUTPUT, 0.2 + OUTPUT / 40).prefill_tokens_per_s == math.inf
-        assert fit.distribution([])["n"] == 0.0
-        assert math.isnan(fit.tool_tail([])[0])
+        assert fit.distribution([])["n"] == 0.0 and math.isnan(fit.tool_tail([])[0])
 
 
 def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_are_small() -> None:

@@ -75,16 +75,14 @@ async def test_a_search_that_fails_leaves_its_in_progress_item_in_the_failed_res
     failed = events[-1]["response"]
     assert failed["error"] == {"code": "server_error", "message": "The engine failed mid-response: the search backend is down"}
     assert failed["output"] == [added["item"]]
-    assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress"
-    assert added["output_index"] == 0
+    assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress" and added["output_index"] == 0
 
 
 async def test_a_search_takes_its_latency_and_keeps_a_result_of_its_token_count(autojump_clock):
     service = HostedToolService()
     start = trio.current_time()
     result = await service.search("ws_1", PlannedSearch("trio docs", 1.5, 40), seed=7)
-    assert trio.current_time() - start == pytest.approx(1.5)
-    assert isinstance(result, str) and tokens(result) == 40
+    assert trio.current_time() - start == pytest.approx(1.5) and isinstance(result, str) and tokens(result) == 40
     assert service.result_for("ws_1") == result and service.result_for("ws_unknown") == ""  # one it never ran: empty
 
 
@@ -95,8 +93,7 @@ async def test_a_searchs_result_is_drawn_from_its_seed_query_length_and_size(aut
     async def result(seed: int, query: str = "trio docs", size: int = 40) -> str:
         return await HostedToolService().search("ws_1", PlannedSearch(query, 0.0, size), seed=seed)
 
-    assert await result(7) == await result(7)
-    assert await result(-1) == await result(2**32 - 1)
+    assert await result(7) == await result(7) and await result(-1) == await result(2**32 - 1)
     assert await result(2**32 + 7) == await result(7)
     others = {await result(6), await result(7, query="trio doc"), await result(7, size=41), await result(8)}
     assert await result(7) not in others and len(others) == 4

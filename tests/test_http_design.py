@@ -160,8 +160,7 @@ async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
     warm = first_request(api, generate=False, store=False)
     sink = Sink()
     response = await http_design.run_http_turn(api, warm, sink)
-    assert sink.types == ["response.created", "response.completed"]
-    assert response.output == [] and response.status == "completed"
+    assert sink.types == ["response.created", "response.completed"] and response.output == [] and response.status == "completed"
     # The prompt is now on the engine: the same turn with generation finds it.
     cold = ApiService(costs=COSTS)
     baseline = await http_design.run_http_turn(cold, first_request(cold, store=False), Sink())
@@ -187,8 +186,7 @@ async def test_same_transcript_and_usage_in_every_design(autojump_clock, workloa
         "stateless": await run_http_rollout(connector, workload, variant="stateless", metadata=metadata, model=MODEL),
         "stored": await run_http_rollout(connector, workload, variant="stored", metadata=metadata, model=MODEL)}
     reference = records["suspended"]
-    assert reference.status == "completed"
-    assert len(reference.transcript) >= 2 * len(workload.turns)
+    assert reference.status == "completed" and len(reference.transcript) >= 2 * len(workload.turns)
     usage = {name: (record.usage["input_tokens"], record.usage["output_tokens"]) for name, record in records.items()}
     for name, record in records.items():
         assert (record.status, len(record.turns), record.transcript, usage[name]) == (
@@ -247,8 +245,7 @@ async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(au
     for name, switches in (("after", AFTER_SPRINT), ("before", BEFORE_SPRINT), ("hop", SprintSwitches(direct_inference_hop=False))):
         record = await completed_http_rollout(make_server(costs=KNOWN_COSTS, sprint=switches, sprint_extra=extra), workload)
         firsts[name] = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
-    assert firsts["after"] == [exactly(SERVER_PRE)] * 2
-    assert firsts["before"] == [exactly(SERVER_PRE + 0.100)] * 2
+    assert firsts["after"] == [exactly(SERVER_PRE)] * 2 and firsts["before"] == [exactly(SERVER_PRE + 0.100)] * 2
     assert firsts["hop"] == [exactly(SERVER_PRE + 0.030)] * 2
 
 
@@ -347,8 +344,7 @@ def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
 def test_a_conversation_is_keyed_by_its_first_item() -> None:
     key = http_design.conversation_key
     assert key([user("fix the bug")]) == key([user("fix the bug"), user("more")]) == key([user("fix the bug"), user("other")])
-    assert key([user("fix the bug")]) != key([user("write the docs")])
-    assert key([]) != key([user("fix the bug")])
+    assert key([user("fix the bug")]) != key([user("write the docs")]) and key([]) != key([user("fix the bug")])
     assert key([user("a \ud800")]) != key([user("a \udc00")])  # any text has a key, even a lone surrogate
 
 
@@ -360,6 +356,5 @@ def test_the_default_affinity_is_the_share_of_turns_routed_home_and_misses_are_d
     # Generated tasks have their own content, so which turns miss differs from task to task.
     prompts = [user(harness.task_prompt(w)) for w in wl.generate(seed=0, n_tasks=20)]
     misses = [tuple(n for n in range(1, 200) if not http_design.reaches_prefix_cache([first] * n)) for first in prompts]
-    assert len(set(misses)) == 20
-    assert abs(sum(map(len, misses)) / (20 * 199) - (1 - HTTP_AFFINITY)) < 0.03
+    assert len(set(misses)) == 20 and abs(sum(map(len, misses)) / (20 * 199) - (1 - HTTP_AFFINITY)) < 0.03
 

@@ -87,8 +87,7 @@ def test_codex_backs_off_from_200_ms_doubling_then_https_and_each_wait_is_its_ca
     for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
         assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
-    assert CODEX.max_retries == 5 and CODEX.fallback_to_http
-    assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+    assert CODEX.max_retries == 5 and CODEX.fallback_to_http and STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
     # Each wait is its capped backoff times one draw from the jitter; the worst case sums them at the top.
     policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
     rng, same = random.Random(7), random.Random(7)
@@ -344,8 +343,7 @@ def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
     # An error with a `reason` of its own (as ssl.SSLError has), not a close reason.
     LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # noqa: N806
     closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
-    assert _close_code(closed, None) == 1011
-    assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
+    assert _close_code(closed, None) == 1011 and _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
     assert _close_code(trio_websocket.ConnectionClosed(None), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
     assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
     assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]

@@ -119,15 +119,13 @@ def test_the_workers_are_announced_once_all_listen_and_a_stop_ends_them_even_exi
     assert fake.killed[2:] == [(101, signal.SIGTERM), (102, signal.SIGTERM)]  # 103 is gone: skipped
     given = serve_args("--workers", "2", "--port", "0", "--store", str(tmp_path / "s.db"), "--quiet")
     with_os(FakeOs([b"11"], [(101, 0), (102, 0)]))
-    assert serve_workers.run_workers(given) == 0
-    assert given.store == str(tmp_path / "s.db")
+    assert serve_workers.run_workers(given) == 0 and given.store == str(tmp_path / "s.db")
     assert capsys.readouterr().out.split("\n")[-2] != "stopped"  # ended by themselves: nothing stopped them
     monkeypatch.setattr(sys, "stdout", out := Flushed())
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     fake.on_wait = lambda: handlers[signal.SIGTERM](signal.SIGTERM, None) if not fake.killed else None
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 0
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert out.getvalue().endswith("stopped\n")
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)] and out.getvalue().endswith("stopped\n")
     assert out.flushes == 2  # the announcement, then "stopped": a script reading through a pipe sees each at once
 
 
@@ -135,8 +133,7 @@ def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_ot
     _, with_os = workers
     fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert capsys.readouterr().out == ""
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)] and capsys.readouterr().out == ""
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
@@ -286,7 +283,7 @@ def test_the_load_experiment_runs_against_two_workers(tmp_path, monkeypatch):
     assert [(r["workers"], r["completed"], r["turns"], r["lost"], r["duplicated"]) for r in rows] == [(1, 4, 8, 0, 0), (2, 4, 8, 0, 0)]
     # 4 sessions x 2 turns over (2 modeled turns + one 0.05 s think time)
     modeled = load.reference("chained", *load.task_of(load.LoadRun("chained", 4, 1, 2, 1000, 200, 50, 0.05, 0.0)))
-    assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05)
+    assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / (sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05))
     assert rows[0]["peak_turns_per_s"] == 8  # all 8 requests within one second (no stagger, 0.05 s think)
     assert all(r["server_cpu_ms_per_turn"] > 0 and r["max_open"] == 4 for r in rows)
     assert (tmp_path / "load" / "latest" / "load.csv").exists()  # a new folder per run

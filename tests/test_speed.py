@@ -76,14 +76,12 @@ def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results
         "--repeats", "2"])
     assert [row["flush_ms"] for row in rows] == [0, 20]
     for row in rows:
-        assert tuple(row) == streaming.COLUMNS
-        assert row["agg_tokens_per_s"] > 0 and row["repeats"] == 2
+        assert tuple(row) == streaming.COLUMNS and row["agg_tokens_per_s"] > 0 and row["repeats"] == 2
         assert row["client_processes"] == 2 and row["client_core_share"] > 0 and row["server_cpu_us_per_token"] > 0
         assert "lag_1" in row  # real-time lag: reported, not bounded
         # The virtual-clock reference: the same sessions with no cost of the server's own, whose
         # request overhead and prefill come before each stream, so it is below the offered rate.
-        assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000
-        assert row["connect_s"] > 0
+        assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000 and row["connect_s"] > 0
         assert row["limit_share"] == pytest.approx(row["agg_tokens_per_s"] / row["limit_tokens_per_s"], rel=1e-12)
         if row["flush_ms"] == 0:  # one delta per token: no floor to replay
             assert all(row[column] == "" for column in streaming.FLOOR_COLUMNS)
@@ -205,6 +203,5 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
         return out
 
     out = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert out[0] == (0.010, 10)
-    assert out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
+    assert out[0] == (0.010, 10) and out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
     assert engine.stats.decoded_tokens == 20

@@ -190,8 +190,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
         while not any(e["type"] == "response.completed" for e in events) or not any(e["type"] == "error" for e in events):
             events.append(await receive(conn, timeout=5))
     assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["no_suspended_response"]
-    assert applied == [["first"] * len(calls)]
-    assert [e["type"] for e in events].count("response.in_progress") == 1
+    assert applied == [["first"] * len(calls)] and [e["type"] for e in events].count("response.in_progress") == 1
 
 
 # --- the connection's lifetime ends a rollout ----------------------------------------------------------
@@ -268,9 +267,7 @@ async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_seg
     assert "queue" in first["testbed_timing"]["phases_ms"]
     # A later pause carries its own segment only: from the resume on.
     timing = second["testbed_timing"]
-    assert "queue" not in timing["phases_ms"]
-    assert timing["origin_s"] == resumed_at
-    assert timing["spans"][0][1] == 0.0
+    assert "queue" not in timing["phases_ms"] and timing["origin_s"] == resumed_at and timing["spans"][0][1] == 0.0
 
 
 # Turn 1: 16 reasoning tokens, 24 of text and a call; turn 2: 10 reasoning tokens and 20 of text.

@@ -17,8 +17,7 @@ def test_a_phase_log_totals_its_spans_by_phase_from_an_instant_on() -> None:
     assert log.spans == [("validate", 1.0, 1.25), ("prefill", 1.25, 2.0), ("validate", 3.0, 3.5), ("decode", 3.5, 4.0)]
     assert log.totals() == {"validate": 0.75, "prefill": 0.75, "decode": 0.5}
     assert log.totals(since=3.0) == {"validate": 0.5, "decode": 0.5}  # a span starting at the instant counts
-    assert log.totals(since=3.25) == {"decode": 0.5}
-    assert (log.schedule, log.client) == (None, None)
+    assert log.totals(since=3.25) == {"decode": 0.5} and (log.schedule, log.client) == (None, None)
 
 
 def test_a_phase_logs_wire_form_is_in_milliseconds_from_its_first_span() -> None:
@@ -46,8 +45,7 @@ def test_a_phase_logs_wire_form_is_in_milliseconds_from_its_first_span() -> None
 
 
 def test_client_records_keep_the_newest_and_append_each_to_their_file(tmp_path) -> None:
-    assert metrics.ClientRecords().maxlen == metrics.MAX_CLIENT_RECORDS == 10_000
-    assert metrics.ClientRecords().file is None
+    assert metrics.ClientRecords().maxlen == metrics.MAX_CLIENT_RECORDS == 10_000 and metrics.ClientRecords().file is None
     path = tmp_path / "records.jsonl"
     path.write_text('{"kept": true}\n')  # appended to, never truncated
     records = metrics.ClientRecords(str(path), maxlen=2)

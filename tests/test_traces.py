@@ -326,8 +326,7 @@ def test_codex_rollout_rounds_tools_hosted_and_timing(tmp_path):
     assert traces.load(tmp_path / "sessions").tasks == trace.tasks  # a $CODEX_HOME/sessions folder
     # A rollout line is told by its type, payload and timestamp.
     line = {"timestamp": iso(0.0), "type": "event_msg", "payload": {}}
-    assert codex.looks_like(line)
-    assert not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
+    assert codex.looks_like(line) and not codex.looks_like({k: v for k, v in line.items() if k != "timestamp"})
     assert not codex.looks_like({**line, "type": "something_else"})
 
 
@@ -346,8 +345,7 @@ def test_the_project_made_codex_rollout_fixture_loads_and_a_sweep_adjusts_its_ta
     swept = traces.adjusted(task, tool_seconds=2.0, initial_prompt_tokens=100, closed_loop=True)
     assert swept.arrival_s is None and swept.turns[0].appended_tokens == 100
     assert [t.tool_seconds for t in swept.turns] == [(2.0,)] * 8 + [()]
-    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns]
-    assert traces.adjusted(task) == task
+    assert [t.output_tokens for t in swept.turns] == [t.output_tokens for t in task.turns] and traces.adjusted(task) == task
 
 
 # --- the testbed's own format, detection -------------------------------------------------------------------------

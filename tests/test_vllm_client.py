@@ -124,8 +124,7 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
     folder = write_model(TINY_CPU, tmp_path)
     config = TINY_CPU.config()
     assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
-    assert (folder / "config.json").read_text() == json.dumps(config, indent=1)
-    assert write_model(TINY_CPU, tmp_path) == folder
+    assert (folder / "config.json").read_text() == json.dumps(config, indent=1) and write_model(TINY_CPU, tmp_path) == folder
     (folder / "config.json").write_text("{}")
     assert write_model(TINY_CPU, tmp_path) == folder and json.loads((folder / "config.json").read_text()) == config
     other = write_model(attrs.evolve(TINY_CPU, layers=3), tmp_path)
@@ -426,8 +425,7 @@ def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configu
     log = model_dir / "worker.log"
     log.write_bytes(b"an earlier run\n")
     process = started(python)
-    assert process.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
-    assert process.log_path == log
+    assert process.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu") and process.log_path == log
     # The pipe is unbuffered on this side: what follows the ready line is still in the pipe, for the
     # client that attaches to it later (VllmClient.over_fds), not in a buffer of this process.
     assert waiting_in_pipe(process.popen.stdout.fileno()) == b'{"type": "finished", "rid": "after-ready"}\n'
@@ -476,8 +474,7 @@ async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yield
     with trio.fail_after(LIFETIME + 5):
         async with vllm_client.open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
             assert client.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
-    assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}]
-    assert log.read_bytes() == b"an earlier run\nengine starting\n"
+    assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}] and log.read_bytes() == b"an earlier run\nengine starting\n"
 
 
 # --- the commands that need vLLM, without it -------------------------------------------------------------------------

@@ -46,10 +46,8 @@ def test_a_seed_makes_the_same_workloads_and_task_i_does_not_depend_on_n_tasks()
     first = generate(seed=7, n_tasks=5)
     assert len({w.turns for w in first}) == 5  # tasks within one call differ too
     many = generate(seed=3, n_tasks=6)
-    assert generate(seed=3, n_tasks=3) == many[:3]
-    assert generate_one(seed=3, index=4) == many[4]
-    assert generate_one(seed=3) == many[0]
-    assert [w.name for w in many[:2]] == ["coding-0", "coding-1"]
+    assert generate(seed=3, n_tasks=3) == many[:3] and generate_one(seed=3, index=4) == many[4]
+    assert generate_one(seed=3) == many[0] and [w.name for w in many[:2]] == ["coding-0", "coding-1"]
     assert all(w.seed == 3 for w in many)
 
 
@@ -71,16 +69,13 @@ def test_default_rates_and_moments_follow_their_sources(coding_sample):
     tool turns with a web search; reasoning 11-45% of each turn's output."""
     tool_turns = [t for w in coding_sample for t in w.turns if t.tool_seconds]
     counts = np.bincount([len(t.tool_seconds) for t in tool_turns], minlength=5) / len(tool_turns)
-    assert counts[1] == pytest.approx(0.642, abs=0.01)
-    assert counts[2:5] == pytest.approx([0.213, 0.094, 0.052], abs=0.01)
+    assert counts[1] == pytest.approx(0.642, abs=0.01) and counts[2:5] == pytest.approx([0.213, 0.094, 0.052], abs=0.01)
     assert np.mean([bool(t.hosted_calls) for t in tool_turns]) == pytest.approx(0.048, abs=0.005)
     shares = [t.reasoning_tokens / t.output_tokens for w in coding_sample for t in w.turns if t.output_tokens >= 100]
-    assert 0.10 <= min(shares) and max(shares) <= 0.46
-    assert np.mean(shares) == pytest.approx(0.28, abs=0.01)
+    assert 0.10 <= min(shares) and max(shares) <= 0.46 and np.mean(shares) == pytest.approx(0.28, abs=0.01)
     s = summary(coding_sample)
     assert 18 <= s["turns"]["mean"] <= 26  # docs/parameters.md §1: mean 21.9
-    assert s["turns"]["p50"] == 15
-    assert 450 <= s["output_tokens_per_turn"]["mean"] <= 540  # mean ~493
+    assert s["turns"]["p50"] == 15 and 450 <= s["output_tokens_per_turn"]["mean"] <= 540  # mean ~493
     assert 950 <= s["output_tokens_per_turn"]["p90"] <= 1200  # p90 ~1.08k
     assert 1600 <= s["appended_tokens_per_turn"]["mean"] <= 1860  # mean ~1.73k
     assert 3600 <= s["appended_tokens_per_turn"]["p90"] <= 4400  # p90 4.0k
@@ -108,10 +103,8 @@ def test_clipping_bounds_hold_and_are_reached():
     appended = [t.appended_tokens for w in workloads for t in w.turns[1:]]
     outputs = [t.output_tokens for w in workloads for t in w.turns]
     seconds = [s for w in workloads for t in w.turns for s in t.tool_seconds]
-    assert (min(turns), max(turns)) == (10, 12)
-    assert (min(appended), max(appended)) == (700, 900)
-    assert (min(outputs), max(outputs)) == (250, 350)
-    assert 0 < min(seconds) and max(seconds) == 1.0
+    assert (min(turns), max(turns)) == (10, 12) and (min(appended), max(appended)) == (700, 900)
+    assert (min(outputs), max(outputs)) == (250, 350) and 0 < min(seconds) and max(seconds) == 1.0
 
 
 def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
@@ -122,8 +115,7 @@ def test_tool_times_come_from_the_normalised_mixture_and_are_capped():
     assert sample_tool_seconds(np.random.default_rng(0), WorkloadParams(fixed_tool_seconds=2.5), 4).tolist() == [2.5] * 4
     params = WorkloadParams(tool_mixture=((3.0, 1.0, 0.0), (1.0, 50.0, 0.0)), tool_cap_seconds=10.0)
     seconds = sample_tool_seconds(np.random.default_rng(0), params, 4000)
-    assert set(seconds.tolist()) == {1.0, 10.0}
-    assert np.mean(seconds == 1.0) == pytest.approx(0.75, abs=0.03)
+    assert set(seconds.tolist()) == {1.0, 10.0} and np.mean(seconds == 1.0) == pytest.approx(0.75, abs=0.03)
     assert sample_tool_seconds(np.random.default_rng(0), attrs.evolve(params, fixed_tool_seconds=0), 3).tolist() == [0.0] * 3
 
 
@@ -156,8 +148,7 @@ def test_overrides_replace_fields_and_fixed_is_exactly_what_was_asked():
         generate(seed=0, turns_min=5, turns_max=4)
     w = fixed(3, initial_prompt_tokens=100, appended_tokens=20, output_tokens=5, tool_seconds=1.5, name="f")
     assert w == Workload("f", 0, (TurnSpec(100, 5, (1.5,)), TurnSpec(20, 5, (1.5,)), TurnSpec(20, 5, ())))
-    assert fixed(1).turns == (TurnSpec(8000, 300, ()),)
-    assert fixed(20).total_tool_seconds == pytest.approx(19 * 0.3)
+    assert fixed(1).turns == (TurnSpec(8000, 300, ()),) and fixed(20).total_tool_seconds == pytest.approx(19 * 0.3)
     # The documented defaults: 8000 tokens, then 800 appended a turn, 300 output tokens, 0.3 s a tool call.
     assert fixed(2) == Workload("fixed", 0, (TurnSpec(8000, 300, (0.3,)), TurnSpec(800, 300, ())))
     assert fixed(2, reasoning_tokens=5, content_seed=9) == Workload(
@@ -177,8 +168,7 @@ def test_presets_exist_differ_and_an_unknown_one_lists_them(coding_sample):
     assert refused(lambda: generate("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
     assert refused(lambda: generate_one("nope", seed=0)) == "unknown preset 'nope'; choose one of ['chat', 'coding', 'compact', 'long']"
     assert [(w.name, w.prefix) for w in generate("chat", seed=0, n_tasks=2)] == [("chat-0", "chat"), ("chat-1", "chat")]
-    assert generate_one("chat", seed=0, index=1).name == "chat-1"
-    assert generate_one(PRESETS["chat"], seed=0).name == "custom-0"
+    assert generate_one("chat", seed=0, index=1).name == "chat-1" and generate_one(PRESETS["chat"], seed=0).name == "custom-0"
     assert generate(seed=0, n_tasks=0) == []
     assert PRESETS["compact"] == WorkloadParams() and PRESETS["long"] == attrs.evolve(PRESETS["coding"], turns_median=60, turns_sigma=0.5)
 

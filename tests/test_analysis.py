@@ -73,8 +73,7 @@ def test_phase_totals_sum_each_phase_over_the_turns_and_the_state_table_says_wha
     rows = analysis.state_table([a_record(), a_record("http-stateless"), unknown])
     assert rows[0] == pytest.approx({
         "design": "suspended", "kept across the pause": "Response suspended: coroutine + context + KV held",
-        "response ids": 1, "turns": 2, "e2e s": 4.0, "API work s": 0.35, "bytes sent / turn": 200.5,
-        "cached input share": 0.25})
+        "response ids": 1, "turns": 2, "e2e s": 4.0, "API work s": 0.35, "bytes sent / turn": 200.5, "cached input share": 0.25})
     kept = (rows[1]["design"], rows[1]["kept across the pause"], rows[2]["kept across the pause"], rows[2]["cached input share"])
     assert kept == ("http", "response ended; nothing kept", "?", 0.0)
     one_token = a_record()

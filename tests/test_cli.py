@@ -230,8 +230,7 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
     assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
     assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
     # A list option joins every word; its help shows its default and choices.
-    parser = common.Parser(prog="t")
-    default = [65.0, 1000.0, 4000.5]
+    parser, default = common.Parser(prog="t"), [65.0, 1000.0, 4000.5]
     common.add_list(parser, "--speeds", float, default, "decode speeds")
     common.add_list(parser, "--designs", str, ("http", "chained"), "the designs", choices=["http", "chained", "suspended"])
     common.add_list(parser, "--seeds", int, None, "seeds", nargs="*")
@@ -256,8 +255,7 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
 
 
 def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_second_and_latest_at_the_newest(tmp_path):
-    now = datetime.datetime(2026, 11, 12, 13, 14, 15)
-    base = tmp_path / "deep" / "compare"
+    now, base = datetime.datetime(2026, 11, 12, 13, 14, 15), tmp_path / "deep" / "compare"
     first = common.new_run_folder(base, now)
     (first / "a.csv").write_text("first")
     names = [first.name] + [common.new_run_folder(base, now).name for _ in range(2)]
@@ -267,8 +265,7 @@ def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_se
     # A left-over temporary link (or file) is replaced; the clock gives the name by default.
     left_over = tmp_path / f".latest.{os.getpid()}"
     left_over.symlink_to("nowhere")
-    before = datetime.datetime.now().replace(microsecond=0)
-    folder = common.new_run_folder(str(tmp_path))
+    before, folder = datetime.datetime.now().replace(microsecond=0), common.new_run_folder(str(tmp_path))
     assert before <= datetime.datetime.strptime(folder.name, "%Y%m%d-%H%M%S") <= datetime.datetime.now()
     assert folder.is_dir() and folder.parent == tmp_path
     assert os.readlink(tmp_path / "latest") == folder.name and not left_over.is_symlink()

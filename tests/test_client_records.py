@@ -67,8 +67,7 @@ async def test_a_served_create_or_stream_is_in_the_records_with_its_phases(autoj
 
 async def test_a_client_that_leaves_mid_stream_ends_its_connection_without_a_record(autojump_clock, nursery) -> None:
     server = make_server()
-    client = open_client(nursery, server)
-    data = create(stream=True, model="sim-100", metadata=LONG)
+    client, data = open_client(nursery, server), create(stream=True, model="sim-100", metadata=LONG)
     await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[
         ("host", "t"), ("content-length", str(len(data))), ("authorization", "Bearer k")])) + client.conn.send(h11.Data(data=data))
         + client.conn.send(h11.EndOfMessage()))
@@ -103,8 +102,7 @@ async def test_a_cancelled_response_is_in_the_records_as_cancelled(autojump_cloc
 
 
 async def test_a_turn_leaves_one_record_with_its_client_its_times_its_bytes_and_its_usage(autojump_clock):
-    server = make_server()
-    event = create_event(metadata=ONE_TURN, stream_id=LANE)
+    server, event = make_server(), create_event(metadata=ONE_TURN, stream_id=LANE)
     async with ws(server, include_timing=True) as conn:
         await trio.sleep(1.5)  # the record's times are the trio clock's, not times since the connection opened
         sent_at = trio.current_time()

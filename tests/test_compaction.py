@@ -195,8 +195,7 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     async with trio.open_nursery() as nursery:
         client = connect(nursery, server)
         first = (await client.request("POST", "/v1/responses", body={
-            "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"},
-        })).json()
+            "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"}})).json()
         reply, unknown = [await client.request("POST", "/v1/responses/compact", body={
             "model": "sim-1000", "input": "now the docs", "previous_response_id": previous}) for previous in (first["id"], "resp_nope")]
         nursery.cancel_scope.cancel()

@@ -151,8 +151,7 @@ def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_work
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
-        None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
-        "codex", False)
+        None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False, "codex", False)
     assert exit_code(parsed, "--reconnect", "carrier-pigeon") == 2  # a policy it does not have
     assert "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from " in capsys.readouterr().err
     args = parsed("--speeds", "65,", "1000", "4000", "--designs", "http,chained", "suspended")  # commas or spaces

@@ -500,8 +500,7 @@ def exercise_every_endpoint(port: int) -> None:
     from openai.types.responses import Response
 
     client = sdk_client(port)
-    other = client.with_options(api_key="sk-bob")
-    meta = {"testbed_workload": "fixed:2"}
+    other, meta = client.with_options(api_key="sk-bob"), {"testbed_workload": "fixed:2"}
     first = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata=meta)
     call = next(item for item in first.output if item.type == "function_call")
     second = client.responses.create(model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, metadata=meta,

@@ -62,8 +62,7 @@ def test_orderings_agree_only_where_the_simulation_orders_every_separated_pair_a
 
 
 def test_the_score_table_has_every_metric_per_variant_and_judges_the_targets():
-    config = Config("agents", 2)
-    ttfts = {("a", 0): 0.100, ("a", 1): 0.200, ("b", 0): 0.100, ("b", 1): 0.200}
+    config, ttfts = Config("agents", 2), {("a", 0): 0.100, ("a", 1): 0.200, ("b", 0): 0.100, ("b", 1): 0.200}
     results, sims = {}, {}
     for design, factor in ((SUSPENDED, 1.0), (CHAINED, 2.0)):
         real = _run("vllm", design, {k: v * factor for k, v in ttfts.items()}, {"t0": 10.0 * factor, "t1": 12.0 * factor},

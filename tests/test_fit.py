@@ -29,15 +29,13 @@ def assert_best_non_negative_fit(result, uncached, output, seconds) -> None:
     the residual's gradient is zero along each positive coefficient and points up along each zero one."""
     X = np.column_stack([np.ones(len(seconds)), uncached, output])
     coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
-    gradient = X.T @ (X @ coef - np.asarray(seconds))
-    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    gradient, scale = X.T @ (X @ coef - np.asarray(seconds)), np.abs(X).sum(axis=0) * np.abs(seconds).max()
     assert (coef >= 0).all()
     assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
 
 
 def test_a_fit_with_every_term_positive_reports_its_errors_r2_and_residuals_exactly() -> None:
-    seconds = 0.2 + UNCACHED / 1000 + OUTPUT / 40 + NOISE
-    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
+    seconds, X = 0.2 + UNCACHED / 1000 + OUTPUT / 40 + NOISE, np.column_stack([np.ones(7), UNCACHED, OUTPUT])
     coef, stderr, sse = ordinary_least_squares(X, seconds)
     result = fit.round_time_fit(list(UNCACHED), list(OUTPUT), list(seconds))
     assert (result.n, result.fixed_s, result.prefill_tokens_per_s, result.decode_tokens_per_s) == (
@@ -216,8 +214,7 @@ def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_a
                          ids=["negative intercept", "negative prefill rate", "negative decode rate"])
 def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(truth):
     rng = np.random.default_rng(7)
-    uncached = rng.integers(100, 4000, 60).astype(float)
-    output = rng.integers(20, 800, 60).astype(float)
+    uncached, output = rng.integers(100, 4000, 60).astype(float), rng.integers(20, 800, 60).astype(float)
     seconds = truth[0] + truth[1] * uncached + truth[2] * output + rng.normal(0, 0.01, 60)
     unconstrained, *_ = np.linalg.lstsq(np.column_stack([np.ones(60), uncached, output]), seconds, rcond=None)
     assert (unconstrained < 0).sum() == 1  # the data really asks for a negative term

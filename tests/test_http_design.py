@@ -105,8 +105,7 @@ async def test_a_turn_records_its_phases_in_the_callers_log_at_their_virtual_tim
 
 
 async def test_a_turn_cut_at_max_output_tokens_ends_incomplete_and_is_stored_so(autojump_clock) -> None:
-    api = ApiService(costs=COSTS)
-    sink = Sink()
+    api, sink = ApiService(costs=COSTS), Sink()
     response = await http_design.run_http_turn(api, first_request(api, max_output_tokens=16), sink)
     assert sink.types[-1] == "response.incomplete"
     assert sink[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -128,8 +127,7 @@ async def test_the_stored_chain_is_read_under_the_callers_key_only(autojump_cloc
     with pytest.raises(ProtocolError) as caught:
         await http_design.run_http_turn(api, second, sink := Sink(), api_key=None)
     assert (caught.value.code, caught.value.param, sink) == (errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id", [])
-    log, sink = metrics.PhaseLog(), Sink()
-    before = trio.current_time()
+    log, sink, before = metrics.PhaseLog(), Sink(), trio.current_time()
     continued = await http_design.run_http_turn(api, second, sink, api_key="key-a", log=log)
     assert sink.types[-1] == "response.completed"
     # One store read (one earlier turn), before everything else.
@@ -157,8 +155,7 @@ async def test_the_variant_follows_previous_response_id_and_must_match_the_reque
 
 async def test_a_warm_up_prefills_and_sends_no_output(autojump_clock) -> None:
     api = ApiService(costs=COSTS)
-    warm = first_request(api, generate=False, store=False)
-    sink = Sink()
+    warm, sink = first_request(api, generate=False, store=False), Sink()
     response = await http_design.run_http_turn(api, warm, sink)
     assert sink.types == ["response.created", "response.completed"] and response.output == [] and response.status == "completed"
     # The prompt is now on the engine: the same turn with generation finds it.
@@ -222,8 +219,7 @@ def first_event_times(record) -> list[float]:
 async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time_and_keep_alive_pays_the_handshake_once(
         autojump_clock, variant: str) -> None:
     assert TLS13.handshake_seconds == exactly(2 * RTT)
-    workload = wl.fixed(3, tool_seconds=0.5)
-    records = {}
+    workload, records = wl.fixed(3, tool_seconds=0.5), {}
     for keep_alive in (True, False):
         server = make_server(costs=KNOWN_COSTS)  # a fresh server each: same prefix-cache state
         records[keep_alive] = await completed_http_rollout(server, workload, TLS13, variant=variant, keep_alive=keep_alive)
@@ -240,8 +236,7 @@ async def test_first_byte_is_handshake_plus_one_rtt_plus_server_time_and_keep_al
 
 async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(autojump_clock) -> None:
     extra = SprintCosts(config_load=0.020, intermediate_hop=0.030, slow_safety_fixed=0.050, slow_safety_per_ktok=0.0)
-    workload = wl.fixed(2)
-    firsts = {}
+    workload, firsts = wl.fixed(2), {}
     for name, switches in (("after", AFTER_SPRINT), ("before", BEFORE_SPRINT), ("hop", SprintSwitches(direct_inference_hop=False))):
         record = await completed_http_rollout(make_server(costs=KNOWN_COSTS, sprint=switches, sprint_extra=extra), workload)
         firsts[name] = [first - turn.sent_at for first, turn in zip(first_event_times(record), record.turns)]
@@ -251,8 +246,7 @@ async def test_before_sprint_profile_delays_the_first_byte_by_its_fixed_costs(au
 
 async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) -> None:
     render_per_token = attrs.evolve(ZERO_COSTS, render=StageCost(per_ktok=1.0))  # 1 ms per token rendered
-    workload = wl.fixed(3)
-    timings = {}
+    workload, timings = wl.fixed(3), {}
     for name, switches in (("after", AFTER_SPRINT), ("before", SprintSwitches(cross_request_render_cache=False))):
         server = make_server(costs=render_per_token, sprint=switches)
         record = await completed_http_rollout(server, workload, variant="stored", include_timing=True)
@@ -275,8 +269,7 @@ async def test_render_cache_tokenizes_only_what_it_has_not_seen(autojump_clock) 
 @pytest.mark.parametrize("routes", [(True, True), (True, False), (False, True), (False, False)], ids=["home-home", "home-away", "away-home", "away-away"])
 async def test_a_turn_routed_away_finds_nothing_and_leaves_nothing(autojump_clock, monkeypatch, routes: tuple[bool, bool]) -> None:
     """Routed home a turn finds the earlier turn's prefix; routed elsewhere it finds nothing and leaves nothing."""
-    api = ApiService(costs=COSTS)
-    draws = iter(routes)
+    api, draws = ApiService(costs=COSTS), iter(routes)
     monkeypatch.setattr(http_design, "reaches_prefix_cache", lambda items, affinity: next(draws))
     first = first_request(api, store=False)
     home = ("http", http_design.conversation_key(first.input))
@@ -333,8 +326,7 @@ def test_a_turn_reaches_its_prefix_exactly_when_its_documented_draw_is_below_the
 
 
 def test_the_draw_depends_on_the_first_item_and_the_count_only() -> None:
-    a = [user("fix the bug"), user("one"), user("two")]
-    b = [user("fix the bug"), user("three"), user("four")]
+    a, b = [user("fix the bug"), user("one"), user("two")], [user("fix the bug"), user("three"), user("four")]
     assert documented_draw(a) == documented_draw(b)
     for affinity in (0.1, 0.5, 0.9):
         hits = [[http_design.reaches_prefix_cache(c[:1] + c[1:2] * n, affinity=affinity) for n in range(1, 200)] for c in (a, b)]

@@ -87,8 +87,7 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         # chained: a new request per turn; the second finds the first's prompt and its output, which it sampled
         # to the plan (the transcript's ids), in the prefix cache: every whole block of the 19.5 blocks of prompt
         # and the 60 output tokens (the last sampled one never computed): 21 blocks of 32, where the prompt alone has 19.
-        prompt = Prompt(range(30_000, 30_000 + 20 * block - block // 2))
-        output = list(range(40_000, 40_060))
+        prompt, output = Prompt(range(30_000, 30_000 + 20 * block - block // 2)), list(range(40_000, 40_060))
         first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=60, plan=output)
         assert (first.prefill_tokens, first.prefix_hits, first.off_plan_tokens) == (len(prompt), 0, 0)
         prompt.extend([*output, *range(41_000, 41_100)])  # the output as rendered, then a tool's output

@@ -145,8 +145,7 @@ def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_ot
 
 def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch, caplog):
     _, with_os = workers
-    fake = with_os(FakeOs([], [], child=True))
-    ran = []
+    fake, ran = with_os(FakeOs([], [], child=True)), []
     monkeypatch.setattr(serve_workers, "_worker", lambda args, index, port, ready: ran.append((args, index, port, ready)) or 5)
     given = serve_args("--workers", "2", "--port", "0", "--quiet")
     with pytest.raises(Exited) as exited:
@@ -257,8 +256,7 @@ def test_a_reconnect_to_another_worker_continues_from_the_shared_store(cli_serve
     with open_ws(server.port) as ws:
         first_worker = ws.response.headers["x-testbed-worker"]
         assert first_worker in ("0", "1")
-        stored = first_response(ws, store=True)
-        unstored = first_response(ws, store=False)
+        stored, unstored = first_response(ws, store=True), first_response(ws, store=False)
     with connect_to_another_worker(server.port, first_worker) as ws:
         # Not in this worker's connection cache, not in the store: not found, as on one server.
         ws.send(create(previous_response_id=unstored["id"], input="next"))

@@ -166,8 +166,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
     from prototype.designs import suspended
     from prototype.designs.emitter import Emitter
 
-    original_resumed, original_answer = Emitter.resumed, suspended.ClientOverSocket.answer
-    applied = []
+    original_resumed, original_answer, applied = Emitter.resumed, suspended.ClientOverSocket.answer, []
 
     async def slow_resumed(self, at=None):
         await trio.sleep(0.1)
@@ -224,8 +223,7 @@ async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_
 
 
 async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_append_is_taken() -> None:
-    limit = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE)
-    slot = SuspensionSlot()
+    limit, slot = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE), SuspensionSlot()
     paused = slot.current = Suspension(("call_1",))
     slot.end(limit)
     assert (slot.current, slot.ended, paused.answered) == (None, limit, True)
@@ -236,8 +234,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
         await paused.wait()
     assert (ended.value.reason, str(ended.value)) == (limit, LIMIT_MESSAGE)
     # An append taken before the end is still applied: the rollout resumes with it.
-    answered = Suspension(("call_2",))
-    items = [FunctionCallOutput("call_2", "ok")]
+    answered, items = Suspension(("call_2",)), [FunctionCallOutput("call_2", "ok")]
     answered.deliver(items, 0.0)
     answered.end(limit)
     assert await answered.wait() == items

@@ -26,8 +26,7 @@ def test_a_phase_logs_wire_form_is_in_milliseconds_from_its_first_span() -> None
     log.record("prefill", 2.0, 2.5)
     log.record("decode", 3.0, 3.125)
     assert log.to_dict() == {
-        "origin_s": 1.0,
-        "phases_ms": {"validate": 0.333, "prefill": 500.0, "decode": 125.0},
+        "origin_s": 1.0, "phases_ms": {"validate": 0.333, "prefill": 500.0, "decode": 125.0},
         "spans": [["validate", 0.0, 0.333], ["prefill", 1000.0, 1500.0], ["decode", 2000.0, 2125.0]]}
     log.client = {"transport": "websocket"}
     assert log.to_dict(since=2.0) == {

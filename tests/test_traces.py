@@ -603,8 +603,7 @@ def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(
 
 
 def test_a_jsonl_trace_skips_blank_lines_and_refuses_a_line_that_is_no_object(tmp_path):
-    lines = [json.dumps(line) for line in codex_rollout()]
-    spaced = tmp_path / "rollout-spaced.jsonl"
+    lines, spaced = [json.dumps(line) for line in codex_rollout()], tmp_path / "rollout-spaced.jsonl"
     spaced.write_text("\n".join([*lines[:3], "", "   ", *lines[3:]]) + "\n")
     assert traces.load(spaced).tasks == traces.load(write_jsonl(tmp_path / "rollout-plain.jsonl", codex_rollout())).tasks
     for bad, message in (("{oops", "invalid JSON (Expecting property name enclosed in double quotes)"),
@@ -716,8 +715,7 @@ def test_load_reads_a_folder_of_rollouts_as_one_trace_with_their_notes_summed(tm
     write_jsonl(folder / "rollout-a.jsonl", codex_rollout())
     write_jsonl(folder / "rollout-c.jsonl", [{**line, "payload": {**line["payload"], "id": "s-3"}}
                                              if line["type"] == "session_meta" else line for line in codex_edge_rollout()])
-    trace = traces.load(str(folder))
-    alone = traces.load(folder / "rollout-a.jsonl")
+    trace, alone = traces.load(str(folder)), traces.load(folder / "rollout-a.jsonl")
     assert (trace.path, trace.format) == (str(folder), "codex")
     assert (alone.path, alone.format, alone.notes) == (str(folder / "rollout-a.jsonl"), "codex", ())
     # The files in sorted path order (the subfolder's first), each its own session; the two edge files' notes added up.

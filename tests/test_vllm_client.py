@@ -65,8 +65,7 @@ class FakeWorker:
         ids = plan or [self.free_id] * left
         while left:
             await trio.sleep(self.gap)
-            n = min(self.per_event, left)
-            done = message["max_tokens"] - left
+            n, done = min(self.per_event, left), message["max_tokens"] - left
             event = {"type": "tokens", "rid": message["rid"], "n": n, "ids": ids[done : done + n]}
             if first:
                 event["first"] = {"cached_tokens": 0, "prefill_tokens": self.prefill or len(message["prompt"]),
@@ -121,8 +120,7 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
     assert (TINY_CPU.cpu_kv_cache_gib, LLAMA_8B_SHAPE.cpu_kv_cache_gib) == (1, None)
     assert MODELS == {"tiny-llama-cpu": TINY_CPU, "llama-3.1-8b-shape": LLAMA_8B_SHAPE}
     assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]  # the testbed's ids modulo the vocabulary
-    folder = write_model(TINY_CPU, tmp_path)
-    config = TINY_CPU.config()
+    folder, config = write_model(TINY_CPU, tmp_path), TINY_CPU.config()
     assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
     assert (folder / "config.json").read_text() == json.dumps(config, indent=1) and write_model(TINY_CPU, tmp_path) == folder
     (folder / "config.json").write_text("{}")
@@ -370,8 +368,7 @@ sys.exit(3)
 
 def stand_in(folder: Path, body: str, name: str = "python") -> Path:
     """An executable script that takes the interpreter's place in the worker's command line."""
-    path = folder / name
-    record = folder / f"{name}.record"
+    path, record = folder / name, folder / f"{name}.record"
     prelude = PRELUDE.format(lifetime=LIFETIME, record=str(record), environment=ENVIRONMENT)
     path.write_text(f"#!{sys.executable} -IS\n{prelude}{body}")
     path.chmod(0o755)
@@ -420,8 +417,7 @@ def waiting_in_pipe(fd: int) -> bytes:
 
 
 def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
-    python = stand_in(tmp_path, OBEDIENT)
-    model_dir = write_model(TINY_CPU)
+    python, model_dir = stand_in(tmp_path, OBEDIENT), write_model(TINY_CPU)
     log = model_dir / "worker.log"
     log.write_bytes(b"an earlier run\n")
     process = started(python)
@@ -468,8 +464,7 @@ def test_stop_terminates_then_kills_a_worker_that_does_not_exit_on_the_shutdown_
 
 
 async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yields_a_ready_client(started, tmp_path):
-    python = stand_in(tmp_path, OBEDIENT)
-    log = tmp_path / "given.log"
+    python, log = stand_in(tmp_path, OBEDIENT), tmp_path / "given.log"
     log.write_bytes(b"an earlier run\n")
     with trio.fail_after(LIFETIME + 5):
         async with vllm_client.open_vllm_process(TINY_CPU, python=python, log_path=log) as client:

@@ -310,8 +310,7 @@ def test_a_task_of_zero_spread_is_the_medians_exactly():
 def test_a_task_ends_before_the_first_prompt_past_the_context_window(window, n_turns):
     """Prompts of 1000, 1000 + 123 + 57 + 500 = 1680, 2360 and 3040 tokens (each turn searches, 500 tokens of results)."""
     params = attrs.evolve(EXACT, hosted_call_p=1.0, hosted_result_tokens=500, hosted_seconds=0.5, context_window_tokens=window)
-    w = generate_one(params, seed=0)
-    searched = (HostedCall(0.5, 500),)
+    w, searched = generate_one(params, seed=0), (HostedCall(0.5, 500),)
     assert w.turns == tuple(
         TurnSpec(1000 if k == 0 else 123, 57, (2.5,) if k < n_turns - 1 else (), searched if k < n_turns - 1 else (), 14)
         for k in range(n_turns))

@@ -357,21 +357,6 @@ async def test_an_append_on_v2_is_an_unknown_event(autojump_clock) -> None:
 # --- the handshake ------------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class BadHandshake:
-    name: str
-    headers: tuple[tuple[bytes, bytes], ...]
-    status: int
-    code: str
-    resource: str = "/v1/responses"
-
-
-GOOD_AUTH = (b"authorization", b"Bearer secret")
-HANDSHAKE_CORPUS = [
-    BadHandshake("no authorization", (), 401, "invalid_api_key"),
-    BadHandshake("wrong key", ((b"authorization", b"Bearer wrong"),), 401, "invalid_api_key")]
-
-
 def first_leaf(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup):
         group = group.exceptions[0]
@@ -390,16 +375,15 @@ async def handshake_refusal(stream: trio.abc.Stream, resource: str, headers: lis
     return refused[0]
 
 
-@pytest.mark.parametrize("case", HANDSHAKE_CORPUS, ids=lambda c: c.name)
-async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery, case: BadHandshake) -> None:
+@pytest.mark.parametrize("headers", [[], [(b"authorization", b"Bearer wrong")]], ids=["no authorization", "wrong key"])
+async def test_bad_handshake_is_refused_with_its_status(autojump_clock, nursery, headers: list) -> None:
     server = make_server(config=attrs.evolve(CONFIG, api_keys=frozenset({"secret", "testbed"})))
     watcher = await Bystander.beside(server, nursery)
     client, server_end = trio.testing.memory_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
-    refused = await handshake_refusal(client, case.resource, list(case.headers))
-    assert refused.status_code == case.status
+    refused = await handshake_refusal(client, "/v1/responses", headers)
     body = json.loads(refused.body)
-    assert body["error"]["code"] == case.code and body["error"]["message"]
+    assert (refused.status_code, body["error"]["code"]) == (401, "invalid_api_key") and body["error"]["message"]
     # The server goes on serving: a good handshake on the same server.
     async with open_responses_websocket(InMemoryConnector(server), CHAINED, api_key="secret") as conn:
         assert (await turn(conn, create(metadata={"testbed_workload": ONE_TURN})))[-1]["type"] == "response.completed"

@@ -116,7 +116,7 @@ def test_a_known_name_without_its_schema_is_an_unknown_tool_and_a_tool_without_a
 # A task whose first turn searches twice and ends in two parallel calls; its last turn is shorter.
 SEARCHING_TASK = Workload("searching", 3, (
     TurnSpec(100, 9, (0.3, 0.4), (HostedCall(1.5, 70), HostedCall(2.5, 90)), reasoning_tokens=3),
-    TurnSpec(50, 7, (), reasoning_tokens=2),))
+    TurnSpec(50, 7, (), reasoning_tokens=2)))
 LOOKUP_TOOL = [{"type": "function", "name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}]
 

@@ -86,7 +86,7 @@ def test_tracelab_jsonl_makes_tasks_turns_and_timed_rounds(tmp_path):
     assert s1.turns == (
         TurnSpec(1000, 100, (0.25,), (), 40),  # the round's 40 reasoning tokens are replayed
         TurnSpec(224, 80, (1.5, 0.5)),
-        TurnSpec(204, 130, (), (HostedCall(4.0, 832),)),)
+        TurnSpec(204, 130, (), (HostedCall(4.0, 832),)))
     assert trace.tasks[2] == Workload("s1/1", 0, (TurnSpec(2550, 20, ()),), arrival_s=30.0,
                                       content_seed=content_seed_of_task("s1/1"), prefix="trace:codex", prefix_tokens=0)
     assert len({t.text_seed for t in trace.tasks}) == 3  # every task its own content
@@ -228,7 +228,7 @@ def test_tracelab_csv_sessions_are_open_loop_tasks_and_a_csv_is_told_by_its_colu
     assert trace.format == "tracelab-csv" and trace.notes == () and not trace.timed
     assert trace.tasks == (
         replayed("0", (TurnSpec(3000, 100, (1.5,)), TurnSpec(172, 50, ())), 0.0, "trace"),
-        replayed("1", (TurnSpec(800, 40, ()),), 2.5005, "trace"),)
+        replayed("1", (TurnSpec(800, 40, ()),), 2.5005, "trace"))
     assert tracelab_csv.looks_like(["round_idx", "prefix_len"]) and tracelab_csv.looks_like(["round_idx", "input_len"])
     assert tracelab_csv.looks_like(["output_len", "round_idx"])
     assert not tracelab_csv.looks_like(["round_idx", "arrival_time"]) and not tracelab_csv.looks_like(["prefix_len", "input_len"])
@@ -575,7 +575,7 @@ def test_build_cuts_requests_into_turns_and_says_each_adjustment_with_its_count(
     assert by_name["s"].turns == (
         TurnSpec(100, 1, (1.0,)),
         # The searches' results split the next round's 9 appended tokens, the remainder on the first.
-        TurnSpec(0, 8, (), (HostedCall(2.0, 5), HostedCall(3.0, 4)), 7),)
+        TurnSpec(0, 8, (), (HostedCall(2.0, 5), HostedCall(3.0, 4)), 7))
     assert by_name["t"].turns == (TurnSpec(50, 1, (0.2,), (), 0), TurnSpec(0, 1, ()))
     assert list(trace.notes) == [
         "2 request(s) ended on a round with client tool calls (interrupted): their last 3 call(s) are not replayed",
@@ -667,7 +667,7 @@ def test_a_byte_that_is_not_utf_8_is_refused_at_its_own_line_by_every_reader(tmp
         (tracelab.read, [json.dumps(tracelab_row(f"s{i}", 0, 0, 10, 2)) for i in range(4)]),
         (codex.read_sessions, [json.dumps(line) for line in codex_rollout()]),
         (tracelab_csv.read, [",".join(CSV_HEADER)] + [f"s{i},10,2,0,0,0,0" for i in range(3)]),
-        (engine_calls.read, [",".join(engine_calls.COLUMNS)] + ["http,600,600,40,360,1950"] * 3),)
+        (engine_calls.read, [",".join(engine_calls.COLUMNS)] + ["http,600,600,40,360,1950"] * 3))
     path = tmp_path / "trace"
     for newline in ("\n", "\r\n", "\r"):  # the line the refusal names is counted the way the readers count lines
         for read, lines in readers:

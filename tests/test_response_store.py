@@ -46,9 +46,8 @@ def test_a_put_with_a_stored_id_replaces_the_row_and_a_delete_says_whether_there
 
 def test_a_chain_runs_from_the_first_turn_to_the_one_asked_and_only_for_its_owner():
     store = ResponseStore()
-    put(store, "resp_1", None)
-    put(store, "resp_2", "resp_1")
-    put(store, "resp_3", "resp_2")
+    for response_id, previous in (("resp_1", None), ("resp_2", "resp_1"), ("resp_3", "resp_2")):
+        put(store, response_id, previous)
     assert [turn.id for turn in store.chain("resp_3", "key-a")] == ["resp_1", "resp_2", "resp_3"]
     assert [turn.id for turn in store.chain("resp_1", "key-a")] == ["resp_1"] and store.chain("resp_3", "key-b") is None
     assert store.chain("resp_3") is None  # the owner defaults to none, and these have one

@@ -50,8 +50,7 @@ class ToolCalls:
             instructions="Fix the failing test, using the tools.",
             model=MODEL,
             tools=[read_file, run_tests],
-            model_settings=ModelSettings(metadata={"testbed_workload": f"fixed:{TURNS}"}),
-        )
+            model_settings=ModelSettings(metadata={"testbed_workload": f"fixed:{TURNS}"}))
 
 
 async def run_in_thread(main) -> Any:
@@ -88,8 +87,7 @@ async def test_agents_runner_over_websocket(live_server, chain):
     records = records_of(server)
     assert [r["response_id"] for r in records] == [r.response_id for r in result.raw_responses]
     assert {(r["outcome"], r["connection"], r["transport"], r["design"], r["stream"], r["warmup"], r["stream_id"])
-            for r in records} == {
-        ("completed", records[0]["connection"], "websocket", "chained", True, False, False)}
+            for r in records} == {("completed", records[0]["connection"], "websocket", "chained", True, False, False)}
     assert records[0]["context"] == "full" and records[0]["input_types"] == {"message": 1}  # the shorthand message
     if chain:
         # Later turns send only the tool output and chain from the response before.

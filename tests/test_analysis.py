@@ -13,8 +13,7 @@ from prototype.client.harness import RolloutRecord, TurnRecord
 
 @pytest.mark.parametrize("value, cell", [
     (1.23456, "1.235"), (999.9994, "999.999"), (-999.5, "-999.500"), (1000.0, "1,000"), (-1234.6, "-1,235"),
-    (1234567.4, "1,234,567"), (math.nan, "-"), (1234567, "1234567"), ("text", "text"), (None, "None"),
-])
+    (1234567.4, "1,234,567"), (math.nan, "-"), (1234567, "1234567"), ("text", "text"), (None, "None")])
 def test_a_cell_has_three_decimals_below_1000_none_from_1000_and_nan_is_a_dash(value, cell):
     assert analysis.format_value(value) == cell
 
@@ -33,25 +32,21 @@ def test_print_table_right_aligns_each_column_and_the_markdown_table_escapes_pip
     assert capsys.readouterr().out == (
         "   design     e2e  n\n"
         "suspended   1.500  3\n"
-        "     http  12,345   \n"
-    )
+        "     http  12,345   \n")
     rows = [{"design": "suspended", "e2e": 1.5, "n": 3}, {"design": "http", "e2e": 0.25, "n": 10}]
     analysis.print_table(rows, columns=["n", "e2e"], formats={"e2e": lambda v: f"{v:.1f} s"}, headers={"n": "tasks"})
     assert capsys.readouterr().out == (
         "tasks    e2e\n"
         "    3  1.5 s\n"
-        "   10  0.2 s\n"
-    )
+        "   10  0.2 s\n")
     rows = [{"design": "a|b", "e2e": 1.5}, {"design": "http"}]
     assert analysis.markdown_table(rows) == (
         "| design | e2e |\n"
         "| --- | --- |\n"
         "| a\\|b | 1.500 |\n"
-        "| http |  |"
-    )
+        "| http |  |")
     assert analysis.markdown_table(rows, columns=["e2e"], formats={"e2e": lambda v: f"<{v}>"}) == (
-        "| e2e |\n| --- |\n| <1.5> |\n| <> |"
-    )
+        "| e2e |\n| --- |\n| <1.5> |\n| <> |")
 
 
 def a_record(design: str = "suspended") -> RolloutRecord:
@@ -63,11 +58,9 @@ def a_record(design: str = "suspended") -> RolloutRecord:
             TurnRecord(turn=0, sent_at=1.0, ended_at=2.0, tool_seconds=0.5, bytes_sent=100,
                        server_timing={"phases_ms": {"validate": 100.0, "prefill": 300.0, "post": 50.0, "post_overlapped": 70.0}}),
             TurnRecord(turn=1, sent_at=2.5, ended_at=3.0, tool_seconds=0.0, bytes_sent=301,
-                       server_timing={"phases_ms": {"route": 200.0, "prefill": 100.0}}),
-        ],
+                       server_timing={"phases_ms": {"route": 200.0, "prefill": 100.0}})],
         usage={"input_tokens": 400, "cached_tokens": 100, "output_tokens": 7, "reasoning_tokens": 0},
-        response_ids=["resp_1"],
-    )
+        response_ids=["resp_1"])
 
 
 def test_phase_totals_sum_each_phase_over_the_turns_and_the_state_table_says_what_each_design_keeps():
@@ -75,19 +68,14 @@ def test_phase_totals_sum_each_phase_over_the_turns_and_the_state_table_says_wha
     assert totals == pytest.approx({"validate": 0.1, "prefill": 0.4, "post": 0.05, "route": 0.2,
                                     "network_client": 0.55 + 0.2, "tool": 0.5})
     assert set(totals) == {"validate", "prefill", "post", "route", "network_client", "tool"}
-    record = a_record()
     unknown = a_record("something-else")
     unknown.usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0}
-    rows = analysis.state_table([record, a_record("http-stateless"), unknown])
+    rows = analysis.state_table([a_record(), a_record("http-stateless"), unknown])
     assert rows[0] == pytest.approx({
         "design": "suspended", "kept across the pause": "Response suspended: coroutine + context + KV held",
-        "response ids": 1, "turns": 2, "e2e s": 4.0, "API work s": 0.35, "bytes sent / turn": 200.5,
-        "cached input share": 0.25,
-    })
-    assert rows[1]["design"] == "http"
-    assert rows[1]["kept across the pause"] == "response ended; nothing kept"
-    assert rows[2]["kept across the pause"] == "?"
-    assert rows[2]["cached input share"] == 0.0
+        "response ids": 1, "turns": 2, "e2e s": 4.0, "API work s": 0.35, "bytes sent / turn": 200.5, "cached input share": 0.25})
+    kept = (rows[1]["design"], rows[1]["kept across the pause"], rows[2]["kept across the pause"], rows[2]["cached input share"])
+    assert kept == ("http", "response ended; nothing kept", "?", 0.0)
     one_token = a_record()
     one_token.usage = {"input_tokens": 1, "cached_tokens": 1, "output_tokens": 0, "reasoning_tokens": 0}
     assert analysis.state_table([one_token])[0]["cached input share"] == 1.0
@@ -108,8 +96,7 @@ def sweep_rows():
         a_sweep_row(1000, "suspended", 7.0, 2, {"prefill": 0.4}, [0.5, 0.9], 10, 100, 0.2),
         a_sweep_row(1000, "other", 1.0, 1, {}, [], 0, 0, 0.0),
         a_sweep_row(1000, "http", 12.0, 4, {}, [], 0, 0, 3.0),
-        a_sweep_row(1000, "chained", 6.0, 2, {}, [0.25], 0, 10, 0.0),
-    ]
+        a_sweep_row(1000, "chained", 6.0, 2, {}, [0.25], 0, 10, 0.0)]
 
 
 def test_sweep_table_gives_one_row_per_value_and_design_in_order():
@@ -124,12 +111,10 @@ def test_sweep_table_gives_one_row_per_value_and_design_in_order():
         "speedup_vs_http": 12.0 / 9.0, "gain_vs_http": 1 - 9.0 / 12.0, "ttft_p50_ms": 400.0,
         "api_s_per_turn": 0.4 / 4, "model_s_per_turn": (0.2 + 0.4 + 1.0 + 0.4) / 4, "prefill_s_per_turn": 0.8 / 4,
         "cached_share": 40 / 200, "decode_s_per_turn": 1.0 / 4, "tool_s_per_turn": 0.8 / 4,
-        "network_s_per_turn": 0.3 / 4, "api_share": 0.4 / 9.0,
-    })
+        "network_s_per_turn": 0.3 / 4, "api_share": 0.4 / 9.0})
     http = table[1]
-    assert http["speedup_vs_http"] == 1.0 and http["gain_vs_http"] == 0.0
+    assert (http["speedup_vs_http"], http["gain_vs_http"], http["api_share"]) == (1.0, 0.0, 0.25)
     assert math.isnan(http["ttft_p50_ms"]) and math.isnan(http["cached_share"])
-    assert http["api_share"] == 0.25
     alone = table[0]  # two tasks, and no http row at 65 tokens/s
     assert all(math.isnan(alone[k]) for k in ("speedup_vs_http", "gain_vs_http", "gain_vs_http_low", "gain_vs_http_high"))
     assert alone["ttft_p50_ms"] == pytest.approx(200.0)
@@ -153,9 +138,7 @@ def test_sweep_tables_gain_has_an_interval_over_the_same_tasks_and_its_p50_is_th
     # p50 is the median, not the mean.
     rows = [a_sweep_row(1, "http", e, 1, {}, [t], 0, 1, 0.0) for e, t in ((1.0, 0.1), (2.0, 0.2), (9.0, 0.9))]
     [row] = analysis.sweep_table(rows, "tok_s")
-    assert row["e2e_mean_s"] == 4.0
-    assert row["e2e_p50_s"] == 2.0
-    assert row["ttft_p50_ms"] == pytest.approx(200.0)
+    assert (row["e2e_mean_s"], row["e2e_p50_s"], row["ttft_p50_ms"]) == (4.0, 2.0, pytest.approx(200.0))
 
 
 def test_series_is_one_designs_curve_in_the_order_of_the_values_and_crossing_curves_have_one_length():
@@ -178,8 +161,7 @@ def test_series_is_one_designs_curve_in_the_order_of_the_values_and_crossing_cur
     ([1.0, 3.0], [1.0, 5.0], [1.0, 2.0], None, 1.0),
     ([2, 3], [5, 5], [1, 1], None, 2.0),
     ([1.0, 2.0, 3.0], [0.0, 1.0, 2.0], [5.0, 5.0, 5.0], None, None),  # never meet
-    ([], [], [], None, None),
-])
+    ([], [], [], None, None)])
 def test_crossover_interpolates_where_one_curve_reaches_the_other(xs, a, b, logx, where):
     found = analysis.crossover(xs, a, b) if logx is None else analysis.crossover(xs, a, b, logx=logx)
     if where is None:
@@ -198,8 +180,6 @@ def a_published_row(**changes):
 HEAD = "suspended vs http at 1000 tokens/s, 20 turns: the testbed cuts end-to-end time by "
 TAIL = (" Read through the testbed's model, the published gain implies 100 ms of removable overhead per turn; "
         "the testbed removes 150 ms, 1.50x that.")
-
-
 UP_TO = "an 'up to' figure allows: the published value is a ceiling, not a typical value)."
 
 
@@ -238,8 +218,7 @@ def test_a_ttft_row_speaks_of_the_first_token_and_a_zero_implied_overhead_is_inf
     ({"implied_vs_calibration": "3.2x DISAGREES"}, " Against the calibration row's implied overhead it is 3.2x: outside the "
      "agreement band, so this figure and the calibration figure cannot both hold under one set of knobs of the testbed's model."),
     ({"implied_vs_calibration": "1.1x agrees"}, " Against the calibration row's implied overhead it is 1.1x: inside the "
-                                                "agreement band, consistent with one set of knobs."),
-])
+                                                "agreement band, consistent with one set of knobs.")])
 def test_the_verdict_and_the_calibration_comparison_are_added_when_given(changes, added):
     base = HEAD + "42% against the published 40% (within 5 points: the testbed matches)." + TAIL
     assert analysis.published_verdict(a_published_row(**changes)) == base + added

@@ -19,8 +19,7 @@ def a_rollout() -> RolloutRecord:
         TurnRecord(turn=0, sent_at=10.0, first_token_at=10.25, ended_at=11.0, tool_seconds=0.5, bytes_sent=100, bytes_received=200,
                    server_timing={"origin_s": 10.125, "spans": [["validate", 0.0, 2.5], ["prefill", 2.5, 40.0], ["not_a_phase", 0.0, 1.0]]}),
         TurnRecord(turn=1, sent_at=11.5, ended_at=12.0),
-        TurnRecord(turn=2, sent_at=12.5, ended_at=13.0, server_timing={"spans": [["decode", 1.0, 3.0], ["post", 5.0, 4.0]]}),
-    ])
+        TurnRecord(turn=2, sent_at=12.5, ended_at=13.0, server_timing={"spans": [["decode", 1.0, 3.0], ["post", 5.0, 4.0]]})])
 
 
 def span(name: str, ts: float, dur: float, pid: int = 1, **args) -> dict:
@@ -42,8 +41,7 @@ def test_a_rollouts_trace_places_every_span_in_microseconds_from_its_start() -> 
         span("turn", 4_500_000.0, 500_000.0, pid=3, turn=2, bytes_sent=0, bytes_received=0),
         # No origin: from the turn's send; a span that ends before it starts lasts 0.
         span("decode", 4_501_000.0, 2_000.0, pid=3, turn=2),
-        span("post", 4_505_000.0, 0.0, pid=3, turn=2),
-    ]
+        span("post", 4_505_000.0, 0.0, pid=3, turn=2)]
 
 
 def test_a_trace_without_a_shared_clock_aligns_the_server_spans_to_each_turns_send_and_rounds_to_the_nanosecond() -> None:
@@ -51,8 +49,7 @@ def test_a_trace_without_a_shared_clock_aligns_the_server_spans_to_each_turns_se
     server = [e for e in events if e["ph"] == "X" and e["tid"] >= TRACKS.index("validate")]
     assert [(e["name"], e["pid"], e["ts"], e["dur"]) for e in server] == [
         ("validate", 1, 2_000_000.0, 2_500.0), ("prefill", 1, 2_002_500.0, 37_500.0),
-        ("decode", 1, 4_501_000.0, 2_000.0), ("post", 1, 4_505_000.0, 0.0),
-    ]
+        ("decode", 1, 4_501_000.0, 2_000.0), ("post", 1, 4_505_000.0, 0.0)]
     # Times rounded to the nanosecond.
     record = RolloutRecord(design="http", workload="w", started_at=0.0, turns=[TurnRecord(turn=0, sent_at=1 / 3, ended_at=2 / 3)])
     (turn,) = [e for e in trace.trace_events(record) if e["ph"] == "X"]
@@ -65,7 +62,6 @@ def test_a_chrome_trace_file_holds_one_process_per_rollout(tmp_path) -> None:
     assert path == tmp_path / "trace.json"
     assert json.loads(path.read_text()) == {
         "traceEvents": trace.trace_events(a_rollout(), pid=1, shared_clock=False) + trace.trace_events(second, pid=2),
-        "displayTimeUnit": "ms",
-    }
+        "displayTimeUnit": "ms"}
     trace.write_chrome_trace([a_rollout()], path)  # on the server's clock unless told otherwise
     assert json.loads(path.read_text())["traceEvents"] == trace.trace_events(a_rollout())

@@ -17,8 +17,7 @@ from tests.support import exit_code
 
 EXPERIMENTS = [
     "codex_transports", "concurrency", "efficiency", "history_cpu", "kv_memory", "load", "published", "steering", "streaming",
-    "subagents", "virtual_vs_real",
-]
+    "subagents", "virtual_vs_real"]
 
 
 class Captured(Exception):
@@ -55,10 +54,8 @@ def built_parser(main, argv) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("name", ["prototype", *EXPERIMENTS])
 def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
-    main = cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main
-    parser = built_parser(main, [])
-    assert options_without_help(parser) == []
-    assert parser.allow_abbrev is False
+    parser = built_parser(cli_main if name == "prototype" else importlib.import_module(f"experiments.{name}").main, [])
+    assert options_without_help(parser) == [] and parser.allow_abbrev is False
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -85,12 +82,10 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     (["demo", "--tps", "0"], "python -m prototype demo: error: argument --tps: must be greater than 0, not 0"),
     (["demo", "--output-tokens", "0"], "python -m prototype demo: error: argument --output-tokens: must be at least 1, not 0"),
     (["calibrate", "t.jsonl", "--baseline-tasks", "0"], "python -m prototype calibrate: error: argument --baseline-tasks: must be at least 1, not 0"),
-    (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok"),
-])
+    (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok")])
 def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):
     monkeypatch.setattr(compare, "run", lambda args: pytest.fail("compare ran"))
-    assert exit_code(cli_main, argv) == 2
-    assert capsys.readouterr().err == f"{line} (see --help)\n"
+    assert exit_code(cli_main, argv) == 2 and capsys.readouterr().err == f"{line} (see --help)\n"
 
 
 @pytest.mark.parametrize("name, argv, line", [
@@ -142,8 +137,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
     assert (args.engine, args.vllm_model, args.vllm_python) == ("simulated", "tiny-llama-cpu", None)
     assert engine_options.model_spec(args) is TINY_CPU
     args = engine_parser().parse_args(["--engine", "vllm", "--vllm-model", "llama-3.1-8b-shape", "--vllm-python", "/x/python"])
-    assert (args.engine, args.vllm_python) == ("vllm", "/x/python")
-    assert engine_options.model_spec(args) is LLAMA_8B_SHAPE
+    assert (args.engine, args.vllm_python) == ("vllm", "/x/python") and engine_options.model_spec(args) is LLAMA_8B_SHAPE
     monkeypatch.setenv("COLUMNS", "1000")  # no help wraps: each ends its line
     text = engine_parser().format_help()
     venv = os.path.join(os.path.expanduser("~"), ".cache", "testbed", "vllm-venv")
@@ -155,8 +149,7 @@ def test_the_engine_options_default_to_the_simulated_engine_and_the_tiny_model(m
 
 @pytest.mark.parametrize("argv, says", [
     (["--engine", "sglang"], "argument --engine: invalid choice: 'sglang' (choose from simulated, vllm)"),
-    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)"),
-])
+    (["--vllm-model", "gpt"], "argument --vllm-model: invalid choice: 'gpt' (choose from llama-3.1-8b-shape, tiny-llama-cpu)")])
 def test_the_engine_options_refuse_an_unknown_engine_or_model(argv, says, capsys):
     assert exit_code(engine_parser().parse_args, argv) == 2
     err = capsys.readouterr().err.replace("'simulated', 'vllm'", "simulated, vllm")
@@ -174,15 +167,13 @@ def test_the_parser_allows_abbreviations_when_asked_takes_its_name_first_and_fil
     parser.add_argument("--n", type=int)
     assert parser.prog == "p"
     namespace = argparse.Namespace(kept=True)
-    assert parser.parse_args(["--n", "2"], namespace) is namespace
-    assert (namespace.kept, namespace.n) == (True, 2)
+    assert parser.parse_args(["--n", "2"], namespace) is namespace and (namespace.kept, namespace.n) == (True, 2)
     assert parser.parse_known_args(["--n", "3", "--m"], namespace) == (namespace, ["--m"])
 
 
 def test_an_unknown_word_after_a_subcommand_is_refused_by_that_subcommand_or_else_by_the_top_parser(capsys):
     parser = common.Parser(prog="top")
-    commands = parser.add_subparsers(dest="command")
-    commands.add_parser("run").add_argument("--n", type=int)
+    parser.add_subparsers(dest="command").add_parser("run").add_argument("--n", type=int)
     assert exit_code(parser.parse_args, ["run", "--n", "1", "--m", "2", "x"]) == 2
     assert capsys.readouterr().err == "top run: error: unrecognized arguments: --m 2 x (see --help)\n"
     assert parser.parse_known_args(["run", "--n", "4"]) == (argparse.Namespace(command="run", n=4), [])
@@ -213,8 +204,7 @@ def refusal(kind, word) -> str:
     (common.checked(str.upper, lambda value: value != "NO", "anything but no"), "no", "must be anything but no, not no"),
     (common.list_of(float), ", ,", "', ,' names no value"),
     (common.list_of(float), "", "'' names no value"),
-    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2"),
-])
+    (common.list_of(int, [1, 2]), "3", "'3' is not one of 1, 2")])
 def test_a_value_out_of_its_range_is_refused_with_what_it_must_be(kind, word, says):
     assert refusal(kind, word) == says
 
@@ -240,8 +230,7 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
     assert common.checked(Unnamed(), bool, "x").__name__ == "value" and common.list_of(Unnamed()).__name__ == "value"
     assert refusal(common.list_of(Unnamed()), "a") == "'a' is not a valid value"
     # A list option joins every word; its help shows its default and choices.
-    parser = common.Parser(prog="t")
-    default = [65.0, 1000.0, 4000.5]
+    parser, default = common.Parser(prog="t"), [65.0, 1000.0, 4000.5]
     common.add_list(parser, "--speeds", float, default, "decode speeds")
     common.add_list(parser, "--designs", str, ("http", "chained"), "the designs", choices=["http", "chained", "suspended"])
     common.add_list(parser, "--seeds", int, None, "seeds", nargs="*")
@@ -266,24 +255,20 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
 
 
 def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_second_and_latest_at_the_newest(tmp_path):
-    now = datetime.datetime(2026, 11, 12, 13, 14, 15)
-    base = tmp_path / "deep" / "compare"
+    now, base = datetime.datetime(2026, 11, 12, 13, 14, 15), tmp_path / "deep" / "compare"
     first = common.new_run_folder(base, now)
     (first / "a.csv").write_text("first")
     names = [first.name] + [common.new_run_folder(base, now).name for _ in range(2)]
-    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
-    assert (first / "a.csv").read_text() == "first"
+    assert names == ["20261112-131415", "20261112-131415-2", "20261112-131415-3"] and (first / "a.csv").read_text() == "first"
     assert os.readlink(base / "latest") == "20261112-131415-3"  # relative: the folder can move
     assert sorted(p.name for p in base.iterdir()) == [*names, "latest"]  # the temporary link is gone
     # A left-over temporary link (or file) is replaced; the clock gives the name by default.
     left_over = tmp_path / f".latest.{os.getpid()}"
     left_over.symlink_to("nowhere")
-    before = datetime.datetime.now().replace(microsecond=0)
-    folder = common.new_run_folder(str(tmp_path))
+    before, folder = datetime.datetime.now().replace(microsecond=0), common.new_run_folder(str(tmp_path))
     assert before <= datetime.datetime.strptime(folder.name, "%Y%m%d-%H%M%S") <= datetime.datetime.now()
     assert folder.is_dir() and folder.parent == tmp_path
     assert os.readlink(tmp_path / "latest") == folder.name and not left_over.is_symlink()
     left_over.write_text("a file left over")
     second = common.new_run_folder(tmp_path, datetime.datetime(2000, 1, 1))
-    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000"
-    assert not left_over.exists()
+    assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000" and not left_over.exists()

@@ -48,8 +48,7 @@ async def test_a_served_create_or_stream_is_in_the_records_with_its_phases(autoj
     assert [(r["design"], r["transport"], r["user_agent"], r["connection"], r["request_bytes"], r["response_id"], r["outcome"],
              r["timing_requested"], r["started_at_s"]) for r in records] == [
         ("http-stateless", "http", "probe/2", 1, len(data), first["id"], "completed", False, 1.0),
-        ("http-stored", "http", "", 1, len(chained), timed.json()["id"], "completed", True, records[0]["at_s"]),
-    ]
+        ("http-stored", "http", "", 1, len(chained), timed.json()["id"], "completed", True, records[0]["at_s"])]
     assert records[0]["usage"] == first["usage"] and records[0]["at_s"] > 1.0
     phases = timed.json()["testbed_timing"]["phases_ms"]
     assert {k: v for k, v in records[1]["phases_ms"].items() if k in phases} == {k: round(v, 3) for k, v in phases.items() if k in records[1]["phases_ms"]}
@@ -68,8 +67,7 @@ async def test_a_served_create_or_stream_is_in_the_records_with_its_phases(autoj
 
 async def test_a_client_that_leaves_mid_stream_ends_its_connection_without_a_record(autojump_clock, nursery) -> None:
     server = make_server()
-    client = open_client(nursery, server)
-    data = create(stream=True, model="sim-100", metadata=LONG)
+    client, data = open_client(nursery, server), create(stream=True, model="sim-100", metadata=LONG)
     await client.stream.send_all(client.conn.send(h11.Request(method="POST", target="/v1/responses", headers=[
         ("host", "t"), ("content-length", str(len(data))), ("authorization", "Bearer k")])) + client.conn.send(h11.Data(data=data))
         + client.conn.send(h11.EndOfMessage()))
@@ -104,8 +102,7 @@ async def test_a_cancelled_response_is_in_the_records_as_cancelled(autojump_cloc
 
 
 async def test_a_turn_leaves_one_record_with_its_client_its_times_its_bytes_and_its_usage(autojump_clock):
-    server = make_server()
-    event = create_event(metadata=ONE_TURN, stream_id=LANE)
+    server, event = make_server(), create_event(metadata=ONE_TURN, stream_id=LANE)
     async with ws(server, include_timing=True) as conn:
         await trio.sleep(1.5)  # the record's times are the trio clock's, not times since the connection opened
         sent_at = trio.current_time()
@@ -120,8 +117,7 @@ async def test_a_turn_leaves_one_record_with_its_client_its_times_its_bytes_and_
         "input_items": 1, "input_types": {"message": 1}, "tools": len(event["tools"]), "ignored_keys": [],
         "started_at_s": sent_at, "at_s": ended_at, "response_id": response["id"], "outcome": "completed", "appends": 0,
         "request_bytes": frame_bytes(event), "timing_requested": True,
-        "phases_ms": response["testbed_timing"]["phases_ms"], "usage": response["usage"],
-    }
+        "phases_ms": response["testbed_timing"]["phases_ms"], "usage": response["usage"]}
     assert record["phases_ms"]["decode"] == 300.0  # 300 tokens at 1000 tokens/s
 
 
@@ -137,8 +133,7 @@ async def test_a_create_that_waited_for_its_lane_is_recorded_from_its_arrival_wi
     (first_end, _), (second_end, _) = ends
     assert [(r["started_at_s"], r["at_s"], r["phases_ms"]["queue"], r["request_bytes"]) for r in server.records] == [
         (sent_at, first_end, 0.0, frame_bytes(first)),
-        (sent_at, second_end, round((first_end - sent_at) * 1000, 3), frame_bytes(second)),
-    ]
+        (sent_at, second_end, round((first_end - sent_at) * 1000, 3), frame_bytes(second))]
     assert first_end > sent_at
 
 
@@ -154,8 +149,7 @@ async def test_a_refused_frame_is_recorded_with_its_code_and_param(autojump_cloc
     common = {"user_agent": "", "transport": "websocket", "design": "chained", "connection": 1, "response_id": None}
     assert list(server.records) == [
         {**common, "at_s": 3.0, "outcome": "error:invalid_stream_id", "param": "stream_id", "stream_id": True},
-        {**common, "at_s": 4.0, "outcome": "error:unknown_event_type", "param": "type", "stream_id": False},
-    ]
+        {**common, "at_s": 4.0, "outcome": "error:unknown_event_type", "param": "type", "stream_id": False}]
 
 
 async def test_each_v1_rollout_is_recorded_with_its_appends_their_bytes_and_every_segments_phases(autojump_clock):

@@ -200,17 +200,14 @@ def test_a_frame_that_is_not_one_json_object_is_invalid_json(frame: str | bytes)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20,
-)
+    max_leaves=20)
 event_like = st.fixed_dictionaries(
     {"type": st.sampled_from(["response.create", "response.append", "response.steer", "response.processed", "x"])},
     optional={
         "input": json_values, "model": json_values, "tools": json_values, "metadata": json_values, "store": json_values,
         "previous_response_id": json_values, "generate": json_values, "max_output_tokens": json_values,
         "temperature": json_values, "top_p": json_values, "tool_choice": json_values, "truncation": json_values,
-        "reasoning": json_values, "text": json_values, "include": json_values, "top_logprobs": json_values,
-    },
-)
+        "reasoning": json_values, "text": json_values, "include": json_values, "top_logprobs": json_values})
 
 
 @settings(max_examples=300, deadline=None)

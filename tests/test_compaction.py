@@ -95,8 +95,7 @@ async def test_the_context_is_compacted_past_its_threshold_not_at_it_and_the_cha
     context_before = usage(plain[3])["input_tokens"]  # what the model would have read without compaction
     # The summary is sampled at the model's decode rate (sim-1000: 1000 tokens/s).
     assert done_at - compacting_at == pytest.approx(summary_tokens(context_before) / 1000, abs=1e-9)
-    response = fourth[-1][1]["response"]
-    assert [item["type"] for item in response["output"]] == ["compaction", "message"]
+    assert [item["type"] for item in fourth[-1][1]["response"]["output"]] == ["compaction", "message"]
     # input_tokens counts both model calls: the compaction read (the old context) and the turn.
     turn_context = usage(compacted[3])["input_tokens"] - context_before
     assert 0 < turn_context < context_before / 2
@@ -130,8 +129,7 @@ async def v1_rollout(**fields: Any) -> tuple[list[str], dict]:
 async def test_a_v1_rollout_compacts_inside_its_one_response(autojump_clock):
     _, plain = await v1_rollout()
     kinds, final = await v1_rollout(context_management=COMPACTING)
-    assert final["type"] == "response.completed"
-    assert kinds.count("response.compaction.compacting") == 1
+    assert final["type"] == "response.completed" and kinds.count("response.compaction.compacting") == 1
     (summary,) = [parse_item(item) for item in final["response"]["output"] if item["type"] == "compaction"]
     # The one response's usage adds the summary to the tokens its turns sampled before and after it.
     assert final["response"]["usage"]["output_tokens"] == plain["response"]["usage"]["output_tokens"] + len(
@@ -197,8 +195,7 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     async with trio.open_nursery() as nursery:
         client = connect(nursery, server)
         first = (await client.request("POST", "/v1/responses", body={
-            "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"},
-        })).json()
+            "model": "sim-1000", "input": "fix the bug", "store": True, "metadata": {"testbed_workload": "fixed:1"}})).json()
         reply, unknown = [await client.request("POST", "/v1/responses/compact", body={
             "model": "sim-1000", "input": "now the docs", "previous_response_id": previous}) for previous in (first["id"], "resp_nope")]
         nursery.cancel_scope.cancel()
@@ -210,8 +207,7 @@ async def test_compact_reads_a_seen_conversations_prefix_from_the_cache_and_refu
     assert (parse_item(item).rounds, parse_item(item).offset) == (0, 1)
     assert (unknown.status, unknown.json()) == (400, {"error": {
         "type": "invalid_request_error", "code": "previous_response_not_found",
-        "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id",
-    }})
+        "message": "Previous response with id 'resp_nope' not found.", "param": "previous_response_id"}})
 
 
 async def compacting_chain_with_a_second_user_message() -> list[dict]:

@@ -80,8 +80,7 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
         "  sent/turn (kB): client-to-server payload per turn, all the tasks' bytes over all their turns (as\n"
         "      in compare.png)\n"
         "  [low, high]: the 95% interval over the tasks (bootstrap; a ratio to http resamples the tasks of\n"
-        "      both designs together, as they ran the same tasks)\n"
-    )
+        "      both designs together, as they ran the same tasks)\n")
     compare.print_compare_table([{k: v for k, v in a_table_row().items() if not k.endswith(("_low", "_high"))}])
     lines = capsys.readouterr().out.splitlines()  # without intervals: the values, and no interval legend
     assert lines[1] == "suspended  4,000            20         1.24          1,234      1.2             1.6"
@@ -152,8 +151,7 @@ def test_the_options_defaults_as_each_options_help_names_them_and_vllms_own_work
     args = parsed()
     assert (args.tasks, args.seed, args.preset, args.trace, args.latency, args.speeds, args.designs, args.rtt_ms, args.turns,
             args.out, args.real, args.vllm_parallel, args.reconnect, args.wide) == (
-        None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False,
-        "codex", False)
+        None, 0, None, None, None, None, ["http", "chained", "suspended"], 20.0, None, None, False, False, "codex", False)
     assert exit_code(parsed, "--reconnect", "carrier-pigeon") == 2  # a policy it does not have
     assert "argument --reconnect: invalid choice: 'carrier-pigeon' (choose from " in capsys.readouterr().err
     args = parsed("--speeds", "65,", "1000", "4000", "--designs", "http,chained", "suspended")  # commas or spaces
@@ -219,8 +217,7 @@ def test_a_trace_run_replays_the_traces_first_tasks_and_prints_the_readers_notes
     assert described == f"trace {CODEX_TRACE} (codex)"
     assert (config.n_tasks, config.seed, config.source, config.reconnect, speeds) == (1, 4, described, POLICIES["codex"],
                                                                                        [65.0, 1000.0, 4000.0])
-    assert [len(task.turns) for task in config.task_list] == [9]
-    assert capsys.readouterr().err == ""
+    assert [len(task.turns) for task in config.task_list] == [9] and capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="^--turns applies to generated tasks, not to a trace$"):
         compare.workload_config(parsed("--trace", str(CODEX_TRACE), "--turns", "2"), benchmark.DEFAULT_NETWORK)
     folder = tmp_path / "rollouts"  # a folder of two rollouts: its first tasks, and the reader's notes printed
@@ -242,8 +239,7 @@ def test_the_parameters_printed_leave_out_what_did_not_run():
     names = [name for name, *_ in everything]
     assert "v1 suspension TTL" in names and "http connections" in names
     rows = compare.run_parameters(config, ["http", "chained", "suspended"], [65.0, 1000.5])
-    assert [name for name, *_ in rows] == names
-    assert dict((n, v) for n, v, _ in rows)["decode speeds"] == "65, 1000.5 tokens/s"
+    assert [name for name, *_ in rows] == names and dict((n, v) for n, v, _ in rows)["decode speeds"] == "65, 1000.5 tokens/s"
     assert [r for r in rows if r[0] != "decode speeds"] == [r for r in everything if r[0] != "decode speeds"]
     assert [n for n, *_ in compare.run_parameters(config, ["chained"], [1.0])] == [
         n for n in names if n not in ("v1 suspension TTL", "http connections")]
@@ -299,8 +295,7 @@ def test_a_run_prints_the_table_parameters_and_notes_writes_every_file_estimates
     gain = section["figures"]["gain.suspended.1000"]
     assert (gain["value"], gain["n"], gain["format"], gain["scale"]) == (table[2]["gain_vs_http"], 2, "{:.1f}%", 100.0)
     assert section["tables"]["table"]["columns"] == [c.header for c in compare.DOCS_TABLE]
-    assert [r[0] for r in section["tables"]["table"]["rows"]] == designs
-    assert section["data"] == rows
+    assert [r[0] for r in section["tables"]["table"]["rows"]] == designs and section["data"] == rows
     with (out / "compare.csv").open() as f:
         assert [row["design"] for row in csv.DictReader(f)] == designs
     assert sorted(p.name for p in out.iterdir()) == [
@@ -314,8 +309,7 @@ def test_a_run_prints_the_table_parameters_and_notes_writes_every_file_estimates
     assert "coding, 2 tasks, seed 0" in printed
     assert common.plural(1000, "task") == "1,000 tasks" and common.plural(1, "task") == "1 task"
     parameters = dict((name, (value, source)) for name, value, source in saved["parameters"])
-    assert parameters["decode speeds"][0] == "1000 tokens/s"
-    assert parameters["network"][0].startswith("RTT 40 ms")
+    assert parameters["decode speeds"][0] == "1000 tokens/s" and parameters["network"][0].startswith("RTT 40 ms")
     first, rest = textwrap.wrap(parameters["network"][0], 44, break_on_hyphens=False)  # too long: it wraps in its column
     network_line = ("  " + "network".ljust(44) + " " + first.ljust(44) + " " + parameters["network"][1] + "\n"
                     + "  " + " " * 44 + " " + rest + "\n")
@@ -364,8 +358,7 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects_and_a_real_time_r
     assert printed.startswith("\n2 tasks of the 'coding' workload, virtual time\n\nTABLE wide=True\n")
     assert "longer than v1's default 300 s suspension TTL: 1 of 2. " in printed
     assert "\n  reconnects (codex policy): suspended at 65: 2, chained at 4000: 1; WebSocket" in printed
-    assert cli_main(["compare", "--real", "--no-cache", "--out", str(tmp_path / "b")]) == 0
-    assert real == [False, True]
+    assert cli_main(["compare", "--real", "--no-cache", "--out", str(tmp_path / "b")]) == 0 and real == [False, True]
     assert capsys.readouterr().out.startswith("\n2 tasks of the 'coding' workload, real time over loopback sockets\n\nTABLE wide=False\n")
     assert drawn[1][1]["clock"] == "real time over loopback sockets"
 
@@ -377,13 +370,11 @@ def test_a_run_counts_tasks_longer_than_v1s_ttl_and_reconnects_and_a_real_time_r
      "python -m prototype compare: error: --turns applies to generated tasks, not to a trace (see --help)\n"),
     (["--preset", "nonsense"], "python -m prototype compare: error: --preset 'nonsense' is neither a preset (coding, compact, "
                                "chat, "
-                               "long) nor a file (see --help)\n"),
-])
+                               "long) nor a file (see --help)\n")])
 def test_a_bad_trace_profile_preset_or_combination_exits_2_with_one_line(argv, says, tmp_path, drawn, capsys):
     assert cli_main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(says) and err.endswith(" (see --help)\n") and err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    assert err.startswith(says) and err.endswith(" (see --help)\n") and err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 def test_the_grid_runs_slowest_first_and_writes_one_trace_per_design_at_the_trace_speed(tmp_path):
@@ -402,8 +393,7 @@ def test_the_grid_runs_slowest_first_and_writes_one_trace_per_design_at_the_trac
 
     config = benchmark.BenchConfig(n_tasks=1, fixed_turns=2)
     assert compare.run_grid(config, ["http"], [65.0], Planned(), tmp_path, real=True) == []
-    assert compare.run_grid(config, ["http"], [65.0], Planned(), tmp_path) == []
-    assert calls == [(True, [True]), (False, [False])]
+    assert compare.run_grid(config, ["http"], [65.0], Planned(), tmp_path) == [] and calls == [(True, [True]), (False, [False])]
     calls.clear()
     rows = compare.run_grid(config, ["http", "chained"], [1000.0, 4000.0], Runner(), tmp_path)
     assert calls == [("compare", [(1000.0, False), (1000.0, True), (4000.0, False), (4000.0, True)], False)]
@@ -496,8 +486,7 @@ def test_the_real_engine_runs_each_design_once_keeps_its_rows_traces_its_first_t
                                                "trace_http.json, trace_chained.json, vllm_calls.csv, vllm_calls.json in ")
     assert [(r["design"], r["call"], r["prefill_vllm"], r["prefill_sim"]) for r in json.loads((out / "vllm_calls.json").read_text())] == [
         (d, call, vllm, sim) for d in ("http", "chained") for call, vllm, sim in ((1, 400, 432), (2, 100, 60))]
-    assert "results cache" not in printed
-    assert drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
+    assert "results cache" not in printed and drawn[0][1]["clock"] == "real time on vLLM (tiny-llama-cpu, dummy weights)"
     # Every design's rows (the decode speed column names the model profile only), and a trace of each one's first task.
     rows = json.loads((out / "compare_tasks.json").read_text())
     assert [(r["design"], r["decode_tps"], r["task"]) for r in rows] == [
@@ -612,8 +601,7 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     (9.0, "2 min", "45 s", "45 s"),
     (540.0, "1 h 30 min", "45 min", "45 min"),
     (750.0, "2 h 05 min", "62 min", "62 min"),
-    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min"),
-])
+    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min")])
 def test_a_long_compare_says_roughly_how_long_before_it_starts(monkeypatch, cpu_per_task, of_cpu, on_two, on_four):
     # The estimate: the sample task (the one nearest the workload's mean length) run alone at each point, its CPU
     # time (here a clock that moves `cpu_per_task` a run) times the point's tasks; the points spread over the workers.
@@ -674,8 +662,7 @@ def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_com
     capsys.readouterr()
     docs = REPO / "docs" / "figures"
     before = {p.name: p.stat().st_mtime_ns for p in docs.iterdir()}
-    assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2
-    assert "inside docs/figures/" in capsys.readouterr().err
+    assert cli_main(["plot", str(two_runs[0]), "--out", str(docs)]) == 2 and "inside docs/figures/" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in docs.iterdir()} == before
     assert cli_main(["plot", str(two_runs[0]), str(two_runs[0]), "--out", str(tmp_path / "x")]) == 2
     assert f"{two_runs[0]} and {two_runs[0]} both hold http at 4000 tokens/s" in capsys.readouterr().err
@@ -712,8 +699,7 @@ def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_di
     assert plot.read(folder("trace", {"parameters": [["workload", "the trace t.csv", "--trace"]]}, rows)).workload == "the trace t.csv"
     refusals = {
         "unreadable": (folder("unreadable", "{", rows), "cannot read its results"),
-        "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows"),
-    }
+        "no rows": (folder("no-rows", summary, []), "its compare_tasks.json holds no task rows")}
     for made, says in refusals.values():
         with pytest.raises(plot.PlotError, match=f"^{re.escape(str(made))}: {says}"):
             plot.read(made)

@@ -112,35 +112,27 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
     client = connect(nursery, server)
     (response,) = await stored_chain(client, 1)
     rid = response["id"]
-
-    for method, target in (("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
-                           ("GET", "/v1/responses/resp_nope/input_items"), ("POST", "/v1/responses/resp_nope/cancel")):
-        assert "resp_nope" in error_of(await client.request(method, target), 404, "response_not_found", "response_id")
+    not_found = (404, "response_not_found", "response_id")
     # Another key's response is not found either, by every endpoint; it stays there for its owner.
-    for method, target in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
-                           ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
-        error_of(await client.request(method, target, key="bob"), 404, "response_not_found", "response_id")
+    for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/input_items"), ("POST", "/cancel")):
+        assert "resp_nope" in error_of(await client.request(method, f"/v1/responses/resp_nope{path}"), *not_found)
+        error_of(await client.request(method, f"/v1/responses/{rid}{path}", key="bob"), *not_found)
     assert (await client.request("GET", f"/v1/responses/{rid}")).json() == response
-
     # Each query parameter of each route is read (each refusal's message: tests/test_retrieval.py).
-    items = f"/v1/responses/{rid}/input_items"
-    error_of(await client.request("GET", items + "?limit=0"), 400, "integer_below_min_value", "limit")
-    error_of(await client.request("GET", items + "?limit=101"), 400, "integer_above_max_value", "limit")
-    error_of(await client.request("GET", items + "?limit=2.5"), 400, "invalid_value", "limit")
-    error_of(await client.request("GET", items + "?order=sideways"), 400, "invalid_value", "order")
-    error_of(await client.request("GET", items + "?after=msg_unknown"), 400, "invalid_value", "after")
-    error_of(await client.request("GET", items + "?include[]=bogus"), 400, "invalid_value", "include")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?include=bogus"), 400, "invalid_value", "include")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=maybe"), 400, "invalid_value", "stream")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=-1"), 400, "integer_below_min_value", "starting_after")
-    error_of(await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=x"), 400, "invalid_value", "starting_after")
+    below, above, invalid = "integer_below_min_value", "integer_above_max_value", "invalid_value"
+    for query, code, param in (
+            ("/input_items?limit=0", below, "limit"), ("/input_items?limit=101", above, "limit"),
+            ("/input_items?limit=2.5", invalid, "limit"), ("/input_items?order=sideways", invalid, "order"),
+            ("/input_items?after=msg_unknown", invalid, "after"), ("/input_items?include[]=bogus", invalid, "include"),
+            ("?include=bogus", invalid, "include"), ("?stream=maybe", invalid, "stream"),
+            ("?stream=true&starting_after=-1", below, "starting_after"),
+            ("?stream=true&starting_after=x", invalid, "starting_after")):
+        error_of(await client.request("GET", f"/v1/responses/{rid}{query}"), 400, code, param)
     # Bad values are refused before the id is looked up.
-    error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, "integer_below_min_value", "limit")
-
+    error_of(await client.request("GET", "/v1/responses/resp_nope/input_items?limit=0"), 400, below, "limit")
     # A finished response cannot be cancelled (the reference's wording).
     assert error_of(await client.request("POST", f"/v1/responses/{rid}/cancel"), 400, "response_not_cancellable", "response_id") == (
         "Cannot cancel a completed response.")
-
     reply = await client.request("GET", f"/v1/responses/{rid}/cancel")
     error_of(reply, 405, "method_not_allowed", None)
     assert reply.headers["allow"] == "POST"
@@ -150,10 +142,8 @@ async def test_error_paths_have_exact_status_code_and_param(autojump_clock, nurs
         reply = await client.request("GET", target, key=None)
         error_of(reply, 401, "invalid_api_key", None)
         assert reply.headers["www-authenticate"] == "Bearer"
-
     # The connection served every refusal and still answers.
-    assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200
-    assert server.connections == 1
+    assert (await client.request("GET", f"/v1/responses/{rid}")).status == 200 and server.connections == 1
 
 
 async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nursery) -> None:
@@ -177,15 +167,13 @@ async def test_each_refusal_of_a_route_has_its_allow_header(autojump_clock, nurs
 
 
 async def test_retrieve_answers_the_stored_response_and_replays_its_events(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
+    client = connect(nursery, make_server())
     head = await client.start("POST", "/v1/responses", body=body(stream=True))
     assert head.status_code == 200
     original = parse_stream(await client.rest())
     stored = original[-1].data["response"]
     rid = stored["id"]
     assert (await client.request("GET", f"/v1/responses/{rid}?include[]=reasoning.encrypted_content")).json() == stored
-
     head = await client.start("GET", f"/v1/responses/{rid}?stream=true")
     assert (head.status_code, head.reason) == (200, b"OK")
     assert dict(head.headers) == {b"content-type": b"text/event-stream; charset=utf-8", b"cache-control": b"no-cache",
@@ -193,26 +181,22 @@ async def test_retrieve_answers_the_stored_response_and_replays_its_events(autoj
     replay = parse_stream(await client.rest())
     # The same events in the same order, each run of deltas as one delta carrying the whole text.
     collapsed = [e.type for i, e in enumerate(original) if not (e.type.endswith(".delta") and original[i + 1].type == e.type)]
-    assert [e.type for e in replay] == collapsed
-    assert [e.data["sequence_number"] for e in replay] == list(range(len(replay)))
+    assert [e.type for e in replay] == collapsed and [e.data["sequence_number"] for e in replay] == list(range(len(replay)))
     assert replay[-1].data["response"] == stored
     assert replay[0].data["response"]["status"] == "in_progress" and replay[0].data["response"]["output"] == []
     original_text = "".join(e.data["delta"] for e in original if e.type == "response.output_text.delta")
     assert [e.data["delta"] for e in replay if e.type == "response.output_text.delta"] == [original_text]
-    done = [e.data["item"] for e in original if e.type == "response.output_item.done"]
-    assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == done
-
-    later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=5")).body  # (parse_stream wants 0 first)
-    assert [json.loads(line[6:]) for line in later.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[6:]]
-    all_but_first = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after=0")).body
-    assert [json.loads(line[6:]) for line in all_but_first.split(b"\n") if line.startswith(b"data: ")] == [e.data for e in replay[1:]]
+    assert [e.data["item"] for e in replay if e.type == "response.output_item.done"] == [
+        e.data["item"] for e in original if e.type == "response.output_item.done"]
+    for after in (5, 0):  # (parse_stream wants 0 first)
+        later = (await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={after}")).body.split(b"\n")
+        assert [json.loads(line[6:]) for line in later if line.startswith(b"data: ")] == [e.data for e in replay[after + 1:]]
     after_all = await client.request("GET", f"/v1/responses/{rid}?stream=true&starting_after={len(replay) + 3}")
     assert after_all.status == 200 and after_all.body == b""
 
 
 async def test_input_items_are_the_context_paged_with_after_limit_and_order(autojump_clock, nursery) -> None:
-    server = make_server()
-    client = connect(nursery, server)
+    client = connect(nursery, make_server())
     first, second, third = await stored_chain(client, 3)
     items = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=100")).json()
     assert items["object"] == "list" and items["has_more"] is False
@@ -220,19 +204,16 @@ async def test_input_items_are_the_context_paged_with_after_limit_and_order(auto
     # The context the third turn was given: every earlier turn's input and output, then its input.
     expected = ["message", *(i["type"] for i in first["output"]), "function_call_output",
                 *(i["type"] for i in second["output"]), "function_call_output"]
-    assert [i["type"] for i in data] == expected
-    assert data[1:3] == first["output"]
+    assert [i["type"] for i in data] == expected and data[1:3] == first["output"]
     assert data[0]["content"] == [{"type": "input_text", "text": "fix the bug"}]
     ids = [i["id"] for i in data]
     assert len(set(ids)) == len(ids) and (items["first_id"], items["last_id"]) == (ids[0], ids[-1])
     assert ids[0] == f"msg_{first['id'].partition('_')[2]}_in0"
-
     # Default: newest first, 20 a page.
     assert [i["id"] for i in (await client.request("GET", f"/v1/responses/{third['id']}/input_items")).json()["data"]] == ids[::-1]
     # A page of 2 after the first item (every page's rule: tests/test_retrieval.py).
     page = (await client.request("GET", f"/v1/responses/{third['id']}/input_items?order=asc&limit=2&after={ids[0]}")).json()
     assert ([i["id"] for i in page["data"]], page["has_more"]) == (ids[1:3], True)
-
     # Deleting the middle response removes its items; the walk stops there.
     assert (await client.request("DELETE", f"/v1/responses/{second['id']}")).json() == {
         "id": second["id"], "object": "response", "deleted": True}
@@ -256,8 +237,7 @@ async def test_deleting_a_response_a_chained_connection_caches(autojump_clock, n
         error_of(await http.request("GET", f"/v1/responses/{first['id']}"), 404, "response_not_found", "response_id")
         # The connection's cache is untouched: it chains from the deleted response, in memory.
         await send(conn, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"], store=True))
-        events = await until(conn, "response.completed")
-        assert events[-1]["type"] == "response.completed"
+        assert (await until(conn, "response.completed"))[-1]["type"] == "response.completed"
         # Nothing else can: another connection, or HTTP, would need the stored object.
         await send(other, create_event(outputs_for(function_calls(first)), previous_response_id=first["id"]))
         assert (await until(other, "response.completed"))[-1]["error"]["code"] == "previous_response_not_found"
@@ -337,8 +317,7 @@ async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojum
     assert reply.json()["status"] == "cancelled"
     await answered.wait()
     ((answered_at, answer),) = replies
-    assert answered_at == cancelled_at
-    assert answer.status == 200 and answer.json() == reply.json()
+    assert answered_at == cancelled_at and answer.status == 200 and answer.json() == reply.json()
 
 
 async def test_a_cancel_during_post_inference_finds_a_completed_response(autojump_clock, nursery) -> None:
@@ -347,8 +326,7 @@ async def test_a_cancel_during_post_inference_finds_a_completed_response(autojum
     server = make_server(costs=attrs.evolve(ZERO_COSTS, post=1.0))
     streaming, http = connect(nursery, server), connect(nursery, server)
     await streaming.start("POST", "/v1/responses", body=body(stream=True, metadata={"testbed_workload": "fixed:1"}))
-    events = await streaming.events_until("response.output_item.done")
-    rid, done_at = events[0]["response"]["id"], trio.current_time()
+    rid, done_at = (await streaming.events_until("response.output_item.done"))[0]["response"]["id"], trio.current_time()
     assert server.api.live.find(rid, owner_of("alice")) is not None
     refused = await http.request("POST", f"/v1/responses/{rid}/cancel")
     assert error_of(refused, 400, "response_not_cancellable", "response_id") == "Cannot cancel a completed response."
@@ -443,8 +421,7 @@ async def test_a_cancel_during_a_write_takes_effect_once_the_write_ends(autojump
             nursery.start_soon(task)
     assert written[-2:] == [(opens_at, "response.output_text.delta"), (opens_at, "response.cancelled")]
     assert outcome["response"].status == "cancelled" and outcome["response"].output == []
-    assert (outcome["answered_at"], outcome["answer"].body["status"]) == (answered_at, status)
-    assert len(server.api.live) == 0
+    assert (outcome["answered_at"], outcome["answer"].body["status"]) == (answered_at, status) and len(server.api.live) == 0
 
 
 # --- compact -------------------------------------------------------------------------------------------
@@ -464,8 +441,7 @@ async def test_compact_needs_one_json_object_with_an_input_or_a_previous_respons
     refused = await client.request("POST", "/v1/responses/compact", body=compact_body(instructions="be brief"))
     assert error_of(refused, 400, "missing_required_parameter", "input") == "Missing required parameter: 'input'."
     # Either one is enough: an input alone, or a stored response alone.
-    alone = await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug"))
-    *users, _ = alone.json()["output"]
+    *users, _ = (await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug"))).json()["output"]
     assert [user["content"][0]["text"] for user in users] == ["fix the bug"]
     first = (await client.request("POST", "/v1/responses", body=body(store=True, metadata={"testbed_workload": "fixed:1"}))).json()
     chained = await client.request("POST", "/v1/responses/compact", body=compact_body(previous_response_id=first["id"]))
@@ -478,8 +454,7 @@ async def test_compact_reads_the_instructions(autojump_clock, nursery) -> None:
     client = connect(nursery, make_server())
     plain, instructed = [
         (await client.request("POST", "/v1/responses/compact", body=compact_body(input="fix the bug", **extra))).json()["usage"]
-        for extra in ({}, {"instructions": "be brief"})
-    ]
+        for extra in ({}, {"instructions": "be brief"})]
     created = (await client.request("POST", "/v1/responses", body={
         "model": "sim-1000", "input": "fix the bug", "instructions": "be brief", "metadata": {"testbed_workload": "fixed:1"}})).json()
     assert instructed["input_tokens"] == created["usage"]["input_tokens"] > plain["input_tokens"]
@@ -521,8 +496,7 @@ def exercise_every_endpoint(port: int) -> None:
     from openai.types.responses import Response
 
     client = sdk_client(port)
-    other = client.with_options(api_key="sk-bob")
-    meta = {"testbed_workload": "fixed:2"}
+    other, meta = client.with_options(api_key="sk-bob"), {"testbed_workload": "fixed:2"}
     first = client.responses.create(model=SDK_MODEL, input="fix the bug", tools=HARNESS_TOOLS, metadata=meta)
     call = next(item for item in first.output if item.type == "function_call")
     second = client.responses.create(model=SDK_MODEL, previous_response_id=first.id, tools=HARNESS_TOOLS, metadata=meta,

@@ -82,8 +82,7 @@ def test_steering_prints_the_table_docs_subagents_quotes_and_only_a_steer_skips_
     for line in table.splitlines()[1:]:  # below the header's rule
         alternative, after_50, after_250 = (cell.strip() for cell in line.strip().strip("|").split("|"))
         quoted[(alternative.split()[0], 50)], quoted[(alternative.split()[0], 250)] = after_50, after_250
-    assert quoted == printed
-    assert {alternative for alternative, _ in printed} == set(steering.ALTERNATIVES)
+    assert quoted == printed and {alternative for alternative, _ in printed} == set(steering.ALTERNATIVES)
     # Waiting for the tool round pays at least the tool (2 s by default); steering pays only the rest of the item.
     seconds = {(row["alternative"], row["after_tokens"]): row["steer_to_token_s"] for row in rows}
     for after in (50, 250):

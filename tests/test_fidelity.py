@@ -28,8 +28,7 @@ def _run(engine: str, design: str, ttfts: dict[tuple[str, int], float], e2e: dic
 def test_calls_pair_by_task_and_place_and_unmatched_calls_are_left_out():
     real = _run("vllm", CHAINED, {("a", 0): 0.1, ("a", 1): 0.2, ("b", 0): 0.3}, {"t0": 1.0}, prefill=0, makespan=1.0)
     sim = _run("sim", CHAINED, {("a", 1): 0.25, ("b", 0): 0.3, ("c", 0): 9.0}, {"t0": 2.0}, prefill=0, makespan=1.0)
-    assert fidelity.paired_calls(real, sim) == [(0.2, 0.25), (0.3, 0.3)]
-    assert fidelity.paired_tasks(real, sim) == [(1.0, 2.0)]
+    assert fidelity.paired_calls(real, sim) == [(0.2, 0.25), (0.3, 0.3)] and fidelity.paired_tasks(real, sim) == [(1.0, 2.0)]
 
 
 def test_absolute_errors_are_percent_of_the_measured_value_and_skip_a_zero_measurement():
@@ -45,8 +44,7 @@ def test_the_total_prefill_error_is_signed_and_resamples_the_runs_together():
 
 
 def test_an_error_quantile_carries_a_bootstrap_interval():
-    errors = list(np.arange(1.0, 21.0))
-    median = fidelity.error_quantile(errors, 0.5, of="calls")
+    median = fidelity.error_quantile(list(np.arange(1.0, 21.0)), 0.5, of="calls")
     assert median.value == pytest.approx(10.5) and median.n == 20 and median.low < 10.5 < median.high
 
 
@@ -64,8 +62,7 @@ def test_orderings_agree_only_where_the_simulation_orders_every_separated_pair_a
 
 
 def test_the_score_table_has_every_metric_per_variant_and_judges_the_targets():
-    config = Config("agents", 2)
-    ttfts = {("a", 0): 0.100, ("a", 1): 0.200, ("b", 0): 0.100, ("b", 1): 0.200}
+    config, ttfts = Config("agents", 2), {("a", 0): 0.100, ("a", 1): 0.200, ("b", 0): 0.100, ("b", 1): 0.200}
     results, sims = {}, {}
     for design, factor in ((SUSPENDED, 1.0), (CHAINED, 2.0)):
         real = _run("vllm", design, {k: v * factor for k, v in ttfts.items()}, {"t0": 10.0 * factor, "t1": 12.0 * factor},
@@ -82,11 +79,9 @@ def test_the_score_table_has_every_metric_per_variant_and_judges_the_targets():
     assert table[("far", "per-call TTFT", "p90 |error| %")]["met"] == "no"
     assert table[("close", "prefill computed", "total error %")]["value"].startswith("5.0")
     assert table[("far", "prefill computed", "total error %")]["met"] == "no"
-    assert table[("close", "tasks per hour", "median error %")]["value"].startswith("-4.8")
-    assert len(rows) == 2 * 5
+    assert table[("close", "tasks per hour", "median error %")]["value"].startswith("-4.8") and len(rows) == 2 * 5
     # One ordering row per configuration and metric, each variant judged.
-    assert len(orders) == len(fidelity.ORDER_METRICS)
-    assert all(row["close agrees"] in ("yes", "none separated") for row in orders)
+    assert len(orders) == len(fidelity.ORDER_METRICS) and all(row["close agrees"] in ("yes", "none separated") for row in orders)
 
 
 @pytest.mark.real_engine

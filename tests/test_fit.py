@@ -29,28 +29,23 @@ def assert_best_non_negative_fit(result, uncached, output, seconds) -> None:
     the residual's gradient is zero along each positive coefficient and points up along each zero one."""
     X = np.column_stack([np.ones(len(seconds)), uncached, output])
     coef = np.array([result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s])
-    gradient = X.T @ (X @ coef - np.asarray(seconds))
-    scale = np.abs(X).sum(axis=0) * np.abs(seconds).max()
+    gradient, scale = X.T @ (X @ coef - np.asarray(seconds)), np.abs(X).sum(axis=0) * np.abs(seconds).max()
     assert (coef >= 0).all()
     assert np.all(np.where(coef > 0, np.abs(gradient) <= 1e-9 * scale, gradient >= -1e-9 * scale)), (coef, gradient)
 
 
 def test_a_fit_with_every_term_positive_reports_its_errors_r2_and_residuals_exactly() -> None:
-    seconds = 0.2 + UNCACHED / 1000 + OUTPUT / 40 + NOISE
-    X = np.column_stack([np.ones(7), UNCACHED, OUTPUT])
+    seconds, X = 0.2 + UNCACHED / 1000 + OUTPUT / 40 + NOISE, np.column_stack([np.ones(7), UNCACHED, OUTPUT])
     coef, stderr, sse = ordinary_least_squares(X, seconds)
     result = fit.round_time_fit(list(UNCACHED), list(OUTPUT), list(seconds))
-    assert result.n == 7
-    assert result.fixed_s == pytest.approx(coef[0], rel=1e-9)
-    assert result.prefill_tokens_per_s == pytest.approx(1 / coef[1], rel=1e-9)
-    assert result.decode_tokens_per_s == pytest.approx(1 / coef[2], rel=1e-9)
+    assert (result.n, result.fixed_s, result.prefill_tokens_per_s, result.decode_tokens_per_s) == (
+        7, pytest.approx(coef[0], rel=1e-9), pytest.approx(1 / coef[1], rel=1e-9), pytest.approx(1 / coef[2], rel=1e-9))
     assert result.stderr == pytest.approx(tuple(stderr), rel=1e-6)
     assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
     assert result.r2 == pytest.approx(1 - sse / float(((seconds - seconds.mean()) ** 2).sum()), rel=1e-9)
     # r2 is a ratio: the same in any unit, however small the seconds' spread.
     assert fit.round_time_fit(list(UNCACHED), list(OUTPUT), list(seconds / 100)).r2 == pytest.approx(result.r2, rel=1e-9)
-    residuals = seconds - X @ coef
-    assert result.residual_quantiles == pytest.approx(tuple(np.quantile(residuals, (0.1, 0.5, 0.9))), abs=1e-12)
+    assert result.residual_quantiles == pytest.approx(tuple(np.quantile(seconds - X @ coef, (0.1, 0.5, 0.9))), abs=1e-12)
     assert float(result.predict(250.0, 30.0)) == pytest.approx(coef[0] + 250 * coef[1] + 30 * coef[2], rel=1e-9)
     assert result.predict(UNCACHED, OUTPUT) == pytest.approx(X @ coef, rel=1e-9)
 
@@ -60,11 +55,9 @@ def test_a_term_fitted_at_zero_has_no_standard_error_and_the_others_are_fitted_w
     # intercept and decode rate are the least squares of the two remaining columns.
     seconds = 0.5 - UNCACHED / 4000 + OUTPUT / 40 + NOISE
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
-    X = np.column_stack([np.ones(7), OUTPUT])
-    coef, stderr, sse = ordinary_least_squares(X, seconds)
-    assert result.prefill_tokens_per_s == math.inf
-    assert (result.fixed_s, result.decode_tokens_per_s) == (pytest.approx(coef[0], rel=1e-9), pytest.approx(1 / coef[1], rel=1e-9))
-    assert math.isnan(result.stderr[1])
+    coef, stderr, sse = ordinary_least_squares(np.column_stack([np.ones(7), OUTPUT]), seconds)
+    assert (result.fixed_s, result.prefill_tokens_per_s, result.decode_tokens_per_s) == (
+        pytest.approx(coef[0], rel=1e-9), math.inf, pytest.approx(1 / coef[1], rel=1e-9)) and math.isnan(result.stderr[1])
     assert (result.stderr[0], result.stderr[2]) == (pytest.approx(stderr[0], rel=1e-6), pytest.approx(stderr[1], rel=1e-6))
     assert result.rmse_s == pytest.approx(math.sqrt(sse / 7), rel=1e-9)
 
@@ -73,16 +66,14 @@ def test_a_single_term_fit_is_chosen_when_only_it_stays_non_negative_and_the_mea
     # Seconds fall with both token counts: only the intercept alone stays non-negative.
     seconds = 5.0 - UNCACHED / 200 - OUTPUT / 50 + NOISE
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
-    assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
-    assert result.prefill_tokens_per_s == result.decode_tokens_per_s == math.inf
-    assert result.r2 == pytest.approx(0.0, abs=1e-12)
+    assert (result.fixed_s, result.prefill_tokens_per_s, result.decode_tokens_per_s, result.r2) == (
+        pytest.approx(float(seconds.mean()), rel=1e-12), math.inf, math.inf, pytest.approx(0.0, abs=1e-12))
     assert result.stderr[0] == pytest.approx(float(seconds.std(ddof=1)) / math.sqrt(7), rel=1e-9)
     assert math.isnan(result.stderr[1]) and math.isnan(result.stderr[2])
     seconds = -1.0 - UNCACHED / 1000 - OUTPUT / 100
     result = fit.round_time_fit(UNCACHED, OUTPUT, seconds)
-    assert result.fixed_s == pytest.approx(float(seconds.mean()), rel=1e-12)
-    assert result.prefill_tokens_per_s == result.decode_tokens_per_s == math.inf
-    assert result.rmse_s == pytest.approx(float(seconds.std()), rel=1e-12)
+    assert (result.fixed_s, result.prefill_tokens_per_s, result.decode_tokens_per_s, result.rmse_s) == (
+        pytest.approx(float(seconds.mean()), rel=1e-12), math.inf, math.inf, pytest.approx(float(seconds.std()), rel=1e-12))
     assert all(math.isnan(s) for s in result.stderr)  # no positive term
 
 
@@ -93,17 +84,15 @@ def test_constant_seconds_have_no_r2_exactly_fitted_ones_no_error_and_four_round
     assert exact.n == 4 and exact.r2 == pytest.approx(1.0, abs=1e-9)
     assert exact.stderr == pytest.approx((0.0, 0.0, 0.0), abs=1e-6)  # 4 rounds that fit exactly: no error left
     seconds = 0.2 + UNCACHED[:4] / 1000 + OUTPUT[:4] / 40 + NOISE[:4]
-    X = np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]])
-    coef, stderr, _ = ordinary_least_squares(X, seconds)  # n - 3 = 1
+    coef, stderr, _ = ordinary_least_squares(np.column_stack([np.ones(4), UNCACHED[:4], OUTPUT[:4]]), seconds)  # n - 3 = 1
     assert (coef > 0).all()
     assert fit.round_time_fit(UNCACHED[:4], OUTPUT[:4], seconds).stderr == pytest.approx(tuple(stderr), rel=1e-6)
 
 
 def test_the_fit_refuses_misshapen_or_non_finite_input() -> None:
-    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
-        fit.round_time_fit([1, 2, 3], [1, 2, 3], [1, 2])
-    with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
-        fit.round_time_fit([[1, 2, 3]], [[1, 2, 3]], [[1, 2, 3]])
+    for columns in (([1, 2, 3], [1, 2, 3], [1, 2]), ([[1, 2, 3]], [[1, 2, 3]], [[1, 2, 3]])):
+        with pytest.raises(ValueError, match="^uncached, output and seconds must be 1-D and of one length$"):
+            fit.round_time_fit(*columns)
     # 3 rounds would give 3 coefficients exactly, residuals zero: "rmse 0.0" that says nothing.
     with pytest.raises(ValueError, match=r"needs at least 4 timed rounds \(one more than its coefficients, or it interpolates them\), got 3"):
         fit.round_time_fit([1, 2, 3], [1, 2, 4], [1, 2, 3])
@@ -132,15 +121,12 @@ def test_a_distribution_gives_its_count_mean_and_quantiles_and_the_tool_tail_cal
 
 def test_a_lognormal_is_the_log_moments_of_positive_values_and_a_mixture_keeps_a_sigma_floor_and_few_components() -> None:
     median, sigma = fit.lognormal([0.0, -3.0, 1.0, math.e**2, math.e**4])
-    assert median == pytest.approx(math.e**2, rel=1e-12)
-    assert sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
+    assert median == pytest.approx(math.e**2, rel=1e-12) and sigma == pytest.approx(math.sqrt(8 / 3), rel=1e-12)  # logs 0, 2, 4
     with pytest.raises(ValueError, match="^no positive values$"):
         fit.lognormal([0.0, -1.0])
-    twins = [1.0] * 10 + [math.exp(3)] * 10
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(twins, 3)  # 20 values: 2 components at most
-    assert (w1, w2) == (pytest.approx(0.5), pytest.approx(0.5))
-    assert (m1, m2) == (pytest.approx(1.0), pytest.approx(math.exp(3)))
-    assert (s1, s2) == (0.01, 0.01)
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture([1.0] * 10 + [math.exp(3)] * 10, 3)  # 20 values: 2 components at most
+    assert (w1, w2, m1, m2, s1, s2) == (
+        pytest.approx(0.5), pytest.approx(0.5), pytest.approx(1.0), pytest.approx(math.exp(3)), 0.01, 0.01)
     ((weight, median, sigma),) = fit.lognormal_mixture([2.0] * 19 + [0.0, -1.0], 3)  # 19 positive: one
     assert (weight, median, sigma) == (1.0, pytest.approx(2.0), 1e-3)
     ((weight, median, sigma),) = fit.lognormal_mixture([1.0, math.e**2] * 4, 3)
@@ -162,8 +148,7 @@ def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as
     assert (s1, s2) == (pytest.approx(0.1, rel=1e-9), pytest.approx(0.2, rel=1e-9))
     # At the start every component is ~63 of its sigmas from the outlier (log 700): its likelihoods
     # underflow unless each row is scaled by its own best before exponentiating.
-    values = np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]])
-    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(np.concatenate([np.exp(np.tile([-0.1, 0.1], 500)), [math.exp(700)]]), 2)
     assert (w1, w2) == (pytest.approx(1000 / 1001, rel=1e-9), pytest.approx(1 / 1001, rel=1e-6))
     assert (m1, s1) == (pytest.approx(1.0, rel=1e-9), pytest.approx(0.1, rel=1e-9))
     assert (m2, s2) == (pytest.approx(math.exp(700), rel=1e-6), 0.01)
@@ -172,8 +157,7 @@ def test_a_mixture_separates_distant_clusters_exactly_and_keeps_a_far_outlier_as
 def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -> None:
     rng = np.random.default_rng(3)
     values = np.exp(np.concatenate([rng.normal(0, 1, 200), rng.normal(2.5, 0.5, 100)]))
-    components = fit.lognormal_mixture(values, 2)
-    (w1, m1, s1), (w2, m2, s2) = components
+    (w1, m1, s1), (w2, m2, s2) = fit.lognormal_mixture(values, 2)
     assert w1 + w2 == pytest.approx(1.0) and m1 < m2
     # At the fixed point one more EM step changes nothing: each mean is its responsibility-weighted
     # mean of the logs.
@@ -187,9 +171,8 @@ def test_a_mixture_from_overlapping_clusters_converges_to_the_em_fixed_point() -
 
 
 def test_a_held_out_split_fits_the_first_rounds_scores_the_last_in_percentage_errors_and_refuses_the_rest() -> None:
-    assert fit.holdout_split(10, 0.3) == (range(0, 7), range(7, 10))
-    assert fit.holdout_split(5, 0.3) == (range(0, 4), range(4, 5))
-    assert fit.holdout_split(100, 0.25) == (range(0, 75), range(75, 100))
+    assert [fit.holdout_split(n, share) for n, share in ((10, 0.3), (5, 0.3), (100, 0.25))] == [
+        (range(0, 7), range(7, 10)), (range(0, 4), range(4, 5)), (range(0, 75), range(75, 100))]
     assert fit.holdout_split(10, 0.01) == (range(0, 9), range(9, 10))  # at least one held out
     # At least 4 fitted: one more than the fit's 3 coefficients, so the fit scored is no exact interpolation.
     assert fit.holdout_split(6, 0.9) == (range(0, 4), range(4, 6))
@@ -202,8 +185,7 @@ def test_a_held_out_split_fits_the_first_rounds_scores_the_last_in_percentage_er
     assert (errors["n"], errors["zero"]) == (3, 1)
     assert (errors["median"], errors["p90"]) == (pytest.approx(10.0), pytest.approx(18.0))  # 0, 10, 20: p90 interpolates to 18
     nothing = fit.percentage_errors([1.0, 2.0], [0.0, 0.0])
-    assert (nothing["n"], nothing["zero"]) == (0.0, 2.0)
-    assert math.isnan(nothing["median"]) and math.isnan(nothing["p90"])
+    assert (nothing["n"], nothing["zero"]) == (0.0, 2.0) and math.isnan(nothing["median"]) and math.isnan(nothing["p90"])
     assert fit.percentage_errors([3.0], [2.0]) == {"n": 1.0, "zero": 0.0, "median": 50.0, "p90": 50.0}
     with pytest.raises(ValueError, match="^predicted and observed must be of one length$"):
         fit.percentage_errors([1.0], [1.0, 2.0])
@@ -214,10 +196,8 @@ def test_the_fit_and_the_summaries_raise_no_numpy_warnings() -> None:
     # numpy's division or empty-slice warnings beside them.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        result = fit.round_time_fit(np.zeros(7), OUTPUT, 0.2 + OUTPUT / 40)
-        assert result.prefill_tokens_per_s == math.inf
-        assert fit.distribution([])["n"] == 0.0
-        assert math.isnan(fit.tool_tail([])[0])
+        assert fit.round_time_fit(np.zeros(7), OUTPUT, 0.2 + OUTPUT / 40).prefill_tokens_per_s == math.inf
+        assert fit.distribution([])["n"] == 0.0 and math.isnan(fit.tool_tail([])[0])
 
 
 def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_are_small() -> None:
@@ -234,14 +214,12 @@ def test_among_non_negative_subsets_the_fit_takes_the_best_even_when_residuals_a
                          ids=["negative intercept", "negative prefill rate", "negative decode rate"])
 def test_data_whose_unconstrained_fit_is_negative_still_gets_non_negative_terms(truth):
     rng = np.random.default_rng(7)
-    uncached = rng.integers(100, 4000, 60).astype(float)
-    output = rng.integers(20, 800, 60).astype(float)
+    uncached, output = rng.integers(100, 4000, 60).astype(float), rng.integers(20, 800, 60).astype(float)
     seconds = truth[0] + truth[1] * uncached + truth[2] * output + rng.normal(0, 0.01, 60)
     unconstrained, *_ = np.linalg.lstsq(np.column_stack([np.ones(60), uncached, output]), seconds, rcond=None)
     assert (unconstrained < 0).sum() == 1  # the data really asks for a negative term
     result = fit.round_time_fit(uncached, output, seconds)
-    negative = int(np.argmin(unconstrained))
-    assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][negative] == 0
+    assert [result.fixed_s, 1 / result.prefill_tokens_per_s, 1 / result.decode_tokens_per_s][int(np.argmin(unconstrained))] == 0
     assert_best_non_negative_fit(result, uncached, output, seconds)
 
 
@@ -262,6 +240,5 @@ def test_the_decode_rate_pools_every_token_after_a_calls_first() -> None:
 
 @pytest.mark.parametrize(("output_tokens", "decode_s"), [([1, 1, 1], [0.5, 0.0, 0.0]), ([1, 2, 5], [0.0, 0.0, 0.0])])
 def test_no_decode_rate_without_both_later_tokens_and_decode_time(output_tokens, decode_s) -> None:
-    message = "a decode rate needs calls that sampled more than one token, over some time"
-    with pytest.raises(ValueError, match=f"^{message}$"):
+    with pytest.raises(ValueError, match="^a decode rate needs calls that sampled more than one token, over some time$"):
         fit.engine_timing_fit([100, 200, 300], [0.11, 0.16, 0.21], output_tokens, decode_s)

@@ -30,8 +30,7 @@ def tokens(text: str) -> int:
 
 
 def hosted_request(server, **fields) -> dict:
-    key = server.api.workloads.register(WORKLOAD)
-    tools = create_event()["tools"] + [{"type": "web_search"}]
+    key, tools = server.api.workloads.register(WORKLOAD), create_event()["tools"] + [{"type": "web_search"}]
     return create_event(metadata={"testbed_workload": key, "testbed_decode_tps": "1000"}, tools=tools, **fields)
 
 
@@ -43,10 +42,8 @@ async def test_a_hosted_search_is_timed_as_hosted_tool_after_its_hidden_decode(a
         response = (await until(conn, "response.completed", "response.done"))[-1]["response"]
     search, message, call = response["output"]
     assert search["type"] == "web_search_call" and search["status"] == "completed"
-    query = search["action"]["query"]
-    timing = response["testbed_timing"]
-    phases = timing["phases_ms"]
-    assert phases["hosted_tool"] == ms(SEARCH_SECONDS)
+    query, timing = search["action"]["query"], response["testbed_timing"]
+    assert timing["phases_ms"]["hosted_tool"] == ms(SEARCH_SECONDS)
     # The query is sampled, not streamed: one decode span of its tokens right before the search.
     spans = timing["spans"]
     hosted = next(i for i, span in enumerate(spans) if span[0] == "hosted_tool")
@@ -76,16 +73,13 @@ async def test_a_search_that_fails_leaves_its_in_progress_item_in_the_failed_res
     failed = events[-1]["response"]
     assert failed["error"] == {"code": "server_error", "message": "The engine failed mid-response: the search backend is down"}
     assert failed["output"] == [added["item"]]
-    assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress"
-    assert added["output_index"] == 0
+    assert added["item"]["type"] == "web_search_call" and added["item"]["status"] == "in_progress" and added["output_index"] == 0
 
 
 async def test_a_search_takes_its_latency_and_keeps_a_result_of_its_token_count(autojump_clock):
-    service = HostedToolService()
-    start = trio.current_time()
+    service, start = HostedToolService(), trio.current_time()
     result = await service.search("ws_1", PlannedSearch("trio docs", 1.5, 40), seed=7)
-    assert trio.current_time() - start == pytest.approx(1.5)
-    assert isinstance(result, str) and tokens(result) == 40
+    assert trio.current_time() - start == pytest.approx(1.5) and isinstance(result, str) and tokens(result) == 40
     assert service.result_for("ws_1") == result and service.result_for("ws_unknown") == ""  # one it never ran: empty
 
 
@@ -96,8 +90,7 @@ async def test_a_searchs_result_is_drawn_from_its_seed_query_length_and_size(aut
     async def result(seed: int, query: str = "trio docs", size: int = 40) -> str:
         return await HostedToolService().search("ws_1", PlannedSearch(query, 0.0, size), seed=seed)
 
-    assert await result(7) == await result(7)
-    assert await result(-1) == await result(2**32 - 1)
+    assert await result(7) == await result(7) and await result(-1) == await result(2**32 - 1)
     assert await result(2**32 + 7) == await result(7)
     others = {await result(6), await result(7, query="trio doc"), await result(7, size=41), await result(8)}
     assert await result(7) not in others and len(others) == 4
@@ -105,8 +98,7 @@ async def test_a_searchs_result_is_drawn_from_its_seed_query_length_and_size(aut
 
 async def test_the_service_keeps_the_newest_results_up_to_its_bound(autojump_clock, monkeypatch):
     monkeypatch.setattr("prototype.api.hosted.MAX_KEPT_RESULTS", 3)
-    service = HostedToolService()
-    results = {}
+    service, results = HostedToolService(), {}
     for n in range(3):
         results[n] = await service.search(f"ws_{n}", PlannedSearch("q", 0.0, 5), seed=n)
     assert [service.result_for(f"ws_{n}") for n in range(3)] == [results[0], results[1], results[2]]

@@ -35,8 +35,7 @@ async def collect(conn, count: int) -> list[tuple[float, dict]]:
 
 
 async def test_each_lane_is_fifo_lanes_run_side_by_side_and_events_echo_their_lane(autojump_clock):
-    server = make_server()
-    async with open_multiplexed(InMemoryConnector(server)) as mux:
+    async with open_multiplexed(InMemoryConnector(make_server())) as mux:
         a, b, default = mux.lane("a"), mux.lane("b"), mux.lanes[None]
         start = trio.current_time()
         for lane in (a, a, b, default):
@@ -79,8 +78,7 @@ async def test_the_33rd_named_lane_and_malformed_ids_get_the_documented_codes_an
             "type": "error", "status": 400, "stream_id": "agent_33",
             "error": {"type": "invalid_request_error", "code": "websocket_stream_limit_reached", "param": "stream_id",
                       "message": "This WebSocket connection has reached its maximum number of distinct stream IDs (32). "
-                                 "Reuse an existing stream_id or open a new WebSocket connection."},
-        }
+                                 "Reuse an existing stream_id or open a new WebSocket connection."}}
         await send(conn, create_event(stream_id="x" * 257))  # each malformed id's refusal: test_request_body.py
         malformed = (await until(conn, *TERMINALS))[-1]
         assert "stream_id" not in malformed and malformed["status"] == 400
@@ -109,21 +107,18 @@ async def test_the_17th_response_in_flight_on_any_lane_is_queued_until_one_of_th
     (pre_inference,) = {created[f"lane{n}"] for n in range(16)}  # the 16 start together
     # The 17th starts the instant the first of the 16 ends, not before: its pre-inference work follows that terminal event.
     first_end = min(completed[f"lane{n}"] for n in range(16))
-    assert created[last] == pytest.approx(first_end + pre_inference, abs=1e-9)
-    assert first_end > pre_inference
+    assert created[last] == pytest.approx(first_end + pre_inference, abs=1e-9) and first_end > pre_inference
 
 
 async def test_a_full_lane_queue_refuses_on_that_lane_only(autojump_clock):
-    server = make_server(config=ServerConfig(max_queued_creates=1))
-    async with ws(server) as conn:
+    async with ws(make_server(config=ServerConfig(max_queued_creates=1))) as conn:
         for _ in range(3):  # one runs, one waits, the third is refused
             await send(conn, create_event(stream_id="busy"))
         await send(conn, create_event(stream_id="quiet"))
         events = await collect(conn, 4)
-    errors = [e for _, e in events if e["type"] == "error"]
-    assert [(e["stream_id"], e["error"]["code"]) for e in errors] == [("busy", "too_many_queued_requests")]
-    done = [e.get("stream_id") for _, e in events if e["type"] == "response.completed"]
-    assert sorted(done) == ["busy", "busy", "quiet"]
+    errors = [(e["stream_id"], e["error"]["code"]) for _, e in events if e["type"] == "error"]
+    assert errors == [("busy", "too_many_queued_requests")]
+    assert sorted(e.get("stream_id") for _, e in events if e["type"] == "response.completed") == ["busy", "busy", "quiet"]
 
 
 def frame_bytes(event: dict) -> int:
@@ -162,13 +157,11 @@ async def test_an_engine_failure_fails_the_turn_returns_its_steers_and_empties_i
     (failed_at, failed), (refused_at, refused) = events[-2], events[-1]
     assert [e["type"] for _, e in events] == ["response.steer.accepted", *[e["type"] for _, e in events[1:-2]],
                                               "response.failed", "response.steer.failed"]
-    assert failed["response"]["error"]["code"] == "server_error"
+    assert failed["response"]["error"]["code"] == "server_error" and refused_at == failed_at
     assert refused == {
         "type": "response.steer.failed", "sequence_number": failed["sequence_number"] + 1, "stream_id": LANE,
         "steer": {"id": events[0][1]["steer"]["id"], "previous_response_id": target, "input": "keep it small"},
-        "error": {"type": "invalid_request_error", "code": "response_not_active", "message": f"Response '{target}' failed."},
-    }
-    assert refused_at == failed_at
+        "error": {"type": "invalid_request_error", "code": "response_not_active", "message": f"Response '{target}' failed."}}
     # The failed turn's record names the response its client saw created, though the turn returned none.
     assert [(r["outcome"], r["response_id"]) for r in server.records] == [
         ("completed", kept), ("failed", target), ("error:previous_response_not_found", None)]
@@ -210,10 +203,9 @@ async def test_a_handler_bug_fails_the_connection_with_server_error_and_1011(aut
         error = await receive(conn, timeout=WAIT)
         with pytest.raises(ConnectionClosed) as closed:
             await receive(conn, timeout=WAIT)
-        reason = closed.value.reason
     assert error == {"type": "error", "status": 500, "error": {
         "type": "server_error", "code": "server_error", "message": "Internal error: KeyError.", "param": None}}
-    assert (reason.code, reason.reason) == (1011, "internal error")
+    assert (closed.value.reason.code, closed.value.reason.reason) == (1011, "internal error")
     # The operator's log names the failure, with its traceback.
     (logged,) = [r for r in caplog.records if r.name == "prototype.server.websocket"]
     assert (logged.getMessage(), logged.levelname, logged.exc_info[0]) == ("response handler failed", "ERROR", KeyError)

@@ -20,8 +20,7 @@ NOTEBOOK = ('# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
 
 @pytest.mark.parametrize(("value", "on"), [
     (None, False), ("", False), ("0", False), ("false", False), (" FALSE ", False), ("no", False), ("No", False),
-    ("1", True), ("true", True), ("yes", True), ("on", True),
-])
+    ("1", True), ("true", True), ("yes", True), ("on", True)])
 def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str | None, on: bool) -> None:
     if value is None:
         monkeypatch.delenv(notebook.TEST_MODE_ENV, raising=False)
@@ -32,14 +31,12 @@ def test_test_mode_is_any_value_but_empty_0_false_or_no(monkeypatch, value: str 
 
 def test_the_repository_goes_first_on_the_path_once_and_the_results_folder_is_the_environments_or_ours(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "path", ["/elsewhere", "/other"])
-    assert notebook.add_repo_to_path() == notebook.REPO
-    assert sys.path == [str(notebook.REPO), "/elsewhere", "/other"]
+    assert notebook.add_repo_to_path() == notebook.REPO and sys.path == [str(notebook.REPO), "/elsewhere", "/other"]
     assert notebook.add_repo_to_path() == notebook.REPO and sys.path.count(str(notebook.REPO)) == 1
     assert (notebook.REPO / "prototype" / "notebook.py").is_file() and (notebook.REPO / "experiments").is_dir()
     folder = tmp_path / "a" / "b"
     monkeypatch.setenv("TESTBED_RESULTS", str(folder))
-    assert notebook.results_path() == folder and folder.is_dir()
-    assert notebook.results_path("x.csv") == folder / "x.csv"
+    assert notebook.results_path() == folder and folder.is_dir() and notebook.results_path("x.csv") == folder / "x.csv"
     monkeypatch.delenv("TESTBED_RESULTS")
     assert notebook.results_path() == notebook.REPO / "results" and (notebook.REPO / "results").is_dir()
     assert notebook.results_path("y.png") == notebook.REPO / "results" / "y.png"
@@ -67,8 +64,7 @@ def test_the_command_line_runs_each_notebook_into_the_results_folder_and_names_i
     monkeypatch.setenv("TESTBED_RESULTS", str(results))
     source = tmp_path / "tiny.py"
     source.write_text(NOTEBOOK)
-    assert notebook.main([str(source)]) == 0
-    assert executed_output(results / "tiny.ipynb") == f"ran in {tmp_path}\ntransport ipc\n"
+    assert notebook.main([str(source)]) == 0 and executed_output(results / "tiny.ipynb") == f"ran in {tmp_path}\ntransport ipc\n"
     line = capsys.readouterr().out
     assert line.startswith(f"{source}: executed in ") and line.endswith(f" s -> {results / 'tiny.ipynb'}\n")
     assert exit_code(notebook.main, []) == 2

@@ -71,8 +71,7 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         prompt.extend(range(20_000, 20_108))  # the 8 sampled tokens rendered, then a 100-token tool output
         resumed = await _call(engine, ("suspended", "r1"), prompt, held=True, output_tokens=8)
         # The request holds 600 + 8 - 1 tokens (vLLM never feeds back the last sample): 101 are new.
-        assert (resumed.resumed, resumed.prompt_tokens, resumed.sent_tokens) == (True, 708, 101)
-        assert resumed.prefill_tokens == 101
+        assert (resumed.resumed, resumed.prompt_tokens, resumed.sent_tokens) == (True, 708, 101) and resumed.prefill_tokens == 101
         # The held KV is not a cache hit: no hit is counted, and num_cached_tokens keeps the first chunk's 0.
         assert resumed.prefix_hits == resumed.vllm_cached_tokens == 0
         # A compacted context is rendered anew: it does not extend what the request holds, so the request is
@@ -88,22 +87,19 @@ async def test_resume_prefills_appended_ids_chained_hits_cache_routing_miss_reco
         # chained: a new request per turn; the second finds the first's prompt and its output, which it sampled
         # to the plan (the transcript's ids), in the prefix cache: every whole block of the 19.5 blocks of prompt
         # and the 60 output tokens (the last sampled one never computed): 21 blocks of 32, where the prompt alone has 19.
-        prompt = Prompt(range(30_000, 30_000 + 20 * block - block // 2))
-        output = list(range(40_000, 40_060))
+        prompt, output = Prompt(range(30_000, 30_000 + 20 * block - block // 2)), list(range(40_000, 40_060))
         first = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=60, plan=output)
         assert (first.prefill_tokens, first.prefix_hits, first.off_plan_tokens) == (len(prompt), 0, 0)
         prompt.extend([*output, *range(41_000, 41_100)])  # the output as rendered, then a tool's output
         second = await _call(engine, ("chained", "c1"), prompt, held=False, output_tokens=8)
         found = (first.prompt_tokens + len(output) - 1) // block * block
         assert found > first.prompt_tokens // block * block  # part of the output is found, not the prompt alone
-        assert second.prefix_hits == second.vllm_cached_tokens == found
-        assert second.prefill_tokens == len(prompt) - found
+        assert second.prefix_hits == second.vllm_cached_tokens == found and second.prefill_tokens == len(prompt) - found
 
         # http routed away from its prefix: the same prompt, isolated, finds nothing and is recomputed whole.
         engine.isolate(("http-elsewhere", "h1"))
         miss = await _call(engine, ("http-elsewhere", "h1"), Prompt(prompt.ids), held=False, output_tokens=8)
-        assert (miss.isolated, miss.prefix_hits, miss.vllm_cached_tokens) == (True, 0, 0)
-        assert miss.prefill_tokens == len(prompt)
+        assert (miss.isolated, miss.prefix_hits, miss.vllm_cached_tokens) == (True, 0, 0) and miss.prefill_tokens == len(prompt)
         engine.release(("http-elsewhere", "h1"))
 
 
@@ -118,8 +114,7 @@ async def test_design_end_to_end_over_vllm(vllm_worker, design):
     assert record.status == "completed" and len(record.turns) == 3
     # Every token the client got was one vLLM sampled: the policy's count, no more, no fewer; and vLLM sampled
     # each call's planned ids (its items' framing besides), not one off the plan.
-    assert sum(call.output_tokens for call in calls) == record.usage["output_tokens"]
-    assert len(calls) == model_calls(task)
+    assert sum(call.output_tokens for call in calls) == record.usage["output_tokens"] and len(calls) == model_calls(task)
     assert all(call.forced and call.off_plan_tokens == 0 and call.sampled_tokens > call.output_tokens for call in calls)
     if design == "suspended":
         # One live request: opened once, then resumed, each resume computing only what it sent: the ids past
@@ -161,8 +156,7 @@ def test_real_engine_experiment_at_tiny_size(vllm_worker, monkeypatch, tmp_path,
     # number of held-out calls behind it (the last 30% of the calls in the order made).
     fitted, held = fit.holdout_split(len(result["calls"]), real_engine.HOLDOUT_SHARE)
     assert all("ttft_fit_error_in_sample" in row for row in result["summary"])
-    assert sum(row["held_out_calls"] for row in result["summary"]) == len(held) > 0
-    assert (tmp_path / "real_engine").is_dir()
+    assert sum(row["held_out_calls"] for row in result["summary"]) == len(held) > 0 and (tmp_path / "real_engine").is_dir()
     # calibrate makes the same fit from the calls file the experiment wrote, and scores it on held-out calls.
     from prototype.__main__ import main as cli_main
 
@@ -186,5 +180,4 @@ def test_gpu_run_agents_at_tiny_size_and_refuses_the_full_run_without_a_gpu(vllm
         assert row["peak_kv_blocks_vllm"] >= 2
         assert row["peak_kv_tokens_vllm"] == row["peak_kv_blocks_vllm"] * vllm_worker.ready.block_size
     # This session's vLLM is the CPU build: the GPU run stops before starting anything, saying why.
-    assert gpu_run.main(["--agents", "2"]) == 2
-    assert "sees no CUDA GPU" in capsys.readouterr().out
+    assert gpu_run.main(["--agents", "2"]) == 2 and "sees no CUDA GPU" in capsys.readouterr().out

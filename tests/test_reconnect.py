@@ -87,8 +87,7 @@ def test_codex_backs_off_from_200_ms_doubling_then_https_and_each_wait_is_its_ca
     for attempt, base in enumerate([0.2, 0.4, 0.8, 1.6, 3.2], start=1):
         assert 0.9 * base <= CODEX.delay(attempt, rng) < 1.1 * base
     assert CODEX.retries_after_close(1000) and CODEX.retries_after_close(4000)
-    assert CODEX.max_retries == 5 and CODEX.fallback_to_http
-    assert STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
+    assert CODEX.max_retries == 5 and CODEX.fallback_to_http and STEADY.worst_case_wait == 0.5 + 1 + 2 + 4 + 8
     # Each wait is its capped backoff times one draw from the jitter; the worst case sums them at the top.
     policy = ReconnectPolicy("six", max_retries=6, initial_delay=0.5, backoff_factor=3.0, max_delay=10.0, jitter=(0.5, 2.0))
     rng, same = random.Random(7), random.Random(7)
@@ -187,7 +186,6 @@ async def test_a_request_answered_by_the_connection_limit_goes_again_after_a_bac
         autojump_clock) -> None:
     server = ScriptedServer([first_turn(CHAINED), [error(LIMIT), Close(1000)], response_events("response.completed", "resp_1", ANSWER)])
     record = await reconnecting(server, CHAINED, TWICE_CODEX)
-    assert record.status == "completed"
     # The refused create goes again on a new connection after the first backoff, still continuing the chain.
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", "resp_0"), (1, "response.create", "resp_0")]
     assert server.received[1][1] == server.received[2][1]
@@ -195,7 +193,7 @@ async def test_a_request_answered_by_the_connection_limit_goes_again_after_a_bac
     assert trio.current_time() == record.ended_at == 2.5  # the tool's 2 s, then the 0.5 s backoff
     size = len(json.dumps(server.received[1][1], separators=(",", ":")))
     assert (record.turns[1].bytes_sent, record.resent_bytes) == (2 * size, size)
-    assert record.transcript[-1] == ANSWER and len(record.turns) == 2
+    assert (record.status, record.transcript[-1], len(record.turns)) == ("completed", ANSWER, 2)
 
 
 async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the_whole_conversation_under_codex(autojump_clock) -> None:
@@ -204,19 +202,16 @@ async def test_a_v1_response_failed_by_the_connection_limit_starts_over_with_the
         # The limit came while the resumed segment streamed: it fails at its next pause, then the error and the close.
         [{"type": "response.in_progress", "response": {"id": "resp_0", "status": "in_progress", "output": []}},
          {"type": "response.output_item.done", "item": LOST_ITEM}, failed_by_the_limit("resp_0"), error(LIMIT), Close(1000)],
-        response_events("response.completed", "resp_1", ANSWER),
-    ])
+        response_events("response.completed", "resp_1", ANSWER)])
     record = await reconnecting(server, SUSPENDED, TWICE_CODEX)
-    assert record.status == "completed"
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.append", None), (1, "response.create", None)]
     outputs = server.received[1][1]["input"]
     assert [item["type"] for item in outputs] == ["function_call_output"]
-    first_input = server.received[0][1]["input"]
-    assert server.received[2][1]["input"] == [*first_input, CALL, *outputs]  # the whole conversation, the outputs it owed
+    assert server.received[2][1]["input"] == [*server.received[0][1]["input"], CALL, *outputs]  # all of it, the outputs it owed
     assert (record.reconnects, record.full_resends, record.retried_responses, record.recovery_seconds) == (1, 1, 0, [0.5])
     assert trio.current_time() == record.ended_at == 2.5
     assert LOST_ITEM not in record.transcript and record.transcript[-1] == ANSWER
-    assert record.outcomes == {"resp_0": "failed", "resp_1": "completed"}
+    assert (record.status, record.outcomes) == ("completed", {"resp_0": "failed", "resp_1": "completed"})
 
 
 # openai-python counts failed responses in a row, Codex in its one count of attempts: with no lost connection between
@@ -229,10 +224,8 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
         [created_event("resp_0"), failed("resp_0", "server_error")],
         first_turn(design, "resp_1"),
         # Turn 1 fails three times: the policy retries it twice (0.5 s, then 1 s), then the task fails.
-        *[[created_event(f"resp_{n}"), failed(f"resp_{n}", "server_error")] for n in (2, 3, 4)],
-    ])
+        *[[created_event(f"resp_{n}"), failed(f"resp_{n}", "server_error")] for n in (2, 3, 4)]])
     record = await reconnecting(server, design, policy)
-    assert record.status == "failed"
     follow = "response.append" if design == SUSPENDED else "response.create"
     previous = None if design == SUSPENDED else "resp_1"
     # Each retry asks again for what the failed response was asked: a turn that failed is sent as it was, from its
@@ -240,9 +233,9 @@ async def test_failed_responses_are_retried_from_the_last_turn_until_the_policy_
     assert frame_kinds(server) == [(0, "response.create", None), (0, "response.create", None), (0, follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous),
                                    (0, "response.create" if design == SUSPENDED else follow, previous)]
-    assert (record.retried_responses, record.reconnects, record.recovery_seconds) == (3, 0, [0.5, 0.5, 1.0])
-    assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0
-    assert len(record.turns) == 2
+    assert (record.status, record.retried_responses, record.reconnects, record.recovery_seconds) == (
+        "failed", 3, 0, [0.5, 0.5, 1.0])
+    assert trio.current_time() == record.ended_at == 0.5 + 2.0 + 0.5 + 1.0 and len(record.turns) == 2
     assert record.resent_bytes == record.turns[0].bytes_sent // 2 + record.turns[1].bytes_sent - len(
         json.dumps(server.received[2][1], separators=(",", ":")))
     # A policy that does not retry failed responses fails the task at once.
@@ -337,8 +330,8 @@ async def test_a_reconnecting_task_ends_at_its_final_event_not_after_its_close(a
         record = await run_reconnecting_rollout(InMemoryConnector(server, netem.NetworkProfile(rtt=0.1)), CHAINED, TWO_TURNS, TWICE,
                                                 metadata={})
     # Three round trips of handshakes, then the create and its answer; the close handshake after it is not the task's.
-    assert (record.status, record.turns[0].sent_at) == ("completed", 0.0)
-    assert record.ended_at == pytest.approx(0.4) and trio.current_time() > record.ended_at
+    assert (record.status, record.turns[0].sent_at, record.ended_at) == ("completed", 0.0, pytest.approx(0.4))
+    assert trio.current_time() > record.ended_at
 
 
 def ClosedSocket(code: int | None) -> types.SimpleNamespace:  # noqa: N802
@@ -350,8 +343,7 @@ def test_the_close_code_is_the_closes_own_else_the_connections() -> None:
     # An error with a `reason` of its own (as ssl.SSLError has), not a close reason.
     LinkErrorWithReason = type("LinkErrorWithReason", (OSError,), {"reason": "WRONG_VERSION_NUMBER"})  # noqa: N806
     closed = trio_websocket.ConnectionClosed(trio_websocket.CloseReason(1011, "engine"))
-    assert _close_code(closed, None) == 1011
-    assert _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
+    assert _close_code(closed, None) == 1011 and _close_code(closed, ClosedSocket(1000)) == 1011  # type: ignore[arg-type]
     assert _close_code(trio_websocket.ConnectionClosed(None), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
     assert _close_code(LinkErrorWithReason("tls"), ClosedSocket(1006)) == 1006  # type: ignore[arg-type]
     assert _close_code(trio.BrokenResourceError(), ClosedSocket(None)) is None  # type: ignore[arg-type]
@@ -431,8 +423,7 @@ async def test_mid_response_drops_lose_and_repeat_nothing(autojump_clock, design
     faults = LinkFaults(drop_per_server_chunk=0.01, seed=1)
     record = await converse(server_with(), design, network=network, faults=faults, store=store)
     assert (record.status, record.transcript) == ("completed", reference.transcript)
-    assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds
-    assert record.seconds > reference.seconds
+    assert record.reconnects >= 1 and record.resent_bytes > 0 and record.recovery_seconds and record.seconds > reference.seconds
     assert_each_completed_event_once(record)
     # A retried turn's first token and end are the retried response's: numbers, in order.
     for turn in record.turns:
@@ -480,8 +471,7 @@ async def test_a_server_restart_mid_task_is_survived(autojump_clock, design: str
         nursery.start_soon(restart_after, connector, 10.7, 2.0)  # in the middle of turn 1
         record = await converse(server, design, connector=connector, store=store)
     assert record.status == "completed" and record.transcript == reference.transcript
-    assert record.reconnects >= 2  # refused at least once while down
-    assert record.recovery_seconds[0] > 2.0
+    assert record.reconnects >= 2 and record.recovery_seconds[0] > 2.0  # refused at least once while down
     if (design, store) == (CHAINED, False):
         # Turn 1 went three times: cut, again with previous_response_id (not found on the new server), then with the
         # whole conversation. Its bytes are all three requests'; the two repeats are the resent bytes.
@@ -558,16 +548,13 @@ async def test_a_rolling_restart_sends_new_connections_to_the_workers_that_are_u
 @pytest.mark.parametrize("design", [CHAINED, SUSPENDED, "http"])
 async def test_engine_failures_are_retried_and_the_conversation_is_unchanged(autojump_clock, design: str) -> None:
     reference = await converse(server_with(), design)
-    server = server_with(engine=Engine(faults=FaultPlan(failure_p=0.01, seed=2)))
-    record = await converse(server, design)
+    record = await converse(server_with(engine=Engine(faults=FaultPlan(failure_p=0.01, seed=2))), design)
     assert record.status == "completed" and record.transcript == reference.transcript
-    assert record.retried_responses >= 1 and record.reconnects == 0
-    assert "failed" in record.outcomes.values()
+    assert record.retried_responses >= 1 and record.reconnects == 0 and "failed" in record.outcomes.values()
 
 
 async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(autojump_clock) -> None:
     config = benchmark.BenchConfig(task_list=(TASK,), network=DELAYED, reconnect=CODEX)
     server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
-    records = await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server)
-    row = benchmark.task_row(CHAINED, 100.0, records[0])
+    row = benchmark.task_row(CHAINED, 100.0, (await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server))[0])
     assert (row["reconnects"], benchmark.summarize([row])[0]["reconnects"]) == (1, 1)

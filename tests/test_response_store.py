@@ -22,8 +22,7 @@ ANSWER = Message("assistant", (("output_text", "done"),), id="msg_1", status="co
 def put(store: ResponseStore, response_id: str, previous: str | None, owner: str | None = "key-a", **fields) -> None:
     store.put(
         response_id, previous_response_id=previous, owner=owner, created_at=fields.pop("created_at", 1.0),
-        input=fields.pop("input", [USER]), output=fields.pop("output", [ANSWER]), response={"id": response_id, **fields},
-    )
+        input=fields.pop("input", [USER]), output=fields.pop("output", [ANSWER]), response={"id": response_id, **fields})
 
 
 def test_a_stored_turn_comes_back_as_it_was_put_with_its_reasoning_and_hosted_result():
@@ -41,20 +40,16 @@ def test_a_put_with_a_stored_id_replaces_the_row_and_a_delete_says_whether_there
     store = ResponseStore()
     put(store, "resp_1", None, status="in_progress")
     put(store, "resp_1", None, status="completed")
-    assert store.get("resp_1").response == {"id": "resp_1", "status": "completed"}
-    assert store.delete("resp_1") is True
-    assert store.get("resp_1") is None
-    assert store.delete("resp_1") is False
+    assert store.get("resp_1").response == {"id": "resp_1", "status": "completed"} and store.delete("resp_1") is True
+    assert store.get("resp_1") is None and store.delete("resp_1") is False
 
 
 def test_a_chain_runs_from_the_first_turn_to_the_one_asked_and_only_for_its_owner():
     store = ResponseStore()
-    put(store, "resp_1", None)
-    put(store, "resp_2", "resp_1")
-    put(store, "resp_3", "resp_2")
+    for response_id, previous in (("resp_1", None), ("resp_2", "resp_1"), ("resp_3", "resp_2")):
+        put(store, response_id, previous)
     assert [turn.id for turn in store.chain("resp_3", "key-a")] == ["resp_1", "resp_2", "resp_3"]
-    assert [turn.id for turn in store.chain("resp_1", "key-a")] == ["resp_1"]
-    assert store.chain("resp_3", "key-b") is None
+    assert [turn.id for turn in store.chain("resp_1", "key-a")] == ["resp_1"] and store.chain("resp_3", "key-b") is None
     assert store.chain("resp_3") is None  # the owner defaults to none, and these have one
     assert store.chain("resp_9", "key-a") is None
     put(store, "resp_4", "resp_3", owner="key-b")
@@ -143,8 +138,7 @@ def test_the_switch_to_wal_is_retried_while_busy_and_gives_up_at_the_busy_timeou
     busy = sqlite3.SQLITE_BUSY
     db = RefusingConnection([sqlite_error("database is locked", busy) for _ in range(3)])
     store_module._switch_to_write_ahead_log(db)
-    assert db.statements == ["PRAGMA journal_mode=WAL"] * 4
-    assert clock.now == pytest.approx(100.015)  # three waits of 5 ms
+    assert db.statements == ["PRAGMA journal_mode=WAL"] * 4 and clock.now == pytest.approx(100.015)  # three waits of 5 ms
     # Any other error is the caller's at once: a read-only file, say.
     other = sqlite_error("attempt to write a readonly database", sqlite3.SQLITE_READONLY)
     db = RefusingConnection([other])

@@ -31,14 +31,11 @@ def test_the_warm_up_runs_one_short_rollout_of_each_design(monkeypatch):
 
 
 def test_a_reuse_port_socket_is_bound_with_both_reuse_options():
-    sock = serve_workers._reuse_port_socket("127.0.0.1", 0)
-    try:
+    with serve_workers._reuse_port_socket("127.0.0.1", 0) as sock:
         assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
         assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
-    finally:
-        sock.close()
 
 
 class Exited(Exception):
@@ -108,14 +105,11 @@ def test_the_workers_are_announced_once_all_listen_and_a_stop_ends_them_even_exi
     fake.on_wait = lambda: handlers[signal.SIGINT](signal.SIGINT, None) if not fake.killed else None
     args = serve_args("--workers", "3", "--port", "0", "--quiet")
     assert serve_workers.run_workers(args) == 0
-    assert fake.forked == [101, 102, 103]
-    assert fake.reads == [3, 3]
-    assert set(handlers) == {signal.SIGINT, signal.SIGTERM}
+    assert (fake.forked, fake.reads, set(handlers)) == ([101, 102, 103], [3, 3], {signal.SIGINT, signal.SIGTERM})
     assert fake.killed == [(101, signal.SIGINT), (102, signal.SIGINT)]
     out = capsys.readouterr().out.split("\n")
     assert out[0].startswith("listening on http://127.0.0.1:") and out[0].endswith("/v1/responses)  [3 workers]")
-    port = int(out[0].split(":")[2].split()[0])
-    assert port > 0
+    assert int(out[0].split(":")[2].split()[0]) > 0  # the port
     assert out[-2:] == ["stopped", ""]
     # One store for every worker: a temporary file, removed at exit.
     store = args.store
@@ -125,16 +119,13 @@ def test_the_workers_are_announced_once_all_listen_and_a_stop_ends_them_even_exi
     assert fake.killed[2:] == [(101, signal.SIGTERM), (102, signal.SIGTERM)]  # 103 is gone: skipped
     given = serve_args("--workers", "2", "--port", "0", "--store", str(tmp_path / "s.db"), "--quiet")
     with_os(FakeOs([b"11"], [(101, 0), (102, 0)]))
-    assert serve_workers.run_workers(given) == 0
-    assert given.store == str(tmp_path / "s.db")
+    assert serve_workers.run_workers(given) == 0 and given.store == str(tmp_path / "s.db")
     assert capsys.readouterr().out.split("\n")[-2] != "stopped"  # ended by themselves: nothing stopped them
-    handlers, with_os = workers
     monkeypatch.setattr(sys, "stdout", out := Flushed())
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     fake.on_wait = lambda: handlers[signal.SIGTERM](signal.SIGTERM, None) if not fake.killed else None
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 0
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert out.getvalue().endswith("stopped\n")
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)] and out.getvalue().endswith("stopped\n")
     assert out.flushes == 2  # the announcement, then "stopped": a script reading through a pipe sees each at once
 
 
@@ -142,9 +133,7 @@ def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_ot
     _, with_os = workers
     fake = with_os(FakeOs([b"1"], [(102, EXIT_1), (101, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
-    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
-    assert capsys.readouterr().out == ""
-    _, with_os = workers
+    assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)] and capsys.readouterr().out == ""
     fake = with_os(FakeOs([b"11"], [(101, EXIT_1), (102, 0)]))
     assert serve_workers.run_workers(serve_args("--workers", "2", "--port", "0", "--quiet")) == 1
     assert fake.killed == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
@@ -156,14 +145,8 @@ def test_a_worker_that_dies_before_listening_or_fails_while_serving_stops_the_ot
 
 def test_the_forked_child_runs_its_worker_and_exits_with_its_code(workers, monkeypatch, caplog):
     _, with_os = workers
-    fake = with_os(FakeOs([], [], child=True))
-    ran = []
-
-    def worker(args, index, port, ready):
-        ran.append((args, index, port, ready))
-        return 5
-
-    monkeypatch.setattr(serve_workers, "_worker", worker)
+    fake, ran = with_os(FakeOs([], [], child=True)), []
+    monkeypatch.setattr(serve_workers, "_worker", lambda args, index, port, ready: ran.append((args, index, port, ready)) or 5)
     given = serve_args("--workers", "2", "--port", "0", "--quiet")
     with pytest.raises(Exited) as exited:
         serve_workers.run_workers(given)
@@ -273,8 +256,7 @@ def test_a_reconnect_to_another_worker_continues_from_the_shared_store(cli_serve
     with open_ws(server.port) as ws:
         first_worker = ws.response.headers["x-testbed-worker"]
         assert first_worker in ("0", "1")
-        stored = first_response(ws, store=True)
-        unstored = first_response(ws, store=False)
+        stored, unstored = first_response(ws, store=True), first_response(ws, store=False)
     with connect_to_another_worker(server.port, first_worker) as ws:
         # Not in this worker's connection cache, not in the store: not found, as on one server.
         ws.send(create(previous_response_id=unstored["id"], input="next"))
@@ -299,8 +281,7 @@ def test_the_load_experiment_runs_against_two_workers(tmp_path, monkeypatch):
     assert [(r["workers"], r["completed"], r["turns"], r["lost"], r["duplicated"]) for r in rows] == [(1, 4, 8, 0, 0), (2, 4, 8, 0, 0)]
     # 4 sessions x 2 turns over (2 modeled turns + one 0.05 s think time)
     modeled = load.reference("chained", *load.task_of(load.LoadRun("chained", 4, 1, 2, 1000, 200, 50, 0.05, 0.0)))
-    session_s = sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05
-    assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / session_s)
+    assert rows[0]["offered_turns_per_s"] == pytest.approx(4 * 2 / (sum(t.ended_at - t.sent_at for t in modeled.turns) + 0.05))
     assert rows[0]["peak_turns_per_s"] == 8  # all 8 requests within one second (no stagger, 0.05 s think)
     assert all(r["server_cpu_ms_per_turn"] > 0 and r["max_open"] == 4 for r in rows)
     assert (tmp_path / "load" / "latest" / "load.csv").exists()  # a new folder per run

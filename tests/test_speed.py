@@ -73,18 +73,15 @@ def test_turn_spans_add_up_to_the_tasks_time_and_the_overhead_beyond_the_floor_i
 def test_streaming_runs_at_a_tiny_size_against_the_testbed_and_its_floor(results_in_tmp):
     rows = streaming.main([
         "--sessions", "3", "--output", "200", "--flush-intervals", "0", "0.02", "--flush-tokens", "16", "--client-processes", "2",
-        "--repeats", "2",
-    ])
+        "--repeats", "2"])
     assert [row["flush_ms"] for row in rows] == [0, 20]
     for row in rows:
-        assert tuple(row) == streaming.COLUMNS
-        assert row["agg_tokens_per_s"] > 0 and row["repeats"] == 2
+        assert tuple(row) == streaming.COLUMNS and row["agg_tokens_per_s"] > 0 and row["repeats"] == 2
         assert row["client_processes"] == 2 and row["client_core_share"] > 0 and row["server_cpu_us_per_token"] > 0
         assert "lag_1" in row  # real-time lag: reported, not bounded
         # The virtual-clock reference: the same sessions with no cost of the server's own, whose
         # request overhead and prefill come before each stream, so it is below the offered rate.
-        assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000
-        assert row["connect_s"] > 0
+        assert 0 < row["limit_tokens_per_s"] < row["offered_tokens_per_s"] == 3 * 4000 and row["connect_s"] > 0
         assert row["limit_share"] == pytest.approx(row["agg_tokens_per_s"] / row["limit_tokens_per_s"], rel=1e-12)
         if row["flush_ms"] == 0:  # one delta per token: no floor to replay
             assert all(row[column] == "" for column in streaming.FLOOR_COLUMNS)
@@ -137,8 +134,7 @@ def test_idle_cost_times_the_way_in_of_a_request_the_server_reads_back_whole(res
     assert step() == event and step() == event  # one frame after another on the same connection pair
     rows = idle_cost.main(["--waits-ms", "0.5", "--repeats", "2"])
     assert [(r["condition"], r["wait_ms"], r["repeats"]) for r in rows] == [
-        ("back to back", 0.0, 2), ("after sleep", 0.5, 2), ("after busy wait", 0.5, 2)
-    ]
+        ("back to back", 0.0, 2), ("after sleep", 0.5, 2), ("after busy wait", 0.5, 2)]
     assert rows[0]["x_back_to_back"] == 1.0
     assert all(r["median_us"] > 0 and r["x_back_to_back"] == r["median_us"] / rows[0]["median_us"] for r in rows)
     assert (results_in_tmp / "idle_cost" / "latest" / "idle_cost.csv").exists()
@@ -176,11 +172,10 @@ def test_profile_turn_runs_at_a_tiny_size_giving_library_time_to_its_callers(res
     stats = {
         json_caller: (1, 1, 0.0, 0.3, {}),
         framing_caller: (1, 1, 0.0, 0.1, {}),
-        builtin: (4, 4, 0.4, 0.4, {json_caller: (3, 3, 0.3, 0.3), framing_caller: (1, 1, 0.1, 0.1)}),
-    }
+        builtin: (4, 4, 0.4, 0.4, {json_caller: (3, 3, 0.3, 0.3), framing_caller: (1, 1, 0.1, 0.1)})}
     causes = profile_turn.inherit(stats, {f: profile_turn.own_cause(f) for f in stats})
-    assert causes[builtin] == pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25})
-    assert causes[json_caller] == {profile_turn.JSON: 1.0}
+    assert (causes[builtin], causes[json_caller]) == (
+        pytest.approx({profile_turn.JSON: 0.75, profile_turn.FRAMING: 0.25}), {profile_turn.JSON: 1.0})
     rows = profile_turn.main(["--designs", "chained", "--max-turns", "2", "--tool-scale", "0.001"])
     assert (results_in_tmp / "profile_turn" / "latest" / "profile_turn.csv").exists()
     causes = {row["cause"] for row in rows}
@@ -208,6 +203,5 @@ def test_stream_from_the_engine_schedule_catches_up_after_a_late_start():
         return out
 
     out = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert out[0] == (0.010, 10)
-    assert out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
+    assert out[0] == (0.010, 10) and out[1:] == [(round(0.001 * i, 9), 1) for i in range(11, 21)]
     assert engine.stats.decoded_tokens == 20

@@ -46,8 +46,7 @@ async def rollout_to_its_end(conn) -> dict[str, Any]:
 async def test_first_token_time_is_exactly_the_modeled_cost(autojump_clock):
     # Zero API costs: the first token arrives after the engine overhead, the prefill of the whole
     # prompt and one decode step, nothing else.
-    server = make_server()
-    async with ws(server, SUSPENDED) as conn:
+    async with ws(make_server(), SUSPENDED) as conn:
         start = trio.current_time()
         await send(conn, create_event(metadata={"testbed_workload": "fixed:1", "testbed_decode_tps": "1000"}))
         events = await until(conn, "response.output_text.delta")
@@ -83,8 +82,7 @@ async def test_a_hosted_search_runs_inside_the_segment_and_the_rollout_pauses_on
 
 async def test_a_rollout_failed_at_its_ttl_carries_its_id_and_the_timings_of_the_segment_it_ends(autojump_clock, link):
     # When it fails, with what message, what it releases and that the connection serves on: test_limits.py.
-    server = make_server(config=ServerConfig(suspension_ttl=7.5))
-    async with ws(server, SUSPENDED, network=link, include_timing=True) as conn:
+    async with ws(make_server(config=ServerConfig(suspension_ttl=7.5)), SUSPENDED, network=link, include_timing=True) as conn:
         await send(conn, create_event())
         done = (await until(conn, "response.done"))[-1]
         failed = await receive(conn)
@@ -118,8 +116,7 @@ async def test_bad_inputs_get_their_own_codes_and_the_connection_stays_usable(au
             ([output(first), output(second), output("call_zz"), output("call_aa")], "call_id 'call_aa' is not pending"),
             ([output(second)], f"no function_call_output for pending call_id '{first}'"),
             ([output(first)], f"no function_call_output for pending call_id '{second}'"),
-            ([], f"no function_call_output for pending call_id '{first}'"),
-        ]
+            ([], f"no function_call_output for pending call_id '{first}'")]
         for items, problem in refusals:
             await send(conn, {"type": "response.append", "input": items})
             assert await receive(conn) == invalid("invalid_function_call_output", f"response.append: {problem}.", "input")
@@ -169,8 +166,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
     from prototype.designs import suspended
     from prototype.designs.emitter import Emitter
 
-    original_resumed, original_answer = Emitter.resumed, suspended.ClientOverSocket.answer
-    applied = []
+    original_resumed, original_answer, applied = Emitter.resumed, suspended.ClientOverSocket.answer, []
 
     async def slow_resumed(self, at=None):
         await trio.sleep(0.1)
@@ -183,8 +179,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
 
     monkeypatch.setattr(Emitter, "resumed", slow_resumed)
     monkeypatch.setattr(suspended.ClientOverSocket, "answer", spy_answer)
-    server = make_server()
-    async with ws(server, SUSPENDED, network=link) as conn:
+    async with ws(make_server(), SUSPENDED, network=link) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:2"}))
         done = (await until(conn, "response.done"))[-1]["response"]
         calls = function_calls(done)
@@ -194,8 +189,7 @@ async def test_a_second_append_right_after_the_first_gets_an_error_and_the_first
         while not any(e["type"] == "response.completed" for e in events) or not any(e["type"] == "error" for e in events):
             events.append(await receive(conn, timeout=5))
     assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["no_suspended_response"]
-    assert applied == [["first"] * len(calls)]
-    assert [e["type"] for e in events].count("response.in_progress") == 1
+    assert applied == [["first"] * len(calls)] and [e["type"] for e in events].count("response.in_progress") == 1
 
 
 # --- the connection's lifetime ends a rollout ----------------------------------------------------------
@@ -229,8 +223,7 @@ async def test_a_streaming_rollout_fails_where_it_would_pause_once_the_lifetime_
 
 
 async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_append_is_taken() -> None:
-    limit = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE)
-    slot = SuspensionSlot()
+    limit, slot = ProtocolError("websocket_connection_limit_reached", LIMIT_MESSAGE), SuspensionSlot()
     paused = slot.current = Suspension(("call_1",))
     slot.end(limit)
     assert (slot.current, slot.ended, paused.answered) == (None, limit, True)
@@ -241,8 +234,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
         await paused.wait()
     assert (ended.value.reason, str(ended.value)) == (limit, LIMIT_MESSAGE)
     # An append taken before the end is still applied: the rollout resumes with it.
-    answered = Suspension(("call_2",))
-    items = [FunctionCallOutput("call_2", "ok")]
+    answered, items = Suspension(("call_2",)), [FunctionCallOutput("call_2", "ok")]
     answered.deliver(items, 0.0)
     answered.end(limit)
     assert await answered.wait() == items
@@ -252,8 +244,7 @@ async def test_once_the_connection_closes_a_paused_rollout_wakes_to_fail_and_no_
 
 
 async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_segment(autojump_clock) -> None:
-    server = make_server()
-    async with ws(server, "suspended", include_timing=True) as conn:
+    async with ws(make_server(), "suspended", include_timing=True) as conn:
         await send(conn, create_event(metadata={"testbed_workload": "fixed:3"}))
         first = (await until(conn, "response.done"))[-1]["response"]
         await send(conn, {"type": "response.append", "input": outputs_for(function_calls(first))})
@@ -273,9 +264,7 @@ async def test_v1_timings_carry_the_queue_and_client_and_each_pause_only_its_seg
     assert "queue" in first["testbed_timing"]["phases_ms"]
     # A later pause carries its own segment only: from the resume on.
     timing = second["testbed_timing"]
-    assert "queue" not in timing["phases_ms"]
-    assert timing["origin_s"] == resumed_at
-    assert timing["spans"][0][1] == 0.0
+    assert "queue" not in timing["phases_ms"] and timing["origin_s"] == resumed_at and timing["spans"][0][1] == 0.0
 
 
 # Turn 1: 16 reasoning tokens, 24 of text and a call; turn 2: 10 reasoning tokens and 20 of text.
@@ -295,8 +284,7 @@ def message_tokens(item: dict[str, Any]) -> int:
     # Exactly enough for the first turn: it completes and calls; the second turn has nothing left.
     (40, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"), ("message", 0, "incomplete")]),
     (60, [("reasoning", 16, "completed"), ("message", 24, "completed"), ("function_call", None, "completed"),
-          ("reasoning", 10, "completed"), ("message", 10, "incomplete")]),
-])
+          ("reasoning", 10, "completed"), ("message", 10, "incomplete")])])
 async def test_a_v1_rollouts_output_budget_runs_across_its_turns_and_it_is_stored_with_its_final_status(autojump_clock, budget, expected) -> None:
     server = make_server()
     key = server.api.workloads.register(BUDGETED)

@@ -36,8 +36,7 @@ CODEX_TOOLS = [
         "questions": {"type": "array", "items": {"type": "string"}}}, "required": ["questions"]}},
     {"type": "function", "name": "read_mcp_resource", "parameters": {"type": "object", "properties": {
         "server": {"type": "string"}, "uri": {"type": "string"}}, "required": ["server", "uri"]}},
-    {"type": "web_search", "external_web_access": False},
-]
+    {"type": "web_search", "external_web_access": False}]
 
 
 def tool_defs(raw: list[dict]) -> tuple[ToolDef, ...]:
@@ -61,8 +60,7 @@ def test_offered_a_shell_the_model_works_through_it_with_the_exploring_commands_
     ])
     rng = np.random.default_rng(0)
     assert [tool_calls.arguments_for(exec_command, n, rng) for n in range(5)] == [
-        {"cmd": command} for command in (*tool_calls.EXPLORE_COMMANDS, tool_calls.EXPLORE_COMMANDS[0])
-    ]
+        {"cmd": command} for command in (*tool_calls.EXPLORE_COMMANDS, tool_calls.EXPLORE_COMMANDS[0])]
     assert tool_calls.arguments_for(shell, 1, rng) == {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[1]]}
     assert tool_calls.arguments_for(shell_command, 2, rng) == {"command": tool_calls.EXPLORE_COMMANDS[2]}
     policy = ScriptedPolicy(wl.fixed(5))  # the policy calls exec_command with a command on every tool turn
@@ -76,9 +74,7 @@ KNOWN_TOOLS = [
     for name, prop, kind in (
         ("write_stdin", "session_id", "number"), ("apply_patch", "input", "string"), ("read_file", "file_path", "string"),
         ("list_dir", "dir_path", "string"), ("grep_files", "pattern", "string"), ("view_image", "path", "string"),
-        ("local_shell", "command", "array"),
-    )
-]
+        ("local_shell", "command", "array"))]
 
 
 def test_codex_built_in_tools_get_the_calls_an_exploring_agent_makes():
@@ -90,18 +86,14 @@ def test_codex_built_in_tools_get_the_calls_an_exploring_agent_makes():
         {"dir_path": ".", "offset": 1, "limit": 50, "depth": 2},
         {"pattern": "def test_", "limit": 20},
         {"path": "screenshot.png"},
-        {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[3]]},
-    ]
+        {"command": ["bash", "-lc", tool_calls.EXPLORE_COMMANDS[3]]}]
     (update_plan,) = function_tools([CODEX_TOOLS[2]])
-    statuses = [[step["status"] for step in tool_calls.arguments_for(update_plan, n, rng)["plan"]] for n in range(4)]
-    assert statuses == [
+    assert [[step["status"] for step in tool_calls.arguments_for(update_plan, n, rng)["plan"]] for n in range(4)] == [
         ["in_progress", "pending", "pending"], ["completed", "in_progress", "pending"],
-        ["completed", "completed", "in_progress"], ["completed", "completed", "in_progress"],
-    ]
+        ["completed", "completed", "in_progress"], ["completed", "completed", "in_progress"]]
     assert tool_calls.arguments_for(update_plan, 0, rng) == {"explanation": "Exploring before any change.", "plan": [
         {"step": "List the repository", "status": "in_progress"}, {"step": "Read the sources", "status": "pending"},
-        {"step": "Run the tests", "status": "pending"},
-    ]}
+        {"step": "Run the tests", "status": "pending"}]}
 
 
 def test_a_known_name_without_its_schema_is_an_unknown_tool_and_a_tool_without_a_schema_gets_an_empty_object():
@@ -124,8 +116,7 @@ def test_a_known_name_without_its_schema_is_an_unknown_tool_and_a_tool_without_a
 # A task whose first turn searches twice and ends in two parallel calls; its last turn is shorter.
 SEARCHING_TASK = Workload("searching", 3, (
     TurnSpec(100, 9, (0.3, 0.4), (HostedCall(1.5, 70), HostedCall(2.5, 90)), reasoning_tokens=3),
-    TurnSpec(50, 7, (), reasoning_tokens=2),
-))
+    TurnSpec(50, 7, (), reasoning_tokens=2)))
 LOOKUP_TOOL = [{"type": "function", "name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}]
 
@@ -139,8 +130,7 @@ def test_a_turn_plans_its_specs_tokens_searches_and_parallel_calls():
     assert plan.searches[0].query != plan.searches[1].query
     # The task's call numbers go on across a turn's parallel calls: the first two exploring commands.
     assert [(c.name, json.loads(c.arguments)) for c in plan.calls] == [
-        ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[0]}), ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[1]}),
-    ]
+        ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[0]}), ("exec_command", {"cmd": tool_calls.EXPLORE_COMMANDS[1]})]
     # Without a web_search tool on offer the same turn plans no search, and nothing else changes.
     assert ScriptedPolicy(SEARCHING_TASK).plan(0, tool_defs(CODEX_TOOLS), offers_web_search=False) == attrs.evolve(plan, searches=())
 
@@ -167,8 +157,7 @@ def test_each_task_turn_and_item_draws_its_own_content_the_same_every_run():
     tools = tool_defs([*CODEX_TOOLS[-1:], *LOOKUP_TOOL])
     plans = {
         (seed, turn): ScriptedPolicy(attrs.evolve(SEARCHING_TASK, content_seed=seed)).plan(turn, tools, offers_web_search=True)
-        for seed in (1, 2) for turn in (0, 1)
-    }
+        for seed in (1, 2) for turn in (0, 1)}
     assert ScriptedPolicy(attrs.evolve(SEARCHING_TASK, content_seed=1)).plan(0, tools, offers_web_search=True) == plans[1, 0]
     texts = [plan.words for plan in plans.values()] + [plan.reasoning for plan in plans.values()]
     # No two tasks or turns, and no reasoning and text, share words: not even their first two.
@@ -248,8 +237,7 @@ async def test_a_tool_whose_schema_is_broken_still_gets_a_call(autojump_clock):
     # arguments drawn as for any other, unchecked, and the response completes with its call.
     tool = {"type": "function", "name": "count", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 0}}, "required": ["n"]}}
-    server = make_server()
-    async with ws(server) as conn:
+    async with ws(make_server()) as conn:
         await send(conn, create_event(tools=[tool]))
         done = (await until(conn, "response.completed", "response.failed"))[-1]
     assert done["type"] == "response.completed"
@@ -296,8 +284,7 @@ EXACT_DRAWS = [
     ({"properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}}, "minProperties": 2}, {(("a", 1), ("b", 2))}),
     ({"properties": {"a": {"const": 1}}, "required": [1, "a"]}, {(("a", 1),)}),
     ({"type": "object", "properties": {"a": {"const": 1}}}, {()}),  # optional properties only: none
-    ({"type": "object", "properties": {"a": True}, "required": ["a"]}, {(("a", ()),)}),
-]
+    ({"type": "object", "properties": {"a": True}, "required": ["a"]}, {(("a", ()),)})]
 
 
 def hashable(value):

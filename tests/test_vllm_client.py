@@ -21,23 +21,7 @@ import trio
 import trio.testing
 
 from prototype.engine import vllm_client, vllm_models
-from prototype.engine.vllm_client import (
-    DEFAULT_VENV,
-    PYTHON_ENV,
-    WORKER_SCRIPT,
-    LineSplitter,
-    Ready,
-    VllmClient,
-    VllmUnavailable,
-    WorkerFailed,
-    WorkerProcess,
-    encode,
-    open_vllm_process,
-    vllm_python,
-    worker_command,
-    worker_environment,
-    worker_settings,
-)
+from prototype.engine.vllm_client import LineSplitter, Ready, VllmClient, VllmUnavailable, WorkerFailed, WorkerProcess, encode
 from prototype.engine.vllm_engine import open_vllm_engine
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, MODELS, TINY_CPU, to_model_ids, write_model
 
@@ -81,8 +65,7 @@ class FakeWorker:
         ids = plan or [self.free_id] * left
         while left:
             await trio.sleep(self.gap)
-            n = min(self.per_event, left)
-            done = message["max_tokens"] - left
+            n, done = min(self.per_event, left), message["max_tokens"] - left
             event = {"type": "tokens", "rid": message["rid"], "n": n, "ids": ids[done : done + n]}
             if first:
                 event["first"] = {"cached_tokens": 0, "prefill_tokens": self.prefill or len(message["prompt"]),
@@ -121,8 +104,7 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
         "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 128_256, "max_position_embeddings": 131_072,
         "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
-    }
+        "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001}
     assert TINY_CPU.engine_settings() == {"max_model_len": 131_072, "block_size": 32, "dtype": "float32",
                                           "enforce_eager": True, "gpu_memory_utilization": 0.9}
     assert LLAMA_8B_SHAPE.engine_settings() == {"max_model_len": 131_072, "block_size": 16, "dtype": "bfloat16",
@@ -138,11 +120,9 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
     assert (TINY_CPU.cpu_kv_cache_gib, LLAMA_8B_SHAPE.cpu_kv_cache_gib) == (1, None)
     assert MODELS == {"tiny-llama-cpu": TINY_CPU, "llama-3.1-8b-shape": LLAMA_8B_SHAPE}
     assert to_model_ids([5, 1000, 1001, 100_276], 1000) == [5, 0, 1, 276]  # the testbed's ids modulo the vocabulary
-    folder = write_model(TINY_CPU, tmp_path)
-    config = TINY_CPU.config()
+    folder, config = write_model(TINY_CPU, tmp_path), TINY_CPU.config()
     assert folder == tmp_path / f"tiny-llama-cpu-{hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]}"
-    assert (folder / "config.json").read_text() == json.dumps(config, indent=1)
-    assert write_model(TINY_CPU, tmp_path) == folder
+    assert (folder / "config.json").read_text() == json.dumps(config, indent=1) and write_model(TINY_CPU, tmp_path) == folder
     (folder / "config.json").write_text("{}")
     assert write_model(TINY_CPU, tmp_path) == folder and json.loads((folder / "config.json").read_text()) == config
     other = write_model(attrs.evolve(TINY_CPU, layers=3), tmp_path)
@@ -157,50 +137,50 @@ def test_a_model_is_llama_at_the_specs_dimensions_in_a_folder_named_by_its_confi
 
 
 def test_the_worker_is_the_script_beside_the_client_given_its_settings_and_an_environment_that_quiets_vllm(tmp_path, monkeypatch):
-    settings = worker_settings(TINY_CPU, tmp_path / "m")
+    settings = vllm_client.worker_settings(TINY_CPU, tmp_path / "m")
     assert settings == {"model": str(tmp_path / "m"), **TINY_CPU.engine_settings()}
-    command = worker_command(Path("/opt/py"), settings)
+    command = vllm_client.worker_command(Path("/opt/py"), settings)
     assert command == ["/opt/py", str(Path(vllm_client.__file__).with_name("vllm_worker.py")), json.dumps(settings)]
     names = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL", "VLLM_USE_V2_MODEL_RUNNER", "PYTHONUNBUFFERED")
     for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TESTBED_SEEN", "1")
-    env = worker_environment(TINY_CPU)
+    env = vllm_client.worker_environment(TINY_CPU)
     # vLLM's V1 model runner, whose logits-processor interface forced decoding implements.
     assert ([env[name] for name in names], env["TESTBED_SEEN"]) == (["1", "WARNING", "0", "1"], "1")
-    assert "VLLM_CPU_KVCACHE_SPACE" not in worker_environment(LLAMA_8B_SHAPE)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_client.worker_environment(LLAMA_8B_SHAPE)
     for name, value in zip(names, ("4", "DEBUG", "1", "0")):
         monkeypatch.setenv(name, value)
-    assert [worker_environment(TINY_CPU)[name] for name in names] == ["4", "DEBUG", "1", "0"]
+    assert [vllm_client.worker_environment(TINY_CPU)[name] for name in names] == ["4", "DEBUG", "1", "0"]
 
 
 def test_the_interpreter_is_the_one_given_else_the_environments_else_this_one_with_vllm_else_the_default_venv(tmp_path, monkeypatch):
-    assert DEFAULT_VENV == Path.home() / ".cache" / "testbed" / "vllm-venv"
+    assert vllm_client.DEFAULT_VENV == Path.home() / ".cache" / "testbed" / "vllm-venv"
     venv_python = tmp_path / "venv" / "bin" / "python"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # this interpreter cannot import vllm
     monkeypatch.setattr(vllm_client, "DEFAULT_VENV", tmp_path / "venv")
-    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    monkeypatch.delenv(vllm_client.PYTHON_ENV, raising=False)
     with pytest.raises(VllmUnavailable) as refused:
-        vllm_python()
+        vllm_client.vllm_python()
     assert str(refused.value) == (
         f"no interpreter with vLLM: this one cannot import vllm, $TESTBED_VLLM_PYTHON is unset and "
         f"{venv_python} does not exist (docs/real_engine.md installs it)")
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text("")
-    assert vllm_python() == venv_python
-    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "missing"))  # the environment's comes before the default
+    assert vllm_client.vllm_python() == venv_python
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(tmp_path / "missing"))  # the environment's comes before the default
     with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'missing'} does not exist$"):
-        vllm_python()
-    assert vllm_python(venv_python) == venv_python  # an explicit interpreter comes first
-    monkeypatch.setenv(PYTHON_ENV, str(venv_python))
-    assert vllm_python() == venv_python
+        vllm_client.vllm_python()
+    assert vllm_client.vllm_python(venv_python) == venv_python  # an explicit interpreter comes first
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(venv_python))
+    assert vllm_client.vllm_python() == venv_python
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv(PYTHON_ENV)
-    assert vllm_python("~/venv/bin/python") == venv_python  # `~` is expanded
+    monkeypatch.delenv(vllm_client.PYTHON_ENV)
+    assert vllm_client.vllm_python("~/venv/bin/python") == venv_python  # `~` is expanded
     with pytest.raises(VllmUnavailable, match=f"^{tmp_path / 'nope'} does not exist$"):
-        vllm_python(tmp_path / "nope")
+        vllm_client.vllm_python(tmp_path / "nope")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
-    assert vllm_python() == Path(sys.executable)
+    assert vllm_client.vllm_python() == Path(sys.executable)
 
 
 # --- the line protocol and the client ------------------------------------------------------------------------------
@@ -278,8 +258,7 @@ async def test_requests_are_sent_as_the_worker_reads_them_and_an_error_for_no_op
         {"op": "append", "rid": "r2", "prompt": [5], "max_tokens": 2, "forced": None},
         {"op": "close", "rid": "r2"},
         {"op": "abort", "rid": "r1"},
-        {"op": "shutdown"},
-    ]
+        {"op": "shutdown"}]
 
     async def answer(tag: int, reset_peak: bool) -> None:
         await trio.testing.wait_all_tasks_blocked()
@@ -389,8 +368,7 @@ sys.exit(3)
 
 def stand_in(folder: Path, body: str, name: str = "python") -> Path:
     """An executable script that takes the interpreter's place in the worker's command line."""
-    path = folder / name
-    record = folder / f"{name}.record"
+    path, record = folder / name, folder / f"{name}.record"
     prelude = PRELUDE.format(lifetime=LIFETIME, record=str(record), environment=ENVIRONMENT)
     path.write_text(f"#!{sys.executable} -IS\n{prelude}{body}")
     path.chmod(0o755)
@@ -398,8 +376,7 @@ def stand_in(folder: Path, body: str, name: str = "python") -> Path:
 
 
 def records(python: Path) -> list[dict]:
-    path = python.with_name(f"{python.name}.record")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in python.with_name(f"{python.name}.record").read_text().splitlines()]
 
 
 @pytest.fixture
@@ -411,7 +388,7 @@ def started(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     decoy_folder = tmp_path / "decoy"
     decoy_folder.mkdir()
-    monkeypatch.setenv(PYTHON_ENV, str(stand_in(decoy_folder, "sys.exit(7)\n")))
+    monkeypatch.setenv(vllm_client.PYTHON_ENV, str(stand_in(decoy_folder, "sys.exit(7)\n")))
     processes: list[WorkerProcess] = []
 
     def start(python: Path) -> WorkerProcess:
@@ -440,20 +417,18 @@ def waiting_in_pipe(fd: int) -> bytes:
 
 
 def test_start_reads_the_ready_event_or_the_exit_code_runs_the_worker_as_configured_and_stop_asks_it_to_shut_down(started, tmp_path):
-    python = stand_in(tmp_path, OBEDIENT)
-    model_dir = write_model(TINY_CPU)
+    python, model_dir = stand_in(tmp_path, OBEDIENT), write_model(TINY_CPU)
     log = model_dir / "worker.log"
     log.write_bytes(b"an earlier run\n")
     process = started(python)
-    assert process.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
-    assert process.log_path == log
+    assert process.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu") and process.log_path == log
     # The pipe is unbuffered on this side: what follows the ready line is still in the pipe, for the
     # client that attaches to it later (VllmClient.over_fds), not in a buffer of this process.
     assert waiting_in_pipe(process.popen.stdout.fileno()) == b'{"type": "finished", "rid": "after-ready"}\n'
     process.stop()
     assert process.popen.returncode == 0  # stop waited for the worker to exit on the request
     seen, shutdown = records(python)
-    assert seen == {"argv": [str(WORKER_SCRIPT), json.dumps(worker_settings(TINY_CPU, model_dir))],
+    assert seen == {"argv": [str(vllm_client.WORKER_SCRIPT), json.dumps(vllm_client.worker_settings(TINY_CPU, model_dir))],
                     "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}}
     assert shutdown == {"stdin": '{"op":"shutdown"}\n'}
     # The worker's stderr is appended to the log, after what was there.
@@ -489,14 +464,12 @@ def test_stop_terminates_then_kills_a_worker_that_does_not_exit_on_the_shutdown_
 
 
 async def test_open_vllm_process_appends_the_workers_stderr_to_its_log_and_yields_a_ready_client(started, tmp_path):
-    python = stand_in(tmp_path, OBEDIENT)
-    log = tmp_path / "given.log"
+    python, log = stand_in(tmp_path, OBEDIENT), tmp_path / "given.log"
     log.write_bytes(b"an earlier run\n")
     with trio.fail_after(LIFETIME + 5):
-        async with open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
+        async with vllm_client.open_vllm_process(TINY_CPU, python=python, log_path=log) as client:
             assert client.ready == Ready(128256, 32, 2048, 0.25, "0.32.0", "cpu")
-    assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}]
-    assert log.read_bytes() == b"an earlier run\nengine starting\n"
+    assert records(python)[1:] == [{"stdin": '{"op":"shutdown"}\n'}] and log.read_bytes() == b"an earlier run\nengine starting\n"
 
 
 # --- the commands that need vLLM, without it -------------------------------------------------------------------------

@@ -63,8 +63,7 @@ async def test_the_trio_websocket_internals_the_testbed_relies_on_are_there(auto
         assert not missing, (
             f"trio-websocket {trio_websocket.__version__} changed what prototype/ws_internals.py reads: {missing}. "
             "Port send_messages and received_message_nowait to it (or to a public API that does the same), "
-            "then widen the trio-websocket range in pyproject.toml."
-        )
+            "then widen the trio-websocket range in pyproject.toml.")
     assert ws_internals.can_batch(server)
 
 
@@ -131,8 +130,7 @@ def not_a_coroutine_function() -> None: ...
 
 @pytest.mark.parametrize(("name", "value"), [
     ("_wsproto", object()), ("_stream", object()), ("_stream_lock", OnlyEnter()), ("_stream_lock", OnlyExit()), ("_close_reason", "closed"),
-    ("_abort_web_socket", not_a_coroutine_function), ("_recv_channel", object()),
-])
+    ("_abort_web_socket", not_a_coroutine_function), ("_recv_channel", object())])
 async def test_an_internal_of_another_kind_is_named_as_missing_and_stops_batching(autojump_clock, nursery, name: str, value: object) -> None:
     server, _, _ = await connected(nursery)
     setattr(server, name, value)
@@ -157,5 +155,4 @@ async def test_without_the_internals_the_outbox_sends_one_message_at_a_time_and_
     box = Outbox.for_websocket(ws)
     assert box.write.func is send_one_by_one
     await box.write(MESSAGES)
-    assert ws.sent == MESSAGES
-    assert ws_internals.received_message_nowait(ws) is None
+    assert ws.sent == MESSAGES and ws_internals.received_message_nowait(ws) is None

@@ -319,8 +319,8 @@ class DelayedStream(trio.abc.HalfCloseableStream):
         finally:
             self._deliver_done = True
             if self._closed:
-                with trio.CancelScope(shield=True, deadline=trio.current_time() + _LINGER_GRACE_SECONDS):
-                    await trio.aclose_forcefully(self.transport_stream)
+                # aclose_forcefully closes at once, even in a cancelled task: trio's aclose contract.
+                await trio.aclose_forcefully(self.transport_stream)
 
     # ---- receive direction -----------------------------------------------------------------------
 

@@ -144,25 +144,22 @@ class Trace:
         return any(r.model_seconds is not None for r in self.rounds)
 
 
-def not_utf8(path: str | PathLike[str]) -> TraceError:
-    """The TraceError for a file that is not UTF-8 text, naming the line of its first bad byte. A line ends at
-    LF, CRLF or CR, as Python's universal newlines (and the csv module's `newline=""`) count them."""
-    data = Path(path).read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return TraceError(path, 1 + len(re.findall(rb"\r\n|\r|\n", data[:e.start])), None, "not a UTF-8 text file")
-    return TraceError(path, 1, None, "not a UTF-8 text file")  # the file changed since it failed to decode
-
-
 @contextlib.contextmanager
 def open_utf8(path: str | PathLike[str], newline: str | None = None) -> Iterator[IO[str]]:
-    """`path` opened as UTF-8 text; bytes that are not UTF-8, wherever the reading meets them, raise `not_utf8`."""
+    """`path` opened as UTF-8 text. Bytes that are not UTF-8, wherever the reading meets them, raise a TraceError
+    naming the line of the first one; a line ends at LF, CRLF or CR, as Python's universal newlines (and the csv
+    module's `newline=""`) count them."""
     try:
         with open(path, encoding="utf-8", newline=newline) as f:
             yield f
     except UnicodeDecodeError:
-        raise not_utf8(path) from None
+        data = Path(path).read_bytes()  # the reader's error counts from the block it was decoding, not the file
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = 1 + len(re.findall(rb"\r\n|\r|\n", data[:e.start]))
+            raise TraceError(path, line, None, "not a UTF-8 text file") from None
+        raise  # the file changed since it was read: its own error stands
 
 
 def json_objects(path: str | PathLike[str]) -> Iterator[tuple[int, dict]]:

@@ -30,7 +30,7 @@ from os import PathLike
 from typing import IO, Any
 
 from ..workload import HostedCall, TurnSpec, Workload
-from .base import Trace, TraceError, not_utf8, rounds_from_workloads
+from .base import Trace, TraceError, open_utf8, rounds_from_workloads
 
 FORMAT = "testbed"
 KEYS = frozenset({"task", "turn", "appended_tokens"})
@@ -44,9 +44,10 @@ def looks_like(first: object) -> bool:
 
 def read(path: str | PathLike[str]) -> Trace:
     try:
-        tasks = read_trace(path)
-    except UnicodeDecodeError:
-        raise not_utf8(path) from None
+        with open_utf8(path) as f:
+            tasks = read_trace(f)
+    except TraceError:
+        raise
     except (ValueError, TypeError) as e:  # read_trace names the line; add the file and the field
         match = _LINE.match(str(e))
         line, message = (int(match.group(1)), match.group(2)) if match else (1, str(e))

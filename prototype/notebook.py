@@ -140,12 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if absent := [name for name in args.notebooks if not Path(name).is_file()]:
         print(f"{prog}: error: no such notebook: {', '.join(absent)}", file=sys.stderr)
         return 2
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     for name in args.notebooks:
         try:
             seconds = execute_notebook(name)
-        except CellExecutionError as error:  # the cell's own traceback, as Jupyter shows it
+        except (CellExecutionError, CellTimeoutError) as error:  # the cell's own traceback, or its time limit
             print(f"{prog}: {name}: a cell failed\n{error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

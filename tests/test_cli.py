@@ -7,6 +7,7 @@ import argparse
 import datetime
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -118,12 +119,25 @@ def test_the_help_lists_every_subcommand_with_what_it_does_and_without_one_the_e
     assert exit_code(cli_main, ["--help"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
+    assert f"\n\n{sys.modules[cli_main.__module__].__doc__}\n\n" in text  # what the program is, below the usage
     for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
                  "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
                  "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):
         assert fact in text, fact
     assert exit_code(cli_main, []) == 2
     assert capsys.readouterr().err == "python -m prototype: error: the following arguments are required: command (see --help)\n"
+
+
+def test_each_subcommand_runs_its_own_command_and_ctrl_c_in_one_says_which_in_one_line(monkeypatch, capsys):
+    for name, operands in (("serve", []), ("compare", []), ("plot", ["results"]), ("demo", []), ("calibrate", ["t.jsonl"]),
+                           ("figures", [])):
+        def interrupted(args: argparse.Namespace, name: str = name) -> int:
+            assert args.command == name
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(importlib.import_module(f"prototype.cli.{name}"), "run", interrupted)
+        assert cli_main([name, *operands]) == 130
+        assert capsys.readouterr().err == f"python -m prototype {name}: interrupted\n"
 
 
 def engine_parser() -> common.Parser:

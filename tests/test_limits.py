@@ -39,6 +39,7 @@ from prototype.api import render
 from prototype.api.checks import (
     FLAGSHIP_CONTEXT_WINDOW,
     MAX_TOKEN_BYTES,
+    RUN_BLOCK_BYTES,
     SPARK_CONTEXT_WINDOW,
     context_window,
     fewest_tokens,
@@ -281,6 +282,23 @@ def test_the_bound_never_exceeds_the_rendered_count(texts: list[str]) -> None:
     items = [Message("user", (("input_text", text),)) for text in texts]
     # limit 0: every text is also bounded by its runs
     assert fewest_tokens([render.item_text(item) for item in items], 0) <= len(render.render_items(items))
+
+
+# cl100k's longest run of one byte inside a token: 8 for "x", 128 for a space. A run of n needs ceil(n / R) tokens;
+# runs share at most one token with the run before; a text that cannot pass the limit on its own (4 bytes a
+# character at most) is bounded by its length alone: one token per 128 bytes. Each text adds its item's separator.
+@pytest.mark.parametrize(("texts", "limit", "bound"), [
+    (["x" * 9], 0, 1 + 2),
+    (["a" + "x" * 17], 0, 1 + 3),
+    (["x" * 9, "a" + "x" * 17], 0, (1 + 2) + (1 + 3)),
+    (["x" * 17], 4 * 17, 1 + 1),
+    (["bad \ud800 text"], 0, 1 + 1),  # a lone surrogate, which the render keeps too, is bounded like any text
+    # read in blocks of 2^20 bytes, a run cut at a block's end counts as two: 131,072 + 8,192 - 1 tokens, the "a"
+    # alone in the third block adds nothing
+    (["x" * RUN_BLOCK_BYTES + " " * RUN_BLOCK_BYTES + "a"], 0, 1 + 139_263),
+])
+def test_the_bound_takes_each_run_of_one_byte_at_its_longest_token(texts: list[str], limit: int, bound: int) -> None:
+    assert fewest_tokens(texts, limit) == bound
 
 
 @pytest.mark.parametrize("preset", sorted(wl.PRESETS))

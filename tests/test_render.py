@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from prototype.api import render
 from prototype.engine import tokenizer
 from prototype.protocol.codec import parse_input
+from prototype.protocol.events import ToolDef
 from prototype.protocol.items import FunctionCall, Message, Reasoning
 
 WORDS = st.lists(st.sampled_from(tokenizer.single_token_words()), max_size=60)
@@ -84,6 +85,14 @@ def test_the_render_cache_keeps_text_with_a_lone_surrogate() -> None:
     cache = render.RenderCache()
     prompt, tokenized = cache.render_full("k", [item])
     assert (prompt.ids, tokenized, cache.render_full("k", [item])[1]) == (render.render_full("k", [item]).ids, len(prompt), 0)
+
+
+def test_the_preamble_is_compact_json_of_the_instructions_and_tools_with_keys_sorted_whatever_order_they_came_in() -> None:
+    # Rendered at the head of every prompt: the same tools sent with their keys in another order render the same tokens.
+    sent = [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+            {"parameters": {"type": "object"}, "name": "shell", "type": "function"}]
+    keys = {render.preamble_key("Be brief.", (ToolDef(t["type"], t["name"], t["parameters"], t),)) for t in sent}
+    assert keys == {'["Be brief.",[{"name":"shell","parameters":{"type":"object"},"type":"function"}]]'}
 
 
 def test_sampled_text_is_not_tokenized_again(monkeypatch) -> None:

@@ -39,14 +39,15 @@ class RecordingStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
-async def connected(nursery: trio.Nursery) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
-    """(server end, client end, the server's recorded stream) of one open WebSocket connection."""
+async def connected(nursery: trio.Nursery, wrap: Any = trio_websocket.wrap_server_stream) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
+    """(server end, client end, the server's recorded stream) of one open WebSocket connection; `wrap`: the server's
+    `wrap_server_stream`."""
     client_stream, server_stream = trio.testing.memory_stream_pair()
     recording = RecordingStream(server_stream)
     accepted: list[trio_websocket.WebSocketConnection] = []
 
     async def accept() -> None:
-        request = await trio_websocket.wrap_server_stream(nursery, recording)
+        request = await wrap(nursery, recording)
         accepted.append(await request.accept())
 
     nursery.start_soon(accept)
@@ -65,6 +66,13 @@ async def test_the_trio_websocket_internals_the_testbed_relies_on_are_there(auto
             "Port send_messages and received_message_nowait to it (or to a public API that does the same), "
             "then widen the trio-websocket range in pyproject.toml.")
     assert ws_internals.can_batch(server)
+
+
+async def test_the_servers_connection_answers_a_ping_while_it_is_open(autojump_clock, nursery) -> None:
+    server, client, recording = await connected(nursery, ws_internals.wrap_server_stream)
+    assert isinstance(server, ws_internals.ClosingAwareWebSocket)
+    await client.ping(b"alive")  # returns once the pong with the same payload has arrived
+    assert recording.writes == [b"\x8a\x05alive"]  # the pong frame: FIN, opcode 10, unmasked, the ping's payload
 
 
 async def test_several_messages_in_one_write_are_the_bytes_one_send_message_each_writes(autojump_clock, nursery) -> None:

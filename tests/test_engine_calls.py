@@ -13,7 +13,7 @@ from test_vllm_client import engine_on_fake
 
 from prototype.designs.sampling import _answer_tokens
 from prototype.engine import tokenizer
-from prototype.engine.engine import Engine
+from prototype.engine.engine import Engine, PlannedOutput
 from prototype.engine.latency import LatencyModel
 from prototype.engine.policy import PlannedCall, TurnPlan
 from prototype.engine.stats import MAX_STAT_SAMPLES, sample
@@ -179,6 +179,11 @@ SHORT_ANSWER = attrs.evolve(REASONED, words=REASONED.words[:4])
 ])
 def test_the_last_model_call_asks_for_the_tokens_the_loop_samples(plan, budget, expected) -> None:
     assert (len(tokenizer.encode(REASONED.calls[0].arguments)), _answer_tokens(plan, budget)) == (12, expected)
+
+
+def test_a_plan_pads_a_rendering_shorter_than_its_text_with_its_last_id_and_an_empty_one_with_zeros() -> None:
+    plan = PlannedOutput.of([([1, 2, 3], 2), ([4, 5, 6], 5), ([], 2)])
+    assert (plan.ids, plan.items, plan.text_tokens) == ((1, 2, 3, 4, 5, 6, 6, 6, 0, 0), ((1, 2), (0, 5), (0, 2)), 9)
 
 
 async def test_a_warm_up_and_a_reasoned_turn_over_a_real_engines_interface(autojump_clock, nursery) -> None:

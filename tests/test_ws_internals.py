@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -39,14 +40,15 @@ class RecordingStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
-async def connected(nursery: trio.Nursery) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
-    """(server end, client end, the server's recorded stream) of one open WebSocket connection."""
+async def connected(nursery: trio.Nursery, wrap: Any = trio_websocket.wrap_server_stream) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
+    """(server end, client end, the server's recorded stream) of one open WebSocket connection; `wrap`: the server's
+    `wrap_server_stream`."""
     client_stream, server_stream = trio.testing.memory_stream_pair()
     recording = RecordingStream(server_stream)
     accepted: list[trio_websocket.WebSocketConnection] = []
 
     async def accept() -> None:
-        request = await trio_websocket.wrap_server_stream(nursery, recording)
+        request = await wrap(nursery, recording)
         accepted.append(await request.accept())
 
     nursery.start_soon(accept)
@@ -65,6 +67,26 @@ async def test_the_trio_websocket_internals_the_testbed_relies_on_are_there(auto
             "Port send_messages and received_message_nowait to it (or to a public API that does the same), "
             "then widen the trio-websocket range in pyproject.toml.")
     assert ws_internals.can_batch(server)
+
+
+async def test_the_servers_connection_answers_a_ping_while_it_is_open(autojump_clock, nursery) -> None:
+    server, client, recording = await connected(nursery, ws_internals.wrap_server_stream)
+    assert isinstance(server, ws_internals.ClosingAwareWebSocket)
+    await client.ping(b"alive")  # returns once the pong with the same payload has arrived
+    assert recording.writes == [b"\x8a\x05alive"]  # the pong frame: FIN, opcode 10, unmasked, the ping's payload
+
+
+async def test_without_an_internal_the_server_gets_trio_websockets_own_connection_with_its_options_and_a_warning(
+        autojump_clock, nursery, monkeypatch, caplog) -> None:
+    # A trio-websocket whose connection lacks one of them (its own reader task uses all three that 0.12 has).
+    monkeypatch.setattr(ws_internals, "SERVER_INTERNALS", ("_handle_ping_frame", *ws_internals.SERVER_INTERNALS[1:]))
+    server, client, _ = await connected(nursery, functools.partial(ws_internals.wrap_server_stream, max_message_size=16))
+    assert type(server) is trio_websocket.WebSocketConnection
+    assert [record.getMessage().split(" lacks ")[1] for record in caplog.records] == ["_handle_ping_frame: one socket write per message"]
+    await client.send_message("x" * 17)
+    with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+        await server.get_message()
+    assert closed.value.reason.code == 1009  # over the max_message_size it was given: message too big
 
 
 async def test_several_messages_in_one_write_are_the_bytes_one_send_message_each_writes(autojump_clock, nursery) -> None:

@@ -18,7 +18,8 @@ from tests.support import exit_code
 
 # A py:percent notebook that prints where it ran and the transport its kernel talks over; its header names a kernel no
 # environment has, and it runs in this environment's python3 all the same.
-NOTEBOOK = ('# ---\n# jupyter:\n#   kernelspec:\n#     display_name: Elsewhere\n#     name: no-such-kernel\n# ---\n\n# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
+NOTEBOOK = ('# ---\n# jupyter:\n#   kernelspec:\n#     display_name: Elsewhere\n#     name: no-such-kernel\n# ---\n\n'
+            '# %%\nimport os\nfrom ipykernel.kernelapp import IPKernelApp\n'
             'print("ran in", os.getcwd())\nprint("transport", IPKernelApp.instance().transport)\n')
 
 

@@ -40,7 +40,8 @@ class RecordingStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
-async def connected(nursery: trio.Nursery, wrap: Any = trio_websocket.wrap_server_stream) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
+async def connected(nursery: trio.Nursery, wrap: Any = trio_websocket.wrap_server_stream
+                    ) -> tuple[trio_websocket.WebSocketConnection, trio_websocket.WebSocketConnection, RecordingStream]:
     """(server end, client end, the server's recorded stream) of one open WebSocket connection; `wrap`: the server's
     `wrap_server_stream`."""
     client_stream, server_stream = trio.testing.memory_stream_pair()

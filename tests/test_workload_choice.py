@@ -49,7 +49,7 @@ def test_the_metadata_picks_the_preset_seed_and_task_else_the_catalogs_defaults_
 @pytest.mark.parametrize("key", ["testbed_seed", "testbed_task"])
 @pytest.mark.parametrize(("raw", "expected"), [
     ("-1", (INTEGER_BELOW_MIN_VALUE, "-1 is out of range: expected an integer >= 0.")),
-    ("x", (INVALID_VALUE, "'x' is not an integer.")),
+    ("x" * 65, (INVALID_VALUE, f"'{'x' * 64}' is not an integer.")),  # a bad value is echoed up to 64 characters
     ("1.5", (INVALID_VALUE, "'1.5' is not an integer.")),
     ("", (INVALID_VALUE, "'' is not an integer.")),
 ])
@@ -93,7 +93,7 @@ FORM = "fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<too
     ("fixed:2:1.5", "'fixed:2:1.5' is not a fixed task: its initial_prompt_tokens '1.5' is not an integer."),
     ("fixed:2:5:5:5:x", "'fixed:2:5:5:5:x' is not a fixed task: its tool_seconds 'x' is not a number."),
     ("fixed:2:5:5:5:nan", "'fixed:2:5:5:5:nan' is not a fixed task: its tool_seconds 'nan' is not a number."),
-    ("fixed:2:5:5:5:1:1", f"'fixed:2:5:5:5:1:1' is not a fixed task: {FORM} takes 1 to 5 numbers."),
+    ("fixed:2:5:5:5:1:1" + ":1" * 24, f"'fixed:2:5:5:5:1{':1' * 24}:' is not a fixed task: {FORM} takes 1 to 5 numbers."),
     ("fixed", None), ("nope", None), ("x" * 100, None),
 ])
 def test_a_malformed_workload_is_an_invalid_value_naming_it(name: str, message: str | None):
@@ -136,7 +136,7 @@ def test_the_decode_rate_is_the_override_else_the_models():
     ("1e7", DECIMAL_ABOVE_MAX_VALUE, "1e+07 tokens/s is out of range: expected more than 0 and less than 10000000."),
     ("10000001", DECIMAL_ABOVE_MAX_VALUE, "1e+07 tokens/s is out of range: expected more than 0 and less than 10000000."),
     ("inf", DECIMAL_ABOVE_MAX_VALUE, "inf tokens/s is out of range: expected more than 0 and less than 10000000."),
-    ("fast", INVALID_VALUE, "'fast' is not a number."),
+    ("fast" * 17, INVALID_VALUE, f"'{'fast' * 16}' is not a number."),  # echoed up to 64 characters
     ("nan", INVALID_VALUE, "'nan' is not a number."),
 ])
 def test_a_decode_rate_override_outside_0_to_10_million_is_a_range_error(raw: str, code: str, message: str):

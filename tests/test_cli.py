@@ -7,10 +7,10 @@ import argparse
 import datetime
 import importlib
 import os
-import sys
 
 import pytest
 
+import prototype.__main__ as cli_module
 from prototype.__main__ import main as cli_main
 from prototype.cli import common, compare, engine_options
 from prototype.engine.vllm_models import LLAMA_8B_SHAPE, TINY_CPU
@@ -119,7 +119,7 @@ def test_the_help_lists_every_subcommand_with_what_it_does_and_without_one_the_e
     assert exit_code(cli_main, ["--help"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: python -m prototype [-h] {serve,compare,plot,demo,calibrate,figures}")
-    assert f"\n\n{sys.modules[cli_main.__module__].__doc__}\n\n" in text  # what the program is, below the usage
+    assert f"\n\n{cli_module.__doc__}\n\n" in text  # what the program is, below the usage
     for fact in ("(HTTP and WebSocket) on one port\n", "side by side at 65, 1000 and 4000 tokens/s\n",
                  "(one, or several merged), without running anything\n", "under virtual time and print its timeline\n",
                  "latency fit beside the testbed's defaults\n", "docs/figures/ (README, docs/notebooks.md)\n"):

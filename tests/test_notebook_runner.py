@@ -114,15 +114,18 @@ def test_the_command_line_reports_each_notebook_as_it_ends_and_ctrl_c_names_the_
     assert seen == ["", a, a + b] and err.getvalue() == f"python -m prototype.notebook: interrupted in {names[2]}\n"
 
 
-def test_a_cell_past_its_time_limit_ends_the_command_with_status_1_naming_the_notebook(monkeypatch, capsys) -> None:
+def test_a_cell_past_its_time_limit_ends_the_command_with_status_1_naming_the_notebook(monkeypatch, tmp_path, capsys) -> None:
     from nbclient.exceptions import CellTimeoutError
+
+    slow = tmp_path / "slow.py"
+    slow.write_text(NOTEBOOK)
 
     def execute(path: str) -> float:
         raise CellTimeoutError("A cell timed out while it was being executed, after 600 seconds.")
 
     monkeypatch.setattr(notebook, "execute_notebook", execute)
-    assert notebook.main([__file__]) == 1
-    assert capsys.readouterr() == ("", f"python -m prototype.notebook: {__file__}: a cell failed\n"
+    assert notebook.main([str(slow)]) == 1
+    assert capsys.readouterr() == ("", f"python -m prototype.notebook: {slow}: a cell failed\n"
                                        "A cell timed out while it was being executed, after 600 seconds.\n")
 
 

@@ -44,6 +44,7 @@ def test_the_metadata_picks_the_preset_seed_and_task_else_the_catalogs_defaults_
     assert chosen == wl.generate_one("compact", seed=3, index=2)
     assert catalog.resolve({"testbed_workload": "compact", "testbed_task": "1"}) == wl.generate_one("compact", seed=5, index=1)
     assert catalog.resolve({"testbed_workload": "compact", "testbed_seed": "0"}) == wl.generate_one("compact", seed=0, index=0)
+    assert catalog.named("compact") == wl.generate_one("compact", seed=5, index=0)  # how `serve` checks its --workload
 
 
 @pytest.mark.parametrize("key", ["testbed_seed", "testbed_task"])
@@ -91,7 +92,7 @@ FORM = "fixed:<turns>[:<prompt tokens>[:<appended tokens>[:<output tokens>[:<too
     ("fixed:x", "'fixed:x' is not a fixed task: its turns 'x' is not an integer."),
     ("fixed:2.0", "'fixed:2.0' is not a fixed task: its turns '2.0' is not an integer."),
     ("fixed:2:1.5", "'fixed:2:1.5' is not a fixed task: its initial_prompt_tokens '1.5' is not an integer."),
-    ("fixed:2:5:5:5:x", "'fixed:2:5:5:5:x' is not a fixed task: its tool_seconds 'x' is not a number."),
+    ("fixed:2:5:5:5:" + "x" * 60, f"'fixed:2:5:5:5:{'x' * 50}' is not a fixed task: its tool_seconds '{'x' * 16}' is not a number."),
     ("fixed:2:5:5:5:nan", "'fixed:2:5:5:5:nan' is not a fixed task: its tool_seconds 'nan' is not a number."),
     ("fixed:2:5:5:5:1:1" + ":1" * 24, f"'fixed:2:5:5:5:1{':1' * 24}:' is not a fixed task: {FORM} takes 1 to 5 numbers."),
     ("fixed", None), ("nope", None), ("x" * 100, None),
@@ -104,7 +105,8 @@ def test_a_malformed_workload_is_an_invalid_value_naming_it(name: str, message: 
     ("fixed:0", INTEGER_BELOW_MIN_VALUE, "turns 0 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:0')."),
     ("fixed:-1", INTEGER_BELOW_MIN_VALUE, "turns -1 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:-1')."),
     ("fixed:1001", INTEGER_ABOVE_MAX_VALUE, "turns 1001 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:1001')."),
-    ("fixed:100000", INTEGER_ABOVE_MAX_VALUE, "turns 100000 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:100000')."),
+    ("fixed:" + "0" * 60 + "100000", INTEGER_ABOVE_MAX_VALUE,
+     f"turns 100000 is out of range: a fixed task's turns is 1 to 1000 (in 'fixed:{'0' * 58}')."),
     ("fixed:2:-1", INTEGER_BELOW_MIN_VALUE, "initial_prompt_tokens -1 is out of range: a fixed task's initial_prompt_tokens is 0 to 1000000 (in 'fixed:2:-1')."),
     ("fixed:2:1000001", INTEGER_ABOVE_MAX_VALUE, "initial_prompt_tokens 1000001 is out of range: a fixed task's initial_prompt_tokens is 0 to 1000000 (in 'fixed:2:1000001')."),
     ("fixed:2:5:-1", INTEGER_BELOW_MIN_VALUE, "appended_tokens -1 is out of range: a fixed task's appended_tokens is 0 to 1000000 (in 'fixed:2:5:-1')."),
@@ -112,7 +114,7 @@ def test_a_malformed_workload_is_an_invalid_value_naming_it(name: str, message: 
     ("fixed:2:5:5:0", INTEGER_BELOW_MIN_VALUE, "output_tokens 0 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:0')."),
     ("fixed:2:5:5:100001", INTEGER_ABOVE_MAX_VALUE, "output_tokens 100001 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:100001')."),
     ("fixed:2:5:5:-1", INTEGER_BELOW_MIN_VALUE, "output_tokens -1 is out of range: a fixed task's output_tokens is 1 to 100000 (in 'fixed:2:5:5:-1')."),
-    ("fixed:2:5:5:5:-0.1", DECIMAL_BELOW_MIN_VALUE, "tool_seconds -0.1 is out of range: a fixed task's tool_seconds is 0 to 3600 (in 'fixed:2:5:5:5:-0.1')."),
+    ("fixed:2:5:5:5:-1e-07", DECIMAL_BELOW_MIN_VALUE, "tool_seconds -1e-07 is out of range: a fixed task's tool_seconds is 0 to 3600 (in 'fixed:2:5:5:5:-1e-07')."),
     ("fixed:2:5:5:5:3600.5", DECIMAL_ABOVE_MAX_VALUE, "tool_seconds 3600.5 is out of range: a fixed task's tool_seconds is 0 to 3600 (in 'fixed:2:5:5:5:3600.5')."),
 ])
 def test_a_fixed_task_number_out_of_its_range_is_a_range_error_naming_the_range(name: str, code: str, message: str):

@@ -297,6 +297,8 @@ async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock
                            ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
         error_of(await http.request(method, target), 404, "response_not_found", "response_id")
     assert len(server.api.live) == 0
+    records = [(r["outcome"], r["usage"]) for r in server.records if r.get("response_id") == rid]
+    assert records == [("cancelled", reply.json()["usage"])]
     assert (await streaming.request("POST", "/v1/responses", body=body())).json()["status"] == "completed"
 
 
@@ -318,6 +320,8 @@ async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojum
     await answered.wait()
     ((answered_at, answer),) = replies
     assert answered_at == cancelled_at and answer.status == 200 and answer.json() == reply.json()
+    await trio.testing.wait_all_tasks_blocked()
+    assert [(r["outcome"], r["usage"]) for r in server.records if r.get("response_id")] == [("cancelled", reply.json()["usage"])]
 
 
 async def test_a_cancel_during_post_inference_finds_a_completed_response(autojump_clock, nursery) -> None:

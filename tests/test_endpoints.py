@@ -232,6 +232,9 @@ async def test_deleting_a_response_a_chained_connection_caches(autojump_clock, n
     async with ws(server, "chained", api_key="alice") as conn, ws(server, "chained", api_key="alice") as other:
         await send(conn, create_event(store=True))
         first = (await until(conn, "response.completed"))[-1]["response"]
+        # Stored under the connection's key: another key finds nothing.
+        assert (await http.request("GET", f"/v1/responses/{first['id']}")).json()["id"] == first["id"]
+        error_of(await http.request("GET", f"/v1/responses/{first['id']}", key="bob"), 404, "response_not_found", "response_id")
         deleted = await http.request("DELETE", f"/v1/responses/{first['id']}")
         assert deleted.json() == {"id": first["id"], "object": "response", "deleted": True}
         error_of(await http.request("GET", f"/v1/responses/{first['id']}"), 404, "response_not_found", "response_id")
@@ -262,7 +265,9 @@ async def test_deleting_a_suspended_v1_response_is_refused_until_it_ends(autojum
             if last["type"] == "response.completed":
                 break
             paused = last["response"]
-        assert (await http.request("GET", f"/v1/responses/{rid}")).json()["status"] == "completed"
+        stored = (await http.request("GET", f"/v1/responses/{rid}")).json()
+        assert (stored["id"], stored["status"]) == (rid, "completed")
+        error_of(await http.request("GET", f"/v1/responses/{rid}", key="bob"), 404, "response_not_found", "response_id")
         assert (await http.request("DELETE", f"/v1/responses/{rid}")).json()["deleted"] is True
         error_of(await http.request("GET", f"/v1/responses/{rid}"), 404, "response_not_found", "response_id")
 

@@ -15,14 +15,12 @@ from support import create_event, function_calls, make_server, outputs_for, send
 from test_http import Answer, RawClient
 
 from prototype import metrics
-from prototype.api import retrieval
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import IdFactory, owner_of
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.cancel import ResponseCancelled, cancellable
 from prototype.designs.emitter import Emitter
-from prototype.protocol import errors
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.response import Response
 from prototype.server import routes
@@ -467,23 +465,6 @@ async def test_compact_reads_the_instructions(autojump_clock, nursery) -> None:
     created = (await client.request("POST", "/v1/responses", body={
         "model": "sim-1000", "input": "fix the bug", "instructions": "be brief", "metadata": {"testbed_workload": "fixed:1"}})).json()
     assert instructed["input_tokens"] == created["usage"]["input_tokens"] > plain["input_tokens"]
-
-
-# --- models -------------------------------------------------------------------------------------------
-
-
-def test_model_objects_name_the_profile_a_name_selects() -> None:
-    assert retrieval.model_list() == {"object": "list", "data": [
-        {"id": "gpt-5.4", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
-        {"id": "gpt-5.3-codex-spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
-        {"id": "gpt-5.3-codex-spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
-    ]}
-    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("spark", 1000.0), ("flagship", 65.0), ("sim-0.5", 0.5)):
-        assert retrieval.model_object(name)["testbed_decode_tokens_per_s"] == rate
-    for name in ("sim-0", "sim-0.0", "sim-10000000"):  # no usable rate: what response.create refuses is not found
-        with pytest.raises(errors.ProtocolError) as caught:
-            retrieval.model_object(name)
-        assert (caught.value.status, caught.value.code, caught.value.param) == (404, "model_not_found", "model")
 
 
 # --- openai-python against a real socket ---------------------------------------------------------------

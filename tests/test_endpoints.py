@@ -15,14 +15,12 @@ from support import create_event, function_calls, make_server, outputs_for, send
 from test_http import Answer, RawClient
 
 from prototype import metrics
-from prototype.api import retrieval
 from prototype.api.costs import ZERO_COSTS
 from prototype.api.service import IdFactory, owner_of
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.client.sse import parse_stream
 from prototype.designs.cancel import ResponseCancelled, cancellable
 from prototype.designs.emitter import Emitter
-from prototype.protocol import errors
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.response import Response
 from prototype.server import routes
@@ -232,6 +230,9 @@ async def test_deleting_a_response_a_chained_connection_caches(autojump_clock, n
     async with ws(server, "chained", api_key="alice") as conn, ws(server, "chained", api_key="alice") as other:
         await send(conn, create_event(store=True))
         first = (await until(conn, "response.completed"))[-1]["response"]
+        # Stored under the connection's key: another key finds nothing.
+        assert (await http.request("GET", f"/v1/responses/{first['id']}")).json()["id"] == first["id"]
+        error_of(await http.request("GET", f"/v1/responses/{first['id']}", key="bob"), 404, "response_not_found", "response_id")
         deleted = await http.request("DELETE", f"/v1/responses/{first['id']}")
         assert deleted.json() == {"id": first["id"], "object": "response", "deleted": True}
         error_of(await http.request("GET", f"/v1/responses/{first['id']}"), 404, "response_not_found", "response_id")
@@ -262,7 +263,9 @@ async def test_deleting_a_suspended_v1_response_is_refused_until_it_ends(autojum
             if last["type"] == "response.completed":
                 break
             paused = last["response"]
-        assert (await http.request("GET", f"/v1/responses/{rid}")).json()["status"] == "completed"
+        stored = (await http.request("GET", f"/v1/responses/{rid}")).json()
+        assert (stored["id"], stored["status"]) == (rid, "completed")
+        error_of(await http.request("GET", f"/v1/responses/{rid}", key="bob"), 404, "response_not_found", "response_id")
         assert (await http.request("DELETE", f"/v1/responses/{rid}")).json()["deleted"] is True
         error_of(await http.request("GET", f"/v1/responses/{rid}"), 404, "response_not_found", "response_id")
 
@@ -297,6 +300,8 @@ async def test_cancel_ends_an_http_stream_with_response_cancelled(autojump_clock
                            ("GET", f"/v1/responses/{rid}/input_items"), ("POST", f"/v1/responses/{rid}/cancel")):
         error_of(await http.request(method, target), 404, "response_not_found", "response_id")
     assert len(server.api.live) == 0
+    records = [(r["outcome"], r["usage"]) for r in server.records if r.get("response_id") == rid]
+    assert records == [("cancelled", reply.json()["usage"])]
     assert (await streaming.request("POST", "/v1/responses", body=body())).json()["status"] == "completed"
 
 
@@ -318,6 +323,8 @@ async def test_cancel_answers_a_json_request_with_the_cancelled_response(autojum
     await answered.wait()
     ((answered_at, answer),) = replies
     assert answered_at == cancelled_at and answer.status == 200 and answer.json() == reply.json()
+    await trio.testing.wait_all_tasks_blocked()
+    assert [(r["outcome"], r["usage"]) for r in server.records if r.get("response_id")] == [("cancelled", reply.json()["usage"])]
 
 
 async def test_a_cancel_during_post_inference_finds_a_completed_response(autojump_clock, nursery) -> None:
@@ -458,23 +465,6 @@ async def test_compact_reads_the_instructions(autojump_clock, nursery) -> None:
     created = (await client.request("POST", "/v1/responses", body={
         "model": "sim-1000", "input": "fix the bug", "instructions": "be brief", "metadata": {"testbed_workload": "fixed:1"}})).json()
     assert instructed["input_tokens"] == created["usage"]["input_tokens"] > plain["input_tokens"]
-
-
-# --- models -------------------------------------------------------------------------------------------
-
-
-def test_model_objects_name_the_profile_a_name_selects() -> None:
-    assert retrieval.model_list() == {"object": "list", "data": [
-        {"id": "gpt-5.4", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
-        {"id": "gpt-5.3-codex-spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
-        {"id": "gpt-5.3-codex-spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
-    ]}
-    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("spark", 1000.0), ("flagship", 65.0), ("sim-0.5", 0.5)):
-        assert retrieval.model_object(name)["testbed_decode_tokens_per_s"] == rate
-    for name in ("sim-0", "sim-0.0", "sim-10000000"):  # no usable rate: what response.create refuses is not found
-        with pytest.raises(errors.ProtocolError) as caught:
-            retrieval.model_object(name)
-        assert (caught.value.status, caught.value.code, caught.value.param) == (404, "model_not_found", "model")
 
 
 # --- openai-python against a real socket ---------------------------------------------------------------

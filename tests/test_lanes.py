@@ -14,7 +14,6 @@ from test_steering import failed, steer
 from trio_websocket import CloseReason, ConnectionClosed
 
 from prototype.client.connect import InMemoryConnector
-from prototype.client.harness import CHAINED, SUSPENDED
 from prototype.client.lanes import open_multiplexed
 from prototype.engine.streaming import FaultPlan
 from prototype.server import websocket
@@ -228,17 +227,6 @@ async def test_a_write_that_fails_under_a_running_response_records_it_closed_and
         await send(conn, create_event(metadata=ONE_TURN, stream_id=LANE))
         await quiet(conn)
     assert [(r["stream_id"], r["outcome"]) for r in server.records] == [(True, "closed")]
-
-
-@pytest.mark.parametrize("design", [CHAINED, SUSPENDED])
-async def test_a_stored_websocket_response_belongs_to_the_connections_key(autojump_clock, nursery, design):
-    server = make_server()
-    http = connect(nursery, server)
-    async with ws(server, design, api_key="alice") as conn:
-        await send(conn, create_event(metadata=ONE_TURN, store=True))
-        done = (await until(conn, *TERMINALS, timeout=WAIT))[-1]["response"]
-    assert (await http.request("GET", f"/v1/responses/{done['id']}", key="alice")).json()["id"] == done["id"]
-    assert (await http.request("GET", f"/v1/responses/{done['id']}", key="bob")).status == 404
 
 
 def held_kv(server) -> list:

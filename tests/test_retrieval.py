@@ -251,9 +251,16 @@ def test_a_replay_ends_with_the_terminal_its_status_names_and_fills_what_the_res
 # --- models --------------------------------------------------------------------------------------
 
 
-def test_a_model_without_a_usable_rate_is_not_found_with_its_name():
-    assert refused(retrieval.model_object, "sim-0") == (404, "model_not_found", "model", "The model 'sim-0' does not exist.")
-    name = "sim-0" + "0" * 80
-    assert refused(retrieval.model_object, name)[3] == f"The model '{name[:64]}' does not exist."
-    assert retrieval.model_object("sim-9999999")["testbed_decode_tokens_per_s"] == 9999999.0
-
+def test_model_objects_name_the_profile_a_name_selects_and_one_without_a_usable_rate_is_not_found() -> None:
+    assert retrieval.model_list() == {"object": "list", "data": [
+        {"id": "gpt-5.4", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 65.0},
+        {"id": "gpt-5.3-codex-spark", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 1000.0},
+        {"id": "gpt-5.3-codex-spark-burst", "object": "model", "created": 1775001600, "owned_by": "testbed", "testbed_decode_tokens_per_s": 4000.0},
+    ]}
+    for name, rate in (("sim-7", 7.0), ("sim-250000", 250000.0), ("sim-9999999", 9999999.0), ("spark", 1000.0),
+                       ("flagship", 65.0), ("sim-0.5", 0.5)):
+        assert retrieval.model_object(name)["testbed_decode_tokens_per_s"] == rate
+    # No usable rate: what response.create refuses is not found, named up to its first 64 characters.
+    for name in ("sim-0", "sim-0.0", "sim-10000000", "sim-0" + "0" * 80):
+        message = f"The model '{name[:64]}' does not exist."
+        assert refused(retrieval.model_object, name) == (404, "model_not_found", "model", message)

@@ -31,6 +31,7 @@ from prototype import metrics
 from prototype.api.costs import ALL_SWITCHES_OFF, API_PROFILES, ZERO_COSTS, ApiCosts
 from prototype.cli import common, serve, serve_report, serve_server
 from prototype.cli.engine_options import model_spec
+from prototype.engine.kv import Prompt
 from prototype.engine.vllm_client import VllmUnavailable
 from prototype.server.collector import FullCollectionPolicy
 from prototype.server.config import ServerConfig
@@ -279,7 +280,7 @@ async def test_stats_say_what_the_server_holds_and_are_printed_every_interval(au
     monkeypatch.setattr(serve_report, "count_tasks", lambda: 5)
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 6)
     engine = server.api.engine
-    engine._ranks.update({"a": 1})
+    engine.end_call(await engine.begin_call("a", Prompt([1])))  # one session seen, its call ended before any KV
     assert serve_report.stats(server) == {"tasks": 5, "connections": 2, "sessions": 3, "kv_entries": len(engine.kv),
                                           "engine_sessions": 1, "render_cache_tokens": 17, "gc_frozen_objects": 6}
     server.api.store.close()

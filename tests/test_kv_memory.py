@@ -474,10 +474,10 @@ async def test_a_full_directory_forgets_the_blocks_nobody_can_find_and_keeps_the
     big = Prompt(list(range(10_000_000, 10_000_000 + (SWEEP_BLOCKS - 40_000) * 16)))
     # (Figures are read into plain ints first: a failing assert would print the engine, a million ids.)
     await call(engine, "big", big)  # exactly the threshold: nothing is forgotten yet
-    listed = len(engine._blocks)
+    listed = len(engine.block_directory)
     assert listed == SWEEP_BLOCKS
     await call(engine, "big", Prompt([*big.ids, *range(1, 1 + 100 * 16)]))  # 100 blocks more: past it
-    listed, next_sweep = len(engine._blocks), engine._sweep_at
+    listed, next_sweep = len(engine.block_directory), engine.next_sweep_at
     assert listed == SWEEP_BLOCKS + 100 - 40_000  # old's expired blocks are gone, big's all kept
     assert next_sweep == SWEEP_BLOCKS  # the next sweep: at the threshold again, or when the directory has doubled
     found = engine.cached_prefix("probe", Prompt([*big.ids[: 64 * 16], 5]), trio.current_time())
@@ -492,7 +492,7 @@ async def test_a_sweep_at_time_zero_keeps_the_blocks_that_still_serve(autojump_c
     await call(engine, "big", Prompt(list(range(10_000_000, 10_000_000 + SWEEP_BLOCKS * 16))))  # a sweep at 0
     found = engine.cached_prefix("probe", Prompt([*old.ids[:-1], 7]), 0.0)
     assert found == 62 * 16
-    listed, next_sweep = len(engine._blocks), engine._sweep_at
+    listed, next_sweep = len(engine.block_directory), engine.next_sweep_at
     assert (listed, next_sweep) == (SWEEP_BLOCKS + 62, 2 * (SWEEP_BLOCKS + 62))  # nothing forgotten: the next sweep at double
 
 
@@ -544,12 +544,12 @@ async def test_a_server_remembers_at_most_max_sessions_forgetting_the_least_rece
     starts = {"a": 1000, "b": 20_000, "c": 40_000}
     for key in ("a", "b", "c"):  # c is the third: a, the least recently seen, is forgotten
         await call(engine, key, prompt(100, starts[key]))
-    assert list(engine._ranks) == ["b", "c"] and sorted(engine._computed) == ["b", "c"]
+    assert list(engine.remembered_sessions) == ["b", "c"] and sorted(engine.computed_tokens) == ["b", "c"]
     handle = await engine.begin_call("b", prompt(100, starts["b"]))  # remembered: seen again, no one forgotten
     assert handle.recomputed == 100
     engine.end_call(handle)
     handle = await engine.begin_call("a", prompt(100, starts["a"]))  # forgotten: c goes now
-    assert handle.recomputed == 0 and list(engine._ranks) == ["b", "a"]
+    assert handle.recomputed == 0 and list(engine.remembered_sessions) == ["b", "a"]
     engine.end_call(handle)
     assert engine.stats.recomputed_tokens == 100
 
@@ -558,10 +558,10 @@ async def test_sessions_that_hold_kv_are_not_forgotten_and_those_past_their_ttl_
     engine = Engine(kv_ttl=10.0, max_sessions=2)
     for key, start in (("a", 1000), ("b", 20_000), ("c", 40_000)):
         await call(engine, key, prompt(100, start))
-    assert list(engine._ranks) == ["a", "b", "c"]  # a and b still hold their KV
+    assert list(engine.remembered_sessions) == ["a", "b", "c"]  # a and b still hold their KV
     await trio.sleep(10.0)  # all three expire; a fourth session forgets the two least recently seen
     await call(engine, "d", prompt(100, 60_000))
-    assert list(engine._ranks) == ["c", "d"] and sorted(engine._computed) == ["c", "d"]
+    assert list(engine.remembered_sessions) == ["c", "d"] and sorted(engine.computed_tokens) == ["c", "d"]
 
 
 @pytest.mark.parametrize(("holders", "forgotten"), [(19, True), (20, False)])
@@ -573,8 +573,8 @@ async def test_forgetting_looks_at_most_sixteen_plus_four_per_excess_sessions(au
     handle = await engine.begin_call("idle", prompt(20, 500_000))
     engine.end_call(handle)  # ended before its prefill: no KV
     await call(engine, "new", prompt(20, 600_000))
-    assert ("idle" in engine._ranks) is not forgotten
-    assert len(engine._ranks) == holders + 1 + (not forgotten)
+    assert ("idle" in engine.remembered_sessions) is not forgotten
+    assert len(engine.remembered_sessions) == holders + 1 + (not forgotten)
 
 
 async def test_two_calls_of_one_session_wait_in_arrival_order(autojump_clock):
@@ -662,11 +662,12 @@ async def test_ending_a_call_twice_or_a_call_never_admitted_changes_nothing(auto
     engine.end_call(handle)
     assert (engine.active_calls, engine.kv["s"].active) == (0, 0)
     other = await engine.begin_call("t", prompt(10, 50_000))
-    with trio.move_on_after(1.0):
-        await engine.begin_call("u", prompt(10, 60_000))
-    (withdrawn,) = [c for *_, c in engine._waiting] or [None]
-    if withdrawn is not None:
-        engine.end_call(withdrawn)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.begin_call, "u", prompt(10, 60_000))
+        await trio.sleep(1.0)
+        (withdrawn,) = engine.queued_calls  # u waits for the one slot
+        nursery.cancel_scope.cancel()
+    engine.end_call(withdrawn)  # cancelled before admission: never admitted
     assert engine.active_calls == 1
     engine.end_call(other)
     assert engine.active_calls == 0
@@ -756,11 +757,14 @@ async def test_cache_entries_last_used_at_the_same_instant_are_evicted_direct_on
     assert [await evicted_for(n) for n in (60, 80, 100)] == [["direct"], ["direct", "old"], ["direct", "new", "old"]]
 
 
-def full_claim(engine: Engine, key: str) -> None:
-    """The oracle: list every full block of the key's entry as held by it."""
-    if (entry := engine.kv.get(key)) is not None and key not in engine._isolated:
+def full_claim(engine: Engine, key: str, isolated: set[str]) -> dict:
+    """The oracle: the engine's directory with every full block of the key's entry listed as held by it (an isolated
+    session, one isolated and not released since, lists nothing)."""
+    directory = dict(engine.block_directory)
+    if (entry := engine.kv.get(key)) is not None and key not in isolated:
         hashes = entry.prompt.block_hashes(engine.block_size)[: entry.tokens // engine.block_size]
-        engine._blocks.update(dict.fromkeys(hashes, entry))
+        directory.update(dict.fromkeys(hashes, entry))
+    return directory
 
 
 @settings(max_examples=200, deadline=None)
@@ -774,35 +778,38 @@ def test_claiming_only_its_new_blocks_lists_the_directory_that_claiming_all_of_t
     """An entry claims only its new blocks (kv.py `_register`): the directory equals a claim of all of them."""
     engine = Engine()
     prompts = {key: prompt(20) for key in "abc"}  # a shared first block: sessions claim it from each other
+    isolated = set()
     now = 0.0
     for key, action, size, wait in ops:
         now += wait
         if action == "release":
             engine.release(key)
+            isolated.discard(key)
         elif action == "isolate":
             engine.isolate(key)
+            isolated.add(key)
         else:
             if action == "grow":
                 prompts[key].extend(range(size * 7, size * 8))
             else:  # a new prompt that shares the first `size` ids of the old one
                 prompts[key] = Prompt(list(prompts[key].ids[:size]) + [size] * 30)
             engine.retain(key, prompts[key], now)
-            listed = dict(engine._blocks)
-            full_claim(engine, key)
+            listed = dict(engine.block_directory)
+            claimed = full_claim(engine, key, isolated)
             assert {block: holder.serial for block, holder in listed.items()} == {
-                block: holder.serial for block, holder in engine._blocks.items()
+                block: holder.serial for block, holder in claimed.items()
             }
 
 
 async def test_after_a_sweep_took_its_blocks_an_entry_claims_them_all_again(autojump_clock):
     # With a TTL of 0 the sweep after a registration takes the entry's own blocks; its next claim lists them again.
     engine = Engine(kv_ttl=0.0)
-    engine._sweep_at = 0  # sweep at the next registration (then back to its usual threshold)
-    p = prompt(40)  # 2 full blocks
+    await call(engine, "big", prompt((SWEEP_BLOCKS - 1) * 16, 10_000_000))  # the directory one block short of a sweep
+    p = prompt(40)  # 2 full blocks: their registration takes the directory past the threshold, a sweep
     handle = await engine.begin_call("a", p)
     engine.retain("a", p, trio.current_time())
-    assert engine._blocks == {}
+    assert engine.block_directory == {}
     p.extend(range(5000, 5020))  # a 3rd full block
     engine.retain("a", p, trio.current_time())
-    assert list(engine._blocks) == p.block_hashes(engine.block_size)[:3]
+    assert list(engine.block_directory) == p.block_hashes(engine.block_size)[:3]
     engine.end_call(handle)

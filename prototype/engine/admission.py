@@ -14,7 +14,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Hashable
+from collections.abc import Hashable, KeysView
 
 import attrs
 import trio
@@ -83,6 +83,16 @@ class Admission(KVResidency):
     @property
     def waiting_calls(self) -> int:
         return sum(1 for *_, call in self._waiting if not call.withdrawn)
+
+    @property
+    def queued_calls(self) -> tuple[EngineCall, ...]:
+        """The calls waiting for admission, in the order they will be admitted (withdrawn ones left out)."""
+        return tuple(call for *_, call in sorted(self._waiting) if not call.withdrawn)
+
+    @property
+    def remembered_sessions(self) -> KeysView[Hashable]:
+        """The sessions the engine remembers (at most `max_sessions`), least recently seen first."""
+        return self._ranks.keys()
 
     # --- the life of a model call -----------------------------------------------------------
 

@@ -25,7 +25,8 @@ import heapq
 import itertools
 import math
 from array import array
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
+from types import MappingProxyType
 
 import attrs
 import trio
@@ -162,6 +163,21 @@ class KVResidency:
     _sweep_at: int = attrs.field(default=1 << 16, init=False)
     _directory_last: KVEntry | None = attrs.field(default=None, init=False)  # the entry that changed `_blocks` last
     _isolated: set = attrs.field(factory=set, init=False)
+
+    @property
+    def computed_tokens(self) -> Mapping[Hashable, int]:
+        """The most tokens each remembered session has computed (read-only): what its recomputation is counted against."""
+        return MappingProxyType(self._computed)
+
+    @property
+    def block_directory(self) -> Mapping[int, KVEntry]:
+        """The prefix-block directory (read-only): block hash -> the KV entry listed as holding that block."""
+        return MappingProxyType(self._blocks)
+
+    @property
+    def next_sweep_at(self) -> int:
+        """Blocks the directory may list before a registration sweeps out those nobody can find any more."""
+        return self._sweep_at
 
     @property
     def idle_ttl(self) -> float:

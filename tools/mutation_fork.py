@@ -9,7 +9,8 @@ collects the suite once and forks that process for each mutant:
         trampolines in their "stats" mode), how long it took and whether it passed;
     python ../tools/mutation_fork.py check TRACE.json MUTANTS VERDICTS [--jobs 2] [--cap 20] [--exclude FILE]
                                        [--near-only] [pytest arguments]
-        for each mutant named in MUTANTS (one a line), forks, turns the mutant on and runs the passing tests
+        for each mutant in MUTANTS (a file naming one a line, or a glob over mutmut's names such as
+        "prototype.engine.kv.*"), forks, turns the mutant on and runs the passing tests
         that reach its function until one fails: first the tests that killed other mutants of that function,
         then the tests of the files that killed the module's mutants or are named after it, then the rest,
         fastest first. Appends `name verdict seconds` to VERDICTS (and `name test` to VERDICTS.killers):
@@ -24,6 +25,8 @@ the mutants that survive against the module's own test files as well.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import glob
 import json
 import os
 import signal
@@ -55,6 +58,16 @@ class Trace:
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed or (report.when == "call" and report.skipped):
             self.failed.add(report.nodeid)
+
+
+def mutant_names(selection: str) -> list[str]:
+    """The mutants a file names (one a line), or those of mutmut's `.meta` files that match a glob."""
+    if os.path.isfile(selection):
+        return [line.split()[0] for line in open(selection) if line.strip()]
+    names = []
+    for meta in sorted(glob.glob("prototype/**/*.py.meta", recursive=True)):
+        names += [name for name in json.load(open(meta))["exit_code_by_key"] if fnmatch.fnmatchcase(name, selection)]
+    return names
 
 
 def function_of(mutant: str) -> str:
@@ -156,7 +169,10 @@ class Check:
 
     def pytest_runtestloop(self, session) -> bool:
         items = {item.nodeid: item for item in session.items}
-        mutants = [line.split()[0] for line in open(self.options.mutants) if line.strip()]
+        # pytest's temporary folder, made once here: each fork would otherwise make its own and clean up the
+        # older ones, a cost that grows with every mutant.
+        session.config._tmp_path_factory.getbasetemp()
+        mutants = mutant_names(self.options.mutants)
         with open(self.options.verdicts, "a") as out:
             for mutant in mutants:
                 tests = [test for test in self.hits.get(function_of(mutant), ())
@@ -184,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     trace.add_argument("out")
     check = commands.add_parser("check", help="check mutants in forks of one collected test session")
     check.add_argument("trace")
-    check.add_argument("mutants")
+    check.add_argument("mutants", help="a file naming mutants, one a line, or a glob over mutmut's mutant names")
     check.add_argument("verdicts")
     check.add_argument("--jobs", type=int, default=2)
     check.add_argument("--cap", type=float, default=20.0, help="seconds before an undecided mutant is left as `capped`")
@@ -201,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.out, "w") as out:
             json.dump({"hits": recorder.hits, "duration": recorder.duration, "failed": sorted(recorder.failed)}, out)
         return int(status)
-    return int(pytest.main(base, plugins=[Check(options)]))
+    status = pytest.main(base, plugins=[Check(options)])
+    return 0 if status == pytest.ExitCode.NO_TESTS_COLLECTED else int(status)  # the forks ran the tests, not pytest's loop
 
 
 if __name__ == "__main__":

@@ -180,6 +180,7 @@ def test_the_parameters_of_the_default_configuration_another_preset_a_preset_fil
     rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(config))
     assert rows["workload preset"][0] == "custom (preset file), 3 tasks, seed 9"
     assert rows["turns per task"] == ("fixed 4", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50")
+    assert rows["tool time"][1] == "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"  # the mixture, uncalibrated
     assert rows["decode speeds"] == ("321 tokens/s unless --speeds", "latency profile (--latency)")
     assert rows["prefill rate"] == ("5000 tokens/s", "latency profile (--latency)")
     assert rows["engine request overhead"] == ("12.5 ms", "latency profile (--latency)")
@@ -237,6 +238,8 @@ def test_a_configurations_tasks_are_its_list_or_the_seeded_preset_and_its_server
     assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
     fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
     assert (fixed, [len(t.turns) for t in fixed]) == (workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3), [3, 3])
+    own_turns = attrs.evolve(workload.PRESETS["coding"], fixed_turns=3)  # a preset file's own fixed turns, no --turns
+    assert [len(t.turns) for t in benchmark.BenchConfig(preset=own_turns, n_tasks=2).tasks()] == [3, 3]
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
                                    sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)

@@ -95,13 +95,21 @@ def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with
     # Twice as fast on every task: +50% on the means, 2x, and half the median TTFT, in every resample of the tasks.
     assert [benchmark.interval_of(chained, k) for k in ("gain_vs_http", "speedup_vs_http", "ttft_p50_ratio_vs_http")] == [
         benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (0.5, 2.0, 0.5)]
-    assert (table["http"]["gain_vs_http"], table["http"]["speedup_vs_http"]) == (0.0, 1.0)
+    ratios = ("speedup_vs_http", "gain_vs_http", "ttft_p50_ratio_vs_http")
+    assert [benchmark.interval_of(table["http"], k) for k in ratios] == [  # http against itself: exactly 1x, no gain
+        benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (1.0, 0.0, 1.0)]
     mean = benchmark.interval_of(chained, "e2e_mean_s")
     assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0
     # Faster on three tasks, slower on one: the gain's interval spans the per-task gains' range and the point.
     mixed = [a_row("chained", 1000.0, e * f, task=f"t{i}") for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0, 80.0), (0.5, 0.6, 0.7, 1.2)))]
     gain = benchmark.interval_of(benchmark.summarize(http + mixed)[1], "gain_vs_http")
     assert gain.value == pytest.approx(1 - (5 + 12 + 28 + 96) / 150) and -0.2 <= gain.low < gain.value < gain.high <= 0.5
+    # Each estimate carries its n, what n counts and how its interval was made.
+    assert {name: (e.n, e.of, e.method) for name, e in benchmark.estimates(mixed, http).items()} == {
+        name: (4, "tasks", "paired bootstrap" if name in ratios else "bootstrap") for name in benchmark.ESTIMATED}
+    alone, itself = benchmark.estimates(mixed, None), benchmark.estimates(http, http)
+    assert all(math.isnan(alone[k].value) and (alone[k].n, alone[k].of, alone[k].method) == (4, "tasks", "paired bootstrap") for k in ratios)
+    assert [itself[k] for k in ratios] == [benchmark.Estimate(v, v, v, 4, "tasks", "exact") for v in (1.0, 0.0, 1.0)]
     # Another order of the tasks is not the same tasks: no ratio.
     assert math.isnan(benchmark.summarize(http + twice[::-1])[1]["gain_vs_http"])
     # Without intervals the values are the same and the ends NaN.

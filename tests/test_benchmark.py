@@ -99,7 +99,7 @@ def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with
     assert [benchmark.interval_of(table["http"], k) for k in ratios] == [  # http against itself: exactly 1x, no gain
         benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (1.0, 0.0, 1.0)]
     mean = benchmark.interval_of(chained, "e2e_mean_s")
-    assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0
+    assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0 and (mean.n, mean.method) == (4, "bootstrap")
     # Faster on three tasks, slower on one: the gain's interval spans the per-task gains' range and the point.
     mixed = [a_row("chained", 1000.0, e * f, task=f"t{i}") for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0, 80.0), (0.5, 0.6, 0.7, 1.2)))]
     gain = benchmark.interval_of(benchmark.summarize(http + mixed)[1], "gain_vs_http")
@@ -126,6 +126,10 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_task_without_turns_as_no_
         0.0, 0.0, 0, 0.0)
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=1, function_calls=3)])
     assert summary["calls_per_tool_turn"] == 3.0  # a single-turn task's calls count as one tool turn's
+    no_tokens = a_row("http", 65.0, 1.0)
+    del no_tokens["input_tokens"], no_tokens["output_tokens"]
+    [summary] = benchmark.summarize([no_tokens], intervals=False)
+    assert math.isnan(summary["cached_share"]) and math.isnan(summary["reasoning_share"])  # no tokens counted: no share
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
     assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
     rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1,

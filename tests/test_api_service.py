@@ -7,12 +7,14 @@ import hashlib
 import re
 
 import attrs
+import numpy as np
 import pytest
 import trio
+from support import SPARK
 
 from prototype import metrics
 from prototype.api import render
-from prototype.api.checks import CallLedger
+from prototype.api.checks import SPARK_CONTEXT_WINDOW, CallLedger, fewest_tokens
 from prototype.api.costs import (
     AFTER_SPRINT,
     BEFORE_SPRINT,
@@ -25,6 +27,8 @@ from prototype.api.costs import (
 )
 from prototype.api.hosted import HostedToolService
 from prototype.api.service import ApiService, IdFactory, StageModes, owner_of
+from prototype.engine import tokenizer
+from prototype.engine.streaming import ContextWindowExceeded
 from prototype.protocol.errors import INVALID_FUNCTION_CALL_OUTPUT, ProtocolError
 from prototype.protocol.events import CreateRequest
 from prototype.protocol.items import Compaction, FunctionCall, FunctionCallOutput, Message, Reasoning, WebSearchCall
@@ -301,3 +305,26 @@ async def test_each_stage_pays_its_whole_fixed_cost_unless_the_turn_reuses_its_e
         metrics.VALIDATE: 2.0, metrics.RENDER: 4.0, metrics.SAFETY: 8.0, metrics.ROUTE: 0.25}
     assert (await turn(5, attrs.evolve(cheap, append_render=False), model="sim-20"))[metrics.RENDER] == 4.0
     assert (await turn(6, attrs.evolve(cheap, incremental_checks=False), model="sim-20"))[metrics.VALIDATE] == 2.0
+
+
+@pytest.mark.parametrize("within_response", [False, True])
+async def test_input_that_cannot_fit_however_it_tokenizes_is_refused_by_the_bound_as_the_input_it_joins(autojump_clock, within_response):
+    # 40,000 "x" are at least 5,000 tokens (cl100k's longest run of "x" in one token is 8): more than the room a
+    # 125,000-token prompt leaves in Spark's window, so they are refused before they are tokenized. Joining a response
+    # under way they fail that response instead of a 400, reporting the prompt they extend plus the bound.
+    api = ApiService(costs=ZERO_COSTS)
+    long_task = Message("user", (("input_text", tokenizer.text_of(np.random.default_rng(1), 125_000)),))
+    first = await api.pre_inference(metrics.PhaseLog(), CreateRequest(SPARK, (long_task,)), [long_task])
+    first.items.append(call("call_1"))
+    first.ledger.absorb([call("call_1")])
+    answer = FunctionCallOutput("call_1", "x" * 40_000)
+    room = SPARK_CONTEXT_WINDOW - len(first.prompt)
+    appended = StageModes(incremental_checks=True, append_render=True, reuse_route=True, fixed_share=1.0)
+    with pytest.raises(ContextWindowExceeded if within_response else ProtocolError) as refused:
+        await api.pre_inference(metrics.PhaseLog(), CreateRequest(SPARK, (answer,)), [answer], base=first, modes=appended,
+                                within_response=within_response)
+    if within_response:
+        bound = len(first.prompt) + fewest_tokens([render.item_text(answer)], room)
+        assert (refused.value.tokens, refused.value.window) == (bound, SPARK_CONTEXT_WINDOW)
+    else:
+        assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "input")

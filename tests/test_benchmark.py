@@ -95,13 +95,21 @@ def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with
     # Twice as fast on every task: +50% on the means, 2x, and half the median TTFT, in every resample of the tasks.
     assert [benchmark.interval_of(chained, k) for k in ("gain_vs_http", "speedup_vs_http", "ttft_p50_ratio_vs_http")] == [
         benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (0.5, 2.0, 0.5)]
-    assert (table["http"]["gain_vs_http"], table["http"]["speedup_vs_http"]) == (0.0, 1.0)
+    ratios = ("speedup_vs_http", "gain_vs_http", "ttft_p50_ratio_vs_http")
+    assert [benchmark.interval_of(table["http"], k) for k in ratios] == [  # http against itself: exactly 1x, no gain
+        benchmark.Estimate(v, v, v, 4, "tasks", "paired bootstrap") for v in (1.0, 0.0, 1.0)]
     mean = benchmark.interval_of(chained, "e2e_mean_s")
-    assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0
+    assert mean.value == 18.75 and 5.0 <= mean.low < 18.75 < mean.high <= 40.0 and (mean.n, mean.method) == (4, "bootstrap")
     # Faster on three tasks, slower on one: the gain's interval spans the per-task gains' range and the point.
     mixed = [a_row("chained", 1000.0, e * f, task=f"t{i}") for i, (e, f) in enumerate(zip((10.0, 20.0, 40.0, 80.0), (0.5, 0.6, 0.7, 1.2)))]
     gain = benchmark.interval_of(benchmark.summarize(http + mixed)[1], "gain_vs_http")
     assert gain.value == pytest.approx(1 - (5 + 12 + 28 + 96) / 150) and -0.2 <= gain.low < gain.value < gain.high <= 0.5
+    # Each estimate carries its n, what n counts and how its interval was made.
+    assert {name: (e.n, e.of, e.method) for name, e in benchmark.estimates(mixed, http).items()} == {
+        name: (4, "tasks", "paired bootstrap" if name in ratios else "bootstrap") for name in benchmark.ESTIMATED}
+    alone, itself = benchmark.estimates(mixed, None), benchmark.estimates(http, http)
+    assert all(math.isnan(alone[k].value) and (alone[k].n, alone[k].of, alone[k].method) == (4, "tasks", "paired bootstrap") for k in ratios)
+    assert [itself[k] for k in ratios] == [benchmark.Estimate(v, v, v, 4, "tasks", "exact") for v in (1.0, 0.0, 1.0)]
     # Another order of the tasks is not the same tasks: no ratio.
     assert math.isnan(benchmark.summarize(http + twice[::-1])[1]["gain_vs_http"])
     # Without intervals the values are the same and the ends NaN.
@@ -118,6 +126,10 @@ def test_the_summary_reads_absent_counts_as_zero_and_a_task_without_turns_as_no_
         0.0, 0.0, 0, 0.0)
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=1, function_calls=3)])
     assert summary["calls_per_tool_turn"] == 3.0  # a single-turn task's calls count as one tool turn's
+    no_tokens = a_row("http", 65.0, 1.0)
+    del no_tokens["input_tokens"], no_tokens["output_tokens"]
+    [summary] = benchmark.summarize([no_tokens], intervals=False)
+    assert math.isnan(summary["cached_share"]) and math.isnan(summary["reasoning_share"])  # no tokens counted: no share
     [summary] = benchmark.summarize([a_row("http", 65.0, 1.0, turns=0)])
     assert math.isnan(summary["bytes_sent_per_turn"]) and math.isnan(summary["bytes_received_per_turn"])
     rows = [a_row("http", 65.0, 1.0, turns=1, bytes_sent_per_turn=2.0, bytes_received_per_turn=4.0, cached_tokens=1,
@@ -180,6 +192,7 @@ def test_the_parameters_of_the_default_configuration_another_preset_a_preset_fil
     rows = dict((name, (value, source)) for name, value, source in benchmark.parameters(config))
     assert rows["workload preset"][0] == "custom (preset file), 3 tasks, seed 9"
     assert rows["turns per task"] == ("fixed 4", "docs/parameters.md §1: Exgentic moment fit, TraceLab p50")
+    assert rows["tool time"][1] == "docs/parameters.md §2: TraceLab quantiles, AgentCgroup centres"  # the mixture, uncalibrated
     assert rows["decode speeds"] == ("321 tokens/s unless --speeds", "latency profile (--latency)")
     assert rows["prefill rate"] == ("5000 tokens/s", "latency profile (--latency)")
     assert rows["engine request overhead"] == ("12.5 ms", "latency profile (--latency)")
@@ -237,6 +250,8 @@ def test_a_configurations_tasks_are_its_list_or_the_seeded_preset_and_its_server
     assert benchmark.BenchConfig(n_tasks=2, seed=3).tasks() == workload.generate("coding", seed=3, n_tasks=2)
     fixed = benchmark.BenchConfig(preset="chat", n_tasks=2, fixed_turns=3).tasks()
     assert (fixed, [len(t.turns) for t in fixed]) == (workload.generate("chat", seed=0, n_tasks=2, fixed_turns=3), [3, 3])
+    own_turns = attrs.evolve(workload.PRESETS["coding"], fixed_turns=3)  # a preset file's own fixed turns, no --turns
+    assert [len(t.turns) for t in benchmark.BenchConfig(preset=own_turns, n_tasks=2).tasks()] == [3, 3]
     config = benchmark.BenchConfig(flush_interval=0.125, http_affinity=0.5, latency=LatencyModel(prefill_tokens_per_s=1234.0),
                                    sprint=BEFORE_SPRINT, costs=ApiCosts(post=0.125))
     server = benchmark.bench_server(config)

@@ -261,8 +261,8 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
     text = " ".join(capsys.readouterr().out.split())
     assert "--speeds SPEEDS [SPEEDS ...] decode speeds, separated by commas or spaces (default 65 1000 4000.5)" in text
     assert "the designs, separated by commas or spaces (default http chained); choices: http, chained, suspended" in text
-    assert "--seeds [SEEDS ...] seeds, separated by commas or spaces --tool-times" in text
-    assert "tool times, separated by commas or spaces" in text and "(default )" not in text
+    assert "--seeds [SEEDS ...] seeds, separated by commas or spaces" in text
+    assert "--tool-times TOOL_TIMES [TOOL_TIMES ...] tool times, separated by commas or spaces" in text and "(default )" not in text
 
 
 # --- the run folders --------------------------------------------------------------------------------------
@@ -286,3 +286,13 @@ def test_a_new_run_folder_each_time_named_by_the_clock_numbered_from_2_in_one_se
     left_over.write_text("a file left over")
     second = common.new_run_folder(tmp_path, datetime.datetime(2000, 1, 1))
     assert os.readlink(tmp_path / "latest") == second.name == "20000101-000000" and not left_over.exists()
+
+
+def test_runs_started_in_one_second_stage_apart_and_each_publishes_its_own_files(tmp_path):
+    now = datetime.datetime(2026, 11, 12, 13, 14, 15)
+    with common.RunFolder(tmp_path, tmp_path / "a", now) as a, common.RunFolder(tmp_path, tmp_path / "b", now) as b, \
+            common.RunFolder(tmp_path / "runs", now=now) as stamped:
+        for run, name in ((a, "a.txt"), (b, "b.txt"), (stamped, "c.txt")):
+            (run.path / name).write_text(name)
+        assert [a.publish(), b.publish(), stamped.publish()] == [tmp_path / "a", tmp_path / "b", tmp_path / "runs" / "20261112-131415"]
+    assert [sorted(p.name for p in run.path.iterdir()) for run in (a, b, stamped)] == [["a.txt"], ["b.txt"], ["c.txt"]]

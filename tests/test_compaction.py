@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import trio
-from support import TERMINALS, create_event, function_calls, make_server, outputs_for, send, timed_until, until, ws
+from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import connect
 
 from prototype.api.render import preamble_key, render_full
@@ -232,3 +232,12 @@ async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_t
     summary_ms = len(tokenizer.encoding().encode_ordinary(compaction.summary)) * 1.0
     spans = first_run[turn]["testbed_timing"]["spans"]
     assert any(phase == "decode" and end - start == pytest.approx(summary_ms, abs=1e-3) for phase, start, end in spans)
+
+
+async def test_the_calls_a_compaction_drops_still_count_an_output_sent_again_for_one_is_refused_as_answered(autojump_clock):
+    async with ws(make_server()) as conn:
+        turns = await run_chain(conn, context_management=COMPACTING)
+        first_call = function_calls(turns[0][-1][1]["response"])[0]  # answered, then dropped by the fourth turn's window
+        await send(conn, create_event(outputs_for([first_call]), previous_response_id=turns[-1][-1][1]["response"]["id"]))
+        error = (await receive(conn))["error"]
+    assert (error["code"], error["param"]) == ("invalid_function_call_output", "input[0]")  # answered twice, not unknown

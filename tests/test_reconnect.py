@@ -558,3 +558,7 @@ async def test_benchmark_rows_count_the_reconnects_of_a_task_past_the_limit(auto
     server = ResponsesServer(ApiService(costs=config.costs), ServerConfig(connection_lifetime=15, suspension_ttl=3600))
     row = benchmark.task_row(CHAINED, 100.0, (await benchmark.run_design(CHAINED, 100.0, [TASK], config, server=server))[0])
     assert (row["reconnects"], benchmark.summarize([row])[0]["reconnects"]) == (1, 1)
+    # The policy serves http rollouts too: a response the engine fails is sent again, and the task completes.
+    flaky = server_with(engine=Engine(faults=FaultPlan(failure_p=0.01, seed=2)))
+    (record,) = await benchmark.run_design("http", 100.0, [TASK], config, server=flaky)
+    assert record.status == "completed" and record.retried_responses >= 1

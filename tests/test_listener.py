@@ -56,14 +56,17 @@ async def test_a_connection_refused_before_its_request_gets_a_framed_error_and_c
     assert json.loads(payload) == {"error": error}
 
 
-async def test_a_connection_that_sends_no_head_is_closed_after_the_head_timeout(autojump_clock, nursery) -> None:
+@pytest.mark.parametrize(("half_closes", "closed_at"), [(False, HEAD_TIMEOUT_SECONDS), (True, 0.0)], ids=["stalls", "half-closes"])
+async def test_a_connection_that_never_finishes_its_head_is_closed_without_an_answer(autojump_clock, nursery, half_closes, closed_at) -> None:
     server = make_server()
     client, server_end = trio.testing.memory_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
     await client.send_all(b"GET /v1/responses HTTP/1.1\r\n")  # never finished
+    if half_closes:  # the peer's end of stream comes before a head: nothing to answer
+        await client.send_eof()
     with trio.fail_after(WAIT):
         assert await client.receive_some(65536) == b""
-    assert (trio.current_time(), server.connections) == (HEAD_TIMEOUT_SECONDS, 0)
+    assert (trio.current_time(), server.connections) == (closed_at, 0)
 
 
 async def test_the_listener_binds_a_free_loopback_port_by_default(nursery) -> None:

@@ -14,6 +14,7 @@ from support import make_server
 from test_bad_input import first_leaf
 
 from prototype.protocol.wire import TIMING_HEADER
+from prototype.server import http
 from prototype.server.app import serve_responses
 from prototype.server.config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, ServerConfig
 from prototype.server.streams import HeadTooLarge, ReplayStream, read_head
@@ -54,6 +55,19 @@ async def test_a_connection_refused_before_its_request_gets_a_framed_error_and_c
     head, payload = await answer_before_the_request(server, nursery, sent)
     assert head == [b"HTTP/1.1 " + status, b"content-type: application/json", f"content-length: {len(payload)}".encode(), b"connection: close"]
     assert json.loads(payload) == {"error": error}
+
+
+async def test_a_handler_fault_ends_its_connection_only_logged_with_its_traceback(autojump_clock, nursery, monkeypatch, caplog) -> None:
+    async def broken(*args) -> None:
+        raise RuntimeError("boom")
+
+    server, serve_http, models = make_server(), http.serve_http, b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\nauthorization: Bearer testbed\r\nconnection: close\r\n\r\n"
+    monkeypatch.setattr(http, "serve_http", broken)
+    with caplog.at_level("ERROR", logger="prototype.server.app"):
+        assert (await answer_before_the_request(server, nursery, models), server.connections) == (([b""], b""), 0)
+    assert [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [("prototype.server.app", "connection handler failed", RuntimeError)]
+    monkeypatch.setattr(http, "serve_http", serve_http)
+    assert (await answer_before_the_request(server, nursery, models))[0][0] == b"HTTP/1.1 200 OK"  # the server serves on
 
 
 @pytest.mark.parametrize(("half_closes", "closed_at"), [(False, HEAD_TIMEOUT_SECONDS), (True, 0.0)], ids=["stalls", "half-closes"])

@@ -161,6 +161,22 @@ async def test_the_beta_header_selects_the_design_and_the_multi_agent_beta_is_on
         ("response.inject.failed", "response_not_found") if multi_agent else ("error", "unknown_event_type"))
 
 
+async def test_a_connection_cancelled_mid_session_still_closes_its_websocket_with_the_close_handshake(autojump_clock, nursery) -> None:
+    client, server_end = trio.testing.memory_stream_pair()
+    serving = trio.CancelScope()
+
+    async def serve() -> None:
+        with serving:
+            await make_server().handle_stream(server_end)
+
+    nursery.start_soon(serve)
+    ws = await trio_websocket.wrap_client_stream(nursery, client, "testbed", "/v1/responses", extra_headers=[AUTH])
+    serving.cancel()  # a listener stopped with a session open (no drain)
+    with pytest.raises(trio_websocket.ConnectionClosed) as closed, trio.fail_after(WAIT):
+        await ws.get_message()
+    assert (closed.value.reason.code, trio.current_time()) == (1000, 0.0)
+
+
 async def test_the_handshake_gives_the_connection_its_design_client_timing_and_number(autojump_clock) -> None:
     server = make_server(config=ServerConfig(worker=3))
     headers = [AUTH, (b"openai-beta", b"responses_websockets=2026-02-04"), (b"user-agent", b"codex/1"), (TIMING_HEADER.encode(), b"TRUE")]

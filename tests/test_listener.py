@@ -14,6 +14,7 @@ from support import make_server
 from test_bad_input import first_leaf
 
 from prototype.protocol.wire import TIMING_HEADER
+from prototype.server import http
 from prototype.server.app import serve_responses
 from prototype.server.config import HEAD_TIMEOUT_SECONDS, MAX_HEAD_BYTES, ServerConfig
 from prototype.server.streams import HeadTooLarge, ReplayStream, read_head
@@ -56,14 +57,30 @@ async def test_a_connection_refused_before_its_request_gets_a_framed_error_and_c
     assert json.loads(payload) == {"error": error}
 
 
-async def test_a_connection_that_sends_no_head_is_closed_after_the_head_timeout(autojump_clock, nursery) -> None:
+async def test_a_handler_fault_ends_its_connection_only_logged_with_its_traceback(autojump_clock, nursery, monkeypatch, caplog) -> None:
+    async def broken(*args) -> None:
+        raise RuntimeError("boom")
+
+    server, serve_http, models = make_server(), http.serve_http, b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\nauthorization: Bearer testbed\r\nconnection: close\r\n\r\n"
+    monkeypatch.setattr(http, "serve_http", broken)
+    with caplog.at_level("ERROR", logger="prototype.server.app"):
+        assert (await answer_before_the_request(server, nursery, models), server.connections) == (([b""], b""), 0)
+    assert [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [("prototype.server.app", "connection handler failed", RuntimeError)]
+    monkeypatch.setattr(http, "serve_http", serve_http)
+    assert (await answer_before_the_request(server, nursery, models))[0][0] == b"HTTP/1.1 200 OK"  # the server serves on
+
+
+@pytest.mark.parametrize(("half_closes", "closed_at"), [(False, HEAD_TIMEOUT_SECONDS), (True, 0.0)], ids=["stalls", "half-closes"])
+async def test_a_connection_that_never_finishes_its_head_is_closed_without_an_answer(autojump_clock, nursery, half_closes, closed_at) -> None:
     server = make_server()
     client, server_end = trio.testing.memory_stream_pair()
     nursery.start_soon(server.handle_stream, server_end)
     await client.send_all(b"GET /v1/responses HTTP/1.1\r\n")  # never finished
+    if half_closes:  # the peer's end of stream comes before a head: nothing to answer
+        await client.send_eof()
     with trio.fail_after(WAIT):
         assert await client.receive_some(65536) == b""
-    assert (trio.current_time(), server.connections) == (HEAD_TIMEOUT_SECONDS, 0)
+    assert (trio.current_time(), server.connections) == (closed_at, 0)
 
 
 async def test_the_listener_binds_a_free_loopback_port_by_default(nursery) -> None:
@@ -142,6 +159,22 @@ async def test_the_beta_header_selects_the_design_and_the_multi_agent_beta_is_on
         injected = json.loads(await ws.get_message())
     assert (injected["type"], injected.get("error", {}).get("code")) == (
         ("response.inject.failed", "response_not_found") if multi_agent else ("error", "unknown_event_type"))
+
+
+async def test_a_connection_cancelled_mid_session_still_closes_its_websocket_with_the_close_handshake(autojump_clock, nursery) -> None:
+    client, server_end = trio.testing.memory_stream_pair()
+    serving = trio.CancelScope()
+
+    async def serve() -> None:
+        with serving:
+            await make_server().handle_stream(server_end)
+
+    nursery.start_soon(serve)
+    ws = await trio_websocket.wrap_client_stream(nursery, client, "testbed", "/v1/responses", extra_headers=[AUTH])
+    serving.cancel()  # a listener stopped with a session open (no drain)
+    with pytest.raises(trio_websocket.ConnectionClosed) as closed, trio.fail_after(WAIT):
+        await ws.get_message()
+    assert (closed.value.reason.code, trio.current_time()) == (1000, 0.0)
 
 
 async def test_the_handshake_gives_the_connection_its_design_client_timing_and_number(autojump_clock) -> None:

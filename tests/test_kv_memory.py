@@ -707,6 +707,15 @@ async def test_a_released_session_that_comes_back_is_new_youngest_and_with_nothi
     assert order == [("b", 100), ("a", 0)]  # b is now the older session; a computed nothing it remembers
 
 
+def test_a_second_use_outside_a_call_renews_the_idle_ttl():
+    for now in (399.0, 400.0):
+        engine, p = Engine(kv_ttl=300.0), prompt(100)
+        engine.retain("s", p, 0.0)
+        engine.retain("s", p, 100.0)
+        engine.advance(now)  # the first use's timer, due at 300, does nothing; the second's, due at 400, expires it
+        assert ("s" in engine.kv, engine.stats.expired) == (now < 400.0, int(now >= 400.0))
+
+
 def test_outside_trio_a_release_and_a_call_end_happen_at_the_last_time_the_engine_saw():
     engine = Engine(kv_ttl=300.0)
     p = prompt(100)

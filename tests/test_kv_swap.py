@@ -128,6 +128,7 @@ async def test_swap_ins_queue_on_the_link_and_each_waits_for_its_own_copy(autoju
     # Waiting time, link queue included: a waited sa, b waited sa + sb.
     assert (engine.stats.swap_in_bytes, engine.stats.swap_in_seconds) == (1500 * KV, exactly(sa + (sa + sb)))
     assert engine.kv["a"].where == engine.kv["b"].where == GPU and engine.host_tokens == 0
+    assert_consistent(engine)  # the copies back left nothing counted on the host
 
 
 async def test_a_session_back_before_its_copy_ended_keeps_its_gpu_kv_and_waits_for_nothing(autojump_clock):
@@ -141,6 +142,7 @@ async def test_a_session_back_before_its_copy_ended_keeps_its_gpu_kv_and_waits_f
     engine.end_call(handle, paused=False)
     engine.advance(10)
     assert engine.kv["a"].where == GPU and engine.resident_tokens == 1000  # the stale copy timer did nothing
+    assert_consistent(engine)
 
 
 async def test_a_call_queued_for_gpu_room_is_admitted_the_moment_a_swap_out_frees_it(autojump_clock):

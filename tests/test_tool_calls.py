@@ -11,6 +11,7 @@ import attrs
 import jsonschema
 import numpy as np
 import pytest
+from scipy import stats
 from support import create_event, function_calls, make_server, send, until, ws
 
 from prototype import workload as wl
@@ -298,6 +299,11 @@ def test_schema_values_are_drawn_at_their_keywords_edges(schema, values):
     drawn = [tool_calls.schema_valid_value(schema, np.random.default_rng(seed)) for seed in range(200)]
     assert {hashable(value) for value in drawn} == values
     assert all(type(value) is type(next(iter(drawn))) for value in drawn)  # ints stay ints, never floats
+
+
+def test_a_boolean_argument_is_a_fair_coin():
+    heads = sum(tool_calls.schema_valid_value({"type": "boolean"}, np.random.default_rng(seed)) for seed in range(200))
+    assert stats.binomtest(heads, 200).pvalue > 0.01
 
 
 def test_strings_and_untyped_values_are_words_cut_or_padded_to_their_bounds_and_a_value_breaking_its_schema_is_logged(caplog):

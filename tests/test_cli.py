@@ -82,6 +82,8 @@ def test_every_option_has_help_and_abbreviations_are_off(name, capture_parser):
     (["demo", "--turns", "1"], "python -m prototype demo: error: argument --turns: must be at least 2, not 1"),
     (["demo", "--tps", "0"], "python -m prototype demo: error: argument --tps: must be greater than 0, not 0"),
     (["demo", "--output-tokens", "0"], "python -m prototype demo: error: argument --output-tokens: must be at least 1, not 0"),
+    (["demo", "--designs", "chained,http"],
+     "python -m prototype demo: error: argument --designs: 'http' is not one of suspended, chained"),
     (["calibrate", "t.jsonl", "--baseline-tasks", "0"], "python -m prototype calibrate: error: argument --baseline-tasks: must be at least 1, not 0"),
     (["figures", "--smok"], "python -m prototype figures: error: unrecognized arguments: --smok")])
 def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, line, capsys, monkeypatch):

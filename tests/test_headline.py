@@ -128,15 +128,21 @@ def test_the_figures_command_imports_results_and_rewrites_or_checks_the_spans_wi
     data = checkout / "docs" / "figures"
     run = checkout / "results" / "sensitivity" / "latest"
     headline.write(run / "sensitivity.json", {"headline": a_section("sensitivity", top=RATIO)})
-    (checkout / "README.md").write_text("<!-- fig:sensitivity.top -->?<!-- /fig -->\n")
+    for page in ("README.md", "docs/results.md"):
+        (checkout / page).write_text("<!-- fig:sensitivity.top -->?<!-- /fig -->\n")
     assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 2  # no data yet: named
     assert "no data file" in capsys.readouterr().err
     assert figures_command.run(figures_command_args("--no-run", str(run), "--out", str(data))) == 0
     assert (checkout / "README.md").read_text() == "<!-- fig:sensitivity.top -->0.39 [0.35, 0.44] n=10<!-- /fig -->\n"
+    assert figures_command.run(figures_command_args("--no-run", "--out", str(data))) == 0  # nothing left to rewrite
+    assert capsys.readouterr().out.endswith("rewrote the spans of README.md, docs/results.md\nevery span already shows its data\n")
     assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 0
+    assert capsys.readouterr().out == f"every span shows the data in {data}\n"
     (checkout / "README.md").write_text("<!-- fig:sensitivity.top -->0.40 [0.35, 0.44] n=10<!-- /fig -->\n")
     assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 1
-    assert "README.md:1: fig:sensitivity.top shows '0.40 [0.35, 0.44] n=10'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "README.md:1: fig:sensitivity.top shows '0.40 [0.35, 0.44] n=10'" in out
+    assert out.endswith(f"\n1 span(s) differ from the data in {data}\n")
 
 
 def figures_command_args(*argv: str):

@@ -108,7 +108,8 @@ def test_the_summary_gives_each_design_its_gain_over_http_on_the_same_tasks_with
     assert {name: (e.n, e.of, e.method) for name, e in benchmark.estimates(mixed, http).items()} == {
         name: (4, "tasks", "paired bootstrap" if name in ratios else "bootstrap") for name in benchmark.ESTIMATED}
     alone, itself = benchmark.estimates(mixed, None), benchmark.estimates(http, http)
-    assert all(math.isnan(alone[k].value) and (alone[k].n, alone[k].of, alone[k].method) == (4, "tasks", "paired bootstrap") for k in ratios)
+    assert all(math.isnan(alone[k].value) and (alone[k].n, alone[k].of, alone[k].method) == (4, "tasks", "paired bootstrap")
+               for k in ratios)
     assert [itself[k] for k in ratios] == [benchmark.Estimate(v, v, v, 4, "tasks", "exact") for v in (1.0, 0.0, 1.0)]
     # Another order of the tasks is not the same tasks: no ratio.
     assert math.isnan(benchmark.summarize(http + twice[::-1])[1]["gain_vs_http"])

@@ -264,7 +264,8 @@ def test_the_types_take_their_values_and_name_their_kind_and_a_list_option_joins
     assert "--speeds SPEEDS [SPEEDS ...] decode speeds, separated by commas or spaces (default 65 1000 4000.5)" in text
     assert "the designs, separated by commas or spaces (default http chained); choices: http, chained, suspended" in text
     assert "--seeds [SEEDS ...] seeds, separated by commas or spaces" in text
-    assert "--tool-times TOOL_TIMES [TOOL_TIMES ...] tool times, separated by commas or spaces" in text and "(default )" not in text
+    assert "--tool-times TOOL_TIMES [TOOL_TIMES ...] tool times, separated by commas or spaces" in text
+    assert "(default )" not in text
 
 
 # --- the run folders --------------------------------------------------------------------------------------
@@ -296,5 +297,6 @@ def test_runs_started_in_one_second_stage_apart_and_each_publishes_its_own_files
             common.RunFolder(tmp_path / "runs", now=now) as stamped:
         for run, name in ((a, "a.txt"), (b, "b.txt"), (stamped, "c.txt")):
             (run.path / name).write_text(name)
-        assert [a.publish(), b.publish(), stamped.publish()] == [tmp_path / "a", tmp_path / "b", tmp_path / "runs" / "20261112-131415"]
+        assert [a.publish(), b.publish(), stamped.publish()] == [
+            tmp_path / "a", tmp_path / "b", tmp_path / "runs" / "20261112-131415"]
     assert [sorted(p.name for p in run.path.iterdir()) for run in (a, b, stamped)] == [["a.txt"], ["b.txt"], ["c.txt"]]

@@ -135,7 +135,8 @@ def test_the_figures_command_imports_results_and_rewrites_or_checks_the_spans_wi
     assert figures_command.run(figures_command_args("--no-run", str(run), "--out", str(data))) == 0
     assert (checkout / "README.md").read_text() == "<!-- fig:sensitivity.top -->0.39 [0.35, 0.44] n=10<!-- /fig -->\n"
     assert figures_command.run(figures_command_args("--no-run", "--out", str(data))) == 0  # nothing left to rewrite
-    assert capsys.readouterr().out.endswith("rewrote the spans of README.md, docs/results.md\nevery span already shows its data\n")
+    assert capsys.readouterr().out.endswith(
+        "rewrote the spans of README.md, docs/results.md\nevery span already shows its data\n")
     assert figures_command.run(figures_command_args("--check", "--out", str(data))) == 0
     assert capsys.readouterr().out == f"every span shows the data in {data}\n"
     (checkout / "README.md").write_text("<!-- fig:sensitivity.top -->0.40 [0.35, 0.44] n=10<!-- /fig -->\n")

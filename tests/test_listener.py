@@ -61,11 +61,13 @@ async def test_a_handler_fault_ends_its_connection_only_logged_with_its_tracebac
     async def broken(*args) -> None:
         raise RuntimeError("boom")
 
-    server, serve_http, models = make_server(), http.serve_http, b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\nauthorization: Bearer testbed\r\nconnection: close\r\n\r\n"
+    server, serve_http = make_server(), http.serve_http
+    models = b"GET /v1/models HTTP/1.1\r\nhost: testbed\r\nauthorization: Bearer testbed\r\nconnection: close\r\n\r\n"
     monkeypatch.setattr(http, "serve_http", broken)
     with caplog.at_level("ERROR", logger="prototype.server.app"):
         assert (await answer_before_the_request(server, nursery, models), server.connections) == (([b""], b""), 0)
-    assert [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [("prototype.server.app", "connection handler failed", RuntimeError)]
+    logged = [(r.name, r.getMessage(), r.exc_info[0]) for r in caplog.records]
+    assert logged == [("prototype.server.app", "connection handler failed", RuntimeError)]
     monkeypatch.setattr(http, "serve_http", serve_http)
     assert (await answer_before_the_request(server, nursery, models))[0][0] == b"HTTP/1.1 200 OK"  # the server serves on
 

@@ -75,7 +75,7 @@ def stats(server: ResponsesServer) -> dict[str, int]:
     engine = server.api.engine
     return {
         "tasks": count_tasks(), "connections": server.connections, "sessions": len(server.sessions),
-        "kv_entries": len(engine.kv), "engine_sessions": len(engine._ranks), "render_cache_tokens": server.api.render_cache.tokens,
+        "kv_entries": len(engine.kv), "engine_sessions": len(engine.remembered_sessions), "render_cache_tokens": server.api.render_cache.tokens,
         "gc_frozen_objects": gc.get_freeze_count(),  # kept out of full collections (server/collector.py)
     }
 

@@ -11,6 +11,7 @@ import trio
 from support import TERMINALS, create_event, function_calls, make_server, outputs_for, receive, send, timed_until, until, ws
 from test_endpoints import connect
 
+from prototype.api.costs import ALL_SWITCHES_ON, CacheSwitches
 from prototype.api.render import preamble_key, render_full
 from prototype.client.harness import HARNESS_TOOLS
 from prototype.designs.compaction import summary_tokens
@@ -20,6 +21,7 @@ from prototype.engine.memory import SWAP_POLICY
 from prototype.protocol.compaction import window, window_of_dicts
 from prototype.protocol.events import ToolDef
 from prototype.protocol.items import Compaction, Message, parse_item
+from prototype.server.config import ServerConfig
 
 THRESHOLD = 1000  # the API reference's minimum
 COMPACTING = [{"type": "compaction", "compact_threshold": THRESHOLD}]
@@ -234,8 +236,9 @@ async def test_each_compaction_counts_every_item_dropped_so_far_and_summarises_t
     assert any(phase == "decode" and end - start == pytest.approx(summary_ms, abs=1e-3) for phase, start, end in spans)
 
 
-async def test_the_calls_a_compaction_drops_still_count_an_output_sent_again_for_one_is_refused_as_answered(autojump_clock):
-    async with ws(make_server()) as conn:
+@pytest.mark.parametrize("switches", [ALL_SWITCHES_ON, CacheSwitches(incremental_checks=False)], ids=["incremental", "full checks"])
+async def test_the_calls_a_compaction_drops_still_count_an_output_sent_again_for_one_is_refused_as_answered(autojump_clock, switches):
+    async with ws(make_server(config=ServerConfig(switches=switches))) as conn:
         turns = await run_chain(conn, context_management=COMPACTING)
         first_call = function_calls(turns[0][-1][1]["response"])[0]  # answered, then dropped by the fourth turn's window
         await send(conn, create_event(outputs_for([first_call]), previous_response_id=turns[-1][-1][1]["response"]["id"]))

@@ -76,6 +76,15 @@ class CallLedger:
                     self.turn = 0
                 self.last_was_output = False
 
+    def refolded(self, window: Sequence[Item]) -> CallLedger:
+        """The ledger a fold over the whole conversation gives, computed again: the calls before `window` as this
+        ledger holds them (a compaction dropped their items, protocol/compaction.py), then `window`'s items."""
+        in_window = {item.call_id for item in window if isinstance(item, FunctionCall | FunctionCallOutput)}
+        dropped = {call_id: name for call_id, name in self.calls.items() if call_id not in in_window}
+        ledger = CallLedger(dropped, {call_id for call_id in self.answered if call_id in dropped})
+        ledger.absorb(window)
+        return ledger
+
     @property
     def unanswered(self) -> list[str]:
         return [call_id for call_id in self.calls if call_id not in self.answered]

@@ -190,8 +190,7 @@ class ApiService:
 
         # (1) validation: the new items against the ledger, or the whole conversation from scratch.
         if base is not None and not modes.incremental_checks:
-            ledger = CallLedger()
-            ledger.absorb(old_items_for_checks)
+            ledger = ledger.refolded(old_items_for_checks)
         ledger.absorb(new_items)
 
         # The context window, by a bound first: new items that cannot fit however they tokenize are refused

@@ -396,9 +396,10 @@ def test_compares_bars_take_the_tables_estimates_when_it_has_them(tmp_path, draw
     assert whisker_segments(e2e_ax) == [[((0.0, 12.0), (0.0, 27.0))]] and whisker_segments(ttft_ax) == [[((0.0, 80.0), (0.0, 150.0))]]
 
 
-def test_compares_api_stages_stack_in_their_order_each_with_the_hatch_its_legend_shows(tmp_path, drawn):
+def test_compares_api_stages_stack_hatched_as_their_legend_shows_and_no_panel_or_caption_overlaps_another(tmp_path, drawn):
     figures.compare_figure([{"tasks": 3}], rows_of_three_designs(), tmp_path / "c.svg")
-    api_ax = drawn[0].axes[3]
+    (fig,) = drawn
+    e2e_ax, ttft_ax, bytes_ax, api_ax, turn_ax = fig.axes
     hatches = figures.PHASE_HATCHES
     assert len(set(hatches.values())) == len(figures.API_PHASES)  # no two stages look alike
     # ms per turn: http 2-turn tasks (validate 1, safety 0.5, render 2, route 1.5, store_read 0.25, post 3); chained at
@@ -419,6 +420,17 @@ def test_compares_api_stages_stack_in_their_order_each_with_the_hatch_its_legend
     assert texts(legend.get_texts()) == list(figures.API_PHASES)
     assert [h.get_hatch() for h in legend.legend_handles] == [hatches[p] for p in figures.API_PHASES]
     assert api_ax.get_ylim() == pytest.approx((0.0, 8.25 * 1.05 * 1.2))  # room above the stacks for the legend
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    # The turn panel's design names (the longest, "suspended") stay clear of the API panel on their left.
+    assert min(t.get_window_extent(renderer).x0 for t in turn_ax.get_yticklabels()) > api_ax.get_window_extent(renderer).x1
+    for left, right in ((e2e_ax, ttft_ax), (ttft_ax, bytes_ax)):
+        assert left.get_tightbbox(renderer).x1 < right.get_tightbbox(renderer).x0
+    # The caption sits under every panel and names each kind of mark the panels draw.
+    (caption,) = [t for t in fig.texts if t.get_text() != fig.get_suptitle()]
+    assert caption.get_window_extent(renderer).y1 < min(a.get_tightbbox(renderer).y0 for a in fig.axes)
+    for mark in ("mean per task", "median turn", "95% interval", "Dots", "▲", "hatch"):
+        assert mark in caption.get_text().replace("\n", " ")
 
 
 def test_compares_turn_panel_splits_a_turn_at_the_middle_speed(tmp_path, drawn):
@@ -443,23 +455,6 @@ def test_compares_turn_panel_splits_a_turn_at_the_middle_speed(tmp_path, drawn):
     legend = turn_ax.get_legend()
     assert texts(legend.get_texts()) == list(figures.TURN_PARTS)
     assert [h.get_hatch() for h in legend.legend_handles] == [figures.PART_HATCHES[p] for p in figures.TURN_PARTS]
-
-
-def test_compares_panels_do_not_overlap_and_a_caption_explains_every_mark(tmp_path, drawn):
-    figures.compare_figure([{"tasks": 3}], rows_of_three_designs(), tmp_path / "c.svg")
-    (fig,) = drawn
-    e2e_ax, ttft_ax, bytes_ax, api_ax, turn_ax = fig.axes
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    # The turn panel's design names (the longest, "suspended") stay clear of the API panel on their left.
-    assert min(t.get_window_extent(renderer).x0 for t in turn_ax.get_yticklabels()) > api_ax.get_window_extent(renderer).x1
-    for left, right in ((e2e_ax, ttft_ax), (ttft_ax, bytes_ax)):
-        assert left.get_tightbbox(renderer).x1 < right.get_tightbbox(renderer).x0
-    # The caption sits under every panel and names each kind of mark the panels draw.
-    (caption,) = [t for t in fig.texts if t.get_text() != fig.get_suptitle()]
-    assert caption.get_window_extent(renderer).y1 < min(a.get_tightbbox(renderer).y0 for a in fig.axes)
-    for mark in ("mean per task", "median turn", "95% interval", "Dots", "▲", "hatch"):
-        assert mark in caption.get_text().replace("\n", " ")
 
 
 def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot_and_its_title_counts_the_tasks(tmp_path, drawn):

@@ -171,6 +171,7 @@ async def test_frame_size_limit_takes_a_frame_at_the_limit_and_closes_1009_above
 
 # The API's answer to an input longer than the model's window (docs/protocol.md, "Errors").
 WINDOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
+WINDOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}
 
 
 def test_each_model_name_has_its_models_context_window() -> None:
@@ -200,7 +201,7 @@ async def test_an_input_one_token_over_the_window_is_refused_at_once_and_one_at_
     if transport == "http":
         start = trio.current_time()
         status, answer = await http(server, nursery, json.dumps(over).encode())
-        assert (status, answer) == (400, {"error": {"type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}})
+        assert (status, answer) == (400, {"error": WINDOW_ERROR})
         assert trio.current_time() == start
         status, answer = await http(server, nursery, json.dumps(at_window).encode())
         assert (status, answer["status"], answer["usage"]["input_tokens"]) == (200, "completed", SPARK_CONTEXT_WINDOW)
@@ -208,8 +209,7 @@ async def test_an_input_one_token_over_the_window_is_refused_at_once_and_one_at_
     async with ws(server, transport) as conn:
         start = trio.current_time()
         await send(conn, {"type": "response.create", **over})
-        assert await receive(conn) == {"type": "error", "status": 400, "error": {
-            "type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}}
+        assert await receive(conn) == {"type": "error", "status": 400, "error": WINDOW_ERROR}
         assert trio.current_time() == start
         await send(conn, {"type": "response.create", **at_window})
         events = await until(conn, *TERMINALS)
@@ -225,8 +225,7 @@ async def test_an_append_that_would_take_a_rollout_past_the_window_is_refused_an
         too_long = tokenizer.text_of(np.random.default_rng(3), room + 1000)
         await send(conn, {"type": "response.append", "input": [output(calls_of(paused)[0], too_long)]})
         # Refused before it is taken, as the API refuses a request too long: never inside a response.failed.
-        assert await receive(conn) == {"type": "error", "status": 400, "error": {
-            "type": "invalid_request_error", "code": "context_length_exceeded", "message": WINDOW_MESSAGE, "param": "input"}}
+        assert await receive(conn) == {"type": "error", "status": 400, "error": WINDOW_ERROR}
         # The rollout is still paused: an append that fits resumes it, in the same response.
         await send(conn, {"type": "response.append", "input": [output(calls_of(paused)[0])]})
         resumed = await until(conn, "response.done", *TERMINALS)

@@ -323,10 +323,12 @@ async def test_a_second_sender_or_reader_is_refused_by_name(autojump_clock: trio
         nursery.cancel_scope.cancel()
 
 
-async def test_a_broken_link_fails_reads_after_their_delay_and_later_sends_with_its_message(autojump_clock: trio.testing.MockClock) -> None:
-    async def reset() -> None:
-        raise trio.BrokenResourceError("connection reset")
+async def reset() -> None:
+    """A peer that reset the connection: every read or write of the stream it hooks fails."""
+    raise trio.BrokenResourceError("connection reset")
 
+
+async def test_a_broken_link_fails_reads_after_their_delay_and_later_sends_with_its_message(autojump_clock: trio.testing.MockClock) -> None:
     async with open_delayed_stream(trio.testing.MemoryReceiveStream(reset), 0.0, receive_delay=0.25) as stream:
         with pytest.raises(trio.BrokenResourceError, match=whole("the link failed")) as broken:
             await stream.receive_some()
@@ -652,8 +654,6 @@ async def test_a_registry_numbers_its_links_a_restart_cuts_them_and_a_faulty_pai
     assert not quiet.broken and registry.links == {quiet}  # no registry given: left as it was
 
 
-
-
 async def test_a_send_eof_in_progress_refuses_other_senders_until_it_returns() -> None:
     class EofWaitsForTheReader(trio.abc.HalfCloseableStream):
         def __init__(self) -> None:
@@ -682,9 +682,6 @@ async def test_a_send_eof_in_progress_refuses_other_senders_until_it_returns() -
 
 
 async def test_closing_a_stream_whose_link_broke_closes_the_inner_stream_at_once(autojump_clock: trio.testing.MockClock) -> None:
-    async def reset() -> None:
-        raise trio.BrokenResourceError("connection reset")
-
     closed: list[float] = []
     inner = trio.testing.MemorySendStream(send_all_hook=reset, close_hook=lambda: closed.append(trio.current_time()))
     async with open_delayed_stream(inner, 0.1) as stream:

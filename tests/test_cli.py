@@ -7,6 +7,7 @@ import argparse
 import datetime
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -300,3 +301,81 @@ def test_runs_started_in_one_second_stage_apart_and_each_publishes_its_own_files
         assert [a.publish(), b.publish(), stamped.publish()] == [
             tmp_path / "a", tmp_path / "b", tmp_path / "runs" / "20261112-131415"]
     assert [sorted(p.name for p in run.path.iterdir()) for run in (a, b, stamped)] == [["a.txt"], ["b.txt"], ["c.txt"]]
+
+
+def test_runs_started_in_one_second_publish_into_folders_numbered_from_2_and_latest_at_the_last(tmp_path):
+    now, names = datetime.datetime(2026, 11, 12, 13, 14, 15), ["20261112-131415", "20261112-131415-2", "20261112-131415-3"]
+    for run, name in enumerate(names):
+        with common.RunFolder(tmp_path, now=now) as folder:
+            (folder.path / "a.txt").write_text(str(run))
+            assert folder.publish() == tmp_path / name
+    assert [(tmp_path / name / "a.txt").read_text() for name in names] == ["0", "1", "2"]
+    assert os.readlink(tmp_path / "latest") == "20261112-131415-3"
+
+
+def test_a_named_folder_takes_the_runs_files_and_folders_in_place_of_the_ones_it_held(tmp_path):
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "old.json").write_text("old")
+    (out / "a.txt").write_text("old")
+    (out / "kept.txt").write_text("kept")
+    with common.RunFolder(tmp_path, out) as folder:
+        (folder.path / "traces").mkdir()
+        (folder.path / "traces" / "new.json").write_text("new")
+        (folder.path / "a.txt").write_text("new")
+        assert folder.publish() == out
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "kept.txt", "traces"]
+    assert [p.name for p in (out / "traces").iterdir()] == ["new.json"] and (out / "a.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left beside it
+
+
+def test_a_staging_folder_left_by_a_killed_run_with_this_process_id_is_started_afresh(tmp_path):
+    left = tmp_path / f".out.partial-{os.getpid()}"
+    left.mkdir()
+    (left / "half.csv").write_text("half")
+    with common.RunFolder(tmp_path, tmp_path / "out") as folder:
+        assert folder.path == left and list(left.iterdir()) == []
+        (folder.path / "a.txt").write_text("a")
+        folder.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == ["a.txt"]
+
+
+def test_a_run_whose_latest_link_cannot_be_replaced_fails_with_that_error(tmp_path):
+    (tmp_path / "latest").mkdir()  # a folder where the link goes: the link cannot replace it
+    (tmp_path / "latest" / "mine.txt").write_text("mine")
+    with pytest.raises(IsADirectoryError, match="latest"), common.RunFolder(tmp_path, now=datetime.datetime(2026, 11, 12)) as folder:
+        (folder.path / "a.txt").write_text("a")
+        folder.publish()
+    assert (tmp_path / "latest" / "mine.txt").read_text() == "mine"
+
+
+# --- a command as a user meets it -------------------------------------------------------------------------------
+
+
+def test_ctrl_c_inside_a_nursery_says_interrupted_and_any_other_error_beside_it_is_raised(capsys):
+    def raising(*errors: BaseException):
+        def command() -> int:
+            raise BaseExceptionGroup("a nursery's tasks", list(errors))
+
+        return command
+
+    assert common.run_command("p", raising(KeyboardInterrupt(), KeyboardInterrupt())) == common.INTERRUPTED
+    assert capsys.readouterr().err == "p: interrupted\n"
+    for errors in ((KeyboardInterrupt(), ValueError("bad")), (ValueError("bad"),)):
+        with pytest.raises(BaseExceptionGroup) as raised:
+            common.run_command("p", raising(*errors))
+        assert raised.value.exceptions == errors
+    assert capsys.readouterr().err == ""
+
+
+def test_a_command_meets_its_stdout_as_it_is_and_one_without_stdout_runs_and_prints_nothing(monkeypatch):
+    stdout, seen = sys.stdout, []
+
+    def command() -> int:
+        seen.append((sys.stdout.encoding, sys.stdout.isatty()))
+        return 3
+
+    assert common.run_command("p", command) == 3 and sys.stdout is stdout
+    assert seen == [(stdout.encoding, stdout.isatty())]
+    monkeypatch.setattr(sys, "stdout", None)  # started with its stdout closed (`>&-`): Python gives it none
+    assert common.run_command("p", lambda: print("lost") or 3) == 3 and sys.stdout is None

@@ -711,3 +711,28 @@ def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_di
     fewer = plot.read(folder("fewer", {**summary, "parameters": [row for row in summary["parameters"] if row[0] != "network"]}, rows))
     merged = plot.merge([first, fewer])
     assert (merged.folder, len(merged.rows)) == (two_runs[0], len(first.rows) + len(rows))
+
+
+def test_plot_wide_prints_every_column_as_compare_wide_does_and_says_how_long_it_took(two_runs, drawn, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from prototype.cli import plot
+
+    clock = iter([100.0, 102.5])  # plot's start and end
+    monkeypatch.setattr(plot, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    capsys.readouterr()
+    assert cli_main(["plot", str(two_runs[0]), "--out", str(tmp_path / "wide"), "--wide"]) == 0
+    printed = capsys.readouterr().out
+    compare.print_compare_table(json.loads((two_runs[0] / "compare.json").read_text())["table"], wide=True)
+    assert capsys.readouterr().out in printed
+    assert printed.endswith(f"\nwrote {tmp_path / 'wide'}/{', '.join(COMPARED)} in 2.5 s\n")
+
+
+def test_plot_merges_a_design_it_does_not_know_and_a_refusal_names_the_known_one_first(tmp_path):
+    from prototype.cli import plot
+
+    rows = [{"design": design, "decode_tps": 4000.0} for design in ("v3", "http")]  # v3: a design of another version
+    folder = plot.Results(tmp_path, rows, [], "a workload", "virtual time")
+    assert plot.merge([folder]).rows == rows
+    with pytest.raises(plot.PlotError) as refused:
+        plot.merge([folder, folder])
+    assert str(refused.value) == f"{tmp_path} and {tmp_path} both hold http at 4000 tokens/s: give each point once"

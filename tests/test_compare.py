@@ -144,6 +144,40 @@ def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_i
     assert not any(k.startswith(("sent_kb", "tool_share")) for k in compare.headline_estimates(table))  # rows not given
 
 
+def test_a_parameters_value_wraps_between_words_keeping_hyphenated_words_whole_and_an_empty_value_prints_blank(capsys):
+    compare.print_parameters([("API work", "the API's own work, before and after prefix-cache lookups", "prototype/server/api.py"),
+                              ("notes", "", "none given")])
+    assert capsys.readouterr().out == (
+        "  API work                                     the API's own work, before and after         prototype/server/api.py\n"
+        "                                               prefix-cache lookups\n"
+        "  notes                                                                                     none given\n")
+
+
+def tasks_of(design: str, sent_per_turn: tuple[float, float], tools: tuple[float | None, float]) -> list[dict]:
+    """Two tasks of one design at 1000 tokens/s, of 2 and 4 turns; a tool time of None: the task ran no tool."""
+    return [{"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
+             "phase_totals_s": {"prefill": 0.5} | ({} if tool is None else {"tool": tool}), "e2e_s": e2e}
+            for task, turns, sent, tool, e2e in zip("ab", (2, 4), sent_per_turn, tools, (2.0, 6.0))]
+
+
+def test_the_tools_share_counts_a_task_that_ran_no_tool_as_0_s_and_the_upload_ratios_interval_is_a_paired_bootstrap():
+    rows = tasks_of("http", (3000.0, 4000.0), (1.0, 2.0)) + tasks_of("chained", (1000.0, 2000.0), (None, 3.0))
+    table = [a_table_row(design="http", decode_tps=1000.0), a_table_row(design="chained", decode_tps=1000.0)]
+    figures_by_key = compare.headline_estimates(table, rows)
+    assert figures_by_key["tool_share.chained.1000"].value == pytest.approx(3.0 / 8.0)
+    # http's upload over chained's: 22,000 bytes over 6 turns against 10,000 over 6; the tasks differ (3x, 2x), so an interval.
+    ratio = figures_by_key["upload_ratio.chained.1000"]
+    assert ratio.value == pytest.approx(2.2) and (ratio.n, ratio.of, ratio.method) == (2, "tasks", "paired bootstrap")
+
+
+def test_results_written_without_a_command_name_compare_as_the_command_their_figures_come_from(tmp_path, drawn):
+    rows = tasks_of("http", (3000.0, 4000.0), (1.0, 2.0)) + tasks_of("chained", (1000.0, 2000.0), (1.0, 3.0))
+    table = [a_table_row(design="http", decode_tps=1000.0), a_table_row(design="chained", decode_tps=1000.0)]
+    compare.write_results(tmp_path, table, rows, [("network", "RTT 20 ms", "docs/network.md")], "the 'coding' workload", "virtual time")
+    section = json.loads((tmp_path / "compare.json").read_text())["headline"]
+    assert (section["command"], section["workload"]) == ("python -m prototype compare", "2 tasks of the 'coding' workload, virtual time")
+
+
 # --- the options and the configuration ---------------------------------------------------------------------
 
 
@@ -429,6 +463,8 @@ def test_the_vllm_report_sums_each_designs_calls_v1s_lead_and_where_each_designs
             {"design": "suspended", "e2e_s": 2.0, "phase_totals_s": {"prefill": 0.5, "hosted_tool": 1.0}},
             {"design": "suspended", "e2e_s": 1.5, "phase_totals_s": {"decode": 1.0}}]
     lines = compare.vllm_report({"chained": chained, "suspended": suspended}, rows, 32)
+    assert lines[0] == ("vLLM's counters per design (prefill computed and prefix-cache hits: vLLM's own; predicted: the simulated "
+                        "engine's bookkeeping on the same calls):")
     assert lines[1:5] == [
         "  chained      model calls    2  prompt tokens     3,500  prefill computed     2,600  predicted     2,560  prefix-cache hits       900",
         "  suspended    model calls    2  prompt tokens     3,500  prefill computed     1,300  predicted     1,250  prefix-cache hits         0"
@@ -436,8 +472,13 @@ def test_the_vllm_report_sums_each_designs_calls_v1s_lead_and_where_each_designs
         "  chained per call, vLLM against the prediction: 1 of 2 calls within one KV block (32 tokens); largest gap 40 tokens",
         "  v1's lead over chained in prefill computed: vLLM 1,300 tokens, predicted 1,310 (-0.8%)"]
     # The time split: the engine's phases (queue, prefill, decode), the API's, the network's and the tools', and end to end.
-    assert lines[-3:-1] == ["  chained                   3.5            0.5             0.1              3.0         7.0",
-                            "  suspended                 1.5            0.0             0.0              1.0         3.5"]
+    assert lines[5:] == [
+        "", "Where the time went, per design, all tasks (seconds): the engine's is measured on vLLM; the API's work, the network "
+        "and the tools are modeled waits",
+        "  design        vLLM (measured)  API (modeled)  network+client  tools (modeled)  end to end",
+        "  chained                   3.5            0.5             0.1              3.0         7.0",
+        "  suspended                 1.5            0.0             0.0              1.0         3.5",
+        "  network+client: the modeled round trips and the testbed's own client and server work between them"]
     # Without v1 there is no lead to report; a design's calls without a held request derive no cached tokens.
     alone = compare.vllm_report({"chained": chained}, rows[:1], 32)
     assert not any("lead" in line or "derived" in line or "OFF THE PLAN" in line for line in alone)
@@ -451,9 +492,11 @@ def test_on_vllm_the_parameters_are_the_engines_own_in_place_of_the_simulated_en
     parameters = compare.vllm_parameters([("prefill rate", "1e5 tokens/s", "fit"), ("tools", "0.5 s", "workload")], TINY_CPU)
     assert [name for name, _, _ in parameters] == ["engine", "KV cache", "tools"]
     assert parameters[2] == ("tools", "0.5 s", "workload")
-    engine, kv = parameters[0][1], parameters[1][1]
-    assert all(part in engine for part in (TINY_CPU.name, f"{TINY_CPU.layers} layers", f"{TINY_CPU.hidden_size} wide", TINY_CPU.dtype))
-    assert f"blocks of {TINY_CPU.block_size} tokens" in kv and f"{TINY_CPU.cpu_kv_cache_gib} GiB" in kv
+    assert parameters[:2] == [
+        ("engine", f"vLLM, {TINY_CPU.name}: {TINY_CPU.layers} layers, {TINY_CPU.hidden_size} wide, {TINY_CPU.dtype}, dummy weights; "
+         "forced decoding; real time", "docs/real_engine.md"),
+        ("KV cache", f"blocks of {TINY_CPU.block_size} tokens, prefix caching on, {TINY_CPU.cpu_kv_cache_gib} GiB (VLLM_CPU_KVCACHE_SPACE)",
+         "vLLM engine arguments (prototype/engine/vllm_models.py)")]
     no_kv_space = compare.vllm_parameters([], attrs.evolve(TINY_CPU, cpu_kv_cache_gib=None))
     assert no_kv_space[1][1] == f"blocks of {TINY_CPU.block_size} tokens, prefix caching on"
 
@@ -601,7 +644,8 @@ def test_a_failed_compare_leaves_no_folder_latest_on_the_last_complete_run_and_a
     (9.0, "2 min", "45 s", "45 s"),
     (540.0, "1 h 30 min", "45 min", "45 min"),
     (750.0, "2 h 05 min", "62 min", "62 min"),
-    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min")])
+    (17_280.0, "2.0 days", "24 h 00 min", "24 h 00 min"),
+    (18_576.1, "2.2 days", "25 h 48 min", "25 h 48 min")])  # 185,761 s: 2.15001 days
 def test_a_long_compare_says_roughly_how_long_before_it_starts(monkeypatch, cpu_per_task, of_cpu, on_two, on_four):
     # The estimate: the sample task (the one nearest the workload's mean length) run alone at each point, its CPU
     # time (here a clock that moves `cpu_per_task` a run) times the point's tasks; the points spread over the workers.
@@ -615,6 +659,71 @@ def test_a_long_compare_says_roughly_how_long_before_it_starts(monkeypatch, cpu_
     assert compare.estimate(grid, workers=None) == f"compare: 10 task runs, roughly {of_cpu} of CPU {measured}"
     assert compare.estimate(grid, workers=2) == f"compare: 10 task runs, roughly {on_two} on 2 workers {measured}"
     assert compare.estimate(grid, workers=4) == f"compare: 10 task runs, roughly {on_four} on 4 workers {measured}"
+
+
+def test_the_estimate_times_the_mean_length_task_alone_at_each_point_of_a_preset_a_trace_or_a_single_point(monkeypatch):
+    timed = []
+    monkeypatch.setattr(compare.benchmark, "run_design_virtual", lambda design, tps, alone: timed.append((design, tps, alone.tasks())))
+    config = compare.benchmark.BenchConfig(preset="coding", n_tasks=5, seed=0)
+    tasks = config.tasks()
+    nearest = min(tasks, key=lambda task: abs(len(task.turns) - sum(len(t.turns) for t in tasks) / len(tasks)))
+    assert nearest != tasks[0]
+    assert compare.estimate(compare.grid_of(config, ["http", "chained"], [4000.0]), workers=None).startswith("compare: 10 task runs, roughly ")
+    assert timed == [("http", 4000.0, [nearest]), ("chained", 4000.0, [nearest])]
+    # A trace's tasks (its one task here), and a grid of one point (all a run may have left to compute).
+    config, *_ = compare.workload_config(parsed("--trace", str(CODEX_TRACE)), benchmark.DEFAULT_NETWORK)
+    timed.clear()
+    assert compare.estimate(compare.grid_of(config, ["chained"], [65.0]), workers=1).startswith("compare: 1 task run, roughly ")
+    assert timed == [("chained", 65.0, list(config.task_list))]
+
+
+def test_a_run_under_a_policy_that_ends_tasks_says_so_names_only_the_options_given_and_estimates_on_its_workers(
+        tmp_path, drawn, capsys, monkeypatch):
+    network = benchmark.DEFAULT_NETWORK
+    for argv in ((), ("--trace", str(CODEX_TRACE))):  # the policy chosen is the one the clients run
+        config, *_ = compare.workload_config(parsed(*argv, "--reconnect", "never"), network)
+        assert config.reconnect == POLICIES["never"]
+    monkeypatch.setattr(benchmark, "summarize", lambda rows: [{"design": "http", "decode_tps": 4000.0, "reconnects": 0}])
+    monkeypatch.setattr(compare, "print_compare_table", lambda table, wide: None)
+    monkeypatch.setattr(compare, "run_grid", lambda *args: [])
+    monkeypatch.setattr(compare, "ESTIMATE_FROM", 1)
+    out = tmp_path / "out"
+    argv = ["compare", "--preset", "coding", "--seed", "0", "--speeds", "4000", "--designs", "http", "--reconnect", "never",
+            "--jobs", "1", "--no-cache"]
+    assert cli_main([*argv, "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    assert ("\n  reconnects (never policy): none; WebSocket connections close after 60 minutes (WS guide): under never a task "
+            "longer than that ends there\n") in printed
+    # The options given that are compare's defaults are left out of the headline's command; no trace without 1000 tokens/s.
+    assert json.loads((out / "compare.json").read_text())["headline"]["command"] == "python -m prototype compare"
+    assert printed.splitlines()[-1].startswith(f"wrote {out}/compare.csv, compare.json, compare_tasks.json, compare.png in ")
+    assert err.startswith("compare: 10 task runs, roughly ") and " on 1 worker (one task of " in err
+    # A real-time run is not estimated: its time is the wall clock's, not CPU time.
+    assert cli_main([*argv, "--real", "--out", str(tmp_path / "real")]) == 0
+    assert "roughly" not in capsys.readouterr().err
+
+
+def test_ctrl_c_after_some_points_says_the_cache_keeps_them_and_the_same_command_then_computes_only_the_rest(
+        tmp_path, drawn, capsys, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path / "cache"))
+    run_grid = compare.run_grid
+
+    def interrupted_after_the_first(config, designs, speeds, runner, out, real):
+        run_grid(config, designs[:1], speeds, runner, out, real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run_grid", interrupted_after_the_first)
+    argv = ["compare", "--tasks", "1", "--turns", "2", "--speeds", "4000", "--designs", "http,chained", "--jobs", "1",
+            "--out", str(tmp_path / "out")]
+    assert cli_main([*argv, "--no-cache"]) == common.INTERRUPTED  # nothing kept without the cache
+    assert capsys.readouterr().err.rstrip("\n").splitlines()[-1] == "python -m prototype compare: interrupted: no results written"
+    assert cli_main(argv) == common.INTERRUPTED
+    assert capsys.readouterr().err.rstrip("\n").splitlines()[-1] == (
+        "python -m prototype compare: interrupted: no results written; the 1 point it finished are in the results cache, "
+        "and the same command computes only the rest")
+    monkeypatch.setattr(compare, "run_grid", run_grid)
+    assert cli_main(argv) == 0
+    assert "\n1 of 2 (design, speed) points came from the results cache (" in capsys.readouterr().out
 
 
 # --- plot: compare's table and figure from results folders, nothing run ---------------------------------------------

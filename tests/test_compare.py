@@ -22,7 +22,7 @@ import pytest
 
 from prototype import benchmark, figures, profiles, workload
 from prototype.__main__ import main as cli_main
-from prototype.cli import common, compare
+from prototype.cli import common, compare, plot
 from prototype.client.reconnect import POLICIES
 from prototype.engine.latency import LatencyModel
 from prototype.engine.vllm_client import VllmUnavailable
@@ -790,8 +790,6 @@ def test_plot_draws_a_folder_again_merges_folders_and_refuses_what_would_not_com
 
 
 def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_differently_clocked_one(two_runs, tmp_path):
-    from prototype.cli import plot
-
     def folder(name: str, summary, rows) -> Path:
         made = tmp_path / name
         made.mkdir()
@@ -824,8 +822,6 @@ def test_plot_reads_what_a_folder_recorded_and_refuses_an_unreadable_empty_or_di
 
 def test_plot_wide_prints_every_column_as_compare_wide_does_and_says_how_long_it_took(two_runs, drawn, tmp_path, capsys,
                                                                                      monkeypatch):
-    from prototype.cli import plot
-
     clock = iter([100.0, 102.5])  # plot's start and end
     monkeypatch.setattr(plot, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     capsys.readouterr()
@@ -837,8 +833,6 @@ def test_plot_wide_prints_every_column_as_compare_wide_does_and_says_how_long_it
 
 
 def test_plot_merges_a_design_it_does_not_know_and_a_refusal_names_the_known_one_first(tmp_path):
-    from prototype.cli import plot
-
     rows = [{"design": design, "decode_tps": 4000.0} for design in ("v3", "http")]  # v3: a design of another version
     folder = plot.Results(tmp_path, rows, [], "a workload", "virtual time")
     assert plot.merge([folder]).rows == rows

@@ -344,13 +344,19 @@ def heights(ax):
     return list(r6(p.get_height() for p in ax.patches))
 
 
+def design_colours(fig):
+    """Each panel's bars, as the place in the figure's legend of the key in their colour (None: no key's)."""
+    keys = [h.get_facecolor() for h in fig.legends[0].legend_handles]
+    return [[keys.index(p.get_facecolor()) if p.get_facecolor() in keys else None for p in a.patches] for a in fig.axes]
+
+
 def test_compares_panels_show_each_designs_statistic_at_each_speed_with_its_interval_and_every_task(tmp_path, drawn):
     rows = rows_of_three_designs()
-    path = figures.compare_figure([{"tasks": 3}], rows, tmp_path / "deep" / "c.png", workload="W", clock="C")
-    assert path == tmp_path / "deep" / "c.png" and path.read_text() == "c.png"
+    path = figures.compare_figure([{"tasks": 3}, {"tasks": 9}], rows, tmp_path / "a" / "deep" / "c.png", workload="W", clock="C")
+    assert path == tmp_path / "a" / "deep" / "c.png" and path.read_text() == "c.png"
     (fig,) = drawn
     e2e_ax, ttft_ax, bytes_ax, api_ax, turn_ax = fig.axes
-    assert fig.get_suptitle() == "compare: W, n = 3 tasks per design and speed, C"
+    assert fig.get_suptitle() == "compare: W, n = 3, 9 tasks per design and speed, C"
     assert [(a.get_title(), a.get_ylabel()) for a in (e2e_ax, ttft_ax, bytes_ax, api_ax)] == [
         ("End to end per task: mean, 95% interval, tasks", "seconds per task"),
         ("Time to first token per turn: median, 95% interval", "ms per turn"),
@@ -360,6 +366,8 @@ def test_compares_panels_show_each_designs_statistic_at_each_speed_with_its_inte
         assert [r6((p.get_x(), p.get_width())) for p in a.patches] == [r6((x, W)) for x in LEFTS]
         assert texts(a.get_xticklabels()) == ["65 tok/s", "1000 tok/s"] and a.get_xlim() == (-0.5, 1.5)
     assert texts(fig.legends[0].get_texts()) == ["http", CHAINED, SUSPENDED]
+    assert design_colours(fig) == [[0, 0, 1, 1, 2, 2]] * 3 + [[k // 12 for k in range(36)], [0, 1, 2] * 4]  # one per design
+    assert turn_ax.get_title() == "A turn's time at 1000 tok/s"  # the second of two speeds
     # End to end: the mean task; time to first token: the median turn; no bar where a design did not run.
     assert heights(e2e_ax) == [20.0, None, 5.0, round(1016 / 9, 6), None, 3.0]
     assert heights(ttft_ax) == [200.0, None, 200.0, 50.0, None, 50.0]
@@ -377,12 +385,15 @@ def test_compares_panels_show_each_designs_statistic_at_each_speed_with_its_inte
     # the top edge, drawn whole, with its value above it.
     top = 1.15 * max(e["e2e_mean_s"].high if e["e2e_mean_s"].has_interval else e["e2e_mean_s"].value for e in estimates.values())
     assert e2e_ax.get_ylim() == pytest.approx((0.0, top)) and top < 1000.0
-    scattered = [([r6(p) for p in c.get_offsets()], c.get_clip_on()) for c in e2e_ax.collections if type(c).__name__ == "PathCollection"]
-    assert [points for points, _ in scattered] == [
+    scattered = [([r6(p) for p in c.get_offsets()], c.get_clip_on(), c.get_paths()[0].vertices.tolist())
+                 for c in e2e_ax.collections if type(c).__name__ == "PathCollection"]
+    assert [points for points, _, _ in scattered] == [
         [(CENTRES[0], 10.0), (CENTRES[0], 20.0), (CENTRES[0], 30.0)], [], [(CENTRES[2], 5.0)], [(CENTRES[3], 2.0)] * 8,
         [(CENTRES[3], round(top, 6))], [], [(CENTRES[5], 3.0)]]
-    assert scattered[4][1] is False
+    assert scattered[4][1] is False and scattered[4][2] != scattered[0][2]  # a mark of its own, not a task's dot
     assert [(t.get_text(), r6(t.xy)) for t in e2e_ax.texts] == [("1000", (CENTRES[3], round(top, 6)))]
+    box, (x, y) = e2e_ax.texts[0].get_window_extent(fig.canvas.get_renderer()), e2e_ax.transData.transform((CENTRES[3], top))
+    assert box.x0 < x < box.x1 and y < box.y0  # the value centred above its triangle
     # Bytes per turn in kB, written on each bar.
     assert heights(bytes_ax) == [2.0, 0.0, 0.5, 0.5, 0.0, 0.12] and texts(bytes_ax.texts) == ["2", "0", "0", "0", "0", "0"]
 
@@ -394,6 +405,9 @@ def test_compares_bars_take_the_tables_estimates_when_it_has_them(tmp_path, draw
     e2e_ax, ttft_ax = drawn[0].axes[:2]
     assert (heights(e2e_ax), heights(ttft_ax)) == ([21.0], [90.0])
     assert whisker_segments(e2e_ax) == [[((0.0, 12.0), (0.0, 27.0))]] and whisker_segments(ttft_ax) == [[((0.0, 80.0), (0.0, 150.0))]]
+    rows = [task_row("http", 65, e) for e in (10.0, 20.0, 30.0)] + [task_row("http", 1000, 4.0), task_row(CHAINED, 65, 5.0)]
+    figures.compare_figure(table, rows, tmp_path / "d.svg")  # the table's row for its own design and speed alone
+    assert heights(drawn[1].axes[0]) == [21.0, 4.0, 5.0, None]
 
 
 def test_compares_api_stages_stack_hatched_as_their_legend_shows_and_no_panel_or_caption_overlaps_another(tmp_path, drawn):
@@ -429,6 +443,8 @@ def test_compares_api_stages_stack_hatched_as_their_legend_shows_and_no_panel_or
     # The caption sits under every panel and names each kind of mark the panels draw.
     (caption,) = [t for t in fig.texts if t.get_text() != fig.get_suptitle()]
     assert caption.get_window_extent(renderer).y1 < min(a.get_tightbbox(renderer).y0 for a in fig.axes)
+    assert min(a.get_tightbbox(renderer).y0 for a in fig.axes[:3]) > max(a.get_tightbbox(renderer).y1 for a in fig.axes[3:])
+    assert caption.get_text().replace("\n", " ") == figures.COMPARE_CAPTION  # wrapped between words, nothing added
     for mark in ("mean per task", "median turn", "95% interval", "Dots", "▲", "hatch"):
         assert mark in caption.get_text().replace("\n", " ")
 
@@ -468,10 +484,16 @@ def test_compares_scale_keeps_a_task_exactly_at_its_top_as_a_dot_and_its_title_c
     assert list(e2e_ax.texts) == []
     # Without a table the n is the count of the first design's tasks at the first speed; of one task, it says so.
     assert fig.get_suptitle() == "compare: the 'coding' workload, n = 10 tasks per design and speed, virtual time"
-    path = figures.compare_figure([], [task_row(SUSPENDED, 65, 3.0)], str(tmp_path / "c.png"))
+    # A design the testbed does not know comes after those it knows, in a colour of its own; a scale under 1 s.
+    path = figures.compare_figure([], [task_row("other", 65, 0.5), task_row(SUSPENDED, 65, 0.5)], str(tmp_path / "c.png"))
     assert path == tmp_path / "c.png" and drawn[1].get_suptitle() == (
         "compare: the 'coding' workload, n = 1 task per design and speed, virtual time")
+    assert texts(drawn[1].legends[0].get_texts()) == [SUSPENDED, "other"] and design_colours(drawn[1])[0] == [0, 1]
+    assert drawn[1].axes[0].get_ylim()[1] == pytest.approx(0.575)
     assert drawn[1].axes[4].get_xlim() == (0.0, 1.0)  # nothing per turn: a unit scale
+    with pytest.warns(UserWarning):  # tasks of no time: drawn (Matplotlib warns of the flat scale), on a widened scale
+        figures.compare_figure([], [task_row(SUSPENDED, 65, 0.0)], tmp_path / "z.svg")
+    assert drawn[2].axes[0].get_ylim()[1] > 0 and drawn[2].axes[3].get_ylim()[0] == 0  # the API's scale from 0 still
 
 
 # --- the sensitivity tornados -------------------------------------------------------------------------------

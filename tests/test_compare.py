@@ -108,6 +108,13 @@ def test_the_table_prints_each_estimate_with_its_interval_units_in_its_headers_a
         assert fact in legend, fact
 
 
+def tasks_of(design: str, sent_per_turn: tuple[float, float], tools: tuple[float | None, float]) -> list[dict]:
+    """Two tasks of one design at 1000 tokens/s, of 2 and 4 turns; a tool time of None: the task ran no tool."""
+    return [{"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
+             "phase_totals_s": {"prefill": 0.5} | ({} if tool is None else {"tool": tool}), "e2e_s": e2e}
+            for task, turns, sent, tool, e2e in zip("ab", (2, 4), sent_per_turn, tools, (2.0, 6.0))]
+
+
 def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_its_interval_excludes_0_and_the_upload_ratio(capsys):
     table = [a_table_row(design="http"), a_table_row(),
              a_table_row(design="chained", decode_tps=65.0, gain_vs_http=0.01, gain_vs_http_low=-0.02, gain_vs_http_high=0.04),
@@ -128,12 +135,7 @@ def test_the_headline_gives_each_design_against_http_calling_a_gain_only_where_i
         "gain.suspended.4000", "speedup.suspended.4000", "ttft_ratio.suspended.4000"])
     assert figures_by_key["gain.suspended.4000"] == benchmark.Estimate(0.19, 0.09, 0.23, 3, "tasks", "paired bootstrap")
     # From the task rows: the upload, its ratio to http's and the tools' share.
-    def row(design, task, turns, sent, tool, e2e):
-        return {"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
-                "phase_totals_s": {"tool": tool, "prefill": 0.5}, "e2e_s": e2e}
-
-    rows = [row("http", "a", 2, 3000.0, 1.0, 4.0), row("http", "b", 4, 6000.0, 2.0, 4.0),
-            row("chained", "a", 2, 1000.0, 1.0, 2.0), row("chained", "b", 4, 2000.0, 3.0, 6.0)]
+    rows = tasks_of("http", (3000.0, 6000.0), (1.0, 2.0)) + tasks_of("chained", (1000.0, 2000.0), (1.0, 3.0))
     table = [a_table_row(design="http", decode_tps=1000.0), a_table_row(design="chained", decode_tps=1000.0)]
     figures_by_key = compare.headline_estimates(table, rows)
     # http sends 3x chained's bytes on every task: 3x in every resample; chained's bytes: 10,000 over 6 turns.
@@ -151,13 +153,6 @@ def test_a_parameters_value_wraps_between_words_keeping_hyphenated_words_whole_a
         "  API work                                     the API's own work, before and after         prototype/server/api.py\n"
         "                                               prefix-cache lookups\n"
         "  notes                                                                                     none given\n")
-
-
-def tasks_of(design: str, sent_per_turn: tuple[float, float], tools: tuple[float | None, float]) -> list[dict]:
-    """Two tasks of one design at 1000 tokens/s, of 2 and 4 turns; a tool time of None: the task ran no tool."""
-    return [{"design": design, "decode_tps": 1000.0, "task": task, "turns": turns, "bytes_sent_per_turn": sent,
-             "phase_totals_s": {"prefill": 0.5} | ({} if tool is None else {"tool": tool}), "e2e_s": e2e}
-            for task, turns, sent, tool, e2e in zip("ab", (2, 4), sent_per_turn, tools, (2.0, 6.0))]
 
 
 def test_the_tools_share_counts_a_task_that_ran_no_tool_as_0_s_and_the_upload_ratios_interval_is_a_paired_bootstrap():

@@ -714,7 +714,7 @@ def test_ctrl_c_after_some_points_says_the_cache_keeps_them_and_the_same_command
     assert capsys.readouterr().err.rstrip("\n").splitlines()[-1] == "python -m prototype compare: interrupted: no results written"
     assert cli_main(argv) == common.INTERRUPTED
     assert capsys.readouterr().err.rstrip("\n").splitlines()[-1] == (
-        "python -m prototype compare: interrupted: no results written; the 1 point it finished are in the results cache, "
+        "python -m prototype compare: interrupted: no results written; the results cache keeps the 1 point it finished, "
         "and the same command computes only the rest")
     monkeypatch.setattr(compare, "run_grid", run_grid)
     assert cli_main(argv) == 0

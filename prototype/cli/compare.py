@@ -312,7 +312,7 @@ def run_into(folder: RunFolder, args: argparse.Namespace, config: benchmark.Benc
             except BaseException as error:
                 if not interrupted(error):
                     raise
-                kept = (f"; the {plural(runner.executed, 'point')} it finished are in the results cache, and the same "
+                kept = (f"; the results cache keeps the {plural(runner.executed, 'point')} it finished, and the same "
                         "command computes only the rest" if runner.executed and runner.cache is not None else "")
                 print(f"python -m prototype compare: interrupted: no results written{kept}", file=sys.stderr)
                 return INTERRUPTED

@@ -1,5 +1,6 @@
 """What each figure draws (prototype/figures/), read off the Axes: spans, bars, lines, intervals, texts, ticks, legends and
-the files written. A colour is checked only against the legend's own table; no pixel is compared."""
+the files written. A colour is checked only against the legend's own table; a pixel is read only to see that nothing
+runs off the saved image."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -569,4 +571,6 @@ def test_each_figure_is_written_as_the_image_its_suffix_names(tmp_path, draw):
         target = tmp_path / draw / f"figure{suffix}"
         path = figures.compare_figure([], rows, target) if draw == "compare" else figures.tornado_figure([PANEL], target, columns=1)
         assert path.read_bytes().lstrip()[:len(head)] == head
+    ink = (matplotlib.image.imread(tmp_path / draw / "figure.png")[..., :3] < 0.9).any(axis=2)
+    assert not (ink[:2].any() or ink[-2:].any() or ink[:, :2].any() or ink[:, -2:].any())  # nothing cut off at an edge
     assert plt.get_fignums() == []  # closed once written

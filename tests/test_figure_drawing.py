@@ -565,7 +565,7 @@ def test_a_tornado_figure_lays_the_panels_in_rows_under_its_title_and_legend(tmp
 
 
 @pytest.mark.parametrize("draw", ["compare", "tornado"])
-def test_each_figure_is_written_as_the_image_its_suffix_names(tmp_path, draw):
+def test_each_figure_is_written_as_the_image_its_suffix_names_with_nothing_cut_off_at_an_edge(tmp_path, draw):
     rows = [task_row(SUSPENDED, 65, 3.0)]
     for suffix, head in ((".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")):
         target = tmp_path / draw / f"figure{suffix}"
